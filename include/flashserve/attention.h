@@ -1,0 +1,56 @@
+// The attention contract (DESIGN.md, "The attention contract that serving needs").
+//
+// Layouts (strides are free except that the last dimension must be contiguous):
+//   dense   q [batch, seqlen_q, h_q, d]      k, v [batch, seqlen_k, h_kv, d]
+//   varlen  q [total_q, h_q, d] + cu_seqlens_q[batch+1]
+//           k, v [total_k, h_kv, d] + cu_seqlens_k[batch+1]
+//   paged   k, v [num_pages, page_size, h_kv, d] + block_table[batch, pages_per_seq]
+//           + seqused_k[batch] (kv_len of each sequence); q dense or varlen.
+//   out     same layout as q, head dim of v.
+//   lse     optional float32, dense [batch, h_q, seqlen_q], varlen [h_q, total_q] (natural log).
+// seqused_k may also be given without paging: sequence b then uses only its first seqused_k[b] keys.
+//
+// Masking is aligned bottom-right: with q_len queries and kv_len keys, query t sits at absolute
+// position p = kv_len - q_len + t and sees key j iff  p - window_left <= j <= p + window_right
+// (a negative window side means unbounded; causal sets window_right = 0). A query row that sees no
+// key produces a zero output row and lse = -inf.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "flashserve/error.h"
+#include "flashserve/tensor.h"
+
+namespace flashserve {
+
+struct AttentionParams {
+  TensorView q, k, v, out;
+  TensorView lse;           // optional
+  TensorView cu_seqlens_q;  // optional int32 [batch + 1]
+  TensorView cu_seqlens_k;  // optional int32 [batch + 1]; not with block_table
+  TensorView seqused_k;     // optional int32 [batch]; required with block_table
+  TensorView block_table;   // optional int32 [batch, pages_per_seq]
+  int64_t max_seqlen_q = 0;  // varlen: an upper bound of every q_len (required for CUDA varlen)
+  int64_t max_seqlen_k = 0;  // varlen/paged: an upper bound of every kv_len (required for CUDA)
+  float softmax_scale = 0.0f;  // 0: 1/sqrt(head_dim)
+  bool causal = false;
+  int32_t window_left = -1;   // -1: unbounded
+  int32_t window_right = -1;  // -1: unbounded (0 when causal)
+  int32_t num_splits = 1;     // split-KV: 1 none, 0 automatic, n > 1 exactly n splits
+  void* stream = nullptr;     // cudaStream_t for CUDA tensors (null: the default stream)
+  void* workspace = nullptr;  // device scratch for split-KV partials (see workspace_size)
+  size_t workspace_bytes = 0;
+};
+
+// Throws flashserve::Error naming the first argument that breaks the contract. Reads the
+// length and block-table tensors when they are in host memory (every entry is checked then).
+void validate(const AttentionParams& params);
+
+// Validates, then runs on the device that holds the tensors (CPU or CUDA).
+void attention_forward(const AttentionParams& params);
+
+// Bytes of device workspace that attention_forward needs for these params (0 when none).
+size_t attention_workspace_size(const AttentionParams& params);
+
+}  // namespace flashserve

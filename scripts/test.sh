@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Builds everything and runs the whole test suite (CPU tests; GPU tests run where there is a device
+# and otherwise print "skipped: no CUDA device"; the Python package's tests on the CPU path).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+BUILD=${BUILD:-build/release}
+JOBS=${JOBS:-$(nproc)}
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE=/usr/bin/python3 \
+  ${FLASHSERVE_CUDA_ARCHS:+-DFLASHSERVE_CUDA_ARCHS="$FLASHSERVE_CUDA_ARCHS"} ${CMAKE_ARGS:-}
+cmake --build "$BUILD" -j "$JOBS"
+ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS" ${CTEST_ARGS:-}

@@ -1,0 +1,18 @@
+// The backends that dispatch chooses between. Each takes validated params and the resolved problem.
+#pragma once
+
+#include "flashserve/attention.h"
+#include "problem.h"
+
+namespace flashserve::attention {
+
+// CPU: tiled online softmax, multi-threaded (reference/cpu_forward.cc).
+void cpu_forward(const AttentionParams& params, const Problem& problem);
+
+#if defined(FLASHSERVE_WITH_CUDA)
+// CUDA: FlashAttention-2-style kernels (sm80/). Throws kUnsupported for combinations it lacks.
+void cuda_forward(const AttentionParams& params, const Problem& problem);
+size_t cuda_workspace_size(const AttentionParams& params, const Problem& problem);
+#endif
+
+}  // namespace flashserve::attention

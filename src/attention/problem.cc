@@ -1,0 +1,303 @@
+// Validation of AttentionParams: every way a call can break the contract becomes an Error that
+// names the argument, before any backend touches memory.
+#include "problem.h"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+namespace flashserve::attention {
+namespace {
+
+constexpr int64_t kMaxHeadDim = 512;  // CPU path; the CUDA dispatch narrows this further
+constexpr int32_t kMaxSplits = 256;
+
+[[noreturn]] void fail(const std::string& arg, const std::string& what) {
+  throw Error(ErrorKind::kInvalidArgument, arg, what);
+}
+
+template <typename... Args>
+std::string cat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+bool is_float(DType t) {
+  return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16;
+}
+
+// One past the last element the view can address, in elements; throws on int64 overflow.
+int64_t extent(const TensorView& t, const char* name) {
+  int64_t last = 0;
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.shape[i] == 0) return 0;
+    int64_t term = 0;
+    if (__builtin_mul_overflow(t.shape[i] - 1, t.stride[i], &term) ||
+        __builtin_add_overflow(last, term, &last))
+      fail(name, "shape and strides address more elements than fit in 64 bits");
+  }
+  int64_t bytes = 0;
+  if (__builtin_add_overflow(last, int64_t{1}, &last) ||
+      __builtin_mul_overflow(last, static_cast<int64_t>(dtype_size(t.dtype)), &bytes))
+    fail(name, "shape and strides address more bytes than fit in 64 bits");
+  return last;
+}
+
+void check_view(const TensorView& t, const char* name, int rank_a, int rank_b = -1) {
+  if (t.rank != rank_a && t.rank != rank_b) {
+    if (rank_b < 0) fail(name, cat("expected rank ", rank_a, ", got rank ", t.rank));
+    fail(name, cat("expected rank ", rank_a, " or ", rank_b, ", got rank ", t.rank));
+  }
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.shape[i] < 0) fail(name, cat("negative size ", t.shape[i], " in dimension ", i));
+    if (t.stride[i] < 0) fail(name, cat("negative stride ", t.stride[i], " in dimension ", i));
+  }
+  if (t.rank > 0 && t.shape[t.rank - 1] > 1 && t.stride[t.rank - 1] != 1)
+    fail(name, cat("the last dimension must be contiguous (stride 1), got stride ",
+                   t.stride[t.rank - 1]));
+  if (t.data == nullptr && t.numel() > 0) fail(name, "null data pointer");
+  extent(t, name);
+}
+
+void check_index_tensor(const TensorView& t, const char* name, int64_t len, const Device& dev) {
+  check_view(t, name, 1);
+  if (t.dtype != DType::kInt32) fail(name, cat("expected int32, got ", dtype_name(t.dtype)));
+  if (t.shape[0] != len) fail(name, cat("expected ", len, " entries, got ", t.shape[0]));
+  if (len > 1 && t.stride[0] != 1) fail(name, "must be contiguous");
+  if (!(t.device == dev)) fail(name, "must be on the same device as q");
+}
+
+bool overlaps(const TensorView& a, const TensorView& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const char* a0 = static_cast<const char*>(a.data);
+  const char* b0 = static_cast<const char*>(b.data);
+  const char* a1 = a0 + extent(a, "") * dtype_size(a.dtype);
+  const char* b1 = b0 + extent(b, "") * dtype_size(b.dtype);
+  return a0 < b1 && b0 < a1;
+}
+
+}  // namespace
+
+Problem describe(const AttentionParams& p) {
+  Problem pr;
+  const bool varlen_q = p.cu_seqlens_q.defined();
+  pr.varlen_q = varlen_q;
+  pr.paged = p.block_table.defined();
+  pr.varlen_k = p.cu_seqlens_k.defined();
+  pr.seqused = p.seqused_k.defined();
+  if (pr.paged && pr.varlen_k) fail("cu_seqlens_k", "cannot be combined with block_table");
+  if (pr.paged && !pr.seqused) fail("seqused_k", "is required with block_table (paged KV)");
+
+  // Tensors, ranks, dtypes, devices.
+  check_view(p.q, "q", varlen_q ? 3 : 4);
+  check_view(p.out, "out", varlen_q ? 3 : 4);
+  check_view(p.k, "k", (pr.varlen_k ? 3 : 4));
+  check_view(p.v, "v", (pr.varlen_k ? 3 : 4));
+  pr.device = p.q.device;
+  pr.dtype = p.q.dtype;
+  if (!is_float(pr.dtype)) fail("q", cat("dtype ", dtype_name(pr.dtype), " is not supported (float32, float16, bfloat16)"));
+  const TensorView* same[] = {&p.k, &p.v, &p.out};
+  const char* same_name[] = {"k", "v", "out"};
+  for (int i = 0; i < 3; ++i) {
+    if (same[i]->dtype != pr.dtype)
+      fail(same_name[i], cat("dtype ", dtype_name(same[i]->dtype), " differs from q's ", dtype_name(pr.dtype)));
+    if (!(same[i]->device == pr.device)) fail(same_name[i], "must be on the same device as q");
+  }
+  const int qr = p.q.rank, kr = p.k.rank;
+
+  // Sizes.
+  pr.h_q = p.q.shape[qr - 2];
+  pr.head_dim = p.q.shape[qr - 1];
+  pr.h_kv = p.k.shape[kr - 2];
+  pr.head_dim_v = p.v.shape[kr - 1];
+  if (pr.h_q <= 0) fail("q", "number of heads must be positive");
+  if (pr.h_kv <= 0) fail("k", "number of heads must be positive");
+  if (pr.h_q % pr.h_kv != 0)
+    fail("k", cat("h_q (", pr.h_q, ") must be a multiple of h_kv (", pr.h_kv, ")"));
+  if (pr.head_dim <= 0 || pr.head_dim > kMaxHeadDim)
+    fail("q", cat("head_dim ", pr.head_dim, " is not supported (1..", kMaxHeadDim, ")"));
+  if (pr.head_dim_v <= 0 || pr.head_dim_v > kMaxHeadDim)
+    fail("v", cat("head_dim ", pr.head_dim_v, " is not supported (1..", kMaxHeadDim, ")"));
+  if (p.k.shape[kr - 1] != pr.head_dim)
+    fail("k", cat("head_dim ", p.k.shape[kr - 1], " differs from q's ", pr.head_dim));
+  for (int i = 0; i < kr - 1; ++i)
+    if (p.v.shape[i] != p.k.shape[i])
+      fail("v", cat("shape ", shape_string(p.v), " does not match k's ", shape_string(p.k),
+                    " (except the head dim)"));
+  for (int i = 0; i < qr - 1; ++i)
+    if (p.out.shape[i] != p.q.shape[i])
+      fail("out", cat("shape ", shape_string(p.out), " does not match q's ", shape_string(p.q)));
+  if (p.out.shape[qr - 1] != pr.head_dim_v)
+    fail("out", cat("head_dim ", p.out.shape[qr - 1], " differs from v's ", pr.head_dim_v));
+  for (int i = 0; i < 3; ++i)
+    if (overlaps(p.out, i == 0 ? p.q : i == 1 ? p.k : p.v))
+      fail("out", cat("overlaps ", i == 0 ? "q" : i == 1 ? "k" : "v", " in memory"));
+
+  pr.batch = varlen_q ? p.cu_seqlens_q.shape[0] - 1 : p.q.shape[0];
+  if (varlen_q) {
+    check_index_tensor(p.cu_seqlens_q, "cu_seqlens_q", p.cu_seqlens_q.shape[0], pr.device);
+    if (pr.batch < 0) fail("cu_seqlens_q", "needs batch + 1 >= 1 entries");
+  }
+  if (pr.paged) {
+    check_view(p.block_table, "block_table", 2);
+    if (p.block_table.dtype != DType::kInt32) fail("block_table", "expected int32");
+    if (!(p.block_table.device == pr.device)) fail("block_table", "must be on the same device as q");
+    if (p.block_table.shape[0] != pr.batch)
+      fail("block_table", cat("has ", p.block_table.shape[0], " rows for a batch of ", pr.batch));
+    pr.num_pages = p.k.shape[0];
+    pr.page_size = p.k.shape[1];
+    pr.pages_per_seq = p.block_table.shape[1];
+    if (pr.page_size <= 0) fail("k", "page size (dimension 1 of the paged cache) must be positive");
+  } else if (pr.varlen_k) {
+    check_index_tensor(p.cu_seqlens_k, "cu_seqlens_k", pr.batch + 1, pr.device);
+  } else if (p.k.shape[0] != pr.batch) {
+    fail("k", cat("batch ", p.k.shape[0], " differs from q's ", pr.batch));
+  }
+  if (pr.seqused) check_index_tensor(p.seqused_k, "seqused_k", pr.batch, pr.device);
+
+  if (p.lse.defined()) {
+    check_view(p.lse, "lse", varlen_q ? 2 : 3);
+    if (p.lse.dtype != DType::kFloat32) fail("lse", cat("expected float32, got ", dtype_name(p.lse.dtype)));
+    if (!(p.lse.device == pr.device)) fail("lse", "must be on the same device as q");
+    const bool ok = varlen_q ? (p.lse.shape[0] == pr.h_q && p.lse.shape[1] == p.q.shape[0])
+                             : (p.lse.shape[0] == pr.batch && p.lse.shape[1] == pr.h_q &&
+                                p.lse.shape[2] == p.q.shape[1]);
+    if (!ok)
+      fail("lse", cat("shape ", shape_string(p.lse), " does not match ",
+                      varlen_q ? "[h_q, total_q]" : "[batch, h_q, seqlen_q]"));
+    if (overlaps(p.lse, p.out)) fail("lse", "overlaps out in memory");
+  }
+
+  // Scalars.
+  if (!std::isfinite(p.softmax_scale)) fail("softmax_scale", "must be finite");
+  pr.scale = p.softmax_scale != 0.0f ? p.softmax_scale
+                                     : 1.0f / std::sqrt(static_cast<float>(pr.head_dim));
+  if (p.window_left < -1) fail("window_left", cat("must be >= -1, got ", p.window_left));
+  if (p.window_right < -1) fail("window_right", cat("must be >= -1, got ", p.window_right));
+  if (p.causal && p.window_right > 0)
+    fail("window_right", cat("must be 0 or -1 with causal, got ", p.window_right));
+  pr.mask.left = p.window_left;
+  pr.mask.right = p.causal ? 0 : p.window_right;
+  if (p.num_splits < 0 || p.num_splits > kMaxSplits)
+    fail("num_splits", cat("must be in [0, ", kMaxSplits, "], got ", p.num_splits));
+  pr.num_splits = p.num_splits;
+  if (p.max_seqlen_q < 0) fail("max_seqlen_q", "must not be negative");
+  if (p.max_seqlen_k < 0) fail("max_seqlen_k", "must not be negative");
+
+  // Lengths. Host-resident index tensors are read and checked entry by entry.
+  const bool host = pr.device.type == DeviceType::kCPU;
+  pr.max_q_len = varlen_q ? p.max_seqlen_q : p.q.shape[1];
+  pr.max_kv_len = pr.paged ? p.max_seqlen_k : pr.varlen_k ? p.max_seqlen_k : p.k.shape[1];
+  if (!host) {
+    if (varlen_q && p.max_seqlen_q == 0 && p.q.shape[0] > 0)
+      fail("max_seqlen_q", "is required with cu_seqlens_q on a CUDA device");
+    if ((pr.paged || pr.varlen_k) && p.max_seqlen_k == 0)
+      fail("max_seqlen_k", "is required with cu_seqlens_k or block_table on a CUDA device");
+    return pr;
+  }
+  auto read_cu = [&](const TensorView& cu, const char* name, int64_t rows, int64_t& max_len) {
+    const int32_t* c = cu.ptr<const int32_t>();
+    if (c[0] < 0) fail(name, cat("entry 0 is negative (", c[0], ")"));
+    int64_t longest = 0;
+    for (int64_t b = 0; b < pr.batch; ++b) {
+      if (c[b + 1] < c[b])
+        fail(name, cat("must be non-decreasing, but entry ", b + 1, " (", c[b + 1],
+                       ") < entry ", b, " (", c[b], ")"));
+      longest = std::max<int64_t>(longest, c[b + 1] - c[b]);
+    }
+    if (c[pr.batch] > rows)
+      fail(name, cat("last entry ", c[pr.batch], " exceeds the ", rows, " rows of the tensor"));
+    if (max_len != 0 && max_len < longest)
+      fail(name == std::string("cu_seqlens_q") ? "max_seqlen_q" : "max_seqlen_k",
+           cat(max_len, " is less than the longest sequence (", longest, ")"));
+    max_len = longest;
+  };
+  if (varlen_q) read_cu(p.cu_seqlens_q, "cu_seqlens_q", p.q.shape[0], pr.max_q_len);
+  if (pr.varlen_k) read_cu(p.cu_seqlens_k, "cu_seqlens_k", p.k.shape[0], pr.max_kv_len);
+  if (pr.seqused) {
+    const int32_t* used = p.seqused_k.ptr<const int32_t>();
+    const int32_t* cu = pr.varlen_k ? p.cu_seqlens_k.ptr<const int32_t>() : nullptr;
+    int64_t longest = 0;
+    for (int64_t b = 0; b < pr.batch; ++b) {
+      const int64_t cap = pr.paged ? pr.pages_per_seq * pr.page_size
+                          : cu     ? int64_t{cu[b + 1]} - cu[b]
+                                   : p.k.shape[1];
+      if (used[b] < 0 || used[b] > cap)
+        fail("seqused_k", cat("entry ", b, " is ", used[b], ", outside [0, ", cap, "]"));
+      longest = std::max<int64_t>(longest, used[b]);
+      if (pr.paged) {
+        const int64_t pages = (used[b] + pr.page_size - 1) / pr.page_size;
+        const int32_t* row = p.block_table.ptr<const int32_t>() + b * p.block_table.stride[0];
+        for (int64_t i = 0; i < pages; ++i)
+          if (row[i] < 0 || row[i] >= pr.num_pages)
+            fail("block_table", cat("entry [", b, ", ", i, "] is ", row[i],
+                                    ", outside the pool of ", pr.num_pages, " pages"));
+      }
+    }
+    if ((pr.paged || pr.varlen_k) && p.max_seqlen_k != 0 && p.max_seqlen_k < longest)
+      fail("max_seqlen_k", cat(p.max_seqlen_k, " is less than the longest sequence (", longest, ")"));
+    if (pr.paged || pr.varlen_k) pr.max_kv_len = longest;
+  }
+  return pr;
+}
+
+HostLayout::HostLayout(const AttentionParams& p, const Problem& pr) : p_(p), pr_(pr) {
+  const int64_t B = pr.batch;
+  q_start_.resize(B);
+  q_len_.resize(B);
+  kv_start_.resize(B);
+  kv_len_.resize(B);
+  for (int64_t b = 0; b < B; ++b) {
+    if (pr.varlen_q) {
+      const int32_t* cu = p.cu_seqlens_q.ptr<const int32_t>();
+      q_start_[b] = cu[b];
+      q_len_[b] = cu[b + 1] - cu[b];
+    } else {
+      q_start_[b] = 0;
+      q_len_[b] = p.q.shape[1];
+    }
+    if (pr.varlen_k) {
+      const int32_t* cu = p.cu_seqlens_k.ptr<const int32_t>();
+      kv_start_[b] = cu[b];
+      kv_len_[b] = cu[b + 1] - cu[b];
+    } else {
+      kv_start_[b] = 0;
+      kv_len_[b] = pr.paged ? 0 : p.k.shape[1];
+    }
+    if (pr.seqused) kv_len_[b] = p.seqused_k.ptr<const int32_t>()[b];
+  }
+}
+
+int64_t HostLayout::q_offset(int64_t b, int64_t t, int64_t h) const {
+  const TensorView& q = p_.q;
+  return pr_.varlen_q ? (q_start_[b] + t) * q.stride[0] + h * q.stride[1]
+                      : b * q.stride[0] + t * q.stride[1] + h * q.stride[2];
+}
+
+int64_t HostLayout::out_offset(int64_t b, int64_t t, int64_t h) const {
+  const TensorView& o = p_.out;
+  return pr_.varlen_q ? (q_start_[b] + t) * o.stride[0] + h * o.stride[1]
+                      : b * o.stride[0] + t * o.stride[1] + h * o.stride[2];
+}
+
+int64_t HostLayout::lse_offset(int64_t b, int64_t t, int64_t h) const {
+  const TensorView& l = p_.lse;
+  return pr_.varlen_q ? h * l.stride[0] + (q_start_[b] + t) * l.stride[1]
+                      : b * l.stride[0] + h * l.stride[1] + t * l.stride[2];
+}
+
+int64_t HostLayout::kv_row(const TensorView& x, int64_t b, int64_t j, int64_t h) const {
+  if (pr_.paged) {
+    const int32_t* row = p_.block_table.ptr<const int32_t>() + b * p_.block_table.stride[0];
+    const int64_t page = row[j / pr_.page_size];
+    return page * x.stride[0] + (j % pr_.page_size) * x.stride[1] + h * x.stride[2];
+  }
+  if (pr_.varlen_k) return (kv_start_[b] + j) * x.stride[0] + h * x.stride[1];
+  return b * x.stride[0] + j * x.stride[1] + h * x.stride[2];
+}
+
+int64_t HostLayout::k_offset(int64_t b, int64_t j, int64_t h) const { return kv_row(p_.k, b, j, h); }
+int64_t HostLayout::v_offset(int64_t b, int64_t j, int64_t h) const { return kv_row(p_.v, b, j, h); }
+
+}  // namespace flashserve::attention

@@ -1,0 +1,52 @@
+// What validation learns about a call: the resolved shape of the problem, so that every backend
+// reads sizes from one place instead of re-deriving them from the tensors.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "flashserve/attention.h"
+#include "mask.h"
+
+namespace flashserve::attention {
+
+struct Problem {
+  int64_t batch = 0;
+  int64_t h_q = 0, h_kv = 0;
+  int64_t head_dim = 0, head_dim_v = 0;
+  int64_t max_q_len = 0, max_kv_len = 0;  // dense: the tensor's seqlen; else from params/host data
+  bool varlen_q = false, varlen_k = false, paged = false, seqused = false;
+  int64_t page_size = 0, num_pages = 0, pages_per_seq = 0;
+  float scale = 0.0f;  // softmax scale applied to q.k
+  Mask mask;
+  int32_t num_splits = 1;
+  Device device;
+  DType dtype = DType::kFloat32;  // of q, k, v and out
+};
+
+// Validates params (throws flashserve::Error) and returns the resolved problem.
+Problem describe(const AttentionParams& params);
+
+// Host-side addressing of one call whose length/table tensors are in host memory: the CPU path
+// and the tests use it. Offsets are in elements of the respective tensor.
+class HostLayout {
+ public:
+  HostLayout(const AttentionParams& params, const Problem& problem);
+
+  int64_t q_len(int64_t b) const { return q_len_[b]; }
+  int64_t kv_len(int64_t b) const { return kv_len_[b]; }
+  // Offset of q[b, t, h, 0] (also out, by out's strides via out_offset).
+  int64_t q_offset(int64_t b, int64_t t, int64_t h) const;
+  int64_t out_offset(int64_t b, int64_t t, int64_t h) const;
+  int64_t k_offset(int64_t b, int64_t j, int64_t h) const;
+  int64_t v_offset(int64_t b, int64_t j, int64_t h) const;
+  int64_t lse_offset(int64_t b, int64_t t, int64_t h) const;  // requires params.lse
+
+ private:
+  int64_t kv_row(const TensorView& t, int64_t b, int64_t j, int64_t h) const;
+  const AttentionParams& p_;
+  const Problem& pr_;
+  std::vector<int64_t> q_start_, kv_start_, q_len_, kv_len_;
+};
+
+}  // namespace flashserve::attention
