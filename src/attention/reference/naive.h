@@ -1,0 +1,36 @@
+// Float64 naive attention: materialises S = scale * Q K^T and P = softmax(S) for every
+// (sequence, head), so it is O(N^2) in memory. For tests only: it is the reference every kernel is
+// checked against.
+#pragma once
+
+#include <vector>
+
+#include "flashserve/attention.h"
+
+namespace flashserve::attention::reference {
+
+// Rows are the query rows of q in order: dense b * seqlen_q + t, varlen cu_seqlens_q[b] + t.
+struct NaiveOutput {
+  std::vector<double> out;  // [rows, h_q, head_dim_v]
+  std::vector<double> lse;  // [rows, h_q], natural log; -inf for a row that sees no key
+};
+
+enum class Emulate {
+  kExact,         // float64 throughout, on the inputs as stored
+  kLowPrecision,  // what a naive kernel in the input dtype computes: S and softmax in float32,
+                  // P rounded to the input dtype before P V, out rounded to the input dtype
+};
+
+// Computes attention for params (CPU tensors; params.out and params.lse are not touched; every
+// feature of the contract: varlen, paged KV, GQA, causal, window, seqused_k). Validates params.
+NaiveOutput naive_forward(const AttentionParams& params, Emulate mode = Emulate::kExact);
+
+// Float64 backward of dense or varlen attention (no paging): given dout with q's layout and
+// head_dim_v, returns dq, dk, dv shaped like q, k, v (contiguous, float64, the row order above;
+// k/v rows are b * seqlen_k + j, or cu_seqlens_k[b] + j).
+struct NaiveGrads {
+  std::vector<double> dq, dk, dv;
+};
+NaiveGrads naive_backward(const AttentionParams& params, const TensorView& dout);
+
+}  // namespace flashserve::attention::reference

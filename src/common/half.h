@@ -1,0 +1,90 @@
+// fp16 and bf16 storage types for host code, with round-to-nearest-even conversion from float.
+// (The CUDA side uses cuda_fp16.h / cuda_bf16.h; these have the same bit layouts.)
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace flashserve {
+
+struct bf16_t {
+  uint16_t bits;
+};
+struct fp16_t {
+  uint16_t bits;
+};
+
+inline float to_float(bf16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline bf16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<uint16_t>((u >> 16) | 0x40)};  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return {static_cast<uint16_t>(u >> 16)};
+}
+
+inline float to_float(fp16_t h) {
+  const uint32_t sign = (h.bits & 0x8000u) << 16;
+  const uint32_t exp = (h.bits >> 10) & 0x1fu;
+  const uint32_t man = h.bits & 0x3ffu;
+  uint32_t u;
+  if (exp == 0x1f) {
+    u = sign | 0x7f800000u | (man << 13);  // inf / NaN
+  } else if (exp != 0) {
+    u = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    u = sign;
+  } else {  // subnormal: value = man * 2^-24
+    float f = std::ldexp(static_cast<float>(man), -24);
+    return sign ? -f : f;
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline fp16_t to_fp16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t au = u & 0x7fffffffu;
+  if (au > 0x7f800000u) return {static_cast<uint16_t>(sign | 0x7e00u)};     // NaN
+  if (au >= 0x477ff000u) return {static_cast<uint16_t>(sign | 0x7c00u)};    // rounds to inf
+  if (au < 0x38800000u) {  // below the smallest normal: subnormal or zero, in units of 2^-24
+    float a;
+    std::memcpy(&a, &au, 4);
+    const float units = std::nearbyint(a * 16777216.0f);  // default rounding mode: to even
+    return {static_cast<uint16_t>(sign | static_cast<uint16_t>(units))};
+  }
+  uint32_t r = au + 0xfffu + ((au >> 13) & 1u);  // round to nearest even at bit 13
+  return {static_cast<uint16_t>(sign | (((r >> 23) - 112) << 10) | ((r >> 13) & 0x3ffu))};
+}
+
+// Reads element i of a float tensor of any supported float dtype as float.
+inline float load_float(const void* base, int64_t i, int dtype_code) {
+  switch (dtype_code) {
+    case 0: return static_cast<const float*>(base)[i];
+    case 1: return to_float(static_cast<const fp16_t*>(base)[i]);
+    case 2: return to_float(static_cast<const bf16_t*>(base)[i]);
+    default: return static_cast<float>(static_cast<const double*>(base)[i]);
+  }
+}
+
+// Writes a float into element i of a float tensor, rounding to its dtype.
+inline void store_float(void* base, int64_t i, int dtype_code, float x) {
+  switch (dtype_code) {
+    case 0: static_cast<float*>(base)[i] = x; break;
+    case 1: static_cast<fp16_t*>(base)[i] = to_fp16(x); break;
+    case 2: static_cast<bf16_t*>(base)[i] = to_bf16(x); break;
+    default: static_cast<double*>(base)[i] = x; break;
+  }
+}
+
+}  // namespace flashserve
