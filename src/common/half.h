@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "flashserve/tensor.h"
+
 namespace flashserve {
 
 struct bf16_t {
@@ -67,23 +69,23 @@ inline fp16_t to_fp16(float f) {
   return {static_cast<uint16_t>(sign | (((r >> 23) - 112) << 10) | ((r >> 13) & 0x3ffu))};
 }
 
-// Reads element i of a float tensor of any supported float dtype as float.
-inline float load_float(const void* base, int64_t i, int dtype_code) {
-  switch (dtype_code) {
-    case 0: return static_cast<const float*>(base)[i];
-    case 1: return to_float(static_cast<const fp16_t*>(base)[i]);
-    case 2: return to_float(static_cast<const bf16_t*>(base)[i]);
-    default: return static_cast<float>(static_cast<const double*>(base)[i]);
+// Reads element i of a float tensor (float32, float16, bfloat16, float64) as float.
+inline float load_float(const void* base, int64_t i, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16: return to_float(static_cast<const fp16_t*>(base)[i]);
+    case DType::kBFloat16: return to_float(static_cast<const bf16_t*>(base)[i]);
+    case DType::kFloat64: return static_cast<float>(static_cast<const double*>(base)[i]);
+    default: return static_cast<const float*>(base)[i];
   }
 }
 
 // Writes a float into element i of a float tensor, rounding to its dtype.
-inline void store_float(void* base, int64_t i, int dtype_code, float x) {
-  switch (dtype_code) {
-    case 0: static_cast<float*>(base)[i] = x; break;
-    case 1: static_cast<fp16_t*>(base)[i] = to_fp16(x); break;
-    case 2: static_cast<bf16_t*>(base)[i] = to_bf16(x); break;
-    default: static_cast<double*>(base)[i] = x; break;
+inline void store_float(void* base, int64_t i, DType dtype, float x) {
+  switch (dtype) {
+    case DType::kFloat16: static_cast<fp16_t*>(base)[i] = to_fp16(x); break;
+    case DType::kBFloat16: static_cast<bf16_t*>(base)[i] = to_bf16(x); break;
+    case DType::kFloat64: static_cast<double*>(base)[i] = x; break;
+    default: static_cast<float*>(base)[i] = x; break;
   }
 }
 
