@@ -1,0 +1,263 @@
+// bench_attn: times flashserve's attention forward on CUDA tensors through the public API.
+//
+// Prefill grid (the FlashAttention-3 paper's): batch x seqlen = total tokens (16384), heads x
+// head_dim = hidden (2048), seqlen 512..16384, head dims 64/128/256, causal and not. TFLOP/s by
+// DESIGN.md's count: 4 * batch * heads * seqlen_q * seqlen_k * head_dim, halved when causal. Decode
+// grid: one query token per sequence, 32 query heads over 8 KV heads, head_dim 128: TB/s of K and V
+// read, against the device-to-device copy bandwidth measured in the same run.
+//
+// Each figure is the median of --iters timed calls (CUDA events) after --warmup calls, on inputs
+// drawn at random on the device (never zeros). Output: a table on stdout and, with --csv, one row
+// per shape for bench/compare_table.py to set beside PyTorch SDPA.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "flashserve/attention.h"
+
+namespace {
+
+#define CUDA_OK(expr)                                                    \
+  do {                                                                   \
+    cudaError_t err_ = (expr);                                           \
+    if (err_ != cudaSuccess) {                                           \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, \
+                   cudaGetErrorString(err_));                            \
+      std::exit(1);                                                      \
+    }                                                                    \
+  } while (0)
+
+// Uniform values in [-1, 1) from a counter hash, written as 16-bit floats (bf16 or fp16 bits).
+__global__ void fill_random(uint16_t* x, int64_t n, uint32_t seed, bool bf16) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed ^ static_cast<uint32_t>(i >> 32);
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    const float f = (h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+    if (bf16) {
+      uint32_t u = __float_as_uint(f);
+      u += 0x7fffu + ((u >> 16) & 1u);
+      x[i] = static_cast<uint16_t>(u >> 16);
+    } else {
+      x[i] = __half_as_ushort(__float2half_rn(f));
+    }
+  }
+}
+
+struct Options {
+  std::vector<int> head_dims{64, 128, 256};
+  std::vector<int> seqlens{512, 1024, 2048, 4096, 8192, 16384};
+  std::vector<int> causal{0, 1};
+  int total_tokens = 16384;
+  int hidden = 2048;
+  int iters = 30;
+  int warmup = 5;
+  bool fp16 = false;
+  bool prefill = true;
+  bool decode = true;
+  std::string csv;
+};
+
+std::vector<int> parse_list(const char* s) {
+  std::vector<int> v;
+  for (const char* p = s; *p;) {
+    v.push_back(std::atoi(p));
+    while (*p && *p != ',') ++p;
+    if (*p == ',') ++p;
+  }
+  return v;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench_attn: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--head-dims")
+      o.head_dims = parse_list(next());
+    else if (a == "--seqlens")
+      o.seqlens = parse_list(next());
+    else if (a == "--causal")
+      o.causal = parse_list(next());
+    else if (a == "--total-tokens")
+      o.total_tokens = std::atoi(next());
+    else if (a == "--hidden")
+      o.hidden = std::atoi(next());
+    else if (a == "--iters")
+      o.iters = std::atoi(next());
+    else if (a == "--warmup")
+      o.warmup = std::atoi(next());
+    else if (a == "--fp16")
+      o.fp16 = true;
+    else if (a == "--prefill-only")
+      o.decode = false;
+    else if (a == "--decode-only")
+      o.prefill = false;
+    else if (a == "--csv")
+      o.csv = next();
+    else {
+      std::fprintf(stderr,
+                   "usage: bench_attn [--head-dims 64,128,256] [--seqlens 512,...] [--causal 0,1]\n"
+                   "  [--total-tokens 16384] [--hidden 2048] [--iters 30] [--warmup 5] [--fp16]\n"
+                   "  [--prefill-only | --decode-only] [--csv FILE]\n");
+      std::exit(a == "--help" ? 0 : 2);
+    }
+  }
+  return o;
+}
+
+// Median time in ms of `iters` calls of fn, each bracketed by its own pair of events.
+template <typename Fn>
+float median_ms(Fn&& fn, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) fn();
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<cudaEvent_t> ev(2 * iters);
+  for (auto& e : ev) CUDA_OK(cudaEventCreate(&e));
+  for (int i = 0; i < iters; ++i) {
+    CUDA_OK(cudaEventRecord(ev[2 * i]));
+    fn();
+    CUDA_OK(cudaEventRecord(ev[2 * i + 1]));
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<float> ms(iters);
+  for (int i = 0; i < iters; ++i) CUDA_OK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+  for (auto& e : ev) CUDA_OK(cudaEventDestroy(e));
+  std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
+  return ms[iters / 2];
+}
+
+flashserve::TensorView device_view(void* p, flashserve::DType dt,
+                                   std::initializer_list<int64_t> s) {
+  return flashserve::make_view(p, dt, s, {flashserve::DeviceType::kCUDA, 0});
+}
+
+// Runs attention_forward once, turning a library error into a message and a skipped row.
+bool run_once(const flashserve::AttentionParams& p, std::string* error) {
+  try {
+    flashserve::attention_forward(p);
+    return true;
+  } catch (const std::exception& e) {
+    *error = e.what();
+    return false;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  cudaDeviceProp prop{};
+  int dev_count = 0;
+  if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
+    std::printf("bench_attn: skipped: no CUDA device\n");
+    return 0;
+  }
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  const auto dt = o.fp16 ? flashserve::DType::kFloat16 : flashserve::DType::kBFloat16;
+  std::printf("bench_attn on %s (%d SMs), %s, median of %d after %d warm-up\n", prop.name,
+              prop.multiProcessorCount, o.fp16 ? "fp16" : "bf16", o.iters, o.warmup);
+  FILE* csv = o.csv.empty() ? nullptr : std::fopen(o.csv.c_str(), "w");
+  if (!o.csv.empty() && !csv) {
+    std::fprintf(stderr, "bench_attn: cannot write %s\n", o.csv.c_str());
+    return 1;
+  }
+  if (csv) std::fprintf(csv, "kind,head_dim,causal,seqlen,batch,heads,ms,tflops_or_tbs\n");
+
+  // One allocation, reused: the largest prefill problem and the largest decode cache.
+  const size_t prefill_elems = size_t(o.total_tokens) * o.hidden;
+  const size_t decode_elems = size_t(64) * 4096 * 8 * 128;  // batch x kv_len x h_kv x d (largest)
+  const size_t elems = std::max(prefill_elems, decode_elems);
+  uint16_t *q, *k, *v, *out;
+  CUDA_OK(cudaMalloc(&q, elems * 2));
+  CUDA_OK(cudaMalloc(&k, elems * 2));
+  CUDA_OK(cudaMalloc(&v, elems * 2));
+  CUDA_OK(cudaMalloc(&out, elems * 2));
+  fill_random<<<1024, 256>>>(q, elems, 1u, !o.fp16);
+  fill_random<<<1024, 256>>>(k, elems, 2u, !o.fp16);
+  fill_random<<<1024, 256>>>(v, elems, 3u, !o.fp16);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+
+  if (o.prefill) {
+    std::printf("\n%-5s %-6s %-7s %-6s %-6s %10s %10s\n", "hdim", "causal", "seqlen", "batch",
+                "heads", "ms", "TFLOP/s");
+    for (int d : o.head_dims)
+      for (int c : o.causal)
+        for (int s : o.seqlens) {
+          const int b = std::max(1, o.total_tokens / s), h = o.hidden / d;
+          flashserve::AttentionParams p;
+          p.q = device_view(q, dt, {b, s, h, d});
+          p.k = device_view(k, dt, {b, s, h, d});
+          p.v = device_view(v, dt, {b, s, h, d});
+          p.out = device_view(out, dt, {b, s, h, d});
+          p.causal = c != 0;
+          std::string err;
+          if (!run_once(p, &err)) {
+            std::printf("%-5d %-6d %-7d %-6d %-6d   unsupported: %s\n", d, c, s, b, h, err.c_str());
+            continue;
+          }
+          const float ms = median_ms([&] { flashserve::attention_forward(p); }, o.warmup, o.iters);
+          const double flops = 4.0 * b * h * double(s) * s * d * (c ? 0.5 : 1.0);
+          const double tflops = flops / (ms * 1e-3) / 1e12;
+          std::printf("%-5d %-6d %-7d %-6d %-6d %10.3f %10.1f\n", d, c, s, b, h, ms, tflops);
+          if (csv)
+            std::fprintf(csv, "prefill,%d,%d,%d,%d,%d,%.5f,%.2f\n", d, c, s, b, h, ms, tflops);
+        }
+  }
+
+  if (o.decode) {
+    // Copy bandwidth first: bytes read + written per second, as the anchors count it.
+    const size_t copy_bytes = elems * 2;
+    const float copy_ms =
+        median_ms([&] { CUDA_OK(cudaMemcpyAsync(out, k, copy_bytes, cudaMemcpyDeviceToDevice)); },
+                  o.warmup, o.iters);
+    const double copy_tbs = 2.0 * copy_bytes / (copy_ms * 1e-3) / 1e12;
+    std::printf("\ndevice-to-device copy: %.2f TB/s (read + write)\n", copy_tbs);
+    if (csv) std::fprintf(csv, "copy,0,0,0,0,0,%.5f,%.3f\n", copy_ms, copy_tbs);
+    std::printf("%-6s %-7s %10s %10s %12s\n", "batch", "kv_len", "ms", "KV TB/s", "of copy bw");
+    const int decode_shapes[][2] = {{1, 32768}, {8, 8192}, {64, 4096}, {128, 2048}, {256, 1024}};
+    for (const auto& bs : decode_shapes) {
+      const int b = bs[0], kv = bs[1], hq = 32, hkv = 8, d = 128;
+      if (size_t(b) * kv * hkv * d > elems) continue;
+      flashserve::AttentionParams p;
+      p.q = device_view(q, dt, {b, 1, hq, d});
+      p.k = device_view(k, dt, {b, kv, hkv, d});
+      p.v = device_view(v, dt, {b, kv, hkv, d});
+      p.out = device_view(out, dt, {b, 1, hq, d});
+      p.num_splits = 0;  // automatic split-KV where the backend has it
+      std::string err;
+      if (!run_once(p, &err)) {
+        std::printf("%-6d %-7d   unsupported: %s\n", b, kv, err.c_str());
+        continue;
+      }
+      const float ms = median_ms([&] { flashserve::attention_forward(p); }, o.warmup, o.iters);
+      const double bytes = 2.0 * b * kv * hkv * d * 2;  // K and V, 2 bytes each
+      const double tbs = bytes / (ms * 1e-3) / 1e12;
+      std::printf("%-6d %-7d %10.4f %10.2f %11.0f%%\n", b, kv, ms, tbs, 100.0 * tbs / copy_tbs);
+      if (csv) std::fprintf(csv, "decode,%d,0,%d,%d,%d,%.5f,%.3f\n", d, kv, b, hq, ms, tbs);
+    }
+  }
+  if (csv) std::fclose(csv);
+  CUDA_OK(cudaFree(q));
+  CUDA_OK(cudaFree(k));
+  CUDA_OK(cudaFree(v));
+  CUDA_OK(cudaFree(out));
+  return 0;
+}

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build, GPU tests, sanitizers, SASS check, benchmark beside PyTorch SDPA.
+#   bash scripts/gpu-check.sh [--no-tests] [--no-sanitize] [--no-bench] [--quick-bench]
+#                             [--filter GTEST_FILTER] [--bench-args "..."]
+# Environment: OUT (logs and CSVs; default ./out), ARCHS (default 90a: the device is an H200; use
+# "80;90a" to build what CI builds), JOBS (default nproc).
+# Prints a short summary last; the full logs are under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+ARCHS=${ARCHS:-90a}
+JOBS=${JOBS:-$(nproc)}
+BUILD=build/gpu
+tests=1 sanitize=1 bench=1 quick=0 filter="*" bench_args=""
+while (($#)); do
+  case "$1" in
+    --no-tests) tests=0 ;;
+    --no-sanitize) sanitize=0 ;;
+    --no-bench) bench=0 ;;
+    --quick-bench) quick=1 ;;
+    --filter) filter=$2; shift ;;
+    --bench-args) bench_args=$2; shift ;;
+    *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+summary=()
+note() { summary+=("$1"); echo "== $1"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+dirty=$(git status --porcelain 2>/dev/null | grep -v '^??' | wc -l)
+note "commit $commit (+$dirty modified files), $(date -u +%F), ARCHS=$ARCHS"
+
+t0=$(date +%s)
+PY=$(command -v python3)
+if ! { cmake -S . -B $BUILD -DCMAKE_BUILD_TYPE=Release -DFLASHSERVE_CUDA_ARCHS="$ARCHS" \
+        -DPython3_EXECUTABLE="$PY" >"$OUT/configure.log" 2>&1 &&
+      cmake --build $BUILD -j "$JOBS" >"$OUT/build.log" 2>&1; }; then
+  tail -n 60 "$OUT/build.log" "$OUT/configure.log"
+  note "BUILD FAILED (see build.log)"
+  printf '%s\n' "${summary[@]}"
+  exit 1
+fi
+note "build ok in $(( $(date +%s) - t0 )) s"
+grep -E "spill|stack frame" "$OUT/build.log" | grep -v " 0 bytes spill" | sort -u | head -20 > "$OUT/spills.txt"
+[ -s "$OUT/spills.txt" ] && note "ptxas reports spills/stack (spills.txt)"
+
+if ((tests)); then
+  t0=$(date +%s)
+  ctest --test-dir $BUILD -j 8 --output-on-failure --timeout 600 >"$OUT/ctest.log" 2>&1
+  rc=$?
+  note "ctest (cpu+gpu+python): $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1) [rc=$rc, $(( $(date +%s) - t0 )) s]"
+  grep -E "Failed|\*\*\*" "$OUT/ctest.log" | head -20
+  if [ -x $BUILD/tests/test_gpu ]; then
+    $BUILD/tests/test_gpu --gtest_filter="$filter" >"$OUT/test_gpu.log" 2>&1
+    note "test_gpu [$filter]: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_gpu.log" | tr '\n' ' ')"
+  fi
+fi
+
+if ((sanitize)) && [ -x $BUILD/tests/test_gpu ]; then
+  for tool in memcheck racecheck; do
+    t0=$(date +%s)
+    timeout 300 compute-sanitizer --tool $tool --error-exitcode 99 \
+      $BUILD/tests/test_gpu --gtest_filter='*Sanitize*' >"$OUT/sanitize-$tool.log" 2>&1
+    rc=$?
+    note "compute-sanitizer $tool: rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -1) ($(grep -c '^\[       OK' "$OUT/sanitize-$tool.log") tests, $(( $(date +%s) - t0 )) s)"
+  done
+fi
+
+if [ -x $BUILD/bench/bench_attn ]; then
+  cuobjdump -sass $BUILD/bench/bench_attn > "$OUT/sass.txt" 2>/dev/null
+  note "SASS: $(grep -c HMMA "$OUT/sass.txt") HMMA, $(grep -c HGMMA "$OUT/sass.txt") HGMMA, $(grep -cE 'LDL|STL' "$OUT/sass.txt") LDL/STL lines"
+fi
+
+if ((bench)) && [ -x $BUILD/bench/bench_attn ]; then
+  args=$bench_args
+  ((quick)) && args="--seqlens 1024,8192 --iters 10 $args"
+  timeout 400 $BUILD/bench/bench_attn --csv "$OUT/ours.csv" $args >"$OUT/bench_attn.log" 2>&1
+  note "bench_attn rc=$?"
+  timeout 400 "$PY" bench/sdpa_compare.py --csv "$OUT/sdpa.csv" $args >"$OUT/sdpa.log" 2>&1
+  note "sdpa_compare rc=$?"
+  gpu=$(head -2 "$OUT/gpu.txt" | tail -1 | cut -d, -f1)
+  "$PY" bench/compare_table.py "$OUT/ours.csv" "$OUT/sdpa.csv" \
+    --header "bench_attn vs PyTorch SDPA — $gpu, $(date -u +%F), commit $commit, bf16, batch x seqlen = 16384, heads x head_dim = 2048" \
+    > "$OUT/table.md" 2>"$OUT/table.err"
+fi
+
+echo
+echo "================ summary ================"
+printf '%s\n' "${summary[@]}"
+[ -s "$OUT/table.md" ] && cat "$OUT/table.md"
+exit 0
