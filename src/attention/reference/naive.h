@@ -3,6 +3,7 @@
 // checked against.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "flashserve/attention.h"
@@ -10,9 +11,12 @@
 namespace flashserve::attention::reference {
 
 // Rows are the query rows of q in order: dense b * seqlen_q + t, varlen cu_seqlens_q[b] + t.
+// A varlen row of q that belongs to no sequence (at or past cu_seqlens_q[batch]) is NaN in both
+// vectors: the contract says nothing about it, and comparisons skip it.
 struct NaiveOutput {
   std::vector<double> out;  // [rows, h_q, head_dim_v]
   std::vector<double> lse;  // [rows, h_q], natural log; -inf for a row that sees no key
+  int64_t rows = 0, h_q = 0, head_dim_v = 0;
 };
 
 enum class Emulate {
