@@ -1,0 +1,300 @@
+// cpu_forward: see cpu_forward.h for the shape of the algorithm.
+#include "attention/reference/cpu_forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "attention/backends.h"
+#include "attention/reference/combine.h"
+#include "common/half.h"
+#include "common/thread_pool.h"
+
+namespace flashserve::attention {
+namespace {
+
+constexpr float kLog2e = 1.44269504088896340736f;
+constexpr float kLn2 = 0.69314718055994530942f;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int64_t kBK = CpuTiling::kBlockK;
+
+// Converts n consecutive elements at base[off] to float, times mul. The switch is outside the loop
+// so each case is a simple (vectorisable) conversion loop.
+void load_row(const void* base, DType dtype, int64_t off, int64_t n, float mul, float* dst) {
+  switch (dtype) {
+    case DType::kFloat16: {
+      const fp16_t* src = static_cast<const fp16_t*>(base) + off;
+      for (int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]) * mul;
+      break;
+    }
+    case DType::kBFloat16: {
+      const bf16_t* src = static_cast<const bf16_t*>(base) + off;
+      for (int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]) * mul;
+      break;
+    }
+    default: {
+      const float* src = static_cast<const float*>(base) + off;
+      for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * mul;
+      break;
+    }
+  }
+}
+
+void store_row(void* base, DType dtype, int64_t off, int64_t n, const float* src) {
+  switch (dtype) {
+    case DType::kFloat16: {
+      fp16_t* dst = static_cast<fp16_t*>(base) + off;
+      for (int64_t i = 0; i < n; ++i) dst[i] = to_fp16(src[i]);
+      break;
+    }
+    case DType::kBFloat16: {
+      bf16_t* dst = static_cast<bf16_t*>(base) + off;
+      for (int64_t i = 0; i < n; ++i) dst[i] = to_bf16(src[i]);
+      break;
+    }
+    default:
+      std::copy(src, src + n, static_cast<float*>(base) + off);
+      break;
+  }
+}
+
+// Per-worker buffers, sized once per call: O(tile), independent of the sequence lengths.
+struct Workspace {
+  std::vector<float> q;    // [rows, D], pre-multiplied by scale * log2(e)
+  std::vector<float> acc;  // [rows, Dv], unnormalised output
+  std::vector<float> m;    // [rows] running max of the scores (log2 units)
+  std::vector<float> l;    // [rows] running sum of exp2(score - m)
+  std::vector<float> kt;   // [D, kBK] the key block, transposed so scores vectorise over keys
+  std::vector<float> v;    // [kBK, Dv] the value block
+  std::vector<float> s;    // [kBK] one row's scores, then its probabilities
+  std::vector<float> o;    // [Dv] one finished output row
+
+  Workspace(int64_t rows, int64_t D, int64_t Dv)
+      : q(rows * D), acc(rows * Dv), m(rows), l(rows), kt(D * kBK), v(kBK * Dv), s(kBK), o(Dv) {}
+  static size_t bytes(int64_t rows, int64_t D, int64_t Dv) {
+    return sizeof(float) *
+           static_cast<size_t>(rows * D + rows * Dv + 2 * rows + D * kBK + kBK * Dv + kBK + Dv);
+  }
+};
+
+struct Tile {
+  int64_t b, hk, t0, t1, split;
+};
+
+class Forward {
+ public:
+  Forward(const AttentionParams& p, const Problem& pr, const HostLayout& L, int32_t splits)
+      : p_(p),
+        pr_(pr),
+        L_(L),
+        splits_(splits),
+        group_(pr.h_q / pr.h_kv),
+        bq_(CpuTiling::block_q(group_)),
+        first_tile_(pr.batch + 1, 0) {
+    // Tiles of sequence b are first_tile_[b] .. first_tile_[b+1]-1, ordered (q block, head, split).
+    for (int64_t b = 0; b < pr.batch; ++b)
+      first_tile_[b + 1] = first_tile_[b] + (L.q_len(b) + bq_ - 1) / bq_ * pr.h_kv * splits;
+  }
+
+  int64_t num_tiles() const { return first_tile_[pr_.batch]; }
+  int64_t rows_per_tile() const { return bq_ * group_; }
+
+  Tile tile(int64_t i) const {
+    const int64_t b =
+        std::upper_bound(first_tile_.begin(), first_tile_.end(), i) - first_tile_.begin() - 1;
+    int64_t r = i - first_tile_[b];
+    const int64_t split = r % splits_;
+    r /= splits_;
+    const int64_t hk = r % pr_.h_kv;
+    const int64_t t0 = r / pr_.h_kv * bq_;
+    return {b, hk, t0, std::min(L_.q_len(b), t0 + bq_), split};
+  }
+
+  // Runs one tile; writes params.out/lse, or the split's partials when partials != nullptr.
+  void run(const Tile& tl, Workspace& w, const SplitPartials* partials) const {
+    const int64_t D = pr_.head_dim, Dv = pr_.head_dim_v, G = group_;
+    const int64_t nq = L_.q_len(tl.b), nk = L_.kv_len(tl.b);
+    const int64_t rows = (tl.t1 - tl.t0) * G;  // row r: query t0 + r / G, head hk * G + r % G
+    const Mask& mask = pr_.mask;
+    const float qmul = pr_.scale * kLog2e;  // exp(scale * x) = exp2(x * scale * log2(e))
+
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t = tl.t0 + r / G, h = tl.hk * G + r % G;
+      load_row(p_.q.data, p_.q.dtype, L_.q_offset(tl.b, t, h), D, qmul, &w.q[r * D]);
+    }
+    std::fill(w.acc.begin(), w.acc.begin() + rows * Dv, 0.0f);
+    std::fill(w.m.begin(), w.m.begin() + rows, kNegInf);
+    std::fill(w.l.begin(), w.l.begin() + rows, 0.0f);
+
+    // Keys this tile may see: the union of its rows' windows (first_key and last_key are
+    // non-decreasing in t), cut to this split's share of the keys.
+    int64_t lo = mask.first_key(tl.t0, nq, nk), hi = mask.last_key(tl.t1 - 1, nq, nk) + 1;
+    if (splits_ > 1) {
+      // Splits are whole key blocks, so a split boundary never cuts a block.
+      const int64_t chunk = ((nk + splits_ - 1) / splits_ + kBK - 1) / kBK * kBK;
+      lo = std::max(lo, tl.split * chunk);
+      hi = std::min(hi, (tl.split + 1) * chunk);
+    }
+    for (int64_t j0 = lo; j0 < hi; j0 += kBK) {
+      const int64_t nb = std::min(kBK, hi - j0);
+      load_block(tl, j0, nb, w);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t t = tl.t0 + r / G;
+        const int64_t a = std::max(mask.first_key(t, nq, nk), j0) - j0;
+        const int64_t e = std::min(mask.last_key(t, nq, nk), j0 + nb - 1) - j0 + 1;
+        if (a < e) process_row(w, r, a, e);
+      }
+    }
+
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t = tl.t0 + r / G, h = tl.hk * G + r % G;
+      float lse = kNegInf;
+      if (w.l[r] > 0.0f) {
+        const float inv = 1.0f / w.l[r];
+        for (int64_t d = 0; d < Dv; ++d) w.o[d] = w.acc[r * Dv + d] * inv;
+        lse = (w.m[r] + std::log2(w.l[r])) * kLn2;
+      } else {  // the row saw no key (in this split)
+        std::fill(w.o.begin(), w.o.end(), 0.0f);
+      }
+      if (partials) {
+        const int64_t row = first_row(tl.b) + t;
+        std::copy(w.o.begin(), w.o.end(), partials->out_at(tl.split, row, h));
+        partials->lse_at(tl.split, row, h) = lse;
+      } else {
+        store_row(p_.out.data, p_.out.dtype, L_.out_offset(tl.b, t, h), Dv, w.o.data());
+        if (p_.lse.defined()) p_.lse.ptr<float>()[L_.lse_offset(tl.b, t, h)] = lse;
+      }
+    }
+  }
+
+  int64_t first_row(int64_t b) const {
+    return pr_.varlen_q ? p_.cu_seqlens_q.ptr<const int32_t>()[b] : b * p_.q.shape[1];
+  }
+
+ private:
+  // Converts keys [j0, j0 + nb) of the tile's KV head to float, once for the whole GQA group.
+  void load_block(const Tile& tl, int64_t j0, int64_t nb, Workspace& w) const {
+    const int64_t D = pr_.head_dim, Dv = pr_.head_dim_v;
+    for (int64_t jj = 0; jj < nb; ++jj) {
+      const int64_t koff = L_.k_offset(tl.b, j0 + jj, tl.hk);
+      // Transpose while converting: kt[d][jj].
+      switch (p_.k.dtype) {
+        case DType::kFloat16: {
+          const fp16_t* src = p_.k.ptr<const fp16_t>() + koff;
+          for (int64_t d = 0; d < D; ++d) w.kt[d * kBK + jj] = to_float(src[d]);
+          break;
+        }
+        case DType::kBFloat16: {
+          const bf16_t* src = p_.k.ptr<const bf16_t>() + koff;
+          for (int64_t d = 0; d < D; ++d) w.kt[d * kBK + jj] = to_float(src[d]);
+          break;
+        }
+        default: {
+          const float* src = p_.k.ptr<const float>() + koff;
+          for (int64_t d = 0; d < D; ++d) w.kt[d * kBK + jj] = src[d];
+          break;
+        }
+      }
+      load_row(p_.v.data, p_.v.dtype, L_.v_offset(tl.b, j0 + jj, tl.hk), Dv, 1.0f, &w.v[jj * Dv]);
+    }
+  }
+
+  // Folds keys [a, e) of the loaded block into row r's running max, sum and accumulator.
+  void process_row(Workspace& w, int64_t r, int64_t a, int64_t e) const {
+    const int64_t D = pr_.head_dim, Dv = pr_.head_dim_v;
+    float* s = w.s.data();
+    const float* q = &w.q[r * D];
+    std::fill(s + a, s + e, 0.0f);
+    for (int64_t d = 0; d < D; ++d) {  // s[j] = q . k_j, vectorised over j
+      const float qd = q[d];
+      const float* k = &w.kt[d * kBK];
+      for (int64_t j = a; j < e; ++j) s[j] += qd * k[j];
+    }
+    float mx = kNegInf;
+    for (int64_t j = a; j < e; ++j) mx = std::max(mx, s[j]);
+    const float m_old = w.m[r];
+    const float m_new = std::max(m_old, mx);
+    float sum = 0.0f;
+    for (int64_t j = a; j < e; ++j) {
+      s[j] = std::exp2(s[j] - m_new);
+      sum += s[j];
+    }
+    float* acc = &w.acc[r * Dv];
+    if (m_new > m_old) {  // the max grew: rescale what has been accumulated so far
+      const float corr = std::exp2(m_old - m_new);  // 0 when m_old = -inf
+      w.l[r] *= corr;
+      for (int64_t d = 0; d < Dv; ++d) acc[d] *= corr;
+      w.m[r] = m_new;
+    }
+    w.l[r] += sum;
+    for (int64_t j = a; j < e; ++j) {  // acc += p_j v_j, vectorised over the head dim
+      const float pj = s[j];
+      const float* v = &w.v[j * Dv];
+      for (int64_t d = 0; d < Dv; ++d) acc[d] += pj * v[d];
+    }
+  }
+
+  const AttentionParams& p_;
+  const Problem& pr_;
+  const HostLayout& L_;
+  const int64_t splits_, group_, bq_;
+  std::vector<int64_t> first_tile_;
+};
+
+int64_t num_q_rows(const AttentionParams& p, const Problem& pr) {
+  return pr.varlen_q ? p.q.shape[0] : pr.batch * p.q.shape[1];
+}
+
+}  // namespace
+
+int32_t cpu_num_splits(const Problem& pr, int workers) {
+  if (pr.num_splits > 0) return pr.num_splits;
+  const int64_t group = pr.h_q / pr.h_kv;
+  const int64_t bq = CpuTiling::block_q(group);
+  const int64_t tiles = pr.batch * pr.h_kv * ((pr.max_q_len + bq - 1) / bq);
+  if (workers <= 1 || tiles == 0 || tiles >= workers) return 1;
+  // Enough splits to give every worker a tile or two, but each split at least 4 key blocks.
+  const int64_t want = (2 * workers + tiles - 1) / tiles;
+  const int64_t most = pr.max_kv_len / (4 * CpuTiling::kBlockK);
+  return static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>({want, most, 64})));
+}
+
+size_t cpu_scratch_bytes(const Problem& pr, int64_t total_q_rows, int workers) {
+  const int64_t rows = CpuTiling::block_q(pr.h_q / pr.h_kv) * (pr.h_q / pr.h_kv);
+  size_t bytes = workers * Workspace::bytes(rows, pr.head_dim, pr.head_dim_v);
+  const int32_t splits = cpu_num_splits(pr, workers);
+  if (splits > 1) bytes += SplitPartials::bytes(splits, total_q_rows, pr.h_q, pr.head_dim_v);
+  return bytes;
+}
+
+void cpu_forward(const AttentionParams& params, const Problem& problem) {
+  if (problem.device.type != DeviceType::kCPU)
+    throw Error(ErrorKind::kInternal, "q", "cpu_forward called with non-CPU tensors");
+  const HostLayout layout(params, problem);
+  ThreadPool& pool = ThreadPool::global();
+  const int32_t splits = cpu_num_splits(problem, pool.size());
+  const Forward fwd(params, problem, layout, splits);
+
+  std::vector<Workspace> workspaces;
+  workspaces.reserve(pool.size());
+  for (int i = 0; i < pool.size(); ++i)
+    workspaces.emplace_back(fwd.rows_per_tile(), problem.head_dim, problem.head_dim_v);
+
+  std::vector<float> scratch;
+  SplitPartials partials;
+  if (splits > 1) {
+    const int64_t rows = num_q_rows(params, problem);
+    scratch.resize(SplitPartials::bytes(splits, rows, problem.h_q, problem.head_dim_v) /
+                   sizeof(float));
+    partials = {scratch.data(), scratch.data() + splits * rows * problem.h_q * problem.head_dim_v,
+                splits,         rows,
+                problem.h_q,    problem.head_dim_v};
+  }
+  pool.parallel_for(fwd.num_tiles(), [&](int64_t i, int worker) {
+    fwd.run(fwd.tile(i), workspaces[worker], splits > 1 ? &partials : nullptr);
+  });
+  if (splits > 1) combine_splits(partials, params, problem, layout, pool);
+}
+
+}  // namespace flashserve::attention

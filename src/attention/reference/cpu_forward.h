@@ -1,0 +1,35 @@
+// The production CPU attention path (cpu_forward, declared in backends.h): tiled online softmax.
+//
+// Work is cut into tiles: one sequence, one KV head, a block of queries and (with split-KV) one
+// split of the keys. A tile holds the queries of every query head that shares the KV head (GQA), so
+// each block of keys and values is read and converted to float32 once for the whole group. The
+// tile walks the key blocks its mask lets it see (blocks wholly outside the mask are never
+// touched), keeping per row a running max m and running sum l in log2 units; the accumulator is
+// rescaled by exp2(m_old - m_new) when the max grows. Memory is O(tile) per worker; split-KV adds
+// O(num_splits * rows * h_q * head_dim_v) floats of partials (see combine.h), never O(N^2).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "attention/problem.h"
+
+namespace flashserve::attention {
+
+struct CpuTiling {
+  static constexpr int64_t kBlockK = 64;    // keys per block: K^T and V blocks stay in L1/L2
+  static constexpr int64_t kTileRows = 64;  // query rows (queries x heads of a group) per tile
+  // Queries per tile for a GQA group of `group` query heads per KV head.
+  static int64_t block_q(int64_t group) { return group >= kTileRows ? 1 : kTileRows / group; }
+};
+
+// The number of key splits cpu_forward uses for this problem with `workers` threads: num_splits
+// when it is positive; for 0 (automatic), more than one only when the unsplit tiles are fewer
+// than the workers and the keys are long enough for each split to get several blocks.
+int32_t cpu_num_splits(const Problem& problem, int workers);
+
+// Bytes of heap scratch cpu_forward allocates for this problem with `workers` threads (per-worker
+// tile buffers plus, when split, the partials). Independent of the sequence lengths when unsplit.
+size_t cpu_scratch_bytes(const Problem& problem, int64_t total_q_rows, int workers);
+
+}  // namespace flashserve::attention
