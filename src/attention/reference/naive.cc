@@ -148,4 +148,96 @@ NaiveOutput naive_forward(const AttentionParams& params, Emulate mode) {
   return o;
 }
 
+NaiveGrads naive_backward(const AttentionParams& params, const TensorView& dout) {
+  const Problem pr = describe_on_host(params, "naive_backward");
+  if (pr.paged)
+    throw Error(ErrorKind::kUnsupported, "block_table", "naive_backward takes dense or varlen KV");
+  const TensorView& out = params.out;
+  if (dout.rank != out.rank)
+    throw Error(ErrorKind::kInvalidArgument, "dout", "must have out's rank");
+  for (int i = 0; i < out.rank; ++i)
+    if (dout.shape[i] != out.shape[i])
+      throw Error(ErrorKind::kInvalidArgument, "dout", "must have out's shape");
+  if (dout.dtype == DType::kInt32)
+    throw Error(ErrorKind::kInvalidArgument, "dout", "must be a float tensor");
+  if (!(dout.device == pr.device))
+    throw Error(ErrorKind::kInvalidArgument, "dout", "must be on the same device as q");
+  if (dout.numel() > 0 && dout.data == nullptr)
+    throw Error(ErrorKind::kInvalidArgument, "dout", "null data pointer");
+  AttentionParams with_dout = params;  // so HostLayout::out_offset addresses dout
+  with_dout.out = dout;
+  const HostLayout L(with_dout, pr);
+
+  const int64_t D = pr.head_dim, Dv = pr.head_dim_v, G = pr.h_q / pr.h_kv;
+  const int64_t q_rows = num_q_rows(params, pr);
+  const int64_t k_rows = pr.varlen_k ? params.k.shape[0] : pr.batch * params.k.shape[1];
+  NaiveGrads g;
+  g.dq.assign(q_rows * pr.h_q * D, 0.0);
+  g.dk.assign(k_rows * pr.h_kv * D, 0.0);
+  g.dv.assign(k_rows * pr.h_kv * Dv, 0.0);
+  const double scale = pr.scale;
+  for (int64_t b = 0; b < pr.batch; ++b) {
+    const int64_t nq = L.q_len(b), nk = L.kv_len(b);
+    const int64_t qrow0 = first_q_row(params, pr, b);
+    const int64_t krow0 =
+        pr.varlen_k ? params.cu_seqlens_k.ptr<const int32_t>()[b] : b * params.k.shape[1];
+    for (int64_t hk = 0; hk < pr.h_kv; ++hk) {
+      const std::vector<double> K = gather_kv<double>(params.k, L, true, b, hk, D);
+      const std::vector<double> V = gather_kv<double>(params.v, L, false, b, hk, Dv);
+      for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
+        std::vector<double> Q(nq * D), dO(nq * Dv), P(nq * nk, 0.0);
+        for (int64_t t = 0; t < nq; ++t) {
+          for (int64_t d = 0; d < D; ++d)
+            Q[t * D + d] = load_double(params.q.data, L.q_offset(b, t, h) + d, params.q.dtype);
+          for (int64_t d = 0; d < Dv; ++d)
+            dO[t * Dv + d] = load_double(dout.data, L.out_offset(b, t, h) + d, dout.dtype);
+        }
+        // P = softmax(S) row by row (a row that sees no key stays 0: it has no gradient).
+        for (int64_t t = 0; t < nq; ++t) {
+          double* p = &P[t * nk];
+          double m = -kInf;
+          for (int64_t j = 0; j < nk; ++j) {
+            if (!pr.mask.visible(t, j, nq, nk)) continue;
+            double dot = 0;
+            for (int64_t d = 0; d < D; ++d) dot += Q[t * D + d] * K[j * D + d];
+            p[j] = scale * dot;
+            m = std::max(m, p[j]);
+          }
+          if (m == -kInf) continue;
+          double sum = 0;
+          for (int64_t j = 0; j < nk; ++j)
+            if (pr.mask.visible(t, j, nq, nk)) sum += (p[j] = std::exp(p[j] - m));
+          for (int64_t j = 0; j < nk; ++j) p[j] /= sum;
+        }
+        for (int64_t t = 0; t < nq; ++t) {
+          const double* p = &P[t * nk];
+          const double* go = &dO[t * Dv];
+          // delta = rowsum(dO o O) with O = P V.
+          double delta = 0;
+          for (int64_t d = 0; d < Dv; ++d) {
+            double o = 0;
+            for (int64_t j = 0; j < nk; ++j) o += p[j] * V[j * Dv + d];
+            delta += go[d] * o;
+          }
+          double* dq = &g.dq[((qrow0 + t) * pr.h_q + h) * D];
+          for (int64_t j = 0; j < nk; ++j) {
+            if (p[j] == 0.0) continue;  // masked (or underflowed): contributes nothing
+            double dp = 0;              // dP = dO V^T
+            for (int64_t d = 0; d < Dv; ++d) dp += go[d] * V[j * Dv + d];
+            const double ds = p[j] * (dp - delta);  // dS = P o (dP - delta)
+            double* dk = &g.dk[((krow0 + j) * pr.h_kv + hk) * D];
+            double* dv = &g.dv[((krow0 + j) * pr.h_kv + hk) * Dv];
+            for (int64_t d = 0; d < D; ++d) {
+              dq[d] += scale * ds * K[j * D + d];
+              dk[d] += scale * ds * Q[t * D + d];  // summed over the group's query heads
+            }
+            for (int64_t d = 0; d < Dv; ++d) dv[d] += p[j] * go[d];
+          }
+        }
+      }
+    }
+  }
+  return g;
+}
+
 }  // namespace flashserve::attention::reference
