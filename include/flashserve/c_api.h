@@ -1,0 +1,111 @@
+/* The C ABI of flashserve (libflashserve_c.so): what the Python package loads with ctypes, and what
+ * any other language can bind without a C++ compiler. Plain C99; no exception crosses it.
+ *
+ * Every function that can fail returns 0 on success or an fs_status code (the values of
+ * flashserve::ErrorKind), and leaves a message naming the argument at fault in fs_last_error().
+ * The message is per thread and is cleared at the start of every call that can fail.
+ *
+ * Tensors are described, never owned: a data pointer, a dtype code, the device, and the shape and
+ * strides (in elements, not bytes) of up to 4 dimensions. An absent optional tensor is all zeros
+ * (rank 0 and a null data pointer). Layouts and semantics are those of flashserve/attention.h. */
+#ifndef FLASHSERVE_C_API_H_
+#define FLASHSERVE_C_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define FS_API __declspec(dllexport)
+#else
+#define FS_API __attribute__((visibility("default")))
+#endif
+
+/* Bumped whenever a struct below or a function signature changes; bindings check it. */
+#define FS_ABI_VERSION 1
+
+typedef enum fs_status {
+  FS_OK = 0,
+  FS_ERROR_INVALID_ARGUMENT = 1, /* malformed shape, stride, dtype, length, ... */
+  FS_ERROR_UNSUPPORTED = 2,      /* well-formed, but nothing implements it (head dim, device) */
+  FS_ERROR_CUDA = 3,             /* the CUDA runtime reported an error */
+  FS_ERROR_INTERNAL = 4          /* a bug in flashserve, or out of host memory */
+} fs_status;
+
+typedef enum fs_dtype {
+  FS_FLOAT32 = 0,
+  FS_FLOAT16 = 1,
+  FS_BFLOAT16 = 2,
+  FS_INT32 = 3,
+  FS_FLOAT64 = 4
+} fs_dtype;
+
+typedef enum fs_device_type { FS_CPU = 0, FS_CUDA = 1 } fs_device_type;
+
+#define FS_MAX_RANK 4
+
+typedef struct fs_tensor {
+  void* data;
+  int32_t dtype;        /* an fs_dtype */
+  int32_t device_type;  /* an fs_device_type */
+  int32_t device_index; /* CUDA ordinal; -1: the device that owns `data` (looked up) */
+  int32_t rank;         /* 0..FS_MAX_RANK; 0 with data == NULL: absent */
+  int64_t shape[FS_MAX_RANK];
+  int64_t strides[FS_MAX_RANK]; /* in elements */
+} fs_tensor;
+
+/* Mirrors flashserve::AttentionParams field by field. */
+typedef struct fs_attention_params {
+  fs_tensor q, k, v, out;
+  fs_tensor lse;          /* optional float32 */
+  fs_tensor cu_seqlens_q; /* optional int32 [batch + 1] */
+  fs_tensor cu_seqlens_k; /* optional int32 [batch + 1]; not with block_table */
+  fs_tensor seqused_k;    /* optional int32 [batch]; required with block_table */
+  fs_tensor block_table;  /* optional int32 [batch, pages_per_seq] */
+  int64_t max_seqlen_q;   /* varlen: upper bound of every q_len (required on CUDA) */
+  int64_t max_seqlen_k;   /* varlen/paged: upper bound of every kv_len (required on CUDA) */
+  float softmax_scale;    /* 0: 1/sqrt(head_dim) */
+  int32_t causal;         /* nonzero: causal (bottom-right aligned) */
+  int32_t window_left;    /* -1: unbounded */
+  int32_t window_right;   /* -1: unbounded (0 when causal) */
+  int32_t num_splits;     /* split-KV: 1 none, 0 automatic, n > 1 exactly n */
+  void* stream;           /* cudaStream_t for CUDA tensors (NULL: the legacy default stream) */
+  void* workspace;        /* device scratch of fs_attention_workspace_size() bytes */
+  size_t workspace_bytes;
+} fs_attention_params;
+
+/* The version of the library ("0.1.0"), and FS_ABI_VERSION as it was built. */
+FS_API const char* fs_version(void);
+FS_API int fs_abi_version(void);
+/* sizeof of the two structs as the library sees them (a binding checks its own layout). */
+FS_API size_t fs_sizeof_tensor(void);
+FS_API size_t fs_sizeof_attention_params(void);
+
+/* 1 if the library was built with CUDA kernels, else 0. */
+FS_API int fs_built_with_cuda(void);
+/* 1 if built with CUDA and at least one CUDA device is usable now, else 0. Never fails. */
+FS_API int fs_cuda_available(void);
+
+/* Checks params against the contract without running anything. */
+FS_API int fs_attention_validate(const fs_attention_params* params);
+/* Validates, then computes out (and lse) on the device that holds the tensors. CUDA work is
+ * enqueued on params->stream and may still be running when this returns. */
+FS_API int fs_attention_forward(const fs_attention_params* params);
+/* Bytes of device workspace that fs_attention_forward needs for params (0 when none), or SIZE_MAX
+ * when params are invalid (then fs_last_error() says why). */
+FS_API size_t fs_attention_workspace_size(const fs_attention_params* params);
+
+/* Waits until all work on a CUDA stream (NULL: the legacy default stream) has finished. */
+FS_API int fs_cuda_stream_synchronize(void* stream);
+
+/* The message of the last failed call on this thread; "" when the last call succeeded. */
+FS_API const char* fs_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHSERVE_C_API_H_ */

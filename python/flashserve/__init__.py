@@ -1,0 +1,35 @@
+"""flashserve: exact FlashAttention-style attention, called like FlashAttention.
+
+    from flashserve import flash_attn_func, flash_attn_varlen_func
+
+Pure Python over libflashserve_c.so (ctypes): no compiled extension, and no framework imported
+at import time. Tensors of PyTorch, CuPy, JAX and NumPy are accepted through DLPack or the array
+interfaces; outputs are allocated in the framework, dtype and device of q. See docs/python.md.
+"""
+
+from . import _capi
+from .attention import flash_attn_func, flash_attn_varlen_func
+
+__version__ = "0.1.0"
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "version", "built_with_cuda",
+           "cuda_available", "library_path"]
+
+
+def version():
+    """Version string of the loaded library."""
+    return _capi.lib().fs_version().decode()
+
+
+def built_with_cuda():
+    """Whether the loaded library contains the CUDA kernels."""
+    return bool(_capi.lib().fs_built_with_cuda())
+
+
+def cuda_available():
+    """Whether the library was built with CUDA and a CUDA device is usable."""
+    return bool(_capi.lib().fs_cuda_available())
+
+
+def library_path():
+    """Path of the libflashserve_c.so in use (FLASHSERVE_LIBRARY, next to the package, build/)."""
+    return _capi.library_path()

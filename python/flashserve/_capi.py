@@ -1,0 +1,157 @@
+"""ctypes binding of libflashserve_c.so (include/flashserve/c_api.h).
+
+The library is found, in this order, at
+  1. $FLASHSERVE_LIBRARY (a path to the .so; an error if it does not exist),
+  2. next to the package: flashserve/libflashserve_c.so or the folder above the package,
+  3. build/*/src/libflashserve_c.so of the source checkout the package sits in (the most recently
+     built one when there are several).
+It is loaded on first use, so `import flashserve` never fails for want of it.
+"""
+
+import ctypes
+import glob
+import os
+import threading
+
+LIBRARY_NAME = "libflashserve_c.so"
+ABI_VERSION = 1  # FS_ABI_VERSION of the header these structs mirror
+MAX_RANK = 4
+
+# fs_dtype, fs_device_type and fs_status codes.
+FLOAT32, FLOAT16, BFLOAT16, INT32, FLOAT64 = 0, 1, 2, 3, 4
+DTYPE_NAMES = {FLOAT32: "float32", FLOAT16: "float16", BFLOAT16: "bfloat16", INT32: "int32",
+               FLOAT64: "float64"}
+CPU, CUDA = 0, 1
+OK, INVALID_ARGUMENT, UNSUPPORTED, CUDA_ERROR, INTERNAL = 0, 1, 2, 3, 4
+
+
+class Tensor(ctypes.Structure):
+    """fs_tensor."""
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int32),
+        ("device_type", ctypes.c_int32),
+        ("device_index", ctypes.c_int32),
+        ("rank", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * MAX_RANK),
+        ("strides", ctypes.c_int64 * MAX_RANK),
+    ]
+
+
+class AttentionParams(ctypes.Structure):
+    """fs_attention_params."""
+    _fields_ = [
+        ("q", Tensor), ("k", Tensor), ("v", Tensor), ("out", Tensor), ("lse", Tensor),
+        ("cu_seqlens_q", Tensor), ("cu_seqlens_k", Tensor), ("seqused_k", Tensor),
+        ("block_table", Tensor),
+        ("max_seqlen_q", ctypes.c_int64),
+        ("max_seqlen_k", ctypes.c_int64),
+        ("softmax_scale", ctypes.c_float),
+        ("causal", ctypes.c_int32),
+        ("window_left", ctypes.c_int32),
+        ("window_right", ctypes.c_int32),
+        ("num_splits", ctypes.c_int32),
+        ("stream", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+    ]
+
+
+_SIGNATURES = {
+    "fs_version": (ctypes.c_char_p, []),
+    "fs_abi_version": (ctypes.c_int, []),
+    "fs_sizeof_tensor": (ctypes.c_size_t, []),
+    "fs_sizeof_attention_params": (ctypes.c_size_t, []),
+    "fs_built_with_cuda": (ctypes.c_int, []),
+    "fs_cuda_available": (ctypes.c_int, []),
+    "fs_attention_validate": (ctypes.c_int, [ctypes.POINTER(AttentionParams)]),
+    "fs_attention_forward": (ctypes.c_int, [ctypes.POINTER(AttentionParams)]),
+    "fs_attention_workspace_size": (ctypes.c_size_t, [ctypes.POINTER(AttentionParams)]),
+    "fs_cuda_stream_synchronize": (ctypes.c_int, [ctypes.c_void_p]),
+    "fs_last_error": (ctypes.c_char_p, []),
+}
+
+_lock = threading.Lock()
+_lib = None
+_path = None
+
+
+def candidate_paths():
+    """Where the library is looked for, in order (FLASHSERVE_LIBRARY is handled separately)."""
+    package_dir = os.path.dirname(os.path.abspath(__file__))
+    paths = [os.path.join(package_dir, LIBRARY_NAME),
+             os.path.join(os.path.dirname(package_dir), LIBRARY_NAME)]
+    repo = os.path.dirname(os.path.dirname(package_dir))
+    built = glob.glob(os.path.join(repo, "build", "*", "src", LIBRARY_NAME))
+    built += glob.glob(os.path.join(repo, "build", "*", LIBRARY_NAME))
+    built.sort(key=os.path.getmtime, reverse=True)
+    return paths + built
+
+
+def find_library():
+    env = os.environ.get("FLASHSERVE_LIBRARY")
+    if env:
+        if not os.path.isfile(env):
+            raise ImportError(f"FLASHSERVE_LIBRARY={env!r} does not name an existing file")
+        return env
+    for path in candidate_paths():
+        if os.path.isfile(path):
+            return path
+    raise ImportError(
+        f"flashserve: cannot find {LIBRARY_NAME}; set FLASHSERVE_LIBRARY to its path, put it next "
+        f"to the package, or build it (cmake --build <build dir> --target flashserve_c). Looked in: "
+        + ", ".join(candidate_paths()[:2] + ["build/*/src/ of the checkout"]))
+
+
+def lib():
+    """The loaded library, with argument and result types declared (loaded once)."""
+    global _lib, _path
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is None:
+            path = find_library()
+            try:
+                handle = ctypes.CDLL(path)
+            except OSError as e:
+                raise ImportError(f"flashserve: cannot load {path}: {e}") from e
+            for name, (restype, argtypes) in _SIGNATURES.items():
+                try:
+                    fn = getattr(handle, name)
+                except AttributeError as e:
+                    raise ImportError(f"flashserve: {path} lacks {name}; rebuild it") from e
+                fn.restype, fn.argtypes = restype, argtypes
+            if handle.fs_abi_version() != ABI_VERSION:
+                raise ImportError(f"flashserve: {path} has ABI version {handle.fs_abi_version()}, "
+                                  f"this package expects {ABI_VERSION}; rebuild the library")
+            if (handle.fs_sizeof_tensor() != ctypes.sizeof(Tensor) or
+                    handle.fs_sizeof_attention_params() != ctypes.sizeof(AttentionParams)):
+                raise ImportError(f"flashserve: the struct layout of {path} differs from the "
+                                  "package's (different ABI or compiler); rebuild the library")
+            _path = path
+            _lib = handle
+    return _lib
+
+
+def library_path():
+    """Path of the library in use (loads it)."""
+    lib()
+    return _path
+
+
+def last_error():
+    return lib().fs_last_error().decode("utf-8", "replace")
+
+
+def raise_for(status):
+    """Turns a nonzero fs_status into the matching Python exception with the library's message."""
+    if status == OK:
+        return
+    message = last_error() or f"flashserve: error code {status}"
+    if status == INVALID_ARGUMENT:
+        raise ValueError(message)
+    if status == UNSUPPORTED:
+        raise NotImplementedError(message)
+    if status == CUDA_ERROR:
+        raise RuntimeError(f"CUDA error: {message}")
+    raise RuntimeError(f"flashserve internal error: {message}")

@@ -1,0 +1,224 @@
+// The extern "C" entry points of libflashserve_c.so: translate the plain C structs into
+// flashserve::AttentionParams, call the C++ API, and turn every exception into a status code plus
+// a per-thread message, so that nothing is ever thrown across the C boundary.
+#include "flashserve/c_api.h"
+
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <new>
+
+#include "flashserve/attention.h"
+#include "flashserve/error.h"
+#include "flashserve/tensor.h"
+
+#if defined(FLASHSERVE_WITH_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
+namespace flashserve {
+namespace {
+
+static_assert(FS_MAX_RANK == kMaxRank);
+static_assert(FS_FLOAT32 == static_cast<int>(DType::kFloat32));
+static_assert(FS_FLOAT16 == static_cast<int>(DType::kFloat16));
+static_assert(FS_BFLOAT16 == static_cast<int>(DType::kBFloat16));
+static_assert(FS_INT32 == static_cast<int>(DType::kInt32));
+static_assert(FS_FLOAT64 == static_cast<int>(DType::kFloat64));
+static_assert(FS_CPU == static_cast<int>(DeviceType::kCPU));
+static_assert(FS_CUDA == static_cast<int>(DeviceType::kCUDA));
+static_assert(FS_ERROR_INVALID_ARGUMENT == static_cast<int>(ErrorKind::kInvalidArgument));
+static_assert(FS_ERROR_UNSUPPORTED == static_cast<int>(ErrorKind::kUnsupported));
+static_assert(FS_ERROR_CUDA == static_cast<int>(ErrorKind::kCuda));
+static_assert(FS_ERROR_INTERNAL == static_cast<int>(ErrorKind::kInternal));
+
+// A fixed buffer rather than a std::string: recording an error must not allocate, so that even
+// std::bad_alloc can be reported without a second exception escaping.
+thread_local char g_last_error[2048] = "";
+
+void set_error(const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(g_last_error, sizeof g_last_error, format, args);
+  va_end(args);
+}
+
+// Runs f, mapping whatever it throws to a status code and the thread's message.
+template <typename F>
+int guarded(F&& f) noexcept {
+  g_last_error[0] = '\0';
+  try {
+    f();
+    return FS_OK;
+  } catch (const Error& e) {
+    set_error("%s", e.what());
+    return static_cast<int>(e.kind());
+  } catch (const std::bad_alloc&) {
+    set_error("out of host memory");
+    return FS_ERROR_INTERNAL;
+  } catch (const std::exception& e) {
+    set_error("internal error: %s", e.what());
+    return FS_ERROR_INTERNAL;
+  } catch (...) {
+    set_error("internal error: unknown exception");
+    return FS_ERROR_INTERNAL;
+  }
+}
+
+[[noreturn]] void invalid(const char* name, const char* format, ...) {
+  char what[512];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(what, sizeof what, format, args);
+  va_end(args);
+  throw Error(ErrorKind::kInvalidArgument, name, what);
+}
+
+int32_t owning_cuda_device(const void* data, const char* name) {
+#if defined(FLASHSERVE_WITH_CUDA)
+  cudaPointerAttributes attributes{};
+  const cudaError_t status = cudaPointerGetAttributes(&attributes, data);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // not sticky; clear it so later calls do not see it
+    throw Error(
+        ErrorKind::kCuda, name,
+        std::string("cannot find the device of the data pointer: ") + cudaGetErrorString(status));
+  }
+  if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged)
+    invalid(name, "device type is CUDA, but the data pointer is not CUDA device memory");
+  return attributes.device;
+#else
+  (void)data;
+  (void)name;
+  return 0;  // dispatch reports that this build has no CUDA
+#endif
+}
+
+TensorView to_view(const fs_tensor& t, const char* name) {
+  TensorView view;
+  if (t.rank == 0 && t.data == nullptr) return view;  // absent
+  if (t.rank < 0 || t.rank > kMaxRank)
+    invalid(name, "rank %d is not supported (0..%d)", t.rank, kMaxRank);
+  if (t.dtype < FS_FLOAT32 || t.dtype > FS_FLOAT64) invalid(name, "unknown dtype code %d", t.dtype);
+  if (t.device_type != FS_CPU && t.device_type != FS_CUDA)
+    invalid(name, "unknown device type code %d", t.device_type);
+  view.data = t.data;
+  view.dtype = static_cast<DType>(t.dtype);
+  view.device.type = static_cast<DeviceType>(t.device_type);
+  view.device.index = t.device_index;
+  if (view.device.type == DeviceType::kCPU) {
+    view.device.index = 0;
+  } else if (t.device_index < 0) {
+    if (t.device_index != -1) invalid(name, "device index %d is not valid", t.device_index);
+    view.device.index = t.data ? owning_cuda_device(t.data, name) : 0;
+  }
+  view.rank = t.rank;
+  for (int i = 0; i < t.rank; ++i) {
+    view.shape[i] = t.shape[i];
+    view.stride[i] = t.strides[i];
+  }
+  return view;
+}
+
+AttentionParams to_params(const fs_attention_params* p) {
+  if (p == nullptr) throw Error(ErrorKind::kInvalidArgument, "params", "null pointer");
+  AttentionParams params;
+  params.q = to_view(p->q, "q");
+  params.k = to_view(p->k, "k");
+  params.v = to_view(p->v, "v");
+  params.out = to_view(p->out, "out");
+  params.lse = to_view(p->lse, "lse");
+  params.cu_seqlens_q = to_view(p->cu_seqlens_q, "cu_seqlens_q");
+  params.cu_seqlens_k = to_view(p->cu_seqlens_k, "cu_seqlens_k");
+  params.seqused_k = to_view(p->seqused_k, "seqused_k");
+  params.block_table = to_view(p->block_table, "block_table");
+  params.max_seqlen_q = p->max_seqlen_q;
+  params.max_seqlen_k = p->max_seqlen_k;
+  params.softmax_scale = p->softmax_scale;
+  params.causal = p->causal != 0;
+  params.window_left = p->window_left;
+  params.window_right = p->window_right;
+  params.num_splits = p->num_splits;
+  params.stream = p->stream;
+  params.workspace = p->workspace;
+  params.workspace_bytes = p->workspace_bytes;
+  return params;
+}
+
+}  // namespace
+}  // namespace flashserve
+
+extern "C" {
+
+// Keep in step with project(VERSION) in the top-level CMakeLists.txt (python/tests checks it).
+FS_API const char* fs_version(void) {
+  return "0.1.0";
+}
+FS_API int fs_abi_version(void) {
+  return FS_ABI_VERSION;
+}
+FS_API size_t fs_sizeof_tensor(void) {
+  return sizeof(fs_tensor);
+}
+FS_API size_t fs_sizeof_attention_params(void) {
+  return sizeof(fs_attention_params);
+}
+
+FS_API int fs_built_with_cuda(void) {
+#if defined(FLASHSERVE_WITH_CUDA)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+FS_API int fs_cuda_available(void) {
+#if defined(FLASHSERVE_WITH_CUDA)
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: not an error for this query
+    return 0;
+  }
+  return count > 0 ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
+FS_API int fs_attention_validate(const fs_attention_params* params) {
+  return flashserve::guarded([&] { flashserve::validate(flashserve::to_params(params)); });
+}
+
+FS_API int fs_attention_forward(const fs_attention_params* params) {
+  return flashserve::guarded([&] { flashserve::attention_forward(flashserve::to_params(params)); });
+}
+
+FS_API size_t fs_attention_workspace_size(const fs_attention_params* params) {
+  size_t bytes = 0;
+  const int status = flashserve::guarded(
+      [&] { bytes = flashserve::attention_workspace_size(flashserve::to_params(params)); });
+  return status == FS_OK ? bytes : SIZE_MAX;
+}
+
+FS_API int fs_cuda_stream_synchronize(void* stream) {
+  return flashserve::guarded([&] {
+#if defined(FLASHSERVE_WITH_CUDA)
+    const cudaError_t status = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+    if (status != cudaSuccess)
+      throw flashserve::Error(
+          flashserve::ErrorKind::kCuda, "stream",
+          std::string("cudaStreamSynchronize failed: ") + cudaGetErrorString(status));
+#else
+    (void)stream;
+    throw flashserve::Error(flashserve::ErrorKind::kUnsupported, "stream",
+                            "this flashserve was built without CUDA");
+#endif
+  });
+}
+
+FS_API const char* fs_last_error(void) {
+  return flashserve::g_last_error;
+}
+
+}  // extern "C"
