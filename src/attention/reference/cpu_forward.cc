@@ -8,6 +8,7 @@
 
 #include "attention/backends.h"
 #include "attention/reference/combine.h"
+#include "attention/reference/online_softmax.h"
 #include "common/half.h"
 #include "common/thread_pool.h"
 
@@ -15,7 +16,6 @@ namespace flashserve::attention {
 namespace {
 
 constexpr float kLog2e = 1.44269504088896340736f;
-constexpr float kLn2 = 0.69314718055994530942f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int64_t kBK = CpuTiling::kBlockK;
 
@@ -61,17 +61,16 @@ void store_row(void* base, DType dtype, int64_t off, int64_t n, const float* src
 
 // Per-worker buffers, sized once per call: O(tile), independent of the sequence lengths.
 struct Workspace {
-  std::vector<float> q;    // [rows, D], pre-multiplied by scale * log2(e)
-  std::vector<float> acc;  // [rows, Dv], unnormalised output
-  std::vector<float> m;    // [rows] running max of the scores (log2 units)
-  std::vector<float> l;    // [rows] running sum of exp2(score - m)
-  std::vector<float> kt;   // [D, kBK] the key block, transposed so scores vectorise over keys
-  std::vector<float> v;    // [kBK, Dv] the value block
-  std::vector<float> s;    // [kBK] one row's scores, then its probabilities
-  std::vector<float> o;    // [Dv] one finished output row
+  std::vector<float> q;                   // [rows, D], pre-multiplied by scale * log2(e)
+  std::vector<float> acc;                 // [rows, Dv], unnormalised output
+  std::vector<RunningSoftmax<float>> sm;  // [rows] running max and sum (log2 units)
+  std::vector<float> kt;  // [D, kBK] the key block, transposed so scores vectorise over keys
+  std::vector<float> v;   // [kBK, Dv] the value block
+  std::vector<float> s;   // [kBK] one row's scores, then its probabilities
+  std::vector<float> o;   // [Dv] one finished output row
 
   Workspace(int64_t rows, int64_t D, int64_t Dv)
-      : q(rows * D), acc(rows * Dv), m(rows), l(rows), kt(D * kBK), v(kBK * Dv), s(kBK), o(Dv) {}
+      : q(rows * D), acc(rows * Dv), sm(rows), kt(D * kBK), v(kBK * Dv), s(kBK), o(Dv) {}
   static size_t bytes(int64_t rows, int64_t D, int64_t Dv) {
     return sizeof(float) *
            static_cast<size_t>(rows * D + rows * Dv + 2 * rows + D * kBK + kBK * Dv + kBK + Dv);
@@ -124,8 +123,7 @@ class Forward {
       load_row(p_.q.data, p_.q.dtype, L_.q_offset(tl.b, t, h), D, qmul, &w.q[r * D]);
     }
     std::fill(w.acc.begin(), w.acc.begin() + rows * Dv, 0.0f);
-    std::fill(w.m.begin(), w.m.begin() + rows, kNegInf);
-    std::fill(w.l.begin(), w.l.begin() + rows, 0.0f);
+    std::fill(w.sm.begin(), w.sm.begin() + rows, RunningSoftmax<float>{});
 
     // Keys this tile may see: the union of its rows' windows (first_key and last_key are
     // non-decreasing in t), cut to this split's share of the keys.
@@ -149,11 +147,10 @@ class Forward {
 
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = tl.t0 + r / G, h = tl.hk * G + r % G;
-      float lse = kNegInf;
-      if (w.l[r] > 0.0f) {
-        const float inv = 1.0f / w.l[r];
+      const float lse = w.sm[r].lse();
+      if (!w.sm[r].empty()) {
+        const float inv = 1.0f / w.sm[r].l;
         for (int64_t d = 0; d < Dv; ++d) w.o[d] = w.acc[r * Dv + d] * inv;
-        lse = (w.m[r] + std::log2(w.l[r])) * kLn2;
       } else {  // the row saw no key (in this split)
         std::fill(w.o.begin(), w.o.end(), 0.0f);
       }
@@ -211,23 +208,10 @@ class Forward {
       const float* k = &w.kt[d * kBK];
       for (int64_t j = a; j < e; ++j) s[j] += qd * k[j];
     }
-    float mx = kNegInf;
-    for (int64_t j = a; j < e; ++j) mx = std::max(mx, s[j]);
-    const float m_old = w.m[r];
-    const float m_new = std::max(m_old, mx);
-    float sum = 0.0f;
-    for (int64_t j = a; j < e; ++j) {
-      s[j] = std::exp2(s[j] - m_new);
-      sum += s[j];
-    }
+    const float corr = w.sm[r].add(s + a, e - a);  // s[j] becomes p_j = exp2(s_j - m)
     float* acc = &w.acc[r * Dv];
-    if (m_new > m_old) {  // the max grew: rescale what has been accumulated so far
-      const float corr = std::exp2(m_old - m_new);  // 0 when m_old = -inf
-      w.l[r] *= corr;
+    if (corr != 1.0f)  // the max grew: rescale what has been accumulated so far
       for (int64_t d = 0; d < Dv; ++d) acc[d] *= corr;
-      w.m[r] = m_new;
-    }
-    w.l[r] += sum;
     for (int64_t j = a; j < e; ++j) {  // acc += p_j v_j, vectorised over the head dim
       const float pj = s[j];
       const float* v = &w.v[j * Dv];

@@ -1,0 +1,71 @@
+#include "common/thread_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <set>
+#include <stdexcept>
+#include <vector>
+
+namespace flashserve {
+namespace {
+
+TEST(ThreadPool, RunsEveryTaskExactlyOnce) {
+  ThreadPool pool(4);
+  EXPECT_EQ(pool.size(), 4);
+  for (int64_t n : {0, 1, 3, 1000}) {
+    std::vector<std::atomic<int>> hits(n);
+    std::atomic<int> bad_worker{0};
+    pool.parallel_for(n, [&](int64_t i, int w) {
+      hits[i]++;
+      if (w < 0 || w >= pool.size()) bad_worker++;
+    });
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "task " << i << " of " << n;
+    EXPECT_EQ(bad_worker.load(), 0);
+  }
+}
+
+TEST(ThreadPool, WorkerIndexIsNotSharedByConcurrentTasks) {
+  ThreadPool pool(3);
+  std::vector<std::atomic<int>> busy(pool.size());
+  std::atomic<int> clash{0};
+  pool.parallel_for(3000, [&](int64_t, int w) {
+    if (busy[w].fetch_add(1) != 0) clash++;
+    volatile int spin = 0;
+    for (int i = 0; i < 200; ++i) spin = spin + i;
+    busy[w].fetch_sub(1);
+  });
+  EXPECT_EQ(clash.load(), 0);
+}
+
+TEST(ThreadPool, RethrowsTheFirstExceptionAndStaysUsable) {
+  ThreadPool pool(2);
+  std::atomic<int> ran{0};
+  EXPECT_THROW(pool.parallel_for(100,
+                                 [&](int64_t i, int) {
+                                   ran++;
+                                   if (i == 37) throw std::runtime_error("task 37");
+                                 }),
+               std::runtime_error);
+  EXPECT_EQ(ran.load(), 100);  // the other tasks still ran
+  std::atomic<int64_t> sum{0};
+  pool.parallel_for(10, [&](int64_t i, int) { sum += i; });
+  EXPECT_EQ(sum.load(), 45);
+}
+
+TEST(ThreadPool, NestedCallsRunInline) {
+  ThreadPool pool(2);
+  std::atomic<int> inner{0};
+  pool.parallel_for(8, [&](int64_t, int) { pool.parallel_for(5, [&](int64_t, int) { inner++; }); });
+  EXPECT_EQ(inner.load(), 40);
+}
+
+TEST(ThreadPool, GlobalPoolCanBeResized) {
+  ThreadPool::set_global_workers(3);
+  EXPECT_EQ(ThreadPool::global().size(), 3);
+  ThreadPool::set_global_workers(0);
+  EXPECT_GE(ThreadPool::global().size(), 1);
+}
+
+}  // namespace
+}  // namespace flashserve
