@@ -1,0 +1,385 @@
+// The CUDA forward path through the public API, against the float64 CPU reference.
+//
+// Every case copies the host buffers of a tests/support AttentionCase (fresh random inputs; out and
+// lse poisoned with NaN, unused KV slots too) to the device, runs attention_forward on the device
+// views, copies out and lse back and compares with DESIGN.md's tolerance. Suites named *Sanitize*
+// are the small representative subset that scripts/gpu-check.sh runs under compute-sanitizer.
+// Without a CUDA device every test skips with "skipped: no CUDA device".
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attention/problem.h"
+#include "support/attention_case.h"
+#include "support/compare.h"
+
+namespace flashserve::testing {
+namespace {
+
+bool have_cuda_device() {
+  static const bool have = [] {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  }();
+  return have;
+}
+
+#define SKIP_WITHOUT_CUDA()                                             \
+  do {                                                                  \
+    if (!have_cuda_device()) GTEST_SKIP() << "skipped: no CUDA device"; \
+  } while (0)
+
+constexpr Device kGpu{DeviceType::kCUDA, 0};
+
+// Device copies of every buffer of a case, freed on destruction.
+class DeviceCopy {
+ public:
+  explicit DeviceCopy(AttentionCase& c) : c_(c) {
+    for (const auto& b : c.buffers()) {
+      void* d = nullptr;
+      if (b.bytes) {
+        EXPECT_EQ(cudaMalloc(&d, b.bytes), cudaSuccess);
+        EXPECT_EQ(cudaMemcpy(d, b.host, b.bytes, cudaMemcpyHostToDevice), cudaSuccess);
+      }
+      ptrs_.push_back(d);
+    }
+  }
+  ~DeviceCopy() {
+    for (void* p : ptrs_) cudaFree(p);
+  }
+  AttentionParams params() { return c_.params(kGpu, ptrs_.data()); }
+  // Copies out and lse back into the case's host buffers.
+  void download() {
+    auto bufs = c_.buffers();
+    for (int i : {AttentionCase::kOut, AttentionCase::kLse})
+      if (bufs[i].bytes)
+        EXPECT_EQ(cudaMemcpy(bufs[i].host, ptrs_[i], bufs[i].bytes, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+  }
+
+ private:
+  AttentionCase& c_;
+  std::vector<void*> ptrs_;
+};
+
+// Runs the case on the GPU; returns the output read back as doubles.
+NaiveOutput run_on_gpu(AttentionCase& c) {
+  DeviceCopy dev(c);
+  attention_forward(dev.params());
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  dev.download();
+  return read_output(c.params());
+}
+
+void check_case(const CaseSpec& spec) {
+  AttentionCase c(spec);
+  const NaiveOutput got = run_on_gpu(c);
+  EXPECT_TRUE(attention_close(got, c.exact(), c.lowp(), spec.dtype)) << spec.name();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The shape list: odd lengths, q_len != kv_len both ways, GQA 1/4/8, head dims 64/128/256,
+// causal, windows, varlen with an empty sequence, strided views, with and without lse.
+
+std::vector<CaseSpec> forward_cases() {
+  std::vector<CaseSpec> v;
+  for (DType dt : {DType::kBFloat16, DType::kFloat16})
+    for (int64_t d : {64, 128, 256})
+      for (bool causal : {false, true}) {
+        for (int64_t len : {1, 17, 127, 1000}) {
+          CaseSpec s;
+          s.dtype = dt;
+          s.head_dim = d;
+          s.causal = causal;
+          s.batch = 2;
+          s.q_lens = {len};
+          s.kv_lens = {len};
+          s.h_q = 4;
+          s.h_kv = 1;
+          v.push_back(s);
+        }
+        CaseSpec s;  // fewer queries than keys (a prefill chunk over a cached prefix)
+        s.dtype = dt;
+        s.head_dim = d;
+        s.causal = causal;
+        s.batch = 1;
+        s.q_lens = {77};
+        s.kv_lens = {300};
+        s.h_q = 8;
+        s.h_kv = 1;
+        v.push_back(s);
+        s.q_lens = {300};  // more queries than keys: the first rows see nothing when causal
+        s.kv_lens = {77};
+        s.h_q = 2;
+        s.h_kv = 2;
+        v.push_back(s);
+      }
+  for (int64_t d : {64, 128, 256}) {
+    CaseSpec s;  // varlen batch including an empty sequence and a decode row
+    s.dtype = DType::kBFloat16;
+    s.head_dim = d;
+    s.batch = 5;
+    s.q_layout = QLayout::kVarlen;
+    s.kv_layout = KVLayout::kVarlen;
+    s.q_lens = {33, 0, 1, 200, 64};
+    s.kv_lens = {33, 0, 513, 200, 129};
+    s.h_q = 8;
+    s.h_kv = 2;
+    s.causal = true;
+    v.push_back(s);
+    s.causal = false;
+    s.window_left = 40;
+    s.window_right = 7;
+    v.push_back(s);
+    CaseSpec w;  // sliding window, dense, causal
+    w.dtype = DType::kFloat16;
+    w.head_dim = d;
+    w.batch = 2;
+    w.q_lens = {500};
+    w.kv_lens = {500};
+    w.h_q = 4;
+    w.h_kv = 4;
+    w.causal = true;
+    w.window_left = 100;
+    v.push_back(w);
+    CaseSpec p;  // strided views (a pad of 8 elements keeps rows 16-byte aligned), no lse
+    p.dtype = DType::kBFloat16;
+    p.head_dim = d;
+    p.batch = 3;
+    p.q_lens = {129};
+    p.kv_lens = {257};
+    p.h_q = 4;
+    p.h_kv = 2;
+    p.pad = 8;
+    p.with_lse = false;
+    v.push_back(p);
+    CaseSpec u;  // dense KV of which each sequence uses only seqused_k keys
+    u.dtype = DType::kBFloat16;
+    u.head_dim = d;
+    u.batch = 3;
+    u.q_lens = {16};
+    u.kv_lens = {100, 31, 250};
+    u.use_seqused_k = true;
+    u.kv_extra = 20;
+    u.h_q = 4;
+    u.h_kv = 1;
+    u.causal = true;
+    v.push_back(u);
+  }
+  return v;
+}
+
+class GpuForward : public ::testing::TestWithParam<CaseSpec> {};
+
+TEST_P(GpuForward, MatchesFloat64Reference) {
+  SKIP_WITHOUT_CUDA();
+  CaseSpec s = GetParam();
+  s.seed = seed_for(s.name(), 7);
+  check_case(s);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuForward, ::testing::ValuesIn(forward_cases()),
+                         [](const auto& info) { return info.param.name(); });
+
+// ---------------------------------------------------------------------------------------------
+// Features that the contract has and a kernel may not have yet: paged KV and split-KV. They must
+// either match the reference or refuse with kUnsupported (and the skip says so).
+
+std::vector<CaseSpec> optional_feature_cases() {
+  std::vector<CaseSpec> v;
+  for (int64_t page : {16, 256, 1})
+    for (int64_t d : {64, 128}) {
+      CaseSpec s;
+      s.dtype = DType::kBFloat16;
+      s.head_dim = d;
+      s.batch = 3;
+      s.q_layout = QLayout::kVarlen;
+      s.kv_layout = KVLayout::kPaged;
+      s.page_size = page;
+      s.q_lens = {1, 17, 64};
+      s.kv_lens = {700, 17, 300};
+      s.h_q = 8;
+      s.h_kv = 2;
+      s.causal = true;
+      v.push_back(s);
+    }
+  for (int32_t splits : {0, 3}) {
+    CaseSpec s;  // long-context decode
+    s.dtype = DType::kBFloat16;
+    s.head_dim = 128;
+    s.batch = 2;
+    s.q_lens = {1};
+    s.kv_lens = {5000};
+    s.h_q = 8;
+    s.h_kv = 1;
+    s.num_splits = splits;
+    v.push_back(s);
+  }
+  return v;
+}
+
+class GpuOptionalFeature : public ::testing::TestWithParam<CaseSpec> {};
+
+TEST_P(GpuOptionalFeature, MatchesReferenceOrRefuses) {
+  SKIP_WITHOUT_CUDA();
+  CaseSpec s = GetParam();
+  s.seed = seed_for(s.name(), 11);
+  AttentionCase c(s);
+  NaiveOutput got;
+  try {
+    got = run_on_gpu(c);
+  } catch (const Error& e) {
+    ASSERT_EQ(e.kind(), ErrorKind::kUnsupported) << e.what();
+    GTEST_SKIP() << "not supported by the CUDA path yet: " << e.what();
+  }
+  EXPECT_TRUE(attention_close(got, c.exact(), c.lowp(), s.dtype)) << s.name();
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuOptionalFeature, ::testing::ValuesIn(optional_feature_cases()),
+                         [](const auto& info) { return info.param.name(); });
+
+// ---------------------------------------------------------------------------------------------
+// Long sequences (16k): the float64 naive reference would take minutes, so the reference is the CPU
+// tiled path in float32 on the same stored inputs (itself tested against float64 in CI), and the
+// criterion is the relative Frobenius error expected of bf16 operands.
+
+TEST(GpuForwardLong, Seqlen16kAgainstCpuTiledPath) {
+  SKIP_WITHOUT_CUDA();
+  for (bool causal : {false, true}) {
+    CaseSpec s;
+    s.dtype = DType::kBFloat16;
+    s.head_dim = 128;
+    s.batch = 1;
+    s.q_lens = {16384};
+    s.kv_lens = {16384};
+    s.h_q = 2;
+    s.h_kv = 1;
+    s.causal = causal;
+    s.seed = seed_for(s.name(), 13);
+    AttentionCase c(s);
+    const NaiveOutput got = run_on_gpu(c);
+    c.poison_outputs();
+    attention_forward(c.params());  // CPU tiled path, float32 accumulation
+    const NaiveOutput ref = read_output(c.params());
+    double num = 0, den = 0, lse_err = 0;
+    for (size_t i = 0; i < ref.out.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got.out[i])) << "element " << i << " is " << got.out[i];
+      num += (got.out[i] - ref.out[i]) * (got.out[i] - ref.out[i]);
+      den += ref.out[i] * ref.out[i];
+    }
+    for (size_t i = 0; i < ref.lse.size(); ++i)
+      lse_err = std::max(lse_err, std::abs(got.lse[i] - ref.lse[i]));
+    EXPECT_LT(std::sqrt(num / den), 1e-2) << s.name();
+    EXPECT_LT(lse_err, 1e-3) << s.name();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A moving error is a race: the same inputs twice must give the same bits.
+
+TEST(GpuForwardDeterminism, SameInputsSameBits) {
+  SKIP_WITHOUT_CUDA();
+  CaseSpec s;
+  s.dtype = DType::kBFloat16;
+  s.head_dim = 128;
+  s.batch = 3;
+  s.q_lens = {1000};
+  s.kv_lens = {1000};
+  s.h_q = 8;
+  s.h_kv = 2;
+  s.causal = true;
+  s.seed = 99;
+  AttentionCase c(s);
+  DeviceCopy dev(c);
+  const auto bufs = c.buffers();
+  std::vector<std::byte> first(bufs[AttentionCase::kOut].bytes);
+  for (int run = 0; run < 3; ++run) {
+    attention_forward(dev.params());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    dev.download();
+    if (run == 0) {
+      std::memcpy(first.data(), bufs[AttentionCase::kOut].host, first.size());
+    } else {
+      EXPECT_EQ(std::memcmp(first.data(), bufs[AttentionCase::kOut].host, first.size()), 0)
+          << "run " << run << " differs from run 0";
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The small representative subset for compute-sanitizer (memcheck, racecheck).
+
+std::vector<CaseSpec> sanitize_cases() {
+  std::vector<CaseSpec> v;
+  for (int64_t d : {64, 128, 256}) {
+    CaseSpec s;
+    s.dtype = DType::kBFloat16;
+    s.head_dim = d;
+    s.batch = 2;
+    s.q_layout = QLayout::kVarlen;
+    s.kv_layout = KVLayout::kVarlen;
+    s.q_lens = {130, 3};
+    s.kv_lens = {130, 200};
+    s.h_q = 4;
+    s.h_kv = 2;
+    s.causal = d != 128;
+    if (d == 128) s.window_left = 50;
+    v.push_back(s);
+  }
+  return v;
+}
+
+class GpuSanitize : public ::testing::TestWithParam<CaseSpec> {};
+
+TEST_P(GpuSanitize, SmallCases) {
+  SKIP_WITHOUT_CUDA();
+  CaseSpec s = GetParam();
+  s.seed = seed_for(s.name(), 17);
+  check_case(s);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuSanitize, ::testing::ValuesIn(sanitize_cases()),
+                         [](const auto& info) { return info.param.name(); });
+
+// ---------------------------------------------------------------------------------------------
+// What the CUDA path cannot run is refused with a clear error naming the argument.
+
+TEST(GpuErrors, RefusesWhatItCannotRun) {
+  SKIP_WITHOUT_CUDA();
+  auto expect_error = [](CaseSpec s, const char* arg, void (*mutate)(AttentionParams&)) {
+    AttentionCase c(s);
+    DeviceCopy dev(c);
+    AttentionParams p = dev.params();
+    if (mutate) mutate(p);
+    try {
+      attention_forward(p);
+      ADD_FAILURE() << "no error for " << s.name() << " (expected one about " << arg << ")";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), arg) << e.what();
+      EXPECT_NE(e.kind(), ErrorKind::kInternal) << e.what();
+    }
+  };
+  CaseSpec base;
+  base.dtype = DType::kBFloat16;
+  base.head_dim = 64;
+  base.batch = 1;
+  base.q_lens = {32};
+  base.kv_lens = {32};
+  CaseSpec f32 = base;
+  f32.dtype = DType::kFloat32;
+  expect_error(f32, "q", nullptr);  // float32 has no tensor-core path
+  CaseSpec odd = base;
+  odd.head_dim = 72;
+  expect_error(odd, "q", nullptr);                  // head dim without a kernel
+  expect_error(base, "q", [](AttentionParams& p) {  // a base pointer off 16-byte alignment
+    p.q.data = static_cast<char*>(p.q.data) + 2;
+    p.q.shape[1] -= 1;
+  });
+}
+
+}  // namespace
+}  // namespace flashserve::testing
