@@ -1,0 +1,284 @@
+// flashserve simulate: runs the real scheduler and block manager against a step-cost model.
+//   flashserve simulate --model mistral-7b --workload chat --rate 2 --compare
+//   flashserve simulate --compare --capacity --slo-tbt 0.1 --plot bench/results/simulate-x
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "flashserve/error.h"
+#include "serve/capacity.h"
+#include "serve/cost_model.h"
+#include "serve/simulator.h"
+#include "serve/svg_plot.h"
+#include "serve/workload.h"
+
+namespace fs = flashserve::serve;
+using flashserve::Error;
+using flashserve::ErrorKind;
+
+namespace {
+
+struct Options {
+  std::string policy = "sarathi";
+  bool compare = false;
+  int64_t budget = 512;
+  int64_t chunk_tile = 64;
+  int64_t max_running = 256;
+  int64_t max_model_len = 0;  // 0: min(model context, 16384)
+  std::string model = "mistral-7b";
+  std::string gpu = "h200";
+  std::string profile;
+  double step_overhead_ms = -1;
+  double gpu_mem_util = 0.9;
+  int32_t block_size = 16;
+  int64_t num_blocks = 0;
+  double watermark = 0.01;
+  std::string workload = "chat";
+  int64_t prompt_len = 512, output_len = 128;
+  std::string trace;
+  std::string arrival = "poisson";
+  double cv = 1.0;
+  double rate = 1.0;
+  bool rate_given = false;
+  int64_t requests = 1000;
+  uint64_t seed = 0;
+  bool capacity = false;
+  double slo_tbt = 0.1;
+  double max_sched_delay = 2.0;
+  std::string plot;
+};
+
+std::string fmt_s(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3f", s);
+  return b;
+}
+std::string fmt_ms(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", s * 1e3);
+  return b;
+}
+
+int run(int argc, char** argv) {
+  Options o;
+  CLI::App app{"Simulate serving with the real scheduler against a step-cost model"};
+  app.add_option("--policy", o.policy, "sarathi, vllm, orca or static");
+  app.add_flag("--compare", o.compare, "run every policy side by side");
+  app.add_option("--budget", o.budget, "sarathi's token budget per step");
+  app.add_option("--chunk-tile", o.chunk_tile, "sarathi: non-final chunks are a multiple of this");
+  app.add_option("--max-running", o.max_running, "sequences running at once");
+  app.add_option("--max-model-len", o.max_model_len,
+                 "prompt + output limit (default: min(model context, 16384))");
+  app.add_option("--model", o.model, "mistral-7b, llama-3-8b or llama-2-70b");
+  app.add_option("--gpu", o.gpu, "GPU preset for the roofline cost model (h200)");
+  app.add_option("--profile", o.profile,
+                 "CSV of measured step times (prefill_tokens,decode_tokens,kv_tokens,seconds) "
+                 "instead of the roofline model");
+  app.add_option("--step-overhead-ms", o.step_overhead_ms, "fixed cost per step (roofline)");
+  app.add_option("--gpu-mem-util", o.gpu_mem_util, "fraction of GPU memory for weights + KV");
+  app.add_option("--block-size", o.block_size, "KV block size in tokens");
+  app.add_option("--num-blocks", o.num_blocks, "KV blocks (default: what fits in memory)");
+  app.add_option("--watermark", o.watermark, "fraction of blocks kept free at admission");
+  app.add_option("--workload", o.workload, "chat, summarize or fixed");
+  app.add_option("--prompt-len", o.prompt_len, "fixed workload: prompt tokens");
+  app.add_option("--output-len", o.output_len, "fixed workload: output tokens");
+  app.add_option("--trace", o.trace, "CSV trace arrival_s,prompt_tokens,output_tokens");
+  app.add_option("--arrival", o.arrival, "poisson or gamma");
+  app.add_option("--cv", o.cv, "gamma arrivals: coefficient of variation of the gaps");
+  auto* rate_opt = app.add_option("--rate", o.rate, "requests per second");
+  app.add_option("--requests", o.requests, "requests per simulation");
+  app.add_option("--seed", o.seed, "workload seed");
+  app.add_flag("--capacity", o.capacity, "find the capacity under the SLO by bisection");
+  app.add_option("--slo-tbt", o.slo_tbt, "P99 TBT SLO in seconds");
+  app.add_option("--max-sched-delay", o.max_sched_delay, "P50 scheduling delay bound (s)");
+  app.add_option("--plot", o.plot,
+                 "write PREFIX-tbt-cdf.svg (and with --capacity PREFIX-p99-tbt-vs-rate.svg)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  o.rate_given = rate_opt->count() > 0;
+
+  // The cost model.
+  const fs::ModelShape model = fs::model_preset(o.model);
+  fs::GpuSpec gpu = fs::gpu_preset(o.gpu);
+  if (o.step_overhead_ms >= 0) gpu.step_overhead_s = o.step_overhead_ms * 1e-3;
+  std::unique_ptr<fs::CostModel> cost;
+  if (!o.profile.empty())
+    cost = std::make_unique<fs::ProfileCostModel>(fs::ProfileCostModel::load(o.profile));
+  else
+    cost = std::make_unique<fs::RooflineCostModel>(model, gpu);
+
+  // Limits and the KV cache.
+  if (o.max_model_len == 0) o.max_model_len = std::min<int64_t>(model.max_context, 16384);
+  if (o.max_model_len > model.max_context)
+    throw Error(ErrorKind::kInvalidArgument, "--max-model-len",
+                std::to_string(o.max_model_len) + " exceeds " + model.name + "'s context " +
+                    std::to_string(model.max_context));
+  const int64_t num_blocks =
+      o.num_blocks > 0 ? o.num_blocks
+                       : fs::kv_blocks_for(model, gpu.memory_bytes, o.gpu_mem_util, o.block_size);
+
+  // The workload, as a function of the rate (the same lengths and the same arrival pattern,
+  // scaled).
+  std::vector<fs::Request> trace;
+  fs::WorkloadSpec spec;
+  if (!o.trace.empty()) {
+    trace = fs::load_trace(o.trace);
+    if (!o.rate_given) o.rate = fs::mean_rate(trace);
+  } else {
+    spec.lengths = fs::parse_length_kind(o.workload);
+    spec.fixed_prompt = o.prompt_len;
+    spec.fixed_output = o.output_len;
+    spec.arrival = fs::parse_arrival_kind(o.arrival);
+    spec.cv = o.cv;
+    spec.num_requests = o.requests;
+    spec.max_model_len = o.max_model_len;
+    spec.seed = o.seed;
+  }
+  auto requests_at = [&](double rate) {
+    if (!trace.empty()) {
+      const double r0 = fs::mean_rate(trace);
+      return r0 > 0 ? fs::scale_arrivals(trace, r0 / rate) : trace;
+    }
+    fs::WorkloadSpec s = spec;
+    s.rate = rate;
+    return fs::generate_workload(s);
+  };
+
+  std::vector<fs::Policy> policies;
+  if (o.compare)
+    policies = fs::all_policies();
+  else
+    policies = {fs::parse_policy(o.policy)};
+  auto config_for = [&](fs::Policy p) {
+    fs::SimConfig c;
+    c.scheduler.policy = p;
+    // The baselines never chunk, so one step must hold a whole prompt (vLLM's default is the same).
+    c.scheduler.max_tokens_per_step =
+        p == fs::Policy::kSarathi ? o.budget : std::max(o.budget, o.max_model_len);
+    c.scheduler.max_running = o.max_running;
+    c.scheduler.max_model_len = o.max_model_len;
+    c.scheduler.chunk_tile = o.chunk_tile;
+    c.num_blocks = num_blocks;
+    c.block_size = o.block_size;
+    c.watermark = o.watermark;
+    c.scheduler.validate();
+    return c;
+  };
+  auto sim_at = [&](fs::Policy p, double rate) {
+    return fs::simulate(requests_at(rate), config_for(p), *cost);
+  };
+
+  const auto t0 = std::chrono::steady_clock::now();
+  std::printf("cost model: %s\n", cost->describe().c_str());
+  const std::vector<fs::Request> base = requests_at(o.rate);
+  int64_t ptok = 0, otok = 0;
+  for (const auto& r : base) ptok += r.prompt_tokens, otok += r.output_tokens;
+  std::printf(
+      "workload: %s, %zu requests, mean prompt %.0f, mean output %.0f tokens, %s arrivals%s\n",
+      o.trace.empty() ? o.workload.c_str() : o.trace.c_str(), base.size(),
+      static_cast<double>(ptok) / base.size(), static_cast<double>(otok) / base.size(),
+      o.trace.empty() ? o.arrival.c_str() : "trace",
+      o.trace.empty() ? (", seed " + std::to_string(o.seed)).c_str() : "");
+  std::printf(
+      "limits: sarathi budget %lld tokens/step (chunk tile %lld), baselines %lld tokens/step, "
+      "max running %lld, max model len %lld, KV cache %lld blocks x %d tokens\n",
+      static_cast<long long>(o.budget), static_cast<long long>(o.chunk_tile),
+      static_cast<long long>(std::max(o.budget, o.max_model_len)),
+      static_cast<long long>(o.max_running), static_cast<long long>(o.max_model_len),
+      static_cast<long long>(num_blocks), o.block_size);
+
+  // Capacity first, so that the plot's sweep can span it.
+  fs::CapacityCriteria crit{o.slo_tbt, o.max_sched_delay};
+  std::vector<double> capacity(policies.size(), -1);
+  if (o.capacity) {
+    for (size_t i = 0; i < policies.size(); ++i) {
+      auto res = fs::find_capacity([&](double rate) { return sim_at(policies[i], rate).metrics; },
+                                   crit, o.rate);
+      capacity[i] = res.capacity;
+    }
+  }
+
+  std::printf("\nat %.3f req/s (P99 TBT SLO %.0f ms, P50 scheduling delay bound %.1f s):\n", o.rate,
+              o.slo_tbt * 1e3, o.max_sched_delay);
+  std::printf(
+      "| policy | TTFT p50 (s) | TTFT p99 (s) | TBT p50 (ms) | TBT p99 (ms) | TPOT mean (ms) | "
+      "E2E p50 (s) | sched delay p50 (s) | out tok/s | preemptions | steps |%s\n",
+      o.capacity ? " capacity (req/s) |" : "");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|%s\n", o.capacity ? "---|" : "");
+  fs::SvgPlot cdf;
+  cdf.title = model.name + ", " + (o.trace.empty() ? o.workload : "trace") + ", " + fmt_s(o.rate) +
+              " req/s: TBT CDF";
+  cdf.x_label = "time between tokens (ms, log scale)";
+  cdf.y_label = "fraction of gaps";
+  cdf.log_x = true;
+  for (size_t i = 0; i < policies.size(); ++i) {
+    const fs::SimResult r = sim_at(policies[i], o.rate);
+    const auto& m = r.metrics;
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %lld | %lld |",
+                fs::to_string(policies[i]), fmt_s(m.ttft.p50).c_str(), fmt_s(m.ttft.p99).c_str(),
+                fmt_ms(m.tbt.p50).c_str(), fmt_ms(m.tbt.p99).c_str(), fmt_ms(m.tpot.mean).c_str(),
+                fmt_s(m.e2e.p50).c_str(), fmt_s(m.sched_delay.p50).c_str(), m.token_throughput,
+                static_cast<long long>(m.preemptions), static_cast<long long>(r.steps));
+    if (o.capacity) std::printf(" %.3f |", capacity[i]);
+    std::printf("\n");
+    if (!o.plot.empty() && !m.tbt_samples.empty()) {
+      std::vector<double> v = m.tbt_samples;
+      std::sort(v.begin(), v.end());
+      fs::SvgSeries s{fs::to_string(policies[i]), {}, {}};
+      const size_t n = v.size(), pts = std::min<size_t>(n, 400);
+      for (size_t k = 0; k < pts; ++k) {
+        const size_t idx = (pts == 1) ? n - 1 : k * (n - 1) / (pts - 1);
+        s.x.push_back(v[idx] * 1e3);
+        s.y.push_back(static_cast<double>(idx + 1) / static_cast<double>(n));
+      }
+      cdf.series.push_back(std::move(s));
+    }
+  }
+  if (!o.plot.empty()) {
+    const std::string path = o.plot + "-tbt-cdf.svg";
+    cdf.write(path);
+    std::printf("\nplot: %s\n", path.c_str());
+  }
+
+  if (o.plot.size() && o.capacity) {
+    // P99 TBT against the rate, around the largest capacity found.
+    const double top = std::max(*std::max_element(capacity.begin(), capacity.end()), o.rate);
+    fs::SvgPlot sweep;
+    sweep.title =
+        model.name + ", " + (o.trace.empty() ? o.workload : "trace") + ": P99 TBT vs request rate";
+    sweep.x_label = "request rate (req/s)";
+    sweep.y_label = "P99 TBT (ms)";
+    sweep.y_max = o.slo_tbt * 1e3 * 4;
+    sweep.ref_lines.push_back({o.slo_tbt * 1e3, "SLO " + fmt_ms(o.slo_tbt) + " ms"});
+    constexpr int kPoints = 12;
+    for (fs::Policy p : policies) {
+      fs::SvgSeries s{fs::to_string(p), {}, {}, true};
+      for (int k = 1; k <= kPoints; ++k) {
+        const double rate = top * 1.5 * k / kPoints;
+        s.x.push_back(rate);
+        s.y.push_back(sim_at(p, rate).metrics.tbt.p99 * 1e3);
+      }
+      sweep.series.push_back(std::move(s));
+    }
+    const std::string path = o.plot + "-p99-tbt-vs-rate.svg";
+    sweep.write(path);
+    std::printf("plot: %s (values above %.0f ms drawn on the top edge)\n", path.c_str(),
+                sweep.y_max);
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("\n(%.1f s of host time)\n", secs);
+  return 0;
+}
+
+flashserve::cli::Register reg("simulate", "simulate serving policies against a step-cost model",
+                              run);
+
+}  // namespace

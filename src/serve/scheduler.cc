@@ -1,0 +1,268 @@
+#include "serve/scheduler.h"
+
+#include <algorithm>
+
+#include "flashserve/error.h"
+
+namespace flashserve::serve {
+
+const char* to_string(SeqState s) {
+  switch (s) {
+    case SeqState::kWaiting:
+      return "waiting";
+    case SeqState::kRunningPrefill:
+      return "running-prefill";
+    case SeqState::kRunningDecode:
+      return "running-decode";
+    case SeqState::kPreempted:
+      return "preempted";
+    case SeqState::kFinished:
+      return "finished";
+  }
+  return "?";
+}
+
+const char* to_string(Policy p) {
+  switch (p) {
+    case Policy::kSarathi:
+      return "sarathi";
+    case Policy::kVllm:
+      return "vllm";
+    case Policy::kOrca:
+      return "orca";
+    case Policy::kStatic:
+      return "static";
+  }
+  return "?";
+}
+
+std::vector<Policy> all_policies() {
+  return {Policy::kSarathi, Policy::kVllm, Policy::kOrca, Policy::kStatic};
+}
+
+Policy parse_policy(const std::string& name) {
+  for (Policy p : all_policies())
+    if (name == to_string(p)) return p;
+  throw Error(ErrorKind::kInvalidArgument, "policy",
+              "'" + name + "' is not one of sarathi, vllm, orca, static");
+}
+
+int64_t Batch::num_prefill_tokens() const {
+  int64_t n = 0;
+  for (const auto& e : entries) n += e.is_prefill ? e.q_len : 0;
+  return n;
+}
+int64_t Batch::num_decode_tokens() const {
+  int64_t n = 0;
+  for (const auto& e : entries) n += e.is_prefill ? 0 : 1;
+  return n;
+}
+int64_t Batch::num_sampled() const {
+  int64_t n = 0;
+  for (const auto& e : entries) n += e.samples;
+  return n;
+}
+int64_t Batch::decode_kv_tokens() const {
+  int64_t n = 0;
+  for (const auto& e : entries) n += e.is_prefill ? 0 : e.kv_len;
+  return n;
+}
+int64_t Batch::kv_tokens() const {
+  int64_t n = 0;
+  for (const auto& e : entries) n += e.kv_len;
+  return n;
+}
+
+void SchedulerConfig::validate() const {
+  auto bad = [](const char* field, const std::string& what) {
+    throw Error(ErrorKind::kInvalidArgument, field, what);
+  };
+  if (max_tokens_per_step < 1)
+    bad("max_tokens_per_step", std::to_string(max_tokens_per_step) + " must be positive");
+  if (max_running < 1) bad("max_running", std::to_string(max_running) + " must be positive");
+  if (max_model_len < 2) bad("max_model_len", std::to_string(max_model_len) + " must be >= 2");
+  if (chunk_tile < 1) bad("chunk_tile", std::to_string(chunk_tile) + " must be positive");
+  if (policy == Policy::kSarathi && max_tokens_per_step < max_running)
+    // Every running decode takes one token of the budget; a smaller budget would have to skip some.
+    bad("max_tokens_per_step", "sarathi's budget " + std::to_string(max_tokens_per_step) +
+                                   " is below max_running " + std::to_string(max_running) +
+                                   ", so it could not run every decode each step");
+  if (policy != Policy::kSarathi && max_tokens_per_step < max_model_len)
+    bad("max_tokens_per_step", std::string(to_string(policy)) + " never chunks a prompt, so " +
+                                   std::to_string(max_tokens_per_step) +
+                                   " must be at least max_model_len " +
+                                   std::to_string(max_model_len));
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config, BlockManager& blocks)
+    : config_(config), blocks_(blocks) {
+  config_.validate();
+  // A sequence alone must always fit, or preemption could loop forever.
+  const int64_t need = blocks.blocks_for_tokens(config_.max_model_len) + blocks.watermark_blocks();
+  if (need > blocks.num_blocks())
+    throw Error(ErrorKind::kInvalidArgument, "num_blocks",
+                std::to_string(blocks.num_blocks()) + " blocks of " +
+                    std::to_string(blocks.block_size()) +
+                    " tokens cannot hold one max_model_len (" +
+                    std::to_string(config_.max_model_len) + ") sequence plus the watermark (" +
+                    std::to_string(blocks.watermark_blocks()) + " blocks)");
+}
+
+void Scheduler::add(std::unique_ptr<Sequence> seq) {
+  if (!seq) throw Error(ErrorKind::kInvalidArgument, "seq", "null");
+  const std::string who = "request " + std::to_string(seq->id);
+  if (seq->prompt.empty()) throw Error(ErrorKind::kInvalidArgument, who, "empty prompt");
+  if (seq->max_output_tokens < 1)
+    throw Error(ErrorKind::kInvalidArgument, who,
+                "max_output_tokens " + std::to_string(seq->max_output_tokens) + " must be >= 1");
+  const int64_t total = seq->prompt_len() + seq->max_output_tokens;
+  if (total > config_.max_model_len)
+    throw Error(ErrorKind::kInvalidArgument, who,
+                "prompt " + std::to_string(seq->prompt_len()) + " + output " +
+                    std::to_string(seq->max_output_tokens) + " = " + std::to_string(total) +
+                    " tokens exceeds max_model_len " + std::to_string(config_.max_model_len));
+  if (!seq->generated.empty() || seq->num_computed != 0 || !seq->block_table.empty())
+    throw Error(ErrorKind::kInvalidArgument, who, "is not a fresh request");
+  seq->state = SeqState::kWaiting;
+  waiting_.push_back(std::move(seq));
+}
+
+std::vector<const Sequence*> Scheduler::live() const {
+  std::vector<const Sequence*> out;
+  for (const auto& s : running_) out.push_back(s.get());
+  for (const auto& s : waiting_) out.push_back(s.get());
+  return out;
+}
+
+std::vector<const Sequence*> Scheduler::running() const {
+  std::vector<const Sequence*> out;
+  for (const auto& s : running_) out.push_back(s.get());
+  return out;
+}
+
+Batch Scheduler::schedule(double now) {
+  Batch batch;
+  form(batch);
+  for (auto& e : batch.entries)
+    if (e.seq->first_scheduled_time < 0) e.seq->first_scheduled_time = now;
+  return batch;
+}
+
+bool Scheduler::in_batch(const Batch& batch, const Sequence* seq) const {
+  for (const auto& e : batch.entries)
+    if (e.seq == seq) return true;
+  return false;
+}
+
+void Scheduler::add_entry(Batch& batch, Sequence* seq, int64_t q_len) {
+  BatchEntry e;
+  e.seq = seq;
+  e.q_start = seq->num_computed;
+  e.q_len = q_len;
+  e.kv_len = e.q_start + q_len;
+  e.is_prefill = seq->state != SeqState::kRunningDecode;
+  e.samples = e.kv_len == seq->num_tokens();
+  if (e.kv_len > seq->num_tokens() || q_len < 1)
+    throw Error(ErrorKind::kInternal, "scheduler",
+                "bad chunk for sequence " + std::to_string(seq->id));
+  batch.entries.push_back(e);
+}
+
+void Scheduler::preempt(Sequence* seq, Batch& batch) {
+  auto it =
+      std::find_if(running_.begin(), running_.end(), [&](const auto& p) { return p.get() == seq; });
+  if (it == running_.end())
+    throw Error(ErrorKind::kInternal, "scheduler", "preempting a sequence that is not running");
+  std::unique_ptr<Sequence> owned = std::move(*it);
+  running_.erase(it);
+  blocks_.release(*owned);
+  // Recompute: its KV is gone, so every token (prompt and generated) is prefilled again.
+  owned->num_computed = 0;
+  owned->state = SeqState::kPreempted;
+  ++owned->num_preemptions;
+  batch.preempted.push_back(owned->id);
+  waiting_.push_front(std::move(owned));
+}
+
+bool Scheduler::reserve(Sequence* seq, int64_t kv_len, Batch& batch) {
+  while (!blocks_.can_grow(*seq, kv_len)) {
+    Sequence* victim = nullptr;
+    for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+      Sequence* c = it->get();
+      if (c != seq && !in_batch(batch, c)) {
+        victim = c;
+        break;
+      }
+    }
+    if (!victim) {
+      preempt(seq, batch);
+      return false;
+    }
+    preempt(victim, batch);
+  }
+  blocks_.grow(*seq, kv_len);
+  return true;
+}
+
+int64_t Scheduler::add_decodes(Batch& batch) {
+  // Snapshot: reserve() may preempt sequences from the back while we walk forwards.
+  std::vector<Sequence*> order;
+  for (auto& s : running_)
+    if (s->state == SeqState::kRunningDecode) order.push_back(s.get());
+  int64_t added = 0;
+  for (Sequence* s : order) {
+    if (s->state != SeqState::kRunningDecode) continue;  // preempted by an earlier reserve()
+    if (!reserve(s, s->num_computed + 1, batch)) continue;
+    add_entry(batch, s, 1);
+    ++added;
+  }
+  return added;
+}
+
+Sequence* Scheduler::admit_head() {
+  if (waiting_.empty() || num_running() >= config_.max_running) return nullptr;
+  Sequence* s = waiting_.front().get();
+  if (!blocks_.can_admit(*s, s->num_tokens())) return nullptr;
+  running_.push_back(std::move(waiting_.front()));
+  waiting_.pop_front();
+  s->state = SeqState::kRunningPrefill;
+  return s;
+}
+
+std::vector<std::unique_ptr<Sequence>> Scheduler::complete(const Batch& batch,
+                                                           const std::vector<int32_t>& sampled,
+                                                           double now) {
+  if (sampled.size() < batch.entries.size())
+    throw Error(ErrorKind::kInvalidArgument, "sampled",
+                std::to_string(sampled.size()) + " tokens for a batch of " +
+                    std::to_string(batch.entries.size()));
+  bool any_finished = false;
+  for (size_t i = 0; i < batch.entries.size(); ++i) {
+    const BatchEntry& e = batch.entries[i];
+    Sequence* s = e.seq;
+    if (s->num_computed != e.q_start || !s->is_running())
+      throw Error(ErrorKind::kInternal, "scheduler",
+                  "sequence " + std::to_string(s->id) + " changed between schedule and complete");
+    s->num_computed = e.kv_len;
+    if (!e.samples) continue;
+    s->generated.push_back(sampled[i]);
+    s->token_times.push_back(now);
+    if (s->num_generated() >= s->max_output_tokens) {
+      s->state = SeqState::kFinished;
+      s->finish_time = now;
+      blocks_.release(*s);
+      any_finished = true;
+    } else {
+      s->state = SeqState::kRunningDecode;
+    }
+  }
+  std::vector<std::unique_ptr<Sequence>> done;
+  if (any_finished) {
+    std::vector<std::unique_ptr<Sequence>> keep;
+    for (auto& s : running_) (s->is_finished() ? done : keep).push_back(std::move(s));
+    running_ = std::move(keep);
+  }
+  return done;
+}
+
+}  // namespace flashserve::serve

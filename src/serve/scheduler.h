@@ -1,0 +1,97 @@
+// The scheduler decides, once per step, which sequences run and how many of their tokens: it owns
+// the waiting queue and the running set, asks the block manager for KV blocks, preempts (by
+// recompute) when blocks run out, and after the forward pass records the sampled tokens.
+//
+// Policies (one interface, chosen by SchedulerConfig::policy):
+//   sarathi  stall-free chunked prefill (Sarathi-Serve): per step a token budget; first every
+//   running
+//            decode, then the partial prefills, then new requests FIFO, each prefill cut to what is
+//            left of the budget (rounded down to a multiple of chunk_tile unless it is the last
+//            chunk).
+//   vllm     prefill-first: whole prompts run in steps of their own; decodes wait while they do.
+//   orca     iteration-level: whole prompts mixed with the running decodes, no chunking.
+//   static   request-level: a batch is admitted only when the previous one has fully finished.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "serve/batch.h"
+#include "serve/block_manager.h"
+#include "serve/sequence.h"
+
+namespace flashserve::serve {
+
+enum class Policy : int32_t { kSarathi, kVllm, kOrca, kStatic };
+const char* to_string(Policy p);
+Policy parse_policy(const std::string& name);  // throws Error naming "policy"
+std::vector<Policy> all_policies();
+
+struct SchedulerConfig {
+  Policy policy = Policy::kSarathi;
+  // The token budget of sarathi; for the policies that never chunk it is the largest batch of
+  // prompt tokens one step may take, so it must be at least max_model_len.
+  int64_t max_tokens_per_step = 512;
+  int64_t max_running = 256;     // sequences holding KV blocks at once
+  int64_t max_model_len = 8192;  // prompt + output tokens of one request
+  int64_t chunk_tile = 64;  // sarathi: non-final chunks are a multiple of this (1: no rounding)
+
+  void validate() const;  // throws Error naming the field
+};
+
+class Scheduler {
+ public:
+  static std::unique_ptr<Scheduler> create(const SchedulerConfig& config, BlockManager& blocks);
+  virtual ~Scheduler() = default;
+
+  // Queues a request. Throws Error(kInvalidArgument) if it can never run: empty prompt, no output,
+  // or prompt + output longer than max_model_len.
+  void add(std::unique_ptr<Sequence> seq);
+  // Forms the next step's batch. `now` stamps first_scheduled_time. The batch may be empty only
+  // when nothing is runnable (no requests, or all waiting ones blocked on KV blocks).
+  Batch schedule(double now);
+  // Records the step's outcome at time `now`: advances computed tokens, appends sampled[i] for
+  // every entry i that samples, finishes and frees the sequences that reached their output length
+  // and returns them. `sampled` is indexed like batch.entries (values of non-sampling entries
+  // unused).
+  std::vector<std::unique_ptr<Sequence>> complete(const Batch& batch,
+                                                  const std::vector<int32_t>& sampled, double now);
+
+  const SchedulerConfig& config() const { return config_; }
+  const BlockManager& blocks() const { return blocks_; }
+  bool has_work() const { return !waiting_.empty() || !running_.empty(); }
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  // Every sequence the scheduler holds (waiting and running), for invariant checks.
+  std::vector<const Sequence*> live() const;
+  // Running sequences in priority (admission) order.
+  std::vector<const Sequence*> running() const;
+
+ protected:
+  Scheduler(const SchedulerConfig& config, BlockManager& blocks);
+  virtual void form(Batch& batch) = 0;  // the policy
+
+  // Helpers shared by the policies.
+  // Adds every running decode (1 token each), preempting from the back of the running set when
+  // blocks run out. Returns the number of decode tokens added.
+  int64_t add_decodes(Batch& batch);
+  // Makes room for `seq` to hold `kv_len` tokens, preempting the lowest-priority running sequences
+  // not yet in `batch`; preempts `seq` itself if that is not enough. Returns whether seq can run.
+  bool reserve(Sequence* seq, int64_t kv_len, Batch& batch);
+  // Moves the head of the waiting queue to the running set if max_running and the blocks (with the
+  // watermark, for all its uncomputed tokens) allow it; returns it or nullptr.
+  Sequence* admit_head();
+  void add_entry(Batch& batch, Sequence* seq, int64_t q_len);
+  void preempt(Sequence* seq, Batch& batch);
+  bool in_batch(const Batch& batch, const Sequence* seq) const;
+
+  SchedulerConfig config_;
+  BlockManager& blocks_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;   // preempted sequences go back to the front
+  std::vector<std::unique_ptr<Sequence>> running_;  // admission order = priority order
+};
+
+}  // namespace flashserve::serve

@@ -1,0 +1,392 @@
+// Scheduler: the four policies on thousands of small random workloads (block invariants after every
+// step, the token budget, max_running, exact output lengths, sarathi never skipping a running
+// decode), plus targeted cases: vllm's decode stall, sarathi's chunk sizes, orca's mixing, static's
+// request-level batches, preemption by recompute, and the errors for bad requests and configs.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+
+#include "flashserve/error.h"
+#include "serve/scheduler.h"
+
+namespace fs = flashserve::serve;
+using flashserve::Error;
+
+namespace {
+
+std::unique_ptr<fs::Sequence> make_req(int64_t id, int64_t prompt, int64_t output,
+                                       double arrival = 0) {
+  auto s = std::make_unique<fs::Sequence>();
+  s->id = id;
+  for (int64_t i = 0; i < prompt; ++i) s->prompt.push_back(static_cast<int32_t>(1000 + i));
+  s->max_output_tokens = output;
+  s->arrival_time = arrival;
+  return s;
+}
+
+struct Case {
+  fs::Policy policy;
+  fs::SchedulerConfig cfg;
+  int32_t block_size;
+  int64_t num_blocks;
+  double watermark;
+  struct Req {
+    int64_t step, prompt, output;
+  };
+  std::vector<Req> reqs;
+};
+
+Case random_case(fs::Policy policy, std::mt19937_64& rng) {
+  auto uni = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  Case c;
+  c.policy = policy;
+  c.cfg.policy = policy;
+  c.cfg.max_model_len = uni(16, 160);
+  c.cfg.max_running = uni(1, 12);
+  c.cfg.chunk_tile = std::vector<int64_t>{1, 4, 16}[uni(0, 2)];
+  c.cfg.max_tokens_per_step = policy == fs::Policy::kSarathi
+                                  ? uni(c.cfg.max_running, c.cfg.max_running + 96)
+                                  : c.cfg.max_model_len + uni(0, 64);
+  c.block_size = static_cast<int32_t>(std::vector<int64_t>{1, 4, 16}[uni(0, 2)]);
+  c.watermark = uni(0, 1) ? 0.0 : 0.05;
+  // Between "barely one max-length sequence" (lots of preemption) and plenty.
+  const int64_t min_blocks = (c.cfg.max_model_len + c.block_size - 1) / c.block_size;
+  // The watermark's blocks come on top (the scheduler rejects a cache that lacks them).
+  c.num_blocks =
+      static_cast<int64_t>(static_cast<double>(min_blocks + 1) *
+                           (1.0 + static_cast<double>(uni(0, 30)) / 10.0) / (1.0 - c.watermark)) +
+      2;
+  const int64_t n = uni(1, 24);
+  int64_t step = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    step += uni(0, 6);
+    const int64_t out = uni(1, std::min<int64_t>(40, c.cfg.max_model_len - 1));
+    const int64_t prompt = uni(1, c.cfg.max_model_len - out);
+    c.reqs.push_back({step, prompt, out});
+  }
+  return c;
+}
+
+struct RunStats {
+  int64_t steps = 0, preemptions = 0, max_tokens = 0, chunked_prefills = 0;
+};
+
+// Drives the scheduler step by step (one time unit per step) and checks every property we promise.
+RunStats run_case(const Case& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  fs::BlockManager bm(c.num_blocks, c.block_size, c.watermark);
+  auto sched = fs::Scheduler::create(c.cfg, bm);
+  std::map<int64_t, std::vector<int32_t>> fed;  // the tokens we "sampled" for each request
+  std::map<int64_t, int64_t> want_out;
+  std::vector<std::unique_ptr<fs::Sequence>> done;
+  RunStats st;
+  size_t next = 0;
+  for (int64_t step = 0; next < c.reqs.size() || sched->has_work(); ++step) {
+    if (step > 200000) {
+      ADD_FAILURE() << "no progress";
+      return st;
+    }
+    for (; next < c.reqs.size() && c.reqs[next].step <= step; ++next) {
+      const auto& r = c.reqs[next];
+      sched->add(make_req(static_cast<int64_t>(next), r.prompt, r.output, double(step)));
+      want_out[static_cast<int64_t>(next)] = r.output;
+    }
+    std::set<int64_t> decoding_before;
+    const int64_t running_before = sched->num_running();
+    for (const fs::Sequence* s : sched->running())
+      if (s->state == fs::SeqState::kRunningDecode) decoding_before.insert(s->id);
+
+    fs::Batch batch = sched->schedule(double(step));
+    ++st.steps;
+    st.preemptions += static_cast<int64_t>(batch.preempted.size());
+    st.max_tokens = std::max(st.max_tokens, batch.num_tokens());
+
+    // The budget, the running limit, and the shape of every entry.
+    EXPECT_LE(batch.num_tokens(), c.cfg.max_tokens_per_step);
+    EXPECT_LE(sched->num_running(), c.cfg.max_running);
+    std::set<int64_t> in_batch;
+    bool has_prefill = false, has_decode = false;
+    for (const auto& e : batch.entries) {
+      EXPECT_TRUE(in_batch.insert(e.seq->id).second) << "sequence scheduled twice";
+      EXPECT_TRUE(e.seq->is_running());
+      EXPECT_EQ(e.q_start, e.seq->num_computed);
+      EXPECT_EQ(e.kv_len, e.q_start + e.q_len);
+      EXPECT_GE(e.q_len, 1);
+      EXPECT_LE(e.kv_len, e.seq->num_tokens());
+      EXPECT_EQ(e.samples, e.kv_len == e.seq->num_tokens());
+      // The block table covers every key of the step.
+      EXPECT_GE(static_cast<int64_t>(e.block_table().size()) * c.block_size, e.kv_len);
+      if (e.is_prefill) {
+        has_prefill = true;
+        if (c.policy != fs::Policy::kSarathi) {
+          EXPECT_EQ(e.q_start, 0) << "a baseline chunked a prompt";
+          EXPECT_TRUE(e.samples);
+        } else if (!e.samples) {
+          ++st.chunked_prefills;
+          // A non-final chunk is a multiple of the tile unless the budget left was below a tile.
+          if (e.q_len >= c.cfg.chunk_tile) {
+            EXPECT_EQ(e.q_len % c.cfg.chunk_tile, 0);
+          }
+        }
+      } else {
+        has_decode = true;
+        EXPECT_EQ(e.q_len, 1);
+      }
+    }
+    for (int64_t id : batch.preempted) EXPECT_EQ(in_batch.count(id), 0u);
+    if (c.policy == fs::Policy::kSarathi) {
+      // Stall-free: every decode running before the step is in it, unless it lost its blocks.
+      std::set<int64_t> preempted(batch.preempted.begin(), batch.preempted.end());
+      for (int64_t id : decoding_before)
+        EXPECT_TRUE(in_batch.count(id) || preempted.count(id))
+            << "sarathi skipped running decode " << id << " at step " << step;
+    }
+    if (c.policy == fs::Policy::kVllm) {
+      EXPECT_FALSE(has_prefill && has_decode);
+    }
+    if (c.policy == fs::Policy::kStatic && has_prefill) {
+      EXPECT_EQ(running_before, 0) << "static admitted into a running batch";
+      EXPECT_FALSE(has_decode);
+    }
+    if (batch.empty()) {
+      // Only allowed while nothing runs and we are waiting for arrivals.
+      EXPECT_EQ(sched->num_running(), 0);
+    }
+
+    std::vector<int32_t> sampled(batch.entries.size());
+    for (size_t i = 0; i < sampled.size(); ++i) {
+      sampled[i] = static_cast<int32_t>(rng() % 32000);
+      if (batch.entries[i].samples) fed[batch.entries[i].seq->id].push_back(sampled[i]);
+    }
+    for (auto& s : sched->complete(batch, sampled, double(step + 1))) done.push_back(std::move(s));
+    // Block invariants after every step (finished sequences hold nothing any more).
+    EXPECT_NO_THROW(bm.check_invariants(sched->live()));
+    if (::testing::Test::HasFailure()) return st;
+  }
+  EXPECT_EQ(bm.num_free(), bm.num_blocks()) << "blocks leaked at the end";
+  EXPECT_EQ(done.size(), c.reqs.size());
+  for (const auto& s : done) {
+    EXPECT_EQ(s->state, fs::SeqState::kFinished);
+    EXPECT_EQ(s->num_generated(), want_out[s->id]) << "request " << s->id;
+    EXPECT_EQ(s->generated, fed[s->id]);
+    EXPECT_EQ(s->token_times.size(), s->generated.size());
+    for (size_t i = 1; i < s->token_times.size(); ++i)
+      EXPECT_GT(s->token_times[i], s->token_times[i - 1]);
+    EXPECT_TRUE(s->block_table.empty());
+    EXPECT_GE(s->first_scheduled_time, s->arrival_time);
+  }
+  return st;
+}
+
+class RandomWorkloads : public ::testing::TestWithParam<fs::Policy> {};
+
+TEST_P(RandomWorkloads, InvariantsBudgetAndExactLengths) {
+  std::mt19937_64 rng(static_cast<uint64_t>(GetParam()) * 7919 + 17);
+  RunStats total;
+  constexpr int kWorkloads = 750;  // x 4 policies = 3000 random workloads
+  for (int w = 0; w < kWorkloads; ++w) {
+    const Case c = random_case(GetParam(), rng);
+    const RunStats st = run_case(c, rng());
+    total.steps += st.steps;
+    total.preemptions += st.preemptions;
+    total.chunked_prefills += st.chunked_prefills;
+    if (HasFailure()) {
+      ADD_FAILURE() << "workload " << w << " (" << c.reqs.size() << " requests, " << c.num_blocks
+                    << " blocks of " << c.block_size << ")";
+      return;
+    }
+  }
+  // The tight caches must actually have exercised preemption, and sarathi must have chunked.
+  EXPECT_GT(total.preemptions, 0);
+  if (GetParam() == fs::Policy::kSarathi) {
+    EXPECT_GT(total.chunked_prefills, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPolicies, RandomWorkloads,
+                         ::testing::Values(fs::Policy::kSarathi, fs::Policy::kVllm,
+                                           fs::Policy::kOrca, fs::Policy::kStatic),
+                         [](const auto& info) { return std::string(fs::to_string(info.param)); });
+
+// One long-running decode, then a long prompt arrives. Returns, for each step after the arrival
+// until the prompt's first token, whether the decode was in the step.
+std::vector<bool> decode_presence(fs::Policy policy) {
+  fs::SchedulerConfig cfg;
+  cfg.policy = policy;
+  cfg.max_model_len = 4096;
+  cfg.max_tokens_per_step = policy == fs::Policy::kSarathi ? 256 : 4096;
+  cfg.chunk_tile = 1;
+  fs::BlockManager bm(1024, 16);
+  auto sched = fs::Scheduler::create(cfg, bm);
+  sched->add(make_req(0, 8, 100));
+  std::vector<int32_t> tok(8, 7);
+  double t = 0;
+  for (int i = 0; i < 3; ++i) sched->complete(sched->schedule(t), tok, t + 1), t += 1;
+  sched->add(make_req(1, 2000, 10));
+  std::vector<bool> present;
+  for (;;) {
+    fs::Batch b = sched->schedule(t);
+    bool decode = false, prompt_done = false;
+    for (const auto& e : b.entries) {
+      decode |= e.seq->id == 0;
+      prompt_done |= e.seq->id == 1 && e.samples;
+    }
+    present.push_back(decode);
+    sched->complete(b, tok, t + 1);
+    t += 1;
+    if (prompt_done) break;
+  }
+  return present;
+}
+
+TEST(Scheduler, VllmStallsDecodesWhileAPromptRuns) {
+  const auto p = decode_presence(fs::Policy::kVllm);
+  ASSERT_EQ(p.size(), 1u);  // the whole prompt in one step...
+  EXPECT_FALSE(p[0]);       // ...in which the running decode does not advance
+}
+
+TEST(Scheduler, SarathiKeepsDecodingThroughAChunkedPrompt) {
+  const auto p = decode_presence(fs::Policy::kSarathi);
+  // 2000 prompt tokens at 255 a step (256 minus the decode): 8 chunks, the decode in each.
+  EXPECT_EQ(p.size(), 8u);
+  for (bool b : p) EXPECT_TRUE(b);
+}
+
+TEST(Scheduler, OrcaMixesWholePromptsWithDecodes) {
+  const auto p = decode_presence(fs::Policy::kOrca);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_TRUE(p[0]);
+}
+
+TEST(Scheduler, SarathiChunksAreTileMultiplesAndFillTheBudget) {
+  fs::SchedulerConfig cfg;
+  cfg.max_tokens_per_step = 256;
+  cfg.max_running = 8;
+  cfg.chunk_tile = 64;
+  cfg.max_model_len = 2048;
+  fs::BlockManager bm(512, 16);
+  auto sched = fs::Scheduler::create(cfg, bm);
+  std::vector<int32_t> tok(16, 3);
+  // Three short requests become decodes first.
+  for (int i = 0; i < 3; ++i) sched->add(make_req(i, 10, 50));
+  sched->complete(sched->schedule(0), tok, 1);
+  sched->add(make_req(9, 500, 5));
+  std::vector<int64_t> chunks;
+  for (int step = 0; step < 3; ++step) {
+    fs::Batch b = sched->schedule(step + 1);
+    EXPECT_EQ(b.num_decode_tokens(), 3);
+    for (const auto& e : b.entries)
+      if (e.seq->id == 9) chunks.push_back(e.q_len);
+    sched->complete(b, tok, step + 2);
+  }
+  // 253 tokens left each step -> 192 (a multiple of 64); the last chunk (116) is not rounded.
+  EXPECT_EQ(chunks, (std::vector<int64_t>{192, 192, 116}));
+}
+
+TEST(Scheduler, StaticWaitsForTheWholeBatchToFinish) {
+  fs::SchedulerConfig cfg;
+  cfg.policy = fs::Policy::kStatic;
+  cfg.max_model_len = 256;
+  cfg.max_tokens_per_step = 256;
+  fs::BlockManager bm(256, 16);
+  auto sched = fs::Scheduler::create(cfg, bm);
+  sched->add(make_req(0, 10, 2));
+  sched->add(make_req(1, 10, 6));
+  std::vector<int32_t> tok(4, 1);
+  double t = 0;
+  sched->complete(sched->schedule(t), tok, t + 1), t += 1;
+  sched->add(make_req(2, 10, 1));  // arrives while the first batch runs
+  int steps_until_admitted = 0;
+  for (;; ++steps_until_admitted) {
+    fs::Batch b = sched->schedule(t);
+    bool admitted = false;
+    for (const auto& e : b.entries) admitted |= e.seq->id == 2;
+    sched->complete(b, tok, t + 1), t += 1;
+    if (admitted) break;
+  }
+  EXPECT_EQ(steps_until_admitted, 5);  // request 1 needs 5 more decodes after its first token
+}
+
+TEST(Scheduler, PreemptionRecomputesAndStillFinishesExactly) {
+  fs::SchedulerConfig cfg;
+  cfg.max_tokens_per_step = 64;
+  cfg.max_running = 4;
+  cfg.max_model_len = 64;
+  cfg.chunk_tile = 1;
+  fs::BlockManager bm(5, 16, 0.0);  // 80 slots: two 40-token sequences cannot both finish
+  auto sched = fs::Scheduler::create(cfg, bm);
+  sched->add(make_req(0, 20, 20));
+  sched->add(make_req(1, 20, 20));
+  std::vector<int32_t> tok(4, 5);
+  int64_t preempted = 0;
+  std::vector<std::unique_ptr<fs::Sequence>> done;
+  for (double t = 0; sched->has_work() && t < 1000; t += 1) {
+    fs::Batch b = sched->schedule(t);
+    preempted += static_cast<int64_t>(b.preempted.size());
+    for (auto& s : sched->complete(b, tok, t + 1)) done.push_back(std::move(s));
+    bm.check_invariants(sched->live());
+  }
+  EXPECT_GT(preempted, 0);
+  ASSERT_EQ(done.size(), 2u);
+  for (auto& s : done) EXPECT_EQ(s->num_generated(), 20);
+  // The later request is the victim: it recomputed its prompt and what it had generated.
+  EXPECT_EQ(done[1]->id, 1);
+  EXPECT_GT(done[1]->num_preemptions, 0);
+  EXPECT_EQ(done[0]->num_preemptions, 0);
+}
+
+TEST(Scheduler, RejectsRequestsLongerThanTheModel) {
+  fs::SchedulerConfig cfg;
+  cfg.max_model_len = 1000;
+  fs::BlockManager bm(100, 16);
+  auto sched = fs::Scheduler::create(cfg, bm);
+  try {
+    sched->add(make_req(42, 900, 101));
+    FAIL() << "accepted a request longer than max_model_len";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "request 42");
+    EXPECT_NE(std::string(e.what()).find("exceeds max_model_len 1000"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(sched->add(make_req(1, 0, 10)), Error);  // empty prompt
+  EXPECT_THROW(sched->add(make_req(2, 10, 0)), Error);  // no output
+  EXPECT_NO_THROW(sched->add(make_req(3, 900, 100)));   // exactly the limit
+  EXPECT_EQ(sched->num_waiting(), 1);
+}
+
+TEST(Scheduler, BadConfigsNameTheField) {
+  auto field_of = [](fs::SchedulerConfig cfg, int64_t blocks = 1000) {
+    try {
+      fs::BlockManager bm(blocks, 16);
+      fs::Scheduler::create(cfg, bm);
+    } catch (const Error& e) {
+      return e.argument();
+    }
+    return std::string("accepted");
+  };
+  fs::SchedulerConfig ok;
+  EXPECT_EQ(field_of(ok), "accepted");
+  fs::SchedulerConfig c = ok;
+  c.max_tokens_per_step = 100;
+  c.max_running = 200;  // sarathi could not fit every decode
+  EXPECT_EQ(field_of(c), "max_tokens_per_step");
+  c = ok;
+  c.policy = fs::Policy::kVllm;  // 512 < max_model_len 8192: a prompt might never fit
+  EXPECT_EQ(field_of(c), "max_tokens_per_step");
+  c = ok;
+  c.max_running = 0;
+  EXPECT_EQ(field_of(c), "max_running");
+  c = ok;
+  c.chunk_tile = 0;
+  EXPECT_EQ(field_of(c), "chunk_tile");
+  EXPECT_EQ(field_of(ok, 100), "num_blocks");  // 1600 slots < max_model_len 8192
+  EXPECT_THROW(fs::parse_policy("fcfs"), Error);
+  for (fs::Policy p : fs::all_policies()) EXPECT_EQ(fs::parse_policy(fs::to_string(p)), p);
+}
+
+}  // namespace
