@@ -16,6 +16,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <ostream>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -90,6 +91,11 @@ struct CaseSpec {
     return os.str();
   }
 };
+
+// GoogleTest prints a failing parameter with this (instead of its bytes).
+inline void PrintTo(const CaseSpec& spec, std::ostream* os) {
+  *os << spec.name();
+}
 
 // A seed that differs between cases: FNV-1a of the case's name, mixed with a base seed.
 inline uint64_t seed_for(const std::string& name, uint64_t base = 0) {

@@ -1,0 +1,236 @@
+// cpu_forward (the tiled online-softmax CPU path) against the float64 reference, one named test per
+// shape. Every case also checks that nothing outside the output rows was written (out's padding and
+// rows of no sequence keep their NaN poison) and that two runs give bit-identical results.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "attention/backends.h"
+#include "support/attention_case.h"
+#include "support/compare.h"
+
+namespace flashserve::testing {
+namespace {
+
+CaseSpec base(std::vector<int64_t> q, std::vector<int64_t> k) {
+  CaseSpec s;
+  s.batch = static_cast<int64_t>(std::max(q.size(), k.size()));
+  s.q_lens = std::move(q);
+  s.kv_lens = std::move(k);
+  s.h_q = 2;
+  s.h_kv = 2;
+  s.head_dim = 64;
+  return s;
+}
+
+template <typename F>
+CaseSpec with(CaseSpec s, F f) {
+  f(s);
+  return s;
+}
+
+std::vector<CaseSpec> cases() {
+  std::vector<CaseSpec> v;
+  // Odd lengths, square.
+  for (int64_t n : {1, 17, 127}) v.push_back(base({n}, {n}));
+  v.push_back(with(base({1000}, {1000}), [](CaseSpec& s) { s.h_q = s.h_kv = 1; }));
+  v.push_back(with(base({1000}, {1000}), [](CaseSpec& s) {
+    s.h_q = s.h_kv = 1;
+    s.causal = true;
+    s.dtype = DType::kBFloat16;
+  }));
+  // q_len < kv_len (decode and chunked prefill) and q_len > kv_len.
+  v.push_back(base({1}, {1000}));
+  v.push_back(with(base({17}, {1000}), [](CaseSpec& s) { s.causal = true; }));
+  v.push_back(with(base({127}, {17}), [](CaseSpec& s) { s.batch = 2; }));
+  v.push_back(with(base({127}, {17}), [](CaseSpec& s) { s.causal = true; }));  // masked rows
+  // GQA ratios 4 and 8, MQA.
+  for (int64_t ratio : {4, 8})
+    v.push_back(with(base({17}, {127}), [&](CaseSpec& s) {
+      s.h_kv = 2;
+      s.h_q = 2 * ratio;
+      s.causal = true;
+    }));
+  v.push_back(with(base({33}, {80}), [](CaseSpec& s) {
+    s.h_q = 8;
+    s.h_kv = 1;
+    s.dtype = DType::kFloat16;
+  }));
+  v.push_back(with(base({1}, {300}), [](CaseSpec& s) {  // decode with a group of 16 > tile rows
+    s.batch = 3;
+    s.h_q = 16 * 2;
+    s.h_kv = 2;
+  }));
+  // Head dims 128, 256, an odd one, and head_dim_v != head_dim.
+  for (int64_t d : {128, 256, 80})
+    v.push_back(with(base({17}, {127}), [&](CaseSpec& s) {
+      s.head_dim = d;
+      s.causal = d == 80;
+    }));
+  v.push_back(with(base({9}, {70}), [](CaseSpec& s) {
+    s.head_dim = 48;
+    s.head_dim_v = 24;
+  }));
+  // Paged KV, page sizes 1, 16, 256, with varlen q and a zero-length sequence.
+  for (int64_t ps : {1, 16, 256})
+    v.push_back(with(base({5, 0, 17, 1}, {40, 3, 300, 129}), [&](CaseSpec& s) {
+      s.q_layout = QLayout::kVarlen;
+      s.kv_layout = KVLayout::kPaged;
+      s.page_size = ps;
+      s.h_q = 4;
+      s.h_kv = 2;
+      s.causal = true;
+      s.dtype = ps == 16 ? DType::kFloat16 : ps == 256 ? DType::kBFloat16 : DType::kFloat32;
+    }));
+  v.push_back(with(base({17}, {100}), [](CaseSpec& s) {  // paged with dense q
+    s.batch = 2;
+    s.kv_lens = {100, 33};
+    s.kv_layout = KVLayout::kPaged;
+    s.page_size = 16;
+  }));
+  // Varlen q and k, zero-length sequences (a sequence with keys but no queries and one with
+  // queries but no keys, whose rows are fully masked).
+  v.push_back(with(base({5, 0, 17, 3}, {40, 3, 17, 0}), [](CaseSpec& s) {
+    s.q_layout = QLayout::kVarlen;
+    s.kv_layout = KVLayout::kVarlen;
+    s.h_q = 6;
+    s.h_kv = 3;
+  }));
+  // seqused_k with dense and varlen KV (keys past it are NaN poison).
+  v.push_back(with(base({7}, {50}), [](CaseSpec& s) {
+    s.batch = 2;
+    s.kv_lens = {50, 21};
+    s.use_seqused_k = true;
+    s.kv_extra = 9;
+    s.causal = true;
+  }));
+  v.push_back(with(base({7, 2}, {50, 21}), [](CaseSpec& s) {
+    s.q_layout = QLayout::kVarlen;
+    s.kv_layout = KVLayout::kVarlen;
+    s.use_seqused_k = true;
+    s.kv_extra = 5;
+  }));
+  // Sliding windows, causal and not.
+  v.push_back(with(base({127}, {127}), [](CaseSpec& s) {
+    s.causal = true;
+    s.window_left = 8;
+  }));
+  v.push_back(with(base({64}, {200}), [](CaseSpec& s) {
+    s.window_left = 16;
+    s.window_right = 4;
+  }));
+  v.push_back(with(base({40}, {90}), [](CaseSpec& s) { s.window_right = 3; }));
+  v.push_back(with(base({100}, {30}), [](CaseSpec& s) {  // windows that miss the keys entirely
+    s.window_left = 5;
+    s.window_right = 0;
+  }));
+  v.push_back(with(base({20}, {20}), [](CaseSpec& s) {  // only the diagonal
+    s.window_left = 0;
+    s.window_right = 0;
+    s.dtype = DType::kFloat16;
+  }));
+  // fp16 / bf16 on a general shape; strided views; no lse; custom scale.
+  for (DType dt : {DType::kFloat16, DType::kBFloat16})
+    v.push_back(with(base({33}, {129}), [&](CaseSpec& s) {
+      s.dtype = dt;
+      s.h_q = 4;
+      s.h_kv = 1;
+    }));
+  v.push_back(with(base({17}, {127}), [](CaseSpec& s) {
+    s.pad = 8;
+    s.h_q = 4;
+    s.causal = true;
+  }));
+  v.push_back(with(base({5, 30}, {60, 31}), [](CaseSpec& s) {
+    s.pad = 3;
+    s.q_layout = QLayout::kVarlen;
+    s.kv_layout = KVLayout::kPaged;
+    s.dtype = DType::kBFloat16;
+  }));
+  v.push_back(with(base({17}, {64}), [](CaseSpec& s) {
+    s.with_lse = false;
+    s.softmax_scale = 0.5f;
+  }));
+  return v;
+}
+
+class CpuForward : public ::testing::TestWithParam<CaseSpec> {};
+
+// Elements of out's buffer that the contract lets the kernel write.
+int64_t addressed_out_elements(const AttentionParams& p) {
+  const attention::Problem pr = attention::describe(p);
+  const attention::HostLayout L(p, pr);
+  int64_t n = 0;
+  for (int64_t b = 0; b < pr.batch; ++b) n += L.q_len(b) * pr.h_q * pr.head_dim_v;
+  return n;
+}
+
+TEST_P(CpuForward, MatchesFloat64Reference) {
+  CaseSpec s = GetParam();
+  s.seed = seed_for(s.name());
+  AttentionCase c(s);
+  const auto exact = c.exact();
+  const auto lowp = c.lowp();
+  const AttentionParams p = c.params();
+  attention_forward(p);
+  const auto actual = read_output(p);
+  expect_attention_close(actual, exact, lowp, s.dtype);
+
+  // Nothing but the output rows was written: every other element of out keeps its NaN.
+  const auto bufs = c.buffers();
+  const size_t esz = dtype_size(s.dtype);
+  const int64_t total = static_cast<int64_t>(bufs[AttentionCase::kOut].bytes / esz);
+  int64_t nan = 0;
+  for (int64_t i = 0; i < total; ++i)
+    nan += std::isnan(load_float(bufs[AttentionCase::kOut].host, i, s.dtype));
+  EXPECT_EQ(nan, total - addressed_out_elements(p));
+
+  // A second run on the same inputs gives the same bits (a difference would be a race).
+  const std::vector<std::byte> out1(
+      bufs[AttentionCase::kOut].host,
+      bufs[AttentionCase::kOut].host + bufs[AttentionCase::kOut].bytes);
+  const std::vector<std::byte> lse1(
+      bufs[AttentionCase::kLse].host,
+      bufs[AttentionCase::kLse].host + bufs[AttentionCase::kLse].bytes);
+  c.poison_outputs();
+  attention_forward(p);
+  EXPECT_EQ(std::memcmp(out1.data(), bufs[AttentionCase::kOut].host, out1.size()), 0);
+  EXPECT_EQ(std::memcmp(lse1.data(), bufs[AttentionCase::kLse].host, lse1.size()), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CpuForward, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return info.param.name(); });
+
+// Rows that see no key: out exactly 0 and lse exactly -inf, never NaN, in every dtype.
+TEST(CpuForwardMasked, FullyMaskedRowsAreZeroWithLseMinusInf) {
+  for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    CaseSpec s = base({12, 4, 3}, {5, 0, 9});
+    s.q_layout = QLayout::kVarlen;
+    s.kv_layout = KVLayout::kVarlen;
+    s.causal = true;  // sequence 0: queries 0..6 see nothing; sequence 1: no keys at all
+    s.window_left = 1;
+    s.dtype = dt;
+    s.seed = seed_for(s.name());
+    AttentionCase c(s);
+    const AttentionParams p = c.params();
+    attention_forward(p);
+    const auto o = read_output(p);
+    int64_t masked = 0;
+    const int64_t rows_masked[] = {0, 1, 2, 3, 4, 5, 6, 12, 13, 14, 15};
+    for (int64_t row : rows_masked)
+      for (int64_t h = 0; h < s.h_q; ++h) {
+        EXPECT_EQ(o.lse[row * s.h_q + h], -INFINITY) << "row " << row;
+        for (int64_t d = 0; d < s.dv(); ++d) EXPECT_EQ(o.out[(row * s.h_q + h) * s.dv() + d], 0.0);
+        ++masked;
+      }
+    EXPECT_EQ(masked, 11 * s.h_q);
+    // The others are finite.
+    for (int64_t row : {7, 8, 11, 16, 18})
+      EXPECT_TRUE(std::isfinite(o.lse[row * s.h_q])) << "row " << row;
+  }
+}
+
+}  // namespace
+}  // namespace flashserve::testing
