@@ -1,0 +1,179 @@
+// The CUDA backend's one decision: can a kernel run this call, and which one. Everything the
+// kernels assume (dtype, head dim, alignment for cp.async, grid limits, 32-bit lengths) is checked
+// here and reported as an Error naming the argument; then the sm80 kernel for the head dim runs.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#include "backends.h"
+#include "sm80/fwd_params.h"
+#include "sm80/launch.h"
+
+namespace flashserve::attention {
+namespace {
+
+template <typename... Args>
+std::string cat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+[[noreturn]] void unsupported(const std::string& arg, const std::string& what) {
+  throw Error(ErrorKind::kUnsupported, arg, what);
+}
+
+void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess)
+    throw Error(ErrorKind::kCuda, "", cat(what, ": ", cudaGetErrorString(err)));
+}
+
+// Makes `device` current for the call and restores the caller's device afterwards.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() {
+    int now = -1;
+    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+// cp.async moves 16-byte chunks: the base pointer and every row stride of q, k, v and out must be
+// 16-byte aligned (a multiple of 8 elements). Dimensions of size 1 have no meaningful stride.
+void check_aligned(const TensorView& t, const char* name) {
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
+    unsupported(name, "data pointer must be 16-byte aligned for the CUDA kernels");
+  const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
+  for (int i = 0; i + 1 < t.rank; ++i)
+    if (t.shape[i] > 1 && (t.stride[i] * elem) % 16 != 0)
+      unsupported(name, cat("stride ", t.stride[i], " of dimension ", i,
+                            " must be a multiple of 16 bytes for the CUDA kernels"));
+}
+
+// A window side wider than any sequence is the same as unbounded; clamping keeps the kernels'
+// row + offset + window arithmetic inside int32.
+int32_t clamp_window(int64_t side, int64_t bound) {
+  return side < 0 || side > bound ? -1 : int32_t(side);
+}
+
+}  // namespace
+
+void cuda_forward(const AttentionParams& params, const Problem& pr) {
+  // Features first, so the message names what is missing rather than a derived symptom.
+  if (pr.dtype == DType::kFloat32)
+    unsupported("q", "float32 is not supported by the CUDA kernels (use bfloat16 or float16)");
+  if (pr.head_dim != 64 && pr.head_dim != 128 && pr.head_dim != 256)
+    unsupported(
+        "q", cat("head_dim ", pr.head_dim, " is not supported by the CUDA kernels (64, 128, 256)"));
+  if (pr.head_dim_v != pr.head_dim)
+    unsupported("v", cat("head_dim ", pr.head_dim_v, " differs from q's ", pr.head_dim,
+                         "; the CUDA kernels need equal head dims"));
+  if (pr.paged) unsupported("block_table", "paged KV is not implemented by the CUDA kernels yet");
+  if (pr.num_splits > 1)
+    unsupported("num_splits", "split-KV is not implemented by the CUDA kernels yet (use 0 or 1)");
+  if (!(pr.scale > 0.0f))
+    unsupported("softmax_scale", "must be positive for the CUDA kernels (the row max assumes it)");
+  if (pr.batch > 65535) unsupported("q", cat("batch ", pr.batch, " exceeds the grid limit 65535"));
+  if (pr.h_q > 65535) unsupported("q", cat("h_q ", pr.h_q, " exceeds the grid limit 65535"));
+  constexpr int64_t kMaxLen = int64_t{1} << 29;  // keeps row + offset + window in int32
+  if (pr.max_q_len >= kMaxLen)
+    unsupported("q", cat("sequence length ", pr.max_q_len, " is too long"));
+  if (pr.max_kv_len >= kMaxLen)
+    unsupported("k", cat("sequence length ", pr.max_kv_len, " is too long"));
+
+  // Device: the tensors' device, compute capability 8.0 or newer.
+  int count = 0;
+  check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  if (pr.device.index < 0 || pr.device.index >= count)
+    throw Error(
+        ErrorKind::kInvalidArgument, "q",
+        cat("device index ", pr.device.index, " is not one of the ", count, " CUDA devices"));
+  DeviceGuard guard(pr.device.index);
+  int major = 0, minor = 0, smem = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, pr.device.index),
+             "cudaDeviceGetAttribute");
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, pr.device.index),
+             "cudaDeviceGetAttribute");
+  check_cuda(
+      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, pr.device.index),
+      "cudaDeviceGetAttribute");
+  if (major < 8)
+    unsupported("q", cat("the CUDA kernels need compute capability 8.0 or newer, device ",
+                         pr.device.index, " is ", major, ".", minor));
+
+  check_aligned(params.q, "q");
+  check_aligned(params.k, "k");
+  check_aligned(params.v, "v");
+  check_aligned(params.out, "out");
+
+  if (pr.batch == 0 || pr.max_q_len == 0 || params.q.numel() == 0) return;
+
+  sm80::FwdParams p{};
+  p.q = params.q.data;
+  p.k = params.k.data;
+  p.v = params.v.data;
+  p.out = params.out.data;
+  p.lse = params.lse.defined() ? params.lse.ptr<float>() : nullptr;
+  const auto strides = [](const TensorView& t, bool varlen, int64_t& batch, int64_t& row,
+                          int64_t& head) {
+    batch = varlen ? 0 : t.stride[0];
+    row = t.stride[varlen ? 0 : 1];
+    head = t.stride[varlen ? 1 : 2];
+  };
+  strides(params.q, pr.varlen_q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  strides(params.out, pr.varlen_q, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+  strides(params.k, pr.varlen_k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  strides(params.v, pr.varlen_k, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  if (p.lse != nullptr) {
+    const TensorView& l = params.lse;  // dense [batch, h_q, seqlen_q], varlen [h_q, total_q]
+    p.lse_batch_stride = pr.varlen_q ? 0 : l.stride[0];
+    p.lse_head_stride = l.stride[pr.varlen_q ? 0 : 1];
+    p.lse_row_stride = l.stride[pr.varlen_q ? 1 : 2];
+  }
+  p.cu_seqlens_q = pr.varlen_q ? params.cu_seqlens_q.ptr<const int32_t>() : nullptr;
+  p.cu_seqlens_k = pr.varlen_k ? params.cu_seqlens_k.ptr<const int32_t>() : nullptr;
+  p.seqused_k = pr.seqused ? params.seqused_k.ptr<const int32_t>() : nullptr;
+  p.seqlen_q = pr.varlen_q ? 0 : static_cast<int32_t>(params.q.shape[1]);
+  p.seqlen_k = pr.varlen_k ? 0 : static_cast<int32_t>(params.k.shape[1]);
+  p.h_q = static_cast<int32_t>(pr.h_q);
+  p.h_ratio = static_cast<int32_t>(pr.h_q / pr.h_kv);
+  const int64_t bound = pr.max_q_len + pr.max_kv_len;
+  p.window_left = clamp_window(pr.mask.left, bound);
+  p.window_right = clamp_window(pr.mask.right, bound);
+  p.scale = pr.scale;
+  p.scale_log2 = static_cast<float>(pr.scale * M_LOG2E);
+
+  sm80::FwdLaunch launch{};
+  launch.dtype = pr.dtype;
+  launch.has_mask = p.window_left >= 0 || p.window_right >= 0;
+  launch.batch = static_cast<int>(pr.batch);
+  launch.max_q_len = static_cast<int>(pr.max_q_len);
+  launch.smem_per_block = smem;
+  launch.stream = static_cast<cudaStream_t>(params.stream);
+  switch (pr.head_dim) {
+    case 64:
+      return sm80::run_fwd<64>(p, launch);
+    case 128:
+      return sm80::run_fwd<128>(p, launch);
+    default:
+      return sm80::run_fwd<256>(p, launch);
+  }
+}
+
+// Split-KV is not implemented yet (cuda_forward refuses num_splits > 1), so no call needs scratch.
+size_t cuda_workspace_size(const AttentionParams&, const Problem&) {
+  return 0;
+}
+
+}  // namespace flashserve::attention

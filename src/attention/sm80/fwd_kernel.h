@@ -1,0 +1,119 @@
+// The sm80 forward kernel (FlashAttention-2 partitioning): one thread block per (query tile,
+// query head, sequence); its warps split the tile's query rows, so the key loop needs no
+// cross-warp reduction. K/V tiles stream through a `kStages`-deep cp.async ring, with one
+// __syncthreads per key block. The body only wires the parts together.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "block_mask.h"
+#include "epilogue.h"
+#include "fwd_params.h"
+#include "ptx.h"
+#include "smem_tile.h"
+#include "softmax.h"
+#include "tile_config.h"
+#include "warp_gemm.h"
+
+namespace flashserve::attention::sm80 {
+
+template <class Cfg, class Elem, bool kHasMask>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
+    fwd_kernel(const __grid_constant__ FwdParams p) {
+  constexpr int D = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kS = Cfg::kStages;
+  constexpr int kMT = Cfg::kMTiles, kNT = Cfg::kNTiles, kDT = Cfg::kDTiles;
+  extern __shared__ __align__(128) unsigned char smem[];
+  Elem* sq = reinterpret_cast<Elem*>(smem);
+  Elem* sk = sq + kBM * D;       // kS tiles of [kBN, D]
+  Elem* sv = sk + kS * kBN * D;  // kS tiles of [kBN, D]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // Masked (causal / window) tiles differ in cost; launching the heaviest (last) ones first
+  // shortens the tail of the grid.
+  const int m_block = kHasMask ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const SeqInfo seq(p, batch);
+  const int m0 = m_block * kBM;
+  if (m0 >= seq.q_len) return;  // varlen: this sequence is shorter than the grid's longest
+  const int kv_head = head / p.h_ratio;
+  const KeyBlocks<kBM, kBN, kHasMask> blocks(m0, seq.q_len, seq.kv_len, p.window_left,
+                                             p.window_right);
+
+  const Elem* q =
+      static_cast<const Elem*>(p.q) + seq.q_off(p) + m0 * p.q_row_stride + head * p.q_head_stride;
+  const Elem* k = static_cast<const Elem*>(p.k) + seq.k_off(p) + kv_head * p.k_head_stride;
+  const Elem* v = static_cast<const Elem*>(p.v) + seq.v_off(p) + kv_head * p.v_head_stride;
+  auto load_kv = [&](int n, int buf) {
+    const int valid = seq.kv_len - n * kBN;
+    load_tile_async<kBN, D, Cfg::kThreads>(sk + buf * kBN * D, k + n * kBN * p.k_row_stride,
+                                           p.k_row_stride, valid, tid);
+    load_tile_async<kBN, D, Cfg::kThreads>(sv + buf * kBN * D, v + n * kBN * p.v_row_stride,
+                                           p.v_row_stride, valid, tid);
+  };
+
+  float acc_o[kMT][kDT][4];
+#pragma unroll
+  for (int mi = 0; mi < kMT; ++mi)
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[mi][dt][e] = 0.0f;
+  OnlineSoftmax<kMT> softmax;
+
+  const int warp_row = warp * Cfg::kWarpRows;  // the warp's first row within the tile
+  Elem* sq_warp = sq + warp_row * D;
+
+  if (blocks.n_max > blocks.n_min) {
+    // Prologue: Q, then the first kS - 1 key blocks (from the right), one commit group each.
+    load_tile_async<kBM, D, Cfg::kThreads>(sq, q, p.q_row_stride, seq.q_len - m0, tid);
+#pragma unroll
+    for (int s = 0; s < kS - 1; ++s) {
+      if (blocks.n_max - 1 - s >= blocks.n_min) load_kv(blocks.n_max - 1 - s, s);
+      cp_async_commit();
+    }
+
+    const int offset = seq.kv_len - seq.q_len;
+    const int row0 = m0 + warp_row + (lane >> 2);
+    int buf = 0;
+    // One key block: wait for its tile; the barrier also retires the previous block's buffer,
+    // which the load kS - 1 blocks ahead then refills.
+    auto step = [&](int n, auto masked) {
+      cp_async_wait<kS - 2>();
+      __syncthreads();
+      const int ahead = n - (kS - 1);
+      if (ahead >= blocks.n_min) load_kv(ahead, buf == 0 ? kS - 1 : buf - 1);
+      cp_async_commit();
+
+      float s[kMT][kNT][4];
+      gemm_qk<D, kMT, kNT>(s, sq_warp, sk + buf * kBN * D, lane);
+      if constexpr (decltype(masked)::value)
+        mask_scores<kMT, kNT, kHasMask>(s, row0, n * kBN + 2 * (lane & 3), seq.kv_len, offset,
+                                        p.window_left, p.window_right);
+      softmax.update(s, acc_o, p.scale_log2);
+      gemm_pv<D, kMT, kNT, kDT>(acc_o, s, sv + buf * kBN * D, lane);
+      buf = buf == kS - 1 ? 0 : buf + 1;
+    };
+    // Right to left: the boundary blocks of the diagonal / kv_len first, then the fast path, then
+    // the left edge of a sliding window.
+    for (int n = blocks.n_max - 1; n >= blocks.n_min; --n) {
+      if (blocks.needs_mask(n)) {
+        step(n, std::true_type{});
+      } else {
+        step(n, std::false_type{});
+      }
+    }
+  }
+
+  float lse[kMT][2];
+  softmax.finish(acc_o, p.scale, lse);
+  Elem* out = static_cast<Elem*>(p.out) + seq.o_off(p) + (m0 + warp_row) * p.o_row_stride +
+              head * p.o_head_stride;
+  float* lse_out = p.lse == nullptr ? nullptr
+                                    : p.lse + seq.lse_off(p) + head * p.lse_head_stride +
+                                          (m0 + warp_row) * p.lse_row_stride;
+  store_output<D, kMT, kDT>(acc_o, lse, sq_warp, out, p.o_row_stride, lse_out, p.lse_row_stride,
+                            seq.q_len - m0 - warp_row, lane);
+}
+
+}  // namespace flashserve::attention::sm80

@@ -1,0 +1,79 @@
+// What the host passes to a forward kernel: raw pointers, strides in elements (64-bit, so tensors
+// past 2^31 elements address correctly), the lengths' sources and the mask. Filled by the CUDA
+// dispatch from validated AttentionParams.
+#pragma once
+
+#include <cstdint>
+
+namespace flashserve::attention::sm80 {
+
+struct FwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  float* lse;  // null: not written
+
+  // Dense tensors use the batch stride; varlen ones leave it 0 and offset rows by cu_seqlens.
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int64_t lse_batch_stride, lse_row_stride, lse_head_stride;
+
+  const int32_t* cu_seqlens_q;  // null: dense q with seqlen_q rows per sequence
+  const int32_t* cu_seqlens_k;  // null: dense k/v with seqlen_k rows per sequence
+  const int32_t* seqused_k;     // null: every row of the sequence's k/v is a key
+  int32_t seqlen_q, seqlen_k;
+
+  int32_t h_q;
+  int32_t h_ratio;  // h_q / h_kv: query head h reads kv head h / h_ratio
+  // Bottom-right aligned window (mask.h); -1 unbounded. The host clamps a side wider than any
+  // sequence to -1, so row + offset + window stays far inside int32.
+  int32_t window_left, window_right;
+  float scale;       // softmax scale (for the natural-log LSE)
+  float scale_log2;  // scale * log2(e), folded into the exponent's FFMA
+};
+
+// One sequence's lengths and where it starts. Offsets are computed where they are used (not held
+// across the key loop: every register counts there).
+struct SeqInfo {
+  int b, q_len, kv_len, q_start, k_start;
+
+  __device__ __forceinline__ SeqInfo(const FwdParams& p, int batch) : b(batch) {
+    if (p.cu_seqlens_q != nullptr) {
+      q_start = p.cu_seqlens_q[b];
+      q_len = p.cu_seqlens_q[b + 1] - q_start;
+    } else {
+      q_start = 0;
+      q_len = p.seqlen_q;
+    }
+    if (p.cu_seqlens_k != nullptr) {
+      k_start = p.cu_seqlens_k[b];
+      kv_len = p.cu_seqlens_k[b + 1] - k_start;
+    } else {
+      k_start = 0;
+      kv_len = p.seqlen_k;
+    }
+    if (p.seqused_k != nullptr) kv_len = p.seqused_k[b];
+  }
+
+  // Element offsets of the sequence's row 0 (head 0) in each tensor.
+  __device__ __forceinline__ int64_t q_off(const FwdParams& p) const {
+    return p.cu_seqlens_q ? q_start * p.q_row_stride : b * p.q_batch_stride;
+  }
+  __device__ __forceinline__ int64_t o_off(const FwdParams& p) const {
+    return p.cu_seqlens_q ? q_start * p.o_row_stride : b * p.o_batch_stride;
+  }
+  __device__ __forceinline__ int64_t lse_off(const FwdParams& p) const {
+    return p.cu_seqlens_q ? q_start * p.lse_row_stride : b * p.lse_batch_stride;
+  }
+  __device__ __forceinline__ int64_t k_off(const FwdParams& p) const {
+    return p.cu_seqlens_k ? k_start * p.k_row_stride : b * p.k_batch_stride;
+  }
+  __device__ __forceinline__ int64_t v_off(const FwdParams& p) const {
+    return p.cu_seqlens_k ? k_start * p.v_row_stride : b * p.v_batch_stride;
+  }
+};
+
+}  // namespace flashserve::attention::sm80

@@ -1,0 +1,26 @@
+// Host entry points of the sm80 forward kernels, one per head dim (each in its own .cu file so the
+// instantiations compile in parallel).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "flashserve/tensor.h"
+#include "fwd_params.h"
+
+namespace flashserve::attention::sm80 {
+
+struct FwdLaunch {
+  DType dtype;         // kBFloat16 or kFloat16
+  bool has_mask;       // causal or a window side: the masked instantiation
+  int batch;           // grid z
+  int max_q_len;       // grid x = ceil(max_q_len / block_m)
+  int smem_per_block;  // the device's opt-in shared memory per block (picks the tiles)
+  cudaStream_t stream;
+};
+
+// Throws flashserve::Error (kUnsupported when the device's shared memory is too small, kCuda when
+// the launch fails).
+template <int kHeadDim>
+void run_fwd(const FwdParams& params, const FwdLaunch& launch);
+
+}  // namespace flashserve::attention::sm80

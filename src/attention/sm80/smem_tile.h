@@ -1,0 +1,42 @@
+// Shared-memory tiles of [rows, kHeadDim] 16-bit elements, swizzled: the 16-byte chunk c of row r
+// is stored at chunk c ^ (r % 8). The eight row addresses of one ldmatrix 8x8 matrix (rows
+// r..r+7, one logical chunk) then fall in eight different 16-byte bank groups, so ldmatrix,
+// ldmatrix.trans, the cp.async fills and the epilogue's fragment stores are bank-conflict free.
+#pragma once
+
+#include <cstdint>
+
+#include "ptx.h"
+
+namespace flashserve::attention::sm80 {
+
+template <int kHeadDim>
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  return row * kHeadDim + ((chunk ^ (row & 7)) << 3);  // in elements
+}
+
+// Global [rows, kHeadDim] (rows `row_stride` elements apart) -> shared, by cp.async in 16-byte
+// chunks spread over the block's threads. Rows at or past `valid_rows` are zero-filled and their
+// global memory is never touched.
+template <int kRows, int kHeadDim, int kThreads, class Elem>
+__device__ __forceinline__ void load_tile_async(Elem* smem, const Elem* gmem, int64_t row_stride,
+                                                int valid_rows, int tid) {
+  constexpr int kChunksPerRow = kHeadDim / 8;
+  // Each thread copies one fixed chunk column of rows row0, row0 + kRowStep, ...: one 64-bit
+  // pointer bump per row and, since kRowStep is a multiple of 8, one swizzle for all of them
+  // (per-row 64-bit addresses hoisted for a whole tile cost ~32 registers and caused spills).
+  static_assert(kThreads % kChunksPerRow == 0);
+  constexpr int kRowStep = kThreads / kChunksPerRow;
+  static_assert(kRowStep % 8 == 0 && kRows % kRowStep == 0);
+  const int row0 = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
+  const Elem* src = gmem + row0 * row_stride + chunk * 8;
+  const uint32_t dst = smem_addr(smem + swizzled<kHeadDim>(row0, chunk));
+#pragma unroll
+  for (int i = 0; i < kRows / kRowStep; ++i) {
+    const bool ok = row0 + i * kRowStep < valid_rows;
+    cp_async_16(dst + i * kRowStep * kHeadDim * 2, ok ? src : gmem, ok);
+    src += kRowStep * row_stride;
+  }
+}
+
+}  // namespace flashserve::attention::sm80

@@ -1,0 +1,92 @@
+// Online softmax over the key blocks, in registers. Each thread holds two rows per m16 slice
+// (fragment rows g and g + 8); the four threads of a quad share a row, so the row max needs two
+// shuffles per block, while the row sum stays per thread until the end (no reduction in the loop).
+#pragma once
+
+#include <cmath>
+
+#include "ptx.h"
+
+namespace flashserve::attention::sm80 {
+
+template <int kMTiles>
+struct OnlineSoftmax {
+  float row_max[kMTiles][2];  // raw (unscaled) running max of the scores; -inf: nothing seen yet
+  float row_sum[kMTiles][2];  // this thread's part of sum exp(scale * (s - row_max))
+
+  __device__ __forceinline__ OnlineSoftmax() {
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        row_max[mi][r] = -INFINITY;
+        row_sum[mi][r] = 0.0f;
+      }
+    }
+  }
+
+  // Turns the block's scores s into unnormalised probabilities exp2(s * scale_log2 - max * ...)
+  // in place and rescales the O accumulators by the change of the running max. A row whose max is
+  // still -inf (everything masked so far) uses 0 as its base, so -inf - -inf never makes a NaN.
+  template <int kNTiles, int kDTiles>
+  __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4],
+                                         float (&o)[kMTiles][kDTiles][4], float scale_log2) {
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float m = row_max[mi][r];
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+          m = fmaxf(m, fmaxf(s[mi][nt][2 * r], s[mi][nt][2 * r + 1]));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        const float base = m == -INFINITY ? 0.0f : m * scale_log2;
+        const float correction = fast_exp2(row_max[mi][r] * scale_log2 - base);
+        row_max[mi][r] = m;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float p = fast_exp2(fmaf(s[mi][nt][2 * r + e], scale_log2, -base));
+            s[mi][nt][2 * r + e] = p;
+            sum += p;
+          }
+        }
+        row_sum[mi][r] = row_sum[mi][r] * correction + sum;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          o[mi][dt][2 * r] *= correction;
+          o[mi][dt][2 * r + 1] *= correction;
+        }
+      }
+    }
+  }
+
+  // Normalises O by the row sums (0 for a row that saw no key: its output is 0) and returns the
+  // natural-log LSE of each row (-inf for such a row) in lse[mi][r].
+  template <int kDTiles>
+  __device__ __forceinline__ void finish(float (&o)[kMTiles][kDTiles][4], float scale,
+                                         float (&lse)[kMTiles][2]) {
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float l = row_sum[mi][r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const bool seen = l > 0.0f;
+        const float inv = seen ? 1.0f / l : 0.0f;
+        lse[mi][r] = seen ? row_max[mi][r] * scale + logf(l) : -INFINITY;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          o[mi][dt][2 * r] *= inv;
+          o[mi][dt][2 * r + 1] *= inv;
+        }
+      }
+    }
+  }
+};
+
+}  // namespace flashserve::attention::sm80

@@ -1,0 +1,77 @@
+// Tile sizes of the sm80 forward kernels: the one place they are chosen, with the reason beside
+// each choice. Everything else (warp tiling, shared-memory size, launch bounds) derives from here.
+#pragma once
+
+namespace flashserve::attention::sm80 {
+
+// A query tile of block_m rows meets key/value tiles of block_n rows; `warps` warps split the
+// query rows (each warp owns block_m / warps consecutive rows, in m16 slices) and `stages` K/V
+// tiles are in shared memory at once (the next `stages - 1` load while one is computed on).
+struct Tiles {
+  int block_m, block_n, warps, stages;
+  int min_blocks_per_sm;  // __launch_bounds__ occupancy hint: caps registers at 64K / (threads *
+                          // it)
+};
+
+// Shared memory a configuration needs: Q once plus `stages` buffers of K and of V (2-byte
+// elements).
+constexpr int fwd_smem_bytes(int head_dim, Tiles t) {
+  return (t.block_m + 2 * t.stages * t.block_n) * head_dim * 2;
+}
+
+// The configuration for a head dim on a device that lets a block opt in to `smem_per_block` bytes
+// of shared memory (H100/H200: 227 KB, A100: 163 KB, sm86/sm89: 99 KB).
+//
+// Each warp owns two m16 slices (32 query rows) where registers allow: every K/V fragment a warp
+// reads from shared memory then feeds two MMAs, which halves shared-memory traffic per FLOP (with
+// one slice per warp, ldmatrix needs ~160 B/clk/SM at full mma.sync rate, above the 128 B/clk an
+// SM delivers).
+constexpr Tiles fwd_tiles(int head_dim, int smem_per_block) {
+  switch (head_dim) {
+    case 64:
+      // 4 warps x 32 rows. S accumulator 2x16x4 = 128 fp32 and O 2x8x4 = 64 fp32 per thread fit
+      // in 255 registers; a 128-key block keeps the per-block softmax/barrier overhead small
+      // against the short (64-deep) QK^T. 80 KB smem: two blocks per SM on every sm8x/sm90 part.
+      return {128, 128, 4, 2, 2};
+    case 128:
+      // 4 warps x 32 rows. O is 2x16x4 = 128 fp32 per thread, so S gets 64 keys (64 fp32) to
+      // stay under 255 registers without spills. 96 KB smem with two stages: two blocks per SM
+      // on Hopper (2 x 96 of 228 KB), one on A100 (164 KB per SM).
+      return {128, 64, 4, 2, 2};
+    case 256:
+      // O alone is 256 fp32 per 32 rows, so each of 8 warps owns one m16 slice (O 128 fp32,
+      // S 32 fp32). Q takes 64 KB; two stages of 64-key K and V take 128 KB more, which only
+      // Hopper's 227 KB holds; A100 (163 KB) gets 32-key blocks (128 KB). One block per SM.
+      if (smem_per_block >= fwd_smem_bytes(256, {128, 64, 8, 2, 1})) return {128, 64, 8, 2, 1};
+      return {128, 32, 8, 2, 1};
+    default:
+      return {0, 0, 0, 0, 0};
+  }
+}
+
+// The large-shared-memory configuration (what Hopper runs) and the fallback for A100-sized shared
+// memory. The kernels are instantiated for both where they differ.
+inline constexpr int kSmemHopper = 227 * 1024;
+inline constexpr int kSmemAmpere = 163 * 1024;
+
+// Compile-time view of one configuration: the derived sizes every part of the kernel uses.
+template <int kHeadDim_, Tiles kTiles>
+struct FwdConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kTiles.block_m;
+  static constexpr int kBlockN = kTiles.block_n;
+  static constexpr int kWarps = kTiles.warps;
+  static constexpr int kStages = kTiles.stages;
+  static constexpr int kMinBlocksPerSm = kTiles.min_blocks_per_sm;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kWarpRows = kBlockM / kWarps;  // query rows per warp
+  static constexpr int kMTiles = kWarpRows / 16;      // m16 slices per warp
+  static constexpr int kNTiles = kBlockN / 8;         // n8 tiles of S per slice
+  static constexpr int kDTiles = kHeadDim / 8;        // n8 tiles of O per slice
+  static constexpr int kSmemBytes = fwd_smem_bytes(kHeadDim, kTiles);
+  static_assert(kHeadDim % 64 == 0, "rows are whole 128-byte swizzle groups");
+  static_assert(kBlockM % (16 * kWarps) == 0 && kBlockN % 16 == 0);
+  static_assert(kStages >= 2, "the pipeline keeps one K/V tile in flight");
+};
+
+}  // namespace flashserve::attention::sm80

@@ -1,0 +1,89 @@
+// The two GEMMs of one key block, per warp, on tensor cores (mma.sync m16n8k16):
+//   S = Q K^T : A = Q (ldmatrix from shared memory), B = K (ldmatrix: K's rows are B's columns)
+//   O += P V  : A = P straight from the S accumulators (the m16n8 accumulators of n-tiles 2k and
+//               2k+1 are exactly the A fragment of an m16k16 tile), B = V (ldmatrix.trans).
+// Shared tiles are swizzled (smem_tile.h); all fragment row addresses of one 8x8 matrix share
+// row % 8 == lane % 8, so a lane's physical chunk is (logical chunk) ^ (lane % 8).
+#pragma once
+
+#include <cstdint>
+
+#include "ptx.h"
+
+namespace flashserve::attention::sm80 {
+
+// acc[mi][nt] = Q[warp rows of slice mi] . K[n-tile nt]^T over the whole head dim.
+// sq: the warp's first Q row in shared memory; sk: the K tile.
+template <int kHeadDim, int kMTiles, int kNTiles, class Elem>
+__device__ __forceinline__ void gemm_qk(float (&acc)[kMTiles][kNTiles][4], const Elem* sq,
+                                        const Elem* sk, int lane) {
+  constexpr int kRowBytes = kHeadDim * 2;
+  const int l7 = lane & 7;
+  // A (x4): matrices = (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k
+  // 8-15)
+  const uint32_t a_base = smem_addr(sq) + (l7 + ((lane >> 3) & 1) * 8) * kRowBytes;
+  const int a_chunk = lane >> 4;
+  // B (x4): matrices = (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys 8-15, k 0-7), (keys 8-15, k
+  // 8-15)
+  const uint32_t b_base = smem_addr(sk) + (l7 + (lane >> 4) * 8) * kRowBytes;
+  const int b_chunk = (lane >> 3) & 1;
+#pragma unroll
+  for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mi][nt][e] = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+    uint32_t a[kMTiles][4];
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+      ldmatrix_x4(a[mi], a_base + mi * 16 * kRowBytes + (((2 * ks + a_chunk) ^ l7) << 4));
+#pragma unroll
+    for (int np = 0; np < kNTiles / 2; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4(b, b_base + np * 16 * kRowBytes + (((2 * ks + b_chunk) ^ l7) << 4));
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi) {
+        mma_16816<Elem>(acc[mi][2 * np], a[mi], b[0], b[1]);
+        mma_16816<Elem>(acc[mi][2 * np + 1], a[mi], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// acc[mi][dt] += P[slice mi] . V[:, d-tile dt]; p holds probabilities in the S accumulator layout.
+template <int kHeadDim, int kMTiles, int kNTiles, int kDTiles, class Elem>
+__device__ __forceinline__ void gemm_pv(float (&acc)[kMTiles][kDTiles][4],
+                                        const float (&p)[kMTiles][kNTiles][4], const Elem* sv,
+                                        int lane) {
+  constexpr int kRowBytes = kHeadDim * 2;
+  const int l7 = lane & 7;
+  // B via .trans (x4): matrices = (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15),
+  // (keys 8-15, d 8-15); stored rows are keys, so .trans hands each lane keys 2t, 2t+1 of column g.
+  const uint32_t b_base = smem_addr(sv) + (l7 + ((lane >> 3) & 1) * 8) * kRowBytes;
+  const int b_chunk = lane >> 4;
+#pragma unroll
+  for (int ks = 0; ks < kNTiles / 2; ++ks) {
+    uint32_t a[kMTiles][4];
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi) {
+      a[mi][0] = pack2<Elem>(p[mi][2 * ks][0], p[mi][2 * ks][1]);
+      a[mi][1] = pack2<Elem>(p[mi][2 * ks][2], p[mi][2 * ks][3]);
+      a[mi][2] = pack2<Elem>(p[mi][2 * ks + 1][0], p[mi][2 * ks + 1][1]);
+      a[mi][3] = pack2<Elem>(p[mi][2 * ks + 1][2], p[mi][2 * ks + 1][3]);
+    }
+#pragma unroll
+    for (int dp = 0; dp < kDTiles / 2; ++dp) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, b_base + ks * 16 * kRowBytes + (((2 * dp + b_chunk) ^ l7) << 4));
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi) {
+        mma_16816<Elem>(acc[mi][2 * dp], a[mi], b[0], b[1]);
+        mma_16816<Elem>(acc[mi][2 * dp + 1], a[mi], b[2], b[3]);
+      }
+    }
+  }
+}
+
+}  // namespace flashserve::attention::sm80
