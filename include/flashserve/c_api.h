@@ -77,6 +77,11 @@ typedef struct fs_attention_params {
   size_t workspace_bytes;
 } fs_attention_params;
 
+/* Fills params with the defaults of flashserve::AttentionParams: every tensor absent, windows -1
+ * (unbounded), num_splits 1, everything else 0. Start from this rather than from memset 0, which
+ * would mean window_left = window_right = 0 (each query sees only its own position). */
+FS_API void fs_attention_params_init(fs_attention_params* params);
+
 /* The version of the library ("0.1.0"), and FS_ABI_VERSION as it was built. */
 FS_API const char* fs_version(void);
 FS_API int fs_abi_version(void);

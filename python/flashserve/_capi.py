@@ -62,6 +62,7 @@ _SIGNATURES = {
     "fs_abi_version": (ctypes.c_int, []),
     "fs_sizeof_tensor": (ctypes.c_size_t, []),
     "fs_sizeof_attention_params": (ctypes.c_size_t, []),
+    "fs_attention_params_init": (None, [ctypes.POINTER(AttentionParams)]),
     "fs_built_with_cuda": (ctypes.c_int, []),
     "fs_cuda_available": (ctypes.c_int, []),
     "fs_attention_validate": (ctypes.c_int, [ctypes.POINTER(AttentionParams)]),
@@ -155,3 +156,10 @@ def raise_for(status):
     if status == CUDA_ERROR:
         raise RuntimeError(f"CUDA error: {message}")
     raise RuntimeError(f"flashserve internal error: {message}")
+
+
+def default_params():
+    """fs_attention_params as fs_attention_params_init leaves it."""
+    params = AttentionParams()
+    lib().fs_attention_params_init(ctypes.byref(params))
+    return params

@@ -113,7 +113,7 @@ def _forward(q, k, v, *, varlen, cu_seqlens_q=None, cu_seqlens_k=None, max_seqle
     described = [dq, dk, dv, describe(out, "out"), describe(lse, "lse"),
                  describe(cu_seqlens_q, "cu_seqlens_q"), describe(cu_seqlens_k, "cu_seqlens_k"),
                  describe(seqused_k, "seqused_k"), describe(block_table, "block_table")]
-    params = _capi.AttentionParams()
+    params = _capi.default_params()
     for d in described:
         setattr(params, d.name, d.struct)
     params.max_seqlen_q = _int(max_seqlen_q, "max_seqlen_q")

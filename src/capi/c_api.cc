@@ -203,6 +203,16 @@ FS_API size_t fs_sizeof_attention_params(void) {
   return sizeof(fs_attention_params);
 }
 
+FS_API void fs_attention_params_init(fs_attention_params* params) {
+  if (params == nullptr) return;
+  *params = fs_attention_params{};
+  const flashserve::AttentionParams defaults;
+  params->window_left = defaults.window_left;
+  params->window_right = defaults.window_right;
+  params->num_splits = defaults.num_splits;
+  params->softmax_scale = defaults.softmax_scale;
+}
+
 FS_API int fs_built_with_cuda(void) {
 #if defined(FLASHSERVE_WITH_CUDA)
   return 1;
