@@ -1,0 +1,263 @@
+"""The C ABI of libflashserve_c.so itself (include/flashserve/c_api.h), through ctypes and through a
+small C program: status codes, per-thread messages, malformed structs, and that nothing throws
+across the boundary."""
+
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import flashserve
+from flashserve import _capi, _tensor
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SIZE_MAX = ctypes.c_size_t(-1).value
+
+
+def params_for(q, k, v, out, lse=None, **scalars):
+    p = _capi.default_params()
+    keep = []
+    for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse)):
+        d = _tensor.describe(x, name)
+        keep.append(d)
+        setattr(p, name, d.struct)
+    for key, value in scalars.items():
+        setattr(p, key, value)
+    return p, keep
+
+
+def dense(seed, b=2, s=7, h=2, d=16):
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((b, s, h, d)).astype(np.float32) for _ in range(3))
+    out = np.full((b, s, h, d), np.nan, dtype=np.float32)
+    return q, k, v, out
+
+
+def call(fn, params):
+    return fn(ctypes.byref(params))
+
+
+def test_params_init_matches_the_cpp_defaults():
+    p = _capi.AttentionParams()
+    ctypes.memset(ctypes.byref(p), 0x5a, ctypes.sizeof(p))
+    _capi.lib().fs_attention_params_init(ctypes.byref(p))
+    assert (p.window_left, p.window_right, p.num_splits) == (-1, -1, 1)
+    assert (p.causal, p.softmax_scale, p.max_seqlen_q, p.max_seqlen_k) == (0, 0.0, 0, 0)
+    assert (p.stream, p.workspace, p.workspace_bytes) == (None, None, 0)
+    for name in ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "seqused_k",
+                 "block_table"):
+        t = getattr(p, name)
+        assert t.data is None and t.rank == 0 and list(t.shape) == [0] * 4
+
+
+def test_struct_layout_and_version():
+    lib = _capi.lib()
+    assert lib.fs_abi_version() == _capi.ABI_VERSION
+    assert lib.fs_sizeof_tensor() == ctypes.sizeof(_capi.Tensor)
+    assert lib.fs_sizeof_attention_params() == ctypes.sizeof(_capi.AttentionParams)
+    with open(os.path.join(REPO, "CMakeLists.txt")) as f:
+        cmake_version = re.search(r"project\(flashserve VERSION ([0-9.]+)", f.read()).group(1)
+    assert flashserve.version() == cmake_version == flashserve.__version__
+
+
+def test_forward_through_the_c_struct(seed):
+    q, k, v, out = dense(seed)
+    lse = np.full((2, 2, 7), np.nan, dtype=np.float32)
+    p, keep = params_for(q, k, v, out, lse, causal=1)
+    lib = _capi.lib()
+    assert call(lib.fs_attention_validate, p) == 0
+    assert np.isnan(out).all(), "validate must not write"
+    assert call(lib.fs_attention_workspace_size, p) == 0  # the CPU path needs none
+    assert call(lib.fs_attention_forward, p) == 0
+    assert lib.fs_last_error() == b""
+    expected, expected_lse = flashserve.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    assert np.array_equal(out, expected) and np.array_equal(lse, expected_lse)
+
+
+def test_null_and_malformed_structs_return_codes(seed):
+    lib = _capi.lib()
+    assert lib.fs_attention_forward(None) == _capi.INVALID_ARGUMENT
+    assert lib.fs_last_error() == b"params: null pointer"
+    assert lib.fs_attention_workspace_size(None) == SIZE_MAX
+    q, k, v, out = dense(seed)
+    cases = [
+        ("q", "dtype", 9, b"q: unknown dtype code 9"),
+        ("k", "rank", 5, b"k: rank 5 is not supported (0..4)"),
+        ("v", "rank", -1, b"v: rank -1 is not supported (0..4)"),
+        ("out", "device_type", 7, b"out: unknown device type code 7"),
+    ]
+    for name, field, value, message in cases:
+        p, keep = params_for(q, k, v, out)
+        setattr(getattr(p, name), field, value)
+        assert call(lib.fs_attention_forward, p) == _capi.INVALID_ARGUMENT
+        assert lib.fs_last_error() == message
+        assert call(lib.fs_attention_validate, p) == _capi.INVALID_ARGUMENT
+        assert call(lib.fs_attention_workspace_size, p) == SIZE_MAX
+        assert lib.fs_last_error() == message
+    # A last dimension that is not contiguous is named, not read wrongly.
+    p, keep = params_for(q, k, v, out)
+    p.q.shape[3], p.q.strides[3] = 8, 2
+    assert call(lib.fs_attention_forward, p) == _capi.INVALID_ARGUMENT
+    assert lib.fs_last_error() == b"q: the last dimension must be contiguous (stride 1), got stride 2"
+    # A missing required tensor.
+    p, keep = params_for(q, k, v, None)
+    assert call(lib.fs_attention_forward, p) == _capi.INVALID_ARGUMENT
+    assert lib.fs_last_error().startswith(b"out: expected rank 4")
+    assert np.isnan(out).all()
+
+
+def test_errors_map_to_python_exceptions(seed):
+    q, k, v, out = dense(seed)
+    p, keep = params_for(q, k, v, out)
+    p.q.dtype = _capi.INT32
+    with pytest.raises(ValueError, match=r"^q: dtype int32 is not supported"):
+        _capi.raise_for(call(_capi.lib().fs_attention_forward, p))
+    assert _capi.lib().fs_attention_forward(None) == _capi.INVALID_ARGUMENT
+    for code, exception in ((_capi.INVALID_ARGUMENT, ValueError),
+                            (_capi.UNSUPPORTED, NotImplementedError),
+                            (_capi.CUDA_ERROR, RuntimeError), (_capi.INTERNAL, RuntimeError)):
+        with pytest.raises(exception, match="params: null pointer"):
+            _capi.raise_for(code)
+    _capi.raise_for(_capi.OK)
+
+
+@pytest.mark.skipif(flashserve.built_with_cuda(), reason="the library was built with CUDA")
+def test_cuda_tensor_without_cuda_is_unsupported(seed):
+    q, k, v, out = dense(seed)
+    p, keep = params_for(q, k, v, out)
+    for name in ("q", "k", "v", "out"):
+        getattr(p, name).device_type = _capi.CUDA
+    assert call(_capi.lib().fs_attention_forward, p) == _capi.UNSUPPORTED
+    assert b"built without CUDA" in _capi.lib().fs_last_error()
+    assert _capi.lib().fs_cuda_stream_synchronize(None) == _capi.UNSUPPORTED
+    assert not flashserve.cuda_available()
+    assert np.isnan(out).all()
+
+
+def test_last_error_is_per_thread_and_cleared_by_success(seed):
+    lib = _capi.lib()
+    assert lib.fs_attention_forward(None) == _capi.INVALID_ARGUMENT
+    seen = {}
+
+    def other():
+        seen["before"] = lib.fs_last_error()
+        q, k, v, out = dense(seed)
+        p, keep = params_for(q, k, v, out)
+        p.q.dtype = 42
+        lib.fs_attention_forward(ctypes.byref(p))
+        seen["after"] = lib.fs_last_error()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert seen == {"before": b"", "after": b"q: unknown dtype code 42"}
+    assert lib.fs_last_error() == b"params: null pointer"
+    q, k, v, out = dense(seed)
+    p, keep = params_for(q, k, v, out)
+    assert call(lib.fs_attention_forward, p) == 0 and lib.fs_last_error() == b""
+
+
+C_PROGRAM = r"""
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "flashserve/c_api.h"
+
+static fs_tensor view(void* data, int32_t dtype, int rank, const int64_t* shape) {
+  fs_tensor t;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.dtype = dtype;
+  t.device_type = FS_CPU;
+  t.rank = rank;
+  int64_t stride = 1;
+  for (int i = rank - 1; i >= 0; --i) {
+    t.shape[i] = shape[i];
+    t.strides[i] = stride;
+    stride *= shape[i];
+  }
+  return t;
+}
+
+int main(void) {
+  /* One query, two keys, one head of dim 2: out = softmax(q.k / sqrt 2) @ v. */
+  float q[2] = {1.0f, 0.5f}, k[4] = {1.0f, 0.0f, 0.0f, 1.0f}, v[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+  float out[2] = {NAN, NAN}, lse[1] = {NAN};
+  const int64_t qs[4] = {1, 1, 1, 2}, ks[4] = {1, 2, 1, 2}, ls[3] = {1, 1, 1};
+  fs_attention_params p;
+  fs_attention_params_init(&p);
+  if (p.window_left != -1 || p.window_right != -1 || p.num_splits != 1 || p.q.rank != 0) return 1;
+  p.q = view(q, FS_FLOAT32, 4, qs);
+  p.k = view(k, FS_FLOAT32, 4, ks);
+  p.v = view(v, FS_FLOAT32, 4, ks);
+  p.out = view(out, FS_FLOAT32, 4, qs);
+  p.lse = view(lse, FS_FLOAT32, 3, ls);
+  if (fs_attention_forward(&p) != FS_OK) { printf("error %s\n", fs_last_error()); return 1; }
+  const double s0 = 1.0 / sqrt(2.0), s1 = 0.5 / sqrt(2.0);
+  const double w0 = exp(s0) / (exp(s0) + exp(s1)), w1 = 1.0 - w0;
+  const double e0 = w0 * 1.0 + w1 * 3.0, e1 = w0 * 2.0 + w1 * 4.0;
+  const double el = log(exp(s0) + exp(s1));
+  if (fabs(out[0] - e0) > 1e-5 || fabs(out[1] - e1) > 1e-5 || fabs(lse[0] - el) > 1e-5) {
+    printf("wrong %f %f %f\n", out[0], out[1], lse[0]);
+    return 1;
+  }
+  p.v.dtype = FS_INT32;
+  if (fs_attention_forward(&p) != FS_ERROR_INVALID_ARGUMENT) return 1;
+  printf("%s|%s|%d\n", fs_version(), fs_last_error(), fs_cuda_available());
+  return 0;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+def test_c_program(tmp_path):
+    """The header is C99 (pedantic, warnings as errors) and a C program links and runs."""
+    source = tmp_path / "main.c"
+    source.write_text(textwrap.dedent(C_PROGRAM))
+    library = _capi.library_path()
+    exe = tmp_path / "main"
+    subprocess.run(["cc", "-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror",
+                    "-I", os.path.join(REPO, "include"), str(source), library,
+                    f"-Wl,-rpath,{os.path.dirname(library)}", "-lm", "-o", str(exe)], check=True)
+    result = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == \
+        f"{flashserve.version()}|v: dtype int32 differs from q's float32|{int(flashserve.cuda_available())}"
+
+
+def run_python(code, env_update):
+    env = dict(os.environ)
+    env.update(env_update)
+    env = {k: v for k, v in env.items() if v is not None}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+
+
+def test_import_pulls_in_no_framework():
+    code = ("import sys, flashserve; flashserve.version(); "
+            "print(sorted(m for m in ('numpy', 'torch', 'cupy', 'jax') if m in sys.modules))")
+    result = run_python(code, {})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_library_lookup():
+    result = run_python("import flashserve; flashserve.version()",
+                        {"FLASHSERVE_LIBRARY": "/nonexistent/libflashserve_c.so"})
+    assert result.returncode != 0
+    assert "FLASHSERVE_LIBRARY='/nonexistent/libflashserve_c.so' does not name an existing file" \
+        in result.stderr
+    # Without the variable: next to the package, else the newest build/*/src of the checkout.
+    result = run_python("import flashserve; print(flashserve.library_path())",
+                        {"FLASHSERVE_LIBRARY": None})
+    found = [p for p in _capi.candidate_paths() if os.path.isfile(p)]
+    if found:
+        assert result.returncode == 0 and result.stdout.strip() == found[0]
+    else:
+        assert result.returncode != 0 and "set FLASHSERVE_LIBRARY" in result.stderr

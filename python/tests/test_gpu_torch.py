@@ -1,0 +1,241 @@
+"""flashserve on PyTorch CUDA tensors (bf16/fp16) against scaled_dot_product_attention computed in
+float64 on upcast inputs with an explicit bottom-right mask, with FlashAttention's tolerance: our
+max error <= 2 x the max error of SDPA run in the low precision itself + the rounding of an output
+of size 0.3. lse against a float64 logsumexp. Skipped without torch or without a CUDA device."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flashserve  # noqa: E402
+from flashserve import flash_attn_func, flash_attn_varlen_func  # noqa: E402
+
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="skipped: no CUDA device"),
+    pytest.mark.skipif(torch.cuda.is_available() and not flashserve.cuda_available(),
+                       reason="skipped: libflashserve_c was built without CUDA"),
+]
+
+DTYPES = [torch.bfloat16, torch.float16]
+FLOOR = {torch.bfloat16: 2.0**-9, torch.float16: 2.0**-12}  # one ulp of 0.3
+
+
+@pytest.fixture
+def gen(seed):
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+    return g
+
+
+def randn(gen, shape, dtype):
+    return torch.randn(shape, generator=gen, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def visible(sq, sk, causal, window, device="cuda"):
+    """[sq, sk] bool, bottom-right aligned: query t sits at position sk - sq + t."""
+    left, right = window
+    if causal:
+        right = 0
+    t = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(sk, device=device)[None, :]
+    p = sk - sq + t
+    mask = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if left >= 0:
+        mask &= j >= p - left
+    if right >= 0:
+        mask &= j <= p + right
+    return mask
+
+
+def sdpa(q, k, v, scale, mask):
+    """q [sq, h, d], k/v [sk, hk, d] of one sequence, in their own dtype -> [sq, h, dv]; rows that
+    see no key are 0 (the contract; SDPA itself gives NaN there)."""
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)  # query head h reads KV head h // group
+    v = v.repeat_interleave(group, dim=1)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale)
+    out = out.transpose(0, 1)
+    return torch.where(mask.any(dim=1)[:, None, None], out, torch.zeros((), dtype=out.dtype,
+                                                                         device=out.device))
+
+
+def lse_ref(q, k, scale, mask):
+    """float64 [h, sq]; -inf where nothing is visible."""
+    group = q.shape[1] // k.shape[1]
+    k = k.double().repeat_interleave(group, dim=1)
+    s = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
+    return torch.logsumexp(s.masked_fill(~mask, float("-inf")), dim=-1)
+
+
+def reference(q, k, v, scale, causal, window):
+    """One sequence: (float64 out, SDPA-in-low-precision out, float64 lse)."""
+    if q.shape[0] == 0 or k.shape[0] == 0:  # SDPA backends may refuse empty sequences
+        zeros = torch.zeros(q.shape[:2] + v.shape[2:], dtype=torch.float64, device=q.device)
+        lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float64,
+                         device=q.device)
+        return zeros, zeros.to(q.dtype), lse
+    mask = visible(q.shape[0], k.shape[0], causal, window)
+    exact = sdpa(q.double(), k.double(), v.double(), scale, mask)
+    low = sdpa(q, k, v, scale, mask)
+    return exact, low, lse_ref(q, k, scale, mask)
+
+
+def check(out, exact, low, dtype, what="out"):
+    assert not torch.isnan(out).any(), f"{what}: NaN (unwritten or poisoned) elements"
+    err = (out.double() - exact).abs().max().item() if out.numel() else 0.0
+    base = (low.double() - exact).abs().max().item() if out.numel() else 0.0
+    assert err <= 2 * base + FLOOR[dtype], f"{what}: error {err:.3g} > 2 * {base:.3g} + floor"
+
+
+def check_lse(lse, ref):
+    masked = torch.isneginf(ref)
+    assert torch.equal(torch.isneginf(lse), masked), "lse: -inf exactly where no key is visible"
+    assert torch.allclose(lse.double()[~masked], ref[~masked], rtol=1e-4, atol=1e-3), \
+        f"lse: max error {(lse.double()[~masked] - ref[~masked]).abs().max().item():.3g}"
+
+
+DENSE = [  # batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, window
+    (2, 128, 128, 8, 8, 64, False, (-1, -1)),
+    (2, 113, 203, 8, 2, 128, True, (-1, -1)),  # causal, seqlen_q < seqlen_k, GQA 4
+    (1, 239, 113, 4, 1, 256, True, (-1, -1)),  # seqlen_q > seqlen_k: rows with no key; MQA
+    (3, 1, 1000, 16, 2, 128, False, (-1, -1)),  # decode, GQA 8
+    (2, 256, 512, 8, 4, 64, True, (100, -1)),  # causal sliding window
+    (1, 17, 127, 4, 4, 256, False, (8, 8)),  # local window, odd lengths
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", DENSE)
+def test_dense(gen, dtype, shape):
+    b, sq, sk, h, hk, d, causal, window = shape
+    q, k, v = randn(gen, (b, sq, h, d), dtype), randn(gen, (b, sk, hk, d), dtype), \
+        randn(gen, (b, sk, hk, d), dtype)
+    with torch.no_grad():
+        out, lse = flash_attn_func(q, k, v, causal=causal, window_size=window, return_lse=True)
+    assert isinstance(out, torch.Tensor) and out.device == q.device and out.dtype == dtype
+    assert out.shape == q.shape and lse.shape == (b, h, sq) and lse.dtype == torch.float32
+    scale = 1 / math.sqrt(d)
+    for i in range(b):
+        exact, low, lse_i = reference(q[i], k[i], v[i], scale, causal, window)
+        check(out[i], exact, low, dtype)
+        check_lse(lse[i], lse_i)
+
+
+def pack(gen, lens, heads, dim, dtype):
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32, device="cuda")
+    cu[1:] = torch.tensor(lens, device="cuda").cumsum(0)
+    return randn(gen, (int(cu[-1]), heads, dim), dtype), cu
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_varlen(gen, dtype, causal, d):
+    q_lens, kv_lens = [1, 17, 0, 127, 40], [300, 17, 5, 127, 0]
+    h, hk = 8, 4
+    q, cu_q = pack(gen, q_lens, h, d, dtype)
+    k, cu_k = pack(gen, kv_lens, hk, d, dtype)
+    v = randn(gen, tuple(k.shape), dtype)
+    out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(q_lens), max(kv_lens),
+                                      causal=causal, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (h, q.shape[0])
+    qs, ks = cu_q.tolist(), cu_k.tolist()
+    for i in range(len(q_lens)):
+        exact, low, lse_i = reference(q[qs[i]:qs[i + 1]], k[ks[i]:ks[i + 1]], v[ks[i]:ks[i + 1]],
+                                      1 / math.sqrt(d), causal, (-1, -1))
+        check(out[qs[i]:qs[i + 1]], exact, low, dtype, f"out of sequence {i}")
+        check_lse(lse[:, qs[i]:qs[i + 1]], lse_i)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page_size", [16, 256])
+def test_paged_kv(gen, dtype, page_size):
+    q_lens, kv_lens = [1, 1, 5, 64], [1000, 1, 37, 256]  # decodes and a prefill chunk
+    h, hk, d = 16, 2, 128
+    q, cu_q = pack(gen, q_lens, h, d, dtype)
+    pages = [-(-n // page_size) for n in kv_lens]
+    num_pages = sum(pages) + 2
+    # Slots no sequence uses (tails of last pages, the spare pages the padding points at) hold
+    # NaN: a kernel that reads them shows it.
+    k_cache = torch.full((num_pages, page_size, hk, d), float("nan"), dtype=dtype, device="cuda")
+    v_cache = torch.full_like(k_cache, float("nan"))
+    order = torch.randperm(num_pages, generator=gen, device="cuda").tolist()
+    table = torch.full((len(kv_lens), max(pages)), order[-1], dtype=torch.int32)
+    seqs, used = [], 0
+    for b, n in enumerate(kv_lens):
+        ks, vs = randn(gen, (n, hk, d), dtype), randn(gen, (n, hk, d), dtype)
+        for i in range(pages[b]):
+            page, rows = order[used], slice(i * page_size, min(n, (i + 1) * page_size))
+            used += 1
+            table[b, i] = page
+            k_cache[page, :rows.stop - rows.start] = ks[rows]
+            v_cache[page, :rows.stop - rows.start] = vs[rows]
+        seqs.append((ks, vs))
+    table = table.cuda()
+    seqused = torch.tensor(kv_lens, dtype=torch.int32, device="cuda")
+    out, lse = flash_attn_varlen_func(q, k_cache, v_cache, cu_q, None, max(q_lens), max(kv_lens),
+                                      causal=True, return_lse=True, block_table=table,
+                                      seqused_k=seqused)
+    qs = cu_q.tolist()
+    for i, (ks, vs) in enumerate(seqs):
+        exact, low, lse_i = reference(q[qs[i]:qs[i + 1]], ks, vs, 1 / math.sqrt(d), True, (-1, -1))
+        check(out[qs[i]:qs[i + 1]], exact, low, dtype, f"out of sequence {i}")
+        check_lse(lse[:, qs[i]:qs[i + 1]], lse_i)
+
+
+def test_runs_on_the_current_stream(gen):
+    """q is written on a side stream behind a long sleep; if flashserve did not issue its work on
+    that (current) stream it would read the NaN that q holds before."""
+    if not hasattr(torch.cuda, "_sleep"):
+        pytest.skip("torch.cuda._sleep is not available")
+    dtype = torch.bfloat16
+    src, k, v = (randn(gen, (2, 64, 4, 64), dtype) for _ in range(3))
+    q = torch.full_like(src, float("nan"))
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        q.copy_(src)
+        out = flash_attn_func(q, k, v, causal=True)
+    side.synchronize()
+    for i in range(2):
+        exact, low, _ = reference(src[i], k[i], v[i], 1 / 8, True, (-1, -1))
+        check(out[i], exact, low, dtype)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_tensors_on_another_device(gen):
+    dtype = torch.float16
+    q, k, v = (randn(gen, (1, 33, 4, 64), dtype).to("cuda:1") for _ in range(3))
+    with torch.cuda.device(0):
+        out = flash_attn_func(q, k, v)
+    assert out.device == q.device
+    exact, low, _ = reference(q[0], k[0], v[0], 1 / 8, False, (-1, -1))
+    check(out[0], exact, low, dtype)
+
+
+def test_autograd_is_refused_and_no_grad_works(gen):
+    q, k, v = (randn(gen, (1, 16, 2, 64), torch.bfloat16) for _ in range(3))
+    q.requires_grad_()
+    with pytest.raises(NotImplementedError, match=r"^q: requires grad"):
+        flash_attn_func(q, k, v)
+    with torch.no_grad():
+        out = flash_attn_func(q, k, v)
+    exact, low, _ = reference(q[0].detach(), k[0], v[0], 1 / 8, False, (-1, -1))
+    check(out[0], exact, low, torch.bfloat16)
+
+
+def test_errors(gen):
+    q, k, v = (randn(gen, (1, 16, 2, 64), torch.bfloat16) for _ in range(3))
+    with pytest.raises(ValueError, match=r"^k: dtype float16 differs from q's bfloat16"):
+        flash_attn_func(q, k.half(), v)
+    with pytest.raises(ValueError, match=r"^k: must be on the same device as q"):
+        flash_attn_func(q, k.cpu(), v)
+    cu = torch.tensor([0, 16], dtype=torch.int64, device="cuda")
+    with pytest.raises(ValueError, match=r"^cu_seqlens_q: dtype int64 is not supported"):
+        flash_attn_varlen_func(q[0], k[0], v[0], cu, cu.int(), 16, 16)
+    with pytest.raises(NotImplementedError, match=r"^dropout_p"):
+        flash_attn_func(q, k, v, dropout_p=0.1)
