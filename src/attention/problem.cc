@@ -2,6 +2,7 @@
 // names the argument, before any backend touches memory.
 #include "problem.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -77,6 +78,24 @@ bool overlaps(const TensorView& a, const TensorView& b) {
   return a0 < b1 && b0 < a1;
 }
 
+// True when two distinct elements of the view share memory (e.g. a zero stride on a dimension of
+// size > 1). Sorting the dimensions by stride, the view is free of self-overlap when every stride
+// exceeds the span of the smaller-strided dimensions; outputs must be, or writes would race.
+bool aliases_itself(const TensorView& t) {
+  if (t.numel() == 0) return false;
+  int dims[kMaxRank];
+  int n = 0;
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[i] > 1) dims[n++] = i;
+  std::sort(dims, dims + n, [&](int a, int b) { return t.stride[a] < t.stride[b]; });
+  int64_t span = 0;  // one past the largest offset reachable with the dimensions so far
+  for (int k = 0; k < n; ++k) {
+    if (t.stride[dims[k]] <= span) return true;
+    span += (t.shape[dims[k]] - 1) * t.stride[dims[k]];
+  }
+  return false;
+}
+
 }  // namespace
 
 Problem describe(const AttentionParams& p) {
@@ -133,6 +152,7 @@ Problem describe(const AttentionParams& p) {
   for (int i = 0; i < 3; ++i)
     if (overlaps(p.out, i == 0 ? p.q : i == 1 ? p.k : p.v))
       fail("out", cat("overlaps ", i == 0 ? "q" : i == 1 ? "k" : "v", " in memory"));
+  if (aliases_itself(p.out)) fail("out", "strides make distinct elements share memory");
 
   pr.batch = varlen_q ? p.cu_seqlens_q.shape[0] - 1 : p.q.shape[0];
   if (varlen_q) {
@@ -167,6 +187,10 @@ Problem describe(const AttentionParams& p) {
       fail("lse", cat("shape ", shape_string(p.lse), " does not match ",
                       varlen_q ? "[h_q, total_q]" : "[batch, h_q, seqlen_q]"));
     if (overlaps(p.lse, p.out)) fail("lse", "overlaps out in memory");
+    for (int i = 0; i < 3; ++i)
+      if (overlaps(p.lse, i == 0 ? p.q : i == 1 ? p.k : p.v))
+        fail("lse", cat("overlaps ", i == 0 ? "q" : i == 1 ? "k" : "v", " in memory"));
+    if (aliases_itself(p.lse)) fail("lse", "strides make distinct elements share memory");
   }
 
   // Scalars.
