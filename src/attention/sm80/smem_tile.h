@@ -27,14 +27,17 @@ __device__ __forceinline__ void load_tile_async(Elem* smem, const Elem* gmem, in
   // (per-row 64-bit addresses hoisted for a whole tile cost ~32 registers and caused spills).
   static_assert(kThreads % kChunksPerRow == 0);
   constexpr int kRowStep = kThreads / kChunksPerRow;
-  static_assert(kRowStep % 8 == 0 && kRows % kRowStep == 0);
+  static_assert(kRows % kRowStep == 0);
   const int row0 = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
   const Elem* src = gmem + row0 * row_stride + chunk * 8;
-  const uint32_t dst = smem_addr(smem + swizzled<kHeadDim>(row0, chunk));
+  const uint32_t base = smem_addr(smem);
 #pragma unroll
   for (int i = 0; i < kRows / kRowStep; ++i) {
-    const bool ok = row0 + i * kRowStep < valid_rows;
-    cp_async_16(dst + i * kRowStep * kHeadDim * 2, ok ? src : gmem, ok);
+    const int row = row0 + i * kRowStep;
+    const bool ok = row < valid_rows;
+    // With kRowStep % 8 == 0 the swizzle is the same for every i and this folds to a constant
+    // offset from the first address.
+    cp_async_16(base + 2 * swizzled<kHeadDim>(row, chunk), ok ? src : gmem, ok);
     src += kRowStep * row_stride;
   }
 }
