@@ -51,6 +51,7 @@ struct Options {
   double slo_tbt = 0.1;
   double max_sched_delay = 2.0;
   std::string plot;
+  bool verbose = false;
 };
 
 std::string fmt_s(double s) {
@@ -67,6 +68,7 @@ std::string fmt_ms(double s) {
 int run(int argc, char** argv) {
   Options o;
   CLI::App app{"Simulate serving with the real scheduler against a step-cost model"};
+  app.option_defaults()->always_capture_default();
   app.add_option("--policy", o.policy, "sarathi, vllm, orca or static");
   app.add_flag("--compare", o.compare, "run every policy side by side");
   app.add_option("--budget", o.budget, "sarathi's token budget per step");
@@ -97,7 +99,10 @@ int run(int argc, char** argv) {
   app.add_option("--slo-tbt", o.slo_tbt, "P99 TBT SLO in seconds");
   app.add_option("--max-sched-delay", o.max_sched_delay, "P50 scheduling delay bound (s)");
   app.add_option("--plot", o.plot,
-                 "write PREFIX-tbt-cdf.svg (and with --capacity PREFIX-p99-tbt-vs-rate.svg)");
+                 "write PREFIX-tbt-cdf.svg (with --capacity also PREFIX-p99-tbt-vs-rate.svg and "
+                 "PREFIX-sched-delay-vs-rate.svg)");
+  app.add_flag("--verbose", o.verbose,
+               "print every rate the capacity search tried (+ met, - missed)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -177,10 +182,17 @@ int run(int argc, char** argv) {
   };
 
   const auto t0 = std::chrono::steady_clock::now();
-  std::printf("cost model: %s\n", cost->describe().c_str());
   const std::vector<fs::Request> base = requests_at(o.rate);
   int64_t ptok = 0, otok = 0;
-  for (const auto& r : base) ptok += r.prompt_tokens, otok += r.output_tokens;
+  for (const auto& r : base) {
+    ptok += r.prompt_tokens, otok += r.output_tokens;
+    if (r.prompt_tokens + r.output_tokens > o.max_model_len)
+      throw Error(ErrorKind::kInvalidArgument, o.trace.empty() ? "workload" : o.trace,
+                  "request " + std::to_string(r.id) + ": prompt " +
+                      std::to_string(r.prompt_tokens) + " + output " +
+                      std::to_string(r.output_tokens) + " tokens exceeds --max-model-len " +
+                      std::to_string(o.max_model_len));
+  }
   std::printf(
       "workload: %s, %zu requests, mean prompt %.0f, mean output %.0f tokens, %s arrivals%s\n",
       o.trace.empty() ? o.workload.c_str() : o.trace.c_str(), base.size(),
@@ -203,6 +215,11 @@ int run(int argc, char** argv) {
       auto res = fs::find_capacity([&](double rate) { return sim_at(policies[i], rate).metrics; },
                                    crit, o.rate);
       capacity[i] = res.capacity;
+      if (o.verbose) {
+        std::printf("capacity search, %s:", fs::to_string(policies[i]));
+        for (const auto& p : res.probes) std::printf(" %.3f%s", p.rate, p.ok ? "+" : "-");
+        std::printf("  -> %.3f req/s\n", res.capacity);
+      }
     }
   }
 
@@ -258,20 +275,32 @@ int run(int argc, char** argv) {
     sweep.y_label = "P99 TBT (ms)";
     sweep.y_max = o.slo_tbt * 1e3 * 4;
     sweep.ref_lines.push_back({o.slo_tbt * 1e3, "SLO " + fmt_ms(o.slo_tbt) + " ms"});
+    fs::SvgPlot delay = sweep;
+    delay.title = model.name + ", " + (o.trace.empty() ? o.workload : "trace") +
+                  ": P50 scheduling delay vs request rate";
+    delay.y_label = "P50 scheduling delay (s)";
+    delay.y_max = o.max_sched_delay * 4;
+    delay.ref_lines = {{o.max_sched_delay, "bound " + fmt_s(o.max_sched_delay) + " s"}};
     constexpr int kPoints = 12;
     for (fs::Policy p : policies) {
-      fs::SvgSeries s{fs::to_string(p), {}, {}, true};
+      fs::SvgSeries s{fs::to_string(p), {}, {}, true}, d = s;
       for (int k = 1; k <= kPoints; ++k) {
         const double rate = top * 1.5 * k / kPoints;
+        const fs::ServingMetrics m = sim_at(p, rate).metrics;
         s.x.push_back(rate);
-        s.y.push_back(sim_at(p, rate).metrics.tbt.p99 * 1e3);
+        s.y.push_back(m.tbt.p99 * 1e3);
+        d.x.push_back(rate);
+        d.y.push_back(m.sched_delay.p50);
       }
       sweep.series.push_back(std::move(s));
+      delay.series.push_back(std::move(d));
     }
-    const std::string path = o.plot + "-p99-tbt-vs-rate.svg";
-    sweep.write(path);
-    std::printf("plot: %s (values above %.0f ms drawn on the top edge)\n", path.c_str(),
-                sweep.y_max);
+    for (const auto& [plot, suffix] : {std::pair{&sweep, "-p99-tbt-vs-rate.svg"},
+                                       std::pair{&delay, "-sched-delay-vs-rate.svg"}}) {
+      const std::string path = o.plot + suffix;
+      plot->write(path);
+      std::printf("plot: %s (values above %g drawn on the top edge)\n", path.c_str(), plot->y_max);
+    }
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\n(%.1f s of host time)\n", secs);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <numbers>
 #include <sstream>
 
 #include "flashserve/error.h"
@@ -46,7 +47,7 @@ double Rng::uniform() {
 
 double Rng::normal() {
   const double u1 = uniform(), u2 = uniform();
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
 }
 
 double Rng::exponential(double mean) {

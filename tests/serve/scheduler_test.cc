@@ -10,6 +10,7 @@
 #include <set>
 
 #include "flashserve/error.h"
+#include "serve/batch_layout.h"
 #include "serve/scheduler.h"
 
 namespace fs = flashserve::serve;
@@ -72,6 +73,47 @@ Case random_case(fs::Policy policy, std::mt19937_64& rng) {
   return c;
 }
 
+// A stand-in for the KV cache memory: what (sequence, position, token) each slot holds.
+struct Slot {
+  int64_t seq = -1;
+  int32_t pos = -1, token = -1;
+  bool operator==(const Slot&) const = default;
+};
+
+// Writes the step's new tokens through the layout's slot mapping, then reads every key of every
+// entry back through its block table: each must be that sequence's own token at that position. A
+// block handed to two sequences, or a stale block after preemption, shows up here.
+void check_paged_kv(const fs::Batch& batch, int32_t bs, std::vector<Slot>& kv) {
+  const fs::BatchLayout l = fs::layout_batch(batch, bs);
+  ASSERT_EQ(l.cu_seqlens_q.size(), batch.entries.size() + 1);
+  ASSERT_EQ(l.total_q, batch.num_tokens());
+  size_t sample = 0;
+  for (size_t i = 0; i < batch.entries.size(); ++i) {
+    const auto& e = batch.entries[i];
+    const fs::Sequence& s = *e.seq;
+    ASSERT_EQ(l.cu_seqlens_q[i + 1] - l.cu_seqlens_q[i], e.q_len);
+    ASSERT_EQ(l.seqused_k[i], e.kv_len);
+    for (int64_t r = l.cu_seqlens_q[i], p = e.q_start; r < l.cu_seqlens_q[i + 1]; ++r, ++p) {
+      ASSERT_EQ(l.positions[r], p);
+      ASSERT_EQ(l.input_ids[r], s.token_at(p));
+      kv.at(l.slot_mapping[r]) = Slot{s.id, static_cast<int32_t>(p), s.token_at(p)};
+    }
+    if (e.samples) {
+      ASSERT_LT(sample, l.sample_rows.size());
+      ASSERT_EQ(l.sample_rows[sample++], l.cu_seqlens_q[i + 1] - 1);
+    }
+  }
+  ASSERT_EQ(sample, l.sample_rows.size());
+  for (size_t i = 0; i < batch.entries.size(); ++i) {
+    const fs::Sequence& s = *batch.entries[i].seq;
+    for (int64_t j = 0; j < batch.entries[i].kv_len; ++j) {
+      const int32_t block = l.block_table[i * l.pages_per_seq + j / bs];
+      ASSERT_EQ(kv.at(block * bs + j % bs), (Slot{s.id, static_cast<int32_t>(j), s.token_at(j)}))
+          << "sequence " << s.id << " key " << j;
+    }
+  }
+}
+
 struct RunStats {
   int64_t steps = 0, preemptions = 0, max_tokens = 0, chunked_prefills = 0;
 };
@@ -84,6 +126,7 @@ RunStats run_case(const Case& c, uint64_t seed) {
   std::map<int64_t, std::vector<int32_t>> fed;  // the tokens we "sampled" for each request
   std::map<int64_t, int64_t> want_out;
   std::vector<std::unique_ptr<fs::Sequence>> done;
+  std::vector<Slot> kv(static_cast<size_t>(c.num_blocks * c.block_size));
   RunStats st;
   size_t next = 0;
   for (int64_t step = 0; next < c.reqs.size() || sched->has_work(); ++step) {
@@ -139,6 +182,7 @@ RunStats run_case(const Case& c, uint64_t seed) {
       }
     }
     for (int64_t id : batch.preempted) EXPECT_EQ(in_batch.count(id), 0u);
+    check_paged_kv(batch, c.block_size, kv);
     if (c.policy == fs::Policy::kSarathi) {
       // Stall-free: every decode running before the step is in it, unless it lost its blocks.
       std::set<int64_t> preempted(batch.preempted.begin(), batch.preempted.end());
