@@ -79,6 +79,27 @@ TEST(OnlineSoftmax, MatchesTextbookInDoubleAndFloat) {
   }
 }
 
+TEST(OnlineSoftmax, Exp2NonPositiveIsAccurateToFloatRounding) {
+  // Every float in [-126, 0] with a stride, plus random ones: relative error within 2 ulp.
+  double worst = 0;
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<float> u(-126.0f, 0.0f);
+  auto check = [&](float x) {
+    const double ref = std::exp2(static_cast<double>(x));
+    const double got = exp2_nonpositive(x);
+    worst = std::max(worst, std::abs(got - ref) / ref);
+  };
+  for (float x = 0.0f; x >= -126.0f; x -= 0.000977f) check(x);
+  for (int i = 0; i < 100000; ++i) check(u(rng));
+  for (float x : {0.0f, -0.5f, -1.0f, -2.5f, -125.5f, -126.0f}) check(x);
+  EXPECT_LE(worst, 2.5e-7);
+  EXPECT_EQ(exp2_nonpositive(0.0f), 1.0f);
+  EXPECT_EQ(exp2_nonpositive(-1.0f), 0.5f);
+  EXPECT_EQ(exp2_nonpositive(-INFINITY), 0.0f);  // masked keys contribute exactly nothing
+  EXPECT_EQ(exp2_nonpositive(-126.5f), 0.0f);
+  EXPECT_TRUE(std::isnan(exp2_nonpositive(NAN)));
+}
+
 TEST(OnlineSoftmax, MaskedChunksAndEmpty) {
   const float inf = INFINITY;
   RunningSoftmax<float> sm;

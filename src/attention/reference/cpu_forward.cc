@@ -59,6 +59,76 @@ void store_row(void* base, DType dtype, int64_t off, int64_t n, const float* src
   }
 }
 
+// Rows processed together by the micro-kernels: each key (value) element loaded from L1 feeds
+// kRowGroup rows, and the kRowGroup x kVec accumulators stay in registers (8 SSE / 4 AVX
+// registers).
+constexpr int64_t kRowGroup = 4;
+constexpr int64_t kVec = 8;
+
+// S[r][j] = q_r . k_j for R rows and keys j in [j_begin, j_end), both multiples of kVec with
+// j_end <= kBK. kt is the transposed key block [D][kBK]; S has rows of kBK.
+template <int R>
+void block_scores(const float* q, int64_t D, const float* kt, int64_t j_begin, int64_t j_end,
+                  float* S) {
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kVec) {
+    float c[R][kVec] = {};
+    for (int64_t d = 0; d < D; ++d) {
+      const float* k = kt + d * kBK + j0;
+      for (int r = 0; r < R; ++r) {
+        const float qd = q[r * D + d];
+        for (int jj = 0; jj < kVec; ++jj) c[r][jj] += qd * k[jj];
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int jj = 0; jj < kVec; ++jj) S[r * kBK + j0 + jj] = c[r][jj];
+  }
+}
+
+// acc[r][:] += sum_{j in [j_begin, j_end)} P[r][j] * v[j][:] for R rows; v is [kBK][Dv].
+template <int R>
+void block_accumulate(const float* P, const float* v, int64_t Dv, int64_t j_begin, int64_t j_end,
+                      float* acc) {
+  int64_t d0 = 0;
+  for (; d0 + kVec <= Dv; d0 += kVec) {
+    float c[R][kVec];
+    for (int r = 0; r < R; ++r)
+      for (int dd = 0; dd < kVec; ++dd) c[r][dd] = acc[r * Dv + d0 + dd];
+    for (int64_t j = j_begin; j < j_end; ++j) {
+      const float* vr = v + j * Dv + d0;
+      for (int r = 0; r < R; ++r) {
+        const float p = P[r * kBK + j];
+        for (int dd = 0; dd < kVec; ++dd) c[r][dd] += p * vr[dd];
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int dd = 0; dd < kVec; ++dd) acc[r * Dv + d0 + dd] = c[r][dd];
+  }
+  for (; d0 < Dv; ++d0)  // head dims that are not a multiple of kVec
+    for (int r = 0; r < R; ++r) {
+      float c = acc[r * Dv + d0];
+      for (int64_t j = j_begin; j < j_end; ++j) c += P[r * kBK + j] * v[j * Dv + d0];
+      acc[r * Dv + d0] = c;
+    }
+}
+
+template <typename F>
+void with_rows(int64_t n, F&& f) {  // calls f.template operator()<R>() with R = n in 1..kRowGroup
+  switch (n) {
+    case 1:
+      f.template operator()<1>();
+      break;
+    case 2:
+      f.template operator()<2>();
+      break;
+    case 3:
+      f.template operator()<3>();
+      break;
+    default:
+      f.template operator()<4>();
+      break;
+  }
+}
+
 // Per-worker buffers, sized once per call: O(tile), independent of the sequence lengths.
 struct Workspace {
   std::vector<float> q;                   // [rows, D], pre-multiplied by scale * log2(e)
@@ -66,14 +136,20 @@ struct Workspace {
   std::vector<RunningSoftmax<float>> sm;  // [rows] running max and sum (log2 units)
   std::vector<float> kt;  // [D, kBK] the key block, transposed so scores vectorise over keys
   std::vector<float> v;   // [kBK, Dv] the value block
-  std::vector<float> s;   // [kBK] one row's scores, then its probabilities
+  std::vector<float> s;   // [kRowGroup, kBK] scores of a row group, then its probabilities
   std::vector<float> o;   // [Dv] one finished output row
 
   Workspace(int64_t rows, int64_t D, int64_t Dv)
-      : q(rows * D), acc(rows * Dv), sm(rows), kt(D * kBK), v(kBK * Dv), s(kBK), o(Dv) {}
+      : q(rows * D),
+        acc(rows * Dv),
+        sm(rows),
+        kt(D * kBK),
+        v(kBK * Dv),
+        s(kRowGroup * kBK),
+        o(Dv) {}
   static size_t bytes(int64_t rows, int64_t D, int64_t Dv) {
-    return sizeof(float) *
-           static_cast<size_t>(rows * D + rows * Dv + 2 * rows + D * kBK + kBK * Dv + kBK + Dv);
+    return sizeof(float) * static_cast<size_t>(rows * D + rows * Dv + 2 * rows + D * kBK +
+                                               kBK * Dv + kRowGroup * kBK + Dv);
   }
 };
 
@@ -137,12 +213,8 @@ class Forward {
     for (int64_t j0 = lo; j0 < hi; j0 += kBK) {
       const int64_t nb = std::min(kBK, hi - j0);
       load_block(tl, j0, nb, w);
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t t = tl.t0 + r / G;
-        const int64_t a = std::max(mask.first_key(t, nq, nk), j0) - j0;
-        const int64_t e = std::min(mask.last_key(t, nq, nk), j0 + nb - 1) - j0 + 1;
-        if (a < e) process_row(w, r, a, e);
-      }
+      for (int64_t r0 = 0; r0 < rows; r0 += kRowGroup)
+        process_rows(w, tl, r0, std::min(kRowGroup, rows - r0), j0, nb);
     }
 
     for (int64_t r = 0; r < rows; ++r) {
@@ -197,26 +269,40 @@ class Forward {
     }
   }
 
-  // Folds keys [a, e) of the loaded block into row r's running max, sum and accumulator.
-  void process_row(Workspace& w, int64_t r, int64_t a, int64_t e) const {
-    const int64_t D = pr_.head_dim, Dv = pr_.head_dim_v;
-    float* s = w.s.data();
-    const float* q = &w.q[r * D];
-    std::fill(s + a, s + e, 0.0f);
-    for (int64_t d = 0; d < D; ++d) {  // s[j] = q . k_j, vectorised over j
-      const float qd = q[d];
-      const float* k = &w.kt[d * kBK];
-      for (int64_t j = a; j < e; ++j) s[j] += qd * k[j];
+  // Folds the loaded key block (keys j0 .. j0 + nb - 1) into rows r0 .. r0 + n - 1 of the tile:
+  // scores, running max / sum update, rescale and P V accumulation.
+  void process_rows(Workspace& w, const Tile& tl, int64_t r0, int64_t n, int64_t j0,
+                    int64_t nb) const {
+    const int64_t D = pr_.head_dim, Dv = pr_.head_dim_v, G = group_;
+    const int64_t nq = L_.q_len(tl.b), nk = L_.kv_len(tl.b);
+    // Each row's visible keys within the block, [a[i], e[i]) relative to j0, and their union.
+    int64_t a[kRowGroup], e[kRowGroup], ua = kBK, ue = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = tl.t0 + (r0 + i) / G;
+      a[i] = std::max(pr_.mask.first_key(t, nq, nk), j0) - j0;
+      e[i] = std::min(pr_.mask.last_key(t, nq, nk), j0 + nb - 1) - j0 + 1;
+      if (a[i] < e[i]) ua = std::min(ua, a[i]), ue = std::max(ue, e[i]);
     }
-    const float corr = w.sm[r].add(s + a, e - a);  // s[j] becomes p_j = exp2(s_j - m)
-    float* acc = &w.acc[r * Dv];
-    if (corr != 1.0f)  // the max grew: rescale what has been accumulated so far
-      for (int64_t d = 0; d < Dv; ++d) acc[d] *= corr;
-    for (int64_t j = a; j < e; ++j) {  // acc += p_j v_j, vectorised over the head dim
-      const float pj = s[j];
-      const float* v = &w.v[j * Dv];
-      for (int64_t d = 0; d < Dv; ++d) acc[d] += pj * v[d];
+    if (ua >= ue) return;  // no row of the group sees a key of this block
+    float* S = w.s.data();
+    // Whole kVec-wide column groups (columns past nb hold stale keys; they are masked below).
+    const int64_t ca = ua / kVec * kVec, ce = (ue + kVec - 1) / kVec * kVec;
+    with_rows(n, [&]<int R>() { block_scores<R>(&w.q[r0 * D], D, w.kt.data(), ca, ce, S); });
+    for (int64_t i = 0; i < n; ++i) {
+      float* s = S + i * kBK;
+      if (a[i] >= e[i]) {  // this row sees nothing here: zero probabilities, state unchanged
+        std::fill(s + ua, s + ue, 0.0f);
+        continue;
+      }
+      std::fill(s + ua, s + a[i], -std::numeric_limits<float>::infinity());
+      std::fill(s + e[i], s + ue, -std::numeric_limits<float>::infinity());
+      const float corr = w.sm[r0 + i].add(s + ua, ue - ua);  // s becomes exp2(s - m), 0 if masked
+      if (corr != 1.0f) {  // the max grew: rescale what has been accumulated so far
+        float* acc = &w.acc[(r0 + i) * Dv];
+        for (int64_t d = 0; d < Dv; ++d) acc[d] *= corr;
+      }
     }
+    with_rows(n, [&]<int R>() { block_accumulate<R>(S, w.v.data(), Dv, ua, ue, &w.acc[r0 * Dv]); });
   }
 
   const AttentionParams& p_;
