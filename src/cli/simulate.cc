@@ -193,6 +193,7 @@ int run(int argc, char** argv) {
                       std::to_string(r.output_tokens) + " tokens exceeds --max-model-len " +
                       std::to_string(o.max_model_len));
   }
+  std::printf("cost model: %s\n", cost->describe().c_str());
   std::printf(
       "workload: %s, %zu requests, mean prompt %.0f, mean output %.0f tokens, %s arrivals%s\n",
       o.trace.empty() ? o.workload.c_str() : o.trace.c_str(), base.size(),
