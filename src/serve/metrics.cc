@@ -50,7 +50,7 @@ ServingMetrics compute_metrics(const std::vector<const Sequence*>& finished) {
   double first_arrival = std::numeric_limits<double>::infinity(), last_finish = 0;
   for (const Sequence* s : finished) {
     const std::string who = "sequence " + std::to_string(s->id);
-    if (!s->is_finished() || s->token_times.empty() ||
+    if (!s->is_finished() || s->aborted || s->token_times.empty() ||
         s->token_times.size() != s->generated.size() || s->first_scheduled_time < 0)
       throw Error(ErrorKind::kInvalidArgument, who, "is not a finished sequence with timestamps");
     const auto& t = s->token_times;

@@ -229,6 +229,27 @@ Sequence* Scheduler::admit_head() {
   return s;
 }
 
+std::unique_ptr<Sequence> Scheduler::abort(int64_t id, double now) {
+  std::unique_ptr<Sequence> out;
+  auto wit =
+      std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& p) { return p->id == id; });
+  if (wit != waiting_.end()) {
+    out = std::move(*wit);
+    waiting_.erase(wit);
+  } else {
+    auto rit =
+        std::find_if(running_.begin(), running_.end(), [&](const auto& p) { return p->id == id; });
+    if (rit == running_.end()) return nullptr;
+    out = std::move(*rit);
+    running_.erase(rit);
+    blocks_.release(*out);
+  }
+  out->state = SeqState::kFinished;
+  out->aborted = true;
+  out->finish_time = now;
+  return out;
+}
+
 std::vector<std::unique_ptr<Sequence>> Scheduler::complete(const Batch& batch,
                                                            const std::vector<int32_t>& sampled,
                                                            double now) {
@@ -247,7 +268,8 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::complete(const Batch& batch,
     if (!e.samples) continue;
     s->generated.push_back(sampled[i]);
     s->token_times.push_back(now);
-    if (s->num_generated() >= s->max_output_tokens) {
+    if (s->num_generated() >= s->max_output_tokens ||
+        (s->stop_token >= 0 && sampled[i] == s->stop_token)) {
       s->state = SeqState::kFinished;
       s->finish_time = now;
       blocks_.release(*s);

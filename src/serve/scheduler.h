@@ -60,6 +60,11 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> complete(const Batch& batch,
                                                   const std::vector<int32_t>& sampled, double now);
 
+  // Drops a request wherever it is (a client went away), freeing its blocks. Returns it, marked
+  // finished and aborted, or nullptr if the scheduler does not hold it. Not between schedule() and
+  // complete() of a batch that contains it.
+  std::unique_ptr<Sequence> abort(int64_t id, double now);
+
   const SchedulerConfig& config() const { return config_; }
   const BlockManager& blocks() const { return blocks_; }
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }

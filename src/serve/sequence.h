@@ -15,7 +15,7 @@ enum class SeqState : int32_t {
   kRunningPrefill,  // some of its tokens are still to be computed (num_computed < num_tokens - ...)
   kRunningDecode,   // every token but the last sampled one is in the KV cache; one new token a step
   kPreempted,       // its blocks were taken back; it will recompute from scratch
-  kFinished,        // produced exactly max_output_tokens tokens
+  kFinished,        // produced max_output_tokens tokens (or its stop token), or was aborted
 };
 
 const char* to_string(SeqState s);
@@ -25,6 +25,9 @@ struct Sequence {
   std::vector<int32_t> prompt;     // prompt token ids
   std::vector<int32_t> generated;  // sampled token ids, in order
   int64_t max_output_tokens = 0;   // the request finishes after exactly this many sampled tokens
+  // ...or earlier, when it samples this token (an engine's EOS). -1: never (benchmarks, simulator).
+  int32_t stop_token = -1;
+  bool aborted = false;  // finished by Scheduler::abort, not by generation
 
   SeqState state = SeqState::kWaiting;
   // Tokens whose K and V are in the cache. A token is "computed" once a forward pass has run over

@@ -11,6 +11,7 @@
 
 #include "flashserve/error.h"
 #include "serve/batch_layout.h"
+#include "serve/metrics.h"
 #include "serve/scheduler.h"
 
 namespace fs = flashserve::serve;
@@ -34,6 +35,7 @@ struct Case {
   int32_t block_size;
   int64_t num_blocks;
   double watermark;
+  double abort_prob = 0;  // per step, drop a random request as a departing client would
   struct Req {
     int64_t step, prompt, output;
   };
@@ -62,6 +64,7 @@ Case random_case(fs::Policy policy, std::mt19937_64& rng) {
       static_cast<int64_t>(static_cast<double>(min_blocks + 1) *
                            (1.0 + static_cast<double>(uni(0, 30)) / 10.0) / (1.0 - c.watermark)) +
       2;
+  if (uni(0, 4) == 0) c.abort_prob = 0.02;
   const int64_t n = uni(1, 24);
   int64_t step = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -115,7 +118,7 @@ void check_paged_kv(const fs::Batch& batch, int32_t bs, std::vector<Slot>& kv) {
 }
 
 struct RunStats {
-  int64_t steps = 0, preemptions = 0, max_tokens = 0, chunked_prefills = 0;
+  int64_t steps = 0, preemptions = 0, max_tokens = 0, chunked_prefills = 0, aborts = 0;
 };
 
 // Drives the scheduler step by step (one time unit per step) and checks every property we promise.
@@ -138,6 +141,17 @@ RunStats run_case(const Case& c, uint64_t seed) {
       const auto& r = c.reqs[next];
       sched->add(make_req(static_cast<int64_t>(next), r.prompt, r.output, double(step)));
       want_out[static_cast<int64_t>(next)] = r.output;
+    }
+    if (c.abort_prob > 0 && std::uniform_real_distribution<double>(0, 1)(rng) < c.abort_prob) {
+      const auto live = sched->live();
+      if (!live.empty()) {
+        const int64_t id = live[rng() % live.size()]->id;
+        auto gone = sched->abort(id, double(step));
+        EXPECT_TRUE(gone && gone->aborted && gone->block_table.empty());
+        want_out.erase(id);
+        ++st.aborts;
+        EXPECT_NO_THROW(bm.check_invariants(sched->live()));
+      }
     }
     std::set<int64_t> decoding_before;
     const int64_t running_before = sched->num_running();
@@ -213,7 +227,7 @@ RunStats run_case(const Case& c, uint64_t seed) {
     if (::testing::Test::HasFailure()) return st;
   }
   EXPECT_EQ(bm.num_free(), bm.num_blocks()) << "blocks leaked at the end";
-  EXPECT_EQ(done.size(), c.reqs.size());
+  EXPECT_EQ(static_cast<int64_t>(done.size()) + st.aborts, static_cast<int64_t>(c.reqs.size()));
   for (const auto& s : done) {
     EXPECT_EQ(s->state, fs::SeqState::kFinished);
     EXPECT_EQ(s->num_generated(), want_out[s->id]) << "request " << s->id;
@@ -239,6 +253,7 @@ TEST_P(RandomWorkloads, InvariantsBudgetAndExactLengths) {
     total.steps += st.steps;
     total.preemptions += st.preemptions;
     total.chunked_prefills += st.chunked_prefills;
+    total.aborts += st.aborts;
     if (HasFailure()) {
       ADD_FAILURE() << "workload " << w << " (" << c.reqs.size() << " requests, " << c.num_blocks
                     << " blocks of " << c.block_size << ")";
@@ -247,6 +262,7 @@ TEST_P(RandomWorkloads, InvariantsBudgetAndExactLengths) {
   }
   // The tight caches must actually have exercised preemption, and sarathi must have chunked.
   EXPECT_GT(total.preemptions, 0);
+  EXPECT_GT(total.aborts, 0);
   if (GetParam() == fs::Policy::kSarathi) {
     EXPECT_GT(total.chunked_prefills, 0);
   }
@@ -431,6 +447,54 @@ TEST(Scheduler, BadConfigsNameTheField) {
   EXPECT_EQ(field_of(ok, 100), "num_blocks");  // 1600 slots < max_model_len 8192
   EXPECT_THROW(fs::parse_policy("fcfs"), Error);
   for (fs::Policy p : fs::all_policies()) EXPECT_EQ(fs::parse_policy(fs::to_string(p)), p);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Scheduler, StopTokenFinishesEarly) {
+  fs::SchedulerConfig cfg;
+  cfg.max_model_len = 256;
+  fs::BlockManager bm(64, 16);
+  auto sched = fs::Scheduler::create(cfg, bm);
+  auto r = make_req(0, 10, 50);
+  r->stop_token = 2;
+  sched->add(std::move(r));
+  std::vector<std::unique_ptr<fs::Sequence>> done;
+  const std::vector<int32_t> tokens = {7, 9, 2, 5};
+  for (size_t step = 0; done.empty() && step < tokens.size(); ++step) {
+    fs::Batch b = sched->schedule(double(step));
+    done = sched->complete(b, {tokens[step]}, double(step + 1));
+  }
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0]->generated, (std::vector<int32_t>{7, 9, 2}));
+  EXPECT_EQ(bm.num_free(), 64);
+}
+
+TEST(Scheduler, AbortFreesBlocksFromEitherQueue) {
+  fs::SchedulerConfig cfg;
+  cfg.max_model_len = 256;
+  cfg.max_running = 1;
+  fs::BlockManager bm(64, 16);
+  auto sched = fs::Scheduler::create(cfg, bm);
+  sched->add(make_req(0, 40, 10));
+  sched->add(make_req(1, 40, 10));
+  fs::Batch b = sched->schedule(0);  // 0 runs, 1 waits (max_running 1)
+  sched->complete(b, {1}, 1);
+  EXPECT_GT(bm.num_used(), 0);
+  auto w = sched->abort(1, 1.5);
+  ASSERT_TRUE(w);
+  EXPECT_TRUE(w->aborted);
+  auto r = sched->abort(0, 1.5);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->state, fs::SeqState::kFinished);
+  EXPECT_TRUE(r->block_table.empty());
+  EXPECT_EQ(bm.num_free(), 64);
+  EXPECT_FALSE(sched->has_work());
+  EXPECT_EQ(sched->abort(0, 2), nullptr);
+  bm.check_invariants(sched->live());
+  EXPECT_THROW(fs::compute_metrics({r.get()}), Error);  // aborted requests are not measured
 }
 
 }  // namespace
