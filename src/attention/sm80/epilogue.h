@@ -19,6 +19,7 @@ __device__ __forceinline__ void store_output(const float (&o)[kMTiles][kDTiles][
                                              int64_t out_row_stride, float* lse_out,
                                              int64_t lse_row_stride, int rows_valid, int lane) {
   const int g = lane >> 2, t = lane & 3;
+  __syncwarp();  // the staging rows were last read by this warp's own ldmatrix of Q
 #pragma unroll
   for (int mi = 0; mi < kMTiles; ++mi) {
 #pragma unroll

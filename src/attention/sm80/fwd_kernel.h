@@ -1,7 +1,8 @@
 // The sm80 forward kernel (FlashAttention-2 partitioning): one thread block per (query tile,
 // query head, sequence); its warps split the tile's query rows, so the key loop needs no
-// cross-warp reduction. K/V tiles stream through a `kStages`-deep cp.async ring, with one
-// __syncthreads per key block. The body only wires the parts together.
+// cross-warp reduction. K/V tiles stream through a `kStages`-deep cp.async ring with one
+// __syncthreads per key block, or (kStages == 1) through single K and V buffers with two. The body
+// only wires the parts together.
 #pragma once
 
 #include <cstdint>
@@ -44,12 +45,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
       static_cast<const Elem*>(p.q) + seq.q_off(p) + m0 * p.q_row_stride + head * p.q_head_stride;
   const Elem* k = static_cast<const Elem*>(p.k) + seq.k_off(p) + kv_head * p.k_head_stride;
   const Elem* v = static_cast<const Elem*>(p.v) + seq.v_off(p) + kv_head * p.v_head_stride;
-  auto load_kv = [&](int n, int buf) {
-    const int valid = seq.kv_len - n * kBN;
+  auto load_k = [&](int n, int buf) {
     load_tile_async<kBN, D, Cfg::kThreads>(sk + buf * kBN * D, k + n * kBN * p.k_row_stride,
-                                           p.k_row_stride, valid, tid);
+                                           p.k_row_stride, seq.kv_len - n * kBN, tid);
+  };
+  auto load_v = [&](int n, int buf) {
     load_tile_async<kBN, D, Cfg::kThreads>(sv + buf * kBN * D, v + n * kBN * p.v_row_stride,
-                                           p.v_row_stride, valid, tid);
+                                           p.v_row_stride, seq.kv_len - n * kBN, tid);
   };
 
   float acc_o[kMT][kDT][4];
@@ -65,12 +67,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   Elem* sq_warp = sq + warp_row * D;
 
   if (blocks.n_max > blocks.n_min) {
-    // Prologue: Q, then the first kS - 1 key blocks (from the right), one commit group each.
+    // Prologue: Q and the first key block (from the right). With kS >= 2: Q, then the first
+    // kS - 1 key blocks, one commit group each. With kS == 1 (FlashAttention-2's own schedule):
+    // Q and K only; V of a block loads during its QK^T, K of the next during softmax and PV.
     load_tile_async<kBM, D, Cfg::kThreads>(sq, q, p.q_row_stride, seq.q_len - m0, tid);
-#pragma unroll
-    for (int s = 0; s < kS - 1; ++s) {
-      if (blocks.n_max - 1 - s >= blocks.n_min) load_kv(blocks.n_max - 1 - s, s);
+    if constexpr (kS == 1) {
+      load_k(blocks.n_max - 1, 0);
       cp_async_commit();
+    } else {
+#pragma unroll
+      for (int s = 0; s < kS - 1; ++s) {
+        if (blocks.n_max - 1 - s >= blocks.n_min) {
+          load_k(blocks.n_max - 1 - s, s);
+          load_v(blocks.n_max - 1 - s, s);
+        }
+        cp_async_commit();
+      }
     }
 
     const int offset = seq.kv_len - seq.q_len;
@@ -79,17 +91,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     // One key block: wait for its tile; the barrier also retires the previous block's buffer,
     // which the load kS - 1 blocks ahead then refills.
     auto step = [&](int n, auto masked) {
-      cp_async_wait<kS - 2>();
-      __syncthreads();
-      const int ahead = n - (kS - 1);
-      if (ahead >= blocks.n_min) load_kv(ahead, buf == 0 ? kS - 1 : buf - 1);
-      cp_async_commit();
-
       float s[kMT][kNT][4];
-      gemm_qk<D, kMT, kNT>(s, sq_warp, sk + buf * kBN * D, lane);
+      if constexpr (kS == 1) {
+        cp_async_wait<0>();  // K(n)
+        __syncthreads();     // ... for every thread; and every warp is done with V(n + 1)
+        load_v(n, 0);
+        cp_async_commit();
+        gemm_qk<D, kMT, kNT>(s, sq_warp, sk, lane);
+      } else {
+        cp_async_wait<kS - 2>();
+        __syncthreads();
+        const int ahead = n - (kS - 1);
+        if (ahead >= blocks.n_min) {
+          load_k(ahead, buf == 0 ? kS - 1 : buf - 1);
+          load_v(ahead, buf == 0 ? kS - 1 : buf - 1);
+        }
+        cp_async_commit();
+        gemm_qk<D, kMT, kNT>(s, sq_warp, sk + buf * kBN * D, lane);
+      }
       if constexpr (decltype(masked)::value)
         mask_scores<kMT, kNT, kHasMask>(s, row0, n * kBN + 2 * (lane & 3), seq.kv_len, offset,
                                         p.window_left, p.window_right);
+      if constexpr (kS == 1) {
+        cp_async_wait<0>();  // V(n)
+        __syncthreads();     // ... for every thread; and every warp is done reading K(n)
+        if (n - 1 >= blocks.n_min) load_k(n - 1, 0);
+        cp_async_commit();
+      }
       softmax.update(s, acc_o, p.scale_log2);
       gemm_pv<D, kMT, kNT, kDT>(acc_o, s, sv + buf * kBN * D, lane);
       buf = buf == kS - 1 ? 0 : buf + 1;
