@@ -102,7 +102,7 @@ int run(int argc, char** argv) {
                  "write PREFIX-tbt-cdf.svg (with --capacity also PREFIX-p99-tbt-vs-rate.svg and "
                  "PREFIX-sched-delay-vs-rate.svg)");
   app.add_flag("--verbose", o.verbose,
-               "print every rate the capacity search tried (+ met, - missed)");
+               "print every rate the capacity search tried (+ met, - missed) and every metric");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -237,9 +237,11 @@ int run(int argc, char** argv) {
   cdf.x_label = "time between tokens (ms, log scale)";
   cdf.y_label = "fraction of gaps";
   cdf.log_x = true;
+  std::vector<fs::ServingMetrics> all;
   for (size_t i = 0; i < policies.size(); ++i) {
     const fs::SimResult r = sim_at(policies[i], o.rate);
     const auto& m = r.metrics;
+    all.push_back(m);
     std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %lld | %lld |",
                 fs::to_string(policies[i]), fmt_s(m.ttft.p50).c_str(), fmt_s(m.ttft.p99).c_str(),
                 fmt_ms(m.tbt.p50).c_str(), fmt_ms(m.tbt.p99).c_str(), fmt_ms(m.tpot.mean).c_str(),
@@ -259,6 +261,25 @@ int run(int argc, char** argv) {
       }
       cdf.series.push_back(std::move(s));
     }
+  }
+  if (o.verbose) {
+    // Every latency metric in full, seconds.
+    std::printf("\n| metric (s) | policy | mean | p50 | p90 | p99 |\n|---|---|---|---|---|---|\n");
+    const std::pair<const char*, fs::Summary fs::ServingMetrics::*> rows[] = {
+        {"TTFT", &fs::ServingMetrics::ttft},
+        {"TBT", &fs::ServingMetrics::tbt},
+        {"TPOT", &fs::ServingMetrics::tpot},
+        {"E2E", &fs::ServingMetrics::e2e},
+        {"sched delay", &fs::ServingMetrics::sched_delay}};
+    for (const auto& [name, field] : rows)
+      for (size_t i = 0; i < policies.size(); ++i) {
+        const fs::Summary& x = all[i].*field;
+        std::printf("| %s | %s | %.4f | %.4f | %.4f | %.4f |\n", name, fs::to_string(policies[i]),
+                    x.mean, x.p50, x.p90, x.p99);
+      }
+    for (size_t i = 0; i < policies.size(); ++i)
+      std::printf("%s: %.3f req/s, %.0f output tok/s over %.1f s\n", fs::to_string(policies[i]),
+                  all[i].request_throughput, all[i].token_throughput, all[i].duration_s);
   }
   if (!o.plot.empty()) {
     const std::string path = o.plot + "-tbt-cdf.svg";
