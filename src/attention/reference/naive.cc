@@ -75,7 +75,7 @@ void head_forward(const AttentionParams& p, const Problem& pr, const HostLayout&
     const int64_t q_off = L.q_offset(b, t, h);
     for (int64_t d = 0; d < D; ++d)
       q[d] = static_cast<T>(load_double(p.q.data, q_off + d, p.q.dtype));
-    T* s = &S[t * n_k];
+    T* s = S.data() + t * n_k;
     for (int64_t j = 0; j < n_k; ++j) {
       if (!pr.mask.visible(t, j, n_q, n_k)) {
         s[j] = neg_inf;
@@ -88,10 +88,10 @@ void head_forward(const AttentionParams& p, const Problem& pr, const HostLayout&
   }
   const int64_t row0 = first_q_row(p, pr, b);
   for (int64_t t = 0; t < n_q; ++t) {
-    T* s = &S[t * n_k];
+    T* s = S.data() + t * n_k;
     T m = neg_inf;
     for (int64_t j = 0; j < n_k; ++j) m = std::max(m, s[j]);
-    double* out = &o.out[((row0 + t) * pr.h_q + h) * Dv];
+    double* out = o.out.data() + ((row0 + t) * pr.h_q + h) * Dv;
     double& lse = o.lse[(row0 + t) * pr.h_q + h];
     if (m == neg_inf) {  // the row sees no key
       for (int64_t d = 0; d < Dv; ++d) out[d] = 0.0;
@@ -194,7 +194,7 @@ NaiveGrads naive_backward(const AttentionParams& params, const TensorView& dout)
         }
         // P = softmax(S) row by row (a row that sees no key stays 0: it has no gradient).
         for (int64_t t = 0; t < nq; ++t) {
-          double* p = &P[t * nk];
+          double* p = P.data() + t * nk;
           double m = -kInf;
           for (int64_t j = 0; j < nk; ++j) {
             if (!pr.mask.visible(t, j, nq, nk)) continue;
@@ -210,8 +210,8 @@ NaiveGrads naive_backward(const AttentionParams& params, const TensorView& dout)
           for (int64_t j = 0; j < nk; ++j) p[j] /= sum;
         }
         for (int64_t t = 0; t < nq; ++t) {
-          const double* p = &P[t * nk];
-          const double* go = &dO[t * Dv];
+          const double* p = P.data() + t * nk;
+          const double* go = dO.data() + t * Dv;
           // delta = rowsum(dO o O) with O = P V.
           double delta = 0;
           for (int64_t d = 0; d < Dv; ++d) {
