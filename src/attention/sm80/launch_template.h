@@ -30,30 +30,34 @@ void launch_config(const FwdParams& params, const FwdLaunch& launch) {
   check_cuda(cudaGetLastError(), "sm80 forward kernel launch");
 }
 
-template <class Cfg>
-void launch_dtype(const FwdParams& params, const FwdLaunch& launch) {
+// Per mask, the Hopper-sized configuration, or the A100-sized one where it differs and the
+// device's shared memory is smaller.
+template <int kHeadDim, bool kHasMask>
+void launch_mask(const FwdParams& params, const FwdLaunch& launch) {
+  using Hopper = FwdConfig<kHeadDim, fwd_tiles(kHeadDim, kSmemHopper, kHasMask)>;
+  using Ampere = FwdConfig<kHeadDim, fwd_tiles(kHeadDim, kSmemAmpere, kHasMask)>;
   const bool bf16 = launch.dtype == DType::kBFloat16;
-  if (bf16 && launch.has_mask) return launch_config<Cfg, __nv_bfloat16, true>(params, launch);
-  if (bf16) return launch_config<Cfg, __nv_bfloat16, false>(params, launch);
-  if (launch.has_mask) return launch_config<Cfg, __half, true>(params, launch);
-  return launch_config<Cfg, __half, false>(params, launch);
-}
-
-template <int kHeadDim>
-void run_fwd_impl(const FwdParams& params, const FwdLaunch& launch) {
-  constexpr Tiles kHopper = fwd_tiles(kHeadDim, kSmemHopper);
-  constexpr Tiles kAmpere = fwd_tiles(kHeadDim, kSmemAmpere);
-  using Hopper = FwdConfig<kHeadDim, kHopper>;
-  using Ampere = FwdConfig<kHeadDim, kAmpere>;
-  if (launch.smem_per_block >= Hopper::kSmemBytes) return launch_dtype<Hopper>(params, launch);
+  if (launch.smem_per_block >= Hopper::kSmemBytes) {
+    if (bf16) return launch_config<Hopper, __nv_bfloat16, kHasMask>(params, launch);
+    return launch_config<Hopper, __half, kHasMask>(params, launch);
+  }
   if constexpr (Ampere::kSmemBytes < Hopper::kSmemBytes) {
-    if (launch.smem_per_block >= Ampere::kSmemBytes) return launch_dtype<Ampere>(params, launch);
+    if (launch.smem_per_block >= Ampere::kSmemBytes) {
+      if (bf16) return launch_config<Ampere, __nv_bfloat16, kHasMask>(params, launch);
+      return launch_config<Ampere, __half, kHasMask>(params, launch);
+    }
   }
   throw Error(ErrorKind::kUnsupported, "q",
               "head_dim " + std::to_string(kHeadDim) + " needs " +
                   std::to_string(Ampere::kSmemBytes / 1024) +
                   " KB of shared memory per block; this device allows " +
                   std::to_string(launch.smem_per_block / 1024) + " KB");
+}
+
+template <int kHeadDim>
+void run_fwd_impl(const FwdParams& params, const FwdLaunch& launch) {
+  if (launch.has_mask) return launch_mask<kHeadDim, true>(params, launch);
+  return launch_mask<kHeadDim, false>(params, launch);
 }
 
 }  // namespace flashserve::attention::sm80

@@ -19,31 +19,40 @@ constexpr int fwd_smem_bytes(int head_dim, Tiles t) {
   return (t.block_m + 2 * t.stages * t.block_n) * head_dim * 2;
 }
 
-// The configuration for a head dim on a device that lets a block opt in to `smem_per_block` bytes
-// of shared memory (H100/H200: 227 KB, A100: 163 KB, sm86/sm89: 99 KB).
+// The configuration for a head dim, mask, and a device that lets a block opt in to
+// `smem_per_block` bytes of shared memory (H100/H200: 227 KB, A100: 163 KB, sm86/sm89: 99 KB).
+// Chosen by measurement on the H200 (docs/kernel-notes.md, "tuning"), FA2's grid, bf16.
 //
 // Each warp owns two m16 slices (32 query rows) where registers allow: every K/V fragment a warp
 // reads from shared memory then feeds two MMAs, which halves shared-memory traffic per FLOP (with
 // one slice per warp, ldmatrix needs ~160 B/clk/SM at full mma.sync rate, above the 128 B/clk an
-// SM delivers).
-constexpr Tiles fwd_tiles(int head_dim, int smem_per_block) {
+// SM delivers). stages = 1 is FA2's schedule (single K and V buffers, V(n) loading during
+// QK^T(n), K(n-1) during softmax and PV(n)); it measured 0-6% faster than a two-stage ring for
+// head dims 64 and 128 (less shared memory, fewer registers for addresses).
+constexpr Tiles fwd_tiles(int head_dim, int smem_per_block, bool masked) {
   switch (head_dim) {
     case 64:
       // 4 warps x 32 rows. S accumulator 2x16x4 = 128 fp32 and O 2x8x4 = 64 fp32 per thread fit
       // in 255 registers; a 128-key block keeps the per-block softmax/barrier overhead small
-      // against the short (64-deep) QK^T. 80 KB smem: two blocks per SM on every sm8x/sm90 part.
-      return {128, 128, 4, 2, 2};
+      // against the short (64-deep) QK^T. 48 KB smem; registers allow two blocks per SM.
+      return {128, 128, 4, 1, 2};
     case 128:
       // 4 warps x 32 rows. O is 2x16x4 = 128 fp32 per thread, so S gets 64 keys (64 fp32) to
-      // stay under 255 registers without spills. 96 KB smem with two stages: two blocks per SM
-      // on Hopper (2 x 96 of 228 KB), one on A100 (164 KB per SM).
-      return {128, 64, 4, 2, 2};
+      // stay near 255 registers (ptxas still spills ~100 bytes, off the MMA path). 64 KB smem;
+      // two blocks per SM. 128x32 and 8-warp variants measured 5-20% slower.
+      return {128, 64, 4, 1, 2};
     case 256:
-      // O alone is 256 fp32 per 32 rows, so each of 8 warps owns one m16 slice (O 128 fp32,
-      // S 32 fp32). Q takes 64 KB; two stages of 64-key K and V take 128 KB more, which only
-      // Hopper's 227 KB holds; A100 (163 KB) gets 32-key blocks (128 KB). One block per SM.
+      // O alone is 256 fp32 per 32 rows, so each warp owns one m16 slice (O 128 fp32, S 32).
+      if (masked) {
+        // Causal/window tiles are short and uneven: 64-row tiles (4 warps, 96 KB, two blocks
+        // per SM) overlap one block's prologue/epilogue with the other's math and balance the
+        // tail; 8-15% faster than 128-row tiles on the causal grid.
+        return {64, 64, 4, 1, 2};
+      }
+      // Long unmasked tiles: 128 rows over 8 warps; on Hopper a two-stage 64-key ring (Q 64 KB +
+      // 128 KB, one block per SM) keeps the loads ahead; A100's 163 KB gets FA2's single buffers.
       if (smem_per_block >= fwd_smem_bytes(256, {128, 64, 8, 2, 1})) return {128, 64, 8, 2, 1};
-      return {128, 32, 8, 2, 1};
+      return {128, 64, 8, 1, 1};
     default:
       return {0, 0, 0, 0, 0};
   }
