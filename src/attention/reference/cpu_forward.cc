@@ -16,8 +16,8 @@ namespace flashserve::attention {
 namespace {
 
 constexpr float kLog2e = 1.44269504088896340736f;
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int64_t kBK = CpuTiling::kBlockK;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Converts n consecutive elements at base[off] to float, times mul. The switch is outside the loop
 // so each case is a simple (vectorisable) conversion loop.
@@ -294,8 +294,8 @@ class Forward {
         std::fill(s + ua, s + ue, 0.0f);
         continue;
       }
-      std::fill(s + ua, s + a[i], -std::numeric_limits<float>::infinity());
-      std::fill(s + e[i], s + ue, -std::numeric_limits<float>::infinity());
+      std::fill(s + ua, s + a[i], kNegInf);
+      std::fill(s + e[i], s + ue, kNegInf);
       const float corr = w.sm[r0 + i].add(s + ua, ue - ua);  // s becomes exp2(s - m), 0 if masked
       if (corr != 1.0f) {  // the max grew: rescale what has been accumulated so far
         float* acc = &w.acc[(r0 + i) * Dv];
