@@ -147,6 +147,10 @@ int run(int argc, char** argv) {
     spec.max_model_len = o.max_model_len;
     spec.seed = o.seed;
   }
+  if (!(o.rate > 0))
+    throw Error(ErrorKind::kInvalidArgument, "--rate",
+                o.trace.empty() ? "must be positive"
+                                : "the trace spans no time; give the rate to replay it at");
   auto requests_at = [&](double rate) {
     if (!trace.empty()) {
       const double r0 = fs::mean_rate(trace);
