@@ -260,6 +260,10 @@ TEST_P(RandomWorkloads, InvariantsBudgetAndExactLengths) {
       return;
     }
   }
+  RecordProperty("steps", std::to_string(total.steps));
+  RecordProperty("preemptions", std::to_string(total.preemptions));
+  RecordProperty("chunked_prefills", std::to_string(total.chunked_prefills));
+  RecordProperty("aborts", std::to_string(total.aborts));
   // The tight caches must actually have exercised preemption, and sarathi must have chunked.
   EXPECT_GT(total.preemptions, 0);
   EXPECT_GT(total.aborts, 0);
