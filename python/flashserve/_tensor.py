@@ -114,6 +114,11 @@ def describe(obj, name, stream=None, raw=False):
     if hasattr(obj, "__array_interface__"):
         return _from_interface(obj, name, obj.__array_interface__, ("cpu", 0), raw)
     if hasattr(obj, "__dlpack__"):
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.Tensor) and obj.requires_grad:
+            # PyTorch refuses to export such a tensor even under no_grad; check_autograd has
+            # already refused the case where a gradient would be expected.
+            obj = obj.detach()
         borrowed = _dlpack.borrow(obj, stream if _is_cuda_dlpack(obj) else None)
         if borrowed.device_type in (_dlpack.kDLCPU, _dlpack.kDLCUDAHost):
             device = ("cpu", 0)
