@@ -4,7 +4,7 @@ The library is found, in this order, at
   1. $FLASHSERVE_LIBRARY (a path to the .so; an error if it does not exist),
   2. next to the package: flashserve/libflashserve_c.so or the folder above the package,
   3. build/*/src/libflashserve_c.so of the source checkout the package sits in (the most recently
-     built one when there are several).
+     built one when there are several; sanitizer builds are skipped).
 It is loaded on first use, so `import flashserve` never fails for want of it.
 """
 
@@ -83,10 +83,24 @@ def candidate_paths():
     paths = [os.path.join(package_dir, LIBRARY_NAME),
              os.path.join(os.path.dirname(package_dir), LIBRARY_NAME)]
     repo = os.path.dirname(os.path.dirname(package_dir))
-    built = glob.glob(os.path.join(repo, "build", "*", "src", LIBRARY_NAME))
-    built += glob.glob(os.path.join(repo, "build", "*", LIBRARY_NAME))
+    built = []
+    for build_dir in glob.glob(os.path.join(repo, "build", "*")):
+        if _sanitized(build_dir):
+            continue
+        built += glob.glob(os.path.join(build_dir, "src", LIBRARY_NAME))
+        built += glob.glob(os.path.join(build_dir, LIBRARY_NAME))
     built.sort(key=os.path.getmtime, reverse=True)
     return paths + built
+
+
+def _sanitized(build_dir):
+    """A FLASHSERVE_SANITIZE build: its library cannot be loaded into a plain interpreter (the ASan
+    runtime must come first), so it is used only when FLASHSERVE_LIBRARY names it."""
+    try:
+        with open(os.path.join(build_dir, "CMakeCache.txt")) as cache:
+            return any(line.startswith("FLASHSERVE_SANITIZE:BOOL=ON") for line in cache)
+    except OSError:
+        return False
 
 
 def find_library():
