@@ -247,17 +247,35 @@ def test_import_pulls_in_no_framework():
     assert result.stdout.strip() == "[]"
 
 
-def test_library_lookup():
+def test_library_lookup(tmp_path):
     result = run_python("import flashserve; flashserve.version()",
                         {"FLASHSERVE_LIBRARY": "/nonexistent/libflashserve_c.so"})
     assert result.returncode != 0
     assert "FLASHSERVE_LIBRARY='/nonexistent/libflashserve_c.so' does not name an existing file" \
         in result.stderr
-    # Without the variable: next to the package, else the newest build/*/src of the checkout.
-    result = run_python("import flashserve; print(flashserve.library_path())",
-                        {"FLASHSERVE_LIBRARY": None})
-    found = [p for p in _capi.candidate_paths() if os.path.isfile(p)]
-    if found:
-        assert result.returncode == 0 and result.stdout.strip() == found[0]
-    else:
-        assert result.returncode != 0 and "set FLASHSERVE_LIBRARY" in result.stderr
+    # Without the variable, in a copy of the checkout: build/*/src (newest first, sanitizer builds
+    # skipped), and next to the package before that.
+    library = _capi.library_path()
+    repo = tmp_path / "repo"
+    package = repo / "python" / "flashserve"
+    shutil.copytree(os.path.dirname(flashserve.__file__), package,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    for name, sanitize in (("release", "OFF"), ("asan", "ON")):
+        (repo / "build" / name / "src").mkdir(parents=True)
+        shutil.copy(library, repo / "build" / name / "src" / _capi.LIBRARY_NAME)
+        (repo / "build" / name / "CMakeCache.txt").write_text(
+            f"FLASHSERVE_SANITIZE:BOOL={sanitize}\n")
+    env = {"FLASHSERVE_LIBRARY": None, "PYTHONPATH": str(repo / "python")}
+    code = "import flashserve; print(flashserve.library_path())"
+    result = run_python(code, env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(repo / "build" / "release" / "src" / _capi.LIBRARY_NAME)
+    shutil.copy(library, package / _capi.LIBRARY_NAME)
+    result = run_python(code, env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(package / _capi.LIBRARY_NAME)
+    for name in ("release", "asan"):
+        shutil.rmtree(repo / "build" / name)
+    os.remove(package / _capi.LIBRARY_NAME)
+    result = run_python(code, env)
+    assert result.returncode != 0 and "set FLASHSERVE_LIBRARY" in result.stderr
