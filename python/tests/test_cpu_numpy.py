@@ -359,3 +359,17 @@ def test_version_and_capabilities():
     assert flashserve.version() == flashserve.__version__
     assert flashserve.built_with_cuda() in (True, False)
     assert flashserve.cuda_available() <= flashserve.built_with_cuda()
+
+
+def test_empty_shapes(seed):
+    rng = np.random.default_rng(seed)
+    q, k = randn(rng, (2, 3, 2, 8), np.float32), randn(rng, (2, 0, 2, 8), np.float32)
+    out, lse = flash_attn_func(q, k, k, return_lse=True)  # no keys at all: zeros, lse -inf
+    assert np.all(out == 0) and np.all(np.isneginf(lse)) and lse.shape == (2, 2, 3)
+    out = flash_attn_func(q[:, :0], randn(rng, (2, 5, 2, 8), np.float32),
+                          randn(rng, (2, 5, 2, 8), np.float32))
+    assert out.shape == (2, 0, 2, 8)
+    k = randn(rng, (5, 2, 8), np.float32)
+    out, lse = flash_attn_varlen_func(q.reshape(6, 2, 8)[:0], k, k, np.array([0, 0], np.int32),
+                                      np.array([0, 5], np.int32), 0, 5, return_lse=True)
+    assert out.shape == (0, 2, 8) and lse.shape == (2, 0)
