@@ -232,11 +232,12 @@ def test_c_program(tmp_path):
         f"{flashserve.version()}|v: dtype int32 differs from q's float32|{int(flashserve.cuda_available())}"
 
 
-def run_python(code, env_update):
+def run_python(code, env_update, cwd=None):
     env = dict(os.environ)
     env.update(env_update)
     env = {k: v for k, v in env.items() if v is not None}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          cwd=cwd)
 
 
 def test_import_pulls_in_no_framework():
@@ -267,15 +268,15 @@ def test_library_lookup(tmp_path):
             f"FLASHSERVE_SANITIZE:BOOL={sanitize}\n")
     env = {"FLASHSERVE_LIBRARY": None, "PYTHONPATH": str(repo / "python")}
     code = "import flashserve; print(flashserve.library_path())"
-    result = run_python(code, env)
+    result = run_python(code, env, cwd=tmp_path)  # not where flashserve/ is
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(repo / "build" / "release" / "src" / _capi.LIBRARY_NAME)
     shutil.copy(library, package / _capi.LIBRARY_NAME)
-    result = run_python(code, env)
+    result = run_python(code, env, cwd=tmp_path)  # not where flashserve/ is
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(package / _capi.LIBRARY_NAME)
     for name in ("release", "asan"):
         shutil.rmtree(repo / "build" / name)
     os.remove(package / _capi.LIBRARY_NAME)
-    result = run_python(code, env)
+    result = run_python(code, env, cwd=tmp_path)  # not where flashserve/ is
     assert result.returncode != 0 and "set FLASHSERVE_LIBRARY" in result.stderr
