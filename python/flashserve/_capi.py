@@ -114,7 +114,8 @@ def find_library():
             return path
     raise ImportError(
         f"flashserve: cannot find {LIBRARY_NAME}; set FLASHSERVE_LIBRARY to its path, put it next "
-        f"to the package, or build it (cmake --build <build dir> --target flashserve_c). Looked in: "
+        f"to the package, or build it (cmake --build <build dir> --target flashserve_c). "
+        "Looked in: "
         + ", ".join(candidate_paths()[:2] + ["build/*/src/ of the checkout"]))
 
 

@@ -44,8 +44,10 @@ class Described:
 
 _INTERFACE_DTYPES = {("f", 4): _capi.FLOAT32, ("f", 2): _capi.FLOAT16, ("f", 8): _capi.FLOAT64,
                      ("i", 4): _capi.INT32}
-_DLPACK_DTYPES = {(_dlpack.kDLFloat, 32, 1): _capi.FLOAT32, (_dlpack.kDLFloat, 16, 1): _capi.FLOAT16,
-                  (_dlpack.kDLBfloat, 16, 1): _capi.BFLOAT16, (_dlpack.kDLFloat, 64, 1): _capi.FLOAT64,
+_DLPACK_DTYPES = {(_dlpack.kDLFloat, 32, 1): _capi.FLOAT32,
+                  (_dlpack.kDLFloat, 16, 1): _capi.FLOAT16,
+                  (_dlpack.kDLBfloat, 16, 1): _capi.BFLOAT16,
+                  (_dlpack.kDLFloat, 64, 1): _capi.FLOAT64,
                   (_dlpack.kDLInt, 32, 1): _capi.INT32}
 _SUPPORTED = "float32, float16, bfloat16 for q/k/v; int32 for cu_seqlens, seqused_k, block_table"
 
@@ -126,8 +128,8 @@ def describe(obj, name, stream=None, raw=False):
             device = ("cuda", borrowed.device_id)
         else:
             label = _dlpack.DEVICE_NAMES.get(borrowed.device_type, "unknown")
-            raise NotImplementedError(f"{name}: device type {borrowed.device_type} ({label}) is not "
-                                      "supported (CPU and CUDA)")
+            raise NotImplementedError(f"{name}: device type {borrowed.device_type} ({label}) is "
+                                      "not supported (CPU and CUDA)")
         desc = _dlpack.dtype_name(borrowed.dtype)
         code = _DLPACK_DTYPES.get(borrowed.dtype)
         if code is None:

@@ -105,7 +105,8 @@ def test_null_and_malformed_structs_return_codes(seed):
     p, keep = params_for(q, k, v, out)
     p.q.shape[3], p.q.strides[3] = 8, 2
     assert call(lib.fs_attention_forward, p) == _capi.INVALID_ARGUMENT
-    assert lib.fs_last_error() == b"q: the last dimension must be contiguous (stride 1), got stride 2"
+    assert lib.fs_last_error() == \
+        b"q: the last dimension must be contiguous (stride 1), got stride 2"
     # A missing required tensor.
     p, keep = params_for(q, k, v, None)
     assert call(lib.fs_attention_forward, p) == _capi.INVALID_ARGUMENT
@@ -228,8 +229,9 @@ def test_c_program(tmp_path):
                     f"-Wl,-rpath,{os.path.dirname(library)}", "-lm", "-o", str(exe)], check=True)
     result = subprocess.run([str(exe)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.strip() == \
-        f"{flashserve.version()}|v: dtype int32 differs from q's float32|{int(flashserve.cuda_available())}"
+    expected = (f"{flashserve.version()}|v: dtype int32 differs from q's float32|"
+                f"{int(flashserve.cuda_available())}")
+    assert result.stdout.strip() == expected
 
 
 def run_python(code, env_update, cwd=None):

@@ -91,7 +91,8 @@ def pack(rng, lens, heads, dim, dtype):
 
 
 def varlen_reference(q, cu_q, k_seqs, v_seqs, scale, causal, window, dtype, h):
-    """k_seqs/v_seqs: the keys and values of each sequence. Returns packed out, lse [h, total], naive."""
+    """k_seqs/v_seqs: the keys and values of each sequence.
+    Returns the packed out, lse [h, total] and the naive low-precision out."""
     total = q.shape[0]
     out = np.zeros((total,) + (h, v_seqs[0].shape[-1]))
     naive = np.zeros_like(out)
@@ -260,7 +261,8 @@ def test_dlpack_description_matches_array_interface(seed):
 def qkv(rng, shape=(2, 5, 4, 32), dtype=np.float32, heads_k=None):
     b, s, h, d = shape
     hk = heads_k or h
-    return randn(rng, shape, dtype), randn(rng, (b, s, hk, d), dtype), randn(rng, (b, s, hk, d), dtype)
+    return (randn(rng, shape, dtype), randn(rng, (b, s, hk, d), dtype),
+            randn(rng, (b, s, hk, d), dtype))
 
 
 def test_error_wrong_rank(seed):

@@ -1,5 +1,6 @@
 """PyTorch tensors on the CPU path: bfloat16 travels through DLPack (NumPy has no bfloat16), the
-output is a torch tensor, autograd is refused rather than silently dropped. Skipped without torch."""
+output is a torch tensor, autograd is refused rather than silently dropped.
+Skipped without torch."""
 
 import math
 
