@@ -375,3 +375,34 @@ def test_empty_shapes(seed):
     out, lse = flash_attn_varlen_func(q.reshape(6, 2, 8)[:0], k, k, np.array([0, 0], np.int32),
                                       np.array([0, 5], np.int32), 0, 5, return_lse=True)
     assert out.shape == (0, 2, 8) and lse.shape == (2, 0)
+
+
+def test_concurrent_calls_from_threads(seed):
+    """ctypes releases the GIL: calls from several threads overlap in the library."""
+    from concurrent.futures import ThreadPoolExecutor
+    rng = np.random.default_rng(seed)
+    cases = [tuple(randn(rng, (2, 33, 4, 32), np.float32) for _ in range(3)) for _ in range(8)]
+    expected = [flash_attn_func(q, k, v, causal=True) for q, k, v in cases]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda c: flash_attn_func(*c, causal=True), cases * 4))
+    for i, out in enumerate(results):
+        assert np.array_equal(out, expected[i % len(cases)])
+
+
+class CudaArrayInterfaceOnly:
+    """A device array that offers only __cuda_array_interface__ (as Numba's do)."""
+
+    def __init__(self, array):
+        self.__cuda_array_interface__ = {"shape": array.shape, "typestr": array.dtype.str,
+                                         "data": (array.ctypes.data, False), "strides": None,
+                                         "version": 3, "stream": None}
+
+
+@pytest.mark.skipif(flashserve.built_with_cuda(), reason="checks the CPU-only build's refusal")
+def test_cuda_array_interface_reaches_the_library(seed):
+    rng = np.random.default_rng(seed)
+    q, k, v = qkv(rng)
+    with pytest.raises(ValueError, match=r"^k: must be on the same device as q"):
+        flash_attn_func(q, CudaArrayInterfaceOnly(k), v)
+    with pytest.raises(TypeError, match=r"cannot allocate the output .* on cuda"):
+        flash_attn_func(CudaArrayInterfaceOnly(q), k, v)
