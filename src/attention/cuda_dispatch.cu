@@ -3,6 +3,7 @@
 // here and reported as an Error naming the argument; then the sm80 kernel for the head dim runs.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <sstream>
@@ -65,6 +66,38 @@ void check_aligned(const TensorView& t, const char* name) {
 // row + offset + window arithmetic inside int32.
 int32_t clamp_window(int64_t side, int64_t bound) {
   return side < 0 || side > bound ? -1 : int32_t(side);
+}
+
+// Rows of q: the partial buffers of split-KV hold one slot per (split, row, head).
+int64_t q_rows(const AttentionParams& params, const Problem& pr) {
+  return pr.varlen_q ? params.q.shape[0] : pr.batch * params.q.shape[1];
+}
+
+// Split-KV pays when the (query tile, head, sequence) grid cannot fill the GPU: long-context
+// decode and small prefill chunks. `num_splits` 0 asks for this choice, n > 1 forces n. The tile
+// count is estimated with 128-row query tiles and 64-key blocks; each split keeps >= 4 key blocks.
+int choose_splits(const Problem& pr, int num_sms) {
+  if (pr.num_splits == 1) return 1;
+  if (pr.num_splits > 1) return pr.num_splits;
+  const int64_t tiles = (pr.max_q_len + 127) / 128 * pr.h_q * pr.batch;
+  const int64_t key_blocks = (pr.max_kv_len + 63) / 64;
+  if (tiles >= num_sms || key_blocks < 8) return 1;
+  int64_t splits = (2 * num_sms + tiles - 1) / tiles;  // about two waves of blocks
+  splits = std::min<int64_t>({splits, key_blocks / 4, 128, 65535 / std::max<int64_t>(pr.batch, 1)});
+  return splits < 2 ? 1 : static_cast<int>(splits);
+}
+
+int device_sms(int device) {
+  int sms = 0;
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+             "cudaDeviceGetAttribute");
+  return sms;
+}
+
+size_t partial_bytes(const AttentionParams& params, const Problem& pr, int splits) {
+  if (splits <= 1) return 0;
+  return static_cast<size_t>(splits) * q_rows(params, pr) * pr.h_q * (pr.head_dim + 1) *
+         sizeof(float);
 }
 
 }  // namespace
@@ -135,6 +168,14 @@ void cuda_forward(const AttentionParams& params, const Problem& pr) {
   strides(params.out, pr.varlen_q, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
   strides(params.k, pr.varlen_k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
   strides(params.v, pr.varlen_k, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  if (pr.paged) {  // [num_pages, page_size, h_kv, d]: dimension 0 is the page, not the sequence
+    p.block_table = params.block_table.ptr<const int32_t>();
+    p.block_table_stride = params.block_table.stride[0];
+    p.page_size = static_cast<int32_t>(pr.page_size);
+    p.k_page_stride = p.k_batch_stride;
+    p.v_page_stride = p.v_batch_stride;
+    p.k_batch_stride = p.v_batch_stride = 0;
+  }
   if (p.lse != nullptr) {
     const TensorView& l = params.lse;  // dense [batch, h_q, seqlen_q], varlen [h_q, total_q]
     p.lse_batch_stride = pr.varlen_q ? 0 : l.stride[0];
@@ -154,9 +195,31 @@ void cuda_forward(const AttentionParams& params, const Problem& pr) {
   p.scale = pr.scale;
   p.scale_log2 = static_cast<float>(pr.scale * M_LOG2E);
 
+  // Split-KV: explicit n > 1 needs the caller's workspace; automatic (0) splits only when the
+  // caller gave enough workspace (attention_workspace_size tells how much), else runs unsplit.
+  int splits = choose_splits(pr, device_sms(pr.device.index));
+  if (pr.batch * splits > 65535) unsupported("num_splits", cat("batch x num_splits exceeds 65535"));
+  const size_t need = partial_bytes(params, pr, splits);
+  if (splits > 1 && (params.workspace == nullptr || params.workspace_bytes < need ||
+                     reinterpret_cast<uintptr_t>(params.workspace) % 16 != 0)) {
+    if (pr.num_splits > 1)
+      throw Error(ErrorKind::kInvalidArgument, "workspace",
+                  cat("num_splits ", splits, " needs ", need,
+                      " bytes of 16-byte aligned device workspace, got ", params.workspace_bytes,
+                      params.workspace == nullptr ? " (null)" : ""));
+    splits = 1;
+  }
+  p.num_splits = splits;
+  p.q_rows = q_rows(params, pr);
+  if (splits > 1) {
+    p.o_partial = static_cast<float*>(params.workspace);
+    p.lse_partial = p.o_partial + static_cast<int64_t>(splits) * p.q_rows * pr.h_q * pr.head_dim;
+  }
+
   sm80::FwdLaunch launch{};
   launch.dtype = pr.dtype;
   launch.has_mask = p.window_left >= 0 || p.window_right >= 0;
+  launch.paged = pr.paged;
   launch.batch = static_cast<int>(pr.batch);
   launch.max_q_len = static_cast<int>(pr.max_q_len);
   launch.smem_per_block = smem;

@@ -36,6 +36,14 @@ struct KeyBlocks {
   }
 
   __device__ __forceinline__ bool needs_mask(int n) const { return n >= full_hi || n < full_lo; }
+
+  // Split-KV: keep split `split` of `splits` near-equal shares of [n_min, n_max) (may be empty).
+  __device__ __forceinline__ void keep_split(int split, int splits) {
+    const int per = (n_max - n_min + splits - 1) / splits;
+    const int lo = min(n_max, n_min + split * per);
+    n_max = min(n_max, lo + per);
+    n_min = lo;
+  }
 };
 
 // Sets to -inf the scores of one warp's S accumulators that the row may not see. `row0` is the

@@ -48,4 +48,28 @@ __device__ __forceinline__ void store_output(const float (&o)[kMTiles][kDTiles][
   }
 }
 
+// Split-KV epilogue: normalised fp32 O straight from the fragments (8-byte stores; the partial
+// buffers are small next to K/V in the cases that split) and the split's LSE. `o` points at the
+// warp's first row, rows `row_stride` floats apart; lse_out likewise with lse_row_stride.
+template <int kMTiles, int kDTiles>
+__device__ __forceinline__ void store_partial(const float (&o)[kMTiles][kDTiles][4],
+                                              const float (&lse)[kMTiles][2], float* out,
+                                              int64_t row_stride, float* lse_out,
+                                              int64_t lse_row_stride, int rows_valid, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = mi * 16 + r * 8 + g;
+      if (row >= rows_valid) continue;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt)
+        *reinterpret_cast<float2*>(out + row * row_stride + dt * 8 + 2 * t) =
+            make_float2(o[mi][dt][2 * r], o[mi][dt][2 * r + 1]);
+      if (t == 0) lse_out[row * lse_row_stride] = lse[mi][r];
+    }
+  }
+}
+
 }  // namespace flashserve::attention::sm80

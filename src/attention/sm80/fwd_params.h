@@ -33,6 +33,22 @@ struct FwdParams {
   int32_t window_left, window_right;
   float scale;       // softmax scale (for the natural-log LSE)
   float scale_log2;  // scale * log2(e), folded into the exponent's FFMA
+
+  // Paged KV (paged_kv.h): k/v are [num_pages, page_size, h_kv, d]; key j of sequence b is row
+  // j % page_size of page block_table[b][j / page_size]. k_row_stride is then the stride within a
+  // page and k_batch_stride is 0.
+  const int32_t* block_table;  // null: not paged
+  int64_t block_table_stride;
+  int64_t k_page_stride, v_page_stride;
+  int32_t page_size;
+
+  // Split-KV: grid z is batch * num_splits; split s of a tile takes its share of the tile's key
+  // blocks and writes fp32 O (normalised by its own sum) and its LSE to the partial buffers,
+  // which combine.h merges. num_splits == 1: no partials, out and lse are written directly.
+  int32_t num_splits;
+  float* o_partial;    // [num_splits, q_rows, h_q, d]
+  float* lse_partial;  // [num_splits, q_rows, h_q]
+  int64_t q_rows;      // rows of q: batch * seqlen_q (dense) or total_q (varlen)
 };
 
 // One sequence's lengths and where it starts. Offsets are computed where they are used (not held
@@ -56,6 +72,11 @@ struct SeqInfo {
       kv_len = p.seqlen_k;
     }
     if (p.seqused_k != nullptr) kv_len = p.seqused_k[b];
+  }
+
+  // Index of the sequence's row 0 among all rows of q (the partial buffers' row index).
+  __device__ __forceinline__ int64_t q_row0(const FwdParams& p) const {
+    return p.cu_seqlens_q ? int64_t{q_start} : int64_t{b} * p.seqlen_q;
   }
 
   // Element offsets of the sequence's row 0 (head 0) in each tensor.

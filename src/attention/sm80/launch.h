@@ -12,11 +12,16 @@ namespace flashserve::attention::sm80 {
 struct FwdLaunch {
   DType dtype;         // kBFloat16 or kFloat16
   bool has_mask;       // causal or a window side: the masked instantiation
+  bool paged;          // block_table given: the paged-KV instantiation
   int batch;           // grid z
   int max_q_len;       // grid x = ceil(max_q_len / block_m)
   int smem_per_block;  // the device's opt-in shared memory per block (picks the tiles)
   cudaStream_t stream;
 };
+
+// Merges the num_splits partial results of params (fp32 O and LSE per split) into out and lse.
+void run_combine(const FwdParams& params, DType dtype, int head_dim, int batch,
+                 cudaStream_t stream);
 
 // Throws flashserve::Error (kUnsupported when the device's shared memory is too small, kCuda when
 // the launch fails).

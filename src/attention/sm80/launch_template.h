@@ -19,32 +19,33 @@ inline void check_cuda(cudaError_t err, const char* what) {
     throw Error(ErrorKind::kCuda, "", std::string(what) + ": " + cudaGetErrorString(err));
 }
 
-template <class Cfg, class Elem, bool kHasMask>
+template <class Cfg, class Elem, bool kHasMask, bool kPaged>
 void launch_config(const FwdParams& params, const FwdLaunch& launch) {
-  auto* kernel = &fwd_kernel<Cfg, Elem, kHasMask>;
+  auto* kernel = &fwd_kernel<Cfg, Elem, kHasMask, kPaged>;
   check_cuda(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
       "cudaFuncSetAttribute (sm80 forward shared memory)");
-  const dim3 grid((launch.max_q_len + Cfg::kBlockM - 1) / Cfg::kBlockM, params.h_q, launch.batch);
+  const dim3 grid((launch.max_q_len + Cfg::kBlockM - 1) / Cfg::kBlockM, params.h_q,
+                  launch.batch * params.num_splits);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, launch.stream>>>(params);
   check_cuda(cudaGetLastError(), "sm80 forward kernel launch");
 }
 
 // Per mask, the Hopper-sized configuration, or the A100-sized one where it differs and the
 // device's shared memory is smaller.
-template <int kHeadDim, bool kHasMask>
+template <int kHeadDim, bool kHasMask, bool kPaged>
 void launch_mask(const FwdParams& params, const FwdLaunch& launch) {
   using Hopper = FwdConfig<kHeadDim, fwd_tiles(kHeadDim, kSmemHopper, kHasMask)>;
   using Ampere = FwdConfig<kHeadDim, fwd_tiles(kHeadDim, kSmemAmpere, kHasMask)>;
   const bool bf16 = launch.dtype == DType::kBFloat16;
   if (launch.smem_per_block >= Hopper::kSmemBytes) {
-    if (bf16) return launch_config<Hopper, __nv_bfloat16, kHasMask>(params, launch);
-    return launch_config<Hopper, __half, kHasMask>(params, launch);
+    if (bf16) return launch_config<Hopper, __nv_bfloat16, kHasMask, kPaged>(params, launch);
+    return launch_config<Hopper, __half, kHasMask, kPaged>(params, launch);
   }
   if constexpr (Ampere::kSmemBytes < Hopper::kSmemBytes) {
     if (launch.smem_per_block >= Ampere::kSmemBytes) {
-      if (bf16) return launch_config<Ampere, __nv_bfloat16, kHasMask>(params, launch);
-      return launch_config<Ampere, __half, kHasMask>(params, launch);
+      if (bf16) return launch_config<Ampere, __nv_bfloat16, kHasMask, kPaged>(params, launch);
+      return launch_config<Ampere, __half, kHasMask, kPaged>(params, launch);
     }
   }
   throw Error(ErrorKind::kUnsupported, "q",
@@ -56,8 +57,12 @@ void launch_mask(const FwdParams& params, const FwdLaunch& launch) {
 
 template <int kHeadDim>
 void run_fwd_impl(const FwdParams& params, const FwdLaunch& launch) {
-  if (launch.has_mask) return launch_mask<kHeadDim, true>(params, launch);
-  return launch_mask<kHeadDim, false>(params, launch);
+  if (launch.paged) {
+    if (launch.has_mask) return launch_mask<kHeadDim, true, true>(params, launch);
+    return launch_mask<kHeadDim, false, true>(params, launch);
+  }
+  if (launch.has_mask) return launch_mask<kHeadDim, true, false>(params, launch);
+  return launch_mask<kHeadDim, false, false>(params, launch);
 }
 
 }  // namespace flashserve::attention::sm80

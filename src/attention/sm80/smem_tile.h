@@ -42,4 +42,32 @@ __device__ __forceinline__ void load_tile_async(Elem* smem, const Elem* gmem, in
   }
 }
 
+// Paged K or V: key `key0 + row` of the sequence lives in page table[(key0 + row) / page_size] at
+// row (key0 + row) % page_size; `head_base` already points at the kv head. Any page size; each
+// thread looks up the pages of its own rows (the table row is small and stays in L1).
+template <int kRows, int kHeadDim, int kThreads, class Elem>
+__device__ __forceinline__ void load_tile_paged_async(Elem* smem, const Elem* head_base,
+                                                      const int32_t* table, int page_size,
+                                                      int64_t page_stride, int64_t row_stride,
+                                                      int key0, int valid_rows, int tid) {
+  constexpr int kChunksPerRow = kHeadDim / 8;
+  static_assert(kThreads % kChunksPerRow == 0);
+  constexpr int kRowStep = kThreads / kChunksPerRow;
+  static_assert(kRows % kRowStep == 0);
+  const int row0 = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
+  const uint32_t base = smem_addr(smem);
+#pragma unroll
+  for (int i = 0; i < kRows / kRowStep; ++i) {
+    const int row = row0 + i * kRowStep;
+    const bool ok = row < valid_rows;
+    const Elem* src = head_base;
+    if (ok) {
+      const int key = key0 + row;
+      const int64_t page = table[key / page_size];
+      src = head_base + page * page_stride + (key % page_size) * row_stride + chunk * 8;
+    }
+    cp_async_16(base + 2 * swizzled<kHeadDim>(row, chunk), src, ok);
+  }
+}
+
 }  // namespace flashserve::attention::sm80
