@@ -31,6 +31,8 @@ struct OnlineSoftmax {
   template <int kNTiles, int kDTiles>
   __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4],
                                          float (&o)[kMTiles][kDTiles][4], float scale_log2) {
+    float correction[kMTiles][2];
+    bool changed = false;
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi) {
 #pragma unroll
@@ -42,7 +44,8 @@ struct OnlineSoftmax {
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         const float base = m == -INFINITY ? 0.0f : m * scale_log2;
-        const float correction = fast_exp2(row_max[mi][r] * scale_log2 - base);
+        correction[mi][r] = fast_exp2(row_max[mi][r] * scale_log2 - base);
+        changed |= m != row_max[mi][r];
         row_max[mi][r] = m;
         float sum = 0.0f;
 #pragma unroll
@@ -54,13 +57,25 @@ struct OnlineSoftmax {
             sum += p;
           }
         }
-        row_sum[mi][r] = row_sum[mi][r] * correction + sum;
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          o[mi][dt][2 * r] *= correction;
-          o[mi][dt][2 * r + 1] *= correction;
-        }
+        row_sum[mi][r] = row_sum[mi][r] * correction[mi][r] + sum;
       }
+    }
+    // Once the running max settles (after the first few blocks, on most rows) the correction is
+    // exactly 1: skip the O rescale (kMTiles x kDTiles x 4 FMULs per block, as many as the scores
+    // themselves for d128) unless some row of the warp moved. The vote keeps the branch uniform.
+#ifndef FS_ALWAYS_RESCALE
+    if (__any_sync(0xffffffffu, changed))
+#endif
+    {
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int dt = 0; dt < kDTiles; ++dt) {
+            o[mi][dt][2 * r] *= correction[mi][r];
+            o[mi][dt][2 * r + 1] *= correction[mi][r];
+          }
     }
   }
 
