@@ -10,3 +10,7 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE=/usr/bin/
   ${FLASHSERVE_CUDA_ARCHS:+-DFLASHSERVE_CUDA_ARCHS="$FLASHSERVE_CUDA_ARCHS"} ${CMAKE_ARGS:-}
 cmake --build "$BUILD" -j "$JOBS"
 ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS" ${CTEST_ARGS:-}
+# Without a GPU the GPU tests are reported as skipped above; say why, in the tests' own words.
+if [ -x "$BUILD/tests/test_gpu" ] && ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "GPU tests: $("$BUILD/tests/test_gpu" --gtest_filter='GpuErrors.*' | grep -m1 -o 'skipped: no CUDA device')"
+fi
