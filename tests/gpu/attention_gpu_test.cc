@@ -375,9 +375,11 @@ TEST(GpuErrors, RefusesWhatItCannotRun) {
   CaseSpec odd = base;
   odd.head_dim = 72;
   expect_error(odd, "q", nullptr);                  // head dim without a kernel
+  base.with_lse = false;
   expect_error(base, "q", [](AttentionParams& p) {  // a base pointer off 16-byte alignment
     p.q.data = static_cast<char*>(p.q.data) + 2;
-    p.q.shape[1] -= 1;
+    p.q.shape[1] -= 1;  // stay inside the allocation; out follows so only q is at fault
+    p.out.shape[1] -= 1;
   });
 }
 
