@@ -62,6 +62,25 @@ void check_aligned(const TensorView& t, const char* name) {
                             " must be a multiple of 16 bytes for the CUDA kernels"));
 }
 
+// A stream-ordered device allocation freed (stream-ordered) when the call returns or throws.
+class StreamScratch {
+ public:
+  explicit StreamScratch(cudaStream_t stream) : stream_(stream) {}
+  void* allocate(size_t bytes) {
+    check_cuda(cudaMallocAsync(&ptr_, bytes, stream_), "cudaMallocAsync (split-KV partials)");
+    return ptr_;
+  }
+  ~StreamScratch() {
+    if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
+  }
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+
+ private:
+  cudaStream_t stream_;
+  void* ptr_ = nullptr;
+};
+
 // A window side wider than any sequence is the same as unbounded; clamping keeps the kernels'
 // row + offset + window arithmetic inside int32.
 int32_t clamp_window(int64_t side, int64_t bound) {
@@ -112,9 +131,6 @@ void cuda_forward(const AttentionParams& params, const Problem& pr) {
   if (pr.head_dim_v != pr.head_dim)
     unsupported("v", cat("head_dim ", pr.head_dim_v, " differs from q's ", pr.head_dim,
                          "; the CUDA kernels need equal head dims"));
-  if (pr.paged) unsupported("block_table", "paged KV is not implemented by the CUDA kernels yet");
-  if (pr.num_splits > 1)
-    unsupported("num_splits", "split-KV is not implemented by the CUDA kernels yet (use 0 or 1)");
   if (!(pr.scale > 0.0f))
     unsupported("softmax_scale", "must be positive for the CUDA kernels (the row max assumes it)");
   if (pr.batch > 65535) unsupported("q", cat("batch ", pr.batch, " exceeds the grid limit 65535"));
@@ -195,24 +211,31 @@ void cuda_forward(const AttentionParams& params, const Problem& pr) {
   p.scale = pr.scale;
   p.scale_log2 = static_cast<float>(pr.scale * M_LOG2E);
 
-  // Split-KV: explicit n > 1 needs the caller's workspace; automatic (0) splits only when the
-  // caller gave enough workspace (attention_workspace_size tells how much), else runs unsplit.
+  // Split-KV partials live in the caller's workspace (attention_workspace_size says how much; a
+  // serving loop allocates it once, which keeps the call CUDA-graph safe). Automatic splitting
+  // (num_splits 0) happens only when that workspace was given; an explicit n > 1 without it gets
+  // a stream-ordered scratch allocation for this call.
+  const cudaStream_t stream = static_cast<cudaStream_t>(params.stream);
   int splits = choose_splits(pr, device_sms(pr.device.index));
   if (pr.batch * splits > 65535) unsupported("num_splits", cat("batch x num_splits exceeds 65535"));
   const size_t need = partial_bytes(params, pr, splits);
-  if (splits > 1 && (params.workspace == nullptr || params.workspace_bytes < need ||
-                     reinterpret_cast<uintptr_t>(params.workspace) % 16 != 0)) {
+  void* partials = params.workspace;
+  StreamScratch scratch(stream);
+  if (splits > 1 && params.workspace != nullptr &&
+      (params.workspace_bytes < need || reinterpret_cast<uintptr_t>(params.workspace) % 16 != 0))
+    throw Error(ErrorKind::kInvalidArgument, "workspace",
+                cat("num_splits ", splits, " needs ", need,
+                    " bytes of 16-byte aligned device workspace, got ", params.workspace_bytes));
+  if (splits > 1 && partials == nullptr) {
     if (pr.num_splits > 1)
-      throw Error(ErrorKind::kInvalidArgument, "workspace",
-                  cat("num_splits ", splits, " needs ", need,
-                      " bytes of 16-byte aligned device workspace, got ", params.workspace_bytes,
-                      params.workspace == nullptr ? " (null)" : ""));
-    splits = 1;
+      partials = scratch.allocate(need);
+    else
+      splits = 1;
   }
   p.num_splits = splits;
   p.q_rows = q_rows(params, pr);
   if (splits > 1) {
-    p.o_partial = static_cast<float*>(params.workspace);
+    p.o_partial = static_cast<float*>(partials);
     p.lse_partial = p.o_partial + static_cast<int64_t>(splits) * p.q_rows * pr.h_q * pr.head_dim;
   }
 
@@ -223,20 +246,30 @@ void cuda_forward(const AttentionParams& params, const Problem& pr) {
   launch.batch = static_cast<int>(pr.batch);
   launch.max_q_len = static_cast<int>(pr.max_q_len);
   launch.smem_per_block = smem;
-  launch.stream = static_cast<cudaStream_t>(params.stream);
+  launch.stream = stream;
   switch (pr.head_dim) {
     case 64:
-      return sm80::run_fwd<64>(p, launch);
+      sm80::run_fwd<64>(p, launch);
+      break;
     case 128:
-      return sm80::run_fwd<128>(p, launch);
+      sm80::run_fwd<128>(p, launch);
+      break;
     default:
-      return sm80::run_fwd<256>(p, launch);
+      sm80::run_fwd<256>(p, launch);
+      break;
   }
+  if (splits > 1)
+    sm80::run_combine(p, pr.dtype, static_cast<int>(pr.head_dim), launch.batch, launch.stream);
 }
 
-// Split-KV is not implemented yet (cuda_forward refuses num_splits > 1), so no call needs scratch.
-size_t cuda_workspace_size(const AttentionParams&, const Problem&) {
-  return 0;
+// Partial O and LSE of every split (none when the call would not split).
+size_t cuda_workspace_size(const AttentionParams& params, const Problem& pr) {
+  if (pr.dtype == DType::kFloat32 || pr.batch == 0 || pr.max_q_len == 0) return 0;
+  if (pr.head_dim != 64 && pr.head_dim != 128 && pr.head_dim != 256) return 0;
+  int count = 0;
+  check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  if (pr.device.index < 0 || pr.device.index >= count) return 0;
+  return partial_bytes(params, pr, choose_splits(pr, device_sms(pr.device.index)));
 }
 
 }  // namespace flashserve::attention

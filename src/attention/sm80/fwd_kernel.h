@@ -19,7 +19,7 @@
 
 namespace flashserve::attention::sm80 {
 
-template <class Cfg, class Elem, bool kHasMask, bool kPaged>
+template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     fwd_kernel(const __grid_constant__ FwdParams p) {
   constexpr int D = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kS = Cfg::kStages;
@@ -34,14 +34,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   // shortens the tail of the grid.
   const int m_block = kHasMask ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   const int head = blockIdx.y;
-  const int batch = p.num_splits == 1 ? blockIdx.z : blockIdx.z / p.num_splits;
-  const int split = p.num_splits == 1 ? 0 : blockIdx.z % p.num_splits;
+  // Split-KV is its own instantiation so that the unsplit kernels carry none of its registers.
+  const int batch = kSplit ? blockIdx.z / p.num_splits : blockIdx.z;
   const SeqInfo seq(p, batch);
   const int m0 = m_block * kBM;
   if (m0 >= seq.q_len) return;  // varlen: this sequence is shorter than the grid's longest
   const int kv_head = head / p.h_ratio;
   KeyBlocks<kBM, kBN, kHasMask> blocks(m0, seq.q_len, seq.kv_len, p.window_left, p.window_right);
-  if (p.num_splits > 1) blocks.keep_split(split, p.num_splits);
+  if constexpr (kSplit) blocks.keep_split(blockIdx.z % p.num_splits, p.num_splits);
 
   const Elem* q =
       static_cast<const Elem*>(p.q) + seq.q_off(p) + m0 * p.q_row_stride + head * p.q_head_stride;
@@ -150,20 +150,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   float lse[kMT][2];
   softmax.finish(acc_o, p.scale, lse);
   const int rows_valid = seq.q_len - m0 - warp_row;
-  if (p.num_splits > 1) {
+  if constexpr (kSplit) {
     const int64_t row = seq.q_row0(p) + m0 + warp_row;  // among all q rows
-    const int64_t slot = (split * p.q_rows + row) * p.h_q + head;
+    const int64_t slot = (blockIdx.z % p.num_splits * p.q_rows + row) * p.h_q + head;
     store_partial<kMT, kDT>(acc_o, lse, p.o_partial + slot * D, int64_t{p.h_q} * D,
                             p.lse_partial + slot, p.h_q, rows_valid, lane);
-    return;
+  } else {
+    Elem* out = static_cast<Elem*>(p.out) + seq.o_off(p) + (m0 + warp_row) * p.o_row_stride +
+                head * p.o_head_stride;
+    float* lse_out = p.lse == nullptr ? nullptr
+                                      : p.lse + seq.lse_off(p) + head * p.lse_head_stride +
+                                            (m0 + warp_row) * p.lse_row_stride;
+    store_output<D, kMT, kDT>(acc_o, lse, sq_warp, out, p.o_row_stride, lse_out, p.lse_row_stride,
+                              rows_valid, lane);
   }
-  Elem* out = static_cast<Elem*>(p.out) + seq.o_off(p) + (m0 + warp_row) * p.o_row_stride +
-              head * p.o_head_stride;
-  float* lse_out = p.lse == nullptr ? nullptr
-                                    : p.lse + seq.lse_off(p) + head * p.lse_head_stride +
-                                          (m0 + warp_row) * p.lse_row_stride;
-  store_output<D, kMT, kDT>(acc_o, lse, sq_warp, out, p.o_row_stride, lse_out, p.lse_row_stride,
-                            rows_valid, lane);
 }
 
 }  // namespace flashserve::attention::sm80

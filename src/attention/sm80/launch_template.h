@@ -21,7 +21,8 @@ inline void check_cuda(cudaError_t err, const char* what) {
 
 template <class Cfg, class Elem, bool kHasMask, bool kPaged>
 void launch_config(const FwdParams& params, const FwdLaunch& launch) {
-  auto* kernel = &fwd_kernel<Cfg, Elem, kHasMask, kPaged>;
+  auto* kernel = params.num_splits > 1 ? &fwd_kernel<Cfg, Elem, kHasMask, kPaged, true>
+                                       : &fwd_kernel<Cfg, Elem, kHasMask, kPaged, false>;
   check_cuda(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
       "cudaFuncSetAttribute (sm80 forward shared memory)");

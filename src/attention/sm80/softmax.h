@@ -63,10 +63,10 @@ struct OnlineSoftmax {
     // Once the running max settles (after the first few blocks, on most rows) the correction is
     // exactly 1: skip the O rescale (kMTiles x kDTiles x 4 FMULs per block, as many as the scores
     // themselves for d128) unless some row of the warp moved. The vote keeps the branch uniform.
-#ifndef FS_ALWAYS_RESCALE
-    if (__any_sync(0xffffffffu, changed))
-#endif
-    {
+    // Only where O is at least as large as S (d128, d256): for d64 the saving is small and the
+    // vote's live ranges cost spills (measured slower).
+    constexpr bool kSkipUnchanged = kDTiles >= kNTiles;
+    if (!kSkipUnchanged || __any_sync(0xffffffffu, changed)) {
 #pragma unroll
       for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
