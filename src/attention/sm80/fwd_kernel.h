@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     for (int dt = 0; dt < kDT; ++dt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_o[mi][dt][e] = 0.0f;
-  OnlineSoftmax<kMT> softmax;
+  OnlineSoftmax<kMT, Cfg::kSkipUnchangedRescale> softmax;
 
   const int warp_row = warp * Cfg::kWarpRows;  // the warp's first row within the tile
   Elem* sq_warp = sq + warp_row * D;

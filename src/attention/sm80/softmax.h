@@ -9,7 +9,7 @@
 
 namespace flashserve::attention::sm80 {
 
-template <int kMTiles>
+template <int kMTiles, bool kSkipUnchangedRescale>
 struct OnlineSoftmax {
   float row_max[kMTiles][2];  // raw (unscaled) running max of the scores; -inf: nothing seen yet
   float row_sum[kMTiles][2];  // this thread's part of sum exp(scale * (s - row_max))
@@ -61,12 +61,9 @@ struct OnlineSoftmax {
       }
     }
     // Once the running max settles (after the first few blocks, on most rows) the correction is
-    // exactly 1: skip the O rescale (kMTiles x kDTiles x 4 FMULs per block, as many as the scores
-    // themselves for d128) unless some row of the warp moved. The vote keeps the branch uniform.
-    // Only where O is at least as large as S (d128, d256): for d64 the saving is small and the
-    // vote's live ranges cost spills (measured slower).
-    constexpr bool kSkipUnchanged = kDTiles >= kNTiles;
-    if (!kSkipUnchanged || __any_sync(0xffffffffu, changed)) {
+    // exactly 1, and the O rescale (kMTiles x kDTiles x 4 FMULs) can be skipped unless some row
+    // of the warp moved; the vote keeps the branch uniform. Per configuration (tile_config.h).
+    if (!kSkipUnchangedRescale || __any_sync(0xffffffffu, changed)) {
 #pragma unroll
       for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
