@@ -13,8 +13,8 @@ struct Tiles {
   // H200: +1..+6% for d128 and masked d256, -2..-3.5% for unmasked d256 (8 warps, 2 stages) and
   // -3..-8% for d64 (spills), so it is a per-configuration choice.
   bool skip_unchanged_rescale;
-  int min_blocks_per_sm;  // __launch_bounds__ occupancy hint: caps registers at 64K / (threads *
-                          // it)
+  // __launch_bounds__ occupancy hint: caps registers at 64K / (threads * min_blocks_per_sm).
+  int min_blocks_per_sm;
 };
 
 // Shared memory a configuration needs: Q once plus `stages` buffers of K and of V (2-byte
@@ -25,7 +25,7 @@ constexpr int fwd_smem_bytes(int head_dim, Tiles t) {
 
 // The configuration for a head dim, mask, and a device that lets a block opt in to
 // `smem_per_block` bytes of shared memory (H100/H200: 227 KB, A100: 163 KB, sm86/sm89: 99 KB).
-// Chosen by measurement on the H200 (docs/kernel-notes.md, "tuning"), FA2's grid, bf16.
+// Chosen by measurement on the H200 (docs/kernel-notes.md, runs 2-6), FA2's grid, bf16.
 //
 // Each warp owns two m16 slices (32 query rows) where registers allow: every K/V fragment a warp
 // reads from shared memory then feeds two MMAs, which halves shared-memory traffic per FLOP (with
@@ -42,7 +42,7 @@ constexpr Tiles fwd_tiles(int head_dim, int smem_per_block, bool masked) {
       return {128, 128, 4, 1, false, 2};
     case 128:
       // 4 warps x 32 rows. O is 2x16x4 = 128 fp32 per thread, so S gets 64 keys (64 fp32) to
-      // stay near 255 registers (ptxas still spills ~100 bytes, off the MMA path). 64 KB smem;
+      // stay near 255 registers (ptxas still spills 64-80 bytes, off the MMA path). 64 KB smem;
       // two blocks per SM. 128x32 and 8-warp variants measured 5-20% slower.
       return {128, 64, 4, 1, true, 2};
     case 256:
