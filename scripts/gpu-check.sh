@@ -28,7 +28,8 @@ summary=()
 note() { summary+=("$1"); echo "== $1"; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+# The device gets a copy of the tree without .git: pass COMMIT=<hash> there.
+commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 dirty=$(git status --porcelain 2>/dev/null | grep -v '^??' | wc -l)
 note "commit $commit (+$dirty modified files), $(date -u +%F), ARCHS=$ARCHS"
 

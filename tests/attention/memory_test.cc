@@ -57,10 +57,10 @@ TEST(CpuMemory, ExtraMemoryIsFlatInSequenceLength) {
     extras.push_back(extra);
     const auto pr = attention::describe(p);
     const int64_t reported = static_cast<int64_t>(attention::cpu_scratch_bytes(pr, n, workers));
-    // The report is what is allocated, up to small bookkeeping (lengths per sequence, the
-    // workspace vector's headers).
+    // The report is what is allocated, up to small bookkeeping (lengths per sequence, and per
+    // worker the headers of its workspace vectors and its task: measured 2.8 KB with 16 workers).
     EXPECT_GE(extra, reported) << "n=" << n;
-    EXPECT_LE(extra, reported + 2048) << "n=" << n;
+    EXPECT_LE(extra, reported + 2048 + 256 * workers) << "n=" << n;
   }
   EXPECT_EQ(extras[0], extras[1]);
   EXPECT_EQ(extras[1], extras[2]);
