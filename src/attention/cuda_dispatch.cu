@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <sstream>
 #include <string>
 
+#include "common/str_cat.h"
 #include "backends.h"
 #include "sm80/fwd_params.h"
 #include "sm80/launch.h"
@@ -18,9 +18,7 @@ namespace {
 
 template <typename... Args>
 std::string cat(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
+  return str_cat(args...);
 }
 
 [[noreturn]] void unsupported(const std::string& arg, const std::string& what) {

@@ -5,7 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <sstream>
+
+#include "common/str_cat.h"
 
 namespace flashserve::attention {
 namespace {
@@ -19,9 +20,7 @@ constexpr int32_t kMaxSplits = 256;
 
 template <typename... Args>
 std::string cat(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
+  return str_cat(args...);
 }
 
 bool is_float(DType t) {
@@ -115,12 +114,15 @@ Problem describe(const AttentionParams& p) {
   check_view(p.v, "v", (pr.varlen_k ? 3 : 4));
   pr.device = p.q.device;
   pr.dtype = p.q.dtype;
-  if (!is_float(pr.dtype)) fail("q", cat("dtype ", dtype_name(pr.dtype), " is not supported (float32, float16, bfloat16)"));
+  if (!is_float(pr.dtype))
+    fail("q",
+         cat("dtype ", dtype_name(pr.dtype), " is not supported (float32, float16, bfloat16)"));
   const TensorView* same[] = {&p.k, &p.v, &p.out};
   const char* same_name[] = {"k", "v", "out"};
   for (int i = 0; i < 3; ++i) {
     if (same[i]->dtype != pr.dtype)
-      fail(same_name[i], cat("dtype ", dtype_name(same[i]->dtype), " differs from q's ", dtype_name(pr.dtype)));
+      fail(same_name[i],
+           cat("dtype ", dtype_name(same[i]->dtype), " differs from q's ", dtype_name(pr.dtype)));
     if (!(same[i]->device == pr.device)) fail(same_name[i], "must be on the same device as q");
   }
   const int qr = p.q.rank, kr = p.k.rank;
@@ -162,7 +164,8 @@ Problem describe(const AttentionParams& p) {
   if (pr.paged) {
     check_view(p.block_table, "block_table", 2);
     if (p.block_table.dtype != DType::kInt32) fail("block_table", "expected int32");
-    if (!(p.block_table.device == pr.device)) fail("block_table", "must be on the same device as q");
+    if (!(p.block_table.device == pr.device))
+      fail("block_table", "must be on the same device as q");
     if (p.block_table.shape[0] != pr.batch)
       fail("block_table", cat("has ", p.block_table.shape[0], " rows for a batch of ", pr.batch));
     pr.num_pages = p.k.shape[0];
@@ -178,7 +181,8 @@ Problem describe(const AttentionParams& p) {
 
   if (p.lse.defined()) {
     check_view(p.lse, "lse", varlen_q ? 2 : 3);
-    if (p.lse.dtype != DType::kFloat32) fail("lse", cat("expected float32, got ", dtype_name(p.lse.dtype)));
+    if (p.lse.dtype != DType::kFloat32)
+      fail("lse", cat("expected float32, got ", dtype_name(p.lse.dtype)));
     if (!(p.lse.device == pr.device)) fail("lse", "must be on the same device as q");
     const bool ok = varlen_q ? (p.lse.shape[0] == pr.h_q && p.lse.shape[1] == p.q.shape[0])
                              : (p.lse.shape[0] == pr.batch && p.lse.shape[1] == pr.h_q &&
@@ -195,8 +199,8 @@ Problem describe(const AttentionParams& p) {
 
   // Scalars.
   if (!std::isfinite(p.softmax_scale)) fail("softmax_scale", "must be finite");
-  pr.scale = p.softmax_scale != 0.0f ? p.softmax_scale
-                                     : 1.0f / std::sqrt(static_cast<float>(pr.head_dim));
+  pr.scale =
+      p.softmax_scale != 0.0f ? p.softmax_scale : 1.0f / std::sqrt(static_cast<float>(pr.head_dim));
   if (p.window_left < -1) fail("window_left", cat("must be >= -1, got ", p.window_left));
   if (p.window_right < -1) fail("window_right", cat("must be >= -1, got ", p.window_right));
   if (p.causal && p.window_right > 0)
@@ -226,8 +230,8 @@ Problem describe(const AttentionParams& p) {
     int64_t longest = 0;
     for (int64_t b = 0; b < pr.batch; ++b) {
       if (c[b + 1] < c[b])
-        fail(name, cat("must be non-decreasing, but entry ", b + 1, " (", c[b + 1],
-                       ") < entry ", b, " (", c[b], ")"));
+        fail(name, cat("must be non-decreasing, but entry ", b + 1, " (", c[b + 1], ") < entry ", b,
+                       " (", c[b], ")"));
       longest = std::max<int64_t>(longest, c[b + 1] - c[b]);
     }
     if (c[pr.batch] > rows)
@@ -260,7 +264,8 @@ Problem describe(const AttentionParams& p) {
       }
     }
     if ((pr.paged || pr.varlen_k) && p.max_seqlen_k != 0 && p.max_seqlen_k < longest)
-      fail("max_seqlen_k", cat(p.max_seqlen_k, " is less than the longest sequence (", longest, ")"));
+      fail("max_seqlen_k",
+           cat(p.max_seqlen_k, " is less than the longest sequence (", longest, ")"));
     if (pr.paged || pr.varlen_k) pr.max_kv_len = longest;
   }
   return pr;
@@ -321,7 +326,11 @@ int64_t HostLayout::kv_row(const TensorView& x, int64_t b, int64_t j, int64_t h)
   return b * x.stride[0] + j * x.stride[1] + h * x.stride[2];
 }
 
-int64_t HostLayout::k_offset(int64_t b, int64_t j, int64_t h) const { return kv_row(p_.k, b, j, h); }
-int64_t HostLayout::v_offset(int64_t b, int64_t j, int64_t h) const { return kv_row(p_.v, b, j, h); }
+int64_t HostLayout::k_offset(int64_t b, int64_t j, int64_t h) const {
+  return kv_row(p_.k, b, j, h);
+}
+int64_t HostLayout::v_offset(int64_t b, int64_t j, int64_t h) const {
+  return kv_row(p_.v, b, j, h);
+}
 
 }  // namespace flashserve::attention

@@ -1,7 +1,5 @@
 #include "flashserve/tensor.h"
 
-#include <sstream>
-
 #include "flashserve/error.h"
 
 namespace flashserve {
@@ -26,32 +24,40 @@ TensorView make_view(void* data, DType dtype, std::initializer_list<int64_t> sha
 
 size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return 4;
-    case DType::kFloat16: return 2;
-    case DType::kBFloat16: return 2;
-    case DType::kInt32: return 4;
-    case DType::kFloat64: return 8;
+    case DType::kFloat32:
+      return 4;
+    case DType::kFloat16:
+      return 2;
+    case DType::kBFloat16:
+      return 2;
+    case DType::kInt32:
+      return 4;
+    case DType::kFloat64:
+      return 8;
   }
   return 1;
 }
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return "float32";
-    case DType::kFloat16: return "float16";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kInt32: return "int32";
-    case DType::kFloat64: return "float64";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kInt32:
+      return "int32";
+    case DType::kFloat64:
+      return "float64";
   }
   return "unknown";
 }
 
 std::string shape_string(const TensorView& t) {
-  std::ostringstream os;
-  os << '[';
-  for (int i = 0; i < t.rank; ++i) os << (i ? ", " : "") << t.shape[i];
-  os << ']';
-  return os.str();
+  std::string s = "[";
+  for (int i = 0; i < t.rank; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  return s + "]";
 }
 
 }  // namespace flashserve
