@@ -53,7 +53,8 @@ if ((tests)); then
   rc=$?
   note "ctest (cpu+gpu+python): $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1) [rc=$rc, $(( $(date +%s) - t0 )) s]"
   grep -E "Failed|\*\*\*" "$OUT/ctest.log" | head -20
-  note "gpu tests: $(grep -cE 'Test +#[0-9]+: Shapes/Gpu|Test +#[0-9]+: Gpu' "$OUT/ctest.log") run, $(grep -E 'Gpu' "$OUT/ctest.log" | grep -c 'Passed') passed, $(grep -E 'Gpu' "$OUT/ctest.log" | grep -c 'Skipped') skipped"
+  gpu_lines=$(grep -E 'Test +#[0-9]+: (Shapes/)?Gpu' "$OUT/ctest.log")
+  note "gpu tests: $(grep -c . <<<"$gpu_lines") run, $(grep -c ' Passed' <<<"$gpu_lines") passed, $(grep -c 'Skipped' <<<"$gpu_lines") skipped"
   grep -E "python_package" "$OUT/ctest.log" | tail -1
 fi
 
