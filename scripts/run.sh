@@ -6,4 +6,4 @@ bash scripts/deps.sh
 BUILD=${BUILD:-build/release}
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFLASHSERVE_TESTS=OFF ${CMAKE_ARGS:-}
 cmake --build "$BUILD" -j "$(nproc)" --target flashserve
-"$BUILD/flashserve" "${@:-demo}"
+"$BUILD/src/flashserve" "${@:-demo}"
