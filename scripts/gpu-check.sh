@@ -53,7 +53,7 @@ if ((tests)); then
   rc=$?
   note "ctest (cpu+gpu+python): $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1) [rc=$rc, $(( $(date +%s) - t0 )) s]"
   grep -E "Failed|\*\*\*" "$OUT/ctest.log" | head -20
-  gpu_lines=$(grep -E 'Test +#[0-9]+: (Shapes/)?Gpu' "$OUT/ctest.log")
+  gpu_lines=$(grep -E 'Test +#[0-9]+: ((Shapes|Sanitize)/)?Gpu' "$OUT/ctest.log")
   note "gpu tests: $(grep -c . <<<"$gpu_lines") run, $(grep -c ' Passed' <<<"$gpu_lines") passed, $(grep -c 'Skipped' <<<"$gpu_lines") skipped"
   grep -E "python_package" "$OUT/ctest.log" | tail -1
 fi

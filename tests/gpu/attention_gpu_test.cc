@@ -2,8 +2,9 @@
 //
 // Every case copies the host buffers of a tests/support AttentionCase (fresh random inputs; out and
 // lse poisoned with NaN, unused KV slots too) to the device, runs attention_forward on the device
-// views, copies out and lse back and compares with DESIGN.md's tolerance. Suites named *Sanitize*
-// are the small representative subset that scripts/gpu-check.sh runs under compute-sanitizer.
+// views, copies out and lse back and compares with DESIGN.md's tolerance. The instantiation named
+// Sanitize is the small representative subset that scripts/gpu-check.sh runs under
+// compute-sanitizer.
 // Without a CUDA device every test skips with "skipped: no CUDA device".
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -85,90 +86,71 @@ void check_case(const CaseSpec& spec) {
 // The shape list: odd lengths, q_len != kv_len both ways, GQA 1/4/8, head dims 64/128/256,
 // causal, windows, varlen with an empty sequence, strided views, with and without lse.
 
+// A dense case; callers set what else differs.
+CaseSpec spec(DType dt, int64_t d, int64_t batch, std::vector<int64_t> q_lens,
+              std::vector<int64_t> kv_lens, int64_t h_q, int64_t h_kv, bool causal = false) {
+  CaseSpec s;
+  s.dtype = dt;
+  s.head_dim = d;
+  s.batch = batch;
+  s.q_lens = std::move(q_lens);
+  s.kv_lens = std::move(kv_lens);
+  s.h_q = h_q;
+  s.h_kv = h_kv;
+  s.causal = causal;
+  return s;
+}
+
+CaseSpec varlen(CaseSpec s) {
+  s.q_layout = QLayout::kVarlen;
+  s.kv_layout = KVLayout::kVarlen;
+  return s;
+}
+
 std::vector<CaseSpec> forward_cases() {
+  constexpr DType bf16 = DType::kBFloat16, fp16 = DType::kFloat16;
   std::vector<CaseSpec> v;
-  for (DType dt : {DType::kBFloat16, DType::kFloat16})
+  for (DType dt : {bf16, fp16})
     for (int64_t d : {64, 128, 256})
       for (bool causal : {false, true}) {
-        for (int64_t len : {1, 17, 127, 1000}) {
-          CaseSpec s;
-          s.dtype = dt;
-          s.head_dim = d;
-          s.causal = causal;
-          s.batch = 2;
-          s.q_lens = {len};
-          s.kv_lens = {len};
-          s.h_q = 4;
-          s.h_kv = 1;
-          v.push_back(s);
-        }
-        CaseSpec s;  // fewer queries than keys (a prefill chunk over a cached prefix)
-        s.dtype = dt;
-        s.head_dim = d;
-        s.causal = causal;
-        s.batch = 1;
-        s.q_lens = {77};
-        s.kv_lens = {300};
-        s.h_q = 8;
-        s.h_kv = 1;
-        v.push_back(s);
-        s.q_lens = {300};  // more queries than keys: the first rows see nothing when causal
-        s.kv_lens = {77};
-        s.h_q = 2;
-        s.h_kv = 2;
-        v.push_back(s);
+        for (int64_t len : {1, 17, 127, 1000})
+          v.push_back(spec(dt, d, 2, {len}, {len}, 4, 1, causal));
+        // Fewer queries than keys (a prefill chunk over a cached prefix), GQA 8; then more
+        // queries than keys: the first rows see nothing when causal.
+        v.push_back(spec(dt, d, 1, {77}, {300}, 8, 1, causal));
+        v.push_back(spec(dt, d, 1, {300}, {77}, 2, 2, causal));
       }
   for (int64_t d : {64, 128, 256}) {
-    CaseSpec s;  // varlen batch including an empty sequence and a decode row
-    s.dtype = DType::kBFloat16;
-    s.head_dim = d;
-    s.batch = 5;
-    s.q_layout = QLayout::kVarlen;
-    s.kv_layout = KVLayout::kVarlen;
-    s.q_lens = {33, 0, 1, 200, 64};
-    s.kv_lens = {33, 0, 513, 200, 129};
-    s.h_q = 8;
-    s.h_kv = 2;
-    s.causal = true;
+    // Varlen batch including an empty sequence and a decode row; causal, then a two-sided window.
+    CaseSpec s = varlen(spec(bf16, d, 5, {33, 0, 1, 200, 64}, {33, 0, 513, 200, 129}, 8, 2, true));
     v.push_back(s);
     s.causal = false;
     s.window_left = 40;
     s.window_right = 7;
     v.push_back(s);
-    CaseSpec w;  // sliding window, dense, causal
-    w.dtype = DType::kFloat16;
-    w.head_dim = d;
-    w.batch = 2;
-    w.q_lens = {500};
-    w.kv_lens = {500};
-    w.h_q = 4;
-    w.h_kv = 4;
-    w.causal = true;
+    CaseSpec w = spec(fp16, d, 2, {500}, {500}, 4, 4, true);  // causal sliding window
     w.window_left = 100;
     v.push_back(w);
-    CaseSpec p;  // strided views (a pad of 8 elements keeps rows 16-byte aligned), no lse
-    p.dtype = DType::kBFloat16;
-    p.head_dim = d;
-    p.batch = 3;
-    p.q_lens = {129};
-    p.kv_lens = {257};
-    p.h_q = 4;
-    p.h_kv = 2;
-    p.pad = 8;
+    CaseSpec p = spec(bf16, d, 3, {129}, {257}, 4, 2);  // strided views, no lse
+    p.pad = 8;  // a pad of 8 elements keeps rows 16-byte aligned
     p.with_lse = false;
     v.push_back(p);
-    CaseSpec u;  // dense KV of which each sequence uses only seqused_k keys
-    u.dtype = DType::kBFloat16;
-    u.head_dim = d;
-    u.batch = 3;
-    u.q_lens = {16};
-    u.kv_lens = {100, 31, 250};
+    CaseSpec u = spec(bf16, d, 3, {16}, {100, 31, 250}, 4, 1, true);  // dense KV, seqused_k
     u.use_seqused_k = true;
     u.kv_extra = 20;
-    u.h_q = 4;
-    u.h_kv = 1;
-    u.causal = true;
     v.push_back(u);
+  }
+  return v;
+}
+
+// The small representative subset that scripts/gpu-check.sh runs under compute-sanitizer
+// (memcheck, racecheck): its instantiation is named Sanitize.
+std::vector<CaseSpec> sanitize_cases() {
+  std::vector<CaseSpec> v;
+  for (int64_t d : {64, 128, 256}) {
+    CaseSpec s = varlen(spec(DType::kBFloat16, d, 2, {130, 3}, {130, 200}, 4, 2, d != 128));
+    if (d == 128) s.window_left = 50;
+    v.push_back(s);
   }
   return v;
 }
@@ -184,6 +166,8 @@ TEST_P(GpuForward, MatchesFloat64Reference) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuForward, ::testing::ValuesIn(forward_cases()),
                          [](const auto& info) { return info.param.name(); });
+INSTANTIATE_TEST_SUITE_P(Sanitize, GpuForward, ::testing::ValuesIn(sanitize_cases()),
+                         [](const auto& info) { return info.param.name(); });
 
 // ---------------------------------------------------------------------------------------------
 // Features that the contract has and a kernel may not have yet: paged KV and split-KV. They must
@@ -193,29 +177,14 @@ std::vector<CaseSpec> optional_feature_cases() {
   std::vector<CaseSpec> v;
   for (int64_t page : {16, 256, 1})
     for (int64_t d : {64, 128}) {
-      CaseSpec s;
-      s.dtype = DType::kBFloat16;
-      s.head_dim = d;
-      s.batch = 3;
+      CaseSpec s = spec(DType::kBFloat16, d, 3, {1, 17, 64}, {700, 17, 300}, 8, 2, true);
       s.q_layout = QLayout::kVarlen;
       s.kv_layout = KVLayout::kPaged;
       s.page_size = page;
-      s.q_lens = {1, 17, 64};
-      s.kv_lens = {700, 17, 300};
-      s.h_q = 8;
-      s.h_kv = 2;
-      s.causal = true;
       v.push_back(s);
     }
   for (int32_t splits : {0, 3}) {
-    CaseSpec s;  // long-context decode
-    s.dtype = DType::kBFloat16;
-    s.head_dim = 128;
-    s.batch = 2;
-    s.q_lens = {1};
-    s.kv_lens = {5000};
-    s.h_q = 8;
-    s.h_kv = 1;
+    CaseSpec s = spec(DType::kBFloat16, 128, 2, {1}, {5000}, 8, 1);  // long-context decode
     s.num_splits = splits;
     v.push_back(s);
   }
@@ -250,15 +219,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuOptionalFeature, ::testing::ValuesIn(optiona
 TEST(GpuForwardLong, Seqlen16kAgainstCpuTiledPath) {
   SKIP_WITHOUT_CUDA();
   for (bool causal : {false, true}) {
-    CaseSpec s;
-    s.dtype = DType::kBFloat16;
-    s.head_dim = 128;
-    s.batch = 1;
-    s.q_lens = {16384};
-    s.kv_lens = {16384};
-    s.h_q = 2;
-    s.h_kv = 1;
-    s.causal = causal;
+    CaseSpec s = spec(DType::kBFloat16, 128, 1, {16384}, {16384}, 2, 1, causal);
     s.seed = seed_for(s.name(), 13);
     AttentionCase c(s);
     const NaiveOutput got = run_on_gpu(c);
@@ -283,15 +244,7 @@ TEST(GpuForwardLong, Seqlen16kAgainstCpuTiledPath) {
 
 TEST(GpuForwardDeterminism, SameInputsSameBits) {
   SKIP_WITHOUT_CUDA();
-  CaseSpec s;
-  s.dtype = DType::kBFloat16;
-  s.head_dim = 128;
-  s.batch = 3;
-  s.q_lens = {1000};
-  s.kv_lens = {1000};
-  s.h_q = 8;
-  s.h_kv = 2;
-  s.causal = true;
+  CaseSpec s = spec(DType::kBFloat16, 128, 3, {1000}, {1000}, 8, 2, true);
   s.seed = 99;
   AttentionCase c(s);
   DeviceCopy dev(c);
@@ -311,41 +264,6 @@ TEST(GpuForwardDeterminism, SameInputsSameBits) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The small representative subset for compute-sanitizer (memcheck, racecheck).
-
-std::vector<CaseSpec> sanitize_cases() {
-  std::vector<CaseSpec> v;
-  for (int64_t d : {64, 128, 256}) {
-    CaseSpec s;
-    s.dtype = DType::kBFloat16;
-    s.head_dim = d;
-    s.batch = 2;
-    s.q_layout = QLayout::kVarlen;
-    s.kv_layout = KVLayout::kVarlen;
-    s.q_lens = {130, 3};
-    s.kv_lens = {130, 200};
-    s.h_q = 4;
-    s.h_kv = 2;
-    s.causal = d != 128;
-    if (d == 128) s.window_left = 50;
-    v.push_back(s);
-  }
-  return v;
-}
-
-class GpuSanitize : public ::testing::TestWithParam<CaseSpec> {};
-
-TEST_P(GpuSanitize, SmallCases) {
-  SKIP_WITHOUT_CUDA();
-  CaseSpec s = GetParam();
-  s.seed = seed_for(s.name(), 17);
-  check_case(s);
-}
-
-INSTANTIATE_TEST_SUITE_P(Shapes, GpuSanitize, ::testing::ValuesIn(sanitize_cases()),
-                         [](const auto& info) { return info.param.name(); });
-
-// ---------------------------------------------------------------------------------------------
 // What the CUDA path cannot run is refused with a clear error naming the argument.
 
 TEST(GpuErrors, RefusesWhatItCannotRun) {
@@ -363,18 +281,13 @@ TEST(GpuErrors, RefusesWhatItCannotRun) {
       EXPECT_NE(e.kind(), ErrorKind::kInternal) << e.what();
     }
   };
-  CaseSpec base;
-  base.dtype = DType::kBFloat16;
-  base.head_dim = 64;
-  base.batch = 1;
-  base.q_lens = {32};
-  base.kv_lens = {32};
+  CaseSpec base = spec(DType::kBFloat16, 64, 1, {32}, {32}, 1, 1);
   CaseSpec f32 = base;
   f32.dtype = DType::kFloat32;
   expect_error(f32, "q", nullptr);  // float32 has no tensor-core path
   CaseSpec odd = base;
   odd.head_dim = 72;
-  expect_error(odd, "q", nullptr);                  // head dim without a kernel
+  expect_error(odd, "q", nullptr);  // head dim without a kernel
   base.with_lse = false;
   expect_error(base, "q", [](AttentionParams& p) {  // a base pointer off 16-byte alignment
     p.q.data = static_cast<char*>(p.q.data) + 2;
