@@ -8,7 +8,8 @@
 //           + seqused_k[batch] (kv_len of each sequence); q dense or varlen.
 //   out     same layout as q, head dim of v.
 //   lse     optional float32, dense [batch, h_q, seqlen_q], varlen [h_q, total_q] (natural log).
-// seqused_k may also be given without paging: sequence b then uses only its first seqused_k[b] keys.
+// seqused_k may also be given without paging: sequence b then uses only its first seqused_k[b]
+// keys.
 //
 // Masking is aligned bottom-right: with q_len queries and kv_len keys, query t sits at absolute
 // position p = kv_len - q_len + t and sees key j iff  p - window_left <= j <= p + window_right
@@ -26,13 +27,13 @@ namespace flashserve {
 
 struct AttentionParams {
   TensorView q, k, v, out;
-  TensorView lse;           // optional
-  TensorView cu_seqlens_q;  // optional int32 [batch + 1]
-  TensorView cu_seqlens_k;  // optional int32 [batch + 1]; not with block_table
-  TensorView seqused_k;     // optional int32 [batch]; required with block_table
-  TensorView block_table;   // optional int32 [batch, pages_per_seq]
-  int64_t max_seqlen_q = 0;  // varlen: an upper bound of every q_len (required for CUDA varlen)
-  int64_t max_seqlen_k = 0;  // varlen/paged: an upper bound of every kv_len (required for CUDA)
+  TensorView lse;              // optional
+  TensorView cu_seqlens_q;     // optional int32 [batch + 1]
+  TensorView cu_seqlens_k;     // optional int32 [batch + 1]; not with block_table
+  TensorView seqused_k;        // optional int32 [batch]; required with block_table
+  TensorView block_table;      // optional int32 [batch, pages_per_seq]
+  int64_t max_seqlen_q = 0;    // varlen: an upper bound of every q_len (required for CUDA varlen)
+  int64_t max_seqlen_k = 0;    // varlen/paged: an upper bound of every kv_len (required for CUDA)
   float softmax_scale = 0.0f;  // 0: 1/sqrt(head_dim)
   bool causal = false;
   int32_t window_left = -1;   // -1: unbounded

@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <string>
 
-#include "common/str_cat.h"
 #include "backends.h"
+#include "common/str_cat.h"
 #include "sm80/fwd_params.h"
 #include "sm80/launch.h"
 

@@ -3,7 +3,9 @@
 
 namespace flashserve {
 
-void validate(const AttentionParams& params) { attention::describe(params); }
+void validate(const AttentionParams& params) {
+  attention::describe(params);
+}
 
 void attention_forward(const AttentionParams& params) {
   const attention::Problem problem = attention::describe(params);

@@ -57,8 +57,8 @@ inline fp16_t to_fp16(float f) {
   std::memcpy(&u, &f, 4);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t au = u & 0x7fffffffu;
-  if (au > 0x7f800000u) return {static_cast<uint16_t>(sign | 0x7e00u)};     // NaN
-  if (au >= 0x477ff000u) return {static_cast<uint16_t>(sign | 0x7c00u)};    // rounds to inf
+  if (au > 0x7f800000u) return {static_cast<uint16_t>(sign | 0x7e00u)};   // NaN
+  if (au >= 0x477ff000u) return {static_cast<uint16_t>(sign | 0x7c00u)};  // rounds to inf
   if (au < 0x38800000u) {  // below the smallest normal: subnormal or zero, in units of 2^-24
     float a;
     std::memcpy(&a, &au, 4);
@@ -72,20 +72,32 @@ inline fp16_t to_fp16(float f) {
 // Reads element i of a float tensor (float32, float16, bfloat16, float64) as float.
 inline float load_float(const void* base, int64_t i, DType dtype) {
   switch (dtype) {
-    case DType::kFloat16: return to_float(static_cast<const fp16_t*>(base)[i]);
-    case DType::kBFloat16: return to_float(static_cast<const bf16_t*>(base)[i]);
-    case DType::kFloat64: return static_cast<float>(static_cast<const double*>(base)[i]);
-    default: return static_cast<const float*>(base)[i];
+    case DType::kFloat16:
+      return to_float(static_cast<const fp16_t*>(base)[i]);
+    case DType::kBFloat16:
+      return to_float(static_cast<const bf16_t*>(base)[i]);
+    case DType::kFloat64:
+      return static_cast<float>(static_cast<const double*>(base)[i]);
+    default:
+      return static_cast<const float*>(base)[i];
   }
 }
 
 // Writes a float into element i of a float tensor, rounding to its dtype.
 inline void store_float(void* base, int64_t i, DType dtype, float x) {
   switch (dtype) {
-    case DType::kFloat16: static_cast<fp16_t*>(base)[i] = to_fp16(x); break;
-    case DType::kBFloat16: static_cast<bf16_t*>(base)[i] = to_bf16(x); break;
-    case DType::kFloat64: static_cast<double*>(base)[i] = x; break;
-    default: static_cast<float*>(base)[i] = x; break;
+    case DType::kFloat16:
+      static_cast<fp16_t*>(base)[i] = to_fp16(x);
+      break;
+    case DType::kBFloat16:
+      static_cast<bf16_t*>(base)[i] = to_bf16(x);
+      break;
+    case DType::kFloat64:
+      static_cast<double*>(base)[i] = x;
+      break;
+    default:
+      static_cast<float*>(base)[i] = x;
+      break;
   }
 }
 
