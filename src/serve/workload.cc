@@ -1,10 +1,12 @@
 #include "serve/workload.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <numbers>
 #include <sstream>
+#include <utility>
 
 #include "flashserve/error.h"
 
@@ -127,6 +129,7 @@ std::vector<Request> read_trace(std::istream& in, const std::string& name) {
   std::vector<Request> out;
   std::string line;
   int64_t lineno = 0;
+  bool first = true;  // the first line that is not blank or a comment may be the header
   auto fail = [&](const std::string& what) {
     bad("trace", name + ":" + std::to_string(lineno) + ": " + what);
   };
@@ -136,19 +139,29 @@ std::vector<Request> read_trace(std::istream& in, const std::string& name) {
     if (line.find_first_not_of(" \t") == std::string::npos || line[0] == '#') continue;
     std::vector<std::string> f;
     std::stringstream ss(line);
-    for (std::string cell; std::getline(ss, cell, ',');) f.push_back(cell);
-    if (f.size() != 3) fail("expected arrival_s,prompt_tokens,output_tokens, got '" + line + "'");
-    if (out.empty() && lineno == 1 && f[0].find_first_of("0123456789") == std::string::npos)
-      continue;  // header
-    Request r;
-    try {
-      size_t pos = 0;
-      r.arrival_s = std::stod(f[0], &pos);
-      r.prompt_tokens = std::stoll(f[1]);
-      r.output_tokens = std::stoll(f[2]);
-    } catch (const std::exception&) {
-      fail("not numbers: '" + line + "'");
+    for (std::string cell; std::getline(ss, cell, ',');) {
+      const size_t b = cell.find_first_not_of(" \t");
+      f.push_back(b == std::string::npos ? ""
+                                         : cell.substr(b, cell.find_last_not_of(" \t") - b + 1));
     }
+    if (f.size() != 3) fail("expected arrival_s,prompt_tokens,output_tokens, got '" + line + "'");
+    // A header names its columns: every cell starts with a letter (a data line never does).
+    const bool header = std::all_of(f.begin(), f.end(), [](const std::string& c) {
+      return !c.empty() && std::isalpha(static_cast<unsigned char>(c[0]));
+    });
+    if (std::exchange(first, false) && header) continue;
+    // Each cell must be its number and nothing else: "12.7" tokens or a time "1.5s" is an error,
+    // not a silent 12 or 1.5.
+    Request r;
+    size_t used[3] = {0, 0, 0};
+    try {
+      r.arrival_s = std::stod(f[0], &used[0]);
+      r.prompt_tokens = std::stoll(f[1], &used[1]);
+      r.output_tokens = std::stoll(f[2], &used[2]);
+    } catch (const std::exception&) {
+    }
+    for (int k = 0; k < 3; ++k)
+      if (f[k].empty() || used[k] != f[k].size()) fail("not numbers: '" + line + "'");
     if (!(r.arrival_s >= 0) || !std::isfinite(r.arrival_s)) fail("arrival_s must be >= 0");
     if (r.prompt_tokens < 1) fail("prompt_tokens must be >= 1");
     if (r.output_tokens < 1) fail("output_tokens must be >= 1");

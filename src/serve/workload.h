@@ -47,8 +47,9 @@ struct WorkloadSpec {
 
 std::vector<Request> generate_workload(const WorkloadSpec& spec);
 
-// A CSV trace `arrival_s,prompt_tokens,output_tokens`, one request a line, an optional header line,
-// '#' comments. Arrivals must not decrease. `name` is used in error messages.
+// A CSV trace `arrival_s,prompt_tokens,output_tokens`, one request a line, an optional header line
+// (before the first request), '#' comments. Each cell must be exactly a number (whole for the token
+// counts); arrivals must not decrease. `name` is used in error messages.
 std::vector<Request> read_trace(std::istream& in, const std::string& name);
 std::vector<Request> load_trace(const std::string& path);
 

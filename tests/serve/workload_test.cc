@@ -181,6 +181,14 @@ TEST(Trace, ReadsHeaderCommentsAndRows) {
   EXPECT_DOUBLE_EQ(r[2].arrival_s, 1.25);
   EXPECT_EQ(r[2].id, 2);
   EXPECT_NEAR(fs::mean_rate(r), 2 / 1.25, 1e-12);
+  // A header after leading comments, and blanks around the cells.
+  std::istringstream in2(
+      "# made by hand\narrival_s, prompt_tokens, output_tokens\n 0.25 , 31 ,4\n");
+  const auto r2 = fs::read_trace(in2, "t2.csv");
+  ASSERT_EQ(r2.size(), 1u);
+  EXPECT_DOUBLE_EQ(r2[0].arrival_s, 0.25);
+  EXPECT_EQ(r2[0].prompt_tokens, 31);
+  EXPECT_EQ(r2[0].output_tokens, 4);
 }
 
 TEST(Trace, ErrorsNameTheLine) {
@@ -199,6 +207,18 @@ TEST(Trace, ErrorsNameTheLine) {
   EXPECT_NE(err("0,0,1\n").find("prompt_tokens"), std::string::npos);
   EXPECT_NE(err("0,5,0\n").find("output_tokens"), std::string::npos);
   EXPECT_NE(err("").find("no requests"), std::string::npos);
+  // A cell must be its number and nothing more: no silent truncation to 100 or 1.5.
+  EXPECT_NE(err("0,100.9,10\n").find("t.csv:1: not numbers"), std::string::npos);
+  EXPECT_NE(err("0,100,10x\n").find("not numbers"), std::string::npos);
+  EXPECT_NE(err("0,1e3,10\n").find("not numbers"), std::string::npos);
+  EXPECT_NE(err("1.5s,100,10\n").find("not numbers"), std::string::npos);
+  EXPECT_NE(err("0,,10\n").find("not numbers"), std::string::npos);
+  // A malformed first row is an error, not a header to skip; a header is only the first line.
+  EXPECT_NE(err(",100,10\n1,100,10\n").find("t.csv:1: not numbers"), std::string::npos);
+  EXPECT_NE(err("abc,1,2\n1,100,10\n").find("t.csv:1: not numbers"), std::string::npos);
+  EXPECT_NE(err("0,1,2\narrival_s,prompt_tokens,output_tokens\n").find("t.csv:2"),
+            std::string::npos);
+  EXPECT_NE(err("nan,1,2\n").find("arrival_s must be >= 0"), std::string::npos);
   EXPECT_THROW(fs::load_trace("/nonexistent/trace.csv"), Error);
 }
 
