@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "common/str_cat.h"
 
@@ -60,12 +61,16 @@ void check_view(const TensorView& t, const char* name, int rank_a, int rank_b = 
   extent(t, name);
 }
 
-void check_index_tensor(const TensorView& t, const char* name, int64_t len, const Device& dev) {
-  check_view(t, name, 1);
+// An int32 tensor of lengths or page indices (cu_seqlens_*, seqused_k, block_table). check_view
+// already makes a 1-D one contiguous.
+void check_index_tensor(const TensorView& t, const char* name, int rank, const Device& dev) {
+  check_view(t, name, rank);
   if (t.dtype != DType::kInt32) fail(name, cat("expected int32, got ", dtype_name(t.dtype)));
-  if (t.shape[0] != len) fail(name, cat("expected ", len, " entries, got ", t.shape[0]));
-  if (len > 1 && t.stride[0] != 1) fail(name, "must be contiguous");
   if (!(t.device == dev)) fail(name, "must be on the same device as q");
+}
+
+void check_entries(const TensorView& t, const char* name, int64_t len) {
+  if (t.shape[0] != len) fail(name, cat("expected ", len, " entries, got ", t.shape[0]));
 }
 
 bool overlaps(const TensorView& a, const TensorView& b) {
@@ -75,6 +80,22 @@ bool overlaps(const TensorView& a, const TensorView& b) {
   const char* a1 = a0 + extent(a, "") * dtype_size(a.dtype);
   const char* b1 = b0 + extent(b, "") * dtype_size(b.dtype);
   return a0 < b1 && b0 < a1;
+}
+
+// An output may share memory with no input (the backends read inputs while they write outputs;
+// on the CPU path a clobbered block_table or cu_seqlens would send reads out of bounds). Runs after
+// check_view of every tensor, so extent() cannot throw here.
+void check_disjoint(const TensorView& output, const char* name, const AttentionParams& p) {
+  const std::pair<const TensorView*, const char*> inputs[] = {{&p.q, "q"},
+                                                              {&p.k, "k"},
+                                                              {&p.v, "v"},
+                                                              {&p.cu_seqlens_q, "cu_seqlens_q"},
+                                                              {&p.cu_seqlens_k, "cu_seqlens_k"},
+                                                              {&p.seqused_k, "seqused_k"},
+                                                              {&p.block_table, "block_table"}};
+  for (const auto& [input, input_name] : inputs)
+    if (input->defined() && overlaps(output, *input))
+      fail(name, cat("overlaps ", input_name, " in memory"));
 }
 
 // True when two distinct elements of the view share memory (e.g. a zero stride on a dimension of
@@ -151,21 +172,14 @@ Problem describe(const AttentionParams& p) {
       fail("out", cat("shape ", shape_string(p.out), " does not match q's ", shape_string(p.q)));
   if (p.out.shape[qr - 1] != pr.head_dim_v)
     fail("out", cat("head_dim ", p.out.shape[qr - 1], " differs from v's ", pr.head_dim_v));
-  for (int i = 0; i < 3; ++i)
-    if (overlaps(p.out, i == 0 ? p.q : i == 1 ? p.k : p.v))
-      fail("out", cat("overlaps ", i == 0 ? "q" : i == 1 ? "k" : "v", " in memory"));
-  if (aliases_itself(p.out)) fail("out", "strides make distinct elements share memory");
 
-  pr.batch = varlen_q ? p.cu_seqlens_q.shape[0] - 1 : p.q.shape[0];
   if (varlen_q) {
-    check_index_tensor(p.cu_seqlens_q, "cu_seqlens_q", p.cu_seqlens_q.shape[0], pr.device);
-    if (pr.batch < 0) fail("cu_seqlens_q", "needs batch + 1 >= 1 entries");
+    check_index_tensor(p.cu_seqlens_q, "cu_seqlens_q", 1, pr.device);
+    if (p.cu_seqlens_q.shape[0] < 1) fail("cu_seqlens_q", "needs batch + 1 >= 1 entries");
   }
+  pr.batch = varlen_q ? p.cu_seqlens_q.shape[0] - 1 : p.q.shape[0];
   if (pr.paged) {
-    check_view(p.block_table, "block_table", 2);
-    if (p.block_table.dtype != DType::kInt32) fail("block_table", "expected int32");
-    if (!(p.block_table.device == pr.device))
-      fail("block_table", "must be on the same device as q");
+    check_index_tensor(p.block_table, "block_table", 2, pr.device);
     if (p.block_table.shape[0] != pr.batch)
       fail("block_table", cat("has ", p.block_table.shape[0], " rows for a batch of ", pr.batch));
     pr.num_pages = p.k.shape[0];
@@ -173,11 +187,15 @@ Problem describe(const AttentionParams& p) {
     pr.pages_per_seq = p.block_table.shape[1];
     if (pr.page_size <= 0) fail("k", "page size (dimension 1 of the paged cache) must be positive");
   } else if (pr.varlen_k) {
-    check_index_tensor(p.cu_seqlens_k, "cu_seqlens_k", pr.batch + 1, pr.device);
+    check_index_tensor(p.cu_seqlens_k, "cu_seqlens_k", 1, pr.device);
+    check_entries(p.cu_seqlens_k, "cu_seqlens_k", pr.batch + 1);
   } else if (p.k.shape[0] != pr.batch) {
     fail("k", cat("batch ", p.k.shape[0], " differs from q's ", pr.batch));
   }
-  if (pr.seqused) check_index_tensor(p.seqused_k, "seqused_k", pr.batch, pr.device);
+  if (pr.seqused) {
+    check_index_tensor(p.seqused_k, "seqused_k", 1, pr.device);
+    check_entries(p.seqused_k, "seqused_k", pr.batch);
+  }
 
   if (p.lse.defined()) {
     check_view(p.lse, "lse", varlen_q ? 2 : 3);
@@ -190,10 +208,14 @@ Problem describe(const AttentionParams& p) {
     if (!ok)
       fail("lse", cat("shape ", shape_string(p.lse), " does not match ",
                       varlen_q ? "[h_q, total_q]" : "[batch, h_q, seqlen_q]"));
+  }
+
+  // Aliasing, now that every tensor's view is known to be well formed.
+  check_disjoint(p.out, "out", p);
+  if (aliases_itself(p.out)) fail("out", "strides make distinct elements share memory");
+  if (p.lse.defined()) {
     if (overlaps(p.lse, p.out)) fail("lse", "overlaps out in memory");
-    for (int i = 0; i < 3; ++i)
-      if (overlaps(p.lse, i == 0 ? p.q : i == 1 ? p.k : p.v))
-        fail("lse", cat("overlaps ", i == 0 ? "q" : i == 1 ? "k" : "v", " in memory"));
+    check_disjoint(p.lse, "lse", p);
     if (aliases_itself(p.lse)) fail("lse", "strides make distinct elements share memory");
   }
 
@@ -224,7 +246,8 @@ Problem describe(const AttentionParams& p) {
       fail("max_seqlen_k", "is required with cu_seqlens_k or block_table on a CUDA device");
     return pr;
   }
-  auto read_cu = [&](const TensorView& cu, const char* name, int64_t rows, int64_t& max_len) {
+  auto read_cu = [&](const TensorView& cu, const char* name, int64_t rows, const char* max_name,
+                     int64_t& max_len) {
     const int32_t* c = cu.ptr<const int32_t>();
     if (c[0] < 0) fail(name, cat("entry 0 is negative (", c[0], ")"));
     int64_t longest = 0;
@@ -237,12 +260,12 @@ Problem describe(const AttentionParams& p) {
     if (c[pr.batch] > rows)
       fail(name, cat("last entry ", c[pr.batch], " exceeds the ", rows, " rows of the tensor"));
     if (max_len != 0 && max_len < longest)
-      fail(name == std::string("cu_seqlens_q") ? "max_seqlen_q" : "max_seqlen_k",
-           cat(max_len, " is less than the longest sequence (", longest, ")"));
+      fail(max_name, cat(max_len, " is less than the longest sequence (", longest, ")"));
     max_len = longest;
   };
-  if (varlen_q) read_cu(p.cu_seqlens_q, "cu_seqlens_q", p.q.shape[0], pr.max_q_len);
-  if (pr.varlen_k) read_cu(p.cu_seqlens_k, "cu_seqlens_k", p.k.shape[0], pr.max_kv_len);
+  if (varlen_q) read_cu(p.cu_seqlens_q, "cu_seqlens_q", p.q.shape[0], "max_seqlen_q", pr.max_q_len);
+  if (pr.varlen_k)
+    read_cu(p.cu_seqlens_k, "cu_seqlens_k", p.k.shape[0], "max_seqlen_k", pr.max_kv_len);
   if (pr.seqused) {
     const int32_t* used = p.seqused_k.ptr<const int32_t>();
     const int32_t* cu = pr.varlen_k ? p.cu_seqlens_k.ptr<const int32_t>() : nullptr;

@@ -145,6 +145,16 @@ std::vector<Check> checks() {
        "distinct elements share memory"},
       {"LseOverlapsOut", Base::kDense, [](P p) { p.lse.data = p.out.data; }, "lse", "overlaps out"},
       {"LseOverlapsQ", Base::kDense, [](P p) { p.lse.data = p.q.data; }, "lse", "overlaps q"},
+      // Outputs over the index tensors: writing them would corrupt lengths and page indices
+      // that the CPU path reads while it writes.
+      {"OutOverlapsBlockTable", Base::kPaged, [](P p) { p.block_table.data = p.out.data; }, "out",
+       "overlaps block_table"},
+      {"OutOverlapsSequsedK", Base::kSequsedDense, [](P p) { p.seqused_k.data = p.out.data; },
+       "out", "overlaps seqused_k"},
+      {"LseOverlapsCuSeqlensQ", Base::kVarlen, [](P p) { p.cu_seqlens_q.data = p.lse.data; }, "lse",
+       "overlaps cu_seqlens_q"},
+      {"LseOverlapsCuSeqlensK", Base::kVarlen, [](P p) { p.cu_seqlens_k.data = p.lse.data; }, "lse",
+       "overlaps cu_seqlens_k"},
       // Varlen q.
       {"CuSeqlensQDtype", Base::kVarlen, [](P p) { p.cu_seqlens_q.dtype = DType::kFloat32; },
        "cu_seqlens_q", "expected int32, got float32"},
