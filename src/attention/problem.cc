@@ -306,7 +306,7 @@ HostLayout::HostLayout(const AttentionParams& p, const Problem& pr) : p_(p), pr_
       q_start_[b] = cu[b];
       q_len_[b] = cu[b + 1] - cu[b];
     } else {
-      q_start_[b] = 0;
+      q_start_[b] = b * p.q.shape[1];
       q_len_[b] = p.q.shape[1];
     }
     if (pr.varlen_k) {
@@ -319,6 +319,10 @@ HostLayout::HostLayout(const AttentionParams& p, const Problem& pr) : p_(p), pr_
     }
     if (pr.seqused) kv_len_[b] = p.seqused_k.ptr<const int32_t>()[b];
   }
+}
+
+int64_t HostLayout::q_rows() const {
+  return pr_.varlen_q ? p_.q.shape[0] : pr_.batch * p_.q.shape[1];
 }
 
 int64_t HostLayout::q_offset(int64_t b, int64_t t, int64_t h) const {

@@ -35,6 +35,10 @@ class HostLayout {
 
   int64_t q_len(int64_t b) const { return q_len_[b]; }
   int64_t kv_len(int64_t b) const { return kv_len_[b]; }
+  // Query t of sequence b as a row of q in order (dense b * seqlen_q + t, varlen
+  // cu_seqlens_q[b] + t): the row order of the split-KV partials and of the reference's output.
+  int64_t q_row(int64_t b, int64_t t) const { return q_start_[b] + t; }
+  int64_t q_rows() const;  // rows of q (varlen: total_q, including rows of no sequence)
   // Offset of q[b, t, h, 0] (also out, by out's strides via out_offset).
   int64_t q_offset(int64_t b, int64_t t, int64_t h) const;
   int64_t out_offset(int64_t b, int64_t t, int64_t h) const;

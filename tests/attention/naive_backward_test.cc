@@ -69,7 +69,7 @@ void check_grads(CaseSpec s) {
   const int64_t D = pr.head_dim, Dv = pr.head_dim_v;
   Checker ck{p, dout};
   for (int64_t b = 0; b < pr.batch; ++b) {
-    const int64_t qrow0 = pr.varlen_q ? p.cu_seqlens_q.ptr<const int32_t>()[b] : b * p.q.shape[1];
+    const int64_t qrow0 = L.q_row(b, 0);
     const int64_t krow0 = pr.varlen_k ? p.cu_seqlens_k.ptr<const int32_t>()[b] : b * p.k.shape[1];
     for (int64_t t = 0; t < L.q_len(b); ++t)
       for (int64_t h = 0; h < pr.h_q; ++h)

@@ -46,25 +46,21 @@ inline NaiveOutput read_output(const AttentionParams& params) {
   const attention::Problem pr = attention::describe(params);
   const attention::HostLayout L(params, pr);
   NaiveOutput o;
-  o.rows = pr.varlen_q ? params.q.shape[0] : pr.batch * params.q.shape[1];
+  o.rows = L.q_rows();
   o.h_q = pr.h_q;
   o.head_dim_v = pr.head_dim_v;
   const double nan = std::numeric_limits<double>::quiet_NaN();
   o.out.assign(o.rows * o.h_q * o.head_dim_v, nan);
   if (params.lse.defined()) o.lse.assign(o.rows * o.h_q, nan);
-  for (int64_t b = 0; b < pr.batch; ++b) {
-    const int64_t row0 =
-        pr.varlen_q ? params.cu_seqlens_q.ptr<const int32_t>()[b] : b * params.q.shape[1];
+  for (int64_t b = 0; b < pr.batch; ++b)
     for (int64_t t = 0; t < L.q_len(b); ++t)
       for (int64_t h = 0; h < pr.h_q; ++h) {
+        const int64_t row = L.q_row(b, t) * pr.h_q + h;
         const int64_t off = L.out_offset(b, t, h);
         for (int64_t d = 0; d < pr.head_dim_v; ++d)
-          o.out[((row0 + t) * pr.h_q + h) * pr.head_dim_v + d] =
-              load_float(params.out.data, off + d, params.out.dtype);
-        if (params.lse.defined())
-          o.lse[(row0 + t) * pr.h_q + h] = params.lse.ptr<const float>()[L.lse_offset(b, t, h)];
+          o.out[row * pr.head_dim_v + d] = load_float(params.out.data, off + d, params.out.dtype);
+        if (params.lse.defined()) o.lse[row] = params.lse.ptr<const float>()[L.lse_offset(b, t, h)];
       }
-  }
   return o;
 }
 

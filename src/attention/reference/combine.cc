@@ -43,13 +43,11 @@ void combine_splits(const SplitPartials& p, const AttentionParams& params, const
         std::upper_bound(first_task.begin(), first_task.end(), task) - first_task.begin() - 1;
     const int64_t t0 = (task - first_task[b]) * kRowsPerTask;
     const int64_t t1 = std::min(L.q_len(b), t0 + kRowsPerTask);
-    const int64_t row0 =
-        pr.varlen_q ? params.cu_seqlens_q.ptr<const int32_t>()[b] : b * params.q.shape[1];
     std::vector<float> out(pr.head_dim_v);
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t h = 0; h < pr.h_q; ++h) {
         float lse;
-        combine_row(p, row0 + t, h, out.data(), &lse);
+        combine_row(p, L.q_row(b, t), h, out.data(), &lse);
         const int64_t off = L.out_offset(b, t, h);
         for (int64_t d = 0; d < pr.head_dim_v; ++d)
           store_float(params.out.data, off + d, params.out.dtype, out[d]);

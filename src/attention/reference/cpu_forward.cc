@@ -227,7 +227,7 @@ class Forward {
         std::fill(w.o.begin(), w.o.end(), 0.0f);
       }
       if (partials) {
-        const int64_t row = first_row(tl.b) + t;
+        const int64_t row = L_.q_row(tl.b, t);
         std::copy(w.o.begin(), w.o.end(), partials->out_at(tl.split, row, h));
         partials->lse_at(tl.split, row, h) = lse;
       } else {
@@ -235,10 +235,6 @@ class Forward {
         if (p_.lse.defined()) p_.lse.ptr<float>()[L_.lse_offset(tl.b, t, h)] = lse;
       }
     }
-  }
-
-  int64_t first_row(int64_t b) const {
-    return pr_.varlen_q ? p_.cu_seqlens_q.ptr<const int32_t>()[b] : b * p_.q.shape[1];
   }
 
  private:
@@ -312,10 +308,6 @@ class Forward {
   std::vector<int64_t> first_tile_;
 };
 
-int64_t num_q_rows(const AttentionParams& p, const Problem& pr) {
-  return pr.varlen_q ? p.q.shape[0] : pr.batch * p.q.shape[1];
-}
-
 }  // namespace
 
 int32_t cpu_num_splits(const Problem& pr, int workers) {
@@ -354,7 +346,7 @@ void cpu_forward(const AttentionParams& params, const Problem& problem) {
   std::vector<float> scratch;
   SplitPartials partials;
   if (splits > 1) {
-    const int64_t rows = num_q_rows(params, problem);
+    const int64_t rows = layout.q_rows();
     scratch.resize(SplitPartials::bytes(splits, rows, problem.h_q, problem.head_dim_v) /
                    sizeof(float));
     partials = {scratch.data(), scratch.data() + splits * rows * problem.h_q * problem.head_dim_v,

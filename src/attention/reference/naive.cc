@@ -39,14 +39,6 @@ Problem describe_on_host(const AttentionParams& params, const char* who) {
   return pr;
 }
 
-// Index of the first row of sequence b in the NaiveOutput row order.
-int64_t first_q_row(const AttentionParams& p, const Problem& pr, int64_t b) {
-  return pr.varlen_q ? p.cu_seqlens_q.ptr<const int32_t>()[b] : b * p.q.shape[1];
-}
-int64_t num_q_rows(const AttentionParams& p, const Problem& pr) {
-  return pr.varlen_q ? p.q.shape[0] : pr.batch * p.q.shape[1];
-}
-
 // Reads the keys (or values) of sequence b, KV head hk, as a contiguous [kv_len, dim] array.
 template <typename T>
 std::vector<T> gather_kv(const TensorView& x, const HostLayout& L, bool is_k, int64_t b, int64_t hk,
@@ -86,7 +78,7 @@ void head_forward(const AttentionParams& p, const Problem& pr, const HostLayout&
       s[j] = scale * acc;
     }
   }
-  const int64_t row0 = first_q_row(p, pr, b);
+  const int64_t row0 = L.q_row(b, 0);
   for (int64_t t = 0; t < n_q; ++t) {
     T* s = S.data() + t * n_k;
     T m = neg_inf;
@@ -136,7 +128,7 @@ NaiveOutput naive_forward(const AttentionParams& params, Emulate mode) {
   const Problem pr = describe_on_host(params, "naive_forward");
   const HostLayout L(params, pr);
   NaiveOutput o;
-  o.rows = num_q_rows(params, pr);
+  o.rows = L.q_rows();
   o.h_q = pr.h_q;
   o.head_dim_v = pr.head_dim_v;
   o.out.assign(o.rows * pr.h_q * pr.head_dim_v, kNaN);
@@ -169,7 +161,7 @@ NaiveGrads naive_backward(const AttentionParams& params, const TensorView& dout)
   const HostLayout L(with_dout, pr);
 
   const int64_t D = pr.head_dim, Dv = pr.head_dim_v, G = pr.h_q / pr.h_kv;
-  const int64_t q_rows = num_q_rows(params, pr);
+  const int64_t q_rows = L.q_rows();
   const int64_t k_rows = pr.varlen_k ? params.k.shape[0] : pr.batch * params.k.shape[1];
   NaiveGrads g;
   g.dq.assign(q_rows * pr.h_q * D, 0.0);
@@ -178,7 +170,7 @@ NaiveGrads naive_backward(const AttentionParams& params, const TensorView& dout)
   const double scale = pr.scale;
   for (int64_t b = 0; b < pr.batch; ++b) {
     const int64_t nq = L.q_len(b), nk = L.kv_len(b);
-    const int64_t qrow0 = first_q_row(params, pr, b);
+    const int64_t qrow0 = L.q_row(b, 0);
     const int64_t krow0 =
         pr.varlen_k ? params.cu_seqlens_k.ptr<const int32_t>()[b] : b * params.k.shape[1];
     for (int64_t hk = 0; hk < pr.h_kv; ++hk) {
