@@ -61,7 +61,17 @@ void ThreadPool::parallel_for(int64_t num_tasks, const std::function<void(int64_
   if (num_tasks <= 0) return;
   std::unique_lock<std::mutex> owner(busy_, std::defer_lock);
   if (in_pool_task || threads_.empty() || num_tasks == 1 || !owner.try_lock()) {
-    for (int64_t i = 0; i < num_tasks; ++i) fn(i, 0);  // worker 0 is free: the pool is not ours
+    // On this thread alone (worker 0 is free: the pool is not ours), with the same contract as the
+    // pool: every task runs, then the first exception is rethrown.
+    std::exception_ptr error;
+    for (int64_t i = 0; i < num_tasks; ++i) {
+      try {
+        fn(i, 0);
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
     return;
   }
   {

@@ -60,6 +60,36 @@ TEST(ThreadPool, NestedCallsRunInline) {
   EXPECT_EQ(inner.load(), 40);
 }
 
+// The calls that run on the calling thread alone (one worker, one task, nested) keep the contract
+// of the pooled ones: every task runs and the first exception comes out at the end.
+TEST(ThreadPool, InlineCallsRunEveryTaskThenRethrowTheFirst) {
+  auto throwing = [](std::atomic<int>& ran) {
+    return [&ran](int64_t i, int) {
+      ran++;
+      if (i == 2) throw std::runtime_error("task 2");
+      if (i == 3) throw std::logic_error("task 3");
+    };
+  };
+  ThreadPool single(1);
+  std::atomic<int> ran{0};
+  EXPECT_THROW(single.parallel_for(6, throwing(ran)), std::runtime_error);
+  EXPECT_EQ(ran.load(), 6);
+
+  ThreadPool pool(2);
+  std::atomic<int> inner{0}, caught{0};
+  pool.parallel_for(4, [&](int64_t, int) {
+    std::atomic<int> here{0};
+    try {
+      pool.parallel_for(5, throwing(here));
+    } catch (const std::runtime_error&) {
+      caught++;
+    }
+    inner += here.load();
+  });
+  EXPECT_EQ(caught.load(), 4);
+  EXPECT_EQ(inner.load(), 20);
+}
+
 TEST(ThreadPool, GlobalPoolCanBeResized) {
   ThreadPool::set_global_workers(3);
   EXPECT_EQ(ThreadPool::global().size(), 3);
