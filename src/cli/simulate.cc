@@ -33,10 +33,10 @@ struct Options {
   std::string model = "mistral-7b";
   std::string gpu = "h200";
   std::string profile;
-  double step_overhead_ms = -1;
+  double step_overhead_ms = 0;  // only when given
   double gpu_mem_util = 0.9;
   int32_t block_size = 16;
-  int64_t num_blocks = 0;
+  int64_t num_blocks = 0;  // only when given
   double watermark = 0.01;
   std::string workload = "chat";
   int64_t prompt_len = 512, output_len = 128;
@@ -44,7 +44,6 @@ struct Options {
   std::string arrival = "poisson";
   double cv = 1.0;
   double rate = 1.0;
-  bool rate_given = false;
   int64_t requests = 1000;
   uint64_t seed = 0;
   bool capacity = false;
@@ -81,10 +80,12 @@ int run(int argc, char** argv) {
   app.add_option("--profile", o.profile,
                  "CSV of measured step times (prefill_tokens,decode_tokens,kv_tokens,seconds) "
                  "instead of the roofline model");
-  app.add_option("--step-overhead-ms", o.step_overhead_ms, "fixed cost per step (roofline)");
+  auto* overhead_opt =
+      app.add_option("--step-overhead-ms", o.step_overhead_ms, "fixed cost per step (roofline)");
   app.add_option("--gpu-mem-util", o.gpu_mem_util, "fraction of GPU memory for weights + KV");
   app.add_option("--block-size", o.block_size, "KV block size in tokens");
-  app.add_option("--num-blocks", o.num_blocks, "KV blocks (default: what fits in memory)");
+  auto* num_blocks_opt =
+      app.add_option("--num-blocks", o.num_blocks, "KV blocks (default: what fits in memory)");
   app.add_option("--watermark", o.watermark, "fraction of blocks kept free at admission");
   app.add_option("--workload", o.workload, "chat, summarize or fixed");
   app.add_option("--prompt-len", o.prompt_len, "fixed workload: prompt tokens");
@@ -108,12 +109,13 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  o.rate_given = rate_opt->count() > 0;
+  const bool rate_given = rate_opt->count() > 0;
 
   // The cost model.
   const fs::ModelShape model = fs::model_preset(o.model);
   fs::GpuSpec gpu = fs::gpu_preset(o.gpu);
-  if (o.step_overhead_ms >= 0) gpu.step_overhead_s = o.step_overhead_ms * 1e-3;
+  // Given means used, a negative value included (the cost model rejects it, naming the field).
+  if (overhead_opt->count()) gpu.step_overhead_s = o.step_overhead_ms * 1e-3;
   std::unique_ptr<fs::CostModel> cost;
   if (!o.profile.empty())
     cost = std::make_unique<fs::ProfileCostModel>(fs::ProfileCostModel::load(o.profile));
@@ -127,8 +129,9 @@ int run(int argc, char** argv) {
                 std::to_string(o.max_model_len) + " exceeds " + model.name + "'s context " +
                     std::to_string(model.max_context));
   const int64_t num_blocks =
-      o.num_blocks > 0 ? o.num_blocks
-                       : fs::kv_blocks_for(model, gpu.memory_bytes, o.gpu_mem_util, o.block_size);
+      num_blocks_opt->count()
+          ? o.num_blocks  // checked by the BlockManager, naming num_blocks
+          : fs::kv_blocks_for(model, gpu.memory_bytes, o.gpu_mem_util, o.block_size);
 
   // The workload, as a function of the rate (the same lengths and the same arrival pattern,
   // scaled).
@@ -136,7 +139,7 @@ int run(int argc, char** argv) {
   fs::WorkloadSpec spec;
   if (!o.trace.empty()) {
     trace = fs::load_trace(o.trace);
-    if (!o.rate_given) o.rate = fs::mean_rate(trace);
+    if (!rate_given) o.rate = fs::mean_rate(trace);
   } else {
     spec.lengths = fs::parse_length_kind(o.workload);
     spec.fixed_prompt = o.prompt_len;
@@ -149,8 +152,8 @@ int run(int argc, char** argv) {
   }
   if (!(o.rate > 0))
     throw Error(ErrorKind::kInvalidArgument, "--rate",
-                o.trace.empty() ? "must be positive"
-                                : "the trace spans no time; give the rate to replay it at");
+                rate_given ? std::to_string(o.rate) + " must be positive"
+                           : "the trace spans no time; give the rate to replay it at");
   auto requests_at = [&](double rate) {
     if (!trace.empty()) {
       const double r0 = fs::mean_rate(trace);
@@ -166,23 +169,26 @@ int run(int argc, char** argv) {
     policies = fs::all_policies();
   else
     policies = {fs::parse_policy(o.policy)};
-  auto config_for = [&](fs::Policy p) {
+  // The baselines never chunk, so one step must hold a whole prompt (vLLM's default is the same).
+  const int64_t baseline_tokens = std::max(o.budget, o.max_model_len);
+  std::vector<fs::SimConfig> configs;
+  for (fs::Policy p : policies) {
     fs::SimConfig c;
     c.scheduler.policy = p;
-    // The baselines never chunk, so one step must hold a whole prompt (vLLM's default is the same).
-    c.scheduler.max_tokens_per_step =
-        p == fs::Policy::kSarathi ? o.budget : std::max(o.budget, o.max_model_len);
+    c.scheduler.max_tokens_per_step = p == fs::Policy::kSarathi ? o.budget : baseline_tokens;
     c.scheduler.max_running = o.max_running;
     c.scheduler.max_model_len = o.max_model_len;
     c.scheduler.chunk_tile = o.chunk_tile;
     c.num_blocks = num_blocks;
     c.block_size = o.block_size;
     c.watermark = o.watermark;
-    c.scheduler.validate();
-    return c;
-  };
-  auto sim_at = [&](fs::Policy p, double rate) {
-    return fs::simulate(requests_at(rate), config_for(p), *cost);
+    // Built once here so that a bad limit fails, naming its field, before anything is printed.
+    fs::BlockManager blocks(c.num_blocks, c.block_size, c.watermark);
+    fs::Scheduler::create(c.scheduler, blocks);
+    configs.push_back(c);
+  }
+  auto sim_at = [&](size_t i, double rate) {
+    return fs::simulate(requests_at(rate), configs[i], *cost);
   };
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -208,17 +214,16 @@ int run(int argc, char** argv) {
       "limits: sarathi budget %lld tokens/step (chunk tile %lld), baselines %lld tokens/step, "
       "max running %lld, max model len %lld, KV cache %lld blocks x %d tokens\n",
       static_cast<long long>(o.budget), static_cast<long long>(o.chunk_tile),
-      static_cast<long long>(std::max(o.budget, o.max_model_len)),
-      static_cast<long long>(o.max_running), static_cast<long long>(o.max_model_len),
-      static_cast<long long>(num_blocks), o.block_size);
+      static_cast<long long>(baseline_tokens), static_cast<long long>(o.max_running),
+      static_cast<long long>(o.max_model_len), static_cast<long long>(num_blocks), o.block_size);
 
   // Capacity first, so that the plot's sweep can span it.
   fs::CapacityCriteria crit{o.slo_tbt, o.max_sched_delay};
   std::vector<double> capacity(policies.size(), -1);
   if (o.capacity) {
     for (size_t i = 0; i < policies.size(); ++i) {
-      auto res = fs::find_capacity([&](double rate) { return sim_at(policies[i], rate).metrics; },
-                                   crit, o.rate);
+      auto res =
+          fs::find_capacity([&](double rate) { return sim_at(i, rate).metrics; }, crit, o.rate);
       capacity[i] = res.capacity;
       if (o.verbose) {
         std::printf("capacity search, %s:", fs::to_string(policies[i]));
@@ -243,7 +248,7 @@ int run(int argc, char** argv) {
   cdf.log_x = true;
   std::vector<fs::ServingMetrics> all;
   for (size_t i = 0; i < policies.size(); ++i) {
-    const fs::SimResult r = sim_at(policies[i], o.rate);
+    const fs::SimResult r = fs::simulate(base, configs[i], *cost);
     const auto& m = r.metrics;
     all.push_back(m);
     std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %lld | %lld |",
@@ -308,11 +313,11 @@ int run(int argc, char** argv) {
     delay.y_max = o.max_sched_delay * 4;
     delay.ref_lines = {{o.max_sched_delay, "bound " + fmt_s(o.max_sched_delay) + " s"}};
     constexpr int kPoints = 12;
-    for (fs::Policy p : policies) {
-      fs::SvgSeries s{fs::to_string(p), {}, {}, true}, d = s;
+    for (size_t i = 0; i < policies.size(); ++i) {
+      fs::SvgSeries s{fs::to_string(policies[i]), {}, {}, true}, d = s;
       for (int k = 1; k <= kPoints; ++k) {
         const double rate = top * 1.5 * k / kPoints;
-        const fs::ServingMetrics m = sim_at(p, rate).metrics;
+        const fs::ServingMetrics m = sim_at(i, rate).metrics;
         s.x.push_back(rate);
         s.y.push_back(m.tbt.p99 * 1e3);
         d.x.push_back(rate);

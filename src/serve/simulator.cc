@@ -10,6 +10,9 @@ namespace flashserve::serve {
 
 int64_t kv_blocks_for(const ModelShape& model, double gpu_memory_bytes,
                       double gpu_memory_utilization, int32_t block_size) {
+  if (block_size < 1)
+    throw Error(ErrorKind::kInvalidArgument, "block_size",
+                std::to_string(block_size) + " must be positive");
   if (!(gpu_memory_utilization > 0 && gpu_memory_utilization <= 1))
     throw Error(ErrorKind::kInvalidArgument, "gpu_memory_utilization",
                 std::to_string(gpu_memory_utilization) + " is not in (0, 1]");

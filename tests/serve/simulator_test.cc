@@ -159,6 +159,14 @@ TEST(Simulator, KvCacheSizing) {
   // 70B in bf16 does not fit one H200 with room for a cache.
   EXPECT_THROW(fs::kv_blocks_for(fs::model_preset("llama-2-70b"), mem, 0.9, 16), Error);
   EXPECT_THROW(fs::kv_blocks_for(m, mem, 0, 16), Error);
+  for (int32_t bad_block_size : {0, -16}) {
+    try {
+      fs::kv_blocks_for(m, mem, 0.9, bad_block_size);
+      ADD_FAILURE() << "accepted block size " << bad_block_size;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "block_size");
+    }
+  }
 }
 
 TEST(Simulator, RejectsRequestsThatCanNeverRun) {
