@@ -45,11 +45,10 @@ int64_t extent(const TensorView& t, const char* name) {
   return last;
 }
 
-void check_view(const TensorView& t, const char* name, int rank_a, int rank_b = -1) {
-  if (t.rank != rank_a && t.rank != rank_b) {
-    if (rank_b < 0) fail(name, cat("expected rank ", rank_a, ", got rank ", t.rank));
-    fail(name, cat("expected rank ", rank_a, " or ", rank_b, ", got rank ", t.rank));
-  }
+}  // namespace
+
+void check_view(const TensorView& t, const char* name, int rank) {
+  if (t.rank != rank) fail(name, cat("expected rank ", rank, ", got rank ", t.rank));
   for (int i = 0; i < t.rank; ++i) {
     if (t.shape[i] < 0) fail(name, cat("negative size ", t.shape[i], " in dimension ", i));
     if (t.stride[i] < 0) fail(name, cat("negative stride ", t.stride[i], " in dimension ", i));
@@ -60,6 +59,8 @@ void check_view(const TensorView& t, const char* name, int rank_a, int rank_b = 
   if (t.data == nullptr && t.numel() > 0) fail(name, "null data pointer");
   extent(t, name);
 }
+
+namespace {
 
 // An int32 tensor of lengths or page indices (cu_seqlens_*, seqused_k, block_table). check_view
 // already makes a 1-D one contiguous.

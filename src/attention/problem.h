@@ -24,6 +24,11 @@ struct Problem {
   DType dtype = DType::kFloat32;  // of q, k, v and out
 };
 
+// What every tensor argument must satisfy: the rank, sizes and strides >= 0, a contiguous last
+// dimension, a data pointer unless empty, an extent that fits in 64 bits. Throws an Error naming
+// `name`.
+void check_view(const TensorView& t, const char* name, int rank);
+
 // Validates params (throws flashserve::Error) and returns the resolved problem.
 Problem describe(const AttentionParams& params);
 

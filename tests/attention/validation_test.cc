@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention/problem.h"
@@ -326,6 +327,27 @@ TEST(ValidationValid, NaiveBackwardRejectsPagedKv) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
     EXPECT_EQ(e.argument(), "block_table");
+  }
+}
+
+// dout gets the checks of every tensor argument: a stride that would send the reads outside its
+// buffer is an Error naming dout, not an out-of-bounds read.
+TEST(ValidationValid, NaiveBackwardChecksDoutLayout) {
+  AttentionCase ac(base_spec(Base::kDense));
+  const AttentionParams p = ac.params();
+  std::vector<float> dout(p.out.numel());
+  for (const auto& [stride, message] :
+       {std::pair{-1, "negative stride"}, std::pair{2, "must be contiguous"}}) {
+    TensorView d = make_view(dout.data(), DType::kFloat32,
+                             {p.out.shape[0], p.out.shape[1], p.out.shape[2], p.out.shape[3]});
+    d.stride[stride < 0 ? 0 : 3] = stride;
+    try {
+      attention::reference::naive_backward(p, d);
+      FAIL() << "no error for stride " << stride;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "dout") << e.what();
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -145,8 +145,7 @@ NaiveGrads naive_backward(const AttentionParams& params, const TensorView& dout)
   if (pr.paged)
     throw Error(ErrorKind::kUnsupported, "block_table", "naive_backward takes dense or varlen KV");
   const TensorView& out = params.out;
-  if (dout.rank != out.rank)
-    throw Error(ErrorKind::kInvalidArgument, "dout", "must have out's rank");
+  check_view(dout, "dout", out.rank);
   for (int i = 0; i < out.rank; ++i)
     if (dout.shape[i] != out.shape[i])
       throw Error(ErrorKind::kInvalidArgument, "dout", "must have out's shape");
@@ -154,8 +153,6 @@ NaiveGrads naive_backward(const AttentionParams& params, const TensorView& dout)
     throw Error(ErrorKind::kInvalidArgument, "dout", "must be a float tensor");
   if (!(dout.device == pr.device))
     throw Error(ErrorKind::kInvalidArgument, "dout", "must be on the same device as q");
-  if (dout.numel() > 0 && dout.data == nullptr)
-    throw Error(ErrorKind::kInvalidArgument, "dout", "null data pointer");
   AttentionParams with_dout = params;  // so HostLayout::out_offset addresses dout
   with_dout.out = dout;
   const HostLayout L(with_dout, pr);
