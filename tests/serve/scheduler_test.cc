@@ -4,6 +4,7 @@
 // request-level batches, preemption by recompute, and the errors for bad requests and configs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <random>
@@ -117,6 +118,21 @@ void check_paged_kv(const fs::Batch& batch, int32_t bs, std::vector<Slot>& kv) {
   }
 }
 
+// Whether the head of the waiting queue could be admitted now: a running slot, its blocks with the
+// watermark, and room in the step (a whole prompt for the baselines, one token for sarathi).
+bool head_admissible(const fs::Scheduler& s, const fs::BlockManager& bm, int64_t tokens_left) {
+  if (s.num_waiting() == 0 || s.num_running() >= s.config().max_running) return false;
+  const fs::Sequence& head = *s.live()[static_cast<size_t>(s.num_running())];
+  const int64_t step_need = s.config().policy == fs::Policy::kSarathi ? 1 : head.num_uncomputed();
+  return bm.can_admit(head, head.num_tokens()) && step_need <= tokens_left;
+}
+
+// Sarathi's chunk for a prefill with `remaining` tokens when `left` of the budget is unused.
+int64_t sarathi_chunk(int64_t remaining, int64_t left, int64_t tile) {
+  const int64_t c = std::min(remaining, left);
+  return c < remaining && c >= tile ? c - c % tile : c;
+}
+
 struct RunStats {
   int64_t steps = 0, preemptions = 0, max_tokens = 0, chunked_prefills = 0, aborts = 0;
 };
@@ -157,6 +173,10 @@ RunStats run_case(const Case& c, uint64_t seed) {
     const int64_t running_before = sched->num_running();
     for (const fs::Sequence* s : sched->running())
       if (s->state == fs::SeqState::kRunningDecode) decoding_before.insert(s->id);
+    std::vector<int64_t> waiting_before;  // in queue order
+    for (const fs::Sequence* s : sched->live())
+      if (!s->is_running()) waiting_before.push_back(s->id);
+    const bool admissible_before = head_admissible(*sched, bm, c.cfg.max_tokens_per_step);
 
     fs::Batch batch = sched->schedule(double(step));
     ++st.steps;
@@ -196,20 +216,61 @@ RunStats run_case(const Case& c, uint64_t seed) {
       }
     }
     for (int64_t id : batch.preempted) EXPECT_EQ(in_batch.count(id), 0u);
+    // New requests are admitted from the front of the queue, in order (FIFO): the prefills that
+    // start at token 0 are exactly the first waiting requests.
+    std::vector<int64_t> admitted;
+    for (const auto& e : batch.entries)
+      if (e.is_prefill && e.q_start == 0) admitted.push_back(e.seq->id);
+    EXPECT_TRUE(admitted.size() <= waiting_before.size() &&
+                std::equal(admitted.begin(), admitted.end(), waiting_before.begin()))
+        << "admission out of FIFO order at step " << step;
+    const int64_t left = c.cfg.max_tokens_per_step - batch.num_tokens();
     check_paged_kv(batch, c.block_size, kv);
-    if (c.policy == fs::Policy::kSarathi) {
+    if (c.policy == fs::Policy::kSarathi || c.policy == fs::Policy::kOrca) {
       // Stall-free: every decode running before the step is in it, unless it lost its blocks.
       std::set<int64_t> preempted(batch.preempted.begin(), batch.preempted.end());
       for (int64_t id : decoding_before)
         EXPECT_TRUE(in_batch.count(id) || preempted.count(id))
-            << "sarathi skipped running decode " << id << " at step " << step;
+            << fs::to_string(c.policy) << " skipped running decode " << id << " at step " << step;
+    }
+    if (c.policy == fs::Policy::kSarathi) {
+      // Decodes, then partial prefills, then new requests; each prefill takes exactly the chunk
+      // the budget left to it allows.
+      int phase = 0;
+      int64_t tokens_before = 0;
+      for (const auto& e : batch.entries) {
+        const int p = !e.is_prefill ? 0 : e.q_start > 0 ? 1 : 2;
+        EXPECT_GE(p, phase) << "sarathi's order broken at step " << step;
+        phase = p;
+        if (e.is_prefill)
+          EXPECT_EQ(e.q_len,
+                    sarathi_chunk(e.seq->num_tokens() - e.q_start,
+                                  c.cfg.max_tokens_per_step - tokens_before, c.cfg.chunk_tile));
+        tokens_before += e.q_len;
+      }
+      // Work-conserving: with budget left, every running sequence is in the step, and the
+      // queue's head could not be admitted (or the step preempted).
+      if (left > 0) {
+        for (const fs::Sequence* s : sched->running()) EXPECT_TRUE(in_batch.count(s->id));
+        if (batch.preempted.empty()) EXPECT_FALSE(head_admissible(*sched, bm, left));
+      }
+    }
+    if (c.policy == fs::Policy::kOrca && batch.preempted.empty()) {
+      EXPECT_FALSE(head_admissible(*sched, bm, left)) << "orca left a fitting prompt waiting";
     }
     if (c.policy == fs::Policy::kVllm) {
       EXPECT_FALSE(has_prefill && has_decode);
+      // Prefill-first: a step runs prompts exactly when the queue's head can be admitted.
+      EXPECT_EQ(has_prefill, admissible_before) << "step " << step;
     }
     if (c.policy == fs::Policy::kStatic && has_prefill) {
       EXPECT_EQ(running_before, 0) << "static admitted into a running batch";
       EXPECT_FALSE(has_decode);
+    }
+    if (c.policy == fs::Policy::kStatic && running_before == 0) {
+      // A new batch takes every waiting prompt that fits.
+      EXPECT_EQ(has_prefill, !waiting_before.empty());
+      EXPECT_FALSE(head_admissible(*sched, bm, left));
     }
     if (batch.empty()) {
       // Only allowed while nothing runs and we are waiting for arrivals.
