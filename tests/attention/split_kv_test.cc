@@ -81,6 +81,19 @@ TEST(SplitKv, PagedVarlenCausalWithShortSequences) {
   expect_splits_match(s, 2e-6);
 }
 
+TEST(SplitKv, MoreQueriesThanKeysCausalWindow) {
+  // q_len > kv_len: the first 100 queries sit before every key (fully masked in every split), and
+  // the window leaves the later queries keys in only some of the splits.
+  CaseSpec s;
+  s.q_lens = {400};
+  s.kv_lens = {300};
+  s.h_q = 2;
+  s.h_kv = 1;
+  s.causal = true;
+  s.window_left = 100;
+  expect_splits_match(s, 2e-6);
+}
+
 TEST(SplitKv, Bf16OutputWithinOneRounding) {
   CaseSpec s;
   s.q_lens = {5};
