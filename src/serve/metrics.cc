@@ -9,17 +9,23 @@
 
 namespace flashserve::serve {
 
+namespace {
+// The q-th percentile of sorted, non-empty values: linear between the order statistics around rank
+// q/100 * (n - 1).
+double sorted_percentile(const std::vector<double>& v, double q) {
+  const double pos = q / 100.0 * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+}  // namespace
+
 double percentile(std::vector<double> v, double q) {
   if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
   if (!(q >= 0 && q <= 100))
     throw Error(ErrorKind::kInvalidArgument, "q", std::to_string(q) + " is not in [0, 100]");
-  const double pos = q / 100.0 * static_cast<double>(v.size() - 1);
-  const size_t lo = static_cast<size_t>(std::floor(pos));
-  const size_t hi = std::min(lo + 1, v.size() - 1);
-  std::nth_element(v.begin(), v.begin() + lo, v.end());
-  const double a = v[lo];
-  const double b = hi == lo ? a : *std::min_element(v.begin() + lo + 1, v.end());
-  return a + (b - a) * (pos - static_cast<double>(lo));
+  std::sort(v.begin(), v.end());
+  return sorted_percentile(v, q);
 }
 
 Summary summarize(const std::vector<double>& values) {
@@ -31,15 +37,9 @@ Summary summarize(const std::vector<double>& values) {
   double sum = 0;
   for (double x : v) sum += x;
   s.mean = sum / static_cast<double>(v.size());
-  auto at = [&](double q) {
-    const double pos = q / 100.0 * static_cast<double>(v.size() - 1);
-    const size_t lo = static_cast<size_t>(std::floor(pos));
-    const size_t hi = std::min(lo + 1, v.size() - 1);
-    return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
-  };
-  s.p50 = at(50);
-  s.p90 = at(90);
-  s.p99 = at(99);
+  s.p50 = sorted_percentile(v, 50);
+  s.p90 = sorted_percentile(v, 90);
+  s.p99 = sorted_percentile(v, 99);
   s.max = v.back();
   return s;
 }
