@@ -117,7 +117,7 @@ class StaticScheduler final : public WholePromptScheduler {
 }  // namespace
 
 std::unique_ptr<Scheduler> Scheduler::create(const SchedulerConfig& config, BlockManager& blocks) {
-  config.validate();
+  // The constructor validates the config (and the cache against it).
   switch (config.policy) {
     case Policy::kSarathi:
       return std::unique_ptr<Scheduler>(new SarathiScheduler(config, blocks));
