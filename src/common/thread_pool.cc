@@ -15,10 +15,19 @@ std::unique_ptr<ThreadPool>& global_slot() {
 ThreadPool::ThreadPool(int workers) {
   if (workers <= 0) workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   threads_.reserve(workers - 1);
-  for (int w = 1; w < workers; ++w) threads_.emplace_back([this, w] { worker_loop(w); });
+  try {
+    for (int w = 1; w < workers; ++w) threads_.emplace_back([this, w] { worker_loop(w); });
+  } catch (...) {  // no thread left joinable, or its destructor would call std::terminate
+    stop_and_join();
+    throw;
+  }
 }
 
 ThreadPool::~ThreadPool() {
+  stop_and_join();
+}
+
+void ThreadPool::stop_and_join() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;

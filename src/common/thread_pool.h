@@ -41,6 +41,7 @@ class ThreadPool {
   static void set_global_workers(int workers);
 
  private:
+  void stop_and_join();
   void worker_loop(int worker);
   void run_tasks(int worker);
 
