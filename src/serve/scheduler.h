@@ -4,10 +4,9 @@
 //
 // Policies (one interface, chosen by SchedulerConfig::policy):
 //   sarathi  stall-free chunked prefill (Sarathi-Serve): per step a token budget; first every
-//   running
-//            decode, then the partial prefills, then new requests FIFO, each prefill cut to what is
-//            left of the budget (rounded down to a multiple of chunk_tile unless it is the last
-//            chunk).
+//            running decode, then the partial prefills, then new requests FIFO, each prefill cut
+//            to what is left of the budget (rounded down to a multiple of chunk_tile unless it is
+//            the last chunk or less than a tile is left).
 //   vllm     prefill-first: whole prompts run in steps of their own; decodes wait while they do.
 //   orca     iteration-level: whole prompts mixed with the running decodes, no chunking.
 //   static   request-level: a batch is admitted only when the previous one has fully finished.

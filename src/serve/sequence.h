@@ -12,7 +12,8 @@ namespace flashserve::serve {
 
 enum class SeqState : int32_t {
   kWaiting,         // arrived, not yet scheduled
-  kRunningPrefill,  // some of its tokens are still to be computed (num_computed < num_tokens - ...)
+  kRunningPrefill,  // holds blocks; its prompt (after a preemption, also what it had generated)
+                    // is not all in the cache yet: its last chunk will sample a token
   kRunningDecode,   // every token but the last sampled one is in the KV cache; one new token a step
   kPreempted,       // its blocks were taken back; it will recompute from scratch
   kFinished,        // produced max_output_tokens tokens (or its stop token), or was aborted
