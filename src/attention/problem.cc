@@ -28,6 +28,14 @@ bool is_float(DType t) {
   return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16;
 }
 
+// True when the view has no element. Not numel() == 0: the product of the sizes can overflow
+// int64 (dimensions of stride 0) on views that validation has yet to reject.
+bool empty(const TensorView& t) {
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[i] == 0) return true;
+  return false;
+}
+
 // One past the last element the view can address, in elements; throws on int64 overflow.
 int64_t extent(const TensorView& t, const char* name) {
   int64_t last = 0;
@@ -56,7 +64,7 @@ void check_view(const TensorView& t, const char* name, int rank) {
   if (t.rank > 0 && t.shape[t.rank - 1] > 1 && t.stride[t.rank - 1] != 1)
     fail(name, cat("the last dimension must be contiguous (stride 1), got stride ",
                    t.stride[t.rank - 1]));
-  if (t.data == nullptr && t.numel() > 0) fail(name, "null data pointer");
+  if (t.data == nullptr && !empty(t)) fail(name, "null data pointer");
   extent(t, name);
 }
 
@@ -75,7 +83,7 @@ void check_entries(const TensorView& t, const char* name, int64_t len) {
 }
 
 bool overlaps(const TensorView& a, const TensorView& b) {
-  if (a.numel() == 0 || b.numel() == 0) return false;
+  if (empty(a) || empty(b)) return false;
   const char* a0 = static_cast<const char*>(a.data);
   const char* b0 = static_cast<const char*>(b.data);
   const char* a1 = a0 + extent(a, "") * dtype_size(a.dtype);
@@ -103,7 +111,7 @@ void check_disjoint(const TensorView& output, const char* name, const AttentionP
 // size > 1). Sorting the dimensions by stride, the view is free of self-overlap when every stride
 // exceeds the span of the smaller-strided dimensions; outputs must be, or writes would race.
 bool aliases_itself(const TensorView& t) {
-  if (t.numel() == 0) return false;
+  if (empty(t)) return false;
   int dims[kMaxRank];
   int n = 0;
   for (int i = 0; i < t.rank; ++i)

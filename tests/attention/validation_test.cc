@@ -96,6 +96,14 @@ std::vector<Check> checks() {
       {"LastDimNotContiguous", Base::kDense, [](P p) { p.v.stride[3] = 2; }, "v",
        "the last dimension must be contiguous"},
       {"NullData", Base::kDense, [](P p) { p.out.data = nullptr; }, "out", "null data pointer"},
+      {"NullDataWhoseSizeProductWraps", Base::kDense,
+       [](P p) {  // 2^22 * 2^21 * 2^21 = 2^64 elements: numel() wraps to 0
+         p.q.data = nullptr;
+         p.q.shape[0] = int64_t{1} << 22;
+         p.q.shape[1] = p.q.shape[2] = int64_t{1} << 21;
+         p.q.stride[0] = p.q.stride[1] = p.q.stride[2] = 0;
+       },
+       "q", "null data pointer"},
       {"ExtentOverflowsElements", Base::kDense, [](P p) { p.q.stride[0] = kBig / 2 + 1; }, "q",
        "more elements than fit in 64 bits"},
       {"ExtentOverflowsBytes", Base::kDense, [](P p) { p.q.stride[0] = int64_t{1} << 61; }, "q",
