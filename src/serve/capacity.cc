@@ -11,7 +11,8 @@ CapacityResult find_capacity(const std::function<ServingMetrics(double)>& run,
                              double min_rate, double max_rate) {
   if (!(start_rate > 0) || !(min_rate > 0) || !(max_rate >= start_rate) || start_rate < min_rate)
     throw Error(ErrorKind::kInvalidArgument, "start_rate",
-                "need 0 < min_rate <= start_rate <= max_rate");
+                std::to_string(start_rate) + " is not in [min_rate " + std::to_string(min_rate) +
+                    ", max_rate " + std::to_string(max_rate) + "] (min_rate must be positive)");
   if (!(rel_tol > 0 && rel_tol < 1))
     throw Error(ErrorKind::kInvalidArgument, "rel_tol", std::to_string(rel_tol) + " not in (0, 1)");
   CapacityResult res;
