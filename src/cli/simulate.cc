@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli/command.h"
@@ -64,7 +65,29 @@ std::string fmt_ms(double s) {
   return b;
 }
 
-int run(int argc, char** argv) {
+// The library's errors name its own fields; where a field's name is not its option's, say which
+// option set it ("--budget: max_tokens_per_step: 0 must be positive").
+[[noreturn]] void rethrow_naming_the_option(const Error& e) {
+  static const std::pair<const char*, const char*> kOptionOf[] = {
+      {"max_tokens_per_step", "--budget"},
+      {"max_running", "--max-running"},
+      {"max_model_len", "--max-model-len"},
+      {"chunk_tile", "--chunk-tile"},
+      {"num_blocks", "--num-blocks"},
+      {"block_size", "--block-size"},
+      {"gpu_memory_utilization", "--gpu-mem-util"},
+      {"gpu.step_overhead_s", "--step-overhead-ms"},
+      {"num_requests", "--requests"},
+      {"prompt_len", "--prompt-len"},
+      {"output_len", "--output-len"},
+      {"start_rate", "--rate"},
+  };
+  for (const auto& [field, option] : kOptionOf)
+    if (e.argument() == field) throw Error(e.kind(), option, e.what());
+  throw e;
+}
+
+int simulate(int argc, char** argv) {
   Options o;
   CLI::App app{"Simulate serving with the real scheduler against a step-cost model"};
   app.option_defaults()->always_capture_default();
@@ -336,6 +359,14 @@ int run(int argc, char** argv) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\n(%.1f s of host time)\n", secs);
   return 0;
+}
+
+int run(int argc, char** argv) {
+  try {
+    return simulate(argc, argv);
+  } catch (const Error& e) {
+    rethrow_naming_the_option(e);
+  }
 }
 
 flashserve::cli::Register reg("simulate", "simulate serving policies against a step-cost model",
