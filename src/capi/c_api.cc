@@ -147,43 +147,6 @@ AttentionParams to_params(const fs_attention_params* p) {
   return params;
 }
 
-// Makes the device of q current for the duration of a call (and restores the caller's), so that
-// kernels, workspace and stream all belong to the device that holds the tensors.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(const TensorView& q) {
-#if defined(FLASHSERVE_WITH_CUDA)
-    if (q.device.type != DeviceType::kCUDA) return;
-    int current = 0;
-    check(cudaGetDevice(&current));
-    if (current == q.device.index) return;
-    check(cudaSetDevice(q.device.index));
-    previous_ = current;
-#else
-    (void)q;
-#endif
-  }
-  ~DeviceGuard() {
-#if defined(FLASHSERVE_WITH_CUDA)
-    if (previous_ >= 0) cudaSetDevice(previous_);
-#endif
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-#if defined(FLASHSERVE_WITH_CUDA)
-  static void check(cudaError_t status) {
-    if (status != cudaSuccess) {
-      cudaGetLastError();
-      throw Error(ErrorKind::kCuda, "q",
-                  std::string("cannot select its device: ") + cudaGetErrorString(status));
-    }
-  }
-#endif
-  int previous_ = -1;
-};
-
 }  // namespace
 }  // namespace flashserve
 
@@ -239,20 +202,13 @@ FS_API int fs_attention_validate(const fs_attention_params* params) {
 }
 
 FS_API int fs_attention_forward(const fs_attention_params* params) {
-  return flashserve::guarded([&] {
-    const flashserve::AttentionParams p = flashserve::to_params(params);
-    flashserve::DeviceGuard device(p.q);
-    flashserve::attention_forward(p);
-  });
+  return flashserve::guarded([&] { flashserve::attention_forward(flashserve::to_params(params)); });
 }
 
 FS_API size_t fs_attention_workspace_size(const fs_attention_params* params) {
   size_t bytes = 0;
-  const int status = flashserve::guarded([&] {
-    const flashserve::AttentionParams p = flashserve::to_params(params);
-    flashserve::DeviceGuard device(p.q);
-    bytes = flashserve::attention_workspace_size(p);
-  });
+  const int status = flashserve::guarded(
+      [&] { bytes = flashserve::attention_workspace_size(flashserve::to_params(params)); });
   return status == FS_OK ? bytes : SIZE_MAX;
 }
 
