@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 #include <set>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 namespace flashserve {
@@ -88,6 +90,34 @@ TEST(ThreadPool, InlineCallsRunEveryTaskThenRethrowTheFirst) {
   });
   EXPECT_EQ(caught.load(), 4);
   EXPECT_EQ(inner.load(), 20);
+}
+
+// Two threads calling parallel_for on one pool at once: one gets the pool, the other runs its tasks
+// alone; each call runs each of its tasks once, and per call no worker index is used by two tasks
+// at the same time.
+TEST(ThreadPool, ConcurrentCallersEachRunAllTheirTasks) {
+  ThreadPool pool(3);
+  auto caller = [&pool](std::vector<std::atomic<int>>& hits, std::atomic<int>& clash) {
+    for (int round = 0; round < 20; ++round) {
+      std::vector<std::atomic<int>> busy(pool.size());
+      pool.parallel_for(static_cast<int64_t>(hits.size()), [&](int64_t i, int w) {
+        if (busy[w].fetch_add(1) != 0) clash++;
+        hits[i]++;
+        volatile int spin = 0;
+        for (int k = 0; k < 100; ++k) spin = spin + k;
+        busy[w].fetch_sub(1);
+      });
+    }
+  };
+  std::vector<std::atomic<int>> hits_a(500), hits_b(700);
+  std::atomic<int> clash{0};
+  std::thread a(caller, std::ref(hits_a), std::ref(clash));
+  std::thread b(caller, std::ref(hits_b), std::ref(clash));
+  a.join();
+  b.join();
+  for (auto& h : hits_a) ASSERT_EQ(h.load(), 20);
+  for (auto& h : hits_b) ASSERT_EQ(h.load(), 20);
+  EXPECT_EQ(clash.load(), 0);
 }
 
 TEST(ThreadPool, GlobalPoolCanBeResized) {
