@@ -100,7 +100,7 @@ FS_API int fs_attention_validate(const fs_attention_params* params);
  * enqueued on params->stream and may still be running when this returns. */
 FS_API int fs_attention_forward(const fs_attention_params* params);
 /* Bytes of device workspace that fs_attention_forward needs for params (0 when none), or SIZE_MAX
- * when params are invalid (then fs_last_error() says why). */
+ * when params are invalid or the CUDA runtime fails (then fs_last_error() says why). */
 FS_API size_t fs_attention_workspace_size(const fs_attention_params* params);
 
 /* Waits until all work on a CUDA stream (NULL: the legacy default stream) has finished. */

@@ -129,9 +129,11 @@ def _forward(q, k, v, *, varlen, cu_seqlens_q=None, cu_seqlens_k=None, max_seqle
     if device[0] == "cuda":
         size = lib.fs_attention_workspace_size(ctypes.byref(params))
         if size == ctypes.c_size_t(-1).value:
+            # The size query returns no status: validation names a bad argument; past it, only the
+            # CUDA runtime (device count, attributes) or host memory can have failed.
             message = _capi.last_error()
             _capi.raise_for(lib.fs_attention_validate(ctypes.byref(params)))
-            raise NotImplementedError(message)
+            raise RuntimeError(message)
         if size:
             workspace = _tensor.empty(q, framework, device, (size,), "uint8")
             dw = describe(workspace, "workspace", raw=True)

@@ -129,6 +129,31 @@ def test_errors_map_to_python_exceptions(seed):
     _capi.raise_for(_capi.OK)
 
 
+def test_failed_workspace_query_past_validation_is_a_runtime_error(seed, monkeypatch):
+    """For CUDA tensors the package first asks for the split-KV workspace size, a query without a
+    status code. When validation passes, what failed was the CUDA runtime (or host memory): a
+    RuntimeError with the library's message, not NotImplementedError. Simulated on the host: the
+    tensors are reported as CUDA ones and the size query fails after leaving a message."""
+    real = _capi.lib()
+
+    class FailingSizeQuery:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def fs_attention_workspace_size(self, params):
+            assert real.fs_attention_forward(None) == _capi.INVALID_ARGUMENT  # sets a message
+            return SIZE_MAX
+
+    monkeypatch.setattr(_capi, "lib", lambda: FailingSizeQuery())
+    monkeypatch.setattr(_tensor, "device_of", lambda obj: ("cuda", 0))
+    monkeypatch.setattr(_tensor, "empty", lambda like, framework, device, shape, dtype=None:
+                        np.full(shape, np.nan, dtype=dtype or like.dtype))
+    q, k, v, _ = dense(seed)
+    with pytest.raises(RuntimeError, match=r"^params: null pointer$") as raised:
+        flashserve.flash_attn_func(q, k, v)
+    assert not isinstance(raised.value, NotImplementedError)  # a subclass of RuntimeError
+
+
 @pytest.mark.skipif(flashserve.built_with_cuda(), reason="the library was built with CUDA")
 def test_cuda_tensor_without_cuda_is_unsupported(seed):
     q, k, v, out = dense(seed)
