@@ -159,10 +159,16 @@ int simulate(int argc, char** argv) {
   // The workload, as a function of the rate (the same lengths and the same arrival pattern,
   // scaled).
   std::vector<fs::Request> trace;
+  double trace_rate = 0;  // the trace's own; 0 if its arrivals span no time
   fs::WorkloadSpec spec;
   if (!o.trace.empty()) {
     trace = fs::load_trace(o.trace);
-    if (!rate_given) o.rate = fs::mean_rate(trace);
+    trace_rate = fs::mean_rate(trace);
+    // One request, or all at once: there is no rate to scale from, so it runs as recorded.
+    if (trace_rate == 0 && (rate_given || o.capacity))
+      throw Error(ErrorKind::kInvalidArgument, rate_given ? "--rate" : "--capacity",
+                  o.trace + "'s arrivals span no time, so they cannot be replayed at other rates");
+    if (!rate_given) o.rate = trace_rate;
   } else {
     spec.lengths = fs::parse_length_kind(o.workload);
     spec.fixed_prompt = o.prompt_len;
@@ -173,15 +179,13 @@ int simulate(int argc, char** argv) {
     spec.max_model_len = o.max_model_len;
     spec.seed = o.seed;
   }
-  if (!(o.rate > 0))
+  const bool as_recorded = !trace.empty() && trace_rate == 0;
+  if (!as_recorded && !(o.rate > 0))
     throw Error(ErrorKind::kInvalidArgument, "--rate",
-                rate_given ? std::to_string(o.rate) + " must be positive"
-                           : "the trace spans no time; give the rate to replay it at");
+                std::to_string(o.rate) + " must be positive");
+  const std::string at_rate = as_recorded ? "its recorded arrival times" : fmt_s(o.rate) + " req/s";
   auto requests_at = [&](double rate) {
-    if (!trace.empty()) {
-      const double r0 = fs::mean_rate(trace);
-      return r0 > 0 ? fs::scale_arrivals(trace, r0 / rate) : trace;
-    }
+    if (!trace.empty()) return as_recorded ? trace : fs::scale_arrivals(trace, trace_rate / rate);
     fs::WorkloadSpec s = spec;
     s.rate = rate;
     return fs::generate_workload(s);
@@ -256,16 +260,16 @@ int simulate(int argc, char** argv) {
     }
   }
 
-  std::printf("\nat %.3f req/s (P99 TBT SLO %.0f ms, P50 scheduling delay bound %.1f s):\n", o.rate,
-              o.slo_tbt * 1e3, o.max_sched_delay);
+  std::printf("\nat %s (P99 TBT SLO %.0f ms, P50 scheduling delay bound %.1f s):\n",
+              at_rate.c_str(), o.slo_tbt * 1e3, o.max_sched_delay);
   std::printf(
       "| policy | TTFT p50 (s) | TTFT p99 (s) | TBT p50 (ms) | TBT p99 (ms) | TPOT mean (ms) | "
       "E2E p50 (s) | sched delay p50 (s) | out tok/s | preemptions | steps |%s\n",
       o.capacity ? " capacity (req/s) |" : "");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|%s\n", o.capacity ? "---|" : "");
   fs::SvgPlot cdf;
-  cdf.title = model.name + ", " + (o.trace.empty() ? o.workload : "trace") + ", " + fmt_s(o.rate) +
-              " req/s: TBT CDF";
+  cdf.title =
+      model.name + ", " + (o.trace.empty() ? o.workload : "trace") + ", " + at_rate + ": TBT CDF";
   cdf.x_label = "time between tokens (ms, log scale)";
   cdf.y_label = "fraction of gaps";
   cdf.log_x = true;
