@@ -173,7 +173,7 @@ class Forward {
   }
 
   int64_t num_tiles() const { return first_tile_[pr_.batch]; }
-  int64_t rows_per_tile() const { return bq_ * group_; }
+  int64_t rows_per_tile() const { return CpuTiling::tile_rows(group_); }
 
   Tile tile(int64_t i) const {
     const int64_t b =
@@ -323,7 +323,7 @@ int32_t cpu_num_splits(const Problem& pr, int workers) {
 }
 
 size_t cpu_scratch_bytes(const Problem& pr, int64_t total_q_rows, int workers) {
-  const int64_t rows = CpuTiling::block_q(pr.h_q / pr.h_kv) * (pr.h_q / pr.h_kv);
+  const int64_t rows = CpuTiling::tile_rows(pr.h_q / pr.h_kv);
   size_t bytes = workers * Workspace::bytes(rows, pr.head_dim, pr.head_dim_v);
   const int32_t splits = cpu_num_splits(pr, workers);
   if (splits > 1) bytes += SplitPartials::bytes(splits, total_q_rows, pr.h_q, pr.head_dim_v);

@@ -21,6 +21,8 @@ struct CpuTiling {
   static constexpr int64_t kTileRows = 64;  // query rows (queries x heads of a group) per tile
   // Queries per tile for a GQA group of `group` query heads per KV head.
   static int64_t block_q(int64_t group) { return group >= kTileRows ? 1 : kTileRows / group; }
+  // Rows of a tile (its queries times the group's heads): what each worker's buffers hold.
+  static int64_t tile_rows(int64_t group) { return block_q(group) * group; }
 };
 
 // The number of key splits cpu_forward uses for this problem with `workers` threads: num_splits
