@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import flashserve  # noqa: E402
-from flashserve import flash_attn_func, flash_attn_varlen_func  # noqa: E402
+from flashserve import _tensor, flash_attn_func, flash_attn_varlen_func  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="skipped: no CUDA device"),
@@ -180,17 +180,47 @@ def test_paged_kv(gen, dtype, page_size):
         seqs.append((ks, vs))
     table = table.cuda()
     seqused = torch.tensor(kv_lens, dtype=torch.int32, device="cuda")
-    try:
-        out, lse = flash_attn_varlen_func(q, k_cache, v_cache, cu_q, None, max(q_lens),
-                                          max(kv_lens), causal=True, return_lse=True,
-                                          block_table=table, seqused_k=seqused)
-    except NotImplementedError as e:  # the library says so; this runs as soon as it is there
-        pytest.skip(f"skipped: the CUDA kernels refuse paged KV: {e}")
+    out, lse = flash_attn_varlen_func(q, k_cache, v_cache, cu_q, None, max(q_lens), max(kv_lens),
+                                      causal=True, return_lse=True, block_table=table,
+                                      seqused_k=seqused)
     qs = cu_q.tolist()
     for i, (ks, vs) in enumerate(seqs):
         exact, low, lse_i = reference(q[qs[i]:qs[i + 1]], ks, vs, 1 / math.sqrt(d), True, (-1, -1))
         check(out[qs[i]:qs[i + 1]], exact, low, dtype, f"out of sequence {i}")
         check_lse(lse[:, qs[i]:qs[i + 1]], lse_i)
+
+
+SPLIT = [  # batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, num_splits
+    (2, 1, 4000, 8, 1, 128, False, 0),  # long-context decode: the library chooses the split
+    (2, 1, 4000, 8, 1, 128, False, 5),
+    (1, 70, 40, 4, 2, 64, True, 5),  # one key block over 5 splits (4 empty); 30 rows see no key
+    (3, 33, 700, 8, 8, 256, True, 3),  # prefill chunk over a cached prefix
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SPLIT)
+def test_split_kv(gen, monkeypatch, dtype, shape):
+    """Split-KV and its combine, with the workspace the package allocates (the only caller of the
+    automatic split, num_splits 0, that passes one): the allocation shows that the call split."""
+    b, sq, sk, h, hk, d, causal, num_splits = shape
+    workspace = []
+    allocate = _tensor.empty
+
+    def recording(like, framework, device, dims, kind=None):
+        if kind == "uint8":
+            workspace.append(dims[0])
+        return allocate(like, framework, device, dims, kind)
+
+    monkeypatch.setattr(_tensor, "empty", recording)
+    q, k, v = randn(gen, (b, sq, h, d), dtype), randn(gen, (b, sk, hk, d), dtype), \
+        randn(gen, (b, sk, hk, d), dtype)
+    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True, num_splits=num_splits)
+    assert len(workspace) == 1 and workspace[0] > 0, "the call did not split"
+    for i in range(b):
+        exact, low, lse_i = reference(q[i], k[i], v[i], 1 / math.sqrt(d), causal, (-1, -1))
+        check(out[i], exact, low, dtype)
+        check_lse(lse[i], lse_i)
 
 
 def test_runs_on_the_current_stream(gen):
