@@ -30,9 +30,8 @@ struct Batch {
   int64_t num_prefill_tokens() const;  // sum of q_len over prefill entries
   int64_t num_decode_tokens() const;   // number of decode entries
   int64_t num_tokens() const { return num_prefill_tokens() + num_decode_tokens(); }
-  int64_t num_sampled() const;       // entries that sample a token
-  int64_t decode_kv_tokens() const;  // sum of kv_len over decodes (KV the decodes read)
-  int64_t kv_tokens() const;         // sum of kv_len over every entry
+  int64_t num_sampled() const;  // entries that sample a token
+  int64_t kv_tokens() const;    // sum of kv_len over every entry
 };
 
 }  // namespace flashserve::serve

@@ -62,11 +62,6 @@ int64_t Batch::num_sampled() const {
   for (const auto& e : entries) n += e.samples;
   return n;
 }
-int64_t Batch::decode_kv_tokens() const {
-  int64_t n = 0;
-  for (const auto& e : entries) n += e.is_prefill ? 0 : e.kv_len;
-  return n;
-}
 int64_t Batch::kv_tokens() const {
   int64_t n = 0;
   for (const auto& e : entries) n += e.kv_len;
