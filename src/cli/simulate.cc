@@ -81,6 +81,8 @@ std::string fmt_ms(double s) {
       {"prompt_len", "--prompt-len"},
       {"output_len", "--output-len"},
       {"start_rate", "--rate"},
+      {"slo_tbt_p99_s", "--slo-tbt"},
+      {"max_sched_delay_p50_s", "--max-sched-delay"},
   };
   for (const auto& [field, option] : kOptionOf)
     if (e.argument() == field) throw Error(e.kind(), option, e.what());

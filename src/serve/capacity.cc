@@ -13,6 +13,12 @@ CapacityResult find_capacity(const std::function<ServingMetrics(double)>& run,
     throw Error(ErrorKind::kInvalidArgument, "start_rate",
                 std::to_string(start_rate) + " is not in [min_rate " + std::to_string(min_rate) +
                     ", max_rate " + std::to_string(max_rate) + "] (min_rate must be positive)");
+  if (!(criteria.slo_tbt_p99_s > 0))
+    throw Error(ErrorKind::kInvalidArgument, "slo_tbt_p99_s",
+                std::to_string(criteria.slo_tbt_p99_s) + " must be positive");
+  if (!(criteria.max_sched_delay_p50_s > 0))
+    throw Error(ErrorKind::kInvalidArgument, "max_sched_delay_p50_s",
+                std::to_string(criteria.max_sched_delay_p50_s) + " must be positive");
   if (!(rel_tol > 0 && rel_tol < 1))
     throw Error(ErrorKind::kInvalidArgument, "rel_tol", std::to_string(rel_tol) + " not in (0, 1)");
   CapacityResult res;

@@ -204,6 +204,20 @@ TEST(Capacity, BisectionFindsTheBoundary) {
   r = fs::find_capacity([](double) { return synthetic(1, 0); }, crit, 1.0);
   EXPECT_EQ(r.capacity, 0);
   EXPECT_THROW(fs::find_capacity([](double) { return synthetic(0, 0); }, crit, -1), Error);
+  // A bound that nothing can meet is a mistake, not a capacity of 0.
+  for (const fs::CapacityCriteria bad :
+       {fs::CapacityCriteria{0, 2.0}, fs::CapacityCriteria{-0.1, 2.0}, fs::CapacityCriteria{0.1, 0},
+        fs::CapacityCriteria{0.1, NAN}}) {
+    int probes = 0;
+    EXPECT_THROW(fs::find_capacity(
+                     [&](double) {
+                       ++probes;
+                       return synthetic(0, 0);
+                     },
+                     bad, 1.0),
+                 Error);
+    EXPECT_EQ(probes, 0);
+  }
 }
 
 TEST(Capacity, SarathiServesMoreThanPrefillFirstUnderATightSlo) {
