@@ -241,7 +241,9 @@ int main(int argc, char** argv) {
       p.k = device_view(k, dt, {b, kv, hkv, d});
       p.v = device_view(v, dt, {b, kv, hkv, d});
       p.out = device_view(out, dt, {b, 1, hq, d});
-      p.num_splits = 0;  // automatic split-KV where the backend has it
+      // Automatic split-KV splits only with a caller workspace (cuda_dispatch.cu), and none is
+      // passed: these rows measure the unsplit kernel.
+      p.num_splits = 0;
       std::string err;
       if (!run_once(p, &err)) {
         std::printf("%-6d %-7d   unsupported: %s\n", b, kv, err.c_str());

@@ -34,9 +34,9 @@ struct FwdParams {
   float scale;       // softmax scale (for the natural-log LSE)
   float scale_log2;  // scale * log2(e), folded into the exponent's FFMA
 
-  // Paged KV (paged_kv.h): k/v are [num_pages, page_size, h_kv, d]; key j of sequence b is row
-  // j % page_size of page block_table[b][j / page_size]. k_row_stride is then the stride within a
-  // page and k_batch_stride is 0.
+  // Paged KV (load_tile_paged_async in smem_tile.h): k/v are [num_pages, page_size, h_kv, d]; key
+  // j of sequence b is row j % page_size of page block_table[b][j / page_size]. k_row_stride is
+  // then the stride within a page and k_batch_stride is 0.
   const int32_t* block_table;  // null: not paged
   int64_t block_table_stride;
   int64_t k_page_stride, v_page_stride;
