@@ -171,8 +171,11 @@ RunStats run_case(const Case& c, uint64_t seed) {
     }
     std::set<int64_t> decoding_before;
     const int64_t running_before = sched->num_running();
-    for (const fs::Sequence* s : sched->running())
+    std::vector<int64_t> priority_before;  // running, highest priority first
+    for (const fs::Sequence* s : sched->running()) {
+      priority_before.push_back(s->id);
       if (s->state == fs::SeqState::kRunningDecode) decoding_before.insert(s->id);
+    }
     std::vector<int64_t> waiting_before;  // in queue order
     for (const fs::Sequence* s : sched->live())
       if (!s->is_running()) waiting_before.push_back(s->id);
@@ -224,6 +227,26 @@ RunStats run_case(const Case& c, uint64_t seed) {
     EXPECT_TRUE(admitted.size() <= waiting_before.size() &&
                 std::equal(admitted.begin(), admitted.end(), waiting_before.begin()))
         << "admission out of FIFO order at step " << step;
+    // Preempted sequences go back to the front of the queue, highest priority first, and no step
+    // that preempts admits anyone: the queue is now the preempted, then what was not admitted.
+    std::vector<int64_t> want_waiting(batch.preempted.rbegin(), batch.preempted.rend());
+    if (admitted.size() <= waiting_before.size())
+      want_waiting.insert(want_waiting.end(), waiting_before.begin() + admitted.size(),
+                          waiting_before.end());
+    std::vector<int64_t> waiting_after;
+    for (const fs::Sequence* s : sched->live())
+      if (!s->is_running()) waiting_after.push_back(s->id);
+    EXPECT_EQ(waiting_after, want_waiting) << "step " << step;
+    // A victim is the lowest-priority sequence not in the step: everything below it was spared
+    // only because it runs in the step (or was preempted too).
+    std::set<int64_t> preempted_set(batch.preempted.begin(), batch.preempted.end());
+    for (int64_t v : batch.preempted) {
+      auto it = std::find(priority_before.begin(), priority_before.end(), v);
+      EXPECT_TRUE(it != priority_before.end()) << "preempted a sequence that was not running";
+      for (; it != priority_before.end(); ++it)
+        EXPECT_TRUE(in_batch.count(*it) || preempted_set.count(*it))
+            << "preempted " << v << " ahead of lower-priority " << *it << " at step " << step;
+    }
     const int64_t left = c.cfg.max_tokens_per_step - batch.num_tokens();
     check_paged_kv(batch, c.block_size, kv);
     if (c.policy == fs::Policy::kSarathi || c.policy == fs::Policy::kOrca) {
@@ -463,6 +486,31 @@ TEST(Scheduler, PreemptionRecomputesAndStillFinishesExactly) {
   EXPECT_EQ(done[1]->id, 1);
   EXPECT_GT(done[1]->num_preemptions, 0);
   EXPECT_EQ(done[0]->num_preemptions, 0);
+}
+
+TEST(Scheduler, PreemptsTheLowestPrioritySequenceFirst) {
+  // A (4-token prompt), B (2) and C, D (1) each take one block of 4; one block is left, which A's
+  // fifth token takes. When B then needs its second block (C and D need theirs a step later), C
+  // and D are both outside the batch so far; the victim must be D, the most recently admitted.
+  fs::SchedulerConfig cfg;
+  cfg.max_tokens_per_step = 64;
+  cfg.max_running = 4;
+  cfg.max_model_len = 16;
+  cfg.chunk_tile = 1;
+  fs::BlockManager bm(5, 4, 0.0);
+  auto sched = fs::Scheduler::create(cfg, bm);
+  sched->add(make_req(0, 4, 10));
+  sched->add(make_req(1, 2, 10));
+  for (int64_t id = 2; id <= 3; ++id) sched->add(make_req(id, 1, 10));
+  std::vector<int32_t> tok(4, 5);
+  std::vector<int64_t> first_preempted;
+  for (int step = 0; step < 10 && first_preempted.empty(); ++step) {
+    fs::Batch b = sched->schedule(step);
+    first_preempted = b.preempted;
+    sched->complete(b, tok, step + 1);
+    bm.check_invariants(sched->live());
+  }
+  EXPECT_EQ(first_preempted, (std::vector<int64_t>{3}));
 }
 
 TEST(Scheduler, RejectsRequestsLongerThanTheModel) {
