@@ -70,11 +70,12 @@ void check_view(const TensorView& t, const char* name, int rank) {
 
 namespace {
 
-// An int32 tensor of lengths or page indices (cu_seqlens_*, seqused_k, block_table). check_view
-// already makes a 1-D one contiguous.
-void check_index_tensor(const TensorView& t, const char* name, int rank, const Device& dev) {
+// A tensor of fixed dtype beside q: lse (float32), and the int32 lengths and page indices
+// (cu_seqlens_*, seqused_k, block_table; check_view already makes a 1-D one contiguous).
+void check_aux(const TensorView& t, const char* name, int rank, DType dtype, const Device& dev) {
   check_view(t, name, rank);
-  if (t.dtype != DType::kInt32) fail(name, cat("expected int32, got ", dtype_name(t.dtype)));
+  if (t.dtype != dtype)
+    fail(name, cat("expected ", dtype_name(dtype), ", got ", dtype_name(t.dtype)));
   if (!(t.device == dev)) fail(name, "must be on the same device as q");
 }
 
@@ -183,12 +184,12 @@ Problem describe(const AttentionParams& p) {
     fail("out", cat("head_dim ", p.out.shape[qr - 1], " differs from v's ", pr.head_dim_v));
 
   if (varlen_q) {
-    check_index_tensor(p.cu_seqlens_q, "cu_seqlens_q", 1, pr.device);
+    check_aux(p.cu_seqlens_q, "cu_seqlens_q", 1, DType::kInt32, pr.device);
     if (p.cu_seqlens_q.shape[0] < 1) fail("cu_seqlens_q", "needs batch + 1 >= 1 entries");
   }
   pr.batch = varlen_q ? p.cu_seqlens_q.shape[0] - 1 : p.q.shape[0];
   if (pr.paged) {
-    check_index_tensor(p.block_table, "block_table", 2, pr.device);
+    check_aux(p.block_table, "block_table", 2, DType::kInt32, pr.device);
     if (p.block_table.shape[0] != pr.batch)
       fail("block_table", cat("has ", p.block_table.shape[0], " rows for a batch of ", pr.batch));
     pr.num_pages = p.k.shape[0];
@@ -196,21 +197,18 @@ Problem describe(const AttentionParams& p) {
     pr.pages_per_seq = p.block_table.shape[1];
     if (pr.page_size <= 0) fail("k", "page size (dimension 1 of the paged cache) must be positive");
   } else if (pr.varlen_k) {
-    check_index_tensor(p.cu_seqlens_k, "cu_seqlens_k", 1, pr.device);
+    check_aux(p.cu_seqlens_k, "cu_seqlens_k", 1, DType::kInt32, pr.device);
     check_entries(p.cu_seqlens_k, "cu_seqlens_k", pr.batch + 1);
   } else if (p.k.shape[0] != pr.batch) {
     fail("k", cat("batch ", p.k.shape[0], " differs from q's ", pr.batch));
   }
   if (pr.seqused) {
-    check_index_tensor(p.seqused_k, "seqused_k", 1, pr.device);
+    check_aux(p.seqused_k, "seqused_k", 1, DType::kInt32, pr.device);
     check_entries(p.seqused_k, "seqused_k", pr.batch);
   }
 
   if (p.lse.defined()) {
-    check_view(p.lse, "lse", varlen_q ? 2 : 3);
-    if (p.lse.dtype != DType::kFloat32)
-      fail("lse", cat("expected float32, got ", dtype_name(p.lse.dtype)));
-    if (!(p.lse.device == pr.device)) fail("lse", "must be on the same device as q");
+    check_aux(p.lse, "lse", varlen_q ? 2 : 3, DType::kFloat32, pr.device);
     const bool ok = varlen_q ? (p.lse.shape[0] == pr.h_q && p.lse.shape[1] == p.q.shape[0])
                              : (p.lse.shape[0] == pr.batch && p.lse.shape[1] == pr.h_q &&
                                 p.lse.shape[2] == p.q.shape[1]);
