@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -182,9 +183,9 @@ int simulate(int argc, char** argv) {
     spec.seed = o.seed;
   }
   const bool as_recorded = !trace.empty() && trace_rate == 0;
-  if (!as_recorded && !(o.rate > 0))
+  if (!as_recorded && !(o.rate > 0 && std::isfinite(o.rate)))
     throw Error(ErrorKind::kInvalidArgument, "--rate",
-                std::to_string(o.rate) + " must be positive");
+                std::to_string(o.rate) + " must be positive and finite");
   const std::string at_rate = as_recorded ? "its recorded arrival times" : fmt_s(o.rate) + " req/s";
   auto requests_at = [&](double rate) {
     if (!trace.empty()) return as_recorded ? trace : fs::scale_arrivals(trace, trace_rate / rate);
