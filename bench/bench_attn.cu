@@ -120,6 +120,21 @@ Options parse(int argc, char** argv) {
       std::exit(a == "--help" ? 0 : 2);
     }
   }
+  if (o.iters < 1 || o.warmup < 0) {
+    std::fprintf(stderr, "bench_attn: --iters must be >= 1 and --warmup >= 0\n");
+    std::exit(2);
+  }
+  for (int sl : o.seqlens)
+    if (sl < 1 || sl > o.total_tokens) {
+      std::fprintf(stderr, "bench_attn: seqlen %d must be in [1, --total-tokens %d]\n", sl,
+                   o.total_tokens);
+      std::exit(2);
+    }
+  for (int d : o.head_dims)
+    if (d < 1 || o.hidden % d != 0) {
+      std::fprintf(stderr, "bench_attn: head dim %d must divide --hidden %d\n", d, o.hidden);
+      std::exit(2);
+    }
   return o;
 }
 
@@ -241,12 +256,21 @@ int main(int argc, char** argv) {
       p.k = device_view(k, dt, {b, kv, hkv, d});
       p.v = device_view(v, dt, {b, kv, hkv, d});
       p.out = device_view(out, dt, {b, 1, hq, d});
-      // Automatic split-KV splits only with a caller workspace (cuda_dispatch.cu), and none is
-      // passed: these rows measure the unsplit kernel.
+      // Automatic split-KV, with the workspace the call asks for (without one it would not split).
       p.num_splits = 0;
+      void* workspace = nullptr;
       std::string err;
+      try {
+        p.workspace_bytes = flashserve::attention_workspace_size(p);
+      } catch (const std::exception& e) {
+        std::printf("%-6d %-7d   unsupported: %s\n", b, kv, e.what());
+        continue;
+      }
+      if (p.workspace_bytes) CUDA_OK(cudaMalloc(&workspace, p.workspace_bytes));
+      p.workspace = workspace;
       if (!run_once(p, &err)) {
         std::printf("%-6d %-7d   unsupported: %s\n", b, kv, err.c_str());
+        CUDA_OK(cudaFree(workspace));
         continue;
       }
       const float ms = median_ms([&] { flashserve::attention_forward(p); }, o.warmup, o.iters);
@@ -254,6 +278,7 @@ int main(int argc, char** argv) {
       const double tbs = bytes / (ms * 1e-3) / 1e12;
       std::printf("%-6d %-7d %10.4f %10.2f %11.0f%%\n", b, kv, ms, tbs, 100.0 * tbs / copy_tbs);
       if (csv) std::fprintf(csv, "decode,%d,0,%d,%d,%d,%.5f,%.3f\n", d, kv, b, hq, ms, tbs);
+      CUDA_OK(cudaFree(workspace));
     }
   }
   if (csv) std::fclose(csv);

@@ -45,6 +45,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--fp16", action="store_true")
     ap.add_argument("--prefill-only", action="store_true")
+    ap.add_argument("--decode-only", action="store_true")
     ap.add_argument("--csv", required=True)
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -55,7 +56,7 @@ def main():
     rows = []
     print(f"sdpa_compare on {torch.cuda.get_device_name()} torch {torch.__version__} "
           f"cudnn {torch.backends.cudnn.version()}")
-    for d in a.head_dims:
+    for d in ([] if a.decode_only else a.head_dims):
         for c in a.causal:
             for s in a.seqlens:
                 b, h = max(1, a.total_tokens // s), a.hidden // d

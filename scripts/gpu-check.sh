@@ -25,6 +25,7 @@ while (($#)); do
   shift
 done
 summary=()
+failed=0  # the exit status: non-zero when a build, test, sanitizer or benchmark step failed
 note() { summary+=("$1"); echo "== $1"; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
@@ -51,9 +52,10 @@ if ((tests)); then
   t0=$(date +%s)
   ctest --test-dir $BUILD -j 8 --output-on-failure --timeout 300 >"$OUT/ctest.log" 2>&1
   rc=$?
+  ((rc)) && failed=1
   note "ctest (cpu+gpu+python): $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1) [rc=$rc, $(( $(date +%s) - t0 )) s]"
   grep -E "Failed|\*\*\*" "$OUT/ctest.log" | head -20
-  gpu_lines=$(grep -E 'Test +#[0-9]+: ((Shapes|Sanitize)/)?Gpu' "$OUT/ctest.log")
+  gpu_lines=$(grep -E 'Test +#[0-9]+: ([A-Za-z]+/)?Gpu' "$OUT/ctest.log")
   note "gpu tests: $(grep -c . <<<"$gpu_lines") run, $(grep -c ' Passed' <<<"$gpu_lines") passed, $(grep -c 'Skipped' <<<"$gpu_lines") skipped"
   grep -E "python_package" "$OUT/ctest.log" | tail -1
 fi
@@ -64,6 +66,7 @@ if ((sanitize)) && [ -x $BUILD/tests/test_gpu ]; then
     timeout 150 compute-sanitizer --tool $tool --error-exitcode 99 \
       $BUILD/tests/test_gpu --gtest_filter='*Sanitize*' >"$OUT/sanitize-$tool.log" 2>&1
     rc=$?
+    ((rc)) && failed=1
     note "compute-sanitizer $tool: rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -1) ($(grep -c '^\[       OK' "$OUT/sanitize-$tool.log") tests, $(( $(date +%s) - t0 )) s)"
   done
 fi
@@ -77,9 +80,13 @@ if ((bench)) && [ -x $BUILD/bench/bench_attn ]; then
   args=$bench_args
   ((quick)) && args="--seqlens 1024,8192 --iters 10 $args"
   timeout 400 $BUILD/bench/bench_attn --csv "$OUT/ours.csv" $args >"$OUT/bench_attn.log" 2>&1
-  note "bench_attn rc=$?"
+  rc=$?
+  ((rc)) && failed=1
+  note "bench_attn rc=$rc"
   timeout 400 "$PY" bench/sdpa_compare.py --csv "$OUT/sdpa.csv" $args >"$OUT/sdpa.log" 2>&1
-  note "sdpa_compare rc=$?"
+  rc=$?
+  ((rc)) && failed=1
+  note "sdpa_compare rc=$rc"
   gpu=$(head -2 "$OUT/gpu.txt" | tail -1 | cut -d, -f1)
   "$PY" bench/compare_table.py "$OUT/ours.csv" "$OUT/sdpa.csv" \
     --header "bench_attn vs PyTorch SDPA — $gpu, $(date -u +%F), commit $commit, bf16, batch x seqlen = 16384, heads x head_dim = 2048" \
@@ -90,4 +97,4 @@ echo
 echo "================ summary ================"
 printf '%s\n' "${summary[@]}"
 [ -s "$OUT/table.md" ] && cat "$OUT/table.md"
-exit 0
+exit $failed

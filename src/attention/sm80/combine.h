@@ -23,8 +23,10 @@ __global__ void __launch_bounds__(256)
   if (item >= p.q_rows * p.h_q) return;
   const int64_t row = item / p.h_q;
   const int head = static_cast<int>(item % p.h_q);
-  // A varlen row past the last sequence belongs to no sequence: nothing wrote its partials.
-  if (p.cu_seqlens_q != nullptr && row >= p.cu_seqlens_q[batch]) return;
+  // A varlen row before the first sequence or past the last belongs to no sequence: nothing wrote
+  // its partials, and the caller's memory there must stay untouched (as the unsplit path leaves it).
+  if (p.cu_seqlens_q != nullptr && (row < p.cu_seqlens_q[0] || row >= p.cu_seqlens_q[batch]))
+    return;
 
   const int64_t split_stride = p.q_rows * p.h_q;  // in (row, head) slots
   const float* lse_s = p.lse_partial + row * p.h_q + head;
