@@ -16,18 +16,13 @@
 namespace flashserve::attention {
 namespace {
 
-template <typename... Args>
-std::string cat(const Args&... args) {
-  return str_cat(args...);
-}
-
 [[noreturn]] void unsupported(const std::string& arg, const std::string& what) {
   throw Error(ErrorKind::kUnsupported, arg, what);
 }
 
 void check_cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess)
-    throw Error(ErrorKind::kCuda, "", cat(what, ": ", cudaGetErrorString(err)));
+    throw Error(ErrorKind::kCuda, "", str_cat(what, ": ", cudaGetErrorString(err)));
 }
 
 // Makes `device` current for the call and restores the caller's device afterwards.
@@ -56,8 +51,8 @@ void check_aligned(const TensorView& t, const char* name) {
   const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
   for (int i = 0; i + 1 < t.rank; ++i)
     if (t.shape[i] > 1 && (t.stride[i] * elem) % 16 != 0)
-      unsupported(name, cat("stride ", t.stride[i], " of dimension ", i,
-                            " must be a multiple of 16 bytes for the CUDA kernels"));
+      unsupported(name, str_cat("stride ", t.stride[i], " of dimension ", i,
+                                " must be a multiple of 16 bytes for the CUDA kernels"));
 }
 
 // A stream-ordered device allocation freed (stream-ordered) when the call returns or throws.
@@ -124,20 +119,21 @@ void cuda_forward(const AttentionParams& params, const Problem& pr) {
   if (pr.dtype == DType::kFloat32)
     unsupported("q", "float32 is not supported by the CUDA kernels (use bfloat16 or float16)");
   if (pr.head_dim != 64 && pr.head_dim != 128 && pr.head_dim != 256)
-    unsupported(
-        "q", cat("head_dim ", pr.head_dim, " is not supported by the CUDA kernels (64, 128, 256)"));
+    unsupported("q", str_cat("head_dim ", pr.head_dim,
+                             " is not supported by the CUDA kernels (64, 128, 256)"));
   if (pr.head_dim_v != pr.head_dim)
-    unsupported("v", cat("head_dim ", pr.head_dim_v, " differs from q's ", pr.head_dim,
-                         "; the CUDA kernels need equal head dims"));
+    unsupported("v", str_cat("head_dim ", pr.head_dim_v, " differs from q's ", pr.head_dim,
+                             "; the CUDA kernels need equal head dims"));
   if (!(pr.scale > 0.0f))
     unsupported("softmax_scale", "must be positive for the CUDA kernels (the row max assumes it)");
-  if (pr.batch > 65535) unsupported("q", cat("batch ", pr.batch, " exceeds the grid limit 65535"));
-  if (pr.h_q > 65535) unsupported("q", cat("h_q ", pr.h_q, " exceeds the grid limit 65535"));
+  if (pr.batch > 65535)
+    unsupported("q", str_cat("batch ", pr.batch, " exceeds the grid limit 65535"));
+  if (pr.h_q > 65535) unsupported("q", str_cat("h_q ", pr.h_q, " exceeds the grid limit 65535"));
   constexpr int64_t kMaxLen = int64_t{1} << 29;  // keeps row + offset + window in int32
   if (pr.max_q_len >= kMaxLen)
-    unsupported("q", cat("sequence length ", pr.max_q_len, " is too long"));
+    unsupported("q", str_cat("sequence length ", pr.max_q_len, " is too long"));
   if (pr.max_kv_len >= kMaxLen)
-    unsupported("k", cat("sequence length ", pr.max_kv_len, " is too long"));
+    unsupported("k", str_cat("sequence length ", pr.max_kv_len, " is too long"));
 
   // Device: the tensors' device, compute capability 8.0 or newer.
   int count = 0;
@@ -145,7 +141,7 @@ void cuda_forward(const AttentionParams& params, const Problem& pr) {
   if (pr.device.index < 0 || pr.device.index >= count)
     throw Error(
         ErrorKind::kInvalidArgument, "q",
-        cat("device index ", pr.device.index, " is not one of the ", count, " CUDA devices"));
+        str_cat("device index ", pr.device.index, " is not one of the ", count, " CUDA devices"));
   DeviceGuard guard(pr.device.index);
   int major = 0, minor = 0, smem = 0;
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, pr.device.index),
@@ -156,8 +152,8 @@ void cuda_forward(const AttentionParams& params, const Problem& pr) {
       cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, pr.device.index),
       "cudaDeviceGetAttribute");
   if (major < 8)
-    unsupported("q", cat("the CUDA kernels need compute capability 8.0 or newer, device ",
-                         pr.device.index, " is ", major, ".", minor));
+    unsupported("q", str_cat("the CUDA kernels need compute capability 8.0 or newer, device ",
+                             pr.device.index, " is ", major, ".", minor));
 
   check_aligned(params.q, "q");
   check_aligned(params.k, "k");
@@ -215,15 +211,17 @@ void cuda_forward(const AttentionParams& params, const Problem& pr) {
   // a stream-ordered scratch allocation for this call.
   const cudaStream_t stream = static_cast<cudaStream_t>(params.stream);
   int splits = choose_splits(pr, device_sms(pr.device.index));
-  if (pr.batch * splits > 65535) unsupported("num_splits", cat("batch x num_splits exceeds 65535"));
+  if (pr.batch * splits > 65535)
+    unsupported("num_splits", str_cat("batch x num_splits exceeds 65535"));
   const size_t need = partial_bytes(params, pr, splits);
   void* partials = params.workspace;
   StreamScratch scratch(stream);
   if (splits > 1 && params.workspace != nullptr &&
       (params.workspace_bytes < need || reinterpret_cast<uintptr_t>(params.workspace) % 16 != 0))
-    throw Error(ErrorKind::kInvalidArgument, "workspace",
-                cat("num_splits ", splits, " needs ", need,
-                    " bytes of 16-byte aligned device workspace, got ", params.workspace_bytes));
+    throw Error(
+        ErrorKind::kInvalidArgument, "workspace",
+        str_cat("num_splits ", splits, " needs ", need,
+                " bytes of 16-byte aligned device workspace, got ", params.workspace_bytes));
   if (splits > 1 && partials == nullptr) {
     if (pr.num_splits > 1)
       partials = scratch.allocate(need);

@@ -19,11 +19,6 @@ constexpr int32_t kMaxSplits = 256;
   throw Error(ErrorKind::kInvalidArgument, arg, what);
 }
 
-template <typename... Args>
-std::string cat(const Args&... args) {
-  return str_cat(args...);
-}
-
 bool is_float(DType t) {
   return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16;
 }
@@ -56,14 +51,14 @@ int64_t extent(const TensorView& t, const char* name) {
 }  // namespace
 
 void check_view(const TensorView& t, const char* name, int rank) {
-  if (t.rank != rank) fail(name, cat("expected rank ", rank, ", got rank ", t.rank));
+  if (t.rank != rank) fail(name, str_cat("expected rank ", rank, ", got rank ", t.rank));
   for (int i = 0; i < t.rank; ++i) {
-    if (t.shape[i] < 0) fail(name, cat("negative size ", t.shape[i], " in dimension ", i));
-    if (t.stride[i] < 0) fail(name, cat("negative stride ", t.stride[i], " in dimension ", i));
+    if (t.shape[i] < 0) fail(name, str_cat("negative size ", t.shape[i], " in dimension ", i));
+    if (t.stride[i] < 0) fail(name, str_cat("negative stride ", t.stride[i], " in dimension ", i));
   }
   if (t.rank > 0 && t.shape[t.rank - 1] > 1 && t.stride[t.rank - 1] != 1)
-    fail(name, cat("the last dimension must be contiguous (stride 1), got stride ",
-                   t.stride[t.rank - 1]));
+    fail(name, str_cat("the last dimension must be contiguous (stride 1), got stride ",
+                       t.stride[t.rank - 1]));
   if (t.data == nullptr && !empty(t)) fail(name, "null data pointer");
   extent(t, name);
 }
@@ -75,12 +70,12 @@ namespace {
 void check_aux(const TensorView& t, const char* name, int rank, DType dtype, const Device& dev) {
   check_view(t, name, rank);
   if (t.dtype != dtype)
-    fail(name, cat("expected ", dtype_name(dtype), ", got ", dtype_name(t.dtype)));
+    fail(name, str_cat("expected ", dtype_name(dtype), ", got ", dtype_name(t.dtype)));
   if (!(t.device == dev)) fail(name, "must be on the same device as q");
 }
 
 void check_entries(const TensorView& t, const char* name, int64_t len) {
-  if (t.shape[0] != len) fail(name, cat("expected ", len, " entries, got ", t.shape[0]));
+  if (t.shape[0] != len) fail(name, str_cat("expected ", len, " entries, got ", t.shape[0]));
 }
 
 bool overlaps(const TensorView& a, const TensorView& b) {
@@ -105,7 +100,7 @@ void check_disjoint(const TensorView& output, const char* name, const AttentionP
                                                               {&p.block_table, "block_table"}};
   for (const auto& [input, input_name] : inputs)
     if (input->defined() && overlaps(output, *input))
-      fail(name, cat("overlaps ", input_name, " in memory"));
+      fail(name, str_cat("overlaps ", input_name, " in memory"));
 }
 
 // True when two distinct elements of the view share memory (e.g. a zero stride on a dimension of
@@ -147,13 +142,13 @@ Problem describe(const AttentionParams& p) {
   pr.dtype = p.q.dtype;
   if (!is_float(pr.dtype))
     fail("q",
-         cat("dtype ", dtype_name(pr.dtype), " is not supported (float32, float16, bfloat16)"));
+         str_cat("dtype ", dtype_name(pr.dtype), " is not supported (float32, float16, bfloat16)"));
   const TensorView* same[] = {&p.k, &p.v, &p.out};
   const char* same_name[] = {"k", "v", "out"};
   for (int i = 0; i < 3; ++i) {
     if (same[i]->dtype != pr.dtype)
-      fail(same_name[i],
-           cat("dtype ", dtype_name(same[i]->dtype), " differs from q's ", dtype_name(pr.dtype)));
+      fail(same_name[i], str_cat("dtype ", dtype_name(same[i]->dtype), " differs from q's ",
+                                 dtype_name(pr.dtype)));
     if (!(same[i]->device == pr.device)) fail(same_name[i], "must be on the same device as q");
   }
   const int qr = p.q.rank, kr = p.k.rank;
@@ -166,22 +161,23 @@ Problem describe(const AttentionParams& p) {
   if (pr.h_q <= 0) fail("q", "number of heads must be positive");
   if (pr.h_kv <= 0) fail("k", "number of heads must be positive");
   if (pr.h_q % pr.h_kv != 0)
-    fail("k", cat("h_q (", pr.h_q, ") must be a multiple of h_kv (", pr.h_kv, ")"));
+    fail("k", str_cat("h_q (", pr.h_q, ") must be a multiple of h_kv (", pr.h_kv, ")"));
   if (pr.head_dim <= 0 || pr.head_dim > kMaxHeadDim)
-    fail("q", cat("head_dim ", pr.head_dim, " is not supported (1..", kMaxHeadDim, ")"));
+    fail("q", str_cat("head_dim ", pr.head_dim, " is not supported (1..", kMaxHeadDim, ")"));
   if (pr.head_dim_v <= 0 || pr.head_dim_v > kMaxHeadDim)
-    fail("v", cat("head_dim ", pr.head_dim_v, " is not supported (1..", kMaxHeadDim, ")"));
+    fail("v", str_cat("head_dim ", pr.head_dim_v, " is not supported (1..", kMaxHeadDim, ")"));
   if (p.k.shape[kr - 1] != pr.head_dim)
-    fail("k", cat("head_dim ", p.k.shape[kr - 1], " differs from q's ", pr.head_dim));
+    fail("k", str_cat("head_dim ", p.k.shape[kr - 1], " differs from q's ", pr.head_dim));
   for (int i = 0; i < kr - 1; ++i)
     if (p.v.shape[i] != p.k.shape[i])
-      fail("v", cat("shape ", shape_string(p.v), " does not match k's ", shape_string(p.k),
-                    " (except the head dim)"));
+      fail("v", str_cat("shape ", shape_string(p.v), " does not match k's ", shape_string(p.k),
+                        " (except the head dim)"));
   for (int i = 0; i < qr - 1; ++i)
     if (p.out.shape[i] != p.q.shape[i])
-      fail("out", cat("shape ", shape_string(p.out), " does not match q's ", shape_string(p.q)));
+      fail("out",
+           str_cat("shape ", shape_string(p.out), " does not match q's ", shape_string(p.q)));
   if (p.out.shape[qr - 1] != pr.head_dim_v)
-    fail("out", cat("head_dim ", p.out.shape[qr - 1], " differs from v's ", pr.head_dim_v));
+    fail("out", str_cat("head_dim ", p.out.shape[qr - 1], " differs from v's ", pr.head_dim_v));
 
   if (varlen_q) {
     check_aux(p.cu_seqlens_q, "cu_seqlens_q", 1, DType::kInt32, pr.device);
@@ -191,7 +187,8 @@ Problem describe(const AttentionParams& p) {
   if (pr.paged) {
     check_aux(p.block_table, "block_table", 2, DType::kInt32, pr.device);
     if (p.block_table.shape[0] != pr.batch)
-      fail("block_table", cat("has ", p.block_table.shape[0], " rows for a batch of ", pr.batch));
+      fail("block_table",
+           str_cat("has ", p.block_table.shape[0], " rows for a batch of ", pr.batch));
     pr.num_pages = p.k.shape[0];
     pr.page_size = p.k.shape[1];
     pr.pages_per_seq = p.block_table.shape[1];
@@ -200,7 +197,7 @@ Problem describe(const AttentionParams& p) {
     check_aux(p.cu_seqlens_k, "cu_seqlens_k", 1, DType::kInt32, pr.device);
     check_entries(p.cu_seqlens_k, "cu_seqlens_k", pr.batch + 1);
   } else if (p.k.shape[0] != pr.batch) {
-    fail("k", cat("batch ", p.k.shape[0], " differs from q's ", pr.batch));
+    fail("k", str_cat("batch ", p.k.shape[0], " differs from q's ", pr.batch));
   }
   if (pr.seqused) {
     check_aux(p.seqused_k, "seqused_k", 1, DType::kInt32, pr.device);
@@ -213,8 +210,8 @@ Problem describe(const AttentionParams& p) {
                              : (p.lse.shape[0] == pr.batch && p.lse.shape[1] == pr.h_q &&
                                 p.lse.shape[2] == p.q.shape[1]);
     if (!ok)
-      fail("lse", cat("shape ", shape_string(p.lse), " does not match ",
-                      varlen_q ? "[h_q, total_q]" : "[batch, h_q, seqlen_q]"));
+      fail("lse", str_cat("shape ", shape_string(p.lse), " does not match ",
+                          varlen_q ? "[h_q, total_q]" : "[batch, h_q, seqlen_q]"));
   }
 
   // Aliasing, now that every tensor's view is known to be well formed.
@@ -230,14 +227,14 @@ Problem describe(const AttentionParams& p) {
   if (!std::isfinite(p.softmax_scale)) fail("softmax_scale", "must be finite");
   pr.scale =
       p.softmax_scale != 0.0f ? p.softmax_scale : 1.0f / std::sqrt(static_cast<float>(pr.head_dim));
-  if (p.window_left < -1) fail("window_left", cat("must be >= -1, got ", p.window_left));
-  if (p.window_right < -1) fail("window_right", cat("must be >= -1, got ", p.window_right));
+  if (p.window_left < -1) fail("window_left", str_cat("must be >= -1, got ", p.window_left));
+  if (p.window_right < -1) fail("window_right", str_cat("must be >= -1, got ", p.window_right));
   if (p.causal && p.window_right > 0)
-    fail("window_right", cat("must be 0 or -1 with causal, got ", p.window_right));
+    fail("window_right", str_cat("must be 0 or -1 with causal, got ", p.window_right));
   pr.mask.left = p.window_left;
   pr.mask.right = p.causal ? 0 : p.window_right;
   if (p.num_splits < 0 || p.num_splits > kMaxSplits)
-    fail("num_splits", cat("must be in [0, ", kMaxSplits, "], got ", p.num_splits));
+    fail("num_splits", str_cat("must be in [0, ", kMaxSplits, "], got ", p.num_splits));
   pr.num_splits = p.num_splits;
   if (p.max_seqlen_q < 0) fail("max_seqlen_q", "must not be negative");
   if (p.max_seqlen_k < 0) fail("max_seqlen_k", "must not be negative");
@@ -256,18 +253,18 @@ Problem describe(const AttentionParams& p) {
   auto read_cu = [&](const TensorView& cu, const char* name, int64_t rows, const char* max_name,
                      int64_t& max_len) {
     const int32_t* c = cu.ptr<const int32_t>();
-    if (c[0] < 0) fail(name, cat("entry 0 is negative (", c[0], ")"));
+    if (c[0] < 0) fail(name, str_cat("entry 0 is negative (", c[0], ")"));
     int64_t longest = 0;
     for (int64_t b = 0; b < pr.batch; ++b) {
       if (c[b + 1] < c[b])
-        fail(name, cat("must be non-decreasing, but entry ", b + 1, " (", c[b + 1], ") < entry ", b,
-                       " (", c[b], ")"));
+        fail(name, str_cat("must be non-decreasing, but entry ", b + 1, " (", c[b + 1],
+                           ") < entry ", b, " (", c[b], ")"));
       longest = std::max<int64_t>(longest, c[b + 1] - c[b]);
     }
     if (c[pr.batch] > rows)
-      fail(name, cat("last entry ", c[pr.batch], " exceeds the ", rows, " rows of the tensor"));
+      fail(name, str_cat("last entry ", c[pr.batch], " exceeds the ", rows, " rows of the tensor"));
     if (max_len != 0 && max_len < longest)
-      fail(max_name, cat(max_len, " is less than the longest sequence (", longest, ")"));
+      fail(max_name, str_cat(max_len, " is less than the longest sequence (", longest, ")"));
     max_len = longest;
   };
   if (varlen_q) read_cu(p.cu_seqlens_q, "cu_seqlens_q", p.q.shape[0], "max_seqlen_q", pr.max_q_len);
@@ -282,20 +279,20 @@ Problem describe(const AttentionParams& p) {
                           : cu     ? int64_t{cu[b + 1]} - cu[b]
                                    : p.k.shape[1];
       if (used[b] < 0 || used[b] > cap)
-        fail("seqused_k", cat("entry ", b, " is ", used[b], ", outside [0, ", cap, "]"));
+        fail("seqused_k", str_cat("entry ", b, " is ", used[b], ", outside [0, ", cap, "]"));
       longest = std::max<int64_t>(longest, used[b]);
       if (pr.paged) {
         const int64_t pages = (used[b] + pr.page_size - 1) / pr.page_size;
         const int32_t* row = p.block_table.ptr<const int32_t>() + b * p.block_table.stride[0];
         for (int64_t i = 0; i < pages; ++i)
           if (row[i] < 0 || row[i] >= pr.num_pages)
-            fail("block_table", cat("entry [", b, ", ", i, "] is ", row[i],
-                                    ", outside the pool of ", pr.num_pages, " pages"));
+            fail("block_table", str_cat("entry [", b, ", ", i, "] is ", row[i],
+                                        ", outside the pool of ", pr.num_pages, " pages"));
       }
     }
     if ((pr.paged || pr.varlen_k) && p.max_seqlen_k != 0 && p.max_seqlen_k < longest)
       fail("max_seqlen_k",
-           cat(p.max_seqlen_k, " is less than the longest sequence (", longest, ")"));
+           str_cat(p.max_seqlen_k, " is less than the longest sequence (", longest, ")"));
     if (pr.paged || pr.varlen_k) pr.max_kv_len = longest;
   }
   return pr;
