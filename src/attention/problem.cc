@@ -250,8 +250,10 @@ Problem describe(const AttentionParams& p) {
       fail("max_seqlen_k", "is required with cu_seqlens_k or block_table on a CUDA device");
     return pr;
   }
+  // max_len (max_seqlen_q/k) must bound every length unless `bounds_lengths` is false: with
+  // seqused_k, max_seqlen_k bounds the keys used, which the seqused_k loop below checks.
   auto read_cu = [&](const TensorView& cu, const char* name, int64_t rows, const char* max_name,
-                     int64_t& max_len) {
+                     int64_t& max_len, bool bounds_lengths) {
     const int32_t* c = cu.ptr<const int32_t>();
     if (c[0] < 0) fail(name, str_cat("entry 0 is negative (", c[0], ")"));
     int64_t longest = 0;
@@ -263,13 +265,15 @@ Problem describe(const AttentionParams& p) {
     }
     if (c[pr.batch] > rows)
       fail(name, str_cat("last entry ", c[pr.batch], " exceeds the ", rows, " rows of the tensor"));
-    if (max_len != 0 && max_len < longest)
+    if (bounds_lengths && max_len != 0 && max_len < longest)
       fail(max_name, str_cat(max_len, " is less than the longest sequence (", longest, ")"));
     max_len = longest;
   };
-  if (varlen_q) read_cu(p.cu_seqlens_q, "cu_seqlens_q", p.q.shape[0], "max_seqlen_q", pr.max_q_len);
+  if (varlen_q)
+    read_cu(p.cu_seqlens_q, "cu_seqlens_q", p.q.shape[0], "max_seqlen_q", pr.max_q_len, true);
   if (pr.varlen_k)
-    read_cu(p.cu_seqlens_k, "cu_seqlens_k", p.k.shape[0], "max_seqlen_k", pr.max_kv_len);
+    read_cu(p.cu_seqlens_k, "cu_seqlens_k", p.k.shape[0], "max_seqlen_k", pr.max_kv_len,
+            !pr.seqused);
   if (pr.seqused) {
     const int32_t* used = p.seqused_k.ptr<const int32_t>();
     const int32_t* cu = pr.varlen_k ? p.cu_seqlens_k.ptr<const int32_t>() : nullptr;

@@ -362,5 +362,25 @@ TEST(ValidationValid, NaiveBackwardChecksDoutLayout) {
   }
 }
 
+// With cu_seqlens_k and seqused_k, the keys a sequence uses are seqused_k[b], not the stored
+// cu_seqlens_k[b + 1] - cu_seqlens_k[b]: max_seqlen_k bounds the former (the contract), so a bound
+// between the two is valid, and one below the longest used length is still an error.
+TEST(ValidationValid, MaxSeqlenKBoundsTheUsedKeysWithSequsedK) {
+  CaseSpec s = base_spec(Base::kVarlen);
+  s.use_seqused_k = true;
+  s.kv_extra = 5;  // stored lengths 9, 11, 8; used 4, 6, 3
+  AttentionCase ac(s);
+  AttentionParams p = ac.params();
+  p.max_seqlen_k = 6;
+  EXPECT_EQ(attention::describe(p).max_kv_len, 6);
+  p.max_seqlen_k = 5;
+  try {
+    attention::describe(p);
+    FAIL() << "no error for max_seqlen_k below the longest used length";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "max_seqlen_k") << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace flashserve::testing

@@ -118,6 +118,13 @@ TEST(BlockManager, BadArgumentsNameTheArgument) {
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "block_size");
   }
+  try {                                  // more token slots than int32 slot indices address
+    fs::BlockManager bm(2048, 1 << 20);  // 2^31 slots
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "num_blocks");
+  }
+  EXPECT_NO_THROW(fs::BlockManager(2047, 1 << 20));
   EXPECT_THROW(fs::BlockManager(4, 4, 1.0), Error);
   fs::BlockManager bm(4, 4);
   auto p = make_seq(1), c = make_seq(2);
