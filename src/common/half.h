@@ -101,4 +101,44 @@ inline void store_float(void* base, int64_t i, DType dtype, float x) {
   }
 }
 
+// Converts n consecutive elements at base[off] to float, times mul. The switch is outside the loop
+// so each case is a simple (vectorisable) conversion loop.
+inline void load_row(const void* base, DType dtype, int64_t off, int64_t n, float mul, float* dst) {
+  switch (dtype) {
+    case DType::kFloat16: {
+      const fp16_t* src = static_cast<const fp16_t*>(base) + off;
+      for (int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]) * mul;
+      break;
+    }
+    case DType::kBFloat16: {
+      const bf16_t* src = static_cast<const bf16_t*>(base) + off;
+      for (int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]) * mul;
+      break;
+    }
+    default: {
+      const float* src = static_cast<const float*>(base) + off;
+      for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * mul;
+      break;
+    }
+  }
+}
+
+inline void store_row(void* base, DType dtype, int64_t off, int64_t n, const float* src) {
+  switch (dtype) {
+    case DType::kFloat16: {
+      fp16_t* dst = static_cast<fp16_t*>(base) + off;
+      for (int64_t i = 0; i < n; ++i) dst[i] = to_fp16(src[i]);
+      break;
+    }
+    case DType::kBFloat16: {
+      bf16_t* dst = static_cast<bf16_t*>(base) + off;
+      for (int64_t i = 0; i < n; ++i) dst[i] = to_bf16(src[i]);
+      break;
+    }
+    default:
+      for (int64_t i = 0; i < n; ++i) static_cast<float*>(base)[off + i] = src[i];
+      break;
+  }
+}
+
 }  // namespace flashserve

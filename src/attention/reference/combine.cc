@@ -48,9 +48,8 @@ void combine_splits(const SplitPartials& p, const AttentionParams& params, const
       for (int64_t h = 0; h < pr.h_q; ++h) {
         float lse;
         combine_row(p, L.q_row(b, t), h, out.data(), &lse);
-        const int64_t off = L.out_offset(b, t, h);
-        for (int64_t d = 0; d < pr.head_dim_v; ++d)
-          store_float(params.out.data, off + d, params.out.dtype, out[d]);
+        store_row(params.out.data, params.out.dtype, L.out_offset(b, t, h), pr.head_dim_v,
+                  out.data());
         if (params.lse.defined()) params.lse.ptr<float>()[L.lse_offset(b, t, h)] = lse;
       }
   });

@@ -19,46 +19,6 @@ constexpr float kLog2e = 1.44269504088896340736f;
 constexpr int64_t kBK = CpuTiling::kBlockK;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Converts n consecutive elements at base[off] to float, times mul. The switch is outside the loop
-// so each case is a simple (vectorisable) conversion loop.
-void load_row(const void* base, DType dtype, int64_t off, int64_t n, float mul, float* dst) {
-  switch (dtype) {
-    case DType::kFloat16: {
-      const fp16_t* src = static_cast<const fp16_t*>(base) + off;
-      for (int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]) * mul;
-      break;
-    }
-    case DType::kBFloat16: {
-      const bf16_t* src = static_cast<const bf16_t*>(base) + off;
-      for (int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]) * mul;
-      break;
-    }
-    default: {
-      const float* src = static_cast<const float*>(base) + off;
-      for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * mul;
-      break;
-    }
-  }
-}
-
-void store_row(void* base, DType dtype, int64_t off, int64_t n, const float* src) {
-  switch (dtype) {
-    case DType::kFloat16: {
-      fp16_t* dst = static_cast<fp16_t*>(base) + off;
-      for (int64_t i = 0; i < n; ++i) dst[i] = to_fp16(src[i]);
-      break;
-    }
-    case DType::kBFloat16: {
-      bf16_t* dst = static_cast<bf16_t*>(base) + off;
-      for (int64_t i = 0; i < n; ++i) dst[i] = to_bf16(src[i]);
-      break;
-    }
-    default:
-      std::copy(src, src + n, static_cast<float*>(base) + off);
-      break;
-  }
-}
-
 // Rows processed together by the micro-kernels: each key (value) element loaded from L1 feeds
 // kRowGroup rows, and the kRowGroup x kVec accumulators stay in registers (8 SSE / 4 AVX
 // registers).
