@@ -10,6 +10,7 @@
 
 #include "backends.h"
 #include "common/str_cat.h"
+#include "cuda_check.h"
 #include "sm80/fwd_params.h"
 #include "sm80/launch.h"
 
@@ -18,11 +19,6 @@ namespace {
 
 [[noreturn]] void unsupported(const std::string& arg, const std::string& what) {
   throw Error(ErrorKind::kUnsupported, arg, what);
-}
-
-void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess)
-    throw Error(ErrorKind::kCuda, "", str_cat(what, ": ", cudaGetErrorString(err)));
 }
 
 // Makes `device` current for the call and restores the caller's device afterwards.

@@ -1,8 +1,7 @@
 // Host side of the split-KV combine (combine.h).
 #include <cuda_runtime.h>
 
-#include <string>
-
+#include "attention/cuda_check.h"
 #include "combine.h"
 #include "flashserve/error.h"
 #include "launch.h"
@@ -19,10 +18,7 @@ void run_combine(const FwdParams& params, DType dtype, int head_dim, int batch,
     combine_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(params, batch, head_dim);
   else
     combine_kernel<__half><<<blocks, 256, 0, stream>>>(params, batch, head_dim);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess)
-    throw Error(ErrorKind::kCuda, "",
-                std::string("split-KV combine kernel launch: ") + cudaGetErrorString(err));
+  check_cuda(cudaGetLastError(), "split-KV combine kernel launch");
 }
 
 }  // namespace flashserve::attention::sm80

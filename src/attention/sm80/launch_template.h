@@ -7,17 +7,13 @@
 
 #include <string>
 
+#include "attention/cuda_check.h"
 #include "flashserve/error.h"
 #include "fwd_kernel.h"
 #include "launch.h"
 #include "tile_config.h"
 
 namespace flashserve::attention::sm80 {
-
-inline void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess)
-    throw Error(ErrorKind::kCuda, "", std::string(what) + ": " + cudaGetErrorString(err));
-}
 
 template <class Cfg, class Elem, bool kHasMask, bool kPaged>
 void launch_config(const FwdParams& params, const FwdLaunch& launch) {
