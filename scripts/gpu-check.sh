@@ -45,8 +45,6 @@ if ! { cmake -S . -B $BUILD -DCMAKE_BUILD_TYPE=Release -DFLASHSERVE_CUDA_ARCHS="
   exit 1
 fi
 note "build ok in $(( $(date +%s) - t0 )) s"
-grep -E "spill|stack frame" "$OUT/build.log" | grep -v " 0 bytes spill" | sort -u | head -20 > "$OUT/spills.txt"
-[ -s "$OUT/spills.txt" ] && note "ptxas reports spills/stack (spills.txt)"
 
 if ((tests)); then
   t0=$(date +%s)
@@ -74,6 +72,10 @@ fi
 if [ -x $BUILD/bench/bench_attn ]; then
   cuobjdump -sass $BUILD/bench/bench_attn > "$OUT/sass.txt" 2>/dev/null
   note "SASS: $(grep -c HMMA "$OUT/sass.txt") HMMA, $(grep -c HGMMA "$OUT/sass.txt") HGMMA, $(grep -cE 'LDL|STL' "$OUT/sass.txt") LDL/STL lines"
+  # Registers and stack frame (where spills go) of every kernel, from the binary itself.
+  cuobjdump -res-usage $BUILD/bench/bench_attn 2>/dev/null |
+    awk '/Function/ {name = $2} /REG:/ {print $0 "  " name}' | sed 's/^[[:space:]]*//' > "$OUT/spills.txt"
+  note "kernels: $(grep -c . "$OUT/spills.txt"), with a stack frame (spills): $(grep -vc 'STACK:0 ' "$OUT/spills.txt")"
 fi
 
 if ((bench)) && [ -x $BUILD/bench/bench_attn ]; then

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "backends.h"
@@ -13,6 +15,7 @@
 #include "cuda_check.h"
 #include "sm80/fwd_params.h"
 #include "sm80/launch.h"
+#include "sm80/tile_config.h"
 
 namespace flashserve::attention {
 namespace {
@@ -81,25 +84,69 @@ int64_t q_rows(const AttentionParams& params, const Problem& pr) {
   return pr.varlen_q ? params.q.shape[0] : pr.batch * params.q.shape[1];
 }
 
-// Split-KV pays when the (query tile, head, sequence) grid cannot fill the GPU: long-context
-// decode and small prefill chunks. `num_splits` 0 asks for this choice, n > 1 forces n. The tile
-// count is estimated with 128-row query tiles and 64-key blocks; each split keeps >= 4 key blocks.
-int choose_splits(const Problem& pr, int num_sms) {
-  if (pr.num_splits == 1) return 1;
-  if (pr.num_splits > 1) return pr.num_splits;
-  const int64_t tiles = (pr.max_q_len + 127) / 128 * pr.h_q * pr.batch;
-  const int64_t key_blocks = (pr.max_kv_len + 63) / 64;
-  if (tiles >= num_sms || key_blocks < 8) return 1;
-  int64_t splits = (2 * num_sms + tiles - 1) / tiles;  // about two waves of blocks
-  splits = std::min<int64_t>({splits, key_blocks / 4, 128, 65535 / std::max<int64_t>(pr.batch, 1)});
-  return splits < 2 ? 1 : static_cast<int>(splits);
+// What the dispatch needs to know of a device, queried once per device (each query is a driver
+// call, and a decode step of a serving loop calls attention once per layer).
+struct DeviceProps {
+  int major = 0, minor = 0;
+  int sms = 0;
+  int smem_per_block = 0;  // opt-in maximum
+  int smem_per_sm = 0;
+};
+
+const DeviceProps& device_props(int device) {
+  static std::mutex mutex;
+  static std::map<int, DeviceProps> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(device);
+  if (it != cache.end()) return it->second;
+  DeviceProps d;
+  const auto get = [device](int& value, cudaDeviceAttr attr) {
+    check_cuda(cudaDeviceGetAttribute(&value, attr, device), "cudaDeviceGetAttribute");
+  };
+  get(d.major, cudaDevAttrComputeCapabilityMajor);
+  get(d.minor, cudaDevAttrComputeCapabilityMinor);
+  get(d.sms, cudaDevAttrMultiProcessorCount);
+  get(d.smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  get(d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor);
+  return cache.emplace(device, d).first->second;
 }
 
-int device_sms(int device) {
-  int sms = 0;
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-             "cudaDeviceGetAttribute");
-  return sms;
+// Decode: every sequence has at most one query, so causal masks nothing, and no window bounds
+// the keys on the left; the GQA-packed decode tiles (sm80/tile_config.h) run it.
+bool is_decode(const Problem& pr, int32_t window_left) {
+  return pr.max_q_len == 1 && window_left < 0;
+}
+
+// Split-KV pays when the (query tile, head, sequence) grid cannot fill the GPU: long-context
+// decode and small prefill chunks. `num_splits` 0 asks for this choice, n > 1 forces n.
+// Prefill: tiles estimated with 128-row query tiles and 64-key blocks, about two waves, each
+// split keeps >= 4 key blocks. Decode: one small block per (KV head, sequence) tile; about four
+// rounds of the GPU's block slots (fewer idle slots in the last round), each split keeps >= 2 key
+// blocks.
+int choose_splits(const Problem& pr, const DeviceProps& dev, bool decode) {
+  if (pr.num_splits == 1) return 1;
+  if (pr.num_splits > 1) return pr.num_splits;
+  int64_t tiles, key_blocks, target, min_blocks;
+  if (decode) {
+    const int head_dim = static_cast<int>(pr.head_dim);
+    const sm80::Tiles t = sm80::decode_tiles(head_dim);
+    const int64_t per_sm =  // block slots per SM, by shared memory (1 KB reserved per block)
+        std::max<int64_t>(1, dev.smem_per_sm / (sm80::fwd_smem_bytes(head_dim, t) + 1024));
+    tiles = (pr.h_q / pr.h_kv + t.block_m - 1) / t.block_m * pr.h_kv * pr.batch;
+    key_blocks = (pr.max_kv_len + t.block_n - 1) / t.block_n;
+    target = 4 * per_sm * dev.sms;
+    min_blocks = 2;
+  } else {
+    tiles = (pr.max_q_len + 127) / 128 * pr.h_q * pr.batch;
+    key_blocks = (pr.max_kv_len + 63) / 64;
+    target = 2 * dev.sms;
+    min_blocks = 4;
+  }
+  if (tiles >= target / 2 || key_blocks < 2 * min_blocks) return 1;
+  int64_t splits = (target + tiles - 1) / tiles;
+  splits = std::min<int64_t>(
+      {splits, key_blocks / min_blocks, 128, 65535 / std::max<int64_t>(pr.batch, 1)});
+  return splits < 2 ? 1 : static_cast<int>(splits);
 }
 
 size_t partial_bytes(const AttentionParams& params, const Problem& pr, int splits) {
@@ -139,17 +186,10 @@ void cuda_forward(const AttentionParams& params, const Problem& pr) {
         ErrorKind::kInvalidArgument, "q",
         str_cat("device index ", pr.device.index, " is not one of the ", count, " CUDA devices"));
   DeviceGuard guard(pr.device.index);
-  int major = 0, minor = 0, smem = 0;
-  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, pr.device.index),
-             "cudaDeviceGetAttribute");
-  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, pr.device.index),
-             "cudaDeviceGetAttribute");
-  check_cuda(
-      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, pr.device.index),
-      "cudaDeviceGetAttribute");
-  if (major < 8)
+  const DeviceProps& dev = device_props(pr.device.index);
+  if (dev.major < 8)
     unsupported("q", str_cat("the CUDA kernels need compute capability 8.0 or newer, device ",
-                             pr.device.index, " is ", major, ".", minor));
+                             pr.device.index, " is ", dev.major, ".", dev.minor));
 
   check_aligned(params.q, "q");
   check_aligned(params.k, "k");
@@ -206,7 +246,8 @@ void cuda_forward(const AttentionParams& params, const Problem& pr) {
   // (num_splits 0) happens only when that workspace was given; an explicit n > 1 without it gets
   // a stream-ordered scratch allocation for this call.
   const cudaStream_t stream = static_cast<cudaStream_t>(params.stream);
-  int splits = choose_splits(pr, device_sms(pr.device.index));
+  const bool decode = is_decode(pr, p.window_left);
+  int splits = choose_splits(pr, dev, decode);
   if (pr.batch * splits > 65535)
     unsupported("num_splits", str_cat("batch x num_splits exceeds 65535"));
   const size_t need = partial_bytes(params, pr, splits);
@@ -233,11 +274,13 @@ void cuda_forward(const AttentionParams& params, const Problem& pr) {
 
   sm80::FwdLaunch launch{};
   launch.dtype = pr.dtype;
-  launch.has_mask = p.window_left >= 0 || p.window_right >= 0;
+  launch.decode = decode;
+  launch.has_mask = !decode && (p.window_left >= 0 || p.window_right >= 0);
   launch.paged = pr.paged;
   launch.batch = static_cast<int>(pr.batch);
   launch.max_q_len = static_cast<int>(pr.max_q_len);
-  launch.smem_per_block = smem;
+  launch.smem_per_block = dev.smem_per_block;
+  launch.num_sms = dev.sms;
   launch.stream = stream;
   switch (pr.head_dim) {
     case 64:
@@ -261,7 +304,9 @@ size_t cuda_workspace_size(const AttentionParams& params, const Problem& pr) {
   int count = 0;
   check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
   if (pr.device.index < 0 || pr.device.index >= count) return 0;
-  return partial_bytes(params, pr, choose_splits(pr, device_sms(pr.device.index)));
+  const int64_t bound = pr.max_q_len + pr.max_kv_len;
+  const bool decode = is_decode(pr, clamp_window(pr.mask.left, bound));
+  return partial_bytes(params, pr, choose_splits(pr, device_props(pr.device.index), decode));
 }
 
 }  // namespace flashserve::attention

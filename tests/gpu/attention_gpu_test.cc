@@ -177,6 +177,14 @@ std::vector<CaseSpec> sanitize_cases() {
   CaseSpec split = spec(DType::kBFloat16, 64, 1, {1}, {1500}, 4, 1);
   split.num_splits = 3;
   v.push_back(split);
+  // Decode with a group of 24 heads over two packed tiles, paged and split, varlen with an empty
+  // query; and a d256 prefill that takes the persistent grid (several tiles per block).
+  CaseSpec decode = spec(DType::kBFloat16, 128, 3, {1, 0, 1}, {300, 20, 1100}, 48, 2);
+  decode.q_layout = QLayout::kVarlen;
+  decode.kv_layout = KVLayout::kPaged;
+  decode.num_splits = 4;
+  v.push_back(decode);
+  v.push_back(varlen(spec(DType::kBFloat16, 256, 3, {700, 0, 129}, {300, 3, 500}, 32, 8)));
   return v;
 }
 
@@ -222,6 +230,77 @@ std::vector<CaseSpec> paged_split_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(PagedSplit, GpuForward, ::testing::ValuesIn(paged_split_cases()),
+                         [](const auto& info) { return info.param.name(); });
+
+// ---------------------------------------------------------------------------------------------
+// Decode (at most one query per sequence): the GQA group's heads are packed into the rows of one
+// tile (groups of 1, 4, 8 and 24 heads: 24 spans two 16-row tiles), with causal (which masks
+// nothing there) or not, automatic and forced splits, varlen batches with empty sequences and
+// empty caches, paged caches, strided views. A left window is not decode: it takes the masked
+// prefill tiles, and is checked here too.
+
+std::vector<CaseSpec> decode_cases() {
+  constexpr DType bf16 = DType::kBFloat16, fp16 = DType::kFloat16;
+  std::vector<CaseSpec> v;
+  for (DType dt : {bf16, fp16})
+    for (int64_t d : {64, 128, 256}) {
+      v.push_back(spec(dt, d, 3, {1}, {1000}, 32, 8, dt == bf16));  // group of 4, auto split
+      CaseSpec one = spec(dt, d, 2, {1}, {3000}, 8, 1);             // group of 8, 3 splits
+      one.num_splits = 3;
+      v.push_back(one);
+    }
+  for (int64_t d : {64, 128, 256}) {
+    v.push_back(spec(bf16, d, 2, {1}, {777}, 48, 2, true));  // group of 24: two tiles
+    v.push_back(spec(fp16, d, 4, {1}, {129}, 4, 4));         // MHA: one row per tile
+    // Varlen: an empty query, an empty cache; seqused_k below the stored keys.
+    CaseSpec s = varlen(spec(bf16, d, 4, {1, 0, 1, 1}, {700, 5, 0, 64}, 16, 2, true));
+    s.use_seqused_k = true;
+    s.kv_extra = 9;
+    v.push_back(s);
+    CaseSpec p = spec(bf16, d, 3, {1}, {2049, 1, 300}, 16, 2);  // paged, auto split
+    p.q_layout = QLayout::kVarlen;
+    p.kv_layout = KVLayout::kPaged;
+    p.page_size = 16;
+    v.push_back(p);
+    p.page_size = 7;
+    p.num_splits = 5;
+    p.with_lse = false;
+    v.push_back(p);
+    CaseSpec w = spec(fp16, d, 2, {1}, {1000}, 8, 2, true);  // a left window: not decode
+    w.window_left = 100;
+    v.push_back(w);
+    CaseSpec r = spec(bf16, d, 2, {1}, {500}, 12, 4);  // strided views
+    r.pad = 8;
+    v.push_back(r);
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Decode, GpuForward, ::testing::ValuesIn(decode_cases()),
+                         [](const auto& info) { return info.param.name(); });
+
+// ---------------------------------------------------------------------------------------------
+// The persistent grid (unmasked d256 on Hopper): more tiles than block slots, so blocks carry the
+// next tile's first key block and Q rows across tiles, also into sequences that are empty, have
+// no keys, are paged or split.
+
+std::vector<CaseSpec> persistent_cases() {
+  std::vector<CaseSpec> v;
+  v.push_back(spec(DType::kBFloat16, 256, 2, {1024}, {256}, 16, 4));  // 256 tiles
+  CaseSpec s = varlen(spec(DType::kFloat16, 256, 5, {640, 0, 1, 500, 384}, {200, 5, 0, 130, 0}, 16,
+                           2));  // 400 grid tiles, some empty, some without keys
+  v.push_back(s);
+  CaseSpec p = spec(DType::kBFloat16, 256, 2, {300, 700}, {400, 900}, 16, 4);
+  p.q_layout = QLayout::kVarlen;
+  p.kv_layout = KVLayout::kPaged;
+  v.push_back(p);
+  CaseSpec split = spec(DType::kBFloat16, 256, 1, {512}, {512}, 32, 8);  // 384 tiles with splits
+  split.num_splits = 3;
+  v.push_back(split);
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Persistent, GpuForward, ::testing::ValuesIn(persistent_cases()),
                          [](const auto& info) { return info.param.name(); });
 
 // ---------------------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ __global__ void __launch_bounds__(256)
   const int64_t row = item / p.h_q;
   const int head = static_cast<int>(item % p.h_q);
   // A varlen row before the first sequence or past the last belongs to no sequence: nothing wrote
-  // its partials, and the caller's memory there must stay untouched (as the unsplit path leaves it).
+  // its partials, and the caller's memory there must stay untouched (as the unsplit path leaves
+  // it).
   if (p.cu_seqlens_q != nullptr && (row < p.cu_seqlens_q[0] || row >= p.cu_seqlens_q[batch]))
     return;
 

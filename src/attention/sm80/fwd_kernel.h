@@ -1,16 +1,19 @@
-// The sm80 forward kernel (FlashAttention-2 partitioning): one thread block per (query tile,
-// query head, sequence); its warps split the tile's query rows, so the key loop needs no
-// cross-warp reduction. K/V tiles stream through a `kStages`-deep cp.async ring with one
-// __syncthreads per key block, or (kStages == 1) through single K and V buffers with two. The body
-// only wires the parts together.
+// The sm80 forward kernel (FlashAttention-2 partitioning): a thread block works on one query tile
+// (fwd_tile.h) at a time; its warps split the tile's rows, so the key loop needs no cross-warp
+// reduction. K/V tiles stream through a `kStages`-deep cp.async ring with one __syncthreads per
+// key block, or (kStages == 1) through single K and V buffers with two.
+//
+// Two grids (tile_config.h): one block per tile, or a persistent grid of one block per SM slot
+// that walks the tiles and, while finishing one, already loads the next one's first key block and
+// Q rows, so the per-tile prologue is hidden (it dominates short tiles with 64 KB of Q, d256).
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 
-#include "block_mask.h"
 #include "epilogue.h"
 #include "fwd_params.h"
+#include "fwd_tile.h"
 #include "ptx.h"
 #include "smem_tile.h"
 #include "softmax.h"
@@ -19,150 +22,231 @@
 
 namespace flashserve::attention::sm80 {
 
-template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
-    fwd_kernel(const __grid_constant__ FwdParams p) {
-  constexpr int D = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kS = Cfg::kStages;
-  constexpr int kMT = Cfg::kMTiles, kNT = Cfg::kNTiles, kDT = Cfg::kDTiles;
-  extern __shared__ __align__(128) unsigned char smem[];
-  Elem* sq = reinterpret_cast<Elem*>(smem);
-  Elem* sk = sq + kBM * D;       // kS tiles of [kBN, D]
-  Elem* sv = sk + kS * kBN * D;  // kS tiles of [kBN, D]
+// Shared memory of a block: Q [kBlockM, D], then kStages K tiles and kStages V tiles [kBlockN, D].
+template <class Cfg, class Elem>
+struct FwdSmem {
+  Elem* q;
+  Elem* k;
+  Elem* v;
+  __device__ __forceinline__ explicit FwdSmem(unsigned char* base)
+      : q(reinterpret_cast<Elem*>(base)),
+        k(q + Cfg::kBlockM * Cfg::kHeadDim),
+        v(k + Cfg::kStages * Cfg::kBlockN * Cfg::kHeadDim) {}
+  __device__ __forceinline__ Elem* k_slot(int s) const {
+    return k + s * Cfg::kBlockN * Cfg::kHeadDim;
+  }
+  __device__ __forceinline__ Elem* v_slot(int s) const {
+    return v + s * Cfg::kBlockN * Cfg::kHeadDim;
+  }
+};
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+// What one warp carries through a tile's key loop: its O accumulators and softmax statistics.
+template <class Cfg>
+struct WarpState {
+  float o[Cfg::kMTiles][Cfg::kDTiles][4];
+  OnlineSoftmax<Cfg::kMTiles, Cfg::kSkipUnchangedRescale> softmax;
+  __device__ __forceinline__ WarpState() {
+#pragma unroll
+    for (int mi = 0; mi < Cfg::kMTiles; ++mi)
+#pragma unroll
+      for (int dt = 0; dt < Cfg::kDTiles; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[mi][dt][e] = 0.0f;
+  }
+};
+
+// The key loop of tile `t`, right to left: the boundary blocks of the diagonal / kv_len first,
+// then the fast path, then the left edge of a sliding window. On entry the first kS - 1 blocks
+// (kS >= 2) or K of the first block (kS == 1) have been issued and committed, and Q is in flight
+// or in place; `buf` is the ring slot of the first block and on return the slot after the last.
+// kS >= 2: each step's barrier retires the previous block's slot, which then receives the block
+// kS - 1 ahead, or, in the last kS - 1 steps where this tile has none left, whatever
+// refill(j, slot) loads (the persistent grid: block j of the next tile).
+template <class Cfg, class Elem, class Tile, class Refill>
+__device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
+                                       const FwdSmem<Cfg, Elem>& sm, const Elem* sq_warp,
+                                       WarpState<Cfg>& ws, int& buf, int row0, int tid,
+                                       Refill&& refill) {
+  constexpr int D = Cfg::kHeadDim, kBN = Cfg::kBlockN, kS = Cfg::kStages;
+  constexpr int kMT = Cfg::kMTiles, kNT = Cfg::kNTiles, kDT = Cfg::kDTiles;
+  constexpr int kThreads = Cfg::kThreads;
+  const int lane = tid & 31;
+  const int offset = t.seq.kv_len - t.seq.q_len;
+  auto step = [&](int n, auto masked) {
+    float s[kMT][kNT][4];
+    if constexpr (kS == 1) {
+      cp_async_wait<0>();  // K(n)
+      __syncthreads();     // ... for every thread; and every warp is done with V(n + 1)
+      t.template load_v<kThreads>(p, n, sm.v_slot(0), tid);
+      cp_async_commit();
+      gemm_qk<D, kMT, kNT>(s, sq_warp, sm.k_slot(0), lane);
+    } else {
+      cp_async_wait<kS - 2>();
+      __syncthreads();
+      const int ahead = n - (kS - 1);
+      const int slot = buf == 0 ? kS - 1 : buf - 1;
+      if (ahead >= t.blocks.n_min) {
+        t.template load_k<kThreads>(p, ahead, sm.k_slot(slot), tid);
+        t.template load_v<kThreads>(p, ahead, sm.v_slot(slot), tid);
+      } else {
+        refill(t.blocks.n_min - 1 - ahead, slot);
+      }
+      cp_async_commit();
+      gemm_qk<D, kMT, kNT>(s, sq_warp, sm.k_slot(buf), lane);
+    }
+    if constexpr (decltype(masked)::value)
+      mask_scores<kMT, kNT, Tile::kHasMaskV>(s, row0, n * kBN + 2 * (lane & 3), t.seq.kv_len,
+                                             offset, p.window_left, p.window_right);
+    if constexpr (kS == 1) {
+      cp_async_wait<0>();  // V(n)
+      __syncthreads();     // ... for every thread; and every warp is done reading K(n)
+      if (n - 1 >= t.blocks.n_min) t.template load_k<kThreads>(p, n - 1, sm.k_slot(0), tid);
+      cp_async_commit();
+    }
+    ws.softmax.update(s, ws.o, p.scale_log2);
+    gemm_pv<D, kMT, kNT, kDT>(ws.o, s, sm.v_slot(buf), lane);
+    buf = buf == kS - 1 ? 0 : buf + 1;
+  };
+  for (int n = t.blocks.n_max - 1; n >= t.blocks.n_min; --n) {
+    if (t.blocks.needs_mask(n)) {
+      step(n, std::true_type{});
+    } else {
+      step(n, std::false_type{});
+    }
+  }
+}
+
+// Normalises the warp's rows and writes them: to out and lse, or (split-KV) to the partials.
+// `stage` is the warp's own rows of the Q tile (dead once its last QK^T has run).
+template <class Cfg, class Elem, class Tile>
+__device__ __forceinline__ void write_rows(const FwdParams& p, const Tile& t, WarpState<Cfg>& ws,
+                                           Elem* stage, int warp_row, int lane) {
+  constexpr int kMT = Cfg::kMTiles, kDT = Cfg::kDTiles;
+  float lse[kMT][2];
+  ws.softmax.finish(ws.o, p.scale, lse);
+  const int rows_valid = t.seq.q_len - t.m0 - warp_row;
+  if constexpr (Tile::kSplitV) {
+    const int64_t slot = t.partial_slot(p, warp_row);
+    const int64_t step = t.partial_step(p);
+    store_partial<kMT, kDT>(ws.o, lse, p.o_partial + slot * Cfg::kHeadDim, step * Cfg::kHeadDim,
+                            p.lse_partial + slot, step, rows_valid, lane);
+  } else {
+    store_output<Cfg::kHeadDim, kMT, kDT>(ws.o, lse, stage, t.out_row(p, warp_row), t.out_step(p),
+                                          t.lse_row(p, warp_row), t.lse_step(p), rows_valid, lane);
+  }
+}
+
+// One block per tile.
+template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit>
+__device__ __forceinline__ void fwd_one_tile(const FwdParams& p, unsigned char* smem) {
+  using Tile = FwdTile<Cfg, Elem, kHasMask, kPaged, kSplit>;
+  constexpr int kS = Cfg::kStages, kThreads = Cfg::kThreads;
+  const FwdSmem<Cfg, Elem> sm(smem);
+  const int tid = threadIdx.x, lane = tid & 31, warp_row = (tid >> 5) * Cfg::kWarpRows;
   // Masked (causal / window) tiles differ in cost; launching the heaviest (last) ones first
   // shortens the tail of the grid.
   const int m_block = kHasMask ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int head = blockIdx.y;
-  // Split-KV is its own instantiation so that the unsplit kernels carry none of its registers.
-  const int batch = kSplit ? blockIdx.z / p.num_splits : blockIdx.z;
-  const SeqInfo seq(p, batch);
-  const int m0 = m_block * kBM;
-  if (m0 >= seq.q_len) return;  // varlen: this sequence is shorter than the grid's longest
-  const int kv_head = head / p.h_ratio;
-  KeyBlocks<kBM, kBN, kHasMask> blocks(m0, seq.q_len, seq.kv_len, p.window_left, p.window_right);
-  if constexpr (kSplit) blocks.keep_split(blockIdx.z % p.num_splits, p.num_splits);
+  const Tile t(p, m_block, blockIdx.y, blockIdx.z);
+  if (!t.valid()) return;
 
-  const Elem* q =
-      static_cast<const Elem*>(p.q) + seq.q_off(p) + m0 * p.q_row_stride + head * p.q_head_stride;
-  const Elem* k = static_cast<const Elem*>(p.k) + seq.k_off(p) + kv_head * p.k_head_stride;
-  const Elem* v = static_cast<const Elem*>(p.v) + seq.v_off(p) + kv_head * p.v_head_stride;
-  auto load_k = [&](int n, int buf) {
-    if constexpr (kPaged) {
-      load_tile_paged_async<kBN, D, Cfg::kThreads>(
-          sk + buf * kBN * D, k, p.block_table + batch * p.block_table_stride, p.page_size,
-          p.k_page_stride, p.k_row_stride, n * kBN, seq.kv_len - n * kBN, tid);
-    } else {
-      load_tile_async<kBN, D, Cfg::kThreads>(sk + buf * kBN * D, k + n * kBN * p.k_row_stride,
-                                             p.k_row_stride, seq.kv_len - n * kBN, tid);
-    }
-  };
-  auto load_v = [&](int n, int buf) {
-    if constexpr (kPaged) {
-      load_tile_paged_async<kBN, D, Cfg::kThreads>(
-          sv + buf * kBN * D, v, p.block_table + batch * p.block_table_stride, p.page_size,
-          p.v_page_stride, p.v_row_stride, n * kBN, seq.kv_len - n * kBN, tid);
-    } else {
-      load_tile_async<kBN, D, Cfg::kThreads>(sv + buf * kBN * D, v + n * kBN * p.v_row_stride,
-                                             p.v_row_stride, seq.kv_len - n * kBN, tid);
-    }
-  };
-
-  float acc_o[kMT][kDT][4];
-#pragma unroll
-  for (int mi = 0; mi < kMT; ++mi)
-#pragma unroll
-    for (int dt = 0; dt < kDT; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_o[mi][dt][e] = 0.0f;
-  OnlineSoftmax<kMT, Cfg::kSkipUnchangedRescale> softmax;
-
-  const int warp_row = warp * Cfg::kWarpRows;  // the warp's first row within the tile
-  Elem* sq_warp = sq + warp_row * D;
-
-  if (blocks.n_max > blocks.n_min) {
-    // Prologue: Q and the first key block (from the right). With kS >= 2: Q, then the first
-    // kS - 1 key blocks, one commit group each. With kS == 1 (FlashAttention-2's own schedule):
-    // Q and K only; V of a block loads during its QK^T, K of the next during softmax and PV.
-    load_tile_async<kBM, D, Cfg::kThreads>(sq, q, p.q_row_stride, seq.q_len - m0, tid);
+  WarpState<Cfg> ws;
+  Elem* sq_warp = sm.q + warp_row * Cfg::kHeadDim;
+  if (t.has_keys()) {
+    // Prologue: Q, then K of the first block (kS == 1: FlashAttention-2's schedule, V loads
+    // during QK^T) or the first kS - 1 blocks, one commit group each.
+    load_tile_async<Cfg::kBlockM, Cfg::kHeadDim, kThreads>(sm.q, t.q_row(p, 0), t.q_step(p),
+                                                           t.seq.q_len - t.m0, tid);
     if constexpr (kS == 1) {
-      load_k(blocks.n_max - 1, 0);
+      t.template load_k<kThreads>(p, t.blocks.n_max - 1, sm.k_slot(0), tid);
       cp_async_commit();
     } else {
 #pragma unroll
       for (int s = 0; s < kS - 1; ++s) {
-        if (blocks.n_max - 1 - s >= blocks.n_min) {
-          load_k(blocks.n_max - 1 - s, s);
-          load_v(blocks.n_max - 1 - s, s);
+        if (t.blocks.n_max - 1 - s >= t.blocks.n_min) {
+          t.template load_k<kThreads>(p, t.blocks.n_max - 1 - s, sm.k_slot(s), tid);
+          t.template load_v<kThreads>(p, t.blocks.n_max - 1 - s, sm.v_slot(s), tid);
         }
         cp_async_commit();
       }
     }
-
-    const int offset = seq.kv_len - seq.q_len;
-    const int row0 = m0 + warp_row + (lane >> 2);
     int buf = 0;
-    // One key block: wait for its tile; the barrier also retires the previous block's buffer,
-    // which the load kS - 1 blocks ahead then refills.
-    auto step = [&](int n, auto masked) {
-      float s[kMT][kNT][4];
-      if constexpr (kS == 1) {
-        cp_async_wait<0>();  // K(n)
-        __syncthreads();     // ... for every thread; and every warp is done with V(n + 1)
-        load_v(n, 0);
-        cp_async_commit();
-        gemm_qk<D, kMT, kNT>(s, sq_warp, sk, lane);
-      } else {
-        cp_async_wait<kS - 2>();
-        __syncthreads();
-        const int ahead = n - (kS - 1);
-        if (ahead >= blocks.n_min) {
-          load_k(ahead, buf == 0 ? kS - 1 : buf - 1);
-          load_v(ahead, buf == 0 ? kS - 1 : buf - 1);
-        }
-        cp_async_commit();
-        gemm_qk<D, kMT, kNT>(s, sq_warp, sk + buf * kBN * D, lane);
-      }
-      if constexpr (decltype(masked)::value)
-        mask_scores<kMT, kNT, kHasMask>(s, row0, n * kBN + 2 * (lane & 3), seq.kv_len, offset,
-                                        p.window_left, p.window_right);
-      if constexpr (kS == 1) {
-        cp_async_wait<0>();  // V(n)
-        __syncthreads();     // ... for every thread; and every warp is done reading K(n)
-        if (n - 1 >= blocks.n_min) load_k(n - 1, 0);
-        cp_async_commit();
-      }
-      softmax.update(s, acc_o, p.scale_log2);
-      gemm_pv<D, kMT, kNT, kDT>(acc_o, s, sv + buf * kBN * D, lane);
-      buf = buf == kS - 1 ? 0 : buf + 1;
-    };
-    // Right to left: the boundary blocks of the diagonal / kv_len first, then the fast path, then
-    // the left edge of a sliding window.
-    for (int n = blocks.n_max - 1; n >= blocks.n_min; --n) {
-      if (blocks.needs_mask(n)) {
-        step(n, std::true_type{});
-      } else {
-        step(n, std::false_type{});
-      }
-    }
+    attend(p, t, sm, sq_warp, ws, buf, t.m0 + warp_row + (lane >> 2), tid, [](int, int) {});
   }
+  write_rows(p, t, ws, sq_warp, warp_row, lane);
+}
 
-  float lse[kMT][2];
-  softmax.finish(acc_o, p.scale, lse);
-  const int rows_valid = seq.q_len - m0 - warp_row;
-  if constexpr (kSplit) {
-    const int64_t row = seq.q_row0(p) + m0 + warp_row;  // among all q rows
-    const int64_t slot = (blockIdx.z % p.num_splits * p.q_rows + row) * p.h_q + head;
-    store_partial<kMT, kDT>(acc_o, lse, p.o_partial + slot * D, int64_t{p.h_q} * D,
-                            p.lse_partial + slot, p.h_q, rows_valid, lane);
+// Persistent grid: tiles in (m, head, z) order, m fastest, so that the blocks working at one
+// time share K/V in L2. While tile i runs its last key block, the ring's free slot receives the
+// first key block of tile i + 1; after its epilogue each warp loads its own Q rows of tile i + 1
+// (no other warp reads them). kStages == 2: every step waits for all of the thread's groups.
+template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit>
+__device__ __forceinline__ void fwd_persistent(const FwdParams& p, unsigned char* smem) {
+  using Tile = FwdTile<Cfg, Elem, kHasMask, kPaged, kSplit>;
+  static_assert(Cfg::kStages == 2, "the cross-tile prefetch assumes a two-slot ring");
+  constexpr int kThreads = Cfg::kThreads, kWarpRows = Cfg::kWarpRows;
+  const FwdSmem<Cfg, Elem> sm(smem);
+  const int tid = threadIdx.x, lane = tid & 31, warp_row = (tid >> 5) * kWarpRows;
+  Elem* sq_warp = sm.q + warp_row * Cfg::kHeadDim;
+  const int tiles_mh = p.tiles_m * p.tiles_h;
+  const int tiles = tiles_mh * p.tiles_z;
+  auto tile_at = [&](int i) {
+    const int m = i % p.tiles_m;
+    return Tile(p, kHasMask ? p.tiles_m - 1 - m : m, i / p.tiles_m % p.tiles_h, i / tiles_mh);
+  };
+  // The next tile with rows at or after index i (varlen: shorter sequences skip grid tiles).
+  auto next_valid = [&](int i) {
+    while (i < tiles && !tile_at(i).valid()) i += gridDim.x;
+    return i;
+  };
+  auto load_q_rows = [&](const Tile& t) {
+    load_tile_async<kWarpRows, Cfg::kHeadDim, 32>(sq_warp, t.q_row(p, warp_row), t.q_step(p),
+                                                  t.seq.q_len - t.m0 - warp_row, lane);
+  };
+
+  int i = next_valid(blockIdx.x);
+  if (i >= tiles) return;
+  Tile t = tile_at(i);
+  load_q_rows(t);
+  bool first_block_loaded = false;  // block n_max - 1 of t already sits in slot `buf`
+  int buf = 0;
+  while (true) {
+    if (t.has_keys() && !first_block_loaded) {
+      t.template load_k<kThreads>(p, t.blocks.n_max - 1, sm.k_slot(buf), tid);
+      t.template load_v<kThreads>(p, t.blocks.n_max - 1, sm.v_slot(buf), tid);
+    }
+    cp_async_commit();
+    const int i_next = next_valid(i + gridDim.x);
+    WarpState<Cfg> ws;
+    first_block_loaded = false;
+    if (t.has_keys()) {
+      attend(p, t, sm, sq_warp, ws, buf, t.m0 + warp_row + (lane >> 2), tid, [&](int j, int slot) {
+        if (j != 0 || i_next >= tiles) return;
+        const Tile next = tile_at(i_next);
+        if (!next.has_keys()) return;
+        next.template load_k<kThreads>(p, next.blocks.n_max - 1, sm.k_slot(slot), tid);
+        next.template load_v<kThreads>(p, next.blocks.n_max - 1, sm.v_slot(slot), tid);
+        first_block_loaded = true;
+      });
+    } else {
+      cp_async_wait<0>();  // this tile's Q rows land before the epilogue stages O over them
+    }
+    write_rows(p, t, ws, sq_warp, warp_row, lane);
+    if (i_next >= tiles) break;
+    i = i_next;
+    t = tile_at(i);
+    __syncwarp();  // the warp's staging reads of its Q rows are done before Q is refilled
+    load_q_rows(t);
+  }
+}
+
+template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
+    fwd_kernel(const __grid_constant__ FwdParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  if constexpr (Cfg::kPersistent) {
+    fwd_persistent<Cfg, Elem, kHasMask, kPaged, kSplit>(p, smem);
   } else {
-    Elem* out = static_cast<Elem*>(p.out) + seq.o_off(p) + (m0 + warp_row) * p.o_row_stride +
-                head * p.o_head_stride;
-    float* lse_out = p.lse == nullptr ? nullptr
-                                      : p.lse + seq.lse_off(p) + head * p.lse_head_stride +
-                                            (m0 + warp_row) * p.lse_row_stride;
-    store_output<D, kMT, kDT>(acc_o, lse, sq_warp, out, p.o_row_stride, lse_out, p.lse_row_stride,
-                              rows_valid, lane);
+    fwd_one_tile<Cfg, Elem, kHasMask, kPaged, kSplit>(p, smem);
   }
 }
 

@@ -12,10 +12,12 @@ namespace flashserve::attention::sm80 {
 struct FwdLaunch {
   DType dtype;         // kBFloat16 or kFloat16
   bool has_mask;       // causal or a window side: the masked instantiation
+  bool decode;         // <= 1 query per sequence and no left window: the GQA-packed decode tiles
   bool paged;          // block_table given: the paged-KV instantiation
   int batch;           // grid z is batch * params.num_splits
   int max_q_len;       // grid x = ceil(max_q_len / block_m)
   int smem_per_block;  // the device's opt-in shared memory per block (picks the tiles)
+  int num_sms;         // the persistent grids' size is a multiple of it
   cudaStream_t stream;
 };
 

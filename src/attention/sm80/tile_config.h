@@ -15,6 +15,12 @@ struct Tiles {
   bool skip_unchanged_rescale;
   // __launch_bounds__ occupancy hint: caps registers at 64K / (threads * min_blocks_per_sm).
   int min_blocks_per_sm;
+  // Persistent grid (fwd_kernel.h): one block per SM slot walks the tiles and prefetches the next
+  // tile's first key block and Q rows while finishing the current one. Needs stages == 2.
+  bool persistent = false;
+  // Decode: the query heads of a GQA group become the tile's rows (fwd_tile.h); only for calls
+  // where every sequence has at most one query and no window bounds the keys on the left.
+  bool pack_gqa = false;
 };
 
 // Shared memory a configuration needs: Q once plus `stages` buffers of K and of V (2-byte
@@ -55,12 +61,26 @@ constexpr Tiles fwd_tiles(int head_dim, int smem_per_block, bool masked) {
       }
       // Long unmasked tiles: 128 rows over 8 warps; on Hopper a two-stage 64-key ring (Q 64 KB +
       // 128 KB, one block per SM) keeps the loads ahead; A100's 163 KB gets FA2's single buffers.
+      // With one 192 KB block per SM nothing overlaps a tile's prologue (Q 64 KB and the first
+      // K/V block) and epilogue, which cost 4-6% of a 1024-key tile: the persistent grid
+      // prefetches them during the previous tile (docs/kernel-notes.md, run 10).
       if (smem_per_block >= fwd_smem_bytes(256, {128, 64, 8, 2, false, 1}))
-        return {128, 64, 8, 2, false, 1};
+        return {128, 64, 8, 2, false, 1, true};
       return {128, 64, 8, 1, false, 1};
     default:
       return {0, 0, 0, 0, false, 0};
   }
+}
+
+// Decode (at most one query per sequence): the GQA group's heads fill a 16-row tile (one m16
+// slice, one warp), so a KV head's keys are read once for its whole group; the work is reading
+// K/V, and many small blocks (plus split-KV) keep enough loads in flight. A 128-row prefill tile
+// here computed 128 rows for each real one and ran compute-bound at 0.2-0.8 TB/s.
+// The key block is sized so that each step moves 32 KB of K and V (16 KB each), which keeps the
+// block at 68-72 KB of shared memory: three per SM.
+constexpr Tiles decode_tiles(int head_dim) {
+  const int block_n = 8192 / head_dim;  // 16 KB per K or V tile
+  return {16, block_n, 1, 2, false, 8, false, true};
 }
 
 // The large-shared-memory configuration (what Hopper runs) and the fallback for A100-sized shared
@@ -78,6 +98,8 @@ struct FwdConfig {
   static constexpr int kStages = kTiles.stages;
   static constexpr int kMinBlocksPerSm = kTiles.min_blocks_per_sm;
   static constexpr bool kSkipUnchangedRescale = kTiles.skip_unchanged_rescale;
+  static constexpr bool kPersistent = kTiles.persistent;
+  static constexpr bool kPackGqa = kTiles.pack_gqa;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpRows = kBlockM / kWarps;  // query rows per warp
   static constexpr int kMTiles = kWarpRows / 16;      // m16 slices per warp
@@ -87,6 +109,7 @@ struct FwdConfig {
   static_assert(kHeadDim % 64 == 0, "rows are whole 128-byte swizzle groups");
   static_assert(kBlockM % (16 * kWarps) == 0 && kBlockN % 16 == 0);
   static_assert(kStages >= 1);
+  static_assert(!kPersistent || kStages == 2);
 };
 
 }  // namespace flashserve::attention::sm80

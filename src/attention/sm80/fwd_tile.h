@@ -1,0 +1,116 @@
+// One unit of the forward kernel's work: a query tile of one (grid) head of one sequence (and one
+// split of its key blocks under split-KV). It knows where its rows live in q, out and lse, which
+// key blocks it visits, and how to bring those blocks into shared memory.
+//
+// Rows: normally tile row r is query position m0 + r of query head `head`. With GQA packing
+// (decode configurations, tile_config.h) the grid head is a KV head and, since every sequence
+// then has at most one query, tile row r is query head head * h_ratio + m0 + r of position 0:
+// the group's heads share one tile and one pass over K/V (FlashAttention's "seqlen_q / ngroups
+// swap"), and the rows are a head stride apart instead of a row stride.
+#pragma once
+
+#include <cstdint>
+
+#include "block_mask.h"
+#include "fwd_params.h"
+#include "smem_tile.h"
+
+namespace flashserve::attention::sm80 {
+
+template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit>
+struct FwdTile {
+  static constexpr int D = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
+  static constexpr bool kPack = Cfg::kPackGqa;
+  static constexpr bool kHasMaskV = kHasMask, kSplitV = kSplit;
+  static_assert(!(kPack && kHasMask), "packed rows share one position: no per-row mask");
+
+  int head;   // grid head: the query head, or the KV head when packed
+  int split;  // split-KV: which share of the key blocks
+  int m0;     // first tile row
+  SeqInfo seq;
+  KeyBlocks<kBM, kBN, kHasMask> blocks;
+
+  __device__ __forceinline__ FwdTile(const FwdParams& p, int m_block, int head_, int z)
+      : head(head_),
+        split(kSplit ? z % p.num_splits : 0),
+        m0(m_block * kBM),
+        seq(p, kSplit ? z / p.num_splits : z),
+        blocks(m0, seq.q_len, seq.kv_len, p.window_left, p.window_right) {
+    if constexpr (kPack) seq.q_len *= p.h_ratio;  // rows are (position 0, head of the group)
+    if constexpr (kSplit) blocks.keep_split(split, p.num_splits);
+  }
+
+  // Rows past q_len (varlen sequences shorter than the grid's longest) have no work.
+  __device__ __forceinline__ bool valid() const { return m0 < seq.q_len; }
+  __device__ __forceinline__ bool has_keys() const { return blocks.n_max > blocks.n_min; }
+  __device__ __forceinline__ int kv_head(const FwdParams& p) const {
+    return kPack ? head : head / p.h_ratio;
+  }
+  // Tile row `row` of q, and the distance between consecutive tile rows.
+  __device__ __forceinline__ const Elem* q_row(const FwdParams& p, int row) const {
+    return static_cast<const Elem*>(p.q) + seq.q_off(p) +
+           offset_of(p, p.q_row_stride, p.q_head_stride, row);
+  }
+  __device__ __forceinline__ int64_t q_step(const FwdParams& p) const {
+    return kPack ? p.q_head_stride : p.q_row_stride;
+  }
+  __device__ __forceinline__ Elem* out_row(const FwdParams& p, int row) const {
+    return static_cast<Elem*>(p.out) + seq.o_off(p) +
+           offset_of(p, p.o_row_stride, p.o_head_stride, row);
+  }
+  __device__ __forceinline__ int64_t out_step(const FwdParams& p) const {
+    return kPack ? p.o_head_stride : p.o_row_stride;
+  }
+  __device__ __forceinline__ float* lse_row(const FwdParams& p, int row) const {
+    if (p.lse == nullptr) return nullptr;
+    return p.lse + seq.lse_off(p) + offset_of(p, p.lse_row_stride, p.lse_head_stride, row);
+  }
+  __device__ __forceinline__ int64_t lse_step(const FwdParams& p) const {
+    return kPack ? p.lse_head_stride : p.lse_row_stride;
+  }
+  // Split-KV partial slot of tile row `row` ([num_splits, q_rows, h_q] slots, unpacked order, so
+  // the combine needs no knowledge of packing) and the slot distance between tile rows.
+  __device__ __forceinline__ int64_t partial_slot(const FwdParams& p, int row) const {
+    const int64_t q_row = seq.q_row0(p) + (kPack ? 0 : m0 + row);
+    const int64_t h = kPack ? int64_t{head} * p.h_ratio + m0 + row : head;
+    return (split * p.q_rows + q_row) * p.h_q + h;
+  }
+  __device__ __forceinline__ int64_t partial_step(const FwdParams& p) const {
+    return kPack ? 1 : p.h_q;
+  }
+
+  // Key/value block n into shared tile `dst` ([kBN, D]); rows past kv_len are zero-filled.
+  template <int kThreads>
+  __device__ __forceinline__ void load_kv(const FwdParams& p, const void* base, int64_t head_stride,
+                                          int64_t row_stride, int64_t page_stride, int64_t seq_off,
+                                          int n, Elem* dst, int tid) const {
+    const Elem* src = static_cast<const Elem*>(base) + seq_off + kv_head(p) * head_stride;
+    if constexpr (kPaged) {
+      load_tile_paged_async<kBN, D, kThreads>(
+          dst, src, p.block_table + seq.b * p.block_table_stride, p.page_size, page_stride,
+          row_stride, n * kBN, seq.kv_len - n * kBN, tid);
+    } else {
+      load_tile_async<kBN, D, kThreads>(dst, src + n * kBN * row_stride, row_stride,
+                                        seq.kv_len - n * kBN, tid);
+    }
+  }
+  template <int kThreads>
+  __device__ __forceinline__ void load_k(const FwdParams& p, int n, Elem* dst, int tid) const {
+    load_kv<kThreads>(p, p.k, p.k_head_stride, p.k_row_stride, p.k_page_stride, seq.k_off(p), n,
+                      dst, tid);
+  }
+  template <int kThreads>
+  __device__ __forceinline__ void load_v(const FwdParams& p, int n, Elem* dst, int tid) const {
+    load_kv<kThreads>(p, p.v, p.v_head_stride, p.v_row_stride, p.v_page_stride, seq.v_off(p), n,
+                      dst, tid);
+  }
+
+ private:
+  __device__ __forceinline__ int64_t offset_of(const FwdParams& p, int64_t row_stride,
+                                               int64_t head_stride, int row) const {
+    if constexpr (kPack) return (int64_t{head} * p.h_ratio + m0 + row) * head_stride;
+    return (m0 + row) * row_stride + head * head_stride;
+  }
+};
+
+}  // namespace flashserve::attention::sm80
