@@ -252,6 +252,11 @@ std::vector<CaseSpec> decode_cases() {
   for (int64_t d : {64, 128, 256}) {
     v.push_back(spec(bf16, d, 2, {1}, {777}, 48, 2, true));  // group of 24: two tiles
     v.push_back(spec(fp16, d, 4, {1}, {129}, 4, 4));         // MHA: one row per tile
+    for (int32_t splits : {20, 70}) {                        // the combine's 4- and 8-warp shares
+      CaseSpec many = spec(d == 128 ? fp16 : bf16, d, 2, {1}, {9000}, 8, 2);
+      many.num_splits = splits;
+      v.push_back(many);
+    }
     // Varlen: an empty query, an empty cache; seqused_k below the stored keys.
     CaseSpec s = varlen(spec(bf16, d, 4, {1, 0, 1, 1}, {700, 5, 0, 64}, 16, 2, true));
     s.use_seqused_k = true;

@@ -1,6 +1,7 @@
-// Epilogue of one warp: the normalised O fragments go through the warp's own rows of the Q
-// shared tile (Q is dead by then, and no other warp reads these rows) so that global stores are
-// whole 16-byte chunks, coalesced along each row; LSE is written by one thread per row.
+// Epilogue of one warp: the normalised O fragments go through shared memory, eight rows at a
+// time, so that global stores are whole 16-byte chunks, coalesced along each row; LSE is written by
+// one thread per row. The staging rows belong to this warp alone: its own (dead) rows of the Q
+// tile, or the persistent grid's staging area, where Q already holds the next tile's rows.
 #pragma once
 
 #include <cstdint>
@@ -10,40 +11,40 @@
 
 namespace flashserve::attention::sm80 {
 
-// o: normalised accumulators; lse[mi][r]: each fragment row's LSE. stage: the warp's first row of
-// shared staging; out: global address of the warp's first row; rows_valid: how many of the warp's
-// rows exist (the rest are padding past q_len); lse_out: the warp's first row's LSE or null.
+// o: normalised accumulators; lse[mi][r]: each fragment row's LSE. stage: eight rows of shared
+// staging; out: global address of the warp's first row; rows_valid: how many of the warp's rows
+// exist (the rest are padding past q_len); lse_out: the warp's first row's LSE or null.
 template <int kHeadDim, int kMTiles, int kDTiles, class Elem>
 __device__ __forceinline__ void store_output(const float (&o)[kMTiles][kDTiles][4],
                                              const float (&lse)[kMTiles][2], Elem* stage, Elem* out,
                                              int64_t out_row_stride, float* lse_out,
                                              int64_t lse_row_stride, int rows_valid, int lane) {
   const int g = lane >> 2, t = lane & 3;
-  __syncwarp();  // the staging rows were last read by this warp's own ldmatrix of Q
+  constexpr int kChunksPerRow = kHeadDim / 8;
+  static_assert(8 * kChunksPerRow % 32 == 0);
 #pragma unroll
   for (int mi = 0; mi < kMTiles; ++mi) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = mi * 16 + r * 8 + g;
+      const int row0 = mi * 16 + r * 8;  // the pass's first row: fragment row g is row0 + g
+      __syncwarp();  // the stage's last readers (the previous pass, or Q's ldmatrix) are done
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         const uint32_t v = pack2<Elem>(o[mi][dt][2 * r], o[mi][dt][2 * r + 1]);
-        *reinterpret_cast<uint32_t*>(stage + swizzled<kHeadDim>(row, dt) + 2 * t) = v;
+        *reinterpret_cast<uint32_t*>(stage + swizzled<kHeadDim>(g, dt) + 2 * t) = v;
       }
-      if (lse_out != nullptr && t == 0 && row < rows_valid)
-        lse_out[row * lse_row_stride] = lse[mi][r];
-    }
-  }
-  __syncwarp();
-  constexpr int kChunksPerRow = kHeadDim / 8;
-  constexpr int kChunks = kMTiles * 16 * kChunksPerRow;
+      if (lse_out != nullptr && t == 0 && row0 + g < rows_valid)
+        lse_out[(row0 + g) * lse_row_stride] = lse[mi][r];
+      __syncwarp();
 #pragma unroll
-  for (int i = 0; i < kChunks / 32; ++i) {
-    const int id = lane + i * 32;
-    const int row = id / kChunksPerRow, chunk = id % kChunksPerRow;
-    if (row < rows_valid) {
-      const uint4 v = *reinterpret_cast<const uint4*>(stage + swizzled<kHeadDim>(row, chunk));
-      *reinterpret_cast<uint4*>(out + row * out_row_stride + chunk * 8) = v;
+      for (int i = 0; i < 8 * kChunksPerRow / 32; ++i) {
+        const int id = lane + i * 32;
+        const int row = id / kChunksPerRow, chunk = id % kChunksPerRow;
+        if (row0 + row < rows_valid) {
+          const uint4 v = *reinterpret_cast<const uint4*>(stage + swizzled<kHeadDim>(row, chunk));
+          *reinterpret_cast<uint4*>(out + (row0 + row) * out_row_stride + chunk * 8) = v;
+        }
+      }
     }
   }
 }

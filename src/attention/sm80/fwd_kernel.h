@@ -22,16 +22,19 @@
 
 namespace flashserve::attention::sm80 {
 
-// Shared memory of a block: Q [kBlockM, D], then kStages K tiles and kStages V tiles [kBlockN, D].
+// Shared memory of a block: Q [kBlockM, D], then kStages K tiles and kStages V tiles [kBlockN, D],
+// then (persistent grid) eight output staging rows per warp.
 template <class Cfg, class Elem>
 struct FwdSmem {
   Elem* q;
   Elem* k;
   Elem* v;
+  Elem* stage;
   __device__ __forceinline__ explicit FwdSmem(unsigned char* base)
       : q(reinterpret_cast<Elem*>(base)),
         k(q + Cfg::kBlockM * Cfg::kHeadDim),
-        v(k + Cfg::kStages * Cfg::kBlockN * Cfg::kHeadDim) {}
+        v(k + Cfg::kStages * Cfg::kBlockN * Cfg::kHeadDim),
+        stage(v + Cfg::kStages * Cfg::kBlockN * Cfg::kHeadDim) {}
   __device__ __forceinline__ Elem* k_slot(int s) const {
     return k + s * Cfg::kBlockN * Cfg::kHeadDim;
   }
@@ -61,12 +64,13 @@ struct WarpState {
 // or in place; `buf` is the ring slot of the first block and on return the slot after the last.
 // kS >= 2: each step's barrier retires the previous block's slot, which then receives the block
 // kS - 1 ahead, or, in the last kS - 1 steps where this tile has none left, whatever
-// refill(j, slot) loads (the persistent grid: block j of the next tile).
-template <class Cfg, class Elem, class Tile, class Refill>
+// refill(j, slot) loads (the persistent grid: block j of the next tile). q_done() runs once the
+// warp's last QK^T has read its Q rows.
+template <class Cfg, class Elem, class Tile, class Refill, class QDone>
 __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
                                        const FwdSmem<Cfg, Elem>& sm, const Elem* sq_warp,
                                        WarpState<Cfg>& ws, int& buf, int row0, int tid,
-                                       Refill&& refill) {
+                                       Refill&& refill, QDone&& q_done) {
   constexpr int D = Cfg::kHeadDim, kBN = Cfg::kBlockN, kS = Cfg::kStages;
   constexpr int kMT = Cfg::kMTiles, kNT = Cfg::kNTiles, kDT = Cfg::kDTiles;
   constexpr int kThreads = Cfg::kThreads;
@@ -94,6 +98,7 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
       cp_async_commit();
       gemm_qk<D, kMT, kNT>(s, sq_warp, sm.k_slot(buf), lane);
     }
+    if (n == t.blocks.n_min) q_done();
     if constexpr (decltype(masked)::value)
       mask_scores<kMT, kNT, Tile::kHasMaskV>(s, row0, n * kBN + 2 * (lane & 3), t.seq.kv_len,
                                              offset, p.window_left, p.window_right);
@@ -170,15 +175,17 @@ __device__ __forceinline__ void fwd_one_tile(const FwdParams& p, unsigned char* 
       }
     }
     int buf = 0;
-    attend(p, t, sm, sq_warp, ws, buf, t.m0 + warp_row + (lane >> 2), tid, [](int, int) {});
+    attend(
+        p, t, sm, sq_warp, ws, buf, t.m0 + warp_row + (lane >> 2), tid, [](int, int) {}, [] {});
   }
   write_rows(p, t, ws, sq_warp, warp_row, lane);
 }
 
 // Persistent grid: tiles in (m, head, z) order, m fastest, so that the blocks working at one
 // time share K/V in L2. While tile i runs its last key block, the ring's free slot receives the
-// first key block of tile i + 1; after its epilogue each warp loads its own Q rows of tile i + 1
-// (no other warp reads them). kStages == 2: every step waits for all of the thread's groups.
+// first key block of tile i + 1, and each warp, once its last QK^T has read its Q rows, loads its
+// rows of tile i + 1 (no other warp reads them); the epilogue stages O in the warp's own staging
+// rows. kStages == 2: every step waits for all of the thread's groups.
 template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit>
 __device__ __forceinline__ void fwd_persistent(const FwdParams& p, unsigned char* smem) {
   using Tile = FwdTile<Cfg, Elem, kHasMask, kPaged, kSplit>;
@@ -187,6 +194,7 @@ __device__ __forceinline__ void fwd_persistent(const FwdParams& p, unsigned char
   const FwdSmem<Cfg, Elem> sm(smem);
   const int tid = threadIdx.x, lane = tid & 31, warp_row = (tid >> 5) * kWarpRows;
   Elem* sq_warp = sm.q + warp_row * Cfg::kHeadDim;
+  Elem* stage_warp = sm.stage + (tid >> 5) * 8 * Cfg::kHeadDim;
   const int tiles_mh = p.tiles_m * p.tiles_h;
   const int tiles = tiles_mh * p.tiles_z;
   auto tile_at = [&](int i) {
@@ -218,24 +226,33 @@ __device__ __forceinline__ void fwd_persistent(const FwdParams& p, unsigned char
     const int i_next = next_valid(i + gridDim.x);
     WarpState<Cfg> ws;
     first_block_loaded = false;
+    bool next_q_loaded = false;
     if (t.has_keys()) {
-      attend(p, t, sm, sq_warp, ws, buf, t.m0 + warp_row + (lane >> 2), tid, [&](int j, int slot) {
-        if (j != 0 || i_next >= tiles) return;
-        const Tile next = tile_at(i_next);
-        if (!next.has_keys()) return;
-        next.template load_k<kThreads>(p, next.blocks.n_max - 1, sm.k_slot(slot), tid);
-        next.template load_v<kThreads>(p, next.blocks.n_max - 1, sm.v_slot(slot), tid);
-        first_block_loaded = true;
-      });
-    } else {
-      cp_async_wait<0>();  // this tile's Q rows land before the epilogue stages O over them
+      attend(
+          p, t, sm, sq_warp, ws, buf, t.m0 + warp_row + (lane >> 2), tid,
+          [&](int j, int slot) {
+            if (j != 0 || i_next >= tiles) return;
+            const Tile next = tile_at(i_next);
+            if (!next.has_keys()) return;
+            next.template load_k<kThreads>(p, next.blocks.n_max - 1, sm.k_slot(slot), tid);
+            next.template load_v<kThreads>(p, next.blocks.n_max - 1, sm.v_slot(slot), tid);
+            first_block_loaded = true;
+          },
+          [&] {
+            if (i_next >= tiles) return;
+            __syncwarp();  // every lane's ldmatrix of the Q rows is done
+            load_q_rows(tile_at(i_next));
+            next_q_loaded = true;
+          });
     }
-    write_rows(p, t, ws, sq_warp, warp_row, lane);
+    write_rows(p, t, ws, stage_warp, warp_row, lane);
     if (i_next >= tiles) break;
     i = i_next;
     t = tile_at(i);
-    __syncwarp();  // the warp's staging reads of its Q rows are done before Q is refilled
-    load_q_rows(t);
+    if (!next_q_loaded) {  // the tile had no keys: its Q rows were never read
+      cp_async_wait<0>();  // ... and must land before the next tile's rows go to the same place
+      load_q_rows(t);
+    }
   }
 }
 

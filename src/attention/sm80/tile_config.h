@@ -16,7 +16,8 @@ struct Tiles {
   // __launch_bounds__ occupancy hint: caps registers at 64K / (threads * min_blocks_per_sm).
   int min_blocks_per_sm;
   // Persistent grid (fwd_kernel.h): one block per SM slot walks the tiles and prefetches the next
-  // tile's first key block and Q rows while finishing the current one. Needs stages == 2.
+  // tile's first key block and Q rows while finishing the current one. Needs stages == 2 and
+  // eight staging rows per warp (fwd_smem_bytes).
   bool persistent = false;
   // Decode: the query heads of a GQA group become the tile's rows (fwd_tile.h); only for calls
   // where every sequence has at most one query and no window bounds the keys on the left.
@@ -24,9 +25,13 @@ struct Tiles {
 };
 
 // Shared memory a configuration needs: Q once plus `stages` buffers of K and of V (2-byte
-// elements).
+// elements); the persistent grid adds eight rows of output staging per warp (its Q rows already
+// hold the next tile when the epilogue runs).
+constexpr int fwd_stage_rows(Tiles t) {
+  return t.persistent ? 8 * t.warps : 0;
+}
 constexpr int fwd_smem_bytes(int head_dim, Tiles t) {
-  return (t.block_m + 2 * t.stages * t.block_n) * head_dim * 2;
+  return (t.block_m + 2 * t.stages * t.block_n + fwd_stage_rows(t)) * head_dim * 2;
 }
 
 // The configuration for a head dim, mask, and a device that lets a block opt in to
@@ -61,10 +66,11 @@ constexpr Tiles fwd_tiles(int head_dim, int smem_per_block, bool masked) {
       }
       // Long unmasked tiles: 128 rows over 8 warps; on Hopper a two-stage 64-key ring (Q 64 KB +
       // 128 KB, one block per SM) keeps the loads ahead; A100's 163 KB gets FA2's single buffers.
-      // With one 192 KB block per SM nothing overlaps a tile's prologue (Q 64 KB and the first
+      // With one such block per SM nothing overlaps a tile's prologue (Q 64 KB and the first
       // K/V block) and epilogue, which cost 4-6% of a 1024-key tile: the persistent grid
-      // prefetches them during the previous tile (docs/kernel-notes.md, run 10).
-      if (smem_per_block >= fwd_smem_bytes(256, {128, 64, 8, 2, false, 1}))
+      // prefetches them during the previous tile (224 KB with its staging rows; docs/
+      // kernel-notes.md, runs 10-11).
+      if (smem_per_block >= fwd_smem_bytes(256, {128, 64, 8, 2, false, 1, true}))
         return {128, 64, 8, 2, false, 1, true};
       return {128, 64, 8, 1, false, 1};
     default:

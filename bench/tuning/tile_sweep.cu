@@ -1,0 +1,166 @@
+// tile_sweep: times alternative tile configurations of the sm80 forward kernel side by side on the
+// benchmark grid, to choose tile_config.h's table by measurement (docs/kernel-notes.md). A tuning
+// tool, built only with -DFLASHSERVE_TUNING=ON (scripts/gpu-check.sh --sweep).
+//
+// Dense bf16 inputs [batch, seqlen, heads, d], batch x seqlen = 16384, heads x d = 2048,
+// non-causal; every variant's output is compared with the first variant's (a broken variant
+// must not win). Prints one row per (variant, seqlen): ms and TFLOP/s, median of 20 runs.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "attention/sm80/launch_template.h"
+
+namespace fs = flashserve::attention::sm80;
+
+namespace {
+
+#define CUDA_OK(expr)                                                                    \
+  do {                                                                                   \
+    cudaError_t err_ = (expr);                                                           \
+    if (err_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(err_)); \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+__global__ void fill(__nv_bfloat16* x, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    x[i] = __float2bfloat16((h >> 8) * (2.0f / 16777216.0f) - 1.0f);
+  }
+}
+
+struct Problem {
+  int d, seqlen, batch, heads;
+  __nv_bfloat16 *q, *k, *v, *out;
+};
+
+fs::FwdParams make_params(const Problem& pr) {
+  fs::FwdParams p{};
+  p.q = pr.q;
+  p.k = pr.k;
+  p.v = pr.v;
+  p.out = pr.out;
+  const int64_t row = int64_t{pr.heads} * pr.d, batch = row * pr.seqlen;
+  p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = batch;
+  p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = row;
+  p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = pr.d;
+  p.seqlen_q = p.seqlen_k = pr.seqlen;
+  p.h_q = pr.heads;
+  p.h_ratio = 1;
+  p.window_left = p.window_right = -1;
+  p.scale = 1.0f / std::sqrt(float(pr.d));
+  p.scale_log2 = p.scale * 1.4426950408889634f;
+  p.num_splits = 1;
+  p.q_rows = int64_t{pr.batch} * pr.seqlen;
+  return p;
+}
+
+using Launcher = void (*)(const fs::FwdParams&, const fs::FwdLaunch&);
+
+template <int kD, fs::Tiles kTiles>
+void launch(const fs::FwdParams& p, const fs::FwdLaunch& l) {
+  fs::launch_config<fs::FwdConfig<kD, kTiles>, __nv_bfloat16, false, false>(p, l);
+}
+
+struct Variant {
+  const char* name;
+  int d;
+  Launcher run;
+};
+
+// The candidates: add a line here to try one.
+const Variant kVariants[] = {
+    {"d256 128x64 8w s2 persistent", 256, launch<256, fs::Tiles{128, 64, 8, 2, false, 1, true}>},
+    {"d256 128x64 8w s2", 256, launch<256, fs::Tiles{128, 64, 8, 2, false, 1}>},
+    {"d256 128x64 8w s1 (FA2)", 256, launch<256, fs::Tiles{128, 64, 8, 1, false, 1}>},
+    {"d256 128x64 8w s1 skip", 256, launch<256, fs::Tiles{128, 64, 8, 1, true, 1}>},
+    {"d256 128x32 8w s2", 256, launch<256, fs::Tiles{128, 32, 8, 2, false, 1}>},
+    {"d256 64x64 4w s1", 256, launch<256, fs::Tiles{64, 64, 4, 1, false, 2}>},
+    {"d128 128x64 4w s1 skip", 128, launch<128, fs::Tiles{128, 64, 4, 1, true, 2}>},
+    {"d128 128x64 4w s2 skip", 128, launch<128, fs::Tiles{128, 64, 4, 2, true, 2}>},
+    {"d128 128x64 4w s1", 128, launch<128, fs::Tiles{128, 64, 4, 1, false, 2}>},
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> seqlens{1024, 2048, 4096, 8192};
+  if (argc > 1) {
+    seqlens.clear();
+    for (char* s = argv[1]; *s;) {
+      seqlens.push_back(std::strtol(s, &s, 10));
+      if (*s == ',') ++s;
+    }
+  }
+  int dev = 0, sms = 0, smem = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CUDA_OK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  constexpr int64_t kTokens = 16384, kHidden = 2048;
+  const int64_t elems = kTokens * kHidden;
+  __nv_bfloat16 *q, *k, *v, *out, *ref;
+  for (auto** b : {&q, &k, &v, &out, &ref}) CUDA_OK(cudaMalloc(b, elems * 2));
+  fill<<<1024, 256>>>(q, elems, 1);
+  fill<<<1024, 256>>>(k, elems, 2);
+  fill<<<1024, 256>>>(v, elems, 3);
+  cudaEvent_t t0, t1;
+  CUDA_OK(cudaEventCreate(&t0));
+  CUDA_OK(cudaEventCreate(&t1));
+  std::printf("%-32s %7s %9s %9s %10s\n", "variant", "seqlen", "ms", "TFLOP/s", "max|diff|");
+  std::vector<__nv_bfloat16> a(elems), b(elems);
+  for (int seqlen : seqlens) {
+    int first_d = -1;
+    for (const Variant& var : kVariants) {
+      Problem pr{var.d, seqlen, int(kTokens / seqlen), int(kHidden / var.d), q, k, v, out};
+      const fs::FwdParams p = make_params(pr);
+      fs::FwdLaunch l{};
+      l.dtype = flashserve::DType::kBFloat16;
+      l.batch = pr.batch;
+      l.max_q_len = seqlen;
+      l.smem_per_block = smem;
+      l.num_sms = sms;
+      CUDA_OK(cudaMemset(out, 0xff, elems * 2));  // NaN poison
+      var.run(p, l);
+      CUDA_OK(cudaDeviceSynchronize());
+      double diff = 0;
+      CUDA_OK(cudaMemcpy(b.data(), out, elems * 2, cudaMemcpyDeviceToHost));
+      if (var.d != first_d) {
+        first_d = var.d;
+        a = b;
+      }
+      for (int64_t i = 0; i < elems; ++i) {
+        const double x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
+        diff = std::isnan(y) ? INFINITY : std::max(diff, std::abs(x - y));
+        if (std::isinf(diff)) break;
+      }
+      for (int i = 0; i < 3; ++i) var.run(p, l);
+      std::vector<float> ms;
+      for (int i = 0; i < 20; ++i) {
+        CUDA_OK(cudaEventRecord(t0));
+        var.run(p, l);
+        CUDA_OK(cudaEventRecord(t1));
+        CUDA_OK(cudaEventSynchronize(t1));
+        float m = 0;
+        CUDA_OK(cudaEventElapsedTime(&m, t0, t1));
+        ms.push_back(m);
+      }
+      std::sort(ms.begin(), ms.end());
+      const double med = ms[ms.size() / 2];
+      const double flops = 4.0 * pr.batch * pr.heads * double(seqlen) * seqlen * pr.d;
+      std::printf("%-32s %7d %9.3f %9.1f %10.2e\n", var.name, seqlen, med, flops / med / 1e9, diff);
+    }
+  }
+  return 0;
+}
