@@ -66,6 +66,7 @@ struct Options {
   bool fp16 = false;
   bool prefill = true;
   bool decode = true;
+  std::vector<int> decode_splits{0};  // num_splits per decode call; 0: automatic
   std::string csv;
 };
 
@@ -110,13 +111,15 @@ Options parse(int argc, char** argv) {
       o.decode = false;
     else if (a == "--decode-only")
       o.prefill = false;
+    else if (a == "--decode-splits")
+      o.decode_splits = parse_list(next());
     else if (a == "--csv")
       o.csv = next();
     else {
       std::fprintf(stderr,
                    "usage: bench_attn [--head-dims 64,128,256] [--seqlens 512,...] [--causal 0,1]\n"
                    "  [--total-tokens 16384] [--hidden 2048] [--iters 30] [--warmup 5] [--fp16]\n"
-                   "  [--prefill-only | --decode-only] [--csv FILE]\n");
+                   "  [--prefill-only | --decode-only] [--decode-splits 0,8,...] [--csv FILE]\n");
       std::exit(a == "--help" ? 0 : 2);
     }
   }
@@ -246,40 +249,50 @@ int main(int argc, char** argv) {
     const double copy_tbs = 2.0 * copy_bytes / (copy_ms * 1e-3) / 1e12;
     std::printf("\ndevice-to-device copy: %.2f TB/s (read + write)\n", copy_tbs);
     if (csv) std::fprintf(csv, "copy,0,0,0,0,0,%.5f,%.3f\n", copy_ms, copy_tbs);
-    std::printf("%-6s %-7s %10s %10s %12s\n", "batch", "kv_len", "ms", "KV TB/s", "of copy bw");
+    std::printf("%-6s %-7s %-6s %10s %10s %12s\n", "batch", "kv_len", "splits", "ms", "KV TB/s",
+                "of copy bw");
     const int decode_shapes[][2] = {{1, 32768}, {8, 8192}, {64, 4096}, {128, 2048}, {256, 1024}};
-    for (const auto& bs : decode_shapes) {
-      const int b = bs[0], kv = bs[1], hq = 32, hkv = 8, d = 128;
-      if (size_t(b) * kv * hkv * d > elems) continue;
-      flashserve::AttentionParams p;
-      p.q = device_view(q, dt, {b, 1, hq, d});
-      p.k = device_view(k, dt, {b, kv, hkv, d});
-      p.v = device_view(v, dt, {b, kv, hkv, d});
-      p.out = device_view(out, dt, {b, 1, hq, d});
-      // Automatic split-KV, with the workspace the call asks for (without one it would not split).
-      p.num_splits = 0;
-      void* workspace = nullptr;
-      std::string err;
-      try {
-        p.workspace_bytes = flashserve::attention_workspace_size(p);
-      } catch (const std::exception& e) {
-        std::printf("%-6d %-7d   unsupported: %s\n", b, kv, e.what());
-        continue;
-      }
-      if (p.workspace_bytes) CUDA_OK(cudaMalloc(&workspace, p.workspace_bytes));
-      p.workspace = workspace;
-      if (!run_once(p, &err)) {
-        std::printf("%-6d %-7d   unsupported: %s\n", b, kv, err.c_str());
+    for (const auto& bs : decode_shapes)
+      for (int splits : o.decode_splits) {
+        const int b = bs[0], kv = bs[1], hq = 32, hkv = 8, d = 128;
+        if (size_t(b) * kv * hkv * d > elems) continue;
+        flashserve::AttentionParams p;
+        p.q = device_view(q, dt, {b, 1, hq, d});
+        p.k = device_view(k, dt, {b, kv, hkv, d});
+        p.v = device_view(v, dt, {b, kv, hkv, d});
+        p.out = device_view(out, dt, {b, 1, hq, d});
+        // Automatic split-KV (or the forced count), with the workspace the call asks for (without
+        // one the automatic choice would not split).
+        p.num_splits = splits;
+        void* workspace = nullptr;
+        std::string err;
+        try {
+          p.workspace_bytes = flashserve::attention_workspace_size(p);
+        } catch (const std::exception& e) {
+          std::printf("%-6d %-7d %-6d   unsupported: %s\n", b, kv, splits, e.what());
+          continue;
+        }
+        if (p.workspace_bytes) CUDA_OK(cudaMalloc(&workspace, p.workspace_bytes));
+        // The workspace holds fp32 O and LSE per (split, row, head): it tells the automatic count.
+        const size_t per_split = size_t(b) * hq * (d + 1) * 4;
+        const std::string split_name =
+            splits != 0 ? std::to_string(splits)
+                        : "a" + std::to_string(std::max<size_t>(1, p.workspace_bytes / per_split));
+        p.workspace = workspace;
+        if (!run_once(p, &err)) {
+          std::printf("%-6d %-7d %-6s   unsupported: %s\n", b, kv, split_name.c_str(), err.c_str());
+          CUDA_OK(cudaFree(workspace));
+          continue;
+        }
+        const float ms = median_ms([&] { flashserve::attention_forward(p); }, o.warmup, o.iters);
+        const double bytes = 2.0 * b * kv * hkv * d * 2;  // K and V, 2 bytes each
+        const double tbs = bytes / (ms * 1e-3) / 1e12;
+        std::printf("%-6d %-7d %-6s %10.4f %10.2f %11.0f%%\n", b, kv, split_name.c_str(), ms, tbs,
+                    100.0 * tbs / copy_tbs);
+        if (csv && splits == 0)
+          std::fprintf(csv, "decode,%d,0,%d,%d,%d,%.5f,%.3f\n", d, kv, b, hq, ms, tbs);
         CUDA_OK(cudaFree(workspace));
-        continue;
       }
-      const float ms = median_ms([&] { flashserve::attention_forward(p); }, o.warmup, o.iters);
-      const double bytes = 2.0 * b * kv * hkv * d * 2;  // K and V, 2 bytes each
-      const double tbs = bytes / (ms * 1e-3) / 1e12;
-      std::printf("%-6d %-7d %10.4f %10.2f %11.0f%%\n", b, kv, ms, tbs, 100.0 * tbs / copy_tbs);
-      if (csv) std::fprintf(csv, "decode,%d,0,%d,%d,%d,%.5f,%.3f\n", d, kv, b, hq, ms, tbs);
-      CUDA_OK(cudaFree(workspace));
-    }
   }
   if (csv) std::fclose(csv);
   CUDA_OK(cudaFree(q));

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, GPU tests, sanitizers, SASS check, benchmark beside PyTorch SDPA.
 #   bash scripts/gpu-check.sh [--no-tests] [--no-sanitize] [--no-bench] [--quick-bench]
-#                             [--bench-args "..."] [--sweep ["seqlens"]]
+#                             [--bench-args "..."] [--sweep ["seqlens"]] [--decode-splits 0,8,...]
 # Environment: OUT (logs and CSVs; default ./out), ARCHS (default 90a: the device is an H200; use
 # "80;90a" to build what CI builds), JOBS (default nproc).
 # Prints a short summary last. $OUT gets summary.txt, table.md and the CSVs; every other log is packed
@@ -15,7 +15,7 @@ mkdir -p "$OUT" "$LOGS"
 ARCHS=${ARCHS:-90a}
 JOBS=${JOBS:-$(nproc)}
 BUILD=build/gpu
-tests=1 sanitize=1 bench=1 quick=0 bench_args="" sweep=0 sweep_args=""
+tests=1 sanitize=1 bench=1 quick=0 bench_args="" sweep=0 sweep_args="" decode_splits=0
 while (($#)); do
   case "$1" in
     --no-tests) tests=0 ;;
@@ -23,6 +23,7 @@ while (($#)); do
     --no-bench) bench=0 ;;
     --quick-bench) quick=1 ;;
     --bench-args) bench_args=$2; shift ;;
+    --decode-splits) decode_splits=$2; shift ;;  # bench_attn only: forced split counts beside auto (0)
     --sweep)
       sweep=1
       if [[ $# -gt 1 && $2 != --* ]]; then sweep_args=$2; shift; fi ;;
@@ -98,8 +99,10 @@ if ((bench)) && [ -x $BUILD/bench/bench_attn ]; then
   nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
     --format=csv -lms 200 >"$LOGS/clocks.csv" 2>&1 &
   smi=$!
-  timeout 400 $BUILD/bench/bench_attn --csv "$OUT/ours.csv" $args >"$LOGS/bench_attn.log" 2>&1
+  timeout 400 $BUILD/bench/bench_attn --csv "$OUT/ours.csv" --decode-splits "$decode_splits" $args \
+    >"$LOGS/bench_attn.log" 2>&1
   rc=$?
+  [ "$decode_splits" != 0 ] && sed -n '/^batch/,$p' "$LOGS/bench_attn.log" >"$OUT/decode.txt"
   ((rc)) && failed=1
   note "bench_attn rc=$rc"
   timeout 400 "$PY" bench/sdpa_compare.py --csv "$OUT/sdpa.csv" $args >"$LOGS/sdpa.log" 2>&1
@@ -121,6 +124,7 @@ tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"
   echo "================ summary ================"
   printf '%s\n' "${summary[@]}"
   [ -s "$OUT/sweep.log" ] && cat "$OUT/sweep.log"
+  [ -s "$OUT/decode.txt" ] && cat "$OUT/decode.txt"
   [ -s "$OUT/table.md" ] && cat "$OUT/table.md"
 } | tee "$OUT/summary.txt"
 exit $failed

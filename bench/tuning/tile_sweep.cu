@@ -83,15 +83,14 @@ struct Variant {
 
 // The candidates: add a line here to try one.
 const Variant kVariants[] = {
-    {"d256 128x64 8w s2 persistent", 256, launch<256, fs::Tiles{128, 64, 8, 2, false, 1, true}>},
-    {"d256 128x64 8w s2", 256, launch<256, fs::Tiles{128, 64, 8, 2, false, 1}>},
-    {"d256 128x64 8w s1 (FA2)", 256, launch<256, fs::Tiles{128, 64, 8, 1, false, 1}>},
-    {"d256 128x64 8w s1 skip", 256, launch<256, fs::Tiles{128, 64, 8, 1, true, 1}>},
-    {"d256 128x32 8w s2", 256, launch<256, fs::Tiles{128, 32, 8, 2, false, 1}>},
     {"d256 64x64 4w s1", 256, launch<256, fs::Tiles{64, 64, 4, 1, false, 2}>},
-    {"d128 128x64 4w s1 skip", 128, launch<128, fs::Tiles{128, 64, 4, 1, true, 2}>},
+    {"d256 64x64 4w s1 skip", 256, launch<256, fs::Tiles{64, 64, 4, 1, true, 2}>},
+    {"d256 64x32 4w s2", 256, launch<256, fs::Tiles{64, 32, 4, 2, false, 2}>},
+    {"d256 128x64 8w s1 (FA2)", 256, launch<256, fs::Tiles{128, 64, 8, 1, false, 1}>},
     {"d128 128x64 4w s2 skip", 128, launch<128, fs::Tiles{128, 64, 4, 2, true, 2}>},
-    {"d128 128x64 4w s1", 128, launch<128, fs::Tiles{128, 64, 4, 1, false, 2}>},
+    {"d128 128x64 4w s1 skip", 128, launch<128, fs::Tiles{128, 64, 4, 1, true, 2}>},
+    {"d64 128x128 4w s1", 64, launch<64, fs::Tiles{128, 128, 4, 1, false, 2}>},
+    {"d64 128x128 4w s2", 64, launch<64, fs::Tiles{128, 128, 4, 2, false, 2}>},
 };
 
 }  // namespace
@@ -105,8 +104,7 @@ int main(int argc, char** argv) {
       if (*s == ',') ++s;
     }
   }
-  int dev = 0, sms = 0, smem = 0;
-  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  int dev = 0, smem = 0;
   CUDA_OK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   constexpr int64_t kTokens = 16384, kHidden = 2048;
   const int64_t elems = kTokens * kHidden;
@@ -130,7 +128,6 @@ int main(int argc, char** argv) {
       l.batch = pr.batch;
       l.max_q_len = seqlen;
       l.smem_per_block = smem;
-      l.num_sms = sms;
       CUDA_OK(cudaMemset(out, 0xff, elems * 2));  // NaN poison
       var.run(p, l);
       CUDA_OK(cudaDeviceSynchronize());

@@ -280,7 +280,6 @@ void cuda_forward(const AttentionParams& params, const Problem& pr) {
   launch.batch = static_cast<int>(pr.batch);
   launch.max_q_len = static_cast<int>(pr.max_q_len);
   launch.smem_per_block = dev.smem_per_block;
-  launch.num_sms = dev.sms;
   launch.stream = stream;
   switch (pr.head_dim) {
     case 64:

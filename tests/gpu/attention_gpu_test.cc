@@ -178,7 +178,7 @@ std::vector<CaseSpec> sanitize_cases() {
   split.num_splits = 3;
   v.push_back(split);
   // Decode with a group of 24 heads over two packed tiles, paged and split, varlen with an empty
-  // query; and a d256 prefill that takes the persistent grid (several tiles per block).
+  // query; and a d256 varlen prefill of several waves of tiles.
   CaseSpec decode = spec(DType::kBFloat16, 128, 3, {1, 0, 1}, {300, 20, 1100}, 48, 2);
   decode.q_layout = QLayout::kVarlen;
   decode.kv_layout = KVLayout::kPaged;
@@ -285,11 +285,10 @@ INSTANTIATE_TEST_SUITE_P(Decode, GpuForward, ::testing::ValuesIn(decode_cases())
                          [](const auto& info) { return info.param.name(); });
 
 // ---------------------------------------------------------------------------------------------
-// The persistent grid (unmasked d256 on Hopper): more tiles than block slots, so blocks carry the
-// next tile's first key block and Q rows across tiles, also into sequences that are empty, have
-// no keys, are paged or split.
+// Unmasked d256 with more tiles than the GPU holds at once (several waves), over sequences that are
+// empty, have no keys, are paged or split.
 
-std::vector<CaseSpec> persistent_cases() {
+std::vector<CaseSpec> many_tile_cases() {
   std::vector<CaseSpec> v;
   v.push_back(spec(DType::kBFloat16, 256, 2, {1024}, {256}, 16, 4));  // 256 tiles
   CaseSpec s = varlen(spec(DType::kFloat16, 256, 5, {640, 0, 1, 500, 384}, {200, 5, 0, 130, 0}, 16,
@@ -305,7 +304,7 @@ std::vector<CaseSpec> persistent_cases() {
   return v;
 }
 
-INSTANTIATE_TEST_SUITE_P(Persistent, GpuForward, ::testing::ValuesIn(persistent_cases()),
+INSTANTIATE_TEST_SUITE_P(ManyTiles, GpuForward, ::testing::ValuesIn(many_tile_cases()),
                          [](const auto& info) { return info.param.name(); });
 
 // ---------------------------------------------------------------------------------------------

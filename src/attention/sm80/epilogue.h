@@ -1,7 +1,7 @@
 // Epilogue of one warp: the normalised O fragments go through shared memory, eight rows at a
 // time, so that global stores are whole 16-byte chunks, coalesced along each row; LSE is written by
 // one thread per row. The staging rows belong to this warp alone: its own (dead) rows of the Q
-// tile, or the persistent grid's staging area, where Q already holds the next tile's rows.
+// tile; eight are enough.
 #pragma once
 
 #include <cstdint>

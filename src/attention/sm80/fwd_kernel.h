@@ -1,11 +1,7 @@
-// The sm80 forward kernel (FlashAttention-2 partitioning): a thread block works on one query tile
-// (fwd_tile.h) at a time; its warps split the tile's rows, so the key loop needs no cross-warp
-// reduction. K/V tiles stream through a `kStages`-deep cp.async ring with one __syncthreads per
-// key block, or (kStages == 1) through single K and V buffers with two.
-//
-// Two grids (tile_config.h): one block per tile, or a persistent grid of one block per SM slot
-// that walks the tiles and, while finishing one, already loads the next one's first key block and
-// Q rows, so the per-tile prologue is hidden (it dominates short tiles with 64 KB of Q, d256).
+// The sm80 forward kernel (FlashAttention-2 partitioning): one thread block per query tile
+// (fwd_tile.h); its warps split the tile's rows, so the key loop needs no cross-warp reduction.
+// K/V tiles stream through a `kStages`-deep cp.async ring with one __syncthreads per key block, or
+// (kStages == 1) through single K and V buffers with two.
 #pragma once
 
 #include <cstdint>
@@ -22,19 +18,16 @@
 
 namespace flashserve::attention::sm80 {
 
-// Shared memory of a block: Q [kBlockM, D], then kStages K tiles and kStages V tiles [kBlockN, D],
-// then (persistent grid) eight output staging rows per warp.
+// Shared memory of a block: Q [kBlockM, D], then kStages K tiles and kStages V tiles [kBlockN, D].
 template <class Cfg, class Elem>
 struct FwdSmem {
   Elem* q;
   Elem* k;
   Elem* v;
-  Elem* stage;
   __device__ __forceinline__ explicit FwdSmem(unsigned char* base)
       : q(reinterpret_cast<Elem*>(base)),
         k(q + Cfg::kBlockM * Cfg::kHeadDim),
-        v(k + Cfg::kStages * Cfg::kBlockN * Cfg::kHeadDim),
-        stage(v + Cfg::kStages * Cfg::kBlockN * Cfg::kHeadDim) {}
+        v(k + Cfg::kStages * Cfg::kBlockN * Cfg::kHeadDim) {}
   __device__ __forceinline__ Elem* k_slot(int s) const {
     return k + s * Cfg::kBlockN * Cfg::kHeadDim;
   }
@@ -61,21 +54,18 @@ struct WarpState {
 // The key loop of tile `t`, right to left: the boundary blocks of the diagonal / kv_len first,
 // then the fast path, then the left edge of a sliding window. On entry the first kS - 1 blocks
 // (kS >= 2) or K of the first block (kS == 1) have been issued and committed, and Q is in flight
-// or in place; `buf` is the ring slot of the first block and on return the slot after the last.
-// kS >= 2: each step's barrier retires the previous block's slot, which then receives the block
-// kS - 1 ahead, or, in the last kS - 1 steps where this tile has none left, whatever
-// refill(j, slot) loads (the persistent grid: block j of the next tile). q_done() runs once the
-// warp's last QK^T has read its Q rows.
-template <class Cfg, class Elem, class Tile, class Refill, class QDone>
+// or in place. kS >= 2: each step's barrier retires the previous block's ring slot, which then
+// receives the block kS - 1 ahead.
+template <class Cfg, class Elem, class Tile>
 __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
                                        const FwdSmem<Cfg, Elem>& sm, const Elem* sq_warp,
-                                       WarpState<Cfg>& ws, int& buf, int row0, int tid,
-                                       Refill&& refill, QDone&& q_done) {
+                                       WarpState<Cfg>& ws, int row0, int tid) {
   constexpr int D = Cfg::kHeadDim, kBN = Cfg::kBlockN, kS = Cfg::kStages;
   constexpr int kMT = Cfg::kMTiles, kNT = Cfg::kNTiles, kDT = Cfg::kDTiles;
   constexpr int kThreads = Cfg::kThreads;
   const int lane = tid & 31;
   const int offset = t.seq.kv_len - t.seq.q_len;
+  int buf = 0;
   auto step = [&](int n, auto masked) {
     float s[kMT][kNT][4];
     if constexpr (kS == 1) {
@@ -92,13 +82,10 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
       if (ahead >= t.blocks.n_min) {
         t.template load_k<kThreads>(p, ahead, sm.k_slot(slot), tid);
         t.template load_v<kThreads>(p, ahead, sm.v_slot(slot), tid);
-      } else {
-        refill(t.blocks.n_min - 1 - ahead, slot);
       }
       cp_async_commit();
       gemm_qk<D, kMT, kNT>(s, sq_warp, sm.k_slot(buf), lane);
     }
-    if (n == t.blocks.n_min) q_done();
     if constexpr (decltype(masked)::value)
       mask_scores<kMT, kNT, Tile::kHasMaskV>(s, row0, n * kBN + 2 * (lane & 3), t.seq.kv_len,
                                              offset, p.window_left, p.window_right);
@@ -122,7 +109,7 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
 }
 
 // Normalises the warp's rows and writes them: to out and lse, or (split-KV) to the partials.
-// `stage` is the warp's own rows of the Q tile (dead once its last QK^T has run).
+// `stage` is the warp's own rows of the Q tile (dead once its last QK^T has run; 8 are used).
 template <class Cfg, class Elem, class Tile>
 __device__ __forceinline__ void write_rows(const FwdParams& p, const Tile& t, WarpState<Cfg>& ws,
                                            Elem* stage, int warp_row, int lane) {
@@ -141,9 +128,10 @@ __device__ __forceinline__ void write_rows(const FwdParams& p, const Tile& t, Wa
   }
 }
 
-// One block per tile.
 template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit>
-__device__ __forceinline__ void fwd_one_tile(const FwdParams& p, unsigned char* smem) {
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
+    fwd_kernel(const __grid_constant__ FwdParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
   using Tile = FwdTile<Cfg, Elem, kHasMask, kPaged, kSplit>;
   constexpr int kS = Cfg::kStages, kThreads = Cfg::kThreads;
   const FwdSmem<Cfg, Elem> sm(smem);
@@ -174,97 +162,9 @@ __device__ __forceinline__ void fwd_one_tile(const FwdParams& p, unsigned char* 
         cp_async_commit();
       }
     }
-    int buf = 0;
-    attend(
-        p, t, sm, sq_warp, ws, buf, t.m0 + warp_row + (lane >> 2), tid, [](int, int) {}, [] {});
+    attend(p, t, sm, sq_warp, ws, t.m0 + warp_row + (lane >> 2), tid);
   }
   write_rows(p, t, ws, sq_warp, warp_row, lane);
-}
-
-// Persistent grid: tiles in (m, head, z) order, m fastest, so that the blocks working at one
-// time share K/V in L2. While tile i runs its last key block, the ring's free slot receives the
-// first key block of tile i + 1, and each warp, once its last QK^T has read its Q rows, loads its
-// rows of tile i + 1 (no other warp reads them); the epilogue stages O in the warp's own staging
-// rows. kStages == 2: every step waits for all of the thread's groups.
-template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit>
-__device__ __forceinline__ void fwd_persistent(const FwdParams& p, unsigned char* smem) {
-  using Tile = FwdTile<Cfg, Elem, kHasMask, kPaged, kSplit>;
-  static_assert(Cfg::kStages == 2, "the cross-tile prefetch assumes a two-slot ring");
-  constexpr int kThreads = Cfg::kThreads, kWarpRows = Cfg::kWarpRows;
-  const FwdSmem<Cfg, Elem> sm(smem);
-  const int tid = threadIdx.x, lane = tid & 31, warp_row = (tid >> 5) * kWarpRows;
-  Elem* sq_warp = sm.q + warp_row * Cfg::kHeadDim;
-  Elem* stage_warp = sm.stage + (tid >> 5) * 8 * Cfg::kHeadDim;
-  const int tiles_mh = p.tiles_m * p.tiles_h;
-  const int tiles = tiles_mh * p.tiles_z;
-  auto tile_at = [&](int i) {
-    const int m = i % p.tiles_m;
-    return Tile(p, kHasMask ? p.tiles_m - 1 - m : m, i / p.tiles_m % p.tiles_h, i / tiles_mh);
-  };
-  // The next tile with rows at or after index i (varlen: shorter sequences skip grid tiles).
-  auto next_valid = [&](int i) {
-    while (i < tiles && !tile_at(i).valid()) i += gridDim.x;
-    return i;
-  };
-  auto load_q_rows = [&](const Tile& t) {
-    load_tile_async<kWarpRows, Cfg::kHeadDim, 32>(sq_warp, t.q_row(p, warp_row), t.q_step(p),
-                                                  t.seq.q_len - t.m0 - warp_row, lane);
-  };
-
-  int i = next_valid(blockIdx.x);
-  if (i >= tiles) return;
-  Tile t = tile_at(i);
-  load_q_rows(t);
-  bool first_block_loaded = false;  // block n_max - 1 of t already sits in slot `buf`
-  int buf = 0;
-  while (true) {
-    if (t.has_keys() && !first_block_loaded) {
-      t.template load_k<kThreads>(p, t.blocks.n_max - 1, sm.k_slot(buf), tid);
-      t.template load_v<kThreads>(p, t.blocks.n_max - 1, sm.v_slot(buf), tid);
-    }
-    cp_async_commit();
-    const int i_next = next_valid(i + gridDim.x);
-    WarpState<Cfg> ws;
-    first_block_loaded = false;
-    bool next_q_loaded = false;
-    if (t.has_keys()) {
-      attend(
-          p, t, sm, sq_warp, ws, buf, t.m0 + warp_row + (lane >> 2), tid,
-          [&](int j, int slot) {
-            if (j != 0 || i_next >= tiles) return;
-            const Tile next = tile_at(i_next);
-            if (!next.has_keys()) return;
-            next.template load_k<kThreads>(p, next.blocks.n_max - 1, sm.k_slot(slot), tid);
-            next.template load_v<kThreads>(p, next.blocks.n_max - 1, sm.v_slot(slot), tid);
-            first_block_loaded = true;
-          },
-          [&] {
-            if (i_next >= tiles) return;
-            __syncwarp();  // every lane's ldmatrix of the Q rows is done
-            load_q_rows(tile_at(i_next));
-            next_q_loaded = true;
-          });
-    }
-    write_rows(p, t, ws, stage_warp, warp_row, lane);
-    if (i_next >= tiles) break;
-    i = i_next;
-    t = tile_at(i);
-    if (!next_q_loaded) {  // the tile had no keys: its Q rows were never read
-      cp_async_wait<0>();  // ... and must land before the next tile's rows go to the same place
-      load_q_rows(t);
-    }
-  }
-}
-
-template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
-    fwd_kernel(const __grid_constant__ FwdParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  if constexpr (Cfg::kPersistent) {
-    fwd_persistent<Cfg, Elem, kHasMask, kPaged, kSplit>(p, smem);
-  } else {
-    fwd_one_tile<Cfg, Elem, kHasMask, kPaged, kSplit>(p, smem);
-  }
 }
 
 }  // namespace flashserve::attention::sm80

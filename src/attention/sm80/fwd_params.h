@@ -49,10 +49,6 @@ struct FwdParams {
   float* o_partial;    // [num_splits, q_rows, h_q, d]
   float* lse_partial;  // [num_splits, q_rows, h_q]
   int64_t q_rows;      // rows of q: batch * seqlen_q (dense) or total_q (varlen)
-
-  // The tile grid (query tiles x grid heads x batch * num_splits), filled by the launcher: the
-  // persistent kernels walk it by index instead of by blockIdx.
-  int32_t tiles_m, tiles_h, tiles_z;
 };
 
 // One sequence's lengths and where it starts. Offsets are computed where they are used (not held

@@ -16,8 +16,7 @@ struct FwdLaunch {
   bool paged;          // block_table given: the paged-KV instantiation
   int batch;           // grid z is batch * params.num_splits
   int max_q_len;       // grid x = ceil(max_q_len / block_m)
-  int smem_per_block;  // the device's opt-in shared memory per block (picks the tiles)
-  int num_sms;         // the persistent grids' size is a multiple of it
+  int smem_per_block;  // the device's opt-in shared memory per block
   cudaStream_t stream;
 };
 

@@ -15,64 +15,51 @@ struct Tiles {
   bool skip_unchanged_rescale;
   // __launch_bounds__ occupancy hint: caps registers at 64K / (threads * min_blocks_per_sm).
   int min_blocks_per_sm;
-  // Persistent grid (fwd_kernel.h): one block per SM slot walks the tiles and prefetches the next
-  // tile's first key block and Q rows while finishing the current one. Needs stages == 2 and
-  // eight staging rows per warp (fwd_smem_bytes).
-  bool persistent = false;
   // Decode: the query heads of a GQA group become the tile's rows (fwd_tile.h); only for calls
   // where every sequence has at most one query and no window bounds the keys on the left.
   bool pack_gqa = false;
 };
 
 // Shared memory a configuration needs: Q once plus `stages` buffers of K and of V (2-byte
-// elements); the persistent grid adds eight rows of output staging per warp (its Q rows already
-// hold the next tile when the epilogue runs).
-constexpr int fwd_stage_rows(Tiles t) {
-  return t.persistent ? 8 * t.warps : 0;
-}
+// elements).
 constexpr int fwd_smem_bytes(int head_dim, Tiles t) {
-  return (t.block_m + 2 * t.stages * t.block_n + fwd_stage_rows(t)) * head_dim * 2;
+  return (t.block_m + 2 * t.stages * t.block_n) * head_dim * 2;
 }
 
-// The configuration for a head dim, mask, and a device that lets a block opt in to
-// `smem_per_block` bytes of shared memory (H100/H200: 227 KB, A100: 163 KB, sm86/sm89: 99 KB).
-// Chosen by measurement on the H200 (docs/kernel-notes.md, runs 2-6), FA2's grid, bf16.
+// The configuration for a head dim and mask. Chosen by measurement on the H200 (docs/
+// kernel-notes.md, runs 2-11), FA2's grid, bf16. Every configuration needs at most 96 KB of
+// shared memory, so the same tiles run on H100/H200 (227 KB per block), A100 (163 KB) and
+// sm86/sm89 (99 KB); on Hopper two blocks share an SM.
 //
 // Each warp owns two m16 slices (32 query rows) where registers allow: every K/V fragment a warp
 // reads from shared memory then feeds two MMAs, which halves shared-memory traffic per FLOP (with
 // one slice per warp, ldmatrix needs ~160 B/clk/SM at full mma.sync rate, above the 128 B/clk an
 // SM delivers). stages = 1 is FA2's schedule (single K and V buffers, V(n) loading during
-// QK^T(n), K(n-1) during softmax and PV(n)); it measured 0-6% faster than a two-stage ring for
-// head dims 64 and 128 (less shared memory, fewer registers for addresses).
-constexpr Tiles fwd_tiles(int head_dim, int smem_per_block, bool masked) {
+// QK^T(n), K(n-1) during softmax and PV(n)); stages = 2 a ring of two K/V blocks.
+constexpr Tiles fwd_tiles(int head_dim, bool masked) {
   switch (head_dim) {
     case 64:
       // 4 warps x 32 rows. S accumulator 2x16x4 = 128 fp32 and O 2x8x4 = 64 fp32 per thread fit
       // in 255 registers; a 128-key block keeps the per-block softmax/barrier overhead small
-      // against the short (64-deep) QK^T. 48 KB smem; registers allow two blocks per SM.
+      // against the short (64-deep) QK^T. 48 KB smem; registers allow two blocks per SM. The
+      // single-buffer schedule measured 0-6% faster than a two-stage ring (run 3).
       return {128, 128, 4, 1, false, 2};
     case 128:
       // 4 warps x 32 rows. O is 2x16x4 = 128 fp32 per thread, so S gets 64 keys (64 fp32) to
-      // stay near 255 registers (ptxas still spills 64-80 bytes, off the MMA path). 64 KB smem;
-      // two blocks per SM. 128x32 and 8-warp variants measured 5-20% slower.
-      return {128, 64, 4, 1, true, 2};
+      // stay near 255 registers (ptxas still spills 64-80 bytes, off the MMA path); two blocks
+      // per SM. 128x32 and 8-warp variants measured 5-20% slower. Unmasked: a two-stage ring
+      // (96 KB) measured 0.5-2% faster than single buffers (run 11); masked tiles keep the
+      // single buffers of run 3 (64 KB).
+      if (masked) return {128, 64, 4, 1, true, 2};
+      return {128, 64, 4, 2, true, 2};
     case 256:
-      // O alone is 256 fp32 per 32 rows, so each warp owns one m16 slice (O 128 fp32, S 32).
-      if (masked) {
-        // Causal/window tiles are short and uneven: 64-row tiles (4 warps, 96 KB, two blocks
-        // per SM) overlap one block's prologue/epilogue with the other's math and balance the
-        // tail; 8-15% faster than 128-row tiles on the causal grid.
-        return {64, 64, 4, 1, true, 2};
-      }
-      // Long unmasked tiles: 128 rows over 8 warps; on Hopper a two-stage 64-key ring (Q 64 KB +
-      // 128 KB, one block per SM) keeps the loads ahead; A100's 163 KB gets FA2's single buffers.
-      // With one such block per SM nothing overlaps a tile's prologue (Q 64 KB and the first
-      // K/V block) and epilogue, which cost 4-6% of a 1024-key tile: the persistent grid
-      // prefetches them during the previous tile (224 KB with its staging rows; docs/
-      // kernel-notes.md, runs 10-11).
-      if (smem_per_block >= fwd_smem_bytes(256, {128, 64, 8, 2, false, 1, true}))
-        return {128, 64, 8, 2, false, 1, true};
-      return {128, 64, 8, 1, false, 1};
+      // O alone is 256 fp32 per 32 rows, so each warp owns one m16 slice (O 128 fp32, S 32) and
+      // 255 registers allow 8 warps per SM: one 128-row block or two 64-row blocks. Two 64-row
+      // blocks (96 KB each) overlap one's prologue, barriers and epilogue with the other's math:
+      // 8-15% faster than 128-row tiles on the causal grid (run 3), 1.7-2.9% faster than the
+      // 128-row two-stage ring and 1-1.5% faster than FA2's 128-row single buffers unmasked
+      // (run 11). Skipping unchanged rescales pays only where masked rows keep moving maxima.
+      return {64, 64, 4, 1, masked, 2};
     default:
       return {0, 0, 0, 0, false, 0};
   }
@@ -86,13 +73,8 @@ constexpr Tiles fwd_tiles(int head_dim, int smem_per_block, bool masked) {
 // block at 68-72 KB of shared memory: three per SM.
 constexpr Tiles decode_tiles(int head_dim) {
   const int block_n = 8192 / head_dim;  // 16 KB per K or V tile
-  return {16, block_n, 1, 2, false, 8, false, true};
+  return {16, block_n, 1, 2, false, 8, true};
 }
-
-// The large-shared-memory configuration (what Hopper runs) and the fallback for A100-sized shared
-// memory. The kernels are instantiated for both where they differ.
-inline constexpr int kSmemHopper = 227 * 1024;
-inline constexpr int kSmemAmpere = 163 * 1024;
 
 // Compile-time view of one configuration: the derived sizes every part of the kernel uses.
 template <int kHeadDim_, Tiles kTiles>
@@ -104,7 +86,6 @@ struct FwdConfig {
   static constexpr int kStages = kTiles.stages;
   static constexpr int kMinBlocksPerSm = kTiles.min_blocks_per_sm;
   static constexpr bool kSkipUnchangedRescale = kTiles.skip_unchanged_rescale;
-  static constexpr bool kPersistent = kTiles.persistent;
   static constexpr bool kPackGqa = kTiles.pack_gqa;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpRows = kBlockM / kWarps;  // query rows per warp
@@ -115,7 +96,6 @@ struct FwdConfig {
   static_assert(kHeadDim % 64 == 0, "rows are whole 128-byte swizzle groups");
   static_assert(kBlockM % (16 * kWarps) == 0 && kBlockN % 16 == 0);
   static_assert(kStages >= 1);
-  static_assert(!kPersistent || kStages == 2);
 };
 
 }  // namespace flashserve::attention::sm80
