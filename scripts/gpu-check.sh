@@ -2,6 +2,7 @@
 # One call on the GPU machine: build, GPU tests, sanitizers, SASS check, benchmark beside PyTorch SDPA.
 #   bash scripts/gpu-check.sh [--no-tests] [--no-sanitize] [--no-bench] [--quick-bench]
 #                             [--bench-args "..."] [--sweep ["seqlens"]] [--decode-splits 0,8,...]
+#                             [--sweep-only]
 # Environment: OUT (logs and CSVs; default ./out), ARCHS (default 90a: the device is an H200; use
 # "80;90a" to build what CI builds), JOBS (default nproc).
 # Prints a short summary last. $OUT gets summary.txt, table.md and the CSVs; every other log is packed
@@ -15,7 +16,7 @@ mkdir -p "$OUT" "$LOGS"
 ARCHS=${ARCHS:-90a}
 JOBS=${JOBS:-$(nproc)}
 BUILD=build/gpu
-tests=1 sanitize=1 bench=1 quick=0 bench_args="" sweep=0 sweep_args="" decode_splits=0
+tests=1 sanitize=1 bench=1 quick=0 bench_args="" sweep=0 sweep_args="" decode_splits=0 targets=""
 while (($#)); do
   case "$1" in
     --no-tests) tests=0 ;;
@@ -23,7 +24,8 @@ while (($#)); do
     --no-bench) bench=0 ;;
     --quick-bench) quick=1 ;;
     --bench-args) bench_args=$2; shift ;;
-    --decode-splits) decode_splits=$2; shift ;;  # bench_attn only: forced split counts beside auto (0)
+    --decode-splits) decode_splits=$2; shift ;;
+    --sweep-only) sweep=1 tests=0 sanitize=0 bench=0 targets="--target tile_sweep" ;;  # bench_attn only: forced split counts beside auto (0)
     --sweep)
       sweep=1
       if [[ $# -gt 1 && $2 != --* ]]; then sweep_args=$2; shift; fi ;;
@@ -45,7 +47,7 @@ t0=$(date +%s)
 PY=$(command -v python3)
 if ! { cmake -S . -B $BUILD -DCMAKE_BUILD_TYPE=Release -DFLASHSERVE_CUDA_ARCHS="$ARCHS" -DFLASHSERVE_TUNING=$([ $sweep = 1 ] && echo ON || echo OFF) \
         -DPython3_EXECUTABLE="$PY" >"$LOGS/configure.log" 2>&1 &&
-      cmake --build $BUILD -j "$JOBS" >"$LOGS/build.log" 2>&1; }; then
+      cmake --build $BUILD -j "$JOBS" $targets >"$LOGS/build.log" 2>&1; }; then
   tail -n 60 "$LOGS/build.log" "$LOGS/configure.log"
   note "BUILD FAILED (see build.log)"
   printf '%s\n' "${summary[@]}"

@@ -2,18 +2,20 @@
 // benchmark grid, to choose tile_config.h's table by measurement (docs/kernel-notes.md). A tuning
 // tool, built only with -DFLASHSERVE_TUNING=ON (scripts/gpu-check.sh --sweep).
 //
-// Dense bf16 inputs [batch, seqlen, heads, d], batch x seqlen = 16384, heads x d = 2048,
-// non-causal; every variant's output is compared with the first variant's (a broken variant
-// must not win). Prints one row per (variant, seqlen): ms and TFLOP/s, median of 20 runs.
+// Dense bf16 inputs [batch, seqlen, heads, d], batch x seqlen = 16384, heads x d = 2048, causal or
+// not; every variant's output is compared with the first variant of the same head dim and mask (a
+// broken variant must not win). One row per (variant, seqlen): ms and TFLOP/s (causal counts half
+// the FLOPs), median of 20 runs after a pause that lets the power state settle.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <string>
+#include <thread>
 #include <vector>
 
 #include "attention/sm80/launch_template.h"
@@ -44,6 +46,7 @@ __global__ void fill(__nv_bfloat16* x, int64_t n, uint32_t seed) {
 
 struct Problem {
   int d, seqlen, batch, heads;
+  bool causal;
   __nv_bfloat16 *q, *k, *v, *out;
 };
 
@@ -60,7 +63,8 @@ fs::FwdParams make_params(const Problem& pr) {
   p.seqlen_q = p.seqlen_k = pr.seqlen;
   p.h_q = pr.heads;
   p.h_ratio = 1;
-  p.window_left = p.window_right = -1;
+  p.window_left = -1;
+  p.window_right = pr.causal ? 0 : -1;  // causal: bottom-right, equal lengths
   p.scale = 1.0f / std::sqrt(float(pr.d));
   p.scale_log2 = p.scale * 1.4426950408889634f;
   p.num_splits = 1;
@@ -70,27 +74,47 @@ fs::FwdParams make_params(const Problem& pr) {
 
 using Launcher = void (*)(const fs::FwdParams&, const fs::FwdLaunch&);
 
-template <int kD, fs::Tiles kTiles>
+// launch_config without the split-KV instantiation (unused here).
+template <int kD, fs::Tiles kTiles, bool kMask>
 void launch(const fs::FwdParams& p, const fs::FwdLaunch& l) {
-  fs::launch_config<fs::FwdConfig<kD, kTiles>, __nv_bfloat16, false, false>(p, l);
+  using Cfg = fs::FwdConfig<kD, kTiles>;
+  auto* kernel = &fs::fwd_kernel<Cfg, __nv_bfloat16, kMask, false, false>;
+  CUDA_OK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  const dim3 grid((l.max_q_len + Cfg::kBlockM - 1) / Cfg::kBlockM, p.h_q, l.batch);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes>>>(p);
+  CUDA_OK(cudaGetLastError());
 }
 
 struct Variant {
   const char* name;
   int d;
+  bool causal;
   Launcher run;
 };
 
-// The candidates: add a line here to try one.
+// Tiles: block_m, block_n, warps, stages, skip_unchanged_rescale, min_blocks_per_sm, pack_gqa,
+// pipeline_frags. The first variant of each (d, causal) is the reference. Add a line to try one.
+constexpr fs::Tiles kD256{64, 64, 4, 1, true, 2}, kD256P{64, 64, 4, 1, true, 2, false, true};
+constexpr fs::Tiles kD256Fa2P{128, 64, 8, 1, false, 1, false, true};
+constexpr fs::Tiles kD128{128, 64, 4, 2, true, 2}, kD128P{128, 64, 4, 2, true, 2, false, true};
+constexpr fs::Tiles kD128M{128, 64, 4, 1, true, 2}, kD128MP{128, 64, 4, 1, true, 2, false, true};
+constexpr fs::Tiles kD64{128, 128, 4, 1, false, 2}, kD64P{128, 128, 4, 1, false, 2, false, true};
 const Variant kVariants[] = {
-    {"d256 64x64 4w s1", 256, launch<256, fs::Tiles{64, 64, 4, 1, false, 2}>},
-    {"d256 64x64 4w s1 skip", 256, launch<256, fs::Tiles{64, 64, 4, 1, true, 2}>},
-    {"d256 64x32 4w s2", 256, launch<256, fs::Tiles{64, 32, 4, 2, false, 2}>},
-    {"d256 128x64 8w s1 (FA2)", 256, launch<256, fs::Tiles{128, 64, 8, 1, false, 1}>},
-    {"d128 128x64 4w s2 skip", 128, launch<128, fs::Tiles{128, 64, 4, 2, true, 2}>},
-    {"d128 128x64 4w s1 skip", 128, launch<128, fs::Tiles{128, 64, 4, 1, true, 2}>},
-    {"d64 128x128 4w s1", 64, launch<64, fs::Tiles{128, 128, 4, 1, false, 2}>},
-    {"d64 128x128 4w s2", 64, launch<64, fs::Tiles{128, 128, 4, 2, false, 2}>},
+    {"d256 64x64 4w s1 skip", 256, false, launch<256, kD256, false>},
+    {"d256 64x64 4w s1 skip pipe", 256, false, launch<256, kD256P, false>},
+    {"d256 128x64 8w s1 pipe", 256, false, launch<256, kD256Fa2P, false>},
+    {"d256 64x64 4w s1 skip", 256, true, launch<256, kD256, true>},
+    {"d256 64x64 4w s1 skip pipe", 256, true, launch<256, kD256P, true>},
+    {"d256 128x64 8w s1 pipe", 256, true, launch<256, kD256Fa2P, true>},
+    {"d128 128x64 4w s2 skip", 128, false, launch<128, kD128, false>},
+    {"d128 128x64 4w s2 skip pipe", 128, false, launch<128, kD128P, false>},
+    {"d128 128x64 4w s1 skip", 128, true, launch<128, kD128M, true>},
+    {"d128 128x64 4w s1 skip pipe", 128, true, launch<128, kD128MP, true>},
+    {"d64 128x128 4w s1", 64, false, launch<64, kD64, false>},
+    {"d64 128x128 4w s1 pipe", 64, false, launch<64, kD64P, false>},
+    {"d64 128x128 4w s1", 64, true, launch<64, kD64, true>},
+    {"d64 128x128 4w s1 pipe", 64, true, launch<64, kD64P, true>},
 };
 
 }  // namespace
@@ -104,24 +128,26 @@ int main(int argc, char** argv) {
       if (*s == ',') ++s;
     }
   }
-  int dev = 0, smem = 0;
-  CUDA_OK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  int smem = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
   constexpr int64_t kTokens = 16384, kHidden = 2048;
   const int64_t elems = kTokens * kHidden;
-  __nv_bfloat16 *q, *k, *v, *out, *ref;
-  for (auto** b : {&q, &k, &v, &out, &ref}) CUDA_OK(cudaMalloc(b, elems * 2));
+  __nv_bfloat16 *q, *k, *v, *out;
+  for (auto** b : {&q, &k, &v, &out}) CUDA_OK(cudaMalloc(b, elems * 2));
   fill<<<1024, 256>>>(q, elems, 1);
   fill<<<1024, 256>>>(k, elems, 2);
   fill<<<1024, 256>>>(v, elems, 3);
   cudaEvent_t t0, t1;
   CUDA_OK(cudaEventCreate(&t0));
   CUDA_OK(cudaEventCreate(&t1));
-  std::printf("%-32s %7s %9s %9s %10s\n", "variant", "seqlen", "ms", "TFLOP/s", "max|diff|");
-  std::vector<__nv_bfloat16> a(elems), b(elems);
+  std::printf("%-30s %6s %7s %9s %9s %10s\n", "variant", "causal", "seqlen", "ms", "TFLOP/s",
+              "max|diff|");
+  std::vector<__nv_bfloat16> ref(elems), got(elems);
   for (int seqlen : seqlens) {
-    int first_d = -1;
+    const Variant* first = nullptr;
     for (const Variant& var : kVariants) {
-      Problem pr{var.d, seqlen, int(kTokens / seqlen), int(kHidden / var.d), q, k, v, out};
+      Problem pr{var.d, seqlen, int(kTokens / seqlen), int(kHidden / var.d), var.causal, q, k,
+                 v,     out};
       const fs::FwdParams p = make_params(pr);
       fs::FwdLaunch l{};
       l.dtype = flashserve::DType::kBFloat16;
@@ -131,17 +157,21 @@ int main(int argc, char** argv) {
       CUDA_OK(cudaMemset(out, 0xff, elems * 2));  // NaN poison
       var.run(p, l);
       CUDA_OK(cudaDeviceSynchronize());
+      CUDA_OK(cudaMemcpy(got.data(), out, elems * 2, cudaMemcpyDeviceToHost));
+      if (first == nullptr || first->d != var.d || first->causal != var.causal) {
+        first = &var;
+        ref = got;
+      }
       double diff = 0;
-      CUDA_OK(cudaMemcpy(b.data(), out, elems * 2, cudaMemcpyDeviceToHost));
-      if (var.d != first_d) {
-        first_d = var.d;
-        a = b;
-      }
       for (int64_t i = 0; i < elems; ++i) {
-        const double x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
-        diff = std::isnan(y) ? INFINITY : std::max(diff, std::abs(x - y));
-        if (std::isinf(diff)) break;
+        const double x = __bfloat162float(ref[i]), y = __bfloat162float(got[i]);
+        if (std::isnan(y)) {
+          diff = INFINITY;
+          break;
+        }
+        diff = std::max(diff, std::abs(x - y));
       }
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let the power state settle
       for (int i = 0; i < 3; ++i) var.run(p, l);
       std::vector<float> ms;
       for (int i = 0; i < 20; ++i) {
@@ -155,8 +185,10 @@ int main(int argc, char** argv) {
       }
       std::sort(ms.begin(), ms.end());
       const double med = ms[ms.size() / 2];
-      const double flops = 4.0 * pr.batch * pr.heads * double(seqlen) * seqlen * pr.d;
-      std::printf("%-32s %7d %9.3f %9.1f %10.2e\n", var.name, seqlen, med, flops / med / 1e9, diff);
+      const double flops =
+          4.0 * pr.batch * pr.heads * double(seqlen) * seqlen * pr.d * (var.causal ? 0.5 : 1.0);
+      std::printf("%-30s %6d %7d %9.3f %9.1f %10.2e\n", var.name, var.causal, seqlen, med,
+                  flops / med / 1e9, diff);
     }
   }
   return 0;

@@ -73,7 +73,7 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
       __syncthreads();     // ... for every thread; and every warp is done with V(n + 1)
       t.template load_v<kThreads>(p, n, sm.v_slot(0), tid);
       cp_async_commit();
-      gemm_qk<D, kMT, kNT>(s, sq_warp, sm.k_slot(0), lane);
+      gemm_qk<D, kMT, kNT, Cfg::kPipelineFrags>(s, sq_warp, sm.k_slot(0), lane);
     } else {
       cp_async_wait<kS - 2>();
       __syncthreads();
@@ -84,7 +84,7 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
         t.template load_v<kThreads>(p, ahead, sm.v_slot(slot), tid);
       }
       cp_async_commit();
-      gemm_qk<D, kMT, kNT>(s, sq_warp, sm.k_slot(buf), lane);
+      gemm_qk<D, kMT, kNT, Cfg::kPipelineFrags>(s, sq_warp, sm.k_slot(buf), lane);
     }
     if constexpr (decltype(masked)::value)
       mask_scores<kMT, kNT, Tile::kHasMaskV>(s, row0, n * kBN + 2 * (lane & 3), t.seq.kv_len,
@@ -96,7 +96,7 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
       cp_async_commit();
     }
     ws.softmax.update(s, ws.o, p.scale_log2);
-    gemm_pv<D, kMT, kNT, kDT>(ws.o, s, sm.v_slot(buf), lane);
+    gemm_pv<D, kMT, kNT, kDT, Cfg::kPipelineFrags>(ws.o, s, sm.v_slot(buf), lane);
     buf = buf == kS - 1 ? 0 : buf + 1;
   };
   for (int n = t.blocks.n_max - 1; n >= t.blocks.n_min; --n) {

@@ -13,11 +13,14 @@
 namespace flashserve::attention::sm80 {
 
 // acc[mi][nt] = Q[warp rows of slice mi] . K[n-tile nt]^T over the whole head dim.
-// sq: the warp's first Q row in shared memory; sk: the K tile.
-template <int kHeadDim, int kMTiles, int kNTiles, class Elem>
+// sq: the warp's first Q row in shared memory; sk: the K tile. kPipelined: each fragment is loaded
+// one MMA pair ahead of its use (FlashAttention-2's copy-ahead), so that ldmatrix latency overlaps
+// the tensor-core work instead of preceding it; costs a second set of fragment registers.
+template <int kHeadDim, int kMTiles, int kNTiles, bool kPipelined, class Elem>
 __device__ __forceinline__ void gemm_qk(float (&acc)[kMTiles][kNTiles][4], const Elem* sq,
                                         const Elem* sk, int lane) {
   constexpr int kRowBytes = kHeadDim * 2;
+  constexpr int kKSteps = kHeadDim / 16, kNPairs = kNTiles / 2;
   const int l7 = lane & 7;
   // A (x4): matrices = (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k
   // 8-15)
@@ -27,45 +30,87 @@ __device__ __forceinline__ void gemm_qk(float (&acc)[kMTiles][kNTiles][4], const
   // 8-15)
   const uint32_t b_base = smem_addr(sk) + (l7 + (lane >> 4) * 8) * kRowBytes;
   const int b_chunk = (lane >> 3) & 1;
+  auto load_a = [&](int ks, uint32_t(&a)[kMTiles][4]) {
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+      ldmatrix_x4(a[mi], a_base + mi * 16 * kRowBytes + (((2 * ks + a_chunk) ^ l7) << 4));
+  };
+  auto load_b = [&](int ks, int np, uint32_t(&b)[4]) {
+    ldmatrix_x4(b, b_base + np * 16 * kRowBytes + (((2 * ks + b_chunk) ^ l7) << 4));
+  };
+  auto mma_pair = [&](int np, const uint32_t(&a)[kMTiles][4], const uint32_t(&b)[4]) {
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi) {
+      mma_16816<Elem>(acc[mi][2 * np], a[mi], b[0], b[1]);
+      mma_16816<Elem>(acc[mi][2 * np + 1], a[mi], b[2], b[3]);
+    }
+  };
 #pragma unroll
   for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mi][nt][e] = 0.0f;
+  if constexpr (kPipelined) {
+    // Current and next fragments as plain variables (copied, not indexed by parity: an indexed
+    // pair ended up in local memory where the loops were not fully unrolled).
+    uint32_t a[kMTiles][4], b[4], a_next[kMTiles][4], b_next[4];
+    load_a(0, a);
+    load_b(0, 0, b);
 #pragma unroll
-  for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-    uint32_t a[kMTiles][4];
+    for (int ks = 0; ks < kKSteps; ++ks) {
 #pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi)
-      ldmatrix_x4(a[mi], a_base + mi * 16 * kRowBytes + (((2 * ks + a_chunk) ^ l7) << 4));
+      for (int np = 0; np < kNPairs; ++np) {
+        const bool last_pair = np == kNPairs - 1;
+        if (!last_pair) {
+          load_b(ks, np + 1, b_next);
+        } else if (ks + 1 < kKSteps) {
+          load_a(ks + 1, a_next);
+          load_b(ks + 1, 0, b_next);
+        }
+        mma_pair(np, a, b);
 #pragma unroll
-    for (int np = 0; np < kNTiles / 2; ++np) {
-      uint32_t b[4];
-      ldmatrix_x4(b, b_base + np * 16 * kRowBytes + (((2 * ks + b_chunk) ^ l7) << 4));
+        for (int e = 0; e < 4; ++e) b[e] = b_next[e];
+        if (last_pair)
 #pragma unroll
-      for (int mi = 0; mi < kMTiles; ++mi) {
-        mma_16816<Elem>(acc[mi][2 * np], a[mi], b[0], b[1]);
-        mma_16816<Elem>(acc[mi][2 * np + 1], a[mi], b[2], b[3]);
+          for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) a[mi][e] = a_next[mi][e];
+      }
+    }
+  } else {
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      uint32_t a[kMTiles][4];
+      load_a(ks, a);
+#pragma unroll
+      for (int np = 0; np < kNPairs; ++np) {
+        uint32_t b[4];
+        load_b(ks, np, b);
+        mma_pair(np, a, b);
       }
     }
   }
 }
 
 // acc[mi][dt] += P[slice mi] . V[:, d-tile dt]; p holds probabilities in the S accumulator layout.
-template <int kHeadDim, int kMTiles, int kNTiles, int kDTiles, class Elem>
+// kPipelined as in gemm_qk (one V fragment ahead).
+template <int kHeadDim, int kMTiles, int kNTiles, int kDTiles, bool kPipelined, class Elem>
 __device__ __forceinline__ void gemm_pv(float (&acc)[kMTiles][kDTiles][4],
                                         const float (&p)[kMTiles][kNTiles][4], const Elem* sv,
                                         int lane) {
   constexpr int kRowBytes = kHeadDim * 2;
+  constexpr int kKSteps = kNTiles / 2, kDPairs = kDTiles / 2;
   const int l7 = lane & 7;
   // B via .trans (x4): matrices = (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15),
   // (keys 8-15, d 8-15); stored rows are keys, so .trans hands each lane keys 2t, 2t+1 of column g.
   const uint32_t b_base = smem_addr(sv) + (l7 + ((lane >> 3) & 1) * 8) * kRowBytes;
   const int b_chunk = lane >> 4;
-#pragma unroll
-  for (int ks = 0; ks < kNTiles / 2; ++ks) {
-    uint32_t a[kMTiles][4];
+  auto load_b = [&](int ks, int dp, uint32_t(&b)[4]) {
+    ldmatrix_x4_trans(b, b_base + ks * 16 * kRowBytes + (((2 * dp + b_chunk) ^ l7) << 4));
+  };
+  // A: the probabilities of key slice ks, packed to 16 bits.
+  auto pack_a = [&](int ks, uint32_t(&a)[kMTiles][4]) {
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi) {
       a[mi][0] = pack2<Elem>(p[mi][2 * ks][0], p[mi][2 * ks][1]);
@@ -73,14 +118,42 @@ __device__ __forceinline__ void gemm_pv(float (&acc)[kMTiles][kDTiles][4],
       a[mi][2] = pack2<Elem>(p[mi][2 * ks + 1][0], p[mi][2 * ks + 1][1]);
       a[mi][3] = pack2<Elem>(p[mi][2 * ks + 1][2], p[mi][2 * ks + 1][3]);
     }
+  };
+  auto mma_pair = [&](int dp, const uint32_t(&a)[kMTiles][4], const uint32_t(&b)[4]) {
 #pragma unroll
-    for (int dp = 0; dp < kDTiles / 2; ++dp) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, b_base + ks * 16 * kRowBytes + (((2 * dp + b_chunk) ^ l7) << 4));
+    for (int mi = 0; mi < kMTiles; ++mi) {
+      mma_16816<Elem>(acc[mi][2 * dp], a[mi], b[0], b[1]);
+      mma_16816<Elem>(acc[mi][2 * dp + 1], a[mi], b[2], b[3]);
+    }
+  };
+  if constexpr (kPipelined) {
+    uint32_t b[4], b_next[4];
+    load_b(0, 0, b);
 #pragma unroll
-      for (int mi = 0; mi < kMTiles; ++mi) {
-        mma_16816<Elem>(acc[mi][2 * dp], a[mi], b[0], b[1]);
-        mma_16816<Elem>(acc[mi][2 * dp + 1], a[mi], b[2], b[3]);
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      uint32_t a[kMTiles][4];
+      pack_a(ks, a);
+#pragma unroll
+      for (int dp = 0; dp < kDPairs; ++dp) {
+        if (dp + 1 < kDPairs)
+          load_b(ks, dp + 1, b_next);
+        else if (ks + 1 < kKSteps)
+          load_b(ks + 1, 0, b_next);
+        mma_pair(dp, a, b);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) b[e] = b_next[e];
+      }
+    }
+  } else {
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      uint32_t a[kMTiles][4];
+      pack_a(ks, a);
+#pragma unroll
+      for (int dp = 0; dp < kDPairs; ++dp) {
+        uint32_t b[4];
+        load_b(ks, dp, b);
+        mma_pair(dp, a, b);
       }
     }
   }
