@@ -13,11 +13,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "flashserve/attention.h"
@@ -66,6 +68,7 @@ struct Options {
   bool fp16 = false;
   bool prefill = true;
   bool decode = true;
+  int pause_ms = 300;                 // idle time before each shape (median_ms)
   std::vector<int> decode_splits{0};  // num_splits per decode call; 0: automatic
   std::string csv;
 };
@@ -111,6 +114,8 @@ Options parse(int argc, char** argv) {
       o.decode = false;
     else if (a == "--decode-only")
       o.prefill = false;
+    else if (a == "--pause-ms")
+      o.pause_ms = std::atoi(next());
     else if (a == "--decode-splits")
       o.decode_splits = parse_list(next());
     else if (a == "--csv")
@@ -119,12 +124,13 @@ Options parse(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: bench_attn [--head-dims 64,128,256] [--seqlens 512,...] [--causal 0,1]\n"
                    "  [--total-tokens 16384] [--hidden 2048] [--iters 30] [--warmup 5] [--fp16]\n"
-                   "  [--prefill-only | --decode-only] [--decode-splits 0,8,...] [--csv FILE]\n");
+                   "  [--prefill-only | --decode-only] [--decode-splits 0,8,...] [--pause-ms 300]\n"
+                   "  [--csv FILE]\n");
       std::exit(a == "--help" ? 0 : 2);
     }
   }
-  if (o.iters < 1 || o.warmup < 0) {
-    std::fprintf(stderr, "bench_attn: --iters must be >= 1 and --warmup >= 0\n");
+  if (o.iters < 1 || o.warmup < 0 || o.pause_ms < 0) {
+    std::fprintf(stderr, "bench_attn: --iters must be >= 1, --warmup and --pause-ms >= 0\n");
     std::exit(2);
   }
   for (int sl : o.seqlens)
@@ -142,8 +148,12 @@ Options parse(int argc, char** argv) {
 }
 
 // Median time in ms of `iters` calls of fn, each bracketed by its own pair of events.
+// pause_ms of idle time come first: the H200 runs at its power cap (throttle reason "SW power cap"
+// during the grid), and the clock it settles to lags behind the power drawn in the preceding
+// second; a pause gives every shape, here and in sdpa_compare.py, a comparable start.
 template <typename Fn>
-float median_ms(Fn&& fn, int warmup, int iters) {
+float median_ms(Fn&& fn, int warmup, int iters, int pause_ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
   for (int i = 0; i < warmup; ++i) fn();
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<cudaEvent_t> ev(2 * iters);
@@ -231,7 +241,8 @@ int main(int argc, char** argv) {
             std::printf("%-5d %-6d %-7d %-6d %-6d   unsupported: %s\n", d, c, s, b, h, err.c_str());
             continue;
           }
-          const float ms = median_ms([&] { flashserve::attention_forward(p); }, o.warmup, o.iters);
+          const float ms =
+              median_ms([&] { flashserve::attention_forward(p); }, o.warmup, o.iters, o.pause_ms);
           const double flops = 4.0 * b * h * double(s) * s * d * (c ? 0.5 : 1.0);
           const double tflops = flops / (ms * 1e-3) / 1e12;
           std::printf("%-5d %-6d %-7d %-6d %-6d %10.3f %10.1f\n", d, c, s, b, h, ms, tflops);
@@ -245,7 +256,7 @@ int main(int argc, char** argv) {
     const size_t copy_bytes = elems * 2;
     const float copy_ms =
         median_ms([&] { CUDA_OK(cudaMemcpyAsync(out, k, copy_bytes, cudaMemcpyDeviceToDevice)); },
-                  o.warmup, o.iters);
+                  o.warmup, o.iters, o.pause_ms);
     const double copy_tbs = 2.0 * copy_bytes / (copy_ms * 1e-3) / 1e12;
     std::printf("\ndevice-to-device copy: %.2f TB/s (read + write)\n", copy_tbs);
     if (csv) std::fprintf(csv, "copy,0,0,0,0,0,%.5f,%.3f\n", copy_ms, copy_tbs);
@@ -284,7 +295,8 @@ int main(int argc, char** argv) {
           CUDA_OK(cudaFree(workspace));
           continue;
         }
-        const float ms = median_ms([&] { flashserve::attention_forward(p); }, o.warmup, o.iters);
+        const float ms =
+            median_ms([&] { flashserve::attention_forward(p); }, o.warmup, o.iters, o.pause_ms);
         const double bytes = 2.0 * b * kv * hkv * d * 2;  // K and V, 2 bytes each
         const double tbs = bytes / (ms * 1e-3) / 1e12;
         std::printf("%-6d %-7d %-6s %10.4f %10.2f %11.0f%%\n", b, kv, split_name.c_str(), ms, tbs,

@@ -8,6 +8,7 @@ CSVs can be set side by side by bench/compare_table.py in one run on one GPU.
 import argparse
 import csv
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +17,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 
 
-def median_ms(fn, warmup, iters):
+def median_ms(fn, warmup, iters, pause_ms):
+    # Idle time first, as bench_attn does: the GPU runs at its power cap during the grid, and a
+    # pause gives every shape a comparable start.
+    time.sleep(pause_ms / 1000.0)
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -43,6 +47,7 @@ def main():
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--pause-ms", type=int, default=300)
     ap.add_argument("--fp16", action="store_true")
     ap.add_argument("--prefill-only", action="store_true")
     ap.add_argument("--decode-only", action="store_true")
@@ -69,7 +74,7 @@ def main():
                     try:
                         with sdpa_kernel([be]):
                             fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=bool(c))
-                            ms = median_ms(fn, a.warmup, a.iters)
+                            ms = median_ms(fn, a.warmup, a.iters, a.pause_ms)
                         tf = flops / (ms * 1e-3) / 1e12
                     except RuntimeError as e:  # backend refuses this shape
                         print(f"  {name} d={d} causal={c} s={s}: unavailable ({str(e).splitlines()[0]})")
@@ -88,7 +93,7 @@ def main():
                 try:
                     with sdpa_kernel([be]):
                         fn = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-                        ms = median_ms(fn, a.warmup, a.iters)
+                        ms = median_ms(fn, a.warmup, a.iters, a.pause_ms)
                     tbs = byts / (ms * 1e-3) / 1e12
                 except RuntimeError as e:
                     print(f"  {name} decode b={b} kv={kv}: unavailable ({str(e).splitlines()[0]})")
