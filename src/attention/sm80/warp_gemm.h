@@ -12,6 +12,18 @@
 
 namespace flashserve::attention::sm80 {
 
+// acc[mi][2j] += a[mi] . (b[0], b[1]) and acc[mi][2j + 1] += a[mi] . (b[2], b[3]) for every m16
+// slice: one ldmatrix x4 of B feeds two n8 tiles of each slice.
+template <class Elem, int kMTiles, int kN>
+__device__ __forceinline__ void mma_pair(float (&acc)[kMTiles][kN][4], int j,
+                                         const uint32_t (&a)[kMTiles][4], const uint32_t (&b)[4]) {
+#pragma unroll
+  for (int mi = 0; mi < kMTiles; ++mi) {
+    mma_16816<Elem>(acc[mi][2 * j], a[mi], b[0], b[1]);
+    mma_16816<Elem>(acc[mi][2 * j + 1], a[mi], b[2], b[3]);
+  }
+}
+
 // acc[mi][nt] = Q[warp rows of slice mi] . K[n-tile nt]^T over the whole head dim.
 // sq: the warp's first Q row in shared memory; sk: the K tile. kPipelined: each fragment is loaded
 // one MMA pair ahead of its use (FlashAttention-2's copy-ahead), so that ldmatrix latency overlaps
@@ -38,13 +50,6 @@ __device__ __forceinline__ void gemm_qk(float (&acc)[kMTiles][kNTiles][4], const
   auto load_b = [&](int ks, int np, uint32_t(&b)[4]) {
     ldmatrix_x4(b, b_base + np * 16 * kRowBytes + (((2 * ks + b_chunk) ^ l7) << 4));
   };
-  auto mma_pair = [&](int np, const uint32_t(&a)[kMTiles][4], const uint32_t(&b)[4]) {
-#pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi) {
-      mma_16816<Elem>(acc[mi][2 * np], a[mi], b[0], b[1]);
-      mma_16816<Elem>(acc[mi][2 * np + 1], a[mi], b[2], b[3]);
-    }
-  };
 #pragma unroll
   for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
@@ -68,7 +73,7 @@ __device__ __forceinline__ void gemm_qk(float (&acc)[kMTiles][kNTiles][4], const
           load_a(ks + 1, a_next);
           load_b(ks + 1, 0, b_next);
         }
-        mma_pair(np, a, b);
+        mma_pair<Elem>(acc, np, a, b);
 #pragma unroll
         for (int e = 0; e < 4; ++e) b[e] = b_next[e];
         if (last_pair)
@@ -87,7 +92,7 @@ __device__ __forceinline__ void gemm_qk(float (&acc)[kMTiles][kNTiles][4], const
       for (int np = 0; np < kNPairs; ++np) {
         uint32_t b[4];
         load_b(ks, np, b);
-        mma_pair(np, a, b);
+        mma_pair<Elem>(acc, np, a, b);
       }
     }
   }
@@ -119,13 +124,6 @@ __device__ __forceinline__ void gemm_pv(float (&acc)[kMTiles][kDTiles][4],
       a[mi][3] = pack2<Elem>(p[mi][2 * ks + 1][2], p[mi][2 * ks + 1][3]);
     }
   };
-  auto mma_pair = [&](int dp, const uint32_t(&a)[kMTiles][4], const uint32_t(&b)[4]) {
-#pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi) {
-      mma_16816<Elem>(acc[mi][2 * dp], a[mi], b[0], b[1]);
-      mma_16816<Elem>(acc[mi][2 * dp + 1], a[mi], b[2], b[3]);
-    }
-  };
   if constexpr (kPipelined) {
     uint32_t b[4], b_next[4];
     load_b(0, 0, b);
@@ -139,7 +137,7 @@ __device__ __forceinline__ void gemm_pv(float (&acc)[kMTiles][kDTiles][4],
           load_b(ks, dp + 1, b_next);
         else if (ks + 1 < kKSteps)
           load_b(ks + 1, 0, b_next);
-        mma_pair(dp, a, b);
+        mma_pair<Elem>(acc, dp, a, b);
 #pragma unroll
         for (int e = 0; e < 4; ++e) b[e] = b_next[e];
       }
@@ -153,7 +151,7 @@ __device__ __forceinline__ void gemm_pv(float (&acc)[kMTiles][kDTiles][4],
       for (int dp = 0; dp < kDPairs; ++dp) {
         uint32_t b[4];
         load_b(ks, dp, b);
-        mma_pair(dp, a, b);
+        mma_pair<Elem>(acc, dp, a, b);
       }
     }
   }
