@@ -6,9 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "backends.h"
 #include "common/str_cat.h"
@@ -157,6 +160,43 @@ size_t partial_bytes(const AttentionParams& params, const Problem& pr, int split
          sizeof(float);
 }
 
+// FLASHSERVE_CHECK_INDICES=1 (any value but empty or "0"): a debugging aid. The kernels trust the
+// index tensors in device memory (reading them here would synchronize every call): an entry of
+// block_table outside the pool reads out of bounds, and a max_seqlen_q/k below a real length
+// leaves rows unwritten or a window unclamped. With the variable set, the index tensors are
+// copied to the host (the call synchronizes its stream) and checked entry by entry, as on the
+// CPU path, with the same errors.
+bool check_indices_requested() {
+  const char* v = std::getenv("FLASHSERVE_CHECK_INDICES");
+  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+}
+
+void check_device_indices(const AttentionParams& params, cudaStream_t stream) {
+  AttentionParams host = params;  // the same call, with its index tensors copied to the host
+  std::vector<std::vector<int32_t>> copies;
+  copies.reserve(4);
+  for (TensorView* t :
+       {&host.cu_seqlens_q, &host.cu_seqlens_k, &host.seqused_k, &host.block_table}) {
+    if (!t->defined()) continue;
+    int64_t span = 1;  // elements from the first entry to the last (validation checked strides)
+    for (int i = 0; i < t->rank; ++i)
+      span = t->shape[i] == 0 ? 0 : span + (t->shape[i] - 1) * t->stride[i];
+    copies.emplace_back(static_cast<size_t>(std::max<int64_t>(span, 1)));
+    if (span > 0)
+      check_cuda(cudaMemcpyAsync(copies.back().data(), t->data, span * sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost, stream),
+                 "cudaMemcpyAsync (FLASHSERVE_CHECK_INDICES)");
+    t->data = copies.back().data();
+  }
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize (FLASHSERVE_CHECK_INDICES)");
+  // Every view claims the host, so that validation reads the index entries; it reads no other
+  // tensor's data.
+  for (TensorView* t : {&host.q, &host.k, &host.v, &host.out, &host.lse, &host.cu_seqlens_q,
+                        &host.cu_seqlens_k, &host.seqused_k, &host.block_table})
+    if (t->defined()) t->device = Device{DeviceType::kCPU, 0};
+  validate(host);
+}
+
 }  // namespace
 
 void cuda_forward(const AttentionParams& params, const Problem& pr) {
@@ -248,6 +288,7 @@ void cuda_forward(const AttentionParams& params, const Problem& pr) {
   // (num_splits 0) happens only when that workspace was given; an explicit n > 1 without it gets
   // a stream-ordered scratch allocation for this call.
   const cudaStream_t stream = static_cast<cudaStream_t>(params.stream);
+  if (check_indices_requested()) check_device_indices(params, stream);
   const bool decode = is_decode(pr, p.window_left);
   int splits = choose_splits(pr, dev, decode);
   if (pr.batch * splits > 65535)

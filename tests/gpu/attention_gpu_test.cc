@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -397,6 +398,57 @@ TEST(GpuErrors, RefusesWhatItCannotRun) {
     p.q.shape[1] -= 1;  // stay inside the allocation; out follows so only q is at fault
     p.out.shape[1] -= 1;
   });
+}
+
+// ---------------------------------------------------------------------------------------------
+// FLASHSERVE_CHECK_INDICES=1: index tensors in device memory are copied back and checked entry by
+// entry, with the CPU path's errors; a valid call still runs and matches the reference.
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+TEST(GpuIndexCheck, RefusesBadDeviceIndicesWhenAsked) {
+  SKIP_WITHOUT_CUDA();
+  ScopedEnv check("FLASHSERVE_CHECK_INDICES", "1");
+  CaseSpec paged = spec(DType::kBFloat16, 128, 3, {1, 17, 64}, {700, 17, 300}, 8, 2, true);
+  paged.q_layout = QLayout::kVarlen;
+  paged.kv_layout = KVLayout::kPaged;
+  paged.seed = 21;
+  check_case(paged);  // valid indices: checked, then run
+
+  // Writes `value` over entry `index` of one index tensor on the device, then expects an error
+  // naming `arg`.
+  auto expect_refused = [](const CaseSpec& s, TensorView AttentionParams::*tensor, int64_t index,
+                           int32_t value, const char* arg, void (*mutate)(AttentionParams&)) {
+    AttentionCase c(s);
+    DeviceCopy dev(c);
+    AttentionParams p = dev.params();
+    if (tensor != nullptr)
+      ASSERT_EQ(cudaMemcpy(static_cast<int32_t*>((p.*tensor).data) + index, &value, sizeof value,
+                           cudaMemcpyHostToDevice),
+                cudaSuccess);
+    if (mutate) mutate(p);
+    try {
+      attention_forward(p);
+      ADD_FAILURE() << "no error for " << s.name() << " (expected one about " << arg << ")";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), arg) << e.what();
+    }
+  };
+  expect_refused(paged, &AttentionParams::block_table, 0, 1 << 20, "block_table", nullptr);
+  expect_refused(paged, &AttentionParams::seqused_k, 1, 1 << 20, "seqused_k", nullptr);
+  CaseSpec var = varlen(spec(DType::kFloat16, 64, 3, {5, 40, 9}, {50, 40, 90}, 4, 2));
+  expect_refused(var, &AttentionParams::cu_seqlens_k, 2, 1, "cu_seqlens_k", nullptr);
+  expect_refused(var, nullptr, 0, 0, "max_seqlen_q",
+                 [](AttentionParams& p) { p.max_seqlen_q = 39; });  // the longest query is 40
 }
 
 }  // namespace
