@@ -46,6 +46,10 @@ struct AttentionParams {
 
 // Throws flashserve::Error naming the first argument that breaks the contract. Reads the
 // length and block-table tensors when they are in host memory (every entry is checked then).
+// On a CUDA device they are trusted as given (reading them would synchronize every call), as are
+// max_seqlen_q/k; with the environment variable FLASHSERVE_CHECK_INDICES=1, attention_forward
+// copies them to the host first and checks every entry the same way (a debugging aid: each call
+// then synchronizes its stream).
 void validate(const AttentionParams& params);
 
 // Validates, then runs on the device that holds the tensors (CPU or CUDA).
