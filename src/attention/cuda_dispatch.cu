@@ -18,7 +18,7 @@
 #include "cuda_check.h"
 #include "sm80/fwd_params.h"
 #include "sm80/launch.h"
-#include "sm80/tile_config.h"
+#include "split_policy.h"
 
 namespace flashserve::attention {
 namespace {
@@ -114,44 +114,8 @@ const DeviceProps& device_props(int device) {
   return cache.emplace(device, d).first->second;
 }
 
-// Decode: every sequence has at most one query, so causal masks nothing, and no window bounds
-// the keys on the left; the GQA-packed decode tiles (sm80/tile_config.h) run it.
-bool is_decode(const Problem& pr, int32_t window_left) {
-  return pr.max_q_len == 1 && window_left < 0;
-}
-
-// Split-KV pays when the (query tile, head, sequence) grid cannot fill the GPU: long-context
-// decode and small prefill chunks. `num_splits` 0 asks for this choice, n > 1 forces n.
-// Prefill: tiles estimated with 128-row query tiles and 64-key blocks; below one wave, split to
-// about two, each split keeping >= 4 key blocks. Decode: one small block per (KV head, sequence)
-// tile; about two rounds of the GPU's block slots, each split keeps >= 16 key blocks (1024 keys at
-// d128). Measured on the H200 (32/8 heads, d128; run 12): batch 1 x 32k keys peaks at 32 splits
-// (3.0 TB/s; 128 splits 2.7), batch 8 x 8k at 4-16, batch 64 x 4k at 4-8, and 128+ sequences at 1.
-int choose_splits(const Problem& pr, const DeviceProps& dev, bool decode) {
-  if (pr.num_splits == 1) return 1;
-  if (pr.num_splits > 1) return pr.num_splits;
-  int64_t tiles, key_blocks, target, enough, min_blocks;  // enough: tiles that need no split
-  if (decode) {
-    const int head_dim = static_cast<int>(pr.head_dim);
-    const sm80::Tiles t = sm80::decode_tiles(head_dim);
-    const int64_t per_sm =  // block slots per SM, by shared memory (1 KB reserved per block)
-        std::max<int64_t>(1, dev.smem_per_sm / (sm80::fwd_smem_bytes(head_dim, t) + 1024));
-    tiles = (pr.h_q / pr.h_kv + t.block_m - 1) / t.block_m * pr.h_kv * pr.batch;
-    key_blocks = (pr.max_kv_len + t.block_n - 1) / t.block_n;
-    target = enough = 2 * per_sm * dev.sms;
-    min_blocks = 16;
-  } else {
-    tiles = (pr.max_q_len + 127) / 128 * pr.h_q * pr.batch;
-    key_blocks = (pr.max_kv_len + 63) / 64;
-    target = 2 * dev.sms;
-    enough = dev.sms;
-    min_blocks = 4;
-  }
-  if (tiles >= enough || key_blocks < 2 * min_blocks) return 1;
-  int64_t splits = (target + tiles - 1) / tiles;
-  splits = std::min<int64_t>(
-      {splits, key_blocks / min_blocks, 128, 65535 / std::max<int64_t>(pr.batch, 1)});
-  return splits < 2 ? 1 : static_cast<int>(splits);
+SplitDevice split_device(const DeviceProps& d) {
+  return SplitDevice{d.sms, d.smem_per_sm};
 }
 
 size_t partial_bytes(const AttentionParams& params, const Problem& pr, int splits) {
@@ -290,7 +254,7 @@ void cuda_forward(const AttentionParams& params, const Problem& pr) {
   const cudaStream_t stream = static_cast<cudaStream_t>(params.stream);
   if (check_indices_requested()) check_device_indices(params, stream);
   const bool decode = is_decode(pr, p.window_left);
-  int splits = choose_splits(pr, dev, decode);
+  int splits = choose_splits(pr, split_device(dev), decode);
   if (pr.batch * splits > 65535)
     unsupported("num_splits", str_cat("batch x num_splits exceeds 65535"));
   const size_t need = partial_bytes(params, pr, splits);
@@ -348,7 +312,8 @@ size_t cuda_workspace_size(const AttentionParams& params, const Problem& pr) {
   if (pr.device.index < 0 || pr.device.index >= count) return 0;
   const int64_t bound = pr.max_q_len + pr.max_kv_len;
   const bool decode = is_decode(pr, clamp_window(pr.mask.left, bound));
-  return partial_bytes(params, pr, choose_splits(pr, device_props(pr.device.index), decode));
+  return partial_bytes(params, pr,
+                       choose_splits(pr, split_device(device_props(pr.device.index)), decode));
 }
 
 }  // namespace flashserve::attention

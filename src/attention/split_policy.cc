@@ -1,0 +1,48 @@
+#include "split_policy.h"
+
+#include <algorithm>
+
+#include "sm80/tile_config.h"
+
+namespace flashserve::attention {
+
+bool is_decode(const Problem& pr, int32_t window_left) {
+  return pr.max_q_len == 1 && window_left < 0;
+}
+
+// Split-KV pays when the (query tile, head, sequence) grid cannot fill the GPU: long-context
+// decode and small prefill chunks. Prefill: tiles estimated with 128-row query tiles and 64-key
+// blocks; below one wave, split to about two, each split keeping >= 4 key blocks. Decode: one
+// small block per (KV head, sequence) tile; about two rounds of the GPU's block slots, each split
+// keeps >= 16 key blocks (1024 keys at d128). Measured on the H200 (32/8 heads, d128;
+// docs/kernel-notes.md run 12): batch 1 x 32k keys peaks at 32 splits (3.0 TB/s; 128 splits 2.7),
+// batch 8 x 8k at 4-16, batch 64 x 4k at 4-8, and 128+ sequences at 1. Never more than 128 splits
+// or a grid z (batch x splits) past 65535.
+int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode) {
+  if (pr.num_splits == 1) return 1;
+  if (pr.num_splits > 1) return pr.num_splits;
+  int64_t tiles, key_blocks, target, enough, min_blocks;  // enough: tiles that need no split
+  if (decode) {
+    const int head_dim = static_cast<int>(pr.head_dim);
+    const sm80::Tiles t = sm80::decode_tiles(head_dim);
+    const int64_t per_sm =  // block slots per SM, by shared memory (1 KB reserved per block)
+        std::max<int64_t>(1, dev.smem_per_sm / (sm80::fwd_smem_bytes(head_dim, t) + 1024));
+    tiles = (pr.h_q / pr.h_kv + t.block_m - 1) / t.block_m * pr.h_kv * pr.batch;
+    key_blocks = (pr.max_kv_len + t.block_n - 1) / t.block_n;
+    target = enough = 2 * per_sm * dev.sms;
+    min_blocks = 16;
+  } else {
+    tiles = (pr.max_q_len + 127) / 128 * pr.h_q * pr.batch;
+    key_blocks = (pr.max_kv_len + 63) / 64;
+    target = 2 * dev.sms;
+    enough = dev.sms;
+    min_blocks = 4;
+  }
+  if (tiles >= enough || key_blocks < 2 * min_blocks) return 1;
+  int64_t splits = (target + tiles - 1) / tiles;
+  splits = std::min<int64_t>(
+      {splits, key_blocks / min_blocks, 128, 65535 / std::max<int64_t>(pr.batch, 1)});
+  return splits < 2 ? 1 : static_cast<int>(splits);
+}
+
+}  // namespace flashserve::attention

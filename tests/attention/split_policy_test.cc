@@ -1,0 +1,98 @@
+// The CUDA path's split-KV policy (src/attention/split_policy.h), on the H200's figures: the
+// counts the decode measurements chose (docs/kernel-notes.md, run 12), explicit counts passed
+// through, and over random shapes the invariants the kernels and the workspace rely on.
+#include "attention/split_policy.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+
+#include "attention/sm80/tile_config.h"
+
+namespace flashserve::testing {
+namespace {
+
+using attention::choose_splits;
+using attention::is_decode;
+using attention::Problem;
+using attention::SplitDevice;
+
+constexpr SplitDevice kH200{132, 228 * 1024};
+
+Problem shape(int64_t batch, int64_t q_len, int64_t kv_len, int64_t h_q, int64_t h_kv,
+              int64_t d = 128, int32_t num_splits = 0) {
+  Problem pr;
+  pr.batch = batch;
+  pr.max_q_len = q_len;
+  pr.max_kv_len = kv_len;
+  pr.h_q = h_q;
+  pr.h_kv = h_kv;
+  pr.head_dim = pr.head_dim_v = d;
+  pr.num_splits = num_splits;
+  return pr;
+}
+
+TEST(SplitPolicy, DecodeIsOneQueryWithoutLeftWindow) {
+  EXPECT_TRUE(is_decode(shape(8, 1, 4096, 32, 8), -1));
+  EXPECT_FALSE(is_decode(shape(8, 1, 4096, 32, 8), 100));  // a left window masks per row
+  EXPECT_FALSE(is_decode(shape(8, 2, 4096, 32, 8), -1));   // two queries: prefill tiles
+}
+
+TEST(SplitPolicy, DecodeCountsOfTheMeasuredShapes) {
+  // 32 query heads over 8 KV heads, d128: 8 KV heads x batch packed tiles.
+  EXPECT_EQ(choose_splits(shape(1, 1, 32768, 32, 8), kH200, true), 32);  // 16 key blocks each
+  EXPECT_EQ(choose_splits(shape(8, 1, 8192, 32, 8), kH200, true), 8);
+  EXPECT_EQ(choose_splits(shape(64, 1, 4096, 32, 8), kH200, true), 2);
+  EXPECT_EQ(choose_splits(shape(128, 1, 2048, 32, 8), kH200, true), 1);  // enough tiles
+  EXPECT_EQ(choose_splits(shape(1, 1, 1000, 32, 8), kH200, true), 1);    // too few keys to split
+}
+
+TEST(SplitPolicy, PrefillSplitsOnlyBelowOneWave) {
+  // A 128-query chunk of 8 heads over 8192 cached keys: 8 tiles, two waves' worth of splits, but
+  // no fewer than 4 key blocks each.
+  EXPECT_EQ(choose_splits(shape(1, 128, 8192, 8, 8), kH200, false), 32);
+  EXPECT_EQ(choose_splits(shape(16, 1024, 1024, 16, 16), kH200, false), 1);  // 2048 tiles
+}
+
+TEST(SplitPolicy, ExplicitCountsPassThrough) {
+  EXPECT_EQ(choose_splits(shape(1, 1, 32768, 32, 8, 128, 1), kH200, true), 1);
+  EXPECT_EQ(choose_splits(shape(1, 1, 32768, 32, 8, 128, 5), kH200, true), 5);
+  EXPECT_EQ(choose_splits(shape(1, 512, 100, 8, 8, 64, 3), kH200, false), 3);
+}
+
+// Over random shapes (batch <= 65535, as the dispatch requires): 1..128 splits, a grid z (batch x
+// splits) within 65535, and every split of
+// an automatic choice keeps its minimum share of key blocks (16 decode blocks, 4 prefill blocks).
+TEST(SplitPolicy, InvariantsOverRandomShapes) {
+  std::mt19937_64 rng(5);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  int split_calls = 0;
+  for (int i = 0; i < 20000; ++i) {
+    const int64_t h_kv = pick(1, 16), group = pick(1, 32), d = 64 << pick(0, 2);
+    const bool decode = pick(0, 1) == 1;
+    // Log-uniform sizes, so that small grids (the ones that split) are common.
+    auto log_pick = [&](int bits) { return pick(1, int64_t{1} << pick(0, bits)); };
+    const Problem pr = shape(std::min<int64_t>(log_pick(16), 65535), decode ? 1 : log_pick(14),
+                             log_pick(20) - 1, h_kv * group, h_kv, d);
+    const SplitDevice dev{static_cast<int>(pick(1, 200)), static_cast<int>(pick(96, 228)) * 1024};
+    const int splits = choose_splits(pr, dev, decode);
+    ASSERT_GE(splits, 1);
+    ASSERT_LE(splits, 128);
+    ASSERT_LE(pr.batch * splits, 65535) << "batch " << pr.batch;
+    if (splits > 1) {
+      ++split_calls;
+      const int64_t block_n =
+          decode ? attention::sm80::decode_tiles(static_cast<int>(d)).block_n : 64;
+      const int64_t key_blocks = (pr.max_kv_len + block_n - 1) / block_n;
+      EXPECT_GE(key_blocks / splits, decode ? 16 : 4)
+          << "kv " << pr.max_kv_len << " into " << splits << " splits";
+    }
+  }
+  EXPECT_GT(split_calls, 100);  // the shapes do reach the splitting branch
+}
+
+}  // namespace
+}  // namespace flashserve::testing
