@@ -142,9 +142,10 @@ void check_device_indices(const AttentionParams& params, cudaStream_t stream) {
   for (TensorView* t :
        {&host.cu_seqlens_q, &host.cu_seqlens_k, &host.seqused_k, &host.block_table}) {
     if (!t->defined()) continue;
-    int64_t span = 1;  // elements from the first entry to the last (validation checked strides)
-    for (int i = 0; i < t->rank; ++i)
-      span = t->shape[i] == 0 ? 0 : span + (t->shape[i] - 1) * t->stride[i];
+    // Elements from the first entry to the last (validation checked shapes and strides).
+    int64_t span = t->numel() == 0 ? 0 : 1;
+    if (span > 0)
+      for (int i = 0; i < t->rank; ++i) span += (t->shape[i] - 1) * t->stride[i];
     copies.emplace_back(static_cast<size_t>(std::max<int64_t>(span, 1)));
     if (span > 0)
       check_cuda(cudaMemcpyAsync(copies.back().data(), t->data, span * sizeof(int32_t),
