@@ -87,8 +87,8 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
       gemm_qk<D, kMT, kNT, Cfg::kPipelineFrags>(s, sq_warp, sm.k_slot(buf), lane);
     }
     if constexpr (decltype(masked)::value)
-      mask_scores<kMT, kNT, Tile::kHasMaskV>(s, row0, n * kBN + 2 * (lane & 3), t.seq.kv_len,
-                                             offset, p.window_left, p.window_right);
+      mask_scores<kMT, kNT, Tile::kMasked>(s, row0, n * kBN + 2 * (lane & 3), t.seq.kv_len, offset,
+                                           p.window_left, p.window_right);
     if constexpr (kS == 1) {
       cp_async_wait<0>();  // V(n)
       __syncthreads();     // ... for every thread; and every warp is done reading K(n)
@@ -117,7 +117,7 @@ __device__ __forceinline__ void write_rows(const FwdParams& p, const Tile& t, Wa
   float lse[kMT][2];
   ws.softmax.finish(ws.o, p.scale, lse);
   const int rows_valid = t.seq.q_len - t.m0 - warp_row;
-  if constexpr (Tile::kSplitV) {
+  if constexpr (Tile::kWritesPartials) {
     const int64_t slot = t.partial_slot(p, warp_row);
     const int64_t step = t.partial_step(p);
     store_partial<kMT, kDT>(ws.o, lse, p.o_partial + slot * Cfg::kHeadDim, step * Cfg::kHeadDim,

@@ -21,7 +21,8 @@ template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit>
 struct FwdTile {
   static constexpr int D = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
   static constexpr bool kPack = Cfg::kPackGqa;
-  static constexpr bool kHasMaskV = kHasMask, kSplitV = kSplit;
+  static constexpr bool kMasked = kHasMask;        // for users of the tile type
+  static constexpr bool kWritesPartials = kSplit;  // split-KV: fp32 partials, not out/lse
   static_assert(!(kPack && kHasMask), "packed rows share one position: no per-row mask");
 
   int head;   // grid head: the query head, or the KV head when packed
@@ -36,7 +37,9 @@ struct FwdTile {
         m0(m_block * kBM),
         seq(p, kSplit ? z / p.num_splits : z),
         blocks(m0, seq.q_len, seq.kv_len, p.window_left, p.window_right) {
-    if constexpr (kPack) seq.q_len *= p.h_ratio;  // rows are (position 0, head of the group)
+    // Rows are (position 0, head of the group). `blocks` saw the unpacked q_len, which it reads
+    // only for masks, and packed tiles have none.
+    if constexpr (kPack) seq.q_len *= p.h_ratio;
     if constexpr (kSplit) blocks.keep_split(split, p.num_splits);
   }
 
