@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -370,30 +371,34 @@ TEST(GpuForwardDeterminism, SameInputsSameBits) {
 // ---------------------------------------------------------------------------------------------
 // What the CUDA path cannot run is refused with a clear error naming the argument.
 
+// Runs the case on the GPU after `mutate` has edited its device-side params and expects an Error
+// naming `arg` (a clear one, not an internal error).
+void expect_refused(const CaseSpec& s, const char* arg,
+                    const std::function<void(AttentionParams&)>& mutate = {}) {
+  AttentionCase c(s);
+  DeviceCopy dev(c);
+  AttentionParams p = dev.params();
+  if (mutate) mutate(p);
+  try {
+    attention_forward(p);
+    ADD_FAILURE() << "no error for " << s.name() << " (expected one about " << arg << ")";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), arg) << e.what();
+    EXPECT_NE(e.kind(), ErrorKind::kInternal) << e.what();
+  }
+}
+
 TEST(GpuErrors, RefusesWhatItCannotRun) {
   SKIP_WITHOUT_CUDA();
-  auto expect_error = [](CaseSpec s, const char* arg, void (*mutate)(AttentionParams&)) {
-    AttentionCase c(s);
-    DeviceCopy dev(c);
-    AttentionParams p = dev.params();
-    if (mutate) mutate(p);
-    try {
-      attention_forward(p);
-      ADD_FAILURE() << "no error for " << s.name() << " (expected one about " << arg << ")";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.argument(), arg) << e.what();
-      EXPECT_NE(e.kind(), ErrorKind::kInternal) << e.what();
-    }
-  };
   CaseSpec base = spec(DType::kBFloat16, 64, 1, {32}, {32}, 1, 1);
   CaseSpec f32 = base;
   f32.dtype = DType::kFloat32;
-  expect_error(f32, "q", nullptr);  // float32 has no tensor-core path
+  expect_refused(f32, "q");  // float32 has no tensor-core path
   CaseSpec odd = base;
   odd.head_dim = 72;
-  expect_error(odd, "q", nullptr);  // head dim without a kernel
+  expect_refused(odd, "q");  // head dim without a kernel
   base.with_lse = false;
-  expect_error(base, "q", [](AttentionParams& p) {  // a base pointer off 16-byte alignment
+  expect_refused(base, "q", [](AttentionParams& p) {  // a base pointer off 16-byte alignment
     p.q.data = static_cast<char*>(p.q.data) + 2;
     p.q.shape[1] -= 1;  // stay inside the allocation; out follows so only q is at fault
     p.out.shape[1] -= 1;
@@ -424,30 +429,19 @@ TEST(GpuIndexCheck, RefusesBadDeviceIndicesWhenAsked) {
   paged.seed = 21;
   check_case(paged);  // valid indices: checked, then run
 
-  // Writes `value` over entry `index` of one index tensor on the device, then expects an error
-  // naming `arg`.
-  auto expect_refused = [](const CaseSpec& s, TensorView AttentionParams::*tensor, int64_t index,
-                           int32_t value, const char* arg, void (*mutate)(AttentionParams&)) {
-    AttentionCase c(s);
-    DeviceCopy dev(c);
-    AttentionParams p = dev.params();
-    if (tensor != nullptr)
+  // Writes `value` over entry `index` of one int32 index tensor in device memory.
+  auto poke = [](TensorView AttentionParams::*tensor, int64_t index, int32_t value) {
+    return [=](AttentionParams& p) {
       ASSERT_EQ(cudaMemcpy(static_cast<int32_t*>((p.*tensor).data) + index, &value, sizeof value,
                            cudaMemcpyHostToDevice),
                 cudaSuccess);
-    if (mutate) mutate(p);
-    try {
-      attention_forward(p);
-      ADD_FAILURE() << "no error for " << s.name() << " (expected one about " << arg << ")";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.argument(), arg) << e.what();
-    }
+    };
   };
-  expect_refused(paged, &AttentionParams::block_table, 0, 1 << 20, "block_table", nullptr);
-  expect_refused(paged, &AttentionParams::seqused_k, 1, 1 << 20, "seqused_k", nullptr);
+  expect_refused(paged, "block_table", poke(&AttentionParams::block_table, 0, 1 << 20));
+  expect_refused(paged, "seqused_k", poke(&AttentionParams::seqused_k, 1, 1 << 20));
   CaseSpec var = varlen(spec(DType::kFloat16, 64, 3, {5, 40, 9}, {50, 40, 90}, 4, 2));
-  expect_refused(var, &AttentionParams::cu_seqlens_k, 2, 1, "cu_seqlens_k", nullptr);
-  expect_refused(var, nullptr, 0, 0, "max_seqlen_q",
+  expect_refused(var, "cu_seqlens_k", poke(&AttentionParams::cu_seqlens_k, 2, 1));
+  expect_refused(var, "max_seqlen_q",
                  [](AttentionParams& p) { p.max_seqlen_q = 39; });  // the longest query is 40
 }
 
