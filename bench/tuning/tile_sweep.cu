@@ -74,16 +74,9 @@ fs::FwdParams make_params(const Problem& pr) {
 
 using Launcher = void (*)(const fs::FwdParams&, const fs::FwdLaunch&);
 
-// launch_config without the split-KV instantiation (unused here).
 template <int kD, fs::Tiles kTiles, bool kMask>
 void launch(const fs::FwdParams& p, const fs::FwdLaunch& l) {
-  using Cfg = fs::FwdConfig<kD, kTiles>;
-  auto* kernel = &fs::fwd_kernel<Cfg, __nv_bfloat16, kMask, false, false>;
-  CUDA_OK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-  const dim3 grid((l.max_q_len + Cfg::kBlockM - 1) / Cfg::kBlockM, p.h_q, l.batch);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes>>>(p);
-  CUDA_OK(cudaGetLastError());
+  fs::launch_config<fs::FwdConfig<kD, kTiles>, __nv_bfloat16, kMask, false>(p, l);
 }
 
 struct Variant {
