@@ -87,19 +87,21 @@ struct Variant {
 };
 
 // Tiles: block_m, block_n, warps, stages, skip_unchanged_rescale, min_blocks_per_sm, pack_gqa,
-// pipeline_frags. The first variant of each (d, causal) is the reference. Add a line to try one.
-constexpr fs::Tiles kD256{64, 64, 4, 1, true, 2}, kD256P{64, 64, 4, 1, true, 2, false, true};
-constexpr fs::Tiles kD256Fa2P{128, 64, 8, 1, false, 1, false, true};
+// pipeline_frags, pv_pairs. The first variant of each (d, causal) is the reference. Add a line to
+// try one.
+constexpr fs::Tiles kD256P{64, 64, 4, 1, true, 2, false, true};
+constexpr fs::Tiles kD256Pairs{64, 64, 4, 1, true, 2, false, true, true};
+constexpr fs::Tiles kD256PairsNoPipe{64, 64, 4, 1, true, 2, false, false, true};
 constexpr fs::Tiles kD128{128, 64, 4, 2, true, 2}, kD128P{128, 64, 4, 2, true, 2, false, true};
 constexpr fs::Tiles kD128M{128, 64, 4, 1, true, 2}, kD128MP{128, 64, 4, 1, true, 2, false, true};
 constexpr fs::Tiles kD64{128, 128, 4, 1, false, 2}, kD64P{128, 128, 4, 1, false, 2, false, true};
 const Variant kVariants[] = {
-    {"d256 64x64 4w s1 skip", 256, false, launch<256, kD256, false>},
     {"d256 64x64 4w s1 skip pipe", 256, false, launch<256, kD256P, false>},
-    {"d256 128x64 8w s1 pipe", 256, false, launch<256, kD256Fa2P, false>},
-    {"d256 64x64 4w s1 skip", 256, true, launch<256, kD256, true>},
+    {"d256 64x64 4w pipe pairs", 256, false, launch<256, kD256Pairs, false>},
+    {"d256 64x64 4w pairs", 256, false, launch<256, kD256PairsNoPipe, false>},
     {"d256 64x64 4w s1 skip pipe", 256, true, launch<256, kD256P, true>},
-    {"d256 128x64 8w s1 pipe", 256, true, launch<256, kD256Fa2P, true>},
+    {"d256 64x64 4w pipe pairs", 256, true, launch<256, kD256Pairs, true>},
+    {"d256 64x64 4w pairs", 256, true, launch<256, kD256PairsNoPipe, true>},
     {"d128 128x64 4w s2 skip", 128, false, launch<128, kD128, false>},
     {"d128 128x64 4w s2 skip pipe", 128, false, launch<128, kD128P, false>},
     {"d128 128x64 4w s1 skip", 128, true, launch<128, kD128M, true>},

@@ -1,7 +1,9 @@
 // The sm80 forward kernel (FlashAttention-2 partitioning): one thread block per query tile
 // (fwd_tile.h); its warps split the tile's rows, so the key loop needs no cross-warp reduction.
 // K/V tiles stream through a `kStages`-deep cp.async ring with one __syncthreads per key block, or
-// (kStages == 1) through single K and V buffers with two.
+// (kStages == 1) through single K and V buffers with two. With PV pairs (tile_config.h) two warps
+// also swap their probabilities between those two barriers, so that each V fragment read from
+// shared memory feeds two m16 slices: that traffic is what bounds the one-slice-per-warp tiles.
 #pragma once
 
 #include <cstdint>
@@ -18,16 +20,25 @@
 
 namespace flashserve::attention::sm80 {
 
-// Shared memory of a block: Q [kBlockM, D], then kStages K tiles and kStages V tiles [kBlockN, D].
+// Shared memory of a block: Q [kBlockM, D], then kStages K tiles and kStages V tiles [kBlockN, D],
+// then (PV pairs) each warp's exchange words (tile_config.h's pv_exchange_bytes).
 template <class Cfg, class Elem>
 struct FwdSmem {
   Elem* q;
   Elem* k;
   Elem* v;
+  uint4* exchange;
   __device__ __forceinline__ explicit FwdSmem(unsigned char* base)
       : q(reinterpret_cast<Elem*>(base)),
         k(q + Cfg::kBlockM * Cfg::kHeadDim),
-        v(k + Cfg::kStages * Cfg::kBlockN * Cfg::kHeadDim) {}
+        v(k + Cfg::kStages * Cfg::kBlockN * Cfg::kHeadDim),
+        exchange(reinterpret_cast<uint4*>(v + Cfg::kStages * Cfg::kBlockN * Cfg::kHeadDim)) {}
+  // PV pairs: lane 0's 16-byte word `word` of warp `warp`'s exchange; lane i's is i words on.
+  // Words 0 .. kPvSteps - 1 hold the packed probabilities, kPvSteps the step's corrections,
+  // kPvSteps + 1 the final normalisers.
+  __device__ __forceinline__ uint4* exchange_word(int warp, int word) const {
+    return exchange + (warp * (Cfg::kPvSteps + 2) + word) * 32;
+  }
   __device__ __forceinline__ Elem* k_slot(int s) const {
     return k + s * Cfg::kBlockN * Cfg::kHeadDim;
   }
@@ -39,13 +50,15 @@ struct FwdSmem {
 // What one warp carries through a tile's key loop: its O accumulators and softmax statistics.
 template <class Cfg>
 struct WarpState {
-  float o[Cfg::kMTiles][Cfg::kDTiles][4];
+  // [slice][n8 column tile]: the warp's own slices, or (PV pairs) its own and its partner's over
+  // its half of the head dim.
+  float o[Cfg::kOSlices][Cfg::kODTiles][4];
   OnlineSoftmax<Cfg::kMTiles, Cfg::kSkipUnchangedRescale> softmax;
   __device__ __forceinline__ WarpState() {
 #pragma unroll
-    for (int mi = 0; mi < Cfg::kMTiles; ++mi)
+    for (int mi = 0; mi < Cfg::kOSlices; ++mi)
 #pragma unroll
-      for (int dt = 0; dt < Cfg::kDTiles; ++dt)
+      for (int dt = 0; dt < Cfg::kODTiles; ++dt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[mi][dt][e] = 0.0f;
   }
@@ -61,9 +74,9 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
                                        const FwdSmem<Cfg, Elem>& sm, const Elem* sq_warp,
                                        WarpState<Cfg>& ws, int row0, int tid) {
   constexpr int D = Cfg::kHeadDim, kBN = Cfg::kBlockN, kS = Cfg::kStages;
-  constexpr int kMT = Cfg::kMTiles, kNT = Cfg::kNTiles, kDT = Cfg::kDTiles;
-  constexpr int kThreads = Cfg::kThreads;
-  const int lane = tid & 31;
+  constexpr int kMT = Cfg::kMTiles, kNT = Cfg::kNTiles, kODT = Cfg::kODTiles;
+  constexpr int kThreads = Cfg::kThreads, kPvSteps = Cfg::kPvSteps;
+  const int lane = tid & 31, warp = tid >> 5;
   const int offset = t.seq.kv_len - t.seq.q_len;
   int buf = 0;
   auto step = [&](int n, auto masked) {
@@ -89,14 +102,55 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
     if constexpr (decltype(masked)::value)
       mask_scores<kMT, kNT, Tile::kMasked>(s, row0, n * kBN + 2 * (lane & 3), t.seq.kv_len, offset,
                                            p.window_left, p.window_right);
-    if constexpr (kS == 1) {
-      cp_async_wait<0>();  // V(n)
-      __syncthreads();     // ... for every thread; and every warp is done reading K(n)
+    // kS == 1: wait for V(n); the barrier also retires K(n), whose buffer takes K(n - 1).
+    auto retire_k = [&] {
+      cp_async_wait<0>();
+      __syncthreads();
       if (n - 1 >= t.blocks.n_min) t.template load_k<kThreads>(p, n - 1, sm.k_slot(0), tid);
       cp_async_commit();
+    };
+    if constexpr (Cfg::kPvPairs) {
+      // The warp's own slice: probabilities, packed, and offered to the partner together with
+      // the step's corrections before the barrier; after it, the partner's are there.
+      float correction[1][2];
+      const bool rescale_own =
+          ws.softmax.must_rescale(ws.softmax.probabilities(s, p.scale_log2, correction));
+      uint32_t own[kPvSteps][4];
+      uint4* mine = sm.exchange_word(warp, 0) + lane;
+#pragma unroll
+      for (int ks = 0; ks < kPvSteps; ++ks) {
+        pack_p<Elem>(s[0], ks, own[ks]);
+        mine[ks * 32] = make_uint4(own[ks][0], own[ks][1], own[ks][2], own[ks][3]);
+      }
+      mine[kPvSteps * 32] = make_uint4(__float_as_uint(correction[0][0]),
+                                       __float_as_uint(correction[0][1]), rescale_own, 0);
+      retire_k();
+      const uint4* theirs = sm.exchange_word(warp ^ 1, 0) + lane;
+      const uint4 their_correction = theirs[kPvSteps * 32];
+      if (rescale_own) scale_rows(ws.o[0], correction[0][0], correction[0][1]);
+      if (their_correction.z != 0)
+        scale_rows(ws.o[1], __uint_as_float(their_correction.x),
+                   __uint_as_float(their_correction.y));
+      auto a_frags = [&](int ks, uint32_t(&a)[2][4]) {
+        const uint4 w = theirs[ks * 32];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[0][e] = own[ks][e];
+        a[1][0] = w.x;
+        a[1][1] = w.y;
+        a[1][2] = w.z;
+        a[1][3] = w.w;
+      };
+      gemm_pv<D, 2, kPvSteps, kODT, Cfg::kPipelineFrags>(ws.o, a_frags,
+                                                         sm.v_slot(0) + (warp & 1) * (D / 2), lane);
+    } else {
+      if constexpr (kS == 1) retire_k();
+      ws.softmax.update(s, ws.o, p.scale_log2);
+      auto a_frags = [&](int ks, uint32_t(&a)[kMT][4]) {
+#pragma unroll
+        for (int mi = 0; mi < kMT; ++mi) pack_p<Elem>(s[mi], ks, a[mi]);
+      };
+      gemm_pv<D, kMT, kPvSteps, kODT, Cfg::kPipelineFrags>(ws.o, a_frags, sm.v_slot(buf), lane);
     }
-    ws.softmax.update(s, ws.o, p.scale_log2);
-    gemm_pv<D, kMT, kNT, kDT, Cfg::kPipelineFrags>(ws.o, s, sm.v_slot(buf), lane);
     buf = buf == kS - 1 ? 0 : buf + 1;
   };
   for (int n = t.blocks.n_max - 1; n >= t.blocks.n_min; --n) {
@@ -108,23 +162,55 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
   }
 }
 
-// Normalises the warp's rows and writes them: to out and lse, or (split-KV) to the partials.
-// `stage` is the warp's own rows of the Q tile (dead once its last QK^T has run; 8 are used).
+// Writes one normalised m16 slice of O, tile rows row .. row + 15, columns col0 onwards: to out
+// (and its LSE when write_lse), or (split-KV) to the partials.
+template <class Cfg, class Elem, class Tile>
+__device__ __forceinline__ void write_slice(const FwdParams& p, const Tile& t,
+                                            const float (&o)[Cfg::kODTiles][4],
+                                            const float (&lse)[2], bool write_lse, Elem* stage,
+                                            int row, int col0, int lane) {
+  constexpr int D = Cfg::kHeadDim;
+  const int rows_valid = t.seq.q_len - t.m0 - row;
+  if constexpr (Tile::kWritesPartials) {
+    const int64_t slot = t.partial_slot(p, row), step = t.partial_step(p);
+    store_partial<Cfg::kODTiles>(o, lse, p.o_partial + slot * D + col0, step * D,
+                                 write_lse ? p.lse_partial + slot : nullptr, step, rows_valid,
+                                 lane);
+  } else {
+    store_slice<D, Cfg::kODTiles>(o, lse, stage, t.out_row(p, row) + col0, col0 / 8,
+                                  t.out_step(p), write_lse ? t.lse_row(p, row) : nullptr,
+                                  t.lse_step(p), rows_valid, lane);
+  }
+}
+
+// Normalises the warp's rows and writes them. `stage` is the warp's own rows of the Q tile (dead
+// once its last QK^T has run; 8 are used). PV pairs: the partner's normalisers come through the
+// exchange, and each warp writes both slices over its half of the head dim (the LSE of its own).
 template <class Cfg, class Elem, class Tile>
 __device__ __forceinline__ void write_rows(const FwdParams& p, const Tile& t, WarpState<Cfg>& ws,
-                                           Elem* stage, int warp_row, int lane) {
-  constexpr int kMT = Cfg::kMTiles, kDT = Cfg::kDTiles;
+                                           const FwdSmem<Cfg, Elem>& sm, Elem* stage, int warp,
+                                           int lane) {
+  constexpr int kMT = Cfg::kMTiles;
+  const int warp_row = warp * Cfg::kWarpRows;
   float lse[kMT][2];
-  ws.softmax.finish(ws.o, p.scale, lse);
-  const int rows_valid = t.seq.q_len - t.m0 - warp_row;
-  if constexpr (Tile::kWritesPartials) {
-    const int64_t slot = t.partial_slot(p, warp_row);
-    const int64_t step = t.partial_step(p);
-    store_partial<kMT, kDT>(ws.o, lse, p.o_partial + slot * Cfg::kHeadDim, step * Cfg::kHeadDim,
-                            p.lse_partial + slot, step, rows_valid, lane);
+  if constexpr (Cfg::kPvPairs) {
+    float inv[1][2];
+    ws.softmax.finish_rows(p.scale, inv, lse);
+    uint4* mine = sm.exchange_word(warp, Cfg::kPvSteps + 1) + lane;
+    *mine = make_uint4(__float_as_uint(inv[0][0]), __float_as_uint(inv[0][1]), 0, 0);
+    __syncthreads();
+    const uint4 theirs = *(sm.exchange_word(warp ^ 1, Cfg::kPvSteps + 1) + lane);
+    scale_rows(ws.o[0], inv[0][0], inv[0][1]);
+    scale_rows(ws.o[1], __uint_as_float(theirs.x), __uint_as_float(theirs.y));
+    const int col0 = (warp & 1) * (Cfg::kHeadDim / 2);
+    write_slice<Cfg>(p, t, ws.o[0], lse[0], true, stage, warp_row, col0, lane);
+    write_slice<Cfg>(p, t, ws.o[1], lse[0], false, stage, (warp ^ 1) * Cfg::kWarpRows, col0,
+                     lane);
   } else {
-    store_output<Cfg::kHeadDim, kMT, kDT>(ws.o, lse, stage, t.out_row(p, warp_row), t.out_step(p),
-                                          t.lse_row(p, warp_row), t.lse_step(p), rows_valid, lane);
+    ws.softmax.finish(ws.o, p.scale, lse);
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi)
+      write_slice<Cfg>(p, t, ws.o[mi], lse[mi], true, stage, warp_row + 16 * mi, 0, lane);
   }
 }
 
@@ -135,7 +221,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   using Tile = FwdTile<Cfg, Elem, kHasMask, kPaged, kSplit>;
   constexpr int kS = Cfg::kStages, kThreads = Cfg::kThreads;
   const FwdSmem<Cfg, Elem> sm(smem);
-  const int tid = threadIdx.x, lane = tid & 31, warp_row = (tid >> 5) * Cfg::kWarpRows;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int warp_row = warp * Cfg::kWarpRows;
   // Masked (causal / window) tiles differ in cost; launching the heaviest (last) ones first
   // shortens the tail of the grid.
   const int m_block = kHasMask ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
@@ -164,7 +251,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     }
     attend(p, t, sm, sq_warp, ws, t.m0 + warp_row + (lane >> 2), tid);
   }
-  write_rows(p, t, ws, sq_warp, warp_row, lane);
+  write_rows(p, t, ws, sm, sq_warp, warp, lane);
 }
 
 }  // namespace flashserve::attention::sm80

@@ -47,8 +47,13 @@ void launch_checked(const FwdParams& params, const FwdLaunch& launch) {
 
 template <int kHeadDim, bool kHasMask, bool kPaged>
 void launch_mask(const FwdParams& params, const FwdLaunch& launch) {
-  launch_checked<FwdConfig<kHeadDim, fwd_tiles(kHeadDim, kHasMask)>, kHasMask, kPaged>(params,
-                                                                                       launch);
+  using Cfg = FwdConfig<kHeadDim, fwd_tiles(kHeadDim, kHasMask)>;
+  using Small = FwdConfig<kHeadDim, fwd_tiles_small_smem(kHeadDim, kHasMask)>;
+  if constexpr (Small::kSmemBytes < Cfg::kSmemBytes) {
+    if (launch.smem_per_block < Cfg::kSmemBytes)
+      return launch_checked<Small, kHasMask, kPaged>(params, launch);
+  }
+  launch_checked<Cfg, kHasMask, kPaged>(params, launch);
 }
 
 template <int kHeadDim>

@@ -9,6 +9,19 @@
 
 namespace flashserve::attention::sm80 {
 
+// Multiplies the two rows a thread holds of one m16 slice of accumulators (fragment rows g and
+// g + 8) by f0 and f1.
+template <int kDTiles>
+__device__ __forceinline__ void scale_rows(float (&o)[kDTiles][4], float f0, float f1) {
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt) {
+    o[dt][0] *= f0;
+    o[dt][1] *= f0;
+    o[dt][2] *= f1;
+    o[dt][3] *= f1;
+  }
+}
+
 template <int kMTiles, bool kSkipUnchangedRescale>
 struct OnlineSoftmax {
   float row_max[kMTiles][2];  // raw (unscaled) running max of the scores; -inf: nothing seen yet
@@ -26,12 +39,13 @@ struct OnlineSoftmax {
   }
 
   // Turns the block's scores s into unnormalised probabilities exp2(s * scale_log2 - max * ...)
-  // in place and rescales the O accumulators by the change of the running max. A row whose max is
-  // still -inf (everything masked so far) uses 0 as its base, so -inf - -inf never makes a NaN.
-  template <int kNTiles, int kDTiles>
-  __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4],
-                                         float (&o)[kMTiles][kDTiles][4], float scale_log2) {
-    float correction[kMTiles][2];
+  // in place and sets correction[mi][r], the factor that brings O rows accumulated under the old
+  // running max to the new one. Returns whether any of this thread's row maxima moved. A row whose
+  // max is still -inf (everything masked so far) uses 0 as its base, so -inf - -inf never makes a
+  // NaN.
+  template <int kNTiles>
+  __device__ __forceinline__ bool probabilities(float (&s)[kMTiles][kNTiles][4], float scale_log2,
+                                                float (&correction)[kMTiles][2]) {
     bool changed = false;
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi) {
@@ -60,27 +74,31 @@ struct OnlineSoftmax {
         row_sum[mi][r] = row_sum[mi][r] * correction[mi][r] + sum;
       }
     }
-    // Once the running max settles (after the first few blocks, on most rows) the correction is
-    // exactly 1, and the O rescale (kMTiles x kDTiles x 4 FMULs) can be skipped unless some row
-    // of the warp moved; the vote keeps the branch uniform. Per configuration (tile_config.h).
-    if (!kSkipUnchangedRescale || __any_sync(0xffffffffu, changed)) {
+    return changed;
+  }
+
+  // Once the running max settles (after the first few blocks, on most rows) the correction is
+  // exactly 1, and the O rescale (kMTiles x kDTiles x 4 FMULs) can be skipped unless some row
+  // of the warp moved; the vote keeps the branch uniform. Per configuration (tile_config.h).
+  __device__ __forceinline__ static bool must_rescale(bool changed) {
+    return !kSkipUnchangedRescale || __any_sync(0xffffffffu, changed);
+  }
+
+  // probabilities(), then the rescale of the warp's own O rows.
+  template <int kNTiles, int kDTiles>
+  __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4],
+                                         float (&o)[kMTiles][kDTiles][4], float scale_log2) {
+    float correction[kMTiles][2];
+    if (must_rescale(probabilities(s, scale_log2, correction))) {
 #pragma unroll
-      for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-          for (int dt = 0; dt < kDTiles; ++dt) {
-            o[mi][dt][2 * r] *= correction[mi][r];
-            o[mi][dt][2 * r + 1] *= correction[mi][r];
-          }
+      for (int mi = 0; mi < kMTiles; ++mi) scale_rows(o[mi], correction[mi][0], correction[mi][1]);
     }
   }
 
-  // Normalises O by the row sums (0 for a row that saw no key: its output is 0) and returns the
-  // natural-log LSE of each row (-inf for such a row) in lse[mi][r].
-  template <int kDTiles>
-  __device__ __forceinline__ void finish(float (&o)[kMTiles][kDTiles][4], float scale,
-                                         float (&lse)[kMTiles][2]) {
+  // The factor that normalises each row (1 / row sum; 0 for a row that saw no key, whose output is
+  // 0) and the natural-log LSE of each row (-inf for such a row).
+  __device__ __forceinline__ void finish_rows(float scale, float (&inv)[kMTiles][2],
+                                              float (&lse)[kMTiles][2]) const {
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi) {
 #pragma unroll
@@ -89,15 +107,20 @@ struct OnlineSoftmax {
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
         const bool seen = l > 0.0f;
-        const float inv = seen ? 1.0f / l : 0.0f;
+        inv[mi][r] = seen ? 1.0f / l : 0.0f;
         lse[mi][r] = seen ? row_max[mi][r] * scale + logf(l) : -INFINITY;
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          o[mi][dt][2 * r] *= inv;
-          o[mi][dt][2 * r + 1] *= inv;
-        }
       }
     }
+  }
+
+  // finish_rows(), applied to the warp's own O rows.
+  template <int kDTiles>
+  __device__ __forceinline__ void finish(float (&o)[kMTiles][kDTiles][4], float scale,
+                                         float (&lse)[kMTiles][2]) const {
+    float inv[kMTiles][2];
+    finish_rows(scale, inv, lse);
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi) scale_rows(o[mi], inv[mi][0], inv[mi][1]);
   }
 };
 

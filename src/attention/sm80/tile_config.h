@@ -20,18 +20,30 @@ struct Tiles {
   bool pack_gqa = false;
   // Load each ldmatrix fragment one MMA pair ahead of its use (warp_gemm.h).
   bool pipeline_frags = false;
+  // PV in warp pairs: each warp computes S and the softmax of its own m16 slice, the pair swaps
+  // the probabilities through shared memory, and each warp accumulates O for both slices over
+  // half of the head dim, so every V fragment it reads feeds two slices (fwd_kernel.h). Needs
+  // one m16 slice per warp, an even warp count and single K/V buffers (stages = 1).
+  bool pv_pairs = false;
 };
 
+// The shared-memory exchange of a PV pair, per warp and lane: the packed probabilities (one
+// 16-byte word per 16-key MMA step), the row-max corrections of the step, and the final
+// normalisers: (block_n / 16 + 2) words of 16 bytes per lane.
+constexpr int pv_exchange_bytes(Tiles t) {
+  return t.pv_pairs ? t.warps * (t.block_n / 16 + 2) * 32 * 16 : 0;
+}
+
 // Shared memory a configuration needs: Q once plus `stages` buffers of K and of V (2-byte
-// elements).
+// elements), and the PV pairs' exchange.
 constexpr int fwd_smem_bytes(int head_dim, Tiles t) {
-  return (t.block_m + 2 * t.stages * t.block_n) * head_dim * 2;
+  return (t.block_m + 2 * t.stages * t.block_n) * head_dim * 2 + pv_exchange_bytes(t);
 }
 
 // The configuration for a head dim and mask. Chosen by measurement on the H200 (docs/
-// kernel-notes.md, runs 2-11), FA2's grid, bf16. Every configuration needs at most 96 KB of
-// shared memory, so the same tiles run on H100/H200 (227 KB per block), A100 (163 KB) and
-// sm86/sm89 (99 KB); on Hopper two blocks share an SM.
+// kernel-notes.md, runs 2-11), FA2's grid, bf16. Every configuration needs at most 108 KB of
+// shared memory, so the same tiles run on H100/H200 (227 KB per block) and A100 (163 KB); on
+// Hopper two blocks share an SM. sm86/sm89 (99 KB) take fwd_tiles_small_smem where that is less.
 //
 // Each warp owns two m16 slices (32 query rows) where registers allow: every K/V fragment a warp
 // reads from shared memory then feeds two MMAs, which halves shared-memory traffic per FLOP (with
@@ -63,10 +75,18 @@ constexpr Tiles fwd_tiles(int head_dim, bool masked) {
       // (runs 11-12); the rescale skip is worth 0-1% here, masked or not (run 12). Copying each
       // fragment one MMA pair ahead (FA2's pipelining) adds 0.2-2.2%, most on short sequences;
       // for d64/d128 it measured 0-2% slower (run 13).
-      return {64, 64, 4, 1, true, 2, false, true};
+      return {64, 64, 4, 1, true, 2, false, true, true};
     default:
       return {0, 0, 0, 0, false, 0};
   }
+}
+
+// Where the device's per-block shared memory is below fwd_tiles' need (sm86/sm89: 99 KB), the
+// same tile without the PV pairs' exchange (96 KB).
+constexpr Tiles fwd_tiles_small_smem(int head_dim, bool masked) {
+  Tiles t = fwd_tiles(head_dim, masked);
+  t.pv_pairs = false;
+  return t;
 }
 
 // Decode (at most one query per sequence): the GQA group's heads fill a 16-row tile (one m16
@@ -97,10 +117,18 @@ struct FwdConfig {
   static constexpr int kMTiles = kWarpRows / 16;      // m16 slices per warp
   static constexpr int kNTiles = kBlockN / 8;         // n8 tiles of S per slice
   static constexpr int kDTiles = kHeadDim / 8;        // n8 tiles of O per slice
+  static constexpr bool kPvPairs = kTiles.pv_pairs;
+  // The O accumulators a warp holds: its own m16 slices over the whole head dim, or (PV pairs) its
+  // own slice and its partner's over half of it.
+  static constexpr int kOSlices = kPvPairs ? 2 : kMTiles;
+  static constexpr int kODTiles = kPvPairs ? kDTiles / 2 : kDTiles;
+  static constexpr int kPvSteps = kBlockN / 16;  // k16 steps of P . V
   static constexpr int kSmemBytes = fwd_smem_bytes(kHeadDim, kTiles);
   static_assert(kHeadDim % 64 == 0, "rows are whole 128-byte swizzle groups");
   static_assert(kBlockM % (16 * kWarps) == 0 && kBlockN % 16 == 0);
   static_assert(kStages >= 1);
+  static_assert(!kPvPairs || (kMTiles == 1 && kWarps % 2 == 0 && kStages == 1 && !kPackGqa),
+                "PV pairs: one m16 slice per warp, whole pairs, single K/V buffers");
 };
 
 }  // namespace flashserve::attention::sm80

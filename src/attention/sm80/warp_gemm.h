@@ -1,7 +1,8 @@
 // The two GEMMs of one key block, per warp, on tensor cores (mma.sync m16n8k16):
 //   S = Q K^T : A = Q (ldmatrix from shared memory), B = K (ldmatrix: K's rows are B's columns)
 //   O += P V  : A = P straight from the S accumulators (the m16n8 accumulators of n-tiles 2k and
-//               2k+1 are exactly the A fragment of an m16k16 tile), B = V (ldmatrix.trans).
+//               2k+1 are exactly the A fragment of an m16k16 tile; a PV pair's partner slice
+//               comes through shared memory in that layout), B = V (ldmatrix.trans).
 // Shared tiles are swizzled (smem_tile.h); all fragment row addresses of one 8x8 matrix share
 // row % 8 == lane % 8, so a lane's physical chunk is (logical chunk) ^ (lane % 8).
 #pragma once
@@ -98,14 +99,27 @@ __device__ __forceinline__ void gemm_qk(float (&acc)[kMTiles][kNTiles][4], const
   }
 }
 
-// acc[mi][dt] += P[slice mi] . V[:, d-tile dt]; p holds probabilities in the S accumulator layout.
+// The probabilities of keys 16 ks .. 16 ks + 15 of one m16 slice, packed to 16 bits as an A
+// fragment: the m16n8 accumulators of n-tiles 2 ks and 2 ks + 1 are exactly its layout.
+template <class Elem, int kNTiles>
+__device__ __forceinline__ void pack_p(const float (&p)[kNTiles][4], int ks, uint32_t (&a)[4]) {
+  a[0] = pack2<Elem>(p[2 * ks][0], p[2 * ks][1]);
+  a[1] = pack2<Elem>(p[2 * ks][2], p[2 * ks][3]);
+  a[2] = pack2<Elem>(p[2 * ks + 1][0], p[2 * ks + 1][1]);
+  a[3] = pack2<Elem>(p[2 * ks + 1][2], p[2 * ks + 1][3]);
+}
+
+// acc[mi][dt] += P[slice mi] . V[:, d-tile dt] over kKSteps k16 steps of keys. a_frags(ks, a) sets
+// a[mi] to slice mi's A fragment of step ks (pack_p of the warp's own scores, or a PV partner's
+// from shared memory). sv: the V tile's column of d-tile 0 (a whole number of 64-column swizzle
+// groups into the row, so the swizzle is unchanged); rows are kHeadDim elements apart.
 // kPipelined as in gemm_qk (one V fragment ahead).
-template <int kHeadDim, int kMTiles, int kNTiles, int kDTiles, bool kPipelined, class Elem>
-__device__ __forceinline__ void gemm_pv(float (&acc)[kMTiles][kDTiles][4],
-                                        const float (&p)[kMTiles][kNTiles][4], const Elem* sv,
-                                        int lane) {
+template <int kHeadDim, int kSlices, int kKSteps, int kDTiles, bool kPipelined, class Elem,
+          class AFrags>
+__device__ __forceinline__ void gemm_pv(float (&acc)[kSlices][kDTiles][4], const AFrags& a_frags,
+                                        const Elem* sv, int lane) {
   constexpr int kRowBytes = kHeadDim * 2;
-  constexpr int kKSteps = kNTiles / 2, kDPairs = kDTiles / 2;
+  constexpr int kDPairs = kDTiles / 2;
   const int l7 = lane & 7;
   // B via .trans (x4): matrices = (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15),
   // (keys 8-15, d 8-15); stored rows are keys, so .trans hands each lane keys 2t, 2t+1 of column g.
@@ -114,23 +128,13 @@ __device__ __forceinline__ void gemm_pv(float (&acc)[kMTiles][kDTiles][4],
   auto load_b = [&](int ks, int dp, uint32_t(&b)[4]) {
     ldmatrix_x4_trans(b, b_base + ks * 16 * kRowBytes + (((2 * dp + b_chunk) ^ l7) << 4));
   };
-  // A: the probabilities of key slice ks, packed to 16 bits.
-  auto pack_a = [&](int ks, uint32_t(&a)[kMTiles][4]) {
-#pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi) {
-      a[mi][0] = pack2<Elem>(p[mi][2 * ks][0], p[mi][2 * ks][1]);
-      a[mi][1] = pack2<Elem>(p[mi][2 * ks][2], p[mi][2 * ks][3]);
-      a[mi][2] = pack2<Elem>(p[mi][2 * ks + 1][0], p[mi][2 * ks + 1][1]);
-      a[mi][3] = pack2<Elem>(p[mi][2 * ks + 1][2], p[mi][2 * ks + 1][3]);
-    }
-  };
   if constexpr (kPipelined) {
     uint32_t b[4], b_next[4];
     load_b(0, 0, b);
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
-      uint32_t a[kMTiles][4];
-      pack_a(ks, a);
+      uint32_t a[kSlices][4];
+      a_frags(ks, a);
 #pragma unroll
       for (int dp = 0; dp < kDPairs; ++dp) {
         if (dp + 1 < kDPairs)
@@ -145,8 +149,8 @@ __device__ __forceinline__ void gemm_pv(float (&acc)[kMTiles][kDTiles][4],
   } else {
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
-      uint32_t a[kMTiles][4];
-      pack_a(ks, a);
+      uint32_t a[kSlices][4];
+      a_frags(ks, a);
 #pragma unroll
       for (int dp = 0; dp < kDPairs; ++dp) {
         uint32_t b[4];
