@@ -177,9 +177,9 @@ __device__ __forceinline__ void write_slice(const FwdParams& p, const Tile& t,
                                  write_lse ? p.lse_partial + slot : nullptr, step, rows_valid,
                                  lane);
   } else {
-    store_slice<D, Cfg::kODTiles>(o, lse, stage, t.out_row(p, row) + col0, col0 / 8,
-                                  t.out_step(p), write_lse ? t.lse_row(p, row) : nullptr,
-                                  t.lse_step(p), rows_valid, lane);
+    store_slice<D, Cfg::kODTiles>(o, lse, stage, t.out_row(p, row) + col0, col0 / 8, t.out_step(p),
+                                  write_lse ? t.lse_row(p, row) : nullptr, t.lse_step(p),
+                                  rows_valid, lane);
   }
 }
 
@@ -204,8 +204,7 @@ __device__ __forceinline__ void write_rows(const FwdParams& p, const Tile& t, Wa
     scale_rows(ws.o[1], __uint_as_float(theirs.x), __uint_as_float(theirs.y));
     const int col0 = (warp & 1) * (Cfg::kHeadDim / 2);
     write_slice<Cfg>(p, t, ws.o[0], lse[0], true, stage, warp_row, col0, lane);
-    write_slice<Cfg>(p, t, ws.o[1], lse[0], false, stage, (warp ^ 1) * Cfg::kWarpRows, col0,
-                     lane);
+    write_slice<Cfg>(p, t, ws.o[1], lse[0], false, stage, (warp ^ 1) * Cfg::kWarpRows, col0, lane);
   } else {
     ws.softmax.finish(ws.o, p.scale, lse);
 #pragma unroll
