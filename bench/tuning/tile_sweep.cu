@@ -74,9 +74,12 @@ fs::FwdParams make_params(const Problem& pr) {
 
 using Launcher = void (*)(const fs::FwdParams&, const fs::FwdLaunch&);
 
-template <int kD, fs::Tiles kTiles, bool kMask>
+// kHeaviestFirst = false: the masked grid's previous order (grid_order.h), to measure it.
+template <int kD, fs::Tiles kTiles, bool kMask, bool kHeaviestFirst = true>
 void launch(const fs::FwdParams& p, const fs::FwdLaunch& l) {
-  fs::launch_config<fs::FwdConfig<kD, kTiles>, __nv_bfloat16, kMask, false>(p, l);
+  fs::FwdLaunch order = l;
+  order.heaviest_first = kHeaviestFirst;
+  fs::launch_config<fs::FwdConfig<kD, kTiles>, __nv_bfloat16, kMask, false>(p, order);
 }
 
 struct Variant {
@@ -91,25 +94,20 @@ struct Variant {
 // try one.
 constexpr fs::Tiles kD256P{64, 64, 4, 1, true, 2, false, true};
 constexpr fs::Tiles kD256Pairs{64, 64, 4, 1, true, 2, false, true, true};
-constexpr fs::Tiles kD256PairsNoPipe{64, 64, 4, 1, true, 2, false, false, true};
-constexpr fs::Tiles kD128{128, 64, 4, 2, true, 2}, kD128P{128, 64, 4, 2, true, 2, false, true};
-constexpr fs::Tiles kD128M{128, 64, 4, 1, true, 2}, kD128MP{128, 64, 4, 1, true, 2, false, true};
-constexpr fs::Tiles kD64{128, 128, 4, 1, false, 2}, kD64P{128, 128, 4, 1, false, 2, false, true};
+constexpr fs::Tiles kD128{128, 64, 4, 2, true, 2}, kD128M{128, 64, 4, 1, true, 2};
+constexpr fs::Tiles kD64{128, 128, 4, 1, false, 2};
 const Variant kVariants[] = {
     {"d256 64x64 4w s1 skip pipe", 256, false, launch<256, kD256P, false>},
     {"d256 64x64 4w pipe pairs", 256, false, launch<256, kD256Pairs, false>},
-    {"d256 64x64 4w pairs", 256, false, launch<256, kD256PairsNoPipe, false>},
+    {"d256 pipe pairs per-head order", 256, true, launch<256, kD256Pairs, true, false>},
+    {"d256 pipe pairs", 256, true, launch<256, kD256Pairs, true>},
     {"d256 64x64 4w s1 skip pipe", 256, true, launch<256, kD256P, true>},
-    {"d256 64x64 4w pipe pairs", 256, true, launch<256, kD256Pairs, true>},
-    {"d256 64x64 4w pairs", 256, true, launch<256, kD256PairsNoPipe, true>},
     {"d128 128x64 4w s2 skip", 128, false, launch<128, kD128, false>},
-    {"d128 128x64 4w s2 skip pipe", 128, false, launch<128, kD128P, false>},
+    {"d128 s1 skip per-head order", 128, true, launch<128, kD128M, true, false>},
     {"d128 128x64 4w s1 skip", 128, true, launch<128, kD128M, true>},
-    {"d128 128x64 4w s1 skip pipe", 128, true, launch<128, kD128MP, true>},
     {"d64 128x128 4w s1", 64, false, launch<64, kD64, false>},
-    {"d64 128x128 4w s1 pipe", 64, false, launch<64, kD64P, false>},
+    {"d64 s1 per-head order", 64, true, launch<64, kD64, true, false>},
     {"d64 128x128 4w s1", 64, true, launch<64, kD64, true>},
-    {"d64 128x128 4w s1 pipe", 64, true, launch<64, kD64P, true>},
 };
 
 }  // namespace
@@ -123,8 +121,11 @@ int main(int argc, char** argv) {
       if (*s == ',') ++s;
     }
   }
-  int smem = 0;
+  int smem = 0, smem_per_sm = 0, sms = 0, l2 = 0;
   CUDA_OK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  CUDA_OK(cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CUDA_OK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
   constexpr int64_t kTokens = 16384, kHidden = 2048;
   const int64_t elems = kTokens * kHidden;
   __nv_bfloat16 *q, *k, *v, *out;
@@ -148,7 +149,11 @@ int main(int argc, char** argv) {
       l.dtype = flashserve::DType::kBFloat16;
       l.batch = pr.batch;
       l.max_q_len = seqlen;
+      l.max_kv_len = seqlen;
       l.smem_per_block = smem;
+      l.smem_per_sm = smem_per_sm;
+      l.sms = sms;
+      l.l2_bytes = l2;
       CUDA_OK(cudaMemset(out, 0xff, elems * 2));  // NaN poison
       var.run(p, l);
       CUDA_OK(cudaDeviceSynchronize());

@@ -94,6 +94,7 @@ struct DeviceProps {
   int sms = 0;
   int smem_per_block = 0;  // opt-in maximum
   int smem_per_sm = 0;
+  int l2_bytes = 0;
 };
 
 const DeviceProps& device_props(int device) {
@@ -111,6 +112,7 @@ const DeviceProps& device_props(int device) {
   get(d.sms, cudaDevAttrMultiProcessorCount);
   get(d.smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin);
   get(d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor);
+  get(d.l2_bytes, cudaDevAttrL2CacheSize);
   return cache.emplace(device, d).first->second;
 }
 
@@ -287,7 +289,11 @@ void cuda_forward(const AttentionParams& params, const Problem& pr) {
   launch.paged = pr.paged;
   launch.batch = static_cast<int>(pr.batch);
   launch.max_q_len = static_cast<int>(pr.max_q_len);
+  launch.max_kv_len = static_cast<int>(pr.max_kv_len);
   launch.smem_per_block = dev.smem_per_block;
+  launch.smem_per_sm = dev.smem_per_sm;
+  launch.sms = dev.sms;
+  launch.l2_bytes = dev.l2_bytes;
   launch.stream = stream;
   switch (pr.head_dim) {
     case 64:

@@ -222,10 +222,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   const FwdSmem<Cfg, Elem> sm(smem);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_row = warp * Cfg::kWarpRows;
-  // Masked (causal / window) tiles differ in cost; launching the heaviest (last) ones first
-  // shortens the tail of the grid.
-  const int m_block = kHasMask ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const Tile t(p, m_block, blockIdx.y, blockIdx.z);
+  // Masked (causal / window) tiles differ in cost: their grid is 1-D, heaviest first by sections
+  // of heads (grid_order.h), unless too large for that (then heaviest first per head).
+  TileCoords c{int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+  if constexpr (kHasMask) {
+    if (p.order.section > 0)
+      c = tile_of(p.order, blockIdx.x);
+    else
+      c.m_block = gridDim.x - 1 - blockIdx.x;
+  }
+  const Tile t(p, c.m_block, c.head, c.z);
   if (!t.valid()) return;
 
   WarpState<Cfg> ws;

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "grid_order.h"
+
 namespace flashserve::attention::sm80 {
 
 struct FwdParams {
@@ -49,6 +51,9 @@ struct FwdParams {
   float* o_partial;    // [num_splits, q_rows, h_q, d]
   float* lse_partial;  // [num_splits, q_rows, h_q]
   int64_t q_rows;      // rows of q: batch * seqlen_q (dense) or total_q (varlen)
+
+  // Masked grids: the 1-D tile order of grid_order.h (set by the launcher).
+  GridOrder order;
 };
 
 // One sequence's lengths and where it starts. Offsets are computed where they are used (not held

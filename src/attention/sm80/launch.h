@@ -16,7 +16,12 @@ struct FwdLaunch {
   bool paged;          // block_table given: the paged-KV instantiation
   int batch;           // grid z is batch * params.num_splits
   int max_q_len;       // grid x = ceil(max_q_len / block_m)
+  int max_kv_len;      // longest key sequence (sizes the masked grid's sections)
   int smem_per_block;  // the device's opt-in shared memory per block
+  int smem_per_sm;
+  int sms;
+  int64_t l2_bytes;
+  bool heaviest_first = true;  // masked grids: grid_order.h (off only to measure it)
   cudaStream_t stream;
 };
 

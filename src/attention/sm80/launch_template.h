@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "attention/cuda_check.h"
@@ -22,12 +24,25 @@ void launch_config(const FwdParams& params, const FwdLaunch& launch) {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
       "cudaFuncSetAttribute (sm80 forward shared memory)");
   // Grid: query tiles x grid heads (KV heads when the GQA group is packed into the rows) x
-  // sequences and their splits.
+  // sequences and their splits; masked grids in the 1-D order of grid_order.h.
   const int rows = launch.max_q_len * (Cfg::kPackGqa ? params.h_ratio : 1);
-  const dim3 grid((rows + Cfg::kBlockM - 1) / Cfg::kBlockM,
-                  Cfg::kPackGqa ? params.h_q / params.h_ratio : params.h_q,
-                  launch.batch * params.num_splits);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, launch.stream>>>(params);
+  const int m_blocks = (rows + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const int heads = Cfg::kPackGqa ? params.h_q / params.h_ratio : params.h_q;
+  const int z = launch.batch * params.num_splits;
+  dim3 grid(m_blocks, heads, z);
+  FwdParams p = params;
+  p.order = GridOrder{};
+  if (kHasMask && launch.heaviest_first) {
+    const int64_t per_sm = std::min<int64_t>(
+        Cfg::kMinBlocksPerSm, std::max(1, launch.smem_per_sm / (Cfg::kSmemBytes + 1024)));
+    // Heads of a GQA group are adjacent units and share their K/V; a split reads its share.
+    const int64_t kv_bytes = int64_t{launch.max_kv_len} * Cfg::kHeadDim * 4 /
+                             (int64_t{params.h_ratio} * params.num_splits);
+    p.order = heaviest_first(m_blocks, heads, int64_t{heads} * z, per_sm * launch.sms, kv_bytes,
+                             launch.l2_bytes);
+    if (p.order.section > 0) grid = dim3(m_blocks * p.order.units);
+  }
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, launch.stream>>>(p);
   check_cuda(cudaGetLastError(), "sm80 forward kernel launch");
 }
 
