@@ -18,10 +18,18 @@ using attention::sm80::tile_of;
 constexpr int64_t kH200Slots = 2 * 132;
 constexpr int64_t kL2 = 50 << 20;
 
-// Walks the 1-D grid: each (m_block, head, z) once; m_block never rises inside a section.
+// Walks the 1-D grid: each (m_block, head, z) once; sections in order, sizes within one unit of
+// each other (the larger first), each starting with its heaviest tiles; m_block never rises inside
+// a section.
 void expect_order(const GridOrder& o, int z_count) {
-  ASSERT_GT(o.section, 0);
+  ASSERT_GT(o.sections, 0);
+  ASSERT_LE(o.sections, o.units);
   ASSERT_EQ(o.units, o.heads * z_count);
+  std::vector<int> section_of(o.units);
+  for (int s = 0, unit = 0; s < o.sections; ++s) {
+    const int size = o.units / o.sections + (s < o.units % o.sections ? 1 : 0);
+    for (int i = 0; i < size; ++i) section_of[unit++] = s;
+  }
   std::vector<int> seen(static_cast<size_t>(o.m_blocks) * o.units, 0);
   int prev_section = -1, prev_m = 0;
   for (int linear = 0; linear < o.m_blocks * o.units; ++linear) {
@@ -32,8 +40,9 @@ void expect_order(const GridOrder& o, int z_count) {
     ASSERT_LT(c.head, o.heads);
     ASSERT_GE(c.z, 0);
     ASSERT_LT(c.z, z_count);
-    ++seen[(static_cast<size_t>(c.z) * o.heads + c.head) * o.m_blocks + c.m_block];
-    const int section = (c.z * o.heads + c.head) / o.section;
+    const int unit = c.z * o.heads + c.head;
+    ++seen[static_cast<size_t>(unit) * o.m_blocks + c.m_block];
+    const int section = section_of[unit];
     if (section == prev_section) {
       ASSERT_LE(c.m_block, prev_m) << "linear " << linear;
     } else {
@@ -48,17 +57,26 @@ void expect_order(const GridOrder& o, int z_count) {
 
 TEST(GridOrder, BenchmarkGridOnH200) {
   // d256, causal, 512 rows x 32 sequences x 8 heads, 64-row tiles: two waves would take 66 heads,
-  // L2 / 2 holds the K/V of 50 (512 KB each), and six equal sections of 43 (the last 41) follow.
+  // L2 / 2 holds the K/V of 50 (512 KB each): six sections, of 43 heads (four) and 42 (two).
   GridOrder o = heaviest_first(8, 8, 256, kH200Slots, 512 * 256 * 4, kL2);
-  EXPECT_EQ(o.section, 43);
+  EXPECT_EQ(o.sections, 6);
   expect_order(o, 32);
   EXPECT_EQ(tile_of(o, 0).m_block, 7);
   EXPECT_EQ(tile_of(o, 42).m_block, 7);
   EXPECT_EQ(tile_of(o, 43).m_block, 6);
-  // 16k rows, one sequence of 8 heads: a head's 256 tiles are about a wave; its K/V (16 MB) lets
-  // L2 / 2 hold one head.
+  // 8k rows, 2 x 8 heads of 8 MB K/V: three per section by L2, so six sections of 3, 3, 3, 3, 2
+  // and 2 heads (not five of 3 and a last one of 1, which starts 128 heavy tiles at the end).
+  o = heaviest_first(128, 8, 16, kH200Slots, 8192 * 256 * 4, kL2);
+  EXPECT_EQ(o.sections, 6);
+  expect_order(o, 2);
+  // The first block past four sections of 3: unit 12 = head 4 of sequence 1, heaviest tile.
+  EXPECT_EQ(tile_of(o, 12 * 128).head, 4);
+  EXPECT_EQ(tile_of(o, 12 * 128).z, 1);
+  EXPECT_EQ(tile_of(o, 12 * 128).m_block, 127);
+  // 16k rows, one sequence of 8 heads: a head's 256 tiles are about a wave and its K/V is 16 MB:
+  // one head per section.
   o = heaviest_first(256, 8, 8, kH200Slots, 16384 * 256 * 4, kL2);
-  EXPECT_EQ(o.section, 1);
+  EXPECT_EQ(o.sections, 8);
   expect_order(o, 1);
 }
 
@@ -70,19 +88,13 @@ TEST(GridOrder, RandomShapesCoverEveryTileOnce) {
     const int z = 1 + static_cast<int>(rng() % 9);
     const int64_t slots = 1 + rng() % 600;
     const int64_t kv = 1 + rng() % (64 << 20);
-    const GridOrder o = heaviest_first(m_blocks, heads, int64_t{heads} * z, slots, kv, kL2);
-    ASSERT_GE(o.section, 1);
-    ASSERT_LE(o.section, o.units);
-    // Equal sections: the last holds at most (sections - 1) fewer units than the others.
-    const int sections = (o.units + o.section - 1) / o.section;
-    EXPECT_GE(o.units - (sections - 1) * o.section, o.section - (sections - 1));
-    expect_order(o, z);
+    expect_order(heaviest_first(m_blocks, heads, int64_t{heads} * z, slots, kv, kL2), z);
   }
 }
 
 TEST(GridOrder, TooLargeForOneDimensionFallsBack) {
   const GridOrder o = heaviest_first(1 << 16, 64, int64_t{1} << 16, kH200Slots, 1 << 20, kL2);
-  EXPECT_EQ(o.section, 0);
+  EXPECT_EQ(o.sections, 0);
 }
 
 }  // namespace

@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   // of heads (grid_order.h), unless too large for that (then heaviest first per head).
   TileCoords c{int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
   if constexpr (kHasMask) {
-    if (p.order.section > 0)
+    if (p.order.sections > 0)
       c = tile_of(p.order, blockIdx.x);
     else
       c.m_block = gridDim.x - 1 - blockIdx.x;

@@ -16,12 +16,13 @@
 
 namespace flashserve::attention::sm80 {
 
-// A 1-D grid of m_blocks x units blocks, units = heads x grid z (sequences and their splits).
+// A 1-D grid of m_blocks x units blocks, units = heads x grid z (sequences and their splits),
+// taken in `sections` sections whose sizes differ by at most one unit (the larger first).
 struct GridOrder {
   int32_t m_blocks;  // query tiles per (head, z)
   int32_t heads;     // grid heads
   int32_t units;     // heads x grid z
-  int32_t section;   // units per section (the last may hold fewer); 0: not in use (3-D grid)
+  int32_t sections;  // 0: not in use (3-D grid)
 };
 
 // slots: blocks resident on the whole GPU at once; kv_bytes_per_unit: the K and V bytes one unit
@@ -33,10 +34,10 @@ inline GridOrder heaviest_first(int m_blocks, int heads, int64_t units, int64_t 
   section = std::min(section,
                      std::max<int64_t>(1, l2_bytes / 2 / std::max<int64_t>(kv_bytes_per_unit, 1)));
   section = std::clamp<int64_t>(section, 1, units);
-  // Equal sections: a small last one would start its heavy tiles in the final wave.
+  // Sections of equal size (within one unit): a small last one would start its heavy tiles in
+  // the final wave, behind which the GPU idles.
   const int64_t sections = (units + section - 1) / section;
-  section = (units + sections - 1) / sections;
-  return GridOrder{m_blocks, heads, static_cast<int32_t>(units), static_cast<int32_t>(section)};
+  return GridOrder{m_blocks, heads, static_cast<int32_t>(units), static_cast<int32_t>(sections)};
 }
 
 struct TileCoords {
@@ -45,13 +46,23 @@ struct TileCoords {
 
 // The tile block `linear` of the 1-D grid computes (host too: tested in CI).
 FS_HOST_DEVICE TileCoords tile_of(const GridOrder& o, int linear) {
-  const int per_section = o.section * o.m_blocks;
-  const int s = linear / per_section;
-  const int r = linear - s * per_section;
-  const int first = s * o.section;
-  const int n = o.units - first < o.section ? o.units - first : o.section;
-  const int unit = first + r % n;
-  return {o.m_blocks - 1 - r / n, unit % o.heads, unit / o.heads};
+  const int small = o.units / o.sections, large_count = o.units % o.sections;
+  const int large_blocks = large_count * (small + 1) * o.m_blocks;
+  int size, first, r;
+  if (linear < large_blocks) {
+    size = small + 1;
+    const int s = linear / (size * o.m_blocks);
+    first = s * size;
+    r = linear - first * o.m_blocks;
+  } else {
+    size = small;
+    const int rest = linear - large_blocks;
+    const int s = rest / (size * o.m_blocks);
+    first = large_count * (small + 1) + s * size;
+    r = rest - s * size * o.m_blocks;
+  }
+  const int unit = first + r % size;
+  return {o.m_blocks - 1 - r / size, unit % o.heads, unit / o.heads};
 }
 
 }  // namespace flashserve::attention::sm80

@@ -40,7 +40,7 @@ void launch_config(const FwdParams& params, const FwdLaunch& launch) {
                              (int64_t{params.h_ratio} * params.num_splits);
     p.order = heaviest_first(m_blocks, heads, int64_t{heads} * z, per_sm * launch.sms, kv_bytes,
                              launch.l2_bytes);
-    if (p.order.section > 0) grid = dim3(m_blocks * p.order.units);
+    if (p.order.sections > 0) grid = dim3(m_blocks * p.order.units);
   }
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, launch.stream>>>(p);
   check_cuda(cudaGetLastError(), "sm80 forward kernel launch");
