@@ -3,7 +3,7 @@
 // K/V tiles stream through a `kStages`-deep cp.async ring with one __syncthreads per key block, or
 // (kStages == 1) through single K and V buffers with two. With PV pairs (tile_config.h) two warps
 // also swap their probabilities between those two barriers, so that each V fragment read from
-// shared memory feeds two m16 slices: that traffic is what bounds the one-slice-per-warp tiles.
+// shared memory feeds two m16 slices: half the V ldmatrix (and their waits) of one-slice tiles.
 #pragma once
 
 #include <cstdint>

@@ -22,8 +22,9 @@ struct Tiles {
   bool pipeline_frags = false;
   // PV in warp pairs: each warp computes S and the softmax of its own m16 slice, the pair swaps
   // the probabilities through shared memory, and each warp accumulates O for both slices over
-  // half of the head dim, so every V fragment it reads feeds two slices (fwd_kernel.h). Needs
-  // one m16 slice per warp, an even warp count and single K/V buffers (stages = 1).
+  // half of the head dim, so every V fragment it reads feeds two slices (fwd_kernel.h): fewer
+  // ldmatrix and fewer waits on them (shared-memory bandwidth itself was a third used, run 21).
+  // Needs one m16 slice per warp, an even warp count and single K/V buffers (stages = 1).
   bool pv_pairs = false;
 };
 
