@@ -90,18 +90,22 @@ struct Variant {
 };
 
 // Tiles: block_m, block_n, warps, stages, skip_unchanged_rescale, min_blocks_per_sm, pack_gqa,
-// pipeline_frags, pv_pairs, qk_chains. The first variant of each (d, causal) is the reference. Add
-// a line to try one.
+// pipeline_frags, pv_pairs. The first variant of each (d, causal) is the reference. Add a line to
+// try one.
 constexpr fs::Tiles kD256P{64, 64, 4, 1, true, 2, false, true};
 constexpr fs::Tiles kD256Pairs{64, 64, 4, 1, true, 2, false, true, true};
-constexpr fs::Tiles kD256Pairs2{64, 64, 4, 1, true, 2, false, true, true, 2};
-constexpr fs::Tiles kD256P2{64, 64, 4, 1, true, 2, false, true, false, 2};
+constexpr fs::Tiles kD128M{128, 64, 4, 1, true, 2};
+constexpr fs::Tiles kD64{128, 128, 4, 1, false, 2};
 const Variant kVariants[] = {
+    {"d256 64x64 4w s1 skip pipe", 256, false, launch<256, kD256P, false>},
     {"d256 64x64 4w pipe pairs", 256, false, launch<256, kD256Pairs, false>},
-    {"d256 pipe pairs 2 chains", 256, false, launch<256, kD256Pairs2, false>},
+    {"d256 per-head order", 256, true, launch<256, kD256P, true, false>},
     {"d256 64x64 4w s1 skip pipe", 256, true, launch<256, kD256P, true>},
-    {"d256 pipe pairs 2 chains", 256, true, launch<256, kD256Pairs2, true>},
-    {"d256 pipe 2 chains (spills)", 256, true, launch<256, kD256P2, true>},
+    {"d256 pipe pairs", 256, true, launch<256, kD256Pairs, true>},
+    {"d128 s1 skip per-head order", 128, true, launch<128, kD128M, true, false>},
+    {"d128 128x64 4w s1 skip", 128, true, launch<128, kD128M, true>},
+    {"d64 s1 per-head order", 64, true, launch<64, kD64, true, false>},
+    {"d64 128x128 4w s1", 64, true, launch<64, kD64, true>},
 };
 
 }  // namespace

@@ -86,7 +86,7 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
       __syncthreads();     // ... for every thread; and every warp is done with V(n + 1)
       t.template load_v<kThreads>(p, n, sm.v_slot(0), tid);
       cp_async_commit();
-      gemm_qk<D, kMT, kNT, Cfg::kPipelineFrags, Cfg::kQkChains>(s, sq_warp, sm.k_slot(0), lane);
+      gemm_qk<D, kMT, kNT, Cfg::kPipelineFrags>(s, sq_warp, sm.k_slot(0), lane);
     } else {
       cp_async_wait<kS - 2>();
       __syncthreads();
@@ -97,7 +97,7 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
         t.template load_v<kThreads>(p, ahead, sm.v_slot(slot), tid);
       }
       cp_async_commit();
-      gemm_qk<D, kMT, kNT, Cfg::kPipelineFrags, Cfg::kQkChains>(s, sq_warp, sm.k_slot(buf), lane);
+      gemm_qk<D, kMT, kNT, Cfg::kPipelineFrags>(s, sq_warp, sm.k_slot(buf), lane);
     }
     if constexpr (decltype(masked)::value)
       mask_scores<kMT, kNT, Tile::kMasked>(s, row0, n * kBN + 2 * (lane & 3), t.seq.kv_len, offset,

@@ -26,8 +26,6 @@ struct Tiles {
   // ldmatrix and fewer waits on them (shared-memory bandwidth itself was a third used, run 21).
   // Needs one m16 slice per warp, an even warp count and single K/V buffers (stages = 1).
   bool pv_pairs = false;
-  // Independent accumulator chains in QK^T (warp_gemm.h's gemm_qk): 1 or 2.
-  int qk_chains = 1;
 };
 
 // The shared-memory exchange of a PV pair, per warp and lane: the packed probabilities (one
@@ -79,10 +77,8 @@ constexpr Tiles fwd_tiles(int head_dim, bool masked) {
       // fragment one MMA pair ahead (FA2's pipelining) adds 0.2-2.2%, most on short sequences;
       // for d64/d128 it measured 0-2% slower (run 13).
       // PV pairs (run 17): +1-2.5% unmasked; masked, with heaviest-first grids (run 18), the
-      // one-slice tile measured 2-4% faster. Unmasked with pairs, the registers left allow two
-      // QK^T chains without spills (the one-slice tile spills 100+ B with them).
-      if (masked) return {64, 64, 4, 1, true, 2, false, true, false, 1};
-      return {64, 64, 4, 1, true, 2, false, true, true, 2};
+      // one-slice tile measured 2-4% faster.
+      return {64, 64, 4, 1, true, 2, false, true, !masked};
     default:
       return {0, 0, 0, 0, false, 0};
   }
@@ -125,7 +121,6 @@ struct FwdConfig {
   static constexpr int kNTiles = kBlockN / 8;         // n8 tiles of S per slice
   static constexpr int kDTiles = kHeadDim / 8;        // n8 tiles of O per slice
   static constexpr bool kPvPairs = kTiles.pv_pairs;
-  static constexpr int kQkChains = kTiles.qk_chains;
   // The O accumulators a warp holds: its own m16 slices over the whole head dim, or (PV pairs) its
   // own slice and its partner's over half of it.
   static constexpr int kOSlices = kPvPairs ? 2 : kMTiles;

@@ -29,13 +29,9 @@ __device__ __forceinline__ void mma_pair(float (&acc)[kMTiles][kN][4], int j,
 // sq: the warp's first Q row in shared memory; sk: the K tile. kPipelined: each fragment is loaded
 // one MMA pair ahead of its use (FlashAttention-2's copy-ahead), so that ldmatrix latency overlaps
 // the tensor-core work instead of preceding it; costs a second set of fragment registers.
-// kChains = 2: odd k-steps accumulate into a second set of accumulators, added at the end, so
-// twice as many MMAs are independent of each other (one slice of 64 keys has only 8 chains of
-// 16 dependent MMAs otherwise); costs kMTiles x kNTiles x 4 registers while QK^T runs.
-template <int kHeadDim, int kMTiles, int kNTiles, bool kPipelined, int kChains = 1, class Elem>
+template <int kHeadDim, int kMTiles, int kNTiles, bool kPipelined, class Elem>
 __device__ __forceinline__ void gemm_qk(float (&acc)[kMTiles][kNTiles][4], const Elem* sq,
                                         const Elem* sk, int lane) {
-  static_assert(kChains == 1 || kChains == 2);
   constexpr int kRowBytes = kHeadDim * 2;
   constexpr int kKSteps = kHeadDim / 16, kNPairs = kNTiles / 2;
   const int l7 = lane & 7;
@@ -55,19 +51,12 @@ __device__ __forceinline__ void gemm_qk(float (&acc)[kMTiles][kNTiles][4], const
   auto load_b = [&](int ks, int np, uint32_t(&b)[4]) {
     ldmatrix_x4(b, b_base + np * 16 * kRowBytes + (((2 * ks + b_chunk) ^ l7) << 4));
   };
-  float odd[kMTiles][kNTiles][4];  // the second chain (unused, and so not allocated, at kChains 1)
 #pragma unroll
   for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mi][nt][e] = odd[mi][nt][e] = 0.0f;
-  auto mma = [&](int ks, int np, const uint32_t(&a)[kMTiles][4], const uint32_t(&b)[4]) {
-    if (kChains == 2 && (ks & 1))
-      mma_pair<Elem>(odd, np, a, b);
-    else
-      mma_pair<Elem>(acc, np, a, b);
-  };
+      for (int e = 0; e < 4; ++e) acc[mi][nt][e] = 0.0f;
   if constexpr (kPipelined) {
     // Current and next fragments as plain variables (copied, not indexed by parity: an indexed
     // pair ended up in local memory where the loops were not fully unrolled).
@@ -85,7 +74,7 @@ __device__ __forceinline__ void gemm_qk(float (&acc)[kMTiles][kNTiles][4], const
           load_a(ks + 1, a_next);
           load_b(ks + 1, 0, b_next);
         }
-        mma(ks, np, a, b);
+        mma_pair<Elem>(acc, np, a, b);
 #pragma unroll
         for (int e = 0; e < 4; ++e) b[e] = b_next[e];
         if (last_pair)
@@ -104,17 +93,9 @@ __device__ __forceinline__ void gemm_qk(float (&acc)[kMTiles][kNTiles][4], const
       for (int np = 0; np < kNPairs; ++np) {
         uint32_t b[4];
         load_b(ks, np, b);
-        mma(ks, np, a, b);
+        mma_pair<Elem>(acc, np, a, b);
       }
     }
-  }
-  if constexpr (kChains == 2) {
-#pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mi][nt][e] += odd[mi][nt][e];
   }
 }
 
