@@ -49,7 +49,8 @@ struct AttentionParams {
 // On a CUDA device they are trusted as given (reading them would synchronize every call), as are
 // max_seqlen_q/k; with the environment variable FLASHSERVE_CHECK_INDICES=1, attention_forward
 // copies them to the host first and checks every entry the same way (a debugging aid: each call
-// then synchronizes its stream).
+// then synchronizes its stream). FLASHSERVE_SMEM_PER_BLOCK=<bytes> makes the CUDA path pick the
+// tiles of a device with at most that much shared memory per block (testing a smaller GPU's tiles).
 void validate(const AttentionParams& params);
 
 // Validates, then runs on the device that holds the tensors (CPU or CUDA).

@@ -126,6 +126,20 @@ size_t partial_bytes(const AttentionParams& params, const Problem& pr, int split
          sizeof(float);
 }
 
+// FLASHSERVE_SMEM_PER_BLOCK=<bytes>: plan with at most this much shared memory per block, that is,
+// run the tiles a smaller device would take (101376 = sm86/sm89's 99 KB, where d256 drops the PV
+// pairs' exchange), to test them on a larger GPU. Unset or empty: the device's opt-in maximum.
+int smem_per_block_limit(int device_max) {
+  const char* v = std::getenv("FLASHSERVE_SMEM_PER_BLOCK");
+  if (v == nullptr || *v == '\0') return device_max;
+  char* end = nullptr;
+  const long long bytes = std::strtoll(v, &end, 10);
+  if (*end != '\0' || bytes <= 0)
+    throw Error(ErrorKind::kInvalidArgument, "FLASHSERVE_SMEM_PER_BLOCK",
+                std::string("must be a positive number of bytes, got \"") + v + "\"");
+  return static_cast<int>(std::min<long long>(bytes, device_max));
+}
+
 // FLASHSERVE_CHECK_INDICES=1 (any value but empty or "0"): a debugging aid. The kernels trust the
 // index tensors in device memory (reading them here would synchronize every call): an entry of
 // block_table outside the pool reads out of bounds, and a max_seqlen_q/k below a real length
@@ -290,7 +304,7 @@ void cuda_forward(const AttentionParams& params, const Problem& pr) {
   launch.batch = static_cast<int>(pr.batch);
   launch.max_q_len = static_cast<int>(pr.max_q_len);
   launch.max_kv_len = static_cast<int>(pr.max_kv_len);
-  launch.smem_per_block = dev.smem_per_block;
+  launch.smem_per_block = smem_per_block_limit(dev.smem_per_block);
   launch.smem_per_sm = dev.smem_per_sm;
   launch.sms = dev.sms;
   launch.l2_bytes = dev.l2_bytes;

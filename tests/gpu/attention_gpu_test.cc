@@ -445,5 +445,38 @@ TEST(GpuIndexCheck, RefusesBadDeviceIndicesWhenAsked) {
                  [](AttentionParams& p) { p.max_seqlen_q = 39; });  // the longest query is 40
 }
 
+// ---------------------------------------------------------------------------------------------
+// FLASHSERVE_SMEM_PER_BLOCK: the tiles of a device with 99 KB of shared memory per block
+// (sm86/sm89: d256 without the PV pairs' exchange) run here against the reference; a limit no
+// tile fits and a malformed value are refused.
+
+TEST(GpuSmallSmem, TilesOfA99KbDeviceMatchReference) {
+  SKIP_WITHOUT_CUDA();
+  ScopedEnv limit("FLASHSERVE_SMEM_PER_BLOCK", "101376");
+  std::vector<CaseSpec> cases;
+  for (bool causal : {false, true})
+    cases.push_back(spec(DType::kBFloat16, 256, 2, {300}, {300}, 4, 2, causal));
+  cases.push_back(varlen(spec(DType::kFloat16, 256, 3, {700, 0, 129}, {300, 3, 500}, 16, 4)));
+  CaseSpec split = spec(DType::kBFloat16, 256, 1, {64}, {1500}, 8, 2);
+  split.num_splits = 3;
+  cases.push_back(split);
+  cases.push_back(spec(DType::kBFloat16, 128, 2, {200}, {333}, 8, 2, true));
+  for (CaseSpec& s : cases) {
+    s.seed = seed_for(s.name(), 17);
+    check_case(s);
+  }
+}
+
+TEST(GpuSmallSmem, RefusesWhatNoTileFitsAndMalformedLimits) {
+  SKIP_WITHOUT_CUDA();
+  const CaseSpec d256 = spec(DType::kBFloat16, 256, 1, {64}, {64}, 2, 2);
+  {
+    ScopedEnv limit("FLASHSERVE_SMEM_PER_BLOCK", "49152");  // 48 KB: no d256 tile fits
+    expect_refused(d256, "q");
+  }
+  ScopedEnv bad("FLASHSERVE_SMEM_PER_BLOCK", "99KB");
+  expect_refused(d256, "FLASHSERVE_SMEM_PER_BLOCK");
+}
+
 }  // namespace
 }  // namespace flashserve::testing
