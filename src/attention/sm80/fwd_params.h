@@ -62,21 +62,21 @@ struct SeqInfo {
   int b, q_len, kv_len, q_start, k_start;
 
   __device__ __forceinline__ SeqInfo(const FwdParams& p, int batch) : b(batch) {
-    if (p.cu_seqlens_q != nullptr) {
-      q_start = p.cu_seqlens_q[b];
-      q_len = p.cu_seqlens_q[b + 1] - q_start;
-    } else {
-      q_start = 0;
-      q_len = p.seqlen_q;
-    }
-    if (p.cu_seqlens_k != nullptr) {
-      k_start = p.cu_seqlens_k[b];
-      kv_len = p.cu_seqlens_k[b + 1] - k_start;
-    } else {
-      k_start = 0;
-      kv_len = p.seqlen_k;
-    }
+    span(p.cu_seqlens_q, p.seqlen_q, q_start, q_len);
+    span(p.cu_seqlens_k, p.seqlen_k, k_start, kv_len);
     if (p.seqused_k != nullptr) kv_len = p.seqused_k[b];
+  }
+
+  // Sequence b's first row and length: from cu_seqlens (varlen), else dense rows of dense_len.
+  __device__ __forceinline__ void span(const int32_t* cu_seqlens, int dense_len, int& start,
+                                       int& len) const {
+    if (cu_seqlens != nullptr) {
+      start = cu_seqlens[b];
+      len = cu_seqlens[b + 1] - start;
+    } else {
+      start = 0;
+      len = dense_len;
+    }
   }
 
   // Index of the sequence's row 0 among all rows of q (the partial buffers' row index).

@@ -25,6 +25,25 @@ __device__ __forceinline__ void mma_pair(float (&acc)[kMTiles][kN][4], int j,
   }
 }
 
+// acc += A(ks) . B(ks, j) over kKSteps k16 steps and kPairs pairs of n8 tiles, each fragment
+// fetched right before its MMAs (the GEMMs' form without copy-ahead): a_frags(ks, a) sets every
+// slice's A fragment, b_frag(ks, j, b) loads one ldmatrix x4 of B.
+template <class Elem, int kKSteps, int kPairs, int kSlices, int kN, class AFrags, class BFrag>
+__device__ __forceinline__ void mma_steps(float (&acc)[kSlices][kN][4], const AFrags& a_frags,
+                                          const BFrag& b_frag) {
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+    uint32_t a[kSlices][4];
+    a_frags(ks, a);
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      uint32_t b[4];
+      b_frag(ks, j, b);
+      mma_pair<Elem>(acc, j, a, b);
+    }
+  }
+}
+
 // acc[mi][nt] = Q[warp rows of slice mi] . K[n-tile nt]^T over the whole head dim.
 // sq: the warp's first Q row in shared memory; sk: the K tile. kPipelined: each fragment is loaded
 // one MMA pair ahead of its use (FlashAttention-2's copy-ahead), so that ldmatrix latency overlaps
@@ -85,17 +104,7 @@ __device__ __forceinline__ void gemm_qk(float (&acc)[kMTiles][kNTiles][4], const
       }
     }
   } else {
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      uint32_t a[kMTiles][4];
-      load_a(ks, a);
-#pragma unroll
-      for (int np = 0; np < kNPairs; ++np) {
-        uint32_t b[4];
-        load_b(ks, np, b);
-        mma_pair<Elem>(acc, np, a, b);
-      }
-    }
+    mma_steps<Elem, kKSteps, kNPairs>(acc, load_a, load_b);
   }
 }
 
@@ -147,17 +156,7 @@ __device__ __forceinline__ void gemm_pv(float (&acc)[kSlices][kDTiles][4], const
       }
     }
   } else {
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      uint32_t a[kSlices][4];
-      a_frags(ks, a);
-#pragma unroll
-      for (int dp = 0; dp < kDPairs; ++dp) {
-        uint32_t b[4];
-        load_b(ks, dp, b);
-        mma_pair<Elem>(acc, dp, a, b);
-      }
-    }
+    mma_steps<Elem, kKSteps, kDPairs>(acc, a_frags, load_b);
   }
 }
 
