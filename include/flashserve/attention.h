@@ -15,6 +15,12 @@
 // position p = kv_len - q_len + t and sees key j iff  p - window_left <= j <= p + window_right
 // (a negative window side means unbounded; causal sets window_right = 0). A query row that sees no
 // key produces a zero output row and lse = -inf.
+//
+// NaN and infinity, as in PyTorch and FlashAttention: a NaN in q or in a key a row sees, or a score
+// that overflows to +inf, makes that row's output and lse NaN (never the zero row of "saw no key");
+// -inf scores weigh 0 like masked keys. A NaN or inf in v reaches the rows that weigh it; whether a
+// row that gives it weight 0 (a masked key in the same tile) turns NaN is unspecified (0 * NaN).
+// Every element pointer must be aligned to its dtype's size.
 #pragma once
 
 #include <cstddef>
@@ -34,7 +40,7 @@ struct AttentionParams {
   TensorView block_table;      // optional int32 [batch, pages_per_seq]
   int64_t max_seqlen_q = 0;    // varlen: an upper bound of every q_len (required for CUDA varlen)
   int64_t max_seqlen_k = 0;    // varlen/paged: an upper bound of every kv_len (required for CUDA)
-  float softmax_scale = 0.0f;  // 0: 1/sqrt(head_dim)
+  float softmax_scale = 0.0f;  // 0: 1/sqrt(head_dim); subnormal values are refused
   bool causal = false;
   int32_t window_left = -1;   // -1: unbounded
   int32_t window_right = -1;  // -1: unbounded (0 when causal)

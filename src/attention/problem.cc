@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <utility>
 
@@ -60,6 +62,15 @@ void check_view(const TensorView& t, const char* name, int rank) {
     fail(name, str_cat("the last dimension must be contiguous (stride 1), got stride ",
                        t.stride[t.rank - 1]));
   if (t.data == nullptr && !empty(t)) fail(name, "null data pointer");
+  // A misaligned element is undefined behaviour to read through its type on the CPU (and a
+  // misaligned-address fault on the GPU): refused, like any other malformed view.
+  const size_t size = dtype_size(t.dtype);
+  if (!empty(t) && reinterpret_cast<uintptr_t>(t.data) % size != 0) {
+    char where[32];
+    std::snprintf(where, sizeof where, "%p", t.data);
+    fail(name, str_cat("data pointer ", where, " is not aligned to its ", size, "-byte elements (",
+                       dtype_name(t.dtype), ")"));
+  }
   extent(t, name);
 }
 
@@ -225,6 +236,11 @@ Problem describe(const AttentionParams& p) {
 
   // Scalars.
   if (!std::isfinite(p.softmax_scale)) fail("softmax_scale", "must be finite");
+  // 0 means the default; a subnormal scale is not a smaller scale but, in the GPU kernels'
+  // flush-to-zero arithmetic, a zero one (uniform attention): refused, not silently changed.
+  if (p.softmax_scale != 0.0f && std::abs(p.softmax_scale) < std::numeric_limits<float>::min())
+    fail("softmax_scale", str_cat(static_cast<double>(p.softmax_scale),
+                                  " is subnormal in float32 (0 asks for 1/sqrt(head_dim))"));
   pr.scale =
       p.softmax_scale != 0.0f ? p.softmax_scale : 1.0f / std::sqrt(static_cast<float>(pr.head_dim));
   if (p.window_left < -1) fail("window_left", str_cat("must be >= -1, got ", p.window_left));

@@ -19,6 +19,7 @@
 #include "attention/problem.h"
 #include "support/attention_case.h"
 #include "support/compare.h"
+#include "support/nan_cases.h"
 
 namespace flashserve::testing {
 namespace {
@@ -477,6 +478,31 @@ TEST(GpuSmallSmem, RefusesWhatNoTileFitsAndMalformedLimits) {
   ScopedEnv bad("FLASHSERVE_SMEM_PER_BLOCK", "99KB");
   expect_refused(d256, "FLASHSERVE_SMEM_PER_BLOCK");
 }
+
+// ---------------------------------------------------------------------------------------------
+// NaN and infinity (issue 9): a NaN in q or in a key a row sees, or a score overflowing float32,
+// gives that row NaN (out and LSE) through the sm80 softmax and the split-KV combine, as the
+// float64 reference and PyTorch do; rows that see no key stay zero / -inf; the rest match.
+
+class GpuNan : public ::testing::TestWithParam<NanCase> {};
+
+TEST_P(GpuNan, RowsThatSeeAPoisonedInputAreNan) {
+  SKIP_WITHOUT_CUDA();
+  const NanCase& nc = GetParam();
+  AttentionCase c(nc.spec);
+  const PoisonPlan plan = poison_inputs(c, nc.poison, nc.spec.seed);
+  ASSERT_GT(plan.count, 0);
+  NaiveOutput exact = c.exact(), lowp = c.lowp();
+  const NaiveOutput got = run_on_gpu(c);
+  EXPECT_TRUE(nan_rows_as_planned(got, plan));
+  skip_planned_rows(exact, plan);
+  skip_planned_rows(lowp, plan);
+  EXPECT_TRUE(attention_close(got, exact, lowp, nc.spec.dtype));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GpuNan,
+                         ::testing::ValuesIn(nan_cases({DType::kFloat16, DType::kBFloat16})),
+                         [](const auto& info) { return info.param.name(); });
 
 }  // namespace
 }  // namespace flashserve::testing

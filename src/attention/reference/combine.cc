@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "attention/reference/online_softmax.h"
 #include "common/half.h"
 #include "common/thread_pool.h"
 
@@ -13,8 +14,9 @@ namespace flashserve::attention {
 void combine_row(const SplitPartials& p, int64_t row, int64_t h, float* out, float* lse) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   float m = neg_inf;
-  for (int64_t s = 0; s < p.num_splits; ++s) m = std::max(m, p.lse_at(s, row, h));
+  for (int64_t s = 0; s < p.num_splits; ++s) m = nan_max(m, p.lse_at(s, row, h));
   std::fill(out, out + p.head_dim_v, 0.0f);
+  // A NaN split (NaN input or overflowing score) makes m, total and every weight NaN below.
   if (m == neg_inf) {  // no split saw a key of this row
     *lse = neg_inf;
     return;
@@ -24,7 +26,8 @@ void combine_row(const SplitPartials& p, int64_t row, int64_t h, float* out, flo
   const float inv = 1.0f / total;
   for (int64_t s = 0; s < p.num_splits; ++s) {
     const float w = std::exp(p.lse_at(s, row, h) - m) * inv;
-    if (w == 0.0f) continue;  // also skips empty splits, whose partial holds zeros anyway
+    if (w == 0.0f)
+      continue;  // also skips empty splits, whose partial holds zeros anyway (NaN != 0)
     const float* o = p.out_at(s, row, h);
     for (int64_t d = 0; d < p.head_dim_v; ++d) out[d] += w * o[d];
   }

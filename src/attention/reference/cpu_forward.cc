@@ -181,7 +181,7 @@ class Forward {
       const int64_t t = tl.t0 + r / G, h = tl.hk * G + r % G;
       const float lse = w.sm[r].lse();
       if (!w.sm[r].empty()) {
-        const float inv = 1.0f / w.sm[r].l;
+        const float inv = 1.0f / w.sm[r].l;  // NaN for a NaN row: its output is NaN
         for (int64_t d = 0; d < Dv; ++d) w.o[d] = w.acc[r * Dv + d] * inv;
       } else {  // the row saw no key (in this split)
         std::fill(w.o.begin(), w.o.end(), 0.0f);

@@ -1,6 +1,7 @@
 // Split-KV combine: each split wrote O_s (normalised by its own row sum) and LSE_s for every
 // (row, head); the full result is O = sum_s exp(LSE_s - LSE) O_s with LSE = log sum_s exp(LSE_s).
-// Splits that saw no key have LSE_s = -inf and weigh 0; a row no split saw gets O = 0, LSE = -inf.
+// Splits that saw no key have LSE_s = -inf and weigh 0; a row no split saw gets O = 0, LSE = -inf;
+// a NaN LSE_s (a NaN row in that split) makes O and LSE NaN.
 //
 // `kWarpsPerItem` warps share one (row, head): each computes the LSE over all splits (a few
 // loads per lane), sums its own share of the splits' O (splits w, w + kWarpsPerItem, ...; four at
@@ -42,16 +43,22 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int64_t split_stride = p.q_rows * p.h_q;  // in (row, head) slots
   const float* lse_s = p.lse_partial + row * p.h_q + head;
   float m = -INFINITY, sum = 0.0f;
+  bool nan = false;  // a NaN split (NaN input, overflowing score) makes the row NaN
   if (active) {
-    for (int s = lane; s < p.num_splits; s += 32) m = fmaxf(m, lse_s[s * split_stride]);
+    for (int s = lane; s < p.num_splits; s += 32) {
+      const float x = lse_s[s * split_stride];
+      nan |= x != x;
+      m = fmaxf(m, x);  // fmaxf skips NaN: hence the flag
+    }
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (__any_sync(0xffffffffu, nan)) m = NAN;
   if (active && m != -INFINITY)
     for (int s = lane; s < p.num_splits; s += 32) sum += expf(lse_s[s * split_stride] - m);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  const bool seen = m != -INFINITY && sum > 0.0f;
+  const bool seen = m != -INFINITY && sum != 0.0f;  // NaN: seen, and lse, weights, O are NaN
   const float lse = seen ? m + logf(sum) : -INFINITY;
 
   float2 acc[kPairs];
