@@ -9,6 +9,7 @@
 #include <limits>
 #include <utility>
 
+#include "common/checked_math.h"
 #include "common/str_cat.h"
 
 namespace flashserve::attention {
@@ -295,14 +296,16 @@ Problem describe(const AttentionParams& p) {
     const int32_t* cu = pr.varlen_k ? p.cu_seqlens_k.ptr<const int32_t>() : nullptr;
     int64_t longest = 0;
     for (int64_t b = 0; b < pr.batch; ++b) {
-      const int64_t cap = pr.paged ? pr.pages_per_seq * pr.page_size
+      // Page size and pages per sequence are the caller's sizes (a stride-0 cache can make the
+      // page size huge): their product saturates instead of overflowing.
+      const int64_t cap = pr.paged ? saturating_mul(pr.pages_per_seq, pr.page_size)
                           : cu     ? int64_t{cu[b + 1]} - cu[b]
                                    : p.k.shape[1];
       if (used[b] < 0 || used[b] > cap)
         fail("seqused_k", str_cat("entry ", b, " is ", used[b], ", outside [0, ", cap, "]"));
       longest = std::max<int64_t>(longest, used[b]);
       if (pr.paged) {
-        const int64_t pages = (used[b] + pr.page_size - 1) / pr.page_size;
+        const int64_t pages = used[b] / pr.page_size + (used[b] % pr.page_size != 0);
         const int32_t* row = p.block_table.ptr<const int32_t>() + b * p.block_table.stride[0];
         for (int64_t i = 0; i < pages; ++i)
           if (row[i] < 0 || row[i] >= pr.num_pages)

@@ -140,7 +140,7 @@ CLI::Option* add_real(CLI::App& app, const std::string& name, double& target, Ra
   return opt;
 }
 
-int parse(CLI::App& app, int argc, char** argv) {
+int parse(CLI::App& app, int argc, char** argv, std::FILE* errors) {
   const char* command = argc > 0 ? argv[0] : "?";
   try {
     app.parse(argc, argv);
@@ -148,11 +148,11 @@ int parse(CLI::App& app, int argc, char** argv) {
   } catch (const CLI::Success& e) {  // --help
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "flashserve %s: error: %s\n", command, e.what());
+    std::fprintf(errors, "flashserve %s: error: %s\n", command, e.what());
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "flashserve %s: error: %s\n", command, e.what());
+    std::fprintf(errors, "flashserve %s: error: %s\n", command, e.what());
   }
-  std::fprintf(stderr, "run 'flashserve %s --help' for the options\n", command);
+  std::fprintf(errors, "run 'flashserve %s --help' for the options\n", command);
   return kUsageExit;
 }
 

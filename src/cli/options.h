@@ -13,6 +13,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -62,8 +63,8 @@ CLI::Option* add_real(CLI::App& app, const std::string& name, double& target, Ra
                       const std::string& help);
 
 // Parses argv into app. Returns -1 to go on, 0 after printing --help, kUsageExit after printing a
-// usage error (CLI11's or ours) as "flashserve <command>: error: ...".
-int parse(CLI::App& app, int argc, char** argv);
+// usage error (CLI11's or ours) to `errors` as "flashserve <command>: error: ...".
+int parse(CLI::App& app, int argc, char** argv, std::FILE* errors = stderr);
 
 // Throws UsageError when `option` was given but does not apply (`why`): every option is either
 // used or refused, never silently ignored.

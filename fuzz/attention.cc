@@ -1,0 +1,266 @@
+// Fuzzes the attention API on the CPU: a random well-formed case (tests/support/AttentionCase:
+// dense/varlen q, dense/varlen/paged KV, GQA, masks, split-KV, strided views, seqused_k, every
+// float dtype, a few NaNs in q and k), then adversarial edits of any field of AttentionParams and
+// of the host index tensors (cu_seqlens, seqused_k, block_table entries). Properties:
+//   - validate() either accepts, or throws flashserve::Error of kind invalid-argument or
+//     unsupported naming an argument; it never crashes, hangs or trips ASan/UBSan;
+//   - an accepted call whose views lie inside the buffers (the caller's part of the contract)
+//     runs, and agrees with the float64 reference: the same rows NaN (a NaN in q or a seen key),
+//     the same rows with no key (zero, lse -inf), the rest within the tolerance of the tests.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
+#include "attention/problem.h"
+#include "attention/reference/naive.h"
+#include "byte_reader.h"
+#include "common/half.h"
+#include "flashserve/attention.h"
+#include "support/attention_case.h"
+
+namespace fs = flashserve;
+using fs::fuzz::ByteReader;
+using fs::testing::AttentionCase;
+using fs::testing::CaseSpec;
+
+namespace {
+
+[[noreturn]] void fail(const char* what, double a = 0, double b = 0) {
+  std::fprintf(stderr, "attention fuzz: %s (%g, %g)\n", what, a, b);
+  std::abort();
+}
+
+CaseSpec spec_from(ByteReader& in) {
+  CaseSpec s;
+  s.batch = in.in(0, 3);
+  s.q_layout = in.flag() ? fs::testing::QLayout::kVarlen : fs::testing::QLayout::kDense;
+  const int64_t kv = in.in(0, 2);
+  s.kv_layout = kv == 0   ? fs::testing::KVLayout::kDense
+                : kv == 1 ? fs::testing::KVLayout::kVarlen
+                          : fs::testing::KVLayout::kPaged;
+  s.use_seqused_k = in.flag();
+  s.kv_extra = s.use_seqused_k ? in.in(0, 3) : 0;
+  const bool dense_q = s.q_layout == fs::testing::QLayout::kDense;
+  const bool dense_kv = s.kv_layout == fs::testing::KVLayout::kDense && !s.use_seqused_k;
+  s.q_lens.assign(std::max<int64_t>(s.batch, 1), 0);
+  s.kv_lens.assign(std::max<int64_t>(s.batch, 1), 0);
+  for (size_t b = 0; b < s.q_lens.size(); ++b) {
+    s.q_lens[b] = dense_q && b ? s.q_lens[0] : in.in(0, 20);
+    s.kv_lens[b] = dense_kv && b ? s.kv_lens[0] : in.in(0, 40);
+  }
+  s.h_kv = in.in(1, 3);
+  s.h_q = s.h_kv * in.in(1, 3);
+  s.head_dim = in.in(1, 40);
+  s.head_dim_v = in.in(0, 40);
+  const int64_t dt = in.in(0, 2);
+  s.dtype = dt == 0 ? fs::DType::kFloat32 : dt == 1 ? fs::DType::kFloat16 : fs::DType::kBFloat16;
+  s.page_size = in.in(1, 9);
+  s.spare_pages = in.in(0, 2);
+  s.causal = in.flag();
+  s.window_left = static_cast<int32_t>(in.in(-1, 12));
+  s.window_right = s.causal ? 0 : static_cast<int32_t>(in.in(-1, 12));
+  s.with_lse = in.flag();
+  s.num_splits = static_cast<int32_t>(in.in(0, 5));
+  s.pad = in.in(0, 2);
+  s.poison_unused_kv = false;  // v holds no NaN: a NaN output row then has exactly one cause
+  s.seed = in.raw<uint64_t>();
+  return s;
+}
+
+// Overwrites the NaN padding of q, k, v (AttentionCase marks it so a kernel reading it shows) with
+// finite values: edited views may legitimately read it here.
+void unpoison_inputs(AttentionCase& c) {
+  auto bufs = c.buffers();
+  const fs::DType dt = c.spec().dtype;
+  for (int i : {AttentionCase::kQ, AttentionCase::kK, AttentionCase::kV}) {
+    const int64_t n = static_cast<int64_t>(bufs[i].bytes / fs::dtype_size(dt));
+    for (int64_t e = 0; e < n; ++e)
+      if (std::isnan(fs::load_float(bufs[i].host, e, dt)))
+        fs::store_float(bufs[i].host, e, dt, 0.25f * static_cast<float>((e * 7919) % 13) - 1.5f);
+  }
+}
+
+fs::TensorView* view_of(fs::AttentionParams& p, int64_t i) {
+  fs::TensorView* views[] = {
+      &p.q,         &p.k,          &p.v, &p.out, &p.lse, &p.cu_seqlens_q, &p.cu_seqlens_k,
+      &p.seqused_k, &p.block_table};
+  return views[i];
+}
+
+// One adversarial edit of the params or of the host index tensors.
+void edit(ByteReader& in, AttentionCase& c, fs::AttentionParams& p) {
+  fs::TensorView& t = *view_of(p, in.in(0, 8));
+  switch (in.in(0, 13)) {
+    case 0:
+      t.shape[in.in(0, 3)] = in.flag() ? in.in(-3, 64) : in.raw<int64_t>();
+      break;
+    case 1:
+      t.stride[in.in(0, 3)] = in.flag() ? in.in(-3, 64) : in.raw<int64_t>();
+      break;
+    case 2:
+      t.rank = static_cast<int32_t>(in.in(-1, 5));
+      break;
+    case 3:
+      t.dtype = static_cast<fs::DType>(in.in(-1, 5));
+      break;
+    case 4:  // a pointer off by a few bytes: misaligned, or into a neighbour
+      if (t.data) t.data = static_cast<char*>(t.data) + in.in(-3, 3);
+      break;
+    case 5:
+      t = {};
+      break;
+    case 6: {  // an entry of an int32 index tensor
+      auto bufs = c.buffers();
+      const int64_t which = in.in(AttentionCase::kCuSeqlensQ, AttentionCase::kBlockTable);
+      if (bufs[which].bytes >= 4) {
+        auto* e = reinterpret_cast<int32_t*>(bufs[which].host);
+        const int64_t n = static_cast<int64_t>(bufs[which].bytes / 4);
+        e[in.in(0, n - 1)] = in.flag() ? static_cast<int32_t>(in.in(-2, 64)) : in.raw<int32_t>();
+      }
+      break;
+    }
+    case 7:
+      (in.flag() ? p.max_seqlen_q : p.max_seqlen_k) = in.flag() ? in.in(-2, 64) : in.raw<int64_t>();
+      break;
+    case 8:
+      p.softmax_scale = in.flag() ? in.raw<float>() : static_cast<float>(in.in(-4, 4)) * 0.25f;
+      break;
+    case 9:
+      p.window_left = in.flag() ? static_cast<int32_t>(in.in(-3, 30)) : in.raw<int32_t>();
+      break;
+    case 10:
+      p.window_right = in.flag() ? static_cast<int32_t>(in.in(-3, 30)) : in.raw<int32_t>();
+      break;
+    case 11:
+      p.num_splits = in.flag() ? static_cast<int32_t>(in.in(-2, 300)) : in.raw<int32_t>();
+      break;
+    case 12:
+      p.causal = !p.causal;
+      break;
+    default:
+      t.device = {in.flag() ? fs::DeviceType::kCUDA : fs::DeviceType::kCPU, 0};
+      break;
+  }
+}
+
+// Whether [data, data + extent) of every defined view lies inside one of the case's buffers: the
+// library cannot know the caller's allocations, so only such calls are run.
+bool views_inside_buffers(AttentionCase& c, fs::AttentionParams& p) {
+  auto bufs = c.buffers();
+  for (int64_t i = 0; i < 9; ++i) {
+    const fs::TensorView& t = *view_of(p, i);
+    if (!t.defined()) continue;
+    int64_t last = 0;
+    bool empty = false;
+    for (int d = 0; d < t.rank; ++d) {
+      if (t.shape[d] == 0)
+        empty = true;
+      else
+        last += (t.shape[d] - 1) * t.stride[d];  // validated: fits in int64
+    }
+    if (empty) continue;
+    const char* lo = static_cast<const char*>(t.data);
+    const char* hi = lo + (last + 1) * static_cast<int64_t>(fs::dtype_size(t.dtype));
+    bool inside = false;
+    for (const auto& b : bufs) {
+      const char* b0 = reinterpret_cast<const char*>(b.host);
+      if (b.bytes && lo >= b0 && hi <= b0 + b.bytes) inside = true;
+    }
+    if (!inside) return false;
+  }
+  return true;
+}
+
+double floor_of(fs::DType dt) {
+  return dt == fs::DType::kFloat16 ? 1e-3 : dt == fs::DType::kBFloat16 ? 4e-3 : 1e-5;
+}
+
+void compare_with_reference(const fs::AttentionParams& p) {
+  namespace ref = fs::attention::reference;
+  const fs::attention::Problem pr = fs::attention::describe(p);
+  const fs::attention::HostLayout L(p, pr);
+  const ref::NaiveOutput exact = ref::naive_forward(p, ref::Emulate::kExact);
+  const ref::NaiveOutput lowp = ref::naive_forward(p, ref::Emulate::kLowPrecision);
+  const int64_t Dv = pr.head_dim_v;
+  double err = 0, err_lowp = 0, mag = 0, lse_err = 0, lse_err_lowp = 0, lse_mag = 1;
+  for (int64_t b = 0; b < pr.batch; ++b)
+    for (int64_t t = 0; t < L.q_len(b); ++t)
+      for (int64_t h = 0; h < pr.h_q; ++h) {
+        const int64_t row = L.q_row(b, t) * pr.h_q + h;
+        const int64_t off = L.out_offset(b, t, h);
+        const bool ref_nan = std::isnan(exact.lse[row]);
+        for (int64_t d = 0; d < Dv; ++d) {
+          const double o = fs::load_float(p.out.data, off + d, p.out.dtype);
+          const double e = exact.out[row * Dv + d];
+          if (ref_nan != std::isnan(o)) fail("NaN pattern differs from the reference", o, e);
+          if (ref_nan) continue;
+          if (!std::isfinite(o)) fail("non-finite output where the reference is finite", o, e);
+          err = std::max(err, std::abs(o - e));
+          err_lowp = std::max(err_lowp, std::abs(lowp.out[row * Dv + d] - e));
+          mag = std::max(mag, std::abs(e));
+        }
+        if (!p.lse.defined()) continue;
+        const double l = p.lse.ptr<const float>()[L.lse_offset(b, t, h)], e = exact.lse[row];
+        if (ref_nan != std::isnan(l)) fail("lse NaN differs from the reference", l, e);
+        if (std::isinf(e) || std::isinf(l)) {
+          if (l != e) fail("lse: a row with no key must have lse -inf (and only such)", l, e);
+          continue;
+        }
+        if (ref_nan) continue;
+        lse_err = std::max(lse_err, std::abs(l - e));
+        lse_err_lowp = std::max(lse_err_lowp, std::abs(lowp.lse[row] - e));
+        lse_mag = std::max(lse_mag, std::abs(e));
+      }
+  if (!(err <= 2 * err_lowp + floor_of(pr.dtype) * (mag > 0 ? mag : 1.0)))
+    fail("out differs from the float64 reference beyond the tolerance", err, err_lowp);
+  if (!(lse_err <= 2 * lse_err_lowp + 2e-5 * lse_mag))
+    fail("lse differs from the float64 reference beyond the tolerance", lse_err, lse_err_lowp);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  ByteReader in(data, size);
+  AttentionCase c(spec_from(in));  // spec_from keeps to what AttentionCase accepts
+  unpoison_inputs(c);
+  // A few NaNs in q and k (v stays finite: see spec_from).
+  for (int64_t n = in.in(0, 3); n > 0; --n) {
+    auto bufs = c.buffers();
+    const int64_t which = in.flag() ? AttentionCase::kQ : AttentionCase::kK;
+    const int64_t elems = static_cast<int64_t>(bufs[which].bytes / fs::dtype_size(c.spec().dtype));
+    if (elems > 0)
+      fs::store_float(bufs[which].host, in.in(0, elems - 1), c.spec().dtype,
+                      std::numeric_limits<float>::quiet_NaN());
+  }
+  fs::AttentionParams p = c.params();
+  for (int64_t n = in.in(0, 3); n > 0; --n) edit(in, c, p);
+
+  fs::attention::Problem pr;
+  try {
+    pr = fs::attention::describe(p);
+  } catch (const fs::Error& e) {
+    if (e.kind() != fs::ErrorKind::kInvalidArgument && e.kind() != fs::ErrorKind::kUnsupported)
+      fail("validation threw an error of an unexpected kind");
+    if (e.argument().empty()) fail("validation error names no argument");
+    return 0;
+  }
+  if (pr.device.type != fs::DeviceType::kCPU || !views_inside_buffers(c, p)) return 0;
+  // Scales far from 1/sqrt(d) make float32 scores overflow where float64 does not: validation
+  // is fuzzed with any scale above, the comparison only with these.
+  if (p.softmax_scale != 0 &&
+      !(std::abs(p.softmax_scale) >= 1e-3f && std::abs(p.softmax_scale) <= 4))
+    return 0;
+  // Bound the work (stride-0 views can describe huge problems over tiny buffers).
+  double work = 0;
+  {
+    const fs::attention::HostLayout L(p, pr);
+    for (int64_t b = 0; b < pr.batch; ++b)
+      work += static_cast<double>(L.q_len(b)) * static_cast<double>(L.kv_len(b) + 1);
+  }
+  if (work * static_cast<double>(pr.h_q * (pr.head_dim + pr.head_dim_v)) > 4e6) return 0;
+  fs::attention_forward(p);
+  compare_with_reference(p);
+  return 0;
+}
