@@ -35,6 +35,9 @@ std::string number(int64_t x) {
 std::string number(uint64_t x) {
   return std::to_string(x);
 }
+std::string number(int32_t x) {
+  return std::to_string(x);
+}
 
 template <typename T>
 std::string interval(const Range<T>& r) {
@@ -71,10 +74,16 @@ T checked(std::string_view option, std::string_view text, T value, const Range<T
   return value;
 }
 
-template <typename T>
-void set_default(CLI::Option* opt, const T& value, const char* type, const std::string& range) {
+// An option whose text `parse` turns into the bound variable; the help shows the type, the range
+// and the variable's value as the default.
+template <typename T, typename Parse>
+CLI::Option* bind_option(CLI::App& app, const std::string& name, T& target, const Parse& parse,
+                         const char* type, const std::string& range, const std::string& help) {
+  auto* opt = app.add_option_function<std::string>(
+      name, [&target, parse](const std::string& s) { target = parse(s); }, help);
   opt->type_name(std::string(type) + " in " + range);
-  opt->default_str(number(value));
+  opt->default_str(number(target));
+  return opt;
 }
 
 }  // namespace
@@ -98,46 +107,33 @@ double parse_real(std::string_view option, std::string_view text, Range<double> 
 
 CLI::Option* add_int(CLI::App& app, const std::string& name, int64_t& target, Range<int64_t> range,
                      const std::string& help) {
-  auto* opt = app.add_option_function<std::string>(
-      name, [&target, name, range](const std::string& s) { target = parse_int(name, s, range); },
-      help);
-  set_default(opt, target, "INT", interval(range));
-  return opt;
+  const auto parse = [name, range](const std::string& s) { return parse_int(name, s, range); };
+  return bind_option(app, name, target, parse, "INT", interval(range), help);
 }
 
 CLI::Option* add_int(CLI::App& app, const std::string& name, int32_t& target, Range<int64_t> range,
                      const std::string& help) {
-  constexpr int64_t lo = std::numeric_limits<int32_t>::min(),
-                    hi = std::numeric_limits<int32_t>::max();
+  constexpr int64_t lo = std::numeric_limits<int32_t>::min();
+  constexpr int64_t hi = std::numeric_limits<int32_t>::max();
   if (range.lo < lo || range.hi > hi)
     throw std::logic_error(name + ": range " + interval(range) + " exceeds int32");
-  auto* opt = app.add_option_function<std::string>(
-      name,
-      [&target, name, range](const std::string& s) {
-        target = static_cast<int32_t>(parse_int(name, s, range));
-      },
-      help);
-  set_default(opt, int64_t{target}, "INT", interval(range));
-  return opt;
+  const auto parse = [name, range](const std::string& s) {
+    return static_cast<int32_t>(parse_int(name, s, range));
+  };
+  return bind_option(app, name, target, parse, "INT", interval(range), help);
 }
 
 CLI::Option* add_uint(CLI::App& app, const std::string& name, uint64_t& target,
                       const std::string& help) {
   const Range<uint64_t> range{0, std::numeric_limits<uint64_t>::max()};
-  auto* opt = app.add_option_function<std::string>(
-      name, [&target, name, range](const std::string& s) { target = parse_uint(name, s, range); },
-      help);
-  set_default(opt, target, "UINT", interval(range));
-  return opt;
+  const auto parse = [name, range](const std::string& s) { return parse_uint(name, s, range); };
+  return bind_option(app, name, target, parse, "UINT", interval(range), help);
 }
 
 CLI::Option* add_real(CLI::App& app, const std::string& name, double& target, Range<double> range,
                       const std::string& help) {
-  auto* opt = app.add_option_function<std::string>(
-      name, [&target, name, range](const std::string& s) { target = parse_real(name, s, range); },
-      help);
-  set_default(opt, target, "REAL", interval(range));
-  return opt;
+  const auto parse = [name, range](const std::string& s) { return parse_real(name, s, range); };
+  return bind_option(app, name, target, parse, "REAL", interval(range), help);
 }
 
 int parse(CLI::App& app, int argc, char** argv, std::FILE* errors) {
