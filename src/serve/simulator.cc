@@ -1,5 +1,6 @@
 #include "serve/simulator.h"
 
+#include "common/checked_math.h"
 #include "common/str_cat.h"
 
 #include <algorithm>
@@ -47,7 +48,12 @@ SimResult simulate(const std::vector<Request>& requests, const SimConfig& config
       const Request& r = requests[next];
       auto seq = std::make_unique<Sequence>();
       seq->id = r.id;
-      // Token ids do not matter to the simulation; the lengths do.
+      // Token ids do not matter to the simulation; the lengths do. A prompt that can never run
+      // is refused before its (possibly huge) token vector is allocated.
+      if (saturating_add(r.prompt_tokens, r.output_tokens) > config.scheduler.max_model_len)
+        throw Error(ErrorKind::kInvalidArgument, "request " + std::to_string(r.id),
+                    str_cat("prompt ", r.prompt_tokens, " + output ", r.output_tokens,
+                            " tokens exceeds max_model_len ", config.scheduler.max_model_len));
       seq->prompt.assign(static_cast<size_t>(std::max<int64_t>(r.prompt_tokens, 0)), 1);
       seq->max_output_tokens = r.output_tokens;
       seq->arrival_time = r.arrival_s;

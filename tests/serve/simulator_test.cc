@@ -3,6 +3,8 @@
 // in, KV cache sizing, and the bisection.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <cmath>
 #include <sstream>
 
@@ -180,6 +182,22 @@ TEST(Simulator, RejectsRequestsThatCanNeverRun) {
   const std::vector<fs::Request> unsorted = {{0, 1, 10, 1}, {1, 0, 10, 1}};
   EXPECT_THROW(fs::simulate(unsorted, small_config(fs::Policy::kSarathi), ConstantCost(0.01)),
                Error);
+}
+
+// Sizes from a trace that no int64 sum or allocation can hold (issue 9): refused naming the
+// request, before the prompt's token vector is allocated and without signed overflow (UBSan).
+TEST(Simulator, RefusesRequestsThatCanNeverRunBeforeAllocating) {
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  for (const fs::Request r : {fs::Request{0, 0.0, 10, huge}, fs::Request{0, 0.0, huge, 10},
+                              fs::Request{0, 0.0, int64_t{1} << 40, 1}}) {
+    try {
+      fs::simulate({r}, small_config(fs::Policy::kSarathi), ConstantCost(0.01));
+      ADD_FAILURE() << "accepted prompt " << r.prompt_tokens << " output " << r.output_tokens;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "request 0");
+      EXPECT_NE(std::string(e.what()).find("exceeds max_model_len"), std::string::npos);
+    }
+  }
 }
 
 fs::ServingMetrics synthetic(double tbt_p99, double delay_p50) {
