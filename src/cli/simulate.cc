@@ -168,7 +168,7 @@ int simulate(int argc, char** argv) {
   // The cost model.
   const fs::ModelShape model = fs::model_preset(o.model);
   fs::GpuSpec gpu = fs::gpu_preset(o.gpu);
-  // Given means used, a negative value included (the cost model rejects it, naming the field).
+  // Given means used (a profile refuses it above), 0 included.
   if (overhead_opt->count() > 0) gpu.step_overhead_s = o.step_overhead_ms * 1e-3;
   std::unique_ptr<fs::CostModel> cost;
   if (!o.profile.empty())

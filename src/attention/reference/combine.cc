@@ -26,8 +26,7 @@ void combine_row(const SplitPartials& p, int64_t row, int64_t h, float* out, flo
   const float inv = 1.0f / total;
   for (int64_t s = 0; s < p.num_splits; ++s) {
     const float w = std::exp(p.lse_at(s, row, h) - m) * inv;
-    if (w == 0.0f)
-      continue;  // also skips empty splits, whose partial holds zeros anyway (NaN != 0)
+    if (w == 0.0f) continue;  // also skips empty splits, whose partial holds zeros anyway
     const float* o = p.out_at(s, row, h);
     for (int64_t d = 0; d < p.head_dim_v; ++d) out[d] += w * o[d];
   }
