@@ -8,6 +8,7 @@
 //     runs, and agrees with the float64 reference: the same rows NaN (a NaN in q or a seen key),
 //     the same rows with no key (zero, lse -inf), the rest within the tolerance of the tests.
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -146,32 +147,29 @@ void edit(ByteReader& in, AttentionCase& c, fs::AttentionParams& p) {
   }
 }
 
-// Whether [data, data + extent) of every defined view lies inside one of the case's buffers: the
-// library cannot know the caller's allocations, so only such calls are run.
-bool views_inside_buffers(AttentionCase& c, fs::AttentionParams& p) {
-  auto bufs = c.buffers();
-  for (int64_t i = 0; i < 9; ++i) {
-    const fs::TensorView& t = *view_of(p, i);
-    if (!t.defined()) continue;
-    int64_t last = 0;
-    bool empty = false;
-    for (int d = 0; d < t.rank; ++d) {
-      if (t.shape[d] == 0)
-        empty = true;
-      else
-        last += (t.shape[d] - 1) * t.stride[d];  // validated: fits in int64
-    }
-    if (empty) continue;
-    const char* lo = static_cast<const char*>(t.data);
-    const char* hi = lo + (last + 1) * static_cast<int64_t>(fs::dtype_size(t.dtype));
-    bool inside = false;
-    for (const auto& b : bufs) {
-      const char* b0 = reinterpret_cast<const char*>(b.host);
-      if (b.bytes && lo >= b0 && hi <= b0 + b.bytes) inside = true;
-    }
-    if (!inside) return false;
+// Whether the elements of `t` lie inside one of the case's buffers. A view that is not well formed
+// (negative sizes or strides, an extent past int64) counts as inside: validation refuses it before
+// reading anything through it.
+bool inside_buffers(AttentionCase& c, const fs::TensorView& t) {
+  if (!t.defined() || t.rank < 0 || t.rank > fs::kMaxRank) return true;
+  int64_t last = 0;
+  for (int d = 0; d < t.rank; ++d) {
+    if (t.shape[d] < 0 || t.stride[d] < 0) return true;
+    if (t.shape[d] == 0) return true;  // no element
+    int64_t term;
+    if (__builtin_mul_overflow(t.shape[d] - 1, t.stride[d], &term) ||
+        __builtin_add_overflow(last, term, &last))
+      return true;
   }
-  return true;
+  const int64_t size = static_cast<int64_t>(fs::dtype_size(t.dtype));
+  if (last > (INT64_MAX / size) - 1) return true;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(t.data);
+  const uintptr_t hi = lo + static_cast<uintptr_t>((last + 1) * size);
+  for (const auto& b : c.buffers()) {
+    const uintptr_t b0 = reinterpret_cast<uintptr_t>(b.host);
+    if (b.bytes && lo >= b0 && hi <= b0 + b.bytes) return true;
+  }
+  return false;
 }
 
 // The accepted call against the float64 reference: the same rows NaN (out and lse), then the
@@ -222,6 +220,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fs::AttentionParams p = c.params();
   for (int64_t n = in.in(0, 3); n > 0; --n) edit(in, c, p);
 
+  // Validation reads the host index tensors (cu_seqlens, seqused_k, block_table) once their views
+  // are well formed: views that are well formed but reach past their buffers are the caller
+  // breaking the contract, not something the library can detect.
+  for (int64_t i = AttentionCase::kCuSeqlensQ; i <= AttentionCase::kBlockTable; ++i)
+    if (!inside_buffers(c, *view_of(p, i))) return 0;
   fs::attention::Problem pr;
   try {
     pr = fs::attention::describe(p);
@@ -231,7 +234,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (e.argument().empty()) fail("validation error names no argument");
     return 0;
   }
-  if (pr.device.type != fs::DeviceType::kCPU || !views_inside_buffers(c, p)) return 0;
+  if (pr.device.type != fs::DeviceType::kCPU) return 0;
+  for (int64_t i = 0; i < 9; ++i)
+    if (!inside_buffers(c, *view_of(p, i))) return 0;  // the caller's part of the contract
   // Scales far from 1/sqrt(d) make float32 scores overflow where float64 does not: validation
   // is fuzzed with any scale above, the comparison only with these.
   if (p.softmax_scale != 0 &&
