@@ -1,7 +1,11 @@
 #include "model/weights.h"
 
+#include <algorithm>
+#include <cstring>
 #include <set>
 
+#include "common/half.h"
+#include "common/thread_pool.h"
 #include "flashserve/error.h"
 
 namespace flashserve::model {
@@ -54,6 +58,24 @@ void check_weights(const Checkpoint& ckpt) {
                 "unexpected tensor '" + name + "' for " + ckpt.config().architecture + " with " +
                     std::to_string(ckpt.config().num_hidden_layers) + " layers");
   }
+}
+
+void copy_as_float(const TensorInfo& t, float* dst) {
+  const int64_t n = t.numel();
+  const auto* src = static_cast<const uint8_t*>(t.data);
+  constexpr int64_t kChunk = 1 << 20;
+  ThreadPool::global().parallel_for((n + kChunk - 1) / kChunk, [&](int64_t c, int) {
+    const int64_t begin = c * kChunk, end = std::min(n, begin + kChunk);
+    if (t.dtype == DType::kFloat32) {
+      std::memcpy(dst + begin, src + begin * 4, static_cast<size_t>(end - begin) * 4);
+      return;
+    }
+    for (int64_t i = begin; i < end; ++i) {
+      uint16_t bits;  // the mapping gives no alignment guarantee: read bytes, not uint16_t*
+      std::memcpy(&bits, src + i * 2, 2);
+      dst[i] = t.dtype == DType::kBFloat16 ? to_float(bf16_t{bits}) : to_float(fp16_t{bits});
+    }
+  });
 }
 
 }  // namespace flashserve::model

@@ -40,4 +40,8 @@ std::string layer_weight(int64_t layer, const std::string& suffix);
 // rotary_emb.inv_freq buffers (older checkpoints), which are recomputed.
 void check_weights(const Checkpoint& ckpt);
 
+// Converts a float tensor (F32, F16, BF16, any alignment in the mapping) to float32 at dst, on
+// the global thread pool.
+void copy_as_float(const TensorInfo& t, float* dst);
+
 }  // namespace flashserve::model
