@@ -1,5 +1,6 @@
 #include "model/forward_batch.h"
 
+#include <algorithm>
 #include <string>
 
 #include "flashserve/error.h"
@@ -46,6 +47,49 @@ void ForwardBatch::validate() const {
     if (r <= prev) bad("sample_rows", "must increase");
     prev = r;
   }
+}
+
+ForwardBatchBuilder::ForwardBatchBuilder(int32_t block_size) : block_size_(block_size) {
+  if (block_size < 1)
+    throw Error(ErrorKind::kInvalidArgument, "block_size", std::to_string(block_size));
+  b_.cu_seqlens_q.push_back(0);
+}
+
+void ForwardBatchBuilder::add(const int32_t* new_tokens, int64_t q_start, int64_t q_len,
+                              const std::vector<int32_t>& blocks, bool samples) {
+  const int64_t kv_len = q_start + q_len;
+  if (q_start < 0 || q_len < 0)
+    throw Error(ErrorKind::kInternal, "ForwardBatchBuilder", "negative q_start or q_len");
+  if (static_cast<int64_t>(blocks.size()) * block_size_ < kv_len)
+    throw Error(ErrorKind::kInternal, "ForwardBatchBuilder",
+                "entry " + std::to_string(b_.batch) + "'s blocks do not cover " +
+                    std::to_string(kv_len) + " tokens");
+  for (int64_t t = 0; t < q_len; ++t) {
+    const int64_t p = q_start + t;
+    b_.input_ids.push_back(new_tokens[t]);
+    b_.positions.push_back(static_cast<int32_t>(p));
+    b_.slot_mapping.push_back(blocks[p / block_size_] * block_size_ +
+                              static_cast<int32_t>(p % block_size_));
+  }
+  b_.cu_seqlens_q.push_back(static_cast<int32_t>(b_.input_ids.size()));
+  b_.seqused_k.push_back(static_cast<int32_t>(kv_len));
+  if (samples) b_.sample_rows.push_back(b_.cu_seqlens_q.back() - 1);
+  b_.max_seqlen_q = std::max(b_.max_seqlen_q, q_len);
+  b_.max_seqlen_k = std::max(b_.max_seqlen_k, kv_len);
+  b_.pages_per_seq = std::max<int64_t>(b_.pages_per_seq, static_cast<int64_t>(blocks.size()));
+  tables_.push_back(blocks);
+  ++b_.batch;
+}
+
+ForwardBatch ForwardBatchBuilder::build() && {
+  b_.total_q = static_cast<int64_t>(b_.input_ids.size());
+  b_.block_table.reserve(static_cast<size_t>(b_.batch * b_.pages_per_seq));
+  for (const auto& table : tables_)
+    for (int64_t j = 0; j < b_.pages_per_seq; ++j)
+      b_.block_table.push_back(j < static_cast<int64_t>(table.size())
+                                   ? table[j]
+                                   : (table.empty() ? 0 : table[0]));
+  return std::move(b_);
 }
 
 }  // namespace flashserve::model
