@@ -37,17 +37,17 @@ size_t element_bytes(const std::string& dtype) {
   return 0;
 }
 
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 std::string errno_str() {
   return std::strerror(errno);
 }
 
 }  // namespace
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
 
 int64_t TensorInfo::numel() const {
   int64_t n = 1;
@@ -153,7 +153,8 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
                     " bytes): truncated file?");
     if (e.end - e.begin != numel * esize)
       bad(path, where + offs + " hold " + std::to_string(e.end - e.begin) + " bytes, but " +
-                    e.dtype + " " + shape_str(e.shape) + " needs " + std::to_string(numel * esize));
+                    e.dtype + " " + shape_text(e.shape) + " needs " +
+                    std::to_string(numel * esize));
     f->entries_.emplace(name, std::move(e));
   }
   // No two tensors may share bytes: a writer bug, or a crafted file aliasing weights.
