@@ -216,6 +216,10 @@ void CpuRunner::forward(const ForwardBatch& b) {
 }  // namespace
 
 std::unique_ptr<ModelRunner> make_cpu_runner(const std::string& dir) {
+#if !FLASHSERVE_WITH_BLAS
+  throw Error(ErrorKind::kUnsupported, "device",
+              "cpu: this flashserve is built without OpenBLAS (apt-get install libopenblas-dev)");
+#endif
   return std::make_unique<CpuRunner>(dir);
 }
 

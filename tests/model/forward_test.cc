@@ -111,6 +111,7 @@ constexpr double kRelTol = 3e-5;
 class CpuForward : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CpuForward, MatchesFloat64ReferenceOverPrefillAndDecodeSteps) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
   const uint64_t seed = testing::test_seed();
   SCOPED_TRACE("FLASHSERVE_TEST_SEED=" + std::to_string(seed));
   std::mt19937_64 rng(seed);
@@ -166,6 +167,7 @@ INSTANTIATE_TEST_SUITE_P(Architectures, CpuForward,
 // later decode, to float32 rounding (the chunks change only the GEMMs' row counts and the order of
 // the attention's key blocks).
 TEST(CpuForwardChunking, ChunkedPrefillEqualsWholePrefill) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
   const uint64_t seed = testing::test_seed();
   SCOPED_TRACE("FLASHSERVE_TEST_SEED=" + std::to_string(seed));
   std::mt19937_64 rng(seed);
@@ -248,6 +250,7 @@ TEST(CpuForwardChunking, ChunkedPrefillEqualsWholePrefill) {
 }
 
 TEST(CpuForwardErrors, BatchesThatDoNotFitThePoolOrModelAreRefused) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
   const std::string dir = fresh_dir("err");
   write_random_checkpoint(small_config("llama"), dir, {});
   auto r = make_cpu_runner(dir);

@@ -199,6 +199,7 @@ TEST(Sampling, ParamsAreValidated) {
 }
 
 TEST(Sampling, SameSeedSameTokensThroughTheRunner) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
   const uint64_t seed = testing::test_seed();
   SCOPED_TRACE("FLASHSERVE_TEST_SEED=" + std::to_string(seed));
   const std::string dir = testing::fresh_dir("seed");
