@@ -1,0 +1,101 @@
+#include <cublasLt.h>
+
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "flashserve/error.h"
+#include "model/cuda/check.h"
+#include "model/cuda/gemm.h"
+
+namespace flashserve::model::cuda {
+namespace {
+
+void check_blas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw Error(ErrorKind::kCuda, "", std::string(what) + ": cuBLAS status " + std::to_string(s) +
+                                          " (" + cublasLtGetStatusString(s) + ")");
+}
+
+// cuBLASLt is column-major. Row-major y[m, n] is column-major y^T [n, m], and
+// y^T = w · x^T with w row-major [n, k] = column-major [k, n] taken transposed, x row-major [m, k]
+// = column-major [k, m] as is. So: op(A) = w^T (A = column-major k×n, transa = T), B = x (k×m),
+// C = D = y^T (n×m).
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+}  // namespace
+
+struct Gemm::Impl {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, Plan> plans;
+
+  const Plan& plan(int64_t m, int64_t n, int64_t k, bool y_float32) {
+    const auto key = std::make_tuple(m, n, k, y_float32);
+    auto it = plans.find(key);
+    if (it != plans.end()) return it->second;
+    Plan p;
+    check_blas(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul desc");
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    check_blas(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+               "transa");
+    check_blas(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+               "transb");
+    const cudaDataType_t yt = y_float32 ? CUDA_R_32F : CUDA_R_16BF;
+    check_blas(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, k, n, k), "layout w");
+    check_blas(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, k, m, k), "layout x");
+    check_blas(cublasLtMatrixLayoutCreate(&p.c, yt, n, m, n), "layout y");
+    cublasLtMatmulPreference_t pref = nullptr;
+    check_blas(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    check_blas(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &workspace_bytes, sizeof(workspace_bytes)),
+               "preference workspace");
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t s =
+        cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (s != CUBLAS_STATUS_SUCCESS || found == 0)
+      throw Error(ErrorKind::kUnsupported, "gemm",
+                  "cuBLASLt has no algorithm for m=" + std::to_string(m) + " n=" +
+                      std::to_string(n) + " k=" + std::to_string(k));
+    p.algo = result.algo;
+    return plans.emplace(key, p).first->second;
+  }
+
+  ~Impl() {
+    for (auto& [key, p] : plans) {
+      cublasLtMatrixLayoutDestroy(p.a);
+      cublasLtMatrixLayoutDestroy(p.b);
+      cublasLtMatrixLayoutDestroy(p.c);
+      cublasLtMatmulDescDestroy(p.op);
+    }
+    if (workspace) cudaFree(workspace);
+    if (handle) cublasLtDestroy(handle);
+  }
+};
+
+Gemm::Gemm(size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
+  check_blas(cublasLtCreate(&impl_->handle), "cublasLtCreate");
+  check_cuda(cudaMalloc(&impl_->workspace, workspace_bytes), "gemm workspace");
+  impl_->workspace_bytes = workspace_bytes;
+}
+
+Gemm::~Gemm() = default;
+
+void Gemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool y_float32, int64_t m,
+               int64_t n, int64_t k, cudaStream_t stream) {
+  if (m == 0) return;
+  const Plan& p = impl_->plan(m, n, k, y_float32);
+  const float alpha = 1.0f, beta = 0.0f;
+  check_blas(cublasLtMatmul(impl_->handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c,
+                            &p.algo, impl_->workspace, impl_->workspace_bytes, stream),
+             "cublasLtMatmul");
+}
+
+}  // namespace flashserve::model::cuda
