@@ -4,14 +4,15 @@
 
 namespace flashserve::model {
 
-std::vector<float> rope_inv_freq(int64_t head_dim, double theta, const Llama3RopeScaling* llama3) {
+std::vector<float> rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling) {
   std::vector<float> inv(static_cast<size_t>(head_dim / 2));
   for (int64_t i = 0; i < head_dim / 2; ++i) {
     // torch: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), all float32.
     const float expo = static_cast<float>(2 * i) / static_cast<float>(head_dim);
     inv[i] = 1.0f / std::pow(static_cast<float>(theta), expo);
   }
-  if (!llama3) return inv;
+  if (scaling.type != "llama3") return inv;
+  const RopeScaling* llama3 = &scaling;
   const float factor = static_cast<float>(llama3->factor);
   const float low = static_cast<float>(llama3->low_freq_factor);
   const float high = static_cast<float>(llama3->high_freq_factor);

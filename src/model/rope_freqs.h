@@ -8,14 +8,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/config.h"
+
 namespace flashserve::model {
 
-struct Llama3RopeScaling {
-  double factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
-  int64_t original_max_position_embeddings = 8192;
-};
-
-std::vector<float> rope_inv_freq(int64_t head_dim, double theta,
-                                 const Llama3RopeScaling* llama3 = nullptr);
+// scaling.type "none" or "llama3" (ModelConfig::validate refuses the others).
+std::vector<float> rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling = {});
 
 }  // namespace flashserve::model

@@ -105,8 +105,9 @@ void check_rope(int heads, int kv_heads, int d, bool bias, bool llama3) {
   std::shuffle(perm.begin(), perm.end(), rng);
   for (int64_t t = 0; t < n; ++t) slot[t] = perm[t];
   slot[5] = -1;  // a padding token: no K/V write
-  model::Llama3RopeScaling s{8.0, 1.0, 4.0, 8192};
-  const auto inv = model::rope_inv_freq(d, llama3 ? 500000.0 : 10000.0, llama3 ? &s : nullptr);
+  model::RopeScaling s{"llama3", 8.0, 1.0, 4.0, 8192};
+  const auto inv = model::rope_inv_freq(d, llama3 ? 500000.0 : 10000.0,
+                                        llama3 ? s : model::RopeScaling{});
   DeviceBuffer<bf16_t> d_qkv(qkv), d_b(b), d_q(n * heads * d, kPoison);
   DeviceBuffer<bf16_t> d_k(slots * kv_heads * d, kPoison), d_v(slots * kv_heads * d, kPoison);
   DeviceBuffer<int32_t> d_pos(pos), d_slot(slot);
@@ -179,9 +180,9 @@ TEST(GpuModelKernels, RopeKvWriteMatchesReference) {
 TEST(GpuModelKernels, Llama3InvFreqFollowsTheThreeBands) {
   // Host function, checked here beside its only consumer: high frequencies unchanged, low ones
   // divided by the factor, the band between strictly in between.
-  model::Llama3RopeScaling s{8.0, 1.0, 4.0, 8192};
+  model::RopeScaling s{"llama3", 8.0, 1.0, 4.0, 8192};
   const auto plain = model::rope_inv_freq(128, 500000.0);
-  const auto scaled = model::rope_inv_freq(128, 500000.0, &s);
+  const auto scaled = model::rope_inv_freq(128, 500000.0, s);
   ASSERT_EQ(plain.size(), 64u);
   EXPECT_EQ(scaled[0], plain[0]);
   EXPECT_FLOAT_EQ(scaled[63], plain[63] / 8.0f);
