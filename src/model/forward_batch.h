@@ -32,4 +32,21 @@ struct ForwardBatch {
   void validate() const;
 };
 
+// Builds a ForwardBatch entry by entry (serve's layout_batch, generate, the tests).
+class ForwardBatchBuilder {
+ public:
+  explicit ForwardBatchBuilder(int32_t block_size);
+  // One sequence: its new tokens new_tokens[0, q_len) at positions q_start .. q_start + q_len - 1
+  // (so kv_len = q_start + q_len), its K/V in `blocks` (covering kv_len), and whether its last new
+  // token's logits are sampled. Error(kInternal) if the blocks do not cover kv_len.
+  void add(const int32_t* new_tokens, int64_t q_start, int64_t q_len,
+           const std::vector<int32_t>& blocks, bool samples);
+  ForwardBatch build() &&;
+
+ private:
+  int32_t block_size_;
+  ForwardBatch b_;
+  std::vector<std::vector<int32_t>> tables_;
+};
+
 }  // namespace flashserve::model

@@ -1,5 +1,7 @@
 #include "serve/simulator.h"
 
+#include "common/str_cat.h"
+
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -67,7 +69,15 @@ SimResult simulate(const std::vector<Request>& requests, const SimConfig& config
     const double dt = cost.step_seconds(batch);
     if (!(dt > 0) || !std::isfinite(dt))
       throw Error(ErrorKind::kInternal, "cost model", "step time " + std::to_string(dt));
-    now += dt;
+    // Past ~1e10 s a double cannot resolve a millisecond step any more: latencies would come out
+    // as rounding noise (all zeros, at 1e300 s). Refused instead of reported.
+    const double next_now = now + dt;
+    if (std::abs((next_now - now) - dt) > 1e-3 * dt)
+      throw Error(ErrorKind::kInvalidArgument, "requests",
+                  str_cat("arrival times reach ", now,
+                          " s, where the simulated clock cannot resolve a step of ", dt,
+                          " s; use earlier arrivals (a higher rate)"));
+    now = next_now;
     sampled.assign(batch.entries.size(), 1);
     ++result.steps;
     result.max_step_tokens = std::max(result.max_step_tokens, batch.num_tokens());

@@ -200,9 +200,16 @@ TEST(Capacity, BisectionFindsTheBoundary) {
   r = fs::find_capacity([](double rate) { return synthetic(0, rate > 0.3 ? 5 : 0.1); }, crit, 8.0);
   EXPECT_GE(r.capacity, 0.3 * 0.98);
   EXPECT_LE(r.capacity, 0.3);
+  EXPECT_FALSE(r.at_limit);
   // Never meets the SLO: capacity 0.
   r = fs::find_capacity([](double) { return synthetic(1, 0); }, crit, 1.0);
   EXPECT_EQ(r.capacity, 0);
+  EXPECT_FALSE(r.at_limit);
+  // Never misses it: the search stops at max_rate and says the capacity is only a lower bound.
+  r = fs::find_capacity([](double) { return synthetic(0, 0); }, crit, 1.0, 0.02, 1e-3, 100.0);
+  EXPECT_TRUE(r.at_limit);
+  EXPECT_EQ(r.capacity, 64.0);
+  EXPECT_LE(r.probes.back().rate, 100.0);
   EXPECT_THROW(fs::find_capacity([](double) { return synthetic(0, 0); }, crit, -1), Error);
   // A bound that nothing can meet is a mistake, not a capacity of 0.
   for (const fs::CapacityCriteria bad :
