@@ -15,7 +15,7 @@
 #include "model/cuda/rmsnorm.h"
 #include "model/cuda/rope_kv_write.h"
 #include "model/cuda/silu_mul.h"
-#include "model/rope_freqs.h"
+#include "model/rope.h"
 #include "model_gpu/device_buffer.h"
 
 namespace flashserve::testing {
@@ -105,9 +105,12 @@ void check_rope(int heads, int kv_heads, int d, bool bias, bool llama3) {
   std::shuffle(perm.begin(), perm.end(), rng);
   for (int64_t t = 0; t < n; ++t) slot[t] = perm[t];
   slot[5] = -1;  // a padding token: no K/V write
-  model::RopeScaling s{"llama3", 8.0, 1.0, 4.0, 8192};
-  const auto inv = model::rope_inv_freq(d, llama3 ? 500000.0 : 10000.0,
-                                        llama3 ? s : model::RopeScaling{});
+  model::ModelConfig cfg;
+  cfg.head_dim = d;
+  cfg.rope_theta = llama3 ? 500000.0 : 10000.0;
+  if (llama3) cfg.rope_scaling = model::RopeScaling{"llama3", 8.0, 1.0, 4.0, 8192};
+  const auto inv64 = model::rope_inv_freq(cfg);
+  const std::vector<float> inv(inv64.begin(), inv64.end());
   DeviceBuffer<bf16_t> d_qkv(qkv), d_b(b), d_q(n * heads * d, kPoison);
   DeviceBuffer<bf16_t> d_k(slots * kv_heads * d, kPoison), d_v(slots * kv_heads * d, kPoison);
   DeviceBuffer<int32_t> d_pos(pos), d_slot(slot);
@@ -175,24 +178,6 @@ TEST(GpuModelKernels, RopeKvWriteMatchesReference) {
         check_rope(16, 4, d, bias, llama3);
         check_rope(7, 1, d, bias, llama3);
       }
-}
-
-TEST(GpuModelKernels, Llama3InvFreqFollowsTheThreeBands) {
-  // Host function, checked here beside its only consumer: high frequencies unchanged, low ones
-  // divided by the factor, the band between strictly in between.
-  model::RopeScaling s{"llama3", 8.0, 1.0, 4.0, 8192};
-  const auto plain = model::rope_inv_freq(128, 500000.0);
-  const auto scaled = model::rope_inv_freq(128, 500000.0, s);
-  ASSERT_EQ(plain.size(), 64u);
-  EXPECT_EQ(scaled[0], plain[0]);
-  EXPECT_FLOAT_EQ(scaled[63], plain[63] / 8.0f);
-  int medium = 0;
-  for (int i = 0; i < 64; ++i) {
-    EXPECT_LE(scaled[i], plain[i]);
-    EXPECT_GE(scaled[i], plain[i] / 8.0f * (1 - 1e-6f));
-    if (scaled[i] < plain[i] && scaled[i] > plain[i] / 8.0f * (1 + 1e-6f)) ++medium;
-  }
-  EXPECT_GT(medium, 0);
 }
 
 TEST(GpuModelKernels, SiluMulMatchesReference) {

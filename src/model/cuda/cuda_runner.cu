@@ -20,7 +20,7 @@
 #include "model/cuda/rope_kv_write.h"
 #include "model/cuda/sample.h"
 #include "model/cuda/silu_mul.h"
-#include "model/rope_freqs.h"
+#include "model/rope.h"
 
 namespace flashserve::model::cuda {
 namespace {
@@ -158,7 +158,9 @@ struct CudaRunner::Impl {
       l.gate_up = carve<bf16>(2 * I * H);
       l.down = carve<bf16>(I * H);
     }
-    const auto inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling);
+    // Float32, as Hugging Face keeps inv_freq; the kernel forms position * inv_freq in float32 too.
+    const auto inv64 = rope_inv_freq(cfg);
+    const std::vector<float> inv(inv64.begin(), inv64.end());
     check_cuda(cudaMemcpy(inv_freq, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice),
                "inv_freq");
   }
