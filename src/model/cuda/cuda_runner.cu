@@ -388,6 +388,8 @@ struct CudaRunner::Impl {
     ap.max_seqlen_q = b.max_seqlen_q;
     ap.max_seqlen_k = b.max_seqlen_k;
     ap.causal = true;
+    // Mistral's sliding window: a token sees itself and the sliding_window - 1 keys before it.
+    if (cfg.sliding_window > 0) ap.window_left = static_cast<int32_t>(cfg.sliding_window - 1);
     ap.num_splits = 0;
     ap.stream = stream;
     // The split plan depends only on the step's shapes, the same for every layer: size the
