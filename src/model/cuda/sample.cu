@@ -1,12 +1,11 @@
 // How a row is sampled without sorting the vocabulary (32k-152k entries). Every token gets a
-// 64-bit key that orders it as the rule does: the bits of its unnormalised probability
-// e = exp((l - max) / T) (a non-negative float, whose bits order like its value) above the
-// complement of its index (ties to the lower index). The kept sets of top-k and top-p are then
-// "keys >= some threshold", and the inverse CDF is "the largest key whose prefix mass exceeds
-// u * kept mass". Each threshold is found by a radix descent over the key, 8 bits at a time (8
-// passes over the row, a 256-bin histogram per pass). Masses are fixed-point integers
-// (e * 2^32, e <= 1) so that the sums are exact and the same on every run whatever the order of
-// the atomic adds.
+// 64-bit key that orders it as the rule does: its logit (a float mapped to an unsigned integer that
+// orders like the value) above the complement of its index (ties to the lower index). The kept sets
+// of top-k and top-p are then "keys >= some threshold", and the inverse CDF is "the largest key
+// whose prefix mass exceeds u * kept mass". Each threshold is found by a radix descent over the
+// key, 8 bits at a time (8 passes over the row, a 256-bin histogram per pass). Masses are
+// fixed-point integers of e = exp((l - max) / T) <= 1 (e * 2^32), so that the sums are exact and
+// the same on every run whatever the order of the atomic adds.
 #include "model/cuda/check.h"
 #include "model/cuda/reduce.cuh"
 #include "model/cuda/sample.h"
@@ -25,10 +24,12 @@ struct Row {
 };
 
 __device__ __forceinline__ float unnormalised(const Row& r, int64_t i) {
-  return expf((r.logits[i] - r.max) * r.inv_t);  // full precision: the CPU sampler orders by the same values
+  return expf((r.logits[i] - r.max) * r.inv_t);  // full precision: the CPU sampler uses double
 }
-__device__ __forceinline__ uint64_t key_of(float e, int64_t i) {
-  return (static_cast<uint64_t>(__float_as_uint(e)) << 32) | (0xffffffffull - static_cast<uint64_t>(i));
+__device__ __forceinline__ uint64_t key_of(float logit, int64_t i) {
+  const uint32_t b = __float_as_uint(logit);
+  const uint32_t ordered = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  return (static_cast<uint64_t>(ordered) << 32) | (0xffffffffull - static_cast<uint64_t>(i));
 }
 __device__ __forceinline__ uint64_t mass_of(float e) {
   return static_cast<uint64_t>(e * 4294967296.0f);
@@ -46,11 +47,10 @@ __device__ uint64_t radix_descend(const Row& r, uint64_t floor, uint64_t target,
     for (int b = threadIdx.x; b < kBins; b += blockDim.x) hist[b] = 0;
     __syncthreads();
     for (int64_t i = threadIdx.x; i < r.vocab; i += blockDim.x) {
-      const float e = unnormalised(r, i);
-      const uint64_t key = key_of(e, i);
+      const uint64_t key = key_of(r.logits[i], i);
       if (key < floor || (key & high_mask) != prefix) continue;
       atomicAdd(&hist[(key >> shift) & 0xff],
-                static_cast<unsigned long long>(by_count ? 1 : mass_of(e)));
+                static_cast<unsigned long long>(by_count ? 1 : mass_of(unnormalised(r, i))));
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -86,8 +86,7 @@ __device__ uint64_t kept_mass(const Row& r, uint64_t floor, unsigned long long* 
   __syncthreads();
   unsigned long long local = 0;
   for (int64_t i = threadIdx.x; i < r.vocab; i += blockDim.x) {
-    const float e = unnormalised(r, i);
-    if (key_of(e, i) >= floor) local += mass_of(e);
+    if (key_of(r.logits[i], i) >= floor) local += mass_of(unnormalised(r, i));
   }
   atomicAdd(total, local);
   __syncthreads();
@@ -149,11 +148,10 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* __restric
   uint64_t floor = 0;
   if (p.top_k > 0 && p.top_k < vocab)
     floor = radix_descend(r, 0, static_cast<uint64_t>(p.top_k), true, hist, result);
-  // Top-p: the shortest prefix (in key order) whose mass reaches top_p of the whole distribution.
+  // Top-p: the shortest prefix (in key order) whose mass reaches top_p of the top-k set's mass.
   uint64_t mass = kept_mass(r, floor, &total);
   if (p.top_p < 1.0f) {
-    const uint64_t all = floor ? kept_mass(r, 0, &total) : mass;
-    uint64_t target = static_cast<uint64_t>(ceil(static_cast<double>(p.top_p) * all));
+    uint64_t target = static_cast<uint64_t>(ceil(static_cast<double>(p.top_p) * mass));
     if (target < 1) target = 1;
     if (target < mass) {
       floor = radix_descend(r, floor, target, false, hist, result);
