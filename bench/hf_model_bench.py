@@ -22,9 +22,11 @@ def main():
     from transformers import MistralConfig, MistralForCausalLM
     cfg = MistralConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                         num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                        vocab_size=32000, max_position_embeddings=32768, sliding_window=None,
-                        rope_theta=10000.0)
-    cfg._attn_implementation = "sdpa"
+                        vocab_size=32000, max_position_embeddings=32768, sliding_window=None)
+    try:
+        cfg._attn_implementation = "sdpa"
+    except Exception:  # the default is SDPA where it is available
+        pass
     torch.set_default_dtype(torch.bfloat16)
     t0 = time.time()
     with torch.device("cuda"):

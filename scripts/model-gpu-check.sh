@@ -38,6 +38,11 @@ t0=$(date +%s)
 } >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1; }
 echo "== build ok in $(( $(date +%s) - t0 )) s, commit ${COMMIT:-unknown}"
 timeout 120 $BUILD/tests/test_model_gpu 2>&1 | tee "$OUT/test_model_gpu.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |OK \]|Failure|error|gpu |cpu " | head -60
+# flashserve generate on the GPU and on the CPU, same tiny checkpoint, greedy.
+$BUILD/src/flashserve make-checkpoint --shape tiny --out /tmp/tiny >/dev/null &&
+  for dev in cuda cpu; do
+    echo "generate --device $dev: $($BUILD/src/flashserve generate --model /tmp/tiny --prompt-ids 5,17,300,42,9 --max-tokens 16 --ignore-eos --device $dev 2>&1)"
+  done | tee "$OUT/generate.log"
 if ((bench)); then
   COMMIT=${COMMIT:-unknown} timeout 150 $BUILD/bench/bench_model 2>&1 | tee "$OUT/bench_model.log"
   PYTHONUNBUFFERED=1 timeout 120 python3 bench/hf_model_bench.py 2>&1 | grep -v Warning | tee "$OUT/hf_bench.log"
