@@ -18,6 +18,7 @@ struct RopeScaling {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
+  bool operator==(const RopeScaling&) const = default;
 };
 
 struct ModelConfig {
@@ -54,6 +55,7 @@ struct ModelConfig {
   int64_t q_size() const { return num_attention_heads * head_dim; }
   int64_t kv_size() const { return num_key_value_heads * head_dim; }
   ModelShape shape(const std::string& name = "") const;
+  bool operator==(const ModelConfig&) const = default;
 };
 
 }  // namespace flashserve::model

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "flashserve/error.h"
+#include "model/presets.h"
 
 namespace flashserve::serve {
 
@@ -23,21 +24,9 @@ std::vector<std::string> model_preset_names() {
 }
 
 ModelShape model_preset(const std::string& name) {
-  ModelShape m;
-  m.name = name;
-  if (name == "mistral-7b") {  // Mistral-7B-v0.1
-    m.layers = 32, m.hidden = 4096, m.heads = 32, m.kv_heads = 8, m.head_dim = 128, m.ffn = 14336;
-    m.vocab = 32000, m.max_context = 32768;
-  } else if (name == "llama-3-8b") {  // Meta-Llama-3-8B
-    m.layers = 32, m.hidden = 4096, m.heads = 32, m.kv_heads = 8, m.head_dim = 128, m.ffn = 14336;
-    m.vocab = 128256, m.max_context = 8192;
-  } else if (name == "llama-2-70b") {  // Llama-2-70b-hf
-    m.layers = 80, m.hidden = 8192, m.heads = 64, m.kv_heads = 8, m.head_dim = 128, m.ffn = 28672;
-    m.vocab = 32000, m.max_context = 4096;
-  } else {
-    bad("model", "'" + name + "' is not one of mistral-7b, llama-3-8b, llama-2-70b");
-  }
-  return m;
+  for (const std::string& n : model_preset_names())
+    if (n == name) return model::preset_config(name).shape(name);
+  bad("model", "'" + name + "' is not one of mistral-7b, llama-3-8b, llama-2-70b");
 }
 
 void GpuSpec::validate() const {
