@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "flashserve/attention.h"
 #include "model/cuda/cuda_runner.h"
 #include "model/forward_batch.h"
 #include "model/presets.h"
@@ -128,6 +129,77 @@ double time_decode(fm::cuda::CudaRunner& r, Seqs& s, int steps) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / steps;
 }
 
+// The decode attention call alone at the model's shape: host time per attention_forward (calls
+// enqueued back to back, no synchronization) and GPU time per call (events around 100 calls), for
+// page sizes 16 and 256 and automatic vs no split, so that a slow step shows whether the time is
+// the call or the kernel.
+void attention_diag(const fm::ModelConfig& cfg, int64_t context) {
+  std::printf("\nattention alone (decode, %lld context, d %lld, %lld/%lld heads):\n",
+              static_cast<long long>(context), static_cast<long long>(cfg.head_dim),
+              static_cast<long long>(cfg.num_attention_heads),
+              static_cast<long long>(cfg.num_key_value_heads));
+  std::printf("| batch | page | splits | host us/call | GPU us/call | K/V TB/s |\n|---|---|---|---|---|---|\n");
+  const int64_t hq = cfg.num_attention_heads, hkv = cfg.num_key_value_heads, d = cfg.head_dim;
+  const flashserve::Device gpu{flashserve::DeviceType::kCUDA, 0};
+  for (int64_t batch : {int64_t{1}, int64_t{32}})
+    for (int64_t page : {int64_t{16}, int64_t{256}})
+      for (int splits : {0, 1}) {
+        const int64_t pages = (context + page - 1) / page, blocks = batch * pages;
+        void *q, *o, *k, *v, *idx, *ws = nullptr;
+        check(cudaMalloc(&q, batch * hq * d * 2), "q");
+        check(cudaMalloc(&o, batch * hq * d * 2), "o");
+        check(cudaMalloc(&k, blocks * page * hkv * d * 2), "k");
+        check(cudaMalloc(&v, blocks * page * hkv * d * 2), "v");
+        cudaMemset(q, 0, batch * hq * d * 2);
+        cudaMemset(k, 0, blocks * page * hkv * d * 2);
+        cudaMemset(v, 0, blocks * page * hkv * d * 2);
+        std::vector<int32_t> h(batch + 1 + batch + blocks);
+        for (int64_t b = 0; b <= batch; ++b) h[b] = static_cast<int32_t>(b);
+        for (int64_t b = 0; b < batch; ++b) h[batch + 1 + b] = static_cast<int32_t>(context);
+        for (int64_t i = 0; i < blocks; ++i) h[2 * batch + 1 + i] = static_cast<int32_t>(i);
+        check(cudaMalloc(&idx, h.size() * 4), "idx");
+        cudaMemcpy(idx, h.data(), h.size() * 4, cudaMemcpyHostToDevice);
+        int32_t* ip = static_cast<int32_t*>(idx);
+        flashserve::AttentionParams ap;
+        ap.q = flashserve::make_view(q, flashserve::DType::kBFloat16, {batch, hq, d}, gpu);
+        ap.out = flashserve::make_view(o, flashserve::DType::kBFloat16, {batch, hq, d}, gpu);
+        ap.k = flashserve::make_view(k, flashserve::DType::kBFloat16, {blocks, page, hkv, d}, gpu);
+        ap.v = flashserve::make_view(v, flashserve::DType::kBFloat16, {blocks, page, hkv, d}, gpu);
+        ap.cu_seqlens_q = flashserve::make_view(ip, flashserve::DType::kInt32, {batch + 1}, gpu);
+        ap.seqused_k = flashserve::make_view(ip + batch + 1, flashserve::DType::kInt32, {batch}, gpu);
+        ap.block_table =
+            flashserve::make_view(ip + 2 * batch + 1, flashserve::DType::kInt32, {batch, pages}, gpu);
+        ap.max_seqlen_q = 1;
+        ap.max_seqlen_k = context;
+        ap.causal = true;
+        ap.num_splits = splits;
+        const size_t wsb = flashserve::attention_workspace_size(ap);
+        if (wsb) check(cudaMalloc(&ws, wsb), "ws");
+        ap.workspace = ws;
+        ap.workspace_bytes = wsb;
+        for (int i = 0; i < 5; ++i) flashserve::attention_forward(ap);
+        check(cudaDeviceSynchronize(), "warm");
+        const int n = 100;
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        cudaEventRecord(e0);
+        const auto t0 = Clock::now();
+        for (int i = 0; i < n; ++i) flashserve::attention_forward(ap);
+        const double host_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / n;
+        cudaEventRecord(e1);
+        check(cudaEventSynchronize(e1), "diag");
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        const double gpu_us = ms * 1e3 / n;
+        const double bytes = 2.0 * batch * context * hkv * d * 2;
+        std::printf("| %lld | %lld | %s | %.1f | %.1f | %.2f |\n", static_cast<long long>(batch),
+                    static_cast<long long>(page), splits ? "1" : "auto", host_us, gpu_us,
+                    bytes / (gpu_us * 1e-6) / 1e12);
+        for (void* p : {q, o, k, v, idx, ws}) cudaFree(p);
+      }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -214,6 +286,8 @@ int main(int argc, char** argv) {
     runner->set_profiling(false);
     profiles["prefill " + std::to_string(prefill)] = runner->profile();
   }
-  for (const auto& [name, p] : profiles) print_profile(name.c_str(), p, name[0] == 'd' ? 5 : 2);
+  for (const auto& [name, p] : profiles) print_profile(name.c_str(), p, name[0] == 'd' ? 8 : 2);  // decode: 3 warm-ups + 5
+  runner.reset();
+  attention_diag(cfg, context);
   return 0;
 }

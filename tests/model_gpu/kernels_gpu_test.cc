@@ -241,5 +241,34 @@ TEST(GpuModelKernels, GemmMatchesReference) {
   check_gemm(gemm, 1, 384, 1024, false);  // a cached plan reused
 }
 
+TEST(GpuModelKernels, GemmBiasEpilogueRoundsOnce) {
+  SKIP_WITHOUT_CUDA();
+  Gemm gemm;
+  for (int64_t m : {1, 17, 300}) {
+    const int64_t n = 1152, k = 896;
+    std::mt19937 rng(static_cast<unsigned>(m));
+    const auto x = random_bf16(m * k, rng), w = random_bf16(n * k, rng, 0.05f);
+    const auto b = random_bf16(n, rng, 0.5f);
+    DeviceBuffer<bf16_t> d_x(x), d_w(w), d_b(b), d_y(m * n, kPoison);
+    ASSERT_TRUE(gemm.run_bias(d_x.as<__nv_bfloat16>(), d_w.as<__nv_bfloat16>(),
+                              d_b.as<__nv_bfloat16>(), d_y.as<__nv_bfloat16>(), m, n, k, nullptr))
+        << "cuBLASLt offers no bias epilogue for m " << m;
+    const auto y = d_y.download();
+    int bad = 0;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double want = f(b[j]), mag = std::abs(f(b[j]));
+        for (int64_t c = 0; c < k; ++c) {
+          want += f(x[i * k + c]) * f(w[j * k + c]);
+          mag += std::abs(f(x[i * k + c]) * f(w[j * k + c]));
+        }
+        // One rounding to bf16 (at most half a unit: 2^-8 of the value) plus the accumulation.
+        const double tol = std::ldexp(std::abs(want), -8) + k * std::ldexp(mag, -24) + 1e-7;
+        if (!(std::abs(f(y[i * n + j]) - want) <= tol)) ++bad;
+      }
+    EXPECT_EQ(bad, 0) << "m " << m;
+  }
+}
+
 }  // namespace
 }  // namespace flashserve::testing

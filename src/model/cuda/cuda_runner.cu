@@ -411,11 +411,15 @@ struct CudaRunner::Impl {
       bf16* v_cache = k_cache + layer_kv;
       add_rmsnorm(li == 0 ? nullptr : delta, x, l.ln1, h, nullptr, T, H, eps, stream);
       mark("rmsnorm");
-      gemm->run(h, l.qkv, qkv, false, T, qkv_rows(), H, stream);
+      // Qwen2's q/k/v bias goes in the GEMM's epilogue (one bf16 rounding of x W^T + b, as
+      // Hugging Face's bf16 Linear); the RoPE kernel adds it only where cuBLASLt cannot.
+      const bool bias_done =
+          l.qkv_bias && gemm->run_bias(h, l.qkv, l.qkv_bias, qkv, T, qkv_rows(), H, stream);
+      if (!bias_done) gemm->run(h, l.qkv, qkv, false, T, qkv_rows(), H, stream);
       mark("gemm_qkv");
       RopeKvArgs ra;
       ra.qkv = qkv;
-      ra.bias = l.qkv_bias;
+      ra.bias = bias_done ? nullptr : l.qkv_bias;
       ra.positions = pos;
       ra.slot_mapping = slots;
       ra.inv_freq = inv_freq;

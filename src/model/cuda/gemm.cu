@@ -25,6 +25,7 @@ struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  bool found = false;  // false: cuBLASLt offered no algorithm (kept, so it is asked once)
 };
 
 }  // namespace
@@ -33,10 +34,10 @@ struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, Plan> plans;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool>, Plan> plans;
 
-  const Plan& plan(int64_t m, int64_t n, int64_t k, bool y_float32) {
-    const auto key = std::make_tuple(m, n, k, y_float32);
+  const Plan& plan(int64_t m, int64_t n, int64_t k, bool y_float32, bool bias = false) {
+    const auto key = std::make_tuple(m, n, k, y_float32, bias);
     auto it = plans.find(key);
     if (it != plans.end()) return it->second;
     Plan p;
@@ -46,6 +47,12 @@ struct Gemm::Impl {
                "transa");
     check_blas(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
                "transb");
+    if (bias) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      check_blas(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+                                                sizeof(epi)),
+                 "epilogue");
+    }
     const cudaDataType_t yt = y_float32 ? CUDA_R_32F : CUDA_R_16BF;
     check_blas(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, k, n, k), "layout w");
     check_blas(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, k, m, k), "layout x");
@@ -60,11 +67,8 @@ struct Gemm::Impl {
     const cublasStatus_t s =
         cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    if (s != CUBLAS_STATUS_SUCCESS || found == 0)
-      throw Error(ErrorKind::kUnsupported, "gemm",
-                  "cuBLASLt has no algorithm for m=" + std::to_string(m) + " n=" +
-                      std::to_string(n) + " k=" + std::to_string(k));
-    p.algo = result.algo;
+    p.found = s == CUBLAS_STATUS_SUCCESS && found > 0;
+    if (p.found) p.algo = result.algo;
     return plans.emplace(key, p).first->second;
   }
 
@@ -92,10 +96,30 @@ void Gemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool y_f
                int64_t n, int64_t k, cudaStream_t stream) {
   if (m == 0) return;
   const Plan& p = impl_->plan(m, n, k, y_float32);
+  if (!p.found)
+    throw Error(ErrorKind::kUnsupported, "gemm",
+                "cuBLASLt has no algorithm for m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                    " k=" + std::to_string(k));
   const float alpha = 1.0f, beta = 0.0f;
   check_blas(cublasLtMatmul(impl_->handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c,
                             &p.algo, impl_->workspace, impl_->workspace_bytes, stream),
              "cublasLtMatmul");
+}
+
+bool Gemm::run_bias(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
+                    __nv_bfloat16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+  if (m == 0) return true;
+  const Plan& p = impl_->plan(m, n, k, false, true);
+  if (!p.found) return false;
+  // The bias pointer is an attribute of the descriptor: set per call (a host-side write).
+  check_blas(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                            sizeof(bias)),
+             "bias pointer");
+  const float alpha = 1.0f, beta = 0.0f;
+  check_blas(cublasLtMatmul(impl_->handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c,
+                            &p.algo, impl_->workspace, impl_->workspace_bytes, stream),
+             "cublasLtMatmul (bias)");
+  return true;
 }
 
 }  // namespace flashserve::model::cuda

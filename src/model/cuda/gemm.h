@@ -26,6 +26,12 @@ class Gemm {
   void run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool y_float32, int64_t m,
            int64_t n, int64_t k, cudaStream_t stream);
 
+  // y = x w^T + bias (bf16 y, bias [n]) in cuBLASLt's epilogue: the sum is rounded to bf16 once,
+  // as a bf16 nn.Linear with bias does. Returns false (and does nothing) when cuBLASLt has no
+  // algorithm with the bias epilogue for the shape; the caller then adds the bias itself.
+  bool run_bias(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
+                __nv_bfloat16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
