@@ -33,6 +33,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr int32_t kBlock = 16;
+int32_t block = kBlock;  // the KV page size of the current runs
 
 std::string arg(int argc, char** argv, const char* name, const char* fallback) {
   for (int i = 1; i + 1 < argc; ++i)
@@ -75,7 +76,7 @@ struct Seqs {
   int64_t blocks_per_seq = 0;
   std::vector<int32_t> blocks(int64_t i, int64_t kv) const {
     std::vector<int32_t> b;
-    for (int64_t j = 0; j < (kv + kBlock - 1) / kBlock; ++j)
+    for (int64_t j = 0; j < (kv + block - 1) / block; ++j)
       b.push_back(static_cast<int32_t>(i * blocks_per_seq + j));
     return b;
   }
@@ -84,7 +85,7 @@ struct Seqs {
 // Prefills every sequence's first `context` tokens, `per_step` sequences per forward.
 void prefill_all(fm::cuda::CudaRunner& r, Seqs& s, int64_t context, int64_t per_step) {
   for (size_t i = 0; i < s.tokens.size(); i += per_step) {
-    fm::ForwardBatchBuilder bb(kBlock);
+    fm::ForwardBatchBuilder bb(block);
     for (size_t j = i; j < std::min(s.tokens.size(), i + per_step); ++j) {
       bb.add(s.tokens[j].data(), 0, context, s.blocks(j, context), true);
       s.len[j] = context;
@@ -95,7 +96,7 @@ void prefill_all(fm::cuda::CudaRunner& r, Seqs& s, int64_t context, int64_t per_
 }
 
 fm::ForwardBatch decode_batch(Seqs& s) {
-  fm::ForwardBatchBuilder bb(kBlock);
+  fm::ForwardBatchBuilder bb(block);
   for (size_t j = 0; j < s.tokens.size(); ++j)
     bb.add(s.tokens[j].data() + s.len[j], s.len[j], 1, s.blocks(j, s.len[j] + 1), true);
   return std::move(bb).build();
@@ -234,37 +235,53 @@ int main(int argc, char** argv) {
   std::printf("device copy bandwidth %.2f TB/s (read + written); weight-read floor %.3f ms\n",
               bw / 1e12, wbytes / bw * 1e3);
 
-  const int64_t max_batch = 32, max_len = std::max(context + 4 * steps + 16, prefill);
+  const int64_t max_batch = 32, max_len = std::max(context + 8 * (steps + 3) + 16, prefill);
   Seqs s;
-  s.blocks_per_seq = (max_len + kBlock - 1) / kBlock;
-  runner->allocate_kv(max_batch * s.blocks_per_seq, kBlock);
   std::printf("\n| work | ours | floor | ours / floor |\n|---|---|---|---|\n");
   std::map<std::string, std::map<std::string, double>> profiles;
-  for (int64_t batch : {int64_t{1}, max_batch}) {
-    s.tokens.assign(batch, std::vector<int32_t>(max_len));
-    s.len.assign(batch, 0);
-    for (int64_t j = 0; j < batch; ++j)
-      for (int64_t t = 0; t < max_len; ++t)
-        s.tokens[j][t] = static_cast<int32_t>((j * 7919 + t * 104729) % cfg.vocab_size);
-    prefill_all(*runner, s, context, 4);
-    const double ms = time_decode(*runner, s, steps);
-    const double kv_bytes = batch * (context + 3 + steps / 2) * kv_per_token;
-    const double floor_ms = (wbytes + kv_bytes) / bw * 1e3;
-    std::printf("| decode step, batch %lld, %lld context | %.3f ms | %.3f ms (weights%s) | %.2f |\n",
-                static_cast<long long>(batch), static_cast<long long>(context), ms, floor_ms,
-                batch > 1 ? " + K/V" : "", ms / floor_ms);
-    std::fflush(stdout);
-    runner->set_profiling(true);
-    time_decode(*runner, s, 5);
-    runner->set_profiling(false);
-    profiles["decode batch " + std::to_string(batch)] = runner->profile();
+  for (int32_t page : {kBlock, 256}) {
+    block = page;
+    s.blocks_per_seq = (max_len + block - 1) / block;
+    runner->allocate_kv(max_batch * s.blocks_per_seq, block);
+    for (int64_t batch : {int64_t{1}, max_batch}) {
+      s.tokens.assign(batch, std::vector<int32_t>(max_len));
+      s.len.assign(batch, 0);
+      for (int64_t j = 0; j < batch; ++j)
+        for (int64_t t = 0; t < max_len; ++t)
+          s.tokens[j][t] = static_cast<int32_t>((j * 7919 + t * 104729) % cfg.vocab_size);
+      prefill_all(*runner, s, context, 4);
+      for (bool graphs : {true, false}) {
+        runner->set_cuda_graphs(graphs);
+        const double ms = time_decode(*runner, s, steps);
+        const double kv_bytes = batch * (s.len[0] - steps / 2) * kv_per_token;
+        const double floor_ms = (wbytes + kv_bytes) / bw * 1e3;
+        std::printf("| decode step, batch %lld, %lld context, page %d, %s | %.3f ms | %.3f ms "
+                    "(weights%s) | %.2f |\n",
+                    static_cast<long long>(batch), static_cast<long long>(context), page,
+                    graphs ? "CUDA graph" : "eager", ms, floor_ms, batch > 1 ? " + K/V" : "",
+                    ms / floor_ms);
+        std::fflush(stdout);
+      }
+      if (page == kBlock) {
+        runner->set_profiling(true);
+        time_decode(*runner, s, 5);
+        runner->set_profiling(false);
+        profiles["decode batch " + std::to_string(batch)] = runner->profile();
+      }
+    }
   }
+  runner->set_cuda_graphs(true);
+  const auto [captures, replays] = runner->graph_counts();
+  std::printf("(decode graphs: %lld captured, %lld replays)\n", static_cast<long long>(captures),
+              static_cast<long long>(replays));
+  block = kBlock;
+  s.blocks_per_seq = (max_len + block - 1) / block;
+  runner->allocate_kv(max_batch * s.blocks_per_seq, block);
   {
     std::vector<int32_t> prompt(prefill);
     for (int64_t t = 0; t < prefill; ++t) prompt[t] = static_cast<int32_t>((t * 31337) % cfg.vocab_size);
     auto one = [&] {
-      fm::ForwardBatchBuilder bb(kBlock);
-      s.blocks_per_seq = (prefill + kBlock - 1) / kBlock;
+      fm::ForwardBatchBuilder bb(block);
       bb.add(prompt.data(), 0, prefill, s.blocks(0, prefill), true);
       const fm::ForwardBatch b = std::move(bb).build();
       runner->forward(b);

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -75,7 +77,7 @@ struct CudaRunner::Impl {
   DeviceMemory weight_mem;
   size_t weight_cursor = 0;
   bf16 *embed = nullptr, *final_norm = nullptr, *lm_head = nullptr;
-  std::vector<LayerWeights> layers;
+  std::vector<LayerWeights> layers_w;
   float* inv_freq = nullptr;  // [head_dim / 2], in the weight allocation
 
   // KV pool: per layer K then V, each [num_blocks, block_size, kv_heads, head_dim].
@@ -106,6 +108,7 @@ struct CudaRunner::Impl {
 
   ~Impl() {
     if (stream) cudaStreamSynchronize(stream);
+    drop_graphs();
     for (cudaEvent_t e : events) cudaEventDestroy(e);
     if (staged) cudaEventDestroy(staged);
     if (pinned) cudaFreeHost(pinned);
@@ -115,6 +118,8 @@ struct CudaRunner::Impl {
 
   void init(int dev) {
     device = dev;
+    const char* g = std::getenv("FLASHSERVE_CUDA_GRAPHS");
+    use_graphs = !(g && std::string(g) == "0");
     check_cuda(cudaSetDevice(dev), "cudaSetDevice");
     check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
     check_cuda(cudaEventCreateWithFlags(&staged, cudaEventDisableTiming), "event");
@@ -148,8 +153,8 @@ struct CudaRunner::Impl {
     final_norm = carve<bf16>(H);
     lm_head = cfg.tie_word_embeddings ? embed : carve<bf16>(V * H);
     inv_freq = carve<float>(cfg.head_dim / 2);
-    layers.resize(cfg.num_hidden_layers);
-    for (auto& l : layers) {
+    layers_w.resize(cfg.num_hidden_layers);
+    for (auto& l : layers_w) {
       l.ln1 = carve<bf16>(H);
       l.ln2 = carve<bf16>(H);
       l.qkv = carve<bf16>(qkv_rows() * H);
@@ -197,7 +202,7 @@ struct CudaRunner::Impl {
     if (!cfg.tie_word_embeddings) upload(ck.tensor("lm_head.weight", {V, H}), lm_head, staging);
     for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
       const std::string p = "model.layers." + std::to_string(i) + ".";
-      LayerWeights& l = layers[i];
+      LayerWeights& l = layers_w[i];
       upload(ck.tensor(p + "input_layernorm.weight", {H}), l.ln1, staging);
       upload(ck.tensor(p + "post_attention_layernorm.weight", {H}), l.ln2, staging);
       // Fused QKV: rows q | k | v of one [q + 2 kv, hidden] matrix, so one GEMM makes all three.
@@ -231,7 +236,7 @@ struct CudaRunner::Impl {
     fill_uniform_bf16(embed, V * H, seed++, 1.0f, 0.0f, stream);
     ones(final_norm, H);
     if (!cfg.tie_word_embeddings) fill(lm_head, V * H, H);
-    for (auto& l : layers) {
+    for (auto& l : layers_w) {
       ones(l.ln1, H);
       ones(l.ln2, H);
       fill(l.qkv, qkv_rows() * H, H);
@@ -244,8 +249,8 @@ struct CudaRunner::Impl {
   }
 
   // --- step buffers ------------------------------------------------------------------------
-  void ensure_tokens(int64_t tokens) {
-    if (tokens <= token_cap) return;
+  bool ensure_tokens(int64_t tokens) {  // true when the buffers moved
+    if (tokens <= token_cap) return false;
     const int64_t T = std::max<int64_t>(tokens, 256);
     const int64_t H = cfg.hidden_size, I = cfg.intermediate_size;
     const size_t sizes[] = {size_t(T * H), size_t(T * H), size_t(T * qkv_rows()),
@@ -263,10 +268,11 @@ struct CudaRunner::Impl {
       p += align256(sizes[i] * 2);
     }
     token_cap = T;
+    return true;
   }
 
-  void ensure_samples(int64_t rows) {
-    if (rows <= sample_cap) return;
+  bool ensure_samples(int64_t rows) {  // true when the buffers moved
+    if (rows <= sample_cap) return false;
     const int64_t S = std::max<int64_t>(rows, 64);
     check_cuda(cudaStreamSynchronize(stream), "grow");
     const size_t hs_b = align256(S * cfg.hidden_size * 2), lg_b = align256(S * cfg.vocab_size * 4);
@@ -279,6 +285,7 @@ struct CudaRunner::Impl {
     tokens_dev = reinterpret_cast<int32_t*>(p + hs_b + lg_b);
     params_dev = reinterpret_cast<RowSampling*>(p + hs_b + lg_b + tok_b);
     sample_cap = S;
+    return true;
   }
 
   void* stage(size_t bytes) {
@@ -337,56 +344,100 @@ struct CudaRunner::Impl {
                         std::to_string(num_blocks));
   }
 
+  // Decode-only steps replay a CUDA graph of the whole forward (every layer's launches, the
+  // attention's included), keyed by the batch size and the block table's width rounded up to a
+  // power of two: between steps only the index arrays change, and they are copied into the same
+  // device buffer before the replay. The table is padded to that width and max_seqlen_k set to
+  // its capacity (an upper bound, as the attention contract allows; the kernels stop at
+  // seqused_k). Any reallocation of a buffer a graph points into drops every graph.
+  struct GraphKey {
+    int64_t batch, width;
+    bool operator<(const GraphKey& o) const {
+      return batch != o.batch ? batch < o.batch : width < o.width;
+    }
+  };
+  std::map<GraphKey, cudaGraphExec_t> graphs;
+  bool use_graphs = true;
+  int64_t graph_replays = 0, graph_captures = 0;
+
+  void drop_graphs() {
+    for (auto& [k, g] : graphs) cudaGraphExecDestroy(g);
+    graphs.clear();
+  }
+
+  // What a step's layers read: device index arrays and the attention parameters.
+  struct Step {
+    int64_t T = 0, S = 0;
+    const int32_t *ids = nullptr, *pos = nullptr, *slots = nullptr, *rows = nullptr;
+    AttentionParams ap;
+  };
+
   void forward(const ForwardBatch& b) {
     check_batch(b);
     collect();
     check_cuda(cudaSetDevice(device), "cudaSetDevice");
     const int64_t T = b.total_q, B = b.batch, S = static_cast<int64_t>(b.sample_rows.size());
-    ensure_tokens(T);
-    ensure_samples(S);
+    const bool decode_only = use_graphs && !profiling && T == B && S == B && b.max_seqlen_q == 1;
+    int64_t width = b.pages_per_seq;
+    if (decode_only) {
+      width = 1;
+      while (width < b.pages_per_seq) width *= 2;
+    }
+    bool moved = ensure_tokens(T);
+    moved |= ensure_samples(S);
     last_samples = S;
 
-    // One staging copy of every index array, each at a 16-byte aligned offset.
+    // One staging copy of every index array, each at a 16-byte aligned offset; the block table
+    // is written `width` entries per row (padding repeats the row's first block).
     const std::vector<int32_t>* arrays[] = {&b.input_ids,    &b.positions, &b.slot_mapping,
                                             &b.cu_seqlens_q, &b.seqused_k, &b.block_table,
                                             &b.sample_rows};
+    const size_t sizes[] = {b.input_ids.size(),    b.positions.size(), b.slot_mapping.size(),
+                            b.cu_seqlens_q.size(), b.seqused_k.size(), size_t(B * width),
+                            b.sample_rows.size()};
     size_t offsets[7], total = 0;
     for (int i = 0; i < 7; ++i) {
       offsets[i] = total;
-      total += (arrays[i]->size() + 3) / 4 * 4;
+      total += (sizes[i] + 3) / 4 * 4;
     }
     // Rare growth; cudaFree inside waits for the device, so no step still reads the old buffer.
-    idx_mem.grow(std::max<size_t>(total, 1024) * 4 * 2, "index arrays");
+    moved |= idx_mem.grow(std::max<size_t>(total, 1024) * 4 * 2, "index arrays");
     int32_t* host = static_cast<int32_t*>(stage(total * 4));
     for (int i = 0; i < 7; ++i)
-      if (!arrays[i]->empty())
+      if (i != 5 && !arrays[i]->empty())
         std::memcpy(host + offsets[i], arrays[i]->data(), arrays[i]->size() * 4);
+    for (int64_t r = 0; r < B && b.pages_per_seq > 0; ++r) {
+      int32_t* row = host + offsets[5] + r * width;
+      const int32_t* src = b.block_table.data() + r * b.pages_per_seq;
+      std::memcpy(row, src, b.pages_per_seq * 4);
+      for (int64_t j = b.pages_per_seq; j < width; ++j) row[j] = src[0];
+    }
     int32_t* dev = static_cast<int32_t*>(idx_mem.get());
     mark(nullptr);
     check_cuda(cudaMemcpyAsync(dev, host, total * 4, cudaMemcpyHostToDevice, stream), "indices");
     check_cuda(cudaEventRecord(staged, stream), "event");
-    const int32_t *ids = dev + offsets[0], *pos = dev + offsets[1], *slots = dev + offsets[2];
-    int32_t *cu_q = dev + offsets[3], *used_k = dev + offsets[4], *table = dev + offsets[5];
-    const int32_t* rows = dev + offsets[6];
 
-    const int64_t H = cfg.hidden_size, I = cfg.intermediate_size;
-    const float eps = static_cast<float>(cfg.rms_norm_eps);
+    Step st;
+    st.T = T;
+    st.S = S;
+    st.ids = dev + offsets[0];
+    st.pos = dev + offsets[1];
+    st.slots = dev + offsets[2];
+    st.rows = dev + offsets[6];
     const int32_t hq = static_cast<int32_t>(cfg.num_attention_heads);
     const int32_t hkv = static_cast<int32_t>(cfg.num_key_value_heads);
     const int32_t d = static_cast<int32_t>(cfg.head_dim);
     const Device gpu{DeviceType::kCUDA, device};
-    const int64_t layer_kv = num_blocks * block_size * hkv * d;
-
-    AttentionParams ap;
+    AttentionParams& ap = st.ap;
     ap.q = make_view(q, DType::kBFloat16, {T, hq, d}, gpu);
     ap.out = make_view(attn, DType::kBFloat16, {T, hq, d}, gpu);
     ap.k = make_view(kv_mem.get(), DType::kBFloat16, {num_blocks, block_size, hkv, d}, gpu);
     ap.v = ap.k;
-    ap.cu_seqlens_q = make_view(cu_q, DType::kInt32, {B + 1}, gpu);
-    ap.seqused_k = make_view(used_k, DType::kInt32, {B}, gpu);
-    ap.block_table = make_view(table, DType::kInt32, {B, b.pages_per_seq}, gpu);
+    ap.cu_seqlens_q = make_view(dev + offsets[3], DType::kInt32, {B + 1}, gpu);
+    ap.seqused_k = make_view(dev + offsets[4], DType::kInt32, {B}, gpu);
+    ap.block_table = make_view(dev + offsets[5], DType::kInt32, {B, width}, gpu);
     ap.max_seqlen_q = b.max_seqlen_q;
-    ap.max_seqlen_k = b.max_seqlen_k;
+    ap.max_seqlen_k = decode_only ? width * block_size : b.max_seqlen_k;
     ap.causal = true;
     // Mistral's sliding window: a token sees itself and the sliding_window - 1 keys before it.
     if (cfg.sliding_window > 0) ap.window_left = static_cast<int32_t>(cfg.sliding_window - 1);
@@ -399,14 +450,63 @@ struct CudaRunner::Impl {
       check_cuda(cudaStreamSynchronize(stream), "grow");
       attn_ws.release();
       attn_ws.grow(ws, "attention workspace");
+      moved = true;
     }
     ap.workspace = attn_ws.get();
     ap.workspace_bytes = attn_ws.bytes();
+    if (moved) drop_graphs();
 
-    embed_tokens(embed, ids, x, T, H, cfg.vocab_size, stream);
+    if (!decode_only) return layers(st);
+    const GraphKey key{B, width};
+    auto it = graphs.find(key);
+    if (it != graphs.end()) {
+      check_cuda(cudaGraphLaunch(it->second, stream), "graph launch");
+      ++graph_replays;
+      return;
+    }
+    // First step of this shape: run it eagerly (GEMM plans and kernel modules get loaded outside
+    // any capture), then capture the same launches for the next steps.
+    layers(st);
+    capture(key, st);
+  }
+
+  void capture(const GraphKey& key, const Step& st) {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    if (e == cudaSuccess) {
+      try {
+        layers(st);
+      } catch (const std::exception& ex) {
+        std::fprintf(stderr, "cuda runner: capture failed (%s)\n", ex.what());
+      }
+      e = cudaStreamEndCapture(stream, &graph);
+    }
+    if (e == cudaSuccess && graph) e = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (e != cudaSuccess || !exec) {
+      // Something in the step cannot be captured: run every step eagerly from now on.
+      std::fprintf(stderr, "cuda runner: decode graphs off (%s)\n", cudaGetErrorString(e));
+      cudaGetLastError();
+      use_graphs = false;
+      return;
+    }
+    graphs.emplace(key, exec);
+    ++graph_captures;
+  }
+
+  void layers(const Step& st) {
+    const int64_t T = st.T, H = cfg.hidden_size, I = cfg.intermediate_size;
+    const float eps = static_cast<float>(cfg.rms_norm_eps);
+    const int32_t hkv = static_cast<int32_t>(cfg.num_key_value_heads);
+    const int32_t d = static_cast<int32_t>(cfg.head_dim);
+    const int64_t layer_kv = num_blocks * block_size * hkv * d;
+    AttentionParams ap = st.ap;
+
+    embed_tokens(embed, st.ids, x, T, H, cfg.vocab_size, stream);
     mark("embedding");
     for (int64_t li = 0; li < cfg.num_hidden_layers; ++li) {
-      const LayerWeights& l = layers[li];
+      const LayerWeights& l = layers_w[li];
       bf16* k_cache = static_cast<bf16*>(kv_mem.get()) + 2 * li * layer_kv;
       bf16* v_cache = k_cache + layer_kv;
       add_rmsnorm(li == 0 ? nullptr : delta, x, l.ln1, h, nullptr, T, H, eps, stream);
@@ -420,14 +520,14 @@ struct CudaRunner::Impl {
       RopeKvArgs ra;
       ra.qkv = qkv;
       ra.bias = bias_done ? nullptr : l.qkv_bias;
-      ra.positions = pos;
-      ra.slot_mapping = slots;
+      ra.positions = st.pos;
+      ra.slot_mapping = st.slots;
       ra.inv_freq = inv_freq;
       ra.q_out = q;
       ra.k_cache = k_cache;
       ra.v_cache = v_cache;
       ra.n_tokens = T;
-      ra.heads = hq;
+      ra.heads = static_cast<int32_t>(cfg.num_attention_heads);
       ra.kv_heads = hkv;
       ra.head_dim = d;
       rope_kv_write(ra, stream);
@@ -448,9 +548,9 @@ struct CudaRunner::Impl {
       mark("gemm_down");
     }
     // The last residual add and norm for the sample rows only, gathered; then their logits.
-    add_rmsnorm(delta, x, final_norm, hs, rows, S, H, eps, stream);
+    add_rmsnorm(delta, x, final_norm, hs, st.rows, st.S, H, eps, stream);
     mark("rmsnorm");
-    gemm->run(hs, lm_head, logits, true, S, cfg.vocab_size, H, stream);
+    gemm->run(hs, lm_head, logits, true, st.S, cfg.vocab_size, H, stream);
     mark("lm_head");
   }
 };
@@ -485,6 +585,7 @@ void CudaRunner::allocate_kv(int64_t num_blocks, int32_t block_size) {
                 "the KV pool needs a positive number of blocks and block size");
   Impl& m = *impl_;
   check_cuda(cudaStreamSynchronize(m.stream), "allocate_kv");
+  m.drop_graphs();
   m.kv_mem.release();
   m.kv_mem.grow(size_t(2) * m.cfg.num_hidden_layers * num_blocks * block_size *
                     m.cfg.num_key_value_heads * m.cfg.head_dim * 2,
@@ -546,6 +647,15 @@ int64_t CudaRunner::weight_bytes() const {
   const ModelConfig& c = impl_->cfg;
   const int64_t layer = c.hidden_size * (impl_->qkv_rows() + c.q_size() + 3 * c.intermediate_size);
   return 2 * (c.num_hidden_layers * layer + c.vocab_size * c.hidden_size);
+}
+
+void CudaRunner::set_cuda_graphs(bool on) {
+  impl_->use_graphs = on;
+  if (!on) impl_->drop_graphs();
+}
+
+std::pair<int64_t, int64_t> CudaRunner::graph_counts() const {
+  return {impl_->graph_captures, impl_->graph_replays};
 }
 
 void CudaRunner::set_profiling(bool on) {

@@ -6,14 +6,17 @@
 // batch (varlen queries, paged K/V, causal, automatic split-KV), the O GEMM, add+RMSNorm, the
 // gate/up GEMM, SiLU*up, the down GEMM; finally the last norm on the sample rows only and the LM
 // head for them (float32 logits). No host synchronization and no allocation inside a step once the
-// buffers have grown to the step's size (they grow, rarely, between steps). CUDA graphs for
-// decode-only steps are left to the engine (they need the attention plan/run split).
+// buffers have grown to the step's size (they grow, rarely, between steps). Decode-only steps
+// (one new token per sequence, every sequence sampled) replay a CUDA graph of the whole forward
+// per (batch size, block-table width rounded up to a power of two); FLASHSERVE_CUDA_GRAPHS=0 or
+// set_cuda_graphs(false) runs them eagerly.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/runner.h"
@@ -40,6 +43,9 @@ class CudaRunner : public ModelRunner {
   void* stream() const;
   void synchronize() const;
   int64_t weight_bytes() const;  // bf16 bytes of every weight a step reads (embedding excluded)
+
+  void set_cuda_graphs(bool on);
+  std::pair<int64_t, int64_t> graph_counts() const;  // (captures, replays) so far
 
   // Per-stage timing (CUDA events around each stage of every layer; adds a little host cost, so
   // off by default). profile() sums milliseconds per stage over the forwards since the last reset.

@@ -35,6 +35,12 @@ struct Gemm::Impl {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool>, Plan> plans;
+  // The operands of the call that asks for a new plan, used to time the candidates.
+  struct Operands {
+    const void *x = nullptr, *w = nullptr, *bias = nullptr;
+    void* y = nullptr;
+    cudaStream_t stream = nullptr;
+  } tune;
 
   const Plan& plan(int64_t m, int64_t n, int64_t k, bool y_float32, bool bias = false) {
     const auto key = std::make_tuple(m, n, k, y_float32, bias);
@@ -62,13 +68,50 @@ struct Gemm::Impl {
     check_blas(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                     &workspace_bytes, sizeof(workspace_bytes)),
                "preference workspace");
-    cublasLtMatmulHeuristicResult_t result{};
+    // Up to 8 candidates; with real operands at hand (never inside a graph capture) each is
+    // timed on them and the fastest kept. The heuristic's first pick is often not the fastest
+    // for the skinny products of decode (m of 1 to 64), where the weights' read is the cost.
+    constexpr int kCandidates = 8;
+    cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
     int found = 0;
-    const cublasStatus_t s =
-        cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+    const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref,
+                                                            kCandidates, results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     p.found = s == CUBLAS_STATUS_SUCCESS && found > 0;
-    if (p.found) p.algo = result.algo;
+    if (p.found) {
+      p.algo = results[0].algo;
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      cudaStreamIsCapturing(tune.stream, &capturing);
+      if (found > 1 && tune.x && capturing == cudaStreamCaptureStatusNone) {
+        if (bias)
+          cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &tune.bias,
+                                         sizeof(tune.bias));
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        const float alpha = 1.0f, beta = 0.0f;
+        float best = 1e30f;
+        for (int i = 0; i < found; ++i) {
+          if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+          auto once = [&] {
+            return cublasLtMatmul(handle, p.op, &alpha, tune.w, p.a, tune.x, p.b, &beta, tune.y,
+                                  p.c, tune.y, p.c, &results[i].algo, workspace, workspace_bytes,
+                                  tune.stream);
+          };
+          if (once() != CUBLAS_STATUS_SUCCESS) continue;
+          cudaEventRecord(e0, tune.stream);
+          for (int r = 0; r < 5; ++r) once();
+          cudaEventRecord(e1, tune.stream);
+          cudaEventSynchronize(e1);
+          float ms = 0;
+          cudaEventElapsedTime(&ms, e0, e1);
+          if (ms < best) best = ms, p.algo = results[i].algo;
+        }
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+        cudaGetLastError();
+      }
+    }
     return plans.emplace(key, p).first->second;
   }
 
@@ -95,6 +138,7 @@ Gemm::~Gemm() = default;
 void Gemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool y_float32, int64_t m,
                int64_t n, int64_t k, cudaStream_t stream) {
   if (m == 0) return;
+  impl_->tune = {x, w, nullptr, y, stream};
   const Plan& p = impl_->plan(m, n, k, y_float32);
   if (!p.found)
     throw Error(ErrorKind::kUnsupported, "gemm",
@@ -109,6 +153,7 @@ void Gemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool y_f
 bool Gemm::run_bias(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
                     __nv_bfloat16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
   if (m == 0) return true;
+  impl_->tune = {x, w, bias, y, stream};
   const Plan& p = impl_->plan(m, n, k, false, true);
   if (!p.found) return false;
   // The bias pointer is an attribute of the descriptor: set per call (a host-side write).
