@@ -10,7 +10,7 @@
 //     tokens + causal attention (the count shared/anchors/h200-transformers.md uses);
 //   * the per-stage breakdown of each (CUDA events around every stage of every layer).
 //
-//   bench_model [--shape mistral-7b] [--context 1024] [--prefill 4096] [--steps 30]
+//   bench_model [--shape mistral-7b] [--context 1024] [--prefill 4096] [--steps 30] [--quick]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -134,7 +134,7 @@ double time_decode(fm::cuda::CudaRunner& r, Seqs& s, int steps) {
 // enqueued back to back, no synchronization) and GPU time per call (events around 100 calls), for
 // page sizes 16 and 256 and automatic vs no split, so that a slow step shows whether the time is
 // the call or the kernel.
-void attention_diag(const fm::ModelConfig& cfg, int64_t context) {
+void attention_diag(const fm::ModelConfig& cfg, int64_t context, bool quick) {
   std::printf("\nattention alone (decode, %lld context, d %lld, %lld/%lld heads):\n",
               static_cast<long long>(context), static_cast<long long>(cfg.head_dim),
               static_cast<long long>(cfg.num_attention_heads),
@@ -144,7 +144,8 @@ void attention_diag(const fm::ModelConfig& cfg, int64_t context) {
   const flashserve::Device gpu{flashserve::DeviceType::kCUDA, 0};
   for (int64_t batch : {int64_t{1}, int64_t{32}})
     for (int64_t page : {int64_t{16}, int64_t{256}})
-      for (int splits : {0, 1}) {
+      for (int splits : {0, 1, 4, 16}) {
+        if (quick && page != 16) continue;
         const int64_t pages = (context + page - 1) / page, blocks = batch * pages;
         void *q, *o, *k, *v, *idx, *ws = nullptr;
         check(cudaMalloc(&q, batch * hq * d * 2), "q");
@@ -195,7 +196,7 @@ void attention_diag(const fm::ModelConfig& cfg, int64_t context) {
         const double gpu_us = ms * 1e3 / n;
         const double bytes = 2.0 * batch * context * hkv * d * 2;
         std::printf("| %lld | %lld | %s | %.1f | %.1f | %.2f |\n", static_cast<long long>(batch),
-                    static_cast<long long>(page), splits ? "1" : "auto", host_us, gpu_us,
+                    static_cast<long long>(page), splits ? std::to_string(splits).c_str() : "auto", host_us, gpu_us,
                     bytes / (gpu_us * 1e-6) / 1e12);
         for (void* p : {q, o, k, v, idx, ws}) cudaFree(p);
       }
@@ -208,6 +209,9 @@ int main(int argc, char** argv) {
   const int64_t context = std::atoll(arg(argc, argv, "--context", "1024").c_str());
   const int64_t prefill = std::atoll(arg(argc, argv, "--prefill", "4096").c_str());
   const int steps = std::atoi(arg(argc, argv, "--steps", "30").c_str());
+  // --quick: page 16 only and the attention diagnostics at page 16 (a short device call).
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) quick |= std::strcmp(argv[i], "--quick") == 0;
   const char* commit = std::getenv("COMMIT");
 
   cudaDeviceProp prop{};
@@ -239,7 +243,12 @@ int main(int argc, char** argv) {
   Seqs s;
   std::printf("\n| work | ours | floor | ours / floor |\n|---|---|---|---|\n");
   std::map<std::string, std::map<std::string, double>> profiles;
+  struct Mode {
+    bool graphs, gemv;
+    const char* name;
+  };
   for (int32_t page : {kBlock, 256}) {
+    if (quick && page != kBlock) continue;
     block = page;
     s.blocks_per_seq = (max_len + block - 1) / block;
     runner->allocate_kv(max_batch * s.blocks_per_seq, block);
@@ -250,18 +259,21 @@ int main(int argc, char** argv) {
         for (int64_t t = 0; t < max_len; ++t)
           s.tokens[j][t] = static_cast<int32_t>((j * 7919 + t * 104729) % cfg.vocab_size);
       prefill_all(*runner, s, context, 4);
-      for (bool graphs : {true, false}) {
-        runner->set_cuda_graphs(graphs);
+      std::vector<Mode> modes = {{true, true, "CUDA graph"}, {false, true, "eager"}};
+      if (batch <= 4) modes.push_back({true, false, "CUDA graph, cuBLASLt for m=1"});
+      for (const Mode& m : modes) {
+        runner->set_cuda_graphs(m.graphs);
+        runner->set_gemv(m.gemv);
         const double ms = time_decode(*runner, s, steps);
         const double kv_bytes = batch * (s.len[0] - steps / 2) * kv_per_token;
         const double floor_ms = (wbytes + kv_bytes) / bw * 1e3;
         std::printf("| decode step, batch %lld, %lld context, page %d, %s | %.3f ms | %.3f ms "
                     "(weights%s) | %.2f |\n",
-                    static_cast<long long>(batch), static_cast<long long>(context), page,
-                    graphs ? "CUDA graph" : "eager", ms, floor_ms, batch > 1 ? " + K/V" : "",
-                    ms / floor_ms);
+                    static_cast<long long>(batch), static_cast<long long>(context), page, m.name,
+                    ms, floor_ms, batch > 1 ? " + K/V" : "", ms / floor_ms);
         std::fflush(stdout);
       }
+      runner->set_gemv(true);
       if (page == kBlock) {
         runner->set_profiling(true);
         time_decode(*runner, s, 5);
@@ -305,6 +317,6 @@ int main(int argc, char** argv) {
   }
   for (const auto& [name, p] : profiles) print_profile(name.c_str(), p, name[0] == 'd' ? 8 : 2);  // decode: 3 warm-ups + 5
   runner.reset();
-  attention_diag(cfg, context);
+  attention_diag(cfg, context, quick);
   return 0;
 }

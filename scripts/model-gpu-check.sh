@@ -2,17 +2,20 @@
 # One call on the GPU machine for the model layer: build (ARCHS=90a, only the model's targets),
 # the model's GPU tests, bench_model beside transformers' prefill, and the comparison against
 # transformers (tests/model_gpu/compare_transformers.py). Logs under $OUT.
-#   OUT=... COMMIT=... bash scripts/model-gpu-check.sh [--no-compare] [--no-bench]
+#   OUT=... COMMIT=... bash scripts/model-gpu-check.sh [--no-compare] [--no-bench] [--quick]
 # Where the image lacks OpenBLAS or nlohmann-json (the model library's CPU half needs them),
 # Debian packages in .deps/ are unpacked under /tmp/deps and the build pointed at them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-compare=1 bench=1
+compare=1 bench=1 quick=0
 for a in "$@"; do
-  case $a in --no-compare) compare=0 ;; --no-bench) bench=0 ;; esac
+  case $a in --no-compare) compare=0 ;; --no-bench) bench=0 ;; --quick) quick=1 ;; esac
 done
+# --quick (a short call): bench_model --quick first, then the tests, then one configuration of
+# the comparison; no transformers prefill.
+
 BUILD=build/gpu
 extra=()
 P=/tmp/deps/usr
@@ -54,7 +57,18 @@ if ! [ -f .prebuilt.tar.xz ]; then
   } >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1; }
 fi
 echo "== binaries ready in $(( $(date +%s) - t0 )) s, commit ${COMMIT:-unknown}"
-timeout 120 $BUILD/tests/test_model_gpu 2>&1 | tee "$OUT/test_model_gpu.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |OK \]|Failure|error|gpu |cpu " | head -60
+run_tests() {
+  timeout 120 $BUILD/tests/test_model_gpu 2>&1 | tee "$OUT/test_model_gpu.log" |
+    grep -E "^\[  (FAILED|PASSED|SKIPPED) |OK \]|Failure|error" | head -60
+}
+if ((quick)); then
+  COMMIT=${COMMIT:-unknown} timeout 60 $BUILD/bench/bench_model --quick 2>&1 | tee "$OUT/bench_model.log"
+  run_tests
+  PYTHONUNBUFFERED=1 timeout 60 python3 tests/model_gpu/compare_transformers.py --build $BUILD \
+    --work /tmp/cmp --only llama-gqa 2>&1 | grep -v -i -E "warn|Loading weights" | tee "$OUT/compare.log"
+  exit 0
+fi
+run_tests
 # flashserve generate on the GPU and on the CPU, same tiny checkpoint, greedy.
 $BUILD/src/flashserve make-checkpoint --shape tiny --out /tmp/tiny >/dev/null &&
   for dev in cuda cpu; do
@@ -66,7 +80,7 @@ if ((bench)); then
 fi
 if ((compare)); then
   PYTHONUNBUFFERED=1 timeout 240 python3 tests/model_gpu/compare_transformers.py --build $BUILD \
-    --work /tmp/cmp 2>&1 | grep -v -i warn | tee "$OUT/compare.log"
+    --work /tmp/cmp 2>&1 | grep -v -i -E "warn|Loading weights" | tee "$OUT/compare.log"
 fi
 if ((bench)); then
   PYTHONUNBUFFERED=1 timeout 120 python3 bench/hf_model_bench.py 2>&1 | grep -v Warning | tee "$OUT/hf_bench.log"

@@ -233,18 +233,22 @@ void check_gemm(Gemm& gemm, int64_t m, int64_t n, int64_t k, bool y_float) {
 TEST(GpuModelKernels, GemmMatchesReference) {
   SKIP_WITHOUT_CUDA();
   Gemm gemm;
-  for (int64_t m : {1, 7, 32, 129})
+  for (int64_t m : {1, 2, 3, 4, 7, 32, 129})  // m <= 4: the GEMV kernel
     for (bool y_float : {false, true}) {
       check_gemm(gemm, m, 384, 1024, y_float);
       check_gemm(gemm, m, 1000, 256, y_float);
+      check_gemm(gemm, m, 256, 1032, y_float);  // k not a multiple of the GEMV's 256-wide pass
     }
   check_gemm(gemm, 1, 384, 1024, false);  // a cached plan reused
+  gemm.set_gemv(false);  // and cuBLASLt for the same small m
+  for (int64_t m : {1, 3})
+    for (bool y_float : {false, true}) check_gemm(gemm, m, 384, 1024, y_float);
 }
 
 TEST(GpuModelKernels, GemmBiasEpilogueRoundsOnce) {
   SKIP_WITHOUT_CUDA();
   Gemm gemm;
-  for (int64_t m : {1, 17, 300}) {
+  for (int64_t m : {1, 2, 17, 300}) {
     const int64_t n = 1152, k = 896;
     std::mt19937 rng(static_cast<unsigned>(m));
     const auto x = random_bf16(m * k, rng), w = random_bf16(n * k, rng, 0.05f);

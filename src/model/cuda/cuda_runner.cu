@@ -69,6 +69,7 @@ size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 struct CudaRunner::Impl {
   ModelConfig cfg;
   int device = 0;
+  int sms = 132;
   cudaStream_t stream = nullptr;
   Gemm* gemm = nullptr;  // created after the device is set
   std::unique_ptr<Gemm> gemm_owner;
@@ -121,6 +122,7 @@ struct CudaRunner::Impl {
     const char* g = std::getenv("FLASHSERVE_CUDA_GRAPHS");
     use_graphs = !(g && std::string(g) == "0");
     check_cuda(cudaSetDevice(dev), "cudaSetDevice");
+    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
     check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
     check_cuda(cudaEventCreateWithFlags(&staged, cudaEventDisableTiming), "event");
     gemm_owner = std::make_unique<Gemm>();
@@ -372,6 +374,21 @@ struct CudaRunner::Impl {
     AttentionParams ap;
   };
 
+  // Splits of a decode-only step's attention. The sm80 decode kernel streams K/V at a few GB/s
+  // per block (measured on the H200: ~200 us for 1k keys whether 8 or 256 blocks run), so a decode
+  // step needs enough blocks in flight to reach the memory's rate; the automatic policy splits
+  // only from 2k keys on. Aim at 8 blocks per SM, each split keeping at least one 64-key block of
+  // the longest sequence (the kernel shares each sequence's own blocks among the splits; shorter
+  // ones leave some splits empty). A graph keeps the count it was captured with: still correct.
+  // (The attention issue's plan/run owns this choice once it lands.)
+  int decode_splits(int64_t batch, int64_t max_kv) const {
+    const int64_t units = batch * cfg.num_key_value_heads;
+    int64_t splits = (8 * int64_t{sms} + units - 1) / units;
+    splits = std::min<int64_t>({splits, std::max<int64_t>(1, max_kv / 64), 128,
+                                65535 / std::max<int64_t>(batch, 1)});
+    return static_cast<int>(std::max<int64_t>(splits, 1));
+  }
+
   void forward(const ForwardBatch& b) {
     check_batch(b);
     collect();
@@ -441,7 +458,7 @@ struct CudaRunner::Impl {
     ap.causal = true;
     // Mistral's sliding window: a token sees itself and the sliding_window - 1 keys before it.
     if (cfg.sliding_window > 0) ap.window_left = static_cast<int32_t>(cfg.sliding_window - 1);
-    ap.num_splits = 0;
+    ap.num_splits = b.max_seqlen_q == 1 ? decode_splits(B, b.max_seqlen_k) : 0;
     ap.stream = stream;
     // The split plan depends only on the step's shapes, the same for every layer: size the
     // workspace once per step.
@@ -647,6 +664,11 @@ int64_t CudaRunner::weight_bytes() const {
   const ModelConfig& c = impl_->cfg;
   const int64_t layer = c.hidden_size * (impl_->qkv_rows() + c.q_size() + 3 * c.intermediate_size);
   return 2 * (c.num_hidden_layers * layer + c.vocab_size * c.hidden_size);
+}
+
+void CudaRunner::set_gemv(bool on) {
+  impl_->gemm->set_gemv(on);
+  impl_->drop_graphs();  // graphs hold the launches of the other path
 }
 
 void CudaRunner::set_cuda_graphs(bool on) {

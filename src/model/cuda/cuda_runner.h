@@ -45,6 +45,7 @@ class CudaRunner : public ModelRunner {
   int64_t weight_bytes() const;  // bf16 bytes of every weight a step reads (embedding excluded)
 
   void set_cuda_graphs(bool on);
+  void set_gemv(bool on);  // the small-batch GEMM kernel (gemv.h) instead of cuBLASLt
   std::pair<int64_t, int64_t> graph_counts() const;  // (captures, replays) so far
 
   // Per-stage timing (CUDA events around each stage of every layer; adds a little host cost, so

@@ -1,5 +1,6 @@
 #include <cublasLt.h>
 
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <tuple>
@@ -7,6 +8,7 @@
 #include "flashserve/error.h"
 #include "model/cuda/check.h"
 #include "model/cuda/gemm.h"
+#include "model/cuda/gemv.h"
 
 namespace flashserve::model::cuda {
 namespace {
@@ -131,6 +133,8 @@ Gemm::Gemm(size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
   check_blas(cublasLtCreate(&impl_->handle), "cublasLtCreate");
   check_cuda(cudaMalloc(&impl_->workspace, workspace_bytes), "gemm workspace");
   impl_->workspace_bytes = workspace_bytes;
+  const char* g = std::getenv("FLASHSERVE_GEMV");
+  gemv_ = !(g && std::string(g) == "0");
 }
 
 Gemm::~Gemm() = default;
@@ -138,6 +142,7 @@ Gemm::~Gemm() = default;
 void Gemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool y_float32, int64_t m,
                int64_t n, int64_t k, cudaStream_t stream) {
   if (m == 0) return;
+  if (gemv_ && m <= kGemvMaxRows) return gemv(x, w, nullptr, y, y_float32, m, n, k, stream);
   impl_->tune = {x, w, nullptr, y, stream};
   const Plan& p = impl_->plan(m, n, k, y_float32);
   if (!p.found)
@@ -153,6 +158,10 @@ void Gemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool y_f
 bool Gemm::run_bias(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
                     __nv_bfloat16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
   if (m == 0) return true;
+  if (gemv_ && m <= kGemvMaxRows) {
+    gemv(x, w, bias, y, false, m, n, k, stream);
+    return true;
+  }
   impl_->tune = {x, w, bias, y, stream};
   const Plan& p = impl_->plan(m, n, k, false, true);
   if (!p.found) return false;

@@ -21,6 +21,10 @@ class Gemm {
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
 
+  // Products of at most kGemvMaxRows rows of x (decode at small batch) go to gemv.h's kernel
+  // unless turned off here or by FLASHSERVE_GEMV=0.
+  void set_gemv(bool on) { gemv_ = on; }
+
   // y_float32: y is float32 (the LM head's logits), else bf16. All pointers 16-byte aligned,
   // k and n multiples of 8.
   void run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool y_float32, int64_t m,
@@ -35,6 +39,7 @@ class Gemm {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  bool gemv_ = true;
 };
 
 }  // namespace flashserve::model::cuda
