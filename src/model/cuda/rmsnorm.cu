@@ -21,12 +21,13 @@ __global__ void add_rmsnorm_kernel(const __nv_bfloat16* __restrict__ delta,
   const int64_t src = rows ? rows[r] : r;
   __nv_bfloat16* res = residual + src * hidden;
   const __nv_bfloat16* del = delta ? delta + src * hidden : nullptr;
-  float x[kMaxVecs][kVec];
+  float x[kMaxVecs][kVec], w[kMaxVecs][kVec];
   float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < kMaxVecs; ++j) {
     const int64_t c = (static_cast<int64_t>(j) * blockDim.x + threadIdx.x) * kVec;
     if (c < hidden) {
+      load8(weight + c, w[j]);  // issued with the row's loads: no second round trip after the sum
       load8(res + c, x[j]);
       if (del) {
         float d[kVec];
@@ -45,13 +46,11 @@ __global__ void add_rmsnorm_kernel(const __nv_bfloat16* __restrict__ delta,
   for (int j = 0; j < kMaxVecs; ++j) {
     const int64_t c = (static_cast<int64_t>(j) * blockDim.x + threadIdx.x) * kVec;
     if (c < hidden) {
-      float w[kVec];
-      load8(weight + c, w);
 #pragma unroll
       for (int i = 0; i < kVec; ++i) x[j][i] *= inv;
       round8(x[j]);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) x[j][i] *= w[i];
+      for (int i = 0; i < kVec; ++i) x[j][i] *= w[j][i];
       store8(out + r * hidden + c, x[j]);
     }
   }
