@@ -233,6 +233,7 @@ void check_gemm(Gemm& gemm, int64_t m, int64_t n, int64_t k, bool y_float) {
 TEST(GpuModelKernels, GemmMatchesReference) {
   SKIP_WITHOUT_CUDA();
   Gemm gemm;
+  gemm.set_gemv(true);
   for (int64_t m : {1, 2, 3, 4, 7, 32, 129})  // m <= 4: the GEMV kernel
     for (bool y_float : {false, true}) {
       check_gemm(gemm, m, 384, 1024, y_float);
@@ -248,6 +249,7 @@ TEST(GpuModelKernels, GemmMatchesReference) {
 TEST(GpuModelKernels, GemmBiasEpilogueRoundsOnce) {
   SKIP_WITHOUT_CUDA();
   Gemm gemm;
+  gemm.set_gemv(true);  // m <= 4 through the GEMV kernel's bias, the others cuBLASLt's epilogue
   for (int64_t m : {1, 2, 17, 300}) {
     const int64_t n = 1152, k = 896;
     std::mt19937 rng(static_cast<unsigned>(m));

@@ -374,16 +374,17 @@ struct CudaRunner::Impl {
     AttentionParams ap;
   };
 
-  // Splits of a decode-only step's attention. The sm80 decode kernel streams K/V at a few GB/s
-  // per block (measured on the H200: ~200 us for 1k keys whether 8 or 256 blocks run), so a decode
-  // step needs enough blocks in flight to reach the memory's rate; the automatic policy splits
-  // only from 2k keys on. Aim at 8 blocks per SM, each split keeping at least one 64-key block of
+  // Splits of a decode-only step's attention. The sm80 paged decode kernel takes ~200 us for 1k
+  // keys whether 8 or 256 blocks run (H200, bench_model's attention rows, 2026-11-30), and the
+  // automatic policy splits only from 2k keys on. Measured at 1k keys, page 16: batch 1 takes
+  // 185/56/20 us with 1/4/16 splits, batch 32 takes 205/242/160 us. So aim at 32 blocks per SM
+  // (16 splits at both batch sizes there), each split keeping at least one 64-key block of
   // the longest sequence (the kernel shares each sequence's own blocks among the splits; shorter
   // ones leave some splits empty). A graph keeps the count it was captured with: still correct.
   // (The attention issue's plan/run owns this choice once it lands.)
   int decode_splits(int64_t batch, int64_t max_kv) const {
     const int64_t units = batch * cfg.num_key_value_heads;
-    int64_t splits = (8 * int64_t{sms} + units - 1) / units;
+    int64_t splits = (32 * int64_t{sms} + units - 1) / units;
     splits = std::min<int64_t>({splits, std::max<int64_t>(1, max_kv / 64), 128,
                                 65535 / std::max<int64_t>(batch, 1)});
     return static_cast<int>(std::max<int64_t>(splits, 1));

@@ -21,8 +21,8 @@ class Gemm {
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
 
-  // Products of at most kGemvMaxRows rows of x (decode at small batch) go to gemv.h's kernel
-  // unless turned off here or by FLASHSERVE_GEMV=0.
+  // Products of at most kGemvMaxRows rows of x (decode at small batch) go to gemv.h's kernel when
+  // turned on here or by FLASHSERVE_GEMV=1 (off by default: measured no faster, see gemm.cu).
   void set_gemv(bool on) { gemv_ = on; }
 
   // y_float32: y is float32 (the LM head's logits), else bf16. All pointers 16-byte aligned,
@@ -39,7 +39,7 @@ class Gemm {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  bool gemv_ = true;
+  bool gemv_ = false;
 };
 
 }  // namespace flashserve::model::cuda

@@ -2,8 +2,9 @@
 // cost is reading w once. One warp per output row of w streams it in 16-byte loads, several in
 // flight per lane, against the few rows of x (cached in L1 across the block's warps); float32
 // accumulation, one rounding of the result. cuBLASLt's kernels for such skinny products reach
-// 50-90% of the copy bandwidth on the model's matrices (the smaller ones worst); this one aims at
-// the copy rate for every size.
+// 50-90% of the copy bandwidth on the model's matrices (the smaller ones worst); this one aimed at
+// the copy rate for every size but measured no faster in the whole decode step (gemm_gate_up
+// slower, the small products a little faster): Gemm uses it only when asked (FLASHSERVE_GEMV=1).
 #pragma once
 
 #include <cuda_bf16.h>
