@@ -139,7 +139,9 @@ void attention_diag(const fm::ModelConfig& cfg, int64_t context, bool quick) {
               static_cast<long long>(context), static_cast<long long>(cfg.head_dim),
               static_cast<long long>(cfg.num_attention_heads),
               static_cast<long long>(cfg.num_key_value_heads));
-  std::printf("| batch | page | splits | host us/call | GPU us/call | K/V TB/s |\n|---|---|---|---|---|---|\n");
+  std::printf(
+      "| batch | page | splits | host us/call | GPU us/call | K/V TB/s "
+      "|\n|---|---|---|---|---|---|\n");
   const int64_t hq = cfg.num_attention_heads, hkv = cfg.num_key_value_heads, d = cfg.head_dim;
   const flashserve::Device gpu{flashserve::DeviceType::kCUDA, 0};
   for (int64_t batch : {int64_t{1}, int64_t{32}})
@@ -168,9 +170,10 @@ void attention_diag(const fm::ModelConfig& cfg, int64_t context, bool quick) {
         ap.k = flashserve::make_view(k, flashserve::DType::kBFloat16, {blocks, page, hkv, d}, gpu);
         ap.v = flashserve::make_view(v, flashserve::DType::kBFloat16, {blocks, page, hkv, d}, gpu);
         ap.cu_seqlens_q = flashserve::make_view(ip, flashserve::DType::kInt32, {batch + 1}, gpu);
-        ap.seqused_k = flashserve::make_view(ip + batch + 1, flashserve::DType::kInt32, {batch}, gpu);
-        ap.block_table =
-            flashserve::make_view(ip + 2 * batch + 1, flashserve::DType::kInt32, {batch, pages}, gpu);
+        ap.seqused_k =
+            flashserve::make_view(ip + batch + 1, flashserve::DType::kInt32, {batch}, gpu);
+        ap.block_table = flashserve::make_view(ip + 2 * batch + 1, flashserve::DType::kInt32,
+                                               {batch, pages}, gpu);
         ap.max_seqlen_q = 1;
         ap.max_seqlen_k = context;
         ap.causal = true;
@@ -188,7 +191,8 @@ void attention_diag(const fm::ModelConfig& cfg, int64_t context, bool quick) {
         cudaEventRecord(e0);
         const auto t0 = Clock::now();
         for (int i = 0; i < n; ++i) flashserve::attention_forward(ap);
-        const double host_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / n;
+        const double host_us =
+            std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / n;
         cudaEventRecord(e1);
         check(cudaEventSynchronize(e1), "diag");
         float ms = 0;
@@ -196,8 +200,8 @@ void attention_diag(const fm::ModelConfig& cfg, int64_t context, bool quick) {
         const double gpu_us = ms * 1e3 / n;
         const double bytes = 2.0 * batch * context * hkv * d * 2;
         std::printf("| %lld | %lld | %s | %.1f | %.1f | %.2f |\n", static_cast<long long>(batch),
-                    static_cast<long long>(page), splits ? std::to_string(splits).c_str() : "auto", host_us, gpu_us,
-                    bytes / (gpu_us * 1e-6) / 1e12);
+                    static_cast<long long>(page), splits ? std::to_string(splits).c_str() : "auto",
+                    host_us, gpu_us, bytes / (gpu_us * 1e-6) / 1e12);
         for (void* p : {q, o, k, v, idx, ws}) cudaFree(p);
       }
 }
@@ -220,11 +224,11 @@ int main(int argc, char** argv) {
   // The prompts here are at most 4096 tokens: Mistral's 4096-token window never cuts, and
   // transformers' comparison runs without it too (its fastest SDPA path).
   cfg.sliding_window = 0;
-  const int64_t params = cfg.hidden_size * cfg.vocab_size * (cfg.tie_word_embeddings ? 1 : 2) +
-                         cfg.num_hidden_layers *
-                             (cfg.hidden_size * (cfg.q_size() + 2 * cfg.kv_size() + cfg.q_size()) +
-                              3 * cfg.hidden_size * cfg.intermediate_size + 2 * cfg.hidden_size) +
-                         cfg.hidden_size;
+  const int64_t params =
+      cfg.hidden_size * cfg.vocab_size * (cfg.tie_word_embeddings ? 1 : 2) +
+      cfg.num_hidden_layers * (cfg.hidden_size * (cfg.q_size() + 2 * cfg.kv_size() + cfg.q_size()) +
+                               3 * cfg.hidden_size * cfg.intermediate_size + 2 * cfg.hidden_size) +
+      cfg.hidden_size;
   std::printf("# bench_model: %s (random bf16 weights on the device), %s, commit %s\n",
               shape.c_str(), prop.name, commit ? commit : "unknown");
 
@@ -267,10 +271,11 @@ int main(int argc, char** argv) {
         const double ms = time_decode(*runner, s, steps);
         const double kv_bytes = batch * (s.len[0] - steps / 2) * kv_per_token;
         const double floor_ms = (wbytes + kv_bytes) / bw * 1e3;
-        std::printf("| decode step, batch %lld, %lld context, page %d, %s | %.3f ms | %.3f ms "
-                    "(weights%s) | %.2f |\n",
-                    static_cast<long long>(batch), static_cast<long long>(context), page, m.name,
-                    ms, floor_ms, batch > 1 ? " + K/V" : "", ms / floor_ms);
+        std::printf(
+            "| decode step, batch %lld, %lld context, page %d, %s | %.3f ms | %.3f ms "
+            "(weights%s) | %.2f |\n",
+            static_cast<long long>(batch), static_cast<long long>(context), page, m.name, ms,
+            floor_ms, batch > 1 ? " + K/V" : "", ms / floor_ms);
         std::fflush(stdout);
       }
       runner->set_gemv(false);
@@ -291,7 +296,8 @@ int main(int argc, char** argv) {
   runner->allocate_kv(max_batch * s.blocks_per_seq, block);
   {
     std::vector<int32_t> prompt(prefill);
-    for (int64_t t = 0; t < prefill; ++t) prompt[t] = static_cast<int32_t>((t * 31337) % cfg.vocab_size);
+    for (int64_t t = 0; t < prefill; ++t)
+      prompt[t] = static_cast<int32_t>((t * 31337) % cfg.vocab_size);
     auto one = [&] {
       fm::ForwardBatchBuilder bb(block);
       bb.add(prompt.data(), 0, prefill, s.blocks(0, prefill), true);
@@ -307,15 +313,17 @@ int main(int argc, char** argv) {
     const double flops = 2.0 * params * prefill + 2.0 * cfg.num_hidden_layers *
                                                       cfg.num_attention_heads * double(prefill) *
                                                       prefill * cfg.head_dim;
-    std::printf("| prefill %lld tokens | %.2f ms = %.0f TFLOP/s | transformers 120 ms (anchor) | |\n",
-                static_cast<long long>(prefill), ms, flops / (ms * 1e-3) / 1e12);
+    std::printf(
+        "| prefill %lld tokens | %.2f ms = %.0f TFLOP/s | transformers 120 ms (anchor) | |\n",
+        static_cast<long long>(prefill), ms, flops / (ms * 1e-3) / 1e12);
     runner->set_profiling(true);
     one();
     one();
     runner->set_profiling(false);
     profiles["prefill " + std::to_string(prefill)] = runner->profile();
   }
-  for (const auto& [name, p] : profiles) print_profile(name.c_str(), p, name[0] == 'd' ? 8 : 2);  // decode: 3 warm-ups + 5
+  for (const auto& [name, p] : profiles)
+    print_profile(name.c_str(), p, name[0] == 'd' ? 8 : 2);  // decode: 3 warm-ups + 5
   runner.reset();
   attention_diag(cfg, context, quick);
   return 0;

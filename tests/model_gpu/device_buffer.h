@@ -33,7 +33,8 @@ class DeviceBuffer {
  public:
   explicit DeviceBuffer(const std::vector<T>& host) : n_(host.size()) {
     EXPECT_EQ(cudaMalloc(&ptr_, bytes() ? bytes() : 16), cudaSuccess);
-    if (bytes()) EXPECT_EQ(cudaMemcpy(ptr_, host.data(), bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+    if (bytes())
+      EXPECT_EQ(cudaMemcpy(ptr_, host.data(), bytes(), cudaMemcpyHostToDevice), cudaSuccess);
   }
   explicit DeviceBuffer(size_t n, T fill = T{}) : DeviceBuffer(std::vector<T>(n, fill)) {}
   ~DeviceBuffer() { cudaFree(ptr_); }
@@ -48,7 +49,8 @@ class DeviceBuffer {
   std::vector<T> download() const {
     std::vector<T> h(n_);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    if (bytes()) EXPECT_EQ(cudaMemcpy(h.data(), ptr_, bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+    if (bytes())
+      EXPECT_EQ(cudaMemcpy(h.data(), ptr_, bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
     return h;
   }
 
@@ -64,8 +66,12 @@ inline std::vector<bf16_t> random_bf16(size_t n, std::mt19937& rng, float scale 
   return v;
 }
 
-inline double f(bf16_t x) { return static_cast<double>(to_float(x)); }
-inline double round_bf16(double x) { return static_cast<double>(to_float(to_bf16(static_cast<float>(x)))); }
+inline double f(bf16_t x) {
+  return static_cast<double>(to_float(x));
+}
+inline double round_bf16(double x) {
+  return static_cast<double>(to_float(to_bf16(static_cast<float>(x))));
+}
 
 // A bf16 result against its float64 reference: within `ulps` units of bf16 rounding (2^-8
 // relative) of the reference's magnitude, plus `abs_floor` for values that cancel to near zero.

@@ -146,8 +146,8 @@ void check_rope(int heads, int kv_heads, int d, bool bias, bool llama3) {
         const double x1 = x(int64_t{h} * d + i), x2 = x(int64_t{h} * d + i + d / 2);
         const double y1 = x1 * std::cos(ang) - x2 * std::sin(ang);
         const double y2 = x2 * std::cos(ang) + x1 * std::sin(ang);
-        const bf16_t* out = is_q ? &q[(t * heads + h) * d]
-                                 : &k[(int64_t{slot[t]} * kv_heads + (h - heads)) * d];
+        const bf16_t* out =
+            is_q ? &q[(t * heads + h) * d] : &k[(int64_t{slot[t]} * kv_heads + (h - heads)) * d];
         const double scale = std::abs(x1) + std::abs(x2);
         if (std::abs(f(out[i]) - y1) > std::ldexp(scale, -8) + 1e-6) ++bad;
         if (std::abs(f(out[i + d / 2]) - y2) > std::ldexp(scale, -8) + 1e-6) ++bad;
@@ -241,7 +241,7 @@ TEST(GpuModelKernels, GemmMatchesReference) {
       check_gemm(gemm, m, 256, 1032, y_float);  // k not a multiple of the GEMV's 256-wide pass
     }
   check_gemm(gemm, 1, 384, 1024, false);  // a cached plan reused
-  gemm.set_gemv(false);  // and cuBLASLt for the same small m
+  gemm.set_gemv(false);                   // and cuBLASLt for the same small m
   for (int64_t m : {1, 3})
     for (bool y_float : {false, true}) check_gemm(gemm, m, 384, 1024, y_float);
 }

@@ -32,7 +32,8 @@ constexpr int32_t kBlock = 16;
 
 const std::string& tiny_dir() {
   static const std::string dir = [] {
-    const fs::path d = fs::temp_directory_path() / ("flashserve-gpu-tiny-" + std::to_string(::getpid()));
+    const fs::path d =
+        fs::temp_directory_path() / ("flashserve-gpu-tiny-" + std::to_string(::getpid()));
     model::write_random_checkpoint(model::preset_config("tiny"), d.string());
     return d.string();
   }();
@@ -161,7 +162,8 @@ TEST(GpuModelRunner, DecodeGraphsMatchEagerSteps) {
   const auto [captures, replays] = r->graph_counts();
   EXPECT_GE(captures, 1);
   EXPECT_GE(replays, steps - 4);
-  for (int64_t s = 0; s < steps; ++s) EXPECT_LT(max_diff(out[0][s], out[1][s]), 0.05) << "step " << s;
+  for (int64_t s = 0; s < steps; ++s)
+    EXPECT_LT(max_diff(out[0][s], out[1][s]), 0.05) << "step " << s;
 }
 
 TEST(GpuModelRunner, RejectsBadBatches) {

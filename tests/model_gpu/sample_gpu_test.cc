@@ -58,8 +58,8 @@ TEST(GpuModelSample, MatchesCpuSampler) {
       if (got[r] != want) {
         ++mismatches;
         ADD_FAILURE() << "vocab " << vocab << " row " << r << " T " << params[r].temperature
-                      << " k " << params[r].top_k << " p " << params[r].top_p << ": gpu "
-                      << got[r] << " cpu " << want;
+                      << " k " << params[r].top_k << " p " << params[r].top_p << ": gpu " << got[r]
+                      << " cpu " << want;
       }
     }
     EXPECT_EQ(mismatches, 0);
@@ -81,7 +81,8 @@ TEST(GpuModelSample, SameSeedSameTokenAndTopKOneIsGreedy) {
     rows.push_back(RowSampling{1.0f, i < 4 ? 0 : 1, 1.0f, 0, 42, i < 4 ? 7 : 7 + i});
   }
   const auto got = gpu_sample(logits, vocab, rows);
-  const int32_t argmax = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+  const int32_t argmax =
+      static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
   for (int i = 1; i < 4; ++i) EXPECT_EQ(got[i], got[0]);
   for (int i = 4; i < 8; ++i) EXPECT_EQ(got[i], argmax);
 }

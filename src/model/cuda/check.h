@@ -15,6 +15,8 @@ inline void check_cuda(cudaError_t err, const char* what) {
 }
 
 // After a launch: a bad configuration shows here, not at the next synchronizing call.
-inline void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), kernel); }
+inline void check_launch(const char* kernel) {
+  check_cuda(cudaGetLastError(), kernel);
+}
 
 }  // namespace flashserve::model::cuda

@@ -62,7 +62,9 @@ struct LayerWeights {
   bf16 *ln2 = nullptr, *gate_up = nullptr, *down = nullptr;
 };
 
-size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+size_t align256(size_t b) {
+  return (b + 255) / 256 * 256;
+}
 
 }  // namespace
 
@@ -255,9 +257,14 @@ struct CudaRunner::Impl {
     if (tokens <= token_cap) return false;
     const int64_t T = std::max<int64_t>(tokens, 256);
     const int64_t H = cfg.hidden_size, I = cfg.intermediate_size;
-    const size_t sizes[] = {size_t(T * H), size_t(T * H), size_t(T * qkv_rows()),
-                            size_t(T * cfg.q_size()), size_t(T * cfg.q_size()), size_t(T * H),
-                            size_t(T * 2 * I), size_t(T * I)};
+    const size_t sizes[] = {size_t(T * H),
+                            size_t(T * H),
+                            size_t(T * qkv_rows()),
+                            size_t(T * cfg.q_size()),
+                            size_t(T * cfg.q_size()),
+                            size_t(T * H),
+                            size_t(T * 2 * I),
+                            size_t(T * I)};
     size_t total = 0;
     for (size_t s : sizes) total += align256(s * 2);
     check_cuda(cudaStreamSynchronize(stream), "grow");
@@ -341,9 +348,9 @@ struct CudaRunner::Impl {
                     "slot " + std::to_string(s) + " outside the pool of " + std::to_string(slots));
     for (int32_t blk : b.block_table)
       if (blk < 0 || blk >= num_blocks)
-        throw Error(ErrorKind::kInvalidArgument, "block_table",
-                    "block " + std::to_string(blk) + " outside the pool of " +
-                        std::to_string(num_blocks));
+        throw Error(
+            ErrorKind::kInvalidArgument, "block_table",
+            "block " + std::to_string(blk) + " outside the pool of " + std::to_string(num_blocks));
   }
 
   // Decode-only steps replay a CUDA graph of the whole forward (every layer's launches, the
@@ -385,8 +392,8 @@ struct CudaRunner::Impl {
   int decode_splits(int64_t batch, int64_t max_kv) const {
     const int64_t units = batch * cfg.num_key_value_heads;
     int64_t splits = (32 * int64_t{sms} + units - 1) / units;
-    splits = std::min<int64_t>({splits, std::max<int64_t>(1, max_kv / 64), 128,
-                                65535 / std::max<int64_t>(batch, 1)});
+    splits = std::min<int64_t>(
+        {splits, std::max<int64_t>(1, max_kv / 64), 128, 65535 / std::max<int64_t>(batch, 1)});
     return static_cast<int>(std::max<int64_t>(splits, 1));
   }
 
@@ -595,7 +602,9 @@ std::unique_ptr<CudaRunner> CudaRunner::random(const ModelConfig& config, uint64
   return std::unique_ptr<CudaRunner>(new CudaRunner(std::move(impl)));
 }
 
-const ModelConfig& CudaRunner::config() const { return impl_->cfg; }
+const ModelConfig& CudaRunner::config() const {
+  return impl_->cfg;
+}
 
 void CudaRunner::allocate_kv(int64_t num_blocks, int32_t block_size) {
   if (num_blocks <= 0 || block_size <= 0)
@@ -612,15 +621,17 @@ void CudaRunner::allocate_kv(int64_t num_blocks, int32_t block_size) {
   m.block_size = block_size;
 }
 
-void CudaRunner::forward(const ForwardBatch& batch) { impl_->forward(batch); }
+void CudaRunner::forward(const ForwardBatch& batch) {
+  impl_->forward(batch);
+}
 
 std::vector<float> CudaRunner::logits() const {
   Impl& m = *impl_;
   std::vector<float> out(static_cast<size_t>(m.last_samples * m.cfg.vocab_size));
   if (!out.empty())
-    check_cuda(cudaMemcpyAsync(out.data(), m.logits, out.size() * 4, cudaMemcpyDeviceToHost,
-                               m.stream),
-               "logits");
+    check_cuda(
+        cudaMemcpyAsync(out.data(), m.logits, out.size() * 4, cudaMemcpyDeviceToHost, m.stream),
+        "logits");
   check_cuda(cudaStreamSynchronize(m.stream), "logits");
   return out;
 }
@@ -656,7 +667,9 @@ std::vector<int32_t> CudaRunner::sample(const ForwardBatch& batch,
   return tokens;
 }
 
-void* CudaRunner::stream() const { return impl_->stream; }
+void* CudaRunner::stream() const {
+  return impl_->stream;
+}
 void CudaRunner::synchronize() const {
   check_cuda(cudaStreamSynchronize(impl_->stream), "synchronize");
 }

@@ -15,8 +15,9 @@ namespace {
 
 void check_blas(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS)
-    throw Error(ErrorKind::kCuda, "", std::string(what) + ": cuBLAS status " + std::to_string(s) +
-                                          " (" + cublasLtGetStatusString(s) + ")");
+    throw Error(ErrorKind::kCuda, "",
+                std::string(what) + ": cuBLAS status " + std::to_string(s) + " (" +
+                    cublasLtGetStatusString(s) + ")");
 }
 
 // cuBLASLt is column-major. Row-major y[m, n] is column-major y^T [n, m], and
@@ -57,9 +58,9 @@ struct Gemm::Impl {
                "transb");
     if (bias) {
       const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-      check_blas(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
-                                                sizeof(epi)),
-                 "epilogue");
+      check_blas(
+          cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
+          "epilogue");
     }
     const cudaDataType_t yt = y_float32 ? CUDA_R_32F : CUDA_R_16BF;
     check_blas(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, k, n, k), "layout w");
@@ -168,9 +169,9 @@ bool Gemm::run_bias(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_b
   const Plan& p = impl_->plan(m, n, k, false, true);
   if (!p.found) return false;
   // The bias pointer is an attribute of the descriptor: set per call (a host-side write).
-  check_blas(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                            sizeof(bias)),
-             "bias pointer");
+  check_blas(
+      cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+      "bias pointer");
   const float alpha = 1.0f, beta = 0.0f;
   check_blas(cublasLtMatmul(impl_->handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c,
                             &p.algo, impl_->workspace, impl_->workspace_bytes, stream),

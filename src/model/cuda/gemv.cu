@@ -1,8 +1,8 @@
 #include "flashserve/error.h"
 #include "model/cuda/check.h"
 #include "model/cuda/gemv.h"
-#include "model/cuda/vec.cuh"
 #include "model/cuda/reduce.cuh"
+#include "model/cuda/vec.cuh"
 
 namespace flashserve::model::cuda {
 namespace {

@@ -14,8 +14,8 @@ constexpr int kMaxVecs = 4;
 __global__ void add_rmsnorm_kernel(const __nv_bfloat16* __restrict__ delta,
                                    __nv_bfloat16* __restrict__ residual,
                                    const __nv_bfloat16* __restrict__ weight,
-                                   __nv_bfloat16* __restrict__ out, const int32_t* __restrict__ rows,
-                                   int64_t hidden, float eps) {
+                                   __nv_bfloat16* __restrict__ out,
+                                   const int32_t* __restrict__ rows, int64_t hidden, float eps) {
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   const int64_t src = rows ? rows[r] : r;

@@ -12,9 +12,9 @@
 namespace flashserve::model::cuda {
 
 struct RopeKvArgs {
-  const __nv_bfloat16* qkv = nullptr;   // [n_tokens, (heads + 2 kv_heads) * head_dim]: q | k | v
-  const __nv_bfloat16* bias = nullptr;  // optional [(heads + 2 kv_heads) * head_dim]
-  const int32_t* positions = nullptr;   // [n_tokens]
+  const __nv_bfloat16* qkv = nullptr;     // [n_tokens, (heads + 2 kv_heads) * head_dim]: q | k | v
+  const __nv_bfloat16* bias = nullptr;    // optional [(heads + 2 kv_heads) * head_dim]
+  const int32_t* positions = nullptr;     // [n_tokens]
   const int32_t* slot_mapping = nullptr;  // [n_tokens]
   const float* inv_freq = nullptr;        // [head_dim / 2], scaling already applied
   __nv_bfloat16* q_out = nullptr;         // [n_tokens, heads, head_dim]

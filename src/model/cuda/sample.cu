@@ -95,10 +95,9 @@ __device__ uint64_t kept_mass(const Row& r, uint64_t floor, unsigned long long* 
   return m;
 }
 
-__global__ void __launch_bounds__(kThreads) sample_kernel(const float* __restrict__ logits,
-                                                          const RowSampling* __restrict__ params,
-                                                          int32_t* __restrict__ tokens,
-                                                          int64_t vocab) {
+__global__ void __launch_bounds__(kThreads)
+    sample_kernel(const float* __restrict__ logits, const RowSampling* __restrict__ params,
+                  int32_t* __restrict__ tokens, int64_t vocab) {
   __shared__ float scratch[32];
   __shared__ int64_t scratch_idx[32];
   __shared__ unsigned long long hist[kBins];
@@ -170,7 +169,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* __restric
 void sample_tokens(const float* logits, const RowSampling* params, int32_t* tokens, int64_t rows,
                    int64_t vocab, cudaStream_t stream) {
   if (rows == 0) return;
-  sample_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, params, tokens, vocab);
+  sample_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, params, tokens,
+                                                                      vocab);
   check_launch("sample_tokens");
 }
 

@@ -9,8 +9,8 @@ namespace flashserve::model::cuda {
 namespace {
 
 // A flat grid over 8-element vectors of the output: pure streaming, 16-byte accesses.
-__global__ void silu_mul_kernel(const __nv_bfloat16* __restrict__ gu, __nv_bfloat16* __restrict__ out,
-                                int64_t n_vecs, int64_t row_vecs) {
+__global__ void silu_mul_kernel(const __nv_bfloat16* __restrict__ gu,
+                                __nv_bfloat16* __restrict__ out, int64_t n_vecs, int64_t row_vecs) {
   for (int64_t v = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; v < n_vecs;
        v += int64_t{gridDim.x} * blockDim.x) {
     const int64_t t = v / row_vecs, c = (v % row_vecs) * kVec;

@@ -56,7 +56,7 @@ int run(int argc, char** argv) {
     fm::RandomCheckpointOptions o;
     o.seed = std::stoull(arg(argc, argv, "--seed", "0"));
     const std::string dt = arg(argc, argv, "--dtype", "bf16");
-    o.dtype = dt == "fp32" ? flashserve::DType::kFloat32
+    o.dtype = dt == "fp32"   ? flashserve::DType::kFloat32
               : dt == "fp16" ? flashserve::DType::kFloat16
                              : flashserve::DType::kBFloat16;
     fm::write_random_checkpoint(cfg, arg(argc, argv, "--out", nullptr), o);
@@ -90,7 +90,7 @@ int run(int argc, char** argv) {
   std::vector<int32_t> sampled((d + 1) * n, -1);
   for (;;) {
     fm::ForwardBatchBuilder builder(block_size);
-    std::vector<int64_t> sampling;                       // sequence of each sample row
+    std::vector<int64_t> sampling;                     // sequence of each sample row
     std::vector<std::pair<int64_t, int64_t>> entries;  // (sequence, q_len)
     for (int64_t i = 0; i < n; ++i) {
       Seq& s = seqs[i];
