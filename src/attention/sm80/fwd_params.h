@@ -9,6 +9,15 @@
 
 namespace flashserve::attention::sm80 {
 
+// Which sequences of its range a launch computes: all, or (a mixed batch's two launches) those
+// with at most one query (the packed decode tiles) or those with more (the prefill tiles).
+enum SeqKind : int32_t { kAllSeqs = 0, kDecodeSeqs = 1, kPrefillSeqs = 2 };
+
+// Whether a sequence with q_len queries belongs to a launch that takes `only`.
+__host__ __device__ __forceinline__ bool takes_seq(int32_t only, int q_len) {
+  return only == kAllSeqs || (only == kDecodeSeqs) == (q_len <= 1);
+}
+
 struct FwdParams {
   const void* q;
   const void* k;
@@ -50,7 +59,14 @@ struct FwdParams {
   int32_t num_splits;
   float* o_partial;    // [num_splits, q_rows, h_q, d]
   float* lse_partial;  // [num_splits, q_rows, h_q]
-  int64_t q_rows;      // rows of q: batch * seqlen_q (dense) or total_q (varlen)
+  int64_t q_rows;        // rows of the partial buffers: the launch's rows of q
+  int64_t partial_row0;  // the row of q that partial row 0 holds
+
+  // The launch's share of the batch (attention/cuda/plan.h): grid z covers sequences seq_begin ..
+  // seq_end - 1, and `only` skips the sequences of that range that the other launch of a mixed
+  // batch takes (a range holds both kinds only where the batch interleaves them).
+  int32_t seq_begin, seq_end;
+  int32_t only;  // SeqKind
 
   // Masked grids: the 1-D tile order of grid_order.h (set by the launcher).
   GridOrder order;

@@ -35,8 +35,10 @@ struct FwdTile {
       : head(head_),
         split(kSplit ? z % p.num_splits : 0),
         m0(m_block * kBM),
-        seq(p, kSplit ? z / p.num_splits : z),
+        seq(p, p.seq_begin + (kSplit ? z / p.num_splits : z)),
         blocks(m0, seq.q_len, seq.kv_len, p.window_left, p.window_right) {
+    // A sequence the other launch of a mixed batch takes: no rows here.
+    if (!takes_seq(p.only, seq.q_len)) seq.q_len = 0;
     // Rows are (position 0, head of the group). `blocks` saw the unpacked q_len, which it reads
     // only for masks, and packed tiles have none.
     if constexpr (kPack) seq.q_len *= p.h_ratio;
@@ -74,7 +76,7 @@ struct FwdTile {
   // Split-KV partial slot of tile row `row` ([num_splits, q_rows, h_q] slots, unpacked order, so
   // the combine needs no knowledge of packing) and the slot distance between tile rows.
   __device__ __forceinline__ int64_t partial_slot(const FwdParams& p, int row) const {
-    const int64_t q_row = seq.q_row0(p) + (kPack ? 0 : m0 + row);
+    const int64_t q_row = seq.q_row0(p) - p.partial_row0 + (kPack ? 0 : m0 + row);
     const int64_t h = kPack ? int64_t{head} * p.h_ratio + m0 + row : head;
     return (split * p.q_rows + q_row) * p.h_q + h;
   }

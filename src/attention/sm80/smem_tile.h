@@ -43,30 +43,62 @@ __device__ __forceinline__ void load_tile_async(Elem* smem, const Elem* gmem, in
 }
 
 // Paged K or V: key `key0 + row` of the sequence lives in page table[(key0 + row) / page_size] at
-// row (key0 + row) % page_size; `head_base` already points at the kv head. Any page size; each
-// thread looks up the pages of its own rows (the table row is small and stays in L1).
+// row (key0 + row) % page_size; `head_base` already points at the kv head. Any page size.
+//
+// Addresses are resolved once per tile and row, by the warp that copies the row: lane l of a warp
+// looks up the page of the l-th row of the warp's share of the tile (one table read, one division
+// per row, all issued before any copy), and each thread then takes its rows' offsets from their
+// owners by shuffle. Looking the page up in every thread of every row serialised a dependent
+// table read and a 64-bit division in front of each cp.async: 16x the work, and for the one-warp
+// decode tiles 32 table round trips per K or V tile (docs/kernel-notes.md, run 23: paged decode
+// at a fifth of contiguous). The next tile's table entries are prefetched into L1 (the key loop
+// runs right to left), so the next lookup is an L1 hit.
 template <int kRows, int kHeadDim, int kThreads, class Elem>
 __device__ __forceinline__ void load_tile_paged_async(Elem* smem, const Elem* head_base,
                                                       const int32_t* table, int page_size,
                                                       int64_t page_stride, int64_t row_stride,
                                                       int key0, int valid_rows, int tid) {
   constexpr int kChunksPerRow = kHeadDim / 8;
-  static_assert(kThreads % kChunksPerRow == 0);
+  static_assert(kThreads % kChunksPerRow == 0 && 32 % kChunksPerRow == 0);
   constexpr int kRowStep = kThreads / kChunksPerRow;
   static_assert(kRows % kRowStep == 0);
-  const int row0 = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
-  const uint32_t base = smem_addr(smem);
+  constexpr int kIters = kRows / kRowStep;
+  // A warp copies kWarpStep consecutive rows per iteration: kWarpRows rows of the tile in all,
+  // its k-th being row warp * kWarpStep + k % kWarpStep + (k / kWarpStep) * kRowStep.
+  constexpr int kWarpStep = 32 / kChunksPerRow;
+  constexpr int kWarpRows = kIters * kWarpStep;
+  constexpr int kSlots = (kWarpRows + 31) / 32;  // rows each lane resolves
+  const int lane = tid & 31, warp = tid >> 5;
+  const auto warp_row = [&](int k) {
+    return warp * kWarpStep + k % kWarpStep + (k / kWarpStep) * kRowStep;
+  };
+  int64_t offset[kSlots];
 #pragma unroll
-  for (int i = 0; i < kRows / kRowStep; ++i) {
+  for (int s = 0; s < kSlots; ++s) {
+    const int k = s * 32 + lane;
+    const int row = warp_row(k);
+    offset[s] = 0;
+    if ((kWarpRows % 32 == 0 || k < kWarpRows) && row < valid_rows) {
+      const int key = key0 + row;
+      const int page = key / page_size;
+      offset[s] = int64_t{table[page]} * page_stride + int64_t{key - page * page_size} * row_stride;
+      const int next = key - kRows;  // the same row of the next tile (the loop runs leftwards)
+      if (next >= 0) asm volatile("prefetch.global.L1 [%0];" ::"l"(table + next / page_size));
+    }
+  }
+  const int row0 = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
+  const int sub = lane / kChunksPerRow;  // this thread's row among the warp's kWarpStep
+  const uint32_t base = smem_addr(smem);
+  const Elem* chunk_base = head_base + chunk * 8;
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
     const int row = row0 + i * kRowStep;
     const bool ok = row < valid_rows;
-    const Elem* src = head_base;
-    if (ok) {
-      const int key = key0 + row;
-      const int64_t page = table[key / page_size];
-      src = head_base + page * page_stride + (key % page_size) * row_stride + chunk * 8;
-    }
-    cp_async_16(base + 2 * swizzled<kHeadDim>(row, chunk), src, ok);
+    // Warp row k = i * kWarpStep + sub: owned by lane k % 32, slot k / 32 (a constant, since
+    // kWarpStep divides 32 and sub < kWarpStep).
+    const int k0 = i * kWarpStep;
+    const int64_t off = __shfl_sync(0xffffffffu, offset[k0 / 32], k0 % 32 + sub);
+    cp_async_16(base + 2 * swizzled<kHeadDim>(row, chunk), ok ? chunk_base + off : head_base, ok);
   }
 }
 
