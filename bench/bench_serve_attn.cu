@@ -57,6 +57,13 @@ __global__ void fill_random(uint16_t* x, int64_t n, uint32_t seed) {
   }
 }
 
+// dst = src, 16 bytes per thread and step: the copy bandwidth SM loads and stores reach.
+__global__ void copy_kernel(uint4* dst, const uint4* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    dst[i] = src[i];
+}
+
 // One sequence of a step: new queries over cached keys (kv_len = cached + q_len).
 struct Seq {
   int q_len, cached;
@@ -213,22 +220,6 @@ void ensure_workspace(Buffers& b, size_t bytes) {
   b.workspace_bytes = bytes;
 }
 
-// Max |a - b| over n bf16 values (the layouts must agree: same kernel, same order of work).
-double max_diff(const uint16_t* a, const uint16_t* b, int64_t n) {
-  std::vector<uint16_t> x(n), y(n);
-  CUDA_OK(cudaMemcpy(x.data(), a, 2 * n, cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(y.data(), b, 2 * n, cudaMemcpyDeviceToHost));
-  auto f = [](uint16_t h) {
-    const uint32_t u = uint32_t(h) << 16;
-    float r;
-    std::memcpy(&r, &u, 4);
-    return r;
-  };
-  double m = 0;
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, double(std::abs(f(x[i]) - f(y[i]))));
-  return m;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -265,18 +256,18 @@ int main(int argc, char** argv) {
   CUDA_OK(cudaMalloc(&b.cu_k, 4 * 1024));
   CUDA_OK(cudaMalloc(&b.used, 4 * 1024));
   CUDA_OK(cudaMalloc(&b.table, 4 * (kPoolTokens + 1024)));
-  uint16_t* reference_out;
-  CUDA_OK(cudaMalloc(&reference_out, 2 * q_elems));
   fill_random<<<1024, 256>>>(b.q, q_elems, 1u);
   fill_random<<<1024, 256>>>(b.k, kv_elems, 2u);
   fill_random<<<1024, 256>>>(b.v, kv_elems, 3u);
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaDeviceSynchronize());
 
-  // Copy bandwidth in the same run: read + write bytes per second of one K-pool-sized copy.
+  // Copy bandwidth in the same run: read + write bytes per second of one K-pool-sized copy by a
+  // kernel (a graph's memcpy node runs on a copy engine, well below what SMs reach).
   const double copy_us = graph_us(
       [&](cudaStream_t s) {
-        CUDA_OK(cudaMemcpyAsync(b.v, b.k, 2 * kv_elems, cudaMemcpyDeviceToDevice, s));
+        copy_kernel<<<prop.multiProcessorCount * 8, 512, 0, s>>>(
+            reinterpret_cast<uint4*>(b.v), reinterpret_cast<const uint4*>(b.k), 2 * kv_elems / 16);
       },
       5, reps);
   const double copy_tbs = 2.0 * 2 * kv_elems / (copy_us * 1e-6) / 1e12;
@@ -311,7 +302,7 @@ int main(int argc, char** argv) {
       return std::string(f);
     };
     std::string cells[3], plan_summary;
-    double fwd_us = 0, diff = 0;
+    double fwd_us = 0;
     int column = 0;
     for (int page : {0, 16, 256}) {
       Step st = make_step(row, page, b, rng);
@@ -328,11 +319,7 @@ int main(int argc, char** argv) {
           calls, reps);
       us[row.name][page] = t;
       cells[column++] = figure(t);
-      const int64_t out_elems = int64_t{st.cu_q.back()} * kHq * kD;
-      if (page == 0)
-        CUDA_OK(cudaMemcpy(reference_out, b.out, 2 * out_elems, cudaMemcpyDeviceToDevice));
       if (page == 16) {
-        diff = max_diff(reference_out, b.out, out_elems);
         plan_summary = plan.summary();
         // The public one-call form: attention_forward plans from max_seqlen_q/k alone.
         flashserve::AttentionParams fp = st.params;
@@ -347,9 +334,9 @@ int main(int argc, char** argv) {
             calls, reps);
       }
     }
-    std::snprintf(line, sizeof line, "| %s | %s | %s | %s | %.2f%s | %s | %s |\n",
+    std::snprintf(line, sizeof line, "| %s | %s | %s | %s | %.2f | %s | %s |\n",
                   row.name.c_str(), cells[0].c_str(), cells[1].c_str(), cells[2].c_str(),
-                  us[row.name][16] / us[row.name][0], diff == 0 ? "" : " (outputs differ!)",
+                  us[row.name][16] / us[row.name][0],
                   figure(fwd_us).c_str(), plan_summary.c_str());
     emit(line);
     if (!row.parts.empty()) {

@@ -85,29 +85,34 @@ struct FwdTile {
   }
 
   // Key/value block n into shared tile `dst` ([kBN, D]); rows past kv_len are zero-filled.
+  // Paged: `entries` holds this stream's read-ahead block-table entries (smem_tile.h); the loop's
+  // first block reads the table itself, and every block but the last fetches the next one's.
   template <int kThreads>
   __device__ __forceinline__ void load_kv(const FwdParams& p, const void* base, int64_t head_stride,
                                           int64_t row_stride, int64_t page_stride, int64_t seq_off,
-                                          int n, Elem* dst, int tid) const {
+                                          int n, Elem* dst, int32_t* entries, int tid) const {
     const Elem* src = static_cast<const Elem*>(base) + seq_off + kv_head(p) * head_stride;
     if constexpr (kPaged) {
       load_tile_paged_async<kBN, D, kThreads>(
           dst, src, p.block_table + seq.b * p.block_table_stride, p.page_size, page_stride,
-          row_stride, n * kBN, seq.kv_len - n * kBN, tid);
+          row_stride, n * kBN, seq.kv_len - n * kBN, entries, n, n < blocks.n_max - 1,
+          n - 1 >= blocks.n_min, tid);
     } else {
       load_tile_async<kBN, D, kThreads>(dst, src + n * kBN * row_stride, row_stride,
                                         seq.kv_len - n * kBN, tid);
     }
   }
   template <int kThreads>
-  __device__ __forceinline__ void load_k(const FwdParams& p, int n, Elem* dst, int tid) const {
+  __device__ __forceinline__ void load_k(const FwdParams& p, int n, Elem* dst, int32_t* entries,
+                                         int tid) const {
     load_kv<kThreads>(p, p.k, p.k_head_stride, p.k_row_stride, p.k_page_stride, seq.k_off(p), n,
-                      dst, tid);
+                      dst, entries, tid);
   }
   template <int kThreads>
-  __device__ __forceinline__ void load_v(const FwdParams& p, int n, Elem* dst, int tid) const {
+  __device__ __forceinline__ void load_v(const FwdParams& p, int n, Elem* dst, int32_t* entries,
+                                         int tid) const {
     load_kv<kThreads>(p, p.v, p.v_head_stride, p.v_row_stride, p.v_page_stride, seq.v_off(p), n,
-                      dst, tid);
+                      dst, entries, tid);
   }
 
  private:

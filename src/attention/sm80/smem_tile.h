@@ -42,63 +42,85 @@ __device__ __forceinline__ void load_tile_async(Elem* smem, const Elem* gmem, in
   }
 }
 
+// How the threads of a block split a [kRows, kHeadDim] tile for the paged loader below: each
+// thread copies one 16-byte chunk column of rows row0, row0 + kRowStep, ...; a warp copies
+// kWarpStep consecutive rows per step, kWarpRows rows of the tile in all, its k-th being row
+// warp * kWarpStep + k % kWarpStep + (k / kWarpStep) * kRowStep; lane l resolves the page of its
+// warp's rows l, l + 32, ... (kSlots of them).
+template <int kRows, int kHeadDim, int kThreads>
+struct PagedTileShape {
+  static constexpr int kChunksPerRow = kHeadDim / 8;
+  static_assert(kThreads % kChunksPerRow == 0 && 32 % kChunksPerRow == 0);
+  static constexpr int kRowStep = kThreads / kChunksPerRow;
+  static_assert(kRows % kRowStep == 0);
+  static constexpr int kIters = kRows / kRowStep;
+  static constexpr int kWarpStep = 32 / kChunksPerRow;
+  static constexpr int kWarpRows = kIters * kWarpStep;
+  static constexpr int kSlots = (kWarpRows + 31) / 32;
+  // The read-ahead block-table entries of one K or V stream in shared memory: one per (thread,
+  // slot) for two blocks, by the parity of the block.
+  static constexpr int kEntries = 2 * kThreads * kSlots;
+};
+
 // Paged K or V: key `key0 + row` of the sequence lives in page table[(key0 + row) / page_size] at
 // row (key0 + row) % page_size; `head_base` already points at the kv head. Any page size.
 //
-// Addresses are resolved once per tile and row, by the warp that copies the row: lane l of a warp
-// looks up the page of the l-th row of the warp's share of the tile (one table read, one division
-// per row, all issued before any copy), and each thread then takes its rows' offsets from their
-// owners by shuffle. Looking the page up in every thread of every row serialised a dependent
-// table read and a 64-bit division in front of each cp.async: 16x the work, and for the one-warp
-// decode tiles 32 table round trips per K or V tile (docs/kernel-notes.md, run 23: paged decode
-// at a fifth of contiguous). The next tile's table entries are prefetched into L1 (the key loop
-// runs right to left), so the next lookup is an L1 hit.
+// Addresses are resolved once per tile row, by the warp that copies the row: lane l finds the
+// page of the l-th row of the warp's share (one table entry, one division per row), and each
+// thread takes its rows' offsets from their owners by shuffle. The table entries themselves are
+// read one block ahead: this call copies the entries of block `block - 1` (the key loop runs right
+// to left) into `entries` by cp.async, in the commit group of this block's K or V, so the next
+// call finds them in shared memory, read by the same thread that copied them (no barrier needed).
+// Only the first block of a tile's loop (`have_entries` false) reads the table directly.
+// Looking the page up in every thread of every row, with a dependent table read and a division
+// before each cp.async, ran paged decode at a fifth of contiguous, and a direct table read per
+// tile still left it 23% behind (docs/kernel-notes.md, runs 23-24).
 template <int kRows, int kHeadDim, int kThreads, class Elem>
 __device__ __forceinline__ void load_tile_paged_async(Elem* smem, const Elem* head_base,
                                                       const int32_t* table, int page_size,
                                                       int64_t page_stride, int64_t row_stride,
-                                                      int key0, int valid_rows, int tid) {
-  constexpr int kChunksPerRow = kHeadDim / 8;
-  static_assert(kThreads % kChunksPerRow == 0 && 32 % kChunksPerRow == 0);
-  constexpr int kRowStep = kThreads / kChunksPerRow;
-  static_assert(kRows % kRowStep == 0);
-  constexpr int kIters = kRows / kRowStep;
-  // A warp copies kWarpStep consecutive rows per iteration: kWarpRows rows of the tile in all,
-  // its k-th being row warp * kWarpStep + k % kWarpStep + (k / kWarpStep) * kRowStep.
-  constexpr int kWarpStep = 32 / kChunksPerRow;
-  constexpr int kWarpRows = kIters * kWarpStep;
-  constexpr int kSlots = (kWarpRows + 31) / 32;  // rows each lane resolves
+                                                      int key0, int valid_rows, int32_t* entries,
+                                                      int block, bool have_entries,
+                                                      bool fetch_next, int tid) {
+  using S = PagedTileShape<kRows, kHeadDim, kThreads>;
+  constexpr int kSlots = S::kSlots, kWarpStep = S::kWarpStep, kWarpRows = S::kWarpRows;
   const int lane = tid & 31, warp = tid >> 5;
-  const auto warp_row = [&](int k) {
-    return warp * kWarpStep + k % kWarpStep + (k / kWarpStep) * kRowStep;
+  // This thread's entry of slot s for a block of parity `parity`.
+  const auto entry = [&](int parity, int s) {
+    return parity * (kThreads * kSlots) + (warp * kSlots + s) * 32 + lane;
   };
   int64_t offset[kSlots];
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
     const int k = s * 32 + lane;
-    const int row = warp_row(k);
+    const int row = warp * kWarpStep + k % kWarpStep + (k / kWarpStep) * S::kRowStep;
+    const bool mine = kWarpRows % 32 == 0 || k < kWarpRows;
     offset[s] = 0;
-    if ((kWarpRows % 32 == 0 || k < kWarpRows) && row < valid_rows) {
+    if (mine && row < valid_rows) {
       const int key = key0 + row;
       const int page = key / page_size;
-      offset[s] = int64_t{table[page]} * page_stride + int64_t{key - page * page_size} * row_stride;
-      const int next = key - kRows;  // the same row of the next tile (the loop runs leftwards)
-      if (next >= 0) asm volatile("prefetch.global.L1 [%0];" ::"l"(table + next / page_size));
+      const int32_t at = have_entries ? entries[entry(block & 1, s)] : table[page];
+      offset[s] = int64_t{at} * page_stride + int64_t{key - page * page_size} * row_stride;
     }
+    // The previous block is whole (only a tile's last block can be partial).
+    if (mine && fetch_next)
+      cp_async_4(smem_addr(entries + entry((block - 1) & 1, s)),
+                 table + (key0 - kRows + row) / page_size);
   }
-  const int row0 = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
-  const int sub = lane / kChunksPerRow;  // this thread's row among the warp's kWarpStep
+  const int row0 = tid / S::kChunksPerRow, chunk = tid % S::kChunksPerRow;
+  const int sub = lane / S::kChunksPerRow;  // this thread's row among the warp's kWarpStep
   const uint32_t base = smem_addr(smem);
   const Elem* chunk_base = head_base + chunk * 8;
 #pragma unroll
-  for (int i = 0; i < kIters; ++i) {
-    const int row = row0 + i * kRowStep;
+  for (int i = 0; i < S::kIters; ++i) {
+    const int row = row0 + i * S::kRowStep;
     const bool ok = row < valid_rows;
     // Warp row k = i * kWarpStep + sub: owned by lane k % 32, slot k / 32 (a constant, since
     // kWarpStep divides 32 and sub < kWarpStep).
     const int k0 = i * kWarpStep;
     const int64_t off = __shfl_sync(0xffffffffu, offset[k0 / 32], k0 % 32 + sub);
-    cp_async_16(base + 2 * swizzled<kHeadDim>(row, chunk), ok ? chunk_base + off : head_base, ok);
+    cp_async_16(base + 2 * swizzled<kHeadDim>(row, chunk),
+                ok ? chunk_base + off : head_base, ok);
   }
 }
 
