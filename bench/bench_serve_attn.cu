@@ -76,7 +76,9 @@ struct Row {
   std::vector<std::string> parts;  // rows whose sum this one is set beside
 };
 
-std::vector<Seq> repeat(int n, Seq s) { return std::vector<Seq>(n, s); }
+std::vector<Seq> repeat(int n, Seq s) {
+  return std::vector<Seq>(n, s);
+}
 
 std::vector<Row> rows() {
   std::vector<Row> r;
@@ -85,10 +87,11 @@ std::vector<Row> rows() {
   r.push_back({"8 decodes x 32k", repeat(8, {1, 32767}), {}});
   // "A chunk over 4k": 4096 keys in all, the chunk's own 512 included (the issue's FLOP count).
   r.push_back({"chunk 512 over 4k", {{512, 3584}}, {}});
-  r.push_back({"4 chunks 512 over 1k/2k/4k/8k", {{512, 512}, {512, 1536}, {512, 3584}, {512, 7680}},
-               {}});
-  Row mixed{"chunk 512 over 4k + 64 decodes x 2k", {{512, 3584}}, {"chunk 512 over 4k",
-                                                                   "64 decodes x 2k"}};
+  r.push_back(
+      {"4 chunks 512 over 1k/2k/4k/8k", {{512, 512}, {512, 1536}, {512, 3584}, {512, 7680}}, {}});
+  Row mixed{"chunk 512 over 4k + 64 decodes x 2k",
+            {{512, 3584}},
+            {"chunk 512 over 4k", "64 decodes x 2k"}};
   for (const Seq& s : repeat(64, {1, 2047})) mixed.seqs.push_back(s);
   r.push_back(mixed);
   r.push_back({"2 fresh prefills of 2048", repeat(2, {2048, 0}), {}});
@@ -286,8 +289,9 @@ int main(int argc, char** argv) {
                 "copy %.2f TB/s (read + write)\n\n",
                 prop.name, prop.multiProcessorCount, kHq, kHkv, kD, calls, reps, copy_tbs);
   emit(line);
-  emit("| batch | contiguous (varlen) | paged 16 | paged 256 | paged 16 / contiguous | "
-       "paged 16, attention_forward | plan (paged 16) |\n|---|---|---|---|---|---|---|\n");
+  emit(
+      "| batch | contiguous (varlen) | paged 16 | paged 256 | paged 16 / contiguous | "
+      "paged 16, attention_forward | plan (paged 16) |\n|---|---|---|---|---|---|---|\n");
 
   std::mt19937 rng(7);
   std::map<std::string, std::map<int, double>> us;  // row -> layout -> us
@@ -334,18 +338,20 @@ int main(int argc, char** argv) {
             calls, reps);
       }
     }
-    std::snprintf(line, sizeof line, "| %s | %s | %s | %s | %.2f | %s | %s |\n",
-                  row.name.c_str(), cells[0].c_str(), cells[1].c_str(), cells[2].c_str(),
-                  us[row.name][16] / us[row.name][0],
-                  figure(fwd_us).c_str(), plan_summary.c_str());
+    std::snprintf(line, sizeof line, "| %s | %s | %s | %s | %.2f | %s | %s |\n", row.name.c_str(),
+                  cells[0].c_str(), cells[1].c_str(), cells[2].c_str(),
+                  us[row.name][16] / us[row.name][0], figure(fwd_us).c_str(), plan_summary.c_str());
     emit(line);
     if (!row.parts.empty()) {
       for (int page : {0, 16, 256}) {
         double sum = 0;
         for (const std::string& part : row.parts) sum += us.at(part).at(page);
-        std::snprintf(line, sizeof line, "|  ↳ sum of parts, %s | %.1f us | mixed / sum %.3f |||||\n",
-                      page == 0 ? "contiguous" : page == 16 ? "paged 16" : "paged 256", sum,
-                      us[row.name][page] / sum);
+        std::snprintf(line, sizeof line,
+                      "|  ↳ sum of parts, %s | %.1f us | mixed / sum %.3f |||||\n",
+                      page == 0    ? "contiguous"
+                      : page == 16 ? "paged 16"
+                                   : "paged 256",
+                      sum, us[row.name][page] / sum);
         emit(line);
       }
     }

@@ -17,10 +17,10 @@
 
 #include "backends.h"
 #include "common/str_cat.h"
+#include "cuda/plan.h"
 #include "cuda_check.h"
 #include "sm80/fwd_params.h"
 #include "sm80/launch.h"
-#include "cuda/plan.h"
 #include "split_policy.h"
 
 namespace flashserve::attention {
@@ -207,6 +207,16 @@ const DeviceProps& check_supported(const AttentionParams& params, const Problem&
   check_aligned(params.k, "k");
   check_aligned(params.v, "v");
   check_aligned(params.out, "out");
+  if (pr.paged) {  // the paged loader's offsets are 32-bit counts of 16-byte chunks
+    for (const auto& [t, name] : {std::pair{&params.k, "k"}, std::pair{&params.v, "v"}}) {
+      int64_t extent = 1;
+      for (int i = 0; i < t->rank; ++i) extent += (t->shape[i] - 1) * t->stride[i];
+      if (extent * static_cast<int64_t>(dtype_size(t->dtype)) >= (int64_t{1} << 36))
+        unsupported(name,
+                    "a paged K/V pool of 64 GB or more per tensor (the CUDA kernels address "
+                    "pages with 32-bit offsets)");
+    }
+  }
   return dev;
 }
 
@@ -232,7 +242,7 @@ sm80::FwdParams fwd_params(const AttentionParams& params, const Problem& pr) {
   if (pr.paged) {  // [num_pages, page_size, h_kv, d]: dimension 0 is the page, not the sequence
     p.block_table = params.block_table.ptr<const int32_t>();
     p.block_table_stride = params.block_table.stride[0];
-    p.page_size = static_cast<int32_t>(pr.page_size);
+    p.page = sm80::PageDiv::make(static_cast<int>(pr.page_size));
     p.k_page_stride = p.k_batch_stride;
     p.v_page_stride = p.v_batch_stride;
     p.k_batch_stride = p.v_batch_stride = 0;
@@ -289,10 +299,10 @@ void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr
       workspace = scratch.allocate(plan.workspace_bytes);
     } else if (params.workspace_bytes < plan.workspace_bytes ||
                reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
-      throw Error(ErrorKind::kInvalidArgument, "workspace",
-                  str_cat("split-KV needs ", plan.workspace_bytes,
-                          " bytes of 16-byte aligned device workspace, got ",
-                          params.workspace_bytes));
+      throw Error(
+          ErrorKind::kInvalidArgument, "workspace",
+          str_cat("split-KV needs ", plan.workspace_bytes,
+                  " bytes of 16-byte aligned device workspace, got ", params.workspace_bytes));
     }
   }
 

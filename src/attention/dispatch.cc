@@ -42,9 +42,9 @@ HostLengths host_lengths(const AttentionParams& params, const Problem& pr,
                   str_cat("cu_seqlens_q gives sequence ", b, " ", q_len,
                           " queries; max_seqlen_q is ", pr.max_q_len));
     if (kv < 0 || kv > pr.max_kv_len)
-      throw Error(ErrorKind::kInvalidArgument, "lengths",
-                  str_cat("kv_lens gives sequence ", b, " ", kv, " keys; max_seqlen_k is ",
-                          pr.max_kv_len));
+      throw Error(
+          ErrorKind::kInvalidArgument, "lengths",
+          str_cat("kv_lens gives sequence ", b, " ", kv, " keys; max_seqlen_k is ", pr.max_kv_len));
     lens.kv_len[b] = kv;
   }
   return lens;

@@ -51,7 +51,9 @@ StepShape step(const std::vector<std::pair<int64_t, int64_t>>& seqs, int32_t num
   return s;
 }
 
-Plan plan_of(const StepShape& s) { return make_plan(s.pr, s.ctx, s.lens); }
+Plan plan_of(const StepShape& s) {
+  return make_plan(s.pr, s.ctx, s.lens);
+}
 
 std::vector<std::pair<int64_t, int64_t>> decodes(int n, int64_t kv) {
   return std::vector<std::pair<int64_t, int64_t>>(n, {1, kv});

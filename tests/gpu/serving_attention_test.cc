@@ -85,7 +85,8 @@ std::vector<CaseSpec> serving_cases() {
       // engine's order. Then the kinds interleaved with an empty sequence, and a long decode
       // that splits.
       v.push_back(mixed(128, page, h_q, h_kv, {77, 1, 1, 1}, {122, 700, 33, 1}));
-      v.push_back(mixed(128, page, h_q, h_kv, {1, 130, 1, 0, 17, 1}, {2049, 130 + 333, 1, 9, 17, 300}));
+      v.push_back(
+          mixed(128, page, h_q, h_kv, {1, 130, 1, 0, 17, 1}, {2049, 130 + 333, 1, 9, 17, 300}));
     }
   // Head dims 64 and 256, fp16, non-causal, no lse, and explicit splits in both launches.
   CaseSpec d64 = mixed(64, 16, 16, 4, {1, 200, 1}, {3000, 200 + 19, 65});

@@ -21,8 +21,8 @@ KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decod
   k.family = KernelFamily::kSm80;  // the only family until sm90 lands (issue 13)
   k.decode = decode;
   const int64_t bound = pr.max_q_len + pr.max_kv_len;
-  k.masked = !decode && (clamp_window(pr.mask.left, bound) >= 0 ||
-                         clamp_window(pr.mask.right, bound) >= 0);
+  k.masked = !decode &&
+             (clamp_window(pr.mask.left, bound) >= 0 || clamp_window(pr.mask.right, bound) >= 0);
   k.paged = pr.paged;
   // Splits follow the group's own shape: its sequences and their longest lengths.
   Problem group = pr;
@@ -38,7 +38,9 @@ namespace {
 
 constexpr size_t kAlign = 256;  // each launch's partials start on their own 256-byte boundary
 
-size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+size_t aligned(size_t bytes) {
+  return (bytes + kAlign - 1) / kAlign * kAlign;
+}
 
 }  // namespace
 
@@ -51,9 +53,8 @@ Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& len
   const bool decode_ok = clamp_window(pr.mask.left, bound) < 0;
   const bool auto_split = pr.num_splits == 0 && ctx.workspace_available;
 
-  auto add = [&](bool decode, SeqGroup group, int64_t seq_begin, int64_t seq_end,
-                 int64_t sequences, int64_t max_q, int64_t max_kv, int64_t row_begin,
-                 int64_t rows, bool may_split) {
+  auto add = [&](bool decode, SeqGroup group, int64_t seq_begin, int64_t seq_end, int64_t sequences,
+                 int64_t max_q, int64_t max_kv, int64_t row_begin, int64_t rows, bool may_split) {
     LaunchPlan l;
     l.kernel = choose_kernel(pr, ctx.device, decode, sequences, max_q, max_kv, may_split);
     l.group = group;
@@ -83,8 +84,8 @@ Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& len
       add(false, SeqGroup::kPrefills, 0, pr.batch, pr.batch, pr.max_q_len, pr.max_kv_len, 0,
           ctx.q_rows, auto_split || pr.num_splits > 1);
     } else {
-      add(false, SeqGroup::kAll, 0, pr.batch, pr.batch, pr.max_q_len, pr.max_kv_len, 0,
-          ctx.q_rows, auto_split || pr.num_splits > 1);
+      add(false, SeqGroup::kAll, 0, pr.batch, pr.batch, pr.max_q_len, pr.max_kv_len, 0, ctx.q_rows,
+          auto_split || pr.num_splits > 1);
     }
     return plan;
   }
@@ -112,8 +113,8 @@ Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& len
   if (decodes.count == 0 && prefills.count == 0) return plan;  // no queries at all
   const int64_t rows_all = lens.q_start[pr.batch] - lens.q_start[0];
   if (prefills.count == 0) {
-    add(true, SeqGroup::kAll, 0, pr.batch, decodes.count, 1, max_kv_all, lens.q_start[0],
-        rows_all, may_split);
+    add(true, SeqGroup::kAll, 0, pr.batch, decodes.count, 1, max_kv_all, lens.q_start[0], rows_all,
+        may_split);
     return plan;
   }
   if (decodes.count == 0) {
@@ -132,8 +133,8 @@ Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& len
   };
   for (bool decode : {true, false}) {
     const Group& g = decode ? decodes : prefills;
-    const SeqGroup only = mixed_in(g, decode) ? (decode ? SeqGroup::kDecodes : SeqGroup::kPrefills)
-                                              : SeqGroup::kAll;
+    const SeqGroup only =
+        mixed_in(g, decode) ? (decode ? SeqGroup::kDecodes : SeqGroup::kPrefills) : SeqGroup::kAll;
     add(decode, only, g.first, g.last + 1, g.count, g.max_q, g.max_kv, lens.q_start[g.first],
         lens.q_start[g.last + 1] - lens.q_start[g.first], may_split);
   }
@@ -148,8 +149,9 @@ std::string Plan::summary() const {
     if (i) os << "; ";
     os << (l.kernel.decode ? "decode" : "prefill") << (l.kernel.masked ? " masked" : "")
        << (l.kernel.paged ? " paged" : "") << " seqs [" << l.seq_begin << "," << l.seq_end << ")"
-       << (l.group == SeqGroup::kAll ? "" : l.group == SeqGroup::kDecodes ? " decodes only"
-                                                                           : " prefills only")
+       << (l.group == SeqGroup::kAll       ? ""
+           : l.group == SeqGroup::kDecodes ? " decodes only"
+                                           : " prefills only")
        << " max_q " << l.max_q_len << " max_kv " << l.max_kv_len << " splits " << l.kernel.splits;
   }
   os << "; workspace " << workspace_bytes << " B";

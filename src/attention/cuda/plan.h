@@ -34,7 +34,7 @@ struct KernelChoice {
   bool decode = false;  // the packed GQA decode tiles (sm80/tile_config.h decode_tiles)
   bool masked = false;  // causal or a window: the masked instantiation
   bool paged = false;
-  int splits = 1;       // split-KV ways (> 1: partials in the workspace, then the combine)
+  int splits = 1;  // split-KV ways (> 1: partials in the workspace, then the combine)
 };
 
 // One launch: the kernel, its sequences [seq_begin, seq_end) (of which it takes `group`), the

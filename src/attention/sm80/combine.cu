@@ -17,8 +17,7 @@ void launch(const FwdParams& params, cudaStream_t stream) {
   const int64_t items = params.q_rows * params.h_q;
   const int64_t blocks = (items + kItemsPerBlock - 1) / kItemsPerBlock;
   if (blocks == 0) return;
-  combine_kernel<Elem, kHeadDim, kWarpsPerItem>
-      <<<blocks, kCombineThreads, 0, stream>>>(params);
+  combine_kernel<Elem, kHeadDim, kWarpsPerItem><<<blocks, kCombineThreads, 0, stream>>>(params);
 }
 
 template <class Elem, int kHeadDim>

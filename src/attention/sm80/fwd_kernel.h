@@ -24,8 +24,9 @@ namespace flashserve::attention::sm80 {
 template <class Cfg>
 using PagedShape = PagedTileShape<Cfg::kBlockN, Cfg::kHeadDim, Cfg::kThreads>;
 template <class Cfg, bool kPaged>
-inline constexpr int kFwdSmemBytes =
-    Cfg::kSmemBytes + (kPaged ? 2 * PagedShape<Cfg>::kEntries * int(sizeof(int32_t)) : 0);
+inline constexpr int kFwdSmemBytes = Cfg::kSmemBytes +
+                                     (kPaged ? 2 * PagedShape<Cfg>::kEntries * int(sizeof(int32_t))
+                                             : 0);
 
 // Shared memory of a block: Q [kBlockM, D], then kStages K tiles and kStages V tiles [kBlockN, D],
 // then (PV pairs) each warp's exchange words (tile_config.h's pv_exchange_bytes), then (paged) the

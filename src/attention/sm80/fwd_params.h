@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "grid_order.h"
+#include "smem_tile.h"
 
 namespace flashserve::attention::sm80 {
 
@@ -51,14 +52,14 @@ struct FwdParams {
   const int32_t* block_table;  // null: not paged
   int64_t block_table_stride;
   int64_t k_page_stride, v_page_stride;
-  int32_t page_size;
+  PageDiv page;  // page_size and its fast division
 
   // Split-KV: grid z is batch * num_splits; split s of a tile takes its share of the tile's key
   // blocks and writes fp32 O (normalised by its own sum) and its LSE to the partial buffers,
   // which combine.h merges. num_splits == 1: no partials, out and lse are written directly.
   int32_t num_splits;
-  float* o_partial;    // [num_splits, q_rows, h_q, d]
-  float* lse_partial;  // [num_splits, q_rows, h_q]
+  float* o_partial;      // [num_splits, q_rows, h_q, d]
+  float* lse_partial;    // [num_splits, q_rows, h_q]
   int64_t q_rows;        // rows of the partial buffers: the launch's rows of q
   int64_t partial_row0;  // the row of q that partial row 0 holds
 

@@ -94,9 +94,9 @@ struct FwdTile {
     const Elem* src = static_cast<const Elem*>(base) + seq_off + kv_head(p) * head_stride;
     if constexpr (kPaged) {
       load_tile_paged_async<kBN, D, kThreads>(
-          dst, src, p.block_table + seq.b * p.block_table_stride, p.page_size, page_stride,
-          row_stride, n * kBN, seq.kv_len - n * kBN, entries, n, n < blocks.n_max - 1,
-          n - 1 >= blocks.n_min, tid);
+          dst, src, p.block_table + seq.b * p.block_table_stride, p.page, page_stride, row_stride,
+          n * kBN, seq.kv_len - n * kBN, entries, n, n < blocks.n_max - 1, n - 1 >= blocks.n_min,
+          tid);
     } else {
       load_tile_async<kBN, D, kThreads>(dst, src + n * kBN * row_stride, row_stride,
                                         seq.kv_len - n * kBN, tid);

@@ -33,8 +33,8 @@ void launch_config(const FwdParams& params, const FwdLaunch& launch) {
   FwdParams p = params;
   p.order = GridOrder{};
   if (kHasMask && launch.heaviest_first) {
-    const int64_t per_sm = std::min<int64_t>(
-        Cfg::kMinBlocksPerSm, std::max(1, launch.smem_per_sm / (kSmem + 1024)));
+    const int64_t per_sm =
+        std::min<int64_t>(Cfg::kMinBlocksPerSm, std::max(1, launch.smem_per_sm / (kSmem + 1024)));
     // Heads of a GQA group are adjacent units and share their K/V; a split reads its share.
     const int64_t kv_bytes = int64_t{launch.max_kv_len} * Cfg::kHeadDim * 4 /
                              (int64_t{params.h_ratio} * params.num_splits);

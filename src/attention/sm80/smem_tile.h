@@ -42,6 +42,29 @@ __device__ __forceinline__ void load_tile_async(Elem* smem, const Elem* gmem, in
   }
 }
 
+// Division by the page size as a multiply and a shift (Granlund-Montgomery, as CUTLASS's
+// FastDivmod): a 32-bit integer division is a ~20-instruction sequence, and the loader divides
+// once per row it resolves. Exact for 0 <= key < 2^31.
+struct PageDiv {
+  int size;
+  uint32_t mul;  // 0: size 1
+  int shift;
+  static PageDiv make(int size) {  // host
+    PageDiv d{size, 0, 0};
+    if (size > 1) {
+      int log2_ceil = 0;
+      while ((int64_t{1} << log2_ceil) < size) ++log2_ceil;
+      const int p = 31 + log2_ceil;
+      d.mul = static_cast<uint32_t>(((uint64_t{1} << p) + size - 1) / size);
+      d.shift = p - 32;
+    }
+    return d;
+  }
+  __device__ __forceinline__ int of(int key) const {
+    return mul == 0 ? key : static_cast<int>(__umulhi(static_cast<uint32_t>(key), mul) >> shift);
+  }
+};
+
 // How the threads of a block split a [kRows, kHeadDim] tile for the paged loader below: each
 // thread copies one 16-byte chunk column of rows row0, row0 + kRowStep, ...; a warp copies
 // kWarpStep consecutive rows per step, kWarpRows rows of the tile in all, its k-th being row
@@ -77,11 +100,11 @@ struct PagedTileShape {
 // tile still left it 23% behind (docs/kernel-notes.md, runs 23-24).
 template <int kRows, int kHeadDim, int kThreads, class Elem>
 __device__ __forceinline__ void load_tile_paged_async(Elem* smem, const Elem* head_base,
-                                                      const int32_t* table, int page_size,
+                                                      const int32_t* table, const PageDiv& div,
                                                       int64_t page_stride, int64_t row_stride,
                                                       int key0, int valid_rows, int32_t* entries,
-                                                      int block, bool have_entries,
-                                                      bool fetch_next, int tid) {
+                                                      int block, bool have_entries, bool fetch_next,
+                                                      int tid) {
   using S = PagedTileShape<kRows, kHeadDim, kThreads>;
   constexpr int kSlots = S::kSlots, kWarpStep = S::kWarpStep, kWarpRows = S::kWarpRows;
   const int lane = tid & 31, warp = tid >> 5;
@@ -89,7 +112,9 @@ __device__ __forceinline__ void load_tile_paged_async(Elem* smem, const Elem* he
   const auto entry = [&](int parity, int s) {
     return parity * (kThreads * kSlots) + (warp * kSlots + s) * 32 + lane;
   };
-  int64_t offset[kSlots];
+  // Offsets from head_base in 16-byte chunks: 32 bits (the dispatch refuses pools of 64 GB), so
+  // one shuffle per row moves them.
+  uint32_t offset[kSlots];
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
     const int k = s * 32 + lane;
@@ -98,14 +123,15 @@ __device__ __forceinline__ void load_tile_paged_async(Elem* smem, const Elem* he
     offset[s] = 0;
     if (mine && row < valid_rows) {
       const int key = key0 + row;
-      const int page = key / page_size;
+      const int page = div.of(key);
       const int32_t at = have_entries ? entries[entry(block & 1, s)] : table[page];
-      offset[s] = int64_t{at} * page_stride + int64_t{key - page * page_size} * row_stride;
+      offset[s] = static_cast<uint32_t>(
+          (int64_t{at} * page_stride + int64_t{key - page * div.size} * row_stride) >> 3);
     }
     // The previous block is whole (only a tile's last block can be partial).
     if (mine && fetch_next)
       cp_async_4(smem_addr(entries + entry((block - 1) & 1, s)),
-                 table + (key0 - kRows + row) / page_size);
+                 table + div.of(key0 - kRows + row));
   }
   const int row0 = tid / S::kChunksPerRow, chunk = tid % S::kChunksPerRow;
   const int sub = lane / S::kChunksPerRow;  // this thread's row among the warp's kWarpStep
@@ -118,9 +144,9 @@ __device__ __forceinline__ void load_tile_paged_async(Elem* smem, const Elem* he
     // Warp row k = i * kWarpStep + sub: owned by lane k % 32, slot k / 32 (a constant, since
     // kWarpStep divides 32 and sub < kWarpStep).
     const int k0 = i * kWarpStep;
-    const int64_t off = __shfl_sync(0xffffffffu, offset[k0 / 32], k0 % 32 + sub);
+    const uint32_t off = __shfl_sync(0xffffffffu, offset[k0 / 32], k0 % 32 + sub);
     cp_async_16(base + 2 * swizzled<kHeadDim>(row, chunk),
-                ok ? chunk_base + off : head_base, ok);
+                ok ? chunk_base + uint64_t{off} * 8 : head_base, ok);
   }
 }
 
