@@ -132,7 +132,10 @@ flashserve::TensorView dview(void* p, flashserve::DType dt, std::initializer_lis
   return flashserve::make_view(p, dt, s, {flashserve::DeviceType::kCUDA, 0});
 }
 
-Step make_step(const Row& row, int page, Buffers& b, std::mt19937& rng) {
+// Pages are handed out shuffled over the whole pool (a long-running server's free list), or, with
+// `in_order`, each sequence's pages one after another (a fresh pool).
+Step make_step(const Row& row, int page, Buffers& b, std::mt19937& rng, bool in_order = false,
+               int num_splits = 0) {
   using flashserve::DType;
   Step st;
   const int n = static_cast<int>(row.seqs.size());
@@ -155,7 +158,7 @@ Step make_step(const Row& row, int page, Buffers& b, std::mt19937& rng) {
   p.max_seqlen_q = max_q;
   p.max_seqlen_k = max_kv;
   p.causal = true;
-  p.num_splits = 0;
+  p.num_splits = num_splits;
   if (page == 0) {
     p.k = dview(b.k, DType::kBFloat16, {cu_k.back(), kHkv, kD});
     p.v = dview(b.v, DType::kBFloat16, {cu_k.back(), kHkv, kD});
@@ -165,7 +168,7 @@ Step make_step(const Row& row, int page, Buffers& b, std::mt19937& rng) {
     const int64_t num_pages = kPoolTokens / page;
     std::vector<int32_t> free_pages(num_pages);
     std::iota(free_pages.begin(), free_pages.end(), 0);
-    std::shuffle(free_pages.begin(), free_pages.end(), rng);
+    if (!in_order) std::shuffle(free_pages.begin(), free_pages.end(), rng);
     pages_per_seq = (max_kv + page - 1) / page;
     table.assign(size_t(n) * pages_per_seq, 0);
     size_t next = 0;
@@ -228,6 +231,7 @@ void ensure_workspace(Buffers& b, size_t bytes) {
 int main(int argc, char** argv) {
   int calls = 20, reps = 15;
   std::string out_path;
+  std::vector<int> decode_splits;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--calls" && i + 1 < argc)
@@ -236,8 +240,16 @@ int main(int argc, char** argv) {
       reps = std::atoi(argv[++i]);
     else if (a == "--md" && i + 1 < argc)
       out_path = argv[++i];
-    else {
-      std::fprintf(stderr, "usage: bench_serve_attn [--calls 20] [--reps 15] [--md FILE]\n");
+    else if (a == "--decode-splits" && i + 1 < argc) {
+      for (const char* c = argv[++i]; *c;) {
+        decode_splits.push_back(std::atoi(c));
+        while (*c && *c != ',') ++c;
+        if (*c == ',') ++c;
+      }
+    } else {
+      std::fprintf(stderr,
+                   "usage: bench_serve_attn [--calls 20] [--reps 15] [--md FILE] "
+                   "[--decode-splits 2,4,8]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -291,8 +303,26 @@ int main(int argc, char** argv) {
   emit(line);
   emit(
       "| batch | contiguous (varlen) | paged 16 | paged 256 | paged 16 / contiguous | "
-      "paged 16, attention_forward | plan (paged 16) |\n|---|---|---|---|---|---|---|\n");
+      "paged 16, pages in order | paged 16, attention_forward | plan (paged 16) |\n"
+      "|---|---|---|---|---|---|---|---|\n");
 
+  // Layouts: page 0 is contiguous varlen K/V; a negative page size is that page size with the
+  // pages in order.
+  const int layouts[] = {0, 16, 256, -16};
+  auto time_step = [&](Step& st) {
+    flashserve::AttentionLengths lens{st.cu_q.data(), st.kv_lens.data()};
+    const flashserve::AttentionPlan plan = flashserve::plan_attention(st.params, lens);
+    ensure_workspace(b, plan.workspace_bytes());
+    st.params.workspace = b.workspace;
+    st.params.workspace_bytes = b.workspace_bytes;
+    const double t = graph_us(
+        [&](cudaStream_t s) {
+          st.params.stream = s;
+          flashserve::run_attention(plan, st.params);
+        },
+        calls, reps);
+    return std::pair{t, plan.summary()};
+  };
   std::mt19937 rng(7);
   std::map<std::string, std::map<int, double>> us;  // row -> layout -> us
   for (const Row& row : rows()) {
@@ -305,26 +335,16 @@ int main(int argc, char** argv) {
         std::snprintf(f, sizeof f, "%.1f us (%.0f TFLOP/s)", t, flops(row) / (t * 1e-6) / 1e12);
       return std::string(f);
     };
-    std::string cells[3], plan_summary;
+    std::map<int, std::string> cells;
+    std::string plan_summary;
     double fwd_us = 0;
-    int column = 0;
-    for (int page : {0, 16, 256}) {
-      Step st = make_step(row, page, b, rng);
-      flashserve::AttentionLengths lens{st.cu_q.data(), st.kv_lens.data()};
-      const flashserve::AttentionPlan plan = flashserve::plan_attention(st.params, lens);
-      ensure_workspace(b, plan.workspace_bytes());
-      st.params.workspace = b.workspace;
-      st.params.workspace_bytes = b.workspace_bytes;
-      const double t = graph_us(
-          [&](cudaStream_t s) {
-            st.params.stream = s;
-            flashserve::run_attention(plan, st.params);
-          },
-          calls, reps);
-      us[row.name][page] = t;
-      cells[column++] = figure(t);
-      if (page == 16) {
-        plan_summary = plan.summary();
+    for (int layout : layouts) {
+      Step st = make_step(row, std::abs(layout), b, rng, layout < 0);
+      const auto [t, summary] = time_step(st);
+      us[row.name][layout] = t;
+      cells[layout] = figure(t);
+      if (layout == 16) {
+        plan_summary = summary;
         // The public one-call form: attention_forward plans from max_seqlen_q/k alone.
         flashserve::AttentionParams fp = st.params;
         fp.workspace_bytes = flashserve::attention_workspace_size(fp);
@@ -338,20 +358,47 @@ int main(int argc, char** argv) {
             calls, reps);
       }
     }
-    std::snprintf(line, sizeof line, "| %s | %s | %s | %s | %.2f | %s | %s |\n", row.name.c_str(),
-                  cells[0].c_str(), cells[1].c_str(), cells[2].c_str(),
-                  us[row.name][16] / us[row.name][0], figure(fwd_us).c_str(), plan_summary.c_str());
+    std::snprintf(line, sizeof line, "| %s | %s | %s | %s | %.2f | %s (%.2f) | %s | %s |\n",
+                  row.name.c_str(), cells[0].c_str(), cells[16].c_str(), cells[256].c_str(),
+                  us[row.name][16] / us[row.name][0], cells[-16].c_str(),
+                  us[row.name][-16] / us[row.name][0], figure(fwd_us).c_str(),
+                  plan_summary.c_str());
     emit(line);
     if (!row.parts.empty()) {
-      for (int page : {0, 16, 256}) {
+      for (int layout : layouts) {
         double sum = 0;
-        for (const std::string& part : row.parts) sum += us.at(part).at(page);
+        for (const std::string& part : row.parts) sum += us.at(part).at(layout);
         std::snprintf(line, sizeof line,
-                      "|  ↳ sum of parts, %s | %.1f us | mixed / sum %.3f |||||\n",
-                      page == 0    ? "contiguous"
-                      : page == 16 ? "paged 16"
-                                   : "paged 256",
-                      sum, us[row.name][page] / sum);
+                      "|  ↳ sum of parts, %s | %.1f us | mixed / sum %.3f ||||||\n",
+                      layout == 0    ? "contiguous"
+                      : layout == 16 ? "paged 16"
+                      : layout < 0   ? "paged 16 in order"
+                                     : "paged 256",
+                      sum, us[row.name][layout] / sum);
+        emit(line);
+      }
+    }
+  }
+
+  // Decode rows with forced split counts, beside the automatic ones above.
+  if (!decode_splits.empty()) {
+    emit(
+        "\n| decode batch | splits | contiguous | paged 16 | paged 16, pages in order |\n"
+        "|---|---|---|---|---|\n");
+    for (const Row& row : rows()) {
+      if (!all_decode(row)) continue;
+      for (int splits : decode_splits) {
+        std::string cells[3];
+        int column = 0;
+        for (int layout : {0, 16, -16}) {
+          Step st = make_step(row, std::abs(layout), b, rng, layout < 0, splits);
+          const double t = time_step(st).first;
+          char f[64];
+          std::snprintf(f, sizeof f, "%.1f us (%.2f TB/s)", t, kv_bytes(row) / (t * 1e-6) / 1e12);
+          cells[column++] = f;
+        }
+        std::snprintf(line, sizeof line, "| %s | %d | %s | %s | %s |\n", row.name.c_str(), splits,
+                      cells[0].c_str(), cells[1].c_str(), cells[2].c_str());
         emit(line);
       }
     }
