@@ -318,6 +318,7 @@ void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr
     p.num_splits = splits;
     p.q_rows = l.rows;
     p.partial_row0 = l.row_begin;
+    p.partials_by_seq = l.kernel.decode;
     if (splits > 1) {
       p.o_partial = reinterpret_cast<float*>(static_cast<char*>(workspace) + l.workspace_offset);
       p.lse_partial = p.o_partial + static_cast<int64_t>(splits) * l.rows * pr.h_q * pr.head_dim;

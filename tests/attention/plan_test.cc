@@ -88,8 +88,7 @@ TEST(Plan, MixedStepGetsADecodeLaunchAndAPrefillLaunchEachSplitAsAlone) {
   EXPECT_EQ(d.group, SeqGroup::kAll);  // decodes are contiguous: nothing to skip
   EXPECT_EQ(d.seq_begin, 1);
   EXPECT_EQ(d.seq_end, 65);
-  EXPECT_EQ(d.row_begin, 512);
-  EXPECT_EQ(d.rows, 64);
+  EXPECT_EQ(d.rows, 64);  // partials by sequence
   EXPECT_EQ(d.max_kv_len, 2048);
   EXPECT_EQ(d.kernel.splits, decodes_alone.launches[0].kernel.splits);
   EXPECT_FALSE(c.kernel.decode);
@@ -146,17 +145,19 @@ TEST(Plan, LeftWindowOrOnlyChunksIsOnePrefillLaunch) {
 
 TEST(Plan, UnknownLengthsSplitTheBatchByKindOnTheDevice) {
   // attention_forward's plan: only max_seqlen_q/k. A varlen batch with longer queries may hold
-  // decodes: both launches over the whole batch, the decode one without automatic splits.
+  // decodes: both launches over the whole batch, the decode one split as if all were decodes
+  // (its partials take one row per sequence, not the rows of q).
   StepShape s = step({{512, 4608}, {1, 2048}, {1, 2048}});
   const Plan p = make_plan(s.pr, s.ctx, HostLengths{});
   ASSERT_EQ(p.launches.size(), 2u);
   EXPECT_EQ(p.launches[0].group, SeqGroup::kDecodes);
-  EXPECT_EQ(p.launches[0].kernel.splits, 1);
+  EXPECT_GT(p.launches[0].kernel.splits, 1);
+  EXPECT_EQ(p.launches[0].rows, 3);
   EXPECT_EQ(p.launches[1].group, SeqGroup::kPrefills);
+  EXPECT_EQ(p.launches[1].rows, s.ctx.q_rows);
   for (const LaunchPlan& l : p.launches) {
     EXPECT_EQ(l.seq_begin, 0);
     EXPECT_EQ(l.seq_end, 3);
-    EXPECT_EQ(l.rows, s.ctx.q_rows);
   }
   // Decodes only (max_seqlen_q 1): one decode launch, split as before.
   StepShape d = step(decodes(8, 32768));
@@ -196,8 +197,12 @@ TEST(Plan, RandomBatchesCoverEverySequenceOnceWithinLimits) {
     for (const LaunchPlan& l : p.launches) {
       EXPECT_GE(l.kernel.splits, 1);
       EXPECT_LE(l.kernel.splits, 128);
-      EXPECT_EQ(l.row_begin, s.lens.q_start[l.seq_begin]);
-      EXPECT_EQ(l.rows, s.lens.q_start[l.seq_end] - l.row_begin);
+      if (l.kernel.decode) {
+        EXPECT_EQ(l.rows, l.seq_end - l.seq_begin);  // partials by sequence
+      } else {
+        EXPECT_EQ(l.row_begin, s.lens.q_start[l.seq_begin]);
+        EXPECT_EQ(l.rows, s.lens.q_start[l.seq_end] - l.row_begin);
+      }
       EXPECT_GE(l.workspace_offset, end);
       end = l.workspace_offset +
             attention::partial_bytes(l.kernel.splits, l.rows, s.pr.h_q, s.pr.head_dim);

@@ -62,25 +62,26 @@ Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& len
     l.seq_end = seq_end;
     l.max_q_len = max_q;
     l.max_kv_len = max_kv;
-    l.row_begin = row_begin;
-    l.rows = rows;
+    // Decode launches keep their partials by sequence (one query each), prefill launches by row.
+    l.row_begin = decode ? 0 : row_begin;
+    l.rows = decode ? seq_end - seq_begin : rows;
     l.workspace_offset = plan.workspace_bytes;
-    plan.workspace_bytes += aligned(partial_bytes(l.kernel.splits, rows, pr.h_q, pr.head_dim));
+    plan.workspace_bytes += aligned(partial_bytes(l.kernel.splits, l.rows, pr.h_q, pr.head_dim));
     plan.launches.push_back(l);
   };
 
   if (!lens.known()) {
     // Only the longest lengths are known. One query at most everywhere: decode tiles. A varlen
     // batch with longer queries may hold decodes too: a decode launch and a prefill launch over
-    // the whole batch, each skipping the other's sequences. That decode launch does not split by
-    // itself: with no decode in the batch its splits would be empty blocks and a combine for
-    // nothing.
+    // the whole batch, each skipping the other's sequences. The decode launch splits as if every
+    // sequence were a decode of the longest length (with none in the batch, its blocks and its
+    // combine find nothing to do: a few microseconds).
     if (pr.max_q_len <= 1 && decode_ok) {
       add(true, SeqGroup::kAll, 0, pr.batch, pr.batch, 1, pr.max_kv_len, 0, ctx.q_rows,
           auto_split || pr.num_splits > 1);
     } else if (pr.varlen_q && decode_ok && pr.batch > 1) {
       add(true, SeqGroup::kDecodes, 0, pr.batch, pr.batch, 1, pr.max_kv_len, 0, ctx.q_rows,
-          pr.num_splits > 1);
+          auto_split || pr.num_splits > 1);
       add(false, SeqGroup::kPrefills, 0, pr.batch, pr.batch, pr.max_q_len, pr.max_kv_len, 0,
           ctx.q_rows, auto_split || pr.num_splits > 1);
     } else {

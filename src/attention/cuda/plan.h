@@ -39,7 +39,8 @@ struct KernelChoice {
 
 // One launch: the kernel, its sequences [seq_begin, seq_end) (of which it takes `group`), the
 // longest of their lengths (the grid and the masked grid's order), and where its split-KV
-// partials live: rows [row_begin, row_begin + rows) of q, at workspace_offset.
+// partials live: `rows` rows at workspace_offset, which are rows [row_begin, row_begin + rows) of
+// q for a prefill launch, and one per sequence of the range for a decode launch.
 struct LaunchPlan {
   KernelChoice kernel;
   SeqGroup group = SeqGroup::kAll;

@@ -30,14 +30,25 @@ __global__ void __launch_bounds__(kCombineThreads)
   __shared__ float2 share[kWarps][kPairs][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % kWarpsPerItem;
   const int64_t item = int64_t{blockIdx.x} * kItemsPerBlock + warp / kWarpsPerItem;
-  const int64_t slot_row = item / p.h_q;  // the launch's rows: slot_row 0 is partial_row0
-  const int64_t row = p.partial_row0 + slot_row;
+  const int64_t slot_row = item / p.h_q;  // the launch's partial rows
   const int head = static_cast<int>(item % p.h_q);
-  // A varlen row before the launch's first sequence or past its last, or of a sequence the other
-  // launch of a mixed batch took, is not this launch's: nothing wrote its partials, and the
-  // memory there is the caller's (as the unsplit path leaves it) or the other launch's output.
   bool active = item < p.q_rows * p.h_q;
-  if (active && p.cu_seqlens_q != nullptr) {
+  int64_t row = p.partial_row0 + slot_row;  // the row of q
+  if (p.partials_by_seq) {
+    // Decode launches: partial row s is sequence seq_begin + s, whose one query (if it has one:
+    // the launch also passes over empty ones and, in an interleaved batch, longer ones) is the row.
+    const int b = p.seq_begin + static_cast<int>(slot_row);
+    if (active && p.cu_seqlens_q != nullptr) {
+      row = p.cu_seqlens_q[b];
+      active = p.cu_seqlens_q[b + 1] - row == 1;
+    } else {
+      row = int64_t{b} * p.seqlen_q;
+      active = active && p.seqlen_q == 1;
+    }
+  } else if (active && p.cu_seqlens_q != nullptr) {
+    // A varlen row before the launch's first sequence or past its last, or of a sequence the
+    // other launch of a mixed batch took, is not this launch's: nothing wrote its partials, and
+    // the memory there is the caller's (as the unsplit path leaves it) or the other launch's.
     const int32_t* cu = p.cu_seqlens_q;
     active = row >= cu[p.seq_begin] && row < cu[p.seq_end];
     if (active && p.only != kAllSeqs) {

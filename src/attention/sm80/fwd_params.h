@@ -60,8 +60,12 @@ struct FwdParams {
   int32_t num_splits;
   float* o_partial;      // [num_splits, q_rows, h_q, d]
   float* lse_partial;    // [num_splits, q_rows, h_q]
-  int64_t q_rows;        // rows of the partial buffers: the launch's rows of q
-  int64_t partial_row0;  // the row of q that partial row 0 holds
+  int64_t q_rows;        // rows of the partial buffers
+  int64_t partial_row0;  // the row of q that partial row 0 holds (prefill launches)
+  // Decode launches (packed GQA tiles): partial row s holds sequence seq_begin + s, whose one
+  // query is its row; so the partials of a decode launch take one row per sequence of its range,
+  // not the rows of the chunks between them.
+  int32_t partials_by_seq;
 
   // The launch's share of the batch (attention/cuda/plan.h): grid z covers sequences seq_begin ..
   // seq_end - 1, and `only` skips the sequences of that range that the other launch of a mixed

@@ -76,7 +76,9 @@ struct FwdTile {
   // Split-KV partial slot of tile row `row` ([num_splits, q_rows, h_q] slots, unpacked order, so
   // the combine needs no knowledge of packing) and the slot distance between tile rows.
   __device__ __forceinline__ int64_t partial_slot(const FwdParams& p, int row) const {
-    const int64_t q_row = seq.q_row0(p) - p.partial_row0 + (kPack ? 0 : m0 + row);
+    // Packed (decode) tiles: one row per sequence, by sequence (fwd_params.h partials_by_seq).
+    const int64_t q_row =
+        kPack ? int64_t{seq.b - p.seq_begin} : seq.q_row0(p) - p.partial_row0 + m0 + row;
     const int64_t h = kPack ? int64_t{head} * p.h_ratio + m0 + row : head;
     return (split * p.q_rows + q_row) * p.h_q + h;
   }
