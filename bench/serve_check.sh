@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for the serving-attention work (issue 15): the serving benchmark on a quiet GPU,
-# then every GPU test (4 gtest shards in parallel) beside compute-sanitizer memcheck and racecheck
+# then every GPU test (6 gtest shards in parallel) beside compute-sanitizer memcheck and racecheck
 # on the *Sanitize* subset. Binaries are taken from bin/ (built elsewhere for sm_90a) when they run
 # here, else built. Logs under $OUT (tarred: the device tool returns few files).
 #   OUT=... bash bench/serve_check.sh [--no-tests] [--bench-args "..."]
@@ -34,8 +34,8 @@ timeout 90 "$B/bench_serve_attn" --md "$OUT/serve.md" $bench_args 2>&1 | tee "$O
 echo "== bench rc=$?"
 if ((tests)); then
   t0=$(date +%s)
-  for i in 0 1 2 3; do
-    GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i timeout 150 "$B/test_gpu" >"$OUT/logs/test_gpu.$i.log" 2>&1 &
+  for i in 0 1 2 3 4 5; do
+    GTEST_TOTAL_SHARDS=6 GTEST_SHARD_INDEX=$i timeout 150 "$B/test_gpu" >"$OUT/logs/test_gpu.$i.log" 2>&1 &
   done
   for tool in memcheck racecheck; do
     timeout 150 compute-sanitizer --tool $tool --error-exitcode 99 "$B/test_gpu" \
