@@ -76,7 +76,9 @@ size_t attention_workspace_size(const AttentionParams& params);
 // one contiguous range of sequences; interleaved, each launch skips the other's sequences.
 
 // The host-side lengths of a step. Null pointers: unknown (then the plan uses max_seqlen_q/k and
-// the device-side lengths, as attention_forward does).
+// the device-side lengths, as attention_forward does). They must be the lengths the device tensors
+// of every run hold: the kernels read those, but the plan sizes each launch's grid from these (a
+// query the host lengths do not count may be left unwritten).
 struct AttentionLengths {
   const int32_t* cu_seqlens_q = nullptr;  // host [batch + 1], as params.cu_seqlens_q (varlen q)
   const int32_t* kv_lens = nullptr;       // host [batch]: keys of each sequence (seqused_k)

@@ -26,8 +26,8 @@ namespace {
 
 // The host lengths of a step as the plan reads them; unknown (empty) when q is varlen and no host
 // cu_seqlens_q is given.
-HostLengths host_lengths(const AttentionParams& params, const Problem& pr,
-                         const AttentionLengths& given) {
+[[maybe_unused]] HostLengths host_lengths(const AttentionParams& params, const Problem& pr,
+                                          const AttentionLengths& given) {
   HostLengths lens;
   if (pr.varlen_q && given.cu_seqlens_q == nullptr) return lens;
   lens.q_start.resize(pr.batch + 1);
