@@ -82,6 +82,21 @@ if ((sanitize)) && [ -x $BUILD/tests/test_gpu ]; then
   done
 fi
 
+# The serving rows and the model first: they are short, and the prefill grid below is long.
+if ((serve)) && [ -x $BUILD/bench/bench_serve_attn ]; then
+  timeout 120 $BUILD/bench/bench_serve_attn --md "$OUT/serve.md" >"$LOGS/bench_serve_attn.log" 2>&1
+  rc=$?
+  ((rc)) && failed=1
+  note "bench_serve_attn rc=$rc (serve.md)"
+fi
+
+if ((model)) && [ -x $BUILD/bench/bench_model ]; then
+  COMMIT=$commit timeout 150 $BUILD/bench/bench_model --quick >"$OUT/model.txt" 2>&1
+  rc=$?
+  ((rc)) && failed=1
+  note "bench_model --quick rc=$rc (model.txt)"
+fi
+
 if [ -x $BUILD/bench/bench_attn ]; then
   cuobjdump -sass $BUILD/bench/bench_attn > "$LOGS/sass.txt" 2>/dev/null
   note "SASS: $(grep -c HMMA "$LOGS/sass.txt") HMMA, $(grep -c HGMMA "$LOGS/sass.txt") HGMMA, $(grep -cE 'LDL|STL' "$LOGS/sass.txt") LDL/STL lines"
@@ -121,20 +136,6 @@ if ((bench)) && [ -x $BUILD/bench/bench_attn ]; then
   "$PY" bench/compare_table.py "$OUT/ours.csv" "$OUT/sdpa.csv" \
     --header "bench_attn vs PyTorch SDPA — $gpu, $(date -u +%F), commit $commit, bf16, batch x seqlen = 16384, heads x head_dim = 2048" \
     > "$OUT/table.md" 2>"$LOGS/table.err"
-fi
-
-if ((serve)) && [ -x $BUILD/bench/bench_serve_attn ]; then
-  timeout 120 $BUILD/bench/bench_serve_attn --md "$OUT/serve.md" >"$LOGS/bench_serve_attn.log" 2>&1
-  rc=$?
-  ((rc)) && failed=1
-  note "bench_serve_attn rc=$rc (serve.md)"
-fi
-
-if ((model)) && [ -x $BUILD/bench/bench_model ]; then
-  COMMIT=$commit timeout 150 $BUILD/bench/bench_model --quick >"$OUT/model.txt" 2>&1
-  rc=$?
-  ((rc)) && failed=1
-  note "bench_model --quick rc=$rc (model.txt)"
 fi
 
 rm -f "$LOGS/sass.txt"  # large; its counts are in the summary
