@@ -21,7 +21,7 @@ namespace flashserve::testing {
 enum class Poison {
   kNanQ,      // one element of q in a row that sees keys, one in a row that sees none (if any)
   kNanK,      // one element of one key
-  kOverflow,  // a row of q and a key it sees, both 1e19 everywhere: that score overflows float32
+  kOverflow,  // a row of q (1e36) and a key it sees (1e4): that score overflows float32
 };
 
 inline const char* poison_name(Poison p) {
@@ -83,11 +83,14 @@ inline PoisonPlan poison_inputs(AttentionCase& c, Poison kind, uint64_t seed) {
     case Poison::kOverflow: {
       const int64_t first = pr.mask.first_key(t, L.q_len(b), L.kv_len(b));
       const int64_t j = first + pick(pr.mask.last_key(t, L.q_len(b), L.kv_len(b)) - first + 1);
-      // q.k = head_dim * 1e38, times the default scale 1/sqrt(head_dim): above float32's 3.4e38
-      // for head_dim >= 16, while float64 holds it. Every other score stays finite.
+      // q[t] = 1e36 and k[j] = 1e4 everywhere: each product is 1e40, above float32's 3.4e38, so
+      // row t's score for key j is +inf (float64 holds it). Other rows that see key j get scores
+      // near 1e4, which every path computes exactly. (Scaled scores beyond about 2^31 would not
+      // be: the sm80 softmax forms exp2(s * c - max * c) with one FFMA, whose rounding residual
+      // then exceeds 128 and the row comes out NaN, as in FlashAttention; docs/hardening.md.)
       for (int64_t d = 0; d < pr.head_dim; ++d) {
-        store_float(p.q.data, L.q_offset(b, t, h) + d, p.q.dtype, 1e19f);
-        store_float(p.k.data, L.k_offset(b, j, hk) + d, p.k.dtype, 1e19f);
+        store_float(p.q.data, L.q_offset(b, t, h) + d, p.q.dtype, 1e36f);
+        store_float(p.k.data, L.k_offset(b, j, hk) + d, p.k.dtype, 1e4f);
       }
       mark(b, t, h);
       break;
