@@ -1,4 +1,5 @@
-// flashserve simulate: runs the real scheduler and block manager against a step-cost model.
+// flashserve simulate: the engine's loop (engine/replay.h) with the real scheduler and block manager
+// against a step-cost model on a simulated clock. This file only parses flags and prints.
 //   flashserve simulate --model mistral-7b --workload chat --rate 2 --compare
 //   flashserve simulate --compare --capacity --slo-tbt 0.1 --plot bench/results/simulate-x
 #include <CLI/CLI.hpp>
@@ -17,11 +18,13 @@
 #include "flashserve/error.h"
 #include "serve/capacity.h"
 #include "serve/cost_model.h"
-#include "serve/simulator.h"
+#include "cli/serving_report.h"
+#include "engine/simulator.h"
 #include "serve/svg_plot.h"
 #include "serve/workload.h"
 
 namespace fs = flashserve::serve;
+namespace fe = flashserve::engine;
 using flashserve::Error;
 using flashserve::ErrorKind;
 using namespace flashserve::cli;
@@ -34,6 +37,7 @@ struct Options {
   int64_t budget = 512;
   int64_t chunk_tile = 64;
   int64_t max_running = 256;
+  int64_t orca_batch = 16;
   int64_t max_model_len = 0;  // 0: min(model context, 16384)
   std::string model = "mistral-7b";
   std::string gpu = "h200";
@@ -57,17 +61,6 @@ struct Options {
   std::string plot;
   bool verbose = false;
 };
-
-std::string fmt_s(double s) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.3f", s);
-  return b;
-}
-std::string fmt_ms(double s) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.1f", s * 1e3);
-  return b;
-}
 
 // The library's errors name its own fields; where a field's name is not its option's, say which
 // option set it ("--budget: max_tokens_per_step: 0 must be positive").
@@ -106,10 +99,12 @@ int simulate(int argc, char** argv) {
   auto* chunk_tile_opt = add_int(app, "--chunk-tile", o.chunk_tile, {1, kMaxTokens},
                                  "sarathi: non-final chunks are a multiple of this");
   add_int(app, "--max-running", o.max_running, {1, 1 << 20}, "sequences running at once");
+  auto* orca_batch_opt = add_int(app, "--orca-batch", o.orca_batch, {1, 1 << 20},
+                                 "orca's fixed batch (each request reserves max_model_len of KV)");
   add_int(app, "--max-model-len", o.max_model_len, {0, kMaxTokens},
           "prompt + output limit (0: min(model context, 16384))");
   app.add_option("--model", o.model, "mistral-7b, llama-3-8b or llama-2-70b")->default_str(o.model);
-  app.add_option("--gpu", o.gpu, "GPU preset for the roofline cost model (h200)")
+  app.add_option("--gpu", o.gpu, "GPU preset for the roofline cost model (h200, a100)")
       ->default_str(o.gpu);
   app.add_option(
       "--profile", o.profile,
@@ -125,7 +120,10 @@ int simulate(int argc, char** argv) {
   add_real(app, "--watermark", o.watermark, {0, 1, Open::kHigh},
            "fraction of blocks kept free at admission");
   auto* workload_opt =
-      app.add_option("--workload", o.workload, "chat, summarize or fixed")->default_str(o.workload);
+      app.add_option("--workload", o.workload,
+                     "chat, summarize, fixed, sharegpt, arxiv (real length traces) or a length "
+                     "CSV (num_prefill_tokens,num_decode_tokens)")
+          ->default_str(o.workload);
   auto* prompt_opt =
       add_int(app, "--prompt-len", o.prompt_len, {1, kMaxTokens}, "fixed workload: prompt tokens");
   auto* output_opt =
@@ -154,6 +152,8 @@ int simulate(int argc, char** argv) {
   refuse_unless(policy_opt, !o.compare, "--compare runs every policy; drop --policy");
   refuse_unless(chunk_tile_opt, o.compare || o.policy == "sarathi",
                 "only sarathi chunks prompts (--policy sarathi or --compare)");
+  refuse_unless(orca_batch_opt, o.compare || o.policy == "orca",
+                "only orca has a fixed batch (--policy orca or --compare)");
   refuse_unless(overhead_opt, o.profile.empty(),
                 "applies to the roofline model, not to a measured --profile");
   refuse_unless(mem_util_opt, num_blocks_opt->count() == 0,
@@ -189,38 +189,31 @@ int simulate(int argc, char** argv) {
 
   // The workload, as a function of the rate (the same lengths and the same arrival pattern,
   // scaled).
-  std::vector<fs::Request> trace;
-  double trace_rate = 0;  // the trace's own; 0 if its arrivals span no time
   fs::WorkloadSpec spec;
-  if (!o.trace.empty()) {
-    trace = fs::load_trace(o.trace);
-    trace_rate = fs::mean_rate(trace);
+  spec.fixed_prompt = o.prompt_len;
+  spec.fixed_output = o.output_len;
+  spec.arrival = fs::parse_arrival_kind(o.arrival);
+  spec.cv = o.cv;
+  spec.num_requests = o.requests;
+  spec.max_model_len = o.max_model_len;
+  spec.seed = o.seed;
+  const WorkloadSource workload = WorkloadSource::resolve(traced ? o.trace : o.workload, spec, traced);
+  if (traced && !workload.is_trace())
+    throw Error(ErrorKind::kInvalidArgument, "--trace",
+                o.trace + " is a length table; pass it as --workload");
+  if (workload.is_trace()) {
     // One request, or all at once: there is no rate to scale from, so it runs as recorded.
-    if (trace_rate == 0 && (rate_given || o.capacity))
+    if (workload.as_recorded() && (rate_given || o.capacity))
       throw Error(ErrorKind::kInvalidArgument, rate_given ? "--rate" : "--capacity",
                   o.trace + "'s arrivals span no time, so they cannot be replayed at other rates");
-    if (!rate_given) o.rate = trace_rate;
-  } else {
-    spec.lengths = fs::parse_length_kind(o.workload);
-    spec.fixed_prompt = o.prompt_len;
-    spec.fixed_output = o.output_len;
-    spec.arrival = fs::parse_arrival_kind(o.arrival);
-    spec.cv = o.cv;
-    spec.num_requests = o.requests;
-    spec.max_model_len = o.max_model_len;
-    spec.seed = o.seed;
+    if (!rate_given) o.rate = workload.trace_rate;
   }
-  const bool as_recorded = !trace.empty() && trace_rate == 0;
+  const bool as_recorded = workload.as_recorded();
   if (!as_recorded && !(o.rate > 0 && std::isfinite(o.rate)))
     throw Error(ErrorKind::kInvalidArgument, "--rate",
                 std::to_string(o.rate) + " must be positive and finite");
   const std::string at_rate = as_recorded ? "its recorded arrival times" : fmt_s(o.rate) + " req/s";
-  auto requests_at = [&](double rate) {
-    if (!trace.empty()) return as_recorded ? trace : fs::scale_arrivals(trace, trace_rate / rate);
-    fs::WorkloadSpec s = spec;
-    s.rate = rate;
-    return fs::generate_workload(s);
-  };
+  auto requests_at = [&](double rate) { return workload.at(rate); };
 
   std::vector<fs::Policy> policies;
   if (o.compare)
@@ -229,12 +222,12 @@ int simulate(int argc, char** argv) {
     policies = {fs::parse_policy(o.policy)};
   // The baselines never chunk, so one step must hold a whole prompt (vLLM's default is the same).
   const int64_t baseline_tokens = std::max(o.budget, o.max_model_len);
-  std::vector<fs::SimConfig> configs;
+  std::vector<fe::SimConfig> configs;
   for (fs::Policy p : policies) {
-    fs::SimConfig c;
+    fe::SimConfig c;
     c.scheduler.policy = p;
     c.scheduler.max_tokens_per_step = p == fs::Policy::kSarathi ? o.budget : baseline_tokens;
-    c.scheduler.max_running = o.max_running;
+    c.scheduler.max_running = p == fs::Policy::kOrca ? o.orca_batch : o.max_running;
     c.scheduler.max_model_len = o.max_model_len;
     c.scheduler.chunk_tile = o.chunk_tile;
     c.num_blocks = num_blocks;
@@ -246,7 +239,7 @@ int simulate(int argc, char** argv) {
     configs.push_back(c);
   }
   auto sim_at = [&](size_t i, double rate) {
-    return fs::simulate(requests_at(rate), configs[i], *cost);
+    return fe::simulate(requests_at(rate), configs[i], *cost);
   };
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -266,15 +259,17 @@ int simulate(int argc, char** argv) {
   std::printf("cost model: %s\n", cost->describe().c_str());
   std::printf(
       "workload: %s, %zu requests, mean prompt %.0f, mean output %.0f tokens, %s arrivals%s\n",
-      o.trace.empty() ? o.workload.c_str() : o.trace.c_str(), base.size(),
+      workload.label.c_str(), base.size(),
       static_cast<double>(ptok) / base.size(), static_cast<double>(otok) / base.size(),
       o.trace.empty() ? o.arrival.c_str() : "trace",
       o.trace.empty() ? (", seed " + std::to_string(o.seed)).c_str() : "");
   std::printf(
       "limits: sarathi budget %lld tokens/step (chunk tile %lld), baselines %lld tokens/step, "
-      "max running %lld, max model len %lld, KV cache %lld blocks x %d tokens\n",
+      "max running %lld (orca: batch %lld), max model len %lld, KV cache %lld blocks x %d "
+      "tokens\n",
       static_cast<long long>(o.budget), static_cast<long long>(o.chunk_tile),
       static_cast<long long>(baseline_tokens), static_cast<long long>(o.max_running),
+      static_cast<long long>(o.orca_batch),
       static_cast<long long>(o.max_model_len), static_cast<long long>(num_blocks), o.block_size);
 
   // Capacity first, so that the plot's sweep can span it.
@@ -297,61 +292,30 @@ int simulate(int argc, char** argv) {
 
   std::printf("\nat %s (P99 TBT SLO %.0f ms, P50 scheduling delay bound %.1f s):\n",
               at_rate.c_str(), o.slo_tbt * 1e3, o.max_sched_delay);
-  std::printf(
-      "| policy | TTFT p50 (s) | TTFT p99 (s) | TBT p50 (ms) | TBT p99 (ms) | TPOT mean (ms) | "
-      "E2E p50 (s) | sched delay p50 (s) | out tok/s | preemptions | steps |%s\n",
-      o.capacity ? " capacity (req/s) |" : "");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|%s\n", o.capacity ? "---|" : "");
+  print_metrics_header(o.capacity);
   fs::SvgPlot cdf;
   cdf.title =
-      model.name + ", " + (o.trace.empty() ? o.workload : "trace") + ", " + at_rate + ": TBT CDF";
+      model.name + ", " + workload.label + ", " + at_rate + ": TBT CDF";
   cdf.x_label = "time between tokens (ms, log scale)";
   cdf.y_label = "fraction of gaps";
   cdf.log_x = true;
   std::vector<fs::ServingMetrics> all;
   for (size_t i = 0; i < policies.size(); ++i) {
-    const fs::SimResult r = fs::simulate(base, configs[i], *cost);
+    const fe::SimResult r = fe::simulate(base, configs[i], *cost);
     const auto& m = r.metrics;
     all.push_back(m);
-    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %lld | %lld |",
-                fs::to_string(policies[i]), fmt_s(m.ttft.p50).c_str(), fmt_s(m.ttft.p99).c_str(),
-                fmt_ms(m.tbt.p50).c_str(), fmt_ms(m.tbt.p99).c_str(), fmt_ms(m.tpot.mean).c_str(),
-                fmt_s(m.e2e.p50).c_str(), fmt_s(m.sched_delay.p50).c_str(), m.token_throughput,
-                static_cast<long long>(m.preemptions), static_cast<long long>(r.steps));
     // At the search's upper limit the SLO was never missed: the capacity is a lower bound.
-    if (o.capacity) std::printf(" %s%.3f |", capacity_at_limit[i] ? ">= " : "", capacity[i]);
-    std::printf("\n");
-    if (!o.plot.empty() && !m.tbt_samples.empty()) {
-      std::vector<double> v = m.tbt_samples;
-      std::sort(v.begin(), v.end());
-      fs::SvgSeries s{fs::to_string(policies[i]), {}, {}};
-      const size_t n = v.size(), pts = std::min<size_t>(n, 400);
-      for (size_t k = 0; k < pts; ++k) {
-        const size_t idx = (pts == 1) ? n - 1 : k * (n - 1) / (pts - 1);
-        s.x.push_back(v[idx] * 1e3);
-        s.y.push_back(static_cast<double>(idx + 1) / static_cast<double>(n));
-      }
-      cdf.series.push_back(std::move(s));
-    }
+    char cap[64] = "";
+    if (o.capacity)
+      std::snprintf(cap, sizeof cap, "%s%.3f", capacity_at_limit[i] ? ">= " : "", capacity[i]);
+    print_metrics_row(fs::to_string(policies[i]), m, r.steps, cap);
+    if (!o.plot.empty() && !m.tbt_samples.empty())
+      cdf.series.push_back(tbt_cdf_series(fs::to_string(policies[i]), m));
   }
   if (o.verbose) {
-    // Every latency metric in full, seconds.
-    std::printf("\n| metric (s) | policy | mean | p50 | p90 | p99 |\n|---|---|---|---|---|---|\n");
-    const std::pair<const char*, fs::Summary fs::ServingMetrics::*> rows[] = {
-        {"TTFT", &fs::ServingMetrics::ttft},
-        {"TBT", &fs::ServingMetrics::tbt},
-        {"TPOT", &fs::ServingMetrics::tpot},
-        {"E2E", &fs::ServingMetrics::e2e},
-        {"sched delay", &fs::ServingMetrics::sched_delay}};
-    for (const auto& [name, field] : rows)
-      for (size_t i = 0; i < policies.size(); ++i) {
-        const fs::Summary& x = all[i].*field;
-        std::printf("| %s | %s | %.4f | %.4f | %.4f | %.4f |\n", name, fs::to_string(policies[i]),
-                    x.mean, x.p50, x.p90, x.p99);
-      }
-    for (size_t i = 0; i < policies.size(); ++i)
-      std::printf("%s: %.3f req/s, %.0f output tok/s over %.1f s\n", fs::to_string(policies[i]),
-                  all[i].request_throughput, all[i].token_throughput, all[i].duration_s);
+    std::vector<std::string> names;
+    for (fs::Policy p : policies) names.push_back(fs::to_string(p));
+    print_metrics_detail(names, all);
   }
   if (!o.plot.empty()) {
     const std::string path = o.plot + "-tbt-cdf.svg";
@@ -364,13 +328,13 @@ int simulate(int argc, char** argv) {
     const double top = std::max(*std::max_element(capacity.begin(), capacity.end()), o.rate);
     fs::SvgPlot sweep;
     sweep.title =
-        model.name + ", " + (o.trace.empty() ? o.workload : "trace") + ": P99 TBT vs request rate";
+        model.name + ", " + workload.label + ": P99 TBT vs request rate";
     sweep.x_label = "request rate (req/s)";
     sweep.y_label = "P99 TBT (ms)";
     sweep.y_max = o.slo_tbt * 1e3 * 4;
     sweep.ref_lines.push_back({o.slo_tbt * 1e3, "SLO " + fmt_ms(o.slo_tbt) + " ms"});
     fs::SvgPlot delay = sweep;
-    delay.title = model.name + ", " + (o.trace.empty() ? o.workload : "trace") +
+    delay.title = model.name + ", " + workload.label +
                   ": P50 scheduling delay vs request rate";
     delay.y_label = "P50 scheduling delay (s)";
     delay.y_max = o.max_sched_delay * 4;
