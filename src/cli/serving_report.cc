@@ -82,7 +82,7 @@ fs::SvgSeries tbt_over_time_series(const std::string& name,
     for (size_t i = 1; i < s->token_times.size(); ++i)
       gaps.emplace_back(s->token_times[i] - t0, s->token_times[i] - s->token_times[i - 1]);
   std::sort(gaps.begin(), gaps.end());
-  fs::SvgSeries out{name, {}, {}, true};
+  fs::SvgSeries out{name, {}, {}, false};
   for (const auto& [t, g] : gaps) {
     out.x.push_back(t);
     out.y.push_back(g * 1e3);
