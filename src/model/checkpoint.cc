@@ -9,16 +9,6 @@
 
 namespace flashserve::model {
 
-namespace {
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
-}  // namespace
-
 Checkpoint Checkpoint::open(const std::string& dir) {
   namespace fsys = std::filesystem;
   if (!fsys::is_directory(dir))
@@ -79,8 +69,8 @@ TensorInfo Checkpoint::tensor(const std::string& name, const std::vector<int64_t
   TensorInfo t = tensor(name);
   if (t.shape != shape)
     throw Error(ErrorKind::kInvalidArgument, t.file,
-                "tensor '" + name + "' has shape " + shape_str(t.shape) + ", the config needs " +
-                    shape_str(shape));
+                "tensor '" + name + "' has shape " + shape_text(t.shape) + ", the config needs " +
+                    shape_text(shape));
   return t;
 }
 

@@ -19,7 +19,9 @@ using nlohmann::json;
 }
 
 // A field that may be absent or null (Hugging Face writes null for "not set").
-bool present(const json& j, const char* key) { return j.contains(key) && !j.at(key).is_null(); }
+bool present(const json& j, const char* key) {
+  return j.contains(key) && !j.at(key).is_null();
+}
 
 int64_t get_int(const json& j, const char* key, const std::string& source, bool required,
                 int64_t fallback) {
@@ -202,12 +204,12 @@ std::string ModelConfig::to_json() const {
   j["rms_norm_eps"] = rms_norm_eps;
   j["rope_theta"] = rope_theta;
   if (rope_scaling.type == "llama3") {
-    j["rope_scaling"] = {{"rope_type", "llama3"},
-                         {"factor", rope_scaling.factor},
-                         {"low_freq_factor", rope_scaling.low_freq_factor},
-                         {"high_freq_factor", rope_scaling.high_freq_factor},
-                         {"original_max_position_embeddings",
-                          rope_scaling.original_max_position_embeddings}};
+    j["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", rope_scaling.factor},
+        {"low_freq_factor", rope_scaling.low_freq_factor},
+        {"high_freq_factor", rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
   } else {
     j["rope_scaling"] = nullptr;
   }

@@ -39,7 +39,7 @@ struct ModelConfig {
   // Mistral's sliding window: a token sees itself and the sliding_window - 1 keys before it.
   // 0: none (Llama; Mistral v0.2+ gives null; Qwen2 unless use_sliding_window).
   int64_t sliding_window = 0;
-  int32_t bos_token_id = -1;    // -1: none given
+  int32_t bos_token_id = -1;  // -1: none given
   int32_t eos_token_id = -1;
   std::string torch_dtype = "bfloat16";
 

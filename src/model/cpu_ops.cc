@@ -1,11 +1,14 @@
 #include "model/cpu_ops.h"
 
+#if FLASHSERVE_WITH_BLAS
 #include <cblas.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
 
 #include "common/thread_pool.h"
+#include "flashserve/error.h"
 
 namespace flashserve::model::cpu {
 
@@ -24,9 +27,14 @@ void for_rows(int64_t rows, int64_t cost_per_row,
 
 void linear(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, float beta) {
   if (m == 0 || n == 0) return;
+#if FLASHSERVE_WITH_BLAS
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), 1.0f, x, static_cast<int>(k), w, static_cast<int>(k), beta, y,
               static_cast<int>(n));
+#else
+  (void)x, (void)w, (void)y, (void)k, (void)beta;
+  throw Error(ErrorKind::kUnsupported, "cpu", "built without OpenBLAS");
+#endif
 }
 
 void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t width,

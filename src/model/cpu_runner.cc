@@ -78,8 +78,8 @@ class CpuRunner final : public ModelRunner {
                   "num_blocks and block_size must be positive");
     num_blocks_ = num_blocks;
     block_size_ = block_size;
-    const size_t per_pool =
-        static_cast<size_t>(num_blocks * block_size * config_.num_key_value_heads * config_.head_dim);
+    const size_t per_pool = static_cast<size_t>(num_blocks * block_size *
+                                                config_.num_key_value_heads * config_.head_dim);
     kv_.assign(static_cast<size_t>(config_.num_hidden_layers) * 2, {});
     for (auto& pool : kv_) pool.assign(per_pool, 0.0f);
   }
@@ -92,17 +92,17 @@ class CpuRunner final : public ModelRunner {
                               const std::vector<SamplingParams>& params) override {
     const int64_t rows = static_cast<int64_t>(b.sample_rows.size());
     if (static_cast<int64_t>(params.size()) != rows)
-      throw Error(ErrorKind::kInvalidArgument, "params",
-                  std::to_string(params.size()) + " given for " + std::to_string(rows) +
-                      " sample rows");
+      throw Error(
+          ErrorKind::kInvalidArgument, "params",
+          std::to_string(params.size()) + " given for " + std::to_string(rows) + " sample rows");
     if (rows != logits_rows_)
       throw Error(ErrorKind::kInvalidArgument, "batch", "is not the batch of the last forward");
     std::vector<int32_t> out(static_cast<size_t>(rows));
     for (int64_t i = 0; i < rows; ++i) {
       params[i].validate();
       const float u = sample_uniform(params[i].seed, b.positions[b.sample_rows[i]] + 1);
-      out[i] = sample_token(logits_.data() + i * config_.vocab_size, config_.vocab_size, params[i],
-                            u);
+      out[i] =
+          sample_token(logits_.data() + i * config_.vocab_size, config_.vocab_size, params[i], u);
     }
     return out;
   }
@@ -137,9 +137,9 @@ void CpuRunner::check_fits(const ForwardBatch& b) const {
   }
   for (int32_t id : b.block_table)
     if (id < 0 || id >= num_blocks_)
-      throw Error(ErrorKind::kInvalidArgument, "batch.block_table",
-                  "block " + std::to_string(id) + " is outside the pool of " +
-                      std::to_string(num_blocks_));
+      throw Error(
+          ErrorKind::kInvalidArgument, "batch.block_table",
+          "block " + std::to_string(id) + " is outside the pool of " + std::to_string(num_blocks_));
   for (int64_t i = 0; i < b.batch; ++i)
     if (b.seqused_k[i] > b.pages_per_seq * block_size_)
       throw Error(ErrorKind::kInvalidArgument, "batch.block_table",
@@ -216,6 +216,10 @@ void CpuRunner::forward(const ForwardBatch& b) {
 }  // namespace
 
 std::unique_ptr<ModelRunner> make_cpu_runner(const std::string& dir) {
+#if !FLASHSERVE_WITH_BLAS
+  throw Error(ErrorKind::kUnsupported, "device",
+              "cpu: this flashserve is built without OpenBLAS (apt-get install libopenblas-dev)");
+#endif
   return std::make_unique<CpuRunner>(dir);
 }
 

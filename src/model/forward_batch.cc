@@ -33,7 +33,8 @@ void ForwardBatch::validate() const {
     if (q_len < 0) bad("cu_seqlens_q", "decreases at " + entry);
     if (q_len > max_seqlen_q) bad("max_seqlen_q", entry + " has " + std::to_string(q_len));
     if (seqused_k[b] < q_len) bad("seqused_k", entry + ": fewer keys than new tokens");
-    if (seqused_k[b] > max_seqlen_k) bad("max_seqlen_k", entry + " has " + std::to_string(seqused_k[b]));
+    if (seqused_k[b] > max_seqlen_k)
+      bad("max_seqlen_k", entry + " has " + std::to_string(seqused_k[b]));
     // The new tokens are the last q_len of the kv_len: their positions are fixed by that.
     for (int64_t t = 0; t < q_len; ++t)
       if (positions[cu_seqlens_q[b] + t] != seqused_k[b] - q_len + t)
@@ -86,9 +87,8 @@ ForwardBatch ForwardBatchBuilder::build() && {
   b_.block_table.reserve(static_cast<size_t>(b_.batch * b_.pages_per_seq));
   for (const auto& table : tables_)
     for (int64_t j = 0; j < b_.pages_per_seq; ++j)
-      b_.block_table.push_back(j < static_cast<int64_t>(table.size())
-                                   ? table[j]
-                                   : (table.empty() ? 0 : table[0]));
+      b_.block_table.push_back(
+          j < static_cast<int64_t>(table.size()) ? table[j] : (table.empty() ? 0 : table[0]));
   return std::move(b_);
 }
 

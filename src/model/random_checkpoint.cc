@@ -105,10 +105,9 @@ uint64_t write_random_checkpoint(const ModelConfig& config, const std::string& d
   nlohmann::json weight_map = nlohmann::json::object();
   for (size_t s = 0; s < shards.size(); ++s) {
     const std::string name = sharded ? shard_name(s, shards.size()) : "model.safetensors";
-    writers.push_back(std::make_unique<SafetensorsWriter>((fsys::path(dir) / name).string(),
-                                                          shards[s],
-                                                          std::map<std::string, std::string>{
-                                                              {"format", "pt"}}));
+    writers.push_back(
+        std::make_unique<SafetensorsWriter>((fsys::path(dir) / name).string(), shards[s],
+                                            std::map<std::string, std::string>{{"format", "pt"}}));
     for (const auto& spec : shards[s]) weight_map[spec.name] = name;
   }
 
@@ -135,7 +134,8 @@ uint64_t write_random_checkpoint(const ModelConfig& config, const std::string& d
     uint8_t* buf = buffers[worker].data();
     for (uint64_t i = it.begin; i < it.end; ++i) {
       // 24 random bits -> uniform in [-1, 1).
-      const float r = static_cast<float>(splitmix64(stream + i) >> 40) * (2.0f / 16777216.0f) - 1.0f;
+      const float r =
+          static_cast<float>(splitmix64(stream + i) >> 40) * (2.0f / 16777216.0f) - 1.0f;
       const float v = d.center + d.half_width * r;
       store_float(buf, static_cast<int64_t>(i - it.begin), o.dtype, v);
     }

@@ -26,7 +26,7 @@ namespace flashserve::model {
 
 struct RandomCheckpointOptions {
   uint64_t seed = 0;
-  DType dtype = DType::kBFloat16;           // kBFloat16 | kFloat16 | kFloat32
+  DType dtype = DType::kBFloat16;            // kBFloat16 | kFloat16 | kFloat32
   uint64_t max_shard_bytes = 5000000000ull;  // transformers' default max_shard_size, "5GB"
 };
 

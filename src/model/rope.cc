@@ -9,7 +9,8 @@ std::vector<double> rope_inv_freq(const ModelConfig& c) {
   const int64_t half = c.head_dim / 2;
   std::vector<double> f(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i)
-    f[i] = 1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(c.head_dim));
+    f[i] =
+        1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(c.head_dim));
   if (c.rope_scaling.type != "llama3") return f;
   // Llama 3: wavelengths longer than the original context / low_freq_factor are slowed down by
   // `factor`, those shorter than original / high_freq_factor are kept, and the band between is a

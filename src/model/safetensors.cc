@@ -32,21 +32,22 @@ size_t element_bytes(const std::string& dtype) {
   if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
   if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
   if (dtype == "F16" || dtype == "BF16" || dtype == "I16" || dtype == "U16") return 2;
-  if (dtype == "I8" || dtype == "U8" || dtype == "BOOL" || dtype == "F8_E4M3" ||
-      dtype == "F8_E5M2")
+  if (dtype == "I8" || dtype == "U8" || dtype == "BOOL" || dtype == "F8_E4M3" || dtype == "F8_E5M2")
     return 1;
   return 0;
 }
 
-std::string shape_str(const std::vector<int64_t>& shape) {
+std::string errno_str() {
+  return std::strerror(errno);
+}
+
+}  // namespace
+
+std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
 }
-
-std::string errno_str() { return std::strerror(errno); }
-
-}  // namespace
 
 int64_t TensorInfo::numel() const {
   int64_t n = 1;
@@ -83,8 +84,8 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size < 8) {
     ::close(fd);
-    bad(path, "truncated: " + std::to_string(size) +
-                  " bytes, too short for the 8-byte header length");
+    bad(path,
+        "truncated: " + std::to_string(size) + " bytes, too short for the 8-byte header length");
   }
   void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);  // the mapping keeps the file
@@ -152,7 +153,7 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
                     " bytes): truncated file?");
     if (e.end - e.begin != numel * esize)
       bad(path, where + offs + " hold " + std::to_string(e.end - e.begin) + " bytes, but " +
-                    e.dtype + " " + shape_str(e.shape) + " needs " +
+                    e.dtype + " " + shape_text(e.shape) + " needs " +
                     std::to_string(numel * esize));
     f->entries_.emplace(name, std::move(e));
   }

@@ -101,6 +101,9 @@ class SafetensorsWriter {
   std::map<std::string, std::pair<size_t, size_t>> ranges_;  // name -> [begin, end) in data
 };
 
+// "[4096, 128]": a shape as errors print it.
+std::string shape_text(const std::vector<int64_t>& shape);
+
 // Spelling of a dtype in safetensors headers ("F32", "F16", "BF16", "F64", "I32").
 const char* safetensors_dtype(DType dtype);
 

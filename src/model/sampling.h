@@ -6,9 +6,10 @@
 //   p = softmax(logits / temperature); order the tokens by logit descending (so by p), ties by
 //   lower index;
 //   keep the first top_k of that order (top_k 0: all); then keep the shortest prefix whose mass
-//   is >= top_p times the mass of those top_k (at least one token); renormalise over the kept set and return the first kept
-//   token (in that order) whose cumulative mass exceeds u * kept_mass, u = sample_uniform(seed,
-//   position of the token being sampled); the last kept token if rounding leaves none.
+//   is >= top_p times the mass of those top_k (at least one token); renormalise over the kept set
+//   and return the first kept token (in that order) whose cumulative mass exceeds u * kept_mass, u
+//   = sample_uniform(seed, position of the token being sampled); the last kept token if rounding
+//   leaves none.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // The tensors a checkpoint of a ModelConfig holds: Hugging Face's names and shapes. One list, used
-// by every loader (CPU and GPU runners, to check a directory) and by make-checkpoint (to write one),
-// so the two cannot disagree.
+// by every loader (CPU and GPU runners, to check a directory) and by make-checkpoint (to write
+// one), so the two cannot disagree.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +24,7 @@ struct WeightSpec {
   std::string name;
   std::vector<int64_t> shape;
   WeightRole role = WeightRole::kLinear;
-  int64_t fan_in = 0;           // kLinear / kLmHead: the input width
+  int64_t fan_in = 0;            // kLinear / kLmHead: the input width
   bool residual_branch = false;  // o_proj and down_proj: their output is added to the residual
 };
 

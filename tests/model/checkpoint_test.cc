@@ -110,7 +110,8 @@ TEST(Checkpoint, RandomWeightsKeepActivationsInRangeThroughEveryLayer) {
     std::vector<int32_t> tokens(48);
     for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % c.vocab_size);
     const testing::RefTrace tr = testing::ref_forward(ref, tokens);
-    const double first = c.tie_word_embeddings ? 3 / std::sqrt(static_cast<double>(c.hidden_size)) : 1.0;
+    const double first =
+        c.tie_word_embeddings ? 3 / std::sqrt(static_cast<double>(c.hidden_size)) : 1.0;
     for (size_t l = 0; l < tr.layer_rms.size(); ++l) {
       EXPECT_GT(tr.layer_rms[l], 0.5 * first) << "layer " << l;
       EXPECT_LT(tr.layer_rms[l], 2.5) << "layer " << l;
@@ -122,6 +123,7 @@ TEST(Checkpoint, RandomWeightsKeepActivationsInRangeThroughEveryLayer) {
     EXPECT_GT(rms, 1.5);
     EXPECT_LT(rms, 6.0);
 
+    if (!kHaveBlas) continue;
     auto runner = make_cpu_runner(dir);
     runner->allocate_kv(4, 16);
     ForwardBatchBuilder b(16);
@@ -148,7 +150,8 @@ std::string broken_copy(const std::string& tag,
   std::vector<TensorToWrite> ts;
   for (const auto& name : ck.names()) {
     const TensorInfo t = ck.tensor(name);
-    keep.emplace_back(static_cast<const uint8_t*>(t.data), static_cast<const uint8_t*>(t.data) + t.bytes);
+    keep.emplace_back(static_cast<const uint8_t*>(t.data),
+                      static_cast<const uint8_t*>(t.data) + t.bytes);
     ts.push_back({name, t.dtype, t.shape, keep.back().data(), t.bytes});
   }
   edit(ts);
@@ -158,7 +161,7 @@ std::string broken_copy(const std::string& tag,
 }
 
 void expect_refused(const std::string& dir, std::vector<std::string> mentions) {
-  for (int via_runner = 0; via_runner < 2; ++via_runner) {
+  for (int via_runner = 0; via_runner < (kHaveBlas ? 2 : 1); ++via_runner) {
     try {
       if (via_runner)
         make_cpu_runner(dir);
@@ -176,40 +179,53 @@ TEST(Checkpoint, BrokenDirectoriesAreRefusedNamingFileAndTensor) {
   std::vector<std::vector<uint8_t>> keep;
   keep.reserve(64);
   const std::string norm = "model.layers.0.post_attention_layernorm.weight";
-  std::string dir = broken_copy("missing", [&](auto& ts) {
-    std::erase_if(ts, [&](const TensorToWrite& t) { return t.name == norm; });
-  }, keep);
+  std::string dir = broken_copy(
+      "missing",
+      [&](auto& ts) { std::erase_if(ts, [&](const TensorToWrite& t) { return t.name == norm; }); },
+      keep);
   expect_refused(dir, {norm, "missing"});
-  dir = broken_copy("unexpected", [&](auto& ts) {
-    TensorToWrite extra = ts.back();
-    extra.name = "model.layers.1.mlp.up_proj.weight";  // a layer the config does not have
-    ts.push_back(extra);
-  }, keep);
+  dir = broken_copy(
+      "unexpected",
+      [&](auto& ts) {
+        TensorToWrite extra = ts.back();
+        extra.name = "model.layers.1.mlp.up_proj.weight";  // a layer the config does not have
+        ts.push_back(extra);
+      },
+      keep);
   expect_refused(dir, {"model.layers.1.mlp.up_proj.weight", "unexpected", "model.safetensors"});
-  dir = broken_copy("shape", [&](auto& ts) {
-    for (auto& t : ts)
-      if (t.name == "model.layers.0.mlp.down_proj.weight") std::swap(t.shape[0], t.shape[1]);
-  }, keep);
+  dir = broken_copy(
+      "shape",
+      [&](auto& ts) {
+        for (auto& t : ts)
+          if (t.name == "model.layers.0.mlp.down_proj.weight") std::swap(t.shape[0], t.shape[1]);
+      },
+      keep);
   expect_refused(dir, {"model.layers.0.mlp.down_proj.weight", "[512, 256]", "[256, 512]",
                        "model.safetensors"});
-  dir = broken_copy("dtype", [&](auto& ts) {
-    for (auto& t : ts)
-      if (t.name == norm) t.dtype = DType::kInt32;
-  }, keep);
+  dir = broken_copy(
+      "dtype",
+      [&](auto& ts) {
+        for (auto& t : ts)
+          if (t.name == norm) t.dtype = DType::kInt32;
+      },
+      keep);
   expect_refused(dir, {norm, "I32"});
 
   // The index names a shard file that is absent, and a tensor its shard lacks.
-  dir = broken_copy("index", [](auto&) {}, keep);
+  dir = broken_copy(
+      "index", [](auto&) {}, keep);
   fsys::rename(dir + "/model.safetensors", dir + "/model-00001-of-00001.safetensors");
   {
     nlohmann::json idx = {{"metadata", {{"total_size", 0}}},
-                          {"weight_map", {{"model.norm.weight", "model-00001-of-00001.safetensors"},
-                                          {"model.ghost.weight", "model-00001-of-00001.safetensors"}}}};
+                          {"weight_map",
+                           {{"model.norm.weight", "model-00001-of-00001.safetensors"},
+                            {"model.ghost.weight", "model-00001-of-00001.safetensors"}}}};
     std::ofstream(dir + "/model.safetensors.index.json") << idx.dump();
   }
   expect_refused(dir, {"model.ghost.weight", "model-00001-of-00001.safetensors"});
   {
-    nlohmann::json idx = {{"weight_map", {{"model.norm.weight", "model-00002-of-00002.safetensors"}}}};
+    nlohmann::json idx = {
+        {"weight_map", {{"model.norm.weight", "model-00002-of-00002.safetensors"}}}};
     std::ofstream(dir + "/model.safetensors.index.json") << idx.dump();
   }
   expect_refused(dir, {"model-00002-of-00002.safetensors", "cannot be opened"});

@@ -164,9 +164,10 @@ TEST(Config, ToJsonReadsBackToTheSameConfig) {
 TEST(Config, PresetParameterCountsMatchThePublishedTotals) {
   // Totals in the safetensors metadata of the published checkpoints (norms included; a tied head
   // counted once).
-  const std::pair<const char*, int64_t> published[] = {
-      {"qwen2-0.5b", 494032768}, {"llama-3-8b", 8030261248}, {"mistral-7b", 7241732096},
-      {"llama-2-70b", 68976648192}};
+  const std::pair<const char*, int64_t> published[] = {{"qwen2-0.5b", 494032768},
+                                                       {"llama-3-8b", 8030261248},
+                                                       {"mistral-7b", 7241732096},
+                                                       {"llama-2-70b", 68976648192}};
   for (const auto& [name, total] : published) {
     int64_t n = 0;
     for (const auto& w : weight_specs(preset_config(name)))

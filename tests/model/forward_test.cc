@@ -80,7 +80,8 @@ std::vector<Seq> make_seqs(std::mt19937_64& rng, const std::vector<int64_t>& len
   for (int64_t len : lens) {
     Seq s;
     for (int64_t t = 0; t < len; ++t) s.tokens.push_back(tok(rng));
-    for (int64_t b = 0; b < (capacity + block_size - 1) / block_size; ++b) s.blocks.push_back(ids[next++]);
+    for (int64_t b = 0; b < (capacity + block_size - 1) / block_size; ++b)
+      s.blocks.push_back(ids[next++]);
     seqs.push_back(std::move(s));
   }
   *num_blocks = total;
@@ -110,6 +111,7 @@ constexpr double kRelTol = 3e-5;
 class CpuForward : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CpuForward, MatchesFloat64ReferenceOverPrefillAndDecodeSteps) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
   const uint64_t seed = testing::test_seed();
   SCOPED_TRACE("FLASHSERVE_TEST_SEED=" + std::to_string(seed));
   std::mt19937_64 rng(seed);
@@ -127,8 +129,8 @@ TEST_P(CpuForward, MatchesFloat64ReferenceOverPrefillAndDecodeSteps) {
     const std::vector<int64_t> lens = {1, 17, 33};
     const int64_t decode_steps = 3;
     int64_t num_blocks = 0;
-    std::vector<Seq> seqs = make_seqs(rng, lens, c.vocab_size, block_size, 33 + decode_steps,
-                                      &num_blocks);
+    std::vector<Seq> seqs =
+        make_seqs(rng, lens, c.vocab_size, block_size, 33 + decode_steps, &num_blocks);
     runner->allocate_kv(num_blocks, block_size);
     // Step 0: every prompt whole. Then decode steps, each token drawn at random (not sampled: the
     // logits are what is checked).
@@ -165,6 +167,7 @@ INSTANTIATE_TEST_SUITE_P(Architectures, CpuForward,
 // later decode, to float32 rounding (the chunks change only the GEMMs' row counts and the order of
 // the attention's key blocks).
 TEST(CpuForwardChunking, ChunkedPrefillEqualsWholePrefill) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
   const uint64_t seed = testing::test_seed();
   SCOPED_TRACE("FLASHSERVE_TEST_SEED=" + std::to_string(seed));
   std::mt19937_64 rng(seed);
@@ -180,8 +183,8 @@ TEST(CpuForwardChunking, ChunkedPrefillEqualsWholePrefill) {
   const int64_t prompt_len = 61, decodes = 4;
   int64_t num_blocks = 0;
   // Sequence 0 is the prompt under test; 1 and 2 are running decodes in the chunked runner.
-  std::vector<Seq> seqs = make_seqs(rng, {prompt_len, 9, 20}, c.vocab_size, bs,
-                                    prompt_len + 64, &num_blocks);
+  std::vector<Seq> seqs =
+      make_seqs(rng, {prompt_len, 9, 20}, c.vocab_size, bs, prompt_len + 64, &num_blocks);
   whole->allocate_kv(num_blocks, bs);
   chunked->allocate_kv(num_blocks, bs);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
@@ -196,7 +199,8 @@ TEST(CpuForwardChunking, ChunkedPrefillEqualsWholePrefill) {
   // three chunks), each step also decoding sequences 1 and 2.
   {
     ForwardBatchBuilder b(bs);
-    for (int i : {1, 2}) b.add(seqs[i].tokens.data(), 0, seqs[i].tokens.size(), seqs[i].blocks, true);
+    for (int i : {1, 2})
+      b.add(seqs[i].tokens.data(), 0, seqs[i].tokens.size(), seqs[i].blocks, true);
     chunked->forward(std::move(b).build());
   }
   std::vector<int64_t> cuts = {0, prompt_len};
@@ -231,7 +235,8 @@ TEST(CpuForwardChunking, ChunkedPrefillEqualsWholePrefill) {
     EXPECT_LE(max_abs, kRelTol * rms) << when << ": max |diff| " << max_abs << ", RMS " << rms;
   };
   check(want, got, "after the prompt");
-  // Then decodes of sequence 0 on both runners: its cache written in chunks must read back the same.
+  // Then decodes of sequence 0 on both runners: its cache written in chunks must read back the
+  // same.
   for (int64_t step = 0; step < decodes; ++step) {
     seqs[0].tokens.push_back(tok(rng));
     const int64_t n = static_cast<int64_t>(seqs[0].tokens.size());
@@ -245,6 +250,7 @@ TEST(CpuForwardChunking, ChunkedPrefillEqualsWholePrefill) {
 }
 
 TEST(CpuForwardErrors, BatchesThatDoNotFitThePoolOrModelAreRefused) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
   const std::string dir = fresh_dir("err");
   write_random_checkpoint(small_config("llama"), dir, {});
   auto r = make_cpu_runner(dir);

@@ -100,14 +100,16 @@ inline std::vector<double> ref_rmsnorm(const std::vector<double>& x, const std::
 inline std::vector<double> ref_inv_freq(const ModelConfig& c) {
   const int64_t d = c.head_dim;
   std::vector<double> f;
-  for (int64_t i = 0; i < d; i += 2) f.push_back(std::pow(c.rope_theta, -static_cast<double>(i) / d));
+  for (int64_t i = 0; i < d; i += 2)
+    f.push_back(std::pow(c.rope_theta, -static_cast<double>(i) / d));
   if (c.rope_scaling.type == "llama3") {
     const auto& s = c.rope_scaling;
     const double old = static_cast<double>(s.original_max_position_embeddings);
     for (double& x : f) {
       const double wl = 2 * std::numbers::pi / x;
       const double scaled = wl > old / s.low_freq_factor ? x / s.factor : x;
-      const double smooth = (old / wl - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      const double smooth =
+          (old / wl - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
       const bool medium = !(wl < old / s.high_freq_factor) && !(wl > old / s.low_freq_factor);
       x = medium ? (1 - smooth) * scaled / s.factor + smooth * scaled : scaled;
     }
@@ -131,8 +133,8 @@ inline void ref_rope(std::vector<double>& v, int64_t heads, int64_t d, int64_t p
 
 struct RefTrace {
   std::vector<std::vector<double>> logits;  // [position][vocab]
-  std::vector<double> layer_rms;            // RMS of the residual stream after each layer (all tokens)
-  double max_abs_activation = 0;            // over every intermediate value
+  std::vector<double> layer_rms;  // RMS of the residual stream after each layer (all tokens)
+  double max_abs_activation = 0;  // over every intermediate value
 };
 
 // The whole sequence `tokens` from position 0: logits at every position.
@@ -163,7 +165,8 @@ inline RefTrace ref_forward(const RefModel& m, const std::vector<int32_t>& token
     }
     for (int64_t t = 0; t < n; ++t) {
       std::vector<double> attn(static_cast<size_t>(hq * d), 0.0);
-      const int64_t first = c.sliding_window > 0 ? std::max<int64_t>(0, t - c.sliding_window + 1) : 0;
+      const int64_t first =
+          c.sliding_window > 0 ? std::max<int64_t>(0, t - c.sliding_window + 1) : 0;
       for (int64_t h = 0; h < hq; ++h) {
         const int64_t g = h / (hq / hkv);
         std::vector<double> s;
@@ -196,7 +199,8 @@ inline RefTrace ref_forward(const RefModel& m, const std::vector<int32_t>& token
     tr.layer_rms.push_back(std::sqrt(ss / static_cast<double>(n * H)));
   }
   for (int64_t t = 0; t < n; ++t)
-    tr.logits.push_back(ref_matvec(m.head, ref_rmsnorm(x[t], m.norm, c.rms_norm_eps), c.vocab_size));
+    tr.logits.push_back(
+        ref_matvec(m.head, ref_rmsnorm(x[t], m.norm, c.rms_norm_eps), c.vocab_size));
   return tr;
 }
 

@@ -38,11 +38,14 @@ void expect_refused(const std::string& path, std::vector<std::string> mentions,
     const std::string what = e.what();
     EXPECT_EQ(e.kind(), kind) << what;
     mentions.push_back(path);
-    for (const auto& m : mentions) EXPECT_NE(what.find(m), std::string::npos) << m << " in: " << what;
+    for (const auto& m : mentions)
+      EXPECT_NE(what.find(m), std::string::npos) << m << " in: " << what;
   }
 }
 
-std::string bytes(size_t n) { return std::string(n, '\x3f'); }
+std::string bytes(size_t n) {
+  return std::string(n, '\x3f');
+}
 
 TEST(Safetensors, ReadsAHandCraftedFile) {
   // Two tensors, an unaligned header length (the reader must not assume 8-byte padding) and
@@ -81,25 +84,23 @@ TEST(Safetensors, MalformedFilesAreRefusedNamingFileAndTensor) {
   expect_refused(write_raw("{\"w\": {\"dtype\": ", ""), {"JSON"});         // bad JSON
   expect_refused(write_raw("[1,2,3]", ""), {"object"});
   expect_refused(write_raw(ok, bytes(10)), {"'w'", "past the end"});  // data truncated
-  expect_refused(write_raw(R"({"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,16]}})",
-                           bytes(16)),
-                 {"'w'", "needs 24"});  // shape does not match the offsets
-  expect_refused(write_raw(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[16,0]}})",
-                           bytes(16)),
-                 {"'w'", "end before begin"});
+  expect_refused(
+      write_raw(R"({"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,16]}})", bytes(16)),
+      {"'w'", "needs 24"});  // shape does not match the offsets
+  expect_refused(
+      write_raw(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[16,0]}})", bytes(16)),
+      {"'w'", "end before begin"});
   expect_refused(write_raw(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},)"
                            R"("v":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}})",
                            bytes(20)),
                  {"'v'", "'w'", "overlap"});
-  expect_refused(write_raw(R"({"w":{"dtype":"F33","shape":[4],"data_offsets":[0,16]}})",
-                           bytes(16)),
+  expect_refused(write_raw(R"({"w":{"dtype":"F33","shape":[4],"data_offsets":[0,16]}})", bytes(16)),
                  {"'w'", "F33"});  // not a dtype at all
-  expect_refused(write_raw(R"({"w":{"dtype":"I64","shape":[2],"data_offsets":[0,16]}})",
-                           bytes(16)),
+  expect_refused(write_raw(R"({"w":{"dtype":"I64","shape":[2],"data_offsets":[0,16]}})", bytes(16)),
                  {"'w'", "I64"}, ErrorKind::kUnsupported);  // a dtype we do not compute in
-  expect_refused(write_raw(R"({"w":{"dtype":"F32","shape":[-4],"data_offsets":[0,16]}})",
-                           bytes(16)),
-                 {"'w'", "shape"});
+  expect_refused(
+      write_raw(R"({"w":{"dtype":"F32","shape":[-4],"data_offsets":[0,16]}})", bytes(16)),
+      {"'w'", "shape"});
   expect_refused(write_raw(R"({"w":{"dtype":"F32","shape":[4]}})", bytes(16)), {"'w'"});
   expect_refused(write_raw(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0]}})", bytes(16)),
                  {"'w'", "data_offsets"});

@@ -37,7 +37,8 @@ int64_t rank_of(const std::vector<float>& l, int64_t t) {
 
 // The kept set's probabilities by rank: softmax(l / T) over the top k, cut where the mass of the
 // ranks before reaches top_p of it. Computed with a full sort, unlike the sampler's partial one.
-std::vector<std::pair<int32_t, double>> kept_set(const std::vector<float>& l, const SamplingParams& p) {
+std::vector<std::pair<int32_t, double>> kept_set(const std::vector<float>& l,
+                                                 const SamplingParams& p) {
   std::vector<int32_t> idx(l.size());
   std::iota(idx.begin(), idx.end(), 0);
   std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
@@ -73,7 +74,7 @@ TEST(Sampling, GreedyIsTheFirstArgmax) {
     int64_t want = 0;
     for (int64_t i = 1; i < n; ++i)
       if (l[i] > l[want]) want = i;
-    SamplingParams p;  // temperature 0
+    SamplingParams p;     // temperature 0
     p.top_k = trial % 5;  // greedy ignores top-k / top-p
     EXPECT_EQ(sample_token(l.data(), n, p, 0.999f), want);
   }
@@ -91,7 +92,8 @@ TEST(Sampling, TopKAndTopPNeverPickOutsideTheirSetAndReachItsEdge) {
       for (float& x : l) x = std::round(x * 2) / 2;
     SamplingParams p;
     p.temperature = std::uniform_real_distribution<float>(0.2f, 2.0f)(rng);
-    p.top_k = trial % 2 ? static_cast<int32_t>(std::uniform_int_distribution<int64_t>(1, n)(rng)) : 0;
+    p.top_k =
+        trial % 2 ? static_cast<int32_t>(std::uniform_int_distribution<int64_t>(1, n)(rng)) : 0;
     p.top_p = trial % 4 < 2 ? std::uniform_real_distribution<float>(0.05f, 1.0f)(rng) : 1.0f;
     const auto kept = kept_set(l, p);
     std::set<int32_t> allowed;
@@ -99,9 +101,9 @@ TEST(Sampling, TopKAndTopPNeverPickOutsideTheirSetAndReachItsEdge) {
     for (int draw = 0; draw < 50; ++draw) {
       const float u = std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
       const int32_t t = sample_token(l.data(), n, p, u);
-      ASSERT_TRUE(allowed.count(t)) << "token " << t << " (rank " << rank_of(l, t) << ") outside the "
-                                    << allowed.size() << " allowed; top_k " << p.top_k
-                                    << " top_p " << p.top_p;
+      ASSERT_TRUE(allowed.count(t))
+          << "token " << t << " (rank " << rank_of(l, t) << ") outside the " << allowed.size()
+          << " allowed; top_k " << p.top_k << " top_p " << p.top_p;
     }
     // The extremes of u pick the first and the last token of the kept set (the last when its
     // probability is above u's resolution of 2^-24).
@@ -135,8 +137,8 @@ TEST(Sampling, DrawsFollowTheTemperedSoftmaxOfTheKeptSet) {
     int32_t top_k;
     float top_p;
   };
-  for (const Case& k : {Case{1.0f, 0, 1.0f}, Case{0.5f, 0, 1.0f}, Case{2.0f, 6, 1.0f},
-                        Case{0.8f, 0, 0.7f}}) {
+  for (const Case& k :
+       {Case{1.0f, 0, 1.0f}, Case{0.5f, 0, 1.0f}, Case{2.0f, 6, 1.0f}, Case{0.8f, 0, 0.7f}}) {
     SamplingParams p;
     p.temperature = k.temperature;
     p.top_k = k.top_k;
@@ -154,8 +156,9 @@ TEST(Sampling, DrawsFollowTheTemperedSoftmaxOfTheKeptSet) {
     }
     // The 1e-6 quantile of chi-square with up to 9 degrees of freedom is below 45; a sampler off
     // by one rank, or tempering by T^2, lands in the thousands at 200000 draws.
-    if (kept.size() > 1) EXPECT_LT(chi_square(counts, probs, draws), 45.0)
-        << "T " << p.temperature << " top_k " << p.top_k << " top_p " << p.top_p;
+    if (kept.size() > 1)
+      EXPECT_LT(chi_square(counts, probs, draws), 45.0)
+          << "T " << p.temperature << " top_k " << p.top_k << " top_p " << p.top_p;
   }
 }
 
@@ -196,6 +199,7 @@ TEST(Sampling, ParamsAreValidated) {
 }
 
 TEST(Sampling, SameSeedSameTokensThroughTheRunner) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
   const uint64_t seed = testing::test_seed();
   SCOPED_TRACE("FLASHSERVE_TEST_SEED=" + std::to_string(seed));
   const std::string dir = testing::fresh_dir("seed");

@@ -10,6 +10,15 @@
 #include <random>
 #include <string>
 
+// The tests that run the CPU runner skip in a build without OpenBLAS (CI always has it).
+#if FLASHSERVE_WITH_BLAS
+#define FLASHSERVE_SKIP_WITHOUT_BLAS() (void)0
+inline constexpr bool kHaveBlas = true;
+#else
+#define FLASHSERVE_SKIP_WITHOUT_BLAS() GTEST_SKIP() << "skipped: built without OpenBLAS"
+inline constexpr bool kHaveBlas = false;
+#endif
+
 namespace flashserve::model::testing {
 
 inline std::string fresh_dir(const std::string& tag) {
