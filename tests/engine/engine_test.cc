@@ -14,6 +14,7 @@
 #include "flashserve/error.h"
 #include "engine/model_executor.h"
 #include "engine/tiny_model.h"
+#include "model/test_dirs.h"
 
 namespace fe = flashserve::engine;
 namespace fs = flashserve::serve;
@@ -93,6 +94,7 @@ struct PolicySetup {
 };
 
 TEST(Engine, GreedyOutputsEqualEachRequestAloneUnderEveryPolicy) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
   std::mt19937_64 rng(5);
   const std::vector<Req> reqs = random_requests(rng, 12, 150, 64);
   auto alone_runner = flashserve::model::make_cpu_runner(tiny_dir());
@@ -177,6 +179,7 @@ fe::NewRequest request(int64_t len, int64_t max_tokens, int32_t first = 5) {
 }
 
 TEST(Engine, AbortMidPrefillAndMidDecodeFreesEveryBlock) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
   auto engine = tiny_engine(fs::Policy::kSarathi, 32, 256);
   const int64_t decoding = engine->add_request(request(20, 50));
   engine->step();  // its whole prompt (20 < 32): now decoding
@@ -211,6 +214,7 @@ TEST(Engine, AbortMidPrefillAndMidDecodeFreesEveryBlock) {
 }
 
 TEST(Engine, RefusedRequestsChangeNothing) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
   auto engine = tiny_engine(fs::Policy::kSarathi, 64, 256);
   engine->add_request(request(10, 5));
   engine->step();
@@ -245,6 +249,7 @@ TEST(Engine, RefusedRequestsChangeNothing) {
 }
 
 TEST(Engine, StopTokensAndEosEndARequestWithTheirReason) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
   auto runner = flashserve::model::make_cpu_runner(tiny_dir());
   const fe::NewRequest base = request(12, 20);
   const auto alone = fe::testing::generate_alone(*runner, base.prompt, 20);
@@ -393,6 +398,7 @@ TEST(Engine, ThousandsOfRandomAddAbortStepSequences) {
 }
 
 TEST(Engine, RandomAddAbortStepOnTheModel) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
   std::mt19937_64 rng(23);
   FuzzStats st;
   for (int round = 0; round < 2; ++round) {

@@ -10,6 +10,7 @@
 #include "engine/front_door.h"
 #include "engine/model_engine.h"
 #include "engine/tiny_model.h"
+#include "model/test_dirs.h"
 #include "flashserve/error.h"
 
 namespace fe = flashserve::engine;
@@ -50,6 +51,7 @@ fe::NewRequest request(int thread, int i) {
 }
 
 TEST(FrontDoor, ConcurrentSubmittersGetTheirOwnTokens) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
   auto runner = flashserve::model::make_cpu_runner(fe::testing::tiny_dir());
   constexpr int kThreads = 4, kPerThread = 3;
   std::vector<std::vector<std::vector<int32_t>>> want(kThreads), got(kThreads);
@@ -88,6 +90,7 @@ TEST(FrontDoor, ConcurrentSubmittersGetTheirOwnTokens) {
 }
 
 TEST(FrontDoor, DroppedStreamsAbortAndRefusalsAreSynchronous) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
   Fixture f = start(64);
   fe::NewRequest too_long = request(0, 0);
   too_long.max_tokens = 1000;
