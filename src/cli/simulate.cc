@@ -60,6 +60,30 @@ struct Options {
   double max_sched_delay = 2.0;
   std::string plot;
   bool verbose = false;
+  // Which options were given (a default and a given value of the same number differ here).
+  bool rate_given = false, overhead_given = false, num_blocks_given = false;
+};
+
+// Everything a run needs once the options are parsed: the cost model, the workload as a function
+// of the rate, and one engine configuration per policy.
+struct Study {
+  fs::ModelShape model;
+  std::unique_ptr<fs::CostModel> cost;
+  WorkloadSource workload;
+  std::vector<fs::Policy> policies;
+  std::vector<fe::SimConfig> configs;
+  int64_t num_blocks = 0, baseline_tokens = 0;
+  std::string at_rate;  // "2.000 req/s", or the trace's own times
+
+  fe::SimResult run(size_t policy, double rate) const {
+    return fe::simulate(workload.at(rate), configs[policy], *cost);
+  }
+};
+
+// Per policy: the capacity found, and whether the search hit its upper limit (a lower bound).
+struct Capacities {
+  std::vector<double> rate;
+  std::vector<bool> at_limit;
 };
 
 // The library's errors name its own fields; where a field's name is not its option's, say which
@@ -86,8 +110,9 @@ struct Options {
   throw e;
 }
 
-int simulate(int argc, char** argv) {
-  Options o;
+// Parses the command line into `o`; returns -1 to go on, else the exit status (--help, usage error).
+// Every option is used or refused.
+int parse_options(int argc, char** argv, Options& o) {
   CLI::App app{"Simulate serving with the real scheduler against a step-cost model"};
   // Ranges: what the models can mean, and what keeps every product of them (tokens x blocks,
   // requests x lengths) far inside int64 and the simulated clock inside double's precision.
@@ -147,7 +172,6 @@ int simulate(int argc, char** argv) {
   app.add_flag("--verbose", o.verbose,
                "print every rate the capacity search tried (+ met, - missed) and every metric");
   if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
-  // Every option is used or refused.
   const bool traced = !o.trace.empty();
   refuse_unless(policy_opt, !o.compare, "--compare runs every policy; drop --policy");
   refuse_unless(chunk_tile_opt, o.compare || o.policy == "sarathi",
@@ -163,18 +187,28 @@ int simulate(int argc, char** argv) {
   refuse_unless(cv_opt, !traced && o.arrival == "gamma", "only applies to --arrival gamma");
   for (auto* opt : {prompt_opt, output_opt})
     refuse_unless(opt, !traced && o.workload == "fixed", "only applies to --workload fixed");
-  const bool rate_given = rate_opt->count() > 0;
+  o.rate_given = rate_opt->count() > 0;
+  o.overhead_given = overhead_opt->count() > 0;
+  o.num_blocks_given = num_blocks_opt->count() > 0;
+  return -1;
+}
 
+// The cost model, the limits and KV cache, the workload and the engines' configurations; throws
+// (naming the field or option) before anything is printed.
+Study prepare(Options& o) {
+  Study st;
+  const bool traced = !o.trace.empty();
+  const bool rate_given = o.rate_given;
   // The cost model.
-  const fs::ModelShape model = fs::model_preset(o.model);
+  st.model = fs::model_preset(o.model);
+  const fs::ModelShape& model = st.model;
   fs::GpuSpec gpu = fs::gpu_preset(o.gpu);
   // Given means used, a negative value included (the cost model rejects it, naming the field).
-  if (overhead_opt->count() > 0) gpu.step_overhead_s = o.step_overhead_ms * 1e-3;
-  std::unique_ptr<fs::CostModel> cost;
+  if (o.overhead_given) gpu.step_overhead_s = o.step_overhead_ms * 1e-3;
   if (!o.profile.empty())
-    cost = std::make_unique<fs::ProfileCostModel>(fs::ProfileCostModel::load(o.profile));
+    st.cost = std::make_unique<fs::ProfileCostModel>(fs::ProfileCostModel::load(o.profile));
   else
-    cost = std::make_unique<fs::RooflineCostModel>(model, gpu);
+    st.cost = std::make_unique<fs::RooflineCostModel>(model, gpu);
 
   // Limits and the KV cache.
   if (o.max_model_len == 0) o.max_model_len = std::min<int64_t>(model.max_context, 16384);
@@ -182,8 +216,8 @@ int simulate(int argc, char** argv) {
     throw Error(ErrorKind::kInvalidArgument, "--max-model-len",
                 std::to_string(o.max_model_len) + " exceeds " + model.name + "'s context " +
                     std::to_string(model.max_context));
-  const int64_t num_blocks =
-      num_blocks_opt->count()
+  st.num_blocks =
+      o.num_blocks_given
           ? o.num_blocks  // checked by the BlockManager, naming num_blocks
           : fs::kv_blocks_for(model, gpu.memory_bytes, o.gpu_mem_util, o.block_size);
 
@@ -197,7 +231,8 @@ int simulate(int argc, char** argv) {
   spec.num_requests = o.requests;
   spec.max_model_len = o.max_model_len;
   spec.seed = o.seed;
-  const WorkloadSource workload = WorkloadSource::resolve(traced ? o.trace : o.workload, spec, traced);
+  st.workload = WorkloadSource::resolve(traced ? o.trace : o.workload, spec, traced);
+  const WorkloadSource& workload = st.workload;
   if (traced && !workload.is_trace())
     throw Error(ErrorKind::kInvalidArgument, "--trace",
                 o.trace + " is a length table; pass it as --workload");
@@ -212,38 +247,32 @@ int simulate(int argc, char** argv) {
   if (!as_recorded && !(o.rate > 0 && std::isfinite(o.rate)))
     throw Error(ErrorKind::kInvalidArgument, "--rate",
                 std::to_string(o.rate) + " must be positive and finite");
-  const std::string at_rate = as_recorded ? "its recorded arrival times" : fmt_s(o.rate) + " req/s";
-  auto requests_at = [&](double rate) { return workload.at(rate); };
+  st.at_rate = as_recorded ? "its recorded arrival times" : fmt_s(o.rate) + " req/s";
 
-  std::vector<fs::Policy> policies;
-  if (o.compare)
-    policies = fs::all_policies();
-  else
-    policies = {fs::parse_policy(o.policy)};
-  // The baselines never chunk, so one step must hold a whole prompt (vLLM's default is the same).
-  const int64_t baseline_tokens = std::max(o.budget, o.max_model_len);
-  std::vector<fe::SimConfig> configs;
-  for (fs::Policy p : policies) {
+  st.policies = o.compare ? fs::all_policies() : std::vector{fs::parse_policy(o.policy)};
+  // vllm and static never chunk, so one step must hold a whole prompt (vLLM's default is the same).
+  st.baseline_tokens = std::max(o.budget, o.max_model_len);
+  for (fs::Policy p : st.policies) {
     fe::SimConfig c;
     c.scheduler.policy = p;
-    c.scheduler.max_tokens_per_step = p == fs::Policy::kSarathi ? o.budget : baseline_tokens;
+    c.scheduler.max_tokens_per_step = p == fs::Policy::kSarathi ? o.budget : st.baseline_tokens;
     c.scheduler.max_running = p == fs::Policy::kOrca ? o.orca_batch : o.max_running;
     c.scheduler.max_model_len = o.max_model_len;
     c.scheduler.chunk_tile = o.chunk_tile;
-    c.num_blocks = num_blocks;
+    c.num_blocks = st.num_blocks;
     c.block_size = o.block_size;
     c.watermark = o.watermark;
     // Built once here so that a bad limit fails, naming its field, before anything is printed.
     fs::BlockManager blocks(c.num_blocks, c.block_size, c.watermark);
     fs::Scheduler::create(c.scheduler, blocks);
-    configs.push_back(c);
+    st.configs.push_back(c);
   }
-  auto sim_at = [&](size_t i, double rate) {
-    return fe::simulate(requests_at(rate), configs[i], *cost);
-  };
+  return st;
+}
 
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<fs::Request> base = requests_at(o.rate);
+// What is simulated: the cost model, the workload (checked against the limits) and the limits.
+void print_setup(const Study& st, const Options& o, const std::vector<fs::Request>& base) {
+  const WorkloadSource& workload = st.workload;
   int64_t ptok = 0, otok = 0;
   const std::string source = o.trace.empty() ? "workload" : o.trace;
   for (const auto& r : base) {
@@ -256,7 +285,7 @@ int simulate(int argc, char** argv) {
                       std::to_string(r.output_tokens) + " tokens exceeds --max-model-len " +
                       std::to_string(o.max_model_len));
   }
-  std::printf("cost model: %s\n", cost->describe().c_str());
+  std::printf("cost model: %s\n", st.cost->describe().c_str());
   std::printf(
       "workload: %s, %zu requests, mean prompt %.0f, mean output %.0f tokens, %s arrivals%s\n",
       workload.label.c_str(), base.size(),
@@ -268,47 +297,53 @@ int simulate(int argc, char** argv) {
       "max running %lld (orca: batch %lld), max model len %lld, KV cache %lld blocks x %d "
       "tokens\n",
       static_cast<long long>(o.budget), static_cast<long long>(o.chunk_tile),
-      static_cast<long long>(baseline_tokens), static_cast<long long>(o.max_running),
-      static_cast<long long>(o.orca_batch),
-      static_cast<long long>(o.max_model_len), static_cast<long long>(num_blocks), o.block_size);
+      static_cast<long long>(st.baseline_tokens), static_cast<long long>(o.max_running),
+      static_cast<long long>(o.orca_batch), static_cast<long long>(o.max_model_len),
+      static_cast<long long>(st.num_blocks), o.block_size);
+}
 
-  // Capacity first, so that the plot's sweep can span it.
-  fs::CapacityCriteria crit{o.slo_tbt, o.max_sched_delay};
-  std::vector<double> capacity(policies.size(), -1);
-  std::vector<bool> capacity_at_limit(policies.size(), false);
-  if (o.capacity) {
-    for (size_t i = 0; i < policies.size(); ++i) {
-      auto res =
-          fs::find_capacity([&](double rate) { return sim_at(i, rate).metrics; }, crit, o.rate);
-      capacity[i] = res.capacity;
-      capacity_at_limit[i] = res.at_limit;
-      if (o.verbose) {
-        std::printf("capacity search, %s:", fs::to_string(policies[i]));
-        for (const auto& p : res.probes) std::printf(" %.3f%s", p.rate, p.ok ? "+" : "-");
-        std::printf("  -> %s%.3f req/s\n", res.at_limit ? ">= " : "", res.capacity);
-      }
+// The capacity of every policy under the SLO, by bisection over simulations.
+Capacities search_capacity(const Study& st, const Options& o) {
+  const fs::CapacityCriteria crit{o.slo_tbt, o.max_sched_delay};
+  Capacities cap;
+  for (size_t i = 0; i < st.policies.size(); ++i) {
+    const auto res =
+        fs::find_capacity([&](double rate) { return st.run(i, rate).metrics; }, crit, o.rate);
+    cap.rate.push_back(res.capacity);
+    cap.at_limit.push_back(res.at_limit);
+    if (o.verbose) {
+      std::printf("capacity search, %s:", fs::to_string(st.policies[i]));
+      for (const auto& p : res.probes) std::printf(" %.3f%s", p.rate, p.ok ? "+" : "-");
+      std::printf("  -> %s%.3f req/s\n", res.at_limit ? ">= " : "", res.capacity);
     }
   }
+  return cap;
+}
 
+// The table at --rate (with the capacities when searched), the full metrics with --verbose, and
+// the TBT CDF.
+void report_at_rate(const Study& st, const Options& o, const std::vector<fs::Request>& base,
+                    const Capacities& cap) {
+  const auto& policies = st.policies;
+  const std::string& at_rate = st.at_rate;
   std::printf("\nat %s (P99 TBT SLO %.0f ms, P50 scheduling delay bound %.1f s):\n",
               at_rate.c_str(), o.slo_tbt * 1e3, o.max_sched_delay);
   print_metrics_header(o.capacity);
   fs::SvgPlot cdf;
-  cdf.title =
-      model.name + ", " + workload.label + ", " + at_rate + ": TBT CDF";
+  cdf.title = st.model.name + ", " + st.workload.label + ", " + at_rate + ": TBT CDF";
   cdf.x_label = "time between tokens (ms, log scale)";
   cdf.y_label = "fraction of gaps";
   cdf.log_x = true;
   std::vector<fs::ServingMetrics> all;
   for (size_t i = 0; i < policies.size(); ++i) {
-    const fe::SimResult r = fe::simulate(base, configs[i], *cost);
+    const fe::SimResult r = fe::simulate(base, st.configs[i], *st.cost);
     const auto& m = r.metrics;
     all.push_back(m);
     // At the search's upper limit the SLO was never missed: the capacity is a lower bound.
-    char cap[64] = "";
+    char capacity[64] = "";
     if (o.capacity)
-      std::snprintf(cap, sizeof cap, "%s%.3f", capacity_at_limit[i] ? ">= " : "", capacity[i]);
-    print_metrics_row(fs::to_string(policies[i]), m, r.steps, cap);
+      std::snprintf(capacity, sizeof capacity, "%s%.3f", cap.at_limit[i] ? ">= " : "", cap.rate[i]);
+    print_metrics_row(fs::to_string(policies[i]), m, r.steps, capacity);
     if (!o.plot.empty() && !m.tbt_samples.empty())
       cdf.series.push_back(tbt_cdf_series(fs::to_string(policies[i]), m));
   }
@@ -322,10 +357,15 @@ int simulate(int argc, char** argv) {
     cdf.write(path);
     std::printf("\nplot: %s\n", path.c_str());
   }
+}
 
-  if (o.plot.size() && o.capacity) {
-    // P99 TBT against the rate, around the largest capacity found.
-    const double top = std::max(*std::max_element(capacity.begin(), capacity.end()), o.rate);
+// P99 TBT and P50 scheduling delay against the rate, around the largest capacity found.
+void plot_rate_sweeps(const Study& st, const Options& o, const Capacities& cap) {
+  const fs::ModelShape& model = st.model;
+  const WorkloadSource& workload = st.workload;
+  const auto& policies = st.policies;
+  {
+    const double top = std::max(*std::max_element(cap.rate.begin(), cap.rate.end()), o.rate);
     fs::SvgPlot sweep;
     sweep.title =
         model.name + ", " + workload.label + ": P99 TBT vs request rate";
@@ -344,7 +384,7 @@ int simulate(int argc, char** argv) {
       fs::SvgSeries s{fs::to_string(policies[i]), {}, {}, true}, d = s;
       for (int k = 1; k <= kPoints; ++k) {
         const double rate = top * 1.5 * k / kPoints;
-        const fs::ServingMetrics m = sim_at(i, rate).metrics;
+        const fs::ServingMetrics m = st.run(i, rate).metrics;
         s.x.push_back(rate);
         s.y.push_back(m.tbt.p99 * 1e3);
         d.x.push_back(rate);
@@ -360,6 +400,19 @@ int simulate(int argc, char** argv) {
       std::printf("plot: %s (values above %g drawn on the top edge)\n", path.c_str(), plot->y_max);
     }
   }
+}
+
+int simulate(int argc, char** argv) {
+  Options o;
+  if (const int rc = parse_options(argc, argv, o); rc >= 0) return rc;
+  const Study st = prepare(o);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<fs::Request> base = st.workload.at(o.rate);
+  print_setup(st, o, base);
+  // Capacity first, so that the plot's sweep can span it.
+  const Capacities cap = o.capacity ? search_capacity(st, o) : Capacities{};
+  report_at_rate(st, o, base, cap);
+  if (!o.plot.empty() && o.capacity) plot_rate_sweeps(st, o, cap);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\n(%.1f s of host time)\n", secs);
   return 0;
