@@ -5,13 +5,13 @@
 //       --requests 40 --compare --plot /tmp/tiny
 //   flashserve bench-serve --model /data/mistral-7b-random --device cuda --workload sharegpt
 //       --rate 2 --requests 256 --compare --predict-gpu h200 --plot bench/results/bench-serve
+#include <unistd.h>
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "cli/command.h"
@@ -51,8 +51,10 @@ struct ScratchDir {
   std::string path;
   explicit ScratchDir(bool make) {
     if (!make) return;
-    std::string tmpl = (std::filesystem::temp_directory_path() / "flashserve-bench-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw Error(ErrorKind::kInternal, "bench-serve", "cannot make a temporary directory");
+    std::string tmpl =
+        (std::filesystem::temp_directory_path() / "flashserve-bench-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data()))
+      throw Error(ErrorKind::kInternal, "bench-serve", "cannot make a temporary directory");
     path = tmpl;
   }
   ~ScratchDir() {
@@ -65,46 +67,67 @@ int bench_serve(int argc, char** argv) {
   Options o;
   CLI::App app{"Serve a workload with the engine on a real model and measure it"};
   constexpr int64_t kMaxTokens = int64_t{1} << 24;
-  auto* model_opt = app.add_option("--model", o.model_dir, "model directory (config.json + safetensors)");
-  auto* shape_opt = app.add_option("--shape", o.shape, "a random checkpoint of this preset, made on the fly (tiny, mistral-7b, ...)");
+  auto* model_opt =
+      app.add_option("--model", o.model_dir, "model directory (config.json + safetensors)");
+  auto* shape_opt =
+      app.add_option("--shape", o.shape,
+                     "a random checkpoint of this preset, made on the fly (tiny, mistral-7b, ...)");
   app.add_option("--device", o.device, "cpu or cuda")->default_str(o.device);
-  auto* workload_opt = app.add_option("--workload", o.workload,
-                 "chat, summarize, fixed, sharegpt, arxiv, or a CSV (length table or arrival trace)")
-      ->default_str(o.workload);
-  auto* prompt_opt = add_int(app, "--prompt-len", o.prompt_len, {1, kMaxTokens}, "fixed workload: prompt tokens");
-  auto* output_opt = add_int(app, "--output-len", o.output_len, {1, kMaxTokens}, "fixed workload: output tokens");
-  auto* arrival_opt = app.add_option("--arrival", o.arrival, "poisson or gamma")->default_str(o.arrival);
-  auto* cv_opt = add_real(app, "--cv", o.cv, {fs::kMinGammaCv, fs::kMaxGammaCv}, "gamma arrivals: CV of the gaps");
+  auto* workload_opt =
+      app.add_option(
+             "--workload", o.workload,
+             "chat, summarize, fixed, sharegpt, arxiv, or a CSV (length table or arrival trace)")
+          ->default_str(o.workload);
+  auto* prompt_opt =
+      add_int(app, "--prompt-len", o.prompt_len, {1, kMaxTokens}, "fixed workload: prompt tokens");
+  auto* output_opt =
+      add_int(app, "--output-len", o.output_len, {1, kMaxTokens}, "fixed workload: output tokens");
+  auto* arrival_opt =
+      app.add_option("--arrival", o.arrival, "poisson or gamma")->default_str(o.arrival);
+  auto* cv_opt = add_real(app, "--cv", o.cv, {fs::kMinGammaCv, fs::kMaxGammaCv},
+                          "gamma arrivals: CV of the gaps");
   auto* rate_opt = add_real(app, "--rate", o.rate, {0, 1e6, Open::kLow}, "requests per second");
   auto* requests_opt = add_int(app, "--requests", o.requests, {1, 1 << 20}, "requests per policy");
   add_uint(app, "--seed", o.seed, "workload seed");
-  auto* policy_opt = app.add_option("--policy", o.policy, "sarathi, vllm or orca")->default_str(o.policy);
+  auto* policy_opt =
+      app.add_option("--policy", o.policy, "sarathi, vllm or orca")->default_str(o.policy);
   app.add_flag("--compare", o.compare, "run sarathi, vllm and orca one after another");
   add_int(app, "--budget", o.budget, {1, kMaxTokens}, "sarathi's token budget per step");
-  auto* chunk_tile_opt = add_int(app, "--chunk-tile", o.chunk_tile, {1, kMaxTokens}, "sarathi: non-final chunks are a multiple of this");
+  auto* chunk_tile_opt = add_int(app, "--chunk-tile", o.chunk_tile, {1, kMaxTokens},
+                                 "sarathi: non-final chunks are a multiple of this");
   add_int(app, "--max-running", o.max_running, {1, 1 << 20}, "sequences running at once");
-  auto* orca_batch_opt = add_int(app, "--orca-batch", o.orca_batch, {1, 1 << 20}, "orca's fixed batch");
-  add_int(app, "--max-model-len", o.max_model_len, {0, kMaxTokens}, "prompt + output limit (0: the model's, cut to the pool)");
+  auto* orca_batch_opt =
+      add_int(app, "--orca-batch", o.orca_batch, {1, 1 << 20}, "orca's fixed batch");
+  add_int(app, "--max-model-len", o.max_model_len, {0, kMaxTokens},
+          "prompt + output limit (0: the model's, cut to the pool)");
   add_int(app, "--block-size", o.block_size, {1, 1 << 12}, "KV block size in tokens");
-  auto* num_blocks_opt = add_int(app, "--num-blocks", o.num_blocks, {1, int64_t{1} << 31}, "KV blocks (default: from the memory budget)");
+  auto* num_blocks_opt = add_int(app, "--num-blocks", o.num_blocks, {1, int64_t{1} << 31},
+                                 "KV blocks (default: from the memory budget)");
   auto* util_opt = add_real(app, "--gpu-memory-utilization", o.gpu_mem_util, {0, 1, Open::kLow},
                             "cuda: fraction of the GPU's memory for weights + KV");
-  auto* kv_mem_opt = add_real(app, "--kv-memory-mb", o.kv_memory_mb, {1, 1 << 24, Open::kNone}, "cpu: MiB of KV pool");
-  app.add_option("--plot", o.plot, "write PREFIX-tbt-cdf.svg and PREFIX-tbt-over-time-<policy>.svg");
+  auto* kv_mem_opt = add_real(app, "--kv-memory-mb", o.kv_memory_mb, {1, 1 << 24, Open::kNone},
+                              "cpu: MiB of KV pool");
+  app.add_option("--plot", o.plot,
+                 "write PREFIX-tbt-cdf.svg and PREFIX-tbt-over-time-<policy>.svg");
   app.add_option("--predict-gpu", o.predict_gpu,
-                 "also print the roofline simulator's prediction for this GPU preset (h200, a100) on the same requests");
+                 "also print the roofline simulator's prediction for this GPU preset (h200, a100) "
+                 "on the same requests");
   if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
 
   if ((model_opt->count() > 0) == (shape_opt->count() > 0))
     throw UsageError("--model", "give exactly one of --model DIR and --shape NAME");
-  if (o.device != "cpu" && o.device != "cuda") throw UsageError("--device", "'" + o.device + "' is not one of cpu, cuda");
+  if (o.device != "cpu" && o.device != "cuda")
+    throw UsageError("--device", "'" + o.device + "' is not one of cpu, cuda");
   refuse_unless(policy_opt, !o.compare, "--compare runs every policy; drop --policy");
   refuse_unless(chunk_tile_opt, o.compare || o.policy == "sarathi", "only sarathi chunks prompts");
   refuse_unless(orca_batch_opt, o.compare || o.policy == "orca", "only orca has a fixed batch");
   refuse_unless(cv_opt, o.arrival == "gamma", "only applies to --arrival gamma");
-  for (auto* opt : {prompt_opt, output_opt}) refuse_unless(opt, o.workload == "fixed", "only applies to --workload fixed");
-  refuse_unless(util_opt, o.device == "cuda" && num_blocks_opt->count() == 0, "sizes the GPU's KV pool (--device cuda, no --num-blocks)");
-  refuse_unless(kv_mem_opt, o.device == "cpu" && num_blocks_opt->count() == 0, "sizes the CPU's KV pool (--device cpu, no --num-blocks)");
+  for (auto* opt : {prompt_opt, output_opt})
+    refuse_unless(opt, o.workload == "fixed", "only applies to --workload fixed");
+  refuse_unless(util_opt, o.device == "cuda" && num_blocks_opt->count() == 0,
+                "sizes the GPU's KV pool (--device cuda, no --num-blocks)");
+  refuse_unless(kv_mem_opt, o.device == "cpu" && num_blocks_opt->count() == 0,
+                "sizes the CPU's KV pool (--device cpu, no --num-blocks)");
   (void)workload_opt;
   (void)arrival_opt;
   (void)requests_opt;
@@ -157,15 +180,20 @@ int bench_serve(int argc, char** argv) {
   const double rate = workload.is_trace() && rate_opt->count() == 0 ? workload.trace_rate : o.rate;
   const std::vector<fs::Request> requests = workload.at(rate > 0 ? rate : 1);
   double ptok = 0, otok = 0;
-  for (const auto& r : requests) ptok += static_cast<double>(r.prompt_tokens), otok += static_cast<double>(r.output_tokens);
-  std::printf("model: %s (%lld layers, hidden %lld, vocab %lld) on %s; KV pool %lld blocks x %d tokens (%.1f MiB), max model len %lld\n",
-              mo.model_dir.c_str(), static_cast<long long>(mc.num_hidden_layers),
-              static_cast<long long>(mc.hidden_size), static_cast<long long>(mc.vocab_size),
-              model.device.c_str(), static_cast<long long>(model.num_blocks), model.block_size,
-              model.kv_bytes / (1 << 20), static_cast<long long>(max_model_len));
-  std::printf("workload: %s, %zu requests at %.3f req/s, mean prompt %.0f, mean output %.0f tokens, seed %llu\n",
-              workload.label.c_str(), requests.size(), rate, ptok / static_cast<double>(requests.size()),
-              otok / static_cast<double>(requests.size()), static_cast<unsigned long long>(o.seed));
+  for (const auto& r : requests)
+    ptok += static_cast<double>(r.prompt_tokens), otok += static_cast<double>(r.output_tokens);
+  std::printf(
+      "model: %s (%lld layers, hidden %lld, vocab %lld) on %s; KV pool %lld blocks x %d tokens "
+      "(%.1f MiB), max model len %lld\n",
+      mo.model_dir.c_str(), static_cast<long long>(mc.num_hidden_layers),
+      static_cast<long long>(mc.hidden_size), static_cast<long long>(mc.vocab_size),
+      model.device.c_str(), static_cast<long long>(model.num_blocks), model.block_size,
+      model.kv_bytes / (1 << 20), static_cast<long long>(max_model_len));
+  std::printf(
+      "workload: %s, %zu requests at %.3f req/s, mean prompt %.0f, mean output %.0f tokens, seed "
+      "%llu\n",
+      workload.label.c_str(), requests.size(), rate, ptok / static_cast<double>(requests.size()),
+      otok / static_cast<double>(requests.size()), static_cast<unsigned long long>(o.seed));
 
   std::vector<fe::ReplayResult> results;
   for (const fs::Policy p : policies) {
@@ -177,7 +205,8 @@ int bench_serve(int argc, char** argv) {
     ro.progress = [&, name, last = -1.0](int64_t done, int64_t total, double now) mutable {
       if (done < total && now - last < 0.5) return;
       last = now;
-      std::fprintf(stderr, "\r%s: %lld/%lld requests finished, %.1f s, %lld running, %lld waiting   ", name,
+      std::fprintf(stderr,
+                   "\r%s: %lld/%lld requests finished, %.1f s, %lld running, %lld waiting   ", name,
                    static_cast<long long>(done), static_cast<long long>(total), now,
                    static_cast<long long>(engine->scheduler().num_running()),
                    static_cast<long long>(engine->scheduler().num_waiting()));
@@ -214,10 +243,12 @@ int bench_serve(int argc, char** argv) {
       if (results[i].metrics.tbt_samples.empty()) continue;
       cdf.series.push_back(tbt_cdf_series(fs::to_string(policies[i]), results[i].metrics));
       fs::SvgPlot over;
-      over.title = std::string(fs::to_string(policies[i])) + ": every gap between tokens over time (measured)";
+      over.title = std::string(fs::to_string(policies[i])) +
+                   ": every gap between tokens over time (measured)";
       over.x_label = "time since the first arrival (s)";
       over.y_label = "TBT (ms)";
-      over.series.push_back(tbt_over_time_series(fs::to_string(policies[i]), results[i].finished, results[i].start_time));
+      over.series.push_back(tbt_over_time_series(fs::to_string(policies[i]), results[i].finished,
+                                                 results[i].start_time));
       const std::string path = o.plot + "-tbt-over-time-" + fs::to_string(policies[i]) + ".svg";
       over.write(path);
       std::printf("plot: %s\n", path.c_str());
@@ -230,7 +261,8 @@ int bench_serve(int argc, char** argv) {
   return 0;
 }
 
-Register reg("bench-serve", "serve a workload with the engine on a real model and measure it", bench_serve);
+Register reg("bench-serve", "serve a workload with the engine on a real model and measure it",
+             bench_serve);
 
 }  // namespace
 }  // namespace flashserve::cli

@@ -4,12 +4,12 @@
 // prefill) and once with vllm (prefill-first), measured on the wall clock and printed side by side:
 // under vllm every running decode waits for each long prompt's whole prefill (the max and P99 TBT
 // jump), under sarathi the prompt is cut into budget-sized chunks that run beside the decodes.
+#include <unistd.h>
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "cli/command.h"
@@ -33,8 +33,9 @@ std::vector<fs::Request> builtin_workload(int64_t long_prompt) {
   std::vector<fs::Request> reqs;
   for (int i = 0; i < 8; ++i) reqs.push_back({0, 0.02 * i, 48 + 16 * i, 160});
   for (int i = 0; i < 3; ++i) reqs.push_back({0, 0.3 + 0.5 * i, long_prompt, 16});
-  std::stable_sort(reqs.begin(), reqs.end(),
-                   [](const fs::Request& a, const fs::Request& b) { return a.arrival_s < b.arrival_s; });
+  std::stable_sort(reqs.begin(), reqs.end(), [](const fs::Request& a, const fs::Request& b) {
+    return a.arrival_s < b.arrival_s;
+  });
   for (size_t i = 0; i < reqs.size(); ++i) reqs[i].id = static_cast<int64_t>(i);
   return reqs;
 }
@@ -44,7 +45,8 @@ struct TempDir {
   std::string path;
   TempDir() {
     std::string tmpl = (std::filesystem::temp_directory_path() / "flashserve-run-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw Error(ErrorKind::kInternal, "run", "cannot make a temporary directory");
+    if (!::mkdtemp(tmpl.data()))
+      throw Error(ErrorKind::kInternal, "run", "cannot make a temporary directory");
     path = tmpl;
   }
   ~TempDir() {
@@ -93,9 +95,10 @@ int run_main_job(int argc, char** argv) {
   const auto requests = builtin_workload(long_prompt);
   std::printf("flashserve run: the engine on a tiny random model (4 layers, hidden 256) on %s%s\n",
               model.device.c_str(), fallback.c_str());
-  std::printf("workload: 8 short requests (prompts 48-160 tokens, 160 output tokens each) from t = 0, "
-              "and 3 prompts of %lld tokens at t = 0.3, 0.8, 1.3 s while they decode\n\n",
-              static_cast<long long>(long_prompt));
+  std::printf(
+      "workload: 8 short requests (prompts 48-160 tokens, 160 output tokens each) from t = 0, "
+      "and 3 prompts of %lld tokens at t = 0.3, 0.8, 1.3 s while they decode\n\n",
+      static_cast<long long>(long_prompt));
 
   struct Row {
     std::string name;
@@ -112,11 +115,14 @@ int run_main_job(int argc, char** argv) {
     std::fflush(stdout);
     fe::ReplayOptions ro;
     ro.vocab_size = model.runner->config().vocab_size;
-    rows.push_back({p == fs::Policy::kSarathi ? "sarathi (budget " + std::to_string(budget) + ")" : "vllm (prefill-first)",
+    rows.push_back({p == fs::Policy::kSarathi ? "sarathi (budget " + std::to_string(budget) + ")"
+                                              : "vllm (prefill-first)",
                     fe::replay(*engine, requests, ro)});
   }
-  std::printf("\n| measured on %s | TBT p50 (ms) | TBT p99 (ms) | TBT max (ms) | TTFT p50 (ms) | TTFT max (ms) | steps | wall (s) |\n",
-              model.device.c_str());
+  std::printf(
+      "\n| measured on %s | TBT p50 (ms) | TBT p99 (ms) | TBT max (ms) | TTFT p50 (ms) | TTFT max "
+      "(ms) | steps | wall (s) |\n",
+      model.device.c_str());
   std::printf("|---|---|---|---|---|---|---|---|\n");
   for (const Row& row : rows) {
     const fs::ServingMetrics& m = row.r.metrics;
@@ -126,9 +132,12 @@ int run_main_job(int argc, char** argv) {
                 static_cast<long long>(row.r.steps), row.r.end_time - row.r.start_time);
   }
   std::printf(
-      "\nUnder vllm each long prompt runs alone in one step and every decoding request waits for it:\n"
-      "the TBT max is a whole %lld-token prefill. Under sarathi the prompt is cut into chunks of at\n"
-      "most %lld tokens that run in the same step as the decodes, so no gap is longer than one such\n"
+      "\nUnder vllm each long prompt runs alone in one step and every decoding request waits for "
+      "it:\n"
+      "the TBT max is a whole %lld-token prefill. Under sarathi the prompt is cut into chunks of "
+      "at\n"
+      "most %lld tokens that run in the same step as the decodes, so no gap is longer than one "
+      "such\n"
       "step (the long prompts' own first token comes a little later: TTFT max).\n",
       static_cast<long long>(long_prompt), static_cast<long long>(budget));
   return 0;

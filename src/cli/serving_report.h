@@ -39,9 +39,9 @@ serve::SvgSeries tbt_over_time_series(const std::string& name,
 // (arrival_s,prompt_tokens,output_tokens).
 struct WorkloadSource {
   std::string label;
-  serve::WorkloadSpec spec;            // generated workloads
-  std::vector<serve::Request> trace;   // an arrival trace
-  double trace_rate = 0;               // its own mean rate; 0: all at once (runs as recorded)
+  serve::WorkloadSpec spec;           // generated workloads
+  std::vector<serve::Request> trace;  // an arrival trace
+  double trace_rate = 0;              // its own mean rate; 0: all at once (runs as recorded)
 
   // `is_file`: `name` is a path whatever it looks like (simulate's --trace).
   static WorkloadSource resolve(const std::string& name, const serve::WorkloadSpec& spec,

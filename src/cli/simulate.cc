@@ -1,5 +1,5 @@
-// flashserve simulate: the engine's loop (engine/replay.h) with the real scheduler and block manager
-// against a step-cost model on a simulated clock. This file only parses flags and prints.
+// flashserve simulate: the engine's loop (engine/replay.h) with the real scheduler and block
+// manager against a step-cost model on a simulated clock. This file only parses flags and prints.
 //   flashserve simulate --model mistral-7b --workload chat --rate 2 --compare
 //   flashserve simulate --compare --capacity --slo-tbt 0.1 --plot bench/results/simulate-x
 #include <CLI/CLI.hpp>
@@ -14,12 +14,12 @@
 
 #include "cli/command.h"
 #include "cli/options.h"
+#include "cli/serving_report.h"
 #include "common/checked_math.h"
+#include "engine/simulator.h"
 #include "flashserve/error.h"
 #include "serve/capacity.h"
 #include "serve/cost_model.h"
-#include "cli/serving_report.h"
-#include "engine/simulator.h"
 #include "serve/svg_plot.h"
 #include "serve/workload.h"
 
@@ -110,8 +110,8 @@ struct Capacities {
   throw e;
 }
 
-// Parses the command line into `o`; returns -1 to go on, else the exit status (--help, usage error).
-// Every option is used or refused.
+// Parses the command line into `o`; returns -1 to go on, else the exit status (--help, usage
+// error). Every option is used or refused.
 int parse_options(int argc, char** argv, Options& o) {
   CLI::App app{"Simulate serving with the real scheduler against a step-cost model"};
   // Ranges: what the models can mean, and what keeps every product of them (tokens x blocks,
@@ -216,10 +216,9 @@ Study prepare(Options& o) {
     throw Error(ErrorKind::kInvalidArgument, "--max-model-len",
                 std::to_string(o.max_model_len) + " exceeds " + model.name + "'s context " +
                     std::to_string(model.max_context));
-  st.num_blocks =
-      o.num_blocks_given
-          ? o.num_blocks  // checked by the BlockManager, naming num_blocks
-          : fs::kv_blocks_for(model, gpu.memory_bytes, o.gpu_mem_util, o.block_size);
+  st.num_blocks = o.num_blocks_given
+                      ? o.num_blocks  // checked by the BlockManager, naming num_blocks
+                      : fs::kv_blocks_for(model, gpu.memory_bytes, o.gpu_mem_util, o.block_size);
 
   // The workload, as a function of the rate (the same lengths and the same arrival pattern,
   // scaled).
@@ -288,9 +287,8 @@ void print_setup(const Study& st, const Options& o, const std::vector<fs::Reques
   std::printf("cost model: %s\n", st.cost->describe().c_str());
   std::printf(
       "workload: %s, %zu requests, mean prompt %.0f, mean output %.0f tokens, %s arrivals%s\n",
-      workload.label.c_str(), base.size(),
-      static_cast<double>(ptok) / base.size(), static_cast<double>(otok) / base.size(),
-      o.trace.empty() ? o.arrival.c_str() : "trace",
+      workload.label.c_str(), base.size(), static_cast<double>(ptok) / base.size(),
+      static_cast<double>(otok) / base.size(), o.trace.empty() ? o.arrival.c_str() : "trace",
       o.trace.empty() ? (", seed " + std::to_string(o.seed)).c_str() : "");
   std::printf(
       "limits: sarathi budget %lld tokens/step (chunk tile %lld), baselines %lld tokens/step, "
@@ -367,15 +365,13 @@ void plot_rate_sweeps(const Study& st, const Options& o, const Capacities& cap) 
   {
     const double top = std::max(*std::max_element(cap.rate.begin(), cap.rate.end()), o.rate);
     fs::SvgPlot sweep;
-    sweep.title =
-        model.name + ", " + workload.label + ": P99 TBT vs request rate";
+    sweep.title = model.name + ", " + workload.label + ": P99 TBT vs request rate";
     sweep.x_label = "request rate (req/s)";
     sweep.y_label = "P99 TBT (ms)";
     sweep.y_max = o.slo_tbt * 1e3 * 4;
     sweep.ref_lines.push_back({o.slo_tbt * 1e3, "SLO " + fmt_ms(o.slo_tbt) + " ms"});
     fs::SvgPlot delay = sweep;
-    delay.title = model.name + ", " + workload.label +
-                  ": P50 scheduling delay vs request rate";
+    delay.title = model.name + ", " + workload.label + ": P50 scheduling delay vs request rate";
     delay.y_label = "P50 scheduling delay (s)";
     delay.y_max = o.max_sched_delay * 4;
     delay.ref_lines = {{o.max_sched_delay, "bound " + fmt_s(o.max_sched_delay) + " s"}};

@@ -16,8 +16,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<Executor> executor)
 }
 
 void Engine::check_request(const NewRequest& r) const {
-  const std::string who =
-      r.id >= 0 ? "request " + std::to_string(r.id) : std::string("request");
+  const std::string who = r.id >= 0 ? "request " + std::to_string(r.id) : std::string("request");
   auto bad = [&](const std::string& what) { throw Error(ErrorKind::kInvalidArgument, who, what); };
   if (r.prompt.empty()) bad("empty prompt");
   if (r.max_tokens < 1) bad("max_tokens " + std::to_string(r.max_tokens) + " must be >= 1");
@@ -80,7 +79,8 @@ StepResult Engine::step() {
   result.num_tokens = batch.num_tokens();
   for (size_t i = 0; i < batch.entries.size(); ++i)
     if (batch.entries[i].samples)
-      result.outputs.push_back({batch.entries[i].seq->id, {sampled[i]}, serve::FinishReason::kNone});
+      result.outputs.push_back(
+          {batch.entries[i].seq->id, {sampled[i]}, serve::FinishReason::kNone});
   result.finished = scheduler_->complete(batch, sampled, executor_->now());
   // complete() may free the sequences' blocks but not the Sequence objects of those still
   // running, and the entries point at both; the finished ones are ours now.

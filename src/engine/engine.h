@@ -34,8 +34,8 @@ struct NewRequest {
   int64_t max_tokens = 16;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
-  int64_t id = -1;            // -1: the engine numbers it; else the caller's (unique among live)
-  double arrival_time = -1;   // -1: now, on the executor's clock
+  int64_t id = -1;           // -1: the engine numbers it; else the caller's (unique among live)
+  double arrival_time = -1;  // -1: now, on the executor's clock
 };
 
 // What one request got from one step.

@@ -81,7 +81,9 @@ EngineLoop::EngineLoop(std::unique_ptr<Engine> engine)
   thread_ = std::thread([this] { run(); });
 }
 
-EngineLoop::~EngineLoop() { stop(); }
+EngineLoop::~EngineLoop() {
+  stop();
+}
 
 std::shared_ptr<TokenStream> EngineLoop::submit(NewRequest request) {
   // The engine's configuration does not change once it is made: checking against it here is safe.

@@ -18,9 +18,10 @@ namespace {
 double gpu_kv_budget(int device, double utilization) {
 #if defined(FLASHSERVE_WITH_CUDA)
   size_t free_bytes = 0, total_bytes = 0;
-  if (cudaSetDevice(device) != cudaSuccess || cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess)
-    throw Error(ErrorKind::kUnsupported, "device", "cannot read the memory of CUDA device " +
-                                                       std::to_string(device));
+  if (cudaSetDevice(device) != cudaSuccess ||
+      cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess)
+    throw Error(ErrorKind::kUnsupported, "device",
+                "cannot read the memory of CUDA device " + std::to_string(device));
   const double used = static_cast<double>(total_bytes - free_bytes);
   return static_cast<double>(total_bytes) * utilization - used;
 #else
@@ -38,7 +39,8 @@ int64_t kv_bytes_per_block(const model::ModelConfig& c, int32_t block_size, int6
 
 LoadedModel load_model(const ModelEngineOptions& o) {
   if (o.device != "cpu" && o.device != "cuda")
-    throw Error(ErrorKind::kInvalidArgument, "device", "'" + o.device + "' is not one of cpu, cuda");
+    throw Error(ErrorKind::kInvalidArgument, "device",
+                "'" + o.device + "' is not one of cpu, cuda");
   if (!(o.gpu_memory_utilization > 0 && o.gpu_memory_utilization <= 1))
     throw Error(ErrorKind::kInvalidArgument, "gpu_memory_utilization",
                 std::to_string(o.gpu_memory_utilization) + " is not in (0, 1]");
@@ -46,14 +48,16 @@ LoadedModel load_model(const ModelEngineOptions& o) {
   m.device = o.device;
   m.block_size = o.block_size;
   const bool gpu = o.device == "cuda";
-  m.runner = gpu ? std::shared_ptr<model::ModelRunner>(model::make_cuda_runner(o.model_dir, o.cuda_device))
-                 : std::shared_ptr<model::ModelRunner>(model::make_cpu_runner(o.model_dir));
+  m.runner =
+      gpu ? std::shared_ptr<model::ModelRunner>(model::make_cuda_runner(o.model_dir, o.cuda_device))
+          : std::shared_ptr<model::ModelRunner>(model::make_cpu_runner(o.model_dir));
   // bf16 K/V on the GPU, float32 on the CPU (model/runner.h).
   const int64_t block_bytes = kv_bytes_per_block(m.runner->config(), o.block_size, gpu ? 2 : 4);
   if (o.num_blocks > 0) {
     m.num_blocks = o.num_blocks;
   } else {
-    const double budget = gpu ? gpu_kv_budget(o.cuda_device, o.gpu_memory_utilization) : o.cpu_kv_bytes;
+    const double budget =
+        gpu ? gpu_kv_budget(o.cuda_device, o.gpu_memory_utilization) : o.cpu_kv_bytes;
     m.num_blocks = budget > 0 ? static_cast<int64_t>(budget / static_cast<double>(block_bytes)) : 0;
     if (m.num_blocks < 1)
       throw Error(ErrorKind::kInvalidArgument, gpu ? "gpu_memory_utilization" : "kv_memory",
@@ -83,9 +87,11 @@ std::unique_ptr<Engine> make_model_engine(const LoadedModel& m, serve::Scheduler
   // vllm and static never chunk: one step must take a whole prompt (as vLLM's default
   // max_num_batched_tokens does).
   if (scheduler.policy == serve::Policy::kVllm || scheduler.policy == serve::Policy::kStatic)
-    scheduler.max_tokens_per_step = std::max(scheduler.max_tokens_per_step, scheduler.max_model_len);
+    scheduler.max_tokens_per_step =
+        std::max(scheduler.max_tokens_per_step, scheduler.max_model_len);
   ec.scheduler = scheduler;
-  return std::make_unique<Engine>(ec, std::make_unique<ModelExecutor>(m.runner, m.block_size, m.device));
+  return std::make_unique<Engine>(
+      ec, std::make_unique<ModelExecutor>(m.runner, m.block_size, m.device));
 }
 
 }  // namespace flashserve::engine

@@ -32,8 +32,9 @@ double ModelExecutor::now() const {
 }
 
 void ModelExecutor::wait_until(double t) {
-  std::this_thread::sleep_until(start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                             std::chrono::duration<double>(t)));
+  std::this_thread::sleep_until(start_ +
+                                std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                    std::chrono::duration<double>(t)));
 }
 
 std::string ModelExecutor::describe() const {

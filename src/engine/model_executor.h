@@ -15,8 +15,7 @@ class ModelExecutor final : public Executor {
  public:
   // The runner's KV pool must already hold the blocks the engine's BlockManager hands out; engines
   // made one after another may share a runner (each block is written before it is read).
-  ModelExecutor(std::shared_ptr<model::ModelRunner> runner, int32_t block_size,
-                std::string device);
+  ModelExecutor(std::shared_ptr<model::ModelRunner> runner, int32_t block_size, std::string device);
   std::vector<int32_t> execute(const serve::Batch& batch) override;
   double now() const override;
   void wait_until(double t) override;

@@ -28,7 +28,7 @@ struct ReplayResult {
   serve::ServingMetrics metrics;
   int64_t steps = 0;
   int64_t max_step_tokens = 0;
-  double start_time = 0, end_time = 0;  // on the executor's clock
+  double start_time = 0, end_time = 0;                     // on the executor's clock
   std::vector<std::unique_ptr<serve::Sequence>> finished;  // in finishing order
 };
 

@@ -25,6 +25,8 @@ std::vector<int32_t> SimulatedExecutor::execute(const serve::Batch& batch) {
   return std::vector<int32_t>(batch.entries.size(), 1);
 }
 
-void SimulatedExecutor::wait_until(double t) { now_ = std::max(now_, t); }
+void SimulatedExecutor::wait_until(double t) {
+  now_ = std::max(now_, t);
+}
 
 }  // namespace flashserve::engine

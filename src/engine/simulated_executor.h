@@ -10,7 +10,8 @@ namespace flashserve::engine {
 class SimulatedExecutor final : public Executor {
  public:
   // `cost` must outlive the executor.
-  explicit SimulatedExecutor(const serve::CostModel& cost, double start = 0) : cost_(cost), now_(start) {}
+  explicit SimulatedExecutor(const serve::CostModel& cost, double start = 0)
+      : cost_(cost), now_(start) {}
   // Advances the clock by the step's cost. Every sampled token is 1 (the simulation needs only
   // lengths). Throws Error(kInvalidArgument) once the clock is so far out that a double cannot
   // resolve the step.

@@ -27,7 +27,8 @@ int column(const std::vector<std::string>& header, const std::string& name) {
 
 LengthTable read_length_table(std::istream& in, const std::string& name) {
   auto bad = [&](int64_t line, const std::string& what) {
-    throw Error(ErrorKind::kInvalidArgument, "workload", name + ":" + std::to_string(line) + ": " + what);
+    throw Error(ErrorKind::kInvalidArgument, "workload",
+                name + ":" + std::to_string(line) + ": " + what);
   };
   std::string line;
   if (!std::getline(in, line)) bad(1, "empty");

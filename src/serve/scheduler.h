@@ -36,7 +36,7 @@ struct SchedulerConfig {
   // The token budget of sarathi; for vllm and static (which never chunk) the largest batch of
   // prompt tokens one step may take, so it must be at least max_model_len; orca ignores it.
   int64_t max_tokens_per_step = 512;
-  int64_t max_running = 256;  // sequences holding KV blocks at once (orca: its fixed batch size)
+  int64_t max_running = 256;     // sequences holding KV blocks at once (orca: its fixed batch size)
   int64_t max_model_len = 8192;  // prompt + output tokens of one request
   int64_t chunk_tile = 64;  // sarathi: non-final chunks are a multiple of this (1: no rounding)
 

@@ -126,7 +126,8 @@ std::vector<Request> generate_workload(const WorkloadSpec& spec) {
     double p = 0, o = 0;
     if (spec.lengths == LengthKind::kTable) {
       const auto rows = static_cast<double>(spec.table->prompt.size());
-      const auto row = std::min(static_cast<size_t>(lens.uniform() * rows), spec.table->prompt.size() - 1);
+      const auto row =
+          std::min(static_cast<size_t>(lens.uniform() * rows), spec.table->prompt.size() - 1);
       p = static_cast<double>(spec.table->prompt[row]);
       o = static_cast<double>(spec.table->output[row]);
     } else {

@@ -44,8 +44,8 @@ inline constexpr int64_t kMaxGeneratedRequests = 10'000'000;
 
 struct WorkloadSpec {
   LengthKind lengths = LengthKind::kChat;
-  int64_t fixed_prompt = 512;  // kFixed
-  int64_t fixed_output = 128;  // kFixed
+  int64_t fixed_prompt = 512;                // kFixed
+  int64_t fixed_output = 128;                // kFixed
   std::shared_ptr<const LengthTable> table;  // kTable
   ArrivalKind arrival = ArrivalKind::kPoisson;
   double rate = 1.0;  // requests per second

@@ -11,15 +11,15 @@
 
 #include "engine/engine.h"
 #include "engine/model_engine.h"
-#include "flashserve/error.h"
 #include "engine/model_executor.h"
 #include "engine/tiny_model.h"
+#include "flashserve/error.h"
 #include "model/test_dirs.h"
 
 namespace fe = flashserve::engine;
 namespace fs = flashserve::serve;
-using flashserve::Error;
 using fe::testing::tiny_dir;
+using flashserve::Error;
 
 namespace {
 
@@ -99,7 +99,8 @@ TEST(Engine, GreedyOutputsEqualEachRequestAloneUnderEveryPolicy) {
   const std::vector<Req> reqs = random_requests(rng, 12, 150, 64);
   auto alone_runner = flashserve::model::make_cpu_runner(tiny_dir());
   std::vector<fe::testing::Alone> alone;
-  for (const Req& r : reqs) alone.push_back(fe::testing::generate_alone(*alone_runner, r.prompt, r.max_tokens));
+  for (const Req& r : reqs)
+    alone.push_back(fe::testing::generate_alone(*alone_runner, r.prompt, r.max_tokens));
 
   const std::vector<PolicySetup> setups = {
       {"sarathi-16", fs::Policy::kSarathi, 16, 4096},
@@ -219,22 +220,23 @@ TEST(Engine, RefusedRequestsChangeNothing) {
   engine->add_request(request(10, 5));
   engine->step();
   const int64_t free_before = engine->blocks().num_free();
-  const int64_t waiting = engine->scheduler().num_waiting(), running = engine->scheduler().num_running();
+  const int64_t waiting = engine->scheduler().num_waiting(),
+                running = engine->scheduler().num_running();
   std::vector<fe::NewRequest> bad;
-  bad.push_back(request(0, 5));                    // empty prompt
-  bad.push_back(request(250, 7));                  // 257 > max_model_len 256
-  bad.push_back(request(10, 0));                   // no output
-  bad.push_back(request(10, 5, 1020));             // ids past the vocabulary (1024)
+  bad.push_back(request(0, 5));         // empty prompt
+  bad.push_back(request(250, 7));       // 257 > max_model_len 256
+  bad.push_back(request(10, 0));        // no output
+  bad.push_back(request(10, 5, 1020));  // ids past the vocabulary (1024)
   bad.push_back(request(10, 5));
-  bad.back().prompt[3] = -1;                        // negative id
+  bad.back().prompt[3] = -1;  // negative id
   bad.push_back(request(10, 5));
-  bad.back().sampling.temperature = -1;            // bad sampling parameters
+  bad.back().sampling.temperature = -1;  // bad sampling parameters
   bad.push_back(request(10, 5));
   bad.back().sampling.top_p = 0;
   bad.push_back(request(10, 5));
   bad.back().stop_token_ids = {5000};
   bad.push_back(request(10, 5));
-  bad.back().id = 0;                               // id 0 is live
+  bad.back().id = 0;  // id 0 is live
   for (size_t i = 0; i < bad.size(); ++i) {
     EXPECT_THROW(engine->add_request(bad[i]), Error) << "case " << i;
     EXPECT_EQ(engine->blocks().num_free(), free_before);
@@ -244,7 +246,8 @@ TEST(Engine, RefusedRequestsChangeNothing) {
   try {
     engine->add_request(request(250, 7));
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("exceeds max_model_len 256"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("exceeds max_model_len 256"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -337,7 +340,8 @@ void fuzz(fe::Engine& engine, std::mt19937_64& rng, int ops, bool positional, Fu
       EXPECT_EQ(static_cast<int64_t>(got[o.id].size()), want_len[o.id]) << "request " << o.id;
       if (positional)
         for (size_t k = 0; k < got[o.id].size(); ++k)
-          ASSERT_EQ(got[o.id][k], PositionalExecutor::token(o.id, prompt_len[o.id] + static_cast<int64_t>(k)))
+          ASSERT_EQ(got[o.id][k],
+                    PositionalExecutor::token(o.id, prompt_len[o.id] + static_cast<int64_t>(k)))
               << "request " << o.id << " token " << k;
     }
   };
@@ -345,7 +349,8 @@ void fuzz(fe::Engine& engine, std::mt19937_64& rng, int ops, bool positional, Fu
     const int kind = static_cast<int>(rng() % 10);
     if (kind < 3) {
       const int64_t len = 1 + static_cast<int64_t>(rng() % (limit - 8));
-      fe::NewRequest n = request(len, 1 + static_cast<int64_t>(rng() % 30), static_cast<int32_t>(rng() % 500));
+      fe::NewRequest n =
+          request(len, 1 + static_cast<int64_t>(rng() % 30), static_cast<int32_t>(rng() % 500));
       if (rng() % 5 == 0) n.max_tokens = limit;  // too long: refused
       try {
         const int64_t id = engine.add_request(n);
@@ -387,10 +392,12 @@ TEST(Engine, ThousandsOfRandomAddAbortStepSequences) {
     fuzz(engine, rng, 400, true, st);
     if (HasFailure()) return;
   }
-  std::printf("positional: %lld adds, %lld aborts, %lld refusals, %lld steps, %lld finished, %lld preemptions\n",
-              static_cast<long long>(st.adds), static_cast<long long>(st.aborts),
-              static_cast<long long>(st.refusals), static_cast<long long>(st.steps),
-              static_cast<long long>(st.finished), static_cast<long long>(st.preemptions));
+  std::printf(
+      "positional: %lld adds, %lld aborts, %lld refusals, %lld steps, %lld finished, %lld "
+      "preemptions\n",
+      static_cast<long long>(st.adds), static_cast<long long>(st.aborts),
+      static_cast<long long>(st.refusals), static_cast<long long>(st.steps),
+      static_cast<long long>(st.finished), static_cast<long long>(st.preemptions));
   EXPECT_GT(st.aborts, 500);
   EXPECT_GT(st.refusals, 200);
   EXPECT_GT(st.finished, 1000);
@@ -402,13 +409,15 @@ TEST(Engine, RandomAddAbortStepOnTheModel) {
   std::mt19937_64 rng(23);
   FuzzStats st;
   for (int round = 0; round < 2; ++round) {
-    auto engine = tiny_engine(round ? fs::Policy::kVllm : fs::Policy::kSarathi, round ? 128 : 24, 20, 128);
+    auto engine =
+        tiny_engine(round ? fs::Policy::kVllm : fs::Policy::kSarathi, round ? 128 : 24, 20, 128);
     fuzz(*engine, rng, 250, false, st);
   }
-  std::printf("model: %lld adds, %lld aborts, %lld refusals, %lld steps, %lld finished, %lld preemptions\n",
-              static_cast<long long>(st.adds), static_cast<long long>(st.aborts),
-              static_cast<long long>(st.refusals), static_cast<long long>(st.steps),
-              static_cast<long long>(st.finished), static_cast<long long>(st.preemptions));
+  std::printf(
+      "model: %lld adds, %lld aborts, %lld refusals, %lld steps, %lld finished, %lld preemptions\n",
+      static_cast<long long>(st.adds), static_cast<long long>(st.aborts),
+      static_cast<long long>(st.refusals), static_cast<long long>(st.steps),
+      static_cast<long long>(st.finished), static_cast<long long>(st.preemptions));
   EXPECT_GT(st.finished, 20);
 }
 

@@ -10,8 +10,8 @@
 #include "engine/front_door.h"
 #include "engine/model_engine.h"
 #include "engine/tiny_model.h"
-#include "model/test_dirs.h"
 #include "flashserve/error.h"
+#include "model/test_dirs.h"
 
 namespace fe = flashserve::engine;
 namespace fs = flashserve::serve;
@@ -44,7 +44,8 @@ Fixture start(int64_t blocks) {
 
 fe::NewRequest request(int thread, int i) {
   fe::NewRequest n;
-  for (int t = 0; t < 20 + 13 * i + thread; ++t) n.prompt.push_back(7 + (t * 31 + thread * 101 + i) % 1000);
+  for (int t = 0; t < 20 + 13 * i + thread; ++t)
+    n.prompt.push_back(7 + (t * 31 + thread * 101 + i) % 1000);
   n.max_tokens = 6 + (i + thread) % 9;
   n.ignore_eos = true;
   return n;
@@ -81,7 +82,8 @@ TEST(FrontDoor, ConcurrentSubmittersGetTheirOwnTokens) {
     });
   for (auto& th : threads) th.join();
   for (int t = 0; t < kThreads; ++t)
-    for (int i = 0; i < kPerThread; ++i) EXPECT_EQ(got[t][i], want[t][i]) << "thread " << t << " request " << i;
+    for (int i = 0; i < kPerThread; ++i)
+      EXPECT_EQ(got[t][i], want[t][i]) << "thread " << t << " request " << i;
   // A quitter may have finished (14 tokens at most) before its close arrived; most do not.
   EXPECT_GE(aborted.load(), 1);
   f.loop->stop();

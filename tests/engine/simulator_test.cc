@@ -6,9 +6,9 @@
 #include <cmath>
 #include <sstream>
 
+#include "engine/simulator.h"
 #include "flashserve/error.h"
 #include "serve/capacity.h"
-#include "engine/simulator.h"
 
 namespace fs = flashserve::serve;
 namespace fe = flashserve::engine;

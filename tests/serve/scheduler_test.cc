@@ -261,7 +261,8 @@ RunStats run_case(const Case& c, uint64_t seed) {
     // Sarathi reserves a prompt's blocks at admission: its prefills never run the cache short.
     if (c.policy == fs::Policy::kSarathi)
       for (const auto& e : batch.entries)
-        if (e.is_prefill) EXPECT_GE(int64_t(e.block_table().size()) * c.block_size, e.seq->num_tokens());
+        if (e.is_prefill)
+          EXPECT_GE(int64_t(e.block_table().size()) * c.block_size, e.seq->num_tokens());
     const int64_t left = c.cfg.max_tokens_per_step - batch.num_tokens();
     check_paged_kv(batch, c.block_size, kv);
     if (c.policy == fs::Policy::kSarathi || c.policy == fs::Policy::kOrca) {
