@@ -33,9 +33,9 @@ namespace fs = flashserve::serve;
 
 struct Options {
   std::string model_dir, shape, device = "cpu";
-  std::string workload = "chat", arrival = "poisson";
-  int64_t prompt_len = 512, output_len = 128, requests = 100;
-  double rate = 1, cv = 1;
+  WorkloadFlags wl;
+  int64_t requests = 100;
+  double rate = 1;
   uint64_t seed = 0;
   std::string policy = "sarathi";
   bool compare = false;
@@ -73,19 +73,7 @@ int bench_serve(int argc, char** argv) {
       app.add_option("--shape", o.shape,
                      "a random checkpoint of this preset, made on the fly (tiny, mistral-7b, ...)");
   app.add_option("--device", o.device, "cpu or cuda")->default_str(o.device);
-  auto* workload_opt =
-      app.add_option(
-             "--workload", o.workload,
-             "chat, summarize, fixed, sharegpt, arxiv, or a CSV (length table or arrival trace)")
-          ->default_str(o.workload);
-  auto* prompt_opt =
-      add_int(app, "--prompt-len", o.prompt_len, {1, kMaxTokens}, "fixed workload: prompt tokens");
-  auto* output_opt =
-      add_int(app, "--output-len", o.output_len, {1, kMaxTokens}, "fixed workload: output tokens");
-  auto* arrival_opt =
-      app.add_option("--arrival", o.arrival, "poisson or gamma")->default_str(o.arrival);
-  auto* cv_opt = add_real(app, "--cv", o.cv, {fs::kMinGammaCv, fs::kMaxGammaCv},
-                          "gamma arrivals: CV of the gaps");
+  o.wl.add(app);
   auto* rate_opt = add_real(app, "--rate", o.rate, {0, 1e6, Open::kLow}, "requests per second");
   auto* requests_opt = add_int(app, "--requests", o.requests, {1, 1 << 20}, "requests per policy");
   add_uint(app, "--seed", o.seed, "workload seed");
@@ -121,15 +109,11 @@ int bench_serve(int argc, char** argv) {
   refuse_unless(policy_opt, !o.compare, "--compare runs every policy; drop --policy");
   refuse_unless(chunk_tile_opt, o.compare || o.policy == "sarathi", "only sarathi chunks prompts");
   refuse_unless(orca_batch_opt, o.compare || o.policy == "orca", "only orca has a fixed batch");
-  refuse_unless(cv_opt, o.arrival == "gamma", "only applies to --arrival gamma");
-  for (auto* opt : {prompt_opt, output_opt})
-    refuse_unless(opt, o.workload == "fixed", "only applies to --workload fixed");
+  o.wl.refuse_inapplicable(false);
   refuse_unless(util_opt, o.device == "cuda" && num_blocks_opt->count() == 0,
                 "sizes the GPU's KV pool (--device cuda, no --num-blocks)");
   refuse_unless(kv_mem_opt, o.device == "cpu" && num_blocks_opt->count() == 0,
                 "sizes the CPU's KV pool (--device cpu, no --num-blocks)");
-  (void)workload_opt;
-  (void)arrival_opt;
   (void)requests_opt;
 
   std::vector<fs::Policy> policies;
@@ -168,15 +152,11 @@ int bench_serve(int argc, char** argv) {
   // lengths are cut to it.
   const int64_t max_model_len =
       fe::make_model_engine(model, scheduler_for(policies[0]))->config().scheduler.max_model_len;
-  fs::WorkloadSpec spec;
-  spec.fixed_prompt = o.prompt_len;
-  spec.fixed_output = o.output_len;
-  spec.arrival = fs::parse_arrival_kind(o.arrival);
-  spec.cv = o.cv;
+  fs::WorkloadSpec spec = o.wl.spec();
   spec.num_requests = o.requests;
   spec.max_model_len = max_model_len;
   spec.seed = o.seed;
-  const WorkloadSource workload = WorkloadSource::resolve(o.workload, spec);
+  const WorkloadSource workload = WorkloadSource::resolve(o.wl.workload, spec);
   const double rate = workload.is_trace() && rate_opt->count() == 0 ? workload.trace_rate : o.rate;
   const std::vector<fs::Request> requests = workload.at(rate > 0 ? rate : 1);
   double ptok = 0, otok = 0;

@@ -90,6 +90,36 @@ fs::SvgSeries tbt_over_time_series(const std::string& name,
   return out;
 }
 
+void WorkloadFlags::add(CLI::App& app) {
+  constexpr int64_t kMaxTokens = int64_t{1} << 24;
+  workload_opt = app.add_option("--workload", workload,
+                                "chat, summarize, fixed, sharegpt, arxiv (real length traces) or a "
+                                "CSV (length table num_prefill_tokens,num_decode_tokens)")
+                     ->default_str(workload);
+  prompt_opt =
+      add_int(app, "--prompt-len", prompt_len, {1, kMaxTokens}, "fixed workload: prompt tokens");
+  output_opt =
+      add_int(app, "--output-len", output_len, {1, kMaxTokens}, "fixed workload: output tokens");
+  arrival_opt = app.add_option("--arrival", arrival, "poisson or gamma")->default_str(arrival);
+  cv_opt = add_real(app, "--cv", cv, {fs::kMinGammaCv, fs::kMaxGammaCv},
+                    "gamma arrivals: coefficient of variation of the gaps");
+}
+
+void WorkloadFlags::refuse_inapplicable(bool traced) const {
+  refuse_unless(cv_opt, !traced && arrival == "gamma", "only applies to --arrival gamma");
+  for (auto* opt : {prompt_opt, output_opt})
+    refuse_unless(opt, !traced && workload == "fixed", "only applies to --workload fixed");
+}
+
+fs::WorkloadSpec WorkloadFlags::spec() const {
+  fs::WorkloadSpec s;
+  s.fixed_prompt = prompt_len;
+  s.fixed_output = output_len;
+  s.arrival = fs::parse_arrival_kind(arrival);
+  s.cv = cv;
+  return s;
+}
+
 std::string data_path(const std::string& relative) {
   const char* env = std::getenv("FLASHSERVE_DATA_DIR");
   return std::string(env && *env ? env : FLASHSERVE_DATA_DIR) + "/" + relative;

@@ -3,6 +3,7 @@
 // and where the workloads named on the command line come from.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -50,6 +51,22 @@ struct WorkloadSource {
   bool as_recorded() const { return is_trace() && trace_rate == 0; }
   // The requests at `rate` (a trace's arrivals scaled to it).
   std::vector<serve::Request> at(double rate) const;
+};
+
+// The workload options simulate and bench-serve share: --workload, --prompt-len, --output-len,
+// --arrival, --cv, with their refusals (cv only for gamma, lengths only for fixed).
+struct WorkloadFlags {
+  std::string workload = "chat", arrival = "poisson";
+  int64_t prompt_len = 512, output_len = 128;
+  double cv = 1;
+  CLI::Option *workload_opt = nullptr, *arrival_opt = nullptr, *cv_opt = nullptr;
+  CLI::Option *prompt_opt = nullptr, *output_opt = nullptr;
+
+  void add(CLI::App& app);
+  // `traced`: the requests come from an arrival trace instead (simulate's --trace).
+  void refuse_inapplicable(bool traced) const;
+  // A spec with these lengths and arrivals (the caller sets the rest).
+  serve::WorkloadSpec spec() const;
 };
 
 // The path of a file under the repository's data/ (FLASHSERVE_DATA_DIR overrides it).

@@ -47,11 +47,8 @@ struct Options {
   int32_t block_size = 16;
   int64_t num_blocks = 0;  // only when given
   double watermark = 0.01;
-  std::string workload = "chat";
-  int64_t prompt_len = 512, output_len = 128;
+  WorkloadFlags wl;
   std::string trace;
-  std::string arrival = "poisson";
-  double cv = 1.0;
   double rate = 1.0;
   int64_t requests = 1000;
   uint64_t seed = 0;
@@ -144,20 +141,8 @@ int parse_options(int argc, char** argv, Options& o) {
                                  "KV blocks (default: what fits in memory)");
   add_real(app, "--watermark", o.watermark, {0, 1, Open::kHigh},
            "fraction of blocks kept free at admission");
-  auto* workload_opt =
-      app.add_option("--workload", o.workload,
-                     "chat, summarize, fixed, sharegpt, arxiv (real length traces) or a length "
-                     "CSV (num_prefill_tokens,num_decode_tokens)")
-          ->default_str(o.workload);
-  auto* prompt_opt =
-      add_int(app, "--prompt-len", o.prompt_len, {1, kMaxTokens}, "fixed workload: prompt tokens");
-  auto* output_opt =
-      add_int(app, "--output-len", o.output_len, {1, kMaxTokens}, "fixed workload: output tokens");
+  o.wl.add(app);
   app.add_option("--trace", o.trace, "CSV trace arrival_s,prompt_tokens,output_tokens");
-  auto* arrival_opt =
-      app.add_option("--arrival", o.arrival, "poisson or gamma")->default_str(o.arrival);
-  auto* cv_opt = add_real(app, "--cv", o.cv, {fs::kMinGammaCv, fs::kMaxGammaCv},
-                          "gamma arrivals: coefficient of variation of the gaps");
   auto* rate_opt = add_real(app, "--rate", o.rate, {0, 1e6, Open::kLow}, "requests per second");
   auto* requests_opt = add_int(app, "--requests", o.requests, {1, fs::kMaxGeneratedRequests},
                                "requests per simulation");
@@ -182,11 +167,9 @@ int parse_options(int argc, char** argv, Options& o) {
                 "applies to the roofline model, not to a measured --profile");
   refuse_unless(mem_util_opt, num_blocks_opt->count() == 0,
                 "sizes the KV cache, which --num-blocks sets");
-  for (auto* opt : {workload_opt, arrival_opt, requests_opt, seed_opt})
+  for (auto* opt : {o.wl.workload_opt, o.wl.arrival_opt, requests_opt, seed_opt})
     refuse_unless(opt, !traced, "--trace gives the requests; drop " + opt->get_name());
-  refuse_unless(cv_opt, !traced && o.arrival == "gamma", "only applies to --arrival gamma");
-  for (auto* opt : {prompt_opt, output_opt})
-    refuse_unless(opt, !traced && o.workload == "fixed", "only applies to --workload fixed");
+  o.wl.refuse_inapplicable(traced);
   o.rate_given = rate_opt->count() > 0;
   o.overhead_given = overhead_opt->count() > 0;
   o.num_blocks_given = num_blocks_opt->count() > 0;
@@ -222,15 +205,11 @@ Study prepare(Options& o) {
 
   // The workload, as a function of the rate (the same lengths and the same arrival pattern,
   // scaled).
-  fs::WorkloadSpec spec;
-  spec.fixed_prompt = o.prompt_len;
-  spec.fixed_output = o.output_len;
-  spec.arrival = fs::parse_arrival_kind(o.arrival);
-  spec.cv = o.cv;
+  fs::WorkloadSpec spec = o.wl.spec();
   spec.num_requests = o.requests;
   spec.max_model_len = o.max_model_len;
   spec.seed = o.seed;
-  st.workload = WorkloadSource::resolve(traced ? o.trace : o.workload, spec, traced);
+  st.workload = WorkloadSource::resolve(traced ? o.trace : o.wl.workload, spec, traced);
   const WorkloadSource& workload = st.workload;
   if (traced && !workload.is_trace())
     throw Error(ErrorKind::kInvalidArgument, "--trace",
@@ -288,7 +267,7 @@ void print_setup(const Study& st, const Options& o, const std::vector<fs::Reques
   std::printf(
       "workload: %s, %zu requests, mean prompt %.0f, mean output %.0f tokens, %s arrivals%s\n",
       workload.label.c_str(), base.size(), static_cast<double>(ptok) / base.size(),
-      static_cast<double>(otok) / base.size(), o.trace.empty() ? o.arrival.c_str() : "trace",
+      static_cast<double>(otok) / base.size(), o.trace.empty() ? o.wl.arrival.c_str() : "trace",
       o.trace.empty() ? (", seed " + std::to_string(o.seed)).c_str() : "");
   std::printf(
       "limits: sarathi budget %lld tokens/step (chunk tile %lld), baselines %lld tokens/step, "
