@@ -13,6 +13,7 @@ struct Inbox {
   std::deque<std::pair<NewRequest, std::shared_ptr<TokenStream>>> adds;
   std::vector<int64_t> aborts;
   bool stopping = false;
+  std::string error;  // why the loop stopped on its own (a step threw)
   int64_t next_id = 0;
   int64_t steps = 0;
 
@@ -91,7 +92,9 @@ std::shared_ptr<TokenStream> EngineLoop::submit(NewRequest request) {
   std::shared_ptr<TokenStream> stream;
   {
     std::lock_guard<std::mutex> lock(inbox_->mu);
-    if (inbox_->stopping) throw Error(ErrorKind::kInvalidArgument, "engine", "is stopping");
+    if (inbox_->stopping)
+      throw Error(ErrorKind::kInvalidArgument, "engine",
+                  inbox_->error.empty() ? "is stopping" : "stopped: " + inbox_->error);
     request.id = inbox_->next_id++;
     request.arrival_time = -1;  // stamped by the loop when it adds the request
     stream.reset(new TokenStream(request.id, inbox_));
@@ -160,7 +163,21 @@ void EngineLoop::run() {
       engine_->step();  // reports the aborts; runs nothing
       return;
     }
-    StepResult r = engine_->step();
+    StepResult r;
+    try {
+      r = engine_->step();
+    } catch (const std::exception& e) {
+      // A failed step (a device error, say) leaves the engine unusable: end every stream and
+      // refuse new requests rather than take the process down from the loop thread.
+      {
+        std::lock_guard<std::mutex> lock(inbox_->mu);
+        inbox_->stopping = true;
+        inbox_->error = e.what();
+      }
+      for (auto& [id, weak] : streams)
+        if (auto st = weak.lock()) st->push({}, serve::FinishReason::kAbort);
+      return;
+    }
     {
       std::lock_guard<std::mutex> lock(inbox_->mu);
       ++inbox_->steps;

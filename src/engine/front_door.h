@@ -62,7 +62,8 @@ class EngineLoop {
   // Queues a request; the loop adds it at its next step. A request the engine would refuse is
   // refused here, in the caller's thread, with its Error, and changes nothing.
   std::shared_ptr<TokenStream> submit(NewRequest request);
-  // Aborts every request, finishes their streams with kAbort and joins the loop thread.
+  // Aborts every request, finishes their streams with kAbort and joins the loop thread. A step
+  // that throws stops the loop the same way (submit then says why).
   void stop();
   // Steps the loop has run (for tests and metrics).
   int64_t steps() const;

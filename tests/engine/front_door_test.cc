@@ -7,6 +7,7 @@
 #include <chrono>
 #include <thread>
 
+#include "engine/executor.h"
 #include "engine/front_door.h"
 #include "engine/model_engine.h"
 #include "engine/tiny_model.h"
@@ -127,6 +128,43 @@ TEST(FrontDoor, DroppedStreamsAbortAndRefusalsAreSynchronous) {
   EXPECT_EQ(running->finish_reason(), fs::FinishReason::kAbort);
   EXPECT_EQ(f.engine->blocks().num_free(), f.engine->blocks().num_blocks());
   EXPECT_THROW(f.loop->submit(request(0, 0)), Error);
+}
+
+// An executor whose third step fails, as a device error would.
+class FailingExecutor final : public fe::Executor {
+ public:
+  std::vector<int32_t> execute(const fs::Batch& batch) override {
+    if (++steps_ == 3) throw Error(flashserve::ErrorKind::kInternal, "device", "lost");
+    return std::vector<int32_t>(batch.entries.size(), 7);
+  }
+  double now() const override { return static_cast<double>(steps_); }
+  void wait_until(double) override {}
+  std::string describe() const override { return "failing"; }
+
+ private:
+  int steps_ = 0;
+};
+
+TEST(FrontDoor, AFailedStepEndsEveryStreamAndSaysWhy) {
+  fe::EngineConfig ec;
+  ec.scheduler.max_model_len = 64;
+  ec.num_blocks = 32;
+  fe::EngineLoop loop(std::make_unique<fe::Engine>(ec, std::make_unique<FailingExecutor>()));
+  fe::NewRequest r;
+  r.prompt = {1, 2, 3};
+  r.max_tokens = 20;
+  auto a = loop.submit(r), b = loop.submit(r);
+  const auto got = a->read_all();
+  EXPECT_LT(got.size(), 3u);  // two steps ran at most
+  EXPECT_EQ(a->finish_reason(), fs::FinishReason::kAbort);
+  b->read_all();
+  EXPECT_EQ(b->finish_reason(), fs::FinishReason::kAbort);
+  try {
+    loop.submit(r);
+    ADD_FAILURE() << "a stopped loop took a request";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("stopped: device: lost"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
