@@ -11,7 +11,8 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 BUILD=build/gpu
 FS=$BUILD/src/flashserve
-rates=("${@:-1 2 4}")
+[ $# -gt 0 ] || set -- 1 2 4
+rates=("$@")
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 { cmake -S . -B $BUILD -DCMAKE_BUILD_TYPE=Release -DFLASHSERVE_CUDA_ARCHS=90a -DFLASHSERVE_TESTS=OFF &&
   cmake --build $BUILD -j "${JOBS:-16}" --target flashserve; } >"$OUT/build.log" 2>&1 ||
