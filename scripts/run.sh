@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The main job: builds flashserve and runs its default command (works without a GPU).
+# The main job: builds flashserve and runs `flashserve run` (the engine on a tiny random model,
+# sarathi against vllm, measured; on the GPU when there is one, else the CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 BUILD=${BUILD:-build/release}
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFLASHSERVE_TESTS=OFF ${CMAKE_ARGS:-}
 cmake --build "$BUILD" -j "$(nproc)" --target flashserve
-"$BUILD/src/flashserve" "${@:-demo}"
+"$BUILD/src/flashserve" "${@:-run}"

@@ -46,7 +46,26 @@ void GpuSpec::validate() const {
 }
 
 GpuSpec gpu_preset(const std::string& name) {
-  if (name != "h200") bad("gpu", "'" + name + "' is not one of h200");
+  if (name == "a100") {
+    // A100-SXM4-80GB, for holding the simulator against the Sarathi-Serve paper's A100 figures.
+    // Nothing here is measured by us: the peaks are NVIDIA's datasheet (312 TFLOP/s dense bf16,
+    // 2.039 TB/s HBM2e) scaled by the fractions of peak we measured on the H200 (GEMM 791 of 989
+    // TFLOP/s, copy 4.21 of 4.8 TB/s, decode attention 2.5 of 4.21 TB/s of copy); prefill
+    // attention from the FlashAttention-2 paper's A100 forward curves (causal, head dim 128,
+    // 1k-8k tokens: about 160-200 TFLOP/s).
+    GpuSpec g;
+    g.name = "a100";
+    g.memory_bytes = 80.0 * (1ull << 30);
+    g.matmul_flops = 312e12 * (791.0 / 989.0);
+    g.matmul_efficiency = 0.7;
+    g.mem_bw = 2.039e12 * (4.21 / 4.8);
+    g.weight_bw_efficiency = 0.85;
+    g.attn_prefill_flops = 180e12;
+    g.attn_decode_bw = g.mem_bw * (2.5 / 4.21);
+    g.step_overhead_s = 1.5e-3;
+    return g;
+  }
+  if (name != "h200") bad("gpu", "'" + name + "' is not one of h200, a100");
   GpuSpec g;
   g.name = "h200";
   g.memory_bytes = 139.0 * (1ull << 30);  // what the device machine reports as usable
@@ -64,6 +83,27 @@ GpuSpec gpu_preset(const std::string& name) {
   g.attn_decode_bw = 2.5e12;
   g.step_overhead_s = 1.5e-3;  // assumption: kernel launches (no CUDA graphs yet) + host work
   return g;
+}
+
+int64_t kv_blocks_for(const ModelShape& model, double gpu_memory_bytes,
+                      double gpu_memory_utilization, int32_t block_size) {
+  if (block_size < 1)
+    throw Error(ErrorKind::kInvalidArgument, "block_size",
+                std::to_string(block_size) + " must be positive");
+  if (!(gpu_memory_utilization > 0 && gpu_memory_utilization <= 1))
+    throw Error(ErrorKind::kInvalidArgument, "gpu_memory_utilization",
+                std::to_string(gpu_memory_utilization) + " is not in (0, 1]");
+  const double left =
+      gpu_memory_bytes * gpu_memory_utilization - static_cast<double>(model.weight_bytes());
+  const double block_bytes = static_cast<double>(model.kv_bytes_per_token()) * block_size;
+  const int64_t n = left > 0 ? static_cast<int64_t>(left / block_bytes) : 0;
+  if (n < 1)
+    throw Error(ErrorKind::kInvalidArgument, "model",
+                model.name + "'s weights (" +
+                    std::to_string(static_cast<double>(model.weight_bytes()) / 1e9) +
+                    " GB) leave no room for a KV cache in " +
+                    std::to_string(gpu_memory_bytes * gpu_memory_utilization / 1e9) + " GB");
+  return n;
 }
 
 RooflineCostModel::RooflineCostModel(ModelShape model, GpuSpec gpu)

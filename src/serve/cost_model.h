@@ -35,8 +35,14 @@ struct GpuSpec {
   void validate() const;
 };
 
-// "h200": the figures measured on our device machine (shared/anchors/h200-sdpa.md).
+// "h200": the figures measured on our device machine (shared/anchors/h200-sdpa.md); "a100":
+// datasheet peaks scaled by the H200's measured fractions (cost_model.cc says which).
 GpuSpec gpu_preset(const std::string& name);
+
+// KV blocks that fit in `gpu_memory_utilization` of the GPU's memory once the weights are loaded
+// (activations are small next to the KV cache and share the leftover margin). Throws if none fit.
+int64_t kv_blocks_for(const ModelShape& model, double gpu_memory_bytes,
+                      double gpu_memory_utilization, int32_t block_size);
 
 // Breakdown of one step's time.
 struct StepTime {

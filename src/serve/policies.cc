@@ -1,6 +1,7 @@
 // The four scheduling policies. Each only decides the order and size of the batch's entries; block
 // reservation, preemption and bookkeeping are the base class's.
 #include <algorithm>
+#include <limits>
 #include <memory>
 
 #include "flashserve/error.h"
@@ -45,8 +46,7 @@ class SarathiScheduler final : public Scheduler {
       Sequence* s = admit_head();
       if (!s) break;
       const int64_t c = chunk(s->num_uncomputed(), left);
-      blocks_.grow(*s, s->num_computed + c);
-      add_entry(batch, s, c);
+      add_entry(batch, s, c);  // admit_head reserved the blocks of the whole prompt
       left -= c;
     }
   }
@@ -58,15 +58,15 @@ class WholePromptScheduler : public Scheduler {
   WholePromptScheduler(const SchedulerConfig& c, BlockManager& b) : Scheduler(c, b) {}
 
  protected:
-  // Admits whole prompts FIFO while they fit in `left` tokens; returns how many were admitted.
-  int64_t admit_whole(Batch& batch, int64_t left) {
+  // Admits whole prompts FIFO while they fit in `left` tokens, each with the blocks of
+  // `reserve_tokens` (at least its own); returns how many were admitted.
+  int64_t admit_whole(Batch& batch, int64_t left, int64_t reserve_tokens = 0) {
     int64_t n = 0;
     while (!waiting_.empty()) {
       const int64_t need = waiting_.front()->num_uncomputed();
       if (need > left) break;
-      Sequence* s = admit_head();
+      Sequence* s = admit_head(reserve_tokens);
       if (!s) break;
-      blocks_.grow(*s, s->num_tokens());
       add_entry(batch, s, need);
       left -= need;
       ++n;
@@ -87,15 +87,18 @@ class VllmScheduler final : public WholePromptScheduler {
   }
 };
 
-// Orca: iteration-level scheduling; whole prompts join the running decodes in the same step.
+// Orca: iteration-level scheduling; whole prompts join the running decodes in the same step. Orca
+// keeps a fixed batch (max_running) and, with no paged cache, reserves max_model_len tokens of KV
+// per request when it is admitted, so it never preempts; there is no cap on a step's tokens.
 class OrcaScheduler final : public WholePromptScheduler {
  public:
   OrcaScheduler(const SchedulerConfig& c, BlockManager& b) : WholePromptScheduler(c, b) {}
 
  private:
   void form(Batch& batch) override {
-    const int64_t decodes = add_decodes(batch);
-    if (batch.preempted.empty()) admit_whole(batch, config_.max_tokens_per_step - decodes);
+    add_decodes(batch);
+    if (batch.preempted.empty())
+      admit_whole(batch, std::numeric_limits<int64_t>::max(), config_.max_model_len);
   }
 };
 

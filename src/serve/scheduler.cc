@@ -24,6 +24,22 @@ const char* to_string(SeqState s) {
   return "?";
 }
 
+const char* to_string(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kEos:
+      return "eos";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+  }
+  return "?";
+}
+
 const char* to_string(Policy p) {
   switch (p) {
     case Policy::kSarathi:
@@ -84,7 +100,8 @@ void SchedulerConfig::validate() const {
     bad("max_tokens_per_step", "sarathi's budget " + std::to_string(max_tokens_per_step) +
                                    " is below max_running " + std::to_string(max_running) +
                                    ", so it could not run every decode each step");
-  if (policy != Policy::kSarathi && max_tokens_per_step < max_model_len)
+  // Orca has no token cap (its batch is max_running requests); vllm and static run whole prompts.
+  if ((policy == Policy::kVllm || policy == Policy::kStatic) && max_tokens_per_step < max_model_len)
     bad("max_tokens_per_step", std::string(to_string(policy)) + " never chunks a prompt, so " +
                                    std::to_string(max_tokens_per_step) +
                                    " must be at least max_model_len " +
@@ -181,16 +198,22 @@ void Scheduler::preempt(Sequence* seq, Batch& batch) {
   waiting_.push_front(std::move(owned));
 }
 
-bool Scheduler::reserve(Sequence* seq, int64_t kv_len, Batch& batch) {
-  while (!blocks_.can_grow(*seq, kv_len)) {
-    Sequence* victim = nullptr;
+Sequence* Scheduler::victim_for(const Sequence* seq, const Batch& batch) const {
+  // Lowest priority first, but a prefill that has started is taken only when nothing else is
+  // left: recomputing it throws away the chunks already paid for, and its blocks were reserved
+  // when it was admitted, so it is not what ran the cache short.
+  for (const bool spare_prefills : {true, false})
     for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
       Sequence* c = it->get();
-      if (c != seq && !in_batch(batch, c)) {
-        victim = c;
-        break;
-      }
+      const bool half_done = c->state == SeqState::kRunningPrefill && c->num_computed > 0;
+      if (c != seq && !in_batch(batch, c) && !(spare_prefills && half_done)) return c;
     }
+  return nullptr;
+}
+
+bool Scheduler::reserve(Sequence* seq, int64_t kv_len, Batch& batch) {
+  while (!blocks_.can_grow(*seq, kv_len)) {
+    Sequence* victim = victim_for(seq, batch);
     if (!victim) {
       preempt(seq, batch);
       return false;
@@ -216,13 +239,17 @@ int64_t Scheduler::add_decodes(Batch& batch) {
   return added;
 }
 
-Sequence* Scheduler::admit_head() {
+Sequence* Scheduler::admit_head(int64_t reserve_tokens) {
   if (waiting_.empty() || num_running() >= config_.max_running) return nullptr;
   Sequence* s = waiting_.front().get();
-  if (!blocks_.can_admit(*s, s->num_tokens())) return nullptr;
+  const int64_t tokens = std::max(reserve_tokens, s->num_tokens());
+  if (!blocks_.can_admit(*s, tokens)) return nullptr;
   running_.push_back(std::move(waiting_.front()));
   waiting_.pop_front();
   s->state = SeqState::kRunningPrefill;
+  // The blocks are taken now, not chunk by chunk: a later admission cannot count them as free,
+  // so a prefill never runs out of blocks half way.
+  blocks_.grow(*s, tokens);
   return s;
 }
 
@@ -243,6 +270,7 @@ std::unique_ptr<Sequence> Scheduler::abort(int64_t id, double now) {
   }
   out->state = SeqState::kFinished;
   out->aborted = true;
+  out->finish_reason = FinishReason::kAbort;
   out->finish_time = now;
   return out;
 }
@@ -265,8 +293,14 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::complete(const Batch& batch,
     if (!e.samples) continue;
     s->generated.push_back(sampled[i]);
     s->token_times.push_back(now);
-    if (s->num_generated() >= s->max_output_tokens ||
-        (s->stop_token >= 0 && sampled[i] == s->stop_token)) {
+    const int32_t t = sampled[i];
+    if (s->eos_token >= 0 && t == s->eos_token)
+      s->finish_reason = FinishReason::kEos;
+    else if (std::find(s->stop_tokens.begin(), s->stop_tokens.end(), t) != s->stop_tokens.end())
+      s->finish_reason = FinishReason::kStop;
+    else if (s->num_generated() >= s->max_output_tokens)
+      s->finish_reason = FinishReason::kLength;
+    if (s->finish_reason != FinishReason::kNone) {
       s->state = SeqState::kFinished;
       s->finish_time = now;
       blocks_.release(*s);

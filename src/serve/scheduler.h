@@ -8,7 +8,9 @@
 //            to what is left of the budget (rounded down to a multiple of chunk_tile unless it is
 //            the last chunk or less than a tile is left).
 //   vllm     prefill-first: whole prompts run in steps of their own; decodes wait while they do.
-//   orca     iteration-level: whole prompts mixed with the running decodes, no chunking.
+//   orca     iteration-level (Orca, OSDI'22): a fixed batch of max_running requests, each reserving
+//            max_model_len tokens of KV at admission (Orca has no paged cache), whole prompts
+//            mixed with the running decodes, no chunking and no token cap.
 //   static   request-level: a batch is admitted only when the previous one has fully finished.
 #pragma once
 
@@ -31,10 +33,10 @@ std::vector<Policy> all_policies();
 
 struct SchedulerConfig {
   Policy policy = Policy::kSarathi;
-  // The token budget of sarathi; for the policies that never chunk it is the largest batch of
-  // prompt tokens one step may take, so it must be at least max_model_len.
+  // The token budget of sarathi; for vllm and static (which never chunk) the largest batch of
+  // prompt tokens one step may take, so it must be at least max_model_len; orca ignores it.
   int64_t max_tokens_per_step = 512;
-  int64_t max_running = 256;     // sequences holding KV blocks at once
+  int64_t max_running = 256;     // sequences holding KV blocks at once (orca: its fixed batch size)
   int64_t max_model_len = 8192;  // prompt + output tokens of one request
   int64_t chunk_tile = 64;  // sarathi: non-final chunks are a multiple of this (1: no rounding)
 
@@ -86,8 +88,12 @@ class Scheduler {
   // not yet in `batch`; preempts `seq` itself if that is not enough. Returns whether seq can run.
   bool reserve(Sequence* seq, int64_t kv_len, Batch& batch);
   // Moves the head of the waiting queue to the running set if max_running and the blocks (with the
-  // watermark, for all its uncomputed tokens) allow it; returns it or nullptr.
-  Sequence* admit_head();
+  // watermark) allow it, and gives it blocks for max(reserve_tokens, its tokens) at once; returns
+  // it or nullptr.
+  Sequence* admit_head(int64_t reserve_tokens = 0);
+  // The running sequence to preempt so that `seq` can grow: the lowest-priority one not in
+  // `batch`, sparing prefills already under way while anything else is left; nullptr if none.
+  Sequence* victim_for(const Sequence* seq, const Batch& batch) const;
   void add_entry(Batch& batch, Sequence* seq, int64_t q_len);
   void preempt(Sequence* seq, Batch& batch);
   bool in_batch(const Batch& batch, const Sequence* seq) const;

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "model/sampling.h"
+
 namespace flashserve::serve {
 
 enum class SeqState : int32_t {
@@ -21,14 +23,29 @@ enum class SeqState : int32_t {
 
 const char* to_string(SeqState s);
 
+// Why a request finished (what an API reports as finish_reason).
+enum class FinishReason : int32_t {
+  kNone,    // not finished
+  kEos,     // sampled the model's end-of-sequence token
+  kStop,    // sampled one of the request's stop tokens
+  kLength,  // produced max_output_tokens tokens
+  kAbort,   // dropped by Scheduler::abort (a client went away)
+};
+
+const char* to_string(FinishReason r);
+
 struct Sequence {
   int64_t id = 0;
   std::vector<int32_t> prompt;     // prompt token ids
   std::vector<int32_t> generated;  // sampled token ids, in order
   int64_t max_output_tokens = 0;   // the request finishes after exactly this many sampled tokens
-  // ...or earlier, when it samples this token (an engine's EOS). -1: never (benchmarks, simulator).
-  int32_t stop_token = -1;
-  bool aborted = false;  // finished by Scheduler::abort, not by generation
+  // ...or earlier, when it samples eos_token (-1: never, as in benchmarks and the simulator) or
+  // one of stop_tokens. The stopping token is kept in `generated`.
+  int32_t eos_token = -1;
+  std::vector<int32_t> stop_tokens;
+  model::SamplingParams sampling;  // how the engine draws its tokens (the simulator ignores it)
+  bool aborted = false;            // finished by Scheduler::abort, not by generation
+  FinishReason finish_reason = FinishReason::kNone;
 
   SeqState state = SeqState::kWaiting;
   // Tokens whose K and V are in the cache. A token is "computed" once a forward pass has run over

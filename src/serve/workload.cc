@@ -89,6 +89,8 @@ void WorkloadSpec::validate() const {
   if (num_requests < 1 || num_requests > kMaxGeneratedRequests)
     bad("num_requests", str_cat(num_requests, " is outside [1, ", kMaxGeneratedRequests, "]"));
   if (max_model_len < 2) bad("max_model_len", std::to_string(max_model_len) + " must be >= 2");
+  if (lengths == LengthKind::kTable && (!table || table->prompt.empty()))
+    bad("workload", "a length table workload needs a table with rows");
   if (lengths == LengthKind::kFixed) {
     if (fixed_prompt < 1) bad("prompt_len", std::to_string(fixed_prompt) + " must be positive");
     if (fixed_output < 1) bad("output_len", std::to_string(fixed_output) + " must be positive");
@@ -121,9 +123,18 @@ std::vector<Request> generate_workload(const WorkloadSpec& spec) {
       r.output_tokens = spec.fixed_output;
       continue;
     }
-    const LengthFit& f = spec.lengths == LengthKind::kChat ? kChat : kSummarize;
-    const double p = lens.lognormal_from_quantiles(f.prompt_median, f.prompt_p90);
-    const double o = lens.lognormal_from_quantiles(f.output_median, f.output_p90);
+    double p = 0, o = 0;
+    if (spec.lengths == LengthKind::kTable) {
+      const auto rows = static_cast<double>(spec.table->prompt.size());
+      const auto row =
+          std::min(static_cast<size_t>(lens.uniform() * rows), spec.table->prompt.size() - 1);
+      p = static_cast<double>(spec.table->prompt[row]);
+      o = static_cast<double>(spec.table->output[row]);
+    } else {
+      const LengthFit& f = spec.lengths == LengthKind::kChat ? kChat : kSummarize;
+      p = lens.lognormal_from_quantiles(f.prompt_median, f.prompt_p90);
+      o = lens.lognormal_from_quantiles(f.output_median, f.output_p90);
+    }
     r.output_tokens = std::clamp<int64_t>(std::llround(o), 1, spec.max_model_len - 1);
     r.prompt_tokens = std::clamp<int64_t>(std::llround(p), 1, spec.max_model_len - r.output_tokens);
   }

@@ -7,9 +7,12 @@
 
 #include <cstdint>
 #include <istream>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
+
+#include "serve/length_table.h"
 
 namespace flashserve::serve {
 
@@ -25,7 +28,8 @@ struct Request {
 //   chat:      prompt median 1730, P90 5696; output median 415, P90 834
 //   summarize: prompt median 7059, P90 12985; output median 208, P90 371
 // Samples are rounded, at least 1, and a prompt is cut so that prompt + output <= max_model_len.
-enum class LengthKind : int32_t { kChat, kSummarize, kFixed };
+// kTable samples the rows of a real trace's lengths (WorkloadSpec::table) uniformly, with the seed.
+enum class LengthKind : int32_t { kChat, kSummarize, kFixed, kTable };
 LengthKind parse_length_kind(const std::string& name);  // "chat", "summarize", "fixed"
 
 enum class ArrivalKind : int32_t { kPoisson, kGamma };
@@ -40,8 +44,9 @@ inline constexpr int64_t kMaxGeneratedRequests = 10'000'000;
 
 struct WorkloadSpec {
   LengthKind lengths = LengthKind::kChat;
-  int64_t fixed_prompt = 512;  // kFixed
-  int64_t fixed_output = 128;  // kFixed
+  int64_t fixed_prompt = 512;                // kFixed
+  int64_t fixed_output = 128;                // kFixed
+  std::shared_ptr<const LengthTable> table;  // kTable
   ArrivalKind arrival = ArrivalKind::kPoisson;
   double rate = 1.0;  // requests per second
   double cv = 1.0;    // gamma: coefficient of variation of the gaps (1 = Poisson, > 1 = bursty)

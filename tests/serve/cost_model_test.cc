@@ -114,7 +114,15 @@ TEST(CostModel, GpuAndModelValidation) {
   fs::ModelShape m = fs::model_preset("mistral-7b");
   m.kv_heads = 5;
   EXPECT_THROW(fs::RooflineCostModel(m, fs::gpu_preset("h200")), Error);
-  EXPECT_THROW(fs::gpu_preset("a100"), Error);
+  EXPECT_THROW(fs::gpu_preset("b200"), Error);
+  // The A100 preset is a valid GPU, slower than the H200 in every figure.
+  const fs::GpuSpec a = fs::gpu_preset("a100"), h = fs::gpu_preset("h200");
+  EXPECT_NO_THROW(a.validate());
+  EXPECT_LT(a.memory_bytes, h.memory_bytes);
+  EXPECT_LT(a.matmul_flops, h.matmul_flops);
+  EXPECT_LT(a.mem_bw, h.mem_bw);
+  EXPECT_LT(a.attn_prefill_flops, h.attn_prefill_flops);
+  EXPECT_LT(a.attn_decode_bw, h.attn_decode_bw);
 }
 
 // A multilinear function is reproduced exactly by trilinear interpolation, inside and outside

@@ -124,7 +124,10 @@ void check_paged_kv(const fs::Batch& batch, int32_t bs, std::vector<Slot>& kv) {
 bool head_admissible(const fs::Scheduler& s, const fs::BlockManager& bm, int64_t tokens_left) {
   if (s.num_waiting() == 0 || s.num_running() >= s.config().max_running) return false;
   const fs::Sequence& head = *s.live()[static_cast<size_t>(s.num_running())];
-  const int64_t step_need = s.config().policy == fs::Policy::kSarathi ? 1 : head.num_uncomputed();
+  const fs::Policy p = s.config().policy;
+  if (p == fs::Policy::kOrca)  // no token cap; max_model_len of KV reserved per request
+    return bm.can_admit(head, std::max(head.num_tokens(), s.config().max_model_len));
+  const int64_t step_need = p == fs::Policy::kSarathi ? 1 : head.num_uncomputed();
   return bm.can_admit(head, head.num_tokens()) && step_need <= tokens_left;
 }
 
@@ -173,8 +176,11 @@ RunStats run_case(const Case& c, uint64_t seed) {
     std::set<int64_t> decoding_before;
     const int64_t running_before = sched->num_running();
     std::vector<int64_t> priority_before;  // running, highest priority first
+    std::set<int64_t> half_done_before;    // prefills with some chunks computed
     for (const fs::Sequence* s : sched->running()) {
       priority_before.push_back(s->id);
+      if (s->state == fs::SeqState::kRunningPrefill && s->num_computed > 0)
+        half_done_before.insert(s->id);
       if (s->state == fs::SeqState::kRunningDecode) decoding_before.insert(s->id);
     }
     std::vector<int64_t> waiting_before;  // in queue order
@@ -187,8 +193,8 @@ RunStats run_case(const Case& c, uint64_t seed) {
     st.preemptions += static_cast<int64_t>(batch.preempted.size());
     st.max_tokens = std::max(st.max_tokens, batch.num_tokens());
 
-    // The budget, the running limit, and the shape of every entry.
-    EXPECT_LE(batch.num_tokens(), c.cfg.max_tokens_per_step);
+    // The budget (orca has none), the running limit, and the shape of every entry.
+    if (c.policy != fs::Policy::kOrca) EXPECT_LE(batch.num_tokens(), c.cfg.max_tokens_per_step);
     EXPECT_LE(sched->num_running(), c.cfg.max_running);
     std::set<int64_t> in_batch;
     bool has_prefill = false, has_decode = false;
@@ -239,15 +245,24 @@ RunStats run_case(const Case& c, uint64_t seed) {
       if (!s->is_running()) waiting_after.push_back(s->id);
     EXPECT_EQ(waiting_after, want_waiting) << "step " << step;
     // A victim is the lowest-priority sequence not in the step: everything below it was spared
-    // only because it runs in the step (or was preempted too).
+    // only because it runs in the step (or was preempted too), or is a prefill under way (spared
+    // while another victim exists) when the victim is not one.
     std::set<int64_t> preempted_set(batch.preempted.begin(), batch.preempted.end());
     for (int64_t v : batch.preempted) {
       auto it = std::find(priority_before.begin(), priority_before.end(), v);
       EXPECT_TRUE(it != priority_before.end()) << "preempted a sequence that was not running";
+      const bool victim_half_done = half_done_before.count(v) > 0;
       for (; it != priority_before.end(); ++it)
-        EXPECT_TRUE(in_batch.count(*it) || preempted_set.count(*it))
+        EXPECT_TRUE(in_batch.count(*it) || preempted_set.count(*it) ||
+                    (!victim_half_done && half_done_before.count(*it)))
             << "preempted " << v << " ahead of lower-priority " << *it << " at step " << step;
+      if (c.policy == fs::Policy::kOrca) ADD_FAILURE() << "orca reserved its KV, yet preempted";
     }
+    // Sarathi reserves a prompt's blocks at admission: its prefills never run the cache short.
+    if (c.policy == fs::Policy::kSarathi)
+      for (const auto& e : batch.entries)
+        if (e.is_prefill)
+          EXPECT_GE(int64_t(e.block_table().size()) * c.block_size, e.seq->num_tokens());
     const int64_t left = c.cfg.max_tokens_per_step - batch.num_tokens();
     check_paged_kv(batch, c.block_size, kv);
     if (c.policy == fs::Policy::kSarathi || c.policy == fs::Policy::kOrca) {
@@ -349,8 +364,12 @@ TEST_P(RandomWorkloads, InvariantsBudgetAndExactLengths) {
   RecordProperty("preemptions", std::to_string(total.preemptions));
   RecordProperty("chunked_prefills", std::to_string(total.chunked_prefills));
   RecordProperty("aborts", std::to_string(total.aborts));
-  // The tight caches must actually have exercised preemption, and sarathi must have chunked.
-  EXPECT_GT(total.preemptions, 0);
+  // The tight caches must actually have exercised preemption (orca reserves max_model_len per
+  // request and never preempts), and sarathi must have chunked.
+  if (GetParam() == fs::Policy::kOrca)
+    EXPECT_EQ(total.preemptions, 0);
+  else
+    EXPECT_GT(total.preemptions, 0);
   EXPECT_GT(total.aborts, 0);
   if (GetParam() == fs::Policy::kSarathi) {
     EXPECT_GT(total.chunked_prefills, 0);
@@ -573,7 +592,7 @@ TEST(Scheduler, StopTokenFinishesEarly) {
   fs::BlockManager bm(64, 16);
   auto sched = fs::Scheduler::create(cfg, bm);
   auto r = make_req(0, 10, 50);
-  r->stop_token = 2;
+  r->stop_tokens = {2};
   sched->add(std::move(r));
   std::vector<std::unique_ptr<fs::Sequence>> done;
   const std::vector<int32_t> tokens = {7, 9, 2, 5};
@@ -583,6 +602,7 @@ TEST(Scheduler, StopTokenFinishesEarly) {
   }
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0]->generated, (std::vector<int32_t>{7, 9, 2}));
+  EXPECT_EQ(done[0]->finish_reason, fs::FinishReason::kStop);
   EXPECT_EQ(bm.num_free(), 64);
 }
 

@@ -8,11 +8,12 @@
 #include <cmath>
 #include <sstream>
 
+#include "engine/simulator.h"
 #include "flashserve/error.h"
 #include "serve/capacity.h"
-#include "serve/simulator.h"
 
 namespace fs = flashserve::serve;
+namespace fe = flashserve::engine;
 using flashserve::Error;
 
 namespace {
@@ -27,8 +28,8 @@ class ConstantCost final : public fs::CostModel {
   double s_;
 };
 
-fs::SimConfig small_config(fs::Policy p, int64_t budget = 512) {
-  fs::SimConfig c;
+fe::SimConfig small_config(fs::Policy p, int64_t budget = 512) {
+  fe::SimConfig c;
   c.scheduler.policy = p;
   c.scheduler.max_model_len = 4096;
   c.scheduler.max_tokens_per_step = p == fs::Policy::kSarathi ? budget : 4096;
@@ -40,8 +41,8 @@ fs::SimConfig small_config(fs::Policy p, int64_t budget = 512) {
 
 TEST(Simulator, ExactTimelineOfOneRequest) {
   const std::vector<fs::Request> reqs = {{0, 3.0, 1000, 5}};
-  const fs::SimResult r =
-      fs::simulate(reqs, small_config(fs::Policy::kSarathi), ConstantCost(0.01));
+  const fe::SimResult r =
+      fe::simulate(reqs, small_config(fs::Policy::kSarathi), ConstantCost(0.01));
   ASSERT_EQ(r.finished.size(), 1u);
   // Chunks of 512 and 488 (the second samples the first token), then 4 decodes.
   EXPECT_EQ(r.steps, 6);
@@ -57,10 +58,10 @@ TEST(Simulator, ExactTimelineOfOneRequest) {
 
 TEST(Simulator, QueueingShowsAsSchedulingDelay) {
   // Static batching of 1 at a time: the second request waits for the whole first one.
-  fs::SimConfig c = small_config(fs::Policy::kStatic);
+  fe::SimConfig c = small_config(fs::Policy::kStatic);
   c.scheduler.max_running = 1;
   const std::vector<fs::Request> reqs = {{0, 0.0, 10, 4}, {1, 0.0, 10, 4}};
-  const fs::SimResult r = fs::simulate(reqs, c, ConstantCost(0.5));
+  const fe::SimResult r = fe::simulate(reqs, c, ConstantCost(0.5));
   ASSERT_EQ(r.finished.size(), 2u);
   EXPECT_NEAR(r.finished[1]->first_scheduled_time, 2.0, 1e-12);
   EXPECT_NEAR(r.metrics.sched_delay.max, 2.0, 1e-12);
@@ -76,13 +77,13 @@ TEST(Simulator, DeterministicAndEveryRequestCompletes) {
   fs::RooflineCostModel cm(fs::model_preset("mistral-7b"), fs::gpu_preset("h200"));
   for (fs::Policy p : fs::all_policies()) {
     int64_t steps = 0;
-    const fs::SimConfig c = small_config(p, 256);
-    const auto a = fs::simulate(reqs, c, cm, [&](const fs::Scheduler& s, const fs::Batch& b) {
+    const fe::SimConfig c = small_config(p, 256);
+    const auto a = fe::simulate(reqs, c, cm, [&](const fs::Scheduler& s, const fs::Batch& b) {
       ++steps;
       EXPECT_LE(b.num_tokens(), c.scheduler.max_tokens_per_step);
       EXPECT_NO_THROW(s.blocks().check_invariants(s.live()));
     });
-    const auto b = fs::simulate(reqs, c, cm);
+    const auto b = fe::simulate(reqs, c, cm);
     EXPECT_EQ(steps, a.steps);
     EXPECT_EQ(a.metrics.tbt.p99, b.metrics.tbt.p99) << fs::to_string(p);
     EXPECT_EQ(a.metrics.ttft.mean, b.metrics.ttft.mean);
@@ -103,11 +104,11 @@ TEST(Simulator, PrefillFirstStallsDecodesChunkingDoesNot) {
   spec.max_model_len = 8192;
   const auto reqs = fs::generate_workload(spec);
   fs::RooflineCostModel cm(fs::model_preset("mistral-7b"), fs::gpu_preset("h200"));
-  fs::SimConfig sar = small_config(fs::Policy::kSarathi, 512), vl = small_config(fs::Policy::kVllm);
+  fe::SimConfig sar = small_config(fs::Policy::kSarathi, 512), vl = small_config(fs::Policy::kVllm);
   sar.scheduler.max_model_len = vl.scheduler.max_model_len = vl.scheduler.max_tokens_per_step =
       8192;
-  const auto s = fs::simulate(reqs, sar, cm).metrics;
-  const auto v = fs::simulate(reqs, vl, cm).metrics;
+  const auto s = fe::simulate(reqs, sar, cm).metrics;
+  const auto v = fe::simulate(reqs, vl, cm).metrics;
   fs::Batch whole;
   whole.entries.push_back({nullptr, 0, 6000, 6000, true, true});
   const double prefill_step = cm.step_seconds(whole);
@@ -147,8 +148,8 @@ TEST(Simulator, ProfileTableDrivesTheClock) {
   spec.rate = 4;
   spec.max_model_len = 4096;
   const auto reqs = fs::generate_workload(spec);
-  const auto a = fs::simulate(reqs, small_config(fs::Policy::kSarathi), pm).metrics;
-  const auto b = fs::simulate(reqs, small_config(fs::Policy::kSarathi), lin).metrics;
+  const auto a = fe::simulate(reqs, small_config(fs::Policy::kSarathi), pm).metrics;
+  const auto b = fe::simulate(reqs, small_config(fs::Policy::kSarathi), lin).metrics;
   EXPECT_NEAR(a.tbt.p99, b.tbt.p99, 1e-9);
   EXPECT_NEAR(a.e2e.mean, b.e2e.mean, 1e-9);
 }
@@ -174,13 +175,13 @@ TEST(Simulator, KvCacheSizing) {
 TEST(Simulator, RejectsRequestsThatCanNeverRun) {
   const std::vector<fs::Request> reqs = {{0, 0, 4000, 200}};
   try {
-    fs::simulate(reqs, small_config(fs::Policy::kSarathi), ConstantCost(0.01));
+    fe::simulate(reqs, small_config(fs::Policy::kSarathi), ConstantCost(0.01));
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "request 0");
   }
   const std::vector<fs::Request> unsorted = {{0, 1, 10, 1}, {1, 0, 10, 1}};
-  EXPECT_THROW(fs::simulate(unsorted, small_config(fs::Policy::kSarathi), ConstantCost(0.01)),
+  EXPECT_THROW(fe::simulate(unsorted, small_config(fs::Policy::kSarathi), ConstantCost(0.01)),
                Error);
 }
 
@@ -251,7 +252,7 @@ TEST(Capacity, SarathiServesMoreThanPrefillFirstUnderATightSlo) {
   spec.max_model_len = 8192;
   fs::RooflineCostModel cm(fs::model_preset("mistral-7b"), fs::gpu_preset("h200"));
   auto capacity = [&](fs::Policy p) {
-    fs::SimConfig c = small_config(p, 512);
+    fe::SimConfig c = small_config(p, 512);
     c.scheduler.max_model_len = 8192;
     if (p != fs::Policy::kSarathi) c.scheduler.max_tokens_per_step = 8192;
     c.num_blocks = 20000;
@@ -259,7 +260,7 @@ TEST(Capacity, SarathiServesMoreThanPrefillFirstUnderATightSlo) {
                [&](double rate) {
                  fs::WorkloadSpec s = spec;
                  s.rate = rate;
-                 return fs::simulate(fs::generate_workload(s), c, cm).metrics;
+                 return fe::simulate(fs::generate_workload(s), c, cm).metrics;
                },
                fs::CapacityCriteria{0.05, 2.0}, 1.0, 0.05)
         .capacity;

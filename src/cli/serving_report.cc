@@ -1,0 +1,161 @@
+#include "cli/serving_report.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
+
+#include "cli/options.h"
+
+namespace flashserve::cli {
+
+namespace fs = flashserve::serve;
+
+std::string fmt_s(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3f", s);
+  return b;
+}
+std::string fmt_ms(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", s * 1e3);
+  return b;
+}
+
+void print_metrics_header(bool with_capacity) {
+  std::printf(
+      "| policy | TTFT p50 (s) | TTFT p99 (s) | TBT p50 (ms) | TBT p99 (ms) | TPOT mean (ms) | "
+      "E2E p50 (s) | E2E p99 (s) | sched delay p50 (s) | out tok/s | preemptions | steps |%s\n",
+      with_capacity ? " capacity (req/s) |" : "");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|%s\n", with_capacity ? "---|" : "");
+}
+
+void print_metrics_row(const std::string& policy, const fs::ServingMetrics& m, int64_t steps,
+                       const std::string& capacity) {
+  std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %lld | %lld |", policy.c_str(),
+              fmt_s(m.ttft.p50).c_str(), fmt_s(m.ttft.p99).c_str(), fmt_ms(m.tbt.p50).c_str(),
+              fmt_ms(m.tbt.p99).c_str(), fmt_ms(m.tpot.mean).c_str(), fmt_s(m.e2e.p50).c_str(),
+              fmt_s(m.e2e.p99).c_str(), fmt_s(m.sched_delay.p50).c_str(), m.token_throughput,
+              static_cast<long long>(m.preemptions), static_cast<long long>(steps));
+  if (!capacity.empty()) std::printf(" %s |", capacity.c_str());
+  std::printf("\n");
+}
+
+void print_metrics_detail(const std::vector<std::string>& policies,
+                          const std::vector<fs::ServingMetrics>& all) {
+  std::printf("\n| metric (s) | policy | mean | p50 | p90 | p99 |\n|---|---|---|---|---|---|\n");
+  const std::pair<const char*, fs::Summary fs::ServingMetrics::*> rows[] = {
+      {"TTFT", &fs::ServingMetrics::ttft},
+      {"TBT", &fs::ServingMetrics::tbt},
+      {"TPOT", &fs::ServingMetrics::tpot},
+      {"E2E", &fs::ServingMetrics::e2e},
+      {"sched delay", &fs::ServingMetrics::sched_delay}};
+  for (const auto& [name, field] : rows)
+    for (size_t i = 0; i < policies.size(); ++i) {
+      const fs::Summary& x = all[i].*field;
+      std::printf("| %s | %s | %.4f | %.4f | %.4f | %.4f |\n", name, policies[i].c_str(), x.mean,
+                  x.p50, x.p90, x.p99);
+    }
+  for (size_t i = 0; i < policies.size(); ++i)
+    std::printf("%s: %.3f req/s, %.0f output tok/s over %.1f s\n", policies[i].c_str(),
+                all[i].request_throughput, all[i].token_throughput, all[i].duration_s);
+}
+
+fs::SvgSeries tbt_cdf_series(const std::string& name, const fs::ServingMetrics& m) {
+  std::vector<double> v = m.tbt_samples;
+  std::sort(v.begin(), v.end());
+  fs::SvgSeries s{name, {}, {}};
+  const size_t n = v.size(), pts = std::min<size_t>(n, 400);
+  for (size_t k = 0; k < pts; ++k) {
+    const size_t idx = (pts == 1) ? n - 1 : k * (n - 1) / (pts - 1);
+    s.x.push_back(v[idx] * 1e3);
+    s.y.push_back(static_cast<double>(idx + 1) / static_cast<double>(n));
+  }
+  return s;
+}
+
+fs::SvgSeries tbt_over_time_series(const std::string& name,
+                                   const std::vector<std::unique_ptr<fs::Sequence>>& done,
+                                   double t0) {
+  std::vector<std::pair<double, double>> gaps;
+  for (const auto& s : done)
+    for (size_t i = 1; i < s->token_times.size(); ++i)
+      gaps.emplace_back(s->token_times[i] - t0, s->token_times[i] - s->token_times[i - 1]);
+  std::sort(gaps.begin(), gaps.end());
+  fs::SvgSeries out{name, {}, {}, false};
+  for (const auto& [t, g] : gaps) {
+    out.x.push_back(t);
+    out.y.push_back(g * 1e3);
+  }
+  return out;
+}
+
+void WorkloadFlags::add(CLI::App& app) {
+  constexpr int64_t kMaxTokens = int64_t{1} << 24;
+  workload_opt = app.add_option("--workload", workload,
+                                "chat, summarize, fixed, sharegpt, arxiv (real length traces) or a "
+                                "CSV (length table num_prefill_tokens,num_decode_tokens)")
+                     ->default_str(workload);
+  prompt_opt =
+      add_int(app, "--prompt-len", prompt_len, {1, kMaxTokens}, "fixed workload: prompt tokens");
+  output_opt =
+      add_int(app, "--output-len", output_len, {1, kMaxTokens}, "fixed workload: output tokens");
+  arrival_opt = app.add_option("--arrival", arrival, "poisson or gamma")->default_str(arrival);
+  cv_opt = add_real(app, "--cv", cv, {fs::kMinGammaCv, fs::kMaxGammaCv},
+                    "gamma arrivals: coefficient of variation of the gaps");
+}
+
+void WorkloadFlags::refuse_inapplicable(bool traced) const {
+  refuse_unless(cv_opt, !traced && arrival == "gamma", "only applies to --arrival gamma");
+  for (auto* opt : {prompt_opt, output_opt})
+    refuse_unless(opt, !traced && workload == "fixed", "only applies to --workload fixed");
+}
+
+fs::WorkloadSpec WorkloadFlags::spec() const {
+  fs::WorkloadSpec s;
+  s.fixed_prompt = prompt_len;
+  s.fixed_output = output_len;
+  s.arrival = fs::parse_arrival_kind(arrival);
+  s.cv = cv;
+  return s;
+}
+
+std::string data_path(const std::string& relative) {
+  const char* env = std::getenv("FLASHSERVE_DATA_DIR");
+  return std::string(env && *env ? env : FLASHSERVE_DATA_DIR) + "/" + relative;
+}
+
+WorkloadSource WorkloadSource::resolve(const std::string& name, const fs::WorkloadSpec& spec,
+                                       bool is_file) {
+  WorkloadSource w;
+  w.label = name;
+  w.spec = spec;
+  std::string table;
+  if (name == "sharegpt")
+    table = data_path("workloads/sharegpt-8k-llama2-tokens.csv");
+  else if (name == "arxiv")
+    table = data_path("workloads/arxiv-summarization-llama2-tokens.csv");
+  else if (is_file || (name.size() > 4 && name.substr(name.size() - 4) == ".csv"))
+    table = name;
+  if (table.empty()) {
+    w.spec.lengths = fs::parse_length_kind(name);
+    return w;
+  }
+  if (fs::is_length_table(table)) {
+    w.spec.lengths = fs::LengthKind::kTable;
+    w.spec.table = std::make_shared<const fs::LengthTable>(fs::load_length_table(table));
+    return w;
+  }
+  w.trace = fs::load_trace(table);
+  w.trace_rate = fs::mean_rate(w.trace);
+  return w;
+}
+
+std::vector<fs::Request> WorkloadSource::at(double rate) const {
+  if (is_trace()) return as_recorded() ? trace : fs::scale_arrivals(trace, trace_rate / rate);
+  fs::WorkloadSpec s = spec;
+  s.rate = rate;
+  return fs::generate_workload(s);
+}
+
+}  // namespace flashserve::cli

@@ -1,0 +1,75 @@
+// What simulate and bench-serve print and draw for a serving run, written once: the Markdown
+// table of latency metrics per policy, the TBT distribution (CDF) and TBT over time as SVG series,
+// and where the workloads named on the command line come from.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "serve/metrics.h"
+#include "serve/sequence.h"
+#include "serve/svg_plot.h"
+#include "serve/workload.h"
+
+namespace flashserve::cli {
+
+std::string fmt_s(double seconds);   // "1.234"
+std::string fmt_ms(double seconds);  // "12.3"
+
+// The table's header (with a capacity column when asked) and one row.
+void print_metrics_header(bool with_capacity);
+void print_metrics_row(const std::string& policy, const serve::ServingMetrics& m, int64_t steps,
+                       const std::string& capacity = "");
+// Every latency metric in full (mean / p50 / p90 / p99, seconds), one row per metric and policy.
+void print_metrics_detail(const std::vector<std::string>& policies,
+                          const std::vector<serve::ServingMetrics>& all);
+
+// The CDF of every TBT gap (at most 400 points).
+serve::SvgSeries tbt_cdf_series(const std::string& name, const serve::ServingMetrics& m);
+// Every gap between tokens against the time it ended (seconds since `t0`): stalls are spikes.
+serve::SvgSeries tbt_over_time_series(const std::string& name,
+                                      const std::vector<std::unique_ptr<serve::Sequence>>& done,
+                                      double t0);
+
+// A --workload name: chat, summarize, fixed (the fitted and fixed lengths), sharegpt and arxiv
+// (the real length traces of data/workloads/, rows sampled with the seed), or a CSV path: a
+// length table (header num_prefill_tokens,num_decode_tokens) or an arrival trace
+// (arrival_s,prompt_tokens,output_tokens).
+struct WorkloadSource {
+  std::string label;
+  serve::WorkloadSpec spec;           // generated workloads
+  std::vector<serve::Request> trace;  // an arrival trace
+  double trace_rate = 0;              // its own mean rate; 0: all at once (runs as recorded)
+
+  // `is_file`: `name` is a path whatever it looks like (simulate's --trace).
+  static WorkloadSource resolve(const std::string& name, const serve::WorkloadSpec& spec,
+                                bool is_file = false);
+  bool is_trace() const { return !trace.empty(); }
+  bool as_recorded() const { return is_trace() && trace_rate == 0; }
+  // The requests at `rate` (a trace's arrivals scaled to it).
+  std::vector<serve::Request> at(double rate) const;
+};
+
+// The workload options simulate and bench-serve share: --workload, --prompt-len, --output-len,
+// --arrival, --cv, with their refusals (cv only for gamma, lengths only for fixed).
+struct WorkloadFlags {
+  std::string workload = "chat", arrival = "poisson";
+  int64_t prompt_len = 512, output_len = 128;
+  double cv = 1;
+  CLI::Option *workload_opt = nullptr, *arrival_opt = nullptr, *cv_opt = nullptr;
+  CLI::Option *prompt_opt = nullptr, *output_opt = nullptr;
+
+  void add(CLI::App& app);
+  // `traced`: the requests come from an arrival trace instead (simulate's --trace).
+  void refuse_inapplicable(bool traced) const;
+  // A spec with these lengths and arrivals (the caller sets the rest).
+  serve::WorkloadSpec spec() const;
+};
+
+// The path of a file under the repository's data/ (FLASHSERVE_DATA_DIR overrides it).
+std::string data_path(const std::string& relative);
+
+}  // namespace flashserve::cli

@@ -1,0 +1,189 @@
+#include "engine/front_door.h"
+
+#include <utility>
+
+#include "flashserve/error.h"
+
+namespace flashserve::engine {
+
+// What other threads hand the loop: submissions and aborts, under one mutex.
+struct Inbox {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::pair<NewRequest, std::shared_ptr<TokenStream>>> adds;
+  std::vector<int64_t> aborts;
+  bool stopping = false;
+  std::string error;  // why the loop stopped on its own (a step threw)
+  int64_t next_id = 0;
+  int64_t steps = 0;
+
+  void abort(int64_t id) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      aborts.push_back(id);
+    }
+    cv.notify_one();
+  }
+};
+
+TokenStream::~TokenStream() {
+  // The loop holds only weak references, so this runs when the caller lets go of the stream.
+  bool running;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running = finish_ == serve::FinishReason::kNone;
+  }
+  if (running) inbox_->abort(id_);
+}
+
+bool TokenStream::read(std::vector<int32_t>& out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !pending_.empty() || finish_ != serve::FinishReason::kNone; });
+  if (pending_.empty()) return false;
+  out.insert(out.end(), pending_.begin(), pending_.end());
+  pending_.clear();
+  return true;
+}
+
+std::vector<int32_t> TokenStream::read_all() {
+  std::vector<int32_t> out;
+  while (read(out)) {
+  }
+  return out;
+}
+
+serve::FinishReason TokenStream::finish_reason() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return finish_;
+}
+
+void TokenStream::close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ || finish_ != serve::FinishReason::kNone) return;
+    closed_ = true;
+  }
+  inbox_->abort(id_);
+}
+
+void TokenStream::push(const std::vector<int32_t>& tokens, serve::FinishReason finish) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finish_ != serve::FinishReason::kNone) return;  // already ended (stop() after a finish)
+    pending_.insert(pending_.end(), tokens.begin(), tokens.end());
+    finish_ = finish;
+  }
+  cv_.notify_all();
+}
+
+EngineLoop::EngineLoop(std::unique_ptr<Engine> engine)
+    : engine_(std::move(engine)), inbox_(std::make_shared<Inbox>()) {
+  if (!engine_) throw Error(ErrorKind::kInvalidArgument, "engine", "null");
+  thread_ = std::thread([this] { run(); });
+}
+
+EngineLoop::~EngineLoop() {
+  stop();
+}
+
+std::shared_ptr<TokenStream> EngineLoop::submit(NewRequest request) {
+  // The engine's configuration does not change once it is made: checking against it here is safe.
+  engine_->check_request(request);
+  std::shared_ptr<TokenStream> stream;
+  {
+    std::lock_guard<std::mutex> lock(inbox_->mu);
+    if (inbox_->stopping)
+      throw Error(ErrorKind::kInvalidArgument, "engine",
+                  inbox_->error.empty() ? "is stopping" : "stopped: " + inbox_->error);
+    request.id = inbox_->next_id++;
+    request.arrival_time = -1;  // stamped by the loop when it adds the request
+    stream.reset(new TokenStream(request.id, inbox_));
+    inbox_->adds.emplace_back(std::move(request), stream);
+  }
+  inbox_->cv.notify_one();
+  return stream;
+}
+
+int64_t EngineLoop::steps() const {
+  std::lock_guard<std::mutex> lock(inbox_->mu);
+  return inbox_->steps;
+}
+
+void EngineLoop::stop() {
+  {
+    std::lock_guard<std::mutex> lock(inbox_->mu);
+    if (inbox_->stopping && !thread_.joinable()) return;
+    inbox_->stopping = true;
+  }
+  inbox_->cv.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void EngineLoop::run() {
+  // Only weak references: a stream its caller dropped is aborted by its destructor, not kept
+  // alive by the loop.
+  std::unordered_map<int64_t, std::weak_ptr<TokenStream>> streams;
+  auto deliver = [&](int64_t id, const std::vector<int32_t>& tokens, serve::FinishReason finish) {
+    auto it = streams.find(id);
+    if (it == streams.end()) return;
+    if (auto s = it->second.lock()) s->push(tokens, finish);
+    if (finish != serve::FinishReason::kNone) streams.erase(it);
+  };
+  for (;;) {
+    std::deque<std::pair<NewRequest, std::shared_ptr<TokenStream>>> adds;
+    std::vector<int64_t> aborts;
+    bool stopping;
+    {
+      std::unique_lock<std::mutex> lock(inbox_->mu);
+      inbox_->cv.wait(lock, [&] {
+        return inbox_->stopping || !inbox_->adds.empty() || !inbox_->aborts.empty() ||
+               engine_->has_work();
+      });
+      adds.swap(inbox_->adds);
+      aborts.swap(inbox_->aborts);
+      stopping = inbox_->stopping;
+    }
+    for (auto& [request, stream] : adds) {
+      const int64_t id = request.id;
+      streams[id] = stream;
+      try {
+        engine_->add_request(std::move(request));
+      } catch (const Error&) {
+        // Checked at submit; only an engine that changed its mind gets here.
+        deliver(id, {}, serve::FinishReason::kAbort);
+      }
+    }
+    adds.clear();  // the loop keeps no strong reference to a stream
+    for (int64_t id : aborts) engine_->abort(id);
+    if (stopping) {
+      for (auto& [id, weak] : streams) {
+        engine_->abort(id);
+        if (auto s = weak.lock()) s->push({}, serve::FinishReason::kAbort);
+      }
+      engine_->step();  // reports the aborts; runs nothing
+      return;
+    }
+    StepResult r;
+    try {
+      r = engine_->step();
+    } catch (const std::exception& e) {
+      // A failed step (a device error, say) leaves the engine unusable: end every stream and
+      // refuse new requests rather than take the process down from the loop thread.
+      {
+        std::lock_guard<std::mutex> lock(inbox_->mu);
+        inbox_->stopping = true;
+        inbox_->error = e.what();
+      }
+      for (auto& [id, weak] : streams)
+        if (auto st = weak.lock()) st->push({}, serve::FinishReason::kAbort);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(inbox_->mu);
+      ++inbox_->steps;
+    }
+    for (const RequestOutput& out : r.outputs) deliver(out.id, out.new_tokens, out.finish);
+  }
+}
+
+}  // namespace flashserve::engine

@@ -1,0 +1,79 @@
+// The thread-safe way into an engine, for the HTTP server: any thread submits a request and gets
+// a TokenStream; one loop thread owns the Engine, drains the submissions and aborts each step,
+// steps, and pushes each request's new tokens into its stream. Closing a stream (or dropping the
+// last reference to it) aborts its request.
+//
+// Thread safety by construction: the Engine is touched only by the loop thread; submitters and
+// readers share only the Inbox (one mutex) and each stream's own state (one mutex each), and the
+// loop never holds both locks at once.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace flashserve::engine {
+
+class EngineLoop;
+struct Inbox;
+
+// One request's tokens as they come. Read from one thread (the caller's).
+class TokenStream {
+ public:
+  ~TokenStream();  // aborts the request if it is still running
+  int64_t id() const { return id_; }
+  // Waits for tokens or the end: appends the new tokens to `out` and returns true, or returns
+  // false once the request has finished and every token was read.
+  bool read(std::vector<int32_t>& out);
+  // Every remaining token, until the end.
+  std::vector<int32_t> read_all();
+  // Why it finished (kNone while it runs).
+  serve::FinishReason finish_reason() const;
+  // Stops the request (its blocks are freed by the next step); later reads see kAbort.
+  void close();
+
+ private:
+  friend class EngineLoop;
+  TokenStream(int64_t id, std::shared_ptr<Inbox> inbox) : id_(id), inbox_(std::move(inbox)) {}
+  void push(const std::vector<int32_t>& tokens, serve::FinishReason finish);
+
+  const int64_t id_;
+  std::shared_ptr<Inbox> inbox_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int32_t> pending_;
+  serve::FinishReason finish_ = serve::FinishReason::kNone;
+  bool closed_ = false;
+};
+
+class EngineLoop {
+ public:
+  // Starts the loop thread, which owns `engine` from now on.
+  explicit EngineLoop(std::unique_ptr<Engine> engine);
+  ~EngineLoop();  // stop()
+  // Queues a request; the loop adds it at its next step. A request the engine would refuse is
+  // refused here, in the caller's thread, with its Error, and changes nothing.
+  std::shared_ptr<TokenStream> submit(NewRequest request);
+  // Aborts every request, finishes their streams with kAbort and joins the loop thread. A step
+  // that throws stops the loop the same way (submit then says why).
+  void stop();
+  // Steps the loop has run (for tests and metrics).
+  int64_t steps() const;
+
+ private:
+  void run();
+
+  std::unique_ptr<Engine> engine_;
+  std::shared_ptr<Inbox> inbox_;
+  std::thread thread_;
+};
+
+}  // namespace flashserve::engine

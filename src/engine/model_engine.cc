@@ -1,0 +1,97 @@
+#include "engine/model_engine.h"
+
+#include <algorithm>
+#include <string>
+
+#include "engine/model_executor.h"
+#include "flashserve/error.h"
+
+#if defined(FLASHSERVE_WITH_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
+namespace flashserve::engine {
+
+namespace {
+
+// What the KV pool may take on the GPU once the weights are in: total x utilization - used.
+double gpu_kv_budget(int device, double utilization) {
+#if defined(FLASHSERVE_WITH_CUDA)
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaSetDevice(device) != cudaSuccess ||
+      cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess)
+    throw Error(ErrorKind::kUnsupported, "device",
+                "cannot read the memory of CUDA device " + std::to_string(device));
+  const double used = static_cast<double>(total_bytes - free_bytes);
+  return static_cast<double>(total_bytes) * utilization - used;
+#else
+  (void)device;
+  (void)utilization;
+  throw Error(ErrorKind::kUnsupported, "device", "cuda: this flashserve is built without CUDA");
+#endif
+}
+
+}  // namespace
+
+int64_t kv_bytes_per_block(const model::ModelConfig& c, int32_t block_size, int64_t dtype_bytes) {
+  return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * block_size * dtype_bytes;
+}
+
+LoadedModel load_model(const ModelEngineOptions& o) {
+  if (o.device != "cpu" && o.device != "cuda")
+    throw Error(ErrorKind::kInvalidArgument, "device",
+                "'" + o.device + "' is not one of cpu, cuda");
+  if (!(o.gpu_memory_utilization > 0 && o.gpu_memory_utilization <= 1))
+    throw Error(ErrorKind::kInvalidArgument, "gpu_memory_utilization",
+                std::to_string(o.gpu_memory_utilization) + " is not in (0, 1]");
+  LoadedModel m;
+  m.device = o.device;
+  m.block_size = o.block_size;
+  const bool gpu = o.device == "cuda";
+  m.runner =
+      gpu ? std::shared_ptr<model::ModelRunner>(model::make_cuda_runner(o.model_dir, o.cuda_device))
+          : std::shared_ptr<model::ModelRunner>(model::make_cpu_runner(o.model_dir));
+  // bf16 K/V on the GPU, float32 on the CPU (model/runner.h).
+  const int64_t block_bytes = kv_bytes_per_block(m.runner->config(), o.block_size, gpu ? 2 : 4);
+  if (o.num_blocks > 0) {
+    m.num_blocks = o.num_blocks;
+  } else {
+    const double budget =
+        gpu ? gpu_kv_budget(o.cuda_device, o.gpu_memory_utilization) : o.cpu_kv_bytes;
+    m.num_blocks = budget > 0 ? static_cast<int64_t>(budget / static_cast<double>(block_bytes)) : 0;
+    if (m.num_blocks < 1)
+      throw Error(ErrorKind::kInvalidArgument, gpu ? "gpu_memory_utilization" : "kv_memory",
+                  "the KV budget of " + std::to_string(budget / (1 << 20)) +
+                      " MiB holds no block of " + std::to_string(block_bytes) + " bytes");
+  }
+  m.kv_bytes = static_cast<double>(m.num_blocks) * static_cast<double>(block_bytes);
+  m.runner->allocate_kv(m.num_blocks, o.block_size);
+  return m;
+}
+
+std::unique_ptr<Engine> make_model_engine(const LoadedModel& m, serve::SchedulerConfig scheduler,
+                                          double watermark) {
+  const model::ModelConfig& c = m.runner->config();
+  EngineConfig ec;
+  ec.num_blocks = m.num_blocks;
+  ec.block_size = m.block_size;
+  ec.watermark = watermark;
+  ec.vocab_size = c.vocab_size;
+  ec.eos_token = static_cast<int32_t>(c.eos_token_id);
+  if (scheduler.max_model_len <= 0) {
+    // The positions the model has, but no more than one sequence alone can hold in the pool.
+    const serve::BlockManager probe(m.num_blocks, m.block_size, watermark);
+    const int64_t fits = (probe.num_blocks() - probe.watermark_blocks()) * m.block_size;
+    scheduler.max_model_len = std::min<int64_t>(c.max_position_embeddings, fits);
+  }
+  // vllm and static never chunk: one step must take a whole prompt (as vLLM's default
+  // max_num_batched_tokens does).
+  if (scheduler.policy == serve::Policy::kVllm || scheduler.policy == serve::Policy::kStatic)
+    scheduler.max_tokens_per_step =
+        std::max(scheduler.max_tokens_per_step, scheduler.max_model_len);
+  ec.scheduler = scheduler;
+  return std::make_unique<Engine>(
+      ec, std::make_unique<ModelExecutor>(m.runner, m.block_size, m.device));
+}
+
+}  // namespace flashserve::engine

@@ -1,0 +1,51 @@
+// An engine on a real model: loads a checkpoint into a runner on the CPU or a CUDA device, sizes
+// the paged KV pool from a memory budget, and makes engines (one per policy, say) that share the
+// runner and its pool.
+//   KV budget on the GPU: (total memory x gpu_memory_utilization) - what is in use once the weights
+//   are loaded (vLLM's rule; 0.9 by default, as vLLM users expect).
+//   KV budget on the CPU: cpu_kv_bytes (a flag; float32 K and V).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+#include "model/runner.h"
+
+namespace flashserve::engine {
+
+struct ModelEngineOptions {
+  std::string model_dir;
+  std::string device = "cpu";  // "cpu" or "cuda"
+  int cuda_device = 0;
+  int32_t block_size = 16;
+  double gpu_memory_utilization = 0.9;
+  double cpu_kv_bytes = 256.0 * (1 << 20);
+  int64_t num_blocks = 0;  // > 0: exactly this many blocks, whatever the budget
+};
+
+struct LoadedModel {
+  std::shared_ptr<model::ModelRunner> runner;
+  std::string device;
+  int32_t block_size = 16;
+  int64_t num_blocks = 0;
+  double kv_bytes = 0;  // of the pool
+};
+
+// Bytes of K and V one block holds for every layer (`dtype_bytes` per element).
+int64_t kv_bytes_per_block(const model::ModelConfig& config, int32_t block_size,
+                           int64_t dtype_bytes);
+
+// Loads the model and allocates its KV pool. Throws Error(kUnsupported) for --device cuda in a
+// build without the CUDA runner, Error(kInvalidArgument) when the budget holds no block.
+LoadedModel load_model(const ModelEngineOptions& options);
+
+// An engine on the loaded model. `scheduler.max_model_len` 0 means the model's positions, cut to
+// what the pool can hold with the watermark; vllm and static get a token cap of at least
+// max_model_len (they never chunk).
+std::unique_ptr<Engine> make_model_engine(const LoadedModel& model,
+                                          serve::SchedulerConfig scheduler,
+                                          double watermark = 0.01);
+
+}  // namespace flashserve::engine

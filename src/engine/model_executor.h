@@ -1,0 +1,32 @@
+// The real engine's executor: one step is layout (serve::layout_batch) -> the runner's forward
+// over the whole mixed batch -> the runner's sampler with each sequence's SamplingParams, timed on
+// the wall clock (seconds since the executor was made).
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include "engine/executor.h"
+#include "model/runner.h"
+
+namespace flashserve::engine {
+
+class ModelExecutor final : public Executor {
+ public:
+  // The runner's KV pool must already hold the blocks the engine's BlockManager hands out; engines
+  // made one after another may share a runner (each block is written before it is read).
+  ModelExecutor(std::shared_ptr<model::ModelRunner> runner, int32_t block_size, std::string device);
+  std::vector<int32_t> execute(const serve::Batch& batch) override;
+  double now() const override;
+  void wait_until(double t) override;
+  std::string describe() const override;
+  model::ModelRunner& runner() { return *runner_; }
+
+ private:
+  std::shared_ptr<model::ModelRunner> runner_;
+  int32_t block_size_;
+  std::string device_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace flashserve::engine
