@@ -192,7 +192,7 @@ TEST(Simulator, RefusesRequestsThatCanNeverRunBeforeAllocating) {
   for (const fs::Request r : {fs::Request{0, 0.0, 10, huge}, fs::Request{0, 0.0, huge, 10},
                               fs::Request{0, 0.0, int64_t{1} << 40, 1}}) {
     try {
-      fs::simulate({r}, small_config(fs::Policy::kSarathi), ConstantCost(0.01));
+      fe::simulate({r}, small_config(fs::Policy::kSarathi), ConstantCost(0.01));
       ADD_FAILURE() << "accepted prompt " << r.prompt_tokens << " output " << r.output_tokens;
     } catch (const Error& e) {
       EXPECT_EQ(e.argument(), "request 0");
