@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 namespace flashserve::server {
 
@@ -11,10 +12,14 @@ namespace {
 std::string number(double v) {
   if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
   char buf[32];
-  if (v == std::floor(v) && std::fabs(v) < 1e15)
+  if (v == std::floor(v) && std::fabs(v) < 1e15) {
     std::snprintf(buf, sizeof buf, "%.0f", v);
-  else
-    std::snprintf(buf, sizeof buf, "%.17g", v);
+    return buf;
+  }
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof buf, "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
   return buf;
 }
 
