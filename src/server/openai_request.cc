@@ -165,9 +165,38 @@ void neutral_only(const json& v, const std::string& name, const json& neutral, c
     throw bad_request(name, name + ": only " + neutral.dump() + " is supported (" + why + ")");
 }
 
+// Whether the JSON text nests arrays and objects deeper than `limit`, by a scan that skips
+// strings. A request is a few levels deep; refusing deeper text before parsing keeps a body of
+// 8 MB of '[' from costing hundreds of MB of parse tree.
+bool nests_deeper_than(std::string_view text, int limit) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
+  if (nests_deeper_than(body, kMaxJsonDepth))
+    throw bad_request({}, "The request body nests arrays and objects deeper than " +
+                              std::to_string(kMaxJsonDepth) + " levels",
+                      "invalid_json");
   const json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded())
     throw bad_request({}, "The request body is not valid JSON (UTF-8 text in RFC 8259 syntax)",

@@ -46,6 +46,8 @@ struct GenerationRequest {
 
 // How many stop strings a request may give (OpenAI's limit).
 inline constexpr size_t kMaxStopStrings = 4;
+// How deep a request body may nest arrays and objects (a valid one needs 5).
+inline constexpr int kMaxJsonDepth = 32;
 
 // Throws ApiError (400) for malformed JSON, a body that is not an object, a missing or mistyped
 // field, a value out of range or an unknown field.

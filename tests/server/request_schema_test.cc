@@ -120,6 +120,15 @@ TEST(RequestSchema, MalformedBodiesAreRefused) {
   }
 }
 
+TEST(RequestSchema, DepthIsCountedOutsideStringsOnly) {
+  const json in_string = {{"model", "m"}, {"prompt", std::string(100, '[') + "\"{"}};
+  EXPECT_EQ(*fsv::parse_request(in_string.dump(), fsv::Endpoint::kCompletions).prompt_text,
+            std::string(100, '[') + "\"{");
+  json deep = 1;
+  for (int i = 0; i < fsv::kMaxJsonDepth; ++i) deep = json::array({deep});
+  EXPECT_EQ(refusal({{"model", "m"}, {"prompt", {1}}, {"user", deep}}).code, "invalid_json");
+}
+
 TEST(RequestSchema, NullIsNotGivenAndValidValuesAreKept) {
   json body = base(fsv::Endpoint::kChat);
   for (const char* k : {"max_tokens", "temperature", "top_p", "seed", "stop", "n", "logprobs",
