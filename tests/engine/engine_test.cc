@@ -153,6 +153,53 @@ TEST(Engine, GreedyOutputsEqualEachRequestAloneUnderEveryPolicy) {
   EXPECT_LE(near_ties, compared / 20);  // rare, or the tolerance hides a bug
 }
 
+// Seeded sampling draws the uniform of (seed, position), so a sampled request too gets the tokens
+// it gets alone, whatever runs beside it and however often it is preempted.
+TEST(Engine, SeededSamplingEqualsEachRequestAlone) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
+  std::mt19937_64 rng(9);
+  const std::vector<Req> reqs = random_requests(rng, 8, 120, 48);
+  std::vector<flashserve::model::SamplingParams> params;
+  for (size_t i = 0; i < reqs.size(); ++i)
+    params.push_back({0.9f, i % 2 ? 40 : 0, i % 3 ? 0.95f : 1.0f, 1000 + i});
+  auto alone_runner = flashserve::model::make_cpu_runner(tiny_dir());
+  fe::ModelEngineOptions mo;
+  mo.model_dir = tiny_dir();
+  mo.num_blocks = 16;  // 256 tokens for 8 requests of up to 168: preemption
+  const fe::LoadedModel m = fe::load_model(mo);
+  fs::SchedulerConfig sc;
+  sc.max_tokens_per_step = 32;
+  sc.max_running = 8;
+  sc.max_model_len = 200;
+  sc.chunk_tile = 16;
+  auto engine = fe::make_model_engine(m, sc);
+  std::map<int64_t, std::vector<int32_t>> got;
+  int64_t preemptions = 0;
+  size_t next = 0;
+  for (int64_t step = 0; next < reqs.size() || engine->has_work(); ++step) {
+    for (; next < reqs.size() && reqs[next].step <= step; ++next) {
+      fe::NewRequest n;
+      n.prompt = reqs[next].prompt;
+      n.max_tokens = reqs[next].max_tokens;
+      n.sampling = params[next];
+      n.ignore_eos = true;
+      n.id = static_cast<int64_t>(next);
+      engine->add_request(n);
+    }
+    const fe::StepResult r = engine->step();
+    preemptions += r.preempted;
+    for (const auto& o : r.outputs)
+      got[o.id].insert(got[o.id].end(), o.new_tokens.begin(), o.new_tokens.end());
+  }
+  EXPECT_GT(preemptions, 0);
+  for (size_t i = 0; i < reqs.size(); ++i)
+    EXPECT_EQ(
+        got[static_cast<int64_t>(i)],
+        fe::testing::generate_alone(*alone_runner, reqs[i].prompt, reqs[i].max_tokens, params[i])
+            .tokens)
+        << "request " << i;
+}
+
 // A tiny engine on the CPU runner with `blocks` blocks.
 std::unique_ptr<fe::Engine> tiny_engine(fs::Policy policy, int64_t budget, int64_t blocks,
                                         int64_t max_model_len = 256) {

@@ -39,9 +39,9 @@ struct Alone {
   std::vector<float> top2_gap;  // at each generated position
 };
 
-// Greedy generation of `max_tokens` tokens (no stop) of `prompt`, alone.
+// Generation of `max_tokens` tokens (no stop) of `prompt`, alone (greedy unless `params` say).
 inline Alone generate_alone(model::ModelRunner& runner, const std::vector<int32_t>& prompt,
-                            int64_t max_tokens) {
+                            int64_t max_tokens, const model::SamplingParams& params = {}) {
   constexpr int32_t kBlock = 16;
   const int64_t total = static_cast<int64_t>(prompt.size()) + max_tokens;
   const int64_t blocks = (total + kBlock - 1) / kBlock;
@@ -60,7 +60,7 @@ inline Alone generate_alone(model::ModelRunner& runner, const std::vector<int32_
     runner.forward(fb);
     const std::vector<float> logits = runner.logits();
     std::vector<float> row(logits.begin(), logits.begin() + vocab);
-    const int32_t next = runner.sample(fb, {model::SamplingParams{}})[0];
+    const int32_t next = runner.sample(fb, {params})[0];
     std::partial_sort(row.begin(), row.begin() + 2, row.end(), std::greater<float>());
     a.top2_gap.push_back(row[0] - row[1]);
     a.tokens.push_back(next);
