@@ -208,6 +208,9 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
 Tokenizer Tokenizer::load(const std::string& path) {
   namespace fs = std::filesystem;
   std::string tokenizer_path = path, config_path;
+  if (!fs::exists(path))
+    throw Error(ErrorKind::kInvalidArgument, "tokenizer",
+                "'" + path + "' does not exist (a model directory or its tokenizer.json)");
   if (fs::is_directory(path)) {
     tokenizer_path = (fs::path(path) / "tokenizer.json").string();
     config_path = (fs::path(path) / "tokenizer_config.json").string();
