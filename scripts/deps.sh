@@ -3,7 +3,7 @@
 # Idempotent: on a machine that has everything it does nothing.
 set -euo pipefail
 pkgs=(cmake g++ make libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev
-      python3 python3-numpy python3-pytest clang-format
+      python3 python3-numpy python3-pytest clang-format libpcre2-dev
       libopenblas-dev libcpp-httplib-dev curl)
 missing=()
 for p in "${pkgs[@]}"; do
