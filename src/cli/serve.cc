@@ -46,6 +46,10 @@ int serve(int argc, char** argv) {
   app.add_option("--served-model-name", so.served_model_name,
                  "the model name clients send (default: --model as given)");
   app.add_option("--device", device, "cpu or cuda");
+  std::string chat_template;
+  app.add_option("--chat-template", chat_template,
+                 "a Jinja chat template file, for a model whose tokenizer_config.json has none or "
+                 "one outside the supported subset");
   add_int(app, "--max-concurrent-requests", so.max_concurrent_requests, {1, 1 << 20},
           "generation requests in flight; one more gets 503");
   add_int(app, "--http-threads", so.http_threads, {1, 1 << 14},
@@ -75,7 +79,7 @@ int serve(int argc, char** argv) {
     auto engine = fe::make_model_engine(m, sc);
     server::Backend b;
     b.max_model_len = engine->config().scheduler.max_model_len;
-    b.codec = server::load_text_codec(model_dir);
+    b.codec = server::load_text_codec(model_dir, chat_template);
     b.loop = std::make_unique<fe::EngineLoop>(std::move(engine));
     std::printf(
         "flashserve serve: ready: %s on %s, %lld KV blocks of %d tokens, max model len "

@@ -194,8 +194,9 @@ bool nests_deeper_than(std::string_view text, int limit) {
 
 GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
   if (nests_deeper_than(body, kMaxJsonDepth))
-    throw bad_request({}, "The request body nests arrays and objects deeper than " +
-                              std::to_string(kMaxJsonDepth) + " levels",
+    throw bad_request({},
+                      "The request body nests arrays and objects deeper than " +
+                          std::to_string(kMaxJsonDepth) + " levels",
                       "invalid_json");
   const json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded())

@@ -336,6 +336,8 @@ struct Server::State {
     if (!g.seed_given) nr.sampling.seed = fresh_seed();
     nr.max_tokens = max_tokens;
     nr.stop_token_ids = g.stop_token_ids;
+    if (backend.codec && !g.ignore_eos)
+      for (int32_t id : backend.codec->eos_token_ids()) nr.stop_token_ids.push_back(id);
     nr.ignore_eos = g.ignore_eos;
 
     if (in_flight.fetch_add(1) >= o.max_concurrent_requests) {

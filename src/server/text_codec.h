@@ -42,6 +42,9 @@ class TextCodec {
   // A rendered chat prompt's ids: the template writes BOS itself, so none is added (as Hugging
   // Face's apply_chat_template(tokenize=True) does).
   virtual std::vector<int32_t> encode_rendered(std::string_view rendered) const = 0;
+  // Tokens that end generation besides the model's config.json eos (a chat model's end-of-turn
+  // token, say); they stop a request unless it sets ignore_eos.
+  virtual std::vector<int32_t> eos_token_ids() const { return {}; }
 };
 
 }  // namespace flashserve::server

@@ -18,6 +18,8 @@
 #include "engine/executor.h"
 #include "engine/front_door.h"
 #include "server/server.h"
+#include "server/tokenizer_codec.h"
+#include "tokenizer/tokenizer.h"
 
 namespace fe = flashserve::engine;
 namespace fs = flashserve::serve;
@@ -68,11 +70,12 @@ class ByteCodec final : public fsv::TextCodec {
 
 constexpr int64_t kMaxModelLen = 64;
 
-fsv::Backend scripted_backend() {
+fsv::Backend scripted_backend(std::unique_ptr<fsv::TextCodec> codec = std::make_unique<ByteCodec>(),
+                              int64_t vocab = 256) {
   fe::EngineConfig ec;
   ec.num_blocks = 64;
   ec.block_size = 16;
-  ec.vocab_size = 256;
+  ec.vocab_size = vocab;
   ec.scheduler.max_model_len = kMaxModelLen;
   ec.scheduler.max_tokens_per_step = 32;
   ec.scheduler.chunk_tile = 1;
@@ -80,7 +83,7 @@ fsv::Backend scripted_backend() {
   fsv::Backend b;
   b.loop = std::make_unique<fe::EngineLoop>(
       std::make_unique<fe::Engine>(ec, std::make_unique<ScriptedExecutor>()));
-  b.codec = std::make_unique<ByteCodec>();
+  b.codec = std::move(codec);
   b.max_model_len = kMaxModelLen;
   return b;
 }
@@ -143,7 +146,7 @@ json error_of(const httplib::Result& r) {
 }
 
 TEST(HttpServer, CompletionTextUsageAndStopStrings) {
-  Running s({}, scripted_backend);
+  Running s({}, [] { return scripted_backend(); });
   while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   // Prompt "ab" (positions 0, 1); the token sampled at kv_len k is 'a' + k % 26.
   auto r = s.post("/v1/completions", {{"model", "m"}, {"prompt", "ab"}, {"max_tokens", 5}});
@@ -182,7 +185,7 @@ TEST(HttpServer, CompletionTextUsageAndStopStrings) {
 }
 
 TEST(HttpServer, StreamFramingAndUsage) {
-  Running s({}, scripted_backend);
+  Running s({}, [] { return scripted_backend(); });
   while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   auto r = s.post("/v1/chat/completions", {{"model", "m"},
                                            {"messages", {{{"role", "user"}, {"content", "x"}}}},
@@ -235,7 +238,7 @@ TEST(HttpServer, StreamFramingAndUsage) {
 TEST(HttpServer, RefusalsHaveTheirStatus) {
   fsv::ServerOptions o;
   o.api_key = "sesame";
-  Running s(o, scripted_backend);
+  Running s(o, [] { return scripted_backend(); });
   while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   const httplib::Headers auth = {{"Authorization", "Bearer sesame"}};
   const json ok = {{"model", "m"}, {"prompt", {1, 2}}, {"max_tokens", 2}};
@@ -315,7 +318,7 @@ TEST(HttpServer, Answers503WhileLoadingAndWhenOverloaded) {
 }
 
 TEST(HttpServer, AClientGoneMidStreamIsAbortedAndItsBlocksFreed) {
-  Running s({}, scripted_backend);
+  Running s({}, [] { return scripted_backend(); });
   while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   int chunks = 0;
   json body = {{"model", "m"}, {"prompt", {1, 2, 3}}, {"max_tokens", 60}, {"stream", true}};
@@ -333,6 +336,56 @@ TEST(HttpServer, AClientGoneMidStreamIsAbortedAndItsBlocksFreed) {
   EXPECT_LT(waited, 0.1);
   EXPECT_EQ(s.metric("flashserve_http_requests_in_flight"), 0);
   EXPECT_LT(s.metric("flashserve_generation_tokens_total"), 30);  // it did not run to the end
+}
+
+// The real tokenizer and chat template (the byte-level fixture, a Llama 3 style template) behind
+// the server: prompts are tokenized as the tokenizer does, chat is rendered by the template, and
+// the streamed text is the detokenised ids, the same whole as the response of the same request.
+TEST(HttpServer, RealTokenizerAndChatTemplate) {
+  const std::string dir = std::string(FLASHSERVE_TOKENIZER_FIXTURES) + "/byte_level";
+  const auto tok = flashserve::tokenizer::Tokenizer::load(dir);
+  Running s({}, [&] { return scripted_backend(fsv::load_text_codec(dir), tok.vocab_size()); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+
+  const std::string text = "Hello, wörld! 123";
+  auto r = s.post("/v1/completions",
+                  {{"model", "m"}, {"prompt", text}, {"max_tokens", 6}, {"ignore_eos", true}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], tok.encode(text, true).size());
+  const std::vector<int32_t> ids = j["choices"][0]["token_ids"];
+  EXPECT_EQ(j["choices"][0]["text"], tok.decode(ids, true));
+
+  const json chat = {{"model", "m"},
+                     {"messages",
+                      {{{"role", "system"}, {"content", "Be brief."}},
+                       {{"role", "user"}, {"content", "Hi there"}}}},
+                     {"max_tokens", 8},
+                     {"ignore_eos", true}};
+  r = s.post("/v1/chat/completions", chat);
+  ASSERT_EQ(r->status, 200) << r->body;
+  j = json::parse(r->body);
+  const std::string rendered =
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  EXPECT_EQ(j["usage"]["prompt_tokens"], tok.encode(rendered, false).size());
+  const std::vector<int32_t> chat_ids = j["choices"][0]["token_ids"];
+  const std::string content = j["choices"][0]["message"]["content"];
+  EXPECT_EQ(content, tok.decode(chat_ids, true));
+
+  json streamed = chat;
+  streamed["stream"] = true;
+  r = s.post("/v1/chat/completions", streamed);
+  std::string joined;
+  for (size_t pos = 0; (pos = r->body.find("data: {", pos)) != std::string::npos;) {
+    const size_t end = r->body.find("\n\n", pos);
+    const json c = json::parse(r->body.substr(pos + 6, end - pos - 6));
+    if (!c["choices"].empty() && c["choices"][0]["delta"].contains("content"))
+      joined += c["choices"][0]["delta"]["content"].get<std::string>();
+    pos = end;
+  }
+  EXPECT_EQ(joined, content);  // greedy: the same tokens, streamed
 }
 
 }  // namespace
