@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -178,6 +179,7 @@ struct Server::State {
   Backend backend;  // written once by the loader before *ready is set, then only read
   std::atomic<int64_t> in_flight{0};
   std::atomic<int64_t> next_id{0};
+  int listen_fd = -1;
   Metrics metrics;
   Clock::time_point started = Clock::now();
 
@@ -424,6 +426,16 @@ Server::Server(ServerOptions options, Loader load) : s_(std::make_unique<State>(
   const size_t threads = static_cast<size_t>(s->o.http_threads);
   http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http.set_payload_max_length(s->o.max_body_bytes);
+  // httplib closes a keep-alive connection after 5 requests by default; a client (undici, the
+  // openai SDK) that sends its next request as the server closes gets a connection error. Clients
+  // reuse connections for thousands of requests: close only when idle (keep-alive timeout).
+  http.set_keep_alive_max_count(1 << 20);
+  // Remember the listening socket (httplib's default options: SO_REUSEADDR) to widen its backlog.
+  http.set_socket_options([s](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    s->listen_fd = sock;
+  });
   // Routes: (method, path, handler).
   struct Route {
     const char* method;
@@ -489,6 +501,9 @@ int Server::bind() {
     throw Error(ErrorKind::kInvalidArgument, "--port",
                 "cannot bind " + s_->o.host + ":" + std::to_string(port) + " (in use?)");
   }
+  // httplib listens with a backlog of 5: a burst of clients connecting at once overflows it and
+  // some see their connection reset. listen() again on the bound socket widens the queue.
+  if (s_->listen_fd >= 0) ::listen(s_->listen_fd, SOMAXCONN);
   State* s = s_.get();
   s->loader = std::thread([s] {
     try {

@@ -60,7 +60,7 @@ await Promise.all(Array.from({ length: clients }, async (_, i) => {
       bad.push(`client ${i}: stream did not end with [DONE]`);
     }
   } catch (e) {
-    if (e.name !== 'AbortError') bad.push(`client ${i}: ${e}`);
+    if (e.name !== 'AbortError') bad.push(`client ${i}: ${e}${e.cause ? ` (${e.cause})` : ''}`);
     counts.aborted = (counts.aborted ?? 0) + 1;
   }
 }));
