@@ -130,10 +130,13 @@ TEST(FrontDoor, DroppedStreamsAbortAndRefusalsAreSynchronous) {
   EXPECT_THROW(f.loop->submit(request(0, 0)), Error);
 }
 
-// An executor whose third step fails, as a device error would.
+// An executor whose third step fails, as a device error would. It holds its first step until `go`
+// so that both requests are in before anything runs.
 class FailingExecutor final : public fe::Executor {
  public:
+  explicit FailingExecutor(const std::atomic<bool>& go) : go_(go) {}
   std::vector<int32_t> execute(const fs::Batch& batch) override {
+    while (!go_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     if (++steps_ == 3) throw Error(flashserve::ErrorKind::kInternal, "device", "lost");
     return std::vector<int32_t>(batch.entries.size(), 7);
   }
@@ -142,6 +145,7 @@ class FailingExecutor final : public fe::Executor {
   std::string describe() const override { return "failing"; }
 
  private:
+  const std::atomic<bool>& go_;
   int steps_ = 0;
 };
 
@@ -149,11 +153,13 @@ TEST(FrontDoor, AFailedStepEndsEveryStreamAndSaysWhy) {
   fe::EngineConfig ec;
   ec.scheduler.max_model_len = 64;
   ec.num_blocks = 32;
-  fe::EngineLoop loop(std::make_unique<fe::Engine>(ec, std::make_unique<FailingExecutor>()));
+  std::atomic<bool> go{false};
+  fe::EngineLoop loop(std::make_unique<fe::Engine>(ec, std::make_unique<FailingExecutor>(go)));
   fe::NewRequest r;
   r.prompt = {1, 2, 3};
   r.max_tokens = 20;
   auto a = loop.submit(r), b = loop.submit(r);
+  go = true;
   const auto got = a->read_all();
   EXPECT_LT(got.size(), 3u);  // two steps ran at most
   EXPECT_EQ(a->finish_reason(), fs::FinishReason::kAbort);
