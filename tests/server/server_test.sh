@@ -9,14 +9,14 @@ set -euo pipefail
 mode=$1 bin=$2 ckpt=$3
 here=$(cd "$(dirname "$0")" && pwd)
 client_dir=$here/client
-work=$(mktemp -d)
+work=$(mktemp -d "${TMPDIR:-/tmp}/flashserve-server-test.XXXXXX")
 server_pid=""
 cleanup() {
   if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*"; echo "--- server log"; tail -20 "$work/server.log"; exit 1; }
+fail() { echo "FAIL: $*"; echo "--- server log"; tail -20 "$work/server.log" 2>/dev/null; exit 1; }
 
 if [ "$mode" = openai ]; then
   if ! command -v npm >/dev/null || ! command -v node >/dev/null; then
