@@ -31,6 +31,7 @@ if [ "$mode" = openai ]; then
   fi
 fi
 
+: >"$work/server.log"  # exists before the server's shell opens it (the loop below reads it)
 # Two malloc arenas: with one per thread (hundreds of connection threads) the resident memory
 # wanders by tens of MiB between identical rounds, which would hide the growth a leak causes.
 MALLOC_ARENA_MAX=2 "$bin" serve --model "$ckpt" --port 0 --served-model-name tiny --kv-memory-mb 32 \
