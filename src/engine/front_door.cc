@@ -15,7 +15,7 @@ struct Inbox {
   bool stopping = false;
   std::string error;  // why the loop stopped on its own (a step threw)
   int64_t next_id = 0;
-  int64_t steps = 0;
+  LoopStats stats;
 
   void abort(int64_t id) {
     {
@@ -79,6 +79,7 @@ void TokenStream::push(const std::vector<int32_t>& tokens, serve::FinishReason f
 EngineLoop::EngineLoop(std::unique_ptr<Engine> engine)
     : engine_(std::move(engine)), inbox_(std::make_shared<Inbox>()) {
   if (!engine_) throw Error(ErrorKind::kInvalidArgument, "engine", "null");
+  inbox_->stats.kv_blocks_total = engine_->blocks().num_blocks();
   thread_ = std::thread([this] { run(); });
 }
 
@@ -106,7 +107,12 @@ std::shared_ptr<TokenStream> EngineLoop::submit(NewRequest request) {
 
 int64_t EngineLoop::steps() const {
   std::lock_guard<std::mutex> lock(inbox_->mu);
-  return inbox_->steps;
+  return inbox_->stats.steps;
+}
+
+LoopStats EngineLoop::stats() const {
+  std::lock_guard<std::mutex> lock(inbox_->mu);
+  return inbox_->stats;
 }
 
 void EngineLoop::stop() {
@@ -180,7 +186,11 @@ void EngineLoop::run() {
     }
     {
       std::lock_guard<std::mutex> lock(inbox_->mu);
-      ++inbox_->steps;
+      LoopStats& st = inbox_->stats;
+      ++st.steps;
+      st.running = engine_->scheduler().num_running();
+      st.waiting = engine_->scheduler().num_waiting();
+      st.kv_blocks_used = engine_->blocks().num_used();
     }
     for (const RequestOutput& out : r.outputs) deliver(out.id, out.new_tokens, out.finish);
   }

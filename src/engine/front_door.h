@@ -54,6 +54,16 @@ class TokenStream {
   bool closed_ = false;
 };
 
+// What the loop last saw of its engine, refreshed after every step and every batch of aborts (so
+// a dropped stream's blocks show as free at once). For metrics; any thread.
+struct LoopStats {
+  int64_t steps = 0;
+  int64_t running = 0;
+  int64_t waiting = 0;
+  int64_t kv_blocks_used = 0;
+  int64_t kv_blocks_total = 0;
+};
+
 class EngineLoop {
  public:
   // Starts the loop thread, which owns `engine` from now on.
@@ -67,6 +77,7 @@ class EngineLoop {
   void stop();
   // Steps the loop has run (for tests and metrics).
   int64_t steps() const;
+  LoopStats stats() const;
 
  private:
   void run();

@@ -1,0 +1,130 @@
+// flashserve serve: the OpenAI-compatible HTTP server (server/server.h) on a model directory.
+// Flags take vLLM's names where vLLM has the same flag.
+//   flashserve serve --model /tmp/tiny --device cpu --port 8000
+//   curl localhost:8000/v1/completions -d '{"model": "/tmp/tiny", "prompt": [1, 2, 3]}'
+#include <pthread.h>
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "cli/command.h"
+#include "cli/options.h"
+#include "engine/model_engine.h"
+#include "server/server.h"
+#include "server/tokenizer_codec.h"
+
+namespace flashserve::cli {
+namespace {
+
+namespace fe = flashserve::engine;
+namespace fs = flashserve::serve;
+
+int serve(int argc, char** argv) {
+  server::ServerOptions so;
+  std::string model_dir, policy = "sarathi", device = "cpu";
+  int64_t port = so.port, budget = 512, max_model_len = 0, max_num_seqs = 256, chunk_tile = 64;
+  double gpu_mem_util = 0.9, kv_memory_mb = 256;
+  CLI::App app{"The OpenAI-compatible HTTP server"};
+  app.option_defaults()->always_capture_default();
+  app.add_option("--model", model_dir, "model directory (config.json + safetensors)")->required();
+  app.add_option("--host", so.host, "address to listen on");
+  add_int(app, "--port", port, {0, 65535}, "port to listen on (0: any free port)");
+  app.add_option("--api-key", so.api_key, "require 'Authorization: Bearer KEY' on /v1 routes");
+  app.add_option("--policy", policy, "scheduler: sarathi, vllm or orca");
+  add_int(app, "--budget", budget, {1, 1 << 20}, "sarathi's token budget per step");
+  add_int(app, "--chunk-tile", chunk_tile, {1, 1 << 20}, "sarathi: chunks are a multiple of this");
+  add_int(app, "--max-num-seqs", max_num_seqs, {1, 1 << 20}, "sequences running at once");
+  add_int(app, "--max-model-len", max_model_len, {0, 1 << 24},
+          "prompt + output tokens of one request (0: the model's, cut to the KV pool)");
+  auto* util_opt = add_real(app, "--gpu-memory-utilization", gpu_mem_util, {0, 1, Open::kLow},
+                            "share of GPU memory for weights and KV (--device cuda)");
+  auto* kv_opt = add_real(app, "--kv-memory-mb", kv_memory_mb, {1, 1 << 24},
+                          "KV pool size on the CPU (--device cpu)");
+  app.add_option("--served-model-name", so.served_model_name,
+                 "the model name clients send (default: --model as given)");
+  app.add_option("--device", device, "cpu or cuda");
+  std::string chat_template;
+  app.add_option("--chat-template", chat_template,
+                 "a Jinja chat template file, for a model whose tokenizer_config.json has none or "
+                 "one outside the supported subset");
+  add_int(app, "--max-concurrent-requests", so.max_concurrent_requests, {1, 1 << 20},
+          "generation requests in flight; one more gets 503");
+  add_int(app, "--http-threads", so.http_threads, {1, 1 << 14},
+          "connection threads (a streaming request holds one)");
+  if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
+  if (device != "cpu" && device != "cuda")
+    throw UsageError("--device", "'" + device + "' is not one of cpu, cuda");
+  refuse_unless(util_opt, device == "cuda", "sizes the GPU's KV pool (--device cuda)");
+  refuse_unless(kv_opt, device == "cpu", "sizes the CPU's KV pool (--device cpu)");
+  const fs::Policy pol = fs::parse_policy(policy);
+  so.port = static_cast<int>(port);
+  if (so.served_model_name.empty()) so.served_model_name = model_dir;
+
+  auto load = [=] {
+    fe::ModelEngineOptions mo;
+    mo.model_dir = model_dir;
+    mo.device = device;
+    mo.gpu_memory_utilization = gpu_mem_util;
+    mo.cpu_kv_bytes = kv_memory_mb * (1 << 20);
+    const fe::LoadedModel m = fe::load_model(mo);
+    fs::SchedulerConfig sc;
+    sc.policy = pol;
+    sc.max_tokens_per_step = budget;
+    sc.max_running = max_num_seqs;
+    sc.max_model_len = max_model_len;
+    sc.chunk_tile = chunk_tile;
+    auto engine = fe::make_model_engine(m, sc);
+    server::Backend b;
+    b.max_model_len = engine->config().scheduler.max_model_len;
+    b.codec = server::load_text_codec(model_dir, chat_template);
+    b.loop = std::make_unique<fe::EngineLoop>(std::move(engine));
+    std::printf(
+        "flashserve serve: ready: %s on %s, %lld KV blocks of %d tokens, max model len "
+        "%lld, %s\n",
+        model_dir.c_str(), m.device.c_str(), static_cast<long long>(m.num_blocks), m.block_size,
+        static_cast<long long>(b.max_model_len),
+        b.codec ? "tokenizer loaded" : "no tokenizer.json: token-id prompts only");
+    std::fflush(stdout);
+    return b;
+  };
+
+  // A client that goes away must not kill the server: writes to it fail instead of raising
+  // SIGPIPE. SIGINT / SIGTERM are taken by one thread (sigwait) that stops the server cleanly;
+  // they are blocked before any thread starts so that every thread inherits the mask.
+  ::signal(SIGPIPE, SIG_IGN);
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  server::Server srv(so, load);
+  const int bound = srv.bind();
+  std::printf("flashserve serve: listening on http://%s:%d (model '%s', loading...)\n",
+              so.host.c_str(), bound, so.served_model_name.c_str());
+  std::fflush(stdout);
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    srv.stop();
+  });
+  try {
+    srv.run();
+  } catch (...) {
+    pthread_kill(waiter.native_handle(), SIGTERM);
+    waiter.join();
+    throw;
+  }
+  pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+  std::printf("flashserve serve: stopped\n");
+  return 0;
+}
+
+Register reg("serve", "the OpenAI-compatible HTTP server (completions, chat, SSE, metrics)", serve);
+
+}  // namespace
+}  // namespace flashserve::cli

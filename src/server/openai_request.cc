@@ -1,0 +1,328 @@
+#include "server/openai_request.h"
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+
+namespace flashserve::server {
+
+namespace {
+
+using json = nlohmann::json;
+
+std::string type_name(const json& v) {
+  if (v.is_number_integer()) return "an integer";
+  if (v.is_number_float()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  return "null";
+}
+
+[[noreturn]] void wrong_type(const std::string& name, const char* expected, const json& v) {
+  throw bad_request(name, name + ": expected " + expected + ", got " + type_name(v));
+}
+
+int64_t get_int(const json& v, const std::string& name, int64_t lo, int64_t hi) {
+  if (!v.is_number_integer()) wrong_type(name, "an integer", v);
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi))
+    throw bad_request(name, name + ": " + v.dump() + " is above " + std::to_string(hi));
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi)
+    throw bad_request(name, name + ": " + std::to_string(x) + " is outside [" + std::to_string(lo) +
+                                ", " + std::to_string(hi) + "]");
+  return x;
+}
+
+double get_real(const json& v, const std::string& name, double lo, double hi) {
+  if (!v.is_number()) wrong_type(name, "a number", v);
+  const double x = v.get<double>();
+  if (!(x >= lo && x <= hi))
+    throw bad_request(name, name + ": " + v.dump() + " is outside [" + json(lo).dump() + ", " +
+                                json(hi).dump() + "]");
+  return x;
+}
+
+bool get_bool(const json& v, const std::string& name) {
+  if (!v.is_boolean()) wrong_type(name, "a boolean", v);
+  return v.get<bool>();
+}
+
+std::string get_string(const json& v, const std::string& name) {
+  if (!v.is_string()) wrong_type(name, "a string", v);
+  return v.get<std::string>();
+}
+
+std::vector<int32_t> get_ids(const json& v, const std::string& name) {
+  if (!v.is_array()) wrong_type(name, "an array of token ids", v);
+  std::vector<int32_t> ids;
+  ids.reserve(v.size());
+  for (size_t i = 0; i < v.size(); ++i)
+    ids.push_back(static_cast<int32_t>(get_int(v[i], name + "[" + std::to_string(i) + "]", 0,
+                                               std::numeric_limits<int32_t>::max())));
+  return ids;
+}
+
+bool is_id_array(const json& v) {
+  return v.is_array() && !v.empty() && v[0].is_number();
+}
+
+void parse_prompt(const json& v, GenerationRequest& r) {
+  // OpenAI's forms: a string, an array of strings, an array of token ids, an array of arrays of
+  // token ids. A batch (more than one prompt) is refused like n > 1.
+  const json* one = &v;
+  if (v.is_array() && !v.empty() && (v[0].is_string() || v[0].is_array())) {
+    if (v.size() != 1)
+      throw bad_request("prompt", "prompt: one prompt per request (got " +
+                                      std::to_string(v.size()) +
+                                      "); batched prompts are not supported");
+    one = &v[0];
+  }
+  if (one->is_string()) {
+    r.prompt_text = one->get<std::string>();
+    if (r.prompt_text->empty()) throw bad_request("prompt", "prompt: empty");
+  } else if (is_id_array(*one)) {
+    r.prompt_ids = get_ids(*one, "prompt");
+  } else if (one->is_array() && one->empty()) {
+    throw bad_request("prompt", "prompt: empty");
+  } else {
+    wrong_type("prompt", "a string or an array of token ids", *one);
+  }
+}
+
+std::string message_content(const json& v, const std::string& name) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_null()) return {};
+  if (!v.is_array()) wrong_type(name, "a string or an array of text parts", v);
+  // The parts form: [{"type": "text", "text": "..."}]; only text parts.
+  std::string text;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string part = name + "[" + std::to_string(i) + "]";
+    const json& p = v[i];
+    if (!p.is_object()) wrong_type(part, "an object", p);
+    const auto type = p.find("type");
+    if (type == p.end() || !type->is_string() || type->get<std::string>() != "text")
+      throw bad_request(part, part + ": only parts of type \"text\" are supported");
+    const auto t = p.find("text");
+    if (t == p.end()) throw bad_request(part, part + ".text: missing");
+    text += get_string(*t, part + ".text");
+  }
+  return text;
+}
+
+void parse_messages(const json& v, GenerationRequest& r) {
+  if (!v.is_array()) wrong_type("messages", "an array", v);
+  if (v.empty()) throw bad_request("messages", "messages: empty");
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string name = "messages[" + std::to_string(i) + "]";
+    const json& m = v[i];
+    if (!m.is_object()) wrong_type(name, "an object", m);
+    ChatMessage msg;
+    for (const auto& [key, value] : m.items()) {
+      if (key == "role") {
+        msg.role = get_string(value, name + ".role");
+        if (msg.role != "system" && msg.role != "developer" && msg.role != "user" &&
+            msg.role != "assistant")
+          throw bad_request(
+              name + ".role",
+              name + ".role: '" + msg.role + "' is not one of system, developer, user, assistant");
+      } else if (key == "content") {
+        msg.content = message_content(value, name + ".content");
+      } else if (key == "name") {
+        if (!value.is_null()) get_string(value, name + ".name");  // accepted, not used
+      } else {
+        throw bad_request(name + "." + key,
+                          "Unrecognized argument supplied in " + name + ": " + key);
+      }
+    }
+    if (msg.role.empty()) throw bad_request(name + ".role", name + ".role: missing");
+    r.messages.push_back(std::move(msg));
+  }
+}
+
+void parse_stop(const json& v, GenerationRequest& r) {
+  if (v.is_string()) {
+    r.stop.push_back(v.get<std::string>());
+  } else if (v.is_array()) {
+    if (v.size() > kMaxStopStrings)
+      throw bad_request("stop", "stop: at most " + std::to_string(kMaxStopStrings) +
+                                    " sequences (got " + std::to_string(v.size()) + ")");
+    for (size_t i = 0; i < v.size(); ++i)
+      r.stop.push_back(get_string(v[i], "stop[" + std::to_string(i) + "]"));
+  } else {
+    wrong_type("stop", "a string or an array of strings", v);
+  }
+  for (const std::string& s : r.stop)
+    if (s.empty()) throw bad_request("stop", "stop: an empty stop sequence");
+}
+
+// A parameter flashserve has only at its neutral value: accepted there, refused elsewhere.
+void neutral_only(const json& v, const std::string& name, const json& neutral, const char* why) {
+  if (v != neutral)
+    throw bad_request(name, name + ": only " + neutral.dump() + " is supported (" + why + ")");
+}
+
+// Whether the JSON text nests arrays and objects deeper than `limit`, by a scan that skips
+// strings. A request is a few levels deep; refusing deeper text before parsing keeps a body of
+// 8 MB of '[' from costing hundreds of MB of parse tree.
+bool nests_deeper_than(std::string_view text, int limit) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
+  if (nests_deeper_than(body, kMaxJsonDepth))
+    throw bad_request({},
+                      "The request body nests arrays and objects deeper than " +
+                          std::to_string(kMaxJsonDepth) + " levels",
+                      "invalid_json");
+  const json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded())
+    throw bad_request({}, "The request body is not valid JSON (UTF-8 text in RFC 8259 syntax)",
+                      "invalid_json");
+  if (!doc.is_object()) throw bad_request({}, "The request body must be a JSON object");
+
+  GenerationRequest r;
+  r.endpoint = endpoint;
+  const bool chat = endpoint == Endpoint::kChat;
+  bool have_input = false, have_model = false;
+  std::optional<json> stream_options;
+  using Field = std::function<void(const json&)>;
+  const std::map<std::string, Field> fields = {
+      {"model",
+       [&](const json& v) {
+         r.model = get_string(v, "model");
+         have_model = true;
+       }},
+      {chat ? "messages" : "prompt",
+       [&](const json& v) {
+         chat ? parse_messages(v, r) : parse_prompt(v, r);
+         have_input = true;
+       }},
+      {"max_tokens", [&](const json& v) { r.max_tokens = get_int(v, "max_tokens", 1, INT64_MAX); }},
+      {"temperature",
+       [&](const json& v) {
+         r.sampling.temperature = static_cast<float>(get_real(v, "temperature", 0, 2));
+       }},
+      {"top_p",
+       [&](const json& v) {
+         r.sampling.top_p = static_cast<float>(get_real(v, "top_p", 0, 1));
+         if (!(r.sampling.top_p > 0)) throw bad_request("top_p", "top_p: must be > 0");
+       }},
+      // -1 is vLLM's "off", 0 ours.
+      {"top_k",
+       [&](const json& v) {
+         r.sampling.top_k =
+             static_cast<int32_t>(std::max<int64_t>(0, get_int(v, "top_k", -1, INT32_MAX)));
+       }},
+      {"seed",
+       [&](const json& v) {
+         r.sampling.seed = static_cast<uint64_t>(get_int(v, "seed", INT64_MIN, INT64_MAX));
+         r.seed_given = true;
+       }},
+      {"stop", [&](const json& v) { parse_stop(v, r); }},
+      {"stop_token_ids", [&](const json& v) { r.stop_token_ids = get_ids(v, "stop_token_ids"); }},
+      {"ignore_eos", [&](const json& v) { r.ignore_eos = get_bool(v, "ignore_eos"); }},
+      {"stream", [&](const json& v) { r.stream = get_bool(v, "stream"); }},
+      {"stream_options", [&](const json& v) { stream_options = v; }},
+      {"n",
+       [&](const json& v) {
+         if (get_int(v, "n", 1, INT32_MAX) != 1)
+           throw bad_request("n", "n: only 1 choice per request is supported");
+       }},
+      {"user", [&](const json& v) { get_string(v, "user"); }},
+      {"presence_penalty",
+       [&](const json& v) { neutral_only(v, "presence_penalty", 0, "no penalties"); }},
+      {"frequency_penalty",
+       [&](const json& v) { neutral_only(v, "frequency_penalty", 0, "no penalties"); }},
+      {"logit_bias",
+       [&](const json& v) { neutral_only(v, "logit_bias", json::object(), "no biases"); }},
+  };
+  // Fields of one endpoint only; null is "not given" for them too.
+  auto endpoint_field = [&](const std::string& key, const json& v) {
+    static const std::map<std::string, bool> only = {
+        {"max_completion_tokens", true},
+        {"top_logprobs", true},
+        {"response_format", true},
+        {"logprobs", true},  // both endpoints, different types
+        {"echo", false},
+        {"best_of", false},
+        {"suffix", false}};
+    const auto k = only.find(key);
+    if (k == only.end() || (k->second && !chat && key != "logprobs")) return false;
+    if (!k->second && chat) return false;
+    if (v.is_null()) return true;
+    if (chat) {
+      if (key == "max_completion_tokens") {
+        r.max_tokens = get_int(v, "max_completion_tokens", 1, INT64_MAX);
+        r.max_tokens_param = "max_completion_tokens";
+      } else if (key == "logprobs")
+        neutral_only(v, "logprobs", false, "no log probabilities");
+      else if (key == "top_logprobs")
+        neutral_only(v, "top_logprobs", 0, "no log probabilities");
+      else if (key == "response_format")
+        neutral_only(v, "response_format", {{"type", "text"}}, "no structured output");
+      else
+        return false;
+    } else {
+      if (key == "logprobs")
+        neutral_only(v, "logprobs", nullptr, "no log probabilities");
+      else if (key == "echo")
+        neutral_only(v, "echo", false, "the prompt is not echoed");
+      else if (key == "best_of")
+        neutral_only(v, "best_of", 1, "one candidate per request");
+      else if (key == "suffix")
+        neutral_only(v, "suffix", nullptr, "no insertion");
+      else
+        return false;
+    }
+    return true;
+  };
+  for (const auto& [key, value] : doc.items()) {
+    const auto f = fields.find(key);
+    if (f == fields.end() && !endpoint_field(key, value))
+      throw bad_request(key, "Unrecognized request argument supplied: " + key);
+    if (value.is_null()) continue;  // not given
+    if (f != fields.end()) f->second(value);
+  }
+  if (!have_model) throw bad_request("model", "model: missing");
+  if (!have_input)
+    throw bad_request(chat ? "messages" : "prompt",
+                      std::string(chat ? "messages" : "prompt") + ": missing");
+  if (stream_options) {
+    if (!r.stream)
+      throw bad_request("stream_options", "stream_options: only allowed when stream is true");
+    if (!stream_options->is_object()) wrong_type("stream_options", "an object", *stream_options);
+    for (const auto& [key, value] : stream_options->items()) {
+      if (key != "include_usage")
+        throw bad_request("stream_options." + key,
+                          "Unrecognized argument supplied in stream_options: " + key);
+      if (!value.is_null()) r.include_usage = get_bool(value, "stream_options.include_usage");
+    }
+  }
+  return r;
+}
+
+}  // namespace flashserve::server

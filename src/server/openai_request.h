@@ -1,0 +1,56 @@
+// The OpenAI request schema: a JSON body of POST /v1/completions or /v1/chat/completions parsed
+// and checked into a GenerationRequest, or refused with an ApiError (400) naming the field.
+//
+// Choices, documented in docs/server.md:
+//   - Unknown fields are refused (400 "Unrecognized request argument supplied: x"), as OpenAI's
+//     API does: a parameter a client believes it set must not be silently ignored. Parameters
+//     OpenAI has but flashserve does not implement are accepted only at their neutral value
+//     (n 1, presence_penalty 0, logprobs null/false, echo false, best_of 1, ...).
+//   - null means "not given" for every optional field, as in OpenAI's API.
+//   - Numbers are typed: an integer field takes a JSON integer (not 16.0 or "16").
+//   - Extensions with vLLM's names: top_k, ignore_eos, stop_token_ids.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model/sampling.h"
+#include "server/api_error.h"
+#include "server/text_codec.h"
+
+namespace flashserve::server {
+
+enum class Endpoint { kCompletions, kChat };
+
+struct GenerationRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;
+  // Completions: exactly one of these. Chat: messages.
+  std::optional<std::string> prompt_text;
+  std::vector<int32_t> prompt_ids;
+  std::vector<ChatMessage> messages;
+
+  std::optional<int64_t> max_tokens;            // max_tokens or max_completion_tokens
+  std::string max_tokens_param = "max_tokens";  // which of the two the request used
+  model::SamplingParams sampling;
+  bool seed_given = false;
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  bool stream = false;
+  bool include_usage = false;
+};
+
+// How many stop strings a request may give (OpenAI's limit).
+inline constexpr size_t kMaxStopStrings = 4;
+// How deep a request body may nest arrays and objects (a valid one needs 5).
+inline constexpr int kMaxJsonDepth = 32;
+
+// Throws ApiError (400) for malformed JSON, a body that is not an object, a missing or mistyped
+// field, a value out of range or an unknown field.
+GenerationRequest parse_request(std::string_view body, Endpoint endpoint);
+
+}  // namespace flashserve::server

@@ -1,0 +1,50 @@
+// The OpenAI response schema: the JSON objects of /v1/completions ("text_completion") and
+// /v1/chat/completions ("chat.completion", streamed as "chat.completion.chunk"), and their
+// server-sent-event framing: each event is one line "data: <json>" and a blank line; a stream ends
+// with "data: [DONE]".
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "server/openai_request.h"
+
+namespace flashserve::server {
+
+// What every object of one response shares.
+struct ResponseHead {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string id;       // cmpl-<n> or chatcmpl-<n>
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+
+// One choice's piece: its text, the ids it came from (an extension, with vLLM's field name
+// token_ids: the only output when the model has no tokenizer) and, at the end, the finish reason.
+struct Piece {
+  std::string text;
+  std::vector<int32_t> token_ids;
+  std::optional<std::string> finish_reason;  // "stop" or "length"; none while running
+};
+
+nlohmann::json usage_json(const Usage& u);
+// The whole (non-streamed) response.
+nlohmann::json full_response(const ResponseHead& h, const Piece& all, const Usage& u);
+// One streamed chunk. `first` adds the chat delta's role; `usage_field` adds "usage": null (what
+// OpenAI sends on every chunk when stream_options.include_usage is set).
+nlohmann::json chunk(const ResponseHead& h, const Piece& piece, bool first, bool usage_field);
+// The last chunk when include_usage is set: no choices, the usage.
+nlohmann::json usage_chunk(const ResponseHead& h, const Usage& u);
+
+std::string sse_event(const nlohmann::json& data);
+inline constexpr const char* kSseDone = "data: [DONE]\n\n";
+
+}  // namespace flashserve::server

@@ -1,0 +1,542 @@
+#include "server/server.h"
+
+#include <httplib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "flashserve/error.h"
+#include "server/api_error.h"
+#include "server/openai_request.h"
+#include "server/openai_response.h"
+#include "server/prometheus.h"
+#include "server/stop_strings.h"
+
+namespace flashserve::server {
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(e.body(), "application/json");
+}
+
+void send_json(httplib::Response& res, const json& body) {
+  res.status = 200;
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+
+// Resident memory of this process, from /proc (0 where there is none).
+double resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  double pages_total = 0, pages_resident = 0;
+  if (!(statm >> pages_total >> pages_resident)) return 0;
+  return pages_resident * static_cast<double>(::sysconf(_SC_PAGESIZE));
+}
+
+// A seed for a request that gave none: different for every request, so that sampling with
+// temperature > 0 is not the same draw each time.
+uint64_t fresh_seed() {
+  static std::atomic<uint64_t> counter{std::random_device{}()};
+  return model::splitmix64(counter.fetch_add(1));
+}
+
+}  // namespace
+
+// What the server measures, as the client sees it: times are taken when the HTTP handler gets the
+// tokens from the engine's stream (a token read together with earlier ones has a gap of 0).
+struct Metrics {
+  Histogram ttft{"flashserve_time_to_first_token_seconds",
+                 "Time from the request's arrival at the server to its first token.",
+                 {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5,
+                  10, 20, 40, 80}};
+  Histogram tbt{"flashserve_time_between_tokens_seconds",
+                "Gap between consecutive tokens of a request (inter-token latency).",
+                {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                 0.75, 1, 2.5}};
+  Histogram e2e{"flashserve_e2e_request_latency_seconds",
+                "Time from the request's arrival to its last token.",
+                {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120}};
+  std::atomic<int64_t> prompt_tokens{0}, generation_tokens{0};
+  std::mutex mu;
+  std::map<std::string, int64_t> finished;  // by finish reason
+  std::map<int, int64_t> responses;         // by HTTP status
+
+  void count_finish(const std::string& reason) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++finished[reason];
+  }
+  void count_response(int status) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++responses[status];
+  }
+};
+
+// One request from submission to its last token: reads the engine's stream, turns ids into text,
+// applies stop strings, measures. Shared by the handler and (streaming) the content provider.
+struct Generation {
+  ResponseHead head;
+  Usage usage;
+  bool include_usage = false;
+  std::shared_ptr<engine::TokenStream> stream;
+  std::unique_ptr<TextStream> text;  // null without a tokenizer
+  StopStrings stops;
+  Metrics* metrics = nullptr;
+  std::atomic<int64_t>* in_flight = nullptr;
+  Clock::time_point arrival;
+  double last_token = 0;
+  bool first_chunk = true;
+  bool done = false;
+  std::string error;  // the engine ended the request on its own (it stopped)
+
+  explicit Generation(std::vector<std::string> stop) : stops(std::move(stop)) {}
+  ~Generation() {
+    if (stream) stream->close();  // a client gone mid-stream: its request is aborted now
+    in_flight->fetch_sub(1);
+  }
+
+  // The next piece of output; returns false once it is the last.
+  bool next(Piece& p) {
+    std::vector<int32_t> got;
+    stream->read(got);
+    serve::FinishReason fr = stream->finish_reason();
+    // Finished: whatever was pushed with the finish is there to read without waiting.
+    if (fr != serve::FinishReason::kNone)
+      while (stream->read(got)) {
+      }
+    const double t = seconds_since(arrival);
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (usage.completion_tokens == 0)
+        metrics->ttft.observe(t);
+      else
+        metrics->tbt.observe(i == 0 ? t - last_token : 0.0);
+      ++usage.completion_tokens;
+    }
+    if (!got.empty()) last_token = t;
+    metrics->generation_tokens += static_cast<int64_t>(got.size());
+    p.token_ids = got;
+    if (text) {
+      // The eos or stop token ends the text; it is not part of it (as in vLLM and OpenAI).
+      size_t n = got.size();
+      if (n > 0 && (fr == serve::FinishReason::kEos || fr == serve::FinishReason::kStop)) --n;
+      std::string raw;
+      for (size_t i = 0; i < n; ++i) raw += text->push(got[i]);
+      if (fr != serve::FinishReason::kNone) raw += text->flush();
+      p.text = stops.feed(raw);
+      if (stops.stopped()) {
+        stream->close();
+        return finish(p, "stop");
+      }
+      if (fr != serve::FinishReason::kNone) p.text += stops.flush();
+    }
+    switch (fr) {
+      case serve::FinishReason::kNone:
+        return true;
+      case serve::FinishReason::kEos:
+      case serve::FinishReason::kStop:
+        return finish(p, "stop");
+      case serve::FinishReason::kLength:
+        return finish(p, "length");
+      case serve::FinishReason::kAbort:
+        error = "the engine ended the request (it is stopping)";
+        return finish(p, "abort");
+    }
+    return false;
+  }
+
+ private:
+  bool finish(Piece& p, const char* reason) {
+    done = true;
+    if (error.empty()) p.finish_reason = reason;
+    metrics->e2e.observe(seconds_since(arrival));
+    metrics->count_finish(reason);
+    return false;
+  }
+};
+
+struct Server::State {
+  ServerOptions o;
+  Loader load;
+  std::atomic<bool>* ready = nullptr;
+  httplib::Server http;
+  std::thread loader;
+  std::mutex mu;
+  std::string load_error;
+  std::atomic<bool> stopping{false};
+  Backend backend;  // written once by the loader before *ready is set, then only read
+  std::atomic<int64_t> in_flight{0};
+  std::atomic<int64_t> next_id{0};
+  int listen_fd = -1;
+  Metrics metrics;
+  Clock::time_point started = Clock::now();
+
+  std::optional<ApiError> check_auth(const httplib::Request& req) const {
+    if (o.api_key.empty()) return std::nullopt;
+    if (req.get_header_value("Authorization") == "Bearer " + o.api_key) return std::nullopt;
+    return ApiError{401,
+                    "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'",
+                    {},
+                    "invalid_api_key"};
+  }
+
+  std::optional<ApiError> check_ready() const {
+    if (ready->load()) return std::nullopt;
+    return ApiError{503, "The model is loading; retry shortly", {}, "model_loading"};
+  }
+
+  void health(const httplib::Request&, httplib::Response& res) {
+    if (auto e = check_ready()) return send_error(res, *e);
+    send_json(res, {{"status", "ok"}});
+  }
+
+  void models(const httplib::Request& req, httplib::Response& res) {
+    if (auto e = check_auth(req)) return send_error(res, *e);
+    if (auto e = check_ready()) return send_error(res, *e);
+    const auto created = std::chrono::duration_cast<std::chrono::seconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+    send_json(res, {{"object", "list"},
+                    {"data", json::array({{{"id", o.served_model_name},
+                                           {"object", "model"},
+                                           {"created", created},
+                                           {"owned_by", "flashserve"},
+                                           {"max_model_len", backend.max_model_len}}})}});
+  }
+
+  void prometheus(const httplib::Request&, httplib::Response& res) {
+    std::string out;
+    engine::LoopStats st;
+    if (ready->load()) st = backend.loop->stats();
+    render_metric(out, "flashserve_model_loaded", "gauge", "1 once the model serves requests.",
+                  ready->load() ? 1 : 0);
+    render_metric(out, "flashserve_requests_running", "gauge",
+                  "Requests in the engine's running batch.", static_cast<double>(st.running));
+    render_metric(out, "flashserve_requests_waiting", "gauge",
+                  "Requests queued in the engine, not yet running.",
+                  static_cast<double>(st.waiting));
+    render_metric(out, "flashserve_http_requests_in_flight", "gauge",
+                  "Generation requests the HTTP server is serving.",
+                  static_cast<double>(in_flight.load()));
+    render_metric(out, "flashserve_kv_blocks_used", "gauge", "Paged-KV blocks in use.",
+                  static_cast<double>(st.kv_blocks_used));
+    render_metric(out, "flashserve_kv_blocks_total", "gauge", "Paged-KV blocks in the pool.",
+                  static_cast<double>(st.kv_blocks_total));
+    render_metric(out, "flashserve_engine_steps_total", "counter", "Engine steps run.",
+                  static_cast<double>(st.steps));
+    render_metric(out, "flashserve_prompt_tokens_total", "counter", "Prompt tokens submitted.",
+                  static_cast<double>(metrics.prompt_tokens.load()));
+    render_metric(out, "flashserve_generation_tokens_total", "counter",
+                  "Tokens generated and delivered to the HTTP server.",
+                  static_cast<double>(metrics.generation_tokens.load()));
+    render_metric(out, "process_resident_memory_bytes", "gauge", "Resident memory in bytes.",
+                  resident_bytes());
+    metrics.ttft.render(out);
+    metrics.tbt.render(out);
+    metrics.e2e.render(out);
+    {
+      std::lock_guard<std::mutex> lock(metrics.mu);
+      out += "# HELP flashserve_requests_finished_total Generation requests finished, by reason.\n";
+      out += "# TYPE flashserve_requests_finished_total counter\n";
+      for (const auto& [reason, n] : metrics.finished)
+        out += "flashserve_requests_finished_total{finish_reason=\"" + reason + "\"} " +
+               std::to_string(n) + "\n";
+      out += "# HELP flashserve_http_responses_total HTTP responses, by status code.\n";
+      out += "# TYPE flashserve_http_responses_total counter\n";
+      for (const auto& [status, n] : metrics.responses)
+        out += "flashserve_http_responses_total{code=\"" + std::to_string(status) + "\"} " +
+               std::to_string(n) + "\n";
+    }
+    res.set_content(out, "text/plain; version=0.0.4");
+  }
+
+  // The prompt's token ids, from whichever form the request used.
+  std::vector<int32_t> prompt_ids(const GenerationRequest& g) const {
+    const TextCodec* codec = backend.codec.get();
+    if (g.endpoint == Endpoint::kChat) {
+      if (!codec)
+        throw bad_request(
+            "messages",
+            "messages: this model has no tokenizer (tokenizer.json) and chat template, "
+            "so chat messages cannot be turned into a prompt; use /v1/completions "
+            "with a prompt of token ids");
+      try {
+        return codec->encode_rendered(codec->render_chat(g.messages));
+      } catch (const Error& e) {
+        throw from_error(e, "messages");
+      }
+    }
+    if (g.prompt_text) {
+      if (!codec)
+        throw bad_request("prompt",
+                          "prompt: this model has no tokenizer (tokenizer.json), so a text prompt "
+                          "cannot be tokenized; send the prompt as an array of token ids");
+      return codec->encode(*g.prompt_text);
+    }
+    return g.prompt_ids;
+  }
+
+  void generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+    const Clock::time_point arrival = Clock::now();
+    if (auto e = check_auth(req)) return send_error(res, *e);
+    if (auto e = check_ready()) return send_error(res, *e);
+    try {
+      generate_checked(req, res, endpoint, arrival);
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  }
+
+  void generate_checked(const httplib::Request& req, httplib::Response& res, Endpoint endpoint,
+                        Clock::time_point arrival) {
+    GenerationRequest g = parse_request(req.body, endpoint);
+    if (g.model != o.served_model_name)
+      throw ApiError{404,
+                     "The model '" + g.model + "' does not exist (this server serves '" +
+                         o.served_model_name + "')",
+                     "model", "model_not_found"};
+    const char* input = endpoint == Endpoint::kChat ? "messages" : "prompt";
+    if (!g.stop.empty() && !backend.codec)
+      throw bad_request("stop",
+                        "stop: stop strings need the model's tokenizer, which it has not; use "
+                        "stop_token_ids");
+    std::vector<int32_t> ids = prompt_ids(g);
+    if (ids.empty()) throw bad_request(input, std::string(input) + ": no tokens");
+    const int64_t limit = backend.max_model_len;
+    const int64_t n = static_cast<int64_t>(ids.size());
+    if (n >= limit)
+      throw bad_request(input,
+                        "This model's maximum context length is " + std::to_string(limit) +
+                            " tokens. However, your " + input + " has " + std::to_string(n) +
+                            " tokens, and at least one token must be generated.",
+                        "context_length_exceeded");
+    const int64_t max_tokens = g.max_tokens.value_or(
+        endpoint == Endpoint::kChat ? limit - n : std::min<int64_t>(16, limit - n));
+    if (max_tokens > limit - n)
+      throw bad_request(g.max_tokens_param,
+                        "This model's maximum context length is " + std::to_string(limit) +
+                            " tokens. However, you requested " + std::to_string(n) + " + " +
+                            std::to_string(max_tokens) + " tokens (" + std::to_string(n) +
+                            " in the " + input + ", " + std::to_string(max_tokens) +
+                            " in the completion). Reduce the " + input + " or max_tokens.",
+                        "context_length_exceeded");
+    engine::NewRequest nr;
+    nr.prompt = ids;
+    nr.sampling = g.sampling;
+    if (!g.seed_given) nr.sampling.seed = fresh_seed();
+    nr.max_tokens = max_tokens;
+    nr.stop_token_ids = g.stop_token_ids;
+    if (backend.codec && !g.ignore_eos)
+      for (int32_t id : backend.codec->eos_token_ids()) nr.stop_token_ids.push_back(id);
+    nr.ignore_eos = g.ignore_eos;
+
+    if (in_flight.fetch_add(1) >= o.max_concurrent_requests) {
+      in_flight.fetch_sub(1);
+      throw ApiError{503,
+                     "The server is overloaded (" + std::to_string(o.max_concurrent_requests) +
+                         " requests in flight); retry later",
+                     {},
+                     "overloaded"};
+    }
+    auto gen = std::make_shared<Generation>(g.stop);
+    gen->in_flight = &in_flight;  // from here on, gen gives the slot back
+    gen->metrics = &metrics;
+    gen->arrival = arrival;
+    gen->include_usage = g.include_usage;
+    gen->head.endpoint = endpoint;
+    gen->head.id = (endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") +
+                   std::to_string(next_id.fetch_add(1));
+    gen->head.created = std::chrono::duration_cast<std::chrono::seconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count();
+    gen->head.model = o.served_model_name;
+    gen->usage.prompt_tokens = n;
+    try {
+      gen->stream = backend.loop->submit(nr);
+    } catch (const Error& e) {
+      if (e.argument() == "engine") throw ApiError{503, e.what(), {}, "engine_stopped"};
+      const std::string what = e.what();
+      throw from_error(e,
+                       what.find("stop_token_ids") != std::string::npos ? "stop_token_ids" : input);
+    }
+    metrics.prompt_tokens += n;
+    if (backend.codec) gen->text = backend.codec->stream(ids);
+
+    if (!g.stream) {
+      Piece all;
+      Piece p;
+      bool more = true;
+      while (more) {
+        p = Piece{};
+        more = gen->next(p);
+        all.text += p.text;
+        all.token_ids.insert(all.token_ids.end(), p.token_ids.begin(), p.token_ids.end());
+      }
+      if (!gen->error.empty()) throw ApiError{503, gen->error, {}, "engine_stopped"};
+      all.finish_reason = p.finish_reason;
+      return send_json(res, full_response(gen->head, all, gen->usage));
+    }
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [gen](size_t, httplib::DataSink& sink) {
+          Piece p;
+          const bool more = gen->next(p);
+          std::string out;
+          if (gen->error.empty() &&
+              (gen->first_chunk || !p.text.empty() || !p.token_ids.empty() || p.finish_reason))
+            out += sse_event(chunk(gen->head, p, gen->first_chunk, gen->include_usage));
+          gen->first_chunk = false;
+          if (!more) {
+            if (!gen->error.empty())
+              out += sse_event(
+                  {{"error",
+                    json::parse(ApiError{503, gen->error, {}, "engine_stopped"}.body())["error"]}});
+            if (gen->include_usage) out += sse_event(usage_chunk(gen->head, gen->usage));
+            out += kSseDone;
+          }
+          // A failed write is a client that went away: returning false ends the response, and
+          // dropping `gen` aborts the request.
+          if (!out.empty() && !sink.write(out.data(), out.size())) return false;
+          if (!more) sink.done();
+          return true;
+        },
+        [gen](bool) { gen->stream->close(); });
+  }
+};
+
+Server::Server(ServerOptions options, Loader load) : s_(std::make_unique<State>()) {
+  s_->o = std::move(options);
+  s_->load = std::move(load);
+  s_->ready = &ready_;
+  State* s = s_.get();
+  auto& http = s->http;
+  const size_t threads = static_cast<size_t>(s->o.http_threads);
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http.set_payload_max_length(s->o.max_body_bytes);
+  // httplib closes a keep-alive connection after 5 requests by default; a client (undici, the
+  // openai SDK) that sends its next request as the server closes gets a connection error. Clients
+  // reuse connections for thousands of requests: close only when idle (keep-alive timeout).
+  http.set_keep_alive_max_count(1 << 20);
+  // Remember the listening socket (httplib's default options: SO_REUSEADDR) to widen its backlog.
+  http.set_socket_options([s](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    s->listen_fd = sock;
+  });
+  // Routes: (method, path, handler).
+  struct Route {
+    const char* method;
+    const char* path;
+    httplib::Server::Handler handler;
+  };
+  const Route routes[] = {
+      {"POST", "/v1/completions",
+       [s](const auto& req, auto& res) { s->generate(req, res, Endpoint::kCompletions); }},
+      {"POST", "/v1/chat/completions",
+       [s](const auto& req, auto& res) { s->generate(req, res, Endpoint::kChat); }},
+      {"GET", "/v1/models", [s](const auto& req, auto& res) { s->models(req, res); }},
+      {"GET", "/health", [s](const auto& req, auto& res) { s->health(req, res); }},
+      {"GET", "/metrics", [s](const auto& req, auto& res) { s->prometheus(req, res); }},
+  };
+  for (const Route& r : routes) {
+    if (std::string(r.method) == "POST")
+      http.Post(r.path, r.handler);
+    else
+      http.Get(r.path, r.handler);
+  }
+  // What httplib answers itself (no route, body too large, malformed HTTP) gets an OpenAI body.
+  http.set_error_handler([s](const httplib::Request& req, httplib::Response& res) {
+    if (res.body.empty()) {
+      std::string message;
+      if (res.status == 404)
+        message = "No route " + req.method + " " + req.path;
+      else if (res.status == 413)
+        message =
+            "The request body is larger than " + std::to_string(s->o.max_body_bytes) + " bytes";
+      else
+        message = "HTTP error " + std::to_string(res.status) + " (malformed request?)";
+      send_error(res, ApiError{res.status, message, {}, {}});
+    }
+  });
+  http.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown error";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        send_error(res, ApiError{500, "Internal error: " + what, {}, {}});
+      });
+  http.set_logger([s](const httplib::Request&, const httplib::Response& res) {
+    s->metrics.count_response(res.status);
+  });
+}
+
+Server::~Server() {
+  stop();
+  if (s_->loader.joinable()) s_->loader.join();
+}
+
+int Server::bind() {
+  int port = s_->o.port;
+  if (port == 0) {
+    port = s_->http.bind_to_any_port(s_->o.host);
+    if (port < 0) throw Error(ErrorKind::kInvalidArgument, "--host", "cannot bind " + s_->o.host);
+  } else if (!s_->http.bind_to_port(s_->o.host, port)) {
+    throw Error(ErrorKind::kInvalidArgument, "--port",
+                "cannot bind " + s_->o.host + ":" + std::to_string(port) + " (in use?)");
+  }
+  // httplib listens with a backlog of 5: a burst of clients connecting at once overflows it and
+  // some see their connection reset. listen() again on the bound socket widens the queue.
+  if (s_->listen_fd >= 0) ::listen(s_->listen_fd, SOMAXCONN);
+  State* s = s_.get();
+  s->loader = std::thread([s] {
+    try {
+      s->backend = s->load();
+      s->ready->store(true);
+    } catch (const std::exception& e) {
+      {
+        std::lock_guard<std::mutex> lock(s->mu);
+        s->load_error = e.what();
+      }
+      // Leave run(): wait until it listens (stop() before that would be lost).
+      while (!s->http.is_running() && !s->stopping.load())
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      s->http.stop();
+    }
+  });
+  return port;
+}
+
+void Server::run() {
+  s_->http.listen_after_bind();
+  if (s_->loader.joinable()) s_->loader.join();
+  std::lock_guard<std::mutex> lock(s_->mu);
+  if (!s_->load_error.empty())
+    throw Error(ErrorKind::kInvalidArgument, "--model", "loading failed: " + s_->load_error);
+}
+
+void Server::stop() {
+  if (s_->stopping.exchange(true)) return;
+  // The engine first: its streams end (abort), so handlers blocked on them return and httplib's
+  // threads can be joined.
+  if (ready_.load()) s_->backend.loop->stop();
+  s_->http.stop();
+}
+
+}  // namespace flashserve::server

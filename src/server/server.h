@@ -1,0 +1,62 @@
+// The OpenAI-compatible HTTP server: a route table over cpp-httplib, in front of the engine's
+// thread-safe front door (engine/front_door.h). It listens before the model is loaded and answers
+// 503 until the loader is done, so clients and probes can tell "loading" from "down".
+//
+//   Server s(options, [] { return load_backend(...); });
+//   s.bind();   // the port (options.port 0: a free one)
+//   s.run();    // serves until stop(); throws if the loader threw
+//
+// Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
+// GET /metrics. The /v1 routes need `Authorization: Bearer <api_key>` when an api key is set.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "engine/front_door.h"
+#include "server/text_codec.h"
+
+namespace flashserve::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string api_key;  // "": no authentication
+  std::string served_model_name;
+  // Generation requests in flight at once; one more is refused with 503 (overloaded).
+  int64_t max_concurrent_requests = 1024;
+  // Threads that serve connections: each running request holds one while it streams.
+  int64_t http_threads = 256;
+  size_t max_body_bytes = 8 << 20;  // larger bodies get 413
+};
+
+// What serves generation once the model is loaded.
+struct Backend {
+  std::unique_ptr<engine::EngineLoop> loop;
+  std::unique_ptr<TextCodec> codec;  // null: the model directory has no tokenizer
+  int64_t max_model_len = 0;
+};
+
+class Server {
+ public:
+  using Loader = std::function<Backend()>;
+  Server(ServerOptions options, Loader load);
+  ~Server();
+  // Binds the listening socket and starts the loader; returns the port. Throws Error naming
+  // --host / --port when the address cannot be bound.
+  int bind();
+  // Serves until stop(). Throws the loader's error (the process should exit) if loading failed.
+  void run();
+  void stop();
+  bool ready() const { return ready_.load(); }
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+  std::atomic<bool> ready_{false};
+};
+
+}  // namespace flashserve::server

@@ -1,0 +1,50 @@
+// What the server needs from a tokenizer: prompts to ids, generated ids to streamed text, chat
+// messages to a prompt. The server holds a TextCodec only when the model directory has a tokenizer;
+// without one it serves token-id prompts and answers with token ids (text prompts are refused).
+// Kept as an interface so the HTTP layer does not depend on how tokenizers are built, and so the
+// tests can stream text through a codec whose output they know.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace flashserve::server {
+
+struct ChatMessage {
+  std::string role;  // system, developer, user, assistant
+  std::string content;
+};
+
+// The text of one request's generated tokens, in order. One per request, one thread.
+class TextStream {
+ public:
+  virtual ~TextStream() = default;
+  // The text that became final with `token` (valid UTF-8; may be empty mid-character).
+  virtual std::string push(int32_t token) = 0;
+  // Whatever is held back, at the end.
+  virtual std::string flush() = 0;
+};
+
+class TextCodec {
+ public:
+  virtual ~TextCodec() = default;
+  // The prompt's ids, with the special tokens the tokenizer adds (BOS).
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // A detokeniser for the tokens generated after `prompt`.
+  virtual std::unique_ptr<TextStream> stream(std::span<const int32_t> prompt) const = 0;
+  // The chat template applied to `messages` with the generation prompt; throws Error naming
+  // "messages" for what the template rejects, or kUnsupported when there is no template.
+  virtual std::string render_chat(const std::vector<ChatMessage>& messages) const = 0;
+  // A rendered chat prompt's ids: the template writes BOS itself, so none is added (as Hugging
+  // Face's apply_chat_template(tokenize=True) does).
+  virtual std::vector<int32_t> encode_rendered(std::string_view rendered) const = 0;
+  // Tokens that end generation besides the model's config.json eos (a chat model's end-of-turn
+  // token, say); they stop a request unless it sets ignore_eos.
+  virtual std::vector<int32_t> eos_token_ids() const { return {}; }
+};
+
+}  // namespace flashserve::server

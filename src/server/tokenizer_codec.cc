@@ -1,0 +1,79 @@
+#include "server/tokenizer_codec.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+
+#include "flashserve/error.h"
+#include "tokenizer/tokenizer.h"
+
+namespace flashserve::server {
+
+namespace {
+
+namespace tk = flashserve::tokenizer;
+
+class DecoderStream final : public TextStream {
+ public:
+  DecoderStream(const tk::Tokenizer& t, std::span<const int32_t> context) : decoder_(t, context) {}
+  std::string push(int32_t token) override { return decoder_.push(token); }
+  std::string flush() override { return decoder_.flush(); }
+
+ private:
+  tk::IncrementalDecoder decoder_;
+};
+
+class TokenizerCodec final : public TextCodec {
+ public:
+  TokenizerCodec(tk::Tokenizer t, std::optional<tk::ChatTemplate> chat, std::string chat_error)
+      : tokenizer_(std::move(t)), chat_(std::move(chat)), chat_error_(std::move(chat_error)) {}
+
+  std::vector<int32_t> encode(std::string_view text) const override {
+    return tokenizer_.encode(text, /*add_special_tokens=*/true);
+  }
+  std::unique_ptr<TextStream> stream(std::span<const int32_t> prompt) const override {
+    // A few prompt tokens are enough context for the first token's leading-space rule.
+    const size_t keep = std::min<size_t>(prompt.size(), 8);
+    return std::make_unique<DecoderStream>(tokenizer_, prompt.last(keep));
+  }
+  std::string render_chat(const std::vector<ChatMessage>& messages) const override {
+    if (!chat_)
+      throw Error(ErrorKind::kUnsupported, "messages",
+                  "this model has no usable chat template (" + chat_error_ +
+                      "); start the server with --chat-template FILE");
+    std::vector<tk::ChatMessage> m;
+    for (const ChatMessage& x : messages) m.push_back({x.role, x.content});
+    return chat_->render(m, /*add_generation_prompt=*/true);
+  }
+  std::vector<int32_t> encode_rendered(std::string_view rendered) const override {
+    return tokenizer_.encode(rendered, /*add_special_tokens=*/false);
+  }
+  std::vector<int32_t> eos_token_ids() const override { return tokenizer_.eos_token_ids(); }
+
+ private:
+  tk::Tokenizer tokenizer_;
+  std::optional<tk::ChatTemplate> chat_;
+  std::string chat_error_;
+};
+
+}  // namespace
+
+std::unique_ptr<TextCodec> load_text_codec(const std::string& model_dir,
+                                           const std::string& chat_template_file) {
+  if (!std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json")) return nullptr;
+  tk::Tokenizer t = tk::Tokenizer::load(model_dir);
+  std::optional<tk::ChatTemplate> chat;
+  std::string why;
+  if (!chat_template_file.empty()) {
+    chat = tk::ChatTemplate::from_file(chat_template_file, t.bos_token(), t.eos_token());
+  } else {
+    try {
+      chat = tk::ChatTemplate::load(model_dir);
+    } catch (const Error& e) {
+      why = e.what();
+    }
+  }
+  return std::make_unique<TokenizerCodec>(std::move(t), std::move(chat), std::move(why));
+}
+
+}  // namespace flashserve::server

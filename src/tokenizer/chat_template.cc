@@ -1,0 +1,92 @@
+// ChatTemplate: tokenizer_config.json's chat_template rendered by our Jinja subset with the
+// variables transformers' apply_chat_template passes (messages, add_generation_prompt,
+// bos_token, eos_token).
+#include <filesystem>
+
+#include "flashserve/error.h"
+#include "tokenizer/jinja.h"
+#include "tokenizer/json_file.h"
+#include "tokenizer/tokenizer.h"
+
+namespace flashserve::tokenizer {
+
+struct ChatTemplate::Program {
+  jinja::Template tmpl;
+  std::string bos, eos;
+};
+
+namespace {
+
+std::string token_text(const nlohmann::json& config, const char* key) {
+  auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return {};
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string())
+    return (*it)["content"].get<std::string>();
+  return {};
+}
+
+}  // namespace
+
+ChatTemplate::ChatTemplate(std::shared_ptr<const Program> program) : program_(std::move(program)) {}
+ChatTemplate::~ChatTemplate() = default;
+ChatTemplate::ChatTemplate(ChatTemplate&&) noexcept = default;
+ChatTemplate& ChatTemplate::operator=(ChatTemplate&&) noexcept = default;
+
+ChatTemplate ChatTemplate::from_string(std::string source, std::string bos, std::string eos) {
+  return ChatTemplate(std::make_shared<const Program>(
+      Program{jinja::Template(source), std::move(bos), std::move(eos)}));
+}
+
+ChatTemplate ChatTemplate::from_file(const std::string& path, std::string bos, std::string eos) {
+  try {
+    return from_string(read_file(path, "--chat-template"), std::move(bos), std::move(eos));
+  } catch (const Error& e) {
+    throw in_file(e, path);
+  }
+}
+
+ChatTemplate ChatTemplate::load(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  const std::string path = (fs::path(model_dir) / "tokenizer_config.json").string();
+  const nlohmann::json config =
+      parse_json(read_file(path, "tokenizer_config.json"), "tokenizer_config.json");
+  std::string bos = token_text(config, "bos_token"), eos = token_text(config, "eos_token");
+  std::string source;
+  const auto it = config.find("chat_template");
+  if (it != config.end() && it->is_string()) {
+    source = it->get<std::string>();
+  } else if (it != config.end() && it->is_array()) {  // [{"name": ..., "template": ...}]
+    for (const auto& t : *it)
+      if (t.is_object() && t.value("name", "") == "default" && t.contains("template"))
+        source = t["template"].get<std::string>();
+    if (source.empty())
+      throw Error(ErrorKind::kUnsupported, "tokenizer_config.json: chat_template",
+                  "a list of templates without a \"default\" one; pass --chat-template FILE");
+  } else if (const fs::path side = fs::path(model_dir) / "chat_template.jinja"; fs::exists(side)) {
+    return from_file(side.string(), std::move(bos), std::move(eos));  // newer transformers
+  } else {
+    throw Error(ErrorKind::kInvalidArgument, "tokenizer_config.json: chat_template",
+                "missing in '" + path + "'; pass a template with --chat-template FILE");
+  }
+  try {
+    return from_string(std::move(source), std::move(bos), std::move(eos));
+  } catch (const Error& e) {
+    throw in_file(e, path);
+  }
+}
+
+std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
+                                 bool add_generation_prompt) const {
+  jinja::List list;
+  for (const ChatMessage& m : messages)
+    list.emplace_back(
+        jinja::Dict{{"role", jinja::Value(m.role)}, {"content", jinja::Value(m.content)}});
+  const jinja::Dict globals{{"messages", jinja::Value(std::move(list))},
+                            {"add_generation_prompt", jinja::Value(add_generation_prompt)},
+                            {"bos_token", jinja::Value(program_->bos)},
+                            {"eos_token", jinja::Value(program_->eos)}};
+  return program_->tmpl.render(globals);
+}
+
+}  // namespace flashserve::tokenizer

@@ -1,0 +1,395 @@
+// The server over HTTP, in process, on an engine whose executor is scripted (the token at position
+// p is the byte 'a' + p % 26) and a byte-level codec (one token per byte, chat rendered as
+// "role: content\n" lines): what the client gets is known exactly, so text, stop strings, SSE
+// framing, usage, refusals, 503 while loading and when overloaded, 401, and the abort of a stream
+// whose client went away (its KV blocks back to 0 in /metrics) are checked without a model.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+
+#include <chrono>
+#include <functional>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+
+#include "engine/engine.h"
+#include "engine/executor.h"
+#include "engine/front_door.h"
+#include "server/server.h"
+#include "server/tokenizer_codec.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fe = flashserve::engine;
+namespace fs = flashserve::serve;
+namespace fsv = flashserve::server;
+using json = nlohmann::json;
+
+namespace {
+
+class ScriptedExecutor final : public fe::Executor {
+ public:
+  std::vector<int32_t> execute(const fs::Batch& batch) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // a step takes time
+    std::vector<int32_t> out;
+    for (const fs::BatchEntry& e : batch.entries) out.push_back('a' + e.kv_len % 26);
+    return out;
+  }
+  double now() const override {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  void wait_until(double) override {}
+  std::string describe() const override { return "scripted"; }
+};
+
+class ByteStream final : public fsv::TextStream {
+ public:
+  std::string push(int32_t t) override { return std::string(1, static_cast<char>(t)); }
+  std::string flush() override { return {}; }
+};
+
+class ByteCodec final : public fsv::TextCodec {
+ public:
+  std::vector<int32_t> encode(std::string_view text) const override {
+    return {text.begin(), text.end()};
+  }
+  std::unique_ptr<fsv::TextStream> stream(std::span<const int32_t>) const override {
+    return std::make_unique<ByteStream>();
+  }
+  std::string render_chat(const std::vector<fsv::ChatMessage>& messages) const override {
+    std::string out;
+    for (const auto& m : messages) out += m.role + ": " + m.content + "\n";
+    return out + "assistant:";
+  }
+  std::vector<int32_t> encode_rendered(std::string_view text) const override {
+    return encode(text);
+  }
+};
+
+constexpr int64_t kMaxModelLen = 64;
+
+fsv::Backend scripted_backend(std::unique_ptr<fsv::TextCodec> codec = std::make_unique<ByteCodec>(),
+                              int64_t vocab = 256) {
+  fe::EngineConfig ec;
+  ec.num_blocks = 64;
+  ec.block_size = 16;
+  ec.vocab_size = vocab;
+  ec.scheduler.max_model_len = kMaxModelLen;
+  ec.scheduler.max_tokens_per_step = 32;
+  ec.scheduler.chunk_tile = 1;
+  ec.scheduler.max_running = 8;
+  fsv::Backend b;
+  b.loop = std::make_unique<fe::EngineLoop>(
+      std::make_unique<fe::Engine>(ec, std::make_unique<ScriptedExecutor>()));
+  b.codec = std::move(codec);
+  b.max_model_len = kMaxModelLen;
+  return b;
+}
+
+struct Running {
+  std::unique_ptr<fsv::Server> server;
+  std::thread thread;
+  int port = 0;
+  Running(fsv::ServerOptions o, fsv::Server::Loader load) {
+    ::signal(SIGPIPE, SIG_IGN);
+    o.port = 0;
+    o.served_model_name = "m";
+    server = std::make_unique<fsv::Server>(o, std::move(load));
+    port = server->bind();
+    thread = std::thread([this] {
+      try {
+        server->run();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();
+      }
+    });
+  }
+  ~Running() {
+    server->stop();
+    thread.join();
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(10);
+    return c;
+  }
+  httplib::Result post(const std::string& path, const json& body,
+                       const httplib::Headers& headers = {}) const {
+    return client().Post(path.c_str(), headers, body.dump(), "application/json");
+  }
+  // POSTs `body` and hands each piece of the response body to `receive` (false: hang up).
+  void post_streaming(const json& body, std::function<bool()> receive) const {
+    httplib::Client c = client();
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return receive(); };
+    httplib::Response res;
+    httplib::Error err;
+    c.send(req, res, err);
+  }
+  double metric(const std::string& name) const {
+    auto r = client().Get("/metrics");
+    const std::regex line("\n" + name + " ([0-9.e+-]+)\n");
+    std::smatch m;
+    if (!r || !std::regex_search(r->body, m, line)) return -1;
+    return std::stod(m[1]);
+  }
+};
+
+json error_of(const httplib::Result& r) {
+  return json::parse(r->body)["error"];
+}
+
+TEST(HttpServer, CompletionTextUsageAndStopStrings) {
+  Running s({}, [] { return scripted_backend(); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // Prompt "ab" (positions 0, 1); the token sampled at kv_len k is 'a' + k % 26.
+  auto r = s.post("/v1/completions", {{"model", "m"}, {"prompt", "ab"}, {"max_tokens", 5}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["text"], "cdefg");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"],
+            json({{"prompt_tokens", 2}, {"completion_tokens", 5}, {"total_tokens", 7}}));
+
+  r = s.post("/v1/completions",
+             {{"model", "m"}, {"prompt", "ab"}, {"max_tokens", 20}, {"stop", {"zz", "fg"}}});
+  j = json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["text"], "cde");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+
+  // A stop token id: the engine stops on it; its text is not returned.
+  r = s.post("/v1/completions",
+             {{"model", "m"}, {"prompt", {97}}, {"max_tokens", 20}, {"stop_token_ids", {'e'}}});
+  j = json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["text"], "bcd");
+  EXPECT_EQ(j["choices"][0]["token_ids"], json({'b', 'c', 'd', 'e'}));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+
+  r = s.post("/v1/chat/completions", {{"model", "m"},
+                                      {"messages", {{{"role", "user"}, {"content", "x"}}}},
+                                      {"max_completion_tokens", 3}});
+  j = json::parse(r->body);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"].get<std::string>().size(), 3u);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], std::string("user: x\nassistant:").size());
+}
+
+TEST(HttpServer, StreamFramingAndUsage) {
+  Running s({}, [] { return scripted_backend(); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  auto r = s.post("/v1/chat/completions", {{"model", "m"},
+                                           {"messages", {{{"role", "user"}, {"content", "x"}}}},
+                                           {"max_tokens", 4},
+                                           {"stream", true},
+                                           {"stream_options", {{"include_usage", true}}}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
+  const std::string& body = r->body;
+  ASSERT_GE(body.size(), 14u);
+  EXPECT_EQ(body.substr(body.size() - 14), "data: [DONE]\n\n");
+  // Every event is one "data: " line and a blank line; each but [DONE] is a chunk object.
+  std::string text, finish;
+  json usage;
+  size_t pos = 0, events = 0;
+  bool saw_role = false;
+  while (pos < body.size()) {
+    const size_t end = body.find("\n\n", pos);
+    ASSERT_NE(end, std::string::npos);
+    const std::string event = body.substr(pos, end - pos);
+    pos = end + 2;
+    ASSERT_EQ(event.rfind("data: ", 0), 0u) << event;
+    ASSERT_EQ(event.find('\n'), std::string::npos) << event;
+    if (event == "data: [DONE]") {
+      EXPECT_EQ(pos, body.size());
+      break;
+    }
+    ++events;
+    const json c = json::parse(event.substr(6));
+    EXPECT_EQ(c["object"], "chat.completion.chunk");
+    ASSERT_TRUE(c.contains("usage"));
+    if (c["choices"].empty()) {
+      usage = c["usage"];
+      continue;
+    }
+    EXPECT_TRUE(c["usage"].is_null());
+    const json& d = c["choices"][0]["delta"];
+    if (d.contains("role")) saw_role = true;
+    if (d.contains("content")) text += d["content"].get<std::string>();
+    if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
+  }
+  EXPECT_TRUE(saw_role);
+  EXPECT_EQ(text.size(), 4u);
+  EXPECT_EQ(finish, "length");
+  EXPECT_EQ(usage["completion_tokens"], 4);
+  EXPECT_GE(events, 3u);
+}
+
+TEST(HttpServer, RefusalsHaveTheirStatus) {
+  fsv::ServerOptions o;
+  o.api_key = "sesame";
+  Running s(o, [] { return scripted_backend(); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const httplib::Headers auth = {{"Authorization", "Bearer sesame"}};
+  const json ok = {{"model", "m"}, {"prompt", {1, 2}}, {"max_tokens", 2}};
+  EXPECT_EQ(s.post("/v1/completions", ok)->status, 401);
+  EXPECT_EQ(error_of(s.post("/v1/completions", ok))["code"], "invalid_api_key");
+  EXPECT_EQ(s.post("/v1/completions", ok, {{"Authorization", "Bearer wrong"}})->status, 401);
+  EXPECT_EQ(s.post("/v1/completions", ok, auth)->status, 200);
+  EXPECT_EQ(s.client().Get("/health")->status, 200);  // probes need no key
+
+  json bad = ok;
+  bad["model"] = "other";
+  auto r = s.post("/v1/completions", bad, auth);
+  EXPECT_EQ(r->status, 404);
+  EXPECT_EQ(error_of(r)["code"], "model_not_found");
+  r = s.client().Get("/v1/nothing", auth);
+  EXPECT_EQ(r->status, 404);
+  EXPECT_EQ(error_of(r)["type"], "not_found_error");
+
+  bad = ok;
+  bad["prompt"] = std::vector<int>(kMaxModelLen, 5);  // no room for one token
+  r = s.post("/v1/completions", bad, auth);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(error_of(r)["code"], "context_length_exceeded");
+  EXPECT_NE(error_of(r)["message"].get<std::string>().find("maximum context length is 64"),
+            std::string::npos);
+  bad = ok;
+  bad["max_tokens"] = kMaxModelLen;
+  r = s.post("/v1/completions", bad, auth);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(error_of(r)["param"], "max_tokens");
+  bad = ok;
+  bad["prompt"] = {1, 300};  // outside the vocabulary of 256
+  r = s.post("/v1/completions", bad, auth);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(error_of(r)["param"], "prompt");
+  r = s.client().Post("/v1/completions", auth, "{\"model\": ", "application/json");
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(error_of(r)["code"], "invalid_json");
+  // The server still serves.
+  EXPECT_EQ(s.post("/v1/completions", ok, auth)->status, 200);
+}
+
+TEST(HttpServer, Answers503WhileLoadingAndWhenOverloaded) {
+  std::promise<void> release;
+  std::shared_future<void> go = release.get_future().share();
+  fsv::ServerOptions o;
+  o.max_concurrent_requests = 1;
+  Running s(o, [go] {
+    go.wait();
+    return scripted_backend();
+  });
+  const json ok = {{"model", "m"}, {"prompt", {1, 2}}, {"max_tokens", 2}};
+  auto r = s.client().Get("/health");
+  EXPECT_EQ(r->status, 503);
+  EXPECT_EQ(error_of(r)["code"], "model_loading");
+  EXPECT_EQ(s.post("/v1/completions", ok)->status, 503);
+  EXPECT_EQ(s.metric("flashserve_model_loaded"), 0);
+  release.set_value();
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(s.client().Get("/health")->status, 200);
+
+  // One long stream holds the only slot: the next request is refused with 503.
+  std::atomic<bool> got_first{false};
+  std::thread holder([&] {
+    json body = {{"model", "m"}, {"prompt", {1}}, {"max_tokens", 60}, {"stream", true}};
+    s.post_streaming(body, [&] {
+      got_first = true;
+      return true;
+    });
+  });
+  while (!got_first) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  r = s.post("/v1/completions", ok);
+  EXPECT_EQ(r->status, 503);
+  EXPECT_EQ(error_of(r)["code"], "overloaded");
+  holder.join();
+  // The slot is given back when httplib drops the finished response, just after its last bytes.
+  while (s.metric("flashserve_http_requests_in_flight") != 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(s.post("/v1/completions", ok)->status, 200);
+}
+
+TEST(HttpServer, AClientGoneMidStreamIsAbortedAndItsBlocksFreed) {
+  Running s({}, [] { return scripted_backend(); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  int chunks = 0;
+  json body = {{"model", "m"}, {"prompt", {1, 2, 3}}, {"max_tokens", 60}, {"stream", true}};
+  // Returning false from the receiver closes the connection after the third chunk.
+  s.post_streaming(body, [&] { return ++chunks < 3; });
+  EXPECT_EQ(chunks, 3);
+  // 60 tokens take 120 ms or more; the abort comes within a few steps of the disconnect.
+  const auto t0 = std::chrono::steady_clock::now();
+  while ((s.metric("flashserve_kv_blocks_used") != 0 ||
+          s.metric("flashserve_http_requests_in_flight") != 0) &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(s.metric("flashserve_kv_blocks_used"), 0);
+  EXPECT_LT(waited, 0.1);
+  EXPECT_EQ(s.metric("flashserve_http_requests_in_flight"), 0);
+  EXPECT_LT(s.metric("flashserve_generation_tokens_total"), 30);  // it did not run to the end
+}
+
+// The real tokenizer and chat template (the byte-level fixture, a Llama 3 style template) behind
+// the server: prompts are tokenized as the tokenizer does, chat is rendered by the template, and
+// the streamed text is the detokenised ids, the same whole as the response of the same request.
+TEST(HttpServer, RealTokenizerAndChatTemplate) {
+  const std::string dir = std::string(FLASHSERVE_TOKENIZER_FIXTURES) + "/byte_level";
+  const auto tok = flashserve::tokenizer::Tokenizer::load(dir);
+  Running s({}, [&] { return scripted_backend(fsv::load_text_codec(dir), tok.vocab_size()); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+
+  const std::string text = "Hello, wörld! 123";
+  auto r = s.post("/v1/completions",
+                  {{"model", "m"}, {"prompt", text}, {"max_tokens", 6}, {"ignore_eos", true}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], tok.encode(text, true).size());
+  const std::vector<int32_t> ids = j["choices"][0]["token_ids"];
+  EXPECT_EQ(j["choices"][0]["text"], tok.decode(ids, true));
+
+  const json chat = {{"model", "m"},
+                     {"messages",
+                      {{{"role", "system"}, {"content", "Be brief."}},
+                       {{"role", "user"}, {"content", "Hi there"}}}},
+                     {"max_tokens", 8},
+                     {"ignore_eos", true}};
+  r = s.post("/v1/chat/completions", chat);
+  ASSERT_EQ(r->status, 200) << r->body;
+  j = json::parse(r->body);
+  const std::string rendered =
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  EXPECT_EQ(j["usage"]["prompt_tokens"], tok.encode(rendered, false).size());
+  const std::vector<int32_t> chat_ids = j["choices"][0]["token_ids"];
+  const std::string content = j["choices"][0]["message"]["content"];
+  EXPECT_EQ(content, tok.decode(chat_ids, true));
+
+  json streamed = chat;
+  streamed["stream"] = true;
+  r = s.post("/v1/chat/completions", streamed);
+  std::string joined;
+  for (size_t pos = 0; (pos = r->body.find("data: {", pos)) != std::string::npos;) {
+    const size_t end = r->body.find("\n\n", pos);
+    const json c = json::parse(r->body.substr(pos + 6, end - pos - 6));
+    if (!c["choices"].empty() && c["choices"][0]["delta"].contains("content"))
+      joined += c["choices"][0]["delta"]["content"].get<std::string>();
+    pos = end;
+  }
+  EXPECT_EQ(joined, content);  // greedy: the same tokens, streamed
+}
+
+}  // namespace

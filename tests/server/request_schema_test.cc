@@ -1,0 +1,196 @@
+// The OpenAI request schema: every parameter refuses a wrong type naming itself, unknown fields
+// are refused, null is "not given", values out of range are refused; stop strings hold back text
+// that may still become a stop sequence; histograms render cumulative buckets.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "server/openai_request.h"
+#include "server/prometheus.h"
+#include "server/stop_strings.h"
+
+namespace fsv = flashserve::server;
+using json = nlohmann::json;
+
+namespace {
+
+fsv::ApiError refusal(const json& body, fsv::Endpoint e = fsv::Endpoint::kCompletions) {
+  try {
+    fsv::parse_request(body.dump(), e);
+  } catch (const fsv::ApiError& err) {
+    return err;
+  }
+  ADD_FAILURE() << "accepted: " << body.dump();
+  return {};
+}
+
+json base(fsv::Endpoint e) {
+  if (e == fsv::Endpoint::kChat)
+    return {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  return {{"model", "m"}, {"prompt", {1, 2, 3}}};
+}
+
+TEST(RequestSchema, EveryParameterRefusesAWrongTypeNamingIt) {
+  const json wrong[] = {"text", 1.5, true, json::array({1}), json::object({{"a", 1}})};
+  for (const fsv::Endpoint e : {fsv::Endpoint::kCompletions, fsv::Endpoint::kChat}) {
+    const std::map<std::string, std::vector<int>> params = {
+        // index into `wrong` of the values that are the wrong type for it
+        {"model", {1, 2, 3, 4}},  {"max_tokens", {0, 1, 2, 3, 4}},  {"temperature", {0, 2, 3, 4}},
+        {"top_p", {0, 2, 3, 4}},  {"top_k", {0, 1, 2, 3, 4}},       {"seed", {0, 1, 2, 3, 4}},
+        {"stop", {1, 2, 3, 4}},   {"stop_token_ids", {0, 1, 2, 4}}, {"ignore_eos", {0, 1, 3, 4}},
+        {"stream", {0, 1, 3, 4}}, {"n", {0, 1, 2, 3, 4}},           {"user", {1, 2, 3, 4}},
+    };
+    for (const auto& [name, bad] : params)
+      for (int i : bad) {
+        json body = base(e);
+        body[name] = wrong[i];
+        const fsv::ApiError err = refusal(body, e);
+        EXPECT_EQ(err.status, 400) << name << " = " << wrong[i].dump();
+        EXPECT_EQ(err.param.substr(0, name.size()), name)
+            << name << " = " << wrong[i].dump() << ": " << err.message;
+      }
+  }
+  json body = base(fsv::Endpoint::kCompletions);
+  body["prompt"] = 5;
+  EXPECT_EQ(refusal(body).param, "prompt");
+  body = base(fsv::Endpoint::kChat);
+  body["messages"] = "hi";
+  EXPECT_EQ(refusal(body, fsv::Endpoint::kChat).param, "messages");
+  body["messages"] = json::array({{{"role", 3}, {"content", "x"}}});
+  EXPECT_EQ(refusal(body, fsv::Endpoint::kChat).param, "messages[0].role");
+  body = base(fsv::Endpoint::kCompletions);
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", "yes"}};
+  EXPECT_EQ(refusal(body).param, "stream_options.include_usage");
+}
+
+TEST(RequestSchema, UnknownFieldsAndUnsupportedValuesAreRefused) {
+  json body = base(fsv::Endpoint::kCompletions);
+  body["frobnicate"] = 1;
+  fsv::ApiError err = refusal(body);
+  EXPECT_EQ(err.param, "frobnicate");
+  EXPECT_NE(err.message.find("Unrecognized request argument supplied: frobnicate"),
+            std::string::npos);
+  // max_completion_tokens is chat's; on completions it is unknown.
+  body = base(fsv::Endpoint::kCompletions);
+  body["max_completion_tokens"] = 5;
+  EXPECT_EQ(refusal(body).param, "max_completion_tokens");
+  for (const auto& [name, value] :
+       std::vector<std::pair<std::string, json>>{{"n", 2},
+                                                 {"presence_penalty", 0.5},
+                                                 {"logprobs", 1},
+                                                 {"echo", true},
+                                                 {"max_tokens", 0},
+                                                 {"max_tokens", -5},
+                                                 {"max_tokens", 18446744073709551615ull},
+                                                 {"temperature", -1},
+                                                 {"temperature", 2.5},
+                                                 {"top_p", 0},
+                                                 {"top_k", -2},
+                                                 {"stream_options", {{"include_usage", true}}},
+                                                 {"stop", {"a", "b", "c", "d", "e"}},
+                                                 {"stop", ""},
+                                                 {"stop_token_ids", {-1}}}) {
+    body = base(fsv::Endpoint::kCompletions);
+    body[name] = value;
+    err = refusal(body);
+    EXPECT_EQ(err.status, 400);
+    EXPECT_EQ(err.param.substr(0, name.size()), name) << value.dump() << ": " << err.message;
+  }
+  body = base(fsv::Endpoint::kCompletions);
+  body["prompt"] = {"one", "two"};
+  EXPECT_EQ(refusal(body).param, "prompt");
+  body = base(fsv::Endpoint::kCompletions);
+  body.erase("model");
+  EXPECT_EQ(refusal(body).param, "model");
+}
+
+TEST(RequestSchema, MalformedBodiesAreRefused) {
+  for (const std::string& text :
+       {std::string("{\"model\": "), std::string("[1, 2]"), std::string(""), std::string("nul"),
+        std::string("{\"model\": \"m\", \"prompt\": \"\xff\xfe\"}"), std::string(100000, '[')}) {
+    try {
+      fsv::parse_request(text, fsv::Endpoint::kCompletions);
+      ADD_FAILURE() << "accepted " << text.substr(0, 40);
+    } catch (const fsv::ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_TRUE(json::accept(e.body()));  // the error body itself is valid JSON
+    }
+  }
+}
+
+TEST(RequestSchema, DepthIsCountedOutsideStringsOnly) {
+  const json in_string = {{"model", "m"}, {"prompt", std::string(100, '[') + "\"{"}};
+  EXPECT_EQ(*fsv::parse_request(in_string.dump(), fsv::Endpoint::kCompletions).prompt_text,
+            std::string(100, '[') + "\"{");
+  json deep = 1;
+  for (int i = 0; i < fsv::kMaxJsonDepth; ++i) deep = json::array({deep});
+  EXPECT_EQ(refusal({{"model", "m"}, {"prompt", {1}}, {"user", deep}}).code, "invalid_json");
+}
+
+TEST(RequestSchema, NullIsNotGivenAndValidValuesAreKept) {
+  json body = base(fsv::Endpoint::kChat);
+  for (const char* k : {"max_tokens", "temperature", "top_p", "seed", "stop", "n", "logprobs",
+                        "stream_options", "user", "response_format"})
+    body[k] = nullptr;
+  const fsv::GenerationRequest r = fsv::parse_request(body.dump(), fsv::Endpoint::kChat);
+  EXPECT_FALSE(r.max_tokens);
+  EXPECT_FALSE(r.seed_given);
+  ASSERT_EQ(r.messages.size(), 1u);
+  EXPECT_EQ(r.messages[0].content, "hi");
+
+  body = {{"model", "m"},
+          {"prompt", {{7, 8}}},
+          {"max_tokens", 9},
+          {"temperature", 0.5},
+          {"top_p", 0.9},
+          {"top_k", -1},
+          {"seed", -3},
+          {"stop", "x"},
+          {"stop_token_ids", {4}},
+          {"stream", true},
+          {"stream_options", {{"include_usage", true}}},
+          {"n", 1},
+          {"presence_penalty", 0}};
+  const fsv::GenerationRequest c = fsv::parse_request(body.dump(), fsv::Endpoint::kCompletions);
+  EXPECT_EQ(c.prompt_ids, (std::vector<int32_t>{7, 8}));
+  EXPECT_EQ(*c.max_tokens, 9);
+  EXPECT_FLOAT_EQ(c.sampling.temperature, 0.5f);
+  EXPECT_EQ(c.sampling.top_k, 0);
+  EXPECT_EQ(c.sampling.seed, static_cast<uint64_t>(int64_t{-3}));
+  EXPECT_EQ(c.stop, (std::vector<std::string>{"x"}));
+  EXPECT_TRUE(c.stream && c.include_usage);
+}
+
+TEST(StopStrings, HoldsBackWhatMayStillBecomeAStopSequence) {
+  fsv::StopStrings s({"END", "xyz"});
+  EXPECT_EQ(s.feed("hello E"), "hello ");  // "E" may start END
+  EXPECT_EQ(s.feed("N"), "");              // "EN" too
+  EXPECT_EQ(s.feed("d"), "ENd");           // not END after all
+  EXPECT_EQ(s.feed("abcx"), "abc");
+  EXPECT_EQ(s.feed("yzzz"), "");  // "xyz": stop; nothing from it on is sent
+  EXPECT_TRUE(s.stopped());
+  EXPECT_EQ(s.feed("more"), "");
+  EXPECT_EQ(s.flush(), "");
+
+  fsv::StopStrings t({"ab"});
+  EXPECT_EQ(t.feed("xa"), "x");
+  EXPECT_EQ(t.flush(), "a");  // the end came without a stop: the held text is sent
+  fsv::StopStrings none({});
+  EXPECT_EQ(none.feed("abc"), "abc");
+}
+
+TEST(Prometheus, HistogramBucketsAreCumulative) {
+  fsv::Histogram h("x_seconds", "help", {0.1, 1});
+  for (double v : {0.05, 0.1, 0.5, 7.0}) h.observe(v);
+  std::string out;
+  h.render(out);
+  EXPECT_NE(out.find("# TYPE x_seconds histogram\n"), std::string::npos);
+  EXPECT_NE(out.find("x_seconds_bucket{le=\"0.1\"} 2\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("x_seconds_bucket{le=\"1\"} 3\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("x_seconds_bucket{le=\"+Inf\"} 4\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("x_seconds_count 4\n"), std::string::npos) << out;
+}
+
+}  // namespace

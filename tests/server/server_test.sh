@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# `flashserve serve` end to end on the tiny random checkpoint, on 127.0.0.1 and a free port:
+#   server_test.sh raw    FLASHSERVE CHECKPOINT   curl (SSE framing, hostile bodies) and 200
+#                                                 clients hanging up at random (node, no deps)
+#   server_test.sh openai FLASHSERVE CHECKPOINT   the official openai npm client (installed here
+#                                                 from package-lock.json; exit 77 = skipped when
+#                                                 npm or the registry is unavailable)
+set -euo pipefail
+mode=$1 bin=$2 ckpt=$3
+here=$(cd "$(dirname "$0")" && pwd)
+client_dir=$here/client
+work=$(mktemp -d "${TMPDIR:-/tmp}/flashserve-server-test.XXXXXX")
+server_pid=""
+cleanup() {
+  if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; echo "--- server log"; tail -20 "$work/server.log" 2>/dev/null; exit 1; }
+
+if [ "$mode" = openai ]; then
+  if ! command -v npm >/dev/null || ! command -v node >/dev/null; then
+    echo "SKIPPED: openai client tests need node and npm, which this machine lacks"; exit 77
+  fi
+  if [ ! -f "$client_dir/node_modules/openai/package.json" ] ||
+     ! grep -q "\"version\": \"$(node -p "require('$client_dir/package-lock.json').packages['node_modules/openai'].version")\"" \
+       "$client_dir/node_modules/openai/package.json"; then
+    if ! (cd "$client_dir" && timeout 240 npm ci --no-audit --no-fund --loglevel=error); then
+      echo "SKIPPED: npm ci could not install the openai client (registry unreachable?)"; exit 77
+    fi
+  fi
+fi
+
+: >"$work/server.log"  # exists before the server's shell opens it (the loop below reads it)
+# Two malloc arenas: with one per thread (hundreds of connection threads) the resident memory
+# wanders by tens of MiB between identical rounds, which would hide the growth a leak causes.
+MALLOC_ARENA_MAX=2 "$bin" serve --model "$ckpt" --port 0 --served-model-name tiny --kv-memory-mb 32 \
+  >"$work/server.log" 2>&1 &
+server_pid=$!
+port=""
+for _ in $(seq 200); do
+  port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$work/server.log")
+  [ -n "$port" ] && break
+  kill -0 "$server_pid" 2>/dev/null || fail "the server exited"
+  sleep 0.05
+done
+[ -n "$port" ] || fail "the server did not say where it listens"
+base=http://127.0.0.1:$port
+for _ in $(seq 600); do
+  [ "$(curl -s -o /dev/null -w '%{http_code}' "$base/health")" = 200 ] && break
+  sleep 0.05
+done
+[ "$(curl -s -o /dev/null -w '%{http_code}' "$base/health")" = 200 ] || fail "not healthy"
+echo "server on $base: $(grep ready "$work/server.log")"
+
+if [ "$mode" = openai ]; then
+  node "$client_dir/openai_client.mjs" "$base" tiny || fail "openai client tests"
+  exit 0
+fi
+
+# expect STATUS PARAM_OR_DASH CURL_ARGS...: the status and, for errors, an OpenAI error body.
+checks=0
+expect() {
+  local want=$1 param=$2; shift 2
+  local got
+  got=$(curl -s -o "$work/body" -w '%{http_code}' "$@" "$base/v1/completions") || true
+  [ "$got" = "$want" ] || fail "want $want, got $got for ${*: -1}: $(head -c 300 "$work/body")"
+  if [ "$want" != 200 ]; then
+    node -e '
+      const e = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8")).error;
+      if (typeof e.message !== "string" || typeof e.type !== "string" || !("code" in e)) process.exit(1);
+      if (process.argv[2] !== "-" && !String(e.param).startsWith(process.argv[2])) { console.log(e); process.exit(1); }
+    ' "$work/body" "$param" || fail "bad error body for ${*: -1}: $(head -c 300 "$work/body")"
+  fi
+  checks=$((checks + 1))
+}
+json=(-H 'Content-Type: application/json')
+
+# Raw SSE framing: only "data: {json}" lines each followed by a blank line, the last "data: [DONE]".
+curl -sN "${json[@]}" "$base/v1/completions" -o "$work/sse" \
+  -d '{"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 5, "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}}'
+node -e '
+  const t = require("fs").readFileSync(process.argv[1], "utf8");
+  if (!t.endsWith("\n\ndata: [DONE]\n\n")) throw new Error("no [DONE] at the end");
+  const events = t.slice(0, -2).split("\n\n");
+  let ids = 0, usage = null;
+  for (const e of events.slice(0, -1)) {
+    if (!e.startsWith("data: ") || e.includes("\n")) throw new Error("bad event: " + JSON.stringify(e));
+    const c = JSON.parse(e.slice(6));
+    if (c.object !== "text_completion") throw new Error("bad object " + c.object);
+    if (c.choices.length) ids += c.choices[0].token_ids.length; else usage = c.usage;
+  }
+  if (ids !== 5 || !usage || usage.completion_tokens !== 5 || usage.prompt_tokens !== 3)
+    throw new Error(`ids ${ids}, usage ${JSON.stringify(usage)}`);
+  console.log(`ok   SSE framing: ${events.length} events, 5 tokens, usage, [DONE]`);
+' "$work/sse" || fail "SSE framing: $(head -c 500 "$work/sse")"
+
+expect 200 - "${json[@]}" -d '{"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2}'
+# Malformed, huge, deeply nested and non-UTF-8 bodies.
+expect 400 - "${json[@]}" -d '{"model": "tiny", "prompt": [1, 2'
+expect 400 - "${json[@]}" -d '[1, 2, 3]'
+expect 400 - "${json[@]}" -d ''
+printf '{"model": "tiny", "prompt": "\xff\xfe\xc3"}' >"$work/utf8"
+expect 400 - "${json[@]}" --data-binary @"$work/utf8"
+head -c 9000000 /dev/zero | tr '\0' '[' >"$work/deep"
+expect 413 - "${json[@]}" --data-binary @"$work/deep"
+head -c 4000000 /dev/zero | tr '\0' '[' >"$work/deep"
+expect 400 - "${json[@]}" --data-binary @"$work/deep"
+node -e 'process.stdout.write(JSON.stringify({model: "tiny", prompt: [1], user: "x".repeat(7 << 20)}))' >"$work/big"
+expect 200 - "${json[@]}" --data-binary @"$work/big"
+# Wrong types and values, unknown fields, prompts past the limit.
+expect 400 max_tokens "${json[@]}" -d '{"model": "tiny", "prompt": [1], "max_tokens": "5"}'
+expect 400 max_tokens "${json[@]}" -d '{"model": "tiny", "prompt": [1], "max_tokens": -1}'
+expect 400 max_tokens "${json[@]}" -d '{"model": "tiny", "prompt": [1], "max_tokens": 99999999999999999999}'
+expect 400 max_tokens "${json[@]}" -d '{"model": "tiny", "prompt": [1], "max_tokens": 1000000000}'
+expect 400 temperature "${json[@]}" -d '{"model": "tiny", "prompt": [1], "temperature": [0.5]}'
+expect 400 stream "${json[@]}" -d '{"model": "tiny", "prompt": [1], "stream": "yes"}'
+expect 400 prompt "${json[@]}" -d '{"model": "tiny", "prompt": [1, -4]}'
+expect 400 prompt "${json[@]}" -d '{"model": "tiny", "prompt": [1, 99999]}'
+expect 400 prompt "${json[@]}" -d '{"model": "tiny", "prompt": "text needs a tokenizer"}'
+expect 400 bogus "${json[@]}" -d '{"model": "tiny", "prompt": [1], "bogus": 1}'
+expect 400 n "${json[@]}" -d '{"model": "tiny", "prompt": [1], "n": 3}'
+node -e 'process.stdout.write(JSON.stringify({model: "tiny", prompt: Array(5000).fill(7)}))' >"$work/long"
+expect 400 prompt "${json[@]}" --data-binary @"$work/long"
+grep -q "maximum context length is" "$work/body" || fail "the limit is not named: $(cat "$work/body")"
+expect 404 model "${json[@]}" -d '{"model": "gpt-5", "prompt": [1]}'
+[ "$(curl -s -o /dev/null -w '%{http_code}' "$base/v1/nothing")" = 404 ] || fail "unknown route"
+echo "ok   $checks refusals and answers with their status and an OpenAI error body"
+
+node "$client_dir/hostile_clients.mjs" "$base" tiny 200 || fail "hostile clients"
+kill -0 "$server_pid" || fail "the server died"
