@@ -62,6 +62,9 @@ class Tokenizer {
 // Streams the text of generated tokens. Every chunk is valid UTF-8 and the concatenation of all
 // chunks plus flush() equals decode(prompt_tail + generated) minus decode(prompt_tail), so the
 // Llama 2 leading-space rule and byte-fallback characters spanning several tokens come out right.
+// One exception: Hugging Face's ByteFallback decoder replaces a whole run of byte tokens by
+// U+FFFDs when any byte of it is invalid; a stream has already shown the characters completed
+// before the invalid byte, so there the stream shows them where decode() shows U+FFFD.
 // The tokenizer must outlive the decoder. Not thread-safe (one per request).
 class IncrementalDecoder {
  public:
