@@ -1,6 +1,7 @@
 // The tokenizer on the checked-in fixtures, against expectations written by hand from the
 // definitions (GPT-2's byte map, UTF-8 of known characters, the fixtures' own special tokens),
 // and its errors. The comparison with Hugging Face's implementation is hf_reference_test.cc.
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -9,6 +10,7 @@
 
 #include "flashserve/error.h"
 #include "tokenizer/byte_level.h"
+#include "tokenizer/checkpoint_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 #include "tokenizer_fixtures.h"
@@ -152,6 +154,33 @@ TEST(TokenizerErrors, NameTheFieldAndTheComponent) {
   const Tokenizer t = Tokenizer::load(fixture_dir("byte_level"));
   EXPECT_THROW(t.decode(std::vector<int32_t>{t.vocab_size()}, false), Error);
   EXPECT_THROW(t.decode(std::vector<int32_t>{-1}, false), Error);
+}
+
+TEST(CheckpointTokenizer, TinyGetsTheFixtureLargerShapesAPaddedVocabulary) {
+  const std::string dir = ::testing::TempDir() + "/ckpt_tokenizer";
+  std::filesystem::create_directories(dir);
+  write_checkpoint_tokenizer(dir, 4096);
+  const auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  EXPECT_EQ(read(dir + "/tokenizer.json"), fixture_json("byte_fallback"));  // embedded verbatim
+  EXPECT_EQ(read(dir + "/tokenizer_config.json"),
+            read(fixture_dir("byte_fallback") + "/tokenizer_config.json"));
+  const Tokenizer tiny = Tokenizer::load(dir);
+  const Tokenizer fixture = Tokenizer::load(fixture_dir("byte_fallback"));
+  EXPECT_EQ(tiny.vocab_size(), 4096);
+  EXPECT_EQ(tiny.encode("Hello, world", true), fixture.encode("Hello, world", true));
+  EXPECT_EQ(ChatTemplate::load(dir).render({{"user", "Hi"}}, true), "<s>[INST] Hi [/INST]");
+
+  write_checkpoint_tokenizer(dir, 32000);  // mistral-7b's vocab_size
+  const Tokenizer big = Tokenizer::load(dir);
+  EXPECT_EQ(big.vocab_size(), 32000);
+  EXPECT_EQ(big.encode("Hello, world", true), fixture.encode("Hello, world", true));
+  EXPECT_EQ(big.decode(std::vector<int32_t>{31999}, false), "<|unused_27903|>");
+  EXPECT_THROW(write_checkpoint_tokenizer(dir, 1000), Error);
 }
 
 }  // namespace
