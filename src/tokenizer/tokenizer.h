@@ -20,6 +20,7 @@ namespace flashserve::tokenizer {
 
 class TokenizerImpl;
 
+// Immutable once loaded: its const methods may be called from any number of threads at once.
 class Tokenizer {
  public:
   // `path` is a model directory (its tokenizer.json and, when present, tokenizer_config.json for
@@ -95,6 +96,7 @@ struct ChatMessage {
 // length / upper / lower / tojson / ..., loop.index0/index/first/last/length,
 // raise_exception). A template outside the subset throws Error(kUnsupported, "chat_template")
 // saying so and pointing at `--chat-template FILE`.
+// Immutable and cheap to copy by move; render() may be called from several threads at once.
 class ChatTemplate {
  public:
   // tokenizer_config.json's chat_template (a string, or the list form's "default" entry) and
