@@ -25,13 +25,15 @@ bool differs_only_by_bom(std::string ours, const std::string& theirs) {
   return ours == theirs;
 }
 
-void compare(const std::string& kind) {
+// `derived`: the fixture is one hf_reference.sh derived into the reference directory.
+void compare(const std::string& kind, bool derived = false) {
   const char* dir = std::getenv("FLASHSERVE_HF_REFERENCE");
   if (!dir) GTEST_SKIP() << "skipped: FLASHSERVE_HF_REFERENCE not set (ctest hf_reference sets it)";
   const std::string path = std::string(dir) + "/" + kind + ".jsonl";
   std::ifstream in(path);
   ASSERT_TRUE(in) << "cannot read " << path;
-  const Tokenizer tok = Tokenizer::load(fixture_dir(kind));
+  const Tokenizer tok =
+      Tokenizer::load(derived ? std::string(dir) + "/" + kind : fixture_dir(kind));
   int texts = 0, id_sequences = 0, failures = 0, bom_only = 0;
   std::string line;
   while (std::getline(in, line)) {
@@ -75,6 +77,9 @@ TEST(HfReference, ByteLevel) {
 }
 TEST(HfReference, ByteFallback) {
   compare("byte_fallback");
+}
+TEST(HfReference, Metaspace) {
+  compare("metaspace", true);
 }
 
 }  // namespace
