@@ -3,7 +3,10 @@
 # Idempotent: on a machine that has everything it does nothing.
 set -euo pipefail
 pkgs=(cmake g++ make libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev
-      python3 python3-numpy python3-pytest clang-format libpcre2-dev)
+      python3 python3-numpy python3-pytest clang-format
+      libopenblas-dev  # the CPU model's GEMMs
+      libpcre2-dev     # the tokenizer's pre-tokenizer regexes
+      clang libclang-rt-14-dev)  # the fuzzers: libFuzzer, ASan, UBSan
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -2,7 +2,9 @@
 # One call on the GPU machine: build, GPU tests, sanitizers, SASS check, benchmark beside PyTorch SDPA.
 #   bash scripts/gpu-check.sh [--no-tests] [--no-sanitize] [--no-bench] [--quick-bench]
 #                             [--bench-args "..."] [--sweep ["seqlens"]] [--decode-splits 0,8,...]
-#                             [--sweep-only]
+#                             [--sweep-only] [--serve] [--model]
+#   --serve  bench_serve_attn: the serving rows (paged and mixed batches beside their parts)
+#   --model  bench_model --quick: the CUDA model runner at the mistral-7b shape (decode, prefill)
 # Environment: OUT (logs and CSVs; default ./out), ARCHS (default 90a: the device is an H200; use
 # "80;90a" to build what CI builds), JOBS (default nproc).
 # Prints a short summary last. $OUT gets summary.txt, table.md and the CSVs; every other log is packed
@@ -16,12 +18,14 @@ mkdir -p "$OUT" "$LOGS"
 ARCHS=${ARCHS:-90a}
 JOBS=${JOBS:-$(nproc)}
 BUILD=build/gpu
-tests=1 sanitize=1 bench=1 quick=0 bench_args="" sweep=0 sweep_args="" decode_splits=0 targets=""
+serve=0 model=0 tests=1 sanitize=1 bench=1 quick=0 bench_args="" sweep=0 sweep_args="" decode_splits=0 targets=""
 while (($#)); do
   case "$1" in
     --no-tests) tests=0 ;;
     --no-sanitize) sanitize=0 ;;
     --no-bench) bench=0 ;;
+    --serve) serve=1 ;;
+    --model) model=1 ;;
     --quick-bench) quick=1 ;;
     --bench-args) bench_args=$2; shift ;;
     --decode-splits) decode_splits=$2; shift ;;
@@ -78,6 +82,21 @@ if ((sanitize)) && [ -x $BUILD/tests/test_gpu ]; then
   done
 fi
 
+# The serving rows and the model first: they are short, and the prefill grid below is long.
+if ((serve)) && [ -x $BUILD/bench/bench_serve_attn ]; then
+  timeout 120 $BUILD/bench/bench_serve_attn --md "$OUT/serve.md" >"$LOGS/bench_serve_attn.log" 2>&1
+  rc=$?
+  ((rc)) && failed=1
+  note "bench_serve_attn rc=$rc (serve.md)"
+fi
+
+if ((model)) && [ -x $BUILD/bench/bench_model ]; then
+  COMMIT=$commit timeout 150 $BUILD/bench/bench_model --quick >"$OUT/model.txt" 2>&1
+  rc=$?
+  ((rc)) && failed=1
+  note "bench_model --quick rc=$rc (model.txt)"
+fi
+
 if [ -x $BUILD/bench/bench_attn ]; then
   cuobjdump -sass $BUILD/bench/bench_attn > "$LOGS/sass.txt" 2>/dev/null
   note "SASS: $(grep -c HMMA "$LOGS/sass.txt") HMMA, $(grep -c HGMMA "$LOGS/sass.txt") HGMMA, $(grep -cE 'LDL|STL' "$LOGS/sass.txt") LDL/STL lines"
@@ -128,5 +147,7 @@ tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"
   [ -s "$OUT/sweep.log" ] && cat "$OUT/sweep.log"
   [ -s "$OUT/decode.txt" ] && cat "$OUT/decode.txt"
   [ -s "$OUT/table.md" ] && cat "$OUT/table.md"
+  [ -s "$OUT/serve.md" ] && cat "$OUT/serve.md"
+  [ -s "$OUT/model.txt" ] && grep -iE 'floor|decode|prefill|copy' "$OUT/model.txt" | head -30
 } | tee "$OUT/summary.txt"
 exit $failed

@@ -69,6 +69,7 @@ fs::FwdParams make_params(const Problem& pr) {
   p.scale_log2 = p.scale * 1.4426950408889634f;
   p.num_splits = 1;
   p.q_rows = int64_t{pr.batch} * pr.seqlen;
+  p.seq_end = pr.batch;  // every sequence (seq_begin 0, all kinds)
   return p;
 }
 

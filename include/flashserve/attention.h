@@ -15,10 +15,18 @@
 // position p = kv_len - q_len + t and sees key j iff  p - window_left <= j <= p + window_right
 // (a negative window side means unbounded; causal sets window_right = 0). A query row that sees no
 // key produces a zero output row and lse = -inf.
+//
+// NaN and infinity, as in PyTorch and FlashAttention: a NaN in q or in a key a row sees, or a score
+// that overflows to +inf, makes that row's output and lse NaN (never the zero row of "saw no key");
+// -inf scores weigh 0 like masked keys. A NaN or inf in v reaches the rows that weigh it; whether a
+// row that gives it weight 0 (a masked key in the same tile) turns NaN is unspecified (0 * NaN).
+// Every element pointer must be aligned to its dtype's size.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "flashserve/error.h"
 #include "flashserve/tensor.h"
@@ -34,7 +42,7 @@ struct AttentionParams {
   TensorView block_table;      // optional int32 [batch, pages_per_seq]
   int64_t max_seqlen_q = 0;    // varlen: an upper bound of every q_len (required for CUDA varlen)
   int64_t max_seqlen_k = 0;    // varlen/paged: an upper bound of every kv_len (required for CUDA)
-  float softmax_scale = 0.0f;  // 0: 1/sqrt(head_dim)
+  float softmax_scale = 0.0f;  // 0: 1/sqrt(head_dim); subnormal values are refused
   bool causal = false;
   int32_t window_left = -1;   // -1: unbounded
   int32_t window_right = -1;  // -1: unbounded (0 when causal)
@@ -58,5 +66,56 @@ void attention_forward(const AttentionParams& params);
 
 // Bytes of device workspace that attention_forward needs for these params (0 when none).
 size_t attention_workspace_size(const AttentionParams& params);
+
+// ---------------------------------------------------------------------------------------------
+// Plan and run: attention for a serving loop (FlashInfer's shape). A step's batch mixes prefill
+// chunks (many queries per sequence) with single-token decodes; the plan, made once per step on the
+// host from the lengths the scheduler has, groups the sequences by kind (decodes into packed-GQA
+// decode tiles, chunks into prefill tiles), decides the split-KV ways of each group and the
+// workspace they need. run_attention then launches the plan once per layer with that layer's
+// tensors: it reads no length back to the host and allocates nothing when params.workspace holds
+// workspace_bytes(), so a step's layers can be captured in a CUDA graph (a captured graph replays
+// the plan it was captured with). attention_forward(params) is plan_attention(params) (lengths
+// unknown) followed by run_attention.
+//
+// The batch's order is the caller's: decodes kept together (and chunks together) give each group
+// one contiguous range of sequences; interleaved, each launch skips the other's sequences.
+
+// The host-side lengths of a step. Null pointers: unknown (then the plan uses max_seqlen_q/k and
+// the device-side lengths, as attention_forward does). They must be the lengths the device tensors
+// of every run hold: the kernels read those, but the plan sizes each launch's grid from these (a
+// query the host lengths do not count may be left unwritten).
+struct AttentionLengths {
+  const int32_t* cu_seqlens_q = nullptr;  // host [batch + 1], as params.cu_seqlens_q (varlen q)
+  const int32_t* kv_lens = nullptr;       // host [batch]: keys of each sequence (seqused_k)
+};
+
+namespace attention {
+struct PlanState;
+}
+
+class AttentionPlan {
+ public:
+  AttentionPlan();
+  // Bytes of device workspace run_attention needs in params.workspace (0 when none).
+  size_t workspace_bytes() const;
+  // One line per launch: kernel, sequences, splits (for logs and benchmarks).
+  std::string summary() const;
+
+ private:
+  friend AttentionPlan plan_attention(const AttentionParams&, const AttentionLengths&);
+  friend void run_attention(const AttentionPlan&, const AttentionParams&);
+  std::shared_ptr<const attention::PlanState> state_;
+};
+
+// Validates params (the shapes, dtype, device, mask and num_splits of the step; their tensors'
+// data is not read unless the length tensors are in host memory) and plans the call. Throws
+// flashserve::Error as attention_forward does.
+AttentionPlan plan_attention(const AttentionParams& params, const AttentionLengths& lengths = {});
+
+// Runs a plan with params of the same shapes (another layer's tensors, the same batch). Throws
+// kInvalidArgument naming "plan" when params do not match the plan, "workspace" when the
+// workspace is too small.
+void run_attention(const AttentionPlan& plan, const AttentionParams& params);
 
 }  // namespace flashserve

@@ -67,7 +67,7 @@ typedef struct fs_attention_params {
   fs_tensor block_table;  /* optional int32 [batch, pages_per_seq] */
   int64_t max_seqlen_q;   /* varlen: upper bound of every q_len (required on CUDA) */
   int64_t max_seqlen_k;   /* varlen/paged: upper bound of every kv_len (required on CUDA) */
-  float softmax_scale;    /* 0: 1/sqrt(head_dim) */
+  float softmax_scale;    /* 0: 1/sqrt(head_dim); subnormal values are refused */
   int32_t causal;         /* nonzero: causal (bottom-right aligned) */
   int32_t window_left;    /* -1: unbounded */
   int32_t window_right;   /* -1: unbounded (0 when causal) */

@@ -25,16 +25,26 @@ def _check_features(dropout_p, softcap, alibi_slopes, return_attn_probs):
                                   "probabilities; use return_lse=True for the log-sum-exp")
 
 
-def _int(value, name):
-    """A Python int from an int, a NumPy integer or a one-element tensor (None: 0, unknown)."""
+_INT32 = (-2**31, 2**31 - 1)
+_INT64 = (-2**63, 2**63 - 1)
+
+
+def _int(value, name, bounds):
+    """A Python int from an int, a NumPy integer or a one-element tensor (None: 0, unknown),
+    checked against the bounds of the C field it goes into: ctypes would wrap it silently
+    (num_splits=2**32 + 3 would run as 3)."""
     if value is None:
         return 0
     if hasattr(value, "item") and not isinstance(value, int):
         value = value.item()
     try:
-        return operator.index(value)
+        value = operator.index(value)
     except TypeError:
         raise TypeError(f"{name}: expected an integer, got {type(value).__name__}") from None
+    lo, hi = bounds
+    if not lo <= value <= hi:
+        raise ValueError(f"{name}: {value} is outside [{lo}, {hi}]")
+    return value
 
 
 def _window(window_size, causal):
@@ -53,15 +63,25 @@ def _window(window_size, causal):
     return left, right
 
 
-def _scale(softmax_scale, head_dim):
+_FLOAT32_MIN_NORMAL = 2.0**-126
+
+
+def _scale(softmax_scale):
+    """None is the one way to ask for the default 1/sqrt(headdim) (the C API's 0). Any other value
+    must survive the conversion to the C API's float32 as itself: a scale that rounds to 0 would
+    silently become the default, and a subnormal one is flushed to 0 by the GPU kernels."""
     if softmax_scale is None:
-        return 0.0  # the library's default: 1 / sqrt(head_dim)
+        return 0.0
     scale = float(softmax_scale)
     if scale == 0.0:
         # The C API reads 0 as "default"; a true zero scale (uniform attention) is not offered.
         raise ValueError("softmax_scale: 0 is not supported; pass None for 1/sqrt(headdim)")
     if not math.isfinite(scale):
         raise ValueError(f"softmax_scale: must be finite, got {scale}")
+    if abs(scale) < _FLOAT32_MIN_NORMAL or not math.isfinite(ctypes.c_float(scale).value):
+        raise ValueError(f"softmax_scale: {scale} is outside float32's normal range "
+                         f"[{_FLOAT32_MIN_NORMAL:.6g}, 3.40282e+38] in magnitude; pass None for "
+                         f"1/sqrt(headdim)")
     return scale
 
 
@@ -69,6 +89,30 @@ def _check_rank(x, name, rank, layout):
     if x.rank != rank:
         raise ValueError(f"{name}: expected rank {rank} {layout}, got rank {x.rank} with shape "
                          f"{tuple(x.shape)}")
+
+
+def _run(params, q, framework, device, describe, described):
+    """Sizes and allocates the CUDA workspace, then calls the library (errors raised as Python
+    exceptions naming the C argument). Returns the workspace, which the caller keeps alive until the
+    stream is synchronized."""
+    lib = _capi.lib()
+    workspace = None
+    if device[0] == "cuda":
+        size = lib.fs_attention_workspace_size(ctypes.byref(params))
+        if size == ctypes.c_size_t(-1).value:
+            # The size query returns no status: validation names a bad argument; past it, only the
+            # CUDA runtime (device count, attributes) or host memory can have failed.
+            message = _capi.last_error()
+            _capi.raise_for(lib.fs_attention_validate(ctypes.byref(params)))
+            raise RuntimeError(message)
+        if size:
+            workspace = _tensor.empty(q, framework, device, (size,), "uint8")
+            dw = describe(workspace, "workspace", raw=True)
+            described.append(dw)
+            params.workspace = dw.struct.data
+            params.workspace_bytes = size
+    _capi.raise_for(lib.fs_attention_forward(ctypes.byref(params)))
+    return workspace
 
 
 def _forward(q, k, v, *, varlen, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
@@ -99,13 +143,21 @@ def _forward(q, k, v, *, varlen, cu_seqlens_q=None, cu_seqlens_k=None, max_seqle
                                                                dq.shape[1])
         lse = _tensor.empty(q, framework, device, lse_shape, "float32")
 
+    lengths_from_cu_seqlens_k = False
     if block_table is not None and seqused_k is None:
         if cu_seqlens_k is None:
             raise ValueError("seqused_k: the key lengths are required with block_table (pass "
                              "seqused_k, or cu_seqlens_k as in FlashAttention-2)")
         # FlashAttention-2's paged convention: cu_seqlens_k holds the cumulative key lengths.
+        # Checked here, in the user's terms: the library only ever sees the differences.
+        dcu = describe(cu_seqlens_k, "cu_seqlens_k")
+        if dcu.rank != 1 or dcu.shape[0] < 1:
+            raise ValueError(f"cu_seqlens_k: expected a 1-D tensor of batch + 1 entries, got "
+                             f"shape {tuple(dcu.shape)}")
+        del dcu
         seqused_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
         cu_seqlens_k = None
+        lengths_from_cu_seqlens_k = True
     elif block_table is not None and cu_seqlens_k is not None:
         raise ValueError("cu_seqlens_k: with block_table pass either cu_seqlens_k "
                          "(FlashAttention-2 convention) or seqused_k, not both")
@@ -116,34 +168,26 @@ def _forward(q, k, v, *, varlen, cu_seqlens_q=None, cu_seqlens_k=None, max_seqle
     params = _capi.default_params()
     for d in described:
         setattr(params, d.name, d.struct)
-    params.max_seqlen_q = _int(max_seqlen_q, "max_seqlen_q")
-    params.max_seqlen_k = _int(max_seqlen_k, "max_seqlen_k")
-    params.softmax_scale = _scale(softmax_scale, dq.shape[-1] if dq.rank else 0)
+    params.max_seqlen_q = _int(max_seqlen_q, "max_seqlen_q", _INT64)
+    params.max_seqlen_k = _int(max_seqlen_k, "max_seqlen_k", _INT64)
+    params.softmax_scale = _scale(softmax_scale)
     params.causal = 1 if causal else 0
     params.window_left, params.window_right = _window(window_size, causal)
-    params.num_splits = _int(num_splits, "num_splits")
+    params.num_splits = _int(num_splits, "num_splits", _INT32)
     params.stream = stream or None
 
-    lib = _capi.lib()
-    workspace = None
-    if device[0] == "cuda":
-        size = lib.fs_attention_workspace_size(ctypes.byref(params))
-        if size == ctypes.c_size_t(-1).value:
-            # The size query returns no status: validation names a bad argument; past it, only the
-            # CUDA runtime (device count, attributes) or host memory can have failed.
-            message = _capi.last_error()
-            _capi.raise_for(lib.fs_attention_validate(ctypes.byref(params)))
-            raise RuntimeError(message)
-        if size:
-            workspace = _tensor.empty(q, framework, device, (size,), "uint8")
-            dw = describe(workspace, "workspace", raw=True)
-            described.append(dw)
-            params.workspace = dw.struct.data
-            params.workspace_bytes = size
-    _capi.raise_for(lib.fs_attention_forward(ctypes.byref(params)))
+    try:
+        workspace = _run(params, q, framework, device, describe, described)
+    except ValueError as e:
+        if lengths_from_cu_seqlens_k and str(e).startswith("seqused_k:"):
+            # The user passed cu_seqlens_k (FlashAttention-2's paged convention), never seqused_k.
+            raise ValueError("cu_seqlens_k: (the key lengths cu_seqlens_k[b + 1] - "
+                             "cu_seqlens_k[b] of the FlashAttention-2 paged convention) "
+                             + str(e)[len("seqused_k:"):].lstrip()) from None
+        raise
     if _tensor.needs_sync(framework, device):
-        _capi.raise_for(lib.fs_cuda_stream_synchronize(params.stream))
-    del described  # the borrowed DLPack capsules are released only now
+        _capi.raise_for(_capi.lib().fs_cuda_stream_synchronize(params.stream))
+    del described, workspace  # the borrowed DLPack capsules are released only now
     return (out, lse) if return_lse else out
 
 

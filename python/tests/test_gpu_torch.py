@@ -276,3 +276,24 @@ def test_errors(gen):
         flash_attn_varlen_func(q[0], k[0], v[0], cu, cu.int(), 16, 16)
     with pytest.raises(NotImplementedError, match=r"^dropout_p"):
         flash_attn_func(q, k, v, dropout_p=0.1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_splits", [1, 0, 3])
+def test_nan_rows_like_pytorch(gen, dtype, num_splits):
+    """Issue 9 on the GPU: a NaN in q, or in a key a row sees, makes that row (out and lse) NaN,
+    through the sm80 softmax and, with splits, the combine kernel; rows that see no key stay zero
+    with lse -inf; every other row is finite."""
+    b, sq, sk, h, hk, d = 2, 40, 300, 4, 2, 64
+    q, k, v = (randn(gen, (b, s, n, d), dtype) for s, n in ((sq, h), (sk, hk), (sk, hk)))
+    q[0, 30, 3, 5] = float("nan")  # batch 0, row 30, head 3
+    k[1, 280, 0, 7] = float("nan")  # batch 1, key 280 of KV head 0: causal rows 20.. see it
+    out, lse = flash_attn_func(q, k, v, causal=True, return_lse=True, num_splits=num_splits)
+    torch.cuda.synchronize()
+    expected = torch.zeros(b, sq, h, dtype=torch.bool, device="cuda")
+    expected[0, 30, 3] = True
+    expected[1, 280 - (sk - sq):, 0:2] = True  # query t sees key j iff j <= sk - sq + t
+    nan_rows = out.isnan().all(dim=-1)
+    assert torch.equal(nan_rows, expected)
+    assert not out[~expected].isnan().any()
+    assert torch.equal(lse.isnan(), expected.permute(0, 2, 1))

@@ -1,6 +1,7 @@
 // The backends that dispatch chooses between. Each takes validated params and the resolved problem.
 #pragma once
 
+#include "cuda/plan.h"
 #include "flashserve/attention.h"
 #include "problem.h"
 
@@ -13,6 +14,11 @@ void cpu_forward(const AttentionParams& params, const Problem& problem);
 // CUDA: FlashAttention-2-style kernels (sm80/). Throws kUnsupported for combinations it lacks.
 void cuda_forward(const AttentionParams& params, const Problem& problem);
 size_t cuda_workspace_size(const AttentionParams& params, const Problem& problem);
+// The plan of a call from host-side lengths (cuda/plan.h), and its run (no host sync, no
+// allocation when the workspace holds plan.workspace_bytes).
+Plan cuda_plan(const AttentionParams& params, const Problem& problem, const HostLengths& lens,
+               bool workspace_available);
+void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& problem);
 #endif
 
 }  // namespace flashserve::attention

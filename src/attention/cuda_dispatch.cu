@@ -1,6 +1,8 @@
-// The CUDA backend's one decision: can a kernel run this call, and which one. Everything the
-// kernels assume (dtype, head dim, alignment for cp.async, grid limits, 32-bit lengths) is checked
-// here and reported as an Error naming the argument; then the sm80 kernel for the head dim runs.
+// The CUDA backend: can a kernel run this call (everything the kernels assume — dtype, head dim,
+// alignment for cp.async, grid limits, 32-bit lengths — is checked here and reported as an Error
+// naming the argument), its plan (cuda/plan.h: which kernel takes which sequences, the splits, the
+// workspace), and the run of a plan: the sm80 launches, without host syncs or allocations when the
+// workspace is given.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 
 #include "backends.h"
 #include "common/str_cat.h"
+#include "cuda/plan.h"
 #include "cuda_check.h"
 #include "sm80/fwd_params.h"
 #include "sm80/launch.h"
@@ -76,12 +79,6 @@ class StreamScratch {
   void* ptr_ = nullptr;
 };
 
-// A window side wider than any sequence is the same as unbounded; clamping keeps the kernels'
-// row + offset + window arithmetic inside int32.
-int32_t clamp_window(int64_t side, int64_t bound) {
-  return side < 0 || side > bound ? -1 : int32_t(side);
-}
-
 // Rows of q: the partial buffers of split-KV hold one slot per (split, row, head).
 int64_t q_rows(const AttentionParams& params, const Problem& pr) {
   return pr.varlen_q ? params.q.shape[0] : pr.batch * params.q.shape[1];
@@ -118,12 +115,6 @@ const DeviceProps& device_props(int device) {
 
 SplitDevice split_device(const DeviceProps& d) {
   return SplitDevice{d.sms, d.smem_per_sm};
-}
-
-size_t partial_bytes(const AttentionParams& params, const Problem& pr, int splits) {
-  if (splits <= 1) return 0;
-  return static_cast<size_t>(splits) * q_rows(params, pr) * pr.h_q * (pr.head_dim + 1) *
-         sizeof(float);
 }
 
 // FLASHSERVE_SMEM_PER_BLOCK=<bytes>: plan with at most this much shared memory per block, that is,
@@ -178,10 +169,10 @@ void check_device_indices(const AttentionParams& params, cudaStream_t stream) {
   validate(host);
 }
 
-}  // namespace
-
-void cuda_forward(const AttentionParams& params, const Problem& pr) {
-  // Features first, so the message names what is missing rather than a derived symptom.
+// Everything the kernels assume that the shapes decide, checked before any plan: features first,
+// so the message names what is missing rather than a derived symptom. Returns the device's
+// properties.
+const DeviceProps& check_supported(const AttentionParams& params, const Problem& pr) {
   if (pr.dtype == DType::kFloat32)
     unsupported("q", "float32 is not supported by the CUDA kernels (use bfloat16 or float16)");
   if (pr.head_dim != 64 && pr.head_dim != 128 && pr.head_dim != 256)
@@ -208,19 +199,30 @@ void cuda_forward(const AttentionParams& params, const Problem& pr) {
     throw Error(
         ErrorKind::kInvalidArgument, "q",
         str_cat("device index ", pr.device.index, " is not one of the ", count, " CUDA devices"));
-  DeviceGuard guard(pr.device.index);
   const DeviceProps& dev = device_props(pr.device.index);
   if (dev.major < 8)
     unsupported("q", str_cat("the CUDA kernels need compute capability 8.0 or newer, device ",
                              pr.device.index, " is ", dev.major, ".", dev.minor));
-
   check_aligned(params.q, "q");
   check_aligned(params.k, "k");
   check_aligned(params.v, "v");
   check_aligned(params.out, "out");
+  if (pr.paged) {  // the paged loader's offsets are 32-bit counts of 16-byte chunks
+    for (const auto& [t, name] : {std::pair{&params.k, "k"}, std::pair{&params.v, "v"}}) {
+      int64_t extent = 1;
+      for (int i = 0; i < t->rank; ++i) extent += (t->shape[i] - 1) * t->stride[i];
+      if (extent * static_cast<int64_t>(dtype_size(t->dtype)) >= (int64_t{1} << 36))
+        unsupported(name,
+                    "a paged K/V pool of 64 GB or more per tensor (the CUDA kernels address "
+                    "pages with 32-bit offsets)");
+    }
+  }
+  return dev;
+}
 
-  if (pr.batch == 0 || pr.max_q_len == 0 || params.q.numel() == 0) return;
-
+// The kernels' parameters shared by every launch of a call: pointers, strides, lengths' sources,
+// mask and scale.
+sm80::FwdParams fwd_params(const AttentionParams& params, const Problem& pr) {
   sm80::FwdParams p{};
   p.q = params.q.data;
   p.k = params.k.data;
@@ -240,7 +242,7 @@ void cuda_forward(const AttentionParams& params, const Problem& pr) {
   if (pr.paged) {  // [num_pages, page_size, h_kv, d]: dimension 0 is the page, not the sequence
     p.block_table = params.block_table.ptr<const int32_t>();
     p.block_table_stride = params.block_table.stride[0];
-    p.page_size = static_cast<int32_t>(pr.page_size);
+    p.page = sm80::PageDiv::make(static_cast<int>(pr.page_size));
     p.k_page_stride = p.k_batch_stride;
     p.v_page_stride = p.v_batch_stride;
     p.k_batch_stride = p.v_batch_stride = 0;
@@ -263,78 +265,105 @@ void cuda_forward(const AttentionParams& params, const Problem& pr) {
   p.window_right = clamp_window(pr.mask.right, bound);
   p.scale = pr.scale;
   p.scale_log2 = static_cast<float>(pr.scale * M_LOG2E);
-
-  // Split-KV partials live in the caller's workspace (attention_workspace_size says how much; a
-  // serving loop allocates it once, which keeps the call CUDA-graph safe). Automatic splitting
-  // (num_splits 0) happens only when that workspace was given; an explicit n > 1 without it gets
-  // a stream-ordered scratch allocation for this call.
-  const cudaStream_t stream = static_cast<cudaStream_t>(params.stream);
-  if (check_indices_requested()) check_device_indices(params, stream);
-  const bool decode = is_decode(pr, p.window_left);
-  int splits = choose_splits(pr, split_device(dev), decode);
-  if (pr.batch * splits > 65535)
-    unsupported("num_splits", str_cat("batch x num_splits exceeds 65535"));
-  const size_t need = partial_bytes(params, pr, splits);
-  void* partials = params.workspace;
-  StreamScratch scratch(stream);
-  if (splits > 1 && params.workspace != nullptr &&
-      (params.workspace_bytes < need || reinterpret_cast<uintptr_t>(params.workspace) % 16 != 0))
-    throw Error(
-        ErrorKind::kInvalidArgument, "workspace",
-        str_cat("num_splits ", splits, " needs ", need,
-                " bytes of 16-byte aligned device workspace, got ", params.workspace_bytes));
-  if (splits > 1 && partials == nullptr) {
-    if (pr.num_splits > 1)
-      partials = scratch.allocate(need);
-    else
-      splits = 1;
-  }
-  p.num_splits = splits;
-  p.q_rows = q_rows(params, pr);
-  if (splits > 1) {
-    p.o_partial = static_cast<float*>(partials);
-    p.lse_partial = p.o_partial + static_cast<int64_t>(splits) * p.q_rows * pr.h_q * pr.head_dim;
-  }
-
-  sm80::FwdLaunch launch{};
-  launch.dtype = pr.dtype;
-  launch.decode = decode;
-  launch.has_mask = !decode && (p.window_left >= 0 || p.window_right >= 0);
-  launch.paged = pr.paged;
-  launch.batch = static_cast<int>(pr.batch);
-  launch.max_q_len = static_cast<int>(pr.max_q_len);
-  launch.max_kv_len = static_cast<int>(pr.max_kv_len);
-  launch.smem_per_block = smem_per_block_limit(dev.smem_per_block);
-  launch.smem_per_sm = dev.smem_per_sm;
-  launch.sms = dev.sms;
-  launch.l2_bytes = dev.l2_bytes;
-  launch.stream = stream;
-  switch (pr.head_dim) {
-    case 64:
-      sm80::run_fwd<64>(p, launch);
-      break;
-    case 128:
-      sm80::run_fwd<128>(p, launch);
-      break;
-    default:
-      sm80::run_fwd<256>(p, launch);
-      break;
-  }
-  if (splits > 1)
-    sm80::run_combine(p, pr.dtype, static_cast<int>(pr.head_dim), launch.batch, launch.stream);
+  return p;
 }
 
-// Partial O and LSE of every split (none when the call would not split).
+}  // namespace
+
+Plan cuda_plan(const AttentionParams& params, const Problem& pr, const HostLengths& lens,
+               bool workspace_available) {
+  const DeviceProps& dev = check_supported(params, pr);
+  PlanContext ctx;
+  ctx.device = split_device(dev);
+  ctx.q_rows = q_rows(params, pr);
+  ctx.workspace_available = workspace_available;
+  if (pr.batch == 0 || pr.max_q_len == 0 || params.q.numel() == 0) return Plan{};
+  return make_plan(pr, ctx, lens);
+}
+
+void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr) {
+  const DeviceProps& dev = check_supported(params, pr);
+  if (plan.launches.empty()) return;
+  DeviceGuard guard(pr.device.index);
+  const cudaStream_t stream = static_cast<cudaStream_t>(params.stream);
+  if (check_indices_requested()) check_device_indices(params, stream);
+  const sm80::FwdParams base = fwd_params(params, pr);
+
+  // Split-KV partials live in the caller's workspace (the plan says how much; a serving loop
+  // allocates it once, which keeps the call CUDA-graph safe). Without one (explicit splits, or a
+  // plan made for a workspace that was not given) a stream-ordered scratch allocation serves.
+  void* workspace = params.workspace;
+  StreamScratch scratch(stream);
+  if (plan.workspace_bytes > 0) {
+    if (workspace == nullptr) {
+      workspace = scratch.allocate(plan.workspace_bytes);
+    } else if (params.workspace_bytes < plan.workspace_bytes ||
+               reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
+      throw Error(
+          ErrorKind::kInvalidArgument, "workspace",
+          str_cat("split-KV needs ", plan.workspace_bytes,
+                  " bytes of 16-byte aligned device workspace, got ", params.workspace_bytes));
+    }
+  }
+
+  for (const LaunchPlan& l : plan.launches) {
+    const int64_t sequences = l.seq_end - l.seq_begin;
+    const int splits = l.kernel.splits;
+    if (sequences * splits > 65535)
+      unsupported("num_splits", str_cat("batch x num_splits exceeds 65535"));
+    sm80::FwdParams p = base;
+    p.seq_begin = static_cast<int32_t>(l.seq_begin);
+    p.seq_end = static_cast<int32_t>(l.seq_end);
+    p.only = static_cast<int32_t>(l.group);
+    p.num_splits = splits;
+    p.q_rows = l.rows;
+    p.partial_row0 = l.row_begin;
+    p.partials_by_seq = l.kernel.decode;
+    if (splits > 1) {
+      p.o_partial = reinterpret_cast<float*>(static_cast<char*>(workspace) + l.workspace_offset);
+      p.lse_partial = p.o_partial + static_cast<int64_t>(splits) * l.rows * pr.h_q * pr.head_dim;
+    }
+    sm80::FwdLaunch launch{};
+    launch.dtype = pr.dtype;
+    launch.decode = l.kernel.decode;
+    launch.has_mask = l.kernel.masked;
+    launch.paged = l.kernel.paged;
+    launch.batch = static_cast<int>(sequences);
+    launch.max_q_len = static_cast<int>(l.max_q_len);
+    launch.max_kv_len = static_cast<int>(l.max_kv_len);
+    launch.smem_per_block = smem_per_block_limit(dev.smem_per_block);
+    launch.smem_per_sm = dev.smem_per_sm;
+    launch.sms = dev.sms;
+    launch.l2_bytes = dev.l2_bytes;
+    launch.stream = stream;
+    switch (pr.head_dim) {
+      case 64:
+        sm80::run_fwd<64>(p, launch);
+        break;
+      case 128:
+        sm80::run_fwd<128>(p, launch);
+        break;
+      default:
+        sm80::run_fwd<256>(p, launch);
+        break;
+    }
+    if (splits > 1) sm80::run_combine(p, pr.dtype, static_cast<int>(pr.head_dim), stream);
+  }
+}
+
+// attention_forward's CUDA path: a plan from the call's own (device-side) lengths, then its run.
+void cuda_forward(const AttentionParams& params, const Problem& pr) {
+  cuda_run(cuda_plan(params, pr, HostLengths{}, params.workspace != nullptr), params, pr);
+}
+
+// The workspace that attention_forward's plan takes when a workspace is given.
 size_t cuda_workspace_size(const AttentionParams& params, const Problem& pr) {
   if (pr.dtype == DType::kFloat32 || pr.batch == 0 || pr.max_q_len == 0) return 0;
   if (pr.head_dim != 64 && pr.head_dim != 128 && pr.head_dim != 256) return 0;
   int count = 0;
   check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
   if (pr.device.index < 0 || pr.device.index >= count) return 0;
-  const int64_t bound = pr.max_q_len + pr.max_kv_len;
-  const bool decode = is_decode(pr, clamp_window(pr.mask.left, bound));
-  return partial_bytes(params, pr,
-                       choose_splits(pr, split_device(device_props(pr.device.index)), decode));
+  return cuda_plan(params, pr, HostLengths{}, true).workspace_bytes;
 }
 
 }  // namespace flashserve::attention

@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <utility>
 
+#include "common/checked_math.h"
 #include "common/str_cat.h"
 
 namespace flashserve::attention {
@@ -60,6 +63,15 @@ void check_view(const TensorView& t, const char* name, int rank) {
     fail(name, str_cat("the last dimension must be contiguous (stride 1), got stride ",
                        t.stride[t.rank - 1]));
   if (t.data == nullptr && !empty(t)) fail(name, "null data pointer");
+  // A misaligned element is undefined behaviour to read through its type on the CPU (and a
+  // misaligned-address fault on the GPU): refused, like any other malformed view.
+  const size_t size = dtype_size(t.dtype);
+  if (!empty(t) && reinterpret_cast<uintptr_t>(t.data) % size != 0) {
+    char where[32];
+    std::snprintf(where, sizeof where, "%p", t.data);
+    fail(name, str_cat("data pointer ", where, " is not aligned to its ", size, "-byte elements (",
+                       dtype_name(t.dtype), ")"));
+  }
   extent(t, name);
 }
 
@@ -225,6 +237,11 @@ Problem describe(const AttentionParams& p) {
 
   // Scalars.
   if (!std::isfinite(p.softmax_scale)) fail("softmax_scale", "must be finite");
+  // 0 means the default; a subnormal scale is not a smaller scale but, in the GPU kernels'
+  // flush-to-zero arithmetic, a zero one (uniform attention): refused, not silently changed.
+  if (p.softmax_scale != 0.0f && std::abs(p.softmax_scale) < std::numeric_limits<float>::min())
+    fail("softmax_scale", str_cat(static_cast<double>(p.softmax_scale),
+                                  " is subnormal in float32 (0 asks for 1/sqrt(head_dim))"));
   pr.scale =
       p.softmax_scale != 0.0f ? p.softmax_scale : 1.0f / std::sqrt(static_cast<float>(pr.head_dim));
   if (p.window_left < -1) fail("window_left", str_cat("must be >= -1, got ", p.window_left));
@@ -279,14 +296,16 @@ Problem describe(const AttentionParams& p) {
     const int32_t* cu = pr.varlen_k ? p.cu_seqlens_k.ptr<const int32_t>() : nullptr;
     int64_t longest = 0;
     for (int64_t b = 0; b < pr.batch; ++b) {
-      const int64_t cap = pr.paged ? pr.pages_per_seq * pr.page_size
+      // Page size and pages per sequence are the caller's sizes (a stride-0 cache can make the
+      // page size huge): their product saturates instead of overflowing.
+      const int64_t cap = pr.paged ? saturating_mul(pr.pages_per_seq, pr.page_size)
                           : cu     ? int64_t{cu[b + 1]} - cu[b]
                                    : p.k.shape[1];
       if (used[b] < 0 || used[b] > cap)
         fail("seqused_k", str_cat("entry ", b, " is ", used[b], ", outside [0, ", cap, "]"));
       longest = std::max<int64_t>(longest, used[b]);
       if (pr.paged) {
-        const int64_t pages = (used[b] + pr.page_size - 1) / pr.page_size;
+        const int64_t pages = used[b] / pr.page_size + (used[b] % pr.page_size != 0);
         const int32_t* row = p.block_table.ptr<const int32_t>() + b * p.block_table.stride[0];
         for (int64_t i = 0; i < pages; ++i)
           if (row[i] < 0 || row[i] >= pr.num_pages)

@@ -18,8 +18,11 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "attention/reference/naive.h"
 #include "cli/command.h"
+#include "cli/options.h"
 #include "common/thread_pool.h"
 #include "flashserve/attention.h"
 
@@ -68,24 +71,29 @@ std::string seconds(double s) {
 int run_demo(int argc, char** argv) {
   CLI::App app{"Naive (materialises S and P) vs tiled online-softmax attention on the CPU"};
   int64_t max_n = 16384, naive_max_n = 4096, heads = 2, head_dim = 64;
-  int threads = 0;
+  int32_t threads = 0;
   bool causal = false;
   uint64_t seed = 1;
-  app.add_option("--max-n", max_n, "largest sequence length for the tiled path")
-      ->check(CLI::Range(int64_t{256}, int64_t{1} << 20));
-  app.add_option("--naive-max-n", naive_max_n, "largest sequence length for the naive reference")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 16));
-  app.add_option("--heads", heads, "attention heads (batch is 1)")->check(CLI::Range(1, 64));
-  app.add_option("--head-dim", head_dim, "head dimension")->check(CLI::Range(1, 512));
-  app.add_option("--threads", threads, "worker threads of the tiled path (0: all cores)")
-      ->check(CLI::Range(0, 1024));
+  add_int(app, "--max-n", max_n, {256, int64_t{1} << 20},
+          "largest sequence length for the tiled path");
+  add_int(app, "--naive-max-n", naive_max_n, {0, int64_t{1} << 16},
+          "largest sequence length for the naive reference");
+  add_int(app, "--heads", heads, {1, 64}, "attention heads (batch is 1)");
+  add_int(app, "--head-dim", head_dim, {1, 512}, "head dimension");
+  add_int(app, "--threads", threads, {0, 1024}, "worker threads of the tiled path (0: all cores)");
   app.add_flag("--causal", causal, "causal mask");
-  app.add_option("--seed", seed, "seed of the random inputs");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  add_uint(app, "--seed", seed, "seed of the random inputs");
+  if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
+  // q, k, v, out at the largest N (the ranges keep this product inside int64): refused up front
+  // when it exceeds the machine's memory, instead of an overcommitted allocation that the kernel
+  // kills later.
+  const int64_t input_bytes = 4 * max_n * heads * head_dim * int64_t{sizeof(float)};
+  const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  if (phys > 0 && static_cast<double>(input_bytes) > 0.5 * phys)
+    throw UsageError("--max-n", human_bytes(input_bytes) +
+                                    " of inputs at N = " + std::to_string(max_n) +
+                                    " is more than half of this machine's " +
+                                    human_bytes(static_cast<int64_t>(phys)) + " of memory");
   ThreadPool::set_global_workers(threads);
   const int workers = ThreadPool::global().size();
 

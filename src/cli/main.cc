@@ -3,8 +3,10 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <new>
 
 #include "cli/command.h"
+#include "cli/options.h"
 #include "flashserve/error.h"
 
 namespace flashserve::cli {
@@ -25,20 +27,32 @@ void usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  using flashserve::cli::kUsageExit;
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     usage();
-    return argc < 2 ? 2 : 0;
+    return argc < 2 ? kUsageExit : 0;
   }
   for (const auto& c : flashserve::cli::commands()) {
     if (c.name != argv[1]) continue;
+    // Usage errors (an option refused, an argument the library finds malformed) leave with one
+    // status, kUsageExit; anything that fails while running leaves with 1.
+    auto fail = [&](const char* what, int status) {
+      std::fprintf(stderr, "flashserve %s: error: %s\n", argv[1], what);
+      return status;
+    };
     try {
       return c.run(argc - 1, argv + 1);
+    } catch (const flashserve::cli::UsageError& e) {
+      return fail(e.what(), kUsageExit);
+    } catch (const flashserve::Error& e) {
+      return fail(e.what(), e.kind() == flashserve::ErrorKind::kInvalidArgument ? kUsageExit : 1);
+    } catch (const std::bad_alloc&) {
+      return fail("out of memory (a size option too large for this machine?)", 1);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "flashserve %s: error: %s\n", argv[1], e.what());
-      return 1;
+      return fail(e.what(), 1);
     }
   }
   std::fprintf(stderr, "flashserve: unknown command '%s'\n\n", argv[1]);
   usage();
-  return 2;
+  return kUsageExit;
 }

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/options.h"
+#include "common/checked_math.h"
 #include "flashserve/error.h"
 #include "serve/capacity.h"
 #include "serve/cost_model.h"
@@ -22,6 +24,7 @@
 namespace fs = flashserve::serve;
 using flashserve::Error;
 using flashserve::ErrorKind;
+using namespace flashserve::cli;
 
 namespace {
 
@@ -93,55 +96,80 @@ std::string fmt_ms(double s) {
 int simulate(int argc, char** argv) {
   Options o;
   CLI::App app{"Simulate serving with the real scheduler against a step-cost model"};
-  app.option_defaults()->always_capture_default();
-  app.add_option("--policy", o.policy, "sarathi, vllm, orca or static");
+  // Ranges: what the models can mean, and what keeps every product of them (tokens x blocks,
+  // requests x lengths) far inside int64 and the simulated clock inside double's precision.
+  constexpr int64_t kMaxTokens = int64_t{1} << 24;
+  auto* policy_opt =
+      app.add_option("--policy", o.policy, "sarathi, vllm, orca or static")->default_str(o.policy);
   app.add_flag("--compare", o.compare, "run every policy side by side");
-  app.add_option("--budget", o.budget, "sarathi's token budget per step");
-  app.add_option("--chunk-tile", o.chunk_tile, "sarathi: non-final chunks are a multiple of this");
-  app.add_option("--max-running", o.max_running, "sequences running at once");
-  app.add_option("--max-model-len", o.max_model_len,
-                 "prompt + output limit (default: min(model context, 16384))");
-  app.add_option("--model", o.model, "mistral-7b, llama-3-8b or llama-2-70b");
-  app.add_option("--gpu", o.gpu, "GPU preset for the roofline cost model (h200)");
-  app.add_option("--profile", o.profile,
-                 "CSV of measured step times (prefill_tokens,decode_tokens,kv_tokens,seconds) "
-                 "instead of the roofline model");
-  auto* overhead_opt =
-      app.add_option("--step-overhead-ms", o.step_overhead_ms, "fixed cost per step (roofline)");
-  app.add_option("--gpu-mem-util", o.gpu_mem_util, "fraction of GPU memory for weights + KV");
-  app.add_option("--block-size", o.block_size, "KV block size in tokens");
-  auto* num_blocks_opt =
-      app.add_option("--num-blocks", o.num_blocks, "KV blocks (default: what fits in memory)");
-  app.add_option("--watermark", o.watermark, "fraction of blocks kept free at admission");
-  app.add_option("--workload", o.workload, "chat, summarize or fixed");
-  app.add_option("--prompt-len", o.prompt_len, "fixed workload: prompt tokens");
-  app.add_option("--output-len", o.output_len, "fixed workload: output tokens");
+  add_int(app, "--budget", o.budget, {1, kMaxTokens}, "sarathi's token budget per step");
+  auto* chunk_tile_opt = add_int(app, "--chunk-tile", o.chunk_tile, {1, kMaxTokens},
+                                 "sarathi: non-final chunks are a multiple of this");
+  add_int(app, "--max-running", o.max_running, {1, 1 << 20}, "sequences running at once");
+  add_int(app, "--max-model-len", o.max_model_len, {0, kMaxTokens},
+          "prompt + output limit (0: min(model context, 16384))");
+  app.add_option("--model", o.model, "mistral-7b, llama-3-8b or llama-2-70b")->default_str(o.model);
+  app.add_option("--gpu", o.gpu, "GPU preset for the roofline cost model (h200)")
+      ->default_str(o.gpu);
+  app.add_option(
+      "--profile", o.profile,
+      "CSV of measured step times (prefill_tokens,decode_tokens,kv_tokens,seconds) instead of "
+      "the roofline model");
+  auto* overhead_opt = add_real(app, "--step-overhead-ms", o.step_overhead_ms, {0, 1e6},
+                                "fixed cost per step (roofline)");
+  auto* mem_util_opt = add_real(app, "--gpu-mem-util", o.gpu_mem_util, {0, 1, Open::kLow},
+                                "fraction of GPU memory for weights + KV");
+  add_int(app, "--block-size", o.block_size, {1, 1 << 16}, "KV block size in tokens");
+  auto* num_blocks_opt = add_int(app, "--num-blocks", o.num_blocks, {1, int64_t{1} << 31},
+                                 "KV blocks (default: what fits in memory)");
+  add_real(app, "--watermark", o.watermark, {0, 1, Open::kHigh},
+           "fraction of blocks kept free at admission");
+  auto* workload_opt =
+      app.add_option("--workload", o.workload, "chat, summarize or fixed")->default_str(o.workload);
+  auto* prompt_opt =
+      add_int(app, "--prompt-len", o.prompt_len, {1, kMaxTokens}, "fixed workload: prompt tokens");
+  auto* output_opt =
+      add_int(app, "--output-len", o.output_len, {1, kMaxTokens}, "fixed workload: output tokens");
   app.add_option("--trace", o.trace, "CSV trace arrival_s,prompt_tokens,output_tokens");
-  app.add_option("--arrival", o.arrival, "poisson or gamma");
-  app.add_option("--cv", o.cv, "gamma arrivals: coefficient of variation of the gaps");
-  auto* rate_opt = app.add_option("--rate", o.rate, "requests per second");
-  app.add_option("--requests", o.requests, "requests per simulation");
-  app.add_option("--seed", o.seed, "workload seed");
+  auto* arrival_opt =
+      app.add_option("--arrival", o.arrival, "poisson or gamma")->default_str(o.arrival);
+  auto* cv_opt = add_real(app, "--cv", o.cv, {fs::kMinGammaCv, fs::kMaxGammaCv},
+                          "gamma arrivals: coefficient of variation of the gaps");
+  auto* rate_opt = add_real(app, "--rate", o.rate, {0, 1e6, Open::kLow}, "requests per second");
+  auto* requests_opt = add_int(app, "--requests", o.requests, {1, fs::kMaxGeneratedRequests},
+                               "requests per simulation");
+  auto* seed_opt = add_uint(app, "--seed", o.seed, "workload seed");
   app.add_flag("--capacity", o.capacity, "find the capacity under the SLO by bisection");
-  app.add_option("--slo-tbt", o.slo_tbt, "P99 TBT SLO in seconds");
-  app.add_option("--max-sched-delay", o.max_sched_delay, "P50 scheduling delay bound (s)");
+  add_real(app, "--slo-tbt", o.slo_tbt, {0, 3600, Open::kLow}, "P99 TBT SLO in seconds");
+  add_real(app, "--max-sched-delay", o.max_sched_delay, {0, 1e6, Open::kLow},
+           "P50 scheduling delay bound (s)");
   app.add_option("--plot", o.plot,
                  "write PREFIX-tbt-cdf.svg (with --capacity also PREFIX-p99-tbt-vs-rate.svg and "
                  "PREFIX-sched-delay-vs-rate.svg)");
   app.add_flag("--verbose", o.verbose,
                "print every rate the capacity search tried (+ met, - missed) and every metric");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
+  // Every option is used or refused.
+  const bool traced = !o.trace.empty();
+  refuse_unless(policy_opt, !o.compare, "--compare runs every policy; drop --policy");
+  refuse_unless(chunk_tile_opt, o.compare || o.policy == "sarathi",
+                "only sarathi chunks prompts (--policy sarathi or --compare)");
+  refuse_unless(overhead_opt, o.profile.empty(),
+                "applies to the roofline model, not to a measured --profile");
+  refuse_unless(mem_util_opt, num_blocks_opt->count() == 0,
+                "sizes the KV cache, which --num-blocks sets");
+  for (auto* opt : {workload_opt, arrival_opt, requests_opt, seed_opt})
+    refuse_unless(opt, !traced, "--trace gives the requests; drop " + opt->get_name());
+  refuse_unless(cv_opt, !traced && o.arrival == "gamma", "only applies to --arrival gamma");
+  for (auto* opt : {prompt_opt, output_opt})
+    refuse_unless(opt, !traced && o.workload == "fixed", "only applies to --workload fixed");
   const bool rate_given = rate_opt->count() > 0;
 
   // The cost model.
   const fs::ModelShape model = fs::model_preset(o.model);
   fs::GpuSpec gpu = fs::gpu_preset(o.gpu);
-  // Given means used, a negative value included (the cost model rejects it, naming the field).
-  if (overhead_opt->count()) gpu.step_overhead_s = o.step_overhead_ms * 1e-3;
+  // Given means used (a profile refuses it above), 0 included.
+  if (overhead_opt->count() > 0) gpu.step_overhead_s = o.step_overhead_ms * 1e-3;
   std::unique_ptr<fs::CostModel> cost;
   if (!o.profile.empty())
     cost = std::make_unique<fs::ProfileCostModel>(fs::ProfileCostModel::load(o.profile));
@@ -224,10 +252,12 @@ int simulate(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<fs::Request> base = requests_at(o.rate);
   int64_t ptok = 0, otok = 0;
+  const std::string source = o.trace.empty() ? "workload" : o.trace;
   for (const auto& r : base) {
-    ptok += r.prompt_tokens, otok += r.output_tokens;
-    if (r.prompt_tokens + r.output_tokens > o.max_model_len)
-      throw Error(ErrorKind::kInvalidArgument, o.trace.empty() ? "workload" : o.trace,
+    ptok = flashserve::checked_add(ptok, r.prompt_tokens, source);
+    otok = flashserve::checked_add(otok, r.output_tokens, source);
+    if (flashserve::saturating_add(r.prompt_tokens, r.output_tokens) > o.max_model_len)
+      throw Error(ErrorKind::kInvalidArgument, source,
                   "request " + std::to_string(r.id) + ": prompt " +
                       std::to_string(r.prompt_tokens) + " + output " +
                       std::to_string(r.output_tokens) + " tokens exceeds --max-model-len " +
@@ -250,15 +280,17 @@ int simulate(int argc, char** argv) {
   // Capacity first, so that the plot's sweep can span it.
   fs::CapacityCriteria crit{o.slo_tbt, o.max_sched_delay};
   std::vector<double> capacity(policies.size(), -1);
+  std::vector<bool> capacity_at_limit(policies.size(), false);
   if (o.capacity) {
     for (size_t i = 0; i < policies.size(); ++i) {
       auto res =
           fs::find_capacity([&](double rate) { return sim_at(i, rate).metrics; }, crit, o.rate);
       capacity[i] = res.capacity;
+      capacity_at_limit[i] = res.at_limit;
       if (o.verbose) {
         std::printf("capacity search, %s:", fs::to_string(policies[i]));
         for (const auto& p : res.probes) std::printf(" %.3f%s", p.rate, p.ok ? "+" : "-");
-        std::printf("  -> %.3f req/s\n", res.capacity);
+        std::printf("  -> %s%.3f req/s\n", res.at_limit ? ">= " : "", res.capacity);
       }
     }
   }
@@ -286,7 +318,8 @@ int simulate(int argc, char** argv) {
                 fmt_ms(m.tbt.p50).c_str(), fmt_ms(m.tbt.p99).c_str(), fmt_ms(m.tpot.mean).c_str(),
                 fmt_s(m.e2e.p50).c_str(), fmt_s(m.sched_delay.p50).c_str(), m.token_throughput,
                 static_cast<long long>(m.preemptions), static_cast<long long>(r.steps));
-    if (o.capacity) std::printf(" %.3f |", capacity[i]);
+    // At the search's upper limit the SLO was never missed: the capacity is a lower bound.
+    if (o.capacity) std::printf(" %s%.3f |", capacity_at_limit[i] ? ">= " : "", capacity[i]);
     std::printf("\n");
     if (!o.plot.empty() && !m.tbt_samples.empty()) {
       std::vector<double> v = m.tbt_samples;

@@ -2,13 +2,37 @@
 
 #include <memory>
 
+#include <pthread.h>
+#include <unistd.h>
+
 namespace flashserve {
 namespace {
 thread_local bool in_pool_task = false;
 std::mutex global_mu;
+pid_t global_pid = 0;    // the process the global pool's threads live in
+int global_workers = 0;  // what set_global_workers asked for (0: hardware concurrency)
+
 std::unique_ptr<ThreadPool>& global_slot() {
   static std::unique_ptr<ThreadPool> pool;
   return pool;
+}
+
+// A forked child has only the thread that called fork: the pool's workers are gone, and its
+// mutexes may be held by threads that no longer exist, so the pool can neither run work (the
+// caller would wait forever for the missing workers: issue 9, Python multiprocessing / DataLoader
+// workers) nor be destroyed (joining threads that are not there). The child abandons it, leaked on
+// purpose, and global() makes a new one. global_mu is held across fork so that the child never
+// inherits it locked.
+void abandon_pool_in_child() {
+  (void)global_slot().release();
+  global_pid = 0;
+  global_mu.unlock();  // locked by this (the forking) thread in the prepare handler
+}
+
+void install_fork_handlers() {
+  static const int installed =
+      pthread_atfork([] { global_mu.lock(); }, [] { global_mu.unlock(); }, abandon_pool_in_child);
+  (void)installed;
 }
 }  // namespace
 
@@ -106,15 +130,26 @@ void ThreadPool::parallel_for(int64_t num_tasks, const std::function<void(int64_
 }
 
 ThreadPool& ThreadPool::global() {
+  install_fork_handlers();
   std::lock_guard<std::mutex> lock(global_mu);
   auto& slot = global_slot();
-  if (!slot) slot = std::make_unique<ThreadPool>();
+  // The pid check also covers a child made without the atfork handlers (a raw clone()).
+  if (slot && global_pid != getpid()) (void)slot.release();
+  if (!slot) {
+    slot = std::make_unique<ThreadPool>(global_workers);
+    global_pid = getpid();
+  }
   return *slot;
 }
 
 void ThreadPool::set_global_workers(int workers) {
+  install_fork_handlers();
   std::lock_guard<std::mutex> lock(global_mu);
-  global_slot() = std::make_unique<ThreadPool>(workers);
+  auto& slot = global_slot();
+  if (slot && global_pid != getpid()) (void)slot.release();  // not ours to join (see above)
+  slot = std::make_unique<ThreadPool>(workers);
+  global_pid = getpid();
+  global_workers = workers;
 }
 
 }  // namespace flashserve

@@ -34,7 +34,9 @@ class ThreadPool {
   // oversubscription).
   void parallel_for(int64_t num_tasks, const std::function<void(int64_t task, int worker)>& fn);
 
-  // The process-wide pool the CPU attention path uses.
+  // The process-wide pool the CPU attention path uses. Fork-safe: in a child made by fork() the
+  // parent's pool (whose threads the child does not have) is abandoned and a new one with the
+  // same number of workers is started on first use.
   static ThreadPool& global();
   // Replaces the global pool by one with `workers` workers (0: hardware concurrency). Must not be
   // called while the global pool is running tasks.

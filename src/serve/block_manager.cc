@@ -22,7 +22,7 @@ BlockManager::BlockManager(int64_t num_blocks, int32_t block_size, double waterm
   if (block_size <= 0)
     throw Error(ErrorKind::kInvalidArgument, "block_size",
                 std::to_string(block_size) + " must be positive");
-  // The engine addresses KV slots as int32 (BatchLayout::slot_mapping, like the kernels' tables).
+  // The engine addresses KV slots as int32 (ForwardBatch::slot_mapping, like the kernels' tables).
   if (num_blocks * int64_t{block_size} > INT32_MAX)
     throw Error(ErrorKind::kInvalidArgument, "num_blocks",
                 std::to_string(num_blocks) + " blocks of " + std::to_string(block_size) +

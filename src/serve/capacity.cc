@@ -33,7 +33,8 @@ CapacityResult find_capacity(const std::function<ServingMetrics(double)>& run,
     lo = start_rate;
     for (hi = lo * 2; hi <= max_rate && probe(hi); hi *= 2) lo = hi;
     if (hi > max_rate) {
-      res.capacity = lo;  // never failed: report the highest rate tried
+      res.capacity = lo;  // never failed: the highest rate tried, a lower bound
+      res.at_limit = true;
       return res;
     }
   } else {

@@ -25,7 +25,8 @@ struct CapacityProbe {
 };
 
 struct CapacityResult {
-  double capacity = 0;                // requests/s; 0 if even min_rate fails
+  double capacity = 0;    // requests/s; 0 if even min_rate fails
+  bool at_limit = false;  // met at every rate up to max_rate: capacity is a lower bound, not found
   std::vector<CapacityProbe> probes;  // every rate evaluated, in order
 };
 

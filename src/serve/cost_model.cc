@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "flashserve/error.h"
+#include "model/presets.h"
 
 namespace flashserve::serve {
 
@@ -18,42 +19,14 @@ namespace {
 }
 }  // namespace
 
-int64_t ModelShape::layer_linear_params() const {
-  const int64_t q = heads * head_dim, kv = kv_heads * head_dim;
-  return hidden * q + 2 * hidden * kv + q * hidden + 3 * hidden * ffn;
-}
-
-int64_t ModelShape::weight_bytes() const {
-  return (linear_params() + hidden * vocab) * bytes_per_param;
-}
-
-void ModelShape::validate() const {
-  if (layers < 1 || hidden < 1 || heads < 1 || kv_heads < 1 || head_dim < 1 || ffn < 1 ||
-      vocab < 1 || max_context < 2 || bytes_per_param < 1)
-    bad("model", name + ": every dimension must be positive");
-  if (heads % kv_heads) bad("model", name + ": heads must be a multiple of kv_heads");
-}
-
 std::vector<std::string> model_preset_names() {
   return {"mistral-7b", "llama-3-8b", "llama-2-70b"};
 }
 
 ModelShape model_preset(const std::string& name) {
-  ModelShape m;
-  m.name = name;
-  if (name == "mistral-7b") {  // Mistral-7B-v0.1
-    m.layers = 32, m.hidden = 4096, m.heads = 32, m.kv_heads = 8, m.head_dim = 128, m.ffn = 14336;
-    m.vocab = 32000, m.max_context = 32768;
-  } else if (name == "llama-3-8b") {  // Meta-Llama-3-8B
-    m.layers = 32, m.hidden = 4096, m.heads = 32, m.kv_heads = 8, m.head_dim = 128, m.ffn = 14336;
-    m.vocab = 128256, m.max_context = 8192;
-  } else if (name == "llama-2-70b") {  // Llama-2-70b-hf
-    m.layers = 80, m.hidden = 8192, m.heads = 64, m.kv_heads = 8, m.head_dim = 128, m.ffn = 28672;
-    m.vocab = 32000, m.max_context = 4096;
-  } else {
-    bad("model", "'" + name + "' is not one of mistral-7b, llama-3-8b, llama-2-70b");
-  }
-  return m;
+  for (const std::string& n : model_preset_names())
+    if (n == name) return model::preset_config(name).shape(name);
+  bad("model", "'" + name + "' is not one of mistral-7b, llama-3-8b, llama-2-70b");
 }
 
 void GpuSpec::validate() const {

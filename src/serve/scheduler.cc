@@ -1,5 +1,7 @@
 #include "serve/scheduler.h"
 
+#include "common/checked_math.h"
+
 #include <algorithm>
 
 #include "flashserve/error.h"
@@ -110,7 +112,7 @@ void Scheduler::add(std::unique_ptr<Sequence> seq) {
   if (seq->max_output_tokens < 1)
     throw Error(ErrorKind::kInvalidArgument, who,
                 "max_output_tokens " + std::to_string(seq->max_output_tokens) + " must be >= 1");
-  const int64_t total = seq->prompt_len() + seq->max_output_tokens;
+  const int64_t total = saturating_add(seq->prompt_len(), seq->max_output_tokens);  // user sizes
   if (total > config_.max_model_len)
     throw Error(ErrorKind::kInvalidArgument, who,
                 "prompt " + std::to_string(seq->prompt_len()) + " + output " +

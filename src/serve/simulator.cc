@@ -1,5 +1,8 @@
 #include "serve/simulator.h"
 
+#include "common/checked_math.h"
+#include "common/str_cat.h"
+
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -45,7 +48,12 @@ SimResult simulate(const std::vector<Request>& requests, const SimConfig& config
       const Request& r = requests[next];
       auto seq = std::make_unique<Sequence>();
       seq->id = r.id;
-      // Token ids do not matter to the simulation; the lengths do.
+      // Token ids do not matter to the simulation; the lengths do. A prompt that can never run
+      // is refused before its (possibly huge) token vector is allocated.
+      if (saturating_add(r.prompt_tokens, r.output_tokens) > config.scheduler.max_model_len)
+        throw Error(ErrorKind::kInvalidArgument, "request " + std::to_string(r.id),
+                    str_cat("prompt ", r.prompt_tokens, " + output ", r.output_tokens,
+                            " tokens exceeds max_model_len ", config.scheduler.max_model_len));
       seq->prompt.assign(static_cast<size_t>(std::max<int64_t>(r.prompt_tokens, 0)), 1);
       seq->max_output_tokens = r.output_tokens;
       seq->arrival_time = r.arrival_s;
@@ -67,7 +75,15 @@ SimResult simulate(const std::vector<Request>& requests, const SimConfig& config
     const double dt = cost.step_seconds(batch);
     if (!(dt > 0) || !std::isfinite(dt))
       throw Error(ErrorKind::kInternal, "cost model", "step time " + std::to_string(dt));
-    now += dt;
+    // Past ~1e10 s a double cannot resolve a millisecond step any more: latencies would come out
+    // as rounding noise (all zeros, at 1e300 s). Refused instead of reported.
+    const double next_now = now + dt;
+    if (std::abs((next_now - now) - dt) > 1e-3 * dt)
+      throw Error(ErrorKind::kInvalidArgument, "requests",
+                  str_cat("arrival times reach ", now,
+                          " s, where the simulated clock cannot resolve a step of ", dt,
+                          " s; use earlier arrivals (a higher rate)"));
+    now = next_now;
     sampled.assign(batch.entries.size(), 1);
     ++result.steps;
     result.max_step_tokens = std::max(result.max_step_tokens, batch.num_tokens());

@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <fstream>
 #include <numbers>
 #include <sstream>
 #include <utility>
 
+#include "common/checked_math.h"
+#include "common/str_cat.h"
 #include "flashserve/error.h"
 
 namespace flashserve::serve {
@@ -81,13 +84,15 @@ double Rng::lognormal_from_quantiles(double median, double p90) {
 
 void WorkloadSpec::validate() const {
   if (!(rate > 0) || !std::isfinite(rate)) bad("rate", std::to_string(rate) + " must be positive");
-  if (!(cv > 0) || !std::isfinite(cv)) bad("cv", std::to_string(cv) + " must be positive");
-  if (num_requests < 1) bad("num_requests", std::to_string(num_requests) + " must be positive");
+  if (!(cv >= kMinGammaCv && cv <= kMaxGammaCv))
+    bad("cv", str_cat(cv, " is outside [", kMinGammaCv, ", ", kMaxGammaCv, "]"));
+  if (num_requests < 1 || num_requests > kMaxGeneratedRequests)
+    bad("num_requests", str_cat(num_requests, " is outside [1, ", kMaxGeneratedRequests, "]"));
   if (max_model_len < 2) bad("max_model_len", std::to_string(max_model_len) + " must be >= 2");
   if (lengths == LengthKind::kFixed) {
     if (fixed_prompt < 1) bad("prompt_len", std::to_string(fixed_prompt) + " must be positive");
     if (fixed_output < 1) bad("output_len", std::to_string(fixed_output) + " must be positive");
-    if (fixed_prompt + fixed_output > max_model_len)
+    if (saturating_add(fixed_prompt, fixed_output) > max_model_len)
       bad("prompt_len", "prompt " + std::to_string(fixed_prompt) + " + output " +
                             std::to_string(fixed_output) + " exceeds max_model_len " +
                             std::to_string(max_model_len));
@@ -151,20 +156,24 @@ std::vector<Request> read_trace(std::istream& in, const std::string& name) {
     });
     if (std::exchange(first, false) && header) continue;
     // Each cell must be its number and nothing else: "12.7" tokens or a time "1.5s" is an error,
-    // not a silent 12 or 1.5.
+    // not a silent 12 or 1.5; from_chars reports overflow instead of wrapping or saturating.
     Request r;
-    size_t used[3] = {0, 0, 0};
-    try {
-      r.arrival_s = std::stod(f[0], &used[0]);
-      r.prompt_tokens = std::stoll(f[1], &used[1]);
-      r.output_tokens = std::stoll(f[2], &used[2]);
-    } catch (const std::exception&) {
-    }
-    for (int k = 0; k < 3; ++k)
-      if (f[k].empty() || used[k] != f[k].size()) fail("not numbers: '" + line + "'");
+    auto cell = [&](int k, auto& value, const char* column) {
+      const char* end = f[k].data() + f[k].size();
+      const auto [ptr, ec] = std::from_chars(f[k].data(), end, value);
+      if (ec == std::errc::result_out_of_range)
+        fail(str_cat(column, " '", f[k], "' is out of range"));
+      if (ec != std::errc() || ptr != end || f[k].empty()) fail("not numbers: '" + line + "'");
+    };
+    cell(0, r.arrival_s, "arrival_s");
+    cell(1, r.prompt_tokens, "prompt_tokens");
+    cell(2, r.output_tokens, "output_tokens");
     if (!(r.arrival_s >= 0) || !std::isfinite(r.arrival_s)) fail("arrival_s must be >= 0");
-    if (r.prompt_tokens < 1) fail("prompt_tokens must be >= 1");
-    if (r.output_tokens < 1) fail("output_tokens must be >= 1");
+    // Token counts become int32 positions in the attention call and block tables.
+    for (const auto& [tokens, column] :
+         {std::pair{r.prompt_tokens, "prompt_tokens"}, std::pair{r.output_tokens, "output_tokens"}})
+      if (tokens < 1 || tokens > kMaxTraceTokens)
+        fail(str_cat(column, " must be in [1, ", kMaxTraceTokens, "], got ", tokens));
     if (!out.empty() && r.arrival_s < out.back().arrival_s) fail("arrival_s decreases");
     r.id = static_cast<int64_t>(out.size());
     out.push_back(r);

@@ -31,6 +31,13 @@ LengthKind parse_length_kind(const std::string& name);  // "chat", "summarize", 
 enum class ArrivalKind : int32_t { kPoisson, kGamma };
 ArrivalKind parse_arrival_kind(const std::string& name);  // "poisson", "gamma"
 
+// Gamma arrivals' coefficient of variation. Below kMinGammaCv the shape 1/cv^2 exceeds 10^4 and
+// Marsaglia-Tsang's acceptance test cancels catastrophically (at cv = 1e-160 the shape is inf and
+// the sampler never accepts); above kMaxGammaCv almost every gap rounds to 0.
+inline constexpr double kMinGammaCv = 0.01, kMaxGammaCv = 100;
+// The most requests generate_workload makes (a vector of them is allocated up front).
+inline constexpr int64_t kMaxGeneratedRequests = 10'000'000;
+
 struct WorkloadSpec {
   LengthKind lengths = LengthKind::kChat;
   int64_t fixed_prompt = 512;  // kFixed
@@ -38,7 +45,7 @@ struct WorkloadSpec {
   ArrivalKind arrival = ArrivalKind::kPoisson;
   double rate = 1.0;  // requests per second
   double cv = 1.0;    // gamma: coefficient of variation of the gaps (1 = Poisson, > 1 = bursty)
-  int64_t num_requests = 1000;
+  int64_t num_requests = 1000;  // 1..kMaxGeneratedRequests
   int64_t max_model_len = 8192;
   uint64_t seed = 0;
 
@@ -50,6 +57,8 @@ std::vector<Request> generate_workload(const WorkloadSpec& spec);
 // A CSV trace `arrival_s,prompt_tokens,output_tokens`, one request a line, an optional header line
 // (before the first request), '#' comments. Each cell must be exactly a number (whole for the token
 // counts); arrivals must not decrease. `name` is used in error messages.
+// Token counts are in [1, kMaxTraceTokens].
+inline constexpr int64_t kMaxTraceTokens = (int64_t{1} << 31) - 1;
 std::vector<Request> read_trace(std::istream& in, const std::string& name);
 std::vector<Request> load_trace(const std::string& path);
 

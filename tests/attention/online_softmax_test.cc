@@ -108,7 +108,9 @@ TEST(OnlineSoftmax, MaskedChunksAndEmpty) {
   std::vector<float> masked = {-inf, -inf};
   sm.add(masked.data(), 2);  // a chunk with every key masked changes nothing
   EXPECT_TRUE(sm.empty());
-  EXPECT_EQ(masked[0], -inf);
+  // ...and its probabilities are 0 (they were left at -inf, which P V turned into -inf * v).
+  EXPECT_EQ(masked[0], 0.0f);
+  EXPECT_EQ(masked[1], 0.0f);
   std::vector<float> x = {1.0f, -inf, 3.0f};
   EXPECT_EQ(sm.add(x.data(), 3), 0.0f);  // nothing accumulated before: factor 0
   EXPECT_EQ(x[1], 0.0f);
@@ -121,6 +123,40 @@ TEST(OnlineSoftmax, MaskedChunksAndEmpty) {
   EXPECT_EQ(sm.add(z.data(), 1), 0.25f);
   EXPECT_FLOAT_EQ(sm.lse(),
                   std::log(std::exp2(1.0f) + std::exp2(3.0f) + std::exp2(2.0f) + std::exp2(5.0f)));
+}
+
+// NaN semantics (issue 9), against PyTorch's softmax: a NaN score anywhere in the row, or a +inf
+// one, makes l and the LSE NaN whatever chunk it arrives in; -inf scores are masked keys.
+TEST(OnlineSoftmax, NanAndInfinityPoisonTheRow) {
+  const float inf = INFINITY, nan = NAN;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  for (int where = 0; where < 3; ++where)  // the bad chunk first, in the middle, last
+    for (float bad : {nan, inf}) {
+      for (bool alone : {false, true}) {  // the bad score alone in its chunk, or among finite ones
+        RunningSoftmax<float> sm;
+        for (int c = 0; c < 3; ++c) {
+          std::vector<float> x(alone && c == where ? 1 : 5);
+          for (float& v : x) v = normal(rng);
+          if (c == where) x[x.size() / 2] = bad;
+          sm.add(x.data(), static_cast<int64_t>(x.size()));
+        }
+        EXPECT_FALSE(sm.empty()) << where << " " << bad << " " << alone;
+        EXPECT_TRUE(std::isnan(sm.l)) << where << " " << bad << " " << alone;
+        EXPECT_TRUE(std::isnan(sm.lse())) << where << " " << bad << " " << alone;
+      }
+    }
+  // Every score NaN: NaN, not "saw no key".
+  RunningSoftmax<float> all_nan;
+  std::vector<float> x = {nan, nan};
+  EXPECT_TRUE(std::isnan(all_nan.add(x.data(), 2)));  // the rescale factor poisons the output
+  EXPECT_TRUE(std::isnan(all_nan.lse()));
+  // -inf scores and masked keys only: empty, LSE -inf.
+  RunningSoftmax<float> none;
+  std::vector<float> y = {-inf, -inf, -inf};
+  none.add(y.data(), 3);
+  EXPECT_TRUE(none.empty());
+  EXPECT_EQ(none.lse(), -inf);
 }
 
 }  // namespace

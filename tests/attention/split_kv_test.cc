@@ -104,6 +104,32 @@ TEST(SplitKv, Bf16OutputWithinOneRounding) {
   expect_splits_match(s, 1.0 / 128);  // one bf16 ulp near the output's magnitude
 }
 
+// Many splits over many rows: the CPU path holds the partials of a bounded chunk of rows at a time
+// (issue 9), so here the chunks end inside sequences and between them, across varlen sequences
+// of unequal (and zero) lengths; every row is still combined once and matches the reference.
+TEST(SplitKv, ChunkedPartialsAcrossVarlenSequences) {
+  CaseSpec s;
+  s.batch = 5;
+  s.q_layout = QLayout::kVarlen;
+  s.kv_layout = KVLayout::kVarlen;
+  s.q_lens = {700, 0, 333, 1, 129};
+  s.kv_lens = {900, 5, 333, 64, 1000};
+  s.h_q = 4;
+  s.h_kv = 2;
+  s.head_dim = 32;
+  s.causal = true;
+  s.num_splits = 200;  // partials of 200 x 4 x 33 floats a row: ~250 rows per chunk
+  s.seed = seed_for(s.name());
+  AttentionCase c(s);
+  const attention::Problem pr = attention::describe(c.params());
+  ASSERT_LT(attention::cpu_scratch_bytes(pr, c.q_rows(), ThreadPool::global().size()),
+            attention::SplitPartials::bytes(200, c.q_rows(), 4, 32))
+      << "the rows must not fit one chunk";
+  c.poison_outputs();
+  attention_forward(c.params());
+  expect_attention_close(read_output(c.params()), c.exact(), c.lowp(), s.dtype);
+}
+
 TEST(SplitKv, AutomaticSplitsOnlyWhenTilesAreFewAndKeysLong) {
   CaseSpec s;
   s.q_lens = {1};

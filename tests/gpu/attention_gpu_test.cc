@@ -19,72 +19,11 @@
 #include "attention/problem.h"
 #include "support/attention_case.h"
 #include "support/compare.h"
+#include "support/device_copy.h"
+#include "support/nan_cases.h"
 
 namespace flashserve::testing {
 namespace {
-
-bool have_cuda_device() {
-  static const bool have = [] {
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-  }();
-  return have;
-}
-
-#define SKIP_WITHOUT_CUDA()                                             \
-  do {                                                                  \
-    if (!have_cuda_device()) GTEST_SKIP() << "skipped: no CUDA device"; \
-  } while (0)
-
-constexpr Device kGpu{DeviceType::kCUDA, 0};
-
-// Device copies of every buffer of a case, freed on destruction.
-class DeviceCopy {
- public:
-  explicit DeviceCopy(AttentionCase& c) : c_(c) {
-    for (const auto& b : c.buffers()) {
-      void* d = nullptr;
-      if (b.bytes) {
-        EXPECT_EQ(cudaMalloc(&d, b.bytes), cudaSuccess);
-        EXPECT_EQ(cudaMemcpy(d, b.host, b.bytes, cudaMemcpyHostToDevice), cudaSuccess);
-      }
-      ptrs_.push_back(d);
-    }
-  }
-  ~DeviceCopy() {
-    for (void* p : ptrs_) cudaFree(p);
-    cudaFree(workspace_);
-  }
-  // Views of the device copies, with the split-KV workspace the call asks for (so that automatic
-  // splitting, num_splits = 0, can split).
-  AttentionParams params() {
-    AttentionParams p = c_.params(kGpu, ptrs_.data());
-    const size_t bytes = attention_workspace_size(p);
-    if (bytes > workspace_bytes_) {
-      cudaFree(workspace_);
-      workspace_ = nullptr;
-      EXPECT_EQ(cudaMalloc(&workspace_, bytes), cudaSuccess);
-      workspace_bytes_ = bytes;
-    }
-    p.workspace = workspace_;
-    p.workspace_bytes = workspace_bytes_;
-    return p;
-  }
-  // Copies out and lse back into the case's host buffers.
-  void download() {
-    auto bufs = c_.buffers();
-    for (int i : {AttentionCase::kOut, AttentionCase::kLse})
-      if (bufs[i].bytes)
-        EXPECT_EQ(cudaMemcpy(bufs[i].host, ptrs_[i], bufs[i].bytes, cudaMemcpyDeviceToHost),
-                  cudaSuccess);
-  }
-
- private:
-  AttentionCase& c_;
-  std::vector<void*> ptrs_;
-  void* workspace_ = nullptr;
-  size_t workspace_bytes_ = 0;
-};
 
 // Runs the case on the GPU; returns the output read back as doubles.
 NaiveOutput run_on_gpu(AttentionCase& c) {
@@ -477,6 +416,31 @@ TEST(GpuSmallSmem, RefusesWhatNoTileFitsAndMalformedLimits) {
   ScopedEnv bad("FLASHSERVE_SMEM_PER_BLOCK", "99KB");
   expect_refused(d256, "FLASHSERVE_SMEM_PER_BLOCK");
 }
+
+// ---------------------------------------------------------------------------------------------
+// NaN and infinity (issue 9): a NaN in q or in a key a row sees, or a score overflowing float32,
+// gives that row NaN (out and LSE) through the sm80 softmax and the split-KV combine, as the
+// float64 reference and PyTorch do; rows that see no key stay zero / -inf; the rest match.
+
+class GpuNan : public ::testing::TestWithParam<NanCase> {};
+
+TEST_P(GpuNan, RowsThatSeeAPoisonedInputAreNan) {
+  SKIP_WITHOUT_CUDA();
+  const NanCase& nc = GetParam();
+  AttentionCase c(nc.spec);
+  const PoisonPlan plan = poison_inputs(c, nc.poison, nc.spec.seed);
+  ASSERT_GT(plan.count, 0);
+  NaiveOutput exact = c.exact(), lowp = c.lowp();
+  const NaiveOutput got = run_on_gpu(c);
+  EXPECT_TRUE(nan_rows_as_planned(got, plan));
+  skip_planned_rows(exact, plan);
+  skip_planned_rows(lowp, plan);
+  EXPECT_TRUE(attention_close(got, exact, lowp, nc.spec.dtype));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GpuNan,
+                         ::testing::ValuesIn(nan_cases({DType::kFloat16, DType::kBFloat16})),
+                         [](const auto& info) { return info.param.name(); });
 
 }  // namespace
 }  // namespace flashserve::testing

@@ -88,7 +88,8 @@ struct Slot {
 // entry back through its block table: each must be that sequence's own token at that position. A
 // block handed to two sequences, or a stale block after preemption, shows up here.
 void check_paged_kv(const fs::Batch& batch, int32_t bs, std::vector<Slot>& kv) {
-  const fs::BatchLayout l = fs::layout_batch(batch, bs);
+  const flashserve::model::ForwardBatch l = fs::layout_batch(batch, bs);
+  l.validate();  // sizes, offsets and positions consistent as the model runner requires
   ASSERT_EQ(l.cu_seqlens_q.size(), batch.entries.size() + 1);
   ASSERT_EQ(l.total_q, batch.num_tokens());
   size_t sample = 0;

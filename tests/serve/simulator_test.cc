@@ -3,6 +3,8 @@
 // in, KV cache sizing, and the bisection.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <cmath>
 #include <sstream>
 
@@ -182,6 +184,22 @@ TEST(Simulator, RejectsRequestsThatCanNeverRun) {
                Error);
 }
 
+// Sizes from a trace that no int64 sum or allocation can hold (issue 9): refused naming the
+// request, before the prompt's token vector is allocated and without signed overflow (UBSan).
+TEST(Simulator, RefusesRequestsThatCanNeverRunBeforeAllocating) {
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  for (const fs::Request r : {fs::Request{0, 0.0, 10, huge}, fs::Request{0, 0.0, huge, 10},
+                              fs::Request{0, 0.0, int64_t{1} << 40, 1}}) {
+    try {
+      fs::simulate({r}, small_config(fs::Policy::kSarathi), ConstantCost(0.01));
+      ADD_FAILURE() << "accepted prompt " << r.prompt_tokens << " output " << r.output_tokens;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "request 0");
+      EXPECT_NE(std::string(e.what()).find("exceeds max_model_len"), std::string::npos);
+    }
+  }
+}
+
 fs::ServingMetrics synthetic(double tbt_p99, double delay_p50) {
   fs::ServingMetrics m;
   m.tbt.p99 = tbt_p99;
@@ -200,9 +218,16 @@ TEST(Capacity, BisectionFindsTheBoundary) {
   r = fs::find_capacity([](double rate) { return synthetic(0, rate > 0.3 ? 5 : 0.1); }, crit, 8.0);
   EXPECT_GE(r.capacity, 0.3 * 0.98);
   EXPECT_LE(r.capacity, 0.3);
+  EXPECT_FALSE(r.at_limit);
   // Never meets the SLO: capacity 0.
   r = fs::find_capacity([](double) { return synthetic(1, 0); }, crit, 1.0);
   EXPECT_EQ(r.capacity, 0);
+  EXPECT_FALSE(r.at_limit);
+  // Never misses it: the search stops at max_rate and says the capacity is only a lower bound.
+  r = fs::find_capacity([](double) { return synthetic(0, 0); }, crit, 1.0, 0.02, 1e-3, 100.0);
+  EXPECT_TRUE(r.at_limit);
+  EXPECT_EQ(r.capacity, 64.0);
+  EXPECT_LE(r.probes.back().rate, 100.0);
   EXPECT_THROW(fs::find_capacity([](double) { return synthetic(0, 0); }, crit, -1), Error);
   // A bound that nothing can meet is a mistake, not a capacity of 0.
   for (const fs::CapacityCriteria bad :

@@ -220,6 +220,53 @@ TEST(Trace, ErrorsNameTheLine) {
             std::string::npos);
   EXPECT_NE(err("nan,1,2\n").find("arrival_s must be >= 0"), std::string::npos);
   EXPECT_THROW(fs::load_trace("/nonexistent/trace.csv"), Error);
+  // Sizes that would overflow int64 sums downstream, or that no int32 position can hold (issue 9:
+  // signed overflow under UBSan), are refused here, naming the column.
+  EXPECT_NE(err("0,99999999999999999999,1\n")
+                .find("prompt_tokens '99999999999999999999' is out of range"),
+            std::string::npos);
+  EXPECT_NE(err("0,9223372036854775807,1\n").find("prompt_tokens must be in [1, 2147483647]"),
+            std::string::npos);
+  EXPECT_NE(err("0,1,2147483648\n").find("output_tokens must be in [1, 2147483647]"),
+            std::string::npos);
+  EXPECT_NE(err("1e999,1,2\n").find("arrival_s '1e999' is out of range"), std::string::npos);
+  std::istringstream edge("0,2147483647,2147483647\n");
+  EXPECT_EQ(fs::read_trace(edge, "edge.csv")[0].prompt_tokens, 2147483647);
+}
+
+// Gamma arrivals at an extreme coefficient of variation: the sampler's shape 1/cv^2 overflowed to
+// inf at cv = 1e-160 and Marsaglia-Tsang never accepted (a hang); now out-of-range cvs are refused
+// and the range's ends sample in finite time with the asked-for mean.
+TEST(Workload, GammaCvIsBoundedAndItsEndsTerminate) {
+  fs::WorkloadSpec s;
+  s.arrival = fs::ArrivalKind::kGamma;
+  s.num_requests = 2000;
+  s.rate = 4;
+  for (double bad : {1e-160, 0.0099, 100.01, 1e300}) {
+    s.cv = bad;
+    try {
+      fs::generate_workload(s);
+      ADD_FAILURE() << "cv " << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "cv");
+    }
+  }
+  for (double cv : {fs::kMinGammaCv, fs::kMaxGammaCv}) {
+    s.cv = cv;
+    const auto w = fs::generate_workload(s);
+    ASSERT_EQ(static_cast<int64_t>(w.size()), s.num_requests);
+    EXPECT_TRUE(std::isfinite(w.back().arrival_s));
+    if (cv == fs::kMinGammaCv)  // nearly regular gaps of 1/rate
+      EXPECT_NEAR(w.back().arrival_s / s.num_requests, 0.25, 0.25 * 0.01);
+  }
+  s.cv = 1;
+  s.num_requests = fs::kMaxGeneratedRequests + 1;
+  try {
+    fs::generate_workload(s);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "num_requests");
+  }
 }
 
 TEST(Rng, GammaMatchesItsMoments) {

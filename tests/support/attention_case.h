@@ -184,7 +184,8 @@ class AttentionCase {
           table_[b * pages_per_seq_ + i] = i < pages[b] ? perm[next++] : spare;
       kv_slots_ = num_pages_ * ps;
       alloc(kBlockTable, table_.size() * 4);
-      std::memcpy(buf_[kBlockTable].data(), table_.data(), table_.size() * 4);
+      // (memcpy from an empty vector's null data is undefined even for 0 bytes: batch 0.)
+      if (!table_.empty()) std::memcpy(buf_[kBlockTable].data(), table_.data(), table_.size() * 4);
     }
     if (s_.seqused()) {
       alloc(kSequsedK, B * 4);

@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "attention/reference/online_softmax.h"
 #include "common/half.h"
 #include "common/thread_pool.h"
 
@@ -13,8 +14,9 @@ namespace flashserve::attention {
 void combine_row(const SplitPartials& p, int64_t row, int64_t h, float* out, float* lse) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   float m = neg_inf;
-  for (int64_t s = 0; s < p.num_splits; ++s) m = std::max(m, p.lse_at(s, row, h));
+  for (int64_t s = 0; s < p.num_splits; ++s) m = nan_max(m, p.lse_at(s, row, h));
   std::fill(out, out + p.head_dim_v, 0.0f);
+  // A NaN split (NaN input or overflowing score) makes m, total and every weight NaN below.
   if (m == neg_inf) {  // no split saw a key of this row
     *lse = neg_inf;
     return;
@@ -31,18 +33,21 @@ void combine_row(const SplitPartials& p, int64_t row, int64_t h, float* out, flo
   *lse = m + std::log(total);
 }
 
-void combine_splits(const SplitPartials& p, const AttentionParams& params, const Problem& pr,
-                    const HostLayout& L, ThreadPool& pool) {
-  // One task per sequence and block of 64 query rows: coarse enough that the wake-up is noise.
+void combine_splits(const SplitPartials& p, const std::vector<RowSpan>& spans,
+                    const AttentionParams& params, const Problem& pr, const HostLayout& L,
+                    ThreadPool& pool) {
+  // One task per span and block of 64 query rows: coarse enough that the wake-up is noise.
   constexpr int64_t kRowsPerTask = 64;
-  std::vector<int64_t> first_task(pr.batch + 1, 0);
-  for (int64_t b = 0; b < pr.batch; ++b)
-    first_task[b + 1] = first_task[b] + (L.q_len(b) + kRowsPerTask - 1) / kRowsPerTask;
-  pool.parallel_for(first_task[pr.batch], [&](int64_t task, int) {
-    const int64_t b =
+  std::vector<int64_t> first_task(spans.size() + 1, 0);
+  for (size_t i = 0; i < spans.size(); ++i)
+    first_task[i + 1] =
+        first_task[i] + (spans[i].t1 - spans[i].t0 + kRowsPerTask - 1) / kRowsPerTask;
+  pool.parallel_for(first_task.back(), [&](int64_t task, int) {
+    const size_t i =
         std::upper_bound(first_task.begin(), first_task.end(), task) - first_task.begin() - 1;
-    const int64_t t0 = (task - first_task[b]) * kRowsPerTask;
-    const int64_t t1 = std::min(L.q_len(b), t0 + kRowsPerTask);
+    const int64_t b = spans[i].b;
+    const int64_t t0 = spans[i].t0 + (task - first_task[i]) * kRowsPerTask;
+    const int64_t t1 = std::min(spans[i].t1, t0 + kRowsPerTask);
     std::vector<float> out(pr.head_dim_v);
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t h = 0; h < pr.h_q; ++h) {

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "attention/problem.h"
 #include "flashserve/attention.h"
@@ -23,28 +24,38 @@ class ThreadPool;
 
 namespace flashserve::attention {
 
+// Holds the partials of the query rows [row_base, row_base + rows): the CPU path runs the rows in
+// chunks whose partials fit a fixed budget (cpu_forward.cc), so that the scratch is not
+// O(num_splits x all rows).
 struct SplitPartials {
   float* out = nullptr;
   float* lse = nullptr;
   int64_t num_splits = 0, rows = 0, h_q = 0, head_dim_v = 0;
+  int64_t row_base = 0;
 
   static size_t bytes(int64_t num_splits, int64_t rows, int64_t h_q, int64_t head_dim_v) {
     return static_cast<size_t>(num_splits * rows * h_q * (head_dim_v + 1)) * sizeof(float);
   }
   float* out_at(int64_t split, int64_t row, int64_t h) const {
-    return out + ((split * rows + row) * h_q + h) * head_dim_v;
+    return out + ((split * rows + row - row_base) * h_q + h) * head_dim_v;
   }
   float& lse_at(int64_t split, int64_t row, int64_t h) const {
-    return lse[(split * rows + row) * h_q + h];
+    return lse[(split * rows + row - row_base) * h_q + h];
   }
 };
 
 // Merges the partials of one (row, head) into out[0, head_dim_v) and *lse.
 void combine_row(const SplitPartials& partials, int64_t row, int64_t h, float* out, float* lse);
 
-// Merges every row of every sequence and writes params.out (rounded to its dtype) and params.lse
-// (when given), using `pool`.
-void combine_splits(const SplitPartials& partials, const AttentionParams& params,
-                    const Problem& problem, const HostLayout& layout, ThreadPool& pool);
+// Queries [t0, t1) of sequence b: a stretch of rows whose partials are held together.
+struct RowSpan {
+  int64_t b, t0, t1;
+};
+
+// Merges the rows of `spans` (whose partials `partials` holds) and writes params.out (rounded to
+// its dtype) and params.lse (when given), using `pool`.
+void combine_splits(const SplitPartials& partials, const std::vector<RowSpan>& spans,
+                    const AttentionParams& params, const Problem& problem, const HostLayout& layout,
+                    ThreadPool& pool);
 
 }  // namespace flashserve::attention

@@ -133,6 +133,13 @@ class Forward {
   }
 
   int64_t num_tiles() const { return first_tile_[pr_.batch]; }
+  int64_t block_q() const { return bq_; }
+  // The tiles of query block qb of sequence b (every head and split) are
+  // [first_tile(b, qb), first_tile(b, qb) + tiles_per_block()).
+  int64_t first_tile(int64_t b, int64_t qb) const {
+    return first_tile_[b] + qb * tiles_per_block();
+  }
+  int64_t tiles_per_block() const { return pr_.h_kv * splits_; }
   int64_t rows_per_tile() const { return CpuTiling::tile_rows(group_); }
 
   Tile tile(int64_t i) const {
@@ -181,7 +188,7 @@ class Forward {
       const int64_t t = tl.t0 + r / G, h = tl.hk * G + r % G;
       const float lse = w.sm[r].lse();
       if (!w.sm[r].empty()) {
-        const float inv = 1.0f / w.sm[r].l;
+        const float inv = 1.0f / w.sm[r].l;  // NaN for a NaN row: its output is NaN
         for (int64_t d = 0; d < Dv; ++d) w.o[d] = w.acc[r * Dv + d] * inv;
       } else {  // the row saw no key (in this split)
         std::fill(w.o.begin(), w.o.end(), 0.0f);
@@ -282,11 +289,30 @@ int32_t cpu_num_splits(const Problem& pr, int workers) {
   return static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>({want, most, 64})));
 }
 
+namespace {
+
+// The split-KV partials of all rows at once would be O(num_splits x rows): 95 MB of input with an
+// explicit num_splits took 4.2 GB (issue 9). Rows run in chunks whose partials fit this budget
+// (at least one query block per chunk); each chunk's rows are combined before the next starts.
+constexpr int64_t kSplitPartialsBudget = int64_t{32} << 20;
+
+int64_t split_chunk_rows(const Problem& pr, int32_t splits, int64_t total_q_rows) {
+  const int64_t per_row =
+      static_cast<int64_t>(SplitPartials::bytes(splits, 1, pr.h_q, pr.head_dim_v));
+  const int64_t rows =
+      std::max(CpuTiling::block_q(pr.h_q / pr.h_kv), kSplitPartialsBudget / per_row);
+  return std::min(rows, total_q_rows);
+}
+
+}  // namespace
+
 size_t cpu_scratch_bytes(const Problem& pr, int64_t total_q_rows, int workers) {
   const int64_t rows = CpuTiling::tile_rows(pr.h_q / pr.h_kv);
   size_t bytes = workers * Workspace::bytes(rows, pr.head_dim, pr.head_dim_v);
   const int32_t splits = cpu_num_splits(pr, workers);
-  if (splits > 1) bytes += SplitPartials::bytes(splits, total_q_rows, pr.h_q, pr.head_dim_v);
+  if (splits > 1)
+    bytes += SplitPartials::bytes(splits, split_chunk_rows(pr, splits, total_q_rows), pr.h_q,
+                                  pr.head_dim_v);
   return bytes;
 }
 
@@ -303,20 +329,46 @@ void cpu_forward(const AttentionParams& params, const Problem& problem) {
   for (int i = 0; i < pool.size(); ++i)
     workspaces.emplace_back(fwd.rows_per_tile(), problem.head_dim, problem.head_dim_v);
 
-  std::vector<float> scratch;
-  SplitPartials partials;
-  if (splits > 1) {
-    const int64_t rows = layout.q_rows();
-    scratch.resize(SplitPartials::bytes(splits, rows, problem.h_q, problem.head_dim_v) /
-                   sizeof(float));
-    partials = {scratch.data(), scratch.data() + splits * rows * problem.h_q * problem.head_dim_v,
-                splits,         rows,
-                problem.h_q,    problem.head_dim_v};
+  if (splits == 1) {
+    pool.parallel_for(fwd.num_tiles(), [&](int64_t i, int worker) {
+      fwd.run(fwd.tile(i), workspaces[worker], nullptr);
+    });
+    return;
   }
-  pool.parallel_for(fwd.num_tiles(), [&](int64_t i, int worker) {
-    fwd.run(fwd.tile(i), workspaces[worker], splits > 1 ? &partials : nullptr);
-  });
-  if (splits > 1) combine_splits(partials, params, problem, layout, pool);
+  const int64_t capacity = split_chunk_rows(problem, splits, layout.q_rows());
+  std::vector<float> scratch(
+      SplitPartials::bytes(splits, capacity, problem.h_q, problem.head_dim_v) / sizeof(float));
+  SplitPartials partials{
+      scratch.data(), scratch.data() + splits * capacity * problem.h_q * problem.head_dim_v,
+      splits,         capacity,
+      problem.h_q,    problem.head_dim_v};
+  // Chunks of consecutive query blocks (in tile order, so each chunk's tiles are one contiguous
+  // range and its rows one contiguous stretch of q).
+  std::vector<RowSpan> spans;
+  int64_t chunk_rows = 0, tile_lo = 0;
+  auto flush = [&](int64_t tile_hi) {
+    if (spans.empty()) return;
+    partials.row_base = layout.q_row(spans.front().b, spans.front().t0);
+    pool.parallel_for(tile_hi - tile_lo, [&](int64_t i, int worker) {
+      fwd.run(fwd.tile(tile_lo + i), workspaces[worker], &partials);
+    });
+    combine_splits(partials, spans, params, problem, layout, pool);
+    spans.clear();
+    chunk_rows = 0;
+    tile_lo = tile_hi;
+  };
+  const int64_t bq = fwd.block_q();
+  for (int64_t b = 0; b < problem.batch; ++b)
+    for (int64_t t0 = 0; t0 < layout.q_len(b); t0 += bq) {
+      const int64_t t1 = std::min(layout.q_len(b), t0 + bq);
+      if (chunk_rows + (t1 - t0) > capacity) flush(fwd.first_tile(b, t0 / bq));
+      if (!spans.empty() && spans.back().b == b)
+        spans.back().t1 = t1;
+      else
+        spans.push_back({b, t0, t1});
+      chunk_rows += t1 - t0;
+    }
+  flush(fwd.num_tiles());
 }
 
 }  // namespace flashserve::attention

@@ -6,7 +6,8 @@
 // tile walks the key blocks its mask lets it see (blocks wholly outside the mask are never
 // touched), keeping per row a running max m and running sum l in log2 units; the accumulator is
 // rescaled by exp2(m_old - m_new) when the max grows. Memory is O(tile) per worker; split-KV adds
-// O(num_splits * rows * h_q * head_dim_v) floats of partials (see combine.h), never O(N^2).
+// the partials (see combine.h) of a chunk of rows at a time, at most 32 MiB (or one query block),
+// never O(num_splits * all rows) and never O(N^2).
 #pragma once
 
 #include <cstddef>

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "attention/problem.h"
+#include "attention/reference/online_softmax.h"
 #include "common/half.h"
 
 namespace flashserve::attention::reference {
@@ -81,8 +82,10 @@ void head_forward(const AttentionParams& p, const Problem& pr, const HostLayout&
   const int64_t row0 = L.q_row(b, 0);
   for (int64_t t = 0; t < n_q; ++t) {
     T* s = S.data() + t * n_k;
+    // The max propagates NaN: a NaN score (NaN in q or k) makes the row NaN, as in PyTorch; a
+    // +inf one does too (inf - inf below); -inf scores weigh 0 like masked keys.
     T m = neg_inf;
-    for (int64_t j = 0; j < n_k; ++j) m = std::max(m, s[j]);
+    for (int64_t j = 0; j < n_k; ++j) m = nan_max(m, s[j]);
     double* out = o.out.data() + ((row0 + t) * pr.h_q + h) * Dv;
     double& lse = o.lse[(row0 + t) * pr.h_q + h];
     if (m == neg_inf) {  // the row sees no key

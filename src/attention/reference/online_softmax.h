@@ -39,6 +39,12 @@ inline float exp2_nonpositive(float x) {
   return x < -126.0f ? 0.0f : p * scale + (x - x);  // x - x: 0, or NaN for a NaN x
 }
 
+// max(a, b) that propagates NaN (std::max(a, NaN) is a): a NaN anywhere makes the result NaN.
+template <typename T>
+T nan_max(T a, T b) {
+  return (b > a || b != b) ? b : a;
+}
+
 inline float exp2_nonpositive_or_std(float x) {
   return exp2_nonpositive(x);
 }
@@ -46,23 +52,40 @@ inline double exp2_nonpositive_or_std(double x) {
   return std::exp2(x);
 }
 
+// NaN and infinity follow the float64 reference and PyTorch: a NaN score (a NaN in q or k, or
+// inf * 0) or a +inf score (an overflowing q.k: inf - inf in the exponent) makes the row's l, and
+// so its output and LSE, NaN; -inf scores weigh 0 like masked keys, and a row whose every score
+// is -inf or masked is "saw no key" (zero output, LSE -inf).
 template <typename T>
 struct RunningSoftmax {
   T m = -std::numeric_limits<T>::infinity();
   T l = 0;
 
   // Folds x[0, n) in, overwriting each x_j with exp2(x_j - m_new). Returns the factor that rescales
-  // previous accumulations (1 when the max did not grow, 0 when nothing was accumulated before).
+  // previous accumulations (1 when the max did not grow, 0 when nothing was accumulated before,
+  // NaN when the row has just become NaN).
   T add(T* x, int64_t n) {
     T mx = -std::numeric_limits<T>::infinity();
-    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, x[j]);
+    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, x[j]);  // skips NaN: see below
     T corr = 1;
     if (mx > m) {
       corr = std::exp2(m - mx);  // exp2(-inf) = 0
       l *= corr;
       m = mx;
     }
-    if (m == -std::numeric_limits<T>::infinity()) return corr;  // every score so far masked
+    if (m == -std::numeric_limits<T>::infinity()) {
+      // Every score so far masked or -inf, or NaN (which the max skipped): weights 0, unless a NaN
+      // poisons the row.
+      bool nan = false;
+      for (int64_t j = 0; j < n; ++j) {
+        nan |= x[j] != x[j];
+        x[j] = 0;
+      }
+      if (!nan) return corr;
+      m = l = std::numeric_limits<T>::quiet_NaN();
+      return m;
+    }
+    // A NaN x_j (or inf - inf) makes its weight NaN, and with it l: no test in the loop.
     for (int64_t j = 0; j < n; ++j) x[j] = exp2_nonpositive_or_std(x[j] - m);  // vectorises
     T sum = 0;
     for (int64_t j = 0; j < n; ++j) sum += x[j];
@@ -70,8 +93,10 @@ struct RunningSoftmax {
     return corr;
   }
 
-  bool empty() const { return !(l > 0); }
-  // Natural-log log-sum-exp of every score seen (with the log2(e) folding undone); -inf if none.
+  // True when no key contributed (every score masked or -inf); false for a NaN row.
+  bool empty() const { return l == 0; }
+  // Natural-log log-sum-exp of every score seen (with the log2(e) folding undone); -inf if none,
+  // NaN for a NaN row.
   T lse() const {
     if (empty()) return -std::numeric_limits<T>::infinity();
     return (m + std::log2(l)) * static_cast<T>(0.69314718055994530942);

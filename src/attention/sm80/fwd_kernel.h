@@ -20,19 +20,32 @@
 
 namespace flashserve::attention::sm80 {
 
+// The read-ahead block-table entries of paged K and V (smem_tile.h), after Cfg::kSmemBytes.
+template <class Cfg>
+using PagedShape = PagedTileShape<Cfg::kBlockN, Cfg::kHeadDim, Cfg::kThreads>;
+template <class Cfg, bool kPaged>
+inline constexpr int kFwdSmemBytes = Cfg::kSmemBytes +
+                                     (kPaged ? 2 * PagedShape<Cfg>::kEntries * int(sizeof(int32_t))
+                                             : 0);
+
 // Shared memory of a block: Q [kBlockM, D], then kStages K tiles and kStages V tiles [kBlockN, D],
-// then (PV pairs) each warp's exchange words (tile_config.h's pv_exchange_bytes).
+// then (PV pairs) each warp's exchange words (tile_config.h's pv_exchange_bytes), then (paged) the
+// K and V streams' read-ahead table entries.
 template <class Cfg, class Elem>
 struct FwdSmem {
   Elem* q;
   Elem* k;
   Elem* v;
   uint4* exchange;
+  int32_t* k_pages;
+  int32_t* v_pages;
   __device__ __forceinline__ explicit FwdSmem(unsigned char* base)
       : q(reinterpret_cast<Elem*>(base)),
         k(q + Cfg::kBlockM * Cfg::kHeadDim),
         v(k + Cfg::kStages * Cfg::kBlockN * Cfg::kHeadDim),
-        exchange(reinterpret_cast<uint4*>(v + Cfg::kStages * Cfg::kBlockN * Cfg::kHeadDim)) {}
+        exchange(reinterpret_cast<uint4*>(v + Cfg::kStages * Cfg::kBlockN * Cfg::kHeadDim)),
+        k_pages(reinterpret_cast<int32_t*>(base + Cfg::kSmemBytes)),
+        v_pages(k_pages + PagedShape<Cfg>::kEntries) {}
   // PV pairs: lane 0's 16-byte word `word` of warp `warp`'s exchange; lane i's is i words on.
   // Words 0 .. kPvSteps - 1 hold the packed probabilities, kPvSteps the step's corrections,
   // kPvSteps + 1 the final normalisers.
@@ -84,7 +97,7 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
     if constexpr (kS == 1) {
       cp_async_wait<0>();  // K(n)
       __syncthreads();     // ... for every thread; and every warp is done with V(n + 1)
-      t.template load_v<kThreads>(p, n, sm.v_slot(0), tid);
+      t.template load_v<kThreads>(p, n, sm.v_slot(0), sm.v_pages, tid);
       cp_async_commit();
       gemm_qk<D, kMT, kNT, Cfg::kPipelineFrags>(s, sq_warp, sm.k_slot(0), lane);
     } else {
@@ -93,8 +106,8 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
       const int ahead = n - (kS - 1);
       const int slot = buf == 0 ? kS - 1 : buf - 1;
       if (ahead >= t.blocks.n_min) {
-        t.template load_k<kThreads>(p, ahead, sm.k_slot(slot), tid);
-        t.template load_v<kThreads>(p, ahead, sm.v_slot(slot), tid);
+        t.template load_k<kThreads>(p, ahead, sm.k_slot(slot), sm.k_pages, tid);
+        t.template load_v<kThreads>(p, ahead, sm.v_slot(slot), sm.v_pages, tid);
       }
       cp_async_commit();
       gemm_qk<D, kMT, kNT, Cfg::kPipelineFrags>(s, sq_warp, sm.k_slot(buf), lane);
@@ -106,7 +119,8 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
     auto retire_k = [&] {
       cp_async_wait<0>();
       __syncthreads();
-      if (n - 1 >= t.blocks.n_min) t.template load_k<kThreads>(p, n - 1, sm.k_slot(0), tid);
+      if (n - 1 >= t.blocks.n_min)
+        t.template load_k<kThreads>(p, n - 1, sm.k_slot(0), sm.k_pages, tid);
       cp_async_commit();
     };
     if constexpr (Cfg::kPvPairs) {
@@ -219,6 +233,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   extern __shared__ __align__(128) unsigned char smem[];
   using Tile = FwdTile<Cfg, Elem, kHasMask, kPaged, kSplit>;
   constexpr int kS = Cfg::kStages, kThreads = Cfg::kThreads;
+  // The table entries a paged load reads were copied in the previous load's commit group, which
+  // the step's wait retires only when at most one group runs ahead (kStages <= 2).
+  static_assert(!kPaged || kS <= 2, "paged read-ahead needs the previous group retired");
   const FwdSmem<Cfg, Elem> sm(smem);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_row = warp * Cfg::kWarpRows;
@@ -242,14 +259,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     load_tile_async<Cfg::kBlockM, Cfg::kHeadDim, kThreads>(sm.q, t.q_row(p, 0), t.q_step(p),
                                                            t.seq.q_len - t.m0, tid);
     if constexpr (kS == 1) {
-      t.template load_k<kThreads>(p, t.blocks.n_max - 1, sm.k_slot(0), tid);
+      t.template load_k<kThreads>(p, t.blocks.n_max - 1, sm.k_slot(0), sm.k_pages, tid);
       cp_async_commit();
     } else {
 #pragma unroll
       for (int s = 0; s < kS - 1; ++s) {
         if (t.blocks.n_max - 1 - s >= t.blocks.n_min) {
-          t.template load_k<kThreads>(p, t.blocks.n_max - 1 - s, sm.k_slot(s), tid);
-          t.template load_v<kThreads>(p, t.blocks.n_max - 1 - s, sm.v_slot(s), tid);
+          t.template load_k<kThreads>(p, t.blocks.n_max - 1 - s, sm.k_slot(s), sm.k_pages, tid);
+          t.template load_v<kThreads>(p, t.blocks.n_max - 1 - s, sm.v_slot(s), sm.v_pages, tid);
         }
         cp_async_commit();
       }

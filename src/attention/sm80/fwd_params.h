@@ -6,8 +6,18 @@
 #include <cstdint>
 
 #include "grid_order.h"
+#include "smem_tile.h"
 
 namespace flashserve::attention::sm80 {
+
+// Which sequences of its range a launch computes: all, or (a mixed batch's two launches) those
+// with at most one query (the packed decode tiles) or those with more (the prefill tiles).
+enum SeqKind : int32_t { kAllSeqs = 0, kDecodeSeqs = 1, kPrefillSeqs = 2 };
+
+// Whether a sequence with q_len queries belongs to a launch that takes `only`.
+__host__ __device__ __forceinline__ bool takes_seq(int32_t only, int q_len) {
+  return only == kAllSeqs || (only == kDecodeSeqs) == (q_len <= 1);
+}
 
 struct FwdParams {
   const void* q;
@@ -42,15 +52,26 @@ struct FwdParams {
   const int32_t* block_table;  // null: not paged
   int64_t block_table_stride;
   int64_t k_page_stride, v_page_stride;
-  int32_t page_size;
+  PageDiv page;  // page_size and its fast division
 
   // Split-KV: grid z is batch * num_splits; split s of a tile takes its share of the tile's key
   // blocks and writes fp32 O (normalised by its own sum) and its LSE to the partial buffers,
   // which combine.h merges. num_splits == 1: no partials, out and lse are written directly.
   int32_t num_splits;
-  float* o_partial;    // [num_splits, q_rows, h_q, d]
-  float* lse_partial;  // [num_splits, q_rows, h_q]
-  int64_t q_rows;      // rows of q: batch * seqlen_q (dense) or total_q (varlen)
+  float* o_partial;      // [num_splits, q_rows, h_q, d]
+  float* lse_partial;    // [num_splits, q_rows, h_q]
+  int64_t q_rows;        // rows of the partial buffers
+  int64_t partial_row0;  // the row of q that partial row 0 holds (prefill launches)
+  // Decode launches (packed GQA tiles): partial row s holds sequence seq_begin + s, whose one
+  // query is its row; so the partials of a decode launch take one row per sequence of its range,
+  // not the rows of the chunks between them.
+  int32_t partials_by_seq;
+
+  // The launch's share of the batch (attention/cuda/plan.h): grid z covers sequences seq_begin ..
+  // seq_end - 1, and `only` skips the sequences of that range that the other launch of a mixed
+  // batch takes (a range holds both kinds only where the batch interleaves them).
+  int32_t seq_begin, seq_end;
+  int32_t only;  // SeqKind
 
   // Masked grids: the 1-D tile order of grid_order.h (set by the launcher).
   GridOrder order;

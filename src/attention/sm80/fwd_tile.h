@@ -35,8 +35,10 @@ struct FwdTile {
       : head(head_),
         split(kSplit ? z % p.num_splits : 0),
         m0(m_block * kBM),
-        seq(p, kSplit ? z / p.num_splits : z),
+        seq(p, p.seq_begin + (kSplit ? z / p.num_splits : z)),
         blocks(m0, seq.q_len, seq.kv_len, p.window_left, p.window_right) {
+    // A sequence the other launch of a mixed batch takes: no rows here.
+    if (!takes_seq(p.only, seq.q_len)) seq.q_len = 0;
     // Rows are (position 0, head of the group). `blocks` saw the unpacked q_len, which it reads
     // only for masks, and packed tiles have none.
     if constexpr (kPack) seq.q_len *= p.h_ratio;
@@ -74,7 +76,9 @@ struct FwdTile {
   // Split-KV partial slot of tile row `row` ([num_splits, q_rows, h_q] slots, unpacked order, so
   // the combine needs no knowledge of packing) and the slot distance between tile rows.
   __device__ __forceinline__ int64_t partial_slot(const FwdParams& p, int row) const {
-    const int64_t q_row = seq.q_row0(p) + (kPack ? 0 : m0 + row);
+    // Packed (decode) tiles: one row per sequence, by sequence (fwd_params.h partials_by_seq).
+    const int64_t q_row =
+        kPack ? int64_t{seq.b - p.seq_begin} : seq.q_row0(p) - p.partial_row0 + m0 + row;
     const int64_t h = kPack ? int64_t{head} * p.h_ratio + m0 + row : head;
     return (split * p.q_rows + q_row) * p.h_q + h;
   }
@@ -83,29 +87,34 @@ struct FwdTile {
   }
 
   // Key/value block n into shared tile `dst` ([kBN, D]); rows past kv_len are zero-filled.
+  // Paged: `entries` holds this stream's read-ahead block-table entries (smem_tile.h); the loop's
+  // first block reads the table itself, and every block but the last fetches the next one's.
   template <int kThreads>
   __device__ __forceinline__ void load_kv(const FwdParams& p, const void* base, int64_t head_stride,
                                           int64_t row_stride, int64_t page_stride, int64_t seq_off,
-                                          int n, Elem* dst, int tid) const {
+                                          int n, Elem* dst, int32_t* entries, int tid) const {
     const Elem* src = static_cast<const Elem*>(base) + seq_off + kv_head(p) * head_stride;
     if constexpr (kPaged) {
       load_tile_paged_async<kBN, D, kThreads>(
-          dst, src, p.block_table + seq.b * p.block_table_stride, p.page_size, page_stride,
-          row_stride, n * kBN, seq.kv_len - n * kBN, tid);
+          dst, src, p.block_table + seq.b * p.block_table_stride, p.page, page_stride, row_stride,
+          n * kBN, seq.kv_len - n * kBN, entries, n, n < blocks.n_max - 1, n - 1 >= blocks.n_min,
+          tid);
     } else {
       load_tile_async<kBN, D, kThreads>(dst, src + n * kBN * row_stride, row_stride,
                                         seq.kv_len - n * kBN, tid);
     }
   }
   template <int kThreads>
-  __device__ __forceinline__ void load_k(const FwdParams& p, int n, Elem* dst, int tid) const {
+  __device__ __forceinline__ void load_k(const FwdParams& p, int n, Elem* dst, int32_t* entries,
+                                         int tid) const {
     load_kv<kThreads>(p, p.k, p.k_head_stride, p.k_row_stride, p.k_page_stride, seq.k_off(p), n,
-                      dst, tid);
+                      dst, entries, tid);
   }
   template <int kThreads>
-  __device__ __forceinline__ void load_v(const FwdParams& p, int n, Elem* dst, int tid) const {
+  __device__ __forceinline__ void load_v(const FwdParams& p, int n, Elem* dst, int32_t* entries,
+                                         int tid) const {
     load_kv<kThreads>(p, p.v, p.v_head_stride, p.v_row_stride, p.v_page_stride, seq.v_off(p), n,
-                      dst, tid);
+                      dst, entries, tid);
   }
 
  private:

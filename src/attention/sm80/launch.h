@@ -14,7 +14,7 @@ struct FwdLaunch {
   bool has_mask;       // causal or a window side: the masked instantiation
   bool decode;         // <= 1 query per sequence and no left window: the GQA-packed decode tiles
   bool paged;          // block_table given: the paged-KV instantiation
-  int batch;           // grid z is batch * params.num_splits
+  int batch;           // grid z is batch * params.num_splits (sequences from params.seq_begin)
   int max_q_len;       // grid x = ceil(max_q_len / block_m)
   int max_kv_len;      // longest key sequence (sizes the masked grid's sections)
   int smem_per_block;  // the device's opt-in shared memory per block
@@ -25,9 +25,9 @@ struct FwdLaunch {
   cudaStream_t stream;
 };
 
-// Merges the num_splits partial results of params (fp32 O and LSE per split) into out and lse.
-void run_combine(const FwdParams& params, DType dtype, int head_dim, int batch,
-                 cudaStream_t stream);
+// Merges the num_splits partial results of params (fp32 O and LSE per split) into out and lse, for
+// the rows of params' sequences seq_begin .. seq_end - 1 that it takes.
+void run_combine(const FwdParams& params, DType dtype, int head_dim, cudaStream_t stream);
 
 // Throws flashserve::Error (kUnsupported when the device's shared memory is too small, kCuda when
 // the launch fails).

@@ -20,9 +20,9 @@ template <class Cfg, class Elem, bool kHasMask, bool kPaged>
 void launch_config(const FwdParams& params, const FwdLaunch& launch) {
   auto* kernel = params.num_splits > 1 ? &fwd_kernel<Cfg, Elem, kHasMask, kPaged, true>
                                        : &fwd_kernel<Cfg, Elem, kHasMask, kPaged, false>;
-  check_cuda(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
-      "cudaFuncSetAttribute (sm80 forward shared memory)");
+  constexpr int kSmem = kFwdSmemBytes<Cfg, kPaged>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+             "cudaFuncSetAttribute (sm80 forward shared memory)");
   // Grid: query tiles x grid heads (KV heads when the GQA group is packed into the rows) x
   // sequences and their splits; masked grids in the 1-D order of grid_order.h.
   const int rows = launch.max_q_len * (Cfg::kPackGqa ? params.h_ratio : 1);
@@ -33,8 +33,8 @@ void launch_config(const FwdParams& params, const FwdLaunch& launch) {
   FwdParams p = params;
   p.order = GridOrder{};
   if (kHasMask && launch.heaviest_first) {
-    const int64_t per_sm = std::min<int64_t>(
-        Cfg::kMinBlocksPerSm, std::max(1, launch.smem_per_sm / (Cfg::kSmemBytes + 1024)));
+    const int64_t per_sm =
+        std::min<int64_t>(Cfg::kMinBlocksPerSm, std::max(1, launch.smem_per_sm / (kSmem + 1024)));
     // Heads of a GQA group are adjacent units and share their K/V; a split reads its share.
     const int64_t kv_bytes = int64_t{launch.max_kv_len} * Cfg::kHeadDim * 4 /
                              (int64_t{params.h_ratio} * params.num_splits);
@@ -42,17 +42,18 @@ void launch_config(const FwdParams& params, const FwdLaunch& launch) {
                              launch.l2_bytes);
     if (p.order.sections > 0) grid = dim3(m_blocks * p.order.units);
   }
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, launch.stream>>>(p);
+  kernel<<<grid, Cfg::kThreads, kSmem, launch.stream>>>(p);
   check_cuda(cudaGetLastError(), "sm80 forward kernel launch");
 }
 
 // The configuration of tile_config.h for the call, if the device's shared memory holds it.
 template <class Cfg, bool kHasMask, bool kPaged>
 void launch_checked(const FwdParams& params, const FwdLaunch& launch) {
-  if (launch.smem_per_block < Cfg::kSmemBytes)
+  constexpr int kSmem = kFwdSmemBytes<Cfg, kPaged>;
+  if (launch.smem_per_block < kSmem)
     throw Error(ErrorKind::kUnsupported, "q",
                 "head_dim " + std::to_string(Cfg::kHeadDim) + " needs " +
-                    std::to_string(Cfg::kSmemBytes / 1024) +
+                    std::to_string(kSmem / 1024) +
                     " KB of shared memory per block; this device allows " +
                     std::to_string(launch.smem_per_block / 1024) + " KB");
   if (launch.dtype == DType::kBFloat16)
@@ -65,7 +66,7 @@ void launch_mask(const FwdParams& params, const FwdLaunch& launch) {
   using Cfg = FwdConfig<kHeadDim, fwd_tiles(kHeadDim, kHasMask)>;
   using Small = FwdConfig<kHeadDim, fwd_tiles_small_smem(kHeadDim, kHasMask)>;
   if constexpr (Small::kSmemBytes < Cfg::kSmemBytes) {
-    if (launch.smem_per_block < Cfg::kSmemBytes)
+    if (launch.smem_per_block < kFwdSmemBytes<Cfg, kPaged>)
       return launch_checked<Small, kHasMask, kPaged>(params, launch);
   }
   launch_checked<Cfg, kHasMask, kPaged>(params, launch);

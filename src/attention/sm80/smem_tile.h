@@ -42,31 +42,111 @@ __device__ __forceinline__ void load_tile_async(Elem* smem, const Elem* gmem, in
   }
 }
 
+// Division by the page size as a multiply and a shift (Granlund-Montgomery, as CUTLASS's
+// FastDivmod): a 32-bit integer division is a ~20-instruction sequence, and the loader divides
+// once per row it resolves. Exact for 0 <= key < 2^31.
+struct PageDiv {
+  int size;
+  uint32_t mul;  // 0: size 1
+  int shift;
+  static PageDiv make(int size) {  // host
+    PageDiv d{size, 0, 0};
+    if (size > 1) {
+      int log2_ceil = 0;
+      while ((int64_t{1} << log2_ceil) < size) ++log2_ceil;
+      const int p = 31 + log2_ceil;
+      d.mul = static_cast<uint32_t>(((uint64_t{1} << p) + size - 1) / size);
+      d.shift = p - 32;
+    }
+    return d;
+  }
+  __device__ __forceinline__ int of(int key) const {
+    return mul == 0 ? key : static_cast<int>(__umulhi(static_cast<uint32_t>(key), mul) >> shift);
+  }
+};
+
+// How the threads of a block split a [kRows, kHeadDim] tile for the paged loader below: each
+// thread copies one 16-byte chunk column of rows row0, row0 + kRowStep, ...; a warp copies
+// kWarpStep consecutive rows per step, kWarpRows rows of the tile in all, its k-th being row
+// warp * kWarpStep + k % kWarpStep + (k / kWarpStep) * kRowStep; lane l resolves the page of its
+// warp's rows l, l + 32, ... (kSlots of them).
+template <int kRows, int kHeadDim, int kThreads>
+struct PagedTileShape {
+  static constexpr int kChunksPerRow = kHeadDim / 8;
+  static_assert(kThreads % kChunksPerRow == 0 && 32 % kChunksPerRow == 0);
+  static constexpr int kRowStep = kThreads / kChunksPerRow;
+  static_assert(kRows % kRowStep == 0);
+  static constexpr int kIters = kRows / kRowStep;
+  static constexpr int kWarpStep = 32 / kChunksPerRow;
+  static constexpr int kWarpRows = kIters * kWarpStep;
+  static constexpr int kSlots = (kWarpRows + 31) / 32;
+  // The read-ahead block-table entries of one K or V stream in shared memory: one per (thread,
+  // slot) for two blocks, by the parity of the block.
+  static constexpr int kEntries = 2 * kThreads * kSlots;
+};
+
 // Paged K or V: key `key0 + row` of the sequence lives in page table[(key0 + row) / page_size] at
-// row (key0 + row) % page_size; `head_base` already points at the kv head. Any page size; each
-// thread looks up the pages of its own rows (the table row is small and stays in L1).
+// row (key0 + row) % page_size; `head_base` already points at the kv head. Any page size.
+//
+// Addresses are resolved once per tile row, by the warp that copies the row: lane l finds the
+// page of the l-th row of the warp's share (one table entry, one division per row), and each
+// thread takes its rows' offsets from their owners by shuffle. The table entries themselves are
+// read one block ahead: this call copies the entries of block `block - 1` (the key loop runs right
+// to left) into `entries` by cp.async, in the commit group of this block's K or V, so the next
+// call finds them in shared memory, read by the same thread that copied them (no barrier needed).
+// Only the first block of a tile's loop (`have_entries` false) reads the table directly.
+// Looking the page up in every thread of every row, with a dependent table read and a division
+// before each cp.async, ran paged decode at a fifth of contiguous, and a direct table read per
+// tile still left it 23% behind (docs/kernel-notes.md, runs 23-24).
 template <int kRows, int kHeadDim, int kThreads, class Elem>
 __device__ __forceinline__ void load_tile_paged_async(Elem* smem, const Elem* head_base,
-                                                      const int32_t* table, int page_size,
+                                                      const int32_t* table, const PageDiv& div,
                                                       int64_t page_stride, int64_t row_stride,
-                                                      int key0, int valid_rows, int tid) {
-  constexpr int kChunksPerRow = kHeadDim / 8;
-  static_assert(kThreads % kChunksPerRow == 0);
-  constexpr int kRowStep = kThreads / kChunksPerRow;
-  static_assert(kRows % kRowStep == 0);
-  const int row0 = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
-  const uint32_t base = smem_addr(smem);
+                                                      int key0, int valid_rows, int32_t* entries,
+                                                      int block, bool have_entries, bool fetch_next,
+                                                      int tid) {
+  using S = PagedTileShape<kRows, kHeadDim, kThreads>;
+  constexpr int kSlots = S::kSlots, kWarpStep = S::kWarpStep, kWarpRows = S::kWarpRows;
+  const int lane = tid & 31, warp = tid >> 5;
+  // This thread's entry of slot s for a block of parity `parity`.
+  const auto entry = [&](int parity, int s) {
+    return parity * (kThreads * kSlots) + (warp * kSlots + s) * 32 + lane;
+  };
+  // Offsets from head_base in 16-byte chunks: 32 bits (the dispatch refuses pools of 64 GB), so
+  // one shuffle per row moves them.
+  uint32_t offset[kSlots];
 #pragma unroll
-  for (int i = 0; i < kRows / kRowStep; ++i) {
-    const int row = row0 + i * kRowStep;
-    const bool ok = row < valid_rows;
-    const Elem* src = head_base;
-    if (ok) {
+  for (int s = 0; s < kSlots; ++s) {
+    const int k = s * 32 + lane;
+    const int row = warp * kWarpStep + k % kWarpStep + (k / kWarpStep) * S::kRowStep;
+    const bool mine = kWarpRows % 32 == 0 || k < kWarpRows;
+    offset[s] = 0;
+    if (mine && row < valid_rows) {
       const int key = key0 + row;
-      const int64_t page = table[key / page_size];
-      src = head_base + page * page_stride + (key % page_size) * row_stride + chunk * 8;
+      const int page = div.of(key);
+      const int32_t at = have_entries ? entries[entry(block & 1, s)] : table[page];
+      offset[s] = static_cast<uint32_t>(
+          (int64_t{at} * page_stride + int64_t{key - page * div.size} * row_stride) >> 3);
     }
-    cp_async_16(base + 2 * swizzled<kHeadDim>(row, chunk), src, ok);
+    // The previous block is whole (only a tile's last block can be partial).
+    if (mine && fetch_next)
+      cp_async_4(smem_addr(entries + entry((block - 1) & 1, s)),
+                 table + div.of(key0 - kRows + row));
+  }
+  const int row0 = tid / S::kChunksPerRow, chunk = tid % S::kChunksPerRow;
+  const int sub = lane / S::kChunksPerRow;  // this thread's row among the warp's kWarpStep
+  const uint32_t base = smem_addr(smem);
+  const Elem* chunk_base = head_base + chunk * 8;
+#pragma unroll
+  for (int i = 0; i < S::kIters; ++i) {
+    const int row = row0 + i * S::kRowStep;
+    const bool ok = row < valid_rows;
+    // Warp row k = i * kWarpStep + sub: owned by lane k % 32, slot k / 32 (a constant, since
+    // kWarpStep divides 32 and sub < kWarpStep).
+    const int k0 = i * kWarpStep;
+    const uint32_t off = __shfl_sync(0xffffffffu, offset[k0 / 32], k0 % 32 + sub);
+    cp_async_16(base + 2 * swizzled<kHeadDim>(row, chunk),
+                ok ? chunk_base + uint64_t{off} * 8 : head_base, ok);
   }
 }
 

@@ -96,7 +96,7 @@ struct OnlineSoftmax {
   }
 
   // The factor that normalises each row (1 / row sum; 0 for a row that saw no key, whose output is
-  // 0) and the natural-log LSE of each row (-inf for such a row).
+  // 0) and the natural-log LSE of each row (-inf for such a row; NaN for a NaN row).
   __device__ __forceinline__ void finish_rows(float scale, float (&inv)[kMTiles][2],
                                               float (&lse)[kMTiles][2]) const {
 #pragma unroll
@@ -106,7 +106,9 @@ struct OnlineSoftmax {
         float l = row_sum[mi][r];
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const bool seen = l > 0.0f;
+        // NaN, as in PyTorch, for a row with a NaN score (fmaxf skips it in the max, but its
+        // exp2 is NaN and so is l) or a +inf one (inf - inf): l != 0, so inv and lse are NaN.
+        const bool seen = l != 0.0f;
         inv[mi][r] = seen ? 1.0f / l : 0.0f;
         lse[mi][r] = seen ? row_max[mi][r] * scale + logf(l) : -INFINITY;
       }

@@ -1,0 +1,330 @@
+// bench_model: the CUDA model runner at a real model's shape with random weights generated in
+// device memory (writing and reading 14.5 GB of mistral-7b checkpoint would cost more device time
+// than the whole benchmark). Prints, from one run on one GPU:
+//   * the device-to-device copy bandwidth (bytes read + written per second) and, from it, the
+//     weight-read floor of a decode step (the bf16 weights a step reads, once) and the floor of a
+//     batch-32 step (weights + the batch's K/V);
+//   * decode steps at batch 1 and 32 with a 1k context, wall-clock per step as the engine sees it
+//     (forward + greedy sample + the token ids back on the host), against those floors;
+//   * prefill of one 4096-token prompt (forward + sample), TFLOP/s counting 2 * parameters *
+//     tokens + causal attention (the count shared/anchors/h200-transformers.md uses);
+//   * the per-stage breakdown of each (CUDA events around every stage of every layer).
+//
+//   bench_model [--shape mistral-7b] [--context 1024] [--prefill 4096] [--steps 30] [--quick]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "flashserve/attention.h"
+#include "model/cuda/cuda_runner.h"
+#include "model/forward_batch.h"
+#include "model/presets.h"
+
+namespace fm = flashserve::model;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int32_t kBlock = 16;
+int32_t block = kBlock;  // the KV page size of the current runs
+
+std::string arg(int argc, char** argv, const char* name, const char* fallback) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  return fallback;
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+double copy_bandwidth() {
+  const size_t bytes = size_t{4} << 30;
+  void *a, *b;
+  check(cudaMalloc(&a, bytes), "malloc");
+  check(cudaMalloc(&b, bytes), "malloc");
+  cudaMemset(a, 1, bytes);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  for (int i = 0; i < 3; ++i) cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+  const int reps = 10;
+  cudaEventRecord(e0);
+  for (int i = 0; i < reps; ++i) cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice);
+  cudaEventRecord(e1);
+  check(cudaEventSynchronize(e1), "copy");
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * bytes * reps / (ms * 1e-3);
+}
+
+struct Seqs {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<int64_t> len;  // tokens in the cache
+  int64_t blocks_per_seq = 0;
+  std::vector<int32_t> blocks(int64_t i, int64_t kv) const {
+    std::vector<int32_t> b;
+    for (int64_t j = 0; j < (kv + block - 1) / block; ++j)
+      b.push_back(static_cast<int32_t>(i * blocks_per_seq + j));
+    return b;
+  }
+};
+
+// Prefills every sequence's first `context` tokens, `per_step` sequences per forward.
+void prefill_all(fm::cuda::CudaRunner& r, Seqs& s, int64_t context, int64_t per_step) {
+  for (size_t i = 0; i < s.tokens.size(); i += per_step) {
+    fm::ForwardBatchBuilder bb(block);
+    for (size_t j = i; j < std::min(s.tokens.size(), i + per_step); ++j) {
+      bb.add(s.tokens[j].data(), 0, context, s.blocks(j, context), true);
+      s.len[j] = context;
+    }
+    r.forward(std::move(bb).build());
+  }
+  r.synchronize();
+}
+
+fm::ForwardBatch decode_batch(Seqs& s) {
+  fm::ForwardBatchBuilder bb(block);
+  for (size_t j = 0; j < s.tokens.size(); ++j)
+    bb.add(s.tokens[j].data() + s.len[j], s.len[j], 1, s.blocks(j, s.len[j] + 1), true);
+  return std::move(bb).build();
+}
+
+void print_profile(const char* what, const std::map<std::string, double>& p, int steps) {
+  double total = 0;
+  for (const auto& [k, v] : p) total += v;
+  std::printf("\n%s, per step (CUDA events around each stage; %.3f ms in all):\n", what,
+              total / steps);
+  std::printf("| stage | ms | share |\n|---|---|---|\n");
+  std::vector<std::pair<double, std::string>> rows;
+  for (const auto& [k, v] : p) rows.emplace_back(v, k);
+  std::sort(rows.rbegin(), rows.rend());
+  for (const auto& [v, k] : rows)
+    std::printf("| %s | %.3f | %.1f%% |\n", k.c_str(), v / steps, 100 * v / total);
+}
+
+// Times `steps` decode steps (after 3 warm-ups); returns ms per step (wall clock).
+double time_decode(fm::cuda::CudaRunner& r, Seqs& s, int steps) {
+  auto step = [&] {
+    const fm::ForwardBatch b = decode_batch(s);
+    r.forward(b);
+    const auto tok = r.sample(b, std::vector<fm::SamplingParams>(b.sample_rows.size()));
+    for (size_t j = 0; j < s.tokens.size(); ++j) ++s.len[j];
+    (void)tok;
+  };
+  for (int i = 0; i < 3; ++i) step();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < steps; ++i) step();
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / steps;
+}
+
+// The decode attention call alone at the model's shape: host time per attention_forward (calls
+// enqueued back to back, no synchronization) and GPU time per call (events around 100 calls), for
+// page sizes 16 and 256 and automatic vs no split, so that a slow step shows whether the time is
+// the call or the kernel.
+void attention_diag(const fm::ModelConfig& cfg, int64_t context, bool quick) {
+  std::printf("\nattention alone (decode, %lld context, d %lld, %lld/%lld heads):\n",
+              static_cast<long long>(context), static_cast<long long>(cfg.head_dim),
+              static_cast<long long>(cfg.num_attention_heads),
+              static_cast<long long>(cfg.num_key_value_heads));
+  std::printf(
+      "| batch | page | splits | host us/call | GPU us/call | K/V TB/s "
+      "|\n|---|---|---|---|---|---|\n");
+  const int64_t hq = cfg.num_attention_heads, hkv = cfg.num_key_value_heads, d = cfg.head_dim;
+  const flashserve::Device gpu{flashserve::DeviceType::kCUDA, 0};
+  for (int64_t batch : {int64_t{1}, int64_t{32}})
+    for (int64_t page : {int64_t{16}, int64_t{256}})
+      for (int splits : {0, 1, 4, 16}) {
+        if (quick && page != 16) continue;
+        const int64_t pages = (context + page - 1) / page, blocks = batch * pages;
+        void *q, *o, *k, *v, *idx, *ws = nullptr;
+        check(cudaMalloc(&q, batch * hq * d * 2), "q");
+        check(cudaMalloc(&o, batch * hq * d * 2), "o");
+        check(cudaMalloc(&k, blocks * page * hkv * d * 2), "k");
+        check(cudaMalloc(&v, blocks * page * hkv * d * 2), "v");
+        cudaMemset(q, 0, batch * hq * d * 2);
+        cudaMemset(k, 0, blocks * page * hkv * d * 2);
+        cudaMemset(v, 0, blocks * page * hkv * d * 2);
+        std::vector<int32_t> h(batch + 1 + batch + blocks);
+        for (int64_t b = 0; b <= batch; ++b) h[b] = static_cast<int32_t>(b);
+        for (int64_t b = 0; b < batch; ++b) h[batch + 1 + b] = static_cast<int32_t>(context);
+        for (int64_t i = 0; i < blocks; ++i) h[2 * batch + 1 + i] = static_cast<int32_t>(i);
+        check(cudaMalloc(&idx, h.size() * 4), "idx");
+        cudaMemcpy(idx, h.data(), h.size() * 4, cudaMemcpyHostToDevice);
+        int32_t* ip = static_cast<int32_t*>(idx);
+        flashserve::AttentionParams ap;
+        ap.q = flashserve::make_view(q, flashserve::DType::kBFloat16, {batch, hq, d}, gpu);
+        ap.out = flashserve::make_view(o, flashserve::DType::kBFloat16, {batch, hq, d}, gpu);
+        ap.k = flashserve::make_view(k, flashserve::DType::kBFloat16, {blocks, page, hkv, d}, gpu);
+        ap.v = flashserve::make_view(v, flashserve::DType::kBFloat16, {blocks, page, hkv, d}, gpu);
+        ap.cu_seqlens_q = flashserve::make_view(ip, flashserve::DType::kInt32, {batch + 1}, gpu);
+        ap.seqused_k =
+            flashserve::make_view(ip + batch + 1, flashserve::DType::kInt32, {batch}, gpu);
+        ap.block_table = flashserve::make_view(ip + 2 * batch + 1, flashserve::DType::kInt32,
+                                               {batch, pages}, gpu);
+        ap.max_seqlen_q = 1;
+        ap.max_seqlen_k = context;
+        ap.causal = true;
+        ap.num_splits = splits;
+        const size_t wsb = flashserve::attention_workspace_size(ap);
+        if (wsb) check(cudaMalloc(&ws, wsb), "ws");
+        ap.workspace = ws;
+        ap.workspace_bytes = wsb;
+        for (int i = 0; i < 5; ++i) flashserve::attention_forward(ap);
+        check(cudaDeviceSynchronize(), "warm");
+        const int n = 100;
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        cudaEventRecord(e0);
+        const auto t0 = Clock::now();
+        for (int i = 0; i < n; ++i) flashserve::attention_forward(ap);
+        const double host_us =
+            std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / n;
+        cudaEventRecord(e1);
+        check(cudaEventSynchronize(e1), "diag");
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        const double gpu_us = ms * 1e3 / n;
+        const double bytes = 2.0 * batch * context * hkv * d * 2;
+        std::printf("| %lld | %lld | %s | %.1f | %.1f | %.2f |\n", static_cast<long long>(batch),
+                    static_cast<long long>(page), splits ? std::to_string(splits).c_str() : "auto",
+                    host_us, gpu_us, bytes / (gpu_us * 1e-6) / 1e12);
+        for (void* p : {q, o, k, v, idx, ws}) cudaFree(p);
+      }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string shape = arg(argc, argv, "--shape", "mistral-7b");
+  const int64_t context = std::atoll(arg(argc, argv, "--context", "1024").c_str());
+  const int64_t prefill = std::atoll(arg(argc, argv, "--prefill", "4096").c_str());
+  const int steps = std::atoi(arg(argc, argv, "--steps", "30").c_str());
+  // --quick: page 16 only and the attention diagnostics at page 16 (a short device call).
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) quick |= std::strcmp(argv[i], "--quick") == 0;
+  const char* commit = std::getenv("COMMIT");
+
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "device");
+  fm::ModelConfig cfg = fm::preset_config(shape);
+  // The prompts here are at most 4096 tokens: Mistral's 4096-token window never cuts, and
+  // transformers' comparison runs without it too (its fastest SDPA path).
+  cfg.sliding_window = 0;
+  const int64_t params =
+      cfg.hidden_size * cfg.vocab_size * (cfg.tie_word_embeddings ? 1 : 2) +
+      cfg.num_hidden_layers * (cfg.hidden_size * (cfg.q_size() + 2 * cfg.kv_size() + cfg.q_size()) +
+                               3 * cfg.hidden_size * cfg.intermediate_size + 2 * cfg.hidden_size) +
+      cfg.hidden_size;
+  std::printf("# bench_model: %s (random bf16 weights on the device), %s, commit %s\n",
+              shape.c_str(), prop.name, commit ? commit : "unknown");
+
+  const double bw = copy_bandwidth();
+  auto t_load = Clock::now();
+  auto runner = fm::cuda::CudaRunner::random(cfg, 1, 0);
+  const double load_s = std::chrono::duration<double>(Clock::now() - t_load).count();
+  const double wbytes = static_cast<double>(runner->weight_bytes());
+  const double kv_per_token = 2.0 * cfg.num_hidden_layers * cfg.kv_size() * 2;
+  std::printf("parameters %.3f B; weights read per step %.2f GB; random init %.1f s\n",
+              params / 1e9, wbytes / 1e9, load_s);
+  std::printf("device copy bandwidth %.2f TB/s (read + written); weight-read floor %.3f ms\n",
+              bw / 1e12, wbytes / bw * 1e3);
+
+  const int64_t max_batch = 32, max_len = std::max(context + 8 * (steps + 3) + 16, prefill);
+  Seqs s;
+  std::printf("\n| work | ours | floor | ours / floor |\n|---|---|---|---|\n");
+  std::map<std::string, std::map<std::string, double>> profiles;
+  struct Mode {
+    bool graphs, gemv;
+    const char* name;
+  };
+  for (int32_t page : {kBlock, 256}) {
+    if (quick && page != kBlock) continue;
+    block = page;
+    s.blocks_per_seq = (max_len + block - 1) / block;
+    runner->allocate_kv(max_batch * s.blocks_per_seq, block);
+    for (int64_t batch : {int64_t{1}, max_batch}) {
+      s.tokens.assign(batch, std::vector<int32_t>(max_len));
+      s.len.assign(batch, 0);
+      for (int64_t j = 0; j < batch; ++j)
+        for (int64_t t = 0; t < max_len; ++t)
+          s.tokens[j][t] = static_cast<int32_t>((j * 7919 + t * 104729) % cfg.vocab_size);
+      prefill_all(*runner, s, context, 4);
+      std::vector<Mode> modes = {{true, false, "CUDA graph"}, {false, false, "eager"}};
+      if (batch <= 4) modes.push_back({true, true, "CUDA graph, GEMV kernel"});
+      for (const Mode& m : modes) {
+        runner->set_cuda_graphs(m.graphs);
+        runner->set_gemv(m.gemv);
+        const double ms = time_decode(*runner, s, steps);
+        const double kv_bytes = batch * (s.len[0] - steps / 2) * kv_per_token;
+        const double floor_ms = (wbytes + kv_bytes) / bw * 1e3;
+        std::printf(
+            "| decode step, batch %lld, %lld context, page %d, %s | %.3f ms | %.3f ms "
+            "(weights%s) | %.2f |\n",
+            static_cast<long long>(batch), static_cast<long long>(context), page, m.name, ms,
+            floor_ms, batch > 1 ? " + K/V" : "", ms / floor_ms);
+        std::fflush(stdout);
+      }
+      runner->set_gemv(false);
+      if (page == kBlock) {
+        runner->set_profiling(true);
+        time_decode(*runner, s, 5);
+        runner->set_profiling(false);
+        profiles["decode batch " + std::to_string(batch)] = runner->profile();
+      }
+    }
+  }
+  runner->set_cuda_graphs(true);
+  const auto [captures, replays] = runner->graph_counts();
+  std::printf("(decode graphs: %lld captured, %lld replays)\n", static_cast<long long>(captures),
+              static_cast<long long>(replays));
+  block = kBlock;
+  s.blocks_per_seq = (max_len + block - 1) / block;
+  runner->allocate_kv(max_batch * s.blocks_per_seq, block);
+  {
+    std::vector<int32_t> prompt(prefill);
+    for (int64_t t = 0; t < prefill; ++t)
+      prompt[t] = static_cast<int32_t>((t * 31337) % cfg.vocab_size);
+    auto one = [&] {
+      fm::ForwardBatchBuilder bb(block);
+      bb.add(prompt.data(), 0, prefill, s.blocks(0, prefill), true);
+      const fm::ForwardBatch b = std::move(bb).build();
+      runner->forward(b);
+      runner->sample(b, {fm::SamplingParams{}});
+    };
+    for (int i = 0; i < 3; ++i) one();
+    const int reps = 10;
+    const auto t0 = Clock::now();
+    for (int i = 0; i < reps; ++i) one();
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / reps;
+    const double flops = 2.0 * params * prefill + 2.0 * cfg.num_hidden_layers *
+                                                      cfg.num_attention_heads * double(prefill) *
+                                                      prefill * cfg.head_dim;
+    std::printf(
+        "| prefill %lld tokens | %.2f ms = %.0f TFLOP/s | transformers 120 ms (anchor) | |\n",
+        static_cast<long long>(prefill), ms, flops / (ms * 1e-3) / 1e12);
+    runner->set_profiling(true);
+    one();
+    one();
+    runner->set_profiling(false);
+    profiles["prefill " + std::to_string(prefill)] = runner->profile();
+  }
+  for (const auto& [name, p] : profiles)
+    print_profile(name.c_str(), p, name[0] == 'd' ? 8 : 2);  // decode: 3 warm-ups + 5
+  runner.reset();
+  attention_diag(cfg, context, quick);
+  return 0;
+}

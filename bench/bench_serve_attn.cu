@@ -1,0 +1,414 @@
+// bench_serve_attn: attention as a serving step runs it (issue 15). Every row is one step's batch
+// (prefill chunks over their cached context, single-token decodes, or both at once), with K/V
+// contiguous (varlen) or in a paged cache (pages in shuffled order, as a block manager hands them
+// out), run the way the engine runs it: plan_attention once from the host-side lengths, then
+// run_attention per layer, --calls calls captured back to back in one CUDA graph. 32 query heads
+// over 8 KV heads, head dim 128, bf16, causal (bottom-right), automatic split-KV.
+//
+// Decodes report TB/s of K and V read (against the device-to-device copy bandwidth measured in the
+// same run), prefills TFLOP/s with 4 * h_q * d FLOPs per visible (query, key) pair (the exact
+// count under the causal mask). A mixed row is set beside the sum of its parts (the same rows
+// launched alone). The column "fwd" times attention_forward (no host lengths: the plan only knows
+// max_seqlen_q/k) in the same graph form. Each figure is the median over --reps graph launches.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "flashserve/attention.h"
+
+namespace {
+
+#define CUDA_OK(expr)                                                    \
+  do {                                                                   \
+    cudaError_t err_ = (expr);                                           \
+    if (err_ != cudaSuccess) {                                           \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, \
+                   cudaGetErrorString(err_));                            \
+      std::exit(1);                                                      \
+    }                                                                    \
+  } while (0)
+
+constexpr int kHq = 32, kHkv = 8, kD = 128;
+constexpr int64_t kPoolTokens = 64 * 4096 + 4096;  // the largest step's keys, and some spare
+
+// Uniform values in [-1, 1) from a counter hash, as bf16 bits.
+__global__ void fill_random(uint16_t* x, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed ^ static_cast<uint32_t>(i >> 32);
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    uint32_t u = __float_as_uint((h >> 8) * (2.0f / 16777216.0f) - 1.0f);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    x[i] = static_cast<uint16_t>(u >> 16);
+  }
+}
+
+// dst = src, 16 bytes per thread and step: the copy bandwidth SM loads and stores reach.
+__global__ void copy_kernel(uint4* dst, const uint4* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    dst[i] = src[i];
+}
+
+// One sequence of a step: new queries over cached keys (kv_len = cached + q_len).
+struct Seq {
+  int q_len, cached;
+  int kv_len() const { return cached + q_len; }
+};
+
+struct Row {
+  std::string name;
+  std::vector<Seq> seqs;
+  std::vector<std::string> parts;  // rows whose sum this one is set beside
+};
+
+std::vector<Seq> repeat(int n, Seq s) {
+  return std::vector<Seq>(n, s);
+}
+
+std::vector<Row> rows() {
+  std::vector<Row> r;
+  r.push_back({"64 decodes x 2k", repeat(64, {1, 2047}), {}});
+  r.push_back({"64 decodes x 4k", repeat(64, {1, 4095}), {}});
+  r.push_back({"8 decodes x 32k", repeat(8, {1, 32767}), {}});
+  // "A chunk over 4k": 4096 keys in all, the chunk's own 512 included (the issue's FLOP count).
+  r.push_back({"chunk 512 over 4k", {{512, 3584}}, {}});
+  r.push_back(
+      {"4 chunks 512 over 1k/2k/4k/8k", {{512, 512}, {512, 1536}, {512, 3584}, {512, 7680}}, {}});
+  Row mixed{"chunk 512 over 4k + 64 decodes x 2k",
+            {{512, 3584}},
+            {"chunk 512 over 4k", "64 decodes x 2k"}};
+  for (const Seq& s : repeat(64, {1, 2047})) mixed.seqs.push_back(s);
+  r.push_back(mixed);
+  r.push_back({"2 fresh prefills of 2048", repeat(2, {2048, 0}), {}});
+  return r;
+}
+
+bool all_decode(const Row& r) {
+  return std::all_of(r.seqs.begin(), r.seqs.end(), [](const Seq& s) { return s.q_len == 1; });
+}
+
+double kv_bytes(const Row& r) {
+  double keys = 0;
+  for (const Seq& s : r.seqs) keys += s.kv_len();
+  return 2.0 * keys * kHkv * kD * 2;  // K and V, bf16
+}
+
+double flops(const Row& r) {  // visible (query, key) pairs under the bottom-right causal mask
+  double pairs = 0;
+  for (const Seq& s : r.seqs)
+    pairs += double(s.q_len) * s.cached + double(s.q_len) * (s.q_len + 1) / 2;
+  return 4.0 * kHq * kD * pairs;
+}
+
+struct Buffers {
+  uint16_t *q, *out, *k, *v;
+  int32_t *cu_q, *cu_k, *used, *table;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// The device views and host lengths of one row in one layout (page 0: contiguous varlen K/V).
+struct Step {
+  flashserve::AttentionParams params;
+  std::vector<int32_t> cu_q, kv_lens;
+};
+
+flashserve::TensorView dview(void* p, flashserve::DType dt, std::initializer_list<int64_t> s) {
+  return flashserve::make_view(p, dt, s, {flashserve::DeviceType::kCUDA, 0});
+}
+
+// Pages are handed out shuffled over the whole pool (a long-running server's free list), or, with
+// `in_order`, each sequence's pages one after another (a fresh pool).
+Step make_step(const Row& row, int page, Buffers& b, std::mt19937& rng, bool in_order = false,
+               int num_splits = 0) {
+  using flashserve::DType;
+  Step st;
+  const int n = static_cast<int>(row.seqs.size());
+  std::vector<int32_t> cu_k{0}, table;
+  st.cu_q.push_back(0);
+  int max_q = 0, max_kv = 0, pages_per_seq = 0;
+  for (const Seq& s : row.seqs) {
+    st.cu_q.push_back(st.cu_q.back() + s.q_len);
+    cu_k.push_back(cu_k.back() + s.kv_len());
+    st.kv_lens.push_back(s.kv_len());
+    max_q = std::max(max_q, s.q_len);
+    max_kv = std::max(max_kv, s.kv_len());
+  }
+  flashserve::AttentionParams& p = st.params;
+  const int64_t total_q = st.cu_q.back();
+  p.q = dview(b.q, DType::kBFloat16, {total_q, kHq, kD});
+  p.out = dview(b.out, DType::kBFloat16, {total_q, kHq, kD});
+  p.cu_seqlens_q = dview(b.cu_q, DType::kInt32, {n + 1});
+  CUDA_OK(cudaMemcpy(b.cu_q, st.cu_q.data(), 4 * (n + 1), cudaMemcpyHostToDevice));
+  p.max_seqlen_q = max_q;
+  p.max_seqlen_k = max_kv;
+  p.causal = true;
+  p.num_splits = num_splits;
+  if (page == 0) {
+    p.k = dview(b.k, DType::kBFloat16, {cu_k.back(), kHkv, kD});
+    p.v = dview(b.v, DType::kBFloat16, {cu_k.back(), kHkv, kD});
+    p.cu_seqlens_k = dview(b.cu_k, DType::kInt32, {n + 1});
+    CUDA_OK(cudaMemcpy(b.cu_k, cu_k.data(), 4 * (n + 1), cudaMemcpyHostToDevice));
+  } else {
+    const int64_t num_pages = kPoolTokens / page;
+    std::vector<int32_t> free_pages(num_pages);
+    std::iota(free_pages.begin(), free_pages.end(), 0);
+    if (!in_order) std::shuffle(free_pages.begin(), free_pages.end(), rng);
+    pages_per_seq = (max_kv + page - 1) / page;
+    table.assign(size_t(n) * pages_per_seq, 0);
+    size_t next = 0;
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < (row.seqs[i].kv_len() + page - 1) / page; ++j)
+        table[size_t(i) * pages_per_seq + j] = free_pages.at(next++);
+    p.k = dview(b.k, DType::kBFloat16, {num_pages, page, kHkv, kD});
+    p.v = dview(b.v, DType::kBFloat16, {num_pages, page, kHkv, kD});
+    p.block_table = dview(b.table, DType::kInt32, {n, pages_per_seq});
+    CUDA_OK(cudaMemcpy(b.table, table.data(), 4 * table.size(), cudaMemcpyHostToDevice));
+    p.seqused_k = dview(b.used, DType::kInt32, {n});
+    CUDA_OK(cudaMemcpy(b.used, st.kv_lens.data(), 4 * n, cudaMemcpyHostToDevice));
+  }
+  return st;
+}
+
+// Median microseconds per call of `calls` calls of fn captured in one graph.
+template <class Fn>
+double graph_us(Fn&& fn, int calls, int reps) {
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  fn(stream);  // outside the capture: first-call attributes, errors
+  CUDA_OK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < calls; ++i) fn(stream);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 3; ++i) CUDA_OK(cudaGraphLaunch(exec, stream));
+  cudaEvent_t start, stop;
+  CUDA_OK(cudaEventCreate(&start));
+  CUDA_OK(cudaEventCreate(&stop));
+  std::vector<float> ms(reps);
+  for (int r = 0; r < reps; ++r) {
+    CUDA_OK(cudaEventRecord(start, stream));
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaEventRecord(stop, stream));
+    CUDA_OK(cudaEventSynchronize(stop));
+    CUDA_OK(cudaEventElapsedTime(&ms[r], start, stop));
+  }
+  std::nth_element(ms.begin(), ms.begin() + reps / 2, ms.end());
+  CUDA_OK(cudaEventDestroy(start));
+  CUDA_OK(cudaEventDestroy(stop));
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(stream));
+  return 1000.0 * ms[reps / 2] / calls;
+}
+
+void ensure_workspace(Buffers& b, size_t bytes) {
+  if (bytes <= b.workspace_bytes) return;
+  CUDA_OK(cudaFree(b.workspace));
+  CUDA_OK(cudaMalloc(&b.workspace, bytes));
+  b.workspace_bytes = bytes;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int calls = 20, reps = 15;
+  std::string out_path;
+  std::vector<int> decode_splits;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--calls" && i + 1 < argc)
+      calls = std::atoi(argv[++i]);
+    else if (a == "--reps" && i + 1 < argc)
+      reps = std::atoi(argv[++i]);
+    else if (a == "--md" && i + 1 < argc)
+      out_path = argv[++i];
+    else if (a == "--decode-splits" && i + 1 < argc) {
+      for (const char* c = argv[++i]; *c;) {
+        decode_splits.push_back(std::atoi(c));
+        while (*c && *c != ',') ++c;
+        if (*c == ',') ++c;
+      }
+    } else {
+      std::fprintf(stderr,
+                   "usage: bench_serve_attn [--calls 20] [--reps 15] [--md FILE] "
+                   "[--decode-splits 2,4,8]\n");
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  int dev_count = 0;
+  if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
+    std::printf("bench_serve_attn: skipped: no CUDA device\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+
+  Buffers b;
+  const int64_t kv_elems = kPoolTokens * kHkv * kD, q_elems = int64_t{4096} * kHq * kD;
+  CUDA_OK(cudaMalloc(&b.q, 2 * q_elems));
+  CUDA_OK(cudaMalloc(&b.out, 2 * q_elems));
+  CUDA_OK(cudaMalloc(&b.k, 2 * kv_elems));
+  CUDA_OK(cudaMalloc(&b.v, 2 * kv_elems));
+  CUDA_OK(cudaMalloc(&b.cu_q, 4 * 1024));
+  CUDA_OK(cudaMalloc(&b.cu_k, 4 * 1024));
+  CUDA_OK(cudaMalloc(&b.used, 4 * 1024));
+  CUDA_OK(cudaMalloc(&b.table, 4 * (kPoolTokens + 1024)));
+  fill_random<<<1024, 256>>>(b.q, q_elems, 1u);
+  fill_random<<<1024, 256>>>(b.k, kv_elems, 2u);
+  fill_random<<<1024, 256>>>(b.v, kv_elems, 3u);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+
+  // Copy bandwidth in the same run: read + write bytes per second of one K-pool-sized copy by a
+  // kernel (a graph's memcpy node runs on a copy engine, well below what SMs reach).
+  const double copy_us = graph_us(
+      [&](cudaStream_t s) {
+        copy_kernel<<<prop.multiProcessorCount * 8, 512, 0, s>>>(
+            reinterpret_cast<uint4*>(b.v), reinterpret_cast<const uint4*>(b.k), 2 * kv_elems / 16);
+      },
+      5, reps);
+  const double copy_tbs = 2.0 * 2 * kv_elems / (copy_us * 1e-6) / 1e12;
+  fill_random<<<1024, 256>>>(b.v, kv_elems, 3u);
+  CUDA_OK(cudaDeviceSynchronize());
+
+  std::string md;
+  char line[1024];
+  auto emit = [&](const char* s) {
+    std::printf("%s", s);
+    md += s;
+  };
+  std::snprintf(line, sizeof line,
+                "bench_serve_attn on %s (%d SMs): bf16, %d/%d heads, d%d, causal, automatic "
+                "splits; plan once, %d run_attention calls per CUDA graph, median of %d; device "
+                "copy %.2f TB/s (read + write)\n\n",
+                prop.name, prop.multiProcessorCount, kHq, kHkv, kD, calls, reps, copy_tbs);
+  emit(line);
+  emit(
+      "| batch | contiguous (varlen) | paged 16 | paged 256 | paged 16 / contiguous | "
+      "paged 16, pages in order | paged 16, attention_forward | plan (paged 16) |\n"
+      "|---|---|---|---|---|---|---|---|\n");
+
+  // Layouts: page 0 is contiguous varlen K/V; a negative page size is that page size with the
+  // pages in order.
+  const int layouts[] = {0, 16, 256, -16};
+  auto time_step = [&](Step& st) {
+    flashserve::AttentionLengths lens{st.cu_q.data(), st.kv_lens.data()};
+    const flashserve::AttentionPlan plan = flashserve::plan_attention(st.params, lens);
+    ensure_workspace(b, plan.workspace_bytes());
+    st.params.workspace = b.workspace;
+    st.params.workspace_bytes = b.workspace_bytes;
+    const double t = graph_us(
+        [&](cudaStream_t s) {
+          st.params.stream = s;
+          flashserve::run_attention(plan, st.params);
+        },
+        calls, reps);
+    return std::pair{t, plan.summary()};
+  };
+  std::mt19937 rng(7);
+  std::map<std::string, std::map<int, double>> us;  // row -> layout -> us
+  for (const Row& row : rows()) {
+    const bool decode = all_decode(row);
+    auto figure = [&](double t) {
+      char f[64];
+      if (decode)
+        std::snprintf(f, sizeof f, "%.1f us (%.2f TB/s)", t, kv_bytes(row) / (t * 1e-6) / 1e12);
+      else
+        std::snprintf(f, sizeof f, "%.1f us (%.0f TFLOP/s)", t, flops(row) / (t * 1e-6) / 1e12);
+      return std::string(f);
+    };
+    std::map<int, std::string> cells;
+    std::string plan_summary;
+    double fwd_us = 0;
+    for (int layout : layouts) {
+      Step st = make_step(row, std::abs(layout), b, rng, layout < 0);
+      const auto [t, summary] = time_step(st);
+      us[row.name][layout] = t;
+      cells[layout] = figure(t);
+      if (layout == 16) {
+        plan_summary = summary;
+        // The public one-call form: attention_forward plans from max_seqlen_q/k alone.
+        flashserve::AttentionParams fp = st.params;
+        fp.workspace_bytes = flashserve::attention_workspace_size(fp);
+        ensure_workspace(b, fp.workspace_bytes);
+        fp.workspace = b.workspace;
+        fwd_us = graph_us(
+            [&](cudaStream_t s) {
+              fp.stream = s;
+              flashserve::attention_forward(fp);
+            },
+            calls, reps);
+      }
+    }
+    std::snprintf(line, sizeof line, "| %s | %s | %s | %s | %.2f | %s (%.2f) | %s | %s |\n",
+                  row.name.c_str(), cells[0].c_str(), cells[16].c_str(), cells[256].c_str(),
+                  us[row.name][16] / us[row.name][0], cells[-16].c_str(),
+                  us[row.name][-16] / us[row.name][0], figure(fwd_us).c_str(),
+                  plan_summary.c_str());
+    emit(line);
+    if (!row.parts.empty()) {
+      for (int layout : layouts) {
+        double sum = 0;
+        for (const std::string& part : row.parts) sum += us.at(part).at(layout);
+        std::snprintf(line, sizeof line,
+                      "|  ↳ sum of parts, %s | %.1f us | mixed / sum %.3f ||||||\n",
+                      layout == 0    ? "contiguous"
+                      : layout == 16 ? "paged 16"
+                      : layout < 0   ? "paged 16 in order"
+                                     : "paged 256",
+                      sum, us[row.name][layout] / sum);
+        emit(line);
+      }
+    }
+  }
+
+  // Decode rows with forced split counts, beside the automatic ones above.
+  if (!decode_splits.empty()) {
+    emit(
+        "\n| decode batch | splits | contiguous | paged 16 | paged 16, pages in order |\n"
+        "|---|---|---|---|---|\n");
+    for (const Row& row : rows()) {
+      if (!all_decode(row)) continue;
+      for (int splits : decode_splits) {
+        std::string cells[3];
+        int column = 0;
+        for (int layout : {0, 16, -16}) {
+          Step st = make_step(row, std::abs(layout), b, rng, layout < 0, splits);
+          const double t = time_step(st).first;
+          char f[64];
+          std::snprintf(f, sizeof f, "%.1f us (%.2f TB/s)", t, kv_bytes(row) / (t * 1e-6) / 1e12);
+          cells[column++] = f;
+        }
+        std::snprintf(line, sizeof line, "| %s | %d | %s | %s | %s |\n", row.name.c_str(), splits,
+                      cells[0].c_str(), cells[1].c_str(), cells[2].c_str());
+        emit(line);
+      }
+    }
+  }
+  if (!out_path.empty()) {
+    FILE* f = std::fopen(out_path.c_str(), "w");
+    if (f) {
+      std::fputs(md.c_str(), f);
+      std::fclose(f);
+    }
+  }
+  return 0;
+}

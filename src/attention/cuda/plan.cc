@@ -1,0 +1,162 @@
+#include "plan.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace flashserve::attention {
+
+int32_t clamp_window(int64_t side, int64_t bound) {
+  return side < 0 || side > bound ? -1 : int32_t(side);
+}
+
+size_t partial_bytes(int64_t splits, int64_t rows, int64_t h_q, int64_t head_dim) {
+  if (splits <= 1) return 0;
+  return static_cast<size_t>(splits) * rows * h_q * (head_dim + 1) * sizeof(float);
+}
+
+KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decode,
+                           int64_t sequences, int64_t max_q_len, int64_t max_kv_len,
+                           bool may_split) {
+  KernelChoice k;
+  k.family = KernelFamily::kSm80;  // the only family until sm90 lands (issue 13)
+  k.decode = decode;
+  const int64_t bound = pr.max_q_len + pr.max_kv_len;
+  k.masked = !decode &&
+             (clamp_window(pr.mask.left, bound) >= 0 || clamp_window(pr.mask.right, bound) >= 0);
+  k.paged = pr.paged;
+  // Splits follow the group's own shape: its sequences and their longest lengths.
+  Problem group = pr;
+  group.batch = std::max<int64_t>(sequences, 1);
+  group.max_q_len = max_q_len;
+  group.max_kv_len = max_kv_len;
+  if (group.num_splits == 0 && !may_split) group.num_splits = 1;
+  k.splits = choose_splits(group, dev, decode);
+  return k;
+}
+
+namespace {
+
+constexpr size_t kAlign = 256;  // each launch's partials start on their own 256-byte boundary
+
+size_t aligned(size_t bytes) {
+  return (bytes + kAlign - 1) / kAlign * kAlign;
+}
+
+}  // namespace
+
+Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& lens) {
+  Plan plan;
+  if (pr.batch == 0 || pr.max_q_len == 0 || ctx.q_rows == 0) return plan;
+  const int64_t bound = pr.max_q_len + pr.max_kv_len;
+  // Decode tiles need every query of the group to see the same keys: one query per sequence and
+  // no left window (the right side of a single bottom-right query masks nothing).
+  const bool decode_ok = clamp_window(pr.mask.left, bound) < 0;
+  const bool auto_split = pr.num_splits == 0 && ctx.workspace_available;
+
+  auto add = [&](bool decode, SeqGroup group, int64_t seq_begin, int64_t seq_end, int64_t sequences,
+                 int64_t max_q, int64_t max_kv, int64_t row_begin, int64_t rows, bool may_split) {
+    LaunchPlan l;
+    l.kernel = choose_kernel(pr, ctx.device, decode, sequences, max_q, max_kv, may_split);
+    l.group = group;
+    l.seq_begin = seq_begin;
+    l.seq_end = seq_end;
+    l.max_q_len = max_q;
+    l.max_kv_len = max_kv;
+    // Decode launches keep their partials by sequence (one query each), prefill launches by row.
+    l.row_begin = decode ? 0 : row_begin;
+    l.rows = decode ? seq_end - seq_begin : rows;
+    l.workspace_offset = plan.workspace_bytes;
+    plan.workspace_bytes += aligned(partial_bytes(l.kernel.splits, l.rows, pr.h_q, pr.head_dim));
+    plan.launches.push_back(l);
+  };
+
+  if (!lens.known()) {
+    // Only the longest lengths are known. One query at most everywhere: decode tiles. A varlen
+    // batch with longer queries may hold decodes too: a decode launch and a prefill launch over
+    // the whole batch, each skipping the other's sequences. The decode launch splits as if every
+    // sequence were a decode of the longest length (with none in the batch, its blocks and its
+    // combine find nothing to do: a few microseconds).
+    if (pr.max_q_len <= 1 && decode_ok) {
+      add(true, SeqGroup::kAll, 0, pr.batch, pr.batch, 1, pr.max_kv_len, 0, ctx.q_rows,
+          auto_split || pr.num_splits > 1);
+    } else if (pr.varlen_q && decode_ok && pr.batch > 1) {
+      add(true, SeqGroup::kDecodes, 0, pr.batch, pr.batch, 1, pr.max_kv_len, 0, ctx.q_rows,
+          auto_split || pr.num_splits > 1);
+      add(false, SeqGroup::kPrefills, 0, pr.batch, pr.batch, pr.max_q_len, pr.max_kv_len, 0,
+          ctx.q_rows, auto_split || pr.num_splits > 1);
+    } else {
+      add(false, SeqGroup::kAll, 0, pr.batch, pr.batch, pr.max_q_len, pr.max_kv_len, 0, ctx.q_rows,
+          auto_split || pr.num_splits > 1);
+    }
+    return plan;
+  }
+
+  // Lengths known: each group's range is from its first sequence to its last, and its longest
+  // lengths are its own. Sequences without queries belong to either group.
+  const bool may_split = auto_split || pr.num_splits > 1;
+  struct Group {
+    int64_t first = -1, last = -1, count = 0, max_q = 0, max_kv = 0;
+    void take(int64_t b, int64_t q, int64_t kv) {
+      if (first < 0) first = b;
+      last = b;
+      ++count;
+      max_q = std::max(max_q, q);
+      max_kv = std::max(max_kv, kv);
+    }
+  } decodes, prefills;
+  int64_t max_kv_all = 0;
+  for (int64_t b = 0; b < pr.batch; ++b) {
+    const int64_t q = lens.q_start[b + 1] - lens.q_start[b], kv = lens.kv_len[b];
+    max_kv_all = std::max(max_kv_all, kv);
+    if (q == 1 && decode_ok) decodes.take(b, q, kv);
+    if (q > 1 || (q == 1 && !decode_ok)) prefills.take(b, q, kv);
+  }
+  if (decodes.count == 0 && prefills.count == 0) return plan;  // no queries at all
+  const int64_t rows_all = lens.q_start[pr.batch] - lens.q_start[0];
+  if (prefills.count == 0) {
+    add(true, SeqGroup::kAll, 0, pr.batch, decodes.count, 1, max_kv_all, lens.q_start[0], rows_all,
+        may_split);
+    return plan;
+  }
+  if (decodes.count == 0) {
+    add(false, SeqGroup::kAll, 0, pr.batch, prefills.count, prefills.max_q, max_kv_all,
+        lens.q_start[0], rows_all, may_split);
+    return plan;
+  }
+  // A mixed batch: a group's range holds the other kind only where the batch interleaves them;
+  // then its launch skips those sequences (and its combine, their rows).
+  auto mixed_in = [&](const Group& g, bool want_decode) {
+    for (int64_t b = g.first; b <= g.last; ++b) {
+      const int64_t q = lens.q_start[b + 1] - lens.q_start[b];
+      if (q > 0 && (q == 1) != want_decode) return true;
+    }
+    return false;
+  };
+  for (bool decode : {true, false}) {
+    const Group& g = decode ? decodes : prefills;
+    const SeqGroup only =
+        mixed_in(g, decode) ? (decode ? SeqGroup::kDecodes : SeqGroup::kPrefills) : SeqGroup::kAll;
+    add(decode, only, g.first, g.last + 1, g.count, g.max_q, g.max_kv, lens.q_start[g.first],
+        lens.q_start[g.last + 1] - lens.q_start[g.first], may_split);
+  }
+  return plan;
+}
+
+std::string Plan::summary() const {
+  std::ostringstream os;
+  if (launches.empty()) os << "nothing to compute";
+  for (size_t i = 0; i < launches.size(); ++i) {
+    const LaunchPlan& l = launches[i];
+    if (i) os << "; ";
+    os << (l.kernel.decode ? "decode" : "prefill") << (l.kernel.masked ? " masked" : "")
+       << (l.kernel.paged ? " paged" : "") << " seqs [" << l.seq_begin << "," << l.seq_end << ")"
+       << (l.group == SeqGroup::kAll       ? ""
+           : l.group == SeqGroup::kDecodes ? " decodes only"
+                                           : " prefills only")
+       << " max_q " << l.max_q_len << " max_kv " << l.max_kv_len << " splits " << l.kernel.splits;
+  }
+  os << "; workspace " << workspace_bytes << " B";
+  return os.str();
+}
+
+}  // namespace flashserve::attention

@@ -1,0 +1,93 @@
+// The CUDA path's plan of a call (DESIGN.md, attention/cuda): which kernel runs which sequences
+// with how many splits, and how much workspace that takes, decided on the host once per step from
+// the lengths the scheduler already has; run (cuda_dispatch.cu) then launches it per layer without
+// reading lengths back, so that it can be captured in a CUDA graph. Plain C++: CI tests the
+// grouping and splitting without a GPU.
+//
+// A serving step is a mixed batch: prefill chunks (many queries per sequence) and decodes (one).
+// One kernel for all of them fits neither: 128-row prefill tiles compute 128 rows for each decode
+// row, and the decodes lose the packed GQA tiles and the splits they get alone (3.3x the time of
+// the two parts launched separately, issue 15). So the plan groups the sequences by kind, one
+// launch per group: the decodes in packed GQA decode tiles, the chunks in prefill tiles, each
+// group split by its own shape.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attention/problem.h"
+#include "attention/split_policy.h"
+
+namespace flashserve::attention {
+
+// Which sequences of its range a launch computes (the kernels' SeqKind, sm80/fwd_params.h).
+enum class SeqGroup : int32_t { kAll = 0, kDecodes = 1, kPrefills = 2 };
+
+// The kernel of one launch, as the sm80 launcher instantiates it. `family` is the seam for the
+// sm90 kernels (issue 13): one value today.
+enum class KernelFamily { kSm80 };
+
+struct KernelChoice {
+  KernelFamily family = KernelFamily::kSm80;
+  bool decode = false;  // the packed GQA decode tiles (sm80/tile_config.h decode_tiles)
+  bool masked = false;  // causal or a window: the masked instantiation
+  bool paged = false;
+  int splits = 1;  // split-KV ways (> 1: partials in the workspace, then the combine)
+};
+
+// One launch: the kernel, its sequences [seq_begin, seq_end) (of which it takes `group`), the
+// longest of their lengths (the grid and the masked grid's order), and where its split-KV
+// partials live: `rows` rows at workspace_offset, which are rows [row_begin, row_begin + rows) of
+// q for a prefill launch, and one per sequence of the range for a decode launch.
+struct LaunchPlan {
+  KernelChoice kernel;
+  SeqGroup group = SeqGroup::kAll;
+  int64_t seq_begin = 0, seq_end = 0;
+  int64_t max_q_len = 0, max_kv_len = 0;
+  int64_t row_begin = 0, rows = 0;
+  size_t workspace_offset = 0;
+};
+
+struct Plan {
+  std::vector<LaunchPlan> launches;  // none when there is nothing to compute
+  size_t workspace_bytes = 0;
+  std::string summary() const;  // one line per launch, for logs and benchmarks
+};
+
+// The lengths of a step as the host knows them. Empty vectors: unknown (attention_forward has only
+// device tensors and max_seqlen_q/k): then each group's range is the whole batch and the kernels
+// skip the sequences of the other kind.
+struct HostLengths {
+  std::vector<int64_t> q_start;  // [batch + 1] row of q where each sequence starts (cu_seqlens_q)
+  std::vector<int64_t> kv_len;   // [batch] keys of each sequence
+  bool known() const { return !q_start.empty(); }
+};
+
+// What the plan needs of the device and of the call beside the problem.
+struct PlanContext {
+  SplitDevice device;
+  int64_t q_rows = 0;  // rows of q (dense batch * seqlen_q, varlen total_q)
+  // Automatic splitting (num_splits 0) only where a workspace will be there: plan_attention's
+  // caller allocates workspace_bytes; attention_forward without a workspace does not split.
+  bool workspace_available = true;
+};
+
+// A window side wider than any sequence is the same as unbounded; clamping keeps the kernels'
+// row + offset + window arithmetic inside int32.
+int32_t clamp_window(int64_t side, int64_t bound);
+
+// The kernel for a group of sequences with these longest lengths (readable on purpose: every
+// rule of the choice is here).
+KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decode,
+                           int64_t sequences, int64_t max_q_len, int64_t max_kv_len,
+                           bool may_split);
+
+// The plan of one call. `lens` may be unknown (see HostLengths).
+Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& lens);
+
+// Bytes of fp32 partial O and LSE that `splits` ways over `rows` rows of q take.
+size_t partial_bytes(int64_t splits, int64_t rows, int64_t h_q, int64_t head_dim);
+
+}  // namespace flashserve::attention

@@ -1,0 +1,248 @@
+#include "model/config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "flashserve/error.h"
+
+namespace flashserve::model {
+
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void bad(const std::string& source, const std::string& field, const std::string& what,
+                      ErrorKind kind = ErrorKind::kInvalidArgument) {
+  throw Error(kind, source + ": " + field, what);
+}
+
+// A field that may be absent or null (Hugging Face writes null for "not set").
+bool present(const json& j, const char* key) {
+  return j.contains(key) && !j.at(key).is_null();
+}
+
+int64_t get_int(const json& j, const char* key, const std::string& source, bool required,
+                int64_t fallback) {
+  if (!present(j, key)) {
+    if (required) bad(source, key, "missing");
+    return fallback;
+  }
+  const json& v = j.at(key);
+  if (!v.is_number_integer()) bad(source, key, "must be an integer, not " + v.dump());
+  return v.get<int64_t>();
+}
+
+double get_double(const json& j, const char* key, const std::string& source, double fallback) {
+  if (!present(j, key)) return fallback;
+  const json& v = j.at(key);
+  if (!v.is_number()) bad(source, key, "must be a number, not " + v.dump());
+  return v.get<double>();
+}
+
+bool get_bool(const json& j, const char* key, const std::string& source, bool fallback) {
+  if (!present(j, key)) return fallback;
+  const json& v = j.at(key);
+  if (!v.is_boolean()) bad(source, key, "must be true or false, not " + v.dump());
+  return v.get<bool>();
+}
+
+// bos/eos may be one id or a list (Llama 3 instruct lists several end tokens): we keep the first.
+int32_t get_token(const json& j, const char* key, const std::string& source) {
+  if (!present(j, key)) return -1;
+  const json& v = j.at(key);
+  const json& first = v.is_array() && !v.empty() ? v.at(0) : v;
+  if (!first.is_number_integer()) bad(source, key, "must be a token id, not " + v.dump());
+  return static_cast<int32_t>(first.get<int64_t>());
+}
+
+RopeScaling parse_rope_scaling(const json& j, const std::string& source) {
+  RopeScaling r;
+  if (!present(j, "rope_scaling")) return r;
+  const json& s = j.at("rope_scaling");
+  if (!s.is_object()) bad(source, "rope_scaling", "must be an object or null");
+  std::string type = s.value("rope_type", s.value("type", std::string("default")));
+  if (type == "default") return r;
+  if (type != "llama3")
+    bad(source, "rope_scaling", "rope_type '" + type + "' is not supported (only llama3)",
+        ErrorKind::kUnsupported);
+  r.type = type;
+  r.factor = get_double(s, "factor", source, 0.0);
+  r.low_freq_factor = get_double(s, "low_freq_factor", source, 0.0);
+  r.high_freq_factor = get_double(s, "high_freq_factor", source, 0.0);
+  r.original_max_position_embeddings =
+      get_int(s, "original_max_position_embeddings", source, true, 0);
+  return r;
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json(const std::string& text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw Error(ErrorKind::kInvalidArgument, source, std::string("not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw Error(ErrorKind::kInvalidArgument, source, "not a JSON object");
+  ModelConfig c;
+  if (present(j, "architectures")) {
+    const json& a = j.at("architectures");
+    if (!a.is_array() || a.empty() || !a.at(0).is_string())
+      bad(source, "architectures", "must be a list of names, not " + a.dump());
+    c.architecture = a.at(0).get<std::string>();
+  } else {
+    bad(source, "architectures", "missing");
+  }
+  c.hidden_size = get_int(j, "hidden_size", source, true, 0);
+  c.intermediate_size = get_int(j, "intermediate_size", source, true, 0);
+  c.num_hidden_layers = get_int(j, "num_hidden_layers", source, true, 0);
+  c.num_attention_heads = get_int(j, "num_attention_heads", source, true, 0);
+  c.num_key_value_heads = get_int(j, "num_key_value_heads", source, false, c.num_attention_heads);
+  c.head_dim = get_int(j, "head_dim", source, false,
+                       c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0);
+  c.vocab_size = get_int(j, "vocab_size", source, true, 0);
+  c.max_position_embeddings = get_int(j, "max_position_embeddings", source, false, 2048);
+  c.rms_norm_eps = get_double(j, "rms_norm_eps", source, 1e-6);
+  c.rope_theta = get_double(j, "rope_theta", source, 10000.0);
+  c.rope_scaling = parse_rope_scaling(j, source);
+  c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", source, false);
+  // Qwen2's q/k/v projections always carry biases (its config has no field for it); Llama's
+  // attention_bias also puts one on o_proj, which we do not implement.
+  const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
+  c.attention_bias = qwen2 || get_bool(j, "attention_bias", source, false);
+  if (!qwen2 && c.attention_bias)
+    bad(source, "attention_bias", "true is not supported for " + c.architecture,
+        ErrorKind::kUnsupported);
+  if (qwen2) {
+    if (get_bool(j, "use_sliding_window", source, false))
+      bad(source, "use_sliding_window", "true is not supported", ErrorKind::kUnsupported);
+  } else {
+    c.sliding_window = get_int(j, "sliding_window", source, false, 0);
+  }
+  if (present(j, "hidden_act") && j.at("hidden_act") != "silu")
+    bad(source, "hidden_act", j.at("hidden_act").dump() + " is not supported (silu)",
+        ErrorKind::kUnsupported);
+  if (get_bool(j, "mlp_bias", source, false))
+    bad(source, "mlp_bias", "true is not supported", ErrorKind::kUnsupported);
+  c.bos_token_id = get_token(j, "bos_token_id", source);
+  c.eos_token_id = get_token(j, "eos_token_id", source);
+  // transformers >= 4.56 writes "dtype"; earlier versions "torch_dtype".
+  if (present(j, "torch_dtype") && j.at("torch_dtype").is_string())
+    c.torch_dtype = j.at("torch_dtype").get<std::string>();
+  else if (present(j, "dtype") && j.at("dtype").is_string())
+    c.torch_dtype = j.at("dtype").get<std::string>();
+  c.validate(source);
+  return c;
+}
+
+ModelConfig ModelConfig::load(const std::string& dir_or_file) {
+  namespace fsys = std::filesystem;
+  const std::string path = fsys::is_directory(dir_or_file)
+                               ? (fsys::path(dir_or_file) / "config.json").string()
+                               : dir_or_file;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(ErrorKind::kInvalidArgument, path, "cannot be opened");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return from_json(ss.str(), path);
+}
+
+void ModelConfig::validate(const std::string& source) const {
+  if (architecture != "LlamaForCausalLM" && architecture != "MistralForCausalLM" &&
+      architecture != "Qwen2ForCausalLM")
+    bad(source, "architectures",
+        "'" + architecture +
+            "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)",
+        ErrorKind::kUnsupported);
+  auto positive = [&](int64_t v, const char* field) {
+    if (v < 1) bad(source, field, std::to_string(v) + " must be positive");
+  };
+  positive(hidden_size, "hidden_size");
+  positive(intermediate_size, "intermediate_size");
+  positive(num_hidden_layers, "num_hidden_layers");
+  positive(num_attention_heads, "num_attention_heads");
+  positive(num_key_value_heads, "num_key_value_heads");
+  positive(head_dim, "head_dim");
+  positive(vocab_size, "vocab_size");
+  positive(max_position_embeddings, "max_position_embeddings");
+  if (num_attention_heads % num_key_value_heads)
+    bad(source, "num_key_value_heads",
+        std::to_string(num_key_value_heads) + " does not divide num_attention_heads " +
+            std::to_string(num_attention_heads));
+  if (head_dim % 2) bad(source, "head_dim", std::to_string(head_dim) + " must be even (RoPE)");
+  if (vocab_size > (int64_t{1} << 31) - 1) bad(source, "vocab_size", "must fit in int32");
+  if (!(rms_norm_eps > 0)) bad(source, "rms_norm_eps", "must be positive");
+  if (!(rope_theta > 0)) bad(source, "rope_theta", "must be positive");
+  if (sliding_window < 0) bad(source, "sliding_window", "must be positive or null");
+  if (rope_scaling.type == "llama3") {
+    if (!(rope_scaling.factor >= 1)) bad(source, "rope_scaling.factor", "must be >= 1");
+    if (!(rope_scaling.low_freq_factor > 0) ||
+        !(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor))
+      bad(source, "rope_scaling",
+          "needs 0 < low_freq_factor < high_freq_factor (they bound the smoothed band)");
+    if (rope_scaling.original_max_position_embeddings < 1)
+      bad(source, "rope_scaling.original_max_position_embeddings", "must be positive");
+  }
+}
+
+std::string ModelConfig::to_json() const {
+  json j;
+  j["architectures"] = {architecture};
+  j["model_type"] = architecture == "Qwen2ForCausalLM"     ? "qwen2"
+                    : architecture == "MistralForCausalLM" ? "mistral"
+                                                           : "llama";
+  j["hidden_size"] = hidden_size;
+  j["intermediate_size"] = intermediate_size;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_key_value_heads"] = num_key_value_heads;
+  j["head_dim"] = head_dim;
+  j["vocab_size"] = vocab_size;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["rope_theta"] = rope_theta;
+  if (rope_scaling.type == "llama3") {
+    j["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", rope_scaling.factor},
+        {"low_freq_factor", rope_scaling.low_freq_factor},
+        {"high_freq_factor", rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  j["hidden_act"] = "silu";
+  if (architecture == "Qwen2ForCausalLM") {
+    j["use_sliding_window"] = false;
+  } else {
+    j["attention_bias"] = false;
+    j["mlp_bias"] = false;
+    if (sliding_window > 0)
+      j["sliding_window"] = sliding_window;
+    else
+      j["sliding_window"] = nullptr;
+  }
+  if (bos_token_id >= 0) j["bos_token_id"] = bos_token_id;
+  if (eos_token_id >= 0) j["eos_token_id"] = eos_token_id;
+  j["torch_dtype"] = torch_dtype;
+  return j.dump(2) + "\n";
+}
+
+ModelShape ModelConfig::shape(const std::string& name) const {
+  ModelShape m;
+  m.name = name;
+  m.layers = num_hidden_layers;
+  m.hidden = hidden_size;
+  m.heads = num_attention_heads;
+  m.kv_heads = num_key_value_heads;
+  m.head_dim = head_dim;
+  m.ffn = intermediate_size;
+  m.vocab = vocab_size;
+  m.max_context = max_position_embeddings;
+  return m;
+}
+
+}  // namespace flashserve::model

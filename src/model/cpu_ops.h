@@ -1,0 +1,25 @@
+// The CPU runner's building blocks, float32 row-major: the GEMM (a BLAS call, never a loop of
+// ours), RMSNorm and SiLU-and-multiply, each threaded over rows on the global thread pool.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace flashserve::model::cpu {
+
+// y[m, n] = beta * y + x[m, k] W[n, k]^T  (W in Hugging Face's [out, in] layout).
+void linear(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
+            float beta = 0.0f);
+
+// out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, for `rows` rows of `width` (in place allowed).
+void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t width,
+              double eps);
+
+// out[r, i] = silu(gu[r, i]) * gu[r, width + i]: the gate and up halves of one fused GEMM's rows.
+void silu_mul(const float* gu, float* out, int64_t rows, int64_t width);
+
+// Runs fn(begin, end) over [0, rows) in chunks on the global pool (inline when small).
+void for_rows(int64_t rows, int64_t cost_per_row,
+              const std::function<void(int64_t begin, int64_t end)>& fn);
+
+}  // namespace flashserve::model::cpu

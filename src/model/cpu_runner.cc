@@ -1,0 +1,226 @@
+// The CPU runner: the decoder in float32 with the GEMMs in OpenBLAS and attention through
+// flashserve's CPU path (varlen queries over the paged pool, bottom-right causal), so that CI and
+// machines without a GPU run the same model, batch for batch, as the GPU does.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "common/thread_pool.h"
+#include "flashserve/attention.h"
+#include "flashserve/error.h"
+#include "model/checkpoint.h"
+#include "model/cpu_ops.h"
+#include "model/rope.h"
+#include "model/runner.h"
+#include "model/weights.h"
+
+namespace flashserve::model {
+
+namespace {
+
+// One decoder layer, with q/k/v fused into one [q + 2 kv, hidden] matrix and gate/up into one
+// [2 ffn, hidden] matrix so that each is one GEMM.
+struct CpuLayer {
+  std::vector<float> input_norm, qkv, qkv_bias, o, post_norm, gate_up, down;
+};
+
+TensorView view(const void* data, DType dtype, std::initializer_list<int64_t> shape) {
+  return make_view(const_cast<void*>(data), dtype, shape);
+}
+
+class CpuRunner final : public ModelRunner {
+ public:
+  explicit CpuRunner(const std::string& dir) {
+    const Checkpoint ckpt = Checkpoint::open(dir);
+    check_weights(ckpt);
+    config_ = ckpt.config();
+    const ModelConfig& c = config_;
+    const int64_t h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), f = c.intermediate_size;
+    auto load = [&](const std::string& name, std::vector<float>& dst, size_t at = 0) {
+      const TensorInfo t = ckpt.tensor(name);
+      if (dst.size() < at + static_cast<size_t>(t.numel())) dst.resize(at + t.numel());
+      copy_as_float(t, dst.data() + at);
+    };
+    load("model.embed_tokens.weight", embed_);
+    layers_.resize(static_cast<size_t>(c.num_hidden_layers));
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      CpuLayer& L = layers_[l];
+      auto name = [&](const char* suffix) { return layer_weight(l, suffix); };
+      load(name("input_layernorm.weight"), L.input_norm);
+      L.qkv.resize(static_cast<size_t>((q + 2 * kv) * h));
+      load(name("self_attn.q_proj.weight"), L.qkv, 0);
+      load(name("self_attn.k_proj.weight"), L.qkv, q * h);
+      load(name("self_attn.v_proj.weight"), L.qkv, (q + kv) * h);
+      if (c.attention_bias) {
+        L.qkv_bias.resize(static_cast<size_t>(q + 2 * kv));
+        load(name("self_attn.q_proj.bias"), L.qkv_bias, 0);
+        load(name("self_attn.k_proj.bias"), L.qkv_bias, q);
+        load(name("self_attn.v_proj.bias"), L.qkv_bias, q + kv);
+      }
+      load(name("self_attn.o_proj.weight"), L.o);
+      load(name("post_attention_layernorm.weight"), L.post_norm);
+      L.gate_up.resize(static_cast<size_t>(2 * f * h));
+      load(name("mlp.gate_proj.weight"), L.gate_up, 0);
+      load(name("mlp.up_proj.weight"), L.gate_up, f * h);
+      load(name("mlp.down_proj.weight"), L.down);
+    }
+    load("model.norm.weight", final_norm_);
+    if (!c.tie_word_embeddings) load("lm_head.weight", lm_head_);
+    inv_freq_ = rope_inv_freq(c);
+  }
+
+  const ModelConfig& config() const override { return config_; }
+
+  void allocate_kv(int64_t num_blocks, int32_t block_size) override {
+    if (num_blocks < 1 || block_size < 1)
+      throw Error(ErrorKind::kInvalidArgument, "allocate_kv",
+                  "num_blocks and block_size must be positive");
+    num_blocks_ = num_blocks;
+    block_size_ = block_size;
+    const size_t per_pool = static_cast<size_t>(num_blocks * block_size *
+                                                config_.num_key_value_heads * config_.head_dim);
+    kv_.assign(static_cast<size_t>(config_.num_hidden_layers) * 2, {});
+    for (auto& pool : kv_) pool.assign(per_pool, 0.0f);
+  }
+
+  void forward(const ForwardBatch& b) override;
+
+  std::vector<float> logits() const override { return logits_; }
+
+  std::vector<int32_t> sample(const ForwardBatch& b,
+                              const std::vector<SamplingParams>& params) override {
+    const int64_t rows = static_cast<int64_t>(b.sample_rows.size());
+    if (static_cast<int64_t>(params.size()) != rows)
+      throw Error(
+          ErrorKind::kInvalidArgument, "params",
+          std::to_string(params.size()) + " given for " + std::to_string(rows) + " sample rows");
+    if (rows != logits_rows_)
+      throw Error(ErrorKind::kInvalidArgument, "batch", "is not the batch of the last forward");
+    std::vector<int32_t> out(static_cast<size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i) {
+      params[i].validate();
+      const float u = sample_uniform(params[i].seed, b.positions[b.sample_rows[i]] + 1);
+      out[i] =
+          sample_token(logits_.data() + i * config_.vocab_size, config_.vocab_size, params[i], u);
+    }
+    return out;
+  }
+
+ private:
+  void check_fits(const ForwardBatch& b) const;
+
+  ModelConfig config_;
+  std::vector<float> embed_, final_norm_, lm_head_;
+  std::vector<CpuLayer> layers_;
+  std::vector<double> inv_freq_;
+  int64_t num_blocks_ = 0;
+  int32_t block_size_ = 0;
+  std::vector<std::vector<float>> kv_;  // [layer * 2 + (0: K, 1: V)]
+  std::vector<float> logits_;
+  int64_t logits_rows_ = 0;
+};
+
+void CpuRunner::check_fits(const ForwardBatch& b) const {
+  b.validate();
+  if (kv_.empty()) throw Error(ErrorKind::kInvalidArgument, "kv", "allocate_kv first");
+  const int64_t slots = num_blocks_ * block_size_;
+  for (int64_t t = 0; t < b.total_q; ++t) {
+    if (b.input_ids[t] < 0 || b.input_ids[t] >= config_.vocab_size)
+      throw Error(ErrorKind::kInvalidArgument, "batch.input_ids",
+                  std::to_string(b.input_ids[t]) + " is outside the vocabulary of " +
+                      std::to_string(config_.vocab_size));
+    if (b.slot_mapping[t] < 0 || b.slot_mapping[t] >= slots)
+      throw Error(ErrorKind::kInvalidArgument, "batch.slot_mapping",
+                  std::to_string(b.slot_mapping[t]) + " is outside the pool of " +
+                      std::to_string(slots) + " slots");
+  }
+  for (int32_t id : b.block_table)
+    if (id < 0 || id >= num_blocks_)
+      throw Error(
+          ErrorKind::kInvalidArgument, "batch.block_table",
+          "block " + std::to_string(id) + " is outside the pool of " + std::to_string(num_blocks_));
+  for (int64_t i = 0; i < b.batch; ++i)
+    if (b.seqused_k[i] > b.pages_per_seq * block_size_)
+      throw Error(ErrorKind::kInvalidArgument, "batch.block_table",
+                  "entry " + std::to_string(i) + "'s pages do not cover its " +
+                      std::to_string(b.seqused_k[i]) + " keys");
+}
+
+void CpuRunner::forward(const ForwardBatch& b) {
+  check_fits(b);
+  const ModelConfig& c = config_;
+  const int64_t T = b.total_q, H = c.hidden_size, F = c.intermediate_size;
+  const int64_t hq = c.num_attention_heads, hkv = c.num_key_value_heads, d = c.head_dim;
+  const int64_t qw = hq * d, kvw = hkv * d, qkvw = qw + 2 * kvw;
+  const int64_t S = static_cast<int64_t>(b.sample_rows.size());
+
+  std::vector<float> x(static_cast<size_t>(T * H)), hbuf(x.size());
+  std::vector<float> qkv(static_cast<size_t>(T * qkvw)), attn(static_cast<size_t>(T * qw));
+  std::vector<float> gu(static_cast<size_t>(T * 2 * F)), act(static_cast<size_t>(T * F));
+  for (int64_t t = 0; t < T; ++t)
+    std::copy_n(embed_.data() + static_cast<int64_t>(b.input_ids[t]) * H, H, x.data() + t * H);
+
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const CpuLayer& L = layers_[l];
+    float* kcache = kv_[2 * l].data();
+    float* vcache = kv_[2 * l + 1].data();
+    cpu::rms_norm(x.data(), L.input_norm.data(), hbuf.data(), T, H, c.rms_norm_eps);
+    cpu::linear(hbuf.data(), L.qkv.data(), qkv.data(), T, qkvw, H);
+    cpu::for_rows(T, qkvw * 4, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        float* row = qkv.data() + t * qkvw;
+        if (!L.qkv_bias.empty())
+          for (int64_t i = 0; i < qkvw; ++i) row[i] += L.qkv_bias[i];
+        apply_rope(row, hq, d, d, b.positions[t], inv_freq_);
+        apply_rope(row + qw, hkv, d, d, b.positions[t], inv_freq_);
+        const int64_t slot = b.slot_mapping[t];
+        std::copy_n(row + qw, kvw, kcache + slot * kvw);
+        std::copy_n(row + qw + kvw, kvw, vcache + slot * kvw);
+      }
+    });
+
+    AttentionParams p;
+    p.q = view(qkv.data(), DType::kFloat32, {T, hq, d});
+    p.q.stride[0] = qkvw;  // q is the first qw columns of the fused qkv rows
+    p.k = view(kcache, DType::kFloat32, {num_blocks_, block_size_, hkv, d});
+    p.v = view(vcache, DType::kFloat32, {num_blocks_, block_size_, hkv, d});
+    p.out = view(attn.data(), DType::kFloat32, {T, hq, d});
+    p.cu_seqlens_q = view(b.cu_seqlens_q.data(), DType::kInt32, {b.batch + 1});
+    p.seqused_k = view(b.seqused_k.data(), DType::kInt32, {b.batch});
+    p.block_table = view(b.block_table.data(), DType::kInt32, {b.batch, b.pages_per_seq});
+    p.max_seqlen_q = b.max_seqlen_q;
+    p.max_seqlen_k = b.max_seqlen_k;
+    p.causal = true;
+    if (c.sliding_window > 0) p.window_left = static_cast<int32_t>(c.sliding_window - 1);
+    if (T > 0) attention_forward(p);
+
+    cpu::linear(attn.data(), L.o.data(), x.data(), T, H, qw, 1.0f);  // x += attn W_o^T
+    cpu::rms_norm(x.data(), L.post_norm.data(), hbuf.data(), T, H, c.rms_norm_eps);
+    cpu::linear(hbuf.data(), L.gate_up.data(), gu.data(), T, 2 * F, H);
+    cpu::silu_mul(gu.data(), act.data(), T, F);
+    cpu::linear(act.data(), L.down.data(), x.data(), T, H, F, 1.0f);  // x += act W_down^T
+  }
+
+  // Only the sampled rows go through the final norm and the LM head.
+  std::vector<float> last(static_cast<size_t>(S * H));
+  for (int64_t i = 0; i < S; ++i)
+    std::copy_n(x.data() + static_cast<int64_t>(b.sample_rows[i]) * H, H, last.data() + i * H);
+  cpu::rms_norm(last.data(), final_norm_.data(), last.data(), S, H, c.rms_norm_eps);
+  logits_.assign(static_cast<size_t>(S * c.vocab_size), 0.0f);
+  const float* head = c.tie_word_embeddings ? embed_.data() : lm_head_.data();
+  cpu::linear(last.data(), head, logits_.data(), S, c.vocab_size, H);
+  logits_rows_ = S;
+}
+
+}  // namespace
+
+std::unique_ptr<ModelRunner> make_cpu_runner(const std::string& dir) {
+#if !FLASHSERVE_WITH_BLAS
+  throw Error(ErrorKind::kUnsupported, "device",
+              "cpu: this flashserve is built without OpenBLAS (apt-get install libopenblas-dev)");
+#endif
+  return std::make_unique<CpuRunner>(dir);
+}
+
+}  // namespace flashserve::model

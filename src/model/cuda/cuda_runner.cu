@@ -1,0 +1,717 @@
+#include "model/cuda/cuda_runner.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "flashserve/attention.h"
+#include "flashserve/error.h"
+#include "model/checkpoint.h"
+#include "model/cuda/check.h"
+#include "model/cuda/convert.h"
+#include "model/cuda/embedding.h"
+#include "model/cuda/gemm.h"
+#include "model/cuda/rmsnorm.h"
+#include "model/cuda/rope_kv_write.h"
+#include "model/cuda/sample.h"
+#include "model/cuda/silu_mul.h"
+#include "model/rope.h"
+
+namespace flashserve::model::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+// Device memory freed on destruction; grow() reallocates only when asked for more than it holds.
+class DeviceMemory {
+ public:
+  DeviceMemory() = default;
+  ~DeviceMemory() { release(); }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  void* get() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+  // Returns true when it reallocated (the old contents are gone).
+  bool grow(size_t bytes, const char* what) {
+    if (bytes <= bytes_) return false;
+    release();
+    check_cuda(cudaMalloc(&ptr_, bytes), what);
+    bytes_ = bytes;
+    return true;
+  }
+  void release() {
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+struct LayerWeights {
+  bf16 *ln1 = nullptr, *qkv = nullptr, *qkv_bias = nullptr, *o = nullptr;
+  bf16 *ln2 = nullptr, *gate_up = nullptr, *down = nullptr;
+};
+
+size_t align256(size_t b) {
+  return (b + 255) / 256 * 256;
+}
+
+}  // namespace
+
+struct CudaRunner::Impl {
+  ModelConfig cfg;
+  int device = 0;
+  int sms = 132;
+  cudaStream_t stream = nullptr;
+  Gemm* gemm = nullptr;  // created after the device is set
+  std::unique_ptr<Gemm> gemm_owner;
+
+  // Weights: one allocation, each tensor at a 256-byte aligned offset.
+  DeviceMemory weight_mem;
+  size_t weight_cursor = 0;
+  bf16 *embed = nullptr, *final_norm = nullptr, *lm_head = nullptr;
+  std::vector<LayerWeights> layers_w;
+  float* inv_freq = nullptr;  // [head_dim / 2], in the weight allocation
+
+  // KV pool: per layer K then V, each [num_blocks, block_size, kv_heads, head_dim].
+  DeviceMemory kv_mem;
+  int64_t num_blocks = 0;
+  int32_t block_size = 0;
+
+  // Step buffers, grown to the largest step seen.
+  DeviceMemory act_mem, idx_mem, attn_ws, sample_mem;
+  int64_t token_cap = 0, sample_cap = 0;
+  bf16 *x = nullptr, *h = nullptr, *qkv = nullptr, *q = nullptr, *attn = nullptr, *delta = nullptr,
+       *gu = nullptr, *act = nullptr, *hs = nullptr;
+  float* logits = nullptr;
+  int32_t* tokens_dev = nullptr;
+  RowSampling* params_dev = nullptr;
+  // Pinned staging of the step's index arrays (one memcpy per step) and of sampling parameters.
+  void* pinned = nullptr;
+  size_t pinned_bytes = 0;
+  cudaEvent_t staged = nullptr;  // the last copy out of `pinned` has completed
+  int64_t last_samples = 0;
+
+  // Profiling.
+  bool profiling = false;
+  std::vector<cudaEvent_t> events;
+  std::vector<std::pair<std::string, int>> marks;  // stage name, index of its end event
+  int event_next = 0;
+  std::map<std::string, double> totals;
+
+  ~Impl() {
+    if (stream) cudaStreamSynchronize(stream);
+    drop_graphs();
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+    if (staged) cudaEventDestroy(staged);
+    if (pinned) cudaFreeHost(pinned);
+    gemm_owner.reset();
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  void init(int dev) {
+    device = dev;
+    const char* g = std::getenv("FLASHSERVE_CUDA_GRAPHS");
+    use_graphs = !(g && std::string(g) == "0");
+    check_cuda(cudaSetDevice(dev), "cudaSetDevice");
+    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
+    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+    check_cuda(cudaEventCreateWithFlags(&staged, cudaEventDisableTiming), "event");
+    gemm_owner = std::make_unique<Gemm>();
+    gemm = gemm_owner.get();
+  }
+
+  // --- weights -----------------------------------------------------------------------------
+  int64_t qkv_rows() const { return cfg.q_size() + 2 * cfg.kv_size(); }
+
+  size_t weight_plan_bytes() const {
+    const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size;
+    size_t b = align256(V * H * 2) + align256(H * 2) + align256(cfg.head_dim / 2 * 4);
+    if (!cfg.tie_word_embeddings) b += align256(V * H * 2);
+    const size_t layer = align256(H * 2) * 2 + align256(qkv_rows() * H * 2) +
+                         (cfg.attention_bias ? align256(qkv_rows() * 2) : 0) +
+                         align256(cfg.q_size() * H * 2) + align256(2 * I * H * 2) +
+                         align256(I * H * 2);
+    return b + layer * cfg.num_hidden_layers;
+  }
+  template <typename T>
+  T* carve(int64_t n) {
+    T* p = reinterpret_cast<T*>(static_cast<char*>(weight_mem.get()) + weight_cursor);
+    weight_cursor += align256(n * sizeof(T));
+    return p;
+  }
+  void carve_all() {
+    const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size;
+    weight_mem.grow(weight_plan_bytes(), "weights");
+    embed = carve<bf16>(V * H);
+    final_norm = carve<bf16>(H);
+    lm_head = cfg.tie_word_embeddings ? embed : carve<bf16>(V * H);
+    inv_freq = carve<float>(cfg.head_dim / 2);
+    layers_w.resize(cfg.num_hidden_layers);
+    for (auto& l : layers_w) {
+      l.ln1 = carve<bf16>(H);
+      l.ln2 = carve<bf16>(H);
+      l.qkv = carve<bf16>(qkv_rows() * H);
+      if (cfg.attention_bias) l.qkv_bias = carve<bf16>(qkv_rows());
+      l.o = carve<bf16>(cfg.q_size() * H);
+      l.gate_up = carve<bf16>(2 * I * H);
+      l.down = carve<bf16>(I * H);
+    }
+    // Float32, as Hugging Face keeps inv_freq; the kernel forms position * inv_freq in float32 too.
+    const auto inv64 = rope_inv_freq(cfg);
+    const std::vector<float> inv(inv64.begin(), inv64.end());
+    check_cuda(cudaMemcpy(inv_freq, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice),
+               "inv_freq");
+  }
+
+  // Copies a checkpoint tensor (any float dtype) into dst as bf16, through a device staging
+  // buffer in pieces of at most 64 MiB.
+  void upload(const TensorInfo& t, bf16* dst, DeviceMemory& staging) {
+    const size_t elem = dtype_size(t.dtype);
+    const int64_t n = t.numel();
+    if (t.dtype == DType::kBFloat16) {
+      check_cuda(cudaMemcpy(dst, t.data, t.bytes, cudaMemcpyHostToDevice), "upload");
+      return;
+    }
+    const int64_t piece = (int64_t{64} << 20) / static_cast<int64_t>(elem);
+    staging.grow(piece * elem, "staging");
+    for (int64_t i = 0; i < n; i += piece) {
+      const int64_t m = std::min(piece, n - i);
+      check_cuda(cudaMemcpy(staging.get(), static_cast<const char*>(t.data) + i * elem, m * elem,
+                            cudaMemcpyHostToDevice),
+                 "upload");
+      convert_to_bf16(staging.get(), t.dtype, dst + i, m, nullptr);
+    }
+    check_cuda(cudaDeviceSynchronize(), "convert");
+  }
+
+  void load(const Checkpoint& ck) {
+    cfg = ck.config();
+    carve_all();
+    DeviceMemory staging;
+    const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size;
+    const int64_t q = cfg.q_size(), kv = cfg.kv_size();
+    upload(ck.tensor("model.embed_tokens.weight", {V, H}), embed, staging);
+    upload(ck.tensor("model.norm.weight", {H}), final_norm, staging);
+    if (!cfg.tie_word_embeddings) upload(ck.tensor("lm_head.weight", {V, H}), lm_head, staging);
+    for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      LayerWeights& l = layers_w[i];
+      upload(ck.tensor(p + "input_layernorm.weight", {H}), l.ln1, staging);
+      upload(ck.tensor(p + "post_attention_layernorm.weight", {H}), l.ln2, staging);
+      // Fused QKV: rows q | k | v of one [q + 2 kv, hidden] matrix, so one GEMM makes all three.
+      upload(ck.tensor(p + "self_attn.q_proj.weight", {q, H}), l.qkv, staging);
+      upload(ck.tensor(p + "self_attn.k_proj.weight", {kv, H}), l.qkv + q * H, staging);
+      upload(ck.tensor(p + "self_attn.v_proj.weight", {kv, H}), l.qkv + (q + kv) * H, staging);
+      if (cfg.attention_bias) {
+        upload(ck.tensor(p + "self_attn.q_proj.bias", {q}), l.qkv_bias, staging);
+        upload(ck.tensor(p + "self_attn.k_proj.bias", {kv}), l.qkv_bias + q, staging);
+        upload(ck.tensor(p + "self_attn.v_proj.bias", {kv}), l.qkv_bias + q + kv, staging);
+      }
+      upload(ck.tensor(p + "self_attn.o_proj.weight", {H, q}), l.o, staging);
+      // Fused gate/up: gate rows first (silu_mul reads them so).
+      upload(ck.tensor(p + "mlp.gate_proj.weight", {I, H}), l.gate_up, staging);
+      upload(ck.tensor(p + "mlp.up_proj.weight", {I, H}), l.gate_up + I * H, staging);
+      upload(ck.tensor(p + "mlp.down_proj.weight", {H, I}), l.down, staging);
+    }
+    check_cuda(cudaDeviceSynchronize(), "load");
+  }
+
+  void randomize(uint64_t seed) {
+    carve_all();
+    const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size;
+    const int64_t q = cfg.q_size();
+    // Uniform [-a, a] has variance a^2 / 3: a = sqrt(3 / fan_in) keeps each product's output at
+    // the input's scale.
+    auto fill = [&](bf16* p, int64_t n, int64_t fan_in) {
+      fill_uniform_bf16(p, n, seed++, std::sqrt(3.0f / static_cast<float>(fan_in)), 0.0f, stream);
+    };
+    auto ones = [&](bf16* p, int64_t n) { fill_uniform_bf16(p, n, seed++, 0.0f, 1.0f, stream); };
+    fill_uniform_bf16(embed, V * H, seed++, 1.0f, 0.0f, stream);
+    ones(final_norm, H);
+    if (!cfg.tie_word_embeddings) fill(lm_head, V * H, H);
+    for (auto& l : layers_w) {
+      ones(l.ln1, H);
+      ones(l.ln2, H);
+      fill(l.qkv, qkv_rows() * H, H);
+      if (l.qkv_bias) fill(l.qkv_bias, qkv_rows(), 64);
+      fill(l.o, H * q, q);
+      fill(l.gate_up, 2 * I * H, H);
+      fill(l.down, H * I, I);
+    }
+    check_cuda(cudaStreamSynchronize(stream), "random weights");
+  }
+
+  // --- step buffers ------------------------------------------------------------------------
+  bool ensure_tokens(int64_t tokens) {  // true when the buffers moved
+    if (tokens <= token_cap) return false;
+    const int64_t T = std::max<int64_t>(tokens, 256);
+    const int64_t H = cfg.hidden_size, I = cfg.intermediate_size;
+    const size_t sizes[] = {size_t(T * H),
+                            size_t(T * H),
+                            size_t(T * qkv_rows()),
+                            size_t(T * cfg.q_size()),
+                            size_t(T * cfg.q_size()),
+                            size_t(T * H),
+                            size_t(T * 2 * I),
+                            size_t(T * I)};
+    size_t total = 0;
+    for (size_t s : sizes) total += align256(s * 2);
+    check_cuda(cudaStreamSynchronize(stream), "grow");
+    act_mem.release();
+    act_mem.grow(total, "activations");
+    char* p = static_cast<char*>(act_mem.get());
+    bf16** dst[] = {&x, &h, &qkv, &q, &attn, &delta, &gu, &act};
+    for (int i = 0; i < 8; ++i) {
+      *dst[i] = reinterpret_cast<bf16*>(p);
+      p += align256(sizes[i] * 2);
+    }
+    token_cap = T;
+    return true;
+  }
+
+  bool ensure_samples(int64_t rows) {  // true when the buffers moved
+    if (rows <= sample_cap) return false;
+    const int64_t S = std::max<int64_t>(rows, 64);
+    check_cuda(cudaStreamSynchronize(stream), "grow");
+    const size_t hs_b = align256(S * cfg.hidden_size * 2), lg_b = align256(S * cfg.vocab_size * 4);
+    const size_t tok_b = align256(S * 4), par_b = align256(S * sizeof(RowSampling));
+    sample_mem.release();
+    sample_mem.grow(hs_b + lg_b + tok_b + par_b, "sample buffers");
+    char* p = static_cast<char*>(sample_mem.get());
+    hs = reinterpret_cast<bf16*>(p);
+    logits = reinterpret_cast<float*>(p + hs_b);
+    tokens_dev = reinterpret_cast<int32_t*>(p + hs_b + lg_b);
+    params_dev = reinterpret_cast<RowSampling*>(p + hs_b + lg_b + tok_b);
+    sample_cap = S;
+    return true;
+  }
+
+  void* stage(size_t bytes) {
+    // The previous step's copy out of the pinned buffer must be done before it is overwritten.
+    check_cuda(cudaEventSynchronize(staged), "staging");
+    if (bytes > pinned_bytes) {
+      if (pinned) cudaFreeHost(pinned);
+      pinned_bytes = std::max(bytes, pinned_bytes * 2);
+      check_cuda(cudaMallocHost(&pinned, pinned_bytes), "pinned staging");
+    }
+    return pinned;
+  }
+
+  // --- profiling -----------------------------------------------------------------------------
+  void mark(const char* stage) {
+    if (!profiling) return;
+    if (event_next == static_cast<int>(events.size())) {
+      cudaEvent_t e;
+      check_cuda(cudaEventCreate(&e), "event");
+      events.push_back(e);
+    }
+    check_cuda(cudaEventRecord(events[event_next], stream), "event record");
+    if (stage) marks.emplace_back(stage, event_next);
+    ++event_next;
+  }
+  void collect() {
+    if (marks.empty()) return;
+    check_cuda(cudaStreamSynchronize(stream), "profile");
+    for (const auto& [name, end] : marks) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, events[end - 1], events[end]);
+      totals[name] += ms;
+    }
+    marks.clear();
+    event_next = 0;
+  }
+
+  // --- the step ------------------------------------------------------------------------------
+  void check_batch(const ForwardBatch& b) const {
+    b.validate();
+    if (!kv_mem.get()) throw Error(ErrorKind::kInvalidArgument, "kv", "allocate_kv first");
+    for (int32_t id : b.input_ids)
+      if (id < 0 || id >= cfg.vocab_size)
+        throw Error(ErrorKind::kInvalidArgument, "input_ids",
+                    "token id " + std::to_string(id) + " outside the vocabulary of " +
+                        std::to_string(cfg.vocab_size));
+    const int64_t slots = num_blocks * block_size;
+    for (int32_t s : b.slot_mapping)
+      if (s >= slots)
+        throw Error(ErrorKind::kInvalidArgument, "slot_mapping",
+                    "slot " + std::to_string(s) + " outside the pool of " + std::to_string(slots));
+    for (int32_t blk : b.block_table)
+      if (blk < 0 || blk >= num_blocks)
+        throw Error(
+            ErrorKind::kInvalidArgument, "block_table",
+            "block " + std::to_string(blk) + " outside the pool of " + std::to_string(num_blocks));
+  }
+
+  // Decode-only steps replay a CUDA graph of the whole forward (every layer's launches, the
+  // attention's included), keyed by the batch size and the block table's width rounded up to a
+  // power of two: between steps only the index arrays change, and they are copied into the same
+  // device buffer before the replay. The table is padded to that width and max_seqlen_k set to
+  // its capacity (an upper bound, as the attention contract allows; the kernels stop at
+  // seqused_k). Any reallocation of a buffer a graph points into drops every graph.
+  struct GraphKey {
+    int64_t batch, width;
+    bool operator<(const GraphKey& o) const {
+      return batch != o.batch ? batch < o.batch : width < o.width;
+    }
+  };
+  std::map<GraphKey, cudaGraphExec_t> graphs;
+  bool use_graphs = true;
+  int64_t graph_replays = 0, graph_captures = 0;
+
+  void drop_graphs() {
+    for (auto& [k, g] : graphs) cudaGraphExecDestroy(g);
+    graphs.clear();
+  }
+
+  // What a step's layers read: device index arrays and the attention parameters.
+  struct Step {
+    int64_t T = 0, S = 0;
+    const int32_t *ids = nullptr, *pos = nullptr, *slots = nullptr, *rows = nullptr;
+    AttentionParams ap;
+  };
+
+  // Splits of a decode-only step's attention. The sm80 paged decode kernel takes ~200 us for 1k
+  // keys whether 8 or 256 blocks run (H200, bench_model's attention rows, 2026-11-30), and the
+  // automatic policy splits only from 2k keys on. Measured at 1k keys, page 16: batch 1 takes
+  // 185/56/20 us with 1/4/16 splits, batch 32 takes 205/242/160 us. So aim at 32 blocks per SM
+  // (16 splits at both batch sizes there), each split keeping at least one 64-key block of
+  // the longest sequence (the kernel shares each sequence's own blocks among the splits; shorter
+  // ones leave some splits empty). A graph keeps the count it was captured with: still correct.
+  // (The attention issue's plan/run owns this choice once it lands.)
+  int decode_splits(int64_t batch, int64_t max_kv) const {
+    const int64_t units = batch * cfg.num_key_value_heads;
+    int64_t splits = (32 * int64_t{sms} + units - 1) / units;
+    splits = std::min<int64_t>(
+        {splits, std::max<int64_t>(1, max_kv / 64), 128, 65535 / std::max<int64_t>(batch, 1)});
+    return static_cast<int>(std::max<int64_t>(splits, 1));
+  }
+
+  void forward(const ForwardBatch& b) {
+    check_batch(b);
+    collect();
+    check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    const int64_t T = b.total_q, B = b.batch, S = static_cast<int64_t>(b.sample_rows.size());
+    const bool decode_only = use_graphs && !profiling && T == B && S == B && b.max_seqlen_q == 1;
+    int64_t width = b.pages_per_seq;
+    if (decode_only) {
+      width = 1;
+      while (width < b.pages_per_seq) width *= 2;
+    }
+    bool moved = ensure_tokens(T);
+    moved |= ensure_samples(S);
+    last_samples = S;
+
+    // One staging copy of every index array, each at a 16-byte aligned offset; the block table
+    // is written `width` entries per row (padding repeats the row's first block).
+    const std::vector<int32_t>* arrays[] = {&b.input_ids,    &b.positions, &b.slot_mapping,
+                                            &b.cu_seqlens_q, &b.seqused_k, &b.block_table,
+                                            &b.sample_rows};
+    const size_t sizes[] = {b.input_ids.size(),    b.positions.size(), b.slot_mapping.size(),
+                            b.cu_seqlens_q.size(), b.seqused_k.size(), size_t(B * width),
+                            b.sample_rows.size()};
+    size_t offsets[7], total = 0;
+    for (int i = 0; i < 7; ++i) {
+      offsets[i] = total;
+      total += (sizes[i] + 3) / 4 * 4;
+    }
+    // Rare growth; cudaFree inside waits for the device, so no step still reads the old buffer.
+    moved |= idx_mem.grow(std::max<size_t>(total, 1024) * 4 * 2, "index arrays");
+    int32_t* host = static_cast<int32_t*>(stage(total * 4));
+    for (int i = 0; i < 7; ++i)
+      if (i != 5 && !arrays[i]->empty())
+        std::memcpy(host + offsets[i], arrays[i]->data(), arrays[i]->size() * 4);
+    for (int64_t r = 0; r < B && b.pages_per_seq > 0; ++r) {
+      int32_t* row = host + offsets[5] + r * width;
+      const int32_t* src = b.block_table.data() + r * b.pages_per_seq;
+      std::memcpy(row, src, b.pages_per_seq * 4);
+      for (int64_t j = b.pages_per_seq; j < width; ++j) row[j] = src[0];
+    }
+    int32_t* dev = static_cast<int32_t*>(idx_mem.get());
+    mark(nullptr);
+    check_cuda(cudaMemcpyAsync(dev, host, total * 4, cudaMemcpyHostToDevice, stream), "indices");
+    check_cuda(cudaEventRecord(staged, stream), "event");
+
+    Step st;
+    st.T = T;
+    st.S = S;
+    st.ids = dev + offsets[0];
+    st.pos = dev + offsets[1];
+    st.slots = dev + offsets[2];
+    st.rows = dev + offsets[6];
+    const int32_t hq = static_cast<int32_t>(cfg.num_attention_heads);
+    const int32_t hkv = static_cast<int32_t>(cfg.num_key_value_heads);
+    const int32_t d = static_cast<int32_t>(cfg.head_dim);
+    const Device gpu{DeviceType::kCUDA, device};
+    AttentionParams& ap = st.ap;
+    ap.q = make_view(q, DType::kBFloat16, {T, hq, d}, gpu);
+    ap.out = make_view(attn, DType::kBFloat16, {T, hq, d}, gpu);
+    ap.k = make_view(kv_mem.get(), DType::kBFloat16, {num_blocks, block_size, hkv, d}, gpu);
+    ap.v = ap.k;
+    ap.cu_seqlens_q = make_view(dev + offsets[3], DType::kInt32, {B + 1}, gpu);
+    ap.seqused_k = make_view(dev + offsets[4], DType::kInt32, {B}, gpu);
+    ap.block_table = make_view(dev + offsets[5], DType::kInt32, {B, width}, gpu);
+    ap.max_seqlen_q = b.max_seqlen_q;
+    ap.max_seqlen_k = decode_only ? width * block_size : b.max_seqlen_k;
+    ap.causal = true;
+    // Mistral's sliding window: a token sees itself and the sliding_window - 1 keys before it.
+    if (cfg.sliding_window > 0) ap.window_left = static_cast<int32_t>(cfg.sliding_window - 1);
+    ap.num_splits = b.max_seqlen_q == 1 ? decode_splits(B, b.max_seqlen_k) : 0;
+    ap.stream = stream;
+    // The split plan depends only on the step's shapes, the same for every layer: size the
+    // workspace once per step.
+    const size_t ws = attention_workspace_size(ap);
+    if (ws > attn_ws.bytes()) {
+      check_cuda(cudaStreamSynchronize(stream), "grow");
+      attn_ws.release();
+      attn_ws.grow(ws, "attention workspace");
+      moved = true;
+    }
+    ap.workspace = attn_ws.get();
+    ap.workspace_bytes = attn_ws.bytes();
+    if (moved) drop_graphs();
+
+    if (!decode_only) return layers(st);
+    const GraphKey key{B, width};
+    auto it = graphs.find(key);
+    if (it != graphs.end()) {
+      check_cuda(cudaGraphLaunch(it->second, stream), "graph launch");
+      ++graph_replays;
+      return;
+    }
+    // First step of this shape: run it eagerly (GEMM plans and kernel modules get loaded outside
+    // any capture), then capture the same launches for the next steps.
+    layers(st);
+    capture(key, st);
+  }
+
+  void capture(const GraphKey& key, const Step& st) {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    if (e == cudaSuccess) {
+      try {
+        layers(st);
+      } catch (const std::exception& ex) {
+        std::fprintf(stderr, "cuda runner: capture failed (%s)\n", ex.what());
+      }
+      e = cudaStreamEndCapture(stream, &graph);
+    }
+    if (e == cudaSuccess && graph) e = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (e != cudaSuccess || !exec) {
+      // Something in the step cannot be captured: run every step eagerly from now on.
+      std::fprintf(stderr, "cuda runner: decode graphs off (%s)\n", cudaGetErrorString(e));
+      cudaGetLastError();
+      use_graphs = false;
+      return;
+    }
+    graphs.emplace(key, exec);
+    ++graph_captures;
+  }
+
+  void layers(const Step& st) {
+    const int64_t T = st.T, H = cfg.hidden_size, I = cfg.intermediate_size;
+    const float eps = static_cast<float>(cfg.rms_norm_eps);
+    const int32_t hkv = static_cast<int32_t>(cfg.num_key_value_heads);
+    const int32_t d = static_cast<int32_t>(cfg.head_dim);
+    const int64_t layer_kv = num_blocks * block_size * hkv * d;
+    AttentionParams ap = st.ap;
+
+    embed_tokens(embed, st.ids, x, T, H, cfg.vocab_size, stream);
+    mark("embedding");
+    for (int64_t li = 0; li < cfg.num_hidden_layers; ++li) {
+      const LayerWeights& l = layers_w[li];
+      bf16* k_cache = static_cast<bf16*>(kv_mem.get()) + 2 * li * layer_kv;
+      bf16* v_cache = k_cache + layer_kv;
+      add_rmsnorm(li == 0 ? nullptr : delta, x, l.ln1, h, nullptr, T, H, eps, stream);
+      mark("rmsnorm");
+      // Qwen2's q/k/v bias goes in the GEMM's epilogue (one bf16 rounding of x W^T + b, as
+      // Hugging Face's bf16 Linear); the RoPE kernel adds it only where cuBLASLt cannot.
+      const bool bias_done =
+          l.qkv_bias && gemm->run_bias(h, l.qkv, l.qkv_bias, qkv, T, qkv_rows(), H, stream);
+      if (!bias_done) gemm->run(h, l.qkv, qkv, false, T, qkv_rows(), H, stream);
+      mark("gemm_qkv");
+      RopeKvArgs ra;
+      ra.qkv = qkv;
+      ra.bias = bias_done ? nullptr : l.qkv_bias;
+      ra.positions = st.pos;
+      ra.slot_mapping = st.slots;
+      ra.inv_freq = inv_freq;
+      ra.q_out = q;
+      ra.k_cache = k_cache;
+      ra.v_cache = v_cache;
+      ra.n_tokens = T;
+      ra.heads = static_cast<int32_t>(cfg.num_attention_heads);
+      ra.kv_heads = hkv;
+      ra.head_dim = d;
+      rope_kv_write(ra, stream);
+      mark("rope_kv_write");
+      ap.k.data = k_cache;
+      ap.v.data = v_cache;
+      attention_forward(ap);
+      mark("attention");
+      gemm->run(attn, l.o, delta, false, T, H, cfg.q_size(), stream);
+      mark("gemm_o");
+      add_rmsnorm(delta, x, l.ln2, h, nullptr, T, H, eps, stream);
+      mark("rmsnorm");
+      gemm->run(h, l.gate_up, gu, false, T, 2 * I, H, stream);
+      mark("gemm_gate_up");
+      silu_mul(gu, act, T, I, stream);
+      mark("silu_mul");
+      gemm->run(act, l.down, delta, false, T, H, I, stream);
+      mark("gemm_down");
+    }
+    // The last residual add and norm for the sample rows only, gathered; then their logits.
+    add_rmsnorm(delta, x, final_norm, hs, st.rows, st.S, H, eps, stream);
+    mark("rmsnorm");
+    gemm->run(hs, lm_head, logits, true, st.S, cfg.vocab_size, H, stream);
+    mark("lm_head");
+  }
+};
+
+CudaRunner::CudaRunner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaRunner::~CudaRunner() = default;
+
+std::unique_ptr<CudaRunner> CudaRunner::load(const std::string& dir, int device) {
+  const Checkpoint ck = Checkpoint::open(dir);
+  ck.config().validate(dir + "/config.json");
+  auto impl = std::make_unique<Impl>();
+  impl->init(device);
+  impl->load(ck);
+  return std::unique_ptr<CudaRunner>(new CudaRunner(std::move(impl)));
+}
+
+std::unique_ptr<CudaRunner> CudaRunner::random(const ModelConfig& config, uint64_t seed,
+                                               int device) {
+  config.validate();
+  auto impl = std::make_unique<Impl>();
+  impl->cfg = config;
+  impl->init(device);
+  impl->randomize(seed);
+  return std::unique_ptr<CudaRunner>(new CudaRunner(std::move(impl)));
+}
+
+const ModelConfig& CudaRunner::config() const {
+  return impl_->cfg;
+}
+
+void CudaRunner::allocate_kv(int64_t num_blocks, int32_t block_size) {
+  if (num_blocks <= 0 || block_size <= 0)
+    throw Error(ErrorKind::kInvalidArgument, "num_blocks",
+                "the KV pool needs a positive number of blocks and block size");
+  Impl& m = *impl_;
+  check_cuda(cudaStreamSynchronize(m.stream), "allocate_kv");
+  m.drop_graphs();
+  m.kv_mem.release();
+  m.kv_mem.grow(size_t(2) * m.cfg.num_hidden_layers * num_blocks * block_size *
+                    m.cfg.num_key_value_heads * m.cfg.head_dim * 2,
+                "KV pool");
+  m.num_blocks = num_blocks;
+  m.block_size = block_size;
+}
+
+void CudaRunner::forward(const ForwardBatch& batch) {
+  impl_->forward(batch);
+}
+
+std::vector<float> CudaRunner::logits() const {
+  Impl& m = *impl_;
+  std::vector<float> out(static_cast<size_t>(m.last_samples * m.cfg.vocab_size));
+  if (!out.empty())
+    check_cuda(
+        cudaMemcpyAsync(out.data(), m.logits, out.size() * 4, cudaMemcpyDeviceToHost, m.stream),
+        "logits");
+  check_cuda(cudaStreamSynchronize(m.stream), "logits");
+  return out;
+}
+
+std::vector<int32_t> CudaRunner::sample(const ForwardBatch& batch,
+                                        const std::vector<SamplingParams>& params) {
+  Impl& m = *impl_;
+  const int64_t S = static_cast<int64_t>(batch.sample_rows.size());
+  if (S != m.last_samples || static_cast<int64_t>(params.size()) != S)
+    throw Error(ErrorKind::kInvalidArgument, "params",
+                "one SamplingParams per sample row of the last forward (" +
+                    std::to_string(m.last_samples) + "), got " + std::to_string(params.size()));
+  std::vector<int32_t> tokens(static_cast<size_t>(S));
+  if (S == 0) return tokens;
+  auto* host = static_cast<RowSampling*>(m.stage(S * sizeof(RowSampling)));
+  for (int64_t i = 0; i < S; ++i) {
+    params[i].validate();
+    host[i].temperature = params[i].temperature;
+    host[i].top_k = params[i].top_k;
+    host[i].top_p = params[i].top_p;
+    host[i].seed = params[i].seed;
+    host[i].position = int64_t{batch.positions[batch.sample_rows[i]]} + 1;
+  }
+  check_cuda(cudaMemcpyAsync(m.params_dev, host, S * sizeof(RowSampling), cudaMemcpyHostToDevice,
+                             m.stream),
+             "sampling params");
+  check_cuda(cudaEventRecord(m.staged, m.stream), "event");
+  sample_tokens(m.logits, m.params_dev, m.tokens_dev, S, m.cfg.vocab_size, m.stream);
+  m.mark("sample");
+  check_cuda(cudaMemcpyAsync(tokens.data(), m.tokens_dev, S * 4, cudaMemcpyDeviceToHost, m.stream),
+             "tokens");
+  check_cuda(cudaStreamSynchronize(m.stream), "sample");
+  return tokens;
+}
+
+void* CudaRunner::stream() const {
+  return impl_->stream;
+}
+void CudaRunner::synchronize() const {
+  check_cuda(cudaStreamSynchronize(impl_->stream), "synchronize");
+}
+
+int64_t CudaRunner::weight_bytes() const {
+  const ModelConfig& c = impl_->cfg;
+  const int64_t layer = c.hidden_size * (impl_->qkv_rows() + c.q_size() + 3 * c.intermediate_size);
+  return 2 * (c.num_hidden_layers * layer + c.vocab_size * c.hidden_size);
+}
+
+void CudaRunner::set_gemv(bool on) {
+  impl_->gemm->set_gemv(on);
+  impl_->drop_graphs();  // graphs hold the launches of the other path
+}
+
+void CudaRunner::set_cuda_graphs(bool on) {
+  impl_->use_graphs = on;
+  if (!on) impl_->drop_graphs();
+}
+
+std::pair<int64_t, int64_t> CudaRunner::graph_counts() const {
+  return {impl_->graph_captures, impl_->graph_replays};
+}
+
+void CudaRunner::set_profiling(bool on) {
+  impl_->collect();
+  impl_->profiling = on;
+}
+
+std::map<std::string, double> CudaRunner::profile() {
+  impl_->collect();
+  auto t = std::move(impl_->totals);
+  impl_->totals.clear();
+  return t;
+}
+
+}  // namespace flashserve::model::cuda
+
+namespace flashserve::model {
+
+std::unique_ptr<ModelRunner> make_cuda_runner(const std::string& dir, int device) {
+  return cuda::CudaRunner::load(dir, device);
+}
+
+}  // namespace flashserve::model

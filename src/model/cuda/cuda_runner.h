@@ -1,0 +1,62 @@
+// The CUDA model runner: bf16 weights on one device (QKV and gate/up fused into one matrix each at
+// upload), a bf16 paged KV pool, and the forward of one step's mixed batch on one stream.
+//
+// A step: the index arrays are packed into one pinned host buffer and copied once; then per layer
+// add+RMSNorm, the QKV GEMM, RoPE fused with the K/V page write, one attention launch for the whole
+// batch (varlen queries, paged K/V, causal, automatic split-KV), the O GEMM, add+RMSNorm, the
+// gate/up GEMM, SiLU*up, the down GEMM; finally the last norm on the sample rows only and the LM
+// head for them (float32 logits). No host synchronization and no allocation inside a step once the
+// buffers have grown to the step's size (they grow, rarely, between steps). Decode-only steps
+// (one new token per sequence, every sequence sampled) replay a CUDA graph of the whole forward
+// per (batch size, block-table width rounded up to a power of two); FLASHSERVE_CUDA_GRAPHS=0 or
+// set_cuda_graphs(false) runs them eagerly.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/runner.h"
+
+namespace flashserve::model::cuda {
+
+class CudaRunner : public ModelRunner {
+ public:
+  // Loads the checkpoint directory onto `device` (bf16, fp16 or fp32 on disk).
+  static std::unique_ptr<CudaRunner> load(const std::string& dir, int device);
+  // Random weights generated on the device (for benchmarks of shapes too big to write to disk):
+  // uniform, scaled 1/sqrt(fan_in) so activations stay in range; norms 1.
+  static std::unique_ptr<CudaRunner> random(const ModelConfig& config, uint64_t seed, int device);
+  ~CudaRunner() override;
+
+  const ModelConfig& config() const override;
+  void allocate_kv(int64_t num_blocks, int32_t block_size) override;
+  void forward(const ForwardBatch& batch) override;
+  std::vector<float> logits() const override;
+  std::vector<int32_t> sample(const ForwardBatch& batch,
+                              const std::vector<SamplingParams>& params) override;
+
+  // The runner's stream (a cudaStream_t); forward() only enqueues work on it.
+  void* stream() const;
+  void synchronize() const;
+  int64_t weight_bytes() const;  // bf16 bytes of every weight a step reads (embedding excluded)
+
+  void set_cuda_graphs(bool on);
+  void set_gemv(bool on);  // the small-batch GEMM kernel (gemv.h) instead of cuBLASLt
+  std::pair<int64_t, int64_t> graph_counts() const;  // (captures, replays) so far
+
+  // Per-stage timing (CUDA events around each stage of every layer; adds a little host cost, so
+  // off by default). profile() sums milliseconds per stage over the forwards since the last reset.
+  void set_profiling(bool on);
+  std::map<std::string, double> profile();
+
+ private:
+  struct Impl;
+  explicit CudaRunner(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace flashserve::model::cuda

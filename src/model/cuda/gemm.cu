@@ -1,0 +1,182 @@
+#include <cublasLt.h>
+
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "flashserve/error.h"
+#include "model/cuda/check.h"
+#include "model/cuda/gemm.h"
+#include "model/cuda/gemv.h"
+
+namespace flashserve::model::cuda {
+namespace {
+
+void check_blas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw Error(ErrorKind::kCuda, "",
+                std::string(what) + ": cuBLAS status " + std::to_string(s) + " (" +
+                    cublasLtGetStatusString(s) + ")");
+}
+
+// cuBLASLt is column-major. Row-major y[m, n] is column-major y^T [n, m], and
+// y^T = w · x^T with w row-major [n, k] = column-major [k, n] taken transposed, x row-major [m, k]
+// = column-major [k, m] as is. So: op(A) = w^T (A = column-major k×n, transa = T), B = x (k×m),
+// C = D = y^T (n×m).
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool found = false;  // false: cuBLASLt offered no algorithm (kept, so it is asked once)
+};
+
+}  // namespace
+
+struct Gemm::Impl {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool>, Plan> plans;
+  // The operands of the call that asks for a new plan, used to time the candidates.
+  struct Operands {
+    const void *x = nullptr, *w = nullptr, *bias = nullptr;
+    void* y = nullptr;
+    cudaStream_t stream = nullptr;
+  } tune;
+
+  const Plan& plan(int64_t m, int64_t n, int64_t k, bool y_float32, bool bias = false) {
+    const auto key = std::make_tuple(m, n, k, y_float32, bias);
+    auto it = plans.find(key);
+    if (it != plans.end()) return it->second;
+    Plan p;
+    check_blas(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul desc");
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    check_blas(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+               "transa");
+    check_blas(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+               "transb");
+    if (bias) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      check_blas(
+          cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
+          "epilogue");
+    }
+    const cudaDataType_t yt = y_float32 ? CUDA_R_32F : CUDA_R_16BF;
+    check_blas(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, k, n, k), "layout w");
+    check_blas(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, k, m, k), "layout x");
+    check_blas(cublasLtMatrixLayoutCreate(&p.c, yt, n, m, n), "layout y");
+    cublasLtMatmulPreference_t pref = nullptr;
+    check_blas(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    check_blas(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &workspace_bytes, sizeof(workspace_bytes)),
+               "preference workspace");
+    // Up to 8 candidates; with real operands at hand (never inside a graph capture) each is
+    // timed on them and the fastest kept. The heuristic's first pick is often not the fastest
+    // for the skinny products of decode (m of 1 to 64), where the weights' read is the cost.
+    constexpr int kCandidates = 8;
+    cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
+    int found = 0;
+    const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref,
+                                                            kCandidates, results, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    p.found = s == CUBLAS_STATUS_SUCCESS && found > 0;
+    if (p.found) {
+      p.algo = results[0].algo;
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      cudaStreamIsCapturing(tune.stream, &capturing);
+      if (found > 1 && tune.x && capturing == cudaStreamCaptureStatusNone) {
+        if (bias)
+          cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &tune.bias,
+                                         sizeof(tune.bias));
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        const float alpha = 1.0f, beta = 0.0f;
+        float best = 1e30f;
+        for (int i = 0; i < found; ++i) {
+          if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+          auto once = [&] {
+            return cublasLtMatmul(handle, p.op, &alpha, tune.w, p.a, tune.x, p.b, &beta, tune.y,
+                                  p.c, tune.y, p.c, &results[i].algo, workspace, workspace_bytes,
+                                  tune.stream);
+          };
+          if (once() != CUBLAS_STATUS_SUCCESS) continue;
+          cudaEventRecord(e0, tune.stream);
+          for (int r = 0; r < 5; ++r) once();
+          cudaEventRecord(e1, tune.stream);
+          cudaEventSynchronize(e1);
+          float ms = 0;
+          cudaEventElapsedTime(&ms, e0, e1);
+          if (ms < best) best = ms, p.algo = results[i].algo;
+        }
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+        cudaGetLastError();
+      }
+    }
+    return plans.emplace(key, p).first->second;
+  }
+
+  ~Impl() {
+    for (auto& [key, p] : plans) {
+      cublasLtMatrixLayoutDestroy(p.a);
+      cublasLtMatrixLayoutDestroy(p.b);
+      cublasLtMatrixLayoutDestroy(p.c);
+      cublasLtMatmulDescDestroy(p.op);
+    }
+    if (workspace) cudaFree(workspace);
+    if (handle) cublasLtDestroy(handle);
+  }
+};
+
+Gemm::Gemm(size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
+  check_blas(cublasLtCreate(&impl_->handle), "cublasLtCreate");
+  check_cuda(cudaMalloc(&impl_->workspace, workspace_bytes), "gemm workspace");
+  impl_->workspace_bytes = workspace_bytes;
+  // Off by default: on the H200 it measured no faster than cuBLASLt's pick for the decode step
+  // (bench_model, 2026-11-30: 6.27 vs 6.21 ms at batch 1); FLASHSERVE_GEMV=1 turns it on.
+  const char* g = std::getenv("FLASHSERVE_GEMV");
+  gemv_ = g && std::string(g) == "1";
+}
+
+Gemm::~Gemm() = default;
+
+void Gemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool y_float32, int64_t m,
+               int64_t n, int64_t k, cudaStream_t stream) {
+  if (m == 0) return;
+  if (gemv_ && m <= kGemvMaxRows) return gemv(x, w, nullptr, y, y_float32, m, n, k, stream);
+  impl_->tune = {x, w, nullptr, y, stream};
+  const Plan& p = impl_->plan(m, n, k, y_float32);
+  if (!p.found)
+    throw Error(ErrorKind::kUnsupported, "gemm",
+                "cuBLASLt has no algorithm for m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                    " k=" + std::to_string(k));
+  const float alpha = 1.0f, beta = 0.0f;
+  check_blas(cublasLtMatmul(impl_->handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c,
+                            &p.algo, impl_->workspace, impl_->workspace_bytes, stream),
+             "cublasLtMatmul");
+}
+
+bool Gemm::run_bias(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
+                    __nv_bfloat16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+  if (m == 0) return true;
+  if (gemv_ && m <= kGemvMaxRows) {
+    gemv(x, w, bias, y, false, m, n, k, stream);
+    return true;
+  }
+  impl_->tune = {x, w, bias, y, stream};
+  const Plan& p = impl_->plan(m, n, k, false, true);
+  if (!p.found) return false;
+  // The bias pointer is an attribute of the descriptor: set per call (a host-side write).
+  check_blas(
+      cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+      "bias pointer");
+  const float alpha = 1.0f, beta = 0.0f;
+  check_blas(cublasLtMatmul(impl_->handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c,
+                            &p.algo, impl_->workspace, impl_->workspace_bytes, stream),
+             "cublasLtMatmul (bias)");
+  return true;
+}
+
+}  // namespace flashserve::model::cuda

@@ -1,0 +1,45 @@
+// The model's one matrix product, through cuBLASLt: y[m, n] = x[m, k] · w[n, k]^T, x and w bf16
+// row-major (w in Hugging Face's [out, in] layout, as stored in the checkpoint), y bf16 or float32,
+// float32 accumulation. The algorithm is chosen by cuBLASLt's heuristic once per shape and kept:
+// a decode step asks for the same few shapes every layer, so the heuristic runs once per shape for
+// the life of the runner, never on the hot path after the first step.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+
+namespace flashserve::model::cuda {
+
+class Gemm {
+ public:
+  // Allocates the cuBLASLt handle and its workspace on the current device.
+  explicit Gemm(size_t workspace_bytes = size_t{32} << 20);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // Products of at most kGemvMaxRows rows of x (decode at small batch) go to gemv.h's kernel when
+  // turned on here or by FLASHSERVE_GEMV=1 (off by default: measured no faster, see gemm.cu).
+  void set_gemv(bool on) { gemv_ = on; }
+
+  // y_float32: y is float32 (the LM head's logits), else bf16. All pointers 16-byte aligned,
+  // k and n multiples of 8.
+  void run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool y_float32, int64_t m,
+           int64_t n, int64_t k, cudaStream_t stream);
+
+  // y = x w^T + bias (bf16 y, bias [n]) in cuBLASLt's epilogue: the sum is rounded to bf16 once,
+  // as a bf16 nn.Linear with bias does. Returns false (and does nothing) when cuBLASLt has no
+  // algorithm with the bias epilogue for the shape; the caller then adds the bias itself.
+  bool run_bias(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
+                __nv_bfloat16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  bool gemv_ = false;
+};
+
+}  // namespace flashserve::model::cuda

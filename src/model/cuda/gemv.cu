@@ -1,0 +1,101 @@
+#include "flashserve/error.h"
+#include "model/cuda/check.h"
+#include "model/cuda/gemv.h"
+#include "model/cuda/reduce.cuh"
+#include "model/cuda/vec.cuh"
+
+namespace flashserve::model::cuda {
+namespace {
+
+constexpr int kWarps = 8;   // output rows per block
+constexpr int kUnroll = 4;  // 16-byte loads of w in flight per lane
+
+template <int M, bool kFloatOut>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                const __nv_bfloat16* __restrict__ bias, void* __restrict__ y, int64_t n,
+                int64_t k) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * int64_t{kWarps} + (threadIdx.x >> 5);
+  if (row >= n) return;
+  const __nv_bfloat16* wr = w + row * k;
+  float acc[M];
+#pragma unroll
+  for (int i = 0; i < M; ++i) acc[i] = 0.0f;
+  constexpr int64_t kStep = 32 * kVec;  // elements of a row one warp pass covers
+  int64_t c = int64_t{lane} * kVec;
+  // Main loop: kUnroll independent 16-byte loads of w per lane before their first use.
+  for (; c + (kUnroll - 1) * kStep < k; c += kUnroll * kStep) {
+    float wv[kUnroll][kVec];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) load8(wr + c + u * kStep, wv[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        float xv[kVec];
+        load8(x + i * k + c + u * kStep, xv);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[i] = fmaf(wv[u][e], xv[e], acc[i]);
+      }
+  }
+  for (; c < k; c += kStep) {
+    float wv[kVec];
+    load8(wr + c, wv);
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      float xv[kVec];
+      load8(x + i * k + c, xv);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) acc[i] = fmaf(wv[e], xv[e], acc[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < M; ++i) acc[i] = warp_sum(acc[i]);
+  if (lane == 0) {
+    const float b = bias ? __bfloat162float(bias[row]) : 0.0f;
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      if constexpr (kFloatOut)
+        static_cast<float*>(y)[i * n + row] = acc[i] + b;
+      else
+        static_cast<__nv_bfloat16*>(y)[i * n + row] = __float2bfloat16_rn(acc[i] + b);
+    }
+  }
+}
+
+template <int M>
+void launch(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, void* y,
+            bool y_float32, int64_t n, int64_t k, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>((n + kWarps - 1) / kWarps);
+  if (y_float32)
+    gemv_kernel<M, true><<<blocks, kWarps * 32, 0, stream>>>(x, w, bias, y, n, k);
+  else
+    gemv_kernel<M, false><<<blocks, kWarps * 32, 0, stream>>>(x, w, bias, y, n, k);
+}
+
+}  // namespace
+
+void gemv(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, void* y,
+          bool y_float32, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+  if (m > kGemvMaxRows) throw Error(ErrorKind::kInternal, "m", "gemv takes at most 4 rows");
+  switch (m) {
+    case 0:
+      return;
+    case 1:
+      launch<1>(x, w, bias, y, y_float32, n, k, stream);
+      break;
+    case 2:
+      launch<2>(x, w, bias, y, y_float32, n, k, stream);
+      break;
+    case 3:
+      launch<3>(x, w, bias, y, y_float32, n, k, stream);
+      break;
+    default:
+      launch<4>(x, w, bias, y, y_float32, n, k, stream);
+      break;
+  }
+  check_launch("gemv");
+}
+
+}  // namespace flashserve::model::cuda

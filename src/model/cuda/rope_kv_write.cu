@@ -1,0 +1,92 @@
+#include <string>
+
+#include "flashserve/error.h"
+#include "model/cuda/check.h"
+#include "model/cuda/rope_kv_write.h"
+#include "model/cuda/vec.cuh"
+
+namespace flashserve::model::cuda {
+namespace {
+
+// One block per token. A work item is 8 rotation pairs of one q or k head (x[i..i+8) with
+// x[i+d/2..i+d/2+8)) or 8 values of one v head; the angle pos * inv_freq[i] is formed in float32
+// and its sine and cosine taken at full precision (positions reach 10^5 radians).
+__global__ void rope_kv_kernel(RopeKvArgs a) {
+  const int64_t t = blockIdx.x;
+  const int d = a.head_dim, half = d / 2;
+  const int pair_vecs = half / kVec, v_vecs = d / kVec;
+  const int rope_items = (a.heads + a.kv_heads) * pair_vecs;
+  const int items = rope_items + a.kv_heads * v_vecs;
+  const int64_t width = static_cast<int64_t>(a.heads + 2 * a.kv_heads) * d;
+  const __nv_bfloat16* row = a.qkv + t * width;
+  const float pos = static_cast<float>(a.positions[t]);
+  const int64_t slot = a.slot_mapping[t];
+  for (int item = threadIdx.x; item < items; item += blockDim.x) {
+    if (item < rope_items) {
+      const int head = item / pair_vecs;  // q heads, then k heads
+      const int i0 = (item % pair_vecs) * kVec;
+      const int64_t c = static_cast<int64_t>(head) * d + i0;
+      float x1[kVec], x2[kVec];
+      load8(row + c, x1);
+      load8(row + c + half, x2);
+      if (a.bias) {
+        float b1[kVec], b2[kVec];
+        load8(a.bias + c, b1);
+        load8(a.bias + c + half, b2);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) x1[i] += b1[i], x2[i] += b2[i];
+        round8(x1);  // the biased projection is a bf16 tensor in Hugging Face's model
+        round8(x2);
+      }
+      float y1[kVec], y2[kVec];
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        float s, co;
+        sincosf(pos * a.inv_freq[i0 + i], &s, &co);
+        y1[i] = x1[i] * co - x2[i] * s;
+        y2[i] = x2[i] * co + x1[i] * s;
+      }
+      __nv_bfloat16* dst;
+      if (head < a.heads) {
+        dst = a.q_out + (t * a.heads + head) * d + i0;
+      } else {
+        if (slot < 0) continue;
+        dst = a.k_cache + (slot * a.kv_heads + (head - a.heads)) * d + i0;
+      }
+      store8(dst, y1);
+      store8(dst + half, y2);
+    } else {
+      if (slot < 0) continue;
+      const int v_item = item - rope_items;
+      const int head = v_item / v_vecs;
+      const int i0 = (v_item % v_vecs) * kVec;
+      const int64_t c = static_cast<int64_t>(a.heads + a.kv_heads + head) * d + i0;
+      float x[kVec];
+      load8(row + c, x);
+      if (a.bias) {
+        float b[kVec];
+        load8(a.bias + c, b);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) x[i] += b[i];
+      }
+      store8(a.v_cache + (slot * a.kv_heads + head) * d + i0, x);
+    }
+  }
+}
+
+}  // namespace
+
+void rope_kv_write(const RopeKvArgs& args, cudaStream_t stream) {
+  if (args.head_dim % (2 * kVec) != 0)
+    throw Error(ErrorKind::kUnsupported, "head_dim",
+                "must be a multiple of 16, got " + std::to_string(args.head_dim));
+  if (args.n_tokens == 0) return;
+  const int items = (args.heads + args.kv_heads) * (args.head_dim / 2 / kVec) +
+                    args.kv_heads * (args.head_dim / kVec);
+  int threads = ((items + 31) / 32) * 32;
+  if (threads > 512) threads = 512;
+  rope_kv_kernel<<<static_cast<unsigned>(args.n_tokens), threads, 0, stream>>>(args);
+  check_launch("rope_kv_write");
+}
+
+}  // namespace flashserve::model::cuda

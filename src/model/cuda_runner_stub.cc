@@ -1,0 +1,15 @@
+// make_cuda_runner in a build without the model's CUDA runner (src/model/cuda_runner.cu replaces
+// this file when CUDA is built; see src/CMakeLists.txt).
+#include "flashserve/error.h"
+#include "model/runner.h"
+
+namespace flashserve::model {
+
+std::unique_ptr<ModelRunner> make_cuda_runner(const std::string& dir, int device) {
+  (void)dir;
+  (void)device;
+  throw Error(ErrorKind::kUnsupported, "device",
+              "cuda: this flashserve is built without the CUDA model runner (use --device cpu)");
+}
+
+}  // namespace flashserve::model

@@ -1,0 +1,45 @@
+// The model runner: owns the weights and the paged KV pool of one model on one device, and runs one
+// step's ForwardBatch through the decoder. Two implementations: the CPU runner (float32, a BLAS,
+// the CPU attention path: CI and machines without a GPU) and the CUDA runner (bf16, cuBLASLt, our
+// kernels). The engine sees only this interface.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/forward_batch.h"
+#include "model/sampling.h"
+
+namespace flashserve::model {
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  // (Re)allocates the KV pool: per layer, K and V of [num_blocks, block_size, kv_heads, head_dim]
+  // (bf16 on the GPU, float32 on the CPU); token slot s = block * block_size + offset. Its previous
+  // contents are dropped.
+  virtual void allocate_kv(int64_t num_blocks, int32_t block_size) = 0;
+  // Runs the decoder over the batch's new tokens, writing their K and V into the pool at
+  // slot_mapping, and keeps the logits of batch.sample_rows. Throws Error(kInvalidArgument) for a
+  // batch that does not fit the pool (slots or block ids out of range) or the model (token ids).
+  virtual void forward(const ForwardBatch& batch) = 0;
+  // The kept logits: [sample_rows, vocab] float32, row-major, on the host.
+  virtual std::vector<float> logits() const = 0;
+  // One token per sample row of the last forward (which must be `batch`), drawn by the rule of
+  // sampling.h with params[i] for row i; the token's position is batch.positions[row] + 1.
+  virtual std::vector<int32_t> sample(const ForwardBatch& batch,
+                                      const std::vector<SamplingParams>& params) = 0;
+};
+
+// A runner on the CPU for the checkpoint directory `dir` (weights converted to float32 on load).
+std::unique_ptr<ModelRunner> make_cpu_runner(const std::string& dir);
+
+// A runner on CUDA device `device`. Without CUDA in the build: Error(kUnsupported).
+std::unique_ptr<ModelRunner> make_cuda_runner(const std::string& dir, int device = 0);
+
+}  // namespace flashserve::model

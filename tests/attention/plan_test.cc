@@ -1,0 +1,227 @@
+// The CUDA path's plan (src/attention/cuda/plan.h) on the H200's figures, without a GPU: how a
+// step's sequences are grouped into a decode launch and a prefill launch, the splits each group
+// gets (those of the group launched alone), the ranges and partial rows, and the workspace.
+#include "attention/cuda/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+namespace flashserve::testing {
+namespace {
+
+using attention::HostLengths;
+using attention::LaunchPlan;
+using attention::make_plan;
+using attention::Plan;
+using attention::PlanContext;
+using attention::Problem;
+using attention::SeqGroup;
+
+constexpr attention::SplitDevice kH200{132, 228 * 1024};
+
+// A varlen, causal, 32/8-head d128 step with these (q_len, kv_len) sequences.
+struct StepShape {
+  Problem pr;
+  HostLengths lens;
+  PlanContext ctx;
+};
+
+StepShape step(const std::vector<std::pair<int64_t, int64_t>>& seqs, int32_t num_splits = 0) {
+  StepShape s;
+  s.pr.batch = static_cast<int64_t>(seqs.size());
+  s.pr.h_q = 32;
+  s.pr.h_kv = 8;
+  s.pr.head_dim = s.pr.head_dim_v = 128;
+  s.pr.varlen_q = true;
+  s.pr.paged = true;
+  s.pr.page_size = 16;
+  s.pr.mask.right = 0;
+  s.pr.num_splits = num_splits;
+  s.lens.q_start.push_back(0);
+  for (auto [q, kv] : seqs) {
+    s.lens.q_start.push_back(s.lens.q_start.back() + q);
+    s.lens.kv_len.push_back(kv);
+    s.pr.max_q_len = std::max(s.pr.max_q_len, q);
+    s.pr.max_kv_len = std::max(s.pr.max_kv_len, kv);
+  }
+  s.ctx.device = kH200;
+  s.ctx.q_rows = s.lens.q_start.back();
+  return s;
+}
+
+Plan plan_of(const StepShape& s) {
+  return make_plan(s.pr, s.ctx, s.lens);
+}
+
+std::vector<std::pair<int64_t, int64_t>> decodes(int n, int64_t kv) {
+  return std::vector<std::pair<int64_t, int64_t>>(n, {1, kv});
+}
+
+TEST(Plan, DecodeOnlyStepIsOneDecodeLaunchWithItsSplits) {
+  const Plan p = plan_of(step(decodes(64, 2048)));
+  ASSERT_EQ(p.launches.size(), 1u);
+  const LaunchPlan& l = p.launches[0];
+  EXPECT_TRUE(l.kernel.decode);
+  EXPECT_FALSE(l.kernel.masked);  // one bottom-right query sees every key
+  EXPECT_TRUE(l.kernel.paged);
+  EXPECT_EQ(l.group, SeqGroup::kAll);
+  EXPECT_EQ(l.kernel.splits, 2);  // as split_policy gives 64 x 2k decodes alone
+  EXPECT_EQ(l.seq_begin, 0);
+  EXPECT_EQ(l.seq_end, 64);
+  EXPECT_EQ(l.rows, 64);
+  EXPECT_EQ(p.workspace_bytes, attention::partial_bytes(2, 64, 32, 128));
+}
+
+TEST(Plan, MixedStepGetsADecodeLaunchAndAPrefillLaunchEachSplitAsAlone) {
+  // 1 chunk of 512 over 4k cached, then 64 decodes over 2k: the Sarathi step of issue 15.
+  auto seqs = decodes(64, 2048);
+  seqs.insert(seqs.begin(), {512, 4096 + 512});
+  const Plan mixed = plan_of(step(seqs));
+  ASSERT_EQ(mixed.launches.size(), 2u);
+  const Plan chunk_alone = plan_of(step({{512, 4096 + 512}}));
+  const Plan decodes_alone = plan_of(step(decodes(64, 2048)));
+  const LaunchPlan& d = mixed.launches[0];
+  const LaunchPlan& c = mixed.launches[1];
+  EXPECT_TRUE(d.kernel.decode);
+  EXPECT_EQ(d.group, SeqGroup::kAll);  // decodes are contiguous: nothing to skip
+  EXPECT_EQ(d.seq_begin, 1);
+  EXPECT_EQ(d.seq_end, 65);
+  EXPECT_EQ(d.rows, 64);  // partials by sequence
+  EXPECT_EQ(d.max_kv_len, 2048);
+  EXPECT_EQ(d.kernel.splits, decodes_alone.launches[0].kernel.splits);
+  EXPECT_FALSE(c.kernel.decode);
+  EXPECT_TRUE(c.kernel.masked);
+  EXPECT_EQ(c.seq_begin, 0);
+  EXPECT_EQ(c.seq_end, 1);
+  EXPECT_EQ(c.row_begin, 0);
+  EXPECT_EQ(c.rows, 512);
+  EXPECT_EQ(c.max_q_len, 512);
+  EXPECT_EQ(c.kernel.splits, chunk_alone.launches[0].kernel.splits);
+  EXPECT_GT(c.kernel.splits, 1);  // 128 tiles do not fill 132 SMs twice
+  // Each launch's partials have their own, aligned part of the workspace.
+  EXPECT_EQ(d.workspace_offset, 0u);
+  EXPECT_GE(c.workspace_offset, attention::partial_bytes(d.kernel.splits, 64, 32, 128));
+  EXPECT_EQ(c.workspace_offset % 256, 0u);
+  EXPECT_GE(mixed.workspace_bytes,
+            c.workspace_offset + attention::partial_bytes(c.kernel.splits, 512, 32, 128));
+}
+
+TEST(Plan, InterleavedKindsSkipTheOtherKindInTheirRange) {
+  // decode, chunk, decode, empty, chunk: both ranges hold the other kind.
+  const Plan p = plan_of(step({{1, 300}, {40, 90}, {1, 5000}, {0, 7}, {17, 17}}));
+  ASSERT_EQ(p.launches.size(), 2u);
+  EXPECT_EQ(p.launches[0].group, SeqGroup::kDecodes);
+  EXPECT_EQ(p.launches[0].seq_begin, 0);
+  EXPECT_EQ(p.launches[0].seq_end, 3);
+  EXPECT_EQ(p.launches[0].max_kv_len, 5000);
+  EXPECT_EQ(p.launches[1].group, SeqGroup::kPrefills);
+  EXPECT_EQ(p.launches[1].seq_begin, 1);
+  EXPECT_EQ(p.launches[1].seq_end, 5);
+  EXPECT_EQ(p.launches[1].row_begin, 1);
+  EXPECT_EQ(p.launches[1].rows, 40 + 1 + 0 + 17);
+  EXPECT_EQ(p.launches[1].max_q_len, 40);
+  // An empty sequence between two of one kind does not make the range mixed.
+  const Plan q = plan_of(step({{40, 90}, {1, 300}, {0, 7}, {1, 70}}));
+  ASSERT_EQ(q.launches.size(), 2u);
+  EXPECT_EQ(q.launches[0].group, SeqGroup::kAll);
+  EXPECT_EQ(q.launches[0].seq_begin, 1);
+  EXPECT_EQ(q.launches[0].seq_end, 4);
+}
+
+TEST(Plan, LeftWindowOrOnlyChunksIsOnePrefillLaunch) {
+  StepShape w = step({{1, 300}, {40, 90}});
+  w.pr.mask.left = 50;  // a left window: one query still sees a window of the keys
+  const Plan p = plan_of(w);
+  ASSERT_EQ(p.launches.size(), 1u);
+  EXPECT_FALSE(p.launches[0].kernel.decode);
+  EXPECT_EQ(p.launches[0].group, SeqGroup::kAll);
+  const Plan chunks = plan_of(step({{512, 1536}, {512, 2560}, {512, 4608}, {512, 8704}}));
+  ASSERT_EQ(chunks.launches.size(), 1u);
+  EXPECT_FALSE(chunks.launches[0].kernel.decode);
+  EXPECT_EQ(chunks.launches[0].max_kv_len, 8704);
+}
+
+TEST(Plan, UnknownLengthsSplitTheBatchByKindOnTheDevice) {
+  // attention_forward's plan: only max_seqlen_q/k. A varlen batch with longer queries may hold
+  // decodes: both launches over the whole batch, the decode one split as if all were decodes
+  // (its partials take one row per sequence, not the rows of q).
+  StepShape s = step({{512, 4608}, {1, 2048}, {1, 2048}});
+  const Plan p = make_plan(s.pr, s.ctx, HostLengths{});
+  ASSERT_EQ(p.launches.size(), 2u);
+  EXPECT_EQ(p.launches[0].group, SeqGroup::kDecodes);
+  EXPECT_GT(p.launches[0].kernel.splits, 1);
+  EXPECT_EQ(p.launches[0].rows, 3);
+  EXPECT_EQ(p.launches[1].group, SeqGroup::kPrefills);
+  EXPECT_EQ(p.launches[1].rows, s.ctx.q_rows);
+  for (const LaunchPlan& l : p.launches) {
+    EXPECT_EQ(l.seq_begin, 0);
+    EXPECT_EQ(l.seq_end, 3);
+  }
+  // Decodes only (max_seqlen_q 1): one decode launch, split as before.
+  StepShape d = step(decodes(8, 32768));
+  const Plan dp = make_plan(d.pr, d.ctx, HostLengths{});
+  ASSERT_EQ(dp.launches.size(), 1u);
+  EXPECT_TRUE(dp.launches[0].kernel.decode);
+  EXPECT_GT(dp.launches[0].kernel.splits, 1);
+  // No workspace: no automatic splits (attention_forward without one).
+  d.ctx.workspace_available = false;
+  EXPECT_EQ(make_plan(d.pr, d.ctx, HostLengths{}).launches[0].kernel.splits, 1);
+  EXPECT_EQ(make_plan(d.pr, d.ctx, HostLengths{}).workspace_bytes, 0u);
+}
+
+TEST(Plan, ExplicitSplitsApplyToEveryLaunch) {
+  auto seqs = decodes(3, 900);
+  seqs.push_back({33, 900});
+  const Plan p = plan_of(step(seqs, 5));
+  ASSERT_EQ(p.launches.size(), 2u);
+  for (const LaunchPlan& l : p.launches) EXPECT_EQ(l.kernel.splits, 5);
+}
+
+TEST(Plan, RandomBatchesCoverEverySequenceOnceWithinLimits) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 500; ++trial) {
+    const int n = 1 + int(rng() % 40);
+    std::vector<std::pair<int64_t, int64_t>> seqs;
+    for (int i = 0; i < n; ++i) {
+      const int kind = int(rng() % 3);
+      const int64_t q = kind == 0 ? 1 : kind == 1 ? 0 : 2 + int64_t(rng() % 700);
+      seqs.push_back({q, q + int64_t(rng() % 9000)});
+    }
+    const StepShape s = step(seqs, trial % 7 == 0 ? 3 : 0);
+    const Plan p = plan_of(s);
+    ASSERT_LE(p.launches.size(), 2u);
+    std::vector<int> taken(n, 0);
+    size_t end = 0;
+    for (const LaunchPlan& l : p.launches) {
+      EXPECT_GE(l.kernel.splits, 1);
+      EXPECT_LE(l.kernel.splits, 128);
+      if (l.kernel.decode) {
+        EXPECT_EQ(l.rows, l.seq_end - l.seq_begin);  // partials by sequence
+      } else {
+        EXPECT_EQ(l.row_begin, s.lens.q_start[l.seq_begin]);
+        EXPECT_EQ(l.rows, s.lens.q_start[l.seq_end] - l.row_begin);
+      }
+      EXPECT_GE(l.workspace_offset, end);
+      end = l.workspace_offset +
+            attention::partial_bytes(l.kernel.splits, l.rows, s.pr.h_q, s.pr.head_dim);
+      for (int64_t b = l.seq_begin; b < l.seq_end; ++b) {
+        const int64_t q = seqs[b].first;
+        const bool takes = l.group == SeqGroup::kAll || (l.group == SeqGroup::kDecodes) == (q <= 1);
+        if (takes && q > 0) {
+          ++taken[b];
+          if (l.kernel.decode) EXPECT_EQ(q, 1);
+          EXPECT_LE(q, l.max_q_len);
+          EXPECT_LE(seqs[b].second, l.max_kv_len);
+        }
+      }
+    }
+    EXPECT_LE(end, p.workspace_bytes);
+    for (int b = 0; b < n; ++b)
+      EXPECT_EQ(taken[b], seqs[b].first > 0 ? 1 : 0) << "sequence " << b << " of trial " << trial;
+  }
+}
+
+}  // namespace
+}  // namespace flashserve::testing

@@ -1,0 +1,216 @@
+// Attention as a serving step runs it (issue 15), against the float64 reference: mixed batches of
+// prefill chunks and single-token decodes over a paged cache, through plan_attention +
+// run_attention with the host-side lengths (the engine's form) and through attention_forward (the
+// plan knows only max_seqlen_q/k). Odd lengths, page sizes 16/64/256 (and 7), GQA groups of
+// 1/4/8, chunks whose cached context is not a multiple of the page, decodes and chunks
+// interleaved (each launch then skips the other's sequences), automatic and explicit splits. A
+// plan is reused over several runs with other tensors of the same shapes. Outputs start poisoned
+// (NaN), as do unused pages and the tails of last pages. The instantiation ServeSanitize runs
+// under compute-sanitizer (scripts/gpu-check.sh runs *Sanitize*).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "support/attention_case.h"
+#include "support/compare.h"
+#include "support/device_copy.h"
+
+namespace flashserve::testing {
+namespace {
+
+// The host-side lengths of a case, as the scheduler would pass them.
+struct HostLens {
+  std::vector<int32_t> cu_q, kv;
+  explicit HostLens(const CaseSpec& s) {
+    cu_q.push_back(0);
+    for (int64_t b = 0; b < s.batch; ++b) {
+      cu_q.push_back(static_cast<int32_t>(cu_q.back() + s.q_len(b)));
+      kv.push_back(static_cast<int32_t>(s.kv_len(b)));
+    }
+  }
+  AttentionLengths view(const CaseSpec& s) const {
+    return {s.q_layout == QLayout::kVarlen ? cu_q.data() : nullptr, kv.data()};
+  }
+};
+
+// Plans the case from its host lengths, runs the plan on the device copies, compares.
+void check_planned(const CaseSpec& spec) {
+  AttentionCase c(spec);
+  const HostLens lens(spec);
+  DeviceCopy dev(c);
+  const AttentionPlan plan = plan_attention(dev.params(), lens.view(spec));
+  run_attention(plan, dev.params(plan.workspace_bytes()));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  dev.download();
+  EXPECT_TRUE(attention_close(read_output(c.params()), c.exact(), c.lowp(), spec.dtype))
+      << spec.name() << " planned: " << plan.summary();
+}
+
+// The same through attention_forward.
+void check_forward(const CaseSpec& spec) {
+  AttentionCase c(spec);
+  DeviceCopy dev(c);
+  attention_forward(dev.params());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  dev.download();
+  EXPECT_TRUE(attention_close(read_output(c.params()), c.exact(), c.lowp(), spec.dtype))
+      << spec.name() << " through attention_forward";
+}
+
+CaseSpec mixed(int64_t d, int64_t page, int64_t h_q, int64_t h_kv, std::vector<int64_t> q_lens,
+               std::vector<int64_t> kv_lens, bool causal = true) {
+  CaseSpec s;
+  s.dtype = DType::kBFloat16;
+  s.head_dim = d;
+  s.batch = static_cast<int64_t>(q_lens.size());
+  s.q_lens = std::move(q_lens);
+  s.kv_lens = std::move(kv_lens);
+  s.h_q = h_q;
+  s.h_kv = h_kv;
+  s.causal = causal;
+  s.q_layout = QLayout::kVarlen;
+  s.kv_layout = KVLayout::kPaged;
+  s.page_size = page;
+  s.num_splits = 0;
+  return s;
+}
+
+std::vector<CaseSpec> serving_cases() {
+  std::vector<CaseSpec> v;
+  for (int64_t page : {16, 64, 256})
+    for (auto [h_q, h_kv] : {std::pair<int64_t, int64_t>{8, 8}, {16, 4}, {16, 2}}) {
+      // A chunk of 77 over 45 cached keys (not a page multiple) first, then decodes: the
+      // engine's order. Then the kinds interleaved with an empty sequence, and a long decode
+      // that splits.
+      v.push_back(mixed(128, page, h_q, h_kv, {77, 1, 1, 1}, {122, 700, 33, 1}));
+      v.push_back(
+          mixed(128, page, h_q, h_kv, {1, 130, 1, 0, 17, 1}, {2049, 130 + 333, 1, 9, 17, 300}));
+    }
+  // Head dims 64 and 256, fp16, non-causal, no lse, and explicit splits in both launches.
+  CaseSpec d64 = mixed(64, 16, 16, 4, {1, 200, 1}, {3000, 200 + 19, 65});
+  v.push_back(d64);
+  CaseSpec d256 = mixed(256, 64, 8, 2, {33, 1, 1, 129}, {33 + 100, 1500, 2, 129 + 7}, false);
+  d256.dtype = DType::kFloat16;
+  v.push_back(d256);
+  CaseSpec nolse = mixed(128, 16, 32, 8, {1, 1, 512}, {4097, 2048, 512 + 1000});
+  nolse.with_lse = false;
+  v.push_back(nolse);
+  CaseSpec forced = mixed(128, 7, 8, 2, {1, 60, 1}, {900, 60 + 31, 1200});
+  forced.num_splits = 3;
+  v.push_back(forced);
+  return v;
+}
+
+// The small subset compute-sanitizer runs (memcheck, racecheck): both launches, interleaved kinds
+// (the skips and the combine's row search), splits in both, page 16.
+std::vector<CaseSpec> serving_sanitize_cases() {
+  std::vector<CaseSpec> v;
+  v.push_back(mixed(128, 16, 16, 4, {1, 70, 1, 0, 17}, {1500, 70 + 21, 40, 3, 17}));
+  CaseSpec forced = mixed(128, 64, 8, 2, {33, 1, 1}, {33 + 50, 700, 2000});
+  forced.num_splits = 3;
+  v.push_back(forced);
+  return v;
+}
+
+class GpuServing : public ::testing::TestWithParam<CaseSpec> {};
+
+TEST_P(GpuServing, PlannedMatchesFloat64Reference) {
+  SKIP_WITHOUT_CUDA();
+  CaseSpec s = GetParam();
+  s.seed = seed_for(s.name(), 31);
+  check_planned(s);
+}
+
+TEST_P(GpuServing, ForwardMatchesFloat64Reference) {
+  SKIP_WITHOUT_CUDA();
+  CaseSpec s = GetParam();
+  s.seed = seed_for(s.name(), 37);
+  check_forward(s);
+}
+
+INSTANTIATE_TEST_SUITE_P(Mixed, GpuServing, ::testing::ValuesIn(serving_cases()),
+                         [](const auto& info) { return info.param.name(); });
+INSTANTIATE_TEST_SUITE_P(ServeSanitize, GpuServing, ::testing::ValuesIn(serving_sanitize_cases()),
+                         [](const auto& info) { return info.param.name(); });
+
+// One plan, several runs: other tensors of the same shapes (fresh inputs, other device buffers),
+// then the first again. Each run must match its own reference: the plan holds no pointer.
+TEST(GpuServingPlan, ReusedAcrossRunsWithOtherTensors) {
+  SKIP_WITHOUT_CUDA();
+  const CaseSpec base = mixed(128, 16, 32, 8, {1, 300, 1, 1}, {2000, 300 + 77, 129, 5});
+  std::vector<AttentionCase> cases;
+  for (uint64_t seed : {41, 42, 43}) {
+    CaseSpec s = base;
+    s.seed = seed;
+    cases.emplace_back(s);
+  }
+  const HostLens lens(base);
+  DeviceCopy first(cases[0]);
+  const AttentionPlan plan = plan_attention(first.params(), lens.view(base));
+  EXPECT_GT(plan.workspace_bytes(), 0u) << plan.summary();  // the long decode splits
+  for (int round = 0; round < 2; ++round)
+    for (AttentionCase& c : cases) {
+      c.poison_outputs();
+      DeviceCopy dev(c);
+      run_attention(plan, dev.params(plan.workspace_bytes()));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      dev.download();
+      EXPECT_TRUE(attention_close(read_output(c.params()), c.exact(), c.lowp(), base.dtype))
+          << "round " << round << ", seed " << c.spec().seed << ": " << plan.summary();
+    }
+}
+
+// A run captured in a CUDA graph and replayed matches the reference (no host sync, no allocation
+// in run_attention with the plan's workspace).
+TEST(GpuServingPlan, RunCapturedInACudaGraph) {
+  SKIP_WITHOUT_CUDA();
+  CaseSpec s = mixed(128, 16, 32, 8, {200, 1, 1}, {200 + 300, 3000, 70});
+  s.seed = 51;
+  AttentionCase c(s);
+  const HostLens lens(s);
+  DeviceCopy dev(c);
+  AttentionParams p = dev.params();
+  const AttentionPlan plan = plan_attention(p, lens.view(s));
+  p = dev.params(plan.workspace_bytes());
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  p.stream = stream;
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  run_attention(plan, p);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  dev.download();
+  EXPECT_TRUE(attention_close(read_output(c.params()), c.exact(), c.lowp(), s.dtype))
+      << plan.summary();
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// Params that do not match the plan are refused, naming "plan".
+TEST(GpuServingPlan, RefusesParamsOfAnotherShape) {
+  SKIP_WITHOUT_CUDA();
+  const CaseSpec s = mixed(128, 16, 8, 2, {5, 1}, {40, 90});
+  AttentionCase c(s);
+  const HostLens lens(s);
+  DeviceCopy dev(c);
+  const AttentionPlan plan = plan_attention(dev.params(), lens.view(s));
+  AttentionParams other = dev.params(plan.workspace_bytes());
+  other.causal = false;
+  other.window_right = -1;
+  try {
+    run_attention(plan, other);
+    ADD_FAILURE() << "no error for params of another mask";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "plan") << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace flashserve::testing

@@ -1,0 +1,282 @@
+// The CPU forward against the float64 reference of tests/model/reference_model.h (an independent
+// implementation), on small random models that cover each architecture's features (GQA, q/k/v bias,
+// tied head, llama3 RoPE scaling, a sliding window), with mixed batches of prefills and decodes in
+// a shuffled paged pool; and chunked prefill giving the same logits as whole prefill.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "flashserve/error.h"
+#include "model/forward_batch.h"
+#include "model/presets.h"
+#include "model/random_checkpoint.h"
+#include "model/runner.h"
+#include "reference_model.h"
+#include "test_dirs.h"
+
+namespace flashserve::model {
+namespace {
+
+using testing::fresh_dir;
+using testing::ref_forward;
+using testing::ref_load;
+using testing::RefModel;
+
+ModelConfig small_config(const std::string& variant) {
+  ModelConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.num_hidden_layers = 2;
+  c.hidden_size = 128;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 64;  // q width 256 != hidden: o_proj is not square, a transposition shows
+  c.intermediate_size = 192;
+  c.vocab_size = 300;
+  c.max_position_embeddings = 512;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 10000;
+  if (variant == "qwen2") {
+    c.architecture = "Qwen2ForCausalLM";
+    c.attention_bias = true;
+    c.tie_word_embeddings = true;
+    c.num_key_value_heads = 1;  // MQA
+    c.rope_theta = 1e6;
+  } else if (variant == "llama3") {
+    c.rope_scaling.type = "llama3";
+    c.rope_scaling.factor = 8;
+    c.rope_scaling.low_freq_factor = 1;
+    c.rope_scaling.high_freq_factor = 4;
+    // Wavelengths above 64 are scaled, below 16 kept, between blended: all three bands occur.
+    c.rope_scaling.original_max_position_embeddings = 64;
+    c.num_key_value_heads = 4;  // MHA
+  } else if (variant == "mistral") {
+    c.architecture = "MistralForCausalLM";
+    c.sliding_window = 7;
+  }
+  c.validate();
+  return c;
+}
+
+// A sequence in the test's paged pool.
+struct Seq {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> blocks;
+};
+
+// Blocks of the pool dealt to the sequences in a random order, so that pages are not contiguous.
+std::vector<Seq> make_seqs(std::mt19937_64& rng, const std::vector<int64_t>& lens, int64_t vocab,
+                           int32_t block_size, int64_t capacity, int64_t* num_blocks) {
+  int64_t total = 0;
+  for (size_t i = 0; i < lens.size(); ++i) total += (capacity + block_size - 1) / block_size;
+  std::vector<int32_t> ids(static_cast<size_t>(total));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(vocab - 1));
+  std::vector<Seq> seqs;
+  size_t next = 0;
+  for (int64_t len : lens) {
+    Seq s;
+    for (int64_t t = 0; t < len; ++t) s.tokens.push_back(tok(rng));
+    for (int64_t b = 0; b < (capacity + block_size - 1) / block_size; ++b)
+      s.blocks.push_back(ids[next++]);
+    seqs.push_back(std::move(s));
+  }
+  *num_blocks = total;
+  return seqs;
+}
+
+// Largest |ours - reference| over a row, and the row's RMS.
+struct Diff {
+  double max_abs = 0, rms = 0;
+};
+Diff compare(const float* ours, const std::vector<double>& ref) {
+  Diff d;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    d.max_abs = std::max(d.max_abs, std::fabs(static_cast<double>(ours[i]) - ref[i]));
+    d.rms += ref[i] * ref[i];
+  }
+  d.rms = std::sqrt(d.rms / static_cast<double>(ref.size()));
+  return d;
+}
+
+// float32 throughout (GEMMs over at most 256 terms, softmax, norms) against float64: the largest
+// error seen over many seeds is 3e-6 of the logits' RMS (about 25 float32 epsilons); 3e-5 leaves a
+// 10x margin and is 1000x below a real defect (a wrong bias, rotation band or mask moves logits by
+// 0.01-0.5 of their RMS).
+constexpr double kRelTol = 3e-5;
+
+class CpuForward : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CpuForward, MatchesFloat64ReferenceOverPrefillAndDecodeSteps) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
+  const uint64_t seed = testing::test_seed();
+  SCOPED_TRACE("FLASHSERVE_TEST_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const ModelConfig c = small_config(GetParam());
+  const std::string dir = fresh_dir(GetParam());
+  RandomCheckpointOptions opt;
+  opt.seed = seed;
+  opt.dtype = DType::kFloat32;
+  write_random_checkpoint(c, dir, opt);
+  const RefModel ref = ref_load(dir);
+  auto runner = make_cpu_runner(dir);
+
+  for (int32_t block_size : {16, 5}) {
+    SCOPED_TRACE("block_size " + std::to_string(block_size));
+    const std::vector<int64_t> lens = {1, 17, 33};
+    const int64_t decode_steps = 3;
+    int64_t num_blocks = 0;
+    std::vector<Seq> seqs =
+        make_seqs(rng, lens, c.vocab_size, block_size, 33 + decode_steps, &num_blocks);
+    runner->allocate_kv(num_blocks, block_size);
+    // Step 0: every prompt whole. Then decode steps, each token drawn at random (not sampled: the
+    // logits are what is checked).
+    std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
+    for (int64_t step = 0; step <= decode_steps; ++step) {
+      ForwardBatchBuilder bb(block_size);
+      for (Seq& s : seqs) {
+        if (step > 0) s.tokens.push_back(tok(rng));
+        const int64_t n = static_cast<int64_t>(s.tokens.size());
+        const int64_t start = step == 0 ? 0 : n - 1;
+        bb.add(s.tokens.data() + start, start, n - start, s.blocks, true);
+      }
+      const ForwardBatch batch = std::move(bb).build();
+      runner->forward(batch);
+      const std::vector<float> logits = runner->logits();
+      ASSERT_EQ(logits.size(), seqs.size() * static_cast<size_t>(c.vocab_size));
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        const auto tr = ref_forward(ref, seqs[i].tokens);
+        const Diff d = compare(logits.data() + i * c.vocab_size, tr.logits.back());
+        ASSERT_GT(d.rms, 0.1);  // the reference's logits are not degenerate
+        EXPECT_LE(d.max_abs, kRelTol * d.rms)
+            << "step " << step << " sequence " << i << " (length " << seqs[i].tokens.size()
+            << "): max |diff| " << d.max_abs << ", logit RMS " << d.rms;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, CpuForward,
+                         ::testing::Values("llama", "qwen2", "llama3", "mistral"));
+
+// The same prompt prefilled whole in one step, and in chunks mixed into steps with other
+// sequences' decodes (as Sarathi schedules it): the same logits after the prompt and after each
+// later decode, to float32 rounding (the chunks change only the GEMMs' row counts and the order of
+// the attention's key blocks).
+TEST(CpuForwardChunking, ChunkedPrefillEqualsWholePrefill) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
+  const uint64_t seed = testing::test_seed();
+  SCOPED_TRACE("FLASHSERVE_TEST_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const ModelConfig c = small_config("llama");
+  const std::string dir = fresh_dir("chunk");
+  RandomCheckpointOptions opt;
+  opt.seed = seed;
+  opt.dtype = DType::kBFloat16;
+  write_random_checkpoint(c, dir, opt);
+  auto whole = make_cpu_runner(dir);
+  auto chunked = make_cpu_runner(dir);
+  const int32_t bs = 8;
+  const int64_t prompt_len = 61, decodes = 4;
+  int64_t num_blocks = 0;
+  // Sequence 0 is the prompt under test; 1 and 2 are running decodes in the chunked runner.
+  std::vector<Seq> seqs =
+      make_seqs(rng, {prompt_len, 9, 20}, c.vocab_size, bs, prompt_len + 64, &num_blocks);
+  whole->allocate_kv(num_blocks, bs);
+  chunked->allocate_kv(num_blocks, bs);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
+
+  ForwardBatchBuilder w(bs);
+  w.add(seqs[0].tokens.data(), 0, prompt_len, seqs[0].blocks, true);
+  const ForwardBatch wb = std::move(w).build();
+  whole->forward(wb);
+  const std::vector<float> want = whole->logits();
+
+  // The other two sequences' prompts first, then sequence 0 in chunks of random sizes (at least
+  // three chunks), each step also decoding sequences 1 and 2.
+  {
+    ForwardBatchBuilder b(bs);
+    for (int i : {1, 2})
+      b.add(seqs[i].tokens.data(), 0, seqs[i].tokens.size(), seqs[i].blocks, true);
+    chunked->forward(std::move(b).build());
+  }
+  std::vector<int64_t> cuts = {0, prompt_len};
+  while (cuts.size() < 5) {
+    const int64_t cut = std::uniform_int_distribution<int64_t>(1, prompt_len - 1)(rng);
+    if (std::find(cuts.begin(), cuts.end(), cut) == cuts.end()) cuts.push_back(cut);
+  }
+  std::sort(cuts.begin(), cuts.end());
+  std::vector<float> got;
+  for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+    ForwardBatchBuilder b(bs);
+    for (int i : {1, 2}) {  // decodes first, as the scheduler orders them
+      seqs[i].tokens.push_back(tok(rng));
+      const int64_t n = static_cast<int64_t>(seqs[i].tokens.size());
+      b.add(seqs[i].tokens.data() + n - 1, n - 1, 1, seqs[i].blocks, true);
+    }
+    const bool last = k + 2 == cuts.size();
+    b.add(seqs[0].tokens.data() + cuts[k], cuts[k], cuts[k + 1] - cuts[k], seqs[0].blocks, last);
+    const ForwardBatch batch = std::move(b).build();
+    chunked->forward(batch);
+    const std::vector<float> l = chunked->logits();
+    ASSERT_EQ(l.size(), static_cast<size_t>((last ? 3 : 2) * c.vocab_size));
+    if (last) got.assign(l.begin() + 2 * c.vocab_size, l.end());
+  }
+  auto check = [&](const std::vector<float>& a, const std::vector<float>& b, const char* when) {
+    double max_abs = 0, rms = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      max_abs = std::max(max_abs, std::fabs(static_cast<double>(a[i]) - b[i]));
+      rms += static_cast<double>(a[i]) * a[i];
+    }
+    rms = std::sqrt(rms / static_cast<double>(a.size()));
+    EXPECT_LE(max_abs, kRelTol * rms) << when << ": max |diff| " << max_abs << ", RMS " << rms;
+  };
+  check(want, got, "after the prompt");
+  // Then decodes of sequence 0 on both runners: its cache written in chunks must read back the
+  // same.
+  for (int64_t step = 0; step < decodes; ++step) {
+    seqs[0].tokens.push_back(tok(rng));
+    const int64_t n = static_cast<int64_t>(seqs[0].tokens.size());
+    ForwardBatchBuilder a(bs), b(bs);
+    a.add(seqs[0].tokens.data() + n - 1, n - 1, 1, seqs[0].blocks, true);
+    b.add(seqs[0].tokens.data() + n - 1, n - 1, 1, seqs[0].blocks, true);
+    whole->forward(std::move(a).build());
+    chunked->forward(std::move(b).build());
+    check(whole->logits(), chunked->logits(), "decode");
+  }
+}
+
+TEST(CpuForwardErrors, BatchesThatDoNotFitThePoolOrModelAreRefused) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
+  const std::string dir = fresh_dir("err");
+  write_random_checkpoint(small_config("llama"), dir, {});
+  auto r = make_cpu_runner(dir);
+  const std::vector<int32_t> blocks = {0, 1};
+  auto batch = [&](std::vector<int32_t> tokens, std::vector<int32_t> bl) {
+    ForwardBatchBuilder b(4);
+    b.add(tokens.data(), 0, static_cast<int64_t>(tokens.size()), bl, true);
+    return std::move(b).build();
+  };
+  EXPECT_THROW(r->forward(batch({1, 2}, blocks)), Error);  // no pool yet
+  r->allocate_kv(2, 4);
+  r->forward(batch({1, 2, 3}, blocks));
+  EXPECT_EQ(r->logits().size(), 300u);
+  EXPECT_EQ(r->sample(batch({1, 2, 3}, blocks), {SamplingParams{}}).size(), 1u);
+  EXPECT_THROW(r->sample(batch({1, 2, 3}, blocks), {}), Error);  // one params per row
+  EXPECT_THROW(r->forward(batch({1, 300}, blocks)), Error);      // token outside the vocabulary
+  EXPECT_THROW(r->forward(batch({-1}, blocks)), Error);
+  EXPECT_THROW(r->forward(batch({1, 2}, {0, 2})), Error);  // block 2 of a 2-block pool
+  EXPECT_THROW(r->forward(batch({1, 2, 3, 4, 5}, {0, 5})), Error);
+  ForwardBatch bad = batch({1, 2}, blocks);
+  bad.positions[1] = 7;  // not the position its kv_len implies
+  EXPECT_THROW(r->forward(bad), Error);
+  bad = batch({1, 2}, blocks);
+  bad.cu_seqlens_q.back() = 1;
+  EXPECT_THROW(r->forward(bad), Error);
+}
+
+}  // namespace
+}  // namespace flashserve::model

@@ -1,0 +1,78 @@
+// GPU test support: whether a CUDA device is there (tests skip with "skipped: no CUDA device"
+// without one) and the device copies of an AttentionCase's buffers.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "support/attention_case.h"
+
+namespace flashserve::testing {
+
+inline bool have_cuda_device() {
+  static const bool have = [] {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  }();
+  return have;
+}
+
+#define SKIP_WITHOUT_CUDA()                                             \
+  do {                                                                  \
+    if (!have_cuda_device()) GTEST_SKIP() << "skipped: no CUDA device"; \
+  } while (0)
+
+inline constexpr Device kGpu{DeviceType::kCUDA, 0};
+
+// Device copies of every buffer of a case, freed on destruction.
+class DeviceCopy {
+ public:
+  explicit DeviceCopy(AttentionCase& c) : c_(c) {
+    for (const auto& b : c.buffers()) {
+      void* d = nullptr;
+      if (b.bytes) {
+        EXPECT_EQ(cudaMalloc(&d, b.bytes), cudaSuccess);
+        EXPECT_EQ(cudaMemcpy(d, b.host, b.bytes, cudaMemcpyHostToDevice), cudaSuccess);
+      }
+      ptrs_.push_back(d);
+    }
+  }
+  ~DeviceCopy() {
+    for (void* p : ptrs_) cudaFree(p);
+    cudaFree(workspace_);
+  }
+  // Views of the device copies, with the split-KV workspace the call asks for (so that automatic
+  // splitting, num_splits = 0, can split), and at least `at_least` bytes (a plan's).
+  AttentionParams params(size_t at_least = 0) {
+    AttentionParams p = c_.params(kGpu, ptrs_.data());
+    const size_t bytes = std::max(attention_workspace_size(p), at_least);
+    if (bytes > workspace_bytes_) {
+      cudaFree(workspace_);
+      workspace_ = nullptr;
+      EXPECT_EQ(cudaMalloc(&workspace_, bytes), cudaSuccess);
+      workspace_bytes_ = bytes;
+    }
+    p.workspace = workspace_;
+    p.workspace_bytes = workspace_bytes_;
+    return p;
+  }
+  // Copies out and lse back into the case's host buffers.
+  void download() {
+    auto bufs = c_.buffers();
+    for (int i : {AttentionCase::kOut, AttentionCase::kLse})
+      if (bufs[i].bytes)
+        EXPECT_EQ(cudaMemcpy(bufs[i].host, ptrs_[i], bufs[i].bytes, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+  }
+
+ private:
+  AttentionCase& c_;
+  std::vector<void*> ptrs_;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+};
+
+}  // namespace flashserve::testing
