@@ -1,6 +1,7 @@
 // The tokenizer on the checked-in fixtures, against expectations written by hand from the
 // definitions (GPT-2's byte map, UTF-8 of known characters, the fixtures' own special tokens),
 // and its errors. The comparison with Hugging Face's implementation is hf_reference_test.cc.
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -100,7 +101,7 @@ TEST(ByteLevelTokenizer, RoundTripsEveryLineAndInvalidUtf8BecomesReplacement) {
 
 TEST(ByteFallbackTokenizer, MetaspaceAndByteFallback) {
   const Tokenizer t = Tokenizer::load(fixture_dir("byte_fallback"));
-  EXPECT_EQ(t.vocab_size(), 4096);  // the tiny model shape's vocabulary
+  EXPECT_EQ(t.vocab_size(), 1024);  // the tiny model shape's vocabulary
   EXPECT_EQ(t.bos_token_id(), 1);
   EXPECT_EQ(t.eos_token_ids(), std::vector<int32_t>{2});
   // U+13000 is not in the fixture's vocabulary: "▁" and its four UTF-8 bytes F0 93 80 80.
@@ -159,7 +160,7 @@ TEST(TokenizerErrors, NameTheFieldAndTheComponent) {
 TEST(CheckpointTokenizer, TinyGetsTheFixtureLargerShapesAPaddedVocabulary) {
   const std::string dir = ::testing::TempDir() + "/ckpt_tokenizer";
   std::filesystem::create_directories(dir);
-  write_checkpoint_tokenizer(dir, 4096);
+  write_checkpoint_tokenizer(dir, 1024);
   const auto read = [](const std::string& path) {
     std::ifstream in(path);
     std::stringstream ss;
@@ -171,7 +172,7 @@ TEST(CheckpointTokenizer, TinyGetsTheFixtureLargerShapesAPaddedVocabulary) {
             read(fixture_dir("byte_fallback") + "/tokenizer_config.json"));
   const Tokenizer tiny = Tokenizer::load(dir);
   const Tokenizer fixture = Tokenizer::load(fixture_dir("byte_fallback"));
-  EXPECT_EQ(tiny.vocab_size(), 4096);
+  EXPECT_EQ(tiny.vocab_size(), 1024);
   EXPECT_EQ(tiny.encode("Hello, world", true), fixture.encode("Hello, world", true));
   EXPECT_EQ(ChatTemplate::load(dir).render({{"user", "Hi"}}, true), "<s>[INST] Hi [/INST]");
 
@@ -179,8 +180,22 @@ TEST(CheckpointTokenizer, TinyGetsTheFixtureLargerShapesAPaddedVocabulary) {
   const Tokenizer big = Tokenizer::load(dir);
   EXPECT_EQ(big.vocab_size(), 32000);
   EXPECT_EQ(big.encode("Hello, world", true), fixture.encode("Hello, world", true));
-  EXPECT_EQ(big.decode(std::vector<int32_t>{31999}, false), "<|unused_27903|>");
+  EXPECT_EQ(big.decode(std::vector<int32_t>{31999}, false), "<|unused_30975|>");
   EXPECT_THROW(write_checkpoint_tokenizer(dir, 1000), Error);
+}
+
+// The directory `flashserve make-checkpoint --shape tiny` wrote (ctest tokenizer_tiny_checkpoint):
+// its tokenizer's vocabulary, BOS and EOS are those of its config.json.
+TEST(CheckpointDir, TokenizerMatchesTheModelConfig) {
+  const char* dir = std::getenv("FLASHSERVE_TINY_CHECKPOINT");
+  if (!dir) GTEST_SKIP() << "skipped: FLASHSERVE_TINY_CHECKPOINT not set (ctest sets it)";
+  std::ifstream in(std::string(dir) + "/config.json");
+  const auto config = nlohmann::json::parse(in);
+  const Tokenizer t = Tokenizer::load(dir);
+  EXPECT_EQ(t.vocab_size(), config.at("vocab_size").get<int32_t>());
+  EXPECT_EQ(t.bos_token_id(), config.at("bos_token_id").get<int32_t>());
+  EXPECT_EQ(t.eos_token_ids(), std::vector<int32_t>{config.at("eos_token_id").get<int32_t>()});
+  EXPECT_EQ(ChatTemplate::load(dir).render({{"user", "Hi"}}, true), "<s>[INST] Hi [/INST]");
 }
 
 }  // namespace

@@ -7,7 +7,7 @@
 //      to the decode (with byte fallback: where the decode has no U+FFFD, see check_ids);
 //   4: the rest as a chat template: it parses and renders or throws flashserve::Error, nothing
 //      else (no crash, no other exception, no unbounded recursion).
-// Registration (branch harden's fuzz/CMakeLists.txt): flashserve_fuzz_target(tokenizer
+// Registered in fuzz/CMakeLists.txt: flashserve_fuzz_target(tokenizer
 // flashserve_tokenizer). The fixtures are found beside this file (tests/tokenizer/fixtures).
 #include <cstdio>
 #include <cstdlib>
