@@ -11,6 +11,7 @@
 #include "cli/options.h"
 #include "model/presets.h"
 #include "model/random_checkpoint.h"
+#include "tokenizer/checkpoint_tokenizer.h"
 
 namespace flashserve::cli {
 namespace {
@@ -38,6 +39,8 @@ int make_checkpoint(int argc, char** argv) {
   const model::ModelConfig config = model::preset_config(shape);
   const auto t0 = std::chrono::steady_clock::now();
   const uint64_t bytes = model::write_random_checkpoint(config, out, o);
+  // A tokenizer and chat template beside the weights, so the checkpoint is served like a real one.
+  tokenizer::write_checkpoint_tokenizer(out, static_cast<int32_t>(config.vocab_size));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%s: %s, %.3f GB of %s weights in %.1f s (%.2f GB/s)\n", out.c_str(), shape.c_str(),
               static_cast<double>(bytes) / 1e9, dtype.c_str(), s,

@@ -31,6 +31,8 @@ constexpr const char* kHint =
               "line " + std::to_string(line) + ": " + what);
 }
 
+constexpr int kMaxDepth = 200;
+
 bool is_space(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
 }
@@ -362,6 +364,14 @@ class ExprParser {
     }
   }
   NodePtr unary() {
+    // Nesting is recursion here: bound it so no template can exhaust the stack.
+    struct Depth {
+      int& d;
+      Depth(int& d, int line) : d(d) {
+        if (++d > kMaxDepth) unsupported(line, "expressions nested deeper than 200");
+      }
+      ~Depth() { --d; }
+    } guard(depth_, line_);
     if (accept_op("-")) {
       auto n = node(Node::kUnary, line_, "-");
       n->kids = {unary()};
@@ -501,6 +511,7 @@ class ExprParser {
   std::vector<Token> t_;
   size_t p_ = 0;
   int line_;
+  int depth_ = 0;
 };
 
 class Parser {
@@ -595,6 +606,7 @@ class Parser {
 
   std::vector<Segment> s_;
   size_t i_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

@@ -369,19 +369,25 @@ std::string str_field(const json& j, const char* key, const std::string& field) 
   return j[key].get<std::string>();
 }
 
+// A Sequence stage: its list under `key`, each element built by `make` (null ones skipped).
+template <typename Seq, typename Make>
+std::unique_ptr<Seq> make_sequence(const json& j, const char* key, const std::string& field,
+                                   Make make) {
+  auto seq = std::make_unique<Seq>();
+  const json& list = j.at(key);
+  for (size_t i = 0; i < list.size(); ++i)
+    if (auto step = make(list[i], field + "." + key + "[" + std::to_string(i) + "]"))
+      seq->steps.push_back(std::move(step));
+  return seq;
+}
+
 }  // namespace
 
 std::unique_ptr<Normalizer> make_normalizer(const json& j, const std::string& field) {
   if (j.is_null()) return nullptr;
   const std::string type = type_of(j, field);
-  if (type == "Sequence") {
-    auto seq = std::make_unique<NormalizerSequence>();
-    const json& list = j.at("normalizers");
-    for (size_t i = 0; i < list.size(); ++i)
-      if (auto n = make_normalizer(list[i], field + ".normalizers[" + std::to_string(i) + "]"))
-        seq->steps.push_back(std::move(n));
-    return seq;
-  }
+  if (type == "Sequence")
+    return make_sequence<NormalizerSequence>(j, "normalizers", field, make_normalizer);
   if (type == "Prepend") return std::make_unique<Prepend>(str_field(j, "prepend", field));
   if (type == "Replace")
     return std::make_unique<ReplaceNormalizer>(pattern_of(j.at("pattern"), field + ".pattern"),
@@ -392,14 +398,8 @@ std::unique_ptr<Normalizer> make_normalizer(const json& j, const std::string& fi
 std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j, const std::string& field) {
   if (j.is_null()) return nullptr;
   const std::string type = type_of(j, field);
-  if (type == "Sequence") {
-    auto seq = std::make_unique<PreTokenizerSequence>();
-    const json& list = j.at("pretokenizers");
-    for (size_t i = 0; i < list.size(); ++i)
-      if (auto p = make_pre_tokenizer(list[i], field + ".pretokenizers[" + std::to_string(i) + "]"))
-        seq->steps.push_back(std::move(p));
-    return seq;
-  }
+  if (type == "Sequence")
+    return make_sequence<PreTokenizerSequence>(j, "pretokenizers", field, make_pre_tokenizer);
   if (type == "ByteLevel")
     return std::make_unique<ByteLevelPre>(j.value("add_prefix_space", false),
                                           j.value("use_regex", true));
@@ -428,14 +428,7 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j, const std::strin
 std::unique_ptr<Decoder> make_decoder(const json& j, const std::string& field) {
   if (j.is_null()) return nullptr;
   const std::string type = type_of(j, field);
-  if (type == "Sequence") {
-    auto seq = std::make_unique<DecoderSequence>();
-    const json& list = j.at("decoders");
-    for (size_t i = 0; i < list.size(); ++i)
-      if (auto d = make_decoder(list[i], field + ".decoders[" + std::to_string(i) + "]"))
-        seq->steps.push_back(std::move(d));
-    return seq;
-  }
+  if (type == "Sequence") return make_sequence<DecoderSequence>(j, "decoders", field, make_decoder);
   if (type == "ByteLevel") return std::make_unique<ByteLevelDecoder>();
   if (type == "ByteFallback") return std::make_unique<ByteFallbackDecoder>();
   if (type == "Fuse") return std::make_unique<FuseDecoder>();

@@ -20,6 +20,7 @@ namespace flashserve::tokenizer {
 
 class TokenizerImpl;
 
+// Immutable once loaded: its const methods may be called from any number of threads at once.
 class Tokenizer {
  public:
   // `path` is a model directory (its tokenizer.json and, when present, tokenizer_config.json for
@@ -62,6 +63,9 @@ class Tokenizer {
 // Streams the text of generated tokens. Every chunk is valid UTF-8 and the concatenation of all
 // chunks plus flush() equals decode(prompt_tail + generated) minus decode(prompt_tail), so the
 // Llama 2 leading-space rule and byte-fallback characters spanning several tokens come out right.
+// One exception: Hugging Face's ByteFallback decoder replaces a whole run of byte tokens by
+// U+FFFDs when any byte of it is invalid; a stream has already shown the characters completed
+// before the invalid byte, so there the stream shows them where decode() shows U+FFFD.
 // The tokenizer must outlive the decoder. Not thread-safe (one per request).
 class IncrementalDecoder {
  public:
@@ -92,6 +96,7 @@ struct ChatMessage {
 // length / upper / lower / tojson / ..., loop.index0/index/first/last/length,
 // raise_exception). A template outside the subset throws Error(kUnsupported, "chat_template")
 // saying so and pointing at `--chat-template FILE`.
+// Immutable and cheap to copy by move; render() may be called from several threads at once.
 class ChatTemplate {
  public:
   // tokenizer_config.json's chat_template (a string, or the list form's "default" entry) and

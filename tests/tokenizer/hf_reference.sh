@@ -12,15 +12,18 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   exit 77
 fi
 mkdir -p "$work"
-cp "$here/js/package.json" "$here/js/package-lock.json" "$here/js/reference.mjs" "$work/"
+cp "$here/js/package.json" "$here/js/package-lock.json" "$here/js/reference.mjs" \
+   "$here/js/metaspace_variant.mjs" "$work/"
 if [ ! -d "$work/node_modules/@huggingface/tokenizers" ]; then
   if ! (cd "$work" && npm ci --no-audit --no-fund --loglevel=error); then
     echo "skipped: npm ci of @huggingface/tokenizers failed (no registry?), no comparison ran"
     exit 77
   fi
 fi
-for kind in byte_level byte_fallback; do
-  node "$work/reference.mjs" "$here/fixtures/$kind" "$here/fixtures/compare_corpus.json" \
-    > "$work/$kind.jsonl"
+node "$work/metaspace_variant.mjs" "$here/fixtures/byte_fallback" "$work/metaspace"
+for kind in byte_level byte_fallback metaspace; do
+  dir="$here/fixtures/$kind"
+  [ "$kind" = metaspace ] && dir="$work/metaspace"
+  node "$work/reference.mjs" "$dir" "$here/fixtures/compare_corpus.json" > "$work/$kind.jsonl"
 done
 FLASHSERVE_HF_REFERENCE=$work "$test_bin" --gtest_filter='HfReference.*' --gtest_brief=1

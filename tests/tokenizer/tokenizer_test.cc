@@ -1,6 +1,8 @@
 // The tokenizer on the checked-in fixtures, against expectations written by hand from the
 // definitions (GPT-2's byte map, UTF-8 of known characters, the fixtures' own special tokens),
 // and its errors. The comparison with Hugging Face's implementation is hf_reference_test.cc.
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -9,6 +11,7 @@
 
 #include "flashserve/error.h"
 #include "tokenizer/byte_level.h"
+#include "tokenizer/checkpoint_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 #include "tokenizer_fixtures.h"
@@ -98,7 +101,7 @@ TEST(ByteLevelTokenizer, RoundTripsEveryLineAndInvalidUtf8BecomesReplacement) {
 
 TEST(ByteFallbackTokenizer, MetaspaceAndByteFallback) {
   const Tokenizer t = Tokenizer::load(fixture_dir("byte_fallback"));
-  EXPECT_EQ(t.vocab_size(), 4096);  // the tiny model shape's vocabulary
+  EXPECT_EQ(t.vocab_size(), 1024);  // the tiny model shape's vocabulary
   EXPECT_EQ(t.bos_token_id(), 1);
   EXPECT_EQ(t.eos_token_ids(), std::vector<int32_t>{2});
   // U+13000 is not in the fixture's vocabulary: "▁" and its four UTF-8 bytes F0 93 80 80.
@@ -152,6 +155,47 @@ TEST(TokenizerErrors, NameTheFieldAndTheComponent) {
   const Tokenizer t = Tokenizer::load(fixture_dir("byte_level"));
   EXPECT_THROW(t.decode(std::vector<int32_t>{t.vocab_size()}, false), Error);
   EXPECT_THROW(t.decode(std::vector<int32_t>{-1}, false), Error);
+}
+
+TEST(CheckpointTokenizer, TinyGetsTheFixtureLargerShapesAPaddedVocabulary) {
+  const std::string dir = ::testing::TempDir() + "/ckpt_tokenizer";
+  std::filesystem::create_directories(dir);
+  write_checkpoint_tokenizer(dir, 1024);
+  const auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  EXPECT_EQ(read(dir + "/tokenizer.json"), fixture_json("byte_fallback"));  // embedded verbatim
+  EXPECT_EQ(read(dir + "/tokenizer_config.json"),
+            read(fixture_dir("byte_fallback") + "/tokenizer_config.json"));
+  const Tokenizer tiny = Tokenizer::load(dir);
+  const Tokenizer fixture = Tokenizer::load(fixture_dir("byte_fallback"));
+  EXPECT_EQ(tiny.vocab_size(), 1024);
+  EXPECT_EQ(tiny.encode("Hello, world", true), fixture.encode("Hello, world", true));
+  EXPECT_EQ(ChatTemplate::load(dir).render({{"user", "Hi"}}, true), "<s>[INST] Hi [/INST]");
+
+  write_checkpoint_tokenizer(dir, 32000);  // mistral-7b's vocab_size
+  const Tokenizer big = Tokenizer::load(dir);
+  EXPECT_EQ(big.vocab_size(), 32000);
+  EXPECT_EQ(big.encode("Hello, world", true), fixture.encode("Hello, world", true));
+  EXPECT_EQ(big.decode(std::vector<int32_t>{31999}, false), "<|unused_30975|>");
+  EXPECT_THROW(write_checkpoint_tokenizer(dir, 1000), Error);
+}
+
+// The directory `flashserve make-checkpoint --shape tiny` wrote (ctest tokenizer_tiny_checkpoint):
+// its tokenizer's vocabulary, BOS and EOS are those of its config.json.
+TEST(CheckpointDir, TokenizerMatchesTheModelConfig) {
+  const char* dir = std::getenv("FLASHSERVE_TINY_CHECKPOINT");
+  if (!dir) GTEST_SKIP() << "skipped: FLASHSERVE_TINY_CHECKPOINT not set (ctest sets it)";
+  std::ifstream in(std::string(dir) + "/config.json");
+  const auto config = nlohmann::json::parse(in);
+  const Tokenizer t = Tokenizer::load(dir);
+  EXPECT_EQ(t.vocab_size(), config.at("vocab_size").get<int32_t>());
+  EXPECT_EQ(t.bos_token_id(), config.at("bos_token_id").get<int32_t>());
+  EXPECT_EQ(t.eos_token_ids(), std::vector<int32_t>{config.at("eos_token_id").get<int32_t>()});
+  EXPECT_EQ(ChatTemplate::load(dir).render({{"user", "Hi"}}, true), "<s>[INST] Hi [/INST]");
 }
 
 }  // namespace
