@@ -9,12 +9,13 @@
 #include <sstream>
 #include <string>
 
+#include "engine/simulator.h"
 #include "flashserve/error.h"
 #include "serve/cost_model.h"
-#include "serve/simulator.h"
 #include "serve/workload.h"
 
 namespace fs = flashserve::serve;
+namespace fe = flashserve::engine;
 
 namespace {
 [[noreturn]] void fail(const char* what) {
@@ -56,14 +57,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!(rate >= 0) || !std::isfinite(rate)) fail("mean rate not finite");
   // Small traces run through the real scheduler: it must finish every request, or refuse.
   if (tokens > 20000 || reqs.size() > 64) return 0;
-  fs::SimConfig config;
+  fe::SimConfig config;
   config.scheduler.policy = fs::Policy::kSarathi;
   config.scheduler.max_tokens_per_step = 256;
   config.scheduler.max_model_len = 1 << 16;
   config.num_blocks = 4096;
   config.block_size = 16;
   try {
-    const fs::SimResult r = fs::simulate(reqs, config, TinyCost());
+    const fe::SimResult r = fe::simulate(reqs, config, TinyCost());
     if (r.finished.size() != reqs.size()) fail("the simulation lost requests");
   } catch (const flashserve::Error& e) {
     if (e.kind() != flashserve::ErrorKind::kInvalidArgument) fail("simulation failed internally");
