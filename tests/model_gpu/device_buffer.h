@@ -1,5 +1,5 @@
-// Test helpers for the model's GPU tests: a device copy of a host vector, bf16 host conversion,
-// and the "no CUDA device" skip every GPU test shares.
+// Test helpers for the model's GPU tests: a device copy of a host vector and bf16 host conversion;
+// the "no CUDA device" skip comes from support/cuda_skip.h, shared with the attention GPU tests.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,21 +11,9 @@
 #include <vector>
 
 #include "common/half.h"
+#include "support/cuda_skip.h"
 
 namespace flashserve::testing {
-
-inline bool have_cuda_device() {
-  static const bool have = [] {
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-  }();
-  return have;
-}
-
-#define SKIP_WITHOUT_CUDA()                                             \
-  do {                                                                  \
-    if (!have_cuda_device()) GTEST_SKIP() << "skipped: no CUDA device"; \
-  } while (0)
 
 // Owns device memory holding a copy of a host vector; download() reads it back.
 template <typename T>

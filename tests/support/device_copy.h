@@ -1,5 +1,5 @@
-// GPU test support: whether a CUDA device is there (tests skip with "skipped: no CUDA device"
-// without one) and the device copies of an AttentionCase's buffers.
+// GPU test support: the device copies of an AttentionCase's buffers (tests skip with "skipped: no
+// CUDA device" without a device: support/cuda_skip.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,21 +9,9 @@
 #include <vector>
 
 #include "support/attention_case.h"
+#include "support/cuda_skip.h"
 
 namespace flashserve::testing {
-
-inline bool have_cuda_device() {
-  static const bool have = [] {
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-  }();
-  return have;
-}
-
-#define SKIP_WITHOUT_CUDA()                                             \
-  do {                                                                  \
-    if (!have_cuda_device()) GTEST_SKIP() << "skipped: no CUDA device"; \
-  } while (0)
 
 inline constexpr Device kGpu{DeviceType::kCUDA, 0};
 
