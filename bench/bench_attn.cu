@@ -22,19 +22,10 @@
 #include <thread>
 #include <vector>
 
+#include "cuda_ok.h"
 #include "flashserve/attention.h"
 
 namespace {
-
-#define CUDA_OK(expr)                                                    \
-  do {                                                                   \
-    cudaError_t err_ = (expr);                                           \
-    if (err_ != cudaSuccess) {                                           \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, \
-                   cudaGetErrorString(err_));                            \
-      std::exit(1);                                                      \
-    }                                                                    \
-  } while (0)
 
 // Uniform values in [-1, 1) from a counter hash, written as 16-bit floats (bf16 or fp16 bits).
 __global__ void fill_random(uint16_t* x, int64_t n, uint32_t seed, bool bf16) {

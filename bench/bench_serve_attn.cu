@@ -24,19 +24,10 @@
 #include <string>
 #include <vector>
 
+#include "cuda_ok.h"
 #include "flashserve/attention.h"
 
 namespace {
-
-#define CUDA_OK(expr)                                                    \
-  do {                                                                   \
-    cudaError_t err_ = (expr);                                           \
-    if (err_ != cudaSuccess) {                                           \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, \
-                   cudaGetErrorString(err_));                            \
-      std::exit(1);                                                      \
-    }                                                                    \
-  } while (0)
 
 constexpr int kHq = 32, kHkv = 8, kD = 128;
 constexpr int64_t kPoolTokens = 64 * 4096 + 4096;  // the largest step's keys, and some spare
