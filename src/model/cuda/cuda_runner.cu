@@ -123,6 +123,17 @@ struct CudaRunner::Impl {
     device = dev;
     const char* g = std::getenv("FLASHSERVE_CUDA_GRAPHS");
     use_graphs = !(g && std::string(g) == "0");
+    // Without a GPU (or its driver) the runtime's own words would be "CUDA driver version is
+    // insufficient": say what the user needs to know.
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+      cudaGetLastError();  // clear the sticky status the failed query left
+      throw Error(ErrorKind::kUnsupported, "device", "no CUDA device");
+    }
+    if (dev < 0 || dev >= count)
+      throw Error(ErrorKind::kInvalidArgument, "device",
+                  "CUDA device " + std::to_string(dev) + " does not exist (" +
+                      std::to_string(count) + " found)");
     check_cuda(cudaSetDevice(dev), "cudaSetDevice");
     check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
     check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
