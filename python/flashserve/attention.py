@@ -340,9 +340,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     headdim), or paged (num_blocks, page_block_size, nheads_k, headdim) with block_table int32
     (batch, max_blocks_per_seq). k, v: optional new tokens (batch, seqlen_new, nheads_k, headdim),
     written into the cache at positions cache_seqlens[b], cache_seqlens[b] + 1, ... (the cache is
-    modified in place). cache_seqlens: int32 (batch,) or an int, the tokens already cached (None: the
-    whole cache). cache_batch_idx: int32 (batch,), the cache row of each sequence (contiguous cache;
-    default b). rotary_cos, rotary_sin: (seqlen_ro, rotary_dim / 2), float32 or q's dtype: the new
+    modified in place). cache_seqlens: int32 (batch,) or an int, the tokens already cached (None:
+    the whole cache). cache_batch_idx: int32 (batch,), the cache row of each sequence (contiguous
+    cache; default b). rotary_cos, rotary_sin: (seqlen_ro, rotary_dim / 2), float32 or q's dtype: the new
     k is rotated at its positions before it is written; q is rotated at cache_seqlens + i with
     causal or a window, and at cache_seqlens for every token otherwise (FlashAttention's rule).
     rotary_interleaved: pairs (2i, 2i + 1) (GPT-J) if True, else (i, i + rotary_dim / 2) (GPT-NeoX).
@@ -455,7 +455,8 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     append.stream = stream or None
     _capi.raise_for(_capi.lib().fs_kvcache_append(ctypes.byref(append)))
 
-    # The attention over the updated cache: cache_seqlens + seqlen_new keys per sequence (seqused_k).
+    # The attention over the updated cache: cache_seqlens + seqlen_new keys per sequence
+    # (seqused_k).
     # A contiguous cache with cache_batch_idx is a paged one whose pages are whole sequences.
     dqa = describe(q_attn, "q") if rotary else dq
     out = _tensor.empty(q, framework, device, dq.shape[:-1] + (dvc.shape[-1],))
