@@ -342,11 +342,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     written into the cache at positions cache_seqlens[b], cache_seqlens[b] + 1, ... (the cache is
     modified in place). cache_seqlens: int32 (batch,) or an int, the tokens already cached (None:
     the whole cache). cache_batch_idx: int32 (batch,), the cache row of each sequence (contiguous
-    cache; default b). rotary_cos, rotary_sin: (seqlen_ro, rotary_dim / 2), float32 or q's dtype: the new
-    k is rotated at its positions before it is written; q is rotated at cache_seqlens + i with
-    causal or a window, and at cache_seqlens for every token otherwise (FlashAttention's rule).
-    rotary_interleaved: pairs (2i, 2i + 1) (GPT-J) if True, else (i, i + rotary_dim / 2) (GPT-NeoX).
-    The attention then sees cache_seqlens + seqlen_new keys per sequence, masked as in
+    cache; default b). rotary_cos, rotary_sin: (seqlen_ro, rotary_dim / 2), float32 or q's dtype:
+    the new k is rotated at its positions before it is written; q is rotated at cache_seqlens + i
+    with causal or a window, and at cache_seqlens for every token otherwise (FlashAttention's
+    rule). rotary_interleaved: pairs (2i, 2i + 1) (GPT-J) if True, else (i, i + rotary_dim / 2)
+    (GPT-NeoX). The attention then sees cache_seqlens + seqlen_new keys per sequence, masked as in
     flash_attn_func (bottom-right aligned). cache_seqlens + seqlen_new beyond the cache's capacity
     is a ValueError when the lengths are known on the host (an int, a CPU tensor, or
     FLASHSERVE_CHECK_INDICES=1); see docs/python.md for device-resident lengths.

@@ -1,8 +1,8 @@
 """flash_attn_with_kvcache on NumPy arrays (the CPU path): the in-place append (+ rotary) against a
 reference written here, independently of the library (whole-array NumPy slicing, in float64), and
-the attention that follows against the float64 reference of attention_reference.py. Fresh random inputs;
-the outputs are poisoned (conftest.py) and every cache slot the append must not touch is compared
-bit for bit. Also: the packed variants and the num_splits default."""
+the attention that follows against the float64 reference of attention_reference.py. Fresh random
+inputs; the outputs are poisoned (conftest.py) and every cache slot the append must not touch is
+compared bit for bit. Also: the packed variants and the num_splits default."""
 
 import inspect
 import math
