@@ -138,6 +138,9 @@ FS_API int fs_cuda_stream_synchronize(void* stream);
 
 /* The message of the last failed call on this thread; "" when the last call succeeded. */
 FS_API const char* fs_last_error(void);
+/* The fs_status of the last call on this thread that can fail (FS_OK when it succeeded): what a
+ * function without a status return (fs_attention_workspace_size) failed with. */
+FS_API int fs_last_status(void);
 
 #ifdef __cplusplus
 }

@@ -89,6 +89,7 @@ _SIGNATURES = {
     "fs_kvcache_append": (ctypes.c_int, [ctypes.POINTER(KvCacheAppendParams)]),
     "fs_cuda_stream_synchronize": (ctypes.c_int, [ctypes.c_void_p]),
     "fs_last_error": (ctypes.c_char_p, []),
+    "fs_last_status": (ctypes.c_int, []),
 }
 
 _lock = threading.Lock()
@@ -178,6 +179,13 @@ def library_path():
 
 def last_error():
     return lib().fs_last_error().decode("utf-8", "replace")
+
+
+def raise_last():
+    """Raises what the last failed call on this thread failed with (for the functions that return
+    no status: fs_attention_workspace_size's SIZE_MAX)."""
+    status = lib().fs_last_status()
+    raise_for(status if status != OK else INTERNAL)
 
 
 def raise_for(status):

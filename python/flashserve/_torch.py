@@ -150,9 +150,7 @@ def _dense(q, k, v, softmax_scale, causal, window_size, num_splits, return_lse):
     size = calls.workspace_size(state.ref)
     workspace = None
     if size == _SIZE_MAX:
-        message = _capi.last_error()
-        _capi.raise_for(_capi.lib().fs_attention_validate(state.ref))
-        raise RuntimeError(message)
+        _capi.raise_last()
     if size:
         workspace = empty(q, (size,), torch.uint8)
         _SCALARS.pack_into(buf, off["max_seqlen_q"], 0, 0, scale, 1 if causal else 0, left,

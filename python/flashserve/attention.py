@@ -132,11 +132,7 @@ def _run(params, q, framework, device, describe, described):
     if device[0] == "cuda":
         size = lib.fs_attention_workspace_size(ctypes.byref(params))
         if size == ctypes.c_size_t(-1).value:
-            # The size query returns no status: validation names a bad argument; past it, only the
-            # CUDA runtime (device count, attributes) or host memory can have failed.
-            message = _capi.last_error()
-            _capi.raise_for(lib.fs_attention_validate(ctypes.byref(params)))
-            raise RuntimeError(message)
+            _capi.raise_last()  # the size query returns no status; fs_last_status has it
         if size:
             workspace = _tensor.empty(q, framework, device, (size,), "uint8")
             dw = describe(workspace, "workspace", raw=True)

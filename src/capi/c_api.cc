@@ -9,6 +9,7 @@
 #include <exception>
 #include <new>
 #include <string>
+#include <utility>
 
 #include "flashserve/attention.h"
 #include "flashserve/error.h"
@@ -46,9 +47,11 @@ void set_error(const char* format, ...) {
   va_end(args);
 }
 
+thread_local int g_last_status = FS_OK;
+
 // Runs f, mapping whatever it throws to a status code and the thread's message.
 template <typename F>
-int guarded(F&& f) noexcept {
+int guarded_call(F&& f) noexcept {
   g_last_error[0] = '\0';
   try {
     f();
@@ -66,6 +69,12 @@ int guarded(F&& f) noexcept {
     set_error("internal error: unknown exception");
     return FS_ERROR_INTERNAL;
   }
+}
+
+template <typename F>
+int guarded(F&& f) noexcept {
+  g_last_status = guarded_call(std::forward<F>(f));
+  return g_last_status;
 }
 
 [[noreturn]] void invalid(const char* name, const char* format, ...) {
@@ -273,6 +282,10 @@ FS_API int fs_cuda_stream_synchronize(void* stream) {
 
 FS_API const char* fs_last_error(void) {
   return flashserve::g_last_error;
+}
+
+FS_API int fs_last_status(void) {
+  return flashserve::g_last_status;
 }
 
 }  // extern "C"
