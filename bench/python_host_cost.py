@@ -111,7 +111,6 @@ def eager_vs_graph():
                 tf = lambda ms: flops / ms / 1e9  # noqa: E731
                 print(f"{L:6d} {d:4d} {int(causal):6d} {tf(eager):8.1f} {tf(graph):8.1f} "
                       f"{eager / graph:11.2f} {tf(sdpa):10.1f}")
-            del q, k, v, qt, kt, vt
     print()
 
 
@@ -133,7 +132,6 @@ def decode_splits():
               f" best num_splits={best} {tbs(forced[best]):.2f} TB/s, default/best "
               f"{forced[best] / default:.2f}")
         print(f"    forced: {line}")
-        del q, k, v
     # The copy bandwidth in the same run, for scale.
     x = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)

@@ -26,7 +26,8 @@ if "torch" in sys.modules:
     # PyTorch is already there: its custom operators (torch.compile, CUDA graphs) are registered
     # now, so that the first call may be a traced one. Otherwise the first call with a PyTorch
     # tensor registers them (or call register_torch()).
-    register_torch()
+    from .attention import try_register_torch
+    try_register_torch()
 
 
 def version():

@@ -41,12 +41,9 @@ def empty(like, shape, dtype=None):
     return torch.empty(shape, dtype=like.dtype if dtype is None else dtype, device=like.device)
 
 
-def _is_compiling():
-    return False
-
-
-if hasattr(torch, "compiler") and hasattr(torch.compiler, "is_compiling"):
-    _is_compiling = torch.compiler.is_compiling  # noqa: F811
+# True while torch.compile traces (torch.compiler.is_compiling is known to it and folds to a
+# constant there); PyTorch < 2.3 lacks it, and there the operators are always dispatched to.
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: True)
 
 
 def _raw_stream_fn():
@@ -104,16 +101,24 @@ def _pack(buffer, offset, t, code):
                              *shape, *pad, *stride, *pad)
 
 
+def _get_calls():
+    """The library's functions (loading the library on first use, not at registration: `import
+    flashserve` must not fail for want of it)."""
+    global _calls
+    if _calls is None:
+        _calls = _Calls()
+    return _calls
+
+
 def _fast_ok(q, k, v):
     """Whether the dense fast path takes these tensors: CUDA, rank 4, a float dtype the library
     knows, last dimension contiguous, no grad to refuse (the generic path names what is wrong)."""
     return (q.dtype in _DTYPES and k.dtype in _DTYPES and v.dtype in _DTYPES and
-            _calls is not None and _calls.ok and
             type(q) is Tensor and type(k) is Tensor and type(v) is Tensor and
             q.is_cuda and k.is_cuda and v.is_cuda and
             q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and
             q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and
-            not (q.requires_grad or k.requires_grad or v.requires_grad))
+            not (q.requires_grad or k.requires_grad or v.requires_grad) and _get_calls().ok)
 
 
 def _dense(q, k, v, softmax_scale, causal, window_size, num_splits, return_lse):
@@ -127,7 +132,7 @@ def _dense(q, k, v, softmax_scale, causal, window_size, num_splits, return_lse):
     state = _state
     if state is None:
         state = _state = _State()
-    calls = _calls
+    calls = _get_calls()
     buf, off = state.buffer, calls.offsets
     left, right = _attention._window(window_size, causal)
     scale = _attention._scale(softmax_scale)
@@ -237,10 +242,8 @@ _ops = None
 
 
 def register():
-    """Defines the custom operators (once) and prepares the fast path."""
-    global _ops, _calls
-    if _calls is None:
-        _calls = _Calls()
+    """Defines the custom operators (once)."""
+    global _ops
     if _ops is None and hasattr(torch, "library") and hasattr(torch.library, "custom_op"):
         _ops = _define_ops()
 

@@ -33,6 +33,25 @@ def register_torch():
     return _torch_path
 
 
+_torch_failed = False
+
+
+def try_register_torch():
+    """register_torch(), or a warning (once) and None when this PyTorch cannot take the custom
+    operators: its tensors then take the generic path."""
+    global _torch_failed
+    if _torch_failed:
+        return None
+    try:
+        return register_torch()
+    except Exception as e:
+        _torch_failed = True
+        import warnings
+        warnings.warn(f"flashserve: PyTorch custom operators not registered ({e!r}); PyTorch "
+                      "tensors take the generic path", RuntimeWarning)
+        return None
+
+
 def _torch_route(q):
     """The PyTorch path when q is a PyTorch tensor (registering it on first sight), else None."""
     path = _torch_path
@@ -40,7 +59,7 @@ def _torch_route(q):
         return path if isinstance(q, path.Tensor) else None
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(q, torch.Tensor):
-        return register_torch()
+        return try_register_torch()
     return None
 
 
