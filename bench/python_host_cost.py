@@ -25,7 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import flashserve  # noqa: E402
 from flashserve import attention as fs_attention  # noqa: E402
-from flashserve import flash_attn_func  # noqa: E402
+from flashserve import flash_attn_func, flash_attn_with_kvcache  # noqa: E402
 
 DT = torch.bfloat16
 
@@ -75,10 +75,14 @@ def host_cost():
     print("## Host cost per call (2000 calls, tiny decode: q 1x1x8x128, k/v 1x256x8x128 bf16)")
     q, k, v = rand(1, 1, 8, 128), rand(1, 256, 8, 128), rand(1, 256, 8, 128)
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    # A decode step on a cache: no new token (the cache does not fill up over 2000 calls).
+    lens = torch.full((1,), 255, dtype=torch.int32, device="cuda")
     rows = [
         ("flashserve.flash_attn_func (PyTorch path)", lambda: flash_attn_func(q, k, v)),
         ("flashserve generic path (DLPack + ctypes)",
          lambda: fs_attention._forward(q, k, v, varlen=False)),
+        ("flashserve.flash_attn_with_kvcache (generic)",
+         lambda: flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)),
         ("F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(qt, kt, vt)),
     ]
     with torch.inference_mode():
