@@ -187,14 +187,15 @@ def test_ops_are_registered_and_pass_opcheck(gen):
                           test_utils=("test_schema", "test_faketensor"))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_torch_compile_fullgraph(gen, dtype):
+def test_torch_compile_fullgraph(gen):
+    """One dtype, and no other operation in the graphs: what is tested is the tracing through the
+    operators (a graph break fails fullgraph=True), not Inductor's code generation (time)."""
+    dtype = torch.bfloat16
     q, k, v = randn(gen, (2, 100, 8, 128), dtype), randn(gen, (2, 300, 2, 128), dtype), \
         randn(gen, (2, 300, 2, 128), dtype)
 
     def f(q, k, v):
-        out, lse = flash_attn_func(q, k, v, causal=True, return_lse=True)
-        return out * 2, lse
+        return flash_attn_func(q, k, v, causal=True, return_lse=True)
 
     compiled = torch.compile(f, fullgraph=True)
     out, lse = compiled(q, k, v)
