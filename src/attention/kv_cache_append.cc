@@ -42,6 +42,28 @@ void check_batch(const TensorView& t, const char* name, int64_t batch) {
     fail(name, str_cat("has ", t.shape[0], " entries in dimension 0 for a batch of ", batch));
 }
 
+// The checks of one sequence's length: it fits with the new tokens, and its rotary positions are
+// in the table.
+void check_length(const KvCacheAppendParams& p, const KvAppendProblem& pr, int64_t b, int64_t len) {
+  const char* lengths = "cache_seqlens";
+  if (len < 0) fail(lengths, str_cat("entry ", b, " is negative (", len, ")"));
+  if (len + pr.s_new > pr.capacity)
+    fail(lengths,
+         str_cat("sequence ", b, " holds ", len, " keys; appending ", pr.s_new, " new ones needs ",
+                 len + pr.s_new, " slots, but the cache holds ", pr.capacity, " per sequence"));
+  if (len + pr.s_new > std::numeric_limits<int32_t>::max())
+    fail(lengths, str_cat("sequence ", b, " would hold ", len + pr.s_new,
+                          " keys, more than int32 lengths can count"));
+  if (pr.rotary_dim > 0) {
+    // The last position rotated: the last new key, and q's last token (or its only position).
+    int64_t last = pr.s_new > 0 ? len + pr.s_new - 1 : -1;
+    if (pr.s_q > 0) last = std::max(last, p.q_positions_per_token ? len + pr.s_q - 1 : len);
+    if (last >= pr.s_rot)
+      fail("rotary_cos", str_cat("has ", pr.s_rot, " positions, but sequence ", b,
+                                 " rotates position ", last, " (cache_seqlens ", len, ")"));
+  }
+}
+
 }  // namespace
 
 KvAppendProblem describe(const KvCacheAppendParams& p) {
@@ -207,7 +229,11 @@ KvAppendProblem describe(const KvCacheAppendParams& p) {
   if (p.q_out.defined() && aliases_itself(p.q_out))
     fail("q_out", "strides make distinct elements share memory");
 
-  if (pr.device.type == DeviceType::kCPU) check_host_indices(p, pr);
+  if (pr.device.type == DeviceType::kCPU) {
+    check_host_indices(p, pr);
+  } else if (!p.cache_seqlens.defined() && pr.batch > 0) {
+    check_length(p, pr, 0, p.cache_seqlen);  // one length, known on the host: checked anywhere
+  }
   return pr;
 }
 
@@ -215,25 +241,9 @@ void check_host_indices(const KvCacheAppendParams& p, const KvAppendProblem& pr)
   const int32_t* seqlens =
       p.cache_seqlens.defined() ? p.cache_seqlens.ptr<const int32_t>() : nullptr;
   const int64_t seqlens_stride = p.cache_seqlens.defined() ? p.cache_seqlens.stride[0] : 0;
-  const char* lengths = "cache_seqlens";
   for (int64_t b = 0; b < pr.batch; ++b) {
     const int64_t len = seqlens ? int64_t{seqlens[b * seqlens_stride]} : p.cache_seqlen;
-    if (len < 0) fail(lengths, str_cat("entry ", b, " is negative (", len, ")"));
-    if (len + pr.s_new > pr.capacity)
-      fail(lengths, str_cat("sequence ", b, " holds ", len, " keys; appending ", pr.s_new,
-                            " new ones needs ", len + pr.s_new, " slots, but the cache holds ",
-                            pr.capacity, " per sequence"));
-    if (len + pr.s_new > std::numeric_limits<int32_t>::max())
-      fail(lengths, str_cat("sequence ", b, " would hold ", len + pr.s_new,
-                            " keys, more than int32 lengths can count"));
-    if (pr.rotary_dim > 0) {
-      // The last position rotated: the last new key, and q's last token (or its only position).
-      int64_t last = pr.s_new > 0 ? len + pr.s_new - 1 : -1;
-      if (pr.s_q > 0) last = std::max(last, p.q_positions_per_token ? len + pr.s_q - 1 : len);
-      if (last >= pr.s_rot)
-        fail("rotary_cos", str_cat("has ", pr.s_rot, " positions, but sequence ", b,
-                                   " rotates position ", last, " (cache_seqlens ", len, ")"));
-    }
+    check_length(p, pr, b, len);
     if (!pr.paged && p.cache_batch_idx.defined()) {
       const int32_t row = p.cache_batch_idx.ptr<const int32_t>()[b * p.cache_batch_idx.stride[0]];
       if (row < 0 || row >= pr.cache_rows)
