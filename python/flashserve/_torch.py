@@ -167,6 +167,171 @@ def _dense(q, k, v, softmax_scale, causal, window_size, num_splits, return_lse):
     return out, lse
 
 
+# ---------------------------------------------------------------- the KV-cache fast path
+
+class _KvCalls:
+    """fs_kvcache_append and the offsets of its params."""
+
+    def __init__(self):
+        lib = _capi.lib()
+        self.append = lib.fs_kvcache_append
+        A = _capi.KvCacheAppendParams
+        self.offsets = {name: getattr(A, name).offset for name, _ in A._fields_}
+        self.ok = (A.rotary_sin.offset + _FS_TENSOR.size == A.rotary_interleaved.offset and
+                   A.q_positions_per_token.offset == A.rotary_interleaved.offset + 4)
+
+
+_kv_calls = None
+
+
+class _KvState(threading.local):
+    """Per thread: an fs_kvcache_append_params and an fs_attention_params of the kvcache call's
+    own (its attention sets seqused_k and block_table, which flash_attn_func's never does)."""
+
+    def __init__(self):
+        self.append_buffer = bytearray(ctypes.sizeof(_capi.KvCacheAppendParams))
+        self.append = _capi.KvCacheAppendParams.from_buffer(self.append_buffer)
+        self.append_ref = ctypes.byref(self.append)
+        self.attn_buffer = bytearray(ctypes.sizeof(_capi.AttentionParams))
+        self.attn = _capi.AttentionParams.from_buffer(self.attn_buffer)
+        self.attn_ref = ctypes.byref(self.attn)
+        lib = _capi.lib()
+        lib.fs_kvcache_append_params_init(self.append_ref)
+        lib.fs_attention_params_init(self.attn_ref)
+
+
+_kv_state = None
+_INT64 = struct.Struct("@q")
+_TWO_INT32 = struct.Struct("@ii")
+_POINTER = struct.Struct("@P")
+
+
+def _plain_cuda(t, rank=None):
+    return (type(t) is Tensor and t.is_cuda and not t.requires_grad and
+            (rank is None or t.dim() == rank) and (t.dim() == 0 or t.stride(-1) == 1))
+
+
+def _kvcache_fast_ok(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                     cache_batch_idx, block_table):
+    """CUDA tensors of the expected ranks with a contiguous last dimension, float dtypes the
+    library knows (int32 for the indices): anything else takes the generic path, which names it."""
+    if not (_plain_cuda(q, 4) and _plain_cuda(k_cache, 4) and _plain_cuda(v_cache, 4)):
+        return False
+    for t in (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin):
+        if t is not None and t.dtype not in _DTYPES:
+            return False
+    for t in (cache_seqlens, cache_batch_idx):
+        if t is not None and not (_plain_cuda(t, 1) and t.dtype == torch.int32):
+            return False
+    if block_table is not None and not (_plain_cuda(block_table, 2) and
+                                        block_table.dtype == torch.int32):
+        return False
+    if (k is None) != (v is None) or (rotary_cos is None) != (rotary_sin is None):
+        return False
+    for t in (k, v):
+        if t is not None and not _plain_cuda(t, 4):
+            return False
+    for t in (rotary_cos, rotary_sin):
+        if t is not None and not _plain_cuda(t, 2):
+            return False
+    return _get_calls().ok and _get_kv_calls().ok
+
+
+def _get_kv_calls():
+    global _kv_calls
+    if _kv_calls is None:
+        _kv_calls = _KvCalls()
+    return _kv_calls
+
+
+def _pack_or_absent(buffer, offset, t):
+    if t is None:
+        buffer[offset:offset + _FS_TENSOR.size] = _ABSENT
+    else:
+        _pack(buffer, offset, t, _capi.INT32 if t.dtype == torch.int32 else _DTYPES[t.dtype])
+
+
+def _kvcache_fast(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen,
+                  cache_batch_idx, block_table, softmax_scale, causal, window_size,
+                  rotary_interleaved, num_splits, return_lse):
+    """_kvcache for CUDA tensors: the two library calls with packed params, no DLPack."""
+    global _kv_state
+    state = _kv_state
+    if state is None:
+        state = _kv_state = _KvState()
+    calls, kv_calls = _get_calls(), _get_kv_calls()
+    left, right = _attention._window(window_size, causal)
+    scale = _attention._scale(softmax_scale)
+    splits = _attention._int(num_splits, "num_splits", _attention._INT32)
+    paged = block_table is not None
+    capacity = k_cache.shape[1] * (block_table.shape[1] if paged else 1)
+    if cache_seqlens is None:
+        cache_seqlen = capacity if cache_seqlen < 0 else _attention._int(
+            cache_seqlen, "cache_seqlens", _attention._INT64)
+    b, sq, h, _ = q.shape
+    stream = _current_stream(q.device.index)
+
+    # The append (+ rotary): new k/v into the cache, q rotated, the new lengths.
+    buf, off = state.append_buffer, kv_calls.offsets
+    rotary = rotary_cos is not None
+    q_attn = empty(q, tuple(q.shape)) if rotary else q
+    seqlens = empty(q, (b,), torch.int32)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k_new", k), ("v_new", v),
+                    ("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),
+                    ("block_table", block_table), ("rotary_cos", rotary_cos),
+                    ("rotary_sin", rotary_sin), ("q", q if rotary else None),
+                    ("q_out", q_attn if rotary else None), ("seqlens_out", seqlens)):
+        _pack_or_absent(buf, off[name], t)
+    _INT64.pack_into(buf, off["cache_seqlen"], 0 if cache_seqlens is not None else cache_seqlen)
+    _TWO_INT32.pack_into(buf, off["rotary_interleaved"], 1 if rotary_interleaved else 0,
+                         1 if (left >= 0 or right >= 0) else 0)
+    _POINTER.pack_into(buf, off["stream"], stream)
+    status = kv_calls.append(state.append_ref)
+    if status:
+        _capi.raise_for(status)
+
+    # The attention over the updated cache (a contiguous cache with cache_batch_idx is a paged one
+    # whose pages are whole sequences: cache_batch_idx seen as a (batch, 1) block table).
+    buf, off = state.attn_buffer, calls.offsets
+    P = _capi.AttentionParams
+    out = empty(q, (b, sq, h, v_cache.shape[3]))
+    lse = empty(q, (b, h, sq), torch.float32) if return_lse else None
+    code = _DTYPES[q.dtype]
+    _pack(buf, off["q"], q_attn, code)
+    _pack(buf, off["k"], k_cache, _DTYPES[k_cache.dtype])
+    _pack(buf, off["v"], v_cache, _DTYPES[v_cache.dtype])
+    _pack(buf, off["out"], out, code)
+    _pack_or_absent(buf, off["lse"], lse)
+    _pack(buf, P.seqused_k.offset, seqlens, _capi.INT32)
+    if paged:
+        _pack(buf, P.block_table.offset, block_table, _capi.INT32)
+        max_k = capacity
+    elif cache_batch_idx is not None:
+        _FS_TENSOR.pack_into(buf, P.block_table.offset, cache_batch_idx.data_ptr(), _capi.INT32,
+                             _capi.CUDA, cache_batch_idx.device.index, 2,
+                             cache_batch_idx.shape[0], 1, 0, 0, cache_batch_idx.stride(0), 1,
+                             0, 0)
+        max_k = capacity
+    else:
+        buf[P.block_table.offset:P.block_table.offset + _FS_TENSOR.size] = _ABSENT
+        max_k = 0
+    _SCALARS.pack_into(buf, off["max_seqlen_q"], 0, max_k, scale, 1 if causal else 0, left,
+                       right, splits, stream, 0, 0)
+    size = calls.workspace_size(state.attn_ref)
+    workspace = None
+    if size == _SIZE_MAX:
+        _capi.raise_last()
+    if size:
+        workspace = empty(q, (size,), torch.uint8)
+        _SCALARS.pack_into(buf, off["max_seqlen_q"], 0, max_k, scale, 1 if causal else 0, left,
+                           right, splits, stream, workspace.data_ptr(), size)
+    status = calls.forward(state.attn_ref)
+    if status:
+        _capi.raise_for(status)
+    del workspace
+    return out, lse
+
+
 # ---------------------------------------------------------------- custom operators
 
 _NO_LSE = (0,)
@@ -317,6 +482,11 @@ def _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
              cache_batch_idx, block_table, softmax_scale, causal, window_size, rotary_interleaved,
              num_splits, return_lse):
     """cache_seqlens: a tensor, or None with cache_seqlen an int (-1: the whole cache)."""
+    if _kvcache_fast_ok(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                        cache_batch_idx, block_table):
+        return _kvcache_fast(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                             cache_seqlen, cache_batch_idx, block_table, softmax_scale, causal,
+                             window_size, rotary_interleaved, num_splits, return_lse)
     lengths = cache_seqlens if cache_seqlens is not None else (
         None if cache_seqlen < 0 else cache_seqlen)
     result = _attention._with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lengths,

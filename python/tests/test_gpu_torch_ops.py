@@ -1,8 +1,8 @@
-"""PyTorch on CUDA, beyond the plain calls of test_gpu_torch.py: flash_attn_with_kvcache (the in-place
-append with rotary, checked against the same computation written in PyTorch), the custom operators
-under torch.compile(fullgraph=True) and torch.library.opcheck, CUDA-graph capture and replay, the
-host fast path against the generic DLPack path, and the num_splits default on a long decode.
-Skipped without torch or without a CUDA device."""
+"""PyTorch on CUDA, beyond the plain calls of test_gpu_torch.py: flash_attn_with_kvcache (the in-
+place append with rotary, checked against the same computation written in PyTorch), the custom
+operators under torch.compile(fullgraph=True) and torch.library.opcheck, CUDA-graph capture and
+replay, the host fast path against the generic DLPack path, and the num_splits default on a long
+decode. Skipped without torch or without a CUDA device."""
 
 import math
 
@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 import flashserve  # noqa: E402
 import flashserve._torch as fs_torch  # noqa: E402
 from flashserve import attention as fs_attention  # noqa: E402
-from flashserve import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache  # noqa: E402
+from flashserve import (flash_attn_func, flash_attn_varlen_func,  # noqa: E402
+                        flash_attn_with_kvcache)
 from test_gpu_torch import check, check_lse, randn, reference  # noqa: E402
 
 pytestmark = [
@@ -54,7 +55,8 @@ def make_cache(gen, layout, batch, capacity, hk, d, dtype):
     """(k_cache, v_cache, cache_batch_idx, block_table, slots(b, n) -> index tuple)."""
     if layout in ("contiguous", "batch_idx"):
         rows = batch + 3 if layout == "batch_idx" else batch
-        kc, vc = randn(gen, (rows, capacity, hk, d), dtype), randn(gen, (rows, capacity, hk, d), dtype)
+        kc = randn(gen, (rows, capacity, hk, d), dtype)
+        vc = randn(gen, (rows, capacity, hk, d), dtype)
         row = torch.randperm(rows, generator=gen, device="cuda")[:batch].int() \
             if layout == "batch_idx" else torch.arange(batch, device="cuda", dtype=torch.int32)
 
@@ -98,7 +100,8 @@ def test_kvcache_against_pytorch(gen, dtype, interleaved, case):
     kn, vn = randn(gen, (b, s_new, hk, d), dtype), randn(gen, (b, s_new, hk, d), dtype)
     cos = sin = None
     if rd:
-        angles = (torch.rand(capacity + sq, rd // 2, generator=gen, device="cuda") * 2 - 1) * math.pi
+        angles = torch.rand(capacity + sq, rd // 2, generator=gen, device="cuda")
+        angles = (angles * 2 - 1) * math.pi
         cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
     k_before, v_before = kc.clone(), vc.clone()
     out, lse = flash_attn_with_kvcache(
@@ -300,8 +303,9 @@ def test_cuda_graph_kvcache_decode_steps(gen):
 
 @pytest.mark.parametrize("return_lse", [False, True])
 def test_fast_path_equals_the_generic_path(gen, return_lse):
-    q, k, v = randn(gen, (3, 70, 8, 64), torch.float16), randn(gen, (3, 90, 4, 64), torch.float16), \
-        randn(gen, (3, 90, 4, 64), torch.float16)
+    f16 = torch.float16
+    q, k, v = randn(gen, (3, 70, 8, 64), f16), randn(gen, (3, 90, 4, 64), f16), \
+        randn(gen, (3, 90, 4, 64), f16)
     q = q.transpose(1, 2).contiguous().transpose(1, 2)  # non-default strides, last one 1
     for kwargs in (dict(causal=True), dict(window_size=(10, 3)), dict(softmax_scale=0.3),
                    dict(num_splits=3)):

@@ -214,3 +214,107 @@ def test_requires_grad_is_refused(fake, seed):
     q.requires_grad = True
     with pytest.raises(NotImplementedError, match=r"^q: requires grad"):
         flashserve.flash_attn_func(q, k, v)
+
+
+# ---------------------------------------------------------------- flash_attn_with_kvcache
+
+def kv_inputs(fake, rng, paged=False):
+    q = tensor(fake, rng, (2, 1, 8, 64), fake.bfloat16)
+    shape = (5, 16, 2, 64) if paged else (2, 16, 2, 64)
+    kc, vc = tensor(fake, rng, shape, fake.bfloat16), tensor(fake, rng, shape, fake.bfloat16)
+    kn, vn = (tensor(fake, rng, (2, 1, 2, 64), fake.bfloat16) for _ in range(2))
+    return q, kc, vc, kn, vn
+
+
+def ints(fake, values):
+    return fake.Tensor(np.array(values, dtype=np.int32), fake.int32)
+
+
+def test_kvcache_valid_calls_pass_the_append_validation(fake, seed):
+    rng = np.random.default_rng(seed)
+    q, kc, vc, kn, vn = kv_inputs(fake, rng)
+    cos, sin = (tensor(fake, rng, (20, 32), fake.float32) for _ in range(2))
+    for kwargs in (dict(cache_seqlens=ints(fake, [3, 15])), dict(cache_seqlens=7, causal=True),
+                   dict(rotary_cos=cos, rotary_sin=sin, cache_seqlens=ints(fake, [0, 1])),
+                   dict(cache_batch_idx=ints(fake, [1, 0]), cache_seqlens=2)):
+        with pytest.raises((NotImplementedError, RuntimeError, ValueError),
+                           match=r"^k_cache: is a CUDA tensor, but this flashserve was built "
+                                 r"without CUDA|CUDA"):
+            flashserve.flash_attn_with_kvcache(q, kc, vc, kn, vn, **kwargs)
+
+
+@pytest.mark.parametrize("bad,match", [
+    ("overflow", r"^cache_seqlens: sequence 0 holds 16 keys; appending 1 new ones needs 17"),
+    ("heads", r"^k: shape \[2, 1, 3, 64\] does not match"),
+    ("rotary_dim", r"^rotary_cos: rotary_dim \(2 x 40 columns\) must be in \[2, head_dim 64\]"),
+    ("q_positions", r"^rotary_cos: has 12 positions, but sequence 0 rotates position 12"),
+    ("both_maps", r"^cache_batch_idx: cannot be combined with block_table"),
+    ("seqlens_batch", r"^cache_seqlens: has 3 entries in dimension 0 for a batch of 2"),
+])
+def test_kvcache_malformed_calls_are_refused_by_field(fake, seed, bad, match):
+    rng = np.random.default_rng(seed)
+    q, kc, vc, kn, vn = kv_inputs(fake, rng)
+    kwargs = dict(cache_seqlens=ints(fake, [3, 4]))
+    if bad == "overflow":
+        kwargs["cache_seqlens"] = 16
+    elif bad == "heads":
+        kn, vn = (tensor(fake, rng, (2, 1, 3, 64), fake.bfloat16) for _ in range(2))
+    elif bad == "rotary_dim":
+        kwargs["rotary_cos"], kwargs["rotary_sin"] = (tensor(fake, rng, (20, 40), fake.float32)
+                                                      for _ in range(2))
+    elif bad == "q_positions":  # causal: the new key sits at 9, q's 4 tokens at 9..12
+        q = tensor(fake, rng, (2, 4, 8, 64), fake.bfloat16)
+        kwargs = dict(cache_seqlens=9, causal=True)
+        kwargs["rotary_cos"], kwargs["rotary_sin"] = (tensor(fake, rng, (12, 32), fake.float32)
+                                                      for _ in range(2))
+        kn, vn = (tensor(fake, rng, (2, 1, 2, 64), fake.bfloat16) for _ in range(2))
+    elif bad == "both_maps":
+        kwargs["cache_batch_idx"] = ints(fake, [0, 1])
+        kwargs["block_table"] = fake.Tensor(np.zeros((2, 1), np.int32), fake.int32)
+    elif bad == "seqlens_batch":
+        kwargs["cache_seqlens"] = ints(fake, [1, 2, 3])
+    with pytest.raises(ValueError, match=match):
+        flashserve.flash_attn_with_kvcache(q, kc, vc, kn, vn, **kwargs)
+
+
+def test_kvcache_q_positions_follow_the_mask(fake, seed):
+    """The q_positions case above without causal: every query sits at cache_seqlens (9), the new
+    key too, inside the 12-position table."""
+    rng = np.random.default_rng(seed)
+    q = tensor(fake, rng, (2, 4, 8, 64), fake.bfloat16)
+    _, kc, vc, kn, vn = kv_inputs(fake, rng)
+    cos, sin = (tensor(fake, rng, (12, 32), fake.float32) for _ in range(2))
+    with pytest.raises((NotImplementedError, RuntimeError, ValueError), match=r"^k_cache: is a "):
+        flashserve.flash_attn_with_kvcache(q, kc, vc, kn, vn, rotary_cos=cos, rotary_sin=sin,
+                                           cache_seqlens=9)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "batch_idx", "paged"])
+def test_kvcache_attention_params_are_packed(fake, seed, monkeypatch, layout):
+    """With the append made to succeed (the stand-in has no device), the attention call that
+    follows is validated: a valid one stops at "built without CUDA" for q, a block table of the
+    wrong batch is refused by name (the cache_batch_idx view and the paged table are packed)."""
+    rng = np.random.default_rng(seed)
+    paged = layout == "paged"
+    q, kc, vc, kn, vn = kv_inputs(fake, rng, paged)
+    import flashserve._torch as fs_torch
+    fs_torch.register()
+    monkeypatch.setattr(fs_torch._get_kv_calls(), "append", lambda ref: 0)
+    kwargs = dict(cache_seqlens=ints(fake, [3, 4]), return_softmax_lse=True, causal=True)
+    if layout == "batch_idx":
+        kwargs["cache_batch_idx"] = ints(fake, [1, 0])
+    if paged:
+        kwargs["block_table"] = fake.Tensor(np.array([[0], [3]], np.int32), fake.int32)
+    with pytest.raises((NotImplementedError, RuntimeError, ValueError),
+                       match=r"^q: is a CUDA tensor|CUDA"):
+        flashserve.flash_attn_with_kvcache(q, kc, vc, kn, vn, **kwargs)
+    if layout == "contiguous":
+        return
+    if paged:
+        kwargs["block_table"] = fake.Tensor(np.zeros((3, 1), np.int32), fake.int32)
+        match = r"^block_table: has 3 rows for a batch of 2"
+    else:
+        kwargs["cache_batch_idx"] = ints(fake, [1, 0, 1])
+        match = r"^block_table: has 3 rows for a batch of 2"
+    with pytest.raises(ValueError, match=match):
+        flashserve.flash_attn_with_kvcache(q, kc, vc, kn, vn, **kwargs)
