@@ -81,8 +81,11 @@ def host_cost():
         ("flashserve.flash_attn_func (PyTorch path)", lambda: flash_attn_func(q, k, v)),
         ("flashserve generic path (DLPack + ctypes)",
          lambda: fs_attention._forward(q, k, v, varlen=False)),
-        ("flashserve.flash_attn_with_kvcache (generic)",
+        ("flashserve.flash_attn_with_kvcache (PyTorch)",
          lambda: flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)),
+        ("flashserve kvcache generic path (DLPack)",
+         lambda: fs_attention._with_kvcache(q, k, v, None, None, None, None, lens, None, None,
+                                            None, False, (-1, -1), True, 0, False)),
         ("F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(qt, kt, vt)),
     ]
     with torch.inference_mode():

@@ -317,6 +317,27 @@ def test_fast_path_equals_the_generic_path(gen, return_lse):
             assert torch.equal(fast, generic)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "batch_idx", "paged16"])
+def test_kvcache_fast_path_equals_the_generic_path(gen, layout):
+    dtype = torch.bfloat16
+    b, h, hk, d, cap = 3, 16, 4, 128, 300
+    kc, vc, batch_idx, table, _ = make_cache(gen, layout, b, cap, hk, d, dtype)
+    q, kn, vn = randn(gen, (b, 2, h, d), dtype), randn(gen, (b, 2, hk, d), dtype), \
+        randn(gen, (b, 2, hk, d), dtype)
+    lens = torch.tensor([0, 150, 298], dtype=torch.int32, device="cuda")
+    angles = torch.rand(cap, d // 4, generator=gen, device="cuda") * 6.0
+    cos, sin = angles.cos(), angles.sin()
+    kc2, vc2 = kc.clone(), vc.clone()
+    kwargs = dict(rotary_cos=cos, rotary_sin=sin, cache_seqlens=lens, cache_batch_idx=batch_idx,
+                  block_table=table, softmax_scale=None, causal=True, window_size=(-1, -1),
+                  rotary_interleaved=False, num_splits=0)
+    fast, fast_lse = flash_attn_with_kvcache(q, kc, vc, kn, vn, return_softmax_lse=True, **kwargs)
+    generic, generic_lse = fs_attention._with_kvcache(q, kc2, vc2, kn, vn, return_lse=True,
+                                                      **kwargs)
+    assert torch.equal(fast, generic) and torch.equal(fast_lse, generic_lse)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+
+
 def test_fast_path_errors_name_the_argument(gen):
     q, k, v = (randn(gen, (1, 16, 2, 64), torch.bfloat16) for _ in range(3))
     with pytest.raises(ValueError, match=r"^k: dtype float16 differs from q's bfloat16"):
