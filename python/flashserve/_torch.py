@@ -64,6 +64,7 @@ class _Calls:
     def __init__(self):
         lib = _capi.lib()
         self.forward = lib.fs_attention_forward
+        self.validate = lib.fs_attention_validate
         self.workspace_size = lib.fs_attention_workspace_size
         P = _capi.AttentionParams
         self.offsets = {name: getattr(P, name).offset
@@ -175,6 +176,7 @@ class _KvCalls:
     def __init__(self):
         lib = _capi.lib()
         self.append = lib.fs_kvcache_append
+        self.validate = lib.fs_kvcache_append_validate
         A = _capi.KvCacheAppendParams
         self.offsets = {name: getattr(A, name).offset for name, _ in A._fields_}
         self.ok = (A.rotary_sin.offset + _FS_TENSOR.size == A.rotary_interleaved.offset and
@@ -286,9 +288,6 @@ def _kvcache_fast(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     _TWO_INT32.pack_into(buf, off["rotary_interleaved"], 1 if rotary_interleaved else 0,
                          1 if (left >= 0 or right >= 0) else 0)
     _POINTER.pack_into(buf, off["stream"], stream)
-    status = kv_calls.append(state.append_ref)
-    if status:
-        _capi.raise_for(status)
 
     # The attention over the updated cache (a contiguous cache with cache_batch_idx is a paged one
     # whose pages are whole sequences: cache_batch_idx seen as a (batch, 1) block table).
@@ -317,17 +316,31 @@ def _kvcache_fast(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         max_k = 0
     _SCALARS.pack_into(buf, off["max_seqlen_q"], 0, max_k, scale, 1 if causal else 0, left,
                        right, splits, stream, 0, 0)
-    size = calls.workspace_size(state.attn_ref)
-    workspace = None
-    if size == _SIZE_MAX:
-        _capi.raise_last()
-    if size:
-        workspace = empty(q, (size,), torch.uint8)
-        _SCALARS.pack_into(buf, off["max_seqlen_q"], 0, max_k, scale, 1 if causal else 0, left,
-                           right, splits, stream, workspace.data_ptr(), size)
-    status = calls.forward(state.attn_ref)
+
+    # Both calls validated before the cache is written, then the append, then the attention.
+    names = _attention._kvcache_names(cache_batch_idx is not None and not paged)
+    status = kv_calls.validate(state.append_ref)
     if status:
         _capi.raise_for(status)
+    with names:
+        status = calls.validate(state.attn_ref)
+        if status:
+            _capi.raise_for(status)
+    status = kv_calls.append(state.append_ref)
+    if status:
+        _capi.raise_for(status)
+    with names:
+        size = calls.workspace_size(state.attn_ref)
+        workspace = None
+        if size == _SIZE_MAX:
+            _capi.raise_last()
+        if size:
+            workspace = empty(q, (size,), torch.uint8)
+            _SCALARS.pack_into(buf, off["max_seqlen_q"], 0, max_k, scale, 1 if causal else 0,
+                               left, right, splits, stream, workspace.data_ptr(), size)
+        status = calls.forward(state.attn_ref)
+        if status:
+            _capi.raise_for(status)
     del workspace
     return out, lse
 

@@ -464,15 +464,18 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         append.rotary_interleaved = 1 if rotary_interleaved else 0
         append.q_positions_per_token = 1 if (window_left >= 0 or window_right >= 0) else 0
     seqlens = _tensor.empty(q, framework, device, (batch,), "int32")
+    if device[0] == "cpu" and framework == "torch":
+        seqlens.fill_(0)  # read by the attention's validation below, before the append runs
+    elif device[0] == "cpu" and framework != "jax":
+        seqlens.fill(0)
     dseq = describe(seqlens, "seqlens_out")
     described.append(dseq)
     append.seqlens_out = dseq.struct
     append.stream = stream or None
-    _capi.raise_for(_capi.lib().fs_kvcache_append(ctypes.byref(append)))
 
     # The attention over the updated cache: cache_seqlens + seqlen_new keys per sequence
-    # (seqused_k).
-    # A contiguous cache with cache_batch_idx is a paged one whose pages are whole sequences.
+    # (seqused_k). A contiguous cache with cache_batch_idx is a paged one whose pages are whole
+    # sequences.
     dqa = describe(q_attn, "q") if rotary else dq
     out = _tensor.empty(q, framework, device, dq.shape[:-1] + (dvc.shape[-1],))
     dout = describe(out, "out")
@@ -500,11 +503,42 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     params.window_left, params.window_right = window_left, window_right
     params.num_splits = _int(num_splits, "num_splits", _INT32)
     params.stream = stream or None
-    workspace = _run(params, q, framework, device, describe, described)
+
+    # Both calls are validated before the cache is written; then the append, then the attention.
+    lib = _capi.lib()
+    _capi.raise_for(lib.fs_kvcache_append_validate(ctypes.byref(append)))
+    with _kvcache_names(cache_batch_idx is not None and not paged):
+        _capi.raise_for(lib.fs_attention_validate(ctypes.byref(params)))
+    _capi.raise_for(lib.fs_kvcache_append(ctypes.byref(append)))
+    with _kvcache_names(cache_batch_idx is not None and not paged):
+        workspace = _run(params, q, framework, device, describe, described)
     if _tensor.needs_sync(framework, device):
         _capi.raise_for(_capi.lib().fs_cuda_stream_synchronize(params.stream))
     del described, workspace
     return (out, lse) if return_lse else out
+
+
+class _kvcache_names:
+    """Context: an error of the attention inside flash_attn_with_kvcache names the arguments the
+    caller passed (k_cache for the attention's k, cache_batch_idx for the block table it is seen
+    as), not the attention's."""
+
+    _NAMES = {"k": "k_cache", "v": "v_cache", "seqused_k": "cache_seqlens"}
+
+    def __init__(self, batch_idx_as_table):
+        self.names = dict(self._NAMES)
+        if batch_idx_as_table:
+            self.names["block_table"] = "cache_batch_idx"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if isinstance(error, (ValueError, NotImplementedError)) and error.args:
+            name, sep, rest = str(error.args[0]).partition(": ")
+            if sep and name in self.names:
+                error.args = (f"{self.names[name]}: {rest}",) + error.args[1:]
+        return False
 
 
 def _is_scalar(x):

@@ -276,6 +276,20 @@ def test_bad_inputs(seed, bad, match):
     assert np.array_equal(kc, k_before), "a refused call wrote to the cache"
 
 
+def test_attention_errors_come_before_the_append_and_name_the_cache(seed):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((2, 1, 6, 32)).astype(np.float32)  # 6 heads over 4 KV heads
+    kc, vc = (rng.standard_normal((2, 10, 4, 32)).astype(np.float32) for _ in range(2))
+    kn, vn = (rng.standard_normal((2, 1, 4, 32)).astype(np.float32) for _ in range(2))
+    before = kc.copy()
+    with pytest.raises(ValueError, match=r"^k_cache: h_q \(6\) must be a multiple of h_kv \(4\)"):
+        flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=3)
+    assert np.array_equal(kc, before), "the cache was written before the call was refused"
+    with pytest.raises(ValueError, match=r"^softmax_scale: 0 is not supported"):
+        flash_attn_with_kvcache(q[:, :, :4], kc, vc, kn, vn, cache_seqlens=3, softmax_scale=0.0)
+    assert np.array_equal(kc, before)
+
+
 def test_paged_block_table_entry_outside_the_pool(seed):
     rng = np.random.default_rng(seed)
     q, _, _, kn, vn = small(rng)

@@ -291,8 +291,8 @@ def test_kvcache_q_positions_follow_the_mask(fake, seed):
 
 @pytest.mark.parametrize("layout", ["contiguous", "batch_idx", "paged"])
 def test_kvcache_attention_params_are_packed(fake, seed, monkeypatch, layout):
-    """With the append made to succeed (the stand-in has no device), the attention call that
-    follows is validated: a valid one stops at "built without CUDA" for q, a block table of the
+    """With the append's validation and run made to succeed (the stand-in has no device), the
+    attention call is validated: a valid one stops at "built without CUDA" for q, a block table of the
     wrong batch is refused by name (the cache_batch_idx view and the paged table are packed)."""
     rng = np.random.default_rng(seed)
     paged = layout == "paged"
@@ -300,6 +300,7 @@ def test_kvcache_attention_params_are_packed(fake, seed, monkeypatch, layout):
     import flashserve._torch as fs_torch
     fs_torch.register()
     monkeypatch.setattr(fs_torch._get_kv_calls(), "append", lambda ref: 0)
+    monkeypatch.setattr(fs_torch._get_kv_calls(), "validate", lambda ref: 0)
     kwargs = dict(cache_seqlens=ints(fake, [3, 4]), return_softmax_lse=True, causal=True)
     if layout == "batch_idx":
         kwargs["cache_batch_idx"] = ints(fake, [1, 0])
@@ -313,8 +314,8 @@ def test_kvcache_attention_params_are_packed(fake, seed, monkeypatch, layout):
     if paged:
         kwargs["block_table"] = fake.Tensor(np.zeros((3, 1), np.int32), fake.int32)
         match = r"^block_table: has 3 rows for a batch of 2"
-    else:
+    else:  # the attention's block table is cache_batch_idx, and is named so
         kwargs["cache_batch_idx"] = ints(fake, [1, 0, 1])
-        match = r"^block_table: has 3 rows for a batch of 2"
+        match = r"^cache_batch_idx: has 3 rows for a batch of 2"
     with pytest.raises(ValueError, match=match):
         flashserve.flash_attn_with_kvcache(q, kc, vc, kn, vn, **kwargs)
