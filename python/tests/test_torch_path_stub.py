@@ -292,8 +292,8 @@ def test_kvcache_q_positions_follow_the_mask(fake, seed):
 @pytest.mark.parametrize("layout", ["contiguous", "batch_idx", "paged"])
 def test_kvcache_attention_params_are_packed(fake, seed, monkeypatch, layout):
     """With the append's validation and run made to succeed (the stand-in has no device), the
-    attention call is validated: a valid one stops at "built without CUDA" for q, a block table of the
-    wrong batch is refused by name (the cache_batch_idx view and the paged table are packed)."""
+    attention call is validated: a valid one stops at "built without CUDA" for q, a block table of
+    the wrong batch is refused by name (the cache_batch_idx view and the paged table are packed)."""
     rng = np.random.default_rng(seed)
     paged = layout == "paged"
     q, kc, vc, kn, vn = kv_inputs(fake, rng, paged)
