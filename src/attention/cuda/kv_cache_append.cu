@@ -11,8 +11,8 @@
 #include <limits>
 #include <vector>
 
-#include "../cuda_check.h"
-#include "../kv_cache_append.h"
+#include "attention/cuda_check.h"
+#include "attention/kv_cache_append.h"
 
 namespace flashserve::attention {
 namespace {
