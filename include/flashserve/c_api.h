@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a struct below or a function signature changes; bindings check it. */
-#define FS_ABI_VERSION 1
+#define FS_ABI_VERSION 2
 
 typedef enum fs_status {
   FS_OK = 0,
@@ -77,6 +77,23 @@ typedef struct fs_attention_params {
   size_t workspace_bytes;
 } fs_attention_params;
 
+/* Mirrors flashserve::KvCacheAppendParams (flashserve/kv_cache.h): appends new keys and values to
+ * a KV cache in place at cache_seqlens, with optional rotary embedding of the new keys and of q. */
+typedef struct fs_kvcache_append_params {
+  fs_tensor k_cache, v_cache; /* [b_cache, s_cache, h_kv, d] or paged [pages, page_size, h_kv, d] */
+  fs_tensor k_new, v_new;     /* optional [batch, s_new, h_kv, d] */
+  fs_tensor cache_seqlens;    /* optional int32 [batch]; absent: cache_seqlen for every sequence */
+  int64_t cache_seqlen;
+  fs_tensor cache_batch_idx; /* optional int32 [batch]: cache row of each sequence (not paged) */
+  fs_tensor block_table;     /* optional int32 [batch, pages_per_seq]: paged cache */
+  fs_tensor rotary_cos, rotary_sin; /* optional [s_rot, rotary_dim / 2], float32 or the dtype */
+  int32_t rotary_interleaved;       /* nonzero: pairs (2i, 2i + 1); 0: (i, i + rotary_dim / 2) */
+  int32_t q_positions_per_token;    /* nonzero: q token i at cache_seqlens + i; 0: all at it */
+  fs_tensor q, q_out;               /* optional [batch, s_q, h_q, d]: q rotated into q_out */
+  fs_tensor seqlens_out;            /* optional int32 [batch]: cache_seqlens + s_new */
+  void* stream; /* cudaStream_t for CUDA tensors (NULL: the legacy default stream) */
+} fs_kvcache_append_params;
+
 /* Fills params with the defaults of flashserve::AttentionParams: every tensor absent, windows -1
  * (unbounded), num_splits 1, everything else 0. Start from this rather than from memset 0, which
  * would mean window_left = window_right = 0 (each query sees only its own position). */
@@ -103,11 +120,27 @@ FS_API int fs_attention_forward(const fs_attention_params* params);
  * when params are invalid or the CUDA runtime fails (then fs_last_error() says why). */
 FS_API size_t fs_attention_workspace_size(const fs_attention_params* params);
 
+/* Fills params with the defaults of flashserve::KvCacheAppendParams (every tensor absent,
+ * rotary_interleaved 1, everything else 0). */
+FS_API void fs_kvcache_append_params_init(fs_kvcache_append_params* params);
+FS_API size_t fs_sizeof_kvcache_append_params(void);
+/* Checks params without running anything (host-resident lengths and indices entry by entry). */
+FS_API int fs_kvcache_append_validate(const fs_kvcache_append_params* params);
+/* Validates, then appends (and rotates) on the device that holds the cache; CUDA work is enqueued
+ * on params->stream. A sequence whose cache_seqlens + s_new exceeds the capacity is an
+ * FS_ERROR_INVALID_ARGUMENT when the lengths are in host memory (or FLASHSERVE_CHECK_INDICES is
+ * set); device-resident lengths are trusted, and the kernel then drops what does not fit rather
+ * than write out of bounds (flashserve/kv_cache.h). */
+FS_API int fs_kvcache_append(const fs_kvcache_append_params* params);
+
 /* Waits until all work on a CUDA stream (NULL: the legacy default stream) has finished. */
 FS_API int fs_cuda_stream_synchronize(void* stream);
 
 /* The message of the last failed call on this thread; "" when the last call succeeded. */
 FS_API const char* fs_last_error(void);
+/* The fs_status of the last call on this thread that can fail (FS_OK when it succeeded): what a
+ * function without a status return (fs_attention_workspace_size) failed with. */
+FS_API int fs_last_status(void);
 
 #ifdef __cplusplus
 }

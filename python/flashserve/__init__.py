@@ -1,18 +1,33 @@
 """flashserve: exact FlashAttention-style attention, called like FlashAttention.
 
-    from flashserve import flash_attn_func, flash_attn_varlen_func
+    from flashserve import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 
 Pure Python over libflashserve_c.so (ctypes): no compiled extension, and no framework imported
-at import time. Tensors of PyTorch, CuPy, JAX and NumPy are accepted through DLPack or the array
+at import time (when PyTorch is already imported, its custom operators are registered: see
+docs/python.md). Tensors of PyTorch, CuPy, JAX and NumPy are accepted through DLPack or the array
 interfaces; outputs are allocated in the framework, dtype and device of q. See docs/python.md.
 """
 
+import sys
+
 from . import _capi
-from .attention import flash_attn_func, flash_attn_varlen_func
+from .attention import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
+                        flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
+                        flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache,
+                        register_torch)
 
 __version__ = "0.1.0"
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "version", "built_with_cuda",
-           "cuda_available", "library_path"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
+           "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
+           "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache", "register_torch",
+           "version", "built_with_cuda", "cuda_available", "library_path"]
+
+if "torch" in sys.modules:
+    # PyTorch is already there: its custom operators (torch.compile, CUDA graphs) are registered
+    # now, so that the first call may be a traced one. Otherwise the first call with a PyTorch
+    # tensor registers them (or call register_torch()).
+    from .attention import try_register_torch
+    try_register_torch()
 
 
 def version():

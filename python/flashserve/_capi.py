@@ -14,7 +14,7 @@ import os
 import threading
 
 LIBRARY_NAME = "libflashserve_c.so"
-ABI_VERSION = 1  # FS_ABI_VERSION of the header these structs mirror
+ABI_VERSION = 2  # FS_ABI_VERSION of the header these structs mirror
 MAX_RANK = 4
 
 # fs_dtype, fs_device_type and fs_status codes.
@@ -57,6 +57,21 @@ class AttentionParams(ctypes.Structure):
     ]
 
 
+class KvCacheAppendParams(ctypes.Structure):
+    """fs_kvcache_append_params."""
+    _fields_ = [
+        ("k_cache", Tensor), ("v_cache", Tensor), ("k_new", Tensor), ("v_new", Tensor),
+        ("cache_seqlens", Tensor),
+        ("cache_seqlen", ctypes.c_int64),
+        ("cache_batch_idx", Tensor), ("block_table", Tensor),
+        ("rotary_cos", Tensor), ("rotary_sin", Tensor),
+        ("rotary_interleaved", ctypes.c_int32),
+        ("q_positions_per_token", ctypes.c_int32),
+        ("q", Tensor), ("q_out", Tensor), ("seqlens_out", Tensor),
+        ("stream", ctypes.c_void_p),
+    ]
+
+
 _SIGNATURES = {
     "fs_version": (ctypes.c_char_p, []),
     "fs_abi_version": (ctypes.c_int, []),
@@ -68,8 +83,13 @@ _SIGNATURES = {
     "fs_attention_validate": (ctypes.c_int, [ctypes.POINTER(AttentionParams)]),
     "fs_attention_forward": (ctypes.c_int, [ctypes.POINTER(AttentionParams)]),
     "fs_attention_workspace_size": (ctypes.c_size_t, [ctypes.POINTER(AttentionParams)]),
+    "fs_kvcache_append_params_init": (None, [ctypes.POINTER(KvCacheAppendParams)]),
+    "fs_sizeof_kvcache_append_params": (ctypes.c_size_t, []),
+    "fs_kvcache_append_validate": (ctypes.c_int, [ctypes.POINTER(KvCacheAppendParams)]),
+    "fs_kvcache_append": (ctypes.c_int, [ctypes.POINTER(KvCacheAppendParams)]),
     "fs_cuda_stream_synchronize": (ctypes.c_int, [ctypes.c_void_p]),
     "fs_last_error": (ctypes.c_char_p, []),
+    "fs_last_status": (ctypes.c_int, []),
 }
 
 _lock = threading.Lock()
@@ -141,7 +161,9 @@ def lib():
                 raise ImportError(f"flashserve: {path} has ABI version {handle.fs_abi_version()}, "
                                   f"this package expects {ABI_VERSION}; rebuild the library")
             if (handle.fs_sizeof_tensor() != ctypes.sizeof(Tensor) or
-                    handle.fs_sizeof_attention_params() != ctypes.sizeof(AttentionParams)):
+                    handle.fs_sizeof_attention_params() != ctypes.sizeof(AttentionParams) or
+                    handle.fs_sizeof_kvcache_append_params() !=
+                    ctypes.sizeof(KvCacheAppendParams)):
                 raise ImportError(f"flashserve: the struct layout of {path} differs from the "
                                   "package's (different ABI or compiler); rebuild the library")
             _path = path
@@ -159,6 +181,13 @@ def last_error():
     return lib().fs_last_error().decode("utf-8", "replace")
 
 
+def raise_last():
+    """Raises what the last failed call on this thread failed with (for the functions that return
+    no status: fs_attention_workspace_size's SIZE_MAX)."""
+    status = lib().fs_last_status()
+    raise_for(status if status != OK else INTERNAL)
+
+
 def raise_for(status):
     """Turns a nonzero fs_status into the matching Python exception with the library's message."""
     if status == OK:
@@ -171,6 +200,13 @@ def raise_for(status):
     if status == CUDA_ERROR:
         raise RuntimeError(f"CUDA error: {message}")
     raise RuntimeError(f"flashserve internal error: {message}")
+
+
+def default_append_params():
+    """fs_kvcache_append_params as fs_kvcache_append_params_init leaves it."""
+    params = KvCacheAppendParams()
+    lib().fs_kvcache_append_params_init(ctypes.byref(params))
+    return params
 
 
 def default_params():

@@ -1,15 +1,66 @@
 """FlashAttention's Python API (argument names, layouts, defaults) over libflashserve_c.
 
-    from flashserve import flash_attn_func, flash_attn_varlen_func
+    from flashserve import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 
 is a drop-in replacement of the flash_attn imports for inference (forward only).
+
+PyTorch tensors take the path of flashserve/_torch.py once PyTorch is imported (custom operators
+that torch.compile and CUDA graphs see through, and a host path that skips DLPack); every other
+framework, and PyTorch before it is registered, takes the generic path of this file.
 """
 
 import ctypes
 import math
 import operator
+import sys
 
 from . import _capi, _tensor
+
+# flashserve._torch once registered (register_torch()), else None. Read on every call: a global
+# lookup and an isinstance, both of which torch.compile traces as constants.
+_torch_path = None
+
+
+def register_torch():
+    """Registers flashserve's PyTorch custom operators (torch must already be imported or
+    importable) and routes PyTorch tensors through them. Called by `import flashserve` when torch is
+    already imported, and by the first call with a PyTorch tensor otherwise; idempotent."""
+    global _torch_path
+    if _torch_path is None:
+        from . import _torch
+        _torch.register()
+        _torch_path = _torch
+    return _torch_path
+
+
+_torch_failed = False
+
+
+def try_register_torch():
+    """register_torch(), or a warning (once) and None when this PyTorch cannot take the custom
+    operators: its tensors then take the generic path."""
+    global _torch_failed
+    if _torch_failed:
+        return None
+    try:
+        return register_torch()
+    except Exception as e:
+        _torch_failed = True
+        import warnings
+        warnings.warn(f"flashserve: PyTorch custom operators not registered ({e!r}); PyTorch "
+                      "tensors take the generic path", RuntimeWarning)
+        return None
+
+
+def _torch_route(q):
+    """The PyTorch path when q is a PyTorch tensor (registering it on first sight), else None."""
+    path = _torch_path
+    if path is not None:
+        return path if isinstance(q, path.Tensor) else None
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(q, torch.Tensor):
+        return try_register_torch()
+    return None
 
 
 def _check_features(dropout_p, softcap, alibi_slopes, return_attn_probs):
@@ -100,11 +151,7 @@ def _run(params, q, framework, device, describe, described):
     if device[0] == "cuda":
         size = lib.fs_attention_workspace_size(ctypes.byref(params))
         if size == ctypes.c_size_t(-1).value:
-            # The size query returns no status: validation names a bad argument; past it, only the
-            # CUDA runtime (device count, attributes) or host memory can have failed.
-            message = _capi.last_error()
-            _capi.raise_for(lib.fs_attention_validate(ctypes.byref(params)))
-            raise RuntimeError(message)
+            _capi.raise_last()  # the size query returns no status; fs_last_status has it
         if size:
             workspace = _tensor.empty(q, framework, device, (size,), "uint8")
             dw = describe(workspace, "workspace", raw=True)
@@ -117,7 +164,7 @@ def _run(params, q, framework, device, describe, described):
 
 def _forward(q, k, v, *, varlen, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
              max_seqlen_k=0, softmax_scale=None, causal=False, window_size=(-1, -1),
-             return_lse=False, block_table=None, seqused_k=None, num_splits=1):
+             return_lse=False, block_table=None, seqused_k=None, num_splits=0):
     framework = _tensor.framework_of(q)
     for name, x in (("q", q), ("k", k), ("v", v)):
         _tensor.check_autograd(x, name)
@@ -193,7 +240,7 @@ def _forward(q, k, v, *, varlen, cu_seqlens_q=None, cu_seqlens_k=None, max_seqle
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), return_lse=False, *, softcap=0.0, alibi_slopes=None,
-                    deterministic=False, return_attn_probs=False, num_splits=1):
+                    deterministic=False, return_attn_probs=False, num_splits=0):
     """Exact attention over dense batches.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), nheads a
@@ -203,8 +250,14 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     Returns out (batch, seqlen_q, nheads, headdim_v) in q's framework, dtype and device, or
     (out, lse) with return_lse, lse float32 (batch, nheads, seqlen_q), natural log, -inf for a row
     that sees no key. deterministic is accepted and has no effect (the forward is deterministic).
+    num_splits: split-KV ways; 0 (the default, as in FlashAttention's forward) lets the library
+    choose, 1 never splits, n > 1 splits exactly n ways.
     """
     _check_features(dropout_p, softcap, alibi_slopes, return_attn_probs)
+    path = _torch_route(q)
+    if path is not None:
+        return path.flash_attn_func(q, k, v, softmax_scale, causal, window_size, return_lse,
+                                    num_splits)
     return _forward(q, k, v, varlen=False, softmax_scale=softmax_scale, causal=causal,
                     window_size=window_size, return_lse=return_lse, num_splits=num_splits)
 
@@ -213,7 +266,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            return_lse=False, block_table=None, seqused_k=None, *, softcap=0.0,
                            alibi_slopes=None, deterministic=False, return_attn_probs=False,
-                           num_splits=1):
+                           num_splits=0):
     """Exact attention over packed variable-length sequences.
 
     q: (total_q, nheads, headdim) with int32 cu_seqlens_q (batch + 1,); k, v: (total_k, nheads_k,
@@ -223,10 +276,282 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     block_table limits sequence b to its first seqused_k[b] keys. max_seqlen_q/k: upper bounds of
     the lengths (Python ints). Masking as in flash_attn_func, per sequence.
     Returns out (total_q, nheads, headdim_v), or (out, lse) with lse float32 (nheads, total_q).
+    num_splits as in flash_attn_func (default 0: automatic).
     """
     _check_features(dropout_p, softcap, alibi_slopes, return_attn_probs)
+    path = _torch_route(q)
+    if path is not None:
+        return path.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                           max_seqlen_k, softmax_scale, causal, window_size,
+                                           return_lse, block_table, seqused_k, num_splits)
     return _forward(q, k, v, varlen=True, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                     softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                     return_lse=return_lse, block_table=block_table, seqused_k=seqused_k,
                     num_splits=num_splits)
+
+
+# ---------------------------------------------------------------- packed variants
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
+                              window_size=(-1, -1), return_lse=False, *, softcap=0.0,
+                              alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                              num_splits=0):
+    """flash_attn_func on qkv (batch, seqlen, 3, nheads, headdim): q, k, v = qkv[:, :, i] (views,
+    no copy)."""
+    return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale,
+                           causal, window_size, return_lse, softcap=softcap,
+                           alibi_slopes=alibi_slopes, deterministic=deterministic,
+                           return_attn_probs=return_attn_probs, num_splits=num_splits)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=(-1, -1), return_lse=False, *, softcap=0.0,
+                             alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                             num_splits=0):
+    """flash_attn_func with kv (batch, seqlen_k, 2, nheads_k, headdim): k, v = kv[:, :, i]."""
+    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal,
+                           window_size, return_lse, softcap=softcap, alibi_slopes=alibi_slopes,
+                           deterministic=deterministic, return_attn_probs=return_attn_probs,
+                           num_splits=num_splits)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
+                                     softmax_scale=None, causal=False, window_size=(-1, -1),
+                                     return_lse=False, *, softcap=0.0, alibi_slopes=None,
+                                     deterministic=False, return_attn_probs=False, num_splits=0):
+    """flash_attn_varlen_func on qkv (total, 3, nheads, headdim) with one cu_seqlens."""
+    return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens,
+                                  max_seqlen, max_seqlen, dropout_p, softmax_scale, causal,
+                                  window_size, return_lse, softcap=softcap,
+                                  alibi_slopes=alibi_slopes, deterministic=deterministic,
+                                  return_attn_probs=return_attn_probs, num_splits=num_splits)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, dropout_p=0.0, softmax_scale=None, causal=False,
+                                    window_size=(-1, -1), return_lse=False, *, softcap=0.0,
+                                    alibi_slopes=None, deterministic=False,
+                                    return_attn_probs=False, num_splits=0):
+    """flash_attn_varlen_func with kv (total_k, 2, nheads_k, headdim)."""
+    return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k,
+                                  max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+                                  window_size, return_lse, softcap=softcap,
+                                  alibi_slopes=alibi_slopes, deterministic=deterministic,
+                                  return_attn_probs=return_attn_probs, num_splits=num_splits)
+
+
+# ---------------------------------------------------------------- KV cache
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
+                            window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
+                            alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """Attention of q over a KV cache, after appending new keys and values to it in place
+    (FlashAttention's flash_attn_with_kvcache; arguments in its order).
+
+    q: (batch, seqlen_q, nheads, headdim). k_cache, v_cache: (batch_cache, seqlen_cache, nheads_k,
+    headdim), or paged (num_blocks, page_block_size, nheads_k, headdim) with block_table int32
+    (batch, max_blocks_per_seq). k, v: optional new tokens (batch, seqlen_new, nheads_k, headdim),
+    written into the cache at positions cache_seqlens[b], cache_seqlens[b] + 1, ... (the cache is
+    modified in place). cache_seqlens: int32 (batch,) or an int, the tokens already cached (None:
+    the whole cache). cache_batch_idx: int32 (batch,), the cache row of each sequence (contiguous
+    cache; default b). rotary_cos, rotary_sin: (seqlen_ro, rotary_dim / 2), float32 or q's dtype:
+    the new k is rotated at its positions before it is written; q is rotated at cache_seqlens + i
+    with causal or a window, and at cache_seqlens for every token otherwise (FlashAttention's
+    rule). rotary_interleaved: pairs (2i, 2i + 1) (GPT-J) if True, else (i, i + rotary_dim / 2)
+    (GPT-NeoX). The attention then sees cache_seqlens + seqlen_new keys per sequence, masked as in
+    flash_attn_func (bottom-right aligned). cache_seqlens + seqlen_new beyond the cache's capacity
+    is a ValueError when the lengths are known on the host (an int, a CPU tensor, or
+    FLASHSERVE_CHECK_INDICES=1); see docs/python.md for device-resident lengths.
+    Returns out (batch, seqlen_q, nheads, headdim), or (out, lse) with return_softmax_lse, lse
+    float32 (batch, nheads, seqlen_q). cache_leftpad, softcap and alibi_slopes are accepted for
+    source compatibility and must be left at their defaults.
+    """
+    _check_features(0.0, softcap, alibi_slopes, False)
+    if cache_leftpad is not None:
+        raise NotImplementedError("cache_leftpad: left-padded caches are not supported")
+    path = _torch_route(q)
+    if path is not None:
+        return path.flash_attn_with_kvcache(
+            q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            block_table, softmax_scale, causal, window_size, rotary_interleaved, num_splits,
+            return_softmax_lse)
+    return _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                         cache_batch_idx, block_table, softmax_scale, causal, window_size,
+                         rotary_interleaved, num_splits, return_softmax_lse)
+
+
+def _index_view(d, rows, cols, name):
+    """The fs_tensor of a 1-D int32 index tensor (described) seen as (rows, cols) with cols == 1:
+    cache_batch_idx as the block table of a contiguous cache read as pages of a whole sequence."""
+    t = _capi.Tensor()
+    src = d.struct
+    t.data, t.dtype, t.device_type, t.device_index = src.data, src.dtype, src.device_type, \
+        src.device_index
+    t.rank = 2
+    t.shape[0], t.shape[1] = rows, cols
+    t.strides[0], t.strides[1] = (d.strides[0] if d.strides else 1), 1
+    return t
+
+
+def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                  cache_batch_idx, block_table, softmax_scale, causal, window_size,
+                  rotary_interleaved, num_splits, return_lse):
+    framework = _tensor.framework_of(q)
+    if framework == "jax" and k is not None:
+        raise TypeError("k_cache: JAX arrays are immutable; flash_attn_with_kvcache appends to "
+                        "the cache in place (pass k=None, v=None, or use another framework)")
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        if x is not None:
+            _tensor.check_autograd(x, name)
+    # The caches are written in place: a copy would lose the append, so they are never copied.
+    q, k, v, rotary_cos, rotary_sin = (
+        None if x is None else _tensor.last_dim_contiguous(x, _tensor.framework_of(x))
+        for x in (q, k, v, rotary_cos, rotary_sin))
+    device = _tensor.device_of(q)
+    stream = _tensor.current_stream(q, framework, device)
+
+    def describe(x, name, raw=False):
+        return _tensor.describe(x, name, stream=stream, raw=raw)
+
+    dq, dkc, dvc = describe(q, "q"), describe(k_cache, "k_cache"), describe(v_cache, "v_cache")
+    _check_rank(dq, "q", 4, "(batch, seqlen_q, nheads, headdim)")
+    paged = block_table is not None
+    cache_layout = ("(num_blocks, page_block_size, nheads_k, headdim)" if paged
+                    else "(batch_cache, seqlen_cache, nheads_k, headdim)")
+    _check_rank(dkc, "k_cache", 4, cache_layout)
+    _check_rank(dvc, "v_cache", 4, cache_layout)
+    if (k is None) != (v is None):
+        raise ValueError("k: k and v must be given together (or neither)")
+    batch = dq.shape[0]
+    window_left, window_right = _window(window_size, causal)
+
+    append = _capi.default_append_params()
+    described = [dq, dkc, dvc]
+    append.k_cache, append.v_cache = dkc.struct, dvc.struct
+    if k is not None:
+        dk, dv = describe(k, "k"), describe(v, "v")
+        _check_rank(dk, "k", 4, "(batch, seqlen_new, nheads_k, headdim)")
+        _check_rank(dv, "v", 4, "(batch, seqlen_new, nheads_k, headdim)")
+        described += [dk, dv]
+        append.k_new, append.v_new = dk.struct, dv.struct
+    if cache_seqlens is not None and not _is_scalar(cache_seqlens):
+        dlen = describe(cache_seqlens, "cache_seqlens")
+        described.append(dlen)
+        append.cache_seqlens = dlen.struct
+    else:
+        if cache_seqlens is None:  # the whole cache is in use
+            capacity = dkc.shape[1] * (_described_cols(describe(block_table, "block_table"))
+                                       if paged else 1)
+            append.cache_seqlen = capacity
+        else:
+            append.cache_seqlen = _int(cache_seqlens, "cache_seqlens", _INT64)
+    dbatch = describe(cache_batch_idx, "cache_batch_idx")
+    dtable = describe(block_table, "block_table")
+    described += [dbatch, dtable]
+    append.cache_batch_idx, append.block_table = dbatch.struct, dtable.struct
+    rotary = rotary_cos is not None or rotary_sin is not None
+    q_attn = q
+    if rotary:
+        dcos, dsin = describe(rotary_cos, "rotary_cos"), describe(rotary_sin, "rotary_sin")
+        q_attn = _tensor.empty(q, framework, device, dq.shape)
+        dqo = describe(q_attn, "q_out")
+        described += [dcos, dsin, dqo]
+        append.rotary_cos, append.rotary_sin = dcos.struct, dsin.struct
+        append.q, append.q_out = dq.struct, dqo.struct
+        append.rotary_interleaved = 1 if rotary_interleaved else 0
+        append.q_positions_per_token = 1 if (window_left >= 0 or window_right >= 0) else 0
+    seqlens = _tensor.empty(q, framework, device, (batch,), "int32")
+    if device[0] == "cpu" and framework == "torch":
+        seqlens.fill_(0)  # read by the attention's validation below, before the append runs
+    elif device[0] == "cpu" and framework != "jax":
+        seqlens.fill(0)
+    dseq = describe(seqlens, "seqlens_out")
+    described.append(dseq)
+    append.seqlens_out = dseq.struct
+    append.stream = stream or None
+
+    # The attention over the updated cache: cache_seqlens + seqlen_new keys per sequence
+    # (seqused_k). A contiguous cache with cache_batch_idx is a paged one whose pages are whole
+    # sequences.
+    dqa = describe(q_attn, "q") if rotary else dq
+    out = _tensor.empty(q, framework, device, dq.shape[:-1] + (dvc.shape[-1],))
+    dout = describe(out, "out")
+    described += [dqa, dout]
+    params = _capi.default_params()
+    params.q, params.k, params.v, params.out = dqa.struct, dkc.struct, dvc.struct, dout.struct
+    params.seqused_k = dseq.struct
+    lse = None
+    if return_lse:
+        lse = _tensor.empty(q, framework, device, (batch, dq.shape[2], dq.shape[1]), "float32")
+        dlse = describe(lse, "lse")
+        described.append(dlse)
+        params.lse = dlse.struct
+    if paged:
+        params.block_table = dtable.struct
+        params.max_seqlen_k = dkc.shape[1] * _described_cols(dtable)
+    elif cache_batch_idx is not None:
+        if dbatch.rank != 1:
+            raise ValueError(f"cache_batch_idx: expected a 1-D tensor of batch entries, got shape "
+                             f"{tuple(dbatch.shape)}")
+        params.block_table = _index_view(dbatch, dbatch.shape[0], 1, "cache_batch_idx")
+        params.max_seqlen_k = dkc.shape[1]
+    params.softmax_scale = _scale(softmax_scale)
+    params.causal = 1 if causal else 0
+    params.window_left, params.window_right = window_left, window_right
+    params.num_splits = _int(num_splits, "num_splits", _INT32)
+    params.stream = stream or None
+
+    # Both calls are validated before the cache is written; then the append, then the attention.
+    lib = _capi.lib()
+    _capi.raise_for(lib.fs_kvcache_append_validate(ctypes.byref(append)))
+    with _kvcache_names(cache_batch_idx is not None and not paged):
+        _capi.raise_for(lib.fs_attention_validate(ctypes.byref(params)))
+    _capi.raise_for(lib.fs_kvcache_append(ctypes.byref(append)))
+    with _kvcache_names(cache_batch_idx is not None and not paged):
+        workspace = _run(params, q, framework, device, describe, described)
+    if _tensor.needs_sync(framework, device):
+        _capi.raise_for(_capi.lib().fs_cuda_stream_synchronize(params.stream))
+    del described, workspace
+    return (out, lse) if return_lse else out
+
+
+class _kvcache_names:
+    """Context: an error of the attention inside flash_attn_with_kvcache names the arguments the
+    caller passed (k_cache for the attention's k, cache_batch_idx for the block table it is seen
+    as), not the attention's."""
+
+    _NAMES = {"k": "k_cache", "v": "v_cache", "seqused_k": "cache_seqlens"}
+
+    def __init__(self, batch_idx_as_table):
+        self.names = dict(self._NAMES)
+        if batch_idx_as_table:
+            self.names["block_table"] = "cache_batch_idx"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if isinstance(error, (ValueError, NotImplementedError)) and error.args:
+            name, sep, rest = str(error.args[0]).partition(": ")
+            if sep and name in self.names:
+                error.args = (f"{self.names[name]}: {rest}",) + error.args[1:]
+        return False
+
+
+def _is_scalar(x):
+    """An int (or NumPy integer): one length for every sequence."""
+    try:
+        operator.index(x)
+        return not hasattr(x, "shape") or x.shape == ()
+    except TypeError:
+        return False
+
+
+def _described_cols(d):
+    if d.rank != 2:
+        raise ValueError(f"block_table: expected a 2-D int32 tensor (batch, max_blocks_per_seq), "
+                         f"got shape {tuple(d.shape)}")
+    return d.shape[1]

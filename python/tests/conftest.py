@@ -2,6 +2,7 @@
 poisoned outputs (every output the library allocates starts as NaN, so unwritten elements show)."""
 
 import secrets
+import sys
 
 import pytest
 
@@ -22,11 +23,25 @@ def poisoned_outputs(monkeypatch):
 
     def poisoned(like, framework, device, shape, dtype=None):
         x = allocate(like, framework, device, shape, dtype)
-        if dtype != "uint8":
+        poison = {"uint8": None, "int32": -123456789}.get(dtype, float("nan"))
+        if poison is not None:
             if framework == "torch":
-                x.fill_(float("nan"))
+                x.fill_(poison)
             elif framework in ("numpy", "cupy", "unknown"):
-                x.fill(float("nan"))
+                x.fill(poison)
         return x
 
     monkeypatch.setattr(fs_tensor, "empty", poisoned)
+    if "torch" in sys.modules:  # the PyTorch path allocates through its own hook
+        import flashserve._torch as fs_torch
+
+        def poisoned_torch(like, shape, dtype=None):
+            x = torch_allocate(like, shape, dtype)
+            if dtype is None or dtype.is_floating_point:
+                x.fill_(float("nan"))
+            elif dtype != fs_torch.torch.uint8:
+                x.fill_(-123456789)
+            return x
+
+        torch_allocate = fs_torch.empty
+        monkeypatch.setattr(fs_torch, "empty", poisoned_torch)

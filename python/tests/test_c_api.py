@@ -129,11 +129,14 @@ def test_errors_map_to_python_exceptions(seed):
     _capi.raise_for(_capi.OK)
 
 
-def test_failed_workspace_query_past_validation_is_a_runtime_error(seed, monkeypatch):
+@pytest.mark.parametrize("status,exception", [(_capi.INVALID_ARGUMENT, ValueError),
+                                               (_capi.UNSUPPORTED, NotImplementedError),
+                                               (_capi.CUDA_ERROR, RuntimeError)])
+def test_failed_workspace_query_raises_what_it_failed_with(seed, monkeypatch, status, exception):
     """For CUDA tensors the package first asks for the split-KV workspace size, a query without a
-    status code. When validation passes, what failed was the CUDA runtime (or host memory): a
-    RuntimeError with the library's message, not NotImplementedError. Simulated on the host: the
-    tensors are reported as CUDA ones and the size query fails after leaving a message."""
+    status code (SIZE_MAX on failure): fs_last_status says what it failed with (a head dim the CUDA
+    kernels lack is kUnsupported there, not a runtime error). Simulated on the host: the tensors
+    are reported as CUDA ones and the size query fails after leaving a message and a status."""
     real = _capi.lib()
 
     class FailingSizeQuery:
@@ -144,14 +147,28 @@ def test_failed_workspace_query_past_validation_is_a_runtime_error(seed, monkeyp
             assert real.fs_attention_forward(None) == _capi.INVALID_ARGUMENT  # sets a message
             return SIZE_MAX
 
+        def fs_last_status(self):
+            assert real.fs_last_status() == _capi.INVALID_ARGUMENT
+            return status
+
     monkeypatch.setattr(_capi, "lib", lambda: FailingSizeQuery())
     monkeypatch.setattr(_tensor, "device_of", lambda obj: ("cuda", 0))
     monkeypatch.setattr(_tensor, "empty", lambda like, framework, device, shape, dtype=None:
                         np.full(shape, np.nan, dtype=dtype or like.dtype))
     q, k, v, _ = dense(seed)
-    with pytest.raises(RuntimeError, match=r"^params: null pointer$") as raised:
+    with pytest.raises(exception, match=r"params: null pointer$") as raised:
         flashserve.flash_attn_func(q, k, v)
-    assert not isinstance(raised.value, NotImplementedError)  # a subclass of RuntimeError
+    if exception is RuntimeError:
+        assert not isinstance(raised.value, NotImplementedError)  # a subclass of RuntimeError
+
+
+def test_last_status_follows_the_last_call(seed):
+    lib = _capi.lib()
+    assert lib.fs_attention_forward(None) == _capi.INVALID_ARGUMENT
+    assert lib.fs_last_status() == _capi.INVALID_ARGUMENT
+    q, k, v, out = dense(seed)
+    p, keep = params_for(q, k, v, out)
+    assert call(lib.fs_attention_forward, p) == _capi.OK and lib.fs_last_status() == _capi.OK
 
 
 @pytest.mark.skipif(flashserve.built_with_cuda(), reason="the library was built with CUDA")

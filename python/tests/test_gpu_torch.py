@@ -10,7 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import flashserve  # noqa: E402
-from flashserve import _tensor, flash_attn_func, flash_attn_varlen_func  # noqa: E402
+import flashserve._torch as fs_torch  # noqa: E402
+from flashserve import flash_attn_func, flash_attn_varlen_func  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="skipped: no CUDA device"),
@@ -205,14 +206,14 @@ def test_split_kv(gen, monkeypatch, dtype, shape):
     automatic split, num_splits 0, that passes one): the allocation shows that the call split."""
     b, sq, sk, h, hk, d, causal, num_splits = shape
     workspace = []
-    allocate = _tensor.empty
+    allocate = fs_torch.empty  # the PyTorch path's allocator (conftest.py poisons through it)
 
-    def recording(like, framework, device, dims, kind=None):
-        if kind == "uint8":
+    def recording(like, dims, kind=None):
+        if kind == torch.uint8:
             workspace.append(dims[0])
-        return allocate(like, framework, device, dims, kind)
+        return allocate(like, dims, kind)
 
-    monkeypatch.setattr(_tensor, "empty", recording)
+    monkeypatch.setattr(fs_torch, "empty", recording)
     q, k, v = randn(gen, (b, sq, h, d), dtype), randn(gen, (b, sk, hk, d), dtype), \
         randn(gen, (b, sk, hk, d), dtype)
     out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True, num_splits=num_splits)

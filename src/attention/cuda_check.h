@@ -1,8 +1,11 @@
-// The CUDA backend's one way of turning a runtime status into flashserve::Error (kind kCuda).
+// What every CUDA entry point of the attention layer shares: the one way of turning a runtime
+// status into flashserve::Error (kind kCuda), the device guard, and FLASHSERVE_CHECK_INDICES.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "flashserve/error.h"
@@ -12,6 +15,35 @@ namespace flashserve::attention {
 inline void check_cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess)
     throw Error(ErrorKind::kCuda, "", std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+// Makes `device` current for the call and restores the caller's device afterwards.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() {
+    int now = -1;
+    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+// FLASHSERVE_CHECK_INDICES=1 (any value but empty or "0"): a debugging aid. The kernels trust the
+// index tensors in device memory (reading them here would synchronize every call): an entry of
+// block_table outside the pool reads out of bounds, and a max_seqlen_q/k below a real length
+// leaves rows unwritten or a window unclamped. With the variable set, the index tensors are
+// copied to the host (the call synchronizes its stream) and checked entry by entry, as on the
+// CPU path, with the same errors.
+inline bool check_indices_requested() {
+  const char* v = std::getenv("FLASHSERVE_CHECK_INDICES");
+  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
 }
 
 }  // namespace flashserve::attention

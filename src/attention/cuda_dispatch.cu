@@ -30,24 +30,6 @@ namespace {
   throw Error(ErrorKind::kUnsupported, arg, what);
 }
 
-// Makes `device` current for the call and restores the caller's device afterwards.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceGuard() {
-    int now = -1;
-    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
-
 // cp.async moves 16-byte chunks: the base pointer and every row stride of q, k, v and out must be
 // 16-byte aligned (a multiple of 8 elements). Dimensions of size 1 have no meaningful stride.
 void check_aligned(const TensorView& t, const char* name) {
@@ -129,17 +111,6 @@ int smem_per_block_limit(int device_max) {
     throw Error(ErrorKind::kInvalidArgument, "FLASHSERVE_SMEM_PER_BLOCK",
                 std::string("must be a positive number of bytes, got \"") + v + "\"");
   return static_cast<int>(std::min<long long>(bytes, device_max));
-}
-
-// FLASHSERVE_CHECK_INDICES=1 (any value but empty or "0"): a debugging aid. The kernels trust the
-// index tensors in device memory (reading them here would synchronize every call): an entry of
-// block_table outside the pool reads out of bounds, and a max_seqlen_q/k below a real length
-// leaves rows unwritten or a window unclamped. With the variable set, the index tensors are
-// copied to the host (the call synchronizes its stream) and checked entry by entry, as on the
-// CPU path, with the same errors.
-bool check_indices_requested() {
-  const char* v = std::getenv("FLASHSERVE_CHECK_INDICES");
-  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
 }
 
 void check_device_indices(const AttentionParams& params, cudaStream_t stream) {

@@ -90,15 +90,6 @@ void check_entries(const TensorView& t, const char* name, int64_t len) {
   if (t.shape[0] != len) fail(name, str_cat("expected ", len, " entries, got ", t.shape[0]));
 }
 
-bool overlaps(const TensorView& a, const TensorView& b) {
-  if (empty(a) || empty(b)) return false;
-  const char* a0 = static_cast<const char*>(a.data);
-  const char* b0 = static_cast<const char*>(b.data);
-  const char* a1 = a0 + extent(a, "") * dtype_size(a.dtype);
-  const char* b1 = b0 + extent(b, "") * dtype_size(b.dtype);
-  return a0 < b1 && b0 < a1;
-}
-
 // An output may share memory with no input (the backends read inputs while they write outputs;
 // on the CPU path a clobbered block_table or cu_seqlens would send reads out of bounds). Runs after
 // check_view of every tensor, so extent() cannot throw here.
@@ -113,6 +104,17 @@ void check_disjoint(const TensorView& output, const char* name, const AttentionP
   for (const auto& [input, input_name] : inputs)
     if (input->defined() && overlaps(output, *input))
       fail(name, str_cat("overlaps ", input_name, " in memory"));
+}
+
+}  // namespace
+
+bool overlaps(const TensorView& a, const TensorView& b) {
+  if (empty(a) || empty(b)) return false;
+  const char* a0 = static_cast<const char*>(a.data);
+  const char* b0 = static_cast<const char*>(b.data);
+  const char* a1 = a0 + extent(a, "") * dtype_size(a.dtype);
+  const char* b1 = b0 + extent(b, "") * dtype_size(b.dtype);
+  return a0 < b1 && b0 < a1;
 }
 
 // True when two distinct elements of the view share memory (e.g. a zero stride on a dimension of
@@ -132,8 +134,6 @@ bool aliases_itself(const TensorView& t) {
   }
   return false;
 }
-
-}  // namespace
 
 Problem describe(const AttentionParams& p) {
   Problem pr;

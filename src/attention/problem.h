@@ -29,6 +29,12 @@ struct Problem {
 // `name`.
 void check_view(const TensorView& t, const char* name, int rank);
 
+// Whether two well-formed views (check_view passed) share any byte of memory.
+bool overlaps(const TensorView& a, const TensorView& b);
+// True when two distinct elements of a well-formed view share memory (e.g. a zero stride on a
+// dimension of size > 1): an output must not, or writes would race.
+bool aliases_itself(const TensorView& t);
+
 // Validates params (throws flashserve::Error) and returns the resolved problem.
 Problem describe(const AttentionParams& params);
 

@@ -9,9 +9,11 @@
 #include <exception>
 #include <new>
 #include <string>
+#include <utility>
 
 #include "flashserve/attention.h"
 #include "flashserve/error.h"
+#include "flashserve/kv_cache.h"
 #include "flashserve/tensor.h"
 
 #if defined(FLASHSERVE_WITH_CUDA)
@@ -45,9 +47,11 @@ void set_error(const char* format, ...) {
   va_end(args);
 }
 
+thread_local int g_last_status = FS_OK;
+
 // Runs f, mapping whatever it throws to a status code and the thread's message.
 template <typename F>
-int guarded(F&& f) noexcept {
+int guarded_call(F&& f) noexcept {
   g_last_error[0] = '\0';
   try {
     f();
@@ -65,6 +69,12 @@ int guarded(F&& f) noexcept {
     set_error("internal error: unknown exception");
     return FS_ERROR_INTERNAL;
   }
+}
+
+template <typename F>
+int guarded(F&& f) noexcept {
+  g_last_status = guarded_call(std::forward<F>(f));
+  return g_last_status;
 }
 
 [[noreturn]] void invalid(const char* name, const char* format, ...) {
@@ -147,6 +157,28 @@ AttentionParams to_params(const fs_attention_params* p) {
   return params;
 }
 
+KvCacheAppendParams to_append_params(const fs_kvcache_append_params* p) {
+  if (p == nullptr) throw Error(ErrorKind::kInvalidArgument, "params", "null pointer");
+  KvCacheAppendParams params;
+  params.k_cache = to_view(p->k_cache, "k_cache");
+  params.v_cache = to_view(p->v_cache, "v_cache");
+  params.k_new = to_view(p->k_new, "k");
+  params.v_new = to_view(p->v_new, "v");
+  params.cache_seqlens = to_view(p->cache_seqlens, "cache_seqlens");
+  params.cache_seqlen = p->cache_seqlen;
+  params.cache_batch_idx = to_view(p->cache_batch_idx, "cache_batch_idx");
+  params.block_table = to_view(p->block_table, "block_table");
+  params.rotary_cos = to_view(p->rotary_cos, "rotary_cos");
+  params.rotary_sin = to_view(p->rotary_sin, "rotary_sin");
+  params.rotary_interleaved = p->rotary_interleaved != 0;
+  params.q_positions_per_token = p->q_positions_per_token != 0;
+  params.q = to_view(p->q, "q");
+  params.q_out = to_view(p->q_out, "q_out");
+  params.seqlens_out = to_view(p->seqlens_out, "seqlens_out");
+  params.stream = p->stream;
+  return params;
+}
+
 }  // namespace
 }  // namespace flashserve
 
@@ -212,6 +244,26 @@ FS_API size_t fs_attention_workspace_size(const fs_attention_params* params) {
   return status == FS_OK ? bytes : SIZE_MAX;
 }
 
+FS_API void fs_kvcache_append_params_init(fs_kvcache_append_params* params) {
+  if (params == nullptr) return;
+  *params = fs_kvcache_append_params{};
+  const flashserve::KvCacheAppendParams defaults;
+  params->rotary_interleaved = defaults.rotary_interleaved ? 1 : 0;
+}
+
+FS_API size_t fs_sizeof_kvcache_append_params(void) {
+  return sizeof(fs_kvcache_append_params);
+}
+
+FS_API int fs_kvcache_append_validate(const fs_kvcache_append_params* params) {
+  return flashserve::guarded([&] { flashserve::validate(flashserve::to_append_params(params)); });
+}
+
+FS_API int fs_kvcache_append(const fs_kvcache_append_params* params) {
+  return flashserve::guarded(
+      [&] { flashserve::kv_cache_append(flashserve::to_append_params(params)); });
+}
+
 FS_API int fs_cuda_stream_synchronize(void* stream) {
   return flashserve::guarded([&] {
 #if defined(FLASHSERVE_WITH_CUDA)
@@ -230,6 +282,10 @@ FS_API int fs_cuda_stream_synchronize(void* stream) {
 
 FS_API const char* fs_last_error(void) {
   return flashserve::g_last_error;
+}
+
+FS_API int fs_last_status(void) {
+  return flashserve::g_last_status;
 }
 
 }  // extern "C"

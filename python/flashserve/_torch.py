@@ -1,0 +1,533 @@
+"""The PyTorch path: flashserve's functions as PyTorch custom operators, and a host path for CUDA
+tensors that costs a few microseconds.
+
+Imported only by flashserve.attention.register_torch(), i.e. only once PyTorch is imported.
+
+- Custom operators (torch.library.custom_op, with register_fake for shapes and dtypes):
+  flashserve::fwd, flashserve::varlen_fwd and flashserve::with_kvcache (which declares that it
+  mutates k_cache and v_cache). torch.compile(fullgraph=True) traces through them, and they run
+  inside CUDA-graph capture (no host synchronisation, no allocation outside PyTorch's allocator).
+- Eager calls with plain torch.Tensor arguments skip the dispatcher and call the implementation
+  directly. For CUDA tensors, flash_attn_func fills one preallocated fs_attention_params per thread
+  with struct.pack_into from data_ptr()/shape/stride() (no DLPack capsule, no ctypes field
+  assignments), takes the stream from torch's raw current stream, and calls the cached ctypes
+  functions. Anything else (CPU tensors, odd strides or dtypes, other calls) takes the generic path
+  of attention.py, with the same checks and messages.
+"""
+
+import ctypes
+import struct
+import threading
+from typing import Optional, Tuple
+
+import torch
+
+from . import _capi, _tensor
+from . import attention as _attention
+
+Tensor = torch.Tensor  # attention._torch_route's isinstance check
+
+_DTYPES = {torch.float32: _capi.FLOAT32, torch.float16: _capi.FLOAT16,
+           torch.bfloat16: _capi.BFLOAT16}
+_FS_TENSOR = struct.Struct("@Piiii4q4q")  # fs_tensor
+_SCALARS = struct.Struct("@qqfiiiiPPN")  # max_seqlen_q .. workspace_bytes of fs_attention_params
+_ABSENT = bytes(_FS_TENSOR.size)
+_SIZE_MAX = ctypes.c_size_t(-1).value
+
+
+def empty(like, shape, dtype=None):
+    """A new tensor on like's device (like's dtype unless given). Tests replace it to poison
+    outputs."""
+    return torch.empty(shape, dtype=like.dtype if dtype is None else dtype, device=like.device)
+
+
+# True while torch.compile traces (torch.compiler.is_compiling is known to it and folds to a
+# constant there); PyTorch < 2.3 lacks it, and there the operators are always dispatched to.
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: True)
+
+
+def _raw_stream_fn():
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    return lambda index: torch.cuda.current_stream(index).cuda_stream
+
+
+_current_stream = _raw_stream_fn()
+
+
+# ---------------------------------------------------------------- the host fast path
+
+class _Calls:
+    """The library's functions, looked up once, and the layout offsets the fast path packs at."""
+
+    def __init__(self):
+        lib = _capi.lib()
+        self.forward = lib.fs_attention_forward
+        self.validate = lib.fs_attention_validate
+        self.workspace_size = lib.fs_attention_workspace_size
+        P = _capi.AttentionParams
+        self.offsets = {name: getattr(P, name).offset
+                        for name in ("q", "k", "v", "out", "lse", "max_seqlen_q")}
+        self.ok = (_FS_TENSOR.size == ctypes.sizeof(_capi.Tensor) and
+                   _SCALARS.size == ctypes.sizeof(P) - P.max_seqlen_q.offset and
+                   P.stream.offset - P.max_seqlen_q.offset == _SCALARS.size - 24)
+
+
+_calls = None
+
+
+class _State(threading.local):
+    """One fs_attention_params per thread, over a bytearray that pack_into writes."""
+
+    def __init__(self):
+        self.buffer = bytearray(ctypes.sizeof(_capi.AttentionParams))
+        self.params = _capi.AttentionParams.from_buffer(self.buffer)
+        _capi.lib().fs_attention_params_init(ctypes.byref(self.params))
+        self.ref = ctypes.byref(self.params)
+
+
+_state = None
+
+
+def _pack(buffer, offset, t, code):
+    shape, stride = t.shape, t.stride()
+    n = len(shape)
+    if n == 4:
+        _FS_TENSOR.pack_into(buffer, offset, t.data_ptr(), code, _capi.CUDA, t.device.index, 4,
+                             *shape, *stride)
+    else:
+        pad = (0,) * (4 - n)
+        _FS_TENSOR.pack_into(buffer, offset, t.data_ptr(), code, _capi.CUDA, t.device.index, n,
+                             *shape, *pad, *stride, *pad)
+
+
+def _get_calls():
+    """The library's functions (loading the library on first use, not at registration: `import
+    flashserve` must not fail for want of it)."""
+    global _calls
+    if _calls is None:
+        _calls = _Calls()
+    return _calls
+
+
+def _fast_ok(q, k, v):
+    """Whether the dense fast path takes these tensors: CUDA, rank 4, a float dtype the library
+    knows, last dimension contiguous, no grad to refuse (the generic path names what is wrong)."""
+    return (q.dtype in _DTYPES and k.dtype in _DTYPES and v.dtype in _DTYPES and
+            type(q) is Tensor and type(k) is Tensor and type(v) is Tensor and
+            q.is_cuda and k.is_cuda and v.is_cuda and
+            q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and
+            q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and
+            not (q.requires_grad or k.requires_grad or v.requires_grad) and _get_calls().ok)
+
+
+def _dense(q, k, v, softmax_scale, causal, window_size, num_splits, return_lse):
+    """flash_attn_func's implementation: (out, lse or None)."""
+    if not _fast_ok(q, k, v):  # the generic path: DLPack, and every check with its message
+        result = _attention._forward(q, k, v, varlen=False, softmax_scale=softmax_scale,
+                                     causal=causal, window_size=window_size,
+                                     return_lse=return_lse, num_splits=num_splits)
+        return result if return_lse else (result, None)
+    global _state
+    state = _state
+    if state is None:
+        state = _state = _State()
+    calls = _get_calls()
+    buf, off = state.buffer, calls.offsets
+    left, right = _attention._window(window_size, causal)
+    scale = _attention._scale(softmax_scale)
+    splits = _attention._int(num_splits, "num_splits", _attention._INT32)
+    b, sq, h, _ = q.shape
+    out = empty(q, (b, sq, h, v.shape[3]))
+    lse = empty(q, (b, h, sq), torch.float32) if return_lse else None
+    code = _DTYPES[q.dtype]
+    _pack(buf, off["q"], q, code)
+    _pack(buf, off["k"], k, _DTYPES[k.dtype])
+    _pack(buf, off["v"], v, _DTYPES[v.dtype])
+    _pack(buf, off["out"], out, code)
+    if lse is not None:
+        _pack(buf, off["lse"], lse, _capi.FLOAT32)
+    else:
+        buf[off["lse"]:off["lse"] + _FS_TENSOR.size] = _ABSENT
+    stream = _current_stream(q.device.index)
+    _SCALARS.pack_into(buf, off["max_seqlen_q"], 0, 0, scale, 1 if causal else 0, left, right,
+                       splits, stream, 0, 0)
+    size = calls.workspace_size(state.ref)
+    workspace = None
+    if size == _SIZE_MAX:
+        _capi.raise_last()
+    if size:
+        workspace = empty(q, (size,), torch.uint8)
+        _SCALARS.pack_into(buf, off["max_seqlen_q"], 0, 0, scale, 1 if causal else 0, left,
+                           right, splits, stream, workspace.data_ptr(), size)
+    status = calls.forward(state.ref)
+    if status:
+        _capi.raise_for(status)
+    del workspace  # stream-ordered: PyTorch's allocator reuses it only behind this stream's work
+    return out, lse
+
+
+# ---------------------------------------------------------------- the KV-cache fast path
+
+class _KvCalls:
+    """fs_kvcache_append and the offsets of its params."""
+
+    def __init__(self):
+        lib = _capi.lib()
+        self.append = lib.fs_kvcache_append
+        self.validate = lib.fs_kvcache_append_validate
+        A = _capi.KvCacheAppendParams
+        self.offsets = {name: getattr(A, name).offset for name, _ in A._fields_}
+        self.ok = (A.rotary_sin.offset + _FS_TENSOR.size == A.rotary_interleaved.offset and
+                   A.q_positions_per_token.offset == A.rotary_interleaved.offset + 4)
+
+
+_kv_calls = None
+
+
+class _KvState(threading.local):
+    """Per thread: an fs_kvcache_append_params and an fs_attention_params of the kvcache call's
+    own (its attention sets seqused_k and block_table, which flash_attn_func's never does)."""
+
+    def __init__(self):
+        self.append_buffer = bytearray(ctypes.sizeof(_capi.KvCacheAppendParams))
+        self.append = _capi.KvCacheAppendParams.from_buffer(self.append_buffer)
+        self.append_ref = ctypes.byref(self.append)
+        self.attn_buffer = bytearray(ctypes.sizeof(_capi.AttentionParams))
+        self.attn = _capi.AttentionParams.from_buffer(self.attn_buffer)
+        self.attn_ref = ctypes.byref(self.attn)
+        lib = _capi.lib()
+        lib.fs_kvcache_append_params_init(self.append_ref)
+        lib.fs_attention_params_init(self.attn_ref)
+
+
+_kv_state = None
+_INT64 = struct.Struct("@q")
+_TWO_INT32 = struct.Struct("@ii")
+_POINTER = struct.Struct("@P")
+
+
+def _plain_cuda(t, rank=None):
+    return (type(t) is Tensor and t.is_cuda and not t.requires_grad and
+            (rank is None or t.dim() == rank) and (t.dim() == 0 or t.stride(-1) == 1))
+
+
+def _kvcache_fast_ok(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                     cache_batch_idx, block_table):
+    """CUDA tensors of the expected ranks with a contiguous last dimension, float dtypes the
+    library knows (int32 for the indices): anything else takes the generic path, which names it."""
+    if not (_plain_cuda(q, 4) and _plain_cuda(k_cache, 4) and _plain_cuda(v_cache, 4)):
+        return False
+    for t in (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin):
+        if t is not None and t.dtype not in _DTYPES:
+            return False
+    for t in (cache_seqlens, cache_batch_idx):
+        if t is not None and not (_plain_cuda(t, 1) and t.dtype == torch.int32):
+            return False
+    if block_table is not None and not (_plain_cuda(block_table, 2) and
+                                        block_table.dtype == torch.int32):
+        return False
+    if (k is None) != (v is None) or (rotary_cos is None) != (rotary_sin is None):
+        return False
+    for t in (k, v):
+        if t is not None and not _plain_cuda(t, 4):
+            return False
+    for t in (rotary_cos, rotary_sin):
+        if t is not None and not _plain_cuda(t, 2):
+            return False
+    return _get_calls().ok and _get_kv_calls().ok
+
+
+def _get_kv_calls():
+    global _kv_calls
+    if _kv_calls is None:
+        _kv_calls = _KvCalls()
+    return _kv_calls
+
+
+def _pack_or_absent(buffer, offset, t):
+    if t is None:
+        buffer[offset:offset + _FS_TENSOR.size] = _ABSENT
+    else:
+        _pack(buffer, offset, t, _capi.INT32 if t.dtype == torch.int32 else _DTYPES[t.dtype])
+
+
+def _kvcache_fast(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen,
+                  cache_batch_idx, block_table, softmax_scale, causal, window_size,
+                  rotary_interleaved, num_splits, return_lse):
+    """_kvcache for CUDA tensors: the two library calls with packed params, no DLPack."""
+    global _kv_state
+    state = _kv_state
+    if state is None:
+        state = _kv_state = _KvState()
+    calls, kv_calls = _get_calls(), _get_kv_calls()
+    left, right = _attention._window(window_size, causal)
+    scale = _attention._scale(softmax_scale)
+    splits = _attention._int(num_splits, "num_splits", _attention._INT32)
+    paged = block_table is not None
+    capacity = k_cache.shape[1] * (block_table.shape[1] if paged else 1)
+    if cache_seqlens is None:
+        cache_seqlen = capacity if cache_seqlen < 0 else _attention._int(
+            cache_seqlen, "cache_seqlens", _attention._INT64)
+    b, sq, h, _ = q.shape
+    stream = _current_stream(q.device.index)
+
+    # The append (+ rotary): new k/v into the cache, q rotated, the new lengths.
+    buf, off = state.append_buffer, kv_calls.offsets
+    rotary = rotary_cos is not None
+    q_attn = empty(q, tuple(q.shape)) if rotary else q
+    seqlens = empty(q, (b,), torch.int32)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k_new", k), ("v_new", v),
+                    ("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),
+                    ("block_table", block_table), ("rotary_cos", rotary_cos),
+                    ("rotary_sin", rotary_sin), ("q", q if rotary else None),
+                    ("q_out", q_attn if rotary else None), ("seqlens_out", seqlens)):
+        _pack_or_absent(buf, off[name], t)
+    _INT64.pack_into(buf, off["cache_seqlen"], 0 if cache_seqlens is not None else cache_seqlen)
+    _TWO_INT32.pack_into(buf, off["rotary_interleaved"], 1 if rotary_interleaved else 0,
+                         1 if (left >= 0 or right >= 0) else 0)
+    _POINTER.pack_into(buf, off["stream"], stream)
+
+    # The attention over the updated cache (a contiguous cache with cache_batch_idx is a paged one
+    # whose pages are whole sequences: cache_batch_idx seen as a (batch, 1) block table).
+    buf, off = state.attn_buffer, calls.offsets
+    P = _capi.AttentionParams
+    out = empty(q, (b, sq, h, v_cache.shape[3]))
+    lse = empty(q, (b, h, sq), torch.float32) if return_lse else None
+    code = _DTYPES[q.dtype]
+    _pack(buf, off["q"], q_attn, code)
+    _pack(buf, off["k"], k_cache, _DTYPES[k_cache.dtype])
+    _pack(buf, off["v"], v_cache, _DTYPES[v_cache.dtype])
+    _pack(buf, off["out"], out, code)
+    _pack_or_absent(buf, off["lse"], lse)
+    _pack(buf, P.seqused_k.offset, seqlens, _capi.INT32)
+    if paged:
+        _pack(buf, P.block_table.offset, block_table, _capi.INT32)
+        max_k = capacity
+    elif cache_batch_idx is not None:
+        _FS_TENSOR.pack_into(buf, P.block_table.offset, cache_batch_idx.data_ptr(), _capi.INT32,
+                             _capi.CUDA, cache_batch_idx.device.index, 2,
+                             cache_batch_idx.shape[0], 1, 0, 0, cache_batch_idx.stride(0), 1,
+                             0, 0)
+        max_k = capacity
+    else:
+        buf[P.block_table.offset:P.block_table.offset + _FS_TENSOR.size] = _ABSENT
+        max_k = 0
+    _SCALARS.pack_into(buf, off["max_seqlen_q"], 0, max_k, scale, 1 if causal else 0, left,
+                       right, splits, stream, 0, 0)
+
+    # Both calls validated before the cache is written, then the append, then the attention.
+    names = _attention._kvcache_names(cache_batch_idx is not None and not paged)
+    status = kv_calls.validate(state.append_ref)
+    if status:
+        _capi.raise_for(status)
+    with names:
+        status = calls.validate(state.attn_ref)
+        if status:
+            _capi.raise_for(status)
+    status = kv_calls.append(state.append_ref)
+    if status:
+        _capi.raise_for(status)
+    with names:
+        size = calls.workspace_size(state.attn_ref)
+        workspace = None
+        if size == _SIZE_MAX:
+            _capi.raise_last()
+        if size:
+            workspace = empty(q, (size,), torch.uint8)
+            _SCALARS.pack_into(buf, off["max_seqlen_q"], 0, max_k, scale, 1 if causal else 0,
+                               left, right, splits, stream, workspace.data_ptr(), size)
+        status = calls.forward(state.attn_ref)
+        if status:
+            _capi.raise_for(status)
+    del workspace
+    return out, lse
+
+
+# ---------------------------------------------------------------- custom operators
+
+_NO_LSE = (0,)
+
+
+def _lse_or_empty(q, lse):
+    return lse if lse is not None else q.new_empty(_NO_LSE, dtype=torch.float32)
+
+
+def _define_ops():
+    """Registers flashserve::fwd, ::varlen_fwd and ::with_kvcache (PyTorch >= 2.4)."""
+
+    @torch.library.custom_op("flashserve::fwd", mutates_args=())
+    def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float], causal: bool,
+            window_left: int, window_right: int, num_splits: int,
+            return_lse: bool) -> Tuple[Tensor, Tensor]:
+        out, lse = _dense(q, k, v, softmax_scale, causal, (window_left, window_right),
+                          num_splits, return_lse)
+        return out, _lse_or_empty(q, lse)
+
+    @fwd.register_fake
+    def _(q, k, v, softmax_scale, causal, window_left, window_right, num_splits, return_lse):
+        out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
+        lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if return_lse else _NO_LSE
+        return out, q.new_empty(lse_shape, dtype=torch.float32)
+
+    @torch.library.custom_op("flashserve::varlen_fwd", mutates_args=())
+    def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
+                   cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                   softmax_scale: Optional[float], causal: bool, window_left: int,
+                   window_right: int, return_lse: bool, block_table: Optional[Tensor],
+                   seqused_k: Optional[Tensor], num_splits: int) -> Tuple[Tensor, Tensor]:
+        out, lse = _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           softmax_scale, causal, (window_left, window_right), return_lse,
+                           block_table, seqused_k, num_splits)
+        return out, _lse_or_empty(q, lse)
+
+    @varlen_fwd.register_fake
+    def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+          window_left, window_right, return_lse, block_table, seqused_k, num_splits):
+        out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
+        lse_shape = (q.shape[1], q.shape[0]) if return_lse else _NO_LSE
+        return out, q.new_empty(lse_shape, dtype=torch.float32)
+
+    @torch.library.custom_op("flashserve::with_kvcache", mutates_args=("k_cache", "v_cache"))
+    def with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
+                     v: Optional[Tensor], rotary_cos: Optional[Tensor],
+                     rotary_sin: Optional[Tensor], cache_seqlens: Optional[Tensor],
+                     cache_seqlen: int, cache_batch_idx: Optional[Tensor],
+                     block_table: Optional[Tensor], softmax_scale: Optional[float], causal: bool,
+                     window_left: int, window_right: int, rotary_interleaved: bool,
+                     num_splits: int, return_lse: bool) -> Tuple[Tensor, Tensor]:
+        out, lse = _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                            cache_seqlen, cache_batch_idx, block_table, softmax_scale, causal,
+                            (window_left, window_right), rotary_interleaved, num_splits,
+                            return_lse)
+        return out, _lse_or_empty(q, lse)
+
+    @with_kvcache.register_fake
+    def _(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen,
+          cache_batch_idx, block_table, softmax_scale, causal, window_left, window_right,
+          rotary_interleaved, num_splits, return_lse):
+        out = q.new_empty(tuple(q.shape[:-1]) + (v_cache.shape[-1],))
+        lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if return_lse else _NO_LSE
+        return out, q.new_empty(lse_shape, dtype=torch.float32)
+
+    # Called through the packet (torch.ops.flashserve.*), the form torch.compile knows best.
+    return torch.ops.flashserve.fwd, torch.ops.flashserve.varlen_fwd, \
+        torch.ops.flashserve.with_kvcache
+
+
+_ops = None
+
+
+def register():
+    """Defines the custom operators (once)."""
+    global _ops
+    if _ops is None and hasattr(torch, "library") and hasattr(torch.library, "custom_op"):
+        _ops = _define_ops()
+
+
+def _use_ops(q):
+    """Whether this call goes through the dispatcher: while torch.compile traces, or for tensor
+    subclasses (FakeTensor, functional tensors); eager plain tensors call the implementation."""
+    return _ops is not None and (_is_compiling() or type(q) is not Tensor)
+
+
+def _check_grad(*named):
+    if torch.is_grad_enabled():
+        for name, x in named:
+            if x is not None and x.requires_grad:
+                _tensor.check_autograd(x, name)
+
+
+def _window_pair(window_size):
+    left, right = window_size
+    return int(left), int(right)
+
+
+def _opt_float(x):
+    return None if x is None else float(x)
+
+
+# ---------------------------------------------------------------- the public functions' bodies
+
+def flash_attn_func(q, k, v, softmax_scale, causal, window_size, return_lse, num_splits):
+    _check_grad(("q", q), ("k", k), ("v", v))
+    if _use_ops(q):
+        left, right = _window_pair(window_size)
+        out, lse = _ops[0](q, k, v, _opt_float(softmax_scale), bool(causal), left, right,
+                           int(num_splits), bool(return_lse))
+    else:
+        out, lse = _dense(q, k, v, softmax_scale, causal, window_size, num_splits, return_lse)
+    return (out, lse) if return_lse else out
+
+
+def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+            causal, window_size, return_lse, block_table, seqused_k, num_splits):
+    result = _attention._forward(q, k, v, varlen=True, cu_seqlens_q=cu_seqlens_q,
+                                 cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                                 max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
+                                 causal=causal, window_size=window_size, return_lse=return_lse,
+                                 block_table=block_table, seqused_k=seqused_k,
+                                 num_splits=num_splits)
+    return result if return_lse else (result, None)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           softmax_scale, causal, window_size, return_lse, block_table, seqused_k,
+                           num_splits):
+    _check_grad(("q", q), ("k", k), ("v", v))
+    if _use_ops(q):
+        left, right = _window_pair(window_size)
+        out, lse = _ops[1](q, k, v, cu_seqlens_q, cu_seqlens_k,
+                           0 if max_seqlen_q is None else int(max_seqlen_q),
+                           0 if max_seqlen_k is None else int(max_seqlen_k),
+                           _opt_float(softmax_scale),
+                           bool(causal), left, right, bool(return_lse), block_table, seqused_k,
+                           int(num_splits))
+    else:
+        out, lse = _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           softmax_scale, causal, window_size, return_lse, block_table, seqused_k,
+                           num_splits)
+    return (out, lse) if return_lse else out
+
+
+def _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen,
+             cache_batch_idx, block_table, softmax_scale, causal, window_size, rotary_interleaved,
+             num_splits, return_lse):
+    """cache_seqlens: a tensor, or None with cache_seqlen an int (-1: the whole cache)."""
+    if _kvcache_fast_ok(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                        cache_batch_idx, block_table):
+        return _kvcache_fast(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                             cache_seqlen, cache_batch_idx, block_table, softmax_scale, causal,
+                             window_size, rotary_interleaved, num_splits, return_lse)
+    lengths = cache_seqlens if cache_seqlens is not None else (
+        None if cache_seqlen < 0 else cache_seqlen)
+    result = _attention._with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lengths,
+                                      cache_batch_idx, block_table, softmax_scale, causal,
+                                      window_size, rotary_interleaved, num_splits, return_lse)
+    return result if return_lse else (result, None)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                            cache_batch_idx, block_table, softmax_scale, causal, window_size,
+                            rotary_interleaved, num_splits, return_lse):
+    _check_grad(("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v))
+    if isinstance(cache_seqlens, Tensor) and cache_seqlens.dim() > 0:
+        lengths, length = cache_seqlens, -1
+    elif cache_seqlens is None:
+        lengths, length = None, -1
+    else:  # an int (or a 0-d tensor): one length for every sequence
+        lengths, length = None, int(cache_seqlens)
+        if length < 0:
+            raise ValueError(f"cache_seqlens: {length} is negative")
+    if _use_ops(q):
+        left, right = _window_pair(window_size)
+        out, lse = _ops[2](q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lengths, length,
+                           cache_batch_idx, block_table, _opt_float(softmax_scale), bool(causal),
+                           left, right, bool(rotary_interleaved), int(num_splits),
+                           bool(return_lse))
+    else:
+        out, lse = _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lengths, length,
+                            cache_batch_idx, block_table, softmax_scale, causal, window_size,
+                            rotary_interleaved, num_splits, return_lse)
+    return (out, lse) if return_lse else out
