@@ -21,7 +21,15 @@ inline void check_cuda(cudaError_t err, const char* what) {
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
-    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (const cudaError_t err = cudaGetDevice(&previous_); err != cudaSuccess) {
+      // No GPU or no driver: the runtime would say "driver version is insufficient".
+      int count = 0;
+      if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        cudaGetLastError();
+        throw Error(ErrorKind::kUnsupported, "device", "no CUDA device");
+      }
+      check_cuda(err, "cudaGetDevice");
+    }
     if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
   }
   ~DeviceGuard() {
