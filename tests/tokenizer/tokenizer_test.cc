@@ -175,6 +175,26 @@ TEST(TokenizerErrors, NameTheFieldAndTheComponent) {
   EXPECT_THROW(t.decode(std::vector<int32_t>{-1}, false), Error);
 }
 
+// A token's bytes as it continues a text (the logprobs API's `bytes`): the leading-space rules of
+// a decode's start do not apply, a byte-fallback token is its raw byte, special tokens their text.
+TEST(TokenBytes, AreWhatTheTokenAddsAfterOthers) {
+  const Tokenizer fallback = Tokenizer::load(fixture_dir("byte_fallback"));
+  EXPECT_EQ(fallback.decode(std::vector<int32_t>{374}, false), "the");  // Strip of the first space
+  EXPECT_EQ(fallback.token_bytes(374), " the");                         // "▁the"
+  EXPECT_EQ(fallback.token_bytes(362), " ");                            // "▁"
+  EXPECT_EQ(fallback.token_bytes(231), "\xE4");                         // "<0xE4>", not U+FFFD
+  EXPECT_EQ(fallback.token_bytes(2), "</s>");
+  const Tokenizer level = Tokenizer::load(fixture_dir("byte_level"));
+  EXPECT_EQ(level.token_bytes(264), " the");  // "Ġthe"
+  EXPECT_EQ(level.token_bytes(535), "the");
+  // Every token: the bytes, appended, rebuild the decode of a sequence (byte-level is lossless).
+  std::vector<int32_t> ids = level.encode("Grüße, 世界! x = 42\n", false);
+  std::string joined;
+  for (int32_t id : ids) joined += level.token_bytes(id);
+  EXPECT_EQ(joined, level.decode(ids, false));
+  EXPECT_THROW(level.token_bytes(level.vocab_size()), Error);
+}
+
 // The Unicode operations against values written from the Unicode tables by hand.
 TEST(UnicodeNormalizers, FormsByHand) {
   using unicode::Form, unicode::normalize;
