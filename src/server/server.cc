@@ -165,7 +165,14 @@ struct Generation {
 
  private:
   LoggedToken logged(const model::TokenLogprob& t) const {
-    if (codec) return {codec->token_bytes(t.token), true, t.logprob};
+    if (codec) {
+      try {
+        return {codec->token_bytes(t.token), true, t.logprob};
+      } catch (const Error&) {
+        // An id of the model's padded vocabulary that the tokenizer lacks (an alternative the
+        // model ranks high, say): named by its id, as without a tokenizer.
+      }
+    }
     return {"token_id:" + std::to_string(t.token), false, t.logprob};
   }
   TokenLogprobs logged(const model::SampledLogprobs& s) {
