@@ -6,7 +6,10 @@
 //      is valid UTF-8, and streaming them through IncrementalDecoder gives valid chunks adding up
 //      to the decode (with byte fallback: where the decode has no U+FFFD, see check_ids);
 //   4: the rest as a chat template: it parses and renders or throws flashserve::Error, nothing
-//      else (no crash, no other exception, no unbounded recursion).
+//      else (no crash, no other exception, no unbounded recursion);
+//   5 (first byte 250 and up): the Unicode normalizers: the Qwen2-shaped NFC fixture round-trips
+//      to the NFC form of the input made valid, and the NFKD + StripAccents + Lowercase + Strip
+//      fixture encodes to valid ids and decodes to valid UTF-8.
 // Registered in fuzz/CMakeLists.txt: flashserve_fuzz_target(tokenizer
 // flashserve_tokenizer). The fixtures are found beside this file (tests/tokenizer/fixtures).
 #include <cstdio>
@@ -16,6 +19,7 @@
 
 #include "flashserve/error.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode.h"
 #include "tokenizer/utf8.h"
 
 namespace tok = flashserve::tokenizer;
@@ -34,7 +38,10 @@ const tok::Tokenizer& fixture(int which) {
   }();
   static const tok::Tokenizer byte_level = tok::Tokenizer::load(dir + "byte_level");
   static const tok::Tokenizer byte_fallback = tok::Tokenizer::load(dir + "byte_fallback");
-  return which == 0 ? byte_level : byte_fallback;
+  static const tok::Tokenizer qwen2_nfc = tok::Tokenizer::load(dir + "qwen2_nfc");
+  static const tok::Tokenizer folded = tok::Tokenizer::load(dir + "byte_level_folded");
+  const tok::Tokenizer* all[] = {&byte_level, &byte_fallback, &qwen2_nfc, &folded};
+  return *all[which];
 }
 
 void check_text(const tok::Tokenizer& t, const std::string& text, bool lossless) {
@@ -75,7 +82,7 @@ void check_ids(const tok::Tokenizer& t, bool byte_level, const uint8_t* data, si
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  const int mode = data[0] % 5;
+  const int mode = data[0] >= 250 ? 5 : data[0] % 5;
   const std::string rest(reinterpret_cast<const char*>(data + 1), size - 1);
   try {
     switch (mode) {
@@ -89,6 +96,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 3:
         check_ids(fixture(mode - 2), mode == 2, data + 1, size - 1);
         break;
+      case 5: {
+        check_text(fixture(3), rest, false);
+        const std::vector<int32_t> ids = fixture(2).encode(rest, false);
+        if (fixture(2).decode(ids, false) !=
+            tok::unicode::normalize(tok::utf8::lossy(rest), tok::unicode::Form::kNFC))
+          fail("NFC byte-level round trip");
+        break;
+      }
       default: {
         if (rest.size() > 4096) return 0;  // templates are short; keeps renders quick
         try {

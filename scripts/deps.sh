@@ -6,6 +6,7 @@ pkgs=(cmake g++ make libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev
       python3 python3-numpy python3-pytest clang-format
       libopenblas-dev  # the CPU model's GEMMs
       libpcre2-dev  # the tokenizer's pre-tokenizer regexes
+      libicu-dev  # the tokenizer's Unicode normalizers (NFC, NFKC, Lowercase, ...)
       libcpp-httplib-dev curl  # the HTTP server and its raw SSE test
       clang libclang-rt-14-dev)  # the fuzzers: libFuzzer, ASan, UBSan
 missing=()

@@ -33,6 +33,9 @@ void Engine::check_request(const NewRequest& r) const {
   };
   check_ids(r.prompt, "prompt");
   check_ids(r.stop_token_ids, "stop_token_ids");
+  if (r.logprobs < -1 || r.logprobs > model::kMaxTopLogprobs)
+    bad("logprobs " + std::to_string(r.logprobs) + " is outside [-1, " +
+        std::to_string(model::kMaxTopLogprobs) + "]");
   try {
     r.sampling.validate();
   } catch (const Error& e) {
@@ -52,6 +55,7 @@ int64_t Engine::add_request(NewRequest r) {
   seq->eos_token = r.ignore_eos ? -1 : config_.eos_token;
   seq->stop_tokens = std::move(r.stop_token_ids);
   seq->sampling = r.sampling;
+  seq->logprobs = r.logprobs;
   seq->arrival_time = r.arrival_time >= 0 ? r.arrival_time : executor_->now();
   scheduler_->add(std::move(seq));  // checked above: does not throw
   live_.insert(id);
@@ -68,7 +72,7 @@ bool Engine::abort(int64_t id) {
 
 StepResult Engine::step() {
   StepResult result;
-  for (int64_t id : aborted_) result.outputs.push_back({id, {}, serve::FinishReason::kAbort});
+  for (int64_t id : aborted_) result.outputs.push_back({id, {}, {}, serve::FinishReason::kAbort});
   aborted_.clear();
   if (!scheduler_->has_work()) return result;
   const serve::Batch batch = scheduler_->schedule(executor_->now());
@@ -76,11 +80,15 @@ StepResult Engine::step() {
   if (batch.empty()) return result;
   if (observer_) observer_(*scheduler_, batch);
   const std::vector<int32_t> sampled = executor_->execute(batch);
+  std::vector<model::SampledLogprobs> logprobs = executor_->take_logprobs();
   result.num_tokens = batch.num_tokens();
-  for (size_t i = 0; i < batch.entries.size(); ++i)
-    if (batch.entries[i].samples)
-      result.outputs.push_back(
-          {batch.entries[i].seq->id, {sampled[i]}, serve::FinishReason::kNone});
+  for (size_t i = 0; i < batch.entries.size(); ++i) {
+    if (!batch.entries[i].samples) continue;
+    RequestOutput out{batch.entries[i].seq->id, {sampled[i]}, {}, serve::FinishReason::kNone};
+    if (i < logprobs.size() && logprobs[i].sampled.token >= 0)
+      out.logprobs.push_back(std::move(logprobs[i]));
+    result.outputs.push_back(std::move(out));
+  }
   result.finished = scheduler_->complete(batch, sampled, executor_->now());
   // complete() may free the sequences' blocks but not the Sequence objects of those still
   // running, and the entries point at both; the finished ones are ours now.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/executor.h"
+#include "model/logprobs.h"
 #include "model/sampling.h"
 #include "serve/block_manager.h"
 #include "serve/scheduler.h"
@@ -34,6 +35,8 @@ struct NewRequest {
   int64_t max_tokens = 16;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
+  // -1: none; 0..model::kMaxTopLogprobs: each token's log-probability and that many alternatives.
+  int32_t logprobs = -1;
   int64_t id = -1;           // -1: the engine numbers it; else the caller's (unique among live)
   double arrival_time = -1;  // -1: now, on the executor's clock
 };
@@ -42,6 +45,8 @@ struct NewRequest {
 struct RequestOutput {
   int64_t id = 0;
   std::vector<int32_t> new_tokens;
+  // One per new token when the request asked for logprobs; empty otherwise.
+  std::vector<model::SampledLogprobs> logprobs;
   serve::FinishReason finish = serve::FinishReason::kNone;  // kNone while it runs
 };
 

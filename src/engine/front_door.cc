@@ -1,5 +1,6 @@
 #include "engine/front_door.h"
 
+#include <iterator>
 #include <utility>
 
 #include "flashserve/error.h"
@@ -36,12 +37,16 @@ TokenStream::~TokenStream() {
   if (running) inbox_->abort(id_);
 }
 
-bool TokenStream::read(std::vector<int32_t>& out) {
+bool TokenStream::read(std::vector<int32_t>& out, std::vector<model::SampledLogprobs>* logprobs) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !pending_.empty() || finish_ != serve::FinishReason::kNone; });
   if (pending_.empty()) return false;
   out.insert(out.end(), pending_.begin(), pending_.end());
   pending_.clear();
+  if (logprobs)
+    logprobs->insert(logprobs->end(), std::make_move_iterator(pending_logprobs_.begin()),
+                     std::make_move_iterator(pending_logprobs_.end()));
+  pending_logprobs_.clear();
   return true;
 }
 
@@ -66,11 +71,14 @@ void TokenStream::close() {
   inbox_->abort(id_);
 }
 
-void TokenStream::push(const std::vector<int32_t>& tokens, serve::FinishReason finish) {
+void TokenStream::push(const std::vector<int32_t>& tokens,
+                       std::vector<model::SampledLogprobs> logprobs, serve::FinishReason finish) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (finish_ != serve::FinishReason::kNone) return;  // already ended (stop() after a finish)
     pending_.insert(pending_.end(), tokens.begin(), tokens.end());
+    pending_logprobs_.insert(pending_logprobs_.end(), std::make_move_iterator(logprobs.begin()),
+                             std::make_move_iterator(logprobs.end()));
     finish_ = finish;
   }
   cv_.notify_all();
@@ -129,10 +137,11 @@ void EngineLoop::run() {
   // Only weak references: a stream its caller dropped is aborted by its destructor, not kept
   // alive by the loop.
   std::unordered_map<int64_t, std::weak_ptr<TokenStream>> streams;
-  auto deliver = [&](int64_t id, const std::vector<int32_t>& tokens, serve::FinishReason finish) {
+  auto deliver = [&](int64_t id, const std::vector<int32_t>& tokens,
+                     std::vector<model::SampledLogprobs> logprobs, serve::FinishReason finish) {
     auto it = streams.find(id);
     if (it == streams.end()) return;
-    if (auto s = it->second.lock()) s->push(tokens, finish);
+    if (auto s = it->second.lock()) s->push(tokens, std::move(logprobs), finish);
     if (finish != serve::FinishReason::kNone) streams.erase(it);
   };
   for (;;) {
@@ -156,7 +165,7 @@ void EngineLoop::run() {
         engine_->add_request(std::move(request));
       } catch (const Error&) {
         // Checked at submit; only an engine that changed its mind gets here.
-        deliver(id, {}, serve::FinishReason::kAbort);
+        deliver(id, {}, {}, serve::FinishReason::kAbort);
       }
     }
     adds.clear();  // the loop keeps no strong reference to a stream
@@ -164,7 +173,7 @@ void EngineLoop::run() {
     if (stopping) {
       for (auto& [id, weak] : streams) {
         engine_->abort(id);
-        if (auto s = weak.lock()) s->push({}, serve::FinishReason::kAbort);
+        if (auto s = weak.lock()) s->push({}, {}, serve::FinishReason::kAbort);
       }
       engine_->step();  // reports the aborts; runs nothing
       return;
@@ -181,7 +190,7 @@ void EngineLoop::run() {
         inbox_->error = e.what();
       }
       for (auto& [id, weak] : streams)
-        if (auto st = weak.lock()) st->push({}, serve::FinishReason::kAbort);
+        if (auto st = weak.lock()) st->push({}, {}, serve::FinishReason::kAbort);
       return;
     }
     {
@@ -192,7 +201,8 @@ void EngineLoop::run() {
       st.waiting = engine_->scheduler().num_waiting();
       st.kv_blocks_used = engine_->blocks().num_used();
     }
-    for (const RequestOutput& out : r.outputs) deliver(out.id, out.new_tokens, out.finish);
+    for (RequestOutput& out : r.outputs)
+      deliver(out.id, out.new_tokens, std::move(out.logprobs), out.finish);
   }
 }
 

@@ -30,9 +30,10 @@ class TokenStream {
  public:
   ~TokenStream();  // aborts the request if it is still running
   int64_t id() const { return id_; }
-  // Waits for tokens or the end: appends the new tokens to `out` and returns true, or returns
-  // false once the request has finished and every token was read.
-  bool read(std::vector<int32_t>& out);
+  // Waits for tokens or the end: appends the new tokens to `out` (and, when the request asked for
+  // logprobs and `logprobs` is given, one SampledLogprobs per token to it) and returns true, or
+  // returns false once the request has finished and every token was read.
+  bool read(std::vector<int32_t>& out, std::vector<model::SampledLogprobs>* logprobs = nullptr);
   // Every remaining token, until the end.
   std::vector<int32_t> read_all();
   // Why it finished (kNone while it runs).
@@ -43,13 +44,15 @@ class TokenStream {
  private:
   friend class EngineLoop;
   TokenStream(int64_t id, std::shared_ptr<Inbox> inbox) : id_(id), inbox_(std::move(inbox)) {}
-  void push(const std::vector<int32_t>& tokens, serve::FinishReason finish);
+  void push(const std::vector<int32_t>& tokens, std::vector<model::SampledLogprobs> logprobs,
+            serve::FinishReason finish);
 
   const int64_t id_;
   std::shared_ptr<Inbox> inbox_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<int32_t> pending_;
+  std::vector<model::SampledLogprobs> pending_logprobs_;
   serve::FinishReason finish_ = serve::FinishReason::kNone;
   bool closed_ = false;
 };

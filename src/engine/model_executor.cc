@@ -20,10 +20,29 @@ std::vector<int32_t> ModelExecutor::execute(const serve::Batch& batch) {
   for (const serve::BatchEntry& e : batch.entries)
     if (e.samples) params.push_back(e.seq->sampling);
   std::vector<int32_t> out(batch.entries.size(), -1);
+  logprobs_.clear();
   if (params.empty()) return out;
   const std::vector<int32_t> drawn = runner_->sample(fb, params);
-  for (size_t i = 0, k = 0; i < batch.entries.size(); ++i)
-    if (batch.entries[i].samples) out[i] = drawn[k++];
+  std::vector<int32_t> rows;  // sample rows (and their entries) whose sequence asked for logprobs
+  std::vector<size_t> entries;
+  for (size_t i = 0, k = 0; i < batch.entries.size(); ++i) {
+    if (!batch.entries[i].samples) continue;
+    if (batch.entries[i].seq->logprobs >= 0) {
+      rows.push_back(static_cast<int32_t>(k));
+      entries.push_back(i);
+    }
+    out[i] = drawn[k++];
+  }
+  if (rows.empty()) return out;
+  // Only the rows asked for leave the runner (the device); log_softmax on the host.
+  const std::vector<float> logits = runner_->logits_rows(rows);
+  const int64_t V = runner_->config().vocab_size;
+  logprobs_.resize(batch.entries.size());
+  for (size_t j = 0; j < rows.size(); ++j) {
+    const size_t i = entries[j];
+    logprobs_[i] =
+        model::token_logprobs(logits.data() + j * V, V, out[i], batch.entries[i].seq->logprobs);
+  }
   return out;
 }
 

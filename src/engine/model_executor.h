@@ -17,6 +17,7 @@ class ModelExecutor final : public Executor {
   // made one after another may share a runner (each block is written before it is read).
   ModelExecutor(std::shared_ptr<model::ModelRunner> runner, int32_t block_size, std::string device);
   std::vector<int32_t> execute(const serve::Batch& batch) override;
+  std::vector<model::SampledLogprobs> take_logprobs() override { return std::move(logprobs_); }
   double now() const override;
   void wait_until(double t) override;
   std::string describe() const override;
@@ -27,6 +28,7 @@ class ModelExecutor final : public Executor {
   int32_t block_size_;
   std::string device_;
   std::chrono::steady_clock::time_point start_;
+  std::vector<model::SampledLogprobs> logprobs_;  // of the last execute(), when any entry asked
 };
 
 }  // namespace flashserve::engine

@@ -88,6 +88,20 @@ class CpuRunner final : public ModelRunner {
 
   std::vector<float> logits() const override { return logits_; }
 
+  std::vector<float> logits_rows(const std::vector<int32_t>& rows) const override {
+    const int64_t V = config_.vocab_size;
+    std::vector<float> out;
+    out.reserve(rows.size() * static_cast<size_t>(V));
+    for (int32_t r : rows) {
+      if (r < 0 || r >= logits_rows_)
+        throw Error(ErrorKind::kInvalidArgument, "rows",
+                    std::to_string(r) + " is not a sample row of the last forward (" +
+                        std::to_string(logits_rows_) + ")");
+      out.insert(out.end(), logits_.begin() + r * V, logits_.begin() + (r + 1) * V);
+    }
+    return out;
+  }
+
   std::vector<int32_t> sample(const ForwardBatch& b,
                               const std::vector<SamplingParams>& params) override {
     const int64_t rows = static_cast<int64_t>(b.sample_rows.size());

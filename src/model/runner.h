@@ -30,6 +30,10 @@ class ModelRunner {
   virtual void forward(const ForwardBatch& batch) = 0;
   // The kept logits: [sample_rows, vocab] float32, row-major, on the host.
   virtual std::vector<float> logits() const = 0;
+  // Some of them: rows[i] indexes the sample rows of the last forward; [rows.size(), vocab] on the
+  // host. For the logprobs of the requests that ask for them (logprobs.h): only their rows leave
+  // the device. Throws Error(kInvalidArgument) for a row outside the last forward's sample rows.
+  virtual std::vector<float> logits_rows(const std::vector<int32_t>& rows) const = 0;
   // One token per sample row of the last forward (which must be `batch`), drawn by the rule of
   // sampling.h with params[i] for row i; the token's position is batch.positions[row] + 1.
   virtual std::vector<int32_t> sample(const ForwardBatch& batch,

@@ -44,7 +44,10 @@ struct Sequence {
   int32_t eos_token = -1;
   std::vector<int32_t> stop_tokens;
   model::SamplingParams sampling;  // how the engine draws its tokens (the simulator ignores it)
-  bool aborted = false;            // finished by Scheduler::abort, not by generation
+  // -1: no log-probabilities; n >= 0: each sampled token's, and the n most likely tokens' at its
+  // position (model/logprobs.h; the simulator ignores it).
+  int32_t logprobs = -1;
+  bool aborted = false;  // finished by Scheduler::abort, not by generation
   FinishReason finish_reason = FinishReason::kNone;
 
   SeqState state = SeqState::kWaiting;

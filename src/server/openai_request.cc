@@ -209,6 +209,8 @@ GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
   const bool chat = endpoint == Endpoint::kChat;
   bool have_input = false, have_model = false;
   std::optional<json> stream_options;
+  bool chat_logprobs = false;           // chat: logprobs true
+  std::optional<int64_t> top_logprobs;  // chat: top_logprobs given
   using Field = std::function<void(const json&)>;
   const std::map<std::string, Field> fields = {
       {"model",
@@ -279,16 +281,16 @@ GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
         r.max_tokens = get_int(v, "max_completion_tokens", 1, INT64_MAX);
         r.max_tokens_param = "max_completion_tokens";
       } else if (key == "logprobs")
-        neutral_only(v, "logprobs", false, "no log probabilities");
+        chat_logprobs = get_bool(v, "logprobs");
       else if (key == "top_logprobs")
-        neutral_only(v, "top_logprobs", 0, "no log probabilities");
+        top_logprobs = get_int(v, "top_logprobs", 0, kMaxChatTopLogprobs);
       else if (key == "response_format")
         neutral_only(v, "response_format", {{"type", "text"}}, "no structured output");
       else
         return false;
     } else {
       if (key == "logprobs")
-        neutral_only(v, "logprobs", nullptr, "no log probabilities");
+        r.logprobs = static_cast<int32_t>(get_int(v, "logprobs", 0, kMaxCompletionLogprobs));
       else if (key == "echo")
         neutral_only(v, "echo", false, "the prompt is not echoed");
       else if (key == "best_of")
@@ -306,6 +308,11 @@ GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
       throw bad_request(key, "Unrecognized request argument supplied: " + key);
     if (value.is_null()) continue;  // not given
     if (f != fields.end()) f->second(value);
+  }
+  if (chat) {
+    if (top_logprobs && !chat_logprobs)
+      throw bad_request("top_logprobs", "top_logprobs: only allowed when logprobs is true");
+    if (chat_logprobs) r.logprobs = static_cast<int32_t>(top_logprobs.value_or(0));
   }
   if (!have_model) throw bad_request("model", "model: missing");
   if (!have_input)

@@ -5,7 +5,9 @@
 //   - Unknown fields are refused (400 "Unrecognized request argument supplied: x"), as OpenAI's
 //     API does: a parameter a client believes it set must not be silently ignored. Parameters
 //     OpenAI has but flashserve does not implement are accepted only at their neutral value
-//     (n 1, presence_penalty 0, logprobs null/false, echo false, best_of 1, ...).
+//     (n 1, presence_penalty 0, echo false, best_of 1, ...).
+//   - logprobs: completions `logprobs` 0..5 (the sampled token and that many alternatives), chat
+//     `logprobs: true` with `top_logprobs` 0..20 (top_logprobs without logprobs is refused).
 //   - null means "not given" for every optional field, as in OpenAI's API.
 //   - Numbers are typed: an integer field takes a JSON integer (not 16.0 or "16").
 //   - Extensions with vLLM's names: top_k, ignore_eos, stop_token_ids.
@@ -42,7 +44,13 @@ struct GenerationRequest {
   bool ignore_eos = false;
   bool stream = false;
   bool include_usage = false;
+  // -1: no logprobs; n >= 0: each token's log-probability and the n most likely alternatives.
+  int32_t logprobs = -1;
 };
+
+// OpenAI's limits: completions' logprobs, chat's top_logprobs.
+inline constexpr int32_t kMaxCompletionLogprobs = 5;
+inline constexpr int32_t kMaxChatTopLogprobs = 20;
 
 // How many stop strings a request may give (OpenAI's limit).
 inline constexpr size_t kMaxStopStrings = 4;

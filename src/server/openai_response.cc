@@ -1,5 +1,10 @@
 #include "server/openai_response.h"
 
+#include "tokenizer/utf8.h"
+
+#include <algorithm>
+#include <cmath>
+
 namespace flashserve::server {
 
 using json = nlohmann::json;
@@ -19,7 +24,61 @@ json finish(const Piece& p) {
   return p.finish_reason ? json(*p.finish_reason) : json(nullptr);
 }
 
+// JSON has no infinities: a token of probability 0 is reported at -9999.0, as OpenAI and vLLM do.
+json logprob_value(float x) {
+  return std::isnan(x) ? json(nullptr) : json(std::max(x, -9999.0f));
+}
+
+// The token as text: its bytes with invalid UTF-8 (part of a character) as U+FFFD.
+std::string token_text(const LoggedToken& t) {
+  return tokenizer::utf8::lossy(t.bytes);
+}
+
+json chat_token(const LoggedToken& t) {
+  json bytes = nullptr;
+  if (t.has_bytes) {
+    bytes = json::array();
+    for (unsigned char c : t.bytes) bytes.push_back(static_cast<int>(c));
+  }
+  return {{"token", token_text(t)}, {"logprob", logprob_value(t.logprob)}, {"bytes", bytes}};
+}
+
+json choice_logprobs(const ResponseHead& h, const Piece& p) {
+  return h.logprobs ? logprobs_json(h.endpoint, p.logprobs) : json(nullptr);
+}
+
 }  // namespace
+
+json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprobs>& tokens) {
+  if (endpoint == Endpoint::kChat) {
+    json content = json::array();
+    for (const TokenLogprobs& t : tokens) {
+      json entry = chat_token(t.sampled);
+      json top = json::array();
+      for (const LoggedToken& alt : t.top) top.push_back(chat_token(alt));
+      entry["top_logprobs"] = top;
+      content.push_back(entry);
+    }
+    return {{"content", content}};
+  }
+  json text = json::array(), values = json::array(), top = json::array(), offsets = json::array();
+  for (const TokenLogprobs& t : tokens) {
+    text.push_back(token_text(t.sampled));
+    values.push_back(logprob_value(t.sampled.logprob));
+    // The sampled token and the alternatives (so up to logprobs + 1 entries, as OpenAI says).
+    // Tokens of the same text (byte tokens of partial characters all read U+FFFD) share a key:
+    // the first keeps it, so the sampled token's value stays, then the likelier alternative's.
+    json alts = json::object();
+    alts[token_text(t.sampled)] = logprob_value(t.sampled.logprob);
+    for (const LoggedToken& alt : t.top) alts.emplace(token_text(alt), logprob_value(alt.logprob));
+    top.push_back(alts);
+    offsets.push_back(t.text_offset);
+  }
+  return {{"tokens", text},
+          {"token_logprobs", values},
+          {"top_logprobs", top},
+          {"text_offset", offsets}};
+}
 
 json usage_json(const Usage& u) {
   return {{"prompt_tokens", u.prompt_tokens},
@@ -29,7 +88,8 @@ json usage_json(const Usage& u) {
 
 json full_response(const ResponseHead& h, const Piece& all, const Usage& u) {
   json r = head(h, false);
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish(all)}};
+  json choice = {
+      {"index", 0}, {"logprobs", choice_logprobs(h, all)}, {"finish_reason", finish(all)}};
   if (h.endpoint == Endpoint::kChat)
     choice["message"] = {{"role", "assistant"}, {"content", all.text}};
   else
@@ -42,7 +102,8 @@ json full_response(const ResponseHead& h, const Piece& all, const Usage& u) {
 
 json chunk(const ResponseHead& h, const Piece& piece, bool first, bool usage_field) {
   json r = head(h, true);
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish(piece)}};
+  json choice = {
+      {"index", 0}, {"logprobs", choice_logprobs(h, piece)}, {"finish_reason", finish(piece)}};
   if (h.endpoint == Endpoint::kChat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";

@@ -20,6 +20,23 @@ struct ResponseHead {
   std::string id;       // cmpl-<n> or chatcmpl-<n>
   int64_t created = 0;  // Unix seconds
   std::string model;
+  bool logprobs = false;  // the request asked for them: choices carry a logprobs object
+};
+
+// One token as the logprobs objects show it: its bytes (from the tokenizer; without one, the text
+// "token_id:<id>" and no bytes, as vLLM's return_tokens_as_token_ids) and log-probability.
+struct LoggedToken {
+  std::string bytes;
+  bool has_bytes = true;
+  float logprob = 0.0f;
+};
+
+// One generated token's logprobs: the sampled token, the most likely ones, and (completions) the
+// offset of its text in the completion, in code points.
+struct TokenLogprobs {
+  LoggedToken sampled;
+  std::vector<LoggedToken> top;
+  int64_t text_offset = 0;
 };
 
 struct Usage {
@@ -33,7 +50,12 @@ struct Piece {
   std::string text;
   std::vector<int32_t> token_ids;
   std::optional<std::string> finish_reason;  // "stop" or "length"; none while running
+  std::vector<TokenLogprobs> logprobs;       // one per token id, when the request asked
 };
+
+// A choice's "logprobs" object for these tokens: completions' {tokens, token_logprobs,
+// top_logprobs, text_offset}, chat's {content: [{token, logprob, bytes, top_logprobs}]}.
+nlohmann::json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprobs>& tokens);
 
 nlohmann::json usage_json(const Usage& u);
 // The whole (non-streamed) response.

@@ -17,6 +17,7 @@
 #include "server/openai_response.h"
 #include "server/prometheus.h"
 #include "server/stop_strings.h"
+#include "tokenizer/utf8.h"
 
 namespace flashserve::server {
 
@@ -93,6 +94,8 @@ struct Generation {
   bool include_usage = false;
   std::shared_ptr<engine::TokenStream> stream;
   std::unique_ptr<TextStream> text;  // null without a tokenizer
+  const TextCodec* codec = nullptr;  // for the logprobs' token bytes; null without a tokenizer
+  int64_t text_offset = 0;           // code points of the tokens' texts so far (logprobs)
   StopStrings stops;
   Metrics* metrics = nullptr;
   std::atomic<int64_t>* in_flight = nullptr;
@@ -111,12 +114,15 @@ struct Generation {
   // The next piece of output; returns false once it is the last.
   bool next(Piece& p) {
     std::vector<int32_t> got;
-    stream->read(got);
+    std::vector<model::SampledLogprobs> logprobs;
+    std::vector<model::SampledLogprobs>* lp = head.logprobs ? &logprobs : nullptr;
+    stream->read(got, lp);
     serve::FinishReason fr = stream->finish_reason();
     // Finished: whatever was pushed with the finish is there to read without waiting.
     if (fr != serve::FinishReason::kNone)
-      while (stream->read(got)) {
+      while (stream->read(got, lp)) {
       }
+    for (const model::SampledLogprobs& s : logprobs) p.logprobs.push_back(logged(s));
     const double t = seconds_since(arrival);
     for (size_t i = 0; i < got.size(); ++i) {
       if (usage.completion_tokens == 0)
@@ -158,6 +164,26 @@ struct Generation {
   }
 
  private:
+  LoggedToken logged(const model::TokenLogprob& t) const {
+    if (codec) {
+      try {
+        return {codec->token_bytes(t.token), true, t.logprob};
+      } catch (const Error&) {
+        // An id of the model's padded vocabulary that the tokenizer lacks (an alternative the
+        // model ranks high, say): named by its id, as without a tokenizer.
+      }
+    }
+    return {"token_id:" + std::to_string(t.token), false, t.logprob};
+  }
+  TokenLogprobs logged(const model::SampledLogprobs& s) {
+    TokenLogprobs out{logged(s.sampled), {}, text_offset};
+    for (const model::TokenLogprob& t : s.top) out.top.push_back(logged(t));
+    // Offsets count code points of each token's own text, as vLLM's do (Python's len).
+    for (unsigned char c : tokenizer::utf8::lossy(out.sampled.bytes))
+      text_offset += (c & 0xC0) != 0x80;
+    return out;
+  }
+
   bool finish(Piece& p, const char* reason) {
     done = true;
     if (error.empty()) p.finish_reason = reason;
@@ -341,6 +367,7 @@ struct Server::State {
     if (backend.codec && !g.ignore_eos)
       for (int32_t id : backend.codec->eos_token_ids()) nr.stop_token_ids.push_back(id);
     nr.ignore_eos = g.ignore_eos;
+    nr.logprobs = g.logprobs;
 
     if (in_flight.fetch_add(1) >= o.max_concurrent_requests) {
       in_flight.fetch_sub(1);
@@ -362,6 +389,8 @@ struct Server::State {
                             std::chrono::system_clock::now().time_since_epoch())
                             .count();
     gen->head.model = o.served_model_name;
+    gen->head.logprobs = g.logprobs >= 0;
+    gen->codec = backend.codec.get();
     gen->usage.prompt_tokens = n;
     try {
       gen->stream = backend.loop->submit(nr);
@@ -383,6 +412,7 @@ struct Server::State {
         more = gen->next(p);
         all.text += p.text;
         all.token_ids.insert(all.token_ids.end(), p.token_ids.begin(), p.token_ids.end());
+        all.logprobs.insert(all.logprobs.end(), p.logprobs.begin(), p.logprobs.end());
       }
       if (!gen->error.empty()) throw ApiError{503, gen->error, {}, "engine_stopped"};
       all.finish_reason = p.finish_reason;

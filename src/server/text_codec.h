@@ -45,6 +45,9 @@ class TextCodec {
   // Tokens that end generation besides the model's config.json eos (a chat model's end-of-turn
   // token, say); they stop a request unless it sets ignore_eos.
   virtual std::vector<int32_t> eos_token_ids() const { return {}; }
+  // The bytes one token adds to a text (maybe part of a character): logprobs' `bytes`, and their
+  // text (invalid UTF-8 as U+FFFD) its `token`.
+  virtual std::string token_bytes(int32_t id) const = 0;
 };
 
 }  // namespace flashserve::server

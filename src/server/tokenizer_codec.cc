@@ -49,6 +49,7 @@ class TokenizerCodec final : public TextCodec {
     return tokenizer_.encode(rendered, /*add_special_tokens=*/false);
   }
   std::vector<int32_t> eos_token_ids() const override { return tokenizer_.eos_token_ids(); }
+  std::string token_bytes(int32_t id) const override { return tokenizer_.token_bytes(id); }
 
  private:
   tk::Tokenizer tokenizer_;

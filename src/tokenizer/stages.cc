@@ -3,6 +3,7 @@
 #include "flashserve/error.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/regex.h"
+#include "tokenizer/unicode.h"
 #include "tokenizer/utf8.h"
 
 namespace flashserve::tokenizer {
@@ -90,6 +91,35 @@ class ReplaceNormalizer : public Normalizer {
  private:
   std::unique_ptr<Regex> re_;
   std::string content_;
+};
+
+// NFC, NFD, NFKC, NFKD (Qwen2 has NFC; SentencePiece conversions NFKC).
+class UnicodeForm : public Normalizer {
+ public:
+  explicit UnicodeForm(unicode::Form form) : form_(form) {}
+  void apply(std::string& t) const override { t = unicode::normalize(t, form_); }
+
+ private:
+  unicode::Form form_;
+};
+
+class Lowercase : public Normalizer {
+ public:
+  void apply(std::string& t) const override { t = unicode::lowercase(t); }
+};
+
+class StripNormalizer : public Normalizer {
+ public:
+  StripNormalizer(bool left, bool right) : left_(left), right_(right) {}
+  void apply(std::string& t) const override { t = unicode::strip(t, left_, right_); }
+
+ private:
+  bool left_, right_;
+};
+
+class StripAccents : public Normalizer {
+ public:
+  void apply(std::string& t) const override { t = unicode::strip_accents(t); }
 };
 
 // ---- pre-tokenizers ----
@@ -389,6 +419,15 @@ std::unique_ptr<Normalizer> make_normalizer(const json& j, const std::string& fi
   if (type == "Sequence")
     return make_sequence<NormalizerSequence>(j, "normalizers", field, make_normalizer);
   if (type == "Prepend") return std::make_unique<Prepend>(str_field(j, "prepend", field));
+  if (type == "NFC") return std::make_unique<UnicodeForm>(unicode::Form::kNFC);
+  if (type == "NFD") return std::make_unique<UnicodeForm>(unicode::Form::kNFD);
+  if (type == "NFKC") return std::make_unique<UnicodeForm>(unicode::Form::kNFKC);
+  if (type == "NFKD") return std::make_unique<UnicodeForm>(unicode::Form::kNFKD);
+  if (type == "Lowercase") return std::make_unique<Lowercase>();
+  if (type == "StripAccents") return std::make_unique<StripAccents>();
+  if (type == "Strip")
+    return std::make_unique<StripNormalizer>(j.value("strip_left", false),
+                                             j.value("strip_right", false));
   if (type == "Replace")
     return std::make_unique<ReplaceNormalizer>(pattern_of(j.at("pattern"), field + ".pattern"),
                                                str_field(j, "content", field));

@@ -2,6 +2,7 @@
 // pre-tokenizer → BPE → post-processor; ids → tokens → decoders).
 #include "tokenizer/tokenizer.h"
 
+#include <cctype>
 #include <filesystem>
 #include <unordered_map>
 
@@ -87,7 +88,8 @@ class TokenizerImpl {
     return ids;
   }
 
-  std::string decode(std::span<const int32_t> ids, bool skip_special) const {
+  // The decoders' bytes, before the lossy conversion to valid UTF-8.
+  std::string decode_bytes(std::span<const int32_t> ids, bool skip_special) const {
     std::vector<std::string> tokens;
     tokens.reserve(ids.size());
     for (int32_t id : ids) {
@@ -101,12 +103,35 @@ class TokenizerImpl {
     if (!decoder_) {  // Hugging Face joins undecoded tokens with spaces
       std::string out;
       for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
-      return utf8::lossy(out);
+      return out;
     }
     decoder_->apply(tokens);
     std::string out;
     for (const auto& t : tokens) out += t;
-    return utf8::lossy(out);
+    return out;
+  }
+
+  std::string decode(std::span<const int32_t> ids, bool skip_special) const {
+    return utf8::lossy(decode_bytes(ids, skip_special));
+  }
+
+  // What `id` adds to a text after other tokens: decode(id id) less decode(id), so the decoders'
+  // start-of-text rules (Strip of the first space, Metaspace's prepend) do not apply; decode(id)
+  // where the doubled decode does not begin with the single one.
+  std::string token_bytes(int32_t id) const {
+    const int32_t one[] = {id}, two[] = {id, id};
+    // A byte-fallback token is its byte (the ByteFallback decoder would make a lone one U+FFFD).
+    if (id >= 0 && id < vocab_size()) {
+      const std::string& t = id_to_token_[id];
+      if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' &&
+          std::isxdigit(static_cast<unsigned char>(t[3])) &&
+          std::isxdigit(static_cast<unsigned char>(t[4])))
+        return std::string(1, static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16)));
+    }
+    const std::string single = decode_bytes(one, false), twice = decode_bytes(two, false);
+    if (twice.size() >= single.size() && twice.compare(0, single.size(), single) == 0)
+      return twice.substr(single.size());
+    return single;
   }
 
   int32_t vocab_size() const { return static_cast<int32_t>(id_to_token_.size()); }
@@ -232,6 +257,9 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
 }
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
   return impl_->decode(ids, skip_special_tokens);
+}
+std::string Tokenizer::token_bytes(int32_t id) const {
+  return impl_->token_bytes(id);
 }
 int32_t Tokenizer::vocab_size() const {
   return impl_->vocab_size();

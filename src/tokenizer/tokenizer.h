@@ -35,6 +35,10 @@ class Tokenizer {
   // Ids outside [0, vocab_size()) throw Error(kInvalidArgument, "token_ids"). The result is
   // always valid UTF-8 (incomplete byte sequences become U+FFFD).
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const;
+  // The bytes token `id` adds to a text after other tokens (" hello" for "▁hello"; one raw byte
+  // for "<0xE4>" or a byte-level byte token, so possibly not UTF-8): the logprobs API's `bytes`.
+  // Throws as decode() does.
+  std::string token_bytes(int32_t id) const;
 
   int32_t vocab_size() const;  // 1 + the largest id of the model and the added tokens
   std::optional<int32_t> token_id(std::string_view token) const;

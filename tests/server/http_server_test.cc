@@ -28,13 +28,29 @@ using json = nlohmann::json;
 
 namespace {
 
+// Logprobs, scripted too, for the entries whose request asked: the sampled token's is
+// -0.25 * (kv_len % 4), and its alternatives are 'A', 'B', ... at -1, -2, ...
 class ScriptedExecutor final : public fe::Executor {
  public:
   std::vector<int32_t> execute(const fs::Batch& batch) override {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));  // a step takes time
     std::vector<int32_t> out;
-    for (const fs::BatchEntry& e : batch.entries) out.push_back('a' + e.kv_len % 26);
+    logprobs_.assign(batch.entries.size(), {});
+    bool any = false;
+    for (size_t i = 0; i < batch.entries.size(); ++i) {
+      const fs::BatchEntry& e = batch.entries[i];
+      out.push_back('a' + e.kv_len % 26);
+      if (!e.samples || e.seq->logprobs < 0) continue;
+      any = true;
+      logprobs_[i].sampled = {out.back(), -0.25f * static_cast<float>(e.kv_len % 4)};
+      for (int32_t j = 0; j < e.seq->logprobs; ++j)
+        logprobs_[i].top.push_back({'A' + j, -1.0f - static_cast<float>(j)});
+    }
+    if (!any) logprobs_.clear();
     return out;
+  }
+  std::vector<flashserve::model::SampledLogprobs> take_logprobs() override {
+    return std::move(logprobs_);
   }
   double now() const override {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
@@ -42,6 +58,9 @@ class ScriptedExecutor final : public fe::Executor {
   }
   void wait_until(double) override {}
   std::string describe() const override { return "scripted"; }
+
+ private:
+  std::vector<flashserve::model::SampledLogprobs> logprobs_;
 };
 
 class ByteStream final : public fsv::TextStream {
@@ -65,6 +84,9 @@ class ByteCodec final : public fsv::TextCodec {
   }
   std::vector<int32_t> encode_rendered(std::string_view text) const override {
     return encode(text);
+  }
+  std::string token_bytes(int32_t id) const override {
+    return std::string(1, static_cast<char>(id));
   }
 };
 
@@ -182,6 +204,119 @@ TEST(HttpServer, CompletionTextUsageAndStopStrings) {
   EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(j["choices"][0]["message"]["content"].get<std::string>().size(), 3u);
   EXPECT_EQ(j["usage"]["prompt_tokens"], std::string("user: x\nassistant:").size());
+}
+
+// The events' JSON objects of an SSE body (without [DONE]).
+std::vector<json> sse_chunks(const std::string& body) {
+  std::vector<json> out;
+  size_t pos = 0;
+  for (size_t end; (end = body.find("\n\n", pos)) != std::string::npos; pos = end + 2) {
+    const std::string event = body.substr(pos, end - pos);
+    if (event != "data: [DONE]") out.push_back(json::parse(event.substr(6)));
+  }
+  return out;
+}
+
+TEST(HttpServer, LogprobsCompletionsAndChatStreamedAndNot) {
+  Running s({}, [] { return scripted_backend(); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // Prompt "ab": tokens c, d, e at kv_len 2, 3, 4: logprobs -0.5, -0.75, 0.
+  const json want_completion = {{"tokens", {"c", "d", "e"}},
+                                {"token_logprobs", {-0.5, -0.75, 0.0}},
+                                {"top_logprobs",
+                                 {{{"c", -0.5}, {"A", -1.0}, {"B", -2.0}},
+                                  {{"d", -0.75}, {"A", -1.0}, {"B", -2.0}},
+                                  {{"e", 0.0}, {"A", -1.0}, {"B", -2.0}}}},
+                                {"text_offset", {0, 1, 2}}};
+  json body = {{"model", "m"}, {"prompt", "ab"}, {"max_tokens", 3}, {"logprobs", 2}};
+  auto r = s.post("/v1/completions", body);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["text"], "cde");
+  EXPECT_EQ(j["choices"][0]["logprobs"], want_completion) << j.dump();
+
+  // Streamed: each chunk carries its tokens' logprobs; together they are the same object.
+  body["stream"] = true;
+  r = s.post("/v1/completions", body);
+  ASSERT_EQ(r->status, 200);
+  json merged = {{"tokens", json::array()},
+                 {"token_logprobs", json::array()},
+                 {"top_logprobs", json::array()},
+                 {"text_offset", json::array()}};
+  for (const json& c : sse_chunks(r->body)) {
+    const json& lp = c["choices"][0]["logprobs"];
+    ASSERT_TRUE(lp.is_object()) << c.dump();
+    for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+      for (const json& x : lp[k]) merged[k].push_back(x);
+  }
+  EXPECT_EQ(merged, want_completion);
+
+  // logprobs 0: the sampled token only. Not asked: null, and the executor computed none.
+  body = {{"model", "m"}, {"prompt", "ab"}, {"max_tokens", 2}, {"logprobs", 0}};
+  j = json::parse(s.post("/v1/completions", body)->body);
+  EXPECT_EQ(j["choices"][0]["logprobs"]["top_logprobs"], json({{{"c", -0.5}}, {{"d", -0.75}}}));
+  body.erase("logprobs");
+  j = json::parse(s.post("/v1/completions", body)->body);
+  EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
+
+  // Chat: content entries with bytes and top_logprobs objects.
+  body = {{"model", "m"},
+          {"messages", {{{"role", "user"}, {"content", "x"}}}},
+          {"max_tokens", 2},
+          {"logprobs", true},
+          {"top_logprobs", 1}};
+  r = s.post("/v1/chat/completions", body);
+  ASSERT_EQ(r->status, 200) << r->body;
+  j = json::parse(r->body);
+  const std::string text = j["choices"][0]["message"]["content"];
+  ASSERT_EQ(text.size(), 2u);
+  const json& content = j["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 2u) << j.dump();
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(content[i]["token"], std::string(1, text[i]));
+    EXPECT_EQ(content[i]["bytes"], json({static_cast<int>(text[i])}));
+    EXPECT_TRUE(content[i]["logprob"].is_number());
+    EXPECT_EQ(content[i]["top_logprobs"],
+              json({{{"token", "A"}, {"logprob", -1.0}, {"bytes", {65}}}}));
+  }
+  body["stream"] = true;
+  r = s.post("/v1/chat/completions", body);
+  json streamed = json::array();
+  for (const json& c : sse_chunks(r->body)) {
+    const json& lp = c["choices"][0]["logprobs"];
+    ASSERT_TRUE(lp.is_object()) << c.dump();
+    for (const json& x : lp["content"]) streamed.push_back(x);
+  }
+  EXPECT_EQ(streamed, content);
+  body["stream"] = false;
+  body["logprobs"] = false;
+  j = json::parse(s.post("/v1/chat/completions", body)->body);
+  EXPECT_EQ(j["error"]["param"], "top_logprobs");
+  body.erase("top_logprobs");
+  j = json::parse(s.post("/v1/chat/completions", body)->body);
+  EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
+
+  // Refusals over HTTP: 400 with OpenAI's error object.
+  for (const auto& [path, bad] : std::vector<std::pair<std::string, json>>{
+           {"/v1/completions", {{"model", "m"}, {"prompt", "ab"}, {"logprobs", 6}}},
+           {"/v1/chat/completions",
+            {{"model", "m"},
+             {"messages", {{{"role", "user"}, {"content", "x"}}}},
+             {"logprobs", true},
+             {"top_logprobs", 21}}},
+           {"/v1/chat/completions",
+            {{"model", "m"},
+             {"messages", {{{"role", "user"}, {"content", "x"}}}},
+             {"top_logprobs", 2}}},
+           {"/v1/completions", {{"model", "m"}, {"prompt", "ab"}, {"n", 2}}}}) {
+    r = s.post(path, bad);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << bad.dump();
+    const json e = error_of(r);
+    EXPECT_EQ(e["type"], "invalid_request_error") << e.dump();
+    EXPECT_TRUE(e["message"].is_string());
+    EXPECT_TRUE(e["param"].is_string());
+  }
 }
 
 TEST(HttpServer, StreamFramingAndUsage) {

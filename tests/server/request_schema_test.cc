@@ -79,7 +79,10 @@ TEST(RequestSchema, UnknownFieldsAndUnsupportedValuesAreRefused) {
   for (const auto& [name, value] :
        std::vector<std::pair<std::string, json>>{{"n", 2},
                                                  {"presence_penalty", 0.5},
-                                                 {"logprobs", 1},
+                                                 {"logprobs", 6},
+                                                 {"logprobs", -1},
+                                                 {"logprobs", true},
+                                                 {"n", 0},
                                                  {"echo", true},
                                                  {"max_tokens", 0},
                                                  {"max_tokens", -5},
@@ -104,6 +107,63 @@ TEST(RequestSchema, UnknownFieldsAndUnsupportedValuesAreRefused) {
   body = base(fsv::Endpoint::kCompletions);
   body.erase("model");
   EXPECT_EQ(refusal(body).param, "model");
+}
+
+// OpenAI's ranges: completions logprobs 0..5; chat logprobs a boolean, top_logprobs 0..20 and
+// only with logprobs true. Each refusal is a 400 naming the parameter.
+TEST(RequestSchema, LogprobsRangesAndTheirRefusals) {
+  json body = base(fsv::Endpoint::kCompletions);
+  EXPECT_EQ(fsv::parse_request(body.dump(), fsv::Endpoint::kCompletions).logprobs, -1);
+  for (int n : {0, 3, 5}) {
+    body["logprobs"] = n;
+    EXPECT_EQ(fsv::parse_request(body.dump(), fsv::Endpoint::kCompletions).logprobs, n);
+  }
+  body["logprobs"] = 6;
+  fsv::ApiError err = refusal(body);
+  EXPECT_EQ(err.status, 400);
+  EXPECT_EQ(err.param, "logprobs");
+  EXPECT_TRUE(json::accept(err.body()));
+  EXPECT_EQ(json::parse(err.body())["error"]["param"], "logprobs");
+  body = base(fsv::Endpoint::kCompletions);
+  body["top_logprobs"] = 2;  // chat's parameter: unknown on completions
+  EXPECT_EQ(refusal(body).param, "top_logprobs");
+
+  const auto chat = [](json extra) {
+    json b = base(fsv::Endpoint::kChat);
+    b.update(extra);
+    return b;
+  };
+  const auto parsed = [](const json& b) {
+    return fsv::parse_request(b.dump(), fsv::Endpoint::kChat).logprobs;
+  };
+  EXPECT_EQ(parsed(chat({{"logprobs", false}})), -1);
+  EXPECT_EQ(parsed(chat({{"logprobs", true}})), 0);
+  EXPECT_EQ(parsed(chat({{"logprobs", true}, {"top_logprobs", 20}})), 20);
+  EXPECT_EQ(parsed(chat({{"logprobs", true}, {"top_logprobs", nullptr}})), 0);
+  EXPECT_EQ(parsed(chat({{"logprobs", false}, {"top_logprobs", nullptr}})), -1);
+  for (const json& bad :
+       {json({{"logprobs", true}, {"top_logprobs", 21}}),
+        json({{"logprobs", true}, {"top_logprobs", -1}}), json({{"top_logprobs", 3}}),
+        json({{"logprobs", false}, {"top_logprobs", 0}}),
+        json({{"logprobs", true}, {"top_logprobs", 2.0}})}) {
+    err = refusal(chat(bad), fsv::Endpoint::kChat);
+    EXPECT_EQ(err.status, 400) << bad.dump();
+    EXPECT_EQ(err.param, "top_logprobs") << bad.dump() << ": " << err.message;
+  }
+  for (const json& bad : {json({{"logprobs", 1}}), json({{"logprobs", "yes"}})}) {
+    err = refusal(chat(bad), fsv::Endpoint::kChat);
+    EXPECT_EQ(err.status, 400) << bad.dump();
+    EXPECT_EQ(err.param, "logprobs") << bad.dump();
+  }
+  // n > 1 is a clear 400 on both endpoints.
+  for (const fsv::Endpoint e : {fsv::Endpoint::kCompletions, fsv::Endpoint::kChat}) {
+    body = base(e);
+    body["n"] = 2;
+    err = refusal(body, e);
+    EXPECT_EQ(err.status, 400);
+    EXPECT_EQ(err.param, "n");
+    EXPECT_NE(err.message.find("only 1"), std::string::npos) << err.message;
+  }
 }
 
 TEST(RequestSchema, MalformedBodiesAreRefused) {

@@ -26,4 +26,9 @@ for kind in byte_level byte_fallback metaspace; do
   [ "$kind" = metaspace ] && dir="$work/metaspace"
   node "$work/reference.mjs" "$dir" "$here/fixtures/compare_corpus.json" > "$work/$kind.jsonl"
 done
+# The Unicode normalizers' fixtures (make_normalizer_fixtures.mjs) on both corpora.
+for kind in qwen2_nfc byte_fallback_nfkc byte_fallback_nfd byte_level_folded; do
+  node "$work/reference.mjs" "$here/fixtures/$kind" "$here/fixtures/compare_corpus.json" \
+       "$here/fixtures/normalizer_corpus.json" > "$work/$kind.jsonl"
+done
 FLASHSERVE_HF_REFERENCE=$work "$test_bin" --gtest_filter='HfReference.*' --gtest_brief=1

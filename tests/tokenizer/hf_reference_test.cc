@@ -108,6 +108,20 @@ TEST(HfReference, ByteFallback) {
 TEST(HfReference, Metaspace) {
   compare("metaspace", true);
 }
+// The Unicode normalizers, on the comparison corpus and normalizer_corpus.json (decomposed
+// accents, Hangul jamo, compatibility characters, case, edge whitespace).
+TEST(HfReference, Qwen2Nfc) {
+  compare("qwen2_nfc");
+}
+TEST(HfReference, ByteFallbackNfkc) {
+  compare("byte_fallback_nfkc");
+}
+TEST(HfReference, ByteFallbackNfd) {
+  compare("byte_fallback_nfd");
+}
+TEST(HfReference, FoldedNfkdStripAccentsLowercaseStrip) {
+  compare("byte_level_folded");
+}
 
 }  // namespace
 }  // namespace flashserve::tokenizer

@@ -13,6 +13,7 @@
 #include "tokenizer/byte_level.h"
 #include "tokenizer/checkpoint_tokenizer.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode.h"
 #include "tokenizer/utf8.h"
 #include "tokenizer_fixtures.h"
 
@@ -127,10 +128,27 @@ TEST(TokenizerErrors, NameTheFieldAndTheComponent) {
   EXPECT_EQ(e.argument(), "tokenizer.json: model.type");
   EXPECT_NE(std::string(e.what()).find("WordPiece"), std::string::npos);
 
-  e = load_error([](nlohmann::json& j) { j["normalizer"] = {{"type", "NFKC"}}; });
+  // SentencePiece's Precompiled charsmap is a normalizer we do not have: refused by name, also
+  // inside a Sequence, as are pre-tokenizers and decoders we do not have.
+  e = load_error([](nlohmann::json& j) { j["normalizer"] = {{"type", "Precompiled"}}; });
   EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
   EXPECT_EQ(e.argument(), "tokenizer.json: normalizer");
-  EXPECT_NE(std::string(e.what()).find("NFKC"), std::string::npos);
+  EXPECT_NE(std::string(e.what()).find("Precompiled"), std::string::npos);
+  e = load_error([](nlohmann::json& j) {
+    j["normalizer"] = {{"type", "Sequence"},
+                       {"normalizers", {{{"type", "NFC"}}, {{"type", "BertNormalizer"}}}}};
+  });
+  EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+  EXPECT_NE(e.argument().find("tokenizer.json: normalizer"), std::string::npos) << e.argument();
+  EXPECT_NE(std::string(e.what()).find("BertNormalizer"), std::string::npos);
+  e = load_error([](nlohmann::json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; });
+  EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+  EXPECT_EQ(e.argument(), "tokenizer.json: pre_tokenizer");
+  EXPECT_NE(std::string(e.what()).find("Whitespace"), std::string::npos);
+  e = load_error([](nlohmann::json& j) { j["decoder"] = {{"type", "WordPiece"}}; });
+  EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+  EXPECT_EQ(e.argument(), "tokenizer.json: decoder");
+  EXPECT_NE(std::string(e.what()).find("WordPiece"), std::string::npos);
 
   e = load_error(
       [](nlohmann::json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Contiguous"; });
@@ -155,6 +173,77 @@ TEST(TokenizerErrors, NameTheFieldAndTheComponent) {
   const Tokenizer t = Tokenizer::load(fixture_dir("byte_level"));
   EXPECT_THROW(t.decode(std::vector<int32_t>{t.vocab_size()}, false), Error);
   EXPECT_THROW(t.decode(std::vector<int32_t>{-1}, false), Error);
+}
+
+// A token's bytes as it continues a text (the logprobs API's `bytes`): the leading-space rules of
+// a decode's start do not apply, a byte-fallback token is its raw byte, special tokens their text.
+TEST(TokenBytes, AreWhatTheTokenAddsAfterOthers) {
+  const Tokenizer fallback = Tokenizer::load(fixture_dir("byte_fallback"));
+  EXPECT_EQ(fallback.decode(std::vector<int32_t>{374}, false), "the");  // Strip of the first space
+  EXPECT_EQ(fallback.token_bytes(374), " the");                         // "▁the"
+  EXPECT_EQ(fallback.token_bytes(362), " ");                            // "▁"
+  EXPECT_EQ(fallback.token_bytes(231), "\xE4");                         // "<0xE4>", not U+FFFD
+  EXPECT_EQ(fallback.token_bytes(2), "</s>");
+  const Tokenizer level = Tokenizer::load(fixture_dir("byte_level"));
+  EXPECT_EQ(level.token_bytes(264), " the");  // "Ġthe"
+  EXPECT_EQ(level.token_bytes(535), "the");
+  // Every token: the bytes, appended, rebuild the decode of a sequence (byte-level is lossless).
+  std::vector<int32_t> ids = level.encode("Grüße, 世界! x = 42\n", false);
+  std::string joined;
+  for (int32_t id : ids) joined += level.token_bytes(id);
+  EXPECT_EQ(joined, level.decode(ids, false));
+  EXPECT_THROW(level.token_bytes(level.vocab_size()), Error);
+}
+
+// The Unicode operations against values written from the Unicode tables by hand.
+TEST(UnicodeNormalizers, FormsByHand) {
+  using unicode::Form, unicode::normalize;
+  EXPECT_EQ(normalize("cafe\u0301", Form::kNFC), "caf\u00e9");
+  EXPECT_EQ(normalize("caf\u00e9", Form::kNFD), "cafe\u0301");
+  // Canonical reordering: dot below (ccc 220) before circumflex (ccc 230), then composition.
+  EXPECT_EQ(normalize("a\u0302\u0323", Form::kNFC), "\u1ead");
+  EXPECT_EQ(normalize("a\u0323\u0302", Form::kNFC), "\u1ead");
+  EXPECT_EQ(normalize("a\u0302\u0323", Form::kNFD), "a\u0323\u0302");
+  // Hangul: conjoining jamo compose algorithmically; compatibility jamo only under NFKC.
+  EXPECT_EQ(normalize("\u1100\u1161\u11a8", Form::kNFC), "\uac01");
+  EXPECT_EQ(normalize("\uac01", Form::kNFD), "\u1100\u1161\u11a8");
+  EXPECT_EQ(normalize("\u3131", Form::kNFC), "\u3131");
+  EXPECT_EQ(normalize("\u3131", Form::kNFKC), "\u1100");
+  // Compatibility characters: ligatures, circled digits, full-width forms, super/subscripts.
+  EXPECT_EQ(normalize("\ufb01\u2460\uff21\uff11\u3000\u00b2", Form::kNFKC), "fi1A1 2");
+  EXPECT_EQ(normalize("\ufb01\u2460", Form::kNFC), "\ufb01\u2460");
+  EXPECT_EQ(normalize("\u00bd", Form::kNFKD), "1\u20442");
+  EXPECT_EQ(normalize("\u212b", Form::kNFC), "\u00c5");  // the Angstrom sign is a singleton
+  EXPECT_EQ(normalize("", Form::kNFKC), "");
+}
+
+TEST(UnicodeNormalizers, LowercaseStripAndAccentsAsRustHasThem) {
+  // Per code point, no context: a word-final capital sigma stays σ (Rust's char::to_lowercase,
+  // which Hugging Face's Lowercase uses; JavaScript's toLowerCase would give ς).
+  EXPECT_EQ(unicode::lowercase("\u039f\u0394\u03a5\u03a3\u03a3\u0395\u03a5\u03a3"),
+            "\u03bf\u03b4\u03c5\u03c3\u03c3\u03b5\u03c5\u03c3");
+  EXPECT_EQ(unicode::lowercase("\u0130"), "i\u0307");  // full mapping: two code points
+  EXPECT_EQ(unicode::lowercase("ABC \u00c9\u1e9e \uff21"), "abc \u00e9\u00df \uff41");
+  // White_Space: U+0085 and U+3000 are, U+FEFF and U+200B are not.
+  EXPECT_EQ(unicode::strip("\u0085\u3000 x y\t\ufeff\u200b \n", true, true), "x y\t\ufeff\u200b");
+  EXPECT_EQ(unicode::strip("  x  ", true, false), "x  ");
+  EXPECT_EQ(unicode::strip("  x  ", false, true), "  x");
+  EXPECT_EQ(unicode::strip(" \t\n", true, false), "");
+  EXPECT_EQ(unicode::strip_accents("e\u0301a\u0308\u0915\u093f"), "ea\u0915");  // Mn and Mc
+}
+
+// A Qwen2-shaped tokenizer.json (normalizer NFC) loads, and text in another form gives the ids
+// of its NFC form; NFKC folds compatibility characters before the model sees them.
+TEST(UnicodeNormalizers, TokenizersApplyThem) {
+  const Tokenizer qwen2 = Tokenizer::load(fixture_dir("qwen2_nfc"));
+  EXPECT_EQ(qwen2.encode("re\u0301sume\u0301 \u1100\u1161\u11a8", false),
+            qwen2.encode("r\u00e9sum\u00e9 \uac01", false));
+  EXPECT_NE(qwen2.encode("\ufb01", false), qwen2.encode("fi", false));
+  const Tokenizer nfkc = Tokenizer::load(fixture_dir("byte_fallback_nfkc"));
+  EXPECT_EQ(nfkc.encode("\ufb01nance \u2460 \uff21\uff22", false),
+            nfkc.encode("finance 1 AB", false));
+  const Tokenizer folded = Tokenizer::load(fixture_dir("byte_level_folded"));
+  EXPECT_EQ(folded.encode("  Re\u0301SUM\u00c9\t", false), folded.encode("resume", false));
 }
 
 TEST(CheckpointTokenizer, TinyGetsTheFixtureLargerShapesAPaddedVocabulary) {

@@ -647,6 +647,25 @@ std::vector<float> CudaRunner::logits() const {
   return out;
 }
 
+// One copy per row asked for, from the logits buffer the last forward left (and sample() read):
+// nothing crosses to the host for requests that did not ask for logprobs.
+std::vector<float> CudaRunner::logits_rows(const std::vector<int32_t>& rows) const {
+  Impl& m = *impl_;
+  const int64_t V = m.cfg.vocab_size;
+  std::vector<float> out(rows.size() * static_cast<size_t>(V));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] < 0 || rows[i] >= m.last_samples)
+      throw Error(ErrorKind::kInvalidArgument, "rows",
+                  std::to_string(rows[i]) + " is not a sample row of the last forward (" +
+                      std::to_string(m.last_samples) + ")");
+    check_cuda(cudaMemcpyAsync(out.data() + i * V, m.logits + int64_t{rows[i]} * V, V * 4,
+                               cudaMemcpyDeviceToHost, m.stream),
+               "logits rows");
+  }
+  check_cuda(cudaStreamSynchronize(m.stream), "logits rows");
+  return out;
+}
+
 std::vector<int32_t> CudaRunner::sample(const ForwardBatch& batch,
                                         const std::vector<SamplingParams>& params) {
   Impl& m = *impl_;

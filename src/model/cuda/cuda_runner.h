@@ -36,6 +36,7 @@ class CudaRunner : public ModelRunner {
   void allocate_kv(int64_t num_blocks, int32_t block_size) override;
   void forward(const ForwardBatch& batch) override;
   std::vector<float> logits() const override;
+  std::vector<float> logits_rows(const std::vector<int32_t>& rows) const override;
   std::vector<int32_t> sample(const ForwardBatch& batch,
                               const std::vector<SamplingParams>& params) override;
 

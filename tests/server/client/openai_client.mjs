@@ -125,6 +125,62 @@ const tests = {
     await assert.rejects(client.completions.create({ model, prompt: Array(100000).fill(1) }),
       (e) => e instanceof OpenAI.BadRequestError && e.code === 'context_length_exceeded' && /maximum context length is \d+/.test(e.message));
   },
+  async logprobs() {
+    // Completions: logprobs 3 at temperature 0; the sampled token is the most likely one.
+    const r = await client.completions.create({ model, prompt, max_tokens: 6, temperature: 0, ignore_eos: true, logprobs: 3 });
+    const lp = r.choices[0].logprobs;
+    assert.equal(lp.tokens.length, 6);
+    assert.equal(lp.token_logprobs.length, 6);
+    assert.equal(lp.top_logprobs.length, 6);
+    assert.deepEqual(lp.text_offset.slice(0, 1), [0]);
+    for (let i = 0; i < 6; ++i) {
+      const top = lp.top_logprobs[i];
+      const values = Object.values(top);
+      assert.ok(values.length >= 1 && values.length <= 4, JSON.stringify(top));
+      assert.ok(lp.token_logprobs[i] <= 0);
+      assert.equal(lp.token_logprobs[i], Math.max(...values));
+      if (i > 0) assert.equal(lp.text_offset[i], lp.text_offset[i - 1] + [...lp.tokens[i - 1]].length);
+    }
+    // The stream carries the same logprobs, chunk by chunk.
+    const s = await client.completions.create({ model, prompt, max_tokens: 6, temperature: 0, ignore_eos: true, logprobs: 3, stream: true });
+    const streamed = [];
+    for await (const c of s) for (const ch of c.choices) streamed.push(...(ch.logprobs?.token_logprobs ?? []));
+    assert.deepEqual(streamed, lp.token_logprobs);
+    // Not asked: null.
+    const plain = await client.completions.create({ model, prompt, max_tokens: 2 });
+    assert.equal(plain.choices[0].logprobs, null);
+    await assert.rejects(client.completions.create({ model, prompt, max_tokens: 2, logprobs: 6 }),
+      (e) => e instanceof OpenAI.BadRequestError && e.param === 'logprobs');
+
+    // Chat: logprobs true with top_logprobs 2, streamed and not.
+    const messages = [{ role: 'user', content: 'Say something.' }];
+    let c;
+    try {
+      c = await client.chat.completions.create({ model, messages, max_completion_tokens: 5, temperature: 0, logprobs: true, top_logprobs: 2 });
+    } catch (e) {
+      assert.ok(e instanceof OpenAI.BadRequestError && e.param === 'messages', String(e));
+      console.log('logprobs: chat refused (this checkpoint has no tokenizer.json)');
+      return;
+    }
+    const content = c.choices[0].logprobs.content;
+    assert.equal(content.length, c.usage.completion_tokens);
+    for (const t of content) {
+      assert.equal(typeof t.token, 'string');
+      assert.ok(Array.isArray(t.bytes) && t.bytes.every((b) => Number.isInteger(b) && b >= 0 && b < 256));
+      assert.ok(t.logprob <= 0);
+      assert.equal(t.top_logprobs.length, 2);
+      assert.ok(t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob);
+      assert.equal(t.top_logprobs[0].logprob, t.logprob);  // greedy
+    }
+    const cs = await client.chat.completions.create({ model, messages, max_completion_tokens: 5, temperature: 0, logprobs: true, top_logprobs: 2, stream: true });
+    const got = [];
+    for await (const chunk of cs) got.push(...(chunk.choices[0]?.logprobs?.content ?? []));
+    assert.deepEqual(got, content);
+    await assert.rejects(client.chat.completions.create({ model, messages, logprobs: true, top_logprobs: 21 }),
+      (e) => e instanceof OpenAI.BadRequestError && e.param === 'top_logprobs');
+    await assert.rejects(client.chat.completions.create({ model, messages, top_logprobs: 2 }),
+      (e) => e instanceof OpenAI.BadRequestError && e.param === 'top_logprobs');
+  },
   async models() {
     const list = await client.models.list();
     assert.deepEqual(list.data.map((m) => m.id), [model]);

@@ -2,21 +2,23 @@
 // transformers.js uses) on the fixtures: prints, as JSON lines, what it makes of every text of
 // the comparison corpus (ids with and without special tokens, decodes with and without skipping
 // them) and the decodes of random id sequences. The C++ test HfReference compares ours with it.
-//   node reference.mjs FIXTURE_DIR CORPUS_JSON > reference.jsonl
+//   node reference.mjs FIXTURE_DIR CORPUS_JSON [MORE_CORPUS_JSON...] > reference.jsonl
 import fs from "node:fs";
 import { Tokenizer } from "@huggingface/tokenizers";
 
-const [dir, corpusPath] = process.argv.slice(2);
+const [dir, ...corpusPaths] = process.argv.slice(2);
 const tokenizer = new Tokenizer(JSON.parse(fs.readFileSync(`${dir}/tokenizer.json`, "utf8")),
                                 JSON.parse(fs.readFileSync(`${dir}/tokenizer_config.json`, "utf8")));
-const texts = JSON.parse(fs.readFileSync(corpusPath, "utf8"));
+// Its decode refuses an empty list (a text that encodes to nothing without a BOM): that is "".
+const decode = (ids, options) => (ids.length ? tokenizer.decode(ids, options) : "");
+const texts = corpusPaths.flatMap((p) => JSON.parse(fs.readFileSync(p, "utf8")));
 const out = [];
 for (const text of texts) {
   const ids = tokenizer.encode(text, { add_special_tokens: false }).ids;
   const withSpecial = tokenizer.encode(text).ids;
   out.push(JSON.stringify({ kind: "text", text, ids, with_special: withSpecial,
-                            decoded: tokenizer.decode(withSpecial),
-                            decoded_skip: tokenizer.decode(withSpecial, { skip_special_tokens: true }) }));
+                            decoded: decode(withSpecial),
+                            decoded_skip: decode(withSpecial, { skip_special_tokens: true }) }));
 }
 // Random id sequences: byte tokens cut in the middle of characters, special tokens anywhere.
 const json = JSON.parse(fs.readFileSync(`${dir}/tokenizer.json`, "utf8"));
