@@ -36,7 +36,8 @@ __global__ void fill_random(uint16_t* x, int64_t n, uint32_t seed, bool bf16) {
     h *= 0xC2B2AE35u;
     h ^= h >> 16;
     const float f = (h >> 8) * (2.0f / 16777216.0f) - 1.0f;
-    x[i] = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(f)) : __half_as_ushort(__float2half_rn(f));
+    x[i] =
+        bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(f)) : __half_as_ushort(__float2half_rn(f));
   }
 }
 
@@ -162,8 +163,8 @@ int main(int argc, char** argv) {
         max_diff = 0;
         const size_t n = size_t(b) * s * h * d;
         for (size_t i = 0; i < n; ++i)
-          max_diff = std::max<double>(
-              max_diff, std::fabs(to_float(h80[i], !fp16) - to_float(h90[i], !fp16)));
+          max_diff = std::max<double>(max_diff,
+                                      std::fabs(to_float(h80[i], !fp16) - to_float(h90[i], !fp16)));
       }
       std::printf("%-6d %-7d %-6d %-6d %10.1f %10.1f %10.2f %12.3g%s%s\n", causal, s, b, h,
                   tflops[0], tflops[1], tflops[0] > 0 ? tflops[1] / tflops[0] : 0.0, max_diff,

@@ -212,16 +212,18 @@ void check_sm90(const Problem& pr, const DeviceProps& dev) {
   const auto refuse = [](const std::string& what) {
     throw Error(ErrorKind::kUnsupported, "FLASHSERVE_KERNEL", "sm90: " + what);
   };
-  if (!cuda_sm90_built()) refuse("this build has no sm90 kernels (90a not in FLASHSERVE_CUDA_ARCHS)");
+  if (!cuda_sm90_built())
+    refuse("this build has no sm90 kernels (90a not in FLASHSERVE_CUDA_ARCHS)");
   if (dev.major != 9 || dev.minor != 0)
-    refuse(str_cat("needs a compute capability 9.0 device, this one is ", dev.major, ".",
-                   dev.minor));
+    refuse(
+        str_cat("needs a compute capability 9.0 device, this one is ", dev.major, ".", dev.minor));
   if (pr.head_dim != 64 && pr.head_dim != 128)
     refuse(str_cat("head_dim ", pr.head_dim, " (64 and 128 only)"));
   if (pr.varlen_q || pr.varlen_k || pr.paged || pr.seqused)
     refuse("varlen, paged and seqused_k inputs are not supported yet");
   const int64_t bound = pr.max_q_len + pr.max_kv_len;
-  const int32_t left = clamp_window(pr.mask.left, bound), right = clamp_window(pr.mask.right, bound);
+  const int32_t left = clamp_window(pr.mask.left, bound),
+                right = clamp_window(pr.mask.right, bound);
   if (left >= 0 || right > 0) refuse("sliding windows are not supported yet (causal is)");
   if (pr.num_splits > 1) refuse("split-KV is not supported yet");
 }

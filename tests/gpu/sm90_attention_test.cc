@@ -23,14 +23,14 @@
 namespace flashserve::testing {
 namespace {
 
-#define SKIP_WITHOUT_SM90()                                                                  \
-  do {                                                                                       \
-    SKIP_WITHOUT_CUDA();                                                                     \
-    int major = 0, minor = 0;                                                                \
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);                    \
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);                    \
+#define SKIP_WITHOUT_SM90()                                                                       \
+  do {                                                                                            \
+    SKIP_WITHOUT_CUDA();                                                                          \
+    int major = 0, minor = 0;                                                                     \
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);                         \
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);                         \
     if (major != 9 || minor != 0) GTEST_SKIP() << "skipped: not a compute capability 9.0 device"; \
-    if (!attention::cuda_sm90_built()) GTEST_SKIP() << "skipped: built without 90a";         \
+    if (!attention::cuda_sm90_built()) GTEST_SKIP() << "skipped: built without 90a";              \
   } while (0)
 
 // Sets an environment variable for a scope (the dispatch reads FLASHSERVE_KERNEL per call).

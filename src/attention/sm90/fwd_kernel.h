@@ -15,6 +15,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "fwd_params.h"
 #include "mbarrier.h"
@@ -75,13 +76,14 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 }
 
 template <class Cfg, bool kBf16, bool kCausal>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    fwd_kernel(const __grid_constant__ FwdParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
   constexpr int kStages = Cfg::kStages, kChunks = Cfg::kChunks;
   extern __shared__ uint8_t smem_raw[];
-  auto& s = *reinterpret_cast<SharedStorage<Cfg>*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  auto& s = *reinterpret_cast<SharedStorage<Cfg>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                                   ~uintptr_t{1023});
 
   const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const int q_len = p.seqlen_q, kv_len = p.seqlen_k;
@@ -116,13 +118,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         s.k_full[st].arrive_expect_tx(Cfg::kKVBytes);
 #pragma unroll
         for (int c = 0; c < kChunks; ++c)
-          tma_load_4d(s.k[st][c], &p.tma_k, s.k_full[st], c * Cfg::kChunkCols, j * kBlockN,
-                      kv_head, batch);
+          tma_load_4d(s.k[st][c], &p.tma_k, s.k_full[st], c * Cfg::kChunkCols, j * kBlockN, kv_head,
+                      batch);
         s.v_full[st].arrive_expect_tx(Cfg::kKVBytes);
 #pragma unroll
         for (int c = 0; c < kChunks; ++c)
-          tma_load_4d(s.v[st][c], &p.tma_v, s.v_full[st], c * Cfg::kChunkCols, j * kBlockN,
-                      kv_head, batch);
+          tma_load_4d(s.v[st][c], &p.tma_v, s.v_full[st], c * Cfg::kChunkCols, j * kBlockN, kv_head,
+                      batch);
       }
     }
     return;
@@ -220,7 +222,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) pa[kk][r] = pack2<kBf16>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+      for (int r = 0; r < 4; ++r)
+        pa[kk][r] = pack2<kBf16>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
 
     // O += P V: V is [keys, d] row-major, MN-major for this B; 16 keys (2 atoms, 2048 bytes) per
     // k-step; LBO steps from one 64-column chunk of V to the next.

@@ -13,7 +13,7 @@ struct FwdParams {
   CUtensorMap tma_q, tma_k, tma_v;  // boxes of 64 columns x kBlockM (q) or kBlockN (k, v) rows
 
   void* out;
-  float* lse;  // null: not written
+  float* lse;                                                 // null: not written
   int64_t o_batch_stride, o_row_stride, o_head_stride;        // elements
   int64_t lse_batch_stride, lse_row_stride, lse_head_stride;  // elements
 

@@ -16,7 +16,7 @@ struct FwdArgs {
   const void* k;
   const void* v;
   void* out;
-  float* lse;  // null: not written
+  float* lse;   // null: not written
   DType dtype;  // kBFloat16 or kFloat16
   int batch, seqlen_q, seqlen_k, h_q, h_kv, head_dim;
   // Strides in elements: q/k/v/out [batch, seqlen, heads, d], lse [batch, heads, seqlen].

@@ -14,8 +14,8 @@ namespace flashserve::attention::sm90 {
 // A 4-D map of a [batch, seqlen, heads, d] tensor (d innermost) with boxes of 64 columns x `rows`
 // rows of one head of one sequence, 128-byte swizzled.
 inline CUtensorMap make_map(const void* base, DType dtype, int batch, int seqlen, int heads, int d,
-                            int64_t batch_stride, int64_t row_stride, int64_t head_stride,
-                            int rows, const char* name) {
+                            int64_t batch_stride, int64_t row_stride, int64_t head_stride, int rows,
+                            const char* name) {
   TensorMapSpec spec{};
   spec.base = base;
   spec.dtype = dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
@@ -31,7 +31,8 @@ inline CUtensorMap make_map(const void* base, DType dtype, int batch, int seqlen
   const int64_t strides[3] = {row_stride, head_stride, batch_stride};
   for (int i = 0; i < 3; ++i) {
     const int64_t bytes = strides[i] * 2;
-    spec.strides[i] = static_cast<uint64_t>(sizes[i] <= 1 && (bytes <= 0 || bytes % 16) ? 16 : bytes);
+    spec.strides[i] =
+        static_cast<uint64_t>(sizes[i] <= 1 && (bytes <= 0 || bytes % 16) ? 16 : bytes);
   }
   spec.box[0] = 64;
   spec.box[1] = static_cast<uint32_t>(rows);

@@ -4,8 +4,8 @@
 // over CCCL's cuda::ptx so the kernel reads as "wait full[s]" / "release empty[s]".
 #pragma once
 
-#include <cuda/ptx>
 #include <cstdint>
+#include <cuda/ptx>
 
 namespace flashserve::attention::sm90 {
 
@@ -14,7 +14,9 @@ struct Mbarrier {
 
   // One thread initialises; fence_init + a CTA barrier make it visible to the async proxy (TMA)
   // and to the other threads before anyone arrives.
-  __device__ __forceinline__ void init(uint32_t arrivals) { cuda::ptx::mbarrier_init(&word, arrivals); }
+  __device__ __forceinline__ void init(uint32_t arrivals) {
+    cuda::ptx::mbarrier_init(&word, arrivals);
+  }
   static __device__ __forceinline__ void fence_init() {
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
   }

@@ -12,8 +12,8 @@
 #include <cuda.h>  // CUtensorMap and its enums (types only: no libcuda symbol is linked)
 #include <cuda_runtime.h>
 
-#include <cuda/ptx>
 #include <cstdint>
+#include <cuda/ptx>
 
 #include "mbarrier.h"
 
