@@ -33,9 +33,27 @@ struct Mbarrier {
 
   // Spins until the phase of parity `phase` has completed. A fresh barrier is in phase 0, so
   // waiting for parity 1 returns at once: the producer's first pass over the empty barriers.
+  // A wait that lasts 2 s is a protocol bug (a wrong phase or a missing arrival), never a slow
+  // kernel: it traps (the launch fails with an illegal-instruction error), so a first run fails
+  // in seconds instead of hanging.
   __device__ __forceinline__ void wait(uint32_t phase) {
-    while (!cuda::ptx::mbarrier_try_wait_parity(&word, phase)) {
+    if (cuda::ptx::mbarrier_try_wait_parity(&word, phase)) return;
+    wait_slow(phase);
+  }
+
+ private:
+  __device__ __forceinline__ void wait_slow(uint32_t phase) {
+    const uint64_t start = globaltimer_ns();
+    for (uint32_t n = 1;; ++n) {
+      if (cuda::ptx::mbarrier_try_wait_parity(&word, phase)) return;
+      // No printf here: a call inside the kernel serializes its wgmma (ptxas C7510).
+      if ((n & 1023) == 0 && globaltimer_ns() - start > 2000000000ull) __trap();
     }
+  }
+  static __device__ __forceinline__ uint64_t globaltimer_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
   }
 };
 
