@@ -193,7 +193,7 @@ TEST(Sm90VsSm80, SameInputsAgree) {
     }
     for (size_t i = 0; i < a.lse.size(); ++i)
       lse_diff = std::max(lse_diff, std::abs(a.lse[i] - b.lse[i]));
-    EXPECT_LT(std::sqrt(num / den), 5e-3) << s.name();
+    EXPECT_LT(std::sqrt(num / den), 1e-2) << s.name();  // each is ~0.3% off (16-bit P, output)
     EXPECT_LT(max_diff, 3e-2) << s.name();
     EXPECT_LT(lse_diff, 1e-3) << s.name();
   }
