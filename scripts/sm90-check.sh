@@ -28,11 +28,15 @@ step "tests (expect every Sm90* test to pass; none skipped on the H200)"
 timeout 240 "$BUILD/tests/test_gpu" --gtest_filter='*Sm90*' --gtest_brief=1 || status=1
 
 step "compute-sanitizer memcheck, small case (expect 'ERROR SUMMARY: 0 errors')"
-timeout 120 compute-sanitizer --tool memcheck "$BUILD/tests/test_gpu" \
-  --gtest_filter='Sm90Sanitize.*' --gtest_brief=1 | tail -n 5 || status=1
+timeout 120 compute-sanitizer --tool memcheck --error-exitcode 99 "$BUILD/tests/test_gpu" \
+  --gtest_filter='Sm90Sanitize.*' --gtest_brief=1 2>&1 | tail -n 5
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
 
 step "SASS: HGMMA count (expect 112 = 8 kernels x (8+8 at d128, 4+8 at d64); 0 means no wgmma)"
-cuobjdump -sass "$BUILD/tests/test_gpu" | grep -c HGMMA
+cuobjdump -sass "$BUILD/tests/test_gpu" > "$OUT/sass.txt" 2>/dev/null
+echo "HGMMA: $(grep -c HGMMA "$OUT/sass.txt")"
+echo "sm90 kernels' LDL/STL (local memory) lines: $(awk '/Function : .*sm9010fwd_kernel/{k=1} /Function : /&&!/sm9010fwd_kernel/{k=0} k' "$OUT/sass.txt" | grep -cE 'LDL|STL')"
+rm -f "$OUT/sass.txt"
 step "sm90 kernels' resources (expect REG:168, STACK:0, LOCAL:0)"
 cuobjdump -res-usage "$BUILD/tests/test_gpu" 2>/dev/null | grep -A1 'sm9010fwd_kernel' | grep -o 'REG:[0-9]* STACK:[0-9]* SHARED:[0-9]* LOCAL:[0-9]*' | sort | uniq -c
 
