@@ -22,6 +22,9 @@
 #include "sm80/fwd_params.h"
 #include "sm80/launch.h"
 #include "split_policy.h"
+#if defined(FLASHSERVE_WITH_SM90)
+#include "sm90/launch.h"
+#endif
 
 namespace flashserve::attention {
 namespace {
@@ -191,6 +194,40 @@ const DeviceProps& check_supported(const AttentionParams& params, const Problem&
   return dev;
 }
 
+// FLASHSERVE_KERNEL=sm90: every call runs the Hopper kernel (sm90/), or is refused with what it
+// lacks; unset, empty or "auto": the default dispatch (sm80 only until the sm90 kernel has passed
+// the GPU tests on an H100/H200). Read per call, so a test can set it around one call.
+bool sm90_forced() {
+  const char* v = std::getenv("FLASHSERVE_KERNEL");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return false;
+  if (std::strcmp(v, "sm90") == 0) return true;
+  throw Error(ErrorKind::kInvalidArgument, "FLASHSERVE_KERNEL",
+              std::string("must be sm90 or auto, got \"") + v + "\"");
+}
+
+// What the sm90 kernel v1 runs: dense bf16/fp16 batches, head dim 64 or 128, no mask or
+// bottom-right causal, GQA/MQA, lse optional; on a compute capability 9.0 device of a build with
+// sm_90a. Anything else is refused naming FLASHSERVE_KERNEL (the caller asked for this kernel).
+void check_sm90(const Problem& pr, const DeviceProps& dev) {
+  const auto refuse = [](const std::string& what) {
+    throw Error(ErrorKind::kUnsupported, "FLASHSERVE_KERNEL", "sm90: " + what);
+  };
+  if (!cuda_sm90_built())
+    refuse("this build has no sm90 kernels (90a not in FLASHSERVE_CUDA_ARCHS)");
+  if (dev.major != 9 || dev.minor != 0)
+    refuse(
+        str_cat("needs a compute capability 9.0 device, this one is ", dev.major, ".", dev.minor));
+  if (pr.head_dim != 64 && pr.head_dim != 128)
+    refuse(str_cat("head_dim ", pr.head_dim, " (64 and 128 only)"));
+  if (pr.varlen_q || pr.varlen_k || pr.paged || pr.seqused)
+    refuse("varlen, paged and seqused_k inputs are not supported yet");
+  const int64_t bound = pr.max_q_len + pr.max_kv_len;
+  const int32_t left = clamp_window(pr.mask.left, bound),
+                right = clamp_window(pr.mask.right, bound);
+  if (left >= 0 || right > 0) refuse("sliding windows are not supported yet (causal is)");
+  if (pr.num_splits > 1) refuse("split-KV is not supported yet");
+}
+
 // The kernels' parameters shared by every launch of a call: pointers, strides, lengths' sources,
 // mask and scale.
 sm80::FwdParams fwd_params(const AttentionParams& params, const Problem& pr) {
@@ -249,8 +286,75 @@ Plan cuda_plan(const AttentionParams& params, const Problem& pr, const HostLengt
   ctx.q_rows = q_rows(params, pr);
   ctx.workspace_available = workspace_available;
   if (pr.batch == 0 || pr.max_q_len == 0 || params.q.numel() == 0) return Plan{};
+  if (sm90_forced()) {
+    check_sm90(pr, dev);
+    Plan plan;  // one launch over the dense batch, no splits, no workspace
+    LaunchPlan l;
+    l.kernel.family = KernelFamily::kSm90;
+    l.kernel.masked = clamp_window(pr.mask.right, pr.max_q_len + pr.max_kv_len) == 0;
+    l.seq_end = pr.batch;
+    l.max_q_len = pr.max_q_len;
+    l.max_kv_len = pr.max_kv_len;
+    l.rows = ctx.q_rows;
+    plan.launches.push_back(l);
+    return plan;
+  }
   return make_plan(pr, ctx, lens);
 }
+
+bool cuda_sm90_built() {
+#if defined(FLASHSERVE_WITH_SM90)
+  return true;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+// The sm90 kernel over the whole dense batch (check_sm90 has accepted the call).
+void run_sm90(const LaunchPlan& l, const AttentionParams& params, const Problem& pr,
+              const DeviceProps& dev, cudaStream_t stream) {
+#if defined(FLASHSERVE_WITH_SM90)
+  check_sm90(pr, dev);
+  sm90::FwdArgs a{};
+  a.q = params.q.data;
+  a.k = params.k.data;
+  a.v = params.v.data;
+  a.out = params.out.data;
+  a.lse = params.lse.defined() ? params.lse.ptr<float>() : nullptr;
+  a.dtype = pr.dtype;
+  a.batch = static_cast<int>(pr.batch);
+  a.seqlen_q = static_cast<int>(params.q.shape[1]);
+  a.seqlen_k = static_cast<int>(params.k.shape[1]);
+  a.h_q = static_cast<int>(pr.h_q);
+  a.h_kv = static_cast<int>(pr.h_kv);
+  a.head_dim = static_cast<int>(pr.head_dim);
+  const auto strides = [](const TensorView& t, int64_t& batch, int64_t& row, int64_t& head) {
+    batch = t.stride[0];
+    row = t.stride[1];
+    head = t.stride[2];
+  };
+  strides(params.q, a.q_batch_stride, a.q_row_stride, a.q_head_stride);
+  strides(params.k, a.k_batch_stride, a.k_row_stride, a.k_head_stride);
+  strides(params.v, a.v_batch_stride, a.v_row_stride, a.v_head_stride);
+  strides(params.out, a.o_batch_stride, a.o_row_stride, a.o_head_stride);
+  if (a.lse != nullptr) {  // dense [batch, h_q, seqlen_q]
+    a.lse_batch_stride = params.lse.stride[0];
+    a.lse_head_stride = params.lse.stride[1];
+    a.lse_row_stride = params.lse.stride[2];
+  }
+  a.causal = l.kernel.masked;
+  a.scale = pr.scale;
+  a.stream = stream;
+  sm90::run_fwd(a);
+#else
+  (void)l, (void)params, (void)pr, (void)dev, (void)stream;
+  throw Error(ErrorKind::kUnsupported, "FLASHSERVE_KERNEL", "sm90: this build has no sm90 kernels");
+#endif
+}
+
+}  // namespace
 
 void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr) {
   const DeviceProps& dev = check_supported(params, pr);
@@ -278,6 +382,10 @@ void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr
   }
 
   for (const LaunchPlan& l : plan.launches) {
+    if (l.kernel.family == KernelFamily::kSm90) {
+      run_sm90(l, params, pr, dev, stream);
+      continue;
+    }
     const int64_t sequences = l.seq_end - l.seq_begin;
     const int splits = l.kernel.splits;
     if (sequences * splits > 65535)

@@ -148,7 +148,8 @@ std::string Plan::summary() const {
   for (size_t i = 0; i < launches.size(); ++i) {
     const LaunchPlan& l = launches[i];
     if (i) os << "; ";
-    os << (l.kernel.decode ? "decode" : "prefill") << (l.kernel.masked ? " masked" : "")
+    os << (l.kernel.family == KernelFamily::kSm90 ? "sm90 " : "")
+       << (l.kernel.decode ? "decode" : "prefill") << (l.kernel.masked ? " masked" : "")
        << (l.kernel.paged ? " paged" : "") << " seqs [" << l.seq_begin << "," << l.seq_end << ")"
        << (l.group == SeqGroup::kAll       ? ""
            : l.group == SeqGroup::kDecodes ? " decodes only"

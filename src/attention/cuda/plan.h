@@ -25,9 +25,9 @@ namespace flashserve::attention {
 // Which sequences of its range a launch computes (the kernels' SeqKind, sm80/fwd_params.h).
 enum class SeqGroup : int32_t { kAll = 0, kDecodes = 1, kPrefills = 2 };
 
-// The kernel of one launch, as the sm80 launcher instantiates it. `family` is the seam for the
-// sm90 kernels (issue 13): one value today.
-enum class KernelFamily { kSm80 };
+// The kernel of one launch. kSm90 (the Hopper kernel, issue 13) is chosen only when asked for
+// (FLASHSERVE_KERNEL=sm90, cuda_dispatch.cu) until it has passed the GPU tests.
+enum class KernelFamily { kSm80, kSm90 };
 
 struct KernelChoice {
   KernelFamily family = KernelFamily::kSm80;

@@ -1,0 +1,175 @@
+// bench_sm90: the sm90 (Hopper) forward kernel beside the default (sm80) path, in one run on the
+// same inputs: TFLOP/s of attention forward (DESIGN.md's count, halved when causal) at head dim
+// 128 (or --head-dim 64), batch x seqlen = --total-tokens (16384), heads x head_dim = --hidden
+// (2048), causal and not. Each figure is the median of --iters calls timed with CUDA events. The
+// sm90 kernel is reached through FLASHSERVE_KERNEL=sm90 (not yet in the default dispatch); the
+// max |difference| between the two paths' outputs on the bench's inputs is printed beside it as a
+// sanity check (a few bf16 ulps expected).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda_ok.h"
+#include "flashserve/attention.h"
+
+namespace {
+
+// Uniform values in [-1, 1) from a counter hash, as 16-bit floats (bf16 or fp16 bits).
+__global__ void fill_random(uint16_t* x, int64_t n, uint32_t seed, bool bf16) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed ^ static_cast<uint32_t>(i >> 32);
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    const float f = (h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+    x[i] =
+        bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(f)) : __half_as_ushort(__float2half_rn(f));
+  }
+}
+
+float to_float(uint16_t bits, bool bf16) {
+  if (bf16) {
+    uint32_t u = uint32_t{bits} << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  __half_raw r;
+  r.x = bits;
+  return __half2float(__half(r));
+}
+
+template <typename Fn>
+float median_ms(Fn&& fn, int warmup, int iters) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // comparable clocks (bench_attn)
+  for (int i = 0; i < warmup; ++i) fn();
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<cudaEvent_t> ev(2 * iters);
+  for (auto& e : ev) CUDA_OK(cudaEventCreate(&e));
+  for (int i = 0; i < iters; ++i) {
+    CUDA_OK(cudaEventRecord(ev[2 * i]));
+    fn();
+    CUDA_OK(cudaEventRecord(ev[2 * i + 1]));
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<float> ms(iters);
+  for (int i = 0; i < iters; ++i) CUDA_OK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+  for (auto& e : ev) CUDA_OK(cudaEventDestroy(e));
+  std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
+  return ms[iters / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> seqlens{4096, 8192};
+  int head_dim = 128, total = 16384, hidden = 2048, iters = 20, warmup = 3;
+  bool fp16 = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool has = i + 1 < argc;
+    if (a == "--seqlens" && has) {
+      seqlens.clear();
+      for (const char* p = argv[++i]; *p;) {
+        seqlens.push_back(std::atoi(p));
+        while (*p && *p != ',') ++p;
+        if (*p == ',') ++p;
+      }
+    } else if (a == "--head-dim" && has) {
+      head_dim = std::atoi(argv[++i]);
+    } else if (a == "--total-tokens" && has) {
+      total = std::atoi(argv[++i]);
+    } else if (a == "--iters" && has) {
+      iters = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--fp16") {
+      fp16 = true;
+    } else {
+      std::fprintf(stderr,
+                   "usage: bench_sm90 [--seqlens 4096,8192] [--head-dim 128] "
+                   "[--total-tokens 16384] [--iters 20] [--fp16]\n");
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("bench_sm90: skipped: no CUDA device\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("bench_sm90 on %s (%d SMs), %s, head dim %d, median of %d\n", prop.name,
+              prop.multiProcessorCount, fp16 ? "fp16" : "bf16", head_dim, iters);
+  const auto dt = fp16 ? flashserve::DType::kFloat16 : flashserve::DType::kBFloat16;
+  const size_t elems = size_t(total) * hidden;
+  uint16_t *q, *k, *v, *out80, *out90;
+  for (uint16_t** p : {&q, &k, &v, &out80, &out90}) CUDA_OK(cudaMalloc(p, elems * 2));
+  fill_random<<<1024, 256>>>(q, elems, 1u, !fp16);
+  fill_random<<<1024, 256>>>(k, elems, 2u, !fp16);
+  fill_random<<<1024, 256>>>(v, elems, 3u, !fp16);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<uint16_t> h80(elems), h90(elems);
+
+  std::printf("\n%-6s %-7s %-6s %-6s %10s %10s %10s %12s\n", "causal", "seqlen", "batch", "heads",
+              "sm80", "sm90", "sm90/sm80", "max|diff|");
+  for (int causal : {0, 1})
+    for (int s : seqlens) {
+      const int b = std::max(1, total / s), h = hidden / head_dim, d = head_dim;
+      auto params = [&](uint16_t* out) {
+        flashserve::AttentionParams p;
+        const flashserve::Device dev{flashserve::DeviceType::kCUDA, 0};
+        p.q = flashserve::make_view(q, dt, {b, s, h, d}, dev);
+        p.k = flashserve::make_view(k, dt, {b, s, h, d}, dev);
+        p.v = flashserve::make_view(v, dt, {b, s, h, d}, dev);
+        p.out = flashserve::make_view(out, dt, {b, s, h, d}, dev);
+        p.causal = causal != 0;
+        return p;
+      };
+      const double flops = 4.0 * b * h * double(s) * s * d * (causal ? 0.5 : 1.0);
+      float tflops[2] = {0, 0};
+      std::string err;
+      for (int which = 0; which < 2; ++which) {
+        setenv("FLASHSERVE_KERNEL", which ? "sm90" : "auto", 1);
+        const flashserve::AttentionParams p = params(which ? out90 : out80);
+        try {
+          flashserve::attention_forward(p);
+          CUDA_OK(cudaDeviceSynchronize());
+        } catch (const std::exception& e) {
+          err = e.what();
+          continue;
+        }
+        const float ms = median_ms([&] { flashserve::attention_forward(p); }, warmup, iters);
+        tflops[which] = static_cast<float>(flops / (ms * 1e-3) / 1e12);
+      }
+      unsetenv("FLASHSERVE_KERNEL");
+      double max_diff = NAN;
+      if (tflops[0] > 0 && tflops[1] > 0) {
+        CUDA_OK(cudaMemcpy(h80.data(), out80, elems * 2, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(h90.data(), out90, elems * 2, cudaMemcpyDeviceToHost));
+        max_diff = 0;
+        const size_t n = size_t(b) * s * h * d;
+        for (size_t i = 0; i < n; ++i)
+          max_diff = std::max<double>(max_diff,
+                                      std::fabs(to_float(h80[i], !fp16) - to_float(h90[i], !fp16)));
+      }
+      std::printf("%-6d %-7d %-6d %-6d %10.1f %10.1f %10.2f %12.3g%s%s\n", causal, s, b, h,
+                  tflops[0], tflops[1], tflops[0] > 0 ? tflops[1] / tflops[0] : 0.0, max_diff,
+                  err.empty() ? "" : "  error: ", err.c_str());
+    }
+  for (uint16_t* p : {q, k, v, out80, out90}) CUDA_OK(cudaFree(p));
+  return 0;
+}

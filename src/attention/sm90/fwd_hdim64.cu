@@ -1,0 +1,6 @@
+// The sm90 forward kernels for head dim 64 (bf16/fp16, causal or not).
+#include "launch_template.h"
+
+namespace flashserve::attention::sm90 {
+template void run_fwd_hdim<64>(const FwdArgs&);
+}  // namespace flashserve::attention::sm90

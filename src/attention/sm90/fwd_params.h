@@ -1,0 +1,26 @@
+// What the host passes to the sm90 forward kernel: the three TMA tensor maps (q, k, v as
+// [batch, seqlen, heads, d] 4-D maps, d innermost), and plain pointers and strides for the
+// outputs, which v1 writes with direct stores.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace flashserve::attention::sm90 {
+
+struct FwdParams {
+  CUtensorMap tma_q, tma_k, tma_v;  // boxes of 64 columns x kBlockM (q) or kBlockN (k, v) rows
+
+  void* out;
+  float* lse;                                                 // null: not written
+  int64_t o_batch_stride, o_row_stride, o_head_stride;        // elements
+  int64_t lse_batch_stride, lse_row_stride, lse_head_stride;  // elements
+
+  int32_t seqlen_q, seqlen_k;  // dense: every sequence has these lengths
+  int32_t h_ratio;             // h_q / h_kv: query head h reads kv head h / h_ratio
+  float scale;                 // softmax scale (for the natural-log LSE)
+  float scale_log2;            // scale * log2(e), folded into the exponent's FFMA
+};
+
+}  // namespace flashserve::attention::sm90

@@ -1,0 +1,20 @@
+#include "launch.h"
+
+#include "common/str_cat.h"
+#include "flashserve/error.h"
+
+namespace flashserve::attention::sm90 {
+
+void run_fwd(const FwdArgs& args) {
+  switch (args.head_dim) {
+    case 64:
+      return run_fwd_hdim<64>(args);
+    case 128:
+      return run_fwd_hdim<128>(args);
+    default:
+      throw Error(ErrorKind::kUnsupported, "q",
+                  str_cat("head_dim ", args.head_dim, " has no sm90 kernel yet (64, 128)"));
+  }
+}
+
+}  // namespace flashserve::attention::sm90

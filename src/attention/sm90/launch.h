@@ -1,0 +1,40 @@
+// Host entry point of the sm90 forward kernel (v1: dense batch, head dims 64 and 128, causal or
+// not, GQA). Not in the default dispatch: FLASHSERVE_KERNEL=sm90 selects it (cuda_dispatch.cu)
+// until it has passed the GPU tests on an H100/H200.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "flashserve/tensor.h"
+
+namespace flashserve::attention::sm90 {
+
+struct FwdArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  float* lse;   // null: not written
+  DType dtype;  // kBFloat16 or kFloat16
+  int batch, seqlen_q, seqlen_k, h_q, h_kv, head_dim;
+  // Strides in elements: q/k/v/out [batch, seqlen, heads, d], lse [batch, heads, seqlen].
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int64_t lse_batch_stride, lse_row_stride, lse_head_stride;
+  bool causal;  // bottom-right aligned
+  float scale;
+  cudaStream_t stream;
+};
+
+// Throws flashserve::Error (kUnsupported for a head dim without an instantiation or a tensor TMA
+// cannot describe, kCuda when the launch fails).
+void run_fwd(const FwdArgs& args);
+
+template <int kHeadDim>
+void run_fwd_hdim(const FwdArgs& args);
+
+}  // namespace flashserve::attention::sm90

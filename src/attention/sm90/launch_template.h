@@ -1,0 +1,103 @@
+// The sm90 forward launch for one head dim: tensor maps, grid, shared memory, the instantiation.
+#pragma once
+
+#include <cmath>
+#include <string>
+
+#include "attention/cuda_check.h"
+#include "common/str_cat.h"
+#include "fwd_kernel.h"
+#include "launch.h"
+
+namespace flashserve::attention::sm90 {
+
+// A 4-D map of a [batch, seqlen, heads, d] tensor (d innermost) with boxes of 64 columns x `rows`
+// rows of one head of one sequence, 128-byte swizzled.
+inline CUtensorMap make_map(const void* base, DType dtype, int batch, int seqlen, int heads, int d,
+                            int64_t batch_stride, int64_t row_stride, int64_t head_stride, int rows,
+                            const char* name) {
+  TensorMapSpec spec{};
+  spec.base = base;
+  spec.dtype = dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                         : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  spec.rank = 4;
+  spec.dims[0] = static_cast<uint64_t>(d);
+  spec.dims[1] = static_cast<uint64_t>(seqlen);
+  spec.dims[2] = static_cast<uint64_t>(heads);
+  spec.dims[3] = static_cast<uint64_t>(batch);
+  // A dimension of size 1 is never stepped along: its stride may be anything the caller's view
+  // holds (0 included), while TMA wants a positive multiple of 16 bytes.
+  const int64_t sizes[3] = {seqlen, heads, batch};
+  const int64_t strides[3] = {row_stride, head_stride, batch_stride};
+  for (int i = 0; i < 3; ++i) {
+    const int64_t bytes = strides[i] * 2;
+    spec.strides[i] =
+        static_cast<uint64_t>(sizes[i] <= 1 && (bytes <= 0 || bytes % 16) ? 16 : bytes);
+  }
+  spec.box[0] = 64;
+  spec.box[1] = static_cast<uint32_t>(rows);
+  spec.box[2] = 1;
+  spec.box[3] = 1;
+  spec.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+  CUtensorMap map;
+  cudaError_t entry = cudaSuccess;
+  const CUresult r = encode_tensor_map(spec, &map, &entry);
+  if (entry != cudaSuccess)
+    throw Error(ErrorKind::kCuda, "",
+                str_cat("cuTensorMapEncodeTiled not found through the driver entry point: ",
+                        cudaGetErrorString(entry)));
+  if (r != CUDA_SUCCESS)
+    throw Error(ErrorKind::kUnsupported, name,
+                str_cat("the sm90 kernel's TMA cannot describe this tensor (cuTensorMapEncodeTiled "
+                        "error ",
+                        static_cast<int>(r), ")"));
+  return map;
+}
+
+template <int kHeadDim, bool kBf16, bool kCausal>
+void launch(const FwdParams& p, const FwdArgs& a) {
+  using Cfg = TileConfig<kHeadDim>;
+  auto kernel = fwd_kernel<Cfg, kBf16, kCausal>;
+  constexpr int smem = smem_bytes<Cfg>();
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+             "cudaFuncSetAttribute (sm90 forward shared memory)");
+  const dim3 grid((a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, a.h_q, a.batch);
+  kernel<<<grid, Cfg::kThreads, smem, a.stream>>>(p);
+  check_cuda(cudaGetLastError(), "sm90 forward kernel launch");
+}
+
+template <int kHeadDim>
+void run_fwd_hdim(const FwdArgs& a) {
+  using Cfg = TileConfig<kHeadDim>;
+  if (a.batch == 0 || a.seqlen_q == 0 || a.h_q == 0) return;
+  FwdParams p{};
+  p.tma_q = make_map(a.q, a.dtype, a.batch, a.seqlen_q, a.h_q, kHeadDim, a.q_batch_stride,
+                     a.q_row_stride, a.q_head_stride, Cfg::kBlockM, "q");
+  // No keys: the maps are never read (every tile has zero key blocks), but TMA refuses a
+  // dimension of 0; describe one row.
+  const int kv_rows = a.seqlen_k > 0 ? a.seqlen_k : 1;
+  p.tma_k = make_map(a.k, a.dtype, a.batch, kv_rows, a.h_kv, kHeadDim, a.k_batch_stride,
+                     a.k_row_stride, a.k_head_stride, Cfg::kBlockN, "k");
+  p.tma_v = make_map(a.v, a.dtype, a.batch, kv_rows, a.h_kv, kHeadDim, a.v_batch_stride,
+                     a.v_row_stride, a.v_head_stride, Cfg::kBlockN, "v");
+  p.out = a.out;
+  p.lse = a.lse;
+  p.o_batch_stride = a.o_batch_stride;
+  p.o_row_stride = a.o_row_stride;
+  p.o_head_stride = a.o_head_stride;
+  p.lse_batch_stride = a.lse_batch_stride;
+  p.lse_row_stride = a.lse_row_stride;
+  p.lse_head_stride = a.lse_head_stride;
+  p.seqlen_q = a.seqlen_q;
+  p.seqlen_k = a.seqlen_k;
+  p.h_ratio = a.h_q / a.h_kv;
+  p.scale = a.scale;
+  p.scale_log2 = static_cast<float>(a.scale * M_LOG2E);
+  const bool bf16 = a.dtype == DType::kBFloat16;
+  if (bf16 && a.causal) launch<kHeadDim, true, true>(p, a);
+  if (bf16 && !a.causal) launch<kHeadDim, true, false>(p, a);
+  if (!bf16 && a.causal) launch<kHeadDim, false, true>(p, a);
+  if (!bf16 && !a.causal) launch<kHeadDim, false, false>(p, a);
+}
+
+}  // namespace flashserve::attention::sm90

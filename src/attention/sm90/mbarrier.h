@@ -1,0 +1,60 @@
+// Shared-memory mbarriers (PTX ISA "mbarrier"): the handshake between the TMA producer and the
+// consumer warpgroups. A barrier counts arrivals and, for TMA, transaction bytes; a phase completes
+// when both reach zero, and waiters name the phase they wait for by its parity. Thin typed wrappers
+// over CCCL's cuda::ptx so the kernel reads as "wait full[s]" / "release empty[s]".
+#pragma once
+
+#include <cstdint>
+#include <cuda/ptx>
+
+namespace flashserve::attention::sm90 {
+
+struct Mbarrier {
+  uint64_t word;
+
+  // One thread initialises; fence_init + a CTA barrier make it visible to the async proxy (TMA)
+  // and to the other threads before anyone arrives.
+  __device__ __forceinline__ void init(uint32_t arrivals) {
+    cuda::ptx::mbarrier_init(&word, arrivals);
+  }
+  static __device__ __forceinline__ void fence_init() {
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+  }
+
+  // The producer's arrival that also announces `bytes` of TMA data completing on this barrier.
+  __device__ __forceinline__ void arrive_expect_tx(uint32_t bytes) {
+    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
+                                         cuda::ptx::space_shared, &word, bytes);
+  }
+
+  // A consumer's arrival (release: its reads of the guarded buffer happen before the producer's
+  // next write to it).
+  __device__ __forceinline__ void arrive() { (void)cuda::ptx::mbarrier_arrive(&word); }
+
+  // Spins until the phase of parity `phase` has completed. A fresh barrier is in phase 0, so
+  // waiting for parity 1 returns at once: the producer's first pass over the empty barriers.
+  // A wait that lasts 2 s is a protocol bug (a wrong phase or a missing arrival), never a slow
+  // kernel: it traps (the launch fails with an illegal-instruction error), so a first run fails
+  // in seconds instead of hanging.
+  __device__ __forceinline__ void wait(uint32_t phase) {
+    if (cuda::ptx::mbarrier_try_wait_parity(&word, phase)) return;
+    wait_slow(phase);
+  }
+
+ private:
+  __device__ __forceinline__ void wait_slow(uint32_t phase) {
+    const uint64_t start = globaltimer_ns();
+    for (uint32_t n = 1;; ++n) {
+      if (cuda::ptx::mbarrier_try_wait_parity(&word, phase)) return;
+      // No printf here: a call inside the kernel serializes its wgmma (ptxas C7510).
+      if ((n & 1023) == 0 && globaltimer_ns() - start > 2000000000ull) __trap();
+    }
+  }
+  static __device__ __forceinline__ uint64_t globaltimer_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+  }
+};
+
+}  // namespace flashserve::attention::sm90

@@ -1,0 +1,53 @@
+// TMA (the Tensor Memory Accelerator, PTX cp.async.bulk.tensor): tensor maps built on the host and
+// tile copies from global to shared memory that complete on an mbarrier.
+//
+// A tensor map describes one tensor (up to 5 dimensions, innermost first, strides in bytes) and
+// the box one copy moves. Out-of-bounds elements of a box are filled with zeros, and the barrier
+// still receives the bytes of the whole box: ragged sequence ends need no special copy.
+//
+// cuTensorMapEncodeTiled is a driver function; it is reached through the runtime's driver entry
+// point so that the library keeps linking the runtime only.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap and its enums (types only: no libcuda symbol is linked)
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cuda/ptx>
+
+#include "mbarrier.h"
+
+namespace flashserve::attention::sm90 {
+
+// ---------------------------------------------------------------------------------------------
+// Host
+
+// The parameters of one tiled map: `dims[i]` elements along dimension i (0 innermost, contiguous),
+// `strides[i]` bytes between consecutive elements of dimension i + 1, `box[i]` elements per copy.
+struct TensorMapSpec {
+  const void* base;
+  CUtensorMapDataType dtype;
+  int rank;
+  uint64_t dims[5];
+  uint64_t strides[4];
+  uint32_t box[5];
+  CUtensorMapSwizzle swizzle;
+};
+
+// Returns the driver's status (CUDA_SUCCESS = 0); *out is valid on success. `entry_error` tells a
+// missing driver entry point apart from a refused map.
+CUresult encode_tensor_map(const TensorMapSpec& spec, CUtensorMap* out, cudaError_t* entry_error);
+
+// ---------------------------------------------------------------------------------------------
+// Device
+
+// One 4-D box (coordinates innermost first, in elements) into `smem`, completing on `bar`. Only
+// one thread issues it; `smem` is 128-byte aligned (1024 for the 128-byte swizzle).
+__device__ __forceinline__ void tma_load_4d(void* smem, const CUtensorMap* map, Mbarrier& bar,
+                                            int32_t c0, int32_t c1, int32_t c2, int32_t c3) {
+  const int32_t coords[4] = {c0, c1, c2, c3};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem, map,
+                                  coords, &bar.word);
+}
+
+}  // namespace flashserve::attention::sm90

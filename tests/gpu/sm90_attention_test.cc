@@ -1,0 +1,246 @@
+// The sm90 (Hopper) forward kernel, forced with FLASHSERVE_KERNEL=sm90, against the float64 CPU
+// reference: bf16/fp16, head dims 128 and 64, dense batches with equal and unequal q/kv lengths
+// (1, 17, 128, 130, 1000, 2048; ragged tile edges both ways), causal (bottom-right, including
+// rows that see no key) and not, GQA and MQA, outputs poisoned with NaN. Plus the same inputs
+// through the sm80 kernel, a determinism check, the refusals of what v1 lacks, and a small case
+// for compute-sanitizer (Sm90Sanitize*).
+// Skips without a CUDA device, on devices other than compute capability 9.0, and in builds
+// without 90a.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attention/backends.h"
+#include "support/attention_case.h"
+#include "support/compare.h"
+#include "support/device_copy.h"
+
+namespace flashserve::testing {
+namespace {
+
+#define SKIP_WITHOUT_SM90()                                                                       \
+  do {                                                                                            \
+    SKIP_WITHOUT_CUDA();                                                                          \
+    int major = 0, minor = 0;                                                                     \
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);                         \
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);                         \
+    if (major != 9 || minor != 0) GTEST_SKIP() << "skipped: not a compute capability 9.0 device"; \
+    if (!attention::cuda_sm90_built()) GTEST_SKIP() << "skipped: built without 90a";              \
+  } while (0)
+
+// Sets an environment variable for a scope (the dispatch reads FLASHSERVE_KERNEL per call).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      setenv(name_, old_.c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+// Runs the case on the GPU with the kernel family `kernel` ("sm90" or "auto"); returns the output
+// read back as doubles. The case's host out/lse are re-poisoned first, so nothing of an earlier
+// run can pass for this one's.
+NaiveOutput run_on_gpu(AttentionCase& c, const char* kernel) {
+  ScopedEnv env("FLASHSERVE_KERNEL", kernel);
+  c.poison_outputs();
+  DeviceCopy dev(c);
+  attention_forward(dev.params());
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  dev.download();
+  return read_output(c.params());
+}
+
+CaseSpec spec(DType dt, int64_t d, int64_t batch, int64_t q_len, int64_t kv_len, int64_t h_q,
+              int64_t h_kv, bool causal) {
+  CaseSpec s;
+  s.dtype = dt;
+  s.head_dim = d;
+  s.batch = batch;
+  s.q_lens = {q_len};
+  s.kv_lens = {kv_len};
+  s.h_q = h_q;
+  s.h_kv = h_kv;
+  s.causal = causal;
+  return s;
+}
+
+// Shapes small enough for the float64 reference (single-threaded) to stay within seconds.
+std::vector<CaseSpec> sm90_cases() {
+  constexpr DType bf16 = DType::kBFloat16, fp16 = DType::kFloat16;
+  std::vector<CaseSpec> v;
+  for (DType dt : {bf16, fp16})
+    for (bool causal : {false, true}) {
+      // Equal lengths: one row, under one tile, exactly one tile, one tile and 2 rows. GQA 4.
+      for (int64_t len : {1, 17, 128, 130}) v.push_back(spec(dt, 128, 2, len, len, 8, 2, causal));
+      // A prefill chunk over a cached prefix (MQA), and more queries than keys: when causal, the
+      // first 223 rows see no key (zero output, lse -inf), some whole tiles among them.
+      v.push_back(spec(dt, 128, 1, 77, 300, 8, 1, causal));
+      v.push_back(spec(dt, 128, 1, 300, 77, 2, 2, causal));
+      // Head dim 64.
+      v.push_back(spec(dt, 64, 2, 130, 200, 4, 1, causal));
+    }
+  for (bool causal : {false, true}) {
+    v.push_back(spec(bf16, 128, 1, 1000, 1000, 2, 1, causal));  // many key blocks, ring wraps
+    v.push_back(spec(fp16, 128, 2, 17, 1000, 32, 8, causal));   // GQA 32/8, batch 2
+    v.push_back(spec(bf16, 128, 1, 130, 2048, 4, 1, causal));   // 16 key blocks
+    v.push_back(spec(fp16, 128, 1, 1000, 130, 4, 4, causal));   // 8 query tiles, 2 key blocks
+    v.push_back(spec(bf16, 64, 1, 1000, 1000, 1, 1, causal));
+  }
+  v.push_back(spec(bf16, 128, 1, 1, 2048, 32, 8, false));  // one decode row over 2048 keys
+  v.push_back(spec(bf16, 128, 3, 130, 257, 8, 1, false));  // batch 3, MQA 8/1
+  CaseSpec no_lse = spec(bf16, 128, 2, 130, 130, 4, 2, true);
+  no_lse.with_lse = false;
+  v.push_back(no_lse);
+  return v;
+}
+
+class Sm90Forward : public ::testing::TestWithParam<CaseSpec> {};
+
+TEST_P(Sm90Forward, MatchesFloat64Reference) {
+  SKIP_WITHOUT_SM90();
+  CaseSpec s = GetParam();
+  s.seed = seed_for(s.name(), 90);
+  AttentionCase c(s);
+  const NaiveOutput got = run_on_gpu(c, "sm90");
+  EXPECT_TRUE(attention_close(got, c.exact(), c.lowp(), s.dtype)) << s.name();
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Forward, ::testing::ValuesIn(sm90_cases()),
+                         [](const auto& info) { return info.param.name(); });
+
+// The compute-sanitizer case (memcheck/racecheck/synccheck): two query tiles, ragged key blocks
+// wrapping the two-stage ring, GQA, causal.
+TEST(Sm90Sanitize, SmallCausalGqa) {
+  SKIP_WITHOUT_SM90();
+  CaseSpec s = spec(DType::kBFloat16, 128, 1, 130, 300, 4, 2, true);
+  s.seed = 901;
+  AttentionCase c(s);
+  const NaiveOutput got = run_on_gpu(c, "sm90");
+  EXPECT_TRUE(attention_close(got, c.exact(), c.lowp(), s.dtype)) << s.name();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Longer sequences: the reference is the CPU tiled path in float32 (itself tested against
+// float64 in CI) on the same stored inputs, with the relative Frobenius error of bf16 operands.
+
+TEST(Sm90Long, Seqlen2048GqaAgainstCpuTiledPath) {
+  SKIP_WITHOUT_SM90();
+  for (bool causal : {false, true}) {
+    CaseSpec s = spec(DType::kBFloat16, 128, 2, 2048, 2048, 16, 4, causal);
+    s.seed = seed_for(s.name(), 91);
+    AttentionCase c(s);
+    const NaiveOutput got = run_on_gpu(c, "sm90");
+    c.poison_outputs();
+    attention_forward(c.params());  // host buffers: the CPU tiled path
+    const NaiveOutput ref = read_output(c.params());
+    double num = 0, den = 0, lse_err = 0;
+    for (size_t i = 0; i < ref.out.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got.out[i])) << "element " << i << " is " << got.out[i];
+      num += (got.out[i] - ref.out[i]) * (got.out[i] - ref.out[i]);
+      den += ref.out[i] * ref.out[i];
+    }
+    for (size_t i = 0; i < ref.lse.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got.lse[i])) << "lse " << i << " is " << got.lse[i];
+      lse_err = std::max(lse_err, std::abs(got.lse[i] - ref.lse[i]));
+    }
+    EXPECT_LT(std::sqrt(num / den), 1e-2) << s.name();
+    EXPECT_LT(lse_err, 1e-3) << s.name();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The same inputs through the sm80 kernel: both compute the same algorithm at the same precision
+// (16-bit P, fp32 accumulation), so they agree far more closely than either agrees with a wrong
+// kernel; and both match the float64 reference.
+
+TEST(Sm90VsSm80, SameInputsAgree) {
+  SKIP_WITHOUT_SM90();
+  for (bool causal : {false, true}) {
+    CaseSpec s = spec(DType::kBFloat16, 128, 1, 300, 700, 4, 2, causal);
+    s.seed = seed_for(s.name(), 92);
+    AttentionCase c(s);
+    const NaiveOutput a = run_on_gpu(c, "sm90");
+    const NaiveOutput b = run_on_gpu(c, "auto");
+    const NaiveOutput exact = c.exact(), lowp = c.lowp();
+    EXPECT_TRUE(attention_close(a, exact, lowp, s.dtype)) << "sm90 " << s.name();
+    EXPECT_TRUE(attention_close(b, exact, lowp, s.dtype)) << "sm80 " << s.name();
+    double num = 0, den = 0, max_diff = 0, lse_diff = 0;
+    for (size_t i = 0; i < a.out.size(); ++i) {
+      const double d = a.out[i] - b.out[i];
+      num += d * d;
+      den += b.out[i] * b.out[i];
+      max_diff = std::max(max_diff, std::abs(d));
+    }
+    for (size_t i = 0; i < a.lse.size(); ++i)
+      lse_diff = std::max(lse_diff, std::abs(a.lse[i] - b.lse[i]));
+    EXPECT_LT(std::sqrt(num / den), 1e-2) << s.name();  // each is ~0.3% off (16-bit P, output)
+    EXPECT_LT(max_diff, 3e-2) << s.name();
+    EXPECT_LT(lse_diff, 1e-3) << s.name();
+  }
+}
+
+// A moving error between two runs on the same inputs is a race.
+TEST(Sm90Determinism, SameInputsSameBits) {
+  SKIP_WITHOUT_SM90();
+  CaseSpec s = spec(DType::kBFloat16, 128, 2, 1000, 1000, 8, 2, true);
+  s.seed = 93;
+  AttentionCase c(s);
+  const NaiveOutput first = run_on_gpu(c, "sm90");
+  for (int run = 1; run < 3; ++run) {
+    const NaiveOutput again = run_on_gpu(c, "sm90");
+    ASSERT_EQ(again.out.size(), first.out.size());
+    EXPECT_EQ(std::memcmp(again.out.data(), first.out.data(), first.out.size() * sizeof(double)), 0)
+        << "run " << run << " differs from run 0 (out)";
+    EXPECT_EQ(std::memcmp(again.lse.data(), first.lse.data(), first.lse.size() * sizeof(double)), 0)
+        << "run " << run << " differs from run 0 (lse)";
+  }
+}
+
+// What v1 lacks is refused naming FLASHSERVE_KERNEL (which also shows that the variable reaches
+// the dispatch: without it these calls would run on sm80).
+TEST(Sm90Refusals, NamesTheForcedKernel) {
+  SKIP_WITHOUT_SM90();
+  auto expect_refused = [](CaseSpec s) {
+    AttentionCase c(s);
+    DeviceCopy dev(c);
+    ScopedEnv env("FLASHSERVE_KERNEL", "sm90");
+    try {
+      attention_forward(dev.params());
+      ADD_FAILURE() << "no error for " << s.name();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "FLASHSERVE_KERNEL") << e.what();
+      EXPECT_EQ(e.kind(), ErrorKind::kUnsupported) << e.what();
+    }
+  };
+  CaseSpec varlen = spec(DType::kBFloat16, 128, 2, 33, 33, 4, 2, true);
+  varlen.q_layout = QLayout::kVarlen;
+  varlen.kv_layout = KVLayout::kVarlen;
+  expect_refused(varlen);
+  expect_refused(spec(DType::kBFloat16, 256, 1, 64, 64, 2, 2, false));  // head dim 256
+  CaseSpec window = spec(DType::kBFloat16, 128, 1, 64, 64, 2, 2, true);
+  window.window_left = 16;
+  expect_refused(window);
+}
+
+}  // namespace
+}  // namespace flashserve::testing
