@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# One short call on the GPU machine that runs every GPU-side feature once, most valuable first, so
+# that a call cut short by its time limit still returns what ran: the engine on the CUDA runner
+# (`flashserve run --device cuda`), the sm90 kernel's and the KV-append's GPU tests, the model's
+# GPU logprobs, bench_sm90, the Python host cost and decode defaults (bench/python_host_cost.py),
+# the CPU path beside PyTorch's CPU SDPA, the PyTorch operator tests, compute-sanitizer on the new
+# kernels, and a short bench-serve of a small random model (sarathi beside vllm).
+#
+#   OUT=... bash scripts/gpu-quick.sh              # builds the five targets for 90a (~2-3 min)
+#   BIN=.xfer/bin OUT=... bash scripts/gpu-quick.sh  # binaries built elsewhere (see pack_binaries)
+# The binaries travel compressed: on the build machine
+#   bash scripts/gpu-quick.sh --pack build/dev90 .xfer/bin.tar.xz
+# and the call unpacks them with BIN_TAR=.xfer/bin.tar.xz.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = --pack ]; then  # --pack BUILD_DIR TARBALL
+  b=$2
+  mkdir -p "$(dirname "$3")"
+  tar -C "$b" -cf - src/flashserve src/libflashserve_c.so tests/test_gpu tests/test_model_gpu \
+    bench/bench_sm90 | xz -T2 -6 > "$3"
+  ls -la "$3"
+  exit 0
+fi
+
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/gpu-quick.log") 2>&1
+step() { echo; echo "== $* ($(date -u +%T), ${SECONDS}s)"; }
+declare -A result
+run_step() {  # run_step NAME TIMEOUT CMD...: records ok/FAILED(rc)
+  local name=$1 t=$2
+  shift 2
+  timeout "$t" "$@"
+  local rc=$?
+  result[$name]=$([ $rc = 0 ] && echo ok || echo "FAILED (rc $rc)")
+}
+
+if [ -n "${BIN_TAR:-}" ]; then
+  BIN=${BIN:-/tmp/fsbin}
+  mkdir -p "$BIN" && xz -dc "$BIN_TAR" | tar -C "$BIN" -xf - || { echo "unpack failed"; exit 1; }
+elif [ -z "${BIN:-}" ]; then
+  step build
+  BIN=build/gpu-quick
+  cmake -S . -B $BIN -DCMAKE_BUILD_TYPE=Release -DFLASHSERVE_CUDA_ARCHS=90a \
+    -DPython3_EXECUTABLE="$(command -v python3)" >"$OUT/configure.log" 2>&1 &&
+    cmake --build $BIN -j "${JOBS:-$(nproc)}" --target flashserve flashserve_c test_gpu \
+      test_model_gpu bench_sm90 >"$OUT/build.log" 2>&1 ||
+    { tail -n 60 "$OUT/build.log"; echo "BUILD FAILED"; exit 1; }
+fi
+FS=$BIN/src/flashserve
+export PYTHONPATH=$PWD/python FLASHSERVE_LIBRARY=$PWD/$BIN/src/libflashserve_c.so
+[ -f "$FLASHSERVE_LIBRARY" ] || export FLASHSERVE_LIBRARY=$BIN/src/libflashserve_c.so
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+lscpu | grep -m1 'Model name'
+echo "commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
+
+step "engine on the CUDA runner: the main job (sarathi beside vllm, tiny model)"
+run_step engine_run 90 "$FS" run --device cuda
+
+step "GPU tests: sm90 kernel, KV append, model logprobs"
+run_step sm90_tests 150 "$BIN/tests/test_gpu" --gtest_filter='*Sm90*:*KvAppend*' --gtest_brief=1
+run_step logprobs_gpu 60 "$BIN/tests/test_model_gpu" --gtest_filter='GpuLogprobs.*' --gtest_brief=1
+
+step "SASS: HGMMA instructions in the binary (0: no wgmma)"
+cuobjdump -sass "$BIN/tests/test_gpu" 2>/dev/null | grep -c HGMMA
+
+step "bench_sm90 (d128 bf16, 16k tokens: sm80 beside sm90)"
+run_step bench_sm90 60 "$BIN/bench/bench_sm90" --seqlens 4096,8192 --iters 20
+
+step "Python: host cost per call, eager vs graph, decode defaults"
+run_step host_cost 120 python3 bench/python_host_cost.py
+
+if [ -f bench/cpu_sdpa_compare.py ]; then
+  step "CPU path beside PyTorch's CPU SDPA"
+  run_step cpu_sdpa 90 python3 bench/cpu_sdpa_compare.py
+fi
+
+step "PyTorch tests on the GPU (operators, torch.compile, CUDA graphs, kvcache)"
+run_step torch_tests 180 python3 -m pytest -q -x python/tests/test_gpu_torch.py \
+  python/tests/test_gpu_torch_ops.py
+
+step "compute-sanitizer memcheck: sm90 and KV append small cases"
+run_step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 99 \
+  "$BIN/tests/test_gpu" --gtest_filter='*Sm90Sanitize*:*KvAppendSanitize*' --gtest_brief=1
+
+step "bench-serve: qwen2-0.5b random checkpoint, ShareGPT, sarathi beside vllm"
+ck=/tmp/qwen2-0.5b-random
+[ -f $ck/config.json ] || "$FS" make-checkpoint --shape qwen2-0.5b --out $ck >/dev/null
+run_step bench_serve 240 "$FS" bench-serve --model $ck --device cuda --workload sharegpt \
+  --rate 8 --requests 128 --compare --budget 512 --max-model-len 8192
+
+echo
+echo "== summary (${SECONDS}s)"
+for k in engine_run sm90_tests logprobs_gpu bench_sm90 host_cost cpu_sdpa torch_tests memcheck \
+  bench_serve; do
+  printf '%-14s %s\n' "$k" "${result[$k]:-not run}"
+done
