@@ -5,6 +5,8 @@
 //       --requests 40 --compare --plot /tmp/tiny
 //   flashserve bench-serve --model /data/mistral-7b-random --device cuda --workload sharegpt
 //       --rate 2 --requests 256 --compare --predict-gpu h200 --plot bench/results/bench-serve
+// With --profile (flashserve profile's table) the calibrated simulator's prediction is printed
+// beside the measurement; --capacity bisects with it and confirms with runs below and above.
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 #include <chrono>

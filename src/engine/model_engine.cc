@@ -1,7 +1,5 @@
 #include "engine/model_engine.h"
 
-#include "model/presets.h"
-
 #include <algorithm>
 #include <string>
 

@@ -34,7 +34,7 @@ const fe::LoadedModel& tiny() {
 const fs::StepProfile& tiny_profile() {
   static const fs::StepProfile p = [] {
     fe::ProfileGrid g = fe::ProfileGrid::quick();
-    g.reps = 5;
+    g.reps = 3;
     return fe::profile_model(tiny(), g);
   }();
   return p;
