@@ -164,7 +164,7 @@ int bench_serve(int argc, char** argv) {
   spec.seed = o.seed;
   const WorkloadSource workload = WorkloadSource::resolve(o.wl.workload, spec);
   const double rate = workload.is_trace() && rate_opt->count() == 0 ? workload.trace_rate : o.rate;
-  if (workload.is_trace() && o.wl.seeds_opt->count() > 0)
+  if (workload.is_trace() && !o.wl.seeds_text.empty())
     throw UsageError("--seeds", o.wl.workload + " is an arrival trace: there is no seed to vary");
   const std::vector<fs::Request> requests = workload.at(rate > 0 ? rate : 1);
   double ptok = 0, otok = 0;

@@ -26,7 +26,7 @@ namespace fe = flashserve::engine;
 
 int profile(int argc, char** argv) {
   std::string model_dir, shape, device = "cpu", out;
-  bool quick = false;
+  bool quick = false, smoke = false;
   int64_t max_len = 8192, reps = 3;
   int32_t block_size = 16;
   double gpu_mem_util = 0.9, kv_memory_mb = 512;
@@ -37,7 +37,11 @@ int profile(int argc, char** argv) {
       app.add_option("--shape", shape, "a random checkpoint of this preset, made on the fly");
   app.add_option("--device", device, "cpu or cuda")->default_str(device);
   app.add_option("--out", out, "the table to write (CSV)")->required();
-  app.add_flag("--quick", quick, "a small grid (tests): tokens to 256, KV to 768");
+  auto* quick_opt =
+      app.add_flag("--quick", quick, "a small grid (tests): tokens to 192, KV to 384");
+  app.add_flag("--smoke", smoke,
+               "the smallest grid, one step a point (sanitizer tests: checks the path only)")
+      ->excludes(quick_opt);
   auto* max_len_opt = add_int(app, "--max-len", max_len, {16, 1 << 20},
                               "full grid: the largest chunk, cached KV, decode KV and step tokens");
   add_int(app, "--reps", reps, {1, 1000}, "timed steps per point (the median is kept)");
@@ -51,7 +55,7 @@ int profile(int argc, char** argv) {
     throw UsageError("--model", "give exactly one of --model DIR and --shape NAME");
   if (device != "cpu" && device != "cuda")
     throw UsageError("--device", "'" + device + "' is not one of cpu, cuda");
-  refuse_unless(max_len_opt, !quick, "sets the full grid; --quick has its own");
+  refuse_unless(max_len_opt, !quick && !smoke, "sets the full grid; --quick has its own");
   refuse_unless(util_opt, device == "cuda", "sizes the GPU's KV pool (--device cuda)");
   refuse_unless(kv_mem_opt, device == "cpu", "sizes the CPU's KV pool (--device cpu)");
 
@@ -75,10 +79,12 @@ int profile(int argc, char** argv) {
   mo.cpu_kv_bytes = kv_memory_mb * (1 << 20);
   const auto t0 = std::chrono::steady_clock::now();
   const fe::LoadedModel model = fe::load_model(mo);
-  fe::ProfileGrid grid = quick ? fe::ProfileGrid::quick()
-                               : fe::ProfileGrid::full(std::min<int64_t>(
-                                     max_len, model.runner->config().max_position_embeddings / 2));
-  grid.reps = static_cast<int>(reps);
+  fe::ProfileGrid grid = smoke ? fe::ProfileGrid::smoke()
+                         : quick
+                             ? fe::ProfileGrid::quick()
+                             : fe::ProfileGrid::full(std::min<int64_t>(
+                                   max_len, model.runner->config().max_position_embeddings / 2));
+  if (!smoke) grid.reps = static_cast<int>(reps);
   std::printf("profiling %s on %s: KV pool %lld blocks x %d tokens\n", model_name.c_str(),
               model.device.c_str(), static_cast<long long>(model.num_blocks), model.block_size);
   fe::ProfileProgress progress;
@@ -91,7 +97,9 @@ int profile(int argc, char** argv) {
   serve::StepProfile p = fe::profile_model(model, grid, progress);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   if (!shape.empty()) p.meta["checkpoint"] = "random " + shape;
-  p.meta["grid"] = quick ? "quick" : "full, max len " + std::to_string(grid.tokens.back());
+  p.meta["grid"] = smoke   ? "smoke"
+                   : quick ? "quick"
+                           : "full, max len " + std::to_string(grid.tokens.back());
   std::ofstream f(out);
   if (!f) throw Error(ErrorKind::kInvalidArgument, "--out", "cannot write '" + out + "'");
   p.write_csv(f);

@@ -166,7 +166,8 @@ void WorkloadFlags::add(CLI::App& app) {
 }
 
 std::vector<uint64_t> WorkloadFlags::seeds(uint64_t single) const {
-  if (!seeds_opt || seeds_opt->count() == 0) return {single};
+  // From the text, not the option: simulate's CLI::App (and its options) is gone by now.
+  if (seeds_text.empty()) return {single};
   std::vector<uint64_t> out;
   size_t at = 0;
   while (at <= seeds_text.size()) {

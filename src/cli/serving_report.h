@@ -76,7 +76,8 @@ struct WorkloadFlags {
   CLI::Option* seeds_opt = nullptr;
 
   void add(CLI::App& app);
-  // The seeds to run: --seeds parsed (each a whole number, no repeats), else {single}.
+  // The seeds to run: --seeds parsed (each a whole number, no repeats), else {single}. Safe
+  // after the CLI::App is gone (reads seeds_text only).
   std::vector<uint64_t> seeds(uint64_t single) const;
   // `traced`: the requests come from an arrival trace instead (simulate's --trace).
   void refuse_inapplicable(bool traced) const;

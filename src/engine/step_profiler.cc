@@ -117,13 +117,25 @@ class Profiler {
 
 ProfileGrid ProfileGrid::quick() {
   ProfileGrid g;
-  g.tokens = {1, 16, 64, 256};
+  g.tokens = {1, 16, 64, 192};
   g.decode_batch = {1, 4, 16};
-  g.decode_kv = {1, 128, 512};
-  g.chunk = {16, 64, 256};
-  g.cached = {0, 256, 768};
+  g.decode_kv = {1, 128, 384};
+  g.chunk = {16, 64, 128};
+  g.cached = {0, 128, 384};
   g.reps = 3;
   g.warmup = 1;
+  return g;
+}
+
+ProfileGrid ProfileGrid::smoke() {
+  ProfileGrid g;
+  g.tokens = {1, 16};
+  g.decode_batch = {1, 2};
+  g.decode_kv = {1, 32};
+  g.chunk = {8, 16};
+  g.cached = {0, 16};
+  g.reps = 1;
+  g.warmup = 0;
   return g;
 }
 

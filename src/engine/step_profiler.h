@@ -26,8 +26,12 @@ struct ProfileGrid {
   std::vector<int64_t> cached;        // prefill attention: cached KV before the chunk (first: 0)
   int reps = 3, warmup = 1;
 
-  // Small, for the CPU tests (a few seconds on the tiny model).
+  // Small, for the CPU tests (~2 s on the tiny model): tokens to 192, chunks to 128 after up to
+  // 384 cached, 16 decodes of up to 384 keys.
   static ProfileGrid quick();
+  // The smallest grid (two points an axis, one step each): exercises the path under the
+  // sanitizers, whose Debug steps are ~100x slower; its times mean little.
+  static ProfileGrid smoke();
   // Serving's range up to `max_len` tokens (chunks, cached KV, a vllm step of whole prompts), with
   // decodes up to 256 sequences x `max_len` of KV.
   static ProfileGrid full(int64_t max_len);

@@ -20,6 +20,21 @@ namespace fs = flashserve::serve;
 
 namespace {
 
+// Under ASan (a Debug build: steps ~100x slower) the profile takes the smallest grid and the
+// timing comparison is skipped: it would measure the instrumentation.
+#if defined(__SANITIZE_ADDRESS__) || !defined(NDEBUG)
+constexpr bool kInstrumented = true;
+#else
+constexpr bool kInstrumented = false;
+#endif
+
+fe::ProfileGrid test_grid() {
+  if (kInstrumented) return fe::ProfileGrid::smoke();
+  fe::ProfileGrid g = fe::ProfileGrid::quick();
+  g.reps = 3;
+  return g;
+}
+
 const fe::LoadedModel& tiny() {
   static const fe::LoadedModel m = [] {
     fe::ModelEngineOptions o;
@@ -32,11 +47,7 @@ const fe::LoadedModel& tiny() {
 
 // Profiled once per test binary (a few seconds).
 const fs::StepProfile& tiny_profile() {
-  static const fs::StepProfile p = [] {
-    fe::ProfileGrid g = fe::ProfileGrid::quick();
-    g.reps = 3;
-    return fe::profile_model(tiny(), g);
-  }();
+  static const fs::StepProfile p = fe::profile_model(tiny(), test_grid());
   return p;
 }
 
@@ -45,26 +56,28 @@ TEST(Profile, WritesAWellFormedTableOfTheGrid) {
   std::stringstream csv;
   p.write_csv(csv);
   const fs::StepProfile q = fs::StepProfile::read_csv(csv, "tiny.csv");  // validates it
-  const fe::ProfileGrid g = fe::ProfileGrid::quick();
+  const fe::ProfileGrid g = test_grid();
   EXPECT_EQ(q.linear.x, std::vector<double>(g.tokens.begin(), g.tokens.end()));
   EXPECT_EQ(q.prefill_attn.x, std::vector<double>(g.chunk.begin(), g.chunk.end()));
   EXPECT_EQ(q.prefill_attn.y, std::vector<double>(g.cached.begin(), g.cached.end()));
   EXPECT_EQ(q.decode_attn.x, std::vector<double>(g.decode_batch.begin(), g.decode_batch.end()));
   EXPECT_EQ(q.decode_attn.y, std::vector<double>(g.decode_kv.begin(), g.decode_kv.end()));
   EXPECT_EQ(q.meta.at("device"), "cpu");
-  // What the runner does, not noise: 256 tokens of linear layers cost more than 1, and a
-  // 256-token chunk after 768 cached tokens (about 230k query-key pairs per head) more attention
-  // than a 16-token one at the start (136); decodes at KV 1 pay no attention.
-  EXPECT_GT(q.linear.seconds.back(), 2 * q.linear.seconds.front());
+  // What the runner does, not noise: 192 tokens of linear layers cost more than 1, and a
+  // 128-token chunk after 384 cached tokens (about 57k query-key pairs per head) more attention
+  // than a 16-token one at the start (136); decodes at KV 1 pay no attention. (The smoke grid's
+  // 16 tokens against 1 is not far enough apart to assert a factor.)
+  if (!kInstrumented) EXPECT_GT(q.linear.seconds.back(), 2 * q.linear.seconds.front());
   EXPECT_GT(q.prefill_attn.seconds.back(), q.prefill_attn.seconds.front());
   EXPECT_GT(q.prefill_attn.seconds.back(), 0);
   for (size_t i = 0; i < q.decode_attn.x.size(); ++i) EXPECT_EQ(q.decode_attn.cell(i, 0), 0);
   EXPECT_GT(q.decode_attn.seconds.back(), 0);
   EXPECT_GE(q.overhead_s, 0);
-  EXPECT_LT(q.overhead_s, 1e-3);  // the scheduler's bookkeeping, not a step
+  if (!kInstrumented) EXPECT_LT(q.overhead_s, 1e-3);  // the scheduler's bookkeeping, not a step
 }
 
 TEST(Profile, CalibratedSimulatorPredictsTheCpuRunner) {
+  if (kInstrumented) GTEST_SKIP() << "timing under ASan / Debug measures the instrumentation";
   const fs::ProfileCostModel cost(tiny_profile(), "tiny");
   fs::WorkloadSpec spec;
   spec.lengths = fs::LengthKind::kFixed;
