@@ -40,4 +40,7 @@ for policy in sarathi vllm; do
     --plot "$OUT/bench-serve-m7b-sharegpt-$policy" 2>&1 | tee "$OUT/bench-serve-$policy.txt"
 done
 t3=$(date +%s)
+echo "== calibrated prediction vs measurement (issue 11 asks for within 15%)"
+grep -hE "^\| (sarathi|vllm) \| (TTFT p50|TBT p99|TBT p50) " "$OUT"/bench-serve-sarathi.txt \
+  "$OUT"/bench-serve-vllm.txt
 echo "done: build $((t1 - t0)) s, profile $((t2 - t1)) s, bench-serve $((t3 - t2)) s"
