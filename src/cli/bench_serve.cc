@@ -5,17 +5,23 @@
 //       --requests 40 --compare --plot /tmp/tiny
 //   flashserve bench-serve --model /data/mistral-7b-random --device cuda --workload sharegpt
 //       --rate 2 --requests 256 --compare --predict-gpu h200 --plot bench/results/bench-serve
+// With --profile (flashserve profile's table) the calibrated simulator's prediction is printed
+// beside the measurement; --capacity bisects with it and confirms with runs below and above.
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cli/command.h"
 #include "cli/options.h"
+#include "cli/scheduler_flags.h"
+#include "cli/scratch_dir.h"
 #include "cli/serving_report.h"
 #include "engine/model_engine.h"
 #include "engine/replay.h"
@@ -23,6 +29,7 @@
 #include "flashserve/error.h"
 #include "model/presets.h"
 #include "model/random_checkpoint.h"
+#include "serve/capacity.h"
 #include "serve/cost_model.h"
 
 namespace flashserve::cli {
@@ -37,36 +44,25 @@ struct Options {
   int64_t requests = 100;
   double rate = 1;
   uint64_t seed = 0;
-  std::string policy = "sarathi";
-  bool compare = false;
-  int64_t budget = 512, chunk_tile = 64, max_running = 256, orca_batch = 16, max_model_len = 0;
+  SchedulerFlags sched;
   int32_t block_size = 16;
   int64_t num_blocks = 0;
   double gpu_mem_util = 0.9, kv_memory_mb = 256;
-  std::string plot, predict_gpu;
+  std::string plot, predict_gpu, profile;
+  bool capacity = false;
+  double slo_tbt = 0.1, max_sched_delay = 2, confirm_margin = 0.1;
 };
 
-// A directory for a --shape checkpoint that removes itself.
-struct ScratchDir {
-  std::string path;
-  explicit ScratchDir(bool make) {
-    if (!make) return;
-    std::string tmpl =
-        (std::filesystem::temp_directory_path() / "flashserve-bench-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data()))
-      throw Error(ErrorKind::kInternal, "bench-serve", "cannot make a temporary directory");
-    path = tmpl;
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    if (!path.empty()) std::filesystem::remove_all(path, ec);
-  }
-};
+void print_capacity_header() {
+  std::printf(
+      "| policy | predicted capacity (req/s) | rate (req/s) | P99 TBT measured (ms) | P99 TBT "
+      "predicted (ms) | P50 sched delay measured (s) | predicted (s) | SLO met (measured) | "
+      "SLO met (predicted) |\n|---|---|---|---|---|---|---|---|---|\n");
+}
 
 int bench_serve(int argc, char** argv) {
   Options o;
   CLI::App app{"Serve a workload with the engine on a real model and measure it"};
-  constexpr int64_t kMaxTokens = int64_t{1} << 24;
   auto* model_opt =
       app.add_option("--model", o.model_dir, "model directory (config.json + safetensors)");
   auto* shape_opt =
@@ -76,18 +72,8 @@ int bench_serve(int argc, char** argv) {
   o.wl.add(app);
   auto* rate_opt = add_real(app, "--rate", o.rate, {0, 1e6, Open::kLow}, "requests per second");
   auto* requests_opt = add_int(app, "--requests", o.requests, {1, 1 << 20}, "requests per policy");
-  add_uint(app, "--seed", o.seed, "workload seed");
-  auto* policy_opt =
-      app.add_option("--policy", o.policy, "sarathi, vllm or orca")->default_str(o.policy);
-  app.add_flag("--compare", o.compare, "run sarathi, vllm and orca one after another");
-  add_int(app, "--budget", o.budget, {1, kMaxTokens}, "sarathi's token budget per step");
-  auto* chunk_tile_opt = add_int(app, "--chunk-tile", o.chunk_tile, {1, kMaxTokens},
-                                 "sarathi: non-final chunks are a multiple of this");
-  add_int(app, "--max-running", o.max_running, {1, 1 << 20}, "sequences running at once");
-  auto* orca_batch_opt =
-      add_int(app, "--orca-batch", o.orca_batch, {1, 1 << 20}, "orca's fixed batch");
-  add_int(app, "--max-model-len", o.max_model_len, {0, kMaxTokens},
-          "prompt + output limit (0: the model's, cut to the pool)");
+  auto* seed_opt = add_uint(app, "--seed", o.seed, "workload seed");
+  add_scheduler_options(app, o.sched, "sarathi, vllm or orca", "the model's, cut to the pool");
   add_int(app, "--block-size", o.block_size, {1, 1 << 12}, "KV block size in tokens");
   auto* num_blocks_opt = add_int(app, "--num-blocks", o.num_blocks, {1, int64_t{1} << 31},
                                  "KV blocks (default: from the memory budget)");
@@ -100,37 +86,64 @@ int bench_serve(int argc, char** argv) {
   app.add_option("--predict-gpu", o.predict_gpu,
                  "also print the roofline simulator's prediction for this GPU preset (h200, a100) "
                  "on the same requests");
+  auto* profile_opt = app.add_option(
+      "--profile", o.profile,
+      "the calibrated simulator: a table from `flashserve profile` on this model and device; its "
+      "prediction is printed beside the measurement");
+  app.add_flag("--capacity", o.capacity,
+               "predict each policy's capacity with the simulator (--profile, else --predict-gpu), "
+               "then measure just below and just above it");
+  auto* slo_opt = add_real(app, "--slo-tbt", o.slo_tbt, {0, 3600, Open::kLow},
+                           "capacity: P99 TBT SLO in seconds");
+  auto* delay_opt = add_real(app, "--max-sched-delay", o.max_sched_delay, {0, 1e6, Open::kLow},
+                             "capacity: P50 scheduling delay bound (s)");
+  auto* margin_opt = add_real(app, "--confirm-margin", o.confirm_margin, {0, 1, Open::kBoth},
+                              "capacity: measure at predicted x (1 -/+ this)");
   if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
 
   if ((model_opt->count() > 0) == (shape_opt->count() > 0))
     throw UsageError("--model", "give exactly one of --model DIR and --shape NAME");
   if (o.device != "cpu" && o.device != "cuda")
     throw UsageError("--device", "'" + o.device + "' is not one of cpu, cuda");
-  refuse_unless(policy_opt, !o.compare, "--compare runs every policy; drop --policy");
-  refuse_unless(chunk_tile_opt, o.compare || o.policy == "sarathi", "only sarathi chunks prompts");
-  refuse_unless(orca_batch_opt, o.compare || o.policy == "orca", "only orca has a fixed batch");
+  o.sched.refuse_inapplicable();
   o.wl.refuse_inapplicable(false);
   refuse_unless(util_opt, o.device == "cuda" && num_blocks_opt->count() == 0,
                 "sizes the GPU's KV pool (--device cuda, no --num-blocks)");
   refuse_unless(kv_mem_opt, o.device == "cpu" && num_blocks_opt->count() == 0,
                 "sizes the CPU's KV pool (--device cpu, no --num-blocks)");
   (void)requests_opt;
+  for (auto* opt : {slo_opt, delay_opt, margin_opt})
+    refuse_unless(opt, o.capacity, "applies to --capacity");
+  refuse_unless(o.wl.seeds_opt, !o.capacity && o.plot.empty(),
+                "runs the workload at --rate once per seed (not with --capacity or --plot)");
+  refuse_unless(seed_opt, o.wl.seeds_opt->count() == 0, "give --seed or --seeds, not both");
+  if (o.capacity && o.profile.empty() && o.predict_gpu.empty())
+    throw UsageError("--capacity",
+                     "needs a simulator to bisect with: --profile FILE or --predict-gpu");
+  // Load the table before anything runs, so a bad file fails at once.
+  std::unique_ptr<fs::CostModel> calibrated;
+  if (!o.profile.empty())
+    calibrated = std::make_unique<fs::ProfileCostModel>(fs::ProfileCostModel::load(o.profile));
+  (void)profile_opt;
 
-  std::vector<fs::Policy> policies;
-  if (o.compare)
-    policies = {fs::Policy::kSarathi, fs::Policy::kVllm, fs::Policy::kOrca};
-  else
-    policies = {fs::parse_policy(o.policy)};
+  const std::vector<fs::Policy> policies =
+      o.sched.selected({fs::Policy::kSarathi, fs::Policy::kVllm, fs::Policy::kOrca});
 
   // The model, once: every policy runs on the same weights and KV pool.
-  ScratchDir scratch(!o.shape.empty());
-  if (!o.shape.empty()) {
+  // A --shape on the GPU gets weights generated on the device; on the CPU, a checkpoint written
+  // to a scratch directory.
+  const bool on_device = !o.shape.empty() && o.device == "cuda";
+  ScratchDir scratch(!o.shape.empty() && !on_device);
+  if (!scratch.path.empty()) {
     std::printf("writing a random %s checkpoint to %s...\n", o.shape.c_str(), scratch.path.c_str());
     std::fflush(stdout);
     model::write_random_checkpoint(model::preset_config(o.shape), scratch.path);
   }
   fe::ModelEngineOptions mo;
   mo.model_dir = o.shape.empty() ? o.model_dir : scratch.path;
+  if (on_device) mo.random_shape = o.shape;
+  const std::string model_name =
+      on_device ? "random " + o.shape + " (weights made on the device)" : mo.model_dir;
   mo.device = o.device;
   mo.block_size = o.block_size;
   mo.gpu_memory_utilization = o.gpu_mem_util;
@@ -139,15 +152,8 @@ int bench_serve(int argc, char** argv) {
   const fe::LoadedModel model = fe::load_model(mo);
   const model::ModelConfig& mc = model.runner->config();
 
-  auto scheduler_for = [&](fs::Policy p) {
-    fs::SchedulerConfig sc;
-    sc.policy = p;
-    sc.max_tokens_per_step = o.budget;
-    sc.max_running = p == fs::Policy::kOrca ? o.orca_batch : o.max_running;
-    sc.max_model_len = o.max_model_len;
-    sc.chunk_tile = o.chunk_tile;
-    return sc;
-  };
+  // make_model_engine gives vllm a token cap of at least max_model_len.
+  auto scheduler_for = [&](fs::Policy p) { return o.sched.config_for(p); };
   // The engine resolves max_model_len (the model's positions, cut to the pool); the workload's
   // lengths are cut to it.
   const int64_t max_model_len =
@@ -158,6 +164,8 @@ int bench_serve(int argc, char** argv) {
   spec.seed = o.seed;
   const WorkloadSource workload = WorkloadSource::resolve(o.wl.workload, spec);
   const double rate = workload.is_trace() && rate_opt->count() == 0 ? workload.trace_rate : o.rate;
+  if (workload.is_trace() && !o.wl.seeds_text.empty())
+    throw UsageError("--seeds", o.wl.workload + " is an arrival trace: there is no seed to vary");
   const std::vector<fs::Request> requests = workload.at(rate > 0 ? rate : 1);
   double ptok = 0, otok = 0;
   for (const auto& r : requests)
@@ -165,7 +173,7 @@ int bench_serve(int argc, char** argv) {
   std::printf(
       "model: %s (%lld layers, hidden %lld, vocab %lld) on %s; KV pool %lld blocks x %d tokens "
       "(%.1f MiB), max model len %lld\n",
-      mo.model_dir.c_str(), static_cast<long long>(mc.num_hidden_layers),
+      model_name.c_str(), static_cast<long long>(mc.num_hidden_layers),
       static_cast<long long>(mc.hidden_size), static_cast<long long>(mc.vocab_size),
       model.device.c_str(), static_cast<long long>(model.num_blocks), model.block_size,
       model.kv_bytes / (1 << 20), static_cast<long long>(max_model_len));
@@ -175,12 +183,11 @@ int bench_serve(int argc, char** argv) {
       workload.label.c_str(), requests.size(), rate, ptok / static_cast<double>(requests.size()),
       otok / static_cast<double>(requests.size()), static_cast<unsigned long long>(o.seed));
 
-  std::vector<fe::ReplayResult> results;
-  for (const fs::Policy p : policies) {
+  auto measure = [&](fs::Policy p, const std::vector<fs::Request>& reqs, uint64_t seed) {
     auto engine = fe::make_model_engine(model, scheduler_for(p));
     fe::ReplayOptions ro;
     ro.vocab_size = mc.vocab_size;
-    ro.seed = o.seed;
+    ro.seed = seed;
     const char* name = fs::to_string(p);
     ro.progress = [&, name, last = -1.0](int64_t done, int64_t total, double now) mutable {
       if (done < total && now - last < 0.5) return;
@@ -192,26 +199,127 @@ int bench_serve(int argc, char** argv) {
                    static_cast<long long>(engine->scheduler().num_waiting()));
       if (done == total) std::fprintf(stderr, "\n");
     };
-    results.push_back(fe::replay(*engine, requests, ro));
+    return fe::replay(*engine, reqs, ro);
+  };
+  // The simulator runs the engine's configuration as make_model_engine resolves it (vllm's token
+  // cap, max_model_len) on the same pool.
+  auto predict = [&](const fs::CostModel& cost, fs::Policy p,
+                     const std::vector<fs::Request>& reqs) {
+    fe::SimConfig sim;
+    sim.scheduler = fe::make_model_engine(model, scheduler_for(p))->config().scheduler;
+    sim.num_blocks = model.num_blocks;
+    sim.block_size = model.block_size;
+    return fe::simulate(reqs, sim, cost);
+  };
+  std::unique_ptr<fs::RooflineCostModel> roofline;
+  if (!o.predict_gpu.empty())
+    roofline =
+        std::make_unique<fs::RooflineCostModel>(mc.shape("model"), fs::gpu_preset(o.predict_gpu));
+
+  if (o.capacity) {
+    // Bisect with the simulator, then hold each prediction against the engine itself.
+    const fs::CostModel& cost = calibrated ? *calibrated : *roofline;
+    const fs::CapacityCriteria crit{o.slo_tbt, o.max_sched_delay};
+    if (workload.as_recorded())
+      throw UsageError("--capacity", "the trace's arrivals span no time; it has no rate to scale");
+    std::printf(
+        "\ncapacity (P99 TBT <= %.1f ms, P50 scheduling delay <= %.2f s), bisected with %s, "
+        "then measured at x%.2f and x%.2f:\n",
+        o.slo_tbt * 1e3, o.max_sched_delay, cost.describe().c_str(), 1 - o.confirm_margin,
+        1 + o.confirm_margin);
+    std::vector<std::string> lines;
+    for (const fs::Policy p : policies) {
+      const fs::CapacityResult cap = fs::find_capacity(
+          [&](double r) { return predict(cost, p, workload.at(r)).metrics; }, crit, rate);
+      char head[96];
+      std::snprintf(head, sizeof head, "| %s | %s%.3f |", fs::to_string(p),
+                    cap.at_limit ? ">= " : "", cap.capacity);
+      if (!(cap.capacity > 0)) {
+        lines.push_back(std::string(head) + " - | (nothing passes in simulation) | | | | | |");
+        continue;
+      }
+      if (cap.at_limit) {
+        lines.push_back(
+            std::string(head) +
+            " - | (met at every rate the search tried: nothing to confirm) | | | | | |");
+        continue;
+      }
+      std::vector<fs::ServingMetrics> predicted;
+      const fs::CapacityConfirmation conf = fs::confirm_capacity(
+          cap.capacity,
+          [&](double r) {
+            const std::vector<fs::Request> reqs = workload.at(r);
+            predicted.push_back(predict(cost, p, reqs).metrics);
+            return measure(p, reqs, o.seed).metrics;
+          },
+          crit, o.confirm_margin);
+      int k = 0;
+      for (const fs::CapacityProbe* pr : {&conf.below, &conf.above}) {
+        const fs::ServingMetrics& pm = predicted[k++];
+        char row[256];
+        std::snprintf(row, sizeof row, " %.3f | %.1f | %.1f | %.3f | %.3f | %s | %s |", pr->rate,
+                      pr->tbt_p99_s * 1e3, pm.tbt.p99 * 1e3, pr->sched_delay_p50_s,
+                      pm.sched_delay.p50, pr->ok ? "yes" : "no", crit.met_by(pm) ? "yes" : "no");
+        lines.push_back(std::string(head) + row);
+      }
+      lines.push_back(std::string("| ") + fs::to_string(p) + " | confirmed: " +
+                      (conf.confirmed() ? "yes (met below, missed above)"
+                                        : "no (the measured boundary is elsewhere)") +
+                      " | | | | | | | |");
+    }
+    print_capacity_header();
+    for (const auto& l : lines) std::printf("%s\n", l.c_str());
+    return 0;
   }
 
-  std::printf("\nmeasured (%s, wall clock):\n", model.device.c_str());
-  print_metrics_header(false);
-  for (size_t i = 0; i < policies.size(); ++i)
-    print_metrics_row(fs::to_string(policies[i]), results[i].metrics, results[i].steps);
-  if (!o.predict_gpu.empty()) {
-    // The roofline simulator on the same requests, for holding the model against the measurement.
-    const fs::RooflineCostModel cost(mc.shape("model"), fs::gpu_preset(o.predict_gpu));
-    std::printf("\npredicted by the roofline simulator (%s):\n", cost.describe().c_str());
+  // Per seed (--seeds), every policy on that seed's requests, measured and predicted.
+  const std::vector<uint64_t> seeds = o.wl.seeds(o.seed);
+  std::vector<fe::ReplayResult> results;  // the first seed's, for the plots
+  std::vector<std::vector<fs::ServingMetrics>> measured(policies.size()),
+      by_roofline(policies.size()), by_profile(policies.size());
+  std::vector<int64_t> steps(policies.size());
+  for (const uint64_t seed : seeds) {
+    WorkloadSource w = workload;
+    w.spec.seed = seed;
+    const std::vector<fs::Request> reqs = seed == o.seed ? requests : w.at(rate > 0 ? rate : 1);
+    const std::string tag = seeds.size() > 1 ? " (seed " + std::to_string(seed) + ")" : "";
+    std::vector<fe::ReplayResult> res;
+    for (const fs::Policy p : policies) res.push_back(measure(p, reqs, seed));
+    std::printf("\nmeasured (%s, wall clock)%s:\n", model.device.c_str(), tag.c_str());
     print_metrics_header(false);
-    for (const fs::Policy p : policies) {
-      fe::SimConfig sim;
-      sim.scheduler = fe::make_model_engine(model, scheduler_for(p))->config().scheduler;
-      sim.num_blocks = model.num_blocks;
-      sim.block_size = model.block_size;
-      const fe::SimResult r = fe::simulate(requests, sim, cost);
-      print_metrics_row(fs::to_string(p), r.metrics, r.steps);
+    for (size_t i = 0; i < policies.size(); ++i) {
+      print_metrics_row(fs::to_string(policies[i]), res[i].metrics, res[i].steps);
+      measured[i].push_back(res[i].metrics);
+      steps[i] += res[i].steps / static_cast<int64_t>(seeds.size());
     }
+    for (auto [cost, out, what] :
+         {std::tuple{static_cast<const fs::CostModel*>(roofline.get()), &by_roofline, "roofline"},
+          std::tuple{static_cast<const fs::CostModel*>(calibrated.get()), &by_profile,
+                     "calibrated"}}) {
+      if (!cost) continue;
+      std::printf("\npredicted by the %s simulator%s (%s):\n", what, tag.c_str(),
+                  cost->describe().c_str());
+      print_metrics_header(false);
+      for (size_t i = 0; i < policies.size(); ++i) {
+        const fe::SimResult r = predict(*cost, policies[i], reqs);
+        print_metrics_row(fs::to_string(policies[i]), r.metrics, r.steps);
+        (*out)[i].push_back(r.metrics);
+      }
+    }
+    if (results.empty()) results = std::move(res);
+  }
+  if (seeds.size() > 1) {
+    std::printf("\nmean over seeds %s, measured:\n", o.wl.seeds_text.c_str());
+    print_metrics_header(false);
+    for (size_t i = 0; i < policies.size(); ++i)
+      print_metrics_row(fs::to_string(policies[i]), mean_metrics(measured[i]), steps[i]);
+  }
+  if (calibrated) {
+    std::printf("\nprediction beside measurement%s (calibrated simulator):\n",
+                seeds.size() > 1 ? ", means over the seeds" : "");
+    for (size_t i = 0; i < policies.size(); ++i)
+      print_prediction_rows(fs::to_string(policies[i]), mean_metrics(measured[i]),
+                            mean_metrics(by_profile[i]), i == 0);
   }
   if (!o.plot.empty()) {
     fs::SvgPlot cdf;

@@ -1,8 +1,11 @@
 #include "cli/serving_report.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 #include <utility>
 
 #include "cli/options.h"
@@ -61,6 +64,60 @@ void print_metrics_detail(const std::vector<std::string>& policies,
                 all[i].request_throughput, all[i].token_throughput, all[i].duration_s);
 }
 
+void print_prediction_rows(const std::string& policy, const fs::ServingMetrics& meas,
+                           const fs::ServingMetrics& pred, bool header) {
+  if (header)
+    std::printf(
+        "| policy | metric | measured | predicted | (pred - meas) / meas |\n"
+        "|---|---|---|---|---|\n");
+  struct Row {
+    const char* name;
+    double m, p;
+  };
+  const Row rows[] = {
+      {"TTFT p50 (s)", meas.ttft.p50, pred.ttft.p50},
+      {"TTFT p99 (s)", meas.ttft.p99, pred.ttft.p99},
+      {"TBT p50 (ms)", meas.tbt.p50 * 1e3, pred.tbt.p50 * 1e3},
+      {"TBT p99 (ms)", meas.tbt.p99 * 1e3, pred.tbt.p99 * 1e3},
+      {"TPOT mean (ms)", meas.tpot.mean * 1e3, pred.tpot.mean * 1e3},
+      {"E2E p50 (s)", meas.e2e.p50, pred.e2e.p50},
+      {"sched delay p50 (s)", meas.sched_delay.p50, pred.sched_delay.p50},
+      {"out tok/s", meas.token_throughput, pred.token_throughput},
+  };
+  for (const Row& r : rows) {
+    char rel[32] = "n/a";
+    if (r.m > 0) std::snprintf(rel, sizeof rel, "%+.1f%%", 100 * (r.p - r.m) / r.m);
+    std::printf("| %s | %s | %.4g | %.4g | %s |\n", policy.c_str(), r.name, r.m, r.p, rel);
+  }
+}
+
+fs::ServingMetrics mean_metrics(const std::vector<fs::ServingMetrics>& runs) {
+  fs::ServingMetrics m;
+  if (runs.empty()) return m;
+  const double n = static_cast<double>(runs.size());
+  double preemptions = 0;
+  for (const fs::ServingMetrics& r : runs) {
+    m.num_requests += r.num_requests;
+    m.output_tokens += r.output_tokens;
+    preemptions += static_cast<double>(r.preemptions) / n;
+    m.duration_s += r.duration_s / n;
+    m.request_throughput += r.request_throughput / n;
+    m.token_throughput += r.token_throughput / n;
+    for (auto field :
+         {&fs::ServingMetrics::ttft, &fs::ServingMetrics::tbt, &fs::ServingMetrics::tpot,
+          &fs::ServingMetrics::e2e, &fs::ServingMetrics::sched_delay}) {
+      const fs::Summary& x = r.*field;
+      fs::Summary& y = m.*field;
+      y.count += x.count;
+      y.mean += x.mean / n, y.p50 += x.p50 / n, y.p90 += x.p90 / n, y.p99 += x.p99 / n;
+      y.max = std::max(y.max, x.max);
+    }
+    m.tbt_samples.insert(m.tbt_samples.end(), r.tbt_samples.begin(), r.tbt_samples.end());
+  }
+  m.preemptions = static_cast<int64_t>(std::llround(preemptions));
+  return m;
+}
+
 fs::SvgSeries tbt_cdf_series(const std::string& name, const fs::ServingMetrics& m) {
   std::vector<double> v = m.tbt_samples;
   std::sort(v.begin(), v.end());
@@ -103,9 +160,31 @@ void WorkloadFlags::add(CLI::App& app) {
   arrival_opt = app.add_option("--arrival", arrival, "poisson or gamma")->default_str(arrival);
   cv_opt = add_real(app, "--cv", cv, {fs::kMinGammaCv, fs::kMaxGammaCv},
                     "gamma arrivals: coefficient of variation of the gaps");
+  seeds_opt = app.add_option("--seeds", seeds_text,
+                             "comma-separated workload seeds (e.g. 0,1,2): each in turn, reported "
+                             "per seed and as the mean (instead of --seed)");
+}
+
+std::vector<uint64_t> WorkloadFlags::seeds(uint64_t single) const {
+  // From the text, not the option: simulate's CLI::App (and its options) is gone by now.
+  if (seeds_text.empty()) return {single};
+  std::vector<uint64_t> out;
+  size_t at = 0;
+  while (at <= seeds_text.size()) {
+    const size_t comma = std::min(seeds_text.find(',', at), seeds_text.size());
+    const uint64_t s =
+        parse_uint("--seeds", std::string_view(seeds_text).substr(at, comma - at), {0, UINT64_MAX});
+    if (std::find(out.begin(), out.end(), s) != out.end())
+      throw UsageError("--seeds", "seed " + std::to_string(s) + " is given twice");
+    out.push_back(s);
+    at = comma + 1;
+  }
+  if (out.size() > 64) throw UsageError("--seeds", "at most 64 seeds");
+  return out;
 }
 
 void WorkloadFlags::refuse_inapplicable(bool traced) const {
+  refuse_unless(seeds_opt, !traced, "--trace gives the requests; there is no seed to vary");
   refuse_unless(cv_opt, !traced && arrival == "gamma", "only applies to --arrival gamma");
   for (auto* opt : {prompt_opt, output_opt})
     refuse_unless(opt, !traced && workload == "fixed", "only applies to --workload fixed");

@@ -27,6 +27,16 @@ void print_metrics_row(const std::string& policy, const serve::ServingMetrics& m
 void print_metrics_detail(const std::vector<std::string>& policies,
                           const std::vector<serve::ServingMetrics>& all);
 
+// The simulator's prediction beside a measurement, one row per metric (P50/P99 TTFT and TBT,
+// mean TPOT, P50 E2E, P50 scheduling delay, output tokens/s) with the relative difference
+// (predicted - measured) / measured. Prints the header when `header`.
+void print_prediction_rows(const std::string& policy, const serve::ServingMetrics& measured,
+                           const serve::ServingMetrics& predicted, bool header);
+
+// The mean over runs (seeds) of every summary figure, throughput and preemption count; the TBT
+// samples are pooled (for a CDF of all of them).
+serve::ServingMetrics mean_metrics(const std::vector<serve::ServingMetrics>& runs);
+
 // The CDF of every TBT gap (at most 400 points).
 serve::SvgSeries tbt_cdf_series(const std::string& name, const serve::ServingMetrics& m);
 // Every gap between tokens against the time it ended (seconds since `t0`): stalls are spikes.
@@ -61,8 +71,14 @@ struct WorkloadFlags {
   double cv = 1;
   CLI::Option *workload_opt = nullptr, *arrival_opt = nullptr, *cv_opt = nullptr;
   CLI::Option *prompt_opt = nullptr, *output_opt = nullptr;
+  // --seeds 0,1,2: the workload drawn with each seed in turn, reported per seed and as the mean.
+  std::string seeds_text;
+  CLI::Option* seeds_opt = nullptr;
 
   void add(CLI::App& app);
+  // The seeds to run: --seeds parsed (each a whole number, no repeats), else {single}. Safe
+  // after the CLI::App is gone (reads seeds_text only).
+  std::vector<uint64_t> seeds(uint64_t single) const;
   // `traced`: the requests come from an arrival trace instead (simulate's --trace).
   void refuse_inapplicable(bool traced) const;
   // A spec with these lengths and arrivals (the caller sets the rest).

@@ -14,6 +14,7 @@
 
 #include "cli/command.h"
 #include "cli/options.h"
+#include "cli/scheduler_flags.h"
 #include "cli/serving_report.h"
 #include "common/checked_math.h"
 #include "engine/simulator.h"
@@ -32,13 +33,7 @@ using namespace flashserve::cli;
 namespace {
 
 struct Options {
-  std::string policy = "sarathi";
-  bool compare = false;
-  int64_t budget = 512;
-  int64_t chunk_tile = 64;
-  int64_t max_running = 256;
-  int64_t orca_batch = 16;
-  int64_t max_model_len = 0;  // 0: min(model context, 16384)
+  SchedulerFlags sched;  // max_model_len 0: min(model context, 16384)
   std::string model = "mistral-7b";
   std::string gpu = "h200";
   std::string profile;
@@ -113,25 +108,14 @@ int parse_options(int argc, char** argv, Options& o) {
   CLI::App app{"Simulate serving with the real scheduler against a step-cost model"};
   // Ranges: what the models can mean, and what keeps every product of them (tokens x blocks,
   // requests x lengths) far inside int64 and the simulated clock inside double's precision.
-  constexpr int64_t kMaxTokens = int64_t{1} << 24;
-  auto* policy_opt =
-      app.add_option("--policy", o.policy, "sarathi, vllm, orca or static")->default_str(o.policy);
-  app.add_flag("--compare", o.compare, "run every policy side by side");
-  add_int(app, "--budget", o.budget, {1, kMaxTokens}, "sarathi's token budget per step");
-  auto* chunk_tile_opt = add_int(app, "--chunk-tile", o.chunk_tile, {1, kMaxTokens},
-                                 "sarathi: non-final chunks are a multiple of this");
-  add_int(app, "--max-running", o.max_running, {1, 1 << 20}, "sequences running at once");
-  auto* orca_batch_opt = add_int(app, "--orca-batch", o.orca_batch, {1, 1 << 20},
-                                 "orca's fixed batch (each request reserves max_model_len of KV)");
-  add_int(app, "--max-model-len", o.max_model_len, {0, kMaxTokens},
-          "prompt + output limit (0: min(model context, 16384))");
+  add_scheduler_options(app, o.sched, "sarathi, vllm, orca or static", "min(model context, 16384)");
   app.add_option("--model", o.model, "mistral-7b, llama-3-8b or llama-2-70b")->default_str(o.model);
   app.add_option("--gpu", o.gpu, "GPU preset for the roofline cost model (h200, a100)")
       ->default_str(o.gpu);
   app.add_option(
       "--profile", o.profile,
-      "CSV of measured step times (prefill_tokens,decode_tokens,kv_tokens,seconds) instead of "
-      "the roofline model");
+      "a model's measured step parts (`flashserve profile`) instead of the roofline model; "
+      "--model still sizes the KV cache");
   auto* overhead_opt = add_real(app, "--step-overhead-ms", o.step_overhead_ms, {0, 1e6},
                                 "fixed cost per step (roofline)");
   auto* mem_util_opt = add_real(app, "--gpu-mem-util", o.gpu_mem_util, {0, 1, Open::kLow},
@@ -151,18 +135,15 @@ int parse_options(int argc, char** argv, Options& o) {
   add_real(app, "--slo-tbt", o.slo_tbt, {0, 3600, Open::kLow}, "P99 TBT SLO in seconds");
   add_real(app, "--max-sched-delay", o.max_sched_delay, {0, 1e6, Open::kLow},
            "P50 scheduling delay bound (s)");
-  app.add_option("--plot", o.plot,
-                 "write PREFIX-tbt-cdf.svg (with --capacity also PREFIX-p99-tbt-vs-rate.svg and "
-                 "PREFIX-sched-delay-vs-rate.svg)");
+  auto* plot_opt = app.add_option(
+      "--plot", o.plot,
+      "write PREFIX-tbt-cdf.svg (with --capacity also PREFIX-p99-tbt-vs-rate.svg and "
+      "PREFIX-sched-delay-vs-rate.svg)");
   app.add_flag("--verbose", o.verbose,
                "print every rate the capacity search tried (+ met, - missed) and every metric");
   if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
   const bool traced = !o.trace.empty();
-  refuse_unless(policy_opt, !o.compare, "--compare runs every policy; drop --policy");
-  refuse_unless(chunk_tile_opt, o.compare || o.policy == "sarathi",
-                "only sarathi chunks prompts (--policy sarathi or --compare)");
-  refuse_unless(orca_batch_opt, o.compare || o.policy == "orca",
-                "only orca has a fixed batch (--policy orca or --compare)");
+  o.sched.refuse_inapplicable();
   refuse_unless(overhead_opt, o.profile.empty(),
                 "applies to the roofline model, not to a measured --profile");
   refuse_unless(mem_util_opt, num_blocks_opt->count() == 0,
@@ -170,6 +151,8 @@ int parse_options(int argc, char** argv, Options& o) {
   for (auto* opt : {o.wl.workload_opt, o.wl.arrival_opt, requests_opt, seed_opt})
     refuse_unless(opt, !traced, "--trace gives the requests; drop " + opt->get_name());
   o.wl.refuse_inapplicable(traced);
+  refuse_unless(seed_opt, o.wl.seeds_opt->count() == 0, "give --seed or --seeds, not both");
+  refuse_unless(plot_opt, o.wl.seeds_opt->count() == 0, "draws one seed's run; drop --seeds");
   o.rate_given = rate_opt->count() > 0;
   o.overhead_given = overhead_opt->count() > 0;
   o.num_blocks_given = num_blocks_opt->count() > 0;
@@ -194,10 +177,11 @@ Study prepare(Options& o) {
     st.cost = std::make_unique<fs::RooflineCostModel>(model, gpu);
 
   // Limits and the KV cache.
-  if (o.max_model_len == 0) o.max_model_len = std::min<int64_t>(model.max_context, 16384);
-  if (o.max_model_len > model.max_context)
+  if (o.sched.max_model_len == 0)
+    o.sched.max_model_len = std::min<int64_t>(model.max_context, 16384);
+  if (o.sched.max_model_len > model.max_context)
     throw Error(ErrorKind::kInvalidArgument, "--max-model-len",
-                std::to_string(o.max_model_len) + " exceeds " + model.name + "'s context " +
+                std::to_string(o.sched.max_model_len) + " exceeds " + model.name + "'s context " +
                     std::to_string(model.max_context));
   st.num_blocks = o.num_blocks_given
                       ? o.num_blocks  // checked by the BlockManager, naming num_blocks
@@ -207,7 +191,7 @@ Study prepare(Options& o) {
   // scaled).
   fs::WorkloadSpec spec = o.wl.spec();
   spec.num_requests = o.requests;
-  spec.max_model_len = o.max_model_len;
+  spec.max_model_len = o.sched.max_model_len;
   spec.seed = o.seed;
   st.workload = WorkloadSource::resolve(traced ? o.trace : o.wl.workload, spec, traced);
   const WorkloadSource& workload = st.workload;
@@ -227,16 +211,12 @@ Study prepare(Options& o) {
                 std::to_string(o.rate) + " must be positive and finite");
   st.at_rate = as_recorded ? "its recorded arrival times" : fmt_s(o.rate) + " req/s";
 
-  st.policies = o.compare ? fs::all_policies() : std::vector{fs::parse_policy(o.policy)};
+  st.policies = o.sched.selected(fs::all_policies());
   // vllm and static never chunk, so one step must hold a whole prompt (vLLM's default is the same).
-  st.baseline_tokens = std::max(o.budget, o.max_model_len);
+  st.baseline_tokens = std::max(o.sched.budget, o.sched.max_model_len);
   for (fs::Policy p : st.policies) {
     fe::SimConfig c;
-    c.scheduler.policy = p;
-    c.scheduler.max_tokens_per_step = p == fs::Policy::kSarathi ? o.budget : st.baseline_tokens;
-    c.scheduler.max_running = p == fs::Policy::kOrca ? o.orca_batch : o.max_running;
-    c.scheduler.max_model_len = o.max_model_len;
-    c.scheduler.chunk_tile = o.chunk_tile;
+    c.scheduler = o.sched.config_for(p, st.baseline_tokens);
     c.num_blocks = st.num_blocks;
     c.block_size = o.block_size;
     c.watermark = o.watermark;
@@ -256,12 +236,12 @@ void print_setup(const Study& st, const Options& o, const std::vector<fs::Reques
   for (const auto& r : base) {
     ptok = flashserve::checked_add(ptok, r.prompt_tokens, source);
     otok = flashserve::checked_add(otok, r.output_tokens, source);
-    if (flashserve::saturating_add(r.prompt_tokens, r.output_tokens) > o.max_model_len)
+    if (flashserve::saturating_add(r.prompt_tokens, r.output_tokens) > o.sched.max_model_len)
       throw Error(ErrorKind::kInvalidArgument, source,
                   "request " + std::to_string(r.id) + ": prompt " +
                       std::to_string(r.prompt_tokens) + " + output " +
                       std::to_string(r.output_tokens) + " tokens exceeds --max-model-len " +
-                      std::to_string(o.max_model_len));
+                      std::to_string(o.sched.max_model_len));
   }
   std::printf("cost model: %s\n", st.cost->describe().c_str());
   std::printf(
@@ -273,9 +253,9 @@ void print_setup(const Study& st, const Options& o, const std::vector<fs::Reques
       "limits: sarathi budget %lld tokens/step (chunk tile %lld), baselines %lld tokens/step, "
       "max running %lld (orca: batch %lld), max model len %lld, KV cache %lld blocks x %d "
       "tokens\n",
-      static_cast<long long>(o.budget), static_cast<long long>(o.chunk_tile),
-      static_cast<long long>(st.baseline_tokens), static_cast<long long>(o.max_running),
-      static_cast<long long>(o.orca_batch), static_cast<long long>(o.max_model_len),
+      static_cast<long long>(o.sched.budget), static_cast<long long>(o.sched.chunk_tile),
+      static_cast<long long>(st.baseline_tokens), static_cast<long long>(o.sched.max_running),
+      static_cast<long long>(o.sched.orca_batch), static_cast<long long>(o.sched.max_model_len),
       static_cast<long long>(st.num_blocks), o.block_size);
 }
 
@@ -299,8 +279,9 @@ Capacities search_capacity(const Study& st, const Options& o) {
 
 // The table at --rate (with the capacities when searched), the full metrics with --verbose, and
 // the TBT CDF.
-void report_at_rate(const Study& st, const Options& o, const std::vector<fs::Request>& base,
-                    const Capacities& cap) {
+std::vector<fe::SimResult> report_at_rate(const Study& st, const Options& o,
+                                          const std::vector<fs::Request>& base,
+                                          const Capacities& cap) {
   const auto& policies = st.policies;
   const std::string& at_rate = st.at_rate;
   std::printf("\nat %s (P99 TBT SLO %.0f ms, P50 scheduling delay bound %.1f s):\n",
@@ -312,8 +293,10 @@ void report_at_rate(const Study& st, const Options& o, const std::vector<fs::Req
   cdf.y_label = "fraction of gaps";
   cdf.log_x = true;
   std::vector<fs::ServingMetrics> all;
+  std::vector<fe::SimResult> results;
   for (size_t i = 0; i < policies.size(); ++i) {
-    const fe::SimResult r = fe::simulate(base, st.configs[i], *st.cost);
+    results.push_back(fe::simulate(base, st.configs[i], *st.cost));
+    const fe::SimResult& r = results.back();
     const auto& m = r.metrics;
     all.push_back(m);
     // At the search's upper limit the SLO was never missed: the capacity is a lower bound.
@@ -334,6 +317,7 @@ void report_at_rate(const Study& st, const Options& o, const std::vector<fs::Req
     cdf.write(path);
     std::printf("\nplot: %s\n", path.c_str());
   }
+  return results;
 }
 
 // P99 TBT and P50 scheduling delay against the rate, around the largest capacity found.
@@ -380,14 +364,53 @@ void plot_rate_sweeps(const Study& st, const Options& o, const Capacities& cap) 
 int simulate(int argc, char** argv) {
   Options o;
   if (const int rc = parse_options(argc, argv, o); rc >= 0) return rc;
-  const Study st = prepare(o);
+  const std::vector<uint64_t> seeds = o.wl.seeds(o.seed);
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<fs::Request> base = st.workload.at(o.rate);
-  print_setup(st, o, base);
-  // Capacity first, so that the plot's sweep can span it.
-  const Capacities cap = o.capacity ? search_capacity(st, o) : Capacities{};
-  report_at_rate(st, o, base, cap);
-  if (!o.plot.empty() && o.capacity) plot_rate_sweeps(st, o, cap);
+  // Per seed: the whole study (its own requests); then, with several seeds, the mean of each.
+  std::vector<std::vector<fs::ServingMetrics>> per_policy;
+  std::vector<std::vector<double>> capacities;
+  std::vector<int64_t> steps;
+  std::vector<fs::Policy> policies;
+  for (const uint64_t seed : seeds) {
+    o.seed = seed;
+    if (seeds.size() > 1)
+      std::printf("%s== seed %llu\n", seed == seeds[0] ? "" : "\n",
+                  static_cast<unsigned long long>(seed));
+    const Study st = prepare(o);
+    const std::vector<fs::Request> base = st.workload.at(o.rate);
+    print_setup(st, o, base);
+    // Capacity first, so that the plot's sweep can span it.
+    const Capacities cap = o.capacity ? search_capacity(st, o) : Capacities{};
+    const std::vector<fe::SimResult> res = report_at_rate(st, o, base, cap);
+    if (!o.plot.empty() && o.capacity) plot_rate_sweeps(st, o, cap);
+    policies = st.policies;
+    per_policy.resize(res.size());
+    capacities.resize(res.size());
+    steps.resize(res.size());
+    for (size_t i = 0; i < res.size(); ++i) {
+      per_policy[i].push_back(res[i].metrics);
+      steps[i] += res[i].steps / static_cast<int64_t>(seeds.size());
+      if (o.capacity) capacities[i].push_back(cap.rate[i]);
+    }
+  }
+  if (seeds.size() > 1) {
+    std::printf("\nmean over seeds %s (at %s req/s):\n", o.wl.seeds_text.c_str(),
+                fmt_s(o.rate).c_str());
+    print_metrics_header(o.capacity);
+    for (size_t i = 0; i < policies.size(); ++i) {
+      std::string cap_text;
+      if (o.capacity) {
+        double sum = 0;
+        for (double c : capacities[i]) sum += c;
+        cap_text = fmt_s(sum / static_cast<double>(capacities[i].size()));
+        std::string each;
+        for (double c : capacities[i]) each += (each.empty() ? "" : ", ") + fmt_s(c);
+        cap_text += " (" + each + ")";
+      }
+      print_metrics_row(fs::to_string(policies[i]), mean_metrics(per_policy[i]), steps[i],
+                        cap_text);
+    }
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\n(%.1f s of host time)\n", secs);
   return 0;

@@ -5,6 +5,7 @@
 
 #include "engine/model_executor.h"
 #include "flashserve/error.h"
+#include "model/presets.h"
 
 #if defined(FLASHSERVE_WITH_CUDA)
 #include <cuda_runtime_api.h>
@@ -48,9 +49,16 @@ LoadedModel load_model(const ModelEngineOptions& o) {
   m.device = o.device;
   m.block_size = o.block_size;
   const bool gpu = o.device == "cuda";
-  m.runner =
-      gpu ? std::shared_ptr<model::ModelRunner>(model::make_cuda_runner(o.model_dir, o.cuda_device))
-          : std::shared_ptr<model::ModelRunner>(model::make_cpu_runner(o.model_dir));
+  if (!o.random_shape.empty() && !gpu)
+    throw Error(ErrorKind::kInvalidArgument, "random_shape",
+                "weights generated on the device need --device cuda");
+  if (!o.random_shape.empty())
+    m.runner =
+        model::make_random_cuda_runner(model::preset_config(o.random_shape), 1, o.cuda_device);
+  else if (gpu)
+    m.runner = model::make_cuda_runner(o.model_dir, o.cuda_device);
+  else
+    m.runner = model::make_cpu_runner(o.model_dir);
   // bf16 K/V on the GPU, float32 on the CPU (model/runner.h).
   const int64_t block_bytes = kv_bytes_per_block(m.runner->config(), o.block_size, gpu ? 2 : 4);
   if (o.num_blocks > 0) {

@@ -17,6 +17,9 @@ namespace flashserve::engine {
 
 struct ModelEngineOptions {
   std::string model_dir;
+  // Instead of model_dir, on --device cuda: this preset's shape with random weights generated on
+  // the device (model/presets.h; no checkpoint written or read).
+  std::string random_shape;
   std::string device = "cpu";  // "cpu" or "cuda"
   int cuda_device = 0;
   int32_t block_size = 16;

@@ -1,5 +1,5 @@
-// make_cuda_runner in a build without the model's CUDA runner (src/model/cuda_runner.cu replaces
-// this file when CUDA is built; see src/CMakeLists.txt).
+// make_cuda_runner and make_random_cuda_runner in a build without the model's CUDA runner
+// (src/model/cuda_runner.cu replaces this file when CUDA is built; see src/CMakeLists.txt).
 #include "flashserve/error.h"
 #include "model/runner.h"
 
@@ -10,6 +10,13 @@ std::unique_ptr<ModelRunner> make_cuda_runner(const std::string& dir, int device
   (void)device;
   throw Error(ErrorKind::kUnsupported, "device",
               "cuda: this flashserve is built without the CUDA model runner (use --device cpu)");
+}
+
+std::unique_ptr<ModelRunner> make_random_cuda_runner(const ModelConfig& config, uint64_t seed,
+                                                     int device) {
+  (void)config;
+  (void)seed;
+  return make_cuda_runner("", device);
 }
 
 }  // namespace flashserve::model

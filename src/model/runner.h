@@ -45,5 +45,10 @@ std::unique_ptr<ModelRunner> make_cpu_runner(const std::string& dir);
 
 // A runner on CUDA device `device`. Without CUDA in the build: Error(kUnsupported).
 std::unique_ptr<ModelRunner> make_cuda_runner(const std::string& dir, int device = 0);
+// A runner on CUDA device `device` with random weights generated on the device (a 14.5 GB
+// checkpoint written and read back would cost more than a whole benchmark). Without CUDA in the
+// build: Error(kUnsupported).
+std::unique_ptr<ModelRunner> make_random_cuda_runner(const ModelConfig& config, uint64_t seed,
+                                                     int device = 0);
 
 }  // namespace flashserve::model

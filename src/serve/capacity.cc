@@ -1,5 +1,6 @@
 #include "serve/capacity.h"
 
+#include <cmath>
 #include <string>
 
 #include "flashserve/error.h"
@@ -48,6 +49,25 @@ CapacityResult find_capacity(const std::function<ServingMetrics(double)>& run,
   }
   res.capacity = lo;
   return res;
+}
+
+CapacityConfirmation confirm_capacity(double predicted,
+                                      const std::function<ServingMetrics(double)>& run,
+                                      const CapacityCriteria& criteria, double margin) {
+  if (!(predicted > 0) || !std::isfinite(predicted))
+    throw Error(ErrorKind::kInvalidArgument, "predicted",
+                std::to_string(predicted) + " is not a positive capacity to confirm");
+  if (!(margin > 0 && margin < 1))
+    throw Error(ErrorKind::kInvalidArgument, "margin", std::to_string(margin) + " not in (0, 1)");
+  CapacityConfirmation c;
+  c.predicted = predicted;
+  auto probe = [&](double rate) {
+    const ServingMetrics m = run(rate);
+    return CapacityProbe{rate, criteria.met_by(m), m.tbt.p99, m.sched_delay.p50};
+  };
+  c.below = probe(predicted * (1 - margin));
+  c.above = probe(predicted * (1 + margin));
+  return c;
 }
 
 }  // namespace flashserve::serve

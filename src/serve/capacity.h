@@ -37,4 +37,17 @@ CapacityResult find_capacity(const std::function<ServingMetrics(double)>& run,
                              const CapacityCriteria& criteria, double start_rate = 1.0,
                              double rel_tol = 0.02, double min_rate = 1e-3, double max_rate = 1e4);
 
+// A predicted capacity held against runs just below and just above it: `run(rate)` (a real
+// engine, say) at predicted x (1 - margin) should meet the criteria and at predicted x (1 + margin)
+// should not. Throws Error(kInvalidArgument) for a prediction that is not positive (nothing to
+// confirm) or a margin outside (0, 1).
+struct CapacityConfirmation {
+  double predicted = 0;
+  CapacityProbe below, above;
+  bool confirmed() const { return below.ok && !above.ok; }
+};
+CapacityConfirmation confirm_capacity(double predicted,
+                                      const std::function<ServingMetrics(double)>& run,
+                                      const CapacityCriteria& criteria, double margin = 0.1);
+
 }  // namespace flashserve::serve

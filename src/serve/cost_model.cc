@@ -162,118 +162,58 @@ std::string RooflineCostModel::describe() const {
   return buf;
 }
 
-ProfileCostModel::ProfileCostModel(std::istream& csv, const std::string& name) : name_(name) {
-  std::string line;
-  int64_t lineno = 0;
-  auto fail = [&](const std::string& what) {
-    bad("profile", name + ":" + std::to_string(lineno) + ": " + what);
-  };
-  auto split = [](const std::string& s) {
-    std::vector<std::string> f;
-    std::stringstream ss(s);
-    for (std::string c; std::getline(ss, c, ',');) {
-      c.erase(0, c.find_first_not_of(" \t"));
-      c.erase(c.find_last_not_of(" \t\r") + 1);
-      f.push_back(c);
-    }
-    return f;
-  };
-  const char* want[4] = {"prefill_tokens", "decode_tokens", "kv_tokens", "seconds"};
-  int col[4] = {-1, -1, -1, -1};
-  size_t ncols = 0;
-  std::map<std::array<double, 3>, double> points;
-  while (std::getline(csv, line)) {
-    ++lineno;
-    if (line.find_first_not_of(" \t\r") == std::string::npos || line[0] == '#') continue;
-    const auto f = split(line);
-    if (col[0] < 0) {
-      ncols = f.size();
-      for (int k = 0; k < 4; ++k)
-        for (size_t j = 0; j < f.size(); ++j)
-          if (f[j] == want[k]) col[k] = static_cast<int>(j);
-      for (int k = 0; k < 4; ++k)
-        if (col[k] < 0) fail(std::string("header lacks column '") + want[k] + "'");
-      continue;
-    }
-    if (f.size() != ncols) fail("expected " + std::to_string(ncols) + " fields");
-    double v[4];
-    for (int k = 0; k < 4; ++k) {
-      try {
-        size_t pos = 0;
-        v[k] = std::stod(f[col[k]], &pos);
-        if (pos != f[col[k]].size()) throw std::invalid_argument("trailing");
-      } catch (const std::exception&) {
-        fail(std::string(want[k]) + " '" + f[col[k]] + "' is not a number");
-      }
-      if (!(v[k] >= 0) || !std::isfinite(v[k])) fail(std::string(want[k]) + " must be >= 0");
-    }
-    if (!points.emplace(std::array<double, 3>{v[0], v[1], v[2]}, v[3]).second)
-      fail("duplicate point");
-  }
-  if (col[0] < 0) bad("profile", name + ": no header line");
-  if (points.empty()) bad("profile", name + ": no rows");
-  for (const auto& [p, s] : points)
-    for (int k = 0; k < 3; ++k) axis_[k].push_back(p[k]);
-  for (auto& a : axis_) {
-    std::sort(a.begin(), a.end());
-    a.erase(std::unique(a.begin(), a.end()), a.end());
-  }
-  const size_t n0 = axis_[0].size(), n1 = axis_[1].size(), n2 = axis_[2].size();
-  if (points.size() != n0 * n1 * n2)
-    bad("profile", name + ": " + std::to_string(points.size()) + " rows do not form the full " +
-                       std::to_string(n0) + " x " + std::to_string(n1) + " x " +
-                       std::to_string(n2) + " grid of its prefill, decode and kv values");
-  seconds_.resize(n0 * n1 * n2);
-  for (const auto& [p, s] : points) {
-    size_t idx[3];
-    for (int k = 0; k < 3; ++k)
-      idx[k] = std::lower_bound(axis_[k].begin(), axis_[k].end(), p[k]) - axis_[k].begin();
-    seconds_[(idx[0] * n1 + idx[1]) * n2 + idx[2]] = s;
-  }
+ProfileCostModel::ProfileCostModel(StepProfile profile, std::string name)
+    : profile_(std::move(profile)), name_(std::move(name)) {
+  profile_.validate(name_);
 }
 
 ProfileCostModel ProfileCostModel::load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) bad("profile", "cannot open '" + path + "'");
-  return ProfileCostModel(in, path);
+  return ProfileCostModel(StepProfile::load(path), path);
 }
 
-double ProfileCostModel::at(double p, double d, double k) const {
-  const double x[3] = {p, d, k};
-  size_t lo[3];
-  double w[3];  // weight of the upper grid point; outside [0, 1] when extrapolating
-  for (int a = 0; a < 3; ++a) {
-    const auto& ax = axis_[a];
-    if (ax.size() == 1) {
-      lo[a] = 0, w[a] = 0;
-      continue;
+StepTime ProfileCostModel::breakdown(const Batch& batch) const {
+  StepTime t;
+  if (batch.empty()) return t;
+  const StepProfile& p = profile_;
+  double decodes = 0, decode_kv = 0;
+  bool any_prefill = false;
+  for (const BatchEntry& e : batch.entries) {
+    if (e.is_prefill) {
+      any_prefill = true;
+      t.attn_prefill_s +=
+          p.prefill_attn.at(static_cast<double>(e.q_len), static_cast<double>(e.q_start));
+    } else {
+      decodes += 1;
+      decode_kv += static_cast<double>(e.kv_len);
     }
-    size_t i = std::upper_bound(ax.begin(), ax.end(), x[a]) - ax.begin();
-    i = std::clamp<size_t>(i, 1, ax.size() - 1) - 1;  // segment [i, i+1], the edge one outside
-    lo[a] = i;
-    w[a] = (x[a] - ax[i]) / (ax[i + 1] - ax[i]);
   }
-  const size_t n1 = axis_[1].size(), n2 = axis_[2].size();
-  double t = 0;
-  for (int c = 0; c < 8; ++c) {
-    double weight = 1;
-    size_t idx[3];
-    bool skip = false;
-    for (int a = 0; a < 3; ++a) {
-      const int up = (c >> a) & 1;
-      if (up && axis_[a].size() == 1) skip = true;
-      idx[a] = lo[a] + up;
-      weight *= up ? w[a] : 1 - w[a];
-    }
-    if (skip) continue;
-    t += weight * seconds_[(idx[0] * n1 + idx[1]) * n2 + idx[2]];
+  if (any_prefill) {
+    const double sampled = static_cast<double>(batch.num_sampled());
+    t.linear_s = p.linear.at(static_cast<double>(batch.num_tokens())) +
+                 p.sample_row_s * std::max(sampled - 1, 0.0);
+  } else {
+    t.linear_s = p.decode_base.at(decodes);
   }
-  return std::max(t, 0.0);
+  if (decodes > 0) t.attn_decode_s = p.decode_attn.at(decodes, decode_kv / decodes);
+  t.overhead_s = p.overhead_s;
+  return t;
 }
 
 std::string ProfileCostModel::describe() const {
-  return "profile: " + name_ + " (" + std::to_string(axis_[0].size()) + " x " +
-         std::to_string(axis_[1].size()) + " x " + std::to_string(axis_[2].size()) + " grid)";
+  const StepProfile& p = profile_;
+  auto get = [&](const char* k) {
+    const auto it = p.meta.find(k);
+    return it == p.meta.end() ? std::string("?") : it->second;
+  };
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "profile: %s (%s on %s; linear %zu points, decode base %zu, prefill attention %zu "
+                "x %zu, decode attention %zu x %zu, %.1f us/sampled row, overhead %.3f ms/step)",
+                name_.c_str(), get("model").c_str(), get("device").c_str(), p.linear.x.size(),
+                p.decode_base.x.size(), p.prefill_attn.x.size(), p.prefill_attn.y.size(),
+                p.decode_attn.x.size(), p.decode_attn.y.size(), p.sample_row_s * 1e6,
+                p.overhead_s * 1e3);
+  return buf;
 }
 
 }  // namespace flashserve::serve

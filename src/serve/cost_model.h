@@ -1,6 +1,6 @@
 // How long one step (one forward pass over a Batch) takes, for the simulator. Two models:
 //   RooflineCostModel  from the model's shape and the GPU's rates (formulas in docs/serving.md);
-//   ProfileCostModel   interpolated from a table of step times measured on the GPU (a CSV).
+//   ProfileCostModel   interpolated from a model's measured step parts (step_profile.h).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,7 @@
 
 #include "model/shape.h"
 #include "serve/batch.h"
+#include "serve/step_profile.h"
 
 namespace flashserve::serve {
 
@@ -71,26 +72,25 @@ class RooflineCostModel final : public CostModel {
   GpuSpec gpu_;
 };
 
-// A table of measured step times with columns prefill_tokens,decode_tokens,kv_tokens,seconds
-// (header required, any column order), where kv_tokens is Batch::kv_tokens() (keys attended over
-// the whole batch). The rows must form a full grid over the distinct values of the three inputs;
-// a step's time is interpolated trilinearly, and extrapolated linearly beyond the grid's edges.
+// A step's time from a model's measured parts (step_profile.h, written by `flashserve profile`):
+//   decode-only:  decode_base(B) + decode_attn(B, mean KV of the decodes)
+//   otherwise:    linear(T) + sample_row x (S - 1) + sum over chunks prefill_attn(q, cached)
+//                 + decode_attn(B, mean KV of the decodes) (when B > 0)
+// plus the engine's per-step overhead, with T the step's tokens, S its sampled rows and B its
+// decodes. Decode attention is costed at the decodes' mean KV length: it is linear in the KV
+// length, so B decodes of mean L read what B decodes of L each read.
 class ProfileCostModel final : public CostModel {
  public:
-  ProfileCostModel(std::istream& csv, const std::string& name);
+  ProfileCostModel(StepProfile profile, std::string name);
   static ProfileCostModel load(const std::string& path);
-  double step_seconds(const Batch& batch) const override {
-    return at(static_cast<double>(batch.num_prefill_tokens()),
-              static_cast<double>(batch.num_decode_tokens()),
-              static_cast<double>(batch.kv_tokens()));
-  }
-  double at(double prefill_tokens, double decode_tokens, double kv_tokens) const;
+  StepTime breakdown(const Batch& batch) const;
+  double step_seconds(const Batch& batch) const override { return breakdown(batch).total(); }
   std::string describe() const override;
+  const StepProfile& profile() const { return profile_; }
 
  private:
+  StepProfile profile_;
   std::string name_;
-  std::vector<double> axis_[3];
-  std::vector<double> seconds_;  // [i0][i1][i2], row-major
 };
 
 }  // namespace flashserve::serve

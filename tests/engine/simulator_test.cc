@@ -3,6 +3,9 @@
 // in, KV cache sizing, and the bisection.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <functional>
+
 #include <limits>
 
 #include <cmath>
@@ -124,32 +127,55 @@ TEST(Simulator, PrefillFirstStallsDecodesChunkingDoesNot) {
 }
 
 TEST(Simulator, ProfileTableDrivesTheClock) {
-  // A table of a linear function; the simulation must match one driven by the function itself.
-  struct Linear final : fs::CostModel {
-    double step_seconds(const fs::Batch& b) const override {
-      return 1e-3 + 2e-5 * b.num_prefill_tokens() + 1e-4 * b.num_decode_tokens() +
-             1e-8 * b.kv_tokens();
-    }
-    std::string describe() const override { return "linear"; }
-  } lin;
-  std::ostringstream csv;
-  csv.precision(17);
-  csv << "prefill_tokens,decode_tokens,kv_tokens,seconds\n";
-  for (int p : {0, 4096})
-    for (int d : {0, 256})
-      for (int k : {0, 1000000}) {
-        fs::Batch b;
-        csv << p << "," << d << "," << k << "," << 1e-3 + 2e-5 * p + 1e-4 * d + 1e-8 * k << "\n";
+  // A profile whose parts are linear functions; the simulation must match one driven by the same
+  // formula written out (cost_model.h: linear + sampled rows + chunks' attention + decodes').
+  auto lin = [](double t) { return 1e-3 + 2e-5 * t; };
+  auto dbase = [](double b) { return 1e-3 + 3e-5 * b; };
+  auto pa = [](double c, double k) { return 1e-7 * c + 1e-9 * c * k; };
+  auto da = [](double b, double l) { return 2e-8 * b * l; };
+  struct Formula final : fs::CostModel {
+    std::function<double(const fs::Batch&)> f;
+    double step_seconds(const fs::Batch& b) const override { return f(b); }
+    std::string describe() const override { return "formula"; }
+  } formula;
+  formula.f = [&](const fs::Batch& b) {
+    double t = 5e-4, dec = 0, kv = 0;
+    bool prefill = false;
+    for (const auto& e : b.entries) {
+      if (e.is_prefill) {
+        prefill = true;
+        t += pa(static_cast<double>(e.q_len), static_cast<double>(e.q_start));
+      } else {
+        dec += 1, kv += static_cast<double>(e.kv_len);
       }
-  std::istringstream in(csv.str());
-  fs::ProfileCostModel pm(in, "linear.csv");
+    }
+    t += prefill ? lin(static_cast<double>(b.num_tokens())) +
+                       1e-6 * std::max<double>(static_cast<double>(b.num_sampled()) - 1, 0)
+                 : dbase(dec);
+    if (dec > 0) t += da(dec, kv / dec);
+    return t;
+  };
+  fs::StepProfile p;
+  for (double x : {1, 8192}) p.linear.x.push_back(x), p.linear.seconds.push_back(lin(x));
+  for (double x : {1, 512}) p.decode_base.x.push_back(x), p.decode_base.seconds.push_back(dbase(x));
+  p.prefill_attn.x = {1, 4096};
+  p.prefill_attn.y = {0, 4096};
+  for (double c : p.prefill_attn.x)
+    for (double k : p.prefill_attn.y) p.prefill_attn.seconds.push_back(pa(c, k));
+  p.decode_attn.x = {1, 512};
+  p.decode_attn.y = {1, 4096};
+  for (double b : p.decode_attn.x)
+    for (double l : p.decode_attn.y) p.decode_attn.seconds.push_back(da(b, l));
+  p.sample_row_s = 1e-6;
+  p.overhead_s = 5e-4;
+  const fs::ProfileCostModel pm(p, "linear");
   fs::WorkloadSpec spec;
   spec.num_requests = 60;
   spec.rate = 4;
   spec.max_model_len = 4096;
   const auto reqs = fs::generate_workload(spec);
   const auto a = fe::simulate(reqs, small_config(fs::Policy::kSarathi), pm).metrics;
-  const auto b = fe::simulate(reqs, small_config(fs::Policy::kSarathi), lin).metrics;
+  const auto b = fe::simulate(reqs, small_config(fs::Policy::kSarathi), formula).metrics;
   EXPECT_NEAR(a.tbt.p99, b.tbt.p99, 1e-9);
   EXPECT_NEAR(a.e2e.mean, b.e2e.mean, 1e-9);
 }

@@ -1,8 +1,10 @@
 // Cost models: the presets' parameter counts against the published totals, the roofline's regimes
 // (memory-bound decode, compute-bound prefill), chunked prefill attention summing to the whole
-// prompt's, and the profile table's trilinear interpolation against a known multilinear function.
+// prompt's, and the profile cost model's tables against known piecewise-linear and bilinear
+// functions (exact at and between grid points, monotone, round-tripped through CSV).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <sstream>
@@ -125,65 +127,131 @@ TEST(CostModel, GpuAndModelValidation) {
   EXPECT_LT(a.attn_decode_bw, h.attn_decode_bw);
 }
 
-// A multilinear function is reproduced exactly by trilinear interpolation, inside and outside
-// the grid.
-double f(double p, double d, double k) {
-  return 2e-3 + 1e-5 * p + 3e-5 * d + 2e-9 * k + 1e-9 * p * d + 1e-13 * p * k + 3e-12 * d * k +
-         1e-16 * p * d * k;
+// A profile whose tables sample known functions: f1 piecewise linear in one axis, f2 bilinear
+// (a + b u + c v + d u v, non-decreasing for non-negative coefficients), so interpolation must
+// reproduce them exactly inside the grid and on the edge segments' extensions outside it.
+double lin_f(double t) {
+  return 3e-3 + 2e-5 * t;
+}
+double dbase_f(double b) {
+  return 2.5e-3 + 1e-5 * b;
+}
+double pa_f(double c, double k) {
+  return 1e-6 * c + 2e-9 * c * k + 1e-5;
+}
+double da_f(double b, double l) {
+  return 1e-8 * b * (l - 1) + 1e-7 * (l - 1);
 }
 
-std::string grid_csv(bool shuffle_columns) {
-  std::ostringstream o;
-  o << (shuffle_columns ? "seconds,kv_tokens,prefill_tokens,decode_tokens\n"
-                        : "prefill_tokens,decode_tokens,kv_tokens,seconds\n");
-  o.precision(17);
-  for (double p : {0, 128, 512, 2048})
-    for (double d : {0, 1, 16, 64, 256})
-      for (double k : {0.0, 1e4, 1e5, 1e6}) {
-        if (shuffle_columns)
-          o << f(p, d, k) << "," << k << "," << p << "," << d << "\n";
-        else
-          o << p << "," << d << "," << k << "," << f(p, d, k) << "\n";
-      }
-  return o.str();
+fs::StepProfile known_profile() {
+  fs::StepProfile p;
+  p.meta["model"] = "synthetic";
+  p.linear.x = {1, 16, 128, 512, 2048};
+  for (double x : p.linear.x) p.linear.seconds.push_back(lin_f(x));
+  p.decode_base.x = {1, 8, 64, 256};
+  for (double x : p.decode_base.x) p.decode_base.seconds.push_back(dbase_f(x));
+  p.prefill_attn.x = {16, 64, 256, 1024};
+  p.prefill_attn.y = {0, 512, 2048, 8192};
+  for (double c : p.prefill_attn.x)
+    for (double k : p.prefill_attn.y) p.prefill_attn.seconds.push_back(pa_f(c, k));
+  p.decode_attn.x = {1, 4, 32, 128};
+  p.decode_attn.y = {1, 256, 1024, 4096};
+  for (double b : p.decode_attn.x)
+    for (double l : p.decode_attn.y) p.decode_attn.seconds.push_back(da_f(b, l));
+  p.sample_row_s = 7e-6;
+  p.overhead_s = 4e-4;
+  return p;
 }
 
-TEST(ProfileCostModel, InterpolatesAMultilinearFunctionExactly) {
-  for (bool shuffle : {false, true}) {
-    std::istringstream in(grid_csv(shuffle));
-    fs::ProfileCostModel pm(in, "grid.csv");
-    std::mt19937_64 rng(5);
-    for (int t = 0; t < 1000; ++t) {
-      const double p = std::uniform_real_distribution<double>(0, 3000)(rng);  // beyond 2048 too
-      const double d = std::uniform_real_distribution<double>(0, 300)(rng);
-      const double k = std::uniform_real_distribution<double>(0, 1.5e6)(rng);
-      EXPECT_NEAR(pm.at(p, d, k), f(p, d, k), 1e-9 * f(p, d, k));
-    }
-    // Through a Batch: the features are prefill tokens, decodes, and keys over the whole batch.
-    const fs::Batch b = make_batch({{1000, 300, true}, {500, 1, false}, {20, 1, false}});
-    EXPECT_NEAR(pm.step_seconds(b), f(300, 2, 1300 + 501 + 21), 1e-12);
+TEST(ProfileCostModel, InterpolatesExactlyAtGridPointsAndBilinearFunctionsBetween) {
+  const fs::StepProfile p = known_profile();
+  for (size_t i = 0; i < p.prefill_attn.x.size(); ++i)
+    for (size_t j = 0; j < p.prefill_attn.y.size(); ++j)
+      EXPECT_EQ(p.prefill_attn.at(p.prefill_attn.x[i], p.prefill_attn.y[j]),
+                p.prefill_attn.cell(i, j));
+  for (size_t i = 0; i < p.linear.x.size(); ++i)
+    EXPECT_EQ(p.linear.at(p.linear.x[i]), p.linear.seconds[i]);
+  std::mt19937_64 rng(std::random_device{}());
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int t = 0; t < 2000; ++t) {
+    const double c = 1 + 1500 * u(rng), k = 10000 * u(rng);  // beyond the grid's edges too
+    const double b = 1 + 200 * u(rng), l = 1 + 6000 * u(rng), tok = 1 + 3000 * u(rng);
+    EXPECT_NEAR(p.prefill_attn.at(c, k), pa_f(c, k), 1e-12 + 1e-9 * pa_f(c, k));
+    EXPECT_NEAR(p.decode_attn.at(b, l), da_f(b, l), 1e-12 + 1e-9 * da_f(b, l));
+    EXPECT_NEAR(p.linear.at(tok), lin_f(tok), 1e-9 * lin_f(tok));
   }
 }
 
-TEST(ProfileCostModel, RejectsMalformedTables) {
+TEST(ProfileCostModel, IsMonotoneBetweenGridPointsOfAMeasuredLookingTable) {
+  // Random non-decreasing tables (a running maximum of noise), probed along each axis inside the
+  // grid (beyond it the edge segments' extension is monotone along the extended axis only).
+  std::mt19937_64 rng(std::random_device{}());
+  std::uniform_real_distribution<double> u(0, 1);
+  fs::ProfileTable2 t;
+  t.x = {1, 3, 10, 40, 200};
+  t.y = {0, 7, 64, 1000};
+  for (size_t n = 0; n < t.x.size() * t.y.size(); ++n) t.seconds.push_back(u(rng));
+  fs::make_monotone(t);
+  for (int trial = 0; trial < 200; ++trial) {
+    const double fixed_x = 1 + 199 * u(rng), fixed_y = 1000 * u(rng);
+    double prev_x = -1, prev_y = -1;
+    for (double v = 0; v <= 1000; v += 0.25) {
+      const double along_x = t.at(std::min(1 + v, 200.0), fixed_y), along_y = t.at(fixed_x, v);
+      EXPECT_GE(along_x, prev_x - 1e-15);
+      EXPECT_GE(along_y, prev_y - 1e-15);
+      prev_x = along_x, prev_y = along_y;
+    }
+  }
+}
+
+TEST(ProfileCostModel, StepTimeAddsTheParts) {
+  const fs::ProfileCostModel pm(known_profile(), "known");
+  // Decode-only: the decode base and decode attention at the mean KV length.
+  const fs::Batch dec = make_batch({{99, 1, false}, {299, 1, false}});
+  EXPECT_NEAR(pm.step_seconds(dec), dbase_f(2) + da_f(2, 200) + 4e-4, 1e-12);
+  // Mixed: linear over every token, one sample row per sampling entry beyond the first, each
+  // chunk's attention at its cached length, the decodes' attention.
+  fs::Batch mix = make_batch({{99, 1, false}, {299, 1, false}, {1000, 300, true}, {0, 60, true}});
+  mix.entries[3].samples = false;  // a non-final chunk
+  const double want = lin_f(362) + 7e-6 * 2 + pa_f(300, 1000) + pa_f(60, 0) + da_f(2, 200) + 4e-4;
+  EXPECT_NEAR(pm.step_seconds(mix), want, 1e-12);
+  EXPECT_EQ(pm.step_seconds(fs::Batch{}), 0);
+}
+
+TEST(ProfileCostModel, CsvRoundTripsAndRejectsMalformedTables) {
+  const fs::StepProfile p = known_profile();
+  std::stringstream io;
+  p.write_csv(io);
+  const fs::StepProfile q = fs::StepProfile::read_csv(io, "rt.csv");
+  EXPECT_EQ(q.prefill_attn.seconds, p.prefill_attn.seconds);
+  EXPECT_EQ(q.decode_attn.y, p.decode_attn.y);
+  EXPECT_EQ(q.linear.seconds, p.linear.seconds);
+  EXPECT_EQ(q.overhead_s, p.overhead_s);
+  EXPECT_EQ(q.meta.at("model"), "synthetic");
+
   auto err = [](const std::string& text) {
     std::istringstream in(text);
     try {
-      fs::ProfileCostModel pm(in, "p.csv");
+      fs::StepProfile::read_csv(in, "p.csv");
     } catch (const Error& e) {
       return std::string(e.what());
     }
     return std::string("accepted");
   };
-  const std::string h = "prefill_tokens,decode_tokens,kv_tokens,seconds\n";
-  EXPECT_NE(err("prefill_tokens,decode_tokens,seconds\n1,2,3\n").find("kv_tokens"),
-            std::string::npos);
-  EXPECT_NE(err(h + "0,0,0,1\n0,1,0,2\n1,0,0,3\n").find("full 2 x 2 x 1 grid"), std::string::npos);
-  EXPECT_NE(err(h + "0,0,0,x\n").find("p.csv:2"), std::string::npos);
-  EXPECT_NE(err(h + "0,0,0,1\n0,0,0,2\n").find("duplicate"), std::string::npos);
-  EXPECT_NE(err(h + "0,0,-1,1\n").find(">= 0"), std::string::npos);
-  EXPECT_NE(err(h).find("no rows"), std::string::npos);
-  EXPECT_EQ(err(h + "0,0,0,0.01\n"), "accepted");  // a single point: a constant model
+  const std::string h = "table,x,y,seconds\n";
+  const std::string ok = h +
+                         "linear,1,0,1\nlinear,8,0,2\ndecode_base,1,0,1\n"
+                         "prefill_attn,16,0,1\nprefill_attn,16,64,2\n"
+                         "decode_attn,1,1,0\nsample_row,0,0,0\noverhead,0,0,0\n";
+  EXPECT_EQ(err(ok), "accepted");
+  EXPECT_NE(err("prefill_tokens,seconds\n").find("header"), std::string::npos);
+  EXPECT_NE(err(ok + "prefill_attn,32,0,3\n").find("full 2 x 2 grid"), std::string::npos);
+  EXPECT_NE(err(ok + "linear,8,0,3\n").find("duplicate"), std::string::npos);
+  EXPECT_NE(err(ok + "linear,9,0,x\n").find("p.csv:10"), std::string::npos);
+  EXPECT_NE(err(ok + "linear,9,0,1.5\n").find("linear decreases"), std::string::npos);
+  EXPECT_NE(err(ok + "bogus,1,0,1\n").find("unknown table"), std::string::npos);
+  EXPECT_NE(err(ok + "linear,9,0,-1\n").find(">= 0"), std::string::npos);
+  EXPECT_NE(err(h + "linear,1,0,1\n").find("sample_row"), std::string::npos);
   EXPECT_THROW(fs::ProfileCostModel::load("/nonexistent.csv"), Error);
 }
 

@@ -744,4 +744,9 @@ std::unique_ptr<ModelRunner> make_cuda_runner(const std::string& dir, int device
   return cuda::CudaRunner::load(dir, device);
 }
 
+std::unique_ptr<ModelRunner> make_random_cuda_runner(const ModelConfig& config, uint64_t seed,
+                                                     int device) {
+  return cuda::CudaRunner::random(config, seed, device);
+}
+
 }  // namespace flashserve::model

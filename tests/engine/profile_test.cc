@@ -1,0 +1,126 @@
+// `flashserve profile` on the CPU runner (the tiny model): the table is well formed and describes
+// the runner (each part grows with its axes), and the simulator calibrated by it predicts the
+// runner's own serving of a small workload.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "engine/model_engine.h"
+#include "engine/replay.h"
+#include "engine/simulator.h"
+#include "engine/step_profiler.h"
+#include "serve/cost_model.h"
+#include "serve/workload.h"
+#include "tiny_model.h"
+
+namespace fe = flashserve::engine;
+namespace fs = flashserve::serve;
+
+namespace {
+
+// Under ASan (a Debug build: steps ~100x slower) the profile takes the smallest grid and the
+// timing comparison is skipped: it would measure the instrumentation.
+#if defined(__SANITIZE_ADDRESS__) || !defined(NDEBUG)
+constexpr bool kInstrumented = true;
+#else
+constexpr bool kInstrumented = false;
+#endif
+
+fe::ProfileGrid test_grid() {
+  if (kInstrumented) return fe::ProfileGrid::smoke();
+  fe::ProfileGrid g = fe::ProfileGrid::quick();
+  g.reps = 3;
+  return g;
+}
+
+const fe::LoadedModel& tiny() {
+  static const fe::LoadedModel m = [] {
+    fe::ModelEngineOptions o;
+    o.model_dir = fe::testing::tiny_dir();
+    o.cpu_kv_bytes = 64.0 * (1 << 20);
+    return fe::load_model(o);
+  }();
+  return m;
+}
+
+// Profiled once per test binary (a few seconds).
+const fs::StepProfile& tiny_profile() {
+  static const fs::StepProfile p = fe::profile_model(tiny(), test_grid());
+  return p;
+}
+
+TEST(Profile, WritesAWellFormedTableOfTheGrid) {
+  const fs::StepProfile& p = tiny_profile();
+  std::stringstream csv;
+  p.write_csv(csv);
+  const fs::StepProfile q = fs::StepProfile::read_csv(csv, "tiny.csv");  // validates it
+  const fe::ProfileGrid g = test_grid();
+  EXPECT_EQ(q.linear.x, std::vector<double>(g.tokens.begin(), g.tokens.end()));
+  EXPECT_EQ(q.prefill_attn.x, std::vector<double>(g.chunk.begin(), g.chunk.end()));
+  EXPECT_EQ(q.prefill_attn.y, std::vector<double>(g.cached.begin(), g.cached.end()));
+  EXPECT_EQ(q.decode_attn.x, std::vector<double>(g.decode_batch.begin(), g.decode_batch.end()));
+  EXPECT_EQ(q.decode_attn.y, std::vector<double>(g.decode_kv.begin(), g.decode_kv.end()));
+  EXPECT_EQ(q.meta.at("device"), "cpu");
+  // What the runner does, not noise: 192 tokens of linear layers cost more than 1, and a
+  // 128-token chunk after 384 cached tokens (about 57k query-key pairs per head) more attention
+  // than a 16-token one at the start (136); decodes at KV 1 pay no attention. (The smoke grid's
+  // 16 tokens against 1 is not far enough apart to assert a factor.)
+  if (!kInstrumented) EXPECT_GT(q.linear.seconds.back(), 2 * q.linear.seconds.front());
+  EXPECT_GT(q.prefill_attn.seconds.back(), q.prefill_attn.seconds.front());
+  EXPECT_GT(q.prefill_attn.seconds.back(), 0);
+  for (size_t i = 0; i < q.decode_attn.x.size(); ++i) EXPECT_EQ(q.decode_attn.cell(i, 0), 0);
+  EXPECT_GT(q.decode_attn.seconds.back(), 0);
+  EXPECT_GE(q.overhead_s, 0);
+  if (!kInstrumented) EXPECT_LT(q.overhead_s, 1e-3);  // the scheduler's bookkeeping, not a step
+}
+
+TEST(Profile, CalibratedSimulatorPredictsTheCpuRunner) {
+  if (kInstrumented) GTEST_SKIP() << "timing under ASan / Debug measures the instrumentation";
+  const fs::ProfileCostModel cost(tiny_profile(), "tiny");
+  fs::WorkloadSpec spec;
+  spec.lengths = fs::LengthKind::kFixed;
+  spec.fixed_prompt = 300;
+  spec.fixed_output = 24;
+  spec.num_requests = 12;
+  spec.rate = 6;
+  spec.seed = 3;
+  spec.max_model_len = 1024;
+  const auto reqs = fs::generate_workload(spec);
+  fs::SchedulerConfig sc;
+  sc.policy = fs::Policy::kSarathi;
+  sc.max_tokens_per_step = 128;
+  sc.max_running = 16;
+  sc.chunk_tile = 16;
+  sc.max_model_len = 1024;
+  auto engine = fe::make_model_engine(tiny(), sc);
+  fe::ReplayOptions ro;
+  ro.vocab_size = tiny().runner->config().vocab_size;
+  const fs::ServingMetrics meas = fe::replay(*engine, reqs, ro).metrics;
+  fe::SimConfig sim;
+  sim.scheduler = engine->config().scheduler;
+  sim.num_blocks = tiny().num_blocks;
+  sim.block_size = tiny().block_size;
+  const fs::ServingMetrics pred = fe::simulate(reqs, sim, cost).metrics;
+  const double tbt_err = (pred.tbt.p99 - meas.tbt.p99) / meas.tbt.p99;
+  const double ttft_err = (pred.ttft.p50 - meas.ttft.p50) / meas.ttft.p50;
+  const double tbt50_err = (pred.tbt.p50 - meas.tbt.p50) / meas.tbt.p50;
+  std::printf(
+      "tiny on the CPU: TBT p99 measured %.2f ms, predicted %.2f ms (%+.1f%%); TBT p50 "
+      "%.2f / %.2f ms (%+.1f%%); TTFT p50 %.2f / %.2f ms (%+.1f%%)\n",
+      meas.tbt.p99 * 1e3, pred.tbt.p99 * 1e3, 100 * tbt_err, meas.tbt.p50 * 1e3, pred.tbt.p50 * 1e3,
+      100 * tbt50_err, meas.ttft.p50 * 1e3, pred.ttft.p50 * 1e3, 100 * ttft_err);
+  // Two CPU cores shared with other jobs (load average 7 when this was written): the same test
+  // run three times in a row saw errors of +5% .. +91% on P99 TBT and +12% .. +117% on median
+  // TTFT, the profile and the replay each timing a few hundred milliseconds of a machine whose
+  // other tenants come and go. So the bound is a factor of 2.2 either way: it catches a profile
+  // in the wrong unit, a part dropped or counted twice over the whole run, a clock that does not
+  // advance, not a 15% error (which the GPU run, scripts/engine-profile-gpu-check.sh, measures).
+  EXPECT_GT(pred.tbt.p99, meas.tbt.p99 / 2.2);
+  EXPECT_LT(pred.tbt.p99, meas.tbt.p99 * 2.2);
+  EXPECT_GT(pred.ttft.p50, meas.ttft.p50 / 2.2);
+  EXPECT_LT(pred.ttft.p50, meas.ttft.p50 * 2.2);
+}
+
+}  // namespace
