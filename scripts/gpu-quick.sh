@@ -4,10 +4,11 @@
 # (`flashserve run --device cuda`), the sm90 kernel's and the KV-append's GPU tests, the model's
 # GPU logprobs, bench_sm90, the Python host cost and decode defaults (bench/python_host_cost.py),
 # the CPU path beside PyTorch's CPU SDPA, the PyTorch operator tests, compute-sanitizer on the new
-# kernels, and a short bench-serve of a small random model (sarathi beside vllm).
+# kernels, and the mistral-7b shape profiled and served (sarathi, vllm) beside the calibrated
+# simulator.
 #
 #   OUT=... bash scripts/gpu-quick.sh              # builds the five targets for 90a (~2-3 min)
-#   BIN=.xfer/bin OUT=... bash scripts/gpu-quick.sh  # binaries built elsewhere (see pack_binaries)
+#   BIN=.xfer/bin OUT=... bash scripts/gpu-quick.sh  # binaries built elsewhere (see --pack)
 # The binaries travel compressed: on the build machine
 #   bash scripts/gpu-quick.sh --pack build/dev90 .xfer/bin.tar.xz
 # and the call unpacks them with BIN_TAR=.xfer/bin.tar.xz.
@@ -76,6 +77,14 @@ if [ -f bench/cpu_sdpa_compare.py ]; then
   run_step cpu_sdpa 90 python3 bench/cpu_sdpa_compare.py
 fi
 
+step "profile the mistral-7b shape on the CUDA runner, then bench-serve beside the calibrated simulator"
+run_step profile 90 "$FS" profile --shape mistral-7b --device cuda --out "$OUT/profile-m7b.csv"
+for policy in sarathi vllm; do
+  run_step "serve_$policy" 90 "$FS" bench-serve --shape mistral-7b --device cuda \
+    --workload sharegpt --rate 2 --requests 32 --policy $policy --budget 512 \
+    --max-model-len 8192 --profile "$OUT/profile-m7b.csv" --predict-gpu h200
+done
+
 step "PyTorch tests on the GPU (operators, torch.compile, CUDA graphs, kvcache)"
 run_step torch_tests 180 python3 -m pytest -q -x python/tests/test_gpu_torch.py \
   python/tests/test_gpu_torch_ops.py
@@ -84,15 +93,9 @@ step "compute-sanitizer memcheck: sm90 and KV append small cases"
 run_step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 99 \
   "$BIN/tests/test_gpu" --gtest_filter='*Sm90Sanitize*:*KvAppendSanitize*' --gtest_brief=1
 
-step "bench-serve: qwen2-0.5b random checkpoint, ShareGPT, sarathi beside vllm"
-ck=/tmp/qwen2-0.5b-random
-[ -f $ck/config.json ] || "$FS" make-checkpoint --shape qwen2-0.5b --out $ck >/dev/null
-run_step bench_serve 240 "$FS" bench-serve --model $ck --device cuda --workload sharegpt \
-  --rate 8 --requests 128 --compare --budget 512 --max-model-len 8192
-
 echo
 echo "== summary (${SECONDS}s)"
-for k in engine_run sm90_tests logprobs_gpu bench_sm90 host_cost cpu_sdpa torch_tests memcheck \
-  bench_serve; do
+for k in engine_run sm90_tests logprobs_gpu bench_sm90 host_cost cpu_sdpa profile serve_sarathi \
+  serve_vllm torch_tests memcheck; do
   printf '%-14s %s\n' "$k" "${result[$k]:-not run}"
 done
