@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "cuda_ok.h"
+#include "bench_common.h"
 #include "flashserve/attention.h"
 
 namespace {
@@ -64,16 +64,6 @@ struct Options {
   std::string csv;
 };
 
-std::vector<int> parse_list(const char* s) {
-  std::vector<int> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::atoi(p));
-    while (*p && *p != ',') ++p;
-    if (*p == ',') ++p;
-  }
-  return v;
-}
-
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -86,11 +76,11 @@ Options parse(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--head-dims")
-      o.head_dims = parse_list(next());
+      o.head_dims = parse_int_list(next());
     else if (a == "--seqlens")
-      o.seqlens = parse_list(next());
+      o.seqlens = parse_int_list(next());
     else if (a == "--causal")
-      o.causal = parse_list(next());
+      o.causal = parse_int_list(next());
     else if (a == "--total-tokens")
       o.total_tokens = std::atoi(next());
     else if (a == "--hidden")
@@ -108,7 +98,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--pause-ms")
       o.pause_ms = std::atoi(next());
     else if (a == "--decode-splits")
-      o.decode_splits = parse_list(next());
+      o.decode_splits = parse_int_list(next());
     else if (a == "--csv")
       o.csv = next();
     else {
@@ -136,30 +126,6 @@ Options parse(int argc, char** argv) {
       std::exit(2);
     }
   return o;
-}
-
-// Median time in ms of `iters` calls of fn, each bracketed by its own pair of events.
-// pause_ms of idle time come first: the H200 runs at its power cap (throttle reason "SW power cap"
-// during the grid), and the clock it settles to lags behind the power drawn in the preceding
-// second; a pause gives every shape, here and in sdpa_compare.py, a comparable start.
-template <typename Fn>
-float median_ms(Fn&& fn, int warmup, int iters, int pause_ms) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
-  for (int i = 0; i < warmup; ++i) fn();
-  CUDA_OK(cudaDeviceSynchronize());
-  std::vector<cudaEvent_t> ev(2 * iters);
-  for (auto& e : ev) CUDA_OK(cudaEventCreate(&e));
-  for (int i = 0; i < iters; ++i) {
-    CUDA_OK(cudaEventRecord(ev[2 * i]));
-    fn();
-    CUDA_OK(cudaEventRecord(ev[2 * i + 1]));
-  }
-  CUDA_OK(cudaDeviceSynchronize());
-  std::vector<float> ms(iters);
-  for (int i = 0; i < iters; ++i) CUDA_OK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-  for (auto& e : ev) CUDA_OK(cudaEventDestroy(e));
-  std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
-  return ms[iters / 2];
 }
 
 flashserve::TensorView device_view(void* p, flashserve::DType dt,

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda_ok.h"
+#include "bench_common.h"
 #include "flashserve/attention.h"
 
 namespace {
@@ -232,11 +232,7 @@ int main(int argc, char** argv) {
     else if (a == "--md" && i + 1 < argc)
       out_path = argv[++i];
     else if (a == "--decode-splits" && i + 1 < argc) {
-      for (const char* c = argv[++i]; *c;) {
-        decode_splits.push_back(std::atoi(c));
-        while (*c && *c != ',') ++c;
-        if (*c == ',') ++c;
-      }
+      for (int n : parse_int_list(argv[++i])) decode_splits.push_back(n);
     } else {
       std::fprintf(stderr,
                    "usage: bench_serve_attn [--calls 20] [--reps 15] [--md FILE] "

@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "cuda_ok.h"
+#include "bench_common.h"
 #include "flashserve/attention.h"
 
 namespace {
@@ -53,26 +53,6 @@ float to_float(uint16_t bits, bool bf16) {
   return __half2float(__half(r));
 }
 
-template <typename Fn>
-float median_ms(Fn&& fn, int warmup, int iters) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // comparable clocks (bench_attn)
-  for (int i = 0; i < warmup; ++i) fn();
-  CUDA_OK(cudaDeviceSynchronize());
-  std::vector<cudaEvent_t> ev(2 * iters);
-  for (auto& e : ev) CUDA_OK(cudaEventCreate(&e));
-  for (int i = 0; i < iters; ++i) {
-    CUDA_OK(cudaEventRecord(ev[2 * i]));
-    fn();
-    CUDA_OK(cudaEventRecord(ev[2 * i + 1]));
-  }
-  CUDA_OK(cudaDeviceSynchronize());
-  std::vector<float> ms(iters);
-  for (int i = 0; i < iters; ++i) CUDA_OK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-  for (auto& e : ev) CUDA_OK(cudaEventDestroy(e));
-  std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
-  return ms[iters / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -83,12 +63,7 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     const bool has = i + 1 < argc;
     if (a == "--seqlens" && has) {
-      seqlens.clear();
-      for (const char* p = argv[++i]; *p;) {
-        seqlens.push_back(std::atoi(p));
-        while (*p && *p != ',') ++p;
-        if (*p == ',') ++p;
-      }
+      seqlens = parse_int_list(argv[++i]);
     } else if (a == "--head-dim" && has) {
       head_dim = std::atoi(argv[++i]);
     } else if (a == "--total-tokens" && has) {
@@ -152,7 +127,7 @@ int main(int argc, char** argv) {
           err = e.what();
           continue;
         }
-        const float ms = median_ms([&] { flashserve::attention_forward(p); }, warmup, iters);
+        const float ms = median_ms([&] { flashserve::attention_forward(p); }, warmup, iters, 200);
         tflops[which] = static_cast<float>(flops / (ms * 1e-3) / 1e12);
       }
       unsetenv("FLASHSERVE_KERNEL");
