@@ -8,7 +8,8 @@
 
 #include "attention/backends.h"
 #include "attention/reference/combine.h"
-#include "attention/reference/online_softmax.h"
+#include "attention/reference/block_softmax.h"
+#include "attention/reference/cpu_gemm.h"
 #include "common/half.h"
 #include "common/thread_pool.h"
 
@@ -17,99 +18,37 @@ namespace {
 
 constexpr float kLog2e = 1.44269504088896340736f;
 constexpr int64_t kBK = CpuTiling::kBlockK;
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// Rows processed together by the micro-kernels: each key (value) element loaded from L1 feeds
-// kRowGroup rows, and the kRowGroup x kVec accumulators stay in registers (8 SSE / 4 AVX
-// registers).
-constexpr int64_t kRowGroup = 4;
-constexpr int64_t kVec = 8;
-
-// S[r][j] = q_r . k_j for R rows and keys j in [j_begin, j_end), both multiples of kVec with
-// j_end <= kBK. kt is the transposed key block [D][kBK]; S has rows of kBK.
-template <int R>
-void block_scores(const float* q, int64_t D, const float* kt, int64_t j_begin, int64_t j_end,
-                  float* S) {
-  for (int64_t j0 = j_begin; j0 < j_end; j0 += kVec) {
-    float c[R][kVec] = {};
-    for (int64_t d = 0; d < D; ++d) {
-      const float* k = kt + d * kBK + j0;
-      for (int r = 0; r < R; ++r) {
-        const float qd = q[r * D + d];
-        for (int jj = 0; jj < kVec; ++jj) c[r][jj] += qd * k[jj];
-      }
-    }
-    for (int r = 0; r < R; ++r)
-      for (int jj = 0; jj < kVec; ++jj) S[r * kBK + j0 + jj] = c[r][jj];
-  }
-}
-
-// acc[r][:] += sum_{j in [j_begin, j_end)} P[r][j] * v[j][:] for R rows; v is [kBK][Dv].
-template <int R>
-void block_accumulate(const float* P, const float* v, int64_t Dv, int64_t j_begin, int64_t j_end,
-                      float* acc) {
-  int64_t d0 = 0;
-  for (; d0 + kVec <= Dv; d0 += kVec) {
-    float c[R][kVec];
-    for (int r = 0; r < R; ++r)
-      for (int dd = 0; dd < kVec; ++dd) c[r][dd] = acc[r * Dv + d0 + dd];
-    for (int64_t j = j_begin; j < j_end; ++j) {
-      const float* vr = v + j * Dv + d0;
-      for (int r = 0; r < R; ++r) {
-        const float p = P[r * kBK + j];
-        for (int dd = 0; dd < kVec; ++dd) c[r][dd] += p * vr[dd];
-      }
-    }
-    for (int r = 0; r < R; ++r)
-      for (int dd = 0; dd < kVec; ++dd) acc[r * Dv + d0 + dd] = c[r][dd];
-  }
-  for (; d0 < Dv; ++d0)  // head dims that are not a multiple of kVec
-    for (int r = 0; r < R; ++r) {
-      float c = acc[r * Dv + d0];
-      for (int64_t j = j_begin; j < j_end; ++j) c += P[r * kBK + j] * v[j * Dv + d0];
-      acc[r * Dv + d0] = c;
-    }
-}
-
-template <typename F>
-void with_rows(int64_t n, F&& f) {  // calls f.template operator()<R>() with R = n in 1..kRowGroup
-  switch (n) {
-    case 1:
-      f.template operator()<1>();
-      break;
-    case 2:
-      f.template operator()<2>();
-      break;
-    case 3:
-      f.template operator()<3>();
-      break;
-    default:
-      f.template operator()<4>();
-      break;
-  }
-}
 
 // Per-worker buffers, sized once per call: O(tile), independent of the sequence lengths.
 struct Workspace {
-  std::vector<float> q;                   // [rows, D], pre-multiplied by scale * log2(e)
-  std::vector<float> acc;                 // [rows, Dv], unnormalised output
-  std::vector<RunningSoftmax<float>> sm;  // [rows] running max and sum (log2 units)
-  std::vector<float> kt;  // [D, kBK] the key block, transposed so scores vectorise over keys
-  std::vector<float> v;   // [kBK, Dv] the value block
-  std::vector<float> s;   // [kRowGroup, kBK] scores of a row group, then its probabilities
-  std::vector<float> o;   // [Dv] one finished output row
+  int64_t ld;                  // row stride of qt and s: the most rows a tile has
+  std::vector<float> qt;       // [D][ld] the tile's queries, transposed, times scale * log2(e)
+  std::vector<float> s;        // [kBK][ld] scores of a key block, key-major, then probabilities
+  std::vector<float> k;        // [kBK][D] keys converted to float (when not read in place)
+  std::vector<float> v;        // [kBK][Dv] values likewise
+  std::vector<float> acc;      // [rows][Dv] unnormalised output
+  std::vector<float> m, l, corr, scratch;  // [rows] running max and sum (log2 units)
+  std::vector<int64_t> first_key, end_key;  // [rows] each row's visible keys
+  std::vector<float> row;      // [max(D, Dv)] one row being converted or written
 
   Workspace(int64_t rows, int64_t D, int64_t Dv)
-      : q(rows * D),
-        acc(rows * Dv),
-        sm(rows),
-        kt(D * kBK),
+      : ld(rows),
+        qt(D * rows),
+        s(kBK * rows),
+        k(kBK * D),
         v(kBK * Dv),
-        s(kRowGroup * kBK),
-        o(Dv) {}
+        acc(rows * Dv),
+        m(rows),
+        l(rows),
+        corr(rows),
+        scratch(rows),
+        first_key(rows),
+        end_key(rows),
+        row(std::max(D, Dv)) {}
   static size_t bytes(int64_t rows, int64_t D, int64_t Dv) {
-    return sizeof(float) * static_cast<size_t>(rows * D + rows * Dv + 2 * rows + D * kBK +
-                                               kBK * Dv + kRowGroup * kBK + Dv);
+    return sizeof(float) * static_cast<size_t>(D * rows + kBK * rows + kBK * D + kBK * Dv +
+                                               rows * Dv + 4 * rows + std::max(D, Dv)) +
+           sizeof(int64_t) * static_cast<size_t>(2 * rows);
   }
 };
 
@@ -155,7 +94,7 @@ class Forward {
 
   // Runs one tile; writes params.out/lse, or the split's partials when partials != nullptr.
   void run(const Tile& tl, Workspace& w, const SplitPartials* partials) const {
-    const int64_t D = pr_.head_dim, Dv = pr_.head_dim_v, G = group_;
+    const int64_t D = pr_.head_dim, Dv = pr_.head_dim_v, G = group_, ld = w.ld;
     const int64_t nq = L_.q_len(tl.b), nk = L_.kv_len(tl.b);
     const int64_t rows = (tl.t1 - tl.t0) * G;  // row r: query t0 + r / G, head hk * G + r % G
     const Mask& mask = pr_.mask;
@@ -163,14 +102,18 @@ class Forward {
 
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = tl.t0 + r / G, h = tl.hk * G + r % G;
-      load_row(p_.q.data, p_.q.dtype, L_.q_offset(tl.b, t, h), D, qmul, &w.q[r * D]);
+      convert_row(element(p_.q, L_.q_offset(tl.b, t, h)), p_.q.dtype, D, qmul, w.row.data());
+      for (int64_t d = 0; d < D; ++d) w.qt[d * ld + r] = w.row[d];
+      w.first_key[r] = mask.first_key(t, nq, nk);
+      w.end_key[r] = mask.last_key(t, nq, nk) + 1;
     }
     std::fill(w.acc.begin(), w.acc.begin() + rows * Dv, 0.0f);
-    std::fill(w.sm.begin(), w.sm.begin() + rows, RunningSoftmax<float>{});
+    std::fill(w.m.begin(), w.m.begin() + rows, -std::numeric_limits<float>::infinity());
+    std::fill(w.l.begin(), w.l.begin() + rows, 0.0f);
 
     // Keys this tile may see: the union of its rows' windows (first_key and last_key are
     // non-decreasing in t), cut to this split's share of the keys.
-    int64_t lo = mask.first_key(tl.t0, nq, nk), hi = mask.last_key(tl.t1 - 1, nq, nk) + 1;
+    int64_t lo = w.first_key[0], hi = w.end_key[rows - 1];
     if (splits_ > 1) {
       // Splits are whole key blocks, so a split boundary never cuts a block.
       const int64_t chunk = ((nk + splits_ - 1) / splits_ + kBK - 1) / kBK * kBK;
@@ -179,93 +122,73 @@ class Forward {
     }
     for (int64_t j0 = lo; j0 < hi; j0 += kBK) {
       const int64_t nb = std::min(kBK, hi - j0);
-      load_block(tl, j0, nb, w);
-      for (int64_t r0 = 0; r0 < rows; r0 += kRowGroup)
-        process_rows(w, tl, r0, std::min(kRowGroup, rows - r0), j0, nb);
+      // S^T = K Q^T: keys are the rows of the product, so the key rows are read in place.
+      int64_t k_ld = D;
+      const float* k = keys(p_.k, tl, j0, nb, D, w.k.data(), &k_ld);
+      block_gemm(nb, rows, D, k, k_ld, 1, w.qt.data(), ld, w.s.data(), ld, false);
+      // Row windows are non-decreasing: the last row starts latest, the first ends earliest.
+      const ScoreBlock sb{w.s.data(),        ld,
+                          nb,                rows,
+                          j0,                w.first_key.data(),
+                          w.end_key.data(),  w.first_key[rows - 1] <= j0 && w.end_key[0] >= j0 + nb};
+      block_softmax(sb, w.m.data(), w.l.data(), w.corr.data(), w.scratch.data());
+      for (int64_t r = 0; r < rows; ++r)
+        if (w.corr[r] != 1.0f) {  // the max grew: rescale what row r has accumulated
+          float* acc = &w.acc[r * Dv];
+          const float c = w.corr[r];
+          for (int64_t d = 0; d < Dv; ++d) acc[d] *= c;
+        }
+      // O += P V with P read column-wise from s.
+      int64_t v_ld = Dv;
+      const float* v = keys(p_.v, tl, j0, nb, Dv, w.v.data(), &v_ld);
+      block_gemm(rows, Dv, nb, w.s.data(), 1, ld, v, v_ld, w.acc.data(), Dv, true);
     }
 
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = tl.t0 + r / G, h = tl.hk * G + r % G;
-      const float lse = w.sm[r].lse();
-      if (!w.sm[r].empty()) {
-        const float inv = 1.0f / w.sm[r].l;  // NaN for a NaN row: its output is NaN
-        for (int64_t d = 0; d < Dv; ++d) w.o[d] = w.acc[r * Dv + d] * inv;
+      const float l = w.l[r];
+      // As RunningSoftmax::lse: -inf when no key contributed, NaN for a NaN row.
+      const float lse = l == 0.0f ? -std::numeric_limits<float>::infinity()
+                                  : (w.m[r] + std::log2(l)) * 0.69314718055994530942f;
+      float* o = w.row.data();
+      if (l != 0.0f) {
+        const float inv = 1.0f / l;  // NaN for a NaN row: its output is NaN
+        for (int64_t d = 0; d < Dv; ++d) o[d] = w.acc[r * Dv + d] * inv;
       } else {  // the row saw no key (in this split)
-        std::fill(w.o.begin(), w.o.end(), 0.0f);
+        std::fill(o, o + Dv, 0.0f);
       }
       if (partials) {
         const int64_t row = L_.q_row(tl.b, t);
-        std::copy(w.o.begin(), w.o.end(), partials->out_at(tl.split, row, h));
+        std::copy(o, o + Dv, partials->out_at(tl.split, row, h));
         partials->lse_at(tl.split, row, h) = lse;
       } else {
-        store_row(p_.out.data, p_.out.dtype, L_.out_offset(tl.b, t, h), Dv, w.o.data());
+        store_row(p_.out.data, p_.out.dtype, L_.out_offset(tl.b, t, h), Dv, o);
         if (p_.lse.defined()) p_.lse.ptr<float>()[L_.lse_offset(tl.b, t, h)] = lse;
       }
     }
   }
 
  private:
-  // Converts keys [j0, j0 + nb) of the tile's KV head to float, once for the whole GQA group.
-  void load_block(const Tile& tl, int64_t j0, int64_t nb, Workspace& w) const {
-    const int64_t D = pr_.head_dim, Dv = pr_.head_dim_v;
-    for (int64_t jj = 0; jj < nb; ++jj) {
-      const int64_t koff = L_.k_offset(tl.b, j0 + jj, tl.hk);
-      // Transpose while converting: kt[d][jj].
-      switch (p_.k.dtype) {
-        case DType::kFloat16: {
-          const fp16_t* src = p_.k.ptr<const fp16_t>() + koff;
-          for (int64_t d = 0; d < D; ++d) w.kt[d * kBK + jj] = to_float(src[d]);
-          break;
-        }
-        case DType::kBFloat16: {
-          const bf16_t* src = p_.k.ptr<const bf16_t>() + koff;
-          for (int64_t d = 0; d < D; ++d) w.kt[d * kBK + jj] = to_float(src[d]);
-          break;
-        }
-        default: {
-          const float* src = p_.k.ptr<const float>() + koff;
-          for (int64_t d = 0; d < D; ++d) w.kt[d * kBK + jj] = src[d];
-          break;
-        }
-      }
-      load_row(p_.v.data, p_.v.dtype, L_.v_offset(tl.b, j0 + jj, tl.hk), Dv, 1.0f, &w.v[jj * Dv]);
-    }
+  static const void* element(const TensorView& t, int64_t off) {
+    return static_cast<const std::byte*>(t.data) + off * static_cast<int64_t>(dtype_size(t.dtype));
   }
 
-  // Folds the loaded key block (keys j0 .. j0 + nb - 1) into rows r0 .. r0 + n - 1 of the tile:
-  // scores, running max / sum update, rescale and P V accumulation.
-  void process_rows(Workspace& w, const Tile& tl, int64_t r0, int64_t n, int64_t j0,
-                    int64_t nb) const {
-    const int64_t D = pr_.head_dim, Dv = pr_.head_dim_v, G = group_;
-    const int64_t nq = L_.q_len(tl.b), nk = L_.kv_len(tl.b);
-    // Each row's visible keys within the block, [a[i], e[i]) relative to j0, and their union.
-    int64_t a[kRowGroup], e[kRowGroup], ua = kBK, ue = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t t = tl.t0 + (r0 + i) / G;
-      a[i] = std::max(pr_.mask.first_key(t, nq, nk), j0) - j0;
-      e[i] = std::min(pr_.mask.last_key(t, nq, nk), j0 + nb - 1) - j0 + 1;
-      if (a[i] < e[i]) ua = std::min(ua, a[i]), ue = std::max(ue, e[i]);
+  // Rows [j0, j0 + nb) of the tile's KV head of `t` (K or V, row length n) as float: in place
+  // when t is float32 and not paged (the rows are then equally spaced: *ld is their stride),
+  // else converted into buf (*ld = n).
+  const float* keys(const TensorView& t, const Tile& tl, int64_t j0, int64_t nb, int64_t n,
+                    float* buf, int64_t* ld) const {
+    auto offset = [&](int64_t j) {
+      return &t == &p_.k ? L_.k_offset(tl.b, j, tl.hk) : L_.v_offset(tl.b, j, tl.hk);
+    };
+    const int64_t off0 = offset(j0);
+    if (t.dtype == DType::kFloat32 && !pr_.paged) {
+      *ld = nb > 1 ? offset(j0 + 1) - off0 : n;
+      return t.ptr<const float>() + off0;
     }
-    if (ua >= ue) return;  // no row of the group sees a key of this block
-    float* S = w.s.data();
-    // Whole kVec-wide column groups (columns past nb hold stale keys; they are masked below).
-    const int64_t ca = ua / kVec * kVec, ce = (ue + kVec - 1) / kVec * kVec;
-    with_rows(n, [&]<int R>() { block_scores<R>(&w.q[r0 * D], D, w.kt.data(), ca, ce, S); });
-    for (int64_t i = 0; i < n; ++i) {
-      float* s = S + i * kBK;
-      if (a[i] >= e[i]) {  // this row sees nothing here: zero probabilities, state unchanged
-        std::fill(s + ua, s + ue, 0.0f);
-        continue;
-      }
-      std::fill(s + ua, s + a[i], kNegInf);
-      std::fill(s + e[i], s + ue, kNegInf);
-      const float corr = w.sm[r0 + i].add(s + ua, ue - ua);  // s becomes exp2(s - m), 0 if masked
-      if (corr != 1.0f) {  // the max grew: rescale what has been accumulated so far
-        float* acc = &w.acc[(r0 + i) * Dv];
-        for (int64_t d = 0; d < Dv; ++d) acc[d] *= corr;
-      }
-    }
-    with_rows(n, [&]<int R>() { block_accumulate<R>(S, w.v.data(), Dv, ua, ue, &w.acc[r0 * Dv]); });
+    for (int64_t j = 0; j < nb; ++j) convert_row(element(t, offset(j0 + j)), t.dtype, n, 1.0f, buf + j * n);
+    *ld = n;
+    return buf;
   }
 
   const AttentionParams& p_;
