@@ -173,21 +173,22 @@ class Forward {
     return static_cast<const std::byte*>(t.data) + off * static_cast<int64_t>(dtype_size(t.dtype));
   }
 
-  // Rows [j0, j0 + nb) of the tile's KV head of `t` (K or V, row length n) as float: in place
-  // when t is float32 and not paged (the rows are then equally spaced: *ld is their stride),
-  // else converted into buf (*ld = n).
+  // Rows [j0, j0 + nb) of the tile's KV head of `t` (K or V, row length n) as contiguous float
+  // rows: in place when t is float32, not paged and its rows already adjacent (one KV head), else
+  // copied / converted into buf. Copying beats reading rows h_kv * n apart in place: the block
+  // products' strided loads then miss L1 and the prefetchers (a 2-core measurement: 93 against
+  // 120 GFLOP/s, docs/cpu-path.md).
   const float* keys(const TensorView& t, const Tile& tl, int64_t j0, int64_t nb, int64_t n,
                     float* buf, int64_t* ld) const {
     auto offset = [&](int64_t j) {
       return &t == &p_.k ? L_.k_offset(tl.b, j, tl.hk) : L_.v_offset(tl.b, j, tl.hk);
     };
     const int64_t off0 = offset(j0);
-    if (t.dtype == DType::kFloat32 && !pr_.paged) {
-      *ld = nb > 1 ? offset(j0 + 1) - off0 : n;
-      return t.ptr<const float>() + off0;
-    }
-    for (int64_t j = 0; j < nb; ++j) convert_row(element(t, offset(j0 + j)), t.dtype, n, 1.0f, buf + j * n);
     *ld = n;
+    if (t.dtype == DType::kFloat32 && !pr_.paged && (nb == 1 || offset(j0 + 1) - off0 == n))
+      return t.ptr<const float>() + off0;
+    for (int64_t j = 0; j < nb; ++j)
+      convert_row(element(t, offset(j0 + j)), t.dtype, n, 1.0f, buf + j * n);
     return buf;
   }
 
