@@ -18,10 +18,28 @@ namespace flashserve::attention {
 void block_gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_row, int64_t a_col,
                 const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate);
 
-enum class CpuIsa { kPortable, kAvx512 };
-// The kernel block_gemm runs: kAvx512 when the CPU and OS support AVX-512F, unless forced.
+// bfloat16 products with float32 accumulation (AVX512-BF16's vdpbf16ps: two products per lane
+// and instruction, twice the float32 FMA rate, and half the bytes). Operands come in pairs along
+// k (what the instruction multiplies together):
+//   C[i][n] = (accumulate ? C[i][n] : 0) + sum_{k < K2} A(i, k) . B(k, n)
+// where A(i, k) is the pair of bf16 at a + i * a_row + k * a_col and B(k, n) the pair at
+// b + k * ldb + 2 * n (strides in bf16 elements). Only where cpu_isa() is kAvx512Bf16.
+void block_gemm_bf16(int64_t M, int64_t N, int64_t K2, const uint16_t* a, int64_t a_row,
+                     int64_t a_col, const uint16_t* b, int64_t ldb, float* c, int64_t ldc,
+                     bool accumulate);
+
+// Packs rows r0 and r1 (n bf16 each; r1 null: zeros) into n pairs {r0[n], r1[n]} at dst: the B
+// operand of block_gemm_bf16 from two value rows.
+void pack_bf16_pairs(const uint16_t* r0, const uint16_t* r1, int64_t n, uint16_t* dst);
+// Rounds rows s0 and s1 (n floats each; s1 null: zeros) to bf16 (nearest even) as n pairs at dst:
+// the probabilities of two keys as the A operand of block_gemm_bf16.
+void pack_float_pairs(const float* s0, const float* s1, int64_t n, uint16_t* dst);
+
+// Capability levels, each including the previous one.
+enum class CpuIsa { kPortable, kAvx512, kAvx512Bf16 };
+// The kernels in use: the highest level the CPU and OS support, unless forced lower.
 CpuIsa cpu_isa();
-// Tests run both kernels on one machine; forcing kAvx512 where the CPU lacks it is ignored.
+// Tests run every level on one machine; a level above what the CPU has is capped to it.
 void force_cpu_isa(CpuIsa isa);
 const char* cpu_isa_name(CpuIsa isa);
 
