@@ -5,6 +5,7 @@
 // 0.3.21 falls back to SSE3 "Prescott" kernels on CPUs newer than it knows).
 //   bench_cpu_attn [--quick] [--seqlens 1024,2048] [--dims 64,128] [--dtypes f32,bf16,f16]
 //                  [--heads 16] [--tokens 2048] [--isa portable]
+// dtypes: f32, bf16, f16, and bf16p (bf16 with the products in bf16 pairs, AVX512-BF16).
 // FLOPs = 4 * batch * heads * L^2 * d (half when causal), batch = max(1, tokens / L). Each figure
 // is the median of the calls made in at least 0.3 s (at least 3), after one warm-up call.
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <ctime>
 #include <vector>
 
+#include "attention/reference/cpu_forward.h"
 #include "attention/reference/cpu_gemm.h"
 #include "common/half.h"
 #include "common/thread_pool.h"
@@ -142,8 +144,11 @@ int main(int argc, char** argv) {
   std::mt19937 rng(1234);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   for (const std::string& dt : dtypes) {
-    const DType dtype = dt == "bf16" ? DType::kBFloat16 : dt == "f16" ? DType::kFloat16
-                                                                      : DType::kFloat32;
+    // bf16p: bf16 with the block products in bf16 pairs (cpu_use_bf16_pairs), beside bf16.
+    attention::cpu_use_bf16_pairs(dt == "bf16p");
+    const DType dtype = dt == "bf16" || dt == "bf16p" ? DType::kBFloat16
+                        : dt == "f16"                 ? DType::kFloat16
+                                                      : DType::kFloat32;
     for (int64_t d : dims)
       for (int causal : {0, 1})
         for (int64_t L : seqlens) {

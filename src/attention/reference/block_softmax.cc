@@ -32,7 +32,12 @@ __attribute__((always_inline)) inline void softmax_body(const ScoreBlock& b, flo
       float* __restrict s = b.s + j * b.ld;
       const int64_t key = b.j0 + j;
       for (int64_t i = 0; i < rows; ++i)
-        s[i] = (key >= b.first_key[i] && key < b.end_key[i]) ? s[i] : kNegInf;
+        s[i] = (key >= b.first_key[i] && key < b.end_key[i]) ? s[i] * b.scale : kNegInf;
+    }
+  else if (b.scale != 1.0f)
+    for (int64_t j = 0; j < b.nb; ++j) {
+      float* __restrict s = b.s + j * b.ld;
+      for (int64_t i = 0; i < rows; ++i) s[i] *= b.scale;
     }
   // The block's max per row; NaN compares false, so it is skipped here and poisons l below.
   for (int64_t i = 0; i < rows; ++i) mu[i] = kNegInf;
@@ -119,14 +124,14 @@ __attribute__((target("avx512f"))) void convert_avx512(const void* src, DType dt
 
 void block_softmax(const ScoreBlock& b, float* m, float* l, float* corr, float* scratch) {
 #if FS_AVX512
-  if (cpu_isa() == CpuIsa::kAvx512) return block_softmax_avx512(b, m, l, corr, scratch);
+  if (cpu_isa() >= CpuIsa::kAvx512) return block_softmax_avx512(b, m, l, corr, scratch);
 #endif
   block_softmax_portable(b, m, l, corr, scratch);
 }
 
 void convert_row(const void* src, DType dtype, int64_t n, float mul, float* dst) {
 #if FS_AVX512
-  if (cpu_isa() == CpuIsa::kAvx512) return convert_avx512(src, dtype, n, mul, dst);
+  if (cpu_isa() >= CpuIsa::kAvx512) return convert_avx512(src, dtype, n, mul, dst);
 #endif
   switch (dtype) {
     case DType::kFloat16:

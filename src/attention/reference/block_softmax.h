@@ -21,9 +21,10 @@ struct ScoreBlock {
   const int64_t* first_key;  // [rows] row i sees keys first_key[i] <= key < end_key[i]
   const int64_t* end_key;
   bool all_visible;  // every row sees every key of the block: the mask pass is skipped
+  float scale = 1.0f;  // multiplies the scores first (the bf16 products are of unscaled q)
 };
 
-// Masks s, folds it into m, l (per row), writes corr[i] and turns s into probabilities.
+// Scales and masks s, folds it into m, l (per row), writes corr[i] and turns s into probabilities.
 // NaN and infinity as RunningSoftmax::add: a NaN or +inf score among the visible ones makes l NaN;
 // masked keys and -inf scores weigh 0; m stays -inf while a row has seen nothing.
 void block_softmax(const ScoreBlock& b, float* m, float* l, float* corr, float* scratch);

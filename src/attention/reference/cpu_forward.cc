@@ -2,7 +2,10 @@
 #include "attention/reference/cpu_forward.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -19,24 +22,46 @@ namespace {
 constexpr float kLog2e = 1.44269504088896340736f;
 constexpr int64_t kBK = CpuTiling::kBlockK;
 
-// Per-worker buffers, sized once per call: O(tile), independent of the sequence lengths.
+std::atomic<bool> g_bf16_pairs{[] {
+  const char* e = std::getenv("FLASHSERVE_CPU_BF16_PAIRS");
+  return e != nullptr && std::strcmp(e, "1") == 0;
+}()};
+
+// bf16 inputs run the block products in bf16 pairs (block_gemm_bf16) when enabled, the CPU has
+// AVX512-BF16 and the head dim is even (q.k is summed in pairs of d); else they are converted
+// to float32 blocks like fp16.
+bool use_bf16_pairs(const Problem& pr) {
+  return pr.dtype == DType::kBFloat16 && cpu_isa() == CpuIsa::kAvx512Bf16 &&
+         pr.head_dim % 2 == 0 && g_bf16_pairs.load(std::memory_order_relaxed);
+}
+
+// Per-worker buffers, sized once per call: O(tile), independent of the sequence lengths. The
+// float32 path fills qt, k, v; the bf16-pair path qp, kb, pp, vp.
 struct Workspace {
   int64_t ld;                  // row stride of qt and s: the most rows a tile has
   std::vector<float> qt;       // [D][ld] the tile's queries, transposed, times scale * log2(e)
-  std::vector<float> s;        // [kBK][ld] scores of a key block, key-major, then probabilities
-  std::vector<float> k;        // [kBK][D] keys converted to float (when not read in place)
+  std::vector<float> k;        // [kBK][D] keys as float rows (when not read in place)
   std::vector<float> v;        // [kBK][Dv] values likewise
+  std::vector<uint16_t> qp;    // [D/2][ld] pairs: the tile's queries transposed (unscaled)
+  std::vector<uint16_t> kb;    // [kBK][D] keys as adjacent bf16 rows (when not read in place)
+  std::vector<uint16_t> pp;    // [kBK/2][ld] pairs: probabilities of key pairs, rounded to bf16
+  std::vector<uint16_t> vp;    // [kBK/2][Dv] pairs: value rows 2j and 2j + 1 interleaved
+  std::vector<float> s;        // [kBK][ld] scores of a key block, key-major, then probabilities
   std::vector<float> acc;      // [rows][Dv] unnormalised output
   std::vector<float> m, l, corr, scratch;  // [rows] running max and sum (log2 units)
   std::vector<int64_t> first_key, end_key;  // [rows] each row's visible keys
   std::vector<float> row;      // [max(D, Dv)] one row being converted or written
 
-  Workspace(int64_t rows, int64_t D, int64_t Dv)
+  Workspace(int64_t rows, int64_t D, int64_t Dv, bool pairs)
       : ld(rows),
-        qt(D * rows),
+        qt(pairs ? 0 : D * rows),
+        k(pairs ? 0 : kBK * D),
+        v(pairs ? 0 : kBK * Dv),
+        qp(pairs ? D * rows : 0),
+        kb(pairs ? kBK * D : 0),
+        pp(pairs ? kBK * rows : 0),
+        vp(pairs ? kBK * Dv : 0),
         s(kBK * rows),
-        k(kBK * D),
-        v(kBK * Dv),
         acc(rows * Dv),
         m(rows),
         l(rows),
@@ -45,9 +70,12 @@ struct Workspace {
         first_key(rows),
         end_key(rows),
         row(std::max(D, Dv)) {}
-  static size_t bytes(int64_t rows, int64_t D, int64_t Dv) {
-    return sizeof(float) * static_cast<size_t>(D * rows + kBK * rows + kBK * D + kBK * Dv +
-                                               rows * Dv + 4 * rows + std::max(D, Dv)) +
+  static size_t bytes(int64_t rows, int64_t D, int64_t Dv, bool pairs) {
+    const int64_t operands = D * rows + kBK * D + kBK * Dv;
+    const int64_t pair_operands = D * rows + kBK * D + kBK * rows + kBK * Dv;
+    return sizeof(float) * static_cast<size_t>((pairs ? 0 : operands) + kBK * rows + rows * Dv +
+                                               4 * rows + std::max(D, Dv)) +
+           sizeof(uint16_t) * static_cast<size_t>(pairs ? pair_operands : 0) +
            sizeof(int64_t) * static_cast<size_t>(2 * rows);
   }
 };
@@ -65,6 +93,7 @@ class Forward {
         splits_(splits),
         group_(pr.h_q / pr.h_kv),
         bq_(CpuTiling::block_q(group_)),
+        pairs_(use_bf16_pairs(pr)),
         first_tile_(pr.batch + 1, 0) {
     // Tiles of sequence b are first_tile_[b] .. first_tile_[b+1]-1, ordered (q block, head, split).
     for (int64_t b = 0; b < pr.batch; ++b)
@@ -102,8 +131,13 @@ class Forward {
 
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = tl.t0 + r / G, h = tl.hk * G + r % G;
-      convert_row(element(p_.q, L_.q_offset(tl.b, t, h)), p_.q.dtype, D, qmul, w.row.data());
-      for (int64_t d = 0; d < D; ++d) w.qt[d * ld + r] = w.row[d];
+      if (pairs_) {  // qp[d/2][r] = {q[d], q[d+1]}
+        const uint16_t* q = static_cast<const uint16_t*>(element(p_.q, L_.q_offset(tl.b, t, h)));
+        for (int64_t d = 0; d < D; ++d) w.qp[(d / 2) * 2 * ld + 2 * r + d % 2] = q[d];
+      } else {
+        convert_row(element(p_.q, L_.q_offset(tl.b, t, h)), p_.q.dtype, D, qmul, w.row.data());
+        for (int64_t d = 0; d < D; ++d) w.qt[d * ld + r] = w.row[d];
+      }
       w.first_key[r] = mask.first_key(t, nq, nk);
       w.end_key[r] = mask.last_key(t, nq, nk) + 1;
     }
@@ -122,15 +156,21 @@ class Forward {
     }
     for (int64_t j0 = lo; j0 < hi; j0 += kBK) {
       const int64_t nb = std::min(kBK, hi - j0);
-      // S^T = K Q^T: keys are the rows of the product, so the key rows are read in place.
-      int64_t k_ld = D;
-      const float* k = keys(p_.k, tl, j0, nb, D, w.k.data(), &k_ld);
-      block_gemm(nb, rows, D, k, k_ld, 1, w.qt.data(), ld, w.s.data(), ld, false);
+      // S^T = K Q^T: keys are the rows of the product, so key rows are used as they lie.
+      if (pairs_) {
+        const uint16_t* k = bf16_keys(tl, j0, nb, w.kb.data());
+        block_gemm_bf16(nb, rows, D / 2, k, D, 2, w.qp.data(), 2 * ld, w.s.data(), ld, false);
+      } else {
+        int64_t k_ld = D;
+        const float* k = keys(p_.k, tl, j0, nb, D, w.k.data(), &k_ld);
+        block_gemm(nb, rows, D, k, k_ld, 1, w.qt.data(), ld, w.s.data(), ld, false);
+      }
       // Row windows are non-decreasing: the last row starts latest, the first ends earliest.
       const ScoreBlock sb{w.s.data(),        ld,
                           nb,                rows,
                           j0,                w.first_key.data(),
-                          w.end_key.data(),  w.first_key[rows - 1] <= j0 && w.end_key[0] >= j0 + nb};
+                          w.end_key.data(),  w.first_key[rows - 1] <= j0 && w.end_key[0] >= j0 + nb,
+                          pairs_ ? qmul : 1.0f};
       block_softmax(sb, w.m.data(), w.l.data(), w.corr.data(), w.scratch.data());
       for (int64_t r = 0; r < rows; ++r)
         if (w.corr[r] != 1.0f) {  // the max grew: rescale what row r has accumulated
@@ -138,10 +178,25 @@ class Forward {
           const float c = w.corr[r];
           for (int64_t d = 0; d < Dv; ++d) acc[d] *= c;
         }
-      // O += P V with P read column-wise from s.
-      int64_t v_ld = Dv;
-      const float* v = keys(p_.v, tl, j0, nb, Dv, w.v.data(), &v_ld);
-      block_gemm(rows, Dv, nb, w.s.data(), 1, ld, v, v_ld, w.acc.data(), Dv, true);
+      if (pairs_) {
+        // O += P V in pairs of keys: P rounded to bf16 (as the GPU kernels do), V interleaved.
+        const uint16_t* v = p_.v.ptr<const uint16_t>();
+        for (int64_t j = 0; j < nb; j += 2) {
+          const bool two = j + 1 < nb;  // an odd block ends in a pair with a zero second half
+          pack_float_pairs(&w.s[j * ld], two ? &w.s[(j + 1) * ld] : nullptr, rows,
+                           &w.pp[j * ld]);
+          pack_bf16_pairs(v + L_.v_offset(tl.b, j0 + j, tl.hk),
+                          two ? v + L_.v_offset(tl.b, j0 + j + 1, tl.hk) : nullptr, Dv,
+                          &w.vp[j * Dv]);
+        }
+        block_gemm_bf16(rows, Dv, (nb + 1) / 2, w.pp.data(), 2, 2 * ld, w.vp.data(), 2 * Dv,
+                        w.acc.data(), Dv, true);
+      } else {
+        // O += P V with P read column-wise from s.
+        int64_t v_ld = Dv;
+        const float* v = keys(p_.v, tl, j0, nb, Dv, w.v.data(), &v_ld);
+        block_gemm(rows, Dv, nb, w.s.data(), 1, ld, v, v_ld, w.acc.data(), Dv, true);
+      }
     }
 
     for (int64_t r = 0; r < rows; ++r) {
@@ -173,6 +228,18 @@ class Forward {
     return static_cast<const std::byte*>(t.data) + off * static_cast<int64_t>(dtype_size(t.dtype));
   }
 
+  // Keys [j0, j0 + nb) of the tile's KV head as adjacent bf16 rows: in place when they are
+  // (one KV head, not paged), else copied into buf.
+  const uint16_t* bf16_keys(const Tile& tl, int64_t j0, int64_t nb, uint16_t* buf) const {
+    const int64_t D = pr_.head_dim;
+    const uint16_t* k = p_.k.ptr<const uint16_t>();
+    const int64_t off0 = L_.k_offset(tl.b, j0, tl.hk);
+    if (!pr_.paged && (nb == 1 || L_.k_offset(tl.b, j0 + 1, tl.hk) - off0 == D)) return k + off0;
+    for (int64_t j = 0; j < nb; ++j)
+      std::memcpy(buf + j * D, k + L_.k_offset(tl.b, j0 + j, tl.hk), D * sizeof(uint16_t));
+    return buf;
+  }
+
   // Rows [j0, j0 + nb) of the tile's KV head of `t` (K or V, row length n) as contiguous float
   // rows: in place when t is float32, not paged and its rows already adjacent (one KV head), else
   // copied / converted into buf. Copying beats reading rows h_kv * n apart in place: the block
@@ -196,10 +263,14 @@ class Forward {
   const Problem& pr_;
   const HostLayout& L_;
   const int64_t splits_, group_, bq_;
+  const bool pairs_;
   std::vector<int64_t> first_tile_;
 };
 
 }  // namespace
+
+void cpu_use_bf16_pairs(bool on) { g_bf16_pairs.store(on, std::memory_order_relaxed); }
+bool cpu_bf16_pairs() { return g_bf16_pairs.load(std::memory_order_relaxed); }
 
 int32_t cpu_num_splits(const Problem& pr, int workers) {
   if (pr.num_splits > 0) return pr.num_splits;
@@ -232,7 +303,7 @@ int64_t split_chunk_rows(const Problem& pr, int32_t splits, int64_t total_q_rows
 
 size_t cpu_scratch_bytes(const Problem& pr, int64_t total_q_rows, int workers) {
   const int64_t rows = CpuTiling::tile_rows(pr.h_q / pr.h_kv);
-  size_t bytes = workers * Workspace::bytes(rows, pr.head_dim, pr.head_dim_v);
+  size_t bytes = workers * Workspace::bytes(rows, pr.head_dim, pr.head_dim_v, use_bf16_pairs(pr));
   const int32_t splits = cpu_num_splits(pr, workers);
   if (splits > 1)
     bytes += SplitPartials::bytes(splits, split_chunk_rows(pr, splits, total_q_rows), pr.h_q,
@@ -251,7 +322,8 @@ void cpu_forward(const AttentionParams& params, const Problem& problem) {
   std::vector<Workspace> workspaces;
   workspaces.reserve(pool.size());
   for (int i = 0; i < pool.size(); ++i)
-    workspaces.emplace_back(fwd.rows_per_tile(), problem.head_dim, problem.head_dim_v);
+    workspaces.emplace_back(fwd.rows_per_tile(), problem.head_dim, problem.head_dim_v,
+                            use_bf16_pairs(problem));
 
   if (splits == 1) {
     pool.parallel_for(fwd.num_tiles(), [&](int64_t i, int worker) {

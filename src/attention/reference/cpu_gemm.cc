@@ -298,7 +298,7 @@ void block_gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_row, 
                 const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   if (M <= 0 || N <= 0) return;
 #if FLASHSERVE_HAVE_AVX512_KERNEL
-  if (cpu_isa() == CpuIsa::kAvx512)
+  if (cpu_isa() >= CpuIsa::kAvx512)
     return gemm_avx512(M, N, K, a, a_row, a_col, b, ldb, c, ldc, accumulate);
 #endif
   gemm_portable(M, N, K, a, a_row, a_col, b, ldb, c, ldc, accumulate);
