@@ -4,7 +4,7 @@
 // OpenBLAS, a large cblas_sgemm on every thread (which core OpenBLAS chose is printed: Debian's
 // 0.3.21 falls back to SSE3 "Prescott" kernels on CPUs newer than it knows).
 //   bench_cpu_attn [--quick] [--seqlens 1024,2048] [--dims 64,128] [--dtypes f32,bf16,f16]
-//                  [--heads 16] [--tokens 2048] [--isa portable]
+//                  [--heads 16] [--tokens 2048] [--isa portable] [--workers N] [--no-blas]
 // dtypes: f32, bf16, f16, and bf16p (bf16 with the products in bf16 pairs, AVX512-BF16).
 // FLOPs = 4 * batch * heads * L^2 * d (half when causal), batch = max(1, tokens / L). Each figure
 // is the median of the calls made in at least 0.3 s (at least 3), after one warm-up call.
@@ -93,6 +93,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> seqlens = {1024, 2048, 4096, 8192}, dims = {64, 128};
   std::vector<std::string> dtypes = {"f32", "bf16"};
   int64_t heads = 16, tokens = 2048;
+  bool blas = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? argv[++i] : ""; };
@@ -101,6 +102,8 @@ int main(int argc, char** argv) {
     else if (a == "--dims") dims = ints(next());
     else if (a == "--heads") heads = std::atoll(next());
     else if (a == "--tokens") tokens = std::atoll(next());
+    else if (a == "--workers") ThreadPool::set_global_workers(std::atoi(next()));
+    else if (a == "--no-blas") blas = false;
 #ifndef FLASHSERVE_BENCH_NO_KERNEL
     else if (a == "--isa" && std::string(next()) == "portable")
       attention::force_cpu_isa(attention::CpuIsa::kPortable);
@@ -125,7 +128,7 @@ int main(int argc, char** argv) {
               attention::cpu_isa_name(attention::cpu_isa()), peak1, workers, peak1 * workers);
 #endif
 #if FLASHSERVE_WITH_BLAS
-  {
+  if (blas) {
     const int n = 2048;
     std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
     const double s = median_seconds(
