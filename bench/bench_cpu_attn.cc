@@ -13,13 +13,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <string>
-#include <ctime>
 #include <vector>
 
+#ifndef FLASHSERVE_BENCH_NO_KERNEL  // built against an older library for a "before" figure
 #include "attention/reference/cpu_forward.h"
 #include "attention/reference/cpu_gemm.h"
+#endif
 #include "common/half.h"
 #include "common/thread_pool.h"
 #include "flashserve/attention.h"
@@ -33,8 +35,7 @@ using namespace flashserve;
 namespace {
 
 double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 double cpu_now() {  // CPU time of every thread of the process
@@ -97,13 +98,20 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? argv[++i] : ""; };
-    if (a == "--quick") seqlens = {1024, 2048};
-    else if (a == "--seqlens") seqlens = ints(next());
-    else if (a == "--dims") dims = ints(next());
-    else if (a == "--heads") heads = std::atoll(next());
-    else if (a == "--tokens") tokens = std::atoll(next());
-    else if (a == "--workers") ThreadPool::set_global_workers(std::atoi(next()));
-    else if (a == "--no-blas") blas = false;
+    if (a == "--quick")
+      seqlens = {1024, 2048};
+    else if (a == "--seqlens")
+      seqlens = ints(next());
+    else if (a == "--dims")
+      dims = ints(next());
+    else if (a == "--heads")
+      heads = std::atoll(next());
+    else if (a == "--tokens")
+      tokens = std::atoll(next());
+    else if (a == "--workers")
+      ThreadPool::set_global_workers(std::atoi(next()));
+    else if (a == "--no-blas")
+      blas = false;
 #ifndef FLASHSERVE_BENCH_NO_KERNEL
     else if (a == "--isa" && std::string(next()) == "portable")
       attention::force_cpu_isa(attention::CpuIsa::kPortable);
@@ -148,7 +156,9 @@ int main(int argc, char** argv) {
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   for (const std::string& dt : dtypes) {
     // bf16p: bf16 with the block products in bf16 pairs (cpu_use_bf16_pairs), beside bf16.
+#ifndef FLASHSERVE_BENCH_NO_KERNEL
     attention::cpu_use_bf16_pairs(dt == "bf16p");
+#endif
     const DType dtype = dt == "bf16" || dt == "bf16p" ? DType::kBFloat16
                         : dt == "f16"                 ? DType::kFloat16
                                                       : DType::kFloat32;
@@ -157,8 +167,7 @@ int main(int argc, char** argv) {
         for (int64_t L : seqlens) {
           const int64_t batch = std::max<int64_t>(1, tokens / L);
           const int64_t n = batch * L * heads * d;
-          std::vector<std::byte> q(n * dtype_size(dtype)), k(q.size()), v(q.size()),
-              o(q.size());
+          std::vector<std::byte> q(n * dtype_size(dtype)), k(q.size()), v(q.size()), o(q.size());
           for (auto* buf : {&q, &k, &v})
             for (int64_t i = 0; i < n; ++i) store_float(buf->data(), i, dtype, uni(rng));
           AttentionParams p;
@@ -172,8 +181,8 @@ int main(int argc, char** argv) {
           const double flops = 4.0 * batch * heads * L * L * d * (causal ? 0.5 : 1.0);
           std::printf("%-5s %4lld %6d %6lld %5lld %6lld %10.1f %9.1f %8.2f\n", dt.c_str(),
                       static_cast<long long>(d), causal, static_cast<long long>(L),
-                      static_cast<long long>(batch), static_cast<long long>(heads),
-                      flops / s / 1e9, flops / cpu_s / 1e9, s * 1e3);
+                      static_cast<long long>(batch), static_cast<long long>(heads), flops / s / 1e9,
+                      flops / cpu_s / 1e9, s * 1e3);
           std::fflush(stdout);
         }
   }

@@ -85,8 +85,8 @@ TEST_P(IsaLevel, Bf16PairsMatchFloat64) {
             for (int64_t n = 0; n < N; ++n) {
               double want = accumulate ? c0[i * N + n] : 0.0, mag = std::fabs(want);
               for (int64_t k = 0; k < K; ++k) {
-                const double p = double(to_float(bf16_t{a[i * lda + k]})) *
-                                 to_float(bf16_t{brows[k * N + n]});
+                const double p =
+                    double(to_float(bf16_t{a[i * lda + k]})) * to_float(bf16_t{brows[k * N + n]});
                 want += p;
                 mag += std::fabs(p);
               }
@@ -118,8 +118,7 @@ TEST_P(IsaLevel, FloatPairsRoundToNearestEven) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Levels, IsaLevel,
-                         ::testing::Values(CpuIsa::kPortable, CpuIsa::kAvx512,
-                                           CpuIsa::kAvx512Bf16),
+                         ::testing::Values(CpuIsa::kPortable, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16),
                          [](const auto& info) {
                            std::string s = cpu_isa_name(info.param);
                            for (char& ch : s)

@@ -23,8 +23,7 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 __attribute__((always_inline)) inline void softmax_body(const ScoreBlock& b, float* __restrict m,
-                                                        float* __restrict l,
-                                                        float* __restrict corr,
+                                                        float* __restrict l, float* __restrict corr,
                                                         float* __restrict mu) {
   const int64_t rows = b.rows;
   if (!b.all_visible)
@@ -67,9 +66,15 @@ __attribute__((always_inline)) inline void softmax_body(const ScoreBlock& b, flo
   }
 }
 
-inline float as_float(float x) { return x; }
-inline float as_float(bf16_t x) { return to_float(x); }
-inline float as_float(fp16_t x) { return to_float(x); }
+inline float as_float(float x) {
+  return x;
+}
+inline float as_float(bf16_t x) {
+  return to_float(x);
+}
+inline float as_float(fp16_t x) {
+  return to_float(x);
+}
 
 template <typename T>
 __attribute__((always_inline)) inline void convert_scalar(const T* __restrict src, int64_t n,

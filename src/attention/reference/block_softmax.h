@@ -13,14 +13,14 @@
 namespace flashserve::attention {
 
 struct ScoreBlock {
-  float* s;          // [nb][ld] scores in, probabilities exp2(s - m) out (0 where masked)
-  int64_t ld;        // row stride of s (>= rows)
-  int64_t nb;        // keys in the block: key j0 + j for j < nb
-  int64_t rows;      // tile rows
-  int64_t j0;        // first key of the block
+  float* s;                  // [nb][ld] scores in, probabilities exp2(s - m) out (0 where masked)
+  int64_t ld;                // row stride of s (>= rows)
+  int64_t nb;                // keys in the block: key j0 + j for j < nb
+  int64_t rows;              // tile rows
+  int64_t j0;                // first key of the block
   const int64_t* first_key;  // [rows] row i sees keys first_key[i] <= key < end_key[i]
   const int64_t* end_key;
-  bool all_visible;  // every row sees every key of the block: the mask pass is skipped
+  bool all_visible;    // every row sees every key of the block: the mask pass is skipped
   float scale = 1.0f;  // multiplies the scores first (the bf16 products are of unscaled q)
 };
 

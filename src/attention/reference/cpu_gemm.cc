@@ -87,14 +87,14 @@ __attribute__((target("avx512f"))) void rows_avx512(int64_t M, int64_t K, const 
   const float* ai = a + i * a_row;
   float* ci = c + i * ldc;
   switch (M - i) {  // the last rows, fewer than kMR
-#define FS_TAIL(R)                                                                  \
-  case R:                                                                           \
+#define FS_TAIL(R)                                                               \
+  case R:                                                                        \
     micro_avx512<R, NV>(K, ai, a_row, a_col, b, ldb, ci, ldc, tail, accumulate); \
     break;
-    FS_TAIL(1) FS_TAIL(2) FS_TAIL(3) FS_TAIL(4) FS_TAIL(5) FS_TAIL(6) FS_TAIL(7)
+    FS_TAIL(1)
+    FS_TAIL(2) FS_TAIL(3) FS_TAIL(4) FS_TAIL(5) FS_TAIL(6) FS_TAIL(7)
 #undef FS_TAIL
-    default:
-      break;
+        default : break;
   }
 }
 
@@ -130,8 +130,8 @@ __attribute__((target("avx512f,avx512bf16"))) inline void micro_bf16(
     __m512i bv[NV];
 #pragma GCC unroll 2
     for (int v = 0; v < NV; ++v)
-      bv[v] = _mm512_maskz_loadu_epi32(v == NV - 1 ? tail : __mmask16(0xFFFF),
-                                       b + k * ldb + 32 * v);
+      bv[v] =
+          _mm512_maskz_loadu_epi32(v == NV - 1 ? tail : __mmask16(0xFFFF), b + k * ldb + 32 * v);
     const uint16_t* ak = a + k * a_col;
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
@@ -164,14 +164,14 @@ __attribute__((target("avx512f,avx512bf16"))) void rows_bf16(int64_t M, int64_t 
   const uint16_t* ai = a + i * a_row;
   float* ci = c + i * ldc;
   switch (M - i) {
-#define FS_TAIL(R)                                                                 \
-  case R:                                                                          \
+#define FS_TAIL(R)                                                              \
+  case R:                                                                       \
     micro_bf16<R, NV>(K2, ai, a_row, a_col, b, ldb, ci, ldc, tail, accumulate); \
     break;
-    FS_TAIL(1) FS_TAIL(2) FS_TAIL(3) FS_TAIL(4) FS_TAIL(5) FS_TAIL(6) FS_TAIL(7)
+    FS_TAIL(1)
+    FS_TAIL(2) FS_TAIL(3) FS_TAIL(4) FS_TAIL(5) FS_TAIL(6) FS_TAIL(7)
 #undef FS_TAIL
-    default:
-      break;
+        default : break;
   }
 }
 
@@ -190,9 +190,8 @@ constexpr PairIndex kPairIndex;
 
 // Word 2i of the result is word i (+16 for high) of x, word 2i + 1 the same word of y.
 __attribute__((target("avx512f,avx512bw"))) inline __m512i interleave_words(__m512i x, __m512i y,
-                                                                           bool high) {
-  return _mm512_permutex2var_epi16(
-      x, _mm512_load_si512(high ? kPairIndex.hi : kPairIndex.lo), y);
+                                                                            bool high) {
+  return _mm512_permutex2var_epi16(x, _mm512_load_si512(high ? kPairIndex.hi : kPairIndex.lo), y);
 }
 
 __attribute__((target("avx512f,avx512bw"))) void pack_pairs_avx512(const uint16_t* r0,
@@ -211,8 +210,10 @@ __attribute__((target("avx512f,avx512bw"))) void pack_pairs_avx512(const uint16_
   }
 }
 
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) void pack_float_pairs_avx512(
-    const float* s0, const float* s1, int64_t n, uint16_t* dst) {
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void pack_float_pairs_avx512(const float* s0,
+                                                                                    const float* s1,
+                                                                                    int64_t n,
+                                                                                    uint16_t* dst) {
   for (int64_t i = 0; i < n; i += 16) {
     const int64_t w = std::min<int64_t>(16, n - i);
     const __mmask16 m = static_cast<__mmask16>((1u << w) - 1);
@@ -235,8 +236,12 @@ bool cpu_has_avx512_bf16() {
          __builtin_cpu_supports("avx512bf16");
 }
 #else
-bool cpu_has_avx512() { return false; }
-bool cpu_has_avx512_bf16() { return false; }
+bool cpu_has_avx512() {
+  return false;
+}
+bool cpu_has_avx512_bf16() {
+  return false;
+}
 #endif
 
 CpuIsa detect() {
@@ -249,12 +254,18 @@ std::atomic<CpuIsa> g_isa{g_best};
 
 }  // namespace
 
-CpuIsa cpu_isa() { return g_isa.load(std::memory_order_relaxed); }
+CpuIsa cpu_isa() {
+  return g_isa.load(std::memory_order_relaxed);
+}
 
-void force_cpu_isa(CpuIsa isa) { g_isa.store(std::min(isa, g_best), std::memory_order_relaxed); }
+void force_cpu_isa(CpuIsa isa) {
+  g_isa.store(std::min(isa, g_best), std::memory_order_relaxed);
+}
 
 const char* cpu_isa_name(CpuIsa isa) {
-  return isa == CpuIsa::kAvx512Bf16 ? "avx512-bf16" : isa == CpuIsa::kAvx512 ? "avx512" : "portable";
+  return isa == CpuIsa::kAvx512Bf16 ? "avx512-bf16"
+         : isa == CpuIsa::kAvx512   ? "avx512"
+                                    : "portable";
 }
 
 void block_gemm_bf16(int64_t M, int64_t N, int64_t K2, const uint16_t* a, int64_t a_row,
