@@ -10,6 +10,7 @@
 # Success: the compare prints no MISMATCH line and exits 0; its last lines give the worst ratio
 # per dtype (issue 14's bar: float32 >= 1.0, bfloat16 >= 0.5). Logs and the CSV go to $OUT.
 #   OUT=... bash scripts/cpu-attn-check.sh [--tests]   (--tests: also the CPU attention gtests)
+# PY (default python3) runs the comparison; COMPARE_ARGS are passed to it (e.g. --quick).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -37,7 +38,7 @@ t0=$(date +%s)
 targets=(flashserve_c bench_cpu_attn)
 [ $tests = ON ] && targets+=(test_attention)
 if ! { cmake -S . -B $BUILD -DCMAKE_BUILD_TYPE=Release -DFLASHSERVE_CUDA=OFF -DFLASHSERVE_TESTS=$tests \
-         -DPython3_EXECUTABLE="$(command -v python3)" "${extra[@]}" >"$OUT/cpu-configure.log" 2>&1 &&
+         -DPython3_EXECUTABLE="$(command -v ${PY:-python3})" "${extra[@]}" >"$OUT/cpu-configure.log" 2>&1 &&
        cmake --build $BUILD -j "${JOBS:-$(nproc)}" --target "${targets[@]}" >"$OUT/cpu-build.log" 2>&1; }; then
   tail -40 "$OUT/cpu-configure.log" "$OUT/cpu-build.log"
   echo "BUILD FAILED"
@@ -50,8 +51,8 @@ if [ $tests = ON ]; then
   tail -3 "$OUT/cpu-tests.log"
 fi
 $BUILD/bench/bench_cpu_attn --seqlens 2048 --dims 128 --dtypes f32,bf16,bf16p 2>&1 | tee "$OUT/bench_cpu_attn.txt"
-FLASHSERVE_LIBRARY=$PWD/$BUILD/src/libflashserve_c.so python3 bench/cpu_sdpa_compare.py \
-  --csv "$OUT/cpu_sdpa_compare.csv" 2>&1 | tee "$OUT/cpu_sdpa_compare.txt"
+FLASHSERVE_LIBRARY=$PWD/$BUILD/src/libflashserve_c.so ${PY:-python3} bench/cpu_sdpa_compare.py \
+  --csv "$OUT/cpu_sdpa_compare.csv" ${COMPARE_ARGS:-} 2>&1 | tee "$OUT/cpu_sdpa_compare.txt"
 ((PIPESTATUS[0])) && rc=1
 echo "== cpu-attn-check done in $(( $(date +%s) - t0 )) s, rc=$rc"
 exit $rc
