@@ -69,8 +69,8 @@ def main():
     nproc = len(os.sched_getaffinity(0))
     if torch is not None:
         torch.set_num_threads(nproc)
-        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
-              f"CPU capability {torch.backends.cpu.get_cpu_capability()}")
+        cap = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: "?")()
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; CPU capability {cap}")
     else:
         print("torch not installed: our NumPy float32 figures only (no SDPA, no bfloat16)")
     print(f"{nproc} CPUs; FLASHSERVE_CPU_BF16_PAIRS={os.environ.get('FLASHSERVE_CPU_BF16_PAIRS', '0')}")
