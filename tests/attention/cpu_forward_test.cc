@@ -259,6 +259,21 @@ TEST_P(CpuForward, MatchesFloat64ReferenceBf16Pairs) {
   attention::cpu_use_bf16_pairs(before);
 }
 
+// bf16 cases on AMX tiles (head dims multiples of 32), where the machine has them.
+TEST_P(CpuForward, MatchesFloat64ReferenceAmx) {
+  const CaseSpec& s = GetParam();
+  if (s.dtype != DType::kBFloat16 || s.head_dim % 32 != 0 || s.dv() % 32 != 0)
+    GTEST_SKIP() << "bf16 cases with head dims multiples of 32 only";
+  const bool before = attention::cpu_amx();
+  attention::cpu_use_amx(true);
+  if (!attention::cpu_amx()) {
+    attention::cpu_use_amx(before);
+    GTEST_SKIP() << "no AMX-BF16 here";
+  }
+  check_against_reference(s);
+  attention::cpu_use_amx(before);
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, CpuForward, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name(); });
 

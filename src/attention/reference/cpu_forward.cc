@@ -12,6 +12,7 @@
 #include "attention/backends.h"
 #include "attention/reference/combine.h"
 #include "attention/reference/block_softmax.h"
+#include "attention/reference/cpu_amx.h"
 #include "attention/reference/cpu_gemm.h"
 #include "common/half.h"
 #include "common/thread_pool.h"
@@ -27,12 +28,33 @@ std::atomic<bool> g_bf16_pairs{[] {
   return e != nullptr && std::strcmp(e, "1") == 0;
 }()};
 
+std::atomic<bool> g_amx{[] {
+  const char* e = std::getenv("FLASHSERVE_CPU_AMX");
+  return e != nullptr && std::strcmp(e, "1") == 0;
+}()};
+
+// bf16 inputs on AMX tiles (block_gemm_amx) when enabled and available; head dims multiples of 32
+// (a tile's depth).
+bool use_amx(const Problem& pr) {
+  return pr.dtype == DType::kBFloat16 && pr.head_dim % 32 == 0 && pr.head_dim_v % 32 == 0 &&
+         g_amx.load(std::memory_order_relaxed) && amx_available();
+}
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
 // bf16 inputs run the block products in bf16 pairs (block_gemm_bf16) when enabled, the CPU has
 // AVX512-BF16 and the head dim is even (q.k is summed in pairs of d); else they are converted
 // to float32 blocks like fp16.
 bool use_bf16_pairs(const Problem& pr) {
   return pr.dtype == DType::kBFloat16 && cpu_isa() == CpuIsa::kAvx512Bf16 &&
          pr.head_dim % 2 == 0 && g_bf16_pairs.load(std::memory_order_relaxed);
+}
+
+// Rows of a worker's buffers: the AMX products run on whole 32 x 32 blocks, so their row count
+// is rounded up (the extra rows hold stale values that no output reads).
+int64_t buffer_rows(const Problem& pr) {
+  const int64_t rows = CpuTiling::tile_rows(pr.h_q / pr.h_kv);
+  return use_amx(pr) ? round_up(rows, 32) : rows;
 }
 
 // Per-worker buffers, sized once per call: O(tile), independent of the sequence lengths. The
@@ -45,6 +67,7 @@ struct Workspace {
   std::vector<uint16_t> qp;    // [D/2][ld] pairs: the tile's queries transposed (unscaled)
   std::vector<uint16_t> kb;    // [kBK][D] keys as adjacent bf16 rows (when not read in place)
   std::vector<uint16_t> pp;    // [kBK/2][ld] pairs: probabilities of key pairs, rounded to bf16
+                               // (AMX: [ld][kBK] the probabilities row-major)
   std::vector<uint16_t> vp;    // [kBK/2][Dv] pairs: value rows 2j and 2j + 1 interleaved
   std::vector<float> s;        // [kBK][ld] scores of a key block, key-major, then probabilities
   std::vector<float> acc;      // [rows][Dv] unnormalised output
@@ -93,7 +116,8 @@ class Forward {
         splits_(splits),
         group_(pr.h_q / pr.h_kv),
         bq_(CpuTiling::block_q(group_)),
-        pairs_(use_bf16_pairs(pr)),
+        amx_(use_amx(pr)),
+        pairs_(amx_ || use_bf16_pairs(pr)),
         first_tile_(pr.batch + 1, 0) {
     // Tiles of sequence b are first_tile_[b] .. first_tile_[b+1]-1, ordered (q block, head, split).
     for (int64_t b = 0; b < pr.batch; ++b)
@@ -170,7 +194,11 @@ class Forward {
         }
       };
       // S^T = K Q^T: keys are the rows of the product, so key rows are used as they lie.
-      if (pairs_) {
+      const int64_t nb32 = round_up(nb, 32);
+      if (amx_) {  // whole 32 x 32 blocks: keys past nb (stale rows of kb) give rows never read
+        const uint16_t* k = bf16_keys(tl, j0, nb, w.kb.data(), /*copy=*/true);
+        block_gemm_amx(nb32, ld, D, k, D, w.qp.data(), 2 * ld, w.s.data(), ld, false);
+      } else if (pairs_) {
         const uint16_t* k = bf16_keys(tl, j0, nb, w.kb.data());
         for_chunks([&](int64_t r0, int64_t r1, int64_t n) {
           block_gemm_bf16(n, r1 - r0, D / 2, k, D, 2, &w.qp[2 * r0], 2 * ld, &w.s[r0], ld, false);
@@ -195,7 +223,18 @@ class Forward {
           const float c = w.corr[r];
           for (int64_t d = 0; d < Dv; ++d) acc[d] *= c;
         }
-      if (pairs_) {
+      if (amx_) {
+        // O += P V: P row-major bf16 (zeros past nb), V in pairs (zeros past nb).
+        transpose_to_bf16(w.s.data(), ld, nb, rows, w.pp.data(), kBK, nb32);
+        const uint16_t* v = p_.v.ptr<const uint16_t>();
+        for (int64_t j = 0; j < nb; j += 2)
+          pack_bf16_pairs(v + L_.v_offset(tl.b, j0 + j, tl.hk),
+                          j + 1 < nb ? v + L_.v_offset(tl.b, j0 + j + 1, tl.hk) : nullptr, Dv,
+                          &w.vp[j * Dv]);
+        std::fill(w.vp.begin() + round_up(nb, 2) * Dv, w.vp.begin() + nb32 * Dv, uint16_t{0});
+        block_gemm_amx(round_up(rows, 32), Dv, nb32, w.pp.data(), kBK, w.vp.data(), 2 * Dv,
+                       w.acc.data(), Dv, true);
+      } else if (pairs_) {
         // O += P V in pairs of keys: P rounded to bf16 (as the GPU kernels do), V interleaved.
         const uint16_t* v = p_.v.ptr<const uint16_t>();
         for (int64_t j = 0; j < nb; j += 2) {
@@ -251,11 +290,13 @@ class Forward {
 
   // Keys [j0, j0 + nb) of the tile's KV head as adjacent bf16 rows: in place when they are
   // (one KV head, not paged), else copied into buf.
-  const uint16_t* bf16_keys(const Tile& tl, int64_t j0, int64_t nb, uint16_t* buf) const {
+  const uint16_t* bf16_keys(const Tile& tl, int64_t j0, int64_t nb, uint16_t* buf,
+                            bool copy = false) const {
     const int64_t D = pr_.head_dim;
     const uint16_t* k = p_.k.ptr<const uint16_t>();
     const int64_t off0 = L_.k_offset(tl.b, j0, tl.hk);
-    if (!pr_.paged && (nb == 1 || L_.k_offset(tl.b, j0 + 1, tl.hk) - off0 == D)) return k + off0;
+    if (!copy && !pr_.paged && (nb == 1 || L_.k_offset(tl.b, j0 + 1, tl.hk) - off0 == D))
+      return k + off0;
     for (int64_t j = 0; j < nb; ++j)
       std::memcpy(buf + j * D, k + L_.k_offset(tl.b, j0 + j, tl.hk), D * sizeof(uint16_t));
     return buf;
@@ -295,11 +336,14 @@ class Forward {
   const Problem& pr_;
   const HostLayout& L_;
   const int64_t splits_, group_, bq_;
-  const bool pairs_;
+  const bool amx_, pairs_;
   std::vector<int64_t> first_tile_;
 };
 
 }  // namespace
+
+void cpu_use_amx(bool on) { g_amx.store(on, std::memory_order_relaxed); }
+bool cpu_amx() { return g_amx.load(std::memory_order_relaxed) && amx_available(); }
 
 void cpu_use_bf16_pairs(bool on) { g_bf16_pairs.store(on, std::memory_order_relaxed); }
 bool cpu_bf16_pairs() { return g_bf16_pairs.load(std::memory_order_relaxed); }
@@ -334,8 +378,8 @@ int64_t split_chunk_rows(const Problem& pr, int32_t splits, int64_t total_q_rows
 }  // namespace
 
 size_t cpu_scratch_bytes(const Problem& pr, int64_t total_q_rows, int workers) {
-  const int64_t rows = CpuTiling::tile_rows(pr.h_q / pr.h_kv);
-  size_t bytes = workers * Workspace::bytes(rows, pr.head_dim, pr.head_dim_v, use_bf16_pairs(pr));
+  size_t bytes = workers * Workspace::bytes(buffer_rows(pr), pr.head_dim, pr.head_dim_v,
+                                           use_amx(pr) || use_bf16_pairs(pr));
   const int32_t splits = cpu_num_splits(pr, workers);
   if (splits > 1)
     bytes += SplitPartials::bytes(splits, split_chunk_rows(pr, splits, total_q_rows), pr.h_q,
@@ -354,8 +398,8 @@ void cpu_forward(const AttentionParams& params, const Problem& problem) {
   std::vector<Workspace> workspaces;
   workspaces.reserve(pool.size());
   for (int i = 0; i < pool.size(); ++i)
-    workspaces.emplace_back(fwd.rows_per_tile(), problem.head_dim, problem.head_dim_v,
-                            use_bf16_pairs(problem));
+    workspaces.emplace_back(buffer_rows(problem), problem.head_dim, problem.head_dim_v,
+                            use_amx(problem) || use_bf16_pairs(problem));
 
   if (splits == 1) {
     pool.parallel_for(fwd.num_tiles(), [&](int64_t i, int worker) {

@@ -41,6 +41,12 @@ struct CpuTiling {
 void cpu_use_bf16_pairs(bool on);
 bool cpu_bf16_pairs();
 
+// bf16 inputs with head dims multiples of 32: block products on AMX tiles (cpu_amx.h), P rounded
+// to bf16. Opt-in (FLASHSERVE_CPU_AMX=1 at start, or this call) until measured on the target; it
+// takes precedence over bf16 pairs. cpu_amx(): enabled and available on this machine.
+void cpu_use_amx(bool on);
+bool cpu_amx();
+
 // The number of key splits cpu_forward uses for this problem with `workers` threads: num_splits
 // when it is positive; for 0 (automatic), more than one only when the unsplit tiles are fewer
 // than the workers and the keys are long enough for each split to get several blocks.
