@@ -31,7 +31,9 @@ struct alignas(64) TileConfig {
 
 bool probe() {
   __builtin_cpu_init();
-  if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("amx-tile")) return false;
+  if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("amx-tile") ||
+      !__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512vl"))
+    return false;
   uint32_t lo, hi;
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
   if ((lo & (3u << 17)) != (3u << 17)) return false;  // XTILECFG and XTILEDATA enabled by the OS
@@ -96,8 +98,54 @@ void block_gemm_amx(int64_t, int64_t, int64_t, const uint16_t*, int64_t, const u
                     float*, int64_t, bool) {}
 #endif
 
+#if FS_AMX
+// 16 x 16 blocks transposed in registers (unpack, then shuffles of 32-bit elements and of 128-bit
+// lanes), rounded to bf16 by vcvtneps2bf16 (every AMX CPU has AVX512-BF16). The scalar loop took
+// as long as the AMX products, a gather per 16 keys longer still (perf). Reads s rows j < nb and
+// columns i0 .. i0 + 15 for i0 < rows (so lds >= round_up(rows, 16)); writes p rows up to
+// round_up(rows, 16).
+__attribute__((target("avx512f,avx512bf16"))) void transpose_avx512(const float* s, int64_t lds,
+                                                                    int64_t nb, int64_t rows,
+                                                                    uint16_t* p, int64_t ldp,
+                                                                    int64_t nb_pad) {
+  for (int64_t i0 = 0; i0 < rows; i0 += 16)
+    for (int64_t j0 = 0; j0 < nb_pad; j0 += 16) {
+      __m512 r[16], t[16], u[16];
+      for (int k = 0; k < 16; ++k)
+        r[k] = j0 + k < nb ? _mm512_loadu_ps(s + (j0 + k) * lds + i0) : _mm512_setzero_ps();
+      for (int k = 0; k < 8; ++k) {
+        t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+      }
+      // u[4k + m], lane L: element 4L + m of rows 4k .. 4k + 3.
+      for (int k = 0; k < 4; ++k) {
+        u[4 * k + 0] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
+        u[4 * k + 1] = _mm512_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
+        u[4 * k + 2] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
+        u[4 * k + 3] = _mm512_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
+      }
+      // Column 4L + m of the block = lane L of u[m], u[4 + m], u[8 + m], u[12 + m].
+      for (int m = 0; m < 4; ++m) {
+        const __m512 x0 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x44);
+        const __m512 x1 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xEE);
+        const __m512 y0 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x44);
+        const __m512 y1 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xEE);
+        const __m512 col[4] = {_mm512_shuffle_f32x4(x0, y0, 0x88), _mm512_shuffle_f32x4(x0, y0, 0xDD),
+                               _mm512_shuffle_f32x4(x1, y1, 0x88), _mm512_shuffle_f32x4(x1, y1, 0xDD)};
+        for (int L = 0; L < 4; ++L)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + (i0 + 4 * L + m) * ldp + j0),
+                              (__m256i)_mm512_cvtneps_pbh(col[L]));
+      }
+    }
+}
+#endif
+
 void transpose_to_bf16(const float* s, int64_t lds, int64_t nb, int64_t rows, uint16_t* p,
                        int64_t ldp, int64_t nb_pad) {
+#if FS_AMX
+  if (nb_pad % 16 == 0 && lds % 16 == 0 && amx_available())
+    return transpose_avx512(s, lds, nb, rows, p, ldp, nb_pad);
+#endif
   // In 16 x 16 blocks so both sides stay in a few cache lines.
   for (int64_t j0 = 0; j0 < nb; j0 += 16)
     for (int64_t i0 = 0; i0 < rows; i0 += 16) {
