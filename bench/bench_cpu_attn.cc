@@ -5,8 +5,8 @@
 // 0.3.21 falls back to SSE3 "Prescott" kernels on CPUs newer than it knows).
 //   bench_cpu_attn [--quick] [--seqlens 1024,2048] [--dims 64,128] [--dtypes f32,bf16,f16]
 //                  [--heads 16] [--tokens 2048] [--isa portable] [--workers N] [--no-blas]
-// dtypes: f32, bf16, f16, bf16p (bf16 with the products in bf16 pairs, AVX512-BF16) and bf16a
-// (bf16 on AMX tiles, where available).
+// dtypes: f32, f16, bf16 (on AMX tiles where available, the default), bf16c (bf16 blocks
+// converted to float32: the path without AMX) and bf16p (products in bf16 pairs, AVX512-BF16).
 // FLOPs = 4 * batch * heads * L^2 * d (half when causal), batch = max(1, tokens / L). Each figure
 // is the median of the calls made in at least 0.3 s (at least 3), after one warm-up call.
 #include <algorithm>
@@ -133,8 +133,9 @@ int main(int argc, char** argv) {
   const int workers = ThreadPool::global().size();
 #ifndef FLASHSERVE_BENCH_NO_KERNEL
   const double peak1 = kernel_peak_gflops();
-  std::printf("workers %d, kernel %s: %.1f GFLOP/s on one thread (x%d = %.0f)\n", workers,
-              attention::cpu_isa_name(attention::cpu_isa()), peak1, workers, peak1 * workers);
+  std::printf("workers %d, kernel %s: %.1f GFLOP/s on one thread (x%d = %.0f); AMX for bf16: %s\n",
+              workers, attention::cpu_isa_name(attention::cpu_isa()), peak1, workers,
+              peak1 * workers, attention::cpu_amx() ? "yes" : "no");
 #endif
 #if FLASHSERVE_WITH_BLAS
   if (blas) {
@@ -159,11 +160,11 @@ int main(int argc, char** argv) {
     // bf16p: bf16 with the block products in bf16 pairs (cpu_use_bf16_pairs), beside bf16.
 #ifndef FLASHSERVE_BENCH_NO_KERNEL
     attention::cpu_use_bf16_pairs(dt == "bf16p");
-    attention::cpu_use_amx(dt == "bf16a");
+    attention::cpu_use_amx(dt == "bf16");
 #endif
-    const DType dtype = dt == "bf16" || dt == "bf16p" || dt == "bf16a" ? DType::kBFloat16
-                        : dt == "f16"                 ? DType::kFloat16
-                                                      : DType::kFloat32;
+    const DType dtype = dt == "bf16" || dt == "bf16p" || dt == "bf16c" ? DType::kBFloat16
+                        : dt == "f16"                                  ? DType::kFloat16
+                                                                       : DType::kFloat32;
     for (int64_t d : dims)
       for (int causal : {0, 1})
         for (int64_t L : seqlens) {

@@ -73,7 +73,8 @@ def main():
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; CPU capability {cap}")
     else:
         print("torch not installed: our NumPy float32 figures only (no SDPA, no bfloat16)")
-    print(f"{nproc} CPUs; FLASHSERVE_CPU_BF16_PAIRS={os.environ.get('FLASHSERVE_CPU_BF16_PAIRS', '0')}")
+    print(f"{nproc} CPUs; FLASHSERVE_CPU_AMX={os.environ.get('FLASHSERVE_CPU_AMX', '(default: on)')}, "
+          f"FLASHSERVE_CPU_BF16_PAIRS={os.environ.get('FLASHSERVE_CPU_BF16_PAIRS', '0')}")
     hdr = f"{'dtype':8} {'d':>4} {'causal':>6} {'L':>5} {'batch':>5} {'ours':>8} {'numpy':>8} {'sdpa':>8} {'ratio':>6} {'maxdiff':>8}"
     print(hdr + "   (GFLOP/s)")
     rows = []

@@ -3,7 +3,8 @@
 # one short call (no GPU used). Builds only what it runs (CUDA off: libflashserve_c.so and
 # bench_cpu_attn), then
 #   1. bench_cpu_attn: the block-product kernel's one-thread peak, OpenBLAS's sgemm (which core it
-#      picked), float32 / bf16 / bf16-pairs at L = 2048, d = 128 (a few seconds);
+#      picked), float32 and bf16 (AMX where available; bf16c: converted to float32, bf16p: bf16
+#      pairs) at L = 2048, d = 128 (a few seconds);
 #   2. bench/cpu_sdpa_compare.py: flash_attn_func on torch CPU tensors (and NumPy) beside
 #      torch.nn.functional.scaled_dot_product_attention, float32 and bfloat16, d 64/128, causal and
 #      not, L 1k-8k, with the ratio and an output check (about 30 s on 16 cores).
@@ -50,7 +51,7 @@ if [ $tests = ON ]; then
   $BUILD/tests/test_attention --gtest_brief=1 >"$OUT/cpu-tests.log" 2>&1 || rc=1
   tail -3 "$OUT/cpu-tests.log"
 fi
-$BUILD/bench/bench_cpu_attn --seqlens 2048 --dims 128 --dtypes f32,bf16,bf16p 2>&1 | tee "$OUT/bench_cpu_attn.txt"
+$BUILD/bench/bench_cpu_attn --seqlens 2048 --dims 128 --dtypes f32,bf16,bf16c,bf16p 2>&1 | tee "$OUT/bench_cpu_attn.txt"
 FLASHSERVE_LIBRARY=$PWD/$BUILD/src/libflashserve_c.so ${PY:-python3} bench/cpu_sdpa_compare.py \
   --csv "$OUT/cpu_sdpa_compare.csv" ${COMPARE_ARGS:-} 2>&1 | tee "$OUT/cpu_sdpa_compare.txt"
 ((PIPESTATUS[0])) && rc=1

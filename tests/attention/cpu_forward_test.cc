@@ -255,23 +255,22 @@ TEST_P(CpuForward, MatchesFloat64ReferenceBf16Pairs) {
     GTEST_SKIP() << "this CPU lacks AVX512-BF16";
   const bool before = attention::cpu_bf16_pairs();
   attention::cpu_use_bf16_pairs(true);
+  attention::cpu_use_amx(false);  // AMX takes precedence
   check_against_reference(GetParam());
+  attention::cpu_use_amx(true);
   attention::cpu_use_bf16_pairs(before);
 }
 
-// bf16 cases on AMX tiles (head dims multiples of 32), where the machine has them.
-TEST_P(CpuForward, MatchesFloat64ReferenceAmx) {
-  const CaseSpec& s = GetParam();
-  if (s.dtype != DType::kBFloat16 || s.head_dim % 32 != 0 || s.dv() % 32 != 0)
-    GTEST_SKIP() << "bf16 cases with head dims multiples of 32 only";
-  const bool before = attention::cpu_amx();
-  attention::cpu_use_amx(true);
-  if (!attention::cpu_amx()) {
-    attention::cpu_use_amx(before);
-    GTEST_SKIP() << "no AMX-BF16 here";
+// The same cases on the AVX-512 kernels without AMX or bf16 pairs (bf16 blocks converted to float32):
+// MatchesFloat64Reference runs bf16 on AMX where the machine has it.
+TEST_P(CpuForward, MatchesFloat64ReferenceAvx512) {
+  attention::force_cpu_isa(attention::CpuIsa::kAvx512);
+  if (attention::cpu_isa() != attention::CpuIsa::kAvx512) {
+    attention::force_cpu_isa(attention::CpuIsa::kAvx512Bf16);
+    GTEST_SKIP() << "this CPU lacks AVX-512";
   }
-  check_against_reference(s);
-  attention::cpu_use_amx(before);
+  check_against_reference(GetParam());
+  attention::force_cpu_isa(attention::CpuIsa::kAvx512Bf16);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CpuForward, ::testing::ValuesIn(cases()),

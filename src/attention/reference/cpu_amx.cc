@@ -54,9 +54,11 @@ bool amx_available() {
 }
 
 #if FS_AMX
-__attribute__((target("amx-tile,amx-bf16"))) void block_gemm_amx(
-    int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda, const uint16_t* b,
-    int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+__attribute__((target("amx-tile,amx-bf16"))) void block_gemm_amx(int64_t M, int64_t N, int64_t K,
+                                                                 const uint16_t* a, int64_t lda,
+                                                                 const uint16_t* b, int64_t ldb,
+                                                                 float* c, int64_t ldc,
+                                                                 bool accumulate) {
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
   _tile_loadconfig(&cfg);
@@ -130,8 +132,9 @@ __attribute__((target("avx512f,avx512bf16"))) void transpose_avx512(const float*
         const __m512 x1 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xEE);
         const __m512 y0 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x44);
         const __m512 y1 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xEE);
-        const __m512 col[4] = {_mm512_shuffle_f32x4(x0, y0, 0x88), _mm512_shuffle_f32x4(x0, y0, 0xDD),
-                               _mm512_shuffle_f32x4(x1, y1, 0x88), _mm512_shuffle_f32x4(x1, y1, 0xDD)};
+        const __m512 col[4] = {
+            _mm512_shuffle_f32x4(x0, y0, 0x88), _mm512_shuffle_f32x4(x0, y0, 0xDD),
+            _mm512_shuffle_f32x4(x1, y1, 0x88), _mm512_shuffle_f32x4(x1, y1, 0xDD)};
         for (int L = 0; L < 4; ++L)
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + (i0 + 4 * L + m) * ldp + j0),
                               (__m256i)_mm512_cvtneps_pbh(col[L]));

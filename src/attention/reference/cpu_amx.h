@@ -1,6 +1,6 @@
-// AMX-BF16 block products for bf16 attention on the CPU (opt-in: cpu_use_amx / FLASHSERVE_CPU_AMX=1,
-// see docs/cpu-path.md). tdpbf16ps multiplies 16 x 32 bf16 tiles into 16 x 16 float32 tiles, about
-// 4x the AVX-512 float32 kernel's rate on one core of the build machine.
+// AMX-BF16 block products for bf16 attention on the CPU (opt-in: cpu_use_amx /
+// FLASHSERVE_CPU_AMX=1, see docs/cpu-path.md). tdpbf16ps multiplies 16 x 32 bf16 tiles into 16 x 16
+// float32 tiles, about 4x the AVX-512 float32 kernel's rate on one core of the build machine.
 #pragma once
 
 #include <cstdint>

@@ -30,14 +30,15 @@ std::atomic<bool> g_bf16_pairs{[] {
 
 std::atomic<bool> g_amx{[] {
   const char* e = std::getenv("FLASHSERVE_CPU_AMX");
-  return e != nullptr && std::strcmp(e, "1") == 0;
+  return e == nullptr || std::strcmp(e, "0") != 0;
 }()};
 
-// bf16 inputs on AMX tiles (block_gemm_amx) when enabled and available; head dims multiples of 32
-// (a tile's depth).
+// bf16 inputs on AMX tiles (block_gemm_amx) where available (and not turned off, nor the ISA
+// forced below the top level); head dims multiples of 32 (a tile's depth).
 bool use_amx(const Problem& pr) {
   return pr.dtype == DType::kBFloat16 && pr.head_dim % 32 == 0 && pr.head_dim_v % 32 == 0 &&
-         g_amx.load(std::memory_order_relaxed) && amx_available();
+         g_amx.load(std::memory_order_relaxed) && cpu_isa() == CpuIsa::kAvx512Bf16 &&
+         amx_available();
 }
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }

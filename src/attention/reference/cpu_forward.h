@@ -34,7 +34,7 @@ struct CpuTiling {
   static int64_t tile_rows(int64_t group) { return block_q(group) * group; }
 };
 
-// bf16 inputs: block products in bf16 pairs (AVX512-BF16 vdpbf16ps) instead of converting the
+// bf16 inputs without AMX: block products in bf16 pairs (AVX512-BF16 vdpbf16ps) instead of converting the
 // blocks to float32. Off by default: on the Xeon measured (docs/cpu-path.md) vdpbf16ps ran at 0.6x
 // the float32 FMA kernel's FLOP rate, so converting is faster there. The environment variable
 // FLASHSERVE_CPU_BF16_PAIRS=1 turns it on at start (bench_cpu_attn --bf16-pairs measures both).
@@ -42,8 +42,10 @@ void cpu_use_bf16_pairs(bool on);
 bool cpu_bf16_pairs();
 
 // bf16 inputs with head dims multiples of 32: block products on AMX tiles (cpu_amx.h), P rounded
-// to bf16. Opt-in (FLASHSERVE_CPU_AMX=1 at start, or this call) until measured on the target; it
-// takes precedence over bf16 pairs. cpu_amx(): enabled and available on this machine.
+// to bf16, where the CPU and OS have AMX-BF16 (2-2.5x the converted path per core on the build
+// machine). On by default; FLASHSERVE_CPU_AMX=0 at start, or this call, turns it off, as does
+// forcing the ISA below kAvx512Bf16. Takes precedence over bf16 pairs. cpu_amx(): enabled and
+// available on this machine.
 void cpu_use_amx(bool on);
 bool cpu_amx();
 
