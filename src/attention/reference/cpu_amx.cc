@@ -10,6 +10,7 @@
 #include "common/half.h"
 
 #if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -31,9 +32,14 @@ struct alignas(64) TileConfig {
 
 bool probe() {
   __builtin_cpu_init();
-  if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("amx-tile") ||
-      !__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512vl"))
+  // CPUID leaf 7 (clang 14's __builtin_cpu_supports knows no AMX names): subleaf 0 EDX bits 22
+  // (AMX-BF16) and 24 (AMX-TILE), EBX bit 31 (AVX512VL); subleaf 1 EAX bit 5 (AVX512-BF16).
+  unsigned a0, b0, c0, d0, a1, b1, c1, d1;
+  if (!__get_cpuid_count(7, 0, &a0, &b0, &c0, &d0) || !__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1))
     return false;
+  if (!(d0 & (1u << 22)) || !(d0 & (1u << 24)) || !(b0 & (1u << 31)) || !(a1 & (1u << 5)))
+    return false;
+  if (!__builtin_cpu_supports("avx512f")) return false;
   uint32_t lo, hi;
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
   if ((lo & (3u << 17)) != (3u << 17)) return false;  // XTILECFG and XTILEDATA enabled by the OS
