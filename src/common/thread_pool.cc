@@ -3,6 +3,7 @@
 #include <memory>
 
 #include <pthread.h>
+#include <sched.h>
 #include <unistd.h>
 
 namespace flashserve {
@@ -36,8 +37,18 @@ void install_fork_handlers() {
 }
 }  // namespace
 
+// The CPUs this process may run on: a container pinned to 16 CPUs of a larger host sees all of
+// them in hardware_concurrency(), and as many threads on 16 CPUs would oversubscribe them.
+static int usable_cpus() {
+#ifdef __linux__
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 ThreadPool::ThreadPool(int workers) {
-  if (workers <= 0) workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (workers <= 0) workers = usable_cpus();
   threads_.reserve(workers - 1);
   try {
     for (int w = 1; w < workers; ++w) threads_.emplace_back([this, w] { worker_loop(w); });

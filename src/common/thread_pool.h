@@ -18,7 +18,8 @@ namespace flashserve {
 class ThreadPool {
  public:
   // `workers` threads take part in each parallel_for, the calling thread being one of them (so
-  // workers - 1 threads are started). workers <= 0: std::thread::hardware_concurrency().
+  // workers - 1 threads are started). workers <= 0: the CPUs this process may run on (its
+  // affinity mask; std::thread::hardware_concurrency() where that is unknown).
   explicit ThreadPool(int workers = 0);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;

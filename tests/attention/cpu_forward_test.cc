@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "attention/backends.h"
+#include "attention/reference/cpu_forward.h"
+#include "attention/reference/cpu_gemm.h"
 #include "support/attention_case.h"
 #include "support/compare.h"
 
@@ -152,6 +154,47 @@ std::vector<CaseSpec> cases() {
     s.with_lse = false;
     s.softmax_scale = 0.5f;
   }));
+  // Tile edges of the block products (CpuTiling: 128 rows x 256 keys): lengths one either side
+  // of a tile and of a key block, causal diagonals that cut a block, windows that straddle two
+  // blocks, and a GQA group of 8 (16 queries x 8 heads per tile).
+  for (int64_t n : {255, 257, 513})
+    v.push_back(with(base({n}, {n}), [&](CaseSpec& s) {
+      s.h_q = s.h_kv = 1;
+      s.causal = n != 257;
+      s.dtype = n == 513 ? DType::kBFloat16 : DType::kFloat32;
+    }));
+  v.push_back(with(base({129}, {767}), [](CaseSpec& s) {
+    s.h_q = 8;
+    s.h_kv = 1;
+    s.causal = true;
+    s.window_left = 300;  // the window starts inside one key block and ends in the next
+    s.dtype = DType::kBFloat16;
+  }));
+  v.push_back(with(base({300}, {300}), [](CaseSpec& s) {
+    s.h_q = 16;
+    s.h_kv = 2;
+    s.causal = true;
+    s.head_dim = 128;
+    s.window_left = 200;
+    s.window_right = 0;
+  }));
+  v.push_back(with(base({130, 0, 257}, {600, 5, 257}), [](CaseSpec& s) {  // paged, blocks cross pages
+    s.q_layout = QLayout::kVarlen;
+    s.kv_layout = KVLayout::kPaged;
+    s.page_size = 16;
+    s.h_q = 4;
+    s.h_kv = 1;
+    s.causal = true;
+    s.dtype = DType::kBFloat16;
+  }));
+  v.push_back(with(base({1, 64}, {1025, 1000}), [](CaseSpec& s) {  // decode-like, odd key tails
+    s.q_layout = QLayout::kVarlen;
+    s.kv_layout = KVLayout::kVarlen;
+    s.h_q = 8;
+    s.h_kv = 2;
+    s.head_dim = 128;
+    s.head_dim_v = 64;
+  }));
   return v;
 }
 
@@ -166,8 +209,7 @@ int64_t addressed_out_elements(const AttentionParams& p) {
   return n;
 }
 
-TEST_P(CpuForward, MatchesFloat64Reference) {
-  CaseSpec s = GetParam();
+void check_against_reference(CaseSpec s) {
   s.seed = seed_for(s.name());
   AttentionCase c(s);
   const auto exact = c.exact();
@@ -195,6 +237,40 @@ TEST_P(CpuForward, MatchesFloat64Reference) {
   attention_forward(p);
   EXPECT_TRUE(out1 == bytes_of(AttentionCase::kOut)) << "out differs between two runs";
   EXPECT_TRUE(lse1 == bytes_of(AttentionCase::kLse)) << "lse differs between two runs";
+}
+
+TEST_P(CpuForward, MatchesFloat64Reference) { check_against_reference(GetParam()); }
+
+// The same cases on the portable kernels (what a CPU without AVX-512 runs).
+TEST_P(CpuForward, MatchesFloat64ReferencePortable) {
+  attention::force_cpu_isa(attention::CpuIsa::kPortable);
+  check_against_reference(GetParam());
+  attention::force_cpu_isa(attention::CpuIsa::kAvx512Bf16);  // back to the best the CPU has
+}
+
+// bf16 cases with the block products in bf16 pairs (P rounded to bf16), where the CPU has them.
+TEST_P(CpuForward, MatchesFloat64ReferenceBf16Pairs) {
+  if (GetParam().dtype != DType::kBFloat16) GTEST_SKIP() << "bf16 cases only";
+  if (attention::cpu_isa() != attention::CpuIsa::kAvx512Bf16)
+    GTEST_SKIP() << "this CPU lacks AVX512-BF16";
+  const bool before = attention::cpu_bf16_pairs();
+  attention::cpu_use_bf16_pairs(true);
+  attention::cpu_use_amx(false);  // AMX takes precedence
+  check_against_reference(GetParam());
+  attention::cpu_use_amx(true);
+  attention::cpu_use_bf16_pairs(before);
+}
+
+// The same cases on the AVX-512 kernels without AMX or bf16 pairs (bf16 blocks converted to float32):
+// MatchesFloat64Reference runs bf16 on AMX where the machine has it.
+TEST_P(CpuForward, MatchesFloat64ReferenceAvx512) {
+  attention::force_cpu_isa(attention::CpuIsa::kAvx512);
+  if (attention::cpu_isa() != attention::CpuIsa::kAvx512) {
+    attention::force_cpu_isa(attention::CpuIsa::kAvx512Bf16);
+    GTEST_SKIP() << "this CPU lacks AVX-512";
+  }
+  check_against_reference(GetParam());
+  attention::force_cpu_isa(attention::CpuIsa::kAvx512Bf16);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CpuForward, ::testing::ValuesIn(cases()),

@@ -2,13 +2,18 @@
 #include "attention/reference/cpu_forward.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "attention/backends.h"
 #include "attention/reference/combine.h"
-#include "attention/reference/online_softmax.h"
+#include "attention/reference/block_softmax.h"
+#include "attention/reference/cpu_amx.h"
+#include "attention/reference/cpu_gemm.h"
 #include "common/half.h"
 #include "common/thread_pool.h"
 
@@ -17,99 +22,85 @@ namespace {
 
 constexpr float kLog2e = 1.44269504088896340736f;
 constexpr int64_t kBK = CpuTiling::kBlockK;
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Rows processed together by the micro-kernels: each key (value) element loaded from L1 feeds
-// kRowGroup rows, and the kRowGroup x kVec accumulators stay in registers (8 SSE / 4 AVX
-// registers).
-constexpr int64_t kRowGroup = 4;
-constexpr int64_t kVec = 8;
+std::atomic<bool> g_bf16_pairs{[] {
+  const char* e = std::getenv("FLASHSERVE_CPU_BF16_PAIRS");
+  return e != nullptr && std::strcmp(e, "1") == 0;
+}()};
 
-// S[r][j] = q_r . k_j for R rows and keys j in [j_begin, j_end), both multiples of kVec with
-// j_end <= kBK. kt is the transposed key block [D][kBK]; S has rows of kBK.
-template <int R>
-void block_scores(const float* q, int64_t D, const float* kt, int64_t j_begin, int64_t j_end,
-                  float* S) {
-  for (int64_t j0 = j_begin; j0 < j_end; j0 += kVec) {
-    float c[R][kVec] = {};
-    for (int64_t d = 0; d < D; ++d) {
-      const float* k = kt + d * kBK + j0;
-      for (int r = 0; r < R; ++r) {
-        const float qd = q[r * D + d];
-        for (int jj = 0; jj < kVec; ++jj) c[r][jj] += qd * k[jj];
-      }
-    }
-    for (int r = 0; r < R; ++r)
-      for (int jj = 0; jj < kVec; ++jj) S[r * kBK + j0 + jj] = c[r][jj];
-  }
+std::atomic<bool> g_amx{[] {
+  const char* e = std::getenv("FLASHSERVE_CPU_AMX");
+  return e == nullptr || std::strcmp(e, "0") != 0;
+}()};
+
+// bf16 inputs on AMX tiles (block_gemm_amx) where available (and not turned off, nor the ISA
+// forced below the top level); head dims multiples of 32 (a tile's depth).
+bool use_amx(const Problem& pr) {
+  return pr.dtype == DType::kBFloat16 && pr.head_dim % 32 == 0 && pr.head_dim_v % 32 == 0 &&
+         g_amx.load(std::memory_order_relaxed) && cpu_isa() == CpuIsa::kAvx512Bf16 &&
+         amx_available();
 }
 
-// acc[r][:] += sum_{j in [j_begin, j_end)} P[r][j] * v[j][:] for R rows; v is [kBK][Dv].
-template <int R>
-void block_accumulate(const float* P, const float* v, int64_t Dv, int64_t j_begin, int64_t j_end,
-                      float* acc) {
-  int64_t d0 = 0;
-  for (; d0 + kVec <= Dv; d0 += kVec) {
-    float c[R][kVec];
-    for (int r = 0; r < R; ++r)
-      for (int dd = 0; dd < kVec; ++dd) c[r][dd] = acc[r * Dv + d0 + dd];
-    for (int64_t j = j_begin; j < j_end; ++j) {
-      const float* vr = v + j * Dv + d0;
-      for (int r = 0; r < R; ++r) {
-        const float p = P[r * kBK + j];
-        for (int dd = 0; dd < kVec; ++dd) c[r][dd] += p * vr[dd];
-      }
-    }
-    for (int r = 0; r < R; ++r)
-      for (int dd = 0; dd < kVec; ++dd) acc[r * Dv + d0 + dd] = c[r][dd];
-  }
-  for (; d0 < Dv; ++d0)  // head dims that are not a multiple of kVec
-    for (int r = 0; r < R; ++r) {
-      float c = acc[r * Dv + d0];
-      for (int64_t j = j_begin; j < j_end; ++j) c += P[r * kBK + j] * v[j * Dv + d0];
-      acc[r * Dv + d0] = c;
-    }
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// bf16 inputs run the block products in bf16 pairs (block_gemm_bf16) when enabled, the CPU has
+// AVX512-BF16 and the head dim is even (q.k is summed in pairs of d); else they are converted
+// to float32 blocks like fp16.
+bool use_bf16_pairs(const Problem& pr) {
+  return pr.dtype == DType::kBFloat16 && cpu_isa() == CpuIsa::kAvx512Bf16 &&
+         pr.head_dim % 2 == 0 && g_bf16_pairs.load(std::memory_order_relaxed);
 }
 
-template <typename F>
-void with_rows(int64_t n, F&& f) {  // calls f.template operator()<R>() with R = n in 1..kRowGroup
-  switch (n) {
-    case 1:
-      f.template operator()<1>();
-      break;
-    case 2:
-      f.template operator()<2>();
-      break;
-    case 3:
-      f.template operator()<3>();
-      break;
-    default:
-      f.template operator()<4>();
-      break;
-  }
+// Rows of a worker's buffers: the AMX products run on whole 32 x 32 blocks, so their row count
+// is rounded up (the extra rows hold stale values that no output reads).
+int64_t buffer_rows(const Problem& pr) {
+  const int64_t rows = CpuTiling::tile_rows(pr.h_q / pr.h_kv);
+  return use_amx(pr) ? round_up(rows, 32) : rows;
 }
 
-// Per-worker buffers, sized once per call: O(tile), independent of the sequence lengths.
+// Per-worker buffers, sized once per call: O(tile), independent of the sequence lengths. The
+// float32 path fills qt, k, v; the bf16-pair path qp, kb, pp, vp.
 struct Workspace {
-  std::vector<float> q;                   // [rows, D], pre-multiplied by scale * log2(e)
-  std::vector<float> acc;                 // [rows, Dv], unnormalised output
-  std::vector<RunningSoftmax<float>> sm;  // [rows] running max and sum (log2 units)
-  std::vector<float> kt;  // [D, kBK] the key block, transposed so scores vectorise over keys
-  std::vector<float> v;   // [kBK, Dv] the value block
-  std::vector<float> s;   // [kRowGroup, kBK] scores of a row group, then its probabilities
-  std::vector<float> o;   // [Dv] one finished output row
+  int64_t ld;                  // row stride of qt and s: the most rows a tile has
+  std::vector<float> qt;       // [D][ld] the tile's queries, transposed, times scale * log2(e)
+  std::vector<float> k;        // [kBK][D] keys as float rows (when not read in place)
+  std::vector<float> v;        // [kBK][Dv] values likewise
+  std::vector<uint16_t> qp;    // [D/2][ld] pairs: the tile's queries transposed (unscaled)
+  std::vector<uint16_t> kb;    // [kBK][D] keys as adjacent bf16 rows (when not read in place)
+  std::vector<uint16_t> pp;    // [kBK/2][ld] pairs: probabilities of key pairs, rounded to bf16
+                               // (AMX: [ld][kBK] the probabilities row-major)
+  std::vector<uint16_t> vp;    // [kBK/2][Dv] pairs: value rows 2j and 2j + 1 interleaved
+  std::vector<float> s;        // [kBK][ld] scores of a key block, key-major, then probabilities
+  std::vector<float> acc;      // [rows][Dv] unnormalised output
+  std::vector<float> m, l, corr, scratch;  // [rows] running max and sum (log2 units)
+  std::vector<int64_t> first_key, end_key;  // [rows] each row's visible keys
+  std::vector<float> row;      // [max(D, Dv)] one row being converted or written
 
-  Workspace(int64_t rows, int64_t D, int64_t Dv)
-      : q(rows * D),
+  Workspace(int64_t rows, int64_t D, int64_t Dv, bool pairs)
+      : ld(rows),
+        qt(pairs ? 0 : D * rows),
+        k(pairs ? 0 : kBK * D),
+        v(pairs ? 0 : kBK * Dv),
+        qp(pairs ? D * rows : 0),
+        kb(pairs ? kBK * D : 0),
+        pp(pairs ? kBK * rows : 0),
+        vp(pairs ? kBK * Dv : 0),
+        s(kBK * rows),
         acc(rows * Dv),
-        sm(rows),
-        kt(D * kBK),
-        v(kBK * Dv),
-        s(kRowGroup * kBK),
-        o(Dv) {}
-  static size_t bytes(int64_t rows, int64_t D, int64_t Dv) {
-    return sizeof(float) * static_cast<size_t>(rows * D + rows * Dv + 2 * rows + D * kBK +
-                                               kBK * Dv + kRowGroup * kBK + Dv);
+        m(rows),
+        l(rows),
+        corr(rows),
+        scratch(rows),
+        first_key(rows),
+        end_key(rows),
+        row(std::max(D, Dv)) {}
+  static size_t bytes(int64_t rows, int64_t D, int64_t Dv, bool pairs) {
+    const int64_t operands = D * rows + kBK * D + kBK * Dv;
+    const int64_t pair_operands = D * rows + kBK * D + kBK * rows + kBK * Dv;
+    return sizeof(float) * static_cast<size_t>((pairs ? 0 : operands) + kBK * rows + rows * Dv +
+                                               4 * rows + std::max(D, Dv)) +
+           sizeof(uint16_t) * static_cast<size_t>(pairs ? pair_operands : 0) +
+           sizeof(int64_t) * static_cast<size_t>(2 * rows);
   }
 };
 
@@ -126,6 +117,8 @@ class Forward {
         splits_(splits),
         group_(pr.h_q / pr.h_kv),
         bq_(CpuTiling::block_q(group_)),
+        amx_(use_amx(pr)),
+        pairs_(amx_ || use_bf16_pairs(pr)),
         first_tile_(pr.batch + 1, 0) {
     // Tiles of sequence b are first_tile_[b] .. first_tile_[b+1]-1, ordered (q block, head, split).
     for (int64_t b = 0; b < pr.batch; ++b)
@@ -155,7 +148,7 @@ class Forward {
 
   // Runs one tile; writes params.out/lse, or the split's partials when partials != nullptr.
   void run(const Tile& tl, Workspace& w, const SplitPartials* partials) const {
-    const int64_t D = pr_.head_dim, Dv = pr_.head_dim_v, G = group_;
+    const int64_t D = pr_.head_dim, Dv = pr_.head_dim_v, G = group_, ld = w.ld;
     const int64_t nq = L_.q_len(tl.b), nk = L_.kv_len(tl.b);
     const int64_t rows = (tl.t1 - tl.t0) * G;  // row r: query t0 + r / G, head hk * G + r % G
     const Mask& mask = pr_.mask;
@@ -163,14 +156,23 @@ class Forward {
 
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = tl.t0 + r / G, h = tl.hk * G + r % G;
-      load_row(p_.q.data, p_.q.dtype, L_.q_offset(tl.b, t, h), D, qmul, &w.q[r * D]);
+      if (pairs_) {  // qp[d/2][r] = {q[d], q[d+1]}
+        const uint16_t* q = static_cast<const uint16_t*>(element(p_.q, L_.q_offset(tl.b, t, h)));
+        for (int64_t d = 0; d < D; ++d) w.qp[(d / 2) * 2 * ld + 2 * r + d % 2] = q[d];
+      } else {
+        convert_row(element(p_.q, L_.q_offset(tl.b, t, h)), p_.q.dtype, D, qmul, w.row.data());
+        for (int64_t d = 0; d < D; ++d) w.qt[d * ld + r] = w.row[d];
+      }
+      w.first_key[r] = mask.first_key(t, nq, nk);
+      w.end_key[r] = mask.last_key(t, nq, nk) + 1;
     }
     std::fill(w.acc.begin(), w.acc.begin() + rows * Dv, 0.0f);
-    std::fill(w.sm.begin(), w.sm.begin() + rows, RunningSoftmax<float>{});
+    std::fill(w.m.begin(), w.m.begin() + rows, -std::numeric_limits<float>::infinity());
+    std::fill(w.l.begin(), w.l.begin() + rows, 0.0f);
 
     // Keys this tile may see: the union of its rows' windows (first_key and last_key are
     // non-decreasing in t), cut to this split's share of the keys.
-    int64_t lo = mask.first_key(tl.t0, nq, nk), hi = mask.last_key(tl.t1 - 1, nq, nk) + 1;
+    int64_t lo = w.first_key[0], hi = w.end_key[rows - 1];
     if (splits_ > 1) {
       // Splits are whole key blocks, so a split boundary never cuts a block.
       const int64_t chunk = ((nk + splits_ - 1) / splits_ + kBK - 1) / kBK * kBK;
@@ -179,103 +181,173 @@ class Forward {
     }
     for (int64_t j0 = lo; j0 < hi; j0 += kBK) {
       const int64_t nb = std::min(kBK, hi - j0);
-      load_block(tl, j0, nb, w);
-      for (int64_t r0 = 0; r0 < rows; r0 += kRowGroup)
-        process_rows(w, tl, r0, std::min(kRowGroup, rows - r0), j0, nb);
+      // Rows in chunks of kRowChunk, each with the keys of this block its last row sees (rows'
+      // windows end in order): on a causal diagonal the products skip the keys no row of a chunk
+      // sees instead of computing the whole block and masking it (the mask pass sets what a
+      // chunk skipped to -inf).
+      constexpr int64_t kRowChunk = 64;
+      auto for_chunks = [&](auto&& fn) {
+        if (w.end_key[0] >= j0 + nb) return fn(int64_t{0}, rows, nb);
+        for (int64_t r0 = 0; r0 < rows; r0 += kRowChunk) {
+          const int64_t r1 = std::min(rows, r0 + kRowChunk);
+          const int64_t n = std::clamp<int64_t>(w.end_key[r1 - 1] - j0, 0, nb);
+          if (n > 0) fn(r0, r1, n);
+        }
+      };
+      // S^T = K Q^T: keys are the rows of the product, so key rows are used as they lie.
+      const int64_t nb32 = round_up(nb, 32);
+      if (amx_) {  // whole 32 x 32 blocks: keys past nb (stale rows of kb) give rows never read
+        const uint16_t* k = bf16_keys(tl, j0, nb, w.kb.data(), /*copy=*/true);
+        block_gemm_amx(nb32, ld, D, k, D, w.qp.data(), 2 * ld, w.s.data(), ld, false);
+      } else if (pairs_) {
+        const uint16_t* k = bf16_keys(tl, j0, nb, w.kb.data());
+        for_chunks([&](int64_t r0, int64_t r1, int64_t n) {
+          block_gemm_bf16(n, r1 - r0, D / 2, k, D, 2, &w.qp[2 * r0], 2 * ld, &w.s[r0], ld, false);
+        });
+      } else {
+        int64_t k_ld = D;
+        const float* k = keys(p_.k, tl, j0, nb, D, w.k.data(), &k_ld);
+        for_chunks([&](int64_t r0, int64_t r1, int64_t n) {
+          block_gemm(n, r1 - r0, D, k, k_ld, 1, &w.qt[r0], ld, &w.s[r0], ld, false);
+        });
+      }
+      // Row windows are non-decreasing: the last row starts latest, the first ends earliest.
+      const ScoreBlock sb{w.s.data(),        ld,
+                          nb,                rows,
+                          j0,                w.first_key.data(),
+                          w.end_key.data(),  w.first_key[rows - 1] <= j0 && w.end_key[0] >= j0 + nb,
+                          pairs_ ? qmul : 1.0f};
+      block_softmax(sb, w.m.data(), w.l.data(), w.corr.data(), w.scratch.data());
+      for (int64_t r = 0; r < rows; ++r)
+        if (w.corr[r] != 1.0f) {  // the max grew: rescale what row r has accumulated
+          float* acc = &w.acc[r * Dv];
+          const float c = w.corr[r];
+          for (int64_t d = 0; d < Dv; ++d) acc[d] *= c;
+        }
+      if (amx_) {
+        // O += P V: P row-major bf16 (zeros past nb), V in pairs (zeros past nb).
+        transpose_to_bf16(w.s.data(), ld, nb, rows, w.pp.data(), kBK, nb32);
+        const uint16_t* v = p_.v.ptr<const uint16_t>();
+        for (int64_t j = 0; j < nb; j += 2)
+          pack_bf16_pairs(v + L_.v_offset(tl.b, j0 + j, tl.hk),
+                          j + 1 < nb ? v + L_.v_offset(tl.b, j0 + j + 1, tl.hk) : nullptr, Dv,
+                          &w.vp[j * Dv]);
+        std::fill(w.vp.begin() + round_up(nb, 2) * Dv, w.vp.begin() + nb32 * Dv, uint16_t{0});
+        block_gemm_amx(round_up(rows, 32), Dv, nb32, w.pp.data(), kBK, w.vp.data(), 2 * Dv,
+                       w.acc.data(), Dv, true);
+      } else if (pairs_) {
+        // O += P V in pairs of keys: P rounded to bf16 (as the GPU kernels do), V interleaved.
+        const uint16_t* v = p_.v.ptr<const uint16_t>();
+        for (int64_t j = 0; j < nb; j += 2) {
+          const bool two = j + 1 < nb;  // an odd block ends in a pair with a zero second half
+          pack_float_pairs(&w.s[j * ld], two ? &w.s[(j + 1) * ld] : nullptr, rows,
+                           &w.pp[j * ld]);
+          pack_bf16_pairs(v + L_.v_offset(tl.b, j0 + j, tl.hk),
+                          two ? v + L_.v_offset(tl.b, j0 + j + 1, tl.hk) : nullptr, Dv,
+                          &w.vp[j * Dv]);
+        }
+        for_chunks([&](int64_t r0, int64_t r1, int64_t n) {
+          block_gemm_bf16(r1 - r0, Dv, (n + 1) / 2, &w.pp[2 * r0], 2, 2 * ld, w.vp.data(), 2 * Dv,
+                          &w.acc[r0 * Dv], Dv, true);
+        });
+      } else {
+        // O += P V with P read column-wise from s.
+        int64_t v_ld = Dv;
+        const float* v = keys(p_.v, tl, j0, nb, Dv, w.v.data(), &v_ld);
+        for_chunks([&](int64_t r0, int64_t r1, int64_t n) {
+          block_gemm(r1 - r0, Dv, n, &w.s[r0], 1, ld, v, v_ld, &w.acc[r0 * Dv], Dv, true);
+        });
+      }
     }
 
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = tl.t0 + r / G, h = tl.hk * G + r % G;
-      const float lse = w.sm[r].lse();
-      if (!w.sm[r].empty()) {
-        const float inv = 1.0f / w.sm[r].l;  // NaN for a NaN row: its output is NaN
-        for (int64_t d = 0; d < Dv; ++d) w.o[d] = w.acc[r * Dv + d] * inv;
+      const float l = w.l[r];
+      // As RunningSoftmax::lse: -inf when no key contributed, NaN for a NaN row.
+      const float lse = l == 0.0f ? -std::numeric_limits<float>::infinity()
+                                  : (w.m[r] + std::log2(l)) * 0.69314718055994530942f;
+      float* o = w.row.data();
+      if (l != 0.0f) {
+        const float inv = 1.0f / l;  // NaN for a NaN row: its output is NaN
+        for (int64_t d = 0; d < Dv; ++d) o[d] = w.acc[r * Dv + d] * inv;
       } else {  // the row saw no key (in this split)
-        std::fill(w.o.begin(), w.o.end(), 0.0f);
+        std::fill(o, o + Dv, 0.0f);
       }
       if (partials) {
         const int64_t row = L_.q_row(tl.b, t);
-        std::copy(w.o.begin(), w.o.end(), partials->out_at(tl.split, row, h));
+        std::copy(o, o + Dv, partials->out_at(tl.split, row, h));
         partials->lse_at(tl.split, row, h) = lse;
       } else {
-        store_row(p_.out.data, p_.out.dtype, L_.out_offset(tl.b, t, h), Dv, w.o.data());
+        store_row(p_.out.data, p_.out.dtype, L_.out_offset(tl.b, t, h), Dv, o);
         if (p_.lse.defined()) p_.lse.ptr<float>()[L_.lse_offset(tl.b, t, h)] = lse;
       }
     }
   }
 
  private:
-  // Converts keys [j0, j0 + nb) of the tile's KV head to float, once for the whole GQA group.
-  void load_block(const Tile& tl, int64_t j0, int64_t nb, Workspace& w) const {
-    const int64_t D = pr_.head_dim, Dv = pr_.head_dim_v;
-    for (int64_t jj = 0; jj < nb; ++jj) {
-      const int64_t koff = L_.k_offset(tl.b, j0 + jj, tl.hk);
-      // Transpose while converting: kt[d][jj].
-      switch (p_.k.dtype) {
-        case DType::kFloat16: {
-          const fp16_t* src = p_.k.ptr<const fp16_t>() + koff;
-          for (int64_t d = 0; d < D; ++d) w.kt[d * kBK + jj] = to_float(src[d]);
-          break;
-        }
-        case DType::kBFloat16: {
-          const bf16_t* src = p_.k.ptr<const bf16_t>() + koff;
-          for (int64_t d = 0; d < D; ++d) w.kt[d * kBK + jj] = to_float(src[d]);
-          break;
-        }
-        default: {
-          const float* src = p_.k.ptr<const float>() + koff;
-          for (int64_t d = 0; d < D; ++d) w.kt[d * kBK + jj] = src[d];
-          break;
-        }
-      }
-      load_row(p_.v.data, p_.v.dtype, L_.v_offset(tl.b, j0 + jj, tl.hk), Dv, 1.0f, &w.v[jj * Dv]);
-    }
+  static const void* element(const TensorView& t, int64_t off) {
+    return static_cast<const std::byte*>(t.data) + off * static_cast<int64_t>(dtype_size(t.dtype));
   }
 
-  // Folds the loaded key block (keys j0 .. j0 + nb - 1) into rows r0 .. r0 + n - 1 of the tile:
-  // scores, running max / sum update, rescale and P V accumulation.
-  void process_rows(Workspace& w, const Tile& tl, int64_t r0, int64_t n, int64_t j0,
-                    int64_t nb) const {
-    const int64_t D = pr_.head_dim, Dv = pr_.head_dim_v, G = group_;
-    const int64_t nq = L_.q_len(tl.b), nk = L_.kv_len(tl.b);
-    // Each row's visible keys within the block, [a[i], e[i]) relative to j0, and their union.
-    int64_t a[kRowGroup], e[kRowGroup], ua = kBK, ue = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t t = tl.t0 + (r0 + i) / G;
-      a[i] = std::max(pr_.mask.first_key(t, nq, nk), j0) - j0;
-      e[i] = std::min(pr_.mask.last_key(t, nq, nk), j0 + nb - 1) - j0 + 1;
-      if (a[i] < e[i]) ua = std::min(ua, a[i]), ue = std::max(ue, e[i]);
+  // Keys [j0, j0 + nb) of the tile's KV head as adjacent bf16 rows: in place when they are
+  // (one KV head, not paged), else copied into buf.
+  const uint16_t* bf16_keys(const Tile& tl, int64_t j0, int64_t nb, uint16_t* buf,
+                            bool copy = false) const {
+    const int64_t D = pr_.head_dim;
+    const uint16_t* k = p_.k.ptr<const uint16_t>();
+    const int64_t off0 = L_.k_offset(tl.b, j0, tl.hk);
+    if (!copy && !pr_.paged && (nb == 1 || L_.k_offset(tl.b, j0 + 1, tl.hk) - off0 == D))
+      return k + off0;
+    for (int64_t j = 0; j < nb; ++j)
+      std::memcpy(buf + j * D, k + L_.k_offset(tl.b, j0 + j, tl.hk), D * sizeof(uint16_t));
+    return buf;
+  }
+
+  // Rows [j0, j0 + nb) of the tile's KV head of `t` (K or V, row length n) as contiguous float
+  // rows: in place when t is float32, not paged and its rows already adjacent (one KV head), else
+  // copied / converted into buf. Copying beats reading rows h_kv * n apart in place: the block
+  // products' strided loads then miss L1 and the prefetchers (a 2-core measurement: 93 against
+  // 120 GFLOP/s, docs/cpu-path.md).
+  const float* keys(const TensorView& t, const Tile& tl, int64_t j0, int64_t nb, int64_t n,
+                    float* buf, int64_t* ld) const {
+    auto offset = [&](int64_t j) {
+      return &t == &p_.k ? L_.k_offset(tl.b, j, tl.hk) : L_.v_offset(tl.b, j, tl.hk);
+    };
+    const int64_t off0 = offset(j0);
+    *ld = n;
+    if (t.dtype == DType::kFloat32 && !pr_.paged && (nb == 1 || offset(j0 + 1) - off0 == n))
+      return t.ptr<const float>() + off0;
+    // Rows lie h_kv * n apart (or on scattered pages): the prefetchers do not follow, so each row
+    // is requested kAhead rows before it is converted (the copy ran at ~5 GB/s without).
+    constexpr int64_t kAhead = 8;
+    const int64_t bytes = n * static_cast<int64_t>(dtype_size(t.dtype));
+    auto prefetch = [&](int64_t j) {
+      const char* r = static_cast<const char*>(element(t, offset(j0 + j)));
+      for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(r + b);
+    };
+    for (int64_t j = 0; j < std::min(kAhead, nb); ++j) prefetch(j);
+    for (int64_t j = 0; j < nb; ++j) {
+      if (j + kAhead < nb) prefetch(j + kAhead);
+      convert_row(element(t, offset(j0 + j)), t.dtype, n, 1.0f, buf + j * n);
     }
-    if (ua >= ue) return;  // no row of the group sees a key of this block
-    float* S = w.s.data();
-    // Whole kVec-wide column groups (columns past nb hold stale keys; they are masked below).
-    const int64_t ca = ua / kVec * kVec, ce = (ue + kVec - 1) / kVec * kVec;
-    with_rows(n, [&]<int R>() { block_scores<R>(&w.q[r0 * D], D, w.kt.data(), ca, ce, S); });
-    for (int64_t i = 0; i < n; ++i) {
-      float* s = S + i * kBK;
-      if (a[i] >= e[i]) {  // this row sees nothing here: zero probabilities, state unchanged
-        std::fill(s + ua, s + ue, 0.0f);
-        continue;
-      }
-      std::fill(s + ua, s + a[i], kNegInf);
-      std::fill(s + e[i], s + ue, kNegInf);
-      const float corr = w.sm[r0 + i].add(s + ua, ue - ua);  // s becomes exp2(s - m), 0 if masked
-      if (corr != 1.0f) {  // the max grew: rescale what has been accumulated so far
-        float* acc = &w.acc[(r0 + i) * Dv];
-        for (int64_t d = 0; d < Dv; ++d) acc[d] *= corr;
-      }
-    }
-    with_rows(n, [&]<int R>() { block_accumulate<R>(S, w.v.data(), Dv, ua, ue, &w.acc[r0 * Dv]); });
+    return buf;
   }
 
   const AttentionParams& p_;
   const Problem& pr_;
   const HostLayout& L_;
   const int64_t splits_, group_, bq_;
+  const bool amx_, pairs_;
   std::vector<int64_t> first_tile_;
 };
 
 }  // namespace
+
+void cpu_use_amx(bool on) { g_amx.store(on, std::memory_order_relaxed); }
+bool cpu_amx() { return g_amx.load(std::memory_order_relaxed) && amx_available(); }
+
+void cpu_use_bf16_pairs(bool on) { g_bf16_pairs.store(on, std::memory_order_relaxed); }
+bool cpu_bf16_pairs() { return g_bf16_pairs.load(std::memory_order_relaxed); }
 
 int32_t cpu_num_splits(const Problem& pr, int workers) {
   if (pr.num_splits > 0) return pr.num_splits;
@@ -307,8 +379,8 @@ int64_t split_chunk_rows(const Problem& pr, int32_t splits, int64_t total_q_rows
 }  // namespace
 
 size_t cpu_scratch_bytes(const Problem& pr, int64_t total_q_rows, int workers) {
-  const int64_t rows = CpuTiling::tile_rows(pr.h_q / pr.h_kv);
-  size_t bytes = workers * Workspace::bytes(rows, pr.head_dim, pr.head_dim_v);
+  size_t bytes = workers * Workspace::bytes(buffer_rows(pr), pr.head_dim, pr.head_dim_v,
+                                           use_amx(pr) || use_bf16_pairs(pr));
   const int32_t splits = cpu_num_splits(pr, workers);
   if (splits > 1)
     bytes += SplitPartials::bytes(splits, split_chunk_rows(pr, splits, total_q_rows), pr.h_q,
@@ -327,7 +399,8 @@ void cpu_forward(const AttentionParams& params, const Problem& problem) {
   std::vector<Workspace> workspaces;
   workspaces.reserve(pool.size());
   for (int i = 0; i < pool.size(); ++i)
-    workspaces.emplace_back(fwd.rows_per_tile(), problem.head_dim, problem.head_dim_v);
+    workspaces.emplace_back(buffer_rows(problem), problem.head_dim, problem.head_dim_v,
+                            use_amx(problem) || use_bf16_pairs(problem));
 
   if (splits == 1) {
     pool.parallel_for(fwd.num_tiles(), [&](int64_t i, int worker) {

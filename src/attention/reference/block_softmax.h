@@ -1,0 +1,36 @@
+// The online-softmax step of the CPU path for one block of scores, laid out key-major: S[j][i] is
+// the score of key j for tile row i (S^T = K Q^T, see cpu_forward.h). With the rows contiguous,
+// every loop here runs across rows with the keys in order, so it vectorises without reassociating
+// a sum and gives the same bits on every ISA. It keeps the RunningSoftmax semantics
+// (online_softmax.h) row by row: scores in log2 units, m the running max, l the running sum of
+// exp2(s - m), corr the factor that rescales what row i accumulated before this block.
+#pragma once
+
+#include <cstdint>
+
+#include "flashserve/tensor.h"
+
+namespace flashserve::attention {
+
+struct ScoreBlock {
+  float* s;                  // [nb][ld] scores in, probabilities exp2(s - m) out (0 where masked)
+  int64_t ld;                // row stride of s (>= rows)
+  int64_t nb;                // keys in the block: key j0 + j for j < nb
+  int64_t rows;              // tile rows
+  int64_t j0;                // first key of the block
+  const int64_t* first_key;  // [rows] row i sees keys first_key[i] <= key < end_key[i]
+  const int64_t* end_key;
+  bool all_visible;    // every row sees every key of the block: the mask pass is skipped
+  float scale = 1.0f;  // multiplies the scores first (the bf16 products are of unscaled q)
+};
+
+// Scales and masks s, folds it into m, l (per row), writes corr[i] and turns s into probabilities.
+// NaN and infinity as RunningSoftmax::add: a NaN or +inf score among the visible ones makes l NaN;
+// masked keys and -inf scores weigh 0; m stays -inf while a row has seen nothing.
+void block_softmax(const ScoreBlock& b, float* m, float* l, float* corr, float* scratch);
+
+// Converts n elements of a float32 / float16 / bfloat16 row to float times mul (vectorised: F16C
+// and shifts on AVX-512; the scalar conversion of common/half.h elsewhere).
+void convert_row(const void* src, DType dtype, int64_t n, float mul, float* dst);
+
+}  // namespace flashserve::attention
