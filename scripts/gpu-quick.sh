@@ -15,11 +15,19 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
+BINARIES="src/flashserve src/libflashserve_c.so tests/test_gpu tests/test_model_gpu bench/bench_sm90"
 if [ "${1:-}" = --pack ]; then  # --pack BUILD_DIR TARBALL
-  b=$2
+  # The GPU machine's image is not this one: the shared libraries our binaries link that are not
+  # glibc's, the C++ runtime's or CUDA's (ICU, cpp-httplib, PCRE2, OpenBLAS, ...) travel in lib/.
+  b=$2 stage=$(mktemp -d)
+  for f in $BINARIES; do mkdir -p "$stage/$(dirname $f)" && cp "$b/$f" "$stage/$f"; done
+  mkdir -p "$stage/lib"
+  for f in $BINARIES; do ldd "$b/$f"; done | awk '/=> \// {print $3}' | sort -u |
+    grep -vE '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+|libcuda|libcudart|libcublas|libcublasLt)\.so' |
+    xargs -r -I{} cp -L {} "$stage/lib/"
   mkdir -p "$(dirname "$3")"
-  tar -C "$b" -cf - src/flashserve src/libflashserve_c.so tests/test_gpu tests/test_model_gpu \
-    bench/bench_sm90 | xz -T2 -6 > "$3"
+  tar -C "$stage" -cf - . | xz -T2 -6 > "$3"
+  rm -rf "$stage"
   ls -la "$3"
   exit 0
 fi
@@ -40,6 +48,8 @@ run_step() {  # run_step NAME TIMEOUT CMD...: records ok/FAILED(rc)
 if [ -n "${BIN_TAR:-}" ]; then
   BIN=${BIN:-/tmp/fsbin}
   mkdir -p "$BIN" && xz -dc "$BIN_TAR" | tar -C "$BIN" -xf - || { echo "unpack failed"; exit 1; }
+  # Only our binaries see the carried libraries (python3 keeps the image's own).
+  LIBS="$BIN/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib"
 elif [ -z "${BIN:-}" ]; then
   step build
   BIN=build/gpu-quick
@@ -49,7 +59,9 @@ elif [ -z "${BIN:-}" ]; then
       test_model_gpu bench_sm90 >"$OUT/build.log" 2>&1 ||
     { tail -n 60 "$OUT/build.log"; echo "BUILD FAILED"; exit 1; }
 fi
-FS=$BIN/src/flashserve
+# flashserve and test_model_gpu link more than CUDA: run them with the carried libraries.
+WITH_LIBS=(env "LD_LIBRARY_PATH=${LIBS:-}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+FS=("${WITH_LIBS[@]}" "$BIN/src/flashserve")
 export PYTHONPATH=$PWD/python FLASHSERVE_LIBRARY=$PWD/$BIN/src/libflashserve_c.so
 [ -f "$FLASHSERVE_LIBRARY" ] || export FLASHSERVE_LIBRARY=$BIN/src/libflashserve_c.so
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -57,11 +69,11 @@ lscpu | grep -m1 'Model name'
 echo "commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
 
 step "engine on the CUDA runner: the main job (sarathi beside vllm, tiny model)"
-run_step engine_run 90 "$FS" run --device cuda
+run_step engine_run 90 "${FS[@]}" run --device cuda
 
 step "GPU tests: sm90 kernel, KV append, model logprobs"
 run_step sm90_tests 150 "$BIN/tests/test_gpu" --gtest_filter='*Sm90*:*KvAppend*' --gtest_brief=1
-run_step logprobs_gpu 60 "$BIN/tests/test_model_gpu" --gtest_filter='GpuLogprobs.*' --gtest_brief=1
+run_step logprobs_gpu 60 "${WITH_LIBS[@]}" "$BIN/tests/test_model_gpu" --gtest_filter='GpuLogprobs.*' --gtest_brief=1
 
 step "SASS: HGMMA instructions in the binary (0: no wgmma)"
 cuobjdump -sass "$BIN/tests/test_gpu" 2>/dev/null | grep -c HGMMA
@@ -78,11 +90,13 @@ if [ -f bench/cpu_sdpa_compare.py ]; then
 fi
 
 step "profile the mistral-7b shape on the CUDA runner, then bench-serve beside the calibrated simulator"
-run_step profile 90 "$FS" profile --shape mistral-7b --device cuda --out "$OUT/profile-m7b.csv"
+run_step profile 90 "${FS[@]}" profile --shape mistral-7b --device cuda --out "$OUT/profile-m7b.csv"
+calibrated=()
+[ -s "$OUT/profile-m7b.csv" ] && calibrated=(--profile "$OUT/profile-m7b.csv")
 for policy in sarathi vllm; do
-  run_step "serve_$policy" 90 "$FS" bench-serve --shape mistral-7b --device cuda \
+  run_step "serve_$policy" 90 "${FS[@]}" bench-serve --shape mistral-7b --device cuda \
     --workload sharegpt --rate 2 --requests 32 --policy $policy --budget 512 \
-    --max-model-len 8192 --profile "$OUT/profile-m7b.csv" --predict-gpu h200
+    --max-model-len 8192 "${calibrated[@]}" --predict-gpu h200
 done
 
 step "PyTorch tests on the GPU (operators, torch.compile, CUDA graphs, kvcache)"
