@@ -82,29 +82,29 @@ step "bench_sm90 (d128 bf16, 16k tokens: sm80 beside sm90)"
 run_step bench_sm90 60 "$BIN/bench/bench_sm90" --seqlens 4096,8192 --iters 20
 
 step "Python: host cost per call, eager vs graph, decode defaults"
-run_step host_cost 120 python3 bench/python_host_cost.py
+run_step host_cost 75 python3 bench/python_host_cost.py
 
 if [ -f bench/cpu_sdpa_compare.py ]; then
   step "CPU path beside PyTorch's CPU SDPA"
-  run_step cpu_sdpa 90 python3 bench/cpu_sdpa_compare.py
+  run_step cpu_sdpa 60 python3 bench/cpu_sdpa_compare.py
 fi
 
 step "profile the mistral-7b shape on the CUDA runner, then bench-serve beside the calibrated simulator"
-run_step profile 90 "${FS[@]}" profile --shape mistral-7b --device cuda --out "$OUT/profile-m7b.csv"
+run_step profile 60 "${FS[@]}" profile --shape mistral-7b --device cuda --out "$OUT/profile-m7b.csv"
 calibrated=()
 [ -s "$OUT/profile-m7b.csv" ] && calibrated=(--profile "$OUT/profile-m7b.csv")
 for policy in sarathi vllm; do
-  run_step "serve_$policy" 90 "${FS[@]}" bench-serve --shape mistral-7b --device cuda \
+  run_step "serve_$policy" 60 "${FS[@]}" bench-serve --shape mistral-7b --device cuda \
     --workload sharegpt --rate 2 --requests 32 --policy $policy --budget 512 \
     --max-model-len 8192 "${calibrated[@]}" --predict-gpu h200
 done
 
 step "PyTorch tests on the GPU (operators, torch.compile, CUDA graphs, kvcache)"
-run_step torch_tests 180 python3 -m pytest -q -x python/tests/test_gpu_torch.py \
+run_step torch_tests 90 python3 -m pytest -q -x python/tests/test_gpu_torch.py \
   python/tests/test_gpu_torch_ops.py
 
 step "compute-sanitizer memcheck: sm90 and KV append small cases"
-run_step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 99 \
+run_step memcheck 60 compute-sanitizer --tool memcheck --error-exitcode 99 \
   "$BIN/tests/test_gpu" --gtest_filter='*Sm90Sanitize*:*KvAppendSanitize*' --gtest_brief=1
 
 echo
