@@ -6,8 +6,8 @@
 
 namespace flashserve::attention {
 
-bool is_decode(const Problem& pr, int32_t window_left) {
-  return pr.max_q_len == 1 && window_left < 0;
+bool is_decode(const Problem& pr) {
+  return pr.max_q_len == 1;
 }
 
 // Split-KV pays when the (query tile, head, sequence) grid cannot fill the GPU: long-context

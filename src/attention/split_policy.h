@@ -15,9 +15,9 @@ struct SplitDevice {
   int smem_per_sm = 0;  // shared memory per SM in bytes (how many decode blocks fit)
 };
 
-// Decode: every sequence has at most one query, so causal masks nothing, and no window bounds
-// the keys on the left (`window_left` as clamped by the dispatch: < 0 is unbounded).
-bool is_decode(const Problem& pr, int32_t window_left);
+// Decode: every sequence has at most one query, so causal masks nothing and a left window bounds
+// all of a sequence's heads alike (the GQA-packed decode tiles take it).
+bool is_decode(const Problem& pr);
 
 // num_splits 1: 1; n > 1: n; 0: the choice below (1 when splitting would not pay).
 int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode);

@@ -130,13 +130,25 @@ TEST(Plan, InterleavedKindsSkipTheOtherKindInTheirRange) {
   EXPECT_EQ(q.launches[0].seq_end, 4);
 }
 
-TEST(Plan, LeftWindowOrOnlyChunksIsOnePrefillLaunch) {
+TEST(Plan, LeftWindowKeepsDecodesOnDecodeTiles) {
+  // Mistral's sliding window: a decode's heads share its one query, so the window bounds them
+  // alike and the decode launch takes them (per-row prefill tiles would read 16x the rows).
   StepShape w = step({{1, 300}, {40, 90}});
-  w.pr.mask.left = 50;  // a left window: one query still sees a window of the keys
+  w.pr.mask.left = 50;
   const Plan p = plan_of(w);
-  ASSERT_EQ(p.launches.size(), 1u);
-  EXPECT_FALSE(p.launches[0].kernel.decode);
-  EXPECT_EQ(p.launches[0].group, SeqGroup::kAll);
+  ASSERT_EQ(p.launches.size(), 2u);
+  EXPECT_TRUE(p.launches[0].kernel.decode);
+  EXPECT_FALSE(p.launches[1].kernel.decode);
+  EXPECT_TRUE(p.launches[1].kernel.masked);
+  StepShape d = step({{1, 9000}, {1, 3000}});
+  d.pr.mask.left = 4095;
+  const Plan only = plan_of(d);
+  ASSERT_EQ(only.launches.size(), 1u);
+  EXPECT_TRUE(only.launches[0].kernel.decode);
+  EXPECT_EQ(only.launches[0].group, SeqGroup::kAll);
+}
+
+TEST(Plan, OnlyChunksIsOnePrefillLaunch) {
   const Plan chunks = plan_of(step({{512, 1536}, {512, 2560}, {512, 4608}, {512, 8704}}));
   ASSERT_EQ(chunks.launches.size(), 1u);
   EXPECT_FALSE(chunks.launches[0].kernel.decode);

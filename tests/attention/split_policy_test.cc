@@ -34,9 +34,8 @@ Problem shape(int64_t batch, int64_t q_len, int64_t kv_len, int64_t h_q, int64_t
 }
 
 TEST(SplitPolicy, DecodeIsOneQueryWithoutLeftWindow) {
-  EXPECT_TRUE(is_decode(shape(8, 1, 4096, 32, 8), -1));
-  EXPECT_FALSE(is_decode(shape(8, 1, 4096, 32, 8), 100));  // a left window masks per row
-  EXPECT_FALSE(is_decode(shape(8, 2, 4096, 32, 8), -1));   // two queries: prefill tiles
+  EXPECT_TRUE(is_decode(shape(8, 1, 4096, 32, 8)));
+  EXPECT_FALSE(is_decode(shape(8, 2, 4096, 32, 8)));  // two queries: prefill tiles
 }
 
 TEST(SplitPolicy, DecodeCountsOfTheMeasuredShapes) {

@@ -177,8 +177,8 @@ INSTANTIATE_TEST_SUITE_P(PagedSplit, GpuForward, ::testing::ValuesIn(paged_split
 // Decode (at most one query per sequence): the GQA group's heads are packed into the rows of one
 // tile (groups of 1, 4, 8 and 24 heads: 24 spans two 16-row tiles), with causal (which masks
 // nothing there) or not, automatic and forced splits, varlen batches with empty sequences and
-// empty caches, paged caches, strided views. A left window is not decode: it takes the masked
-// prefill tiles, and is checked here too.
+// empty caches, paged caches, strided views. A left window (Mistral's sliding window) stays on
+// the decode tiles: the packed heads share the one query, so it bounds them alike.
 
 std::vector<CaseSpec> decode_cases() {
   constexpr DType bf16 = DType::kBFloat16, fp16 = DType::kFloat16;
@@ -212,9 +212,20 @@ std::vector<CaseSpec> decode_cases() {
     p.num_splits = 5;
     p.with_lse = false;
     v.push_back(p);
-    CaseSpec w = spec(fp16, d, 2, {1}, {1000}, 8, 2, true);  // a left window: not decode
+    CaseSpec w = spec(fp16, d, 2, {1}, {1000}, 8, 2, true);  // a left window
     w.window_left = 100;
     v.push_back(w);
+    // Paged decodes longer and shorter than the window, its edge inside a key block (2999 - 999
+    // = 2000), split automatically; then forced splits and a window of the query alone.
+    CaseSpec mw = spec(bf16, d, 4, {1}, {3000, 77, 1000, 1}, 32, 8, true);
+    mw.q_layout = QLayout::kVarlen;
+    mw.kv_layout = KVLayout::kPaged;
+    mw.page_size = 16;
+    mw.window_left = 999;
+    v.push_back(mw);
+    mw.num_splits = 7;
+    mw.window_left = 0;
+    v.push_back(mw);
     CaseSpec r = spec(bf16, d, 2, {1}, {500}, 12, 4);  // strided views
     r.pad = 8;
     v.push_back(r);

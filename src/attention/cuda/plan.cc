@@ -47,10 +47,9 @@ size_t aligned(size_t bytes) {
 Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& lens) {
   Plan plan;
   if (pr.batch == 0 || pr.max_q_len == 0 || ctx.q_rows == 0) return plan;
-  const int64_t bound = pr.max_q_len + pr.max_kv_len;
-  // Decode tiles need every query of the group to see the same keys: one query per sequence and
-  // no left window (the right side of a single bottom-right query masks nothing).
-  const bool decode_ok = clamp_window(pr.mask.left, bound) < 0;
+  // Decode tiles take the sequences with one query: a tile's rows are the heads of that query,
+  // which see the same keys (a left window bounds them alike; the right side of a single
+  // bottom-right query masks nothing).
   const bool auto_split = pr.num_splits == 0 && ctx.workspace_available;
 
   auto add = [&](bool decode, SeqGroup group, int64_t seq_begin, int64_t seq_end, int64_t sequences,
@@ -76,10 +75,10 @@ Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& len
     // the whole batch, each skipping the other's sequences. The decode launch splits as if every
     // sequence were a decode of the longest length (with none in the batch, its blocks and its
     // combine find nothing to do: a few microseconds).
-    if (pr.max_q_len <= 1 && decode_ok) {
+    if (pr.max_q_len <= 1) {
       add(true, SeqGroup::kAll, 0, pr.batch, pr.batch, 1, pr.max_kv_len, 0, ctx.q_rows,
           auto_split || pr.num_splits > 1);
-    } else if (pr.varlen_q && decode_ok && pr.batch > 1) {
+    } else if (pr.varlen_q && pr.batch > 1) {
       add(true, SeqGroup::kDecodes, 0, pr.batch, pr.batch, 1, pr.max_kv_len, 0, ctx.q_rows,
           auto_split || pr.num_splits > 1);
       add(false, SeqGroup::kPrefills, 0, pr.batch, pr.batch, pr.max_q_len, pr.max_kv_len, 0,
@@ -108,8 +107,8 @@ Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& len
   for (int64_t b = 0; b < pr.batch; ++b) {
     const int64_t q = lens.q_start[b + 1] - lens.q_start[b], kv = lens.kv_len[b];
     max_kv_all = std::max(max_kv_all, kv);
-    if (q == 1 && decode_ok) decodes.take(b, q, kv);
-    if (q > 1 || (q == 1 && !decode_ok)) prefills.take(b, q, kv);
+    if (q == 1) decodes.take(b, q, kv);
+    if (q > 1) prefills.take(b, q, kv);
   }
   if (decodes.count == 0 && prefills.count == 0) return plan;  // no queries at all
   const int64_t rows_all = lens.q_start[pr.batch] - lens.q_start[0];

@@ -48,15 +48,16 @@ struct KeyBlocks {
 
 // Sets to -inf the scores of one warp's S accumulators that the row may not see. `row0` is the
 // query index of the thread's first row (slice 0, fragment row g), `col0` the key index of its
-// first column (block start + 2 * (lane % 4)).
-template <int kMTiles, int kNTiles, bool kHasMask>
+// first column (block start + 2 * (lane % 4)). kSharedRow: every tile row is query row0 (GQA-packed
+// decode tiles, whose rows are the heads of one query).
+template <int kMTiles, int kNTiles, bool kHasMask, bool kSharedRow = false>
 __device__ __forceinline__ void mask_scores(float (&s)[kMTiles][kNTiles][4], int row0, int col0,
                                             int kv_len, int offset, int left, int right) {
 #pragma unroll
   for (int mi = 0; mi < kMTiles; ++mi) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = row0 + mi * 16 + r * 8;
+      const int row = kSharedRow ? row0 : row0 + mi * 16 + r * 8;
       int lo = 0, hi = kv_len - 1;  // visible keys [lo, hi]
       if constexpr (kHasMask) {
         if (right >= 0) hi = min(hi, row + offset + right);

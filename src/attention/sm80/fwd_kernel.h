@@ -112,9 +112,14 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
       cp_async_commit();
       gemm_qk<D, kMT, kNT, Cfg::kPipelineFrags>(s, sq_warp, sm.k_slot(buf), lane);
     }
-    if constexpr (decltype(masked)::value)
-      mask_scores<kMT, kNT, Tile::kMasked>(s, row0, n * kBN + 2 * (lane & 3), t.seq.kv_len, offset,
-                                           p.window_left, p.window_right);
+    if constexpr (decltype(masked)::value) {
+      if constexpr (Tile::kPack)  // every row is the sequence's query, at key position kv_len - 1
+        mask_scores<kMT, kNT, true, true>(s, 0, n * kBN + 2 * (lane & 3), t.seq.kv_len,
+                                          t.seq.kv_len - 1, p.window_left, -1);
+      else
+        mask_scores<kMT, kNT, Tile::kMasked>(s, row0, n * kBN + 2 * (lane & 3), t.seq.kv_len,
+                                             offset, p.window_left, p.window_right);
+    }
     // kS == 1: wait for V(n); the barrier also retires K(n), whose buffer takes K(n - 1).
     auto retire_k = [&] {
       cp_async_wait<0>();

@@ -29,18 +29,21 @@ struct FwdTile {
   int split;  // split-KV: which share of the key blocks
   int m0;     // first tile row
   SeqInfo seq;
-  KeyBlocks<kBM, kBN, kHasMask> blocks;
+  // Packed tiles' rows share the sequence's one query, so a left window (Mistral's sliding
+  // window) bounds them all alike: their key blocks follow it too.
+  KeyBlocks<kBM, kBN, kHasMask || kPack> blocks;
 
   __device__ __forceinline__ FwdTile(const FwdParams& p, int m_block, int head_, int z)
       : head(head_),
         split(kSplit ? z % p.num_splits : 0),
         m0(m_block * kBM),
         seq(p, p.seq_begin + (kSplit ? z / p.num_splits : z)),
-        blocks(m0, seq.q_len, seq.kv_len, p.window_left, p.window_right) {
+        blocks(kPack ? 0 : m0, kPack ? min(seq.q_len, 1) : seq.q_len, seq.kv_len, p.window_left,
+               kPack ? -1 : p.window_right) {
     // A sequence the other launch of a mixed batch takes: no rows here.
     if (!takes_seq(p.only, seq.q_len)) seq.q_len = 0;
-    // Rows are (position 0, head of the group). `blocks` saw the unpacked q_len, which it reads
-    // only for masks, and packed tiles have none.
+    // Rows are (position 0, head of the group). `blocks` saw the one query of the sequence (its
+    // window; the right side of a bottom-right single query masks nothing).
     if constexpr (kPack) seq.q_len *= p.h_ratio;
     if constexpr (kSplit) blocks.keep_split(split, p.num_splits);
   }

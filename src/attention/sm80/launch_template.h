@@ -74,7 +74,7 @@ void launch_mask(const FwdParams& params, const FwdLaunch& launch) {
 
 template <int kHeadDim>
 void run_fwd_impl(const FwdParams& params, const FwdLaunch& launch) {
-  if (launch.decode) {  // the dispatch checked: at most one query per sequence, no left window
+  if (launch.decode) {  // the dispatch checked: at most one query per sequence
     using Decode = FwdConfig<kHeadDim, decode_tiles(kHeadDim)>;
     if (launch.paged) return launch_checked<Decode, false, true>(params, launch);
     return launch_checked<Decode, false, false>(params, launch);
