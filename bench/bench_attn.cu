@@ -27,27 +27,6 @@
 
 namespace {
 
-// Uniform values in [-1, 1) from a counter hash, written as 16-bit floats (bf16 or fp16 bits).
-__global__ void fill_random(uint16_t* x, int64_t n, uint32_t seed, bool bf16) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed ^ static_cast<uint32_t>(i >> 32);
-    h ^= h >> 16;
-    h *= 0x85EBCA6Bu;
-    h ^= h >> 13;
-    h *= 0xC2B2AE35u;
-    h ^= h >> 16;
-    const float f = (h >> 8) * (2.0f / 16777216.0f) - 1.0f;
-    if (bf16) {
-      uint32_t u = __float_as_uint(f);
-      u += 0x7fffu + ((u >> 16) & 1u);
-      x[i] = static_cast<uint16_t>(u >> 16);
-    } else {
-      x[i] = __half_as_ushort(__float2half_rn(f));
-    }
-  }
-}
-
 struct Options {
   std::vector<int> head_dims{64, 128, 256};
   std::vector<int> seqlens{512, 1024, 2048, 4096, 8192, 16384};
@@ -149,12 +128,7 @@ bool run_once(const flashserve::AttentionParams& p, std::string* error) {
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   cudaDeviceProp prop{};
-  int dev_count = 0;
-  if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
-    std::printf("bench_attn: skipped: no CUDA device\n");
-    return 0;
-  }
-  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  if (!cuda_device_or_skip("bench_attn", &prop)) return 0;
   const auto dt = o.fp16 ? flashserve::DType::kFloat16 : flashserve::DType::kBFloat16;
   std::printf("bench_attn on %s (%d SMs), %s, median of %d after %d warm-up\n", prop.name,
               prop.multiProcessorCount, o.fp16 ? "fp16" : "bf16", o.iters, o.warmup);

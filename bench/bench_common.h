@@ -1,16 +1,49 @@
-// What the CUDA benchmarks share besides CUDA_OK: the median kernel time of repeated calls and
-// the comma-separated integer lists of their command lines.
+// What the CUDA benchmarks share besides CUDA_OK: random 16-bit inputs, the device check, the
+// median kernel time of repeated calls and the comma-separated integer lists of their command
+// lines.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <thread>
 #include <vector>
 
 #include "cuda_ok.h"
+
+// Uniform values in [-1, 1) from a counter hash, as 16-bit floats (bf16 or fp16 bits).
+// (static: each benchmark is one translation unit.)
+static __global__ void fill_random(uint16_t* x, int64_t n, uint32_t seed, bool bf16 = true) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed ^ static_cast<uint32_t>(i >> 32);
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    const float f = (h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+    x[i] =
+        bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(f)) : __half_as_ushort(__float2half_rn(f));
+  }
+}
+
+// Device 0's properties, or false after printing "<program>: skipped: no CUDA device".
+inline bool cuda_device_or_skip(const char* program, cudaDeviceProp* prop) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("%s: skipped: no CUDA device\n", program);
+    return false;
+  }
+  CUDA_OK(cudaGetDeviceProperties(prop, 0));
+  return true;
+}
 
 // Median time in ms of `iters` calls of fn, each bracketed by its own pair of events.
 // pause_ms of idle time come first: the H200 runs at its power cap (throttle reason "SW power cap"

@@ -32,22 +32,6 @@ namespace {
 constexpr int kHq = 32, kHkv = 8, kD = 128;
 constexpr int64_t kPoolTokens = 64 * 4096 + 4096;  // the largest step's keys, and some spare
 
-// Uniform values in [-1, 1) from a counter hash, as bf16 bits.
-__global__ void fill_random(uint16_t* x, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed ^ static_cast<uint32_t>(i >> 32);
-    h ^= h >> 16;
-    h *= 0x85EBCA6Bu;
-    h ^= h >> 13;
-    h *= 0xC2B2AE35u;
-    h ^= h >> 16;
-    uint32_t u = __float_as_uint((h >> 8) * (2.0f / 16777216.0f) - 1.0f);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    x[i] = static_cast<uint16_t>(u >> 16);
-  }
-}
-
 // dst = src, 16 bytes per thread and step: the copy bandwidth SM loads and stores reach.
 __global__ void copy_kernel(uint4* dst, const uint4* src, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -240,13 +224,8 @@ int main(int argc, char** argv) {
       return a == "--help" ? 0 : 2;
     }
   }
-  int dev_count = 0;
-  if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
-    std::printf("bench_serve_attn: skipped: no CUDA device\n");
-    return 0;
-  }
   cudaDeviceProp prop{};
-  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  if (!cuda_device_or_skip("bench_serve_attn", &prop)) return 0;
 
   Buffers b;
   const int64_t kv_elems = kPoolTokens * kHkv * kD, q_elems = int64_t{4096} * kHq * kD;

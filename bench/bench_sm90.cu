@@ -25,22 +25,6 @@
 
 namespace {
 
-// Uniform values in [-1, 1) from a counter hash, as 16-bit floats (bf16 or fp16 bits).
-__global__ void fill_random(uint16_t* x, int64_t n, uint32_t seed, bool bf16) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed ^ static_cast<uint32_t>(i >> 32);
-    h ^= h >> 16;
-    h *= 0x85EBCA6Bu;
-    h ^= h >> 13;
-    h *= 0xC2B2AE35u;
-    h ^= h >> 16;
-    const float f = (h >> 8) * (2.0f / 16777216.0f) - 1.0f;
-    x[i] =
-        bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(f)) : __half_as_ushort(__float2half_rn(f));
-  }
-}
-
 float to_float(uint16_t bits, bool bf16) {
   if (bf16) {
     uint32_t u = uint32_t{bits} << 16;
@@ -79,13 +63,8 @@ int main(int argc, char** argv) {
       return a == "--help" ? 0 : 2;
     }
   }
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("bench_sm90: skipped: no CUDA device\n");
-    return 0;
-  }
   cudaDeviceProp prop{};
-  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  if (!cuda_device_or_skip("bench_sm90", &prop)) return 0;
   std::printf("bench_sm90 on %s (%d SMs), %s, head dim %d, median of %d\n", prop.name,
               prop.multiProcessorCount, fp16 ? "fp16" : "bf16", head_dim, iters);
   const auto dt = fp16 ? flashserve::DType::kFloat16 : flashserve::DType::kBFloat16;
