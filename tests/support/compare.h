@@ -186,4 +186,23 @@ inline void expect_attention_close(const std::vector<double>& actual_out,
   expect_attention_close(a, exact, lowp, dtype);
 }
 
+// Long sequences, where the float64 naive reference would take minutes: against the CPU tiled
+// path (float32, itself tested against float64), the relative Frobenius error of the output that
+// bf16 operands allow, and the lse within 1e-3; every element finite.
+inline void expect_close_to_tiled(const NaiveOutput& got, const NaiveOutput& ref,
+                                  const std::string& name) {
+  double num = 0, den = 0, lse_err = 0;
+  for (size_t i = 0; i < ref.out.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got.out[i])) << name << ": element " << i << " is " << got.out[i];
+    num += (got.out[i] - ref.out[i]) * (got.out[i] - ref.out[i]);
+    den += ref.out[i] * ref.out[i];
+  }
+  for (size_t i = 0; i < ref.lse.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got.lse[i])) << name << ": lse " << i << " is " << got.lse[i];
+    lse_err = std::max(lse_err, std::abs(got.lse[i] - ref.lse[i]));
+  }
+  EXPECT_LT(std::sqrt(num / den), 1e-2) << name;
+  EXPECT_LT(lse_err, 1e-3) << name;
+}
+
 }  // namespace flashserve::testing
