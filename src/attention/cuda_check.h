@@ -4,10 +4,14 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
+#include <vector>
 
+#include "flashserve/attention.h"
 #include "flashserve/error.h"
 
 namespace flashserve::attention {
@@ -52,6 +56,27 @@ class DeviceGuard {
 inline bool check_indices_requested() {
   const char* v = std::getenv("FLASHSERVE_CHECK_INDICES");
   return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+}
+
+// FLASHSERVE_CHECK_INDICES: copies each defined int32 index view (from its first entry to its
+// last; validation checked shapes and strides) into `copies`, points the view at its copy, and
+// waits for the copies. The views are those of a host-side duplicate of the call's parameters.
+inline void copy_indices_to_host(std::initializer_list<TensorView*> views,
+                                 std::vector<std::vector<int32_t>>& copies, cudaStream_t stream) {
+  copies.reserve(views.size());  // the views point into the copies: no reallocation
+  for (TensorView* t : views) {
+    if (!t->defined()) continue;
+    int64_t span = t->numel() == 0 ? 0 : 1;
+    if (span > 0)
+      for (int i = 0; i < t->rank; ++i) span += (t->shape[i] - 1) * t->stride[i];
+    copies.emplace_back(static_cast<size_t>(span > 0 ? span : 1));
+    if (span > 0)
+      check_cuda(cudaMemcpyAsync(copies.back().data(), t->data, span * sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost, stream),
+                 "cudaMemcpyAsync (FLASHSERVE_CHECK_INDICES)");
+    t->data = copies.back().data();
+  }
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize (FLASHSERVE_CHECK_INDICES)");
 }
 
 }  // namespace flashserve::attention

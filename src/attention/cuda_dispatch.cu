@@ -119,22 +119,8 @@ int smem_per_block_limit(int device_max) {
 void check_device_indices(const AttentionParams& params, cudaStream_t stream) {
   AttentionParams host = params;  // the same call, with its index tensors copied to the host
   std::vector<std::vector<int32_t>> copies;
-  copies.reserve(4);
-  for (TensorView* t :
-       {&host.cu_seqlens_q, &host.cu_seqlens_k, &host.seqused_k, &host.block_table}) {
-    if (!t->defined()) continue;
-    // Elements from the first entry to the last (validation checked shapes and strides).
-    int64_t span = t->numel() == 0 ? 0 : 1;
-    if (span > 0)
-      for (int i = 0; i < t->rank; ++i) span += (t->shape[i] - 1) * t->stride[i];
-    copies.emplace_back(static_cast<size_t>(std::max<int64_t>(span, 1)));
-    if (span > 0)
-      check_cuda(cudaMemcpyAsync(copies.back().data(), t->data, span * sizeof(int32_t),
-                                 cudaMemcpyDeviceToHost, stream),
-                 "cudaMemcpyAsync (FLASHSERVE_CHECK_INDICES)");
-    t->data = copies.back().data();
-  }
-  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize (FLASHSERVE_CHECK_INDICES)");
+  copy_indices_to_host({&host.cu_seqlens_q, &host.cu_seqlens_k, &host.seqused_k, &host.block_table},
+                       copies, stream);
   // Every view claims the host, so that validation reads the index entries; it reads no other
   // tensor's data.
   for (TensorView* t : {&host.q, &host.k, &host.v, &host.out, &host.lse, &host.cu_seqlens_q,

@@ -146,20 +146,8 @@ void check_device_indices(const KvCacheAppendParams& params, const KvAppendProbl
                           cudaStream_t stream) {
   KvCacheAppendParams host = params;
   std::vector<std::vector<int32_t>> copies;
-  copies.reserve(3);
-  for (TensorView* t : {&host.cache_seqlens, &host.cache_batch_idx, &host.block_table}) {
-    if (!t->defined()) continue;
-    int64_t span = t->numel() == 0 ? 0 : 1;
-    if (span > 0)
-      for (int i = 0; i < t->rank; ++i) span += (t->shape[i] - 1) * t->stride[i];
-    copies.emplace_back(static_cast<size_t>(span > 0 ? span : 1));
-    if (span > 0)
-      check_cuda(cudaMemcpyAsync(copies.back().data(), t->data, span * sizeof(int32_t),
-                                 cudaMemcpyDeviceToHost, stream),
-                 "cudaMemcpyAsync (FLASHSERVE_CHECK_INDICES)");
-    t->data = copies.back().data();
-  }
-  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize (FLASHSERVE_CHECK_INDICES)");
+  copy_indices_to_host({&host.cache_seqlens, &host.cache_batch_idx, &host.block_table}, copies,
+                       stream);
   check_host_indices(host, pr);
 }
 
