@@ -464,10 +464,6 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         append.rotary_interleaved = 1 if rotary_interleaved else 0
         append.q_positions_per_token = 1 if (window_left >= 0 or window_right >= 0) else 0
     seqlens = _tensor.empty(q, framework, device, (batch,), "int32")
-    if device[0] == "cpu" and framework == "torch":
-        seqlens.fill_(0)  # read by the attention's validation below, before the append runs
-    elif device[0] == "cpu" and framework != "jax":
-        seqlens.fill(0)
     dseq = describe(seqlens, "seqlens_out")
     described.append(dseq)
     append.seqlens_out = dseq.struct
@@ -507,8 +503,17 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     # Both calls are validated before the cache is written; then the append, then the attention.
     lib = _capi.lib()
     _capi.raise_for(lib.fs_kvcache_append_validate(ctypes.byref(append)))
+    host_lengths = None
+    if device[0] == "cpu":
+        # The attention's validation reads the lengths it will see after the append (and checks
+        # the block-table entries of every page up to them): the host computes them here, so that
+        # a bad page the append does not write is refused before the cache is written.
+        host_lengths, params.seqused_k = _lengths_after_append(
+            append, dq.struct, batch, dk.shape[1] if k is not None else 0)
     with _kvcache_names(cache_batch_idx is not None and not paged):
         _capi.raise_for(lib.fs_attention_validate(ctypes.byref(params)))
+    params.seqused_k = dseq.struct
+    del host_lengths
     _capi.raise_for(lib.fs_kvcache_append(ctypes.byref(append)))
     with _kvcache_names(cache_batch_idx is not None and not paged):
         workspace = _run(params, q, framework, device, describe, described)
@@ -516,6 +521,24 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         _capi.raise_for(_capi.lib().fs_cuda_stream_synchronize(params.stream))
     del described, workspace
     return (out, lse) if return_lse else out
+
+
+def _lengths_after_append(append, like, batch, s_new):
+    """cache_seqlens + s_new per sequence (host-resident lengths, as validated by
+    fs_kvcache_append_validate, so the sums fit int32) in a new host buffer, and the fs_tensor of
+    it on `like`'s device (the CPU): the seqused_k the attention will see. Returns both; the
+    buffer must outlive every use of the fs_tensor."""
+    buffer = (ctypes.c_int32 * max(batch, 1))()
+    lengths = append.cache_seqlens
+    src = ctypes.cast(lengths.data, ctypes.POINTER(ctypes.c_int32)) if lengths.rank else None
+    for b in range(batch):
+        buffer[b] = (src[b * lengths.strides[0]] if src else append.cache_seqlen) + s_new
+    t = _capi.Tensor()
+    t.data, t.dtype = ctypes.addressof(buffer), _capi.INT32
+    t.device_type, t.device_index = like.device_type, like.device_index
+    t.rank = 1
+    t.shape[0], t.strides[0] = batch, 1
+    return buffer, t
 
 
 class _kvcache_names:

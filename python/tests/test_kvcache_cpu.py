@@ -301,6 +301,22 @@ def test_paged_block_table_entry_outside_the_pool(seed):
                                 block_table=table)
 
 
+def test_bad_page_before_the_append_is_refused_before_the_cache_is_written(seed):
+    # The append writes page 1 of sequence 0 (position 5, valid); the attention that follows reads
+    # page 0 too, whose entry is outside the pool: refused before either call touches the cache.
+    rng = np.random.default_rng(seed)
+    q, _, _, kn, vn = small(rng)
+    kp, vp = (rng.standard_normal((4, 4, 2, 32)).astype(np.float32) for _ in range(2))
+    table = np.array([[7, 1], [2, 3]], np.int32)
+    before = kp.copy(), vp.copy()
+    with pytest.raises(ValueError, match=r"^block_table: entry \[0, 0\] is 7, outside the pool "
+                                         r"of 4 pages"):
+        flash_attn_with_kvcache(q, kp, vp, kn, vn, cache_seqlens=np.array([5, 6], np.int32),
+                                block_table=table)
+    assert np.array_equal(kp, before[0]) and np.array_equal(vp, before[1]), \
+        "the cache was written before the call was refused"
+
+
 # ---------------------------------------------------------------- num_splits, packed variants
 
 @pytest.mark.parametrize("fn", [flash_attn_func, flash_attn_varlen_func, flash_attn_qkvpacked_func,
