@@ -192,6 +192,15 @@ std::vector<CaseSpec> decode_cases() {
     }
   for (int64_t d : {64, 128, 256}) {
     v.push_back(spec(bf16, d, 2, {1}, {777}, 48, 2, true));  // group of 24: two tiles
+    // A left window on a group of 24 (two 16-row tiles) over contiguous varlen KV: an empty and a
+    // one-key cache, the window's edge inside a key block; unsplit, forced splits, then left 0.
+    CaseSpec gw = varlen(spec(bf16, d, 4, {1}, {0, 1, 300, 2049}, 48, 2, true));
+    gw.window_left = 129;
+    v.push_back(gw);
+    gw.num_splits = 3;
+    v.push_back(gw);
+    gw.window_left = 0;
+    v.push_back(gw);
     v.push_back(spec(fp16, d, 4, {1}, {129}, 4, 4));         // MHA: one row per tile
     for (int32_t splits : {20, 70}) {                        // the combine's 4- and 8-warp shares
       CaseSpec many = spec(d == 128 ? fp16 : bf16, d, 2, {1}, {9000}, 8, 2);

@@ -16,7 +16,7 @@ struct Tiles {
   // __launch_bounds__ occupancy hint: caps registers at 64K / (threads * min_blocks_per_sm).
   int min_blocks_per_sm;
   // Decode: the query heads of a GQA group become the tile's rows (fwd_tile.h); only for calls
-  // where every sequence has at most one query and no window bounds the keys on the left.
+  // where every sequence has at most one query (a left window bounds the packed rows alike).
   bool pack_gqa = false;
   // Load each ldmatrix fragment one MMA pair ahead of its use (warp_gemm.h).
   bool pipeline_frags = false;
