@@ -64,7 +64,8 @@ void validate(const AttentionParams& params);
 // Validates, then runs on the device that holds the tensors (CPU or CUDA).
 void attention_forward(const AttentionParams& params);
 
-// Bytes of device workspace that attention_forward needs for these params (0 when none).
+// Bytes of device workspace that attention_forward needs for these params (0 when none). Throws
+// what attention_forward would throw for a call it cannot run (the checks come first).
 size_t attention_workspace_size(const AttentionParams& params);
 
 // ---------------------------------------------------------------------------------------------

@@ -326,14 +326,16 @@ def _kvcache_fast(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         status = calls.validate(state.attn_ref)
         if status:
             _capi.raise_for(status)
+        # The size query runs the CUDA dispatch's own checks (dtype, head dim, device): a call
+        # the kernels refuse is refused here, before the append writes the cache.
+        size = calls.workspace_size(state.attn_ref)
+        if size == _SIZE_MAX:
+            _capi.raise_last()
     status = kv_calls.append(state.append_ref)
     if status:
         _capi.raise_for(status)
     with names:
-        size = calls.workspace_size(state.attn_ref)
         workspace = None
-        if size == _SIZE_MAX:
-            _capi.raise_last()
         if size:
             workspace = empty(q, (size,), torch.uint8)
             _SCALARS.pack_into(buf, off["max_seqlen_q"], 0, max_k, scale, 1 if causal else 0,

@@ -512,6 +512,11 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
             append, dq.struct, batch, dk.shape[1] if k is not None else 0)
     with _kvcache_names(cache_batch_idx is not None and not paged):
         _capi.raise_for(lib.fs_attention_validate(ctypes.byref(params)))
+        if device[0] == "cuda":
+            # The size query runs the CUDA dispatch's own checks (dtype, head dim, device): a
+            # call the kernels refuse is refused here, before the append writes the cache.
+            if lib.fs_attention_workspace_size(ctypes.byref(params)) == ctypes.c_size_t(-1).value:
+                _capi.raise_last()
     params.seqused_k = dseq.struct
     del host_lengths
     _capi.raise_for(lib.fs_kvcache_append(ctypes.byref(append)))

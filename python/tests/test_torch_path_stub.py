@@ -284,11 +284,27 @@ def test_kvcache_q_positions_follow_the_mask(fake, seed):
     q = tensor(fake, rng, (2, 4, 8, 64), fake.bfloat16)
     _, kc, vc, kn, vn = kv_inputs(fake, rng)
     cos, sin = (tensor(fake, rng, (12, 32), fake.float32) for _ in range(2))
-    with pytest.raises((NotImplementedError, RuntimeError, ValueError), match=r"^(k_cache: is a |device: no CUDA device)"):
-        # Built without CUDA: "k_cache: is a CUDA tensor, but ..."; built with it on a machine
-        # without a GPU: "device: no CUDA device". Either way the call got past the positions.
+    with pytest.raises((NotImplementedError, RuntimeError, ValueError), match=r"^((k_cache|q): is a |device: no CUDA device)"):
+        # Built without CUDA: "q: is a CUDA tensor, but ..." (the attention's checks, which
+        # come before the append); built with it on a machine without a GPU: "device: no CUDA
+        # device". Either way the call got past the positions.
         flashserve.flash_attn_with_kvcache(q, kc, vc, kn, vn, rotary_cos=cos, rotary_sin=sin,
                                            cache_seqlens=9)
+
+
+def test_kvcache_refused_by_the_kernels_writes_nothing(fake, seed, monkeypatch):
+    """The workspace-size query runs the CUDA dispatch's own checks (on a GPU: dtype, head dim,
+    alignment; here: no device, or no CUDA in the build), and it comes before the append: a call
+    the kernels refuse leaves the cache as it was."""
+    rng = np.random.default_rng(seed)
+    q, kc, vc, kn, vn = kv_inputs(fake, rng)
+    import flashserve._torch as fs_torch
+    fs_torch.register()
+    appended = []
+    monkeypatch.setattr(fs_torch._get_kv_calls(), "append", lambda ref: appended.append(ref) or 0)
+    with pytest.raises((NotImplementedError, RuntimeError, ValueError), match="CUDA"):
+        flashserve.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=ints(fake, [3, 4]))
+    assert appended == []
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "batch_idx", "paged"])

@@ -21,17 +21,23 @@ inline void check_cuda(cudaError_t err, const char* what) {
     throw Error(ErrorKind::kCuda, "", std::string(what) + ": " + cudaGetErrorString(err));
 }
 
+// The number of CUDA devices; without a GPU or its driver, Error(kUnsupported, "device", "no CUDA
+// device") rather than the runtime's "driver version is insufficient".
+inline int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();  // clear the status the failed query left
+    throw Error(ErrorKind::kUnsupported, "device", "no CUDA device");
+  }
+  return count;
+}
+
 // Makes `device` current for the call and restores the caller's device afterwards.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
     if (const cudaError_t err = cudaGetDevice(&previous_); err != cudaSuccess) {
-      // No GPU or no driver: the runtime would say "driver version is insufficient".
-      int count = 0;
-      if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        cudaGetLastError();
-        throw Error(ErrorKind::kUnsupported, "device", "no CUDA device");
-      }
+      cuda_device_count();  // no GPU or no driver: says so
       check_cuda(err, "cudaGetDevice");
     }
     if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");

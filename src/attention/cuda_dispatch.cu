@@ -153,8 +153,7 @@ const DeviceProps& check_supported(const AttentionParams& params, const Problem&
     unsupported("k", str_cat("sequence length ", pr.max_kv_len, " is too long"));
 
   // Device: the tensors' device, compute capability 8.0 or newer.
-  int count = 0;
-  check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  const int count = cuda_device_count();
   if (pr.device.index < 0 || pr.device.index >= count)
     throw Error(
         ErrorKind::kInvalidArgument, "q",
@@ -422,12 +421,11 @@ void cuda_forward(const AttentionParams& params, const Problem& pr) {
 }
 
 // The workspace that attention_forward's plan takes when a workspace is given.
+// The plan begins with the checks of what the kernels support (check_supported): a call that
+// attention_forward would refuse is refused here too, with the same error, so that a caller who
+// sizes the workspace first (flash_attn_with_kvcache, before it writes the cache) learns it then.
 size_t cuda_workspace_size(const AttentionParams& params, const Problem& pr) {
-  if (pr.dtype == DType::kFloat32 || pr.batch == 0 || pr.max_q_len == 0) return 0;
-  if (pr.head_dim != 64 && pr.head_dim != 128 && pr.head_dim != 256) return 0;
-  int count = 0;
-  check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
-  if (pr.device.index < 0 || pr.device.index >= count) return 0;
+  if (pr.batch == 0 || pr.max_q_len == 0) return 0;
   return cuda_plan(params, pr, HostLengths{}, true).workspace_bytes;
 }
 

@@ -36,7 +36,12 @@ class DeviceCopy {
   // splitting, num_splits = 0, can split), and at least `at_least` bytes (a plan's).
   AttentionParams params(size_t at_least = 0) {
     AttentionParams p = c_.params(kGpu, ptrs_.data());
-    const size_t bytes = std::max(attention_workspace_size(p), at_least);
+    size_t size = 0;
+    try {
+      size = attention_workspace_size(p);
+    } catch (const Error&) {  // a call the kernels refuse: attention_forward names why
+    }
+    const size_t bytes = std::max(size, at_least);
     if (bytes > workspace_bytes_) {
       cudaFree(workspace_);
       workspace_ = nullptr;
