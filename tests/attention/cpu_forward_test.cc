@@ -178,15 +178,16 @@ std::vector<CaseSpec> cases() {
     s.window_left = 200;
     s.window_right = 0;
   }));
-  v.push_back(with(base({130, 0, 257}, {600, 5, 257}), [](CaseSpec& s) {  // paged, blocks cross pages
-    s.q_layout = QLayout::kVarlen;
-    s.kv_layout = KVLayout::kPaged;
-    s.page_size = 16;
-    s.h_q = 4;
-    s.h_kv = 1;
-    s.causal = true;
-    s.dtype = DType::kBFloat16;
-  }));
+  v.push_back(
+      with(base({130, 0, 257}, {600, 5, 257}), [](CaseSpec& s) {  // paged, blocks cross pages
+        s.q_layout = QLayout::kVarlen;
+        s.kv_layout = KVLayout::kPaged;
+        s.page_size = 16;
+        s.h_q = 4;
+        s.h_kv = 1;
+        s.causal = true;
+        s.dtype = DType::kBFloat16;
+      }));
   v.push_back(with(base({1, 64}, {1025, 1000}), [](CaseSpec& s) {  // decode-like, odd key tails
     s.q_layout = QLayout::kVarlen;
     s.kv_layout = KVLayout::kVarlen;
@@ -239,7 +240,9 @@ void check_against_reference(CaseSpec s) {
   EXPECT_TRUE(lse1 == bytes_of(AttentionCase::kLse)) << "lse differs between two runs";
 }
 
-TEST_P(CpuForward, MatchesFloat64Reference) { check_against_reference(GetParam()); }
+TEST_P(CpuForward, MatchesFloat64Reference) {
+  check_against_reference(GetParam());
+}
 
 // The same cases on the portable kernels (what a CPU without AVX-512 runs).
 TEST_P(CpuForward, MatchesFloat64ReferencePortable) {
@@ -261,8 +264,8 @@ TEST_P(CpuForward, MatchesFloat64ReferenceBf16Pairs) {
   attention::cpu_use_bf16_pairs(before);
 }
 
-// The same cases on the AVX-512 kernels without AMX or bf16 pairs (bf16 blocks converted to float32):
-// MatchesFloat64Reference runs bf16 on AMX where the machine has it.
+// The same cases on the AVX-512 kernels without AMX or bf16 pairs (bf16 blocks converted to
+// float32): MatchesFloat64Reference runs bf16 on AMX where the machine has it.
 TEST_P(CpuForward, MatchesFloat64ReferenceAvx512) {
   attention::force_cpu_isa(attention::CpuIsa::kAvx512);
   if (attention::cpu_isa() != attention::CpuIsa::kAvx512) {

@@ -201,8 +201,8 @@ std::vector<CaseSpec> decode_cases() {
     v.push_back(gw);
     gw.window_left = 0;
     v.push_back(gw);
-    v.push_back(spec(fp16, d, 4, {1}, {129}, 4, 4));         // MHA: one row per tile
-    for (int32_t splits : {20, 70}) {                        // the combine's 4- and 8-warp shares
+    v.push_back(spec(fp16, d, 4, {1}, {129}, 4, 4));  // MHA: one row per tile
+    for (int32_t splits : {20, 70}) {                 // the combine's 4- and 8-warp shares
       CaseSpec many = spec(d == 128 ? fp16 : bf16, d, 2, {1}, {9000}, 8, 2);
       many.num_splits = splits;
       v.push_back(many);

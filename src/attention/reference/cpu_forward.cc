@@ -3,15 +3,15 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
 
 #include "attention/backends.h"
-#include "attention/reference/combine.h"
 #include "attention/reference/block_softmax.h"
+#include "attention/reference/combine.h"
 #include "attention/reference/cpu_amx.h"
 #include "attention/reference/cpu_gemm.h"
 #include "common/half.h"
@@ -41,14 +41,16 @@ bool use_amx(const Problem& pr) {
          amx_available();
 }
 
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+int64_t round_up(int64_t x, int64_t m) {
+  return (x + m - 1) / m * m;
+}
 
 // bf16 inputs run the block products in bf16 pairs (block_gemm_bf16) when enabled, the CPU has
 // AVX512-BF16 and the head dim is even (q.k is summed in pairs of d); else they are converted
 // to float32 blocks like fp16.
 bool use_bf16_pairs(const Problem& pr) {
-  return pr.dtype == DType::kBFloat16 && cpu_isa() == CpuIsa::kAvx512Bf16 &&
-         pr.head_dim % 2 == 0 && g_bf16_pairs.load(std::memory_order_relaxed);
+  return pr.dtype == DType::kBFloat16 && cpu_isa() == CpuIsa::kAvx512Bf16 && pr.head_dim % 2 == 0 &&
+         g_bf16_pairs.load(std::memory_order_relaxed);
 }
 
 // Rows of a worker's buffers: the AMX products run on whole 32 x 32 blocks, so their row count
@@ -61,20 +63,20 @@ int64_t buffer_rows(const Problem& pr) {
 // Per-worker buffers, sized once per call: O(tile), independent of the sequence lengths. The
 // float32 path fills qt, k, v; the bf16-pair path qp, kb, pp, vp.
 struct Workspace {
-  int64_t ld;                  // row stride of qt and s: the most rows a tile has
-  std::vector<float> qt;       // [D][ld] the tile's queries, transposed, times scale * log2(e)
-  std::vector<float> k;        // [kBK][D] keys as float rows (when not read in place)
-  std::vector<float> v;        // [kBK][Dv] values likewise
-  std::vector<uint16_t> qp;    // [D/2][ld] pairs: the tile's queries transposed (unscaled)
-  std::vector<uint16_t> kb;    // [kBK][D] keys as adjacent bf16 rows (when not read in place)
-  std::vector<uint16_t> pp;    // [kBK/2][ld] pairs: probabilities of key pairs, rounded to bf16
-                               // (AMX: [ld][kBK] the probabilities row-major)
-  std::vector<uint16_t> vp;    // [kBK/2][Dv] pairs: value rows 2j and 2j + 1 interleaved
-  std::vector<float> s;        // [kBK][ld] scores of a key block, key-major, then probabilities
-  std::vector<float> acc;      // [rows][Dv] unnormalised output
-  std::vector<float> m, l, corr, scratch;  // [rows] running max and sum (log2 units)
+  int64_t ld;                // row stride of qt and s: the most rows a tile has
+  std::vector<float> qt;     // [D][ld] the tile's queries, transposed, times scale * log2(e)
+  std::vector<float> k;      // [kBK][D] keys as float rows (when not read in place)
+  std::vector<float> v;      // [kBK][Dv] values likewise
+  std::vector<uint16_t> qp;  // [D/2][ld] pairs: the tile's queries transposed (unscaled)
+  std::vector<uint16_t> kb;  // [kBK][D] keys as adjacent bf16 rows (when not read in place)
+  std::vector<uint16_t> pp;  // [kBK/2][ld] pairs: probabilities of key pairs, rounded to bf16
+                             // (AMX: [ld][kBK] the probabilities row-major)
+  std::vector<uint16_t> vp;  // [kBK/2][Dv] pairs: value rows 2j and 2j + 1 interleaved
+  std::vector<float> s;      // [kBK][ld] scores of a key block, key-major, then probabilities
+  std::vector<float> acc;    // [rows][Dv] unnormalised output
+  std::vector<float> m, l, corr, scratch;   // [rows] running max and sum (log2 units)
   std::vector<int64_t> first_key, end_key;  // [rows] each row's visible keys
-  std::vector<float> row;      // [max(D, Dv)] one row being converted or written
+  std::vector<float> row;                   // [max(D, Dv)] one row being converted or written
 
   Workspace(int64_t rows, int64_t D, int64_t Dv, bool pairs)
       : ld(rows),
@@ -212,10 +214,14 @@ class Forward {
         });
       }
       // Row windows are non-decreasing: the last row starts latest, the first ends earliest.
-      const ScoreBlock sb{w.s.data(),        ld,
-                          nb,                rows,
-                          j0,                w.first_key.data(),
-                          w.end_key.data(),  w.first_key[rows - 1] <= j0 && w.end_key[0] >= j0 + nb,
+      const ScoreBlock sb{w.s.data(),
+                          ld,
+                          nb,
+                          rows,
+                          j0,
+                          w.first_key.data(),
+                          w.end_key.data(),
+                          w.first_key[rows - 1] <= j0 && w.end_key[0] >= j0 + nb,
                           pairs_ ? qmul : 1.0f};
       block_softmax(sb, w.m.data(), w.l.data(), w.corr.data(), w.scratch.data());
       for (int64_t r = 0; r < rows; ++r)
@@ -240,8 +246,7 @@ class Forward {
         const uint16_t* v = p_.v.ptr<const uint16_t>();
         for (int64_t j = 0; j < nb; j += 2) {
           const bool two = j + 1 < nb;  // an odd block ends in a pair with a zero second half
-          pack_float_pairs(&w.s[j * ld], two ? &w.s[(j + 1) * ld] : nullptr, rows,
-                           &w.pp[j * ld]);
+          pack_float_pairs(&w.s[j * ld], two ? &w.s[(j + 1) * ld] : nullptr, rows, &w.pp[j * ld]);
           pack_bf16_pairs(v + L_.v_offset(tl.b, j0 + j, tl.hk),
                           two ? v + L_.v_offset(tl.b, j0 + j + 1, tl.hk) : nullptr, Dv,
                           &w.vp[j * Dv]);
@@ -343,11 +348,19 @@ class Forward {
 
 }  // namespace
 
-void cpu_use_amx(bool on) { g_amx.store(on, std::memory_order_relaxed); }
-bool cpu_amx() { return g_amx.load(std::memory_order_relaxed) && amx_available(); }
+void cpu_use_amx(bool on) {
+  g_amx.store(on, std::memory_order_relaxed);
+}
+bool cpu_amx() {
+  return g_amx.load(std::memory_order_relaxed) && amx_available();
+}
 
-void cpu_use_bf16_pairs(bool on) { g_bf16_pairs.store(on, std::memory_order_relaxed); }
-bool cpu_bf16_pairs() { return g_bf16_pairs.load(std::memory_order_relaxed); }
+void cpu_use_bf16_pairs(bool on) {
+  g_bf16_pairs.store(on, std::memory_order_relaxed);
+}
+bool cpu_bf16_pairs() {
+  return g_bf16_pairs.load(std::memory_order_relaxed);
+}
 
 int32_t cpu_num_splits(const Problem& pr, int workers) {
   if (pr.num_splits > 0) return pr.num_splits;
@@ -380,7 +393,7 @@ int64_t split_chunk_rows(const Problem& pr, int32_t splits, int64_t total_q_rows
 
 size_t cpu_scratch_bytes(const Problem& pr, int64_t total_q_rows, int workers) {
   size_t bytes = workers * Workspace::bytes(buffer_rows(pr), pr.head_dim, pr.head_dim_v,
-                                           use_amx(pr) || use_bf16_pairs(pr));
+                                            use_amx(pr) || use_bf16_pairs(pr));
   const int32_t splits = cpu_num_splits(pr, workers);
   if (splits > 1)
     bytes += SplitPartials::bytes(splits, split_chunk_rows(pr, splits, total_q_rows), pr.h_q,

@@ -34,10 +34,11 @@ struct CpuTiling {
   static int64_t tile_rows(int64_t group) { return block_q(group) * group; }
 };
 
-// bf16 inputs without AMX: block products in bf16 pairs (AVX512-BF16 vdpbf16ps) instead of converting the
-// blocks to float32. Off by default: on the Xeon measured (docs/cpu-path.md) vdpbf16ps ran at 0.6x
-// the float32 FMA kernel's FLOP rate, so converting is faster there. The environment variable
-// FLASHSERVE_CPU_BF16_PAIRS=1 turns it on at start (bench_cpu_attn --bf16-pairs measures both).
+// bf16 inputs without AMX: block products in bf16 pairs (AVX512-BF16 vdpbf16ps) instead of
+// converting the blocks to float32. Off by default: on the Xeon measured (docs/cpu-path.md)
+// vdpbf16ps ran at 0.6x the float32 FMA kernel's FLOP rate, so converting is faster there. The
+// environment variable FLASHSERVE_CPU_BF16_PAIRS=1 turns it on at start (bench_cpu_attn
+// --bf16-pairs measures both).
 void cpu_use_bf16_pairs(bool on);
 bool cpu_bf16_pairs();
 
