@@ -3,12 +3,21 @@
 
 #include "cuda/plan.h"
 #include "flashserve/attention.h"
+#include "flashserve/error.h"
 #include "problem.h"
 
 namespace flashserve::attention {
 
 // CPU: tiled online softmax, multi-threaded (reference/cpu_forward.cc).
 void cpu_forward(const AttentionParams& params, const Problem& problem);
+
+#if !defined(FLASHSERVE_WITH_CUDA)
+// A CUDA tensor (`argument`) reaching a build without CUDA: every entry point refuses it alike.
+[[noreturn]] inline void refuse_without_cuda(const char* argument) {
+  throw Error(ErrorKind::kUnsupported, argument,
+              "is a CUDA tensor, but this flashserve was built without CUDA");
+}
+#endif
 
 #if defined(FLASHSERVE_WITH_CUDA)
 // CUDA: FlashAttention-2-style kernels (sm80/). Throws kUnsupported for combinations it lacks.

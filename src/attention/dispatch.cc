@@ -19,12 +19,6 @@ struct PlanState {
 
 namespace {
 
-// A CUDA tensor reaching a build without CUDA: every entry point refuses it alike.
-[[noreturn, maybe_unused]] void refuse_without_cuda() {
-  throw Error(ErrorKind::kUnsupported, "q",
-              "is a CUDA tensor, but this flashserve was built without CUDA");
-}
-
 [[noreturn]] void plan_mismatch(const std::string& what) {
   throw Error(ErrorKind::kInvalidArgument, "plan",
               "params do not match the plan (" + what + "); plan the step again");
@@ -69,7 +63,7 @@ void attention_forward(const AttentionParams& params) {
 #if defined(FLASHSERVE_WITH_CUDA)
   return attention::cuda_forward(params, problem);
 #else
-  attention::refuse_without_cuda();
+  attention::refuse_without_cuda("q");
 #endif
 }
 
@@ -79,7 +73,7 @@ size_t attention_workspace_size(const AttentionParams& params) {
 #if defined(FLASHSERVE_WITH_CUDA)
   return attention::cuda_workspace_size(params, problem);
 #else
-  attention::refuse_without_cuda();
+  attention::refuse_without_cuda("q");
 #endif
 }
 
@@ -105,7 +99,7 @@ AttentionPlan plan_attention(const AttentionParams& params, const AttentionLengt
     state->plan =
         attention::cuda_plan(params, pr, attention::host_lengths(params, pr, lengths), true);
 #else
-    attention::refuse_without_cuda();
+    attention::refuse_without_cuda("q");
 #endif
   }
   AttentionPlan plan;

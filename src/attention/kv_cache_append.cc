@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "backends.h"
 #include "common/checked_math.h"
 #include "common/half.h"
 #include "common/str_cat.h"
@@ -340,8 +341,7 @@ void kv_cache_append(const KvCacheAppendParams& params) {
 #if defined(FLASHSERVE_WITH_CUDA)
   return attention::cuda_kv_cache_append(params, problem);
 #else
-  throw Error(ErrorKind::kUnsupported, "k_cache",
-              "is a CUDA tensor, but this flashserve was built without CUDA");
+  attention::refuse_without_cuda("k_cache");
 #endif
 }
 
