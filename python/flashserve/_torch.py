@@ -64,7 +64,6 @@ class _Calls:
     def __init__(self):
         lib = _capi.lib()
         self.forward = lib.fs_attention_forward
-        self.validate = lib.fs_attention_validate
         self.workspace_size = lib.fs_attention_workspace_size
         P = _capi.AttentionParams
         self.offsets = {name: getattr(P, name).offset
@@ -323,11 +322,8 @@ def _kvcache_fast(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     if status:
         _capi.raise_for(status)
     with names:
-        status = calls.validate(state.attn_ref)
-        if status:
-            _capi.raise_for(status)
-        # The size query runs the CUDA dispatch's own checks (dtype, head dim, device): a call
-        # the kernels refuse is refused here, before the append writes the cache.
+        # The size query validates and runs the CUDA dispatch's own checks (dtype, head dim,
+        # device): a call the kernels refuse is refused here, before the append writes the cache.
         size = calls.workspace_size(state.attn_ref)
         if size == _SIZE_MAX:
             _capi.raise_last()

@@ -142,16 +142,24 @@ def _check_rank(x, name, rank, layout):
                          f"{tuple(x.shape)}")
 
 
-def _run(params, q, framework, device, describe, described):
-    """Sizes and allocates the CUDA workspace, then calls the library (errors raised as Python
-    exceptions naming the C argument). Returns the workspace, which the caller keeps alive until the
-    stream is synchronized."""
+def _workspace_size(params):
+    """The workspace the call needs (0 on the CPU). The query validates params and, on CUDA, runs
+    the dispatch's own checks (dtype, head dim, device): what the call would refuse, it refuses."""
+    size = _capi.lib().fs_attention_workspace_size(ctypes.byref(params))
+    if size == ctypes.c_size_t(-1).value:
+        _capi.raise_last()  # the size query returns no status; fs_last_status has it
+    return size
+
+
+def _run(params, q, framework, device, describe, described, size=None):
+    """Sizes (unless `size` is known) and allocates the CUDA workspace, then calls the library
+    (errors raised as Python exceptions naming the C argument). Returns the workspace, which the
+    caller keeps alive until the stream is synchronized."""
     lib = _capi.lib()
     workspace = None
     if device[0] == "cuda":
-        size = lib.fs_attention_workspace_size(ctypes.byref(params))
-        if size == ctypes.c_size_t(-1).value:
-            _capi.raise_last()  # the size query returns no status; fs_last_status has it
+        if size is None:
+            size = _workspace_size(params)
         if size:
             workspace = _tensor.empty(q, framework, device, (size,), "uint8")
             dw = describe(workspace, "workspace", raw=True)
@@ -511,17 +519,12 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         host_lengths, params.seqused_k = _lengths_after_append(
             append, dq.struct, batch, dk.shape[1] if k is not None else 0)
     with _kvcache_names(cache_batch_idx is not None and not paged):
-        _capi.raise_for(lib.fs_attention_validate(ctypes.byref(params)))
-        if device[0] == "cuda":
-            # The size query runs the CUDA dispatch's own checks (dtype, head dim, device): a
-            # call the kernels refuse is refused here, before the append writes the cache.
-            if lib.fs_attention_workspace_size(ctypes.byref(params)) == ctypes.c_size_t(-1).value:
-                _capi.raise_last()
+        size = _workspace_size(params)  # validates, and what the CUDA kernels refuse, refuses
     params.seqused_k = dseq.struct
     del host_lengths
     _capi.raise_for(lib.fs_kvcache_append(ctypes.byref(append)))
     with _kvcache_names(cache_batch_idx is not None and not paged):
-        workspace = _run(params, q, framework, device, describe, described)
+        workspace = _run(params, q, framework, device, describe, described, size)
     if _tensor.needs_sync(framework, device):
         _capi.raise_for(_capi.lib().fs_cuda_stream_synchronize(params.stream))
     del described, workspace
