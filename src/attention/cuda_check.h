@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cuda_device_count.h"
 #include "flashserve/attention.h"
 #include "flashserve/error.h"
 
@@ -19,17 +20,6 @@ namespace flashserve::attention {
 inline void check_cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess)
     throw Error(ErrorKind::kCuda, "", std::string(what) + ": " + cudaGetErrorString(err));
-}
-
-// The number of CUDA devices; without a GPU or its driver, Error(kUnsupported, "device", "no CUDA
-// device") rather than the runtime's "driver version is insufficient".
-inline int cuda_device_count() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    cudaGetLastError();  // clear the status the failed query left
-    throw Error(ErrorKind::kUnsupported, "device", "no CUDA device");
-  }
-  return count;
 }
 
 // Makes `device` current for the call and restores the caller's device afterwards.

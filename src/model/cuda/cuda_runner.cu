@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "common/cuda_device_count.h"
 #include "flashserve/attention.h"
 #include "flashserve/error.h"
 #include "model/checkpoint.h"
@@ -123,13 +124,7 @@ struct CudaRunner::Impl {
     device = dev;
     const char* g = std::getenv("FLASHSERVE_CUDA_GRAPHS");
     use_graphs = !(g && std::string(g) == "0");
-    // Without a GPU (or its driver) the runtime's own words would be "CUDA driver version is
-    // insufficient": say what the user needs to know.
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-      cudaGetLastError();  // clear the sticky status the failed query left
-      throw Error(ErrorKind::kUnsupported, "device", "no CUDA device");
-    }
+    const int count = cuda_device_count();
     if (dev < 0 || dev >= count)
       throw Error(ErrorKind::kInvalidArgument, "device",
                   "CUDA device " + std::to_string(dev) + " does not exist (" +
