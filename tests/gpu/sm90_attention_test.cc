@@ -19,6 +19,7 @@
 #include "support/attention_case.h"
 #include "support/compare.h"
 #include "support/device_copy.h"
+#include "support/nan_cases.h"
 
 namespace flashserve::testing {
 namespace {
@@ -138,6 +139,49 @@ TEST(Sm90Sanitize, SmallCausalGqa) {
   const NaiveOutput got = run_on_gpu(c, "sm90");
   EXPECT_TRUE(attention_close(got, c.exact(), c.lowp(), s.dtype)) << s.name();
 }
+
+// ---------------------------------------------------------------------------------------------
+// NaN and infinity (issue 9's rule, tests/support/nan_inputs.h): a NaN in q or in a key a row
+// sees, or a +inf score, makes that row's output and LSE NaN; a row that sees no key stays zero
+// with LSE -inf; every other row matches the reference.
+
+class Sm90Nan : public ::testing::TestWithParam<NanCase> {};
+
+TEST_P(Sm90Nan, RowsThatSeeAPoisonedInputAreNan) {
+  SKIP_WITHOUT_SM90();
+  const NanCase& nc = GetParam();
+  AttentionCase c(nc.spec);
+  const PoisonPlan plan = poison_inputs(c, nc.poison, nc.spec.seed);
+  ASSERT_GT(plan.count, 0);
+  NaiveOutput exact = c.exact(), lowp = c.lowp();
+  const NaiveOutput got = run_on_gpu(c, "sm90");
+  EXPECT_TRUE(nan_rows_as_planned(got, plan));
+  skip_planned_rows(exact, plan);
+  skip_planned_rows(lowp, plan);
+  EXPECT_TRUE(attention_close(got, exact, lowp, nc.spec.dtype));
+}
+
+// What v1 runs: dense, causal or not, d64/d128. Rows that see no key (causal, more queries than
+// keys), GQA, and a poison that may fall in a later key block than the first.
+std::vector<NanCase> sm90_nan_cases() {
+  std::vector<NanCase> v;
+  const CaseSpec shapes[] = {spec(DType::kBFloat16, 64, 2, 40, 30, 4, 4, true),
+                             spec(DType::kBFloat16, 128, 1, 130, 300, 8, 2, false),
+                             spec(DType::kBFloat16, 128, 1, 200, 400, 4, 1, true)};
+  for (const CaseSpec& shape : shapes)
+    for (DType dt : {DType::kBFloat16, DType::kFloat16})
+      for (Poison poison : {Poison::kNanQ, Poison::kNanK, Poison::kOverflow}) {
+        if (poison == Poison::kOverflow && dt == DType::kFloat16) continue;  // 1e36 is inf
+        NanCase nc{shape, poison};
+        nc.spec.dtype = dt;
+        nc.spec.seed = seed_for(nc.name(), 94);
+        v.push_back(nc);
+      }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Sm90Nan, ::testing::ValuesIn(sm90_nan_cases()),
+                         [](const auto& info) { return info.param.name(); });
 
 // ---------------------------------------------------------------------------------------------
 // Longer sequences: the reference is the CPU tiled path in float32 (itself tested against

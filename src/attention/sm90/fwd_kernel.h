@@ -249,8 +249,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const int t = row0 + 8 * h;
     if (t >= q_len) continue;
-    // No key seen (fully masked row or no keys): O = 0 and LSE = -inf.
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    // No key seen (fully masked row or no keys): O = 0 and LSE = -inf. A NaN score (NaN input;
+    // fmaxf skips it in the max but its exp2 is NaN) or a +inf one (inf - inf) leaves sum NaN,
+    // so the row's O and LSE come out NaN, as in PyTorch and the sm80 kernels.
+    const bool seen = sum != 0.0f;
+    const float inv = seen ? 1.0f / sum : 0.0f;
     Elem* out = static_cast<Elem*>(p.out) + batch * p.o_batch_stride + t * p.o_row_stride +
                 head * p.o_head_stride;
 #pragma unroll
@@ -259,7 +262,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           pack2<kBf16>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
     if (p.lse != nullptr && lane % 4 == 0)
       p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + t * p.lse_row_stride] =
-          sum > 0.0f ? row_max[h] * p.scale + logf(sum) : -INFINITY;
+          seen ? row_max[h] * p.scale + logf(sum) : -INFINITY;
   }
 #endif
 }
