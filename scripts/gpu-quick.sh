@@ -10,12 +10,12 @@
 #   OUT=... bash scripts/gpu-quick.sh              # builds the five targets for 90a (~2-3 min)
 #   BIN=.xfer/bin OUT=... bash scripts/gpu-quick.sh  # binaries built elsewhere (see --pack)
 # The binaries travel compressed: on the build machine
-#   bash scripts/gpu-quick.sh --pack build/dev90 .xfer/bin.tar.xz
+#   bash scripts/gpu-quick.sh --pack build/dev90 .xfer/bin.tar.xz   (EXTRA_BINARIES="bench/..." adds more)
 # and the call unpacks them with BIN_TAR=.xfer/bin.tar.xz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-BINARIES="src/flashserve src/libflashserve_c.so tests/test_gpu tests/test_model_gpu bench/bench_sm90"
+BINARIES="src/flashserve src/libflashserve_c.so tests/test_gpu tests/test_model_gpu bench/bench_sm90 ${EXTRA_BINARIES:-}"
 if [ "${1:-}" = --pack ]; then  # --pack BUILD_DIR TARBALL
   # The GPU machine's image is not this one: the shared libraries our binaries link that are not
   # glibc's, the C++ runtime's or CUDA's (ICU, cpp-httplib, PCRE2, OpenBLAS, ...) travel in lib/.
