@@ -1,10 +1,10 @@
-// bench_sm90: the sm90 (Hopper) forward kernel beside the default (sm80) path, in one run on the
-// same inputs: TFLOP/s of attention forward (DESIGN.md's count, halved when causal) at head dim
-// 128 (or --head-dim 64), batch x seqlen = --total-tokens (16384), heads x head_dim = --hidden
-// (2048), causal and not. Each figure is the median of --iters calls timed with CUDA events. The
-// sm90 kernel is reached through FLASHSERVE_KERNEL=sm90 (not yet in the default dispatch); the
-// max |difference| between the two paths' outputs on the bench's inputs is printed beside it as a
-// sanity check (a few bf16 ulps expected).
+// bench_sm90: the sm90 (Hopper) forward kernel beside the sm80 kernels and the default dispatch,
+// in one run on the same inputs: TFLOP/s of attention forward (DESIGN.md's count, halved when
+// causal) at head dim 128 (or --head-dim 64), batch x seqlen = --total-tokens (16384), heads x
+// head_dim = --hidden (2048), causal and not. Each figure is the median of --iters calls timed with
+// CUDA events; each family is forced with FLASHSERVE_KERNEL=sm80|sm90, and "auto" (what a user
+// gets) names the family the default dispatch chose. The max |difference| between the sm80 and
+// sm90 outputs on the bench's inputs is printed as a sanity check (a few bf16 ulps expected).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -69,8 +69,8 @@ int main(int argc, char** argv) {
               prop.multiProcessorCount, fp16 ? "fp16" : "bf16", head_dim, iters);
   const auto dt = fp16 ? flashserve::DType::kFloat16 : flashserve::DType::kBFloat16;
   const size_t elems = size_t(total) * hidden;
-  uint16_t *q, *k, *v, *out80, *out90;
-  for (uint16_t** p : {&q, &k, &v, &out80, &out90}) CUDA_OK(cudaMalloc(p, elems * 2));
+  uint16_t *q, *k, *v, *out80, *out90, *out_auto;
+  for (uint16_t** p : {&q, &k, &v, &out80, &out90, &out_auto}) CUDA_OK(cudaMalloc(p, elems * 2));
   fill_random<<<1024, 256>>>(q, elems, 1u, !fp16);
   fill_random<<<1024, 256>>>(k, elems, 2u, !fp16);
   fill_random<<<1024, 256>>>(v, elems, 3u, !fp16);
@@ -78,8 +78,8 @@ int main(int argc, char** argv) {
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<uint16_t> h80(elems), h90(elems);
 
-  std::printf("\n%-6s %-7s %-6s %-6s %10s %10s %10s %12s\n", "causal", "seqlen", "batch", "heads",
-              "sm80", "sm90", "sm90/sm80", "max|diff|");
+  std::printf("\n%-6s %-7s %-6s %-6s %10s %10s %10s %10s %-5s %12s\n", "causal", "seqlen", "batch",
+              "heads", "sm80", "sm90", "sm90/sm80", "auto", "took", "max|diff|");
   for (int causal : {0, 1})
     for (int s : seqlens) {
       const int b = std::max(1, total / s), h = hidden / head_dim, d = head_dim;
@@ -94,11 +94,13 @@ int main(int argc, char** argv) {
         return p;
       };
       const double flops = 4.0 * b * h * double(s) * s * d * (causal ? 0.5 : 1.0);
-      float tflops[2] = {0, 0};
-      std::string err;
-      for (int which = 0; which < 2; ++which) {
-        setenv("FLASHSERVE_KERNEL", which ? "sm90" : "auto", 1);
-        const flashserve::AttentionParams p = params(which ? out90 : out80);
+      float tflops[3] = {0, 0, 0};
+      std::string err, took;
+      for (int which = 0; which < 3; ++which) {
+        setenv("FLASHSERVE_KERNEL", which == 0 ? "sm80" : which == 1 ? "sm90" : "auto", 1);
+        const flashserve::AttentionParams p = params(which == 0   ? out80
+                                                     : which == 1 ? out90
+                                                                  : out_auto);
         try {
           flashserve::attention_forward(p);
           CUDA_OK(cudaDeviceSynchronize());
@@ -108,6 +110,8 @@ int main(int argc, char** argv) {
         }
         const float ms = median_ms([&] { flashserve::attention_forward(p); }, warmup, iters, 200);
         tflops[which] = static_cast<float>(flops / (ms * 1e-3) / 1e12);
+        if (which == 2)
+          took = flashserve::plan_attention(p).summary().rfind("sm90", 0) == 0 ? "sm90" : "sm80";
       }
       unsetenv("FLASHSERVE_KERNEL");
       double max_diff = NAN;
@@ -120,10 +124,10 @@ int main(int argc, char** argv) {
           max_diff = std::max<double>(max_diff,
                                       std::fabs(to_float(h80[i], !fp16) - to_float(h90[i], !fp16)));
       }
-      std::printf("%-6d %-7d %-6d %-6d %10.1f %10.1f %10.2f %12.3g%s%s\n", causal, s, b, h,
-                  tflops[0], tflops[1], tflops[0] > 0 ? tflops[1] / tflops[0] : 0.0, max_diff,
-                  err.empty() ? "" : "  error: ", err.c_str());
+      std::printf("%-6d %-7d %-6d %-6d %10.1f %10.1f %10.2f %10.1f %-5s %12.3g%s%s\n", causal, s, b,
+                  h, tflops[0], tflops[1], tflops[0] > 0 ? tflops[1] / tflops[0] : 0.0, tflops[2],
+                  took.c_str(), max_diff, err.empty() ? "" : "  error: ", err.c_str());
     }
-  for (uint16_t* p : {q, k, v, out80, out90}) CUDA_OK(cudaFree(p));
+  for (uint16_t* p : {q, k, v, out80, out90, out_auto}) CUDA_OK(cudaFree(p));
   return 0;
 }

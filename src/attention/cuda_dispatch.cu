@@ -179,38 +179,83 @@ const DeviceProps& check_supported(const AttentionParams& params, const Problem&
   return dev;
 }
 
-// FLASHSERVE_KERNEL=sm90: every call runs the Hopper kernel (sm90/), or is refused with what it
-// lacks; unset, empty or "auto": the default dispatch (sm80 only until the sm90 kernel has passed
-// the GPU tests on an H100/H200). Read per call, so a test can set it around one call.
-bool sm90_forced() {
+// FLASHSERVE_KERNEL picks the kernel family, read per call (so a test or benchmark can set it
+// around one call): unset, empty or "auto", the default dispatch (sm90_preferred below); "sm90",
+// every call runs the Hopper kernel (sm90/) or is refused with what it lacks; "sm80", every call
+// runs the FlashAttention-2-style kernels (the comparison, and a way back should sm90 misbehave).
+enum class KernelChoiceEnv { kAuto, kSm80, kSm90 };
+
+KernelChoiceEnv kernel_env() {
   const char* v = std::getenv("FLASHSERVE_KERNEL");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return false;
-  if (std::strcmp(v, "sm90") == 0) return true;
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return KernelChoiceEnv::kAuto;
+  if (std::strcmp(v, "sm90") == 0) return KernelChoiceEnv::kSm90;
+  if (std::strcmp(v, "sm80") == 0) return KernelChoiceEnv::kSm80;
   throw Error(ErrorKind::kInvalidArgument, "FLASHSERVE_KERNEL",
-              std::string("must be sm90 or auto, got \"") + v + "\"");
+              std::string("must be auto, sm80 or sm90, got \"") + v + "\"");
 }
 
-// What the sm90 kernel v1 runs: dense bf16/fp16 batches, head dim 64 or 128, no mask or
-// bottom-right causal, GQA/MQA, lse optional; on a compute capability 9.0 device of a build with
-// sm_90a. Anything else is refused naming FLASHSERVE_KERNEL (the caller asked for this kernel).
-void check_sm90(const Problem& pr, const DeviceProps& dev) {
-  const auto refuse = [](const std::string& what) {
-    throw Error(ErrorKind::kUnsupported, "FLASHSERVE_KERNEL", "sm90: " + what);
-  };
+// What the sm90 kernel v1 cannot run, or "" if it can: it runs dense bf16/fp16 batches, head dim
+// 64 or 128, no mask or bottom-right causal, GQA/MQA, lse optional; on a compute capability 9.0
+// device of a build with sm_90a; q/k/v strides TMA can describe (positive, below 2^40 bytes).
+std::string sm90_lacks(const AttentionParams& params, const Problem& pr, const DeviceProps& dev) {
   if (!cuda_sm90_built())
-    refuse("this build has no sm90 kernels (90a not in FLASHSERVE_CUDA_ARCHS)");
+    return "this build has no sm90 kernels (90a not in FLASHSERVE_CUDA_ARCHS)";
   if (dev.major != 9 || dev.minor != 0)
-    refuse(
-        str_cat("needs a compute capability 9.0 device, this one is ", dev.major, ".", dev.minor));
+    return str_cat("needs a compute capability 9.0 device, this one is ", dev.major, ".",
+                   dev.minor);
   if (pr.head_dim != 64 && pr.head_dim != 128)
-    refuse(str_cat("head_dim ", pr.head_dim, " (64 and 128 only)"));
+    return str_cat("head_dim ", pr.head_dim, " (64 and 128 only)");
   if (pr.varlen_q || pr.varlen_k || pr.paged || pr.seqused)
-    refuse("varlen, paged and seqused_k inputs are not supported yet");
+    return "varlen, paged and seqused_k inputs are not supported yet";
   const int64_t bound = pr.max_q_len + pr.max_kv_len;
-  const int32_t left = clamp_window(pr.mask.left, bound),
-                right = clamp_window(pr.mask.right, bound);
-  if (left >= 0 || right > 0) refuse("sliding windows are not supported yet (causal is)");
-  if (pr.num_splits > 1) refuse("split-KV is not supported yet");
+  if (clamp_window(pr.mask.left, bound) >= 0 || clamp_window(pr.mask.right, bound) > 0)
+    return "sliding windows are not supported yet (causal is)";
+  if (pr.num_splits > 1) return "split-KV is not supported yet";
+  // A dimension of size 1 is never stepped along (launch_template.h's make_map).
+  for (const auto& [t, name] :
+       {std::pair{&params.q, "q"}, std::pair{&params.k, "k"}, std::pair{&params.v, "v"}})
+    for (int i = 0; i + 1 < t->rank; ++i)
+      if (t->shape[i] > 1 && (t->stride[i] <= 0 || t->stride[i] >= (int64_t{1} << 39)))
+        return str_cat(name, "'s stride ", t->stride[i], " of dimension ", i,
+                       " (TMA needs positive strides below 2^40 bytes)");
+  return "";
+}
+
+// FLASHSERVE_KERNEL=sm90: anything the kernel lacks is refused naming FLASHSERVE_KERNEL (the
+// caller asked for this kernel).
+void check_sm90(const AttentionParams& params, const Problem& pr, const DeviceProps& dev) {
+  const std::string lacks = sm90_lacks(params, pr, dev);
+  if (!lacks.empty()) throw Error(ErrorKind::kUnsupported, "FLASHSERVE_KERNEL", "sm90: " + lacks);
+}
+
+// The default dispatch takes sm90 where it was measured faster than the sm80 plan for the same
+// call (bench_sm90 over the FA3 grid, H200, bench/results/gpu-h200-2026-11-30-session6.md): dense
+// prefill-sized calls, keys >= 512 at d128 (1.14-1.67x; 128 keys: 0.78-0.95x) and >= 2048 at d64
+// (1.00-1.17x; 512 keys: 0.92-0.98x), at least one full 128-row query tile; and never where the
+// sm80 plan splits the keys or packs decode rows (few query tiles over long keys: sm90 has no
+// split-KV yet, so it would leave most SMs idle).
+bool sm90_preferred(const AttentionParams& params, const Problem& pr, const DeviceProps& dev,
+                    const Plan& sm80_plan) {
+  if (!sm90_lacks(params, pr, dev).empty()) return false;
+  const int64_t min_keys = pr.head_dim == 128 ? 512 : 2048;
+  if (pr.max_q_len < 128 || pr.max_kv_len < min_keys) return false;
+  for (const LaunchPlan& l : sm80_plan.launches)
+    if (l.kernel.splits > 1 || l.kernel.decode) return false;
+  return true;
+}
+
+// One launch of the sm90 kernel over the whole dense batch: no splits, no workspace.
+Plan sm90_plan(const Problem& pr, int64_t q_rows) {
+  Plan plan;
+  LaunchPlan l;
+  l.kernel.family = KernelFamily::kSm90;
+  l.kernel.masked = clamp_window(pr.mask.right, pr.max_q_len + pr.max_kv_len) == 0;
+  l.seq_end = pr.batch;
+  l.max_q_len = pr.max_q_len;
+  l.max_kv_len = pr.max_kv_len;
+  l.rows = q_rows;
+  plan.launches.push_back(l);
+  return plan;
 }
 
 // The kernels' parameters shared by every launch of a call: pointers, strides, lengths' sources,
@@ -271,20 +316,15 @@ Plan cuda_plan(const AttentionParams& params, const Problem& pr, const HostLengt
   ctx.q_rows = q_rows(params, pr);
   ctx.workspace_available = workspace_available;
   if (pr.batch == 0 || pr.max_q_len == 0 || params.q.numel() == 0) return Plan{};
-  if (sm90_forced()) {
-    check_sm90(pr, dev);
-    Plan plan;  // one launch over the dense batch, no splits, no workspace
-    LaunchPlan l;
-    l.kernel.family = KernelFamily::kSm90;
-    l.kernel.masked = clamp_window(pr.mask.right, pr.max_q_len + pr.max_kv_len) == 0;
-    l.seq_end = pr.batch;
-    l.max_q_len = pr.max_q_len;
-    l.max_kv_len = pr.max_kv_len;
-    l.rows = ctx.q_rows;
-    plan.launches.push_back(l);
-    return plan;
+  const KernelChoiceEnv choice = kernel_env();
+  if (choice == KernelChoiceEnv::kSm90) {
+    check_sm90(params, pr, dev);
+    return sm90_plan(pr, ctx.q_rows);
   }
-  return make_plan(pr, ctx, lens);
+  Plan plan = make_plan(pr, ctx, lens);
+  if (choice == KernelChoiceEnv::kAuto && sm90_preferred(params, pr, dev, plan))
+    return sm90_plan(pr, ctx.q_rows);
+  return plan;
 }
 
 bool cuda_sm90_built() {
@@ -297,11 +337,11 @@ bool cuda_sm90_built() {
 
 namespace {
 
-// The sm90 kernel over the whole dense batch (check_sm90 has accepted the call).
+// The sm90 kernel over the whole dense batch (the plan's check has accepted the call).
 void run_sm90(const LaunchPlan& l, const AttentionParams& params, const Problem& pr,
               const DeviceProps& dev, cudaStream_t stream) {
 #if defined(FLASHSERVE_WITH_SM90)
-  check_sm90(pr, dev);
+  check_sm90(params, pr, dev);
   sm90::FwdArgs a{};
   a.q = params.q.data;
   a.k = params.k.data;

@@ -58,9 +58,9 @@ class ScopedEnv {
   std::string old_;
 };
 
-// Runs the case on the GPU with the kernel family `kernel` ("sm90" or "auto"); returns the output
-// read back as doubles. The case's host out/lse are re-poisoned first, so nothing of an earlier
-// run can pass for this one's.
+// Runs the case on the GPU with the kernel family `kernel` ("sm90", "sm80" or "auto"); returns the
+// output read back as doubles. The case's host out/lse are re-poisoned first, so nothing of an
+// earlier run can pass for this one's.
 NaiveOutput run_on_gpu(AttentionCase& c, const char* kernel) {
   ScopedEnv env("FLASHSERVE_KERNEL", kernel);
   c.poison_outputs();
@@ -213,7 +213,7 @@ TEST(Sm90VsSm80, SameInputsAgree) {
     s.seed = seed_for(s.name(), 92);
     AttentionCase c(s);
     const NaiveOutput a = run_on_gpu(c, "sm90");
-    const NaiveOutput b = run_on_gpu(c, "auto");
+    const NaiveOutput b = run_on_gpu(c, "sm80");
     const NaiveOutput exact = c.exact(), lowp = c.lowp();
     EXPECT_TRUE(attention_close(a, exact, lowp, s.dtype)) << "sm90 " << s.name();
     EXPECT_TRUE(attention_close(b, exact, lowp, s.dtype)) << "sm80 " << s.name();
@@ -230,6 +230,44 @@ TEST(Sm90VsSm80, SameInputsAgree) {
     EXPECT_LT(max_diff, 3e-2) << s.name();
     EXPECT_LT(lse_diff, 1e-3) << s.name();
   }
+}
+
+// The default dispatch takes sm90 for dense prefill-sized calls where it was measured faster
+// (cuda_dispatch.cu's sm90_preferred), keeps sm80 elsewhere, and what it took matches the
+// reference; FLASHSERVE_KERNEL=sm80 keeps sm80.
+TEST(Sm90Dispatch, DefaultTakesSm90WhereMeasuredFaster) {
+  SKIP_WITHOUT_SM90();
+  const auto took = [](CaseSpec s, const char* kernel) {
+    s.seed = seed_for(s.name(), 95);
+    AttentionCase c(s);
+    DeviceCopy dev(c);
+    ScopedEnv env("FLASHSERVE_KERNEL", kernel);
+    const std::string summary = plan_attention(dev.params()).summary();
+    return summary.rfind("sm90 ", 0) == 0 ? "sm90" : "sm80";
+  };
+  constexpr DType bf16 = DType::kBFloat16;
+  // 4 x 16 x 4 = 256 query tiles (the sm80 plan does not split below 132, one wave)
+  EXPECT_STREQ(took(spec(bf16, 128, 4, 512, 512, 16, 4, true), "auto"), "sm90");
+  EXPECT_STREQ(took(spec(bf16, 128, 4, 512, 512, 16, 4, true), ""), "sm90");  // empty is auto
+  EXPECT_STREQ(took(spec(DType::kFloat16, 64, 1, 2048, 2048, 32, 32, false), "auto"), "sm90");
+  EXPECT_STREQ(took(spec(bf16, 128, 4, 512, 512, 16, 4, true), "sm80"), "sm80");
+  EXPECT_STREQ(took(spec(bf16, 128, 2, 512, 512, 16, 4, true), "auto"), "sm80");  // 128 tiles
+  EXPECT_STREQ(took(spec(bf16, 128, 4, 256, 256, 16, 4, true), "auto"), "sm80");  // short keys
+  EXPECT_STREQ(took(spec(bf16, 64, 2, 1024, 1024, 32, 8, false), "auto"), "sm80");
+  EXPECT_STREQ(took(spec(bf16, 128, 8, 1, 4096, 32, 8, false), "auto"), "sm80");    // decode rows
+  EXPECT_STREQ(took(spec(bf16, 128, 1, 128, 32768, 8, 1, false), "auto"), "sm80");  // splits
+  EXPECT_STREQ(took(spec(bf16, 256, 1, 2048, 2048, 8, 8, true), "auto"), "sm80");   // d256
+  CaseSpec window = spec(bf16, 128, 1, 1024, 1024, 8, 8, true);
+  window.window_left = 256;
+  EXPECT_STREQ(took(window, "auto"), "sm80");
+
+  // What auto runs, against the float64 reference: 5 x 16 x 2 = 160 query tiles, sm90.
+  CaseSpec s = spec(bf16, 128, 2, 600, 700, 16, 4, true);
+  EXPECT_STREQ(took(s, "auto"), "sm90");
+  s.seed = seed_for(s.name(), 96);
+  AttentionCase c(s);
+  const NaiveOutput got = run_on_gpu(c, "auto");
+  EXPECT_TRUE(attention_close(got, c.exact(), c.lowp(), s.dtype)) << s.name();
 }
 
 // A moving error between two runs on the same inputs is a race.
