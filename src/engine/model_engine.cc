@@ -98,6 +98,9 @@ std::unique_ptr<Engine> make_model_engine(const LoadedModel& m, serve::Scheduler
     scheduler.max_tokens_per_step =
         std::max(scheduler.max_tokens_per_step, scheduler.max_model_len);
   ec.scheduler = scheduler;
+  // Buffers and GEMM algorithms for the largest step the scheduler can make, before the first.
+  m.runner->prepare(scheduler.max_tokens_per_step,
+                    std::min(scheduler.max_tokens_per_step, scheduler.max_running));
   return std::make_unique<Engine>(
       ec, std::make_unique<ModelExecutor>(m.runner, m.block_size, m.device));
 }

@@ -38,6 +38,10 @@ class ModelRunner {
   // sampling.h with params[i] for row i; the token's position is batch.positions[row] + 1.
   virtual std::vector<int32_t> sample(const ForwardBatch& batch,
                                       const std::vector<SamplingParams>& params) = 0;
+  // Readies the runner for steps of up to max_tokens new tokens and max_rows sampled rows before
+  // the first one (the CUDA runner grows its step buffers and chooses its GEMM algorithms for
+  // every row count now, so that no served step pays for it). Optional: steps work without it.
+  virtual void prepare(int64_t max_tokens, int64_t max_rows) { (void)max_tokens, (void)max_rows; }
 };
 
 // A runner on the CPU for the checkpoint directory `dir` (weights converted to float32 on load).

@@ -631,6 +631,26 @@ void CudaRunner::forward(const ForwardBatch& batch) {
   impl_->forward(batch);
 }
 
+void CudaRunner::prepare(int64_t max_tokens, int64_t max_rows) {
+  Impl& m = *impl_;
+  if (max_tokens <= 0 || max_rows <= 0) return;
+  check_cuda(cudaSetDevice(m.device), "cudaSetDevice");
+  bool moved = m.ensure_tokens(max_tokens);
+  moved |= m.ensure_samples(max_rows);
+  if (moved) m.drop_graphs();  // as forward() does: graphs hold the old buffers' addresses
+  // Every layer has the same shapes: layer 0's weights stand for all (zeros in, results dropped).
+  const int64_t H = m.cfg.hidden_size, I = m.cfg.intermediate_size;
+  check_cuda(cudaMemsetAsync(m.act_mem.get(), 0, m.act_mem.bytes(), m.stream), "prepare");
+  check_cuda(cudaMemsetAsync(m.hs, 0, size_t(max_rows) * H * 2, m.stream), "prepare");
+  const LayerWeights& l = m.layers_w[0];
+  m.gemm->warm(m.h, l.qkv, l.qkv_bias, m.qkv, false, max_tokens, m.qkv_rows(), H, m.stream);
+  m.gemm->warm(m.attn, l.o, nullptr, m.delta, false, max_tokens, H, m.cfg.q_size(), m.stream);
+  m.gemm->warm(m.h, l.gate_up, nullptr, m.gu, false, max_tokens, 2 * I, H, m.stream);
+  m.gemm->warm(m.act, l.down, nullptr, m.delta, false, max_tokens, H, I, m.stream);
+  m.gemm->warm(m.hs, m.lm_head, nullptr, m.logits, true, max_rows, m.cfg.vocab_size, H, m.stream);
+  check_cuda(cudaStreamSynchronize(m.stream), "prepare");
+}
+
 std::vector<float> CudaRunner::logits() const {
   Impl& m = *impl_;
   std::vector<float> out(static_cast<size_t>(m.last_samples * m.cfg.vocab_size));

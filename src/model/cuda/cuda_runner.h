@@ -35,6 +35,7 @@ class CudaRunner : public ModelRunner {
   const ModelConfig& config() const override;
   void allocate_kv(int64_t num_blocks, int32_t block_size) override;
   void forward(const ForwardBatch& batch) override;
+  void prepare(int64_t max_tokens, int64_t max_rows) override;
   std::vector<float> logits() const override;
   std::vector<float> logits_rows(const std::vector<int32_t>& rows) const override;
   std::vector<int32_t> sample(const ForwardBatch& batch,

@@ -1,5 +1,6 @@
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -209,6 +210,17 @@ bool Gemm::run_bias(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_b
                             &p.algo, impl_->workspace, impl_->workspace_bytes, stream),
              "cublasLtMatmul (bias)");
   return true;
+}
+
+void Gemm::warm(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, void* y,
+                bool y_float32, int64_t max_m, int64_t n, int64_t k, cudaStream_t stream) {
+  for (int64_t bucket = 1; max_m > 0; bucket = tuning_bucket(bucket + 1)) {
+    const int64_t m = std::min(bucket, max_m);
+    auto* y16 = static_cast<__nv_bfloat16*>(y);
+    if (bias == nullptr || !run_bias(x, w, bias, y16, m, n, k, stream))
+      run(x, w, y, y_float32, m, n, k, stream);
+    if (bucket >= max_m) break;
+  }
 }
 
 }  // namespace flashserve::model::cuda

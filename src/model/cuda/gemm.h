@@ -37,6 +37,13 @@ class Gemm {
   bool run_bias(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
                 __nv_bfloat16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
 
+  // Chooses the algorithms of the shape for every bucket of row counts up to max_m now (one call
+  // per bucket, as run() or, with a bias, run_bias() as the forward calls them), so that no later
+  // call of the shape with up to max_m rows times anything. x and y must hold max_m rows; their
+  // contents are read and overwritten.
+  void warm(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, void* y,
+            bool y_float32, int64_t max_m, int64_t n, int64_t k, cudaStream_t stream);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
