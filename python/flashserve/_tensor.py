@@ -18,8 +18,10 @@ from . import _capi, _dlpack
 class Described:
     """An fs_tensor for one argument plus what must stay alive while the library uses it."""
 
-    def __init__(self, name, struct, shape, strides, device, keepalive=None, dtype_desc=""):
+    def __init__(self, name, struct, shape, strides, device, keepalive=None, dtype_desc="",
+                 read_only=False):
         self.name = name
+        self.read_only = read_only  # the array interface's flag: the library must not write it
         self._struct = struct
         self.shape = shape
         self.strides = strides  # in elements
@@ -105,7 +107,7 @@ def _from_interface(obj, name, interface, device, raw):
             strides.append(s // size)
     strides = tuple(strides)
     return Described(name, _struct(name, data[0], code, device, shape, strides), shape, strides,
-                     device, keepalive=obj, dtype_desc=desc)
+                     device, keepalive=obj, dtype_desc=desc, read_only=bool(data[1]))
 
 
 def describe(obj, name, stream=None, raw=False):
