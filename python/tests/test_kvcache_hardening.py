@@ -6,6 +6,9 @@ named in the caller's terms, and the NaN/inf rule through the append and the att
 checked against the float64 reference of attention_reference.py on fresh random inputs."""
 
 import math
+import os
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -354,3 +357,73 @@ def test_extreme_finite_values_subnormals_and_negative_zero(seed, dtype):
     # Head 2: every score is 0, so each query averages the values it sees.
     expect = np.cumsum(v[0, :, 2].astype(np.float64), 0) / np.arange(1, s + 1)[:, None]
     assert np.allclose(out[0, :, 2], expect, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("num_splits", [0, 3])
+def test_nan_rule_with_split_kv(seed, dtype, num_splits):
+    """Decode over a long cache, split-KV: the default num_splits=0 (one sequence, one KV head: a
+    single tile, which the CPU splits when it has two or more workers) and an explicit 3 with two
+    KV heads. A NaN key in a late split makes exactly the rows of its KV head NaN (output and lse);
+    the clean call, and the other head, match the reference."""
+    rng = np.random.default_rng(seed)
+    hk = 1 if num_splits == 0 else 2
+    b, h, d, cap, n = 1, 4, 64, 4200, 4000
+    q = randn(rng, (b, 1, h, d), dtype)
+    kc, vc = randn(rng, (b, cap, hk, d), dtype), randn(rng, (b, cap, hk, d), dtype)
+    kn, vn = randn(rng, (b, 1, hk, d), dtype), randn(rng, (b, 1, hk, d), dtype)
+    lse_tol = (2e-3, 2e-3) if dtype == np.float16 else (1e-5, 1e-4)
+    keys = np.concatenate([kc[0, :n], kn[0]])
+    values = np.concatenate([vc[0, :n], vn[0]])
+    (exact, exact_lse), (naive, _) = reference(q[0], keys, values)
+    out, lse = flash_attn_with_kvcache(q, kc.copy(), vc.copy(), kn, vn, cache_seqlens=n,
+                                       num_splits=num_splits, return_softmax_lse=True)
+    check_close(out[0], exact, naive, FLOOR[dtype])
+    check_lse(lse[0], exact_lse, *lse_tol)
+    kc[0, 3100, hk - 1, 9] = np.nan  # a late split of the last KV head
+    out, lse = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=n,
+                                       num_splits=num_splits, return_softmax_lse=True)
+    poisoned = slice(h - h // hk, h)
+    assert np.isnan(out[0, 0, poisoned]).all() and np.isnan(lse[0, poisoned]).all()
+    clean = slice(0, h - h // hk)
+    assert not np.isnan(out[0, 0, clean]).any() and not np.isnan(lse[0, clean]).any()
+    if hk > 1:
+        check_close(out[0, :, clean], exact[:, clean], naive[:, clean], FLOOR[dtype])
+        check_lse(lse[0, clean], exact_lse[clean], *lse_tol)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_kvcache_append_in_a_forked_child(seed):
+    """The fork-safety of issue 9 on the KV-cache path: after a multi-tile, split-KV append and
+    attention in the parent, a forked child appends to its own (copy-on-write) cache and gets the
+    same cache and output as the parent did; a child that hangs is killed and fails the test."""
+    rng = np.random.default_rng(seed)
+    q = randn(rng, (2, 1, 8, 64))
+    kc, vc = randn(rng, (2, 3000, 2, 64)), randn(rng, (2, 3000, 2, 64))
+    kn, vn = randn(rng, (2, 1, 2, 64)), randn(rng, (2, 1, 2, 64))
+    kc2, vc2 = kc.copy(), vc.copy()
+    lens = np.array([2500, 2990], np.int32)
+    parent = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens)
+    pid = os.fork()
+    if pid == 0:  # the child: nothing of pytest's may run here
+        code = 1
+        try:
+            child = flash_attn_with_kvcache(q, kc2, vc2, kn, vn, cache_seqlens=lens)
+            same = np.array_equal(child, parent) and np.array_equal(kc2, kc) and \
+                np.array_equal(vc2, vc)
+            code = 0 if same else 2
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    status = None
+    while time.monotonic() < deadline:
+        done, raw = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            status = os.waitstatus_to_exitcode(raw)
+            break
+        time.sleep(0.01)
+    if status is None:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert status is not None, "the child's call did not return within 60 s"
+    assert status == 0, "the child's cache or output differs from the parent's"

@@ -5,11 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "attention/problem.h"
+#include "attention/reference/naive.h"
+#include "flashserve/attention.h"
 
 namespace flashserve::attention {
 namespace {
@@ -147,6 +151,45 @@ TEST(Overlap, MatchesAByteOracleOnRandomViews) {
   // Both answers occur often enough for the comparison to mean something.
   EXPECT_GT(overlapping, 200);
   EXPECT_GT(disjoint_in_range, 100);
+}
+
+// Through attention_forward: q and out as the two halves of one [b, s, 2, h, d] tensor (out
+// interleaved with its input, element-disjoint) run and match the float64 reference; an out
+// moved one element onto q is refused, naming out, before anything is written.
+TEST(Overlap, OutputInterleavedWithAnInputRunsAndSharingOneElementIsRefused) {
+  const int64_t B = 2, S = 9, H = 2, D = 16;
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<float> normal;
+  std::vector<float> qo(B * S * 2 * H * D), kv(2 * B * S * H * D);
+  for (float& x : qo) x = normal(rng);
+  for (float& x : kv) x = normal(rng);
+  const std::vector<int64_t> shape{B, S, H, D}, stride{S * 2 * H * D, 2 * H * D, D, 1};
+  AttentionParams p;
+  p.q = strided(qo.data(), DType::kFloat32, shape, stride);
+  p.out = strided(qo.data() + H * D, DType::kFloat32, shape, stride);
+  p.k = make_view(kv.data(), DType::kFloat32, {B, S, H, D});
+  p.v = make_view(kv.data() + B * S * H * D, DType::kFloat32, {B, S, H, D});
+  p.causal = true;
+  const reference::NaiveOutput ref = reference::naive_forward(p);
+  attention_forward(p);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < S; ++t)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t d = 0; d < D; ++d) {
+          const float got = qo[((b * S + t) * 2 + 1) * H * D + h * D + d];
+          const double want = ref.out[((b * S + t) * H + h) * D + d];
+          ASSERT_NEAR(got, want, 1e-5 * (1 + std::abs(want))) << b << " " << t << " " << h;
+        }
+  const std::vector<float> before = qo;
+  p.out.data = qo.data() + H * D - 1;  // out's last element of a row is q's next row's first
+  try {
+    attention_forward(p);
+    ADD_FAILURE() << "an out sharing elements with q was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "out");
+    EXPECT_NE(std::string(e.what()).find("overlaps q"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(qo == before) << "the refused call wrote";
 }
 
 }  // namespace
