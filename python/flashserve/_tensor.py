@@ -78,7 +78,10 @@ def _struct(name, data, dtype, device, shape, strides):
 
 def _from_interface(obj, name, interface, device, raw):
     typestr = interface["typestr"]
-    order, kind, size = typestr[0], typestr[1], int(typestr[2:])
+    try:
+        order, kind, size = typestr[0], typestr[1], int(typestr[2:])
+    except (IndexError, ValueError):  # e.g. "|O" (object arrays): no element size at all
+        raise _unsupported_dtype(name, f"'{typestr}'") from None
     desc = {"f": "float", "i": "int", "u": "uint", "b": "bool", "c": "complex"}.get(kind, kind)
     desc = f"{desc}{size * 8}"
     if size > 1 and order in "<>" and order != ("<" if sys.byteorder == "little" else ">"):

@@ -287,7 +287,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     choose, 1 never splits, n > 1 splits exactly n ways.
     """
     _check_features(dropout_p, softcap, alibi_slopes, return_attn_probs)
-    causal = _flag(causal, "causal")
+    causal, return_lse = _flag(causal, "causal"), _flag(return_lse, "return_lse")
     path = _torch_route(q)
     if path is not None:
         return path.flash_attn_func(q, k, v, softmax_scale, causal, window_size, return_lse,
@@ -313,7 +313,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     num_splits as in flash_attn_func (default 0: automatic).
     """
     _check_features(dropout_p, softcap, alibi_slopes, return_attn_probs)
-    causal = _flag(causal, "causal")
+    causal, return_lse = _flag(causal, "causal"), _flag(return_lse, "return_lse")
     path = _torch_route(q)
     if path is not None:
         return path.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -409,6 +409,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise NotImplementedError("cache_leftpad: left-padded caches are not supported")
     causal = _flag(causal, "causal")
     rotary_interleaved = _flag(rotary_interleaved, "rotary_interleaved")
+    return_softmax_lse = _flag(return_softmax_lse, "return_softmax_lse")
     path = _torch_route(q)
     if path is not None:
         return path.flash_attn_with_kvcache(

@@ -243,6 +243,9 @@ def small(rng):
     (dict(softcap=float("nan")), NotImplementedError, r"^softcap: "),
     (dict(softcap=-1.0), NotImplementedError, r"^softcap: "),
     (dict(alibi_slopes=np.ones(3, np.float32)), NotImplementedError, r"^alibi_slopes: "),
+    (dict(return_softmax_lse="yes"), TypeError, r"^return_softmax_lse: expected a bool"),
+    (dict(cache_seqlens=np.array([3, 4], dtype=object)), ValueError,
+     r"^cache_seqlens: dtype '\|O' is not supported"),
 ])
 def test_careless_scalars_are_refused_by_name(seed, kwargs, error, match):
     rng = np.random.default_rng(seed)
