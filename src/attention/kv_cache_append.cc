@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -97,9 +98,11 @@ void check_distinct_slots(const KvCacheAppendParams& p, const KvAppendProblem& p
   }
   struct Written {
     int32_t page;
-    int64_t r0, r1;  // rows [r0, r1) of the page
-    int64_t b, i;    // block_table[b][i]
-    bool operator<(const Written& o) const { return page != o.page ? page < o.page : r0 < o.r0; }
+    int64_t r0, r1;                           // rows [r0, r1) of the page
+    int64_t b, i;                             // block_table[b][i]
+    bool operator<(const Written& o) const {  // total, so the error names a fixed pair
+      return std::tie(page, r0, b, i) < std::tie(o.page, o.r0, o.b, o.i);
+    }
   };
   std::vector<Written> slots;
   const int64_t ps = pr.rows_per_entry;
