@@ -186,13 +186,18 @@ def check_autograd(obj, name):
 
 
 def last_dim_contiguous(obj, framework):
-    """obj, or a copy whose last dimension has stride 1 (what FlashAttention does too).
+    """obj, or a copy whose last dimension has stride 1 (what FlashAttention does too) and, for
+    NumPy and CuPy, whose strides are not negative.
     For a framework we do not know, obj itself; the library then names the bad stride."""
     if framework == "torch":
         return obj if obj.dim() == 0 or obj.stride(-1) == 1 else obj.contiguous()
     if framework == "numpy" or framework == "cupy":
         module = sys.modules[framework]
         if obj.ndim and obj.shape[-1] > 1 and obj.strides[-1] != obj.itemsize:
+            return module.ascontiguousarray(obj)
+        # A negative stride (x[:, ::-1]) is a layout the library does not take (it reads forward
+        # from the data pointer); an input is copied, as PyTorch never produces one.
+        if any(s < 0 for s in obj.strides):
             return module.ascontiguousarray(obj)
     return obj
 

@@ -430,3 +430,18 @@ def test_kvcache_append_in_a_forked_child(seed):
         os.waitpid(pid, 0)
     assert status is not None, "the child's call did not return within 60 s"
     assert status == 0, "the child's cache or output differs from the parent's"
+
+
+def test_negative_strides_are_copied_for_inputs_and_refused_for_caches(seed):
+    """A reversed NumPy view (q[:, ::-1]) is an input like any other: copied, as a non-contiguous
+    last dimension is. A reversed cache cannot be copied (the append would be lost): refused,
+    naming it."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (randn(rng, (2, 9, 2, 16)) for _ in range(3))
+    out = flash_attn_func(q[:, ::-1], k[::-1], v, causal=True)
+    assert np.array_equal(out, flash_attn_func(q[:, ::-1].copy(), k[::-1].copy(), v, causal=True))
+    (exact, _), (naive, _) = reference(q[0, ::-1].copy(), k[1], v[0], causal=True)
+    check_close(out[0], exact, naive, FLOOR[np.float32])
+    qk, kc, vc, kn, vn = small(rng)
+    with pytest.raises(ValueError, match=r"^k_cache: negative stride"):
+        flash_attn_with_kvcache(qk, kc[::-1], vc, kn, vn, cache_seqlens=3)
