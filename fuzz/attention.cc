@@ -1,12 +1,15 @@
 // Fuzzes the attention API on the CPU: a random well-formed case (tests/support/AttentionCase:
 // dense/varlen q, dense/varlen/paged KV, GQA, masks, split-KV, strided views, seqused_k, every
 // float dtype, a few NaNs in q and k), then adversarial edits of any field of AttentionParams and
-// of the host index tensors (cu_seqlens, seqused_k, block_table entries). Properties:
+// of the host index tensors (cu_seqlens, seqused_k, block_table entries), including a view moved
+// into an input's buffer (an out interleaved with q's padding is accepted, one sharing an element
+// refused: the reference, computed after the call, would see a clobbered input). Properties:
 //   - validate() either accepts, or throws flashserve::Error of kind invalid-argument or
 //     unsupported naming an argument; it never crashes, hangs or trips ASan/UBSan;
 //   - an accepted call whose views lie inside the buffers (the caller's part of the contract)
 //     runs, and agrees with the float64 reference: the same rows NaN (a NaN in q or a seen key),
 //     the same rows with no key (zero, lse -inf), the rest within the tolerance of the tests.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -94,7 +97,7 @@ fs::TensorView* view_of(fs::AttentionParams& p, int64_t i) {
 // One adversarial edit of the params or of the host index tensors.
 void edit(ByteReader& in, AttentionCase& c, fs::AttentionParams& p) {
   fs::TensorView& t = *view_of(p, in.in(0, 8));
-  switch (in.in(0, 13)) {
+  switch (in.in(0, 14)) {
     case 0:
       t.shape[in.in(0, 3)] = in.flag() ? in.in(-3, 64) : in.raw<int64_t>();
       break;
@@ -141,6 +144,15 @@ void edit(ByteReader& in, AttentionCase& c, fs::AttentionParams& p) {
     case 12:
       p.causal = !p.causal;
       break;
+    case 13: {  // into q's, k's or v's buffer: interleaved with that input (padding, or another
+                // head's elements), or sharing elements with it; overlap is decided per element
+      auto bufs = c.buffers();
+      const int64_t which = in.in(AttentionCase::kQ, AttentionCase::kV);
+      const int64_t esz = static_cast<int64_t>(fs::dtype_size(c.spec().dtype));
+      const int64_t elems = static_cast<int64_t>(bufs[which].bytes) / esz;
+      if (elems > 0) t.data = bufs[which].host + in.in(0, std::min<int64_t>(elems - 1, 255)) * esz;
+      break;
+    }
     default:
       t.device = {in.flag() ? fs::DeviceType::kCUDA : fs::DeviceType::kCPU, 0};
       break;

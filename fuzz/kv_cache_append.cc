@@ -6,11 +6,17 @@
 //     a write past a cache shows);
 //   - an accepted call writes the new keys (rotated) and values at their slots, and nothing else:
 //     every other cache element is bit for bit unchanged; q_out is q rotated; seqlens_out is
-//     cache_seqlens + s_new.
+//     cache_seqlens + s_new;
+//   - no accepted call writes one cache slot twice (duplicate cache_batch_idx rows with new
+//     tokens, two block-table entries on one page slot: refused);
+//   - K and V caches split from one tensor (kv[:, :, 0], kv[:, :, 1]) are accepted and appended
+//     like separate ones; caches that share an element (v shifted onto k, or the same view) are
+//     refused.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -115,15 +121,59 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     out = make(fs::DType::kInt32, {batch});
     p.seqlens_out = out.view;
   }
+  // Read last, so the corpus from before these options keeps its meaning (an exhausted reader
+  // gives 0): the caches as two views of one [rows, rpe, 2, h_kv, d] tensor, k at [.., 0, ..],
+  // v at [.., 1, ..] moved back by `shift` elements (shift > 0: v's first elements are k's), or
+  // v the very view of k.
+  const int interleave = dv == d && in.flag() ? static_cast<int>(in.in(0, 2)) : -1;
+  const int64_t shift = interleave == 1 ? in.in(1, h_kv * d) : 0;
+  Buffer kv;
+  if (interleave >= 0) {
+    kv = make(dtype, {rows, rpe, 2 * h_kv, d});  // [rows, rpe, 2, h_kv, d] in memory
+    auto split = [&](int64_t element) {
+      fs::TensorView t = kc.view;
+      t.data = kv.bytes.data() + element * static_cast<int64_t>(fs::dtype_size(dtype));
+      t.stride[0] = rpe * 2 * h_kv * d, t.stride[1] = 2 * h_kv * d;
+      return t;
+    };
+    p.k_cache = split(0);
+    p.v_cache = interleave == 2 ? p.k_cache : split(h_kv * d - shift);
+    for (int64_t e = 0; e < rows * rpe; ++e)  // the same values as the separate caches
+      for (int64_t c = 0; c < h_kv * d; ++c) {
+        fs::store_float(kv.bytes.data(), e * 2 * h_kv * d + c, dtype,
+                        fs::load_float(kc.bytes.data(), e * h_kv * d + c, dtype));
+        fs::store_float(kv.bytes.data(), e * 2 * h_kv * d + h_kv * d + c, dtype,
+                        fs::load_float(vc.bytes.data(), e * h_kv * d + c, dtype));
+      }
+  }
+  const bool aliasing = interleave >= 1 && rows * rpe * h_kv * d > 0;
 
   try {
     fs::validate(p);
   } catch (const fs::Error& e) {
     if (e.kind() != fs::ErrorKind::kInvalidArgument || e.argument().empty())
       fail("validation threw something other than an invalid argument naming one");
+    if (interleave == 0 && std::strstr(e.what(), "overlaps k_cache") != nullptr)
+      fail("K and V caches with disjoint elements refused as overlapping");
     return 0;
   }
-  const std::vector<unsigned char> k_before = kc.bytes, v_before = vc.bytes;
+  if (aliasing) fail("caches sharing elements were accepted", static_cast<double>(shift));
+  // Element addresses by the views' strides (separate caches, or the one interleaved tensor).
+  unsigned char* kbuf = interleave >= 0 ? kv.bytes.data() : kc.bytes.data();
+  unsigned char* vbuf = interleave >= 0 ? kv.bytes.data() : vc.bytes.data();
+  const int64_t v_base = interleave >= 0 ? (static_cast<unsigned char*>(p.v_cache.data) - kbuf) /
+                                               static_cast<int64_t>(fs::dtype_size(dtype))
+                                         : 0;
+  auto k_at = [&](int64_t slot, int64_t h, int64_t c) {
+    return slot / rpe * p.k_cache.stride[0] + slot % rpe * p.k_cache.stride[1] +
+           h * p.k_cache.stride[2] + c;
+  };
+  auto v_at = [&](int64_t slot, int64_t h, int64_t c) {
+    return v_base + slot / rpe * p.v_cache.stride[0] + slot % rpe * p.v_cache.stride[1] +
+           h * p.v_cache.stride[2] + c;
+  };
+  const std::vector<unsigned char> k_before(kbuf, kbuf + (interleave >= 0 ? kv : kc).bytes.size());
+  const std::vector<unsigned char> v_before(vbuf, vbuf + (interleave >= 0 ? kv : vc).bytes.size());
   fs::kv_cache_append(p);
 
   // Expected: every new token at its slot; every other element unchanged.
@@ -164,15 +214,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t i = 0; i < n_new; ++i) {
       const int64_t pos = len_of(b) + i, slot = slot_of(b, pos);
-      if (writes[static_cast<size_t>(slot)] != 1) continue;  // two tokens on one slot: either wins
+      if (writes[static_cast<size_t>(slot)] != 1)
+        fail("two new tokens on one cache slot were accepted", static_cast<double>(slot));
       for (int64_t h = 0; h < h_kv; ++h) {
         for (int64_t c = 0; c < d; ++c) {
           const double want = rotated(kn.bytes.data(), ((b * s_new + i) * h_kv + h) * d, c, pos);
-          const double got = fs::load_float(kc.bytes.data(), (slot * h_kv + h) * d + c, dtype);
+          const double got = fs::load_float(kbuf, k_at(slot, h, c), dtype);
           if (std::abs(got - want) > tol * scale) fail("new k differs", got, want);
         }
         for (int64_t c = 0; c < dv; ++c)
-          if (fs::load_float(vc.bytes.data(), (slot * h_kv + h) * dv + c, dtype) !=
+          if (fs::load_float(vbuf, v_at(slot, h, c), dtype) !=
               fs::load_float(vn.bytes.data(), ((b * s_new + i) * h_kv + h) * dv + c, dtype))
             fail("new v differs");
       }
@@ -189,14 +240,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
       }
   }
-  const size_t k_row = static_cast<size_t>(h_kv * d) * fs::dtype_size(dtype);
-  const size_t v_row = static_cast<size_t>(h_kv * dv) * fs::dtype_size(dtype);
-  for (size_t s = 0; s < writes.size(); ++s) {
-    if (writes[s]) continue;
-    for (size_t j = 0; j < k_row; ++j)
-      if (kc.bytes[s * k_row + j] != k_before[s * k_row + j]) fail("a k slot not appended changed");
-    for (size_t j = 0; j < v_row; ++j)
-      if (vc.bytes[s * v_row + j] != v_before[s * v_row + j]) fail("a v slot not appended changed");
+  const size_t esz = fs::dtype_size(dtype);
+  for (size_t slot = 0; slot < writes.size(); ++slot) {
+    if (writes[slot]) continue;
+    const auto e = static_cast<int64_t>(slot);
+    for (int64_t h = 0; h < h_kv; ++h) {
+      for (int64_t c = 0; c < d; ++c)
+        if (std::memcmp(kbuf + k_at(e, h, c) * esz, &k_before[k_at(e, h, c) * esz], esz) != 0)
+          fail("a k slot not appended changed");
+      for (int64_t c = 0; c < dv; ++c)
+        if (std::memcmp(vbuf + v_at(e, h, c) * esz, &v_before[v_at(e, h, c) * esz], esz) != 0)
+          fail("a v slot not appended changed");
+    }
   }
   return 0;
 }

@@ -24,7 +24,11 @@
 // Lengths: cache_seqlens int32 [batch], or absent with cache_seqlen the length of every sequence.
 // On the host every entry is checked: 0 <= cache_seqlens[b], cache_seqlens[b] + s_new <= capacity,
 // the rotary positions below s_rot, cache_batch_idx and the block_table pages written inside their
-// pools; an Error names the argument and the sequence. On a CUDA device the index tensors are
+// pools, and no cache slot written twice (with new tokens, cache_batch_idx entries are distinct;
+// two block_table entries may share a page, but not a written row of it); an Error names the
+// argument and the sequence. The caches may be views of one tensor (k_cache = kv[:, :, 0],
+// v_cache = kv[:, :, 1]) as long as no element belongs to both: outputs are checked against
+// every other argument element by element. On a CUDA device the index tensors are
 // trusted, as attention's are (FLASHSERVE_CHECK_INDICES=1 copies them to the host and checks them
 // the same way first), but the kernel never writes or reads out of bounds: a token whose position
 // is outside the capacity, or whose page is outside the pool, is not written, seqlens_out is

@@ -18,8 +18,10 @@ from . import _capi, _dlpack
 class Described:
     """An fs_tensor for one argument plus what must stay alive while the library uses it."""
 
-    def __init__(self, name, struct, shape, strides, device, keepalive=None, dtype_desc=""):
+    def __init__(self, name, struct, shape, strides, device, keepalive=None, dtype_desc="",
+                 read_only=False):
         self.name = name
+        self.read_only = read_only  # the array interface's flag: the library must not write it
         self._struct = struct
         self.shape = shape
         self.strides = strides  # in elements
@@ -76,7 +78,10 @@ def _struct(name, data, dtype, device, shape, strides):
 
 def _from_interface(obj, name, interface, device, raw):
     typestr = interface["typestr"]
-    order, kind, size = typestr[0], typestr[1], int(typestr[2:])
+    try:
+        order, kind, size = typestr[0], typestr[1], int(typestr[2:])
+    except (IndexError, ValueError):  # e.g. "|O" (object arrays): no element size at all
+        raise _unsupported_dtype(name, f"'{typestr}'") from None
     desc = {"f": "float", "i": "int", "u": "uint", "b": "bool", "c": "complex"}.get(kind, kind)
     desc = f"{desc}{size * 8}"
     if size > 1 and order in "<>" and order != ("<" if sys.byteorder == "little" else ">"):
@@ -105,7 +110,7 @@ def _from_interface(obj, name, interface, device, raw):
             strides.append(s // size)
     strides = tuple(strides)
     return Described(name, _struct(name, data[0], code, device, shape, strides), shape, strides,
-                     device, keepalive=obj, dtype_desc=desc)
+                     device, keepalive=obj, dtype_desc=desc, read_only=bool(data[1]))
 
 
 def describe(obj, name, stream=None, raw=False):
@@ -181,13 +186,18 @@ def check_autograd(obj, name):
 
 
 def last_dim_contiguous(obj, framework):
-    """obj, or a copy whose last dimension has stride 1 (what FlashAttention does too).
+    """obj, or a copy whose last dimension has stride 1 (what FlashAttention does too) and, for
+    NumPy and CuPy, whose strides are not negative.
     For a framework we do not know, obj itself; the library then names the bad stride."""
     if framework == "torch":
         return obj if obj.dim() == 0 or obj.stride(-1) == 1 else obj.contiguous()
     if framework == "numpy" or framework == "cupy":
         module = sys.modules[framework]
         if obj.ndim and obj.shape[-1] > 1 and obj.strides[-1] != obj.itemsize:
+            return module.ascontiguousarray(obj)
+        # A negative stride (x[:, ::-1]) is a layout the library does not take (it reads forward
+        # from the data pointer); an input is copied, as PyTorch never produces one.
+        if any(s < 0 for s in obj.strides):
             return module.ascontiguousarray(obj)
     return obj
 

@@ -320,7 +320,8 @@ def _kvcache_fast(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     names = _attention._kvcache_names(cache_batch_idx is not None and not paged)
     status = kv_calls.validate(state.append_ref)
     if status:
-        _capi.raise_for(status)
+        with _attention._append_names():
+            _capi.raise_for(status)
     with names:
         # The size query validates and runs the CUDA dispatch's own checks (dtype, head dim,
         # device): a call the kernels refuse is refused here, before the append writes the cache.
@@ -438,8 +439,17 @@ def _check_grad(*named):
 
 
 def _window_pair(window_size):
-    left, right = window_size
-    return int(left), int(right)
+    """The window as the generic path reads it (checked integers, negative or past int32 meaning
+    unbounded): int() would truncate 1.5 to 1 and hand 2**70 to an int64 schema."""
+    return _attention._window(window_size, False)
+
+
+def _int32(value, name):
+    return _attention._int(value, name, _attention._INT32)
+
+
+def _int64(value, name):
+    return _attention._int(value, name, _attention._INT64)
 
 
 def _opt_float(x):
@@ -453,7 +463,7 @@ def flash_attn_func(q, k, v, softmax_scale, causal, window_size, return_lse, num
     if _use_ops(q):
         left, right = _window_pair(window_size)
         out, lse = _ops[0](q, k, v, _opt_float(softmax_scale), bool(causal), left, right,
-                           int(num_splits), bool(return_lse))
+                           _int32(num_splits, "num_splits"), bool(return_lse))
     else:
         out, lse = _dense(q, k, v, softmax_scale, causal, window_size, num_splits, return_lse)
     return (out, lse) if return_lse else out
@@ -477,11 +487,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if _use_ops(q):
         left, right = _window_pair(window_size)
         out, lse = _ops[1](q, k, v, cu_seqlens_q, cu_seqlens_k,
-                           0 if max_seqlen_q is None else int(max_seqlen_q),
-                           0 if max_seqlen_k is None else int(max_seqlen_k),
+                           _int64(max_seqlen_q, "max_seqlen_q"),
+                           _int64(max_seqlen_k, "max_seqlen_k"),
                            _opt_float(softmax_scale),
                            bool(causal), left, right, bool(return_lse), block_table, seqused_k,
-                           int(num_splits))
+                           _int32(num_splits, "num_splits"))
     else:
         out, lse = _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            softmax_scale, causal, window_size, return_lse, block_table, seqused_k,
@@ -515,15 +525,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, c
     elif cache_seqlens is None:
         lengths, length = None, -1
     else:  # an int (or a 0-d tensor): one length for every sequence
-        lengths, length = None, int(cache_seqlens)
+        # Checked as the generic path checks it: int() would truncate 3.7 to 3.
+        lengths, length = None, _int64(cache_seqlens, "cache_seqlens")
         if length < 0:
             raise ValueError(f"cache_seqlens: {length} is negative")
     if _use_ops(q):
         left, right = _window_pair(window_size)
         out, lse = _ops[2](q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lengths, length,
                            cache_batch_idx, block_table, _opt_float(softmax_scale), bool(causal),
-                           left, right, bool(rotary_interleaved), int(num_splits),
-                           bool(return_lse))
+                           left, right, bool(rotary_interleaved),
+                           _int32(num_splits, "num_splits"), bool(return_lse))
     else:
         out, lse = _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lengths, length,
                             cache_batch_idx, block_table, softmax_scale, causal, window_size,

@@ -88,6 +88,9 @@ def _int(value, name, bounds):
         return 0
     if hasattr(value, "item") and not isinstance(value, int):
         value = value.item()
+    if isinstance(value, bool):
+        # bool is an int subclass to Python (True would run as 1): never a meaningful count.
+        raise TypeError(f"{name}: expected an integer, got {type(value).__name__}")
     try:
         value = operator.index(value)
     except TypeError:
@@ -98,9 +101,24 @@ def _int(value, name, bounds):
     return value
 
 
+def _flag(value, name):
+    """A bool (or NumPy bool, or the integers 0 and 1). Truthiness would read causal="False" as
+    True: a different mask, silently."""
+    if isinstance(value, bool):
+        return value
+    if type(value).__name__ == "bool_" or (not isinstance(value, float) and hasattr(value, "item")
+                                           and getattr(value, "shape", None) == ()):
+        value = value.item()
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
+
+
 def _window(window_size, causal):
     try:
         left, right = window_size
+        if isinstance(left, bool) or isinstance(right, bool):
+            raise TypeError
         left, right = operator.index(left), operator.index(right)
     except (TypeError, ValueError):
         raise ValueError(f"window_size: expected a pair of integers (left, right), "
@@ -123,7 +141,14 @@ def _scale(softmax_scale):
     silently become the default, and a subnormal one is flushed to 0 by the GPU kernels."""
     if softmax_scale is None:
         return 0.0
-    scale = float(softmax_scale)
+    if isinstance(softmax_scale, (str, bytes, bool)):
+        raise TypeError(f"softmax_scale: expected a real number or None, got "
+                        f"{type(softmax_scale).__name__}")
+    try:
+        scale = float(softmax_scale)
+    except (TypeError, ValueError):
+        raise TypeError(f"softmax_scale: expected a real number or None, got "
+                        f"{type(softmax_scale).__name__}") from None
     if scale == 0.0:
         # The C API reads 0 as "default"; a true zero scale (uniform attention) is not offered.
         raise ValueError("softmax_scale: 0 is not supported; pass None for 1/sqrt(headdim)")
@@ -262,6 +287,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     choose, 1 never splits, n > 1 splits exactly n ways.
     """
     _check_features(dropout_p, softcap, alibi_slopes, return_attn_probs)
+    causal, return_lse = _flag(causal, "causal"), _flag(return_lse, "return_lse")
     path = _torch_route(q)
     if path is not None:
         return path.flash_attn_func(q, k, v, softmax_scale, causal, window_size, return_lse,
@@ -287,6 +313,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     num_splits as in flash_attn_func (default 0: automatic).
     """
     _check_features(dropout_p, softcap, alibi_slopes, return_attn_probs)
+    causal, return_lse = _flag(causal, "causal"), _flag(return_lse, "return_lse")
     path = _torch_route(q)
     if path is not None:
         return path.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -380,6 +407,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     _check_features(0.0, softcap, alibi_slopes, False)
     if cache_leftpad is not None:
         raise NotImplementedError("cache_leftpad: left-padded caches are not supported")
+    causal = _flag(causal, "causal")
+    rotary_interleaved = _flag(rotary_interleaved, "rotary_interleaved")
+    return_softmax_lse = _flag(return_softmax_lse, "return_softmax_lse")
     path = _torch_route(q)
     if path is not None:
         return path.flash_attn_with_kvcache(
@@ -435,6 +465,14 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         raise ValueError("k: k and v must be given together (or neither)")
     batch = dq.shape[0]
     window_left, window_right = _window(window_size, causal)
+
+    if k is not None:
+        # The append writes the caches in place: memory the array marks read-only (a read-only
+        # memory map, np.frombuffer of bytes) would be written anyway, or fault.
+        for d in (dkc, dvc):
+            if d.read_only:
+                raise ValueError(f"{d.name}: is read-only, but k and v are appended to it in "
+                                 f"place")
 
     append = _capi.default_append_params()
     described = [dq, dkc, dvc]
@@ -510,7 +548,8 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
 
     # Both calls are validated before the cache is written; then the append, then the attention.
     lib = _capi.lib()
-    _capi.raise_for(lib.fs_kvcache_append_validate(ctypes.byref(append)))
+    with _append_names():
+        _capi.raise_for(lib.fs_kvcache_append_validate(ctypes.byref(append)))
     host_lengths = None
     if device[0] == "cpu":
         # The attention's validation reads the lengths it will see after the append (and checks
@@ -572,8 +611,20 @@ class _kvcache_names:
         return False
 
 
+class _append_names(_kvcache_names):
+    """The append's validation names seqlens_out and q_out, which flashserve allocates with q's
+    batch and shape: a mismatch there is one of q's against the other arguments."""
+
+    _NAMES = {"seqlens_out": "q", "q_out": "q"}
+
+    def __init__(self):
+        self.names = dict(self._NAMES)
+
+
 def _is_scalar(x):
     """An int (or NumPy integer): one length for every sequence."""
+    if isinstance(x, bool):
+        return True  # then refused by _int, with the argument's name
     try:
         operator.index(x)
         return not hasattr(x, "shape") or x.shape == ()

@@ -372,3 +372,53 @@ def test_default_num_splits_splits_a_long_decode(gen, monkeypatch):
     assert workspace and workspace[0] > 0, "the default call did not split"
     exact, low, _ = reference(q[0], k[0], v[0], 1 / math.sqrt(128), False, (-1, -1))
     check(out[0], exact, low, dtype)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_kvcache_interleaved_cache_from_one_tensor(gen, paged):
+    """Issue 9: k_cache, v_cache = kv[:, :, 0], kv[:, :, 1] (FlashAttention accepts it; element-
+    disjoint views) on the device: the append writes the same cache as with separate tensors, and
+    the attention over the strided caches matches the one over contiguous copies."""
+    dtype = torch.bfloat16
+    b, h, hk, d, cap, page = 2, 8, 2, 128, 64, 16
+    rows, seq = (b * cap // page + 1, page) if paged else (b, cap)
+    kv = randn(gen, (rows, seq, 2, hk, d), dtype)
+    kc, vc = kv[:, :, 0], kv[:, :, 1]
+    kc2, vc2 = kc.clone(), vc.clone()
+    q = randn(gen, (b, 1, h, d), dtype)
+    kn, vn = randn(gen, (b, 1, hk, d), dtype), randn(gen, (b, 1, hk, d), dtype)
+    lens = torch.tensor([5, 40], dtype=torch.int32, device="cuda")
+    table = (torch.randperm(rows, generator=gen, device="cuda")[:b * cap // page].int()
+             .reshape(b, cap // page) if paged else None)
+    out = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, block_table=table,
+                                  causal=True)
+    ref = flash_attn_with_kvcache(q, kc2, vc2, kn, vn, cache_seqlens=lens, block_table=table,
+                                  causal=True)
+    torch.cuda.synchronize()
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2), "the append differs"
+    assert (out.float() - ref.float()).abs().max().item() <= 2.0**-7 * ref.float().abs().max()
+
+
+def test_kvcache_two_appends_to_one_slot_refused_with_check_indices(gen, monkeypatch):
+    """Issue 9: device indices are trusted (a duplicate cache_batch_idx row would race); with
+    FLASHSERVE_CHECK_INDICES=1 they are checked like the CPU path's, before anything is written."""
+    monkeypatch.setenv("FLASHSERVE_CHECK_INDICES", "1")
+    dtype = torch.float16
+    q = randn(gen, (2, 1, 4, 64), dtype)
+    kc, vc = randn(gen, (3, 10, 2, 64), dtype), randn(gen, (3, 10, 2, 64), dtype)
+    kn, vn = randn(gen, (2, 1, 2, 64), dtype), randn(gen, (2, 1, 2, 64), dtype)
+    before = kc.clone()
+    idx = torch.tensor([2, 2], dtype=torch.int32, device="cuda")
+    lens = torch.tensor([1, 4], dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match=r"^cache_batch_idx: entries 0 and 1 are both row 2"):
+        flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, cache_batch_idx=idx)
+    pages = randn(gen, (4, 4, 2, 64), dtype)
+    table = torch.tensor([[0, 2], [2, 1]], dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match=r"^block_table: entries \[0, 1\] and \[1, 0\] are both "
+                                         r"page 2"):
+        flash_attn_with_kvcache(q, pages, pages.clone(), kn, vn,
+                                cache_seqlens=torch.tensor([7, 3], dtype=torch.int32,
+                                                           device="cuda"),
+                                block_table=table)
+    torch.cuda.synchronize()
+    assert torch.equal(kc, before)

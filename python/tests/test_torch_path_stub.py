@@ -337,3 +337,50 @@ def test_kvcache_attention_params_are_packed(fake, seed, monkeypatch, layout):
         match = r"^cache_batch_idx: has 3 rows for a batch of 2"
     with pytest.raises(ValueError, match=match):
         flashserve.flash_attn_with_kvcache(q, kc, vc, kn, vn, **kwargs)
+
+
+def test_kvcache_interleaved_cache_passes_and_aliasing_is_refused_on_the_fast_path(fake, seed):
+    """K and V split from one tensor (kv[:, :, 0], kv[:, :, 1]) reach the device (FlashAttention
+    accepts them); the same view twice, or views sharing a head, are refused by the append's
+    validation, through the packed fast path."""
+    rng = np.random.default_rng(seed)
+    q, _, _, kn, vn = kv_inputs(fake, rng)
+    kv = tensor(fake, rng, (2, 16, 2, 2, 64), fake.bfloat16)
+    with pytest.raises((NotImplementedError, RuntimeError, ValueError), match=UNREACHABLE_DEVICE):
+        flashserve.flash_attn_with_kvcache(q, kv[:, :, 0], kv[:, :, 1], kn, vn, cache_seqlens=3)
+    with pytest.raises(ValueError, match=r"^v_cache: overlaps k_cache in memory"):
+        flashserve.flash_attn_with_kvcache(q, kv[:, :, 0], kv[:, :, 0], kn, vn, cache_seqlens=3)
+
+
+@pytest.mark.parametrize("value,error,match", [
+    (3.7, TypeError, r"^cache_seqlens: expected an integer, got float"),
+    (True, TypeError, r"^cache_seqlens: expected an integer, got bool"),
+    (2**70, ValueError, r"^cache_seqlens: 1180591620717411303424 is outside"),
+])
+def test_kvcache_scalar_length_is_checked_not_truncated(fake, seed, value, error, match):
+    """The PyTorch path read an int length with int(): 3.7 ran as 3."""
+    rng = np.random.default_rng(seed)
+    q, kc, vc, kn, vn = kv_inputs(fake, rng)
+    with pytest.raises(error, match=match):
+        flashserve.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=value)
+
+
+def test_kvcache_batch_mismatch_names_q_on_the_fast_path(fake, seed):
+    rng = np.random.default_rng(seed)
+    _, kc, vc, kn, vn = kv_inputs(fake, rng)
+    q = tensor(fake, rng, (3, 1, 8, 64), fake.bfloat16)
+    with pytest.raises(ValueError, match=r"^q: has 3 entries in dimension 0 for a batch of 2"):
+        flashserve.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=3)
+
+
+def test_ops_path_integers_are_checked_not_truncated(fake):
+    """What the custom operators receive (window, num_splits, max_seqlen) goes through the
+    generic path's checks: int() would truncate 1.5 to 1 and pass 2**70 to an int64 schema."""
+    from flashserve import _torch
+    assert _torch._window_pair((2**70, -5)) == (-1, -1)
+    with pytest.raises(ValueError, match=r"^window_size: expected a pair of integers"):
+        _torch._window_pair((1.5, 0))
+    with pytest.raises(TypeError, match=r"^num_splits: expected an integer, got float"):
+        _torch._int32(2.5, "num_splits")
+    with pytest.raises(ValueError, match=r"^max_seqlen_q: .* is outside"):
+        _torch._int64(2**63, "max_seqlen_q")

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "backends.h"
 #include "common/checked_math.h"
@@ -62,6 +64,64 @@ void check_length(const KvCacheAppendParams& p, const KvAppendProblem& pr, int64
     if (last >= pr.s_rot)
       fail("rotary_cos", str_cat("has ", pr.s_rot, " positions, but sequence ", b,
                                  " rotates position ", last, " (cache_seqlens ", len, ")"));
+  }
+}
+
+// No cache slot is written by two new tokens: on a GPU the two writes race and either may land;
+// on the CPU the later one silently replaces the earlier. A contiguous cache row is one sequence's
+// whole history, so with new tokens two sequences may not map to one row at all (one would append
+// into the other's keys). Pages, though, are shared on purpose (prefix caching, forked beams), so
+// a paged cache is refused only when two appended tokens land on the same (page, row) slot: the
+// written rows of each table entry, sorted by page, must not intersect. O(batch x pages written).
+// Call after the per-entry range checks (entries are known to be inside their pools).
+void check_distinct_slots(const KvCacheAppendParams& p, const KvAppendProblem& pr) {
+  if (pr.s_new == 0) return;
+  auto length = [&](int64_t b) {
+    return p.cache_seqlens.defined()
+               ? int64_t{p.cache_seqlens.ptr<const int32_t>()[b * p.cache_seqlens.stride[0]]}
+               : p.cache_seqlen;
+  };
+  if (!pr.paged) {
+    if (!p.cache_batch_idx.defined()) return;                 // sequence b is row b
+    std::vector<std::pair<int32_t, int64_t>> rows(pr.batch);  // (cache row, sequence)
+    for (int64_t b = 0; b < pr.batch; ++b)
+      rows[b] = {p.cache_batch_idx.ptr<const int32_t>()[b * p.cache_batch_idx.stride[0]], b};
+    std::sort(rows.begin(), rows.end());
+    for (size_t i = 1; i < rows.size(); ++i)
+      if (rows[i].first == rows[i - 1].first)
+        fail("cache_batch_idx",
+             str_cat("entries ", rows[i - 1].second, " and ", rows[i].second, " are both row ",
+                     rows[i].first,
+                     ": two sequences would append to one cache row (with k and v "
+                     "given, each sequence needs its own row)"));
+    return;
+  }
+  struct Written {
+    int32_t page;
+    int64_t r0, r1;                           // rows [r0, r1) of the page
+    int64_t b, i;                             // block_table[b][i]
+    bool operator<(const Written& o) const {  // total, so the error names a fixed pair
+      return std::tie(page, r0, b, i) < std::tie(o.page, o.r0, o.b, o.i);
+    }
+  };
+  std::vector<Written> slots;
+  const int64_t ps = pr.rows_per_entry;
+  for (int64_t b = 0; b < pr.batch; ++b) {
+    const int64_t len = length(b);
+    const int32_t* row = p.block_table.ptr<const int32_t>() + b * p.block_table.stride[0];
+    for (int64_t i = len / ps; i <= (len + pr.s_new - 1) / ps; ++i)
+      slots.push_back({row[i * p.block_table.stride[1]], std::max(len, i * ps) - i * ps,
+                       std::min(len + pr.s_new, (i + 1) * ps) - i * ps, b, i});
+  }
+  std::sort(slots.begin(), slots.end());
+  size_t last = 0;  // of the written ranges so far on this page, the one reaching furthest
+  for (size_t k = 1; k < slots.size(); ++k) {
+    const Written &w = slots[k], &prev = slots[last];
+    if (w.page == prev.page && w.r0 < prev.r1)
+      fail("block_table", str_cat("entries [", prev.b, ", ", prev.i, "] and [", w.b, ", ", w.i,
+                                  "] are both page ", w.page, ", and both append to its row ", w.r0,
+                                  ": two new tokens would be written to one cache slot"));
+    if (w.page != prev.page || w.r1 > prev.r1) last = k;
   }
 }
 
@@ -261,6 +321,7 @@ void check_host_indices(const KvCacheAppendParams& p, const KvAppendProblem& pr)
                        ", outside the pool of ", pr.cache_rows, " pages"));
     }
   }
+  check_distinct_slots(p, pr);
 }
 
 namespace {

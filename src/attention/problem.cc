@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <numeric>
 #include <utility>
+#include <vector>
 
 #include "common/checked_math.h"
 #include "common/str_cat.h"
@@ -108,13 +110,95 @@ void check_disjoint(const TensorView& output, const char* name, const AttentionP
 
 }  // namespace
 
+namespace {
+
+// The search's sums: 128 bits, so that no sum of two 64-bit extents can overflow.
+using Wide = __int128;
+
+// Floor and ceiling of n / d for d > 0 (C++ division truncates toward zero).
+Wide floor_div(Wide n, Wide d) {
+  return n / d - (n % d != 0 && n < 0);
+}
+Wide ceil_div(Wide n, Wide d) {
+  return n / d + (n % d != 0 && n > 0);
+}
+
+// One term of sum_k t_k c_k = target: the coefficient (bytes) and the range of the digit t_k.
+struct Term {
+  int64_t c, lo, hi;
+};
+
+// Whether sum_k t_k c_k = target has a solution with lo_k <= t_k <= hi_k. Terms are sorted by
+// decreasing coefficient; rest_lo/hi[k] bound what the terms after k can add, gcd[k] divides every
+// coefficient from k on. Depth-first over the digits, largest first: for views whose strides nest
+// (each stride beyond the span of the smaller ones: every layout a framework produces) at most
+// two digits fit at each level, so the search is tiny; `budget` bounds it otherwise, and an
+// exhausted budget answers "may overlap".
+bool solvable(const std::vector<Term>& terms, const std::vector<Wide>& rest_lo,
+              const std::vector<Wide>& rest_hi, const std::vector<int64_t>& gcd, size_t k,
+              Wide target, int64_t& budget) {
+  if (--budget < 0) return true;
+  if (k == terms.size()) return target == 0;
+  if (target % gcd[k] != 0) return false;
+  const Term& t = terms[k];
+  const Wide lo = std::max<Wide>(t.lo, ceil_div(target - rest_hi[k], t.c));
+  const Wide hi = std::min<Wide>(t.hi, floor_div(target - rest_lo[k], t.c));
+  for (Wide x = lo; x <= hi; ++x)
+    if (solvable(terms, rest_lo, rest_hi, gcd, k + 1, target - x * t.c, budget)) return true;
+  return false;
+}
+
+}  // namespace
+
+// Element-exact: a byte of element x of a lies at a0 + sum_i x_i sa_i + e (0 <= e < size_a), and
+// likewise for b, so the views share a byte iff
+//   sum_i x_i sa_i + e - sum_j y_j sb_j - f = b0 - a0
+// has a solution in their index boxes. Views cut from one buffer whose elements interleave
+// without meeting (K and V of one [.., 2, h, d] tensor) do not overlap; the byte intervals alone
+// would say they do.
 bool overlaps(const TensorView& a, const TensorView& b) {
   if (empty(a) || empty(b)) return false;
   const char* a0 = static_cast<const char*>(a.data);
   const char* b0 = static_cast<const char*>(b.data);
-  const char* a1 = a0 + extent(a, "") * dtype_size(a.dtype);
-  const char* b1 = b0 + extent(b, "") * dtype_size(b.dtype);
-  return a0 < b1 && b0 < a1;
+  const int64_t size_a = static_cast<int64_t>(dtype_size(a.dtype));
+  const int64_t size_b = static_cast<int64_t>(dtype_size(b.dtype));
+  const char* a1 = a0 + extent(a, "") * size_a;
+  const char* b1 = b0 + extent(b, "") * size_b;
+  if (!(a0 < b1 && b0 < a1)) return false;
+
+  // The terms, a's digits in [0, n - 1] and b's in [-(n - 1), 0]; terms of equal coefficient
+  // merge into one digit whose range is the sum of theirs.
+  std::vector<Term> terms;
+  auto add = [&](int64_t c, int64_t lo, int64_t hi) {
+    if (c == 0 || lo == hi) return;
+    for (Term& t : terms)
+      if (t.c == c) {
+        t.lo += lo, t.hi += hi;
+        return;
+      }
+    terms.push_back({c, lo, hi});
+  };
+  // (A dimension of size 1 adds nothing, whatever its stride: it is skipped before the product.)
+  for (int i = 0; i < a.rank; ++i)
+    if (a.shape[i] > 1) add(a.stride[i] * size_a, 0, a.shape[i] - 1);
+  for (int i = 0; i < b.rank; ++i)
+    if (b.shape[i] > 1) add(b.stride[i] * size_b, -(b.shape[i] - 1), 0);
+  add(1, 0, size_a - 1);
+  add(1, -(size_b - 1), 0);
+  std::sort(terms.begin(), terms.end(), [](const Term& x, const Term& y) { return x.c > y.c; });
+  const size_t n = terms.size();
+  std::vector<Wide> rest_lo(n, 0), rest_hi(n, 0);
+  std::vector<int64_t> gcd(n, 0);
+  for (size_t k = n; k-- > 0;) {
+    if (k + 1 < n) {
+      rest_lo[k] = rest_lo[k + 1] + Wide{terms[k + 1].lo} * terms[k + 1].c;
+      rest_hi[k] = rest_hi[k + 1] + Wide{terms[k + 1].hi} * terms[k + 1].c;
+    }
+    gcd[k] = std::gcd(terms[k].c, k + 1 < n ? gcd[k + 1] : int64_t{0});
+  }
+  if (n == 0) return b0 == a0;
+  int64_t budget = 100000;
+  return solvable(terms, rest_lo, rest_hi, gcd, 0, Wide{b0 - a0}, budget);
 }
 
 // True when two distinct elements of the view share memory (e.g. a zero stride on a dimension of

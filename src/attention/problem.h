@@ -29,7 +29,9 @@ struct Problem {
 // `name`.
 void check_view(const TensorView& t, const char* name, int rank);
 
-// Whether two well-formed views (check_view passed) share any byte of memory.
+// Whether two well-formed views (check_view passed) share any byte of memory: element-exact, so
+// views of one buffer whose elements interleave without meeting (K and V split from one tensor)
+// do not overlap. Answers true in the (never seen) case where the search exceeds its budget.
 bool overlaps(const TensorView& a, const TensorView& b);
 // True when two distinct elements of a well-formed view share memory (e.g. a zero stride on a
 // dimension of size > 1): an output must not, or writes would race.

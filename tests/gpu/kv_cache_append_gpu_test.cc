@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -22,6 +23,7 @@
 
 #include "common/half.h"
 #include "flashserve/kv_cache.h"
+#include "support/attention_case.h"  // seed_for
 #include "support/cuda_skip.h"
 
 namespace flashserve::testing {
@@ -305,6 +307,65 @@ TEST(KvAppendSanitize, OverflowAndPaged) {
   Spec s;
   s.layout = "paged7";
   check_against_cpu(s);
+}
+
+// Issue 9: K and V caches split from one tensor (kv[:, :, 0], kv[:, :, 1]: disjoint elements)
+// are accepted on the device too, and the append writes exactly what the CPU path writes into
+// the same layout (no rotary: a copy, so bit for bit), touching neither half's other slots.
+TEST(KvAppendGpu, InterleavedCachesMatchTheCpuPath) {
+  SKIP_WITHOUT_CUDA();
+  const int64_t batch = 3, cap = 20, h_kv = 2, d = 64, s_new = 3;
+  std::mt19937_64 rng(seed_for("InterleavedCachesMatchTheCpuPath"));
+  Pair kv(DType::kBFloat16, {batch, cap, 2 * h_kv, d});  // [batch, cap, 2, h_kv, d] in memory
+  Pair kn(DType::kBFloat16, {batch, s_new, h_kv, d}), vn(DType::kBFloat16, {batch, s_new, h_kv, d});
+  Pair lens(DType::kInt32, {batch});
+  fill_random(kv, rng), fill_random(kn, rng), fill_random(vn, rng);
+  for (int64_t b = 0; b < batch; ++b) lens.ints()[b] = static_cast<int32_t>(4 * b + 1);
+  kv.upload(), kn.upload(), vn.upload(), lens.upload();
+  auto halves = [&](const TensorView& whole, KvCacheAppendParams& p) {
+    p.k_cache = whole;
+    p.k_cache.shape[2] = h_kv;
+    p.v_cache = p.k_cache;
+    p.v_cache.data = static_cast<char*>(whole.data) + h_kv * d * dtype_size(DType::kBFloat16);
+  };
+  KvCacheAppendParams host, dev;
+  halves(kv.h, host), halves(kv.d, dev);
+  host.k_new = kn.h, host.v_new = vn.h, host.cache_seqlens = lens.h;
+  dev.k_new = kn.d, dev.v_new = vn.d, dev.cache_seqlens = lens.d;
+  kv_cache_append(dev);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  kv_cache_append(host);
+  EXPECT_TRUE(kv.download() == kv.host) << "the device append differs from the CPU path's";
+}
+
+// Issue 9: two sequences appending to one cache row race on the device (either write may land).
+// Device indices are trusted as given (reading them would synchronize every call); with
+// FLASHSERVE_CHECK_INDICES=1 they are checked on the host like the CPU path's, and duplicates
+// are refused before anything is written.
+TEST(KvAppendGpu, CheckIndicesRefusesTwoAppendsToOneCacheRow) {
+  SKIP_WITHOUT_CUDA();
+  const int64_t batch = 2, rows = 3, cap = 10, h_kv = 1, d = 64;
+  std::mt19937_64 rng(seed_for("CheckIndicesRefusesTwoAppendsToOneCacheRow"));
+  Pair kc(DType::kFloat16, {rows, cap, h_kv, d}), vc(DType::kFloat16, {rows, cap, h_kv, d});
+  Pair kn(DType::kFloat16, {batch, 1, h_kv, d}), vn(DType::kFloat16, {batch, 1, h_kv, d});
+  Pair lens(DType::kInt32, {batch}), idx(DType::kInt32, {batch});
+  fill_random(kc, rng), fill_random(vc, rng), fill_random(kn, rng), fill_random(vn, rng);
+  lens.ints()[0] = 2, lens.ints()[1] = 5;
+  idx.ints()[0] = 1, idx.ints()[1] = 1;
+  for (Pair* p : {&kc, &vc, &kn, &vn, &lens, &idx}) p->upload();
+  KvCacheAppendParams dev;
+  dev.k_cache = kc.d, dev.v_cache = vc.d, dev.k_new = kn.d, dev.v_new = vn.d;
+  dev.cache_seqlens = lens.d, dev.cache_batch_idx = idx.d;
+  setenv("FLASHSERVE_CHECK_INDICES", "1", 1);
+  try {
+    kv_cache_append(dev);
+    ADD_FAILURE() << "duplicate cache_batch_idx accepted with FLASHSERVE_CHECK_INDICES=1";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "cache_batch_idx") << e.what();
+  }
+  unsetenv("FLASHSERVE_CHECK_INDICES");
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_TRUE(kc.download() == kc.host) << "the refused call wrote the cache";
 }
 
 }  // namespace

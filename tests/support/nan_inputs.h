@@ -22,10 +22,14 @@ enum class Poison {
   kNanQ,      // one element of q in a row that sees keys, one in a row that sees none (if any)
   kNanK,      // one element of one key
   kOverflow,  // a row of q (1e36) and a key it sees (1e4): that score overflows float32
+  kNegInf,    // the same with the key -1e4: that score is -inf, which weighs 0 (no NaN row)
 };
 
 inline const char* poison_name(Poison p) {
-  return p == Poison::kNanQ ? "NanQ" : p == Poison::kNanK ? "NanK" : "Overflow";
+  return p == Poison::kNanQ       ? "NanQ"
+         : p == Poison::kNanK     ? "NanK"
+         : p == Poison::kOverflow ? "Overflow"
+                                  : "NegInf";
 }
 
 // nan[row * h_q + h] (NaiveOutput's row order): whether that output row must be NaN.
@@ -57,6 +61,12 @@ inline PoisonPlan poison_inputs(AttentionCase& c, Poison kind, uint64_t seed) {
   std::vector<std::pair<int64_t, int64_t>> seeing, blind;
   for (int64_t b = 0; b < pr.batch; ++b)
     for (int64_t t = 0; t < L.q_len(b); ++t) (sees_keys(b, t) ? seeing : blind).push_back({b, t});
+  if (kind == Poison::kNegInf) {  // a row with another key to see: one -inf score among finite
+    std::erase_if(seeing, [&](const std::pair<int64_t, int64_t>& r) {
+      return pr.mask.last_key(r.second, L.q_len(r.first), L.kv_len(r.first)) <=
+             pr.mask.first_key(r.second, L.q_len(r.first), L.kv_len(r.first));
+    });
+  }
   if (seeing.empty()) return plan;
   const auto [b, t] = seeing[pick(static_cast<int64_t>(seeing.size()))];
   const int64_t h = pick(pr.h_q), hk = h / G;
@@ -80,7 +90,8 @@ inline PoisonPlan poison_inputs(AttentionCase& c, Poison kind, uint64_t seed) {
           for (int64_t hh = hk * G; hh < (hk + 1) * G; ++hh) mark(b, tt, hh);
       break;
     }
-    case Poison::kOverflow: {
+    case Poison::kOverflow:
+    case Poison::kNegInf: {
       const int64_t first = pr.mask.first_key(t, L.q_len(b), L.kv_len(b));
       const int64_t j = first + pick(pr.mask.last_key(t, L.q_len(b), L.kv_len(b)) - first + 1);
       // q[t] = 1e36 and k[j] = 1e4 everywhere: each product is 1e40, above float32's 3.4e38, so
@@ -88,11 +99,14 @@ inline PoisonPlan poison_inputs(AttentionCase& c, Poison kind, uint64_t seed) {
       // near 1e4, which every path computes exactly. (Scaled scores beyond about 2^31 would not
       // be: the sm80 softmax forms exp2(s * c - max * c) with one FFMA, whose rounding residual
       // then exceeds 128 and the row comes out NaN, as in FlashAttention; docs/hardening.md.)
+      // kNegInf: key j = -1e4, so row t's score for it is -inf in float32 and about -1e41 in
+      // float64; either way its weight is 0 and the row is what the reference gives, not NaN.
+      const float kv = kind == Poison::kOverflow ? 1e4f : -1e4f;
       for (int64_t d = 0; d < pr.head_dim; ++d) {
         store_float(p.q.data, L.q_offset(b, t, h) + d, p.q.dtype, 1e36f);
-        store_float(p.k.data, L.k_offset(b, j, hk) + d, p.k.dtype, 1e4f);
+        store_float(p.k.data, L.k_offset(b, j, hk) + d, p.k.dtype, kv);
       }
-      mark(b, t, h);
+      if (kind == Poison::kOverflow) mark(b, t, h);
       break;
     }
   }

@@ -1,7 +1,9 @@
 // The online-softmax step of the CPU path for one block of scores, laid out key-major: S[j][i] is
 // the score of key j for tile row i (S^T = K Q^T, see cpu_forward.h). With the rows contiguous,
 // every loop here runs across rows with the keys in order, so it vectorises without reassociating
-// a sum and gives the same bits on every ISA. It keeps the RunningSoftmax semantics
+// a sum: the same sums on every ISA (the AVX-512 clone contracts the exp2 polynomial into FMAs,
+// so probabilities may differ from the portable ones in the last place). It keeps the
+// RunningSoftmax semantics
 // (online_softmax.h) row by row: scores in log2 units, m the running max, l the running sum of
 // exp2(s - m), corr the factor that rescales what row i accumulated before this block.
 #pragma once
