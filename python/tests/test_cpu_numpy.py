@@ -87,7 +87,9 @@ def test_softmax_scale_and_value_head_dim(seed):
     out, lse = flash_attn_func(q, k, v, softmax_scale=0.3, causal=True, return_lse=True)
     assert out.shape == (2, 11, 4, 32)
     ref, ref_lse, naive = dense_reference(q, k, v, 0.3, True, (-1, -1), np.float32)
-    check_close(out, ref, naive, FLOOR[np.float32])
+    # Scores 2.4x as wide as the default scale's (0.3 sqrt(64) against 1): the exponentials'
+    # rounding grows with them (3 of 3000 seeds passed 1e-6 by up to 1.8e-6), so the floor too.
+    check_close(out, ref, naive, FLOOR[np.float32] * 0.3 * math.sqrt(64))
     check_lse(lse, ref_lse)
 
 
