@@ -16,7 +16,7 @@
 #include "server/openai_request.h"
 #include "server/openai_response.h"
 #include "server/prometheus.h"
-#include "server/stop_strings.h"
+#include "server/output_assembler.h"
 #include "tokenizer/utf8.h"
 
 namespace flashserve::server {
@@ -93,19 +93,20 @@ struct Generation {
   Usage usage;
   bool include_usage = false;
   std::shared_ptr<engine::TokenStream> stream;
-  std::unique_ptr<TextStream> text;  // null without a tokenizer
   const TextCodec* codec = nullptr;  // for the logprobs' token bytes; null without a tokenizer
   int64_t text_offset = 0;           // code points of the tokens' texts so far (logprobs)
-  StopStrings stops;
+  OutputAssembler output;
   Metrics* metrics = nullptr;
   std::atomic<int64_t>* in_flight = nullptr;
   Clock::time_point arrival;
   double last_token = 0;
+  int64_t tokens_read = 0;  // from the engine, all of them (for the latency metrics)
   bool first_chunk = true;
   bool done = false;
   std::string error;  // the engine ended the request on its own (it stopped)
 
-  explicit Generation(std::vector<std::string> stop) : stops(std::move(stop)) {}
+  Generation(std::unique_ptr<TextStream> text, std::vector<std::string> stop)
+      : output(std::move(text), std::move(stop)) {}
   ~Generation() {
     if (stream) stream->close();  // a client gone mid-stream: its request is aborted now
     in_flight->fetch_sub(1);
@@ -122,45 +123,27 @@ struct Generation {
     if (fr != serve::FinishReason::kNone)
       while (stream->read(got, lp)) {
       }
-    for (const model::SampledLogprobs& s : logprobs) p.logprobs.push_back(logged(s));
+    std::vector<TokenLogprobs> entries;
+    for (const model::SampledLogprobs& s : logprobs) entries.push_back(logged(s));
     const double t = seconds_since(arrival);
     for (size_t i = 0; i < got.size(); ++i) {
-      if (usage.completion_tokens == 0)
+      if (tokens_read++ == 0)
         metrics->ttft.observe(t);
       else
         metrics->tbt.observe(i == 0 ? t - last_token : 0.0);
-      ++usage.completion_tokens;
     }
     if (!got.empty()) last_token = t;
     metrics->generation_tokens += static_cast<int64_t>(got.size());
-    p.token_ids = got;
-    if (text) {
-      // The eos or stop token ends the text; it is not part of it (as in vLLM and OpenAI).
-      size_t n = got.size();
-      if (n > 0 && (fr == serve::FinishReason::kEos || fr == serve::FinishReason::kStop)) --n;
-      std::string raw;
-      for (size_t i = 0; i < n; ++i) raw += text->push(got[i]);
-      if (fr != serve::FinishReason::kNone) raw += text->flush();
-      p.text = stops.feed(raw);
-      if (stops.stopped()) {
-        stream->close();
-        return finish(p, "stop");
-      }
-      if (fr != serve::FinishReason::kNone) p.text += stops.flush();
+    output.take(got, std::move(entries), fr, p);
+    usage.completion_tokens = output.completion_tokens();
+    const char* reason = output.finish_reason();
+    if (!reason) return true;
+    if (output.stopped_by_string()) stream->close();  // the engine's request still runs
+    if (std::string(reason) == "abort") {
+      error = "the engine ended the request (it is stopping)";
+      p.finish_reason.reset();
     }
-    switch (fr) {
-      case serve::FinishReason::kNone:
-        return true;
-      case serve::FinishReason::kEos:
-      case serve::FinishReason::kStop:
-        return finish(p, "stop");
-      case serve::FinishReason::kLength:
-        return finish(p, "length");
-      case serve::FinishReason::kAbort:
-        error = "the engine ended the request (it is stopping)";
-        return finish(p, "abort");
-    }
-    return false;
+    return finish(reason);
   }
 
  private:
@@ -184,9 +167,8 @@ struct Generation {
     return out;
   }
 
-  bool finish(Piece& p, const char* reason) {
+  bool finish(const char* reason) {
     done = true;
-    if (error.empty()) p.finish_reason = reason;
     metrics->e2e.observe(seconds_since(arrival));
     metrics->count_finish(reason);
     return false;
@@ -377,7 +359,8 @@ struct Server::State {
                      {},
                      "overloaded"};
     }
-    auto gen = std::make_shared<Generation>(g.stop);
+    auto gen = std::make_shared<Generation>(
+        backend.codec ? backend.codec->stream(ids) : nullptr, g.stop);
     gen->in_flight = &in_flight;  // from here on, gen gives the slot back
     gen->metrics = &metrics;
     gen->arrival = arrival;
@@ -401,7 +384,6 @@ struct Server::State {
                        what.find("stop_token_ids") != std::string::npos ? "stop_token_ids" : input);
     }
     metrics.prompt_tokens += n;
-    if (backend.codec) gen->text = backend.codec->stream(ids);
 
     if (!g.stream) {
       Piece all;
@@ -426,7 +408,8 @@ struct Server::State {
           const bool more = gen->next(p);
           std::string out;
           if (gen->error.empty() &&
-              (gen->first_chunk || !p.text.empty() || !p.token_ids.empty() || p.finish_reason))
+              (gen->first_chunk || !p.text.empty() || !p.token_ids.empty() ||
+               !p.logprobs.empty() || p.finish_reason))
             out += sse_event(chunk(gen->head, p, gen->first_chunk, gen->include_usage));
           gen->first_chunk = false;
           if (!more) {

@@ -319,6 +319,106 @@ TEST(HttpServer, LogprobsCompletionsAndChatStreamedAndNot) {
   }
 }
 
+// The logprobs of a response are those of its text's tokens: not the eos/stop token's (which is
+// in token_ids, not in the text) and not those of a stop string's tokens; streamed the same.
+// usage counts the token_ids. (Before: an entry for the stop token and for every token of the
+// stop string, so tokens/text_offset ran past the text.)
+TEST(HttpServer, LogprobsMatchTheReturnedTextAtStopTokensAndStopStrings) {
+  Running s({}, [] { return scripted_backend(); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  struct Case {
+    std::string path;
+    json body;
+    std::string text;
+    std::vector<int> ids;
+  };
+  // Prompt 'a' (kv_len 1): b c d e ...; "user: x\nassistant:" is 18 tokens: s t u v ...
+  const json chat_messages = {{{"role", "user"}, {"content", "x"}}};
+  const std::vector<Case> cases = {
+      {"/v1/completions",
+       {{"model", "m"}, {"prompt", {97}}, {"max_tokens", 20}, {"stop_token_ids", {'e'}}},
+       "bcd",
+       {'b', 'c', 'd', 'e'}},
+      {"/v1/completions",
+       {{"model", "m"}, {"prompt", {97}}, {"max_tokens", 20}, {"stop", "cd"}},
+       "b",
+       {'b', 'c', 'd'}},
+      {"/v1/chat/completions",
+       {{"model", "m"}, {"messages", chat_messages}, {"max_tokens", 20}, {"stop", {"tu"}}},
+       "s",
+       {'s', 't', 'u'}},
+      {"/v1/chat/completions",
+       {{"model", "m"},
+        {"messages", chat_messages},
+        {"max_tokens", 20},
+        {"stop_token_ids", {'v'}}},
+       "stu",
+       {'s', 't', 'u', 'v'}},
+  };
+  for (const Case& c : cases) {
+    const bool chat = c.path == "/v1/chat/completions";
+    json body = c.body;
+    if (chat) {
+      body["logprobs"] = true;
+      body["top_logprobs"] = 1;
+    } else {
+      body["logprobs"] = 1;
+    }
+    // The tokens of the logprobs, in order, must spell the text.
+    auto logprob_tokens = [&](const json& lp) {
+      std::vector<std::string> out;
+      if (lp.is_null()) return out;
+      if (chat)
+        for (const json& e : lp["content"]) out.push_back(e["token"]);
+      else
+        for (const json& t : lp["tokens"]) out.push_back(t);
+      return out;
+    };
+    std::vector<std::string> want;
+    for (char ch : c.text) want.push_back(std::string(1, ch));
+
+    auto r = s.post(c.path, body);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json j = json::parse(r->body);
+    const json& choice = j["choices"][0];
+    EXPECT_EQ(chat ? choice["message"]["content"] : choice["text"], c.text) << body.dump();
+    EXPECT_EQ(choice["token_ids"], json(c.ids)) << body.dump();
+    EXPECT_EQ(choice["finish_reason"], "stop");
+    EXPECT_EQ(j["usage"]["completion_tokens"], c.ids.size()) << body.dump();
+    EXPECT_EQ(logprob_tokens(choice["logprobs"]), want) << body.dump() << " -> " << j.dump();
+    if (!chat) {
+      EXPECT_EQ(choice["logprobs"]["text_offset"].size(), c.text.size());
+      EXPECT_EQ(choice["logprobs"]["token_logprobs"].size(), c.text.size());
+      EXPECT_EQ(choice["logprobs"]["top_logprobs"].size(), c.text.size());
+    }
+
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+    r = s.post(c.path, body);
+    ASSERT_EQ(r->status, 200) << r->body;
+    std::string text;
+    std::vector<std::string> tokens;
+    json ids = json::array(), usage, finish;
+    for (const json& k : sse_chunks(r->body)) {
+      if (k["choices"].empty()) {
+        usage = k["usage"];
+        continue;
+      }
+      const json& ch = k["choices"][0];
+      if (chat && ch["delta"].contains("content")) text += ch["delta"]["content"];
+      if (!chat) text += ch["text"];
+      for (const json& id : ch["token_ids"]) ids.push_back(id);
+      for (const std::string& t : logprob_tokens(ch["logprobs"])) tokens.push_back(t);
+      if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+    }
+    EXPECT_EQ(text, c.text) << body.dump();
+    EXPECT_EQ(ids, json(c.ids)) << body.dump();
+    EXPECT_EQ(tokens, want) << body.dump() << " -> " << r->body;
+    EXPECT_EQ(finish, "stop");
+    EXPECT_EQ(usage["completion_tokens"], c.ids.size()) << body.dump();
+  }
+}
+
 TEST(HttpServer, StreamFramingAndUsage) {
   Running s({}, [] { return scripted_backend(); });
   while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
