@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "tokenizer/utf8.h"
+
 namespace flashserve::server {
 
 OutputAssembler::OutputAssembler(std::unique_ptr<TextStream> text, std::vector<std::string> stops)
@@ -21,8 +23,19 @@ void OutputAssembler::take(const std::vector<int32_t>& tokens,
     if (ends_on_token && i + 1 == tokens.size()) break;
     // The token's text begins where the raw text stands now (a token that ends part-way through
     // a character gives its text with a later token, and begins here all the same).
-    if (i < logprobs.size()) held_.push_back({raw_bytes_, std::move(logprobs[i])});
-    if (text_) feed(text_->push(tokens[i]), p);
+    const bool entry = i < logprobs.size();
+    if (entry) held_.push_back({raw_bytes_, std::move(logprobs[i])});
+    if (!text_) continue;
+    const std::string raw = text_->push(tokens[i]);
+    if (entry && pending_ && !raw.empty()) {
+      // Text the detokeniser held for earlier tokens (an invalid byte shown as U+FFFD once the
+      // next token proves it so) came out with this token's: its own text is the end of it.
+      const std::string own = tokenizer::utf8::lossy(held_.back().entry.sampled.bytes);
+      if (!own.empty() && own.size() < raw.size() && raw.ends_with(own))
+        held_.back().start = raw_bytes_ + static_cast<int64_t>(raw.size() - own.size());
+    }
+    pending_ = raw.empty();
+    feed(raw, p);
   }
   if (done()) return;
   if (finish == serve::FinishReason::kNone) return release(p, false);

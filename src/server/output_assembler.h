@@ -60,6 +60,7 @@ class OutputAssembler {
   StopStrings stops_;
   int64_t raw_bytes_ = 0;       // raw text the detokeniser gave so far
   int64_t released_bytes_ = 0;  // of which passed the stop strings (sent)
+  bool pending_ = false;        // the last token's text is held by the detokeniser
   std::vector<Held> held_;      // logprobs entries whose text is not sent yet
   int64_t completion_tokens_ = 0;
   const char* finish_reason_ = nullptr;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <utility>
 
 namespace fs = flashserve::serve;
 namespace fsv = flashserve::server;
@@ -18,15 +19,29 @@ std::string token_text(int32_t t) {
   return std::string(static_cast<size_t>(t % 3 + 1), static_cast<char>('a' + t % 4));
 }
 
+// Token 9 is a lone invalid byte: the stream holds it until the next token shows it cannot start
+// a character, then gives U+FFFD with that token's text (as the tokenizer's decoder does).
+constexpr int32_t kInvalidByte = 9;
+const std::string kReplacement = "\xEF\xBF\xBD";
+
 class LetterStream final : public fsv::TextStream {
  public:
-  std::string push(int32_t t) override { return token_text(t); }
-  std::string flush() override { return {}; }
+  std::string push(int32_t t) override {
+    if (t == kInvalidByte) {
+      held_ = true;
+      return {};
+    }
+    return flush() + token_text(t);
+  }
+  std::string flush() override { return std::exchange(held_, false) ? kReplacement : ""; }
+
+ private:
+  bool held_ = false;
 };
 
 fsv::TokenLogprobs entry(int32_t t) {
   fsv::TokenLogprobs e;
-  e.sampled = {token_text(t), true, -0.5f * static_cast<float>(t)};
+  e.sampled = {t == kInvalidByte ? "\xFF" : token_text(t), true, -0.5f * static_cast<float>(t)};
   return e;
 }
 
@@ -95,6 +110,22 @@ TEST(OutputAssembler, TokensAfterAStopStringAreDroppedInEveryBatching) {
     EXPECT_EQ(o.logprobs, std::vector<float>({0.0f, -0.5f})) << batch;
     EXPECT_EQ(o.finish, "stop");
   }
+}
+
+// The detokeniser gives a held byte's U+FFFD together with the next token's text: that token
+// begins after the U+FFFD, so a stop string starting there leaves it out. (Before: the token was
+// taken to begin where the U+FFFD does, and kept its entry.)
+TEST(OutputAssembler, ATokenAfterAHeldByteBeginsAfterItsReplacementCharacter) {
+  for (const size_t batch : {1, 2, 3}) {
+    const Output o = assemble({0, kInvalidByte, 1, 2}, {"bb"}, fs::FinishReason::kLength, {batch});
+    EXPECT_EQ(o.text, "a" + kReplacement) << batch;
+    EXPECT_EQ(o.ids, std::vector<int32_t>({0, kInvalidByte, 1})) << batch;
+    EXPECT_EQ(o.logprobs, std::vector<float>({0.0f, -4.5f})) << batch;
+  }
+  // A stop string that takes the U+FFFD with it drops the byte's entry too.
+  const Output o = assemble({0, kInvalidByte, 1}, {kReplacement}, fs::FinishReason::kLength, {1});
+  EXPECT_EQ(o.text, "a");
+  EXPECT_EQ(o.logprobs, std::vector<float>({0.0f}));
 }
 
 // The reference: the stop string is found at the first token whose text completes one; the text
