@@ -2,8 +2,10 @@
 // Flags take vLLM's names where vLLM has the same flag.
 //   flashserve serve --model /tmp/tiny --device cpu --port 8000
 //   curl localhost:8000/v1/completions -d '{"model": "/tmp/tiny", "prompt": [1, 2, 3]}'
-#include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -13,6 +15,7 @@
 #include "cli/command.h"
 #include "cli/options.h"
 #include "engine/model_engine.h"
+#include "flashserve/error.h"
 #include "server/server.h"
 #include "server/tokenizer_codec.h"
 
@@ -21,6 +24,13 @@ namespace {
 
 namespace fe = flashserve::engine;
 namespace fs = flashserve::serve;
+
+int stop_pipe[2] = {-1, -1};
+
+extern "C" void on_stop_signal(int sig) {
+  const char c = static_cast<char>(sig);
+  (void)!::write(stop_pipe[1], &c, 1);  // async-signal-safe
+}
 
 int serve(int argc, char** argv) {
   server::ServerOptions so;
@@ -92,14 +102,18 @@ int serve(int argc, char** argv) {
   };
 
   // A client that goes away must not kill the server: writes to it fail instead of raising
-  // SIGPIPE. SIGINT / SIGTERM are taken by one thread (sigwait) that stops the server cleanly;
-  // they are blocked before any thread starts so that every thread inherits the mask.
+  // SIGPIPE. SIGINT / SIGTERM stop the server cleanly: their handler writes the signal to a pipe
+  // that one thread waits on. (Blocking them and sigwait-ing is not enough: threads that
+  // libraries start before main, OpenBLAS's, do not block them, and the kernel delivers a process
+  // signal to any thread that does not, whose default action ends the process at once.)
   ::signal(SIGPIPE, SIG_IGN);
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  if (::pipe(stop_pipe) != 0) throw Error(ErrorKind::kInternal, "serve", "pipe() failed");
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
 
   server::Server srv(so, load);
   const int bound = srv.bind();
@@ -107,19 +121,23 @@ int serve(int argc, char** argv) {
               so.host.c_str(), bound, so.served_model_name.c_str());
   std::fflush(stdout);
   std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
-    srv.stop();
+    char sig = 0;
+    while (::read(stop_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+    }
+    if (sig != 0) srv.stop();  // 0: run() returned on its own (loading failed)
   });
+  auto end_waiter = [&] {
+    const char none = 0;
+    (void)!::write(stop_pipe[1], &none, 1);
+    waiter.join();
+  };
   try {
     srv.run();
   } catch (...) {
-    pthread_kill(waiter.native_handle(), SIGTERM);
-    waiter.join();
+    end_waiter();
     throw;
   }
-  pthread_kill(waiter.native_handle(), SIGTERM);
-  waiter.join();
+  end_waiter();
   std::printf("flashserve serve: stopped\n");
   return 0;
 }
