@@ -81,9 +81,9 @@ int bench_serve(int argc, char** argv) {
                             "cuda: fraction of the GPU's memory for weights + KV");
   auto* kv_mem_opt = add_real(app, "--kv-memory-mb", o.kv_memory_mb, {1, 1 << 24, Open::kNone},
                               "cpu: MiB of KV pool");
-  app.add_option("--plot", o.plot,
-                 "write PREFIX-tbt-cdf.svg and PREFIX-tbt-over-time-<policy>.svg");
-  app.add_option("--predict-gpu", o.predict_gpu,
+  auto* plot_opt = app.add_option(
+      "--plot", o.plot, "write PREFIX-tbt-cdf.svg and PREFIX-tbt-over-time-<policy>.svg");
+  auto* predict_gpu_opt = app.add_option("--predict-gpu", o.predict_gpu,
                  "also print the roofline simulator's prediction for this GPU preset (h200, a100) "
                  "on the same requests");
   auto* profile_opt = app.add_option(
@@ -120,6 +120,13 @@ int bench_serve(int argc, char** argv) {
   if (o.capacity && o.profile.empty() && o.predict_gpu.empty())
     throw UsageError("--capacity",
                      "needs a simulator to bisect with: --profile FILE or --predict-gpu");
+  refuse_unless(plot_opt, !o.capacity, "plots a run at --rate; --capacity draws none");
+  refuse_unless(predict_gpu_opt, !o.capacity || o.profile.empty(),
+                "--capacity bisects with one simulator, here --profile; give one of them");
+  // Names checked before the model loads (minutes for a large one), naming the flag.
+  if (!o.predict_gpu.empty())
+    check_option("--predict-gpu", [&] { return fs::gpu_preset(o.predict_gpu); });
+  if (!o.shape.empty()) check_option("--shape", [&] { return model::preset_config(o.shape); });
   // Load the table before anything runs, so a bad file fails at once.
   std::unique_ptr<fs::CostModel> calibrated;
   if (!o.profile.empty())
@@ -151,6 +158,11 @@ int bench_serve(int argc, char** argv) {
   mo.num_blocks = o.num_blocks;
   const fe::LoadedModel model = fe::load_model(mo);
   const model::ModelConfig& mc = model.runner->config();
+  if (o.sched.max_model_len > mc.max_position_embeddings)
+    throw UsageError("--max-model-len", std::to_string(o.sched.max_model_len) +
+                                            " exceeds the model's " +
+                                            std::to_string(mc.max_position_embeddings) +
+                                            " positions (config.json max_position_embeddings)");
 
   // make_model_engine gives vllm a token cap of at least max_model_len.
   auto scheduler_for = [&](fs::Policy p) { return o.sched.config_for(p); };

@@ -9,12 +9,14 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <thread>
 
 #include "cli/command.h"
 #include "cli/options.h"
 #include "engine/model_engine.h"
+#include "model/checkpoint.h"
 #include "flashserve/error.h"
 #include "server/server.h"
 #include "server/tokenizer_codec.h"
@@ -42,10 +44,12 @@ int serve(int argc, char** argv) {
   app.add_option("--model", model_dir, "model directory (config.json + safetensors)")->required();
   app.add_option("--host", so.host, "address to listen on");
   add_int(app, "--port", port, {0, 65535}, "port to listen on (0: any free port)");
-  app.add_option("--api-key", so.api_key, "require 'Authorization: Bearer KEY' on /v1 routes");
+  auto* api_key_opt = app.add_option("--api-key", so.api_key,
+                                     "require 'Authorization: Bearer KEY' on /v1 routes");
   app.add_option("--policy", policy, "scheduler: sarathi, vllm or orca");
   add_int(app, "--budget", budget, {1, 1 << 20}, "sarathi's token budget per step");
-  add_int(app, "--chunk-tile", chunk_tile, {1, 1 << 20}, "sarathi: chunks are a multiple of this");
+  auto* chunk_tile_opt = add_int(app, "--chunk-tile", chunk_tile, {1, 1 << 20},
+                                 "sarathi: chunks are a multiple of this");
   add_int(app, "--max-num-seqs", max_num_seqs, {1, 1 << 20}, "sequences running at once");
   add_int(app, "--max-model-len", max_model_len, {0, 1 << 24},
           "prompt + output tokens of one request (0: the model's, cut to the KV pool)");
@@ -69,9 +73,26 @@ int serve(int argc, char** argv) {
     throw UsageError("--device", "'" + device + "' is not one of cpu, cuda");
   refuse_unless(util_opt, device == "cuda", "sizes the GPU's KV pool (--device cuda)");
   refuse_unless(kv_opt, device == "cpu", "sizes the CPU's KV pool (--device cpu)");
-  const fs::Policy pol = fs::parse_policy(policy);
+  const fs::Policy pol = check_option("--policy", [&] { return fs::parse_policy(policy); });
+  refuse_unless(chunk_tile_opt, pol == fs::Policy::kSarathi, "only sarathi chunks prompts");
+  // An empty key (say --api-key "$KEY" with KEY unset) would serve without authentication.
+  if (api_key_opt->count() > 0 && so.api_key.empty())
+    throw UsageError("--api-key",
+                     "is empty, which would serve without authentication; leave --api-key out "
+                     "for that");
   so.port = static_cast<int>(port);
   if (so.served_model_name.empty()) so.served_model_name = model_dir;
+  // What can be refused before the port is taken and the weights are read: the user hears at
+  // once, with the flag named (the loader's errors come after "listening on").
+  const model::ModelConfig config =
+      check_option("--model", [&] { return model::Checkpoint::open(model_dir).config(); });
+  if (max_model_len > config.max_position_embeddings)
+    throw UsageError("--max-model-len", std::to_string(max_model_len) +
+                                            " exceeds the model's " +
+                                            std::to_string(config.max_position_embeddings) +
+                                            " positions (config.json max_position_embeddings)");
+  if (!chat_template.empty() && !std::ifstream(chat_template))
+    throw UsageError("--chat-template", "cannot read '" + chat_template + "'");
 
   auto load = [=] {
     fe::ModelEngineOptions mo;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <exception>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -182,7 +183,7 @@ struct Server::State {
   httplib::Server http;
   std::thread loader;
   std::mutex mu;
-  std::string load_error;
+  std::exception_ptr load_error;
   std::atomic<bool> stopping{false};
   Backend backend;  // written once by the loader before *ready is set, then only read
   std::atomic<int64_t> in_flight{0};
@@ -522,10 +523,10 @@ int Server::bind() {
     try {
       s->backend = s->load();
       s->ready->store(true);
-    } catch (const std::exception& e) {
+    } catch (...) {
       {
         std::lock_guard<std::mutex> lock(s->mu);
-        s->load_error = e.what();
+        s->load_error = std::current_exception();
       }
       // Leave run(): wait until it listens (stop() before that would be lost).
       while (!s->http.is_running() && !s->stopping.load())
@@ -540,8 +541,8 @@ void Server::run() {
   s_->http.listen_after_bind();
   if (s_->loader.joinable()) s_->loader.join();
   std::lock_guard<std::mutex> lock(s_->mu);
-  if (!s_->load_error.empty())
-    throw Error(ErrorKind::kInvalidArgument, "--model", "loading failed: " + s_->load_error);
+  // The loader's own error: its kind and argument say what failed (a flag's value, a device).
+  if (s_->load_error) std::rethrow_exception(s_->load_error);
 }
 
 void Server::stop() {
