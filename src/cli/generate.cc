@@ -60,8 +60,10 @@ int generate(int argc, char** argv) {
   o.sampling.top_p = static_cast<float>(top_p);
   o.stop_at_eos = !ignore_eos;
   const std::vector<int32_t> ids = parse_ids(prompt);
-  std::unique_ptr<model::ModelRunner> runner =
-      device == "cuda" ? model::make_cuda_runner(dir, 0) : model::make_cpu_runner(dir);
+  // What the model directory holds (or lacks) is --model's fault: the error names the flag.
+  std::unique_ptr<model::ModelRunner> runner = check_option("--model", [&] {
+    return device == "cuda" ? model::make_cuda_runner(dir, 0) : model::make_cpu_runner(dir);
+  });
   const std::vector<int32_t> out = model::generate(*runner, ids, o);
   for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
   std::printf("\n");
