@@ -104,7 +104,9 @@ struct Generation {
   int64_t tokens_read = 0;  // from the engine, all of them (for the latency metrics)
   bool first_chunk = true;
   bool done = false;
-  std::string error;  // the engine ended the request on its own (it stopped)
+  // Why the response is an error instead of a finish: the engine stopped (503), or a failure
+  // while generating (500); sent as the error body, or streamed as an error event.
+  std::optional<ApiError> failure;
 
   Generation(std::unique_ptr<TextStream> text, std::vector<std::string> stop)
       : output(std::move(text), std::move(stop)) {}
@@ -141,10 +143,24 @@ struct Generation {
     if (!reason) return true;
     if (output.stopped_by_string()) stream->close();  // the engine's request still runs
     if (std::string(reason) == "abort") {
-      error = "the engine ended the request (it is stopping)";
+      failure = ApiError{503, "the engine ended the request (it is stopping)", {}, "engine_stopped"};
       p.finish_reason.reset();
     }
     return finish(reason);
+  }
+
+  // next(), but a failure while generating (a detokeniser that throws, say) ends this response
+  // with an error instead of leaving the handler: thrown from a streaming content provider, it
+  // would end the process (httplib calls it outside its exception handler).
+  bool next_or_fail(Piece& p) {
+    try {
+      return next(p);
+    } catch (const std::exception& e) {
+      stream->close();
+      p = Piece{};
+      failure = ApiError{500, std::string("Internal error while generating: ") + e.what(), {}, {}};
+      return finish("abort");
+    }
   }
 
  private:
@@ -392,12 +408,12 @@ struct Server::State {
       bool more = true;
       while (more) {
         p = Piece{};
-        more = gen->next(p);
+        more = gen->next_or_fail(p);
         all.text += p.text;
         all.token_ids.insert(all.token_ids.end(), p.token_ids.begin(), p.token_ids.end());
         all.logprobs.insert(all.logprobs.end(), p.logprobs.begin(), p.logprobs.end());
       }
-      if (!gen->error.empty()) throw ApiError{503, gen->error, {}, "engine_stopped"};
+      if (gen->failure) throw *gen->failure;
       all.finish_reason = p.finish_reason;
       return send_json(res, full_response(gen->head, all, gen->usage));
     }
@@ -406,18 +422,15 @@ struct Server::State {
         "text/event-stream",
         [gen](size_t, httplib::DataSink& sink) {
           Piece p;
-          const bool more = gen->next(p);
+          const bool more = gen->next_or_fail(p);
           std::string out;
-          if (gen->error.empty() &&
+          if (!gen->failure &&
               (gen->first_chunk || !p.text.empty() || !p.token_ids.empty() ||
                !p.logprobs.empty() || p.finish_reason))
             out += sse_event(chunk(gen->head, p, gen->first_chunk, gen->include_usage));
           gen->first_chunk = false;
           if (!more) {
-            if (!gen->error.empty())
-              out += sse_event(
-                  {{"error",
-                    json::parse(ApiError{503, gen->error, {}, "engine_stopped"}.body())["error"]}});
+            if (gen->failure) out += sse_event(json::parse(gen->failure->body()));
             if (gen->include_usage) out += sse_event(usage_chunk(gen->head, gen->usage));
             out += kSseDone;
           }

@@ -17,6 +17,7 @@
 #include "engine/engine.h"
 #include "engine/executor.h"
 #include "engine/front_door.h"
+#include "flashserve/error.h"
 #include "server/server.h"
 #include "server/tokenizer_codec.h"
 #include "tokenizer/tokenizer.h"
@@ -575,6 +576,83 @@ TEST(HttpServer, AClientGoneMidStreamIsAbortedAndItsBlocksFreed) {
   EXPECT_LT(waited, 0.1);
   EXPECT_EQ(s.metric("flashserve_http_requests_in_flight"), 0);
   EXPECT_LT(s.metric("flashserve_generation_tokens_total"), 30);  // it did not run to the end
+}
+
+// A detokeniser that fails on 'e' (as the tokenizer's did on an id past its vocabulary).
+class FailingStream final : public fsv::TextStream {
+ public:
+  std::string push(int32_t t) override {
+    if (t == 'e') throw flashserve::Error(flashserve::ErrorKind::kInvalidArgument, "token_ids", "boom");
+    return std::string(1, static_cast<char>(t));
+  }
+  std::string flush() override { return {}; }
+};
+class FailingCodec final : public fsv::TextCodec {
+ public:
+  std::vector<int32_t> encode(std::string_view text) const override {
+    return {text.begin(), text.end()};
+  }
+  std::unique_ptr<fsv::TextStream> stream(std::span<const int32_t>) const override {
+    return std::make_unique<FailingStream>();
+  }
+  std::string render_chat(const std::vector<fsv::ChatMessage>&) const override { return "x"; }
+  std::vector<int32_t> encode_rendered(std::string_view text) const override {
+    return encode(text);
+  }
+  std::string token_bytes(int32_t id) const override {
+    return std::string(1, static_cast<char>(id));
+  }
+};
+
+// A failure while generating ends that response with an OpenAI error (streamed: an error event,
+// then [DONE]) and the server goes on. (Before: the exception left the streaming content provider,
+// which httplib calls outside its exception handler, and the process ended.)
+TEST(HttpServer, AFailureWhileGeneratingEndsTheResponseNotTheServer) {
+  Running s({}, [] { return scripted_backend(std::make_unique<FailingCodec>()); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // Prompt 'a': b c d e ...: the detokeniser throws at e.
+  json body = {{"model", "m"}, {"prompt", {97}}, {"max_tokens", 10}};
+  auto r = s.post("/v1/completions", body);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 500) << r->body;
+  EXPECT_EQ(error_of(r)["type"], "server_error");
+  EXPECT_NE(error_of(r)["message"].get<std::string>().find("boom"), std::string::npos);
+  body["stream"] = true;
+  r = s.post("/v1/completions", body);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  ASSERT_GE(r->body.size(), 14u);
+  EXPECT_EQ(r->body.substr(r->body.size() - 14), "data: [DONE]\n\n") << r->body;
+  const std::vector<json> chunks = sse_chunks(r->body);
+  ASSERT_FALSE(chunks.empty());
+  EXPECT_EQ(chunks.back()["error"]["type"], "server_error") << r->body;
+  // The request was aborted and the server still serves.
+  body = {{"model", "m"}, {"prompt", {97}}, {"max_tokens", 2}};
+  r = s.post("/v1/completions", body);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (s.metric("flashserve_kv_blocks_used") != 0 &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_EQ(s.metric("flashserve_kv_blocks_used"), 0);
+}
+
+// A model's vocabulary is often padded past its tokenizer's: an id the tokenizer lacks has no
+// text (it threw, failing the request mid-stream).
+TEST(HttpServer, IdsPastTheTokenizersVocabularyHaveNoText) {
+  const std::string dir = std::string(FLASHSERVE_TOKENIZER_FIXTURES) + "/byte_level";
+  const auto tok = flashserve::tokenizer::Tokenizer::load(dir);
+  const auto codec = fsv::load_text_codec(dir);
+  const std::vector<int32_t> hello = tok.encode("Hello world", false);
+  auto st = codec->stream({});
+  std::string text;
+  for (int32_t id : hello) {
+    text += st->push(id);
+    EXPECT_EQ(st->push(tok.vocab_size() + 7), "");
+  }
+  text += st->flush();
+  EXPECT_EQ(text, "Hello world");
 }
 
 // The real tokenizer and chat template (the byte-level fixture, a Llama 3 style template) behind
