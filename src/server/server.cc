@@ -321,6 +321,9 @@ struct Server::State {
       generate_checked(req, res, endpoint, arrival);
     } catch (const ApiError& e) {
       send_error(res, e);
+    } catch (const Error& e) {
+      // From a layer below (the tokenizer, say): its kind decides 400 or 500.
+      send_error(res, from_error(e));
     }
   }
 
