@@ -17,12 +17,12 @@
 //
 // Anything else (another exception, a crash, a sanitizer report) is a bug.
 // Registration (fuzz/CMakeLists.txt): flashserve_fuzz_target(server_request flashserve_server)
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <algorithm>
 #include <cstdlib>
-#include <nlohmann/json.hpp>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -87,7 +87,8 @@ Returned assemble(const std::vector<int32_t>& tokens, const std::vector<std::str
     std::vector<fsv::TokenLogprobs> lp;
     for (int32_t t : read) {
       fsv::TokenLogprobs e;
-      e.sampled = {std::string(1, static_cast<char>(t)), true, -static_cast<float>(pos + lp.size())};
+      e.sampled = {std::string(1, static_cast<char>(t)), true,
+                   -static_cast<float>(pos + lp.size())};
       lp.push_back(e);
     }
     pos += n;
@@ -118,8 +119,7 @@ void check_output(const fsv::GenerationRequest& r, std::string_view body, uint8_
   if (!(one == all) || !(one == mixed)) fail("the output depends on how the reads batched it");
   for (const std::string& s : r.stop)
     if (one.text.find(s) != std::string::npos) fail("a stop string in the returned text");
-  if (one.ids.size() > tokens.size() ||
-      !std::equal(one.ids.begin(), one.ids.end(), tokens.begin()))
+  if (one.ids.size() > tokens.size() || !std::equal(one.ids.begin(), one.ids.end(), tokens.begin()))
     fail("token_ids are not a prefix of the generated tokens");
   if (one.completion_tokens != static_cast<int64_t>(one.ids.size()))
     fail("usage does not count the token_ids");

@@ -81,11 +81,12 @@ int bench_serve(int argc, char** argv) {
                             "cuda: fraction of the GPU's memory for weights + KV");
   auto* kv_mem_opt = add_real(app, "--kv-memory-mb", o.kv_memory_mb, {1, 1 << 24, Open::kNone},
                               "cpu: MiB of KV pool");
-  auto* plot_opt = app.add_option(
-      "--plot", o.plot, "write PREFIX-tbt-cdf.svg and PREFIX-tbt-over-time-<policy>.svg");
-  auto* predict_gpu_opt = app.add_option("--predict-gpu", o.predict_gpu,
-                 "also print the roofline simulator's prediction for this GPU preset (h200, a100) "
-                 "on the same requests");
+  auto* plot_opt = app.add_option("--plot", o.plot,
+                                  "write PREFIX-tbt-cdf.svg and PREFIX-tbt-over-time-<policy>.svg");
+  auto* predict_gpu_opt = app.add_option(
+      "--predict-gpu", o.predict_gpu,
+      "also print the roofline simulator's prediction for this GPU preset (h200, a100) "
+      "on the same requests");
   auto* profile_opt = app.add_option(
       "--profile", o.profile,
       "the calibrated simulator: a table from `flashserve profile` on this model and device; its "

@@ -16,8 +16,8 @@
 #include "cli/command.h"
 #include "cli/options.h"
 #include "engine/model_engine.h"
-#include "model/checkpoint.h"
 #include "flashserve/error.h"
+#include "model/checkpoint.h"
 #include "server/server.h"
 #include "server/tokenizer_codec.h"
 
@@ -44,8 +44,8 @@ int serve(int argc, char** argv) {
   app.add_option("--model", model_dir, "model directory (config.json + safetensors)")->required();
   app.add_option("--host", so.host, "address to listen on");
   add_int(app, "--port", port, {0, 65535}, "port to listen on (0: any free port)");
-  auto* api_key_opt = app.add_option("--api-key", so.api_key,
-                                     "require 'Authorization: Bearer KEY' on /v1 routes");
+  auto* api_key_opt =
+      app.add_option("--api-key", so.api_key, "require 'Authorization: Bearer KEY' on /v1 routes");
   app.add_option("--policy", policy, "scheduler: sarathi, vllm or orca");
   add_int(app, "--budget", budget, {1, 1 << 20}, "sarathi's token budget per step");
   auto* chunk_tile_opt = add_int(app, "--chunk-tile", chunk_tile, {1, 1 << 20},
@@ -87,8 +87,7 @@ int serve(int argc, char** argv) {
   const model::ModelConfig config =
       check_option("--model", [&] { return model::Checkpoint::open(model_dir).config(); });
   if (max_model_len > config.max_position_embeddings)
-    throw UsageError("--max-model-len", std::to_string(max_model_len) +
-                                            " exceeds the model's " +
+    throw UsageError("--max-model-len", std::to_string(max_model_len) + " exceeds the model's " +
                                             std::to_string(config.max_position_embeddings) +
                                             " positions (config.json max_position_embeddings)");
   if (!chat_template.empty() && !std::ifstream(chat_template))

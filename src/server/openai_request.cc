@@ -120,7 +120,8 @@ std::string message_content(const json& v, const std::string& name) {
     text += get_string(*t, part + ".text");
     for (const auto& [key, value] : p.items())
       if (key != "type" && key != "text")
-        throw bad_request(part + "." + key, "Unrecognized argument supplied in " + part + ": " + key);
+        throw bad_request(part + "." + key,
+                          "Unrecognized argument supplied in " + part + ": " + key);
   }
   return text;
 }
@@ -246,9 +247,10 @@ GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
        [&](const json& v) {
          r.sampling.top_p = static_cast<float>(get_real(v, "top_p", 0, 1));
          if (!(r.sampling.top_p > 0))
-           throw bad_request("top_p", "top_p: " + v.dump() +
-                                          (v.get<double>() > 0 ? " rounds to 0 in float32; " : " ") +
-                                          "must be > 0");
+           throw bad_request("top_p",
+                             "top_p: " + v.dump() +
+                                 (v.get<double>() > 0 ? " rounds to 0 in float32; " : " ") +
+                                 "must be > 0");
        }},
       // -1 is vLLM's "off", 0 ours.
       {"top_k",

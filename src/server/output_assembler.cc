@@ -9,9 +9,8 @@ namespace flashserve::server {
 OutputAssembler::OutputAssembler(std::unique_ptr<TextStream> text, std::vector<std::string> stops)
     : text_(std::move(text)), stops_(std::move(stops)) {}
 
-void OutputAssembler::take(const std::vector<int32_t>& tokens,
-                           std::vector<TokenLogprobs> logprobs, serve::FinishReason finish,
-                           Piece& p) {
+void OutputAssembler::take(const std::vector<int32_t>& tokens, std::vector<TokenLogprobs> logprobs,
+                           serve::FinishReason finish, Piece& p) {
   if (done()) return;
   const bool ends_on_token =
       finish == serve::FinishReason::kEos || finish == serve::FinishReason::kStop;

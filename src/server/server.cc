@@ -16,8 +16,8 @@
 #include "server/api_error.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
-#include "server/prometheus.h"
 #include "server/output_assembler.h"
+#include "server/prometheus.h"
 #include "tokenizer/utf8.h"
 
 namespace flashserve::server {
@@ -143,7 +143,8 @@ struct Generation {
     if (!reason) return true;
     if (output.stopped_by_string()) stream->close();  // the engine's request still runs
     if (std::string(reason) == "abort") {
-      failure = ApiError{503, "the engine ended the request (it is stopping)", {}, "engine_stopped"};
+      failure =
+          ApiError{503, "the engine ended the request (it is stopping)", {}, "engine_stopped"};
       p.finish_reason.reset();
     }
     return finish(reason);
@@ -379,8 +380,8 @@ struct Server::State {
                      {},
                      "overloaded"};
     }
-    auto gen = std::make_shared<Generation>(
-        backend.codec ? backend.codec->stream(ids) : nullptr, g.stop);
+    auto gen =
+        std::make_shared<Generation>(backend.codec ? backend.codec->stream(ids) : nullptr, g.stop);
     gen->in_flight = &in_flight;  // from here on, gen gives the slot back
     gen->metrics = &metrics;
     gen->arrival = arrival;
@@ -427,9 +428,8 @@ struct Server::State {
           Piece p;
           const bool more = gen->next_or_fail(p);
           std::string out;
-          if (!gen->failure &&
-              (gen->first_chunk || !p.text.empty() || !p.token_ids.empty() ||
-               !p.logprobs.empty() || p.finish_reason))
+          if (!gen->failure && (gen->first_chunk || !p.text.empty() || !p.token_ids.empty() ||
+                                !p.logprobs.empty() || p.finish_reason))
             out += sse_event(chunk(gen->head, p, gen->first_chunk, gen->include_usage));
           gen->first_chunk = false;
           if (!more) {

@@ -349,10 +349,7 @@ TEST(HttpServer, LogprobsMatchTheReturnedTextAtStopTokensAndStopStrings) {
        "s",
        {'s', 't', 'u'}},
       {"/v1/chat/completions",
-       {{"model", "m"},
-        {"messages", chat_messages},
-        {"max_tokens", 20},
-        {"stop_token_ids", {'v'}}},
+       {{"model", "m"}, {"messages", chat_messages}, {"max_tokens", 20}, {"stop_token_ids", {'v'}}},
        "stu",
        {'s', 't', 'u', 'v'}},
   };
@@ -582,7 +579,8 @@ TEST(HttpServer, AClientGoneMidStreamIsAbortedAndItsBlocksFreed) {
 class FailingStream final : public fsv::TextStream {
  public:
   std::string push(int32_t t) override {
-    if (t == 'e') throw flashserve::Error(flashserve::ErrorKind::kInvalidArgument, "token_ids", "boom");
+    if (t == 'e')
+      throw flashserve::Error(flashserve::ErrorKind::kInvalidArgument, "token_ids", "boom");
     return std::string(1, static_cast<char>(t));
   }
   std::string flush() override { return {}; }

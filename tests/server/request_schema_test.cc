@@ -238,7 +238,8 @@ TEST(RequestSchema, NestedFieldsAmbiguousLimitsAndMessagesThatSayWhatIsWrong) {
   EXPECT_EQ(err.param, "messages[0].content[0].detail");
   EXPECT_NE(err.message.find("Unrecognized argument"), std::string::npos) << err.message;
 
-  for (const json& m : {json{{"role", "user"}}, json{{"role", "assistant"}, {"content", nullptr}}}) {
+  for (const json& m :
+       {json{{"role", "user"}}, json{{"role", "assistant"}, {"content", nullptr}}}) {
     body["messages"] = json::array({m});
     err = refusal(body, chat);
     EXPECT_EQ(err.param, "messages[0].content") << m.dump();
@@ -274,8 +275,7 @@ TEST(RequestSchema, NestedFieldsAmbiguousLimitsAndMessagesThatSayWhatIsWrong) {
   }
 
   body = base(fsv::Endpoint::kCompletions);
-  for (const auto& [prompt, param, says] :
-       std::vector<std::tuple<json, std::string, std::string>>{
+  for (const auto& [prompt, param, says] : std::vector<std::tuple<json, std::string, std::string>>{
            {{true}, "prompt[0]", "expected an integer, got a boolean"},
            {{nullptr}, "prompt[0]", "expected an integer, got null"},
            {{1, json::object()}, "prompt[1]", "expected an integer, got an object"},
