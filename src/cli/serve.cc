@@ -47,7 +47,8 @@ int serve(int argc, char** argv) {
   auto* api_key_opt =
       app.add_option("--api-key", so.api_key, "require 'Authorization: Bearer KEY' on /v1 routes");
   app.add_option("--policy", policy, "scheduler: sarathi, vllm or orca");
-  add_int(app, "--budget", budget, {1, 1 << 20}, "sarathi's token budget per step");
+  auto* budget_opt =
+      add_int(app, "--budget", budget, {1, 1 << 20}, "sarathi's token budget per step");
   auto* chunk_tile_opt = add_int(app, "--chunk-tile", chunk_tile, {1, 1 << 20},
                                  "sarathi: chunks are a multiple of this");
   add_int(app, "--max-num-seqs", max_num_seqs, {1, 1 << 20}, "sequences running at once");
@@ -75,6 +76,8 @@ int serve(int argc, char** argv) {
   refuse_unless(kv_opt, device == "cpu", "sizes the CPU's KV pool (--device cpu)");
   const fs::Policy pol = check_option("--policy", [&] { return fs::parse_policy(policy); });
   refuse_unless(chunk_tile_opt, pol == fs::Policy::kSarathi, "only sarathi chunks prompts");
+  refuse_unless(budget_opt, pol != fs::Policy::kOrca,
+                "orca takes whole prompts in its fixed batch; it has no token budget");
   // An empty key (say --api-key "$KEY" with KEY unset) would serve without authentication.
   if (api_key_opt->count() > 0 && so.api_key.empty())
     throw UsageError("--api-key",
