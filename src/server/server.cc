@@ -17,6 +17,7 @@
 #include "server/openai_request.h"
 #include "server/openai_response.h"
 #include "server/output_assembler.h"
+#include "server/peer_socket.h"
 #include "server/prometheus.h"
 #include "tokenizer/utf8.h"
 
@@ -148,6 +149,12 @@ struct Generation {
       p.finish_reason.reset();
     }
     return finish(reason);
+  }
+
+  // The client hung up before the end: the request is aborted now.
+  void client_gone() {
+    stream->close();
+    finish("abort");
   }
 
   // next(), but a failure while generating (a detokeniser that throws, say) ends this response
@@ -407,10 +414,19 @@ struct Server::State {
     metrics.prompt_tokens += n;
 
     if (!g.stream) {
+      // Nothing is written before the end: the client's socket tells whether it hung up, checked
+      // as each step's tokens come, so a gone client's request is aborted as a streamed one is.
+      const PeerSocket peer =
+          PeerSocket::find(req.remote_addr, req.remote_port, req.local_addr, req.local_port);
       Piece all;
       Piece p;
       bool more = true;
       while (more) {
+        if (peer.closed()) {
+          gen->client_gone();
+          res.status = 499;  // nginx's "client closed request": nobody reads it
+          return;
+        }
         p = Piece{};
         more = gen->next_or_fail(p);
         all.text += p.text;

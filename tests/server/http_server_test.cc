@@ -3,9 +3,13 @@
 // "role: content\n" lines): what the client gets is known exactly, so text, stop strings, SSE
 // framing, usage, refusals, 503 while loading and when overloaded, 401, and the abort of a stream
 // whose client went away (its KV blocks back to 0 in /metrics) are checked without a model.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <functional>
@@ -573,6 +577,43 @@ TEST(HttpServer, AClientGoneMidStreamIsAbortedAndItsBlocksFreed) {
   EXPECT_LT(waited, 0.1);
   EXPECT_EQ(s.metric("flashserve_http_requests_in_flight"), 0);
   EXPECT_LT(s.metric("flashserve_generation_tokens_total"), 30);  // it did not run to the end
+}
+
+// A client that hangs up on a non-streamed request: nothing has been written to it, yet its
+// request is aborted within a few steps and its blocks freed. (Before: it ran to max_tokens.)
+TEST(HttpServer, AClientGoneFromANonStreamedRequestIsAborted) {
+  Running s({}, [] { return scripted_backend(); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(s.port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  // 60 tokens take 120 ms or more (2 ms a step).
+  const std::string body = json{{"model", "m"}, {"prompt", {1, 2, 3}}, {"max_tokens", 60}}.dump();
+  const std::string request =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+      "Content-Type: application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(::send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  while (s.metric("flashserve_kv_blocks_used") <= 0)  // running
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ::close(fd);
+  const auto t0 = std::chrono::steady_clock::now();
+  while ((s.metric("flashserve_kv_blocks_used") != 0 ||
+          s.metric("flashserve_http_requests_in_flight") != 0) &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_EQ(s.metric("flashserve_kv_blocks_used"), 0);
+  EXPECT_EQ(s.metric("flashserve_http_requests_in_flight"), 0);
+  EXPECT_LT(s.metric("flashserve_generation_tokens_total"), 30);  // it did not run to the end
+  // The server still serves, and a request whose client stays gets its whole answer.
+  auto r = s.post("/v1/completions", {{"model", "m"}, {"prompt", {1}}, {"max_tokens", 20}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(json::parse(r->body)["usage"]["completion_tokens"], 20);
 }
 
 // A detokeniser that fails on 'e' (as the tokenizer's did on an id past its vocabulary).
