@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
+#include <string>
 
 namespace flashserve::server {
 
@@ -38,9 +39,10 @@ PeerSocket PeerSocket::find(const std::string& remote_addr, int remote_port,
   if (remote_port < 0 || local_port < 0) return s;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    const std::string name = entry.path().filename().string();
     char* end = nullptr;
-    const long fd = std::strtol(entry.path().filename().c_str(), &end, 10);
-    if (*end != '\0') continue;
+    const long fd = std::strtol(name.c_str(), &end, 10);
+    if (name.empty() || *end != '\0') continue;
     struct stat st {};
     if (::fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
     sockaddr_storage peer{}, local{};
