@@ -81,11 +81,12 @@ int bench_serve(int argc, char** argv) {
                             "cuda: fraction of the GPU's memory for weights + KV");
   auto* kv_mem_opt = add_real(app, "--kv-memory-mb", o.kv_memory_mb, {1, 1 << 24, Open::kNone},
                               "cpu: MiB of KV pool");
-  app.add_option("--plot", o.plot,
-                 "write PREFIX-tbt-cdf.svg and PREFIX-tbt-over-time-<policy>.svg");
-  app.add_option("--predict-gpu", o.predict_gpu,
-                 "also print the roofline simulator's prediction for this GPU preset (h200, a100) "
-                 "on the same requests");
+  auto* plot_opt = app.add_option("--plot", o.plot,
+                                  "write PREFIX-tbt-cdf.svg and PREFIX-tbt-over-time-<policy>.svg");
+  auto* predict_gpu_opt = app.add_option(
+      "--predict-gpu", o.predict_gpu,
+      "also print the roofline simulator's prediction for this GPU preset (h200, a100) "
+      "on the same requests");
   auto* profile_opt = app.add_option(
       "--profile", o.profile,
       "the calibrated simulator: a table from `flashserve profile` on this model and device; its "
@@ -111,7 +112,6 @@ int bench_serve(int argc, char** argv) {
                 "sizes the GPU's KV pool (--device cuda, no --num-blocks)");
   refuse_unless(kv_mem_opt, o.device == "cpu" && num_blocks_opt->count() == 0,
                 "sizes the CPU's KV pool (--device cpu, no --num-blocks)");
-  (void)requests_opt;
   for (auto* opt : {slo_opt, delay_opt, margin_opt})
     refuse_unless(opt, o.capacity, "applies to --capacity");
   refuse_unless(o.wl.seeds_opt, !o.capacity && o.plot.empty(),
@@ -120,6 +120,26 @@ int bench_serve(int argc, char** argv) {
   if (o.capacity && o.profile.empty() && o.predict_gpu.empty())
     throw UsageError("--capacity",
                      "needs a simulator to bisect with: --profile FILE or --predict-gpu");
+  refuse_unless(plot_opt, !o.capacity, "plots a run at --rate; --capacity draws none");
+  refuse_unless(predict_gpu_opt, !o.capacity || o.profile.empty(),
+                "--capacity bisects with one simulator, here --profile; give one of them");
+  // An arrival trace (--workload FILE.csv with arrival times) gives the requests and their times:
+  // the options that make requests do not apply (as simulate --trace refuses them), and a trace
+  // whose arrivals span no time has no rate to scale. Known before the model loads.
+  {
+    const WorkloadSource w = check_option(
+        "--workload", [&] { return WorkloadSource::resolve(o.wl.workload, o.wl.spec()); });
+    const std::string why =
+        "--workload " + o.wl.workload + " is an arrival trace: it gives the requests";
+    for (CLI::Option* opt : {static_cast<CLI::Option*>(requests_opt), seed_opt, o.wl.seeds_opt})
+      refuse_unless(opt, !w.is_trace(), why);
+    refuse_unless(rate_opt, !w.as_recorded(),
+                  "the trace's arrivals span no time (all at once): there is no rate to scale");
+  }
+  // Names checked before the model loads (minutes for a large one), naming the flag.
+  if (!o.predict_gpu.empty())
+    check_option("--predict-gpu", [&] { return fs::gpu_preset(o.predict_gpu); });
+  if (!o.shape.empty()) check_option("--shape", [&] { return model::preset_config(o.shape); });
   // Load the table before anything runs, so a bad file fails at once.
   std::unique_ptr<fs::CostModel> calibrated;
   if (!o.profile.empty())
@@ -151,6 +171,11 @@ int bench_serve(int argc, char** argv) {
   mo.num_blocks = o.num_blocks;
   const fe::LoadedModel model = fe::load_model(mo);
   const model::ModelConfig& mc = model.runner->config();
+  if (o.sched.max_model_len > mc.max_position_embeddings)
+    throw UsageError("--max-model-len", std::to_string(o.sched.max_model_len) +
+                                            " exceeds the model's " +
+                                            std::to_string(mc.max_position_embeddings) +
+                                            " positions (config.json max_position_embeddings)");
 
   // make_model_engine gives vllm a token cap of at least max_model_len.
   auto scheduler_for = [&](fs::Policy p) { return o.sched.config_for(p); };
@@ -164,8 +189,6 @@ int bench_serve(int argc, char** argv) {
   spec.seed = o.seed;
   const WorkloadSource workload = WorkloadSource::resolve(o.wl.workload, spec);
   const double rate = workload.is_trace() && rate_opt->count() == 0 ? workload.trace_rate : o.rate;
-  if (workload.is_trace() && !o.wl.seeds_text.empty())
-    throw UsageError("--seeds", o.wl.workload + " is an arrival trace: there is no seed to vary");
   const std::vector<fs::Request> requests = workload.at(rate > 0 ? rate : 1);
   double ptok = 0, otok = 0;
   for (const auto& r : requests)

@@ -76,14 +76,17 @@ int run_demo(int argc, char** argv) {
   uint64_t seed = 1;
   add_int(app, "--max-n", max_n, {256, int64_t{1} << 20},
           "largest sequence length for the tiled path");
-  add_int(app, "--naive-max-n", naive_max_n, {0, int64_t{1} << 16},
-          "largest sequence length for the naive reference");
+  auto* naive_opt = add_int(app, "--naive-max-n", naive_max_n, {0, int64_t{1} << 16},
+                            "largest sequence length for the naive reference");
   add_int(app, "--heads", heads, {1, 64}, "attention heads (batch is 1)");
   add_int(app, "--head-dim", head_dim, {1, 512}, "head dimension");
   add_int(app, "--threads", threads, {0, 1024}, "worker threads of the tiled path (0: all cores)");
   app.add_flag("--causal", causal, "causal mask");
   add_uint(app, "--seed", seed, "seed of the random inputs");
   if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
+  refuse_unless(
+      naive_opt, naive_max_n <= max_n,
+      "the naive path runs the tiled path's lengths, up to --max-n " + std::to_string(max_n));
   // q, k, v, out at the largest N (the ranges keep this product inside int64): refused up front
   // when it exceeds the machine's memory, instead of an overcommitted allocation that the kernel
   // kills later.

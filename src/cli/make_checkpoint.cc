@@ -36,7 +36,8 @@ int make_checkpoint(int argc, char** argv) {
     o.dtype = DType::kFloat32;
   else
     throw UsageError("--dtype", "'" + dtype + "' is not one of bf16, fp16, fp32");
-  const model::ModelConfig config = model::preset_config(shape);
+  const model::ModelConfig config =
+      check_option("--shape", [&] { return model::preset_config(shape); });
   const auto t0 = std::chrono::steady_clock::now();
   const uint64_t bytes = model::write_random_checkpoint(config, out, o);
   // A tokenizer and chat template beside the weights, so the checkpoint is served like a real one.

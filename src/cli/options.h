@@ -17,6 +17,9 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
+
+#include "flashserve/error.h"
 
 namespace flashserve::cli {
 
@@ -65,6 +68,27 @@ CLI::Option* add_real(CLI::App& app, const std::string& name, double& target, Ra
 // Parses argv into app. Returns -1 to go on, 0 after printing --help, kUsageExit after printing a
 // usage error (CLI11's or ours) to `errors` as "flashserve <command>: error: ...".
 int parse(CLI::App& app, int argc, char** argv, std::FILE* errors = stderr);
+
+// Runs `check` (a library call that validates the option's value: a preset name, say) at once,
+// and turns the invalid-argument Error it throws into a UsageError naming `option`: the error
+// names the flag the user typed, and comes before any long work (loading a model).
+template <typename F>
+auto check_option(const std::string& option, F&& check) {
+  try {
+    return std::forward<F>(check)();
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kInvalidArgument) throw;
+    // "shape: 'x' is not one of ..." under --shape drops the library's name for the flag; an
+    // argument that is not that name (a path) stays: "--model: /x: is not a model directory".
+    std::string what = e.what(), name = option.substr(option.find_first_not_of('-'));
+    for (char& c : name) c = c == '-' ? '_' : c;
+    const std::string& arg = e.argument();
+    if (!arg.empty() && name.size() >= arg.size() &&
+        name.compare(name.size() - arg.size(), arg.size(), arg) == 0)
+      what.erase(0, arg.size() + 2);
+    throw UsageError(option, what);
+  }
+}
 
 // Throws UsageError when `option` was given but does not apply (`why`): every option is either
 // used or refused, never silently ignored.

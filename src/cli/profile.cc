@@ -44,7 +44,8 @@ int profile(int argc, char** argv) {
       ->excludes(quick_opt);
   auto* max_len_opt = add_int(app, "--max-len", max_len, {16, 1 << 20},
                               "full grid: the largest chunk, cached KV, decode KV and step tokens");
-  add_int(app, "--reps", reps, {1, 1000}, "timed steps per point (the median is kept)");
+  auto* reps_opt =
+      add_int(app, "--reps", reps, {1, 1000}, "timed steps per point (the median is kept)");
   add_int(app, "--block-size", block_size, {1, 1 << 12}, "KV block size in tokens");
   auto* util_opt = add_real(app, "--gpu-memory-utilization", gpu_mem_util, {0, 1, Open::kLow},
                             "cuda: fraction of the GPU's memory for weights + KV");
@@ -56,6 +57,11 @@ int profile(int argc, char** argv) {
   if (device != "cpu" && device != "cuda")
     throw UsageError("--device", "'" + device + "' is not one of cpu, cuda");
   refuse_unless(max_len_opt, !quick && !smoke, "sets the full grid; --quick has its own");
+  refuse_unless(reps_opt, !smoke, "--smoke times one step a point");
+  if (!shape.empty()) check_option("--shape", [&] { return model::preset_config(shape); });
+  // The table is written after minutes of measuring: a path that cannot be written fails now.
+  std::ofstream f(out);
+  if (!f) throw UsageError("--out", "cannot write '" + out + "'");
   refuse_unless(util_opt, device == "cuda", "sizes the GPU's KV pool (--device cuda)");
   refuse_unless(kv_mem_opt, device == "cpu", "sizes the CPU's KV pool (--device cpu)");
 
@@ -100,8 +106,6 @@ int profile(int argc, char** argv) {
   p.meta["grid"] = smoke   ? "smoke"
                    : quick ? "quick"
                            : "full, max len " + std::to_string(grid.tokens.back());
-  std::ofstream f(out);
-  if (!f) throw Error(ErrorKind::kInvalidArgument, "--out", "cannot write '" + out + "'");
   p.write_csv(f);
   f.close();
   if (!f) throw Error(ErrorKind::kInternal, "--out", "writing '" + out + "' failed");

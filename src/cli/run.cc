@@ -109,6 +109,7 @@ int run_main_job(int argc, char** argv) {
     sc.policy = p;
     sc.max_tokens_per_step = budget;
     sc.max_running = 64;
+    sc.max_model_len = 0;  // the model's positions (SchedulerConfig's 8192 is past the tiny's)
     auto engine = fe::make_model_engine(model, sc);
     std::printf("running %s...\n", fs::to_string(p));
     std::fflush(stdout);

@@ -13,10 +13,12 @@ void add_scheduler_options(CLI::App& app, SchedulerFlags& f, const std::string& 
   constexpr int64_t kMaxTokens = int64_t{1} << 24;
   f.policy_opt = app.add_option("--policy", f.policy, policies)->default_str(f.policy);
   app.add_flag("--compare", f.compare, "run every policy (" + policies + ") side by side");
-  add_int(app, "--budget", f.budget, {1, kMaxTokens}, "sarathi's token budget per step");
+  f.budget_opt =
+      add_int(app, "--budget", f.budget, {1, kMaxTokens}, "sarathi's token budget per step");
   f.chunk_tile_opt = add_int(app, "--chunk-tile", f.chunk_tile, {1, kMaxTokens},
                              "sarathi: non-final chunks are a multiple of this");
-  add_int(app, "--max-running", f.max_running, {1, 1 << 20}, "sequences running at once");
+  f.max_running_opt =
+      add_int(app, "--max-running", f.max_running, {1, 1 << 20}, "sequences running at once");
   f.orca_batch_opt = add_int(app, "--orca-batch", f.orca_batch, {1, 1 << 20},
                              "orca's fixed batch (each request reserves max_model_len of KV)");
   f.max_model_len_opt = add_int(app, "--max-model-len", f.max_model_len, {0, kMaxTokens},
@@ -29,6 +31,11 @@ void SchedulerFlags::refuse_inapplicable() const {
                 "only sarathi chunks prompts (--policy sarathi or --compare)");
   refuse_unless(orca_batch_opt, compare || policy == "orca",
                 "only orca has a fixed batch (--policy orca or --compare)");
+  // Orca runs a fixed batch of --orca-batch requests, whole prompts: no token budget, and its
+  // batch is not --max-running.
+  refuse_unless(budget_opt, compare || policy != "orca",
+                "orca takes whole prompts in its fixed batch; it has no token budget");
+  refuse_unless(max_running_opt, compare || policy != "orca", "orca's batch is --orca-batch");
 }
 
 std::vector<fs::Policy> SchedulerFlags::selected(const std::vector<fs::Policy>& compare_set) const {

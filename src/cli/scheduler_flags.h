@@ -1,6 +1,7 @@
 // The scheduler options simulate and bench-serve share, declared once: --policy / --compare,
 // --budget, --chunk-tile, --max-running, --orca-batch, --max-model-len, with their refusals
-// (--policy with --compare, --chunk-tile without sarathi, --orca-batch without orca).
+// (--policy with --compare, --chunk-tile without sarathi, --orca-batch without orca, --budget and
+// --max-running with orca alone: its fixed batch takes whole prompts).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -17,7 +18,7 @@ struct SchedulerFlags {
   bool compare = false;
   int64_t budget = 512, chunk_tile = 64, max_running = 256, orca_batch = 16, max_model_len = 0;
   CLI::Option *policy_opt = nullptr, *chunk_tile_opt = nullptr, *orca_batch_opt = nullptr;
-  CLI::Option* max_model_len_opt = nullptr;
+  CLI::Option *max_model_len_opt = nullptr, *budget_opt = nullptr, *max_running_opt = nullptr;
 
   // Throws UsageError for an option given where it does not apply.
   void refuse_inapplicable() const;

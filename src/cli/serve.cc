@@ -2,17 +2,22 @@
 // Flags take vLLM's names where vLLM has the same flag.
 //   flashserve serve --model /tmp/tiny --device cpu --port 8000
 //   curl localhost:8000/v1/completions -d '{"model": "/tmp/tiny", "prompt": [1, 2, 3]}'
-#include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <thread>
 
 #include "cli/command.h"
 #include "cli/options.h"
 #include "engine/model_engine.h"
+#include "flashserve/error.h"
+#include "model/checkpoint.h"
 #include "server/server.h"
 #include "server/tokenizer_codec.h"
 
@@ -21,6 +26,13 @@ namespace {
 
 namespace fe = flashserve::engine;
 namespace fs = flashserve::serve;
+
+int stop_pipe[2] = {-1, -1};
+
+extern "C" void on_stop_signal(int sig) {
+  const char c = static_cast<char>(sig);
+  (void)!::write(stop_pipe[1], &c, 1);  // async-signal-safe
+}
 
 int serve(int argc, char** argv) {
   server::ServerOptions so;
@@ -32,10 +44,13 @@ int serve(int argc, char** argv) {
   app.add_option("--model", model_dir, "model directory (config.json + safetensors)")->required();
   app.add_option("--host", so.host, "address to listen on");
   add_int(app, "--port", port, {0, 65535}, "port to listen on (0: any free port)");
-  app.add_option("--api-key", so.api_key, "require 'Authorization: Bearer KEY' on /v1 routes");
+  auto* api_key_opt =
+      app.add_option("--api-key", so.api_key, "require 'Authorization: Bearer KEY' on /v1 routes");
   app.add_option("--policy", policy, "scheduler: sarathi, vllm or orca");
-  add_int(app, "--budget", budget, {1, 1 << 20}, "sarathi's token budget per step");
-  add_int(app, "--chunk-tile", chunk_tile, {1, 1 << 20}, "sarathi: chunks are a multiple of this");
+  auto* budget_opt =
+      add_int(app, "--budget", budget, {1, 1 << 20}, "sarathi's token budget per step");
+  auto* chunk_tile_opt = add_int(app, "--chunk-tile", chunk_tile, {1, 1 << 20},
+                                 "sarathi: chunks are a multiple of this");
   add_int(app, "--max-num-seqs", max_num_seqs, {1, 1 << 20}, "sequences running at once");
   add_int(app, "--max-model-len", max_model_len, {0, 1 << 24},
           "prompt + output tokens of one request (0: the model's, cut to the KV pool)");
@@ -59,9 +74,27 @@ int serve(int argc, char** argv) {
     throw UsageError("--device", "'" + device + "' is not one of cpu, cuda");
   refuse_unless(util_opt, device == "cuda", "sizes the GPU's KV pool (--device cuda)");
   refuse_unless(kv_opt, device == "cpu", "sizes the CPU's KV pool (--device cpu)");
-  const fs::Policy pol = fs::parse_policy(policy);
+  const fs::Policy pol = check_option("--policy", [&] { return fs::parse_policy(policy); });
+  refuse_unless(chunk_tile_opt, pol == fs::Policy::kSarathi, "only sarathi chunks prompts");
+  refuse_unless(budget_opt, pol != fs::Policy::kOrca,
+                "orca takes whole prompts in its fixed batch; it has no token budget");
+  // An empty key (say --api-key "$KEY" with KEY unset) would serve without authentication.
+  if (api_key_opt->count() > 0 && so.api_key.empty())
+    throw UsageError("--api-key",
+                     "is empty, which would serve without authentication; leave --api-key out "
+                     "for that");
   so.port = static_cast<int>(port);
   if (so.served_model_name.empty()) so.served_model_name = model_dir;
+  // What can be refused before the port is taken and the weights are read: the user hears at
+  // once, with the flag named (the loader's errors come after "listening on").
+  const model::ModelConfig config =
+      check_option("--model", [&] { return model::Checkpoint::open(model_dir).config(); });
+  if (max_model_len > config.max_position_embeddings)
+    throw UsageError("--max-model-len", std::to_string(max_model_len) + " exceeds the model's " +
+                                            std::to_string(config.max_position_embeddings) +
+                                            " positions (config.json max_position_embeddings)");
+  if (!chat_template.empty() && !std::ifstream(chat_template))
+    throw UsageError("--chat-template", "cannot read '" + chat_template + "'");
 
   auto load = [=] {
     fe::ModelEngineOptions mo;
@@ -92,14 +125,18 @@ int serve(int argc, char** argv) {
   };
 
   // A client that goes away must not kill the server: writes to it fail instead of raising
-  // SIGPIPE. SIGINT / SIGTERM are taken by one thread (sigwait) that stops the server cleanly;
-  // they are blocked before any thread starts so that every thread inherits the mask.
+  // SIGPIPE. SIGINT / SIGTERM stop the server cleanly: their handler writes the signal to a pipe
+  // that one thread waits on. (Blocking them and sigwait-ing is not enough: threads that
+  // libraries start before main, OpenBLAS's, do not block them, and the kernel delivers a process
+  // signal to any thread that does not, whose default action ends the process at once.)
   ::signal(SIGPIPE, SIG_IGN);
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  if (::pipe(stop_pipe) != 0) throw Error(ErrorKind::kInternal, "serve", "pipe() failed");
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
 
   server::Server srv(so, load);
   const int bound = srv.bind();
@@ -107,19 +144,23 @@ int serve(int argc, char** argv) {
               so.host.c_str(), bound, so.served_model_name.c_str());
   std::fflush(stdout);
   std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
-    srv.stop();
+    char sig = 0;
+    while (::read(stop_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+    }
+    if (sig != 0) srv.stop();  // 0: run() returned on its own (loading failed)
   });
+  auto end_waiter = [&] {
+    const char none = 0;
+    (void)!::write(stop_pipe[1], &none, 1);
+    waiter.join();
+  };
   try {
     srv.run();
   } catch (...) {
-    pthread_kill(waiter.native_handle(), SIGTERM);
-    waiter.join();
+    end_waiter();
     throw;
   }
-  pthread_kill(waiter.native_handle(), SIGTERM);
-  waiter.join();
+  end_waiter();
   std::printf("flashserve serve: stopped\n");
   return 0;
 }

@@ -86,6 +86,11 @@ std::unique_ptr<Engine> make_model_engine(const LoadedModel& m, serve::Scheduler
   ec.watermark = watermark;
   ec.vocab_size = c.vocab_size;
   ec.eos_token = static_cast<int32_t>(c.eos_token_id);
+  if (scheduler.max_model_len > c.max_position_embeddings)
+    throw Error(ErrorKind::kInvalidArgument, "max_model_len",
+                std::to_string(scheduler.max_model_len) + " exceeds the model's " +
+                    std::to_string(c.max_position_embeddings) +
+                    " positions (config.json max_position_embeddings)");
   if (scheduler.max_model_len <= 0) {
     // The positions the model has, but no more than one sequence alone can hold in the pool.
     const serve::BlockManager probe(m.num_blocks, m.block_size, watermark);

@@ -26,14 +26,24 @@ std::string type_name(const json& v) {
   throw bad_request(name, name + ": expected " + expected + ", got " + type_name(v));
 }
 
+std::string range_text(int64_t lo, int64_t hi) {
+  return "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+}
+
 int64_t get_int(const json& v, const std::string& name, int64_t lo, int64_t hi) {
+  // An integer literal beyond 64 bits (10^30) reaches us as a float: it is out of range, not of
+  // the wrong type.
+  if (v.is_number_float()) {
+    const double x = v.get<double>();
+    if (std::isfinite(x) && x == std::floor(x) && (x < -0x1p63 || x >= 0x1p63))
+      throw bad_request(name, name + ": " + v.dump() + " is outside " + range_text(lo, hi));
+  }
   if (!v.is_number_integer()) wrong_type(name, "an integer", v);
   if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi))
     throw bad_request(name, name + ": " + v.dump() + " is above " + std::to_string(hi));
   const int64_t x = v.get<int64_t>();
   if (x < lo || x > hi)
-    throw bad_request(name, name + ": " + std::to_string(x) + " is outside [" + std::to_string(lo) +
-                                ", " + std::to_string(hi) + "]");
+    throw bad_request(name, name + ": " + std::to_string(x) + " is outside " + range_text(lo, hi));
   return x;
 }
 
@@ -66,10 +76,6 @@ std::vector<int32_t> get_ids(const json& v, const std::string& name) {
   return ids;
 }
 
-bool is_id_array(const json& v) {
-  return v.is_array() && !v.empty() && v[0].is_number();
-}
-
 void parse_prompt(const json& v, GenerationRequest& r) {
   // OpenAI's forms: a string, an array of strings, an array of token ids, an array of arrays of
   // token ids. A batch (more than one prompt) is refused like n > 1.
@@ -84,10 +90,11 @@ void parse_prompt(const json& v, GenerationRequest& r) {
   if (one->is_string()) {
     r.prompt_text = one->get<std::string>();
     if (r.prompt_text->empty()) throw bad_request("prompt", "prompt: empty");
-  } else if (is_id_array(*one)) {
+  } else if (one->is_array()) {
+    // Token ids: an element of another type is named ("prompt[0]: expected an integer, got a
+    // boolean"), not the whole prompt.
+    if (one->empty()) throw bad_request("prompt", "prompt: empty");
     r.prompt_ids = get_ids(*one, "prompt");
-  } else if (one->is_array() && one->empty()) {
-    throw bad_request("prompt", "prompt: empty");
   } else {
     wrong_type("prompt", "a string or an array of token ids", *one);
   }
@@ -95,7 +102,9 @@ void parse_prompt(const json& v, GenerationRequest& r) {
 
 std::string message_content(const json& v, const std::string& name) {
   if (v.is_string()) return v.get<std::string>();
-  if (v.is_null()) return {};
+  // null is "not given", and content is required (an assistant message without content needs
+  // tool_calls, which flashserve does not take).
+  if (v.is_null()) throw bad_request(name, name + ": missing");
   if (!v.is_array()) wrong_type(name, "a string or an array of text parts", v);
   // The parts form: [{"type": "text", "text": "..."}]; only text parts.
   std::string text;
@@ -107,8 +116,12 @@ std::string message_content(const json& v, const std::string& name) {
     if (type == p.end() || !type->is_string() || type->get<std::string>() != "text")
       throw bad_request(part, part + ": only parts of type \"text\" are supported");
     const auto t = p.find("text");
-    if (t == p.end()) throw bad_request(part, part + ".text: missing");
+    if (t == p.end()) throw bad_request(part + ".text", part + ".text: missing");
     text += get_string(*t, part + ".text");
+    for (const auto& [key, value] : p.items())
+      if (key != "type" && key != "text")
+        throw bad_request(part + "." + key,
+                          "Unrecognized argument supplied in " + part + ": " + key);
   }
   return text;
 }
@@ -139,6 +152,7 @@ void parse_messages(const json& v, GenerationRequest& r) {
       }
     }
     if (msg.role.empty()) throw bad_request(name + ".role", name + ".role: missing");
+    if (!m.contains("content")) throw bad_request(name + ".content", name + ".content: missing");
     r.messages.push_back(std::move(msg));
   }
 }
@@ -211,6 +225,7 @@ GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
   std::optional<json> stream_options;
   bool chat_logprobs = false;           // chat: logprobs true
   std::optional<int64_t> top_logprobs;  // chat: top_logprobs given
+  std::optional<int64_t> max_tokens, max_completion_tokens;
   using Field = std::function<void(const json&)>;
   const std::map<std::string, Field> fields = {
       {"model",
@@ -223,7 +238,7 @@ GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
          chat ? parse_messages(v, r) : parse_prompt(v, r);
          have_input = true;
        }},
-      {"max_tokens", [&](const json& v) { r.max_tokens = get_int(v, "max_tokens", 1, INT64_MAX); }},
+      {"max_tokens", [&](const json& v) { max_tokens = get_int(v, "max_tokens", 1, INT64_MAX); }},
       {"temperature",
        [&](const json& v) {
          r.sampling.temperature = static_cast<float>(get_real(v, "temperature", 0, 2));
@@ -231,7 +246,11 @@ GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
       {"top_p",
        [&](const json& v) {
          r.sampling.top_p = static_cast<float>(get_real(v, "top_p", 0, 1));
-         if (!(r.sampling.top_p > 0)) throw bad_request("top_p", "top_p: must be > 0");
+         if (!(r.sampling.top_p > 0))
+           throw bad_request("top_p",
+                             "top_p: " + v.dump() +
+                                 (v.get<double>() > 0 ? " rounds to 0 in float32; " : " ") +
+                                 "must be > 0");
        }},
       // -1 is vLLM's "off", 0 ours.
       {"top_k",
@@ -278,8 +297,7 @@ GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
     if (v.is_null()) return true;
     if (chat) {
       if (key == "max_completion_tokens") {
-        r.max_tokens = get_int(v, "max_completion_tokens", 1, INT64_MAX);
-        r.max_tokens_param = "max_completion_tokens";
+        max_completion_tokens = get_int(v, "max_completion_tokens", 1, INT64_MAX);
       } else if (key == "logprobs")
         chat_logprobs = get_bool(v, "logprobs");
       else if (key == "top_logprobs")
@@ -309,6 +327,15 @@ GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
     if (value.is_null()) continue;  // not given
     if (f != fields.end()) f->second(value);
   }
+  // Chat's two names of one limit: both given with different values is a request that cannot
+  // be read one way (which one would win?), so it is refused.
+  if (max_tokens && max_completion_tokens && *max_tokens != *max_completion_tokens)
+    throw bad_request("max_completion_tokens",
+                      "max_completion_tokens: " + std::to_string(*max_completion_tokens) +
+                          " differs from max_tokens " + std::to_string(*max_tokens) +
+                          "; give one of them");
+  r.max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
+  if (max_completion_tokens) r.max_tokens_param = "max_completion_tokens";
   if (chat) {
     if (top_logprobs && !chat_logprobs)
       throw bad_request("top_logprobs", "top_logprobs: only allowed when logprobs is true");

@@ -50,7 +50,9 @@ struct Piece {
   std::string text;
   std::vector<int32_t> token_ids;
   std::optional<std::string> finish_reason;  // "stop" or "length"; none while running
-  std::vector<TokenLogprobs> logprobs;       // one per token id, when the request asked
+  // When the request asked: one per token of the text (output_assembler.h: the eos/stop token and
+  // the tokens inside a stop string have none).
+  std::vector<TokenLogprobs> logprobs;
 };
 
 // A choice's "logprobs" object for these tokens: completions' {tokens, token_logprobs,

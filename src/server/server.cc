@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <exception>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -15,8 +16,9 @@
 #include "server/api_error.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
+#include "server/output_assembler.h"
+#include "server/peer_socket.h"
 #include "server/prometheus.h"
-#include "server/stop_strings.h"
 #include "tokenizer/utf8.h"
 
 namespace flashserve::server {
@@ -93,19 +95,22 @@ struct Generation {
   Usage usage;
   bool include_usage = false;
   std::shared_ptr<engine::TokenStream> stream;
-  std::unique_ptr<TextStream> text;  // null without a tokenizer
   const TextCodec* codec = nullptr;  // for the logprobs' token bytes; null without a tokenizer
   int64_t text_offset = 0;           // code points of the tokens' texts so far (logprobs)
-  StopStrings stops;
+  OutputAssembler output;
   Metrics* metrics = nullptr;
   std::atomic<int64_t>* in_flight = nullptr;
   Clock::time_point arrival;
   double last_token = 0;
+  int64_t tokens_read = 0;  // from the engine, all of them (for the latency metrics)
   bool first_chunk = true;
   bool done = false;
-  std::string error;  // the engine ended the request on its own (it stopped)
+  // Why the response is an error instead of a finish: the engine stopped (503), or a failure
+  // while generating (500); sent as the error body, or streamed as an error event.
+  std::optional<ApiError> failure;
 
-  explicit Generation(std::vector<std::string> stop) : stops(std::move(stop)) {}
+  Generation(std::unique_ptr<TextStream> text, std::vector<std::string> stop)
+      : output(std::move(text), std::move(stop)) {}
   ~Generation() {
     if (stream) stream->close();  // a client gone mid-stream: its request is aborted now
     in_flight->fetch_sub(1);
@@ -122,45 +127,48 @@ struct Generation {
     if (fr != serve::FinishReason::kNone)
       while (stream->read(got, lp)) {
       }
-    for (const model::SampledLogprobs& s : logprobs) p.logprobs.push_back(logged(s));
+    std::vector<TokenLogprobs> entries;
+    for (const model::SampledLogprobs& s : logprobs) entries.push_back(logged(s));
     const double t = seconds_since(arrival);
     for (size_t i = 0; i < got.size(); ++i) {
-      if (usage.completion_tokens == 0)
+      if (tokens_read++ == 0)
         metrics->ttft.observe(t);
       else
         metrics->tbt.observe(i == 0 ? t - last_token : 0.0);
-      ++usage.completion_tokens;
     }
     if (!got.empty()) last_token = t;
     metrics->generation_tokens += static_cast<int64_t>(got.size());
-    p.token_ids = got;
-    if (text) {
-      // The eos or stop token ends the text; it is not part of it (as in vLLM and OpenAI).
-      size_t n = got.size();
-      if (n > 0 && (fr == serve::FinishReason::kEos || fr == serve::FinishReason::kStop)) --n;
-      std::string raw;
-      for (size_t i = 0; i < n; ++i) raw += text->push(got[i]);
-      if (fr != serve::FinishReason::kNone) raw += text->flush();
-      p.text = stops.feed(raw);
-      if (stops.stopped()) {
-        stream->close();
-        return finish(p, "stop");
-      }
-      if (fr != serve::FinishReason::kNone) p.text += stops.flush();
+    output.take(got, std::move(entries), fr, p);
+    usage.completion_tokens = output.completion_tokens();
+    const char* reason = output.finish_reason();
+    if (!reason) return true;
+    if (output.stopped_by_string()) stream->close();  // the engine's request still runs
+    if (std::string(reason) == "abort") {
+      failure =
+          ApiError{503, "the engine ended the request (it is stopping)", {}, "engine_stopped"};
+      p.finish_reason.reset();
     }
-    switch (fr) {
-      case serve::FinishReason::kNone:
-        return true;
-      case serve::FinishReason::kEos:
-      case serve::FinishReason::kStop:
-        return finish(p, "stop");
-      case serve::FinishReason::kLength:
-        return finish(p, "length");
-      case serve::FinishReason::kAbort:
-        error = "the engine ended the request (it is stopping)";
-        return finish(p, "abort");
+    return finish(reason);
+  }
+
+  // The client hung up before the end: the request is aborted now.
+  void client_gone() {
+    stream->close();
+    finish("abort");
+  }
+
+  // next(), but a failure while generating (a detokeniser that throws, say) ends this response
+  // with an error instead of leaving the handler: thrown from a streaming content provider, it
+  // would end the process (httplib calls it outside its exception handler).
+  bool next_or_fail(Piece& p) {
+    try {
+      return next(p);
+    } catch (const std::exception& e) {
+      stream->close();
+      p = Piece{};
+      failure = ApiError{500, std::string("Internal error while generating: ") + e.what(), {}, {}};
+      return finish("abort");
     }
-    return false;
   }
 
  private:
@@ -184,9 +192,8 @@ struct Generation {
     return out;
   }
 
-  bool finish(Piece& p, const char* reason) {
+  bool finish(const char* reason) {
     done = true;
-    if (error.empty()) p.finish_reason = reason;
     metrics->e2e.observe(seconds_since(arrival));
     metrics->count_finish(reason);
     return false;
@@ -200,7 +207,7 @@ struct Server::State {
   httplib::Server http;
   std::thread loader;
   std::mutex mu;
-  std::string load_error;
+  std::exception_ptr load_error;
   std::atomic<bool> stopping{false};
   Backend backend;  // written once by the loader before *ready is set, then only read
   std::atomic<int64_t> in_flight{0};
@@ -322,6 +329,9 @@ struct Server::State {
       generate_checked(req, res, endpoint, arrival);
     } catch (const ApiError& e) {
       send_error(res, e);
+    } catch (const Error& e) {
+      // From a layer below (the tokenizer, say): its kind decides 400 or 500.
+      send_error(res, from_error(e));
     }
   }
 
@@ -377,7 +387,8 @@ struct Server::State {
                      {},
                      "overloaded"};
     }
-    auto gen = std::make_shared<Generation>(g.stop);
+    auto gen =
+        std::make_shared<Generation>(backend.codec ? backend.codec->stream(ids) : nullptr, g.stop);
     gen->in_flight = &in_flight;  // from here on, gen gives the slot back
     gen->metrics = &metrics;
     gen->arrival = arrival;
@@ -401,20 +412,28 @@ struct Server::State {
                        what.find("stop_token_ids") != std::string::npos ? "stop_token_ids" : input);
     }
     metrics.prompt_tokens += n;
-    if (backend.codec) gen->text = backend.codec->stream(ids);
 
     if (!g.stream) {
+      // Nothing is written before the end: the client's socket tells whether it hung up, checked
+      // as each step's tokens come, so a gone client's request is aborted as a streamed one is.
+      const PeerSocket peer =
+          PeerSocket::find(req.remote_addr, req.remote_port, req.local_addr, req.local_port);
       Piece all;
       Piece p;
       bool more = true;
       while (more) {
+        if (peer.closed()) {
+          gen->client_gone();
+          res.status = 499;  // nginx's "client closed request": nobody reads it
+          return;
+        }
         p = Piece{};
-        more = gen->next(p);
+        more = gen->next_or_fail(p);
         all.text += p.text;
         all.token_ids.insert(all.token_ids.end(), p.token_ids.begin(), p.token_ids.end());
         all.logprobs.insert(all.logprobs.end(), p.logprobs.begin(), p.logprobs.end());
       }
-      if (!gen->error.empty()) throw ApiError{503, gen->error, {}, "engine_stopped"};
+      if (gen->failure) throw *gen->failure;
       all.finish_reason = p.finish_reason;
       return send_json(res, full_response(gen->head, all, gen->usage));
     }
@@ -423,17 +442,14 @@ struct Server::State {
         "text/event-stream",
         [gen](size_t, httplib::DataSink& sink) {
           Piece p;
-          const bool more = gen->next(p);
+          const bool more = gen->next_or_fail(p);
           std::string out;
-          if (gen->error.empty() &&
-              (gen->first_chunk || !p.text.empty() || !p.token_ids.empty() || p.finish_reason))
+          if (!gen->failure && (gen->first_chunk || !p.text.empty() || !p.token_ids.empty() ||
+                                !p.logprobs.empty() || p.finish_reason))
             out += sse_event(chunk(gen->head, p, gen->first_chunk, gen->include_usage));
           gen->first_chunk = false;
           if (!more) {
-            if (!gen->error.empty())
-              out += sse_event(
-                  {{"error",
-                    json::parse(ApiError{503, gen->error, {}, "engine_stopped"}.body())["error"]}});
+            if (gen->failure) out += sse_event(json::parse(gen->failure->body()));
             if (gen->include_usage) out += sse_event(usage_chunk(gen->head, gen->usage));
             out += kSseDone;
           }
@@ -539,10 +555,10 @@ int Server::bind() {
     try {
       s->backend = s->load();
       s->ready->store(true);
-    } catch (const std::exception& e) {
+    } catch (...) {
       {
         std::lock_guard<std::mutex> lock(s->mu);
-        s->load_error = e.what();
+        s->load_error = std::current_exception();
       }
       // Leave run(): wait until it listens (stop() before that would be lost).
       while (!s->http.is_running() && !s->stopping.load())
@@ -557,8 +573,8 @@ void Server::run() {
   s_->http.listen_after_bind();
   if (s_->loader.joinable()) s_->loader.join();
   std::lock_guard<std::mutex> lock(s_->mu);
-  if (!s_->load_error.empty())
-    throw Error(ErrorKind::kInvalidArgument, "--model", "loading failed: " + s_->load_error);
+  // The loader's own error: its kind and argument say what failed (a flag's value, a device).
+  if (s_->load_error) std::rethrow_exception(s_->load_error);
 }
 
 void Server::stop() {

@@ -15,12 +15,20 @@ namespace tk = flashserve::tokenizer;
 
 class DecoderStream final : public TextStream {
  public:
-  DecoderStream(const tk::Tokenizer& t, std::span<const int32_t> context) : decoder_(t, context) {}
-  std::string push(int32_t token) override { return decoder_.push(token); }
+  DecoderStream(const tk::Tokenizer& t, std::span<const int32_t> context)
+      : decoder_(t, context), vocab_(t.vocab_size()) {}
+  // A model's vocabulary is often padded past its tokenizer's (Qwen2: 151936 rows, 151665 ids):
+  // an id the tokenizer lacks has no text (it is in token_ids; its logprobs entry says
+  // token_id:N), as in vLLM, instead of failing the request mid-stream.
+  std::string push(int32_t token) override {
+    if (token < 0 || token >= vocab_) return {};
+    return decoder_.push(token);
+  }
   std::string flush() override { return decoder_.flush(); }
 
  private:
   tk::IncrementalDecoder decoder_;
+  int32_t vocab_;
 };
 
 class TokenizerCodec final : public TextCodec {

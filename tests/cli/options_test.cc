@@ -133,5 +133,31 @@ TEST(Options, RefuseUnlessNamesTheIgnoredOption) {
   EXPECT_EQ(error_of([&] { refuse_unless(opt, true, "unused"); }), "accepted");
 }
 
+// check_option: a library's invalid-argument Error becomes a UsageError naming the flag (the
+// library's own name for it dropped, a path kept); other kinds pass through; a value comes back.
+TEST(Options, CheckOptionNamesTheFlag) {
+  auto throws = [](ErrorKind kind, const char* arg, const char* what) {
+    return [=]() -> int { throw Error(kind, arg, what); };
+  };
+  auto usage = [](const std::string& flag, auto f) {
+    try {
+      check_option(flag, f);
+    } catch (const UsageError& e) {
+      EXPECT_EQ(e.option(), flag);
+      return std::string(e.what());
+    }
+    return std::string("no UsageError");
+  };
+  EXPECT_EQ(usage("--shape", throws(ErrorKind::kInvalidArgument, "shape", "'x' is not one of a")),
+            "--shape: 'x' is not one of a");
+  EXPECT_EQ(usage("--predict-gpu", throws(ErrorKind::kInvalidArgument, "gpu", "'h9' is not")),
+            "--predict-gpu: 'h9' is not");
+  EXPECT_EQ(usage("--model", throws(ErrorKind::kInvalidArgument, "/x", "is not a model directory")),
+            "--model: /x: is not a model directory");
+  EXPECT_THROW(check_option("--model", throws(ErrorKind::kUnsupported, "device", "no CUDA")),
+               Error);
+  EXPECT_EQ(check_option("--n", [] { return 7; }), 7);
+}
+
 }  // namespace
 }  // namespace flashserve::cli

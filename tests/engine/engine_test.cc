@@ -261,6 +261,25 @@ TEST(Engine, AbortMidPrefillAndMidDecodeFreesEveryBlock) {
   EXPECT_EQ(engine->blocks().num_free(), engine->blocks().num_blocks());
 }
 
+// An explicit max_model_len past the model's positions (config.json max_position_embeddings) is
+// refused: requests would run at positions the model never had (it was accepted, by serve and
+// bench-serve alike, while generate refused the same length).
+TEST(Engine, MaxModelLenPastTheModelsPositionsIsRefused) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
+  const int64_t positions = flashserve::model::preset_config("tiny").max_position_embeddings;
+  EXPECT_NO_THROW(tiny_engine(fs::Policy::kSarathi, 64, 4096, positions));
+  try {
+    tiny_engine(fs::Policy::kSarathi, 64, 4096, positions + 1);
+    ADD_FAILURE() << "max_model_len " << positions + 1 << " accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "max_model_len");
+    EXPECT_EQ(e.kind(), flashserve::ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("exceeds the model's " + std::to_string(positions)),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Engine, RefusedRequestsChangeNothing) {
   FLASHSERVE_SKIP_WITHOUT_BLAS();
   auto engine = tiny_engine(fs::Policy::kSarathi, 64, 256);

@@ -3,9 +3,13 @@
 // "role: content\n" lines): what the client gets is known exactly, so text, stop strings, SSE
 // framing, usage, refusals, 503 while loading and when overloaded, 401, and the abort of a stream
 // whose client went away (its KV blocks back to 0 in /metrics) are checked without a model.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <functional>
@@ -17,6 +21,7 @@
 #include "engine/engine.h"
 #include "engine/executor.h"
 #include "engine/front_door.h"
+#include "flashserve/error.h"
 #include "server/server.h"
 #include "server/tokenizer_codec.h"
 #include "tokenizer/tokenizer.h"
@@ -319,6 +324,103 @@ TEST(HttpServer, LogprobsCompletionsAndChatStreamedAndNot) {
   }
 }
 
+// The logprobs of a response are those of its text's tokens: not the eos/stop token's (which is
+// in token_ids, not in the text) and not those of a stop string's tokens; streamed the same.
+// usage counts the token_ids. (Before: an entry for the stop token and for every token of the
+// stop string, so tokens/text_offset ran past the text.)
+TEST(HttpServer, LogprobsMatchTheReturnedTextAtStopTokensAndStopStrings) {
+  Running s({}, [] { return scripted_backend(); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  struct Case {
+    std::string path;
+    json body;
+    std::string text;
+    std::vector<int> ids;
+  };
+  // Prompt 'a' (kv_len 1): b c d e ...; "user: x\nassistant:" is 18 tokens: s t u v ...
+  const json chat_messages = {{{"role", "user"}, {"content", "x"}}};
+  const std::vector<Case> cases = {
+      {"/v1/completions",
+       {{"model", "m"}, {"prompt", {97}}, {"max_tokens", 20}, {"stop_token_ids", {'e'}}},
+       "bcd",
+       {'b', 'c', 'd', 'e'}},
+      {"/v1/completions",
+       {{"model", "m"}, {"prompt", {97}}, {"max_tokens", 20}, {"stop", "cd"}},
+       "b",
+       {'b', 'c', 'd'}},
+      {"/v1/chat/completions",
+       {{"model", "m"}, {"messages", chat_messages}, {"max_tokens", 20}, {"stop", {"tu"}}},
+       "s",
+       {'s', 't', 'u'}},
+      {"/v1/chat/completions",
+       {{"model", "m"}, {"messages", chat_messages}, {"max_tokens", 20}, {"stop_token_ids", {'v'}}},
+       "stu",
+       {'s', 't', 'u', 'v'}},
+  };
+  for (const Case& c : cases) {
+    const bool chat = c.path == "/v1/chat/completions";
+    json body = c.body;
+    if (chat) {
+      body["logprobs"] = true;
+      body["top_logprobs"] = 1;
+    } else {
+      body["logprobs"] = 1;
+    }
+    // The tokens of the logprobs, in order, must spell the text.
+    auto logprob_tokens = [&](const json& lp) {
+      std::vector<std::string> out;
+      if (lp.is_null()) return out;
+      if (chat)
+        for (const json& e : lp["content"]) out.push_back(e["token"]);
+      else
+        for (const json& t : lp["tokens"]) out.push_back(t);
+      return out;
+    };
+    std::vector<std::string> want;
+    for (char ch : c.text) want.push_back(std::string(1, ch));
+
+    auto r = s.post(c.path, body);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json j = json::parse(r->body);
+    const json& choice = j["choices"][0];
+    EXPECT_EQ(chat ? choice["message"]["content"] : choice["text"], c.text) << body.dump();
+    EXPECT_EQ(choice["token_ids"], json(c.ids)) << body.dump();
+    EXPECT_EQ(choice["finish_reason"], "stop");
+    EXPECT_EQ(j["usage"]["completion_tokens"], c.ids.size()) << body.dump();
+    EXPECT_EQ(logprob_tokens(choice["logprobs"]), want) << body.dump() << " -> " << j.dump();
+    if (!chat) {
+      EXPECT_EQ(choice["logprobs"]["text_offset"].size(), c.text.size());
+      EXPECT_EQ(choice["logprobs"]["token_logprobs"].size(), c.text.size());
+      EXPECT_EQ(choice["logprobs"]["top_logprobs"].size(), c.text.size());
+    }
+
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+    r = s.post(c.path, body);
+    ASSERT_EQ(r->status, 200) << r->body;
+    std::string text;
+    std::vector<std::string> tokens;
+    json ids = json::array(), usage, finish;
+    for (const json& k : sse_chunks(r->body)) {
+      if (k["choices"].empty()) {
+        usage = k["usage"];
+        continue;
+      }
+      const json& ch = k["choices"][0];
+      if (chat && ch["delta"].contains("content")) text += ch["delta"]["content"];
+      if (!chat) text += ch["text"];
+      for (const json& id : ch["token_ids"]) ids.push_back(id);
+      for (const std::string& t : logprob_tokens(ch["logprobs"])) tokens.push_back(t);
+      if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+    }
+    EXPECT_EQ(text, c.text) << body.dump();
+    EXPECT_EQ(ids, json(c.ids)) << body.dump();
+    EXPECT_EQ(tokens, want) << body.dump() << " -> " << r->body;
+    EXPECT_EQ(finish, "stop");
+    EXPECT_EQ(usage["completion_tokens"], c.ids.size()) << body.dump();
+  }
+}
+
 TEST(HttpServer, StreamFramingAndUsage) {
   Running s({}, [] { return scripted_backend(); });
   while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -475,6 +577,121 @@ TEST(HttpServer, AClientGoneMidStreamIsAbortedAndItsBlocksFreed) {
   EXPECT_LT(waited, 0.1);
   EXPECT_EQ(s.metric("flashserve_http_requests_in_flight"), 0);
   EXPECT_LT(s.metric("flashserve_generation_tokens_total"), 30);  // it did not run to the end
+}
+
+// A client that hangs up on a non-streamed request: nothing has been written to it, yet its
+// request is aborted within a few steps and its blocks freed. (Before: it ran to max_tokens.)
+TEST(HttpServer, AClientGoneFromANonStreamedRequestIsAborted) {
+  Running s({}, [] { return scripted_backend(); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(s.port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  // 60 tokens take 120 ms or more (2 ms a step).
+  const std::string body = json{{"model", "m"}, {"prompt", {1, 2, 3}}, {"max_tokens", 60}}.dump();
+  const std::string request =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+      "Content-Type: application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(::send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  while (s.metric("flashserve_kv_blocks_used") <= 0)  // running
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ::close(fd);
+  const auto t0 = std::chrono::steady_clock::now();
+  while ((s.metric("flashserve_kv_blocks_used") != 0 ||
+          s.metric("flashserve_http_requests_in_flight") != 0) &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_EQ(s.metric("flashserve_kv_blocks_used"), 0);
+  EXPECT_EQ(s.metric("flashserve_http_requests_in_flight"), 0);
+  EXPECT_LT(s.metric("flashserve_generation_tokens_total"), 30);  // it did not run to the end
+  // The server still serves, and a request whose client stays gets its whole answer.
+  auto r = s.post("/v1/completions", {{"model", "m"}, {"prompt", {1}}, {"max_tokens", 20}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(json::parse(r->body)["usage"]["completion_tokens"], 20);
+}
+
+// A detokeniser that fails on 'e' (as the tokenizer's did on an id past its vocabulary).
+class FailingStream final : public fsv::TextStream {
+ public:
+  std::string push(int32_t t) override {
+    if (t == 'e')
+      throw flashserve::Error(flashserve::ErrorKind::kInvalidArgument, "token_ids", "boom");
+    return std::string(1, static_cast<char>(t));
+  }
+  std::string flush() override { return {}; }
+};
+class FailingCodec final : public fsv::TextCodec {
+ public:
+  std::vector<int32_t> encode(std::string_view text) const override {
+    return {text.begin(), text.end()};
+  }
+  std::unique_ptr<fsv::TextStream> stream(std::span<const int32_t>) const override {
+    return std::make_unique<FailingStream>();
+  }
+  std::string render_chat(const std::vector<fsv::ChatMessage>&) const override { return "x"; }
+  std::vector<int32_t> encode_rendered(std::string_view text) const override {
+    return encode(text);
+  }
+  std::string token_bytes(int32_t id) const override {
+    return std::string(1, static_cast<char>(id));
+  }
+};
+
+// A failure while generating ends that response with an OpenAI error (streamed: an error event,
+// then [DONE]) and the server goes on. (Before: the exception left the streaming content provider,
+// which httplib calls outside its exception handler, and the process ended.)
+TEST(HttpServer, AFailureWhileGeneratingEndsTheResponseNotTheServer) {
+  Running s({}, [] { return scripted_backend(std::make_unique<FailingCodec>()); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // Prompt 'a': b c d e ...: the detokeniser throws at e.
+  json body = {{"model", "m"}, {"prompt", {97}}, {"max_tokens", 10}};
+  auto r = s.post("/v1/completions", body);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 500) << r->body;
+  EXPECT_EQ(error_of(r)["type"], "server_error");
+  EXPECT_NE(error_of(r)["message"].get<std::string>().find("boom"), std::string::npos);
+  body["stream"] = true;
+  r = s.post("/v1/completions", body);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  ASSERT_GE(r->body.size(), 14u);
+  EXPECT_EQ(r->body.substr(r->body.size() - 14), "data: [DONE]\n\n") << r->body;
+  const std::vector<json> chunks = sse_chunks(r->body);
+  ASSERT_FALSE(chunks.empty());
+  EXPECT_EQ(chunks.back()["error"]["type"], "server_error") << r->body;
+  // The request was aborted and the server still serves.
+  body = {{"model", "m"}, {"prompt", {97}}, {"max_tokens", 2}};
+  r = s.post("/v1/completions", body);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (s.metric("flashserve_kv_blocks_used") != 0 &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_EQ(s.metric("flashserve_kv_blocks_used"), 0);
+}
+
+// A model's vocabulary is often padded past its tokenizer's: an id the tokenizer lacks has no
+// text (it threw, failing the request mid-stream).
+TEST(HttpServer, IdsPastTheTokenizersVocabularyHaveNoText) {
+  const std::string dir = std::string(FLASHSERVE_TOKENIZER_FIXTURES) + "/byte_level";
+  const auto tok = flashserve::tokenizer::Tokenizer::load(dir);
+  const auto codec = fsv::load_text_codec(dir);
+  const std::vector<int32_t> hello = tok.encode("Hello world", false);
+  auto st = codec->stream({});
+  std::string text;
+  for (int32_t id : hello) {
+    text += st->push(id);
+    EXPECT_EQ(st->push(tok.vocab_size() + 7), "");
+  }
+  text += st->flush();
+  EXPECT_EQ(text, "Hello world");
 }
 
 // The real tokenizer and chat template (the byte-level fixture, a Llama 3 style template) behind

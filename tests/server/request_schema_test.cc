@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 
 #include "server/openai_request.h"
 #include "server/prometheus.h"
@@ -221,6 +222,75 @@ TEST(RequestSchema, NullIsNotGivenAndValidValuesAreKept) {
   EXPECT_EQ(c.sampling.seed, static_cast<uint64_t>(int64_t{-3}));
   EXPECT_EQ(c.stop, (std::vector<std::string>{"x"}));
   EXPECT_TRUE(c.stream && c.include_usage);
+}
+
+// Found by a hostile pass over the running server (each was accepted or mis-described before):
+// unknown keys inside a content part were ignored; a message without content was read as ""; chat
+// with max_tokens and max_completion_tokens of different values silently used max_tokens; an
+// integer literal beyond 64 bits was "expected an integer, got a number"; a prompt [true] was
+// "expected a string or an array of token ids, got an array"; top_p 1e-300 said "must be > 0".
+TEST(RequestSchema, NestedFieldsAmbiguousLimitsAndMessagesThatSayWhatIsWrong) {
+  const fsv::Endpoint chat = fsv::Endpoint::kChat;
+  json body = base(chat);
+  body["messages"] = json::array(
+      {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "hi"}, {"detail", 1}}}}}});
+  fsv::ApiError err = refusal(body, chat);
+  EXPECT_EQ(err.param, "messages[0].content[0].detail");
+  EXPECT_NE(err.message.find("Unrecognized argument"), std::string::npos) << err.message;
+
+  for (const json& m :
+       {json{{"role", "user"}}, json{{"role", "assistant"}, {"content", nullptr}}}) {
+    body["messages"] = json::array({m});
+    err = refusal(body, chat);
+    EXPECT_EQ(err.param, "messages[0].content") << m.dump();
+    EXPECT_EQ(err.message, "messages[0].content: missing");
+  }
+
+  body = base(chat);
+  body["max_tokens"] = 2;
+  body["max_completion_tokens"] = 100000;
+  err = refusal(body, chat);
+  EXPECT_EQ(err.param, "max_completion_tokens");
+  EXPECT_NE(err.message.find("differs from max_tokens 2"), std::string::npos) << err.message;
+  body["max_completion_tokens"] = 2;  // the same value twice is one request
+  fsv::GenerationRequest r = fsv::parse_request(body.dump(), chat);
+  EXPECT_EQ(*r.max_tokens, 2);
+  body.erase("max_tokens");
+  body["max_completion_tokens"] = 7;
+  r = fsv::parse_request(body.dump(), chat);
+  EXPECT_EQ(*r.max_tokens, 7);
+  EXPECT_EQ(r.max_tokens_param, "max_completion_tokens");
+
+  for (const char* literal : {"1000000000000000000000000000000", "-1e30", "18446744073709551616"}) {
+    const std::string text =
+        std::string(R"({"model": "m", "prompt": [1], "max_tokens": )") + literal + "}";
+    try {
+      fsv::parse_request(text, fsv::Endpoint::kCompletions);
+      ADD_FAILURE() << literal;
+    } catch (const fsv::ApiError& e) {
+      EXPECT_EQ(e.param, "max_tokens");
+      EXPECT_NE(e.message.find("is outside [1, 9223372036854775807]"), std::string::npos)
+          << e.message;
+    }
+  }
+
+  body = base(fsv::Endpoint::kCompletions);
+  for (const auto& [prompt, param, says] : std::vector<std::tuple<json, std::string, std::string>>{
+           {{true}, "prompt[0]", "expected an integer, got a boolean"},
+           {{nullptr}, "prompt[0]", "expected an integer, got null"},
+           {{1, json::object()}, "prompt[1]", "expected an integer, got an object"},
+           {{{{1}}}, "prompt[0]", "expected an integer, got an array"}}) {
+    body["prompt"] = prompt;
+    err = refusal(body);
+    EXPECT_EQ(err.param, param) << prompt.dump();
+    EXPECT_NE(err.message.find(says), std::string::npos) << err.message;
+  }
+
+  body = base(fsv::Endpoint::kCompletions);
+  body["top_p"] = 1e-300;
+  err = refusal(body);
+  EXPECT_EQ(err.param, "top_p");
+  EXPECT_NE(err.message.find("rounds to 0 in float32"), std::string::npos) << err.message;
 }
 
 TEST(StopStrings, HoldsBackWhatMayStillBecomeAStopSequence) {
