@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One short call on the GPU machine that runs every GPU-side feature once, most valuable first, so
 # that a call cut short by its time limit still returns what ran: the engine on the CUDA runner
-# (`flashserve run --device cuda`), the sm90 kernel's and the KV-append's GPU tests, the model's
-# GPU logprobs, bench_sm90, the Python host cost and decode defaults (bench/python_host_cost.py),
-# the CPU path beside PyTorch's CPU SDPA, the PyTorch operator tests, compute-sanitizer on the new
-# kernels, and the mistral-7b shape profiled and served (sarathi, vllm) beside the calibrated
-# simulator.
+# (`flashserve run --device cuda`), every GPU test (attention and model), bench_sm90, the Python
+# host cost and decode defaults (bench/python_host_cost.py), the CPU path beside PyTorch's CPU
+# SDPA, the PyTorch operator tests, compute-sanitizer (memcheck, racecheck) on every kernel's
+# small cases, and the mistral-7b shape profiled and served (sarathi, vllm) beside the calibrated
+# simulator. About 5 minutes on one H200.
 #
 #   OUT=... bash scripts/gpu-quick.sh              # builds the five targets for 90a (~2-3 min)
 #   BIN=.xfer/bin OUT=... bash scripts/gpu-quick.sh  # binaries built elsewhere (see --pack)
@@ -71,9 +71,18 @@ echo "commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
 step "engine on the CUDA runner: the main job (sarathi beside vllm, tiny model)"
 run_step engine_run 90 "${FS[@]}" run --device cuda
 
-step "GPU tests: sm90 kernel, KV append, model logprobs"
-run_step sm90_tests 150 "$BIN/tests/test_gpu" --gtest_filter='*Sm90*:*KvAppend*' --gtest_brief=1
-run_step logprobs_gpu 60 "${WITH_LIBS[@]}" "$BIN/tests/test_model_gpu" --gtest_filter='GpuLogprobs.*' --gtest_brief=1
+step "GPU tests: every attention test (8 shards at once: the float64 reference is the cost), the model's"
+gpu_tests() {
+  local rc=0 i
+  for i in 0 1 2 3 4 5 6 7; do
+    GTEST_TOTAL_SHARDS=8 GTEST_SHARD_INDEX=$i "$BIN/tests/test_gpu" --gtest_brief=1 >"$OUT/test_gpu.$i.log" 2>&1 &
+  done
+  for i in 0 1 2 3 4 5 6 7; do wait -n || rc=1; done
+  cat "$OUT"/test_gpu.*.log | grep -E "FAILED|Failure|PASSED|tests ran" | sort | uniq -c
+  return $rc
+}
+run_step gpu_tests 240 gpu_tests
+run_step model_gpu 90 "${WITH_LIBS[@]}" "$BIN/tests/test_model_gpu" --gtest_brief=1
 
 step "SASS: HGMMA instructions in the binary (0: no wgmma)"
 cuobjdump -sass "$BIN/tests/test_gpu" 2>/dev/null | grep -c HGMMA
@@ -103,13 +112,15 @@ step "PyTorch tests on the GPU (operators, torch.compile, CUDA graphs, kvcache)"
 run_step torch_tests 90 python3 -m pytest -q -x python/tests/test_gpu_torch.py \
   python/tests/test_gpu_torch_ops.py
 
-step "compute-sanitizer memcheck: sm90 and KV append small cases"
-run_step memcheck 60 compute-sanitizer --tool memcheck --error-exitcode 99 \
-  "$BIN/tests/test_gpu" --gtest_filter='*Sm90Sanitize*:*KvAppendSanitize*' --gtest_brief=1
+step "compute-sanitizer memcheck and racecheck: the small *Sanitize* cases of every kernel"
+for tool in memcheck racecheck; do
+  run_step $tool 90 compute-sanitizer --tool $tool --error-exitcode 99 \
+    "$BIN/tests/test_gpu" --gtest_filter='*Sanitize*' --gtest_brief=1
+done
 
 echo
 echo "== summary (${SECONDS}s)"
-for k in engine_run sm90_tests logprobs_gpu bench_sm90 host_cost cpu_sdpa profile serve_sarathi \
-  serve_vllm torch_tests memcheck; do
+for k in engine_run gpu_tests model_gpu bench_sm90 host_cost cpu_sdpa profile serve_sarathi \
+  serve_vllm torch_tests memcheck racecheck; do
   printf '%-14s %s\n' "$k" "${result[$k]:-not run}"
 done
