@@ -14,21 +14,14 @@ namespace {
 class CpuNan : public ::testing::TestWithParam<NanCase> {};
 
 TEST_P(CpuNan, RowsThatSeeAPoisonedInputAreNan) {
-  const NanCase& nc = GetParam();
-  AttentionCase c(nc.spec);
-  const PoisonPlan plan = poison_inputs(c, nc.poison, nc.spec.seed);
-  ASSERT_GT(plan.count, 0);
-  NaiveOutput exact = c.exact(), lowp = c.lowp();
-  // The references first: float64 sees the NaNs; only float32 arithmetic overflows.
-  EXPECT_TRUE(nan_rows_as_planned(nc.poison == Poison::kOverflow ? lowp : exact, plan))
-      << "reference";
-  c.poison_outputs();
-  attention_forward(c.params());
-  const NaiveOutput actual = read_output(c.params());
-  EXPECT_TRUE(nan_rows_as_planned(actual, plan)) << "cpu path";
-  skip_planned_rows(exact, plan);
-  skip_planned_rows(lowp, plan);
-  expect_attention_close(actual, exact, lowp, nc.spec.dtype);
+  expect_nan_rule(
+      GetParam(),
+      [](AttentionCase& c) {
+        c.poison_outputs();
+        attention_forward(c.params());
+        return read_output(c.params());
+      },
+      "cpu path");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CpuNan,

@@ -435,16 +435,8 @@ class GpuNan : public ::testing::TestWithParam<NanCase> {};
 
 TEST_P(GpuNan, RowsThatSeeAPoisonedInputAreNan) {
   SKIP_WITHOUT_CUDA();
-  const NanCase& nc = GetParam();
-  AttentionCase c(nc.spec);
-  const PoisonPlan plan = poison_inputs(c, nc.poison, nc.spec.seed);
-  ASSERT_GT(plan.count, 0);
-  NaiveOutput exact = c.exact(), lowp = c.lowp();
-  const NaiveOutput got = run_on_gpu(c);
-  EXPECT_TRUE(nan_rows_as_planned(got, plan));
-  skip_planned_rows(exact, plan);
-  skip_planned_rows(lowp, plan);
-  EXPECT_TRUE(attention_close(got, exact, lowp, nc.spec.dtype));
+  expect_nan_rule(
+      GetParam(), [](AttentionCase& c) { return run_on_gpu(c); }, "gpu");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuNan,

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "support/attention_case.h"
+#include "support/compare.h"
 #include "support/nan_inputs.h"
 
 namespace flashserve::testing {
@@ -58,6 +59,29 @@ inline std::vector<NanCase> nan_cases(const std::vector<DType>& dtypes) {
         cases.push_back(c);
       }
   return cases;
+}
+
+// The NaN rule on one case, for any path: poisons the case's inputs as planned, runs
+// `run(case)` (which returns the output read back), and expects the planned rows NaN (out and
+// lse) in the reference and the output, no other row NaN, and the rest within the tests'
+// tolerance. A -inf score poisons no row (it weighs 0); every other poison at least one.
+template <class Run>
+void expect_nan_rule(const NanCase& nc, Run run, const std::string& path) {
+  AttentionCase c(nc.spec);
+  const PoisonPlan plan = poison_inputs(c, nc.poison, nc.spec.seed);
+  if (nc.poison == Poison::kNegInf)
+    ASSERT_EQ(plan.count, 0);
+  else
+    ASSERT_GT(plan.count, 0);
+  NaiveOutput exact = c.exact(), lowp = c.lowp();
+  // The references first: float64 sees the NaNs; only float32 arithmetic overflows.
+  EXPECT_TRUE(nan_rows_as_planned(nc.poison == Poison::kOverflow ? lowp : exact, plan))
+      << "reference";
+  const NaiveOutput actual = run(c);
+  EXPECT_TRUE(nan_rows_as_planned(actual, plan)) << path;
+  skip_planned_rows(exact, plan);
+  skip_planned_rows(lowp, plan);
+  expect_attention_close(actual, exact, lowp, nc.spec.dtype);
 }
 
 }  // namespace flashserve::testing
