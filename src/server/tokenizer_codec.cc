@@ -15,11 +15,18 @@ namespace tk = flashserve::tokenizer;
 
 class DecoderStream final : public TextStream {
  public:
-  DecoderStream(const tk::Tokenizer& t, std::span<const int32_t> context) : decoder_(t, context) {}
-  std::string push(int32_t token) override { return decoder_.push(token); }
+  DecoderStream(const tk::Tokenizer& t, std::span<const int32_t> context)
+      : vocab_(t.vocab_size()), decoder_(t, context) {}
+  // An id of the model's padded vocabulary beyond the tokenizer's has no text (transformers
+  // decodes it to nothing); load_text_codec has already refused a model smaller than the
+  // tokenizer, so these are the only ids the tokenizer does not know.
+  std::string push(int32_t token) override {
+    return token >= vocab_ ? std::string() : decoder_.push(token);
+  }
   std::string flush() override { return decoder_.flush(); }
 
  private:
+  int32_t vocab_;
   tk::IncrementalDecoder decoder_;
 };
 
@@ -60,9 +67,17 @@ class TokenizerCodec final : public TextCodec {
 }  // namespace
 
 std::unique_ptr<TextCodec> load_text_codec(const std::string& model_dir,
-                                           const std::string& chat_template_file) {
-  if (!std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json")) return nullptr;
+                                           const std::string& chat_template_file,
+                                           int64_t model_vocab_size) {
+  const std::filesystem::path path = std::filesystem::path(model_dir) / "tokenizer.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return nullptr;
   tk::Tokenizer t = tk::Tokenizer::load(model_dir);
+  if (model_vocab_size > 0 && t.vocab_size() > model_vocab_size)
+    throw Error(ErrorKind::kInvalidArgument, path.string(),
+                "has token ids up to " + std::to_string(t.vocab_size() - 1) +
+                    ", beyond the model's vocab_size " + std::to_string(model_vocab_size) +
+                    " (config.json): a tokenizer of another model?");
   std::optional<tk::ChatTemplate> chat;
   std::string why;
   if (!chat_template_file.empty()) {

@@ -233,10 +233,11 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
 Tokenizer Tokenizer::load(const std::string& path) {
   namespace fs = std::filesystem;
   std::string tokenizer_path = path, config_path;
-  if (!fs::exists(path))
+  std::error_code ec;  // the throwing overloads would escape as filesystem_error, not Error
+  if (!fs::exists(path, ec))
     throw Error(ErrorKind::kInvalidArgument, "tokenizer",
                 "'" + path + "' does not exist (a model directory or its tokenizer.json)");
-  if (fs::is_directory(path)) {
+  if (fs::is_directory(path, ec)) {
     tokenizer_path = (fs::path(path) / "tokenizer.json").string();
     config_path = (fs::path(path) / "tokenizer_config.json").string();
   } else {
@@ -244,7 +245,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
   }
   const std::string tj = read_file(tokenizer_path, "tokenizer.json");
   const std::string config =
-      fs::exists(config_path) ? read_file(config_path, "tokenizer_config.json") : std::string();
+      fs::exists(config_path, ec) ? read_file(config_path, "tokenizer_config.json") : std::string();
   try {
     return from_json(tj, config);
   } catch (const Error& e) {

@@ -240,5 +240,47 @@ TEST(Checkpoint, BrokenDirectoriesAreRefusedNamingFileAndTensor) {
   expect_refused(dir + "/nope", {"nope"});
 }
 
+// The shard index and the paths of a directory, as a careless or hostile writer leaves them. Each
+// was accepted or refused with a misleading message before the hardening of model loading.
+TEST(Checkpoint, IndexListingATensorTwiceOrNamingNoFileIsRefused) {
+  std::vector<std::vector<uint8_t>> keep;
+  const std::string dir = broken_copy(
+      "twice", [](auto&) {}, keep);
+  const std::string shard = "model-00001-of-00002.safetensors";
+  const std::vector<std::string> names = Checkpoint::open(dir).names();
+  fsys::rename(dir + "/model.safetensors", dir + "/" + shard);
+  fsys::copy_file(dir + "/" + shard, dir + "/model-00002-of-00002.safetensors");
+  auto index = [&](const std::string& weight_map) {
+    std::ofstream(dir + "/model.safetensors.index.json")
+        << R"({"metadata": {"total_size": 0}, "weight_map": )" + weight_map + "}";
+  };
+  // Every tensor in shard 1, and model.norm.weight listed again for shard 2: both shards hold it,
+  // and JSON kept the second entry without a word (the directory loaded).
+  std::string all = "{";
+  for (const std::string& name : names) all += "\"" + name + "\": \"" + shard + "\", ";
+  index(all + R"("model.norm.weight": "model-00002-of-00002.safetensors"})");
+  expect_refused(dir, {"model.safetensors.index.json", "'model.norm.weight'", "twice"});
+  // Shard names that are the directory itself: it was opened and failed to map ("No such
+  // device").
+  for (const std::string name : {"", ".", ".."}) {
+    index(R"({"model.norm.weight": ")" + name + R"("})");
+    expect_refused(dir, {"model.safetensors.index.json", "not a file name"});
+  }
+  // A shard that is a directory.
+  fsys::create_directory(dir + "/model-00003-of-00003.safetensors");
+  index(R"({"model.norm.weight": "model-00003-of-00003.safetensors"})");
+  expect_refused(dir, {"model-00003-of-00003.safetensors", "is a directory"});
+  // An index that is a directory read as an empty string: "not valid JSON".
+  fsys::remove(dir + "/model.safetensors.index.json");
+  fsys::create_directory(dir + "/model.safetensors.index.json");
+  expect_refused(dir, {"model.safetensors.index.json", "is a directory"});
+  // A single model.safetensors that is a directory.
+  fsys::remove(dir + "/model.safetensors.index.json");
+  fsys::create_directory(dir + "/model.safetensors");
+  expect_refused(dir, {"model.safetensors", "is a directory"});
+  // A directory name the file system refuses (ENAMETOOLONG) threw std::filesystem's own error.
+  expect_refused(std::string(5000, 'x'), {"not a model directory"});
+}
+
 }  // namespace
 }  // namespace flashserve::model
