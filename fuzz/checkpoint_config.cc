@@ -11,9 +11,10 @@
 //   - an accepted config is one every loader can use: sizes positive and within int32 where they
 //     meet BLAS, the attention and positions (num_attention_heads x head_dim + 2 x kv heads x
 //     head_dim too), heads a multiple of kv heads, head_dim even, bos/eos inside the vocabulary,
-//     finite positive eps and theta, a sane llama3 rope_scaling, RoPE frequencies finite and
-//     positive, the weights' element counts exact in int64 (and their shapes as weight_specs
-//     lists them when the model is small), and to_json() reads back to the same config.
+//     finite positive eps, a finite theta above 1, a sane llama3 rope_scaling, RoPE frequencies
+//     in [0, 1] radian per position, the weights' element counts exact in int64 (and their shapes
+//     as weight_specs lists them when the model is small), and to_json() reads back to the same
+//     config.
 // Registered in fuzz/CMakeLists.txt: flashserve_fuzz_target(checkpoint_config flashserve_model).
 #include <cmath>
 #include <cstdio>
@@ -170,15 +171,17 @@ void check_accepted(const fm::ModelConfig& c) {
   if (c.bos_token_id < -1 || c.bos_token_id >= c.vocab_size) fail("bos outside the vocabulary");
   if (c.eos_token_id < -1 || c.eos_token_id >= c.vocab_size) fail("eos outside the vocabulary");
   if (!(c.rms_norm_eps > 0) || !std::isfinite(c.rms_norm_eps)) fail("rms_norm_eps");
-  if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta)) fail("rope_theta");
+  if (!(c.rope_theta > 1) || !std::isfinite(c.rope_theta)) fail("rope_theta");
   // The weights' element counts, exact in 128 bits, must fit int64 (the loaders size buffers
   // with them in int64 and in bytes of float32).
   const __int128 h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), f = c.intermediate_size;
   const __int128 params = c.num_hidden_layers * ((q + 2 * kv) * h + h * q + 3 * f * h + 2 * h) +
                           2 * static_cast<__int128>(c.vocab_size) * h + h;
   if (params * 4 > std::numeric_limits<int64_t>::max()) fail("model bytes beyond int64");
+  // At most 1 radian per position (so angles stay finite over any int32 position); a huge
+  // llama3 factor may round the lowest ones to 0, which is the config's meaning to within rounding.
   for (double x : fm::rope_inv_freq(c))
-    if (!(x > 0) || !std::isfinite(x)) fail("a RoPE frequency that is not finite and positive");
+    if (!(x >= 0 && x <= 1)) fail("a RoPE frequency outside [0, 1]");
   if (c.num_hidden_layers * h * h <= (int64_t{1} << 24)) {  // small: list the weights
     for (const fm::WeightSpec& w : fm::weight_specs(c))
       for (int64_t d : w.shape)
@@ -194,6 +197,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   flashserve::fuzz::ByteReader in(data, size);
   const bool raw = (in.raw<uint8_t>() & 1) == 0;
   const std::string text = raw ? in.rest() : edited(in);
+  static const bool print = std::getenv("FLASHSERVE_FUZZ_PRINT") != nullptr;  // to read a crash
+  if (print) std::fprintf(stderr, "%s\n", text.c_str());
   fm::ModelConfig c;
   try {
     c = fm::ModelConfig::from_json(text, "fuzz/config.json");

@@ -205,6 +205,7 @@ void ModelConfig::validate(const std::string& source) const {
   fits_int32(num_attention_heads, "num_attention_heads");
   fits_int32(num_key_value_heads, "num_key_value_heads");
   fits_int32(head_dim, "head_dim");
+  fits_int32(vocab_size, "vocab_size");  // before the products below use it
   fits_int32(max_position_embeddings, "max_position_embeddings");
   fits_int32(sliding_window, "sliding_window");
   // A corrupt count, not a model: every loader walks the layers one by one.
@@ -228,11 +229,12 @@ void ModelConfig::validate(const std::string& source) const {
         std::to_string(num_key_value_heads) + " does not divide num_attention_heads " +
             std::to_string(num_attention_heads));
   if (head_dim % 2) bad(source, "head_dim", std::to_string(head_dim) + " must be even (RoPE)");
-  if (vocab_size > (int64_t{1} << 31) - 1) bad(source, "vocab_size", "must fit in int32");
   if (!(rms_norm_eps > 0) || !std::isfinite(rms_norm_eps))
     bad(source, "rms_norm_eps", "must be positive and finite");
-  if (!(rope_theta > 0) || !std::isfinite(rope_theta))
-    bad(source, "rope_theta", "must be positive and finite");
+  // RoPE's frequencies are rope_theta^(-2i/d): a base below 1 makes them grow with i, and a tiny
+  // one (5e-324) overflows them to inf, which turns every rotated q and k into NaN silently.
+  if (!(rope_theta > 1) || !std::isfinite(rope_theta))
+    bad(source, "rope_theta", "must be finite and greater than 1");
   if (sliding_window < 0) bad(source, "sliding_window", "must be positive or null");
   auto token = [&](int32_t id, const char* field) {
     if (id < -1 || id >= vocab_size)

@@ -190,6 +190,10 @@ TEST(Config, ValuesThatWouldWrapOrBeTruncatedAreRefused) {
       kInv, "model size");
   expect_error(with(kLlama31, "max_position_embeddings", "4294967296"), kInv,
                "max_position_embeddings");
+  // A RoPE base below 1: 5e-324 (found by fuzz/checkpoint_config) made rope_theta^(-2i/d)
+  // overflow to inf, and every rotated q and k NaN.
+  expect_error(with(kLlama31, "rope_theta", "5e-324"), kInv, "rope_theta");
+  expect_error(with(kLlama31, "rope_theta", "0.5"), kInv, "rope_theta");
   // A layer count no model has: every loader walked it one layer at a time.
   expect_error(with(kLlama31, "num_hidden_layers", "1099511627776"), kInv, "num_hidden_layers");
   // 2^64 - 1 read as int64 was -1, and the message said "-1 must be positive".
