@@ -68,6 +68,10 @@ TensorInfo Checkpoint::tensor(const std::string& name, const std::vector<int64_t
   return t;
 }
 
+void Checkpoint::check_unchanged() const {
+  for (const auto& f : files_) f->check_unchanged();
+}
+
 std::vector<std::string> Checkpoint::names() const {
   std::vector<std::string> out;
   for (const auto& [name, i] : where_) out.push_back(name);

@@ -42,6 +42,10 @@ std::string errno_str() {
   return std::strerror(errno);
 }
 
+int64_t mtime_ns(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
 }  // namespace
 
 std::string shape_text(const std::vector<int64_t>& shape) {
@@ -78,26 +82,20 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   // O_NONBLOCK: a named pipe must not block the open waiting for a writer (it is refused below).
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) bad(path, "cannot be opened: " + errno_str());
+  f->fd_ = fd;  // closed by the destructor, on every path from here
   struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    const std::string why = errno_str();
-    ::close(fd);
-    bad(path, "cannot be read: " + why);
-  }
+  if (fstat(fd, &st) != 0) bad(path, "cannot be read: " + errno_str());
   // A directory opens for reading too, and then fails to map with "No such device".
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
+  if (!S_ISREG(st.st_mode))
     bad(path,
         S_ISDIR(st.st_mode) ? "is a directory, not a safetensors file" : "is not a regular file");
-  }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size < 8) {
-    ::close(fd);
+  if (size < 8)
     bad(path,
         "truncated: " + std::to_string(size) + " bytes, too short for the 8-byte header length");
-  }
+  f->size_ = size;
+  f->mtime_ns_ = mtime_ns(st);
   void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);  // the mapping keeps the file
   if (map == MAP_FAILED) bad(path, "cannot be mapped: " + errno_str());
   f->map_ = map;
   f->map_bytes_ = size;
@@ -180,9 +178,21 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
 
 SafetensorsFile::~SafetensorsFile() {
   if (map_) munmap(map_, map_bytes_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SafetensorsFile::check_unchanged() const {
+  struct stat st {};
+  if (fstat(fd_, &st) != 0) bad(path_, "cannot be checked: " + errno_str());
+  const auto now = static_cast<uint64_t>(st.st_size);
+  if (now != size_ || mtime_ns(st) != mtime_ns_)
+    bad(path_, "changed while the model was loading (" + std::to_string(size_) + " bytes, now " +
+                   std::to_string(now) + (now == size_ ? ", rewritten" : "") +
+                   "): its weights may be a mix of two versions");
 }
 
 TensorInfo SafetensorsFile::tensor(const std::string& name) const {
+  check_unchanged();
   auto it = entries_.find(name);
   if (it == entries_.end()) bad(path_, "tensor '" + name + "' is not in the file");
   const Entry& e = it->second;

@@ -282,5 +282,28 @@ TEST(Checkpoint, IndexListingATensorTwiceOrNamingNoFileIsRefused) {
   expect_refused(std::string(5000, 'x'), {"not a model directory"});
 }
 
+// A shard rewritten in place after the directory was opened: its weights were read as they then
+// were, a mix of two versions if the rewrite came mid-load. Now every tensor lookup and the
+// loaders' last step check that no file changed since open.
+TEST(Checkpoint, AShardRewrittenWhileLoadingIsRefused) {
+  std::vector<std::vector<uint8_t>> keep;
+  const std::string dir = broken_copy(
+      "rewritten", [](auto&) {}, keep);
+  const Checkpoint ck = Checkpoint::open(dir);
+  check_weights(ck);
+  ck.check_unchanged();
+  const std::string file = dir + "/model.safetensors";
+  fsys::last_write_time(file, fsys::last_write_time(file) + std::chrono::seconds(10));
+  for (const auto& check : std::vector<std::function<void()>>{[&] { check_weights(ck); },
+                                                              [&] { ck.check_unchanged(); }}) {
+    try {
+      check();
+      ADD_FAILURE() << "a file that changed after open was still read";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(file + ": changed"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace flashserve::model

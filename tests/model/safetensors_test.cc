@@ -232,5 +232,36 @@ TEST(Safetensors, PathsThatAreNotRegularFilesAreRefused) {
   opened.get();
 }
 
+// The mapping shows another writer's bytes as they land: weights read after the file was rewritten
+// in place (or cut shorter, which raised SIGBUS when the bytes were read) were taken silently.
+TEST(Safetensors, AFileThatChangesAfterOpenIsRefused) {
+  std::vector<float> w(64, 1.0f);
+  for (const bool cut : {false, true}) {
+    const std::string path = testing::fresh_dir(cut ? "cut" : "rewrite") + "/model.safetensors";
+    write_safetensors(path, {{"w", DType::kFloat32, {64}, w.data(), 256}});
+    const auto f = SafetensorsFile::open(path);
+    EXPECT_EQ(static_cast<const float*>(f->tensor("w").data)[63], 1.0f);
+    if (cut) {
+      std::filesystem::resize_file(path, std::filesystem::file_size(path) - 16);
+    } else {
+      std::fstream out(path, std::ios::in | std::ios::out | std::ios::binary);
+      out.seekp(-4, std::ios::end);
+      const float two = 2.0f;
+      out.write(reinterpret_cast<const char*>(&two), 4);
+    }
+    // A later time, whatever the file system's clock granularity.
+    std::filesystem::last_write_time(
+        path, std::filesystem::last_write_time(path) + std::chrono::seconds(10));
+    try {
+      f->tensor("w");
+      ADD_FAILURE() << "the file changed after open, and its tensor was still handed out";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path + ": changed while the model was loading"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace flashserve::model

@@ -232,6 +232,7 @@ struct CudaRunner::Impl {
       upload(ck.tensor(p + "mlp.down_proj.weight", {H, I}), l.down, staging);
     }
     check_cuda(cudaDeviceSynchronize(), "load");
+    ck.check_unchanged();  // no file was rewritten while its weights were uploaded
   }
 
   void randomize(uint64_t seed) {
