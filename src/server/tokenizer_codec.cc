@@ -15,18 +15,11 @@ namespace tk = flashserve::tokenizer;
 
 class DecoderStream final : public TextStream {
  public:
-  DecoderStream(const tk::Tokenizer& t, std::span<const int32_t> context)
-      : vocab_(t.vocab_size()), decoder_(t, context) {}
-  // An id of the model's padded vocabulary beyond the tokenizer's has no text (transformers
-  // decodes it to nothing); load_text_codec has already refused a model smaller than the
-  // tokenizer, so these are the only ids the tokenizer does not know.
-  std::string push(int32_t token) override {
-    return token >= vocab_ ? std::string() : decoder_.push(token);
-  }
+  DecoderStream(const tk::Tokenizer& t, std::span<const int32_t> context) : decoder_(t, context) {}
+  std::string push(int32_t token) override { return decoder_.push(token); }
   std::string flush() override { return decoder_.flush(); }
 
  private:
-  int32_t vocab_;
   tk::IncrementalDecoder decoder_;
 };
 

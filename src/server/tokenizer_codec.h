@@ -15,7 +15,7 @@ namespace flashserve::server {
 // and when the tokenizer has ids beyond `model_vocab_size` (config.json's vocab_size; 0: not
 // checked): it would encode prompts the model has no embedding for, and its end-of-sequence ids
 // would be refused as stop tokens on every request. A smaller tokenizer is normal (Qwen2.5 pads
-// its embedding to a multiple of 128): ids without a token decode to nothing, as in transformers.
+// its embedding to a multiple of 128).
 std::unique_ptr<TextCodec> load_text_codec(const std::string& model_dir,
                                            const std::string& chat_template_file = {},
                                            int64_t model_vocab_size = 0);
