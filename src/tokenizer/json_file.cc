@@ -9,8 +9,9 @@ std::string read_file(const std::string& path, const std::string& what) {
   // and a named pipe (whose open blocked forever).
   try {
     return flashserve::read_file(path);
-  } catch (const Error& e) {
-    throw Error(e.kind(), what, std::string("cannot read '") + e.what() + "'");
+  } catch (const Error& e) {  // e: "PATH: why"
+    const std::string why = std::string(e.what()).substr(e.argument().size() + 2);
+    throw Error(e.kind(), what, "cannot read '" + path + "': " + why);
   }
 }
 
