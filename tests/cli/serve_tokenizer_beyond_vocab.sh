@@ -18,5 +18,5 @@ j.setdefault("added_tokens", []).append(
 json.dump(j, open(path, "w"))
 PY
 exec bash "$(dirname "$0")/expect.sh" 2 \
-  "--model: loading failed: .*tokenizer.json: has token ids up to 1024, beyond the model's vocab_size 1024" \
+  "error: .*tokenizer.json: has token ids up to 1024, beyond the model's vocab_size 1024" \
   "$bin" serve --model "$work" --port 0
