@@ -112,7 +112,7 @@ int serve(int argc, char** argv) {
     auto engine = fe::make_model_engine(m, sc);
     server::Backend b;
     b.max_model_len = engine->config().scheduler.max_model_len;
-    b.codec = server::load_text_codec(model_dir, chat_template);
+    b.codec = server::load_text_codec(model_dir, chat_template, engine->config().vocab_size);
     b.loop = std::make_unique<fe::EngineLoop>(std::move(engine));
     std::printf(
         "flashserve serve: ready: %s on %s, %lld KV blocks of %d tokens, max model len "

@@ -25,6 +25,9 @@ class Checkpoint {
   // The tensor after checking its shape: Error(kInvalidArgument) naming file, tensor, both shapes.
   TensorInfo tensor(const std::string& name, const std::vector<int64_t>& shape) const;
   std::vector<std::string> names() const;  // sorted
+  // SafetensorsFile::check_unchanged for every file: a loader calls it once it has copied the
+  // weights, so that none of them was read across another writer's change.
+  void check_unchanged() const;
 
  private:
   std::string dir_;

@@ -1,10 +1,12 @@
 #include "model/config.h"
 
+#include <cmath>
 #include <filesystem>
-#include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
+#include "common/checked_math.h"
+#include "common/read_file.h"
 #include "flashserve/error.h"
 
 namespace flashserve::model {
@@ -31,6 +33,8 @@ int64_t get_int(const json& j, const char* key, const std::string& source, bool 
   }
   const json& v = j.at(key);
   if (!v.is_number_integer()) bad(source, key, "must be an integer, not " + v.dump());
+  if (v.is_number_unsigned() && v.get<uint64_t>() > std::numeric_limits<int64_t>::max())
+    bad(source, key, v.dump() + " is beyond 64-bit integers");  // get<int64_t> would wrap
   return v.get<int64_t>();
 }
 
@@ -49,12 +53,29 @@ bool get_bool(const json& j, const char* key, const std::string& source, bool fa
 }
 
 // bos/eos may be one id or a list (Llama 3 instruct lists several end tokens): we keep the first.
+// Every id is checked against the int32 ids the engine uses (a plain cast would turn 2^32 + 1
+// into 1); validate() then checks the kept one against vocab_size.
 int32_t get_token(const json& j, const char* key, const std::string& source) {
   if (!present(j, key)) return -1;
   const json& v = j.at(key);
-  const json& first = v.is_array() && !v.empty() ? v.at(0) : v;
-  if (!first.is_number_integer()) bad(source, key, "must be a token id, not " + v.dump());
-  return static_cast<int32_t>(first.get<int64_t>());
+  if (v.is_array() && v.empty()) bad(source, key, "is an empty list");
+  for (const json& id : v.is_array() ? v : json::array({v})) {
+    if (!id.is_number_integer()) bad(source, key, "must be a token id, not " + v.dump());
+    if (id.is_number_unsigned() ? id.get<uint64_t>() > std::numeric_limits<int32_t>::max()
+                                : id.get<int64_t>() < -1)
+      bad(source, key, v.dump() + " is not a token id (0 to 2^31 - 1, or -1 for none)");
+  }
+  return static_cast<int32_t>((v.is_array() ? v.at(0) : v).get<int64_t>());
+}
+
+// A string field of an object that may be absent; anything but a string is refused (nlohmann's
+// value() would throw its own type_error for a number).
+std::string get_string(const json& j, const char* key, const std::string& source,
+                       const std::string& fallback) {
+  if (!present(j, key)) return fallback;
+  const json& v = j.at(key);
+  if (!v.is_string()) bad(source, key, "must be a string, not " + v.dump());
+  return v.get<std::string>();
 }
 
 RopeScaling parse_rope_scaling(const json& j, const std::string& source) {
@@ -62,17 +83,19 @@ RopeScaling parse_rope_scaling(const json& j, const std::string& source) {
   if (!present(j, "rope_scaling")) return r;
   const json& s = j.at("rope_scaling");
   if (!s.is_object()) bad(source, "rope_scaling", "must be an object or null");
-  std::string type = s.value("rope_type", s.value("type", std::string("default")));
+  const std::string where = source + ": rope_scaling";
+  const std::string type =
+      get_string(s, "rope_type", where, get_string(s, "type", where, "default"));
   if (type == "default") return r;
   if (type != "llama3")
     bad(source, "rope_scaling", "rope_type '" + type + "' is not supported (only llama3)",
         ErrorKind::kUnsupported);
   r.type = type;
-  r.factor = get_double(s, "factor", source, 0.0);
-  r.low_freq_factor = get_double(s, "low_freq_factor", source, 0.0);
-  r.high_freq_factor = get_double(s, "high_freq_factor", source, 0.0);
+  r.factor = get_double(s, "factor", where, 0.0);
+  r.low_freq_factor = get_double(s, "low_freq_factor", where, 0.0);
+  r.high_freq_factor = get_double(s, "high_freq_factor", where, 0.0);
   r.original_max_position_embeddings =
-      get_int(s, "original_max_position_embeddings", source, true, 0);
+      get_int(s, "original_max_position_embeddings", where, true, 0);
   return r;
 }
 
@@ -100,6 +123,13 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   c.num_hidden_layers = get_int(j, "num_hidden_layers", source, true, 0);
   c.num_attention_heads = get_int(j, "num_attention_heads", source, true, 0);
   c.num_key_value_heads = get_int(j, "num_key_value_heads", source, false, c.num_attention_heads);
+  // Without head_dim, transformers divides hidden_size by the heads; a remainder would be dropped
+  // silently (and the q/k/v shapes checked against a head_dim nobody wrote).
+  if (!present(j, "head_dim") && c.num_attention_heads > 0 && c.hidden_size > 0 &&
+      c.hidden_size % c.num_attention_heads != 0)
+    bad(source, "head_dim",
+        "missing, and hidden_size " + std::to_string(c.hidden_size) +
+            " is not a multiple of num_attention_heads " + std::to_string(c.num_attention_heads));
   c.head_dim = get_int(j, "head_dim", source, false,
                        c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0);
   c.vocab_size = get_int(j, "vocab_size", source, true, 0);
@@ -139,14 +169,11 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
 
 ModelConfig ModelConfig::load(const std::string& dir_or_file) {
   namespace fsys = std::filesystem;
-  const std::string path = fsys::is_directory(dir_or_file)
+  std::error_code ec;  // the throwing overload would escape as filesystem_error, not Error
+  const std::string path = fsys::is_directory(dir_or_file, ec)
                                ? (fsys::path(dir_or_file) / "config.json").string()
                                : dir_or_file;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(ErrorKind::kInvalidArgument, path, "cannot be opened");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return from_json(ss.str(), path);
+  return from_json(read_file(path), path);
 }
 
 void ModelConfig::validate(const std::string& source) const {
@@ -167,23 +194,67 @@ void ModelConfig::validate(const std::string& source) const {
   positive(head_dim, "head_dim");
   positive(vocab_size, "vocab_size");
   positive(max_position_embeddings, "max_position_embeddings");
+  // Sizes cross into int32 where they meet BLAS (GEMM widths), the attention (heads, head_dim,
+  // window) and positions; bounding them here keeps every later product exact.
+  const int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  auto fits_int32 = [&](int64_t v, const char* field) {
+    if (v > kInt32Max) bad(source, field, std::to_string(v) + " is more than 2^31 - 1");
+  };
+  fits_int32(hidden_size, "hidden_size");
+  fits_int32(intermediate_size, "intermediate_size");
+  fits_int32(num_attention_heads, "num_attention_heads");
+  fits_int32(num_key_value_heads, "num_key_value_heads");
+  fits_int32(head_dim, "head_dim");
+  fits_int32(vocab_size, "vocab_size");  // before the products below use it
+  fits_int32(max_position_embeddings, "max_position_embeddings");
+  fits_int32(sliding_window, "sliding_window");
+  // A corrupt count, not a model: every loader walks the layers one by one.
+  if (num_hidden_layers > kMaxLayers)
+    bad(source, "num_hidden_layers",
+        std::to_string(num_hidden_layers) + " is more than " + std::to_string(kMaxLayers));
+  // The fused GEMMs' widths (q + 2 kv rows, gate and up rows) and the whole model in float32.
+  const int64_t qkv = checked_add(
+      checked_mul(num_attention_heads, head_dim, source + ": head_dim"),
+      checked_mul(2 * num_key_value_heads, head_dim, source + ": head_dim"), source + ": head_dim");
+  fits_int32(qkv, "num_attention_heads x head_dim + 2 x num_key_value_heads x head_dim");
+  fits_int32(2 * intermediate_size, "2 x intermediate_size");
+  const std::string total = source + ": model size";
+  int64_t per_layer = checked_mul(qkv + num_attention_heads * head_dim, hidden_size, total);
+  per_layer = checked_add(per_layer, checked_mul(3 * intermediate_size, hidden_size, total), total);
+  int64_t params = checked_mul(per_layer, num_hidden_layers, total);
+  params = checked_add(params, checked_mul(2 * vocab_size, hidden_size, total), total);
+  checked_mul(params, 4, total);  // bytes in float32, as the CPU runner holds them
   if (num_attention_heads % num_key_value_heads)
     bad(source, "num_key_value_heads",
         std::to_string(num_key_value_heads) + " does not divide num_attention_heads " +
             std::to_string(num_attention_heads));
   if (head_dim % 2) bad(source, "head_dim", std::to_string(head_dim) + " must be even (RoPE)");
-  if (vocab_size > (int64_t{1} << 31) - 1) bad(source, "vocab_size", "must fit in int32");
-  if (!(rms_norm_eps > 0)) bad(source, "rms_norm_eps", "must be positive");
-  if (!(rope_theta > 0)) bad(source, "rope_theta", "must be positive");
+  if (!(rms_norm_eps > 0) || !std::isfinite(rms_norm_eps))
+    bad(source, "rms_norm_eps", "must be positive and finite");
+  // RoPE's frequencies are rope_theta^(-2i/d): a base below 1 makes them grow with i, and a tiny
+  // one (5e-324) overflows them to inf, which turns every rotated q and k into NaN silently.
+  if (!(rope_theta > 1) || !std::isfinite(rope_theta))
+    bad(source, "rope_theta", "must be finite and greater than 1");
   if (sliding_window < 0) bad(source, "sliding_window", "must be positive or null");
+  auto token = [&](int32_t id, const char* field) {
+    if (id < -1 || id >= vocab_size)
+      bad(source, field,
+          std::to_string(id) + " is outside the vocabulary of " + std::to_string(vocab_size));
+  };
+  token(bos_token_id, "bos_token_id");
+  token(eos_token_id, "eos_token_id");
   if (rope_scaling.type == "llama3") {
-    if (!(rope_scaling.factor >= 1)) bad(source, "rope_scaling.factor", "must be >= 1");
+    if (!(rope_scaling.factor >= 1) || !std::isfinite(rope_scaling.factor))
+      bad(source, "rope_scaling.factor", "must be >= 1 and finite");
     if (!(rope_scaling.low_freq_factor > 0) ||
-        !(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor))
+        !(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor) ||
+        !std::isfinite(rope_scaling.high_freq_factor))
       bad(source, "rope_scaling",
           "needs 0 < low_freq_factor < high_freq_factor (they bound the smoothed band)");
-    if (rope_scaling.original_max_position_embeddings < 1)
-      bad(source, "rope_scaling.original_max_position_embeddings", "must be positive");
+    if (rope_scaling.original_max_position_embeddings < 1 ||
+        rope_scaling.original_max_position_embeddings > kInt32Max)
+      bad(source, "rope_scaling.original_max_position_embeddings",
+          "must be positive and at most 2^31 - 1");
   }
 }
 

@@ -22,6 +22,8 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
+  // More layers than this is a corrupt count, not a model (the deepest published have ~130).
+  static constexpr int64_t kMaxLayers = int64_t{1} << 16;
   std::string architecture;  // LlamaForCausalLM | MistralForCausalLM | Qwen2ForCausalLM
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;

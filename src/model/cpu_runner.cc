@@ -67,6 +67,7 @@ class CpuRunner final : public ModelRunner {
     }
     load("model.norm.weight", final_norm_);
     if (!c.tie_word_embeddings) load("lm_head.weight", lm_head_);
+    ckpt.check_unchanged();  // no file was rewritten while its weights were copied
     inv_freq_ = rope_inv_freq(c);
   }
 

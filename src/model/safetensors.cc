@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "flashserve/error.h"
+#include "model/unique_json.h"
 
 namespace flashserve::model {
 
@@ -39,6 +40,10 @@ size_t element_bytes(const std::string& dtype) {
 
 std::string errno_str() {
   return std::strerror(errno);
+}
+
+int64_t mtime_ns(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
 }
 
 }  // namespace
@@ -74,21 +79,23 @@ const char* safetensors_dtype(DType dtype) {
 std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a named pipe must not block the open waiting for a writer (it is refused below).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) bad(path, "cannot be opened: " + errno_str());
+  f->fd_ = fd;  // closed by the destructor, on every path from here
   struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    ::close(fd);
-    bad(path, "cannot be read: " + errno_str());
-  }
+  if (fstat(fd, &st) != 0) bad(path, "cannot be read: " + errno_str());
+  // A directory opens for reading too, and then fails to map with "No such device".
+  if (!S_ISREG(st.st_mode))
+    bad(path,
+        S_ISDIR(st.st_mode) ? "is a directory, not a safetensors file" : "is not a regular file");
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size < 8) {
-    ::close(fd);
+  if (size < 8)
     bad(path,
         "truncated: " + std::to_string(size) + " bytes, too short for the 8-byte header length");
-  }
+  f->size_ = size;
+  f->mtime_ns_ = mtime_ns(st);
   void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);  // the mapping keeps the file
   if (map == MAP_FAILED) bad(path, "cannot be mapped: " + errno_str());
   f->map_ = map;
   f->map_bytes_ = size;
@@ -104,12 +111,9 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   f->data_ = bytes + 8 + header_len;
   const uint64_t data_bytes = size - 8 - header_len;
 
-  json header;
-  try {
-    header = json::parse(bytes + 8, bytes + 8 + header_len);
-  } catch (const json::exception& e) {
-    bad(path, std::string("header is not valid JSON: ") + e.what());
-  }
+  // A name listed twice would otherwise keep one of its two entries silently.
+  const json header = parse_unique_json(
+      std::string_view(reinterpret_cast<const char*>(bytes + 8), header_len), path, "header");
   if (!header.is_object()) bad(path, "header is not a JSON object");
   for (const auto& [name, v] : header.items()) {
     if (name == "__metadata__") {
@@ -129,14 +133,16 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
     if (esize == 0) bad(path, where + "unknown dtype '" + e.dtype + "'");
     const json& shape = v.at("shape");
     if (!shape.is_array()) bad(path, where + "shape is not a list");
-    uint64_t numel = 1;
+    // The byte size in checked arithmetic: a product that wraps could match small offsets (a
+    // [2^62] F32 tensor "needs" 2^64 = 0 bytes) and be accepted with a wrong element count.
+    uint64_t nbytes = esize;
     for (const json& d : shape) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0)
         bad(path, where + "shape " + shape.dump() + " has a dimension that is not a size");
-      const uint64_t dim = d.get<uint64_t>();
-      if (dim != 0 && numel > (uint64_t{1} << 62) / dim)
-        bad(path, where + "shape " + shape.dump() + " overflows");
-      numel *= dim;
+      if (__builtin_mul_overflow(nbytes, d.get<uint64_t>(), &nbytes) ||
+          nbytes > static_cast<uint64_t>(INT64_MAX))
+        bad(path, where + "shape " + shape.dump() + " of " + e.dtype +
+                      " has more bytes than 64-bit sizes hold");
       e.shape.push_back(d.get<int64_t>());
     }
     const json& off = v.at("data_offsets");
@@ -151,10 +157,9 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
     if (e.end > data_bytes)
       bad(path, where + offs + " run past the end of the data (" + std::to_string(data_bytes) +
                     " bytes): truncated file?");
-    if (e.end - e.begin != numel * esize)
+    if (e.end - e.begin != nbytes)
       bad(path, where + offs + " hold " + std::to_string(e.end - e.begin) + " bytes, but " +
-                    e.dtype + " " + shape_text(e.shape) + " needs " +
-                    std::to_string(numel * esize));
+                    e.dtype + " " + shape_text(e.shape) + " needs " + std::to_string(nbytes));
     f->entries_.emplace(name, std::move(e));
   }
   // No two tensors may share bytes: a writer bug, or a crafted file aliasing weights.
@@ -173,9 +178,21 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
 
 SafetensorsFile::~SafetensorsFile() {
   if (map_) munmap(map_, map_bytes_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SafetensorsFile::check_unchanged() const {
+  struct stat st {};
+  if (fstat(fd_, &st) != 0) bad(path_, "cannot be checked: " + errno_str());
+  const auto now = static_cast<uint64_t>(st.st_size);
+  if (now != size_ || mtime_ns(st) != mtime_ns_)
+    bad(path_, "changed while the model was loading (" + std::to_string(size_) + " bytes, now " +
+                   std::to_string(now) + (now == size_ ? ", rewritten" : "") +
+                   "): its weights may be a mix of two versions");
 }
 
 TensorInfo SafetensorsFile::tensor(const std::string& name) const {
+  check_unchanged();
   auto it = entries_.find(name);
   if (it == entries_.end()) bad(path_, "tensor '" + name + "' is not in the file");
   const Entry& e = it->second;

@@ -43,6 +43,12 @@ class SafetensorsFile {
   TensorInfo tensor(const std::string& name) const;
   std::vector<std::string> names() const;  // sorted
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Error(kInvalidArgument) naming the file when its size or modification time is not what open()
+  // saw: the mapping shows another writer's bytes as they land, so weights read across such a
+  // change may be a mix of two versions. tensor() checks it; loaders check it again once every
+  // tensor is copied. (A file cut shorter while it is read raises SIGBUS before any check can run:
+  // a directory being written is not a checkpoint to load.)
+  void check_unchanged() const;
 
  private:
   struct Entry {
@@ -53,6 +59,9 @@ class SafetensorsFile {
   SafetensorsFile() = default;
 
   std::string path_;
+  int fd_ = -1;  // kept open to see whether the file changes under the mapping
+  uint64_t size_ = 0;
+  int64_t mtime_ns_ = 0;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
   const uint8_t* data_ = nullptr;  // start of the data section

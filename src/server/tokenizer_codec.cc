@@ -68,9 +68,17 @@ class TokenizerCodec final : public TextCodec {
 }  // namespace
 
 std::unique_ptr<TextCodec> load_text_codec(const std::string& model_dir,
-                                           const std::string& chat_template_file) {
-  if (!std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json")) return nullptr;
+                                           const std::string& chat_template_file,
+                                           int64_t model_vocab_size) {
+  const std::filesystem::path path = std::filesystem::path(model_dir) / "tokenizer.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return nullptr;
   tk::Tokenizer t = tk::Tokenizer::load(model_dir);
+  if (model_vocab_size > 0 && t.vocab_size() > model_vocab_size)
+    throw Error(ErrorKind::kInvalidArgument, path.string(),
+                "has token ids up to " + std::to_string(t.vocab_size() - 1) +
+                    ", beyond the model's vocab_size " + std::to_string(model_vocab_size) +
+                    " (config.json): a tokenizer of another model?");
   std::optional<tk::ChatTemplate> chat;
   std::string why;
   if (!chat_template_file.empty()) {

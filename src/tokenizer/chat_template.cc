@@ -48,6 +48,7 @@ ChatTemplate ChatTemplate::from_file(const std::string& path, std::string bos, s
 
 ChatTemplate ChatTemplate::load(const std::string& model_dir) {
   namespace fs = std::filesystem;
+  std::error_code ec;  // the throwing overloads would escape as filesystem_error, not Error
   const std::string path = (fs::path(model_dir) / "tokenizer_config.json").string();
   const nlohmann::json config =
       parse_json(read_file(path, "tokenizer_config.json"), "tokenizer_config.json");
@@ -57,13 +58,17 @@ ChatTemplate ChatTemplate::load(const std::string& model_dir) {
   if (it != config.end() && it->is_string()) {
     source = it->get<std::string>();
   } else if (it != config.end() && it->is_array()) {  // [{"name": ..., "template": ...}]
+    // Compared, not converted: a name or template of another JSON type threw nlohmann's
+    // type_error, which is not an Error and escaped the server's load.
     for (const auto& t : *it)
-      if (t.is_object() && t.value("name", "") == "default" && t.contains("template"))
-        source = t["template"].get<std::string>();
+      if (t.is_object() && t.contains("name") && t.at("name") == "default" &&
+          t.contains("template") && t.at("template").is_string())
+        source = t.at("template").get<std::string>();
     if (source.empty())
       throw Error(ErrorKind::kUnsupported, "tokenizer_config.json: chat_template",
                   "a list of templates without a \"default\" one; pass --chat-template FILE");
-  } else if (const fs::path side = fs::path(model_dir) / "chat_template.jinja"; fs::exists(side)) {
+  } else if (const fs::path side = fs::path(model_dir) / "chat_template.jinja";
+             fs::exists(side, ec)) {
     return from_file(side.string(), std::move(bos), std::move(eos));  // newer transformers
   } else {
     throw Error(ErrorKind::kInvalidArgument, "tokenizer_config.json: chat_template",

@@ -1,16 +1,18 @@
 #include "tokenizer/json_file.h"
 
-#include <fstream>
-#include <sstream>
+#include "common/read_file.h"
 
 namespace flashserve::tokenizer {
 
 std::string read_file(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(ErrorKind::kInvalidArgument, what, "cannot read '" + path + "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  // The checked reader refuses a directory (which read as an empty file, then "not valid JSON")
+  // and a named pipe (whose open blocked forever).
+  try {
+    return flashserve::read_file(path);
+  } catch (const Error& e) {  // e: "PATH: why"
+    const std::string why = std::string(e.what()).substr(e.argument().size() + 2);
+    throw Error(e.kind(), what, "cannot read '" + path + "': " + why);
+  }
 }
 
 nlohmann::json parse_json(std::string_view text, const std::string& what) {

@@ -38,6 +38,17 @@ class TokenizerImpl {
     pre_tokenizer_ =
         make_pre_tokenizer(tj.value("pre_tokenizer", json()), "tokenizer.json: pre_tokenizer");
     decoder_ = make_decoder(tj.value("decoder", json()), "tokenizer.json: decoder");
+    // Dense ids are below the number of entries: a larger one is refused before the tables are
+    // sized by it (an id of 2^31 - 1 overflowed id + 1; one of 2^30 asked for 32 GB).
+    const size_t entries = bpe_.vocab().size() + added_.tokens().size();
+    auto dense = [&](int32_t id, const char* field) {
+      if (static_cast<size_t>(id) >= entries)
+        throw Error(ErrorKind::kInvalidArgument, field,
+                    "id " + std::to_string(id) + " is beyond the " + std::to_string(entries) +
+                        " tokens (ids must be dense)");
+    };
+    for (const auto& [token, id] : bpe_.vocab()) dense(id, "tokenizer.json: model.vocab");
+    for (const AddedToken& t : added_.tokens()) dense(t.id, "tokenizer.json: added_tokens");
     for (const auto& [token, id] : bpe_.vocab()) set_token(id, token);
     for (const AddedToken& t : added_.tokens()) {
       set_token(t.id, t.content);
@@ -195,7 +206,13 @@ class TokenizerImpl {
         throw Error(ErrorKind::kInvalidArgument, field + ".special_tokens",
                     "'" + name + "' is used in the template but not defined");
       for (const json& id : st[name].at("ids")) {
-        const int32_t v = id.get<int32_t>();
+        // Read as int64 and checked: get<int32_t> truncated 2^32 + 1 to 1, and an id outside
+        // the vocabulary was later read as a token (out of bounds) and prepended to prompts.
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab_size())
+          throw Error(ErrorKind::kInvalidArgument, field + ".special_tokens",
+                      "'" + name + "' has id " + id.dump() + ", outside the vocabulary of " +
+                          std::to_string(vocab_size()));
+        const auto v = static_cast<int32_t>(id.get<int64_t>());
         (after ? suffix_ids_ : prefix_ids_).push_back(v);
         if (!after) bos_template_ids_.push_back(v);
       }
@@ -233,10 +250,11 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
 Tokenizer Tokenizer::load(const std::string& path) {
   namespace fs = std::filesystem;
   std::string tokenizer_path = path, config_path;
-  if (!fs::exists(path))
+  std::error_code ec;  // the throwing overloads would escape as filesystem_error, not Error
+  if (!fs::exists(path, ec))
     throw Error(ErrorKind::kInvalidArgument, "tokenizer",
                 "'" + path + "' does not exist (a model directory or its tokenizer.json)");
-  if (fs::is_directory(path)) {
+  if (fs::is_directory(path, ec)) {
     tokenizer_path = (fs::path(path) / "tokenizer.json").string();
     config_path = (fs::path(path) / "tokenizer_config.json").string();
   } else {
@@ -244,7 +262,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
   }
   const std::string tj = read_file(tokenizer_path, "tokenizer.json");
   const std::string config =
-      fs::exists(config_path) ? read_file(config_path, "tokenizer_config.json") : std::string();
+      fs::exists(config_path, ec) ? read_file(config_path, "tokenizer_config.json") : std::string();
   try {
     return from_json(tj, config);
   } catch (const Error& e) {

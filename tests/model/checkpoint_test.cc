@@ -240,5 +240,70 @@ TEST(Checkpoint, BrokenDirectoriesAreRefusedNamingFileAndTensor) {
   expect_refused(dir + "/nope", {"nope"});
 }
 
+// The shard index and the paths of a directory, as a careless or hostile writer leaves them. Each
+// was accepted or refused with a misleading message before the hardening of model loading.
+TEST(Checkpoint, IndexListingATensorTwiceOrNamingNoFileIsRefused) {
+  std::vector<std::vector<uint8_t>> keep;
+  const std::string dir = broken_copy(
+      "twice", [](auto&) {}, keep);
+  const std::string shard = "model-00001-of-00002.safetensors";
+  const std::vector<std::string> names = Checkpoint::open(dir).names();
+  fsys::rename(dir + "/model.safetensors", dir + "/" + shard);
+  fsys::copy_file(dir + "/" + shard, dir + "/model-00002-of-00002.safetensors");
+  auto index = [&](const std::string& weight_map) {
+    std::ofstream(dir + "/model.safetensors.index.json")
+        << R"({"metadata": {"total_size": 0}, "weight_map": )" + weight_map + "}";
+  };
+  // Every tensor in shard 1, and model.norm.weight listed again for shard 2: both shards hold it,
+  // and JSON kept the second entry without a word (the directory loaded).
+  std::string all = "{";
+  for (const std::string& name : names) all += "\"" + name + "\": \"" + shard + "\", ";
+  index(all + R"("model.norm.weight": "model-00002-of-00002.safetensors"})");
+  expect_refused(dir, {"model.safetensors.index.json", "'model.norm.weight'", "twice"});
+  // Shard names that are the directory itself: it was opened and failed to map ("No such
+  // device").
+  for (const std::string name : {"", ".", ".."}) {
+    index(R"({"model.norm.weight": ")" + name + R"("})");
+    expect_refused(dir, {"model.safetensors.index.json", "not a file name"});
+  }
+  // A shard that is a directory.
+  fsys::create_directory(dir + "/model-00003-of-00003.safetensors");
+  index(R"({"model.norm.weight": "model-00003-of-00003.safetensors"})");
+  expect_refused(dir, {"model-00003-of-00003.safetensors", "is a directory"});
+  // An index that is a directory read as an empty string: "not valid JSON".
+  fsys::remove(dir + "/model.safetensors.index.json");
+  fsys::create_directory(dir + "/model.safetensors.index.json");
+  expect_refused(dir, {"model.safetensors.index.json", "is a directory"});
+  // A single model.safetensors that is a directory.
+  fsys::remove(dir + "/model.safetensors.index.json");
+  fsys::create_directory(dir + "/model.safetensors");
+  expect_refused(dir, {"model.safetensors", "is a directory"});
+  // A directory name the file system refuses (ENAMETOOLONG) threw std::filesystem's own error.
+  expect_refused(std::string(5000, 'x'), {"not a model directory"});
+}
+
+// A shard rewritten in place after the directory was opened: its weights were read as they then
+// were, a mix of two versions if the rewrite came mid-load. Now every tensor lookup and the
+// loaders' last step check that no file changed since open.
+TEST(Checkpoint, AShardRewrittenWhileLoadingIsRefused) {
+  std::vector<std::vector<uint8_t>> keep;
+  const std::string dir = broken_copy(
+      "rewritten", [](auto&) {}, keep);
+  const Checkpoint ck = Checkpoint::open(dir);
+  check_weights(ck);
+  ck.check_unchanged();
+  const std::string file = dir + "/model.safetensors";
+  fsys::last_write_time(file, fsys::last_write_time(file) + std::chrono::seconds(10));
+  for (const auto& check : std::vector<std::function<void()>>{[&] { check_weights(ck); },
+                                                              [&] { ck.check_unchanged(); }}) {
+    try {
+      check();
+      ADD_FAILURE() << "a file that changed after open was still read";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(file + ": changed"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace flashserve::model

@@ -4,7 +4,10 @@
 // parameter counts against the published totals, and the llama3 frequencies against the reference.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
@@ -124,6 +127,8 @@ void expect_error(const std::string& text, ErrorKind kind, const std::string& me
     EXPECT_EQ(e.kind(), kind) << e.what();
     EXPECT_NE(std::string(e.what()).find(mention), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("dir/config.json"), std::string::npos) << e.what();
+  } catch (const std::exception& e) {  // any other exception escapes the library's contract
+    ADD_FAILURE() << "not a flashserve::Error: " << e.what() << "; expected " << mention;
   }
 }
 
@@ -148,6 +153,67 @@ TEST(Config, RefusalsNameTheFieldAndTheFile) {
   expect_error(with(kLlama31, "attention_bias", "true"), kUns, "attention_bias");
   expect_error(with(kQwen25, "use_sliding_window", "true"), kUns, "use_sliding_window");
   expect_error(with(kLlama31, "tie_word_embeddings", "1"), kInv, "tie_word_embeddings");
+}
+
+// Each of these was accepted (or escaped as nlohmann's own exception) before the hardening of
+// model loading (docs/hardening.md): a value that wrapped, was truncated or was out of range.
+TEST(Config, ValuesThatWouldWrapOrBeTruncatedAreRefused) {
+  const auto kInv = ErrorKind::kInvalidArgument;
+  // A non-string rope_type threw nlohmann::type_error, not Error.
+  expect_error(with(kLlama31, "rope_scaling", R"({"rope_type": 3, "factor": 8.0})"), kInv,
+               "rope_scaling: rope_type");
+  expect_error(with(kLlama31, "rope_scaling", R"({"type": ["llama3"]})"), kInv,
+               "rope_scaling: type");
+  // Token ids were cast to int32: 2^32 + 1 became 1. Ids beyond the vocabulary were kept.
+  expect_error(with(kLlama31, "eos_token_id", "4294967297"), kInv, "eos_token_id");
+  expect_error(with(kLlama31, "eos_token_id", "[128001, 4294967297]"), kInv, "eos_token_id");
+  expect_error(with(kLlama31, "bos_token_id", "128256"), kInv, "bos_token_id");
+  expect_error(with(kLlama31, "eos_token_id", "-2"), kInv, "eos_token_id");
+  expect_error(with(kLlama31, "eos_token_id", "[]"), kInv, "eos_token_id");
+  EXPECT_EQ(ModelConfig::from_json(with(kLlama31, "bos_token_id", "128255")).bos_token_id, 128255);
+  // Without head_dim, 4096 / 24 heads was truncated to 170.
+  expect_error(
+      with(with(kLlama31, "num_attention_heads", "24").c_str(), "num_key_value_heads", "8"), kInv,
+      "head_dim");
+  // sliding_window reaches the attention as an int32 window: 2^32 + 1 became a window of 0 keys.
+  expect_error(with(kMistral, "sliding_window", "4294967297"), kInv, "sliding_window");
+  // Sizes whose products overflow int64 (heads x head_dim, the weights' element counts) or leave
+  // int32 where they meet BLAS and the kernels.
+  expect_error(with(kLlama31, "hidden_size", "4294967296"), kInv, "hidden_size");
+  expect_error(
+      with(with(kLlama31, "head_dim", "1073741824").c_str(), "num_attention_heads", "1073741824"),
+      kInv, "num_attention_heads x head_dim");
+  expect_error(with(kLlama31, "head_dim", "67108864"), kInv, "head_dim");
+  expect_error(
+      with(with(with(kLlama31, "head_dim", "128").c_str(), "hidden_size", "2147483520").c_str(),
+           "intermediate_size", "1073741823"),
+      kInv, "model size");
+  expect_error(with(kLlama31, "max_position_embeddings", "4294967296"), kInv,
+               "max_position_embeddings");
+  // A RoPE base below 1: 5e-324 (found by fuzz/checkpoint_config) made rope_theta^(-2i/d)
+  // overflow to inf, and every rotated q and k NaN.
+  expect_error(with(kLlama31, "rope_theta", "5e-324"), kInv, "rope_theta");
+  expect_error(with(kLlama31, "rope_theta", "0.5"), kInv, "rope_theta");
+  // A layer count no model has: every loader walked it one layer at a time.
+  expect_error(with(kLlama31, "num_hidden_layers", "1099511627776"), kInv, "num_hidden_layers");
+  // 2^64 - 1 read as int64 was -1, and the message said "-1 must be positive".
+  expect_error(with(kLlama31, "num_hidden_layers", "18446744073709551615"), kInv,
+               "num_hidden_layers: 18446744073709551615");
+}
+
+TEST(Config, PathsThatAreNotFilesAreRefusedNamingThem) {
+  const std::string dir = ::testing::TempDir() + "/fs_config_dir_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/config.json");
+  try {
+    ModelConfig::load(dir);
+    ADD_FAILURE() << "accepted a directory as config.json";
+  } catch (const Error& e) {  // was "not valid JSON": the directory read as an empty string
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+  // A name the file system refuses (ENAMETOOLONG): std::filesystem threw its own error.
+  EXPECT_THROW(ModelConfig::load(std::string(5000, 'x')), Error);
 }
 
 TEST(Config, ToJsonReadsBackToTheSameConfig) {

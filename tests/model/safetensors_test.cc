@@ -3,9 +3,13 @@
 // against the format; round trips of every float dtype.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -172,6 +176,91 @@ TEST(Safetensors, TruncatedCopyOfAValidFileNamesItsLastTensor) {
                            {"second", DType::kFloat32, {64}, w.data(), 256}});
   std::filesystem::resize_file(path, std::filesystem::file_size(path) - 10);
   expect_refused(path, {"'second'", "truncated"});
+}
+
+// A shape whose byte size wraps 64 bits "needs" a few bytes: [2^62] F32 is 2^64 = 0 bytes, and
+// was accepted with empty offsets as a tensor of 2^62 elements.
+TEST(Safetensors, ShapesWhoseByteSizeOverflowsAreRefused) {
+  expect_refused(write_raw(R"({"w":{"dtype":"F32","shape":[4611686018427387904],)"
+                           R"("data_offsets":[0,0]}})",
+                           ""),
+                 {"'w'", "4611686018427387904", "64-bit"});
+  expect_refused(write_raw(R"({"w":{"dtype":"F64","shape":[2305843009213693952,2],)"
+                           R"("data_offsets":[0,0]}})",
+                           ""),
+                 {"'w'", "64-bit"});
+  expect_refused(write_raw(R"({"w":{"dtype":"BF16","shape":[4294967296,4294967296,4],)"
+                           R"("data_offsets":[0,0]}})",
+                           ""),
+                 {"'w'", "64-bit"});
+  // An empty dimension keeps the product at 0 whatever the others are: valid, and empty.
+  const auto f = SafetensorsFile::open(write_raw(
+      R"({"w":{"dtype":"F32","shape":[0,4611686018427387904],"data_offsets":[0,0]}})", ""));
+  EXPECT_EQ(f->tensor("w").numel(), 0);
+  EXPECT_EQ(f->tensor("w").bytes, 0u);
+}
+
+// JSON keeps the last of two equal keys without a word: a tensor listed twice in a header was one
+// of its two entries, silently.
+TEST(Safetensors, ATensorListedTwiceIsRefused) {
+  expect_refused(write_raw(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                           R"("w":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})",
+                           bytes(24)),
+                 {"'w'", "twice"});
+  expect_refused(write_raw(R"({"__metadata__":{"format":"pt","format":"np"}})", ""),
+                 {"'format'", "twice"});
+  // The same key in two different objects is fine.
+  const auto f = SafetensorsFile::open(write_raw(
+      R"({"__metadata__":{"w":"x"},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+      bytes(8)));
+  EXPECT_EQ(f->names(), std::vector<std::string>{"w"});
+}
+
+// A directory opened for reading and failed to map ("No such device"); a named pipe blocked the
+// open forever, waiting for a writer.
+TEST(Safetensors, PathsThatAreNotRegularFilesAreRefused) {
+  const std::string dir = testing::fresh_dir("d");
+  expect_refused(dir, {"is a directory"});
+  const std::string fifo = dir + "/model.safetensors";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  auto opened =
+      std::async(std::launch::async, [&] { expect_refused(fifo, {"not a regular file"}); });
+  if (opened.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    ADD_FAILURE() << "opening a named pipe blocked";
+    std::ofstream(fifo) << "x";  // a writer lets the blocked open return
+  }
+  opened.get();
+}
+
+// The mapping shows another writer's bytes as they land: weights read after the file was rewritten
+// in place (or cut shorter, which raised SIGBUS when the bytes were read) were taken silently.
+TEST(Safetensors, AFileThatChangesAfterOpenIsRefused) {
+  std::vector<float> w(64, 1.0f);
+  for (const bool cut : {false, true}) {
+    const std::string path = testing::fresh_dir(cut ? "cut" : "rewrite") + "/model.safetensors";
+    write_safetensors(path, {{"w", DType::kFloat32, {64}, w.data(), 256}});
+    const auto f = SafetensorsFile::open(path);
+    EXPECT_EQ(static_cast<const float*>(f->tensor("w").data)[63], 1.0f);
+    if (cut) {
+      std::filesystem::resize_file(path, std::filesystem::file_size(path) - 16);
+    } else {
+      std::fstream out(path, std::ios::in | std::ios::out | std::ios::binary);
+      out.seekp(-4, std::ios::end);
+      const float two = 2.0f;
+      out.write(reinterpret_cast<const char*>(&two), 4);
+    }
+    // A later time, whatever the file system's clock granularity.
+    std::filesystem::last_write_time(
+        path, std::filesystem::last_write_time(path) + std::chrono::seconds(10));
+    try {
+      f->tensor("w");
+      ADD_FAILURE() << "the file changed after open, and its tensor was still handed out";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path + ": changed while the model was loading"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <vector>
 
@@ -91,6 +92,27 @@ double max_diff(const std::vector<float>& x, const std::vector<float>& y) {
   double m = 0;
   for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(double(x[i]) - y[i]));
   return m;
+}
+
+// A checkpoint with a layer more than its config.json says: the CPU runner refused it, the CUDA
+// runner loaded the config's layers and served a smaller model without a word.
+TEST(GpuModelRunner, RefusesACheckpointWithTensorsTheConfigDoesNotHave) {
+  SKIP_WITHOUT_CUDA();
+  const fs::path d =
+      fs::temp_directory_path() / ("flashserve-gpu-extra-" + std::to_string(::getpid()));
+  model::ModelConfig c = model::preset_config("tiny");
+  c.num_hidden_layers = 2;
+  model::write_random_checkpoint(c, d.string());
+  c.num_hidden_layers = 1;
+  std::ofstream(d / "config.json") << c.to_json();
+  try {
+    model::make_cuda_runner(d.string(), 0);
+    ADD_FAILURE() << "accepted a checkpoint with an extra layer";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.1."), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("unexpected"), std::string::npos) << e.what();
+  }
+  fs::remove_all(d);
 }
 
 TEST(GpuModelRunner, MatchesCpuRunnerOnTiny) {

@@ -24,6 +24,7 @@
 #include "model/cuda/sample.h"
 #include "model/cuda/silu_mul.h"
 #include "model/rope.h"
+#include "model/weights.h"
 
 namespace flashserve::model::cuda {
 namespace {
@@ -231,6 +232,7 @@ struct CudaRunner::Impl {
       upload(ck.tensor(p + "mlp.down_proj.weight", {H, I}), l.down, staging);
     }
     check_cuda(cudaDeviceSynchronize(), "load");
+    ck.check_unchanged();  // no file was rewritten while its weights were uploaded
   }
 
   void randomize(uint64_t seed) {
@@ -591,7 +593,10 @@ CudaRunner::~CudaRunner() = default;
 
 std::unique_ptr<CudaRunner> CudaRunner::load(const std::string& dir, int device) {
   const Checkpoint ck = Checkpoint::open(dir);
-  ck.config().validate(dir + "/config.json");
+  // The whole directory against the config, as the CPU runner checks it: load() reads only the
+  // tensors the config names, so a checkpoint with more layers than config.json (or any other
+  // tensor the model would not use) was served silently as a smaller model.
+  check_weights(ck);
   auto impl = std::make_unique<Impl>();
   impl->init(device);
   impl->load(ck);
