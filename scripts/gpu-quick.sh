@@ -77,15 +77,18 @@ run_step engine_run 90 "${FS[@]}" run --device cuda
 
 step "GPU tests: every attention test (8 shards at once: the float64 reference is the cost), the model's"
 gpu_tests() {
-  local rc=0 i
+  local rc=0 i pids=()
   for i in 0 1 2 3 4 5 6 7; do
     GTEST_TOTAL_SHARDS=8 GTEST_SHARD_INDEX=$i "$BIN/tests/test_gpu" --gtest_brief=1 >"$OUT/test_gpu.$i.log" 2>&1 &
+    pids+=($!)
   done
-  for i in 0 1 2 3 4 5 6 7; do wait -n || rc=1; done
+  for i in "${pids[@]}"; do wait "$i" || rc=1; done
   cat "$OUT"/test_gpu.*.log | grep -E "FAILED|Failure|PASSED|tests ran" | sort | uniq -c
   return $rc
 }
-run_step gpu_tests 240 gpu_tests
+export BIN OUT
+export -f gpu_tests
+run_step gpu_tests 240 bash -c gpu_tests  # timeout runs programs, not shell functions
 run_step model_gpu 90 "${WITH_LIBS[@]}" "$BIN/tests/test_model_gpu" --gtest_brief=1
 
 step "SASS: HGMMA instructions in the binary (0: no wgmma)"
