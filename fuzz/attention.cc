@@ -7,8 +7,9 @@
 //   - validate() either accepts, or throws flashserve::Error of kind invalid-argument or
 //     unsupported naming an argument; it never crashes, hangs or trips ASan/UBSan;
 //   - an accepted call whose views lie inside the buffers (the caller's part of the contract)
-//     runs, and agrees with the float64 reference: the same rows NaN (a NaN in q or a seen key),
-//     the same rows with no key (zero, lse -inf), the rest within the tolerance of the tests.
+//     runs, and agrees with the float64 reference: NaN in the same elements of out (a NaN in q or
+//     a seen key makes a row NaN; one in v, where a moved view reads q's or k's NaNs, a column)
+//     and of lse, the same rows with no key (zero, lse -inf), the rest within the tests' tolerance.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -69,7 +70,7 @@ CaseSpec spec_from(ByteReader& in) {
   s.with_lse = in.flag();
   s.num_splits = static_cast<int32_t>(in.in(0, 5));
   s.pad = in.in(0, 2);
-  s.poison_unused_kv = false;  // v holds no NaN: a NaN output row then has exactly one cause
+  s.poison_unused_kv = false;  // v's own buffer holds no NaN
   s.seed = in.raw<uint64_t>();
   return s;
 }
@@ -184,9 +185,10 @@ bool inside_buffers(AttentionCase& c, const fs::TensorView& t) {
   return false;
 }
 
-// The accepted call against the float64 reference: the same rows NaN (out and lse), then the
-// tests' tolerance (support/compare.h: rows with no key zero with lse -inf, the rest within twice
-// the error of a naive kernel in the same precision).
+// The accepted call against the float64 reference: NaN in the same elements of out and of lse
+// (element by element: a v view moved into q's or k's buffer carries their NaNs into some columns
+// of rows whose lse is finite), then the tests' tolerance (support/compare.h: rows with no key
+// zero with lse -inf, the rest within twice the error of a naive kernel in the same precision).
 void compare_with_reference(const fs::AttentionParams& p) {
   namespace ref = fs::attention::reference;
   const fs::attention::Problem pr = fs::attention::describe(p);
@@ -199,12 +201,12 @@ void compare_with_reference(const fs::AttentionParams& p) {
     for (int64_t t = 0; t < L.q_len(b); ++t)
       for (int64_t h = 0; h < pr.h_q; ++h) {
         const int64_t row = L.q_row(b, t) * pr.h_q + h;
-        const bool nan = std::isnan(exact.lse[row]);
-        for (int64_t d = 0; d < Dv; ++d)
-          if (std::isnan(got.out[row * Dv + d]) != nan)
-            fail("out: NaN where the reference is not, or the reverse", got.out[row * Dv + d],
-                 exact.out[row * Dv + d]);
-        if (!got.lse.empty() && std::isnan(got.lse[row]) != nan)
+        for (int64_t d = 0; d < Dv; ++d) {
+          const int64_t i = row * Dv + d;
+          if (std::isnan(got.out[i]) != std::isnan(exact.out[i]))
+            fail("out: NaN where the reference is not, or the reverse", got.out[i], exact.out[i]);
+        }
+        if (!got.lse.empty() && std::isnan(got.lse[row]) != std::isnan(exact.lse[row]))
           fail("lse: NaN where the reference is not, or the reverse", got.lse[row], exact.lse[row]);
       }
   const ::testing::AssertionResult close = fs::testing::attention_close(got, exact, lowp, pr.dtype);
