@@ -21,6 +21,7 @@
 #include "support/compare.h"
 #include "support/device_copy.h"
 #include "support/nan_cases.h"
+#include "support/scoped_env.h"
 
 namespace flashserve::testing {
 namespace {
@@ -356,17 +357,6 @@ TEST(GpuErrors, RefusesWhatItCannotRun) {
 // ---------------------------------------------------------------------------------------------
 // FLASHSERVE_CHECK_INDICES=1: index tensors in device memory are copied back and checked entry by
 // entry, with the CPU path's errors; a valid call still runs and matches the reference.
-
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
 
 TEST(GpuIndexCheck, RefusesBadDeviceIndicesWhenAsked) {
   SKIP_WITHOUT_CUDA();

@@ -25,6 +25,7 @@
 #include "flashserve/kv_cache.h"
 #include "support/attention_case.h"  // seed_for
 #include "support/cuda_skip.h"
+#include "support/scoped_env.h"
 
 namespace flashserve::testing {
 namespace {
@@ -356,14 +357,15 @@ TEST(KvAppendGpu, CheckIndicesRefusesTwoAppendsToOneCacheRow) {
   KvCacheAppendParams dev;
   dev.k_cache = kc.d, dev.v_cache = vc.d, dev.k_new = kn.d, dev.v_new = vn.d;
   dev.cache_seqlens = lens.d, dev.cache_batch_idx = idx.d;
-  setenv("FLASHSERVE_CHECK_INDICES", "1", 1);
-  try {
-    kv_cache_append(dev);
-    ADD_FAILURE() << "duplicate cache_batch_idx accepted with FLASHSERVE_CHECK_INDICES=1";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "cache_batch_idx") << e.what();
+  {
+    ScopedEnv check("FLASHSERVE_CHECK_INDICES", "1");
+    try {
+      kv_cache_append(dev);
+      ADD_FAILURE() << "duplicate cache_batch_idx accepted with FLASHSERVE_CHECK_INDICES=1";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "cache_batch_idx") << e.what();
+    }
   }
-  unsetenv("FLASHSERVE_CHECK_INDICES");
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_TRUE(kc.download() == kc.host) << "the refused call wrote the cache";
 }

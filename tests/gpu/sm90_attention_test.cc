@@ -20,6 +20,7 @@
 #include "support/compare.h"
 #include "support/device_copy.h"
 #include "support/nan_cases.h"
+#include "support/scoped_env.h"
 
 namespace flashserve::testing {
 namespace {
@@ -33,30 +34,6 @@ namespace {
     if (major != 9 || minor != 0) GTEST_SKIP() << "skipped: not a compute capability 9.0 device"; \
     if (!attention::cuda_sm90_built()) GTEST_SKIP() << "skipped: built without 90a";              \
   } while (0)
-
-// Sets an environment variable for a scope (the dispatch reads FLASHSERVE_KERNEL per call).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      setenv(name_, old_.c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
 
 // Runs the case on the GPU with the kernel family `kernel` ("sm90", "sm80" or "auto"); returns the
 // output read back as doubles. The case's host out/lse are re-poisoned first, so nothing of an
