@@ -22,6 +22,7 @@ int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode) {
   if (pr.num_splits == 1) return 1;
   if (pr.num_splits > 1) return pr.num_splits;
   int64_t tiles, key_blocks, target, enough, min_blocks;  // enough: tiles that need no split
+  int64_t slots = 0;  // decode: blocks the GPU runs at once (one round)
   if (decode) {
     const int head_dim = static_cast<int>(pr.head_dim);
     const sm80::Tiles t = sm80::decode_tiles(head_dim);
@@ -29,7 +30,8 @@ int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode) {
         std::max<int64_t>(1, dev.smem_per_sm / (sm80::fwd_smem_bytes(head_dim, t) + 1024));
     tiles = (pr.h_q / pr.h_kv + t.block_m - 1) / t.block_m * pr.h_kv * pr.batch;
     key_blocks = (pr.max_kv_len + t.block_n - 1) / t.block_n;
-    target = enough = 2 * per_sm * dev.sms;
+    slots = per_sm * dev.sms;
+    target = enough = 2 * slots;
     min_blocks = 16;
   } else {
     tiles = (pr.max_q_len + 127) / 128 * pr.h_q * pr.batch;
@@ -47,7 +49,7 @@ int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode) {
   // than half, fit them in one. Measured (H200, run 31, 8 x 8k, 32/8 heads, d128; TB/s by
   // splits): 4: 3.74, 6: 3.70, 8: 3.27 (512 blocks in 396 slots), 12: 3.60.
   if (decode) {
-    const int64_t slots = target / 2, blocks = tiles * splits;
+    const int64_t blocks = tiles * splits;
     if (blocks > slots && 2 * blocks < 3 * slots) splits = std::min(splits, slots / tiles);
   }
   return splits < 2 ? 1 : static_cast<int>(splits);
