@@ -582,6 +582,13 @@ void Server::stop() {
   // The engine first: its streams end (abort), so handlers blocked on them return and httplib's
   // threads can be joined.
   if (ready_.load()) s_->backend.loop->stop();
+  // Once stopped, httplib abandons a chunked response between two writes: let the responses the
+  // engine just ended write their error event and [DONE] first (each Generation gives its slot
+  // back when its response is done). A client that does not read is waited for 2 s at most.
+  // (Without this wait, a stream in flight at SIGTERM sometimes ended without [DONE].)
+  const auto deadline = Clock::now() + std::chrono::seconds(2);
+  while (s_->in_flight.load() > 0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
   s_->http.stop();
 }
 
