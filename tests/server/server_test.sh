@@ -32,9 +32,11 @@ if [ "$mode" = openai ]; then
 fi
 
 : >"$work/server.log"  # exists before the server's shell opens it (the loop below reads it)
-# Two malloc arenas: with one per thread (hundreds of connection threads) the resident memory
-# wanders by tens of MiB between identical rounds, which would hide the growth a leak causes.
-MALLOC_ARENA_MAX=2 "$bin" serve --model "$ckpt" --port 0 --served-model-name tiny --kv-memory-mb 32 \
+# One malloc arena and no per-thread caches: glibc then counts a freed block as free at once, so
+# the heap in use (/metrics) is what the requests left behind, which hostile_clients.mjs checks.
+# (With an arena and a cache per connection thread, both hundreds, that count and the resident
+# memory wander by tens of MiB between identical rounds as the caches fill.)
+MALLOC_ARENA_MAX=1 GLIBC_TUNABLES=glibc.malloc.tcache_count=0 "$bin" serve --model "$ckpt" --port 0 --served-model-name tiny --kv-memory-mb 32 \
   >"$work/server.log" 2>&1 &
 server_pid=$!
 port=""
