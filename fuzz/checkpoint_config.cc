@@ -169,7 +169,8 @@ void check_accepted(const fm::ModelConfig& c) {
   if ((c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim > i32)
     fail("fused qkv width beyond int32");
   if (c.bos_token_id < -1 || c.bos_token_id >= c.vocab_size) fail("bos outside the vocabulary");
-  if (c.eos_token_id < -1 || c.eos_token_id >= c.vocab_size) fail("eos outside the vocabulary");
+  for (int32_t id : c.eos_token_ids)
+    if (id < 0 || id >= c.vocab_size) fail("eos outside the vocabulary");
   if (!(c.rms_norm_eps > 0) || !std::isfinite(c.rms_norm_eps)) fail("rms_norm_eps");
   if (!(c.rope_theta > 1) || !std::isfinite(c.rope_theta)) fail("rope_theta");
   // The weights' element counts, exact in 128 bits, must fit int64 (the loaders size buffers

@@ -75,7 +75,7 @@ fm::ModelConfig tiny(int64_t layers, bool tied, bool qwen2) {
   c.tie_word_embeddings = tied;
   c.attention_bias = qwen2;
   c.bos_token_id = 1;
-  c.eos_token_id = 2;
+  c.eos_token_ids = {2};
   return c;
 }
 

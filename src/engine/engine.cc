@@ -52,7 +52,7 @@ int64_t Engine::add_request(NewRequest r) {
   seq->id = id;
   seq->prompt = std::move(r.prompt);
   seq->max_output_tokens = r.max_tokens;
-  seq->eos_token = r.ignore_eos ? -1 : config_.eos_token;
+  if (!r.ignore_eos) seq->eos_tokens = config_.eos_tokens;
   seq->stop_tokens = std::move(r.stop_token_ids);
   seq->sampling = r.sampling;
   seq->logprobs = r.logprobs;

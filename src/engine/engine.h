@@ -25,8 +25,8 @@ struct EngineConfig {
   int64_t num_blocks = 0;  // KV blocks in the pool (the runner's pool must hold as many)
   int32_t block_size = 16;
   double watermark = 0.01;
-  int64_t vocab_size = 0;  // token ids must be below it; 0: not checked (the simulator)
-  int32_t eos_token = -1;  // ends a request unless it asks to ignore it; -1: none
+  int64_t vocab_size = 0;           // token ids must be below it; 0: not checked (the simulator)
+  std::vector<int32_t> eos_tokens;  // each ends a request unless it asks to ignore them
 };
 
 struct NewRequest {

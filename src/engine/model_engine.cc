@@ -85,7 +85,7 @@ std::unique_ptr<Engine> make_model_engine(const LoadedModel& m, serve::Scheduler
   ec.block_size = m.block_size;
   ec.watermark = watermark;
   ec.vocab_size = c.vocab_size;
-  ec.eos_token = static_cast<int32_t>(c.eos_token_id);
+  ec.eos_tokens = c.eos_token_ids;
   if (scheduler.max_model_len > c.max_position_embeddings)
     throw Error(ErrorKind::kInvalidArgument, "max_model_len",
                 std::to_string(scheduler.max_model_len) + " exceeds the model's " +

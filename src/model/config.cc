@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -52,20 +53,23 @@ bool get_bool(const json& j, const char* key, const std::string& source, bool fa
   return v.get<bool>();
 }
 
-// bos/eos may be one id or a list (Llama 3 instruct lists several end tokens): we keep the first.
+// bos/eos may be one id or a list (Llama 3 instruct lists several end tokens), or absent: empty.
 // Every id is checked against the int32 ids the engine uses (a plain cast would turn 2^32 + 1
-// into 1); validate() then checks the kept one against vocab_size.
-int32_t get_token(const json& j, const char* key, const std::string& source) {
-  if (!present(j, key)) return -1;
+// into 1); validate() then checks them against vocab_size.
+std::vector<int32_t> get_tokens(const json& j, const char* key, const std::string& source) {
+  if (!present(j, key)) return {};
   const json& v = j.at(key);
   if (v.is_array() && v.empty()) bad(source, key, "is an empty list");
+  std::vector<int32_t> ids;
   for (const json& id : v.is_array() ? v : json::array({v})) {
     if (!id.is_number_integer()) bad(source, key, "must be a token id, not " + v.dump());
     if (id.is_number_unsigned() ? id.get<uint64_t>() > std::numeric_limits<int32_t>::max()
                                 : id.get<int64_t>() < -1)
       bad(source, key, v.dump() + " is not a token id (0 to 2^31 - 1, or -1 for none)");
+    const auto t = static_cast<int32_t>(id.get<int64_t>());
+    if (t >= 0 && std::find(ids.begin(), ids.end(), t) == ids.end()) ids.push_back(t);
   }
-  return static_cast<int32_t>((v.is_array() ? v.at(0) : v).get<int64_t>());
+  return ids;
 }
 
 // A string field of an object that may be absent; anything but a string is refused (nlohmann's
@@ -156,8 +160,9 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
         ErrorKind::kUnsupported);
   if (get_bool(j, "mlp_bias", source, false))
     bad(source, "mlp_bias", "true is not supported", ErrorKind::kUnsupported);
-  c.bos_token_id = get_token(j, "bos_token_id", source);
-  c.eos_token_id = get_token(j, "eos_token_id", source);
+  const std::vector<int32_t> bos = get_tokens(j, "bos_token_id", source);
+  c.bos_token_id = bos.empty() ? -1 : bos.front();
+  c.eos_token_ids = get_tokens(j, "eos_token_id", source);
   // transformers >= 4.56 writes "dtype"; earlier versions "torch_dtype".
   if (present(j, "torch_dtype") && j.at("torch_dtype").is_string())
     c.torch_dtype = j.at("torch_dtype").get<std::string>();
@@ -170,10 +175,32 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
 ModelConfig ModelConfig::load(const std::string& dir_or_file) {
   namespace fsys = std::filesystem;
   std::error_code ec;  // the throwing overload would escape as filesystem_error, not Error
-  const std::string path = fsys::is_directory(dir_or_file, ec)
-                               ? (fsys::path(dir_or_file) / "config.json").string()
-                               : dir_or_file;
-  return from_json(read_file(path), path);
+  if (!fsys::is_directory(dir_or_file, ec)) return from_json(read_file(dir_or_file), dir_or_file);
+  const fsys::path dir(dir_or_file);
+  const std::string path = (dir / "config.json").string();
+  ModelConfig c = from_json(read_file(path), path);
+  // generation_config.json's end tokens end generation too, as in transformers' generate() and
+  // vLLM: Llama 3 Instruct's config.json names <|eot_id|> while generation_config.json adds
+  // <|end_of_text|>, and a base model sampling either must stop.
+  const fsys::path gen = dir / "generation_config.json";
+  if (fsys::exists(gen, ec)) {
+    const std::string source = gen.string();
+    json j;
+    try {
+      j = json::parse(read_file(source));
+    } catch (const json::exception& e) {
+      throw Error(ErrorKind::kInvalidArgument, source, std::string("not valid JSON: ") + e.what());
+    }
+    if (!j.is_object()) bad(source, "top level", "must be a JSON object, not " + j.dump());
+    for (int32_t id : get_tokens(j, "eos_token_id", source)) {
+      if (id >= c.vocab_size)
+        bad(source, "eos_token_id",
+            std::to_string(id) + " is outside the vocabulary of " + std::to_string(c.vocab_size));
+      if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
+        c.eos_token_ids.push_back(id);
+    }
+  }
+  return c;
 }
 
 void ModelConfig::validate(const std::string& source) const {
@@ -242,7 +269,7 @@ void ModelConfig::validate(const std::string& source) const {
           std::to_string(id) + " is outside the vocabulary of " + std::to_string(vocab_size));
   };
   token(bos_token_id, "bos_token_id");
-  token(eos_token_id, "eos_token_id");
+  for (int32_t id : eos_token_ids) token(id, "eos_token_id");
   if (rope_scaling.type == "llama3") {
     if (!(rope_scaling.factor >= 1) || !std::isfinite(rope_scaling.factor))
       bad(source, "rope_scaling.factor", "must be >= 1 and finite");
@@ -297,7 +324,10 @@ std::string ModelConfig::to_json() const {
       j["sliding_window"] = nullptr;
   }
   if (bos_token_id >= 0) j["bos_token_id"] = bos_token_id;
-  if (eos_token_id >= 0) j["eos_token_id"] = eos_token_id;
+  if (eos_token_ids.size() > 1)
+    j["eos_token_id"] = eos_token_ids;
+  else if (eos_token_ids.size() == 1)
+    j["eos_token_id"] = eos_token_ids.front();
   j["torch_dtype"] = torch_dtype;
   return j.dump(2) + "\n";
 }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "model/shape.h"
 
@@ -42,7 +43,9 @@ struct ModelConfig {
   // 0: none (Llama; Mistral v0.2+ gives null; Qwen2 unless use_sliding_window).
   int64_t sliding_window = 0;
   int32_t bos_token_id = -1;  // -1: none given
-  int32_t eos_token_id = -1;
+  // Every token that ends generation (empty: none): config.json's eos_token_id (one id or a
+  // list), then generation_config.json's (load() from a directory).
+  std::vector<int32_t> eos_token_ids;
   std::string torch_dtype = "bfloat16";
 
   // dir_or_file: a model directory (its config.json is read) or the path of a JSON file.

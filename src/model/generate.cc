@@ -40,7 +40,7 @@ std::vector<int32_t> generate(ModelRunner& runner, const std::vector<int32_t>& p
     const int32_t next = runner.sample(batch, {o.sampling})[0];
     out.push_back(next);
     tokens.push_back(next);
-    if (o.stop_at_eos && next == c.eos_token_id) break;
+    if (o.stop_at_eos && std::ranges::find(c.eos_token_ids, next) != c.eos_token_ids.end()) break;
   }
   return out;
 }

@@ -14,7 +14,7 @@ namespace flashserve::model {
 struct GenerateOptions {
   int64_t max_tokens = 32;  // new tokens at most
   SamplingParams sampling;
-  bool stop_at_eos = true;    // stop after the config's eos token (it is returned)
+  bool stop_at_eos = true;    // stop after one of the config's eos tokens (it is returned)
   int32_t block_size = 16;    // KV page size
   int64_t prefill_chunk = 0;  // tokens per prefill step; 0: the whole prompt in one step
 };

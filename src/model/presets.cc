@@ -38,7 +38,7 @@ ModelConfig preset_config(const std::string& name) {
     // more than one layer, a vocabulary whose argmax is not trivial.
     c = llama(4, 256, 4, 2, 512, 1024, 4096);
     c.bos_token_id = 1;
-    c.eos_token_id = 2;
+    c.eos_token_ids = {2};
   } else if (name == "qwen2-0.5b") {  // Qwen2.5-0.5B: q/k/v bias, tied embeddings, 14/2 heads
     c = llama(24, 896, 14, 2, 4864, 151936, 32768);
     c.architecture = "Qwen2ForCausalLM";
@@ -47,22 +47,22 @@ ModelConfig preset_config(const std::string& name) {
     c.rms_norm_eps = 1e-6;
     c.rope_theta = 1000000.0;
     c.bos_token_id = 151643;
-    c.eos_token_id = 151643;
+    c.eos_token_ids = {151643};
   } else if (name == "llama-3-8b") {  // Meta-Llama-3-8B
     c = llama(32, 4096, 32, 8, 14336, 128256, 8192);
     c.rope_theta = 500000.0;
     c.bos_token_id = 128000;
-    c.eos_token_id = 128001;
+    c.eos_token_ids = {128001};
   } else if (name == "mistral-7b") {  // Mistral-7B-v0.1
     c = llama(32, 4096, 32, 8, 14336, 32000, 32768);
     c.architecture = "MistralForCausalLM";
     c.sliding_window = 4096;
     c.bos_token_id = 1;
-    c.eos_token_id = 2;
+    c.eos_token_ids = {2};
   } else if (name == "llama-2-70b") {  // Llama-2-70b-hf
     c = llama(80, 8192, 64, 8, 28672, 32000, 4096);
     c.bos_token_id = 1;
-    c.eos_token_id = 2;
+    c.eos_token_ids = {2};
   } else {
     std::string list;
     for (const auto& n : preset_names()) list += (list.empty() ? "" : ", ") + n;

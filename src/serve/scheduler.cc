@@ -294,7 +294,7 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::complete(const Batch& batch,
     s->generated.push_back(sampled[i]);
     s->token_times.push_back(now);
     const int32_t t = sampled[i];
-    if (s->eos_token >= 0 && t == s->eos_token)
+    if (std::find(s->eos_tokens.begin(), s->eos_tokens.end(), t) != s->eos_tokens.end())
       s->finish_reason = FinishReason::kEos;
     else if (std::find(s->stop_tokens.begin(), s->stop_tokens.end(), t) != s->stop_tokens.end())
       s->finish_reason = FinishReason::kStop;

@@ -39,9 +39,9 @@ struct Sequence {
   std::vector<int32_t> prompt;     // prompt token ids
   std::vector<int32_t> generated;  // sampled token ids, in order
   int64_t max_output_tokens = 0;   // the request finishes after exactly this many sampled tokens
-  // ...or earlier, when it samples eos_token (-1: never, as in benchmarks and the simulator) or
-  // one of stop_tokens. The stopping token is kept in `generated`.
-  int32_t eos_token = -1;
+  // ...or earlier, when it samples one of eos_tokens (the model's; none in benchmarks and the
+  // simulator) or of stop_tokens (the request's). The stopping token is kept in `generated`.
+  std::vector<int32_t> eos_tokens;
   std::vector<int32_t> stop_tokens;
   model::SamplingParams sampling;  // how the engine draws its tokens (the simulator ignores it)
   // -1: no log-probabilities; n >= 0: each sampled token's, and the n most likely tokens' at its

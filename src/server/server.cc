@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <string_view>
 #include <thread>
 
 #include "flashserve/error.h"
@@ -61,6 +62,17 @@ double heap_in_use_bytes() {
 #else
   return 0;
 #endif
+}
+
+// Whether `given` is `secret`, in a time that depends on the length of `given` alone: a
+// comparison that stops at the first wrong byte tells a client, by its timing, how much of a
+// guessed API key is right.
+bool same_secret(std::string_view given, std::string_view secret) {
+  if (secret.empty()) return false;
+  unsigned char diff = given.size() == secret.size() ? 0 : 1;
+  for (size_t i = 0; i < given.size(); ++i)
+    diff |= static_cast<unsigned char>(given[i] ^ secret[i % secret.size()]);
+  return diff == 0;
 }
 
 // A seed for a request that gave none: different for every request, so that sampling with
@@ -231,7 +243,8 @@ struct Server::State {
 
   std::optional<ApiError> check_auth(const httplib::Request& req) const {
     if (o.api_key.empty()) return std::nullopt;
-    if (req.get_header_value("Authorization") == "Bearer " + o.api_key) return std::nullopt;
+    if (same_secret(req.get_header_value("Authorization"), "Bearer " + o.api_key))
+      return std::nullopt;
     return ApiError{401,
                     "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'",
                     {},

@@ -339,9 +339,13 @@ TEST(Engine, StopTokensAndEosEndARequestWithTheirReason) {
   EXPECT_EQ(why, fs::FinishReason::kStop);
   EXPECT_EQ(got, std::vector<int32_t>(alone.tokens.begin(), alone.tokens.begin() + first + 1));
 
-  // The model's eos (the tiny config's is 2) unless the request ignores it.
+  // The model's eos tokens (the tiny config's is 2; Llama 3 lists several), any of them, unless
+  // the request ignores them. The first listed here is never sampled: the second must stop it.
+  int32_t unseen = 0;
+  while (std::find(alone.tokens.begin(), alone.tokens.end(), unseen) != alone.tokens.end())
+    ++unseen;
   fe::EngineConfig ec = engine->config();
-  ec.eos_token = alone.tokens[2];
+  ec.eos_tokens = {unseen, alone.tokens[2]};
   fe::ModelEngineOptions mo;
   mo.model_dir = tiny_dir();
   mo.num_blocks = 64;

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
@@ -70,7 +71,7 @@ TEST(Config, Llama31WithLlama3RopeScaling) {
   EXPECT_DOUBLE_EQ(c.rope_scaling.low_freq_factor, 1.0);
   EXPECT_DOUBLE_EQ(c.rope_scaling.high_freq_factor, 4.0);
   EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8192);
-  EXPECT_EQ(c.eos_token_id, 128001);  // the first of the list
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{128001, 128008, 128009}));  // all of them
   EXPECT_FALSE(c.attention_bias);
   EXPECT_FALSE(c.tie_word_embeddings);
   EXPECT_EQ(c.sliding_window, 0);
@@ -216,13 +217,55 @@ TEST(Config, PathsThatAreNotFilesAreRefusedNamingThem) {
   EXPECT_THROW(ModelConfig::load(std::string(5000, 'x')), Error);
 }
 
+// generation_config.json's end tokens join config.json's (Llama 3 Instruct: config.json names
+// <|eot_id|>, generation_config.json adds <|end_of_text|>); a bad one is refused naming it.
+TEST(Config, GenerationConfigAddsItsEosTokens) {
+  namespace fsys = std::filesystem;
+  const std::string dir = ::testing::TempDir() + "/fs_gen_config_" + std::to_string(::getpid());
+  fsys::remove_all(dir);
+  fsys::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+  };
+  write("config.json", with(kLlama31, "eos_token_id", "128009"));
+  EXPECT_EQ(ModelConfig::load(dir).eos_token_ids, std::vector<int32_t>{128009});
+  write("generation_config.json", R"({"bos_token_id": 128000, "eos_token_id": [128001, 128009],
+                                       "do_sample": true, "temperature": 0.6})");
+  EXPECT_EQ(ModelConfig::load(dir).eos_token_ids, (std::vector<int32_t>{128009, 128001}));
+  write("generation_config.json", R"({"temperature": 0.6})");  // none: config.json's alone
+  EXPECT_EQ(ModelConfig::load(dir).eos_token_ids, std::vector<int32_t>{128009});
+  // config.json loaded as a file reads only that file.
+  write("generation_config.json", R"({"eos_token_id": 7})");
+  EXPECT_EQ(ModelConfig::load(dir + "/config.json").eos_token_ids, std::vector<int32_t>{128009});
+  for (const char* bad :
+       {R"({"eos_token_id": 128256})", R"({"eos_token_id": "2"})",
+        R"({"eos_token_id": [1, 4294967297]})", R"([2])", R"({"eos_token_id": )"}) {
+    write("generation_config.json", bad);
+    try {
+      ModelConfig::load(dir);
+      ADD_FAILURE() << "accepted generation_config.json " << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << bad;
+      EXPECT_NE(std::string(e.what()).find("generation_config.json"), std::string::npos)
+          << e.what();
+    }
+  }
+  fsys::remove_all(dir + "/generation_config.json");
+  fsys::create_directories(dir + "/generation_config.json");  // not a file
+  EXPECT_THROW(ModelConfig::load(dir), Error);
+  fsys::remove_all(dir);
+}
+
 TEST(Config, ToJsonReadsBackToTheSameConfig) {
   for (const std::string& name : preset_names()) {
     const ModelConfig c = preset_config(name);
     EXPECT_EQ(ModelConfig::from_json(c.to_json()), c) << name;
   }
   ModelConfig c = ModelConfig::from_json(kLlama31);
-  c.eos_token_id = 128001;
+  EXPECT_EQ(ModelConfig::from_json(c.to_json()), c);  // a list of eos ids
+  c.eos_token_ids = {128001};
+  EXPECT_EQ(ModelConfig::from_json(c.to_json()), c);
+  c.eos_token_ids = {};
   EXPECT_EQ(ModelConfig::from_json(c.to_json()), c);
   EXPECT_THROW(preset_config("gpt-5"), Error);
 }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <numeric>
 #include <random>
 #include <set>
@@ -222,6 +223,31 @@ TEST(Sampling, SameSeedSameTokensThroughTheRunner) {
   const auto c = generate(*runner, prompt, g);
   EXPECT_NE(a, c);  // 16 tokens from a near-uniform 1024-way choice: equal with chance ~1e-40
   ASSERT_EQ(a.size(), 16u);
+}
+
+// Generation stops at any of the model's end tokens, generation_config.json's included (the
+// tiny config's own eos is 2), and returns the one that stopped it.
+TEST(Sampling, GenerateStopsAtAnyEosToken) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
+  const uint64_t seed = testing::test_seed();
+  SCOPED_TRACE("FLASHSERVE_TEST_SEED=" + std::to_string(seed));
+  const std::string dir = testing::fresh_dir("eos");
+  RandomCheckpointOptions opt;
+  opt.seed = seed;
+  write_random_checkpoint(preset_config("tiny"), dir, opt);
+  GenerateOptions g;
+  g.max_tokens = 24;
+  g.stop_at_eos = false;
+  const std::vector<int32_t> prompt = {5, 17, 300, 42, 9};
+  const auto all = generate(*make_cpu_runner(dir), prompt, g);
+  ASSERT_EQ(all.size(), 24u);
+  const int32_t stop = all[6];
+  std::ofstream(dir + "/generation_config.json") << R"({"eos_token_id": [1023, )" << stop << "]}";
+  g.stop_at_eos = true;
+  const auto got = generate(*make_cpu_runner(dir), prompt, g);
+  const auto end = std::find_if(all.begin(), all.end(),
+                                [&](int32_t t) { return t == stop || t == 2 || t == 1023; });
+  EXPECT_EQ(got, std::vector<int32_t>(all.begin(), end + 1));
 }
 
 }  // namespace

@@ -481,7 +481,11 @@ TEST(HttpServer, RefusalsHaveTheirStatus) {
   const json ok = {{"model", "m"}, {"prompt", {1, 2}}, {"max_tokens", 2}};
   EXPECT_EQ(s.post("/v1/completions", ok)->status, 401);
   EXPECT_EQ(error_of(s.post("/v1/completions", ok))["code"], "invalid_api_key");
-  EXPECT_EQ(s.post("/v1/completions", ok, {{"Authorization", "Bearer wrong"}})->status, 401);
+  // Wrong keys, including ones the key is a prefix of or that repeat it (the comparison runs
+  // over the given header's length, wrapping around the key).
+  for (const char* wrong : {"Bearer wrong", "Bearer sesam", "Bearer sesamesesame",
+                            "Bearer sesameBearer sesame", "bearer sesame", "Bearer SESAME", ""})
+    EXPECT_EQ(s.post("/v1/completions", ok, {{"Authorization", wrong}})->status, 401) << wrong;
   EXPECT_EQ(s.post("/v1/completions", ok, auth)->status, 200);
   EXPECT_EQ(s.client().Get("/health")->status, 200);  // probes need no key
 
