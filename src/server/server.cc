@@ -16,6 +16,7 @@
 
 #include "flashserve/error.h"
 #include "server/api_error.h"
+#include "server/byte_budget.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
 #include "server/output_assembler.h"
@@ -240,6 +241,7 @@ struct Server::State {
   int listen_fd = -1;
   Metrics metrics;
   Clock::time_point started = Clock::now();
+  std::unique_ptr<ByteBudget> tokenize_budget;  // of o.tokenize_budget_bytes
 
   std::optional<ApiError> check_auth(const httplib::Request& req) const {
     if (o.api_key.empty()) return std::nullopt;
@@ -324,8 +326,9 @@ struct Server::State {
     res.set_content(out, "text/plain; version=0.0.4");
   }
 
-  // The prompt's token ids, from whichever form the request used.
-  std::vector<int32_t> prompt_ids(const GenerationRequest& g) const {
+  // The prompt's token ids, from whichever form the request used. A text prompt is tokenized
+  // only until it has more than max_ids tokens: past that it is refused however long it is.
+  std::vector<int32_t> prompt_ids(const GenerationRequest& g, size_t max_ids) const {
     const TextCodec* codec = backend.codec.get();
     if (g.endpoint == Endpoint::kChat) {
       if (!codec)
@@ -335,7 +338,9 @@ struct Server::State {
             "so chat messages cannot be turned into a prompt; use /v1/completions "
             "with a prompt of token ids");
       try {
-        return codec->encode_rendered(codec->render_chat(g.messages));
+        const std::string rendered = codec->render_chat(g.messages);
+        const ByteBudget::Hold hold = tokenize_budget->acquire(rendered.size());
+        return codec->encode_rendered(rendered, max_ids);
       } catch (const Error& e) {
         throw from_error(e, "messages");
       }
@@ -345,7 +350,8 @@ struct Server::State {
         throw bad_request("prompt",
                           "prompt: this model has no tokenizer (tokenizer.json), so a text prompt "
                           "cannot be tokenized; send the prompt as an array of token ids");
-      return codec->encode(*g.prompt_text);
+      const ByteBudget::Hold hold = tokenize_budget->acquire(g.prompt_text->size());
+      return codec->encode(*g.prompt_text, max_ids);
     }
     return g.prompt_ids;
   }
@@ -377,16 +383,19 @@ struct Server::State {
       throw bad_request("stop",
                         "stop: stop strings need the model's tokenizer, which it has not; use "
                         "stop_token_ids");
-    std::vector<int32_t> ids = prompt_ids(g);
-    if (ids.empty()) throw bad_request(input, std::string(input) + ": no tokens");
     const int64_t limit = backend.max_model_len;
+    std::vector<int32_t> ids = prompt_ids(g, static_cast<size_t>(limit));
+    if (ids.empty()) throw bad_request(input, std::string(input) + ": no tokens");
     const int64_t n = static_cast<int64_t>(ids.size());
+    const bool tokenized = g.endpoint == Endpoint::kChat || g.prompt_text;  // stopped past limit
     if (n >= limit)
-      throw bad_request(input,
-                        "This model's maximum context length is " + std::to_string(limit) +
-                            " tokens. However, your " + input + " has " + std::to_string(n) +
-                            " tokens, and at least one token must be generated.",
-                        "context_length_exceeded");
+      throw bad_request(
+          input,
+          "This model's maximum context length is " + std::to_string(limit) +
+              " tokens. However, your " + input + " has " +
+              (n > limit && tokenized ? "more than " + std::to_string(limit) : std::to_string(n)) +
+              " tokens, and at least one token must be generated.",
+          "context_length_exceeded");
     const int64_t max_tokens = g.max_tokens.value_or(
         endpoint == Endpoint::kChat ? limit - n : std::min<int64_t>(16, limit - n));
     if (max_tokens > limit - n)
@@ -494,6 +503,7 @@ struct Server::State {
 
 Server::Server(ServerOptions options, Loader load) : s_(std::make_unique<State>()) {
   s_->o = std::move(options);
+  s_->tokenize_budget = std::make_unique<ByteBudget>(s_->o.tokenize_budget_bytes);
   s_->load = std::move(load);
   s_->ready = &ready_;
   State* s = s_.get();

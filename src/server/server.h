@@ -31,6 +31,9 @@ struct ServerOptions {
   // Threads that serve connections: each running request holds one while it streams.
   int64_t http_threads = 256;
   size_t max_body_bytes = 8 << 20;  // larger bodies get 413
+  // Bytes of text prompts (and rendered chats) tokenized at once; later ones wait their turn
+  // (server/byte_budget.h). Bounds the tokenizer's memory, about 25 bytes per byte at worst.
+  size_t tokenize_budget_bytes = 64 << 20;
 };
 
 // What serves generation once the model is loaded.

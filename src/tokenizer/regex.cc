@@ -35,7 +35,16 @@ Regex::~Regex() = default;
 
 std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view text) const {
   std::vector<std::pair<size_t, size_t>> out;
-  pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_->re, nullptr);
+  for_each_match(text, [&](size_t b, size_t e) { out.emplace_back(b, e); });
+  return out;
+}
+
+void Regex::for_each_match(std::string_view text,
+                           const std::function<void(size_t, size_t)>& f) const {
+  // Freed however this ends (f may throw: the tokenizer stops a prompt that is already too long).
+  std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> owned(
+      pcre2_match_data_create_from_pattern(code_->re, nullptr), &pcre2_match_data_free);
+  pcre2_match_data* md = owned.get();
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t start = 0;
   while (start <= text.size()) {
@@ -43,12 +52,11 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view text) co
         pcre2_match(code_->re, subject, text.size(), start, PCRE2_NO_UTF_CHECK, md, nullptr);
     if (rc < 0) {
       if (rc == PCRE2_ERROR_NOMATCH) break;
-      pcre2_match_data_free(md);
       throw Error(ErrorKind::kInternal, "text", "PCRE2 match failed (" + std::to_string(rc) + ")");
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     if (ov[1] > ov[0]) {
-      out.emplace_back(ov[0], ov[1]);
+      f(ov[0], ov[1]);
       start = ov[1];
     } else {  // an empty match: step over one character
       if (ov[0] >= text.size()) break;
@@ -56,8 +64,6 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view text) co
       start = ov[0] + (n ? n : 1);
     }
   }
-  pcre2_match_data_free(md);
-  return out;
 }
 
 }  // namespace flashserve::tokenizer

@@ -2,6 +2,7 @@
 // in Oniguruma, which Hugging Face's tokenizers use). Immutable and shareable across threads.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -20,6 +21,8 @@ class Regex {
 
   // The [begin, end) byte ranges of every non-overlapping, non-empty match in valid UTF-8 text.
   std::vector<std::pair<size_t, size_t>> find_all(std::string_view text) const;
+  // The same ranges, handed to `f(begin, end)` in order as they are found.
+  void for_each_match(std::string_view text, const std::function<void(size_t, size_t)>& f) const;
 
  private:
   struct Code;

@@ -1,5 +1,7 @@
 #include "tokenizer/stages.h"
 
+#include <optional>
+
 #include "flashserve/error.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/regex.h"
@@ -127,69 +129,75 @@ class StripAccents : public Normalizer {
 class PreTokenizerSequence : public PreTokenizer {
  public:
   std::vector<std::unique_ptr<PreTokenizer>> steps;
-  void apply(std::vector<Piece>& p) const override {
-    for (const auto& s : steps) s->apply(p);
+  void split(Piece piece, const PieceSink& sink) const override { run(0, std::move(piece), sink); }
+
+ private:
+  // Step i's pieces go through the later steps one by one, depth first.
+  void run(size_t i, Piece piece, const PieceSink& sink) const {
+    if (i == steps.size()) return sink(std::move(piece));
+    steps[i]->split(std::move(piece), [&](Piece&& p) { run(i + 1, std::move(p), sink); });
   }
 };
 
 enum class SplitBehavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext };
 
-// Splits every piece at the matches of `re` (or, inverted, at what lies between them).
-void split_pieces(std::vector<Piece>& pieces, const Regex& re, SplitBehavior behavior,
-                  bool invert) {
-  std::vector<Piece> out;
-  for (const Piece& piece : pieces) {
-    const std::string& t = piece.text;
-    // Alternate (is_delimiter, range) spans covering the whole text.
-    std::vector<std::tuple<bool, size_t, size_t>> spans;
-    size_t i = 0;
-    for (auto [b, e] : re.find_all(t)) {
-      if (b > i) spans.emplace_back(invert, i, b);
-      spans.emplace_back(!invert, b, e);
-      i = e;
-    }
-    if (i < t.size()) spans.emplace_back(invert, i, t.size());
-    bool pending_merge = false;  // MergedWithNext: the last piece takes the next span too
-    const size_t first_out = out.size();
-    for (auto [delim, b, e] : spans) {
-      std::string s = t.substr(b, e - b);
-      const bool at_start = piece.at_start && b == 0;
-      if (!delim) {
-        if (pending_merge)
-          out.back().text += s;
-        else
-          out.push_back({std::move(s), at_start});
-        pending_merge = false;
-        continue;
-      }
-      switch (behavior) {
-        case SplitBehavior::kIsolated:
-          out.push_back({std::move(s), at_start});
-          break;
-        case SplitBehavior::kRemoved:
-          break;
-        case SplitBehavior::kMergedWithPrevious:
-          if (out.size() > first_out && !pending_merge)
-            out.back().text += s;
-          else
-            out.push_back({std::move(s), at_start});
-          break;
-        case SplitBehavior::kMergedWithNext:
-          out.push_back({std::move(s), at_start});
-          pending_merge = true;
-          continue;
-      }
+// Splits `piece` at the matches of `re` (or, inverted, at what lies between them). The text is
+// alternating delimiter and other spans; the behavior says what becomes of a delimiter. The
+// latest piece is held back until the next span, which may still join it.
+void split_piece(Piece piece, const Regex& re, SplitBehavior behavior, bool invert,
+                 const PieceSink& sink) {
+  const std::string& t = piece.text;
+  std::optional<Piece> last;
+  bool pending_merge = false;  // MergedWithNext: `last` takes the next span too
+  auto start_piece = [&](size_t b, size_t e) {
+    if (last) sink(std::move(*last));
+    last = Piece{t.substr(b, e - b), piece.at_start && b == 0};
+  };
+  auto span = [&](bool delim, size_t b, size_t e) {
+    if (!delim) {
+      if (pending_merge)
+        last->text.append(t, b, e - b);
+      else
+        start_piece(b, e);
       pending_merge = false;
+      return;
     }
-  }
-  pieces = std::move(out);
+    switch (behavior) {
+      case SplitBehavior::kIsolated:
+        start_piece(b, e);
+        break;
+      case SplitBehavior::kRemoved:
+        break;
+      case SplitBehavior::kMergedWithPrevious:
+        if (last && !pending_merge)
+          last->text.append(t, b, e - b);
+        else
+          start_piece(b, e);
+        break;
+      case SplitBehavior::kMergedWithNext:
+        start_piece(b, e);
+        pending_merge = true;
+        return;
+    }
+    pending_merge = false;
+  };
+  size_t i = 0;
+  re.for_each_match(t, [&](size_t b, size_t e) {
+    if (b > i) span(invert, i, b);
+    span(!invert, b, e);
+    i = e;
+  });
+  if (i < t.size()) span(invert, i, t.size());
+  if (last) sink(std::move(*last));
 }
 
 class Split : public PreTokenizer {
  public:
   Split(std::unique_ptr<Regex> re, SplitBehavior b, bool invert)
       : re_(std::move(re)), behavior_(b), invert_(invert) {}
-  void apply(std::vector<Piece>& p) const override { split_pieces(p, *re_, behavior_, invert_); }
+  void split(Piece piece, const PieceSink& sink) const override {
+    split_piece(std::move(piece), *re_, behavior_, invert_, sink);
+  }
 
  private:
   std::unique_ptr<Regex> re_;
@@ -202,18 +210,21 @@ class ByteLevelPre : public PreTokenizer {
   ByteLevelPre(bool add_prefix_space, bool use_regex) : add_prefix_space_(add_prefix_space) {
     if (use_regex) re_ = std::make_unique<Regex>(kGpt2Pattern, false, "ByteLevel");
   }
-  void apply(std::vector<Piece>& pieces) const override {
-    if (add_prefix_space_)
-      for (Piece& p : pieces)
-        if (p.text.empty() || p.text[0] != ' ') p.text.insert(0, " ");
-    if (re_) split_pieces(pieces, *re_, SplitBehavior::kIsolated, false);
-    const ByteLevelMap& map = ByteLevelMap::get();
-    for (Piece& p : pieces) {
+  void split(Piece piece, const PieceSink& sink) const override {
+    if (add_prefix_space_ && (piece.text.empty() || piece.text[0] != ' '))
+      piece.text.insert(0, " ");
+    const auto to_byte_chars = [&](Piece&& p) {
+      const ByteLevelMap& map = ByteLevelMap::get();
       std::string mapped;
       mapped.reserve(p.text.size() * 2);
       for (char c : p.text) mapped += map.encode(static_cast<uint8_t>(c));
       p.text = std::move(mapped);
-    }
+      sink(std::move(p));
+    };
+    if (re_)
+      split_piece(std::move(piece), *re_, SplitBehavior::kIsolated, false, to_byte_chars);
+    else
+      to_byte_chars(std::move(piece));
   }
 
  private:
@@ -241,15 +252,16 @@ class MetaspacePre : public PreTokenizer {
       : replacement_(std::move(replacement)),
         scheme_(scheme),
         split_(split ? std::make_unique<Regex>(replacement_, true, "Metaspace") : nullptr) {}
-  void apply(std::vector<Piece>& pieces) const override {
-    for (Piece& p : pieces) {
-      replace_all(p.text, " ", replacement_);
-      const bool prepend =
-          scheme_ == PrependScheme::kAlways || (scheme_ == PrependScheme::kFirst && p.at_start);
-      if (prepend && p.text.compare(0, replacement_.size(), replacement_) != 0)
-        p.text.insert(0, replacement_);
-    }
-    if (split_) split_pieces(pieces, *split_, SplitBehavior::kMergedWithNext, false);
+  void split(Piece p, const PieceSink& sink) const override {
+    replace_all(p.text, " ", replacement_);
+    const bool prepend =
+        scheme_ == PrependScheme::kAlways || (scheme_ == PrependScheme::kFirst && p.at_start);
+    if (prepend && p.text.compare(0, replacement_.size(), replacement_) != 0)
+      p.text.insert(0, replacement_);
+    if (split_)
+      split_piece(std::move(p), *split_, SplitBehavior::kMergedWithNext, false, sink);
+    else
+      sink(std::move(p));
   }
 
  private:

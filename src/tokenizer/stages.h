@@ -3,6 +3,7 @@
 // throws Error(kUnsupported) naming the field and the type.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -24,11 +25,16 @@ class Normalizer {
   virtual void apply(std::string& text) const = 0;
 };
 
+// Where a pre-tokenizer hands its pieces, one at a time, in order.
+using PieceSink = std::function<void(Piece&&)>;
+
 class PreTokenizer {
  public:
   virtual ~PreTokenizer() = default;
-  // Replaces each piece by the pieces it splits into.
-  virtual void apply(std::vector<Piece>& pieces) const = 0;
+  // Hands `sink` the pieces `piece` splits into, in order. Piece by piece rather than as a list:
+  // each stage splits each piece on its own (as in Hugging Face's tokenizers), so the pieces of a
+  // prompt, millions for a few MB of text, never need to exist at once.
+  virtual void split(Piece piece, const PieceSink& sink) const = 0;
 };
 
 class Decoder {

@@ -79,23 +79,39 @@ class TokenizerImpl {
     if (eos_.empty() && !eos_ids_.empty()) eos_ = id_to_token_[eos_ids_.front()];
   }
 
-  std::vector<int32_t> encode(std::string_view raw, bool add_special) const {
+  std::vector<int32_t> encode(std::string_view raw, bool add_special, size_t max_ids) const {
     const std::string text = utf8::lossy(raw);
     std::vector<int32_t> ids;
-    if (add_special) ids.insert(ids.end(), prefix_ids_.begin(), prefix_ids_.end());
-    std::vector<Piece> pieces;
-    for (const Segment& seg : added_.split(text)) {
-      if (seg.id >= 0) {
-        ids.push_back(seg.id);
-        continue;
+    struct Enough {};  // thrown from inside the pre-tokenizers once there are enough ids
+    const auto check = [&] {
+      if (ids.size() > max_ids) throw Enough{};
+    };
+    try {
+      if (add_special) ids.insert(ids.end(), prefix_ids_.begin(), prefix_ids_.end());
+      check();
+      for (const Segment& seg : added_.split(text)) {
+        if (seg.id >= 0) {
+          ids.push_back(seg.id);
+          check();
+          continue;
+        }
+        std::string normalized(seg.text);
+        if (normalizer_) normalizer_->apply(normalized);
+        Piece whole{std::move(normalized), seg.offset == 0};
+        const auto encode_piece = [&](Piece&& p) {
+          bpe_.encode_word(p.text, ids);
+          check();
+        };
+        if (pre_tokenizer_)
+          pre_tokenizer_->split(std::move(whole), encode_piece);
+        else
+          encode_piece(std::move(whole));
       }
-      std::string normalized(seg.text);
-      if (normalizer_) normalizer_->apply(normalized);
-      pieces.assign(1, Piece{std::move(normalized), seg.offset == 0});
-      if (pre_tokenizer_) pre_tokenizer_->apply(pieces);
-      for (const Piece& p : pieces) bpe_.encode_word(p.text, ids);
+      if (add_special) ids.insert(ids.end(), suffix_ids_.begin(), suffix_ids_.end());
+      check();
+    } catch (const Enough&) {
+      ids.resize(max_ids + 1);
     }
-    if (add_special) ids.insert(ids.end(), suffix_ids_.begin(), suffix_ids_.end());
     return ids;
   }
 
@@ -270,8 +286,9 @@ Tokenizer Tokenizer::load(const std::string& path) {
   }
 }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
-  return impl_->encode(text, add_special_tokens);
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens,
+                                       size_t max_ids) const {
+  return impl_->encode(text, add_special_tokens, max_ids);
 }
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
   return impl_->decode(ids, skip_special_tokens);

@@ -76,8 +76,10 @@ class ByteStream final : public fsv::TextStream {
 
 class ByteCodec final : public fsv::TextCodec {
  public:
-  std::vector<int32_t> encode(std::string_view text) const override {
-    return {text.begin(), text.end()};
+  // Stops after max_ids + 1 bytes, as the tokenizer may.
+  std::vector<int32_t> encode(std::string_view text, size_t max_ids) const override {
+    return {text.begin(),
+            text.begin() + static_cast<ptrdiff_t>(std::min(text.size(), max_ids + 1))};
   }
   std::unique_ptr<fsv::TextStream> stream(std::span<const int32_t>) const override {
     return std::make_unique<ByteStream>();
@@ -87,8 +89,8 @@ class ByteCodec final : public fsv::TextCodec {
     for (const auto& m : messages) out += m.role + ": " + m.content + "\n";
     return out + "assistant:";
   }
-  std::vector<int32_t> encode_rendered(std::string_view text) const override {
-    return encode(text);
+  std::vector<int32_t> encode_rendered(std::string_view text, size_t max_ids) const override {
+    return encode(text, max_ids);
   }
   std::string token_bytes(int32_t id) const override {
     return std::string(1, static_cast<char>(id));
@@ -505,6 +507,30 @@ TEST(HttpServer, RefusalsHaveTheirStatus) {
   EXPECT_EQ(error_of(r)["code"], "context_length_exceeded");
   EXPECT_NE(error_of(r)["message"].get<std::string>().find("maximum context length is 64"),
             std::string::npos);
+  bad["prompt"] = std::vector<int>(1000, 5);  // ids are counted exactly
+  r = s.post("/v1/completions", bad, auth);
+  EXPECT_NE(error_of(r)["message"].get<std::string>().find("has 1000 tokens"), std::string::npos)
+      << error_of(r)["message"];
+  // A text prompt is tokenized only until it is past the limit: its length is then "more than".
+  bad = ok;
+  bad["prompt"] = std::string(kMaxModelLen, 'a');
+  r = s.post("/v1/completions", bad, auth);
+  EXPECT_EQ(error_of(r)["code"], "context_length_exceeded");
+  EXPECT_NE(error_of(r)["message"].get<std::string>().find("has 64 tokens"), std::string::npos)
+      << error_of(r)["message"];
+  bad["prompt"] = std::string(100000, 'a');
+  r = s.post("/v1/completions", bad, auth);
+  EXPECT_EQ(error_of(r)["code"], "context_length_exceeded");
+  EXPECT_NE(error_of(r)["message"].get<std::string>().find("has more than 64 tokens"),
+            std::string::npos)
+      << error_of(r)["message"];
+  json chat = {{"model", "m"},
+               {"messages", {{{"role", "user"}, {"content", std::string(100000, 'a')}}}}};
+  r = s.client().Post("/v1/chat/completions", auth, chat.dump(), "application/json");
+  EXPECT_EQ(error_of(r)["param"], "messages");
+  EXPECT_NE(error_of(r)["message"].get<std::string>().find("has more than 64 tokens"),
+            std::string::npos)
+      << error_of(r)["message"];
   bad = ok;
   bad["max_tokens"] = kMaxModelLen;
   r = s.post("/v1/completions", bad, auth);
@@ -520,6 +546,28 @@ TEST(HttpServer, RefusalsHaveTheirStatus) {
   EXPECT_EQ(error_of(r)["code"], "invalid_json");
   // The server still serves.
   EXPECT_EQ(s.post("/v1/completions", ok, auth)->status, 200);
+}
+
+// Text prompts past the tokenizing budget wait their turn (each of these is above it, so they
+// are tokenized one at a time) and are all answered.
+TEST(HttpServer, TextPromptsBeyondTheTokenizingBudgetWaitAndAreServed) {
+  fsv::ServerOptions o;
+  o.tokenize_budget_bytes = 16;
+  Running s(o, [] { return scripted_backend(); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::vector<std::thread> clients;
+  std::atomic<int> served{0};
+  for (int c = 0; c < 8; ++c)
+    clients.emplace_back([&, c] {
+      const json body = {{"model", "m"},
+                         {"prompt", std::string(20 + c, static_cast<char>('a' + c))},
+                         {"max_tokens", 2}};
+      auto r = s.post("/v1/completions", body);
+      if (r && r->status == 200 && json::parse(r->body)["usage"]["prompt_tokens"] == 20 + c)
+        ++served;
+    });
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(served.load(), 8);
 }
 
 TEST(HttpServer, Answers503WhileLoadingAndWhenOverloaded) {
@@ -632,15 +680,15 @@ class FailingStream final : public fsv::TextStream {
 };
 class FailingCodec final : public fsv::TextCodec {
  public:
-  std::vector<int32_t> encode(std::string_view text) const override {
+  std::vector<int32_t> encode(std::string_view text, size_t) const override {
     return {text.begin(), text.end()};
   }
   std::unique_ptr<fsv::TextStream> stream(std::span<const int32_t>) const override {
     return std::make_unique<FailingStream>();
   }
   std::string render_chat(const std::vector<fsv::ChatMessage>&) const override { return "x"; }
-  std::vector<int32_t> encode_rendered(std::string_view text) const override {
-    return encode(text);
+  std::vector<int32_t> encode_rendered(std::string_view text, size_t max_ids) const override {
+    return encode(text, max_ids);
   }
   std::string token_bytes(int32_t id) const override {
     return std::string(1, static_cast<char>(id));

@@ -1,6 +1,8 @@
 // The tokenizer on the checked-in fixtures, against expectations written by hand from the
 // definitions (GPT-2's byte map, UTF-8 of known characters, the fixtures' own special tokens),
 // and its errors. The comparison with Hugging Face's implementation is hf_reference_test.cc.
+#include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -120,6 +122,65 @@ TEST(ByteFallbackTokenizer, MetaspaceAndByteFallback) {
   for (const std::string& line : corpus_lines())
     if (line.find('<') == std::string::npos)
       EXPECT_EQ(t.decode(t.encode(line, false), false), line);
+}
+
+// encode(text, special, max_ids) is the first max_ids + 1 ids of the whole encoding when that is
+// longer, and the whole of it otherwise, for every fixture (each pre-tokenizer kind, stopped in
+// the middle of its pieces) and every limit around each text's length.
+TEST(TokenizerMaxIds, IsAPrefixOfTheWholeEncoding) {
+  std::ifstream in(fixture_dir("compare_corpus.json"));
+  const auto texts = nlohmann::json::parse(in).get<std::vector<std::string>>();
+  std::string all;
+  for (const std::string& t : texts) all += t + "\n";
+  int checked = 0;
+  for (const char* kind : {"byte_level", "byte_fallback", "byte_fallback_nfd", "byte_fallback_nfkc",
+                           "byte_level_folded", "qwen2_nfc"}) {
+    const Tokenizer tok = Tokenizer::load(fixture_dir(kind));
+    for (const std::string& text : texts)
+      for (bool special : {false, true}) {
+        const std::vector<int32_t> whole = tok.encode(text, special);
+        for (size_t k : {size_t{0}, size_t{1}, whole.size() / 2, whole.size() - 1, whole.size(),
+                         whole.size() + 1, SIZE_MAX}) {
+          if (k > whole.size() + 1 && k != SIZE_MAX) continue;  // whole.size() - 1 wrapped
+          const std::vector<int32_t> got = tok.encode(text, special, k);
+          const size_t want = k < whole.size() ? k + 1 : whole.size();
+          ASSERT_EQ(got, std::vector<int32_t>(whole.begin(), whole.begin() + want))
+              << kind << " max_ids " << k << " text " << nlohmann::json(utf8::lossy(text));
+          ++checked;
+        }
+      }
+    // The corpus as one text, thousands of ids: stopped after a few.
+    const std::vector<int32_t> whole = tok.encode(all, true);
+    ASSERT_GT(whole.size(), 2000u) << kind;
+    for (size_t k : {size_t{7}, size_t{1000}, whole.size() - 1})
+      EXPECT_EQ(tok.encode(all, true, k),
+                std::vector<int32_t>(whole.begin(), whole.begin() + k + 1))
+          << kind << " max_ids " << k;
+  }
+  EXPECT_GT(checked, 5000);
+}
+
+// A 12 MiB prompt of two million words against a small limit stops after a few of them. A word
+// cannot be stopped inside (BPE merges over the whole word), so a 4 MiB word is encoded whole
+// before the stop: its cost is the server's to bound (server/byte_budget.h).
+TEST(TokenizerMaxIds, AHugeTextStopsEarly) {
+  const Tokenizer tok = Tokenizer::load(fixture_dir("byte_level"));
+  std::string words;
+  while (words.size() < (8u << 20)) words += "the cat sat on the mat. ";
+  const std::string word(4u << 20, 'a');
+  for (const std::string& text : {words + word, word + words}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<int32_t> got = tok.encode(text, true, 100);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(got.size(), 101u);
+    if (text[0] == 't') {
+      const std::vector<int32_t> head = tok.encode(text.substr(0, 1000), true);
+      EXPECT_EQ(got, std::vector<int32_t>(head.begin(), head.begin() + 101));
+    }
+    std::printf("%s, max_ids 100: %.1f ms\n",
+                text[0] == 't' ? "2M words then a 4 MiB word" : "a 4 MiB word then 2M words", ms);
+  }
 }
 
 TEST(TokenizerErrors, NameTheFieldAndTheComponent) {
