@@ -326,9 +326,9 @@ struct Server::State {
     res.set_content(out, "text/plain; version=0.0.4");
   }
 
-  // The prompt's token ids, from whichever form the request used. A text prompt is tokenized
-  // only until it has more than max_ids tokens: past that it is refused however long it is.
-  std::vector<int32_t> prompt_ids(const GenerationRequest& g, size_t max_ids) const {
+  // The prompt's token ids, from whichever form the request used; nullopt for a text prompt
+  // (or chat) with more than max_ids tokens, found without tokenizing all of it.
+  std::optional<std::vector<int32_t>> prompt_ids(const GenerationRequest& g, size_t max_ids) const {
     const TextCodec* codec = backend.codec.get();
     if (g.endpoint == Endpoint::kChat) {
       if (!codec)
@@ -384,18 +384,19 @@ struct Server::State {
                         "stop: stop strings need the model's tokenizer, which it has not; use "
                         "stop_token_ids");
     const int64_t limit = backend.max_model_len;
-    std::vector<int32_t> ids = prompt_ids(g, static_cast<size_t>(limit));
+    const std::optional<std::vector<int32_t>> within = prompt_ids(g, static_cast<size_t>(limit));
+    const auto too_long = [&](const std::string& count) {
+      return bad_request(input,
+                         "This model's maximum context length is " + std::to_string(limit) +
+                             " tokens. However, your " + input + " has " + count +
+                             " tokens, and at least one token must be generated.",
+                         "context_length_exceeded");
+    };
+    if (!within) throw too_long("more than " + std::to_string(limit));
+    const std::vector<int32_t>& ids = *within;
     if (ids.empty()) throw bad_request(input, std::string(input) + ": no tokens");
     const int64_t n = static_cast<int64_t>(ids.size());
-    const bool tokenized = g.endpoint == Endpoint::kChat || g.prompt_text;  // stopped past limit
-    if (n >= limit)
-      throw bad_request(
-          input,
-          "This model's maximum context length is " + std::to_string(limit) +
-              " tokens. However, your " + input + " has " +
-              (n > limit && tokenized ? "more than " + std::to_string(limit) : std::to_string(n)) +
-              " tokens, and at least one token must be generated.",
-          "context_length_exceeded");
+    if (n >= limit) throw too_long(std::to_string(n));
     const int64_t max_tokens = g.max_tokens.value_or(
         endpoint == Endpoint::kChat ? limit - n : std::min<int64_t>(16, limit - n));
     if (max_tokens > limit - n)

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -32,9 +33,10 @@ class TextStream {
 class TextCodec {
  public:
   virtual ~TextCodec() = default;
-  // The prompt's ids, with the special tokens the tokenizer adds (BOS). More than `max_ids` ids
-  // means the prompt is longer than that; encoding may stop there (Tokenizer::encode's max_ids).
-  virtual std::vector<int32_t> encode(std::string_view text, size_t max_ids) const = 0;
+  // The prompt's ids, with the special tokens the tokenizer adds (BOS); nullopt when there are
+  // more than max_ids (Tokenizer::encode_within: found without encoding all of a long prompt).
+  virtual std::optional<std::vector<int32_t>> encode(std::string_view text,
+                                                     size_t max_ids) const = 0;
   // A detokeniser for the tokens generated after `prompt`.
   virtual std::unique_ptr<TextStream> stream(std::span<const int32_t> prompt) const = 0;
   // The chat template applied to `messages` with the generation prompt; throws Error naming
@@ -42,7 +44,8 @@ class TextCodec {
   virtual std::string render_chat(const std::vector<ChatMessage>& messages) const = 0;
   // A rendered chat prompt's ids: the template writes BOS itself, so none is added (as Hugging
   // Face's apply_chat_template(tokenize=True) does).
-  virtual std::vector<int32_t> encode_rendered(std::string_view rendered, size_t max_ids) const = 0;
+  virtual std::optional<std::vector<int32_t>> encode_rendered(std::string_view rendered,
+                                                              size_t max_ids) const = 0;
   // Tokens that end generation besides the model's config.json eos (a chat model's end-of-turn
   // token, say); they stop a request unless it sets ignore_eos.
   virtual std::vector<int32_t> eos_token_ids() const { return {}; }

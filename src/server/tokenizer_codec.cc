@@ -36,8 +36,8 @@ class TokenizerCodec final : public TextCodec {
   TokenizerCodec(tk::Tokenizer t, std::optional<tk::ChatTemplate> chat, std::string chat_error)
       : tokenizer_(std::move(t)), chat_(std::move(chat)), chat_error_(std::move(chat_error)) {}
 
-  std::vector<int32_t> encode(std::string_view text, size_t max_ids) const override {
-    return tokenizer_.encode(text, /*add_special_tokens=*/true, max_ids);
+  std::optional<std::vector<int32_t>> encode(std::string_view text, size_t max_ids) const override {
+    return tokenizer_.encode_within(text, /*add_special_tokens=*/true, max_ids);
   }
   std::unique_ptr<TextStream> stream(std::span<const int32_t> prompt) const override {
     // A few prompt tokens are enough context for the first token's leading-space rule.
@@ -53,8 +53,9 @@ class TokenizerCodec final : public TextCodec {
     for (const ChatMessage& x : messages) m.push_back({x.role, x.content});
     return chat_->render(m, /*add_generation_prompt=*/true);
   }
-  std::vector<int32_t> encode_rendered(std::string_view rendered, size_t max_ids) const override {
-    return tokenizer_.encode(rendered, /*add_special_tokens=*/false, max_ids);
+  std::optional<std::vector<int32_t>> encode_rendered(std::string_view rendered,
+                                                      size_t max_ids) const override {
+    return tokenizer_.encode_within(rendered, /*add_special_tokens=*/false, max_ids);
   }
   std::vector<int32_t> eos_token_ids() const override { return tokenizer_.eos_token_ids(); }
   std::string token_bytes(int32_t id) const override { return tokenizer_.token_bytes(id); }

@@ -39,7 +39,7 @@ AddedTokens::AddedTokens(const nlohmann::json& added) {
   }
   for (const AddedToken& t : tokens_)
     by_first_[static_cast<unsigned char>(t.content[0])].push_back(&t);
-  for (auto& [c, list] : by_first_)
+  for (auto& list : by_first_)
     std::stable_sort(list.begin(), list.end(), [](const AddedToken* a, const AddedToken* b) {
       return a->content.size() > b->content.size();
     });
@@ -50,16 +50,14 @@ std::vector<Segment> AddedTokens::split(std::string_view text) const {
   size_t text_start = 0;  // the start of the pending model text
   for (size_t i = 0; i < text.size();) {
     const AddedToken* found = nullptr;
-    if (auto it = by_first_.find(static_cast<unsigned char>(text[i])); it != by_first_.end()) {
-      for (const AddedToken* t : it->second) {
-        if (text.compare(i, t->content.size(), t->content) != 0) continue;
-        const size_t end = i + t->content.size();
-        if (t->single_word &&
-            ((i > 0 && is_word(text[i - 1])) || (end < text.size() && is_word(text[end]))))
-          continue;
-        found = t;
-        break;
-      }
+    for (const AddedToken* t : by_first_[static_cast<unsigned char>(text[i])]) {
+      if (text.compare(i, t->content.size(), t->content) != 0) continue;
+      const size_t end = i + t->content.size();
+      if (t->single_word &&
+          ((i > 0 && is_word(text[i - 1])) || (end < text.size() && is_word(text[end]))))
+        continue;
+      found = t;
+      break;
     }
     if (!found) {
       ++i;

@@ -2,6 +2,7 @@
 // leftmost match first and the longest among those starting there, as Hugging Face does.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -37,7 +38,7 @@ class AddedTokens {
  private:
   std::vector<AddedToken> tokens_;
   // By first byte, the tokens starting with it, longest first.
-  std::unordered_map<unsigned char, std::vector<const AddedToken*>> by_first_;
+  std::array<std::vector<const AddedToken*>, 256> by_first_;  // by first byte, longest first
 };
 
 }  // namespace flashserve::tokenizer

@@ -1,5 +1,6 @@
 #include "tokenizer/bpe.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <queue>
 
@@ -52,6 +53,7 @@ Bpe::Bpe(const nlohmann::json& model) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
       throw model_error("vocab", "id of '" + token + "' is not a non-negative 32-bit integer");
     vocab_.emplace(token, id.get<int32_t>());
+    max_token_bytes_ = std::max(max_token_bytes_, token.size());
   }
   const std::string unk = str("unk_token");
   if (!unk.empty()) {
@@ -82,20 +84,31 @@ Bpe::Bpe(const nlohmann::json& model) {
   }
 }
 
-void Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) const {
-  if (word.empty()) return;
+bool Bpe::encode_word(std::string_view word, std::vector<int32_t>& out, size_t max_out) const {
+  if (word.empty()) return true;
   if (ignore_merges_) {
     if (auto it = vocab_.find(std::string(word)); it != vocab_.end()) {
+      if (out.size() + 1 > max_out) return false;
       out.push_back(it->second);
-      return;
+      return true;
     }
   }
+  // A merged token's string is its two parts' strings joined, and each symbol's is at least a
+  // byte: no token joins more than max_token_bytes_ symbols, so the word has at least
+  // symbols / max_token_bytes_ ids. Past max_out, say so without going on (a sentencepiece-style
+  // tokenizer has no pre-tokenizer: a whole prompt is one word, and merging megabytes costs
+  // seconds and ~25 bytes a byte).
+  const auto too_many = [&](size_t symbols) {
+    return max_out != SIZE_MAX &&
+           out.size() + (symbols + max_token_bytes_ - 1) / max_token_bytes_ > max_out;
+  };
   // The symbols of the word: one per character (or per byte with byte fallback), as a linked
   // list so merges are O(1) and the heap of candidate pairs keeps the whole word O(n log n).
   std::vector<int32_t> ids;
   std::string key;
   bool last_unk = false;
   for (size_t i = 0; i < word.size();) {
+    if (too_many(ids.size())) return false;
     size_t n = utf8::valid_length(word, i);
     if (n == 0) n = 1;  // the caller passes valid UTF-8; a stray byte is its own symbol
     key.assign(word.substr(i, n));
@@ -122,6 +135,7 @@ void Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) const {
     i += n;
   }
 
+  if (too_many(ids.size())) return false;
   const int n = static_cast<int>(ids.size());
   std::vector<int> prev(n), next(n);
   for (int i = 0; i < n; ++i) prev[i] = i - 1, next[i] = i + 1 < n ? i + 1 : -1;
@@ -156,6 +170,7 @@ void Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) const {
     push(c.pos);
   }
   for (int i = 0; i >= 0 && i < n; i = next[i]) out.push_back(ids[i]);
+  return true;
 }
 
 }  // namespace flashserve::tokenizer

@@ -2,6 +2,7 @@
 // vocabulary either the `<0xXX>` byte tokens (byte_fallback) or the unknown token.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -17,8 +18,10 @@ class Bpe {
   // `model` is tokenizer.json's "model" object; errors name "tokenizer.json: model.<field>".
   explicit Bpe(const nlohmann::json& model);
 
-  // Appends the ids of one pre-tokenized word.
-  void encode_word(std::string_view word, std::vector<int32_t>& out) const;
+  // Appends the ids of one pre-tokenized word and returns true; or, when the word's ids would
+  // certainly take `out` past max_out ids, returns false at once with `out` unchanged.
+  bool encode_word(std::string_view word, std::vector<int32_t>& out,
+                   size_t max_out = SIZE_MAX) const;
 
   const std::unordered_map<std::string, int32_t>& vocab() const { return vocab_; }
 
@@ -38,6 +41,7 @@ class Bpe {
   bool ignore_merges_ = false;
   bool fuse_unk_ = false;
   int32_t unk_id_ = -1;
+  size_t max_token_bytes_ = 1;  // the longest token string in the vocabulary
 };
 
 }  // namespace flashserve::tokenizer

@@ -29,18 +29,19 @@ Regex::Regex(const std::string& pattern, bool literal, const std::string& field)
                     std::to_string(offset) + ": " + reinterpret_cast<const char*>(msg));
   }
   pcre2_jit_compile(code_->re, PCRE2_JIT_COMPLETE);  // an optimisation: the interpreter remains
+  if (literal) literal_ = pattern;
 }
 
 Regex::~Regex() = default;
 
-std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view text) const {
-  std::vector<std::pair<size_t, size_t>> out;
-  for_each_match(text, [&](size_t b, size_t e) { out.emplace_back(b, e); });
-  return out;
-}
-
 void Regex::for_each_match(std::string_view text,
                            const std::function<void(size_t, size_t)>& f) const {
+  if (!literal_.empty()) {
+    for (size_t at = 0; (at = text.find(literal_, at)) != std::string_view::npos;
+         at += literal_.size())
+      f(at, at + literal_.size());
+    return;
+  }
   // Freed however this ends (f may throw: the tokenizer stops a prompt that is already too long).
   std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> owned(
       pcre2_match_data_create_from_pattern(code_->re, nullptr), &pcre2_match_data_free);

@@ -19,14 +19,14 @@ class Regex {
   Regex(const Regex&) = delete;
   Regex& operator=(const Regex&) = delete;
 
-  // The [begin, end) byte ranges of every non-overlapping, non-empty match in valid UTF-8 text.
-  std::vector<std::pair<size_t, size_t>> find_all(std::string_view text) const;
-  // The same ranges, handed to `f(begin, end)` in order as they are found.
+  // Hands `f(begin, end)` the byte range of every non-overlapping, non-empty match in valid UTF-8
+  // text, in order, as they are found.
   void for_each_match(std::string_view text, const std::function<void(size_t, size_t)>& f) const;
 
  private:
   struct Code;
   std::unique_ptr<Code> code_;
+  std::string literal_;  // a non-empty literal pattern, matched by plain search (much faster)
 };
 
 }  // namespace flashserve::tokenizer

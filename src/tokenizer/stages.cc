@@ -82,10 +82,10 @@ class ReplaceNormalizer : public Normalizer {
   void apply(std::string& t) const override {
     std::string out;
     size_t i = 0;
-    for (auto [b, e] : re_->find_all(t)) {
+    re_->for_each_match(t, [&](size_t b, size_t e) {
       out.append(t, i, b - i).append(content_);
       i = e;
-    }
+    });
     out.append(t, i, std::string::npos);
     t = std::move(out);
   }

@@ -79,10 +79,12 @@ class TokenizerImpl {
     if (eos_.empty() && !eos_ids_.empty()) eos_ = id_to_token_[eos_ids_.front()];
   }
 
-  std::vector<int32_t> encode(std::string_view raw, bool add_special, size_t max_ids) const {
+  // The ids of `raw`, or nullopt once it is certain there are more than max_ids.
+  std::optional<std::vector<int32_t>> encode(std::string_view raw, bool add_special,
+                                             size_t max_ids) const {
     const std::string text = utf8::lossy(raw);
     std::vector<int32_t> ids;
-    struct Enough {};  // thrown from inside the pre-tokenizers once there are enough ids
+    struct Enough {};  // thrown from inside the pre-tokenizers once there are too many ids
     const auto check = [&] {
       if (ids.size() > max_ids) throw Enough{};
     };
@@ -99,7 +101,7 @@ class TokenizerImpl {
         if (normalizer_) normalizer_->apply(normalized);
         Piece whole{std::move(normalized), seg.offset == 0};
         const auto encode_piece = [&](Piece&& p) {
-          bpe_.encode_word(p.text, ids);
+          if (!bpe_.encode_word(p.text, ids, max_ids)) throw Enough{};
           check();
         };
         if (pre_tokenizer_)
@@ -110,7 +112,7 @@ class TokenizerImpl {
       if (add_special) ids.insert(ids.end(), suffix_ids_.begin(), suffix_ids_.end());
       check();
     } catch (const Enough&) {
-      ids.resize(max_ids + 1);
+      return std::nullopt;
     }
     return ids;
   }
@@ -286,8 +288,12 @@ Tokenizer Tokenizer::load(const std::string& path) {
   }
 }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens,
-                                       size_t max_ids) const {
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  return *impl_->encode(text, add_special_tokens, SIZE_MAX);
+}
+std::optional<std::vector<int32_t>> Tokenizer::encode_within(std::string_view text,
+                                                             bool add_special_tokens,
+                                                             size_t max_ids) const {
   return impl_->encode(text, add_special_tokens, max_ids);
 }
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {

@@ -30,12 +30,13 @@ class Tokenizer {
   static Tokenizer from_json(std::string_view tokenizer_json, std::string_view config_json = {});
 
   // Any bytes are accepted: invalid UTF-8 is encoded as U+FFFD, as Hugging Face's tokenizers do
-  // after the lossy conversion Python and JavaScript make of such input. With `max_ids`, encoding
-  // stops once there are more than max_ids ids and returns the first max_ids + 1: the text is
-  // longer than that, and the work and memory spent on it stay proportional to max_ids (plus the
-  // text and its longest pre-tokenized word).
-  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens,
-                              size_t max_ids = SIZE_MAX) const;
+  // after the lossy conversion Python and JavaScript make of such input.
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const;
+  // encode()'s ids when there are at most max_ids of them; otherwise nullopt, found as soon as
+  // it is certain: the work stays in proportion to max_ids and the text's length, not to the
+  // cost of encoding all of a long text (seconds for a few MB that are one BPE word).
+  std::optional<std::vector<int32_t>> encode_within(std::string_view text, bool add_special_tokens,
+                                                    size_t max_ids) const;
   // Ids outside [0, vocab_size()) throw Error(kInvalidArgument, "token_ids"). The result is
   // always valid UTF-8 (incomplete byte sequences become U+FFFD).
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const;

@@ -71,17 +71,18 @@ inline bool is_valid(std::string_view s) {
 inline std::string lossy(std::string_view s) {
   std::string out;
   out.reserve(s.size());
+  size_t run = 0;  // the start of the valid bytes not yet copied, copied in one go
   for (size_t i = 0; i < s.size();) {
     const size_t n = valid_length(s, i);
     if (n) {
-      out.append(s.substr(i, n));
       i += n;
     } else {
-      out.append(kReplacement);
+      out.append(s.substr(run, i - run)).append(kReplacement);
       i += invalid_length(s, i);
+      run = i;
     }
   }
-  return out;
+  return out.append(s.substr(run));
 }
 
 // The code point of the valid sequence at s[i] (its length in *len).

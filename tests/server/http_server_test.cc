@@ -76,10 +76,9 @@ class ByteStream final : public fsv::TextStream {
 
 class ByteCodec final : public fsv::TextCodec {
  public:
-  // Stops after max_ids + 1 bytes, as the tokenizer may.
-  std::vector<int32_t> encode(std::string_view text, size_t max_ids) const override {
-    return {text.begin(),
-            text.begin() + static_cast<ptrdiff_t>(std::min(text.size(), max_ids + 1))};
+  std::optional<std::vector<int32_t>> encode(std::string_view text, size_t max_ids) const override {
+    if (text.size() > max_ids) return std::nullopt;
+    return std::vector<int32_t>(text.begin(), text.end());
   }
   std::unique_ptr<fsv::TextStream> stream(std::span<const int32_t>) const override {
     return std::make_unique<ByteStream>();
@@ -89,7 +88,8 @@ class ByteCodec final : public fsv::TextCodec {
     for (const auto& m : messages) out += m.role + ": " + m.content + "\n";
     return out + "assistant:";
   }
-  std::vector<int32_t> encode_rendered(std::string_view text, size_t max_ids) const override {
+  std::optional<std::vector<int32_t>> encode_rendered(std::string_view text,
+                                                      size_t max_ids) const override {
     return encode(text, max_ids);
   }
   std::string token_bytes(int32_t id) const override {
@@ -680,14 +680,15 @@ class FailingStream final : public fsv::TextStream {
 };
 class FailingCodec final : public fsv::TextCodec {
  public:
-  std::vector<int32_t> encode(std::string_view text, size_t) const override {
-    return {text.begin(), text.end()};
+  std::optional<std::vector<int32_t>> encode(std::string_view text, size_t) const override {
+    return std::vector<int32_t>(text.begin(), text.end());
   }
   std::unique_ptr<fsv::TextStream> stream(std::span<const int32_t>) const override {
     return std::make_unique<FailingStream>();
   }
   std::string render_chat(const std::vector<fsv::ChatMessage>&) const override { return "x"; }
-  std::vector<int32_t> encode_rendered(std::string_view text, size_t max_ids) const override {
+  std::optional<std::vector<int32_t>> encode_rendered(std::string_view text,
+                                                      size_t max_ids) const override {
     return encode(text, max_ids);
   }
   std::string token_bytes(int32_t id) const override {

@@ -124,15 +124,15 @@ TEST(ByteFallbackTokenizer, MetaspaceAndByteFallback) {
       EXPECT_EQ(t.decode(t.encode(line, false), false), line);
 }
 
-// encode(text, special, max_ids) is the first max_ids + 1 ids of the whole encoding when that is
-// longer, and the whole of it otherwise, for every fixture (each pre-tokenizer kind, stopped in
-// the middle of its pieces) and every limit around each text's length.
-TEST(TokenizerMaxIds, IsAPrefixOfTheWholeEncoding) {
+// encode_within(text, special, max_ids) is the whole encoding when it has at most max_ids ids and
+// nullopt otherwise, for every fixture (each pre-tokenizer kind, stopped in the middle of its
+// pieces or, for one long word, before merging it) and every limit around each text's length.
+TEST(TokenizerWithin, IsTheWholeEncodingOrNothing) {
   std::ifstream in(fixture_dir("compare_corpus.json"));
   const auto texts = nlohmann::json::parse(in).get<std::vector<std::string>>();
   std::string all;
   for (const std::string& t : texts) all += t + "\n";
-  int checked = 0;
+  int checked = 0, refused = 0;
   for (const char* kind : {"byte_level", "byte_fallback", "byte_fallback_nfd", "byte_fallback_nfkc",
                            "byte_level_folded", "qwen2_nfc"}) {
     const Tokenizer tok = Tokenizer::load(fixture_dir(kind));
@@ -142,45 +142,45 @@ TEST(TokenizerMaxIds, IsAPrefixOfTheWholeEncoding) {
         for (size_t k : {size_t{0}, size_t{1}, whole.size() / 2, whole.size() - 1, whole.size(),
                          whole.size() + 1, SIZE_MAX}) {
           if (k > whole.size() + 1 && k != SIZE_MAX) continue;  // whole.size() - 1 wrapped
-          const std::vector<int32_t> got = tok.encode(text, special, k);
-          const size_t want = k < whole.size() ? k + 1 : whole.size();
-          ASSERT_EQ(got, std::vector<int32_t>(whole.begin(), whole.begin() + want))
-              << kind << " max_ids " << k << " text " << nlohmann::json(utf8::lossy(text));
+          const auto got = tok.encode_within(text, special, k);
+          if (whole.size() <= k) {
+            ASSERT_TRUE(got) << kind << " max_ids " << k << " text " << nlohmann::json(text);
+            ASSERT_EQ(*got, whole) << kind << " text " << nlohmann::json(utf8::lossy(text));
+          } else {
+            ASSERT_FALSE(got) << kind << " max_ids " << k << " text " << nlohmann::json(text);
+            ++refused;
+          }
           ++checked;
         }
       }
-    // The corpus as one text, thousands of ids: stopped after a few.
+    // The corpus as one text, thousands of ids.
     const std::vector<int32_t> whole = tok.encode(all, true);
     ASSERT_GT(whole.size(), 2000u) << kind;
     for (size_t k : {size_t{7}, size_t{1000}, whole.size() - 1})
-      EXPECT_EQ(tok.encode(all, true, k),
-                std::vector<int32_t>(whole.begin(), whole.begin() + k + 1))
-          << kind << " max_ids " << k;
+      EXPECT_FALSE(tok.encode_within(all, true, k)) << kind << " max_ids " << k;
+    EXPECT_EQ(tok.encode_within(all, true, whole.size()), whole) << kind;
   }
   EXPECT_GT(checked, 5000);
+  EXPECT_GT(refused, 2000);
 }
 
-// A 12 MiB prompt of two million words against a small limit stops after a few of them. A word
-// cannot be stopped inside (BPE merges over the whole word), so a 4 MiB word is encoded whole
-// before the stop: its cost is the server's to bound (server/byte_budget.h).
-TEST(TokenizerMaxIds, AHugeTextStopsEarly) {
-  const Tokenizer tok = Tokenizer::load(fixture_dir("byte_level"));
+// 12 MiB prompts against a small limit: two million words (stopped after a few), a 4 MiB word
+// (refused from its length before merging), for a byte-level and a sentencepiece-style tokenizer
+// (no pre-tokenizer: the whole prompt is one word). Encoding any of them whole takes seconds.
+TEST(TokenizerWithin, HugeTextsAreRefusedQuickly) {
   std::string words;
   while (words.size() < (8u << 20)) words += "the cat sat on the mat. ";
   const std::string word(4u << 20, 'a');
-  for (const std::string& text : {words + word, word + words}) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const std::vector<int32_t> got = tok.encode(text, true, 100);
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    EXPECT_EQ(got.size(), 101u);
-    if (text[0] == 't') {
-      const std::vector<int32_t> head = tok.encode(text.substr(0, 1000), true);
-      EXPECT_EQ(got, std::vector<int32_t>(head.begin(), head.begin() + 101));
+  for (const char* kind : {"byte_level", "byte_fallback"})
+    for (const std::string& text : {words + word, word + words}) {
+      const Tokenizer tok = Tokenizer::load(fixture_dir(kind));
+      const auto t0 = std::chrono::steady_clock::now();
+      EXPECT_FALSE(tok.encode_within(text, true, 4096)) << kind;
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("%s, %s, max_ids 4096: refused in %.1f ms\n", kind,
+                  text[0] == 't' ? "2M words then a 4 MiB word" : "a 4 MiB word then 2M words", ms);
     }
-    std::printf("%s, max_ids 100: %.1f ms\n",
-                text[0] == 't' ? "2M words then a 4 MiB word" : "a 4 MiB word then 2M words", ms);
-  }
 }
 
 TEST(TokenizerErrors, NameTheFieldAndTheComponent) {
