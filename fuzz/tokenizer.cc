@@ -1,6 +1,8 @@
 // Fuzzes the tokenizer (src/tokenizer) on arbitrary bytes. The first byte picks the mode:
 //   0: encode the rest with the byte-level fixture: never throws; decode gives valid UTF-8 and,
 //      byte-level BPE being lossless, exactly the input made valid (U+FFFD for invalid bytes);
+//      encode_within(limit) is the encoding when it fits the limit and nullopt when not (all
+//      text modes);
 //   1: the same with the byte-fallback fixture: valid UTF-8 out, no exception;
 //   2, 3: the rest as token ids (2 bytes each, modulo the vocabulary) of either fixture: decode
 //      is valid UTF-8, and streaming them through IncrementalDecoder gives valid chunks adding up
@@ -49,6 +51,14 @@ void check_text(const tok::Tokenizer& t, const std::string& text, bool lossless)
     const std::vector<int32_t> ids = t.encode(text, special);
     for (int32_t id : ids)
       if (id < 0 || id >= t.vocab_size()) fail("encode gave an id outside the vocabulary");
+    // encode_within is the whole encoding up to its limit and nothing past it, wherever it stops.
+    const size_t limits[] = {0, ids.size() / 3, ids.size() / 2, ids.size() - (ids.size() > 0),
+                             ids.size()};
+    for (size_t k : limits) {
+      const auto within = t.encode_within(text, special, k);
+      if (ids.size() <= k ? !within || *within != ids : within.has_value())
+        fail("encode_within disagrees with encode");
+    }
     const std::string back = t.decode(ids, false);
     if (!tok::utf8::is_valid(back)) fail("decode gave invalid UTF-8");
     if (lossless && !special && back != tok::utf8::lossy(text)) fail("byte-level round trip");
