@@ -50,6 +50,12 @@ bool TokenStream::read(std::vector<int32_t>& out, std::vector<model::SampledLogp
   return true;
 }
 
+bool TokenStream::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout,
+                      [&] { return !pending_.empty() || finish_ != serve::FinishReason::kNone; });
+}
+
 std::vector<int32_t> TokenStream::read_all() {
   std::vector<int32_t> out;
   while (read(out)) {

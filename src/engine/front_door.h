@@ -8,6 +8,7 @@
 // loop never holds both locks at once.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -36,6 +37,8 @@ class TokenStream {
   bool read(std::vector<int32_t>& out, std::vector<model::SampledLogprobs>* logprobs = nullptr);
   // Every remaining token, until the end.
   std::vector<int32_t> read_all();
+  // Waits up to `timeout` for tokens or the end; true when read() would not block.
+  bool wait(std::chrono::milliseconds timeout);
   // Why it finished (kNone while it runs).
   serve::FinishReason finish_reason() const;
   // Stops the request (its blocks are freed by the next step); later reads see kAbort.

@@ -1,34 +1,66 @@
 #include "server/peer_socket.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstdlib>
-#include <filesystem>
+#include <cstring>
 #include <string>
 
 namespace flashserve::server {
 
 namespace {
 
-int port_of(const sockaddr_storage& a) {
-  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
-  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
-  return -1;
-}
+// One end of the connection as httplib wrote it (numeric host, port), with the host parsed once
+// so that most descriptors are ruled out by comparing numbers.
+struct Endpoint {
+  const std::string& host;
+  int port;
+  int family = AF_UNSPEC;  // AF_UNSPEC: not parsed (an IPv6 scope, say): compared as text
+  unsigned char addr[16] = {};
 
-// Host and port as httplib writes them (getnameinfo, numeric); the port first, which is cheap
-// and rules out all but one connection.
-bool address_is(const sockaddr_storage& a, socklen_t len, const std::string& host, int port) {
-  if (port_of(a) != port) return false;
-  char h[NI_MAXHOST], p[NI_MAXSERV];
-  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, h, sizeof h, p, sizeof p,
-                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+  Endpoint(const std::string& h, int p) : host(h), port(p) {
+    if (::inet_pton(AF_INET, h.c_str(), addr) == 1)
+      family = AF_INET;
+    else if (::inet_pton(AF_INET6, h.c_str(), addr) == 1)
+      family = AF_INET6;
+  }
+
+  bool is(const sockaddr_storage& a, socklen_t len) const {
+    if (a.ss_family == AF_INET) {
+      const auto& v4 = reinterpret_cast<const sockaddr_in&>(a);
+      if (ntohs(v4.sin_port) != port) return false;
+      if (family == AF_INET) return std::memcmp(&v4.sin_addr, addr, 4) == 0;
+    } else if (a.ss_family == AF_INET6) {
+      const auto& v6 = reinterpret_cast<const sockaddr_in6&>(a);
+      if (ntohs(v6.sin6_port) != port) return false;
+      if (family == AF_INET6 && v6.sin6_scope_id == 0)
+        return std::memcmp(&v6.sin6_addr, addr, 16) == 0;
+    } else {
+      return false;
+    }
+    // The port matches but the host is not comparable as numbers: as httplib formats it.
+    char h[NI_MAXHOST];
+    if (::getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, h, sizeof h, nullptr, 0,
+                      NI_NUMERICHOST) != 0)
+      return false;
+    return host == h;
+  }
+};
+
+// Whether descriptor fd is the connection between these ends (false for anything else: a
+// closed number, a file, another socket).
+bool connects(int fd, const Endpoint& remote, const Endpoint& local) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0 || !remote.is(a, len))
     return false;
-  return host == h && port == std::atoi(p);
+  len = sizeof a;
+  return ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0 && local.is(a, len);
 }
 
 }  // namespace
@@ -37,25 +69,30 @@ PeerSocket PeerSocket::find(const std::string& remote_addr, int remote_port,
                             const std::string& local_addr, int local_port) {
   PeerSocket s;
   if (remote_port < 0 || local_port < 0) return s;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    const std::string name = entry.path().filename().string();
+  const Endpoint remote(remote_addr, remote_port), local(local_addr, local_port);
+  // httplib serves a connection on one thread from accept to close, request after request: the
+  // descriptor this thread found last is the one to try first (keep-alive clients send all
+  // their requests on one connection).
+  thread_local int last_fd = -1;
+  if (last_fd >= 0 && connects(last_fd, remote, local)) {
+    s.fd_ = last_fd;
+    return s;
+  }
+  // Otherwise every descriptor of the process (hundreds: one per open connection) is tried,
+  // the peer's port first, which rules out all but one connection.
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (!dir) return s;
+  const int own = ::dirfd(dir);
+  while (const dirent* e = ::readdir(dir)) {
     char* end = nullptr;
-    const long fd = std::strtol(name.c_str(), &end, 10);
-    if (name.empty() || *end != '\0') continue;
-    struct stat st {};
-    if (::fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    sockaddr_storage peer{}, local{};
-    socklen_t peer_len = sizeof peer, local_len = sizeof local;
-    if (::getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0 ||
-        ::getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_len) != 0)
-      continue;
-    if (address_is(peer, peer_len, remote_addr, remote_port) &&
-        address_is(local, local_len, local_addr, local_port)) {
-      s.fd_ = static_cast<int>(fd);
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == own) continue;
+    if (connects(static_cast<int>(fd), remote, local)) {
+      s.fd_ = last_fd = static_cast<int>(fd);
       break;
     }
   }
+  ::closedir(dir);
   return s;
 }
 

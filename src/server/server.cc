@@ -121,6 +121,8 @@ struct Generation {
   Usage usage;
   bool include_usage = false;
   std::shared_ptr<engine::TokenStream> stream;
+  PeerSocket peer;    // the client's connection, looked at while its tokens are awaited
+  bool gone = false;  // the client hung up: the request was aborted, nobody reads the response
   const TextCodec* codec = nullptr;  // for the logprobs' token bytes; null without a tokenizer
   int64_t text_offset = 0;           // code points of the tokens' texts so far (logprobs)
   OutputAssembler output;
@@ -142,8 +144,20 @@ struct Generation {
     in_flight->fetch_sub(1);
   }
 
-  // The next piece of output; returns false once it is the last.
+  // The next piece of output; returns false once it is the last, or the client is gone.
   bool next(Piece& p) {
+    // The client is looked at before each step's tokens and every 50 ms while none come (the
+    // request waits in the queue, or prefills a long prompt): one that hung up is aborted before
+    // it costs its prefill, which matters most when the server is overloaded and clients time
+    // out. (A streamed response also learns it when a write fails, but only once tokens come.)
+    for (;;) {
+      if (peer.closed()) {
+        gone = true;
+        client_gone();
+        return false;
+      }
+      if (stream->wait(std::chrono::milliseconds(50))) break;
+    }
     std::vector<int32_t> got;
     std::vector<model::SampledLogprobs> logprobs;
     std::vector<model::SampledLogprobs>* lp = head.logprobs ? &logprobs : nullptr;
@@ -452,22 +466,18 @@ struct Server::State {
     }
     metrics.prompt_tokens += n;
 
+    gen->peer = PeerSocket::find(req.remote_addr, req.remote_port, req.local_addr, req.local_port);
     if (!g.stream) {
-      // Nothing is written before the end: the client's socket tells whether it hung up, checked
-      // as each step's tokens come, so a gone client's request is aborted as a streamed one is.
-      const PeerSocket peer =
-          PeerSocket::find(req.remote_addr, req.remote_port, req.local_addr, req.local_port);
       Piece all;
       Piece p;
       bool more = true;
       while (more) {
-        if (peer.closed()) {
-          gen->client_gone();
+        p = Piece{};
+        more = gen->next_or_fail(p);
+        if (gen->gone) {
           res.status = 499;  // nginx's "client closed request": nobody reads it
           return;
         }
-        p = Piece{};
-        more = gen->next_or_fail(p);
         all.text += p.text;
         all.token_ids.insert(all.token_ids.end(), p.token_ids.begin(), p.token_ids.end());
         all.logprobs.insert(all.logprobs.end(), p.logprobs.begin(), p.logprobs.end());
@@ -482,6 +492,7 @@ struct Server::State {
         [gen](size_t, httplib::DataSink& sink) {
           Piece p;
           const bool more = gen->next_or_fail(p);
+          if (gen->gone) return false;  // ends the response; nobody reads it
           std::string out;
           if (!gen->failure && (gen->first_chunk || !p.text.empty() || !p.token_ids.empty() ||
                                 !p.logprobs.empty() || p.finish_reason))

@@ -100,7 +100,7 @@ class ByteCodec final : public fsv::TextCodec {
 constexpr int64_t kMaxModelLen = 64;
 
 fsv::Backend scripted_backend(std::unique_ptr<fsv::TextCodec> codec = std::make_unique<ByteCodec>(),
-                              int64_t vocab = 256) {
+                              int64_t vocab = 256, int64_t max_running = 8) {
   fe::EngineConfig ec;
   ec.num_blocks = 64;
   ec.block_size = 16;
@@ -108,7 +108,7 @@ fsv::Backend scripted_backend(std::unique_ptr<fsv::TextCodec> codec = std::make_
   ec.scheduler.max_model_len = kMaxModelLen;
   ec.scheduler.max_tokens_per_step = 32;
   ec.scheduler.chunk_tile = 1;
-  ec.scheduler.max_running = 8;
+  ec.scheduler.max_running = max_running;
   fsv::Backend b;
   b.loop = std::make_unique<fe::EngineLoop>(
       std::make_unique<fe::Engine>(ec, std::make_unique<ScriptedExecutor>()));
@@ -666,6 +666,53 @@ TEST(HttpServer, AClientGoneFromANonStreamedRequestIsAborted) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
   EXPECT_EQ(json::parse(r->body)["usage"]["completion_tokens"], 20);
+}
+
+// A client that hangs up while its request waits in the queue (one request runs at a time here,
+// and another is running) is aborted before its request runs: it never gets a token, streamed or
+// not. Before, it was noticed only once its first token came, after its prefill.
+TEST(HttpServer, AClientGoneWhileItsRequestWaitsIsAbortedBeforeItRuns) {
+  for (bool streamed : {false, true}) {
+    SCOPED_TRACE(streamed ? "streamed" : "whole");
+    Running s({}, [] { return scripted_backend(std::make_unique<ByteCodec>(), 256, 1); });
+    while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    // 60 tokens take 120 ms or more (2 ms a step).
+    std::thread first([&] {
+      auto r = s.post("/v1/completions", {{"model", "m"}, {"prompt", {1, 2}}, {"max_tokens", 60}});
+      EXPECT_TRUE(r && r->status == 200);
+    });
+    while (s.metric("flashserve_requests_running") < 1)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(s.port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const std::string body = json{
+        {"model", "m"},
+        {"prompt", {1, 2, 3}},
+        {"max_tokens", 30},
+        {"stream", streamed}}.dump();
+    const std::string request =
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+        "Content-Type: application/json\r\nContent-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
+    ASSERT_EQ(::send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+    while (s.metric("flashserve_requests_waiting") < 1)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ::close(fd);
+    // Aborted while the first still runs: it leaves the queue within the 50 ms poll.
+    while (s.metric("flashserve_requests_waiting") > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_EQ(s.metric("flashserve_requests_running"), 1);
+    first.join();
+    while (s.metric("flashserve_http_requests_in_flight") != 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    EXPECT_EQ(s.metric("flashserve_generation_tokens_total"), 60);  // the first's only
+    EXPECT_EQ(s.metric("flashserve_kv_blocks_used"), 0);
+  }
 }
 
 // A detokeniser that fails on 'e' (as the tokenizer's did on an id past its vocabulary).
