@@ -268,11 +268,7 @@ GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
       {"ignore_eos", [&](const json& v) { r.ignore_eos = get_bool(v, "ignore_eos"); }},
       {"stream", [&](const json& v) { r.stream = get_bool(v, "stream"); }},
       {"stream_options", [&](const json& v) { stream_options = v; }},
-      {"n",
-       [&](const json& v) {
-         if (get_int(v, "n", 1, INT32_MAX) != 1)
-           throw bad_request("n", "n: only 1 choice per request is supported");
-       }},
+      {"n", [&](const json& v) { r.n = static_cast<int32_t>(get_int(v, "n", 1, kMaxChoices)); }},
       {"user", [&](const json& v) { get_string(v, "user"); }},
       {"presence_penalty",
        [&](const json& v) { neutral_only(v, "presence_penalty", 0, "no penalties"); }},

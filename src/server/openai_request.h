@@ -46,7 +46,11 @@ struct GenerationRequest {
   bool include_usage = false;
   // -1: no logprobs; n >= 0: each token's log-probability and the n most likely alternatives.
   int32_t logprobs = -1;
+  int32_t n = 1;  // choices: each its own sequence in the engine
 };
+
+// The most choices one request may ask for (each runs as its own sequence).
+inline constexpr int32_t kMaxChoices = 128;
 
 // OpenAI's limits: completions' logprobs, chat's top_logprobs.
 inline constexpr int32_t kMaxCompletionLogprobs = 5;

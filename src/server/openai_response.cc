@@ -86,24 +86,28 @@ json usage_json(const Usage& u) {
           {"total_tokens", u.prompt_tokens + u.completion_tokens}};
 }
 
-json full_response(const ResponseHead& h, const Piece& all, const Usage& u) {
+json full_response(const ResponseHead& h, const std::vector<Piece>& choices, const Usage& u) {
   json r = head(h, false);
-  json choice = {
-      {"index", 0}, {"logprobs", choice_logprobs(h, all)}, {"finish_reason", finish(all)}};
-  if (h.endpoint == Endpoint::kChat)
-    choice["message"] = {{"role", "assistant"}, {"content", all.text}};
-  else
-    choice["text"] = all.text;
-  choice["token_ids"] = all.token_ids;
-  r["choices"] = json::array({choice});
+  r["choices"] = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const Piece& all = choices[i];
+    json choice = {
+        {"index", i}, {"logprobs", choice_logprobs(h, all)}, {"finish_reason", finish(all)}};
+    if (h.endpoint == Endpoint::kChat)
+      choice["message"] = {{"role", "assistant"}, {"content", all.text}};
+    else
+      choice["text"] = all.text;
+    choice["token_ids"] = all.token_ids;
+    r["choices"].push_back(choice);
+  }
   r["usage"] = usage_json(u);
   return r;
 }
 
-json chunk(const ResponseHead& h, const Piece& piece, bool first, bool usage_field) {
+json chunk(const ResponseHead& h, const Piece& piece, size_t index, bool first, bool usage_field) {
   json r = head(h, true);
   json choice = {
-      {"index", 0}, {"logprobs", choice_logprobs(h, piece)}, {"finish_reason", finish(piece)}};
+      {"index", index}, {"logprobs", choice_logprobs(h, piece)}, {"finish_reason", finish(piece)}};
   if (h.endpoint == Endpoint::kChat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";

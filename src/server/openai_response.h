@@ -60,11 +60,14 @@ struct Piece {
 nlohmann::json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprobs>& tokens);
 
 nlohmann::json usage_json(const Usage& u);
-// The whole (non-streamed) response.
-nlohmann::json full_response(const ResponseHead& h, const Piece& all, const Usage& u);
-// One streamed chunk. `first` adds the chat delta's role; `usage_field` adds "usage": null (what
-// OpenAI sends on every chunk when stream_options.include_usage is set).
-nlohmann::json chunk(const ResponseHead& h, const Piece& piece, bool first, bool usage_field);
+// The whole (non-streamed) response: one whole piece per choice, in index order.
+nlohmann::json full_response(const ResponseHead& h, const std::vector<Piece>& choices,
+                             const Usage& u);
+// One streamed chunk, of choice `index`. `first` (that choice's first chunk) adds the chat delta's
+// role; `usage_field` adds "usage": null (what OpenAI sends on every chunk when
+// stream_options.include_usage is set).
+nlohmann::json chunk(const ResponseHead& h, const Piece& piece, size_t index, bool first,
+                     bool usage_field);
 // The last chunk when include_usage is set: no choices, the usage.
 nlohmann::json usage_chunk(const ResponseHead& h, const Usage& u);
 

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <fstream>
@@ -114,53 +115,38 @@ struct Metrics {
   }
 };
 
-// One request from submission to its last token: reads the engine's stream, turns ids into text,
-// applies stop strings, measures. Shared by the handler and (streaming) the content provider.
+// One choice of a request from submission to its last token: reads the engine's stream, turns
+// ids into text, applies stop strings, measures. Owned by its Response.
 struct Generation {
-  ResponseHead head;
-  Usage usage;
-  bool include_usage = false;
   std::shared_ptr<engine::TokenStream> stream;
-  PeerSocket peer;    // the client's connection, looked at while its tokens are awaited
-  bool gone = false;  // the client hung up: the request was aborted, nobody reads the response
+  bool logprobs = false;             // the request asked for them
   const TextCodec* codec = nullptr;  // for the logprobs' token bytes; null without a tokenizer
   int64_t text_offset = 0;           // code points of the tokens' texts so far (logprobs)
   OutputAssembler output;
   Metrics* metrics = nullptr;
-  std::atomic<int64_t>* in_flight = nullptr;
   Clock::time_point arrival;
   double last_token = 0;
   int64_t tokens_read = 0;  // from the engine, all of them (for the latency metrics)
   bool first_chunk = true;
   bool done = false;
-  // Why the response is an error instead of a finish: the engine stopped (503), or a failure
-  // while generating (500); sent as the error body, or streamed as an error event.
+  // Why the choice is an error instead of a finish: the engine stopped (503), or a failure
+  // while generating (500); the response then ends with it.
   std::optional<ApiError> failure;
 
   Generation(std::unique_ptr<TextStream> text, std::vector<std::string> stop)
       : output(std::move(text), std::move(stop)) {}
   ~Generation() {
     if (stream) stream->close();  // a client gone mid-stream: its request is aborted now
-    in_flight->fetch_sub(1);
   }
 
-  // The next piece of output; returns false once it is the last, or the client is gone.
-  bool next(Piece& p) {
-    // The client is looked at before each step's tokens and every 50 ms while none come (the
-    // request waits in the queue, or prefills a long prompt): one that hung up is aborted before
-    // it costs its prefill, which matters most when the server is overloaded and clients time
-    // out. (A streamed response also learns it when a write fails, but only once tokens come.)
-    for (;;) {
-      if (peer.closed()) {
-        gone = true;
-        client_gone();
-        return false;
-      }
-      if (stream->wait(std::chrono::milliseconds(50))) break;
-    }
+  // Whether take() has something to read without waiting.
+  bool ready() const { return !done && stream->wait(std::chrono::milliseconds(0)); }
+
+  // The next piece of output, once ready(); returns false once it is the last.
+  bool take(Piece& p) {
     std::vector<int32_t> got;
-    std::vector<model::SampledLogprobs> logprobs;
-    std::vector<model::SampledLogprobs>* lp = head.logprobs ? &logprobs : nullptr;
+    std::vector<model::SampledLogprobs> lps;
+    std::vector<model::SampledLogprobs>* lp = logprobs ? &lps : nullptr;
     stream->read(got, lp);
     serve::FinishReason fr = stream->finish_reason();
     // Finished: whatever was pushed with the finish is there to read without waiting.
@@ -168,7 +154,7 @@ struct Generation {
       while (stream->read(got, lp)) {
       }
     std::vector<TokenLogprobs> entries;
-    for (const model::SampledLogprobs& s : logprobs) entries.push_back(logged(s));
+    for (const model::SampledLogprobs& s : lps) entries.push_back(logged(s));
     const double t = seconds_since(arrival);
     for (size_t i = 0; i < got.size(); ++i) {
       if (tokens_read++ == 0)
@@ -179,7 +165,6 @@ struct Generation {
     if (!got.empty()) last_token = t;
     metrics->generation_tokens += static_cast<int64_t>(got.size());
     output.take(got, std::move(entries), fr, p);
-    usage.completion_tokens = output.completion_tokens();
     const char* reason = output.finish_reason();
     if (!reason) return true;
     if (output.stopped_by_string()) stream->close();  // the engine's request still runs
@@ -191,18 +176,19 @@ struct Generation {
     return finish(reason);
   }
 
-  // The client hung up before the end: the request is aborted now.
-  void client_gone() {
+  // The client hung up, or another choice failed, before the end: the request is aborted now.
+  void abort() {
+    if (done) return;
     stream->close();
     finish("abort");
   }
 
-  // next(), but a failure while generating (a detokeniser that throws, say) ends this response
+  // take(), but a failure while generating (a detokeniser that throws, say) ends this choice
   // with an error instead of leaving the handler: thrown from a streaming content provider, it
   // would end the process (httplib calls it outside its exception handler).
-  bool next_or_fail(Piece& p) {
+  bool take_or_fail(Piece& p) {
     try {
-      return next(p);
+      return take(p);
     } catch (const std::exception& e) {
       stream->close();
       p = Piece{};
@@ -237,6 +223,75 @@ struct Generation {
     metrics->e2e.observe(seconds_since(arrival));
     metrics->count_finish(reason);
     return false;
+  }
+};
+
+// One generation request's response: its choices (n of them, each its own sequence in the
+// engine) and what they share. Shared by the handler and (streaming) the content provider; it
+// holds one of the server's in-flight slots until it is destroyed.
+struct Response {
+  ResponseHead head;
+  bool include_usage = false;
+  int64_t prompt_tokens = 0;
+  std::vector<std::unique_ptr<Generation>> choices;
+  PeerSocket peer;    // the client's connection, looked at while tokens are awaited
+  bool gone = false;  // the client hung up: every choice was aborted, nobody reads the response
+  std::atomic<int64_t>* in_flight = nullptr;
+  size_t last = 0;  // the choice that gave the last piece (the next look starts after it)
+
+  explicit Response(std::atomic<int64_t>* slot) : in_flight(slot) {}
+  ~Response() {
+    choices.clear();  // aborts what still runs
+    in_flight->fetch_sub(1);
+  }
+
+  Usage usage() const {
+    Usage u{prompt_tokens, 0};
+    for (const auto& c : choices) u.completion_tokens += c->output.completion_tokens();
+    return u;
+  }
+  // The first choice's failure, which ends the whole response.
+  const std::optional<ApiError>& failure() const {
+    static const std::optional<ApiError> none;
+    for (const auto& c : choices)
+      if (c->failure) return c->failure;
+    return none;
+  }
+
+  // The next piece of any choice, whose index goes to `which`; returns false once it is the last
+  // one, or the client is gone (`gone`), or a choice failed (failure()).
+  bool next(Piece& p, size_t& which) {
+    // The client is looked at before each piece and every 50 ms while none come (the request
+    // waits in the queue, or prefills a long prompt): one that hung up is aborted before it
+    // costs its prefill, which matters most when the server is overloaded and clients time out.
+    // (A streamed response also learns it when a write fails, but only once tokens come.) With
+    // several choices, each is looked at in turn every 2 ms, so none waits on another's tokens.
+    const auto wait = std::chrono::milliseconds(choices.size() == 1 ? 50 : 2);
+    for (;;) {
+      if (peer.closed()) {
+        gone = true;
+        for (auto& c : choices) c->abort();
+        return false;
+      }
+      for (size_t k = 1; k <= choices.size(); ++k) {
+        const size_t i = (last + k) % choices.size();
+        Generation& c = *choices[i];
+        if (!c.ready()) continue;
+        last = which = i;
+        c.take_or_fail(p);
+        if (c.failure) {
+          for (auto& other : choices) other->abort();
+          return false;
+        }
+        for (const auto& other : choices)
+          if (!other->done) return true;
+        return false;
+      }
+      const auto running =
+          std::find_if(choices.begin(), choices.end(), [](const auto& c) { return !c->done; });
+      if (running == choices.end()) return false;
+      (*running)->stream->wait(wait);
+    }
   }
 };
 
@@ -424,7 +479,6 @@ struct Server::State {
     engine::NewRequest nr;
     nr.prompt = ids;
     nr.sampling = g.sampling;
-    if (!g.seed_given) nr.sampling.seed = fresh_seed();
     nr.max_tokens = max_tokens;
     nr.stop_token_ids = g.stop_token_ids;
     if (backend.codec && !g.ignore_eos)
@@ -440,76 +494,89 @@ struct Server::State {
                      {},
                      "overloaded"};
     }
-    auto gen =
-        std::make_shared<Generation>(backend.codec ? backend.codec->stream(ids) : nullptr, g.stop);
-    gen->in_flight = &in_flight;  // from here on, gen gives the slot back
-    gen->metrics = &metrics;
-    gen->arrival = arrival;
-    gen->include_usage = g.include_usage;
-    gen->head.endpoint = endpoint;
-    gen->head.id = (endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") +
-                   std::to_string(next_id.fetch_add(1));
-    gen->head.created = std::chrono::duration_cast<std::chrono::seconds>(
-                            std::chrono::system_clock::now().time_since_epoch())
-                            .count();
-    gen->head.model = o.served_model_name;
-    gen->head.logprobs = g.logprobs >= 0;
-    gen->codec = backend.codec.get();
-    gen->usage.prompt_tokens = n;
-    try {
-      gen->stream = backend.loop->submit(nr);
-    } catch (const Error& e) {
-      if (e.argument() == "engine") throw ApiError{503, e.what(), {}, "engine_stopped"};
-      const std::string what = e.what();
-      throw from_error(e,
-                       what.find("stop_token_ids") != std::string::npos ? "stop_token_ids" : input);
+    auto resp = std::make_shared<Response>(&in_flight);  // from here on, it gives the slot back
+    resp->include_usage = g.include_usage;
+    resp->head.endpoint = endpoint;
+    resp->head.id = (endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") +
+                    std::to_string(next_id.fetch_add(1));
+    resp->head.created = std::chrono::duration_cast<std::chrono::seconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+    resp->head.model = o.served_model_name;
+    resp->head.logprobs = g.logprobs >= 0;
+    resp->prompt_tokens = n;
+    // Each choice is its own sequence, with its own seed: the request's seed + its index (so a
+    // seeded request gives the same n choices again), or a fresh one.
+    for (int32_t i = 0; i < g.n; ++i) {
+      auto c = std::make_unique<Generation>(backend.codec ? backend.codec->stream(ids) : nullptr,
+                                            g.stop);
+      c->metrics = &metrics;
+      c->arrival = arrival;
+      c->logprobs = g.logprobs >= 0;
+      c->codec = backend.codec.get();
+      nr.sampling.seed = g.seed_given ? g.sampling.seed + static_cast<uint64_t>(i) : fresh_seed();
+      try {
+        c->stream = backend.loop->submit(nr);
+      } catch (const Error& e) {  // the choices submitted before are aborted with resp
+        if (e.argument() == "engine") throw ApiError{503, e.what(), {}, "engine_stopped"};
+        const std::string what = e.what();
+        throw from_error(
+            e, what.find("stop_token_ids") != std::string::npos ? "stop_token_ids" : input);
+      }
+      resp->choices.push_back(std::move(c));
     }
     metrics.prompt_tokens += n;
 
-    gen->peer = PeerSocket::find(req.remote_addr, req.remote_port, req.local_addr, req.local_port);
+    resp->peer = PeerSocket::find(req.remote_addr, req.remote_port, req.local_addr, req.local_port);
     if (!g.stream) {
-      Piece all;
-      Piece p;
+      std::vector<Piece> all(resp->choices.size());
       bool more = true;
       while (more) {
-        p = Piece{};
-        more = gen->next_or_fail(p);
-        if (gen->gone) {
+        Piece p;
+        size_t which = 0;
+        more = resp->next(p, which);
+        if (resp->gone) {
           res.status = 499;  // nginx's "client closed request": nobody reads it
           return;
         }
-        all.text += p.text;
-        all.token_ids.insert(all.token_ids.end(), p.token_ids.begin(), p.token_ids.end());
-        all.logprobs.insert(all.logprobs.end(), p.logprobs.begin(), p.logprobs.end());
+        if (resp->failure()) throw *resp->failure();
+        Piece& a = all[which];
+        a.text += p.text;
+        a.token_ids.insert(a.token_ids.end(), p.token_ids.begin(), p.token_ids.end());
+        a.logprobs.insert(a.logprobs.end(), p.logprobs.begin(), p.logprobs.end());
+        if (p.finish_reason) a.finish_reason = p.finish_reason;
       }
-      if (gen->failure) throw *gen->failure;
-      all.finish_reason = p.finish_reason;
-      return send_json(res, full_response(gen->head, all, gen->usage));
+      return send_json(res, full_response(resp->head, all, resp->usage()));
     }
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [gen](size_t, httplib::DataSink& sink) {
+        [resp](size_t, httplib::DataSink& sink) {
           Piece p;
-          const bool more = gen->next_or_fail(p);
-          if (gen->gone) return false;  // ends the response; nobody reads it
+          size_t which = 0;
+          const bool more = resp->next(p, which);
+          if (resp->gone) return false;  // ends the response; nobody reads it
+          const std::optional<ApiError>& failure = resp->failure();
+          Generation& c = *resp->choices[which];
           std::string out;
-          if (!gen->failure && (gen->first_chunk || !p.text.empty() || !p.token_ids.empty() ||
-                                !p.logprobs.empty() || p.finish_reason))
-            out += sse_event(chunk(gen->head, p, gen->first_chunk, gen->include_usage));
-          gen->first_chunk = false;
+          if (!failure && (c.first_chunk || !p.text.empty() || !p.token_ids.empty() ||
+                           !p.logprobs.empty() || p.finish_reason))
+            out += sse_event(chunk(resp->head, p, which, c.first_chunk, resp->include_usage));
+          if (!failure) c.first_chunk = false;
           if (!more) {
-            if (gen->failure) out += sse_event(json::parse(gen->failure->body()));
-            if (gen->include_usage) out += sse_event(usage_chunk(gen->head, gen->usage));
+            if (failure) out += sse_event(json::parse(failure->body()));
+            if (resp->include_usage) out += sse_event(usage_chunk(resp->head, resp->usage()));
             out += kSseDone;
           }
           // A failed write is a client that went away: returning false ends the response, and
-          // dropping `gen` aborts the request.
+          // dropping `resp` aborts its requests.
           if (!out.empty() && !sink.write(out.data(), out.size())) return false;
           if (!more) sink.done();
           return true;
         },
-        [gen](bool) { gen->stream->close(); });
+        [resp](bool) {
+          for (auto& c : resp->choices) c->stream->close();
+        });
   }
 };
 

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <functional>
 #include <future>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <thread>
@@ -315,7 +316,7 @@ TEST(HttpServer, LogprobsCompletionsAndChatStreamedAndNot) {
             {{"model", "m"},
              {"messages", {{{"role", "user"}, {"content", "x"}}}},
              {"top_logprobs", 2}}},
-           {"/v1/completions", {{"model", "m"}, {"prompt", "ab"}, {"n", 2}}}}) {
+           {"/v1/completions", {{"model", "m"}, {"prompt", "ab"}, {"n", 129}}}}) {
     r = s.post(path, bad);
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 400) << bad.dump();
@@ -421,6 +422,83 @@ TEST(HttpServer, LogprobsMatchTheReturnedTextAtStopTokensAndStopStrings) {
     EXPECT_EQ(finish, "stop");
     EXPECT_EQ(usage["completion_tokens"], c.ids.size()) << body.dump();
   }
+}
+
+// n choices: each its own sequence, answered with its index; usage counts the prompt once and
+// every choice's tokens. Streamed, the choices' chunks interleave as their tokens come, each
+// choice with its own first (role) chunk and its own finish, then one usage chunk and [DONE].
+TEST(HttpServer, SeveralChoicesStreamedAndNot) {
+  Running s({}, [] { return scripted_backend(); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const json one = json::parse(
+      s.post("/v1/completions", {{"model", "m"}, {"prompt", {1, 2}}, {"max_tokens", 5}})->body);
+  auto r =
+      s.post("/v1/completions", {{"model", "m"}, {"prompt", {1, 2}}, {"max_tokens", 5}, {"n", 3}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  ASSERT_EQ(j["choices"].size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], one["choices"][0]["text"]);  // the scripted engine's
+    EXPECT_EQ(j["choices"][i]["token_ids"].size(), 5u);
+    EXPECT_EQ(j["choices"][i]["finish_reason"], "length");
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 2);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 15);
+  EXPECT_EQ(j["usage"]["total_tokens"], 17);
+
+  for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+    SCOPED_TRACE(path);
+    const bool chat = std::string(path) == "/v1/chat/completions";
+    json body = {{"model", "m"},
+                 {"max_tokens", 6},
+                 {"n", 4},
+                 {"stream", true},
+                 {"stream_options", {{"include_usage", true}}}};
+    if (chat)
+      body["messages"] = {{{"role", "user"}, {"content", "x"}}};
+    else
+      body["prompt"] = {1, 2, 3};
+    r = s.post(path, body);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200);
+    const std::string& b = r->body;
+    ASSERT_GE(b.size(), 14u);
+    EXPECT_EQ(b.substr(b.size() - 14), "data: [DONE]\n\n");
+    std::map<int, std::string> text;
+    std::map<int, int> finishes, roles, ids;
+    json usage;
+    for (size_t pos = 0; pos < b.size();) {
+      const size_t end = b.find("\n\n", pos);
+      ASSERT_NE(end, std::string::npos);
+      const std::string event = b.substr(pos, end - pos);
+      pos = end + 2;
+      if (event == "data: [DONE]") break;
+      const json c = json::parse(event.substr(6));
+      if (c["choices"].empty()) {
+        usage = c["usage"];
+        continue;
+      }
+      ASSERT_EQ(c["choices"].size(), 1u);
+      const json& ch = c["choices"][0];
+      const int i = ch["index"];
+      if (chat && ch["delta"].contains("role")) ++roles[i];
+      text[i] += chat ? ch["delta"].value("content", "") : ch["text"].get<std::string>();
+      ids[i] += static_cast<int>(ch["token_ids"].size());
+      if (!ch["finish_reason"].is_null()) ++finishes[i];
+    }
+    ASSERT_EQ(text.size(), 4u);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(text[i], text[0]) << i;
+      EXPECT_EQ(ids[i], 6) << i;
+      EXPECT_EQ(finishes[i], 1) << i;
+      if (chat) EXPECT_EQ(roles[i], 1) << i;
+    }
+    EXPECT_EQ(usage["completion_tokens"], 24);
+  }
+  // Every choice's sequence is gone from the engine afterwards.
+  EXPECT_EQ(s.metric("flashserve_kv_blocks_used"), 0);
 }
 
 TEST(HttpServer, StreamFramingAndUsage) {

@@ -78,7 +78,7 @@ TEST(RequestSchema, UnknownFieldsAndUnsupportedValuesAreRefused) {
   body["max_completion_tokens"] = 5;
   EXPECT_EQ(refusal(body).param, "max_completion_tokens");
   for (const auto& [name, value] :
-       std::vector<std::pair<std::string, json>>{{"n", 2},
+       std::vector<std::pair<std::string, json>>{{"n", 129},
                                                  {"presence_penalty", 0.5},
                                                  {"logprobs", 6},
                                                  {"logprobs", -1},
@@ -156,14 +156,16 @@ TEST(RequestSchema, LogprobsRangesAndTheirRefusals) {
     EXPECT_EQ(err.status, 400) << bad.dump();
     EXPECT_EQ(err.param, "logprobs") << bad.dump();
   }
-  // n > 1 is a clear 400 on both endpoints.
+  // n from 1 to kMaxChoices on both endpoints; beyond, a clear 400.
   for (const fsv::Endpoint e : {fsv::Endpoint::kCompletions, fsv::Endpoint::kChat}) {
     body = base(e);
-    body["n"] = 2;
+    body["n"] = fsv::kMaxChoices;
+    EXPECT_EQ(fsv::parse_request(body.dump(), e).n, fsv::kMaxChoices);
+    body["n"] = fsv::kMaxChoices + 1;
     err = refusal(body, e);
     EXPECT_EQ(err.status, 400);
     EXPECT_EQ(err.param, "n");
-    EXPECT_NE(err.message.find("only 1"), std::string::npos) << err.message;
+    EXPECT_NE(err.message.find("128"), std::string::npos) << err.message;
   }
 }
 

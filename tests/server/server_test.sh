@@ -123,7 +123,23 @@ expect 400 prompt "${json[@]}" -d '{"model": "tiny", "prompt": [1, 99999]}'
 expect 200 - "${json[@]}" -d '{"model": "tiny", "prompt": "a text prompt", "max_tokens": 3}'
 grep -q '"text":' "$work/body" || fail "no text in the completion: $(cat "$work/body")"
 expect 400 bogus "${json[@]}" -d '{"model": "tiny", "prompt": [1], "bogus": 1}'
-expect 400 n "${json[@]}" -d '{"model": "tiny", "prompt": [1], "n": 3}'
+expect 400 n "${json[@]}" -d '{"model": "tiny", "prompt": [1], "n": 129}'
+# n sampled choices on the real model: each its own seed (the request's + its index), so they
+# differ, and the same seeded request gives the same choices again.
+for k in 1 2; do
+  expect 200 - "${json[@]}" -d '{"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 8, "n": 3, "temperature": 1, "seed": 11, "ignore_eos": true}'
+  cp "$work/body" "$work/choices$k"
+done
+node -e '
+  const fs = require("fs");
+  const [a, b] = [process.argv[1], process.argv[2]].map((f) => JSON.parse(fs.readFileSync(f, "utf8")));
+  const ids = (r) => r.choices.map((c) => c.token_ids.join(","));
+  if (a.choices.length !== 3 || a.choices.some((c, i) => c.index !== i || c.token_ids.length !== 8))
+    throw new Error("not 3 choices of 8 tokens: " + JSON.stringify(a));
+  if (new Set(ids(a)).size !== 3) throw new Error("sampled choices are equal: " + ids(a));
+  if (ids(a).join("|") !== ids(b).join("|")) throw new Error("the same seed gave other choices");
+  if (a.usage.completion_tokens !== 24 || a.usage.prompt_tokens !== 3) throw new Error("usage");
+' "$work/choices1" "$work/choices2" || fail "n choices: $(head -c 600 "$work/choices1")"
 node -e 'process.stdout.write(JSON.stringify({model: "tiny", prompt: Array(5000).fill(7)}))' >"$work/long"
 expect 400 prompt "${json[@]}" --data-binary @"$work/long"
 grep -q "maximum context length is" "$work/body" || fail "the limit is not named: $(cat "$work/body")"

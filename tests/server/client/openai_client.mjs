@@ -120,10 +120,33 @@ const tests = {
       (e) => e instanceof OpenAI.NotFoundError && e.code === 'model_not_found');
     await assert.rejects(client.completions.create({ model, prompt, max_tokens: -1 }),
       (e) => e instanceof OpenAI.BadRequestError && e.param === 'max_tokens');
-    await assert.rejects(client.completions.create({ model, prompt, n: 2 }),
+    await assert.rejects(client.completions.create({ model, prompt, n: 129 }),
       (e) => e instanceof OpenAI.BadRequestError && e.param === 'n');
     await assert.rejects(client.completions.create({ model, prompt: Array(100000).fill(1) }),
       (e) => e instanceof OpenAI.BadRequestError && e.code === 'context_length_exceeded' && /maximum context length is \d+/.test(e.message));
+  },
+  async severalChoices() {
+    // n sampled choices, whole and streamed, as the SDK reads them: one per index, each complete.
+    const r = await client.completions.create({ model, prompt, max_tokens: 5, n: 3, temperature: 1, seed: 3, ignore_eos: true });
+    assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
+    assert.ok(r.choices.every((c) => c.finish_reason === 'length' && c.token_ids.length === 5));
+    assert.equal(r.usage.completion_tokens, 15);
+    const stream = await client.chat.completions.create({
+      model, messages: [{ role: 'user', content: 'hi' }], max_tokens: 4, n: 2, stream: true,
+      stream_options: { include_usage: true }, ignore_eos: true,
+    });
+    const text = ['', ''], finish = [null, null];
+    let usage = null;
+    for await (const chunk of stream) {
+      if (chunk.usage) usage = chunk.usage;
+      for (const c of chunk.choices) {
+        text[c.index] += c.delta.content ?? '';
+        if (c.finish_reason) finish[c.index] = c.finish_reason;
+      }
+    }
+    assert.deepEqual(finish, ['length', 'length']);
+    assert.equal(usage.completion_tokens, 8);
+    assert.ok(text.every((t) => typeof t === 'string'));
   },
   async logprobs() {
     // Completions: logprobs 3 at temperature 0; the sampled token is the most likely one.
