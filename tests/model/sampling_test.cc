@@ -199,15 +199,20 @@ TEST(Sampling, ParamsAreValidated) {
   EXPECT_THROW(p.validate(), Error);
 }
 
+// A random tiny checkpoint in a fresh directory `name`, its weights drawn from `seed`.
+std::string random_tiny(const char* name, uint64_t seed) {
+  const std::string dir = testing::fresh_dir(name);
+  RandomCheckpointOptions opt;
+  opt.seed = seed;
+  write_random_checkpoint(preset_config("tiny"), dir, opt);
+  return dir;
+}
+
 TEST(Sampling, SameSeedSameTokensThroughTheRunner) {
   FLASHSERVE_SKIP_WITHOUT_BLAS();
   const uint64_t seed = testing::test_seed();
   SCOPED_TRACE("FLASHSERVE_TEST_SEED=" + std::to_string(seed));
-  const std::string dir = testing::fresh_dir("seed");
-  RandomCheckpointOptions opt;
-  opt.seed = seed;
-  write_random_checkpoint(preset_config("tiny"), dir, opt);
-  auto runner = make_cpu_runner(dir);
+  auto runner = make_cpu_runner(random_tiny("seed", seed));
   GenerateOptions g;
   g.max_tokens = 16;
   g.stop_at_eos = false;
@@ -231,10 +236,7 @@ TEST(Sampling, GenerateStopsAtAnyEosToken) {
   FLASHSERVE_SKIP_WITHOUT_BLAS();
   const uint64_t seed = testing::test_seed();
   SCOPED_TRACE("FLASHSERVE_TEST_SEED=" + std::to_string(seed));
-  const std::string dir = testing::fresh_dir("eos");
-  RandomCheckpointOptions opt;
-  opt.seed = seed;
-  write_random_checkpoint(preset_config("tiny"), dir, opt);
+  const std::string dir = random_tiny("eos", seed);
   GenerateOptions g;
   g.max_tokens = 24;
   g.stop_at_eos = false;

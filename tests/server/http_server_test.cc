@@ -162,6 +162,23 @@ struct Running {
     httplib::Error err;
     c.send(req, res, err);
   }
+  // POSTs `body` to /v1/completions on a socket of its own, which the caller closes (to hang up).
+  int post_raw(const json& body) const {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const std::string text = body.dump();
+    const std::string request =
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+        "Content-Type: application/json\r\nContent-Length: " +
+        std::to_string(text.size()) + "\r\n\r\n" + text;
+    if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        ::send(fd, request.data(), request.size(), 0) != static_cast<ssize_t>(request.size()))
+      ADD_FAILURE() << "could not send the request";
+    return fd;
+  }
   double metric(const std::string& name) const {
     auto r = client().Get("/metrics");
     const std::regex line("\n" + name + " ([0-9.e+-]+)\n");
@@ -714,20 +731,8 @@ TEST(HttpServer, AClientGoneMidStreamIsAbortedAndItsBlocksFreed) {
 TEST(HttpServer, AClientGoneFromANonStreamedRequestIsAborted) {
   Running s({}, [] { return scripted_backend(); });
   while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(s.port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
   // 60 tokens take 120 ms or more (2 ms a step).
-  const std::string body = json{{"model", "m"}, {"prompt", {1, 2, 3}}, {"max_tokens", 60}}.dump();
-  const std::string request =
-      "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-      "Content-Type: application/json\r\nContent-Length: " +
-      std::to_string(body.size()) + "\r\n\r\n" + body;
-  ASSERT_EQ(::send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  const int fd = s.post_raw({{"model", "m"}, {"prompt", {1, 2, 3}}, {"max_tokens", 60}});
   while (s.metric("flashserve_kv_blocks_used") <= 0)  // running
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   ::close(fd);
@@ -761,23 +766,8 @@ TEST(HttpServer, AClientGoneWhileItsRequestWaitsIsAbortedBeforeItRuns) {
     });
     while (s.metric("flashserve_requests_running") < 1)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    ASSERT_GE(fd, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(s.port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    const std::string body = json{
-        {"model", "m"},
-        {"prompt", {1, 2, 3}},
-        {"max_tokens", 30},
-        {"stream", streamed}}.dump();
-    const std::string request =
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-        "Content-Type: application/json\r\nContent-Length: " +
-        std::to_string(body.size()) + "\r\n\r\n" + body;
-    ASSERT_EQ(::send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+    const int fd = s.post_raw(
+        {{"model", "m"}, {"prompt", {1, 2, 3}}, {"max_tokens", 30}, {"stream", streamed}});
     while (s.metric("flashserve_requests_waiting") < 1)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     ::close(fd);
