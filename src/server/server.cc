@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 #include <fstream>
 #include <map>
@@ -425,12 +426,49 @@ struct Server::State {
     return g.prompt_ids;
   }
 
-  void generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+  // The request body, read here rather than by httplib: httplib 0.11 holds a body with a
+  // Content-Length to its payload limit but reads a chunked one whole, however large (a 20 MiB
+  // chunked body was accepted). Past max_body_bytes the read stops, the answer is 413, and the
+  // connection is closed (the rest of the body is never read).
+  std::string read_body(const httplib::Request& req, const httplib::ContentReader& reader,
+                        httplib::Response& res) const {
+    std::string body;
+    bool too_large = false;
+    const bool read = reader([&](const char* data, size_t n) {
+      if (body.size() + n > o.max_body_bytes) return !(too_large = true);
+      body.append(data, n);
+      return true;
+    });
+    if (read) return body;
+    res.set_header("Connection", "close");
+    // httplib refuses a declared length past its limit without reading any of it.
+    const std::string length = req.get_header_value("Content-Length");
+    if (!too_large && !length.empty())
+      too_large = std::strtoull(length.c_str(), nullptr, 10) > o.max_body_bytes;
+    if (too_large)
+      throw ApiError{
+          413,
+          "The request body is larger than " + std::to_string(o.max_body_bytes) + " bytes",
+          {},
+          {}};
+    throw ApiError{400, "The request body could not be read", {}, {}};
+  }
+
+  void generate(const httplib::Request& req, httplib::Response& res,
+                const httplib::ContentReader& reader, Endpoint endpoint) {
     const Clock::time_point arrival = Clock::now();
+    // The body is read first, whatever the answer: one left unread would be taken for the next
+    // request on a keep-alive connection.
+    std::string body;
+    try {
+      body = read_body(req, reader, res);
+    } catch (const ApiError& e) {
+      return send_error(res, e);
+    }
     if (auto e = check_auth(req)) return send_error(res, *e);
     if (auto e = check_ready()) return send_error(res, *e);
     try {
-      generate_checked(req, res, endpoint, arrival);
+      generate_checked(req, body, res, endpoint, arrival);
     } catch (const ApiError& e) {
       send_error(res, e);
     } catch (const Error& e) {
@@ -439,9 +477,9 @@ struct Server::State {
     }
   }
 
-  void generate_checked(const httplib::Request& req, httplib::Response& res, Endpoint endpoint,
-                        Clock::time_point arrival) {
-    GenerationRequest g = parse_request(req.body, endpoint);
+  void generate_checked(const httplib::Request& req, const std::string& body,
+                        httplib::Response& res, Endpoint endpoint, Clock::time_point arrival) {
+    GenerationRequest g = parse_request(body, endpoint);
     if (g.model != o.served_model_name)
       throw ApiError{404,
                      "The model '" + g.model + "' does not exist (this server serves '" +
@@ -600,27 +638,16 @@ Server::Server(ServerOptions options, Loader load) : s_(std::make_unique<State>(
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     s->listen_fd = sock;
   });
-  // Routes: (method, path, handler).
-  struct Route {
-    const char* method;
-    const char* path;
-    httplib::Server::Handler handler;
-  };
-  const Route routes[] = {
-      {"POST", "/v1/completions",
-       [s](const auto& req, auto& res) { s->generate(req, res, Endpoint::kCompletions); }},
-      {"POST", "/v1/chat/completions",
-       [s](const auto& req, auto& res) { s->generate(req, res, Endpoint::kChat); }},
-      {"GET", "/v1/models", [s](const auto& req, auto& res) { s->models(req, res); }},
-      {"GET", "/health", [s](const auto& req, auto& res) { s->health(req, res); }},
-      {"GET", "/metrics", [s](const auto& req, auto& res) { s->prometheus(req, res); }},
-  };
-  for (const Route& r : routes) {
-    if (std::string(r.method) == "POST")
-      http.Post(r.path, r.handler);
-    else
-      http.Get(r.path, r.handler);
-  }
+  // Routes. The generation endpoints read their own bodies (State::read_body).
+  for (const auto& [path, endpoint] : {std::pair{"/v1/completions", Endpoint::kCompletions},
+                                       std::pair{"/v1/chat/completions", Endpoint::kChat}})
+    http.Post(path, [s, endpoint](const httplib::Request& req, httplib::Response& res,
+                                  const httplib::ContentReader& reader) {
+      s->generate(req, res, reader, endpoint);
+    });
+  http.Get("/v1/models", [s](const auto& req, auto& res) { s->models(req, res); });
+  http.Get("/health", [s](const auto& req, auto& res) { s->health(req, res); });
+  http.Get("/metrics", [s](const auto& req, auto& res) { s->prometheus(req, res); });
   // What httplib answers itself (no route, body too large, malformed HTTP) gets an OpenAI body.
   http.set_error_handler([s](const httplib::Request& req, httplib::Response& res) {
     if (res.body.empty()) {

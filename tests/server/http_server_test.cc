@@ -665,6 +665,53 @@ TEST(HttpServer, TextPromptsBeyondTheTokenizingBudgetWaitAndAreServed) {
   EXPECT_EQ(served.load(), 8);
 }
 
+// The body limit holds for chunked bodies too (httplib 0.11 read those whole, however large), and
+// a refused request's body does not stay behind to be read as the next request on a keep-alive
+// connection.
+TEST(HttpServer, BodyLimitHoldsForChunkedBodiesAndRefusalsReadTheBody) {
+  fsv::ServerOptions o;
+  o.max_body_bytes = 4096;
+  o.api_key = "sesame";
+  Running s(o, [] { return scripted_backend(); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const httplib::Headers auth = {{"Authorization", "Bearer sesame"}};
+  const auto chunked = [&](const std::string& body) {
+    httplib::Client c = s.client();
+    return c.Post(
+        "/v1/completions", auth,
+        [body](size_t, httplib::DataSink& sink) {
+          for (size_t at = 0; at < body.size(); at += 1000)
+            if (!sink.write(body.data() + at, std::min<size_t>(1000, body.size() - at)))
+              return false;
+          sink.done();
+          return true;
+        },
+        "application/json");
+  };
+  const json small = {{"model", "m"}, {"prompt", {1, 2}}, {"max_tokens", 2}};
+  json big = small;
+  big["user"] = std::string(10000, 'x');
+  auto r = chunked(small.dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  r = chunked(big.dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413);
+  EXPECT_EQ(error_of(r)["type"], "request_too_large");
+  r = s.post("/v1/completions", big, auth);  // with a Content-Length
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413);
+  // One keep-alive connection: a refusal (no key) and then a good request.
+  httplib::Client c = s.client();
+  c.set_keep_alive(true);
+  r = c.Post("/v1/completions", small.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  r = c.Post("/v1/completions", auth, small.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+}
+
 TEST(HttpServer, Answers503WhileLoadingAndWhenOverloaded) {
   std::promise<void> release;
   std::shared_future<void> go = release.get_future().share();
