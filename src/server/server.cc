@@ -238,12 +238,13 @@ struct Response {
   PeerSocket peer;    // the client's connection, looked at while tokens are awaited
   bool gone = false;  // the client hung up: every choice was aborted, nobody reads the response
   std::atomic<int64_t>* in_flight = nullptr;
-  size_t last = 0;  // the choice that gave the last piece (the next look starts after it)
+  int64_t slots = 0;  // of *in_flight: one per choice
+  size_t last = 0;    // the choice that gave the last piece (the next look starts after it)
 
-  explicit Response(std::atomic<int64_t>* slot) : in_flight(slot) {}
+  Response(std::atomic<int64_t>* in_flight, int64_t slots) : in_flight(in_flight), slots(slots) {}
   ~Response() {
     choices.clear();  // aborts what still runs
-    in_flight->fetch_sub(1);
+    in_flight->fetch_sub(slots);
   }
 
   Usage usage() const {
@@ -359,7 +360,7 @@ struct Server::State {
                   "Requests queued in the engine, not yet running.",
                   static_cast<double>(st.waiting));
     render_metric(out, "flashserve_http_requests_in_flight", "gauge",
-                  "Generation requests the HTTP server is serving.",
+                  "Generation requests the HTTP server is serving (n choices count n).",
                   static_cast<double>(in_flight.load()));
     render_metric(out, "flashserve_kv_blocks_used", "gauge", "Paged-KV blocks in use.",
                   static_cast<double>(st.kv_blocks_used));
@@ -524,15 +525,22 @@ struct Server::State {
     nr.ignore_eos = g.ignore_eos;
     nr.logprobs = g.logprobs;
 
-    if (in_flight.fetch_add(1) >= o.max_concurrent_requests) {
-      in_flight.fetch_sub(1);
+    // Each choice is a sequence in flight: n choices take n of the server's slots (so n cannot
+    // multiply what --max-concurrent-requests bounds).
+    if (g.n > o.max_concurrent_requests)
+      throw bad_request("n", "n: " + std::to_string(g.n) + " choices are more than this server's " +
+                                 std::to_string(o.max_concurrent_requests) +
+                                 " requests in flight (--max-concurrent-requests)");
+    if (in_flight.fetch_add(g.n) + g.n > o.max_concurrent_requests) {
+      in_flight.fetch_sub(g.n);
       throw ApiError{503,
                      "The server is overloaded (" + std::to_string(o.max_concurrent_requests) +
                          " requests in flight); retry later",
                      {},
                      "overloaded"};
     }
-    auto resp = std::make_shared<Response>(&in_flight);  // from here on, it gives the slot back
+    // From here on, resp gives the slots back.
+    auto resp = std::make_shared<Response>(&in_flight, g.n);
     resp->include_usage = g.include_usage;
     resp->head.endpoint = endpoint;
     resp->head.id = (endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") +

@@ -749,6 +749,12 @@ TEST(HttpServer, Answers503WhileLoadingAndWhenOverloaded) {
   while (s.metric("flashserve_http_requests_in_flight") != 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(s.post("/v1/completions", ok)->status, 200);
+  // n choices take n slots: more than the server has is the request's fault (400 naming n).
+  json two = ok;
+  two["n"] = 2;
+  r = s.post("/v1/completions", two);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(error_of(r)["param"], "n");
 }
 
 TEST(HttpServer, AClientGoneMidStreamIsAbortedAndItsBlocksFreed) {
