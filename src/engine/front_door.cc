@@ -27,6 +27,24 @@ struct Inbox {
   }
 };
 
+uint64_t StreamSignal::count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return count_;
+}
+
+bool StreamSignal::wait_past(uint64_t seen, std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return count_ != seen; });
+}
+
+void StreamSignal::raise() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++count_;
+  }
+  cv_.notify_all();
+}
+
 TokenStream::~TokenStream() {
   // The loop holds only weak references, so this runs when the caller lets go of the stream.
   bool running;
@@ -56,6 +74,11 @@ bool TokenStream::wait(std::chrono::milliseconds timeout) {
                       [&] { return !pending_.empty() || finish_ != serve::FinishReason::kNone; });
 }
 
+void TokenStream::raise_on_push(std::shared_ptr<StreamSignal> signal) {
+  std::lock_guard<std::mutex> lock(mu_);
+  signal_ = std::move(signal);
+}
+
 std::vector<int32_t> TokenStream::read_all() {
   std::vector<int32_t> out;
   while (read(out)) {
@@ -79,6 +102,7 @@ void TokenStream::close() {
 
 void TokenStream::push(const std::vector<int32_t>& tokens,
                        std::vector<model::SampledLogprobs> logprobs, serve::FinishReason finish) {
+  std::shared_ptr<StreamSignal> signal;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (finish_ != serve::FinishReason::kNone) return;  // already ended (stop() after a finish)
@@ -86,8 +110,10 @@ void TokenStream::push(const std::vector<int32_t>& tokens,
     pending_logprobs_.insert(pending_logprobs_.end(), std::make_move_iterator(logprobs.begin()),
                              std::make_move_iterator(logprobs.end()));
     finish_ = finish;
+    signal = signal_;
   }
   cv_.notify_all();
+  if (signal) signal->raise();
 }
 
 EngineLoop::EngineLoop(std::unique_ptr<Engine> engine)

@@ -26,6 +26,23 @@ namespace flashserve::engine {
 class EngineLoop;
 struct Inbox;
 
+// Wakes a reader that waits on several streams at once (the n choices of one HTTP request)
+// when any of them gets tokens or ends. Any thread.
+class StreamSignal {
+ public:
+  // How many times it was raised so far: read it before looking at the streams, then wait past it,
+  // and a push in between is not missed.
+  uint64_t count() const;
+  // Waits up to `timeout` for count() to pass `seen`; true if it did.
+  bool wait_past(uint64_t seen, std::chrono::milliseconds timeout) const;
+  void raise();
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  uint64_t count_ = 0;
+};
+
 // One request's tokens as they come. Read from one thread (the caller's).
 class TokenStream {
  public:
@@ -39,6 +56,8 @@ class TokenStream {
   std::vector<int32_t> read_all();
   // Waits up to `timeout` for tokens or the end; true when read() would not block.
   bool wait(std::chrono::milliseconds timeout);
+  // From now on each push (tokens, or the end) also raises `signal`.
+  void raise_on_push(std::shared_ptr<StreamSignal> signal);
   // Why it finished (kNone while it runs).
   serve::FinishReason finish_reason() const;
   // Stops the request (its blocks are freed by the next step); later reads see kAbort.
@@ -58,6 +77,7 @@ class TokenStream {
   std::vector<model::SampledLogprobs> pending_logprobs_;
   serve::FinishReason finish_ = serve::FinishReason::kNone;
   bool closed_ = false;
+  std::shared_ptr<StreamSignal> signal_;
 };
 
 // What the loop last saw of its engine, refreshed after every step and every batch of aborts (so

@@ -235,6 +235,8 @@ struct Response {
   bool include_usage = false;
   int64_t prompt_tokens = 0;
   std::vector<std::unique_ptr<Generation>> choices;
+  // Raised by every choice's stream when it gets tokens or ends.
+  std::shared_ptr<engine::StreamSignal> signal = std::make_shared<engine::StreamSignal>();
   PeerSocket peer;    // the client's connection, looked at while tokens are awaited
   bool gone = false;  // the client hung up: every choice was aborted, nobody reads the response
   std::atomic<int64_t>* in_flight = nullptr;
@@ -263,20 +265,19 @@ struct Response {
   // The next piece of any choice, whose index goes to `which`; returns false once it is the last
   // one, or the client is gone (`gone`), or a choice failed (failure()).
   bool next(Piece& p, size_t& which) {
-    // The client is looked at before each piece and every 50 ms while none come (the request
-    // waits in the queue, or prefills a long prompt): one that hung up is aborted before it
-    // costs its prefill, which matters most when the server is overloaded and clients time out.
-    // (A streamed response also learns it when a write fails, but only once tokens come.) With
-    // several choices, each is looked at in turn every 2 ms, so none waits on another's tokens.
-    const auto wait = std::chrono::milliseconds(choices.size() == 1 ? 50 : 2);
     for (;;) {
+      // The client is looked at before each piece and every 50 ms while none come (the request
+      // waits in the queue, or prefills a long prompt): one that hung up is aborted before it
+      // costs its prefill, which matters most when the server is overloaded and clients time
+      // out. (A streamed response also learns it when a write fails, but only once tokens come.)
       if (peer.closed()) {
         gone = true;
         for (auto& c : choices) c->abort();
         return false;
       }
+      const uint64_t seen = signal->count();  // a push after this wakes the wait below
       for (size_t k = 1; k <= choices.size(); ++k) {
-        const size_t i = (last + k) % choices.size();
+        const size_t i = (last + k) % choices.size();  // each choice in turn, none starved
         Generation& c = *choices[i];
         if (!c.ready()) continue;
         last = which = i;
@@ -285,14 +286,11 @@ struct Response {
           for (auto& other : choices) other->abort();
           return false;
         }
-        for (const auto& other : choices)
-          if (!other->done) return true;
-        return false;
+        return std::any_of(choices.begin(), choices.end(), [](const auto& o) { return !o->done; });
       }
-      const auto running =
-          std::find_if(choices.begin(), choices.end(), [](const auto& c) { return !c->done; });
-      if (running == choices.end()) return false;
-      (*running)->stream->wait(wait);
+      if (std::all_of(choices.begin(), choices.end(), [](const auto& c) { return c->done; }))
+        return false;
+      signal->wait_past(seen, std::chrono::milliseconds(50));
     }
   }
 };
@@ -563,6 +561,7 @@ struct Server::State {
       nr.sampling.seed = g.seed_given ? g.sampling.seed + static_cast<uint64_t>(i) : fresh_seed();
       try {
         c->stream = backend.loop->submit(nr);
+        c->stream->raise_on_push(resp->signal);
       } catch (const Error& e) {  // the choices submitted before are aborted with resp
         if (e.argument() == "engine") throw ApiError{503, e.what(), {}, "engine_stopped"};
         const std::string what = e.what();

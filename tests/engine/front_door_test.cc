@@ -3,6 +3,7 @@
 // frees its blocks; refused requests are refused in the caller's thread; stop() ends every stream.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -90,6 +91,42 @@ TEST(FrontDoor, ConcurrentSubmittersGetTheirOwnTokens) {
   f.loop->stop();
   EXPECT_EQ(f.engine->blocks().num_free(), f.engine->blocks().num_blocks());
   EXPECT_FALSE(f.engine->has_work());
+}
+
+// One reader of several streams (an HTTP request's n choices) waits on one StreamSignal: every
+// push raises it, so waiting past the count read before looking at the streams never misses a
+// token, and the reader gets every token of every stream without polling.
+TEST(FrontDoor, OneSignalWakesTheReaderOfSeveralStreams) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
+  Fixture f = start(64);
+  auto signal = std::make_shared<fe::StreamSignal>();
+  std::vector<std::shared_ptr<fe::TokenStream>> streams;
+  for (int i = 0; i < 3; ++i) {
+    streams.push_back(f.loop->submit(request(5, i)));
+    streams.back()->raise_on_push(signal);
+  }
+  std::vector<std::vector<int32_t>> got(streams.size());
+  std::vector<bool> ended(streams.size(), false);
+  int waits = 0;
+  while (std::find(ended.begin(), ended.end(), false) != ended.end()) {
+    const uint64_t seen = signal->count();
+    bool any = false;
+    for (size_t i = 0; i < streams.size(); ++i) {
+      if (ended[i] || !streams[i]->wait(std::chrono::milliseconds(0))) continue;
+      any = true;
+      if (!streams[i]->read(got[i])) ended[i] = true;
+    }
+    if (any) continue;
+    // Nothing ready: the next push must come within the wait (a step takes milliseconds here).
+    ASSERT_TRUE(signal->wait_past(seen, std::chrono::seconds(10))) << "a push was missed";
+    ++waits;
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(static_cast<int64_t>(got[i].size()), request(5, i).max_tokens) << i;
+    EXPECT_EQ(streams[i]->finish_reason(), fs::FinishReason::kLength) << i;
+  }
+  EXPECT_GT(waits, 0);
+  EXPECT_GE(signal->count(), 3u);
 }
 
 TEST(FrontDoor, DroppedStreamsAbortAndRefusalsAreSynchronous) {
