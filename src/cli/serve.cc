@@ -69,6 +69,10 @@ int serve(int argc, char** argv) {
           "generation requests in flight; one more gets 503");
   add_int(app, "--http-threads", so.http_threads, {1, 1 << 14},
           "connection threads (a streaming request holds one)");
+  bool prefix_caching = true;
+  app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", prefix_caching,
+               "reuse the KV of full blocks of prompt tokens seen before (shared system prompts, "
+               "multi-turn chats, n choices)");
   if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
   if (device != "cpu" && device != "cuda")
     throw UsageError("--device", "'" + device + "' is not one of cpu, cuda");
@@ -109,7 +113,7 @@ int serve(int argc, char** argv) {
     sc.max_running = max_num_seqs;
     sc.max_model_len = max_model_len;
     sc.chunk_tile = chunk_tile;
-    auto engine = fe::make_model_engine(m, sc);
+    auto engine = fe::make_model_engine(m, sc, fe::EngineConfig{}.watermark, prefix_caching);
     server::Backend b;
     b.max_model_len = engine->config().scheduler.max_model_len;
     b.codec = server::load_text_codec(model_dir, chat_template, engine->config().vocab_size);

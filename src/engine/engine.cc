@@ -11,7 +11,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<Executor> executor)
     : config_(config), executor_(std::move(executor)) {
   if (!executor_) throw Error(ErrorKind::kInvalidArgument, "executor", "null");
   blocks_ = std::make_unique<serve::BlockManager>(config_.num_blocks, config_.block_size,
-                                                  config_.watermark);
+                                                  config_.watermark, config_.prefix_caching);
   scheduler_ = serve::Scheduler::create(config_.scheduler, *blocks_);
 }
 

@@ -27,6 +27,9 @@ struct EngineConfig {
   double watermark = 0.01;
   int64_t vocab_size = 0;           // token ids must be below it; 0: not checked (the simulator)
   std::vector<int32_t> eos_tokens;  // each ends a request unless it asks to ignore them
+  // Keep computed full blocks by content and reuse them for prompts that start the same way
+  // (serve/block_manager.h). Only where prompts are real tokens: not the simulator's.
+  bool prefix_caching = false;
 };
 
 struct NewRequest {

@@ -232,6 +232,8 @@ void EngineLoop::run() {
       st.running = engine_->scheduler().num_running();
       st.waiting = engine_->scheduler().num_waiting();
       st.kv_blocks_used = engine_->blocks().num_used();
+      st.prefix_queried_tokens = engine_->scheduler().prefix_queried_tokens();
+      st.prefix_hit_tokens = engine_->scheduler().prefix_hit_tokens();
     }
     for (RequestOutput& out : r.outputs)
       deliver(out.id, out.new_tokens, std::move(out.logprobs), out.finish);

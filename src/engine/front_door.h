@@ -88,6 +88,9 @@ struct LoopStats {
   int64_t waiting = 0;
   int64_t kv_blocks_used = 0;
   int64_t kv_blocks_total = 0;
+  // Prefix caching: prompt tokens admitted requests looked up in cached blocks, and found.
+  int64_t prefix_queried_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
 };
 
 class EngineLoop {

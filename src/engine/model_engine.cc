@@ -78,7 +78,7 @@ LoadedModel load_model(const ModelEngineOptions& o) {
 }
 
 std::unique_ptr<Engine> make_model_engine(const LoadedModel& m, serve::SchedulerConfig scheduler,
-                                          double watermark) {
+                                          double watermark, bool prefix_caching) {
   const model::ModelConfig& c = m.runner->config();
   EngineConfig ec;
   ec.num_blocks = m.num_blocks;
@@ -86,6 +86,7 @@ std::unique_ptr<Engine> make_model_engine(const LoadedModel& m, serve::Scheduler
   ec.watermark = watermark;
   ec.vocab_size = c.vocab_size;
   ec.eos_tokens = c.eos_token_ids;
+  ec.prefix_caching = prefix_caching;
   if (scheduler.max_model_len > c.max_position_embeddings)
     throw Error(ErrorKind::kInvalidArgument, "max_model_len",
                 std::to_string(scheduler.max_model_len) + " exceeds the model's " +

@@ -46,9 +46,9 @@ LoadedModel load_model(const ModelEngineOptions& options);
 
 // An engine on the loaded model. `scheduler.max_model_len` 0 means the model's positions, cut to
 // what the pool can hold with the watermark; vllm and static get a token cap of at least
-// max_model_len (they never chunk).
+// max_model_len (they never chunk). `prefix_caching`: EngineConfig's.
 std::unique_ptr<Engine> make_model_engine(const LoadedModel& model,
-                                          serve::SchedulerConfig scheduler,
-                                          double watermark = 0.01);
+                                          serve::SchedulerConfig scheduler, double watermark = 0.01,
+                                          bool prefix_caching = false);
 
 }  // namespace flashserve::engine

@@ -63,10 +63,10 @@ class WholePromptScheduler : public Scheduler {
   int64_t admit_whole(Batch& batch, int64_t left, int64_t reserve_tokens = 0) {
     int64_t n = 0;
     while (!waiting_.empty()) {
-      const int64_t need = waiting_.front()->num_uncomputed();
-      if (need > left) break;
+      if (waiting_.front()->num_uncomputed() > left) break;
       Sequence* s = admit_head(reserve_tokens);
       if (!s) break;
+      const int64_t need = s->num_uncomputed();  // less than before if a cached prefix was found
       add_entry(batch, s, need);
       left -= need;
       ++n;

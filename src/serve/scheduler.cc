@@ -243,7 +243,18 @@ Sequence* Scheduler::admit_head(int64_t reserve_tokens) {
   if (waiting_.empty() || num_running() >= config_.max_running) return nullptr;
   Sequence* s = waiting_.front().get();
   const int64_t tokens = std::max(reserve_tokens, s->num_tokens());
-  if (!blocks_.can_admit(*s, tokens)) return nullptr;
+  // With prefix caching, the blocks that already hold its first tokens are taken first (they
+  // count as computed, and as blocks it needs no more of); given back if it is not admitted.
+  const int64_t hit = blocks_.match_prefix(*s);
+  if (!blocks_.can_admit(*s, tokens)) {
+    blocks_.release(*s);
+    s->num_computed = 0;
+    return nullptr;
+  }
+  if (blocks_.prefix_caching()) {
+    prefix_queried_tokens_ += (s->num_tokens() - 1) / blocks_.block_size() * blocks_.block_size();
+    prefix_hit_tokens_ += hit;
+  }
   running_.push_back(std::move(waiting_.front()));
   waiting_.pop_front();
   s->state = SeqState::kRunningPrefill;
@@ -290,6 +301,7 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::complete(const Batch& batch,
       throw Error(ErrorKind::kInternal, "scheduler",
                   "sequence " + std::to_string(s->id) + " changed between schedule and complete");
     s->num_computed = e.kv_len;
+    blocks_.remember_computed(*s, e.q_start, e.kv_len);
     if (!e.samples) continue;
     s->generated.push_back(sampled[i]);
     s->token_times.push_back(now);

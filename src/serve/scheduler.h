@@ -75,6 +75,10 @@ class Scheduler {
   std::vector<const Sequence*> live() const;
   // Running sequences in priority (admission) order.
   std::vector<const Sequence*> running() const;
+  // Prefix caching: prompt tokens admitted sequences could have found in full cached blocks, and
+  // those they found (computed once, not again).
+  int64_t prefix_queried_tokens() const { return prefix_queried_tokens_; }
+  int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
 
  protected:
   Scheduler(const SchedulerConfig& config, BlockManager& blocks);
@@ -102,6 +106,7 @@ class Scheduler {
   BlockManager& blocks_;
   std::deque<std::unique_ptr<Sequence>> waiting_;   // preempted sequences go back to the front
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order = priority order
+  int64_t prefix_queried_tokens_ = 0, prefix_hit_tokens_ = 0;
 };
 
 }  // namespace flashserve::serve

@@ -366,6 +366,12 @@ struct Server::State {
                   static_cast<double>(st.kv_blocks_total));
     render_metric(out, "flashserve_engine_steps_total", "counter", "Engine steps run.",
                   static_cast<double>(st.steps));
+    render_metric(out, "flashserve_prefix_cache_queries_total", "counter",
+                  "Prompt tokens looked up in the prefix cache (full blocks).",
+                  static_cast<double>(st.prefix_queried_tokens));
+    render_metric(out, "flashserve_prefix_cache_hits_total", "counter",
+                  "Prompt tokens found in the prefix cache (not computed again).",
+                  static_cast<double>(st.prefix_hit_tokens));
     render_metric(out, "flashserve_prompt_tokens_total", "counter", "Prompt tokens submitted.",
                   static_cast<double>(metrics.prompt_tokens.load()));
     render_metric(out, "flashserve_generation_tokens_total", "counter",

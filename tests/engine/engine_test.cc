@@ -153,6 +153,83 @@ TEST(Engine, GreedyOutputsEqualEachRequestAloneUnderEveryPolicy) {
   EXPECT_LE(near_ties, compared / 20);  // rare, or the tolerance hides a bug
 }
 
+// Prefix caching: requests that share prompt prefixes (a few "system prompts", some whole prompts
+// repeated, some arriving after the first with their prefix has finished) take the cached blocks
+// instead of computing them, and still get the tokens each gets alone, under chunked prefill,
+// whole prompts and constant preemption (which frees cached blocks to the LRU pool and finds them
+// again on readmission).
+TEST(Engine, PrefixCachingGivesTheTokensEachRequestGetsAlone) {
+  FLASHSERVE_SKIP_WITHOUT_BLAS();
+  std::mt19937_64 rng(17);
+  std::vector<std::vector<int32_t>> systems;
+  for (int64_t len : {37, 64, 90}) {
+    std::vector<int32_t> t;
+    for (int64_t i = 0; i < len; ++i) t.push_back(static_cast<int32_t>(3 + rng() % 1000));
+    systems.push_back(t);
+  }
+  std::vector<Req> reqs;
+  int64_t step = 0;
+  for (int i = 0; i < 14; ++i) {
+    step += static_cast<int64_t>(rng() % 5) + (i == 7 ? 40 : 0);  // a later wave
+    Req r{step, systems[rng() % systems.size()], 1 + static_cast<int64_t>(rng() % 24)};
+    if (i % 4 != 3)  // every fourth is the bare system prompt, repeated whole
+      for (int64_t t = 0, n = 1 + static_cast<int64_t>(rng() % 40); t < n; ++t)
+        r.prompt.push_back(static_cast<int32_t>(3 + rng() % 1000));
+    reqs.push_back(std::move(r));
+  }
+  auto alone_runner = flashserve::model::make_cpu_runner(tiny_dir());
+  std::vector<fe::testing::Alone> alone;
+  for (const Req& r : reqs)
+    alone.push_back(fe::testing::generate_alone(*alone_runner, r.prompt, r.max_tokens));
+  const std::vector<PolicySetup> setups = {
+      {"sarathi-16", fs::Policy::kSarathi, 16, 4096},
+      {"sarathi-64", fs::Policy::kSarathi, 64, 4096},
+      {"vllm", fs::Policy::kVllm, 512, 4096},
+      {"orca", fs::Policy::kOrca, 512, 4096},
+      // 12 blocks of 16 for requests of up to 154 tokens: constant preemption.
+      {"sarathi-64-preempting", fs::Policy::kSarathi, 64, 12},
+      {"vllm-preempting", fs::Policy::kVllm, 512, 12},
+  };
+  int64_t near_ties = 0, compared = 0;
+  for (const PolicySetup& s : setups) {
+    fe::ModelEngineOptions mo;
+    mo.model_dir = tiny_dir();
+    mo.num_blocks = s.num_blocks;
+    const fe::LoadedModel m = fe::load_model(mo);
+    fs::SchedulerConfig sc;
+    sc.policy = s.policy;
+    sc.max_tokens_per_step = s.budget;
+    sc.max_running = 16;
+    sc.max_model_len = 160;
+    sc.chunk_tile = 16;
+    auto engine = fe::make_model_engine(m, sc, 0.01, /*prefix_caching=*/true);
+    const DriveResult run = drive(*engine, reqs);
+    const int64_t hit = engine->scheduler().prefix_hit_tokens();
+    std::printf("%s: %lld steps, %lld preemptions, %lld of %lld prompt tokens from the cache\n",
+                s.name.c_str(), static_cast<long long>(run.steps),
+                static_cast<long long>(run.preemptions), static_cast<long long>(hit),
+                static_cast<long long>(engine->scheduler().prefix_queried_tokens()));
+    EXPECT_GE(hit, 16 * 10) << s.name;  // most requests find at least one block
+    if (s.num_blocks < 100) EXPECT_GT(run.preemptions, 0) << s.name << " never preempted";
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const auto& got = run.tokens.at(static_cast<int64_t>(i));
+      const auto& want = alone[i].tokens;
+      ASSERT_EQ(got.size(), want.size()) << s.name << " request " << i;
+      ++compared;
+      const auto diff = std::mismatch(got.begin(), got.end(), want.begin());
+      if (diff.first == got.end()) continue;
+      const size_t k = static_cast<size_t>(diff.first - got.begin());
+      if (alone[i].top2_gap[k] < kNearTie) {
+        ++near_ties;
+        continue;
+      }
+      ADD_FAILURE() << s.name << ": request " << i << " differs from its run alone at token " << k
+                    << " (top-2 logit gap there " << alone[i].top2_gap[k] << ")";
+    }
+  }
+  EXPECT_LE(near_ties, compared / 20);
+}
+
 // Seeded sampling draws the uniform of (seed, position), so a sampled request too gets the tokens
 // it gets alone, whatever runs beside it and however often it is preempted.
 TEST(Engine, SeededSamplingEqualsEachRequestAlone) {

@@ -124,6 +124,21 @@ expect 400 prompt "${json[@]}" -d '{"model": "tiny", "prompt": [1, 99999]}'
 expect 200 - "${json[@]}" -d '{"model": "tiny", "prompt": "a text prompt", "max_tokens": 3}'
 grep -q '"text":' "$work/body" || fail "no text in the completion: $(cat "$work/body")"
 expect 400 bogus "${json[@]}" -d '{"model": "tiny", "prompt": [1], "bogus": 1}'
+# Prefix caching (on by default): the same 200-token prompt again finds its 12 full blocks in the
+# cache, and gives the same greedy tokens as when they were computed.
+long=$(node -e 'console.log(JSON.stringify({model: "tiny", prompt: Array.from({length: 200}, (_, i) => 3 + (i * 37) % 1000), max_tokens: 12, ignore_eos: true}))')
+hits_before=$(curl -s "$base/metrics" | sed -n 's/^flashserve_prefix_cache_hits_total //p')
+expect 200 - "${json[@]}" -d "$long"
+cp "$work/body" "$work/first"
+expect 200 - "${json[@]}" -d "$long"
+hits_after=$(curl -s "$base/metrics" | sed -n 's/^flashserve_prefix_cache_hits_total //p')
+node -e '
+  const fs = require("fs");
+  const [a, b] = [process.argv[1], process.argv[2]].map((f) => JSON.parse(fs.readFileSync(f, "utf8")));
+  if (a.choices[0].token_ids.join() !== b.choices[0].token_ids.join()) throw new Error("cached prefix changed the tokens");
+  const hits = Number(process.argv[4]) - Number(process.argv[3]);
+  if (!(hits >= 192)) throw new Error(`prefix cache hits ${hits}, want >= 192`);
+' "$work/first" "$work/body" "$hits_before" "$hits_after" || fail "prefix caching: $(head -c 300 "$work/body")"
 expect 400 n "${json[@]}" -d '{"model": "tiny", "prompt": [1], "n": 129}'
 # n sampled choices on the real model: each its own seed (the request's + its index), so they
 # differ, and the same seeded request gives the same choices again.
