@@ -472,6 +472,7 @@ class PositionalExecutor final : public fe::Executor {
 // every request that finishes has its exact length and the tokens of its positions; nothing left.
 struct FuzzStats {
   int64_t adds = 0, aborts = 0, refusals = 0, steps = 0, finished = 0, preemptions = 0;
+  int64_t prefix_hits = 0;
 };
 void fuzz(fe::Engine& engine, std::mt19937_64& rng, int ops, bool positional, FuzzStats& st) {
   std::map<int64_t, int64_t> want_len, prompt_len;
@@ -535,8 +536,10 @@ TEST(Engine, ThousandsOfRandomAddAbortStepSequences) {
     ec.num_blocks = 9 + round % 20;  // 144 to 448 tokens against 128 per request: preemption
     ec.block_size = 16;
     ec.vocab_size = 1024;
+    ec.prefix_caching = round % 2 == 1;  // prompts of one `first` share prefixes
     fe::Engine engine(ec, std::make_unique<PositionalExecutor>());
     fuzz(engine, rng, 400, true, st);
+    st.prefix_hits += engine.scheduler().prefix_hit_tokens();
     if (HasFailure()) return;
   }
   std::printf(
@@ -549,6 +552,7 @@ TEST(Engine, ThousandsOfRandomAddAbortStepSequences) {
   EXPECT_GT(st.refusals, 200);
   EXPECT_GT(st.finished, 1000);
   EXPECT_GT(st.preemptions, 50);
+  EXPECT_GT(st.prefix_hits, 0);
 }
 
 TEST(Engine, RandomAddAbortStepOnTheModel) {
