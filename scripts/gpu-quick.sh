@@ -75,6 +75,12 @@ echo "commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
 step "engine on the CUDA runner: the main job (sarathi beside vllm, tiny model)"
 run_step engine_run 90 "${FS[@]}" run --device cuda
 
+step "flashserve serve on the CUDA runner with and without prefix caching (tiny model)"
+printf '#!/bin/sh\nexec env LD_LIBRARY_PATH="%s" "%s" "$@"\n' "${LIBS:-}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  "$(realpath "$BIN/src/flashserve")" >"$OUT/flashserve.sh" && chmod +x "$OUT/flashserve.sh"
+run_step prefix_cache 120 bash scripts/prefix-cache-check.sh "$OUT/flashserve.sh" --device cuda \
+  --gpu-memory-utilization 0.3
+
 step "GPU tests: every attention test (8 shards at once: the float64 reference is the cost), the model's"
 gpu_tests() {
   local rc=0 i pids=()
@@ -127,7 +133,7 @@ done
 
 echo
 echo "== summary (${SECONDS}s)"
-for k in engine_run gpu_tests model_gpu bench_sm90 host_cost cpu_sdpa profile serve_sarathi \
+for k in engine_run prefix_cache gpu_tests model_gpu bench_sm90 host_cost cpu_sdpa profile serve_sarathi \
   serve_vllm torch_tests memcheck racecheck; do
   printf '%-14s %s\n' "$k" "${result[$k]:-not run}"
 done
