@@ -93,6 +93,47 @@ struct PolicySetup {
   int64_t num_blocks;  // small: preemption
 };
 
+// An engine on the tiny model as `s` sets it up (16 running, chunks of 16 tokens).
+std::unique_ptr<fe::Engine> setup_engine(const PolicySetup& s, int64_t max_model_len,
+                                         bool prefix_caching = false) {
+  fe::ModelEngineOptions mo;
+  mo.model_dir = tiny_dir();
+  mo.num_blocks = s.num_blocks;
+  const fe::LoadedModel m = fe::load_model(mo);  // the engine keeps its runner
+  fs::SchedulerConfig sc;
+  sc.policy = s.policy;
+  sc.max_tokens_per_step = s.budget;
+  sc.max_running = 16;
+  sc.max_model_len = max_model_len;
+  sc.chunk_tile = 16;
+  return fe::make_model_engine(m, sc, fe::EngineConfig{}.watermark, prefix_caching);
+}
+
+// Each request's tokens against its run alone: equal, or different only after a near-tie.
+struct AloneComparison {
+  const std::vector<fe::testing::Alone>& alone;
+  int64_t near_ties = 0, compared = 0;
+
+  void check(const std::string& name, const DriveResult& run) {
+    for (size_t i = 0; i < alone.size(); ++i) {
+      const auto& got = run.tokens.at(static_cast<int64_t>(i));
+      const auto& want = alone[i].tokens;
+      ASSERT_EQ(got.size(), want.size()) << name << " request " << i;
+      EXPECT_EQ(run.finish.at(static_cast<int64_t>(i)), fs::FinishReason::kLength);
+      ++compared;
+      const auto diff = std::mismatch(got.begin(), got.end(), want.begin());
+      if (diff.first == got.end()) continue;
+      const size_t k = static_cast<size_t>(diff.first - got.begin());
+      if (alone[i].top2_gap[k] < kNearTie) {
+        ++near_ties;
+        continue;
+      }
+      ADD_FAILURE() << name << ": request " << i << " differs from its run alone at token " << k
+                    << " (top-2 logit gap there " << alone[i].top2_gap[k] << ")";
+    }
+  }
+};
+
 TEST(Engine, GreedyOutputsEqualEachRequestAloneUnderEveryPolicy) {
   FLASHSERVE_SKIP_WITHOUT_BLAS();
   std::mt19937_64 rng(5);
@@ -112,45 +153,20 @@ TEST(Engine, GreedyOutputsEqualEachRequestAloneUnderEveryPolicy) {
       {"sarathi-64-preempting", fs::Policy::kSarathi, 64, 20},
       {"vllm-preempting", fs::Policy::kVllm, 512, 20},
   };
-  int64_t near_ties = 0, compared = 0;
+  AloneComparison cmp{alone};
   for (const PolicySetup& s : setups) {
-    fe::ModelEngineOptions mo;
-    mo.model_dir = tiny_dir();
-    mo.num_blocks = s.num_blocks;
-    const fe::LoadedModel m = fe::load_model(mo);
-    fs::SchedulerConfig sc;
-    sc.policy = s.policy;
-    sc.max_tokens_per_step = s.budget;
-    sc.max_running = 16;
-    sc.max_model_len = 256;
-    sc.chunk_tile = 16;
-    auto engine = fe::make_model_engine(m, sc);
+    auto engine = setup_engine(s, 256);
     const DriveResult run = drive(*engine, reqs);
     std::printf("%s: %lld steps, %lld preemptions\n", s.name.c_str(),
                 static_cast<long long>(run.steps), static_cast<long long>(run.preemptions));
     if (s.num_blocks < 100) EXPECT_GT(run.preemptions, 0) << s.name << " never preempted";
     if (s.policy == fs::Policy::kSarathi) EXPECT_LE(run.max_step_tokens, s.budget) << s.name;
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      const auto& got = run.tokens.at(static_cast<int64_t>(i));
-      const auto& want = alone[i].tokens;
-      ASSERT_EQ(got.size(), want.size()) << s.name << " request " << i;
-      EXPECT_EQ(run.finish.at(static_cast<int64_t>(i)), fs::FinishReason::kLength);
-      ++compared;
-      const auto diff = std::mismatch(got.begin(), got.end(), want.begin());
-      if (diff.first == got.end()) continue;
-      const size_t k = static_cast<size_t>(diff.first - got.begin());
-      if (alone[i].top2_gap[k] < kNearTie) {
-        ++near_ties;
-        continue;
-      }
-      ADD_FAILURE() << s.name << ": request " << i << " differs from its run alone at token " << k
-                    << " (top-2 logit gap there " << alone[i].top2_gap[k] << ")";
-    }
+    cmp.check(s.name, run);
   }
   std::printf("%lld request runs compared, %lld diverged after a near-tie\n",
-              static_cast<long long>(compared), static_cast<long long>(near_ties));
-  RecordProperty("near_tie_divergences", std::to_string(near_ties));
-  EXPECT_LE(near_ties, compared / 20);  // rare, or the tolerance hides a bug
+              static_cast<long long>(cmp.compared), static_cast<long long>(cmp.near_ties));
+  RecordProperty("near_tie_divergences", std::to_string(cmp.near_ties));
+  EXPECT_LE(cmp.near_ties, cmp.compared / 20);  // rare, or the tolerance hides a bug
 }
 
 // Prefix caching: requests that share prompt prefixes (a few "system prompts", some whole prompts
@@ -190,19 +206,9 @@ TEST(Engine, PrefixCachingGivesTheTokensEachRequestGetsAlone) {
       {"sarathi-64-preempting", fs::Policy::kSarathi, 64, 12},
       {"vllm-preempting", fs::Policy::kVllm, 512, 12},
   };
-  int64_t near_ties = 0, compared = 0;
+  AloneComparison cmp{alone};
   for (const PolicySetup& s : setups) {
-    fe::ModelEngineOptions mo;
-    mo.model_dir = tiny_dir();
-    mo.num_blocks = s.num_blocks;
-    const fe::LoadedModel m = fe::load_model(mo);
-    fs::SchedulerConfig sc;
-    sc.policy = s.policy;
-    sc.max_tokens_per_step = s.budget;
-    sc.max_running = 16;
-    sc.max_model_len = 160;
-    sc.chunk_tile = 16;
-    auto engine = fe::make_model_engine(m, sc, 0.01, /*prefix_caching=*/true);
+    auto engine = setup_engine(s, 160, /*prefix_caching=*/true);
     const DriveResult run = drive(*engine, reqs);
     const int64_t hit = engine->scheduler().prefix_hit_tokens();
     std::printf("%s: %lld steps, %lld preemptions, %lld of %lld prompt tokens from the cache\n",
@@ -211,23 +217,9 @@ TEST(Engine, PrefixCachingGivesTheTokensEachRequestGetsAlone) {
                 static_cast<long long>(engine->scheduler().prefix_queried_tokens()));
     EXPECT_GE(hit, 16 * 10) << s.name;  // most requests find at least one block
     if (s.num_blocks < 100) EXPECT_GT(run.preemptions, 0) << s.name << " never preempted";
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      const auto& got = run.tokens.at(static_cast<int64_t>(i));
-      const auto& want = alone[i].tokens;
-      ASSERT_EQ(got.size(), want.size()) << s.name << " request " << i;
-      ++compared;
-      const auto diff = std::mismatch(got.begin(), got.end(), want.begin());
-      if (diff.first == got.end()) continue;
-      const size_t k = static_cast<size_t>(diff.first - got.begin());
-      if (alone[i].top2_gap[k] < kNearTie) {
-        ++near_ties;
-        continue;
-      }
-      ADD_FAILURE() << s.name << ": request " << i << " differs from its run alone at token " << k
-                    << " (top-2 logit gap there " << alone[i].top2_gap[k] << ")";
-    }
+    cmp.check(s.name, run);
   }
-  EXPECT_LE(near_ties, compared / 20);
+  EXPECT_LE(cmp.near_ties, cmp.compared / 20);
 }
 
 // Seeded sampling draws the uniform of (seed, position), so a sampled request too gets the tokens
