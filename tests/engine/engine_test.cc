@@ -109,6 +109,15 @@ std::unique_ptr<fe::Engine> setup_engine(const PolicySetup& s, int64_t max_model
   return fe::make_model_engine(m, sc, fe::EngineConfig{}.watermark, prefix_caching);
 }
 
+// Each request generated alone (greedy) on the CPU runner.
+std::vector<fe::testing::Alone> runs_alone(const std::vector<Req>& reqs) {
+  auto runner = flashserve::model::make_cpu_runner(tiny_dir());
+  std::vector<fe::testing::Alone> alone;
+  for (const Req& r : reqs)
+    alone.push_back(fe::testing::generate_alone(*runner, r.prompt, r.max_tokens));
+  return alone;
+}
+
 // Each request's tokens against its run alone: equal, or different only after a near-tie.
 struct AloneComparison {
   const std::vector<fe::testing::Alone>& alone;
@@ -138,10 +147,7 @@ TEST(Engine, GreedyOutputsEqualEachRequestAloneUnderEveryPolicy) {
   FLASHSERVE_SKIP_WITHOUT_BLAS();
   std::mt19937_64 rng(5);
   const std::vector<Req> reqs = random_requests(rng, 12, 150, 64);
-  auto alone_runner = flashserve::model::make_cpu_runner(tiny_dir());
-  std::vector<fe::testing::Alone> alone;
-  for (const Req& r : reqs)
-    alone.push_back(fe::testing::generate_alone(*alone_runner, r.prompt, r.max_tokens));
+  const std::vector<fe::testing::Alone> alone = runs_alone(reqs);
 
   const std::vector<PolicySetup> setups = {
       {"sarathi-16", fs::Policy::kSarathi, 16, 4096},
@@ -193,10 +199,7 @@ TEST(Engine, PrefixCachingGivesTheTokensEachRequestGetsAlone) {
         r.prompt.push_back(static_cast<int32_t>(3 + rng() % 1000));
     reqs.push_back(std::move(r));
   }
-  auto alone_runner = flashserve::model::make_cpu_runner(tiny_dir());
-  std::vector<fe::testing::Alone> alone;
-  for (const Req& r : reqs)
-    alone.push_back(fe::testing::generate_alone(*alone_runner, r.prompt, r.max_tokens));
+  const std::vector<fe::testing::Alone> alone = runs_alone(reqs);
   const std::vector<PolicySetup> setups = {
       {"sarathi-16", fs::Policy::kSarathi, 16, 4096},
       {"sarathi-64", fs::Policy::kSarathi, 64, 4096},
