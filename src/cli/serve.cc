@@ -116,6 +116,7 @@ int serve(int argc, char** argv) {
     auto engine = fe::make_model_engine(m, sc, fe::EngineConfig{}.watermark, prefix_caching);
     server::Backend b;
     b.max_model_len = engine->config().scheduler.max_model_len;
+    b.prefix_caching = prefix_caching;
     b.codec = server::load_text_codec(model_dir, chat_template, engine->config().vocab_size);
     b.loop = std::make_unique<fe::EngineLoop>(std::move(engine));
     std::printf(

@@ -555,9 +555,19 @@ struct Server::State {
     resp->head.model = o.served_model_name;
     resp->head.logprobs = g.logprobs >= 0;
     resp->prompt_tokens = n;
+    resp->peer = PeerSocket::find(req.remote_addr, req.remote_port, req.local_addr, req.local_port);
     // Each choice is its own sequence, with its own seed: the request's seed + its index (so a
     // seeded request gives the same n choices again), or a fresh one.
     for (int32_t i = 0; i < g.n; ++i) {
+      // With prefix caching, the other choices wait for the first to be prefilled (its first
+      // token, or its end), so that they take its prompt's blocks rather than compute them too.
+      if (i == 1 && backend.prefix_caching)
+        while (!resp->choices[0]->stream->wait(std::chrono::milliseconds(50)))
+          if (resp->peer.closed()) {
+            resp->choices[0]->abort();
+            res.status = 499;  // nginx's "client closed request": nobody reads it
+            return;
+          }
       auto c = std::make_unique<Generation>(backend.codec ? backend.codec->stream(ids) : nullptr,
                                             g.stop);
       c->metrics = &metrics;
@@ -578,7 +588,6 @@ struct Server::State {
     }
     metrics.prompt_tokens += n;
 
-    resp->peer = PeerSocket::find(req.remote_addr, req.remote_port, req.local_addr, req.local_port);
     if (!g.stream) {
       std::vector<Piece> all(resp->choices.size());
       bool more = true;

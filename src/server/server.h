@@ -41,6 +41,9 @@ struct Backend {
   std::unique_ptr<engine::EngineLoop> loop;
   std::unique_ptr<TextCodec> codec;  // null: the model directory has no tokenizer
   int64_t max_model_len = 0;
+  // The engine caches prompt blocks: a request's other choices are submitted once its first
+  // has prefilled, and find the prompt's blocks instead of computing them again.
+  bool prefix_caching = false;
 };
 
 class Server {

@@ -139,6 +139,14 @@ node -e '
   const hits = Number(process.argv[4]) - Number(process.argv[3]);
   if (!(hits >= 192)) throw new Error(`prefix cache hits ${hits}, want >= 192`);
 ' "$work/first" "$work/body" "$hits_before" "$hits_after" || fail "prefix caching: $(head -c 300 "$work/body")"
+# n choices of a new 200-token prompt: the first is prefilled, the other three take its 12 blocks.
+choices=$(node -e 'console.log(JSON.stringify({model: "tiny", prompt: Array.from({length: 200}, (_, i) => 5 + (i * 53) % 1000), max_tokens: 4, n: 4, temperature: 1, seed: 9}))')
+expect 200 - "${json[@]}" -d "$choices"
+hits_n=$(curl -s "$base/metrics" | sed -n 's/^flashserve_prefix_cache_hits_total //p')
+node -e '
+  const hits = Number(process.argv[2]) - Number(process.argv[1]);
+  if (!(hits >= 3 * 192)) throw new Error(`n choices: prefix cache hits ${hits}, want >= 576`);
+' "$hits_after" "$hits_n" || fail "n choices did not share the prompt: $(head -c 300 "$work/body")"
 expect 400 n "${json[@]}" -d '{"model": "tiny", "prompt": [1], "n": 129}'
 # n sampled choices on the real model: each its own seed (the request's + its index), so they
 # differ, and the same seeded request gives the same choices again.
