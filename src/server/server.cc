@@ -661,12 +661,14 @@ Server::Server(ServerOptions options, Loader load) : s_(std::make_unique<State>(
     s->listen_fd = sock;
   });
   // Routes. The generation endpoints read their own bodies (State::read_body).
-  for (const auto& [path, endpoint] : {std::pair{"/v1/completions", Endpoint::kCompletions},
-                                       std::pair{"/v1/chat/completions", Endpoint::kChat}})
-    http.Post(path, [s, endpoint](const httplib::Request& req, httplib::Response& res,
-                                  const httplib::ContentReader& reader) {
+  for (const auto& route : {std::pair{"/v1/completions", Endpoint::kCompletions},
+                            std::pair{"/v1/chat/completions", Endpoint::kChat}}) {
+    const Endpoint endpoint = route.second;  // a copy: clang < 16 captures no structured binding
+    http.Post(route.first, [s, endpoint](const httplib::Request& req, httplib::Response& res,
+                                         const httplib::ContentReader& reader) {
       s->generate(req, res, reader, endpoint);
     });
+  }
   http.Get("/v1/models", [s](const auto& req, auto& res) { s->models(req, res); });
   http.Get("/health", [s](const auto& req, auto& res) { s->health(req, res); });
   http.Get("/metrics", [s](const auto& req, auto& res) { s->prometheus(req, res); });
