@@ -32,6 +32,16 @@ def reference(q, keys, values, causal=False, window=(-1, -1)):
     return exact, naive
 
 
+def paged_keys(k_cache, v_cache, table_row, n, k_new, v_new):
+    """A sequence's keys and values after an append: its first n from the paged caches (page
+    table_row[j // page], row j % page), then the new ones."""
+    page = k_cache.shape[1]
+    slots = [(table_row[j // page], j % page) for j in range(n)]
+    keys = np.concatenate([np.stack([k_cache[p, r] for p, r in slots]), k_new])
+    values = np.concatenate([np.stack([v_cache[p, r] for p, r in slots]), v_new])
+    return keys, values
+
+
 # ---------------------------------------------------------------- caches split from one tensor
 
 @pytest.mark.parametrize("split", ["kv_dim", "head_dim"])
@@ -82,10 +92,7 @@ def test_interleaved_paged_cache_is_accepted(seed):
     out = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, block_table=table,
                                   causal=True)
     for i in range(2):
-        n = lens[i]
-        slot = [(table[i, j // page], j % page) for j in range(n)]
-        keys = np.concatenate([np.stack([k_before[p, r] for p, r in slot]), kn[i]])
-        values = np.concatenate([np.stack([v_before[p, r] for p, r in slot]), vn[i]])
+        keys, values = paged_keys(k_before, v_before, table[i], lens[i], kn[i], vn[i])
         (exact, _), (naive, _) = reference(q[i], keys, values, causal=True)
         check_close(out[i], exact, naive, FLOOR[np.float32], f"sequence {i}")
 
@@ -191,10 +198,7 @@ def test_paged_shared_prefix_page_with_distinct_slots_is_accepted(seed):
     out = flash_attn_with_kvcache(q, kp, vp, kn, vn, cache_seqlens=lens, block_table=table,
                                   causal=True)
     for i in range(4):
-        n = lens[i]
-        old = [(table[i, j // page], j % page) for j in range(n)]
-        keys = np.concatenate([np.stack([k_before[p, r] for p, r in old]), kn[i]])
-        values = np.concatenate([np.stack([v_before[p, r] for p, r in old]), vn[i]])
+        keys, values = paged_keys(k_before, v_before, table[i], lens[i], kn[i], vn[i])
         if i == 3:  # sequence 3 reads page 5 rows 0-1... which sequence 2 has just written
             keys[4:6], values[4:6] = kn[2], vn[2]
         (exact, _), (naive, _) = reference(q[i], keys, values, causal=True)
