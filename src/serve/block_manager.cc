@@ -89,8 +89,7 @@ int64_t BlockManager::match_prefix(Sequence& seq) {
   if (!caching_) return 0;
   if (!seq.block_table.empty() || seq.num_computed != 0)
     internal("sequence " + std::to_string(seq.id) + " looks up a prefix holding blocks");
-  // At least one token is left to compute: the step that computes it samples the next token.
-  const int64_t max_blocks = (seq.num_tokens() - 1) / block_size_;
+  const int64_t max_blocks = prefix_lookup_tokens(seq) / block_size_;
   int32_t parent = -1;
   uint64_t parent_epoch = 0;
   for (int64_t i = 0; i < max_blocks; ++i) {

@@ -62,6 +62,11 @@ class BlockManager {
   // hold its first tokens, as far as they match, leaving at least one token to compute (the one
   // that samples); they count as computed. Returns how many tokens they hold (0 without caching).
   int64_t match_prefix(Sequence& seq);
+  // The tokens match_prefix looks up for `seq`: its full blocks, less the one holding its last
+  // token (that token is computed, to sample the next).
+  int64_t prefix_lookup_tokens(const Sequence& seq) const {
+    return (seq.num_tokens() - 1) / block_size_ * block_size_;
+  }
   // Prefix caching: remembers the full blocks of `seq` computed in [from, to) tokens.
   void remember_computed(const Sequence& seq, int64_t from, int64_t to);
 

@@ -252,7 +252,7 @@ Sequence* Scheduler::admit_head(int64_t reserve_tokens) {
     return nullptr;
   }
   if (blocks_.prefix_caching()) {
-    prefix_queried_tokens_ += (s->num_tokens() - 1) / blocks_.block_size() * blocks_.block_size();
+    prefix_queried_tokens_ += blocks_.prefix_lookup_tokens(*s);
     prefix_hit_tokens_ += hit;
   }
   running_.push_back(std::move(waiting_.front()));
