@@ -433,20 +433,32 @@ struct Server::State {
 
   // The request body, read here rather than by httplib: httplib 0.11 holds a body with a
   // Content-Length to its payload limit but reads a chunked one whole, however large (a 20 MiB
-  // chunked body was accepted). Past max_body_bytes the read stops, the answer is 413, and the
-  // connection is closed (the rest of the body is never read).
+  // chunked body was accepted). Past max_body_bytes the body is no longer kept, the answer is 413,
+  // and the connection is closed. The rest of an oversized body is read and dropped first (up to
+  // kDrainBytes more): closing a socket with unread data resets the connection, and the client
+  // can then lose the 413 before reading it (seen in CI). httplib drains a too-long
+  // Content-Length body the same way.
+  static constexpr size_t kDrainBytes = 64 << 20;
   std::string read_body(const httplib::Request& req, const httplib::ContentReader& reader,
                         httplib::Response& res) const {
     std::string body;
     bool too_large = false;
+    size_t dropped = 0;
     const bool read = reader([&](const char* data, size_t n) {
-      if (body.size() + n > o.max_body_bytes) return !(too_large = true);
-      body.append(data, n);
-      return true;
+      if (!too_large && body.size() + n <= o.max_body_bytes) {
+        body.append(data, n);
+        return true;
+      }
+      if (!too_large) {
+        too_large = true;
+        std::string().swap(body);
+      }
+      dropped += n;
+      return dropped <= kDrainBytes;
     });
-    if (read) return body;
+    if (read && !too_large) return body;
     res.set_header("Connection", "close");
-    // httplib refuses a declared length past its limit without reading any of it.
+    // httplib reads and drops a declared length past its limit, handing us none of it.
     const std::string length = req.get_header_value("Content-Length");
     if (!too_large && !length.empty())
       too_large = std::strtoull(length.c_str(), nullptr, 10) > o.max_body_bytes;
