@@ -770,16 +770,15 @@ TEST(HttpServer, AClientGoneMidStreamIsAbortedAndItsBlocksFreed) {
   // Returning false from the receiver closes the connection after the third chunk.
   s.post_streaming(body, [&] { return ++chunks < 3; });
   EXPECT_EQ(chunks, 3);
-  // 60 tokens take 120 ms or more; the abort comes within a few steps of the disconnect.
+  // 60 tokens take 120 ms or more; the abort comes within a few steps of the disconnect. (The
+  // token count shows it, not the wall time: a bound of 100 ms on that is a flake on a loaded
+  // 2-core CI machine.)
   const auto t0 = std::chrono::steady_clock::now();
   while ((s.metric("flashserve_kv_blocks_used") != 0 ||
           s.metric("flashserve_http_requests_in_flight") != 0) &&
          std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  const double waited =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(s.metric("flashserve_kv_blocks_used"), 0);
-  EXPECT_LT(waited, 0.1);
   EXPECT_EQ(s.metric("flashserve_http_requests_in_flight"), 0);
   EXPECT_LT(s.metric("flashserve_generation_tokens_total"), 30);  // it did not run to the end
 }
