@@ -243,6 +243,12 @@ Sequence* Scheduler::admit_head(int64_t reserve_tokens) {
   if (waiting_.empty() || num_running() >= config_.max_running) return nullptr;
   Sequence* s = waiting_.front().get();
   const int64_t tokens = std::max(reserve_tokens, s->num_tokens());
+  // A head that could not be admitted even if every block it looks up were cached waits without
+  // hashing its prompt again (a long prompt blocked for memory would, every step).
+  // (Cached blocks taken from the free pool leave the balance of free and needed as it was.)
+  const int64_t best_case =
+      blocks_.blocks_for_tokens(tokens) - blocks_.prefix_lookup_tokens(*s) / blocks_.block_size();
+  if (blocks_.num_free() - best_case < blocks_.watermark_blocks()) return nullptr;
   // With prefix caching, the blocks that already hold its first tokens are taken first (they
   // count as computed, and as blocks it needs no more of); given back if it is not admitted.
   const int64_t hit = blocks_.match_prefix(*s);
