@@ -179,6 +179,14 @@ struct Running {
       ADD_FAILURE() << "could not send the request";
     return fd;
   }
+  // Waits (5 s at most) until no KV block is used and no request is in flight.
+  void wait_idle() const {
+    const auto t0 = std::chrono::steady_clock::now();
+    while ((metric("flashserve_kv_blocks_used") != 0 ||
+            metric("flashserve_http_requests_in_flight") != 0) &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   double metric(const std::string& name) const {
     auto r = client().Get("/metrics");
     const std::regex line("\n" + name + " ([0-9.e+-]+)\n");
@@ -773,11 +781,7 @@ TEST(HttpServer, AClientGoneMidStreamIsAbortedAndItsBlocksFreed) {
   // 60 tokens take 120 ms or more; the abort comes within a few steps of the disconnect. (The
   // token count shows it, not the wall time: a bound of 100 ms on that is a flake on a loaded
   // 2-core CI machine.)
-  const auto t0 = std::chrono::steady_clock::now();
-  while ((s.metric("flashserve_kv_blocks_used") != 0 ||
-          s.metric("flashserve_http_requests_in_flight") != 0) &&
-         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  s.wait_idle();
   EXPECT_EQ(s.metric("flashserve_kv_blocks_used"), 0);
   EXPECT_EQ(s.metric("flashserve_http_requests_in_flight"), 0);
   EXPECT_LT(s.metric("flashserve_generation_tokens_total"), 30);  // it did not run to the end
@@ -793,11 +797,7 @@ TEST(HttpServer, AClientGoneFromANonStreamedRequestIsAborted) {
   while (s.metric("flashserve_kv_blocks_used") <= 0)  // running
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   ::close(fd);
-  const auto t0 = std::chrono::steady_clock::now();
-  while ((s.metric("flashserve_kv_blocks_used") != 0 ||
-          s.metric("flashserve_http_requests_in_flight") != 0) &&
-         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  s.wait_idle();
   EXPECT_EQ(s.metric("flashserve_kv_blocks_used"), 0);
   EXPECT_EQ(s.metric("flashserve_http_requests_in_flight"), 0);
   EXPECT_LT(s.metric("flashserve_generation_tokens_total"), 30);  // it did not run to the end
@@ -895,10 +895,7 @@ TEST(HttpServer, AFailureWhileGeneratingEndsTheResponseNotTheServer) {
   r = s.post("/v1/completions", body);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
-  const auto t0 = std::chrono::steady_clock::now();
-  while (s.metric("flashserve_kv_blocks_used") != 0 &&
-         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  s.wait_idle();
   EXPECT_EQ(s.metric("flashserve_kv_blocks_used"), 0);
 }
 
