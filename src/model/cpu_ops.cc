@@ -10,6 +10,7 @@
 
 #include "common/thread_pool.h"
 #include "flashserve/error.h"
+#include "model/cpu_linear.h"
 
 namespace flashserve::model::cpu {
 
@@ -26,34 +27,39 @@ void for_rows(int64_t rows, int64_t cost_per_row,
       chunks, [&](int64_t c, int) { fn(c * per_chunk, std::min(rows, (c + 1) * per_chunk)); });
 }
 
-// The GEMM runs on our thread pool, OpenBLAS itself on one thread: each of the pool's workers
-// computes a block of output columns (rows of W) with a single-threaded sgemm. Left to its own
-// pthreads, OpenBLAS's idle threads spin between calls and starve the pool's workers (and the
-// engine's) on a machine with other work: `flashserve run` on two loaded cores took 34 s instead
-// of 3 s. One pool, whose workers sleep when idle, costs nothing when the machine is busy.
-void linear(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, float beta) {
+// The GEMM runs on our thread pool: each worker computes a block of output columns (rows of W)
+// with a single-threaded kernel, ours (model/cpu_linear.h) where the CPU has AVX-512, else
+// OpenBLAS's sgemm. OpenBLAS is held to one thread: left to its own pthreads, its idle threads
+// spin between calls and starve the pool's workers (and the engine's) on a machine with other
+// work (`flashserve run` on two loaded cores took 34 s instead of 3 s).
+void linear(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
+            bool accumulate) {
   if (m == 0 || n == 0) return;
+  const bool ours = linear_nt_is_vectorised();
 #if FLASHSERVE_WITH_BLAS
   static std::once_flag single_threaded;
   std::call_once(single_threaded, [] { openblas_set_num_threads(1); });
+#endif
   const auto gemm = [&](int64_t n0, int64_t n1) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
-                static_cast<int>(n1 - n0), static_cast<int>(k), 1.0f, x, static_cast<int>(k),
-                w + n0 * k, static_cast<int>(k), beta, y + n0, static_cast<int>(n));
+#if FLASHSERVE_WITH_BLAS
+    if (!ours)
+      return cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
+                         static_cast<int>(n1 - n0), static_cast<int>(k), 1.0f, x,
+                         static_cast<int>(k), w + n0 * k, static_cast<int>(k),
+                         accumulate ? 1.0f : 0.0f, y + n0, static_cast<int>(n));
+#endif
+    linear_nt(m, n1 - n0, k, x, k, w + n0 * k, k, y + n0, n, accumulate);
   };
-  // Blocks of whole 16-column groups (SIMD width), worth a wake-up of the pool (~1 MFLOP each).
+  // Blocks of whole 16-column groups, each worth a wake-up of the pool: ~1 M units of work, a
+  // FLOP being one and an element of W four (a decode step's GEMM is bound by reading W).
   ThreadPool& pool = ThreadPool::global();
   const int64_t groups = (n + 15) / 16;
-  const int64_t by_work = (2 * m * n * k) >> 20;
+  const int64_t by_work = (2 * m * n * k + 4 * n * k) >> 20;
   const int64_t parts = std::clamp<int64_t>(std::min<int64_t>(groups, by_work), 1, pool.size());
   if (parts == 1) return gemm(0, n);
   pool.parallel_for(parts, [&](int64_t p, int) {
     gemm(std::min(n, groups * p / parts * 16), std::min(n, groups * (p + 1) / parts * 16));
   });
-#else
-  (void)x, (void)w, (void)y, (void)k, (void)beta;
-  throw Error(ErrorKind::kUnsupported, "cpu", "built without OpenBLAS");
-#endif
 }
 
 void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t width,

@@ -1,5 +1,6 @@
-// The CPU runner's building blocks, float32 row-major: the GEMM (a BLAS call, never a loop of
-// ours), RMSNorm and SiLU-and-multiply, each threaded over rows on the global thread pool.
+// The CPU runner's building blocks, float32 row-major: the GEMM (model/cpu_linear.h's kernel, or
+// a BLAS where the CPU lacks AVX-512), RMSNorm and SiLU-and-multiply, each threaded on the global
+// thread pool.
 #pragma once
 
 #include <cstdint>
@@ -7,9 +8,10 @@
 
 namespace flashserve::model::cpu {
 
-// y[m, n] = beta * y + x[m, k] W[n, k]^T  (W in Hugging Face's [out, in] layout).
+// y[m, n] = (accumulate ? y : 0) + x[m, k] W[n, k]^T  (W in Hugging Face's [out, in] layout),
+// threaded over column blocks on the global pool.
 void linear(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
-            float beta = 0.0f);
+            bool accumulate = false);
 
 // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, for `rows` rows of `width` (in place allowed).
 void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t width,

@@ -1,4 +1,4 @@
-// The CPU runner: the decoder in float32 with the GEMMs in OpenBLAS and attention through
+// The CPU runner: the decoder in float32 with the GEMMs of cpu_ops.h and attention through
 // flashserve's CPU path (varlen queries over the paged pool, bottom-right causal), so that CI and
 // machines without a GPU run the same model, batch for batch, as the GPU does.
 #include <algorithm>
@@ -210,11 +210,11 @@ void CpuRunner::forward(const ForwardBatch& b) {
     if (c.sliding_window > 0) p.window_left = static_cast<int32_t>(c.sliding_window - 1);
     if (T > 0) attention_forward(p);
 
-    cpu::linear(attn.data(), L.o.data(), x.data(), T, H, qw, 1.0f);  // x += attn W_o^T
+    cpu::linear(attn.data(), L.o.data(), x.data(), T, H, qw, true);  // x += attn W_o^T
     cpu::rms_norm(x.data(), L.post_norm.data(), hbuf.data(), T, H, c.rms_norm_eps);
     cpu::linear(hbuf.data(), L.gate_up.data(), gu.data(), T, 2 * F, H);
     cpu::silu_mul(gu.data(), act.data(), T, F);
-    cpu::linear(act.data(), L.down.data(), x.data(), T, H, F, 1.0f);  // x += act W_down^T
+    cpu::linear(act.data(), L.down.data(), x.data(), T, H, F, true);  // x += act W_down^T
   }
 
   // Only the sampled rows go through the final norm and the LM head.

@@ -1,0 +1,95 @@
+// The CPU runner's GEMM, y = x W^T, at the shapes a model step has (a decode row, a chunk of a
+// prompt; q/k/v, gate/up, down and the LM head of Qwen2.5-0.5B and Llama-3-8B widths): our kernel
+// (model/cpu_linear.h) beside OpenBLAS's cblas_sgemm on the same operands, both on one thread, in
+// GFLOP/s per CPU-second (on a machine shared with other jobs that still says what the code does).
+//   bench_cpu_linear [--quick]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <random>
+#include <vector>
+
+#include "model/cpu_linear.h"
+#if FLASHSERVE_WITH_BLAS
+#include <cblas.h>
+extern "C" char* openblas_get_corename(void);
+#endif
+
+namespace {
+
+double cpu_now() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+// Median CPU seconds per call over calls made in at least `budget` CPU seconds (at least 3).
+template <typename F>
+double median_cpu(F&& f, double budget) {
+  f();
+  std::vector<double> t;
+  const double start = cpu_now();
+  while (t.size() < 3 || cpu_now() - start < budget) {
+    const double t0 = cpu_now();
+    f();
+    t.push_back(cpu_now() - t0);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const double budget = quick ? 0.1 : 0.4;
+#if FLASHSERVE_WITH_BLAS
+  openblas_set_num_threads(1);
+  std::printf("OpenBLAS core: %s\n", openblas_get_corename());
+#endif
+  std::printf("kernel: %s\n",
+              flashserve::model::cpu::linear_nt_is_vectorised() ? "avx512" : "portable");
+  struct Shape {
+    const char* what;
+    int64_t m, n, k;
+  };
+  const Shape shapes[] = {
+      {"0.5B qkv decode", 1, 1152, 896},      {"0.5B gate_up decode", 1, 9728, 896},
+      {"0.5B down decode", 1, 896, 4864},     {"0.5B qkv chunk", 128, 1152, 896},
+      {"0.5B gate_up chunk", 128, 9728, 896}, {"0.5B down chunk", 128, 896, 4864},
+      {"8B qkv decode", 1, 6144, 4096},       {"8B qkv chunk", 256, 6144, 4096},
+      {"8B down chunk", 256, 4096, 14336},    {"decode batch 8", 8, 4096, 4096},
+  };
+  std::printf("| shape | m | n | k | ours GFLOP/s | OpenBLAS GFLOP/s | ratio |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  for (const Shape& s : shapes) {
+    if (quick && s.m * s.n * s.k > (int64_t{1} << 30)) continue;
+    std::vector<float> x(s.m * s.k), w(s.n * s.k), y(s.m * s.n);
+    for (float& v : x) v = normal(rng);
+    for (float& v : w) v = normal(rng);
+    const double flops = 2.0 * s.m * s.n * s.k;
+    const double ours = median_cpu(
+        [&] {
+          flashserve::model::cpu::linear_nt(s.m, s.n, s.k, x.data(), s.k, w.data(), s.k, y.data(),
+                                            s.n, false);
+        },
+        budget);
+    double blas = 0;
+#if FLASHSERVE_WITH_BLAS
+    blas = median_cpu(
+        [&] {
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.m, s.n, s.k, 1.0f, x.data(), s.k,
+                      w.data(), s.k, 0.0f, y.data(), s.n);
+        },
+        budget);
+#endif
+    std::printf("| %s | %lld | %lld | %lld | %.1f | %.1f | %.2f |\n", s.what,
+                static_cast<long long>(s.m), static_cast<long long>(s.n),
+                static_cast<long long>(s.k), flops / ours * 1e-9,
+                blas > 0 ? flops / blas * 1e-9 : 0, blas > 0 ? blas / ours : 0);
+  }
+}
