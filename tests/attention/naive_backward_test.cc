@@ -7,6 +7,7 @@
 
 #include "attention/problem.h"
 #include "support/attention_case.h"
+#include "support/worst.h"
 
 namespace flashserve::testing {
 namespace {
@@ -40,7 +41,7 @@ struct Checker {
     const double lm = loss(p, dout);
     store_float(x.data, off, x.dtype, x0);
     const double fd = (lp - lm) / (double(xp) - double(xm));
-    worst = std::max(worst, std::abs(fd - analytic));
+    worst = testing::worse(worst, std::abs(fd - analytic));
     largest = std::max(largest, std::abs(analytic));
     ++checked;
   }
