@@ -17,8 +17,13 @@ namespace flashserve::model::cpu {
 // Deterministic: the sum over k runs in one order, whatever the thread count.
 void linear_nt(int64_t m, int64_t n, int64_t K, const float* x, int64_t ldx, const float* w,
                int64_t ldw, float* y, int64_t ldy, bool accumulate);
+// The same with W in bfloat16 (its bits), widened to float32 as it is read (exactly): half the
+// bytes of a float32 W, so a decode step, bound by reading W, takes about half the time.
+void linear_nt(int64_t m, int64_t n, int64_t K, const float* x, int64_t ldx, const uint16_t* w,
+               int64_t ldw, float* y, int64_t ldy, bool accumulate);
 
-// Whether linear_nt runs its AVX-512 kernel on this CPU (else the caller may prefer a BLAS).
+// Whether linear_nt runs its AVX-512 kernel on this CPU (AVX-512 F, BW and VL, and not forced to
+// the portable level); else the caller may prefer a BLAS for float32 weights.
 bool linear_nt_is_vectorised();
 
 }  // namespace flashserve::model::cpu

@@ -28,27 +28,27 @@ void for_rows(int64_t rows, int64_t cost_per_row,
 }
 
 // The GEMM runs on our thread pool: each worker computes a block of output columns (rows of W)
-// with a single-threaded kernel, ours (model/cpu_linear.h) where the CPU has AVX-512, else
-// OpenBLAS's sgemm. OpenBLAS is held to one thread: left to its own pthreads, its idle threads
-// spin between calls and starve the pool's workers (and the engine's) on a machine with other
-// work (`flashserve run` on two loaded cores took 34 s instead of 3 s).
-void linear(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
-            bool accumulate) {
+// with a single-threaded kernel, ours (model/cpu_linear.h) where the CPU has AVX-512 or W is
+// bf16, else OpenBLAS's sgemm. OpenBLAS is held to one thread: left to its own pthreads, its idle
+// threads spin between calls and starve the pool's workers (and the engine's) on a machine with
+// other work (`flashserve run` on two loaded cores took 34 s instead of 3 s).
+void linear(const float* x, Weight w, float* y, int64_t m, int64_t n, int64_t k, bool accumulate) {
   if (m == 0 || n == 0) return;
-  const bool ours = linear_nt_is_vectorised();
+  [[maybe_unused]] const bool ours = w.bf16 || linear_nt_is_vectorised();
 #if FLASHSERVE_WITH_BLAS
   static std::once_flag single_threaded;
   std::call_once(single_threaded, [] { openblas_set_num_threads(1); });
 #endif
   const auto gemm = [&](int64_t n0, int64_t n1) {
+    if (w.bf16) return linear_nt(m, n1 - n0, k, x, k, w.bf16 + n0 * k, k, y + n0, n, accumulate);
 #if FLASHSERVE_WITH_BLAS
     if (!ours)
       return cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
                          static_cast<int>(n1 - n0), static_cast<int>(k), 1.0f, x,
-                         static_cast<int>(k), w + n0 * k, static_cast<int>(k),
+                         static_cast<int>(k), w.f32 + n0 * k, static_cast<int>(k),
                          accumulate ? 1.0f : 0.0f, y + n0, static_cast<int>(n));
 #endif
-    linear_nt(m, n1 - n0, k, x, k, w + n0 * k, k, y + n0, n, accumulate);
+    linear_nt(m, n1 - n0, k, x, k, w.f32 + n0 * k, k, y + n0, n, accumulate);
   };
   // Blocks of whole 16-column groups, each worth a wake-up of the pool: ~1 M units of work, a
   // FLOP being one and an element of W four (a decode step's GEMM is bound by reading W).

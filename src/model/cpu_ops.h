@@ -8,9 +8,17 @@
 
 namespace flashserve::model::cpu {
 
+// A weight matrix [n, k], row-major: float32, or bfloat16 (its bits) as a bf16 checkpoint holds it.
+struct Weight {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+  Weight(const float* w) : f32(w) {}      // NOLINT: implicit, a float32 matrix is the common case
+  Weight(const uint16_t* w) : bf16(w) {}  // NOLINT
+};
+
 // y[m, n] = (accumulate ? y : 0) + x[m, k] W[n, k]^T  (W in Hugging Face's [out, in] layout),
 // threaded over column blocks on the global pool.
-void linear(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
+void linear(const float* x, Weight w, float* y, int64_t m, int64_t n, int64_t k,
             bool accumulate = false);
 
 // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, for `rows` rows of `width` (in place allowed).

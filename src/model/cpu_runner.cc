@@ -3,13 +3,16 @@
 // machines without a GPU run the same model, batch for batch, as the GPU does.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "common/half.h"
 #include "common/thread_pool.h"
 #include "flashserve/attention.h"
 #include "flashserve/error.h"
 #include "model/checkpoint.h"
+#include "model/cpu_linear.h"
 #include "model/cpu_ops.h"
 #include "model/rope.h"
 #include "model/runner.h"
@@ -19,10 +22,25 @@ namespace flashserve::model {
 
 namespace {
 
+// A weight matrix as the GEMM reads it: bf16 where the checkpoint holds bf16 and our kernel runs
+// on this CPU (half the memory and half the bytes a decode step reads; widening is exact), else
+// float32 (a float32 or fp16 checkpoint, or a BLAS doing the GEMMs).
+struct Matrix {
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+  cpu::Weight weight() const { return bf16.empty() ? cpu::Weight(f32.data()) : bf16.data(); }
+  // Row r (of `width`) as float32 at dst.
+  void row(int64_t r, int64_t width, float* dst) const {
+    if (bf16.empty()) return (void)std::copy_n(f32.data() + r * width, width, dst);
+    for (int64_t i = 0; i < width; ++i) dst[i] = to_float(bf16_t{bf16[r * width + i]});
+  }
+};
+
 // One decoder layer, with q/k/v fused into one [q + 2 kv, hidden] matrix and gate/up into one
 // [2 ffn, hidden] matrix so that each is one GEMM.
 struct CpuLayer {
-  std::vector<float> input_norm, qkv, qkv_bias, o, post_norm, gate_up, down;
+  std::vector<float> input_norm, qkv_bias, post_norm;
+  Matrix qkv, o, gate_up, down;
 };
 
 TensorView view(const void* data, DType dtype, std::initializer_list<int64_t> shape) {
@@ -42,31 +60,49 @@ class CpuRunner final : public ModelRunner {
       if (dst.size() < at + static_cast<size_t>(t.numel())) dst.resize(at + t.numel());
       copy_as_float(t, dst.data() + at);
     };
-    load("model.embed_tokens.weight", embed_);
+    // The tensors stacked into one matrix (q/k/v, gate/up), in that order.
+    const bool keep_bf16 = cpu::linear_nt_is_vectorised();
+    auto load_matrix = [&](std::initializer_list<std::string> names, Matrix& dst) {
+      std::vector<TensorInfo> parts;
+      for (const std::string& n : names) parts.push_back(ckpt.tensor(n));
+      const bool bf16 = keep_bf16 && std::all_of(parts.begin(), parts.end(), [](const auto& t) {
+                          return t.dtype == DType::kBFloat16;
+                        });
+      size_t at = 0;
+      for (const TensorInfo& t : parts) {
+        const size_t n = static_cast<size_t>(t.numel());
+        if (bf16) {
+          dst.bf16.resize(at + n);
+          std::memcpy(dst.bf16.data() + at, t.data, n * 2);  // the mapping may be unaligned
+        } else {
+          dst.f32.resize(at + n);
+          copy_as_float(t, dst.f32.data() + at);
+        }
+        at += n;
+      }
+    };
+    load_matrix({"model.embed_tokens.weight"}, embed_);
     layers_.resize(static_cast<size_t>(c.num_hidden_layers));
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       CpuLayer& L = layers_[l];
       auto name = [&](const char* suffix) { return layer_weight(l, suffix); };
       load(name("input_layernorm.weight"), L.input_norm);
-      L.qkv.resize(static_cast<size_t>((q + 2 * kv) * h));
-      load(name("self_attn.q_proj.weight"), L.qkv, 0);
-      load(name("self_attn.k_proj.weight"), L.qkv, q * h);
-      load(name("self_attn.v_proj.weight"), L.qkv, (q + kv) * h);
+      load_matrix({name("self_attn.q_proj.weight"), name("self_attn.k_proj.weight"),
+                   name("self_attn.v_proj.weight")},
+                  L.qkv);
       if (c.attention_bias) {
         L.qkv_bias.resize(static_cast<size_t>(q + 2 * kv));
         load(name("self_attn.q_proj.bias"), L.qkv_bias, 0);
         load(name("self_attn.k_proj.bias"), L.qkv_bias, q);
         load(name("self_attn.v_proj.bias"), L.qkv_bias, q + kv);
       }
-      load(name("self_attn.o_proj.weight"), L.o);
+      load_matrix({name("self_attn.o_proj.weight")}, L.o);
       load(name("post_attention_layernorm.weight"), L.post_norm);
-      L.gate_up.resize(static_cast<size_t>(2 * f * h));
-      load(name("mlp.gate_proj.weight"), L.gate_up, 0);
-      load(name("mlp.up_proj.weight"), L.gate_up, f * h);
-      load(name("mlp.down_proj.weight"), L.down);
+      load_matrix({name("mlp.gate_proj.weight"), name("mlp.up_proj.weight")}, L.gate_up);
+      load_matrix({name("mlp.down_proj.weight")}, L.down);
     }
     load("model.norm.weight", final_norm_);
-    if (!c.tie_word_embeddings) load("lm_head.weight", lm_head_);
+    if (!c.tie_word_embeddings) load_matrix({"lm_head.weight"}, lm_head_);
     ckpt.check_unchanged();  // no file was rewritten while its weights were copied
     inv_freq_ = rope_inv_freq(c);
   }
@@ -126,7 +162,8 @@ class CpuRunner final : public ModelRunner {
   void check_fits(const ForwardBatch& b) const;
 
   ModelConfig config_;
-  std::vector<float> embed_, final_norm_, lm_head_;
+  Matrix embed_, lm_head_;
+  std::vector<float> final_norm_;
   std::vector<CpuLayer> layers_;
   std::vector<double> inv_freq_;
   int64_t num_blocks_ = 0;
@@ -173,15 +210,14 @@ void CpuRunner::forward(const ForwardBatch& b) {
   std::vector<float> x(static_cast<size_t>(T * H)), hbuf(x.size());
   std::vector<float> qkv(static_cast<size_t>(T * qkvw)), attn(static_cast<size_t>(T * qw));
   std::vector<float> gu(static_cast<size_t>(T * 2 * F)), act(static_cast<size_t>(T * F));
-  for (int64_t t = 0; t < T; ++t)
-    std::copy_n(embed_.data() + static_cast<int64_t>(b.input_ids[t]) * H, H, x.data() + t * H);
+  for (int64_t t = 0; t < T; ++t) embed_.row(b.input_ids[t], H, x.data() + t * H);
 
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const CpuLayer& L = layers_[l];
     float* kcache = kv_[2 * l].data();
     float* vcache = kv_[2 * l + 1].data();
     cpu::rms_norm(x.data(), L.input_norm.data(), hbuf.data(), T, H, c.rms_norm_eps);
-    cpu::linear(hbuf.data(), L.qkv.data(), qkv.data(), T, qkvw, H);
+    cpu::linear(hbuf.data(), L.qkv.weight(), qkv.data(), T, qkvw, H);
     cpu::for_rows(T, qkvw * 4, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         float* row = qkv.data() + t * qkvw;
@@ -210,11 +246,11 @@ void CpuRunner::forward(const ForwardBatch& b) {
     if (c.sliding_window > 0) p.window_left = static_cast<int32_t>(c.sliding_window - 1);
     if (T > 0) attention_forward(p);
 
-    cpu::linear(attn.data(), L.o.data(), x.data(), T, H, qw, true);  // x += attn W_o^T
+    cpu::linear(attn.data(), L.o.weight(), x.data(), T, H, qw, true);  // x += attn W_o^T
     cpu::rms_norm(x.data(), L.post_norm.data(), hbuf.data(), T, H, c.rms_norm_eps);
-    cpu::linear(hbuf.data(), L.gate_up.data(), gu.data(), T, 2 * F, H);
+    cpu::linear(hbuf.data(), L.gate_up.weight(), gu.data(), T, 2 * F, H);
     cpu::silu_mul(gu.data(), act.data(), T, F);
-    cpu::linear(act.data(), L.down.data(), x.data(), T, H, F, true);  // x += act W_down^T
+    cpu::linear(act.data(), L.down.weight(), x.data(), T, H, F, true);  // x += act W_down^T
   }
 
   // Only the sampled rows go through the final norm and the LM head.
@@ -223,8 +259,8 @@ void CpuRunner::forward(const ForwardBatch& b) {
     std::copy_n(x.data() + static_cast<int64_t>(b.sample_rows[i]) * H, H, last.data() + i * H);
   cpu::rms_norm(last.data(), final_norm_.data(), last.data(), S, H, c.rms_norm_eps);
   logits_.assign(static_cast<size_t>(S * c.vocab_size), 0.0f);
-  const float* head = c.tie_word_embeddings ? embed_.data() : lm_head_.data();
-  cpu::linear(last.data(), head, logits_.data(), S, c.vocab_size, H);
+  const Matrix& head = c.tie_word_embeddings ? embed_ : lm_head_;
+  cpu::linear(last.data(), head.weight(), logits_.data(), S, c.vocab_size, H);
   logits_rows_ = S;
 }
 

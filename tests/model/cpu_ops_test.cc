@@ -1,9 +1,10 @@
 // The CPU runner's GEMM against a float64 loop: the kernel alone (model/cpu_linear.h) with padded
-// strides, both its AVX-512 tiles and its portable loop, and cpu::linear over the thread pool
-// (our kernel, or OpenBLAS where the portable level is forced), on every shape class the tiling
-// and the split meet: tiles of 1-4 rows and columns, k not a multiple of 16 or past one k block,
-// more rows than one row block, fewer 16-column groups than workers, accumulating or not. Outputs
-// are poisoned with NaN where they are not accumulated into, and padding must stay untouched.
+// strides, both its AVX-512 tiles and its portable loop, float32 and bf16 weights, and cpu::linear
+// over the thread pool (our kernel, or OpenBLAS where the portable level is forced), on every shape
+// class the tiling and the split meet: tiles of 1-4 rows and columns, k not a multiple of 16 or
+// past one k block, more rows than one row block, fewer 16-column groups than workers, accumulating
+// or not. Outputs are poisoned with NaN where they are not accumulated into, and padding must stay
+// untouched.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "attention/reference/cpu_gemm.h"
+#include "common/half.h"
 #include "common/thread_pool.h"
 #include "model/cpu_linear.h"
 #include "model/cpu_ops.h"
@@ -43,19 +45,25 @@ struct PoolSize {
   ~PoolSize() { ThreadPool::set_global_workers(0); }
 };
 
-// Random operands with row strides past their widths (pad elements), and the float64 product.
+// Random operands with row strides past their widths (pad elements), and the float64 product. W's
+// values are bf16-representable, so that one case serves float32 weights and bf16 ones (wb).
 struct Case {
   Shape s;
   int64_t ldx, ldw, ldy;
   std::vector<float> x, w, y0;
+  std::vector<uint16_t> wb;
   Case(Shape shape, int64_t pad, std::mt19937& rng)
       : s(shape), ldx(shape.k + pad), ldw(shape.k + pad), ldy(shape.n + pad) {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     x.resize(s.m * ldx), w.resize(s.n * ldw), y0.resize(s.m * ldy);
     for (float& v : x) v = normal(rng);
-    for (float& v : w) v = normal(rng);
+    for (float& v : w) {
+      wb.push_back(to_bf16(normal(rng)).bits);
+      v = to_float(bf16_t{wb.back()});
+    }
     for (float& v : y0) v = normal(rng);
   }
+  Weight weight(bool bf16) const { return bf16 ? Weight(wb.data()) : Weight(w.data()); }
   // y as a call must leave it: pads untouched, every element within float32 rounding of the sum.
   void check(const std::vector<float>& y, bool accumulate) const {
     for (int64_t i = 0; i < s.m; ++i) {
@@ -94,9 +102,17 @@ TEST(CpuLinear, KernelMatchesAFloat64LoopWithPaddedStrides) {
         SCOPED_TRACE(testing::Message() << "m " << s.m << " n " << s.n << " k " << s.k
                                         << (accumulate ? " accumulate" : ""));
         const Case c(s, 3, rng);
-        std::vector<float> y = c.poisoned(accumulate);
-        linear_nt(s.m, s.n, s.k, c.x.data(), c.ldx, c.w.data(), c.ldw, y.data(), c.ldy, accumulate);
-        c.check(y, accumulate);
+        for (bool bf16 : {false, true}) {
+          SCOPED_TRACE(bf16 ? "bf16 W" : "float32 W");
+          std::vector<float> y = c.poisoned(accumulate);
+          if (bf16)
+            linear_nt(s.m, s.n, s.k, c.x.data(), c.ldx, c.wb.data(), c.ldw, y.data(), c.ldy,
+                      accumulate);
+          else
+            linear_nt(s.m, s.n, s.k, c.x.data(), c.ldx, c.w.data(), c.ldw, y.data(), c.ldy,
+                      accumulate);
+          c.check(y, accumulate);
+        }
       }
   }
 }
@@ -116,9 +132,12 @@ TEST(CpuLinear, ThreadedLinearMatchesAFloat64LoopOnEveryPool) {
                        << " workers, m " << s.m << " n " << s.n << " k " << s.k
                        << (accumulate ? " accumulate" : ""));
           const Case c(s, 0, rng);
-          std::vector<float> y = c.poisoned(accumulate);
-          linear(c.x.data(), c.w.data(), y.data(), s.m, s.n, s.k, accumulate);
-          c.check(y, accumulate);
+          for (bool bf16 : {false, true}) {
+            SCOPED_TRACE(bf16 ? "bf16 W" : "float32 W");
+            std::vector<float> y = c.poisoned(accumulate);
+            linear(c.x.data(), c.weight(bf16), y.data(), s.m, s.n, s.k, accumulate);
+            c.check(y, accumulate);
+          }
         }
     }
   }
