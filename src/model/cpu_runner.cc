@@ -54,14 +54,15 @@ class CpuRunner final : public ModelRunner {
     check_weights(ckpt);
     config_ = ckpt.config();
     const ModelConfig& c = config_;
-    const int64_t h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), f = c.intermediate_size;
+    const int64_t q = c.q_size(), kv = c.kv_size();
     auto load = [&](const std::string& name, std::vector<float>& dst, size_t at = 0) {
       const TensorInfo t = ckpt.tensor(name);
       if (dst.size() < at + static_cast<size_t>(t.numel())) dst.resize(at + t.numel());
       copy_as_float(t, dst.data() + at);
     };
-    // The tensors stacked into one matrix (q/k/v, gate/up), in that order.
     const bool keep_bf16 = cpu::linear_nt_is_vectorised();
+    // The tensors `names` stacked, in that order, into one matrix (q/k/v, gate/up): bf16 when all
+    // of them are and our kernel runs here.
     auto load_matrix = [&](std::initializer_list<std::string> names, Matrix& dst) {
       std::vector<TensorInfo> parts;
       for (const std::string& n : names) parts.push_back(ckpt.tensor(n));
