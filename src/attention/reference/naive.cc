@@ -103,9 +103,13 @@ void head_forward(const AttentionParams& p, const Problem& pr, const HostLayout&
       s[j] /= sum;
       if (low) s[j] = static_cast<T>(round_to(static_cast<float>(s[j]), pr.dtype));
     }
+    // Only the keys the row sees: a NaN or inf value at a masked key (weight 0) says nothing about
+    // this row, as in FlashAttention. (0 x NaN would be NaN: a matmul over the whole score matrix,
+    // as PyTorch's math path does, makes the column NaN.)
     for (int64_t d = 0; d < Dv; ++d) {
       T acc = 0;
-      for (int64_t j = 0; j < n_k; ++j) acc += s[j] * V[j * Dv + d];
+      for (int64_t j = 0; j < n_k; ++j)
+        if (pr.mask.visible(t, j, n_q, n_k)) acc += s[j] * V[j * Dv + d];
       out[d] = low ? round_to(static_cast<float>(acc), pr.dtype) : static_cast<double>(acc);
     }
   }
