@@ -262,6 +262,10 @@ struct Response {
     return none;
   }
 
+  void abort_all() {
+    for (auto& c : choices) c->abort();
+  }
+
   // The next piece of any choice, whose index goes to `which`; returns false once it is the last
   // one, or the client is gone (`gone`), or a choice failed (failure()).
   bool next(Piece& p, size_t& which) {
@@ -272,7 +276,7 @@ struct Response {
       // out. (A streamed response also learns it when a write fails, but only once tokens come.)
       if (peer.closed()) {
         gone = true;
-        for (auto& c : choices) c->abort();
+        abort_all();
         return false;
       }
       const uint64_t seen = signal->count();  // a push after this wakes the wait below
@@ -283,7 +287,7 @@ struct Response {
         last = which = i;
         c.take_or_fail(p);
         if (c.failure) {
-          for (auto& other : choices) other->abort();
+          abort_all();
           return false;
         }
         return std::any_of(choices.begin(), choices.end(), [](const auto& o) { return !o->done; });
