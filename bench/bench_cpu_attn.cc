@@ -25,6 +25,7 @@
 #endif
 #include "common/half.h"
 #include "common/thread_pool.h"
+#include "cpu_timing.h"
 #include "flashserve/attention.h"
 #if FLASHSERVE_WITH_BLAS
 #include <cblas.h>
@@ -34,36 +35,6 @@ extern "C" char* openblas_get_corename(void);
 using namespace flashserve;
 
 namespace {
-
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double cpu_now() {  // CPU time of every thread of the process
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-// Median wall time of the calls; *cpu_s (if given) gets the median CPU time of all threads, which
-// on a machine shared with other jobs still says what the code does per core-second.
-template <typename F>
-double median_seconds(F&& f, double min_s = 0.3, int min_calls = 3, double* cpu_s = nullptr) {
-  f();  // warm-up
-  std::vector<double> t, c;
-  const double start = now();
-  while (static_cast<int>(t.size()) < min_calls || now() - start < min_s) {
-    const double t0 = now(), c0 = cpu_now();
-    f();
-    t.push_back(now() - t0);
-    c.push_back(cpu_now() - c0);
-    if (t.size() >= 50) break;
-  }
-  std::sort(t.begin(), t.end());
-  std::sort(c.begin(), c.end());
-  if (cpu_s) *cpu_s = c[c.size() / 2];
-  return t[t.size() / 2];
-}
 
 std::vector<int64_t> ints(const char* s) {
   std::vector<int64_t> v;

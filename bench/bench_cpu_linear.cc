@@ -1,8 +1,8 @@
 // The CPU runner's GEMM, y = x W^T, at the shapes a model step has (a decode row, a chunk of a
 // prompt; q/k/v, gate/up and down of Qwen2.5-0.5B and Llama-3-8B widths): our kernel
 // (model/cpu_linear.h) with float32 and with bf16 weights, beside OpenBLAS's cblas_sgemm on the
-// same float32 operands, all on one thread, in GFLOP/s per CPU-second (on a machine shared with
-// other jobs that still says what the code does).
+// same float32 operands, all on one thread, in GFLOP/s per CPU-second (the median over 0.4 s of
+// calls; on a machine shared with other jobs that still says what the code does).
 //   bench_cpu_linear [--quick]
 #include <algorithm>
 #include <chrono>
@@ -13,36 +13,12 @@
 #include <vector>
 
 #include "common/half.h"
+#include "cpu_timing.h"
 #include "model/cpu_linear.h"
 #if FLASHSERVE_WITH_BLAS
 #include <cblas.h>
 extern "C" char* openblas_get_corename(void);
 #endif
-
-namespace {
-
-double cpu_now() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-// Median CPU seconds per call over calls made in at least `budget` CPU seconds (at least 3).
-template <typename F>
-double median_cpu(F&& f, double budget) {
-  f();
-  std::vector<double> t;
-  const double start = cpu_now();
-  while (t.size() < 3 || cpu_now() - start < budget) {
-    const double t0 = cpu_now();
-    f();
-    t.push_back(cpu_now() - t0);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
@@ -80,26 +56,26 @@ int main(int argc, char** argv) {
       w[i] = flashserve::to_float(flashserve::bf16_t{wb[i]});
     }
     const double flops = 2.0 * s.m * s.n * s.k;
-    const double ours = median_cpu(
+    double ours = 0, ours_bf16 = 0, blas = 0;
+    median_seconds(
         [&] {
           flashserve::model::cpu::linear_nt(s.m, s.n, s.k, x.data(), s.k, w.data(), s.k, y.data(),
                                             s.n, false);
         },
-        budget);
-    const double ours_bf16 = median_cpu(
+        budget, 3, &ours, 1 << 20);
+    median_seconds(
         [&] {
           flashserve::model::cpu::linear_nt(s.m, s.n, s.k, x.data(), s.k, wb.data(), s.k, y.data(),
                                             s.n, false);
         },
-        budget);
-    double blas = 0;
+        budget, 3, &ours_bf16, 1 << 20);
 #if FLASHSERVE_WITH_BLAS
-    blas = median_cpu(
+    median_seconds(
         [&] {
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.m, s.n, s.k, 1.0f, x.data(), s.k,
                       w.data(), s.k, 0.0f, y.data(), s.n);
         },
-        budget);
+        budget, 3, &blas, 1 << 20);
 #endif
     std::printf("| %s | %lld | %lld | %lld | %.1f | %.1f | %.1f | %.2f | %.2f |\n", s.what,
                 static_cast<long long>(s.m), static_cast<long long>(s.n),
