@@ -15,7 +15,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-BINARIES="src/flashserve src/libflashserve_c.so tests/test_gpu tests/test_model_gpu bench/bench_sm90 ${EXTRA_BINARIES:-}"
+BINARIES=${BINARIES:-"src/flashserve src/libflashserve_c.so tests/test_gpu tests/test_model_gpu bench/bench_sm90 ${EXTRA_BINARIES:-}"}
 if [ "${1:-}" = --pack ]; then  # --pack BUILD_DIR TARBALL
   # The GPU machine's image is not this one: the shared libraries our binaries link that are not
   # glibc's, the C++ runtime's or CUDA's (ICU, cpp-httplib, PCRE2, OpenBLAS, ...) travel in lib/.

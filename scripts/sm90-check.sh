@@ -1,47 +1,73 @@
 #!/usr/bin/env bash
-# The sm90 kernel's first run on the H200 (issue 13), one call: build only test_gpu and bench_sm90
-# for 90a, the sm90 GPU tests, compute-sanitizer memcheck on the small case, the SASS check (HGMMA
-# count, registers/local memory of the sm90 kernels), and bench_sm90 (sm80 beside sm90).
-#   bash scripts/sm90-check.sh          # OUT (default ./out) gets sm90-check.log
-# Environment: JOBS (default nproc), BUILD (default build/sm90), SKIP_BUILD=1 (binaries carried in).
+# One call on the H200 for the sm90 forward kernel (issue 19): the sm90 GPU tests, compute-sanitizer
+# memcheck and racecheck on the small case, the SASS check (HGMMA count, registers and local memory
+# of the sm90 kernels), bench_sm90 (sm80 beside sm90, forced, per head dim), and the public API
+# (bench_attn, default dispatch) beside PyTorch SDPA's cuDNN and flash backends in the same run
+# (sdpa_compare.py, compare_table.py). Logs under $OUT; the short table last.
+#
+# The binaries are built on the build machine for 90a and carried (the GPU image lacks headers
+# the full configure needs):
+#   cmake -S . -B build/dev90 -DCMAKE_BUILD_TYPE=Release -DFLASHSERVE_CUDA_ARCHS=90a
+#   cmake --build build/dev90 --target test_gpu bench_sm90 bench_attn
+#   BINARIES="tests/test_gpu bench/bench_sm90 bench/bench_attn" \
+#     bash scripts/gpu-quick.sh --pack build/dev90 .xfer/sm90.tar.xz
+# then, on the GPU machine (carry .xfer):
+#   BIN_TAR=.xfer/sm90.tar.xz OUT=$OUT bash scripts/sm90-check.sh
+# Environment: HEAD_DIMS (64,128,256), SEQLENS (512,...,16384), SKIP="tests sanitize sass sm90 api"
+# leaves steps out, FILTER (the gtest filter of the tests step, default '*Sm90*').
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-BUILD=${BUILD:-build/sm90}
-JOBS=${JOBS:-$(nproc)}
 exec > >(tee "$OUT/sm90-check.log") 2>&1
+HEAD_DIMS=${HEAD_DIMS:-64,128,256}
+SEQLENS=${SEQLENS:-512,1024,2048,4096,8192,16384}
 status=0
-step() { echo; echo "== $* ($(date -u +%T))"; }
+step() { echo; echo "== $* ($(date -u +%T), ${SECONDS}s)"; }
+want() { [[ " ${SKIP:-} " != *" $1 "* ]]; }
 
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  step build
-  t0=$(date +%s)
-  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFLASHSERVE_CUDA_ARCHS=90a \
-    -DPython3_EXECUTABLE="$(command -v python3)" >"$OUT/configure.log" 2>&1 &&
-    cmake --build "$BUILD" -j "$JOBS" --target test_gpu bench_sm90 >"$OUT/build.log" 2>&1 ||
-    { tail -n 60 "$OUT/build.log"; echo "BUILD FAILED"; exit 1; }
-  echo "build ok in $(( $(date +%s) - t0 )) s"
+BIN=/tmp/fsbin
+mkdir -p "$BIN" && xz -dc "${BIN_TAR:?BIN_TAR names the packed binaries}" | tar -C "$BIN" -xf - ||
+  { echo "unpack failed"; exit 1; }
+export LD_LIBRARY_PATH=$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+echo "commit ${COMMIT:-unknown}"
+
+if want tests; then
+  step "tests (every Sm90* test passes; none skipped on the H200)"
+  timeout 180 "$BIN/tests/test_gpu" --gtest_filter="${FILTER:-*Sm90*}" --gtest_brief=1 || status=1
 fi
-
-step "tests (expect every Sm90* test to pass; none skipped on the H200)"
-timeout 240 "$BUILD/tests/test_gpu" --gtest_filter='*Sm90*' --gtest_brief=1 || status=1
-
-step "compute-sanitizer memcheck, small case (expect 'ERROR SUMMARY: 0 errors')"
-timeout 120 compute-sanitizer --tool memcheck --error-exitcode 99 "$BUILD/tests/test_gpu" \
-  --gtest_filter='Sm90Sanitize.*' --gtest_brief=1 2>&1 | tail -n 5
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
-
-step "SASS: HGMMA count (expect 112 = 8 kernels x (8+8 at d128, 4+8 at d64); 0 means no wgmma)"
-cuobjdump -sass "$BUILD/tests/test_gpu" > "$OUT/sass.txt" 2>/dev/null
-echo "HGMMA: $(grep -c HGMMA "$OUT/sass.txt")"
-echo "sm90 kernels' LDL/STL (local memory) lines: $(awk '/Function : .*sm9010fwd_kernel/{k=1} /Function : /&&!/sm9010fwd_kernel/{k=0} k' "$OUT/sass.txt" | grep -cE 'LDL|STL')"
-rm -f "$OUT/sass.txt"
-step "sm90 kernels' resources (expect REG:168, STACK:0, LOCAL:0)"
-cuobjdump -res-usage "$BUILD/tests/test_gpu" 2>/dev/null | grep -A1 'sm9010fwd_kernel' | grep -o 'REG:[0-9]* STACK:[0-9]* SHARED:[0-9]* LOCAL:[0-9]*' | sort | uniq -c
-
-step "bench_sm90 (TFLOP/s, d128 bf16, 16k tokens, sm80 beside sm90)"
-timeout 120 "$BUILD/bench/bench_sm90" --seqlens 4096,8192 --iters 20 || status=1
-
+if want sanitize; then
+  for tool in memcheck racecheck; do
+    step "compute-sanitizer $tool on Sm90Sanitize (expect 0 errors / 0 hazards)"
+    timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 "$BIN/tests/test_gpu" \
+      --gtest_filter='Sm90Sanitize.*' --gtest_brief=1 2>&1 | tail -n 4
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
+fi
+if want sass; then
+  step "SASS of the sm90 kernels: HGMMA count, local memory (expect 0), resources"
+  cuobjdump -sass "$BIN/tests/test_gpu" > "$OUT/sass.txt" 2>/dev/null
+  awk '/Function : .*sm9010fwd_kernel/{k=1} /Function : /&&!/sm9010fwd_kernel/{k=0} k' "$OUT/sass.txt" > "$OUT/sass90.txt"
+  echo "HGMMA: $(grep -c HGMMA "$OUT/sass90.txt"), LDL/STL: $(grep -cE 'LDL|STL' "$OUT/sass90.txt")"
+  cuobjdump -res-usage "$BIN/tests/test_gpu" 2>/dev/null | grep -A1 'sm9010fwd_kernel' |
+    grep -o 'REG:[0-9]* STACK:[0-9]* SHARED:[0-9]* LOCAL:[0-9]*' | sort | uniq -c
+  xz -T4 "$OUT/sass90.txt"; rm -f "$OUT/sass.txt"
+fi
+if want sm90; then
+  for d in ${HEAD_DIMS//,/ }; do
+    step "bench_sm90, d$d (TFLOP/s, bf16, 16k tokens, sm80 beside sm90)"
+    timeout 150 "$BIN/bench/bench_sm90" --head-dim "$d" --seqlens "$SEQLENS" --iters 20 |
+      tee -a "$OUT/bench_sm90.txt" || status=1
+  done
+fi
+if want api; then
+  step "public API (bench_attn, default dispatch) beside SDPA cuDNN and flash, same run"
+  timeout 200 "$BIN/bench/bench_attn" --prefill-only --head-dims "$HEAD_DIMS" --seqlens "$SEQLENS" \
+    --csv "$OUT/ours.csv" > "$OUT/bench_attn.txt" || status=1
+  timeout 200 python3 bench/sdpa_compare.py --head-dims "$HEAD_DIMS" --seqlens "$SEQLENS" \
+    --csv "$OUT/sdpa.csv" > "$OUT/sdpa.txt" || status=1
+  python3 bench/compare_table.py "$OUT/ours.csv" "$OUT/sdpa.csv" | tee "$OUT/table.md"
+fi
 echo; echo "sm90-check: $([ $status = 0 ] && echo OK || echo FAILED)"
 exit $status

@@ -194,17 +194,18 @@ KernelChoiceEnv kernel_env() {
               std::string("must be auto, sm80 or sm90, got \"") + v + "\"");
 }
 
-// What the sm90 kernel v1 cannot run, or "" if it can: it runs dense bf16/fp16 batches, head dim
-// 64 or 128, no mask or bottom-right causal, GQA/MQA, lse optional; on a compute capability 9.0
-// device of a build with sm_90a; q/k/v strides TMA can describe (positive, below 2^40 bytes).
+// What the sm90 kernel cannot run, or "" if it can: it runs dense bf16/fp16 batches, head dim
+// 64, 128 or 256, no mask or bottom-right causal, GQA/MQA, lse optional; on a compute
+// capability 9.0 device of a build with sm_90a; q/k/v strides TMA can describe (positive, below
+// 2^40 bytes).
 std::string sm90_lacks(const AttentionParams& params, const Problem& pr, const DeviceProps& dev) {
   if (!cuda_sm90_built())
     return "this build has no sm90 kernels (90a not in FLASHSERVE_CUDA_ARCHS)";
   if (dev.major != 9 || dev.minor != 0)
     return str_cat("needs a compute capability 9.0 device, this one is ", dev.major, ".",
                    dev.minor);
-  if (pr.head_dim != 64 && pr.head_dim != 128)
-    return str_cat("head_dim ", pr.head_dim, " (64 and 128 only)");
+  if (pr.head_dim != 64 && pr.head_dim != 128 && pr.head_dim != 256)
+    return str_cat("head_dim ", pr.head_dim, " (64, 128 and 256 only)");
   if (pr.varlen_q || pr.varlen_k || pr.paged || pr.seqused)
     return "varlen, paged and seqused_k inputs are not supported yet";
   const int64_t bound = pr.max_q_len + pr.max_kv_len;
@@ -237,7 +238,7 @@ void check_sm90(const AttentionParams& params, const Problem& pr, const DevicePr
 bool sm90_preferred(const AttentionParams& params, const Problem& pr, const DeviceProps& dev,
                     const Plan& sm80_plan) {
   if (!sm90_lacks(params, pr, dev).empty()) return false;
-  const int64_t min_keys = pr.head_dim == 128 ? 512 : 2048;
+  const int64_t min_keys = pr.head_dim == 64 ? 2048 : 512;
   if (pr.max_q_len < 128 || pr.max_kv_len < min_keys) return false;
   for (const LaunchPlan& l : sm80_plan.launches)
     if (l.kernel.splits > 1 || l.kernel.decode) return false;

@@ -75,8 +75,10 @@ std::vector<CaseSpec> sm90_cases() {
       // first 223 rows see no key (zero output, lse -inf), some whole tiles among them.
       v.push_back(spec(dt, 128, 1, 77, 300, 8, 1, causal));
       v.push_back(spec(dt, 128, 1, 300, 77, 2, 2, causal));
-      // Head dim 64.
+      // Head dim 64; head dim 256 (80-key blocks: 200 keys end inside the third).
       v.push_back(spec(dt, 64, 2, 130, 200, 4, 1, causal));
+      v.push_back(spec(dt, 256, 2, 130, 200, 4, 1, causal));
+      v.push_back(spec(dt, 256, 1, 17, 17, 2, 2, causal));
     }
   for (bool causal : {false, true}) {
     v.push_back(spec(bf16, 128, 1, 1000, 1000, 2, 1, causal));  // many key blocks, ring wraps
@@ -84,6 +86,9 @@ std::vector<CaseSpec> sm90_cases() {
     v.push_back(spec(bf16, 128, 1, 130, 2048, 4, 1, causal));   // 16 key blocks
     v.push_back(spec(fp16, 128, 1, 1000, 130, 4, 4, causal));   // 8 query tiles, 2 key blocks
     v.push_back(spec(bf16, 64, 1, 1000, 1000, 1, 1, causal));
+    v.push_back(spec(fp16, 256, 1, 1000, 1000, 2, 1, causal));  // 13 key blocks, ring wraps
+    v.push_back(spec(bf16, 256, 1, 300, 77, 2, 2, causal));     // rows without keys (causal)
+    v.push_back(spec(bf16, 128, 1, 500, 700, 4, 2, causal));    // 4 blocks of 176 keys (non-causal)
   }
   v.push_back(spec(bf16, 128, 1, 1, 2048, 32, 8, false));  // one decode row over 2048 keys
   v.push_back(spec(bf16, 128, 3, 130, 257, 8, 1, false));  // batch 3, MQA 8/1
@@ -227,7 +232,7 @@ TEST(Sm90Dispatch, DefaultTakesSm90WhereMeasuredFaster) {
   EXPECT_STREQ(took(spec(bf16, 64, 2, 1024, 1024, 32, 8, false), "auto"), "sm80");
   EXPECT_STREQ(took(spec(bf16, 128, 8, 1, 4096, 32, 8, false), "auto"), "sm80");    // decode rows
   EXPECT_STREQ(took(spec(bf16, 128, 1, 128, 32768, 8, 1, false), "auto"), "sm80");  // splits
-  EXPECT_STREQ(took(spec(bf16, 256, 1, 2048, 2048, 8, 8, true), "auto"), "sm80");   // d256
+  EXPECT_STREQ(took(spec(bf16, 256, 2, 2048, 2048, 8, 8, true), "auto"), "sm90");   // d256
   CaseSpec window = spec(bf16, 128, 1, 1024, 1024, 8, 8, true);
   window.window_left = 256;
   EXPECT_STREQ(took(window, "auto"), "sm80");
@@ -279,7 +284,9 @@ TEST(Sm90Refusals, NamesTheForcedKernel) {
   varlen.q_layout = QLayout::kVarlen;
   varlen.kv_layout = KVLayout::kVarlen;
   expect_refused(varlen);
-  expect_refused(spec(DType::kBFloat16, 256, 1, 64, 64, 2, 2, false));  // head dim 256
+  CaseSpec paged = spec(DType::kBFloat16, 128, 2, 64, 64, 4, 2, false);
+  paged.kv_layout = KVLayout::kPaged;
+  expect_refused(paged);
   CaseSpec window = spec(DType::kBFloat16, 128, 1, 64, 64, 2, 2, true);
   window.window_left = 16;
   expect_refused(window);

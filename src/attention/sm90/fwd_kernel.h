@@ -1,14 +1,22 @@
-// The sm90 (Hopper, sm_90a) forward kernel, v1: one 128-row query tile per CTA, three
-// warpgroups. Warpgroup 0 is the producer: one thread issues the TMA copies of Q and of the K/V
-// blocks into a two-stage shared-memory ring, the others idle, and all give registers back
-// (setmaxnreg.dec). Warpgroups 1 and 2 are the consumers, 64 query rows each: S = Q K^T by wgmma
-// from shared memory, the online softmax on the accumulator fragment in registers, P converted to
-// 16-bit in registers and O += P V by wgmma with A from registers. Barriers per stage: k_full and
-// v_full (TMA bytes landed) and empty (both consumers done with K and V of that stage).
+// The sm90 (Hopper, sm_90a) forward kernel: one 128-row query tile per CTA, three warpgroups
+// (FlashAttention-3's mainloop, written from the PTX ISA).
+// - Warpgroup 0, the producer, gives registers back (setmaxnreg.dec); one thread issues the TMA
+//   copies: Q once, then K and V blocks through a ring of kStages, K one block ahead of V (the
+//   order the consumers use them in).
+// - Warpgroups 1 and 2, the consumers, own 64 query rows each. Per key block j they compute
+//   S = Q K^T (wgmma, both operands in shared memory), the online softmax on the accumulator
+//   fragment, and O += P V (wgmma, P from registers). Two overlaps keep the tensor cores busy:
+//   within a warpgroup, QK^T of block j is issued together with PV of block j - 1 and the softmax
+//   of j runs while PV(j - 1) is still in flight; between the warpgroups, the WarpScheduler makes
+//   them take turns issuing, so one's softmax runs under the other's GEMMs.
+// - Key blocks go from the last to the first: the blocks that need a mask (the causal diagonal,
+//   the ragged end of the keys) come first, and the rest run the mask-free path.
+// - Barriers per stage: k_full / v_full (TMA bytes landed), k_empty / v_empty (one arrival per
+//   consumer warp once its warpgroup's GEMM that read the buffer has completed): K is released
+//   after QK^T, V after PV, so the producer refills K while PV still reads V.
 //
-// Not yet here (docs/kernel-notes.md, "sm90 next steps"): ping-pong between the consumers,
-// softmax overlapped with the next QK^T, a persistent scheduler, TMA stores, varlen, paged K/V,
-// windows, split-KV.
+// Not yet here (docs/kernel-notes.md, "sm90 next steps"): a persistent scheduler, TMA stores of
+// O, varlen, paged K/V, windows, split-KV.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -21,6 +29,7 @@
 #include "mbarrier.h"
 #include "tile_config.h"
 #include "tma.h"
+#include "warp_scheduler.h"
 #include "wgmma.h"
 
 namespace flashserve::attention::sm90 {
@@ -32,9 +41,8 @@ struct SharedStorage {
   alignas(1024) uint8_t k[Cfg::kStages][Cfg::kChunks][Cfg::kKVChunkBytes];
   alignas(1024) uint8_t v[Cfg::kStages][Cfg::kChunks][Cfg::kKVChunkBytes];
   Mbarrier q_full;
-  Mbarrier k_full[Cfg::kStages];
-  Mbarrier v_full[Cfg::kStages];
-  Mbarrier empty[Cfg::kStages];
+  Mbarrier k_full[Cfg::kStages], v_full[Cfg::kStages];
+  Mbarrier k_empty[Cfg::kStages], v_empty[Cfg::kStages];
 };
 
 template <class Cfg>
@@ -49,6 +57,13 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// 2^x on the MUFU unit (flush-to-zero; 2^-inf = 0), as the scores' exponent needs.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // Key blocks that query tile m_block needs: up to the last key any of its rows sees (bottom-right
@@ -75,176 +90,244 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
-template <class Cfg, bool kBf16, bool kCausal>
-__global__ void __launch_bounds__(Cfg::kThreads, 1)
-    fwd_kernel(const __grid_constant__ FwdParams p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
-  constexpr int kStages = Cfg::kStages, kChunks = Cfg::kChunks;
-  extern __shared__ uint8_t smem_raw[];
-  auto& s = *reinterpret_cast<SharedStorage<Cfg>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                                   ~uintptr_t{1023});
+// ---------------------------------------------------------------------------------------------
+// Producer
 
-  const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-  const int q_len = p.seqlen_q, kv_len = p.seqlen_k;
-  const int warpgroup = threadIdx.x / 128, tid = threadIdx.x % 128;
-  const int n_blocks = key_blocks<Cfg, kCausal>(m_block, q_len, kv_len);
-
-  if (threadIdx.x == 0) {
-    s.q_full.init(1);
+template <class Cfg>
+__device__ __forceinline__ void load_kv(const CUtensorMap* map,
+                                        uint8_t (&dst)[Cfg::kChunks][Cfg::kKVChunkBytes],
+                                        Mbarrier& full, int block, int kv_head, int batch) {
+  full.arrive_expect_tx(Cfg::kKVBytes);
 #pragma unroll
-    for (int st = 0; st < kStages; ++st) {
-      s.k_full[st].init(1);
-      s.v_full[st].init(1);
-      s.empty[st].init(2 * 128);  // every consumer thread arrives
+  for (int c = 0; c < Cfg::kChunks; ++c)
+    tma_load_4d(dst[c], map, full, c * Cfg::kChunkCols, block * Cfg::kBlockN, kv_head, batch);
+}
+
+// Q, then K of the first block, then per step K of the next block and V of the current one. The
+// i-th block processed is key block n_blocks - 1 - i, in stage i % kStages; the producer waits for
+// that stage's buffer to be released (round 0 passes on the fresh barrier).
+template <class Cfg>
+__device__ __forceinline__ void produce(SharedStorage<Cfg>& s, const FwdParams& p, int m_block,
+                                        int head, int batch, int n_blocks) {
+  constexpr int kStages = Cfg::kStages;
+  const int kv_head = head / p.h_ratio;
+  s.q_full.arrive_expect_tx(Cfg::kQBytes);
+#pragma unroll
+  for (int c = 0; c < Cfg::kChunks; ++c)
+    tma_load_4d(s.q[c], &p.tma_q, s.q_full, c * Cfg::kChunkCols, m_block * Cfg::kBlockM, head,
+                batch);
+  for (int i = 0; i <= n_blocks; ++i) {
+    if (i < n_blocks) {
+      const int st = i % kStages;
+      s.k_empty[st].wait(((i / kStages) & 1) ^ 1);
+      load_kv<Cfg>(&p.tma_k, s.k[st], s.k_full[st], n_blocks - 1 - i, kv_head, batch);
     }
-    Mbarrier::fence_init();
+    if (i > 0) {
+      const int st = (i - 1) % kStages;
+      s.v_empty[st].wait((((i - 1) / kStages) & 1) ^ 1);
+      load_kv<Cfg>(&p.tma_v, s.v[st], s.v_full[st], n_blocks - i, kv_head, batch);
+    }
   }
-  __syncthreads();
+}
 
-  if (warpgroup == 0) {
-    // ---- Producer: one thread streams Q once and K/V blocks through the ring. ----
-    setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (tid == 0 && n_blocks > 0) {
-      const int kv_head = head / p.h_ratio;
-      s.q_full.arrive_expect_tx(Cfg::kQBytes);
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c)
-        tma_load_4d(s.q[c], &p.tma_q, s.q_full, c * Cfg::kChunkCols, m_block * kBlockM, head,
-                    batch);
-      for (int j = 0; j < n_blocks; ++j) {
-        const int st = j % kStages, round = j / kStages;
-        s.empty[st].wait((round & 1) ^ 1);  // round 0 passes on the fresh barrier
-        s.k_full[st].arrive_expect_tx(Cfg::kKVBytes);
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c)
-          tma_load_4d(s.k[st][c], &p.tma_k, s.k_full[st], c * Cfg::kChunkCols, j * kBlockN, kv_head,
-                      batch);
-        s.v_full[st].arrive_expect_tx(Cfg::kKVBytes);
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c)
-          tma_load_4d(s.v[st][c], &p.tma_v, s.v_full[st], c * Cfg::kChunkCols, j * kBlockN, kv_head,
-                      batch);
-      }
-    }
-    return;
-  }
+// ---------------------------------------------------------------------------------------------
+// Consumers
 
-  // ---- Consumers: warpgroup 1 takes tile rows 0..63, warpgroup 2 rows 64..127. ----
-  setmaxnreg_inc<Cfg::kConsumerRegs>();
-  const int cw = warpgroup - 1;
-  const int warp = tid / 32, lane = tid % 32;
-  // The two rows of this thread in the accumulator fragment (wgmma.h), as query indices.
-  const int row0 = m_block * kBlockM + cw * 64 + warp * 16 + lane / 4;
-  const int col0 = 2 * (lane % 4);
+// The online softmax of this thread's two rows (h = 0: row lane/4 of the warp's 16, h = 1: row
+// lane/4 + 8). The max is the quad's (the four threads of a row); the sum is this thread's share,
+// added over the quad at the end.
+struct RowState {
+  float max[2] = {-INFINITY, -INFINITY};
+  float sum[2] = {0.0f, 0.0f};
 
-  float o[kD / 2];
-#pragma unroll
-  for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.0f, 0.0f};  // this thread's share; the quad's shares are added at the end
-
-  if (n_blocks > 0) s.q_full.wait(0);
-  // Q's descriptor for this warpgroup's 64 rows (8 atoms of 8 rows, 1024 bytes apart).
-  const uint64_t q_desc = smem_desc_sw128(s.q[0] + cw * 64 * 128, 16, 1024);
-
-  for (int j = 0; j < n_blocks; ++j) {
-    const int st = j % kStages;
-    const uint32_t phase = (j / kStages) & 1;
-
-    // S = Q K^T: d/16 k-steps; step k reads column chunk k/4 at byte 32 (k%4) of each row.
-    float sc[kBlockN / 2];
-#pragma unroll
-    for (int i = 0; i < kBlockN / 2; ++i) sc[i] = 0.0f;
-    const uint64_t k_desc = smem_desc_sw128(s.k[st][0], 16, 1024);
-    s.k_full[st].wait(phase);
-    fence_regs(sc);
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < kD / 16; ++k) {
-      const uint32_t off = (k % 4) * 32;
-      mma_ss<kBlockN, kBf16>(sc, desc_advance(q_desc, (k / 4) * Cfg::kQChunkBytes + off),
-                             desc_advance(k_desc, (k / 4) * Cfg::kKVChunkBytes + off), k > 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(sc);
-
-    // Mask keys past kv_len and, causal, past each row's diagonal (only blocks that reach them).
-    const int key0 = j * kBlockN;
-    const bool ragged = key0 + kBlockN > kv_len;
-    const bool diagonal =
-        kCausal && key0 + kBlockN - 1 > kv_len - q_len + m_block * kBlockM + cw * 64;
-    if (ragged || diagonal) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int limit = kCausal ? min(kv_len - 1, kv_len - q_len + row0 + 8 * h) : kv_len - 1;
-#pragma unroll
-        for (int i = 0; i < kBlockN / 8; ++i)
-#pragma unroll
-          for (int e = 0; e < 2; ++e)
-            if (key0 + 8 * i + col0 + e > limit) sc[4 * i + 2 * h + e] = -INFINITY;
-      }
-    }
-
-    // Online softmax per row: new max over the quad, rescale of O and of the running sum.
+  // Folds a block of scores into the state: sc becomes exp2(scale_log2 (s - max)); returns, per
+  // row, the factor by which O accumulated so far must be rescaled.
+  template <int kN>
+  __device__ __forceinline__ void update(float (&sc)[kN], float scale_log2, float (&rescale)[2]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float mx = row_max[h];
+      float mx = max[h];
 #pragma unroll
-      for (int i = 0; i < kBlockN / 8; ++i)
+      for (int i = 0; i < kN / 4; ++i)
         mx = fmaxf(mx, fmaxf(sc[4 * i + 2 * h], sc[4 * i + 2 * h + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       // A row that has seen no key yet keeps max -inf: subtract 0 so exp2 gives 0, not NaN.
-      const float mx_scaled = mx == -INFINITY ? 0.0f : mx * p.scale_log2;
-      const float correction = exp2f(row_max[h] * p.scale_log2 - mx_scaled);
-      row_max[h] = mx;
-      float sum = 0.0f;
+      const float mx_scaled = mx == -INFINITY ? 0.0f : mx * scale_log2;
+      rescale[h] = exp2_approx(max[h] * scale_log2 - mx_scaled);
+      max[h] = mx;
+      float block_sum = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kBlockN / 8; ++i)
+      for (int i = 0; i < kN / 4; ++i)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = sc[4 * i + 2 * h + e];
-          x = exp2f(fmaf(x, p.scale_log2, -mx_scaled));
-          sum += x;
+          x = exp2_approx(fmaf(x, scale_log2, -mx_scaled));
+          block_sum += x;
         }
-      row_sum[h] = row_sum[h] * correction + sum;
-#pragma unroll
-      for (int i = 0; i < kD / 8; ++i) {
-        o[4 * i + 2 * h] *= correction;
-        o[4 * i + 2 * h + 1] *= correction;
-      }
+      sum[h] = sum[h] * rescale[h] + block_sum;
     }
+  }
+};
 
-    // P as the A operand of the RS wgmma: k-step kk is accumulator columns 16kk .. 16kk + 15.
-    uint32_t pa[kBlockN / 16][4];
+// Scores of keys past kv_len, and (causal) past each row's diagonal, become -inf. row0 is the
+// query index of this thread's first row.
+template <class Cfg, bool kCausal, int kN>
+__device__ __forceinline__ void mask_scores(float (&sc)[kN], int key0, int row0, int q_len,
+                                            int kv_len) {
+  const int col0 = key0 + 2 * (threadIdx.x % 4);
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
+  for (int h = 0; h < 2; ++h) {
+    const int limit = kCausal ? min(kv_len - 1, kv_len - q_len + row0 + 8 * h) : kv_len - 1;
 #pragma unroll
-      for (int r = 0; r < 4; ++r)
-        pa[kk][r] = pack2<kBf16>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+    for (int i = 0; i < kN / 4; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (col0 + 8 * i + e > limit) sc[4 * i + 2 * h + e] = -INFINITY;
+  }
+}
 
-    // O += P V: V is [keys, d] row-major, MN-major for this B; 16 keys (2 atoms, 2048 bytes) per
-    // k-step; LBO steps from one 64-column chunk of V to the next.
-    const uint64_t v_desc = smem_desc_sw128(s.v[st][0], Cfg::kKVChunkBytes, 1024);
-    s.v_full[st].wait(phase);
-    fence_regs(o);
+template <int kD>
+__device__ __forceinline__ void rescale_o(float (&o)[kD / 2], const float (&rescale)[2]) {
+#pragma unroll
+  for (int i = 0; i < kD / 8; ++i) {
+    o[4 * i + 0] *= rescale[0];
+    o[4 * i + 1] *= rescale[0];
+    o[4 * i + 2] *= rescale[1];
+    o[4 * i + 3] *= rescale[1];
+  }
+}
+
+// P as the A operand of the RS wgmma: k-step kk is accumulator columns 16kk .. 16kk + 15 (wgmma.h).
+template <bool kBf16, int kN>
+__device__ __forceinline__ void to_operand(const float (&sc)[kN], uint32_t (&pa)[kN / 8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kN / 8; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+      pa[kk][r] = pack2<kBf16>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+}
+
+// S = Q K^T over d/16 k-steps; step k reads column chunk k/4 at byte 32 (k%4) of each row.
+template <class Cfg, bool kBf16>
+__device__ __forceinline__ void issue_qk(float (&sc)[Cfg::kBlockN / 2], uint64_t q_desc,
+                                         const uint8_t* k_tile) {
+  const uint64_t k_desc = smem_desc_sw128(k_tile, 16, 1024);
+#pragma unroll
+  for (int k = 0; k < Cfg::kHeadDim / 16; ++k) {
+    const uint32_t off = (k % 4) * 32;
+    mma_ss<Cfg::kBlockN, kBf16>(sc, desc_advance(q_desc, (k / 4) * Cfg::kQChunkBytes + off),
+                                desc_advance(k_desc, (k / 4) * Cfg::kKVChunkBytes + off), k > 0);
+  }
+  wgmma_commit();
+}
+
+// O += P V: V is [keys, d] row-major, MN-major for this B; 16 keys (2 atoms, 2048 bytes) per
+// k-step; LBO steps from one 64-column chunk of V to the next.
+template <class Cfg, bool kBf16>
+__device__ __forceinline__ void issue_pv(float (&o)[Cfg::kHeadDim / 2],
+                                         const uint32_t (&pa)[Cfg::kBlockN / 16][4],
+                                         const uint8_t* v_tile) {
+  const uint64_t v_desc = smem_desc_sw128(v_tile, Cfg::kKVChunkBytes, 1024);
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk)
+    mma_rs<Cfg::kHeadDim, kBf16>(o, pa[kk], desc_advance(v_desc, kk * 16 * 128), 1);
+  wgmma_commit();
+}
+
+// One arrival per consumer warp: its warpgroup's GEMM that read the buffer has completed.
+__device__ __forceinline__ void release(Mbarrier& empty) {
+  __syncwarp();
+  empty.arrive_if(threadIdx.x % 32 == 0);
+}
+
+// One consumer warpgroup (cw 0: tile rows 0..63, 1: rows 64..127), tid its thread 0..127.
+template <class Cfg, bool kBf16, bool kCausal>
+__device__ __forceinline__ void consume(SharedStorage<Cfg>& s, const FwdParams& p, int m_block,
+                                        int head, int batch, int n_blocks, int cw, int tid) {
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
+  constexpr int kStages = Cfg::kStages;
+  const int q_len = p.seqlen_q, kv_len = p.seqlen_k;
+  // ---- Consumers: warpgroup 1 takes tile rows 0..63, warpgroup 2 rows 64..127. ----
+  const int warp = tid / 32, lane = tid % 32;
+  // The two rows of this thread in the accumulator fragment (wgmma.h), as query indices.
+  const int row0 = m_block * kBlockM + cw * 64 + warp * 16 + lane / 4;
+  // Blocks that need a mask: the last key past kv_len or, causal, past the diagonal of the
+  // warpgroup's first row. They come first (keys go from the last block to the first).
+  const int diag = kv_len - q_len + m_block * kBlockM + cw * 64;
+  const auto needs_mask = [&](int j) {
+    const int last_key = j * kBlockN + kBlockN - 1;
+    return last_key >= kv_len || (kCausal && last_key > diag);
+  };
+
+  float o[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
+  RowState rows;
+  float sc[kBlockN / 2];
+  uint32_t pa[kBlockN / 16][4];
+  float rescale[2];
+  const WarpScheduler sched(cw, n_blocks > 0);
+  // Q's descriptor for this warpgroup's 64 rows (8 atoms of 8 rows, 1024 bytes apart).
+  const uint64_t q_desc = smem_desc_sw128(s.q[0] + cw * 64 * 128, 16, 1024);
+
+  if (n_blocks > 0) {
+    // The first block (the last keys): S only; O is still zero.
+    s.q_full.wait(0);
+    sched.wait_turn();
+    s.k_full[0].wait(0);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
-      mma_rs<kD, kBf16>(o, pa[kk], desc_advance(v_desc, kk * 16 * 128), 1);
-    wgmma_commit();
+    issue_qk<Cfg, kBf16>(sc, q_desc, s.k[0][0]);
+    sched.pass_turn(n_blocks == 1);
+    wgmma_wait<0>();
+    fence_regs(sc);
+    release(s.k_empty[0]);
+    if (needs_mask(n_blocks - 1))
+      mask_scores<Cfg, kCausal>(sc, (n_blocks - 1) * kBlockN, row0, q_len, kv_len);
+    rows.update(sc, p.scale_log2, rescale);
+    to_operand<kBf16>(sc, pa);
+  }
+  // Step i: S of block i (keys n_blocks - 1 - i) with P V of block i - 1 in flight.
+  for (int i = 1; i < n_blocks; ++i) {
+    const int st = i % kStages, prev = (i - 1) % kStages;
+    const int j = n_blocks - 1 - i;
+    sched.wait_turn();
+    s.k_full[st].wait((i / kStages) & 1);
+    wgmma_fence();
+    issue_qk<Cfg, kBf16>(sc, q_desc, s.k[st][0]);
+    s.v_full[prev].wait(((i - 1) / kStages) & 1);
+    wgmma_fence();  // after the wait's branch, ptxas wants the fence again before P V
+    issue_pv<Cfg, kBf16>(o, pa, s.v[prev][0]);
+    sched.pass_turn(i == n_blocks - 1);
+    wgmma_wait<1>();  // S is ready; P V still runs
+    fence_regs(sc);
+    release(s.k_empty[st]);
+    if (needs_mask(j)) mask_scores<Cfg, kCausal>(sc, j * kBlockN, row0, q_len, kv_len);
+    rows.update(sc, p.scale_log2, rescale);
     wgmma_wait<0>();
     fence_regs(o);
-    s.empty[st].arrive();
+    fence_regs(pa);
+    release(s.v_empty[prev]);
+    rescale_o<kD>(o, rescale);
+    to_operand<kBf16>(sc, pa);
+  }
+  if (n_blocks > 0) {
+    // The last P V (keys 0 .. kBlockN - 1).
+    const int last = (n_blocks - 1) % kStages;
+    s.v_full[last].wait(((n_blocks - 1) / kStages) & 1);
+    wgmma_fence();
+    issue_pv<Cfg, kBf16>(o, pa, s.v[last][0]);
+    wgmma_wait<0>();
+    fence_regs(o);
+    release(s.v_empty[last]);
   }
 
   // ---- Epilogue: O / sum, LSE; rows past q_len are not stored. ----
   using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
+  const int col0 = 2 * (lane % 4);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float sum = row_sum[h];
+    float sum = rows.sum[h];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const int t = row0 + 8 * h;
@@ -262,7 +345,47 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           pack2<kBf16>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
     if (p.lse != nullptr && lane % 4 == 0)
       p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + t * p.lse_row_stride] =
-          seen ? row_max[h] * p.scale + logf(sum) : -INFINITY;
+          seen ? rows.max[h] * p.scale + logf(sum) : -INFINITY;
+  }
+}
+
+template <class Cfg, bool kBf16, bool kCausal>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    fwd_kernel(const __grid_constant__ FwdParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kStages = Cfg::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  auto& s = *reinterpret_cast<SharedStorage<Cfg>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                                   ~uintptr_t{1023});
+
+  const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  // Broadcast from lane 0, so that ptxas knows the role is warp-uniform: a branch on a value it
+  // cannot prove uniform between a wgmma's issue and its wait serializes the wgmmas (C7520).
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  const int tid = threadIdx.x % 128;
+  const int n_blocks = key_blocks<Cfg, kCausal>(m_block, p.seqlen_q, p.seqlen_k);
+
+  if (threadIdx.x == 0) {
+    s.q_full.init(1);
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+      s.k_full[st].init(1);
+      s.v_full[st].init(1);
+      s.k_empty[st].init(Cfg::kConsumerWarps);
+      s.v_empty[st].init(Cfg::kConsumerWarps);
+    }
+    Mbarrier::fence_init();
+  }
+  __syncthreads();
+
+  // The two roles are the two branches of one if/else: ptxas applies each branch's setmaxnreg
+  // budget to its register allocation only in that shape (otherwise it allocates the entry's 168).
+  if (warpgroup == 0) {
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (tid == 0 && n_blocks > 0) produce<Cfg>(s, p, m_block, head, batch, n_blocks);
+  } else {
+    setmaxnreg_inc<Cfg::kConsumerRegs>();
+    consume<Cfg, kBf16, kCausal>(s, p, m_block, head, batch, n_blocks, warpgroup - 1, tid);
   }
 #endif
 }

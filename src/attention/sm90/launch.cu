@@ -11,9 +11,11 @@ void run_fwd(const FwdArgs& args) {
       return run_fwd_hdim<64>(args);
     case 128:
       return run_fwd_hdim<128>(args);
+    case 256:
+      return run_fwd_hdim<256>(args);
     default:
       throw Error(ErrorKind::kUnsupported, "q",
-                  str_cat("head_dim ", args.head_dim, " has no sm90 kernel yet (64, 128)"));
+                  str_cat("head_dim ", args.head_dim, " has no sm90 kernel yet (64, 128, 256)"));
   }
 }
 

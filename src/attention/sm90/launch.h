@@ -1,6 +1,5 @@
-// Host entry point of the sm90 forward kernel (v1: dense batch, head dims 64 and 128, causal or
-// not, GQA). Not in the default dispatch: FLASHSERVE_KERNEL=sm90 selects it (cuda_dispatch.cu)
-// until it has passed the GPU tests on an H100/H200.
+// Host entry point of the sm90 forward kernel: dense batch, head dims 64, 128 and 256, causal or
+// not, GQA. cuda_dispatch.cu decides when it runs (sm90_preferred; FLASHSERVE_KERNEL forces it).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -28,27 +28,46 @@ struct Mbarrier {
   }
 
   // A consumer's arrival (release: its reads of the guarded buffer happen before the producer's
-  // next write to it).
-  __device__ __forceinline__ void arrive() { (void)cuda::ptx::mbarrier_arrive(&word); }
+  // next write to it), made only where `pred` holds. Predicated, not branched: a divergent branch
+  // between a wgmma's issue and its wait makes ptxas serialize the wgmmas (C7520).
+  __device__ __forceinline__ void arrive_if(bool pred) {
+    asm volatile(
+        "{\n.reg .pred p;\n.reg .b64 state;\nsetp.ne.b32 p, %1, 0;\n"
+        "@p mbarrier.arrive.release.cta.shared::cta.b64 state, [%0];\n}\n" ::"r"(smem_addr()),
+        "r"(static_cast<int>(pred))
+        : "memory");
+  }
 
   // Spins until the phase of parity `phase` has completed. A fresh barrier is in phase 0, so
   // waiting for parity 1 returns at once: the producer's first pass over the empty barriers.
-  // A wait that lasts 2 s is a protocol bug (a wrong phase or a missing arrival), never a slow
-  // kernel: it traps (the launch fails with an illegal-instruction error), so a first run fails
-  // in seconds instead of hanging.
+  // The loop is inside one asm statement: as a C++ loop it is a data-dependent branch between
+  // wgmma issues and waits, which ptxas answers by serializing the wgmmas (C7520).
+  // With FLASHSERVE_SM90_WAIT_TRAP defined, a wait that lasts 2 s traps instead (the launch fails
+  // with an illegal-instruction error) so that a protocol bug (a wrong phase or a missing
+  // arrival) fails in seconds rather than hanging; it is a debugging aid, off by default, since a
+  // trap in the consumer loop makes ptxas spill the in-flight accumulators (docs/kernel-notes.md).
   __device__ __forceinline__ void wait(uint32_t phase) {
+#ifdef FLASHSERVE_SM90_WAIT_TRAP
     if (cuda::ptx::mbarrier_try_wait_parity(&word, phase)) return;
-    wait_slow(phase);
-  }
-
- private:
-  __device__ __forceinline__ void wait_slow(uint32_t phase) {
     const uint64_t start = globaltimer_ns();
     for (uint32_t n = 1;; ++n) {
       if (cuda::ptx::mbarrier_try_wait_parity(&word, phase)) return;
       // No printf here: a call inside the kernel serializes its wgmma (ptxas C7510).
       if ((n & 1023) == 0 && globaltimer_ns() - start > 2000000000ull) __trap();
     }
+#else
+    asm volatile(
+        "{\n.reg .pred done;\nWAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n}\n" ::"r"(smem_addr()),
+        "r"(phase)
+        : "memory");
+#endif
+  }
+
+ private:
+  __device__ __forceinline__ uint32_t smem_addr() const {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(&word));
   }
   static __device__ __forceinline__ uint64_t globaltimer_ns() {
     uint64_t t;

@@ -66,9 +66,12 @@ __device__ __forceinline__ void fence_regs(float (&d)[kN]) {
 #pragma unroll
   for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
-__device__ __forceinline__ void fence_regs(uint32_t (&a)[4]) {
+template <int kN>
+__device__ __forceinline__ void fence_regs(uint32_t (&a)[kN][4]) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[i])::"memory");
+  for (int i = 0; i < kN; ++i)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[i][r])::"memory");
 }
 
 // D (+)= A B, A and B from shared memory, both K-major. scale_d 0: D = A B.
@@ -78,54 +81,7 @@ __device__ void mma_ss(float (&d)[kN / 2], uint64_t a, uint64_t b, int scale_d);
 template <int kN, bool kBf16>
 __device__ void mma_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b, int scale_d);
 
-// The instructions, one per shape and type. Each names its N/2 accumulator registers one by one
-// (inline PTX has no register arrays), so the operand lists are spelled once here.
-// clang-format off
-#define FS_WGMMA_D32 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define FS_WGMMA_D64 FS_WGMMA_D32, "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#define FS_WGMMA_R32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define FS_WGMMA_R64 FS_WGMMA_R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-// clang-format on
-
-// SS: operands after the accumulators are a, b, scale_d (%N/2, %N/2+1, %N/2+2).
-#define FS_WGMMA_SS(N, BF16, TYPE, REGS, DOPS, A, B, SCALE)                                 \
-  template <>                                                                               \
-  __device__ __forceinline__ void mma_ss<N, BF16>(float(&d)[N / 2], uint64_t a, uint64_t b, \
-                                                  int scale_d) {                            \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" SCALE                                 \
-                 ", 0;\n"                                                                   \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" REGS  \
-                 "}, %" A ", %" B ", p, 1, 1, 0, 0;\n}\n"                                   \
-                 : DOPS                                                                     \
-                 : "l"(a), "l"(b), "r"(scale_d));                                           \
-  }
-// RS: then the four A registers, b, scale_d; B read transposed (MN-major).
-#define FS_WGMMA_RS(N, BF16, TYPE, REGS, DOPS, AREGS, B, SCALE)                            \
-  template <>                                                                              \
-  __device__ __forceinline__ void mma_rs<N, BF16>(float(&d)[N / 2], const uint32_t(&a)[4], \
-                                                  uint64_t b, int scale_d) {               \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" SCALE                                \
-                 ", 0;\n"                                                                  \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" REGS \
-                 "}, {" AREGS "}, %" B ", p, 1, 1, 1;\n}\n"                                \
-                 : DOPS                                                                    \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));      \
-  }
-
-FS_WGMMA_SS(64, true, "bf16", FS_WGMMA_R32, FS_WGMMA_D32, "32", "33", "34")
-FS_WGMMA_SS(64, false, "f16", FS_WGMMA_R32, FS_WGMMA_D32, "32", "33", "34")
-FS_WGMMA_SS(128, true, "bf16", FS_WGMMA_R64, FS_WGMMA_D64, "64", "65", "66")
-FS_WGMMA_SS(128, false, "f16", FS_WGMMA_R64, FS_WGMMA_D64, "64", "65", "66")
-FS_WGMMA_RS(64, true, "bf16", FS_WGMMA_R32, FS_WGMMA_D32, "%32, %33, %34, %35", "36", "37")
-FS_WGMMA_RS(64, false, "f16", FS_WGMMA_R32, FS_WGMMA_D32, "%32, %33, %34, %35", "36", "37")
-FS_WGMMA_RS(128, true, "bf16", FS_WGMMA_R64, FS_WGMMA_D64, "%64, %65, %66, %67", "68", "69")
-FS_WGMMA_RS(128, false, "f16", FS_WGMMA_R64, FS_WGMMA_D64, "%64, %65, %66, %67", "68", "69")
-
-#undef FS_WGMMA_SS
-#undef FS_WGMMA_RS
-#undef FS_WGMMA_R64
-#undef FS_WGMMA_R32
-#undef FS_WGMMA_D64
-#undef FS_WGMMA_D32
-
 }  // namespace flashserve::attention::sm90
+
+// The instructions, one specialisation per shape the tiles use.
+#include "wgmma_ops.h"
