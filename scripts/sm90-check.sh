@@ -13,8 +13,10 @@
 #     bash scripts/gpu-quick.sh --pack build/dev90 .xfer/sm90.tar.xz
 # then, on the GPU machine (carry .xfer):
 #   BIN_TAR=.xfer/sm90.tar.xz OUT=$OUT bash scripts/sm90-check.sh
-# Environment: HEAD_DIMS (64,128,256), SEQLENS (512,...,16384), SKIP="tests sanitize sass sm90 api"
-# leaves steps out, FILTER (the gtest filter of the tests step, default '*Sm90*').
+# Environment: HEAD_DIMS (64,128,256), SEQLENS (512,...,16384), SKIP="tests sanitize sass sm90 api
+# ncu" leaves steps out, FILTER (the gtest filter of the tests step, default '*Sm90*'),
+# SM90_SEQLENS (bench_sm90's, default SEQLENS), NCU_SHAPES ("d:seqlen:causal ...", default
+# "128:512:0 128:8192:0").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -57,7 +59,7 @@ fi
 if want sm90; then
   for d in ${HEAD_DIMS//,/ }; do
     step "bench_sm90, d$d (TFLOP/s, bf16, 16k tokens, sm80 beside sm90)"
-    timeout 150 "$BIN/bench/bench_sm90" --head-dim "$d" --seqlens "$SEQLENS" --iters 20 |
+    timeout 150 "$BIN/bench/bench_sm90" --head-dim "$d" --seqlens "${SM90_SEQLENS:-$SEQLENS}" --iters 20 |
       tee -a "$OUT/bench_sm90.txt" || status=1
   done
 fi
@@ -68,6 +70,21 @@ if want api; then
   timeout 200 python3 bench/sdpa_compare.py --head-dims "$HEAD_DIMS" --seqlens "$SEQLENS" \
     --csv "$OUT/sdpa.csv" > "$OUT/sdpa.txt" || status=1
   python3 bench/compare_table.py "$OUT/ours.csv" "$OUT/sdpa.csv" | tee "$OUT/table.md"
+fi
+if want ncu; then
+  # Nsight Compute on the sm90 kernel through bench_attn (its default dispatch), a short and a
+  # long shape: tensor pipe, issue slots, L2 and DRAM, stall reasons (clocks left alone).
+  digest='Duration|SM Frequency|Compute \(SM\) Throughput|L2 Cache Throughput|DRAM Throughput|Issue Slots Busy|Tensor|L2 Hit Rate|Warp Cycles Per Issued|Stall|No Eligible|Executed Ipc'
+  for shape in ${NCU_SHAPES:-128:512:0 128:8192:0}; do
+    IFS=: read -r d sl c <<<"$shape"
+    step "ncu, sm90 kernel, d$d seqlen $sl causal $c"
+    timeout 120 ncu --clock-control none --kernel-name regex:sm9010fwd_kernel --launch-skip 2 \
+      --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+      --print-details all "$BIN/bench/bench_attn" --prefill-only --head-dims "$d" --seqlens "$sl" \
+      --causal "$c" --iters 1 --warmup 2 --pause-ms 0 > "$OUT/ncu-d$d-s$sl-c$c.txt" 2>&1
+    grep -E "$digest" "$OUT/ncu-d$d-s$sl-c$c.txt" | sed 's/  */ /g' | head -40
+  done
 fi
 echo; echo "sm90-check: $([ $status = 0 ] && echo OK || echo FAILED)"
 exit $status

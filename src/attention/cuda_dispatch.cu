@@ -372,6 +372,8 @@ void run_sm90(const LaunchPlan& l, const AttentionParams& params, const Problem&
   }
   a.causal = l.kernel.masked;
   a.scale = pr.scale;
+  a.sms = dev.sms;
+  a.l2_bytes = dev.l2_bytes;
   a.stream = stream;
   sm90::run_fwd(a);
 #else

@@ -1,7 +1,7 @@
-// The masked grid's tile order (src/attention/sm80/grid_order.h): every tile exactly once, the
+// The masked grid's tile order (src/attention/kernel/tile_order.h): every tile exactly once, the
 // heaviest (last) query tiles first within each section, sections of equal size bounded by L2, and
 // the figures it picks for the benchmark grid on the H200.
-#include "attention/sm80/grid_order.h"
+#include "attention/kernel/tile_order.h"
 
 #include <gtest/gtest.h>
 
@@ -11,9 +11,9 @@
 namespace flashserve::testing {
 namespace {
 
-using attention::sm80::GridOrder;
-using attention::sm80::heaviest_first;
-using attention::sm80::tile_of;
+using attention::kernel::GridOrder;
+using attention::kernel::heaviest_first;
+using attention::kernel::tile_of;
 
 constexpr int64_t kH200Slots = 2 * 132;
 constexpr int64_t kL2 = 50 << 20;

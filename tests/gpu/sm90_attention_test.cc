@@ -1,5 +1,6 @@
 // The sm90 (Hopper) forward kernel, forced with FLASHSERVE_KERNEL=sm90, against the float64 CPU
-// reference: bf16/fp16, head dims 128 and 64, dense batches with equal and unequal q/kv lengths
+// reference: bf16/fp16, head dims 64, 128 and 256, grids smaller and larger than one persistent
+// wave, dense batches with equal and unequal q/kv lengths
 // (1, 17, 128, 130, 1000, 2048; ragged tile edges both ways), causal (bottom-right, including
 // rows that see no key) and not, GQA and MQA, outputs poisoned with NaN. Plus the same inputs
 // through the sm80 kernel, a determinism check, the refusals of what v1 lacks, and a small case
@@ -89,6 +90,13 @@ std::vector<CaseSpec> sm90_cases() {
     v.push_back(spec(fp16, 256, 1, 1000, 1000, 2, 1, causal));  // 13 key blocks, ring wraps
     v.push_back(spec(bf16, 256, 1, 300, 77, 2, 2, causal));     // rows without keys (causal)
     v.push_back(spec(bf16, 128, 1, 500, 700, 4, 2, causal));    // 4 blocks of 176 keys (non-causal)
+  }
+  // More tiles than the H200's 132 multiprocessors: each persistent CTA walks several tiles,
+  // K/V ring and Q rounds carried from one to the next; with q > k some tiles have no key.
+  for (bool causal : {false, true}) {
+    v.push_back(spec(fp16, 128, 3, 130, 130, 40, 8, causal));  // 240 tiles
+    v.push_back(spec(bf16, 256, 2, 200, 200, 36, 4, causal));  // 144 tiles
+    v.push_back(spec(bf16, 64, 2, 300, 77, 48, 8, causal));    // 288 tiles
   }
   v.push_back(spec(bf16, 128, 1, 1, 2048, 32, 8, false));  // one decode row over 2048 keys
   v.push_back(spec(bf16, 128, 3, 130, 257, 8, 1, false));  // batch 3, MQA 8/1

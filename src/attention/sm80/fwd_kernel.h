@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_row = warp * Cfg::kWarpRows;
   // Masked (causal / window) tiles differ in cost: their grid is 1-D, heaviest first by sections
-  // of heads (grid_order.h), unless too large for that (then heaviest first per head).
+  // of heads (attention/kernel/tile_order.h), unless too large for that (then heaviest first per head).
   TileCoords c{int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
   if constexpr (kHasMask) {
     if (p.order.sections > 0)

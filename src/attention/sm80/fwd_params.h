@@ -5,10 +5,15 @@
 
 #include <cstdint>
 
-#include "grid_order.h"
+#include "attention/kernel/tile_order.h"
 #include "smem_tile.h"
 
 namespace flashserve::attention::sm80 {
+
+using kernel::GridOrder;
+using kernel::heaviest_first;
+using kernel::tile_of;
+using kernel::TileCoords;
 
 // Which sequences of its range a launch computes: all, or (a mixed batch's two launches) those
 // with at most one query (the packed decode tiles) or those with more (the prefill tiles).
@@ -73,7 +78,7 @@ struct FwdParams {
   int32_t seq_begin, seq_end;
   int32_t only;  // SeqKind
 
-  // Masked grids: the 1-D tile order of grid_order.h (set by the launcher).
+  // Masked grids: the 1-D tile order of attention/kernel/tile_order.h (set by the launcher).
   GridOrder order;
 };
 

@@ -21,7 +21,7 @@ struct FwdLaunch {
   int smem_per_sm;
   int sms;
   int64_t l2_bytes;
-  bool heaviest_first = true;  // masked grids: grid_order.h (off only to measure it)
+  bool heaviest_first = true;  // masked grids: attention/kernel/tile_order.h (off only to measure it)
   cudaStream_t stream;
 };
 

@@ -24,7 +24,7 @@ void launch_config(const FwdParams& params, const FwdLaunch& launch) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
              "cudaFuncSetAttribute (sm80 forward shared memory)");
   // Grid: query tiles x grid heads (KV heads when the GQA group is packed into the rows) x
-  // sequences and their splits; masked grids in the 1-D order of grid_order.h.
+  // sequences and their splits; masked grids in the 1-D order of attention/kernel/tile_order.h.
   const int rows = launch.max_q_len * (Cfg::kPackGqa ? params.h_ratio : 1);
   const int m_blocks = (rows + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int heads = Cfg::kPackGqa ? params.h_q / params.h_ratio : params.h_q;

@@ -1,4 +1,4 @@
-// The sm90 (Hopper, sm_90a) forward kernel: one 128-row query tile per CTA, three warpgroups
+// The sm90 (Hopper, sm_90a) forward kernel: 128-row query tiles, three warpgroups
 // (FlashAttention-3's mainloop, written from the PTX ISA).
 // - Warpgroup 0, the producer, gives registers back (setmaxnreg.dec); one thread issues the TMA
 //   copies: Q once, then K and V blocks through a ring of kStages, K one block ahead of V (the
@@ -15,8 +15,13 @@
 //   consumer warp once its warpgroup's GEMM that read the buffer has completed): K is released
 //   after QK^T, V after PV, so the producer refills K while PV still reads V.
 //
-// Not yet here (docs/kernel-notes.md, "sm90 next steps"): a persistent scheduler, TMA stores of
-// O, varlen, paged K/V, windows, split-KV.
+// - Persistent: one CTA per multiprocessor walks its tiles (FwdParams::order, heaviest first in
+//   L2-sized sections of heads); the producer runs ahead into the next tile (Q is released after
+//   a tile's last QK^T, K and V block by block), so its loads overlap this tile's last GEMMs and
+//   epilogue.
+//
+// Not yet here (docs/kernel-notes.md, "sm90 next steps"): TMA stores of O, varlen, paged K/V,
+// windows, split-KV.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -25,6 +30,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "attention/kernel/tile_order.h"
 #include "fwd_params.h"
 #include "mbarrier.h"
 #include "tile_config.h"
@@ -40,7 +46,7 @@ struct SharedStorage {
   alignas(1024) uint8_t q[Cfg::kChunks][Cfg::kQChunkBytes];
   alignas(1024) uint8_t k[Cfg::kStages][Cfg::kChunks][Cfg::kKVChunkBytes];
   alignas(1024) uint8_t v[Cfg::kStages][Cfg::kChunks][Cfg::kKVChunkBytes];
-  Mbarrier q_full;
+  Mbarrier q_full, q_empty;
   Mbarrier k_full[Cfg::kStages], v_full[Cfg::kStages];
   Mbarrier k_empty[Cfg::kStages], v_empty[Cfg::kStages];
 };
@@ -103,29 +109,33 @@ __device__ __forceinline__ void load_kv(const CUtensorMap* map,
     tma_load_4d(dst[c], map, full, c * Cfg::kChunkCols, block * Cfg::kBlockN, kv_head, batch);
 }
 
-// Q, then K of the first block, then per step K of the next block and V of the current one. The
-// i-th block processed is key block n_blocks - 1 - i, in stage i % kStages; the producer waits for
-// that stage's buffer to be released (round 0 passes on the fresh barrier).
+// Per tile: Q (once both consumers are done with the previous tile's Q), K of the first block,
+// then per step K of the next block and V of the current one. `ring` counts the K/V blocks of
+// earlier tiles: block i of this tile (key block n_blocks - 1 - i) is ring slot ring + i, in
+// stage slot % kStages; the producer waits for that stage's buffer to be released (a stage's
+// first round passes on the fresh barrier). `q_round` counts the earlier tiles with keys.
 template <class Cfg>
-__device__ __forceinline__ void produce(SharedStorage<Cfg>& s, const FwdParams& p, int m_block,
-                                        int head, int batch, int n_blocks) {
+__device__ __forceinline__ void produce_tile(SharedStorage<Cfg>& s, const FwdParams& p,
+                                             const kernel::TileCoords& tile, int n_blocks, int ring,
+                                             int q_round) {
   constexpr int kStages = Cfg::kStages;
-  const int kv_head = head / p.h_ratio;
+  const int kv_head = tile.head / p.h_ratio;
+  s.q_empty.wait((q_round & 1) ^ 1);
   s.q_full.arrive_expect_tx(Cfg::kQBytes);
 #pragma unroll
   for (int c = 0; c < Cfg::kChunks; ++c)
-    tma_load_4d(s.q[c], &p.tma_q, s.q_full, c * Cfg::kChunkCols, m_block * Cfg::kBlockM, head,
-                batch);
+    tma_load_4d(s.q[c], &p.tma_q, s.q_full, c * Cfg::kChunkCols, tile.m_block * Cfg::kBlockM,
+                tile.head, tile.z);
   for (int i = 0; i <= n_blocks; ++i) {
     if (i < n_blocks) {
-      const int st = i % kStages;
-      s.k_empty[st].wait(((i / kStages) & 1) ^ 1);
-      load_kv<Cfg>(&p.tma_k, s.k[st], s.k_full[st], n_blocks - 1 - i, kv_head, batch);
+      const int slot = ring + i, st = slot % kStages;
+      s.k_empty[st].wait(((slot / kStages) & 1) ^ 1);
+      load_kv<Cfg>(&p.tma_k, s.k[st], s.k_full[st], n_blocks - 1 - i, kv_head, tile.z);
     }
     if (i > 0) {
-      const int st = (i - 1) % kStages;
-      s.v_empty[st].wait((((i - 1) / kStages) & 1) ^ 1);
-      load_kv<Cfg>(&p.tma_v, s.v[st], s.v_full[st], n_blocks - i, kv_head, batch);
+      const int slot = ring + i - 1, st = slot % kStages;
+      s.v_empty[st].wait(((slot / kStages) & 1) ^ 1);
+      load_kv<Cfg>(&p.tma_v, s.v[st], s.v_full[st], n_blocks - i, kv_head, tile.z);
     }
   }
 }
@@ -241,10 +251,13 @@ __device__ __forceinline__ void release(Mbarrier& empty) {
   empty.arrive_if(threadIdx.x % 32 == 0);
 }
 
-// One consumer warpgroup (cw 0: tile rows 0..63, 1: rows 64..127), tid its thread 0..127.
+// One tile for one consumer warpgroup (cw 0: tile rows 0..63, 1: rows 64..127), tid its thread
+// 0..127; ring and q_round as for produce_tile.
 template <class Cfg, bool kBf16, bool kCausal>
-__device__ __forceinline__ void consume(SharedStorage<Cfg>& s, const FwdParams& p, int m_block,
-                                        int head, int batch, int n_blocks, int cw, int tid) {
+__device__ __forceinline__ void consume_tile(SharedStorage<Cfg>& s, const FwdParams& p,
+                                             const kernel::TileCoords& tile, int n_blocks, int ring,
+                                             int q_round, int cw, int tid) {
+  const int m_block = tile.m_block, head = tile.head, batch = tile.z;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
   constexpr int kStages = Cfg::kStages;
   const int q_len = p.seqlen_q, kv_len = p.seqlen_k;
@@ -273,15 +286,17 @@ __device__ __forceinline__ void consume(SharedStorage<Cfg>& s, const FwdParams& 
 
   if (n_blocks > 0) {
     // The first block (the last keys): S only; O is still zero.
-    s.q_full.wait(0);
+    const int st = ring % kStages;
+    s.q_full.wait(q_round & 1);
     sched.wait_turn();
-    s.k_full[0].wait(0);
+    s.k_full[st].wait((ring / kStages) & 1);
     wgmma_fence();
-    issue_qk<Cfg, kBf16>(sc, q_desc, s.k[0][0]);
+    issue_qk<Cfg, kBf16>(sc, q_desc, s.k[st][0]);
     sched.pass_turn(n_blocks == 1);
     wgmma_wait<0>();
     fence_regs(sc);
-    release(s.k_empty[0]);
+    release(s.k_empty[st]);
+    if (n_blocks == 1) release(s.q_empty);  // the tile's last QK^T is done
     if (needs_mask(n_blocks - 1))
       mask_scores<Cfg, kCausal>(sc, (n_blocks - 1) * kBlockN, row0, q_len, kv_len);
     rows.update(sc, p.scale_log2, rescale);
@@ -289,19 +304,20 @@ __device__ __forceinline__ void consume(SharedStorage<Cfg>& s, const FwdParams& 
   }
   // Step i: S of block i (keys n_blocks - 1 - i) with P V of block i - 1 in flight.
   for (int i = 1; i < n_blocks; ++i) {
-    const int st = i % kStages, prev = (i - 1) % kStages;
+    const int slot = ring + i, st = slot % kStages, prev = (slot - 1) % kStages;
     const int j = n_blocks - 1 - i;
     sched.wait_turn();
-    s.k_full[st].wait((i / kStages) & 1);
+    s.k_full[st].wait((slot / kStages) & 1);
     wgmma_fence();
     issue_qk<Cfg, kBf16>(sc, q_desc, s.k[st][0]);
-    s.v_full[prev].wait(((i - 1) / kStages) & 1);
+    s.v_full[prev].wait(((slot - 1) / kStages) & 1);
     wgmma_fence();  // after the wait's branch, ptxas wants the fence again before P V
     issue_pv<Cfg, kBf16>(o, pa, s.v[prev][0]);
     sched.pass_turn(i == n_blocks - 1);
     wgmma_wait<1>();  // S is ready; P V still runs
     fence_regs(sc);
     release(s.k_empty[st]);
+    if (i == n_blocks - 1) release(s.q_empty);
     if (needs_mask(j)) mask_scores<Cfg, kCausal>(sc, j * kBlockN, row0, q_len, kv_len);
     rows.update(sc, p.scale_log2, rescale);
     wgmma_wait<0>();
@@ -313,8 +329,8 @@ __device__ __forceinline__ void consume(SharedStorage<Cfg>& s, const FwdParams& 
   }
   if (n_blocks > 0) {
     // The last P V (keys 0 .. kBlockN - 1).
-    const int last = (n_blocks - 1) % kStages;
-    s.v_full[last].wait(((n_blocks - 1) / kStages) & 1);
+    const int slot = ring + n_blocks - 1, last = slot % kStages;
+    s.v_full[last].wait((slot / kStages) & 1);
     wgmma_fence();
     issue_pv<Cfg, kBf16>(o, pa, s.v[last][0]);
     wgmma_wait<0>();
@@ -358,15 +374,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto& s = *reinterpret_cast<SharedStorage<Cfg>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                                    ~uintptr_t{1023});
 
-  const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   // Broadcast from lane 0, so that ptxas knows the role is warp-uniform: a branch on a value it
   // cannot prove uniform between a wgmma's issue and its wait serializes the wgmmas (C7520).
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   const int tid = threadIdx.x % 128;
-  const int n_blocks = key_blocks<Cfg, kCausal>(m_block, p.seqlen_q, p.seqlen_k);
 
   if (threadIdx.x == 0) {
     s.q_full.init(1);
+    s.q_empty.init(Cfg::kConsumerWarps);
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
       s.k_full[st].init(1);
@@ -378,14 +393,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   __syncthreads();
 
+  // Both roles walk the same tiles and count the same ring slots and Q rounds; tiles without
+  // keys (causal rows before the first key) load nothing and store O = 0, LSE = -inf.
   // The two roles are the two branches of one if/else: ptxas applies each branch's setmaxnreg
-  // budget to its register allocation only in that shape (otherwise it allocates the entry's 168).
+  // budget to its register allocation only in that shape.
   if (warpgroup == 0) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (tid == 0 && n_blocks > 0) produce<Cfg>(s, p, m_block, head, batch, n_blocks);
+    if (tid == 0) {
+      int ring = 0, q_round = 0;
+      for (int t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+        const kernel::TileCoords tile = kernel::tile_of(p.order, t);
+        const int n_blocks = key_blocks<Cfg, kCausal>(tile.m_block, p.seqlen_q, p.seqlen_k);
+        if (n_blocks == 0) continue;
+        produce_tile<Cfg>(s, p, tile, n_blocks, ring, q_round);
+        ring += n_blocks;
+        ++q_round;
+      }
+    }
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
-    consume<Cfg, kBf16, kCausal>(s, p, m_block, head, batch, n_blocks, warpgroup - 1, tid);
+    int ring = 0, q_round = 0;
+    for (int t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+      const kernel::TileCoords tile = kernel::tile_of(p.order, t);
+      const int n_blocks = key_blocks<Cfg, kCausal>(tile.m_block, p.seqlen_q, p.seqlen_k);
+      consume_tile<Cfg, kBf16, kCausal>(s, p, tile, n_blocks, ring, q_round, warpgroup - 1, tid);
+      ring += n_blocks;
+      q_round += n_blocks > 0;
+    }
   }
 #endif
 }

@@ -1,11 +1,13 @@
 // What the host passes to the sm90 forward kernel: the three TMA tensor maps (q, k, v as
-// [batch, seqlen, heads, d] 4-D maps, d innermost), and plain pointers and strides for the
-// outputs, which v1 writes with direct stores.
+// [batch, seqlen, heads, d] 4-D maps, d innermost), plain pointers and strides for the outputs
+// (written with direct stores), and the persistent grid's tile order.
 #pragma once
 
 #include <cuda.h>
 
 #include <cstdint>
+
+#include "attention/kernel/tile_order.h"
 
 namespace flashserve::attention::sm90 {
 
@@ -21,6 +23,11 @@ struct FwdParams {
   int32_t h_ratio;             // h_q / h_kv: query head h reads kv head h / h_ratio
   float scale;                 // softmax scale (for the natural-log LSE)
   float scale_log2;            // scale * log2(e), folded into the exponent's FFMA
+
+  // The persistent grid: CTA b computes tiles b, b + gridDim.x, ... of this 1-D order
+  // (heaviest first in L2-sized sections of heads; units = h_q x batch).
+  kernel::GridOrder order;
+  int32_t num_tiles;
 };
 
 }  // namespace flashserve::attention::sm90

@@ -26,6 +26,8 @@ struct FwdArgs {
   int64_t lse_batch_stride, lse_row_stride, lse_head_stride;
   bool causal;  // bottom-right aligned
   float scale;
+  int sms;           // the device's multiprocessors: one persistent CTA each
+  int64_t l2_bytes;  // the device's L2: the tile order's head sections fit half of it
   cudaStream_t stream;
 };
 

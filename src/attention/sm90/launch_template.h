@@ -1,6 +1,7 @@
 // The sm90 forward launch for one head dim: tensor maps, grid, shared memory, the instantiation.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -68,7 +69,19 @@ void launch(FwdParams& p, const FwdArgs& a) {
   constexpr int smem = smem_bytes<Cfg>();
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
              "cudaFuncSetAttribute (sm90 forward shared memory)");
-  const dim3 grid((a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, a.h_q, a.batch);
+  // One CTA per multiprocessor (the shared memory allows one), each looping over its tiles, so
+  // that a tile's first loads overlap the previous tile's last GEMMs and its epilogue.
+  const int m_blocks = (a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const int64_t units = int64_t{a.h_q} * a.batch;
+  // Heads of a GQA group are adjacent units and share their K/V.
+  const int64_t kv_bytes = int64_t{a.seqlen_k} * kHeadDim * 4 / (a.h_q / a.h_kv);
+  p.order = kernel::heaviest_first(m_blocks, a.h_q, units, a.sms, kv_bytes, a.l2_bytes);
+  if (p.order.sections == 0)
+    throw Error(ErrorKind::kUnsupported, "q",
+                str_cat("the sm90 kernel's grid of ", units * m_blocks,
+                        " tiles does not fit 32-bit tile indices"));
+  p.num_tiles = static_cast<int32_t>(units * m_blocks);
+  const int grid = static_cast<int>(std::min<int64_t>(p.num_tiles, std::max(a.sms, 1)));
   kernel<<<grid, Cfg::kThreads, smem, a.stream>>>(p);
   check_cuda(cudaGetLastError(), "sm90 forward kernel launch");
 }

@@ -1,4 +1,6 @@
-// The order in which a masked (causal / windowed) grid's tiles start. Their costs differ: under a
+// The order in which a grid's tiles start, shared by the sm80 kernels (masked grids) and the
+// persistent sm90 kernel (every grid). The order in which a masked (causal / windowed) grid's
+// tiles start matters most. Their costs differ: under a
 // causal mask the last query tile of a sequence visits every key block, the first only one. With
 // the tiles of each (head, sequence) launched together, the heavy tiles of the last few heads start
 // in the last wave and the GPU idles behind them (a list-scheduling model of the FA3 grid puts
@@ -14,7 +16,7 @@
 
 #include "attention/mask.h"  // FS_HOST_DEVICE
 
-namespace flashserve::attention::sm80 {
+namespace flashserve::attention::kernel {
 
 // A 1-D grid of m_blocks x units blocks, units = heads x grid z (sequences and their splits),
 // taken in `sections` sections whose sizes differ by at most one unit (the larger first).
@@ -65,4 +67,4 @@ FS_HOST_DEVICE TileCoords tile_of(const GridOrder& o, int linear) {
   return {o.m_blocks - 1 - r / size, unit % o.heads, unit / o.heads};
 }
 
-}  // namespace flashserve::attention::sm80
+}  // namespace flashserve::attention::kernel
