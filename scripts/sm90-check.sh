@@ -78,7 +78,7 @@ if want ncu; then
   for shape in ${NCU_SHAPES:-128:512:0 128:8192:0}; do
     IFS=: read -r d sl c <<<"$shape"
     step "ncu, sm90 kernel, d$d seqlen $sl causal $c"
-    timeout 120 ncu --clock-control none --kernel-name regex:sm9010fwd_kernel --launch-skip 2 \
+    timeout 120 ncu --clock-control none --kernel-name fwd_kernel --launch-skip 2 \
       --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
       --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
       --print-details all "$BIN/bench/bench_attn" --prefill-only --head-dims "$d" --seqlens "$sl" \

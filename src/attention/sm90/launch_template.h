@@ -69,8 +69,7 @@ void launch(FwdParams& p, const FwdArgs& a) {
   constexpr int smem = smem_bytes<Cfg>();
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
              "cudaFuncSetAttribute (sm90 forward shared memory)");
-  // One CTA per multiprocessor (the shared memory allows one), each looping over its tiles, so
-  // that a tile's first loads overlap the previous tile's last GEMMs and its epilogue.
+  // The tiles in the heaviest-first order of tile_order.h (L2-sized sections of heads).
   const int m_blocks = (a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int64_t units = int64_t{a.h_q} * a.batch;
   // Heads of a GQA group are adjacent units and share their K/V.
@@ -81,7 +80,14 @@ void launch(FwdParams& p, const FwdArgs& a) {
                 str_cat("the sm90 kernel's grid of ", units * m_blocks,
                         " tiles does not fit 32-bit tile indices"));
   p.num_tiles = static_cast<int32_t>(units * m_blocks);
-  const int grid = static_cast<int>(std::min<int64_t>(p.num_tiles, std::max(a.sms, 1)));
+  // Equal tiles (no mask): one CTA per multiprocessor (the shared memory allows one), each
+  // walking every gridDim-th tile, so that a tile's first loads overlap the previous tile's last
+  // GEMMs and epilogue. Causal tiles differ in cost by up to the number of query tiles: a fixed
+  // stride over the sorted list leaves some CTAs with only heavy tiles (run 32: d256 causal 16k
+  // fell from 694 to 458 TFLOP/s), so they keep one CTA per tile and the hardware hands the next
+  // (heaviest remaining) tile to whichever multiprocessor frees first.
+  const int grid =
+      kCausal ? p.num_tiles : static_cast<int>(std::min<int64_t>(p.num_tiles, std::max(a.sms, 1)));
   kernel<<<grid, Cfg::kThreads, smem, a.stream>>>(p);
   check_cuda(cudaGetLastError(), "sm90 forward kernel launch");
 }
