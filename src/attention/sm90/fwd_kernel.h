@@ -1,9 +1,10 @@
-// The sm90 (Hopper, sm_90a) forward kernel: 128-row query tiles, three warpgroups
+// The sm90 (Hopper, sm_90a) forward kernel: query tiles of 64 rows per consumer warpgroup
 // (FlashAttention-3's mainloop, written from the PTX ISA).
 // - Warpgroup 0, the producer, gives registers back (setmaxnreg.dec); one thread issues the TMA
 //   copies: Q once, then K and V blocks through a ring of kStages, K one block ahead of V (the
 //   order the consumers use them in).
-// - Warpgroups 1 and 2, the consumers, own 64 query rows each. Per key block j they compute
+// - Warpgroups 1.. (two or three), the consumers, own 64 query rows each. Per key block j they
+// compute
 //   S = Q K^T (wgmma, both operands in shared memory), the online softmax on the accumulator
 //   fragment, and O += P V (wgmma, P from registers). Two overlaps keep the tensor cores busy:
 //   within a warpgroup, QK^T of block j is issued together with PV of block j - 1 and the softmax
@@ -251,7 +252,7 @@ __device__ __forceinline__ void release(Mbarrier& empty) {
   empty.arrive_if(threadIdx.x % 32 == 0);
 }
 
-// One tile for one consumer warpgroup (cw 0: tile rows 0..63, 1: rows 64..127), tid its thread
+// One tile for one consumer warpgroup (cw c: tile rows 64c .. 64c + 63), tid its thread
 // 0..127; ring and q_round as for produce_tile.
 template <class Cfg, bool kBf16, bool kCausal>
 __device__ __forceinline__ void consume_tile(SharedStorage<Cfg>& s, const FwdParams& p,
@@ -280,7 +281,7 @@ __device__ __forceinline__ void consume_tile(SharedStorage<Cfg>& s, const FwdPar
   float sc[kBlockN / 2];
   uint32_t pa[kBlockN / 16][4];
   float rescale[2];
-  const WarpScheduler sched(cw, n_blocks > 0);
+  const WarpScheduler<Cfg::kConsumers> sched(cw, n_blocks > 0);
   // Q's descriptor for this warpgroup's 64 rows (8 atoms of 8 rows, 1024 bytes apart).
   const uint64_t q_desc = smem_desc_sw128(s.q[0] + cw * 64 * 128, 16, 1024);
 

@@ -61,6 +61,8 @@ void launch(FwdParams& p, const FwdArgs& a) {
   // No keys: the maps are never read (every tile has zero key blocks), but TMA refuses a
   // dimension of 0; describe one row.
   const int kv_rows = a.seqlen_k > 0 ? a.seqlen_k : 1;
+  p.tma_q = make_map(a.q, a.dtype, a.batch, a.seqlen_q, a.h_q, kHeadDim, a.q_batch_stride,
+                     a.q_row_stride, a.q_head_stride, Cfg::kBlockM, "q");
   p.tma_k = make_map(a.k, a.dtype, a.batch, kv_rows, a.h_kv, kHeadDim, a.k_batch_stride,
                      a.k_row_stride, a.k_head_stride, Cfg::kBlockN, "k");
   p.tma_v = make_map(a.v, a.dtype, a.batch, kv_rows, a.h_kv, kHeadDim, a.v_batch_stride,
@@ -96,8 +98,6 @@ template <int kHeadDim>
 void run_fwd_hdim(const FwdArgs& a) {
   if (a.batch == 0 || a.seqlen_q == 0 || a.h_q == 0) return;
   FwdParams p{};
-  p.tma_q = make_map(a.q, a.dtype, a.batch, a.seqlen_q, a.h_q, kHeadDim, a.q_batch_stride,
-                     a.q_row_stride, a.q_head_stride, kQueryTileRows, "q");
   p.out = a.out;
   p.lse = a.lse;
   p.o_batch_stride = a.o_batch_stride;

@@ -4,14 +4,12 @@
 
 namespace flashserve::attention::sm90 {
 
-// 128 query rows per tile: two consumer warpgroups of 64 rows each (wgmma's M is 64 per
-// warpgroup). The host sizes Q's tensor map and the grid by it.
-inline constexpr int kQueryTileRows = 128;
-
-template <int kHeadDim_, int kBlockN_, int kStages_ = 2>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_ = 2>
 struct TileConfig {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = kQueryTileRows;
+  // Query rows: one consumer warpgroup per 64 (wgmma's M is 64 per warpgroup).
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kConsumers = kBlockM / 64;
   // Keys per block: S is a 64 x kBlockN fp32 accumulator (kBlockN / 2 registers per thread);
   // with intra-warpgroup overlap a thread holds S of block j, P of block j - 1 (kBlockN / 4) and
   // O (kHeadDim / 2) at once, all within the consumers' 240 registers.
@@ -22,13 +20,15 @@ struct TileConfig {
   // d columns is d/64 boxes, stored one after the other ("column chunks").
   static constexpr int kChunkCols = 64;
   static constexpr int kChunks = kHeadDim / kChunkCols;
-  static constexpr int kWarpgroups = 3;  // 1 producer + 2 consumers
+  static constexpr int kWarpgroups = 1 + kConsumers;  // the producer and the consumers
   static constexpr int kThreads = kWarpgroups * 128;
-  static constexpr int kConsumerWarps = 8;
+  static constexpr int kConsumerWarps = 4 * kConsumers;
   // setmaxnreg budgets (64K registers per SM, one CTA): the producer only issues TMA copies;
-  // 128 x 24 + 256 x 240 = 64512.
+  // 128 x 24 + 256 x 240 = 64512 with two consumers, 128 x 24 + 384 x 160 = 64512 with three.
   static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  static_assert(kBlockM % 64 == 0 && (kConsumers == 2 || kConsumers == 3),
+                "two or three consumer warpgroups of 64 rows");
 
   static constexpr int kQChunkBytes = kBlockM * kChunkCols * 2;
   static constexpr int kKVChunkBytes = kBlockN * kChunkCols * 2;
@@ -41,7 +41,10 @@ struct TileConfig {
 };
 
 // The tile each head dim runs (FlashAttention-3's choices, hopper/tile_size.h, as a start):
-// - d64 and d128 causal: 128 x 128. Causal tiles are balanced by the diagonal: a longer key block
+// - d64: 192 x 128, three consumer warpgroups at 160 registers (S 64 + P 32 + O 32): at d64 a
+//   128-row tile's GEMMs are too short to hide the softmax of two warpgroups behind each other
+//   (run 32: 0.66-0.94x cuDNN with 128 x 128). Q 24 KB + 2 x (K 16 KB + V 16 KB) = 88 KB.
+// - d128 causal: 128 x 128. Causal tiles are balanced by the diagonal: a longer key block
 //   wastes more of the masked half.
 // - d128 non-causal: 128 x 176 (S 88 + P 44 + O 64 registers): fewer, longer blocks amortise the
 //   per-block softmax bookkeeping. Q 32 KB + 2 x (K 44 KB + V 44 KB) = 208 KB of shared memory.
@@ -51,19 +54,19 @@ template <int kHeadDim, bool kCausal>
 struct DefaultTile;
 template <bool kCausal>
 struct DefaultTile<64, kCausal> {
-  using type = TileConfig<64, 128>;
+  using type = TileConfig<64, 192, 128>;
 };
 template <>
 struct DefaultTile<128, false> {
-  using type = TileConfig<128, 176>;
+  using type = TileConfig<128, 128, 176>;
 };
 template <>
 struct DefaultTile<128, true> {
-  using type = TileConfig<128, 128>;
+  using type = TileConfig<128, 128, 128>;
 };
 template <bool kCausal>
 struct DefaultTile<256, kCausal> {
-  using type = TileConfig<256, 80>;
+  using type = TileConfig<256, 128, 80>;
 };
 
 }  // namespace flashserve::attention::sm90
