@@ -3,18 +3,19 @@
 # memcheck and racecheck on the small case, the SASS check (HGMMA count, registers and local memory
 # of the sm90 kernels), bench_sm90 (sm80 beside sm90, forced, per head dim), and the public API
 # (bench_attn, default dispatch) beside PyTorch SDPA's cuDNN and flash backends in the same run
-# (sdpa_compare.py, compare_table.py). Logs under $OUT; the short table last.
+# (sdpa_compare.py, compare_table.py), and flash_attn_func in CUDA graphs beside them
+# (bench/fa3_grid.py, when libflashserve_c.so was packed). Logs under $OUT.
 #
 # The binaries are built on the build machine for 90a and carried (the GPU image lacks headers
 # the full configure needs):
 #   cmake -S . -B build/dev90 -DCMAKE_BUILD_TYPE=Release -DFLASHSERVE_CUDA_ARCHS=90a
 #   cmake --build build/dev90 --target test_gpu bench_sm90 bench_attn
-#   BINARIES="tests/test_gpu bench/bench_sm90 bench/bench_attn" \
+#   BINARIES="tests/test_gpu bench/bench_sm90 bench/bench_attn src/libflashserve_c.so" \
 #     bash scripts/gpu-quick.sh --pack build/dev90 .xfer/sm90.tar.xz
 # then, on the GPU machine (carry .xfer):
 #   BIN_TAR=.xfer/sm90.tar.xz OUT=$OUT bash scripts/sm90-check.sh
 # Environment: HEAD_DIMS (64,128,256), SEQLENS (512,...,16384), SKIP="tests sanitize sass sm90 api
-# ncu" leaves steps out, FILTER (the gtest filter of the tests step, default '*Sm90*'),
+# fa3 ncu" leaves steps out, FA3_ARGS (more fa3_grid.py arguments), FILTER (the gtest filter of the tests step, default '*Sm90*'),
 # SM90_SEQLENS (bench_sm90's, default SEQLENS), NCU_SHAPES ("d:seqlen:causal ...", default
 # "128:512:0 128:8192:0").
 set -uo pipefail
@@ -70,6 +71,15 @@ if want api; then
   timeout 200 python3 bench/sdpa_compare.py --head-dims "$HEAD_DIMS" --seqlens "$SEQLENS" \
     --csv "$OUT/sdpa.csv" > "$OUT/sdpa.txt" || status=1
   python3 bench/compare_table.py "$OUT/ours.csv" "$OUT/sdpa.csv" | tee "$OUT/table.md"
+fi
+if want fa3 && [ -f "$BIN/src/libflashserve_c.so" ]; then
+  # What a user gets: flash_attn_func with default arguments, calls captured in CUDA graphs,
+  # beside SDPA's cuDNN and FA2 (the issue's measurement), plus the long-context GQA rows.
+  step "flash_attn_func (CUDA graphs) beside SDPA cuDNN and FA2: FA3 grid and long context"
+  env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 PYTHONPATH=python \
+    FLASHSERVE_LIBRARY="$BIN/src/libflashserve_c.so" timeout 400 python3 bench/fa3_grid.py \
+    --head-dims "$HEAD_DIMS" --seqlens "$SEQLENS" ${FA3_ARGS:-} --csv "$OUT/fa3_grid.csv" |
+    tee "$OUT/fa3_grid.md" || status=1
 fi
 if want ncu; then
   # Nsight Compute on the sm90 kernel through bench_attn (its default dispatch), a short and a

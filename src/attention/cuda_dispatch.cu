@@ -230,15 +230,16 @@ void check_sm90(const AttentionParams& params, const Problem& pr, const DevicePr
 }
 
 // The default dispatch takes sm90 where it was measured faster than the sm80 plan for the same
-// call (bench_sm90 over the FA3 grid, H200, bench/results/gpu-h200-2026-11-30-session6.md): dense
-// prefill-sized calls, keys >= 512 at d128 (1.14-1.67x; 128 keys: 0.78-0.95x) and >= 2048 at d64
-// (1.00-1.17x; 512 keys: 0.92-0.98x), at least one full 128-row query tile; and never where the
-// sm80 plan splits the keys or packs decode rows (few query tiles over long keys: sm90 has no
-// split-KV yet, so it would leave most SMs idle).
+// call (bench_sm90 over the FA3 grid, H200, bench/results/sm90-h200-2026-12-01-run32-34.md): dense
+// prefill-sized calls with at least one full 128-row query tile and enough keys: 512 at d128 and
+// d256 (256 keys: 0.99-1.17x, 512: 1.24-1.47x), at d64 512 without a mask (1.25x; 256: 0.97x) and
+// 1024 causal (1.04x; 512: 0.94x); and never where the sm80 plan splits the keys or packs decode
+// rows (few query tiles over long keys: sm90 has no split-KV yet, so it would leave most SMs idle).
 bool sm90_preferred(const AttentionParams& params, const Problem& pr, const DeviceProps& dev,
                     const Plan& sm80_plan) {
   if (!sm90_lacks(params, pr, dev).empty()) return false;
-  const int64_t min_keys = pr.head_dim == 64 ? 2048 : 512;
+  const bool masked = clamp_window(pr.mask.right, pr.max_q_len + pr.max_kv_len) == 0;
+  const int64_t min_keys = pr.head_dim == 64 && masked ? 1024 : 512;
   if (pr.max_q_len < 128 || pr.max_kv_len < min_keys) return false;
   for (const LaunchPlan& l : sm80_plan.launches)
     if (l.kernel.splits > 1 || l.kernel.decode) return false;
