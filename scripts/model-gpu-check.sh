@@ -79,7 +79,7 @@ if ((bench)); then
   COMMIT=${COMMIT:-unknown} timeout 150 $BUILD/bench/bench_model 2>&1 | tee "$OUT/bench_model.log"
 fi
 if ((compare)); then
-  PYTHONUNBUFFERED=1 timeout 240 python3 tests/model_gpu/compare_transformers.py --build $BUILD \
+  PYTHONUNBUFFERED=1 timeout 330 python3 tests/model_gpu/compare_transformers.py --build $BUILD \
     --work /tmp/cmp 2>&1 | grep -v -i -E "warn|Loading weights" | tee "$OUT/compare.log"
 fi
 if ((bench)); then

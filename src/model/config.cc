@@ -9,101 +9,13 @@
 #include "common/checked_math.h"
 #include "common/read_file.h"
 #include "flashserve/error.h"
+#include "model/config_json.h"
+#include "model/rope_config.h"
 
 namespace flashserve::model {
 
-namespace {
-
 using nlohmann::json;
-
-[[noreturn]] void bad(const std::string& source, const std::string& field, const std::string& what,
-                      ErrorKind kind = ErrorKind::kInvalidArgument) {
-  throw Error(kind, source + ": " + field, what);
-}
-
-// A field that may be absent or null (Hugging Face writes null for "not set").
-bool present(const json& j, const char* key) {
-  return j.contains(key) && !j.at(key).is_null();
-}
-
-int64_t get_int(const json& j, const char* key, const std::string& source, bool required,
-                int64_t fallback) {
-  if (!present(j, key)) {
-    if (required) bad(source, key, "missing");
-    return fallback;
-  }
-  const json& v = j.at(key);
-  if (!v.is_number_integer()) bad(source, key, "must be an integer, not " + v.dump());
-  if (v.is_number_unsigned() && v.get<uint64_t>() > std::numeric_limits<int64_t>::max())
-    bad(source, key, v.dump() + " is beyond 64-bit integers");  // get<int64_t> would wrap
-  return v.get<int64_t>();
-}
-
-double get_double(const json& j, const char* key, const std::string& source, double fallback) {
-  if (!present(j, key)) return fallback;
-  const json& v = j.at(key);
-  if (!v.is_number()) bad(source, key, "must be a number, not " + v.dump());
-  return v.get<double>();
-}
-
-bool get_bool(const json& j, const char* key, const std::string& source, bool fallback) {
-  if (!present(j, key)) return fallback;
-  const json& v = j.at(key);
-  if (!v.is_boolean()) bad(source, key, "must be true or false, not " + v.dump());
-  return v.get<bool>();
-}
-
-// bos/eos may be one id or a list (Llama 3 instruct lists several end tokens), or absent: empty.
-// Every id is checked against the int32 ids the engine uses (a plain cast would turn 2^32 + 1
-// into 1); validate() then checks them against vocab_size.
-std::vector<int32_t> get_tokens(const json& j, const char* key, const std::string& source) {
-  if (!present(j, key)) return {};
-  const json& v = j.at(key);
-  if (v.is_array() && v.empty()) bad(source, key, "is an empty list");
-  std::vector<int32_t> ids;
-  for (const json& id : v.is_array() ? v : json::array({v})) {
-    if (!id.is_number_integer()) bad(source, key, "must be a token id, not " + v.dump());
-    if (id.is_number_unsigned() ? id.get<uint64_t>() > std::numeric_limits<int32_t>::max()
-                                : id.get<int64_t>() < -1)
-      bad(source, key, v.dump() + " is not a token id (0 to 2^31 - 1, or -1 for none)");
-    const auto t = static_cast<int32_t>(id.get<int64_t>());
-    if (t >= 0 && std::find(ids.begin(), ids.end(), t) == ids.end()) ids.push_back(t);
-  }
-  return ids;
-}
-
-// A string field of an object that may be absent; anything but a string is refused (nlohmann's
-// value() would throw its own type_error for a number).
-std::string get_string(const json& j, const char* key, const std::string& source,
-                       const std::string& fallback) {
-  if (!present(j, key)) return fallback;
-  const json& v = j.at(key);
-  if (!v.is_string()) bad(source, key, "must be a string, not " + v.dump());
-  return v.get<std::string>();
-}
-
-RopeScaling parse_rope_scaling(const json& j, const std::string& source) {
-  RopeScaling r;
-  if (!present(j, "rope_scaling")) return r;
-  const json& s = j.at("rope_scaling");
-  if (!s.is_object()) bad(source, "rope_scaling", "must be an object or null");
-  const std::string where = source + ": rope_scaling";
-  const std::string type =
-      get_string(s, "rope_type", where, get_string(s, "type", where, "default"));
-  if (type == "default") return r;
-  if (type != "llama3")
-    bad(source, "rope_scaling", "rope_type '" + type + "' is not supported (only llama3)",
-        ErrorKind::kUnsupported);
-  r.type = type;
-  r.factor = get_double(s, "factor", where, 0.0);
-  r.low_freq_factor = get_double(s, "low_freq_factor", where, 0.0);
-  r.high_freq_factor = get_double(s, "high_freq_factor", where, 0.0);
-  r.original_max_position_embeddings =
-      get_int(s, "original_max_position_embeddings", where, true, 0);
-  return r;
-}
-
-}  // namespace
+using namespace config_json;
 
 ModelConfig ModelConfig::from_json(const std::string& text, const std::string& source) {
   json j;
@@ -139,35 +51,68 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   c.vocab_size = get_int(j, "vocab_size", source, true, 0);
   c.max_position_embeddings = get_int(j, "max_position_embeddings", source, false, 2048);
   c.rms_norm_eps = get_double(j, "rms_norm_eps", source, 1e-6);
-  c.rope_theta = get_double(j, "rope_theta", source, 10000.0);
-  c.rope_scaling = parse_rope_scaling(j, source);
+  const RopeConfig rope = parse_rope_config(j, c.max_position_embeddings, source);
+  c.rope_theta = rope.theta;
+  c.rope_scaling = rope.scaling;
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", source, false);
-  // Qwen2's q/k/v projections always carry biases (its config has no field for it); Llama's
-  // attention_bias also puts one on o_proj, which we do not implement.
   const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
+  const bool qwen3 = c.architecture == "Qwen3ForCausalLM";
+  c.qk_norm = qwen3;
+  // Qwen2's q/k/v projections always carry biases (its config has no field for it); Llama's and
+  // Qwen3's attention_bias also puts one on o_proj, which we do not implement.
   c.attention_bias = qwen2 || get_bool(j, "attention_bias", source, false);
   if (!qwen2 && c.attention_bias)
     bad(source, "attention_bias", "true is not supported for " + c.architecture,
         ErrorKind::kUnsupported);
-  if (qwen2) {
-    if (get_bool(j, "use_sliding_window", source, false))
-      bad(source, "use_sliding_window", "true is not supported", ErrorKind::kUnsupported);
+  if (qwen2 || qwen3) {
+    // Qwen's window applies to layers max_window_layers and up, and only with use_sliding_window
+    // (sliding_window alone is ignored, as transformers ignores it). A window on some layers and
+    // not others is not implemented; a window on no layer is the plain model.
+    const int64_t full_layers = get_int(j, "max_window_layers", source, false, c.num_hidden_layers);
+    if (get_bool(j, "use_sliding_window", source, false) && full_layers < c.num_hidden_layers)
+      bad(source, "use_sliding_window",
+          "true with max_window_layers " + std::to_string(full_layers) + " < " +
+              std::to_string(c.num_hidden_layers) +
+              " layers is not supported (a sliding window on some layers)",
+          ErrorKind::kUnsupported);
   } else {
     c.sliding_window = get_int(j, "sliding_window", source, false, 0);
+  }
+  // transformers 5 writes each layer's attention kind; ours is one kind for every layer.
+  if (present(j, "layer_types")) {
+    const json& t = j.at("layer_types");
+    const char* ours = c.sliding_window > 0 ? "sliding_attention" : "full_attention";
+    if (!t.is_array() || static_cast<int64_t>(t.size()) != c.num_hidden_layers)
+      bad(source, "layer_types",
+          "must list one kind per layer (" + std::to_string(c.num_hidden_layers) + ")");
+    for (const json& kind : t)
+      if (kind != ours)
+        bad(source, "layer_types",
+            kind.dump() + " is not supported here (every layer is \"" + std::string(ours) + "\")",
+            ErrorKind::kUnsupported);
   }
   if (present(j, "hidden_act") && j.at("hidden_act") != "silu")
     bad(source, "hidden_act", j.at("hidden_act").dump() + " is not supported (silu)",
         ErrorKind::kUnsupported);
   if (get_bool(j, "mlp_bias", source, false))
     bad(source, "mlp_bias", "true is not supported", ErrorKind::kUnsupported);
+  // Quantized weights (GPTQ, AWQ, bitsandbytes, fp8, compressed-tensors) are not the float
+  // tensors our loaders read; the loader would refuse their tensors, this says why.
+  if (present(j, "quantization_config"))
+    bad(source, "quantization_config", "quantized checkpoints are not supported",
+        ErrorKind::kUnsupported);
   const std::vector<int32_t> bos = get_tokens(j, "bos_token_id", source);
   c.bos_token_id = bos.empty() ? -1 : bos.front();
   c.eos_token_ids = get_tokens(j, "eos_token_id", source);
-  // transformers >= 4.56 writes "dtype"; earlier versions "torch_dtype".
-  if (present(j, "torch_dtype") && j.at("torch_dtype").is_string())
-    c.torch_dtype = j.at("torch_dtype").get<std::string>();
-  else if (present(j, "dtype") && j.at("dtype").is_string())
-    c.torch_dtype = j.at("dtype").get<std::string>();
+  // transformers >= 4.56 writes "dtype"; earlier versions "torch_dtype". It names the stored
+  // weights' type, which the loaders read from the tensors themselves; two different names are
+  // still a config we cannot trust.
+  const std::string dtype = get_string(j, "dtype", source, "");
+  const std::string torch_dtype = get_string(j, "torch_dtype", source, "");
+  if (!dtype.empty() && !torch_dtype.empty() && dtype != torch_dtype)
+    bad(source, "dtype", "'" + dtype + "' disagrees with torch_dtype '" + torch_dtype + "'");
+  if (!torch_dtype.empty() || !dtype.empty())
+    c.torch_dtype = torch_dtype.empty() ? dtype : torch_dtype;
   c.validate(source);
   return c;
 }
@@ -205,10 +150,11 @@ ModelConfig ModelConfig::load(const std::string& dir_or_file) {
 
 void ModelConfig::validate(const std::string& source) const {
   if (architecture != "LlamaForCausalLM" && architecture != "MistralForCausalLM" &&
-      architecture != "Qwen2ForCausalLM")
+      architecture != "Qwen2ForCausalLM" && architecture != "Qwen3ForCausalLM")
     bad(source, "architectures",
         "'" + architecture +
-            "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)",
+            "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+            "Qwen3ForCausalLM)",
         ErrorKind::kUnsupported);
   auto positive = [&](int64_t v, const char* field) {
     if (v < 1) bad(source, field, std::to_string(v) + " must be positive");
@@ -270,18 +216,30 @@ void ModelConfig::validate(const std::string& source) const {
   };
   token(bos_token_id, "bos_token_id");
   for (int32_t id : eos_token_ids) token(id, "eos_token_id");
-  if (rope_scaling.type == "llama3") {
-    if (!(rope_scaling.factor >= 1) || !std::isfinite(rope_scaling.factor))
-      bad(source, "rope_scaling.factor", "must be >= 1 and finite");
-    if (!(rope_scaling.low_freq_factor > 0) ||
-        !(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor) ||
-        !std::isfinite(rope_scaling.high_freq_factor))
-      bad(source, "rope_scaling",
-          "needs 0 < low_freq_factor < high_freq_factor (they bound the smoothed band)");
-    if (rope_scaling.original_max_position_embeddings < 1 ||
-        rope_scaling.original_max_position_embeddings > kInt32Max)
-      bad(source, "rope_scaling.original_max_position_embeddings",
-          "must be positive and at most 2^31 - 1");
+  const RopeScaling& r = rope_scaling;
+  if (r.type != "none" && r.type != "linear" && r.type != "dynamic" && r.type != "llama3" &&
+      r.type != "yarn")
+    bad(source, "rope_parameters (or rope_scaling): rope_type", "'" + r.type + "' is not supported",
+        ErrorKind::kUnsupported);
+  if (r.type != "none" && (!(r.factor >= 1) || !std::isfinite(r.factor)))
+    bad(source, "rope_parameters (or rope_scaling): factor", "must be >= 1 and finite");
+  if ((r.type == "llama3" || r.type == "yarn") &&
+      (r.original_max_position_embeddings < 1 || r.original_max_position_embeddings > kInt32Max))
+    bad(source, "rope_parameters (or rope_scaling): original_max_position_embeddings",
+        "must be positive and at most 2^31 - 1");
+  if (r.type == "llama3" &&
+      (!(r.low_freq_factor > 0) || !(r.high_freq_factor > r.low_freq_factor) ||
+       !std::isfinite(r.high_freq_factor)))
+    bad(source, "rope_parameters (or rope_scaling)",
+        "needs 0 < low_freq_factor < high_freq_factor (they bound the smoothed band)");
+  if (r.type == "yarn") {
+    if (!(r.beta_fast > r.beta_slow) || !(r.beta_slow > 0) || !std::isfinite(r.beta_fast))
+      bad(source, "rope_parameters (or rope_scaling)",
+          "needs 0 < beta_slow < beta_fast (the blended band)");
+    if (!(r.attention_factor >= 0) || !std::isfinite(r.attention_factor) ||
+        !std::isfinite(r.mscale) || !std::isfinite(r.mscale_all_dim))
+      bad(source, "rope_parameters (or rope_scaling)",
+          "attention_factor, mscale and mscale_all_dim must be finite");
   }
 }
 
@@ -289,6 +247,7 @@ std::string ModelConfig::to_json() const {
   json j;
   j["architectures"] = {architecture};
   j["model_type"] = architecture == "Qwen2ForCausalLM"     ? "qwen2"
+                    : architecture == "Qwen3ForCausalLM"   ? "qwen3"
                     : architecture == "MistralForCausalLM" ? "mistral"
                                                            : "llama";
   j["hidden_size"] = hidden_size;
@@ -301,20 +260,33 @@ std::string ModelConfig::to_json() const {
   j["max_position_embeddings"] = max_position_embeddings;
   j["rms_norm_eps"] = rms_norm_eps;
   j["rope_theta"] = rope_theta;
-  if (rope_scaling.type == "llama3") {
-    j["rope_scaling"] = {
-        {"rope_type", "llama3"},
-        {"factor", rope_scaling.factor},
-        {"low_freq_factor", rope_scaling.low_freq_factor},
-        {"high_freq_factor", rope_scaling.high_freq_factor},
-        {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
-  } else {
-    j["rope_scaling"] = nullptr;
+  // transformers 4's keys (rope_theta, rope_scaling): what every version reads.
+  const RopeScaling& r = rope_scaling;
+  json s = {{"rope_type", r.type}, {"factor", r.factor}};
+  if (r.type == "llama3") {
+    s["low_freq_factor"] = r.low_freq_factor;
+    s["high_freq_factor"] = r.high_freq_factor;
+    s["original_max_position_embeddings"] = r.original_max_position_embeddings;
+  } else if (r.type == "yarn") {
+    s["original_max_position_embeddings"] = r.original_max_position_embeddings;
+    s["beta_fast"] = r.beta_fast;
+    s["beta_slow"] = r.beta_slow;
+    if (r.mscale != 0) s["mscale"] = r.mscale;
+    if (r.mscale_all_dim != 0) s["mscale_all_dim"] = r.mscale_all_dim;
+    if (r.attention_factor != 0) s["attention_factor"] = r.attention_factor;
+    s["truncate"] = r.truncate;
   }
+  if (r.type == "none")
+    j["rope_scaling"] = nullptr;
+  else
+    j["rope_scaling"] = s;
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["hidden_act"] = "silu";
   if (architecture == "Qwen2ForCausalLM") {
     j["use_sliding_window"] = false;
+  } else if (architecture == "Qwen3ForCausalLM") {
+    j["use_sliding_window"] = false;
+    j["attention_bias"] = false;
   } else {
     j["attention_bias"] = false;
     j["mlp_bias"] = false;

@@ -1,6 +1,8 @@
-// A Llama-family decoder's configuration, read from a Hugging Face config.json. The three
+// A Llama-family decoder's configuration, read from a Hugging Face config.json. The four
 // architectures we run differ only in fields of this struct: Mistral is Llama's graph, Qwen2 adds
-// biases to the q/k/v projections (attention_bias) and usually ties the LM head to the embedding.
+// biases to the q/k/v projections (attention_bias) and usually ties the LM head to the embedding,
+// Qwen3 normalizes each q and k head before RoPE (qk_norm). Every key of config.json that would
+// change the computation and that we do not implement is refused by name (docs/model.md's table).
 #pragma once
 
 #include <cstdint>
@@ -11,21 +13,27 @@
 
 namespace flashserve::model {
 
-// Llama 3's frequency-dependent RoPE scaling ("rope_type": "llama3"); type "none" leaves the
-// frequencies as rope_theta gives them.
+// RoPE's frequency rule: config.json's rope_parameters (transformers >= 5) or rope_scaling
+// (earlier), read by rope_config.h; each type's frequencies are in rope.cc. Type "none" is
+// transformers' "default": the frequencies rope_theta gives.
 struct RopeScaling {
-  std::string type = "none";  // "none" | "llama3"
-  double factor = 1.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  int64_t original_max_position_embeddings = 8192;
+  std::string type = "none";      // "none" | "linear" | "dynamic" | "llama3" | "yarn"
+  double factor = 1.0;            // linear, dynamic, llama3, yarn
+  double low_freq_factor = 1.0;   // llama3
+  double high_freq_factor = 4.0;  // llama3
+  int64_t original_max_position_embeddings = 8192;  // llama3, yarn: the pre-training context
+  double beta_fast = 32, beta_slow = 1;   // yarn: the band of dimensions blended (in rotations)
+  double mscale = 0, mscale_all_dim = 0;  // yarn: 0 when not given (transformers' "falsy")
+  double attention_factor = 0;            // yarn: 0 when not given (derived in rope.cc)
+  bool truncate = true;                   // yarn: round the blended band to whole dimensions
   bool operator==(const RopeScaling&) const = default;
 };
 
 struct ModelConfig {
   // More layers than this is a corrupt count, not a model (the deepest published have ~130).
   static constexpr int64_t kMaxLayers = int64_t{1} << 16;
-  std::string architecture;  // LlamaForCausalLM | MistralForCausalLM | Qwen2ForCausalLM
+  // LlamaForCausalLM | MistralForCausalLM | Qwen2ForCausalLM | Qwen3ForCausalLM
+  std::string architecture;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
   int64_t num_hidden_layers = 0;
@@ -39,6 +47,8 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v projection biases (Qwen2: always)
+  // Qwen3: an RMSNorm over each q and k head (weights [head_dim], eps rms_norm_eps) before RoPE.
+  bool qk_norm = false;
   // Mistral's sliding window: a token sees itself and the sliding_window - 1 keys before it.
   // 0: none (Llama; Mistral v0.2+ gives null; Qwen2 unless use_sliding_window).
   int64_t sliding_window = 0;

@@ -40,8 +40,21 @@ struct Matrix {
 // [2 ffn, hidden] matrix so that each is one GEMM.
 struct CpuLayer {
   std::vector<float> input_norm, qkv_bias, post_norm;
+  std::vector<float> q_norm, k_norm;  // Qwen3: per-head RMSNorm scales [head_dim]
   Matrix qkv, o, gate_up, down;
 };
+
+// Qwen3's q_norm/k_norm: RMSNorm of each of `heads` consecutive vectors of `d`, in place. Serial
+// (cpu::rms_norm would thread it): it runs inside the per-token loop, already on the pool.
+void rms_norm_heads(float* x, const float* weight, int64_t heads, int64_t d, double eps) {
+  for (int64_t h = 0; h < heads; ++h) {
+    float* v = x + h * d;
+    double ss = 0;
+    for (int64_t i = 0; i < d; ++i) ss += static_cast<double>(v[i]) * v[i];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(d) + eps));
+    for (int64_t i = 0; i < d; ++i) v[i] = v[i] * inv * weight[i];
+  }
+}
 
 TensorView view(const void* data, DType dtype, std::initializer_list<int64_t> shape) {
   return make_view(const_cast<void*>(data), dtype, shape);
@@ -97,6 +110,10 @@ class CpuRunner final : public ModelRunner {
         load(name("self_attn.k_proj.bias"), L.qkv_bias, q);
         load(name("self_attn.v_proj.bias"), L.qkv_bias, q + kv);
       }
+      if (c.qk_norm) {
+        load(name("self_attn.q_norm.weight"), L.q_norm);
+        load(name("self_attn.k_norm.weight"), L.k_norm);
+      }
       load_matrix({name("self_attn.o_proj.weight")}, L.o);
       load(name("post_attention_layernorm.weight"), L.post_norm);
       load_matrix({name("mlp.gate_proj.weight"), name("mlp.up_proj.weight")}, L.gate_up);
@@ -106,6 +123,7 @@ class CpuRunner final : public ModelRunner {
     if (!c.tie_word_embeddings) load_matrix({"lm_head.weight"}, lm_head_);
     ckpt.check_unchanged();  // no file was rewritten while its weights were copied
     inv_freq_ = rope_inv_freq(c);
+    rope_scale_ = rope_attention_scaling(c);
   }
 
   const ModelConfig& config() const override { return config_; }
@@ -167,6 +185,7 @@ class CpuRunner final : public ModelRunner {
   std::vector<float> final_norm_;
   std::vector<CpuLayer> layers_;
   std::vector<double> inv_freq_;
+  double rope_scale_ = 1.0;  // yarn's factor on cos and sin
   int64_t num_blocks_ = 0;
   int32_t block_size_ = 0;
   std::vector<std::vector<float>> kv_;  // [layer * 2 + (0: K, 1: V)]
@@ -177,6 +196,7 @@ class CpuRunner final : public ModelRunner {
 void CpuRunner::check_fits(const ForwardBatch& b) const {
   b.validate();
   if (kv_.empty()) throw Error(ErrorKind::kInvalidArgument, "kv", "allocate_kv first");
+  check_rope_positions(config_, b.positions);
   const int64_t slots = num_blocks_ * block_size_;
   for (int64_t t = 0; t < b.total_q; ++t) {
     if (b.input_ids[t] < 0 || b.input_ids[t] >= config_.vocab_size)
@@ -224,8 +244,12 @@ void CpuRunner::forward(const ForwardBatch& b) {
         float* row = qkv.data() + t * qkvw;
         if (!L.qkv_bias.empty())
           for (int64_t i = 0; i < qkvw; ++i) row[i] += L.qkv_bias[i];
-        apply_rope(row, hq, d, d, b.positions[t], inv_freq_);
-        apply_rope(row + qw, hkv, d, d, b.positions[t], inv_freq_);
+        if (c.qk_norm) {  // each q and k head normalized on its own, before the rotation
+          rms_norm_heads(row, L.q_norm.data(), hq, d, c.rms_norm_eps);
+          rms_norm_heads(row + qw, L.k_norm.data(), hkv, d, c.rms_norm_eps);
+        }
+        apply_rope(row, hq, d, d, b.positions[t], inv_freq_, rope_scale_);
+        apply_rope(row + qw, hkv, d, d, b.positions[t], inv_freq_, rope_scale_);
         const int64_t slot = b.slot_mapping[t];
         std::copy_n(row + qw, kvw, kcache + slot * kvw);
         std::copy_n(row + qw + kvw, kvw, vcache + slot * kvw);

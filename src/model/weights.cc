@@ -32,6 +32,10 @@ std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
       add("self_attn.k_proj.bias", {kv}, WeightRole::kBias);
       add("self_attn.v_proj.bias", {kv}, WeightRole::kBias);
     }
+    if (c.qk_norm) {  // Qwen3: one RMSNorm scale per head dimension, shared by the heads
+      add("self_attn.q_norm.weight", {c.head_dim}, WeightRole::kNorm);
+      add("self_attn.k_norm.weight", {c.head_dim}, WeightRole::kNorm);
+    }
     add("self_attn.o_proj.weight", {h, q}, WeightRole::kLinear, q, true);
     add("post_attention_layernorm.weight", {h}, WeightRole::kNorm);
     add("mlp.gate_proj.weight", {f, h}, WeightRole::kLinear, h);

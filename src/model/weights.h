@@ -14,7 +14,7 @@ namespace flashserve::model {
 
 enum class WeightRole {
   kEmbedding,  // model.embed_tokens.weight [vocab, hidden]
-  kNorm,       // RMSNorm scales [hidden]
+  kNorm,       // RMSNorm scales [hidden] (Qwen3's q_norm/k_norm: [head_dim])
   kLinear,     // projections [out, in] (y = x W^T)
   kBias,       // Qwen2's q/k/v biases [out]
   kLmHead,     // lm_head.weight [vocab, hidden], absent when tied

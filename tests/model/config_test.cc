@@ -144,15 +144,19 @@ TEST(Config, RefusalsNameTheFieldAndTheFile) {
   expect_error(with(kLlama31, "vocab_size", "0"), kInv, "vocab_size");
   expect_error(with(kLlama31, "num_key_value_heads", "5"), kInv, "num_key_value_heads");
   expect_error(with(kLlama31, "head_dim", "63"), kInv, "head_dim");
-  expect_error(with(kLlama31, "rope_scaling", R"({"rope_type": "yarn", "factor": 4.0})"), kUns,
-               "yarn");
+  expect_error(with(kLlama31, "rope_scaling", R"({"rope_type": "longrope", "factor": 4.0})"), kUns,
+               "longrope");
   expect_error(with(kLlama31, "rope_scaling",
                     R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
                         "high_freq_factor": 1.0, "original_max_position_embeddings": 8192})"),
                kInv, "rope_scaling");
   expect_error(with(kLlama31, "hidden_act", "\"gelu\""), kUns, "hidden_act");
   expect_error(with(kLlama31, "attention_bias", "true"), kUns, "attention_bias");
-  expect_error(with(kQwen25, "use_sliding_window", "true"), kUns, "use_sliding_window");
+  // Qwen's window covers layers max_window_layers and up: on 12 of 24 layers it is refused; with
+  // max_window_layers = 24 (kQwen25's) no layer slides, and the model is the plain one.
+  expect_error(with(with(kQwen25, "use_sliding_window", "true").c_str(), "max_window_layers", "12"),
+               kUns, "use_sliding_window");
+  EXPECT_EQ(ModelConfig::from_json(with(kQwen25, "use_sliding_window", "true")).sliding_window, 0);
   expect_error(with(kLlama31, "tie_word_embeddings", "1"), kInv, "tie_word_embeddings");
 }
 

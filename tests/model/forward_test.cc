@@ -52,7 +52,16 @@ ModelConfig small_config(const std::string& variant) {
     c.rope_scaling.high_freq_factor = 4;
     // Wavelengths above 64 are scaled, below 16 kept, between blended: all three bands occur.
     c.rope_scaling.original_max_position_embeddings = 64;
-    c.num_key_value_heads = 4;  // MHA
+    c.num_key_value_heads = 4;      // MHA
+  } else if (variant == "qwen3") {  // q/k RMSNorm per head before RoPE, no bias
+    c.architecture = "Qwen3ForCausalLM";
+    c.qk_norm = true;
+    c.rope_theta = 1e6;
+  } else if (variant == "yarn") {
+    c.rope_scaling.type = "yarn";
+    c.rope_scaling.factor = 4;
+    // Dimensions 0..9 blend, the rest are interpolated; cos and sin scale by 1 + 0.1 ln 4.
+    c.rope_scaling.original_max_position_embeddings = 64;
   } else if (variant == "mistral") {
     c.architecture = "MistralForCausalLM";
     c.sliding_window = 7;
@@ -166,7 +175,7 @@ TEST_P(CpuForward, MatchesFloat64ReferenceOverPrefillAndDecodeSteps) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, CpuForward,
-                         ::testing::Values("llama", "qwen2", "llama3", "mistral"));
+                         ::testing::Values("llama", "qwen2", "llama3", "mistral", "qwen3", "yarn"));
 
 // The same prompt prefilled whole in one step, and in chunks mixed into steps with other
 // sequences' decodes (as Sarathi schedules it): the same logits after the prompt and after each

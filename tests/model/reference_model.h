@@ -1,7 +1,7 @@
 // An independent float64 reference of the Llama-family decoder for the model tests: straight loops
 // over one whole sequence (no paging, no chunking, no BLAS, none of the production code's kernels),
-// written from Hugging Face's modeling_llama / modeling_qwen2. Weights are read through the
-// checkpoint reader (tested on its own) and widened to double here.
+// written from Hugging Face's modeling_llama / modeling_qwen2 / modeling_qwen3. Weights are read
+// through the checkpoint reader (tested on its own) and widened to double here.
 #pragma once
 
 #include <cmath>
@@ -13,11 +13,12 @@
 
 #include "common/half.h"
 #include "model/checkpoint.h"
+#include "rope_reference.h"
 
 namespace flashserve::model::testing {
 
 struct RefLayer {
-  std::vector<double> in_norm, wq, wk, wv, bq, bk, bv, wo, post_norm, wg, wu, wd;
+  std::vector<double> in_norm, wq, wk, wv, bq, bk, bv, q_norm, k_norm, wo, post_norm, wg, wu, wd;
 };
 
 struct RefModel {
@@ -63,6 +64,10 @@ inline RefModel ref_load(const std::string& dir) {
       L.bk = ref_read(ck, p + "self_attn.k_proj.bias");
       L.bv = ref_read(ck, p + "self_attn.v_proj.bias");
     }
+    if (m.c.qk_norm) {
+      L.q_norm = ref_read(ck, p + "self_attn.q_norm.weight");
+      L.k_norm = ref_read(ck, p + "self_attn.k_norm.weight");
+    }
     L.wo = ref_read(ck, p + "self_attn.o_proj.weight");
     L.post_norm = ref_read(ck, p + "post_attention_layernorm.weight");
     L.wg = ref_read(ck, p + "mlp.gate_proj.weight");
@@ -96,36 +101,15 @@ inline std::vector<double> ref_rmsnorm(const std::vector<double>& x, const std::
   return y;
 }
 
-// Hugging Face's RoPE frequencies, with _compute_llama3_parameters for rope_type llama3.
-inline std::vector<double> ref_inv_freq(const ModelConfig& c) {
-  const int64_t d = c.head_dim;
-  std::vector<double> f;
-  for (int64_t i = 0; i < d; i += 2)
-    f.push_back(std::pow(c.rope_theta, -static_cast<double>(i) / d));
-  if (c.rope_scaling.type == "llama3") {
-    const auto& s = c.rope_scaling;
-    const double old = static_cast<double>(s.original_max_position_embeddings);
-    for (double& x : f) {
-      const double wl = 2 * std::numbers::pi / x;
-      const double scaled = wl > old / s.low_freq_factor ? x / s.factor : x;
-      const double smooth =
-          (old / wl - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-      const bool medium = !(wl < old / s.high_freq_factor) && !(wl > old / s.low_freq_factor);
-      x = medium ? (1 - smooth) * scaled / s.factor + smooth * scaled : scaled;
-    }
-  }
-  return f;
-}
-
-// Rotate-half RoPE of every head of `v` (heads * d) at position `pos`.
+// Rotate-half RoPE of every head of `v` (heads * d) at position `pos`, cos and sin times `scale`.
 inline void ref_rope(std::vector<double>& v, int64_t heads, int64_t d, int64_t pos,
-                     const std::vector<double>& inv_freq) {
+                     const std::vector<double>& inv_freq, double scale) {
   for (int64_t h = 0; h < heads; ++h) {
     std::vector<double> x(v.begin() + h * d, v.begin() + (h + 1) * d), y(static_cast<size_t>(d));
     for (int64_t i = 0; i < d; ++i) {
       const double rot = i < d / 2 ? -x[i + d / 2] : x[i - d / 2];  // rotate_half
       const double a = static_cast<double>(pos) * inv_freq[i % (d / 2)];
-      y[i] = x[i] * std::cos(a) + rot * std::sin(a);
+      y[i] = x[i] * std::cos(a) * scale + rot * std::sin(a) * scale;
     }
     std::copy(y.begin(), y.end(), v.begin() + h * d);
   }
@@ -143,6 +127,15 @@ inline RefTrace ref_forward(const RefModel& m, const std::vector<int32_t>& token
   const int64_t n = static_cast<int64_t>(tokens.size()), H = c.hidden_size, d = c.head_dim;
   const int64_t hq = c.num_attention_heads, hkv = c.num_key_value_heads, F = c.intermediate_size;
   const std::vector<double> inv_freq = ref_inv_freq(c);
+  const double rope_scale = ref_attention_scaling(c);
+  // Qwen3's q_norm/k_norm: each head of `v` through RMSNorm with the [d] weight.
+  auto norm_heads = [&](std::vector<double>& v, const std::vector<double>& w) {
+    for (size_t h = 0; h * d < v.size(); ++h) {
+      const std::vector<double> head(v.begin() + h * d, v.begin() + (h + 1) * d);
+      const std::vector<double> y = ref_rmsnorm(head, w, c.rms_norm_eps);
+      std::copy(y.begin(), y.end(), v.begin() + h * d);
+    }
+  };
   RefTrace tr;
   auto track = [&](const std::vector<double>& v) {
     for (double x : v) tr.max_abs_activation = std::max(tr.max_abs_activation, std::fabs(x));
@@ -157,8 +150,12 @@ inline RefTrace ref_forward(const RefModel& m, const std::vector<int32_t>& token
       q[t] = ref_matvec(L.wq, h, hq * d, &L.bq);
       k[t] = ref_matvec(L.wk, h, hkv * d, &L.bk);
       v[t] = ref_matvec(L.wv, h, hkv * d, &L.bv);
-      ref_rope(q[t], hq, d, t, inv_freq);
-      ref_rope(k[t], hkv, d, t, inv_freq);
+      if (c.qk_norm) {
+        norm_heads(q[t], L.q_norm);
+        norm_heads(k[t], L.k_norm);
+      }
+      ref_rope(q[t], hq, d, t, inv_freq, rope_scale);
+      ref_rope(k[t], hkv, d, t, inv_freq, rope_scale);
       track(q[t]);
       track(k[t]);
       track(v[t]);

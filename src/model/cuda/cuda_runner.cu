@@ -31,6 +31,15 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
+// What the CPU runner runs and this one does not: Qwen3's per-head q/k RMSNorm would need a
+// reduction over each head inside rope_kv_write (not written yet).
+void check_cuda_supports(const ModelConfig& c) {
+  if (c.qk_norm)
+    throw Error(ErrorKind::kUnsupported, "architectures",
+                c.architecture +
+                    " is not supported by the CUDA runner yet (its q/k RMSNorm); use --device cpu");
+}
+
 // Device memory freed on destruction; grow() reallocates only when asked for more than it holds.
 class DeviceMemory {
  public:
@@ -84,6 +93,7 @@ struct CudaRunner::Impl {
   bf16 *embed = nullptr, *final_norm = nullptr, *lm_head = nullptr;
   std::vector<LayerWeights> layers_w;
   float* inv_freq = nullptr;  // [head_dim / 2], in the weight allocation
+  float rope_scale = 1.0f;    // yarn's factor on cos and sin
 
   // KV pool: per layer K then V, each [num_blocks, block_size, kv_heads, head_dim].
   DeviceMemory kv_mem;
@@ -177,6 +187,7 @@ struct CudaRunner::Impl {
     // Float32, as Hugging Face keeps inv_freq; the kernel forms position * inv_freq in float32 too.
     const auto inv64 = rope_inv_freq(cfg);
     const std::vector<float> inv(inv64.begin(), inv64.end());
+    rope_scale = static_cast<float>(rope_attention_scaling(cfg));
     check_cuda(cudaMemcpy(inv_freq, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice),
                "inv_freq");
   }
@@ -344,6 +355,7 @@ struct CudaRunner::Impl {
   void check_batch(const ForwardBatch& b) const {
     b.validate();
     if (!kv_mem.get()) throw Error(ErrorKind::kInvalidArgument, "kv", "allocate_kv first");
+    check_rope_positions(cfg, b.positions);
     for (int32_t id : b.input_ids)
       if (id < 0 || id >= cfg.vocab_size)
         throw Error(ErrorKind::kInvalidArgument, "input_ids",
@@ -556,6 +568,7 @@ struct CudaRunner::Impl {
       ra.positions = st.pos;
       ra.slot_mapping = st.slots;
       ra.inv_freq = inv_freq;
+      ra.rope_scale = rope_scale;
       ra.q_out = q;
       ra.k_cache = k_cache;
       ra.v_cache = v_cache;
@@ -593,6 +606,7 @@ CudaRunner::~CudaRunner() = default;
 
 std::unique_ptr<CudaRunner> CudaRunner::load(const std::string& dir, int device) {
   const Checkpoint ck = Checkpoint::open(dir);
+  check_cuda_supports(ck.config());
   // The whole directory against the config, as the CPU runner checks it: load() reads only the
   // tensors the config names, so a checkpoint with more layers than config.json (or any other
   // tensor the model would not use) was served silently as a smaller model.
@@ -606,6 +620,7 @@ std::unique_ptr<CudaRunner> CudaRunner::load(const std::string& dir, int device)
 std::unique_ptr<CudaRunner> CudaRunner::random(const ModelConfig& config, uint64_t seed,
                                                int device) {
   config.validate();
+  check_cuda_supports(config);
   auto impl = std::make_unique<Impl>();
   impl->cfg = config;
   impl->init(device);

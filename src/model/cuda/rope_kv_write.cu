@@ -43,6 +43,8 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
       for (int i = 0; i < kVec; ++i) {
         float s, co;
         sincosf(pos * a.inv_freq[i0 + i], &s, &co);
+        s *= a.rope_scale;  // transformers scales cos and sin (float32) before rotating
+        co *= a.rope_scale;
         y1[i] = x1[i] * co - x2[i] * s;
         y2[i] = x2[i] * co + x1[i] * s;
       }

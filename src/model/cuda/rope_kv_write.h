@@ -17,6 +17,7 @@ struct RopeKvArgs {
   const int32_t* positions = nullptr;     // [n_tokens]
   const int32_t* slot_mapping = nullptr;  // [n_tokens]
   const float* inv_freq = nullptr;        // [head_dim / 2], scaling already applied
+  float rope_scale = 1.0f;                // multiplies cos and sin (yarn's attention factor)
   __nv_bfloat16* q_out = nullptr;         // [n_tokens, heads, head_dim]
   __nv_bfloat16* k_cache = nullptr;       // [slots, kv_heads, head_dim]
   __nv_bfloat16* v_cache = nullptr;       // [slots, kv_heads, head_dim]
