@@ -246,12 +246,16 @@ bool sm90_preferred(const AttentionParams& params, const Problem& pr, const Devi
   return true;
 }
 
-// One launch of the sm90 kernel over the whole dense batch: no splits, no workspace.
-Plan sm90_plan(const Problem& pr, int64_t q_rows) {
+// One launch of the sm90 kernel over the whole dense batch, no splits. Causal tiles differ in
+// cost, so with a workspace the persistent CTAs take them from a counter (16 bytes of workspace,
+// zeroed before the launch); without one each CTA runs one tile and the hardware schedules them.
+Plan sm90_plan(const Problem& pr, int64_t q_rows, bool workspace_available) {
   Plan plan;
   LaunchPlan l;
   l.kernel.family = KernelFamily::kSm90;
   l.kernel.masked = clamp_window(pr.mask.right, pr.max_q_len + pr.max_kv_len) == 0;
+  l.kernel.tile_counter = l.kernel.masked && workspace_available;
+  if (l.kernel.tile_counter) plan.workspace_bytes = 16;
   l.seq_end = pr.batch;
   l.max_q_len = pr.max_q_len;
   l.max_kv_len = pr.max_kv_len;
@@ -321,11 +325,11 @@ Plan cuda_plan(const AttentionParams& params, const Problem& pr, const HostLengt
   const KernelChoiceEnv choice = kernel_env();
   if (choice == KernelChoiceEnv::kSm90) {
     check_sm90(params, pr, dev);
-    return sm90_plan(pr, ctx.q_rows);
+    return sm90_plan(pr, ctx.q_rows, workspace_available);
   }
   Plan plan = make_plan(pr, ctx, lens);
   if (choice == KernelChoiceEnv::kAuto && sm90_preferred(params, pr, dev, plan))
-    return sm90_plan(pr, ctx.q_rows);
+    return sm90_plan(pr, ctx.q_rows, workspace_available);
   return plan;
 }
 
@@ -341,7 +345,7 @@ namespace {
 
 // The sm90 kernel over the whole dense batch (the plan's check has accepted the call).
 void run_sm90(const LaunchPlan& l, const AttentionParams& params, const Problem& pr,
-              const DeviceProps& dev, cudaStream_t stream) {
+              const DeviceProps& dev, void* workspace, cudaStream_t stream) {
 #if defined(FLASHSERVE_WITH_SM90)
   check_sm90(params, pr, dev);
   sm90::FwdArgs a{};
@@ -375,10 +379,13 @@ void run_sm90(const LaunchPlan& l, const AttentionParams& params, const Problem&
   a.scale = pr.scale;
   a.sms = dev.sms;
   a.l2_bytes = dev.l2_bytes;
+  a.tile_counter = l.kernel.tile_counter
+                       ? reinterpret_cast<int*>(static_cast<char*>(workspace) + l.workspace_offset)
+                       : nullptr;
   a.stream = stream;
   sm90::run_fwd(a);
 #else
-  (void)l, (void)params, (void)pr, (void)dev, (void)stream;
+  (void)l, (void)params, (void)pr, (void)dev, (void)workspace, (void)stream;
   throw Error(ErrorKind::kUnsupported, "FLASHSERVE_KERNEL", "sm90: this build has no sm90 kernels");
 #endif
 }
@@ -405,14 +412,14 @@ void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr
                reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
       throw Error(
           ErrorKind::kInvalidArgument, "workspace",
-          str_cat("split-KV needs ", plan.workspace_bytes,
+          str_cat("this plan needs ", plan.workspace_bytes,
                   " bytes of 16-byte aligned device workspace, got ", params.workspace_bytes));
     }
   }
 
   for (const LaunchPlan& l : plan.launches) {
     if (l.kernel.family == KernelFamily::kSm90) {
-      run_sm90(l, params, pr, dev, stream);
+      run_sm90(l, params, pr, dev, workspace, stream);
       continue;
     }
     const int64_t sequences = l.seq_end - l.seq_begin;

@@ -153,7 +153,8 @@ std::string Plan::summary() const {
        << (l.group == SeqGroup::kAll       ? ""
            : l.group == SeqGroup::kDecodes ? " decodes only"
                                            : " prefills only")
-       << " max_q " << l.max_q_len << " max_kv " << l.max_kv_len << " splits " << l.kernel.splits;
+       << " max_q " << l.max_q_len << " max_kv " << l.max_kv_len << " splits " << l.kernel.splits
+       << (l.kernel.tile_counter ? " tile counter" : "");
   }
   os << "; workspace " << workspace_bytes << " B";
   return os.str();

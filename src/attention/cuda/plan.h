@@ -25,8 +25,9 @@ namespace flashserve::attention {
 // Which sequences of its range a launch computes (the kernels' SeqKind, sm80/fwd_params.h).
 enum class SeqGroup : int32_t { kAll = 0, kDecodes = 1, kPrefills = 2 };
 
-// The kernel of one launch. kSm90 (the Hopper kernel, issue 13) is chosen only when asked for
-// (FLASHSERVE_KERNEL=sm90, cuda_dispatch.cu) until it has passed the GPU tests.
+// The kernel of one launch: kSm80 (FlashAttention-2 style, every GPU from Ampere on) or kSm90
+// (the Hopper kernel), which cuda_dispatch.cu takes where it measured faster (sm90_preferred) or
+// where FLASHSERVE_KERNEL=sm90 forces it.
 enum class KernelFamily { kSm80, kSm90 };
 
 struct KernelChoice {
@@ -35,6 +36,9 @@ struct KernelChoice {
   bool masked = false;  // causal or a window: the masked instantiation
   bool paged = false;
   int splits = 1;  // split-KV ways (> 1: partials in the workspace, then the combine)
+  // sm90 causal: a persistent grid whose CTAs take their next tile from a counter in the
+  // workspace (at workspace_offset), zeroed before the launch.
+  bool tile_counter = false;
 };
 
 // One launch: the kernel, its sequences [seq_begin, seq_end) (of which it takes `group`), the

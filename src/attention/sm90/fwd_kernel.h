@@ -17,9 +17,9 @@
 //   after QK^T, V after PV, so the producer refills K while PV still reads V.
 //
 // - Persistent: one CTA per multiprocessor walks its tiles (FwdParams::order, heaviest first in
-//   L2-sized sections of heads); the producer runs ahead into the next tile (Q is released after
-//   a tile's last QK^T, K and V block by block), so its loads overlap this tile's last GEMMs and
-//   epilogue.
+//   L2-sized sections of heads; a fixed stride, or causal the next free tile from a counter); the
+//   producer runs ahead into the next tile (Q is released after a tile's last QK^T, K and V block
+//   by block), so its loads overlap this tile's last GEMMs and epilogue.
 //
 // Not yet here (docs/kernel-notes.md, "sm90 next steps"): TMA stores of O, varlen, paged K/V,
 // windows, split-KV.
@@ -48,6 +48,11 @@ struct SharedStorage {
   alignas(1024) uint8_t k[Cfg::kStages][Cfg::kChunks][Cfg::kKVChunkBytes];
   alignas(1024) uint8_t v[Cfg::kStages][Cfg::kChunks][Cfg::kKVChunkBytes];
   Mbarrier q_full, q_empty;
+  // The producer announces each tile it starts (FwdParams::tile_counter) to the consumers
+  // through a ring of two slots: tile_full (the producer's arrival) and tile_empty (one arrival
+  // per consumer warp once it has read the slot).
+  int32_t tile[2];
+  Mbarrier tile_full[2], tile_empty[2];
   Mbarrier k_full[Cfg::kStages], v_full[Cfg::kStages];
   Mbarrier k_empty[Cfg::kStages], v_empty[Cfg::kStages];
 };
@@ -257,7 +262,8 @@ __device__ __forceinline__ void release(Mbarrier& empty) {
 template <class Cfg, bool kBf16, bool kCausal>
 __device__ __forceinline__ void consume_tile(SharedStorage<Cfg>& s, const FwdParams& p,
                                              const kernel::TileCoords& tile, int n_blocks, int ring,
-                                             int q_round, int cw, int tid) {
+                                             int q_round, int cw, int tid,
+                                             const WarpScheduler<Cfg::kConsumers>& sched) {
   const int m_block = tile.m_block, head = tile.head, batch = tile.z;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
   constexpr int kStages = Cfg::kStages;
@@ -281,7 +287,6 @@ __device__ __forceinline__ void consume_tile(SharedStorage<Cfg>& s, const FwdPar
   float sc[kBlockN / 2];
   uint32_t pa[kBlockN / 16][4];
   float rescale[2];
-  const WarpScheduler<Cfg::kConsumers> sched(cw, n_blocks > 0);
   // Q's descriptor for this warpgroup's 64 rows (8 atoms of 8 rows, 1024 bytes apart).
   const uint64_t q_desc = smem_desc_sw128(s.q[0] + cw * 64 * 128, 16, 1024);
 
@@ -293,7 +298,7 @@ __device__ __forceinline__ void consume_tile(SharedStorage<Cfg>& s, const FwdPar
     s.k_full[st].wait((ring / kStages) & 1);
     wgmma_fence();
     issue_qk<Cfg, kBf16>(sc, q_desc, s.k[st][0]);
-    sched.pass_turn(n_blocks == 1);
+    sched.pass_turn();
     wgmma_wait<0>();
     fence_regs(sc);
     release(s.k_empty[st]);
@@ -314,7 +319,7 @@ __device__ __forceinline__ void consume_tile(SharedStorage<Cfg>& s, const FwdPar
     s.v_full[prev].wait(((slot - 1) / kStages) & 1);
     wgmma_fence();  // after the wait's branch, ptxas wants the fence again before P V
     issue_pv<Cfg, kBf16>(o, pa, s.v[prev][0]);
-    sched.pass_turn(i == n_blocks - 1);
+    sched.pass_turn();
     wgmma_wait<1>();  // S is ready; P V still runs
     fence_regs(sc);
     release(s.k_empty[st]);
@@ -383,6 +388,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (threadIdx.x == 0) {
     s.q_full.init(1);
     s.q_empty.init(Cfg::kConsumerWarps);
+    for (int i = 0; i < 2; ++i) {
+      s.tile_full[i].init(1);
+      s.tile_empty[i].init(Cfg::kConsumerWarps);
+    }
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
       s.k_full[st].init(1);
@@ -394,33 +403,49 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   __syncthreads();
 
-  // Both roles walk the same tiles and count the same ring slots and Q rounds; tiles without
-  // keys (causal rows before the first key) load nothing and store O = 0, LSE = -inf.
-  // The two roles are the two branches of one if/else: ptxas applies each branch's setmaxnreg
-  // budget to its register allocation only in that shape.
+  // The producer picks the tiles (the next one once it has issued a tile's loads) and announces
+  // each, and past the last one num_tiles, to the consumers; both count the same ring slots and
+  // Q rounds. Tiles without keys (causal rows before the first key) load nothing and store
+  // O = 0, LSE = -inf. The two roles are the two branches of one if/else: ptxas applies each
+  // branch's setmaxnreg budget to its register allocation only in that shape.
   if (warpgroup == 0) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
     if (tid == 0) {
       int ring = 0, q_round = 0;
-      for (int t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+      for (int t = blockIdx.x, k = 0;; ++k) {
+        s.tile_empty[k % 2].wait(((k / 2) & 1) ^ 1);
+        s.tile[k % 2] = t;
+        s.tile_full[k % 2].arrive();
+        if (t >= p.num_tiles) break;
         const kernel::TileCoords tile = kernel::tile_of(p.order, t);
         const int n_blocks = key_blocks<Cfg, kCausal>(tile.m_block, p.seqlen_q, p.seqlen_k);
-        if (n_blocks == 0) continue;
-        produce_tile<Cfg>(s, p, tile, n_blocks, ring, q_round);
-        ring += n_blocks;
-        ++q_round;
+        if (n_blocks > 0) {
+          produce_tile<Cfg>(s, p, tile, n_blocks, ring, q_round);
+          ring += n_blocks;
+          ++q_round;
+        }
+        t = p.tile_counter != nullptr ? gridDim.x + atomicAdd(p.tile_counter, 1) : t + gridDim.x;
       }
     }
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
+    // The turns of the warp scheduler run on from one tile to the next (a warpgroup may start
+    // the next tile while the others finish this one).
+    WarpScheduler<Cfg::kConsumers> sched(warpgroup - 1);
     int ring = 0, q_round = 0;
-    for (int t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+    for (int k = 0;; ++k) {
+      s.tile_full[k % 2].wait((k / 2) & 1);
+      const int t = s.tile[k % 2];
+      release(s.tile_empty[k % 2]);
+      if (t >= p.num_tiles) break;
       const kernel::TileCoords tile = kernel::tile_of(p.order, t);
       const int n_blocks = key_blocks<Cfg, kCausal>(tile.m_block, p.seqlen_q, p.seqlen_k);
-      consume_tile<Cfg, kBf16, kCausal>(s, p, tile, n_blocks, ring, q_round, warpgroup - 1, tid);
+      consume_tile<Cfg, kBf16, kCausal>(s, p, tile, n_blocks, ring, q_round, warpgroup - 1, tid,
+                                        sched);
       ring += n_blocks;
       q_round += n_blocks > 0;
     }
+    sched.finish();
   }
 #endif
 }

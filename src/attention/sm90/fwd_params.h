@@ -28,6 +28,9 @@ struct FwdParams {
   // (heaviest first in L2-sized sections of heads; units = h_q x batch).
   kernel::GridOrder order;
   int32_t num_tiles;
+  // Not null: after its first tile (blockIdx.x) a CTA takes tile gridDim.x + atomicAdd(counter,
+  // 1), so each takes the heaviest tile left when it frees (causal). Null: every gridDim-th tile.
+  int* tile_counter;
 };
 
 }  // namespace flashserve::attention::sm90

@@ -28,6 +28,9 @@ struct FwdArgs {
   float scale;
   int sms;           // the device's multiprocessors: one persistent CTA each
   int64_t l2_bytes;  // the device's L2: the tile order's head sections fit half of it
+  // Causal: a device int the persistent CTAs take their next tile from (zeroed by the launch);
+  // null: causal grids run one CTA per tile.
+  int* tile_counter;
   cudaStream_t stream;
 };
 

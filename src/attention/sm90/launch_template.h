@@ -82,14 +82,20 @@ void launch(FwdParams& p, const FwdArgs& a) {
                 str_cat("the sm90 kernel's grid of ", units * m_blocks,
                         " tiles does not fit 32-bit tile indices"));
   p.num_tiles = static_cast<int32_t>(units * m_blocks);
-  // Equal tiles (no mask): one CTA per multiprocessor (the shared memory allows one), each
-  // walking every gridDim-th tile, so that a tile's first loads overlap the previous tile's last
-  // GEMMs and epilogue. Causal tiles differ in cost by up to the number of query tiles: a fixed
-  // stride over the sorted list leaves some CTAs with only heavy tiles (run 32: d256 causal 16k
-  // fell from 694 to 458 TFLOP/s), so they keep one CTA per tile and the hardware hands the next
-  // (heaviest remaining) tile to whichever multiprocessor frees first.
-  const int grid =
-      kCausal ? p.num_tiles : static_cast<int>(std::min<int64_t>(p.num_tiles, std::max(a.sms, 1)));
+  // One CTA per multiprocessor (the shared memory allows one), each walking its tiles, so that
+  // a tile's first loads overlap the previous tile's last GEMMs and epilogue. Equal tiles (no
+  // mask) go by a fixed stride; causal tiles differ in cost by up to the number of query tiles,
+  // and a fixed stride over the sorted list leaves some CTAs only heavy ones (run 32: d256
+  // causal 16k 694 -> 458 TFLOP/s), so they take the next tile from a counter; without one
+  // (no workspace) each CTA runs one tile and the hardware hands out the next.
+  p.tile_counter = kCausal ? a.tile_counter : nullptr;
+  const bool one_tile_each = kCausal && p.tile_counter == nullptr;
+  const int grid = one_tile_each
+                       ? p.num_tiles
+                       : static_cast<int>(std::min<int64_t>(p.num_tiles, std::max(a.sms, 1)));
+  if (p.tile_counter != nullptr)
+    check_cuda(cudaMemsetAsync(p.tile_counter, 0, sizeof(int), a.stream),
+               "cudaMemsetAsync (sm90 tile counter)");
   kernel<<<grid, Cfg::kThreads, smem, a.stream>>>(p);
   check_cuda(cudaGetLastError(), "sm90 forward kernel launch");
 }

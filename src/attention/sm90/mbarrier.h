@@ -38,6 +38,8 @@ struct Mbarrier {
         : "memory");
   }
 
+  __device__ __forceinline__ void arrive() { arrive_if(true); }
+
   // Spins until the phase of parity `phase` has completed. A fresh barrier is in phase 0, so
   // waiting for parity 1 returns at once: the producer's first pass over the empty barriers.
   // The loop is inside one asm statement: as a C++ loop it is a data-dependent branch between

@@ -12,7 +12,7 @@ struct TileConfig {
   static constexpr int kConsumers = kBlockM / 64;
   // Keys per block: S is a 64 x kBlockN fp32 accumulator (kBlockN / 2 registers per thread);
   // with intra-warpgroup overlap a thread holds S of block j, P of block j - 1 (kBlockN / 4) and
-  // O (kHeadDim / 2) at once, all within the consumers' 240 registers.
+  // O (kHeadDim / 2) at once, all within the consumers' registers.
   static constexpr int kBlockN = kBlockN_;
   // K/V stages: TMA fills the next blocks while the consumers work on this one.
   static constexpr int kStages = kStages_;
@@ -23,10 +23,11 @@ struct TileConfig {
   static constexpr int kWarpgroups = 1 + kConsumers;  // the producer and the consumers
   static constexpr int kThreads = kWarpgroups * 128;
   static constexpr int kConsumerWarps = 4 * kConsumers;
-  // setmaxnreg budgets (64K registers per SM, one CTA): the producer only issues TMA copies;
-  // 128 x 24 + 256 x 240 = 64512 with two consumers, 128 x 24 + 384 x 160 = 64512 with three.
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  // setmaxnreg budgets (64K registers per SM, one CTA): the producer issues TMA copies and picks
+  // the tiles (at 24 registers its tile loop spilled 8-24 bytes); 128 x 32 + 256 x 232 = 63488
+  // with two consumers, 128 x 32 + 384 x 160 = 65536 with three.
+  static constexpr int kProducerRegs = 32;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 160;
   static_assert(kBlockM % 64 == 0 && (kConsumers == 2 || kConsumers == 3),
                 "two or three consumer warpgroups of 64 rows");
 

@@ -11,23 +11,22 @@ namespace flashserve::attention::sm90 {
 template <int kConsumers>
 class WarpScheduler {
  public:
-  // `consumer` is 0 .. kConsumers - 1. Warpgroup 0 issues first: the last one lets it go before
-  // any waits (only when the tile has work, so that every arrival is matched by a wait).
-  __device__ __forceinline__ WarpScheduler(int consumer, bool has_work) : self_(consumer) {
-    if (has_work && consumer == kLast) arrive(1);
+  // `consumer` is 0 .. kConsumers - 1; one scheduler per CTA, its turns running on over all the
+  // CTA's tiles. Warpgroup 0 issues first: the last one lets it go before any waits.
+  __device__ __forceinline__ explicit WarpScheduler(int consumer) : self_(consumer) {
+    if (consumer == kLast) arrive(1);
   }
 
   // Before this warpgroup issues its GEMMs of one step.
   __device__ __forceinline__ void wait_turn() const { sync(1 + self_); }
 
-  // After they are issued: the next warpgroup's turn. The last one skips this after its last
-  // step (warpgroup 0 has no step left to wait for it), so every barrier ends the tile empty.
-  // Predicated, not branched (a divergent branch between wgmma issue and wait serializes them).
-  __device__ __forceinline__ void pass_turn(bool last_step) const {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p bar.arrive %0, %1;\n}\n" ::"r"(
-                     1 + (self_ + 1) % kConsumers),
-                 "n"(kThreads), "r"(static_cast<int>(!(self_ == kLast && last_step)))
-                 : "memory");
+  // After they are issued: the next warpgroup's turn.
+  __device__ __forceinline__ void pass_turn() const { arrive(1 + (self_ + 1) % kConsumers); }
+
+  // After the CTA's last tile: warpgroup 0 takes the turn the last one passed it (or the first,
+  // if the CTA had no step), so that every arrival is matched and the barriers end empty.
+  __device__ __forceinline__ void finish() const {
+    if (self_ == 0) sync(1);
   }
 
  private:
