@@ -147,7 +147,7 @@ int bench_serve(int argc, char** argv) {
   (void)profile_opt;
 
   const std::vector<fs::Policy> policies =
-      o.sched.selected({fs::Policy::kSarathi, fs::Policy::kVllm, fs::Policy::kOrca});
+      o.sched.selected({fs::Policy::kSarathi, fs::Policy::kVllmV0, fs::Policy::kOrca});
 
   // The model, once: every policy runs on the same weights and KV pool.
   // A --shape on the GPU gets weights generated on the device; on the CPU, a checkpoint written

@@ -104,7 +104,7 @@ int run_main_job(int argc, char** argv) {
     fe::ReplayResult r;
   };
   std::vector<Row> rows;
-  for (const fs::Policy p : {fs::Policy::kSarathi, fs::Policy::kVllm}) {
+  for (const fs::Policy p : {fs::Policy::kSarathi, fs::Policy::kVllmV0}) {
     fs::SchedulerConfig sc;
     sc.policy = p;
     sc.max_tokens_per_step = budget;

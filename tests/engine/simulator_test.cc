@@ -107,7 +107,8 @@ TEST(Simulator, PrefillFirstStallsDecodesChunkingDoesNot) {
   spec.max_model_len = 8192;
   const auto reqs = fs::generate_workload(spec);
   fs::RooflineCostModel cm(fs::model_preset("mistral-7b"), fs::gpu_preset("h200"));
-  fe::SimConfig sar = small_config(fs::Policy::kSarathi, 512), vl = small_config(fs::Policy::kVllm);
+  fe::SimConfig sar = small_config(fs::Policy::kSarathi, 512),
+                vl = small_config(fs::Policy::kVllmV0);
   sar.scheduler.max_model_len = vl.scheduler.max_model_len = vl.scheduler.max_tokens_per_step =
       8192;
   const auto s = fe::simulate(reqs, sar, cm).metrics;
@@ -291,7 +292,7 @@ TEST(Capacity, SarathiServesMoreThanPrefillFirstUnderATightSlo) {
                fs::CapacityCriteria{0.05, 2.0}, 1.0, 0.05)
         .capacity;
   };
-  const double sarathi = capacity(fs::Policy::kSarathi), vllm = capacity(fs::Policy::kVllm);
+  const double sarathi = capacity(fs::Policy::kSarathi), vllm = capacity(fs::Policy::kVllmV0);
   EXPECT_GT(vllm, 0);
   EXPECT_GT(sarathi, 1.2 * vllm);
 }
