@@ -43,7 +43,7 @@ void SchedulerFlags::refuse_inapplicable() const {
                 "only vllm-v1 has a long-prefill threshold (--policy vllm-v1 or --compare)");
   // Orca and static take whole prompts with no cap on a step's tokens.
   refuse_unless(budget_opt, compare || (p != fs::Policy::kOrca && p != fs::Policy::kStatic),
-                std::string(fs::to_string(p)) + " takes whole prompts; it has no token budget");
+                std::string(fs::to_string(p)) + " takes whole prompts and has no token budget");
 }
 
 std::vector<fs::Policy> SchedulerFlags::selected(const std::vector<fs::Policy>& compare_set) const {

@@ -83,7 +83,7 @@ int serve(int argc, char** argv) {
   const fs::Policy pol = check_option("--policy", [&] { return fs::parse_policy(policy); });
   refuse_unless(chunk_tile_opt, pol == fs::Policy::kSarathi, "only sarathi chunks prompts");
   refuse_unless(budget_opt, pol != fs::Policy::kOrca && pol != fs::Policy::kStatic,
-                std::string(fs::to_string(pol)) + " takes whole prompts; it has no token budget");
+                std::string(fs::to_string(pol)) + " takes whole prompts and has no token budget");
   // Not given: the policy's own (serve/policy.h).
   if (budget_opt->count() == 0) budget = fs::policy_defaults(pol).max_tokens_per_step;
   if (max_num_seqs_opt->count() == 0) max_num_seqs = fs::policy_defaults(pol).max_running;
