@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: builds flashserve and runs `flashserve run` (the engine on a tiny random model,
-# sarathi against vllm, measured; on the GPU when there is one, else the CPU).
+# sarathi against vllm-v1 and vllm-v0, measured; on the GPU when there is one, else the CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh

@@ -73,7 +73,8 @@ int bench_serve(int argc, char** argv) {
   auto* rate_opt = add_real(app, "--rate", o.rate, {0, 1e6, Open::kLow}, "requests per second");
   auto* requests_opt = add_int(app, "--requests", o.requests, {1, 1 << 20}, "requests per policy");
   auto* seed_opt = add_uint(app, "--seed", o.seed, "workload seed");
-  add_scheduler_options(app, o.sched, "sarathi, vllm or orca", "the model's, cut to the pool");
+  add_scheduler_options(app, o.sched, "sarathi, vllm-v1, vllm-v0 or orca",
+                        "the model's, cut to the pool");
   add_int(app, "--block-size", o.block_size, {1, 1 << 12}, "KV block size in tokens");
   auto* num_blocks_opt = add_int(app, "--num-blocks", o.num_blocks, {1, int64_t{1} << 31},
                                  "KV blocks (default: from the memory budget)");
@@ -146,8 +147,8 @@ int bench_serve(int argc, char** argv) {
     calibrated = std::make_unique<fs::ProfileCostModel>(fs::ProfileCostModel::load(o.profile));
   (void)profile_opt;
 
-  const std::vector<fs::Policy> policies =
-      o.sched.selected({fs::Policy::kSarathi, fs::Policy::kVllm, fs::Policy::kOrca});
+  const std::vector<fs::Policy> policies = o.sched.selected(
+      {fs::Policy::kSarathi, fs::Policy::kVllmV1, fs::Policy::kVllmV0, fs::Policy::kOrca});
 
   // The model, once: every policy runs on the same weights and KV pool.
   // A --shape on the GPU gets weights generated on the device; on the CPU, a checkpoint written
@@ -177,7 +178,7 @@ int bench_serve(int argc, char** argv) {
                                             std::to_string(mc.max_position_embeddings) +
                                             " positions (config.json max_position_embeddings)");
 
-  // make_model_engine gives vllm a token cap of at least max_model_len.
+  // make_model_engine gives vllm-v0 a token cap of at least max_model_len.
   auto scheduler_for = [&](fs::Policy p) { return o.sched.config_for(p); };
   // The engine resolves max_model_len (the model's positions, cut to the pool); the workload's
   // lengths are cut to it.
@@ -250,10 +251,26 @@ int bench_serve(int argc, char** argv) {
         "then measured at x%.2f and x%.2f:\n",
         o.slo_tbt * 1e3, o.max_sched_delay, cost.describe().c_str(), 1 - o.confirm_margin,
         1 + o.confirm_margin);
-    std::vector<std::string> lines;
+    // Every policy's capacity in simulation first, so that a run too short for the rates to be
+    // measured is refused before the engine runs at all.
+    std::vector<fs::CapacityResult> caps;
     for (const fs::Policy p : policies) {
-      const fs::CapacityResult cap = fs::find_capacity(
-          [&](double r) { return predict(cost, p, workload.at(r)).metrics; }, crit, rate);
+      caps.push_back(fs::find_capacity(
+          [&](double r) { return predict(cost, p, workload.at(r)).metrics; }, crit, rate));
+      const fs::CapacityResult& cap = caps.back();
+      if (!(cap.capacity > 0) || cap.at_limit) continue;  // nothing will be measured
+      // The engine runs at up to capacity x (1 + margin): those runs must be long enough for a
+      // backlog to show (and so are the simulated ones that found it, at lower rates).
+      check_option("--requests", [&] {
+        const double top = cap.capacity * (1 + o.confirm_margin);
+        fs::check_capacity_span(workload.at(top), top, o.max_sched_delay, o.confirm_margin);
+        return 0;
+      });
+    }
+    std::vector<std::string> lines;
+    for (size_t i = 0; i < policies.size(); ++i) {
+      const fs::Policy p = policies[i];
+      const fs::CapacityResult& cap = caps[i];
       char head[96];
       std::snprintf(head, sizeof head, "| %s | %s%.3f |", fs::to_string(p),
                     cap.at_limit ? ">= " : "", cap.capacity);

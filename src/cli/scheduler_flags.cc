@@ -11,46 +11,89 @@ void add_scheduler_options(CLI::App& app, SchedulerFlags& f, const std::string& 
   // Ranges: what the models can mean, and what keeps every product of them (tokens x blocks,
   // requests x lengths) far inside int64.
   constexpr int64_t kMaxTokens = int64_t{1} << 24;
-  f.policy_opt = app.add_option("--policy", f.policy, policies)->default_str(f.policy);
+  f.policy_opt = app.add_option("--policy", f.policy, fs::policy_names())->default_str(f.policy);
   app.add_flag("--compare", f.compare, "run every policy (" + policies + ") side by side");
   f.budget_opt =
-      add_int(app, "--budget", f.budget, {1, kMaxTokens}, "sarathi's token budget per step");
+      add_int(app, "--budget", f.budget, {1, kMaxTokens},
+              "token budget per step of the chunking policies (default: sarathi " +
+                  std::to_string(fs::policy_defaults(fs::Policy::kSarathi).max_tokens_per_step) +
+                  ", vllm-v1 " +
+                  std::to_string(fs::policy_defaults(fs::Policy::kVllmV1).max_tokens_per_step) +
+                  "); vllm-v0's prompt cap, raised to max_model_len");
   f.chunk_tile_opt = add_int(app, "--chunk-tile", f.chunk_tile, {1, kMaxTokens},
                              "sarathi: non-final chunks are a multiple of this");
-  f.max_running_opt =
-      add_int(app, "--max-running", f.max_running, {1, 1 << 20}, "sequences running at once");
-  f.orca_batch_opt = add_int(app, "--orca-batch", f.orca_batch, {1, 1 << 20},
-                             "orca's fixed batch (each request reserves max_model_len of KV)");
+  f.max_running_opt = add_int(app, "--max-running", f.max_running, {1, 1 << 20},
+                              "requests running at once, vLLM's max_num_seqs (default: the "
+                              "policy's; sarathi 256, vllm-v1 1024, vllm-v0 256, orca and static "
+                              "128)");
+  f.long_prefill_opt =
+      add_int(app, "--long-prefill-threshold", f.long_prefill_threshold, {0, kMaxTokens},
+              "vllm-v1: most prompt tokens of one request per step (vLLM's "
+              "long_prefill_token_threshold; 0: no cap, vLLM's default)");
   f.max_model_len_opt = add_int(app, "--max-model-len", f.max_model_len, {0, kMaxTokens},
                                 "prompt + output limit (0: " + max_model_len_help + ")");
 }
 
 void SchedulerFlags::refuse_inapplicable() const {
   refuse_unless(policy_opt, !compare, "--compare runs every policy; drop --policy");
-  refuse_unless(chunk_tile_opt, compare || policy == "sarathi",
-                "only sarathi chunks prompts (--policy sarathi or --compare)");
-  refuse_unless(orca_batch_opt, compare || policy == "orca",
-                "only orca has a fixed batch (--policy orca or --compare)");
-  // Orca runs a fixed batch of --orca-batch requests, whole prompts: no token budget, and its
-  // batch is not --max-running.
-  refuse_unless(budget_opt, compare || policy != "orca",
-                "orca takes whole prompts in its fixed batch; it has no token budget");
-  refuse_unless(max_running_opt, compare || policy != "orca", "orca's batch is --orca-batch");
+  const fs::Policy p = check_option("--policy", [&] { return fs::parse_policy(policy); });
+  refuse_unless(chunk_tile_opt, compare || p == fs::Policy::kSarathi,
+                "only sarathi chunks prompts to a tile (--policy sarathi or --compare)");
+  refuse_unless(long_prefill_opt, compare || p == fs::Policy::kVllmV1,
+                "only vllm-v1 has a long-prefill threshold (--policy vllm-v1 or --compare)");
+  // Orca and static take whole prompts with no cap on a step's tokens.
+  refuse_unless(budget_opt, compare || (p != fs::Policy::kOrca && p != fs::Policy::kStatic),
+                std::string(fs::to_string(p)) + " takes whole prompts and has no token budget");
 }
 
 std::vector<fs::Policy> SchedulerFlags::selected(const std::vector<fs::Policy>& compare_set) const {
   return compare ? compare_set : std::vector<fs::Policy>{fs::parse_policy(policy)};
 }
 
+int64_t SchedulerFlags::budget_for(fs::Policy p) const {
+  return budget_opt && budget_opt->count() > 0 ? budget
+                                               : fs::policy_defaults(p).max_tokens_per_step;
+}
+
 fs::SchedulerConfig SchedulerFlags::config_for(fs::Policy p, int64_t baseline_tokens) const {
   fs::SchedulerConfig sc;
   sc.policy = p;
-  const bool chunks = p == fs::Policy::kSarathi;
-  sc.max_tokens_per_step = chunks || baseline_tokens <= 0 ? budget : baseline_tokens;
-  sc.max_running = p == fs::Policy::kOrca ? orca_batch : max_running;
+  sc.max_tokens_per_step =
+      p == fs::Policy::kVllmV0 && baseline_tokens > 0 ? baseline_tokens : budget_for(p);
+  sc.max_running = max_running_opt && max_running_opt->count() > 0
+                       ? max_running
+                       : fs::policy_defaults(p).max_running;
   sc.max_model_len = max_model_len;
   sc.chunk_tile = chunk_tile;
+  if (p == fs::Policy::kVllmV1) sc.long_prefill_token_threshold = long_prefill_threshold;
   return sc;
+}
+
+std::string describe_limits(const fs::SchedulerConfig& c) {
+  std::string s = fs::to_string(c.policy);
+  switch (c.policy) {
+    case fs::Policy::kSarathi:
+      s += " budget " + std::to_string(c.max_tokens_per_step) + " tokens/step (chunk tile " +
+           std::to_string(c.chunk_tile) + ")";
+      break;
+    case fs::Policy::kVllmV1:
+      s += " budget " + std::to_string(c.max_tokens_per_step) + " tokens/step (long prefill " +
+           (c.long_prefill_token_threshold > 0
+                ? "threshold " + std::to_string(c.long_prefill_token_threshold)
+                : std::string("uncapped")) +
+           ")";
+      break;
+    case fs::Policy::kVllmV0:
+      s += " whole prompts up to " + std::to_string(c.max_tokens_per_step) + " tokens/step";
+      break;
+    case fs::Policy::kOrca:
+      s += " whole prompts, max_model_len of KV reserved each";
+      break;
+    case fs::Policy::kStatic:
+      s += " whole prompts, a batch at a time";
+      break;
+  }
+  return s + ", max running " + std::to_string(c.max_running);
 }
 
 }  // namespace flashserve::cli

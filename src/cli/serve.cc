@@ -46,12 +46,14 @@ int serve(int argc, char** argv) {
   add_int(app, "--port", port, {0, 65535}, "port to listen on (0: any free port)");
   auto* api_key_opt =
       app.add_option("--api-key", so.api_key, "require 'Authorization: Bearer KEY' on /v1 routes");
-  app.add_option("--policy", policy, "scheduler: sarathi, vllm or orca");
-  auto* budget_opt =
-      add_int(app, "--budget", budget, {1, 1 << 20}, "sarathi's token budget per step");
+  app.add_option("--policy", policy, "scheduler: " + fs::policy_names());
+  auto* budget_opt = add_int(app, "--budget", budget, {1, 1 << 20},
+                             "token budget per step (default: the policy's; sarathi 512, vllm-v1 "
+                             "8192)");
   auto* chunk_tile_opt = add_int(app, "--chunk-tile", chunk_tile, {1, 1 << 20},
                                  "sarathi: chunks are a multiple of this");
-  add_int(app, "--max-num-seqs", max_num_seqs, {1, 1 << 20}, "sequences running at once");
+  auto* max_num_seqs_opt = add_int(app, "--max-num-seqs", max_num_seqs, {1, 1 << 20},
+                                   "sequences running at once (default: the policy's)");
   add_int(app, "--max-model-len", max_model_len, {0, 1 << 24},
           "prompt + output tokens of one request (0: the model's, cut to the KV pool)");
   auto* util_opt = add_real(app, "--gpu-memory-utilization", gpu_mem_util, {0, 1, Open::kLow},
@@ -80,8 +82,11 @@ int serve(int argc, char** argv) {
   refuse_unless(kv_opt, device == "cpu", "sizes the CPU's KV pool (--device cpu)");
   const fs::Policy pol = check_option("--policy", [&] { return fs::parse_policy(policy); });
   refuse_unless(chunk_tile_opt, pol == fs::Policy::kSarathi, "only sarathi chunks prompts");
-  refuse_unless(budget_opt, pol != fs::Policy::kOrca,
-                "orca takes whole prompts in its fixed batch; it has no token budget");
+  refuse_unless(budget_opt, pol != fs::Policy::kOrca && pol != fs::Policy::kStatic,
+                std::string(fs::to_string(pol)) + " takes whole prompts and has no token budget");
+  // Not given: the policy's own (serve/policy.h).
+  if (budget_opt->count() == 0) budget = fs::policy_defaults(pol).max_tokens_per_step;
+  if (max_num_seqs_opt->count() == 0) max_num_seqs = fs::policy_defaults(pol).max_running;
   // An empty key (say --api-key "$KEY" with KEY unset) would serve without authentication.
   if (api_key_opt->count() > 0 && so.api_key.empty())
     throw UsageError("--api-key",

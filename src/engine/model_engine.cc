@@ -98,9 +98,9 @@ std::unique_ptr<Engine> make_model_engine(const LoadedModel& m, serve::Scheduler
     const int64_t fits = (probe.num_blocks() - probe.watermark_blocks()) * m.block_size;
     scheduler.max_model_len = std::min<int64_t>(c.max_position_embeddings, fits);
   }
-  // vllm and static never chunk: one step must take a whole prompt (as vLLM's default
+  // vllm-v0 never chunks: one step must take a whole prompt (as vLLM v0's default
   // max_num_batched_tokens does).
-  if (scheduler.policy == serve::Policy::kVllm || scheduler.policy == serve::Policy::kStatic)
+  if (scheduler.policy == serve::Policy::kVllmV0 || scheduler.policy == serve::Policy::kStatic)
     scheduler.max_tokens_per_step =
         std::max(scheduler.max_tokens_per_step, scheduler.max_model_len);
   ec.scheduler = scheduler;

@@ -23,7 +23,7 @@ struct BatchEntry {
 };
 
 struct Batch {
-  std::vector<BatchEntry> entries;  // decodes first, then prefill chunks (scheduling order)
+  std::vector<BatchEntry> entries;  // in scheduling order (sarathi: decodes, then chunks)
   std::vector<int64_t> preempted;   // ids of the sequences preempted while forming this batch
 
   bool empty() const { return entries.empty(); }

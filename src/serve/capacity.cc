@@ -1,6 +1,8 @@
 #include "serve/capacity.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "flashserve/error.h"
@@ -68,6 +70,37 @@ CapacityConfirmation confirm_capacity(double predicted,
   c.below = probe(predicted * (1 - margin));
   c.above = probe(predicted * (1 + margin));
   return c;
+}
+
+void check_capacity_span(const std::vector<Request>& requests, double rate,
+                         double max_sched_delay_p50_s, double resolution) {
+  if (!(resolution > 0 && resolution < 1))
+    throw Error(ErrorKind::kInvalidArgument, "resolution",
+                std::to_string(resolution) + " not in (0, 1)");
+  if (!(max_sched_delay_p50_s > 0) || !(rate > 0))
+    throw Error(ErrorKind::kInvalidArgument, "max_sched_delay_p50_s",
+                "the delay bound and the rate must be positive");
+  const double need_s = 2 * max_sched_delay_p50_s / resolution;
+  double first = 0, last = 0;
+  if (!requests.empty()) {
+    const auto [lo, hi] = std::minmax_element(
+        requests.begin(), requests.end(),
+        [](const Request& a, const Request& b) { return a.arrival_s < b.arrival_s; });
+    first = lo->arrival_s;
+    last = hi->arrival_s;
+  }
+  const double span_s = last - first;
+  if (span_s >= need_s) return;
+  // n requests at `rate` arrive over about (n - 1) / rate seconds.
+  const double need_n = std::ceil(need_s * rate) + 1;
+  char why[512];
+  std::snprintf(why, sizeof why,
+                "%zu requests at %.3f req/s arrive over %.1f s, too short for a backlog to show: "
+                "a run %.0f%% past capacity only breaks the %.2f s P50 scheduling-delay bound "
+                "after %.1f s of arrivals (2 x bound / %.2f); give at least %.0f requests",
+                requests.size(), rate, span_s, resolution * 100, max_sched_delay_p50_s, need_s,
+                resolution, need_n);
+  throw Error(ErrorKind::kInvalidArgument, "requests", why);
 }
 
 }  // namespace flashserve::serve

@@ -1,4 +1,4 @@
-// The four scheduling policies. Each only decides the order and size of the batch's entries; block
+// The five scheduling policies. Each only decides the order and size of the batch's entries; block
 // reservation, preemption and bookkeeping are the base class's.
 #include <algorithm>
 #include <limits>
@@ -52,19 +52,76 @@ class SarathiScheduler final : public Scheduler {
   }
 };
 
+// vLLM v1 (vllm/v1/core/sched/scheduler.py): one pass over the running requests in admission
+// order, each getting what it has left to compute (a decode: 1) capped by the threshold and the
+// budget left, its blocks allocated for that chunk only; then, if nothing was preempted, waiting
+// requests FIFO in the same way. Nothing distinguishes a decode from a prefill: an early prefill
+// can take the budget that later decodes would have had.
+class VllmV1Scheduler final : public Scheduler {
+ public:
+  VllmV1Scheduler(const SchedulerConfig& c, BlockManager& b) : Scheduler(c, b) {}
+
+ private:
+  // The most tokens one request gets this step, before it meets the budget.
+  int64_t cap(int64_t remaining) const {
+    const int64_t t = config_.long_prefill_token_threshold;
+    return t > 0 ? std::min(remaining, t) : remaining;
+  }
+
+  // Blocks for `seq` to hold `kv_len` tokens, preempting the latest-admitted running request
+  // (vLLM's FCFS victim: the back of the running list, a half-done prefill or not) until they fit
+  // or `seq` itself was the latest. Returns whether seq can run.
+  bool grow_or_preempt(Sequence* seq, int64_t kv_len, Batch& batch) {
+    while (!blocks_.can_grow(*seq, kv_len)) {
+      Sequence* victim = running_.back().get();
+      // The pass walks the running list forwards, so the back is seq or after it: never in batch.
+      if (in_batch(batch, victim))
+        throw Error(ErrorKind::kInternal, "scheduler", "vllm-v1 would preempt a scheduled request");
+      preempt(victim, batch);
+      if (victim == seq) return false;
+    }
+    blocks_.grow(*seq, kv_len);
+    return true;
+  }
+
+  void form(Batch& batch) override {
+    int64_t left = config_.max_tokens_per_step;
+    std::vector<Sequence*> order;  // a snapshot: preemption removes from the back while we walk
+    for (auto& s : running_) order.push_back(s.get());
+    for (Sequence* s : order) {
+      if (left <= 0) break;
+      if (!s->is_running()) continue;  // preempted for an earlier one
+      const int64_t n = std::min(cap(s->num_uncomputed()), left);
+      // vLLM stops the pass at the first request it cannot fit, even by preempting.
+      if (!grow_or_preempt(s, s->num_computed + n, batch)) break;
+      add_entry(batch, s, n);
+      left -= n;
+    }
+    if (!batch.preempted.empty()) return;  // the blocks are short: admit nothing this step
+    while (left > 0) {
+      // Blocks for the first chunk only; admit_head checks max_running (max_num_seqs).
+      Sequence* s = admit_head({.chunk_tokens = cap(left)});
+      if (!s) break;
+      const int64_t n = std::min(cap(s->num_uncomputed()), left);
+      add_entry(batch, s, n);
+      left -= n;
+    }
+  }
+};
+
 // Shared by the three baselines: they never split a prompt.
 class WholePromptScheduler : public Scheduler {
  public:
   WholePromptScheduler(const SchedulerConfig& c, BlockManager& b) : Scheduler(c, b) {}
 
  protected:
-  // Admits whole prompts FIFO while they fit in `left` tokens, each with the blocks of
-  // `reserve_tokens` (at least its own); returns how many were admitted.
-  int64_t admit_whole(Batch& batch, int64_t left, int64_t reserve_tokens = 0) {
+  // Admits whole prompts FIFO while they fit in `left` tokens, each with the blocks `how` says
+  // (all of its own at least); returns how many were admitted.
+  int64_t admit_whole(Batch& batch, int64_t left, const Admission& how = {}) {
     int64_t n = 0;
     while (!waiting_.empty()) {
       if (waiting_.front()->num_uncomputed() > left) break;
-      Sequence* s = admit_head(reserve_tokens);
+      Sequence* s = admit_head(how);
       if (!s) break;
       const int64_t need = s->num_uncomputed();  // less than before if a cached prefix was found
       add_entry(batch, s, need);
@@ -75,10 +132,13 @@ class WholePromptScheduler : public Scheduler {
   }
 };
 
-// vLLM (v0 default): prefill-first. A step with new prompts runs only prompts; decodes stall.
-class VllmScheduler final : public WholePromptScheduler {
+constexpr int64_t kNoTokenCap = std::numeric_limits<int64_t>::max();
+
+// vLLM v0 (its default, Sarathi-Serve's vLLM baseline): prefill-first. A step with new prompts
+// runs only prompts; decodes stall.
+class VllmV0Scheduler final : public WholePromptScheduler {
  public:
-  VllmScheduler(const SchedulerConfig& c, BlockManager& b) : WholePromptScheduler(c, b) {}
+  VllmV0Scheduler(const SchedulerConfig& c, BlockManager& b) : WholePromptScheduler(c, b) {}
 
  private:
   void form(Batch& batch) override {
@@ -87,9 +147,10 @@ class VllmScheduler final : public WholePromptScheduler {
   }
 };
 
-// Orca: iteration-level scheduling; whole prompts join the running decodes in the same step. Orca
-// keeps a fixed batch (max_running) and, with no paged cache, reserves max_model_len tokens of KV
-// per request when it is admitted, so it never preempts; there is no cap on a step's tokens.
+// Orca as Sarathi-Serve runs it (orca_scheduler.py, orca_block_space_manager.py): iteration-level
+// scheduling, whole prompts join the running decodes in the same step, no cap on a step's tokens.
+// With no paged cache, each request reserves max_model_len tokens of KV when admitted (with no
+// watermark), so it never preempts and memory bounds the batch below max_running.
 class OrcaScheduler final : public WholePromptScheduler {
  public:
   OrcaScheduler(const SchedulerConfig& c, BlockManager& b) : WholePromptScheduler(c, b) {}
@@ -98,11 +159,12 @@ class OrcaScheduler final : public WholePromptScheduler {
   void form(Batch& batch) override {
     add_decodes(batch);
     if (batch.preempted.empty())
-      admit_whole(batch, std::numeric_limits<int64_t>::max(), config_.max_model_len);
+      admit_whole(batch, kNoTokenCap, {.reserve_tokens = config_.max_model_len});
   }
 };
 
-// Static (request-level) batching: a new batch starts only when the previous one has drained.
+// Static (request-level, FasterTransformer-style) batching: up to max_running whole prompts start
+// together once the previous batch has drained, then decode steps until this one drains.
 class StaticScheduler final : public WholePromptScheduler {
  public:
   StaticScheduler(const SchedulerConfig& c, BlockManager& b) : WholePromptScheduler(c, b) {}
@@ -110,7 +172,7 @@ class StaticScheduler final : public WholePromptScheduler {
  private:
   void form(Batch& batch) override {
     if (running_.empty()) {
-      admit_whole(batch, config_.max_tokens_per_step);
+      admit_whole(batch, kNoTokenCap);
       return;
     }
     add_decodes(batch);
@@ -124,8 +186,10 @@ std::unique_ptr<Scheduler> Scheduler::create(const SchedulerConfig& config, Bloc
   switch (config.policy) {
     case Policy::kSarathi:
       return std::unique_ptr<Scheduler>(new SarathiScheduler(config, blocks));
-    case Policy::kVllm:
-      return std::unique_ptr<Scheduler>(new VllmScheduler(config, blocks));
+    case Policy::kVllmV1:
+      return std::unique_ptr<Scheduler>(new VllmV1Scheduler(config, blocks));
+    case Policy::kVllmV0:
+      return std::unique_ptr<Scheduler>(new VllmV0Scheduler(config, blocks));
     case Policy::kOrca:
       return std::unique_ptr<Scheduler>(new OrcaScheduler(config, blocks));
     case Policy::kStatic:

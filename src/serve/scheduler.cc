@@ -40,31 +40,6 @@ const char* to_string(FinishReason r) {
   return "?";
 }
 
-const char* to_string(Policy p) {
-  switch (p) {
-    case Policy::kSarathi:
-      return "sarathi";
-    case Policy::kVllm:
-      return "vllm";
-    case Policy::kOrca:
-      return "orca";
-    case Policy::kStatic:
-      return "static";
-  }
-  return "?";
-}
-
-std::vector<Policy> all_policies() {
-  return {Policy::kSarathi, Policy::kVllm, Policy::kOrca, Policy::kStatic};
-}
-
-Policy parse_policy(const std::string& name) {
-  for (Policy p : all_policies())
-    if (name == to_string(p)) return p;
-  throw Error(ErrorKind::kInvalidArgument, "policy",
-              "'" + name + "' is not one of sarathi, vllm, orca, static");
-}
-
 int64_t Batch::num_prefill_tokens() const {
   int64_t n = 0;
   for (const auto& e : entries) n += e.is_prefill ? e.q_len : 0;
@@ -95,31 +70,47 @@ void SchedulerConfig::validate() const {
   if (max_running < 1) bad("max_running", std::to_string(max_running) + " must be positive");
   if (max_model_len < 2) bad("max_model_len", std::to_string(max_model_len) + " must be >= 2");
   if (chunk_tile < 1) bad("chunk_tile", std::to_string(chunk_tile) + " must be positive");
-  if (policy == Policy::kSarathi && max_tokens_per_step < max_running)
-    // Every running decode takes one token of the budget; a smaller budget would have to skip some.
-    bad("max_tokens_per_step", "sarathi's budget " + std::to_string(max_tokens_per_step) +
-                                   " is below max_running " + std::to_string(max_running) +
+  if ((policy == Policy::kSarathi || policy == Policy::kVllmV1) &&
+      max_tokens_per_step < max_running)
+    // Sarathi: every running decode takes one token of the budget; a smaller budget would have to
+    // skip some. vLLM refuses max_num_batched_tokens < max_num_seqs for the same reason.
+    bad("max_tokens_per_step", std::string(to_string(policy)) + "'s budget " +
+                                   std::to_string(max_tokens_per_step) + " is below max_running " +
+                                   std::to_string(max_running) +
                                    ", so it could not run every decode each step");
-  // Orca has no token cap (its batch is max_running requests); vllm and static run whole prompts.
-  if ((policy == Policy::kVllm || policy == Policy::kStatic) && max_tokens_per_step < max_model_len)
+  // vllm-v0 runs whole prompts under its cap; orca and static have no token cap.
+  if (policy == Policy::kVllmV0 && max_tokens_per_step < max_model_len)
     bad("max_tokens_per_step", std::string(to_string(policy)) + " never chunks a prompt, so " +
                                    std::to_string(max_tokens_per_step) +
                                    " must be at least max_model_len " +
                                    std::to_string(max_model_len));
+  if (long_prefill_token_threshold < 0)
+    bad("long_prefill_token_threshold",
+        std::to_string(long_prefill_token_threshold) + " must be >= 0 (0: no cap)");
+  if (long_prefill_token_threshold > 0 && policy != Policy::kVllmV1)
+    bad("long_prefill_token_threshold",
+        std::string("only vllm-v1 caps a request's prefill tokens per step, not ") +
+            to_string(policy));
+}
+
+bool Scheduler::admits_with_watermark() const {
+  // Sarathi-Serve's Orca runs with watermark 0 (it reserves max_model_len per request, so running
+  // requests never need room to grow), and vLLM v1 allocates blocks with no watermark.
+  return config_.policy != Policy::kOrca && config_.policy != Policy::kVllmV1;
 }
 
 Scheduler::Scheduler(const SchedulerConfig& config, BlockManager& blocks)
     : config_(config), blocks_(blocks) {
   config_.validate();
   // A sequence alone must always fit, or preemption could loop forever.
-  const int64_t need = blocks.blocks_for_tokens(config_.max_model_len) + blocks.watermark_blocks();
+  const int64_t watermark = admits_with_watermark() ? blocks.watermark_blocks() : 0;
+  const int64_t need = blocks.blocks_for_tokens(config_.max_model_len) + watermark;
   if (need > blocks.num_blocks())
-    throw Error(ErrorKind::kInvalidArgument, "num_blocks",
-                std::to_string(blocks.num_blocks()) + " blocks of " +
-                    std::to_string(blocks.block_size()) +
-                    " tokens cannot hold one max_model_len (" +
-                    std::to_string(config_.max_model_len) + ") sequence plus the watermark (" +
-                    std::to_string(blocks.watermark_blocks()) + " blocks)");
+    throw Error(
+        ErrorKind::kInvalidArgument, "num_blocks",
+        std::to_string(blocks.num_blocks()) + " blocks of " + std::to_string(blocks.block_size()) +
+            " tokens cannot hold one max_model_len (" + std::to_string(config_.max_model_len) +
+            ") sequence plus the watermark (" + std::to_string(watermark) + " blocks)");
 }
 
 void Scheduler::add(std::unique_ptr<Sequence> seq) {
@@ -239,20 +230,29 @@ int64_t Scheduler::add_decodes(Batch& batch) {
   return added;
 }
 
-Sequence* Scheduler::admit_head(int64_t reserve_tokens) {
+Sequence* Scheduler::admit_head(const Admission& how) {
   if (waiting_.empty() || num_running() >= config_.max_running) return nullptr;
   Sequence* s = waiting_.front().get();
-  const int64_t tokens = std::max(reserve_tokens, s->num_tokens());
+  const int64_t watermark = admits_with_watermark() ? blocks_.watermark_blocks() : 0;
+  // The tokens its blocks must cover once the first `computed` of them are found in the cache:
+  // the first chunk, or everything it can hold (at least reserve_tokens) at once.
+  const auto cover = [&](int64_t computed) {
+    return how.chunk_tokens > 0 ? computed + std::min(s->num_tokens() - computed, how.chunk_tokens)
+                                : std::max(how.reserve_tokens, s->num_tokens());
+  };
   // A head that could not be admitted even if every block it looks up were cached waits without
-  // hashing its prompt again (a long prompt blocked for memory would, every step).
-  // (Cached blocks taken from the free pool leave the balance of free and needed as it was.)
+  // hashing its prompt again (a long prompt blocked for memory would, every step). More cached
+  // blocks never need more new ones, so the full lookup is the best case.
+  const int64_t lookup = blocks_.prefix_lookup_tokens(*s);
   const int64_t best_case =
-      blocks_.blocks_for_tokens(tokens) - blocks_.prefix_lookup_tokens(*s) / blocks_.block_size();
-  if (blocks_.num_free() - best_case < blocks_.watermark_blocks()) return nullptr;
+      blocks_.blocks_for_tokens(cover(lookup)) - lookup / blocks_.block_size();
+  if (blocks_.num_free() - best_case < watermark) return nullptr;
   // With prefix caching, the blocks that already hold its first tokens are taken first (they
   // count as computed, and as blocks it needs no more of); given back if it is not admitted.
+  // (Cached blocks taken from the free pool leave the balance of free and needed as it was.)
   const int64_t hit = blocks_.match_prefix(*s);
-  if (!blocks_.can_admit(*s, tokens)) {
+  const int64_t tokens = cover(s->num_computed);
+  if (blocks_.num_free() - blocks_.blocks_needed(*s, tokens) < watermark) {
     blocks_.release(*s);
     s->num_computed = 0;
     return nullptr;
@@ -264,8 +264,9 @@ Sequence* Scheduler::admit_head(int64_t reserve_tokens) {
   running_.push_back(std::move(waiting_.front()));
   waiting_.pop_front();
   s->state = SeqState::kRunningPrefill;
-  // The blocks are taken now, not chunk by chunk: a later admission cannot count them as free,
-  // so a prefill never runs out of blocks half way.
+  // Without chunk_tokens the blocks of the whole prompt are taken now: a later admission cannot
+  // count them as free, so a prefill never runs out of blocks half way. vllm-v1 takes them chunk
+  // by chunk, as vLLM does, and preempts when a later chunk finds none.
   blocks_.grow(*s, tokens);
   return s;
 }

@@ -2,16 +2,22 @@
 // the waiting queue and the running set, asks the block manager for KV blocks, preempts (by
 // recompute) when blocks run out, and after the forward pass records the sampled tokens.
 //
-// Policies (one interface, chosen by SchedulerConfig::policy):
+// Policies (one interface, chosen by SchedulerConfig::policy; names and defaults in policy.h):
 //   sarathi  stall-free chunked prefill (Sarathi-Serve): per step a token budget; first every
 //            running decode, then the partial prefills, then new requests FIFO, each prefill cut
 //            to what is left of the budget (rounded down to a multiple of chunk_tile unless it is
 //            the last chunk or less than a tile is left).
-//   vllm     prefill-first: whole prompts run in steps of their own; decodes wait while they do.
-//   orca     iteration-level (Orca, OSDI'22): a fixed batch of max_running requests, each reserving
-//            max_model_len tokens of KV at admission (Orca has no paged cache), whole prompts
-//            mixed with the running decodes, no chunking and no token cap.
-//   static   request-level: a batch is admitted only when the previous one has fully finished.
+//   vllm-v1  today's vLLM: no prefill or decode phase. The running requests in admission order
+//            each get min(tokens left to compute, long_prefill_token_threshold if set, budget
+//            left); then, only in a step that preempted nothing, waiting requests FIFO the same
+//            way. Blocks are allocated for the chunk scheduled, not the whole prompt, with no
+//            watermark; when they run out the latest-admitted running request is preempted.
+//   vllm-v0  prefill-first: whole prompts run in steps of their own; decodes wait while they do.
+//   orca     iteration-level, memory-bound (Sarathi-Serve's Orca): each admitted request reserves
+//            max_model_len tokens of KV (Orca has no paged cache), no watermark, up to max_running
+//            requests; whole prompts mixed with the running decodes, no chunking, no token cap.
+//   static   request-level: up to max_running whole prompts are admitted only when the previous
+//            batch has fully finished; no token cap.
 #pragma once
 
 #include <cstdint>
@@ -22,23 +28,23 @@
 
 #include "serve/batch.h"
 #include "serve/block_manager.h"
+#include "serve/policy.h"
 #include "serve/sequence.h"
 
 namespace flashserve::serve {
 
-enum class Policy : int32_t { kSarathi, kVllm, kOrca, kStatic };
-const char* to_string(Policy p);
-Policy parse_policy(const std::string& name);  // throws Error naming "policy"
-std::vector<Policy> all_policies();
-
 struct SchedulerConfig {
   Policy policy = Policy::kSarathi;
-  // The token budget of sarathi; for vllm and static (which never chunk) the largest batch of
-  // prompt tokens one step may take, so it must be at least max_model_len; orca ignores it.
+  // The token budget of sarathi and vllm-v1 (vLLM's max_num_batched_tokens); for vllm-v0 (which
+  // never chunks) the largest batch of prompt tokens one step may take, so it must be at least
+  // max_model_len; orca and static have no token cap and ignore it.
   int64_t max_tokens_per_step = 512;
-  int64_t max_running = 256;     // sequences holding KV blocks at once (orca: its fixed batch size)
+  int64_t max_running = 256;     // sequences holding KV blocks at once (vLLM's max_num_seqs)
   int64_t max_model_len = 8192;  // prompt + output tokens of one request
   int64_t chunk_tile = 64;  // sarathi: non-final chunks are a multiple of this (1: no rounding)
+  // vllm-v1: the most prompt tokens one request computes in a step (vLLM's
+  // long_prefill_token_threshold; 0: no cap beyond the budget, vLLM's default).
+  int64_t long_prefill_token_threshold = 0;
 
   void validate() const;  // throws Error naming the field
 };
@@ -91,10 +97,21 @@ class Scheduler {
   // Makes room for `seq` to hold `kv_len` tokens, preempting the lowest-priority running sequences
   // not yet in `batch`; preempts `seq` itself if that is not enough. Returns whether seq can run.
   bool reserve(Sequence* seq, int64_t kv_len, Batch& batch);
-  // Moves the head of the waiting queue to the running set if max_running and the blocks (with the
-  // watermark) allow it, and gives it blocks for max(reserve_tokens, its tokens) at once; returns
-  // it or nullptr.
-  Sequence* admit_head(int64_t reserve_tokens = 0);
+  // How admit_head gives the head its blocks.
+  struct Admission {
+    // Blocks for at least this many tokens (orca: max_model_len), and for all of its own.
+    int64_t reserve_tokens = 0;
+    // > 0: blocks only for the first chunk, of at most this many tokens (vllm-v1 allocates chunk
+    // by chunk); reserve_tokens is then unused.
+    int64_t chunk_tokens = 0;
+  };
+  // Moves the head of the waiting queue to the running set if max_running and the blocks allow
+  // it (leaving the watermark free where the policy keeps one), and gives it the blocks `how`
+  // says; returns it or nullptr.
+  Sequence* admit_head(const Admission& how);
+  Sequence* admit_head() { return admit_head(Admission{}); }
+  // Whether admission leaves the block manager's watermark free (not for orca and vllm-v1).
+  bool admits_with_watermark() const;
   // The running sequence to preempt so that `seq` can grow: the lowest-priority one not in
   // `batch`, sparing prefills already under way while anything else is left; nullptr if none.
   Sequence* victim_for(const Sequence* seq, const Batch& batch) const;

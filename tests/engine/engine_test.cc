@@ -153,11 +153,13 @@ TEST(Engine, GreedyOutputsEqualEachRequestAloneUnderEveryPolicy) {
       {"sarathi-16", fs::Policy::kSarathi, 16, 4096},
       {"sarathi-64", fs::Policy::kSarathi, 64, 4096},
       {"sarathi-512", fs::Policy::kSarathi, 512, 4096},
-      {"vllm", fs::Policy::kVllm, 512, 4096},
+      {"vllm-v1-32", fs::Policy::kVllmV1, 32, 4096},
+      {"vllm-v0", fs::Policy::kVllmV0, 512, 4096},
       {"orca", fs::Policy::kOrca, 512, 4096},
       // 20 blocks of 16 = 320 tokens for 12 requests of up to 214: constant preemption.
       {"sarathi-64-preempting", fs::Policy::kSarathi, 64, 20},
-      {"vllm-preempting", fs::Policy::kVllm, 512, 20},
+      {"vllm-v1-32-preempting", fs::Policy::kVllmV1, 32, 20},
+      {"vllm-v0-preempting", fs::Policy::kVllmV0, 512, 20},
   };
   AloneComparison cmp{alone};
   for (const PolicySetup& s : setups) {
@@ -166,7 +168,8 @@ TEST(Engine, GreedyOutputsEqualEachRequestAloneUnderEveryPolicy) {
     std::printf("%s: %lld steps, %lld preemptions\n", s.name.c_str(),
                 static_cast<long long>(run.steps), static_cast<long long>(run.preemptions));
     if (s.num_blocks < 100) EXPECT_GT(run.preemptions, 0) << s.name << " never preempted";
-    if (s.policy == fs::Policy::kSarathi) EXPECT_LE(run.max_step_tokens, s.budget) << s.name;
+    if (s.policy == fs::Policy::kSarathi || s.policy == fs::Policy::kVllmV1)
+      EXPECT_LE(run.max_step_tokens, s.budget) << s.name;
     cmp.check(s.name, run);
   }
   std::printf("%lld request runs compared, %lld diverged after a near-tie\n",
@@ -203,11 +206,13 @@ TEST(Engine, PrefixCachingGivesTheTokensEachRequestGetsAlone) {
   const std::vector<PolicySetup> setups = {
       {"sarathi-16", fs::Policy::kSarathi, 16, 4096},
       {"sarathi-64", fs::Policy::kSarathi, 64, 4096},
-      {"vllm", fs::Policy::kVllm, 512, 4096},
+      {"vllm-v1-32", fs::Policy::kVllmV1, 32, 4096},
+      {"vllm-v0", fs::Policy::kVllmV0, 512, 4096},
       {"orca", fs::Policy::kOrca, 512, 4096},
       // 12 blocks of 16 for requests of up to 154 tokens: constant preemption.
       {"sarathi-64-preempting", fs::Policy::kSarathi, 64, 12},
-      {"vllm-preempting", fs::Policy::kVllm, 512, 12},
+      {"vllm-v1-32-preempting", fs::Policy::kVllmV1, 32, 12},
+      {"vllm-v0-preempting", fs::Policy::kVllmV0, 512, 12},
   };
   AloneComparison cmp{alone};
   for (const PolicySetup& s : setups) {
@@ -556,7 +561,7 @@ TEST(Engine, RandomAddAbortStepOnTheModel) {
   FuzzStats st;
   for (int round = 0; round < 2; ++round) {
     auto engine =
-        tiny_engine(round ? fs::Policy::kVllm : fs::Policy::kSarathi, round ? 128 : 24, 20, 128);
+        tiny_engine(round ? fs::Policy::kVllmV0 : fs::Policy::kSarathi, round ? 128 : 24, 20, 128);
     fuzz(*engine, rng, 250, false, st);
   }
   std::printf(

@@ -1,7 +1,9 @@
-// Scheduler: the four policies on thousands of small random workloads (block invariants after every
+// Scheduler: the five policies on thousands of small random workloads (block invariants after every
 // step, the token budget, max_running, exact output lengths, sarathi never skipping a running
-// decode), plus targeted cases: vllm's decode stall, sarathi's chunk sizes, orca's mixing, static's
-// request-level batches, preemption by recompute, and the errors for bad requests and configs.
+// decode, vllm-v1's chunk sizes and victims), plus targeted cases: vllm-v0's decode stall,
+// sarathi's chunk sizes, orca's mixing, static's request-level batches, preemption by recompute,
+// and the errors for bad requests and configs. The hand-traced batches of each policy are in
+// policy_golden_test.cc.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -53,9 +55,10 @@ Case random_case(fs::Policy policy, std::mt19937_64& rng) {
   c.cfg.max_model_len = uni(16, 160);
   c.cfg.max_running = uni(1, 12);
   c.cfg.chunk_tile = std::vector<int64_t>{1, 4, 16}[uni(0, 2)];
-  c.cfg.max_tokens_per_step = policy == fs::Policy::kSarathi
-                                  ? uni(c.cfg.max_running, c.cfg.max_running + 96)
-                                  : c.cfg.max_model_len + uni(0, 64);
+  const bool chunks = policy == fs::Policy::kSarathi || policy == fs::Policy::kVllmV1;
+  c.cfg.max_tokens_per_step =
+      chunks ? uni(c.cfg.max_running, c.cfg.max_running + 96) : c.cfg.max_model_len + uni(0, 64);
+  if (policy == fs::Policy::kVllmV1 && uni(0, 1)) c.cfg.long_prefill_token_threshold = uni(1, 48);
   c.block_size = static_cast<int32_t>(std::vector<int64_t>{1, 4, 16}[uni(0, 2)]);
   c.watermark = uni(0, 1) ? 0.0 : 0.05;
   // Between "barely one max-length sequence" (lots of preemption) and plenty.
@@ -119,14 +122,25 @@ void check_paged_kv(const fs::Batch& batch, int32_t bs, std::vector<Slot>& kv) {
   }
 }
 
-// Whether the head of the waiting queue could be admitted now: a running slot, its blocks with the
-// watermark, and room in the step (a whole prompt for the baselines, one token for sarathi).
+// The first chunk vllm-v1 gives a request with `remaining` tokens to compute and `left` of the
+// budget unused: capped by long_prefill_token_threshold when set.
+int64_t v1_chunk(int64_t remaining, int64_t left, int64_t threshold) {
+  return std::min(threshold > 0 ? std::min(remaining, threshold) : remaining, left);
+}
+
+// Whether the head of the waiting queue could be admitted now: a running slot, its blocks (with
+// the watermark, except for orca and vllm-v1), and room in the step (a whole prompt for vllm-v0,
+// one token for sarathi and vllm-v1, none for orca and static, which have no token cap).
 bool head_admissible(const fs::Scheduler& s, const fs::BlockManager& bm, int64_t tokens_left) {
   if (s.num_waiting() == 0 || s.num_running() >= s.config().max_running) return false;
   const fs::Sequence& head = *s.live()[static_cast<size_t>(s.num_running())];
   const fs::Policy p = s.config().policy;
-  if (p == fs::Policy::kOrca)  // no token cap; max_model_len of KV reserved per request
-    return bm.can_admit(head, std::max(head.num_tokens(), s.config().max_model_len));
+  if (p == fs::Policy::kOrca)  // max_model_len of KV reserved per request, no watermark
+    return bm.can_grow(head, std::max(head.num_tokens(), s.config().max_model_len));
+  if (p == fs::Policy::kVllmV1)  // blocks for the first chunk only, no watermark
+    return tokens_left > 0 && bm.can_grow(head, v1_chunk(head.num_tokens(), tokens_left,
+                                                         s.config().long_prefill_token_threshold));
+  if (p == fs::Policy::kStatic) return bm.can_admit(head, head.num_tokens());
   const int64_t step_need = p == fs::Policy::kSarathi ? 1 : head.num_uncomputed();
   return bm.can_admit(head, head.num_tokens()) && step_need <= tokens_left;
 }
@@ -193,8 +207,9 @@ RunStats run_case(const Case& c, uint64_t seed) {
     st.preemptions += static_cast<int64_t>(batch.preempted.size());
     st.max_tokens = std::max(st.max_tokens, batch.num_tokens());
 
-    // The budget (orca has none), the running limit, and the shape of every entry.
-    if (c.policy != fs::Policy::kOrca) EXPECT_LE(batch.num_tokens(), c.cfg.max_tokens_per_step);
+    // The budget (orca and static have none), the running limit, and the shape of every entry.
+    if (c.policy != fs::Policy::kOrca && c.policy != fs::Policy::kStatic)
+      EXPECT_LE(batch.num_tokens(), c.cfg.max_tokens_per_step);
     EXPECT_LE(sched->num_running(), c.cfg.max_running);
     std::set<int64_t> in_batch;
     bool has_prefill = false, has_decode = false;
@@ -210,9 +225,11 @@ RunStats run_case(const Case& c, uint64_t seed) {
       EXPECT_GE(static_cast<int64_t>(e.block_table().size()) * c.block_size, e.kv_len);
       if (e.is_prefill) {
         has_prefill = true;
-        if (c.policy != fs::Policy::kSarathi) {
+        if (c.policy != fs::Policy::kSarathi && c.policy != fs::Policy::kVllmV1) {
           EXPECT_EQ(e.q_start, 0) << "a baseline chunked a prompt";
           EXPECT_TRUE(e.samples);
+        } else if (c.policy == fs::Policy::kVllmV1) {
+          st.chunked_prefills += !e.samples;
         } else if (!e.samples) {
           ++st.chunked_prefills;
           // A non-final chunk is a multiple of the tile unless the budget left was below a tile.
@@ -253,9 +270,13 @@ RunStats run_case(const Case& c, uint64_t seed) {
       EXPECT_TRUE(it != priority_before.end()) << "preempted a sequence that was not running";
       const bool victim_half_done = half_done_before.count(v) > 0;
       for (; it != priority_before.end(); ++it)
-        EXPECT_TRUE(in_batch.count(*it) || preempted_set.count(*it) ||
-                    (!victim_half_done && half_done_before.count(*it)))
-            << "preempted " << v << " ahead of lower-priority " << *it << " at step " << step;
+        if (c.policy == fs::Policy::kVllmV1)  // strictly the latest admitted, whatever it runs
+          EXPECT_TRUE(preempted_set.count(*it))
+              << "vllm-v1 preempted " << v << " ahead of later-admitted " << *it;
+        else
+          EXPECT_TRUE(in_batch.count(*it) || preempted_set.count(*it) ||
+                      (!victim_half_done && half_done_before.count(*it)))
+              << "preempted " << v << " ahead of lower-priority " << *it << " at step " << step;
       if (c.policy == fs::Policy::kOrca) ADD_FAILURE() << "orca reserved its KV, yet preempted";
     }
     // Sarathi reserves a prompt's blocks at admission: its prefills never run the cache short.
@@ -294,10 +315,35 @@ RunStats run_case(const Case& c, uint64_t seed) {
         if (batch.preempted.empty()) EXPECT_FALSE(head_admissible(*sched, bm, left));
       }
     }
+    if (c.policy == fs::Policy::kVllmV1) {
+      // The running requests in admission order, then the admitted ones; each gets exactly
+      // min(what it has left, the threshold, the budget left).
+      std::vector<int64_t> order;
+      int64_t tokens_before = 0;
+      for (const auto& e : batch.entries) {
+        order.push_back(e.seq->id);
+        EXPECT_EQ(e.q_len, v1_chunk(e.seq->num_tokens() - e.q_start,
+                                    c.cfg.max_tokens_per_step - tokens_before,
+                                    c.cfg.long_prefill_token_threshold))
+            << "vllm-v1's chunk for " << e.seq->id << " at step " << step;
+        tokens_before += e.q_len;
+      }
+      std::vector<int64_t> want_order;
+      for (int64_t id : priority_before)
+        if (in_batch.count(id)) want_order.push_back(id);
+      want_order.insert(want_order.end(), admitted.begin(), admitted.end());
+      EXPECT_EQ(order, want_order) << "vllm-v1's order at step " << step;
+      // Work-conserving unless it preempted: budget left means every running request ran and
+      // the head could not be admitted.
+      if (left > 0 && batch.preempted.empty()) {
+        for (const fs::Sequence* s : sched->running()) EXPECT_TRUE(in_batch.count(s->id));
+        EXPECT_FALSE(head_admissible(*sched, bm, left)) << "step " << step;
+      }
+    }
     if (c.policy == fs::Policy::kOrca && batch.preempted.empty()) {
       EXPECT_FALSE(head_admissible(*sched, bm, left)) << "orca left a fitting prompt waiting";
     }
-    if (c.policy == fs::Policy::kVllm) {
+    if (c.policy == fs::Policy::kVllmV0) {
       EXPECT_FALSE(has_prefill && has_decode);
       // Prefill-first: a step runs prompts exactly when the queue's head can be admitted.
       EXPECT_EQ(has_prefill, admissible_before) << "step " << step;
@@ -346,7 +392,7 @@ class RandomWorkloads : public ::testing::TestWithParam<fs::Policy> {};
 TEST_P(RandomWorkloads, InvariantsBudgetAndExactLengths) {
   std::mt19937_64 rng(static_cast<uint64_t>(GetParam()) * 7919 + 17);
   RunStats total;
-  constexpr int kWorkloads = 750;  // x 4 policies = 3000 random workloads
+  constexpr int kWorkloads = 600;  // x 5 policies = 3000 random workloads
   for (int w = 0; w < kWorkloads; ++w) {
     const Case c = random_case(GetParam(), rng);
     const RunStats st = run_case(c, rng());
@@ -371,15 +417,21 @@ TEST_P(RandomWorkloads, InvariantsBudgetAndExactLengths) {
   else
     EXPECT_GT(total.preemptions, 0);
   EXPECT_GT(total.aborts, 0);
-  if (GetParam() == fs::Policy::kSarathi) {
+  if (GetParam() == fs::Policy::kSarathi || GetParam() == fs::Policy::kVllmV1) {
     EXPECT_GT(total.chunked_prefills, 0);
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllPolicies, RandomWorkloads,
-                         ::testing::Values(fs::Policy::kSarathi, fs::Policy::kVllm,
-                                           fs::Policy::kOrca, fs::Policy::kStatic),
-                         [](const auto& info) { return std::string(fs::to_string(info.param)); });
+                         ::testing::Values(fs::Policy::kSarathi, fs::Policy::kVllmV1,
+                                           fs::Policy::kVllmV0, fs::Policy::kOrca,
+                                           fs::Policy::kStatic),
+                         [](const auto& info) {
+                           std::string name = fs::to_string(info.param);
+                           for (char& ch : name)
+                             if (ch == '-') ch = '_';  // a test name is an identifier
+                           return name;
+                         });
 
 // One long-running decode, then a long prompt arrives. Returns, for each step after the arrival
 // until the prompt's first token, whether the decode was in the step.
@@ -412,8 +464,8 @@ std::vector<bool> decode_presence(fs::Policy policy) {
   return present;
 }
 
-TEST(Scheduler, VllmStallsDecodesWhileAPromptRuns) {
-  const auto p = decode_presence(fs::Policy::kVllm);
+TEST(Scheduler, VllmV0StallsDecodesWhileAPromptRuns) {
+  const auto p = decode_presence(fs::Policy::kVllmV0);
   ASSERT_EQ(p.size(), 1u);  // the whole prompt in one step...
   EXPECT_FALSE(p[0]);       // ...in which the running decode does not advance
 }
@@ -569,8 +621,21 @@ TEST(Scheduler, BadConfigsNameTheField) {
   c.max_running = 200;  // sarathi could not fit every decode
   EXPECT_EQ(field_of(c), "max_tokens_per_step");
   c = ok;
-  c.policy = fs::Policy::kVllm;  // 512 < max_model_len 8192: a prompt might never fit
+  c.policy = fs::Policy::kVllmV0;  // 512 < max_model_len 8192: a prompt might never fit
   EXPECT_EQ(field_of(c), "max_tokens_per_step");
+  c = ok;
+  c.policy = fs::Policy::kVllmV1;
+  c.max_running = 600;  // vLLM refuses max_num_batched_tokens < max_num_seqs
+  EXPECT_EQ(field_of(c), "max_tokens_per_step");
+  c = ok;
+  c.long_prefill_token_threshold = 64;  // sarathi has no such cap
+  EXPECT_EQ(field_of(c), "long_prefill_token_threshold");
+  c = ok;
+  c.policy = fs::Policy::kVllmV1;
+  c.long_prefill_token_threshold = -1;
+  EXPECT_EQ(field_of(c), "long_prefill_token_threshold");
+  c.long_prefill_token_threshold = 64;
+  EXPECT_EQ(field_of(c), "accepted");
   c = ok;
   c.max_running = 0;
   EXPECT_EQ(field_of(c), "max_running");
@@ -578,7 +643,13 @@ TEST(Scheduler, BadConfigsNameTheField) {
   c.chunk_tile = 0;
   EXPECT_EQ(field_of(c), "chunk_tile");
   EXPECT_EQ(field_of(ok, 100), "num_blocks");  // 1600 slots < max_model_len 8192
-  EXPECT_THROW(fs::parse_policy("fcfs"), Error);
+  try {
+    fs::parse_policy("fcfs");
+    ADD_FAILURE() << "accepted policy fcfs";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "policy");
+    EXPECT_NE(std::string(e.what()).find("vllm-v1"), std::string::npos) << e.what();
+  }
   for (fs::Policy p : fs::all_policies()) EXPECT_EQ(fs::parse_policy(fs::to_string(p)), p);
 }
 
