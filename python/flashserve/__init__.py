@@ -16,7 +16,29 @@ from .attention import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qk
                         flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache,
                         register_torch)
 
-__version__ = "0.1.0"
+
+
+def _package_version():
+    """project(VERSION) of the top-level CMakeLists.txt: stamped into _version.py by setup.py when
+    the package is built, read from the checkout's CMakeLists.txt when it is used from its source
+    tree."""
+    try:
+        from ._version import version as stamped
+        return stamped
+    except ImportError:
+        pass
+    import os
+    from . import _cmake_version
+    cmakelists = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                              "CMakeLists.txt")
+    if not os.path.isfile(cmakelists):
+        raise ImportError("flashserve: this package has no _version.py (setup.py writes it) and is "
+                          f"not in a source checkout ({os.path.normpath(cmakelists)} is missing): "
+                          "install it with pip install, or use it from its checkout")
+    return _cmake_version.read(cmakelists)
+
+
+__version__ = _package_version()
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
            "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
            "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache", "register_torch",
