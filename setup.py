@@ -28,7 +28,13 @@ from setuptools.command.build_py import build_py
 try:  # setuptools >= 70 carries bdist_wheel; Debian 12's comes from the wheel package
     from setuptools.command.bdist_wheel import bdist_wheel
 except ImportError:
-    from wheel.bdist_wheel import bdist_wheel
+    try:
+        from wheel.bdist_wheel import bdist_wheel
+    except ImportError:
+        sys.exit("setup.py: building flashserve needs the wheel package, which this python lacks "
+                 "(Debian: apt-get install python3-wheel; a venv made without "
+                 "--system-site-packages does not see it: pip install wheel there, or make the "
+                 "venv with --system-site-packages)")
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 LIBRARY = "libflashserve_c.so"
