@@ -8,6 +8,10 @@
 #   <prefix>/bin/flashserve               the command line
 #   <prefix>/share/flashserve/            its data (data/: the workload length traces)
 #
+# Two components: `library` (headers, libraries, the CMake package, flashserve.pc; needs only the
+# flashserve_attention and flashserve_c targets built) and `cli` (the executable and its data);
+# cmake --install installs both, --component one of them.
+#
 # A downstream project: find_package(flashserve 0.1 REQUIRED) and
 # target_link_libraries(app PRIVATE flashserve::attention). tests/install/ is one, built by CI.
 include(CMakePackageConfigHelpers)
@@ -22,19 +26,20 @@ set_target_properties(flashserve_c PROPERTIES EXPORT_NAME c)
 set_target_properties(flashserve_c flashserve PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
 
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/flashserve
-        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h")
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT library FILES_MATCHING PATTERN "*.h")
 install(FILES ${PROJECT_BINARY_DIR}/include/flashserve/version.h
-        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flashserve)
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flashserve COMPONENT library)
 install(TARGETS flashserve_attention flashserve_c EXPORT flashserveTargets
-        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
-        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
-        RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(TARGETS flashserve RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT library
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT library
+        RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT library)
+install(TARGETS flashserve RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT cli)
 # The executable looks for these at <its folder>/${FLASHSERVE_DATA_FROM_BIN} (src/CMakeLists.txt).
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/data/ DESTINATION ${CMAKE_INSTALL_DATADIR}/flashserve)
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/data/ DESTINATION ${CMAKE_INSTALL_DATADIR}/flashserve
+        COMPONENT cli)
 
 install(EXPORT flashserveTargets NAMESPACE flashserve:: FILE flashserveTargets.cmake
-        DESTINATION ${FLASHSERVE_CMAKE_DIR})
+        DESTINATION ${FLASHSERVE_CMAKE_DIR} COMPONENT library)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/flashserveConfig.cmake.in
                               ${PROJECT_BINARY_DIR}/flashserveConfig.cmake
                               INSTALL_DESTINATION ${FLASHSERVE_CMAKE_DIR})
@@ -43,7 +48,7 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/flashserveConfigVersion.c
                                  COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/flashserveConfig.cmake
               ${PROJECT_BINARY_DIR}/flashserveConfigVersion.cmake
-        DESTINATION ${FLASHSERVE_CMAKE_DIR})
+        DESTINATION ${FLASHSERVE_CMAKE_DIR} COMPONENT library)
 
 # pkg-config: the prefix is found from the .pc file's own folder, so the installed tree can move
 # (cmake --install --prefix, a copied tree) like the CMake package can.
@@ -55,8 +60,12 @@ if(FLASHSERVE_WITH_CUDA)
   # libflashserve_attention.a holds the CUDA kernels: a program linking it needs the CUDA runtime
   # (shared, as CUDA::cudart is; it loads the driver only when a CUDA call is made, so a machine
   # without a GPU runs the CPU path).
+  # The folder of the libcudart CUDA::cudart names (CUDAToolkit_LIBRARY_DIR is not always it).
+  get_target_property(FLASHSERVE_CUDART CUDA::cudart IMPORTED_LOCATION)
+  get_filename_component(FLASHSERVE_CUDART_DIR "${FLASHSERVE_CUDART}" DIRECTORY)
   string(APPEND FLASHSERVE_PC_LIBS
-         " -L${CUDAToolkit_LIBRARY_DIR} -Wl,-rpath,${CUDAToolkit_LIBRARY_DIR} -lcudart")
+         " -L${FLASHSERVE_CUDART_DIR} -Wl,-rpath,${FLASHSERVE_CUDART_DIR} -lcudart")
 endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/flashserve.pc.in ${PROJECT_BINARY_DIR}/flashserve.pc @ONLY)
-install(FILES ${PROJECT_BINARY_DIR}/flashserve.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+install(FILES ${PROJECT_BINARY_DIR}/flashserve.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig
+        COMPONENT library)
