@@ -1,8 +1,8 @@
-// The CUDA path's plan of a call (DESIGN.md, attention/cuda): which kernel runs which sequences
-// with how many splits, and how much workspace that takes, decided on the host once per step from
-// the lengths the scheduler already has; run (cuda_dispatch.cu) then launches it per layer without
-// reading lengths back, so that it can be captured in a CUDA graph. Plain C++: CI tests the
-// grouping and splitting without a GPU.
+// The CUDA path's plan of a call (docs/architecture.md, attention/cuda): which kernel runs which
+// sequences with how many splits, and how much workspace that takes, decided on the host once per
+// step from the lengths the scheduler already has; run (cuda_dispatch.cu) then launches it per
+// layer without reading lengths back, so that it can be captured in a CUDA graph. Plain C++: CI
+// tests the grouping and splitting without a GPU.
 //
 // A serving step is a mixed batch: prefill chunks (many queries per sequence) and decodes (one).
 // One kernel for all of them fits neither: 128-row prefill tiles compute 128 rows for each decode
@@ -25,8 +25,9 @@ namespace flashserve::attention {
 // Which sequences of its range a launch computes (the kernels' SeqKind, sm80/fwd_params.h).
 enum class SeqGroup : int32_t { kAll = 0, kDecodes = 1, kPrefills = 2 };
 
-// The kernel of one launch. kSm90 (the Hopper kernel, issue 13) is chosen only when asked for
-// (FLASHSERVE_KERNEL=sm90, cuda_dispatch.cu) until it has passed the GPU tests.
+// The kernel of one launch. kSm90 (the Hopper kernel) is in the default dispatch:
+// cuda_dispatch.cu's sm90_preferred takes it for the dense calls where it was measured faster than
+// the sm80 plan, and FLASHSERVE_KERNEL=sm80|sm90 forces a family.
 enum class KernelFamily { kSm80, kSm90 };
 
 struct KernelChoice {
