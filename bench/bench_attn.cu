@@ -2,9 +2,9 @@
 //
 // Prefill grid (the FlashAttention-3 paper's): batch x seqlen = total tokens (16384), heads x
 // head_dim = hidden (2048), seqlen 512..16384, head dims 64/128/256, causal and not. TFLOP/s by
-// DESIGN.md's count: 4 * batch * heads * seqlen_q * seqlen_k * head_dim, halved when causal. Decode
-// grid: one query token per sequence, 32 query heads over 8 KV heads, head_dim 128: TB/s of K and V
-// read, against the device-to-device copy bandwidth measured in the same run.
+// docs/architecture.md's count: 4 * batch * heads * seqlen_q * seqlen_k * head_dim, halved when
+// causal. Decode grid: one query token per sequence, 32 query heads over 8 KV heads, head_dim 128:
+// TB/s of K and V read, against the device-to-device copy bandwidth measured in the same run.
 //
 // Each figure is the median of --iters timed calls (CUDA events) after --warmup calls, on inputs
 // drawn at random on the device (never zeros). Output: a table on stdout and, with --csv, one row

@@ -1,6 +1,6 @@
 // bench_sm90: the sm90 (Hopper) forward kernel beside the sm80 kernels and the default dispatch,
-// in one run on the same inputs: TFLOP/s of attention forward (DESIGN.md's count, halved when
-// causal) at head dim 128 (or --head-dim 64), batch x seqlen = --total-tokens (16384), heads x
+// in one run on the same inputs: TFLOP/s of attention forward (docs/architecture.md's count, halved
+// when causal) at head dim 128 (or --head-dim 64), batch x seqlen = --total-tokens (16384), heads x
 // head_dim = --hidden (2048), causal and not. Each figure is the median of --iters calls timed with
 // CUDA events; each family is forced with FLASHSERVE_KERNEL=sm80|sm90, and "auto" (what a user
 // gets) names the family the default dispatch chose. The max |difference| between the sm80 and

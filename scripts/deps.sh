@@ -4,6 +4,8 @@
 set -euo pipefail
 pkgs=(cmake g++ make libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev
       python3 python3-numpy python3-pytest clang-format
+      python3-venv python3-pip python3-setuptools python3-wheel  # pip install . (setup.py)
+      pkg-config  # cpp-httplib's flags; tests/install's pkg-config build
       libopenblas-dev  # the CPU model's GEMMs
       libpcre2-dev  # the tokenizer's pre-tokenizer regexes
       libicu-dev  # the tokenizer's Unicode normalizers (NFC, NFKC, Lowercase, ...)

@@ -1,4 +1,4 @@
-// The attention contract (DESIGN.md, "The attention contract that serving needs").
+// The attention contract (docs/architecture.md, "The attention contract").
 //
 // Layouts (strides are free except that the last dimension must be contiguous):
 //   dense   q [batch, seqlen_q, h_q, d]      k, v [batch, seqlen_k, h_kv, d]

@@ -99,7 +99,8 @@ typedef struct fs_kvcache_append_params {
  * would mean window_left = window_right = 0 (each query sees only its own position). */
 FS_API void fs_attention_params_init(fs_attention_params* params);
 
-/* The version of the library ("0.1.0"), and FS_ABI_VERSION as it was built. */
+/* The version of the library (FLASHSERVE_VERSION of flashserve/version.h as it was built, e.g.
+ * "0.1.0"), and FS_ABI_VERSION as it was built. */
 FS_API const char* fs_version(void);
 FS_API int fs_abi_version(void);
 /* sizeof of the two structs as the library sees them (a binding checks its own layout). */

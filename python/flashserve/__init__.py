@@ -16,7 +16,37 @@ from .attention import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qk
                         flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache,
                         register_torch)
 
-__version__ = "0.1.0"
+
+def _package_version():
+    """project(VERSION) of the top-level CMakeLists.txt: stamped into _version.py by setup.py when
+    the package is built, read from the checkout's CMakeLists.txt when it is used from its source
+    tree; None in neither."""
+    try:
+        from ._version import version as stamped
+        return stamped
+    except ImportError:
+        pass
+    import os
+    from . import _cmake_version
+    cmakelists = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                              "CMakeLists.txt")
+    return _cmake_version.read(cmakelists) if os.path.isfile(cmakelists) else None
+
+
+def __getattr__(name):
+    # __version__ is looked up on first use, so that a package copied out of its checkout (no
+    # _version.py, no CMakeLists.txt above it) still imports and runs; only asking its version
+    # fails, saying why.
+    global __version__
+    if name != "__version__":
+        raise AttributeError(f"module 'flashserve' has no attribute {name!r}")
+    found = _package_version()
+    if found is None:
+        raise AttributeError("flashserve.__version__: this package has no _version.py (setup.py "
+                             "writes it) and is not in a source checkout (no CMakeLists.txt two "
+                             "folders up): install it with pip, or use it from its checkout")
+    __version__ = found
+    return found
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
            "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
            "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache", "register_torch",

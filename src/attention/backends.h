@@ -20,7 +20,9 @@ void cpu_forward(const AttentionParams& params, const Problem& problem);
 #endif
 
 #if defined(FLASHSERVE_WITH_CUDA)
-// CUDA: FlashAttention-2-style kernels (sm80/). Throws kUnsupported for combinations it lacks.
+// CUDA: the sm80 kernels (FlashAttention-2 style, sm80/) and, when built with 90a, the Hopper
+// kernel (sm90/), chosen per call by cuda_dispatch.cu. Throws kUnsupported for combinations it
+// lacks.
 void cuda_forward(const AttentionParams& params, const Problem& problem);
 size_t cuda_workspace_size(const AttentionParams& params, const Problem& problem);
 // The plan of a call from host-side lengths (cuda/plan.h), and its run (no host sync, no

@@ -15,6 +15,7 @@
 #include "flashserve/error.h"
 #include "flashserve/kv_cache.h"
 #include "flashserve/tensor.h"
+#include "flashserve/version.h"
 
 #if defined(FLASHSERVE_WITH_CUDA)
 #include <cuda_runtime_api.h>
@@ -184,9 +185,9 @@ KvCacheAppendParams to_append_params(const fs_kvcache_append_params* p) {
 
 extern "C" {
 
-// Keep in step with project(VERSION) in the top-level CMakeLists.txt (python/tests checks it).
+// project(VERSION) of the top-level CMakeLists.txt, through the generated flashserve/version.h.
 FS_API const char* fs_version(void) {
-  return "0.1.0";
+  return FLASHSERVE_VERSION;
 }
 FS_API int fs_abi_version(void) {
   return FS_ABI_VERSION;

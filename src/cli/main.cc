@@ -7,7 +7,9 @@
 
 #include "cli/command.h"
 #include "cli/options.h"
+#include "cli/serving_report.h"
 #include "flashserve/error.h"
+#include "flashserve/version.h"
 
 namespace flashserve::cli {
 std::vector<Command>& commands() {
@@ -22,7 +24,9 @@ void usage() {
   auto table = flashserve::cli::commands();
   std::sort(table.begin(), table.end(), [](auto& a, auto& b) { return a.name < b.name; });
   for (const auto& c : table) std::printf("  %-12s %s\n", c.name.c_str(), c.help.c_str());
-  std::printf("\n'flashserve <command> --help' shows a command's options.\n");
+  std::printf(
+      "\n'flashserve <command> --help' shows a command's options, 'flashserve --version' the "
+      "version,\n'flashserve --data-dir' the data folder (workload traces) it reads.\n");
 }
 }  // namespace
 
@@ -31,6 +35,22 @@ int main(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     usage();
     return argc < 2 ? kUsageExit : 0;
+  }
+  if (!std::strcmp(argv[1], "--version")) {
+    // project(VERSION) of the top-level CMakeLists.txt, the same string as fs_version().
+    std::printf("flashserve %s\n", FLASHSERVE_VERSION);
+    return 0;
+  }
+  if (!std::strcmp(argv[1], "--data-dir")) {
+    // The data folder the workloads are read from (serving_report.h's data_dir): how to check an
+    // installed or moved tree finds its own.
+    try {
+      std::printf("%s\n", flashserve::cli::data_dir().c_str());
+      return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "flashserve: error: %s\n", e.what());
+      return 1;
+    }
   }
   for (const auto& c : flashserve::cli::commands()) {
     if (c.name != argv[1]) continue;

@@ -5,7 +5,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 
 #include "cli/options.h"
@@ -199,9 +203,36 @@ fs::WorkloadSpec WorkloadFlags::spec() const {
   return s;
 }
 
+std::string data_dir() {
+  namespace stdfs = std::filesystem;
+  if (const char* env = std::getenv("FLASHSERVE_DATA_DIR"); env && *env) {
+    if (!stdfs::is_directory(env))
+      throw std::runtime_error(std::string("FLASHSERVE_DATA_DIR='") + env +
+                               "' is not a directory (it names flashserve's data folder, the one "
+                               "holding workloads/)");
+    return env;
+  }
+  // An installed executable: <prefix>/bin/flashserve finds <prefix>/share/flashserve, wherever the
+  // prefix now is (the path is relative to the executable's own, not the prefix it was built for).
+  std::string tried;
+  std::error_code ec;
+  const stdfs::path exe = stdfs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const stdfs::path installed =
+        (exe.parent_path() / FLASHSERVE_INSTALLED_DATA_FROM_BIN).lexically_normal();
+    if (stdfs::is_directory(installed)) return installed.string();
+    tried = "'" + installed.string() + "' (the share/flashserve of an installed executable) and ";
+  }
+  // A build-tree executable: the data/ of the source tree it was built from.
+  if (stdfs::is_directory(FLASHSERVE_SOURCE_DATA_DIR)) return FLASHSERVE_SOURCE_DATA_DIR;
+  throw std::runtime_error("cannot find flashserve's data folder (workloads/): looked in " + tried +
+                           "'" FLASHSERVE_SOURCE_DATA_DIR
+                           "' (the source tree it was built from); "
+                           "set FLASHSERVE_DATA_DIR to it");
+}
+
 std::string data_path(const std::string& relative) {
-  const char* env = std::getenv("FLASHSERVE_DATA_DIR");
-  return std::string(env && *env ? env : FLASHSERVE_DATA_DIR) + "/" + relative;
+  return data_dir() + "/" + relative;
 }
 
 WorkloadSource WorkloadSource::resolve(const std::string& name, const fs::WorkloadSpec& spec,

@@ -85,7 +85,12 @@ struct WorkloadFlags {
   serve::WorkloadSpec spec() const;
 };
 
-// The path of a file under the repository's data/ (FLASHSERVE_DATA_DIR overrides it).
+// flashserve's data folder (the length traces of workloads/): $FLASHSERVE_DATA_DIR when set (an
+// error if it is not a directory), else <prefix>/share/flashserve beside an installed executable,
+// else the data/ of the source tree a build-tree executable was built from. Throws naming the
+// folders it looked in when there is none.
+std::string data_dir();
+// The path of a file under data_dir().
 std::string data_path(const std::string& relative);
 
 }  // namespace flashserve::cli

@@ -2,10 +2,9 @@
 //
 // Every case copies the host buffers of a tests/support AttentionCase (fresh random inputs; out and
 // lse poisoned with NaN, unused KV slots too) to the device, runs attention_forward on the device
-// views, copies out and lse back and compares with DESIGN.md's tolerance. The instantiation named
-// Sanitize is the small representative subset that scripts/gpu-check.sh runs under
-// compute-sanitizer.
-// Without a CUDA device every test skips with "skipped: no CUDA device".
+// views, copies out and lse back and compares with docs/architecture.md's tolerance. The
+// instantiation named Sanitize is the small representative subset that scripts/gpu-check.sh runs
+// under compute-sanitizer. Without a CUDA device every test skips with "skipped: no CUDA device".
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 

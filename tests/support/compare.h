@@ -1,8 +1,8 @@
-// Comparing an attention result with the float64 reference, by DESIGN.md's rule: the error of the
-// kernel against the exact result may be at most twice the error of the same computation done
-// naively in the input's low precision (Emulate::kLowPrecision), plus a small absolute floor per
-// dtype scaled to the output's magnitude. NaN never passes; a row the reference gives lse = -inf
-// (it sees no key) must have lse = -inf exactly and a zero output row.
+// Comparing an attention result with the float64 reference, by docs/architecture.md's rule: the
+// error of the kernel against the exact result may be at most twice the error of the same
+// computation done naively in the input's low precision (Emulate::kLowPrecision), plus a small
+// absolute floor per dtype scaled to the output's magnitude. NaN never passes; a row the reference
+// gives lse = -inf (it sees no key) must have lse = -inf exactly and a zero output row.
 #pragma once
 
 #include <gtest/gtest.h>

@@ -18,7 +18,9 @@ KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decod
                            int64_t sequences, int64_t max_q_len, int64_t max_kv_len,
                            bool may_split) {
   KernelChoice k;
-  k.family = KernelFamily::kSm80;  // the only family until sm90 lands (issue 13)
+  // The sm80 plan; the default dispatch replaces it by one sm90 launch where sm90 is measured
+  // faster (cuda_dispatch.cu's sm90_preferred), FLASHSERVE_KERNEL forces either family.
+  k.family = KernelFamily::kSm80;
   k.decode = decode;
   const int64_t bound = pr.max_q_len + pr.max_kv_len;
   k.masked = !decode &&

@@ -1,8 +1,8 @@
-// The CUDA path's plan of a call (DESIGN.md, attention/cuda): which kernel runs which sequences
-// with how many splits, and how much workspace that takes, decided on the host once per step from
-// the lengths the scheduler already has; run (cuda_dispatch.cu) then launches it per layer without
-// reading lengths back, so that it can be captured in a CUDA graph. Plain C++: CI tests the
-// grouping and splitting without a GPU.
+// The CUDA path's plan of a call (docs/architecture.md, attention/cuda): which kernel runs which
+// sequences with how many splits, and how much workspace that takes, decided on the host once per
+// step from the lengths the scheduler already has; run (cuda_dispatch.cu) then launches it per
+// layer without reading lengths back, so that it can be captured in a CUDA graph. Plain C++: CI
+// tests the grouping and splitting without a GPU.
 //
 // A serving step is a mixed batch: prefill chunks (many queries per sequence) and decodes (one).
 // One kernel for all of them fits neither: 128-row prefill tiles compute 128 rows for each decode

@@ -408,7 +408,9 @@ struct CudaRunner::Impl {
   // (16 splits at both batch sizes there), each split keeping at least one 64-key block of
   // the longest sequence (the kernel shares each sequence's own blocks among the splits; shorter
   // ones leave some splits empty). A graph keeps the count it was captured with: still correct.
-  // (The attention issue's plan/run owns this choice once it lands.)
+  // Plan/run (plan_attention, flashserve/attention.h) exists, but this runner still calls
+  // attention_forward per layer with this count: moving it onto one plan per step, the plan's
+  // split choice replacing this one, is still to do.
   int decode_splits(int64_t batch, int64_t max_kv) const {
     const int64_t units = batch * cfg.num_key_value_heads;
     int64_t splits = (32 * int64_t{sms} + units - 1) / units;
