@@ -5,7 +5,7 @@ The measurement of issue 19 and of shared/anchors/h200-2026-12-01.md: bf16, the 
 paper's grid (batch x L = 16k tokens, heads x head dim = 2048, L 512..16k, head dims 64/128/256,
 causal and not) plus long context (batch 1, causal, GQA 32/8, d128, L 32k/64k/128k). Each figure
 is --calls calls captured in one CUDA graph (the kernels alone, host cost out), median of --reps
-replays, uniform random inputs; TFLOP/s by DESIGN.md's count (halved when causal). Default
+replays, uniform random inputs; TFLOP/s by docs/architecture.md's count (halved when causal). Default
 arguments for flashserve (what a user gets).
 
 Usage (repo root, libflashserve_c built with CUDA):
