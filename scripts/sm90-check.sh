@@ -14,8 +14,8 @@
 #     bash scripts/gpu-quick.sh --pack build/dev90 .xfer/sm90.tar.xz
 # then, on the GPU machine (carry .xfer):
 #   BIN_TAR=.xfer/sm90.tar.xz OUT=$OUT bash scripts/sm90-check.sh
-# Environment: HEAD_DIMS (64,128,256), SEQLENS (512,...,16384), SKIP="tests sanitize sass sm90 api
-# fa3 ncu" leaves steps out, FA3_ARGS (more fa3_grid.py arguments), FILTER (the gtest filter of the tests step, default '*Sm90*'),
+# Environment: HEAD_DIMS (64,128,256), SEQLENS (512,...,16384), SKIP="tests all_gpu_tests
+# sanitize sass sm90 api fa3 ncu" leaves steps out, FA3_ARGS (more fa3_grid.py arguments), FILTER (the gtest filter of the tests step, default '*Sm90*'),
 # SM90_SEQLENS (bench_sm90's, default SEQLENS), NCU_SHAPES ("d:seqlen:causal ...", default
 # "128:512:0 128:8192:0").
 set -uo pipefail
@@ -40,11 +40,37 @@ if want tests; then
   step "tests (every Sm90* test passes; none skipped on the H200)"
   timeout 180 "$BIN/tests/test_gpu" --gtest_filter="${FILTER:-*Sm90*}" --gtest_brief=1 || status=1
 fi
+if want all_gpu_tests; then
+  # Every GPU test (attention sm80 and sm90, serving attention, KV append), in 8 shards side by
+  # side (the float64 references are CPU-bound), and the PyTorch operator tests: the dispatch
+  # sends more calls to sm90 than the Sm90* tests alone cover.
+  step "every GPU test, 8 shards, and the PyTorch tests"
+  pids=()
+  for i in 0 1 2 3 4 5 6 7; do
+    GTEST_TOTAL_SHARDS=8 GTEST_SHARD_INDEX=$i timeout 400 "$BIN/tests/test_gpu" --gtest_brief=1 \
+      > "$OUT/shard$i.log" 2>&1 &
+    pids+=($!)
+  done
+  # The shards by name: a bare `wait` also waits for the log's tee (exec > >(tee ...)), which
+  # never ends (run 37 hung there until its 600 s limit).
+  wait "${pids[@]}"
+  grep -h -E "^\[  (PASSED|FAILED|SKIPPED)|tests? ran|Failure" "$OUT"/shard*.log | sort | uniq -c
+  grep -q "FAILED" "$OUT"/shard*.log && status=1
+  cat "$OUT"/shard*.log > "$OUT/gpu-tests.log" && rm -f "$OUT"/shard*.log
+  [ -f "$BIN/src/libflashserve_c.so" ] && env -u LD_LIBRARY_PATH PYTHONPATH=python \
+    FLASHSERVE_LIBRARY="$BIN/src/libflashserve_c.so" timeout 200 python3 -m pytest -q -x \
+    python/tests/test_gpu_torch.py python/tests/test_gpu_torch_ops.py 2>&1 | tail -n 3
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
 if want sanitize; then
+  # Sm90Sanitize plus two grids larger than one persistent wave (240 and 288 tiles, causal: the
+  # tile counter, the tile ring and the turns carried from tile to tile).
+  multi='Shapes/Sm90Forward.MatchesFloat64Reference/b3_q130_k130_h40_8_d128_f16_causal'
+  multi+=':Shapes/Sm90Forward.MatchesFloat64Reference/b2_q300_k77_h48_8_d64_bf16_causal'
   for tool in memcheck racecheck; do
-    step "compute-sanitizer $tool on Sm90Sanitize (expect 0 errors / 0 hazards)"
-    timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 "$BIN/tests/test_gpu" \
-      --gtest_filter='Sm90Sanitize.*' --gtest_brief=1 2>&1 | tail -n 4
+    step "compute-sanitizer $tool on Sm90Sanitize and two multi-tile grids (expect 0 errors / 0 hazards)"
+    timeout 200 compute-sanitizer --tool $tool --error-exitcode 99 "$BIN/tests/test_gpu" \
+      --gtest_filter="Sm90Sanitize.*:$multi" --gtest_brief=1 2>&1 | tail -n 4
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
   done
 fi
