@@ -22,28 +22,21 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from flashserve import flash_attn_func  # noqa: E402
+from python_host_cost import graphed  # noqa: E402  (the capture helper of the Python benchmarks)
 
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 
 
 def graph_ms(fn, calls, reps):
     """Median time of one call: `calls` calls captured in one graph, replayed `reps` times."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
+    replay = graphed(lambda: [fn() for _ in range(calls)])
+    replay()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        graph.replay()
+        replay()
         b.record()
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b) / calls)

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "flashserve/error.h"
+#include "hub_configs.h"
 #include "model/config.h"
 #include "model/forward_batch.h"
 #include "model/random_checkpoint.h"
@@ -26,16 +27,7 @@ namespace {
 using nlohmann::json;
 
 // The hub's config.json (transformers 4), as published.
-const char* kLlama31V4 = R"({"architectures": ["LlamaForCausalLM"], "attention_bias": false,
-  "attention_dropout": 0.0, "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
-  "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
-  "intermediate_size": 14336, "max_position_embeddings": 131072, "mlp_bias": false,
-  "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
-  "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
-  "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-  "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
-  "transformers_version": "4.43.0.dev0", "use_cache": true, "vocab_size": 128256})";
+const char* const kLlama31V4 = hub::kLlama31;
 
 // The same model saved by transformers 5 (save_pretrained): rope_parameters, dtype, head_dim.
 const char* kLlama31V5 = R"({"architectures": ["LlamaForCausalLM"], "attention_bias": false,
@@ -102,13 +94,7 @@ const std::string kQwen25YarnV5 = R"({"architectures": ["Qwen2ForCausalLM"],
   "sliding_window": null, "tie_word_embeddings": false, "transformers_version": "5.0.0",
   "use_cache": true, "use_sliding_window": false, "vocab_size": 152064})";
 
-const char* kMistralV4 = R"({"architectures": ["MistralForCausalLM"], "bos_token_id": 1,
-  "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
-  "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
-  "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
-  "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
-  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.34.0.dev0",
-  "use_cache": true, "vocab_size": 32000})";
+const char* const kMistralV4 = hub::kMistral;
 
 const char* kMistralV5 = R"({"architectures": ["MistralForCausalLM"], "attention_dropout": 0.0,
   "bos_token_id": 1, "dtype": "bfloat16", "eos_token_id": 2, "head_dim": 128,

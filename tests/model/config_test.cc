@@ -13,6 +13,7 @@
 #include <numeric>
 
 #include "flashserve/error.h"
+#include "hub_configs.h"
 #include "model/config.h"
 #include "model/presets.h"
 #include "model/rope.h"
@@ -23,16 +24,7 @@ namespace flashserve::model {
 namespace {
 
 // As published on the Hugging Face hub (fields we do not use left in).
-const char* kLlama31 = R"({"architectures": ["LlamaForCausalLM"], "attention_bias": false,
-  "attention_dropout": 0.0, "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
-  "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
-  "intermediate_size": 14336, "max_position_embeddings": 131072, "mlp_bias": false,
-  "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
-  "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
-  "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-  "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
-  "transformers_version": "4.43.0.dev0", "use_cache": true, "vocab_size": 128256})";
+const char* const kLlama31 = hub::kLlama31;
 
 const char* kQwen25 = R"({"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0,
   "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896,
@@ -43,13 +35,7 @@ const char* kQwen25 = R"({"architectures": ["Qwen2ForCausalLM"], "attention_drop
   "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": true,
   "use_sliding_window": false, "vocab_size": 151936})";
 
-const char* kMistral = R"({"architectures": ["MistralForCausalLM"], "bos_token_id": 1,
-  "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
-  "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
-  "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
-  "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
-  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true,
-  "vocab_size": 32000})";
+const char* const kMistral = hub::kMistral;
 
 const char* kLlama2 = R"({"architectures": ["LlamaForCausalLM"], "bos_token_id": 1,
   "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 11008,
