@@ -1,21 +1,19 @@
 // The sm90 (Hopper, sm_90a) forward kernel: query tiles of 64 rows per consumer warpgroup
 // (FlashAttention-3's mainloop, written from the PTX ISA).
-// - Warpgroup 0, the producer, gives registers back (setmaxnreg.dec); one thread issues the TMA
-//   copies: Q once, then K and V blocks through a ring of kStages, K one block ahead of V (the
-//   order the consumers use them in).
+// - Warpgroup 0, the producer, gives registers back (setmaxnreg.dec); one thread picks the tiles
+//   and issues the TMA copies: per tile Q once, then K and V blocks through a ring of kStages,
+//   K one block ahead of V (the order the consumers use them in).
 // - Warpgroups 1.. (two or three), the consumers, own 64 query rows each. Per key block j they
-// compute
-//   S = Q K^T (wgmma, both operands in shared memory), the online softmax on the accumulator
-//   fragment, and O += P V (wgmma, P from registers). Two overlaps keep the tensor cores busy:
-//   within a warpgroup, QK^T of block j is issued together with PV of block j - 1 and the softmax
-//   of j runs while PV(j - 1) is still in flight; between the warpgroups, the WarpScheduler makes
-//   them take turns issuing, so one's softmax runs under the other's GEMMs.
+//   compute S = Q K^T (wgmma, both operands in shared memory), the online softmax on the
+//   accumulator fragment, and O += P V (wgmma, P from registers). Two overlaps keep the tensor
+//   cores busy: within a warpgroup, QK^T of block j is issued together with PV of block j - 1 and
+//   the softmax of j runs while PV(j - 1) is still in flight; between the warpgroups, the
+//   WarpScheduler makes them take turns issuing, so one's softmax runs under the others' GEMMs.
 // - Key blocks go from the last to the first: the blocks that need a mask (the causal diagonal,
 //   the ragged end of the keys) come first, and the rest run the mask-free path.
 // - Barriers per stage: k_full / v_full (TMA bytes landed), k_empty / v_empty (one arrival per
 //   consumer warp once its warpgroup's GEMM that read the buffer has completed): K is released
 //   after QK^T, V after PV, so the producer refills K while PV still reads V.
-//
 // - Persistent: one CTA per multiprocessor walks its tiles (FwdParams::order, heaviest first in
 //   L2-sized sections of heads; a fixed stride, or causal the next free tile from a counter); the
 //   producer runs ahead into the next tile (Q is released after a tile's last QK^T, K and V block
