@@ -266,7 +266,6 @@ __device__ __forceinline__ void consume_tile(SharedStorage<Cfg>& s, const FwdPar
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
   constexpr int kStages = Cfg::kStages;
   const int q_len = p.seqlen_q, kv_len = p.seqlen_k;
-  // ---- Consumers: warpgroup 1 takes tile rows 0..63, warpgroup 2 rows 64..127. ----
   const int warp = tid / 32, lane = tid % 32;
   // The two rows of this thread in the accumulator fragment (wgmma.h), as query indices.
   const int row0 = m_block * kBlockM + cw * 64 + warp * 16 + lane / 4;
