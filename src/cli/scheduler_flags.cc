@@ -34,7 +34,7 @@ void add_scheduler_options(CLI::App& app, SchedulerFlags& f, const std::string& 
                                 "prompt + output limit (0: " + max_model_len_help + ")");
 }
 
-void SchedulerFlags::refuse_inapplicable() const {
+void SchedulerFlags::refuse_inapplicable() {
   refuse_unless(policy_opt, !compare, "--compare runs every policy; drop --policy");
   const fs::Policy p = check_option("--policy", [&] { return fs::parse_policy(policy); });
   refuse_unless(chunk_tile_opt, compare || p == fs::Policy::kSarathi,
@@ -44,6 +44,10 @@ void SchedulerFlags::refuse_inapplicable() const {
   // Orca and static take whole prompts with no cap on a step's tokens.
   refuse_unless(budget_opt, compare || (p != fs::Policy::kOrca && p != fs::Policy::kStatic),
                 std::string(fs::to_string(p)) + " takes whole prompts and has no token budget");
+  budget_given = budget_opt != nullptr && budget_opt->count() > 0;
+  max_running_given = max_running_opt != nullptr && max_running_opt->count() > 0;
+  policy_opt = chunk_tile_opt = long_prefill_opt = nullptr;
+  max_model_len_opt = budget_opt = max_running_opt = nullptr;
 }
 
 std::vector<fs::Policy> SchedulerFlags::selected(const std::vector<fs::Policy>& compare_set) const {
@@ -51,8 +55,7 @@ std::vector<fs::Policy> SchedulerFlags::selected(const std::vector<fs::Policy>& 
 }
 
 int64_t SchedulerFlags::budget_for(fs::Policy p) const {
-  return budget_opt && budget_opt->count() > 0 ? budget
-                                               : fs::policy_defaults(p).max_tokens_per_step;
+  return budget_given ? budget : fs::policy_defaults(p).max_tokens_per_step;
 }
 
 fs::SchedulerConfig SchedulerFlags::config_for(fs::Policy p, int64_t baseline_tokens) const {
@@ -60,9 +63,7 @@ fs::SchedulerConfig SchedulerFlags::config_for(fs::Policy p, int64_t baseline_to
   sc.policy = p;
   sc.max_tokens_per_step =
       p == fs::Policy::kVllmV0 && baseline_tokens > 0 ? baseline_tokens : budget_for(p);
-  sc.max_running = max_running_opt && max_running_opt->count() > 0
-                       ? max_running
-                       : fs::policy_defaults(p).max_running;
+  sc.max_running = max_running_given ? max_running : fs::policy_defaults(p).max_running;
   sc.max_model_len = max_model_len;
   sc.chunk_tile = chunk_tile;
   if (p == fs::Policy::kVllmV1) sc.long_prefill_token_threshold = long_prefill_threshold;

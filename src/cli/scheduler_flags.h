@@ -20,11 +20,16 @@ struct SchedulerFlags {
   bool compare = false;
   int64_t budget = 0, chunk_tile = 64, max_running = 0, long_prefill_threshold = 0;
   int64_t max_model_len = 0;
+  // Valid only while the CLI::App that add_scheduler_options filled lives (parse time).
   CLI::Option *policy_opt = nullptr, *chunk_tile_opt = nullptr, *long_prefill_opt = nullptr;
   CLI::Option *max_model_len_opt = nullptr, *budget_opt = nullptr, *max_running_opt = nullptr;
+  // What refuse_inapplicable read off the options, for use after the App is gone (ASan found
+  // budget_for reading a destroyed Option).
+  bool budget_given = false, max_running_given = false;
 
-  // Throws UsageError for an option given where it does not apply, or an unknown --policy.
-  void refuse_inapplicable() const;
+  // Right after parsing: throws UsageError for an option given where it does not apply, or an
+  // unknown --policy; notes which options were given, and drops the Option pointers.
+  void refuse_inapplicable();
   // The policies to run: `compare_set` with --compare, else --policy.
   std::vector<serve::Policy> selected(const std::vector<serve::Policy>& compare_set) const;
   // The token budget `p` runs with: --budget if given, else the policy's default.
