@@ -63,17 +63,20 @@ TEST(Profile, WritesAWellFormedTableOfTheGrid) {
   EXPECT_EQ(q.decode_attn.x, std::vector<double>(g.decode_batch.begin(), g.decode_batch.end()));
   EXPECT_EQ(q.decode_attn.y, std::vector<double>(g.decode_kv.begin(), g.decode_kv.end()));
   EXPECT_EQ(q.meta.at("device"), "cpu");
+  // Decodes at KV 1 pay no attention (the profile's own rule, not a measurement).
+  for (size_t i = 0; i < q.decode_attn.x.size(); ++i) EXPECT_EQ(q.decode_attn.cell(i, 0), 0);
+  EXPECT_GE(q.overhead_s, 0);
   // What the runner does, not noise: 192 tokens of linear layers cost more than 1, and a
   // 128-token chunk after 384 cached tokens (about 57k query-key pairs per head) more attention
-  // than a 16-token one at the start (136); decodes at KV 1 pay no attention. (The smoke grid's
-  // 16 tokens against 1 is not far enough apart to assert a factor.)
-  if (!kInstrumented) EXPECT_GT(q.linear.seconds.back(), 2 * q.linear.seconds.front());
+  // than a 16-token one at the start (136), decodes at the largest KV some. Timed by differences
+  // of whole steps, so only outside ASan / Debug: there the smoke grid's cells are close, the
+  // instrumentation's noise is larger than them, and a difference came out 0 (CI, session 9).
+  if (kInstrumented) return;
+  EXPECT_GT(q.linear.seconds.back(), 2 * q.linear.seconds.front());
   EXPECT_GT(q.prefill_attn.seconds.back(), q.prefill_attn.seconds.front());
   EXPECT_GT(q.prefill_attn.seconds.back(), 0);
-  for (size_t i = 0; i < q.decode_attn.x.size(); ++i) EXPECT_EQ(q.decode_attn.cell(i, 0), 0);
   EXPECT_GT(q.decode_attn.seconds.back(), 0);
-  EXPECT_GE(q.overhead_s, 0);
-  if (!kInstrumented) EXPECT_LT(q.overhead_s, 1e-3);  // the scheduler's bookkeeping, not a step
+  EXPECT_LT(q.overhead_s, 1e-3);  // the scheduler's bookkeeping, not a step
 }
 
 TEST(Profile, CalibratedSimulatorPredictsTheCpuRunner) {
