@@ -229,6 +229,11 @@ void check_sm90(const AttentionParams& params, const Problem& pr, const DevicePr
   if (!lacks.empty()) throw Error(ErrorKind::kUnsupported, "FLASHSERVE_KERNEL", "sm90: " + lacks);
 }
 
+// The one mask the sm90 kernel runs (sm90_lacks refuses windows): bottom-right causal.
+bool sm90_causal(const Problem& pr) {
+  return clamp_window(pr.mask.right, pr.max_q_len + pr.max_kv_len) == 0;
+}
+
 // The default dispatch takes sm90 where it was measured faster than the sm80 plan for the same
 // call (bench_sm90 over the FA3 grid, H200, bench/results/sm90-h200-2026-12-01-run32-34.md): dense
 // prefill-sized calls with at least one full 128-row query tile and enough keys: 512 at d128 and
@@ -238,8 +243,7 @@ void check_sm90(const AttentionParams& params, const Problem& pr, const DevicePr
 bool sm90_preferred(const AttentionParams& params, const Problem& pr, const DeviceProps& dev,
                     const Plan& sm80_plan) {
   if (!sm90_lacks(params, pr, dev).empty()) return false;
-  const bool masked = clamp_window(pr.mask.right, pr.max_q_len + pr.max_kv_len) == 0;
-  const int64_t min_keys = pr.head_dim == 64 && masked ? 1024 : 512;
+  const int64_t min_keys = pr.head_dim == 64 && sm90_causal(pr) ? 1024 : 512;
   if (pr.max_q_len < 128 || pr.max_kv_len < min_keys) return false;
   for (const LaunchPlan& l : sm80_plan.launches)
     if (l.kernel.splits > 1 || l.kernel.decode) return false;
@@ -253,7 +257,7 @@ Plan sm90_plan(const Problem& pr, int64_t q_rows, bool workspace_available) {
   Plan plan;
   LaunchPlan l;
   l.kernel.family = KernelFamily::kSm90;
-  l.kernel.masked = clamp_window(pr.mask.right, pr.max_q_len + pr.max_kv_len) == 0;
+  l.kernel.masked = sm90_causal(pr);
   l.kernel.tile_counter = l.kernel.masked && workspace_available;
   if (l.kernel.tile_counter) plan.workspace_bytes = 16;
   l.seq_end = pr.batch;
