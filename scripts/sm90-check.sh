@@ -15,7 +15,7 @@
 # then, on the GPU machine (carry .xfer):
 #   BIN_TAR=.xfer/sm90.tar.xz OUT=$OUT bash scripts/sm90-check.sh
 # Environment: HEAD_DIMS (64,128,256), SEQLENS (512,...,16384), SKIP="tests all_gpu_tests
-# sanitize sass sm90 api fa3 ncu" leaves steps out, FA3_ARGS (more fa3_grid.py arguments), FILTER (the gtest filter of the tests step, default '*Sm90*'),
+# sanitize sass sm90 sweep api fa3 ncu" leaves steps out, FA3_ARGS (more fa3_grid.py arguments), FILTER (the gtest filter of the tests step, default '*Sm90*'),
 # SM90_SEQLENS (bench_sm90's, default SEQLENS), NCU_SHAPES ("d:seqlen:causal ...", default
 # "128:512:0 128:8192:0").
 set -uo pipefail
@@ -89,6 +89,12 @@ if want sm90; then
     timeout 150 "$BIN/bench/bench_sm90" --head-dim "$d" --seqlens "${SM90_SEQLENS:-$SEQLENS}" --iters 20 |
       tee -a "$OUT/bench_sm90.txt" || status=1
   done
+fi
+if want sweep && [ -x "$BIN/bench/sm90_sweep" ]; then
+  # Alternative tiles and epilogues side by side (bench/tuning/sm90_sweep.cu; a -DFLASHSERVE_TUNING=ON
+  # build packed with bench/sm90_sweep).
+  step "sm90_sweep: tiles and epilogue store widths side by side (CUDA graphs)"
+  timeout 300 "$BIN/bench/sm90_sweep" "$SEQLENS" "$HEAD_DIMS" | tee "$OUT/sm90_sweep.md" || status=1
 fi
 if want api; then
   step "public API (bench_attn, default dispatch) beside SDPA cuDNN and flash, same run"

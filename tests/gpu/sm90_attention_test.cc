@@ -257,6 +257,43 @@ TEST(Sm90Dispatch, DefaultTakesSm90WhereMeasuredFaster) {
   EXPECT_TRUE(attention_close(got, c.exact(), c.lowp(), s.dtype)) << s.name();
 }
 
+// The epilogue's 4-byte path: an output whose rows are not on 16-byte boundaries (a view two
+// elements into its buffer) cannot take the 16-byte stores. The elements before and after the
+// view stay as they were.
+TEST(Sm90Epilogue, OutputOffA16ByteBoundary) {
+  SKIP_WITHOUT_SM90();
+  for (bool causal : {false, true}) {
+    CaseSpec s = spec(DType::kBFloat16, 128, 2, 130, 200, 8, 2, causal);
+    s.seed = seed_for(s.name(), 94);
+    AttentionCase c(s);
+    c.poison_outputs();
+    DeviceCopy dev(c);
+    AttentionParams p = dev.params();
+    const auto out = c.buffers()[AttentionCase::kOut];  // a copy: buffers() is a new vector
+    constexpr size_t kShift = 4;                        // bytes: 4-aligned, not 16
+    std::vector<uint8_t> guard(out.bytes + 2 * kShift, 0xA5);
+    std::memcpy(guard.data() + kShift, out.host, out.bytes);
+    void* buf = nullptr;
+    ASSERT_EQ(cudaMalloc(&buf, guard.size()), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(buf, guard.data(), guard.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    p.out.data = static_cast<uint8_t*>(buf) + kShift;
+    {
+      ScopedEnv env("FLASHSERVE_KERNEL", "sm90");
+      attention_forward(p);
+    }
+    std::vector<uint8_t> back(guard.size());
+    ASSERT_EQ(cudaMemcpy(back.data(), buf, back.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    cudaFree(buf);
+    for (size_t i = 0; i < kShift; ++i) {
+      EXPECT_EQ(back[i], 0xA5) << "byte " << i << " before the view";
+      EXPECT_EQ(back[kShift + out.bytes + i], 0xA5) << "byte " << i << " after the view";
+    }
+    dev.download();  // lse (out is still the poisoned device copy: replaced below)
+    std::memcpy(out.host, back.data() + kShift, out.bytes);
+    EXPECT_TRUE(attention_close(read_output(c.params()), c.exact(), c.lowp(), s.dtype)) << s.name();
+  }
+}
+
 // A moving error between two runs on the same inputs is a race.
 TEST(Sm90Determinism, SameInputsSameBits) {
   SKIP_WITHOUT_SM90();

@@ -42,13 +42,15 @@ namespace flashserve::attention::sm90 {
 template <class Cfg>
 struct SharedStorage {
   // Each chunk is a 1024-byte aligned run of 8-row swizzle atoms (wgmma.h).
-  alignas(1024) uint8_t q[Cfg::kChunks][Cfg::kQChunkBytes];
+  alignas(1024) uint8_t q[Cfg::kQBuffers][Cfg::kChunks][Cfg::kQChunkBytes];
   alignas(1024) uint8_t k[Cfg::kStages][Cfg::kChunks][Cfg::kKVChunkBytes];
   alignas(1024) uint8_t v[Cfg::kStages][Cfg::kChunks][Cfg::kKVChunkBytes];
-  Mbarrier q_full, q_empty;
+  // Q round r (the r-th tile with keys) is in buffer r % kQBuffers.
+  Mbarrier q_full[Cfg::kQBuffers], q_empty[Cfg::kQBuffers];
   // The producer announces each tile it starts (FwdParams::tile_counter) to the consumers
   // through a ring of two slots: tile_full (the producer's arrival) and tile_empty (one arrival
-  // per consumer warp once it has read the slot).
+  // per consumer thread once it has read the slot: each thread's own release orders its read
+  // before the producer's next write, which racecheck cannot see through a warp's __syncwarp).
   int32_t tile[2];
   Mbarrier tile_full[2], tile_empty[2];
   Mbarrier k_full[Cfg::kStages], v_full[Cfg::kStages];
@@ -113,7 +115,8 @@ __device__ __forceinline__ void load_kv(const CUtensorMap* map,
     tma_load_4d(dst[c], map, full, c * Cfg::kChunkCols, block * Cfg::kBlockN, kv_head, batch);
 }
 
-// Per tile: Q (once both consumers are done with the previous tile's Q), K of the first block,
+// Per tile: Q (into buffer q_round % kQBuffers, once the consumers are done with the tile that
+// used it last), K of the first block,
 // then per step K of the next block and V of the current one. `ring` counts the K/V blocks of
 // earlier tiles: block i of this tile (key block n_blocks - 1 - i) is ring slot ring + i, in
 // stage slot % kStages; the producer waits for that stage's buffer to be released (a stage's
@@ -124,12 +127,13 @@ __device__ __forceinline__ void produce_tile(SharedStorage<Cfg>& s, const FwdPar
                                              int q_round) {
   constexpr int kStages = Cfg::kStages;
   const int kv_head = tile.head / p.h_ratio;
-  s.q_empty.wait((q_round & 1) ^ 1);
-  s.q_full.arrive_expect_tx(Cfg::kQBytes);
+  const int qb = q_round % Cfg::kQBuffers;
+  s.q_empty[qb].wait(((q_round / Cfg::kQBuffers) & 1) ^ 1);
+  s.q_full[qb].arrive_expect_tx(Cfg::kQBytes);
 #pragma unroll
   for (int c = 0; c < Cfg::kChunks; ++c)
-    tma_load_4d(s.q[c], &p.tma_q, s.q_full, c * Cfg::kChunkCols, tile.m_block * Cfg::kBlockM,
-                tile.head, tile.z);
+    tma_load_4d(s.q[qb][c], &p.tma_q, s.q_full[qb], c * Cfg::kChunkCols,
+                tile.m_block * Cfg::kBlockM, tile.head, tile.z);
   for (int i = 0; i <= n_blocks; ++i) {
     if (i < n_blocks) {
       const int slot = ring + i, st = slot % kStages;
@@ -249,6 +253,45 @@ __device__ __forceinline__ void issue_pv(float (&o)[Cfg::kHeadDim / 2],
   wgmma_commit();
 }
 
+// One accumulator row of O as 16-byte stores. Thread q of the row's quad holds columns
+// 8i + 2q, 8i + 2q + 1 of every 8-column group i (packed[i]); a 4 x 4 transpose within the quad
+// (two xor-shuffle rounds) gives thread q all eight columns of groups 4m + q, so each store
+// instruction writes 64 contiguous bytes per row instead of 16: a quarter of the L1 wavefronts of
+// 4-byte stores (the epilogue is a fixed cost of every tile, which short sequences feel most).
+// Every lane takes part in the shuffles; `stored` says whether this row is written.
+template <int kD>
+__device__ __forceinline__ void store_row_vec16(void* row, uint32_t (&packed)[kD / 8], int q,
+                                                bool stored) {
+  static_assert(kD % 32 == 0, "groups of four 8-column groups");
+#pragma unroll
+  for (int m = 0; m < kD / 32; ++m) {
+    uint32_t* a = packed + 4 * m;
+    // Round 1 (xor 2): the 2 x 2 blocks of the 4 x 4 (thread, group) matrix trade places.
+#pragma unroll
+    for (int j0 = 0; j0 < 2; ++j0) {
+      const bool hi = q & 2;
+      const uint32_t got = __shfl_xor_sync(0xffffffffu, hi ? a[j0] : a[2 + j0], 2);
+      if (hi)
+        a[j0] = got;
+      else
+        a[2 + j0] = got;
+    }
+    // Round 2 (xor 1): each 2 x 2 block is transposed.
+#pragma unroll
+    for (int j1 = 0; j1 < 2; ++j1) {
+      const bool odd = q & 1;
+      const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? a[2 * j1] : a[2 * j1 + 1], 1);
+      if (odd)
+        a[2 * j1] = got;
+      else
+        a[2 * j1 + 1] = got;
+    }
+    if (stored)
+      *reinterpret_cast<uint4*>(static_cast<uint8_t*>(row) + 2 * 8 * (4 * m + q)) =
+          make_uint4(a[0], a[1], a[2], a[3]);
+  }
+}
+
 // One arrival per consumer warp: its warpgroup's GEMM that read the buffer has completed.
 __device__ __forceinline__ void release(Mbarrier& empty) {
   __syncwarp();
@@ -285,12 +328,13 @@ __device__ __forceinline__ void consume_tile(SharedStorage<Cfg>& s, const FwdPar
   uint32_t pa[kBlockN / 16][4];
   float rescale[2];
   // Q's descriptor for this warpgroup's 64 rows (8 atoms of 8 rows, 1024 bytes apart).
-  const uint64_t q_desc = smem_desc_sw128(s.q[0] + cw * 64 * 128, 16, 1024);
+  const int qb = q_round % Cfg::kQBuffers;
+  const uint64_t q_desc = smem_desc_sw128(s.q[qb][0] + cw * 64 * 128, 16, 1024);
 
   if (n_blocks > 0) {
     // The first block (the last keys): S only; O is still zero.
     const int st = ring % kStages;
-    s.q_full.wait(q_round & 1);
+    s.q_full[qb].wait((q_round / Cfg::kQBuffers) & 1);
     sched.wait_turn();
     s.k_full[st].wait((ring / kStages) & 1);
     wgmma_fence();
@@ -299,7 +343,7 @@ __device__ __forceinline__ void consume_tile(SharedStorage<Cfg>& s, const FwdPar
     wgmma_wait<0>();
     fence_regs(sc);
     release(s.k_empty[st]);
-    if (n_blocks == 1) release(s.q_empty);  // the tile's last QK^T is done
+    if (n_blocks == 1) release(s.q_empty[qb]);  // the tile's last QK^T is done
     if (needs_mask(n_blocks - 1))
       mask_scores<Cfg, kCausal>(sc, (n_blocks - 1) * kBlockN, row0, q_len, kv_len);
     rows.update(sc, p.scale_log2, rescale);
@@ -320,7 +364,7 @@ __device__ __forceinline__ void consume_tile(SharedStorage<Cfg>& s, const FwdPar
     wgmma_wait<1>();  // S is ready; P V still runs
     fence_regs(sc);
     release(s.k_empty[st]);
-    if (i == n_blocks - 1) release(s.q_empty);
+    if (i == n_blocks - 1) release(s.q_empty[qb]);
     if (needs_mask(j)) mask_scores<Cfg, kCausal>(sc, j * kBlockN, row0, q_len, kv_len);
     rows.update(sc, p.scale_log2, rescale);
     wgmma_wait<0>();
@@ -343,26 +387,32 @@ __device__ __forceinline__ void consume_tile(SharedStorage<Cfg>& s, const FwdPar
 
   // ---- Epilogue: O / sum, LSE; rows past q_len are not stored. ----
   using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
-  const int col0 = 2 * (lane % 4);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float sum = rows.sum[h];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const int t = row0 + 8 * h;
-    if (t >= q_len) continue;
     // No key seen (fully masked row or no keys): O = 0 and LSE = -inf. A NaN score (NaN input;
     // fmaxf skips it in the max but its exp2 is NaN) or a +inf one (inf - inf) leaves sum NaN,
     // so the row's O and LSE come out NaN, as in PyTorch and the sm80 kernels.
     const bool seen = sum != 0.0f;
     const float inv = seen ? 1.0f / sum : 0.0f;
-    Elem* out = static_cast<Elem*>(p.out) + batch * p.o_batch_stride + t * p.o_row_stride +
-                head * p.o_head_stride;
+    uint32_t packed[kD / 8];
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i)
-      *reinterpret_cast<uint32_t*>(out + 8 * i + col0) =
-          pack2<kBf16>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
-    if (p.lse != nullptr && lane % 4 == 0)
+      packed[i] = pack2<kBf16>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+    Elem* out = static_cast<Elem*>(p.out) + batch * p.o_batch_stride + t * p.o_row_stride +
+                head * p.o_head_stride;
+    const bool stored = t < q_len;  // a quad's four threads share the row
+    if (p.o_vec16) {
+      store_row_vec16<kD>(out, packed, lane % 4, stored);
+    } else if (stored) {
+#pragma unroll
+      for (int i = 0; i < kD / 8; ++i)
+        *reinterpret_cast<uint32_t*>(out + 8 * i + 2 * (lane % 4)) = packed[i];
+    }
+    if (stored && p.lse != nullptr && lane % 4 == 0)
       p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + t * p.lse_row_stride] =
           seen ? rows.max[h] * p.scale + logf(sum) : -INFINITY;
   }
@@ -383,11 +433,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int tid = threadIdx.x % 128;
 
   if (threadIdx.x == 0) {
-    s.q_full.init(1);
-    s.q_empty.init(Cfg::kConsumerWarps);
+    for (int i = 0; i < Cfg::kQBuffers; ++i) {
+      s.q_full[i].init(1);
+      s.q_empty[i].init(Cfg::kConsumerWarps);
+    }
     for (int i = 0; i < 2; ++i) {
       s.tile_full[i].init(1);
-      s.tile_empty[i].init(Cfg::kConsumerWarps);
+      s.tile_empty[i].init(Cfg::kConsumerWarps * 32);
     }
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
@@ -433,7 +485,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int k = 0;; ++k) {
       s.tile_full[k % 2].wait((k / 2) & 1);
       const int t = s.tile[k % 2];
-      release(s.tile_empty[k % 2]);
+      s.tile_empty[k % 2].arrive();
       if (t >= p.num_tiles) break;
       const kernel::TileCoords tile = kernel::tile_of(p.order, t);
       const int n_blocks = key_blocks<Cfg, kCausal>(tile.m_block, p.seqlen_q, p.seqlen_k);

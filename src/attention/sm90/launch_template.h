@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "attention/cuda_check.h"
@@ -55,9 +56,11 @@ inline CUtensorMap make_map(const void* base, DType dtype, int batch, int seqlen
   return map;
 }
 
-template <int kHeadDim, bool kBf16, bool kCausal>
+// Launches the kernel of tile Cfg on `a` with `p`'s outputs and scalars (fwd_params): the maps,
+// the tile order and the grid are set here.
+template <class Cfg, bool kBf16, bool kCausal>
 void launch(FwdParams& p, const FwdArgs& a) {
-  using Cfg = typename DefaultTile<kHeadDim, kCausal>::type;
+  constexpr int kHeadDim = Cfg::kHeadDim;
   // No keys: the maps are never read (every tile has zero key blocks), but TMA refuses a
   // dimension of 0; describe one row.
   const int kv_rows = a.seqlen_k > 0 ? a.seqlen_k : 1;
@@ -69,6 +72,7 @@ void launch(FwdParams& p, const FwdArgs& a) {
                      a.v_row_stride, a.v_head_stride, Cfg::kBlockN, "v");
   auto kernel = fwd_kernel<Cfg, kBf16, kCausal>;
   constexpr int smem = smem_bytes<Cfg>();
+  static_assert(smem <= 227 * 1024, "the tile's shared memory exceeds what one block may have");
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
              "cudaFuncSetAttribute (sm90 forward shared memory)");
   // The tiles in the heaviest-first order of tile_order.h (L2-sized sections of heads).
@@ -100,9 +104,8 @@ void launch(FwdParams& p, const FwdArgs& a) {
   check_cuda(cudaGetLastError(), "sm90 forward kernel launch");
 }
 
-template <int kHeadDim>
-void run_fwd_hdim(const FwdArgs& a) {
-  if (a.batch == 0 || a.seqlen_q == 0 || a.h_q == 0) return;
+// The kernel parameters that do not depend on the tile: outputs, lengths, scales.
+inline FwdParams fwd_params(const FwdArgs& a) {
   FwdParams p{};
   p.out = a.out;
   p.lse = a.lse;
@@ -112,16 +115,36 @@ void run_fwd_hdim(const FwdArgs& a) {
   p.lse_batch_stride = a.lse_batch_stride;
   p.lse_row_stride = a.lse_row_stride;
   p.lse_head_stride = a.lse_head_stride;
+  // 16-byte stores of O need every row on a 16-byte boundary: the base, and the stride of each
+  // dimension that is stepped along (one of size 1 may hold any stride).
+  const auto aligned = [](int64_t stride, int size) { return size <= 1 || stride % 8 == 0; };
+  p.o_vec16 = reinterpret_cast<uintptr_t>(a.out) % 16 == 0 && aligned(a.o_batch_stride, a.batch) &&
+              aligned(a.o_row_stride, a.seqlen_q) && aligned(a.o_head_stride, a.h_q);
   p.seqlen_q = a.seqlen_q;
   p.seqlen_k = a.seqlen_k;
   p.h_ratio = a.h_q / a.h_kv;
   p.scale = a.scale;
   p.scale_log2 = static_cast<float>(a.scale * M_LOG2E);
+  return p;
+}
+
+// The forward with tile CfgDense for unmasked calls and CfgCausal for causal ones.
+template <class CfgDense, class CfgCausal>
+void run_fwd_tiles(const FwdArgs& a) {
+  static_assert(CfgDense::kHeadDim == CfgCausal::kHeadDim, "one head dim");
+  if (a.batch == 0 || a.seqlen_q == 0 || a.h_q == 0) return;
+  FwdParams p = fwd_params(a);
   const bool bf16 = a.dtype == DType::kBFloat16;
-  if (bf16 && a.causal) launch<kHeadDim, true, true>(p, a);
-  if (bf16 && !a.causal) launch<kHeadDim, true, false>(p, a);
-  if (!bf16 && a.causal) launch<kHeadDim, false, true>(p, a);
-  if (!bf16 && !a.causal) launch<kHeadDim, false, false>(p, a);
+  if (bf16 && a.causal) launch<CfgCausal, true, true>(p, a);
+  if (bf16 && !a.causal) launch<CfgDense, true, false>(p, a);
+  if (!bf16 && a.causal) launch<CfgCausal, false, true>(p, a);
+  if (!bf16 && !a.causal) launch<CfgDense, false, false>(p, a);
+}
+
+template <int kHeadDim>
+void run_fwd_hdim(const FwdArgs& a) {
+  run_fwd_tiles<typename DefaultTile<kHeadDim, false>::type,
+                typename DefaultTile<kHeadDim, true>::type>(a);
 }
 
 }  // namespace flashserve::attention::sm90

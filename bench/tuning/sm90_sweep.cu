@@ -1,0 +1,176 @@
+// sm90_sweep: alternative tiles (and the two epilogue store widths) of the sm90 forward kernel
+// side by side on the FA3 benchmark grid, to choose tile_config.h's DefaultTile by measurement
+// (docs/kernel-notes.md). A tuning tool, built only with -DFLASHSERVE_TUNING=ON.
+//
+// bf16 [batch, seqlen, heads, d], batch x seqlen = 16384, heads x d = 2048, causal and not. Each
+// figure: 10 calls captured in one CUDA graph, the median of 7 replays (as bench/fa3_grid.py
+// times flash_attn_func), after a 200 ms pause that lets the power state settle. Every variant's
+// output is compared with the first (default) variant of its head dim and mask: a broken variant
+// must not win. Usage: sm90_sweep [seqlens, default 512,1024,2048,4096,8192,16384] [head dims].
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#include "sm90_sweep.h"
+
+namespace fb = flashserve::bench;
+namespace sm90 = flashserve::attention::sm90;
+
+namespace {
+
+#define CUDA_OK(expr)                                                                    \
+  do {                                                                                   \
+    cudaError_t err_ = (expr);                                                           \
+    if (err_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(err_)); \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+__global__ void fill(__nv_bfloat16* x, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    x[i] = __float2bfloat16((h >> 8) * (2.0f / 16777216.0f) - 1.0f);
+  }
+}
+
+float to_float(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+
+std::vector<int> parse_list(const char* s) {
+  std::vector<int> v;
+  while (*s) {
+    char* end = nullptr;
+    v.push_back(static_cast<int>(std::strtol(s, &end, 10)));
+    s = *end == ',' ? end + 1 : end;
+  }
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> seqlens{512, 1024, 2048, 4096, 8192, 16384};
+  std::vector<int> dims{64, 128, 256};
+  if (argc > 1) seqlens = parse_list(argv[1]);
+  if (argc > 2) dims = parse_list(argv[2]);
+  int sms = 0, l2 = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CUDA_OK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+  constexpr int64_t kTokens = 16384, kHidden = 2048;
+  const int64_t elems = kTokens * kHidden;
+  __nv_bfloat16 *q, *k, *v, *out;
+  for (auto** b : {&q, &k, &v, &out}) CUDA_OK(cudaMalloc(b, elems * 2));
+  float* lse = nullptr;
+  CUDA_OK(cudaMalloc(&lse, kTokens * 64 * sizeof(float)));
+  int* counter = nullptr;
+  CUDA_OK(cudaMalloc(&counter, sizeof(int)));
+  fill<<<1024, 256>>>(q, elems, 1);
+  fill<<<1024, 256>>>(k, elems, 2);
+  fill<<<1024, 256>>>(v, elems, 3);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaEvent_t t0, t1;
+  CUDA_OK(cudaEventCreate(&t0));
+  CUDA_OK(cudaEventCreate(&t1));
+
+  std::vector<fb::Sm90Variant> variants;
+  for (int d : dims) {
+    auto add = d == 64    ? fb::sm90_variants_d64()
+               : d == 128 ? fb::sm90_variants_d128()
+                          : fb::sm90_variants_d256();
+    variants.insert(variants.end(), add.begin(), add.end());
+  }
+  std::printf("| variant | epilogue | causal | L | TFLOP/s | vs default | max abs diff |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  std::vector<__nv_bfloat16> ref(elems), got(elems);
+  for (int L : seqlens)
+    for (int d : dims)
+      for (bool causal : {false, true}) {
+        double default_tflops = 0;
+        bool first = true;
+        for (const auto& var : variants) {
+          if (var.head_dim != d || var.causal != causal) continue;
+          const int heads = static_cast<int>(kHidden / d), batch = static_cast<int>(kTokens / L);
+          sm90::FwdArgs a{};
+          a.q = q;
+          a.k = k;
+          a.v = v;
+          a.out = out;
+          a.lse = lse;
+          a.dtype = flashserve::DType::kBFloat16;
+          a.batch = batch;
+          a.seqlen_q = a.seqlen_k = L;
+          a.h_q = a.h_kv = heads;
+          a.head_dim = d;
+          const int64_t row = kHidden, bstride = row * L;
+          a.q_batch_stride = a.k_batch_stride = a.v_batch_stride = a.o_batch_stride = bstride;
+          a.q_row_stride = a.k_row_stride = a.v_row_stride = a.o_row_stride = row;
+          a.q_head_stride = a.k_head_stride = a.v_head_stride = a.o_head_stride = d;
+          a.lse_batch_stride = int64_t{heads} * L;
+          a.lse_head_stride = L;
+          a.lse_row_stride = 1;
+          a.causal = causal;
+          a.scale = 1.0f / std::sqrt(static_cast<float>(d));
+          a.sms = sms;
+          a.l2_bytes = l2;
+          a.tile_counter = counter;
+          a.stream = stream;
+          CUDA_OK(cudaMemsetAsync(out, 0xff, elems * 2, stream));
+          var.run(a, var.vec16);
+          CUDA_OK(cudaStreamSynchronize(stream));
+          CUDA_OK(
+              cudaMemcpy(first ? ref.data() : got.data(), out, elems * 2, cudaMemcpyDeviceToHost));
+          double diff = 0;
+          if (!first)
+            for (int64_t i = 0; i < elems; ++i) {
+              const double e = std::fabs(double(to_float(got[i])) - to_float(ref[i]));
+              diff = std::isnan(e) ? INFINITY : std::max(diff, e);
+            }
+          cudaGraph_t graph;
+          cudaGraphExec_t exec;
+          CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+          for (int i = 0; i < 10; ++i) var.run(a, var.vec16);
+          CUDA_OK(cudaStreamEndCapture(stream, &graph));
+          CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+          CUDA_OK(cudaGraphLaunch(exec, stream));  // warm-up
+          CUDA_OK(cudaStreamSynchronize(stream));
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          std::vector<float> ms;
+          for (int r = 0; r < 7; ++r) {
+            CUDA_OK(cudaEventRecord(t0, stream));
+            CUDA_OK(cudaGraphLaunch(exec, stream));
+            CUDA_OK(cudaEventRecord(t1, stream));
+            CUDA_OK(cudaEventSynchronize(t1));
+            float x = 0;
+            CUDA_OK(cudaEventElapsedTime(&x, t0, t1));
+            ms.push_back(x / 10);
+          }
+          CUDA_OK(cudaGraphExecDestroy(exec));
+          CUDA_OK(cudaGraphDestroy(graph));
+          std::sort(ms.begin(), ms.end());
+          const double flops = 4.0 * batch * heads * double(L) * L * d / (causal ? 2 : 1);
+          const double tflops = flops / (ms[3] * 1e-3) / 1e12;
+          if (first) default_tflops = tflops;
+          std::printf("| %s | %s | %s | %d | %.1f | %.3f | %.3g |\n", var.name,
+                      var.vec16 ? "16 B" : "4 B", causal ? "yes" : "no", L, tflops,
+                      tflops / default_tflops, diff);
+          std::fflush(stdout);
+          first = false;
+        }
+      }
+  return 0;
+}
