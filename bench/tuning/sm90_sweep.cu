@@ -1,4 +1,4 @@
-// sm90_sweep: alternative tiles (and the two epilogue store widths) of the sm90 forward kernel
+// sm90_sweep: alternative tiles of the sm90 forward kernel
 // side by side on the FA3 benchmark grid, to choose tile_config.h's DefaultTile by measurement
 // (docs/kernel-notes.md). A tuning tool, built only with -DFLASHSERVE_TUNING=ON.
 //
@@ -94,8 +94,8 @@ int main(int argc, char** argv) {
                           : fb::sm90_variants_d256();
     variants.insert(variants.end(), add.begin(), add.end());
   }
-  std::printf("| variant | epilogue | causal | L | TFLOP/s | vs default | max abs diff |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+  std::printf("| variant | causal | L | TFLOP/s | vs default | max abs diff |\n");
+  std::printf("|---|---|---|---|---|---|\n");
   std::vector<__nv_bfloat16> ref(elems), got(elems);
   for (int L : seqlens)
     for (int d : dims)
@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
           a.tile_counter = counter;
           a.stream = stream;
           CUDA_OK(cudaMemsetAsync(out, 0xff, elems * 2, stream));
-          var.run(a, var.vec16);
+          var.run(a);
           CUDA_OK(cudaStreamSynchronize(stream));
           CUDA_OK(
               cudaMemcpy(first ? ref.data() : got.data(), out, elems * 2, cudaMemcpyDeviceToHost));
@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
           cudaGraph_t graph;
           cudaGraphExec_t exec;
           CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-          for (int i = 0; i < 10; ++i) var.run(a, var.vec16);
+          for (int i = 0; i < 10; ++i) var.run(a);
           CUDA_OK(cudaStreamEndCapture(stream, &graph));
           CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
           CUDA_OK(cudaGraphLaunch(exec, stream));  // warm-up
@@ -165,9 +165,8 @@ int main(int argc, char** argv) {
           const double flops = 4.0 * batch * heads * double(L) * L * d / (causal ? 2 : 1);
           const double tflops = flops / (ms[3] * 1e-3) / 1e12;
           if (first) default_tflops = tflops;
-          std::printf("| %s | %s | %s | %d | %.1f | %.3f | %.3g |\n", var.name,
-                      var.vec16 ? "16 B" : "4 B", causal ? "yes" : "no", L, tflops,
-                      tflops / default_tflops, diff);
+          std::printf("| %s | %s | %d | %.1f | %.3f | %.3g |\n", var.name, causal ? "yes" : "no", L,
+                      tflops, tflops / default_tflops, diff);
           std::fflush(stdout);
           first = false;
         }

@@ -1,6 +1,6 @@
 // sm90_sweep's variants: alternative tiles of the sm90 forward kernel (bf16), each a launch of
-// sm90::launch<Cfg> on the same arguments, with the 16-byte epilogue stores allowed or not. One
-// file per head dim keeps each translation unit's ptxas work to a few kernels.
+// sm90::launch<Cfg> on the same arguments. One file per head dim keeps each translation unit's
+// ptxas work to a few kernels.
 #pragma once
 
 #include <vector>
@@ -13,23 +13,18 @@ struct Sm90Variant {
   const char* name;
   int head_dim;
   bool causal;
-  bool vec16;  // the epilogue's 16-byte stores (where O is aligned)
-  void (*run)(const attention::sm90::FwdArgs&, bool vec16);
+  void (*run)(const attention::sm90::FwdArgs&);
 };
 
 template <class Cfg, bool kCausal>
-void run_sm90_variant(const attention::sm90::FwdArgs& a, bool vec16) {
+void run_sm90_variant(const attention::sm90::FwdArgs& a) {
   attention::sm90::FwdParams p = attention::sm90::fwd_params(a);
-  p.o_vec16 = p.o_vec16 && vec16;
   attention::sm90::launch<Cfg, true, kCausal>(p, a);
 }
 
-// A tile under both epilogues, causal or not; the default tile's first.
 template <class Cfg, bool kCausal>
-void add_variant(std::vector<Sm90Variant>& v, const char* name, bool both_epilogues) {
-  v.push_back({name, Cfg::kHeadDim, kCausal, true, run_sm90_variant<Cfg, kCausal>});
-  if (both_epilogues)
-    v.push_back({name, Cfg::kHeadDim, kCausal, false, run_sm90_variant<Cfg, kCausal>});
+void add_variant(std::vector<Sm90Variant>& v, const char* name) {
+  v.push_back({name, Cfg::kHeadDim, kCausal, run_sm90_variant<Cfg, kCausal>});
 }
 
 std::vector<Sm90Variant> sm90_variants_d64();

@@ -257,7 +257,8 @@ __device__ __forceinline__ void issue_pv(float (&o)[Cfg::kHeadDim / 2],
 // 8i + 2q, 8i + 2q + 1 of every 8-column group i (packed[i]); a 4 x 4 transpose within the quad
 // (two xor-shuffle rounds) gives thread q all eight columns of groups 4m + q, so each store
 // instruction writes 64 contiguous bytes per row instead of 16: a quarter of the L1 wavefronts of
-// 4-byte stores (the epilogue is a fixed cost of every tile, which short sequences feel most).
+// 4-byte stores (the epilogue is a fixed cost of every tile, which short sequences feel most:
+// +5% at d128 512 keys, +10% causal, +9-15% at d256; docs/kernel-notes.md, session 10).
 // Every lane takes part in the shuffles; `stored` says whether this row is written.
 template <int kD>
 __device__ __forceinline__ void store_row_vec16(void* row, uint32_t (&packed)[kD / 8], int q,
@@ -404,15 +405,9 @@ __device__ __forceinline__ void consume_tile(SharedStorage<Cfg>& s, const FwdPar
       packed[i] = pack2<kBf16>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
     Elem* out = static_cast<Elem*>(p.out) + batch * p.o_batch_stride + t * p.o_row_stride +
                 head * p.o_head_stride;
-    const bool stored = t < q_len;  // a quad's four threads share the row
-    if (p.o_vec16) {
-      store_row_vec16<kD>(out, packed, lane % 4, stored);
-    } else if (stored) {
-#pragma unroll
-      for (int i = 0; i < kD / 8; ++i)
-        *reinterpret_cast<uint32_t*>(out + 8 * i + 2 * (lane % 4)) = packed[i];
-    }
-    if (stored && p.lse != nullptr && lane % 4 == 0)
+    // The dispatch refuses outputs whose rows are not 16-byte aligned (check_aligned).
+    store_row_vec16<kD>(out, packed, lane % 4, /*stored=*/t < q_len);
+    if (t < q_len && p.lse != nullptr && lane % 4 == 0)
       p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + t * p.lse_row_stride] =
           seen ? rows.max[h] * p.scale + logf(sum) : -INFINITY;
   }

@@ -1,6 +1,7 @@
 // What the host passes to the sm90 forward kernel: the three TMA tensor maps (q, k, v as
 // [batch, seqlen, heads, d] 4-D maps, d innermost), plain pointers and strides for the outputs
-// (written with direct stores), and the persistent grid's tile order.
+// (written with direct 16-byte stores: the dispatch refuses rows that are not 16-byte aligned), and
+// the persistent grid's tile order.
 #pragma once
 
 #include <cuda.h>
@@ -18,9 +19,6 @@ struct FwdParams {
   float* lse;                                                 // null: not written
   int64_t o_batch_stride, o_row_stride, o_head_stride;        // elements
   int64_t lse_batch_stride, lse_row_stride, lse_head_stride;  // elements
-  // O's rows start on 16-byte boundaries (base and strides): the epilogue stores 16 bytes at a
-  // time (store_row_vec16), else 4.
-  bool o_vec16;
 
   int32_t seqlen_q, seqlen_k;  // dense: every sequence has these lengths
   int32_t h_ratio;             // h_q / h_kv: query head h reads kv head h / h_ratio

@@ -115,11 +115,6 @@ inline FwdParams fwd_params(const FwdArgs& a) {
   p.lse_batch_stride = a.lse_batch_stride;
   p.lse_row_stride = a.lse_row_stride;
   p.lse_head_stride = a.lse_head_stride;
-  // 16-byte stores of O need every row on a 16-byte boundary: the base, and the stride of each
-  // dimension that is stepped along (one of size 1 may hold any stride).
-  const auto aligned = [](int64_t stride, int size) { return size <= 1 || stride % 8 == 0; };
-  p.o_vec16 = reinterpret_cast<uintptr_t>(a.out) % 16 == 0 && aligned(a.o_batch_stride, a.batch) &&
-              aligned(a.o_row_stride, a.seqlen_q) && aligned(a.o_head_stride, a.h_q);
   p.seqlen_q = a.seqlen_q;
   p.seqlen_k = a.seqlen_k;
   p.h_ratio = a.h_q / a.h_kv;
@@ -141,10 +136,15 @@ void run_fwd_tiles(const FwdArgs& a) {
   if (!bf16 && !a.causal) launch<CfgDense, false, false>(p, a);
 }
 
+// The tiles of tile_config.h: ShortTile's up to kShortKeys keys, DefaultTile's beyond.
 template <int kHeadDim>
 void run_fwd_hdim(const FwdArgs& a) {
-  run_fwd_tiles<typename DefaultTile<kHeadDim, false>::type,
-                typename DefaultTile<kHeadDim, true>::type>(a);
+  if (a.seqlen_k <= kShortKeys)
+    run_fwd_tiles<typename ShortTile<kHeadDim, false>::type,
+                  typename ShortTile<kHeadDim, true>::type>(a);
+  else
+    run_fwd_tiles<typename DefaultTile<kHeadDim, false>::type,
+                  typename DefaultTile<kHeadDim, true>::type>(a);
 }
 
 }  // namespace flashserve::attention::sm90

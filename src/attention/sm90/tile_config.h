@@ -74,4 +74,18 @@ struct DefaultTile<256, kCausal> {
   using type = TileConfig<256, 128, 80>;
 };
 
+// Up to kShortKeys keys a tile runs few key blocks, and the fixed cost of its start and end
+// (first QK^T and softmax, last PV, epilogue) weighs more than the blocks' rate: ShortTile is the
+// tile measured fastest there (sm90_sweep, session 10), DefaultTile's elsewhere.
+// - d64 causal: 128 x 128 with two consumer warpgroups (+7% at 512 keys, +9% at 1k; -4% at 2k
+//   and -12% at 16k, where the three warpgroups' longer tiles win).
+// Elsewhere the alternatives were within the sweep's spread (+-3%) of the default.
+inline constexpr int kShortKeys = 1024;
+template <int kHeadDim, bool kCausal>
+struct ShortTile : DefaultTile<kHeadDim, kCausal> {};
+template <>
+struct ShortTile<64, true> {
+  using type = TileConfig<64, 128, 128>;
+};
+
 }  // namespace flashserve::attention::sm90
