@@ -80,6 +80,8 @@ int main(int argc, char** argv) {
 
   std::printf("\n%-6s %-7s %-6s %-6s %10s %10s %10s %10s %-5s %12s\n", "causal", "seqlen", "batch",
               "heads", "sm80", "sm90", "sm90/sm80", "auto", "took", "max|diff|");
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
   for (int causal : {0, 1})
     for (int s : seqlens) {
       const int b = std::max(1, total / s), h = hidden / head_dim, d = head_dim;
@@ -98,10 +100,17 @@ int main(int argc, char** argv) {
       std::string err, took;
       for (int which = 0; which < 3; ++which) {
         setenv("FLASHSERVE_KERNEL", which == 0 ? "sm80" : which == 1 ? "sm90" : "auto", 1);
-        const flashserve::AttentionParams p = params(which == 0   ? out80
-                                                     : which == 1 ? out90
-                                                                  : out_auto);
+        flashserve::AttentionParams p = params(which == 0 ? out80 : which == 1 ? out90 : out_auto);
+        // The workspace the call asks for, as flash_attn_func and the engine pass one (sm90
+        // causal takes its tiles from a counter there; without one it runs a CTA per tile).
         try {
+          p.workspace_bytes = flashserve::attention_workspace_size(p);
+          if (p.workspace_bytes > workspace_bytes) {
+            CUDA_OK(cudaFree(workspace));
+            CUDA_OK(cudaMalloc(&workspace, p.workspace_bytes));
+            workspace_bytes = p.workspace_bytes;
+          }
+          p.workspace = workspace;
           flashserve::attention_forward(p);
           CUDA_OK(cudaDeviceSynchronize());
         } catch (const std::exception& e) {
@@ -129,5 +138,6 @@ int main(int argc, char** argv) {
                   took.c_str(), max_diff, err.empty() ? "" : "  error: ", err.c_str());
     }
   for (uint16_t* p : {q, k, v, out80, out90, out_auto}) CUDA_OK(cudaFree(p));
+  CUDA_OK(cudaFree(workspace));
   return 0;
 }

@@ -14,6 +14,7 @@ std::vector<Sm90Variant> sm90_variants_d64() {
   add_variant<TileConfig<64, 192, 128, 3>, true>(v, "d64 192x128 s3");
   add_variant<TileConfig<64, 192, 128, 2, 2>, true>(v, "d64 192x128 s2 q2");
   add_variant<TileConfig<64, 128, 128>, true>(v, "d64 128x128 s2");
+  add_variant<TileConfig<64, 128, 128, 2, 2>, true>(v, "d64 128x128 s2 q2");
   return v;
 }
 

@@ -299,95 +299,16 @@ __device__ __forceinline__ void release(Mbarrier& empty) {
   empty.arrive_if(threadIdx.x % 32 == 0);
 }
 
-// One tile for one consumer warpgroup (cw c: tile rows 64c .. 64c + 63), tid its thread
-// 0..127; ring and q_round as for produce_tile.
-template <class Cfg, bool kBf16, bool kCausal>
-__device__ __forceinline__ void consume_tile(SharedStorage<Cfg>& s, const FwdParams& p,
-                                             const kernel::TileCoords& tile, int n_blocks, int ring,
-                                             int q_round, int cw, int tid,
-                                             const WarpScheduler<Cfg::kConsumers>& sched) {
-  const int m_block = tile.m_block, head = tile.head, batch = tile.z;
-  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
-  constexpr int kStages = Cfg::kStages;
-  const int q_len = p.seqlen_q, kv_len = p.seqlen_k;
-  const int warp = tid / 32, lane = tid % 32;
-  // The two rows of this thread in the accumulator fragment (wgmma.h), as query indices.
-  const int row0 = m_block * kBlockM + cw * 64 + warp * 16 + lane / 4;
-  // Blocks that need a mask: the last key past kv_len or, causal, past the diagonal of the
-  // warpgroup's first row. They come first (keys go from the last block to the first).
-  const int diag = kv_len - q_len + m_block * kBlockM + cw * 64;
-  const auto needs_mask = [&](int j) {
-    const int last_key = j * kBlockN + kBlockN - 1;
-    return last_key >= kv_len || (kCausal && last_key > diag);
-  };
-
-  float o[kD / 2];
-#pragma unroll
-  for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
-  RowState rows;
-  float sc[kBlockN / 2];
-  uint32_t pa[kBlockN / 16][4];
-  float rescale[2];
-  // Q's descriptor for this warpgroup's 64 rows (8 atoms of 8 rows, 1024 bytes apart).
-  const int qb = q_round % Cfg::kQBuffers;
-  const uint64_t q_desc = smem_desc_sw128(s.q[qb][0] + cw * 64 * 128, 16, 1024);
-
-  if (n_blocks > 0) {
-    // The first block (the last keys): S only; O is still zero.
-    const int st = ring % kStages;
-    s.q_full[qb].wait((q_round / Cfg::kQBuffers) & 1);
-    sched.wait_turn();
-    s.k_full[st].wait((ring / kStages) & 1);
-    wgmma_fence();
-    issue_qk<Cfg, kBf16>(sc, q_desc, s.k[st][0]);
-    sched.pass_turn();
-    wgmma_wait<0>();
-    fence_regs(sc);
-    release(s.k_empty[st]);
-    if (n_blocks == 1) release(s.q_empty[qb]);  // the tile's last QK^T is done
-    if (needs_mask(n_blocks - 1))
-      mask_scores<Cfg, kCausal>(sc, (n_blocks - 1) * kBlockN, row0, q_len, kv_len);
-    rows.update(sc, p.scale_log2, rescale);
-    to_operand<kBf16>(sc, pa);
-  }
-  // Step i: S of block i (keys n_blocks - 1 - i) with P V of block i - 1 in flight.
-  for (int i = 1; i < n_blocks; ++i) {
-    const int slot = ring + i, st = slot % kStages, prev = (slot - 1) % kStages;
-    const int j = n_blocks - 1 - i;
-    sched.wait_turn();
-    s.k_full[st].wait((slot / kStages) & 1);
-    wgmma_fence();
-    issue_qk<Cfg, kBf16>(sc, q_desc, s.k[st][0]);
-    s.v_full[prev].wait(((slot - 1) / kStages) & 1);
-    wgmma_fence();  // after the wait's branch, ptxas wants the fence again before P V
-    issue_pv<Cfg, kBf16>(o, pa, s.v[prev][0]);
-    sched.pass_turn();
-    wgmma_wait<1>();  // S is ready; P V still runs
-    fence_regs(sc);
-    release(s.k_empty[st]);
-    if (i == n_blocks - 1) release(s.q_empty[qb]);
-    if (needs_mask(j)) mask_scores<Cfg, kCausal>(sc, j * kBlockN, row0, q_len, kv_len);
-    rows.update(sc, p.scale_log2, rescale);
-    wgmma_wait<0>();
-    fence_regs(o);
-    fence_regs(pa);
-    release(s.v_empty[prev]);
-    rescale_o<kD>(o, rescale);
-    to_operand<kBf16>(sc, pa);
-  }
-  if (n_blocks > 0) {
-    // The last P V (keys 0 .. kBlockN - 1).
-    const int slot = ring + n_blocks - 1, last = slot % kStages;
-    s.v_full[last].wait((slot / kStages) & 1);
-    wgmma_fence();
-    issue_pv<Cfg, kBf16>(o, pa, s.v[last][0]);
-    wgmma_wait<0>();
-    fence_regs(o);
-    release(s.v_empty[last]);
-  }
-
-  // ---- Epilogue: O / sum, LSE; rows past q_len are not stored. ----
+// The epilogue of one consumer warpgroup's 64 rows of `tile` (cw c: tile rows 64c .. 64c + 63,
+// tid its thread 0..127): O / sum and LSE; rows past q_len are not stored.
+template <class Cfg, bool kBf16>
+__device__ __forceinline__ void store_tile(const FwdParams& p, const kernel::TileCoords& tile,
+                                           int cw, int tid, const float (&o)[Cfg::kHeadDim / 2],
+                                           const RowState& rows) {
+  constexpr int kD = Cfg::kHeadDim;
   using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
+  const int lane = tid % 32;
+  const int row0 = tile.m_block * Cfg::kBlockM + cw * 64 + (tid / 32) * 16 + lane / 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float sum = rows.sum[h];
@@ -403,14 +324,170 @@ __device__ __forceinline__ void consume_tile(SharedStorage<Cfg>& s, const FwdPar
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i)
       packed[i] = pack2<kBf16>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
-    Elem* out = static_cast<Elem*>(p.out) + batch * p.o_batch_stride + t * p.o_row_stride +
-                head * p.o_head_stride;
+    Elem* out = static_cast<Elem*>(p.out) + tile.z * p.o_batch_stride + t * p.o_row_stride +
+                tile.head * p.o_head_stride;
     // The dispatch refuses outputs whose rows are not 16-byte aligned (check_aligned).
-    store_row_vec16<kD>(out, packed, lane % 4, /*stored=*/t < q_len);
-    if (t < q_len && p.lse != nullptr && lane % 4 == 0)
-      p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + t * p.lse_row_stride] =
+    store_row_vec16<kD>(out, packed, lane % 4, /*stored=*/t < p.seqlen_q);
+    if (t < p.seqlen_q && p.lse != nullptr && lane % 4 == 0)
+      p.lse[tile.z * p.lse_batch_stride + tile.head * p.lse_head_stride + t * p.lse_row_stride] =
           seen ? rows.max[h] * p.scale + logf(sum) : -INFINITY;
   }
+}
+
+// One consumer warpgroup (cw c of the tile's 64-row slices, tid its thread 0..127) over all of
+// its CTA's tiles, as the producer announces them; `ring` and `q_round` count as in
+// produce_tile. Per tile with keys: the first block's QK^T alone, then steps of QK^T(i) with
+// PV(i - 1), then the last PV and the epilogue. With two Q buffers (kCarryPV) the last PV of a
+// tile is carried into the next tile's first step and issued beside its first QK^T (whose Q is
+// already there), so a tile boundary keeps the tensor cores as busy as a step inside a tile:
+// the epilogue runs after the next tile's first softmax, under the other warpgroups' GEMMs.
+template <class Cfg, bool kBf16, bool kCausal>
+__device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdParams& p, int cw,
+                                              int tid) {
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
+  constexpr int kStages = Cfg::kStages;
+  constexpr bool kCarryPV = Cfg::kQBuffers == 2;
+  const int q_len = p.seqlen_q, kv_len = p.seqlen_k;
+  const int warp = tid / 32, lane = tid % 32;
+  // The turns of the warp scheduler run on from one tile to the next (a warpgroup may start
+  // the next tile while the others finish this one).
+  WarpScheduler<Cfg::kConsumers> sched(cw);
+
+  float o[kD / 2];
+  RowState rows;
+  float sc[kBlockN / 2];
+  uint32_t pa[kBlockN / 16][4];
+  float rescale[2];
+  // The tile whose last P V is still to be issued: its P is in pa, its V in ring slot
+  // carry_slot, its row state in rows.
+  bool carry = false;
+  int carry_slot = 0;
+  kernel::TileCoords carry_tile{};
+  const auto finish_carry = [&] {  // the carried P V alone, then its tile's epilogue
+    const int st = carry_slot % kStages;
+    s.v_full[st].wait((carry_slot / kStages) & 1);
+    wgmma_fence();
+    issue_pv<Cfg, kBf16>(o, pa, s.v[st][0]);
+    wgmma_wait<0>();
+    fence_regs(o);
+    release(s.v_empty[st]);
+    store_tile<Cfg, kBf16>(p, carry_tile, cw, tid, o, rows);
+    carry = false;
+  };
+
+  int ring = 0, q_round = 0;
+  for (int k = 0;; ++k) {
+    s.tile_full[k % 2].wait((k / 2) & 1);
+    // Every thread reads the slot before its own arrival; lane 0's value, broadcast, lets ptxas
+    // see that what follows from it is warp-uniform (a branch it cannot prove uniform between a
+    // wgmma's issue and its wait serializes the wgmmas: C7520).
+    const int t = __shfl_sync(0xffffffffu, s.tile[k % 2], 0);
+    s.tile_empty[k % 2].arrive();
+    if (t >= p.num_tiles) break;
+    const kernel::TileCoords tile = kernel::tile_of(p.order, t);
+    const int n_blocks = key_blocks<Cfg, kCausal>(tile.m_block, q_len, kv_len);
+    if (n_blocks == 0) {  // no row sees a key: O = 0, LSE = -inf
+      if (carry) finish_carry();
+#pragma unroll
+      for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
+      rows = RowState{};
+      store_tile<Cfg, kBf16>(p, tile, cw, tid, o, rows);
+      continue;
+    }
+    // The two rows of this thread in the accumulator fragment (wgmma.h), as query indices.
+    const int row0 = tile.m_block * kBlockM + cw * 64 + warp * 16 + lane / 4;
+    // Blocks that need a mask: the last key past kv_len or, causal, past the diagonal of the
+    // warpgroup's first row. They come first (keys go from the last block to the first).
+    const int diag = kv_len - q_len + tile.m_block * kBlockM + cw * 64;
+    const auto needs_mask = [&](int j) {
+      const int last_key = j * kBlockN + kBlockN - 1;
+      return last_key >= kv_len || (kCausal && last_key > diag);
+    };
+    const int qb = q_round % Cfg::kQBuffers;
+    // Q's descriptor for this warpgroup's 64 rows (8 atoms of 8 rows, 1024 bytes apart).
+    const uint64_t q_desc = smem_desc_sw128(s.q[qb][0] + cw * 64 * 128, 16, 1024);
+
+    {
+      // The first block (the last keys): S only, beside the carried tile's last P V. The two
+      // paths each run their wgmmas to completion: a join with a wgmma still in flight would
+      // need register copies of its accumulators there, and ptxas serializes the wgmmas
+      // (C7515).
+      const int st = ring % kStages, vst = carry_slot % kStages;
+      s.q_full[qb].wait((q_round / Cfg::kQBuffers) & 1);
+      RowState fresh;
+      const auto softmax_first = [&] {  // S of the first block is ready
+        fence_regs(sc);
+        release(s.k_empty[st]);
+        if (n_blocks == 1) release(s.q_empty[qb]);  // the tile's last QK^T is done
+        if (needs_mask(n_blocks - 1))
+          mask_scores<Cfg, kCausal>(sc, (n_blocks - 1) * kBlockN, row0, q_len, kv_len);
+        fresh.update(sc, p.scale_log2, rescale);
+      };
+      sched.wait_turn();
+      s.k_full[st].wait((ring / kStages) & 1);
+      if (kCarryPV && carry) {
+        wgmma_fence();
+        issue_qk<Cfg, kBf16>(sc, q_desc, s.k[st][0]);
+        s.v_full[vst].wait((carry_slot / kStages) & 1);
+        wgmma_fence();
+        issue_pv<Cfg, kBf16>(o, pa, s.v[vst][0]);
+        sched.pass_turn();
+        wgmma_wait<1>();  // S is ready; the carried P V still runs
+        softmax_first();
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(pa);
+        release(s.v_empty[vst]);
+        store_tile<Cfg, kBf16>(p, carry_tile, cw, tid, o, rows);
+        carry = false;
+      } else {
+        wgmma_fence();
+        issue_qk<Cfg, kBf16>(sc, q_desc, s.k[st][0]);
+        sched.pass_turn();
+        wgmma_wait<0>();
+        softmax_first();
+      }
+      rows = fresh;
+#pragma unroll
+      for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
+      fence_regs(o);  // the zeros stay here, before the next step's wgmma fence
+      to_operand<kBf16>(sc, pa);
+    }
+    // Step i: S of block i (keys n_blocks - 1 - i) with P V of block i - 1 in flight.
+    for (int i = 1; i < n_blocks; ++i) {
+      const int slot = ring + i, st = slot % kStages, prev = (slot - 1) % kStages;
+      const int j = n_blocks - 1 - i;
+      sched.wait_turn();
+      s.k_full[st].wait((slot / kStages) & 1);
+      wgmma_fence();
+      issue_qk<Cfg, kBf16>(sc, q_desc, s.k[st][0]);
+      s.v_full[prev].wait(((slot - 1) / kStages) & 1);
+      wgmma_fence();  // after the wait's branch, ptxas wants the fence again before P V
+      issue_pv<Cfg, kBf16>(o, pa, s.v[prev][0]);
+      sched.pass_turn();
+      wgmma_wait<1>();  // S is ready; P V still runs
+      fence_regs(sc);
+      release(s.k_empty[st]);
+      if (i == n_blocks - 1) release(s.q_empty[qb]);
+      if (needs_mask(j)) mask_scores<Cfg, kCausal>(sc, j * kBlockN, row0, q_len, kv_len);
+      rows.update(sc, p.scale_log2, rescale);
+      wgmma_wait<0>();
+      fence_regs(o);
+      fence_regs(pa);
+      release(s.v_empty[prev]);
+      rescale_o<kD>(o, rescale);
+      to_operand<kBf16>(sc, pa);
+    }
+    // The last P V (keys 0 .. kBlockN - 1): carried into the next tile's first step, or now.
+    carry = true;
+    carry_slot = ring + n_blocks - 1;
+    carry_tile = tile;
+    if (!kCarryPV) finish_carry();
+    ring += n_blocks;
+    ++q_round;
+  }
+  if (carry) finish_carry();
+  sched.finish();
 }
 
 template <class Cfg, bool kBf16, bool kCausal>
@@ -473,23 +550,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
-    // The turns of the warp scheduler run on from one tile to the next (a warpgroup may start
-    // the next tile while the others finish this one).
-    WarpScheduler<Cfg::kConsumers> sched(warpgroup - 1);
-    int ring = 0, q_round = 0;
-    for (int k = 0;; ++k) {
-      s.tile_full[k % 2].wait((k / 2) & 1);
-      const int t = s.tile[k % 2];
-      s.tile_empty[k % 2].arrive();
-      if (t >= p.num_tiles) break;
-      const kernel::TileCoords tile = kernel::tile_of(p.order, t);
-      const int n_blocks = key_blocks<Cfg, kCausal>(tile.m_block, p.seqlen_q, p.seqlen_k);
-      consume_tile<Cfg, kBf16, kCausal>(s, p, tile, n_blocks, ring, q_round, warpgroup - 1, tid,
-                                        sched);
-      ring += n_blocks;
-      q_round += n_blocks > 0;
-    }
-    sched.finish();
+    consume_tiles<Cfg, kBf16, kCausal>(s, p, warpgroup - 1, tid);
   }
 #endif
 }

@@ -46,11 +46,13 @@ struct TileConfig {
 };
 
 // The tile each head dim runs (FlashAttention-3's choices, hopper/tile_size.h, as a start):
+// Two Q buffers (the last PV of a tile carried into the next tile's first step) wherever the
+// shared memory has room for them: not at d128 x 176 or d256. [PROVISIONAL: run 40 decides]
 // - d64: 192 x 128, three consumer warpgroups at 160 registers (S 64 + P 32 + O 32): at d64 a
 //   128-row tile's GEMMs are too short to hide the softmax of two warpgroups behind each other
-//   (run 32: 0.66-0.94x cuDNN with 128 x 128). Q 24 KB + 2 x (K 16 KB + V 16 KB) = 88 KB.
+//   (run 32: 0.66-0.94x cuDNN with 128 x 128). 2 x Q 24 KB + 2 x (K 16 KB + V 16 KB) = 112 KB.
 // - d128 causal: 128 x 128. Causal tiles are balanced by the diagonal: a longer key block
-//   wastes more of the masked half.
+//   wastes more of the masked half. 2 x Q 32 KB + 2 x (K 32 KB + V 32 KB) = 192 KB.
 // - d128 non-causal: 128 x 176 (S 88 + P 44 + O 64 registers): fewer, longer blocks amortise the
 //   per-block softmax bookkeeping. Q 32 KB + 2 x (K 44 KB + V 44 KB) = 208 KB of shared memory.
 // - d256: 128 x 80 (S 40 + P 20 + O 128 registers): O takes half the registers. Q 64 KB +
@@ -59,7 +61,7 @@ template <int kHeadDim, bool kCausal>
 struct DefaultTile;
 template <bool kCausal>
 struct DefaultTile<64, kCausal> {
-  using type = TileConfig<64, 192, 128>;
+  using type = TileConfig<64, 192, 128, 2, 2>;
 };
 template <>
 struct DefaultTile<128, false> {
@@ -67,7 +69,7 @@ struct DefaultTile<128, false> {
 };
 template <>
 struct DefaultTile<128, true> {
-  using type = TileConfig<128, 128, 128>;
+  using type = TileConfig<128, 128, 128, 2, 2>;
 };
 template <bool kCausal>
 struct DefaultTile<256, kCausal> {
@@ -85,7 +87,11 @@ template <int kHeadDim, bool kCausal>
 struct ShortTile : DefaultTile<kHeadDim, kCausal> {};
 template <>
 struct ShortTile<64, true> {
-  using type = TileConfig<64, 128, 128>;
+  using type = TileConfig<64, 128, 128, 2, 2>;
+};
+template <>
+struct ShortTile<128, false> {
+  using type = TileConfig<128, 128, 128, 2, 2>;
 };
 
 }  // namespace flashserve::attention::sm90
