@@ -9,12 +9,8 @@ std::vector<Sm90Variant> sm90_variants_d128() {
   add_variant<TileConfig<128, 128, 176>, false>(v, "d128 128x176 s2");
   add_variant<TileConfig<128, 128, 128>, false>(v, "d128 128x128 s2");
   add_variant<TileConfig<128, 128, 128, 3>, false>(v, "d128 128x128 s3");
-  add_variant<TileConfig<128, 128, 128, 2, 2>, false>(v, "d128 128x128 s2 q2");
-  add_variant<TileConfig<128, 128, 144, 2, 2>, false>(v, "d128 128x144 s2 q2");
-  add_variant<TileConfig<128, 128, 160, 2, 2>, false>(v, "d128 128x160 s2 q2");
   add_variant<TileConfig<128, 128, 128>, true>(v, "d128 128x128 s2");
   add_variant<TileConfig<128, 128, 128, 3>, true>(v, "d128 128x128 s3");
-  add_variant<TileConfig<128, 128, 128, 2, 2>, true>(v, "d128 128x128 s2 q2");
   add_variant<TileConfig<128, 128, 96>, true>(v, "d128 128x96 s2");
   return v;
 }

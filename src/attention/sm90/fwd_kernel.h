@@ -42,11 +42,10 @@ namespace flashserve::attention::sm90 {
 template <class Cfg>
 struct SharedStorage {
   // Each chunk is a 1024-byte aligned run of 8-row swizzle atoms (wgmma.h).
-  alignas(1024) uint8_t q[Cfg::kQBuffers][Cfg::kChunks][Cfg::kQChunkBytes];
+  alignas(1024) uint8_t q[Cfg::kChunks][Cfg::kQChunkBytes];
   alignas(1024) uint8_t k[Cfg::kStages][Cfg::kChunks][Cfg::kKVChunkBytes];
   alignas(1024) uint8_t v[Cfg::kStages][Cfg::kChunks][Cfg::kKVChunkBytes];
-  // Q round r (the r-th tile with keys) is in buffer r % kQBuffers.
-  Mbarrier q_full[Cfg::kQBuffers], q_empty[Cfg::kQBuffers];
+  Mbarrier q_full, q_empty;
   // The producer announces each tile it starts (FwdParams::tile_counter) to the consumers
   // through a ring of two slots: tile_full (the producer's arrival) and tile_empty (one arrival
   // per consumer thread once it has read the slot: each thread's own release orders its read
@@ -115,8 +114,7 @@ __device__ __forceinline__ void load_kv(const CUtensorMap* map,
     tma_load_4d(dst[c], map, full, c * Cfg::kChunkCols, block * Cfg::kBlockN, kv_head, batch);
 }
 
-// Per tile: Q (into buffer q_round % kQBuffers, once the consumers are done with the tile that
-// used it last), K of the first block,
+// Per tile: Q (once both consumers are done with the previous tile's Q), K of the first block,
 // then per step K of the next block and V of the current one. `ring` counts the K/V blocks of
 // earlier tiles: block i of this tile (key block n_blocks - 1 - i) is ring slot ring + i, in
 // stage slot % kStages; the producer waits for that stage's buffer to be released (a stage's
@@ -127,13 +125,12 @@ __device__ __forceinline__ void produce_tile(SharedStorage<Cfg>& s, const FwdPar
                                              int q_round) {
   constexpr int kStages = Cfg::kStages;
   const int kv_head = tile.head / p.h_ratio;
-  const int qb = q_round % Cfg::kQBuffers;
-  s.q_empty[qb].wait(((q_round / Cfg::kQBuffers) & 1) ^ 1);
-  s.q_full[qb].arrive_expect_tx(Cfg::kQBytes);
+  s.q_empty.wait((q_round & 1) ^ 1);
+  s.q_full.arrive_expect_tx(Cfg::kQBytes);
 #pragma unroll
   for (int c = 0; c < Cfg::kChunks; ++c)
-    tma_load_4d(s.q[qb][c], &p.tma_q, s.q_full[qb], c * Cfg::kChunkCols,
-                tile.m_block * Cfg::kBlockM, tile.head, tile.z);
+    tma_load_4d(s.q[c], &p.tma_q, s.q_full, c * Cfg::kChunkCols, tile.m_block * Cfg::kBlockM,
+                tile.head, tile.z);
   for (int i = 0; i <= n_blocks; ++i) {
     if (i < n_blocks) {
       const int slot = ring + i, st = slot % kStages;
@@ -337,16 +334,14 @@ __device__ __forceinline__ void store_tile(const FwdParams& p, const kernel::Til
 // One consumer warpgroup (cw c of the tile's 64-row slices, tid its thread 0..127) over all of
 // its CTA's tiles, as the producer announces them; `ring` and `q_round` count as in
 // produce_tile. Per tile with keys: the first block's QK^T alone, then steps of QK^T(i) with
-// PV(i - 1), then the last PV and the epilogue. With two Q buffers (kCarryPV) the last PV of a
-// tile is carried into the next tile's first step and issued beside its first QK^T (whose Q is
-// already there), so a tile boundary keeps the tensor cores as busy as a step inside a tile:
-// the epilogue runs after the next tile's first softmax, under the other warpgroups' GEMMs.
+// PV(i - 1), then the last PV and the epilogue. (Carrying the last PV into the next tile's first
+// step, beside its first QK^T, with Q double-buffered, measured no faster: docs/kernel-notes.md,
+// run 40.)
 template <class Cfg, bool kBf16, bool kCausal>
 __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdParams& p, int cw,
                                               int tid) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
   constexpr int kStages = Cfg::kStages;
-  constexpr bool kCarryPV = Cfg::kQBuffers == 2;
   const int q_len = p.seqlen_q, kv_len = p.seqlen_k;
   const int warp = tid / 32, lane = tid % 32;
   // The turns of the warp scheduler run on from one tile to the next (a warpgroup may start
@@ -358,23 +353,6 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
   float sc[kBlockN / 2];
   uint32_t pa[kBlockN / 16][4];
   float rescale[2];
-  // The tile whose last P V is still to be issued: its P is in pa, its V in ring slot
-  // carry_slot, its row state in rows.
-  bool carry = false;
-  int carry_slot = 0;
-  kernel::TileCoords carry_tile{};
-  const auto finish_carry = [&] {  // the carried P V alone, then its tile's epilogue
-    const int st = carry_slot % kStages;
-    s.v_full[st].wait((carry_slot / kStages) & 1);
-    wgmma_fence();
-    issue_pv<Cfg, kBf16>(o, pa, s.v[st][0]);
-    wgmma_wait<0>();
-    fence_regs(o);
-    release(s.v_empty[st]);
-    store_tile<Cfg, kBf16>(p, carry_tile, cw, tid, o, rows);
-    carry = false;
-  };
-
   int ring = 0, q_round = 0;
   for (int k = 0;; ++k) {
     s.tile_full[k % 2].wait((k / 2) & 1);
@@ -387,7 +365,6 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
     const kernel::TileCoords tile = kernel::tile_of(p.order, t);
     const int n_blocks = key_blocks<Cfg, kCausal>(tile.m_block, q_len, kv_len);
     if (n_blocks == 0) {  // no row sees a key: O = 0, LSE = -inf
-      if (carry) finish_carry();
 #pragma unroll
       for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
       rows = RowState{};
@@ -403,51 +380,26 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       const int last_key = j * kBlockN + kBlockN - 1;
       return last_key >= kv_len || (kCausal && last_key > diag);
     };
-    const int qb = q_round % Cfg::kQBuffers;
     // Q's descriptor for this warpgroup's 64 rows (8 atoms of 8 rows, 1024 bytes apart).
-    const uint64_t q_desc = smem_desc_sw128(s.q[qb][0] + cw * 64 * 128, 16, 1024);
+    const uint64_t q_desc = smem_desc_sw128(s.q[0] + cw * 64 * 128, 16, 1024);
 
     {
-      // The first block (the last keys): S only, beside the carried tile's last P V. The two
-      // paths each run their wgmmas to completion: a join with a wgmma still in flight would
-      // need register copies of its accumulators there, and ptxas serializes the wgmmas
-      // (C7515).
-      const int st = ring % kStages, vst = carry_slot % kStages;
-      s.q_full[qb].wait((q_round / Cfg::kQBuffers) & 1);
-      RowState fresh;
-      const auto softmax_first = [&] {  // S of the first block is ready
-        fence_regs(sc);
-        release(s.k_empty[st]);
-        if (n_blocks == 1) release(s.q_empty[qb]);  // the tile's last QK^T is done
-        if (needs_mask(n_blocks - 1))
-          mask_scores<Cfg, kCausal>(sc, (n_blocks - 1) * kBlockN, row0, q_len, kv_len);
-        fresh.update(sc, p.scale_log2, rescale);
-      };
+      // The first block (the last keys): S only; O is still zero.
+      const int st = ring % kStages;
+      s.q_full.wait(q_round & 1);
       sched.wait_turn();
       s.k_full[st].wait((ring / kStages) & 1);
-      if (kCarryPV && carry) {
-        wgmma_fence();
-        issue_qk<Cfg, kBf16>(sc, q_desc, s.k[st][0]);
-        s.v_full[vst].wait((carry_slot / kStages) & 1);
-        wgmma_fence();
-        issue_pv<Cfg, kBf16>(o, pa, s.v[vst][0]);
-        sched.pass_turn();
-        wgmma_wait<1>();  // S is ready; the carried P V still runs
-        softmax_first();
-        wgmma_wait<0>();
-        fence_regs(o);
-        fence_regs(pa);
-        release(s.v_empty[vst]);
-        store_tile<Cfg, kBf16>(p, carry_tile, cw, tid, o, rows);
-        carry = false;
-      } else {
-        wgmma_fence();
-        issue_qk<Cfg, kBf16>(sc, q_desc, s.k[st][0]);
-        sched.pass_turn();
-        wgmma_wait<0>();
-        softmax_first();
-      }
-      rows = fresh;
+      wgmma_fence();
+      issue_qk<Cfg, kBf16>(sc, q_desc, s.k[st][0]);
+      sched.pass_turn();
+      wgmma_wait<0>();
+      fence_regs(sc);
+      release(s.k_empty[st]);
+      if (n_blocks == 1) release(s.q_empty);  // the tile's last QK^T is done
+      if (needs_mask(n_blocks - 1))
+        mask_scores<Cfg, kCausal>(sc, (n_blocks - 1) * kBlockN, row0, q_len, kv_len);
+      rows = RowState{};
+      rows.update(sc, p.scale_log2, rescale);
 #pragma unroll
       for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
       fence_regs(o);  // the zeros stay here, before the next step's wgmma fence
@@ -468,7 +420,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       wgmma_wait<1>();  // S is ready; P V still runs
       fence_regs(sc);
       release(s.k_empty[st]);
-      if (i == n_blocks - 1) release(s.q_empty[qb]);
+      if (i == n_blocks - 1) release(s.q_empty);
       if (needs_mask(j)) mask_scores<Cfg, kCausal>(sc, j * kBlockN, row0, q_len, kv_len);
       rows.update(sc, p.scale_log2, rescale);
       wgmma_wait<0>();
@@ -478,15 +430,20 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       rescale_o<kD>(o, rescale);
       to_operand<kBf16>(sc, pa);
     }
-    // The last P V (keys 0 .. kBlockN - 1): carried into the next tile's first step, or now.
-    carry = true;
-    carry_slot = ring + n_blocks - 1;
-    carry_tile = tile;
-    if (!kCarryPV) finish_carry();
+    {
+      // The last P V (keys 0 .. kBlockN - 1), then the epilogue.
+      const int slot = ring + n_blocks - 1, last = slot % kStages;
+      s.v_full[last].wait((slot / kStages) & 1);
+      wgmma_fence();
+      issue_pv<Cfg, kBf16>(o, pa, s.v[last][0]);
+      wgmma_wait<0>();
+      fence_regs(o);
+      release(s.v_empty[last]);
+      store_tile<Cfg, kBf16>(p, tile, cw, tid, o, rows);
+    }
     ring += n_blocks;
     ++q_round;
   }
-  if (carry) finish_carry();
   sched.finish();
 }
 
@@ -505,10 +462,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int tid = threadIdx.x % 128;
 
   if (threadIdx.x == 0) {
-    for (int i = 0; i < Cfg::kQBuffers; ++i) {
-      s.q_full[i].init(1);
-      s.q_empty[i].init(Cfg::kConsumerWarps);
-    }
+    s.q_full.init(1);
+    s.q_empty.init(Cfg::kConsumerWarps);
     for (int i = 0; i < 2; ++i) {
       s.tile_full[i].init(1);
       s.tile_empty[i].init(Cfg::kConsumerWarps * 32);

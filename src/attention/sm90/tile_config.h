@@ -4,7 +4,7 @@
 
 namespace flashserve::attention::sm90 {
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_ = 2, int kQBuffers_ = 1>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_ = 2>
 struct TileConfig {
   static constexpr int kHeadDim = kHeadDim_;
   // Query rows: one consumer warpgroup per 64 (wgmma's M is 64 per warpgroup).
@@ -16,10 +16,6 @@ struct TileConfig {
   static constexpr int kBlockN = kBlockN_;
   // K/V stages: TMA fills the next blocks while the consumers work on this one.
   static constexpr int kStages = kStages_;
-  // Q buffers: with two, the producer loads the next tile's Q while this tile's last QK^T still
-  // reads the other, so a short tile does not wait for Q at its start.
-  static constexpr int kQBuffers = kQBuffers_;
-  static_assert(kQBuffers == 1 || kQBuffers == 2, "one or two Q buffers");
   // TMA's 128-byte swizzle moves boxes of at most 128 bytes per row: 64 16-bit columns. A tile of
   // d columns is d/64 boxes, stored one after the other ("column chunks").
   static constexpr int kChunkCols = 64;
@@ -46,13 +42,11 @@ struct TileConfig {
 };
 
 // The tile each head dim runs (FlashAttention-3's choices, hopper/tile_size.h, as a start):
-// Two Q buffers (the last PV of a tile carried into the next tile's first step) wherever the
-// shared memory has room for them: not at d128 x 176 or d256. [PROVISIONAL: run 40 decides]
 // - d64: 192 x 128, three consumer warpgroups at 160 registers (S 64 + P 32 + O 32): at d64 a
 //   128-row tile's GEMMs are too short to hide the softmax of two warpgroups behind each other
-//   (run 32: 0.66-0.94x cuDNN with 128 x 128). 2 x Q 24 KB + 2 x (K 16 KB + V 16 KB) = 112 KB.
+//   (run 32: 0.66-0.94x cuDNN with 128 x 128). Q 24 KB + 2 x (K 16 KB + V 16 KB) = 88 KB.
 // - d128 causal: 128 x 128. Causal tiles are balanced by the diagonal: a longer key block
-//   wastes more of the masked half. 2 x Q 32 KB + 2 x (K 32 KB + V 32 KB) = 192 KB.
+//   wastes more of the masked half.
 // - d128 non-causal: 128 x 176 (S 88 + P 44 + O 64 registers): fewer, longer blocks amortise the
 //   per-block softmax bookkeeping. Q 32 KB + 2 x (K 44 KB + V 44 KB) = 208 KB of shared memory.
 // - d256: 128 x 80 (S 40 + P 20 + O 128 registers): O takes half the registers. Q 64 KB +
@@ -61,7 +55,7 @@ template <int kHeadDim, bool kCausal>
 struct DefaultTile;
 template <bool kCausal>
 struct DefaultTile<64, kCausal> {
-  using type = TileConfig<64, 192, 128, 2, 2>;
+  using type = TileConfig<64, 192, 128>;
 };
 template <>
 struct DefaultTile<128, false> {
@@ -69,7 +63,7 @@ struct DefaultTile<128, false> {
 };
 template <>
 struct DefaultTile<128, true> {
-  using type = TileConfig<128, 128, 128, 2, 2>;
+  using type = TileConfig<128, 128, 128>;
 };
 template <bool kCausal>
 struct DefaultTile<256, kCausal> {
@@ -79,19 +73,20 @@ struct DefaultTile<256, kCausal> {
 // Up to kShortKeys keys a tile runs few key blocks, and the fixed cost of its start and end
 // (first QK^T and softmax, last PV, epilogue) weighs more than the blocks' rate: ShortTile is the
 // tile measured fastest there (sm90_sweep, session 10), DefaultTile's elsewhere.
-// - d64 causal: 128 x 128 with two consumer warpgroups (+7% at 512 keys, +9% at 1k; -4% at 2k
-//   and -12% at 16k, where the three warpgroups' longer tiles win).
-// Elsewhere the alternatives were within the sweep's spread (+-3%) of the default.
+// - d64 causal: 128 x 128 with two consumer warpgroups (runs 38 and 40: +7% and +4% at 512 keys,
+//   +9% and +6% at 1k; -4..-15% from 2k, where the three warpgroups' longer tiles win).
+// - d128 non-causal: 128 x 128 (+2% and +3% at 512, equal at 1k; 176-key blocks win from 4k).
+// Elsewhere the alternatives were within the sweep's spread (+-3%) of the default or slower.
 inline constexpr int kShortKeys = 1024;
 template <int kHeadDim, bool kCausal>
 struct ShortTile : DefaultTile<kHeadDim, kCausal> {};
 template <>
 struct ShortTile<64, true> {
-  using type = TileConfig<64, 128, 128, 2, 2>;
+  using type = TileConfig<64, 128, 128>;
 };
 template <>
 struct ShortTile<128, false> {
-  using type = TileConfig<128, 128, 128, 2, 2>;
+  using type = TileConfig<128, 128, 128>;
 };
 
 }  // namespace flashserve::attention::sm90
