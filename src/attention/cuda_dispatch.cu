@@ -235,16 +235,17 @@ bool sm90_causal(const Problem& pr) {
 }
 
 // The default dispatch takes sm90 where it was measured faster than the sm80 plan for the same
-// call (bench_sm90 over the FA3 grid, H200, bench/results/sm90-h200-2026-12-01-run32-34.md): dense
-// prefill-sized calls with at least one full 128-row query tile and enough keys: 512 at d128 and
-// d256 (256 keys: 0.99-1.17x, 512: 1.24-1.47x), at d64 512 without a mask (1.25x; 256: 0.97x) and
-// 1024 causal (1.04x; 512: 0.94x); and never where the sm80 plan splits the keys or packs decode
-// rows (few query tiles over long keys: sm90 has no split-KV yet, so it would leave most SMs idle).
+// call: dense prefill-sized calls with at least one full 128-row query tile and at least 512 keys
+// (bench_sm90 over the FA3 grid, H200, bench/results/sm90-h200-2026-12-01-run32-34.md: d128 and
+// d256 at 256 keys 0.99-1.17x, at 512 1.24-1.47x; d64 at 256 0.97x. d64 causal at 512 was 0.94x
+// until its ShortTile: in session 10's run 40 sm90 ran it at 224 TFLOP/s against sm80's 180 in
+// run 41, bench/results/sm90-h200-2026-12-01-session10.md); and never where the sm80 plan
+// splits the keys or packs decode rows (few query tiles over long keys: sm90 has no split-KV
+// yet, so it would leave most SMs idle).
 bool sm90_preferred(const AttentionParams& params, const Problem& pr, const DeviceProps& dev,
                     const Plan& sm80_plan) {
   if (!sm90_lacks(params, pr, dev).empty()) return false;
-  const int64_t min_keys = pr.head_dim == 64 && sm90_causal(pr) ? 1024 : 512;
-  if (pr.max_q_len < 128 || pr.max_kv_len < min_keys) return false;
+  if (pr.max_q_len < 128 || pr.max_kv_len < 512) return false;
   for (const LaunchPlan& l : sm80_plan.launches)
     if (l.kernel.splits > 1 || l.kernel.decode) return false;
   return true;

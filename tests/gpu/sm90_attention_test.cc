@@ -246,7 +246,8 @@ TEST(Sm90Dispatch, DefaultTakesSm90WhereMeasuredFaster) {
   EXPECT_STREQ(took(spec(bf16, 128, 4, 256, 256, 16, 4, true), "auto"), "sm80");  // short keys
   EXPECT_STREQ(took(spec(bf16, 64, 2, 1024, 1024, 32, 8, false), "auto"), "sm90");
   EXPECT_STREQ(took(spec(bf16, 64, 4, 512, 512, 32, 8, false), "auto"), "sm90");
-  EXPECT_STREQ(took(spec(bf16, 64, 4, 512, 512, 32, 8, true), "auto"), "sm80");     // causal d64
+  EXPECT_STREQ(took(spec(bf16, 64, 4, 512, 512, 32, 8, true), "auto"), "sm90");     // causal d64
+  EXPECT_STREQ(took(spec(bf16, 64, 8, 256, 256, 32, 8, true), "auto"), "sm80");     // 256 keys
   EXPECT_STREQ(took(spec(bf16, 128, 8, 1, 4096, 32, 8, false), "auto"), "sm80");    // decode rows
   EXPECT_STREQ(took(spec(bf16, 128, 1, 128, 32768, 8, 1, false), "auto"), "sm80");  // splits
   EXPECT_STREQ(took(spec(bf16, 256, 2, 2048, 2048, 8, 8, true), "auto"), "sm90");   // d256
