@@ -78,16 +78,6 @@ Problem describe_backward(const AttentionBackwardParams& p) {
   return pr;
 }
 
-namespace {
-
-#if defined(FLASHSERVE_WITH_CUDA)
-[[noreturn]] void refuse_cuda_backward() {
-  throw Error(ErrorKind::kUnsupported, "q",
-              "the backward has no CUDA kernel in this build yet (CPU tensors only)");
-}
-#endif
-
-}  // namespace
 }  // namespace attention
 
 void validate(const AttentionBackwardParams& params) {
@@ -98,7 +88,7 @@ void attention_backward(const AttentionBackwardParams& params) {
   const attention::Problem problem = attention::describe_backward(params);
   if (problem.device.type == DeviceType::kCPU) return attention::cpu_backward(params, problem);
 #if defined(FLASHSERVE_WITH_CUDA)
-  attention::refuse_cuda_backward();
+  attention::cuda_backward(params, problem);
 #else
   attention::refuse_without_cuda("q");
 #endif
@@ -108,7 +98,7 @@ size_t attention_backward_workspace_size(const AttentionBackwardParams& params) 
   const attention::Problem problem = attention::describe_backward(params);
   if (problem.device.type == DeviceType::kCPU) return 0;
 #if defined(FLASHSERVE_WITH_CUDA)
-  attention::refuse_cuda_backward();
+  return attention::cuda_backward_workspace_size(params, problem);
 #else
   attention::refuse_without_cuda("q");
 #endif

@@ -65,14 +65,30 @@ class BackwardCase {
   // Runs the forward (our CPU path) so that out and lse hold what a training step would save.
   void run_forward() { attention_forward(c_.params()); }
 
-  AttentionBackwardParams params() {
+  // The gradient-side buffers, in the order of params()'s grad_ptrs: dout, dlse, dq, dk, dv.
+  enum Grad { kDout, kDlse, kDq, kDk, kDv, kNumGrads };
+  std::vector<AttentionCase::BufferInfo> grad_buffers() {
+    return {{"dout", dout_.data(), dout_.size()},
+            {"dlse", dlse_.data(), dlse_.size()},
+            {"dq", dq_.data(), dq_.size()},
+            {"dk", dk_.data(), dk_.size()},
+            {"dv", dv_.data(), dv_.size()}};
+  }
+
+  // Views of the host buffers, or on `dev` of attn_ptrs (AttentionCase::buffers() order) and
+  // grad_ptrs (grad_buffers() order).
+  AttentionBackwardParams params(Device dev = {}, void* const* attn_ptrs = nullptr,
+                                 void* const* grad_ptrs = nullptr) {
     AttentionBackwardParams p;
-    p.attn = c_.params();
-    p.dout = view_of(p.attn.out, dout_.data());
-    if (with_dlse_) p.dlse = view_of(p.attn.lse, dlse_.data());
-    p.dq = view_of(p.attn.q, dq_.data());
-    p.dk = view_of(p.attn.k, dk_.data());
-    p.dv = view_of(p.attn.v, dv_.data());
+    p.attn = c_.params(dev, attn_ptrs);
+    auto at = [&](Grad g, std::vector<std::byte>& host) -> void* {
+      return grad_ptrs ? grad_ptrs[g] : host.data();
+    };
+    p.dout = view_of(p.attn.out, at(kDout, dout_));
+    if (with_dlse_) p.dlse = view_of(p.attn.lse, at(kDlse, dlse_));
+    p.dq = view_of(p.attn.q, at(kDq, dq_));
+    p.dk = view_of(p.attn.k, at(kDk, dk_));
+    p.dv = view_of(p.attn.v, at(kDv, dv_));
     return p;
   }
 
