@@ -32,7 +32,8 @@ struct AttentionBackwardParams {
   TensorView dq, dk, dv;  // outputs
   // Bit-identical gradients run to run. The CPU path always is (every gradient element is
   // summed in one fixed order by one thread, whatever the thread count), so the flag changes
-  // nothing there; a CUDA path that accumulates dq with atomics orders them when it is set.
+  // nothing there; on CUDA it replaces dq's fp32 atomics by a dq kernel that sums each element
+  // in a fixed order (recomputing the scores a second time).
   bool deterministic = false;
 };
 

@@ -1,6 +1,7 @@
 // The CUDA backend of attention_backward: what the sm80 backward kernels can run (checked here and
 // reported as an Error naming the argument), the workspace they need (fp32 dQ accumulator and D),
-// and their launch.
+// and their launch. deterministic = true replaces dq's atomics by a dq kernel that sums in a
+// fixed order (sm80/bwd_kernel.h's bwd_dq_kernel).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -73,10 +74,6 @@ void check_supported(const AttentionBackwardParams& bp, const Problem& pr) {
   if (pr.head_dim_v != pr.head_dim)
     unsupported("v", str_cat("head_dim ", pr.head_dim_v, " differs from q's ", pr.head_dim,
                              "; the CUDA backward needs them equal"));
-  if (bp.deterministic)
-    unsupported("deterministic",
-                "the CUDA backward accumulates dq with atomics; a deterministic order is not "
-                "implemented yet (the CPU backward is deterministic)");
   const AttentionParams& a = bp.attn;
   const std::pair<const TensorView*, const char*> tiles[] = {
       {&a.q, "q"},        {&a.k, "k"},    {&a.v, "v"},    {&a.out, "out"},
@@ -185,15 +182,17 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
   const sm80::BwdParams p = bwd_params(bp, pr, workspace);
   for (const TensorView* g : {&bp.dq, &bp.dk, &bp.dv})
     sm80::zero_grad(g->data, g->dtype, g->rank, g->shape, g->stride, stream);
-  check_cuda(
-      cudaMemsetAsync(p.dq_accum, 0, p.q_rows * pr.h_q * pr.head_dim * sizeof(float), stream),
-      "cudaMemsetAsync (backward dq accumulator)");
+  if (!bp.deterministic)  // deterministic: bwd_dq_kernel writes dq, no accumulator
+    check_cuda(
+        cudaMemsetAsync(p.dq_accum, 0, p.q_rows * pr.h_q * pr.head_dim * sizeof(float), stream),
+        "cudaMemsetAsync (backward dq accumulator)");
   sm80::BwdLaunch launch{};
   launch.dtype = pr.dtype;
   launch.has_mask = p.fwd.window_left >= 0 || p.fwd.window_right >= 0;
   launch.max_q_len = static_cast<int>(pr.max_q_len);
   launch.max_kv_len = static_cast<int>(pr.max_kv_len);
   launch.h_kv = static_cast<int>(pr.h_kv);
+  launch.deterministic = bp.deterministic;
   launch.smem_per_block = smem_per_block(pr.device.index);
   launch.stream = stream;
   if (pr.batch == 0) return;

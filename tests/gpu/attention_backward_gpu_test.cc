@@ -2,7 +2,8 @@
 // against the float64 reference backward. Each case runs our CPU forward on the host (out and lse
 // as a training step saves them), copies every buffer to the device (gradients poisoned with
 // NaN), runs attention_backward there and compares dq, dk, dv by support/compare.h's rule. The
-// instantiation named Sanitize is the small subset for compute-sanitizer. Without a CUDA device
+// instantiation named Sanitize is the small subset for compute-sanitizer (with atomics and in
+// deterministic mode). Without a CUDA device
 // every test skips with "skipped: no CUDA device".
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -53,17 +54,22 @@ class BackwardDevice {
   std::vector<void*> attn_, grads_;
 };
 
-void check_case(CaseSpec s, bool with_dlse = false) {
+// Runs the backward on the device; returns the gradients read back.
+attention::reference::NaiveGrads run_on_gpu(BackwardCase& bc, bool deterministic = false) {
+  BackwardDevice dev(bc);
+  AttentionBackwardParams p = dev.params();
+  p.deterministic = deterministic;
+  attention_backward(p);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  dev.download_grads();
+  return bc.read();
+}
+
+void check_case(CaseSpec s, bool with_dlse = false, bool deterministic = false) {
   s.seed = seed_for(s.name() + (with_dlse ? "dlse" : ""), 2290);
   BackwardCase bc(s, with_dlse);
   bc.run_forward();  // on the host buffers, before they are copied
-  {
-    BackwardDevice dev(bc);
-    attention_backward(dev.params());
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    dev.download_grads();
-  }
-  const auto got = bc.read();
+  const auto got = run_on_gpu(bc, deterministic);
   const auto exact = bc.reference(Emulate::kExact);
   const auto lowp = bc.reference(Emulate::kLowPrecision);
   EXPECT_TRUE(grad_close(got.dq, exact.dq, lowp.dq, s.dtype, "dq")) << s.name();
@@ -115,19 +121,40 @@ INSTANTIATE_TEST_SUITE_P(Sanitize, GpuBackward,
                                            spec(DType::kFloat16, 128, 1, 65, 33, 2, 1, false)),
                          [](const auto& info) { return info.param.name(); });
 
+TEST(GpuBackwardSanitize, DeterministicSmallCase) {
+  SKIP_WITHOUT_CUDA();
+  check_case(spec(DType::kBFloat16, 64, 1, 70, 90, 4, 2, true), false, /*deterministic=*/true);
+}
+
 TEST(GpuBackwardLse, GradientOfTheLse) {
   SKIP_WITHOUT_CUDA();
   check_case(spec(DType::kBFloat16, 64, 2, 45, 61, 4, 2, true), /*with_dlse=*/true);
 }
 
+// deterministic = true: dq from the fixed-order dq kernel, as accurate, and the same bits on a
+// second run (the atomics' order may differ between runs; this must not).
+TEST(GpuBackwardDeterministic, MatchesTheReferenceAndRepeatsBitForBit) {
+  SKIP_WITHOUT_CUDA();
+  for (bool causal : {false, true}) {
+    CaseSpec s = spec(DType::kBFloat16, 128, 2, 150, 222, 8, 2, causal);
+    check_case(s, false, /*deterministic=*/true);
+    s.seed = 2291;
+    BackwardCase bc(s);
+    bc.run_forward();
+    const auto first = run_on_gpu(bc, true);
+    const auto second = run_on_gpu(bc, true);
+    EXPECT_TRUE(first.dq == second.dq && first.dk == second.dk && first.dv == second.dv)
+        << s.name();
+  }
+}
+
 TEST(GpuBackwardRefusals, NamesWhatTheKernelsLack) {
   SKIP_WITHOUT_CUDA();
-  auto refused = [](CaseSpec s, bool deterministic, const char* arg) {
+  auto refused = [](CaseSpec s, const char* arg) {
     BackwardCase bc(s);
     bc.run_forward();
     BackwardDevice dev(bc);
     AttentionBackwardParams p = dev.params();
-    p.deterministic = deterministic;
     try {
       attention_backward(p);
       ADD_FAILURE() << "no error; expected " << arg;
@@ -136,9 +163,11 @@ TEST(GpuBackwardRefusals, NamesWhatTheKernelsLack) {
       EXPECT_EQ(e.argument(), arg) << e.what();
     }
   };
-  refused(spec(DType::kBFloat16, 64, 1, 9, 9, 2, 2, false), true, "deterministic");
-  refused(spec(DType::kBFloat16, 256, 1, 9, 9, 2, 2, false), false, "q");
-  refused(spec(DType::kFloat32, 64, 1, 9, 9, 2, 2, false), false, "q");
+  refused(spec(DType::kBFloat16, 256, 1, 9, 9, 2, 2, false), "q");  // head dim
+  refused(spec(DType::kFloat32, 64, 1, 9, 9, 2, 2, false), "q");    // dtype
+  CaseSpec dv = spec(DType::kBFloat16, 64, 1, 9, 9, 2, 2, false);
+  dv.head_dim_v = 32;
+  refused(dv, "v");
 }
 
 }  // namespace

@@ -15,12 +15,14 @@ struct BwdLaunch {
   int max_q_len;   // grid of the pre/postprocess: ceil(max_q_len / 128)
   int max_kv_len;  // grid x of the main kernel: ceil(max_kv_len / block_n)
   int h_kv;
+  bool deterministic;  // dq by bwd_dq_kernel (fixed order) instead of atomics
   int smem_per_block;  // the device's opt-in shared memory per block
   cudaStream_t stream;
 };
 
-// Zeros dq, dk, dv and the dQ accumulator, then runs the preprocess, the main kernel and the
-// postprocess on launch.stream. params.dq/dk/dv views are described by the caller's strides.
+// Runs the preprocess, the main kernel and the postprocess (deterministic: the main kernel
+// without dq, then bwd_dq_kernel) on launch.stream; the caller has zeroed dq, dk, dv and the dq
+// accumulator.
 // Throws flashserve::Error (kUnsupported when the device's shared memory is too small, kCuda when
 // a launch fails).
 template <int kHeadDim>

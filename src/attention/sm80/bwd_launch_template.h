@@ -16,7 +16,8 @@ namespace flashserve::attention::sm80 {
 template <int kHeadDim, class Elem, bool kHasMask>
 void launch_bwd(const BwdParams& params, const BwdLaunch& launch) {
   using Cfg = BwdConfig<kHeadDim>;
-  auto* kernel = &bwd_kernel<Cfg, Elem, kHasMask>;
+  auto* kernel = launch.deterministic ? &bwd_kernel<Cfg, Elem, kHasMask, false>
+                                      : &bwd_kernel<Cfg, Elem, kHasMask, true>;
   check_cuda(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
       "cudaFuncSetAttribute (sm80 backward shared memory)");
@@ -30,7 +31,17 @@ void launch_bwd(const BwdParams& params, const BwdLaunch& launch) {
     kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, launch.stream>>>(params);
     check_cuda(cudaGetLastError(), "sm80 backward kernel launch");
   }
-  if (launch.max_q_len > 0) {
+  if (launch.max_q_len == 0) return;
+  if (launch.deterministic) {
+    auto* dq_kernel = &bwd_dq_kernel<Cfg, Elem, kHasMask>;
+    check_cuda(cudaFuncSetAttribute(dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    Cfg::kSmemBytes),
+               "cudaFuncSetAttribute (sm80 backward dq shared memory)");
+    const dim3 q_grid((launch.max_q_len + Cfg::kBlockM - 1) / Cfg::kBlockM, params.fwd.h_q,
+                      params.batch);
+    dq_kernel<<<q_grid, Cfg::kThreads, Cfg::kSmemBytes, launch.stream>>>(params);
+    check_cuda(cudaGetLastError(), "sm80 backward dq kernel launch");
+  } else {
     bwd_postprocess<Elem><<<rows, 128, 0, launch.stream>>>(params, kHeadDim);
     check_cuda(cudaGetLastError(), "sm80 backward postprocess launch");
   }
