@@ -238,3 +238,20 @@ def test_refusals_name_the_argument():
     with pytest.raises(NotImplementedError, match=r"^q: requires grad, but "
                        r"flash_attn_with_kvcache is not differentiable"):
         flash_attn_with_kvcache(q, cache[:2], cache[:2])
+
+
+@pytest.mark.skipif(not hasattr(torch.library, "opcheck"), reason="torch.library.opcheck missing")
+def test_operators_pass_opcheck():
+    g = torch.Generator().manual_seed(2213)
+    q, k, v = random(g, (1, 9, 4, 16), torch.float32), random(g, (1, 13, 2, 16), torch.float32), \
+        random(g, (1, 13, 2, 16), torch.float32)
+    out, lse = flash_attn_func(q, k, v, causal=True, return_lse=True)
+    dout = random(g, out.shape, torch.float32)
+    torch.library.opcheck(torch.ops.flashserve.bwd.default,
+                          (dout, q, k, v, out, lse, None, None, True, -1, 0, False),
+                          test_utils=("test_schema", "test_faketensor"))
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    torch.library.opcheck(torch.ops.flashserve.fwd.default,
+                          (*leaves, None, True, -1, -1, 1, True, False),
+                          test_utils=("test_schema", "test_autograd_registration",
+                                      "test_faketensor"))
