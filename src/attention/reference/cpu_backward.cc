@@ -19,6 +19,56 @@ namespace {
 constexpr float kLog2e = 1.44269504088896340736f;
 constexpr int64_t kBK = CpuBackwardTiling::kBlockK;
 
+// One block of scores, key-major (p[j * ld + r]: key j0 + j, tile row r), as the block products
+// leave it: p holds S^T in log2 units and ds holds dP^T on entry; on return p = P^T and
+// ds = scale P^T o (dP^T - D), both 0 where row r does not see the key.
+struct ProbBlock {
+  float* p;
+  float* ds;
+  int64_t ld, nb, rows, j0;
+  const int64_t* first_key;  // [rows] row r sees keys first_key[r] <= key < end_key[r]
+  const int64_t* end_key;
+  const float* lse2;   // [rows] the forward's LSE in log2 units
+  const float* delta;  // [rows] D
+  float scale;
+};
+
+// Branch-free across rows so that it vectorises (one body, compiled for AVX-512 and for the
+// baseline ISA, as block_softmax.cc). The exponent is clamped to <= 0 before exp2: P <= 1 holds
+// exactly, so the clamp only removes rounding above 0, and it keeps a row that saw no key (lse =
+// -inf, exponent +inf) finite inside exp2_nonpositive before the mask selects 0; NaN passes.
+__attribute__((always_inline)) inline void probs_body(const ProbBlock& b) {
+  for (int64_t j = 0; j < b.nb; ++j) {
+    float* __restrict p = b.p + j * b.ld;
+    float* __restrict ds = b.ds + j * b.ld;
+    const int64_t key = b.j0 + j;
+    for (int64_t r = 0; r < b.rows; ++r) {
+      const bool seen = b.first_key[r] <= key && key < b.end_key[r];
+      const float x = p[r] - b.lse2[r];
+      const float prob = seen ? exp2_nonpositive(x > 0.0f ? 0.0f : x) : 0.0f;
+      p[r] = prob;
+      ds[r] = seen ? b.scale * prob * (ds[r] - b.delta[r]) : 0.0f;
+    }
+  }
+}
+
+void probs_portable(const ProbBlock& b) {
+  probs_body(b);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx512f"))) void probs_avx512(const ProbBlock& b) {
+  probs_body(b);
+}
+#endif
+
+void block_probs(const ProbBlock& b) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (cpu_isa() >= CpuIsa::kAvx512) return probs_avx512(b);
+#endif
+  probs_portable(b);
+}
+
 // Per-worker buffers, sized once per call: O(tile), independent of the sequence lengths.
 struct Buffers {
   int64_t ld;                // row stride of the key-major blocks: the most rows a tile has
@@ -76,8 +126,9 @@ class Backward {
       std::vector<float> o(Dv), g(Dv);
       for (int64_t t = 0; t < L_.q_len(b); ++t)
         for (int64_t h = 0; h < H; ++h) {
-          load_row(a_.out.data, a_.out.dtype, L_.out_offset(b, t, h), Dv, 1.0f, o.data());
-          load_row(bp_.dout.data, bp_.dout.dtype, G_.out_offset(b, t, h), Dv, 1.0f, g.data());
+          convert_row(element(a_.out, L_.out_offset(b, t, h)), a_.out.dtype, Dv, 1.0f, o.data());
+          convert_row(element(bp_.dout, G_.out_offset(b, t, h)), bp_.dout.dtype, Dv, 1.0f,
+                      g.data());
           float d = 0;
           for (int64_t i = 0; i < Dv; ++i) d += o[i] * g[i];
           if (bp_.dlse.defined()) d -= bp_.dlse.ptr<const float>()[G_.lse_offset(b, t, h)];
@@ -96,10 +147,10 @@ class Backward {
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = t0 + r / G, h = hk * G + r % G;
       float* q = &w.q[r * D];
-      load_row(a_.q.data, a_.q.dtype, L_.q_offset(b, t, h), D, 1.0f, q);
+      convert_row(element(a_.q, L_.q_offset(b, t, h)), a_.q.dtype, D, 1.0f, q);
       for (int64_t d = 0; d < D; ++d) w.qt[d * ld + r] = q[d] * qmul_;
       float* g = &w.dout[r * Dv];
-      load_row(bp_.dout.data, bp_.dout.dtype, G_.out_offset(b, t, h), Dv, 1.0f, g);
+      convert_row(element(bp_.dout, G_.out_offset(b, t, h)), bp_.dout.dtype, Dv, 1.0f, g);
       for (int64_t d = 0; d < Dv; ++d) w.dot[d * ld + r] = g[d];
       w.lse2[r] = a_.lse.ptr<const float>()[L_.lse_offset(b, t, h)] * kLog2e;
       w.delta[r] = delta[L_.q_row(b, t) * pr_.h_q + h];
@@ -113,8 +164,8 @@ class Backward {
   void load_keys(int64_t b, int64_t hk, int64_t j0, int64_t nb, Buffers& w) const {
     const int64_t D = pr_.head_dim, Dv = pr_.head_dim_v;
     for (int64_t j = 0; j < nb; ++j) {
-      load_row(a_.k.data, a_.k.dtype, L_.k_offset(b, j0 + j, hk), D, 1.0f, &w.k[j * D]);
-      load_row(a_.v.data, a_.v.dtype, L_.v_offset(b, j0 + j, hk), Dv, 1.0f, &w.v[j * Dv]);
+      convert_row(element(a_.k, L_.k_offset(b, j0 + j, hk)), a_.k.dtype, D, 1.0f, &w.k[j * D]);
+      convert_row(element(a_.v, L_.v_offset(b, j0 + j, hk)), a_.v.dtype, Dv, 1.0f, &w.v[j * Dv]);
     }
   }
 
@@ -124,19 +175,9 @@ class Backward {
     const int64_t D = pr_.head_dim, Dv = pr_.head_dim_v, ld = w.ld;
     block_gemm(nb, rows, D, w.k.data(), D, 1, w.qt.data(), ld, w.p.data(), ld, false);
     block_gemm(nb, rows, Dv, w.v.data(), Dv, 1, w.dot.data(), ld, w.ds.data(), ld, false);
-    const float scale = pr_.scale;
-    for (int64_t j = 0; j < nb; ++j) {
-      const int64_t key = j0 + j;
-      float* p = &w.p[j * ld];
-      float* ds = &w.ds[j * ld];
-      for (int64_t r = 0; r < rows; ++r) {
-        // A row that saw no key has lse = -inf and every key masked: P = 0, not exp2(+inf).
-        const bool seen = w.first_key[r] <= key && key < w.end_key[r];
-        const float prob = seen ? exp2_nonpositive(p[r] - w.lse2[r]) : 0.0f;
-        p[r] = prob;
-        ds[r] = seen ? scale * prob * (ds[r] - w.delta[r]) : 0.0f;
-      }
-    }
+    // A row that saw no key has lse = -inf and every key masked: P = 0, not exp2(+inf).
+    block_probs({w.p.data(), w.ds.data(), ld, nb, rows, j0, w.first_key.data(), w.end_key.data(),
+                 w.lse2.data(), w.delta.data(), pr_.scale});
   }
 
   // dK/dV tile: keys [j0, j0 + nb) of KV head hk of sequence b, every query block that sees them.
@@ -185,6 +226,10 @@ class Backward {
   }
 
  private:
+  static const void* element(const TensorView& t, int64_t off) {
+    return static_cast<const std::byte*>(t.data) + off * static_cast<int64_t>(dtype_size(t.dtype));
+  }
+
   const AttentionParams& a_;
   const AttentionBackwardParams& bp_;
   const Problem& pr_;
