@@ -162,7 +162,9 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
   const size_t bytes = workspace_bytes(bp, pr);
   void* workspace = bp.attn.workspace;
   void* scratch = nullptr;
-  if (workspace == nullptr) {
+  if (pr.batch == 0 || bytes == 0) {
+    workspace = nullptr;  // nothing to launch (zero_grad below still clears any keys)
+  } else if (workspace == nullptr) {
     check_cuda(cudaMallocAsync(&scratch, bytes, stream), "cudaMallocAsync (backward workspace)");
     workspace = scratch;
   } else if (bp.attn.workspace_bytes < bytes || reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
@@ -182,6 +184,7 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
   const sm80::BwdParams p = bwd_params(bp, pr, workspace);
   for (const TensorView* g : {&bp.dq, &bp.dk, &bp.dv})
     sm80::zero_grad(g->data, g->dtype, g->rank, g->shape, g->stride, stream);
+  if (workspace == nullptr) return;
   if (!bp.deterministic)  // deterministic: bwd_dq_kernel writes dq, no accumulator
     check_cuda(
         cudaMemsetAsync(p.dq_accum, 0, p.q_rows * pr.h_q * pr.head_dim * sizeof(float), stream),
@@ -195,7 +198,6 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
   launch.deterministic = bp.deterministic;
   launch.smem_per_block = smem_per_block(pr.device.index);
   launch.stream = stream;
-  if (pr.batch == 0) return;
   if (pr.head_dim == 64)
     sm80::run_bwd<64>(p, launch);
   else
