@@ -77,6 +77,18 @@ typedef struct fs_attention_params {
   size_t workspace_bytes;
 } fs_attention_params;
 
+/* Mirrors flashserve::AttentionBackwardParams (flashserve/attention_backward.h): the gradients
+ * dq, dk, dv of the attention that `attn` describes (its forward call: out and lse as the forward
+ * wrote them; lse required; its stream and workspace serve this call), given dout and optionally
+ * dlse. */
+typedef struct fs_attention_backward_params {
+  fs_attention_params attn;
+  fs_tensor dout;        /* out's shape, q's dtype */
+  fs_tensor dlse;        /* optional float32, lse's shape */
+  fs_tensor dq, dk, dv;  /* outputs: q's, k's, v's shapes and dtype */
+  int32_t deterministic; /* nonzero: bit-identical run to run (the CPU path always is) */
+} fs_attention_backward_params;
+
 /* Mirrors flashserve::KvCacheAppendParams (flashserve/kv_cache.h): appends new keys and values to
  * a KV cache in place at cache_seqlens, with optional rotary embedding of the new keys and of q. */
 typedef struct fs_kvcache_append_params {
@@ -120,6 +132,19 @@ FS_API int fs_attention_forward(const fs_attention_params* params);
 /* Bytes of device workspace that fs_attention_forward needs for params (0 when none), or SIZE_MAX
  * when params are invalid or the CUDA runtime fails (then fs_last_error() says why). */
 FS_API size_t fs_attention_workspace_size(const fs_attention_params* params);
+
+/* Fills params with the defaults of flashserve::AttentionBackwardParams: attn as
+ * fs_attention_params_init leaves it, every gradient tensor absent, deterministic 0. */
+FS_API void fs_attention_backward_params_init(fs_attention_backward_params* params);
+FS_API size_t fs_sizeof_attention_backward_params(void);
+/* Checks params against the backward's contract without running anything. */
+FS_API int fs_attention_backward_validate(const fs_attention_backward_params* params);
+/* Validates, then computes dq, dk and dv on the device that holds the tensors (every element of
+ * them is written; see flashserve/attention_backward.h). */
+FS_API int fs_attention_backward(const fs_attention_backward_params* params);
+/* Bytes of device workspace (in attn.workspace) that fs_attention_backward needs (0 when none),
+ * or SIZE_MAX when params are invalid (then fs_last_error() says why). */
+FS_API size_t fs_attention_backward_workspace_size(const fs_attention_backward_params* params);
 
 /* Fills params with the defaults of flashserve::KvCacheAppendParams (every tensor absent,
  * rotary_interleaved 1, everything else 0). */

@@ -57,6 +57,15 @@ class AttentionParams(ctypes.Structure):
     ]
 
 
+class AttentionBackwardParams(ctypes.Structure):
+    """fs_attention_backward_params."""
+    _fields_ = [
+        ("attn", AttentionParams),
+        ("dout", Tensor), ("dlse", Tensor), ("dq", Tensor), ("dk", Tensor), ("dv", Tensor),
+        ("deterministic", ctypes.c_int32),
+    ]
+
+
 class KvCacheAppendParams(ctypes.Structure):
     """fs_kvcache_append_params."""
     _fields_ = [
@@ -83,6 +92,12 @@ _SIGNATURES = {
     "fs_attention_validate": (ctypes.c_int, [ctypes.POINTER(AttentionParams)]),
     "fs_attention_forward": (ctypes.c_int, [ctypes.POINTER(AttentionParams)]),
     "fs_attention_workspace_size": (ctypes.c_size_t, [ctypes.POINTER(AttentionParams)]),
+    "fs_attention_backward_params_init": (None, [ctypes.POINTER(AttentionBackwardParams)]),
+    "fs_sizeof_attention_backward_params": (ctypes.c_size_t, []),
+    "fs_attention_backward_validate": (ctypes.c_int, [ctypes.POINTER(AttentionBackwardParams)]),
+    "fs_attention_backward": (ctypes.c_int, [ctypes.POINTER(AttentionBackwardParams)]),
+    "fs_attention_backward_workspace_size": (ctypes.c_size_t,
+                                             [ctypes.POINTER(AttentionBackwardParams)]),
     "fs_kvcache_append_params_init": (None, [ctypes.POINTER(KvCacheAppendParams)]),
     "fs_sizeof_kvcache_append_params": (ctypes.c_size_t, []),
     "fs_kvcache_append_validate": (ctypes.c_int, [ctypes.POINTER(KvCacheAppendParams)]),
@@ -162,6 +177,8 @@ def lib():
                                   f"this package expects {ABI_VERSION}; rebuild the library")
             if (handle.fs_sizeof_tensor() != ctypes.sizeof(Tensor) or
                     handle.fs_sizeof_attention_params() != ctypes.sizeof(AttentionParams) or
+                    handle.fs_sizeof_attention_backward_params() !=
+                    ctypes.sizeof(AttentionBackwardParams) or
                     handle.fs_sizeof_kvcache_append_params() !=
                     ctypes.sizeof(KvCacheAppendParams)):
                 raise ImportError(f"flashserve: the struct layout of {path} differs from the "
@@ -206,6 +223,13 @@ def default_append_params():
     """fs_kvcache_append_params as fs_kvcache_append_params_init leaves it."""
     params = KvCacheAppendParams()
     lib().fs_kvcache_append_params_init(ctypes.byref(params))
+    return params
+
+
+def default_backward_params():
+    """fs_attention_backward_params as fs_attention_backward_params_init leaves it."""
+    params = AttentionBackwardParams()
+    lib().fs_attention_backward_params_init(ctypes.byref(params))
     return params
 
 

@@ -175,14 +175,15 @@ def framework_of(obj):
     return "unknown"
 
 
-def check_autograd(obj, name):
-    """flashserve is forward-only: refuse to silently drop a gradient PyTorch would track."""
+def check_autograd(obj, name, why="this call is not differentiable"):
+    """Refuses to silently drop a gradient PyTorch would track where the call has no backward (the
+    KV-cache call, or PyTorch without the custom operators autograd goes through)."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor) and obj.requires_grad \
             and torch.is_grad_enabled():
         raise NotImplementedError(
-            f"{name}: requires grad, but flashserve implements the forward pass only; run under "
-            "torch.no_grad() / torch.inference_mode() or pass detached tensors")
+            f"{name}: requires grad, but {why}; run under torch.no_grad() / "
+            "torch.inference_mode() or pass detached tensors")
 
 
 def last_dim_contiguous(obj, framework):

@@ -22,7 +22,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _capi, _tensor
+from . import _autograd, _capi, _tensor
 from . import attention as _attention
 
 Tensor = torch.Tensor  # attention._torch_route's isinstance check
@@ -358,14 +358,15 @@ def _define_ops():
 
     @torch.library.custom_op("flashserve::fwd", mutates_args=())
     def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float], causal: bool,
-            window_left: int, window_right: int, num_splits: int,
-            return_lse: bool) -> Tuple[Tensor, Tensor]:
-        out, lse = _dense(q, k, v, softmax_scale, causal, (window_left, window_right),
-                          num_splits, return_lse)
+            window_left: int, window_right: int, num_splits: int, return_lse: bool,
+            deterministic: bool = False) -> Tuple[Tensor, Tensor]:
+        out, lse = _dense(q.detach(), k.detach(), v.detach(), softmax_scale, causal,
+                          (window_left, window_right), num_splits, return_lse)
         return out, _lse_or_empty(q, lse)
 
     @fwd.register_fake
-    def _(q, k, v, softmax_scale, causal, window_left, window_right, num_splits, return_lse):
+    def _(q, k, v, softmax_scale, causal, window_left, window_right, num_splits, return_lse,
+          deterministic=False):
         out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
         lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if return_lse else _NO_LSE
         return out, q.new_empty(lse_shape, dtype=torch.float32)
@@ -375,15 +376,18 @@ def _define_ops():
                    cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
                    softmax_scale: Optional[float], causal: bool, window_left: int,
                    window_right: int, return_lse: bool, block_table: Optional[Tensor],
-                   seqused_k: Optional[Tensor], num_splits: int) -> Tuple[Tensor, Tensor]:
-        out, lse = _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           softmax_scale, causal, (window_left, window_right), return_lse,
-                           block_table, seqused_k, num_splits)
+                   seqused_k: Optional[Tensor], num_splits: int,
+                   deterministic: bool = False) -> Tuple[Tensor, Tensor]:
+        out, lse = _varlen(q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k,
+                           max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                           (window_left, window_right), return_lse, block_table, seqused_k,
+                           num_splits)
         return out, _lse_or_empty(q, lse)
 
     @varlen_fwd.register_fake
     def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-          window_left, window_right, return_lse, block_table, seqused_k, num_splits):
+          window_left, window_right, return_lse, block_table, seqused_k, num_splits,
+          deterministic=False):
         out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
         lse_shape = (q.shape[1], q.shape[0]) if return_lse else _NO_LSE
         return out, q.new_empty(lse_shape, dtype=torch.float32)
@@ -410,6 +414,7 @@ def _define_ops():
         lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if return_lse else _NO_LSE
         return out, q.new_empty(lse_shape, dtype=torch.float32)
 
+    _autograd.define_backward_ops()
     # Called through the packet (torch.ops.flashserve.*), the form torch.compile knows best.
     return torch.ops.flashserve.fwd, torch.ops.flashserve.varlen_fwd, \
         torch.ops.flashserve.with_kvcache
@@ -435,7 +440,8 @@ def _check_grad(*named):
     if torch.is_grad_enabled():
         for name, x in named:
             if x is not None and x.requires_grad:
-                _tensor.check_autograd(x, name)
+                _tensor.check_autograd(x, name, "flash_attn_with_kvcache is not differentiable "
+                                       "(it appends to the cache in place)")
 
 
 def _window_pair(window_size):
@@ -458,9 +464,16 @@ def _opt_float(x):
 
 # ---------------------------------------------------------------- the public functions' bodies
 
-def flash_attn_func(q, k, v, softmax_scale, causal, window_size, return_lse, num_splits):
-    _check_grad(("q", q), ("k", k), ("v", v))
-    if _use_ops(q):
+def flash_attn_func(q, k, v, softmax_scale, causal, window_size, return_lse, num_splits,
+                    deterministic=False):
+    if _autograd.needs_grad(q, k, v):
+        # Through the operator, whose autograd formula (_autograd.py) needs the LSE.
+        _autograd.require_ops(_ops, q)
+        left, right = _window_pair(window_size)
+        out, lse = _ops[0](q, k, v, _opt_float(softmax_scale), bool(causal), left, right,
+                           _int32(num_splits, "num_splits"), True,
+                           _attention._flag(deterministic, "deterministic"))
+    elif _use_ops(q):
         left, right = _window_pair(window_size)
         out, lse = _ops[0](q, k, v, _opt_float(softmax_scale), bool(causal), left, right,
                            _int32(num_splits, "num_splits"), bool(return_lse))
@@ -482,16 +495,22 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            softmax_scale, causal, window_size, return_lse, block_table, seqused_k,
-                           num_splits):
-    _check_grad(("q", q), ("k", k), ("v", v))
-    if _use_ops(q):
+                           num_splits, deterministic=False):
+    grad = _autograd.needs_grad(q, k, v)
+    if grad:
+        _autograd.require_ops(_ops, q)
+        if block_table is not None:
+            raise NotImplementedError("block_table: the backward takes dense or varlen K/V, not "
+                                      "a paged KV cache; detach q, k and v to run the forward")
+    if grad or _use_ops(q):
         left, right = _window_pair(window_size)
         out, lse = _ops[1](q, k, v, cu_seqlens_q, cu_seqlens_k,
                            _int64(max_seqlen_q, "max_seqlen_q"),
                            _int64(max_seqlen_k, "max_seqlen_k"),
                            _opt_float(softmax_scale),
-                           bool(causal), left, right, bool(return_lse), block_table, seqused_k,
-                           _int32(num_splits, "num_splits"))
+                           bool(causal), left, right, bool(return_lse) or grad, block_table,
+                           seqused_k, _int32(num_splits, "num_splits"),
+                           _attention._flag(deterministic, "deterministic"))
     else:
         out, lse = _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            softmax_scale, causal, window_size, return_lse, block_table, seqused_k,

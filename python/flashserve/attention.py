@@ -200,7 +200,10 @@ def _forward(q, k, v, *, varlen, cu_seqlens_q=None, cu_seqlens_k=None, max_seqle
              return_lse=False, block_table=None, seqused_k=None, num_splits=0):
     framework = _tensor.framework_of(q)
     for name, x in (("q", q), ("k", k), ("v", v)):
-        _tensor.check_autograd(x, name)
+        # PyTorch tensors that require grad take _torch.py's operators; here only when those could
+        # not be registered.
+        _tensor.check_autograd(x, name, "flashserve's autograd needs PyTorch's custom operators "
+                               "(torch.library.custom_op, PyTorch >= 2.4), not registered here")
     q, k, v = (_tensor.last_dim_contiguous(x, _tensor.framework_of(x)) for x in (q, k, v))
     device = _tensor.device_of(q)
     stream = _tensor.current_stream(q, framework, device)
@@ -282,7 +285,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     (a negative side is unbounded; causal sets right = 0). A query that sees no key gets a zero row.
     Returns out (batch, seqlen_q, nheads, headdim_v) in q's framework, dtype and device, or
     (out, lse) with return_lse, lse float32 (batch, nheads, seqlen_q), natural log, -inf for a row
-    that sees no key. deterministic is accepted and has no effect (the forward is deterministic).
+    that sees no key. PyTorch tensors that require grad are differentiable (q, k, v; and lse when
+    returned); deterministic=True asks for bit-identical gradients run to run (the CPU backward
+    always gives them; the forward is deterministic).
     num_splits: split-KV ways; 0 (the default, as in FlashAttention's forward) lets the library
     choose, 1 never splits, n > 1 splits exactly n ways.
     """
@@ -291,7 +296,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     path = _torch_route(q)
     if path is not None:
         return path.flash_attn_func(q, k, v, softmax_scale, causal, window_size, return_lse,
-                                    num_splits)
+                                    num_splits, deterministic)
     return _forward(q, k, v, varlen=False, softmax_scale=softmax_scale, causal=causal,
                     window_size=window_size, return_lse=return_lse, num_splits=num_splits)
 
@@ -318,7 +323,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if path is not None:
         return path.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                            max_seqlen_k, softmax_scale, causal, window_size,
-                                           return_lse, block_table, seqused_k, num_splits)
+                                           return_lse, block_table, seqused_k, num_splits,
+                                           deterministic)
     return _forward(q, k, v, varlen=True, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                     softmax_scale=softmax_scale, causal=causal, window_size=window_size,
@@ -443,7 +449,8 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
                         "the cache in place (pass k=None, v=None, or use another framework)")
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
         if x is not None:
-            _tensor.check_autograd(x, name)
+            _tensor.check_autograd(x, name, "flash_attn_with_kvcache is not differentiable (it "
+                                   "appends to the cache in place)")
     # The caches are written in place: a copy would lose the append, so they are never copied.
     q, k, v, rotary_cos, rotary_sin = (
         None if x is None else _tensor.last_dim_contiguous(x, _tensor.framework_of(x))

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "flashserve/attention.h"
+#include "flashserve/attention_backward.h"
 #include "flashserve/error.h"
 #include "flashserve/kv_cache.h"
 #include "flashserve/tensor.h"
@@ -158,6 +159,19 @@ AttentionParams to_params(const fs_attention_params* p) {
   return params;
 }
 
+AttentionBackwardParams to_backward_params(const fs_attention_backward_params* p) {
+  if (p == nullptr) throw Error(ErrorKind::kInvalidArgument, "params", "null pointer");
+  AttentionBackwardParams params;
+  params.attn = to_params(&p->attn);
+  params.dout = to_view(p->dout, "dout");
+  params.dlse = to_view(p->dlse, "dlse");
+  params.dq = to_view(p->dq, "dq");
+  params.dk = to_view(p->dk, "dk");
+  params.dv = to_view(p->dv, "dv");
+  params.deterministic = p->deterministic != 0;
+  return params;
+}
+
 KvCacheAppendParams to_append_params(const fs_kvcache_append_params* p) {
   if (p == nullptr) throw Error(ErrorKind::kInvalidArgument, "params", "null pointer");
   KvCacheAppendParams params;
@@ -242,6 +256,34 @@ FS_API size_t fs_attention_workspace_size(const fs_attention_params* params) {
   size_t bytes = 0;
   const int status = flashserve::guarded(
       [&] { bytes = flashserve::attention_workspace_size(flashserve::to_params(params)); });
+  return status == FS_OK ? bytes : SIZE_MAX;
+}
+
+FS_API void fs_attention_backward_params_init(fs_attention_backward_params* params) {
+  if (params == nullptr) return;
+  *params = fs_attention_backward_params{};
+  fs_attention_params_init(&params->attn);
+  params->deterministic = flashserve::AttentionBackwardParams{}.deterministic ? 1 : 0;
+}
+
+FS_API size_t fs_sizeof_attention_backward_params(void) {
+  return sizeof(fs_attention_backward_params);
+}
+
+FS_API int fs_attention_backward_validate(const fs_attention_backward_params* params) {
+  return flashserve::guarded([&] { flashserve::validate(flashserve::to_backward_params(params)); });
+}
+
+FS_API int fs_attention_backward(const fs_attention_backward_params* params) {
+  return flashserve::guarded(
+      [&] { flashserve::attention_backward(flashserve::to_backward_params(params)); });
+}
+
+FS_API size_t fs_attention_backward_workspace_size(const fs_attention_backward_params* params) {
+  size_t bytes = 0;
+  const int status = flashserve::guarded([&] {
+    bytes = flashserve::attention_backward_workspace_size(flashserve::to_backward_params(params));
+  });
   return status == FS_OK ? bytes : SIZE_MAX;
 }
 

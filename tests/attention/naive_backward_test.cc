@@ -7,7 +7,7 @@
 
 #include "attention/problem.h"
 #include "support/attention_case.h"
-#include "support/worst.h"
+#include "support/finite_diff.h"
 
 namespace flashserve::testing {
 namespace {
@@ -15,46 +15,12 @@ namespace {
 using attention::reference::naive_backward;
 using attention::reference::naive_forward;
 
-double loss(const AttentionParams& p, const std::vector<double>& dout) {
-  const auto o = naive_forward(p);
-  double l = 0;
-  for (size_t i = 0; i < o.out.size(); ++i) l += dout[i] * o.out[i];
-  return l;
-}
-
-// Checks the analytic gradient `grad` of tensor x (whose element of gradient index gi sits at
-// storage offset off) against (L(x + h) - L(x - h)) / (x+ - x-), with x+- as actually stored.
-struct Checker {
-  AttentionParams p;
-  const std::vector<double>& dout;
-  double worst = 0, largest = 0;
-  int64_t checked = 0;
-
-  void element(const TensorView& x, int64_t off, double analytic) {
-    const float x0 = load_float(x.data, off, x.dtype);
-    const float h = 1.0f / 256;
-    store_float(x.data, off, x.dtype, x0 + h);
-    const float xp = load_float(x.data, off, x.dtype);
-    const double lp = loss(p, dout);
-    store_float(x.data, off, x.dtype, x0 - h);
-    const float xm = load_float(x.data, off, x.dtype);
-    const double lm = loss(p, dout);
-    store_float(x.data, off, x.dtype, x0);
-    const double fd = (lp - lm) / (double(xp) - double(xm));
-    worst = testing::worse(worst, std::abs(fd - analytic));
-    largest = std::max(largest, std::abs(analytic));
-    ++checked;
-  }
-};
-
 void check_grads(CaseSpec s) {
   s.dtype = DType::kFloat32;
   s.with_lse = false;
   s.seed = seed_for(s.name(), 77);
   AttentionCase c(s);
   AttentionParams p = c.params();
-  const attention::Problem pr = attention::describe(p);
-  const attention::HostLayout L(p, pr);
   const auto ref = naive_forward(p);
   std::mt19937_64 rng(s.seed + 1);
   std::normal_distribution<double> normal;
@@ -67,23 +33,7 @@ void check_grads(CaseSpec s) {
   for (int i = dv_view.rank - 1; i >= 0; --i) dv_view.stride[i] = st, st *= dv_view.shape[i];
 
   const auto g = naive_backward(p, dv_view);
-  const int64_t D = pr.head_dim, Dv = pr.head_dim_v;
-  Checker ck{p, dout};
-  for (int64_t b = 0; b < pr.batch; ++b) {
-    const int64_t qrow0 = L.q_row(b, 0);
-    const int64_t krow0 = pr.varlen_k ? p.cu_seqlens_k.ptr<const int32_t>()[b] : b * p.k.shape[1];
-    for (int64_t t = 0; t < L.q_len(b); ++t)
-      for (int64_t h = 0; h < pr.h_q; ++h)
-        for (int64_t d = 0; d < D; ++d)
-          ck.element(p.q, L.q_offset(b, t, h) + d, g.dq[((qrow0 + t) * pr.h_q + h) * D + d]);
-    for (int64_t j = 0; j < L.kv_len(b); ++j)
-      for (int64_t hk = 0; hk < pr.h_kv; ++hk) {
-        for (int64_t d = 0; d < D; ++d)
-          ck.element(p.k, L.k_offset(b, j, hk) + d, g.dk[((krow0 + j) * pr.h_kv + hk) * D + d]);
-        for (int64_t d = 0; d < Dv; ++d)
-          ck.element(p.v, L.v_offset(b, j, hk) + d, g.dv[((krow0 + j) * pr.h_kv + hk) * Dv + d]);
-      }
-  }
+  const FiniteDiffResult ck = finite_diff_check(p, dout, g);
   ASSERT_GT(ck.checked, 0);
   ASSERT_GT(ck.largest, 0.01) << "gradients too small to test anything";
   // Central differences with h = 2^-8 are accurate to O(h^2): ~1e-6 relative on these shapes.

@@ -205,4 +205,28 @@ inline void expect_close_to_tiled(const NaiveOutput& got, const NaiveOutput& ref
   EXPECT_LT(lse_err, 1e-3) << name;
 }
 
+// Gradients (dq, dk or dv, `name`) against the float64 reference by the same rule as the output:
+// max |error| at most twice the low-precision naive backward's plus out_floor(dtype) x the
+// gradient's largest magnitude. NaN (an unwritten, poisoned element) never passes.
+inline ::testing::AssertionResult grad_close(const std::vector<double>& actual,
+                                             const std::vector<double>& exact,
+                                             const std::vector<double>& lowp, DType dtype,
+                                             const char* name) {
+  if (actual.size() != exact.size() || lowp.size() != exact.size())
+    return ::testing::AssertionFailure() << name << ": sizes differ: actual " << actual.size()
+                                         << ", exact " << exact.size() << ", lowp " << lowp.size();
+  const detail::MaxErr ours = detail::max_err(actual, exact);
+  const detail::MaxErr naive = detail::max_err(lowp, exact);
+  const double largest = detail::max_abs(exact);
+  const double allowed = 2.0 * naive.err + out_floor(dtype) * (largest > 0 ? largest : 1.0);
+  if (ours.at >= 0 && !(ours.err <= allowed))
+    return ::testing::AssertionFailure()
+           << name << ": max |error| " << ours.err << " at " << ours.at << " (got "
+           << actual[ours.at] << ", exact " << exact[ours.at] << ") exceeds " << allowed
+           << " = 2 x naive " << dtype_name(dtype) << " error " << naive.err << " + floor "
+           << out_floor(dtype) << " x |" << name << "|max " << largest;
+  return ::testing::AssertionSuccess()
+         << name << " err " << ours.err << " (allowed " << allowed << ")";
+}
+
 }  // namespace flashserve::testing

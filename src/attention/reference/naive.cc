@@ -3,6 +3,7 @@
 // and multiplies by V. Deliberately simple; speed only matters because tests call it a lot.
 #include "attention/reference/naive.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -147,7 +148,102 @@ NaiveOutput naive_forward(const AttentionParams& params, Emulate mode) {
   return o;
 }
 
-NaiveGrads naive_backward(const AttentionParams& params, const TensorView& dout) {
+namespace {
+
+// The backward of one call in T (double: exact; float: the low-precision emulation, which rounds
+// P, O, dS and the gradients to the input dtype where a naive kernel in that dtype stores them).
+template <typename T>
+NaiveGrads backward_all(const AttentionParams& params, const Problem& pr, const HostLayout& L,
+                        const TensorView& dout, const TensorView& dlse, bool low) {
+  const int64_t D = pr.head_dim, Dv = pr.head_dim_v, G = pr.h_q / pr.h_kv;
+  const int64_t q_rows = L.q_rows();
+  const int64_t k_rows = pr.varlen_k ? params.k.shape[0] : pr.batch * params.k.shape[1];
+  auto rnd = [&](T x) {
+    return low ? static_cast<T>(round_to(static_cast<float>(x), pr.dtype)) : x;
+  };
+  std::vector<T> dq(q_rows * pr.h_q * D, T(0)), dk(k_rows * pr.h_kv * D, T(0)),
+      dv(k_rows * pr.h_kv * Dv, T(0));
+  const T scale = static_cast<T>(pr.scale);
+  for (int64_t b = 0; b < pr.batch; ++b) {
+    const int64_t nq = L.q_len(b), nk = L.kv_len(b);
+    const int64_t qrow0 = L.q_row(b, 0);
+    const int64_t krow0 =
+        pr.varlen_k ? params.cu_seqlens_k.ptr<const int32_t>()[b] : b * params.k.shape[1];
+    for (int64_t hk = 0; hk < pr.h_kv; ++hk) {
+      const std::vector<T> K = gather_kv<T>(params.k, L, true, b, hk, D);
+      const std::vector<T> V = gather_kv<T>(params.v, L, false, b, hk, Dv);
+      for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
+        std::vector<T> Q(nq * D), dO(nq * Dv), P(nq * nk, T(0));
+        for (int64_t t = 0; t < nq; ++t) {
+          for (int64_t d = 0; d < D; ++d)
+            Q[t * D + d] =
+                static_cast<T>(load_double(params.q.data, L.q_offset(b, t, h) + d, params.q.dtype));
+          for (int64_t d = 0; d < Dv; ++d)
+            dO[t * Dv + d] =
+                static_cast<T>(load_double(dout.data, L.out_offset(b, t, h) + d, dout.dtype));
+        }
+        // P = softmax(S) row by row (a row that sees no key stays 0: it has no gradient).
+        for (int64_t t = 0; t < nq; ++t) {
+          T* p = P.data() + t * nk;
+          T m = -std::numeric_limits<T>::infinity();
+          for (int64_t j = 0; j < nk; ++j) {
+            if (!pr.mask.visible(t, j, nq, nk)) continue;
+            T dot = 0;
+            for (int64_t d = 0; d < D; ++d) dot += Q[t * D + d] * K[j * D + d];
+            p[j] = scale * dot;
+            m = std::max(m, p[j]);
+          }
+          if (m == -std::numeric_limits<T>::infinity()) continue;
+          T sum = 0;
+          for (int64_t j = 0; j < nk; ++j)
+            if (pr.mask.visible(t, j, nq, nk)) sum += (p[j] = std::exp(p[j] - m));
+          for (int64_t j = 0; j < nk; ++j) p[j] = rnd(p[j] / sum);
+        }
+        for (int64_t t = 0; t < nq; ++t) {
+          const T* p = P.data() + t * nk;
+          const T* go = dO.data() + t * Dv;
+          // delta = rowsum(dO o O) - dlse with O = P V (as stored: rounded in low precision).
+          T delta = 0;
+          for (int64_t d = 0; d < Dv; ++d) {
+            T o = 0;
+            for (int64_t j = 0; j < nk; ++j) o += p[j] * V[j * Dv + d];
+            delta += go[d] * rnd(o);
+          }
+          if (dlse.defined())
+            delta -= static_cast<T>(dlse.ptr<const float>()[L.lse_offset(b, t, h)]);
+          T* gq = &dq[((qrow0 + t) * pr.h_q + h) * D];
+          for (int64_t j = 0; j < nk; ++j) {
+            if (p[j] == T(0)) continue;  // masked (or underflowed): contributes nothing
+            T dp = 0;                    // dP = dO V^T
+            for (int64_t d = 0; d < Dv; ++d) dp += go[d] * V[j * Dv + d];
+            const T ds = rnd(p[j] * (dp - delta));  // dS = P o (dP - delta)
+            T* gk = &dk[((krow0 + j) * pr.h_kv + hk) * D];
+            T* gv = &dv[((krow0 + j) * pr.h_kv + hk) * Dv];
+            for (int64_t d = 0; d < D; ++d) {
+              gq[d] += scale * ds * K[j * D + d];
+              gk[d] += scale * ds * Q[t * D + d];  // summed over the group's query heads
+            }
+            for (int64_t d = 0; d < Dv; ++d) gv[d] += p[j] * go[d];
+          }
+        }
+      }
+    }
+  }
+  NaiveGrads g;
+  auto out = [&](const std::vector<T>& x, std::vector<double>& y) {
+    y.resize(x.size());
+    for (size_t i = 0; i < x.size(); ++i) y[i] = static_cast<double>(rnd(x[i]));
+  };
+  out(dq, g.dq);
+  out(dk, g.dk);
+  out(dv, g.dv);
+  return g;
+}
+
+}  // namespace
+
+NaiveGrads naive_backward(const AttentionParams& params, const TensorView& dout, Emulate mode,
+                          const TensorView& dlse) {
   const Problem pr = describe_on_host(params, "naive_backward");
   if (pr.paged)
     throw Error(ErrorKind::kUnsupported, "block_table", "naive_backward takes dense or varlen KV");
@@ -160,80 +256,17 @@ NaiveGrads naive_backward(const AttentionParams& params, const TensorView& dout)
     throw Error(ErrorKind::kInvalidArgument, "dout", "must be a float tensor");
   if (!(dout.device == pr.device))
     throw Error(ErrorKind::kInvalidArgument, "dout", "must be on the same device as q");
-  AttentionParams with_dout = params;  // so HostLayout::out_offset addresses dout
+  AttentionParams with_dout = params;  // so HostLayout::out_offset addresses dout (lse: dlse)
   with_dout.out = dout;
-  const HostLayout L(with_dout, pr);
-
-  const int64_t D = pr.head_dim, Dv = pr.head_dim_v, G = pr.h_q / pr.h_kv;
-  const int64_t q_rows = L.q_rows();
-  const int64_t k_rows = pr.varlen_k ? params.k.shape[0] : pr.batch * params.k.shape[1];
-  NaiveGrads g;
-  g.dq.assign(q_rows * pr.h_q * D, 0.0);
-  g.dk.assign(k_rows * pr.h_kv * D, 0.0);
-  g.dv.assign(k_rows * pr.h_kv * Dv, 0.0);
-  const double scale = pr.scale;
-  for (int64_t b = 0; b < pr.batch; ++b) {
-    const int64_t nq = L.q_len(b), nk = L.kv_len(b);
-    const int64_t qrow0 = L.q_row(b, 0);
-    const int64_t krow0 =
-        pr.varlen_k ? params.cu_seqlens_k.ptr<const int32_t>()[b] : b * params.k.shape[1];
-    for (int64_t hk = 0; hk < pr.h_kv; ++hk) {
-      const std::vector<double> K = gather_kv<double>(params.k, L, true, b, hk, D);
-      const std::vector<double> V = gather_kv<double>(params.v, L, false, b, hk, Dv);
-      for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
-        std::vector<double> Q(nq * D), dO(nq * Dv), P(nq * nk, 0.0);
-        for (int64_t t = 0; t < nq; ++t) {
-          for (int64_t d = 0; d < D; ++d)
-            Q[t * D + d] = load_double(params.q.data, L.q_offset(b, t, h) + d, params.q.dtype);
-          for (int64_t d = 0; d < Dv; ++d)
-            dO[t * Dv + d] = load_double(dout.data, L.out_offset(b, t, h) + d, dout.dtype);
-        }
-        // P = softmax(S) row by row (a row that sees no key stays 0: it has no gradient).
-        for (int64_t t = 0; t < nq; ++t) {
-          double* p = P.data() + t * nk;
-          double m = -kInf;
-          for (int64_t j = 0; j < nk; ++j) {
-            if (!pr.mask.visible(t, j, nq, nk)) continue;
-            double dot = 0;
-            for (int64_t d = 0; d < D; ++d) dot += Q[t * D + d] * K[j * D + d];
-            p[j] = scale * dot;
-            m = std::max(m, p[j]);
-          }
-          if (m == -kInf) continue;
-          double sum = 0;
-          for (int64_t j = 0; j < nk; ++j)
-            if (pr.mask.visible(t, j, nq, nk)) sum += (p[j] = std::exp(p[j] - m));
-          for (int64_t j = 0; j < nk; ++j) p[j] /= sum;
-        }
-        for (int64_t t = 0; t < nq; ++t) {
-          const double* p = P.data() + t * nk;
-          const double* go = dO.data() + t * Dv;
-          // delta = rowsum(dO o O) with O = P V.
-          double delta = 0;
-          for (int64_t d = 0; d < Dv; ++d) {
-            double o = 0;
-            for (int64_t j = 0; j < nk; ++j) o += p[j] * V[j * Dv + d];
-            delta += go[d] * o;
-          }
-          double* dq = &g.dq[((qrow0 + t) * pr.h_q + h) * D];
-          for (int64_t j = 0; j < nk; ++j) {
-            if (p[j] == 0.0) continue;  // masked (or underflowed): contributes nothing
-            double dp = 0;              // dP = dO V^T
-            for (int64_t d = 0; d < Dv; ++d) dp += go[d] * V[j * Dv + d];
-            const double ds = p[j] * (dp - delta);  // dS = P o (dP - delta)
-            double* dk = &g.dk[((krow0 + j) * pr.h_kv + hk) * D];
-            double* dv = &g.dv[((krow0 + j) * pr.h_kv + hk) * Dv];
-            for (int64_t d = 0; d < D; ++d) {
-              dq[d] += scale * ds * K[j * D + d];
-              dk[d] += scale * ds * Q[t * D + d];  // summed over the group's query heads
-            }
-            for (int64_t d = 0; d < Dv; ++d) dv[d] += p[j] * go[d];
-          }
-        }
-      }
-    }
+  if (dlse.defined()) {
+    check_view(dlse, "dlse", params.lse.rank);
+    if (!params.lse.defined() || dlse.dtype != DType::kFloat32)
+      throw Error(ErrorKind::kInvalidArgument, "dlse", "must be float32, shaped like params.lse");
+    with_dout.lse = dlse;
   }
-  return g;
+  const HostLayout L(with_dout, pr);
+  if (mode == Emulate::kExact) return backward_all<double>(params, pr, L, dout, dlse, false);
+  return backward_all<float>(params, pr, L, dout, dlse, true);
 }
 
 }  // namespace flashserve::attention::reference

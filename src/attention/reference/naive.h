@@ -29,12 +29,17 @@ enum class Emulate {
 // feature of the contract: varlen, paged KV, GQA, causal, window, seqused_k). Validates params.
 NaiveOutput naive_forward(const AttentionParams& params, Emulate mode = Emulate::kExact);
 
-// Float64 backward of dense or varlen attention (no paging): given dout with q's layout and
-// head_dim_v, returns dq, dk, dv shaped like q, k, v (contiguous, float64, the row order above;
-// k/v rows are b * seqlen_k + j, or cu_seqlens_k[b] + j).
+// Backward of dense or varlen attention (no paging): given dout with q's layout and head_dim_v
+// (and optionally dlse, float32 shaped like params.lse: the gradient of the loss with respect to
+// the LSE), returns dq, dk, dv shaped like q, k, v (contiguous, as doubles, the row order above;
+// k/v rows are b * seqlen_k + j, or cu_seqlens_k[b] + j). A query row or key that no sequence
+// uses has a zero gradient. kExact computes in float64; kLowPrecision emulates a naive kernel in
+// the input dtype (float32 arithmetic; P, O, dS and the gradients rounded to the dtype) and sets
+// the tolerance of the kernels' tests, as naive_forward's does.
 struct NaiveGrads {
   std::vector<double> dq, dk, dv;
 };
-NaiveGrads naive_backward(const AttentionParams& params, const TensorView& dout);
+NaiveGrads naive_backward(const AttentionParams& params, const TensorView& dout,
+                          Emulate mode = Emulate::kExact, const TensorView& dlse = {});
 
 }  // namespace flashserve::attention::reference

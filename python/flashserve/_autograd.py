@@ -1,0 +1,128 @@
+"""Autograd for flashserve's PyTorch custom operators: flashserve::bwd and ::varlen_bwd (the
+backward as operators of their own, so that torch.compile traces them and activation
+checkpointing re-runs the forward through the dispatcher) and torch.library.register_autograd on
+flashserve::fwd and ::varlen_fwd.
+
+Imported by _torch.py only (PyTorch is imported then). A call that needs a gradient always goes
+through the forward operator with return_lse=True: the backward recomputes the probabilities from
+the LSE (FlashAttention-2's algorithm, flashserve/attention_backward.h), and the forward's saved
+tensors are q, k, v, out and lse. Gradients come back in q's, k's and v's shapes and dtypes.
+"""
+
+from typing import Optional, Tuple
+
+import torch
+
+from . import _backward
+
+Tensor = torch.Tensor
+
+
+def needs_grad(*tensors):
+    """Whether autograd will want gradients of any of these tensors."""
+    return torch.is_grad_enabled() and any(
+        isinstance(t, Tensor) and t.requires_grad for t in tensors)
+
+
+def require_ops(ops, q):
+    """Refuses, before the forward runs, a gradient that could not be computed afterwards."""
+    if ops is None:
+        raise NotImplementedError(
+            "q: requires grad, but flashserve's autograd goes through PyTorch custom operators "
+            "(torch.library.custom_op and register_autograd, PyTorch >= 2.4), which this PyTorch "
+            f"({getattr(torch, '__version__', 'unknown')}) lacks; run under torch.no_grad() or "
+            "pass detached tensors")
+    if q.is_cuda:
+        # The sm80 backward kernel (attention_backward in C++ and C) is not yet validated on a
+        # device; autograd takes it once tests/gpu/attention_backward_gpu_test.cc has passed there.
+        raise NotImplementedError(
+            "q: requires grad, but PyTorch autograd runs the CPU backward only so far (the CUDA "
+            "backward kernel awaits its device tests); run under torch.no_grad() / "
+            "torch.inference_mode() or pass detached tensors")
+
+
+def define_backward_ops():
+    """Defines flashserve::bwd and ::varlen_bwd and registers the forward operators' autograd
+    (called once, after flashserve::fwd and ::varlen_fwd are defined)."""
+
+    @torch.library.custom_op("flashserve::bwd", mutates_args=())
+    def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+            dlse: Optional[Tensor], softmax_scale: Optional[float], causal: bool,
+            window_left: int, window_right: int,
+            deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+        return _backward.backward(dout, q, k, v, out, lse, dlse, varlen=False,
+                                  softmax_scale=softmax_scale, causal=causal,
+                                  window_size=(window_left, window_right),
+                                  deterministic=deterministic)
+
+    @bwd.register_fake
+    def _(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window_left, window_right,
+          deterministic):
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+    @torch.library.custom_op("flashserve::varlen_bwd", mutates_args=())
+    def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                   dlse: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+                   cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                   seqused_k: Optional[Tensor], softmax_scale: Optional[float], causal: bool,
+                   window_left: int, window_right: int,
+                   deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+        return _backward.backward(dout, q, k, v, out, lse, dlse, varlen=True,
+                                  cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                  max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                                  seqused_k=seqused_k, softmax_scale=softmax_scale,
+                                  causal=causal, window_size=(window_left, window_right),
+                                  deterministic=deterministic)
+
+    @varlen_bwd.register_fake
+    def _(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+          seqused_k, softmax_scale, causal, window_left, window_right, deterministic):
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+    def grads_in(out, lse, grad_out, grad_lse):
+        """dout (zeros when only the LSE was used) and dlse (None when it was not)."""
+        if lse.numel() == 0 and out.numel() != 0:
+            raise RuntimeError("flashserve: the forward operator ran with return_lse=False, so "
+                               "it saved no LSE to differentiate with; call flash_attn_func / "
+                               "flash_attn_varlen_func, which pass return_lse=True when a "
+                               "gradient is needed")
+        dout = grad_out if grad_out is not None else torch.zeros_like(out)
+        return dout, grad_lse
+
+    # flashserve::fwd(q, k, v, softmax_scale, causal, window_left, window_right, num_splits,
+    #                 return_lse, deterministic)
+    def fwd_setup(ctx, inputs, output):
+        q, k, v, scale, causal, left, right, _, _, deterministic = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (scale, causal, left, right, deterministic)
+
+    def fwd_backward(ctx, grad_out, grad_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dout, dlse = grads_in(out, lse, grad_out, grad_lse)
+        dq, dk, dv = torch.ops.flashserve.bwd(dout, q, k, v, out, lse, dlse, *ctx.args)
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+    torch.library.register_autograd("flashserve::fwd", fwd_backward, setup_context=fwd_setup)
+
+    # flashserve::varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    #                        softmax_scale, causal, window_left, window_right, return_lse,
+    #                        block_table, seqused_k, num_splits, deterministic)
+    def varlen_setup(ctx, inputs, output):
+        (q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, left, right, _, _, seqused_k, _,
+         deterministic) = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k)
+        ctx.args = (max_q, max_k, scale, causal, left, right, deterministic)
+
+    def varlen_backward(ctx, grad_out, grad_lse):
+        q, k, v, out, lse, cu_q, cu_k, seqused_k = ctx.saved_tensors
+        dout, dlse = grads_in(out, lse, grad_out, grad_lse)
+        max_q, max_k, scale, causal, left, right, deterministic = ctx.args
+        dq, dk, dv = torch.ops.flashserve.varlen_bwd(dout, q, k, v, out, lse, dlse, cu_q, cu_k,
+                                                     max_q, max_k, seqused_k, scale, causal,
+                                                     left, right, deterministic)
+        return (dq, dk, dv) + (None,) * 13
+
+    torch.library.register_autograd("flashserve::varlen_fwd", varlen_backward,
+                                    setup_context=varlen_setup)

@@ -1,0 +1,207 @@
+// The CUDA backend of attention_backward: what the sm80 backward kernels can run (checked here and
+// reported as an Error naming the argument), the workspace they need (fp32 dQ accumulator and D),
+// and their launch. deterministic = true replaces dq's atomics by a dq kernel that sums in a
+// fixed order (sm80/bwd_kernel.h's bwd_dq_kernel).
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <utility>
+
+#include "attention/backward.h"
+#include "attention/cuda_check.h"
+#include "attention/sm80/bwd_launch.h"
+#include "common/str_cat.h"
+
+namespace flashserve::attention {
+namespace {
+
+[[noreturn]] void unsupported(const std::string& arg, const std::string& what) {
+  throw Error(ErrorKind::kUnsupported, arg, what);
+}
+
+// cp.async moves 16-byte chunks: base pointers and row strides of the tiles the kernel loads.
+void check_aligned(const TensorView& t, const char* name) {
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
+    unsupported(name, "data pointer must be 16-byte aligned for the CUDA backward");
+  const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
+  for (int i = 0; i + 1 < t.rank; ++i)
+    if (t.shape[i] > 1 && (t.stride[i] * elem) % 16 != 0)
+      unsupported(name, str_cat("stride ", t.stride[i], " of dimension ", i,
+                                " must be a multiple of 16 bytes for the CUDA backward"));
+}
+
+int64_t q_rows(const AttentionParams& a, const Problem& pr) {
+  return pr.varlen_q ? a.q.shape[0] : pr.batch * a.q.shape[1];
+}
+
+size_t align16(size_t n) {
+  return (n + 15) / 16 * 16;
+}
+
+// Workspace: the fp32 dQ accumulator [q_rows][h_q][D], then D [q_rows][h_q].
+size_t workspace_bytes(const AttentionBackwardParams& bp, const Problem& pr) {
+  const size_t rows = static_cast<size_t>(q_rows(bp.attn, pr) * pr.h_q);
+  return align16(rows * pr.head_dim * sizeof(float)) + align16(rows * sizeof(float));
+}
+
+// A side of the window wider than any sequence is unbounded (-1): keeps row + offset + window
+// inside int32 in the kernels.
+int32_t clamp_window(int64_t side, int64_t bound) {
+  return side < 0 || side > bound ? -1 : static_cast<int32_t>(side);
+}
+
+int smem_per_block(int device) {
+  int smem = 0;
+  check_cuda(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+             "cudaDeviceGetAttribute (shared memory per block)");
+  return smem;
+}
+
+void check_supported(const AttentionBackwardParams& bp, const Problem& pr) {
+  int major = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, pr.device.index),
+             "cudaDeviceGetAttribute (compute capability)");
+  if (major < 8) unsupported("q", "the CUDA backward needs compute capability 8.0 or newer");
+  if (pr.dtype != DType::kBFloat16 && pr.dtype != DType::kFloat16)
+    unsupported("q", str_cat("dtype ", dtype_name(pr.dtype),
+                             " is not supported by the CUDA backward (bfloat16, float16)"));
+  if (pr.head_dim != 64 && pr.head_dim != 128)
+    unsupported("q", str_cat("head_dim ", pr.head_dim,
+                             " is not supported by the CUDA backward yet (64, 128)"));
+  if (pr.head_dim_v != pr.head_dim)
+    unsupported("v", str_cat("head_dim ", pr.head_dim_v, " differs from q's ", pr.head_dim,
+                             "; the CUDA backward needs them equal"));
+  const AttentionParams& a = bp.attn;
+  const std::pair<const TensorView*, const char*> tiles[] = {
+      {&a.q, "q"},        {&a.k, "k"},    {&a.v, "v"},    {&a.out, "out"},
+      {&bp.dout, "dout"}, {&bp.dq, "dq"}, {&bp.dk, "dk"}, {&bp.dv, "dv"}};
+  for (const auto& [t, name] : tiles) check_aligned(*t, name);
+  if (pr.max_q_len + pr.max_kv_len > INT32_MAX / 2)
+    unsupported("q", "sequences past 2^30 tokens are not supported by the CUDA backward");
+  if (pr.batch > 65535 || pr.h_q > 65535)
+    unsupported("q", "batch and heads must each be at most 65535 for the CUDA backward");
+}
+
+void strides(const TensorView& t, bool varlen, int64_t& batch, int64_t& row, int64_t& head) {
+  batch = varlen ? 0 : t.stride[0];
+  row = t.stride[varlen ? 0 : 1];
+  head = t.stride[varlen ? 1 : 2];
+}
+
+// The lse layout: dense [batch, h_q, seqlen_q], varlen [h_q, total_q].
+void lse_strides(const TensorView& l, bool varlen, int64_t& batch, int64_t& row, int64_t& head) {
+  batch = varlen ? 0 : l.stride[0];
+  head = l.stride[varlen ? 0 : 1];
+  row = l.stride[varlen ? 1 : 2];
+}
+
+sm80::BwdParams bwd_params(const AttentionBackwardParams& bp, const Problem& pr, void* workspace) {
+  const AttentionParams& a = bp.attn;
+  sm80::BwdParams p{};
+  sm80::FwdParams& f = p.fwd;
+  f.q = a.q.data;
+  f.k = a.k.data;
+  f.v = a.v.data;
+  f.out = a.out.data;
+  f.lse = a.lse.ptr<float>();
+  strides(a.q, pr.varlen_q, f.q_batch_stride, f.q_row_stride, f.q_head_stride);
+  strides(a.out, pr.varlen_q, f.o_batch_stride, f.o_row_stride, f.o_head_stride);
+  strides(a.k, pr.varlen_k, f.k_batch_stride, f.k_row_stride, f.k_head_stride);
+  strides(a.v, pr.varlen_k, f.v_batch_stride, f.v_row_stride, f.v_head_stride);
+  lse_strides(a.lse, pr.varlen_q, f.lse_batch_stride, f.lse_row_stride, f.lse_head_stride);
+  f.cu_seqlens_q = pr.varlen_q ? a.cu_seqlens_q.ptr<const int32_t>() : nullptr;
+  f.cu_seqlens_k = pr.varlen_k ? a.cu_seqlens_k.ptr<const int32_t>() : nullptr;
+  f.seqused_k = pr.seqused ? a.seqused_k.ptr<const int32_t>() : nullptr;
+  f.seqlen_q = pr.varlen_q ? 0 : static_cast<int32_t>(a.q.shape[1]);
+  f.seqlen_k = pr.varlen_k ? 0 : static_cast<int32_t>(a.k.shape[1]);
+  f.h_q = static_cast<int32_t>(pr.h_q);
+  f.h_ratio = static_cast<int32_t>(pr.h_q / pr.h_kv);
+  const int64_t bound = pr.max_q_len + pr.max_kv_len;
+  f.window_left = clamp_window(pr.mask.left, bound);
+  f.window_right = clamp_window(pr.mask.right, bound);
+  f.scale = pr.scale;
+  f.scale_log2 = static_cast<float>(pr.scale * M_LOG2E);
+  f.num_splits = 1;
+
+  p.dout = bp.dout.data;
+  strides(bp.dout, pr.varlen_q, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
+  if (bp.dlse.defined()) {
+    p.dlse = bp.dlse.ptr<const float>();
+    lse_strides(bp.dlse, pr.varlen_q, p.dlse_batch_stride, p.dlse_row_stride, p.dlse_head_stride);
+  }
+  p.dq = bp.dq.data;
+  p.dk = bp.dk.data;
+  p.dv = bp.dv.data;
+  strides(bp.dq, pr.varlen_q, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
+  strides(bp.dk, pr.varlen_k, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+  strides(bp.dv, pr.varlen_k, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+  p.q_rows = q_rows(a, pr);
+  p.batch = static_cast<int32_t>(pr.batch);
+  const size_t rows = static_cast<size_t>(p.q_rows * pr.h_q);
+  p.dq_accum = static_cast<float*>(workspace);
+  p.delta = reinterpret_cast<float*>(static_cast<char*>(workspace) +
+                                     align16(rows * pr.head_dim * sizeof(float)));
+  return p;
+}
+
+}  // namespace
+
+size_t cuda_backward_workspace_size(const AttentionBackwardParams& bp, const Problem& pr) {
+  DeviceGuard guard(pr.device.index);
+  check_supported(bp, pr);
+  return workspace_bytes(bp, pr);
+}
+
+void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
+  DeviceGuard guard(pr.device.index);
+  check_supported(bp, pr);
+  const cudaStream_t stream = static_cast<cudaStream_t>(bp.attn.stream);
+  const size_t bytes = workspace_bytes(bp, pr);
+  void* workspace = bp.attn.workspace;
+  void* scratch = nullptr;
+  if (pr.batch == 0 || bytes == 0) {
+    workspace = nullptr;  // nothing to launch (zero_grad below still clears any keys)
+  } else if (workspace == nullptr) {
+    check_cuda(cudaMallocAsync(&scratch, bytes, stream), "cudaMallocAsync (backward workspace)");
+    workspace = scratch;
+  } else if (bp.attn.workspace_bytes < bytes || reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
+    throw Error(
+        ErrorKind::kInvalidArgument, "workspace",
+        str_cat("the backward needs ", bytes, " bytes of 16-byte aligned device workspace, got ",
+                bp.attn.workspace_bytes));
+  }
+  struct Free {  // stream-ordered, also when a launch throws
+    void* ptr;
+    cudaStream_t stream;
+    ~Free() {
+      if (ptr != nullptr) cudaFreeAsync(ptr, stream);
+    }
+  } free_scratch{scratch, stream};
+
+  const sm80::BwdParams p = bwd_params(bp, pr, workspace);
+  for (const TensorView* g : {&bp.dq, &bp.dk, &bp.dv})
+    sm80::zero_grad(g->data, g->dtype, g->rank, g->shape, g->stride, stream);
+  if (workspace == nullptr) return;
+  if (!bp.deterministic)  // deterministic: bwd_dq_kernel writes dq, no accumulator
+    check_cuda(
+        cudaMemsetAsync(p.dq_accum, 0, p.q_rows * pr.h_q * pr.head_dim * sizeof(float), stream),
+        "cudaMemsetAsync (backward dq accumulator)");
+  sm80::BwdLaunch launch{};
+  launch.dtype = pr.dtype;
+  launch.has_mask = p.fwd.window_left >= 0 || p.fwd.window_right >= 0;
+  launch.max_q_len = static_cast<int>(pr.max_q_len);
+  launch.max_kv_len = static_cast<int>(pr.max_kv_len);
+  launch.h_kv = static_cast<int>(pr.h_kv);
+  launch.deterministic = bp.deterministic;
+  launch.smem_per_block = smem_per_block(pr.device.index);
+  launch.stream = stream;
+  if (pr.head_dim == 64)
+    sm80::run_bwd<64>(p, launch);
+  else
+    sm80::run_bwd<128>(p, launch);
+}
+
+}  // namespace flashserve::attention
