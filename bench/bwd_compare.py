@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Attention backward through torch.autograd: flashserve.flash_attn_func beside PyTorch SDPA's
+cuDNN and flash (FA2) backends, one run, one GPU (issue 22's measurement).
+
+bf16, the FA3 grid (batch x L = 16k tokens, heads x head dim = 2048), causal and not. Each figure
+is the median of --reps timed calls (CUDA events) of `out.backward(grad)` after the forward ran
+outside the timing (so it times the backward alone), and of forward + backward together;
+TFLOP/s by docs/architecture.md's count: backward 2.5 x the forward's FLOPs (halved when causal).
+
+Usage (repo root, libflashserve_c built with CUDA):
+    PYTHONPATH=python FLASHSERVE_LIBRARY=.../libflashserve_c.so python3 bench/bwd_compare.py
+"""
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from flashserve import flash_attn_func  # noqa: E402
+
+BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+
+
+def timed(fn, reps):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[reps // 2]
+
+
+def run(which, q, k, v, causal, reps):
+    """(backward ms, forward + backward ms) through autograd; q, k, v are [b, L, h, d]."""
+    g = torch.randn_like(q)
+    if which == "flashserve":
+        fwd = lambda: flash_attn_func(q, k, v, causal=causal)  # noqa: E731
+    else:
+        qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
+        gt = g.transpose(1, 2)
+
+        def fwd():
+            with sdpa_kernel([BACKENDS[which]]):
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        g = gt
+    holder = {}
+
+    def backward_only():
+        holder["out"].backward(g)
+
+    def setup_then_backward():
+        holder["out"] = fwd()
+        backward_only()
+
+    # backward alone: the forward before each timed call, outside the events
+    for _ in range(3):
+        setup_then_backward()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        holder["out"] = fwd()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        backward_only()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    bwd_ms = sorted(times)[reps // 2]
+    return bwd_ms, timed(setup_then_backward, reps)
+
+
+def main():
+    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--head-dims", type=ints, default=[64, 128])
+    ap.add_argument("--seqlens", type=ints, default=[512, 2048, 8192])
+    ap.add_argument("--causal", type=ints, default=[0, 1])
+    ap.add_argument("--total-tokens", type=int, default=16384)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args()
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN "
+          f"{torch.backends.cudnn.version()}, bf16; TFLOP/s of the backward (2.5 x forward FLOPs) "
+          "and of forward + backward (3.5 x)\n")
+    print("| d | causal | L | batch | heads | flashserve bwd | cuDNN bwd | FA2 bwd | vs cuDNN | "
+          "vs FA2 | flashserve fwd+bwd | cuDNN fwd+bwd | FA2 fwd+bwd |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for d in args.head_dims:
+        for causal in args.causal:
+            for L in args.seqlens:
+                b, h = max(1, args.total_tokens // L), args.hidden // d
+                q, k, v = (torch.randn(b, L, h, d, device="cuda", dtype=torch.bfloat16,
+                                       requires_grad=True) for _ in range(3))
+                fwd_flops = 4.0 * b * h * L * L * d / (2 if causal else 1)
+                res = {}
+                for which in ("flashserve", "cudnn", "flash"):
+                    try:
+                        res[which] = run(which, q, k, v, bool(causal), args.reps)
+                    except Exception as e:  # a backend that cannot take the shape
+                        print(f"<!-- {which} d{d} L{L} causal {causal}: {type(e).__name__}: "
+                              f"{str(e)[:120]} -->")
+                        res[which] = (float("nan"), float("nan"))
+                tf = {w: (2.5 * fwd_flops / (r[0] * 1e-3) / 1e12,
+                          3.5 * fwd_flops / (r[1] * 1e-3) / 1e12) for w, r in res.items()}
+                print(f"| {d} | {'yes' if causal else 'no'} | {L} | {b} | {h} | "
+                      f"{tf['flashserve'][0]:.1f} | {tf['cudnn'][0]:.1f} | {tf['flash'][0]:.1f} | "
+                      f"{tf['flashserve'][0] / tf['cudnn'][0]:.2f} | "
+                      f"{tf['flashserve'][0] / tf['flash'][0]:.2f} | {tf['flashserve'][1]:.1f} | "
+                      f"{tf['cudnn'][1]:.1f} | {tf['flash'][1]:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
