@@ -108,7 +108,8 @@ def parser():
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--d-model", type=int, default=256,
+                   help="--heads x the head dim (the CUDA kernels take head dims 64, 128, 256)")
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=2, help="GQA: a divisor of --heads")
     p.add_argument("--seq", type=int, default=64)

@@ -32,13 +32,6 @@ def require_ops(ops, q):
             "(torch.library.custom_op and register_autograd, PyTorch >= 2.4), which this PyTorch "
             f"({getattr(torch, '__version__', 'unknown')}) lacks; run under torch.no_grad() or "
             "pass detached tensors")
-    if q.is_cuda:
-        # The sm80 backward kernel (attention_backward in C++ and C) is not yet validated on a
-        # device; autograd takes it once tests/gpu/attention_backward_gpu_test.cc has passed there.
-        raise NotImplementedError(
-            "q: requires grad, but PyTorch autograd runs the CPU backward only so far (the CUDA "
-            "backward kernel awaits its device tests); run under torch.no_grad() / "
-            "torch.inference_mode() or pass detached tensors")
 
 
 def define_backward_ops():

@@ -255,15 +255,28 @@ def test_tensors_on_another_device(gen):
     check(out[0], exact, low, dtype)
 
 
-def test_autograd_is_refused_and_no_grad_works(gen):
-    q, k, v = (randn(gen, (1, 16, 2, 64), torch.bfloat16) for _ in range(3))
-    q.requires_grad_()
-    with pytest.raises(NotImplementedError, match=r"^q: requires grad"):
-        flash_attn_func(q, k, v)
+@pytest.mark.parametrize("causal", [False, True])
+def test_autograd_matches_float64_on_cuda(gen, causal):
+    """The sm80 backward kernel through autograd: flash_attn_func's gradients on CUDA (GQA 4/2,
+    odd lengths) against PyTorch's autograd of a naive attention in float64, with the tolerance
+    of the same naive attention's autograd in bf16 (test_cpu_torch_autograd's reference); and
+    under torch.no_grad() the forward alone."""
+    from test_cpu_torch_autograd import check_grads, reference_grads  # skips without the API
+
+    b, sq, sk, h, hk, d = 2, 77, 130, 4, 2, 64
+    q = randn(gen, (b, sq, h, d), torch.bfloat16).requires_grad_()
+    k, v = (randn(gen, (b, sk, hk, d), torch.bfloat16).requires_grad_() for _ in range(2))
+    out = flash_attn_func(q, k, v, causal=causal)
+    dout = randn(gen, tuple(out.shape), torch.bfloat16)
+    out.backward(dout)
+    for i in range(b):
+        args = [x[i].detach().cpu() for x in (q, k, v, dout)] + [d**-0.5, causal, (-1, -1)]
+        exact = reference_grads(*args, torch.float64)
+        low = reference_grads(*args, torch.bfloat16)
+        check_grads([x.grad[i].cpu() for x in (q, k, v)], exact, low, torch.bfloat16)
     with torch.no_grad():
-        out = flash_attn_func(q, k, v)
-    exact, low, _ = reference(q[0].detach(), k[0], v[0], 1 / 8, False, (-1, -1))
-    check(out[0], exact, low, torch.bfloat16)
+        again = flash_attn_func(q, k, v, causal=causal)
+    assert again.grad_fn is None and torch.equal(again, out.detach())
 
 
 def test_errors(gen):
