@@ -150,6 +150,11 @@ int64_t EngineLoop::steps() const {
   return inbox_->stats.steps;
 }
 
+std::string EngineLoop::failure() const {
+  std::lock_guard<std::mutex> lock(inbox_->mu);
+  return inbox_->error;
+}
+
 LoopStats EngineLoop::stats() const {
   std::lock_guard<std::mutex> lock(inbox_->mu);
   return inbox_->stats;
@@ -219,7 +224,7 @@ void EngineLoop::run() {
       {
         std::lock_guard<std::mutex> lock(inbox_->mu);
         inbox_->stopping = true;
-        inbox_->error = e.what();
+        inbox_->error = *e.what() ? e.what() : "a step threw";
       }
       for (auto& [id, weak] : streams)
         if (auto st = weak.lock()) st->push({}, {}, serve::FinishReason::kAbort);
