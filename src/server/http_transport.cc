@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -79,7 +80,6 @@ struct HttpTransport::Impl {
   tcp::acceptor acceptor{ioc};
   net::steady_timer accept_retry{ioc};
   std::atomic<bool> stopping{false};
-  std::atomic<bool> in_run{false};
 
   // Workers are detached threads, counted: each one's stack and thread state go back as it ends
   // (a finished thread not yet joined keeps them), and stop() waits for the count to be 0.
@@ -460,6 +460,7 @@ class Responder final : public HttpResponder {
     res.set(http::field::content_type, to_beast(content_type));
     for (const HttpHeader& h : headers) res.set(h.name, h.value);
     res.keep_alive(keep_alive_ && !close);
+    if (keep_alive_ && !close) advertise_idle_timeout(res);
     res.body() = std::move(body);
     res.prepare_payload();
     std::ostringstream os;
@@ -482,6 +483,7 @@ class Responder final : public HttpResponder {
     else
       close_after_ = true;
     res.keep_alive(keep_alive_ && chunked_);
+    if (keep_alive_ && chunked_) advertise_idle_timeout(res);
     std::ostringstream os;
     os << res.base();
     count(status);
@@ -515,6 +517,15 @@ class Responder final : public HttpResponder {
   bool client_gone() const override { return c_->client_gone(); }
 
  private:
+  // Keep-Alive: timeout=N tells the client when we close an idle connection, so that it stops
+  // reusing it before then (undici, the openai SDK's client, drops it a second early) instead
+  // of sending a request as we close and getting "other side closed".
+  template <class Message>
+  void advertise_idle_timeout(Message& res) const {
+    const auto s =
+        std::chrono::duration_cast<std::chrono::seconds>(c_->transport().limits.idle_timeout);
+    res.set(http::field::keep_alive, "timeout=" + std::to_string(std::max<int64_t>(1, s.count())));
+  }
   void count(int status) {
     if (c_->transport().on_response) c_->transport().on_response(status);
   }
@@ -662,13 +673,7 @@ int HttpTransport::bind(const std::string& host, int port) {
 void HttpTransport::run() {
   Impl& t = *impl_;
   if (t.stopping.load()) return;
-  t.in_run = true;
   t.ioc.run();
-  t.in_run = false;
-}
-
-bool HttpTransport::running() const {
-  return impl_->in_run.load() && !impl_->stopping.load();
 }
 
 void HttpTransport::stop() {

@@ -116,8 +116,6 @@ class HttpTransport {
   void stop();
   // Runs `work` on a thread of its own, joined by stop(); counted in stats().workers.
   void spawn(std::function<void()> work);
-  // Whether the event loop is running (run() was entered and stop() not yet called).
-  bool running() const;
 
   const HttpTransportStats& stats() const;
   const HttpLimits& limits() const;

@@ -34,7 +34,11 @@ const pct = (xs, q) => {
 const counts = {};
 const count = (k) => { counts[k] = (counts[k] ?? 0) + 1; };
 const bad = [];
-const fail = (what) => { if (bad.length < 50) bad.push(what); count('bad'); };
+const fail = (what) => {
+  if (bad.length < 50) bad.push(what);
+  count('bad');
+  console.log(`bad: ${what}`);  // as it happens, to be seen beside the server's log
+};
 
 async function metrics() {
   const text = await (await fetch(`${base}/metrics`)).text();
@@ -123,6 +127,10 @@ async function hostileOne() {
       method: 'POST', headers: { 'Content-Type': 'application/json' }, body: h.body(),
     });
     const text = await res.text();
+    // Any generation request may be refused at the bound (it takes its slot on arrival).
+    if (res.status === 503 && isErrorBody(text) && JSON.parse(text).error.code === 'overloaded' &&
+        res.headers.get('retry-after') === '1')
+      return count(`${h.name}_refused`);
     if (res.status !== h.status) return fail(`${h.name}: status ${res.status}, want ${h.status}: ${text.slice(0, 200)}`);
     if (!isErrorBody(text)) return fail(`${h.name}: not an OpenAI error body: ${text.slice(0, 200)}`);
     count(`${h.name}_${h.status}`);
