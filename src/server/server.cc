@@ -89,12 +89,13 @@ uint64_t fresh_seed() {
 
 }  // namespace
 
+namespace {
+
 // Slots of the server's requests in flight (--max-concurrent-requests), given back when dropped.
 // A generation request takes one when it arrives (on the event loop's thread, so that one past
 // the bound is refused at once), and one more per choice past the first once its body is parsed.
 class Slots {
  public:
-  Slots() = default;
   Slots(std::atomic<int64_t>* count, int64_t n) : count_(count), n_(n) {}
   Slots(Slots&& o) noexcept : count_(std::exchange(o.count_, nullptr)), n_(o.n_) {}
   Slots& operator=(Slots&&) = delete;
@@ -123,6 +124,8 @@ ApiError overloaded(int64_t bound) {
                   {},
                   "overloaded"};
 }
+
+}  // namespace
 
 // What the server measures, as the client sees it: times are taken when the HTTP handler gets the
 // tokens from the engine's stream (a token read together with earlier ones has a gap of 0).
