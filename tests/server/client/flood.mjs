@@ -97,7 +97,9 @@ console.log(`/health, 100 probes: ${fmt(health)}`);
 console.log(`streamed completion (4 tokens) to [DONE], 100 probes: ${fmt(streams)}`);
 if (!(pct(health, 99) < BOUND)) bad.push(`/health p99 ${pct(health, 99).toFixed(1)} ms >= ${BOUND} ms`);
 if (!(pct(streams, 99) < BOUND)) bad.push(`stream p99 ${pct(streams, 99).toFixed(1)} ms >= ${BOUND} ms`);
-const earlyClosed = stalled.filter((r) => r.closedAt && r.closedAt - r.opened < T - 500).length;
+// Before the deadline: 2 s of slack, as the server's clock starts at its accept and ours at the
+// connect event, which a busy event loop here can see late.
+const earlyClosed = stalled.filter((r) => r.closedAt && r.closedAt - r.opened < T - 2000).length;
 if (earlyClosed) bad.push(`${earlyClosed} stalled connections closed before their deadline`);
 
 // Every stalled socket is closed at its deadline, with a 408.
