@@ -611,8 +611,12 @@ struct Server::State {
       try {
         c->stream = backend.loop->submit(nr);
         c->stream->raise_on_push(resp->signal);
-      } catch (const Error& e) {  // the choices submitted before are aborted with resp
-        if (e.argument() == "engine") throw ApiError{503, e.what(), {}, "engine_stopped"};
+      } catch (const Error& e) {       // the choices submitted before are aborted with resp
+        if (e.argument() == "engine")  // stopping (SIGTERM), or failed (a step threw)
+          throw ApiError{503,
+                         e.what(),
+                         {},
+                         backend.loop->failure().empty() ? "engine_stopped" : "engine_failed"};
         const std::string what = e.what();
         throw from_error(
             e, what.find("stop_token_ids") != std::string::npos ? "stop_token_ids" : input);

@@ -958,14 +958,25 @@ TEST(HttpServer, BurstsPastTheConcurrencyBoundAreServedOrRefusedWith503) {
 }
 
 // A step that fails (an executor that throws, as a CUDA error would): every request of the engine
-// ends with an error at once (streamed: an error event, then [DONE]; whole: 500), running or
-// waiting, and the server stops with the failure as run()'s error (the process exits with it).
+// ends with an error at once (streamed: an error event, then [DONE]; whole: 500), those in the
+// failing step and one that waits behind them, and the server stops with the failure as run()'s
+// error (the process exits with it). The executor holds the first step that has both running
+// requests until the test has queued the third and armed the fault; until then a step of one
+// request takes 7 ms, so that the first (60 tokens) cannot finish before the second arrives.
 class FaultyExecutor final : public fe::Executor {
  public:
-  explicit FaultyExecutor(std::shared_ptr<std::atomic<bool>> armed) : armed_(std::move(armed)) {}
+  struct Control {
+    std::atomic<bool> armed{false};
+    std::atomic<bool> holding{false};  // a step with two requests waits for `armed`
+  };
+  explicit FaultyExecutor(std::shared_ptr<Control> c) : c_(std::move(c)) {}
   std::vector<int32_t> execute(const fs::Batch& batch) override {
-    if (armed_->load())
-      throw flashserve::Error(flashserve::ErrorKind::kCuda, "step", "injected fault");
+    if (batch.entries.size() >= 2) {
+      c_->holding = true;
+      while (!c_->armed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (c_->armed) throw flashserve::Error(flashserve::ErrorKind::kCuda, "step", "injected fault");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
     return inner_.execute(batch);
   }
   std::vector<flashserve::model::SampledLogprobs> take_logprobs() override {
@@ -976,22 +987,20 @@ class FaultyExecutor final : public fe::Executor {
   std::string describe() const override { return "faulty"; }
 
  private:
-  std::shared_ptr<std::atomic<bool>> armed_;
+  std::shared_ptr<Control> c_;
   ScriptedExecutor inner_;
 };
 
 TEST(HttpServer, AStepThatFailsEndsEveryRequestWithAnErrorAndStopsTheServer) {
-  auto armed = std::make_shared<std::atomic<bool>>(false);
+  auto control = std::make_shared<FaultyExecutor::Control>();
   Running s(
       {},
-      [armed] {
+      [control] {
         return scripted_backend(std::make_unique<ByteCodec>(), 256, 2,
-                                std::make_unique<FaultyExecutor>(armed));
+                                std::make_unique<FaultyExecutor>(control));
       },
       /*expect_failure=*/true);
   while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  // Two run (max_running 2), one waits; 60 tokens take 120 ms or more, so all are in flight when
-  // the fault is armed.
   struct Got {
     int status = -1;
     std::string body;
@@ -1000,19 +1009,27 @@ TEST(HttpServer, AStepThatFailsEndsEveryRequestWithAnErrorAndStopsTheServer) {
     auto r = s.post("/v1/completions", body);
     if (r) got = {r->status, r->body};
   };
+  // Waits (20 s at most: a hang fails the test, not the suite) for what the test needs next.
+  const auto wait_for = [](const std::function<bool()>& done) {
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!done() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20))
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return done();
+  };
   std::thread a([&] {
     post(streamed, {{"model", "m"}, {"prompt", {1}}, {"max_tokens", 60}, {"stream", true}});
   });
   std::thread b([&] { post(whole, {{"model", "m"}, {"prompt", {1, 2}}, {"max_tokens", 60}}); });
-  while (s.metric("flashserve_requests_running") < 2)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const bool held = wait_for([&] { return control->holding.load(); });
   std::thread c([&] { post(waiting, {{"model", "m"}, {"prompt", {3}}, {"max_tokens", 60}}); });
-  while (s.metric("flashserve_requests_waiting") < 1)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  *armed = true;
+  // All three submitted: 1 + 2 + 1 prompt tokens.
+  const bool queued = wait_for([&] { return s.metric("flashserve_prompt_tokens_total") == 4; });
+  control->armed = true;
   a.join();
   b.join();
   c.join();
+  ASSERT_TRUE(held) << "no step ran both requests";
+  ASSERT_TRUE(queued) << "the third request was not submitted";
   ASSERT_EQ(streamed.status, 200);
   ASSERT_GE(streamed.body.size(), 14u);
   EXPECT_EQ(streamed.body.substr(streamed.body.size() - 14), "data: [DONE]\n\n");
@@ -1027,10 +1044,7 @@ TEST(HttpServer, AStepThatFailsEndsEveryRequestWithAnErrorAndStopsTheServer) {
     if (r->status == 500) EXPECT_EQ(json::parse(r->body)["error"]["code"], "engine_failed");
   }
   // The server stops on its own, and says why.
-  const auto t0 = std::chrono::steady_clock::now();
-  while (!s.returned && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20))
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  ASSERT_TRUE(s.returned);
+  ASSERT_TRUE(wait_for([&] { return s.returned.load(); }));
   EXPECT_NE(s.run_error.find("a step failed: "), std::string::npos) << s.run_error;
   EXPECT_NE(s.run_error.find("injected fault"), std::string::npos) << s.run_error;
 }

@@ -225,8 +225,9 @@ TEST(HttpTransport, ABodyPastItsDeadlineGets408AndTheConnectionCloses) {
   limits.body_timeout = 300ms;
   Transport s(limits);
   const int fd = connect_to(s.port);
-  send_all(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789");
+  // Before the send: the server's clock starts once it has the headers, after this.
   const auto t0 = Clock::now();
+  send_all(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789");
   const Read r = read_until(fd);
   EXPECT_GE(seconds_since(t0), 0.3);
   EXPECT_TRUE(r.eof);
@@ -241,13 +242,15 @@ TEST(HttpTransport, AnIdleKeepAliveConnectionClosesAtItsTimeout) {
   limits.idle_timeout = 300ms;
   Transport s(limits);
   const int fd = connect_to(s.port);
+  Clock::time_point t0;
   for (int i = 0; i < 3; ++i) {
+    // Before the last request is sent: the server's idle clock starts once it has answered it.
+    t0 = Clock::now();
     send_all(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n" + std::to_string(i));
     const Read r = read_until(fd, has_response);
     ASSERT_FALSE(r.eof);
     EXPECT_EQ(body_of(r.bytes), "POST " + std::to_string(i));
   }
-  const auto t0 = Clock::now();
   const Read r = read_until(fd);
   EXPECT_GE(seconds_since(t0), 0.3);
   EXPECT_TRUE(r.eof);
