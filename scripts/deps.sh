@@ -9,7 +9,8 @@ pkgs=(cmake g++ make libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev
       libopenblas-dev  # the CPU model's GEMMs
       libpcre2-dev  # the tokenizer's pre-tokenizer regexes
       libicu-dev  # the tokenizer's Unicode normalizers (NFC, NFKC, Lowercase, ...)
-      libcpp-httplib-dev curl  # the HTTP server and its raw SSE test
+      libboost-dev  # the HTTP server's transport: Boost.Asio + Boost.Beast (header-only)
+      libcpp-httplib-dev curl  # the HTTP client of the server's tests; its raw SSE test
       clang libclang-rt-14-dev)  # the fuzzers: libFuzzer, ASan, UBSan
 missing=()
 for p in "${pkgs[@]}"; do

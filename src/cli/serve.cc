@@ -5,7 +5,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cmath>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -68,9 +71,23 @@ int serve(int argc, char** argv) {
                  "a Jinja chat template file, for a model whose tokenizer_config.json has none or "
                  "one outside the supported subset");
   add_int(app, "--max-concurrent-requests", so.max_concurrent_requests, {1, 1 << 20},
-          "generation requests in flight; one more gets 503");
-  add_int(app, "--http-threads", so.http_threads, {1, 1 << 14},
-          "connection threads (a streaming request holds one)");
+          "generation requests in flight (n choices count n); one more gets 503 at once, with "
+          "Retry-After");
+  add_int(app, "--max-connections", so.http.max_connections, {1, 1 << 24},
+          "open HTTP connections; one more gets 503 and is closed (cut to ulimit -n)");
+  // Deadlines, in seconds (docs/server.md, "Transport").
+  double header_timeout = so.http.header_timeout.count() / 1e3;
+  double body_timeout = so.http.body_timeout.count() / 1e3;
+  double idle_timeout = so.http.idle_timeout.count() / 1e3;
+  double write_timeout = so.http.write_timeout.count() / 1e3;
+  add_real(app, "--http-header-timeout", header_timeout, {0, 86400, Open::kLow},
+           "seconds for a request's headers, from its first byte (or the connection's accept)");
+  add_real(app, "--http-body-timeout", body_timeout, {0, 86400, Open::kLow},
+           "seconds for a request's body, from the end of its headers");
+  add_real(app, "--http-keep-alive-timeout", idle_timeout, {0, 86400, Open::kLow},
+           "seconds an idle keep-alive connection waits for its next request");
+  add_real(app, "--http-write-timeout", write_timeout, {0, 86400, Open::kLow},
+           "seconds a response write may wait for a client that does not read");
   bool prefix_caching = true;
   app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", prefix_caching,
                "reuse the KV of full blocks of prompt tokens seen before (shared system prompts, "
@@ -93,6 +110,13 @@ int serve(int argc, char** argv) {
                      "is empty, which would serve without authentication; leave --api-key out "
                      "for that");
   so.port = static_cast<int>(port);
+  const auto ms = [](double seconds) {
+    return std::chrono::milliseconds(std::max<int64_t>(1, std::llround(seconds * 1e3)));
+  };
+  so.http.header_timeout = ms(header_timeout);
+  so.http.body_timeout = ms(body_timeout);
+  so.http.idle_timeout = ms(idle_timeout);
+  so.http.write_timeout = ms(write_timeout);
   if (so.served_model_name.empty()) so.served_model_name = model_dir;
   // What can be refused before the port is taken and the weights are read: the user hears at
   // once, with the flag named (the loader's errors come after "listening on").
@@ -166,6 +190,17 @@ int serve(int argc, char** argv) {
   };
   try {
     srv.run();
+  } catch (const Error& e) {
+    end_waiter();
+    // A KV pool that does not fit (no block in the budget, or less than one sequence of
+    // --max-model-len): the engine names its own arguments; say which flags size the pool.
+    const std::string& a = e.argument();
+    if (a == "num_blocks" || a == "kv_memory" || a == "gpu_memory_utilization")
+      throw Error(e.kind(), device == "cuda" ? "--gpu-memory-utilization" : "--kv-memory-mb",
+                  std::string("the KV pool does not fit: ") + e.what() + " (give " +
+                      (device == "cuda" ? "--gpu-memory-utilization" : "--kv-memory-mb") +
+                      " more, or a smaller --max-model-len)");
+    throw;
   } catch (...) {
     end_waiter();
     throw;

@@ -150,6 +150,11 @@ int64_t EngineLoop::steps() const {
   return inbox_->stats.steps;
 }
 
+std::string EngineLoop::failure() const {
+  std::lock_guard<std::mutex> lock(inbox_->mu);
+  return inbox_->error;
+}
+
 LoopStats EngineLoop::stats() const {
   std::lock_guard<std::mutex> lock(inbox_->mu);
   return inbox_->stats;
@@ -215,14 +220,19 @@ void EngineLoop::run() {
       r = engine_->step();
     } catch (const std::exception& e) {
       // A failed step (a device error, say) leaves the engine unusable: end every stream and
-      // refuse new requests rather than take the process down from the loop thread.
+      // refuse new requests rather than take the process down from the loop thread. Requests
+      // submitted while the step ran are still in the inbox: they end too (their readers would
+      // otherwise wait for ever).
+      std::deque<std::pair<NewRequest, std::shared_ptr<TokenStream>>> late;
       {
         std::lock_guard<std::mutex> lock(inbox_->mu);
         inbox_->stopping = true;
-        inbox_->error = e.what();
+        inbox_->error = *e.what() ? e.what() : "a step threw";
+        late.swap(inbox_->adds);
       }
       for (auto& [id, weak] : streams)
         if (auto st = weak.lock()) st->push({}, {}, serve::FinishReason::kAbort);
+      for (auto& [request, stream] : late) stream->push({}, {}, serve::FinishReason::kAbort);
       return;
     }
     {

@@ -106,6 +106,9 @@ class EngineLoop {
   void stop();
   // Steps the loop has run (for tests and metrics).
   int64_t steps() const;
+  // Why the loop stopped on its own (the message of a step that threw); "" while it runs or
+  // when stop() stopped it.
+  std::string failure() const;
   LoopStats stats() const;
 
  private:

@@ -1,6 +1,5 @@
 #include "server/server.h"
 
-#include <httplib.h>
 #include <malloc.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -15,14 +14,15 @@
 #include <random>
 #include <string_view>
 #include <thread>
+#include <utility>
 
 #include "flashserve/error.h"
 #include "server/api_error.h"
 #include "server/byte_budget.h"
+#include "server/http_transport.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
 #include "server/output_assembler.h"
-#include "server/peer_socket.h"
 #include "server/prometheus.h"
 #include "tokenizer/utf8.h"
 
@@ -37,14 +37,16 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-void send_error(httplib::Response& res, const ApiError& e) {
-  res.status = e.status;
-  res.set_content(e.body(), "application/json");
+// A 503 says when to come back (the loading, overloaded and connection-limit refusals pass; a
+// stopped engine does not come back, but a client that retries finds the server gone or restarted).
+void send_error(HttpResponder& res, const ApiError& e) {
+  std::vector<HttpHeader> headers;
+  if (e.status == 503) headers.push_back({"Retry-After", "1"});
+  res.respond(e.status, "application/json", e.body(), std::move(headers));
 }
 
-void send_json(httplib::Response& res, const json& body) {
-  res.status = 200;
-  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+void send_json(HttpResponder& res, const json& body) {
+  res.respond(200, "application/json", body.dump(-1, ' ', false, json::error_handler_t::replace));
 }
 
 // Resident memory of this process, from /proc (0 where there is none).
@@ -87,6 +89,44 @@ uint64_t fresh_seed() {
 
 }  // namespace
 
+namespace {
+
+// Slots of the server's requests in flight (--max-concurrent-requests), given back when dropped.
+// A generation request takes one when it arrives (on the event loop's thread, so that one past
+// the bound is refused at once), and one more per choice past the first once its body is parsed.
+class Slots {
+ public:
+  Slots(std::atomic<int64_t>* count, int64_t n) : count_(count), n_(n) {}
+  Slots(Slots&& o) noexcept : count_(std::exchange(o.count_, nullptr)), n_(o.n_) {}
+  Slots& operator=(Slots&&) = delete;
+  ~Slots() {
+    if (count_) count_->fetch_sub(n_);
+  }
+  // Takes `more` slots if that stays within `bound`; false (nothing taken) otherwise.
+  bool grow(int64_t more, int64_t bound) {
+    if (count_->fetch_add(more) + more > bound) {
+      count_->fetch_sub(more);
+      return false;
+    }
+    n_ += more;
+    return true;
+  }
+
+ private:
+  std::atomic<int64_t>* count_ = nullptr;
+  int64_t n_ = 0;
+};
+
+ApiError overloaded(int64_t bound) {
+  return ApiError{503,
+                  "The server is overloaded (" + std::to_string(bound) +
+                      " requests in flight, --max-concurrent-requests); retry later",
+                  {},
+                  "overloaded"};
+}
+
+}  // namespace
+
 // What the server measures, as the client sees it: times are taken when the HTTP handler gets the
 // tokens from the engine's stream (a token read together with earlier ones has a gap of 0).
 struct Metrics {
@@ -125,6 +165,7 @@ struct Generation {
   int64_t text_offset = 0;           // code points of the tokens' texts so far (logprobs)
   OutputAssembler output;
   Metrics* metrics = nullptr;
+  const engine::EngineLoop* loop = nullptr;  // to tell a stopping engine from a failed one
   Clock::time_point arrival;
   double last_token = 0;
   int64_t tokens_read = 0;  // from the engine, all of them (for the latency metrics)
@@ -170,8 +211,15 @@ struct Generation {
     if (!reason) return true;
     if (output.stopped_by_string()) stream->close();  // the engine's request still runs
     if (std::string(reason) == "abort") {
-      failure =
-          ApiError{503, "the engine ended the request (it is stopping)", {}, "engine_stopped"};
+      // The engine ended it: it is stopping (SIGTERM), or a step failed, which ends every
+      // request of that step and the engine with them (the server then exits, Server::run).
+      const std::string failed = loop ? loop->failure() : std::string();
+      if (failed.empty())
+        failure =
+            ApiError{503, "the engine ended the request (it is stopping)", {}, "engine_stopped"};
+      else
+        failure =
+            ApiError{500, "The engine failed while generating: " + failed, {}, "engine_failed"};
       p.finish_reason.reset();
     }
     return finish(reason);
@@ -185,8 +233,7 @@ struct Generation {
   }
 
   // take(), but a failure while generating (a detokeniser that throws, say) ends this choice
-  // with an error instead of leaving the handler: thrown from a streaming content provider, it
-  // would end the process (httplib calls it outside its exception handler).
+  // with an error, which the response sends (streamed: an error event, then [DONE]).
   bool take_or_fail(Piece& p) {
     try {
       return take(p);
@@ -237,16 +284,14 @@ struct Response {
   std::vector<std::unique_ptr<Generation>> choices;
   // Raised by every choice's stream when it gets tokens or ends.
   std::shared_ptr<engine::StreamSignal> signal = std::make_shared<engine::StreamSignal>();
-  PeerSocket peer;    // the client's connection, looked at while tokens are awaited
+  const HttpResponder* client;  // the client's connection, looked at while tokens are awaited
   bool gone = false;  // the client hung up: every choice was aborted, nobody reads the response
-  std::atomic<int64_t>* in_flight = nullptr;
-  int64_t slots = 0;  // of *in_flight: one per choice
+  Slots slots;        // of the server's requests in flight: one per choice
   size_t last = 0;    // the choice that gave the last piece (the next look starts after it)
 
-  Response(std::atomic<int64_t>* in_flight, int64_t slots) : in_flight(in_flight), slots(slots) {}
+  Response(const HttpResponder* client, Slots slots) : client(client), slots(std::move(slots)) {}
   ~Response() {
-    choices.clear();  // aborts what still runs
-    in_flight->fetch_sub(slots);
+    choices.clear();  // aborts what still runs, before the slots are given back
   }
 
   Usage usage() const {
@@ -274,7 +319,7 @@ struct Response {
       // waits in the queue, or prefills a long prompt): one that hung up is aborted before it
       // costs its prefill, which matters most when the server is overloaded and clients time
       // out. (A streamed response also learns it when a write fails, but only once tokens come.)
-      if (peer.closed()) {
+      if (client->client_gone()) {
         gone = true;
         abort_all();
         return false;
@@ -303,23 +348,23 @@ struct Server::State {
   ServerOptions o;
   Loader load;
   std::atomic<bool>* ready = nullptr;
-  httplib::Server http;
+  std::unique_ptr<HttpTransport> http;
   std::thread loader;
   std::mutex mu;
+  std::condition_variable cv;  // stopping, for the loader thread's watch of the engine
   std::exception_ptr load_error;
+  std::string engine_failure;  // why the engine's loop stopped on its own (a step threw)
   std::atomic<bool> stopping{false};
   Backend backend;  // written once by the loader before *ready is set, then only read
   std::atomic<int64_t> in_flight{0};
   std::atomic<int64_t> next_id{0};
-  int listen_fd = -1;
   Metrics metrics;
   Clock::time_point started = Clock::now();
   std::unique_ptr<ByteBudget> tokenize_budget;  // of o.tokenize_budget_bytes
 
-  std::optional<ApiError> check_auth(const httplib::Request& req) const {
+  std::optional<ApiError> check_auth(const HttpRequest& req) const {
     if (o.api_key.empty()) return std::nullopt;
-    if (same_secret(req.get_header_value("Authorization"), "Bearer " + o.api_key))
-      return std::nullopt;
+    if (same_secret(req.header("Authorization"), "Bearer " + o.api_key)) return std::nullopt;
     return ApiError{401,
                     "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'",
                     {},
@@ -327,16 +372,22 @@ struct Server::State {
   }
 
   std::optional<ApiError> check_ready() const {
-    if (ready->load()) return std::nullopt;
+    if (ready->load()) {
+      // A failed engine serves nothing more: probes see it at once, and the server exits.
+      const std::string failed = backend.loop->failure();
+      if (failed.empty()) return std::nullopt;
+      return ApiError{
+          503, "The engine failed (the server is stopping): " + failed, {}, "engine_failed"};
+    }
     return ApiError{503, "The model is loading; retry shortly", {}, "model_loading"};
   }
 
-  void health(const httplib::Request&, httplib::Response& res) {
+  void health(const HttpRequest&, HttpResponder& res) {
     if (auto e = check_ready()) return send_error(res, *e);
     send_json(res, {{"status", "ok"}});
   }
 
-  void models(const httplib::Request& req, httplib::Response& res) {
+  void models(const HttpRequest& req, HttpResponder& res) {
     if (auto e = check_auth(req)) return send_error(res, *e);
     if (auto e = check_ready()) return send_error(res, *e);
     const auto created = std::chrono::duration_cast<std::chrono::seconds>(
@@ -350,7 +401,7 @@ struct Server::State {
                                            {"max_model_len", backend.max_model_len}}})}});
   }
 
-  void prometheus(const httplib::Request&, httplib::Response& res) {
+  void prometheus(const HttpRequest&, HttpResponder& res) {
     std::string out;
     engine::LoopStats st;
     if (ready->load()) st = backend.loop->stats();
@@ -381,6 +432,26 @@ struct Server::State {
     render_metric(out, "flashserve_generation_tokens_total", "counter",
                   "Tokens generated and delivered to the HTTP server.",
                   static_cast<double>(metrics.generation_tokens.load()));
+    const HttpTransportStats& hs = http->stats();
+    render_metric(out, "flashserve_http_connections_open", "gauge", "HTTP connections open now.",
+                  static_cast<double>(hs.open.load()));
+    render_metric(out, "flashserve_http_connections_accepted_total", "counter",
+                  "HTTP connections accepted (refused ones included).",
+                  static_cast<double>(hs.accepted.load()));
+    render_metric(out, "flashserve_http_connections_refused_total", "counter",
+                  "HTTP connections refused past --max-connections (503, closed).",
+                  static_cast<double>(hs.refused.load()));
+    out +=
+        "# HELP flashserve_http_timeouts_total HTTP connections closed at a deadline, by "
+        "deadline.\n# TYPE flashserve_http_timeouts_total counter\n";
+    for (const auto& [what, n] :
+         {std::pair{"header", &hs.header_timeouts}, std::pair{"body", &hs.body_timeouts},
+          std::pair{"idle", &hs.idle_timeouts}, std::pair{"write", &hs.write_timeouts}})
+      out += std::string("flashserve_http_timeouts_total{deadline=\"") + what + "\"} " +
+             std::to_string(n->load()) + "\n";
+    render_metric(out, "flashserve_http_workers", "gauge",
+                  "Threads serving generation requests now (one per request).",
+                  static_cast<double>(hs.workers.load()));
     render_metric(out, "process_resident_memory_bytes", "gauge", "Resident memory in bytes.",
                   resident_bytes());
     render_metric(out, "flashserve_heap_in_use_bytes", "gauge",
@@ -402,7 +473,7 @@ struct Server::State {
         out += "flashserve_http_responses_total{code=\"" + std::to_string(status) + "\"} " +
                std::to_string(n) + "\n";
     }
-    res.set_content(out, "text/plain; version=0.0.4");
+    res.respond(200, "text/plain; version=0.0.4", std::move(out));
   }
 
   // The prompt's token ids, from whichever form the request used; nullopt for a text prompt
@@ -435,61 +506,14 @@ struct Server::State {
     return g.prompt_ids;
   }
 
-  // The request body, read here rather than by httplib: httplib 0.11 holds a body with a
-  // Content-Length to its payload limit but reads a chunked one whole, however large (a 20 MiB
-  // chunked body was accepted). Past max_body_bytes the body is no longer kept, the answer is 413,
-  // and the connection is closed. The rest of an oversized body is read and dropped first (up to
-  // kDrainBytes more): closing a socket with unread data resets the connection, and the client
-  // can then lose the 413 before reading it (seen in CI). httplib drains a too-long
-  // Content-Length body the same way.
-  static constexpr size_t kDrainBytes = 64 << 20;
-  std::string read_body(const httplib::Request& req, const httplib::ContentReader& reader,
-                        httplib::Response& res) const {
-    std::string body;
-    bool too_large = false;
-    size_t dropped = 0;
-    const bool read = reader([&](const char* data, size_t n) {
-      if (!too_large && body.size() + n <= o.max_body_bytes) {
-        body.append(data, n);
-        return true;
-      }
-      if (!too_large) {
-        too_large = true;
-        std::string().swap(body);
-      }
-      dropped += n;
-      return dropped <= kDrainBytes;
-    });
-    if (read && !too_large) return body;
-    res.set_header("Connection", "close");
-    // httplib reads and drops a declared length past its limit, handing us none of it.
-    const std::string length = req.get_header_value("Content-Length");
-    if (!too_large && !length.empty())
-      too_large = std::strtoull(length.c_str(), nullptr, 10) > o.max_body_bytes;
-    if (too_large)
-      throw ApiError{
-          413,
-          "The request body is larger than " + std::to_string(o.max_body_bytes) + " bytes",
-          {},
-          {}};
-    throw ApiError{400, "The request body could not be read", {}, {}};
-  }
-
-  void generate(const httplib::Request& req, httplib::Response& res,
-                const httplib::ContentReader& reader, Endpoint endpoint) {
-    const Clock::time_point arrival = Clock::now();
-    // The body is read first, whatever the answer: one left unread would be taken for the next
-    // request on a keep-alive connection.
-    std::string body;
-    try {
-      body = read_body(req, reader, res);
-    } catch (const ApiError& e) {
-      return send_error(res, e);
-    }
+  // A generation request, on a worker thread of its own (it blocks while its tokens come), with
+  // the one slot it took on arrival. The transport has read its whole body within the limits.
+  void generate(const HttpRequest& req, HttpResponder& res, Endpoint endpoint, Slots slots,
+                Clock::time_point arrival) {
     if (auto e = check_auth(req)) return send_error(res, *e);
     if (auto e = check_ready()) return send_error(res, *e);
     try {
-      generate_checked(req, body, res, endpoint, arrival);
+      generate_checked(req.body, res, endpoint, std::move(slots), arrival);
     } catch (const ApiError& e) {
       send_error(res, e);
     } catch (const Error& e) {
@@ -498,8 +522,8 @@ struct Server::State {
     }
   }
 
-  void generate_checked(const httplib::Request& req, const std::string& body,
-                        httplib::Response& res, Endpoint endpoint, Clock::time_point arrival) {
+  void generate_checked(const std::string& body, HttpResponder& res, Endpoint endpoint, Slots slots,
+                        Clock::time_point arrival) {
     GenerationRequest g = parse_request(body, endpoint);
     if (g.model != o.served_model_name)
       throw ApiError{404,
@@ -551,16 +575,10 @@ struct Server::State {
       throw bad_request("n", "n: " + std::to_string(g.n) + " choices are more than this server's " +
                                  std::to_string(o.max_concurrent_requests) +
                                  " requests in flight (--max-concurrent-requests)");
-    if (in_flight.fetch_add(g.n) + g.n > o.max_concurrent_requests) {
-      in_flight.fetch_sub(g.n);
-      throw ApiError{503,
-                     "The server is overloaded (" + std::to_string(o.max_concurrent_requests) +
-                         " requests in flight); retry later",
-                     {},
-                     "overloaded"};
-    }
+    if (!slots.grow(g.n - 1, o.max_concurrent_requests))
+      throw overloaded(o.max_concurrent_requests);
     // From here on, resp gives the slots back.
-    auto resp = std::make_shared<Response>(&in_flight, g.n);
+    auto resp = std::make_unique<Response>(&res, std::move(slots));
     resp->include_usage = g.include_usage;
     resp->head.endpoint = endpoint;
     resp->head.id = (endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") +
@@ -571,7 +589,6 @@ struct Server::State {
     resp->head.model = o.served_model_name;
     resp->head.logprobs = g.logprobs >= 0;
     resp->prompt_tokens = n;
-    resp->peer = PeerSocket::find(req.remote_addr, req.remote_port, req.local_addr, req.local_port);
     // Each choice is its own sequence, with its own seed: the request's seed + its index (so a
     // seeded request gives the same n choices again), or a fresh one.
     for (int32_t i = 0; i < g.n; ++i) {
@@ -579,14 +596,14 @@ struct Server::State {
       // token, or its end), so that they take its prompt's blocks rather than compute them too.
       if (i == 1 && backend.prefix_caching)
         while (!resp->choices[0]->stream->wait(std::chrono::milliseconds(50)))
-          if (resp->peer.closed()) {
+          if (res.client_gone()) {
             resp->choices[0]->abort();
-            res.status = 499;  // nginx's "client closed request": nobody reads it
-            return;
+            return res.respond(499, "application/json", "");  // nginx's "client closed request"
           }
       auto c = std::make_unique<Generation>(backend.codec ? backend.codec->stream(ids) : nullptr,
                                             g.stop);
       c->metrics = &metrics;
+      c->loop = backend.loop.get();
       c->arrival = arrival;
       c->logprobs = g.logprobs >= 0;
       c->codec = backend.codec.get();
@@ -594,8 +611,12 @@ struct Server::State {
       try {
         c->stream = backend.loop->submit(nr);
         c->stream->raise_on_push(resp->signal);
-      } catch (const Error& e) {  // the choices submitted before are aborted with resp
-        if (e.argument() == "engine") throw ApiError{503, e.what(), {}, "engine_stopped"};
+      } catch (const Error& e) {       // the choices submitted before are aborted with resp
+        if (e.argument() == "engine")  // stopping (SIGTERM), or failed (a step threw)
+          throw ApiError{503,
+                         e.what(),
+                         {},
+                         backend.loop->failure().empty() ? "engine_stopped" : "engine_failed"};
         const std::string what = e.what();
         throw from_error(
             e, what.find("stop_token_ids") != std::string::npos ? "stop_token_ids" : input);
@@ -611,10 +632,8 @@ struct Server::State {
         Piece p;
         size_t which = 0;
         more = resp->next(p, which);
-        if (resp->gone) {
-          res.status = 499;  // nginx's "client closed request": nobody reads it
-          return;
-        }
+        if (resp->gone)  // nginx's "client closed request": nobody reads it
+          return res.respond(499, "application/json", "");
         if (resp->failure()) throw *resp->failure();
         Piece& a = all[which];
         a.text += p.text;
@@ -624,35 +643,77 @@ struct Server::State {
       }
       return send_json(res, full_response(resp->head, all, resp->usage()));
     }
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [resp](size_t, httplib::DataSink& sink) {
-          Piece p;
-          size_t which = 0;
-          const bool more = resp->next(p, which);
-          if (resp->gone) return false;  // ends the response; nobody reads it
-          const std::optional<ApiError>& failure = resp->failure();
-          Generation& c = *resp->choices[which];
-          std::string out;
-          if (!failure && (c.first_chunk || !p.text.empty() || !p.token_ids.empty() ||
-                           !p.logprobs.empty() || p.finish_reason))
-            out += sse_event(chunk(resp->head, p, which, c.first_chunk, resp->include_usage));
-          if (!failure) c.first_chunk = false;
-          if (!more) {
-            if (failure) out += sse_event(json::parse(failure->body()));
-            if (resp->include_usage) out += sse_event(usage_chunk(resp->head, resp->usage()));
-            out += kSseDone;
-          }
-          // A failed write is a client that went away: returning false ends the response, and
-          // dropping `resp` aborts its requests.
-          if (!out.empty() && !sink.write(out.data(), out.size())) return false;
-          if (!more) sink.done();
-          return true;
-        },
-        [resp](bool) {
-          for (auto& c : resp->choices) c->stream->close();
-        });
+    // Streamed: each piece as it comes. Returning drops `resp`, which aborts what still runs
+    // (a client gone, a failed write).
+    if (!res.begin_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}})) return;
+    for (;;) {
+      Piece p;
+      size_t which = 0;
+      const bool more = resp->next(p, which);
+      if (resp->gone) return;  // nobody reads it
+      const std::optional<ApiError>& failure = resp->failure();
+      Generation& c = *resp->choices[which];
+      std::string out;
+      if (!failure && (c.first_chunk || !p.text.empty() || !p.token_ids.empty() ||
+                       !p.logprobs.empty() || p.finish_reason))
+        out += sse_event(chunk(resp->head, p, which, c.first_chunk, resp->include_usage));
+      if (!failure) c.first_chunk = false;
+      if (!more) {
+        if (failure) out += sse_event(json::parse(failure->body()));
+        if (resp->include_usage) out += sse_event(usage_chunk(resp->head, resp->usage()));
+        out += kSseDone;
+      }
+      if (!out.empty() && !res.write(out)) return;
+      if (!more) return res.end_stream();
+    }
+  }
+
+  // SIGTERM, stop(), or a failed engine: the engine first, so that its streams end (an error event
+  // and [DONE]) and the handlers waiting on them return; their responses are given 2 s to be
+  // written (a client that does not read is not waited for longer), then the transport closes
+  // every connection and joins the workers.
+  void shutdown() {
+    if (stopping.exchange(true)) return;
+    cv.notify_all();
+    if (ready->load()) backend.loop->stop();
+    const auto deadline = Clock::now() + std::chrono::seconds(2);
+    while (in_flight.load() > 0 && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    http->stop();
+  }
+
+  // What the transport hands over, on the event loop's thread: the cheap routes are answered
+  // here; a generation request takes a slot (or is refused at once) and gets a worker thread.
+  void dispatch(HttpRequest req, std::shared_ptr<HttpResponder> res) {
+    const auto generation = [&]() -> std::optional<Endpoint> {
+      if (req.path == "/v1/completions") return Endpoint::kCompletions;
+      if (req.path == "/v1/chat/completions") return Endpoint::kChat;
+      return std::nullopt;
+    }();
+    if (generation && req.method == "POST") {
+      const Clock::time_point arrival = Clock::now();
+      Slots slot(&in_flight, 0);
+      if (!slot.grow(1, o.max_concurrent_requests))
+        return send_error(*res, overloaded(o.max_concurrent_requests));
+      const Endpoint endpoint = *generation;
+      http->spawn([this, req = std::move(req), res, endpoint, arrival,
+                   slot = std::make_shared<Slots>(std::move(slot))]() mutable {
+        generate(req, *res, endpoint, std::move(*slot), arrival);
+      });
+      return;
+    }
+    if (req.method == "GET" && req.path == "/health") return health(req, *res);
+    if (req.method == "GET" && req.path == "/metrics") return prometheus(req, *res);
+    if (req.method == "GET" && req.path == "/v1/models") return models(req, *res);
+    send_error(*res, ApiError{404, "No route " + req.method + " " + req.path, {}, {}});
+  }
+
+  // The body of an error the transport answers itself.
+  static std::string transport_error(int status, const std::string& message) {
+    std::string code;
+    if (status == 408) code = "request_timeout";
+    if (status == 503) code = "too_many_connections";
+    return ApiError{status, message, {}, code}.body();
   }
 };
 
@@ -662,60 +723,14 @@ Server::Server(ServerOptions options, Loader load) : s_(std::make_unique<State>(
   s_->load = std::move(load);
   s_->ready = &ready_;
   State* s = s_.get();
-  auto& http = s->http;
-  const size_t threads = static_cast<size_t>(s->o.http_threads);
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  http.set_payload_max_length(s->o.max_body_bytes);
-  // httplib closes a keep-alive connection after 5 requests by default; a client (undici, the
-  // openai SDK) that sends its next request as the server closes gets a connection error. Clients
-  // reuse connections for thousands of requests: close only when idle (keep-alive timeout).
-  http.set_keep_alive_max_count(1 << 20);
-  // Remember the listening socket (httplib's default options: SO_REUSEADDR) to widen its backlog.
-  http.set_socket_options([s](socket_t sock) {
-    int yes = 1;
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    s->listen_fd = sock;
-  });
-  // Routes. The generation endpoints read their own bodies (State::read_body).
-  for (const auto& route : {std::pair{"/v1/completions", Endpoint::kCompletions},
-                            std::pair{"/v1/chat/completions", Endpoint::kChat}}) {
-    const Endpoint endpoint = route.second;  // a copy: clang < 16 captures no structured binding
-    http.Post(route.first, [s, endpoint](const httplib::Request& req, httplib::Response& res,
-                                         const httplib::ContentReader& reader) {
-      s->generate(req, res, reader, endpoint);
-    });
-  }
-  http.Get("/v1/models", [s](const auto& req, auto& res) { s->models(req, res); });
-  http.Get("/health", [s](const auto& req, auto& res) { s->health(req, res); });
-  http.Get("/metrics", [s](const auto& req, auto& res) { s->prometheus(req, res); });
-  // What httplib answers itself (no route, body too large, malformed HTTP) gets an OpenAI body.
-  http.set_error_handler([s](const httplib::Request& req, httplib::Response& res) {
-    if (res.body.empty()) {
-      std::string message;
-      if (res.status == 404)
-        message = "No route " + req.method + " " + req.path;
-      else if (res.status == 413)
-        message =
-            "The request body is larger than " + std::to_string(s->o.max_body_bytes) + " bytes";
-      else
-        message = "HTTP error " + std::to_string(res.status) + " (malformed request?)";
-      send_error(res, ApiError{res.status, message, {}, {}});
-    }
-  });
-  http.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-        std::string what = "unknown error";
-        try {
-          std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
-        send_error(res, ApiError{500, "Internal error: " + what, {}, {}});
-      });
-  http.set_logger([s](const httplib::Request&, const httplib::Response& res) {
-    s->metrics.count_response(res.status);
-  });
+  HttpLimits limits = s->o.http;
+  limits.max_body_bytes = s->o.max_body_bytes;
+  s->http = std::make_unique<HttpTransport>(
+      limits,
+      [s](HttpRequest req, std::shared_ptr<HttpResponder> res) {
+        s->dispatch(std::move(req), std::move(res));
+      },
+      [s](int status) { s->metrics.count_response(status); }, &State::transport_error);
 }
 
 Server::~Server() {
@@ -724,17 +739,7 @@ Server::~Server() {
 }
 
 int Server::bind() {
-  int port = s_->o.port;
-  if (port == 0) {
-    port = s_->http.bind_to_any_port(s_->o.host);
-    if (port < 0) throw Error(ErrorKind::kInvalidArgument, "--host", "cannot bind " + s_->o.host);
-  } else if (!s_->http.bind_to_port(s_->o.host, port)) {
-    throw Error(ErrorKind::kInvalidArgument, "--port",
-                "cannot bind " + s_->o.host + ":" + std::to_string(port) + " (in use?)");
-  }
-  // httplib listens with a backlog of 5: a burst of clients connecting at once overflows it and
-  // some see their connection reset. listen() again on the bound socket widens the queue.
-  if (s_->listen_fd >= 0) ::listen(s_->listen_fd, SOMAXCONN);
+  const int port = s_->http->bind(s_->o.host, s_->o.port);
   State* s = s_.get();
   s->loader = std::thread([s] {
     try {
@@ -745,36 +750,39 @@ int Server::bind() {
         std::lock_guard<std::mutex> lock(s->mu);
         s->load_error = std::current_exception();
       }
-      // Leave run(): wait until it listens (stop() before that would be lost).
-      while (!s->http.is_running() && !s->stopping.load())
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      s->http.stop();
+      s->http->stop();  // run() returns and throws it
+      return;
+    }
+    // A step that throws stops the engine's loop, and every request it ran ends with an error
+    // (Generation::take); then the server stops and run() says why, so that the process exits
+    // with the message rather than live on answering 503 (a supervisor restarts it).
+    std::unique_lock<std::mutex> lock(s->mu);
+    while (!s->stopping.load()) {
+      s->cv.wait_for(lock, std::chrono::milliseconds(20));
+      const std::string failed = s->backend.loop->failure();
+      if (failed.empty()) continue;
+      s->engine_failure = failed;
+      lock.unlock();
+      std::fprintf(stderr, "flashserve serve: the engine failed: %s; stopping\n", failed.c_str());
+      s->shutdown();
+      return;
     }
   });
   return port;
 }
 
 void Server::run() {
-  s_->http.listen_after_bind();
+  s_->http->run();
   if (s_->loader.joinable()) s_->loader.join();
   std::lock_guard<std::mutex> lock(s_->mu);
   // The loader's own error: its kind and argument say what failed (a flag's value, a device).
   if (s_->load_error) std::rethrow_exception(s_->load_error);
+  if (!s_->engine_failure.empty())
+    throw Error(ErrorKind::kInternal, "engine", "a step failed: " + s_->engine_failure);
 }
 
 void Server::stop() {
-  if (s_->stopping.exchange(true)) return;
-  // The engine first: its streams end (abort), so handlers blocked on them return and httplib's
-  // threads can be joined.
-  if (ready_.load()) s_->backend.loop->stop();
-  // Once stopped, httplib abandons a chunked response between two writes: let the responses the
-  // engine just ended write their error event and [DONE] first (each Generation gives its slot
-  // back when its response is done). A client that does not read is waited for 2 s at most.
-  // (Without this wait, a stream in flight at SIGTERM sometimes ended without [DONE].)
-  const auto deadline = Clock::now() + std::chrono::seconds(2);
-  while (s_->in_flight.load() > 0 && Clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  s_->http.stop();
+  s_->shutdown();
 }
 
 }  // namespace flashserve::server

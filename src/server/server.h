@@ -1,4 +1,5 @@
-// The OpenAI-compatible HTTP server: a route table over cpp-httplib, in front of the engine's
+// The OpenAI-compatible HTTP server: a route table over the event-driven transport
+// (server/http_transport.h), in front of the engine's
 // thread-safe front door (engine/front_door.h). It listens before the model is loaded and answers
 // 503 until the loader is done, so clients and probes can tell "loading" from "down".
 //
@@ -17,6 +18,7 @@
 #include <string>
 
 #include "engine/front_door.h"
+#include "server/http_transport.h"
 #include "server/text_codec.h"
 
 namespace flashserve::server {
@@ -26,11 +28,12 @@ struct ServerOptions {
   int port = 8000;
   std::string api_key;  // "": no authentication
   std::string served_model_name;
-  // Generation requests in flight at once; one more is refused with 503 (overloaded).
+  // Generation requests in flight at once (n choices count n); one more is refused at once with
+  // 503 (overloaded) and Retry-After. Each holds a worker thread while it runs.
   int64_t max_concurrent_requests = 1024;
-  // Threads that serve connections: each running request holds one while it streams.
-  int64_t http_threads = 256;
   size_t max_body_bytes = 8 << 20;  // larger bodies get 413
+  // Connections: deadlines, the bound on open ones (max_body_bytes above is the body limit).
+  HttpLimits http;
   // Bytes of text prompts (and rendered chats) tokenized at once; later ones wait their turn
   // (server/byte_budget.h). Bounds the tokenizer's memory, about 25 bytes per byte at worst.
   size_t tokenize_budget_bytes = 64 << 20;
@@ -54,7 +57,8 @@ class Server {
   // Binds the listening socket and starts the loader; returns the port. Throws Error naming
   // --host / --port when the address cannot be bound.
   int bind();
-  // Serves until stop(). Throws the loader's error (the process should exit) if loading failed.
+  // Serves until stop(). Throws the loader's error (the process should exit) if loading failed,
+  // and Error(kInternal, "engine") if the engine failed (a step threw) and the server stopped.
   void run();
   void stop();
   bool ready() const { return ready_.load(); }

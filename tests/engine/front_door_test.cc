@@ -163,6 +163,7 @@ TEST(FrontDoor, DroppedStreamsAbortAndRefusalsAreSynchronous) {
   f.loop->stop();
   running->read_all();
   EXPECT_EQ(running->finish_reason(), fs::FinishReason::kAbort);
+  EXPECT_EQ(f.loop->failure(), "");  // stopped, not failed
   EXPECT_EQ(f.engine->blocks().num_free(), f.engine->blocks().num_blocks());
   EXPECT_THROW(f.loop->submit(request(0, 0)), Error);
 }
@@ -196,6 +197,7 @@ TEST(FrontDoor, AFailedStepEndsEveryStreamAndSaysWhy) {
   r.prompt = {1, 2, 3};
   r.max_tokens = 20;
   auto a = loop.submit(r), b = loop.submit(r);
+  EXPECT_EQ(loop.failure(), "");
   go = true;
   const auto got = a->read_all();
   EXPECT_LT(got.size(), 3u);  // two steps ran at most
@@ -208,6 +210,8 @@ TEST(FrontDoor, AFailedStepEndsEveryStreamAndSaysWhy) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("stopped: device: lost"), std::string::npos) << e.what();
   }
+  // What the server reads to tell a failed engine from a stopped one (stop() leaves it empty).
+  EXPECT_EQ(loop.failure(), "device: lost");
 }
 
 }  // namespace

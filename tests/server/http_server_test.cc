@@ -101,7 +101,8 @@ class ByteCodec final : public fsv::TextCodec {
 constexpr int64_t kMaxModelLen = 64;
 
 fsv::Backend scripted_backend(std::unique_ptr<fsv::TextCodec> codec = std::make_unique<ByteCodec>(),
-                              int64_t vocab = 256, int64_t max_running = 8) {
+                              int64_t vocab = 256, int64_t max_running = 8,
+                              std::unique_ptr<fe::Executor> executor = nullptr) {
   fe::EngineConfig ec;
   ec.num_blocks = 64;
   ec.block_size = 16;
@@ -111,8 +112,8 @@ fsv::Backend scripted_backend(std::unique_ptr<fsv::TextCodec> codec = std::make_
   ec.scheduler.chunk_tile = 1;
   ec.scheduler.max_running = max_running;
   fsv::Backend b;
-  b.loop = std::make_unique<fe::EngineLoop>(
-      std::make_unique<fe::Engine>(ec, std::make_unique<ScriptedExecutor>()));
+  b.loop = std::make_unique<fe::EngineLoop>(std::make_unique<fe::Engine>(
+      ec, executor ? std::move(executor) : std::make_unique<ScriptedExecutor>()));
   b.codec = std::move(codec);
   b.max_model_len = kMaxModelLen;
   return b;
@@ -122,7 +123,11 @@ struct Running {
   std::unique_ptr<fsv::Server> server;
   std::thread thread;
   int port = 0;
-  Running(fsv::ServerOptions o, fsv::Server::Loader load) {
+  bool expect_failure = false;        // run() is to throw (an engine that fails)
+  std::atomic<bool> returned{false};  // run() has returned
+  std::string run_error;              // what it threw, once returned
+  Running(fsv::ServerOptions o, fsv::Server::Loader load, bool expect_failure = false)
+      : expect_failure(expect_failure) {
     ::signal(SIGPIPE, SIG_IGN);
     o.port = 0;
     o.served_model_name = "m";
@@ -132,8 +137,10 @@ struct Running {
       try {
         server->run();
       } catch (const std::exception& e) {
-        ADD_FAILURE() << e.what();
+        run_error = e.what();
+        if (!this->expect_failure) ADD_FAILURE() << e.what();
       }
+      returned = true;
     });
   }
   ~Running() {
@@ -757,6 +764,7 @@ TEST(HttpServer, Answers503WhileLoadingAndWhenOverloaded) {
   r = s.post("/v1/completions", ok);
   EXPECT_EQ(r->status, 503);
   EXPECT_EQ(error_of(r)["code"], "overloaded");
+  EXPECT_EQ(r->get_header_value("Retry-After"), "1");
   holder.join();
   // The slot is given back when httplib drops the finished response, just after its last bytes.
   while (s.metric("flashserve_http_requests_in_flight") != 0)
@@ -901,6 +909,146 @@ TEST(HttpServer, AFailureWhileGeneratingEndsTheResponseNotTheServer) {
 
 // A model's vocabulary is often padded past its tokenizer's: an id the tokenizer lacks has no
 // text (it threw, failing the request mid-stream).
+// A burst of streams past --max-concurrent-requests: each one is served whole or refused with 503
+// (overloaded, Retry-After, the JSON error body), and no more than the bound run at once.
+TEST(HttpServer, BurstsPastTheConcurrencyBoundAreServedOrRefusedWith503) {
+  fsv::ServerOptions o;
+  o.max_concurrent_requests = 3;
+  Running s(o, [] { return scripted_backend(); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  constexpr int kClients = 24;
+  std::atomic<int> served{0}, refused{0};
+  std::atomic<bool> done{false};
+  std::atomic<double> most_in_flight{0};
+  std::thread watch([&] {
+    while (!done) {
+      most_in_flight =
+          std::max(most_in_flight.load(), s.metric("flashserve_http_requests_in_flight"));
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i)
+    clients.emplace_back([&] {
+      auto r = s.post("/v1/completions",
+                      {{"model", "m"}, {"prompt", {1, 2}}, {"max_tokens", 30}, {"stream", true}});
+      ASSERT_TRUE(r);
+      if (r->status == 200) {
+        EXPECT_EQ(r->body.substr(r->body.size() - 14), "data: [DONE]\n\n");
+        int tokens = 0;
+        for (const json& c : sse_chunks(r->body))
+          tokens += static_cast<int>(c["choices"][0]["token_ids"].size());
+        EXPECT_EQ(tokens, 30);
+        ++served;
+      } else {
+        EXPECT_EQ(r->status, 503) << r->body;
+        EXPECT_EQ(error_of(r)["code"], "overloaded");
+        EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+        ++refused;
+      }
+    });
+  for (auto& c : clients) c.join();
+  done = true;
+  watch.join();
+  EXPECT_EQ(served + refused, kClients);
+  EXPECT_GE(served, 1);
+  EXPECT_LE(most_in_flight.load(), 3);
+  s.wait_idle();
+  EXPECT_EQ(s.metric("flashserve_kv_blocks_used"), 0);
+}
+
+// A step that fails (an executor that throws, as a CUDA error would): every request of the engine
+// ends with an error at once (streamed: an error event, then [DONE]; whole: 500), those in the
+// failing step and one that waits behind them, and the server stops with the failure as run()'s
+// error (the process exits with it). The executor holds the first step that has both running
+// requests until the test has queued the third and armed the fault; until then a step of one
+// request takes 7 ms, so that the first (60 tokens) cannot finish before the second arrives.
+class FaultyExecutor final : public fe::Executor {
+ public:
+  struct Control {
+    std::atomic<bool> armed{false};
+    std::atomic<bool> holding{false};  // a step with two requests waits for `armed`
+  };
+  explicit FaultyExecutor(std::shared_ptr<Control> c) : c_(std::move(c)) {}
+  std::vector<int32_t> execute(const fs::Batch& batch) override {
+    if (batch.entries.size() >= 2) {
+      c_->holding = true;
+      while (!c_->armed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (c_->armed) throw flashserve::Error(flashserve::ErrorKind::kCuda, "step", "injected fault");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return inner_.execute(batch);
+  }
+  std::vector<flashserve::model::SampledLogprobs> take_logprobs() override {
+    return inner_.take_logprobs();
+  }
+  double now() const override { return inner_.now(); }
+  void wait_until(double t) override { inner_.wait_until(t); }
+  std::string describe() const override { return "faulty"; }
+
+ private:
+  std::shared_ptr<Control> c_;
+  ScriptedExecutor inner_;
+};
+
+TEST(HttpServer, AStepThatFailsEndsEveryRequestWithAnErrorAndStopsTheServer) {
+  auto control = std::make_shared<FaultyExecutor::Control>();
+  Running s(
+      {},
+      [control] {
+        return scripted_backend(std::make_unique<ByteCodec>(), 256, 2,
+                                std::make_unique<FaultyExecutor>(control));
+      },
+      /*expect_failure=*/true);
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  struct Got {
+    int status = -1;
+    std::string body;
+  } streamed, whole, waiting;
+  const auto post = [&](Got& got, const json& body) {
+    auto r = s.post("/v1/completions", body);
+    if (r) got = {r->status, r->body};
+  };
+  // Waits (20 s at most: a hang fails the test, not the suite) for what the test needs next.
+  const auto wait_for = [](const std::function<bool()>& done) {
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!done() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20))
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return done();
+  };
+  std::thread a([&] {
+    post(streamed, {{"model", "m"}, {"prompt", {1}}, {"max_tokens", 60}, {"stream", true}});
+  });
+  std::thread b([&] { post(whole, {{"model", "m"}, {"prompt", {1, 2}}, {"max_tokens", 60}}); });
+  const bool held = wait_for([&] { return control->holding.load(); });
+  std::thread c([&] { post(waiting, {{"model", "m"}, {"prompt", {3}}, {"max_tokens", 60}}); });
+  // All three submitted: 1 + 2 + 1 prompt tokens.
+  const bool queued = wait_for([&] { return s.metric("flashserve_prompt_tokens_total") == 4; });
+  control->armed = true;
+  a.join();
+  b.join();
+  c.join();
+  ASSERT_TRUE(held) << "no step ran both requests";
+  ASSERT_TRUE(queued) << "the third request was not submitted";
+  ASSERT_EQ(streamed.status, 200);
+  ASSERT_GE(streamed.body.size(), 14u);
+  EXPECT_EQ(streamed.body.substr(streamed.body.size() - 14), "data: [DONE]\n\n");
+  const std::vector<json> chunks = sse_chunks(streamed.body);
+  ASSERT_FALSE(chunks.empty());
+  EXPECT_EQ(chunks.back()["error"]["code"], "engine_failed") << streamed.body;
+  EXPECT_EQ(chunks.back()["error"]["type"], "server_error");
+  EXPECT_NE(chunks.back()["error"]["message"].get<std::string>().find("injected fault"),
+            std::string::npos);
+  for (const Got* r : {&whole, &waiting}) {
+    EXPECT_EQ(r->status, 500) << r->body;
+    if (r->status == 500) EXPECT_EQ(json::parse(r->body)["error"]["code"], "engine_failed");
+  }
+  // The server stops on its own, and says why.
+  ASSERT_TRUE(wait_for([&] { return s.returned.load(); }));
+  EXPECT_NE(s.run_error.find("a step failed: "), std::string::npos) << s.run_error;
+  EXPECT_NE(s.run_error.find("injected fault"), std::string::npos) << s.run_error;
+}
+
 TEST(HttpServer, IdsPastTheTokenizersVocabularyHaveNoText) {
   const std::string dir = std::string(FLASHSERVE_TOKENIZER_FIXTURES) + "/byte_level";
   const auto tok = flashserve::tokenizer::Tokenizer::load(dir);
