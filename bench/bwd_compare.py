@@ -24,12 +24,18 @@ from flashserve import flash_attn_func  # noqa: E402
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 
 
-def timed(fn, reps):
+def timed(fn, reps, before=None):
+    """Median ms of fn() over `reps` calls after 3 warm-ups; `before` (if any) runs before each
+    call, outside the timed region."""
     for _ in range(3):
+        if before:
+            before()
         fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
+        if before:
+            before()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
@@ -54,28 +60,17 @@ def run(which, q, k, v, causal, reps):
         g = gt
     holder = {}
 
-    def backward_only():
+    def forward():
+        holder["out"] = fwd()
+
+    def backward():
         holder["out"].backward(g)
 
-    def setup_then_backward():
-        holder["out"] = fwd()
-        backward_only()
+    def forward_backward():
+        forward()
+        backward()
 
-    # backward alone: the forward before each timed call, outside the events
-    for _ in range(3):
-        setup_then_backward()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        holder["out"] = fwd()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        backward_only()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    bwd_ms = sorted(times)[reps // 2]
-    return bwd_ms, timed(setup_then_backward, reps)
+    return timed(backward, reps, before=forward), timed(forward_backward, reps)
 
 
 def main():
