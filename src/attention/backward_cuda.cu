@@ -11,6 +11,8 @@
 #include <utility>
 
 #include "attention/backward.h"
+#include "attention/cuda/check_aligned.h"
+#include "attention/cuda/plan.h"
 #include "attention/cuda_check.h"
 #include "attention/sm80/bwd_launch.h"
 #include "common/str_cat.h"
@@ -20,17 +22,6 @@ namespace {
 
 [[noreturn]] void unsupported(const std::string& arg, const std::string& what) {
   throw Error(ErrorKind::kUnsupported, arg, what);
-}
-
-// cp.async moves 16-byte chunks: base pointers and row strides of the tiles the kernel loads.
-void check_aligned(const TensorView& t, const char* name) {
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
-    unsupported(name, "data pointer must be 16-byte aligned for the CUDA backward");
-  const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
-  for (int i = 0; i + 1 < t.rank; ++i)
-    if (t.shape[i] > 1 && (t.stride[i] * elem) % 16 != 0)
-      unsupported(name, str_cat("stride ", t.stride[i], " of dimension ", i,
-                                " must be a multiple of 16 bytes for the CUDA backward"));
 }
 
 int64_t q_rows(const AttentionParams& a, const Problem& pr) {
@@ -45,12 +36,6 @@ size_t align16(size_t n) {
 size_t workspace_bytes(const AttentionBackwardParams& bp, const Problem& pr) {
   const size_t rows = static_cast<size_t>(q_rows(bp.attn, pr) * pr.h_q);
   return align16(rows * pr.head_dim * sizeof(float)) + align16(rows * sizeof(float));
-}
-
-// A side of the window wider than any sequence is unbounded (-1): keeps row + offset + window
-// inside int32 in the kernels.
-int32_t clamp_window(int64_t side, int64_t bound) {
-  return side < 0 || side > bound ? -1 : static_cast<int32_t>(side);
 }
 
 int smem_per_block(int device) {
@@ -78,7 +63,7 @@ void check_supported(const AttentionBackwardParams& bp, const Problem& pr) {
   const std::pair<const TensorView*, const char*> tiles[] = {
       {&a.q, "q"},        {&a.k, "k"},    {&a.v, "v"},    {&a.out, "out"},
       {&bp.dout, "dout"}, {&bp.dq, "dq"}, {&bp.dk, "dk"}, {&bp.dv, "dv"}};
-  for (const auto& [t, name] : tiles) check_aligned(*t, name);
+  for (const auto& [t, name] : tiles) check_aligned(*t, name, "the CUDA backward");
   if (pr.max_q_len + pr.max_kv_len > INT32_MAX / 2)
     unsupported("q", "sequences past 2^30 tokens are not supported by the CUDA backward");
   if (pr.batch > 65535 || pr.h_q > 65535)

@@ -17,6 +17,7 @@
 
 #include "backends.h"
 #include "common/str_cat.h"
+#include "cuda/check_aligned.h"
 #include "cuda/plan.h"
 #include "cuda_check.h"
 #include "sm80/fwd_params.h"
@@ -31,18 +32,6 @@ namespace {
 
 [[noreturn]] void unsupported(const std::string& arg, const std::string& what) {
   throw Error(ErrorKind::kUnsupported, arg, what);
-}
-
-// cp.async moves 16-byte chunks: the base pointer and every row stride of q, k, v and out must be
-// 16-byte aligned (a multiple of 8 elements). Dimensions of size 1 have no meaningful stride.
-void check_aligned(const TensorView& t, const char* name) {
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
-    unsupported(name, "data pointer must be 16-byte aligned for the CUDA kernels");
-  const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
-  for (int i = 0; i + 1 < t.rank; ++i)
-    if (t.shape[i] > 1 && (t.stride[i] * elem) % 16 != 0)
-      unsupported(name, str_cat("stride ", t.stride[i], " of dimension ", i,
-                                " must be a multiple of 16 bytes for the CUDA kernels"));
 }
 
 // A stream-ordered device allocation freed (stream-ordered) when the call returns or throws.
@@ -162,10 +151,10 @@ const DeviceProps& check_supported(const AttentionParams& params, const Problem&
   if (dev.major < 8)
     unsupported("q", str_cat("the CUDA kernels need compute capability 8.0 or newer, device ",
                              pr.device.index, " is ", dev.major, ".", dev.minor));
-  check_aligned(params.q, "q");
-  check_aligned(params.k, "k");
-  check_aligned(params.v, "v");
-  check_aligned(params.out, "out");
+  check_aligned(params.q, "q", "the CUDA kernels");
+  check_aligned(params.k, "k", "the CUDA kernels");
+  check_aligned(params.v, "v", "the CUDA kernels");
+  check_aligned(params.out, "out", "the CUDA kernels");
   if (pr.paged) {  // the paged loader's offsets are 32-bit counts of 16-byte chunks
     for (const auto& [t, name] : {std::pair{&params.k, "k"}, std::pair{&params.v, "v"}}) {
       int64_t extent = 1;
