@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "../bench_common.h"
 #include "sm90_sweep.h"
 
 namespace fb = flashserve::bench;
@@ -26,38 +27,8 @@ namespace sm90 = flashserve::attention::sm90;
 
 namespace {
 
-#define CUDA_OK(expr)                                                                    \
-  do {                                                                                   \
-    cudaError_t err_ = (expr);                                                           \
-    if (err_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
-
-__global__ void fill(__nv_bfloat16* x, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed;
-    h ^= h >> 15;
-    h *= 0x2C1B3C6Du;
-    h ^= h >> 12;
-    x[i] = __float2bfloat16((h >> 8) * (2.0f / 16777216.0f) - 1.0f);
-  }
-}
-
-float to_float(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-
-std::vector<int> parse_list(const char* s) {
-  std::vector<int> v;
-  while (*s) {
-    char* end = nullptr;
-    v.push_back(static_cast<int>(std::strtol(s, &end, 10)));
-    s = *end == ',' ? end + 1 : end;
-  }
-  return v;
+float to_float(uint16_t bits) {
+  return __bfloat162float(__ushort_as_bfloat16(bits));
 }
 
 }  // namespace
@@ -65,22 +36,22 @@ std::vector<int> parse_list(const char* s) {
 int main(int argc, char** argv) {
   std::vector<int> seqlens{512, 1024, 2048, 4096, 8192, 16384};
   std::vector<int> dims{64, 128, 256};
-  if (argc > 1) seqlens = parse_list(argv[1]);
-  if (argc > 2) dims = parse_list(argv[2]);
+  if (argc > 1) seqlens = parse_int_list(argv[1]);
+  if (argc > 2) dims = parse_int_list(argv[2]);
   int sms = 0, l2 = 0;
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   CUDA_OK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
   constexpr int64_t kTokens = 16384, kHidden = 2048;
   const int64_t elems = kTokens * kHidden;
-  __nv_bfloat16 *q, *k, *v, *out;
+  uint16_t *q, *k, *v, *out;  // bf16 bits
   for (auto** b : {&q, &k, &v, &out}) CUDA_OK(cudaMalloc(b, elems * 2));
   float* lse = nullptr;
   CUDA_OK(cudaMalloc(&lse, kTokens * 64 * sizeof(float)));
   int* counter = nullptr;
   CUDA_OK(cudaMalloc(&counter, sizeof(int)));
-  fill<<<1024, 256>>>(q, elems, 1);
-  fill<<<1024, 256>>>(k, elems, 2);
-  fill<<<1024, 256>>>(v, elems, 3);
+  fill_random<<<1024, 256>>>(q, elems, 1);
+  fill_random<<<1024, 256>>>(k, elems, 2);
+  fill_random<<<1024, 256>>>(v, elems, 3);
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaEvent_t t0, t1;
@@ -96,7 +67,7 @@ int main(int argc, char** argv) {
   }
   std::printf("| variant | causal | L | TFLOP/s | vs default | max abs diff |\n");
   std::printf("|---|---|---|---|---|---|\n");
-  std::vector<__nv_bfloat16> ref(elems), got(elems);
+  std::vector<uint16_t> ref(elems), got(elems);
   for (int L : seqlens)
     for (int d : dims)
       for (bool causal : {false, true}) {
