@@ -33,6 +33,7 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "flood: FAIL: $*"; echo "--- server log"; tail -20 "$work/server.log" 2>/dev/null; exit 1; }
+source scripts/await_server.sh  # the working directory is the repository root (above)
 
 "$bin" make-checkpoint --shape tiny --out "$work/tiny" >/dev/null
 : >"$work/server.log"
@@ -40,19 +41,7 @@ fail() { echo "flood: FAIL: $*"; echo "--- server log"; tail -20 "$work/server.l
   --max-connections $((connections + 1000)) --http-header-timeout "$header_timeout" \
   >"$work/server.log" 2>&1 &
 server_pid=$!
-port=""
-for _ in $(seq 200); do
-  port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$work/server.log")
-  [ -n "$port" ] && break
-  kill -0 "$server_pid" 2>/dev/null || fail "the server exited"
-  sleep 0.05
-done
-[ -n "$port" ] || fail "the server did not say where it listens"
-base=http://127.0.0.1:$port
-for _ in $(seq 600); do
-  [ "$(curl -s -o /dev/null -w '%{http_code}' "$base/health")" = 200 ] && break
-  sleep 0.05
-done
+await_server "$server_pid" "$work/server.log"
 echo "flood: $connections stalled connections on $base (p99 bound $bound_ms ms, header deadline ${header_timeout} s)"
 node tests/server/client/flood.mjs "$base" tiny "$connections" "$header_timeout" "$bound_ms" \
   "$server_pid" || fail "the flood's checks"

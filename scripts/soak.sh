@@ -28,6 +28,7 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "soak: FAIL: $*"; echo "--- server log"; tail -20 "$work/server.log" 2>/dev/null; exit 1; }
+source scripts/await_server.sh  # the working directory is the repository root (above)
 
 "$bin" make-checkpoint --shape tiny --out "$work/tiny" >/dev/null
 : >"$work/server.log"
@@ -38,19 +39,7 @@ MALLOC_ARENA_MAX=1 GLIBC_TUNABLES=glibc.malloc.tcache_count=0 "$bin" serve --mod
   --port 0 --served-model-name tiny --kv-memory-mb 32 --max-concurrent-requests "$max_concurrent" \
   --http-header-timeout 2 --http-keep-alive-timeout 2 >"$work/server.log" 2>&1 &
 server_pid=$!
-port=""
-for _ in $(seq 200); do
-  port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$work/server.log")
-  [ -n "$port" ] && break
-  kill -0 "$server_pid" 2>/dev/null || fail "the server exited"
-  sleep 0.05
-done
-[ -n "$port" ] || fail "the server did not say where it listens"
-base=http://127.0.0.1:$port
-for _ in $(seq 600); do
-  [ "$(curl -s -o /dev/null -w '%{http_code}' "$base/health")" = 200 ] && break
-  sleep 0.05
-done
+await_server "$server_pid" "$work/server.log"
 echo "soak: ${seconds} s on $base (/health p99 bound ${health_p99_ms} ms, heap growth bound ${heap_growth_kib} KiB)"
 node tests/server/client/soak.mjs "$base" tiny "$seconds" "$max_concurrent" "$health_p99_ms" \
   "$heap_growth_kib" || fail "the soak's checks"

@@ -17,6 +17,7 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; echo "--- server log"; tail -20 "$work/server.log" 2>/dev/null; exit 1; }
+source "$here/../../scripts/await_server.sh"
 
 if [ "$mode" = openai ]; then
   if ! command -v npm >/dev/null || ! command -v node >/dev/null; then
@@ -39,19 +40,7 @@ fi
 MALLOC_ARENA_MAX=1 GLIBC_TUNABLES=glibc.malloc.tcache_count=0 "$bin" serve --model "$ckpt" --port 0 --served-model-name tiny --kv-memory-mb 32 \
   >"$work/server.log" 2>&1 &
 server_pid=$!
-port=""
-for _ in $(seq 200); do
-  port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$work/server.log")
-  [ -n "$port" ] && break
-  kill -0 "$server_pid" 2>/dev/null || fail "the server exited"
-  sleep 0.05
-done
-[ -n "$port" ] || fail "the server did not say where it listens"
-base=http://127.0.0.1:$port
-for _ in $(seq 600); do
-  [ "$(curl -s -o /dev/null -w '%{http_code}' "$base/health")" = 200 ] && break
-  sleep 0.05
-done
+await_server "$server_pid" "$work/server.log"
 [ "$(curl -s -o /dev/null -w '%{http_code}' "$base/health")" = 200 ] || fail "not healthy"
 echo "server on $base: $(grep ready "$work/server.log")"
 
