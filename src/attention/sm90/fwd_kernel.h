@@ -148,6 +148,27 @@ __device__ __forceinline__ void produce_tile(SharedStorage<Cfg>& s, const FwdPar
 // ---------------------------------------------------------------------------------------------
 // Consumers
 
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct AddOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+
+// Reduces row kH's share of a score fragment (sc[4i + 2kH + e], elements kLo .. kHi - 1 of the
+// row in the order i, e) by a balanced tree: depth log2 of the count instead of a chain as long
+// as the row. With ping-pong a consumer warp has its SM sub-partition to itself while it runs
+// its softmax (the other warpgroup waits on its GEMM), so nothing hides a chain's latency.
+template <int kH, int kLo, int kHi, int kN, class Op>
+__device__ __forceinline__ float reduce_row(const float (&sc)[kN], Op op) {
+  if constexpr (kHi - kLo == 1) {
+    return sc[4 * (kLo / 2) + 2 * kH + kLo % 2];
+  } else {
+    constexpr int kMid = (kLo + kHi) / 2;
+    return op(reduce_row<kH, kLo, kMid>(sc, op), reduce_row<kH, kMid, kHi>(sc, op));
+  }
+}
+
 // The online softmax of this thread's two rows (h = 0: row lane/4 of the warp's 16, h = 1: row
 // lane/4 + 8). The max is the quad's (the four threads of a row); the sum is this thread's share,
 // added over the quad at the end.
@@ -159,29 +180,23 @@ struct RowState {
   // row, the factor by which O accumulated so far must be rescaled.
   template <int kN>
   __device__ __forceinline__ void update(float (&sc)[kN], float scale_log2, float (&rescale)[2]) {
+    float mx[2] = {fmaxf(max[0], reduce_row<0, 0, kN / 2>(sc, MaxOp{})),
+                   fmaxf(max[1], reduce_row<1, 0, kN / 2>(sc, MaxOp{}))};
+    float mx_scaled[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float mx = max[h];
-#pragma unroll
-      for (int i = 0; i < kN / 4; ++i)
-        mx = fmaxf(mx, fmaxf(sc[4 * i + 2 * h], sc[4 * i + 2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
       // A row that has seen no key yet keeps max -inf: subtract 0 so exp2 gives 0, not NaN.
-      const float mx_scaled = mx == -INFINITY ? 0.0f : mx * scale_log2;
-      rescale[h] = exp2_approx(max[h] * scale_log2 - mx_scaled);
-      max[h] = mx;
-      float block_sum = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kN / 4; ++i)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = sc[4 * i + 2 * h + e];
-          x = exp2_approx(fmaf(x, scale_log2, -mx_scaled));
-          block_sum += x;
-        }
-      sum[h] = sum[h] * rescale[h] + block_sum;
+      mx_scaled[h] = mx[h] == -INFINITY ? 0.0f : mx[h] * scale_log2;
+      rescale[h] = exp2_approx(max[h] * scale_log2 - mx_scaled[h]);
+      max[h] = mx[h];
     }
+#pragma unroll
+    for (int i = 0; i < kN; ++i)
+      sc[i] = exp2_approx(fmaf(sc[i], scale_log2, -mx_scaled[(i / 2) % 2]));
+    sum[0] = sum[0] * rescale[0] + reduce_row<0, 0, kN / 2>(sc, AddOp{});
+    sum[1] = sum[1] * rescale[1] + reduce_row<1, 0, kN / 2>(sc, AddOp{});
   }
 };
 
