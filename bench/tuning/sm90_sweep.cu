@@ -76,30 +76,8 @@ int main(int argc, char** argv) {
         for (const auto& var : variants) {
           if (var.head_dim != d || var.causal != causal) continue;
           const int heads = static_cast<int>(kHidden / d), batch = static_cast<int>(kTokens / L);
-          sm90::FwdArgs a{};
-          a.q = q;
-          a.k = k;
-          a.v = v;
-          a.out = out;
-          a.lse = lse;
-          a.dtype = flashserve::DType::kBFloat16;
-          a.batch = batch;
-          a.seqlen_q = a.seqlen_k = L;
-          a.h_q = a.h_kv = heads;
-          a.head_dim = d;
-          const int64_t row = kHidden, bstride = row * L;
-          a.q_batch_stride = a.k_batch_stride = a.v_batch_stride = a.o_batch_stride = bstride;
-          a.q_row_stride = a.k_row_stride = a.v_row_stride = a.o_row_stride = row;
-          a.q_head_stride = a.k_head_stride = a.v_head_stride = a.o_head_stride = d;
-          a.lse_batch_stride = int64_t{heads} * L;
-          a.lse_head_stride = L;
-          a.lse_row_stride = 1;
-          a.causal = causal;
-          a.scale = 1.0f / std::sqrt(static_cast<float>(d));
-          a.sms = sms;
-          a.l2_bytes = l2;
-          a.tile_counter = counter;
-          a.stream = stream;
+          const sm90::FwdArgs a = fb::grid_args(q, k, v, out, lse, counter, d, L, causal, kTokens,
+                                                kHidden, sms, l2, stream);
           CUDA_OK(cudaMemsetAsync(out, 0xff, elems * 2, stream));
           var.run(a);
           CUDA_OK(cudaStreamSynchronize(stream));

@@ -75,7 +75,8 @@ fs::FwdParams make_params(const Problem& pr) {
 
 using Launcher = void (*)(const fs::FwdParams&, const fs::FwdLaunch&);
 
-// kHeaviestFirst = false: the masked grid's previous order (attention/kernel/tile_order.h), to measure it.
+// kHeaviestFirst = false: the masked grid's previous order (attention/kernel/tile_order.h), to
+// measure it.
 template <int kD, fs::Tiles kTiles, bool kMask, bool kHeaviestFirst = true>
 void launch(const fs::FwdParams& p, const fs::FwdLaunch& l) {
   fs::FwdLaunch order = l;

@@ -34,6 +34,7 @@
 #include "mbarrier.h"
 #include "tile_config.h"
 #include "tma.h"
+#include "trace.h"
 #include "warp_scheduler.h"
 #include "wgmma.h"
 
@@ -122,7 +123,7 @@ __device__ __forceinline__ void load_kv(const CUtensorMap* map,
 template <class Cfg>
 __device__ __forceinline__ void produce_tile(SharedStorage<Cfg>& s, const FwdParams& p,
                                              const kernel::TileCoords& tile, int n_blocks, int ring,
-                                             int q_round) {
+                                             int q_round, Trace<Cfg::kTrace>& trace) {
   constexpr int kStages = Cfg::kStages;
   const int kv_head = tile.head / p.h_ratio;
   s.q_empty.wait((q_round & 1) ^ 1);
@@ -131,16 +132,19 @@ __device__ __forceinline__ void produce_tile(SharedStorage<Cfg>& s, const FwdPar
   for (int c = 0; c < Cfg::kChunks; ++c)
     tma_load_4d(s.q[c], &p.tma_q, s.q_full, c * Cfg::kChunkCols, tile.m_block * Cfg::kBlockM,
                 tile.head, tile.z);
+  trace(kProducerQ);
   for (int i = 0; i <= n_blocks; ++i) {
     if (i < n_blocks) {
       const int slot = ring + i, st = slot % kStages;
       s.k_empty[st].wait(((slot / kStages) & 1) ^ 1);
       load_kv<Cfg>(&p.tma_k, s.k[st], s.k_full[st], n_blocks - 1 - i, kv_head, tile.z);
+      trace(kProducerK);
     }
     if (i > 0) {
       const int slot = ring + i - 1, st = slot % kStages;
       s.v_empty[st].wait(((slot / kStages) & 1) ^ 1);
       load_kv<Cfg>(&p.tma_v, s.v[st], s.v_full[st], n_blocks - i, kv_head, tile.z);
+      trace(kProducerV);
     }
   }
 }
@@ -362,6 +366,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
   // The turns of the warp scheduler run on from one tile to the next (a warpgroup may start
   // the next tile while the others finish this one).
   WarpScheduler<Cfg::kConsumers> sched(cw);
+  Trace<Cfg::kTrace> trace(p.trace, 1 + cw, tid == 0);
 
   float o[kD / 2];
   RowState rows;
@@ -376,6 +381,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
     // wgmma's issue and its wait serializes the wgmmas: C7520).
     const int t = __shfl_sync(0xffffffffu, s.tile[k % 2], 0);
     s.tile_empty[k % 2].arrive();
+    trace(kTileRead);
     if (t >= p.num_tiles) break;
     const kernel::TileCoords tile = kernel::tile_of(p.order, t);
     const int n_blocks = key_blocks<Cfg, kCausal>(tile.m_block, q_len, kv_len);
@@ -402,48 +408,62 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       // The first block (the last keys): S only; O is still zero.
       const int st = ring % kStages;
       s.q_full.wait(q_round & 1);
+      trace(kQReady);
       sched.wait_turn();
+      trace(kTurn);
       s.k_full[st].wait((ring / kStages) & 1);
+      trace(kKReady);
       wgmma_fence();
       issue_qk<Cfg, kBf16>(sc, q_desc, s.k[st][0]);
       sched.pass_turn();
+      trace(kIssued);
       wgmma_wait<0>();
       fence_regs(sc);
+      trace(kSReady);
       release(s.k_empty[st]);
       if (n_blocks == 1) release(s.q_empty);  // the tile's last QK^T is done
       if (needs_mask(n_blocks - 1))
         mask_scores<Cfg, kCausal>(sc, (n_blocks - 1) * kBlockN, row0, q_len, kv_len);
       rows = RowState{};
       rows.update(sc, p.scale_log2, rescale);
+      trace(kSoftmaxDone);
 #pragma unroll
       for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
       fence_regs(o);  // the zeros stay here, before the next step's wgmma fence
       to_operand<kBf16>(sc, pa);
+      trace(kStepEnd);
     }
     // Step i: S of block i (keys n_blocks - 1 - i) with P V of block i - 1 in flight.
     for (int i = 1; i < n_blocks; ++i) {
       const int slot = ring + i, st = slot % kStages, prev = (slot - 1) % kStages;
       const int j = n_blocks - 1 - i;
       sched.wait_turn();
+      trace(kTurn);
       s.k_full[st].wait((slot / kStages) & 1);
+      trace(kKReady);
       wgmma_fence();
       issue_qk<Cfg, kBf16>(sc, q_desc, s.k[st][0]);
       s.v_full[prev].wait(((slot - 1) / kStages) & 1);
       wgmma_fence();  // after the wait's branch, ptxas wants the fence again before P V
       issue_pv<Cfg, kBf16>(o, pa, s.v[prev][0]);
       sched.pass_turn();
+      trace(kIssued);
       wgmma_wait<1>();  // S is ready; P V still runs
       fence_regs(sc);
+      trace(kSReady);
       release(s.k_empty[st]);
       if (i == n_blocks - 1) release(s.q_empty);
       if (needs_mask(j)) mask_scores<Cfg, kCausal>(sc, j * kBlockN, row0, q_len, kv_len);
       rows.update(sc, p.scale_log2, rescale);
+      trace(kSoftmaxDone);
       wgmma_wait<0>();
       fence_regs(o);
       fence_regs(pa);
+      trace(kPvDone);
       release(s.v_empty[prev]);
       rescale_o<kD>(o, rescale);
       to_operand<kBf16>(sc, pa);
+      trace(kStepEnd);
     }
     {
       // The last P V (keys 0 .. kBlockN - 1), then the epilogue.
@@ -453,8 +473,10 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       issue_pv<Cfg, kBf16>(o, pa, s.v[last][0]);
       wgmma_wait<0>();
       fence_regs(o);
+      trace(kEpilogueStart);
       release(s.v_empty[last]);
       store_tile<Cfg, kBf16>(p, tile, cw, tid, o, rows);
+      trace(kEpilogueEnd);
     }
     ring += n_blocks;
     ++q_round;
@@ -502,16 +524,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (warpgroup == 0) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
     if (tid == 0) {
+      Trace<Cfg::kTrace> trace(p.trace, 0, true);
       int ring = 0, q_round = 0;
       for (int t = blockIdx.x, k = 0;; ++k) {
         s.tile_empty[k % 2].wait(((k / 2) & 1) ^ 1);
         s.tile[k % 2] = t;
         s.tile_full[k % 2].arrive();
+        trace(kProducerTile);
         if (t >= p.num_tiles) break;
         const kernel::TileCoords tile = kernel::tile_of(p.order, t);
         const int n_blocks = key_blocks<Cfg, kCausal>(tile.m_block, p.seqlen_q, p.seqlen_k);
         if (n_blocks > 0) {
-          produce_tile<Cfg>(s, p, tile, n_blocks, ring, q_round);
+          produce_tile<Cfg>(s, p, tile, n_blocks, ring, q_round, trace);
           ring += n_blocks;
           ++q_round;
         }

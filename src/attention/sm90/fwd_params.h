@@ -32,6 +32,8 @@ struct FwdParams {
   // Not null: after its first tile (blockIdx.x) a CTA takes tile gridDim.x + atomicAdd(counter,
   // 1), so each takes the heaviest tile left when it frees (causal). Null: every gridDim-th tile.
   int* tile_counter;
+  // Tuning builds' timeline (trace.h): read only by tiles with kTrace; null otherwise.
+  uint64_t* trace;
 };
 
 }  // namespace flashserve::attention::sm90

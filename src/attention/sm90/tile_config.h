@@ -4,7 +4,7 @@
 
 namespace flashserve::attention::sm90 {
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_ = 2>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_ = 2, bool kTrace_ = false>
 struct TileConfig {
   static constexpr int kHeadDim = kHeadDim_;
   // Query rows: one consumer warpgroup per 64 (wgmma's M is 64 per warpgroup).
@@ -16,6 +16,8 @@ struct TileConfig {
   static constexpr int kBlockN = kBlockN_;
   // K/V stages: TMA fills the next blocks while the consumers work on this one.
   static constexpr int kStages = kStages_;
+  // Tuning builds only: the kernel records its timeline (trace.h).
+  static constexpr bool kTrace = kTrace_;
   // TMA's 128-byte swizzle moves boxes of at most 128 bytes per row: 64 16-bit columns. A tile of
   // d columns is d/64 boxes, stored one after the other ("column chunks").
   static constexpr int kChunkCols = 64;

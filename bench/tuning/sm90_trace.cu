@@ -1,0 +1,211 @@
+// sm90_trace: where the sm90 forward kernel's time goes, from its own timeline (sm90/trace.h: a
+// tuning tile with kTrace records clock64 at each phase of each step, per consumer warpgroup and
+// for the producer). A tuning tool, built only with -DFLASHSERVE_TUNING=ON.
+//
+// Per shape (the FA3 grid's: bf16, batch x L = 16384 tokens, heads x d = 2048): the traced launch
+// follows three untraced ones; the table gives each phase's mean cycles per step or per tile over
+// every consumer warpgroup of every CTA, and its share of the consumers' time. "ideal" is one
+// warpgroup's QK^T + PV alone on the tensor cores (4096 dense FLOP per clock per SM).
+// Usage: sm90_trace [variant:L:causal ...], variants d64-192x128, d64-128x128, d128-128x128,
+// d128-128x176, d256-128x80 (default: d128-128x128:512:0 d128-128x176:8192:0).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "../bench_common.h"
+#include "sm90_sweep.h"
+
+namespace fb = flashserve::bench;
+namespace sm90 = flashserve::attention::sm90;
+
+namespace {
+
+using Runner = void (*)(const sm90::FwdArgs&, uint64_t*);
+
+template <class Cfg, bool kCausal>
+void run_traced(const sm90::FwdArgs& a, uint64_t* trace) {
+  sm90::FwdParams p = sm90::fwd_params(a);
+  p.trace = trace;
+  sm90::launch<Cfg, true, kCausal>(p, a);
+}
+
+struct Variant {
+  int d, block_m, block_n;
+  Runner run[2];  // non-causal, causal
+};
+
+template <int kD, int kM, int kN>
+Variant variant() {
+  using Cfg = sm90::TileConfig<kD, kM, kN, 2, /*kTrace=*/true>;
+  return {kD, kM, kN, {run_traced<Cfg, false>, run_traced<Cfg, true>}};
+}
+
+// Mean cycles of named phases.
+struct Phases {
+  std::vector<std::string> order;
+  std::map<std::string, std::pair<double, long>> sum;
+  void add(const std::string& name, uint64_t cycles) {
+    if (!sum.count(name)) order.push_back(name);
+    sum[name].first += static_cast<double>(cycles);
+    sum[name].second += 1;
+  }
+};
+
+void analyse(const std::vector<uint64_t>& buf, int ctas, int consumers, double ideal_step,
+             double elapsed_ms) {
+  Phases ph;
+  double consumer_cycles = 0;
+  uint64_t span = 0;
+  for (int b = 0; b < ctas; ++b) {
+    uint64_t first = UINT64_MAX, last = 0;
+    for (int role = 0; role < sm90::kTraceRoles; ++role) {
+      const uint64_t* r = buf.data() + (int64_t{b} * sm90::kTraceRoles + role) * sm90::kTraceCap;
+      for (int i = 0; i < sm90::kTraceCap && r[i] != 0; ++i) {
+        first = std::min(first, r[i] >> 8);
+        last = std::max(last, r[i] >> 8);
+      }
+    }
+    if (last > first) span = std::max(span, last - first);
+    for (int c = 0; c < consumers; ++c) {
+      const uint64_t* r = buf.data() + (int64_t{b} * sm90::kTraceRoles + 1 + c) * sm90::kTraceCap;
+      uint64_t t_prev[32] = {};  // the last time of each event
+      uint64_t epi_end = 0, tile_read = 0, step_end = 0;
+      int block = 0;
+      for (int i = 0; i < sm90::kTraceCap && r[i] != 0; ++i) {
+        const uint32_t e = r[i] & 0xff;
+        const uint64_t t = r[i] >> 8;
+        t_prev[e] = t;
+        switch (e) {
+          case sm90::kTileRead:
+            if (epi_end) ph.add("tile: gap after the previous epilogue", t - epi_end);
+            tile_read = t;
+            block = 0;
+            break;
+          case sm90::kQReady:
+            ph.add("tile: wait for Q", t - tile_read);
+            break;
+          case sm90::kTurn:
+            ph.add(block == 0 ? "first block: wait for the turn" : "step: wait for the turn",
+                   t - (block == 0 ? t_prev[sm90::kQReady] : step_end));
+            break;
+          case sm90::kKReady:
+            ph.add(block == 0 ? "first block: wait for K" : "step: wait for K",
+                   t - t_prev[sm90::kTurn]);
+            break;
+          case sm90::kIssued:
+            ph.add(block == 0 ? "first block: issue" : "step: wait for V, issue",
+                   t - t_prev[sm90::kKReady]);
+            break;
+          case sm90::kSReady:
+            ph.add(block == 0 ? "first block: S ready" : "step: S ready",
+                   t - t_prev[sm90::kIssued]);
+            break;
+          case sm90::kSoftmaxDone:
+            ph.add(block == 0 ? "first block: softmax" : "step: softmax",
+                   t - t_prev[sm90::kSReady]);
+            break;
+          case sm90::kPvDone:
+            ph.add("step: wait for PV", t - t_prev[sm90::kSoftmaxDone]);
+            break;
+          case sm90::kStepEnd:
+            ph.add(block == 0 ? "first block: zero O, P" : "step: rescale O, P",
+                   t - t_prev[block == 0 ? sm90::kSoftmaxDone : sm90::kPvDone]);
+            step_end = t;
+            ++block;
+            break;
+          case sm90::kEpilogueStart:
+            ph.add("tile: last PV", t - step_end);
+            break;
+          case sm90::kEpilogueEnd:
+            ph.add("tile: epilogue", t - t_prev[sm90::kEpilogueStart]);
+            ph.add("tile: total", t - tile_read);
+            consumer_cycles += static_cast<double>(t - tile_read);
+            epi_end = t;
+            break;
+          default:
+            break;
+        }
+      }
+    }
+  }
+  std::printf("kernel %.1f us; longest CTA %llu cycles (%.0f MHz); ideal step %.0f cycles\n\n",
+              elapsed_ms * 1e3, static_cast<unsigned long long>(span), span / (elapsed_ms * 1e3),
+              ideal_step);
+  std::printf("| phase | count | mean cycles | share of consumer time |\n|---|---|---|---|\n");
+  for (const auto& name : ph.order) {
+    const auto& [total, n] = ph.sum[name];
+    std::printf("| %s | %ld | %.0f | %.1f%% |\n", name.c_str(), n, total / n,
+                name == "tile: total" ? 100.0 : 100.0 * total / consumer_cycles);
+  }
+  std::printf("\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::map<std::string, Variant> variants{
+      {"d64-192x128", variant<64, 192, 128>()},   {"d64-128x128", variant<64, 128, 128>()},
+      {"d128-128x128", variant<128, 128, 128>()}, {"d128-128x176", variant<128, 128, 176>()},
+      {"d256-128x80", variant<256, 128, 80>()},
+  };
+  std::vector<std::string> specs;
+  for (int i = 1; i < argc; ++i) specs.push_back(argv[i]);
+  if (specs.empty()) specs = {"d128-128x128:512:0", "d128-128x176:8192:0"};
+  int sms = 0, l2 = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CUDA_OK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+  constexpr int kTokens = 16384, kHidden = 2048;
+  const int64_t elems = int64_t{kTokens} * kHidden;
+  uint16_t *q, *k, *v, *out;
+  for (auto** b : {&q, &k, &v, &out}) CUDA_OK(cudaMalloc(b, elems * 2));
+  float* lse = nullptr;
+  CUDA_OK(cudaMalloc(&lse, int64_t{kTokens} * 64 * sizeof(float)));
+  int* counter = nullptr;
+  CUDA_OK(cudaMalloc(&counter, sizeof(int)));
+  fill_random<<<1024, 256>>>(q, elems, 1);
+  fill_random<<<1024, 256>>>(k, elems, 2);
+  fill_random<<<1024, 256>>>(v, elems, 3);
+  const size_t trace_words = size_t(sms) * sm90::kTraceRoles * sm90::kTraceCap;
+  uint64_t* trace = nullptr;
+  CUDA_OK(cudaMalloc(&trace, trace_words * 8));
+  std::vector<uint64_t> host(trace_words);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaEvent_t t0, t1;
+  CUDA_OK(cudaEventCreate(&t0));
+  CUDA_OK(cudaEventCreate(&t1));
+  for (const auto& spec : specs) {
+    char name[64];
+    int L = 0, causal = 0;
+    if (std::sscanf(spec.c_str(), "%63[^:]:%d:%d", name, &L, &causal) != 3 ||
+        !variants.count(name) || L <= 0 || kTokens % L) {
+      std::fprintf(stderr, "sm90_trace: bad shape '%s' (variant:L:causal)\n", spec.c_str());
+      return 2;
+    }
+    const Variant& var = variants.at(name);
+    const sm90::FwdArgs a = fb::grid_args(q, k, v, out, lse, counter, var.d, L, causal != 0,
+                                          kTokens, kHidden, sms, l2, stream);
+    const Runner run = var.run[causal != 0];
+    for (int i = 0; i < 3; ++i) run(a, nullptr);
+    CUDA_OK(cudaMemsetAsync(trace, 0, trace_words * 8, stream));
+    CUDA_OK(cudaEventRecord(t0, stream));
+    run(a, trace);
+    CUDA_OK(cudaEventRecord(t1, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    float ms = 0;
+    CUDA_OK(cudaEventElapsedTime(&ms, t0, t1));
+    CUDA_OK(cudaMemcpy(host.data(), trace, trace_words * 8, cudaMemcpyDeviceToHost));
+    const double flops = 4.0 * kTokens * double(L) * kHidden / (causal ? 2 : 1);
+    std::printf("## %s, L %d, %s: %.1f TFLOP/s in the traced launch\n\n", name, L,
+                causal ? "causal" : "non-causal", flops / (ms * 1e-3) / 1e12);
+    const double ideal_step = 2.0 * 2 * 64 * var.block_n * var.d / 4096.0;
+    analyse(host, sms, var.block_m / 64, ideal_step, ms);
+  }
+  return 0;
+}
