@@ -14,9 +14,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention/backends.h"
+#include "common/half.h"
 #include "support/attention_case.h"
 #include "support/compare.h"
 #include "support/device_copy.h"
@@ -87,7 +89,7 @@ std::vector<CaseSpec> sm90_cases() {
     v.push_back(spec(bf16, 128, 1, 130, 2048, 4, 1, causal));   // 16 key blocks
     v.push_back(spec(fp16, 128, 1, 1000, 130, 4, 4, causal));   // 8 query tiles, 2 key blocks
     v.push_back(spec(bf16, 64, 1, 1000, 1000, 1, 1, causal));
-    v.push_back(spec(fp16, 64, 1, 300, 1500, 4, 1, causal));  // past kShortKeys: DefaultTile
+    v.push_back(spec(fp16, 64, 1, 300, 1500, 4, 1, causal));    // past kShortKeys: DefaultTile
     v.push_back(spec(fp16, 256, 1, 1000, 1000, 2, 1, causal));  // 13 key blocks, ring wraps
     v.push_back(spec(bf16, 256, 1, 300, 77, 2, 2, causal));     // rows without keys (causal)
     v.push_back(spec(bf16, 128, 1, 500, 700, 4, 2, causal));    // 4 blocks of 176 keys (non-causal)
@@ -126,6 +128,39 @@ TEST_P(Sm90Forward, MatchesFloat64Reference) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Forward, ::testing::ValuesIn(sm90_cases()),
                          [](const auto& info) { return info.param.name(); });
+
+// Scores that grow from the last key block to the first (the order the kernel walks them): every
+// row's running max grows block after block, by more than the lazy rescale's threshold (2^8) in
+// some blocks and rows and less in others (`growth` scales key j by 1 + growth (1 - j / kv_len)),
+// so the steps that rescale O, those that keep the max, and warps where only some rows take a new
+// max are all exercised. Random N(0, 1) inputs alone almost never move the max that far.
+class Sm90LazyRescale : public ::testing::TestWithParam<std::tuple<int64_t, double, bool>> {};
+
+TEST_P(Sm90LazyRescale, GrowingScoresMatchFloat64Reference) {
+  SKIP_WITHOUT_SM90();
+  const auto [d, growth, causal] = GetParam();
+  CaseSpec s = spec(DType::kBFloat16, d, 1, 300, 1500, 4, 2, causal);
+  s.seed = seed_for(s.name(), static_cast<uint64_t>(growth));
+  AttentionCase c(s);
+  std::byte* k = c.buffers()[AttentionCase::kK].host;
+  for (int64_t j = 0; j < 1500; ++j)
+    for (int64_t i = 0; i < 2 * d; ++i) {  // both kv heads of key j
+      const int64_t at = j * 2 * d + i;
+      const double f = 1.0 + growth * (1.0 - static_cast<double>(j) / 1500);
+      store_float(k, at, s.dtype, static_cast<float>(load_float(k, at, s.dtype) * f));
+    }
+  const NaiveOutput got = run_on_gpu(c, "sm90");
+  EXPECT_TRUE(attention_close(got, c.exact(), c.lowp(), s.dtype)) << s.name();
+}
+
+INSTANTIATE_TEST_SUITE_P(Growth, Sm90LazyRescale,
+                         ::testing::Combine(::testing::Values<int64_t>(64, 128, 256),
+                                            ::testing::Values(12.0, 40.0), ::testing::Bool()),
+                         [](const auto& info) {
+                           return "d" + std::to_string(std::get<0>(info.param)) + "_growth" +
+                                  std::to_string(static_cast<int>(std::get<1>(info.param))) +
+                                  (std::get<2>(info.param) ? "_causal" : "");
+                         });
 
 // The compute-sanitizer case (memcheck/racecheck/synccheck): two query tiles, ragged key blocks
 // wrapping the two-stage ring, GQA, causal.

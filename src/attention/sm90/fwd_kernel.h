@@ -176,31 +176,46 @@ __device__ __forceinline__ float reduce_row(const float (&sc)[kN], Op op) {
 // The online softmax of this thread's two rows (h = 0: row lane/4 of the warp's 16, h = 1: row
 // lane/4 + 8). The max is the quad's (the four threads of a row); the sum is this thread's share,
 // added over the quad at the end.
+//
+// Lazy rescaling (FlashAttention-4's): a row keeps its running max until a block's max exceeds
+// it by more than kRescaleLog2 in exp2's argument. Past the first blocks a row's max rarely grows
+// that much, so most steps leave O alone (the rescale of O was 8-13% of the consumers' time:
+// sm90_trace, docs/kernel-notes.md session 11). P is then at most 2^8, as exact in bf16/fp16 as
+// any other value and far from their ranges; the sum and O accumulate in fp32, and the LSE uses the
+// max the row kept.
 struct RowState {
+  static constexpr float kRescaleLog2 = 8.0f;
   float max[2] = {-INFINITY, -INFINITY};
   float sum[2] = {0.0f, 0.0f};
 
-  // Folds a block of scores into the state: sc becomes exp2(scale_log2 (s - max)); returns, per
-  // row, the factor by which O accumulated so far must be rescaled.
+  // Folds a block of scores into the state: sc becomes exp2(scale_log2 (s - max)); sets, per row,
+  // the factor by which O accumulated so far must be rescaled (1 where the max was kept) and
+  // returns whether either row took a new max.
   template <int kN>
-  __device__ __forceinline__ void update(float (&sc)[kN], float scale_log2, float (&rescale)[2]) {
-    float mx[2] = {fmaxf(max[0], reduce_row<0, 0, kN / 2>(sc, MaxOp{})),
-                   fmaxf(max[1], reduce_row<1, 0, kN / 2>(sc, MaxOp{}))};
+  __device__ __forceinline__ bool update(float (&sc)[kN], float scale_log2, float (&rescale)[2]) {
+    float mx[2] = {reduce_row<0, 0, kN / 2>(sc, MaxOp{}), reduce_row<1, 0, kN / 2>(sc, MaxOp{})};
     float mx_scaled[2];
+    bool grew = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      // A row without a max (-inf) takes any finite one (inf > threshold); -inf against -inf is
+      // NaN, not greater: the row keeps -inf.
+      const bool grow = (mx[h] - max[h]) * scale_log2 > kRescaleLog2;
+      const float m = grow ? mx[h] : max[h];
       // A row that has seen no key yet keeps max -inf: subtract 0 so exp2 gives 0, not NaN.
-      mx_scaled[h] = mx[h] == -INFINITY ? 0.0f : mx[h] * scale_log2;
-      rescale[h] = exp2_approx(max[h] * scale_log2 - mx_scaled[h]);
-      max[h] = mx[h];
+      mx_scaled[h] = m == -INFINITY ? 0.0f : m * scale_log2;
+      rescale[h] = grow ? exp2_approx(max[h] * scale_log2 - mx_scaled[h]) : 1.0f;
+      max[h] = m;
+      grew |= grow;
     }
 #pragma unroll
     for (int i = 0; i < kN; ++i)
       sc[i] = exp2_approx(fmaf(sc[i], scale_log2, -mx_scaled[(i / 2) % 2]));
     sum[0] = sum[0] * rescale[0] + reduce_row<0, 0, kN / 2>(sc, AddOp{});
     sum[1] = sum[1] * rescale[1] + reduce_row<1, 0, kN / 2>(sc, AddOp{});
+    return grew;
   }
 };
 
@@ -454,14 +469,16 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       release(s.k_empty[st]);
       if (i == n_blocks - 1) release(s.q_empty);
       if (needs_mask(j)) mask_scores<Cfg, kCausal>(sc, j * kBlockN, row0, q_len, kv_len);
-      rows.update(sc, p.scale_log2, rescale);
+      // Whether any row of the warp took a new max: a warp-uniform vote, so the branch below
+      // (after the wait, no wgmma in flight) does not diverge.
+      const bool rescale_warp = __any_sync(0xffffffffu, rows.update(sc, p.scale_log2, rescale));
       trace(kSoftmaxDone);
       wgmma_wait<0>();
       fence_regs(o);
       fence_regs(pa);
       trace(kPvDone);
       release(s.v_empty[prev]);
-      rescale_o<kD>(o, rescale);
+      if (rescale_warp) rescale_o<kD>(o, rescale);
       to_operand<kBf16>(sc, pa);
       trace(kStepEnd);
     }
