@@ -7,10 +7,10 @@ std::vector<Sm90Variant> sm90_variants_d64() {
   using attention::sm90::TileConfig;
   std::vector<Sm90Variant> v;
   add_variant<TileConfig<64, 192, 128>, false>(v, "d64 192x128 s2");
-  add_variant<TileConfig<64, 192, 128, 3>, false>(v, "d64 192x128 s3");
+  add_variant<TileConfig<64, 192, 128, 2, true>, false>(v, "d64 192x128 s2 lazy");
   add_variant<TileConfig<64, 128, 128>, false>(v, "d64 128x128 s2");
   add_variant<TileConfig<64, 192, 128>, true>(v, "d64 192x128 s2");
-  add_variant<TileConfig<64, 192, 128, 3>, true>(v, "d64 192x128 s3");
+  add_variant<TileConfig<64, 192, 128, 2, true>, true>(v, "d64 192x128 s2 lazy");
   add_variant<TileConfig<64, 128, 128>, true>(v, "d64 128x128 s2");
   return v;
 }

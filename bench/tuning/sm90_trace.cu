@@ -40,9 +40,9 @@ struct Variant {
   Runner run[2];  // non-causal, causal
 };
 
-template <int kD, int kM, int kN>
+template <int kD, int kM, int kN, bool kLazy = false>
 Variant variant() {
-  using Cfg = sm90::TileConfig<kD, kM, kN, 2, /*kTrace=*/true>;
+  using Cfg = sm90::TileConfig<kD, kM, kN, 2, /*kLazyRescale=*/kLazy, /*kTrace=*/true>;
   return {kD, kM, kN, {run_traced<Cfg, false>, run_traced<Cfg, true>}};
 }
 
@@ -150,9 +150,9 @@ void analyse(const std::vector<uint64_t>& buf, int ctas, int consumers, double i
 
 int main(int argc, char** argv) {
   const std::map<std::string, Variant> variants{
-      {"d64-192x128", variant<64, 192, 128>()},   {"d64-128x128", variant<64, 128, 128>()},
-      {"d128-128x128", variant<128, 128, 128>()}, {"d128-128x176", variant<128, 128, 176>()},
-      {"d256-128x80", variant<256, 128, 80>()},
+      {"d64-192x128", variant<64, 192, 128>()},       {"d64-128x128", variant<64, 128, 128>()},
+      {"d128-128x128", variant<128, 128, 128>()},     {"d128-128x176", variant<128, 128, 176>()},
+      {"d256-128x80", variant<256, 128, 80, true>()},
   };
   std::vector<std::string> specs;
   for (int i = 1; i < argc; ++i) specs.push_back(argv[i]);

@@ -177,20 +177,21 @@ __device__ __forceinline__ float reduce_row(const float (&sc)[kN], Op op) {
 // lane/4 + 8). The max is the quad's (the four threads of a row); the sum is this thread's share,
 // added over the quad at the end.
 //
-// Lazy rescaling (FlashAttention-4's): a row keeps its running max until a block's max exceeds
-// it by more than kRescaleLog2 in exp2's argument. Past the first blocks a row's max rarely grows
-// that much, so most steps leave O alone (the rescale of O was 8-13% of the consumers' time:
-// sm90_trace, docs/kernel-notes.md session 11). P is then at most 2^8, as exact in bf16/fp16 as
-// any other value and far from their ranges; the sum and O accumulate in fp32, and the LSE uses the
-// max the row kept.
+// kLazy (TileConfig::kLazyRescale), FlashAttention-4's lazy rescaling: a row keeps its running
+// max until a block's max exceeds it by more than kRescaleLog2 in exp2's argument. Past the first
+// blocks a row's max rarely grows that much, so most steps leave O alone. P is then at most 2^8,
+// as exact in bf16/fp16 as any other value and far from their ranges; the sum and O accumulate in
+// fp32, and the LSE uses the max the row kept.
+template <bool kLazy>
 struct RowState {
   static constexpr float kRescaleLog2 = 8.0f;
   float max[2] = {-INFINITY, -INFINITY};
   float sum[2] = {0.0f, 0.0f};
 
   // Folds a block of scores into the state: sc becomes exp2(scale_log2 (s - max)); sets, per row,
-  // the factor by which O accumulated so far must be rescaled (1 where the max was kept) and
-  // returns whether either row took a new max.
+  // the factor by which O accumulated so far must be rescaled (1 where a lazy row kept its max)
+  // and returns whether O must be rescaled: always when eager; lazy, whether any row of the warp
+  // took a new max (a vote, so a branch on it is warp-uniform).
   template <int kN>
   __device__ __forceinline__ bool update(float (&sc)[kN], float scale_log2, float (&rescale)[2]) {
     float mx[2] = {reduce_row<0, 0, kN / 2>(sc, MaxOp{}), reduce_row<1, 0, kN / 2>(sc, MaxOp{})};
@@ -200,10 +201,11 @@ struct RowState {
     for (int h = 0; h < 2; ++h) {
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-      // A row without a max (-inf) takes any finite one (inf > threshold); -inf against -inf is
-      // NaN, not greater: the row keeps -inf.
-      const bool grow = (mx[h] - max[h]) * scale_log2 > kRescaleLog2;
-      const float m = grow ? mx[h] : max[h];
+      const float m_new = fmaxf(mx[h], max[h]);
+      // Lazy: a row without a max (-inf) takes any finite one (inf > threshold); -inf against
+      // -inf is NaN, not greater: the row keeps -inf.
+      const bool grow = !kLazy || (m_new - max[h]) * scale_log2 > kRescaleLog2;
+      const float m = grow ? m_new : max[h];
       // A row that has seen no key yet keeps max -inf: subtract 0 so exp2 gives 0, not NaN.
       mx_scaled[h] = m == -INFINITY ? 0.0f : m * scale_log2;
       rescale[h] = grow ? exp2_approx(max[h] * scale_log2 - mx_scaled[h]) : 1.0f;
@@ -215,7 +217,10 @@ struct RowState {
       sc[i] = exp2_approx(fmaf(sc[i], scale_log2, -mx_scaled[(i / 2) % 2]));
     sum[0] = sum[0] * rescale[0] + reduce_row<0, 0, kN / 2>(sc, AddOp{});
     sum[1] = sum[1] * rescale[1] + reduce_row<1, 0, kN / 2>(sc, AddOp{});
-    return grew;
+    if constexpr (kLazy)
+      return __any_sync(0xffffffffu, grew);
+    else
+      return true;
   }
 };
 
@@ -325,9 +330,11 @@ __device__ __forceinline__ void store_row_vec16(void* row, uint32_t (&packed)[kD
 }
 
 // One arrival per consumer warp: its warpgroup's GEMM that read the buffer has completed.
-__device__ __forceinline__ void release(Mbarrier& empty) {
+// `when` (warp-uniform) is folded into the arrival's predicate rather than branched on, so that it
+// can sit between a wgmma's issue and its wait.
+__device__ __forceinline__ void release(Mbarrier& empty, bool when = true) {
   __syncwarp();
-  empty.arrive_if(threadIdx.x % 32 == 0);
+  empty.arrive_if(when && threadIdx.x % 32 == 0);
 }
 
 // The epilogue of one consumer warpgroup's 64 rows of `tile` (cw c: tile rows 64c .. 64c + 63,
@@ -335,7 +342,7 @@ __device__ __forceinline__ void release(Mbarrier& empty) {
 template <class Cfg, bool kBf16>
 __device__ __forceinline__ void store_tile(const FwdParams& p, const kernel::TileCoords& tile,
                                            int cw, int tid, const float (&o)[Cfg::kHeadDim / 2],
-                                           const RowState& rows) {
+                                           const RowState<Cfg::kLazyRescale>& rows) {
   constexpr int kD = Cfg::kHeadDim;
   using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   const int lane = tid % 32;
@@ -384,7 +391,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
   Trace<Cfg::kTrace> trace(p.trace, 1 + cw, tid == 0);
 
   float o[kD / 2];
-  RowState rows;
+  RowState<Cfg::kLazyRescale> rows;
   float sc[kBlockN / 2];
   uint32_t pa[kBlockN / 16][4];
   float rescale[2];
@@ -403,7 +410,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
     if (n_blocks == 0) {  // no row sees a key: O = 0, LSE = -inf
 #pragma unroll
       for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
-      rows = RowState{};
+      rows = RowState<Cfg::kLazyRescale>{};
       store_tile<Cfg, kBf16>(p, tile, cw, tid, o, rows);
       continue;
     }
@@ -436,10 +443,10 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       fence_regs(sc);
       trace(kSReady);
       release(s.k_empty[st]);
-      if (n_blocks == 1) release(s.q_empty);  // the tile's last QK^T is done
+      release(s.q_empty, n_blocks == 1);  // the tile's last QK^T is done
       if (needs_mask(n_blocks - 1))
         mask_scores<Cfg, kCausal>(sc, (n_blocks - 1) * kBlockN, row0, q_len, kv_len);
-      rows = RowState{};
+      rows = RowState<Cfg::kLazyRescale>{};
       rows.update(sc, p.scale_log2, rescale);
       trace(kSoftmaxDone);
 #pragma unroll
@@ -448,8 +455,12 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       to_operand<kBf16>(sc, pa);
       trace(kStepEnd);
     }
-    // Step i: S of block i (keys n_blocks - 1 - i) with P V of block i - 1 in flight.
-    for (int i = 1; i < n_blocks; ++i) {
+    // Step i: S of block i (keys n_blocks - 1 - i) with P V of block i - 1 in flight. Between
+    // the two waits nothing branches: at a join with P V in flight ptxas places the wait for it
+    // (run 44's SASS: every kernel waited for P V before the softmax's exponentials, so the
+    // softmax never ran under its own warpgroup's P V). The steps whose blocks need a mask (they
+    // come first) run as their own loop, with the mask compiled in.
+    const auto step = [&](int i, auto masked) {
       const int slot = ring + i, st = slot % kStages, prev = (slot - 1) % kStages;
       const int j = n_blocks - 1 - i;
       sched.wait_turn();
@@ -467,21 +478,28 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       fence_regs(sc);
       trace(kSReady);
       release(s.k_empty[st]);
-      if (i == n_blocks - 1) release(s.q_empty);
-      if (needs_mask(j)) mask_scores<Cfg, kCausal>(sc, j * kBlockN, row0, q_len, kv_len);
-      // Whether any row of the warp took a new max: a warp-uniform vote, so the branch below
-      // (after the wait, no wgmma in flight) does not diverge.
-      const bool rescale_warp = __any_sync(0xffffffffu, rows.update(sc, p.scale_log2, rescale));
+      release(s.q_empty, i == n_blocks - 1);  // the tile's last QK^T is done
+      if constexpr (decltype(masked)::value)
+        mask_scores<Cfg, kCausal>(sc, j * kBlockN, row0, q_len, kv_len);
+      const bool rescale_warp = rows.update(sc, p.scale_log2, rescale);
+      // The exponentials are done here, before the wait below (the empty asm keeps them above).
+      fence_regs(sc);
+      fence_regs(rows.sum);
       trace(kSoftmaxDone);
       wgmma_wait<0>();
       fence_regs(o);
       fence_regs(pa);
       trace(kPvDone);
       release(s.v_empty[prev]);
-      if (rescale_warp) rescale_o<kD>(o, rescale);
+      if (rescale_warp) rescale_o<kD>(o, rescale);  // after the wait: no wgmma in flight
       to_operand<kBf16>(sc, pa);
       trace(kStepEnd);
-    }
+    };
+    int masked_until = n_blocks;  // blocks j >= masked_until need the mask
+    while (masked_until > 0 && needs_mask(masked_until - 1)) --masked_until;
+    int i = 1;
+    for (; i < n_blocks - masked_until; ++i) step(i, std::true_type{});
+    for (; i < n_blocks; ++i) step(i, std::false_type{});
     {
       // The last P V (keys 0 .. kBlockN - 1), then the epilogue.
       const int slot = ring + n_blocks - 1, last = slot % kStages;
