@@ -477,17 +477,14 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       wgmma_wait<1>();  // S is ready; P V still runs
       fence_regs(sc);
       trace(kSReady);
+      release(s.k_empty[st]);
       release(s.q_empty, i == n_blocks - 1);  // the tile's last QK^T is done
       if constexpr (decltype(masked)::value)
         mask_scores<Cfg, kCausal>(sc, j * kBlockN, row0, q_len, kv_len);
       const bool rescale_warp = rows.update(sc, p.scale_log2, rescale);
-      // K is released after the softmax (its stage is next needed two steps on), with an arrival
-      // that depends on both rows' sums: ptxas keeps the wait for P V below after it, so the
-      // exponentials run while P V does. Without a dependency ptxas hoisted that wait above most
-      // of them (run 45's SASS), and the softmax waited for P V.
-      __syncwarp();
-      s.k_empty[st].arrive_if_after(lane == 0,
-                                    __float_as_uint(rows.sum[0]) | __float_as_uint(rows.sum[1]));
+      // The exponentials are done here, before the wait below (the empty asm keeps them above).
+      fence_regs(sc);
+      fence_regs(rows.sum);
       trace(kSoftmaxDone);
       wgmma_wait<0>();
       fence_regs(o);

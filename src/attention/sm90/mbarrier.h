@@ -40,18 +40,6 @@ struct Mbarrier {
 
   __device__ __forceinline__ void arrive() { arrive_if(true); }
 
-  // arrive_if with the arrival count given as a register: 1 whatever `value` is (min(1, value |
-  // 1)), but computed from it, so the arrival depends on the instructions that produced `value` and
-  // ptxas schedules them before it (fwd_kernel.h's step: the softmax before the wait for P V).
-  __device__ __forceinline__ void arrive_if_after(bool pred, uint32_t value) {
-    asm volatile(
-        "{\n.reg .pred p;\n.reg .b64 state;\n.reg .b32 n;\nsetp.ne.b32 p, %1, 0;\n"
-        "or.b32 n, %2, 1;\nmin.u32 n, n, 1;\n"
-        "@p mbarrier.arrive.release.cta.shared::cta.b64 state, [%0], n;\n}\n" ::"r"(smem_addr()),
-        "r"(static_cast<int>(pred)), "r"(value)
-        : "memory");
-  }
-
   // Spins until the phase of parity `phase` has completed. A fresh barrier is in phase 0, so
   // waiting for parity 1 returns at once: the producer's first pass over the empty barriers.
   // The loop is inside one asm statement: as a C++ loop it is a data-dependent branch between
