@@ -181,7 +181,7 @@ def test_malformed_calls_are_refused_by_field(fake, seed, bad, match):
                                     0, 0, 0)
         from flashserve import _capi
         with pytest.raises(ValueError, match=match):
-            _capi.raise_for(_capi.lib().fs_attention_validate(state.ref))
+            _capi.raise_for(_capi.lib().fs_attention_validate_v3(state.ref))
         return
     with pytest.raises(ValueError, match=match):
         flashserve.flash_attn_func(q, k, v, **kwargs)
@@ -205,7 +205,7 @@ def test_lse_and_strided_views_are_packed(fake, seed):
         fs_torch._pack(state.buffer, off[name], t, _capi.FLOAT16)
     fs_torch._pack(state.buffer, off["lse"], q.new_empty((2, 5, 8), fake.float32), _capi.FLOAT32)
     with pytest.raises(ValueError, match=r"^lse: shape \[2, 5, 8\] does not match"):
-        _capi.raise_for(_capi.lib().fs_attention_validate(state.ref))
+        _capi.raise_for(_capi.lib().fs_attention_validate_v3(state.ref))
 
 
 def test_requires_grad_is_refused(fake, seed):
