@@ -23,6 +23,8 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// modify_scores (block_softmax.h): scale, then softcap, then ALiBi's bias, each a loop across
+// rows (tanh_float is branch-free so that the cap's loop vectorises too).
 __attribute__((always_inline)) inline void modify_body(float* s0, int64_t ld, int64_t nb,
                                                        int64_t rows, int64_t j0, float scale,
                                                        float softcap, const float* __restrict slope,
