@@ -70,19 +70,23 @@ def _check_dropout(dropout_p):
                                   f"pass 0.0")
 
 
+def _real(value, name, what):
+    """float(value) for a real number; a TypeError naming `name` for anything else (strings and
+    bools included: float("1") and float(True) would pass)."""
+    if isinstance(value, (str, bytes, bool)) or value is None:
+        raise TypeError(f"{name}: expected {what}, got {type(value).__name__}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected {what}, got {type(value).__name__}") from None
+
+
 def _softcap(softcap):
     """flash_attn's softcap as the C field: a real number (0: off). The library refuses a
-    negative, non-finite or subnormal one by name; here only what is no number at all."""
-    if isinstance(softcap, (str, bytes, bool)) or softcap is None:
-        raise TypeError(f"softcap: expected a real number (0.0: off), got "
-                        f"{type(softcap).__name__}")
-    try:
-        value = float(softcap)
-    except (TypeError, ValueError):
-        raise TypeError(f"softcap: expected a real number (0.0: off), got "
-                        f"{type(softcap).__name__}") from None
+    negative, non-finite or subnormal one by name; here only what is no number at all, and what
+    the float32 field would turn into "off"."""
+    value = _real(softcap, "softcap", "a real number (0.0: off)")
     if value != 0.0 and math.isfinite(value) and ctypes.c_float(value).value == 0.0:
-        # Rounds to float32 0, which the C API reads as "off": refused, not silently dropped.
         raise ValueError(f"softcap: {value} is below float32's range; pass 0.0 for no capping")
     return value
 
@@ -173,14 +177,7 @@ def _scale(softmax_scale):
     silently become the default, and a subnormal one is flushed to 0 by the GPU kernels."""
     if softmax_scale is None:
         return 0.0
-    if isinstance(softmax_scale, (str, bytes, bool)):
-        raise TypeError(f"softmax_scale: expected a real number or None, got "
-                        f"{type(softmax_scale).__name__}")
-    try:
-        scale = float(softmax_scale)
-    except (TypeError, ValueError):
-        raise TypeError(f"softmax_scale: expected a real number or None, got "
-                        f"{type(softmax_scale).__name__}") from None
+    scale = _real(softmax_scale, "softmax_scale", "a real number or None")
     if scale == 0.0:
         # The C API reads 0 as "default"; a true zero scale (uniform attention) is not offered.
         raise ValueError("softmax_scale: 0 is not supported; pass None for 1/sqrt(headdim)")

@@ -17,19 +17,18 @@
 namespace flashserve::testing {
 namespace {
 
-TensorView host_view(float* data, std::initializer_list<int64_t> shape) {
-  TensorView t;
-  t.data = data;
-  t.dtype = DType::kFloat32;
-  t.rank = static_cast<int32_t>(shape.size());
-  int i = 0;
-  for (int64_t x : shape) t.shape[i++] = x;
-  int64_t stride = 1;
-  for (int d = t.rank - 1; d >= 0; --d) {
-    t.stride[d] = stride;
-    stride *= t.shape[d];
-  }
-  return t;
+TensorView f32(float* data, std::initializer_list<int64_t> shape) {
+  return make_view(data, DType::kFloat32, shape);
+}
+
+// A dense call of one sequence and one head of dim 2: q_len queries, kv_len keys.
+AttentionParams one_head(float* q, float* k, float* v, float* out, int64_t q_len, int64_t kv_len) {
+  AttentionParams p;
+  p.q = f32(q, {1, q_len, 1, 2});
+  p.k = f32(k, {1, kv_len, 1, 2});
+  p.v = f32(v, {1, kv_len, 1, 2});
+  p.out = f32(out, {1, q_len, 1, 2});
+  return p;
 }
 
 // One sequence, one head, d = 2: 2 queries and 3 keys, so query t sits at position p = 1 + t
@@ -46,15 +45,11 @@ TEST(ScoreMod, ReferenceAndCpuPathMatchTheDefinitionByHand) {
       std::fill(std::begin(out), std::end(out), NAN);
       std::fill(std::begin(lse), std::end(lse), NAN);
       float slopes[1] = {slope};
-      AttentionParams p;
-      p.q = host_view(q, {1, 2, 1, 2});
-      p.k = host_view(k, {1, 3, 1, 2});
-      p.v = host_view(v, {1, 3, 1, 2});
-      p.out = host_view(out, {1, 2, 1, 2});
-      p.lse = host_view(lse, {1, 1, 2});
+      AttentionParams p = one_head(q, k, v, out, 2, 3);
+      p.lse = f32(lse, {1, 1, 2});
       p.softmax_scale = scale;
       p.softcap = capped ? cap : 0.0f;
-      if (alibi) p.alibi_slopes = host_view(slopes, {1});
+      if (alibi) p.alibi_slopes = f32(slopes, {1});
       const auto ref = attention::reference::naive_forward(p);
       attention_forward(p);
       for (int t = 0; t < 2; ++t) {
@@ -107,12 +102,8 @@ TEST(ScoreMod, SoftcapCapsAnInfiniteScore) {
   float k[2 * 2] = {1.0f, 0.0f, -1.0f, 0.5f};
   float v[2 * 2] = {1.0f, 2.0f, 3.0f, 4.0f};
   float out[2], lse[1];
-  AttentionParams p;
-  p.q = host_view(q, {1, 1, 1, 2});
-  p.k = host_view(k, {1, 2, 1, 2});
-  p.v = host_view(v, {1, 2, 1, 2});
-  p.out = host_view(out, {1, 1, 1, 2});
-  p.lse = host_view(lse, {1, 1, 1});
+  AttentionParams p = one_head(q, k, v, out, 1, 2);
+  p.lse = f32(lse, {1, 1, 1});
   p.softcap = 2.0f;
   attention_forward(p);
   // Scores +2 and -2 (tanh(+-inf)): weights e^2 and e^-2.
@@ -126,16 +117,12 @@ TEST(ScoreMod, SoftcapCapsAnInfiniteScore) {
 // run with the plan's.
 TEST(ScoreMod, RunRefusesParamsWhoseModifiersDifferFromThePlan) {
   float q[4] = {1, 2, 3, 4}, k[4] = {1, 0, 0, 1}, v[4] = {1, 2, 3, 4}, out[4], slopes[1] = {0.5f};
-  AttentionParams p;
-  p.q = host_view(q, {1, 2, 1, 2});
-  p.k = host_view(k, {1, 2, 1, 2});
-  p.v = host_view(v, {1, 2, 1, 2});
-  p.out = host_view(out, {1, 2, 1, 2});
+  const AttentionParams p = one_head(q, k, v, out, 2, 2);
   const AttentionPlan plan = plan_attention(p);
   for (int which = 0; which < 2; ++which) {
     AttentionParams other = p;
     if (which == 0) other.softcap = 3.0f;
-    if (which == 1) other.alibi_slopes = host_view(slopes, {1});
+    if (which == 1) other.alibi_slopes = f32(slopes, {1});
     try {
       run_attention(plan, other);
       ADD_FAILURE() << "run_attention accepted different modifiers";
