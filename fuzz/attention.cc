@@ -1,6 +1,6 @@
 // Fuzzes the attention API on the CPU: a random well-formed case (tests/support/AttentionCase:
 // dense/varlen q, dense/varlen/paged KV, GQA, masks, split-KV, strided views, seqused_k, every
-// float dtype, a few NaNs in q and k), then adversarial edits of any field of AttentionParams and
+// float dtype, softcap and ALiBi, a few NaNs in q and k), then adversarial edits of any field of AttentionParams and
 // of the host index tensors (cu_seqlens, seqused_k, block_table entries), including a view moved
 // into an input's buffer (an out interleaved with q's padding is accepted, one sharing an element
 // refused: the reference, computed after the call, would see a clobbered input). Properties:
@@ -72,6 +72,11 @@ CaseSpec spec_from(ByteReader& in) {
   s.pad = in.in(0, 2);
   s.poison_unused_kv = false;  // v's own buffer holds no NaN
   s.seed = in.raw<uint64_t>();
+  // The score modifiers from the seed's top bits, so that every input kept in the corpus parses
+  // as before: softcap off or 0.5, 2, 30; ALiBi off, per head, or per sequence and head.
+  const float caps[4] = {0.0f, 0.5f, 2.0f, 30.0f};
+  s.softcap = caps[s.seed >> 62];
+  s.alibi = static_cast<int>((s.seed >> 60) & 3) % 3;
   return s;
 }
 

@@ -16,6 +16,14 @@
 // (a negative window side means unbounded; causal sets window_right = 0). A query row that sees no
 // key produces a zero output row and lse = -inf.
 //
+// Score modifiers (FlashAttention-2's, in its order): the score of query t and key j is
+//   s = scale * q.k,  then  s = softcap * tanh(s / softcap)  when softcap > 0 (Gemma-2's capping),
+//   then  s -= slope * |p - j|  when alibi_slopes gives the head's slope (ALiBi, p as above),
+// then the mask and the softmax; lse is the log-sum-exp of these scores. With softcap a score of
+// +-inf is capped to +-softcap (tanh's limit) and so makes no row NaN. The CPU path implements
+// both, forward and backward (no gradient flows to the slopes); the CUDA kernels refuse them by
+// name (kUnsupported).
+//
 // NaN and infinity, as in PyTorch and FlashAttention: a NaN in q or in a key a row sees, or a score
 // that overflows to +inf, makes that row's output and lse NaN (never the zero row of "saw no key");
 // -inf scores weigh 0 like masked keys. A NaN or inf in v reaches the rows that weigh it; whether a
@@ -43,6 +51,8 @@ struct AttentionParams {
   int64_t max_seqlen_q = 0;    // varlen: an upper bound of every q_len (required for CUDA varlen)
   int64_t max_seqlen_k = 0;    // varlen/paged: an upper bound of every kv_len (required for CUDA)
   float softmax_scale = 0.0f;  // 0: 1/sqrt(head_dim); subnormal values are refused
+  float softcap = 0.0f;        // > 0: tanh capping (above); 0: off; negative, subnormal refused
+  TensorView alibi_slopes;     // optional float32 [h_q] or [batch, h_q]: the ALiBi slope per head
   bool causal = false;
   int32_t window_left = -1;   // -1: unbounded
   int32_t window_right = -1;  // -1: unbounded (0 when causal)

@@ -24,8 +24,10 @@ extern "C" {
 #define FS_API __attribute__((visibility("default")))
 #endif
 
-/* Bumped whenever a struct below or a function signature changes; bindings check it. */
-#define FS_ABI_VERSION 2
+/* Bumped whenever a struct below or a function signature changes; bindings check it.
+ * 3: the score modifiers (softcap, ALiBi) in fs_attention_params_v3 and the *_v3 functions; every
+ *    ABI-2 struct and function is unchanged (a program built against ABI 2 keeps working). */
+#define FS_ABI_VERSION 3
 
 typedef enum fs_status {
   FS_OK = 0,
@@ -77,6 +79,17 @@ typedef struct fs_attention_params {
   size_t workspace_bytes;
 } fs_attention_params;
 
+/* ABI 3: fs_attention_params (unchanged, as `base`) and the score modifiers of
+ * flashserve::AttentionParams (flashserve/attention.h): the scaled score s becomes
+ * softcap * tanh(s / softcap), then s - slope * |p - j| (ALiBi), before the mask. Refused by the
+ * CUDA kernels (FS_ERROR_UNSUPPORTED naming softcap or alibi_slopes). The ABI-2 functions taking
+ * fs_attention_params are these with softcap 0 and no slopes. */
+typedef struct fs_attention_params_v3 {
+  fs_attention_params base;
+  float softcap;          /* > 0: tanh capping; 0: off; negative or subnormal: refused */
+  fs_tensor alibi_slopes; /* optional float32 [h_q] or [batch, h_q] */
+} fs_attention_params_v3;
+
 /* Mirrors flashserve::AttentionBackwardParams (flashserve/attention_backward.h): the gradients
  * dq, dk, dv of the attention that `attn` describes (its forward call: out and lse as the forward
  * wrote them; lse required; its stream and workspace serve this call), given dout and optionally
@@ -88,6 +101,16 @@ typedef struct fs_attention_backward_params {
   fs_tensor dq, dk, dv;  /* outputs: q's, k's, v's shapes and dtype */
   int32_t deterministic; /* nonzero: bit-identical run to run (the CPU path always is) */
 } fs_attention_backward_params;
+
+/* ABI 3: fs_attention_backward_params with the forward's score modifiers (the gradient flows
+ * through the softcap's tanh; none flows to the ALiBi slopes). */
+typedef struct fs_attention_backward_params_v3 {
+  fs_attention_params_v3 attn;
+  fs_tensor dout;
+  fs_tensor dlse;
+  fs_tensor dq, dk, dv;
+  int32_t deterministic;
+} fs_attention_backward_params_v3;
 
 /* Mirrors flashserve::KvCacheAppendParams (flashserve/kv_cache.h): appends new keys and values to
  * a KV cache in place at cache_seqlens, with optional rotary embedding of the new keys and of q. */
@@ -145,6 +168,21 @@ FS_API int fs_attention_backward(const fs_attention_backward_params* params);
 /* Bytes of device workspace (in attn.workspace) that fs_attention_backward needs (0 when none),
  * or SIZE_MAX when params are invalid (then fs_last_error() says why). */
 FS_API size_t fs_attention_backward_workspace_size(const fs_attention_backward_params* params);
+
+/* The ABI-3 forms of the six functions above: the same behaviour, with the score modifiers.
+ * _init fills base as fs_attention_params_init does (attn as fs_attention_backward_params_init),
+ * softcap 0, alibi_slopes absent. */
+FS_API void fs_attention_params_v3_init(fs_attention_params_v3* params);
+FS_API size_t fs_sizeof_attention_params_v3(void);
+FS_API int fs_attention_validate_v3(const fs_attention_params_v3* params);
+FS_API int fs_attention_forward_v3(const fs_attention_params_v3* params);
+FS_API size_t fs_attention_workspace_size_v3(const fs_attention_params_v3* params);
+FS_API void fs_attention_backward_params_v3_init(fs_attention_backward_params_v3* params);
+FS_API size_t fs_sizeof_attention_backward_params_v3(void);
+FS_API int fs_attention_backward_validate_v3(const fs_attention_backward_params_v3* params);
+FS_API int fs_attention_backward_v3(const fs_attention_backward_params_v3* params);
+FS_API size_t
+fs_attention_backward_workspace_size_v3(const fs_attention_backward_params_v3* params);
 
 /* Fills params with the defaults of flashserve::KvCacheAppendParams (every tensor absent,
  * rotary_interleaved 1, everything else 0). */

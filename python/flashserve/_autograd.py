@@ -34,6 +34,15 @@ def require_ops(ops, q):
             "pass detached tensors")
 
 
+def refuse_slope_grad(alibi_slopes):
+    """No gradient flows to ALiBi slopes (as in FlashAttention): slopes that require one are
+    refused, not given a silent zero."""
+    if isinstance(alibi_slopes, Tensor) and alibi_slopes.requires_grad and \
+            torch.is_grad_enabled():
+        raise NotImplementedError("alibi_slopes: requires grad, but flashserve computes no "
+                                  "gradient of the ALiBi slopes; detach them")
+
+
 def define_backward_ops():
     """Defines flashserve::bwd and ::varlen_bwd and registers the forward operators' autograd
     (called once, after flashserve::fwd and ::varlen_fwd are defined)."""
@@ -41,16 +50,17 @@ def define_backward_ops():
     @torch.library.custom_op("flashserve::bwd", mutates_args=())
     def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
             dlse: Optional[Tensor], softmax_scale: Optional[float], causal: bool,
-            window_left: int, window_right: int,
-            deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+            window_left: int, window_right: int, deterministic: bool, softcap: float = 0.0,
+            alibi_slopes: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
         return _backward.backward(dout, q, k, v, out, lse, dlse, varlen=False,
                                   softmax_scale=softmax_scale, causal=causal,
                                   window_size=(window_left, window_right),
-                                  deterministic=deterministic)
+                                  deterministic=deterministic, softcap=softcap,
+                                  alibi_slopes=alibi_slopes)
 
     @bwd.register_fake
     def _(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window_left, window_right,
-          deterministic):
+          deterministic, softcap=0.0, alibi_slopes=None):
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
     @torch.library.custom_op("flashserve::varlen_bwd", mutates_args=())
@@ -58,18 +68,21 @@ def define_backward_ops():
                    dlse: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
                    cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
                    seqused_k: Optional[Tensor], softmax_scale: Optional[float], causal: bool,
-                   window_left: int, window_right: int,
-                   deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                   window_left: int, window_right: int, deterministic: bool,
+                   softcap: float = 0.0,
+                   alibi_slopes: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
         return _backward.backward(dout, q, k, v, out, lse, dlse, varlen=True,
                                   cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                                   seqused_k=seqused_k, softmax_scale=softmax_scale,
                                   causal=causal, window_size=(window_left, window_right),
-                                  deterministic=deterministic)
+                                  deterministic=deterministic, softcap=softcap,
+                                  alibi_slopes=alibi_slopes)
 
     @varlen_bwd.register_fake
     def _(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-          seqused_k, softmax_scale, causal, window_left, window_right, deterministic):
+          seqused_k, softmax_scale, causal, window_left, window_right, deterministic, softcap=0.0,
+          alibi_slopes=None):
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
     def grads_in(out, lse, grad_out, grad_lse):
@@ -83,39 +96,40 @@ def define_backward_ops():
         return dout, grad_lse
 
     # flashserve::fwd(q, k, v, softmax_scale, causal, window_left, window_right, num_splits,
-    #                 return_lse, deterministic)
+    #                 return_lse, deterministic, softcap, alibi_slopes)
     def fwd_setup(ctx, inputs, output):
-        q, k, v, scale, causal, left, right, _, _, deterministic = inputs
+        q, k, v, scale, causal, left, right, _, _, deterministic, softcap, alibi = inputs
         out, lse = output
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (scale, causal, left, right, deterministic)
+        ctx.save_for_backward(q, k, v, out, lse, alibi)
+        ctx.args = (scale, causal, left, right, deterministic, softcap)
 
     def fwd_backward(ctx, grad_out, grad_lse):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, alibi = ctx.saved_tensors
         dout, dlse = grads_in(out, lse, grad_out, grad_lse)
-        dq, dk, dv = torch.ops.flashserve.bwd(dout, q, k, v, out, lse, dlse, *ctx.args)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        dq, dk, dv = torch.ops.flashserve.bwd(dout, q, k, v, out, lse, dlse, *ctx.args, alibi)
+        return (dq, dk, dv) + (None,) * 9
 
     torch.library.register_autograd("flashserve::fwd", fwd_backward, setup_context=fwd_setup)
 
     # flashserve::varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     #                        softmax_scale, causal, window_left, window_right, return_lse,
-    #                        block_table, seqused_k, num_splits, deterministic)
+    #                        block_table, seqused_k, num_splits, deterministic, softcap,
+    #                        alibi_slopes)
     def varlen_setup(ctx, inputs, output):
         (q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, left, right, _, _, seqused_k, _,
-         deterministic) = inputs
+         deterministic, softcap, alibi) = inputs
         out, lse = output
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k)
-        ctx.args = (max_q, max_k, scale, causal, left, right, deterministic)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi)
+        ctx.args = (max_q, max_k, scale, causal, left, right, deterministic, softcap)
 
     def varlen_backward(ctx, grad_out, grad_lse):
-        q, k, v, out, lse, cu_q, cu_k, seqused_k = ctx.saved_tensors
+        q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi = ctx.saved_tensors
         dout, dlse = grads_in(out, lse, grad_out, grad_lse)
-        max_q, max_k, scale, causal, left, right, deterministic = ctx.args
+        max_q, max_k, scale, causal, left, right, deterministic, softcap = ctx.args
         dq, dk, dv = torch.ops.flashserve.varlen_bwd(dout, q, k, v, out, lse, dlse, cu_q, cu_k,
                                                      max_q, max_k, seqused_k, scale, causal,
-                                                     left, right, deterministic)
-        return (dq, dk, dv) + (None,) * 13
+                                                     left, right, deterministic, softcap, alibi)
+        return (dq, dk, dv) + (None,) * 15
 
     torch.library.register_autograd("flashserve::varlen_fwd", varlen_backward,
                                     setup_context=varlen_setup)

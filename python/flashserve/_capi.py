@@ -14,7 +14,7 @@ import os
 import threading
 
 LIBRARY_NAME = "libflashserve_c.so"
-ABI_VERSION = 2  # FS_ABI_VERSION of the header these structs mirror
+ABI_VERSION = 3  # FS_ABI_VERSION of the header these structs mirror
 MAX_RANK = 4
 
 # fs_dtype, fs_device_type and fs_status codes.
@@ -66,6 +66,26 @@ class AttentionBackwardParams(ctypes.Structure):
     ]
 
 
+class AttentionParamsV3(ctypes.Structure):
+    """fs_attention_params_v3: fs_attention_params (its fields reachable directly, params.q) and
+    the score modifiers. What the package passes to the library."""
+    _anonymous_ = ("base",)
+    _fields_ = [
+        ("base", AttentionParams),
+        ("softcap", ctypes.c_float),
+        ("alibi_slopes", Tensor),
+    ]
+
+
+class AttentionBackwardParamsV3(ctypes.Structure):
+    """fs_attention_backward_params_v3."""
+    _fields_ = [
+        ("attn", AttentionParamsV3),
+        ("dout", Tensor), ("dlse", Tensor), ("dq", Tensor), ("dk", Tensor), ("dv", Tensor),
+        ("deterministic", ctypes.c_int32),
+    ]
+
+
 class KvCacheAppendParams(ctypes.Structure):
     """fs_kvcache_append_params."""
     _fields_ = [
@@ -98,6 +118,18 @@ _SIGNATURES = {
     "fs_attention_backward": (ctypes.c_int, [ctypes.POINTER(AttentionBackwardParams)]),
     "fs_attention_backward_workspace_size": (ctypes.c_size_t,
                                              [ctypes.POINTER(AttentionBackwardParams)]),
+    "fs_attention_params_v3_init": (None, [ctypes.POINTER(AttentionParamsV3)]),
+    "fs_sizeof_attention_params_v3": (ctypes.c_size_t, []),
+    "fs_attention_validate_v3": (ctypes.c_int, [ctypes.POINTER(AttentionParamsV3)]),
+    "fs_attention_forward_v3": (ctypes.c_int, [ctypes.POINTER(AttentionParamsV3)]),
+    "fs_attention_workspace_size_v3": (ctypes.c_size_t, [ctypes.POINTER(AttentionParamsV3)]),
+    "fs_attention_backward_params_v3_init": (None, [ctypes.POINTER(AttentionBackwardParamsV3)]),
+    "fs_sizeof_attention_backward_params_v3": (ctypes.c_size_t, []),
+    "fs_attention_backward_validate_v3": (ctypes.c_int,
+                                          [ctypes.POINTER(AttentionBackwardParamsV3)]),
+    "fs_attention_backward_v3": (ctypes.c_int, [ctypes.POINTER(AttentionBackwardParamsV3)]),
+    "fs_attention_backward_workspace_size_v3": (ctypes.c_size_t,
+                                                [ctypes.POINTER(AttentionBackwardParamsV3)]),
     "fs_kvcache_append_params_init": (None, [ctypes.POINTER(KvCacheAppendParams)]),
     "fs_sizeof_kvcache_append_params": (ctypes.c_size_t, []),
     "fs_kvcache_append_validate": (ctypes.c_int, [ctypes.POINTER(KvCacheAppendParams)]),
@@ -180,7 +212,10 @@ def lib():
                     handle.fs_sizeof_attention_backward_params() !=
                     ctypes.sizeof(AttentionBackwardParams) or
                     handle.fs_sizeof_kvcache_append_params() !=
-                    ctypes.sizeof(KvCacheAppendParams)):
+                    ctypes.sizeof(KvCacheAppendParams) or
+                    handle.fs_sizeof_attention_params_v3() != ctypes.sizeof(AttentionParamsV3) or
+                    handle.fs_sizeof_attention_backward_params_v3() !=
+                    ctypes.sizeof(AttentionBackwardParamsV3)):
                 raise ImportError(f"flashserve: the struct layout of {path} differs from the "
                                   "package's (different ABI or compiler); rebuild the library")
             _path = path
@@ -227,14 +262,14 @@ def default_append_params():
 
 
 def default_backward_params():
-    """fs_attention_backward_params as fs_attention_backward_params_init leaves it."""
-    params = AttentionBackwardParams()
-    lib().fs_attention_backward_params_init(ctypes.byref(params))
+    """fs_attention_backward_params_v3 as fs_attention_backward_params_v3_init leaves it."""
+    params = AttentionBackwardParamsV3()
+    lib().fs_attention_backward_params_v3_init(ctypes.byref(params))
     return params
 
 
 def default_params():
-    """fs_attention_params as fs_attention_params_init leaves it."""
-    params = AttentionParams()
-    lib().fs_attention_params_init(ctypes.byref(params))
+    """fs_attention_params_v3 as fs_attention_params_v3_init leaves it."""
+    params = AttentionParamsV3()
+    lib().fs_attention_params_v3_init(ctypes.byref(params))
     return params

@@ -63,9 +63,9 @@ class _Calls:
 
     def __init__(self):
         lib = _capi.lib()
-        self.forward = lib.fs_attention_forward
-        self.workspace_size = lib.fs_attention_workspace_size
-        P = _capi.AttentionParams
+        self.forward = lib.fs_attention_forward_v3
+        self.workspace_size = lib.fs_attention_workspace_size_v3
+        P = _capi.AttentionParams  # fs_attention_params_v3's base, at offset 0
         self.offsets = {name: getattr(P, name).offset
                         for name in ("q", "k", "v", "out", "lse", "max_seqlen_q")}
         self.ok = (_FS_TENSOR.size == ctypes.sizeof(_capi.Tensor) and
@@ -77,12 +77,13 @@ _calls = None
 
 
 class _State(threading.local):
-    """One fs_attention_params per thread, over a bytearray that pack_into writes."""
+    """One fs_attention_params_v3 per thread, over a bytearray that pack_into writes (its score
+    modifiers stay off: calls with softcap or alibi_slopes take the generic path)."""
 
     def __init__(self):
-        self.buffer = bytearray(ctypes.sizeof(_capi.AttentionParams))
-        self.params = _capi.AttentionParams.from_buffer(self.buffer)
-        _capi.lib().fs_attention_params_init(ctypes.byref(self.params))
+        self.buffer = bytearray(ctypes.sizeof(_capi.AttentionParamsV3))
+        self.params = _capi.AttentionParamsV3.from_buffer(self.buffer)
+        _capi.lib().fs_attention_params_v3_init(ctypes.byref(self.params))
         self.ref = ctypes.byref(self.params)
 
 
@@ -121,13 +122,16 @@ def _fast_ok(q, k, v):
             not (q.requires_grad or k.requires_grad or v.requires_grad) and _get_calls().ok)
 
 
-def _dense(q, k, v, softmax_scale, causal, window_size, num_splits, return_lse):
+def _dense(q, k, v, softmax_scale, causal, window_size, num_splits, return_lse, softcap=0.0,
+           alibi_slopes=None):
     """flash_attn_func's implementation: (out, lse or None)."""
-    if not _fast_ok(q, k, v):  # the generic path: DLPack, and every check with its message
-        result = _attention._forward(q, k, v, varlen=False, softmax_scale=softmax_scale,
-                                     causal=causal, window_size=window_size,
-                                     return_lse=return_lse, num_splits=num_splits)
-        return result if return_lse else (result, None)
+    if not (_fast_ok(q, k, v) and softcap == 0.0 and alibi_slopes is None):
+        # The generic path: DLPack, and every check with its message (the score modifiers
+        # included, which the CUDA kernels refuse by name).
+        return _attention._forward(q, k, v, varlen=False, softmax_scale=softmax_scale,
+                                   causal=causal, window_size=window_size, return_lse=return_lse,
+                                   num_splits=num_splits, softcap=softcap,
+                                   alibi_slopes=alibi_slopes)
     global _state
     state = _state
     if state is None:
@@ -193,12 +197,12 @@ class _KvState(threading.local):
         self.append_buffer = bytearray(ctypes.sizeof(_capi.KvCacheAppendParams))
         self.append = _capi.KvCacheAppendParams.from_buffer(self.append_buffer)
         self.append_ref = ctypes.byref(self.append)
-        self.attn_buffer = bytearray(ctypes.sizeof(_capi.AttentionParams))
-        self.attn = _capi.AttentionParams.from_buffer(self.attn_buffer)
+        self.attn_buffer = bytearray(ctypes.sizeof(_capi.AttentionParamsV3))
+        self.attn = _capi.AttentionParamsV3.from_buffer(self.attn_buffer)
         self.attn_ref = ctypes.byref(self.attn)
         lib = _capi.lib()
         lib.fs_kvcache_append_params_init(self.append_ref)
-        lib.fs_attention_params_init(self.attn_ref)
+        lib.fs_attention_params_v3_init(self.attn_ref)
 
 
 _kv_state = None
@@ -359,14 +363,16 @@ def _define_ops():
     @torch.library.custom_op("flashserve::fwd", mutates_args=())
     def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float], causal: bool,
             window_left: int, window_right: int, num_splits: int, return_lse: bool,
-            deterministic: bool = False) -> Tuple[Tensor, Tensor]:
+            deterministic: bool = False, softcap: float = 0.0,
+            alibi_slopes: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         out, lse = _dense(q.detach(), k.detach(), v.detach(), softmax_scale, causal,
-                          (window_left, window_right), num_splits, return_lse)
+                          (window_left, window_right), num_splits, return_lse, softcap,
+                          alibi_slopes)
         return out, _lse_or_empty(q, lse)
 
     @fwd.register_fake
     def _(q, k, v, softmax_scale, causal, window_left, window_right, num_splits, return_lse,
-          deterministic=False):
+          deterministic=False, softcap=0.0, alibi_slopes=None):
         out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
         lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if return_lse else _NO_LSE
         return out, q.new_empty(lse_shape, dtype=torch.float32)
@@ -376,18 +382,19 @@ def _define_ops():
                    cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
                    softmax_scale: Optional[float], causal: bool, window_left: int,
                    window_right: int, return_lse: bool, block_table: Optional[Tensor],
-                   seqused_k: Optional[Tensor], num_splits: int,
-                   deterministic: bool = False) -> Tuple[Tensor, Tensor]:
+                   seqused_k: Optional[Tensor], num_splits: int, deterministic: bool = False,
+                   softcap: float = 0.0,
+                   alibi_slopes: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         out, lse = _varlen(q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k,
                            max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                            (window_left, window_right), return_lse, block_table, seqused_k,
-                           num_splits)
+                           num_splits, softcap, alibi_slopes)
         return out, _lse_or_empty(q, lse)
 
     @varlen_fwd.register_fake
     def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
           window_left, window_right, return_lse, block_table, seqused_k, num_splits,
-          deterministic=False):
+          deterministic=False, softcap=0.0, alibi_slopes=None):
         out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
         lse_shape = (q.shape[1], q.shape[0]) if return_lse else _NO_LSE
         return out, q.new_empty(lse_shape, dtype=torch.float32)
@@ -399,17 +406,18 @@ def _define_ops():
                      cache_seqlen: int, cache_batch_idx: Optional[Tensor],
                      block_table: Optional[Tensor], softmax_scale: Optional[float], causal: bool,
                      window_left: int, window_right: int, rotary_interleaved: bool,
-                     num_splits: int, return_lse: bool) -> Tuple[Tensor, Tensor]:
+                     num_splits: int, return_lse: bool, softcap: float = 0.0,
+                     alibi_slopes: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         out, lse = _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                             cache_seqlen, cache_batch_idx, block_table, softmax_scale, causal,
                             (window_left, window_right), rotary_interleaved, num_splits,
-                            return_lse)
+                            return_lse, softcap, alibi_slopes)
         return out, _lse_or_empty(q, lse)
 
     @with_kvcache.register_fake
     def _(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen,
           cache_batch_idx, block_table, softmax_scale, causal, window_left, window_right,
-          rotary_interleaved, num_splits, return_lse):
+          rotary_interleaved, num_splits, return_lse, softcap=0.0, alibi_slopes=None):
         out = q.new_empty(tuple(q.shape[:-1]) + (v_cache.shape[-1],))
         lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if return_lse else _NO_LSE
         return out, q.new_empty(lse_shape, dtype=torch.float32)
@@ -465,37 +473,47 @@ def _opt_float(x):
 # ---------------------------------------------------------------- the public functions' bodies
 
 def flash_attn_func(q, k, v, softmax_scale, causal, window_size, return_lse, num_splits,
-                    deterministic=False):
+                    deterministic=False, softcap=0.0, alibi_slopes=None):
+    """(out, lse), lse None unless return_lse."""
+    softcap = _attention._softcap(softcap)
+    deterministic = _attention._flag(deterministic, "deterministic")
+    _autograd.refuse_slope_grad(alibi_slopes)
     if _autograd.needs_grad(q, k, v):
         # Through the operator, whose autograd formula (_autograd.py) needs the LSE.
         _autograd.require_ops(_ops, q)
         left, right = _window_pair(window_size)
         out, lse = _ops[0](q, k, v, _opt_float(softmax_scale), bool(causal), left, right,
-                           _int32(num_splits, "num_splits"), True,
-                           _attention._flag(deterministic, "deterministic"))
+                           _int32(num_splits, "num_splits"), True, deterministic, softcap,
+                           alibi_slopes)
     elif _use_ops(q):
         left, right = _window_pair(window_size)
         out, lse = _ops[0](q, k, v, _opt_float(softmax_scale), bool(causal), left, right,
-                           _int32(num_splits, "num_splits"), bool(return_lse))
+                           _int32(num_splits, "num_splits"), bool(return_lse), deterministic,
+                           softcap, alibi_slopes)
     else:
-        out, lse = _dense(q, k, v, softmax_scale, causal, window_size, num_splits, return_lse)
-    return (out, lse) if return_lse else out
+        out, lse = _dense(q, k, v, softmax_scale, causal, window_size, num_splits, return_lse,
+                          softcap, alibi_slopes)
+    return out, (lse if return_lse else None)
 
 
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-            causal, window_size, return_lse, block_table, seqused_k, num_splits):
-    result = _attention._forward(q, k, v, varlen=True, cu_seqlens_q=cu_seqlens_q,
-                                 cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                                 max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
-                                 causal=causal, window_size=window_size, return_lse=return_lse,
-                                 block_table=block_table, seqused_k=seqused_k,
-                                 num_splits=num_splits)
-    return result if return_lse else (result, None)
+            causal, window_size, return_lse, block_table, seqused_k, num_splits, softcap=0.0,
+            alibi_slopes=None):
+    return _attention._forward(q, k, v, varlen=True, cu_seqlens_q=cu_seqlens_q,
+                               cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                               max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
+                               causal=causal, window_size=window_size, return_lse=return_lse,
+                               block_table=block_table, seqused_k=seqused_k,
+                               num_splits=num_splits, softcap=softcap, alibi_slopes=alibi_slopes)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            softmax_scale, causal, window_size, return_lse, block_table, seqused_k,
-                           num_splits, deterministic=False):
+                           num_splits, deterministic=False, softcap=0.0, alibi_slopes=None):
+    """(out, lse), lse None unless return_lse."""
+    softcap = _attention._softcap(softcap)
+    deterministic = _attention._flag(deterministic, "deterministic")
+    _autograd.refuse_slope_grad(alibi_slopes)
     grad = _autograd.needs_grad(q, k, v)
     if grad:
         _autograd.require_ops(_ops, q)
@@ -509,36 +527,40 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            _int64(max_seqlen_k, "max_seqlen_k"),
                            _opt_float(softmax_scale),
                            bool(causal), left, right, bool(return_lse) or grad, block_table,
-                           seqused_k, _int32(num_splits, "num_splits"),
-                           _attention._flag(deterministic, "deterministic"))
+                           seqused_k, _int32(num_splits, "num_splits"), deterministic, softcap,
+                           alibi_slopes)
     else:
         out, lse = _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            softmax_scale, causal, window_size, return_lse, block_table, seqused_k,
-                           num_splits)
-    return (out, lse) if return_lse else out
+                           num_splits, softcap, alibi_slopes)
+    return out, (lse if return_lse else None)
 
 
 def _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen,
              cache_batch_idx, block_table, softmax_scale, causal, window_size, rotary_interleaved,
-             num_splits, return_lse):
+             num_splits, return_lse, softcap=0.0, alibi_slopes=None):
     """cache_seqlens: a tensor, or None with cache_seqlen an int (-1: the whole cache)."""
-    if _kvcache_fast_ok(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                        cache_batch_idx, block_table):
+    if softcap == 0.0 and alibi_slopes is None and _kvcache_fast_ok(
+            q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            block_table):
         return _kvcache_fast(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                              cache_seqlen, cache_batch_idx, block_table, softmax_scale, causal,
                              window_size, rotary_interleaved, num_splits, return_lse)
     lengths = cache_seqlens if cache_seqlens is not None else (
         None if cache_seqlen < 0 else cache_seqlen)
-    result = _attention._with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lengths,
-                                      cache_batch_idx, block_table, softmax_scale, causal,
-                                      window_size, rotary_interleaved, num_splits, return_lse)
-    return result if return_lse else (result, None)
+    return _attention._with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lengths,
+                                    cache_batch_idx, block_table, softmax_scale, causal,
+                                    window_size, rotary_interleaved, num_splits, return_lse,
+                                    softcap, alibi_slopes)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                             cache_batch_idx, block_table, softmax_scale, causal, window_size,
-                            rotary_interleaved, num_splits, return_lse):
-    _check_grad(("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v))
+                            rotary_interleaved, num_splits, return_lse, softcap=0.0,
+                            alibi_slopes=None):
+    _check_grad(("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
+                ("alibi_slopes", alibi_slopes))
+    softcap = _attention._softcap(softcap)
     if isinstance(cache_seqlens, Tensor) and cache_seqlens.dim() > 0:
         lengths, length = cache_seqlens, -1
     elif cache_seqlens is None:
@@ -553,9 +575,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, c
         out, lse = _ops[2](q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lengths, length,
                            cache_batch_idx, block_table, _opt_float(softmax_scale), bool(causal),
                            left, right, bool(rotary_interleaved),
-                           _int32(num_splits, "num_splits"), bool(return_lse))
+                           _int32(num_splits, "num_splits"), bool(return_lse), softcap,
+                           alibi_slopes)
     else:
         out, lse = _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lengths, length,
                             cache_batch_idx, block_table, softmax_scale, causal, window_size,
-                            rotary_interleaved, num_splits, return_lse)
+                            rotary_interleaved, num_splits, return_lse, softcap, alibi_slopes)
     return (out, lse) if return_lse else out

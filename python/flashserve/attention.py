@@ -63,17 +63,53 @@ def _torch_route(q):
     return None
 
 
-def _check_features(dropout_p, softcap, alibi_slopes, return_attn_probs):
+def _check_dropout(dropout_p):
     if dropout_p != 0.0:
-        raise NotImplementedError(f"dropout_p: dropout is not supported (flashserve is "
-                                  f"inference-only, forward pass); got {dropout_p}, pass 0.0")
-    if softcap != 0.0:
-        raise NotImplementedError(f"softcap: logit soft-capping is not supported; got {softcap}")
-    if alibi_slopes is not None:
-        raise NotImplementedError("alibi_slopes: ALiBi is not supported")
+        raise NotImplementedError(f"dropout_p: dropout is not supported (flashserve has no "
+                                  f"dropout, in the forward nor the backward); got {dropout_p}, "
+                                  f"pass 0.0")
+
+
+def _real(value, name, what):
+    """float(value) for a real number; a TypeError naming `name` for anything else (strings and
+    bools included: float("1") and float(True) would pass)."""
+    if isinstance(value, (str, bytes, bool)) or value is None:
+        raise TypeError(f"{name}: expected {what}, got {type(value).__name__}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected {what}, got {type(value).__name__}") from None
+
+
+def _softcap(softcap):
+    """flash_attn's softcap as the C field: a real number (0: off). The library refuses a
+    negative, non-finite or subnormal one by name; here only what is no number at all, and what
+    the float32 field would turn into "off"."""
+    value = _real(softcap, "softcap", "a real number (0.0: off)")
+    if value != 0.0 and math.isfinite(value) and ctypes.c_float(value).value == 0.0:
+        raise ValueError(f"softcap: {value} is below float32's range; pass 0.0 for no capping")
+    return value
+
+
+def _results(q, path, out, lse, return_lse, return_attn_probs):
+    """What flash_attn returns: out; (out, softmax_lse, S_dmask) with return_attn_probs, where
+    S_dmask is the empty tensor (shape (0,), q's dtype) that FlashAttention-2 returns without
+    dropout (flashserve has no dropout and never materialises the probabilities); (out, lse) with
+    flashserve's keyword return_lse. `path`: the PyTorch path when q took it, else None."""
     if return_attn_probs:
-        raise NotImplementedError("return_attn_probs: flashserve never materialises the attention "
-                                  "probabilities; use return_lse=True for the log-sum-exp")
+        s_dmask = (path.empty(q, (0,)) if path is not None else
+                   _tensor.empty(q, _tensor.framework_of(q), _tensor.device_of(q), (0,)))
+        return out, lse, s_dmask
+    return (out, lse) if return_lse else out
+
+
+def _output_flags(return_lse, return_attn_probs):
+    return_lse = _flag(return_lse, "return_lse")
+    return_attn_probs = _flag(return_attn_probs, "return_attn_probs")
+    if return_lse and return_attn_probs:
+        raise ValueError("return_lse: pass return_attn_probs=True (flash_attn's (out, "
+                         "softmax_lse, S_dmask)) or return_lse=True (out, lse), not both")
+    return return_lse, return_attn_probs
 
 
 _INT32 = (-2**31, 2**31 - 1)
@@ -141,14 +177,7 @@ def _scale(softmax_scale):
     silently become the default, and a subnormal one is flushed to 0 by the GPU kernels."""
     if softmax_scale is None:
         return 0.0
-    if isinstance(softmax_scale, (str, bytes, bool)):
-        raise TypeError(f"softmax_scale: expected a real number or None, got "
-                        f"{type(softmax_scale).__name__}")
-    try:
-        scale = float(softmax_scale)
-    except (TypeError, ValueError):
-        raise TypeError(f"softmax_scale: expected a real number or None, got "
-                        f"{type(softmax_scale).__name__}") from None
+    scale = _real(softmax_scale, "softmax_scale", "a real number or None")
     if scale == 0.0:
         # The C API reads 0 as "default"; a true zero scale (uniform attention) is not offered.
         raise ValueError("softmax_scale: 0 is not supported; pass None for 1/sqrt(headdim)")
@@ -170,7 +199,7 @@ def _check_rank(x, name, rank, layout):
 def _workspace_size(params):
     """The workspace the call needs (0 on the CPU). The query validates params and, on CUDA, runs
     the dispatch's own checks (dtype, head dim, device): what the call would refuse, it refuses."""
-    size = _capi.lib().fs_attention_workspace_size(ctypes.byref(params))
+    size = _capi.lib().fs_attention_workspace_size_v3(ctypes.byref(params))
     if size == ctypes.c_size_t(-1).value:
         _capi.raise_last()  # the size query returns no status; fs_last_status has it
     return size
@@ -191,13 +220,15 @@ def _run(params, q, framework, device, describe, described, size=None):
             described.append(dw)
             params.workspace = dw.struct.data
             params.workspace_bytes = size
-    _capi.raise_for(lib.fs_attention_forward(ctypes.byref(params)))
+    _capi.raise_for(lib.fs_attention_forward_v3(ctypes.byref(params)))
     return workspace
 
 
 def _forward(q, k, v, *, varlen, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
              max_seqlen_k=0, softmax_scale=None, causal=False, window_size=(-1, -1),
-             return_lse=False, block_table=None, seqused_k=None, num_splits=0):
+             return_lse=False, block_table=None, seqused_k=None, num_splits=0, softcap=0.0,
+             alibi_slopes=None):
+    """(out, lse or None)."""
     framework = _tensor.framework_of(q)
     for name, x in (("q", q), ("k", k), ("v", v)):
         # PyTorch tensors that require grad take _torch.py's operators; here only when those could
@@ -247,13 +278,15 @@ def _forward(q, k, v, *, varlen, cu_seqlens_q=None, cu_seqlens_k=None, max_seqle
 
     described = [dq, dk, dv, describe(out, "out"), describe(lse, "lse"),
                  describe(cu_seqlens_q, "cu_seqlens_q"), describe(cu_seqlens_k, "cu_seqlens_k"),
-                 describe(seqused_k, "seqused_k"), describe(block_table, "block_table")]
+                 describe(seqused_k, "seqused_k"), describe(block_table, "block_table"),
+                 describe(alibi_slopes, "alibi_slopes")]
     params = _capi.default_params()
     for d in described:
         setattr(params, d.name, d.struct)
     params.max_seqlen_q = _int(max_seqlen_q, "max_seqlen_q", _INT64)
     params.max_seqlen_k = _int(max_seqlen_k, "max_seqlen_k", _INT64)
     params.softmax_scale = _scale(softmax_scale)
+    params.softcap = _softcap(softcap)
     params.causal = 1 if causal else 0
     params.window_left, params.window_right = _window(window_size, causal)
     params.num_splits = _int(num_splits, "num_splits", _INT32)
@@ -271,115 +304,133 @@ def _forward(q, k, v, *, varlen, cu_seqlens_q=None, cu_seqlens_k=None, max_seqle
     if _tensor.needs_sync(framework, device):
         _capi.raise_for(_capi.lib().fs_cuda_stream_synchronize(params.stream))
     del described, workspace  # the borrowed DLPack capsules are released only now
-    return (out, lse) if return_lse else out
+    return out, lse
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
-                    window_size=(-1, -1), return_lse=False, *, softcap=0.0, alibi_slopes=None,
-                    deterministic=False, return_attn_probs=False, num_splits=0):
-    """Exact attention over dense batches.
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                    return_attn_probs=False, *, return_lse=False, num_splits=0):
+    """Exact attention over dense batches (flash_attn 2.8's flash_attn_func: its parameters in
+    its order; return_lse and num_splits are flashserve's, keyword-only).
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), nheads a
     multiple of nheads_k (GQA/MQA). causal and window_size=(left, right) are aligned bottom-right:
     query i sees key j iff i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right
     (a negative side is unbounded; causal sets right = 0). A query that sees no key gets a zero row.
-    Returns out (batch, seqlen_q, nheads, headdim_v) in q's framework, dtype and device, or
-    (out, lse) with return_lse, lse float32 (batch, nheads, seqlen_q), natural log, -inf for a row
-    that sees no key. PyTorch tensors that require grad are differentiable (q, k, v; and lse when
-    returned); deterministic=True asks for bit-identical gradients run to run (the CPU backward
-    always gives them; the forward is deterministic).
+    softcap > 0: scores s = softcap * tanh(s / softcap) (Gemma-2), before the mask. alibi_slopes:
+    float32 (nheads,) or (batch, nheads), a bias -slope * |i + seqlen_k - seqlen_q - j| added to
+    the scores after the cap. Both run on the CPU path, forward and backward; the CUDA kernels
+    refuse them (NotImplementedError naming the argument). dropout_p must be 0.0.
+    Returns out (batch, seqlen_q, nheads, headdim_v) in q's framework, dtype and device; with
+    return_attn_probs, (out, softmax_lse, S_dmask) as flash_attn returns them without dropout:
+    softmax_lse float32 (batch, nheads, seqlen_q), natural log, -inf for a row that sees no key,
+    and S_dmask an empty tensor (shape (0,), q's dtype): flashserve never materialises the
+    probabilities. return_lse=True returns (out, softmax_lse). PyTorch tensors that require grad
+    are differentiable (q, k, v; and the lse); deterministic=True asks for bit-identical gradients
+    run to run (the CPU backward always gives them; the forward is deterministic).
     num_splits: split-KV ways; 0 (the default, as in FlashAttention's forward) lets the library
     choose, 1 never splits, n > 1 splits exactly n ways.
     """
-    _check_features(dropout_p, softcap, alibi_slopes, return_attn_probs)
-    causal, return_lse = _flag(causal, "causal"), _flag(return_lse, "return_lse")
+    _check_dropout(dropout_p)
+    causal = _flag(causal, "causal")
+    return_lse, return_attn_probs = _output_flags(return_lse, return_attn_probs)
+    want_lse = return_lse or return_attn_probs
     path = _torch_route(q)
     if path is not None:
-        return path.flash_attn_func(q, k, v, softmax_scale, causal, window_size, return_lse,
-                                    num_splits, deterministic)
-    return _forward(q, k, v, varlen=False, softmax_scale=softmax_scale, causal=causal,
-                    window_size=window_size, return_lse=return_lse, num_splits=num_splits)
+        out, lse = path.flash_attn_func(q, k, v, softmax_scale, causal, window_size, want_lse,
+                                        num_splits, deterministic, softcap, alibi_slopes)
+        return _results(q, path, out, lse, return_lse, return_attn_probs)
+    _flag(deterministic, "deterministic")
+    out, lse = _forward(q, k, v, varlen=False, softmax_scale=softmax_scale, causal=causal,
+                        window_size=window_size, return_lse=want_lse, num_splits=num_splits,
+                        softcap=softcap, alibi_slopes=alibi_slopes)
+    return _results(q, None, out, lse, return_lse, return_attn_probs)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                           return_lse=False, block_table=None, seqused_k=None, *, softcap=0.0,
-                           alibi_slopes=None, deterministic=False, return_attn_probs=False,
-                           num_splits=0):
-    """Exact attention over packed variable-length sequences.
+                           softcap=0.0, alibi_slopes=None, deterministic=False,
+                           return_attn_probs=False, block_table=None, *, seqused_k=None,
+                           return_lse=False, num_splits=0):
+    """Exact attention over packed variable-length sequences (flash_attn 2.8's
+    flash_attn_varlen_func, parameters in its order; seqused_k, return_lse and num_splits are
+    flashserve's, keyword-only).
 
     q: (total_q, nheads, headdim) with int32 cu_seqlens_q (batch + 1,); k, v: (total_k, nheads_k,
     headdim) with int32 cu_seqlens_k, or a paged cache (num_blocks, page_block_size, nheads_k,
-    headdim) with int32 block_table (batch, max_blocks_per_seq) and the key lengths in seqused_k
-    (batch,) or, as in FlashAttention-2, as differences of cu_seqlens_k. seqused_k without
+    headdim) with int32 block_table (batch, max_blocks_per_seq) and the key lengths as differences
+    of cu_seqlens_k (FlashAttention-2's convention) or in seqused_k (batch,). seqused_k without
     block_table limits sequence b to its first seqused_k[b] keys. max_seqlen_q/k: upper bounds of
-    the lengths (Python ints). Masking as in flash_attn_func, per sequence.
-    Returns out (total_q, nheads, headdim_v), or (out, lse) with lse float32 (nheads, total_q).
-    num_splits as in flash_attn_func (default 0: automatic).
+    the lengths (Python ints). Masking, softcap and alibi_slopes as in flash_attn_func, per
+    sequence. Returns out (total_q, nheads, headdim_v); with return_attn_probs (out, softmax_lse,
+    S_dmask), softmax_lse float32 (nheads, total_q), S_dmask empty as in flash_attn_func; with
+    return_lse (out, softmax_lse). num_splits as in flash_attn_func (default 0: automatic).
     """
-    _check_features(dropout_p, softcap, alibi_slopes, return_attn_probs)
-    causal, return_lse = _flag(causal, "causal"), _flag(return_lse, "return_lse")
+    _check_dropout(dropout_p)
+    causal = _flag(causal, "causal")
+    return_lse, return_attn_probs = _output_flags(return_lse, return_attn_probs)
+    want_lse = return_lse or return_attn_probs
     path = _torch_route(q)
     if path is not None:
-        return path.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                           max_seqlen_k, softmax_scale, causal, window_size,
-                                           return_lse, block_table, seqused_k, num_splits,
-                                           deterministic)
-    return _forward(q, k, v, varlen=True, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                    max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                    softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                    return_lse=return_lse, block_table=block_table, seqused_k=seqused_k,
-                    num_splits=num_splits)
+        out, lse = path.flash_attn_varlen_func(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+            causal, window_size, want_lse, block_table, seqused_k, num_splits, deterministic,
+            softcap, alibi_slopes)
+        return _results(q, path, out, lse, return_lse, return_attn_probs)
+    _flag(deterministic, "deterministic")
+    out, lse = _forward(q, k, v, varlen=True, cu_seqlens_q=cu_seqlens_q,
+                        cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                        max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
+                        window_size=window_size, return_lse=want_lse, block_table=block_table,
+                        seqused_k=seqused_k, num_splits=num_splits, softcap=softcap,
+                        alibi_slopes=alibi_slopes)
+    return _results(q, None, out, lse, return_lse, return_attn_probs)
 
 
 # ---------------------------------------------------------------- packed variants
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
-                              window_size=(-1, -1), return_lse=False, *, softcap=0.0,
-                              alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                              deterministic=False, return_attn_probs=False, *, return_lse=False,
                               num_splits=0):
     """flash_attn_func on qkv (batch, seqlen, 3, nheads, headdim): q, k, v = qkv[:, :, i] (views,
     no copy)."""
     return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale,
-                           causal, window_size, return_lse, softcap=softcap,
-                           alibi_slopes=alibi_slopes, deterministic=deterministic,
-                           return_attn_probs=return_attn_probs, num_splits=num_splits)
+                           causal, window_size, softcap, alibi_slopes, deterministic,
+                           return_attn_probs, return_lse=return_lse, num_splits=num_splits)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
-                             window_size=(-1, -1), return_lse=False, *, softcap=0.0,
-                             alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                             deterministic=False, return_attn_probs=False, *, return_lse=False,
                              num_splits=0):
     """flash_attn_func with kv (batch, seqlen_k, 2, nheads_k, headdim): k, v = kv[:, :, i]."""
     return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal,
-                           window_size, return_lse, softcap=softcap, alibi_slopes=alibi_slopes,
-                           deterministic=deterministic, return_attn_probs=return_attn_probs,
-                           num_splits=num_splits)
+                           window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+                           return_lse=return_lse, num_splits=num_splits)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      softmax_scale=None, causal=False, window_size=(-1, -1),
-                                     return_lse=False, *, softcap=0.0, alibi_slopes=None,
-                                     deterministic=False, return_attn_probs=False, num_splits=0):
+                                     softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False, *, return_lse=False, num_splits=0):
     """flash_attn_varlen_func on qkv (total, 3, nheads, headdim) with one cu_seqlens."""
     return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens,
                                   max_seqlen, max_seqlen, dropout_p, softmax_scale, causal,
-                                  window_size, return_lse, softcap=softcap,
-                                  alibi_slopes=alibi_slopes, deterministic=deterministic,
-                                  return_attn_probs=return_attn_probs, num_splits=num_splits)
+                                  window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs, return_lse=return_lse, num_splits=num_splits)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, dropout_p=0.0, softmax_scale=None, causal=False,
-                                    window_size=(-1, -1), return_lse=False, *, softcap=0.0,
-                                    alibi_slopes=None, deterministic=False,
-                                    return_attn_probs=False, num_splits=0):
+                                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                                    deterministic=False, return_attn_probs=False, *,
+                                    return_lse=False, num_splits=0):
     """flash_attn_varlen_func with kv (total_k, 2, nheads_k, headdim)."""
     return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k,
                                   max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-                                  window_size, return_lse, softcap=softcap,
-                                  alibi_slopes=alibi_slopes, deterministic=deterministic,
-                                  return_attn_probs=return_attn_probs, num_splits=num_splits)
+                                  window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs, return_lse=return_lse, num_splits=num_splits)
 
 
 # ---------------------------------------------------------------- KV cache
@@ -407,10 +458,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     is a ValueError when the lengths are known on the host (an int, a CPU tensor, or
     FLASHSERVE_CHECK_INDICES=1); see docs/python.md for device-resident lengths.
     Returns out (batch, seqlen_q, nheads, headdim), or (out, lse) with return_softmax_lse, lse
-    float32 (batch, nheads, seqlen_q). cache_leftpad, softcap and alibi_slopes are accepted for
-    source compatibility and must be left at their defaults.
+    float32 (batch, nheads, seqlen_q). softcap and alibi_slopes as in flash_attn_func (the
+    positions of ALiBi are those of the updated cache: query i of sequence b sits at
+    cache_seqlens[b] + seqlen_new - seqlen_q + i). cache_leftpad is refused unless None.
     """
-    _check_features(0.0, softcap, alibi_slopes, False)
     if cache_leftpad is not None:
         raise NotImplementedError("cache_leftpad: left-padded caches are not supported")
     causal = _flag(causal, "causal")
@@ -421,10 +472,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         return path.flash_attn_with_kvcache(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             block_table, softmax_scale, causal, window_size, rotary_interleaved, num_splits,
-            return_softmax_lse)
-    return _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                         cache_batch_idx, block_table, softmax_scale, causal, window_size,
-                         rotary_interleaved, num_splits, return_softmax_lse)
+            return_softmax_lse, softcap, alibi_slopes)
+    out, lse = _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                             cache_batch_idx, block_table, softmax_scale, causal, window_size,
+                             rotary_interleaved, num_splits, return_softmax_lse, softcap,
+                             alibi_slopes)
+    return (out, lse) if return_softmax_lse else out
 
 
 def _index_view(d, rows, cols, name):
@@ -442,7 +495,8 @@ def _index_view(d, rows, cols, name):
 
 def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                   cache_batch_idx, block_table, softmax_scale, causal, window_size,
-                  rotary_interleaved, num_splits, return_lse):
+                  rotary_interleaved, num_splits, return_lse, softcap=0.0, alibi_slopes=None):
+    """(out, lse or None)."""
     framework = _tensor.framework_of(q)
     if framework == "jax" and k is not None:
         raise TypeError("k_cache: JAX arrays are immutable; flash_attn_with_kvcache appends to "
@@ -548,6 +602,11 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         params.block_table = _index_view(dbatch, dbatch.shape[0], 1, "cache_batch_idx")
         params.max_seqlen_k = dkc.shape[1]
     params.softmax_scale = _scale(softmax_scale)
+    params.softcap = _softcap(softcap)
+    if alibi_slopes is not None:
+        dslopes = describe(alibi_slopes, "alibi_slopes")
+        described.append(dslopes)
+        params.alibi_slopes = dslopes.struct
     params.causal = 1 if causal else 0
     params.window_left, params.window_right = window_left, window_right
     params.num_splits = _int(num_splits, "num_splits", _INT32)
@@ -574,7 +633,7 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     if _tensor.needs_sync(framework, device):
         _capi.raise_for(_capi.lib().fs_cuda_stream_synchronize(params.stream))
     del described, workspace
-    return (out, lse) if return_lse else out
+    return out, lse
 
 
 def _lengths_after_append(append, like, batch, s_new):

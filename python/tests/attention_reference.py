@@ -1,5 +1,5 @@
-"""An independent NumPy reference of the attention contract, per sequence: materialise S, apply the
-bottom-right mask, softmax, multiply by V. `float64` is the truth; `low_precision` is what a naive
+"""An independent NumPy reference of the attention contract, per sequence: materialise S (with
+FlashAttention's softcap and ALiBi), apply the bottom-right mask, softmax, multiply by V. `float64` is the truth; `low_precision` is what a naive
 kernel in the input dtype computes (S and softmax in float32, P rounded to the input dtype before
 P @ V, the output rounded to it), whose error sets the tolerance as in FlashAttention's tests."""
 
@@ -22,10 +22,26 @@ def visible(q_len, kv_len, causal, window):
     return mask
 
 
-def attention(q, k, v, scale, causal=False, window=(-1, -1), low_precision=None):
-    """q [q_len, h_q, d], k [kv_len, h_kv, d], v [kv_len, h_kv, dv] of one sequence.
-    Returns out [q_len, h_q, dv] and lse [h_q, q_len] (-inf, and a zero row, where nothing is
-    visible). low_precision: None (float64) or a NumPy dtype to emulate a naive kernel in."""
+def scores(qh, kh, scale, softcap=0.0, slope=None):
+    """The scores of one head, [q_len, kv_len]: scale q.k, then softcap * tanh(s / softcap) when
+    softcap > 0, then minus slope * |p - j| (ALiBi, p = kv_len - q_len + t) when slope is given."""
+    work = qh.dtype.type
+    s = (qh @ kh.T) * work(scale)
+    if softcap > 0:
+        s = work(softcap) * np.tanh(s / work(softcap))
+    if slope is not None:
+        q_len, kv_len = s.shape
+        p = kv_len - q_len + np.arange(q_len)[:, None]
+        s = s - work(slope) * np.abs(p - np.arange(kv_len)[None, :]).astype(work)
+    return s
+
+
+def attention(q, k, v, scale, causal=False, window=(-1, -1), low_precision=None, softcap=0.0,
+              slopes=None):
+    """q [q_len, h_q, d], k [kv_len, h_kv, d], v [kv_len, h_kv, dv] of one sequence; softcap and
+    slopes (ALiBi, [h_q] or None) as in scores(). Returns out [q_len, h_q, dv] and lse [h_q, q_len]
+    (-inf, and a zero row, where nothing is visible). low_precision: None (float64) or a NumPy
+    dtype to emulate a naive kernel in."""
     q_len, h_q, _ = q.shape
     kv_len, h_kv, dv = v.shape
     group = h_q // h_kv
@@ -38,7 +54,7 @@ def attention(q, k, v, scale, causal=False, window=(-1, -1), low_precision=None)
         qh = q[:, h].astype(work)
         kh = k[:, h // group].astype(work)
         vh = v[:, h // group].astype(work)
-        s = (qh @ kh.T) * work(scale)
+        s = scores(qh, kh, scale, softcap, None if slopes is None else slopes[h])
         s = np.where(mask, s, -np.inf)
         m = np.where(seen, s.max(axis=1, initial=-np.inf), 0.0).astype(work)
         e = np.exp(s - m[:, None])

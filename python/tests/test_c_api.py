@@ -57,11 +57,52 @@ def test_params_init_matches_the_cpp_defaults():
         assert t.data is None and t.rank == 0 and list(t.shape) == [0] * 4
 
 
+def test_v3_params_init_adds_the_score_modifiers_off():
+    p = _capi.AttentionParamsV3()
+    ctypes.memset(ctypes.byref(p), 0x5a, ctypes.sizeof(p))
+    _capi.lib().fs_attention_params_v3_init(ctypes.byref(p))
+    base = _capi.default_params().base
+    assert bytes(p.base) == bytes(base) and ctypes.sizeof(p.base) == ctypes.sizeof(base)
+    assert (p.window_left, p.num_splits, p.softcap) == (-1, 1, 0.0)
+    assert p.alibi_slopes.data is None and p.alibi_slopes.rank == 0
+
+
+def test_abi2_entry_points_still_run_the_abi2_struct(seed):
+    """A program built against ABI 2 passes the ABI-2 struct to the unsuffixed functions: they
+    read no field past it, and compute what the ABI-3 ones compute without modifiers."""
+    lib = _capi.lib()
+    q, k, v, out3 = dense(seed)
+    out2 = np.full_like(out3, np.nan)
+    lse2, lse3 = (np.full((2, 2, 7), np.nan, dtype=np.float32) for _ in range(2))
+    p3, keep3 = params_for(q, k, v, out3, lse3, causal=1)
+    p2 = _capi.AttentionParams()
+    lib.fs_attention_params_init(ctypes.byref(p2))
+    keep2 = []
+    for name, x in (("q", q), ("k", k), ("v", v), ("out", out2), ("lse", lse2)):
+        d = _tensor.describe(x, name)
+        keep2.append(d)
+        setattr(p2, name, d.struct)
+    p2.causal = 1
+    assert call(lib.fs_attention_validate, p2) == 0 and call(lib.fs_attention_workspace_size,
+                                                             p2) == 0
+    assert call(lib.fs_attention_forward, p2) == 0
+    assert call(lib.fs_attention_forward_v3, p3) == 0
+    np.testing.assert_array_equal(out2, out3)
+    np.testing.assert_array_equal(lse2, lse3)
+    p2.window_left = -7
+    assert call(lib.fs_attention_forward, p2) == _capi.INVALID_ARGUMENT
+    assert lib.fs_last_error() == b"window_left: must be >= -1, got -7"
+    del keep2, keep3
+
+
 def test_struct_layout_and_version():
     lib = _capi.lib()
-    assert lib.fs_abi_version() == _capi.ABI_VERSION
+    assert lib.fs_abi_version() == _capi.ABI_VERSION == 3
     assert lib.fs_sizeof_tensor() == ctypes.sizeof(_capi.Tensor)
     assert lib.fs_sizeof_attention_params() == ctypes.sizeof(_capi.AttentionParams)
+    assert lib.fs_sizeof_attention_params_v3() == ctypes.sizeof(_capi.AttentionParamsV3)
+    assert lib.fs_sizeof_attention_backward_params_v3() == ctypes.sizeof(
+        _capi.AttentionBackwardParamsV3)
     with open(os.path.join(REPO, "CMakeLists.txt")) as f:
         cmake_version = re.search(r"project\(flashserve VERSION ([0-9.]+)", f.read()).group(1)
     assert flashserve.version() == cmake_version == flashserve.__version__
@@ -72,10 +113,10 @@ def test_forward_through_the_c_struct(seed):
     lse = np.full((2, 2, 7), np.nan, dtype=np.float32)
     p, keep = params_for(q, k, v, out, lse, causal=1)
     lib = _capi.lib()
-    assert call(lib.fs_attention_validate, p) == 0
+    assert call(lib.fs_attention_validate_v3, p) == 0
     assert np.isnan(out).all(), "validate must not write"
-    assert call(lib.fs_attention_workspace_size, p) == 0  # the CPU path needs none
-    assert call(lib.fs_attention_forward, p) == 0
+    assert call(lib.fs_attention_workspace_size_v3, p) == 0  # the CPU path needs none
+    assert call(lib.fs_attention_forward_v3, p) == 0
     assert lib.fs_last_error() == b""
     expected, expected_lse = flashserve.flash_attn_func(q, k, v, causal=True, return_lse=True)
     assert np.array_equal(out, expected) and np.array_equal(lse, expected_lse)
@@ -96,20 +137,20 @@ def test_null_and_malformed_structs_return_codes(seed):
     for name, field, value, message in cases:
         p, keep = params_for(q, k, v, out)
         setattr(getattr(p, name), field, value)
-        assert call(lib.fs_attention_forward, p) == _capi.INVALID_ARGUMENT
+        assert call(lib.fs_attention_forward_v3, p) == _capi.INVALID_ARGUMENT
         assert lib.fs_last_error() == message
-        assert call(lib.fs_attention_validate, p) == _capi.INVALID_ARGUMENT
-        assert call(lib.fs_attention_workspace_size, p) == SIZE_MAX
+        assert call(lib.fs_attention_validate_v3, p) == _capi.INVALID_ARGUMENT
+        assert call(lib.fs_attention_workspace_size_v3, p) == SIZE_MAX
         assert lib.fs_last_error() == message
     # A last dimension that is not contiguous is named, not read wrongly.
     p, keep = params_for(q, k, v, out)
     p.q.shape[3], p.q.strides[3] = 8, 2
-    assert call(lib.fs_attention_forward, p) == _capi.INVALID_ARGUMENT
+    assert call(lib.fs_attention_forward_v3, p) == _capi.INVALID_ARGUMENT
     assert lib.fs_last_error() == \
         b"q: the last dimension must be contiguous (stride 1), got stride 2"
     # A missing required tensor.
     p, keep = params_for(q, k, v, None)
-    assert call(lib.fs_attention_forward, p) == _capi.INVALID_ARGUMENT
+    assert call(lib.fs_attention_forward_v3, p) == _capi.INVALID_ARGUMENT
     assert lib.fs_last_error().startswith(b"out: expected rank 4")
     assert np.isnan(out).all()
 
@@ -119,7 +160,7 @@ def test_errors_map_to_python_exceptions(seed):
     p, keep = params_for(q, k, v, out)
     p.q.dtype = _capi.INT32
     with pytest.raises(ValueError, match=r"^q: dtype int32 is not supported"):
-        _capi.raise_for(call(_capi.lib().fs_attention_forward, p))
+        _capi.raise_for(call(_capi.lib().fs_attention_forward_v3, p))
     assert _capi.lib().fs_attention_forward(None) == _capi.INVALID_ARGUMENT
     for code, exception in ((_capi.INVALID_ARGUMENT, ValueError),
                             (_capi.UNSUPPORTED, NotImplementedError),
@@ -143,7 +184,7 @@ def test_failed_workspace_query_raises_what_it_failed_with(seed, monkeypatch, st
         def __getattr__(self, name):
             return getattr(real, name)
 
-        def fs_attention_workspace_size(self, params):
+        def fs_attention_workspace_size_v3(self, params):
             assert real.fs_attention_forward(None) == _capi.INVALID_ARGUMENT  # sets a message
             return SIZE_MAX
 
@@ -168,7 +209,7 @@ def test_last_status_follows_the_last_call(seed):
     assert lib.fs_last_status() == _capi.INVALID_ARGUMENT
     q, k, v, out = dense(seed)
     p, keep = params_for(q, k, v, out)
-    assert call(lib.fs_attention_forward, p) == _capi.OK and lib.fs_last_status() == _capi.OK
+    assert call(lib.fs_attention_forward_v3, p) == _capi.OK and lib.fs_last_status() == _capi.OK
 
 
 @pytest.mark.skipif(flashserve.built_with_cuda(), reason="the library was built with CUDA")
@@ -177,7 +218,7 @@ def test_cuda_tensor_without_cuda_is_unsupported(seed):
     p, keep = params_for(q, k, v, out)
     for name in ("q", "k", "v", "out"):
         getattr(p, name).device_type = _capi.CUDA
-    assert call(_capi.lib().fs_attention_forward, p) == _capi.UNSUPPORTED
+    assert call(_capi.lib().fs_attention_forward_v3, p) == _capi.UNSUPPORTED
     assert b"built without CUDA" in _capi.lib().fs_last_error()
     assert _capi.lib().fs_cuda_stream_synchronize(None) == _capi.UNSUPPORTED
     assert not flashserve.cuda_available()
@@ -194,7 +235,7 @@ def test_last_error_is_per_thread_and_cleared_by_success(seed):
         q, k, v, out = dense(seed)
         p, keep = params_for(q, k, v, out)
         p.q.dtype = 42
-        lib.fs_attention_forward(ctypes.byref(p))
+        lib.fs_attention_forward_v3(ctypes.byref(p))
         seen["after"] = lib.fs_last_error()
 
     thread = threading.Thread(target=other)
@@ -204,7 +245,7 @@ def test_last_error_is_per_thread_and_cleared_by_success(seed):
     assert lib.fs_last_error() == b"params: null pointer"
     q, k, v, out = dense(seed)
     p, keep = params_for(q, k, v, out)
-    assert call(lib.fs_attention_forward, p) == 0 and lib.fs_last_error() == b""
+    assert call(lib.fs_attention_forward_v3, p) == 0 and lib.fs_last_error() == b""
 
 
 C_PROGRAM = r"""
@@ -249,6 +290,24 @@ int main(void) {
   const double el = log(exp(s0) + exp(s1));
   if (fabs(out[0] - e0) > 1e-5 || fabs(out[1] - e1) > 1e-5 || fabs(lse[0] - el) > 1e-5) {
     printf("wrong %f %f %f\n", out[0], out[1], lse[0]);
+    return 1;
+  }
+  /* ABI 3: the same call with softcap 0.25 (s = 0.25 tanh(s / 0.25)) and one ALiBi slope of
+   * 0.5 (the query sits at position 1: key 0 is 1 away). */
+  fs_attention_params_v3 p3;
+  fs_attention_params_v3_init(&p3);
+  if (p3.softcap != 0.0f || p3.alibi_slopes.rank != 0 || p3.base.window_left != -1) return 1;
+  float slope[1] = {0.5f};
+  const int64_t ss[1] = {1};
+  p3.base = p;
+  p3.softcap = 0.25f;
+  p3.alibi_slopes = view(slope, FS_FLOAT32, 1, ss);
+  if (fs_attention_forward_v3(&p3) != FS_OK) { printf("error %s\n", fs_last_error()); return 1; }
+  const double c0 = 0.25 * tanh(s0 / 0.25) - 0.5, c1 = 0.25 * tanh(s1 / 0.25);
+  const double u0 = exp(c0) / (exp(c0) + exp(c1)), u1 = 1.0 - u0;
+  if (fabs(out[0] - (u0 * 1.0 + u1 * 3.0)) > 1e-5 || fabs(out[1] - (u0 * 2.0 + u1 * 4.0)) > 1e-5 ||
+      fabs(lse[0] - log(exp(c0) + exp(c1))) > 1e-5) {
+    printf("wrong v3 %f %f %f\n", out[0], out[1], lse[0]);
     return 1;
   }
   p.v.dtype = FS_INT32;

@@ -327,12 +327,14 @@ def test_error_unsupported_features(seed):
         flash_attn_func(q, k, v, dropout_p=0.1)
     with pytest.raises(NotImplementedError, match=r"^dropout_p"):
         flash_attn_func(q, k, v, 0.5)
-    with pytest.raises(NotImplementedError, match=r"^softcap"):
-        flash_attn_func(q, k, v, softcap=30.0)
-    with pytest.raises(NotImplementedError, match=r"^alibi_slopes"):
-        flash_attn_func(q, k, v, alibi_slopes=np.ones(4, dtype=np.float32))
-    with pytest.raises(NotImplementedError, match=r"^return_attn_probs"):
-        flash_attn_func(q, k, v, return_attn_probs=True)
+    with pytest.raises(TypeError, match=r"^return_attn_probs: expected a bool"):
+        flash_attn_func(q, k, v, return_attn_probs="yes")
+    with pytest.raises(ValueError, match=r"^return_lse: pass return_attn_probs=True"):
+        flash_attn_func(q, k, v, return_attn_probs=True, return_lse=True)
+    with pytest.raises(ValueError, match=r"^softcap: must be 0 \(off\)"):
+        flash_attn_func(q, k, v, softcap=-30.0)
+    with pytest.raises(ValueError, match=r"^alibi_slopes: shape \[3\] is neither"):
+        flash_attn_func(q, k, v, alibi_slopes=np.ones(3, dtype=np.float32))
     with pytest.raises(ValueError, match=r"^softmax_scale: 0 is not supported"):
         flash_attn_func(q, k, v, softmax_scale=0.0)
     with pytest.raises(ValueError, match=r"^window_size: expected a pair"):

@@ -25,9 +25,10 @@ from attention_reference import check_close, visible  # noqa: E402
 FLOOR = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 1e-5}
 
 
-def naive(q, k, v, scale, causal, window, dtype):
+def naive(q, k, v, scale, causal, window, dtype, softcap=0.0, slopes=None):
     """Attention of one sequence in `dtype` with PyTorch ops (q [sq, h, d], k/v [sk, hk, d]),
-    differentiable: out [sq, h, dv] and lse [h, sq]. Masked scores are a large negative number,
+    differentiable: out [sq, h, dv] and lse [h, sq]; softcap > 0 caps the scores with tanh, slopes
+    ([h]) subtract ALiBi's slope * |p - j|. Masked scores are a large negative number,
     not -inf, and rows that see nothing are zeroed after the softmax, so that autograd gives them
     zero gradients rather than NaN."""
     q, k, v = (x.to(dtype) for x in (q, k, v))
@@ -43,6 +44,12 @@ def naive(q, k, v, scale, causal, window, dtype):
         return torch.einsum(equation, a.to(work), b.to(work)).to(dtype)
 
     s = product("qhd,khd->hqk", q, k).to(work) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    if slopes is not None:
+        sq, sk = s.shape[1], s.shape[2]
+        p = sk - sq + torch.arange(sq)[:, None]
+        s = s - slopes.to(work)[:, None, None] * (p - torch.arange(sk)[None, :]).abs().to(work)
     s = s.masked_fill(~mask, -1e30)
     p = torch.softmax(s, dim=-1) * seen[None, :, None]
     lse = torch.logsumexp(s, dim=-1).masked_fill(~seen[None], -math.inf)
@@ -50,11 +57,12 @@ def naive(q, k, v, scale, causal, window, dtype):
     return out, lse
 
 
-def reference_grads(q, k, v, dout, scale, causal, window, dtype, dlse=None):
+def reference_grads(q, k, v, dout, scale, causal, window, dtype, dlse=None, softcap=0.0,
+                    slopes=None):
     """(dq, dk, dv) of sum(out * dout) (+ sum(lse * dlse)) by PyTorch autograd of naive() in
     dtype, as float64 NumPy arrays."""
     leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
-    out, lse = naive(*leaves, scale, causal, window, dtype)
+    out, lse = naive(*leaves, scale, causal, window, dtype, softcap, slopes)
     loss = (out.double() * dout.double()).sum()
     if dlse is not None:
         seen = torch.isfinite(lse)
@@ -93,6 +101,41 @@ def test_dense_grads_match_float64_autograd(dtype, causal, window):
         exact = reference_grads(*args, torch.float64)
         low = reference_grads(*args, dtype)
         check_grads([leaf.grad[i] for leaf in leaves], exact, low, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("softcap,alibi", [(1.5, False), (0.0, True), (0.8, True)])
+def test_softcap_and_alibi_grads_match_float64_autograd(dtype, softcap, alibi):
+    """The CPU backward carries the softcap's tanh into the gradient (and ALiBi's shift into the
+    recomputed probabilities); the lse is differentiated too (return_attn_probs)."""
+    g = torch.Generator().manual_seed(2210 + int(softcap * 10) + int(alibi))
+    b, sq, sk, h, hk, d = 2, 23, 37, 4, 2, 32
+    q, k, v = random(g, (b, sq, h, d), dtype), random(g, (b, sk, hk, d), dtype), \
+        random(g, (b, sk, hk, d), dtype)
+    dout = random(g, (b, sq, h, d), dtype)
+    dlse = random(g, (b, h, sq), torch.float32)
+    slopes = torch.rand(b, h, generator=g) * 0.7 + 0.05 if alibi else None
+    scale = 0.6  # scores of about N(0, 12): the cap bends them
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out, lse, s_dmask = flash_attn_func(*leaves, 0.0, scale, True, (-1, -1), softcap, slopes,
+                                        False, True)
+    assert s_dmask.shape == (0,) and not s_dmask.requires_grad
+    torch.autograd.backward([out, lse], [dout, dlse])
+    for i in range(b):
+        row = None if slopes is None else slopes[i]
+        args = (q[i], k[i], v[i], dout[i], scale, True, (-1, -1))
+        kw = dict(dlse=dlse[i], softcap=softcap, slopes=row)
+        check_grads([leaf.grad[i] for leaf in leaves], reference_grads(*args, torch.float64, **kw),
+                    reference_grads(*args, dtype, **kw), dtype)
+
+
+def test_alibi_slopes_that_require_grad_are_refused():
+    q = torch.randn(1, 5, 2, 16, requires_grad=True)
+    slopes = torch.rand(2, requires_grad=True)
+    with pytest.raises(NotImplementedError, match=r"^alibi_slopes: requires grad"):
+        flash_attn_func(q, q, q, alibi_slopes=slopes)
+    with torch.no_grad():
+        flash_attn_func(q, q, q, alibi_slopes=slopes)  # no gradient asked for: runs
 
 
 def test_lse_gradient(seed=2205):
@@ -255,3 +298,14 @@ def test_operators_pass_opcheck():
                           (*leaves, None, True, -1, -1, 1, True, False),
                           test_utils=("test_schema", "test_autograd_registration",
                                       "test_faketensor"))
+    # With the score modifiers (softcap, ALiBi slopes [h]): the same checks, and the gradient.
+    slopes = torch.rand(4, generator=g)
+    torch.library.opcheck(torch.ops.flashserve.fwd.default,
+                          (*leaves, None, True, -1, -1, 1, True, False, 1.5, slopes),
+                          test_utils=("test_schema", "test_autograd_registration",
+                                      "test_faketensor"))
+    out, lse = flash_attn_func(q, k, v, causal=True, softcap=1.5, alibi_slopes=slopes,
+                               return_lse=True)
+    torch.library.opcheck(torch.ops.flashserve.bwd.default,
+                          (dout, q, k, v, out, lse, None, None, True, -1, 0, False, 1.5, slopes),
+                          test_utils=("test_schema", "test_faketensor"))

@@ -292,6 +292,27 @@ def test_errors(gen):
         flash_attn_func(q, k, v, dropout_p=0.1)
 
 
+
+def test_score_modifiers_are_refused_by_name_on_cuda(gen):
+    """The CUDA kernels lack softcap and ALiBi: refused naming the argument, before anything
+    runs (forward, autograd and the KV-cache call alike), never computed without them."""
+    q, k, v = (randn(gen, (1, 16, 2, 64), torch.bfloat16) for _ in range(3))
+    slopes = torch.full((2,), 0.5, device="cuda")
+    message = r"not supported by the CUDA kernels yet \(the CPU path has it\)"
+    with pytest.raises(NotImplementedError, match=r"^softcap: logit soft-capping " + message):
+        flash_attn_func(q, k, v, softcap=30.0)
+    with pytest.raises(NotImplementedError, match=r"^alibi_slopes: ALiBi " + message):
+        flash_attn_func(q, k, v, alibi_slopes=slopes)
+    with pytest.raises(NotImplementedError, match=r"^softcap: "):
+        flash_attn_func(q.requires_grad_(), k, v, softcap=30.0)
+    cache = torch.zeros(1, 32, 2, 64, dtype=torch.bfloat16, device="cuda")
+    before = cache.clone()
+    with pytest.raises(NotImplementedError, match=r"^softcap: "):
+        flashserve.flash_attn_with_kvcache(q.detach(), cache, cache.clone(), k, v,
+                                           cache_seqlens=3, softcap=30.0)
+    assert torch.equal(cache, before), "the cache was written before the refusal"
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("num_splits", [1, 0, 3])
 def test_nan_rows_like_pytorch(gen, dtype, num_splits):

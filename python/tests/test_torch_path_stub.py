@@ -124,13 +124,33 @@ def test_a_valid_call_passes_validation(fake, seed):
     k = tensor(fake, rng, (2, 7, 2, 64), fake.bfloat16)
     v = tensor(fake, rng, (2, 7, 2, 64), fake.bfloat16)
     for kwargs in (dict(), dict(causal=True, return_lse=True), dict(window_size=(3, 1)),
-                   dict(softmax_scale=0.5, num_splits=3)):
+                   dict(softmax_scale=0.5, num_splits=3), dict(return_attn_probs=True)):
         with pytest.raises((NotImplementedError, RuntimeError, ValueError),
                            match=UNREACHABLE_DEVICE):
             flashserve.flash_attn_func(q, k, v, **kwargs)
     import flashserve._torch as fs_torch
     assert fs_attention._torch_path is fs_torch and fs_torch._ops is None
     assert fs_torch._get_calls().ok, "the packed layout does not match the library's structs"
+
+
+@pytest.mark.parametrize("kwargs", [dict(softcap=30.0), dict(alibi_slopes="slopes")])
+def test_score_modifiers_take_the_generic_path(fake, seed, monkeypatch, kwargs):
+    """The fast path packs no softcap and no slopes: a call with either must reach the generic
+    path (whose library call applies them, or refuses them by name on CUDA), never the fast one."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (tensor(fake, rng, (1, 4, 2, 64), fake.bfloat16) for _ in range(3))
+    if "alibi_slopes" in kwargs:
+        kwargs = dict(alibi_slopes=tensor(fake, rng, (2,), fake.float32))
+    seen = {}
+
+    def generic(*args, **given):
+        seen.update(given)
+        return "out", None
+
+    monkeypatch.setattr(fs_attention, "_forward", generic)
+    assert flashserve.flash_attn_func(q, k, v, **kwargs) == "out"
+    for name, value in kwargs.items():
+        assert seen[name] is value or seen[name] == value
 
 
 @pytest.mark.parametrize("bad,match", [
@@ -181,7 +201,7 @@ def test_malformed_calls_are_refused_by_field(fake, seed, bad, match):
                                     0, 0, 0)
         from flashserve import _capi
         with pytest.raises(ValueError, match=match):
-            _capi.raise_for(_capi.lib().fs_attention_validate(state.ref))
+            _capi.raise_for(_capi.lib().fs_attention_validate_v3(state.ref))
         return
     with pytest.raises(ValueError, match=match):
         flashserve.flash_attn_func(q, k, v, **kwargs)
@@ -205,7 +225,7 @@ def test_lse_and_strided_views_are_packed(fake, seed):
         fs_torch._pack(state.buffer, off[name], t, _capi.FLOAT16)
     fs_torch._pack(state.buffer, off["lse"], q.new_empty((2, 5, 8), fake.float32), _capi.FLOAT32)
     with pytest.raises(ValueError, match=r"^lse: shape \[2, 5, 8\] does not match"):
-        _capi.raise_for(_capi.lib().fs_attention_validate(state.ref))
+        _capi.raise_for(_capi.lib().fs_attention_validate_v3(state.ref))
 
 
 def test_requires_grad_is_refused(fake, seed):

@@ -46,6 +46,7 @@ int smem_per_block(int device) {
 }
 
 void check_supported(const AttentionBackwardParams& bp, const Problem& pr) {
+  refuse_score_mods(pr.score_mod, "the CUDA backward");
   int major = 0;
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, pr.device.index),
              "cudaDeviceGetAttribute (compute capability)");

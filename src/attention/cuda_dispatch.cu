@@ -122,6 +122,7 @@ void check_device_indices(const AttentionParams& params, cudaStream_t stream) {
 // so the message names what is missing rather than a derived symptom. Returns the device's
 // properties.
 const DeviceProps& check_supported(const AttentionParams& params, const Problem& pr) {
+  refuse_score_mods(pr.score_mod, "the CUDA kernels");
   if (pr.dtype == DType::kFloat32)
     unsupported("q", "float32 is not supported by the CUDA kernels (use bfloat16 or float16)");
   if (pr.head_dim != 64 && pr.head_dim != 128 && pr.head_dim != 256)

@@ -129,6 +129,9 @@ void run_attention(const AttentionPlan& plan, const AttentionParams& params) {
   if (pr.mask.left != planned.mask.left || pr.mask.right != planned.mask.right ||
       pr.num_splits != planned.num_splits)
     plan_mismatch("mask or num_splits");
+  if (pr.score_mod.softcap != planned.score_mod.softcap ||
+      pr.score_mod.has_alibi() != planned.score_mod.has_alibi())
+    plan_mismatch("softcap or alibi_slopes");
   if (pr.device.type == DeviceType::kCPU) return attention::cpu_forward(params, pr);
 #if defined(FLASHSERVE_WITH_CUDA)
   attention::cuda_run(plan.state_->plan, params, pr);

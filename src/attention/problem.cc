@@ -328,6 +328,35 @@ Problem describe(const AttentionParams& p) {
                                   " is subnormal in float32 (0 asks for 1/sqrt(head_dim))"));
   pr.scale =
       p.softmax_scale != 0.0f ? p.softmax_scale : 1.0f / std::sqrt(static_cast<float>(pr.head_dim));
+  // softcap: as the scale, a subnormal value would be a different one (0: off) in flush-to-zero
+  // arithmetic; a negative one is no capping anyone defines (FlashAttention-2 ignores it).
+  if (!std::isfinite(p.softcap)) fail("softcap", "must be finite");
+  // Above 1e30 it caps nothing a float32 score reaches, and softcap * log2(e) (the CPU path's
+  // units) would overflow.
+  if (p.softcap < 0.0f || (p.softcap != 0.0f && p.softcap < std::numeric_limits<float>::min()) ||
+      p.softcap > 1e30f)
+    fail("softcap", str_cat("must be 0 (off) or a normal float32 in (0, 1e30], got ",
+                            static_cast<double>(p.softcap)));
+  pr.score_mod.softcap = p.softcap;
+  if (p.alibi_slopes.defined()) {
+    // [h_q] (one slope per head) or [batch, h_q] (per sequence and head), as FlashAttention-2.
+    const TensorView& a = p.alibi_slopes;
+    check_aux(a, "alibi_slopes", a.rank == 2 ? 2 : 1, DType::kFloat32, pr.device);
+    const bool ok =
+        a.rank == 1 ? a.shape[0] == pr.h_q : a.shape[0] == pr.batch && a.shape[1] == pr.h_q;
+    if (!ok)
+      fail("alibi_slopes", str_cat("shape ", shape_string(a), " is neither [h_q] = [", pr.h_q,
+                                   "] nor [batch, h_q] = [", pr.batch, ", ", pr.h_q, "]"));
+    pr.score_mod.alibi = a.ptr<const float>();
+    pr.score_mod.alibi_batch_stride = a.rank == 2 ? a.stride[0] : 0;
+    pr.score_mod.alibi_head_stride = a.stride[a.rank - 1];
+    if (a.shape[a.rank - 1] == 1) pr.score_mod.alibi_head_stride = 0;
+    if (pr.device.type == DeviceType::kCPU)
+      for (int64_t b = 0; b < (a.rank == 2 ? pr.batch : 1); ++b)
+        for (int64_t h = 0; h < pr.h_q; ++h)
+          if (!std::isfinite(pr.score_mod.slope(b, h)))
+            fail("alibi_slopes", str_cat("entry for sequence ", b, ", head ", h, " is not finite"));
+  }
   if (p.window_left < -1) fail("window_left", str_cat("must be >= -1, got ", p.window_left));
   if (p.window_right < -1) fail("window_right", str_cat("must be >= -1, got ", p.window_right));
   if (p.causal && p.window_right > 0)

@@ -7,6 +7,7 @@
 
 #include "flashserve/attention.h"
 #include "mask.h"
+#include "score_mod.h"
 
 namespace flashserve::attention {
 
@@ -19,6 +20,7 @@ struct Problem {
   int64_t page_size = 0, num_pages = 0, pages_per_seq = 0;
   float scale = 0.0f;  // softmax scale applied to q.k
   Mask mask;
+  ScoreMod score_mod;  // softcap and ALiBi (the slopes' host pointer only on the CPU)
   int32_t num_splits = 1;
   Device device;
   DType dtype = DType::kFloat32;  // of q, k, v and out

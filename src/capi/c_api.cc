@@ -159,7 +159,17 @@ AttentionParams to_params(const fs_attention_params* p) {
   return params;
 }
 
-AttentionBackwardParams to_backward_params(const fs_attention_backward_params* p) {
+AttentionParams to_params(const fs_attention_params_v3* p) {
+  if (p == nullptr) throw Error(ErrorKind::kInvalidArgument, "params", "null pointer");
+  AttentionParams params = to_params(&p->base);
+  params.softcap = p->softcap;
+  params.alibi_slopes = to_view(p->alibi_slopes, "alibi_slopes");
+  return params;
+}
+
+// For fs_attention_backward_params (ABI 2) and fs_attention_backward_params_v3 alike.
+template <typename P>
+AttentionBackwardParams to_backward_params(const P* p) {
   if (p == nullptr) throw Error(ErrorKind::kInvalidArgument, "params", "null pointer");
   AttentionBackwardParams params;
   params.attn = to_params(&p->attn);
@@ -192,6 +202,43 @@ KvCacheAppendParams to_append_params(const fs_kvcache_append_params* p) {
   params.seqlens_out = to_view(p->seqlens_out, "seqlens_out");
   params.stream = p->stream;
   return params;
+}
+
+}  // namespace
+}  // namespace flashserve
+
+namespace flashserve {
+namespace {
+
+// The bodies of the entry points, once for the ABI-2 and the ABI-3 structs.
+template <typename P>
+int validate_call(const P* params) {
+  return guarded([&] { validate(to_params(params)); });
+}
+template <typename P>
+int forward_call(const P* params) {
+  return guarded([&] { attention_forward(to_params(params)); });
+}
+template <typename P>
+size_t workspace_size_call(const P* params) {
+  size_t bytes = 0;
+  const int status = guarded([&] { bytes = attention_workspace_size(to_params(params)); });
+  return status == FS_OK ? bytes : SIZE_MAX;
+}
+template <typename P>
+int backward_validate_call(const P* params) {
+  return guarded([&] { validate(to_backward_params(params)); });
+}
+template <typename P>
+int backward_call(const P* params) {
+  return guarded([&] { attention_backward(to_backward_params(params)); });
+}
+template <typename P>
+size_t backward_workspace_size_call(const P* params) {
+  size_t bytes = 0;
+  const int status =
+      guarded([&] { bytes = attention_backward_workspace_size(to_backward_params(params)); });
+  return status == FS_OK ? bytes : SIZE_MAX;
 }
 
 }  // namespace
@@ -245,18 +292,32 @@ FS_API int fs_cuda_available(void) {
 }
 
 FS_API int fs_attention_validate(const fs_attention_params* params) {
-  return flashserve::guarded([&] { flashserve::validate(flashserve::to_params(params)); });
+  return flashserve::validate_call(params);
 }
-
 FS_API int fs_attention_forward(const fs_attention_params* params) {
-  return flashserve::guarded([&] { flashserve::attention_forward(flashserve::to_params(params)); });
+  return flashserve::forward_call(params);
+}
+FS_API size_t fs_attention_workspace_size(const fs_attention_params* params) {
+  return flashserve::workspace_size_call(params);
 }
 
-FS_API size_t fs_attention_workspace_size(const fs_attention_params* params) {
-  size_t bytes = 0;
-  const int status = flashserve::guarded(
-      [&] { bytes = flashserve::attention_workspace_size(flashserve::to_params(params)); });
-  return status == FS_OK ? bytes : SIZE_MAX;
+FS_API void fs_attention_params_v3_init(fs_attention_params_v3* params) {
+  if (params == nullptr) return;
+  *params = fs_attention_params_v3{};
+  fs_attention_params_init(&params->base);
+  params->softcap = flashserve::AttentionParams{}.softcap;
+}
+FS_API size_t fs_sizeof_attention_params_v3(void) {
+  return sizeof(fs_attention_params_v3);
+}
+FS_API int fs_attention_validate_v3(const fs_attention_params_v3* params) {
+  return flashserve::validate_call(params);
+}
+FS_API int fs_attention_forward_v3(const fs_attention_params_v3* params) {
+  return flashserve::forward_call(params);
+}
+FS_API size_t fs_attention_workspace_size_v3(const fs_attention_params_v3* params) {
+  return flashserve::workspace_size_call(params);
 }
 
 FS_API void fs_attention_backward_params_init(fs_attention_backward_params* params) {
@@ -271,20 +332,33 @@ FS_API size_t fs_sizeof_attention_backward_params(void) {
 }
 
 FS_API int fs_attention_backward_validate(const fs_attention_backward_params* params) {
-  return flashserve::guarded([&] { flashserve::validate(flashserve::to_backward_params(params)); });
+  return flashserve::backward_validate_call(params);
 }
-
 FS_API int fs_attention_backward(const fs_attention_backward_params* params) {
-  return flashserve::guarded(
-      [&] { flashserve::attention_backward(flashserve::to_backward_params(params)); });
+  return flashserve::backward_call(params);
+}
+FS_API size_t fs_attention_backward_workspace_size(const fs_attention_backward_params* params) {
+  return flashserve::backward_workspace_size_call(params);
 }
 
-FS_API size_t fs_attention_backward_workspace_size(const fs_attention_backward_params* params) {
-  size_t bytes = 0;
-  const int status = flashserve::guarded([&] {
-    bytes = flashserve::attention_backward_workspace_size(flashserve::to_backward_params(params));
-  });
-  return status == FS_OK ? bytes : SIZE_MAX;
+FS_API void fs_attention_backward_params_v3_init(fs_attention_backward_params_v3* params) {
+  if (params == nullptr) return;
+  *params = fs_attention_backward_params_v3{};
+  fs_attention_params_v3_init(&params->attn);
+  params->deterministic = flashserve::AttentionBackwardParams{}.deterministic ? 1 : 0;
+}
+FS_API size_t fs_sizeof_attention_backward_params_v3(void) {
+  return sizeof(fs_attention_backward_params_v3);
+}
+FS_API int fs_attention_backward_validate_v3(const fs_attention_backward_params_v3* params) {
+  return flashserve::backward_validate_call(params);
+}
+FS_API int fs_attention_backward_v3(const fs_attention_backward_params_v3* params) {
+  return flashserve::backward_call(params);
+}
+FS_API size_t
+fs_attention_backward_workspace_size_v3(const fs_attention_backward_params_v3* params) {
+  return flashserve::backward_workspace_size_call(params);
 }
 
 FS_API void fs_kvcache_append_params_init(fs_kvcache_append_params* params) {

@@ -59,6 +59,19 @@ std::vector<CaseSpec> shapes() {
   s.batch = 2, s.q_lens = {19}, s.kv_lens = {23}, s.h_q = 3, s.h_kv = 1, s.head_dim = 64;
   s.head_dim_v = 32, s.use_seqused_k = true, s.kv_extra = 5, s.pad = 3, s.window_left = 6;
   v.push_back(s);  // seqused_k (the 5 extra keys get zero gradient), strided views, d_v != d
+  s = {};
+  s.batch = 2, s.q_lens = {33}, s.kv_lens = {161}, s.h_q = 8, s.h_kv = 2, s.head_dim = 64;
+  s.causal = true, s.softcap = 1.5f, s.softmax_scale = 0.5f;
+  v.push_back(s);  // softcap bending the scores (the gradient through the tanh), GQA, causal
+  s = {};
+  s.batch = 3, s.q_lens = {5, 0, 131}, s.kv_lens = {9, 7, 140}, s.h_q = 4, s.h_kv = 2;
+  s.head_dim = 64, s.q_layout = QLayout::kVarlen, s.kv_layout = KVLayout::kVarlen;
+  s.alibi = 2, s.window_left = 40, s.window_right = 8;
+  v.push_back(s);  // ALiBi per sequence and head, both sides of the window
+  s = {};
+  s.q_lens = {70}, s.kv_lens = {150}, s.h_q = 2, s.h_kv = 1, s.head_dim = 32, s.causal = true;
+  s.softcap = 0.8f, s.alibi = 1;
+  v.push_back(s);  // both
   return v;
 }
 
@@ -112,6 +125,23 @@ TEST(CpuBackwardFiniteDifferences, GqaCausalQLongerThanKv) {
   CaseSpec s;
   s.q_lens = {7}, s.kv_lens = {5}, s.h_q = 4, s.h_kv = 2, s.head_dim = 8, s.head_dim_v = 4;
   s.causal = true;
+  check_finite_differences(s);
+}
+
+// The softcap's gradient (through tanh, at a cap that bends every score) and ALiBi's shift, tied
+// to the definition by the same finite differences.
+TEST(CpuBackwardFiniteDifferences, SoftcapGqaCausal) {
+  CaseSpec s;
+  s.q_lens = {6}, s.kv_lens = {9}, s.h_q = 4, s.h_kv = 2, s.head_dim = 8, s.causal = true;
+  s.softcap = 0.6f, s.softmax_scale = 0.9f;
+  check_finite_differences(s);
+}
+
+TEST(CpuBackwardFiniteDifferences, SoftcapAndAlibiVarlenWindow) {
+  CaseSpec s;
+  s.batch = 2, s.q_lens = {4, 5}, s.kv_lens = {7, 3}, s.h_q = 2, s.h_kv = 1, s.head_dim = 8;
+  s.q_layout = QLayout::kVarlen, s.kv_layout = KVLayout::kVarlen;
+  s.window_left = 4, s.window_right = 2, s.softcap = 1.2f, s.alibi = 2;
   check_finite_differences(s);
 }
 

@@ -196,6 +196,70 @@ std::vector<CaseSpec> cases() {
     s.head_dim = 128;
     s.head_dim_v = 64;
   }));
+  // Score modifiers (score_mod.h): softcap small enough to bend the scores (normal q, k give
+  // scaled scores of about N(0, 1); a scale of 1 makes them N(0, d)), ALiBi per head and per
+  // sequence and head, each with the masks, layouts, GQA, split-KV and tile edges above.
+  v.push_back(with(base({17}, {17}), [](CaseSpec& s) { s.softcap = 0.7f; }));
+  v.push_back(with(base({127}, {127}), [](CaseSpec& s) {
+    s.softcap = 5.0f;
+    s.softmax_scale = 1.0f;
+    s.causal = true;
+    s.dtype = DType::kBFloat16;
+  }));
+  v.push_back(with(base({17}, {127}), [](CaseSpec& s) {
+    s.h_q = 8;
+    s.h_kv = 2;
+    s.softcap = 1.5f;
+    s.causal = true;
+    s.window_left = 20;
+    s.dtype = DType::kFloat16;
+  }));
+  v.push_back(with(base({5, 0, 17, 1}, {40, 3, 300, 129}), [](CaseSpec& s) {
+    s.q_layout = QLayout::kVarlen;
+    s.kv_layout = KVLayout::kPaged;
+    s.h_q = 4;
+    s.h_kv = 2;
+    s.causal = true;
+    s.softcap = 2.0f;
+    s.alibi = 2;
+    s.dtype = DType::kBFloat16;
+  }));
+  v.push_back(with(base({1}, {1000}), [](CaseSpec& s) {
+    s.batch = 2;
+    s.h_q = 8;
+    s.h_kv = 2;
+    s.softcap = 1.0f;
+    s.alibi = 1;
+    s.num_splits = 3;
+  }));
+  v.push_back(with(base({257}, {513}), [](CaseSpec& s) {
+    s.h_q = s.h_kv = 1;
+    s.softcap = 3.0f;
+    s.softmax_scale = 0.5f;
+    s.window_left = 16;
+    s.window_right = 4;
+  }));
+  v.push_back(with(base({33}, {80}), [](CaseSpec& s) {
+    s.h_q = 6;
+    s.h_kv = 2;
+    s.alibi = 1;
+    s.causal = true;
+  }));
+  v.push_back(with(base({7, 30}, {50, 21}), [](CaseSpec& s) {  // bias both sides of p
+    s.q_layout = QLayout::kVarlen;
+    s.kv_layout = KVLayout::kVarlen;
+    s.alibi = 2;
+    s.dtype = DType::kFloat16;
+  }));
+  v.push_back(with(base({17}, {300}), [](CaseSpec& s) {
+    s.pad = 5;
+    s.h_q = 4;
+    s.softcap = 0.5f;
+    s.alibi = 1;
+    s.window_left = 100;
+    s.head_dim = 128;
+    s.dtype = DType::kBFloat16;
+  }));
   return v;
 }
 

@@ -78,6 +78,21 @@ struct Check {
 const Device kCuda{DeviceType::kCUDA, 0};
 constexpr int64_t kBig = std::numeric_limits<int64_t>::max();
 
+// ALiBi slopes for the checks: room for [batch, h_q] of the dense base (3 x 4), all 0.25.
+float g_slopes[12] = {0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.25f,
+                      0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.25f};
+TensorView slopes(int64_t rows, int64_t cols = 0) {
+  TensorView t;
+  t.data = g_slopes;
+  t.dtype = DType::kFloat32;
+  t.rank = cols ? 2 : 1;
+  t.shape[0] = rows;
+  t.shape[1] = cols;
+  t.stride[0] = cols ? cols : 1;
+  t.stride[1] = 1;
+  return t;
+}
+
 std::vector<Check> checks() {
   using P = AttentionParams&;
   return {
@@ -257,6 +272,45 @@ std::vector<Check> checks() {
        "is subnormal in float32 (0 asks for 1/sqrt(head_dim))"},
       {"ScaleNegativeSubnormal", Base::kDense, [](P p) { p.softmax_scale = -1e-45f; },
        "softmax_scale", "is subnormal in float32"},
+      // Score modifiers.
+      {"SoftcapNegative", Base::kDense, [](P p) { p.softcap = -1.0f; }, "softcap",
+       "must be 0 (off) or a normal float32 in (0, 1e30], got -1"},
+      {"SoftcapNan", Base::kDense, [](P p) { p.softcap = NAN; }, "softcap", "must be finite"},
+      {"SoftcapInf", Base::kDense, [](P p) { p.softcap = INFINITY; }, "softcap", "must be finite"},
+      {"SoftcapSubnormal", Base::kDense, [](P p) { p.softcap = 1e-40f; }, "softcap",
+       "a normal float32 in (0, 1e30]"},
+      {"SoftcapHuge", Base::kDense, [](P p) { p.softcap = 2e30f; }, "softcap",
+       "a normal float32 in (0, 1e30]"},
+      {"AlibiShape", Base::kDense, [](P p) { p.alibi_slopes = slopes(3); }, "alibi_slopes",
+       "shape [3] is neither [h_q] = [4] nor [batch, h_q] = [3, 4]"},
+      {"AlibiBatch", Base::kDense, [](P p) { p.alibi_slopes = slopes(2, 4); }, "alibi_slopes",
+       "shape [2, 4] is neither"},
+      {"AlibiRank", Base::kDense,
+       [](P p) {
+         p.alibi_slopes = slopes(1, 4);
+         p.alibi_slopes.rank = 3;
+         p.alibi_slopes.shape[2] = 1;
+       },
+       "alibi_slopes", "expected rank 1, got rank 3"},
+      {"AlibiDtype", Base::kDense,
+       [](P p) {
+         p.alibi_slopes = slopes(4);
+         p.alibi_slopes.dtype = DType::kFloat16;
+       },
+       "alibi_slopes", "expected float32, got float16"},
+      {"AlibiDevice", Base::kDense,
+       [](P p) {
+         p.alibi_slopes = slopes(3, 4);
+         p.alibi_slopes.device = kCuda;
+       },
+       "alibi_slopes", "must be on the same device as q"},
+      {"AlibiNotFinite", Base::kDense,
+       [](P p) {
+         static float bad[12] = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, NAN, 0.5f, 0.5f, 0.5f, 0.5f};
+         p.alibi_slopes = slopes(3, 4);
+         p.alibi_slopes.data = bad;
+       },
+       "alibi_slopes", "entry for sequence 1, head 2 is not finite"},
       // Misaligned elements (issue 9: a float32 array one byte off was read misaligned).
       {"MisalignedQ", Base::kDense, [](P p) { p.q.data = static_cast<char*>(p.q.data) + 1; }, "q",
        "-byte elements (float32)"},

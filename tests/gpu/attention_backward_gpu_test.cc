@@ -168,6 +168,12 @@ TEST(GpuBackwardRefusals, NamesWhatTheKernelsLack) {
   CaseSpec dv = spec(DType::kBFloat16, 64, 1, 9, 9, 2, 2, false);
   dv.head_dim_v = 32;
   refused(dv, "v");
+  CaseSpec capped = spec(DType::kBFloat16, 64, 1, 9, 9, 2, 2, false);
+  capped.softcap = 5.0f;  // the forward ran on the CPU, which has it
+  refused(capped, "softcap");
+  capped.softcap = 0.0f;
+  capped.alibi = 2;
+  refused(capped, "alibi_slopes");
 }
 
 }  // namespace

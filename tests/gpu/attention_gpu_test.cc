@@ -345,6 +345,12 @@ TEST(GpuErrors, RefusesWhatItCannotRun) {
   CaseSpec odd = base;
   odd.head_dim = 72;
   expect_refused(odd, "q");  // head dim without a kernel
+  CaseSpec capped = base;    // the score modifiers: the CPU path's only, so far
+  capped.softcap = 30.0f;
+  expect_refused(capped, "softcap");
+  CaseSpec alibi = base;
+  alibi.alibi = 1;
+  expect_refused(alibi, "alibi_slopes");
   base.with_lse = false;
   expect_refused(base, "q", [](AttentionParams& p) {  // a base pointer off 16-byte alignment
     p.q.data = static_cast<char*>(p.q.data) + 2;

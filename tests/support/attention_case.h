@@ -50,6 +50,8 @@ struct CaseSpec {
   int32_t window_left = -1, window_right = -1;
   bool with_lse = true;
   float softmax_scale = 0.0f;
+  float softcap = 0.0f;  // > 0: tanh capping of the scores
+  int alibi = 0;         // ALiBi slopes, random in [0.05, 0.8): 0 none, 1 [h_q], 2 [batch, h_q]
   int32_t num_splits = 1;
   uint64_t seed = 1;
   // Extra elements after every head row of q, k, v and out: non-contiguous (strided) views.
@@ -87,6 +89,8 @@ struct CaseSpec {
     if (window_right >= 0) os << "_wr" << window_right;
     if (!with_lse) os << "_nolse";
     if (num_splits != 1) os << "_split" << num_splits;
+    if (softcap > 0) os << "_cap" << static_cast<int>(softcap * 10);
+    if (alibi) os << "_alibi" << alibi;
     if (pad) os << "_pad" << pad;
     return os.str();
   }
@@ -111,7 +115,19 @@ inline void store_nan(void* base, int64_t i, DType dtype) {
 class AttentionCase {
  public:
   // Order of buffers() and of the device_ptrs argument of params().
-  enum Buffer { kQ, kK, kV, kOut, kLse, kCuSeqlensQ, kCuSeqlensK, kSequsedK, kBlockTable, kNum };
+  enum Buffer {
+    kQ,
+    kK,
+    kV,
+    kOut,
+    kLse,
+    kCuSeqlensQ,
+    kCuSeqlensK,
+    kSequsedK,
+    kBlockTable,
+    kAlibi,
+    kNum
+  };
   struct BufferInfo {
     const char* name;
     std::byte* host;
@@ -217,6 +233,13 @@ class AttentionCase {
     fill(kQ, q_rows_, s_.h_q, D, nullptr);
     fill(kK, kv_slots_, s_.h_kv, D, &live);
     fill(kV, kv_slots_, s_.h_kv, Dv, &live);
+    if (s_.alibi) {  // drawn after q, k, v: the cases without ALiBi keep their values
+      const int64_t n = (s_.alibi == 2 ? B : 1) * s_.h_q;
+      alloc(kAlibi, n * 4);
+      std::uniform_real_distribution<float> slope(0.05f, 0.8f);
+      for (int64_t i = 0; i < n; ++i)
+        store_float(buf_[kAlibi].data(), i, DType::kFloat32, slope(rng));
+    }
     poison_outputs();
   }
 
@@ -224,7 +247,8 @@ class AttentionCase {
 
   std::vector<BufferInfo> buffers() {
     static const char* const names[kNum] = {
-        "q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table"};
+        "q",         "k",           "v",           "out", "lse", "cu_seqlens_q", "cu_seqlens_k",
+        "seqused_k", "block_table", "alibi_slopes"};
     std::vector<BufferInfo> r;
     for (int i = 0; i < kNum; ++i) r.push_back({names[i], buf_[i].data(), buf_[i].size()});
     return r;
@@ -302,6 +326,10 @@ class AttentionCase {
     p.window_left = s_.window_left;
     p.window_right = s_.window_right;
     p.num_splits = s_.num_splits;
+    p.softcap = s_.softcap;
+    if (s_.alibi == 1) p.alibi_slopes = view(ptr(kAlibi), DType::kFloat32, dev, {s_.h_q}, {1});
+    if (s_.alibi == 2)
+      p.alibi_slopes = view(ptr(kAlibi), DType::kFloat32, dev, {B, s_.h_q}, {s_.h_q, 1});
     return p;
   }
 

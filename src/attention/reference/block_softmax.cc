@@ -8,6 +8,7 @@
 
 #include "attention/reference/cpu_gemm.h"
 #include "attention/reference/online_softmax.h"
+#include "attention/score_mod.h"
 #include "common/half.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -22,21 +23,52 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// modify_scores (block_softmax.h): scale, then softcap, then ALiBi's bias, each a loop across
+// rows (tanh_float is branch-free so that the cap's loop vectorises too).
+__attribute__((always_inline)) inline void modify_body(float* s0, int64_t ld, int64_t nb,
+                                                       int64_t rows, int64_t j0, float scale,
+                                                       float softcap, const float* __restrict slope,
+                                                       const float* __restrict pos) {
+  if (softcap > 0.0f) {
+    const float in = scale / softcap;
+    for (int64_t j = 0; j < nb; ++j) {
+      float* __restrict s = s0 + j * ld;
+      for (int64_t i = 0; i < rows; ++i) s[i] = softcap * tanh_float(s[i] * in);
+    }
+  } else if (scale != 1.0f) {
+    for (int64_t j = 0; j < nb; ++j) {
+      float* __restrict s = s0 + j * ld;
+      for (int64_t i = 0; i < rows; ++i) s[i] *= scale;
+    }
+  }
+  if (slope != nullptr)
+    for (int64_t j = 0; j < nb; ++j) {
+      float* __restrict s = s0 + j * ld;
+      const float key = static_cast<float>(j0 + j);
+      for (int64_t i = 0; i < rows; ++i) s[i] -= slope[i] * std::fabs(pos[i] - key);
+    }
+}
+
 __attribute__((always_inline)) inline void softmax_body(const ScoreBlock& b, float* __restrict m,
                                                         float* __restrict l, float* __restrict corr,
                                                         float* __restrict mu) {
   const int64_t rows = b.rows;
+  float scale = b.scale;
+  if (b.softcap > 0.0f || b.slope != nullptr) {  // a pass of its own: the plain path pays nothing
+    modify_scores(b.s, b.ld, b.nb, rows, b.j0, scale, b.softcap, b.slope, b.pos);
+    scale = 1.0f;
+  }
   if (!b.all_visible)
     for (int64_t j = 0; j < b.nb; ++j) {
       float* __restrict s = b.s + j * b.ld;
       const int64_t key = b.j0 + j;
       for (int64_t i = 0; i < rows; ++i)
-        s[i] = (key >= b.first_key[i] && key < b.end_key[i]) ? s[i] * b.scale : kNegInf;
+        s[i] = (key >= b.first_key[i] && key < b.end_key[i]) ? s[i] * scale : kNegInf;
     }
-  else if (b.scale != 1.0f)
+  else if (scale != 1.0f)
     for (int64_t j = 0; j < b.nb; ++j) {
       float* __restrict s = b.s + j * b.ld;
-      for (int64_t i = 0; i < rows; ++i) s[i] *= b.scale;
+      for (int64_t i = 0; i < rows; ++i) s[i] *= scale;
     }
   // The block's max per row; NaN compares false, so it is skipped here and poisons l below.
   for (int64_t i = 0; i < rows; ++i) mu[i] = kNegInf;
@@ -86,10 +118,22 @@ void block_softmax_portable(const ScoreBlock& b, float* m, float* l, float* corr
   softmax_body(b, m, l, corr, mu);
 }
 
+void modify_portable(float* s, int64_t ld, int64_t nb, int64_t rows, int64_t j0, float scale,
+                     float softcap, const float* slope, const float* pos) {
+  modify_body(s, ld, nb, rows, j0, scale, softcap, slope, pos);
+}
+
 #if FS_AVX512
 __attribute__((target("avx512f"))) void block_softmax_avx512(const ScoreBlock& b, float* m,
                                                              float* l, float* corr, float* mu) {
   softmax_body(b, m, l, corr, mu);
+}
+
+__attribute__((target("avx512f"))) void modify_avx512(float* s, int64_t ld, int64_t nb,
+                                                      int64_t rows, int64_t j0, float scale,
+                                                      float softcap, const float* slope,
+                                                      const float* pos) {
+  modify_body(s, ld, nb, rows, j0, scale, softcap, slope, pos);
 }
 
 __attribute__((target("avx512f"))) void convert_avx512(const void* src, DType dtype, int64_t n,
@@ -132,6 +176,15 @@ void block_softmax(const ScoreBlock& b, float* m, float* l, float* corr, float* 
   if (cpu_isa() >= CpuIsa::kAvx512) return block_softmax_avx512(b, m, l, corr, scratch);
 #endif
   block_softmax_portable(b, m, l, corr, scratch);
+}
+
+void modify_scores(float* s, int64_t ld, int64_t nb, int64_t rows, int64_t j0, float scale,
+                   float softcap, const float* slope, const float* pos) {
+#if FS_AVX512
+  if (cpu_isa() >= CpuIsa::kAvx512)
+    return modify_avx512(s, ld, nb, rows, j0, scale, softcap, slope, pos);
+#endif
+  modify_portable(s, ld, nb, rows, j0, scale, softcap, slope, pos);
 }
 
 void convert_row(const void* src, DType dtype, int64_t n, float mul, float* dst) {

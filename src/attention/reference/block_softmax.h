@@ -24,7 +24,16 @@ struct ScoreBlock {
   const int64_t* end_key;
   bool all_visible;    // every row sees every key of the block: the mask pass is skipped
   float scale = 1.0f;  // multiplies the scores first (the bf16 products are of unscaled q)
+  // The score modifiers (score_mod.h) in log2 units, after the scale and before the mask:
+  float softcap = 0.0f;          // > 0: s = softcap * tanh(s / softcap) (softcap * log2(e))
+  const float* slope = nullptr;  // [rows] ALiBi slope * log2(e) of each row's head; null: none
+  const float* pos = nullptr;    // [rows] each row's query position p: s -= slope |p - key|
 };
+
+// Applies the scale and the score modifiers of b to the block's scores in place (the forward's
+// block_softmax and the backward's probabilities share it).
+void modify_scores(float* s, int64_t ld, int64_t nb, int64_t rows, int64_t j0, float scale,
+                   float softcap, const float* slope, const float* pos);
 
 // Scales and masks s, folds it into m, l (per row), writes corr[i] and turns s into probabilities.
 // NaN and infinity as RunningSoftmax::add: a NaN or +inf score among the visible ones makes l NaN;

@@ -31,34 +31,63 @@ struct ProbBlock {
   const float* lse2;   // [rows] the forward's LSE in log2 units
   const float* delta;  // [rows] D
   float scale;
+  // The score modifiers in log2 units, as the forward's (block_softmax.h's ScoreBlock).
+  float softcap = 0.0f;
+  const float* slope = nullptr;
+  const float* pos = nullptr;
 };
 
 // Branch-free across rows so that it vectorises (one body, compiled for AVX-512 and for the
 // baseline ISA, as block_softmax.cc). The exponent is clamped to <= 0 before exp2: P <= 1 holds
 // exactly, so the clamp only removes rounding above 0, and it keeps a row that saw no key (lse =
 // -inf, exponent +inf) finite inside exp2_nonpositive before the mask selects 0; NaN passes.
+//
+// With softcap the scores are capped first (s = c tanh(s_raw / c), log2 units, by the forward's
+// modify_scores) and dS carries the tanh's derivative 1 - (s / c)^2 to the scaled score; ALiBi's
+// bias, subtracted after the cap, only shifts the scores. Both are template flags so that the
+// plain path runs the loop it always ran.
+template <bool kCapped, bool kAlibi>
 __attribute__((always_inline)) inline void probs_body(const ProbBlock& b) {
+  if constexpr (kCapped)
+    modify_scores(b.p, b.ld, b.nb, b.rows, b.j0, 1.0f, b.softcap, nullptr, nullptr);
+  const float inv_cap = kCapped ? 1.0f / b.softcap : 0.0f;
   for (int64_t j = 0; j < b.nb; ++j) {
     float* __restrict p = b.p + j * b.ld;
     float* __restrict ds = b.ds + j * b.ld;
     const int64_t key = b.j0 + j;
+    [[maybe_unused]] const float keyf = static_cast<float>(key);
     for (int64_t r = 0; r < b.rows; ++r) {
       const bool seen = b.first_key[r] <= key && key < b.end_key[r];
-      const float x = p[r] - b.lse2[r];
+      float x = p[r] - b.lse2[r];
+      float grad = 1.0f;
+      if constexpr (kCapped) {
+        const float t = p[r] * inv_cap;  // tanh(s_raw / c)
+        grad = 1.0f - t * t;
+      }
+      if constexpr (kAlibi) x -= b.slope[r] * std::fabs(b.pos[r] - keyf);
       const float prob = seen ? exp2_nonpositive(x > 0.0f ? 0.0f : x) : 0.0f;
       p[r] = prob;
-      ds[r] = seen ? b.scale * prob * (ds[r] - b.delta[r]) : 0.0f;
+      ds[r] = seen ? b.scale * prob * (ds[r] - b.delta[r]) * grad : 0.0f;
     }
   }
 }
 
+// The four instantiations, picked once per block.
+__attribute__((always_inline)) inline void probs_any(const ProbBlock& b) {
+  const bool capped = b.softcap > 0.0f, alibi = b.slope != nullptr;
+  if (capped && alibi) return probs_body<true, true>(b);
+  if (capped) return probs_body<true, false>(b);
+  if (alibi) return probs_body<false, true>(b);
+  probs_body<false, false>(b);
+}
+
 void probs_portable(const ProbBlock& b) {
-  probs_body(b);
+  probs_any(b);
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 __attribute__((target("avx512f"))) void probs_avx512(const ProbBlock& b) {
-  probs_body(b);
+  probs_any(b);
 }
 #endif
 
@@ -79,6 +108,7 @@ struct Buffers {
   std::vector<float> lse2;   // [ld] the forward's LSE in log2 units (-inf: the row saw no key)
   std::vector<float> delta;  // [ld] D = rowsum(dout o out) - dlse
   std::vector<int64_t> first_key, end_key;  // [ld] each row's visible keys
+  std::vector<float> slope, pos;            // [ld] ALiBi: slope * log2(e), query position
   std::vector<float> k, v;                  // [kBK][D], [kBK][Dv] the block's keys and values
   std::vector<float> p;                     // [kBK][ld] P^T
   std::vector<float> ds;                    // [kBK][ld] dP^T, then dS^T in place
@@ -95,6 +125,8 @@ struct Buffers {
         delta(rows),
         first_key(rows),
         end_key(rows),
+        slope(rows),
+        pos(rows),
         k(kBK * D),
         v(kBK * Dv),
         p(kBK * rows),
@@ -156,6 +188,10 @@ class Backward {
       w.delta[r] = delta[L_.q_row(b, t) * pr_.h_q + h];
       w.first_key[r] = pr_.mask.first_key(t, nq, nk);
       w.end_key[r] = pr_.mask.last_key(t, nq, nk) + 1;
+      if (pr_.score_mod.has_alibi()) {
+        w.slope[r] = pr_.score_mod.slope(b, h) * kLog2e;
+        w.pos[r] = static_cast<float>(nk - nq + t);
+      }
     }
     return rows;
   }
@@ -177,7 +213,8 @@ class Backward {
     block_gemm(nb, rows, Dv, w.v.data(), Dv, 1, w.dot.data(), ld, w.ds.data(), ld, false);
     // A row that saw no key has lse = -inf and every key masked: P = 0, not exp2(+inf).
     block_probs({w.p.data(), w.ds.data(), ld, nb, rows, j0, w.first_key.data(), w.end_key.data(),
-                 w.lse2.data(), w.delta.data(), pr_.scale});
+                 w.lse2.data(), w.delta.data(), pr_.scale, pr_.score_mod.softcap * kLog2e,
+                 pr_.score_mod.has_alibi() ? w.slope.data() : nullptr, w.pos.data()});
   }
 
   // dK/dV tile: keys [j0, j0 + nb) of KV head hk of sequence b, every query block that sees them.

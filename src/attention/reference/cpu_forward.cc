@@ -76,6 +76,7 @@ struct Workspace {
   std::vector<float> acc;    // [rows][Dv] unnormalised output
   std::vector<float> m, l, corr, scratch;   // [rows] running max and sum (log2 units)
   std::vector<int64_t> first_key, end_key;  // [rows] each row's visible keys
+  std::vector<float> slope, pos;            // [rows] ALiBi: slope * log2(e), query position
   std::vector<float> row;                   // [max(D, Dv)] one row being converted or written
 
   Workspace(int64_t rows, int64_t D, int64_t Dv, bool pairs)
@@ -95,12 +96,14 @@ struct Workspace {
         scratch(rows),
         first_key(rows),
         end_key(rows),
+        slope(rows),
+        pos(rows),
         row(std::max(D, Dv)) {}
   static size_t bytes(int64_t rows, int64_t D, int64_t Dv, bool pairs) {
     const int64_t operands = D * rows + kBK * D + kBK * Dv;
     const int64_t pair_operands = D * rows + kBK * D + kBK * rows + kBK * Dv;
     return sizeof(float) * static_cast<size_t>((pairs ? 0 : operands) + kBK * rows + rows * Dv +
-                                               4 * rows + std::max(D, Dv)) +
+                                               6 * rows + std::max(D, Dv)) +
            sizeof(uint16_t) * static_cast<size_t>(pairs ? pair_operands : 0) +
            sizeof(int64_t) * static_cast<size_t>(2 * rows);
   }
@@ -154,6 +157,7 @@ class Forward {
     const int64_t nq = L_.q_len(tl.b), nk = L_.kv_len(tl.b);
     const int64_t rows = (tl.t1 - tl.t0) * G;  // row r: query t0 + r / G, head hk * G + r % G
     const Mask& mask = pr_.mask;
+    const ScoreMod& mods = pr_.score_mod;
     const float qmul = pr_.scale * kLog2e;  // exp(scale * x) = exp2(x * scale * log2(e))
 
     for (int64_t r = 0; r < rows; ++r) {
@@ -167,6 +171,10 @@ class Forward {
       }
       w.first_key[r] = mask.first_key(t, nq, nk);
       w.end_key[r] = mask.last_key(t, nq, nk) + 1;
+      if (mods.has_alibi()) {
+        w.slope[r] = mods.slope(tl.b, h) * kLog2e;
+        w.pos[r] = static_cast<float>(nk - nq + t);
+      }
     }
     std::fill(w.acc.begin(), w.acc.begin() + rows * Dv, 0.0f);
     std::fill(w.m.begin(), w.m.begin() + rows, -std::numeric_limits<float>::infinity());
@@ -222,7 +230,10 @@ class Forward {
                           w.first_key.data(),
                           w.end_key.data(),
                           w.first_key[rows - 1] <= j0 && w.end_key[0] >= j0 + nb,
-                          pairs_ ? qmul : 1.0f};
+                          pairs_ ? qmul : 1.0f,
+                          mods.softcap * kLog2e,
+                          mods.has_alibi() ? w.slope.data() : nullptr,
+                          w.pos.data()};
       block_softmax(sb, w.m.data(), w.l.data(), w.corr.data(), w.scratch.data());
       for (int64_t r = 0; r < rows; ++r)
         if (w.corr[r] != 1.0f) {  // the max grew: rescale what row r has accumulated

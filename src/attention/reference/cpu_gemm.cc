@@ -93,7 +93,8 @@ __attribute__((target("avx512f"))) void rows_avx512(int64_t M, int64_t K, const 
     break;
     FS_TAIL(1)
     FS_TAIL(2)
-    FS_TAIL(3) FS_TAIL(4) FS_TAIL(5) FS_TAIL(6) FS_TAIL(7)
+    FS_TAIL(3)
+    FS_TAIL(4) FS_TAIL(5) FS_TAIL(6) FS_TAIL(7)
 #undef FS_TAIL
         default : break;
   }
@@ -171,7 +172,8 @@ __attribute__((target("avx512f,avx512bf16"))) void rows_bf16(int64_t M, int64_t 
     break;
     FS_TAIL(1)
     FS_TAIL(2)
-    FS_TAIL(3) FS_TAIL(4) FS_TAIL(5) FS_TAIL(6) FS_TAIL(7)
+    FS_TAIL(3)
+    FS_TAIL(4) FS_TAIL(5) FS_TAIL(6) FS_TAIL(7)
 #undef FS_TAIL
         default : break;
   }

@@ -77,7 +77,7 @@ void head_forward(const AttentionParams& p, const Problem& pr, const HostLayout&
       }
       T acc = 0;
       for (int64_t d = 0; d < D; ++d) acc += q[d] * K[j * D + d];
-      s[j] = scale * acc;
+      s[j] = pr.score_mod.apply(scale * acc, b, h, n_k - n_q + t, j);
     }
   }
   const int64_t row0 = L.q_row(b, 0);
@@ -174,6 +174,7 @@ NaiveGrads backward_all(const AttentionParams& params, const Problem& pr, const 
       const std::vector<T> V = gather_kv<T>(params.v, L, false, b, hk, Dv);
       for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
         std::vector<T> Q(nq * D), dO(nq * Dv), P(nq * nk, T(0));
+        std::vector<T> raw(nq * nk, T(0));  // the scaled scores before softcap (its derivative)
         for (int64_t t = 0; t < nq; ++t) {
           for (int64_t d = 0; d < D; ++d)
             Q[t * D + d] =
@@ -190,7 +191,8 @@ NaiveGrads backward_all(const AttentionParams& params, const Problem& pr, const 
             if (!pr.mask.visible(t, j, nq, nk)) continue;
             T dot = 0;
             for (int64_t d = 0; d < D; ++d) dot += Q[t * D + d] * K[j * D + d];
-            p[j] = scale * dot;
+            raw[t * nk + j] = scale * dot;
+            p[j] = pr.score_mod.apply(scale * dot, b, h, nk - nq + t, j);
             m = std::max(m, p[j]);
           }
           if (m == -std::numeric_limits<T>::infinity()) continue;
@@ -216,7 +218,8 @@ NaiveGrads backward_all(const AttentionParams& params, const Problem& pr, const 
             if (p[j] == T(0)) continue;  // masked (or underflowed): contributes nothing
             T dp = 0;                    // dP = dO V^T
             for (int64_t d = 0; d < Dv; ++d) dp += go[d] * V[j * Dv + d];
-            const T ds = rnd(p[j] * (dp - delta));  // dS = P o (dP - delta)
+            // dS = P o (dP - delta), through the softcap's tanh to the scaled score.
+            const T ds = rnd(p[j] * (dp - delta) * pr.score_mod.derivative(raw[t * nk + j]));
             T* gk = &dk[((krow0 + j) * pr.h_kv + hk) * D];
             T* gv = &dv[((krow0 + j) * pr.h_kv + hk) * Dv];
             for (int64_t d = 0; d < D; ++d) {

@@ -1,6 +1,6 @@
-// Float64 naive attention: materialises S = scale * Q K^T and P = softmax(S) for every
-// (sequence, head), so it is O(N^2) in memory. For tests only: it is the reference every kernel is
-// checked against.
+// Float64 naive attention: materialises S = scale * Q K^T (then softcap and ALiBi, score_mod.h)
+// and P = softmax(S) for every (sequence, head), so it is O(N^2) in memory. For tests only: it is
+// the reference every kernel is checked against.
 #pragma once
 
 #include <cstdint>
