@@ -13,7 +13,7 @@ namespace flashserve::serve {
 namespace {
 
 [[noreturn]] void bad(const std::string& what) {
-  throw Error(ErrorKind::kInvalidArgument, "slo", what);
+  throw Error(ErrorKind::kInvalidArgument, "slo_tbt", what);
 }
 
 }  // namespace

@@ -32,7 +32,7 @@ inline constexpr double kStrictSloFactor = 5, kRelaxedSloFactor = 25;
 inline constexpr int64_t kReferenceDecodeBatch = 32, kReferenceDecodeContext = 4096;
 
 // "strict,relaxed,0.1": comma-separated names or seconds in (0, 3600]. Throws
-// Error(kInvalidArgument, "slo") for an empty entry, an unknown name, a bad number or a repeat.
+// Error(kInvalidArgument, "slo_tbt") for an empty entry, an unknown name, a bad number or a repeat.
 std::vector<TbtSloSpec> parse_tbt_slos(const std::string& list);
 
 // The reference decode step the named SLOs scale: 32 decodes at a 4096-token context, the context

@@ -17,7 +17,7 @@ std::string refusal(const std::string& list) {
   try {
     fs::parse_tbt_slos(list);
   } catch (const flashserve::Error& e) {
-    EXPECT_EQ(e.argument(), "slo");
+    EXPECT_EQ(e.argument(), "slo_tbt");
     return e.what();
   }
   return "accepted";
