@@ -13,14 +13,24 @@ bool is_decode(const Problem& pr) {
 // Split-KV pays when the (query tile, head, sequence) grid cannot fill the GPU: long-context
 // decode and small prefill chunks. Prefill: tiles estimated with 128-row query tiles and 64-key
 // blocks; below one wave, split to about two, each split keeping >= 4 key blocks. Decode: one
-// small block per (KV head, sequence) tile; about two rounds of the GPU's block slots, each split
-// keeps >= 16 key blocks (1024 keys at d128). Measured on the H200 (32/8 heads, d128;
-// docs/kernel-notes.md run 12): batch 1 x 32k keys peaks at 32 splits (3.0 TB/s; 128 splits 2.7),
-// batch 8 x 8k at 4-16, batch 64 x 4k at 4-8, and 128+ sequences at 1. Never more than 128 splits
-// or a grid z (batch x splits) past 65535.
+// small block per (KV head, sequence) tile, in three regimes (H200, 32/8 heads, d128):
+//   - long keys (>= two splits of 16 key blocks, 2k keys at d128): about two rounds of the GPU's
+//     block slots, each split keeping >= 16 key blocks (1024 keys). docs/kernel-notes.md run 12:
+//     batch 1 x 32k peaks at 32 splits (3.0 TB/s; 128 splits 2.7), batch 8 x 8k at 4-16, batch
+//     64 x 4k at 4-8, and 128+ sequences at 1.
+//   - long keys whose 16-block splits would leave under half a round of slots busy (a few
+//     sequences of 2k-16k keys): the blocks are too few to hide the kernel's latency, so a split
+//     keeps >= key_blocks / 32 blocks instead (up to 32 splits, batch 1 x 32k's best, down to the
+//     short regime's one block at 2k). Not measured on its own: it joins the two measured regimes.
+//   - short keys (< 2k at d128): the paged decode kernel is latency-bound, ~200 us for 1k keys
+//     whether 8 or 256 blocks run; measured in the model's decode step (H200, page 16, 1k keys,
+//     bench_model's attention rows, 2026-11-30): batch 1 took 185/56/20 us with 1/4/16 splits,
+//     batch 32 205/242/160 us. So aim at 32 blocks per SM, each split keeping one key block.
+// Never more than 128 splits or a grid z (batch x splits) past 65535.
 int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode) {
   if (pr.num_splits == 1) return 1;
   if (pr.num_splits > 1) return pr.num_splits;
+  const int64_t most = std::min<int64_t>(128, 65535 / std::max<int64_t>(pr.batch, 1));
   int64_t tiles, key_blocks, target, enough, min_blocks;  // enough: tiles that need no split
   int64_t slots = 0;  // decode: blocks the GPU runs at once (one round)
   if (decode) {
@@ -33,6 +43,12 @@ int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode) {
     slots = per_sm * dev.sms;
     target = enough = 2 * slots;
     min_blocks = 16;
+    if (key_blocks < 2 * min_blocks) {  // short keys
+      const int64_t whole_blocks = pr.max_kv_len / t.block_n;
+      const int64_t splits =
+          std::min<int64_t>({(32 * int64_t{dev.sms} + tiles - 1) / tiles, whole_blocks, most});
+      return splits < 2 ? 1 : static_cast<int>(splits);
+    }
   } else {
     tiles = (pr.max_q_len + 127) / 128 * pr.h_q * pr.batch;
     key_blocks = (pr.max_kv_len + 63) / 64;
@@ -41,9 +57,10 @@ int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode) {
     min_blocks = 4;
   }
   if (tiles >= enough || key_blocks < 2 * min_blocks) return 1;
-  int64_t splits = (target + tiles - 1) / tiles;
-  splits = std::min<int64_t>(
-      {splits, key_blocks / min_blocks, 128, 65535 / std::max<int64_t>(pr.batch, 1)});
+  const int64_t want = (target + tiles - 1) / tiles;
+  int64_t splits = std::min<int64_t>({want, key_blocks / min_blocks, most});
+  if (decode && 2 * tiles * splits < slots)  // under half a round busy: smaller splits
+    splits = std::min<int64_t>({want, key_blocks / std::max<int64_t>(1, key_blocks / 32), most});
   // Decode is bandwidth-bound once one round of the GPU's block slots is busy: a second round
   // that is mostly empty costs nearly a whole round. When the blocks overflow one round by less
   // than half, fit them in one. Measured (H200, run 31, 8 x 8k, 32/8 heads, d128; TB/s by

@@ -9,6 +9,7 @@
 // beside the measurement; --capacity bisects with it and confirms with runs below and above.
 #include <unistd.h>
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cli/capacity_flags.h"
 #include "cli/command.h"
 #include "cli/options.h"
 #include "cli/scheduler_flags.h"
@@ -29,8 +31,10 @@
 #include "flashserve/error.h"
 #include "model/presets.h"
 #include "model/random_checkpoint.h"
+#include "serve/auto_budget.h"
 #include "serve/capacity.h"
 #include "serve/cost_model.h"
+#include "serve/tbt_slo.h"
 
 namespace flashserve::cli {
 namespace {
@@ -49,15 +53,16 @@ struct Options {
   int64_t num_blocks = 0;
   double gpu_mem_util = 0.9, kv_memory_mb = 256;
   std::string plot, predict_gpu, profile;
-  bool capacity = false;
-  double slo_tbt = 0.1, max_sched_delay = 2, confirm_margin = 0.1;
+  CapacityFlags cap;
+  double confirm_margin = 0.1;
 };
 
 void print_capacity_header() {
   std::printf(
-      "| policy | predicted capacity (req/s) | rate (req/s) | P99 TBT measured (ms) | P99 TBT "
-      "predicted (ms) | P50 sched delay measured (s) | predicted (s) | SLO met (measured) | "
-      "SLO met (predicted) |\n|---|---|---|---|---|---|---|---|---|\n");
+      "| policy | P99 TBT SLO (ms) | P50 sched delay bound (s) | predicted capacity (req/s) | "
+      "rate (req/s) | P99 TBT measured (ms) | P99 TBT predicted (ms) | P50 sched delay measured "
+      "(s) | predicted (s) | SLO met (measured) | SLO met (predicted) |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|\n");
 }
 
 int bench_serve(int argc, char** argv) {
@@ -92,13 +97,9 @@ int bench_serve(int argc, char** argv) {
       "--profile", o.profile,
       "the calibrated simulator: a table from `flashserve profile` on this model and device; its "
       "prediction is printed beside the measurement");
-  app.add_flag("--capacity", o.capacity,
-               "predict each policy's capacity with the simulator (--profile, else --predict-gpu), "
-               "then measure just below and just above it");
-  auto* slo_opt = add_real(app, "--slo-tbt", o.slo_tbt, {0, 3600, Open::kLow},
-                           "capacity: P99 TBT SLO in seconds");
-  auto* delay_opt = add_real(app, "--max-sched-delay", o.max_sched_delay, {0, 1e6, Open::kLow},
-                             "capacity: P50 scheduling delay bound (s)");
+  o.cap.add(app,
+            "predict each policy's capacity under each SLO with the simulator (--profile, else "
+            "--predict-gpu), then measure just below and just above it");
   auto* margin_opt = add_real(app, "--confirm-margin", o.confirm_margin, {0, 1, Open::kBoth},
                               "capacity: measure at predicted x (1 -/+ this)");
   if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
@@ -113,16 +114,24 @@ int bench_serve(int argc, char** argv) {
                 "sizes the GPU's KV pool (--device cuda, no --num-blocks)");
   refuse_unless(kv_mem_opt, o.device == "cpu" && num_blocks_opt->count() == 0,
                 "sizes the CPU's KV pool (--device cpu, no --num-blocks)");
-  for (auto* opt : {slo_opt, delay_opt, margin_opt})
-    refuse_unless(opt, o.capacity, "applies to --capacity");
-  refuse_unless(o.wl.seeds_opt, !o.capacity && o.plot.empty(),
+  refuse_unless(margin_opt, o.cap.capacity, "applies to --capacity");
+  o.cap.check(o.cap.capacity || o.sched.budget_auto, o.cap.capacity,
+              "applies to --capacity (and --slo-tbt to --budget auto)");
+  if (o.sched.budget_auto && o.profile.empty())
+    throw UsageError("--budget",
+                     "auto chooses the budget from a measured step profile: give --profile");
+  if (o.sched.budget_auto && !o.cap.capacity && o.cap.slo_specs.size() > 1)
+    throw UsageError("--slo-tbt",
+                     "--budget auto chooses a budget for one SLO; give one, or --capacity to "
+                     "measure each");
+  refuse_unless(o.wl.seeds_opt, !o.cap.capacity && o.plot.empty(),
                 "runs the workload at --rate once per seed (not with --capacity or --plot)");
   refuse_unless(seed_opt, o.wl.seeds_opt->count() == 0, "give --seed or --seeds, not both");
-  if (o.capacity && o.profile.empty() && o.predict_gpu.empty())
+  if (o.cap.capacity && o.profile.empty() && o.predict_gpu.empty())
     throw UsageError("--capacity",
                      "needs a simulator to bisect with: --profile FILE or --predict-gpu");
-  refuse_unless(plot_opt, !o.capacity, "plots a run at --rate; --capacity draws none");
-  refuse_unless(predict_gpu_opt, !o.capacity || o.profile.empty(),
+  refuse_unless(plot_opt, !o.cap.capacity, "plots a run at --rate; --capacity draws none");
+  refuse_unless(predict_gpu_opt, !o.cap.capacity || o.profile.empty(),
                 "--capacity bisects with one simulator, here --profile; give one of them");
   // An arrival trace (--workload FILE.csv with arrival times) gives the requests and their times:
   // the options that make requests do not apply (as simulate --trace refuses them), and a trace
@@ -136,6 +145,9 @@ int bench_serve(int argc, char** argv) {
       refuse_unless(opt, !w.is_trace(), why);
     refuse_unless(rate_opt, !w.as_recorded(),
                   "the trace's arrivals span no time (all at once): there is no rate to scale");
+    // Before the model loads: a capacity probe of too few requests is refused at once.
+    if (o.cap.capacity)
+      o.cap.check_requests(w.is_trace() ? static_cast<int64_t>(w.trace.size()) : o.requests);
   }
   // Names checked before the model loads (minutes for a large one), naming the flag.
   if (!o.predict_gpu.empty())
@@ -207,8 +219,37 @@ int bench_serve(int argc, char** argv) {
       workload.label.c_str(), requests.size(), rate, ptok / static_cast<double>(requests.size()),
       otok / static_cast<double>(requests.size()), static_cast<unsigned long long>(o.seed));
 
-  auto measure = [&](fs::Policy p, const std::vector<fs::Request>& reqs, uint64_t seed) {
+  // The SLOs (named ones scaled from the calibrated, else the roofline, simulator's decode step);
+  // the first is --budget auto's outside --capacity.
+  std::unique_ptr<fs::RooflineCostModel> roofline;
+  if (!o.predict_gpu.empty())
+    roofline =
+        std::make_unique<fs::RooflineCostModel>(mc.shape("model"), fs::gpu_preset(o.predict_gpu));
+  const fs::CostModel* slo_cost = calibrated ? calibrated.get() : roofline.get();
+  const bool named_slo =
+      std::any_of(o.cap.slo_specs.begin(), o.cap.slo_specs.end(),
+                  [](const fs::TbtSloSpec& s) { return s.kind != fs::TbtSloSpec::Kind::kSeconds; });
+  if (named_slo && !slo_cost)
+    throw UsageError("--slo-tbt", "strict and relaxed scale a decode step: give --profile");
+  const std::vector<fs::TbtSlo> slos =
+      slo_cost ? o.cap.slos(*slo_cost, max_model_len, model.num_blocks * model.block_size)
+               : std::vector<fs::TbtSlo>{{"", 0}};
+  // --budget auto under `slo` for the engine's sarathi, from the calibrated profile.
+  auto auto_budget = [&](const fs::SchedulerConfig& sc, const fs::TbtSlo& slo) {
+    return std::make_unique<fs::AutoBudget>(
+        *calibrated,
+        fs::AutoBudgetConfig::for_scheduler(sc, model.num_blocks, model.block_size, slo.seconds));
+  };
+  auto measure = [&](fs::Policy p, const std::vector<fs::Request>& reqs, uint64_t seed,
+                     const fs::TbtSlo& slo) {
     auto engine = fe::make_model_engine(model, scheduler_for(p));
+    if (o.sched.auto_budget(p)) {
+      auto budget = auto_budget(engine->config().scheduler, slo);
+      // Buffers and GEMM algorithms for the largest budget it may move to, before the first step.
+      const int64_t top = budget->config().max_budget;
+      model.runner->prepare(top, std::min(top, engine->config().scheduler.max_running));
+      engine->set_auto_budget(std::move(budget));
+    }
     fe::ReplayOptions ro;
     ro.vocab_size = mc.vocab_size;
     ro.seed = seed;
@@ -227,85 +268,92 @@ int bench_serve(int argc, char** argv) {
   };
   // The simulator runs the engine's configuration as make_model_engine resolves it (vllm's token
   // cap, max_model_len) on the same pool.
-  auto predict = [&](const fs::CostModel& cost, fs::Policy p,
-                     const std::vector<fs::Request>& reqs) {
+  // --budget auto runs in the simulator too, on the simulator's own clock.
+  auto predict = [&](const fs::CostModel& cost, fs::Policy p, const std::vector<fs::Request>& reqs,
+                     const fs::TbtSlo& slo) {
     fe::SimConfig sim;
-    sim.scheduler = fe::make_model_engine(model, scheduler_for(p))->config().scheduler;
+    const fe::EngineConfig ec = fe::make_model_engine(model, scheduler_for(p))->config();
+    sim.scheduler = ec.scheduler;
     sim.num_blocks = model.num_blocks;
     sim.block_size = model.block_size;
+    sim.watermark = ec.watermark;
+    if (o.sched.auto_budget(p)) sim.auto_budget_slo_s = slo.seconds;
     return fe::simulate(reqs, sim, cost);
   };
-  std::unique_ptr<fs::RooflineCostModel> roofline;
-  if (!o.predict_gpu.empty())
-    roofline =
-        std::make_unique<fs::RooflineCostModel>(mc.shape("model"), fs::gpu_preset(o.predict_gpu));
 
-  if (o.capacity) {
+  if (o.cap.capacity) {
     // Bisect with the simulator, then hold each prediction against the engine itself.
     const fs::CostModel& cost = calibrated ? *calibrated : *roofline;
-    const fs::CapacityCriteria crit{o.slo_tbt, o.max_sched_delay};
     if (workload.as_recorded())
       throw UsageError("--capacity", "the trace's arrivals span no time; it has no rate to scale");
-    std::printf(
-        "\ncapacity (P99 TBT <= %.1f ms, P50 scheduling delay <= %.2f s), bisected with %s, "
-        "then measured at x%.2f and x%.2f:\n",
-        o.slo_tbt * 1e3, o.max_sched_delay, cost.describe().c_str(), 1 - o.confirm_margin,
-        1 + o.confirm_margin);
-    // Every policy's capacity in simulation first, so that a run too short for the rates to be
-    // measured is refused before the engine runs at all.
-    std::vector<fs::CapacityResult> caps;
-    for (const fs::Policy p : policies) {
-      caps.push_back(fs::find_capacity(
-          [&](double r) { return predict(cost, p, workload.at(r)).metrics; }, crit, rate));
-      const fs::CapacityResult& cap = caps.back();
-      if (!(cap.capacity > 0) || cap.at_limit) continue;  // nothing will be measured
-      // The engine runs at up to capacity x (1 + margin): those runs must be long enough for a
-      // backlog to show (and so are the simulated ones that found it, at lower rates).
-      check_option("--requests", [&] {
-        const double top = cap.capacity * (1 + o.confirm_margin);
-        fs::check_capacity_span(workload.at(top), top, o.max_sched_delay, o.confirm_margin);
-        return 0;
-      });
+    std::printf("\ncapacity, bisected with %s, then measured at x%.2f and x%.2f:\n",
+                cost.describe().c_str(), 1 - o.confirm_margin, 1 + o.confirm_margin);
+    // Every policy's capacity under every SLO in simulation first, so that a run too short for
+    // the rates to be measured is refused before the engine runs at all.
+    std::vector<std::vector<fs::CapacityResult>> caps(slos.size());
+    for (size_t k = 0; k < slos.size(); ++k) {
+      std::printf("  SLO %s: P99 TBT <= %s ms, P50 scheduling delay <= %s s\n",
+                  slos[k].label.c_str(), fmt_ms(slos[k].seconds).c_str(),
+                  fmt_s(o.cap.max_sched_delay).c_str());
+      for (const fs::Policy p : policies) {
+        caps[k].push_back(fs::find_capacity(
+            [&](double r) { return predict(cost, p, workload.at(r), slos[k]).metrics; },
+            o.cap.criteria(slos[k]), rate));
+        const fs::CapacityResult& cap = caps[k].back();
+        if (!(cap.capacity > 0) || cap.at_limit) continue;  // nothing will be measured
+        // The engine runs at up to capacity x (1 + margin): those runs must be long enough for a
+        // backlog to show (and so are the simulated ones that found it, at lower rates).
+        check_option("--requests", [&] {
+          const double top = cap.capacity * (1 + o.confirm_margin);
+          fs::check_capacity_span(workload.at(top), top, o.cap.max_sched_delay, o.confirm_margin);
+          return 0;
+        });
+      }
     }
     std::vector<std::string> lines;
-    for (size_t i = 0; i < policies.size(); ++i) {
-      const fs::Policy p = policies[i];
-      const fs::CapacityResult& cap = caps[i];
-      char head[96];
-      std::snprintf(head, sizeof head, "| %s | %s%.3f |", fs::to_string(p),
-                    cap.at_limit ? ">= " : "", cap.capacity);
-      if (!(cap.capacity > 0)) {
-        lines.push_back(std::string(head) + " - | (nothing passes in simulation) | | | | | |");
-        continue;
+    for (size_t k = 0; k < slos.size(); ++k) {
+      const fs::CapacityCriteria crit = o.cap.criteria(slos[k]);
+      for (size_t i = 0; i < policies.size(); ++i) {
+        const fs::Policy p = policies[i];
+        const fs::CapacityResult& cap = caps[k][i];
+        char head[192];
+        std::snprintf(head, sizeof head, "| %s | %s | %s | %s%.3f |", fs::to_string(p),
+                      fmt_ms(slos[k].seconds).c_str(), fmt_s(o.cap.max_sched_delay).c_str(),
+                      cap.at_limit ? ">= " : "", cap.capacity);
+        if (!(cap.capacity > 0)) {
+          lines.push_back(std::string(head) + " - | (nothing passes in simulation) | | | | | |");
+          continue;
+        }
+        if (cap.at_limit) {
+          lines.push_back(
+              std::string(head) +
+              " - | (met at every rate the search tried: nothing to confirm) | | | | | |");
+          continue;
+        }
+        std::vector<fs::ServingMetrics> predicted;
+        const fs::CapacityConfirmation conf = fs::confirm_capacity(
+            cap.capacity,
+            [&](double r) {
+              const std::vector<fs::Request> reqs = workload.at(r);
+              predicted.push_back(predict(cost, p, reqs, slos[k]).metrics);
+              return measure(p, reqs, o.seed, slos[k]).metrics;
+            },
+            crit, o.confirm_margin);
+        int n = 0;
+        for (const fs::CapacityProbe* pr : {&conf.below, &conf.above}) {
+          const fs::ServingMetrics& pm = predicted[n++];
+          char row[256];
+          std::snprintf(row, sizeof row, " %.3f | %.1f | %.1f | %.3f | %.3f | %s | %s |", pr->rate,
+                        pr->tbt_p99_s * 1e3, pm.tbt.p99 * 1e3, pr->sched_delay_p50_s,
+                        pm.sched_delay.p50, pr->ok ? "yes" : "no", crit.met_by(pm) ? "yes" : "no");
+          lines.push_back(std::string(head) + row);
+        }
+        lines.push_back(std::string("| ") + fs::to_string(p) + " | " + fmt_ms(slos[k].seconds) +
+                        " | | confirmed: " +
+                        (conf.confirmed() ? "yes (met below, missed above)"
+                                          : "no (the measured boundary is elsewhere)") +
+                        " | | | | | | | |");
       }
-      if (cap.at_limit) {
-        lines.push_back(
-            std::string(head) +
-            " - | (met at every rate the search tried: nothing to confirm) | | | | | |");
-        continue;
-      }
-      std::vector<fs::ServingMetrics> predicted;
-      const fs::CapacityConfirmation conf = fs::confirm_capacity(
-          cap.capacity,
-          [&](double r) {
-            const std::vector<fs::Request> reqs = workload.at(r);
-            predicted.push_back(predict(cost, p, reqs).metrics);
-            return measure(p, reqs, o.seed).metrics;
-          },
-          crit, o.confirm_margin);
-      int k = 0;
-      for (const fs::CapacityProbe* pr : {&conf.below, &conf.above}) {
-        const fs::ServingMetrics& pm = predicted[k++];
-        char row[256];
-        std::snprintf(row, sizeof row, " %.3f | %.1f | %.1f | %.3f | %.3f | %s | %s |", pr->rate,
-                      pr->tbt_p99_s * 1e3, pm.tbt.p99 * 1e3, pr->sched_delay_p50_s,
-                      pm.sched_delay.p50, pr->ok ? "yes" : "no", crit.met_by(pm) ? "yes" : "no");
-        lines.push_back(std::string(head) + row);
-      }
-      lines.push_back(std::string("| ") + fs::to_string(p) + " | confirmed: " +
-                      (conf.confirmed() ? "yes (met below, missed above)"
-                                        : "no (the measured boundary is elsewhere)") +
-                      " | | | | | | | |");
     }
     print_capacity_header();
     for (const auto& l : lines) std::printf("%s\n", l.c_str());
@@ -324,11 +372,16 @@ int bench_serve(int argc, char** argv) {
     const std::vector<fs::Request> reqs = seed == o.seed ? requests : w.at(rate > 0 ? rate : 1);
     const std::string tag = seeds.size() > 1 ? " (seed " + std::to_string(seed) + ")" : "";
     std::vector<fe::ReplayResult> res;
-    for (const fs::Policy p : policies) res.push_back(measure(p, reqs, seed));
+    for (const fs::Policy p : policies) res.push_back(measure(p, reqs, seed, slos[0]));
     std::printf("\nmeasured (%s, wall clock)%s:\n", model.device.c_str(), tag.c_str());
-    print_metrics_header(false);
+    print_metrics_header();
     for (size_t i = 0; i < policies.size(); ++i) {
       print_metrics_row(fs::to_string(policies[i]), res[i].metrics, res[i].steps);
+      if (o.sched.auto_budget(policies[i]))
+        std::printf("  (%s budget auto for %s: %lld at the start, %lld at the end)\n",
+                    fs::to_string(policies[i]), slos[0].label.c_str(),
+                    static_cast<long long>(res[i].budget_first),
+                    static_cast<long long>(res[i].budget_last));
       measured[i].push_back(res[i].metrics);
       steps[i] += res[i].steps / static_cast<int64_t>(seeds.size());
     }
@@ -339,9 +392,9 @@ int bench_serve(int argc, char** argv) {
       if (!cost) continue;
       std::printf("\npredicted by the %s simulator%s (%s):\n", what, tag.c_str(),
                   cost->describe().c_str());
-      print_metrics_header(false);
+      print_metrics_header();
       for (size_t i = 0; i < policies.size(); ++i) {
-        const fe::SimResult r = predict(*cost, policies[i], reqs);
+        const fe::SimResult r = predict(*cost, policies[i], reqs, slos[0]);
         print_metrics_row(fs::to_string(policies[i]), r.metrics, r.steps);
         (*out)[i].push_back(r.metrics);
       }
@@ -350,7 +403,7 @@ int bench_serve(int argc, char** argv) {
   }
   if (seeds.size() > 1) {
     std::printf("\nmean over seeds %s, measured:\n", o.wl.seeds_text.c_str());
-    print_metrics_header(false);
+    print_metrics_header();
     for (size_t i = 0; i < policies.size(); ++i)
       print_metrics_row(fs::to_string(policies[i]), mean_metrics(measured[i]), steps[i]);
   }

@@ -13,13 +13,19 @@ void add_scheduler_options(CLI::App& app, SchedulerFlags& f, const std::string& 
   constexpr int64_t kMaxTokens = int64_t{1} << 24;
   f.policy_opt = app.add_option("--policy", f.policy, fs::policy_names())->default_str(f.policy);
   app.add_flag("--compare", f.compare, "run every policy (" + policies + ") side by side");
-  f.budget_opt =
-      add_int(app, "--budget", f.budget, {1, kMaxTokens},
-              "token budget per step of the chunking policies (default: sarathi " +
-                  std::to_string(fs::policy_defaults(fs::Policy::kSarathi).max_tokens_per_step) +
-                  ", vllm-v1 " +
-                  std::to_string(fs::policy_defaults(fs::Policy::kVllmV1).max_tokens_per_step) +
-                  "); vllm-v0's prompt cap, raised to max_model_len");
+  f.budget_opt = app.add_option_function<std::string>(
+      "--budget",
+      [&f](const std::string& text) {
+        f.budget_auto = text == "auto";
+        if (!f.budget_auto) f.budget = parse_int("--budget", text, {1, kMaxTokens});
+      },
+      "token budget per step of the chunking policies (default: sarathi " +
+          std::to_string(fs::policy_defaults(fs::Policy::kSarathi).max_tokens_per_step) +
+          ", vllm-v1 " +
+          std::to_string(fs::policy_defaults(fs::Policy::kVllmV1).max_tokens_per_step) +
+          "); vllm-v0's prompt cap, raised to max_model_len; auto: sarathi's chosen from the cost "
+          "model and --slo-tbt, then adjusted from the step times (serve/auto_budget.h)");
+  f.budget_opt->type_name("INT in [1, " + std::to_string(kMaxTokens) + "] or auto");
   f.chunk_tile_opt = add_int(app, "--chunk-tile", f.chunk_tile, {1, kMaxTokens},
                              "sarathi: non-final chunks are a multiple of this");
   f.max_running_opt = add_int(app, "--max-running", f.max_running, {1, 1 << 20},
@@ -44,6 +50,10 @@ void SchedulerFlags::refuse_inapplicable() {
   // Orca and static take whole prompts with no cap on a step's tokens.
   refuse_unless(budget_opt, compare || (p != fs::Policy::kOrca && p != fs::Policy::kStatic),
                 std::string(fs::to_string(p)) + " takes whole prompts and has no token budget");
+  if (budget_auto && !compare && p != fs::Policy::kSarathi)
+    throw UsageError(
+        "--budget",
+        std::string("auto: only sarathi chooses its budget from the SLO, not ") + fs::to_string(p));
   budget_given = budget_opt != nullptr && budget_opt->count() > 0;
   max_running_given = max_running_opt != nullptr && max_running_opt->count() > 0;
   policy_opt = chunk_tile_opt = long_prefill_opt = nullptr;
@@ -55,7 +65,12 @@ std::vector<fs::Policy> SchedulerFlags::selected(const std::vector<fs::Policy>& 
 }
 
 int64_t SchedulerFlags::budget_for(fs::Policy p) const {
-  return budget_given ? budget : fs::policy_defaults(p).max_tokens_per_step;
+  // Under auto the default stands until the engine's AutoBudget replaces it before the first step.
+  return budget_given && !budget_auto ? budget : fs::policy_defaults(p).max_tokens_per_step;
+}
+
+bool SchedulerFlags::auto_budget(fs::Policy p) const {
+  return budget_auto && p == fs::Policy::kSarathi;
 }
 
 fs::SchedulerConfig SchedulerFlags::config_for(fs::Policy p, int64_t baseline_tokens) const {
@@ -70,12 +85,13 @@ fs::SchedulerConfig SchedulerFlags::config_for(fs::Policy p, int64_t baseline_to
   return sc;
 }
 
-std::string describe_limits(const fs::SchedulerConfig& c) {
+std::string describe_limits(const fs::SchedulerConfig& c, bool budget_auto) {
   std::string s = fs::to_string(c.policy);
   switch (c.policy) {
     case fs::Policy::kSarathi:
-      s += " budget " + std::to_string(c.max_tokens_per_step) + " tokens/step (chunk tile " +
-           std::to_string(c.chunk_tile) + ")";
+      s += " budget " +
+           (budget_auto ? std::string("auto") : std::to_string(c.max_tokens_per_step)) +
+           " tokens/step (chunk tile " + std::to_string(c.chunk_tile) + ")";
       break;
     case fs::Policy::kVllmV1:
       s += " budget " + std::to_string(c.max_tokens_per_step) + " tokens/step (long prefill " +

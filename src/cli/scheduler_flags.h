@@ -1,7 +1,8 @@
 // The scheduler options simulate and bench-serve share, declared once: --policy / --compare,
 // --budget, --chunk-tile, --max-running, --long-prefill-threshold, --max-model-len, with their
 // refusals (--policy with --compare, --chunk-tile without sarathi, --long-prefill-threshold
-// without vllm-v1, --budget with orca or static alone: they have no token budget). What a policy
+// without vllm-v1, --budget with orca or static alone: they have no token budget; --budget auto
+// with a policy other than sarathi). What a policy
 // gets when an option is not given is its own default (serve/policy.h: sarathi's budget 512,
 // vllm-v1's 8192, ...), so --compare runs each at its own defaults.
 #pragma once
@@ -19,6 +20,7 @@ struct SchedulerFlags {
   std::string policy = "sarathi";
   bool compare = false;
   int64_t budget = 0, chunk_tile = 64, max_running = 0, long_prefill_threshold = 0;
+  bool budget_auto = false;  // --budget auto (sarathi's budget from the SLO)
   int64_t max_model_len = 0;
   // Valid only while the CLI::App that add_scheduler_options filled lives (parse time).
   CLI::Option *policy_opt = nullptr, *chunk_tile_opt = nullptr, *long_prefill_opt = nullptr;
@@ -34,6 +36,8 @@ struct SchedulerFlags {
   std::vector<serve::Policy> selected(const std::vector<serve::Policy>& compare_set) const;
   // The token budget `p` runs with: --budget if given, else the policy's default.
   int64_t budget_for(serve::Policy p) const;
+  // Whether `p` runs with --budget auto (sarathi only; under --compare the others keep their own).
+  bool auto_budget(serve::Policy p) const;
   // The configuration of one policy: --budget and --max-running where given, else the policy's
   // defaults; vllm-v0 gets `baseline_tokens` (> 0: at least max_model_len, as it never chunks)
   // if given.
@@ -46,7 +50,8 @@ struct SchedulerFlags {
 void add_scheduler_options(CLI::App& app, SchedulerFlags& flags, const std::string& policies,
                            const std::string& max_model_len_help);
 
-// "sarathi budget 512 tokens/step (chunk tile 64), max running 256": one line of a run's setup.
-std::string describe_limits(const serve::SchedulerConfig& c);
+// "sarathi budget 512 tokens/step (chunk tile 64), max running 256": one line of a run's setup
+// ("budget auto" for a sarathi run under --budget auto).
+std::string describe_limits(const serve::SchedulerConfig& c, bool budget_auto = false);
 
 }  // namespace flashserve::cli

@@ -29,22 +29,19 @@ std::string fmt_ms(double s) {
   return b;
 }
 
-void print_metrics_header(bool with_capacity) {
+void print_metrics_header() {
   std::printf(
       "| policy | TTFT p50 (s) | TTFT p99 (s) | TBT p50 (ms) | TBT p99 (ms) | TPOT mean (ms) | "
-      "E2E p50 (s) | E2E p99 (s) | sched delay p50 (s) | out tok/s | preemptions | steps |%s\n",
-      with_capacity ? " capacity (req/s) |" : "");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|%s\n", with_capacity ? "---|" : "");
+      "E2E p50 (s) | E2E p99 (s) | sched delay p50 (s) | out tok/s | preemptions | steps |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
 }
 
-void print_metrics_row(const std::string& policy, const fs::ServingMetrics& m, int64_t steps,
-                       const std::string& capacity) {
+void print_metrics_row(const std::string& policy, const fs::ServingMetrics& m, int64_t steps) {
   std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %lld | %lld |", policy.c_str(),
               fmt_s(m.ttft.p50).c_str(), fmt_s(m.ttft.p99).c_str(), fmt_ms(m.tbt.p50).c_str(),
               fmt_ms(m.tbt.p99).c_str(), fmt_ms(m.tpot.mean).c_str(), fmt_s(m.e2e.p50).c_str(),
               fmt_s(m.e2e.p99).c_str(), fmt_s(m.sched_delay.p50).c_str(), m.token_throughput,
               static_cast<long long>(m.preemptions), static_cast<long long>(steps));
-  if (!capacity.empty()) std::printf(" %s |", capacity.c_str());
   std::printf("\n");
 }
 

@@ -19,10 +19,9 @@ namespace flashserve::cli {
 std::string fmt_s(double seconds);   // "1.234"
 std::string fmt_ms(double seconds);  // "12.3"
 
-// The table's header (with a capacity column when asked) and one row.
-void print_metrics_header(bool with_capacity);
-void print_metrics_row(const std::string& policy, const serve::ServingMetrics& m, int64_t steps,
-                       const std::string& capacity = "");
+// The table's header and one row.
+void print_metrics_header();
+void print_metrics_row(const std::string& policy, const serve::ServingMetrics& m, int64_t steps);
 // Every latency metric in full (mean / p50 / p90 / p99, seconds), one row per metric and policy.
 void print_metrics_detail(const std::vector<std::string>& policies,
                           const std::vector<serve::ServingMetrics>& all);

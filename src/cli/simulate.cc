@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli/capacity_flags.h"
 #include "cli/command.h"
 #include "cli/options.h"
 #include "cli/scheduler_flags.h"
@@ -22,6 +23,7 @@
 #include "serve/capacity.h"
 #include "serve/cost_model.h"
 #include "serve/svg_plot.h"
+#include "serve/tbt_slo.h"
 #include "serve/workload.h"
 
 namespace fs = flashserve::serve;
@@ -47,9 +49,7 @@ struct Options {
   double rate = 1.0;
   int64_t requests = 1000;
   uint64_t seed = 0;
-  bool capacity = false;
-  double slo_tbt = 0.1;
-  double max_sched_delay = 2.0;
+  CapacityFlags cap;
   std::string plot;
   bool verbose = false;
   // Which options were given (a default and a given value of the same number differ here).
@@ -64,18 +64,35 @@ struct Study {
   WorkloadSource workload;
   std::vector<fs::Policy> policies;
   std::vector<fe::SimConfig> configs;
+  std::vector<bool> auto_budget;  // per policy: --budget auto
+  std::vector<fs::TbtSlo> slos;   // --slo-tbt resolved; the first is the run at --rate's
   int64_t num_blocks = 0, baseline_tokens = 0;
   std::string at_rate;  // "2.000 req/s", or the trace's own times
 
-  fe::SimResult run(size_t policy, double rate) const {
-    return fe::simulate(workload.at(rate), configs[policy], *cost);
+  // Policy `policy` on `requests`, its auto budget (if it has one) under `slo`.
+  fe::SimResult run(size_t policy, const std::vector<fs::Request>& requests,
+                    const fs::TbtSlo& slo) const {
+    fe::SimConfig c = configs[policy];
+    if (auto_budget[policy]) c.auto_budget_slo_s = slo.seconds;
+    return fe::simulate(requests, c, *cost);
+  }
+  fe::SimResult run(size_t policy, double rate, const fs::TbtSlo& slo) const {
+    return run(policy, workload.at(rate), slo);
   }
 };
 
-// Per policy: the capacity found, and whether the search hit its upper limit (a lower bound).
+// Per SLO and policy: the capacity found, and whether the search hit its upper limit (a lower
+// bound).
 struct Capacities {
-  std::vector<double> rate;
-  std::vector<bool> at_limit;
+  std::vector<std::vector<double>> rate;
+  std::vector<std::vector<bool>> at_limit;
+  // The largest capacity found, for the plots' rate axis.
+  double top() const {
+    double t = 0;
+    for (const auto& r : rate)
+      for (double x : r) t = std::max(t, x);
+    return t;
+  }
 };
 
 // The library's errors name its own fields; where a field's name is not its option's, say which
@@ -96,6 +113,8 @@ struct Capacities {
       {"output_len", "--output-len"},
       {"start_rate", "--rate"},
       {"slo_tbt_p99_s", "--slo-tbt"},
+      {"slo_tbt_s", "--slo-tbt"},
+      {"budget", "--budget"},
       {"max_sched_delay_p50_s", "--max-sched-delay"},
   };
   for (const auto& [field, option] : kOptionOf)
@@ -133,10 +152,7 @@ int parse_options(int argc, char** argv, Options& o) {
   auto* requests_opt = add_int(app, "--requests", o.requests, {1, fs::kMaxGeneratedRequests},
                                "requests per simulation");
   auto* seed_opt = add_uint(app, "--seed", o.seed, "workload seed");
-  app.add_flag("--capacity", o.capacity, "find the capacity under the SLO by bisection");
-  add_real(app, "--slo-tbt", o.slo_tbt, {0, 3600, Open::kLow}, "P99 TBT SLO in seconds");
-  add_real(app, "--max-sched-delay", o.max_sched_delay, {0, 1e6, Open::kLow},
-           "P50 scheduling delay bound (s)");
+  o.cap.add(app, "find the capacity under each SLO by bisection");
   auto* plot_opt = app.add_option(
       "--plot", o.plot,
       "write PREFIX-tbt-cdf.svg (with --capacity also PREFIX-p99-tbt-vs-rate.svg and "
@@ -155,6 +171,12 @@ int parse_options(int argc, char** argv, Options& o) {
   o.wl.refuse_inapplicable(traced);
   refuse_unless(seed_opt, o.wl.seeds_opt->count() == 0, "give --seed or --seeds, not both");
   refuse_unless(plot_opt, o.wl.seeds_opt->count() == 0, "draws one seed's run; drop --seeds");
+  o.cap.check(true, true, "");
+  if (o.sched.budget_auto && !o.cap.capacity && o.cap.slo_specs.size() > 1)
+    throw UsageError("--slo-tbt",
+                     "--budget auto chooses a budget for one SLO; give one, or --capacity to "
+                     "search each");
+  if (o.cap.capacity && !traced) o.cap.check_requests(o.requests);
   o.rate_given = rate_opt->count() > 0;
   o.overhead_given = overhead_opt->count() > 0;
   o.num_blocks_given = num_blocks_opt->count() > 0;
@@ -202,7 +224,7 @@ Study prepare(Options& o) {
                 o.trace + " is a length table; pass it as --workload");
   if (workload.is_trace()) {
     // One request, or all at once: there is no rate to scale from, so it runs as recorded.
-    if (workload.as_recorded() && (rate_given || o.capacity))
+    if (workload.as_recorded() && (rate_given || o.cap.capacity))
       throw Error(ErrorKind::kInvalidArgument, rate_given ? "--rate" : "--capacity",
                   o.trace + "'s arrivals span no time, so they cannot be replayed at other rates");
     if (!rate_given) o.rate = workload.trace_rate;
@@ -214,6 +236,7 @@ Study prepare(Options& o) {
   st.at_rate = as_recorded ? "its recorded arrival times" : fmt_s(o.rate) + " req/s";
 
   st.policies = o.sched.selected(fs::all_policies());
+  st.slos = o.cap.slos(*st.cost, o.sched.max_model_len, st.num_blocks * o.block_size);
   // vllm-v0 never chunks, so one step must hold a whole prompt (vLLM v0's default is the same).
   st.baseline_tokens = std::max(o.sched.budget_for(fs::Policy::kVllmV0), o.sched.max_model_len);
   for (fs::Policy p : st.policies) {
@@ -226,6 +249,7 @@ Study prepare(Options& o) {
     fs::BlockManager blocks(c.num_blocks, c.block_size, c.watermark);
     fs::Scheduler::create(c.scheduler, blocks);
     st.configs.push_back(c);
+    st.auto_budget.push_back(o.sched.auto_budget(p));
   }
   return st;
 }
@@ -254,50 +278,95 @@ void print_setup(const Study& st, const Options& o, const std::vector<fs::Reques
   std::printf("limits: max model len %lld, KV cache %lld blocks x %d tokens\n",
               static_cast<long long>(o.sched.max_model_len), static_cast<long long>(st.num_blocks),
               o.block_size);
-  for (const fe::SimConfig& c : st.configs)
-    std::printf("  %s\n", describe_limits(c.scheduler).c_str());
+  for (size_t i = 0; i < st.configs.size(); ++i) {
+    std::printf("  %s\n", describe_limits(st.configs[i].scheduler, st.auto_budget[i]).c_str());
+    if (!st.auto_budget[i]) continue;
+    for (const fs::TbtSlo& slo : st.slos) {
+      const fe::SimConfig& c = st.configs[i];
+      const auto ac =
+          fs::AutoBudgetConfig::for_scheduler(c.scheduler, c.num_blocks, c.block_size, slo.seconds);
+      const fs::BudgetChoice b = fs::choose_budget(*st.cost, ac);
+      std::printf("    budget auto for %s: %lld first (worst mixed step %.2f ms%s)\n",
+                  slo.label.c_str(), static_cast<long long>(b.budget), b.worst_s * 1e3,
+                  b.meets ? "" : ", over the SLO: no budget meets it offline");
+    }
+  }
+  std::printf(
+      "SLOs: %s; P50 scheduling delay bound %s s\n",
+      [&] {
+        std::string all;
+        for (const fs::TbtSlo& slo : st.slos)
+          all += (all.empty() ? "" : ", ") + slo.label + " = " + fmt_ms(slo.seconds) + " ms";
+        return all;
+      }()
+          .c_str(),
+      fmt_s(o.cap.max_sched_delay).c_str());
 }
 
 // The overload a capacity search must tell from capacity (check_capacity_span): 10%, the margin
 // bench-serve confirms a capacity by.
 constexpr double kCapacityResolution = 0.1;
 
-// The capacity of every policy under the SLO, by bisection over simulations.
+// The capacity of every policy under every SLO, by bisection over simulations.
 Capacities search_capacity(const Study& st, const Options& o) {
-  const fs::CapacityCriteria crit{o.slo_tbt, o.max_sched_delay};
   Capacities cap;
-  for (size_t i = 0; i < st.policies.size(); ++i) {
-    const auto res =
-        fs::find_capacity([&](double rate) { return st.run(i, rate).metrics; }, crit, o.rate);
-    // A boundary found by runs too short to show a backlog is no boundary. (A result at the
-    // search's limit is printed as a lower bound, ">= X", and found no boundary to check.)
-    if (res.capacity > 0 && !res.at_limit)
-      flashserve::cli::check_option("--requests", [&] {
-        fs::check_capacity_span(st.workload.at(res.capacity), res.capacity, o.max_sched_delay,
-                                kCapacityResolution);
-        return 0;
-      });
-    cap.rate.push_back(res.capacity);
-    cap.at_limit.push_back(res.at_limit);
-    if (o.verbose) {
-      std::printf("capacity search, %s:", fs::to_string(st.policies[i]));
-      for (const auto& p : res.probes) std::printf(" %.3f%s", p.rate, p.ok ? "+" : "-");
-      std::printf("  -> %s%.3f req/s\n", res.at_limit ? ">= " : "", res.capacity);
+  for (const fs::TbtSlo& slo : st.slos) {
+    const fs::CapacityCriteria crit = o.cap.criteria(slo);
+    cap.rate.emplace_back();
+    cap.at_limit.emplace_back();
+    for (size_t i = 0; i < st.policies.size(); ++i) {
+      const auto res = fs::find_capacity([&](double rate) { return st.run(i, rate, slo).metrics; },
+                                         crit, o.rate);
+      // A boundary found by runs too short to show a backlog is no boundary. (A result at the
+      // search's limit is printed as a lower bound, ">= X", and found no boundary to check.)
+      if (res.capacity > 0 && !res.at_limit)
+        flashserve::cli::check_option("--requests", [&] {
+          fs::check_capacity_span(st.workload.at(res.capacity), res.capacity, o.cap.max_sched_delay,
+                                  kCapacityResolution);
+          return 0;
+        });
+      cap.rate.back().push_back(res.capacity);
+      cap.at_limit.back().push_back(res.at_limit);
+      if (o.verbose) {
+        std::printf("capacity search, %s, %s:", fs::to_string(st.policies[i]), slo.label.c_str());
+        for (const auto& p : res.probes) std::printf(" %.3f%s", p.rate, p.ok ? "+" : "-");
+        std::printf("  -> %s%.3f req/s\n", res.at_limit ? ">= " : "", res.capacity);
+      }
     }
   }
   return cap;
 }
 
-// The table at --rate (with the capacities when searched), the full metrics with --verbose, and
-// the TBT CDF.
+// "7.123", or ">= 7.123" when the SLO held at every rate up to the search's limit (a lower
+// bound).
+std::string capacity_text(double rate, bool at_limit) {
+  return (at_limit ? ">= " : "") + fmt_s(rate);
+}
+
+// One row per policy and SLO, the scheduling-delay bound beside each; `text(slo, policy)` is the
+// capacity cell.
+template <typename Cell>
+void print_capacity_table(const Study& st, const Options& o, const Cell& text) {
+  std::printf(
+      "| policy | P99 TBT SLO | SLO (ms) | P50 sched delay bound (s) | capacity (req/s) |\n"
+      "|---|---|---|---|---|\n");
+  for (size_t k = 0; k < st.slos.size(); ++k)
+    for (size_t i = 0; i < st.policies.size(); ++i)
+      std::printf("| %s | %s | %s | %s | %s |\n", fs::to_string(st.policies[i]),
+                  st.slos[k].label.c_str(), fmt_ms(st.slos[k].seconds).c_str(),
+                  fmt_s(o.cap.max_sched_delay).c_str(), text(k, i).c_str());
+}
+
+// The table at --rate (a policy under --budget auto runs at the first SLO's budget), the full
+// metrics with --verbose, and the TBT CDF.
 std::vector<fe::SimResult> report_at_rate(const Study& st, const Options& o,
-                                          const std::vector<fs::Request>& base,
-                                          const Capacities& cap) {
+                                          const std::vector<fs::Request>& base) {
   const auto& policies = st.policies;
   const std::string& at_rate = st.at_rate;
-  std::printf("\nat %s (P99 TBT SLO %.0f ms, P50 scheduling delay bound %.1f s):\n",
-              at_rate.c_str(), o.slo_tbt * 1e3, o.max_sched_delay);
-  print_metrics_header(o.capacity);
+  std::printf(
+      "\nat %s%s:\n", at_rate.c_str(),
+      o.sched.budget_auto ? (", sarathi's budget auto for " + st.slos[0].label).c_str() : "");
+  print_metrics_header();
   fs::SvgPlot cdf;
   cdf.title = st.model.name + ", " + st.workload.label + ", " + at_rate + ": TBT CDF";
   cdf.x_label = "time between tokens (ms, log scale)";
@@ -306,15 +375,15 @@ std::vector<fe::SimResult> report_at_rate(const Study& st, const Options& o,
   std::vector<fs::ServingMetrics> all;
   std::vector<fe::SimResult> results;
   for (size_t i = 0; i < policies.size(); ++i) {
-    results.push_back(fe::simulate(base, st.configs[i], *st.cost));
+    results.push_back(st.run(i, base, st.slos[0]));
     const fe::SimResult& r = results.back();
     const auto& m = r.metrics;
     all.push_back(m);
-    // At the search's upper limit the SLO was never missed: the capacity is a lower bound.
-    char capacity[64] = "";
-    if (o.capacity)
-      std::snprintf(capacity, sizeof capacity, "%s%.3f", cap.at_limit[i] ? ">= " : "", cap.rate[i]);
-    print_metrics_row(fs::to_string(policies[i]), m, r.steps, capacity);
+    print_metrics_row(fs::to_string(policies[i]), m, r.steps);
+    if (st.auto_budget[i])
+      std::printf("  (%s budget auto: %lld at the start, %lld at the end)\n",
+                  fs::to_string(policies[i]), static_cast<long long>(r.budget_first),
+                  static_cast<long long>(r.budget_last));
     if (!o.plot.empty() && !m.tbt_samples.empty())
       cdf.series.push_back(tbt_cdf_series(fs::to_string(policies[i]), m));
   }
@@ -331,44 +400,47 @@ std::vector<fe::SimResult> report_at_rate(const Study& st, const Options& o,
   return results;
 }
 
-// P99 TBT and P50 scheduling delay against the rate, around the largest capacity found.
+// P99 TBT and P50 scheduling delay against the rate, around the largest capacity found, with a
+// line per SLO (a policy under --budget auto at the first SLO's budget).
 void plot_rate_sweeps(const Study& st, const Options& o, const Capacities& cap) {
   const fs::ModelShape& model = st.model;
   const WorkloadSource& workload = st.workload;
   const auto& policies = st.policies;
-  {
-    const double top = std::max(*std::max_element(cap.rate.begin(), cap.rate.end()), o.rate);
-    fs::SvgPlot sweep;
-    sweep.title = model.name + ", " + workload.label + ": P99 TBT vs request rate";
-    sweep.x_label = "request rate (req/s)";
-    sweep.y_label = "P99 TBT (ms)";
-    sweep.y_max = o.slo_tbt * 1e3 * 4;
-    sweep.ref_lines.push_back({o.slo_tbt * 1e3, "SLO " + fmt_ms(o.slo_tbt) + " ms"});
-    fs::SvgPlot delay = sweep;
-    delay.title = model.name + ", " + workload.label + ": P50 scheduling delay vs request rate";
-    delay.y_label = "P50 scheduling delay (s)";
-    delay.y_max = o.max_sched_delay * 4;
-    delay.ref_lines = {{o.max_sched_delay, "bound " + fmt_s(o.max_sched_delay) + " s"}};
-    constexpr int kPoints = 12;
-    for (size_t i = 0; i < policies.size(); ++i) {
-      fs::SvgSeries s{fs::to_string(policies[i]), {}, {}, true}, d = s;
-      for (int k = 1; k <= kPoints; ++k) {
-        const double rate = top * 1.5 * k / kPoints;
-        const fs::ServingMetrics m = st.run(i, rate).metrics;
-        s.x.push_back(rate);
-        s.y.push_back(m.tbt.p99 * 1e3);
-        d.x.push_back(rate);
-        d.y.push_back(m.sched_delay.p50);
-      }
-      sweep.series.push_back(std::move(s));
-      delay.series.push_back(std::move(d));
+  const double top = std::max(cap.top(), o.rate);
+  double slo_max = 0;
+  fs::SvgPlot sweep;
+  sweep.title = model.name + ", " + workload.label + ": P99 TBT vs request rate";
+  sweep.x_label = "request rate (req/s)";
+  sweep.y_label = "P99 TBT (ms)";
+  for (const fs::TbtSlo& slo : st.slos) {
+    slo_max = std::max(slo_max, slo.seconds);
+    sweep.ref_lines.push_back({slo.seconds * 1e3, "SLO " + fmt_ms(slo.seconds) + " ms"});
+  }
+  sweep.y_max = slo_max * 1e3 * 4;
+  fs::SvgPlot delay = sweep;
+  delay.title = model.name + ", " + workload.label + ": P50 scheduling delay vs request rate";
+  delay.y_label = "P50 scheduling delay (s)";
+  delay.y_max = o.cap.max_sched_delay * 4;
+  delay.ref_lines = {{o.cap.max_sched_delay, "bound " + fmt_s(o.cap.max_sched_delay) + " s"}};
+  constexpr int kPoints = 12;
+  for (size_t i = 0; i < policies.size(); ++i) {
+    fs::SvgSeries s{fs::to_string(policies[i]), {}, {}, true}, d = s;
+    for (int k = 1; k <= kPoints; ++k) {
+      const double rate = top * 1.5 * k / kPoints;
+      const fs::ServingMetrics m = st.run(i, rate, st.slos[0]).metrics;
+      s.x.push_back(rate);
+      s.y.push_back(m.tbt.p99 * 1e3);
+      d.x.push_back(rate);
+      d.y.push_back(m.sched_delay.p50);
     }
-    for (const auto& [plot, suffix] : {std::pair{&sweep, "-p99-tbt-vs-rate.svg"},
-                                       std::pair{&delay, "-sched-delay-vs-rate.svg"}}) {
-      const std::string path = o.plot + suffix;
-      plot->write(path);
-      std::printf("plot: %s (values above %g drawn on the top edge)\n", path.c_str(), plot->y_max);
-    }
+    sweep.series.push_back(std::move(s));
+    delay.series.push_back(std::move(d));
+  }
+  for (const auto& [plot, suffix] :
+       {std::pair{&sweep, "-p99-tbt-vs-rate.svg"}, std::pair{&delay, "-sched-delay-vs-rate.svg"}}) {
+    const std::string path = o.plot + suffix;
+    plot->write(path);
+    std::printf("plot: %s (values above %g drawn on the top edge)\n", path.c_str(), plot->y_max);
   }
 }
 
@@ -379,9 +451,8 @@ int simulate(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   // Per seed: the whole study (its own requests); then, with several seeds, the mean of each.
   std::vector<std::vector<fs::ServingMetrics>> per_policy;
-  std::vector<std::vector<double>> capacities;
+  std::vector<Capacities> capacities;  // per seed
   std::vector<int64_t> steps;
-  std::vector<fs::Policy> policies;
   for (const uint64_t seed : seeds) {
     o.seed = seed;
     if (seeds.size() > 1)
@@ -390,37 +461,44 @@ int simulate(int argc, char** argv) {
     const Study st = prepare(o);
     const std::vector<fs::Request> base = st.workload.at(o.rate);
     print_setup(st, o, base);
+    if (o.cap.capacity && st.workload.is_trace())
+      o.cap.check_requests(static_cast<int64_t>(base.size()));
     // Capacity first, so that the plot's sweep can span it.
-    const Capacities cap = o.capacity ? search_capacity(st, o) : Capacities{};
-    const std::vector<fe::SimResult> res = report_at_rate(st, o, base, cap);
-    if (!o.plot.empty() && o.capacity) plot_rate_sweeps(st, o, cap);
-    policies = st.policies;
+    const Capacities cap = o.cap.capacity ? search_capacity(st, o) : Capacities{};
+    const std::vector<fe::SimResult> res = report_at_rate(st, o, base);
+    if (o.cap.capacity) {
+      std::printf("\ncapacity:\n");
+      print_capacity_table(st, o, [&](size_t k, size_t i) {
+        return capacity_text(cap.rate[k][i], cap.at_limit[k][i]);
+      });
+    }
+    if (!o.plot.empty() && o.cap.capacity) plot_rate_sweeps(st, o, cap);
     per_policy.resize(res.size());
-    capacities.resize(res.size());
     steps.resize(res.size());
+    capacities.push_back(cap);
     for (size_t i = 0; i < res.size(); ++i) {
       per_policy[i].push_back(res[i].metrics);
       steps[i] += res[i].steps / static_cast<int64_t>(seeds.size());
-      if (o.capacity) capacities[i].push_back(cap.rate[i]);
     }
-  }
-  if (seeds.size() > 1) {
+    if (seed != seeds.back()) continue;
+    if (seeds.size() == 1) break;
     std::printf("\nmean over seeds %s (at %s req/s):\n", o.wl.seeds_text.c_str(),
                 fmt_s(o.rate).c_str());
-    print_metrics_header(o.capacity);
-    for (size_t i = 0; i < policies.size(); ++i) {
-      std::string cap_text;
-      if (o.capacity) {
-        double sum = 0;
-        for (double c : capacities[i]) sum += c;
-        cap_text = fmt_s(sum / static_cast<double>(capacities[i].size()));
-        std::string each;
-        for (double c : capacities[i]) each += (each.empty() ? "" : ", ") + fmt_s(c);
-        cap_text += " (" + each + ")";
+    print_metrics_header();
+    for (size_t i = 0; i < st.policies.size(); ++i)
+      print_metrics_row(fs::to_string(st.policies[i]), mean_metrics(per_policy[i]), steps[i]);
+    if (!o.cap.capacity) break;
+    std::printf("\nmean capacity over seeds %s (each seed's in brackets):\n",
+                o.wl.seeds_text.c_str());
+    print_capacity_table(st, o, [&](size_t k, size_t i) {
+      double sum = 0;
+      std::string each;
+      for (const Capacities& c : capacities) {
+        sum += c.rate[k][i];
+        each += (each.empty() ? "" : ", ") + capacity_text(c.rate[k][i], c.at_limit[k][i]);
       }
-      print_metrics_row(fs::to_string(policies[i]), mean_metrics(per_policy[i]), steps[i],
-                        cap_text);
-    }
+      return fmt_s(sum / static_cast<double>(capacities.size())) + " (" + each + ")";
+    });
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\n(%.1f s of host time)\n", secs);

@@ -63,6 +63,15 @@ int64_t Engine::add_request(NewRequest r) {
   return id;
 }
 
+void Engine::set_auto_budget(std::unique_ptr<serve::AutoBudget> budget) {
+  if (config_.scheduler.policy != serve::Policy::kSarathi)
+    throw Error(ErrorKind::kInvalidArgument, "budget",
+                std::string("auto: only sarathi chooses its budget from the SLO, not ") +
+                    serve::to_string(config_.scheduler.policy));
+  if (budget) scheduler_->set_token_budget(budget->budget());
+  auto_budget_ = std::move(budget);
+}
+
 bool Engine::abort(int64_t id) {
   if (!scheduler_->abort(id, executor_->now())) return false;
   live_.erase(id);
@@ -79,7 +88,12 @@ StepResult Engine::step() {
   result.preempted = static_cast<int64_t>(batch.preempted.size());
   if (batch.empty()) return result;
   if (observer_) observer_(*scheduler_, batch);
+  const double started = executor_->now();
   const std::vector<int32_t> sampled = executor_->execute(batch);
+  if (auto_budget_) {
+    const int64_t next = auto_budget_->observe(batch, executor_->now() - started);
+    if (next != scheduler_->config().max_tokens_per_step) scheduler_->set_token_budget(next);
+  }
   std::vector<model::SampledLogprobs> logprobs = executor_->take_logprobs();
   result.num_tokens = batch.num_tokens();
   for (size_t i = 0; i < batch.entries.size(); ++i) {

@@ -14,6 +14,7 @@
 #include "engine/executor.h"
 #include "model/logprobs.h"
 #include "model/sampling.h"
+#include "serve/auto_budget.h"
 #include "serve/block_manager.h"
 #include "serve/scheduler.h"
 #include "serve/sequence.h"
@@ -89,6 +90,11 @@ class Engine {
   Executor& executor() { return *executor_; }
   double now() const { return executor_->now(); }
   void set_observer(StepObserver observer) { observer_ = std::move(observer); }
+  // --budget auto: the scheduler's token budget from `budget` (its offline choice now, then its
+  // adjustments from each step's time on the executor's clock). Sarathi only; throws
+  // Error(kInvalidArgument) for another policy.
+  void set_auto_budget(std::unique_ptr<serve::AutoBudget> budget);
+  const serve::AutoBudget* auto_budget() const { return auto_budget_.get(); }
 
  private:
   EngineConfig config_;
@@ -99,6 +105,7 @@ class Engine {
   std::vector<int64_t> aborted_;  // reported by the next step
   int64_t next_id_ = 0;
   StepObserver observer_;
+  std::unique_ptr<serve::AutoBudget> auto_budget_;
 };
 
 }  // namespace flashserve::engine

@@ -25,6 +25,7 @@ ReplayResult replay(Engine& engine, const std::vector<serve::Request>& requests,
     if (requests[i].arrival_s < requests[i - 1].arrival_s)
       throw Error(ErrorKind::kInvalidArgument, "requests", "arrivals must not decrease");
   ReplayResult result;
+  result.budget_first = engine.scheduler().config().max_tokens_per_step;
   // The requests' times are relative to the replay's start on the engine's clock.
   if (!requests.empty()) engine.executor().wait_until(requests.front().arrival_s);
   const double t0 = engine.now() - (requests.empty() ? 0 : requests.front().arrival_s);
@@ -67,6 +68,7 @@ ReplayResult replay(Engine& engine, const std::vector<serve::Request>& requests,
       options.progress(static_cast<int64_t>(result.finished.size()), total, engine.now());
   }
   result.end_time = engine.now();
+  result.budget_last = engine.scheduler().config().max_tokens_per_step;
   std::vector<const serve::Sequence*> done;
   for (const auto& s : result.finished) done.push_back(s.get());
   result.metrics = serve::compute_metrics(done);

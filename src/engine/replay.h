@@ -28,6 +28,9 @@ struct ReplayResult {
   serve::ServingMetrics metrics;
   int64_t steps = 0;
   int64_t max_step_tokens = 0;
+  // The scheduler's token budget when the run started and when it ended (they differ only under
+  // --budget auto, which adjusts it from the step times).
+  int64_t budget_first = 0, budget_last = 0;
   double start_time = 0, end_time = 0;                     // on the executor's clock
   std::vector<std::unique_ptr<serve::Sequence>> finished;  // in finishing order
 };

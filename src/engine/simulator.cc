@@ -13,6 +13,10 @@ SimResult simulate(const std::vector<serve::Request>& requests, const SimConfig&
   ec.watermark = config.watermark;
   Engine engine(ec, std::make_unique<SimulatedExecutor>(cost));
   if (observer) engine.set_observer(observer);
+  if (config.auto_budget_slo_s > 0)
+    engine.set_auto_budget(std::make_unique<serve::AutoBudget>(
+        cost, serve::AutoBudgetConfig::for_scheduler(config.scheduler, config.num_blocks,
+                                                     config.block_size, config.auto_budget_slo_s)));
   return replay(engine, requests);
 }
 

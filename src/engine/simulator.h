@@ -19,6 +19,8 @@ struct SimConfig {
   int64_t num_blocks = 0;
   int32_t block_size = 16;
   double watermark = 0.01;
+  // > 0: --budget auto under this P99 TBT SLO (sarathi), with the simulation's cost model.
+  double auto_budget_slo_s = 0;
 };
 
 using SimResult = ReplayResult;

@@ -16,6 +16,7 @@
 #include "model/cpu_ops.h"
 #include "model/rope.h"
 #include "model/runner.h"
+#include "model/step_attention.h"
 #include "model/weights.h"
 
 namespace flashserve::model {
@@ -233,6 +234,19 @@ void CpuRunner::forward(const ForwardBatch& b) {
   std::vector<float> gu(static_cast<size_t>(T * 2 * F)), act(static_cast<size_t>(T * F));
   for (int64_t t = 0; t < T; ++t) embed_.row(b.input_ids[t], H, x.data() + t * H);
 
+  // The step's attention, planned once from the batch's lengths and run per layer.
+  StepAttentionTensors at;
+  at.q = view(qkv.data(), DType::kFloat32, {T, hq, d});
+  at.q.stride[0] = qkvw;  // q is the first qw columns of the fused qkv rows
+  at.out = view(attn.data(), DType::kFloat32, {T, hq, d});
+  at.kv_pool = view(kv_[0].data(), DType::kFloat32, {num_blocks_, block_size_, hkv, d});
+  at.cu_seqlens_q = b.cu_seqlens_q.data();
+  at.seqused_k = b.seqused_k.data();
+  at.block_table = b.block_table.data();
+  at.table_width = b.pages_per_seq;
+  at.num_splits = 1;
+  const StepAttention attention(c, b, at);
+
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const CpuLayer& L = layers_[l];
     float* kcache = kv_[2 * l].data();
@@ -255,21 +269,7 @@ void CpuRunner::forward(const ForwardBatch& b) {
         std::copy_n(row + qw + kvw, kvw, vcache + slot * kvw);
       }
     });
-
-    AttentionParams p;
-    p.q = view(qkv.data(), DType::kFloat32, {T, hq, d});
-    p.q.stride[0] = qkvw;  // q is the first qw columns of the fused qkv rows
-    p.k = view(kcache, DType::kFloat32, {num_blocks_, block_size_, hkv, d});
-    p.v = view(vcache, DType::kFloat32, {num_blocks_, block_size_, hkv, d});
-    p.out = view(attn.data(), DType::kFloat32, {T, hq, d});
-    p.cu_seqlens_q = view(b.cu_seqlens_q.data(), DType::kInt32, {b.batch + 1});
-    p.seqused_k = view(b.seqused_k.data(), DType::kInt32, {b.batch});
-    p.block_table = view(b.block_table.data(), DType::kInt32, {b.batch, b.pages_per_seq});
-    p.max_seqlen_q = b.max_seqlen_q;
-    p.max_seqlen_k = b.max_seqlen_k;
-    p.causal = true;
-    if (c.sliding_window > 0) p.window_left = static_cast<int32_t>(c.sliding_window - 1);
-    if (T > 0) attention_forward(p);
+    attention.run(kcache, vcache);
 
     cpu::linear(attn.data(), L.o.weight(), x.data(), T, H, qw, true);  // x += attn W_o^T
     cpu::rms_norm(x.data(), L.post_norm.data(), hbuf.data(), T, H, c.rms_norm_eps);

@@ -103,4 +103,13 @@ void check_capacity_span(const std::vector<Request>& requests, double rate,
   throw Error(ErrorKind::kInvalidArgument, "requests", why);
 }
 
+void check_capacity_requests(int64_t requests, int64_t min_requests) {
+  if (requests >= min_requests) return;
+  throw Error(ErrorKind::kInvalidArgument, "requests",
+              std::to_string(requests) + " requests are too few for a capacity probe: at least " +
+                  std::to_string(min_requests) +
+                  " sample the trace's longest prompts often enough for a P99 to be set by more "
+                  "than one of them (serve/capacity.h; --min-requests lowers the floor)");
+}
+
 }  // namespace flashserve::serve

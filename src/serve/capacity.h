@@ -66,4 +66,15 @@ CapacityConfirmation confirm_capacity(double predicted,
 void check_capacity_span(const std::vector<Request>& requests, double rate,
                          double max_sched_delay_p50_s, double resolution);
 
+// The fewest requests a capacity probe takes by default (Sarathi-Serve's search uses 2048). The
+// span rule above bounds the run's length; this bounds its sample of the lengths: the P99 TBT of
+// a policy that stalls is set by the steps of the longest prompts, and of n requests drawn from a
+// heavy-tailed trace (ShareGPT's P90 prompt is 3.3x its median) the top 1% are n / 100 requests,
+// ten at 1000, so that the P99 is set by stalls that recur and not by one request.
+inline constexpr int64_t kMinCapacityRequests = 1000;
+
+// Throws Error(kInvalidArgument) naming "requests" when a probe of `requests` requests is fewer
+// than `min_requests`, saying why.
+void check_capacity_requests(int64_t requests, int64_t min_requests);
+
 }  // namespace flashserve::serve

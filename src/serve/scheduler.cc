@@ -93,6 +93,13 @@ void SchedulerConfig::validate() const {
             to_string(policy));
 }
 
+void Scheduler::set_token_budget(int64_t budget) {
+  SchedulerConfig c = config_;
+  c.max_tokens_per_step = budget;
+  c.validate();
+  config_ = c;
+}
+
 bool Scheduler::admits_with_watermark() const {
   // Sarathi-Serve's Orca runs with watermark 0 (it reserves max_model_len per request, so running
   // requests never need room to grow), and vLLM v1 allocates blocks with no watermark.

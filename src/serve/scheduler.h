@@ -73,6 +73,9 @@ class Scheduler {
   std::unique_ptr<Sequence> abort(int64_t id, double now);
 
   const SchedulerConfig& config() const { return config_; }
+  // Changes max_tokens_per_step between steps (--budget auto). Throws Error(kInvalidArgument) for
+  // a budget the configuration would refuse, and changes nothing then.
+  void set_token_budget(int64_t budget);
   const BlockManager& blocks() const { return blocks_; }
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }

@@ -24,6 +24,7 @@
 #include "model/cuda/sample.h"
 #include "model/cuda/silu_mul.h"
 #include "model/rope.h"
+#include "model/step_attention.h"
 #include "model/weights.h"
 
 namespace flashserve::model::cuda {
@@ -394,30 +395,12 @@ struct CudaRunner::Impl {
     graphs.clear();
   }
 
-  // What a step's layers read: device index arrays and the attention parameters.
+  // What a step's layers read: device index arrays and the step's attention, planned once.
   struct Step {
     int64_t T = 0, S = 0;
     const int32_t *ids = nullptr, *pos = nullptr, *slots = nullptr, *rows = nullptr;
-    AttentionParams ap;
+    StepAttention attention;
   };
-
-  // Splits of a decode-only step's attention. The sm80 paged decode kernel takes ~200 us for 1k
-  // keys whether 8 or 256 blocks run (H200, bench_model's attention rows, 2026-11-30), and the
-  // automatic policy splits only from 2k keys on. Measured at 1k keys, page 16: batch 1 takes
-  // 185/56/20 us with 1/4/16 splits, batch 32 takes 205/242/160 us. So aim at 32 blocks per SM
-  // (16 splits at both batch sizes there), each split keeping at least one 64-key block of
-  // the longest sequence (the kernel shares each sequence's own blocks among the splits; shorter
-  // ones leave some splits empty). A graph keeps the count it was captured with: still correct.
-  // Plan/run (plan_attention, flashserve/attention.h) exists, but this runner still calls
-  // attention_forward per layer with this count: moving it onto one plan per step, the plan's
-  // split choice replacing this one, is still to do.
-  int decode_splits(int64_t batch, int64_t max_kv) const {
-    const int64_t units = batch * cfg.num_key_value_heads;
-    int64_t splits = (32 * int64_t{sms} + units - 1) / units;
-    splits = std::min<int64_t>(
-        {splits, std::max<int64_t>(1, max_kv / 64), 128, 65535 / std::max<int64_t>(batch, 1)});
-    return static_cast<int>(std::max<int64_t>(splits, 1));
-  }
 
   void forward(const ForwardBatch& b) {
     check_batch(b);
@@ -475,32 +458,30 @@ struct CudaRunner::Impl {
     const int32_t hkv = static_cast<int32_t>(cfg.num_key_value_heads);
     const int32_t d = static_cast<int32_t>(cfg.head_dim);
     const Device gpu{DeviceType::kCUDA, device};
-    AttentionParams& ap = st.ap;
-    ap.q = make_view(q, DType::kBFloat16, {T, hq, d}, gpu);
-    ap.out = make_view(attn, DType::kBFloat16, {T, hq, d}, gpu);
-    ap.k = make_view(kv_mem.get(), DType::kBFloat16, {num_blocks, block_size, hkv, d}, gpu);
-    ap.v = ap.k;
-    ap.cu_seqlens_q = make_view(dev + offsets[3], DType::kInt32, {B + 1}, gpu);
-    ap.seqused_k = make_view(dev + offsets[4], DType::kInt32, {B}, gpu);
-    ap.block_table = make_view(dev + offsets[5], DType::kInt32, {B, width}, gpu);
-    ap.max_seqlen_q = b.max_seqlen_q;
-    ap.max_seqlen_k = decode_only ? width * block_size : b.max_seqlen_k;
-    ap.causal = true;
-    // Mistral's sliding window: a token sees itself and the sliding_window - 1 keys before it.
-    if (cfg.sliding_window > 0) ap.window_left = static_cast<int32_t>(cfg.sliding_window - 1);
-    ap.num_splits = b.max_seqlen_q == 1 ? decode_splits(B, b.max_seqlen_k) : 0;
-    ap.stream = stream;
-    // The split plan depends only on the step's shapes, the same for every layer: size the
-    // workspace once per step.
-    const size_t ws = attention_workspace_size(ap);
+    StepAttentionTensors at;
+    at.q = make_view(q, DType::kBFloat16, {T, hq, d}, gpu);
+    at.out = make_view(attn, DType::kBFloat16, {T, hq, d}, gpu);
+    at.kv_pool = make_view(kv_mem.get(), DType::kBFloat16, {num_blocks, block_size, hkv, d}, gpu);
+    at.cu_seqlens_q = dev + offsets[3];
+    at.seqused_k = dev + offsets[4];
+    at.block_table = dev + offsets[5];
+    at.table_width = width;
+    // A decode-only step is replayed as a graph at any lengths its key's width holds: its plan
+    // (the launches' grids and splits) is the plan for that bound, the same for every step of the
+    // key. Other steps plan from their own lengths.
+    at.kv_bound = decode_only ? width * block_size : 0;
+    at.num_splits = 0;  // the attention layer's split policy (attention/split_policy.h)
+    at.stream = stream;
+    st.attention = StepAttention(cfg, b, at);
+    // The plan depends only on the step's shapes, the same for every layer: one workspace a step.
+    const size_t ws = st.attention.workspace_bytes();
     if (ws > attn_ws.bytes()) {
       check_cuda(cudaStreamSynchronize(stream), "grow");
       attn_ws.release();
       attn_ws.grow(ws, "attention workspace");
       moved = true;
     }
-    ap.workspace = attn_ws.get();
-    ap.workspace_bytes = attn_ws.bytes();
+    st.attention.set_workspace(attn_ws.get(), attn_ws.bytes());
     if (moved) drop_graphs();
 
     if (!decode_only) return layers(st);
@@ -548,7 +529,6 @@ struct CudaRunner::Impl {
     const int32_t hkv = static_cast<int32_t>(cfg.num_key_value_heads);
     const int32_t d = static_cast<int32_t>(cfg.head_dim);
     const int64_t layer_kv = num_blocks * block_size * hkv * d;
-    AttentionParams ap = st.ap;
 
     embed_tokens(embed, st.ids, x, T, H, cfg.vocab_size, stream);
     mark("embedding");
@@ -580,9 +560,7 @@ struct CudaRunner::Impl {
       ra.head_dim = d;
       rope_kv_write(ra, stream);
       mark("rope_kv_write");
-      ap.k.data = k_cache;
-      ap.v.data = v_cache;
-      attention_forward(ap);
+      st.attention.run(k_cache, v_cache);
       mark("attention");
       gemm->run(attn, l.o, delta, false, T, H, cfg.q_size(), stream);
       mark("gemm_o");

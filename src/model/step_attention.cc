@@ -1,0 +1,65 @@
+#include "model/step_attention.h"
+
+#include <string>
+
+#include "flashserve/error.h"
+
+namespace flashserve::model {
+
+AttentionParams step_attention_params(const ModelConfig& c, const ForwardBatch& b,
+                                      const StepAttentionTensors& t) {
+  if (t.table_width < b.pages_per_seq)
+    throw Error(ErrorKind::kInvalidArgument, "table_width",
+                std::to_string(t.table_width) + " is narrower than the batch's " +
+                    std::to_string(b.pages_per_seq) + " pages per sequence");
+  if (t.kv_bound > 0 && t.kv_bound < b.max_seqlen_k)
+    throw Error(ErrorKind::kInvalidArgument, "kv_bound",
+                std::to_string(t.kv_bound) + " is below the batch's longest " +
+                    std::to_string(b.max_seqlen_k) + " keys");
+  const Device dev = t.kv_pool.device;
+  AttentionParams p;
+  p.q = t.q;
+  p.out = t.out;
+  p.k = t.kv_pool;
+  p.v = t.kv_pool;
+  p.cu_seqlens_q =
+      make_view(const_cast<int32_t*>(t.cu_seqlens_q), DType::kInt32, {b.batch + 1}, dev);
+  p.seqused_k = make_view(const_cast<int32_t*>(t.seqused_k), DType::kInt32, {b.batch}, dev);
+  p.block_table =
+      make_view(const_cast<int32_t*>(t.block_table), DType::kInt32, {b.batch, t.table_width}, dev);
+  p.max_seqlen_q = b.max_seqlen_q;
+  p.max_seqlen_k = t.kv_bound > 0 ? t.kv_bound : b.max_seqlen_k;
+  p.causal = true;
+  // Mistral's sliding window: a token sees itself and the sliding_window - 1 keys before it.
+  if (c.sliding_window > 0) p.window_left = static_cast<int32_t>(c.sliding_window - 1);
+  p.num_splits = t.num_splits;
+  p.stream = t.stream;
+  return p;
+}
+
+StepAttention::StepAttention(const ModelConfig& c, const ForwardBatch& b,
+                             const StepAttentionTensors& t)
+    : params_(step_attention_params(c, b, t)), empty_(b.total_q == 0) {
+  if (empty_) return;
+  // The host lengths the scheduler laid out; under a bound, the query offsets only (every
+  // sequence then plans as if it had kv_bound keys).
+  AttentionLengths lens;
+  lens.cu_seqlens_q = b.cu_seqlens_q.data();
+  if (t.kv_bound == 0) lens.kv_lens = b.seqused_k.data();
+  plan_ = plan_attention(params_, lens);
+}
+
+void StepAttention::set_workspace(void* workspace, size_t bytes) {
+  params_.workspace = workspace;
+  params_.workspace_bytes = bytes;
+}
+
+void StepAttention::run(void* k_pool, void* v_pool) const {
+  if (empty_) return;
+  AttentionParams p = params_;
+  p.k.data = k_pool;
+  p.v.data = v_pool;
+  run_attention(plan_, p);
+}
+
+}  // namespace flashserve::model

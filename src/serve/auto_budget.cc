@@ -1,0 +1,151 @@
+#include "serve/auto_budget.h"
+
+#include <algorithm>
+#include <string>
+
+#include "flashserve/error.h"
+#include "serve/tbt_slo.h"
+
+namespace flashserve::serve {
+
+namespace {
+
+BatchEntry decode_entry(int64_t kv) {
+  BatchEntry e;
+  e.q_start = kv - 1;
+  e.q_len = 1;
+  e.kv_len = kv;
+  e.samples = true;
+  return e;
+}
+
+BatchEntry chunk_entry(int64_t q, int64_t cached) {
+  BatchEntry e;
+  e.q_start = cached;
+  e.q_len = q;
+  e.kv_len = cached + q;
+  e.is_prefill = true;
+  return e;
+}
+
+}  // namespace
+
+AutoBudgetConfig AutoBudgetConfig::for_scheduler(const SchedulerConfig& sc, int64_t num_blocks,
+                                                 int32_t block_size, double slo_tbt_s) {
+  AutoBudgetConfig c;
+  c.slo_tbt_s = slo_tbt_s;
+  c.tile = sc.chunk_tile;
+  c.max_running = sc.max_running;
+  c.max_model_len = sc.max_model_len;
+  c.pool_tokens = num_blocks * block_size;
+  return c;
+}
+
+void AutoBudgetConfig::validate() const {
+  auto bad = [](const char* field, const std::string& what) {
+    throw Error(ErrorKind::kInvalidArgument, field, what);
+  };
+  if (!(slo_tbt_s > 0)) bad("slo_tbt_s", std::to_string(slo_tbt_s) + " must be positive");
+  if (tile < 1) bad("tile", std::to_string(tile) + " must be positive");
+  if (max_running < 1) bad("max_running", std::to_string(max_running) + " must be positive");
+  if (max_model_len < 2) bad("max_model_len", std::to_string(max_model_len) + " must be >= 2");
+  if (pool_tokens < max_model_len)
+    bad("pool_tokens", std::to_string(pool_tokens) + " cannot hold one max_model_len sequence");
+  if (window < 1) bad("window", std::to_string(window) + " must be positive");
+  if (max_budget / tile * tile < min_budget())
+    bad("max_budget", std::to_string(max_budget) + " is below the smallest budget " +
+                          std::to_string(min_budget()) + " (max_running in tiles)");
+}
+
+int64_t AutoBudgetConfig::min_budget() const {
+  return (max_running + tile - 1) / tile * tile;
+}
+
+double worst_mixed_step_s(const CostModel& cost, const AutoBudgetConfig& c, int64_t budget) {
+  double worst = 0;
+  for (int64_t d = 0; d <= std::min(c.max_running, budget); ++d) {
+    const int64_t q = budget - d;
+    Batch b;
+    int64_t chunk_kv = 0;
+    if (q > 0) {
+      const int64_t cached = std::max<int64_t>(0, c.max_model_len - q);
+      b.entries.push_back(chunk_entry(q, cached));
+      chunk_kv = cached + q;
+    }
+    if (d > 0) {
+      const int64_t context = std::min(kReferenceDecodeContext, c.max_model_len);
+      const int64_t kv = std::clamp<int64_t>((c.pool_tokens - chunk_kv) / d, 1, context);
+      for (int64_t i = 0; i < d; ++i) b.entries.push_back(decode_entry(kv));
+    }
+    if (!b.empty()) worst = std::max(worst, cost.step_seconds(b));
+  }
+  return worst;
+}
+
+BudgetChoice choose_budget(const CostModel& cost, const AutoBudgetConfig& c) {
+  c.validate();
+  const int64_t lo = c.min_budget();
+  for (int64_t b = c.max_budget / c.tile * c.tile; b >= lo; b -= c.tile) {
+    const double worst = worst_mixed_step_s(cost, c, b);
+    if (worst <= c.slo_tbt_s) return {b, worst, true};
+  }
+  return {lo, worst_mixed_step_s(cost, c, lo), false};
+}
+
+AutoBudget::AutoBudget(const CostModel& cost, const AutoBudgetConfig& c)
+    : cost_(cost), config_(c), initial_(choose_budget(cost, c)), budget_(initial_.budget) {}
+
+double AutoBudget::recost(const Seen& s, int64_t budget) const {
+  Batch b;
+  for (int64_t kv : s.decode_kv) b.entries.push_back(decode_entry(kv));
+  const int64_t q = budget - static_cast<int64_t>(s.decode_kv.size());
+  if (q > 0) b.entries.push_back(chunk_entry(q, s.chunk_cached));
+  return s.ratio * cost_.step_seconds(b);
+}
+
+int64_t AutoBudget::observe(const Batch& batch, double seconds) {
+  Seen s;
+  bool chunk = false;
+  for (const BatchEntry& e : batch.entries) {
+    if (e.is_prefill) {
+      chunk = true;
+      s.chunk_cached = std::max(s.chunk_cached, e.q_start);
+    } else {
+      s.decode_kv.push_back(e.kv_len);
+    }
+  }
+  // Decode-only steps do not depend on the budget (sarathi runs every decode whatever it is).
+  if (!chunk) return budget_;
+  const double predicted = cost_.step_seconds(batch);
+  s.ratio = predicted > 0 && seconds > 0 ? seconds / predicted : 1.0;
+  window_.push_back(std::move(s));
+  if (static_cast<int64_t>(window_.size()) >= config_.window) adjust();
+  return budget_;
+}
+
+// The largest budget at which every step of the window meets the SLO. A step's re-costed time
+// grows with the budget (the cost models are non-decreasing in a chunk's tokens), so bisect.
+void AutoBudget::adjust() {
+  auto meets = [&](int64_t b) {
+    for (const Seen& s : window_)
+      if (recost(s, b) > config_.slo_tbt_s) return false;
+    return true;
+  };
+  const int64_t tile = config_.tile;
+  int64_t lo = config_.min_budget() / tile, hi = config_.max_budget / tile;  // in tiles
+  if (!meets(lo * tile)) {
+    budget_ = lo * tile;  // nothing meets it: the smallest budget a step can run with
+  } else {
+    while (lo < hi) {  // lo meets the SLO; find the largest that does
+      const int64_t mid = lo + (hi - lo + 1) / 2;
+      if (meets(mid * tile))
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    budget_ = lo * tile;
+  }
+  window_.clear();
+}
+
+}  // namespace flashserve::serve

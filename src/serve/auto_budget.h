@@ -1,0 +1,89 @@
+// --budget auto: sarathi's token budget chosen from the step-cost model and the TBT SLO, then
+// adjusted from the step times the engine measures. Sarathi-Serve leaves the budget to profiling
+// per deployment; here it is the largest tile-aligned budget whose worst mixed step meets the SLO:
+// every decode of that step waits for it, so its time is the TBT they see.
+//
+// Offline (before the first step, no load seen yet): the worst mixed step of budget B is the most
+// expensive, over every decode count d in [0, min(max_running, B)], of d decodes beside one chunk
+// of B - d tokens: the chunk the last of a max_model_len prompt (the most keys a chunk of that
+// size sees), the decodes at the reference context the SLOs are defined by (4096 tokens,
+// tbt_slo.h; cut to max_model_len) as far as the pool holds them. Decodes at max_model_len would
+// bound every step, but with a large pool no budget meets a strict SLO then (256 decodes reading a
+// full H200 pool take ~45 ms of attention alone): the contexts the load really has are the online
+// adjustment's to see. When no budget meets the SLO offline, the first is the smallest.
+//
+// Online: every `window` steps that ran a prefill chunk, the budget becomes the largest
+// tile-aligned one at which each of those steps, re-costed at that budget (its decodes as they
+// were, its chunk tokens grown or cut to fill it) and scaled by its own measured / predicted time,
+// meets the SLO. The ratio corrects the model's error on this deployment (CUDA graphs, eager
+// launches, a busy host); re-costing at the budget follows the load the pool really holds.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "serve/batch.h"
+#include "serve/cost_model.h"
+#include "serve/scheduler.h"
+
+namespace flashserve::serve {
+
+struct AutoBudgetConfig {
+  double slo_tbt_s = 0;       // the P99 TBT SLO one step must meet
+  int64_t tile = 64;          // budgets are multiples of this (sarathi's chunk_tile)
+  int64_t max_running = 256;  // decodes one step may hold: the budget is at least this
+  int64_t max_model_len = 8192;
+  int64_t pool_tokens = 0;    // KV slots of the pool (blocks x block size)
+  int64_t max_budget = 8192;  // the largest budget considered (vllm-v1's default)
+  int64_t window = 32;        // online: mixed steps per adjustment
+
+  // The configuration of a sarathi scheduler on a pool of num_blocks x block_size under `slo`.
+  static AutoBudgetConfig for_scheduler(const SchedulerConfig& sc, int64_t num_blocks,
+                                        int32_t block_size, double slo_tbt_s);
+  // Throws Error(kInvalidArgument) naming the field.
+  void validate() const;
+  int64_t min_budget() const;  // max_running rounded up to a tile
+};
+
+// The offline worst mixed step of `budget` tokens (above), in seconds.
+double worst_mixed_step_s(const CostModel& cost, const AutoBudgetConfig& c, int64_t budget);
+
+// The largest tile-aligned budget in [min_budget, max_budget] whose worst mixed step meets the
+// SLO; min_budget (meets false) when none does.
+struct BudgetChoice {
+  int64_t budget = 0;
+  double worst_s = 0;  // its worst mixed step
+  bool meets = false;
+};
+BudgetChoice choose_budget(const CostModel& cost, const AutoBudgetConfig& c);
+
+class AutoBudget {
+ public:
+  // Chooses the first budget offline (choose_budget). `cost` must outlive this.
+  AutoBudget(const CostModel& cost, const AutoBudgetConfig& c);
+
+  int64_t budget() const { return budget_; }
+  const BudgetChoice& initial() const { return initial_; }
+  const AutoBudgetConfig& config() const { return config_; }
+  // A step ran `batch` in `seconds` on the engine's clock. Returns the budget for the next step.
+  int64_t observe(const Batch& batch, double seconds);
+
+ private:
+  // A mixed step as re-costing needs it: its decodes' KV lengths, the longest cached prefix of
+  // its chunks, and measured / predicted.
+  struct Seen {
+    std::vector<int64_t> decode_kv;
+    int64_t chunk_cached = 0;
+    double ratio = 1;
+  };
+  double recost(const Seen& s, int64_t budget) const;
+  void adjust();
+
+  const CostModel& cost_;
+  AutoBudgetConfig config_;
+  BudgetChoice initial_;
+  int64_t budget_ = 0;
+  std::vector<Seen> window_;
+};
+
+}  // namespace flashserve::serve

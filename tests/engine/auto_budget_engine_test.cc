@@ -1,0 +1,136 @@
+// --budget auto on the engine (engine.h set_auto_budget, serve/auto_budget.h): the online
+// adjustment on a fake clock. The executor's steps take k x what the synthetic profile predicts
+// (a deployment the profile misjudges by k), so every mixed step's measured / predicted is k and
+// the budget must settle, one window in, on the largest multiple of 64 with
+// k x (2 ms + 10 us x B) <= SLO, and stay there.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/simulated_executor.h"
+#include "flashserve/error.h"
+#include "serve/auto_budget.h"
+#include "support/linear_profile.h"
+
+namespace fs = flashserve::serve;
+namespace fe = flashserve::engine;
+
+namespace {
+
+class ScaledCost final : public fs::CostModel {
+ public:
+  ScaledCost(const fs::CostModel& base, double k) : base_(base), k_(k) {}
+  double step_seconds(const fs::Batch& b) const override { return k_ * base_.step_seconds(b); }
+  std::string describe() const override { return "scaled"; }
+
+ private:
+  const fs::CostModel& base_;
+  double k_;
+};
+
+fe::EngineConfig sarathi_config() {
+  fe::EngineConfig c;
+  c.scheduler.policy = fs::Policy::kSarathi;
+  c.scheduler.max_running = 16;
+  c.scheduler.max_model_len = 8192;
+  c.scheduler.chunk_tile = 64;
+  c.num_blocks = 4096;
+  c.block_size = 16;
+  return c;
+}
+
+struct BudgetTrace {
+  int64_t first = 0, last = 0, changes = 0;
+  int64_t max_tokens_after_change = 0;  // the largest step once the budget last changed
+};
+
+// 40 prompts of 2000 tokens at once, 50 tokens each: ~180 mixed steps at the first budget.
+BudgetTrace run_with_clock_factor(double k, double slo) {
+  const fs::ProfileCostModel profile(flashserve::testing::linear_profile(2e-3, 1e-5, 0), "lin");
+  const ScaledCost clock(profile, k);
+  const fe::EngineConfig ec = sarathi_config();
+  fe::Engine engine(ec, std::make_unique<fe::SimulatedExecutor>(clock));
+  engine.set_auto_budget(std::make_unique<fs::AutoBudget>(
+      profile,
+      fs::AutoBudgetConfig::for_scheduler(ec.scheduler, ec.num_blocks, ec.block_size, slo)));
+  for (int64_t i = 0; i < 40; ++i) {
+    fe::NewRequest r;
+    r.prompt.assign(2000, 1);
+    r.max_tokens = 50;
+    r.ignore_eos = true;
+    engine.add_request(std::move(r));
+  }
+  BudgetTrace run;
+  run.first = run.last = engine.scheduler().config().max_tokens_per_step;
+  while (engine.has_work()) {
+    const fe::StepResult s = engine.step();
+    run.max_tokens_after_change = std::max(run.max_tokens_after_change, s.num_tokens);
+    const int64_t now = engine.scheduler().config().max_tokens_per_step;
+    if (now != run.last) {
+      ++run.changes;
+      run.last = now;
+      run.max_tokens_after_change = 0;
+    }
+  }
+  return run;
+}
+
+// Offline, 2 ms + 10 us x B <= 7 ms gives 448. Steps twice as slow as predicted: 2 x (2 ms +
+// 10 us x B) <= 7 ms, B <= 150 -> 128.
+TEST(AutoBudgetEngine, SlowerStepsThanTheProfileShrinkTheBudget) {
+  const BudgetTrace r = run_with_clock_factor(2.0, 7e-3);
+  EXPECT_EQ(r.first, 448);
+  EXPECT_EQ(r.last, 128);
+  EXPECT_EQ(r.changes, 1);  // settled at once, then stable
+  EXPECT_LE(r.max_tokens_after_change, 128);
+  EXPECT_GT(r.max_tokens_after_change, 64);  // and the steps do fill it
+}
+
+// Steps at half the predicted time: 0.5 x (2 ms + 10 us x B) <= 7 ms, B <= 1200 -> 1152.
+TEST(AutoBudgetEngine, FasterStepsThanTheProfileGrowTheBudget) {
+  const BudgetTrace r = run_with_clock_factor(0.5, 7e-3);
+  EXPECT_EQ(r.first, 448);
+  EXPECT_EQ(r.last, 1152);
+  EXPECT_EQ(r.changes, 1);
+  EXPECT_LE(r.max_tokens_after_change, 1152);
+  EXPECT_GT(r.max_tokens_after_change, 448);
+}
+
+// Measured as predicted: the offline budget stands.
+TEST(AutoBudgetEngine, AnAccurateProfileKeepsTheOfflineBudget) {
+  const BudgetTrace r = run_with_clock_factor(1.0, 7e-3);
+  EXPECT_EQ(r.first, 448);
+  EXPECT_EQ(r.last, 448);
+  EXPECT_EQ(r.changes, 0);
+}
+
+TEST(AutoBudgetEngine, OnlySarathiTakesAnAutoBudget) {
+  const fs::ProfileCostModel profile(flashserve::testing::linear_profile(2e-3, 1e-5, 0), "lin");
+  fe::EngineConfig ec = sarathi_config();
+  ec.scheduler.policy = fs::Policy::kVllmV1;
+  fe::Engine engine(ec, std::make_unique<fe::SimulatedExecutor>(profile));
+  try {
+    engine.set_auto_budget(std::make_unique<fs::AutoBudget>(
+        profile,
+        fs::AutoBudgetConfig::for_scheduler(ec.scheduler, ec.num_blocks, ec.block_size, 7e-3)));
+    ADD_FAILURE() << "vllm-v1 took an auto budget";
+  } catch (const flashserve::Error& e) {
+    EXPECT_EQ(e.argument(), "budget");
+  }
+  EXPECT_EQ(engine.auto_budget(), nullptr);
+}
+
+// A budget the configuration refuses (below max_running) changes nothing.
+TEST(AutoBudgetEngine, TheSchedulerRefusesABudgetBelowMaxRunning) {
+  const fs::ProfileCostModel profile(flashserve::testing::linear_profile(2e-3, 1e-5, 0), "lin");
+  fe::Engine engine(sarathi_config(), std::make_unique<fe::SimulatedExecutor>(profile));
+  auto& scheduler = const_cast<fs::Scheduler&>(engine.scheduler());
+  EXPECT_THROW(scheduler.set_token_budget(8), flashserve::Error);
+  EXPECT_EQ(engine.scheduler().config().max_tokens_per_step, 512);
+  scheduler.set_token_budget(64);
+  EXPECT_EQ(engine.scheduler().config().max_tokens_per_step, 64);
+}
+
+}  // namespace
