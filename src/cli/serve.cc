@@ -105,9 +105,13 @@ int serve(int argc, char** argv) {
                      "a Jinja chat template: a file, or the template itself (vLLM's rule: text "
                      "with '{', '}' or a newline that is no file), for a model whose "
                      "tokenizer_config.json has none or one outside the supported subset");
+  // One value an occurrence, taken as written: CLI11 would otherwise read '["a", "b"]', vLLM's
+  // JSON form, as its own bracketed list syntax.
   app.add_option("--allowed-origins", origins_given,
                  "CORS: origins browsers may call from (a JSON list, vLLM's form, or one origin "
-                 "a value; \"*\": any); default none, no CORS headers");
+                 "a value; \"*\": any); default none, no CORS headers")
+      ->expected(1)
+      ->allow_extra_args(false);
   // vLLM flags whose effect is already flashserve's behaviour: accepted as such.
   bool satisfied = false;
   app.add_flag(

@@ -904,6 +904,8 @@ TEST(HttpServer, Answers503WhileLoadingAndWhenOverloaded) {
   while (s.metric("flashserve_http_requests_in_flight") != 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(s.post("/v1/completions", ok)->status, 200);
+  while (s.metric("flashserve_http_requests_in_flight") != 0)  // its slot back, as above
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   // n choices take n slots: more than the server has is the request's fault (400 naming n).
   json two = ok;
   two["n"] = 2;
