@@ -144,12 +144,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (r.logprobs > fsv::kMaxChatTopLogprobs) fail("top_logprobs above 20");
       for (const auto& m : r.messages)
         if (m.role.empty()) fail("message without a role");
-    } else if (!r.prompt_text && r.prompt_ids.empty()) {
-      fail("completion without a prompt");
+    } else if (r.prompts.empty() || r.prompts.size() > fsv::kMaxPrompts) {
+      fail("completion without a prompt, or too many");
     }
-    if (r.prompt_text && r.prompt_text->empty()) fail("empty text prompt accepted");
-    for (int32_t id : r.prompt_ids)
-      if (id < 0) fail("negative prompt id");
+    for (const fsv::Prompt& p : r.prompts) {
+      if (!p.text && p.ids.empty()) fail("an empty prompt of a batch");
+      if (p.text && p.text->empty()) fail("empty text prompt accepted");
+      for (int32_t id : p.ids)
+        if (id < 0) fail("negative prompt id");
+    }
+    if (r.sampling.min_tokens < 0 || (r.max_tokens && r.sampling.min_tokens > *r.max_tokens))
+      fail("min_tokens outside [0, max_tokens] accepted");
+    if (r.echo && r.logprobs >= 0) fail("echo with logprobs accepted");
     for (int32_t id : r.stop_token_ids)
       if (id < 0) fail("negative stop token id");
     if (r.max_tokens && *r.max_tokens < 1) fail("max_tokens < 1 accepted");

@@ -1,7 +1,8 @@
 // flashserve serve: the OpenAI-compatible HTTP server (server/server.h) on a model directory.
-// Flags take vLLM's names where vLLM has the same flag.
-//   flashserve serve --model /tmp/tiny --device cpu --port 8000
-//   curl localhost:8000/v1/completions -d '{"model": "/tmp/tiny", "prompt": [1, 2, 3]}'
+// Flags take vLLM's names where vLLM has the same flag (cli/vllm_flags.h: vLLM's that it refuses,
+// and vLLM's ways of writing values).
+//   flashserve serve /tmp/tiny --device cpu --port 8000
+//   curl localhost:8000/v1/completions -d '{"prompt": [1, 2, 3]}'
 #include <signal.h>
 #include <unistd.h>
 
@@ -14,10 +15,13 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <vector>
 
 #include "cli/command.h"
 #include "cli/options.h"
+#include "cli/vllm_flags.h"
 #include "engine/model_engine.h"
 #include "flashserve/error.h"
 #include "model/checkpoint.h"
@@ -38,21 +42,49 @@ extern "C" void on_stop_signal(int sig) {
 }
 
 int serve(int argc, char** argv) {
+  // vLLM's flags that mean nothing here stop with why, before CLI11 would call them merely
+  // unexpected; `-tp N`, vLLM's short form, reads as --tensor-parallel-size N.
+  refuse_vllm_flags(argc, argv);
+  std::vector<char*> args(argv, argv + argc);
+  std::string tp_long = "--tensor-parallel-size";
+  for (char*& a : args)
+    if (std::string_view(a) == "-tp") a = tp_long.data();
+  argc = static_cast<int>(args.size());
+  argv = args.data();
+
   server::ServerOptions so;
-  std::string model_dir, policy = "sarathi", device = "cpu";
+  std::string model_dir, model_flag, policy = "sarathi", device = "cpu", dtype = "auto";
   int64_t port = so.port, budget = 512, max_model_len = 0, max_num_seqs = 256, chunk_tile = 64;
+  int64_t tensor_parallel = 1;
   double gpu_mem_util = 0.9, kv_memory_mb = 256;
-  CLI::App app{"The OpenAI-compatible HTTP server"};
+  std::vector<std::string> api_keys_given, origins_given;
+  CLI::App app{"The OpenAI-compatible HTTP server (vLLM's command line where it applies)"};
   app.option_defaults()->always_capture_default();
-  app.add_option("--model", model_dir, "model directory (config.json + safetensors)")->required();
+  auto* model_pos_opt = app.add_option("model", model_dir,
+                                       "model directory (config.json + safetensors), as in "
+                                       "`vllm serve MODEL`");
+  auto* model_flag_opt = app.add_option("--model", model_flag, "the model directory, as a flag");
   app.add_option("--host", so.host, "address to listen on");
   add_int(app, "--port", port, {0, 65535}, "port to listen on (0: any free port)");
-  auto* api_key_opt =
-      app.add_option("--api-key", so.api_key, "require 'Authorization: Bearer KEY' on /v1 routes");
-  app.add_option("--policy", policy, "scheduler: " + fs::policy_names());
+  app.add_option("--api-key", api_keys_given,
+                 "require 'Authorization: Bearer KEY' on /v1 routes, one of "
+                 "these keys (default: VLLM_API_KEY's)");
+  auto* policy_opt = app.add_option("--policy", policy, "scheduler: " + fs::policy_names());
   auto* budget_opt = add_int(app, "--budget", budget, {1, 1 << 20},
                              "token budget per step (default: the policy's; sarathi 512, vllm-v1 "
                              "8192)");
+  auto* batched_opt =
+      add_int(app, "--max-num-batched-tokens", budget, {1, 1 << 20}, "vLLM's name of --budget");
+  bool chunked_prefill = true;
+  auto* chunked_opt =
+      app.add_flag("--enable-chunked-prefill,!--no-enable-chunked-prefill", chunked_prefill,
+                   "vLLM's switch: on chooses sarathi (stall-free chunked "
+                   "prefill), off vllm-v0 (prefill-first)");
+  auto* tp_opt = add_int(app, "--tensor-parallel-size", tensor_parallel, {1, 1 << 10},
+                         "devices per model: 1 (one device per server)");
+  auto* dtype_opt = app.add_option("--dtype", dtype,
+                                   "auto, or the runner's own type: bfloat16 on cuda, float32 on "
+                                   "cpu");
   auto* chunk_tile_opt = add_int(app, "--chunk-tile", chunk_tile, {1, 1 << 20},
                                  "sarathi: chunks are a multiple of this");
   auto* max_num_seqs_opt = add_int(app, "--max-num-seqs", max_num_seqs, {1, 1 << 20},
@@ -63,13 +95,31 @@ int serve(int argc, char** argv) {
                             "share of GPU memory for weights and KV (--device cuda)");
   auto* kv_opt = add_real(app, "--kv-memory-mb", kv_memory_mb, {1, 1 << 24},
                           "KV pool size on the CPU (--device cpu)");
-  app.add_option("--served-model-name", so.served_model_name,
-                 "the model name clients send (default: --model as given)");
+  app.add_option("--served-model-name", so.served_model_names,
+                 "the model names clients may send; the first is the default and the one "
+                 "/v1/models lists first (default: the model as given)");
   app.add_option("--device", device, "cpu or cuda");
   std::string chat_template;
-  app.add_option("--chat-template", chat_template,
-                 "a Jinja chat template file, for a model whose tokenizer_config.json has none or "
-                 "one outside the supported subset");
+  auto* chat_template_opt =
+      app.add_option("--chat-template", chat_template,
+                     "a Jinja chat template: a file, or the template itself (vLLM's rule: text "
+                     "with '{', '}' or a newline that is no file), for a model whose "
+                     "tokenizer_config.json has none or one outside the supported subset");
+  // One value an occurrence, taken as written: CLI11 would otherwise read '["a", "b"]', vLLM's
+  // JSON form, as its own bracketed list syntax.
+  app.add_option("--allowed-origins", origins_given,
+                 "CORS: origins browsers may call from (a JSON list, vLLM's form, or one origin "
+                 "a value; \"*\": any); default none, no CORS headers")
+      ->expected(1)
+      ->allow_extra_args(false);
+  // vLLM flags whose effect is already flashserve's behaviour: accepted as such.
+  bool satisfied = false;
+  app.add_flag(
+      "--disable-log-requests,--disable-log-stats,--trust-remote-code,"
+      "--enable-prompt-tokens-details",
+      satisfied,
+      "vLLM's; already so here (requests and stats are not logged, no model code runs, "
+      "usage always has prompt_tokens_details)");
   add_int(app, "--max-concurrent-requests", so.max_concurrent_requests, {1, 1 << 20},
           "generation requests in flight (n choices count n); one more gets 503 at once, with "
           "Retry-After");
@@ -93,22 +143,46 @@ int serve(int argc, char** argv) {
                "reuse the KV of full blocks of prompt tokens seen before (shared system prompts, "
                "multi-turn chats, n choices)");
   if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
+  if (model_pos_opt->count() > 0 && model_flag_opt->count() > 0)
+    throw UsageError("--model", "the model is given twice (MODEL and --model): give one");
+  if (model_flag_opt->count() > 0) model_dir = model_flag;
+  if (model_dir.empty())
+    throw UsageError("--model", "no model: give `flashserve serve MODEL` (or --model MODEL)");
+  if (tensor_parallel != 1)
+    throw UsageError("--tensor-parallel-size",
+                     std::to_string(tensor_parallel) +
+                         ": flashserve serves a model on one device (only 1); run one server per "
+                         "device");
+  if (budget_opt->count() > 0 && batched_opt->count() > 0)
+    throw UsageError("--max-num-batched-tokens", "is --budget's vLLM name: give one of them");
+  if (chunked_opt->count() > 0) {
+    const char* chosen = chunked_prefill ? "sarathi" : "vllm-v0";
+    if (policy_opt->count() > 0 && check_option("--policy", [&] {
+                                     return fs::parse_policy(policy);
+                                   }) != fs::parse_policy(chosen))
+      throw UsageError(chunked_prefill ? "--enable-chunked-prefill" : "--no-enable-chunked-prefill",
+                       std::string("chooses --policy ") + chosen + ", not " + policy);
+    policy = chosen;
+  }
   if (device != "cpu" && device != "cuda")
     throw UsageError("--device", "'" + device + "' is not one of cpu, cuda");
   refuse_unless(util_opt, device == "cuda", "sizes the GPU's KV pool (--device cuda)");
   refuse_unless(kv_opt, device == "cpu", "sizes the CPU's KV pool (--device cpu)");
   const fs::Policy pol = check_option("--policy", [&] { return fs::parse_policy(policy); });
   refuse_unless(chunk_tile_opt, pol == fs::Policy::kSarathi, "only sarathi chunks prompts");
-  refuse_unless(budget_opt, pol != fs::Policy::kOrca && pol != fs::Policy::kStatic,
-                std::string(fs::to_string(pol)) + " takes whole prompts and has no token budget");
+  for (const CLI::Option* b : {budget_opt, batched_opt})
+    refuse_unless(b, pol != fs::Policy::kOrca && pol != fs::Policy::kStatic,
+                  std::string(fs::to_string(pol)) + " takes whole prompts and has no token budget");
   // Not given: the policy's own (serve/policy.h).
-  if (budget_opt->count() == 0) budget = fs::policy_defaults(pol).max_tokens_per_step;
+  if (budget_opt->count() + batched_opt->count() == 0)
+    budget = fs::policy_defaults(pol).max_tokens_per_step;
   if (max_num_seqs_opt->count() == 0) max_num_seqs = fs::policy_defaults(pol).max_running;
-  // An empty key (say --api-key "$KEY" with KEY unset) would serve without authentication.
-  if (api_key_opt->count() > 0 && so.api_key.empty())
-    throw UsageError("--api-key",
-                     "is empty, which would serve without authentication; leave --api-key out "
-                     "for that");
+  if (dtype_opt->count() > 0) check_dtype(dtype, device);
+  so.api_keys = api_keys(api_keys_given, std::getenv("VLLM_API_KEY"));
+  so.allowed_origins = allowed_origins(origins_given);
+  // Read now, so that a template that cannot be read stops the server before it binds.
+  const std::string chat_template_text =
+      chat_template_opt->count() > 0 ? chat_template_source(chat_template) : std::string();
   so.port = static_cast<int>(port);
   const auto ms = [](double seconds) {
     return std::chrono::milliseconds(std::max<int64_t>(1, std::llround(seconds * 1e3)));
@@ -117,7 +191,7 @@ int serve(int argc, char** argv) {
   so.http.body_timeout = ms(body_timeout);
   so.http.idle_timeout = ms(idle_timeout);
   so.http.write_timeout = ms(write_timeout);
-  if (so.served_model_name.empty()) so.served_model_name = model_dir;
+  if (so.served_model_names.empty()) so.served_model_names.push_back(model_dir);
   // What can be refused before the port is taken and the weights are read: the user hears at
   // once, with the flag named (the loader's errors come after "listening on").
   const model::ModelConfig config =
@@ -126,8 +200,6 @@ int serve(int argc, char** argv) {
     throw UsageError("--max-model-len", std::to_string(max_model_len) + " exceeds the model's " +
                                             std::to_string(config.max_position_embeddings) +
                                             " positions (config.json max_position_embeddings)");
-  if (!chat_template.empty() && !std::ifstream(chat_template))
-    throw UsageError("--chat-template", "cannot read '" + chat_template + "'");
 
   auto load = [=] {
     fe::ModelEngineOptions mo;
@@ -146,7 +218,7 @@ int serve(int argc, char** argv) {
     server::Backend b;
     b.max_model_len = engine->config().scheduler.max_model_len;
     b.prefix_caching = prefix_caching;
-    b.codec = server::load_text_codec(model_dir, chat_template, engine->config().vocab_size);
+    b.codec = server::load_text_codec(model_dir, chat_template_text, engine->config().vocab_size);
     b.loop = std::make_unique<fe::EngineLoop>(std::move(engine));
     std::printf(
         "flashserve serve: ready: %s on %s, %lld KV blocks of %d tokens, max model len "
@@ -175,7 +247,7 @@ int serve(int argc, char** argv) {
   server::Server srv(so, load);
   const int bound = srv.bind();
   std::printf("flashserve serve: listening on http://%s:%d (model '%s', loading...)\n",
-              so.host.c_str(), bound, so.served_model_name.c_str());
+              so.host.c_str(), bound, so.served_model_names.front().c_str());
   std::fflush(stdout);
   std::thread waiter([&] {
     char sig = 0;

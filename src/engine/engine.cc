@@ -33,6 +33,10 @@ void Engine::check_request(const NewRequest& r) const {
   };
   check_ids(r.prompt, "prompt");
   check_ids(r.stop_token_ids, "stop_token_ids");
+  for (const auto& [token, bias] : r.sampling.logit_bias)
+    if (config_.vocab_size > 0 && token >= config_.vocab_size)
+      bad("logit_bias: token " + std::to_string(token) + " is outside the vocabulary of " +
+          std::to_string(config_.vocab_size));
   if (r.logprobs < -1 || r.logprobs > model::kMaxTopLogprobs)
     bad("logprobs " + std::to_string(r.logprobs) + " is outside [-1, " +
         std::to_string(model::kMaxTopLogprobs) + "]");
@@ -56,6 +60,7 @@ int64_t Engine::add_request(NewRequest r) {
   seq->stop_tokens = std::move(r.stop_token_ids);
   seq->sampling = r.sampling;
   seq->logprobs = r.logprobs;
+  seq->constraint = std::move(r.constraint);
   seq->arrival_time = r.arrival_time >= 0 ? r.arrival_time : executor_->now();
   scheduler_->add(std::move(seq));  // checked above: does not throw
   live_.insert(id);
@@ -98,7 +103,11 @@ StepResult Engine::step() {
   result.num_tokens = batch.num_tokens();
   for (size_t i = 0; i < batch.entries.size(); ++i) {
     if (!batch.entries[i].samples) continue;
-    RequestOutput out{batch.entries[i].seq->id, {sampled[i]}, {}, serve::FinishReason::kNone};
+    RequestOutput out{batch.entries[i].seq->id,
+                      {sampled[i]},
+                      {},
+                      serve::FinishReason::kNone,
+                      batch.entries[i].seq->num_cached_prompt};
     if (i < logprobs.size() && logprobs[i].sampled.token >= 0)
       out.logprobs.push_back(std::move(logprobs[i]));
     result.outputs.push_back(std::move(out));

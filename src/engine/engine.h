@@ -41,6 +41,8 @@ struct NewRequest {
   bool ignore_eos = false;
   // -1: none; 0..model::kMaxTopLogprobs: each token's log-probability and that many alternatives.
   int32_t logprobs = -1;
+  // What it may generate (a grammar: structured output); null: anything.
+  std::shared_ptr<model::TokenConstraint> constraint;
   int64_t id = -1;           // -1: the engine numbers it; else the caller's (unique among live)
   double arrival_time = -1;  // -1: now, on the executor's clock
 };
@@ -52,6 +54,7 @@ struct RequestOutput {
   // One per new token when the request asked for logprobs; empty otherwise.
   std::vector<model::SampledLogprobs> logprobs;
   serve::FinishReason finish = serve::FinishReason::kNone;  // kNone while it runs
+  int64_t cached_tokens = 0;  // prompt tokens found in the prefix cache (Sequence's)
 };
 
 struct StepResult {

@@ -91,6 +91,11 @@ serve::FinishReason TokenStream::finish_reason() const {
   return finish_;
 }
 
+int64_t TokenStream::cached_tokens() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cached_tokens_;
+}
+
 void TokenStream::close() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -101,11 +106,13 @@ void TokenStream::close() {
 }
 
 void TokenStream::push(const std::vector<int32_t>& tokens,
-                       std::vector<model::SampledLogprobs> logprobs, serve::FinishReason finish) {
+                       std::vector<model::SampledLogprobs> logprobs, serve::FinishReason finish,
+                       int64_t cached_tokens) {
   std::shared_ptr<StreamSignal> signal;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (finish_ != serve::FinishReason::kNone) return;  // already ended (stop() after a finish)
+    if (!tokens.empty()) cached_tokens_ = cached_tokens;
     pending_.insert(pending_.end(), tokens.begin(), tokens.end());
     pending_logprobs_.insert(pending_logprobs_.end(), std::make_move_iterator(logprobs.begin()),
                              std::make_move_iterator(logprobs.end()));
@@ -175,10 +182,11 @@ void EngineLoop::run() {
   // alive by the loop.
   std::unordered_map<int64_t, std::weak_ptr<TokenStream>> streams;
   auto deliver = [&](int64_t id, const std::vector<int32_t>& tokens,
-                     std::vector<model::SampledLogprobs> logprobs, serve::FinishReason finish) {
+                     std::vector<model::SampledLogprobs> logprobs, serve::FinishReason finish,
+                     int64_t cached = 0) {
     auto it = streams.find(id);
     if (it == streams.end()) return;
-    if (auto s = it->second.lock()) s->push(tokens, std::move(logprobs), finish);
+    if (auto s = it->second.lock()) s->push(tokens, std::move(logprobs), finish, cached);
     if (finish != serve::FinishReason::kNone) streams.erase(it);
   };
   for (;;) {
@@ -246,7 +254,7 @@ void EngineLoop::run() {
       st.prefix_hit_tokens = engine_->scheduler().prefix_hit_tokens();
     }
     for (RequestOutput& out : r.outputs)
-      deliver(out.id, out.new_tokens, std::move(out.logprobs), out.finish);
+      deliver(out.id, out.new_tokens, std::move(out.logprobs), out.finish, out.cached_tokens);
   }
 }
 

@@ -60,6 +60,8 @@ class TokenStream {
   void raise_on_push(std::shared_ptr<StreamSignal> signal);
   // Why it finished (kNone while it runs).
   serve::FinishReason finish_reason() const;
+  // Prompt tokens the engine found in its prefix cache (known once a token came).
+  int64_t cached_tokens() const;
   // Stops the request (its blocks are freed by the next step); later reads see kAbort.
   void close();
 
@@ -67,7 +69,7 @@ class TokenStream {
   friend class EngineLoop;
   TokenStream(int64_t id, std::shared_ptr<Inbox> inbox) : id_(id), inbox_(std::move(inbox)) {}
   void push(const std::vector<int32_t>& tokens, std::vector<model::SampledLogprobs> logprobs,
-            serve::FinishReason finish);
+            serve::FinishReason finish, int64_t cached_tokens = 0);
 
   const int64_t id_;
   std::shared_ptr<Inbox> inbox_;
@@ -76,6 +78,7 @@ class TokenStream {
   std::vector<int32_t> pending_;
   std::vector<model::SampledLogprobs> pending_logprobs_;
   serve::FinishReason finish_ = serve::FinishReason::kNone;
+  int64_t cached_tokens_ = 0;
   bool closed_ = false;
   std::shared_ptr<StreamSignal> signal_;
 };

@@ -1,6 +1,7 @@
 // The real engine's executor: one step is layout (serve::layout_batch) -> the runner's forward
-// over the whole mixed batch -> the runner's sampler with each sequence's SamplingParams, timed on
-// the wall clock (seconds since the executor was made).
+// over the whole mixed batch -> the runner's sampler with each sequence's SamplingParams and
+// LogitsAdjust (penalties over its tokens, logit_bias, its stop tokens banned before min_tokens,
+// its grammar's mask), timed on the wall clock (seconds since the executor was made).
 #pragma once
 
 #include <chrono>
@@ -29,6 +30,9 @@ class ModelExecutor final : public Executor {
   std::string device_;
   std::chrono::steady_clock::time_point start_;
   std::vector<model::SampledLogprobs> logprobs_;  // of the last execute(), when any entry asked
+
+  // What the sequence's next token is sampled after (empty: nothing to change).
+  model::LogitsAdjust logits_adjust(const serve::Sequence& seq) const;
 };
 
 }  // namespace flashserve::engine

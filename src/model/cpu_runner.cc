@@ -159,21 +159,33 @@ class CpuRunner final : public ModelRunner {
     return out;
   }
 
-  std::vector<int32_t> sample(const ForwardBatch& b,
-                              const std::vector<SamplingParams>& params) override {
+  using ModelRunner::sample;
+  std::vector<int32_t> sample(const ForwardBatch& b, const std::vector<SamplingParams>& params,
+                              const std::vector<LogitsAdjust>& adjust) override {
     const int64_t rows = static_cast<int64_t>(b.sample_rows.size());
     if (static_cast<int64_t>(params.size()) != rows)
       throw Error(
           ErrorKind::kInvalidArgument, "params",
           std::to_string(params.size()) + " given for " + std::to_string(rows) + " sample rows");
+    if (!adjust.empty() && static_cast<int64_t>(adjust.size()) != rows)
+      throw Error(
+          ErrorKind::kInvalidArgument, "adjust",
+          std::to_string(adjust.size()) + " given for " + std::to_string(rows) + " sample rows");
     if (rows != logits_rows_)
       throw Error(ErrorKind::kInvalidArgument, "batch", "is not the batch of the last forward");
+    const int64_t V = config_.vocab_size;
     std::vector<int32_t> out(static_cast<size_t>(rows));
+    std::vector<float> row;  // an adjusted copy: the kept logits stay the model's
     for (int64_t i = 0; i < rows; ++i) {
       params[i].validate();
       const float u = sample_uniform(params[i].seed, b.positions[b.sample_rows[i]] + 1);
-      out[i] =
-          sample_token(logits_.data() + i * config_.vocab_size, config_.vocab_size, params[i], u);
+      const float* l = logits_.data() + i * V;
+      if (!adjust.empty() && !adjust[i].empty()) {
+        row.assign(l, l + V);
+        apply_logits_adjust(row.data(), V, adjust[i]);
+        l = row.data();
+      }
+      out[i] = sample_token(l, V, params[i], u);
     }
     return out;
   }

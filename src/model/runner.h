@@ -11,6 +11,7 @@
 
 #include "model/config.h"
 #include "model/forward_batch.h"
+#include "model/logits_adjust.h"
 #include "model/sampling.h"
 
 namespace flashserve::model {
@@ -35,9 +36,16 @@ class ModelRunner {
   // the device. Throws Error(kInvalidArgument) for a row outside the last forward's sample rows.
   virtual std::vector<float> logits_rows(const std::vector<int32_t>& rows) const = 0;
   // One token per sample row of the last forward (which must be `batch`), drawn by the rule of
-  // sampling.h with params[i] for row i; the token's position is batch.positions[row] + 1.
+  // sampling.h with params[i] for row i after adjust[i] (logits_adjust.h; `adjust` empty: none
+  // for any row); the token's position is batch.positions[row] + 1. The kept logits are not
+  // changed (logits() and logits_rows() stay the model's).
   virtual std::vector<int32_t> sample(const ForwardBatch& batch,
-                                      const std::vector<SamplingParams>& params) = 0;
+                                      const std::vector<SamplingParams>& params,
+                                      const std::vector<LogitsAdjust>& adjust) = 0;
+  std::vector<int32_t> sample(const ForwardBatch& batch,
+                              const std::vector<SamplingParams>& params) {
+    return sample(batch, params, {});
+  }
   // Readies the runner for steps of up to max_tokens new tokens and max_rows sampled rows before
   // the first one (the CUDA runner grows its step buffers and chooses its GEMM algorithms for
   // every row count now, so that no served step pays for it). Optional: steps work without it.

@@ -267,6 +267,7 @@ Sequence* Scheduler::admit_head(const Admission& how) {
   if (blocks_.prefix_caching()) {
     prefix_queried_tokens_ += blocks_.prefix_lookup_tokens(*s);
     prefix_hit_tokens_ += hit;
+    if (s->first_scheduled_time < 0 && s->num_preemptions == 0) s->num_cached_prompt = hit;
   }
   running_.push_back(std::move(waiting_.front()));
   waiting_.pop_front();

@@ -5,10 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "model/sampling.h"
+#include "model/token_constraint.h"
 
 namespace flashserve::serve {
 
@@ -44,6 +46,9 @@ struct Sequence {
   std::vector<int32_t> eos_tokens;
   std::vector<int32_t> stop_tokens;
   model::SamplingParams sampling;  // how the engine draws its tokens (the simulator ignores it)
+  // What it may generate next (structured output's grammar), fed each sampled token; null:
+  // anything (the simulator ignores it).
+  std::shared_ptr<model::TokenConstraint> constraint;
   // -1: no log-probabilities; n >= 0: each sampled token's, and the n most likely tokens' at its
   // position (model/logprobs.h; the simulator ignores it).
   int32_t logprobs = -1;
@@ -54,6 +59,9 @@ struct Sequence {
   // Tokens whose K and V are in the cache. A token is "computed" once a forward pass has run over
   // it; the last sampled token is not computed until the next decode step feeds it back.
   int64_t num_computed = 0;
+  // Prompt tokens its first admission found in the prefix cache (not computed again): the
+  // usage's cached_tokens.
+  int64_t num_cached_prompt = 0;
   std::vector<int32_t> block_table;  // physical KV block ids, in logical order
   int32_t num_preemptions = 0;
 

@@ -1,5 +1,6 @@
 #include "server/openai_request.h"
 
+#include <charconv>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -76,28 +77,57 @@ std::vector<int32_t> get_ids(const json& v, const std::string& name) {
   return ids;
 }
 
-void parse_prompt(const json& v, GenerationRequest& r) {
-  // OpenAI's forms: a string, an array of strings, an array of token ids, an array of arrays of
-  // token ids. A batch (more than one prompt) is refused like n > 1.
-  const json* one = &v;
-  if (v.is_array() && !v.empty() && (v[0].is_string() || v[0].is_array())) {
-    if (v.size() != 1)
-      throw bad_request("prompt", "prompt: one prompt per request (got " +
-                                      std::to_string(v.size()) +
-                                      "); batched prompts are not supported");
-    one = &v[0];
-  }
-  if (one->is_string()) {
-    r.prompt_text = one->get<std::string>();
-    if (r.prompt_text->empty()) throw bad_request("prompt", "prompt: empty");
-  } else if (one->is_array()) {
+Prompt one_prompt(const json& v, const std::string& name) {
+  Prompt p;
+  if (v.is_string()) {
+    p.text = v.get<std::string>();
+    if (p.text->empty()) throw bad_request(name, name + ": empty");
+  } else if (v.is_array()) {
     // Token ids: an element of another type is named ("prompt[0]: expected an integer, got a
     // boolean"), not the whole prompt.
-    if (one->empty()) throw bad_request("prompt", "prompt: empty");
-    r.prompt_ids = get_ids(*one, "prompt");
+    if (v.empty()) throw bad_request(name, name + ": empty");
+    p.ids = get_ids(v, name);
   } else {
-    wrong_type("prompt", "a string or an array of token ids", *one);
+    wrong_type(name, "a string or an array of token ids", v);
   }
+  return p;
+}
+
+void parse_prompt(const json& v, GenerationRequest& r) {
+  // OpenAI's forms: a string, an array of strings, an array of token ids, an array of arrays of
+  // token ids. Each prompt of a batch is its own n choices.
+  if (v.is_array() && !v.empty() && (v[0].is_string() || v[0].is_array())) {
+    if (v.size() > kMaxPrompts)
+      throw bad_request("prompt", "prompt: at most " + std::to_string(kMaxPrompts) +
+                                      " prompts in a batch (got " + std::to_string(v.size()) + ")");
+    for (size_t i = 0; i < v.size(); ++i) {
+      const std::string name = "prompt[" + std::to_string(i) + "]";
+      if (!v[i].is_string() && !v[i].is_array())
+        wrong_type(name, "a string or an array of token ids", v[i]);
+      r.prompts.push_back(one_prompt(v[i], name));
+    }
+    return;
+  }
+  if (v.is_array() && v.empty()) throw bad_request("prompt", "prompt: empty");
+  r.prompts.push_back(one_prompt(v, "prompt"));
+}
+
+// logit_bias: {"token id": bias}, OpenAI's form (keys are strings of decimal ids), biases in
+// OpenAI's [-100, 100].
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& v) {
+  if (!v.is_object()) wrong_type("logit_bias", "an object of token ids to biases", v);
+  std::vector<std::pair<int32_t, float>> out;
+  for (const auto& [key, value] : v.items()) {
+    const std::string name = "logit_bias." + key;
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (ec != std::errc() || end != key.data() + key.size() || key.empty() || id < 0 ||
+        id > std::numeric_limits<int32_t>::max() || (key.size() > 1 && key[0] == '0'))
+      throw bad_request("logit_bias", "logit_bias: '" + key + "' is not a token id");
+    out.emplace_back(static_cast<int32_t>(id),
+                     static_cast<float>(get_real(value, name, -100, 100)));
+  }
+  return out;
 }
 
 std::string message_content(const json& v, const std::string& name) {
@@ -204,35 +234,92 @@ bool nests_deeper_than(std::string_view text, int limit) {
   return false;
 }
 
-}  // namespace
-
-GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
+// The body as a JSON object, or the 400 saying why not.
+json parse_body(std::string_view body) {
   if (nests_deeper_than(body, kMaxJsonDepth))
     throw bad_request({},
                       "The request body nests arrays and objects deeper than " +
                           std::to_string(kMaxJsonDepth) + " levels",
                       "invalid_json");
-  const json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded())
     throw bad_request({}, "The request body is not valid JSON (UTF-8 text in RFC 8259 syntax)",
                       "invalid_json");
   if (!doc.is_object()) throw bad_request({}, "The request body must be a JSON object");
+  return doc;
+}
+
+std::string get_model(const json& v) {
+  std::string m = get_string(v, "model");
+  if (m.empty()) throw bad_request("model", "model: empty");
+  return m;
+}
+
+}  // namespace
+
+TokenizeRequest parse_tokenize_request(std::string_view body) {
+  const json doc = parse_body(body);
+  TokenizeRequest r;
+  GenerationRequest chat;
+  for (const auto& [key, v] : doc.items()) {
+    if (v.is_null()) continue;
+    if (key == "model")
+      r.model = get_model(v);
+    else if (key == "prompt")
+      r.prompt = get_string(v, "prompt");
+    else if (key == "messages")
+      parse_messages(v, chat);
+    else if (key == "return_token_strs")
+      r.return_token_strs = get_bool(v, "return_token_strs");
+    else if (key == "add_special_tokens")
+      // A prompt gets the tokenizer's special tokens, messages the template's own (vLLM's
+      // defaults for each), as the generation endpoints encode them.
+      neutral_only(v, "add_special_tokens", !doc.contains("messages"),
+                   "encoded as the generation endpoints encode it");
+    else if (key == "add_generation_prompt")
+      neutral_only(v, "add_generation_prompt", true, "rendered as chat renders it");
+    else
+      throw bad_request(key, "Unrecognized request argument supplied: " + key);
+  }
+  r.messages = std::move(chat.messages);
+  if (r.prompt.has_value() == !r.messages.empty())
+    throw bad_request("prompt", "prompt: give a prompt or messages (one of them)");
+  return r;
+}
+
+DetokenizeRequest parse_detokenize_request(std::string_view body) {
+  const json doc = parse_body(body);
+  DetokenizeRequest r;
+  bool have_tokens = false;
+  for (const auto& [key, v] : doc.items()) {
+    if (v.is_null()) continue;
+    if (key == "model") {
+      r.model = get_model(v);
+    } else if (key == "tokens") {
+      r.tokens = get_ids(v, "tokens");
+      have_tokens = true;
+    } else {
+      throw bad_request(key, "Unrecognized request argument supplied: " + key);
+    }
+  }
+  if (!have_tokens) throw bad_request("tokens", "tokens: missing");
+  return r;
+}
+
+GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
+  const json doc = parse_body(body);
 
   GenerationRequest r;
   r.endpoint = endpoint;
   const bool chat = endpoint == Endpoint::kChat;
-  bool have_input = false, have_model = false;
+  bool have_input = false;
   std::optional<json> stream_options;
   bool chat_logprobs = false;           // chat: logprobs true
   std::optional<int64_t> top_logprobs;  // chat: top_logprobs given
   std::optional<int64_t> max_tokens, max_completion_tokens;
   using Field = std::function<void(const json&)>;
   const std::map<std::string, Field> fields = {
-      {"model",
-       [&](const json& v) {
-         r.model = get_string(v, "model");
-         have_model = true;
-       }},
+      {"model", [&](const json& v) { r.model = get_model(v); }},
       {chat ? "messages" : "prompt",
        [&](const json& v) {
          chat ? parse_messages(v, r) : parse_prompt(v, r);
@@ -271,11 +358,32 @@ GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
       {"n", [&](const json& v) { r.n = static_cast<int32_t>(get_int(v, "n", 1, kMaxChoices)); }},
       {"user", [&](const json& v) { get_string(v, "user"); }},
       {"presence_penalty",
-       [&](const json& v) { neutral_only(v, "presence_penalty", 0, "no penalties"); }},
+       [&](const json& v) {
+         r.sampling.presence_penalty = static_cast<float>(get_real(v, "presence_penalty", -2, 2));
+       }},
       {"frequency_penalty",
-       [&](const json& v) { neutral_only(v, "frequency_penalty", 0, "no penalties"); }},
-      {"logit_bias",
-       [&](const json& v) { neutral_only(v, "logit_bias", json::object(), "no biases"); }},
+       [&](const json& v) {
+         r.sampling.frequency_penalty = static_cast<float>(get_real(v, "frequency_penalty", -2, 2));
+       }},
+      {"repetition_penalty",
+       [&](const json& v) {
+         r.sampling.repetition_penalty =
+             static_cast<float>(get_real(v, "repetition_penalty", 0, 100));
+         if (!(r.sampling.repetition_penalty > 0))
+           throw bad_request("repetition_penalty",
+                             "repetition_penalty: " + v.dump() + " must be > 0");
+       }},
+      {"min_p",
+       [&](const json& v) { r.sampling.min_p = static_cast<float>(get_real(v, "min_p", 0, 1)); }},
+      {"min_tokens",
+       [&](const json& v) { r.sampling.min_tokens = get_int(v, "min_tokens", 0, INT64_MAX); }},
+      {"logit_bias", [&](const json& v) { r.sampling.logit_bias = parse_logit_bias(v); }},
+      {"skip_special_tokens",
+       [&](const json& v) { r.skip_special_tokens = get_bool(v, "skip_special_tokens"); }},
+      {"include_stop_str_in_output",
+       [&](const json& v) {
+         r.include_stop_str_in_output = get_bool(v, "include_stop_str_in_output");
+       }},
   };
   // Fields of one endpoint only; null is "not given" for them too.
   auto endpoint_field = [&](const std::string& key, const json& v) {
@@ -306,7 +414,7 @@ GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
       if (key == "logprobs")
         r.logprobs = static_cast<int32_t>(get_int(v, "logprobs", 0, kMaxCompletionLogprobs));
       else if (key == "echo")
-        neutral_only(v, "echo", false, "the prompt is not echoed");
+        r.echo = get_bool(v, "echo");
       else if (key == "best_of")
         neutral_only(v, "best_of", 1, "one candidate per request");
       else if (key == "suffix")
@@ -332,12 +440,18 @@ GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
                           "; give one of them");
   r.max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
   if (max_completion_tokens) r.max_tokens_param = "max_completion_tokens";
+  if (r.max_tokens && r.sampling.min_tokens > *r.max_tokens)
+    throw bad_request("min_tokens", "min_tokens: " + std::to_string(r.sampling.min_tokens) +
+                                        " is more than " + r.max_tokens_param + " " +
+                                        std::to_string(*r.max_tokens));
+  // The prompt's logprobs are not computed: echo gives its text, not its tokens' entries.
+  if (r.echo && r.logprobs >= 0)
+    throw bad_request("echo", "echo: not with logprobs (the prompt's logprobs are not computed)");
   if (chat) {
     if (top_logprobs && !chat_logprobs)
       throw bad_request("top_logprobs", "top_logprobs: only allowed when logprobs is true");
     if (chat_logprobs) r.logprobs = static_cast<int32_t>(top_logprobs.value_or(0));
   }
-  if (!have_model) throw bad_request("model", "model: missing");
   if (!have_input)
     throw bad_request(chat ? "messages" : "prompt",
                       std::string(chat ? "messages" : "prompt") + ": missing");

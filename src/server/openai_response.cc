@@ -83,7 +83,8 @@ json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprobs>& tokens) 
 json usage_json(const Usage& u) {
   return {{"prompt_tokens", u.prompt_tokens},
           {"completion_tokens", u.completion_tokens},
-          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
 json full_response(const ResponseHead& h, const std::vector<Piece>& choices, const Usage& u) {

@@ -42,6 +42,8 @@ struct TokenLogprobs {
 struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  // Prompt tokens found in the prefix cache (prompt_tokens_details.cached_tokens).
+  int64_t cached_tokens = 0;
 };
 
 // One choice's piece: its text, the ids it came from (an extension, with vLLM's field name

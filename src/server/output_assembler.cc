@@ -6,8 +6,9 @@
 
 namespace flashserve::server {
 
-OutputAssembler::OutputAssembler(std::unique_ptr<TextStream> text, std::vector<std::string> stops)
-    : text_(std::move(text)), stops_(std::move(stops)) {}
+OutputAssembler::OutputAssembler(std::unique_ptr<TextStream> text, std::vector<std::string> stops,
+                                 bool include_stop)
+    : text_(std::move(text)), stops_(std::move(stops), include_stop) {}
 
 void OutputAssembler::take(const std::vector<int32_t>& tokens, std::vector<TokenLogprobs> logprobs,
                            serve::FinishReason finish, Piece& p) {

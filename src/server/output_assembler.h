@@ -30,7 +30,9 @@ namespace flashserve::server {
 class OutputAssembler {
  public:
   // `text` is null without a tokenizer (the output is then token ids only; no stop strings).
-  OutputAssembler(std::unique_ptr<TextStream> text, std::vector<std::string> stops);
+  // `include_stop`: the text keeps the stop string that ended it (and the logprobs its tokens).
+  OutputAssembler(std::unique_ptr<TextStream> text, std::vector<std::string> stops,
+                  bool include_stop = false);
 
   // Takes the tokens of one read (and, when the request asked, one logprobs entry per token) and
   // the stream's finish reason after that read (for the last token of the read); appends to `p`

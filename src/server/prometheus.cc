@@ -46,22 +46,28 @@ int64_t Histogram::count() const {
 }
 
 void Histogram::render(std::string& out) const {
+  render(out, name_, {});
+}
+
+void Histogram::render(std::string& out, const std::string& name, const std::string& labels) const {
   std::lock_guard<std::mutex> lock(mu_);
-  out += "# HELP " + name_ + " " + help_ + "\n# TYPE " + name_ + " histogram\n";
+  const std::string more = labels.empty() ? "" : labels + ",";
+  const std::string own = labels.empty() ? "" : "{" + labels + "}";
+  out += "# HELP " + name + " " + help_ + "\n# TYPE " + name + " histogram\n";
   int64_t cumulative = 0;
   for (size_t i = 0; i <= bounds_.size(); ++i) {
     cumulative += counts_[i];
     const std::string le = i < bounds_.size() ? number(bounds_[i]) : "+Inf";
-    out += name_ + "_bucket{le=\"" + le + "\"} " + std::to_string(cumulative) + "\n";
+    out += name + "_bucket{" + more + "le=\"" + le + "\"} " + std::to_string(cumulative) + "\n";
   }
-  out += name_ + "_sum " + number(sum_) + "\n";
-  out += name_ + "_count " + std::to_string(count_) + "\n";
+  out += name + "_sum" + own + " " + number(sum_) + "\n";
+  out += name + "_count" + own + " " + std::to_string(count_) + "\n";
 }
 
 void render_metric(std::string& out, const std::string& name, const char* type,
-                   const std::string& help, double value) {
+                   const std::string& help, double value, const std::string& labels) {
   out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
-  out += name + " " + number(value) + "\n";
+  out += name + (labels.empty() ? "" : "{" + labels + "}") + " " + number(value) + "\n";
 }
 
 }  // namespace flashserve::server

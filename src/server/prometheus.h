@@ -18,6 +18,9 @@ class Histogram {
   Histogram(std::string name, std::string help, std::vector<double> bounds);
   void observe(double value);
   void render(std::string& out) const;
+  // The same histogram under another name, each sample with `labels` (`model_name="m"`): vLLM's
+  // names beside ours, from one count.
+  void render(std::string& out, const std::string& name, const std::string& labels) const;
   int64_t count() const;
 
  private:
@@ -31,6 +34,6 @@ class Histogram {
 
 // One sample of a counter or gauge with its HELP and TYPE lines.
 void render_metric(std::string& out, const std::string& name, const char* type,
-                   const std::string& help, double value);
+                   const std::string& help, double value, const std::string& labels = {});
 
 }  // namespace flashserve::server

@@ -17,8 +17,10 @@
 #include <utility>
 
 #include "flashserve/error.h"
+#include "flashserve/version.h"
 #include "server/api_error.h"
 #include "server/byte_budget.h"
+#include "server/cors.h"
 #include "server/http_transport.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
@@ -175,8 +177,10 @@ struct Generation {
   // while generating (500); the response then ends with it.
   std::optional<ApiError> failure;
 
-  Generation(std::unique_ptr<TextStream> text, std::vector<std::string> stop)
-      : output(std::move(text), std::move(stop)) {}
+  std::string echo;  // the prompt's text, sent before the first token's (echo)
+
+  Generation(std::unique_ptr<TextStream> text, std::vector<std::string> stop, bool include_stop)
+      : output(std::move(text), std::move(stop), include_stop) {}
   ~Generation() {
     if (stream) stream->close();  // a client gone mid-stream: its request is aborted now
   }
@@ -207,6 +211,7 @@ struct Generation {
     if (!got.empty()) last_token = t;
     metrics->generation_tokens += static_cast<int64_t>(got.size());
     output.take(got, std::move(entries), fr, p);
+    if (!echo.empty()) p.text.insert(0, std::exchange(echo, {}));
     const char* reason = output.finish_reason();
     if (!reason) return true;
     if (output.stopped_by_string()) stream->close();  // the engine's request still runs
@@ -280,7 +285,8 @@ struct Generation {
 struct Response {
   ResponseHead head;
   bool include_usage = false;
-  int64_t prompt_tokens = 0;
+  int64_t prompt_tokens = 0;  // of every prompt, once each
+  int32_t choices_per_prompt = 1;
   std::vector<std::unique_ptr<Generation>> choices;
   // Raised by every choice's stream when it gets tokens or ends.
   std::shared_ptr<engine::StreamSignal> signal = std::make_shared<engine::StreamSignal>();
@@ -297,6 +303,9 @@ struct Response {
   Usage usage() const {
     Usage u{prompt_tokens, 0};
     for (const auto& c : choices) u.completion_tokens += c->output.completion_tokens();
+    // Each prompt counts once: its first choice's hits (the others find its blocks too).
+    for (size_t i = 0; i < choices.size(); i += static_cast<size_t>(choices_per_prompt))
+      u.cached_tokens += choices[i]->stream->cached_tokens();
     return u;
   }
   // The first choice's failure, which ends the whole response.
@@ -363,12 +372,24 @@ struct Server::State {
   std::unique_ptr<ByteBudget> tokenize_budget;  // of o.tokenize_budget_bytes
 
   std::optional<ApiError> check_auth(const HttpRequest& req) const {
-    if (o.api_key.empty()) return std::nullopt;
-    if (same_secret(req.header("Authorization"), "Bearer " + o.api_key)) return std::nullopt;
+    if (o.api_keys.empty()) return std::nullopt;
+    // Every key is compared, whichever matches: the time says nothing about which one did.
+    bool match = false;
+    for (const std::string& key : o.api_keys)
+      match |= same_secret(req.header("Authorization"), "Bearer " + key);
+    if (match) return std::nullopt;
     return ApiError{401,
                     "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'",
                     {},
                     "invalid_api_key"};
+  }
+
+  // "'a', 'b'": the names a request may give as `model`.
+  std::string served_names() const {
+    std::string out;
+    for (const std::string& name : o.served_model_names)
+      out += (out.empty() ? "'" : ", '") + name + "'";
+    return out;
   }
 
   std::optional<ApiError> check_ready() const {
@@ -393,12 +414,15 @@ struct Server::State {
     const auto created = std::chrono::duration_cast<std::chrono::seconds>(
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
-    send_json(res, {{"object", "list"},
-                    {"data", json::array({{{"id", o.served_model_name},
-                                           {"object", "model"},
-                                           {"created", created},
-                                           {"owned_by", "flashserve"},
-                                           {"max_model_len", backend.max_model_len}}})}});
+    json data = json::array();
+    for (const std::string& name : o.served_model_names)
+      data.push_back({{"id", name},
+                      {"object", "model"},
+                      {"created", created},
+                      {"owned_by", "flashserve"},
+                      {"root", o.served_model_names.front()},
+                      {"max_model_len", backend.max_model_len}});
+    send_json(res, {{"object", "list"}, {"data", std::move(data)}});
   }
 
   void prometheus(const HttpRequest&, HttpResponder& res) {
@@ -460,6 +484,7 @@ struct Server::State {
     metrics.ttft.render(out);
     metrics.tbt.render(out);
     metrics.e2e.render(out);
+    vllm_metrics(out, st);
     {
       std::lock_guard<std::mutex> lock(metrics.mu);
       out += "# HELP flashserve_requests_finished_total Generation requests finished, by reason.\n";
@@ -476,9 +501,120 @@ struct Server::State {
     res.respond(200, "text/plain; version=0.0.4", std::move(out));
   }
 
-  // The prompt's token ids, from whichever form the request used; nullopt for a text prompt
-  // (or chat) with more than max_ids tokens, found without tokenizing all of it.
-  std::optional<std::vector<int32_t>> prompt_ids(const GenerationRequest& g, size_t max_ids) const {
+  // vLLM's names for what /metrics shows as flashserve_*, so that vLLM's dashboards and
+  // autoscalers find them: the same counts (one observation each), labelled with the model as
+  // vLLM labels them.
+  void vllm_metrics(std::string& out, const engine::LoopStats& st) {
+    std::string label = "model_name=\"";
+    for (const char c : o.served_model_names.front()) {
+      if (c == '\\' || c == '"') label += '\\';
+      label += c == '\n' ? std::string("\\n") : std::string(1, c);
+    }
+    label += "\"";
+    const double usage = st.kv_blocks_total > 0 ? static_cast<double>(st.kv_blocks_used) /
+                                                      static_cast<double>(st.kv_blocks_total)
+                                                : 0.0;
+    render_metric(out, "vllm:num_requests_running", "gauge",
+                  "Number of requests in model execution batches.", static_cast<double>(st.running),
+                  label);
+    render_metric(out, "vllm:num_requests_waiting", "gauge",
+                  "Number of requests waiting to be processed.", static_cast<double>(st.waiting),
+                  label);
+    render_metric(out, "vllm:gpu_cache_usage_perc", "gauge",
+                  "KV-cache usage. 1 means 100 percent usage (the KV pool, on any device).", usage,
+                  label);
+    render_metric(out, "vllm:kv_cache_usage_perc", "gauge",
+                  "KV-cache usage. 1 means 100 percent usage.", usage, label);
+    render_metric(out, "vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+                  static_cast<double>(metrics.prompt_tokens.load()), label);
+    render_metric(out, "vllm:generation_tokens_total", "counter",
+                  "Number of generation tokens processed.",
+                  static_cast<double>(metrics.generation_tokens.load()), label);
+    render_metric(out, "vllm:prefix_cache_queries_total", "counter",
+                  "Prefix cache queries, in terms of number of queried tokens.",
+                  static_cast<double>(st.prefix_queried_tokens), label);
+    render_metric(out, "vllm:prefix_cache_hits_total", "counter",
+                  "Prefix cache hits, in terms of number of cached tokens.",
+                  static_cast<double>(st.prefix_hit_tokens), label);
+    metrics.ttft.render(out, "vllm:time_to_first_token_seconds", label);
+    metrics.tbt.render(out, "vllm:time_per_output_token_seconds", label);
+    metrics.e2e.render(out, "vllm:e2e_request_latency_seconds", label);
+    std::lock_guard<std::mutex> lock(metrics.mu);
+    out += "# HELP vllm:request_success_total Count of successfully processed requests.\n";
+    out += "# TYPE vllm:request_success_total counter\n";
+    for (const auto& [reason, n] : metrics.finished)
+      if (reason != "abort")
+        out += "vllm:request_success_total{" + label + ",finished_reason=\"" + reason + "\"} " +
+               std::to_string(n) + "\n";
+  }
+
+  // The model a request names ("" : the default, the first served name), or 404.
+  std::string served_model(const std::string& asked) const {
+    if (asked.empty()) return o.served_model_names.front();
+    if (std::find(o.served_model_names.begin(), o.served_model_names.end(), asked) ==
+        o.served_model_names.end())
+      throw ApiError{
+          404,
+          "The model '" + asked + "' does not exist (this server serves " + served_names() + ")",
+          "model", "model_not_found"};
+    return asked;
+  }
+
+  // vLLM's POST /tokenize: {count, max_model_len, tokens, token_strs}.
+  void tokenize(const HttpRequest& req, HttpResponder& res) {
+    if (auto e = check_auth(req)) return send_error(res, *e);
+    if (auto e = check_ready()) return send_error(res, *e);
+    try {
+      const TokenizeRequest t = parse_tokenize_request(req.body);
+      served_model(t.model);
+      GenerationRequest g;
+      g.endpoint = t.prompt ? Endpoint::kCompletions : Endpoint::kChat;
+      g.messages = t.messages;
+      Prompt p{t.prompt, {}};
+      if (!backend.codec)
+        throw bad_request(t.prompt ? "prompt" : "messages",
+                          "this model has no tokenizer (tokenizer.json)");
+      // Counted whatever its length (the limit is for what generates), within the budget.
+      const std::vector<int32_t> ids = *prompt_ids(g, &p, SIZE_MAX);
+      json strs = nullptr;
+      if (t.return_token_strs) {
+        strs = json::array();
+        for (int32_t id : ids)
+          strs.push_back(tokenizer::utf8::lossy(backend.codec->token_bytes(id)));
+      }
+      send_json(res, {{"count", ids.size()},
+                      {"max_model_len", backend.max_model_len},
+                      {"tokens", ids},
+                      {"token_strs", strs}});
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    } catch (const Error& e) {
+      send_error(res, from_error(e));
+    }
+  }
+
+  // vLLM's POST /detokenize: {prompt}.
+  void detokenize(const HttpRequest& req, HttpResponder& res) {
+    if (auto e = check_auth(req)) return send_error(res, *e);
+    if (auto e = check_ready()) return send_error(res, *e);
+    try {
+      const DetokenizeRequest d = parse_detokenize_request(req.body);
+      served_model(d.model);
+      if (!backend.codec)
+        throw bad_request("tokens", "tokens: this model has no tokenizer (tokenizer.json)");
+      send_json(res, {{"prompt", backend.codec->decode(d.tokens, /*skip_special_tokens=*/true)}});
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    } catch (const Error& e) {
+      send_error(res, from_error(e, "tokens"));
+    }
+  }
+
+  // The token ids of chat's rendered messages, or of one completions prompt, from whichever form
+  // the request used; nullopt for a text prompt (or chat) with more than max_ids tokens, found
+  // without tokenizing all of it.
+  std::optional<std::vector<int32_t>> prompt_ids(const GenerationRequest& g, const Prompt* prompt,
+                                                 size_t max_ids) const {
     const TextCodec* codec = backend.codec.get();
     if (g.endpoint == Endpoint::kChat) {
       if (!codec)
@@ -495,15 +631,15 @@ struct Server::State {
         throw from_error(e, "messages");
       }
     }
-    if (g.prompt_text) {
+    if (prompt->text) {
       if (!codec)
         throw bad_request("prompt",
                           "prompt: this model has no tokenizer (tokenizer.json), so a text prompt "
                           "cannot be tokenized; send the prompt as an array of token ids");
-      const ByteBudget::Hold hold = tokenize_budget->acquire(g.prompt_text->size());
-      return codec->encode(*g.prompt_text, max_ids);
+      const ByteBudget::Hold hold = tokenize_budget->acquire(prompt->text->size());
+      return codec->encode(*prompt->text, max_ids);
     }
-    return g.prompt_ids;
+    return prompt->ids;
   }
 
   // A generation request, on a worker thread of its own (it blocks while its tokens come), with
@@ -525,57 +661,78 @@ struct Server::State {
   void generate_checked(const std::string& body, HttpResponder& res, Endpoint endpoint, Slots slots,
                         Clock::time_point arrival) {
     GenerationRequest g = parse_request(body, endpoint);
-    if (g.model != o.served_model_name)
-      throw ApiError{404,
-                     "The model '" + g.model + "' does not exist (this server serves '" +
-                         o.served_model_name + "')",
-                     "model", "model_not_found"};
+    // No model: the first served name (vLLM's default); else one of them, echoed back.
+    g.model = served_model(g.model);
     const char* input = endpoint == Endpoint::kChat ? "messages" : "prompt";
     if (!g.stop.empty() && !backend.codec)
       throw bad_request("stop",
                         "stop: stop strings need the model's tokenizer, which it has not; use "
                         "stop_token_ids");
     const int64_t limit = backend.max_model_len;
-    const std::optional<std::vector<int32_t>> within = prompt_ids(g, static_cast<size_t>(limit));
-    const auto too_long = [&](const std::string& count) {
-      return bad_request(input,
-                         "This model's maximum context length is " + std::to_string(limit) +
-                             " tokens. However, your " + input + " has " + count +
-                             " tokens, and at least one token must be generated.",
-                         "context_length_exceeded");
+    // Each prompt (chat: the rendered messages) with its own checks; a batch of prompts gives
+    // n choices each, choice p * n + j being prompt p's j-th (as vLLM numbers them).
+    struct PromptRun {
+      std::vector<int32_t> ids;
+      int64_t max_tokens = 0;
+      std::string echo;  // the text the choices start with (echo)
     };
-    if (!within) throw too_long("more than " + std::to_string(limit));
-    const std::vector<int32_t>& ids = *within;
-    if (ids.empty()) throw bad_request(input, std::string(input) + ": no tokens");
-    const int64_t n = static_cast<int64_t>(ids.size());
-    if (n >= limit) throw too_long(std::to_string(n));
-    const int64_t max_tokens = g.max_tokens.value_or(
-        endpoint == Endpoint::kChat ? limit - n : std::min<int64_t>(16, limit - n));
-    if (max_tokens > limit - n)
-      throw bad_request(g.max_tokens_param,
-                        "This model's maximum context length is " + std::to_string(limit) +
-                            " tokens. However, you requested " + std::to_string(n) + " + " +
-                            std::to_string(max_tokens) + " tokens (" + std::to_string(n) +
-                            " in the " + input + ", " + std::to_string(max_tokens) +
-                            " in the completion). Reduce the " + input + " or max_tokens.",
-                        "context_length_exceeded");
+    std::vector<PromptRun> runs;
+    const size_t num_prompts = endpoint == Endpoint::kChat ? 1 : g.prompts.size();
+    for (size_t k = 0; k < num_prompts; ++k) {
+      const Prompt* prompt = endpoint == Endpoint::kChat ? nullptr : &g.prompts[k];
+      const std::optional<std::vector<int32_t>> within =
+          prompt_ids(g, prompt, static_cast<size_t>(limit));
+      const auto too_long = [&](const std::string& count) {
+        return bad_request(input,
+                           "This model's maximum context length is " + std::to_string(limit) +
+                               " tokens. However, your " + input + " has " + count +
+                               " tokens, and at least one token must be generated.",
+                           "context_length_exceeded");
+      };
+      if (!within) throw too_long("more than " + std::to_string(limit));
+      PromptRun run;
+      run.ids = *within;
+      if (run.ids.empty()) throw bad_request(input, std::string(input) + ": no tokens");
+      const int64_t n = static_cast<int64_t>(run.ids.size());
+      if (n >= limit) throw too_long(std::to_string(n));
+      run.max_tokens = g.max_tokens.value_or(
+          endpoint == Endpoint::kChat ? limit - n : std::min<int64_t>(16, limit - n));
+      if (run.max_tokens > limit - n)
+        throw bad_request(g.max_tokens_param,
+                          "This model's maximum context length is " + std::to_string(limit) +
+                              " tokens. However, you requested " + std::to_string(n) + " + " +
+                              std::to_string(run.max_tokens) + " tokens (" + std::to_string(n) +
+                              " in the " + input + ", " + std::to_string(run.max_tokens) +
+                              " in the completion). Reduce the " + input + " or max_tokens.",
+                          "context_length_exceeded");
+      if (g.sampling.min_tokens > run.max_tokens)
+        throw bad_request("min_tokens", "min_tokens: " + std::to_string(g.sampling.min_tokens) +
+                                            " is more than the " + std::to_string(run.max_tokens) +
+                                            " tokens this prompt may generate");
+      if (g.echo)
+        run.echo = prompt->text    ? *prompt->text
+                   : backend.codec ? backend.codec->decode(run.ids, g.skip_special_tokens)
+                                   : std::string();
+      runs.push_back(std::move(run));
+    }
     engine::NewRequest nr;
-    nr.prompt = ids;
     nr.sampling = g.sampling;
-    nr.max_tokens = max_tokens;
     nr.stop_token_ids = g.stop_token_ids;
     if (backend.codec && !g.ignore_eos)
       for (int32_t id : backend.codec->eos_token_ids()) nr.stop_token_ids.push_back(id);
     nr.ignore_eos = g.ignore_eos;
     nr.logprobs = g.logprobs;
 
-    // Each choice is a sequence in flight: n choices take n of the server's slots (so n cannot
-    // multiply what --max-concurrent-requests bounds).
-    if (g.n > o.max_concurrent_requests)
-      throw bad_request("n", "n: " + std::to_string(g.n) + " choices are more than this server's " +
-                                 std::to_string(o.max_concurrent_requests) +
-                                 " requests in flight (--max-concurrent-requests)");
-    if (!slots.grow(g.n - 1, o.max_concurrent_requests))
+    // Each choice is a sequence in flight: n choices of each prompt take as many of the server's
+    // slots (so neither n nor a batch can multiply what --max-concurrent-requests bounds).
+    const int64_t choices = g.n * static_cast<int64_t>(runs.size());
+    if (choices > o.max_concurrent_requests)
+      throw bad_request(runs.size() > 1 ? "prompt" : "n",
+                        std::string(runs.size() > 1 ? "prompt: " : "n: ") +
+                            std::to_string(choices) + " choices are more than this server's " +
+                            std::to_string(o.max_concurrent_requests) +
+                            " requests in flight (--max-concurrent-requests)");
+    if (!slots.grow(choices - 1, o.max_concurrent_requests))
       throw overloaded(o.max_concurrent_requests);
     // From here on, resp gives the slots back.
     auto resp = std::make_unique<Response>(&res, std::move(slots));
@@ -586,44 +743,58 @@ struct Server::State {
     resp->head.created = std::chrono::duration_cast<std::chrono::seconds>(
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
-    resp->head.model = o.served_model_name;
+    resp->head.model = g.model;
     resp->head.logprobs = g.logprobs >= 0;
-    resp->prompt_tokens = n;
+    for (const PromptRun& run : runs) resp->prompt_tokens += static_cast<int64_t>(run.ids.size());
+    resp->choices_per_prompt = g.n;
     // Each choice is its own sequence, with its own seed: the request's seed + its index (so a
-    // seeded request gives the same n choices again), or a fresh one.
-    for (int32_t i = 0; i < g.n; ++i) {
-      // With prefix caching, the other choices wait for the first to be prefilled (its first
-      // token, or its end), so that they take its prompt's blocks rather than compute them too.
-      if (i == 1 && backend.prefix_caching)
-        while (!resp->choices[0]->stream->wait(std::chrono::milliseconds(50)))
-          if (res.client_gone()) {
-            resp->choices[0]->abort();
-            return res.respond(499, "application/json", "");  // nginx's "client closed request"
-          }
-      auto c = std::make_unique<Generation>(backend.codec ? backend.codec->stream(ids) : nullptr,
-                                            g.stop);
+    // seeded request gives the same choices again), or a fresh one.
+    const auto submit = [&](size_t k, int32_t j) {
+      const PromptRun& run = runs[k];
+      auto c = std::make_unique<Generation>(
+          backend.codec ? backend.codec->stream(run.ids, g.skip_special_tokens) : nullptr, g.stop,
+          g.include_stop_str_in_output);
       c->metrics = &metrics;
       c->loop = backend.loop.get();
       c->arrival = arrival;
       c->logprobs = g.logprobs >= 0;
       c->codec = backend.codec.get();
-      nr.sampling.seed = g.seed_given ? g.sampling.seed + static_cast<uint64_t>(i) : fresh_seed();
+      c->echo = run.echo;
+      const uint64_t index = k * static_cast<uint64_t>(g.n) + static_cast<uint64_t>(j);
+      nr.prompt = run.ids;
+      nr.max_tokens = run.max_tokens;
+      nr.sampling.seed = g.seed_given ? g.sampling.seed + index : fresh_seed();
       try {
         c->stream = backend.loop->submit(nr);
         c->stream->raise_on_push(resp->signal);
-      } catch (const Error& e) {       // the choices submitted before are aborted with resp
+      } catch (const Error& e) {       // the choices submitted before are aborted with them
         if (e.argument() == "engine")  // stopping (SIGTERM), or failed (a step threw)
           throw ApiError{503,
                          e.what(),
                          {},
                          backend.loop->failure().empty() ? "engine_stopped" : "engine_failed"};
         const std::string what = e.what();
-        throw from_error(
-            e, what.find("stop_token_ids") != std::string::npos ? "stop_token_ids" : input);
+        throw from_error(e, what.find("stop_token_ids") != std::string::npos ? "stop_token_ids"
+                            : what.find("logit_bias") != std::string::npos   ? "logit_bias"
+                                                                             : input);
       }
-      resp->choices.push_back(std::move(c));
-    }
-    metrics.prompt_tokens += n;
+      return c;
+    };
+    std::vector<std::vector<std::unique_ptr<Generation>>> by_prompt(runs.size());
+    for (size_t k = 0; k < runs.size(); ++k) by_prompt[k].push_back(submit(k, 0));
+    for (size_t k = 0; k < runs.size(); ++k)
+      for (int32_t j = 1; j < g.n; ++j) {
+        // With prefix caching, a prompt's other choices wait for its first to be prefilled (its
+        // first token, or its end), so that they take its blocks rather than compute them too.
+        if (j == 1 && backend.prefix_caching)
+          while (!by_prompt[k][0]->stream->wait(std::chrono::milliseconds(50)))
+            if (res.client_gone())  // by_prompt's choices are aborted as it goes
+              return res.respond(499, "application/json", "");  // nginx's "client closed request"
+        by_prompt[k].push_back(submit(k, j));
+      }
+    for (auto& choices_of_prompt : by_prompt)
+      for (auto& c : choices_of_prompt) resp->choices.push_back(std::move(c));
+    metrics.prompt_tokens += resp->prompt_tokens;
 
     if (!g.stream) {
       std::vector<Piece> all(resp->choices.size());
@@ -685,6 +856,11 @@ struct Server::State {
   // What the transport hands over, on the event loop's thread: the cheap routes are answered
   // here; a generation request takes a slot (or is refused at once) and gets a worker thread.
   void dispatch(HttpRequest req, std::shared_ptr<HttpResponder> res) {
+    if (!o.allowed_origins.empty()) {
+      if (is_cors_preflight(req)) return answer_cors_preflight(o.allowed_origins, req, *res);
+      if (auto allow = cors_allow_origin(o.allowed_origins, req))
+        res = with_cors(std::move(res), std::move(*allow));
+    }
     const auto generation = [&]() -> std::optional<Endpoint> {
       if (req.path == "/v1/completions") return Endpoint::kCompletions;
       if (req.path == "/v1/chat/completions") return Endpoint::kChat;
@@ -705,6 +881,15 @@ struct Server::State {
     if (req.method == "GET" && req.path == "/health") return health(req, *res);
     if (req.method == "GET" && req.path == "/metrics") return prometheus(req, *res);
     if (req.method == "GET" && req.path == "/v1/models") return models(req, *res);
+    if (req.method == "GET" && req.path == "/version")
+      return send_json(*res, {{"version", FLASHSERVE_VERSION}});
+    // Tokenizing a long prompt blocks: on a worker, as generation does.
+    if (req.method == "POST" && (req.path == "/tokenize" || req.path == "/detokenize")) {
+      const bool encode = req.path == "/tokenize";
+      return http->spawn([this, req = std::move(req), res, encode] {
+        encode ? tokenize(req, *res) : detokenize(req, *res);
+      });
+    }
     send_error(*res, ApiError{404, "No route " + req.method + " " + req.path, {}, {}});
   }
 

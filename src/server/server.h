@@ -7,8 +7,11 @@
 //   s.bind();   // the port (options.port 0: a free one)
 //   s.run();    // serves until stop(); throws if the loader threw
 //
-// Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
-// GET /metrics. The /v1 routes need `Authorization: Bearer <api_key>` when an api key is set.
+// Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST /tokenize,
+// POST /detokenize, GET /version, GET /health, GET /metrics. The /v1 routes, /tokenize and
+// /detokenize need `Authorization: Bearer <key>` with one of the api keys when any is set.
+// With allowed origins, every response carries CORS headers for them and OPTIONS preflights are
+// answered (server/cors.h).
 #pragma once
 
 #include <atomic>
@@ -16,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/front_door.h"
 #include "server/http_transport.h"
@@ -26,8 +30,12 @@ namespace flashserve::server {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;
-  std::string api_key;  // "": no authentication
-  std::string served_model_name;
+  std::vector<std::string> api_keys;  // none: no authentication
+  // The names clients may send as `model` (at least one); the first is the default, used when a
+  // request leaves `model` out.
+  std::vector<std::string> served_model_names;
+  // CORS: origins ("*": any) whose browsers may call; none: no CORS headers, preflights 404.
+  std::vector<std::string> allowed_origins;
   // Generation requests in flight at once (n choices count n); one more is refused at once with
   // 503 (overloaded) and Retry-After. Each holds a worker thread while it runs.
   int64_t max_concurrent_requests = 1024;

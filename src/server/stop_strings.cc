@@ -9,11 +9,13 @@ std::string StopStrings::feed(const std::string& piece) {
   if (stopped_) return {};
   held_ += piece;
   if (stops_.empty()) return std::exchange(held_, {});
-  size_t first = std::string::npos;
-  for (const std::string& s : stops_) first = std::min(first, held_.find(s));
+  // The earliest stop string (the first listed of those starting there).
+  size_t first = std::string::npos, length = 0;
+  for (const std::string& s : stops_)
+    if (const size_t at = held_.find(s); at < first) first = at, length = s.size();
   if (first != std::string::npos) {
     stopped_ = true;
-    std::string out = held_.substr(0, first);
+    std::string out = held_.substr(0, include_ ? first + length : first);
     held_.clear();
     return out;
   }

@@ -37,8 +37,12 @@ class TextCodec {
   // more than max_ids (Tokenizer::encode_within: found without encoding all of a long prompt).
   virtual std::optional<std::vector<int32_t>> encode(std::string_view text,
                                                      size_t max_ids) const = 0;
-  // A detokeniser for the tokens generated after `prompt`.
-  virtual std::unique_ptr<TextStream> stream(std::span<const int32_t> prompt) const = 0;
+  // A detokeniser for the tokens generated after `prompt`; special tokens have no text when
+  // `skip_special_tokens` (vLLM's default).
+  virtual std::unique_ptr<TextStream> stream(std::span<const int32_t> prompt,
+                                             bool skip_special_tokens = true) const = 0;
+  // The text of `ids` (/detokenize, echo of a token-id prompt).
+  virtual std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const = 0;
   // The chat template applied to `messages` with the generation prompt; throws Error naming
   // "messages" for what the template rejects, or kUnsupported when there is no template.
   virtual std::string render_chat(const std::vector<ChatMessage>& messages) const = 0;

@@ -15,8 +15,8 @@ namespace tk = flashserve::tokenizer;
 
 class DecoderStream final : public TextStream {
  public:
-  DecoderStream(const tk::Tokenizer& t, std::span<const int32_t> context)
-      : decoder_(t, context), vocab_(t.vocab_size()) {}
+  DecoderStream(const tk::Tokenizer& t, std::span<const int32_t> context, bool skip_special)
+      : decoder_(t, context, skip_special), vocab_(t.vocab_size()) {}
   // A model's vocabulary is often padded past its tokenizer's (Qwen2: 151936 rows, 151665 ids):
   // an id the tokenizer lacks has no text (it is in token_ids; its logprobs entry says
   // token_id:N), as in vLLM, instead of failing the request mid-stream.
@@ -39,10 +39,14 @@ class TokenizerCodec final : public TextCodec {
   std::optional<std::vector<int32_t>> encode(std::string_view text, size_t max_ids) const override {
     return tokenizer_.encode_within(text, /*add_special_tokens=*/true, max_ids);
   }
-  std::unique_ptr<TextStream> stream(std::span<const int32_t> prompt) const override {
+  std::unique_ptr<TextStream> stream(std::span<const int32_t> prompt,
+                                     bool skip_special_tokens) const override {
     // A few prompt tokens are enough context for the first token's leading-space rule.
     const size_t keep = std::min<size_t>(prompt.size(), 8);
-    return std::make_unique<DecoderStream>(tokenizer_, prompt.last(keep));
+    return std::make_unique<DecoderStream>(tokenizer_, prompt.last(keep), skip_special_tokens);
+  }
+  std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const override {
+    return tokenizer_.decode(ids, skip_special_tokens);
   }
   std::string render_chat(const std::vector<ChatMessage>& messages) const override {
     if (!chat_)
@@ -69,7 +73,7 @@ class TokenizerCodec final : public TextCodec {
 }  // namespace
 
 std::unique_ptr<TextCodec> load_text_codec(const std::string& model_dir,
-                                           const std::string& chat_template_file,
+                                           const std::string& chat_template,
                                            int64_t model_vocab_size) {
   const std::filesystem::path path = std::filesystem::path(model_dir) / "tokenizer.json";
   std::error_code ec;
@@ -82,8 +86,8 @@ std::unique_ptr<TextCodec> load_text_codec(const std::string& model_dir,
                     " (config.json): a tokenizer of another model?");
   std::optional<tk::ChatTemplate> chat;
   std::string why;
-  if (!chat_template_file.empty()) {
-    chat = tk::ChatTemplate::from_file(chat_template_file, t.bos_token(), t.eos_token());
+  if (!chat_template.empty()) {
+    chat = tk::ChatTemplate::from_string(chat_template, t.bos_token(), t.eos_token());
   } else {
     try {
       chat = tk::ChatTemplate::load(model_dir);

@@ -11,17 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "cli/usage_error_of.h"
+
 namespace flashserve::cli {
 namespace {
-
-std::string error_of(auto&& call) {
-  try {
-    call();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "accepted";
-}
 
 TEST(Options, IntegersInRangeReadBackExactly) {
   std::mt19937_64 rng(7);

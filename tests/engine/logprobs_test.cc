@@ -114,9 +114,9 @@ class CountingRunner final : public fm::ModelRunner {
     rows_read += static_cast<int64_t>(rows.size());
     return inner_->logits_rows(rows);
   }
-  std::vector<int32_t> sample(const fm::ForwardBatch& b,
-                              const std::vector<fm::SamplingParams>& p) override {
-    return inner_->sample(b, p);
+  std::vector<int32_t> sample(const fm::ForwardBatch& b, const std::vector<fm::SamplingParams>& p,
+                              const std::vector<fm::LogitsAdjust>& a) override {
+    return inner_->sample(b, p, a);
   }
   mutable int64_t rows_read = 0;
 

@@ -39,22 +39,28 @@ struct Alone {
   std::vector<float> top2_gap;  // at each generated position
 };
 
+inline constexpr int32_t kAloneBlock = 16;
+
+// A KV pool of blocks of kAloneBlock tokens for one sequence of `tokens`, and its block table.
+inline std::vector<int32_t> pool_for_alone(model::ModelRunner& runner, size_t tokens) {
+  const int64_t blocks = (static_cast<int64_t>(tokens) + kAloneBlock - 1) / kAloneBlock;
+  runner.allocate_kv(blocks, kAloneBlock);
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int64_t i = 0; i < blocks; ++i) table[i] = static_cast<int32_t>(i);
+  return table;
+}
+
 // Generation of `max_tokens` tokens (no stop) of `prompt`, alone (greedy unless `params` say).
 inline Alone generate_alone(model::ModelRunner& runner, const std::vector<int32_t>& prompt,
                             int64_t max_tokens, const model::SamplingParams& params = {}) {
-  constexpr int32_t kBlock = 16;
-  const int64_t total = static_cast<int64_t>(prompt.size()) + max_tokens;
-  const int64_t blocks = (total + kBlock - 1) / kBlock;
-  runner.allocate_kv(blocks, kBlock);
-  std::vector<int32_t> table(static_cast<size_t>(blocks));
-  for (int64_t i = 0; i < blocks; ++i) table[i] = static_cast<int32_t>(i);
+  const std::vector<int32_t> table = pool_for_alone(runner, prompt.size() + max_tokens);
   const int64_t vocab = runner.config().vocab_size;
   Alone a;
   std::vector<int32_t> seq = prompt;
   int64_t done = 0;
   while (static_cast<int64_t>(a.tokens.size()) < max_tokens) {
     const int64_t q = static_cast<int64_t>(seq.size()) - done;
-    model::ForwardBatchBuilder b(kBlock);
+    model::ForwardBatchBuilder b(kAloneBlock);
     b.add(seq.data() + done, done, q, table, true);
     const model::ForwardBatch fb = std::move(b).build();
     runner.forward(fb);

@@ -1,6 +1,6 @@
 // The sampling rule of model/sampling.h against independent computations of what it allows and how
-// often: greedy is the first argmax; top-k and top-p never pick outside the set they define (and
-// reach its edge); draws follow softmax(logits / T) restricted to that set; the counter-based
+// often: greedy is the first argmax; min-p, top-k and top-p never pick outside the set they define
+// (and reach its edge); draws follow softmax(logits / T) restricted to that set; the counter-based
 // uniform is uniform; and a seed gives the same tokens again through the whole CPU runner.
 #include <gtest/gtest.h>
 
@@ -36,14 +36,20 @@ int64_t rank_of(const std::vector<float>& l, int64_t t) {
   return r;
 }
 
-// The kept set's probabilities by rank: softmax(l / T) over the top k, cut where the mass of the
-// ranks before reaches top_p of it. Computed with a full sort, unlike the sampler's partial one.
+// The kept set's probabilities by rank: softmax(l / T) over the tokens whose probability is at
+// least min_p times the largest's, then the top k of those, cut where the mass of the ranks
+// before reaches top_p of it. Computed with a full sort, unlike the sampler's partial one.
 std::vector<std::pair<int32_t, double>> kept_set(const std::vector<float>& l,
                                                  const SamplingParams& p) {
   std::vector<int32_t> idx(l.size());
   std::iota(idx.begin(), idx.end(), 0);
   std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
-  const size_t k = p.top_k > 0 ? std::min<size_t>(p.top_k, l.size()) : l.size();
+  size_t k = p.top_k > 0 ? std::min<size_t>(p.top_k, l.size()) : l.size();
+  size_t min_p_kept = 0;
+  while (min_p_kept < l.size() &&
+         std::exp((static_cast<double>(l[idx[min_p_kept]]) - l[idx[0]]) / p.temperature) >= p.min_p)
+    ++min_p_kept;
+  k = std::min(k, std::max<size_t>(min_p_kept, 1));
   std::vector<std::pair<int32_t, double>> s;
   double z = 0;
   for (size_t i = 0; i < k; ++i) {
@@ -96,6 +102,7 @@ TEST(Sampling, TopKAndTopPNeverPickOutsideTheirSetAndReachItsEdge) {
     p.top_k =
         trial % 2 ? static_cast<int32_t>(std::uniform_int_distribution<int64_t>(1, n)(rng)) : 0;
     p.top_p = trial % 4 < 2 ? std::uniform_real_distribution<float>(0.05f, 1.0f)(rng) : 1.0f;
+    if (trial % 5 < 2) p.min_p = std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
     const auto kept = kept_set(l, p);
     std::set<int32_t> allowed;
     for (auto& e : kept) allowed.insert(e.first);
@@ -137,13 +144,15 @@ TEST(Sampling, DrawsFollowTheTemperedSoftmaxOfTheKeptSet) {
     float temperature;
     int32_t top_k;
     float top_p;
+    float min_p = 0.0f;
   };
-  for (const Case& k :
-       {Case{1.0f, 0, 1.0f}, Case{0.5f, 0, 1.0f}, Case{2.0f, 6, 1.0f}, Case{0.8f, 0, 0.7f}}) {
+  for (const Case& k : {Case{1.0f, 0, 1.0f}, Case{0.5f, 0, 1.0f}, Case{2.0f, 6, 1.0f},
+                        Case{0.8f, 0, 0.7f}, Case{1.0f, 0, 1.0f, 0.2f}}) {
     SamplingParams p;
     p.temperature = k.temperature;
     p.top_k = k.top_k;
     p.top_p = k.top_p;
+    p.min_p = k.min_p;
     p.seed = rng();
     const auto kept = kept_set(l, p);
     std::vector<int64_t> counts(kept.size(), 0);

@@ -81,8 +81,11 @@ class ByteCodec final : public fsv::TextCodec {
     if (text.size() > max_ids) return std::nullopt;
     return std::vector<int32_t>(text.begin(), text.end());
   }
-  std::unique_ptr<fsv::TextStream> stream(std::span<const int32_t>) const override {
+  std::unique_ptr<fsv::TextStream> stream(std::span<const int32_t>, bool) const override {
     return std::make_unique<ByteStream>();
+  }
+  std::string decode(std::span<const int32_t> ids, bool) const override {
+    return std::string(ids.begin(), ids.end());
   }
   std::string render_chat(const std::vector<fsv::ChatMessage>& messages) const override {
     std::string out;
@@ -130,7 +133,7 @@ struct Running {
       : expect_failure(expect_failure) {
     ::signal(SIGPIPE, SIG_IGN);
     o.port = 0;
-    o.served_model_name = "m";
+    if (o.served_model_names.empty()) o.served_model_names = {"m"};
     server = std::make_unique<fsv::Server>(o, std::move(load));
     port = server->bind();
     thread = std::thread([this] {
@@ -218,8 +221,10 @@ TEST(HttpServer, CompletionTextUsageAndStopStrings) {
   EXPECT_EQ(j["object"], "text_completion");
   EXPECT_EQ(j["choices"][0]["text"], "cdefg");
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
-  EXPECT_EQ(j["usage"],
-            json({{"prompt_tokens", 2}, {"completion_tokens", 5}, {"total_tokens", 7}}));
+  EXPECT_EQ(j["usage"], json({{"prompt_tokens", 2},
+                              {"completion_tokens", 5},
+                              {"total_tokens", 7},
+                              {"prompt_tokens_details", {{"cached_tokens", 0}}}}));
 
   r = s.post("/v1/completions",
              {{"model", "m"}, {"prompt", "ab"}, {"max_tokens", 20}, {"stop", {"zz", "fg"}}});
@@ -255,6 +260,135 @@ std::vector<json> sse_chunks(const std::string& body) {
     if (event != "data: [DONE]") out.push_back(json::parse(event.substr(6)));
   }
   return out;
+}
+
+// Issue 24: what vLLM clients send, on the scripted engine (the token at kv_len k is 'a' + k % 26).
+TEST(HttpServer, BatchedPromptsEchoStopStringsKeptAndNoModel) {
+  fsv::ServerOptions o;
+  o.served_model_names = {"m", "alias"};
+  Running s(o, [] { return scripted_backend(); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // Two prompts, two choices each: choice p * n + j; usage counts each prompt once.
+  auto r = s.post("/v1/completions", {{"prompt", {"ab", "abcd"}}, {"n", 2}, {"max_tokens", 3}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["model"], "m");  // no model: the first served name
+  ASSERT_EQ(j["choices"].size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], i < 2 ? "cde" : "efg") << i;
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 6);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+  // Streamed: the same choices, each chunk with its index.
+  r = s.post("/v1/completions", {{"model", "alias"},
+                                 {"prompt", {{97, 98}, {97, 98, 99, 100}}},
+                                 {"max_tokens", 3},
+                                 {"stream", true}});
+  std::map<int, std::string> texts;
+  for (const json& c : sse_chunks(r->body)) {
+    EXPECT_EQ(c["model"], "alias");
+    for (const json& ch : c["choices"]) texts[ch["index"]] += ch["text"].get<std::string>();
+  }
+  EXPECT_EQ(texts, (std::map<int, std::string>{{0, "cde"}, {1, "efg"}}));
+  // echo: the prompt's text first (a text prompt as given, ids decoded), streamed or not.
+  r = s.post("/v1/completions", {{"prompt", "ab"}, {"max_tokens", 2}, {"echo", true}});
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["text"], "abcd");
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["token_ids"], json({'c', 'd'}));
+  r = s.post("/v1/completions",
+             {{"prompt", {97, 98}}, {"max_tokens", 2}, {"echo", true}, {"stream", true}});
+  std::string streamed;
+  for (const json& c : sse_chunks(r->body)) streamed += c["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(streamed, "abcd");
+  // include_stop_str_in_output: the text ends with the stop string.
+  r = s.post("/v1/completions", {{"prompt", "ab"},
+                                 {"max_tokens", 20},
+                                 {"stop", {"ef"}},
+                                 {"include_stop_str_in_output", true}});
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["text"], "cdef");
+  // min_tokens past what the prompt may generate; a model not served.
+  r = s.post("/v1/completions", {{"prompt", "ab"}, {"min_tokens", 63}});
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(error_of(r)["param"], "min_tokens");
+  r = s.post("/v1/completions", {{"model", "other"}, {"prompt", "ab"}});
+  EXPECT_EQ(r->status, 404);
+  EXPECT_NE(error_of(r)["message"].get<std::string>().find("'m', 'alias'"), std::string::npos);
+  // /v1/models lists both names.
+  j = json::parse(s.client().Get("/v1/models")->body);
+  ASSERT_EQ(j["data"].size(), 2u);
+  EXPECT_EQ(j["data"][1]["id"], "alias");
+}
+
+TEST(HttpServer, TokenizeDetokenizeVersionAndVllmMetrics) {
+  fsv::ServerOptions o;
+  o.api_keys = {"k1", "k2"};
+  Running s(o, [] { return scripted_backend(); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const httplib::Headers k2 = {{"Authorization", "Bearer k2"}};
+  // Either key; none is 401.
+  EXPECT_EQ(s.post("/tokenize", {{"prompt", "hey"}})->status, 401);
+  auto r = s.post("/tokenize", {{"prompt", "hey"}, {"return_token_strs", true}}, k2);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body), json({{"count", 3},
+                                        {"max_model_len", kMaxModelLen},
+                                        {"tokens", {'h', 'e', 'y'}},
+                                        {"token_strs", {"h", "e", "y"}}}));
+  r = s.post("/tokenize", {{"messages", {{{"role", "user"}, {"content", "x"}}}}},
+             {{"Authorization", "Bearer k1"}});
+  EXPECT_EQ(json::parse(r->body)["count"], std::string("user: x\nassistant:").size());
+  EXPECT_EQ(json::parse(r->body)["token_strs"], nullptr);
+  EXPECT_EQ(s.post("/tokenize", {{"prompt", "x"}, {"add_special_tokens", false}}, k2)->status, 400);
+  EXPECT_EQ(s.post("/tokenize", {{"prompt", "x"}, {"bogus", 1}}, k2)->status, 400);
+  EXPECT_EQ(s.post("/tokenize", json::object(), k2)->status, 400);
+  r = s.post("/detokenize", {{"tokens", {'h', 'i'}}}, k2);
+  EXPECT_EQ(json::parse(r->body), json({{"prompt", "hi"}}));
+  EXPECT_EQ(error_of(s.post("/detokenize", {{"tokens", "hi"}}, k2))["param"], "tokens");
+  EXPECT_EQ(s.post("/detokenize", {{"model", "zz"}, {"tokens", {1}}}, k2)->status, 404);
+  r = s.client().Get("/version");  // open, as in vLLM
+  EXPECT_TRUE(json::parse(r->body)["version"].is_string());
+  // A generation, then vLLM's names beside ours, from the same counts.
+  ASSERT_EQ(s.post("/v1/completions", {{"prompt", "ab"}, {"max_tokens", 4}}, k2)->status, 200);
+  const std::string m = s.client().Get("/metrics")->body;
+  for (const char* want :
+       {"\nvllm:num_requests_running{model_name=\"m\"} 0\n",
+        "\nvllm:num_requests_waiting{model_name=\"m\"} 0\n",
+        "\nvllm:gpu_cache_usage_perc{model_name=\"m\"} 0\n",
+        "\nvllm:generation_tokens_total{model_name=\"m\"} 4\n",
+        "\nvllm:prompt_tokens_total{model_name=\"m\"} 2\n",
+        "\nvllm:time_to_first_token_seconds_count{model_name=\"m\"} 1\n",
+        "\nvllm:time_per_output_token_seconds_count{model_name=\"m\"} 3\n",
+        "\nvllm:e2e_request_latency_seconds_bucket{model_name=\"m\",le=\"+Inf\"} 1\n",
+        "\nvllm:request_success_total{model_name=\"m\",finished_reason=\"length\"} 1\n"})
+    EXPECT_NE(m.find(want), std::string::npos) << want;
+}
+
+TEST(HttpServer, CorsForAllowedOriginsOnly) {
+  fsv::ServerOptions o;
+  o.allowed_origins = {"http://ui.example"};
+  Running s(o, [] { return scripted_backend(); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  httplib::Client c = s.client();
+  auto r = c.Options("/v1/completions",
+                     {{"Origin", "http://ui.example"}, {"Access-Control-Request-Method", "POST"}});
+  EXPECT_EQ(r->status, 204);
+  EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), "http://ui.example");
+  EXPECT_EQ(r->get_header_value("Access-Control-Allow-Headers"), "Authorization, Content-Type");
+  EXPECT_EQ(r->get_header_value("Vary"), "Origin");
+  r = c.Options("/v1/completions",
+                {{"Origin", "http://evil.example"}, {"Access-Control-Request-Method", "POST"}});
+  EXPECT_EQ(r->status, 400);
+  EXPECT_FALSE(r->has_header("Access-Control-Allow-Origin"));
+  // Answers (a stream and an error too) carry it for the allowed origin, not for another.
+  const json ok = {{"prompt", "ab"}, {"max_tokens", 2}, {"stream", true}};
+  r = c.Post("/v1/completions", {{"Origin", "http://ui.example"}}, ok.dump(), "application/json");
+  EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), "http://ui.example");
+  r = c.Post("/v1/completions", {{"Origin", "http://ui.example"}}, "{", "application/json");
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), "http://ui.example");
+  r = c.Get("/v1/models", {{"Origin", "http://evil.example"}});
+  EXPECT_FALSE(r->has_header("Access-Control-Allow-Origin"));
+  r = c.Get("/v1/models");
+  EXPECT_FALSE(r->has_header("Access-Control-Allow-Origin"));
 }
 
 TEST(HttpServer, LogprobsCompletionsAndChatStreamedAndNot) {
@@ -586,7 +720,7 @@ TEST(HttpServer, StreamFramingAndUsage) {
 
 TEST(HttpServer, RefusalsHaveTheirStatus) {
   fsv::ServerOptions o;
-  o.api_key = "sesame";
+  o.api_keys = {"sesame"};
   Running s(o, [] { return scripted_backend(); });
   while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   const httplib::Headers auth = {{"Authorization", "Bearer sesame"}};
@@ -686,7 +820,7 @@ TEST(HttpServer, TextPromptsBeyondTheTokenizingBudgetWaitAndAreServed) {
 TEST(HttpServer, BodyLimitHoldsForChunkedBodiesAndRefusalsReadTheBody) {
   fsv::ServerOptions o;
   o.max_body_bytes = 4096;
-  o.api_key = "sesame";
+  o.api_keys = {"sesame"};
   Running s(o, [] { return scripted_backend(); });
   while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   const httplib::Headers auth = {{"Authorization", "Bearer sesame"}};
@@ -770,6 +904,8 @@ TEST(HttpServer, Answers503WhileLoadingAndWhenOverloaded) {
   while (s.metric("flashserve_http_requests_in_flight") != 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(s.post("/v1/completions", ok)->status, 200);
+  while (s.metric("flashserve_http_requests_in_flight") != 0)  // its slot back, as above
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   // n choices take n slots: more than the server has is the request's fault (400 naming n).
   json two = ok;
   two["n"] = 2;
@@ -863,8 +999,11 @@ class FailingCodec final : public fsv::TextCodec {
   std::optional<std::vector<int32_t>> encode(std::string_view text, size_t) const override {
     return std::vector<int32_t>(text.begin(), text.end());
   }
-  std::unique_ptr<fsv::TextStream> stream(std::span<const int32_t>) const override {
+  std::unique_ptr<fsv::TextStream> stream(std::span<const int32_t>, bool) const override {
     return std::make_unique<FailingStream>();
+  }
+  std::string decode(std::span<const int32_t> ids, bool) const override {
+    return std::string(ids.begin(), ids.end());
   }
   std::string render_chat(const std::vector<fsv::ChatMessage>&) const override { return "x"; }
   std::optional<std::vector<int32_t>> encode_rendered(std::string_view text,

@@ -3,6 +3,8 @@
 // that may still become a stop sequence; histograms render cumulative buckets.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 #include <string>
 #include <tuple>
@@ -37,10 +39,26 @@ TEST(RequestSchema, EveryParameterRefusesAWrongTypeNamingIt) {
   for (const fsv::Endpoint e : {fsv::Endpoint::kCompletions, fsv::Endpoint::kChat}) {
     const std::map<std::string, std::vector<int>> params = {
         // index into `wrong` of the values that are the wrong type for it
-        {"model", {1, 2, 3, 4}},  {"max_tokens", {0, 1, 2, 3, 4}},  {"temperature", {0, 2, 3, 4}},
-        {"top_p", {0, 2, 3, 4}},  {"top_k", {0, 1, 2, 3, 4}},       {"seed", {0, 1, 2, 3, 4}},
-        {"stop", {1, 2, 3, 4}},   {"stop_token_ids", {0, 1, 2, 4}}, {"ignore_eos", {0, 1, 3, 4}},
-        {"stream", {0, 1, 3, 4}}, {"n", {0, 1, 2, 3, 4}},           {"user", {1, 2, 3, 4}},
+        {"model", {1, 2, 3, 4}},
+        {"max_tokens", {0, 1, 2, 3, 4}},
+        {"temperature", {0, 2, 3, 4}},
+        {"top_p", {0, 2, 3, 4}},
+        {"top_k", {0, 1, 2, 3, 4}},
+        {"seed", {0, 1, 2, 3, 4}},
+        {"stop", {1, 2, 3, 4}},
+        {"stop_token_ids", {0, 1, 2, 4}},
+        {"ignore_eos", {0, 1, 3, 4}},
+        {"stream", {0, 1, 3, 4}},
+        {"n", {0, 1, 2, 3, 4}},
+        {"user", {1, 2, 3, 4}},
+        {"min_p", {0, 2, 3, 4}},
+        {"repetition_penalty", {0, 2, 3, 4}},
+        {"presence_penalty", {0, 2, 3, 4}},
+        {"frequency_penalty", {0, 2, 3, 4}},
+        {"logit_bias", {0, 1, 2, 3}},
+        {"min_tokens", {0, 1, 2, 3, 4}},
+        {"skip_special_tokens", {0, 1, 3, 4}},
+        {"include_stop_str_in_output", {0, 1, 3, 4}},
     };
     for (const auto& [name, bad] : params)
       for (int i : bad) {
@@ -79,12 +97,21 @@ TEST(RequestSchema, UnknownFieldsAndUnsupportedValuesAreRefused) {
   EXPECT_EQ(refusal(body).param, "max_completion_tokens");
   for (const auto& [name, value] :
        std::vector<std::pair<std::string, json>>{{"n", 129},
-                                                 {"presence_penalty", 0.5},
+                                                 {"presence_penalty", 2.5},
+                                                 {"frequency_penalty", -2.1},
+                                                 {"repetition_penalty", 0},
+                                                 {"min_p", 1.5},
+                                                 {"min_tokens", -1},
+                                                 {"logit_bias", {{"x", 1}}},
+                                                 {"logit_bias", {{"-1", 1}}},
+                                                 {"logit_bias", {{"01", 1}}},
+                                                 {"logit_bias", {{"5", 101}}},
+                                                 {"logit_bias", {{"5", "high"}}},
                                                  {"logprobs", 6},
                                                  {"logprobs", -1},
                                                  {"logprobs", true},
                                                  {"n", 0},
-                                                 {"echo", true},
+                                                 {"echo", 1},
                                                  {"max_tokens", 0},
                                                  {"max_tokens", -5},
                                                  {"max_tokens", 18446744073709551615ull},
@@ -103,11 +130,29 @@ TEST(RequestSchema, UnknownFieldsAndUnsupportedValuesAreRefused) {
     EXPECT_EQ(err.param.substr(0, name.size()), name) << value.dump() << ": " << err.message;
   }
   body = base(fsv::Endpoint::kCompletions);
-  body["prompt"] = {"one", "two"};
+  body["prompt"] = {"one", 2};
+  EXPECT_EQ(refusal(body).param, "prompt[1]");
+  body["prompt"] = json::array();
   EXPECT_EQ(refusal(body).param, "prompt");
+  body["prompt"] = {"one", ""};
+  EXPECT_EQ(refusal(body).param, "prompt[1]");
+  body["prompt"] = std::vector<std::string>(fsv::kMaxPrompts + 1, "x");
+  EXPECT_EQ(refusal(body).param, "prompt");
+  // min_tokens past max_tokens; echo with logprobs (the prompt's are not computed).
   body = base(fsv::Endpoint::kCompletions);
-  body.erase("model");
+  body["max_tokens"] = 4;
+  body["min_tokens"] = 5;
+  EXPECT_EQ(refusal(body).param, "min_tokens");
+  body = base(fsv::Endpoint::kCompletions);
+  body["echo"] = true;
+  body["logprobs"] = 1;
+  EXPECT_EQ(refusal(body).param, "echo");
+  body = base(fsv::Endpoint::kCompletions);
+  body["model"] = "";
   EXPECT_EQ(refusal(body).param, "model");
+  // Left out, it is the server's first served name (vLLM's default): "" here.
+  body.erase("model");
+  EXPECT_EQ(fsv::parse_request(body.dump(), fsv::Endpoint::kCompletions).model, "");
 }
 
 // OpenAI's ranges: completions logprobs 0..5; chat logprobs a boolean, top_logprobs 0..20 and
@@ -185,7 +230,7 @@ TEST(RequestSchema, MalformedBodiesAreRefused) {
 
 TEST(RequestSchema, DepthIsCountedOutsideStringsOnly) {
   const json in_string = {{"model", "m"}, {"prompt", std::string(100, '[') + "\"{"}};
-  EXPECT_EQ(*fsv::parse_request(in_string.dump(), fsv::Endpoint::kCompletions).prompt_text,
+  EXPECT_EQ(*fsv::parse_request(in_string.dump(), fsv::Endpoint::kCompletions).prompts[0].text,
             std::string(100, '[') + "\"{");
   json deep = 1;
   for (int i = 0; i < fsv::kMaxJsonDepth; ++i) deep = json::array({deep});
@@ -217,13 +262,50 @@ TEST(RequestSchema, NullIsNotGivenAndValidValuesAreKept) {
           {"n", 1},
           {"presence_penalty", 0}};
   const fsv::GenerationRequest c = fsv::parse_request(body.dump(), fsv::Endpoint::kCompletions);
-  EXPECT_EQ(c.prompt_ids, (std::vector<int32_t>{7, 8}));
+  ASSERT_EQ(c.prompts.size(), 1u);
+  EXPECT_EQ(c.prompts[0].ids, (std::vector<int32_t>{7, 8}));
   EXPECT_EQ(*c.max_tokens, 9);
   EXPECT_FLOAT_EQ(c.sampling.temperature, 0.5f);
   EXPECT_EQ(c.sampling.top_k, 0);
   EXPECT_EQ(c.sampling.seed, static_cast<uint64_t>(int64_t{-3}));
   EXPECT_EQ(c.stop, (std::vector<std::string>{"x"}));
   EXPECT_TRUE(c.stream && c.include_usage);
+}
+
+// vLLM's extra_body fields and OpenAI's penalties, biases and echo, kept as given (their effect
+// on sampling is the samplers' tests: tests/model/logits_adjust_test.cc).
+TEST(RequestSchema, VllmSamplingFieldsAreKept) {
+  json body = base(fsv::Endpoint::kCompletions);
+  body["prompt"] = {"one", "two"};
+  body["min_p"] = 0.05;
+  body["repetition_penalty"] = 1.3;
+  body["presence_penalty"] = -0.5;
+  body["frequency_penalty"] = 2;
+  body["logit_bias"] = {{"17", -100}, {"3", 2.5}};
+  body["min_tokens"] = 3;
+  body["max_tokens"] = 3;
+  body["skip_special_tokens"] = false;
+  body["include_stop_str_in_output"] = true;
+  body["echo"] = true;
+  const fsv::GenerationRequest r = fsv::parse_request(body.dump(), fsv::Endpoint::kCompletions);
+  ASSERT_EQ(r.prompts.size(), 2u);
+  EXPECT_EQ(*r.prompts[0].text, "one");
+  EXPECT_EQ(*r.prompts[1].text, "two");
+  EXPECT_FLOAT_EQ(r.sampling.min_p, 0.05f);
+  EXPECT_FLOAT_EQ(r.sampling.repetition_penalty, 1.3f);
+  EXPECT_FLOAT_EQ(r.sampling.presence_penalty, -0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.frequency_penalty, 2.0f);
+  auto bias = r.sampling.logit_bias;
+  std::sort(bias.begin(), bias.end());
+  EXPECT_EQ(bias, (std::vector<std::pair<int32_t, float>>{{3, 2.5f}, {17, -100.0f}}));
+  EXPECT_EQ(r.sampling.min_tokens, 3);
+  EXPECT_FALSE(r.skip_special_tokens);
+  EXPECT_TRUE(r.include_stop_str_in_output);
+  EXPECT_TRUE(r.echo);
+  body["prompt"] = {{1, 2}, {3}};
+  const fsv::GenerationRequest ids = fsv::parse_request(body.dump(), fsv::Endpoint::kCompletions);
+  ASSERT_EQ(ids.prompts.size(), 2u);
+  EXPECT_EQ(ids.prompts[1].ids, std::vector<int32_t>{3});
 }
 
 // Found by a hostile pass over the running server (each was accepted or mis-described before):
@@ -281,7 +363,8 @@ TEST(RequestSchema, NestedFieldsAmbiguousLimitsAndMessagesThatSayWhatIsWrong) {
            {{true}, "prompt[0]", "expected an integer, got a boolean"},
            {{nullptr}, "prompt[0]", "expected an integer, got null"},
            {{1, json::object()}, "prompt[1]", "expected an integer, got an object"},
-           {{{{1}}}, "prompt[0]", "expected an integer, got an array"}}) {
+           // A batch of one prompt [[1]] (issue 24): its element [1] is named.
+           {{{{1}}}, "prompt[0][0]", "expected an integer, got an array"}}) {
     body["prompt"] = prompt;
     err = refusal(body);
     EXPECT_EQ(err.param, param) << prompt.dump();

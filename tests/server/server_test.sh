@@ -37,8 +37,12 @@ fi
 # the heap in use (/metrics) is what the requests left behind, which hostile_clients.mjs checks.
 # (With an arena and a cache per connection thread, both hundreds, that count and the resident
 # memory wander by tens of MiB between identical rounds as the caches fill.)
-MALLOC_ARENA_MAX=1 GLIBC_TUNABLES=glibc.malloc.tcache_count=0 "$bin" serve --model "$ckpt" --port 0 --served-model-name tiny --kv-memory-mb 32 \
-  >"$work/server.log" 2>&1 &
+# Started with a vLLM command line (issue 24): the model positional, vLLM's flags where they mean
+# something here.
+MALLOC_ARENA_MAX=1 GLIBC_TUNABLES=glibc.malloc.tcache_count=0 "$bin" serve "$ckpt" --port 0 \
+  --served-model-name tiny tiny-alias --kv-memory-mb 32 --dtype auto --max-num-batched-tokens 512 \
+  --enable-chunked-prefill --tensor-parallel-size 1 --disable-log-requests \
+  --allowed-origins '["http://ui.example"]' >"$work/server.log" 2>&1 &
 server_pid=$!
 await_server "$server_pid" "$work/server.log"
 [ "$(curl -s -o /dev/null -w '%{http_code}' "$base/health")" = 200 ] || fail "not healthy"
@@ -157,6 +161,62 @@ node -e 'process.stdout.write(JSON.stringify({model: "tiny", prompt: Array(5000)
 expect 400 prompt "${json[@]}" --data-binary @"$work/long"
 grep -q "maximum context length is" "$work/body" || fail "the limit is not named: $(cat "$work/body")"
 expect 404 model "${json[@]}" -d '{"model": "gpt-5", "prompt": [1]}'
+# Issue 24, what vLLM clients send. cached_tokens: the long prompt above, a third time.
+expect 200 - "${json[@]}" -d "$long"
+node -e '
+  const b = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+  if (!(b.usage.prompt_tokens_details.cached_tokens >= 192)) throw new Error(JSON.stringify(b.usage));
+' "$work/body" || fail "cached_tokens: $(head -c 300 "$work/body")"
+# No model: the first served name; the second name is served too, and echoed back.
+expect 200 - "${json[@]}" -d '{"prompt": [1, 2], "max_tokens": 1}'
+grep -q '"model":"tiny"' "$work/body" || fail "no model: $(head -c 300 "$work/body")"
+expect 200 - "${json[@]}" -d '{"model": "tiny-alias", "prompt": [1, 2], "max_tokens": 1}'
+grep -q '"model":"tiny-alias"' "$work/body" || fail "alias: $(head -c 300 "$work/body")"
+# Batched prompts: n choices each, numbered prompt * n + choice; usage counts each prompt once.
+expect 200 - "${json[@]}" -d '{"model": "tiny", "prompt": [[1, 2, 3], [4, 5]], "n": 2, "max_tokens": 3, "ignore_eos": true}'
+node -e '
+  const b = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+  if (b.choices.length !== 4 || b.choices.some((c, i) => c.index !== i || c.token_ids.length !== 3))
+    throw new Error("choices");
+  if (b.usage.prompt_tokens !== 5 || b.usage.completion_tokens !== 12) throw new Error("usage");
+' "$work/body" || fail "batched prompts: $(head -c 600 "$work/body")"
+# logit_bias +100 on one token makes greedy choose it every time; echo starts with the prompt.
+expect 200 - "${json[@]}" -d '{"model": "tiny", "prompt": "a text prompt", "max_tokens": 4, "ignore_eos": true, "logit_bias": {"77": 100}, "echo": true}'
+node -e '
+  const c = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8")).choices[0];
+  if (c.token_ids.join() !== "77,77,77,77") throw new Error("logit_bias: " + c.token_ids);
+  if (!c.text.startsWith("a text prompt")) throw new Error("echo: " + JSON.stringify(c.text));
+' "$work/body" || fail "logit_bias / echo: $(head -c 600 "$work/body")"
+expect 400 logit_bias "${json[@]}" -d '{"model": "tiny", "prompt": [1], "logit_bias": {"99999": 1}}'
+expect 400 repetition_penalty "${json[@]}" -d '{"model": "tiny", "prompt": [1], "repetition_penalty": 0}'
+# /tokenize, /detokenize (vLLM's shapes), /version, vLLM's metric names.
+curl -s "${json[@]}" "$base/tokenize" -d '{"prompt": "a text prompt", "return_token_strs": true}' >"$work/tok"
+node -e '
+  const t = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+  if (t.count !== t.tokens.length || t.token_strs.length !== t.count || !(t.max_model_len > 0))
+    throw new Error(JSON.stringify(t));
+  console.log(JSON.stringify({tokens: t.tokens}));
+' "$work/tok" >"$work/detok_body" || fail "tokenize: $(head -c 300 "$work/tok")"
+curl -s "${json[@]}" "$base/detokenize" --data-binary @"$work/detok_body" | grep -q '"prompt":"a text prompt"' ||
+  fail "detokenize: $(curl -s "${json[@]}" "$base/detokenize" --data-binary @"$work/detok_body")"
+curl -s "$base/version" | grep -q '"version":"' || fail "version"
+curl -s "$base/metrics" >"$work/metrics"
+for m in 'vllm:num_requests_running{model_name="tiny"} ' 'vllm:num_requests_waiting{model_name="tiny"} ' \
+         'vllm:gpu_cache_usage_perc{model_name="tiny"} ' 'vllm:prompt_tokens_total{model_name="tiny"} ' \
+         'vllm:generation_tokens_total{model_name="tiny"} ' 'vllm:time_to_first_token_seconds_count{model_name="tiny"} ' \
+         'vllm:time_per_output_token_seconds_bucket{model_name="tiny",le="+Inf"} ' \
+         'vllm:e2e_request_latency_seconds_sum{model_name="tiny"} '; do
+  grep -qF "$m" "$work/metrics" || fail "no metric $m"
+done
+# CORS for the allowed origin only: preflight, and the header on an answer (an error too).
+pre=$(curl -s -o /dev/null -D - -X OPTIONS -H 'Origin: http://ui.example' \
+  -H 'Access-Control-Request-Method: POST' "$base/v1/completions")
+grep -qi '^access-control-allow-origin: http://ui.example' <<<"$pre" && grep -q ' 204' <<<"$pre" ||
+  fail "preflight: $pre"
+curl -s -o /dev/null -D "$work/h" -H 'Origin: http://ui.example' "${json[@]}" "$base/v1/completions" -d '{"prompt": 5}'
+grep -qi '^access-control-allow-origin: http://ui.example' "$work/h" || fail "CORS on an error: $(cat "$work/h")"
+curl -s -o /dev/null -D "$work/h" -H 'Origin: http://evil.example' "$base/v1/models"
+! grep -qi '^access-control-allow-origin' "$work/h" || fail "CORS for another origin: $(cat "$work/h")"
 [ "$(curl -s -o /dev/null -w '%{http_code}' "$base/v1/nothing")" = 404 ] || fail "unknown route"
 echo "ok   $checks refusals and answers with their status and an OpenAI error body"
 

@@ -19,6 +19,7 @@
 #include "model/cuda/convert.h"
 #include "model/cuda/embedding.h"
 #include "model/cuda/gemm.h"
+#include "model/cuda/logits_adjust.h"
 #include "model/cuda/rmsnorm.h"
 #include "model/cuda/rope_kv_write.h"
 #include "model/cuda/sample.h"
@@ -103,6 +104,9 @@ struct CudaRunner::Impl {
 
   // Step buffers, grown to the largest step seen.
   DeviceMemory act_mem, idx_mem, attn_ws, sample_mem;
+  // Sampling with adjustments (penalties, biases, masks): the adjusted copy of the logits, then
+  // the rows' lists (CudaRunner::sample).
+  DeviceMemory adjust_mem;
   int64_t token_cap = 0, sample_cap = 0;
   bf16 *x = nullptr, *h = nullptr, *qkv = nullptr, *q = nullptr, *attn = nullptr, *delta = nullptr,
        *gu = nullptr, *act = nullptr, *hs = nullptr;
@@ -682,29 +686,80 @@ std::vector<float> CudaRunner::logits_rows(const std::vector<int32_t>& rows) con
 }
 
 std::vector<int32_t> CudaRunner::sample(const ForwardBatch& batch,
-                                        const std::vector<SamplingParams>& params) {
+                                        const std::vector<SamplingParams>& params,
+                                        const std::vector<LogitsAdjust>& adjust) {
   Impl& m = *impl_;
   const int64_t S = static_cast<int64_t>(batch.sample_rows.size());
   if (S != m.last_samples || static_cast<int64_t>(params.size()) != S)
     throw Error(ErrorKind::kInvalidArgument, "params",
                 "one SamplingParams per sample row of the last forward (" +
                     std::to_string(m.last_samples) + "), got " + std::to_string(params.size()));
+  if (!adjust.empty() && static_cast<int64_t>(adjust.size()) != S)
+    throw Error(ErrorKind::kInvalidArgument, "adjust",
+                "one LogitsAdjust per sample row (" + std::to_string(S) + "), got " +
+                    std::to_string(adjust.size()));
   std::vector<int32_t> tokens(static_cast<size_t>(S));
   if (S == 0) return tokens;
-  auto* host = static_cast<RowSampling*>(m.stage(S * sizeof(RowSampling)));
+  const int64_t V = m.cfg.vocab_size, words = (V + 31) / 32;
+  // One staging of everything the step's sampling reads: the rows' parameters, then (when any
+  // row has adjustments) their token lists' offsets, the lists, and the masks.
+  int64_t entries = 0;
+  bool masks = false;
+  for (const LogitsAdjust& a : adjust) {
+    entries += static_cast<int64_t>(a.tokens.size());
+    masks |= !a.allowed.empty();
+  }
+  const size_t par_b = align256(S * sizeof(RowSampling)), off_b = align256((S + 1) * 8);
+  const size_t tok_b = align256(std::max<int64_t>(entries, 1) * sizeof(TokenAdjust));
+  const size_t mask_b = masks ? align256(S * words * 4) : 0;
+  const size_t adj_b = adjust.empty() ? 0 : off_b + tok_b + mask_b;
+  char* staged = static_cast<char*>(m.stage(par_b + adj_b));
+  auto* host = reinterpret_cast<RowSampling*>(staged);
   for (int64_t i = 0; i < S; ++i) {
     params[i].validate();
     host[i].temperature = params[i].temperature;
     host[i].top_k = params[i].top_k;
     host[i].top_p = params[i].top_p;
+    host[i].min_p = params[i].min_p;
     host[i].seed = params[i].seed;
     host[i].position = int64_t{batch.positions[batch.sample_rows[i]]} + 1;
   }
   check_cuda(cudaMemcpyAsync(m.params_dev, host, S * sizeof(RowSampling), cudaMemcpyHostToDevice,
                              m.stream),
              "sampling params");
+  const float* logits = m.logits;
+  if (!adjust.empty()) {
+    char* h = staged + par_b;
+    auto* offsets = reinterpret_cast<int64_t*>(h);
+    auto* list = reinterpret_cast<TokenAdjust*>(h + off_b);
+    auto* allowed = reinterpret_cast<uint32_t*>(h + off_b + tok_b);
+    offsets[0] = 0;
+    for (int64_t i = 0; i < S; ++i) {
+      const LogitsAdjust& a = adjust[i];
+      std::copy(a.tokens.begin(), a.tokens.end(), list + offsets[i]);
+      offsets[i + 1] = offsets[i] + static_cast<int64_t>(a.tokens.size());
+      if (!masks) continue;
+      if (a.allowed.empty())
+        std::fill_n(allowed + i * words, words, ~0u);
+      else
+        std::copy_n(a.allowed.begin(), words, allowed + i * words);
+    }
+    // The adjusted copy of the logits and the lists, grown to the largest step seen.
+    const size_t copy_b = align256(S * V * 4);
+    if (copy_b + adj_b > m.adjust_mem.bytes())
+      m.adjust_mem.grow(std::max(copy_b + adj_b, 2 * m.adjust_mem.bytes()), "logits adjustments");
+    char* d = static_cast<char*>(m.adjust_mem.get());
+    check_cuda(cudaMemcpyAsync(d + copy_b, h, adj_b, cudaMemcpyHostToDevice, m.stream),
+               "logits adjustments");
+    DeviceAdjust da;
+    da.offsets = reinterpret_cast<const int64_t*>(d + copy_b);
+    da.tokens = reinterpret_cast<const TokenAdjust*>(d + copy_b + off_b);
+    da.allowed = masks ? reinterpret_cast<const uint32_t*>(d + copy_b + off_b + tok_b) : nullptr;
+    adjust_logits(m.logits, reinterpret_cast<float*>(d), da, S, V, m.stream);
+    logits = reinterpret_cast<const float*>(d);
+  }
   check_cuda(cudaEventRecord(m.staged, m.stream), "event");
-  sample_tokens(m.logits, m.params_dev, m.tokens_dev, S, m.cfg.vocab_size, m.stream);
+  sample_tokens(logits, m.params_dev, m.tokens_dev, S, V, m.stream);
   m.mark("sample");
   check_cuda(cudaMemcpyAsync(tokens.data(), m.tokens_dev, S * 4, cudaMemcpyDeviceToHost, m.stream),
              "tokens");

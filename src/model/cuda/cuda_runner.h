@@ -38,8 +38,9 @@ class CudaRunner : public ModelRunner {
   void prepare(int64_t max_tokens, int64_t max_rows) override;
   std::vector<float> logits() const override;
   std::vector<float> logits_rows(const std::vector<int32_t>& rows) const override;
-  std::vector<int32_t> sample(const ForwardBatch& batch,
-                              const std::vector<SamplingParams>& params) override;
+  using ModelRunner::sample;
+  std::vector<int32_t> sample(const ForwardBatch& batch, const std::vector<SamplingParams>& params,
+                              const std::vector<LogitsAdjust>& adjust) override;
 
   // The runner's stream (a cudaStream_t); forward() only enqueues work on it.
   void* stream() const;

@@ -137,16 +137,30 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   best = scratch[0];
   best_i = scratch_idx[0];
-  if (p.temperature <= 0.0f) {
+  // Every token banned (-inf) leaves nothing to draw from: the lowest index, as greedy would.
+  if (p.temperature <= 0.0f || best == -INFINITY) {
     if (threadIdx.x == 0) tokens[row] = static_cast<int32_t>(best_i);
     return;
   }
   const Row r{l, vocab, best, 1.0f / p.temperature};
 
+  // Min-p keeps the tokens with e >= min_p, a prefix of the key order: a count, like top-k's.
+  int64_t k = p.top_k > 0 && p.top_k < vocab ? p.top_k : vocab;
+  if (p.min_p > 0.0f) {
+    if (threadIdx.x == 0) total = 0;
+    __syncthreads();
+    unsigned long long local = 0;
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x)
+      local += unnormalised(r, i) >= p.min_p;
+    atomicAdd(&total, local);
+    __syncthreads();
+    const int64_t kept = static_cast<int64_t>(total);
+    __syncthreads();
+    k = kept < 1 ? 1 : (kept < k ? kept : k);
+  }
   // Top-k: the k-th largest key is the floor of the kept set.
   uint64_t floor = 0;
-  if (p.top_k > 0 && p.top_k < vocab)
-    floor = radix_descend(r, 0, static_cast<uint64_t>(p.top_k), true, hist, result);
+  if (k < vocab) floor = radix_descend(r, 0, static_cast<uint64_t>(k), true, hist, result);
   // Top-p: the shortest prefix (in key order) whose mass reaches top_p of the top-k set's mass.
   uint64_t mass = kept_mass(r, floor, &total);
   if (p.top_p < 1.0f) {

@@ -1,6 +1,8 @@
 // Sampling on the GPU: one token per row of float32 logits, by the rule of model/sampling.h
-// (greedy at temperature 0; else softmax(logits / T), top-k, then top-p over the tokens ordered by
-// probability descending with ties to the lower index, and the inverse CDF at the shared uniform).
+// (greedy at temperature 0; else softmax(logits / T), min-p, top-k, then top-p over the tokens
+// ordered by probability descending with ties to the lower index, and the inverse CDF at the
+// shared uniform). The logits are the adjusted ones where a row has adjustments
+// (model/cuda/logits_adjust.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,7 +17,7 @@ struct RowSampling {
   float temperature = 0.0f;
   int32_t top_k = 0;
   float top_p = 1.0f;
-  int32_t pad = 0;
+  float min_p = 0.0f;
   uint64_t seed = 0;
   int64_t position = 0;  // of the token being sampled
 };

@@ -44,13 +44,30 @@ async function streamIds(p, maxTokens) {
 }
 
 const tests = {
+  // vLLM's sampling fields as its clients send them (extra_body in Python; plain fields here).
+  async vllmSamplingFields() {
+    const r = await client.completions.create({
+      model, prompt, max_tokens: 4, temperature: 0, ignore_eos: true,
+      logit_bias: { 77: 100 }, repetition_penalty: 1.2, presence_penalty: 0.5,
+      frequency_penalty: 0.5, min_p: 0.1, min_tokens: 2, skip_special_tokens: true,
+      include_stop_str_in_output: false,
+    });
+    assert.deepEqual(r.choices[0].token_ids, [77, 77, 77, 77]);
+    const b = await client.completions.create({ prompt: [prompt, [1, 2]], max_tokens: 2, n: 2 });
+    assert.equal(b.model, model);  // no model: the first served name
+    assert.deepEqual(b.choices.map((c) => c.index), [0, 1, 2, 3]);
+    assert.equal(b.usage.prompt_tokens, 8);
+  },
   async completion() {
     const r = await client.completions.create({ model, prompt, max_tokens: 7, temperature: 0, ignore_eos: true });
     assert.equal(r.object, 'text_completion');
     assert.equal(r.choices.length, 1);
     assert.equal(r.choices[0].finish_reason, 'length');
     assert.equal(r.choices[0].token_ids.length, 7);
-    assert.deepEqual(r.usage, { prompt_tokens: 6, completion_tokens: 7, total_tokens: 13 });
+    assert.deepEqual(r.usage, {
+      prompt_tokens: 6, completion_tokens: 7, total_tokens: 13,
+      prompt_tokens_details: { cached_tokens: 0 },  // less than one full block: nothing cached
+    });
     // The stream gives the same greedy tokens, then the usage, then [DONE] (the client's loop ends).
     const s = await streamIds(prompt, 7);
     assert.deepEqual(s.ids, r.choices[0].token_ids);
@@ -207,7 +224,8 @@ const tests = {
   },
   async models() {
     const list = await client.models.list();
-    assert.deepEqual(list.data.map((m) => m.id), [model]);
+    // server_test.sh serves the model under two names (--served-model-name tiny tiny-alias).
+    assert.deepEqual(list.data.map((m) => m.id), [model, `${model}-alias`]);
   },
 };
 
