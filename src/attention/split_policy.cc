@@ -22,10 +22,10 @@ bool is_decode(const Problem& pr) {
 //     sequences of 2k-16k keys): the blocks are too few to hide the kernel's latency, so a split
 //     keeps >= key_blocks / 32 blocks instead (up to 32 splits, batch 1 x 32k's best, down to the
 //     short regime's one block at 2k). Not measured on its own: it joins the two measured regimes.
-//   - short keys (< 2k at d128): the paged decode kernel is latency-bound, ~200 us for 1k keys
-//     whether 8 or 256 blocks run; measured in the model's decode step (H200, page 16, 1k keys,
-//     bench_model's attention rows, 2026-11-30): batch 1 took 185/56/20 us with 1/4/16 splits,
-//     batch 32 205/242/160 us. So aim at 32 blocks per SM, each split keeping one key block.
+//   - short keys (< 2k at d128): a few sequences leave the GPU idle, many fill it unsplit.
+//     bench_model's attention rows (H200, page 16, 1k keys, 32/8 heads, 2026-12-02, run 47):
+//     batch 1 took 43.3/19.3/14.6 us with 1/4/16 splits, batch 32 46.3/55.3/76.4 us. So aim at
+//     one block per SM (batch 32's 256 tiles: unsplit), each split keeping one key block.
 // Never more than 128 splits or a grid z (batch x splits) past 65535.
 int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode) {
   if (pr.num_splits == 1) return 1;
@@ -46,7 +46,7 @@ int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode) {
     if (key_blocks < 2 * min_blocks) {  // short keys
       const int64_t whole_blocks = pr.max_kv_len / t.block_n;
       const int64_t splits =
-          std::min<int64_t>({(32 * int64_t{dev.sms} + tiles - 1) / tiles, whole_blocks, most});
+          std::min<int64_t>({(int64_t{dev.sms} + tiles - 1) / tiles, whole_blocks, most});
       return splits < 2 ? 1 : static_cast<int>(splits);
     }
   } else {
