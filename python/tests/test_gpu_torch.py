@@ -298,7 +298,7 @@ def test_score_modifiers_are_refused_by_name_on_cuda(gen):
     runs (forward, autograd and the KV-cache call alike), never computed without them."""
     q, k, v = (randn(gen, (1, 16, 2, 64), torch.bfloat16) for _ in range(3))
     slopes = torch.full((2,), 0.5, device="cuda")
-    message = r"not supported by the CUDA kernels yet \(the CPU path has it\)"
+    message = r"is not supported by the CUDA kernels yet \(the CPU path has it\)"
     with pytest.raises(NotImplementedError, match=r"^softcap: logit soft-capping " + message):
         flash_attn_func(q, k, v, softcap=30.0)
     with pytest.raises(NotImplementedError, match=r"^alibi_slopes: ALiBi " + message):
