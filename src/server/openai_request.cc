@@ -209,6 +209,27 @@ void neutral_only(const json& v, const std::string& name, const json& neutral, c
     throw bad_request(name, name + ": only " + neutral.dump() + " is supported (" + why + ")");
 }
 
+// response_format: {"type": "text"} (false) or {"type": "json_object"} (true); json_schema and
+// anything else refused by name.
+bool parse_response_format(const json& v) {
+  if (!v.is_object() || !v.contains("type") || !v["type"].is_string())
+    throw bad_request("response_format",
+                      "response_format: expected an object with a \"type\" (\"text\" or "
+                      "\"json_object\")");
+  const std::string type = v["type"];
+  if (type == "json_schema")
+    throw bad_request("response_format",
+                      "response_format: json_schema is not supported yet (json_object is)");
+  if (type != "text" && type != "json_object")
+    throw bad_request("response_format", "response_format: unknown type \"" + type +
+                                             "\" (\"text\" or \"json_object\")");
+  for (const auto& item : v.items())
+    if (item.key() != "type")
+      throw bad_request("response_format", "response_format: the field \"" + item.key() +
+                                               "\" is not supported (only \"type\")");
+  return type == "json_object";
+}
+
 // Whether the JSON text nests arrays and objects deeper than `limit`, by a scan that skips
 // strings. A request is a few levels deep; refusing deeper text before parsing keeps a body of
 // 8 MB of '[' from costing hundreds of MB of parse tree.
@@ -407,7 +428,7 @@ GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
       else if (key == "top_logprobs")
         top_logprobs = get_int(v, "top_logprobs", 0, kMaxChatTopLogprobs);
       else if (key == "response_format")
-        neutral_only(v, "response_format", {{"type", "text"}}, "no structured output");
+        r.json_object = parse_response_format(v);
       else
         return false;
     } else {

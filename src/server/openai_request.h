@@ -57,6 +57,8 @@ struct GenerationRequest {
   // -1: no logprobs; n >= 0: each token's log-probability and the n most likely alternatives.
   int32_t logprobs = -1;
   int32_t n = 1;  // choices: each its own sequence in the engine
+  // chat: response_format {"type": "json_object"}: the output is constrained to a JSON object.
+  bool json_object = false;
 };
 
 // The most choices one request may ask for (each runs as its own sequence).

@@ -22,6 +22,7 @@
 #include "server/byte_budget.h"
 #include "server/cors.h"
 #include "server/http_transport.h"
+#include "server/json_constraint.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
 #include "server/output_assembler.h"
@@ -367,6 +368,10 @@ struct Server::State {
   Backend backend;  // written once by the loader before *ready is set, then only read
   std::atomic<int64_t> in_flight{0};
   std::atomic<int64_t> next_id{0};
+  // response_format json_object: the tokenizer's vocabulary as a trie, built at the first such
+  // request (a few hundred ms for a 128k vocabulary) and shared by all.
+  std::once_flag json_trie_once;
+  std::shared_ptr<const VocabTrie> json_trie;
   Metrics metrics;
   Clock::time_point started = Clock::now();
   std::unique_ptr<ByteBudget> tokenize_budget;  // of o.tokenize_budget_bytes
@@ -715,6 +720,15 @@ struct Server::State {
                                    : std::string();
       runs.push_back(std::move(run));
     }
+    if (g.json_object) {
+      if (!backend.codec || backend.codec->vocab_size() <= 0)
+        throw bad_request("response_format",
+                          "response_format: json_object needs the model's tokenizer "
+                          "(tokenizer.json), which this model directory lacks");
+      std::call_once(json_trie_once, [&] {
+        json_trie = VocabTrie::build(*backend.codec, backend.codec->vocab_size());
+      });
+    }
     engine::NewRequest nr;
     nr.sampling = g.sampling;
     nr.stop_token_ids = g.stop_token_ids;
@@ -764,6 +778,8 @@ struct Server::State {
       nr.prompt = run.ids;
       nr.max_tokens = run.max_tokens;
       nr.sampling.seed = g.seed_given ? g.sampling.seed + index : fresh_seed();
+      // Each choice its own grammar state.
+      nr.constraint = g.json_object ? std::make_shared<JsonObjectConstraint>(json_trie) : nullptr;
       try {
         c->stream = backend.loop->submit(nr);
         c->stream->raise_on_push(resp->signal);

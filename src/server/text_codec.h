@@ -56,6 +56,10 @@ class TextCodec {
   // The bytes one token adds to a text (maybe part of a character): logprobs' `bytes`, and their
   // text (invalid UTF-8 as U+FFFD) its `token`.
   virtual std::string token_bytes(int32_t id) const = 0;
+  // Whether `id` is a special (control) token: structured output never allows one.
+  virtual bool is_special(int32_t /*id*/) const { return false; }
+  // 1 + the largest id the tokenizer knows (0: unknown; structured output needs it).
+  virtual int32_t vocab_size() const { return 0; }
 };
 
 }  // namespace flashserve::server

@@ -63,6 +63,8 @@ class TokenizerCodec final : public TextCodec {
   }
   std::vector<int32_t> eos_token_ids() const override { return tokenizer_.eos_token_ids(); }
   std::string token_bytes(int32_t id) const override { return tokenizer_.token_bytes(id); }
+  bool is_special(int32_t id) const override { return tokenizer_.is_special(id); }
+  int32_t vocab_size() const override { return tokenizer_.vocab_size(); }
 
  private:
   tk::Tokenizer tokenizer_;

@@ -378,6 +378,30 @@ TEST(RequestSchema, NestedFieldsAmbiguousLimitsAndMessagesThatSayWhatIsWrong) {
   EXPECT_NE(err.message.find("rounds to 0 in float32"), std::string::npos) << err.message;
 }
 
+// Chat's response_format: text and json_object taken, json_schema and anything else refused
+// naming response_format (and saying what is not supported).
+TEST(RequestSchema, ResponseFormatJsonObjectAndItsRefusals) {
+  json body = base(fsv::Endpoint::kChat);
+  body["response_format"] = {{"type", "json_object"}};
+  EXPECT_TRUE(fsv::parse_request(body.dump(), fsv::Endpoint::kChat).json_object);
+  body["response_format"] = {{"type", "text"}};
+  EXPECT_FALSE(fsv::parse_request(body.dump(), fsv::Endpoint::kChat).json_object);
+  const std::vector<std::pair<json, std::string>> refused = {
+      {{{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", json::object()}}}},
+       "json_schema is not supported"},
+      {{{"type", "json_object"}, {"strict", true}}, "\"strict\" is not supported"},
+      {{{"type", "xml"}}, "unknown type \"xml\""},
+      {"json_object", "expected an object"},
+      {json::object(), "expected an object"},
+  };
+  for (const auto& [format, says] : refused) {
+    body["response_format"] = format;
+    const fsv::ApiError e = refusal(body, fsv::Endpoint::kChat);
+    EXPECT_EQ(e.param, "response_format") << format.dump();
+    EXPECT_NE(e.message.find(says), std::string::npos) << e.message;
+  }
+}
+
 TEST(StopStrings, HoldsBackWhatMayStillBecomeAStopSequence) {
   fsv::StopStrings s({"END", "xyz"});
   EXPECT_EQ(s.feed("hello E"), "hello ");  // "E" may start END

@@ -1,0 +1,77 @@
+#include "server/json_constraint.h"
+
+#include <algorithm>
+
+#include "server/text_codec.h"
+
+namespace flashserve::server {
+
+VocabTrie::VocabTrie(const std::vector<std::string>& token_bytes)
+    : vocab_(static_cast<int32_t>(token_bytes.size())), bytes_(token_bytes) {
+  nodes_.emplace_back();
+  for (int32_t id = 0; id < vocab_; ++id) {
+    const std::string& b = bytes_[static_cast<size_t>(id)];
+    if (b.empty()) continue;
+    int32_t at = 0;
+    for (char c : b) at = child(at, static_cast<uint8_t>(c));
+    nodes_[static_cast<size_t>(at)].tokens.push_back(id);
+  }
+}
+
+std::shared_ptr<const VocabTrie> VocabTrie::build(const TextCodec& codec, int32_t vocab) {
+  std::vector<std::string> bytes(static_cast<size_t>(std::max(vocab, 0)));
+  for (int32_t id = 0; id < vocab; ++id)
+    if (!codec.is_special(id)) bytes[static_cast<size_t>(id)] = codec.token_bytes(id);
+  return std::make_shared<const VocabTrie>(bytes);
+}
+
+int32_t VocabTrie::child(int32_t node, uint8_t byte) {
+  auto& kids = nodes_[static_cast<size_t>(node)].children;
+  auto it = std::lower_bound(kids.begin(), kids.end(), byte,
+                             [](const auto& kid, uint8_t b) { return kid.first < b; });
+  if (it != kids.end() && it->first == byte) return it->second;
+  const int32_t made = static_cast<int32_t>(nodes_.size());
+  kids.insert(it, {byte, made});
+  nodes_.emplace_back();  // (after the insert: it may move the node `kids` belongs to)
+  return made;
+}
+
+void VocabTrie::walk(int32_t node, const model::JsonObjectRecognizer& state,
+                     std::vector<uint32_t>& allowed) const {
+  for (const auto& [byte, next] : nodes_[static_cast<size_t>(node)].children) {
+    model::JsonObjectRecognizer s = state;
+    if (!s.feed(byte)) continue;
+    for (int32_t t : nodes_[static_cast<size_t>(next)].tokens)
+      allowed[static_cast<size_t>(t) >> 5] |= 1u << (t & 31);
+    walk(next, s, allowed);
+  }
+}
+
+void VocabTrie::allowed_from(const model::JsonObjectRecognizer& state,
+                             std::vector<uint32_t>& allowed) const {
+  walk(0, state, allowed);
+}
+
+bool JsonObjectConstraint::allowed_next(std::vector<uint32_t>& allowed) {
+  if (state_.complete() || stuck_) return true;
+  // The trie has no token past the model's vocabulary (VocabTrie::build's `vocab`).
+  std::vector<uint32_t> mine((static_cast<size_t>(trie_->vocab()) + 31) / 32, 0u);
+  trie_->allowed_from(state_, mine);
+  bool any = false;
+  for (size_t w = 0; w < std::min(allowed.size(), mine.size()); ++w) {
+    allowed[w] |= mine[w];
+    any |= mine[w] != 0;
+  }
+  if (!any) stuck_ = true;
+  return stuck_;
+}
+
+void JsonObjectConstraint::accept(int32_t token) {
+  if (token < 0 || token >= trie_->vocab() || state_.complete() || stuck_) return;
+  model::JsonObjectRecognizer next = state_;
+  for (char c : trie_->bytes_[static_cast<size_t>(token)])
+    if (!next.feed(static_cast<uint8_t>(c))) return;  // not from the mask: a stop or eos token
+  state_ = next;
+}
+
+}  // namespace flashserve::server
