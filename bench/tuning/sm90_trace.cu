@@ -42,7 +42,8 @@ struct Variant {
 
 template <int kD, int kM, int kN, bool kLazy = false>
 Variant variant() {
-  using Cfg = sm90::TileConfig<kD, kM, kN, 2, /*kLazyRescale=*/kLazy, /*kTrace=*/true>;
+  using Cfg = sm90::TileConfig<kD, kM, kN, 2, /*kLazyRescale=*/kLazy, /*kTmaStoreO=*/false,
+                               /*kTrace=*/true>;
   return {kD, kM, kN, {run_traced<Cfg, false>, run_traced<Cfg, true>}};
 }
 

@@ -40,8 +40,18 @@
 
 namespace flashserve::attention::sm90 {
 
+// Tiles with kTmaStoreO: each consumer warpgroup's 64 rows of O, in 64-column chunks of 8-row
+// 128-byte swizzle atoms (the layout the O tensor map's boxes have), for its TMA stores.
+template <class Cfg, bool = Cfg::kTmaStoreO>
+struct OStaging {};
 template <class Cfg>
-struct SharedStorage {
+struct OStaging<Cfg, true> {
+  static constexpr int kChunkBytes = 64 * 128;
+  alignas(1024) uint8_t o[Cfg::kConsumers][Cfg::kChunks][kChunkBytes];
+};
+
+template <class Cfg>
+struct SharedStorage : OStaging<Cfg> {
   // Each chunk is a 1024-byte aligned run of 8-row swizzle atoms (wgmma.h).
   alignas(1024) uint8_t q[Cfg::kChunks][Cfg::kQChunkBytes];
   alignas(1024) uint8_t k[Cfg::kStages][Cfg::kChunks][Cfg::kKVChunkBytes];
@@ -289,16 +299,16 @@ __device__ __forceinline__ void issue_pv(float (&o)[Cfg::kHeadDim / 2],
   wgmma_commit();
 }
 
-// One accumulator row of O as 16-byte stores. Thread q of the row's quad holds columns
+// One accumulator row of O as 16-byte pieces. Thread q of the row's quad holds columns
 // 8i + 2q, 8i + 2q + 1 of every 8-column group i (packed[i]); a 4 x 4 transpose within the quad
 // (two xor-shuffle rounds) gives thread q all eight columns of groups 4m + q, so each store
 // instruction writes 64 contiguous bytes per row instead of 16: a quarter of the L1 wavefronts of
 // 4-byte stores (the epilogue is a fixed cost of every tile, which short sequences feel most:
 // +5% at d128 512 keys, +10% causal, +9-15% at d256; docs/kernel-notes.md, session 10).
-// Every lane takes part in the shuffles; `stored` says whether this row is written.
-template <int kD>
-__device__ __forceinline__ void store_row_vec16(void* row, uint32_t (&packed)[kD / 8], int q,
-                                                bool stored) {
+// Every lane takes part in the shuffles; `put(group, value)` stores the 16 bytes of 8-column
+// group `group` (to global memory, or to the TMA staging buffer).
+template <int kD, class Put>
+__device__ __forceinline__ void store_row_vec16(uint32_t (&packed)[kD / 8], int q, Put&& put) {
   static_assert(kD % 32 == 0, "groups of four 8-column groups");
 #pragma unroll
   for (int m = 0; m < kD / 32; ++m) {
@@ -323,9 +333,7 @@ __device__ __forceinline__ void store_row_vec16(void* row, uint32_t (&packed)[kD
       else
         a[2 * j1 + 1] = got;
     }
-    if (stored)
-      *reinterpret_cast<uint4*>(static_cast<uint8_t*>(row) + 2 * 8 * (4 * m + q)) =
-          make_uint4(a[0], a[1], a[2], a[3]);
+    put(4 * m + q, make_uint4(a[0], a[1], a[2], a[3]));
   }
 }
 
@@ -337,16 +345,31 @@ __device__ __forceinline__ void release(Mbarrier& empty, bool when = true) {
   empty.arrive_if(when && threadIdx.x % 32 == 0);
 }
 
+// The 128 threads of consumer warpgroup cw (named barriers 1 .. kConsumers are the warp
+// scheduler's; these are 8 + cw).
+__device__ __forceinline__ void epilogue_sync(int cw) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(8 + cw) : "memory");
+}
+
 // The epilogue of one consumer warpgroup's 64 rows of `tile` (cw c: tile rows 64c .. 64c + 63,
-// tid its thread 0..127): O / sum and LSE; rows past q_len are not stored.
+// tid its thread 0..127): O / sum and LSE; rows past q_len are not stored. With kTmaStoreO, O
+// goes to the warpgroup's staging buffer and thread 0 stores it with TMA (the rows past q_len
+// fall outside the tensor map and are not written); the buffer is reused only once the previous
+// tile's stores have read it.
 template <class Cfg, bool kBf16>
-__device__ __forceinline__ void store_tile(const FwdParams& p, const kernel::TileCoords& tile,
-                                           int cw, int tid, const float (&o)[Cfg::kHeadDim / 2],
+__device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParams& p,
+                                           const kernel::TileCoords& tile, int cw, int tid,
+                                           const float (&o)[Cfg::kHeadDim / 2],
                                            const RowState<Cfg::kLazyRescale>& rows) {
   constexpr int kD = Cfg::kHeadDim;
   using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   const int lane = tid % 32;
-  const int row0 = tile.m_block * Cfg::kBlockM + cw * 64 + (tid / 32) * 16 + lane / 4;
+  const int wg_row0 = tile.m_block * Cfg::kBlockM + cw * 64;
+  const int row0 = wg_row0 + (tid / 32) * 16 + lane / 4;
+  if constexpr (Cfg::kTmaStoreO) {
+    if (tid == 0) tma_store_wait_read();
+    epilogue_sync(cw);  // the staging buffer is free for every thread of the warpgroup
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float sum = rows.sum[h];
@@ -362,13 +385,34 @@ __device__ __forceinline__ void store_tile(const FwdParams& p, const kernel::Til
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i)
       packed[i] = pack2<kBf16>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
-    Elem* out = static_cast<Elem*>(p.out) + tile.z * p.o_batch_stride + t * p.o_row_stride +
-                tile.head * p.o_head_stride;
-    // The dispatch refuses outputs whose rows are not 16-byte aligned (check_aligned).
-    store_row_vec16<kD>(out, packed, lane % 4, /*stored=*/t < p.seqlen_q);
+    if constexpr (Cfg::kTmaStoreO) {
+      // Row r of the warpgroup's 64, 8-column group g: chunk g / 8, 16-byte unit g % 8 of the
+      // row's 128 bytes, swizzled by r % 8 (TMA's 128-byte swizzle).
+      const int r = t - wg_row0;
+      store_row_vec16<kD>(packed, lane % 4, [&](int g, uint4 v) {
+        *reinterpret_cast<uint4*>(s.o[cw][g / 8] + r * 128 + ((g % 8) ^ (r % 8)) * 16) = v;
+      });
+    } else {
+      Elem* out = static_cast<Elem*>(p.out) + tile.z * p.o_batch_stride + t * p.o_row_stride +
+                  tile.head * p.o_head_stride;
+      // The dispatch refuses outputs whose rows are not 16-byte aligned (check_aligned).
+      store_row_vec16<kD>(packed, lane % 4, [&](int g, uint4 v) {
+        if (t < p.seqlen_q) *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(out) + 16 * g) = v;
+      });
+    }
     if (t < p.seqlen_q && p.lse != nullptr && lane % 4 == 0)
       p.lse[tile.z * p.lse_batch_stride + tile.head * p.lse_head_stride + t * p.lse_row_stride] =
           seen ? rows.max[h] * p.scale + logf(sum) : -INFINITY;
+  }
+  if constexpr (Cfg::kTmaStoreO) {
+    fence_shared_to_async();
+    epilogue_sync(cw);
+    if (tid == 0) {
+#pragma unroll
+      for (int c = 0; c < Cfg::kChunks; ++c)
+        tma_store_4d(&p.tma_o, s.o[cw][c], c * Cfg::kChunkCols, wg_row0, tile.head, tile.z);
+      tma_store_commit();
+    }
   }
 }
 
@@ -411,7 +455,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
 #pragma unroll
       for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
       rows = RowState<Cfg::kLazyRescale>{};
-      store_tile<Cfg, kBf16>(p, tile, cw, tid, o, rows);
+      store_tile<Cfg, kBf16>(s, p, tile, cw, tid, o, rows);
       continue;
     }
     // The two rows of this thread in the accumulator fragment (wgmma.h), as query indices.
@@ -510,13 +554,15 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       fence_regs(o);
       trace(kEpilogueStart);
       release(s.v_empty[last]);
-      store_tile<Cfg, kBf16>(p, tile, cw, tid, o, rows);
+      store_tile<Cfg, kBf16>(s, p, tile, cw, tid, o, rows);
       trace(kEpilogueEnd);
     }
     ring += n_blocks;
     ++q_round;
   }
   sched.finish();
+  if constexpr (Cfg::kTmaStoreO)
+    if (tid == 0) tma_store_wait_all();  // the staging buffer lives as long as the CTA
 }
 
 template <class Cfg, bool kBf16, bool kCausal>

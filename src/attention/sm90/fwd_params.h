@@ -14,6 +14,7 @@ namespace flashserve::attention::sm90 {
 
 struct FwdParams {
   CUtensorMap tma_q, tma_k, tma_v;  // boxes of 64 columns x kBlockM (q) or kBlockN (k, v) rows
+  CUtensorMap tma_o;                // tiles with kTmaStoreO: boxes of 64 columns x 64 rows of out
 
   void* out;
   float* lse;                                                 // null: not written

@@ -70,6 +70,9 @@ void launch(FwdParams& p, const FwdArgs& a) {
                      a.k_row_stride, a.k_head_stride, Cfg::kBlockN, "k");
   p.tma_v = make_map(a.v, a.dtype, a.batch, kv_rows, a.h_kv, kHeadDim, a.v_batch_stride,
                      a.v_row_stride, a.v_head_stride, Cfg::kBlockN, "v");
+  if constexpr (Cfg::kTmaStoreO)  // one consumer warpgroup's 64 rows per box
+    p.tma_o = make_map(a.out, a.dtype, a.batch, a.seqlen_q, a.h_q, kHeadDim, a.o_batch_stride,
+                       a.o_row_stride, a.o_head_stride, 64, "out");
   auto kernel = fwd_kernel<Cfg, kBf16, kCausal>;
   constexpr int smem = smem_bytes<Cfg>();
   static_assert(smem <= 227 * 1024, "the tile's shared memory exceeds what one block may have");

@@ -5,7 +5,7 @@
 namespace flashserve::attention::sm90 {
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_ = 2, bool kLazyRescale_ = false,
-          bool kTrace_ = false>
+          bool kTmaStoreO_ = false, bool kTrace_ = false>
 struct TileConfig {
   static constexpr int kHeadDim = kHeadDim_;
   // Query rows: one consumer warpgroup per 64 (wgmma's M is 64 per warpgroup).
@@ -19,6 +19,10 @@ struct TileConfig {
   static constexpr int kStages = kStages_;
   // The softmax rescales O only when a row's max grew by more than 2^8 (fwd_kernel.h's RowState).
   static constexpr bool kLazyRescale = kLazyRescale_;
+  // O leaves through shared memory and TMA stores, one per warpgroup and 64 columns, instead of
+  // register stores (fwd_kernel.h's store_tile): 16 KB of staging per warpgroup at d128. Not in
+  // the library's tiles until measured (bench/tuning/sm90_sweep).
+  static constexpr bool kTmaStoreO = kTmaStoreO_;
   // Tuning builds only: the kernel records its timeline (trace.h).
   static constexpr bool kTrace = kTrace_;
   // TMA's 128-byte swizzle moves boxes of at most 128 bytes per row: 64 16-bit columns. A tile of

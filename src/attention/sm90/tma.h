@@ -50,4 +50,30 @@ __device__ __forceinline__ void tma_load_4d(void* smem, const CUtensorMap* map, 
                                   coords, &bar.word);
 }
 
+// One 4-D box from `smem` (written by this CTA's threads: each fences its writes to the async
+// proxy and they synchronize before one thread issues this) into global memory; the elements of
+// the box outside the tensor are not written. The copy joins this thread's bulk group: commit it
+// (tma_store_commit) and wait for its reads (tma_store_wait_read) before `smem` is written again.
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* smem, int32_t c0,
+                                             int32_t c1, int32_t c2, int32_t c3) {
+  const int32_t coords[4] = {c0, c1, c2, c3};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, map, coords,
+                                  smem);
+}
+__device__ __forceinline__ void tma_store_commit() {
+  cuda::ptx::cp_async_bulk_commit_group();
+}
+// This thread's committed stores have read their shared memory (it may be written again).
+__device__ __forceinline__ void tma_store_wait_read() {
+  cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+}
+// This thread's committed stores are complete (before the CTA exits).
+__device__ __forceinline__ void tma_store_wait_all() {
+  cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
+}
+// Makes this thread's generic-proxy shared-memory writes visible to the async proxy (TMA).
+__device__ __forceinline__ void fence_shared_to_async() {
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+}
+
 }  // namespace flashserve::attention::sm90
