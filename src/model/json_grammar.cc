@@ -61,6 +61,12 @@ bool JsonObjectRecognizer::after_value(uint8_t b) {
 
 bool JsonObjectRecognizer::feed(uint8_t b) {
   const JsonObjectRecognizer before = *this;
+  if (step(b)) return true;
+  *this = before;
+  return false;
+}
+
+bool JsonObjectRecognizer::step(uint8_t b) {
   const bool ws = is_ws(b);
   bool ok = false;
   switch (mode_) {
@@ -156,10 +162,7 @@ bool JsonObjectRecognizer::feed(uint8_t b) {
       ok = false;
       break;
   }
-  if (!ok) {
-    *this = before;
-    return false;
-  }
+  if (!ok) return false;
   if (!ws || mode_ == Mode::kString || mode_ == Mode::kEscape) spaces_ = 0;
   return true;
 }

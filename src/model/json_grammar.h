@@ -22,8 +22,13 @@ class JsonObjectRecognizer {
   // Takes one byte; false (the state unchanged) when no JSON object text has the bytes so far
   // followed by this one as a prefix.
   bool feed(uint8_t byte);
+  // feed without the restore: after false the state is unspecified (a search that discards it).
+  bool step(uint8_t byte);
   // Whether the bytes so far are a whole JSON object.
   bool complete() const { return mode_ == Mode::kDone; }
+  // Inside a string, no escape pending: any byte >= 0x20 but '"' and '\\' is taken and leaves
+  // the state as it is.
+  bool in_string_body() const { return mode_ == Mode::kString; }
 
  private:
   enum class Mode : uint8_t {

@@ -8,14 +8,26 @@ namespace flashserve::server {
 
 VocabTrie::VocabTrie(const std::vector<std::string>& token_bytes)
     : vocab_(static_cast<int32_t>(token_bytes.size())), bytes_(token_bytes) {
-  nodes_.emplace_back();
+  plain_.assign((static_cast<size_t>(vocab_) + 31) / 32, 0u);
   for (int32_t id = 0; id < vocab_; ++id) {
     const std::string& b = bytes_[static_cast<size_t>(id)];
     if (b.empty()) continue;
-    int32_t at = 0;
-    for (char c : b) at = child(at, static_cast<uint8_t>(c));
-    nodes_[static_cast<size_t>(at)].tokens.push_back(id);
+    all_.add(b, id);
+    const bool plain = std::all_of(b.begin(), b.end(), [](char c) {
+      const auto u = static_cast<uint8_t>(c);
+      return u >= 0x20 && u != '"' && u != '\\';
+    });
+    if (plain)
+      plain_[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+    else
+      unplain_.add(b, id);
   }
+}
+
+void VocabTrie::Trie::add(const std::string& bytes, int32_t token) {
+  int32_t at = 0;
+  for (char c : bytes) at = child(at, static_cast<uint8_t>(c));
+  nodes[static_cast<size_t>(at)].tokens.push_back(token);
 }
 
 std::shared_ptr<const VocabTrie> VocabTrie::build(const TextCodec& codec, int32_t vocab) {
@@ -25,23 +37,23 @@ std::shared_ptr<const VocabTrie> VocabTrie::build(const TextCodec& codec, int32_
   return std::make_shared<const VocabTrie>(bytes);
 }
 
-int32_t VocabTrie::child(int32_t node, uint8_t byte) {
-  auto& kids = nodes_[static_cast<size_t>(node)].children;
+int32_t VocabTrie::Trie::child(int32_t node, uint8_t byte) {
+  auto& kids = nodes[static_cast<size_t>(node)].children;
   auto it = std::lower_bound(kids.begin(), kids.end(), byte,
                              [](const auto& kid, uint8_t b) { return kid.first < b; });
   if (it != kids.end() && it->first == byte) return it->second;
-  const int32_t made = static_cast<int32_t>(nodes_.size());
+  const int32_t made = static_cast<int32_t>(nodes.size());
   kids.insert(it, {byte, made});
-  nodes_.emplace_back();  // (after the insert: it may move the node `kids` belongs to)
+  nodes.emplace_back();  // (after the insert: it may move the node `kids` belongs to)
   return made;
 }
 
-void VocabTrie::walk(int32_t node, const model::JsonObjectRecognizer& state,
-                     std::vector<uint32_t>& allowed) const {
-  for (const auto& [byte, next] : nodes_[static_cast<size_t>(node)].children) {
+void VocabTrie::Trie::walk(int32_t node, const model::JsonObjectRecognizer& state,
+                           std::vector<uint32_t>& allowed) const {
+  for (const auto& [byte, next] : nodes[static_cast<size_t>(node)].children) {
     model::JsonObjectRecognizer s = state;
-    if (!s.feed(byte)) continue;
-    for (int32_t t : nodes_[static_cast<size_t>(next)].tokens)
+    if (!s.step(byte)) continue;
+    for (int32_t t : nodes[static_cast<size_t>(next)].tokens)
       allowed[static_cast<size_t>(t) >> 5] |= 1u << (t & 31);
     walk(next, s, allowed);
   }
@@ -49,7 +61,12 @@ void VocabTrie::walk(int32_t node, const model::JsonObjectRecognizer& state,
 
 void VocabTrie::allowed_from(const model::JsonObjectRecognizer& state,
                              std::vector<uint32_t>& allowed) const {
-  walk(0, state, allowed);
+  if (state.in_string_body()) {
+    for (size_t w = 0; w < std::min(allowed.size(), plain_.size()); ++w) allowed[w] |= plain_[w];
+    unplain_.walk(0, state, allowed);
+  } else {
+    all_.walk(0, state, allowed);
+  }
 }
 
 bool JsonObjectConstraint::allowed_next(std::vector<uint32_t>& allowed) {

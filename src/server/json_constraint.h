@@ -2,7 +2,9 @@
 // object (model/json_grammar.h), as a model::TokenConstraint the engine applies per step. The
 // vocabulary is a trie of the tokens' bytes, built once per tokenizer; a step's mask walks it
 // from the recognizer's state, copying the state at each branch and pruning a subtree at its first
-// byte that cannot follow, so the tokens that share a prefix share its work.
+// byte that cannot follow, so the tokens that share a prefix share its work. Inside a string most
+// tokens are plain string content (no '"', '\\' or control byte): those are one precomputed
+// mask there, and only the others are walked.
 // Special tokens and tokens without bytes are never allowed (the request's stop and eos tokens
 // are the executor's: allowed once the object is complete). If no token can continue an
 // incomplete object (a vocabulary without the bytes it needs), the object is reported complete so
@@ -39,11 +41,17 @@ class VocabTrie {
     std::vector<std::pair<uint8_t, int32_t>> children;  // (byte, node), sorted by byte
     std::vector<int32_t> tokens;                        // tokens whose bytes end here
   };
-  int32_t child(int32_t node, uint8_t byte);
-  void walk(int32_t node, const model::JsonObjectRecognizer& state,
-            std::vector<uint32_t>& allowed) const;
+  struct Trie {
+    std::vector<Node> nodes{Node{}};
+    void add(const std::string& bytes, int32_t token);
+    int32_t child(int32_t node, uint8_t byte);
+    void walk(int32_t node, const model::JsonObjectRecognizer& state,
+              std::vector<uint32_t>& allowed) const;
+  };
 
-  std::vector<Node> nodes_;
+  Trie all_;                     // every token with bytes
+  Trie unplain_;                 // those that are not plain string content
+  std::vector<uint32_t> plain_;  // the plain ones, as a mask
   int32_t vocab_ = 0;
   std::vector<std::string> bytes_;  // each token's bytes, for accept()
   friend class JsonObjectConstraint;
