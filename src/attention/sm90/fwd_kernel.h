@@ -19,8 +19,8 @@
 //   producer runs ahead into the next tile (Q is released after a tile's last QK^T, K and V block
 //   by block), so its loads overlap this tile's last GEMMs and epilogue.
 //
-// Not yet here (docs/kernel-notes.md, "sm90 next steps"): TMA stores of O, varlen, paged K/V,
-// windows, split-KV.
+// Not yet here (docs/kernel-notes.md, "sm90 next steps"): TMA stores of O in the library's tiles
+// (an option, kTmaStoreO, not yet measured), varlen, paged K/V, windows, split-KV.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -526,7 +526,9 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       if constexpr (decltype(masked)::value)
         mask_scores<Cfg, kCausal>(sc, j * kBlockN, row0, q_len, kv_len);
       const bool rescale_warp = rows.update(sc, p.scale_log2, rescale);
-      // The exponentials are done here, before the wait below (the empty asm keeps them above).
+      // The fences keep the exponentials above the wait for P V in the PTX. ptxas still schedules
+      // the wait after only some of them (run 45: 7-37 of 40-88); an arrival that depends on all
+      // of them keeps it below, but measured slower (run 46: K released later).
       fence_regs(sc);
       fence_regs(rows.sum);
       trace(kSoftmaxDone);
