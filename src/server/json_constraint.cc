@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "flashserve/error.h"
 #include "server/text_codec.h"
 
 namespace flashserve::server {
@@ -71,15 +72,13 @@ void VocabTrie::allowed_from(const model::JsonObjectRecognizer& state,
 
 bool JsonObjectConstraint::allowed_next(std::vector<uint32_t>& allowed) {
   if (state_.complete() || stuck_) return true;
-  // The trie has no token past the model's vocabulary (VocabTrie::build's `vocab`).
-  std::vector<uint32_t> mine((static_cast<size_t>(trie_->vocab()) + 31) / 32, 0u);
-  trie_->allowed_from(state_, mine);
-  bool any = false;
-  for (size_t w = 0; w < std::min(allowed.size(), mine.size()); ++w) {
-    allowed[w] |= mine[w];
-    any |= mine[w] != 0;
-  }
-  if (!any) stuck_ = true;
+  // The mask covers the model's vocabulary, which holds the tokenizer's (TokenizerCodec refuses
+  // a tokenizer with ids beyond it): the trie's tokens are set in place, with no copy per step.
+  if (allowed.size() < (static_cast<size_t>(trie_->vocab()) + 31) / 32)
+    throw Error(ErrorKind::kInternal, "response_format",
+                "the token mask is smaller than the tokenizer's vocabulary");
+  trie_->allowed_from(state_, allowed);  // `allowed` arrives zeroed (TokenConstraint)
+  stuck_ = std::none_of(allowed.begin(), allowed.end(), [](uint32_t w) { return w != 0; });
   return stuck_;
 }
 
