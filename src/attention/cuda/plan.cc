@@ -3,6 +3,11 @@
 #include <algorithm>
 #include <sstream>
 
+#include "attention/sm80/tile_config.h"
+#include "attention/sm90/tile_config.h"
+#include "common/str_cat.h"
+#include "flashserve/error.h"
+
 namespace flashserve::attention {
 
 int32_t clamp_window(int64_t side, int64_t bound) {
@@ -33,7 +38,20 @@ KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decod
   group.max_kv_len = max_kv_len;
   if (group.num_splits == 0 && !may_split) group.num_splits = 1;
   k.splits = choose_splits(group, dev, decode);
+  const int head_dim = static_cast<int>(pr.head_dim);
+  const sm80::Tiles t = decode ? sm80::decode_tiles(head_dim) : sm80::fwd_tiles(head_dim, k.masked);
+  k.block_m = t.block_m;
+  k.block_n = t.block_n;
   return k;
+}
+
+std::string sm90_lacks(const Problem& pr, const PlanContext& ctx) {
+  if (!ctx.sm90_unavailable.empty()) return ctx.sm90_unavailable;
+  if (pr.head_dim != 64 && pr.head_dim != 128 && pr.head_dim != 256)
+    return str_cat("head_dim ", pr.head_dim, " (64, 128 and 256 only)");
+  if (pr.paged) return "paged K/V is not supported yet";
+  if (pr.num_splits > 1) return "split-KV is not supported yet";
+  return "";
 }
 
 namespace {
@@ -44,11 +62,59 @@ size_t aligned(size_t bytes) {
   return (bytes + kAlign - 1) / kAlign * kAlign;
 }
 
-}  // namespace
+// Whether the sm90 kernel runs its masked instantiation: causal or a window narrower than the
+// sequences.
+bool sm90_masked(const Problem& pr) {
+  const int64_t bound = pr.max_q_len + pr.max_kv_len;
+  return clamp_window(pr.mask.left, bound) >= 0 || clamp_window(pr.mask.right, bound) >= 0;
+}
 
-Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& lens) {
+// The default dispatch takes sm90 where it was measured faster than the sm80 plan for the same
+// call: dense prefill-sized calls with at least one full 128-row query tile and at least 512 keys
+// (bench_sm90 over the FA3 grid, H200, bench/results/sm90-h200-2026-12-01-run32-34.md: d128 and
+// d256 at 256 keys 0.99-1.17x, at 512 1.24-1.47x; d64 at 256 0.97x. d64 causal at 512 was 0.94x
+// until its ShortTile: in session 10's run 40 sm90 ran it at 224 TFLOP/s against sm80's 180 in
+// run 41, bench/results/sm90-h200-2026-12-01-session10.md); and never where the sm80 plan
+// splits the keys or packs decode rows (few query tiles over long keys: sm90 has no split-KV
+// yet, so it would leave most SMs idle). Varlen, seqused_k and windows other than causal run on
+// sm90 only when forced, until bench_sm90 --varlen / --window has measured them beside sm80.
+bool sm90_preferred(const Problem& pr, const PlanContext& ctx, const Plan& sm80) {
+  if (!sm90_lacks(pr, ctx).empty()) return false;
+  if (pr.max_q_len < 128 || pr.max_kv_len < 512) return false;
+  const int64_t bound = pr.max_q_len + pr.max_kv_len;
+  if (pr.varlen_q || pr.varlen_k || pr.seqused || clamp_window(pr.mask.left, bound) >= 0 ||
+      clamp_window(pr.mask.right, bound) > 0)
+    return false;
+  for (const LaunchPlan& l : sm80.launches)
+    if (l.kernel.splits > 1 || l.kernel.decode) return false;
+  return true;
+}
+
+// One launch of the sm90 kernel over the whole batch, no splits. Masked tiles differ in cost, so
+// with a workspace the persistent CTAs take them from a counter (16 bytes of workspace, zeroed
+// before the launch); without one each CTA runs one tile and the hardware schedules them.
+Plan sm90_plan(const Problem& pr, const PlanContext& ctx) {
   Plan plan;
-  if (pr.batch == 0 || pr.max_q_len == 0 || ctx.q_rows == 0) return plan;
+  LaunchPlan l;
+  l.kernel.family = KernelFamily::kSm90;
+  l.kernel.masked = sm90_masked(pr);
+  l.kernel.tile_counter = l.kernel.masked && ctx.workspace_available;
+  const sm90::TileShape tile =
+      sm90::tile_shape(static_cast<int>(pr.head_dim), l.kernel.masked, pr.max_kv_len);
+  l.kernel.block_m = tile.block_m;
+  l.kernel.block_n = tile.block_n;
+  if (l.kernel.tile_counter) plan.workspace_bytes = 16;
+  l.seq_end = pr.batch;
+  l.max_q_len = pr.max_q_len;
+  l.max_kv_len = pr.max_kv_len;
+  l.rows = ctx.q_rows;
+  plan.launches.push_back(l);
+  return plan;
+}
+
+// The sm80 launches: decodes and prefill chunks grouped by kind, each group split by its shape.
+Plan sm80_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& lens) {
+  Plan plan;
   // Decode tiles take the sequences with one query: a tile's rows are the heads of that query,
   // which see the same keys (a left window bounds them alike; the right side of a single
   // bottom-right query masks nothing).
@@ -143,6 +209,21 @@ Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& len
   return plan;
 }
 
+}  // namespace
+
+Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& lens) {
+  if (pr.batch == 0 || pr.max_q_len == 0 || ctx.q_rows == 0) return Plan{};
+  if (ctx.family == FamilyRequest::kSm90) {
+    const std::string lacks = sm90_lacks(pr, ctx);
+    if (!lacks.empty()) throw Error(ErrorKind::kUnsupported, "FLASHSERVE_KERNEL", "sm90: " + lacks);
+    return sm90_plan(pr, ctx);
+  }
+  Plan plan = sm80_plan(pr, ctx, lens);
+  if (ctx.family == FamilyRequest::kAuto && sm90_preferred(pr, ctx, plan))
+    return sm90_plan(pr, ctx);
+  return plan;
+}
+
 std::string Plan::summary() const {
   std::ostringstream os;
   if (launches.empty()) os << "nothing to compute";
@@ -155,7 +236,8 @@ std::string Plan::summary() const {
        << (l.group == SeqGroup::kAll       ? ""
            : l.group == SeqGroup::kDecodes ? " decodes only"
                                            : " prefills only")
-       << " max_q " << l.max_q_len << " max_kv " << l.max_kv_len << " splits " << l.kernel.splits
+       << " max_q " << l.max_q_len << " max_kv " << l.max_kv_len << " tile " << l.kernel.block_m
+       << "x" << l.kernel.block_n << " splits " << l.kernel.splits
        << (l.kernel.tile_counter ? " tile counter" : "");
   }
   os << "; workspace " << workspace_bytes << " B";

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "attention/kernel/seqlen.h"
 #include "attention/kernel/tile_order.h"
 #include "smem_tile.h"
 
@@ -82,28 +83,15 @@ struct FwdParams {
   GridOrder order;
 };
 
-// One sequence's lengths and where it starts. Offsets are computed where they are used (not held
-// across the key loop: every register counts there).
-struct SeqInfo {
-  int b, q_len, kv_len, q_start, k_start;
+// One sequence's lengths and where it starts (kernel/seqlen.h). Offsets are computed where they
+// are used (not held across the key loop: every register counts there).
+struct SeqInfo : kernel::SeqLens {
+  int b;
 
-  __device__ __forceinline__ SeqInfo(const FwdParams& p, int batch) : b(batch) {
-    span(p.cu_seqlens_q, p.seqlen_q, q_start, q_len);
-    span(p.cu_seqlens_k, p.seqlen_k, k_start, kv_len);
-    if (p.seqused_k != nullptr) kv_len = p.seqused_k[b];
-  }
-
-  // Sequence b's first row and length: from cu_seqlens (varlen), else dense rows of dense_len.
-  __device__ __forceinline__ void span(const int32_t* cu_seqlens, int dense_len, int& start,
-                                       int& len) const {
-    if (cu_seqlens != nullptr) {
-      start = cu_seqlens[b];
-      len = cu_seqlens[b + 1] - start;
-    } else {
-      start = 0;
-      len = dense_len;
-    }
-  }
+  __device__ __forceinline__ SeqInfo(const FwdParams& p, int batch)
+      : kernel::SeqLens(kernel::seq_lens(p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.seqlen_q,
+                                         p.seqlen_k, batch)),
+        b(batch) {}
 
   // Index of the sequence's row 0 among all rows of q (the partial buffers' row index).
   __device__ __forceinline__ int64_t q_row0(const FwdParams& p) const {
