@@ -300,6 +300,12 @@ void run_sm90(const LaunchPlan& l, const AttentionParams& params, const Problem&
   a.cu_seqlens_q = f.cu_seqlens_q;
   a.cu_seqlens_k = f.cu_seqlens_k;
   a.seqused_k = f.seqused_k;
+  a.block_table = f.block_table;
+  a.block_table_stride = f.block_table_stride;
+  a.num_pages = static_cast<int>(pr.num_pages);
+  a.page_size = static_cast<int>(pr.page_size);
+  a.k_page_stride = f.k_page_stride;
+  a.v_page_stride = f.v_page_stride;
   a.h_q = static_cast<int>(pr.h_q);
   a.h_kv = static_cast<int>(pr.h_kv);
   a.head_dim = static_cast<int>(pr.head_dim);

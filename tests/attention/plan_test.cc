@@ -280,6 +280,10 @@ TEST(PlanFamily, AutoTakesSm90WhereMeasuredFaster) {
   StepShape varlen = dense(4, 512, 16, 128, true);
   varlen.pr.varlen_q = varlen.pr.varlen_k = true;
   EXPECT_EQ(family_of(varlen), KernelFamily::kSm80);
+  StepShape paged = dense(4, 512, 16, 128, true);
+  paged.pr.paged = true;
+  paged.pr.page_size = 256;
+  EXPECT_EQ(family_of(paged), KernelFamily::kSm80);
   StepShape unavailable = dense(4, 512, 16, 128, true);
   unavailable.ctx.sm90_unavailable = "needs a compute capability 9.0 device, this one is 8.0";
   EXPECT_EQ(family_of(unavailable), KernelFamily::kSm80);
@@ -289,7 +293,8 @@ TEST(PlanFamily, AutoTakesSm90WhereMeasuredFaster) {
 }
 
 // FLASHSERVE_KERNEL=sm90 runs what the kernel can (varlen and windows too, short calls too) and
-// refuses the rest naming the variable and what is missing.
+// refuses the rest naming the variable and what is missing. (Paged K/V too, on pages of a multiple
+// of 8 keys.)
 TEST(PlanFamily, ForcedSm90RunsWhatItCanAndRefusesTheRestByName) {
   using attention::KernelFamily;
   auto forced = [](StepShape s) {
@@ -314,7 +319,10 @@ TEST(PlanFamily, ForcedSm90RunsWhatItCanAndRefusesTheRestByName) {
   };
   StepShape paged = forced(dense(2, 64, 4, 128, false));
   paged.pr.paged = true;
-  EXPECT_NE(refusal(paged).find("paged"), std::string::npos);
+  paged.pr.page_size = 16;
+  EXPECT_EQ(family_of(paged), KernelFamily::kSm90);
+  paged.pr.page_size = 12;
+  EXPECT_NE(refusal(paged).find("page size 12"), std::string::npos);
   StepShape split = forced(dense(1, 1000, 2, 128, false));
   split.pr.num_splits = 3;
   EXPECT_NE(refusal(split).find("split-KV"), std::string::npos);

@@ -3,11 +3,11 @@
 // wave, dense batches with equal and unequal q/kv lengths
 // (1, 17, 128, 130, 1000, 2048; ragged tile edges both ways), causal (bottom-right, including
 // rows that see no key) and not, sliding windows (left, right, both), varlen q and k (empty
-// sequences too) and seqused_k over NaN-poisoned unused keys, GQA and MQA, outputs poisoned with
-// NaN. Plus the same inputs through the sm80 kernel, a determinism check, the refusals of what
-// the kernel lacks, and a small case for compute-sanitizer (Sm90Sanitize*).
-// Skips without a CUDA device, on devices other than compute capability 9.0, and in builds
-// without 90a.
+// sequences too), seqused_k and paged K/V (pages of 16 to 256 keys) over NaN-poisoned unused keys,
+// GQA and MQA, outputs poisoned with NaN. Plus the same inputs through the sm80 kernel, a
+// determinism check, the refusals of what the kernel lacks, and a small case for compute-sanitizer
+// (Sm90Sanitize*). Skips without a CUDA device, on devices other than compute capability 9.0, and
+// in builds without 90a.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -129,6 +129,28 @@ std::vector<CaseSpec> sm90_mask_and_length_cases() {
     t.kv_lens = {1, 500, 64};
     t.kv_layout = KVLayout::kVarlen;
     v.push_back(t);
+  }
+  // Paged K/V (always with seqused_k; unused pages and the rest of each last page poisoned):
+  // pages smaller than a key block (several boxes per block: 16 into 80, 128 and 176 keys), as
+  // large as one, and larger (a block within a page); varlen chunks over paged caches (the
+  // engine's prefill), with a window.
+  for (int64_t d : {64, 128, 256})
+    for (int64_t page : {16, 64, 256}) {
+      CaseSpec s = spec(d == 128 ? bf16 : fp16, d, 3, 0, 0, 8, 2, page != 64);
+      s.q_lens = {130, 1, 257};
+      s.kv_lens = {300, 77, 1100};
+      s.q_layout = QLayout::kVarlen;
+      s.kv_layout = KVLayout::kPaged;
+      s.page_size = page;
+      v.push_back(s);
+    }
+  {
+    CaseSpec s = spec(bf16, 128, 2, 200, 0, 4, 4, false);
+    s.kv_lens = {900, 450};
+    s.kv_layout = KVLayout::kPaged;
+    s.page_size = 48;  // boxes of gcd(176, 48) = 16 rows, pages not a power of two
+    v.push_back(s);
+    v.push_back(window(s, 256, 0));
   }
   // More tiles than multiprocessors, varlen and windowed: the tile counter over mixed tiles.
   {
@@ -416,7 +438,8 @@ TEST(Sm90Determinism, SameInputsSameBits) {
   }
 }
 
-// What the kernel lacks (paged K/V, split-KV) is refused naming FLASHSERVE_KERNEL (which also shows
+// What the kernel lacks (pages of other than a multiple of 8 keys, split-KV) is refused naming
+// FLASHSERVE_KERNEL (which also shows
 // that the variable reaches the dispatch: without it these calls would run on sm80).
 TEST(Sm90Refusals, NamesTheForcedKernel) {
   SKIP_WITHOUT_SM90();
@@ -434,6 +457,7 @@ TEST(Sm90Refusals, NamesTheForcedKernel) {
   };
   CaseSpec paged = spec(DType::kBFloat16, 128, 2, 64, 64, 4, 2, false);
   paged.kv_layout = KVLayout::kPaged;
+  paged.page_size = 12;  // TMA boxes within a page need a multiple of 8 rows
   expect_refused(paged);
   CaseSpec split = spec(DType::kBFloat16, 128, 1, 64, 1000, 2, 2, false);
   split.num_splits = 3;

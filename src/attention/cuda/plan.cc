@@ -49,7 +49,8 @@ std::string sm90_lacks(const Problem& pr, const PlanContext& ctx) {
   if (!ctx.sm90_unavailable.empty()) return ctx.sm90_unavailable;
   if (pr.head_dim != 64 && pr.head_dim != 128 && pr.head_dim != 256)
     return str_cat("head_dim ", pr.head_dim, " (64, 128 and 256 only)");
-  if (pr.paged) return "paged K/V is not supported yet";
+  if (pr.paged && pr.page_size % 8 != 0)
+    return str_cat("page size ", pr.page_size, " (paged K/V needs a multiple of 8)");
   if (pr.num_splits > 1) return "split-KV is not supported yet";
   return "";
 }
@@ -76,14 +77,15 @@ bool sm90_masked(const Problem& pr) {
 // until its ShortTile: in session 10's run 40 sm90 ran it at 224 TFLOP/s against sm80's 180 in
 // run 41, bench/results/sm90-h200-2026-12-01-session10.md); and never where the sm80 plan
 // splits the keys or packs decode rows (few query tiles over long keys: sm90 has no split-KV
-// yet, so it would leave most SMs idle). Varlen, seqused_k and windows other than causal run on
-// sm90 only when forced, until bench_sm90 --varlen / --window has measured them beside sm80.
+// yet, so it would leave most SMs idle). Varlen, seqused_k, paged K/V and windows other than
+// causal run on sm90 only when forced, until bench_sm90 --varlen / --window and the engine's
+// shapes (bench_serve_attn) have measured them beside sm80.
 bool sm90_preferred(const Problem& pr, const PlanContext& ctx, const Plan& sm80) {
   if (!sm90_lacks(pr, ctx).empty()) return false;
   if (pr.max_q_len < 128 || pr.max_kv_len < 512) return false;
   const int64_t bound = pr.max_q_len + pr.max_kv_len;
-  if (pr.varlen_q || pr.varlen_k || pr.seqused || clamp_window(pr.mask.left, bound) >= 0 ||
-      clamp_window(pr.mask.right, bound) > 0)
+  if (pr.varlen_q || pr.varlen_k || pr.seqused || pr.paged ||
+      clamp_window(pr.mask.left, bound) >= 0 || clamp_window(pr.mask.right, bound) > 0)
     return false;
   for (const LaunchPlan& l : sm80.launches)
     if (l.kernel.splits > 1 || l.kernel.decode) return false;
@@ -98,6 +100,7 @@ Plan sm90_plan(const Problem& pr, const PlanContext& ctx) {
   LaunchPlan l;
   l.kernel.family = KernelFamily::kSm90;
   l.kernel.masked = sm90_masked(pr);
+  l.kernel.paged = pr.paged;
   l.kernel.tile_counter = l.kernel.masked && ctx.workspace_available;
   const sm90::TileShape tile =
       sm90::tile_shape(static_cast<int>(pr.head_dim), l.kernel.masked, pr.max_kv_len);

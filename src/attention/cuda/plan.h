@@ -101,7 +101,7 @@ KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decod
                            bool may_split);
 
 // What the sm90 kernel cannot run of this call, or "" if it can: ctx.sm90_unavailable, else the
-// problem's shape (head dims 64, 128 and 256; no paged K/V or split-KV yet).
+// problem's shape (head dims 64, 128 and 256; pages of a multiple of 8 keys; no split-KV yet).
 std::string sm90_lacks(const Problem& pr, const PlanContext& ctx);
 
 // The plan of one call: the family (FLASHSERVE_KERNEL's request, else the sm90 kernel where it

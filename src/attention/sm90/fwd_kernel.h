@@ -12,9 +12,9 @@
 // - Key blocks go from the last to the first: the blocks that need a mask on their high side (the
 //   causal diagonal or a window's right edge, the ragged end of the keys) come first, then the
 //   mask-free path, then (a sliding window's left edge) masked blocks again.
-// - Sequences: dense, varlen (cu_seqlens) or seqused_k (kernel/seqlen.h); query tiles past a
-//   shorter sequence's rows have no work; the visited key blocks follow the mask
-//   (kernel/block_mask.h, as the sm80 kernels').
+// - Sequences: dense, varlen (cu_seqlens) or seqused_k (kernel/seqlen.h), K/V dense or paged
+//   (a key block as boxes within pages, load_kv); query tiles past a shorter sequence's rows have
+//   no work; the visited key blocks follow the mask (kernel/block_mask.h, as the sm80 kernels').
 // - Barriers per stage: k_full / v_full (TMA bytes landed), k_empty / v_empty (one arrival per
 //   consumer warp once its warpgroup's GEMM that read the buffer has completed): K is released
 //   after QK^T, V after PV, so the producer refills K while PV still reads V.
@@ -24,7 +24,7 @@
 //   by block), so its loads overlap this tile's last GEMMs and epilogue.
 //
 // Not yet here (docs/kernel-notes.md, "sm90 next steps"): TMA stores of O in the library's tiles
-// (an option, kTmaStoreO, not yet measured), paged K/V, split-KV.
+// (an option, kTmaStoreO, not yet measured), split-KV.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -133,16 +133,45 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 // ---------------------------------------------------------------------------------------------
 // Producer
 
-// Key block `block` of a sequence whose first key is row k_start of the map (varlen; 0 dense).
+// Where a tile's key blocks come from: dense or varlen K/V, row `row0` (the sequence's first key
+// row: 0 dense, cu_seqlens_k[b] varlen) of map sequence z (b dense, 0 varlen); paged, the pages
+// of table row z (b), up to the sequence's last page `row0` (boxes past its last key read that
+// page again: those keys are masked and their V rows zeroed, zero_v_tail, so any row serves).
+// Two numbers, since the producer holds them through the tile at 32 registers.
+struct KvSource {
+  int row0, z;
+};
+
+template <class Cfg, bool kMasked>
+__device__ __forceinline__ KvSource kv_source(const FwdParams& p, const TileWork<Cfg, kMasked>& w,
+                                              int b) {
+  if (p.block_table != nullptr) return {(w.seq.kv_len - 1) / p.page_size, b};
+  return {w.seq.k_start, w.kv_z(p, b)};
+}
+
+// Key block `block`: one box per column chunk, or, paged, kBlockN / page_rows boxes per chunk,
+// each within its page (fwd_params.h).
 template <class Cfg>
-__device__ __forceinline__ void load_kv(const CUtensorMap* map,
+__device__ __forceinline__ void load_kv(const FwdParams& p, const CUtensorMap* map,
                                         uint8_t (&dst)[Cfg::kChunks][Cfg::kKVChunkBytes],
-                                        Mbarrier& full, int k_start, int block, int kv_head,
-                                        int z) {
+                                        Mbarrier& full, KvSource src, int block, int kv_head) {
   full.arrive_expect_tx(Cfg::kKVBytes);
+  const int key0 = block * Cfg::kBlockN;
+  if (p.block_table == nullptr) {
 #pragma unroll
-  for (int c = 0; c < Cfg::kChunks; ++c)
-    tma_load_4d(dst[c], map, full, c * Cfg::kChunkCols, k_start + block * Cfg::kBlockN, kv_head, z);
+    for (int c = 0; c < Cfg::kChunks; ++c)
+      tma_load_4d(dst[c], map, full, c * Cfg::kChunkCols, src.row0 + key0, kv_head, src.z);
+    return;
+  }
+  const int32_t* table = p.block_table + src.z * p.block_table_stride;
+  for (int r = 0; r < Cfg::kBlockN; r += p.page_rows) {
+    const int key = key0 + r;
+    const int page = __ldg(table + min(key / p.page_size, src.row0));
+#pragma unroll
+    for (int c = 0; c < Cfg::kChunks; ++c)
+      tma_load_4d(dst[c] + r * 128, map, full, c * Cfg::kChunkCols, key % p.page_size, kv_head,
+                  page);
+  }
 }
 
 // Per tile: Q (once both consumers are done with the previous tile's Q), K of the first block,
@@ -156,28 +185,26 @@ __device__ __forceinline__ void produce_tile(SharedStorage<Cfg>& s, const FwdPar
                                              const TileWork<Cfg, kMasked>& w, int ring, int q_round,
                                              Trace<Cfg::kTrace>& trace) {
   constexpr int kStages = Cfg::kStages;
-  const int kv_head = tile.head / p.h_ratio, n_blocks = w.blocks.count();
-  const int q_z = w.q_z(p, tile.z), kv_z = w.kv_z(p, tile.z);
+  const int kv_head = tile.head / p.h_ratio, n_blocks = w.blocks.count(), n_max = w.blocks.n_max;
   s.q_empty.wait((q_round & 1) ^ 1);
   s.q_full.arrive_expect_tx(Cfg::kQBytes);
 #pragma unroll
   for (int c = 0; c < Cfg::kChunks; ++c)
     tma_load_4d(s.q[c], &p.tma_q, s.q_full, c * Cfg::kChunkCols, w.seq.q_start + w.m0, tile.head,
-                q_z);
+                w.q_z(p, tile.z));
   trace(kProducerQ);
+  const KvSource src = kv_source(p, w, tile.z);
   for (int i = 0; i <= n_blocks; ++i) {
     if (i < n_blocks) {
       const int slot = ring + i, st = slot % kStages;
       s.k_empty[st].wait(((slot / kStages) & 1) ^ 1);
-      load_kv<Cfg>(&p.tma_k, s.k[st], s.k_full[st], w.seq.k_start, w.blocks.n_max - 1 - i, kv_head,
-                   kv_z);
+      load_kv<Cfg>(p, &p.tma_k, s.k[st], s.k_full[st], src, n_max - 1 - i, kv_head);
       trace(kProducerK);
     }
     if (i > 0) {
       const int slot = ring + i - 1, st = slot % kStages;
       s.v_empty[st].wait(((slot / kStages) & 1) ^ 1);
-      load_kv<Cfg>(&p.tma_v, s.v[st], s.v_full[st], w.seq.k_start, w.blocks.n_max - i, kv_head,
-                   kv_z);
+      load_kv<Cfg>(p, &p.tma_v, s.v[st], s.v_full[st], src, n_max - i, kv_head);
       trace(kProducerV);
     }
   }
@@ -258,28 +285,40 @@ struct RowState {
   }
 };
 
-// Scores of keys past kv_len, and (masked) outside each row's window, become -inf. row0 is the
-// query index of this thread's first row.
+// The keys this thread's two rows see (h = 0: the fragment's row row0, h = 1: row0 + 8), [lo[h],
+// hi[h]]: before kv_len and, masked, inside the window (mask.h). Computed once per tile, so that
+// the key loop holds four numbers instead of the lengths, the row and the window.
+template <bool kMasked>
+struct RowKeys {
+  int lo[2], hi[2];
+
+  __device__ __forceinline__ RowKeys(int row0, int q_len, int kv_len, int left, int right) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int pos = kv_len - q_len + row0 + 8 * h;  // the row's key position
+      lo[h] = 0;
+      hi[h] = kv_len - 1;
+      if constexpr (kMasked) {
+        if (right >= 0) hi[h] = min(hi[h], pos + right);
+        if (left >= 0) lo[h] = pos - left;
+      }
+    }
+  }
+};
+
+// Scores of the keys a row does not see (RowKeys) become -inf; key0 is the block's first key.
 template <bool kMasked, int kN>
-__device__ __forceinline__ void mask_scores(float (&sc)[kN], int key0, int row0, int q_len,
-                                            int kv_len, int left, int right) {
+__device__ __forceinline__ void mask_scores(float (&sc)[kN], int key0, const RowKeys<kMasked>& rk) {
   const int col0 = key0 + 2 * (threadIdx.x % 4);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int pos = kv_len - q_len + row0 + 8 * h;  // the row's key position
-    int lo = 0, hi = kv_len - 1;                    // the keys it sees: [lo, hi]
-    if constexpr (kMasked) {
-      if (right >= 0) hi = min(hi, pos + right);
-      if (left >= 0) lo = pos - left;
-    }
+  for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int i = 0; i < kN / 4; ++i)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int col = col0 + 8 * i + e;
-        if (col < lo || col > hi) sc[4 * i + 2 * h + e] = -INFINITY;
+        if ((kMasked && col < rk.lo[h]) || col > rk.hi[h]) sc[4 * i + 2 * h + e] = -INFINITY;
       }
-  }
 }
 
 // Rows `from` .. kBlockN - 1 of a V block become zeros (p.zero_v_tail): whole 128-byte rows, so
@@ -501,6 +540,12 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
     if (!w.valid()) continue;  // no rows: nothing to load or store
     const int q_len = w.seq.q_len, kv_len = w.seq.kv_len;
     const int n_min = w.blocks.n_min, n_max = w.blocks.n_max, n_blocks = w.blocks.count();
+    // The epilogue reads the sequence's first row and length again rather than holding them
+    // through the key loop (registers are what the consumers lack; the reads are a few loads).
+    const auto seq_again = [&] {
+      return kernel::seq_lens(p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.seqlen_q, p.seqlen_k,
+                              tile.z);
+    };
     if (n_blocks == 0) {  // no row sees a key: O = 0, LSE = -inf
 #pragma unroll
       for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
@@ -517,9 +562,8 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
                                                        p.window_right);
     const int hi = min(max(mine.full_hi, n_min), n_max), lo = min(max(mine.full_lo, n_min), hi);
     const int hi_steps = n_max - hi, lo_steps = n_max - lo;
-    const auto mask = [&](int j) {
-      mask_scores<kMasked>(sc, j * kBlockN, row0, q_len, kv_len, p.window_left, p.window_right);
-    };
+    const RowKeys<kMasked> row_keys(row0, q_len, kv_len, p.window_left, p.window_right);
+    const auto mask = [&](int j) { mask_scores<kMasked>(sc, j * kBlockN, row_keys); };
     // Q's descriptor for this warpgroup's 64 rows (8 atoms of 8 rows, 1024 bytes apart).
     const uint64_t q_desc = smem_desc_sw128(s.q[0] + cw * 64 * 128, 16, 1024);
 
@@ -615,7 +659,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       fence_regs(o);
       trace(kEpilogueStart);
       release(s.v_empty[last]);
-      store_tile<Cfg, kBf16>(s, p, tile, w.seq, cw, tid, o, rows);
+      store_tile<Cfg, kBf16>(s, p, tile, seq_again(), cw, tid, o, rows);
       trace(kEpilogueEnd);
     }
     ring += n_blocks;

@@ -30,9 +30,16 @@ struct FwdParams {
   const int32_t* cu_seqlens_k;
   const int32_t* seqused_k;
   int32_t seqlen_q, seqlen_k;
+  // Paged K/V (block_table not null): k and v are [num_pages, page_size, h_kv, d] and their maps
+  // have boxes of page_rows rows, gcd(kBlockN, page_size), a multiple of 8: a key block is
+  // kBlockN / page_rows boxes, each within one page. Key j of sequence b is row j % page_size of
+  // page block_table[b * block_table_stride + j / page_size].
+  const int32_t* block_table;
+  int64_t block_table_stride;
+  int32_t page_size, page_rows;
   // Rows past a sequence's last key that a key block still covers are another sequence's keys
-  // (varlen) or unused cache (seqused_k), not TMA's zero fill: the consumers zero them in V, since
-  // P = 0 there does not cancel a NaN or an infinity (0 x inf = NaN).
+  // (varlen) or unused cache (seqused_k, paged), not TMA's zero fill: the consumers zero them in V,
+  // since P = 0 there does not cancel a NaN or an infinity (0 x inf = NaN).
   int32_t zero_v_tail;
   // Bottom-right aligned window (mask.h), -1 unbounded; causal is right = 0. The host clamps a
   // side wider than any sequence to -1. Read only by kernels instantiated as masked.

@@ -1,6 +1,6 @@
-// Host entry point of the sm90 forward kernel: dense or varlen batches (seqused_k too), head dims
-// 64, 128 and 256, no mask, bottom-right causal or a sliding window, GQA. cuda_dispatch.cu
-// decides when it runs (sm90_preferred; FLASHSERVE_KERNEL forces it).
+// Host entry point of the sm90 forward kernel: dense or varlen batches (seqused_k too), dense or
+// paged K/V, head dims 64, 128 and 256, no mask, bottom-right causal or a sliding window, GQA.
+// cuda_dispatch.cu decides when it runs (sm90_preferred; FLASHSERVE_KERNEL forces it).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,6 +27,12 @@ struct FwdArgs {
   const int32_t* cu_seqlens_q;
   const int32_t* cu_seqlens_k;
   const int32_t* seqused_k;
+  // Paged K/V (block_table not null, seqused_k given): k/v [num_pages, page_size, h_kv, d], with
+  // k/v_page_stride between pages (their batch strides unused); page_size a multiple of 8.
+  const int32_t* block_table;
+  int64_t block_table_stride;
+  int num_pages, page_size;
+  int64_t k_page_stride, v_page_stride;
   // Strides in elements: q/k/v/out [batch, seqlen, heads, d], lse [batch, heads, seqlen]; varlen:
   // q/k/v/out [total, heads, d] with batch stride 0, lse [heads, total_q] with batch stride 0.
   int64_t q_batch_stride, q_row_stride, q_head_stride;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <string>
 
 #include "attention/cuda_check.h"
@@ -69,10 +70,24 @@ void launch(FwdParams& p, const FwdArgs& a) {
   const int q_rows = std::max(a.seqlen_q, 1), kv_rows = std::max(a.seqlen_k, 1);
   p.tma_q = make_map(a.q, a.dtype, q_seqs, q_rows, a.h_q, kHeadDim, a.q_batch_stride,
                      a.q_row_stride, a.q_head_stride, Cfg::kBlockM, "q");
-  p.tma_k = make_map(a.k, a.dtype, kv_seqs, kv_rows, a.h_kv, kHeadDim, a.k_batch_stride,
-                     a.k_row_stride, a.k_head_stride, Cfg::kBlockN, "k");
-  p.tma_v = make_map(a.v, a.dtype, kv_seqs, kv_rows, a.h_kv, kHeadDim, a.v_batch_stride,
-                     a.v_row_stride, a.v_head_stride, Cfg::kBlockN, "v");
+  if (a.block_table != nullptr) {
+    // Paged: boxes of page_rows rows, each within one page (fwd_params.h).
+    p.page_rows = std::gcd(Cfg::kBlockN, a.page_size);
+    if (p.page_rows % 8 != 0)
+      throw Error(ErrorKind::kUnsupported, "block_table",
+                  str_cat("the sm90 kernel's paged K/V needs a page size that is a multiple of 8, "
+                          "got ",
+                          a.page_size));
+    p.tma_k = make_map(a.k, a.dtype, a.num_pages, a.page_size, a.h_kv, kHeadDim, a.k_page_stride,
+                       a.k_row_stride, a.k_head_stride, p.page_rows, "k");
+    p.tma_v = make_map(a.v, a.dtype, a.num_pages, a.page_size, a.h_kv, kHeadDim, a.v_page_stride,
+                       a.v_row_stride, a.v_head_stride, p.page_rows, "v");
+  } else {
+    p.tma_k = make_map(a.k, a.dtype, kv_seqs, kv_rows, a.h_kv, kHeadDim, a.k_batch_stride,
+                       a.k_row_stride, a.k_head_stride, Cfg::kBlockN, "k");
+    p.tma_v = make_map(a.v, a.dtype, kv_seqs, kv_rows, a.h_kv, kHeadDim, a.v_batch_stride,
+                       a.v_row_stride, a.v_head_stride, Cfg::kBlockN, "v");
+  }
   if constexpr (Cfg::kTmaStoreO) {  // one consumer warpgroup's 64 rows per box
     // A box clips at the map's last row only: a varlen sequence's would overwrite the next one's.
     if (varlen_q)
@@ -131,10 +146,14 @@ inline FwdParams fwd_params(const FwdArgs& a) {
   p.cu_seqlens_q = a.cu_seqlens_q;
   p.cu_seqlens_k = a.cu_seqlens_k;
   p.seqused_k = a.seqused_k;
+  p.block_table = a.block_table;
+  p.block_table_stride = a.block_table_stride;
+  p.page_size = a.page_size;
   p.seqlen_q = a.seqlen_q;
   p.seqlen_k = a.seqlen_k;
   // Rows past a sequence's keys are real memory (another sequence's, or unused cache) only with
-  // varlen keys or seqused_k; dense keys end at the map's edge, where TMA fills zeros.
+  // varlen keys or seqused_k (paged K/V has it); dense keys end at the map's edge, where TMA
+  // fills zeros.
   p.zero_v_tail = a.cu_seqlens_k != nullptr || a.seqused_k != nullptr;
   p.window_left = a.window_left;
   p.window_right = a.window_right;
