@@ -42,7 +42,9 @@ inline attention::sm90::FwdArgs grid_args(const void* q, const void* k, const vo
   a.out = out;
   a.lse = lse;
   a.dtype = DType::kBFloat16;
-  a.batch = tokens / L;
+  a.batch = a.seqs = tokens / L;
+  a.seq_begin = 0;
+  a.only = 0;  // every sequence
   a.seqlen_q = a.seqlen_k = a.max_seqlen_q = a.max_seqlen_k = L;
   a.h_q = a.h_kv = heads;
   a.head_dim = d;

@@ -274,8 +274,8 @@ bool cuda_sm90_built() {
 
 namespace {
 
-// The sm90 kernel over the whole batch (the plan has accepted the call; a run's tensors may
-// still differ from the plan's in their strides).
+// The sm90 kernel over one launch's sequences (the plan has accepted the call; a run's tensors
+// may still differ from the plan's in their strides).
 void run_sm90(const LaunchPlan& l, const AttentionParams& params, const Problem& pr,
               const DeviceProps& dev, void* workspace, cudaStream_t stream) {
 #if defined(FLASHSERVE_WITH_SM90)
@@ -293,10 +293,13 @@ void run_sm90(const LaunchPlan& l, const AttentionParams& params, const Problem&
   a.lse = f.lse;
   a.dtype = pr.dtype;
   a.batch = static_cast<int>(pr.batch);
+  a.seq_begin = static_cast<int>(l.seq_begin);
+  a.seqs = static_cast<int>(l.seq_end - l.seq_begin);
+  a.only = static_cast<int>(l.group);
   a.seqlen_q = static_cast<int>(params.q.shape[pr.varlen_q ? 0 : 1]);
   a.seqlen_k = static_cast<int>(params.k.shape[pr.varlen_k ? 0 : 1]);
-  a.max_seqlen_q = static_cast<int>(pr.max_q_len);
-  a.max_seqlen_k = static_cast<int>(pr.max_kv_len);
+  a.max_seqlen_q = static_cast<int>(l.max_q_len);  // the launch's sequences' longest
+  a.max_seqlen_k = static_cast<int>(l.max_kv_len);
   a.cu_seqlens_q = f.cu_seqlens_q;
   a.cu_seqlens_k = f.cu_seqlens_k;
   a.seqused_k = f.seqused_k;

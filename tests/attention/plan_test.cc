@@ -335,6 +335,41 @@ TEST(PlanFamily, ForcedSm90RunsWhatItCanAndRefusesTheRestByName) {
   EXPECT_TRUE(make_plan(empty.pr, empty.ctx, HostLengths{}).launches.empty());
 }
 
+// A mixed step (chunks over a paged cache beside decodes) forced to sm90: the plan's grouping
+// stays, each launch runs the sm90 kernel over its own range, unsplit, with its own tile counter
+// (causal); by default the same step stays on sm80 (paged varlen: not yet measured on sm90).
+TEST(PlanFamily, MixedStepsKeepTheirGroupsOnEitherFamily) {
+  using attention::KernelFamily;
+  auto seqs = decodes(64, 2048);
+  seqs.insert(seqs.begin(), {512, 4096 + 512});
+  StepShape s = step(seqs);
+  s.ctx.sm90_unavailable = "";
+  const Plan by_default = plan_of(s);
+  ASSERT_EQ(by_default.launches.size(), 2u);
+  for (const LaunchPlan& l : by_default.launches) EXPECT_EQ(l.kernel.family, KernelFamily::kSm80);
+  s.ctx.family = attention::FamilyRequest::kSm90;
+  const Plan forced = plan_of(s);
+  ASSERT_EQ(forced.launches.size(), 2u);
+  size_t offset_seen = 0;
+  for (size_t i = 0; i < forced.launches.size(); ++i) {
+    const LaunchPlan& l = forced.launches[i];
+    const LaunchPlan& same = by_default.launches[i];
+    EXPECT_EQ(l.kernel.family, KernelFamily::kSm90);
+    EXPECT_EQ(l.kernel.splits, 1);
+    EXPECT_TRUE(l.kernel.tile_counter);  // causal
+    EXPECT_TRUE(l.kernel.paged);
+    EXPECT_EQ(l.group, same.group);
+    EXPECT_EQ(l.seq_begin, same.seq_begin);
+    EXPECT_EQ(l.seq_end, same.seq_end);
+    EXPECT_EQ(l.max_q_len, same.max_q_len);
+    EXPECT_EQ(l.max_kv_len, same.max_kv_len);
+    if (i > 0) EXPECT_GT(l.workspace_offset, offset_seen);  // a counter each
+    offset_seen = l.workspace_offset;
+  }
+  EXPECT_EQ(forced.launches[1].kernel.block_n, 128);  // d128 causal
+  EXPECT_EQ(forced.workspace_bytes, 512u);            // two 256-byte aligned counters
+}
+
 // Each launch names the tile it runs, from the family's tile configuration: sm80's prefill and
 // decode tiles; sm90's per head dim and mask, the short-key tile up to 1024 keys.
 TEST(PlanFamily, LaunchesCarryTheTileTheKernelRuns) {

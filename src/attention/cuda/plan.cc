@@ -70,53 +70,47 @@ bool sm90_masked(const Problem& pr) {
   return clamp_window(pr.mask.left, bound) >= 0 || clamp_window(pr.mask.right, bound) >= 0;
 }
 
-// The default dispatch takes sm90 where it was measured faster than the sm80 plan for the same
-// call: dense prefill-sized calls with at least one full 128-row query tile and at least 512 keys
-// (bench_sm90 over the FA3 grid, H200, bench/results/sm90-h200-2026-12-01-run32-34.md: d128 and
-// d256 at 256 keys 0.99-1.17x, at 512 1.24-1.47x; d64 at 256 0.97x. d64 causal at 512 was 0.94x
-// until its ShortTile: in session 10's run 40 sm90 ran it at 224 TFLOP/s against sm80's 180 in
-// run 41, bench/results/sm90-h200-2026-12-01-session10.md); and never where the sm80 plan
-// splits the keys or packs decode rows (few query tiles over long keys: sm90 has no split-KV
-// yet, so it would leave most SMs idle). Varlen, seqused_k, paged K/V and windows other than
-// causal run on sm90 only when forced, until bench_sm90 --varlen / --window and the engine's
-// shapes (bench_serve_attn) have measured them beside sm80.
-bool sm90_preferred(const Problem& pr, const PlanContext& ctx, const Plan& sm80) {
-  if (!sm90_lacks(pr, ctx).empty()) return false;
-  if (pr.max_q_len < 128 || pr.max_kv_len < 512) return false;
+// The default dispatch takes sm90 for a launch where it was measured faster than the sm80
+// kernel `k` the launch would otherwise run: prefill-sized launches with at least one full
+// 128-row query tile and at least 512 keys (bench_sm90 over the FA3 grid, H200,
+// bench/results/sm90-h200-2026-12-01-run32-34.md: d128 and d256 at 256 keys 0.99-1.17x, at 512
+// 1.24-1.47x; d64 at 256 0.97x. d64 causal at 512 was 0.94x until its ShortTile: in session
+// 10's run 40 sm90 ran it at 224 TFLOP/s against sm80's 180 in run 41,
+// bench/results/sm90-h200-2026-12-01-session10.md); never where sm80 splits the keys or packs
+// decode rows (few query tiles over long keys: sm90 has no split-KV yet, so it would leave most
+// SMs idle). Varlen, seqused_k, paged K/V and windows other than causal run on sm90 only when
+// forced, until bench_sm90 --varlen / --window and the engine's shapes (bench_serve_attn) have
+// measured them beside sm80.
+bool sm90_preferred(const Problem& pr, const PlanContext& ctx, const KernelChoice& k,
+                    int64_t max_q_len, int64_t max_kv_len) {
+  if (!sm90_lacks(pr, ctx).empty() || k.decode || k.splits > 1) return false;
+  if (max_q_len < 128 || max_kv_len < 512) return false;
   const int64_t bound = pr.max_q_len + pr.max_kv_len;
-  if (pr.varlen_q || pr.varlen_k || pr.seqused || pr.paged ||
-      clamp_window(pr.mask.left, bound) >= 0 || clamp_window(pr.mask.right, bound) > 0)
-    return false;
-  for (const LaunchPlan& l : sm80.launches)
-    if (l.kernel.splits > 1 || l.kernel.decode) return false;
-  return true;
+  return !(pr.varlen_q || pr.varlen_k || pr.seqused || pr.paged ||
+           clamp_window(pr.mask.left, bound) >= 0 || clamp_window(pr.mask.right, bound) > 0);
 }
 
-// One launch of the sm90 kernel over the whole batch, no splits. Masked tiles differ in cost, so
-// with a workspace the persistent CTAs take them from a counter (16 bytes of workspace, zeroed
-// before the launch); without one each CTA runs one tile and the hardware schedules them.
-Plan sm90_plan(const Problem& pr, const PlanContext& ctx) {
-  Plan plan;
-  LaunchPlan l;
-  l.kernel.family = KernelFamily::kSm90;
-  l.kernel.masked = sm90_masked(pr);
-  l.kernel.paged = pr.paged;
-  l.kernel.tile_counter = l.kernel.masked && ctx.workspace_available;
+// The sm90 kernel for a launch whose keys are at most max_kv_len: no splits; masked tiles differ
+// in cost, so with a workspace the persistent CTAs take them from a counter (16 bytes of the
+// workspace, zeroed before the launch); without one each CTA runs one tile and the hardware
+// schedules them.
+KernelChoice sm90_kernel(const Problem& pr, const PlanContext& ctx, int64_t max_kv_len) {
+  KernelChoice k;
+  k.family = KernelFamily::kSm90;
+  k.masked = sm90_masked(pr);
+  k.paged = pr.paged;
+  k.tile_counter = k.masked && ctx.workspace_available;
   const sm90::TileShape tile =
-      sm90::tile_shape(static_cast<int>(pr.head_dim), l.kernel.masked, pr.max_kv_len);
-  l.kernel.block_m = tile.block_m;
-  l.kernel.block_n = tile.block_n;
-  if (l.kernel.tile_counter) plan.workspace_bytes = 16;
-  l.seq_end = pr.batch;
-  l.max_q_len = pr.max_q_len;
-  l.max_kv_len = pr.max_kv_len;
-  l.rows = ctx.q_rows;
-  plan.launches.push_back(l);
-  return plan;
+      sm90::tile_shape(static_cast<int>(pr.head_dim), k.masked, max_kv_len);
+  k.block_m = tile.block_m;
+  k.block_n = tile.block_n;
+  return k;
 }
 
-// The sm80 launches: decodes and prefill chunks grouped by kind, each group split by its shape.
-Plan sm80_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& lens) {
+// The launches: decodes and prefill chunks grouped by kind, each group's kernel chosen for its
+// own shape: the sm80 kernel with its splits (choose_kernel), or the sm90 kernel where the call
+// forces it or the default prefers it.
+Plan grouped_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& lens) {
   Plan plan;
   // Decode tiles take the sequences with one query: a tile's rows are the heads of that query,
   // which see the same keys (a left window bounds them alike; the right side of a single
@@ -127,6 +121,9 @@ Plan sm80_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& len
                  int64_t max_q, int64_t max_kv, int64_t row_begin, int64_t rows, bool may_split) {
     LaunchPlan l;
     l.kernel = choose_kernel(pr, ctx.device, decode, sequences, max_q, max_kv, may_split);
+    if (ctx.family == FamilyRequest::kSm90 ||
+        (ctx.family == FamilyRequest::kAuto && sm90_preferred(pr, ctx, l.kernel, max_q, max_kv)))
+      l.kernel = sm90_kernel(pr, ctx, max_kv);
     l.group = group;
     l.seq_begin = seq_begin;
     l.seq_end = seq_end;
@@ -136,7 +133,9 @@ Plan sm80_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& len
     l.row_begin = decode ? 0 : row_begin;
     l.rows = decode ? seq_end - seq_begin : rows;
     l.workspace_offset = plan.workspace_bytes;
-    plan.workspace_bytes += aligned(partial_bytes(l.kernel.splits, l.rows, pr.h_q, pr.head_dim));
+    plan.workspace_bytes += aligned(
+        l.kernel.tile_counter ? sizeof(int32_t)
+                              : partial_bytes(l.kernel.splits, l.rows, pr.h_q, pr.head_dim));
     plan.launches.push_back(l);
   };
 
@@ -219,12 +218,8 @@ Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& len
   if (ctx.family == FamilyRequest::kSm90) {
     const std::string lacks = sm90_lacks(pr, ctx);
     if (!lacks.empty()) throw Error(ErrorKind::kUnsupported, "FLASHSERVE_KERNEL", "sm90: " + lacks);
-    return sm90_plan(pr, ctx);
   }
-  Plan plan = sm80_plan(pr, ctx, lens);
-  if (ctx.family == FamilyRequest::kAuto && sm90_preferred(pr, ctx, plan))
-    return sm90_plan(pr, ctx);
-  return plan;
+  return grouped_plan(pr, ctx, lens);
 }
 
 std::string Plan::summary() const {

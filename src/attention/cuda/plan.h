@@ -22,7 +22,7 @@
 
 namespace flashserve::attention {
 
-// Which sequences of its range a launch computes (the kernels' SeqKind, sm80/fwd_params.h).
+// Which sequences of its range a launch computes (the kernels' SeqKind, kernel/seqlen.h).
 enum class SeqGroup : int32_t { kAll = 0, kDecodes = 1, kPrefills = 2 };
 
 // The kernel of one launch: kSm80 (FlashAttention-2 style, every GPU from Ampere on) or kSm90

@@ -1,7 +1,7 @@
 // One sequence's lengths and first rows, from the call's length sources: dense tensors (every
 // sequence has seqlen rows), varlen ones (cu_seqlens: sequence b is rows cu[b] .. cu[b + 1] - 1)
-// and seqused_k (sequence b uses only its first seqused_k[b] keys). Shared by the sm80 and sm90
-// kernels.
+// and seqused_k (sequence b uses only its first seqused_k[b] keys); and which sequences of its
+// range a launch takes. Shared by the sm80 and sm90 kernels.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,16 @@
 #include "attention/mask.h"  // FS_HOST_DEVICE
 
 namespace flashserve::attention::kernel {
+
+// Which sequences of its range a launch computes: all, or (a mixed batch's two launches) those
+// with at most one query (the decode launch) or those with more (the prefill launch); the plan's
+// SeqGroup (attention/cuda/plan.h) has the same values.
+enum SeqKind : int32_t { kAllSeqs = 0, kDecodeSeqs = 1, kPrefillSeqs = 2 };
+
+// Whether a sequence with q_len queries belongs to a launch that takes `only`.
+FS_HOST_DEVICE bool takes_seq(int32_t only, int q_len) {
+  return only == kAllSeqs || (only == kDecodeSeqs) == (q_len <= 1);
+}
 
 struct SeqLens {
   int q_start, q_len;   // q_start: the first row of q (0 for dense tensors)

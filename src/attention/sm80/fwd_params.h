@@ -16,14 +16,10 @@ using kernel::heaviest_first;
 using kernel::tile_of;
 using kernel::TileCoords;
 
-// Which sequences of its range a launch computes: all, or (a mixed batch's two launches) those
-// with at most one query (the packed decode tiles) or those with more (the prefill tiles).
-enum SeqKind : int32_t { kAllSeqs = 0, kDecodeSeqs = 1, kPrefillSeqs = 2 };
-
-// Whether a sequence with q_len queries belongs to a launch that takes `only`.
-__host__ __device__ __forceinline__ bool takes_seq(int32_t only, int q_len) {
-  return only == kAllSeqs || (only == kDecodeSeqs) == (q_len <= 1);
-}
+using kernel::kAllSeqs;
+using kernel::kDecodeSeqs;
+using kernel::kPrefillSeqs;
+using kernel::takes_seq;
 
 struct FwdParams {
   const void* q;

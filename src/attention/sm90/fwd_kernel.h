@@ -94,28 +94,41 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// The sequence a tile's grid coordinate z stands for: the launch's range starts at seq_begin.
+__device__ __forceinline__ int seq_of(const FwdParams& p, const kernel::TileCoords& tile) {
+  return p.seq_begin + tile.z;
+}
+
+__device__ __forceinline__ kernel::SeqLens seq_lens_of(const FwdParams& p, int b) {
+  return kernel::seq_lens(p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.seqlen_q, p.seqlen_k, b);
+}
+
 // A tile's sequence and the key blocks its rows visit; producer and consumers derive both from
 // the same tile index, so they agree on every load. `valid`: the tile has rows (a varlen
-// sequence shorter than the longest has fewer query tiles than the grid).
+// sequence shorter than the longest has fewer query tiles than the grid) and its sequence is of
+// the kind the launch takes (FwdParams::only).
 template <class Cfg, bool kMasked>
 struct TileWork {
+  int b;  // the sequence
   kernel::SeqLens seq;
   int m0;  // the tile's first query row within its sequence
   kernel::KeyBlocks<Cfg::kBlockM, Cfg::kBlockN, kMasked> blocks;
 
   __device__ __forceinline__ TileWork(const FwdParams& p, const kernel::TileCoords& tile)
-      : seq(kernel::seq_lens(p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.seqlen_q, p.seqlen_k,
-                             tile.z)),
+      : b(seq_of(p, tile)),
+        seq(seq_lens_of(p, b)),
         m0(tile.m_block * Cfg::kBlockM),
-        blocks(m0, seq.q_len, seq.kv_len, p.window_left, p.window_right) {}
+        blocks(m0, seq.q_len, seq.kv_len, p.window_left, p.window_right) {
+    if (!kernel::takes_seq(p.only, seq.q_len)) seq.q_len = 0;
+  }
 
   __device__ __forceinline__ bool valid() const { return m0 < seq.q_len; }
-  // The TMA coordinates of row 0 of the sequence: dense tensors by batch, varlen ones by row.
-  __device__ __forceinline__ int q_z(const FwdParams& p, int z) const {
-    return p.cu_seqlens_q != nullptr ? 0 : z;
+  // The TMA coordinates of row 0 of the sequence: dense tensors by sequence, varlen ones by row.
+  __device__ __forceinline__ int q_z(const FwdParams& p) const {
+    return p.cu_seqlens_q != nullptr ? 0 : b;
   }
-  __device__ __forceinline__ int kv_z(const FwdParams& p, int z) const {
-    return p.cu_seqlens_k != nullptr ? 0 : z;
+  __device__ __forceinline__ int kv_z(const FwdParams& p) const {
+    return p.cu_seqlens_k != nullptr ? 0 : b;
   }
 };
 
@@ -143,10 +156,9 @@ struct KvSource {
 };
 
 template <class Cfg, bool kMasked>
-__device__ __forceinline__ KvSource kv_source(const FwdParams& p, const TileWork<Cfg, kMasked>& w,
-                                              int b) {
-  if (p.block_table != nullptr) return {(w.seq.kv_len - 1) / p.page_size, b};
-  return {w.seq.k_start, w.kv_z(p, b)};
+__device__ __forceinline__ KvSource kv_source(const FwdParams& p, const TileWork<Cfg, kMasked>& w) {
+  if (p.block_table != nullptr) return {(w.seq.kv_len - 1) / p.page_size, w.b};
+  return {w.seq.k_start, w.kv_z(p)};
 }
 
 // Key block `block`: one box per column chunk, or, paged, kBlockN / page_rows boxes per chunk,
@@ -191,9 +203,9 @@ __device__ __forceinline__ void produce_tile(SharedStorage<Cfg>& s, const FwdPar
 #pragma unroll
   for (int c = 0; c < Cfg::kChunks; ++c)
     tma_load_4d(s.q[c], &p.tma_q, s.q_full, c * Cfg::kChunkCols, w.seq.q_start + w.m0, tile.head,
-                w.q_z(p, tile.z));
+                w.q_z(p));
   trace(kProducerQ);
-  const KvSource src = kv_source(p, w, tile.z);
+  const KvSource src = kv_source(p, w);
   for (int i = 0; i <= n_blocks; ++i) {
     if (i < n_blocks) {
       const int slot = ring + i, st = slot % kStages;
@@ -449,7 +461,7 @@ __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParam
                                            const RowState<Cfg::kLazyRescale>& rows) {
   constexpr int kD = Cfg::kHeadDim;
   using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
-  const int lane = tid % 32;
+  const int lane = tid % 32, b = seq_of(p, tile);
   const int wg_row0 = tile.m_block * Cfg::kBlockM + cw * 64;
   const int row0 = wg_row0 + (tid / 32) * 16 + lane / 4;
   if constexpr (Cfg::kTmaStoreO) {
@@ -479,7 +491,7 @@ __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParam
         *reinterpret_cast<uint4*>(s.o[cw][g / 8] + r * 128 + ((g % 8) ^ (r % 8)) * 16) = v;
       });
     } else {
-      Elem* out = static_cast<Elem*>(p.out) + tile.z * p.o_batch_stride +
+      Elem* out = static_cast<Elem*>(p.out) + b * p.o_batch_stride +
                   int64_t{seq.q_start + t} * p.o_row_stride + tile.head * p.o_head_stride;
       // The dispatch refuses outputs whose rows are not 16-byte aligned (check_aligned).
       store_row_vec16<kD>(packed, lane % 4, [&](int g, uint4 v) {
@@ -487,7 +499,7 @@ __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParam
       });
     }
     if (t < seq.q_len && p.lse != nullptr && lane % 4 == 0)
-      p.lse[tile.z * p.lse_batch_stride + tile.head * p.lse_head_stride +
+      p.lse[b * p.lse_batch_stride + tile.head * p.lse_head_stride +
             int64_t{seq.q_start + t} * p.lse_row_stride] =
           seen ? rows.max[h] * p.scale + logf(sum) : -INFINITY;
   }
@@ -497,7 +509,7 @@ __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParam
     if (tid == 0) {
 #pragma unroll
       for (int c = 0; c < Cfg::kChunks; ++c)
-        tma_store_4d(&p.tma_o, s.o[cw][c], c * Cfg::kChunkCols, wg_row0, tile.head, tile.z);
+        tma_store_4d(&p.tma_o, s.o[cw][c], c * Cfg::kChunkCols, wg_row0, tile.head, b);
       tma_store_commit();
     }
   }
@@ -542,10 +554,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
     const int n_min = w.blocks.n_min, n_max = w.blocks.n_max, n_blocks = w.blocks.count();
     // The epilogue reads the sequence's first row and length again rather than holding them
     // through the key loop (registers are what the consumers lack; the reads are a few loads).
-    const auto seq_again = [&] {
-      return kernel::seq_lens(p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.seqlen_q, p.seqlen_k,
-                              tile.z);
-    };
+    const auto seq_again = [&] { return seq_lens_of(p, seq_of(p, tile)); };
     if (n_blocks == 0) {  // no row sees a key: O = 0, LSE = -inf
 #pragma unroll
       for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;

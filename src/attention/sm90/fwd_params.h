@@ -30,6 +30,10 @@ struct FwdParams {
   const int32_t* cu_seqlens_k;
   const int32_t* seqused_k;
   int32_t seqlen_q, seqlen_k;
+  // The launch's share of the batch (attention/cuda/plan.h): grid coordinate z is sequence
+  // seq_begin + z, and `only` (kernel::SeqKind) skips the sequences of the range that the other
+  // launch of a mixed batch takes.
+  int32_t seq_begin, only;
   // Paged K/V (block_table not null): k and v are [num_pages, page_size, h_kv, d] and their maps
   // have boxes of page_rows rows, gcd(kBlockN, page_size), a multiple of 8: a key block is
   // kBlockN / page_rows boxes, each within one page. Key j of sequence b is row j % page_size of

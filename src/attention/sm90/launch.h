@@ -16,9 +16,12 @@ struct FwdArgs {
   const void* k;
   const void* v;
   void* out;
-  float* lse;   // null: not written
-  DType dtype;  // kBFloat16 or kFloat16
-  int batch, h_q, h_kv, head_dim;
+  float* lse;                      // null: not written
+  DType dtype;                     // kBFloat16 or kFloat16
+  int batch, h_q, h_kv, head_dim;  // batch: the call's sequences (dense tensors' first dimension)
+  // The launch's sequences: seq_begin .. seq_begin + seqs - 1 of the call, of which it takes
+  // `only` (kernel::SeqKind: all, or those with at most one query, or those with more).
+  int seq_begin, seqs, only;
   // Rows of q and k/v per sequence (dense), or in all (varlen: cu_seqlens_q / cu_seqlens_k not
   // null; those rows form one sequence of the tensor maps).
   int seqlen_q, seqlen_k;

@@ -105,7 +105,7 @@ void launch(FwdParams& p, const FwdArgs& a) {
   // Varlen: as many query tiles per sequence as the longest has; a shorter one's extra tiles
   // end at once.
   const int m_blocks = (a.max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  const int64_t units = int64_t{a.h_q} * a.batch;
+  const int64_t units = int64_t{a.h_q} * a.seqs;
   // Heads of a GQA group are adjacent units and share their K/V.
   const int64_t kv_bytes = int64_t{a.max_seqlen_k} * kHeadDim * 4 / (a.h_q / a.h_kv);
   p.order = kernel::heaviest_first(m_blocks, a.h_q, units, a.sms, kv_bytes, a.l2_bytes);
@@ -151,6 +151,8 @@ inline FwdParams fwd_params(const FwdArgs& a) {
   p.page_size = a.page_size;
   p.seqlen_q = a.seqlen_q;
   p.seqlen_k = a.seqlen_k;
+  p.seq_begin = a.seq_begin;
+  p.only = a.only;
   // Rows past a sequence's keys are real memory (another sequence's, or unused cache) only with
   // varlen keys or seqused_k (paged K/V has it); dense keys end at the map's edge, where TMA
   // fills zeros.
@@ -172,7 +174,7 @@ inline bool masked(const FwdArgs& a) {
 template <class CfgDense, class CfgMasked>
 void run_fwd_tiles(const FwdArgs& a) {
   static_assert(CfgDense::kHeadDim == CfgMasked::kHeadDim, "one head dim");
-  if (a.batch == 0 || a.max_seqlen_q == 0 || a.h_q == 0) return;
+  if (a.seqs == 0 || a.max_seqlen_q == 0 || a.h_q == 0) return;
   FwdParams p = fwd_params(a);
   const bool bf16 = a.dtype == DType::kBFloat16, mask = masked(a);
   if (bf16 && mask) launch<CfgMasked, true, true>(p, a);
