@@ -259,6 +259,7 @@ Plan cuda_plan(const AttentionParams& params, const Problem& pr, const HostLengt
   ctx.device = split_device(dev);
   ctx.q_rows = q_rows(params, pr);
   ctx.workspace_available = workspace_available;
+  if (params.q.numel() == 0) return Plan{};  // nothing to compute (no rows, heads or columns)
   ctx.family = family_request();
   ctx.sm90_unavailable = sm90_unavailable(params, dev);
   return make_plan(pr, ctx, lens);
