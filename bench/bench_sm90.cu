@@ -5,6 +5,9 @@
 // CUDA events; each family is forced with FLASHSERVE_KERNEL=sm80|sm90, and "auto" (what a user
 // gets) names the family the default dispatch chose. The max |difference| between the sm80 and
 // sm90 outputs on the bench's inputs is printed as a sanity check (a few bf16 ulps expected).
+// --window N: causal with a sliding window of N keys to the left (Mistral's), the FLOPs counted
+// over the keys each row sees; --varlen: the same batch as varlen tensors ([total, heads, d] with
+// cu_seqlens), the shape of packed training batches and of the engine's prefill.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -41,8 +44,8 @@ float to_float(uint16_t bits, bool bf16) {
 
 int main(int argc, char** argv) {
   std::vector<int> seqlens{4096, 8192};
-  int head_dim = 128, total = 16384, hidden = 2048, iters = 20, warmup = 3;
-  bool fp16 = false;
+  int head_dim = 128, total = 16384, hidden = 2048, iters = 20, warmup = 3, window = -1;
+  bool fp16 = false, varlen = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has = i + 1 < argc;
@@ -56,17 +59,23 @@ int main(int argc, char** argv) {
       iters = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--fp16") {
       fp16 = true;
+    } else if (a == "--window" && has) {
+      window = std::atoi(argv[++i]);
+    } else if (a == "--varlen") {
+      varlen = true;
     } else {
       std::fprintf(stderr,
                    "usage: bench_sm90 [--seqlens 4096,8192] [--head-dim 128] "
-                   "[--total-tokens 16384] [--iters 20] [--fp16]\n");
+                   "[--total-tokens 16384] [--iters 20] [--fp16] [--window N] [--varlen]\n");
       return a == "--help" ? 0 : 2;
     }
   }
   cudaDeviceProp prop{};
   if (!cuda_device_or_skip("bench_sm90", &prop)) return 0;
-  std::printf("bench_sm90 on %s (%d SMs), %s, head dim %d, median of %d\n", prop.name,
-              prop.multiProcessorCount, fp16 ? "fp16" : "bf16", head_dim, iters);
+  std::printf("bench_sm90 on %s (%d SMs), %s, head dim %d, median of %d%s%s\n", prop.name,
+              prop.multiProcessorCount, fp16 ? "fp16" : "bf16", head_dim, iters,
+              varlen ? ", varlen" : "",
+              window >= 0 ? (", causal window " + std::to_string(window)).c_str() : "");
   const auto dt = fp16 ? flashserve::DType::kFloat16 : flashserve::DType::kBFloat16;
   const size_t elems = size_t(total) * hidden;
   uint16_t *q, *k, *v, *out80, *out90, *out_auto;
@@ -77,6 +86,8 @@ int main(int argc, char** argv) {
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<uint16_t> h80(elems), h90(elems);
+  int32_t* cu_seqlens = nullptr;  // --varlen: 0, s, 2s, ... (filled per seqlen)
+  CUDA_OK(cudaMalloc(&cu_seqlens, (total + 1) * sizeof(int32_t)));
 
   std::printf("\n%-6s %-7s %-6s %-6s %10s %10s %10s %10s %-5s %12s\n", "causal", "seqlen", "batch",
               "heads", "sm80", "sm90", "sm90/sm80", "auto", "took", "max|diff|");
@@ -84,18 +95,41 @@ int main(int argc, char** argv) {
   size_t workspace_bytes = 0;
   for (int causal : {0, 1})
     for (int s : seqlens) {
+      if (window >= 0 && !causal) continue;  // the window is causal's
       const int b = std::max(1, total / s), h = hidden / head_dim, d = head_dim;
+      if (varlen) {
+        std::vector<int32_t> cu(b + 1);
+        for (int i = 0; i <= b; ++i) cu[i] = i * s;
+        CUDA_OK(cudaMemcpy(cu_seqlens, cu.data(), cu.size() * 4, cudaMemcpyHostToDevice));
+      }
       auto params = [&](uint16_t* out) {
         flashserve::AttentionParams p;
         const flashserve::Device dev{flashserve::DeviceType::kCUDA, 0};
-        p.q = flashserve::make_view(q, dt, {b, s, h, d}, dev);
-        p.k = flashserve::make_view(k, dt, {b, s, h, d}, dev);
-        p.v = flashserve::make_view(v, dt, {b, s, h, d}, dev);
-        p.out = flashserve::make_view(out, dt, {b, s, h, d}, dev);
+        const auto view = [&](uint16_t* data) {
+          return varlen ? flashserve::make_view(data, dt, {int64_t{b} * s, h, d}, dev)
+                        : flashserve::make_view(data, dt, {b, s, h, d}, dev);
+        };
+        p.q = view(q);
+        p.k = view(k);
+        p.v = view(v);
+        p.out = view(out);
+        if (varlen) {
+          p.cu_seqlens_q = p.cu_seqlens_k =
+              flashserve::make_view(cu_seqlens, flashserve::DType::kInt32, {b + 1}, dev);
+          p.max_seqlen_q = p.max_seqlen_k = s;
+        }
         p.causal = causal != 0;
+        p.window_left = window;
         return p;
       };
-      const double flops = 4.0 * b * h * double(s) * s * d * (causal ? 0.5 : 1.0);
+      // (query, key) pairs: all, half when causal (docs/architecture.md's count), and with a
+      // window the keys each row sees (at most window + 1).
+      double pairs = double(s) * s * (causal ? 0.5 : 1.0);
+      if (window >= 0) {
+        pairs = 0;
+        for (int t = 0; t < s; ++t) pairs += std::min(t, window) + 1;
+      }
+      const double flops = 4.0 * b * h * pairs * d;
       float tflops[3] = {0, 0, 0};
       std::string err, took;
       for (int which = 0; which < 3; ++which) {
@@ -138,6 +172,7 @@ int main(int argc, char** argv) {
                   took.c_str(), max_diff, err.empty() ? "" : "  error: ", err.c_str());
     }
   for (uint16_t* p : {q, k, v, out80, out90, out_auto}) CUDA_OK(cudaFree(p));
+  CUDA_OK(cudaFree(cu_seqlens));
   CUDA_OK(cudaFree(workspace));
   return 0;
 }

@@ -42,8 +42,10 @@ inline attention::sm90::FwdArgs grid_args(const void* q, const void* k, const vo
   a.out = out;
   a.lse = lse;
   a.dtype = DType::kBFloat16;
-  a.batch = tokens / L;
-  a.seqlen_q = a.seqlen_k = L;
+  a.batch = a.seqs = tokens / L;
+  a.seq_begin = 0;
+  a.only = 0;  // every sequence
+  a.seqlen_q = a.seqlen_k = a.max_seqlen_q = a.max_seqlen_k = L;
   a.h_q = a.h_kv = heads;
   a.head_dim = d;
   const int64_t row = hidden, bstride = row * L;
@@ -53,7 +55,8 @@ inline attention::sm90::FwdArgs grid_args(const void* q, const void* k, const vo
   a.lse_batch_stride = int64_t{heads} * L;
   a.lse_head_stride = L;
   a.lse_row_stride = 1;
-  a.causal = causal;
+  a.window_left = -1;
+  a.window_right = causal ? 0 : -1;
   a.scale = 1.0f / std::sqrt(static_cast<float>(d));
   a.sms = sms;
   a.l2_bytes = l2;

@@ -169,40 +169,30 @@ const DeviceProps& check_supported(const AttentionParams& params, const Problem&
   return dev;
 }
 
-// FLASHSERVE_KERNEL picks the kernel family, read per call (so a test or benchmark can set it
-// around one call): unset, empty or "auto", the default dispatch (sm90_preferred below); "sm90",
-// every call runs the Hopper kernel (sm90/) or is refused with what it lacks; "sm80", every call
-// runs the FlashAttention-2-style kernels (the comparison, and a way back should sm90 misbehave).
-enum class KernelChoiceEnv { kAuto, kSm80, kSm90 };
-
-KernelChoiceEnv kernel_env() {
+// FLASHSERVE_KERNEL picks the kernel family, read once per plan (so a test or benchmark can set
+// it around one call): unset, empty or "auto", the default dispatch (make_plan's sm90 rules);
+// "sm90", every call runs the Hopper kernel (sm90/) or is refused with what it lacks; "sm80",
+// every call runs the FlashAttention-2-style kernels (the comparison, and a way back should sm90
+// misbehave).
+FamilyRequest family_request() {
   const char* v = std::getenv("FLASHSERVE_KERNEL");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return KernelChoiceEnv::kAuto;
-  if (std::strcmp(v, "sm90") == 0) return KernelChoiceEnv::kSm90;
-  if (std::strcmp(v, "sm80") == 0) return KernelChoiceEnv::kSm80;
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return FamilyRequest::kAuto;
+  if (std::strcmp(v, "sm80") == 0) return FamilyRequest::kSm80;
+  if (std::strcmp(v, "sm90") == 0) return FamilyRequest::kSm90;
   throw Error(ErrorKind::kInvalidArgument, "FLASHSERVE_KERNEL",
               std::string("must be auto, sm80 or sm90, got \"") + v + "\"");
 }
 
-// What the sm90 kernel cannot run, or "" if it can: it runs dense bf16/fp16 batches, head dim
-// 64, 128 or 256, no mask or bottom-right causal, GQA/MQA, lse optional; on a compute
-// capability 9.0 device of a build with sm_90a; q/k/v strides TMA can describe (positive, below
-// 2^40 bytes).
-std::string sm90_lacks(const AttentionParams& params, const Problem& pr, const DeviceProps& dev) {
+// Why the sm90 kernel cannot run on this device with these tensors, whatever the problem's shape
+// ("" when it can): a build without sm_90a, a device other than compute capability 9.0, q/k/v
+// strides TMA cannot describe (positive, below 2^40 bytes; a dimension of size 1 is never
+// stepped along, launch_template.h's make_map). The shape's limits are make_plan's (sm90_lacks).
+std::string sm90_unavailable(const AttentionParams& params, const DeviceProps& dev) {
   if (!cuda_sm90_built())
     return "this build has no sm90 kernels (90a not in FLASHSERVE_CUDA_ARCHS)";
   if (dev.major != 9 || dev.minor != 0)
     return str_cat("needs a compute capability 9.0 device, this one is ", dev.major, ".",
                    dev.minor);
-  if (pr.head_dim != 64 && pr.head_dim != 128 && pr.head_dim != 256)
-    return str_cat("head_dim ", pr.head_dim, " (64, 128 and 256 only)");
-  if (pr.varlen_q || pr.varlen_k || pr.paged || pr.seqused)
-    return "varlen, paged and seqused_k inputs are not supported yet";
-  const int64_t bound = pr.max_q_len + pr.max_kv_len;
-  if (clamp_window(pr.mask.left, bound) >= 0 || clamp_window(pr.mask.right, bound) > 0)
-    return "sliding windows are not supported yet (causal is)";
-  if (pr.num_splits > 1) return "split-KV is not supported yet";
-  // A dimension of size 1 is never stepped along (launch_template.h's make_map).
   for (const auto& [t, name] :
        {std::pair{&params.q, "q"}, std::pair{&params.k, "k"}, std::pair{&params.v, "v"}})
     for (int i = 0; i + 1 < t->rank; ++i)
@@ -210,53 +200,6 @@ std::string sm90_lacks(const AttentionParams& params, const Problem& pr, const D
         return str_cat(name, "'s stride ", t->stride[i], " of dimension ", i,
                        " (TMA needs positive strides below 2^40 bytes)");
   return "";
-}
-
-// FLASHSERVE_KERNEL=sm90: anything the kernel lacks is refused naming FLASHSERVE_KERNEL (the
-// caller asked for this kernel).
-void check_sm90(const AttentionParams& params, const Problem& pr, const DeviceProps& dev) {
-  const std::string lacks = sm90_lacks(params, pr, dev);
-  if (!lacks.empty()) throw Error(ErrorKind::kUnsupported, "FLASHSERVE_KERNEL", "sm90: " + lacks);
-}
-
-// The one mask the sm90 kernel runs (sm90_lacks refuses windows): bottom-right causal.
-bool sm90_causal(const Problem& pr) {
-  return clamp_window(pr.mask.right, pr.max_q_len + pr.max_kv_len) == 0;
-}
-
-// The default dispatch takes sm90 where it was measured faster than the sm80 plan for the same
-// call: dense prefill-sized calls with at least one full 128-row query tile and at least 512 keys
-// (bench_sm90 over the FA3 grid, H200, bench/results/sm90-h200-2026-12-01-run32-34.md: d128 and
-// d256 at 256 keys 0.99-1.17x, at 512 1.24-1.47x; d64 at 256 0.97x. d64 causal at 512 was 0.94x
-// until its ShortTile: in session 10's run 40 sm90 ran it at 224 TFLOP/s against sm80's 180 in
-// run 41, bench/results/sm90-h200-2026-12-01-session10.md); and never where the sm80 plan
-// splits the keys or packs decode rows (few query tiles over long keys: sm90 has no split-KV
-// yet, so it would leave most SMs idle).
-bool sm90_preferred(const AttentionParams& params, const Problem& pr, const DeviceProps& dev,
-                    const Plan& sm80_plan) {
-  if (!sm90_lacks(params, pr, dev).empty()) return false;
-  if (pr.max_q_len < 128 || pr.max_kv_len < 512) return false;
-  for (const LaunchPlan& l : sm80_plan.launches)
-    if (l.kernel.splits > 1 || l.kernel.decode) return false;
-  return true;
-}
-
-// One launch of the sm90 kernel over the whole dense batch, no splits. Causal tiles differ in
-// cost, so with a workspace the persistent CTAs take them from a counter (16 bytes of workspace,
-// zeroed before the launch); without one each CTA runs one tile and the hardware schedules them.
-Plan sm90_plan(const Problem& pr, int64_t q_rows, bool workspace_available) {
-  Plan plan;
-  LaunchPlan l;
-  l.kernel.family = KernelFamily::kSm90;
-  l.kernel.masked = sm90_causal(pr);
-  l.kernel.tile_counter = l.kernel.masked && workspace_available;
-  if (l.kernel.tile_counter) plan.workspace_bytes = 16;
-  l.seq_end = pr.batch;
-  l.max_q_len = pr.max_q_len;
-  l.max_kv_len = pr.max_kv_len;
-  l.rows = q_rows;
-  plan.launches.push_back(l);
-  return plan;
 }
 
 // The kernels' parameters shared by every launch of a call: pointers, strides, lengths' sources,
@@ -316,16 +259,10 @@ Plan cuda_plan(const AttentionParams& params, const Problem& pr, const HostLengt
   ctx.device = split_device(dev);
   ctx.q_rows = q_rows(params, pr);
   ctx.workspace_available = workspace_available;
-  if (pr.batch == 0 || pr.max_q_len == 0 || params.q.numel() == 0) return Plan{};
-  const KernelChoiceEnv choice = kernel_env();
-  if (choice == KernelChoiceEnv::kSm90) {
-    check_sm90(params, pr, dev);
-    return sm90_plan(pr, ctx.q_rows, workspace_available);
-  }
-  Plan plan = make_plan(pr, ctx, lens);
-  if (choice == KernelChoiceEnv::kAuto && sm90_preferred(params, pr, dev, plan))
-    return sm90_plan(pr, ctx.q_rows, workspace_available);
-  return plan;
+  if (params.q.numel() == 0) return Plan{};  // nothing to compute (no rows, heads or columns)
+  ctx.family = family_request();
+  ctx.sm90_unavailable = sm90_unavailable(params, dev);
+  return make_plan(pr, ctx, lens);
 }
 
 bool cuda_sm90_built() {
@@ -338,39 +275,56 @@ bool cuda_sm90_built() {
 
 namespace {
 
-// The sm90 kernel over the whole dense batch (the plan's check has accepted the call).
+// The sm90 kernel over one launch's sequences (the plan has accepted the call; a run's tensors
+// may still differ from the plan's in their strides).
 void run_sm90(const LaunchPlan& l, const AttentionParams& params, const Problem& pr,
               const DeviceProps& dev, void* workspace, cudaStream_t stream) {
 #if defined(FLASHSERVE_WITH_SM90)
-  check_sm90(params, pr, dev);
+  const std::string unavailable = sm90_unavailable(params, dev);
+  if (!unavailable.empty())
+    throw Error(ErrorKind::kUnsupported, "FLASHSERVE_KERNEL", "sm90: " + unavailable);
+  // The sm80 kernels' parameters hold the strides (varlen: batch stride 0), the lengths' sources
+  // and the clamped window, derived once (fwd_params).
+  const sm80::FwdParams f = fwd_params(params, pr);
   sm90::FwdArgs a{};
   a.q = params.q.data;
   a.k = params.k.data;
   a.v = params.v.data;
   a.out = params.out.data;
-  a.lse = params.lse.defined() ? params.lse.ptr<float>() : nullptr;
+  a.lse = f.lse;
   a.dtype = pr.dtype;
   a.batch = static_cast<int>(pr.batch);
-  a.seqlen_q = static_cast<int>(params.q.shape[1]);
-  a.seqlen_k = static_cast<int>(params.k.shape[1]);
+  a.seq_begin = static_cast<int>(l.seq_begin);
+  a.seqs = static_cast<int>(l.seq_end - l.seq_begin);
+  a.only = static_cast<int>(l.group);
+  a.seqlen_q = static_cast<int>(params.q.shape[pr.varlen_q ? 0 : 1]);
+  a.seqlen_k = static_cast<int>(params.k.shape[pr.varlen_k ? 0 : 1]);
+  a.max_seqlen_q = static_cast<int>(l.max_q_len);  // the launch's sequences' longest
+  a.max_seqlen_k = static_cast<int>(l.max_kv_len);
+  a.cu_seqlens_q = f.cu_seqlens_q;
+  a.cu_seqlens_k = f.cu_seqlens_k;
+  a.seqused_k = f.seqused_k;
+  a.block_table = f.block_table;
+  a.block_table_stride = f.block_table_stride;
+  a.num_pages = static_cast<int>(pr.num_pages);
+  a.page_size = static_cast<int>(pr.page_size);
+  a.k_page_stride = f.k_page_stride;
+  a.v_page_stride = f.v_page_stride;
   a.h_q = static_cast<int>(pr.h_q);
   a.h_kv = static_cast<int>(pr.h_kv);
   a.head_dim = static_cast<int>(pr.head_dim);
-  const auto strides = [](const TensorView& t, int64_t& batch, int64_t& row, int64_t& head) {
-    batch = t.stride[0];
-    row = t.stride[1];
-    head = t.stride[2];
-  };
-  strides(params.q, a.q_batch_stride, a.q_row_stride, a.q_head_stride);
-  strides(params.k, a.k_batch_stride, a.k_row_stride, a.k_head_stride);
-  strides(params.v, a.v_batch_stride, a.v_row_stride, a.v_head_stride);
-  strides(params.out, a.o_batch_stride, a.o_row_stride, a.o_head_stride);
-  if (a.lse != nullptr) {  // dense [batch, h_q, seqlen_q]
-    a.lse_batch_stride = params.lse.stride[0];
-    a.lse_head_stride = params.lse.stride[1];
-    a.lse_row_stride = params.lse.stride[2];
-  }
-  a.causal = l.kernel.masked;
+  a.q_batch_stride = f.q_batch_stride, a.q_row_stride = f.q_row_stride;
+  a.q_head_stride = f.q_head_stride;
+  a.k_batch_stride = f.k_batch_stride, a.k_row_stride = f.k_row_stride;
+  a.k_head_stride = f.k_head_stride;
+  a.v_batch_stride = f.v_batch_stride, a.v_row_stride = f.v_row_stride;
+  a.v_head_stride = f.v_head_stride;
+  a.o_batch_stride = f.o_batch_stride, a.o_row_stride = f.o_row_stride;
+  a.o_head_stride = f.o_head_stride;
+  a.lse_batch_stride = f.lse_batch_stride, a.lse_row_stride = f.lse_row_stride;
+  a.lse_head_stride = f.lse_head_stride;
+  a.window_left = f.window_left;
+  a.window_right = f.window_right;
   a.scale = pr.scale;
   a.sms = dev.sms;
   a.l2_bytes = dev.l2_bytes;

@@ -11,8 +11,9 @@ bool is_decode(const Problem& pr) {
 }
 
 // Split-KV pays when the (query tile, head, sequence) grid cannot fill the GPU: long-context
-// decode and small prefill chunks. Prefill: tiles estimated with 128-row query tiles and 64-key
-// blocks; below one wave, split to about two, each split keeping >= 4 key blocks. Decode: one
+// decode and small prefill chunks. Prefill: tiles and key blocks of the sm80 tiles the launch
+// runs (sm80/tile_config.h's fwd_tiles: the only family that splits); below one wave, split to
+// about two, each split keeping >= 4 key blocks. Decode: one
 // small block per (KV head, sequence) tile, in three regimes (H200, 32/8 heads, d128):
 //   - long keys (>= two splits of 16 key blocks, 2k keys at d128): about two rounds of the GPU's
 //     block slots, each split keeping >= 16 key blocks (1024 keys). docs/kernel-notes.md run 12:
@@ -50,8 +51,10 @@ int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode) {
       return splits < 2 ? 1 : static_cast<int>(splits);
     }
   } else {
-    tiles = (pr.max_q_len + 127) / 128 * pr.h_q * pr.batch;
-    key_blocks = (pr.max_kv_len + 63) / 64;
+    const sm80::Tiles t =
+        sm80::fwd_tiles(static_cast<int>(pr.head_dim), pr.mask.has_left() || pr.mask.has_right());
+    tiles = (pr.max_q_len + t.block_m - 1) / t.block_m * pr.h_q * pr.batch;
+    key_blocks = (pr.max_kv_len + t.block_n - 1) / t.block_n;
     target = 2 * dev.sms;
     enough = dev.sms;
     min_blocks = 4;

@@ -1,9 +1,12 @@
 // The CUDA path's plan (src/attention/cuda/plan.h) on the H200's figures, without a GPU: how a
 // step's sequences are grouped into a decode launch and a prefill launch, the splits each group
-// gets (those of the group launched alone), the ranges and partial rows, and the workspace.
+// gets (those of the group launched alone), the ranges and partial rows, and the workspace; the
+// kernel family (FLASHSERVE_KERNEL's request, the sm90 rules) and the tile of each launch.
 #include "attention/cuda/plan.h"
 
 #include <gtest/gtest.h>
+
+#include "flashserve/error.h"
 
 #include <random>
 #include <vector>
@@ -233,6 +236,176 @@ TEST(Plan, RandomBatchesCoverEverySequenceOnceWithinLimits) {
     for (int b = 0; b < n; ++b)
       EXPECT_EQ(taken[b], seqs[b].first > 0 ? 1 : 0) << "sequence " << b << " of trial " << trial;
   }
+}
+
+// A dense call on a device where the sm90 kernel can run (the dispatch's sm90_unavailable ""):
+// batch x seqlen x heads at head dim d.
+StepShape dense(int64_t batch, int64_t len, int64_t heads, int64_t d, bool causal) {
+  StepShape s;
+  s.pr.batch = batch;
+  s.pr.h_q = s.pr.h_kv = heads;
+  s.pr.head_dim = s.pr.head_dim_v = d;
+  s.pr.max_q_len = s.pr.max_kv_len = len;
+  if (causal) s.pr.mask.right = 0;
+  s.pr.num_splits = 0;
+  s.ctx.device = kH200;
+  s.ctx.q_rows = batch * len;
+  s.ctx.sm90_unavailable = "";
+  return s;
+}
+
+// The family of every launch of the plan (with unknown lengths: a varlen batch gets a decode and
+// a prefill launch), which must agree.
+attention::KernelFamily family_of(const StepShape& s) {
+  const Plan p = make_plan(s.pr, s.ctx, HostLengths{});
+  EXPECT_FALSE(p.launches.empty());
+  for (const LaunchPlan& l : p.launches)
+    EXPECT_EQ(l.kernel.family, p.launches[0].kernel.family) << p.summary();
+  return p.launches.empty() ? attention::KernelFamily::kSm80 : p.launches[0].kernel.family;
+}
+
+// The default family: sm90 for dense prefill-sized calls (a full 128-row tile, >= 512 keys) that
+// the sm80 plan would neither split nor pack as decodes; sm80 elsewhere, and everywhere the sm90
+// kernel cannot run or has not been measured (varlen, windows).
+TEST(PlanFamily, AutoTakesSm90WhereMeasuredFaster) {
+  using attention::KernelFamily;
+  EXPECT_EQ(family_of(dense(4, 512, 16, 128, true)), KernelFamily::kSm90);
+  EXPECT_EQ(family_of(dense(1, 2048, 32, 64, false)), KernelFamily::kSm90);
+  EXPECT_EQ(family_of(dense(2, 2048, 8, 256, true)), KernelFamily::kSm90);
+  EXPECT_EQ(family_of(dense(4, 256, 16, 128, true)), KernelFamily::kSm80);  // short keys
+  EXPECT_EQ(family_of(dense(4, 64, 16, 128, false)), KernelFamily::kSm80);  // no full tile
+  StepShape split = dense(1, 32768, 8, 128, false);                         // 8 tiles: splits
+  split.pr.max_q_len = 128;
+  split.ctx.q_rows = 128;
+  EXPECT_EQ(family_of(split), KernelFamily::kSm80);
+  StepShape window = dense(1, 1024, 8, 128, true);
+  window.pr.mask.left = 256;
+  EXPECT_EQ(family_of(window), KernelFamily::kSm80);
+  StepShape varlen = dense(4, 512, 16, 128, true);
+  varlen.pr.varlen_q = varlen.pr.varlen_k = true;
+  EXPECT_EQ(family_of(varlen), KernelFamily::kSm80);
+  StepShape paged = dense(4, 512, 16, 128, true);
+  paged.pr.paged = true;
+  paged.pr.page_size = 256;
+  EXPECT_EQ(family_of(paged), KernelFamily::kSm80);
+  StepShape unavailable = dense(4, 512, 16, 128, true);
+  unavailable.ctx.sm90_unavailable = "needs a compute capability 9.0 device, this one is 8.0";
+  EXPECT_EQ(family_of(unavailable), KernelFamily::kSm80);
+  StepShape forced80 = dense(4, 512, 16, 128, true);
+  forced80.ctx.family = attention::FamilyRequest::kSm80;
+  EXPECT_EQ(family_of(forced80), KernelFamily::kSm80);
+}
+
+// FLASHSERVE_KERNEL=sm90 runs what the kernel can (varlen and windows too, short calls too) and
+// refuses the rest naming the variable and what is missing. (Paged K/V too, on pages of a multiple
+// of 8 keys.)
+TEST(PlanFamily, ForcedSm90RunsWhatItCanAndRefusesTheRestByName) {
+  using attention::KernelFamily;
+  auto forced = [](StepShape s) {
+    s.ctx.family = attention::FamilyRequest::kSm90;
+    return s;
+  };
+  StepShape window = forced(dense(1, 300, 2, 64, false));
+  window.pr.mask.left = 40;
+  window.pr.mask.right = 17;
+  EXPECT_EQ(family_of(window), KernelFamily::kSm90);
+  EXPECT_EQ(family_of(forced(dense(1, 17, 2, 256, true))), KernelFamily::kSm90);
+  auto refusal = [](const StepShape& s) {
+    try {
+      make_plan(s.pr, s.ctx, HostLengths{});
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+      EXPECT_EQ(e.argument(), "FLASHSERVE_KERNEL");
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "no refusal";
+    return std::string();
+  };
+  StepShape paged = forced(dense(2, 64, 4, 128, false));
+  paged.pr.paged = true;
+  paged.pr.page_size = 16;
+  EXPECT_EQ(family_of(paged), KernelFamily::kSm90);
+  paged.pr.page_size = 12;
+  EXPECT_NE(refusal(paged).find("page size 12"), std::string::npos);
+  StepShape split = forced(dense(1, 1000, 2, 128, false));
+  split.pr.num_splits = 3;
+  EXPECT_NE(refusal(split).find("split-KV"), std::string::npos);
+  StepShape unavailable = forced(dense(1, 1000, 2, 128, false));
+  unavailable.ctx.sm90_unavailable = "this build has no sm90 kernels";
+  EXPECT_NE(refusal(unavailable).find("no sm90 kernels"), std::string::npos);
+  // Nothing to compute is no refusal.
+  StepShape empty = forced(dense(0, 64, 4, 128, false));
+  empty.pr.paged = true;
+  EXPECT_TRUE(make_plan(empty.pr, empty.ctx, HostLengths{}).launches.empty());
+}
+
+// A mixed step (chunks over a paged cache beside decodes) forced to sm90: the plan's grouping
+// stays, each launch runs the sm90 kernel over its own range, unsplit, with its own tile counter
+// (causal); by default the same step stays on sm80 (paged varlen: not yet measured on sm90).
+TEST(PlanFamily, MixedStepsKeepTheirGroupsOnEitherFamily) {
+  using attention::KernelFamily;
+  auto seqs = decodes(64, 2048);
+  seqs.insert(seqs.begin(), {512, 4096 + 512});
+  StepShape s = step(seqs);
+  s.ctx.sm90_unavailable = "";
+  const Plan by_default = plan_of(s);
+  ASSERT_EQ(by_default.launches.size(), 2u);
+  for (const LaunchPlan& l : by_default.launches) EXPECT_EQ(l.kernel.family, KernelFamily::kSm80);
+  s.ctx.family = attention::FamilyRequest::kSm90;
+  const Plan forced = plan_of(s);
+  ASSERT_EQ(forced.launches.size(), 2u);
+  size_t offset_seen = 0;
+  for (size_t i = 0; i < forced.launches.size(); ++i) {
+    const LaunchPlan& l = forced.launches[i];
+    const LaunchPlan& same = by_default.launches[i];
+    EXPECT_EQ(l.kernel.family, KernelFamily::kSm90);
+    EXPECT_EQ(l.kernel.splits, 1);
+    EXPECT_TRUE(l.kernel.tile_counter);  // causal
+    EXPECT_TRUE(l.kernel.paged);
+    EXPECT_EQ(l.group, same.group);
+    EXPECT_EQ(l.seq_begin, same.seq_begin);
+    EXPECT_EQ(l.seq_end, same.seq_end);
+    EXPECT_EQ(l.max_q_len, same.max_q_len);
+    EXPECT_EQ(l.max_kv_len, same.max_kv_len);
+    if (i > 0) EXPECT_GT(l.workspace_offset, offset_seen);  // a counter each
+    offset_seen = l.workspace_offset;
+  }
+  EXPECT_EQ(forced.launches[1].kernel.block_n, 128);  // d128 causal
+  EXPECT_EQ(forced.workspace_bytes, 512u);            // two 256-byte aligned counters
+}
+
+// Each launch names the tile it runs, from the family's tile configuration: sm80's prefill and
+// decode tiles; sm90's per head dim and mask, the short-key tile up to 1024 keys.
+TEST(PlanFamily, LaunchesCarryTheTileTheKernelRuns) {
+  auto tile = [](const StepShape& s) {
+    const Plan p = make_plan(s.pr, s.ctx, HostLengths{});
+    EXPECT_EQ(p.launches.size(), 1u);
+    return p.launches.empty()
+               ? std::pair{0, 0}
+               : std::pair{p.launches[0].kernel.block_m, p.launches[0].kernel.block_n};
+  };
+  auto sm80 = [](StepShape s) {
+    s.ctx.family = attention::FamilyRequest::kSm80;
+    return s;
+  };
+  auto sm90 = [](StepShape s) {
+    s.ctx.family = attention::FamilyRequest::kSm90;
+    return s;
+  };
+  using P = std::pair<int, int>;
+  EXPECT_EQ(tile(sm80(dense(4, 2048, 16, 64, false))), P(128, 128));
+  EXPECT_EQ(tile(sm80(dense(4, 2048, 16, 128, true))), P(128, 64));
+  EXPECT_EQ(tile(sm80(dense(4, 2048, 16, 256, false))), P(64, 64));
+  StepShape decode = sm80(dense(64, 1, 32, 128, false));
+  decode.pr.h_kv = 8;
+  decode.pr.max_kv_len = 2048;
+  EXPECT_EQ(tile(decode), P(16, 64));
+  EXPECT_EQ(tile(sm90(dense(4, 2048, 16, 128, false))), P(128, 176));
+  EXPECT_EQ(tile(sm90(dense(4, 1024, 16, 128, false))), P(128, 128));  // short keys
+  EXPECT_EQ(tile(sm90(dense(4, 2048, 16, 128, true))), P(128, 128));
+  EXPECT_EQ(tile(sm90(dense(4, 2048, 16, 64, true))), P(192, 128));
+  EXPECT_EQ(tile(sm90(dense(4, 1024, 16, 64, true))), P(128, 128));  // short keys, causal
+  EXPECT_EQ(tile(sm90(dense(4, 2048, 16, 256, false))), P(128, 80));
 }
 
 }  // namespace

@@ -106,8 +106,9 @@ TEST(SplitPolicy, InvariantsOverRandomShapes) {
     ASSERT_LE(pr.batch * splits, 65535) << "batch " << pr.batch;
     if (splits > 1) {
       ++split_calls;
-      const int64_t block_n =
-          decode ? attention::sm80::decode_tiles(static_cast<int>(d)).block_n : 64;
+      const int64_t block_n = decode
+                                  ? attention::sm80::decode_tiles(static_cast<int>(d)).block_n
+                                  : attention::sm80::fwd_tiles(static_cast<int>(d), false).block_n;
       const int64_t key_blocks = (pr.max_kv_len + block_n - 1) / block_n;
       if (!decode)
         EXPECT_GE(key_blocks / splits, 4) << "kv " << pr.max_kv_len << " into " << splits;

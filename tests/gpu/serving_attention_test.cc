@@ -6,16 +6,20 @@
 // interleaved (each launch then skips the other's sequences), automatic and explicit splits. A
 // plan is reused over several runs with other tensors of the same shapes. Outputs start poisoned
 // (NaN), as do unused pages and the tails of last pages. The instantiation ServeSanitize runs
-// under compute-sanitizer (scripts/gpu-check.sh runs *Sanitize*).
+// under compute-sanitizer (scripts/gpu-check.sh runs *Sanitize*). On a compute capability 9.0
+// device the same steps also run forced onto the sm90 kernel (each launch of the plan's grouping
+// on sm90, paged K/V by TMA), where its page size allows.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
+#include "attention/backends.h"
 #include "support/attention_case.h"
 #include "support/compare.h"
 #include "support/device_copy.h"
+#include "support/scoped_env.h"
 
 namespace flashserve::testing {
 namespace {
@@ -127,6 +131,24 @@ TEST_P(GpuServing, ForwardMatchesFloat64Reference) {
   SKIP_WITHOUT_CUDA();
   CaseSpec s = GetParam();
   s.seed = seed_for(s.name(), 37);
+  check_forward(s);
+}
+
+// Forced onto sm90: the plan keeps its decode and prefill launches, each on the sm90 kernel over
+// its own range. Skips off compute capability 9.0, in builds without 90a, and for what the sm90
+// kernel refuses (pages of 7 keys, explicit splits).
+TEST_P(GpuServing, PlannedOnSm90MatchesFloat64Reference) {
+  SKIP_WITHOUT_CUDA();
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  if (major != 9 || minor != 0 || !attention::cuda_sm90_built())
+    GTEST_SKIP() << "skipped: not a compute capability 9.0 device or built without 90a";
+  CaseSpec s = GetParam();
+  if (s.page_size % 8 != 0 || s.num_splits > 1) GTEST_SKIP() << "skipped: sm90 refuses it";
+  s.seed = seed_for(s.name(), 43);
+  ScopedEnv env("FLASHSERVE_KERNEL", "sm90");
+  check_planned(s);
   check_forward(s);
 }
 

@@ -2,11 +2,12 @@
 // reference: bf16/fp16, head dims 64, 128 and 256, grids smaller and larger than one persistent
 // wave, dense batches with equal and unequal q/kv lengths
 // (1, 17, 128, 130, 1000, 2048; ragged tile edges both ways), causal (bottom-right, including
-// rows that see no key) and not, GQA and MQA, outputs poisoned with NaN. Plus the same inputs
-// through the sm80 kernel, a determinism check, the refusals of what v1 lacks, and a small case
-// for compute-sanitizer (Sm90Sanitize*).
-// Skips without a CUDA device, on devices other than compute capability 9.0, and in builds
-// without 90a.
+// rows that see no key) and not, sliding windows (left, right, both), varlen q and k (empty
+// sequences too), seqused_k and paged K/V (pages of 16 to 256 keys) over NaN-poisoned unused keys,
+// GQA and MQA, outputs poisoned with NaN. Plus the same inputs through the sm80 kernel, a
+// determinism check, the refusals of what the kernel lacks, and a small case for compute-sanitizer
+// (Sm90Sanitize*). Skips without a CUDA device, on devices other than compute capability 9.0, and
+// in builds without 90a.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -66,6 +67,103 @@ CaseSpec spec(DType dt, int64_t d, int64_t batch, int64_t q_len, int64_t kv_len,
   return s;
 }
 
+// Sliding windows, varlen sequences and seqused_k: the key blocks a tile visits start past 0
+// (a left window), blocks need a mask on both sides, query tiles past a shorter sequence's rows
+// have no work, and a sequence's last key block reaches into memory that is not its keys
+// (another sequence's, or unused keys poisoned with NaN, which the kernel must zero in V).
+std::vector<CaseSpec> sm90_mask_and_length_cases() {
+  constexpr DType bf16 = DType::kBFloat16, fp16 = DType::kFloat16;
+  std::vector<CaseSpec> v;
+  auto window = [](CaseSpec s, int32_t left, int32_t right) {
+    s.causal = false;
+    s.window_left = left;
+    s.window_right = right;
+    return s;
+  };
+  for (int64_t d : {64, 128, 256}) {
+    const DType dt = d == 128 ? bf16 : fp16;
+    // Mistral's causal sliding window: blocks masked on the diagonal and at the window's left
+    // edge, fully visible ones between them (d128: 500 keys span 4 blocks of 128; the window
+    // 300 leaves the first rows' left edge at 0 and later ones past it).
+    v.push_back(window(spec(dt, d, 2, 500, 500, 4, 2, false), 300, 0));
+    // A narrow window (every block visited is masked on one side or both), right > 0, and a
+    // prefill chunk over a longer cache (q < kv: the window slides along the cache).
+    v.push_back(window(spec(dt, d, 1, 300, 300, 2, 1, false), 40, 17));
+    v.push_back(window(spec(dt, d, 1, 130, 700, 4, 4, false), 200, 0));
+    // Left only (no right edge), and right only with more queries than keys.
+    v.push_back(window(spec(dt, d, 1, 257, 400, 2, 2, false), 150, -1));
+    v.push_back(window(spec(dt, d, 1, 400, 150, 2, 2, false), -1, 5));
+  }
+  // Varlen q and k: unequal lengths, an empty sequence, a single-query one, sequences shorter
+  // and longer than one query tile and key block, with and without causal and a window.
+  for (int64_t d : {64, 128, 256})
+    for (int mask = 0; mask < 3; ++mask) {
+      CaseSpec s = spec(d == 256 ? bf16 : fp16, d, 4, 0, 0, 8, 2, mask == 1);
+      s.q_lens = {130, 0, 1, 300};
+      s.kv_lens = {200, 17, 333, 300};
+      s.q_layout = QLayout::kVarlen;
+      s.kv_layout = KVLayout::kVarlen;
+      if (mask == 2) s = window(s, 100, 0);
+      v.push_back(s);
+    }
+  // Varlen q over dense keys with seqused_k: NaN in every unused key row after each sequence's
+  // keys, inside the key blocks the kernel loads.
+  for (int64_t d : {64, 128, 256})
+    for (bool causal : {false, true}) {
+      CaseSpec s = spec(bf16, d, 3, 0, 0, 4, 1, causal);
+      s.q_lens = {77, 200, 5};
+      s.kv_lens = {100, 250, 1};
+      s.q_layout = QLayout::kVarlen;
+      s.use_seqused_k = true;
+      s.kv_extra = 90;
+      v.push_back(s);
+    }
+  // Dense q and k with seqused_k, and varlen keys over dense queries.
+  {
+    CaseSpec s = spec(fp16, 128, 2, 130, 0, 8, 8, true);
+    s.kv_lens = {129, 300};
+    s.use_seqused_k = true;
+    s.kv_extra = 40;
+    v.push_back(s);
+    CaseSpec t = spec(bf16, 128, 3, 64, 0, 4, 2, false);
+    t.kv_lens = {1, 500, 64};
+    t.kv_layout = KVLayout::kVarlen;
+    v.push_back(t);
+  }
+  // Paged K/V (always with seqused_k; unused pages and the rest of each last page poisoned):
+  // pages smaller than a key block (several boxes per block: 16 into 80, 128 and 176 keys), as
+  // large as one, and larger (a block within a page); varlen chunks over paged caches (the
+  // engine's prefill), with a window.
+  for (int64_t d : {64, 128, 256})
+    for (int64_t page : {16, 64, 256}) {
+      CaseSpec s = spec(d == 128 ? bf16 : fp16, d, 3, 0, 0, 8, 2, page != 64);
+      s.q_lens = {130, 1, 257};
+      s.kv_lens = {300, 77, 1100};
+      s.q_layout = QLayout::kVarlen;
+      s.kv_layout = KVLayout::kPaged;
+      s.page_size = page;
+      v.push_back(s);
+    }
+  {
+    CaseSpec s = spec(bf16, 128, 2, 200, 0, 4, 4, false);
+    s.kv_lens = {900, 450};
+    s.kv_layout = KVLayout::kPaged;
+    s.page_size = 48;  // boxes of gcd(176, 48) = 16 rows, pages not a power of two
+    v.push_back(s);
+    v.push_back(window(s, 256, 0));
+  }
+  // More tiles than multiprocessors, varlen and windowed: the tile counter over mixed tiles.
+  {
+    CaseSpec s = spec(bf16, 128, 3, 0, 0, 32, 8, true);
+    s.q_lens = {400, 50, 260};
+    s.kv_lens = {400, 90, 260};
+    s.q_layout = QLayout::kVarlen;
+    s.kv_layout = KVLayout::kVarlen;
+    v.push_back(window(s, 128, 0));
+  }
+  return v;
+}
+
 // Shapes small enough for the float64 reference (single-threaded) to stay within seconds.
 std::vector<CaseSpec> sm90_cases() {
   constexpr DType bf16 = DType::kBFloat16, fp16 = DType::kFloat16;
@@ -112,6 +210,7 @@ std::vector<CaseSpec> sm90_cases() {
   CaseSpec no_lse = spec(bf16, 128, 2, 130, 130, 4, 2, true);
   no_lse.with_lse = false;
   v.push_back(no_lse);
+  for (const CaseSpec& c : sm90_mask_and_length_cases()) v.push_back(c);
   return v;
 }
 
@@ -339,8 +438,9 @@ TEST(Sm90Determinism, SameInputsSameBits) {
   }
 }
 
-// What v1 lacks is refused naming FLASHSERVE_KERNEL (which also shows that the variable reaches
-// the dispatch: without it these calls would run on sm80).
+// What the kernel lacks (pages of other than a multiple of 8 keys, split-KV) is refused naming
+// FLASHSERVE_KERNEL (which also shows
+// that the variable reaches the dispatch: without it these calls would run on sm80).
 TEST(Sm90Refusals, NamesTheForcedKernel) {
   SKIP_WITHOUT_SM90();
   auto expect_refused = [](CaseSpec s) {
@@ -355,16 +455,13 @@ TEST(Sm90Refusals, NamesTheForcedKernel) {
       EXPECT_EQ(e.kind(), ErrorKind::kUnsupported) << e.what();
     }
   };
-  CaseSpec varlen = spec(DType::kBFloat16, 128, 2, 33, 33, 4, 2, true);
-  varlen.q_layout = QLayout::kVarlen;
-  varlen.kv_layout = KVLayout::kVarlen;
-  expect_refused(varlen);
   CaseSpec paged = spec(DType::kBFloat16, 128, 2, 64, 64, 4, 2, false);
   paged.kv_layout = KVLayout::kPaged;
+  paged.page_size = 12;  // TMA boxes within a page need a multiple of 8 rows
   expect_refused(paged);
-  CaseSpec window = spec(DType::kBFloat16, 128, 1, 64, 64, 2, 2, true);
-  window.window_left = 16;
-  expect_refused(window);
+  CaseSpec split = spec(DType::kBFloat16, 128, 1, 64, 1000, 2, 2, false);
+  split.num_splits = 3;
+  expect_refused(split);
 }
 
 }  // namespace

@@ -3,6 +3,11 @@
 #include <algorithm>
 #include <sstream>
 
+#include "attention/sm80/tile_config.h"
+#include "attention/sm90/tile_config.h"
+#include "common/str_cat.h"
+#include "flashserve/error.h"
+
 namespace flashserve::attention {
 
 int32_t clamp_window(int64_t side, int64_t bound) {
@@ -33,7 +38,21 @@ KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decod
   group.max_kv_len = max_kv_len;
   if (group.num_splits == 0 && !may_split) group.num_splits = 1;
   k.splits = choose_splits(group, dev, decode);
+  const int head_dim = static_cast<int>(pr.head_dim);
+  const sm80::Tiles t = decode ? sm80::decode_tiles(head_dim) : sm80::fwd_tiles(head_dim, k.masked);
+  k.block_m = t.block_m;
+  k.block_n = t.block_n;
   return k;
+}
+
+std::string sm90_lacks(const Problem& pr, const PlanContext& ctx) {
+  if (!ctx.sm90_unavailable.empty()) return ctx.sm90_unavailable;
+  if (pr.head_dim != 64 && pr.head_dim != 128 && pr.head_dim != 256)
+    return str_cat("head_dim ", pr.head_dim, " (64, 128 and 256 only)");
+  if (pr.paged && pr.page_size % 8 != 0)
+    return str_cat("page size ", pr.page_size, " (paged K/V needs a multiple of 8)");
+  if (pr.num_splits > 1) return "split-KV is not supported yet";
+  return "";
 }
 
 namespace {
@@ -44,11 +63,55 @@ size_t aligned(size_t bytes) {
   return (bytes + kAlign - 1) / kAlign * kAlign;
 }
 
-}  // namespace
+// Whether the sm90 kernel runs its masked instantiation: causal or a window narrower than the
+// sequences.
+bool sm90_masked(const Problem& pr) {
+  const int64_t bound = pr.max_q_len + pr.max_kv_len;
+  return clamp_window(pr.mask.left, bound) >= 0 || clamp_window(pr.mask.right, bound) >= 0;
+}
 
-Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& lens) {
+// The default dispatch takes sm90 for a launch where it was measured faster than the sm80
+// kernel `k` the launch would otherwise run: prefill-sized launches with at least one full
+// 128-row query tile and at least 512 keys (bench_sm90 over the FA3 grid, H200,
+// bench/results/sm90-h200-2026-12-01-run32-34.md: d128 and d256 at 256 keys 0.99-1.17x, at 512
+// 1.24-1.47x; d64 at 256 0.97x. d64 causal at 512 was 0.94x until its ShortTile: in session
+// 10's run 40 sm90 ran it at 224 TFLOP/s against sm80's 180 in run 41,
+// bench/results/sm90-h200-2026-12-01-session10.md); never where sm80 splits the keys or packs
+// decode rows (few query tiles over long keys: sm90 has no split-KV yet, so it would leave most
+// SMs idle). Varlen, seqused_k, paged K/V and windows other than causal run on sm90 only when
+// forced, until bench_sm90 --varlen / --window and the engine's shapes (bench_serve_attn) have
+// measured them beside sm80.
+bool sm90_preferred(const Problem& pr, const PlanContext& ctx, const KernelChoice& k,
+                    int64_t max_q_len, int64_t max_kv_len) {
+  if (!sm90_lacks(pr, ctx).empty() || k.decode || k.splits > 1) return false;
+  if (max_q_len < 128 || max_kv_len < 512) return false;
+  const int64_t bound = pr.max_q_len + pr.max_kv_len;
+  return !(pr.varlen_q || pr.varlen_k || pr.seqused || pr.paged ||
+           clamp_window(pr.mask.left, bound) >= 0 || clamp_window(pr.mask.right, bound) > 0);
+}
+
+// The sm90 kernel for a launch whose keys are at most max_kv_len: no splits; masked tiles differ
+// in cost, so with a workspace the persistent CTAs take them from a counter (16 bytes of the
+// workspace, zeroed before the launch); without one each CTA runs one tile and the hardware
+// schedules them.
+KernelChoice sm90_kernel(const Problem& pr, const PlanContext& ctx, int64_t max_kv_len) {
+  KernelChoice k;
+  k.family = KernelFamily::kSm90;
+  k.masked = sm90_masked(pr);
+  k.paged = pr.paged;
+  k.tile_counter = k.masked && ctx.workspace_available;
+  const sm90::TileShape tile =
+      sm90::tile_shape(static_cast<int>(pr.head_dim), k.masked, max_kv_len);
+  k.block_m = tile.block_m;
+  k.block_n = tile.block_n;
+  return k;
+}
+
+// The launches: decodes and prefill chunks grouped by kind, each group's kernel chosen for its
+// own shape: the sm80 kernel with its splits (choose_kernel), or the sm90 kernel where the call
+// forces it or the default prefers it.
+Plan grouped_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& lens) {
   Plan plan;
-  if (pr.batch == 0 || pr.max_q_len == 0 || ctx.q_rows == 0) return plan;
   // Decode tiles take the sequences with one query: a tile's rows are the heads of that query,
   // which see the same keys (a left window bounds them alike; the right side of a single
   // bottom-right query masks nothing).
@@ -58,6 +121,9 @@ Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& len
                  int64_t max_q, int64_t max_kv, int64_t row_begin, int64_t rows, bool may_split) {
     LaunchPlan l;
     l.kernel = choose_kernel(pr, ctx.device, decode, sequences, max_q, max_kv, may_split);
+    if (ctx.family == FamilyRequest::kSm90 ||
+        (ctx.family == FamilyRequest::kAuto && sm90_preferred(pr, ctx, l.kernel, max_q, max_kv)))
+      l.kernel = sm90_kernel(pr, ctx, max_kv);
     l.group = group;
     l.seq_begin = seq_begin;
     l.seq_end = seq_end;
@@ -67,7 +133,9 @@ Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& len
     l.row_begin = decode ? 0 : row_begin;
     l.rows = decode ? seq_end - seq_begin : rows;
     l.workspace_offset = plan.workspace_bytes;
-    plan.workspace_bytes += aligned(partial_bytes(l.kernel.splits, l.rows, pr.h_q, pr.head_dim));
+    plan.workspace_bytes += aligned(
+        l.kernel.tile_counter ? sizeof(int32_t)
+                              : partial_bytes(l.kernel.splits, l.rows, pr.h_q, pr.head_dim));
     plan.launches.push_back(l);
   };
 
@@ -143,6 +211,17 @@ Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& len
   return plan;
 }
 
+}  // namespace
+
+Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& lens) {
+  if (pr.batch == 0 || pr.max_q_len == 0 || ctx.q_rows == 0) return Plan{};
+  if (ctx.family == FamilyRequest::kSm90) {
+    const std::string lacks = sm90_lacks(pr, ctx);
+    if (!lacks.empty()) throw Error(ErrorKind::kUnsupported, "FLASHSERVE_KERNEL", "sm90: " + lacks);
+  }
+  return grouped_plan(pr, ctx, lens);
+}
+
 std::string Plan::summary() const {
   std::ostringstream os;
   if (launches.empty()) os << "nothing to compute";
@@ -155,7 +234,8 @@ std::string Plan::summary() const {
        << (l.group == SeqGroup::kAll       ? ""
            : l.group == SeqGroup::kDecodes ? " decodes only"
                                            : " prefills only")
-       << " max_q " << l.max_q_len << " max_kv " << l.max_kv_len << " splits " << l.kernel.splits
+       << " max_q " << l.max_q_len << " max_kv " << l.max_kv_len << " tile " << l.kernel.block_m
+       << "x" << l.kernel.block_n << " splits " << l.kernel.splits
        << (l.kernel.tile_counter ? " tile counter" : "");
   }
   os << "; workspace " << workspace_bytes << " B";

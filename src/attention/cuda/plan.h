@@ -22,13 +22,17 @@
 
 namespace flashserve::attention {
 
-// Which sequences of its range a launch computes (the kernels' SeqKind, sm80/fwd_params.h).
+// Which sequences of its range a launch computes (the kernels' SeqKind, kernel/seqlen.h).
 enum class SeqGroup : int32_t { kAll = 0, kDecodes = 1, kPrefills = 2 };
 
 // The kernel of one launch: kSm80 (FlashAttention-2 style, every GPU from Ampere on) or kSm90
-// (the Hopper kernel), which cuda_dispatch.cu takes where it measured faster (sm90_preferred) or
+// (the Hopper kernel), which the plan takes where it measured faster (make_plan's sm90 rules) or
 // where FLASHSERVE_KERNEL=sm90 forces it.
 enum class KernelFamily { kSm80, kSm90 };
+
+// The family a call asks for: FLASHSERVE_KERNEL (unset, empty or "auto"; "sm80"; "sm90"), read
+// once per plan by the dispatch.
+enum class FamilyRequest { kAuto, kSm80, kSm90 };
 
 struct KernelChoice {
   KernelFamily family = KernelFamily::kSm80;
@@ -36,9 +40,12 @@ struct KernelChoice {
   bool masked = false;  // causal or a window: the masked instantiation
   bool paged = false;
   int splits = 1;  // split-KV ways (> 1: partials in the workspace, then the combine)
-  // sm90 causal: a persistent grid whose CTAs take their next tile from a counter in the
+  // sm90 masked: a persistent grid whose CTAs take their next tile from a counter in the
   // workspace (at workspace_offset), zeroed before the launch.
   bool tile_counter = false;
+  // The tile the launch runs: query rows and keys per block, read from the family's tile
+  // configuration (sm80/tile_config.h, sm90/tile_config.h), which the launch instantiates.
+  int block_m = 0, block_n = 0;
 };
 
 // One launch: the kernel, its sequences [seq_begin, seq_end) (of which it takes `group`), the
@@ -76,19 +83,31 @@ struct PlanContext {
   // Automatic splitting (num_splits 0) only where a workspace will be there: plan_attention's
   // caller allocates workspace_bytes; attention_forward without a workspace does not split.
   bool workspace_available = true;
+  FamilyRequest family = FamilyRequest::kAuto;
+  // Why the sm90 kernel cannot run here whatever the problem's shape ("" when it can): a build
+  // without 90a, a device other than compute capability 9.0, tensors whose strides TMA cannot
+  // describe. The dispatch fills it from the device and the tensors.
+  std::string sm90_unavailable = "this build has no sm90 kernels";
 };
 
 // A window side wider than any sequence is the same as unbounded; clamping keeps the kernels'
 // row + offset + window arithmetic inside int32.
 int32_t clamp_window(int64_t side, int64_t bound);
 
-// The kernel for a group of sequences with these longest lengths (readable on purpose: every
-// rule of the choice is here).
+// The sm80 kernel for a group of sequences with these longest lengths (readable on purpose:
+// every rule of the choice is here).
 KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decode,
                            int64_t sequences, int64_t max_q_len, int64_t max_kv_len,
                            bool may_split);
 
-// The plan of one call. `lens` may be unknown (see HostLengths).
+// What the sm90 kernel cannot run of this call, or "" if it can: ctx.sm90_unavailable, else the
+// problem's shape (head dims 64, 128 and 256; pages of a multiple of 8 keys; no split-KV yet).
+std::string sm90_lacks(const Problem& pr, const PlanContext& ctx);
+
+// The plan of one call: the family (FLASHSERVE_KERNEL's request, else the sm90 kernel where it
+// measured faster than the sm80 plan), then the launches. `lens` may be unknown (see
+// HostLengths). A forced family that cannot run the call throws kUnsupported naming
+// FLASHSERVE_KERNEL.
 Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& lens);
 
 // Bytes of fp32 partial O and LSE that `splits` ways over `rows` rows of q take.

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "attention/kernel/seqlen.h"
 #include "attention/kernel/tile_order.h"
 #include "smem_tile.h"
 
@@ -15,14 +16,10 @@ using kernel::heaviest_first;
 using kernel::tile_of;
 using kernel::TileCoords;
 
-// Which sequences of its range a launch computes: all, or (a mixed batch's two launches) those
-// with at most one query (the packed decode tiles) or those with more (the prefill tiles).
-enum SeqKind : int32_t { kAllSeqs = 0, kDecodeSeqs = 1, kPrefillSeqs = 2 };
-
-// Whether a sequence with q_len queries belongs to a launch that takes `only`.
-__host__ __device__ __forceinline__ bool takes_seq(int32_t only, int q_len) {
-  return only == kAllSeqs || (only == kDecodeSeqs) == (q_len <= 1);
-}
+using kernel::kAllSeqs;
+using kernel::kDecodeSeqs;
+using kernel::kPrefillSeqs;
+using kernel::takes_seq;
 
 struct FwdParams {
   const void* q;
@@ -82,28 +79,15 @@ struct FwdParams {
   GridOrder order;
 };
 
-// One sequence's lengths and where it starts. Offsets are computed where they are used (not held
-// across the key loop: every register counts there).
-struct SeqInfo {
-  int b, q_len, kv_len, q_start, k_start;
+// One sequence's lengths and where it starts (kernel/seqlen.h). Offsets are computed where they
+// are used (not held across the key loop: every register counts there).
+struct SeqInfo : kernel::SeqLens {
+  int b;
 
-  __device__ __forceinline__ SeqInfo(const FwdParams& p, int batch) : b(batch) {
-    span(p.cu_seqlens_q, p.seqlen_q, q_start, q_len);
-    span(p.cu_seqlens_k, p.seqlen_k, k_start, kv_len);
-    if (p.seqused_k != nullptr) kv_len = p.seqused_k[b];
-  }
-
-  // Sequence b's first row and length: from cu_seqlens (varlen), else dense rows of dense_len.
-  __device__ __forceinline__ void span(const int32_t* cu_seqlens, int dense_len, int& start,
-                                       int& len) const {
-    if (cu_seqlens != nullptr) {
-      start = cu_seqlens[b];
-      len = cu_seqlens[b + 1] - start;
-    } else {
-      start = 0;
-      len = dense_len;
-    }
-  }
+  __device__ __forceinline__ SeqInfo(const FwdParams& p, int batch)
+      : kernel::SeqLens(kernel::seq_lens(p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.seqlen_q,
+                                         p.seqlen_k, batch)),
+        b(batch) {}
 
   // Index of the sequence's row 0 among all rows of q (the partial buffers' row index).
   __device__ __forceinline__ int64_t q_row0(const FwdParams& p) const {

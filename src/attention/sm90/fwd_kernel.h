@@ -9,8 +9,12 @@
 //   cores busy: within a warpgroup, QK^T of block j is issued together with PV of block j - 1 and
 //   the softmax of j runs while PV(j - 1) is still in flight; between the warpgroups, the
 //   WarpScheduler makes them take turns issuing, so one's softmax runs under the others' GEMMs.
-// - Key blocks go from the last to the first: the blocks that need a mask (the causal diagonal,
-//   the ragged end of the keys) come first, and the rest run the mask-free path.
+// - Key blocks go from the last to the first: the blocks that need a mask on their high side (the
+//   causal diagonal or a window's right edge, the ragged end of the keys) come first, then the
+//   mask-free path, then (a sliding window's left edge) masked blocks again.
+// - Sequences: dense, varlen (cu_seqlens) or seqused_k (kernel/seqlen.h), K/V dense or paged
+//   (a key block as boxes within pages, load_kv); query tiles past a shorter sequence's rows have
+//   no work; the visited key blocks follow the mask (kernel/block_mask.h, as the sm80 kernels').
 // - Barriers per stage: k_full / v_full (TMA bytes landed), k_empty / v_empty (one arrival per
 //   consumer warp once its warpgroup's GEMM that read the buffer has completed): K is released
 //   after QK^T, V after PV, so the producer refills K while PV still reads V.
@@ -20,7 +24,7 @@
 //   by block), so its loads overlap this tile's last GEMMs and epilogue.
 //
 // Not yet here (docs/kernel-notes.md, "sm90 next steps"): TMA stores of O in the library's tiles
-// (an option, kTmaStoreO, not yet measured), varlen, paged K/V, windows, split-KV.
+// (an option, kTmaStoreO, not yet measured), split-KV.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -29,6 +33,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "attention/kernel/block_mask.h"
+#include "attention/kernel/seqlen.h"
 #include "attention/kernel/tile_order.h"
 #include "fwd_params.h"
 #include "mbarrier.h"
@@ -88,18 +94,43 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
-// Key blocks that query tile m_block needs: up to the last key any of its rows sees (bottom-right
-// causal: row t sees keys <= kv_len - q_len + t). 0 when no row sees a key.
-template <class Cfg, bool kCausal>
-__device__ __forceinline__ int key_blocks(int m_block, int q_len, int kv_len) {
-  int n = (kv_len + Cfg::kBlockN - 1) / Cfg::kBlockN;
-  if (kCausal) {
-    const int last_row = min((m_block + 1) * Cfg::kBlockM, q_len) - 1;
-    const int last_key = kv_len - q_len + last_row;
-    n = last_key < 0 ? 0 : min(n, last_key / Cfg::kBlockN + 1);
-  }
-  return n;
+// The sequence a tile's grid coordinate z stands for: the launch's range starts at seq_begin.
+__device__ __forceinline__ int seq_of(const FwdParams& p, const kernel::TileCoords& tile) {
+  return p.seq_begin + tile.z;
 }
+
+__device__ __forceinline__ kernel::SeqLens seq_lens_of(const FwdParams& p, int b) {
+  return kernel::seq_lens(p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.seqlen_q, p.seqlen_k, b);
+}
+
+// A tile's sequence and the key blocks its rows visit; producer and consumers derive both from
+// the same tile index, so they agree on every load. `valid`: the tile has rows (a varlen
+// sequence shorter than the longest has fewer query tiles than the grid) and its sequence is of
+// the kind the launch takes (FwdParams::only).
+template <class Cfg, bool kMasked>
+struct TileWork {
+  int b;  // the sequence
+  kernel::SeqLens seq;
+  int m0;  // the tile's first query row within its sequence
+  kernel::KeyBlocks<Cfg::kBlockM, Cfg::kBlockN, kMasked> blocks;
+
+  __device__ __forceinline__ TileWork(const FwdParams& p, const kernel::TileCoords& tile)
+      : b(seq_of(p, tile)),
+        seq(seq_lens_of(p, b)),
+        m0(tile.m_block * Cfg::kBlockM),
+        blocks(m0, seq.q_len, seq.kv_len, p.window_left, p.window_right) {
+    if (!kernel::takes_seq(p.only, seq.q_len)) seq.q_len = 0;
+  }
+
+  __device__ __forceinline__ bool valid() const { return m0 < seq.q_len; }
+  // The TMA coordinates of row 0 of the sequence: dense tensors by sequence, varlen ones by row.
+  __device__ __forceinline__ int q_z(const FwdParams& p) const {
+    return p.cu_seqlens_q != nullptr ? 0 : b;
+  }
+  __device__ __forceinline__ int kv_z(const FwdParams& p) const {
+    return p.cu_seqlens_k != nullptr ? 0 : b;
+  }
+};
 
 template <bool kBf16>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
@@ -115,45 +146,77 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 // ---------------------------------------------------------------------------------------------
 // Producer
 
+// Where a tile's key blocks come from: dense or varlen K/V, row `row0` (the sequence's first key
+// row: 0 dense, cu_seqlens_k[b] varlen) of map sequence z (b dense, 0 varlen); paged, the pages
+// of table row z (b), up to the sequence's last page `row0` (boxes past its last key read that
+// page again: those keys are masked and their V rows zeroed, zero_v_tail, so any row serves).
+// Two numbers, since the producer holds them through the tile at 32 registers.
+struct KvSource {
+  int row0, z;
+};
+
+template <class Cfg, bool kMasked>
+__device__ __forceinline__ KvSource kv_source(const FwdParams& p, const TileWork<Cfg, kMasked>& w) {
+  if (p.block_table != nullptr) return {(w.seq.kv_len - 1) / p.page_size, w.b};
+  return {w.seq.k_start, w.kv_z(p)};
+}
+
+// Key block `block`: one box per column chunk, or, paged, kBlockN / page_rows boxes per chunk,
+// each within its page (fwd_params.h).
 template <class Cfg>
-__device__ __forceinline__ void load_kv(const CUtensorMap* map,
+__device__ __forceinline__ void load_kv(const FwdParams& p, const CUtensorMap* map,
                                         uint8_t (&dst)[Cfg::kChunks][Cfg::kKVChunkBytes],
-                                        Mbarrier& full, int block, int kv_head, int batch) {
+                                        Mbarrier& full, KvSource src, int block, int kv_head) {
   full.arrive_expect_tx(Cfg::kKVBytes);
+  const int key0 = block * Cfg::kBlockN;
+  if (p.block_table == nullptr) {
 #pragma unroll
-  for (int c = 0; c < Cfg::kChunks; ++c)
-    tma_load_4d(dst[c], map, full, c * Cfg::kChunkCols, block * Cfg::kBlockN, kv_head, batch);
+    for (int c = 0; c < Cfg::kChunks; ++c)
+      tma_load_4d(dst[c], map, full, c * Cfg::kChunkCols, src.row0 + key0, kv_head, src.z);
+    return;
+  }
+  const int32_t* table = p.block_table + src.z * p.block_table_stride;
+  for (int r = 0; r < Cfg::kBlockN; r += p.page_rows) {
+    const int key = key0 + r;
+    const int page = __ldg(table + min(key / p.page_size, src.row0));
+#pragma unroll
+    for (int c = 0; c < Cfg::kChunks; ++c)
+      tma_load_4d(dst[c] + r * 128, map, full, c * Cfg::kChunkCols, key % p.page_size, kv_head,
+                  page);
+  }
 }
 
 // Per tile: Q (once both consumers are done with the previous tile's Q), K of the first block,
 // then per step K of the next block and V of the current one. `ring` counts the K/V blocks of
-// earlier tiles: block i of this tile (key block n_blocks - 1 - i) is ring slot ring + i, in
-// stage slot % kStages; the producer waits for that stage's buffer to be released (a stage's
-// first round passes on the fresh barrier). `q_round` counts the earlier tiles with keys.
-template <class Cfg>
+// earlier tiles: block i of this tile (key block n_max - 1 - i) is ring slot ring + i, in stage
+// slot % kStages; the producer waits for that stage's buffer to be released (a stage's first
+// round passes on the fresh barrier). `q_round` counts the earlier tiles with keys.
+template <class Cfg, bool kMasked>
 __device__ __forceinline__ void produce_tile(SharedStorage<Cfg>& s, const FwdParams& p,
-                                             const kernel::TileCoords& tile, int n_blocks, int ring,
-                                             int q_round, Trace<Cfg::kTrace>& trace) {
+                                             const kernel::TileCoords& tile,
+                                             const TileWork<Cfg, kMasked>& w, int ring, int q_round,
+                                             Trace<Cfg::kTrace>& trace) {
   constexpr int kStages = Cfg::kStages;
-  const int kv_head = tile.head / p.h_ratio;
+  const int kv_head = tile.head / p.h_ratio, n_blocks = w.blocks.count(), n_max = w.blocks.n_max;
   s.q_empty.wait((q_round & 1) ^ 1);
   s.q_full.arrive_expect_tx(Cfg::kQBytes);
 #pragma unroll
   for (int c = 0; c < Cfg::kChunks; ++c)
-    tma_load_4d(s.q[c], &p.tma_q, s.q_full, c * Cfg::kChunkCols, tile.m_block * Cfg::kBlockM,
-                tile.head, tile.z);
+    tma_load_4d(s.q[c], &p.tma_q, s.q_full, c * Cfg::kChunkCols, w.seq.q_start + w.m0, tile.head,
+                w.q_z(p));
   trace(kProducerQ);
+  const KvSource src = kv_source(p, w);
   for (int i = 0; i <= n_blocks; ++i) {
     if (i < n_blocks) {
       const int slot = ring + i, st = slot % kStages;
       s.k_empty[st].wait(((slot / kStages) & 1) ^ 1);
-      load_kv<Cfg>(&p.tma_k, s.k[st], s.k_full[st], n_blocks - 1 - i, kv_head, tile.z);
+      load_kv<Cfg>(p, &p.tma_k, s.k[st], s.k_full[st], src, n_max - 1 - i, kv_head);
       trace(kProducerK);
     }
     if (i > 0) {
       const int slot = ring + i - 1, st = slot % kStages;
       s.v_empty[st].wait(((slot / kStages) & 1) ^ 1);
-      load_kv<Cfg>(&p.tma_v, s.v[st], s.v_full[st], n_blocks - i, kv_head, tile.z);
+      load_kv<Cfg>(p, &p.tma_v, s.v[st], s.v_full[st], src, n_max - i, kv_head);
       trace(kProducerV);
     }
   }
@@ -234,21 +297,55 @@ struct RowState {
   }
 };
 
-// Scores of keys past kv_len, and (causal) past each row's diagonal, become -inf. row0 is the
-// query index of this thread's first row.
-template <class Cfg, bool kCausal, int kN>
-__device__ __forceinline__ void mask_scores(float (&sc)[kN], int key0, int row0, int q_len,
-                                            int kv_len) {
+// The keys this thread's two rows see (h = 0: the fragment's row row0, h = 1: row0 + 8), [lo[h],
+// hi[h]]: before kv_len and, masked, inside the window (mask.h). Computed once per tile, so that
+// the key loop holds four numbers instead of the lengths, the row and the window.
+template <bool kMasked>
+struct RowKeys {
+  int lo[2], hi[2];
+
+  __device__ __forceinline__ RowKeys(int row0, int q_len, int kv_len, int left, int right) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int pos = kv_len - q_len + row0 + 8 * h;  // the row's key position
+      lo[h] = 0;
+      hi[h] = kv_len - 1;
+      if constexpr (kMasked) {
+        if (right >= 0) hi[h] = min(hi[h], pos + right);
+        if (left >= 0) lo[h] = pos - left;
+      }
+    }
+  }
+};
+
+// Scores of the keys a row does not see (RowKeys) become -inf; key0 is the block's first key.
+template <bool kMasked, int kN>
+__device__ __forceinline__ void mask_scores(float (&sc)[kN], int key0, const RowKeys<kMasked>& rk) {
   const int col0 = key0 + 2 * (threadIdx.x % 4);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int limit = kCausal ? min(kv_len - 1, kv_len - q_len + row0 + 8 * h) : kv_len - 1;
+  for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int i = 0; i < kN / 4; ++i)
 #pragma unroll
-      for (int e = 0; e < 2; ++e)
-        if (col0 + 8 * i + e > limit) sc[4 * i + 2 * h + e] = -INFINITY;
-  }
+      for (int e = 0; e < 2; ++e) {
+        const int col = col0 + 8 * i + e;
+        if ((kMasked && col < rk.lo[h]) || col > rk.hi[h]) sc[4 * i + 2 * h + e] = -INFINITY;
+      }
+}
+
+// Rows `from` .. kBlockN - 1 of a V block become zeros (p.zero_v_tail): whole 128-byte rows, so
+// the swizzle (which permutes 16-byte units within a row) needs no care. Every consumer
+// warpgroup zeroes the rows before its own P V reads them (the warpgroups write the same zeros,
+// so no order between them matters), then fences its writes to the async proxy that wgmma reads
+// through, and syncs its 128 threads.
+template <class Cfg>
+__device__ __forceinline__ void zero_v_rows(uint8_t (&v)[Cfg::kChunks][Cfg::kKVChunkBytes],
+                                            int from, int tid) {
+  const int units = (Cfg::kBlockN - from) * 8;  // 16-byte units per chunk
+#pragma unroll
+  for (int c = 0; c < Cfg::kChunks; ++c)
+    for (int u = tid; u < units; u += 128)
+      *reinterpret_cast<uint4*>(v[c] + from * 128 + u * 16) = make_uint4(0, 0, 0, 0);
 }
 
 template <int kD>
@@ -358,12 +455,13 @@ __device__ __forceinline__ void epilogue_sync(int cw) {
 // tile's stores have read it.
 template <class Cfg, bool kBf16>
 __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParams& p,
-                                           const kernel::TileCoords& tile, int cw, int tid,
+                                           const kernel::TileCoords& tile,
+                                           const kernel::SeqLens& seq, int cw, int tid,
                                            const float (&o)[Cfg::kHeadDim / 2],
                                            const RowState<Cfg::kLazyRescale>& rows) {
   constexpr int kD = Cfg::kHeadDim;
   using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
-  const int lane = tid % 32;
+  const int lane = tid % 32, b = seq_of(p, tile);
   const int wg_row0 = tile.m_block * Cfg::kBlockM + cw * 64;
   const int row0 = wg_row0 + (tid / 32) * 16 + lane / 4;
   if constexpr (Cfg::kTmaStoreO) {
@@ -393,15 +491,16 @@ __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParam
         *reinterpret_cast<uint4*>(s.o[cw][g / 8] + r * 128 + ((g % 8) ^ (r % 8)) * 16) = v;
       });
     } else {
-      Elem* out = static_cast<Elem*>(p.out) + tile.z * p.o_batch_stride + t * p.o_row_stride +
-                  tile.head * p.o_head_stride;
+      Elem* out = static_cast<Elem*>(p.out) + b * p.o_batch_stride +
+                  int64_t{seq.q_start + t} * p.o_row_stride + tile.head * p.o_head_stride;
       // The dispatch refuses outputs whose rows are not 16-byte aligned (check_aligned).
       store_row_vec16<kD>(packed, lane % 4, [&](int g, uint4 v) {
-        if (t < p.seqlen_q) *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(out) + 16 * g) = v;
+        if (t < seq.q_len) *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(out) + 16 * g) = v;
       });
     }
-    if (t < p.seqlen_q && p.lse != nullptr && lane % 4 == 0)
-      p.lse[tile.z * p.lse_batch_stride + tile.head * p.lse_head_stride + t * p.lse_row_stride] =
+    if (t < seq.q_len && p.lse != nullptr && lane % 4 == 0)
+      p.lse[b * p.lse_batch_stride + tile.head * p.lse_head_stride +
+            int64_t{seq.q_start + t} * p.lse_row_stride] =
           seen ? rows.max[h] * p.scale + logf(sum) : -INFINITY;
   }
   if constexpr (Cfg::kTmaStoreO) {
@@ -410,7 +509,7 @@ __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParam
     if (tid == 0) {
 #pragma unroll
       for (int c = 0; c < Cfg::kChunks; ++c)
-        tma_store_4d(&p.tma_o, s.o[cw][c], c * Cfg::kChunkCols, wg_row0, tile.head, tile.z);
+        tma_store_4d(&p.tma_o, s.o[cw][c], c * Cfg::kChunkCols, wg_row0, tile.head, b);
       tma_store_commit();
     }
   }
@@ -422,12 +521,11 @@ __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParam
 // PV(i - 1), then the last PV and the epilogue. (Carrying the last PV into the next tile's first
 // step, beside its first QK^T, with Q double-buffered, measured no faster: docs/kernel-notes.md,
 // run 40.)
-template <class Cfg, bool kBf16, bool kCausal>
+template <class Cfg, bool kBf16, bool kMasked>
 __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdParams& p, int cw,
                                               int tid) {
-  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
+  constexpr int kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
   constexpr int kStages = Cfg::kStages;
-  const int q_len = p.seqlen_q, kv_len = p.seqlen_k;
   const int warp = tid / 32, lane = tid % 32;
   // The turns of the warp scheduler run on from one tile to the next (a warpgroup may start
   // the next tile while the others finish this one).
@@ -450,23 +548,31 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
     trace(kTileRead);
     if (t >= p.num_tiles) break;
     const kernel::TileCoords tile = kernel::tile_of(p.order, t);
-    const int n_blocks = key_blocks<Cfg, kCausal>(tile.m_block, q_len, kv_len);
+    const TileWork<Cfg, kMasked> w(p, tile);
+    if (!w.valid()) continue;  // no rows: nothing to load or store
+    const int q_len = w.seq.q_len, kv_len = w.seq.kv_len;
+    const int n_min = w.blocks.n_min, n_max = w.blocks.n_max, n_blocks = w.blocks.count();
+    // The epilogue reads the sequence's first row and length again rather than holding them
+    // through the key loop (registers are what the consumers lack; the reads are a few loads).
+    const auto seq_again = [&] { return seq_lens_of(p, seq_of(p, tile)); };
     if (n_blocks == 0) {  // no row sees a key: O = 0, LSE = -inf
 #pragma unroll
       for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
       rows = RowState<Cfg::kLazyRescale>{};
-      store_tile<Cfg, kBf16>(s, p, tile, cw, tid, o, rows);
+      store_tile<Cfg, kBf16>(s, p, tile, w.seq, cw, tid, o, rows);
       continue;
     }
     // The two rows of this thread in the accumulator fragment (wgmma.h), as query indices.
-    const int row0 = tile.m_block * kBlockM + cw * 64 + warp * 16 + lane / 4;
-    // Blocks that need a mask: the last key past kv_len or, causal, past the diagonal of the
-    // warpgroup's first row. They come first (keys go from the last block to the first).
-    const int diag = kv_len - q_len + tile.m_block * kBlockM + cw * 64;
-    const auto needs_mask = [&](int j) {
-      const int last_key = j * kBlockN + kBlockN - 1;
-      return last_key >= kv_len || (kCausal && last_key > diag);
-    };
+    const int row0 = w.m0 + cw * 64 + warp * 16 + lane / 4;
+    // The blocks whose every key this warpgroup's rows see, [lo, hi), run without a mask; step i
+    // works on block n_max - 1 - i, so steps 1 .. hi_steps - 1 and lo_steps .. n_blocks - 1 are
+    // masked. (Only the rows before q_len count: the others are never stored.)
+    const kernel::KeyBlocks<64, kBlockN, kMasked> mine(w.m0 + cw * 64, q_len, kv_len, p.window_left,
+                                                       p.window_right);
+    const int hi = min(max(mine.full_hi, n_min), n_max), lo = min(max(mine.full_lo, n_min), hi);
+    const int hi_steps = n_max - hi, lo_steps = n_max - lo;
+    const RowKeys<kMasked> row_keys(row0, q_len, kv_len, p.window_left, p.window_right);
+    const auto mask = [&](int j) { mask_scores<kMasked>(sc, j * kBlockN, row_keys); };
     // Q's descriptor for this warpgroup's 64 rows (8 atoms of 8 rows, 1024 bytes apart).
     const uint64_t q_desc = smem_desc_sw128(s.q[0] + cw * 64 * 128, 16, 1024);
 
@@ -488,8 +594,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       trace(kSReady);
       release(s.k_empty[st]);
       release(s.q_empty, n_blocks == 1);  // the tile's last QK^T is done
-      if (needs_mask(n_blocks - 1))
-        mask_scores<Cfg, kCausal>(sc, (n_blocks - 1) * kBlockN, row0, q_len, kv_len);
+      if (n_max - 1 >= hi || n_max - 1 < lo) mask(n_max - 1);
       rows = RowState<Cfg::kLazyRescale>{};
       rows.update(sc, p.scale_log2, rescale);
       trace(kSoftmaxDone);
@@ -497,16 +602,24 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
       fence_regs(o);  // the zeros stay here, before the next step's wgmma fence
       to_operand<kBf16>(sc, pa);
+      // The first block's V rows past the last key, where they are not TMA's zero fill
+      // (FwdParams::zero_v_tail), are zeroed before any P V reads them. No wgmma is in flight.
+      const int tail_from = kv_len - (n_max - 1) * kBlockN;
+      if (p.zero_v_tail && tail_from < kBlockN) {
+        s.v_full[st].wait((ring / kStages) & 1);
+        zero_v_rows<Cfg>(s.v[st], tail_from, tid);
+        fence_shared_to_async();
+        epilogue_sync(cw);
+      }
       trace(kStepEnd);
     }
-    // Step i: S of block i (keys n_blocks - 1 - i) with P V of block i - 1 in flight. Between
-    // the two waits nothing branches: at a join with P V in flight ptxas places the wait for it
+    // Step i: S of block i (keys n_max - 1 - i) with P V of block i - 1 in flight. Between the
+    // two waits nothing branches: at a join with P V in flight ptxas places the wait for it
     // (run 44's SASS: every kernel waited for P V before the softmax's exponentials, so the
-    // softmax never ran under its own warpgroup's P V). The steps whose blocks need a mask (they
-    // come first) run as their own loop, with the mask compiled in.
+    // softmax never ran under its own warpgroup's P V). The steps whose blocks need a mask run
+    // as loops of their own, with the mask compiled in.
     const auto step = [&](int i, auto masked) {
       const int slot = ring + i, st = slot % kStages, prev = (slot - 1) % kStages;
-      const int j = n_blocks - 1 - i;
       sched.wait_turn();
       trace(kTurn);
       s.k_full[st].wait((slot / kStages) & 1);
@@ -523,8 +636,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       trace(kSReady);
       release(s.k_empty[st]);
       release(s.q_empty, i == n_blocks - 1);  // the tile's last QK^T is done
-      if constexpr (decltype(masked)::value)
-        mask_scores<Cfg, kCausal>(sc, j * kBlockN, row0, q_len, kv_len);
+      if constexpr (decltype(masked)::value) mask(n_max - 1 - i);
       const bool rescale_warp = rows.update(sc, p.scale_log2, rescale);
       // The fences keep the exponentials above the wait for P V in the PTX. ptxas still schedules
       // the wait after only some of them (run 45: 7-37 of 40-88); an arrival that depends on all
@@ -541,13 +653,13 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       to_operand<kBf16>(sc, pa);
       trace(kStepEnd);
     };
-    int masked_until = n_blocks;  // blocks j >= masked_until need the mask
-    while (masked_until > 0 && needs_mask(masked_until - 1)) --masked_until;
     int i = 1;
-    for (; i < n_blocks - masked_until; ++i) step(i, std::true_type{});
-    for (; i < n_blocks; ++i) step(i, std::false_type{});
+    for (; i < hi_steps; ++i) step(i, std::true_type{});
+    for (; i < lo_steps; ++i) step(i, std::false_type{});
+    if constexpr (kMasked)  // a window's left edge: masked blocks again
+      for (; i < n_blocks; ++i) step(i, std::true_type{});
     {
-      // The last P V (keys 0 .. kBlockN - 1), then the epilogue.
+      // The last P V (block n_min), then the epilogue.
       const int slot = ring + n_blocks - 1, last = slot % kStages;
       s.v_full[last].wait((slot / kStages) & 1);
       wgmma_fence();
@@ -556,7 +668,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       fence_regs(o);
       trace(kEpilogueStart);
       release(s.v_empty[last]);
-      store_tile<Cfg, kBf16>(s, p, tile, cw, tid, o, rows);
+      store_tile<Cfg, kBf16>(s, p, tile, seq_again(), cw, tid, o, rows);
       trace(kEpilogueEnd);
     }
     ring += n_blocks;
@@ -567,7 +679,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
     if (tid == 0) tma_store_wait_all();  // the staging buffer lives as long as the CTA
 }
 
-template <class Cfg, bool kBf16, bool kCausal>
+template <class Cfg, bool kBf16, bool kMasked>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_kernel(const __grid_constant__ FwdParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -601,9 +713,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   // The producer picks the tiles (the next one once it has issued a tile's loads) and announces
   // each, and past the last one num_tiles, to the consumers; both count the same ring slots and
-  // Q rounds. Tiles without keys (causal rows before the first key) load nothing and store
-  // O = 0, LSE = -inf. The two roles are the two branches of one if/else: ptxas applies each
-  // branch's setmaxnreg budget to its register allocation only in that shape.
+  // Q rounds. Tiles without rows (varlen) or without keys (causal rows before the first key, a
+  // window that misses every key) load nothing; those with rows store O = 0, LSE = -inf. The two
+  // roles are the two branches of one if/else: ptxas applies each branch's setmaxnreg budget to
+  // its register allocation only in that shape.
   if (warpgroup == 0) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
     if (tid == 0) {
@@ -616,10 +729,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         trace(kProducerTile);
         if (t >= p.num_tiles) break;
         const kernel::TileCoords tile = kernel::tile_of(p.order, t);
-        const int n_blocks = key_blocks<Cfg, kCausal>(tile.m_block, p.seqlen_q, p.seqlen_k);
-        if (n_blocks > 0) {
-          produce_tile<Cfg>(s, p, tile, n_blocks, ring, q_round, trace);
-          ring += n_blocks;
+        const TileWork<Cfg, kMasked> w(p, tile);
+        if (w.valid() && w.blocks.count() > 0) {
+          produce_tile<Cfg, kMasked>(s, p, tile, w, ring, q_round, trace);
+          ring += w.blocks.count();
           ++q_round;
         }
         t = p.tile_counter != nullptr ? gridDim.x + atomicAdd(p.tile_counter, 1) : t + gridDim.x;
@@ -627,7 +740,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
-    consume_tiles<Cfg, kBf16, kCausal>(s, p, warpgroup - 1, tid);
+    consume_tiles<Cfg, kBf16, kMasked>(s, p, warpgroup - 1, tid);
   }
 #endif
 }

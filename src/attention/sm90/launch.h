@@ -1,5 +1,6 @@
-// Host entry point of the sm90 forward kernel: dense batch, head dims 64, 128 and 256, causal or
-// not, GQA. cuda_dispatch.cu decides when it runs (sm90_preferred; FLASHSERVE_KERNEL forces it).
+// Host entry point of the sm90 forward kernel: dense or varlen batches (seqused_k too), dense or
+// paged K/V, head dims 64, 128 and 256, no mask, bottom-right causal or a sliding window, GQA.
+// cuda_dispatch.cu decides when it runs (sm90_preferred; FLASHSERVE_KERNEL forces it).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,21 +16,41 @@ struct FwdArgs {
   const void* k;
   const void* v;
   void* out;
-  float* lse;   // null: not written
-  DType dtype;  // kBFloat16 or kFloat16
-  int batch, seqlen_q, seqlen_k, h_q, h_kv, head_dim;
-  // Strides in elements: q/k/v/out [batch, seqlen, heads, d], lse [batch, heads, seqlen].
+  float* lse;                      // null: not written
+  DType dtype;                     // kBFloat16 or kFloat16
+  int batch, h_q, h_kv, head_dim;  // batch: the call's sequences (dense tensors' first dimension)
+  // The launch's sequences: seq_begin .. seq_begin + seqs - 1 of the call, of which it takes
+  // `only` (kernel::SeqKind: all, or those with at most one query, or those with more).
+  int seq_begin, seqs, only;
+  // Rows of q and k/v per sequence (dense), or in all (varlen: cu_seqlens_q / cu_seqlens_k not
+  // null; those rows form one sequence of the tensor maps).
+  int seqlen_q, seqlen_k;
+  int max_seqlen_q, max_seqlen_k;  // of any sequence (dense: seqlen_q, seqlen_k)
+  // Device arrays (kernel/seqlen.h), null where the call has none.
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_k;
+  const int32_t* seqused_k;
+  // Paged K/V (block_table not null, seqused_k given): k/v [num_pages, page_size, h_kv, d], with
+  // k/v_page_stride between pages (their batch strides unused); page_size a multiple of 8.
+  const int32_t* block_table;
+  int64_t block_table_stride;
+  int num_pages, page_size;
+  int64_t k_page_stride, v_page_stride;
+  // Strides in elements: q/k/v/out [batch, seqlen, heads, d], lse [batch, heads, seqlen]; varlen:
+  // q/k/v/out [total, heads, d] with batch stride 0, lse [heads, total_q] with batch stride 0.
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;
   int64_t v_batch_stride, v_row_stride, v_head_stride;
   int64_t o_batch_stride, o_row_stride, o_head_stride;
   int64_t lse_batch_stride, lse_row_stride, lse_head_stride;
-  bool causal;  // bottom-right aligned
+  // mask.h's window, clamped by the host (a side wider than any sequence is -1); causal is
+  // left -1, right 0. Either side >= 0 runs the masked instantiation.
+  int window_left, window_right;
   float scale;
   int sms;           // the device's multiprocessors: one persistent CTA each
   int64_t l2_bytes;  // the device's L2: the tile order's head sections fit half of it
-  // Causal: a device int the persistent CTAs take their next tile from (zeroed by the launch);
-  // null: causal grids run one CTA per tile.
+  // Masked: a device int the persistent CTAs take their next tile from (zeroed by the launch);
+  // null: masked grids run one CTA per tile.
   int* tile_counter;
   cudaStream_t stream;
 };

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <string>
 
 #include "attention/cuda_check.h"
@@ -58,31 +59,55 @@ inline CUtensorMap make_map(const void* base, DType dtype, int batch, int seqlen
 
 // Launches the kernel of tile Cfg on `a` with `p`'s outputs and scalars (fwd_params): the maps,
 // the tile order and the grid are set here.
-template <class Cfg, bool kBf16, bool kCausal>
+template <class Cfg, bool kBf16, bool kMasked>
 void launch(FwdParams& p, const FwdArgs& a) {
   constexpr int kHeadDim = Cfg::kHeadDim;
-  // No keys: the maps are never read (every tile has zero key blocks), but TMA refuses a
-  // dimension of 0; describe one row.
-  const int kv_rows = a.seqlen_k > 0 ? a.seqlen_k : 1;
-  p.tma_q = make_map(a.q, a.dtype, a.batch, a.seqlen_q, a.h_q, kHeadDim, a.q_batch_stride,
+  // Varlen tensors are one sequence of all their rows for TMA (the kernel offsets each tile by
+  // its sequence's first row). No keys: the maps are never read (every tile has zero key
+  // blocks), but TMA refuses a dimension of 0; describe one row.
+  const bool varlen_q = a.cu_seqlens_q != nullptr, varlen_k = a.cu_seqlens_k != nullptr;
+  const int q_seqs = varlen_q ? 1 : a.batch, kv_seqs = varlen_k ? 1 : a.batch;
+  const int q_rows = std::max(a.seqlen_q, 1), kv_rows = std::max(a.seqlen_k, 1);
+  p.tma_q = make_map(a.q, a.dtype, q_seqs, q_rows, a.h_q, kHeadDim, a.q_batch_stride,
                      a.q_row_stride, a.q_head_stride, Cfg::kBlockM, "q");
-  p.tma_k = make_map(a.k, a.dtype, a.batch, kv_rows, a.h_kv, kHeadDim, a.k_batch_stride,
-                     a.k_row_stride, a.k_head_stride, Cfg::kBlockN, "k");
-  p.tma_v = make_map(a.v, a.dtype, a.batch, kv_rows, a.h_kv, kHeadDim, a.v_batch_stride,
-                     a.v_row_stride, a.v_head_stride, Cfg::kBlockN, "v");
-  if constexpr (Cfg::kTmaStoreO)  // one consumer warpgroup's 64 rows per box
+  if (a.block_table != nullptr) {
+    // Paged: boxes of page_rows rows, each within one page (fwd_params.h).
+    p.page_rows = std::gcd(Cfg::kBlockN, a.page_size);
+    if (p.page_rows % 8 != 0)
+      throw Error(ErrorKind::kUnsupported, "block_table",
+                  str_cat("the sm90 kernel's paged K/V needs a page size that is a multiple of 8, "
+                          "got ",
+                          a.page_size));
+    p.tma_k = make_map(a.k, a.dtype, a.num_pages, a.page_size, a.h_kv, kHeadDim, a.k_page_stride,
+                       a.k_row_stride, a.k_head_stride, p.page_rows, "k");
+    p.tma_v = make_map(a.v, a.dtype, a.num_pages, a.page_size, a.h_kv, kHeadDim, a.v_page_stride,
+                       a.v_row_stride, a.v_head_stride, p.page_rows, "v");
+  } else {
+    p.tma_k = make_map(a.k, a.dtype, kv_seqs, kv_rows, a.h_kv, kHeadDim, a.k_batch_stride,
+                       a.k_row_stride, a.k_head_stride, Cfg::kBlockN, "k");
+    p.tma_v = make_map(a.v, a.dtype, kv_seqs, kv_rows, a.h_kv, kHeadDim, a.v_batch_stride,
+                       a.v_row_stride, a.v_head_stride, Cfg::kBlockN, "v");
+  }
+  if constexpr (Cfg::kTmaStoreO) {  // one consumer warpgroup's 64 rows per box
+    // A box clips at the map's last row only: a varlen sequence's would overwrite the next one's.
+    if (varlen_q)
+      throw Error(ErrorKind::kUnsupported, "cu_seqlens_q",
+                  "the sm90 tiles with TMA stores of O take dense queries only");
     p.tma_o = make_map(a.out, a.dtype, a.batch, a.seqlen_q, a.h_q, kHeadDim, a.o_batch_stride,
                        a.o_row_stride, a.o_head_stride, 64, "out");
-  auto kernel = fwd_kernel<Cfg, kBf16, kCausal>;
+  }
+  auto kernel = fwd_kernel<Cfg, kBf16, kMasked>;
   constexpr int smem = smem_bytes<Cfg>();
   static_assert(smem <= 227 * 1024, "the tile's shared memory exceeds what one block may have");
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
              "cudaFuncSetAttribute (sm90 forward shared memory)");
   // The tiles in the heaviest-first order of tile_order.h (L2-sized sections of heads).
-  const int m_blocks = (a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  const int64_t units = int64_t{a.h_q} * a.batch;
+  // Varlen: as many query tiles per sequence as the longest has; a shorter one's extra tiles
+  // end at once.
+  const int m_blocks = (a.max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const int64_t units = int64_t{a.h_q} * a.seqs;
   // Heads of a GQA group are adjacent units and share their K/V.
-  const int64_t kv_bytes = int64_t{a.seqlen_k} * kHeadDim * 4 / (a.h_q / a.h_kv);
+  const int64_t kv_bytes = int64_t{a.max_seqlen_k} * kHeadDim * 4 / (a.h_q / a.h_kv);
   p.order = kernel::heaviest_first(m_blocks, a.h_q, units, a.sms, kv_bytes, a.l2_bytes);
   if (p.order.sections == 0)
     throw Error(ErrorKind::kUnsupported, "q",
@@ -93,10 +118,10 @@ void launch(FwdParams& p, const FwdArgs& a) {
   // a tile's first loads overlap the previous tile's last GEMMs and epilogue. Equal tiles (no
   // mask) go by a fixed stride; causal tiles differ in cost by up to the number of query tiles,
   // and a fixed stride over the sorted list leaves some CTAs only heavy ones (run 32: d256
-  // causal 16k 694 -> 458 TFLOP/s), so they take the next tile from a counter; without one
-  // (no workspace) each CTA runs one tile and the hardware hands out the next.
-  p.tile_counter = kCausal ? a.tile_counter : nullptr;
-  const bool one_tile_each = kCausal && p.tile_counter == nullptr;
+  // causal 16k 694 -> 458 TFLOP/s), so masked tiles take the next tile from a counter; without
+  // one (no workspace) each CTA runs one tile and the hardware hands out the next.
+  p.tile_counter = kMasked ? a.tile_counter : nullptr;
+  const bool one_tile_each = kMasked && p.tile_counter == nullptr;
   const int grid = one_tile_each
                        ? p.num_tiles
                        : static_cast<int>(std::min<int64_t>(p.num_tiles, std::max(a.sms, 1)));
@@ -118,31 +143,50 @@ inline FwdParams fwd_params(const FwdArgs& a) {
   p.lse_batch_stride = a.lse_batch_stride;
   p.lse_row_stride = a.lse_row_stride;
   p.lse_head_stride = a.lse_head_stride;
+  p.cu_seqlens_q = a.cu_seqlens_q;
+  p.cu_seqlens_k = a.cu_seqlens_k;
+  p.seqused_k = a.seqused_k;
+  p.block_table = a.block_table;
+  p.block_table_stride = a.block_table_stride;
+  p.page_size = a.page_size;
   p.seqlen_q = a.seqlen_q;
   p.seqlen_k = a.seqlen_k;
+  p.seq_begin = a.seq_begin;
+  p.only = a.only;
+  // Rows past a sequence's keys are real memory (another sequence's, or unused cache) only with
+  // varlen keys or seqused_k (paged K/V has it); dense keys end at the map's edge, where TMA
+  // fills zeros.
+  p.zero_v_tail = a.cu_seqlens_k != nullptr || a.seqused_k != nullptr;
+  p.window_left = a.window_left;
+  p.window_right = a.window_right;
   p.h_ratio = a.h_q / a.h_kv;
   p.scale = a.scale;
   p.scale_log2 = static_cast<float>(a.scale * M_LOG2E);
   return p;
 }
 
-// The forward with tile CfgDense for unmasked calls and CfgCausal for causal ones.
-template <class CfgDense, class CfgCausal>
+// Whether the call has a mask (causal or a window) and so runs the masked instantiation.
+inline bool masked(const FwdArgs& a) {
+  return a.window_left >= 0 || a.window_right >= 0;
+}
+
+// The forward with tile CfgDense for unmasked calls and CfgMasked for causal or windowed ones.
+template <class CfgDense, class CfgMasked>
 void run_fwd_tiles(const FwdArgs& a) {
-  static_assert(CfgDense::kHeadDim == CfgCausal::kHeadDim, "one head dim");
-  if (a.batch == 0 || a.seqlen_q == 0 || a.h_q == 0) return;
+  static_assert(CfgDense::kHeadDim == CfgMasked::kHeadDim, "one head dim");
+  if (a.seqs == 0 || a.max_seqlen_q == 0 || a.h_q == 0) return;
   FwdParams p = fwd_params(a);
-  const bool bf16 = a.dtype == DType::kBFloat16;
-  if (bf16 && a.causal) launch<CfgCausal, true, true>(p, a);
-  if (bf16 && !a.causal) launch<CfgDense, true, false>(p, a);
-  if (!bf16 && a.causal) launch<CfgCausal, false, true>(p, a);
-  if (!bf16 && !a.causal) launch<CfgDense, false, false>(p, a);
+  const bool bf16 = a.dtype == DType::kBFloat16, mask = masked(a);
+  if (bf16 && mask) launch<CfgMasked, true, true>(p, a);
+  if (bf16 && !mask) launch<CfgDense, true, false>(p, a);
+  if (!bf16 && mask) launch<CfgMasked, false, true>(p, a);
+  if (!bf16 && !mask) launch<CfgDense, false, false>(p, a);
 }
 
 // The tiles of tile_config.h: ShortTile's up to kShortKeys keys, DefaultTile's beyond.
 template <int kHeadDim>
 void run_fwd_hdim(const FwdArgs& a) {
-  if (a.seqlen_k <= kShortKeys)
+  if (short_keys(a.max_seqlen_k))
     run_fwd_tiles<typename ShortTile<kHeadDim, false>::type,
                   typename ShortTile<kHeadDim, true>::type>(a);
   else

@@ -2,6 +2,8 @@
 // docs/kernel-notes.md, "sm90").
 #pragma once
 
+#include <cstdint>
+
 namespace flashserve::attention::sm90 {
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_ = 2, bool kLazyRescale_ = false,
@@ -89,6 +91,9 @@ struct DefaultTile<256, kCausal> {
 // - d128 non-causal: 128 x 128 (+2% and +3% at 512, equal at 1k; 176-key blocks win from 4k).
 // Elsewhere the alternatives were within the sweep's spread (+-3%) of the default or slower.
 inline constexpr int kShortKeys = 1024;
+constexpr bool short_keys(int64_t max_kv_len) {
+  return max_kv_len <= kShortKeys;
+}
 template <int kHeadDim, bool kCausal>
 struct ShortTile : DefaultTile<kHeadDim, kCausal> {};
 template <>
@@ -99,5 +104,35 @@ template <>
 struct ShortTile<128, false> {
   using type = TileConfig<128, 128, 128>;
 };
+
+// The query rows and keys of the tile a call runs (the launch's choice, launch_template.h's
+// run_fwd_hdim), for the plan and its summary; {0, 0} for a head dim without tiles.
+struct TileShape {
+  int block_m, block_n;
+};
+template <class Tile>
+constexpr TileShape shape_of() {
+  return {Tile::type::kBlockM, Tile::type::kBlockN};
+}
+template <int kHeadDim>
+constexpr TileShape tile_shape_of(bool masked, bool short_tile) {
+  if (short_tile)
+    return masked ? shape_of<ShortTile<kHeadDim, true>>() : shape_of<ShortTile<kHeadDim, false>>();
+  return masked ? shape_of<DefaultTile<kHeadDim, true>>()
+                : shape_of<DefaultTile<kHeadDim, false>>();
+}
+constexpr TileShape tile_shape(int head_dim, bool masked, int64_t max_kv_len) {
+  const bool short_tile = short_keys(max_kv_len);
+  switch (head_dim) {
+    case 64:
+      return tile_shape_of<64>(masked, short_tile);
+    case 128:
+      return tile_shape_of<128>(masked, short_tile);
+    case 256:
+      return tile_shape_of<256>(masked, short_tile);
+    default:
+      return {0, 0};
+  }
+}
 
 }  // namespace flashserve::attention::sm90
