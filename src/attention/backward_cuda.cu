@@ -12,6 +12,7 @@
 
 #include "attention/backward.h"
 #include "attention/cuda/check_aligned.h"
+#include "attention/cuda/fwd_params_of.h"
 #include "attention/cuda/plan.h"
 #include "attention/cuda_check.h"
 #include "attention/sm80/bwd_launch.h"
@@ -71,49 +72,12 @@ void check_supported(const AttentionBackwardParams& bp, const Problem& pr) {
     unsupported("q", "batch and heads must each be at most 65535 for the CUDA backward");
 }
 
-void strides(const TensorView& t, bool varlen, int64_t& batch, int64_t& row, int64_t& head) {
-  batch = varlen ? 0 : t.stride[0];
-  row = t.stride[varlen ? 0 : 1];
-  head = t.stride[varlen ? 1 : 2];
-}
-
-// The lse layout: dense [batch, h_q, seqlen_q], varlen [h_q, total_q].
-void lse_strides(const TensorView& l, bool varlen, int64_t& batch, int64_t& row, int64_t& head) {
-  batch = varlen ? 0 : l.stride[0];
-  head = l.stride[varlen ? 0 : 1];
-  row = l.stride[varlen ? 1 : 2];
-}
-
 sm80::BwdParams bwd_params(const AttentionBackwardParams& bp, const Problem& pr, void* workspace) {
   const AttentionParams& a = bp.attn;
   sm80::BwdParams p{};
-  sm80::FwdParams& f = p.fwd;
-  f.q = a.q.data;
-  f.k = a.k.data;
-  f.v = a.v.data;
-  f.out = a.out.data;
-  f.lse = a.lse.ptr<float>();
-  strides(a.q, pr.varlen_q, f.q_batch_stride, f.q_row_stride, f.q_head_stride);
-  strides(a.out, pr.varlen_q, f.o_batch_stride, f.o_row_stride, f.o_head_stride);
-  strides(a.k, pr.varlen_k, f.k_batch_stride, f.k_row_stride, f.k_head_stride);
-  strides(a.v, pr.varlen_k, f.v_batch_stride, f.v_row_stride, f.v_head_stride);
-  lse_strides(a.lse, pr.varlen_q, f.lse_batch_stride, f.lse_row_stride, f.lse_head_stride);
-  f.cu_seqlens_q = pr.varlen_q ? a.cu_seqlens_q.ptr<const int32_t>() : nullptr;
-  f.cu_seqlens_k = pr.varlen_k ? a.cu_seqlens_k.ptr<const int32_t>() : nullptr;
-  f.seqused_k = pr.seqused ? a.seqused_k.ptr<const int32_t>() : nullptr;
-  f.seqlen_q = pr.varlen_q ? 0 : static_cast<int32_t>(a.q.shape[1]);
-  f.seqlen_k = pr.varlen_k ? 0 : static_cast<int32_t>(a.k.shape[1]);
-  f.h_q = static_cast<int32_t>(pr.h_q);
-  f.h_ratio = static_cast<int32_t>(pr.h_q / pr.h_kv);
-  const int64_t bound = pr.max_q_len + pr.max_kv_len;
-  f.window_left = clamp_window(pr.mask.left, bound);
-  f.window_right = clamp_window(pr.mask.right, bound);
-  f.scale = pr.scale;
-  f.scale_log2 = static_cast<float>(pr.scale * M_LOG2E);
-  f.num_splits = 1;
-
+  p.fwd = fwd_params(a, pr);  // the forward's recomputation: the forward's parameters
   p.dout = bp.dout.data;
-  strides(bp.dout, pr.varlen_q, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
+  row_strides(bp.dout, pr.varlen_q, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
   if (bp.dlse.defined()) {
     p.dlse = bp.dlse.ptr<const float>();
     lse_strides(bp.dlse, pr.varlen_q, p.dlse_batch_stride, p.dlse_row_stride, p.dlse_head_stride);
@@ -121,9 +85,9 @@ sm80::BwdParams bwd_params(const AttentionBackwardParams& bp, const Problem& pr,
   p.dq = bp.dq.data;
   p.dk = bp.dk.data;
   p.dv = bp.dv.data;
-  strides(bp.dq, pr.varlen_q, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
-  strides(bp.dk, pr.varlen_k, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
-  strides(bp.dv, pr.varlen_k, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+  row_strides(bp.dq, pr.varlen_q, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
+  row_strides(bp.dk, pr.varlen_k, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+  row_strides(bp.dv, pr.varlen_k, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
   p.q_rows = q_rows(a, pr);
   p.batch = static_cast<int32_t>(pr.batch);
   const size_t rows = static_cast<size_t>(p.q_rows * pr.h_q);

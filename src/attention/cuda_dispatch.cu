@@ -18,6 +18,7 @@
 #include "backends.h"
 #include "common/str_cat.h"
 #include "cuda/check_aligned.h"
+#include "cuda/fwd_params_of.h"
 #include "cuda/plan.h"
 #include "cuda_check.h"
 #include "sm80/fwd_params.h"
@@ -200,54 +201,6 @@ std::string sm90_unavailable(const AttentionParams& params, const DeviceProps& d
         return str_cat(name, "'s stride ", t->stride[i], " of dimension ", i,
                        " (TMA needs positive strides below 2^40 bytes)");
   return "";
-}
-
-// The kernels' parameters shared by every launch of a call: pointers, strides, lengths' sources,
-// mask and scale.
-sm80::FwdParams fwd_params(const AttentionParams& params, const Problem& pr) {
-  sm80::FwdParams p{};
-  p.q = params.q.data;
-  p.k = params.k.data;
-  p.v = params.v.data;
-  p.out = params.out.data;
-  p.lse = params.lse.defined() ? params.lse.ptr<float>() : nullptr;
-  const auto strides = [](const TensorView& t, bool varlen, int64_t& batch, int64_t& row,
-                          int64_t& head) {
-    batch = varlen ? 0 : t.stride[0];
-    row = t.stride[varlen ? 0 : 1];
-    head = t.stride[varlen ? 1 : 2];
-  };
-  strides(params.q, pr.varlen_q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
-  strides(params.out, pr.varlen_q, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
-  strides(params.k, pr.varlen_k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
-  strides(params.v, pr.varlen_k, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
-  if (pr.paged) {  // [num_pages, page_size, h_kv, d]: dimension 0 is the page, not the sequence
-    p.block_table = params.block_table.ptr<const int32_t>();
-    p.block_table_stride = params.block_table.stride[0];
-    p.page = sm80::PageDiv::make(static_cast<int>(pr.page_size));
-    p.k_page_stride = p.k_batch_stride;
-    p.v_page_stride = p.v_batch_stride;
-    p.k_batch_stride = p.v_batch_stride = 0;
-  }
-  if (p.lse != nullptr) {
-    const TensorView& l = params.lse;  // dense [batch, h_q, seqlen_q], varlen [h_q, total_q]
-    p.lse_batch_stride = pr.varlen_q ? 0 : l.stride[0];
-    p.lse_head_stride = l.stride[pr.varlen_q ? 0 : 1];
-    p.lse_row_stride = l.stride[pr.varlen_q ? 1 : 2];
-  }
-  p.cu_seqlens_q = pr.varlen_q ? params.cu_seqlens_q.ptr<const int32_t>() : nullptr;
-  p.cu_seqlens_k = pr.varlen_k ? params.cu_seqlens_k.ptr<const int32_t>() : nullptr;
-  p.seqused_k = pr.seqused ? params.seqused_k.ptr<const int32_t>() : nullptr;
-  p.seqlen_q = pr.varlen_q ? 0 : static_cast<int32_t>(params.q.shape[1]);
-  p.seqlen_k = pr.varlen_k ? 0 : static_cast<int32_t>(params.k.shape[1]);
-  p.h_q = static_cast<int32_t>(pr.h_q);
-  p.h_ratio = static_cast<int32_t>(pr.h_q / pr.h_kv);
-  const int64_t bound = pr.max_q_len + pr.max_kv_len;
-  p.window_left = clamp_window(pr.mask.left, bound);
-  p.window_right = clamp_window(pr.mask.right, bound);
-  p.scale = pr.scale;
-  p.scale_log2 = static_cast<float>(pr.scale * M_LOG2E);
-  return p;
 }
 
 }  // namespace
