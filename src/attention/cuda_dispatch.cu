@@ -215,7 +215,9 @@ Plan cuda_plan(const AttentionParams& params, const Problem& pr, const HostLengt
   if (params.q.numel() == 0) return Plan{};  // nothing to compute (no rows, heads or columns)
   ctx.family = family_request();
   ctx.sm90_unavailable = sm90_unavailable(params, dev);
-  return make_plan(pr, ctx, lens);
+  Plan plan = make_plan(pr, ctx, lens);
+  plan.smem_per_block = smem_per_block_limit(dev.smem_per_block);
+  return plan;
 }
 
 bool cuda_sm90_built() {
@@ -348,7 +350,7 @@ void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr
     launch.batch = static_cast<int>(sequences);
     launch.max_q_len = static_cast<int>(l.max_q_len);
     launch.max_kv_len = static_cast<int>(l.max_kv_len);
-    launch.smem_per_block = smem_per_block_limit(dev.smem_per_block);
+    launch.smem_per_block = plan.smem_per_block;
     launch.smem_per_sm = dev.smem_per_sm;
     launch.sms = dev.sms;
     launch.l2_bytes = dev.l2_bytes;

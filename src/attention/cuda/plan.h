@@ -64,6 +64,10 @@ struct LaunchPlan {
 struct Plan {
   std::vector<LaunchPlan> launches;  // none when there is nothing to compute
   size_t workspace_bytes = 0;
+  // The shared memory per block the sm80 launches pick their tiles under: the device's opt-in
+  // maximum, or less where FLASHSERVE_SMEM_PER_BLOCK asks (cuda_dispatch.cu, read once per plan
+  // like FLASHSERVE_KERNEL, so a plan's runs agree with it).
+  int smem_per_block = 0;
   std::string summary() const;  // one line per launch, for logs and benchmarks
 };
 
