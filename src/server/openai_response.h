@@ -46,12 +46,22 @@ struct Usage {
   int64_t cached_tokens = 0;
 };
 
+// One tool call of a chat completion (server/tool_calls.h): its id ("call_..."), the function's
+// name and its arguments as JSON text.
+struct ToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;
+};
+
 // One choice's piece: its text, the ids it came from (an extension, with vLLM's field name
 // token_ids: the only output when the model has no tokenizer) and, at the end, the finish reason.
 struct Piece {
   std::string text;
   std::vector<int32_t> token_ids;
-  std::optional<std::string> finish_reason;  // "stop" or "length"; none while running
+  std::optional<std::string> finish_reason;  // "stop", "length" or "tool_calls"; none running
+  // Chat with tools: the calls the output was read as (its content is then null).
+  std::vector<ToolCall> tool_calls;
   // When the request asked: one per token of the text (output_assembler.h: the eos/stop token and
   // the tokens inside a stop string have none).
   std::vector<TokenLogprobs> logprobs;

@@ -20,21 +20,21 @@ const std::vector<std::string> kVocab = {
     ".",  "5",    "e",  "a", "ab", "\"a", "a\"",      "\":",  "{\"", "\",", "true", "fal",
     "se", "null", "\\", "n", "u",  "0",   "\xc3\xa9", "x\"}", "}}",  "]}",  ",\"",  "\x01"};
 
-bool accepts(model::JsonObjectRecognizer s, const std::string& bytes) {
+bool accepts(model::JsonRecognizer s, const std::string& bytes) {
   if (bytes.empty()) return false;
   for (char c : bytes)
     if (!s.feed(static_cast<uint8_t>(c))) return false;
   return true;
 }
 
-TEST(JsonObjectConstraint, TheMaskIsExactlyTheTokensTheGrammarTakes) {
+TEST(JsonConstraint, TheMaskIsExactlyTheTokensTheGrammarTakes) {
   auto trie = std::make_shared<const VocabTrie>(kVocab);
   const int V = static_cast<int>(kVocab.size());
   std::mt19937 rng(11);
   int completed = 0, steps = 0;
   for (int walk = 0; walk < 200; ++walk) {
-    JsonObjectConstraint c(trie);
-    model::JsonObjectRecognizer mirror;
+    JsonConstraint c(trie, model::JsonGrammar::any_object());
+    model::JsonRecognizer mirror;
     std::string text;
     for (int step = 0; step < 40; ++step) {
       std::vector<uint32_t> allowed((V + 31) / 32, 0u);
@@ -67,9 +67,9 @@ TEST(JsonObjectConstraint, TheMaskIsExactlyTheTokensTheGrammarTakes) {
   EXPECT_GT(completed, 5);
 }
 
-TEST(JsonObjectConstraint, AStopTokenThatIsNotJsonLeavesTheStateAlone) {
+TEST(JsonConstraint, AStopTokenThatIsNotJsonLeavesTheStateAlone) {
   auto trie = std::make_shared<const VocabTrie>(kVocab);
-  JsonObjectConstraint c(trie);
+  JsonConstraint c(trie, model::JsonGrammar::any_object());
   c.accept(1);   // "{"
   c.accept(16);  // "a": not allowed here; ignored as a stop token would be
   std::vector<uint32_t> allowed(2, 0u);
@@ -78,10 +78,10 @@ TEST(JsonObjectConstraint, AStopTokenThatIsNotJsonLeavesTheStateAlone) {
   EXPECT_FALSE(allowed[0] >> 16 & 1u);
 }
 
-TEST(JsonObjectConstraint, NoWayOnHandsTheChoiceToTheStopTokens) {
+TEST(JsonConstraint, NoWayOnHandsTheChoiceToTheStopTokens) {
   // A vocabulary that can open an object but never close it.
   auto trie = std::make_shared<const VocabTrie>(std::vector<std::string>{"{", "x"});
-  JsonObjectConstraint c(trie);
+  JsonConstraint c(trie, model::JsonGrammar::any_object());
   std::vector<uint32_t> allowed(1, 0u);
   EXPECT_FALSE(c.allowed_next(allowed));
   EXPECT_EQ(allowed[0], 1u);  // "{"

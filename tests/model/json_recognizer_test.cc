@@ -1,8 +1,8 @@
-// model/json_grammar.h against nlohmann::json's own parser (json::accept) over every string of
+// model/json_recognizer.h against nlohmann::json's own parser (json::accept) over every string of
 // up to 6 bytes of a JSON-ish alphabet, plus hand-written objects with every kind of value, the
 // limits beyond the RFC, and the property the token mask needs: every prefix the recognizer
 // takes can still be completed (no dead end).
-#include "model/json_grammar.h"
+#include "model/json_recognizer.h"
 
 #include <gtest/gtest.h>
 
@@ -16,18 +16,18 @@ namespace flashserve::model {
 namespace {
 
 // Feeds `s`; the number of bytes taken before the first refusal (s.size(): all).
-size_t taken(JsonObjectRecognizer& r, const std::string& s) {
+size_t taken(JsonRecognizer& r, const std::string& s) {
   for (size_t i = 0; i < s.size(); ++i)
     if (!r.feed(static_cast<uint8_t>(s[i]))) return i;
   return s.size();
 }
 
 bool whole_object(const std::string& s) {
-  JsonObjectRecognizer r;
+  JsonRecognizer r;
   return taken(r, s) == s.size() && r.complete();
 }
 
-TEST(JsonObjectRecognizer, AgreesWithNlohmannOnEveryShortString) {
+TEST(JsonRecognizer, AgreesWithNlohmannOnEveryShortString) {
   // The top level is an object with no whitespace around it (the recognizer's rule beyond the
   // RFC); everything else is json::accept's decision.
   const std::string alphabet = "{}[]\":,1- a";
@@ -47,7 +47,7 @@ TEST(JsonObjectRecognizer, AgreesWithNlohmannOnEveryShortString) {
   EXPECT_GE(objects, 5);  // {}, {"":1}, {"":[]} ...
 }
 
-TEST(JsonObjectRecognizer, TakesObjectsWithEveryKindOfValue) {
+TEST(JsonRecognizer, TakesObjectsWithEveryKindOfValue) {
   for (const char* s : {"{}", "{\"a\":1}", "{\"a\": [1, -2.5e+3, 0, 0.25, 1E9, true, false, null]}",
                         "{\"k\":\"esc \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\u00e9 \\uD83D\\uDE00\"}",
                         "{\"nested\":{\"x\":[{},[],[[]]]},\"y\":\"\xc3\xa9\"}", "{ \"a\" : { } }",
@@ -57,7 +57,7 @@ TEST(JsonObjectRecognizer, TakesObjectsWithEveryKindOfValue) {
   }
 }
 
-TEST(JsonObjectRecognizer, RefusesAtTheFirstByteThatCannotFollow) {
+TEST(JsonRecognizer, RefusesAtTheFirstByteThatCannotFollow) {
   const std::vector<std::pair<std::string, size_t>> cases = {
       {" {}", 0},               // no leading whitespace
       {"[1]", 0},               // the top level is an object
@@ -75,23 +75,23 @@ TEST(JsonObjectRecognizer, RefusesAtTheFirstByteThatCannotFollow) {
       {"{\"a\":1,}", 7},  // no trailing comma
   };
   for (const auto& [s, at] : cases) {
-    JsonObjectRecognizer r;
+    JsonRecognizer r;
     EXPECT_EQ(taken(r, s), at) << "'" << s << "'";
     EXPECT_EQ(r.complete(), s.rfind("{}", 0) == 0) << s;
   }
 }
 
-TEST(JsonObjectRecognizer, LimitsWhitespaceRunsAndDepth) {
-  JsonObjectRecognizer r;
-  std::string s = "{" + std::string(JsonObjectRecognizer::kMaxWhitespace, ' ');
+TEST(JsonRecognizer, LimitsWhitespaceRunsAndDepth) {
+  JsonRecognizer r;
+  std::string s = "{" + std::string(JsonRecognizer::kMaxWhitespace, ' ');
   EXPECT_EQ(taken(r, s), s.size());
   EXPECT_FALSE(r.feed(' '));
   EXPECT_TRUE(r.feed('}'));
   EXPECT_TRUE(r.complete());
 
-  JsonObjectRecognizer deep;
+  JsonRecognizer deep;
   std::string open = "{\"a\":";
-  for (int i = 1; i < JsonObjectRecognizer::kMaxDepth; ++i) open += "[";
+  for (int i = 1; i < JsonRecognizer::kMaxDepth; ++i) open += "[";
   EXPECT_EQ(taken(deep, open), open.size());
   EXPECT_FALSE(deep.feed('['));  // one level more than kMaxDepth
   EXPECT_FALSE(deep.feed('{'));  // whichever bracket
@@ -101,26 +101,26 @@ TEST(JsonObjectRecognizer, LimitsWhitespaceRunsAndDepth) {
 // Every prefix the recognizer takes has a completion: a breadth-first search over the alphabet
 // finds one within a few bytes (what a mask needs: it never leads a completion into a state with
 // no way out).
-TEST(JsonObjectRecognizer, EveryTakenPrefixCanBeCompleted) {
+TEST(JsonRecognizer, EveryTakenPrefixCanBeCompleted) {
   const std::string alphabet = "{}[]\":,1-a.e\\u0";
-  std::vector<std::pair<std::string, JsonObjectRecognizer>> level{{"", JsonObjectRecognizer{}}};
+  std::vector<std::pair<std::string, JsonRecognizer>> level{{"", JsonRecognizer{}}};
   int64_t checked = 0;
   for (int len = 1; len <= 4; ++len) {
-    std::vector<std::pair<std::string, JsonObjectRecognizer>> next;
+    std::vector<std::pair<std::string, JsonRecognizer>> next;
     for (const auto& [p, r] : level)
       for (char c : alphabet) {
-        JsonObjectRecognizer s = r;
+        JsonRecognizer s = r;
         if (s.feed(static_cast<uint8_t>(c))) next.push_back({p + c, s});
       }
     for (const auto& [p, r] : next) {
-      std::deque<std::pair<JsonObjectRecognizer, int>> queue{{r, 0}};
+      std::deque<std::pair<JsonRecognizer, int>> queue{{r, 0}};
       bool found = r.complete();
       while (!found && !queue.empty()) {
         auto [s, depth] = queue.front();
         queue.pop_front();
         if (depth == 8) continue;
         for (char c : alphabet) {
-          JsonObjectRecognizer t = s;
+          JsonRecognizer t = s;
           if (!t.feed(static_cast<uint8_t>(c))) continue;
           if (t.complete()) {
             found = true;
