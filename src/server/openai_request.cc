@@ -230,8 +230,10 @@ void parse_messages(const json& v, GenerationRequest& r) {
     }
     if (msg.role.empty()) throw bad_request(name + ".role", name + ".role: missing");
     // null is "not given": content is required, but for an assistant's tool calls.
-    msg.content_null = !m.contains("content") || m["content"].is_null();
-    if (msg.content_null && (msg.role != "assistant" || msg.tool_calls_json.empty()))
+    // An assistant's calls without content reach the template with content "" (as vLLM passes
+    // them to templates that take text content).
+    const bool no_content = !m.contains("content") || m["content"].is_null();
+    if (no_content && (msg.role != "assistant" || msg.tool_calls_json.empty()))
       throw bad_request(name + ".content", name + ".content: missing");
     if (!msg.tool_calls_json.empty() && msg.role != "assistant")
       throw bad_request(name + ".tool_calls", name + ".tool_calls: only in an assistant's message");

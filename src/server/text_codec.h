@@ -18,7 +18,6 @@ namespace flashserve::server {
 struct ChatMessage {
   std::string role;  // system, developer, user, assistant, tool
   std::string content;
-  bool content_null = false;    // an assistant's message of tool calls only (content None)
   std::string tool_calls_json;  // an assistant's tool_calls, arguments as objects; "": none
   std::string tool_call_id;     // a tool's message: the call it answers
 };

@@ -56,7 +56,7 @@ class TokenizerCodec final : public TextCodec {
                       "); start the server with --chat-template FILE");
     std::vector<tk::ChatMessage> m;
     for (const ChatMessage& x : messages)
-      m.push_back({x.role, x.content, x.content_null, x.tool_calls_json, x.tool_call_id});
+      m.push_back({x.role, x.content, x.tool_calls_json, x.tool_call_id});
     return chat_->render(m, /*add_generation_prompt=*/true, tools_json);
   }
   std::optional<std::vector<int32_t>> encode_rendered(std::string_view rendered,

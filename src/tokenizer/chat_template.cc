@@ -106,9 +106,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
                                  bool add_generation_prompt, const std::string& tools_json) const {
   jinja::List list;
   for (const ChatMessage& m : messages) {
-    jinja::Dict d{
-        {"role", jinja::Value(m.role)},
-        {"content", m.content_null ? jinja::Value(jinja::None{}) : jinja::Value(m.content)}};
+    jinja::Dict d{{"role", jinja::Value(m.role)}, {"content", jinja::Value(m.content)}};
     if (!m.tool_calls_json.empty()) d.emplace("tool_calls", parsed(m.tool_calls_json));
     if (!m.tool_call_id.empty()) d.emplace("tool_call_id", jinja::Value(m.tool_call_id));
     list.emplace_back(std::move(d));

@@ -98,7 +98,6 @@ class IncrementalDecoder {
 struct ChatMessage {
   std::string role;
   std::string content;
-  bool content_null = false;    // content is None (an assistant's tool calls only)
   std::string tool_calls_json;  // the message's tool_calls as a JSON array; "": none
   std::string tool_call_id;     // a tool's message: the call it answers; "": none
 };

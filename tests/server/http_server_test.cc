@@ -36,7 +36,7 @@ namespace {
 
 // Logprobs, scripted too, for the entries whose request asked: the sampled token's is
 // -0.25 * (kv_len % 4), and its alternatives are 'A', 'B', ... at -1, -2, ...
-class ScriptedExecutor final : public fe::Executor {
+class ScriptedExecutor : public fe::Executor {
  public:
   std::vector<int32_t> execute(const fs::Batch& batch) override {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));  // a step takes time
@@ -1266,28 +1266,20 @@ TEST(HttpServer, RealTokenizerAndChatTemplate) {
 // of the tokens the mask allows the one first in kPreferred (so that outputs close soon: an empty
 // string, 0, no optional property, the first name in the alphabet), and its stop token once the
 // output is complete; unconstrained rows get 'a' + kv_len % 26 as before.
-class ConstrainedExecutor final : public fe::Executor {
+class ConstrainedExecutor final : public ScriptedExecutor {
  public:
   std::vector<int32_t> execute(const fs::Batch& batch) override {
-    std::vector<int32_t> out;
-    for (const fs::BatchEntry& e : batch.entries) {
-      int32_t t = 'a' + static_cast<int32_t>(e.kv_len % 26);
-      if (e.samples && e.seq->constraint) {
-        std::vector<uint32_t> allowed(8, 0u);
-        const bool complete = e.seq->constraint->allowed_next(allowed);
-        t = complete ? stop_token(*e.seq) : preferred(allowed);
-        e.seq->constraint->accept(t);
-      }
-      out.push_back(t);
+    std::vector<int32_t> out = ScriptedExecutor::execute(batch);
+    for (size_t i = 0; i < batch.entries.size(); ++i) {
+      const fs::BatchEntry& e = batch.entries[i];
+      if (!e.samples || !e.seq->constraint) continue;
+      std::vector<uint32_t> allowed(8, 0u);
+      const bool complete = e.seq->constraint->allowed_next(allowed);
+      out[i] = complete ? stop_token(*e.seq) : preferred(allowed);
+      e.seq->constraint->accept(out[i]);
     }
     return out;
   }
-  double now() const override {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  }
-  void wait_until(double) override {}
-  std::string describe() const override { return "constrained"; }
 
  private:
   static int32_t stop_token(const fs::Sequence& seq) {
@@ -1485,24 +1477,24 @@ TEST(HttpServer, ToolChoiceRequiredNamedAutoAndNone) {
 
 // The real chat template sees the tools and the history's tool calls as transformers passes
 // them: `tools` the request's list, an assistant's tool_calls with arguments as an object, a
-// tool message's tool_call_id, content None beside calls.
+// tool message's tool_call_id.
 TEST(HttpServer, TheChatTemplateRendersToolsAndToolMessages) {
   const std::string dir = std::string(FLASHSERVE_TOKENIZER_FIXTURES) + "/byte_level";
   const std::string tmpl =
       "{% if tools is defined %}{% for t in tools %}[{{ t.function.name }}]{% endfor %}{% endif %}"
-      "{% for m in messages %}{{ m.role }}:{% if m.content is none %}-{% else %}{{ m.content }}"
-      "{% endif %}{% if m.tool_calls is defined %}{% for c in m.tool_calls %}{{ c.function.name }}"
+      "{% for m in messages %}{{ m.role }}:{{ m.content }}{% if m.tool_calls is defined %}{% for c "
+      "in m.tool_calls %}{{ c.function.name }}"
       "{{ c.function.arguments | tojson }}{% endfor %}{% endif %}"
       "{% if m.tool_call_id is defined %}@{{ m.tool_call_id }}{% endif %};{% endfor %}";
   const auto codec = fsv::load_text_codec(dir, tmpl);
   std::vector<fsv::ChatMessage> messages(3);
-  messages[0] = {"user", "w?", false, "", ""};
-  messages[1] = {"assistant", "", true,
+  messages[0] = {"user", "w?", "", ""};
+  messages[1] = {"assistant", "",
                  R"([{"id":"c1","type":"function","function":{"name":"f","arguments":{"a":1}}}])",
                  ""};
-  messages[2] = {"tool", "3", false, "", "c1"};
+  messages[2] = {"tool", "3", "", "c1"};
   EXPECT_EQ(codec->render_chat(messages, R"([{"type":"function","function":{"name":"f"}}])"),
-            R"([f]user:w?;assistant:-f{"a": 1};tool:3@c1;)");
+            R"([f]user:w?;assistant:f{"a": 1};tool:3@c1;)");
   EXPECT_EQ(codec->render_chat({messages[0]}, ""), "user:w?;");  // no tools: undefined
 }
 

@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <functional>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -17,6 +16,7 @@
 #include "server/json_constraint.h"
 #include "server/ordered_fields.h"
 #include "support/json_schema_reference.h"
+#include "support/mask_walk.h"
 
 namespace flashserve::server {
 namespace {
@@ -178,43 +178,11 @@ TEST(JsonSchemaConstraint, TheMaskIsExactlyTheTokensTheGrammarTakes) {
       "1",       "12",       "-",          ".",    "e",   "a",        "\"c",   "at\"", "\"dog\"",
       "\"id\":", "\"kind\"", "\"tags\":[", "\"ok", "\":", "true",     "fal",   "se",   "null",
       "\\",      "n",        "\"}",        "]}",   ",\"", "\xc3\xa9", "\"a\"", "\"\"", "0"};
-  auto trie = std::make_shared<const VocabTrie>(vocab);
-  const int V = static_cast<int>(vocab.size());
-  const uint32_t seed = 20261202;
-  std::mt19937 rng(seed);
-  int completed = 0;
-  for (int walk = 0; walk < 300; ++walk) {
-    JsonConstraint c(trie, g);
-    model::JsonRecognizer mirror(g.get());
-    std::string text;
-    for (int step = 0; step < 60; ++step) {
-      std::vector<uint32_t> allowed((V + 31) / 32, 0u);
-      const bool done = c.allowed_next(allowed);
-      std::vector<int> ok;
-      for (int t = 0; t < V; ++t) {
-        model::JsonRecognizer s = mirror;
-        bool takes_t = !done && !vocab[t].empty();
-        for (size_t i = 0; takes_t && i < vocab[t].size(); ++i)
-          takes_t = s.feed(static_cast<uint8_t>(vocab[t][i]));
-        const bool bit = allowed[t >> 5] >> (t & 31) & 1u;
-        ASSERT_EQ(bit, takes_t) << "seed " << seed << ", token " << t << " after '" << text << "'";
-        if (bit) ok.push_back(t);
-      }
-      if (done) {
-        if (mirror.complete()) {
-          EXPECT_TRUE(reference_accepts(text, schema)) << text;
-          ++completed;
-        }
-        break;
-      }
-      ASSERT_FALSE(ok.empty()) << text;
-      const int t = ok[std::uniform_int_distribution<size_t>(0, ok.size() - 1)(rng)];
-      c.accept(t);
-      for (char ch : vocab[t]) ASSERT_TRUE(mirror.feed(static_cast<uint8_t>(ch)));
-      text += vocab[t];
-    }
-  }
-  EXPECT_GT(completed, 5) << "seed " << seed;
+  const testing::WalkCounts n = testing::walk_masks(
+      vocab, g, 20261202, 300, 60,
+      [&](const std::string& text) { EXPECT_TRUE(reference_accepts(text, schema)) << text; });
+  EXPECT_GT(n.steps, 1500);
+  EXPECT_GT(n.completed, 5);
 }
 
 TEST(OrderedFields, KeepsTheKeysInTheOrderWrittenAndTheLastOfARepeatedOne) {
