@@ -43,14 +43,20 @@ json chat_token(const LoggedToken& t) {
   return {{"token", token_text(t)}, {"logprob", logprob_value(t.logprob)}, {"bytes", bytes}};
 }
 
-// OpenAI's tool_calls entries; streamed ones carry their index in the choice's list.
+// OpenAI's tool_calls entries. Streamed, each carries its index, and a piece that continues a call
+// only its arguments.
 json tool_calls_json(const std::vector<ToolCall>& calls, bool streamed) {
   json out = json::array();
-  for (size_t i = 0; i < calls.size(); ++i) {
-    json call = {{"id", calls[i].id},
-                 {"type", "function"},
-                 {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
-    if (streamed) call["index"] = i;
+  for (const ToolCall& c : calls) {
+    json call = json::object();
+    if (streamed) call["index"] = c.index;
+    if (!streamed || !c.id.empty()) {
+      call["id"] = c.id;
+      call["type"] = "function";
+      call["function"] = {{"name", c.name}, {"arguments", c.arguments}};
+    } else {
+      call["function"] = {{"arguments", c.arguments}};
+    }
     out.push_back(std::move(call));
   }
   return out;

@@ -833,7 +833,7 @@ struct Server::State {
         a.text += p.text;
         a.token_ids.insert(a.token_ids.end(), p.token_ids.begin(), p.token_ids.end());
         a.logprobs.insert(a.logprobs.end(), p.logprobs.begin(), p.logprobs.end());
-        a.tool_calls.insert(a.tool_calls.end(), p.tool_calls.begin(), p.tool_calls.end());
+        for (const ToolCall& t : p.tool_calls) a.add_tool_call(t);
         if (p.finish_reason) a.finish_reason = p.finish_reason;
       }
       return send_json(res, full_response(resp->head, all, resp->usage()));

@@ -94,7 +94,7 @@ std::optional<ToolCall> call_of(std::string_view text, const std::vector<std::st
   if (!name.is_string() || !v["arguments"].is_object() ||
       std::find(names.begin(), names.end(), name.get<std::string>()) == names.end())
     return std::nullopt;
-  return ToolCall{{}, name.get<std::string>(), dumped(v["arguments"])};
+  return ToolCall{0, {}, name.get<std::string>(), dumped(v["arguments"])};
 }
 
 std::string_view trimmed(std::string_view s) {
@@ -204,8 +204,15 @@ std::optional<std::vector<ToolCall>> parse_tool_calls(std::string_view text,
 ToolCallReader::ToolCallReader(const ChatTools& tools, uint64_t id_seed)
     : names_(tools.names), forced_(tools.grammar != nullptr), id_seed_(id_seed) {}
 
+std::string ToolCallReader::call_id(size_t i) const {
+  char hex[32];
+  std::snprintf(hex, sizeof hex, "%016llx%08llx",
+                static_cast<unsigned long long>(model::splitmix64(id_seed_ + 2 * i)),
+                static_cast<unsigned long long>(model::splitmix64(id_seed_ + 2 * i + 1) >> 32));
+  return std::string("call_") + hex;
+}
+
 bool ToolCallReader::may_be_call() const {
-  if (forced_) return true;
   const std::string_view t = trimmed(held_);
   return t.empty() || t.front() == '{' || t.substr(0, kOpen.size()) == kOpen.substr(0, t.size());
 }
@@ -214,6 +221,7 @@ void ToolCallReader::take(Piece& p) {
   if (content_) return;
   held_ += p.text;
   p.text.clear();
+  if (forced_) return take_forced(p);
   if (!may_be_call()) {  // auto: content after all; what was held goes out now
     content_ = true;
     p.text = std::move(held_);
@@ -227,14 +235,76 @@ void ToolCallReader::take(Piece& p) {
     return;
   }
   for (size_t i = 0; i < calls->size(); ++i) {
-    char hex[32];
-    std::snprintf(hex, sizeof hex, "%016llx%08llx",
-                  static_cast<unsigned long long>(model::splitmix64(id_seed_ + 2 * i)),
-                  static_cast<unsigned long long>(model::splitmix64(id_seed_ + 2 * i + 1) >> 32));
-    (*calls)[i].id = std::string("call_") + hex;
+    (*calls)[i].index = i;
+    (*calls)[i].id = call_id(i);
   }
   p.tool_calls = std::move(*calls);
   p.finish_reason = "tool_calls";
+}
+
+// The grammar writes {"name": "<name>", "arguments": <object>} with whitespace between tokens:
+// once the text reaches the arguments, where they start (and the name); npos before.
+size_t ToolCallReader::arguments_start(std::string* name) const {
+  size_t at = 0;
+  const auto ws = [&] {
+    while (at < held_.size() &&
+           (held_[at] == ' ' || held_[at] == '\t' || held_[at] == '\n' || held_[at] == '\r'))
+      ++at;
+  };
+  const auto literal = [&](std::string_view s) {
+    ws();
+    if (held_.compare(at, s.size(), s) != 0) return false;
+    at += s.size();
+    return true;
+  };
+  if (!literal("{") || !literal("\"name\"") || !literal(":") || !literal("\"")) return npos;
+  const size_t end = held_.find('"', at);  // names have no quote nor escape
+  if (end == std::string::npos) return npos;
+  *name = held_.substr(at, end - at);
+  at = end + 1;
+  if (!literal(",") || !literal("\"arguments\"") || !literal(":")) return npos;
+  ws();
+  return at < held_.size() ? at : npos;  // the arguments' first byte is there
+}
+
+void ToolCallReader::take_forced(Piece& p) {
+  if (arguments_at_ == npos) {
+    std::string name;
+    arguments_at_ = arguments_start(&name);
+    if (arguments_at_ == npos) {  // cut before the arguments: what there is, as content
+      if (p.finish_reason) p.text = std::move(held_);
+      return;
+    }
+    p.tool_calls.push_back({0, call_id(0), name, ""});
+    sent_ = arguments_at_;
+  }
+  // The arguments go out as they come, but for a tail of whitespace and '}' that may be the
+  // call object's own end; at the end, up to that end (or all of it, when cut).
+  size_t end = held_.size();
+  const bool stopped = p.finish_reason && *p.finish_reason == "stop";
+  const auto tail = [&](bool braces) {
+    while (end > sent_ &&
+           (held_[end - 1] == ' ' || held_[end - 1] == '\t' || held_[end - 1] == '\n' ||
+            held_[end - 1] == '\r' || (braces && held_[end - 1] == '}')))
+      --end;
+  };
+  if (!p.finish_reason) {
+    tail(true);
+  } else if (stopped) {
+    tail(false);  // the call's closing brace, then the space before it
+    if (end > sent_ && held_[end - 1] == '}') --end;
+    tail(false);
+  }
+  const ToolCall piece{0, {}, {}, held_.substr(sent_, end - sent_)};
+  if (!piece.arguments.empty()) {
+    if (!p.tool_calls.empty())
+      p.tool_calls.back().arguments += piece.arguments;
+    else
+      p.tool_calls.push_back(piece);
+  }
+  sent_ = end;
+  // (A grammar stuck for want of tokens also stops: then what was written is no whole call.)
+  if (stopped && call_of(held_, names_)) p.finish_reason = "tool_calls";
 }
 
 }  // namespace flashserve::server

@@ -9,11 +9,16 @@
 //     whitespace aside, it is such an object naming a tool, or a sequence of Hermes-style
 //     <tool_call>{...}</tool_call> blocks each holding one (several calls); else it is content.
 //   - A completion read as calls has content null, tool_calls [{id "call_...", type "function",
-//     function {name, arguments: the arguments object as JSON text}}] and finish_reason
-//     "tool_calls". One cut by max_tokens stays content, with finish_reason "length".
-//   - Streamed, text that may still become a call is held back (with "auto", only while it could:
-//     it starts with '{' or "<tool_call>"); the calls go out whole in one delta.tool_calls chunk
-//     at the end, then the chunk with finish_reason.
+//     function {name, arguments: the arguments object as JSON text (forced: as written; auto:
+//     compact)}}] and finish_reason "tool_calls". With "auto", one cut by max_tokens is content,
+//     with finish_reason "length".
+//   - Streamed, a forced call goes out as OpenAI streams one: a first delta.tool_calls piece
+//     with index, id, type and the name once the name is written, then pieces of the arguments
+//     as they come (held back: a tail of whitespace and '}' that may be the call object's end).
+//     One cut by max_tokens ends with finish_reason "length" and the arguments so far (before
+//     its name: the text as content). With "auto", text that may still be a call is held back
+//     (only while it could: it starts with '{' or "<tool_call>"), and the calls go out whole in
+//     one chunk at the end.
 #pragma once
 
 #include <cstdint>
@@ -50,12 +55,18 @@ class ToolCallReader {
   void take(Piece& p);
 
  private:
+  static constexpr size_t npos = std::string::npos;
+  std::string call_id(size_t i) const;
   bool may_be_call() const;
+  size_t arguments_start(std::string* name) const;
+  void take_forced(Piece& p);
 
   std::vector<std::string> names_;
-  bool forced_ = false;   // required or named: the output is a call object
-  bool content_ = false;  // auto: decided, the output is content
-  std::string held_;
+  bool forced_ = false;         // required or named: the output is a call object
+  bool content_ = false;        // auto: decided, the output is content
+  std::string held_;            // the output so far (auto: held back while it may be a call)
+  size_t arguments_at_ = npos;  // forced: where the arguments start in held_, once written
+  size_t sent_ = 0;             // forced: held_ sent as arguments, up to here
   uint64_t id_seed_ = 0;
 };
 

@@ -1397,23 +1397,37 @@ TEST(HttpServer, ToolChoiceRequiredNamedAutoAndNone) {
   EXPECT_EQ(call["function"]["arguments"], "{}");
   EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls");
 
-  // Named, streamed: one delta.tool_calls chunk with index, id, type, name and arguments.
+  // Named, streamed: delta.tool_calls pieces, the first with index, id, type and name, the
+  // others continuing its arguments (one byte a token here).
   const json named = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
   r = s.post("/v1/chat/completions",
              chat_body({{"tools", kWeatherTools}, {"tool_choice", named}, {"stream", true}}));
   ASSERT_EQ(r->status, 200) << r->body;
   json calls = json::array();
   std::string content, finish;
+  int pieces = 0;
   for (const json& c : sse_chunks(r->body)) {
     const json& d = c["choices"][0]["delta"];
     content += d.value("content", "");
-    if (d.contains("tool_calls"))
-      for (const json& t : d["tool_calls"]) calls.push_back(t);
+    for (const json& t : d.value("tool_calls", json::array())) {
+      ++pieces;
+      ASSERT_EQ(t["index"], 0);
+      if (calls.empty()) {
+        EXPECT_EQ(t["type"], "function");
+        calls.push_back(t);
+      } else {
+        EXPECT_FALSE(t.contains("id"));
+        EXPECT_FALSE(t["function"].contains("name"));
+        calls[0]["function"]["arguments"] = calls[0]["function"]["arguments"].get<std::string>() +
+                                            t["function"]["arguments"].get<std::string>();
+      }
+    }
     if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
   }
   EXPECT_EQ(content, "");
   ASSERT_EQ(calls.size(), 1u) << r->body;
-  EXPECT_EQ(calls[0]["index"], 0);
+  EXPECT_GT(pieces, 3);
+  EXPECT_EQ(calls[0]["id"].get<std::string>().rfind("call_", 0), 0u);
   EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
   EXPECT_EQ(calls[0]["function"]["arguments"], R"({"city":""})");  // unit is optional
   EXPECT_EQ(finish, "tool_calls");

@@ -129,7 +129,7 @@ Piece read_in_pieces(const ChatTools& tools, const std::string& out, const std::
     reader.take(p);
     *streamed += p.text;
     all.text += p.text;
-    all.tool_calls.insert(all.tool_calls.end(), p.tool_calls.begin(), p.tool_calls.end());
+    for (const ToolCall& c : p.tool_calls) all.add_tool_call(c);
     if (p.finish_reason) {
       all.finish_reason = p.finish_reason;
       break;
@@ -162,6 +162,48 @@ TEST(ToolCalls, TheReaderGivesTheSameCallsInAnyPiecesAndHoldsBackOnlyWhatMayBeAC
     EXPECT_EQ(p.text, "{\"name\": \"now\", \"argu");
     EXPECT_EQ(p.finish_reason, "length");
   }
+}
+
+TEST(ToolCalls, AForcedCallStreamsItsNameThenItsArgumentsAsTheyCome) {
+  const ChatTools tools = parse_tools(kTools, "required");
+  const std::string args = R"({"city": "a} b ", "unit": "C"})";
+  const std::string out = "{ \"name\": \"get_weather\",\n \"arguments\": " + args + " }";
+  const uint32_t seed = 777;
+  std::mt19937 rng(seed);
+  for (int round = 0; round < 50; ++round) {
+    std::string streamed;
+    const Piece p = read_in_pieces(tools, out, "stop", rng, &streamed);
+    EXPECT_EQ(streamed, "");
+    ASSERT_EQ(p.tool_calls.size(), 1u) << "seed " << seed;
+    EXPECT_EQ(p.tool_calls[0].name, "get_weather");
+    EXPECT_EQ(p.tool_calls[0].arguments, args) << "seed " << seed << ", round " << round;
+    EXPECT_EQ(p.finish_reason, "tool_calls");
+    // Cut in the arguments: the arguments so far, "length"; cut before them: content.
+    const Piece cut = read_in_pieces(tools, out.substr(0, 50), "length", rng, &streamed);
+    ASSERT_EQ(cut.tool_calls.size(), 1u);
+    EXPECT_EQ(cut.tool_calls[0].arguments, out.substr(0, 50).substr(out.find("{\"city")));
+    EXPECT_EQ(cut.finish_reason, "length");
+    const Piece early = read_in_pieces(tools, out.substr(0, 12), "length", rng, &streamed);
+    EXPECT_TRUE(early.tool_calls.empty());
+    EXPECT_EQ(early.text, out.substr(0, 12));
+  }
+  // The first piece has the id and the name; the others continue the arguments only.
+  ToolCallReader reader(tools, 3);
+  Piece a;
+  a.text = "{\"name\": \"now\", \"arguments\": {";
+  reader.take(a);
+  ASSERT_EQ(a.tool_calls.size(), 1u);
+  EXPECT_EQ(a.tool_calls[0].name, "now");
+  EXPECT_EQ(a.tool_calls[0].id.substr(0, 5), "call_");
+  EXPECT_EQ(a.tool_calls[0].arguments, "{");
+  Piece b;
+  b.text = "}}";
+  b.finish_reason = "stop";
+  reader.take(b);
+  ASSERT_EQ(b.tool_calls.size(), 1u);
+  EXPECT_EQ(b.tool_calls[0].id, "");
+  EXPECT_EQ(b.tool_calls[0].arguments, "}");
+  EXPECT_EQ(b.finish_reason, "tool_calls");
 }
 
 }  // namespace

@@ -215,7 +215,7 @@ const tests = {
       assert.equal(calls[0].arguments, required.function.arguments);
     }
     console.log(`toolCalls: required ${required ? required.function.name : 'cut by length'}, ` +
-      `named ${named ? named.function.arguments : 'cut by length'}`);
+      `named ${named ? JSON.stringify(named.function.arguments) : 'cut by length'}`);
     // auto and none answer (a random model's text is content, unless it happens to be a call);
     // a history with the assistant's call and the tool's answer is taken.
     for (const choice of ['auto', 'none']) {
