@@ -25,6 +25,34 @@ bool JsonRecognizer::whitespace(uint8_t b) {
   return true;
 }
 
+bool JsonRecognizer::string_byte(uint8_t b) {
+  if (utf8_left_ > 0) {
+    if (b < utf8_lo_ || b > utf8_hi_) return false;
+    --utf8_left_;
+    utf8_lo_ = 0x80;
+    utf8_hi_ = 0xBF;
+    return true;
+  }
+  if (b < 0x80) return b >= 0x20;  // control characters must be escaped
+  // RFC 3629's table: the lead byte says how many continuation bytes follow, and the first of
+  // them is narrowed where a wider one would be overlong (E0, F0), a surrogate (ED) or past
+  // U+10FFFF (F4).
+  if (b >= 0xC2 && b <= 0xDF) {
+    utf8_left_ = 1;
+  } else if (b >= 0xE0 && b <= 0xEF) {
+    utf8_left_ = 2;
+    if (b == 0xE0) utf8_lo_ = 0xA0;
+    if (b == 0xED) utf8_hi_ = 0x9F;
+  } else if (b >= 0xF0 && b <= 0xF4) {
+    utf8_left_ = 3;
+    if (b == 0xF0) utf8_lo_ = 0x90;
+    if (b == 0xF4) utf8_hi_ = 0x8F;
+  } else {
+    return false;  // a continuation byte without a lead, C0, C1, F5-FF
+  }
+  return true;
+}
+
 bool JsonRecognizer::close(uint8_t b) {
   if (depth_ == 0) return false;
   const JsonGrammar::Node& n = top();
@@ -199,7 +227,9 @@ bool JsonRecognizer::step(uint8_t b) {
       ok = ws ? whitespace(b) : after_value(b);
       break;
     case Mode::kString:
-      if (b == '"') {
+      if (utf8_left_ > 0) {
+        ok = string_byte(b);
+      } else if (b == '"') {
         if (is_key_) {
           mode_ = Mode::kColon;
           want_ = JsonGrammar::kAnyValue;  // a free object's values are any values
@@ -211,7 +241,7 @@ bool JsonRecognizer::step(uint8_t b) {
         mode_ = Mode::kEscape;
         ok = true;
       } else {
-        ok = b >= 0x20;  // control characters must be escaped
+        ok = string_byte(b);
       }
       break;
     case Mode::kEscape:

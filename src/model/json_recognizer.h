@@ -6,10 +6,11 @@
 //
 // Beyond the RFC, to keep a sampled completion from running away: the top level is an object
 // starting with '{' at once (no leading whitespace), nothing follows its closing '}', at most
-// kMaxWhitespace whitespace bytes in a row, and objects/arrays nest at most kMaxDepth deep. Bytes
-// >= 0x80 are taken inside free strings without checking UTF-8 (a byte-level tokenizer's token may
-// end inside a character; the text stream shows an invalid sequence as U+FFFD, still a valid
-// string).
+// kMaxWhitespace whitespace bytes in a row, and objects/arrays nest at most kMaxDepth deep. Strings
+// are UTF-8 (RFC 3629: no overlong forms, no surrogates), checked byte by byte, so a token may end
+// inside a character and the next ones complete it. An invalid sequence would not stay inside its
+// string in the text: byte fallback (Llama's, Mistral's tokenizers) shows a run of byte tokens
+// that is not UTF-8 as one U+FFFD per byte, the '"' byte after a lone lead byte included.
 #pragma once
 
 #include <cstdint>
@@ -35,9 +36,10 @@ class JsonRecognizer {
   bool step(uint8_t byte);
   // Whether the bytes so far are a whole JSON object of the grammar.
   bool complete() const { return mode_ == Mode::kDone; }
-  // Inside a string of any content, no escape pending: any byte >= 0x20 but '"' and '\\' is
-  // taken and leaves the state as it is.
-  bool in_string_body() const { return mode_ == Mode::kString; }
+  // Inside a string of any content, between characters, no escape pending: a token whose bytes
+  // are whole characters, none a control character, '"' or '\\', is taken and leaves the state
+  // as it is.
+  bool in_string_body() const { return mode_ == Mode::kString && utf8_left_ == 0; }
 
  private:
   enum class Mode : uint8_t {
@@ -73,6 +75,7 @@ class JsonRecognizer {
   bool after_value(uint8_t b);
   bool close(uint8_t b);  // '}' or ']' matching the innermost container
   bool whitespace(uint8_t b);
+  bool string_byte(uint8_t b);  // a byte of a string's content, but '"' and '\\'
   void end_value() { mode_ = depth_ == 0 ? Mode::kDone : Mode::kAfterValue; }
 
   const JsonGrammar* g_;
@@ -83,6 +86,8 @@ class JsonRecognizer {
   bool is_key_ = false;
   bool integer_ = false;
   uint8_t hex_left_ = 0;
+  uint8_t utf8_left_ = 0;  // continuation bytes the string's character still needs
+  uint8_t utf8_lo_ = 0x80, utf8_hi_ = 0xBF;  // the range of the next one
   uint8_t spaces_ = 0;
   uint8_t depth_ = 0;
   Frame stack_[kMaxDepth] = {};

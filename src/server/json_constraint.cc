@@ -10,14 +10,18 @@ namespace flashserve::server {
 VocabTrie::VocabTrie(const std::vector<std::string>& token_bytes)
     : vocab_(static_cast<int32_t>(token_bytes.size())), bytes_(token_bytes) {
   plain_.assign((static_cast<size_t>(vocab_) + 31) / 32, 0u);
+  // Plain: taken inside a string, between characters, and back there after it (whole UTF-8
+  // characters, none a control character, '"' or '\\'); the recognizer itself decides.
+  model::JsonRecognizer body;
+  for (const char c : std::string("{\"\":\"")) body.feed(static_cast<uint8_t>(c));
   for (int32_t id = 0; id < vocab_; ++id) {
     const std::string& b = bytes_[static_cast<size_t>(id)];
     if (b.empty()) continue;
     all_.add(b, id);
-    const bool plain = std::all_of(b.begin(), b.end(), [](char c) {
-      const auto u = static_cast<uint8_t>(c);
-      return u >= 0x20 && u != '"' && u != '\\';
-    });
+    model::JsonRecognizer s = body;
+    const bool plain =
+        std::all_of(b.begin(), b.end(), [&](char c) { return s.feed(static_cast<uint8_t>(c)); }) &&
+        s.in_string_body();
     if (plain)
       plain_[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
     else

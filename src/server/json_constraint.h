@@ -4,8 +4,8 @@
 // vocabulary is a trie of the tokens' bytes, built once per tokenizer; a step's mask walks it
 // from the recognizer's state, copying the state at each branch and pruning a subtree at its first
 // byte that cannot follow, so the tokens that share a prefix share its work. Inside a string most
-// tokens are plain string content (no '"', '\\' or control byte): those are one precomputed
-// mask there, and only the others are walked.
+// tokens are plain string content (whole UTF-8 characters, no '"', '\\' or control character):
+// those are one precomputed mask there, and only the others are walked.
 // Special tokens and tokens without bytes are never allowed (the request's stop and eos tokens
 // are the executor's: allowed once the object is complete). If no token can continue an
 // incomplete object (a vocabulary without the bytes it needs), the object is reported complete so

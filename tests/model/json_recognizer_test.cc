@@ -47,6 +47,28 @@ TEST(JsonRecognizer, AgreesWithNlohmannOnEveryShortString) {
   EXPECT_GE(objects, 5);  // {}, {"":1}, {"":[]} ...
 }
 
+// Strings are UTF-8 as RFC 3629 has it (nlohmann's parser checks the same): every sequence of up
+// to 4 bytes of lead, continuation and invalid bytes, as a value and as a key.
+TEST(JsonRecognizer, AgreesWithNlohmannOnTheUtf8OfStrings) {
+  const std::string bytes = "A\xC2\xC3\xDF\xE0\xE2\xED\xEF\xF0\xF4\xF5\x80\x8F\x90\x9F\xA0\xBF\xC0";
+  std::vector<std::string> level{""};
+  int64_t valid = 0;
+  for (int len = 1; len <= 4; ++len) {
+    std::vector<std::string> next;
+    for (const std::string& p : level)
+      for (char c : bytes) next.push_back(p + c);
+    for (const std::string& x : next)
+      for (const std::string& s : {"{\"a\":\"" + x + "\"}", "{\"" + x + "\":1}"}) {
+        const bool reference = nlohmann::json::accept(s);
+        ASSERT_EQ(whole_object(s), reference)
+            << nlohmann::json(nlohmann::json::binary_t(std::vector<uint8_t>(s.begin(), s.end())));
+        valid += reference;
+      }
+    level = std::move(next);
+  }
+  EXPECT_GT(valid, 1000);  // A, é, €, U+10000 ... in every arrangement that is UTF-8
+}
+
 TEST(JsonRecognizer, TakesObjectsWithEveryKindOfValue) {
   for (const char* s : {"{}", "{\"a\":1}", "{\"a\": [1, -2.5e+3, 0, 0.25, 1E9, true, false, null]}",
                         "{\"k\":\"esc \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\u00e9 \\uD83D\\uDE00\"}",

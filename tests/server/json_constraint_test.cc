@@ -17,9 +17,11 @@ namespace {
 
 const std::vector<std::string> kVocab = {
     "",  // no bytes (a special token's place): never allowed
-    "{",  "}",    "[",  "]", "\"", ":",   ",",        " ",    "\n",  "1",   "12",   "-",
-    ".",  "5",    "e",  "a", "ab", "\"a", "a\"",      "\":",  "{\"", "\",", "true", "fal",
-    "se", "null", "\\", "n", "u",  "0",   "\xc3\xa9", "x\"}", "}}",  "]}",  ",\"",  "\x01"};
+    "{", "}", "[", "]", "\"", ":", ",", " ", "\n", "1", "12", "-", ".", "5", "e", "a", "ab", "\"a",
+    "a\"", "\":", "{\"", "\",", "true", "fal", "se", "null", "\\", "n", "u", "0", "\xc3\xa9",
+    "x\"}", "}}", "]}", ",\"", "\x01",
+    // Parts of characters: a token may end inside one, and the next ones must complete it.
+    "\xc3", "\xa9", "\xe2\x82", "\xac\"", "\xed", "\xa0", "\x80", "\xe2\x82\xac"};
 
 TEST(JsonConstraint, TheMaskIsExactlyTheTokensTheGrammarTakes) {
   const testing::WalkCounts n = testing::walk_masks(

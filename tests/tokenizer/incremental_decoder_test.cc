@@ -88,7 +88,9 @@ TEST(StreamingByteFallback, AByteThatBreaksAnEmittedCharacterDoesNotStopTheStrea
   for (int32_t id : tail) all += dec.push(id);
   all += dec.flush();
   EXPECT_TRUE(utf8::is_valid(all));
-  EXPECT_EQ(all, "D\xEF\xBF\xBD" " ative words");  // (encode gives "▁ative")
+  EXPECT_EQ(all,
+            "D\xEF\xBF\xBD"
+            " ative words");  // (encode gives "▁ative")
 }
 
 TEST(StreamingByteFallback, LeadingSpaceAfterThePrompt) {
