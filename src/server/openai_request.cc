@@ -373,12 +373,26 @@ void structured_output(std::string_view body, const std::string& format, bool to
     r.grammar = json_schema_format(fields["response_format"]["json_schema"]);
   if (!tools_given) return;
   r.tools = parse_tools(fields["tools"], fields["tool_choice"]);
-  if (r.tools.choice == ToolChoice::kNone) return;
-  if (r.grammar)
-    throw bad_request("response_format",
-                      "response_format: " + format +
-                          " is not supported beside tools unless tool_choice is \"none\"");
-  r.grammar = r.tools.grammar;
+  if (r.tools.choice != ToolChoice::kNone) {
+    if (r.grammar)
+      throw bad_request("response_format",
+                        "response_format: " + format +
+                            " is not supported beside tools unless tool_choice is \"none\"");
+    r.grammar = r.tools.grammar;
+  }
+}
+
+// A grammar ends the output where its text is whole (the stop and eos tokens are allowed then
+// and only then): a request that would keep it going past that has no tokens left to sample.
+void grammar_ends_the_output(const GenerationRequest& r) {
+  if (!r.grammar) return;
+  const std::string what = r.tools.grammar ? "a forced tool call" : "response_format";
+  if (r.sampling.min_tokens > 0)
+    throw bad_request("min_tokens", "min_tokens: not with " + what +
+                                        " (its grammar decides where the output ends)");
+  if (r.ignore_eos)
+    throw bad_request("ignore_eos", "ignore_eos: not with " + what +
+                                        " (its grammar decides where the output ends)");
 }
 
 }  // namespace
@@ -589,7 +603,10 @@ GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
       throw bad_request("top_logprobs", "top_logprobs: only allowed when logprobs is true");
     if (chat_logprobs) r.logprobs = static_cast<int32_t>(top_logprobs.value_or(0));
   }
-  if (chat) structured_output(body, format, tools_given, r);
+  if (chat) {
+    structured_output(body, format, tools_given, r);
+    grammar_ends_the_output(r);
+  }
   if (!have_input)
     throw bad_request(chat ? "messages" : "prompt",
                       std::string(chat ? "messages" : "prompt") + ": missing");

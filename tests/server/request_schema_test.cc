@@ -420,6 +420,16 @@ TEST(RequestSchema, ResponseFormatAndItsRefusals) {
     EXPECT_EQ(e.param, param) << format.dump();
     EXPECT_NE(e.message.find(says), std::string::npos) << e.message;
   }
+  // The grammar decides where the output ends: nothing may keep it going.
+  body["response_format"] = {{"type", "json_object"}};
+  for (const auto& [field, value] : {std::pair<std::string, json>{"min_tokens", 2},
+                                     std::pair<std::string, json>{"ignore_eos", true}}) {
+    json b = body;
+    b[field] = value;
+    const fsv::ApiError e = refusal(b, fsv::Endpoint::kChat);
+    EXPECT_EQ(e.param, field);
+    EXPECT_NE(e.message.find("its grammar decides where the output ends"), std::string::npos);
+  }
 }
 
 TEST(StopStrings, HoldsBackWhatMayStillBecomeAStopSequence) {
