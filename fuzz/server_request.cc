@@ -15,6 +15,11 @@
 // the text holds no stop string, the ids are a prefix of the tokens, usage counts the ids, and the
 // logprobs are no more than the ids (none for the eos token).
 //
+// Structured output: a request's grammar (response_format json_object / json_schema, a forced
+// tool call) reads the body's bytes, each it refuses skipped; the bytes it took, once it says they
+// are whole, are a JSON object. With tools, the body read as the output of a choice gives calls
+// whose arguments are JSON text, or content.
+//
 // Anything else (another exception, a crash, a sanitizer report) is a bug.
 // Registration (fuzz/CMakeLists.txt): flashserve_fuzz_target(server_request flashserve_server)
 #include <algorithm>
@@ -28,8 +33,10 @@
 #include <vector>
 
 #include "flashserve/error.h"
+#include "model/json_recognizer.h"
 #include "server/openai_request.h"
 #include "server/output_assembler.h"
+#include "server/tool_calls.h"
 
 namespace fsv = flashserve::server;
 
@@ -131,6 +138,26 @@ void check_output(const fsv::GenerationRequest& r, std::string_view body, uint8_
       one.logprobs.size() == one.ids.size())
     fail("the eos token has a logprobs entry");
 }
+
+void check_structured(const fsv::GenerationRequest& r, std::string_view body) {
+  if (r.grammar) {
+    flashserve::model::JsonRecognizer g(r.grammar.get());
+    std::string taken;
+    for (const char c : body)
+      if (g.feed(static_cast<uint8_t>(c))) taken += c;
+    if (g.complete() && !(taken.front() == '{' && nlohmann::json::accept(taken)))
+      fail("the grammar took a whole text that is no JSON object");
+  }
+  if (r.tools.choice == fsv::ToolChoice::kNone) return;
+  fsv::ToolCallReader reader(r.tools, 1);
+  fsv::Piece p;
+  p.text = std::string(body);
+  p.finish_reason = "stop";
+  reader.take(p);
+  for (const fsv::ToolCall& c : p.tool_calls)
+    if (p.finish_reason == "tool_calls" && !nlohmann::json::accept(c.arguments))
+      fail("a tool call's arguments are not JSON");
+}
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -172,6 +199,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       fail("sampling parameters the engine refuses were accepted");
     }
     check_output(r, body, data[0]);
+    check_structured(r, body);
   } catch (const fsv::ApiError& e) {
     if (e.status != 400) fail("a refusal that is not 400");
     if (!nlohmann::json::accept(e.body())) fail("an error body that is not JSON");

@@ -1,170 +1,155 @@
 #include "model/json_grammar.h"
 
+#include <algorithm>
+#include <stdexcept>
+
 namespace flashserve::model {
 namespace {
 
-bool is_ws(uint8_t b) {
-  return b == ' ' || b == '\t' || b == '\n' || b == '\r';
+std::bitset<256> bytes_of(const std::string& chars) {
+  std::bitset<256> out;
+  for (char c : chars) out.set(static_cast<uint8_t>(c));
+  return out;
 }
-bool is_digit(uint8_t b) {
-  return b >= '0' && b <= '9';
-}
-bool is_hex(uint8_t b) {
-  return is_digit(b) || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F');
-}
-constexpr const char* kLiterals[3] = {"true", "false", "null"};
-constexpr uint8_t kLiteralLengths[3] = {4, 5, 4};
+const std::bitset<256> kNumberStart = bytes_of("-0123456789");
 
 }  // namespace
 
-bool JsonObjectRecognizer::whitespace(uint8_t b) {
-  if (!is_ws(b) || spaces_ >= kMaxWhitespace) return false;
-  ++spaces_;
-  return true;
+JsonGrammar::JsonGrammar() {
+  Node any;
+  any.kind = Kind::kAny;
+  any.first = bytes_of("{[\"tfn") | kNumberStart;
+  add(std::move(any));
+  Node object;
+  object.kind = Kind::kObject;
+  object.free_keys = true;
+  object.first = bytes_of("{");
+  add(std::move(object));
+  array(kAnyValue);
+  literals({"true", "false", "null"});
 }
 
-bool JsonObjectRecognizer::close(uint8_t b) {
-  if (depth_ == 0 || stack_[depth_ - 1] != (b == '}' ? '{' : '[')) return false;
-  --depth_;
-  end_value();
-  return true;
+std::shared_ptr<const JsonGrammar> JsonGrammar::any_object() {
+  static const auto grammar = std::make_shared<const JsonGrammar>();
+  return grammar;
 }
 
-bool JsonObjectRecognizer::value_start(uint8_t b) {
-  if (b == '{' || b == '[') {
-    if (depth_ >= kMaxDepth) return false;
-    stack_[depth_++] = static_cast<char>(b);
-    mode_ = b == '{' ? Mode::kKeyOrEnd : Mode::kValueOrEnd;
-  } else if (b == '"') {
-    mode_ = Mode::kString;
-    is_key_ = false;
-  } else if (b == '-' || is_digit(b)) {
-    mode_ = Mode::kNumber;
-    number_ = b == '-' ? Num::kMinus : b == '0' ? Num::kZero : Num::kInt;
-  } else if (b == 't' || b == 'f' || b == 'n') {
-    mode_ = Mode::kLiteral;
-    literal_ = b == 't' ? 0 : b == 'f' ? 1 : 2;
-    literal_at_ = 1;
-  } else {
-    return false;
-  }
-  return true;
+int32_t JsonGrammar::add(Node n) {
+  if (nodes_.size() >= kMaxNodes)
+    throw std::length_error("a grammar of more than " + std::to_string(kMaxNodes) + " nodes");
+  nodes_.push_back(std::move(n));
+  return static_cast<int32_t>(nodes_.size() - 1);
 }
 
-bool JsonObjectRecognizer::after_value(uint8_t b) {
-  if (b == ',') {
-    mode_ = stack_[depth_ - 1] == '{' ? Mode::kKey : Mode::kValue;
-    return true;
-  }
-  return (b == '}' || b == ']') && close(b);
+int32_t JsonGrammar::trie_child(int32_t at, uint8_t b) const {
+  const auto& kids = trie_[static_cast<size_t>(at)].children;
+  auto it = std::lower_bound(kids.begin(), kids.end(), b,
+                             [](const auto& kid, uint8_t x) { return kid.first < x; });
+  return it != kids.end() && it->first == b ? it->second : -1;
 }
 
-bool JsonObjectRecognizer::feed(uint8_t b) {
-  const JsonObjectRecognizer before = *this;
-  if (step(b)) return true;
-  *this = before;
-  return false;
-}
-
-bool JsonObjectRecognizer::step(uint8_t b) {
-  const bool ws = is_ws(b);
-  bool ok = false;
-  switch (mode_) {
-    case Mode::kStart:
-      ok = b == '{' && value_start(b);
-      break;
-    case Mode::kValue:
-      ok = ws ? whitespace(b) : value_start(b);
-      break;
-    case Mode::kValueOrEnd:
-      ok = ws ? whitespace(b) : b == ']' ? close(b) : value_start(b);
-      break;
-    case Mode::kKeyOrEnd:
-    case Mode::kKey:
-      if (ws) {
-        ok = whitespace(b);
-      } else if (b == '"') {
-        mode_ = Mode::kString;
-        is_key_ = true;
-        ok = true;
-      } else {
-        ok = mode_ == Mode::kKeyOrEnd && b == '}' && close(b);
+int32_t JsonGrammar::trie_of(const std::vector<std::string>& texts) {
+  const int32_t root = static_cast<int32_t>(trie_.size());
+  trie_.emplace_back();
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const int32_t value = static_cast<int32_t>(i);
+    int32_t at = root;
+    trie_[static_cast<size_t>(at)].below.push_back(value);
+    for (char c : texts[i]) {
+      const auto b = static_cast<uint8_t>(c);
+      int32_t next = trie_child(at, b);
+      if (next < 0) {
+        next = static_cast<int32_t>(trie_.size());
+        auto& kids = trie_[static_cast<size_t>(at)].children;
+        kids.insert(std::lower_bound(kids.begin(), kids.end(), b,
+                                     [](const auto& kid, uint8_t x) { return kid.first < x; }),
+                    {b, next});
+        trie_.emplace_back();  // (after the insert: it may move the node `kids` belongs to)
       }
-      break;
-    case Mode::kColon:
-      ok = ws ? whitespace(b) : b == ':';
-      if (ok && !ws) mode_ = Mode::kValue;
-      break;
-    case Mode::kAfterValue:
-      ok = ws ? whitespace(b) : after_value(b);
-      break;
-    case Mode::kString:
-      if (b == '"') {
-        if (is_key_)
-          mode_ = Mode::kColon;
-        else
-          end_value();
-        ok = true;
-      } else if (b == '\\') {
-        mode_ = Mode::kEscape;
-        ok = true;
-      } else {
-        ok = b >= 0x20;  // control characters must be escaped
-      }
-      break;
-    case Mode::kEscape:
-      if (b == 'u') {
-        mode_ = Mode::kUnicode;
-        hex_left_ = 4;
-        ok = true;
-      } else {
-        ok = b == '"' || b == '\\' || b == '/' || b == 'b' || b == 'f' || b == 'n' || b == 'r' ||
-             b == 't';
-        if (ok) mode_ = Mode::kString;
-      }
-      break;
-    case Mode::kUnicode:
-      ok = is_hex(b);
-      if (ok && --hex_left_ == 0) mode_ = Mode::kString;
-      break;
-    case Mode::kLiteral:
-      ok = b == static_cast<uint8_t>(kLiterals[literal_][literal_at_]);
-      if (ok && ++literal_at_ == kLiteralLengths[literal_]) end_value();
-      break;
-    case Mode::kNumber: {
-      // A number inside a container (the top level is an object): it ends at the first byte
-      // that cannot continue it, which is then read as what follows a value.
-      const Num n = number_;
-      const bool ends = n == Num::kZero || n == Num::kInt || n == Num::kFrac || n == Num::kExp;
-      if (is_digit(b) && n != Num::kZero) {
-        number_ = n == Num::kMinus                   ? (b == '0' ? Num::kZero : Num::kInt)
-                  : n == Num::kDot                   ? Num::kFrac
-                  : n == Num::kE || n == Num::kESign ? Num::kExp
-                                                     : n;
-        ok = true;
-      } else if (b == '.' && (n == Num::kZero || n == Num::kInt)) {
-        number_ = Num::kDot;
-        ok = true;
-      } else if ((b == 'e' || b == 'E') && (n == Num::kZero || n == Num::kInt || n == Num::kFrac)) {
-        number_ = Num::kE;
-        ok = true;
-      } else if ((b == '+' || b == '-') && n == Num::kE) {
-        number_ = Num::kESign;
-        ok = true;
-      } else if (ends) {
-        mode_ = Mode::kAfterValue;
-        spaces_ = 0;
-        ok = ws ? whitespace(b) : after_value(b);
-      }
-      break;
+      at = next;
+      trie_[static_cast<size_t>(at)].below.push_back(value);  // values rise: stays sorted
     }
-    case Mode::kDone:
-      ok = false;
-      break;
+    trie_[static_cast<size_t>(at)].value = value;
   }
-  if (!ok) return false;
-  if (!ws || mode_ == Mode::kString || mode_ == Mode::kEscape) spaces_ = 0;
-  return true;
+  return root;
+}
+
+int32_t JsonGrammar::object(const std::vector<Property>& properties) {
+  if (properties.size() >= kMaxNodes)
+    throw std::length_error("an object of more than " + std::to_string(kMaxNodes) + " properties");
+  Node n;
+  n.kind = Kind::kObject;
+  n.first = bytes_of("{");
+  std::vector<std::string> keys;
+  for (const Property& p : properties) {
+    keys.push_back(p.key);
+    n.values.push_back(p.value);
+  }
+  n.next_required.assign(properties.size() + 1, static_cast<uint16_t>(properties.size()));
+  for (size_t i = properties.size(); i-- > 0;)
+    n.next_required[i] = properties[i].required ? static_cast<uint16_t>(i) : n.next_required[i + 1];
+  n.keys = trie_of(keys);
+  return add(std::move(n));
+}
+
+int32_t JsonGrammar::discriminated(const std::string& key, const std::vector<std::string>& literal,
+                                   const std::vector<int32_t>& objects) {
+  const int32_t n = object({{key, literals(literal), true}});
+  nodes_[static_cast<size_t>(n)].select = objects;
+  return n;
+}
+
+int32_t JsonGrammar::array(int32_t items) {
+  Node n;
+  n.kind = Kind::kArray;
+  n.first = bytes_of("[");
+  n.items = items;
+  return add(std::move(n));
+}
+
+int32_t JsonGrammar::scalar(Kind kind) {
+  Node n;
+  n.kind = kind;
+  n.first = kind == Kind::kString ? bytes_of("\"") : kNumberStart;
+  return add(std::move(n));
+}
+
+int32_t JsonGrammar::literals(const std::vector<std::string>& texts) {
+  Node n;
+  n.kind = Kind::kLiterals;
+  for (const std::string& t : texts)
+    if (!t.empty()) n.first.set(static_cast<uint8_t>(t[0]));
+  n.literals = trie_of(texts);
+  return add(std::move(n));
+}
+
+int32_t JsonGrammar::any_of(const std::vector<int32_t>& branches, uint8_t* clash) {
+  Node n;
+  n.kind = Kind::kAnyOf;
+  for (int32_t b : branches) {
+    const Node& x = node(b);
+    const std::vector<int32_t> flat = x.kind == Kind::kAnyOf ? x.branches : std::vector{b};
+    for (int32_t f : flat) {
+      const std::bitset<256> both = n.first & node(f).first;
+      if (both.any()) {
+        for (size_t c = 0; clash && c < 256; ++c)
+          if (both.test(c)) {
+            *clash = static_cast<uint8_t>(c);
+            break;
+          }
+        return -1;
+      }
+      n.first |= node(f).first;
+      n.branches.push_back(f);
+    }
+  }
+  return add(std::move(n));
+}
+
+void JsonGrammar::set_root(int32_t object_node) {
+  if (node(object_node).kind != Kind::kObject)
+    throw std::invalid_argument("the root of a JSON grammar is an object");
+  root_ = object_node;
 }
 
 }  // namespace flashserve::model

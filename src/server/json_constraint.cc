@@ -10,14 +10,18 @@ namespace flashserve::server {
 VocabTrie::VocabTrie(const std::vector<std::string>& token_bytes)
     : vocab_(static_cast<int32_t>(token_bytes.size())), bytes_(token_bytes) {
   plain_.assign((static_cast<size_t>(vocab_) + 31) / 32, 0u);
+  // Plain: taken inside a string, between characters, and back there after it (whole UTF-8
+  // characters, none a control character, '"' or '\\'); the recognizer itself decides.
+  model::JsonRecognizer body;
+  for (const char c : std::string("{\"\":\"")) body.feed(static_cast<uint8_t>(c));
   for (int32_t id = 0; id < vocab_; ++id) {
     const std::string& b = bytes_[static_cast<size_t>(id)];
     if (b.empty()) continue;
     all_.add(b, id);
-    const bool plain = std::all_of(b.begin(), b.end(), [](char c) {
-      const auto u = static_cast<uint8_t>(c);
-      return u >= 0x20 && u != '"' && u != '\\';
-    });
+    model::JsonRecognizer s = body;
+    const bool plain =
+        std::all_of(b.begin(), b.end(), [&](char c) { return s.feed(static_cast<uint8_t>(c)); }) &&
+        s.in_string_body();
     if (plain)
       plain_[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
     else
@@ -49,10 +53,10 @@ int32_t VocabTrie::Trie::child(int32_t node, uint8_t byte) {
   return made;
 }
 
-void VocabTrie::Trie::walk(int32_t node, const model::JsonObjectRecognizer& state,
+void VocabTrie::Trie::walk(int32_t node, const model::JsonRecognizer& state,
                            std::vector<uint32_t>& allowed) const {
   for (const auto& [byte, next] : nodes[static_cast<size_t>(node)].children) {
-    model::JsonObjectRecognizer s = state;
+    model::JsonRecognizer s = state;
     if (!s.step(byte)) continue;
     for (int32_t t : nodes[static_cast<size_t>(next)].tokens)
       allowed[static_cast<size_t>(t) >> 5] |= 1u << (t & 31);
@@ -60,7 +64,7 @@ void VocabTrie::Trie::walk(int32_t node, const model::JsonObjectRecognizer& stat
   }
 }
 
-void VocabTrie::allowed_from(const model::JsonObjectRecognizer& state,
+void VocabTrie::allowed_from(const model::JsonRecognizer& state,
                              std::vector<uint32_t>& allowed) const {
   if (state.in_string_body()) {
     for (size_t w = 0; w < std::min(allowed.size(), plain_.size()); ++w) allowed[w] |= plain_[w];
@@ -70,7 +74,7 @@ void VocabTrie::allowed_from(const model::JsonObjectRecognizer& state,
   }
 }
 
-bool JsonObjectConstraint::allowed_next(std::vector<uint32_t>& allowed) {
+bool JsonConstraint::allowed_next(std::vector<uint32_t>& allowed) {
   if (state_.complete() || stuck_) return true;
   // The mask covers the model's vocabulary, which holds the tokenizer's (TokenizerCodec refuses
   // a tokenizer with ids beyond it): the trie's tokens are set in place, with no copy per step.
@@ -82,9 +86,9 @@ bool JsonObjectConstraint::allowed_next(std::vector<uint32_t>& allowed) {
   return stuck_;
 }
 
-void JsonObjectConstraint::accept(int32_t token) {
+void JsonConstraint::accept(int32_t token) {
   if (token < 0 || token >= trie_->vocab() || state_.complete() || stuck_) return;
-  model::JsonObjectRecognizer next = state_;
+  model::JsonRecognizer next = state_;
   for (char c : trie_->bytes_[static_cast<size_t>(token)])
     if (!next.feed(static_cast<uint8_t>(c))) return;  // not from the mask: a stop or eos token
   state_ = next;

@@ -7,6 +7,11 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "model/json_grammar.h"
+#include "server/json_schema.h"
+#include "server/ordered_fields.h"
+#include "server/tool_calls.h"
+
 namespace flashserve::server {
 
 namespace {
@@ -132,9 +137,6 @@ std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& v) {
 
 std::string message_content(const json& v, const std::string& name) {
   if (v.is_string()) return v.get<std::string>();
-  // null is "not given", and content is required (an assistant message without content needs
-  // tool_calls, which flashserve does not take).
-  if (v.is_null()) throw bad_request(name, name + ": missing");
   if (!v.is_array()) wrong_type(name, "a string or an array of text parts", v);
   // The parts form: [{"type": "text", "text": "..."}]; only text parts.
   std::string text;
@@ -156,6 +158,47 @@ std::string message_content(const json& v, const std::string& name) {
   return text;
 }
 
+// An assistant message's tool_calls: [{id, type "function", function {name, arguments}}], as a
+// JSON array for the chat template with each arguments string parsed into its object (as vLLM
+// hands them to templates: `arguments | tojson` writes the object).
+std::string message_tool_calls(const json& v, const std::string& name) {
+  if (!v.is_array() || v.empty()) wrong_type(name, "a non-empty array of tool calls", v);
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string at = name + "[" + std::to_string(i) + "]";
+    const json& c = v[i];
+    if (!c.is_object()) wrong_type(at, "an object", c);
+    for (const auto& [key, value] : c.items())
+      if (key != "id" && key != "type" && key != "function")
+        throw bad_request(at + "." + key, "Unrecognized argument supplied in " + at + ": " + key);
+    const std::string id = c.contains("id") ? get_string(c["id"], at + ".id") : std::string();
+    if (!c.contains("type") || get_string(c["type"], at + ".type") != "function")
+      throw bad_request(at + ".type", at + ".type: only \"function\" is supported");
+    if (!c.contains("function") || !c["function"].is_object())
+      throw bad_request(at + ".function", at + ".function: expected an object");
+    const json& fn = c["function"];
+    for (const auto& [key, value] : fn.items())
+      if (key != "name" && key != "arguments")
+        throw bad_request(at + ".function." + key,
+                          "Unrecognized argument supplied in " + at + ".function: " + key);
+    if (!fn.contains("name"))
+      throw bad_request(at + ".function.name", at + ".function.name: missing");
+    if (!fn.contains("arguments"))
+      throw bad_request(at + ".function.arguments", at + ".function.arguments: missing");
+    const std::string args = get_string(fn["arguments"], at + ".function.arguments");
+    auto parsed = nlohmann::ordered_json::parse(args, nullptr, /*allow_exceptions=*/false);
+    if (parsed.is_discarded())
+      throw bad_request(at + ".function.arguments",
+                        at + ".function.arguments: not JSON text (a JSON object as a string)");
+    out.push_back({{"id", id},
+                   {"type", "function"},
+                   {"function",
+                    {{"name", get_string(fn["name"], at + ".function.name")},
+                     {"arguments", std::move(parsed)}}}});
+  }
+  return out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
 void parse_messages(const json& v, GenerationRequest& r) {
   if (!v.is_array()) wrong_type("messages", "an array", v);
   if (v.empty()) throw bad_request("messages", "messages: empty");
@@ -168,12 +211,16 @@ void parse_messages(const json& v, GenerationRequest& r) {
       if (key == "role") {
         msg.role = get_string(value, name + ".role");
         if (msg.role != "system" && msg.role != "developer" && msg.role != "user" &&
-            msg.role != "assistant")
-          throw bad_request(
-              name + ".role",
-              name + ".role: '" + msg.role + "' is not one of system, developer, user, assistant");
+            msg.role != "assistant" && msg.role != "tool")
+          throw bad_request(name + ".role",
+                            name + ".role: '" + msg.role +
+                                "' is not one of system, developer, user, assistant, tool");
       } else if (key == "content") {
-        msg.content = message_content(value, name + ".content");
+        if (!value.is_null()) msg.content = message_content(value, name + ".content");
+      } else if (key == "tool_calls") {
+        if (!value.is_null()) msg.tool_calls_json = message_tool_calls(value, name + ".tool_calls");
+      } else if (key == "tool_call_id") {
+        if (!value.is_null()) msg.tool_call_id = get_string(value, name + ".tool_call_id");
       } else if (key == "name") {
         if (!value.is_null()) get_string(value, name + ".name");  // accepted, not used
       } else {
@@ -182,7 +229,19 @@ void parse_messages(const json& v, GenerationRequest& r) {
       }
     }
     if (msg.role.empty()) throw bad_request(name + ".role", name + ".role: missing");
-    if (!m.contains("content")) throw bad_request(name + ".content", name + ".content: missing");
+    // null is "not given": content is required, but for an assistant's tool calls.
+    // An assistant's calls without content reach the template with content "" (as vLLM passes
+    // them to templates that take text content).
+    const bool no_content = !m.contains("content") || m["content"].is_null();
+    if (no_content && (msg.role != "assistant" || msg.tool_calls_json.empty()))
+      throw bad_request(name + ".content", name + ".content: missing");
+    if (!msg.tool_calls_json.empty() && msg.role != "assistant")
+      throw bad_request(name + ".tool_calls", name + ".tool_calls: only in an assistant's message");
+    if (msg.role == "tool" && msg.tool_call_id.empty())
+      throw bad_request(name + ".tool_call_id",
+                        name + ".tool_call_id: missing (a tool's message answers a call)");
+    if (msg.role != "tool" && !msg.tool_call_id.empty())
+      throw bad_request(name + ".tool_call_id", name + ".tool_call_id: only in a tool's message");
     r.messages.push_back(std::move(msg));
   }
 }
@@ -209,25 +268,53 @@ void neutral_only(const json& v, const std::string& name, const json& neutral, c
     throw bad_request(name, name + ": only " + neutral.dump() + " is supported (" + why + ")");
 }
 
-// response_format: {"type": "text"} (false) or {"type": "json_object"} (true); json_schema and
-// anything else refused by name.
-bool parse_response_format(const json& v) {
+// response_format: {"type": "text"}, {"type": "json_object"} or {"type": "json_schema",
+// "json_schema": {name, description?, schema, strict?}}; the checks on its form, on the parsed
+// body (the schema itself is read in order, from ordered_fields). Returns the type.
+std::string response_format_type(const json& v) {
   if (!v.is_object() || !v.contains("type") || !v["type"].is_string())
     throw bad_request("response_format",
-                      "response_format: expected an object with a \"type\" (\"text\" or "
-                      "\"json_object\")");
+                      "response_format: expected an object with a \"type\" (\"text\", "
+                      "\"json_object\" or \"json_schema\")");
   const std::string type = v["type"];
-  if (type == "json_schema")
-    throw bad_request("response_format",
-                      "response_format: json_schema is not supported yet (json_object is)");
-  if (type != "text" && type != "json_object")
+  if (type != "text" && type != "json_object" && type != "json_schema")
     throw bad_request("response_format", "response_format: unknown type \"" + type +
-                                             "\" (\"text\" or \"json_object\")");
+                                             "\" (\"text\", \"json_object\" or \"json_schema\")");
   for (const auto& item : v.items())
-    if (item.key() != "type")
-      throw bad_request("response_format", "response_format: the field \"" + item.key() +
-                                               "\" is not supported (only \"type\")");
-  return type == "json_object";
+    if (item.key() != "type" && (type != "json_schema" || item.key() != "json_schema"))
+      throw bad_request(
+          "response_format",
+          "response_format: the field \"" + item.key() + "\" is not supported (only " +
+              (type == "json_schema" ? "\"type\" and \"json_schema\")" : "\"type\")"));
+  return type;
+}
+
+// json_schema's object, read in order: the schema compiled (server/json_schema.h).
+std::shared_ptr<const model::JsonGrammar> json_schema_format(const nlohmann::ordered_json& v) {
+  const std::string at = "response_format.json_schema";
+  if (!v.is_object()) throw bad_request(at, at + ": expected an object {name, schema, strict?}");
+  const auto get = [&](const char* key) -> const nlohmann::ordered_json* {
+    const auto it = v.find(key);
+    return it == v.end() || it->is_null() ? nullptr : &*it;
+  };
+  for (const auto& [key, value] : v.items())
+    if (key != "name" && key != "description" && key != "schema" && key != "strict")
+      throw bad_request(at + "." + key, "Unrecognized argument supplied in " + at + ": " + key);
+  const auto* name = get("name");
+  if (!name) throw bad_request(at + ".name", at + ".name: missing");
+  if (!name->is_string() || name->get<std::string>().empty() ||
+      name->get<std::string>().size() > 64)
+    throw bad_request(at + ".name", at + ".name: expected a string of 1 to 64 characters");
+  if (const auto* d = get("description"); d && !d->is_string())
+    throw bad_request(at + ".description", at + ".description: expected a string");
+  bool strict = false;
+  if (const auto* st = get("strict")) {
+    if (!st->is_boolean()) throw bad_request(at + ".strict", at + ".strict: expected a boolean");
+    strict = st->get<bool>();
+  }
+  const auto* schema = get("schema");
+  if (!schema) throw bad_request(at + ".schema", at + ".schema: missing");
+  return json_schema_grammar(*schema, at + ".schema", strict);
 }
 
 // Whether the JSON text nests arrays and objects deeper than `limit`, by a scan that skips
@@ -274,6 +361,38 @@ std::string get_model(const json& v) {
   std::string m = get_string(v, "model");
   if (m.empty()) throw bad_request("model", "model: empty");
   return m;
+}
+
+// Chat's response_format and tools, read from the body again with their keys in order.
+void structured_output(std::string_view body, const std::string& format, bool tools_given,
+                       GenerationRequest& r) {
+  if (format == "json_object") r.grammar = model::JsonGrammar::any_object();
+  if (format != "json_schema" && !tools_given) return;
+  auto fields = ordered_fields(body, {"response_format", "tools", "tool_choice"});
+  if (format == "json_schema")
+    r.grammar = json_schema_format(fields["response_format"]["json_schema"]);
+  if (!tools_given) return;
+  r.tools = parse_tools(fields["tools"], fields["tool_choice"]);
+  if (r.tools.choice != ToolChoice::kNone) {
+    if (r.grammar)
+      throw bad_request("response_format",
+                        "response_format: " + format +
+                            " is not supported beside tools unless tool_choice is \"none\"");
+    r.grammar = r.tools.grammar;
+  }
+}
+
+// A grammar ends the output where its text is whole (the stop and eos tokens are allowed then
+// and only then): a request that would keep it going past that has no tokens left to sample.
+void grammar_ends_the_output(const GenerationRequest& r) {
+  if (!r.grammar) return;
+  const std::string what = r.tools.grammar ? "a forced tool call" : "response_format";
+  if (r.sampling.min_tokens > 0)
+    throw bad_request("min_tokens", "min_tokens: not with " + what +
+                                        " (its grammar decides where the output ends)");
+  if (r.ignore_eos)
+    throw bad_request("ignore_eos", "ignore_eos: not with " + what +
+                                        " (its grammar decides where the output ends)");
 }
 
 }  // namespace
@@ -338,6 +457,8 @@ GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
   bool chat_logprobs = false;           // chat: logprobs true
   std::optional<int64_t> top_logprobs;  // chat: top_logprobs given
   std::optional<int64_t> max_tokens, max_completion_tokens;
+  std::string format = "text";  // chat: response_format's type
+  bool tools_given = false;     // chat: tools or tool_choice
   using Field = std::function<void(const json&)>;
   const std::map<std::string, Field> fields = {
       {"model", [&](const json& v) { r.model = get_model(v); }},
@@ -412,6 +533,9 @@ GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
         {"max_completion_tokens", true},
         {"top_logprobs", true},
         {"response_format", true},
+        {"tools", true},
+        {"tool_choice", true},
+        {"parallel_tool_calls", true},
         {"logprobs", true},  // both endpoints, different types
         {"echo", false},
         {"best_of", false},
@@ -428,7 +552,13 @@ GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
       else if (key == "top_logprobs")
         top_logprobs = get_int(v, "top_logprobs", 0, kMaxChatTopLogprobs);
       else if (key == "response_format")
-        r.json_object = parse_response_format(v);
+        format = response_format_type(v);
+      else if (key == "tools" || key == "tool_choice")
+        tools_given = true;
+      else if (key == "parallel_tool_calls")
+        // Accepted either way: a constrained call is one call, and "auto" reads as many as the
+        // output holds.
+        get_bool(v, "parallel_tool_calls");
       else
         return false;
     } else {
@@ -472,6 +602,10 @@ GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
     if (top_logprobs && !chat_logprobs)
       throw bad_request("top_logprobs", "top_logprobs: only allowed when logprobs is true");
     if (chat_logprobs) r.logprobs = static_cast<int32_t>(top_logprobs.value_or(0));
+  }
+  if (chat) {
+    structured_output(body, format, tools_given, r);
+    grammar_ends_the_output(r);
   }
   if (!have_input)
     throw bad_request(chat ? "messages" : "prompt",

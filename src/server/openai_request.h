@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -25,9 +26,23 @@
 #include "server/api_error.h"
 #include "server/text_codec.h"
 
+namespace flashserve::model {
+class JsonGrammar;
+}
+
 namespace flashserve::server {
 
 enum class Endpoint { kCompletions, kChat };
+
+// Chat's tools (server/tool_calls.h has the rules).
+enum class ToolChoice { kNone, kAuto, kRequired, kNamed };
+struct ChatTools {
+  ToolChoice choice = ToolChoice::kNone;
+  std::vector<std::string> names;  // in the request's order
+  std::string json;                // the tools array as given, for the chat template; "": none
+  // "required" or named: what the output follows (its root a call object); else null.
+  std::shared_ptr<const model::JsonGrammar> grammar;
+};
 
 // One prompt of a completions request: text, or token ids.
 struct Prompt {
@@ -57,8 +72,11 @@ struct GenerationRequest {
   // -1: no logprobs; n >= 0: each token's log-probability and the n most likely alternatives.
   int32_t logprobs = -1;
   int32_t n = 1;  // choices: each its own sequence in the engine
-  // chat: response_format {"type": "json_object"}: the output is constrained to a JSON object.
-  bool json_object = false;
+  // chat: what the output is constrained to (model/json_grammar.h): response_format json_object
+  // (any object) or json_schema (server/json_schema.h), or a tool call (tool_choice required or
+  // named); null: nothing.
+  std::shared_ptr<const model::JsonGrammar> grammar;
+  ChatTools tools;  // chat: tools and tool_choice
 };
 
 // The most choices one request may ask for (each runs as its own sequence).

@@ -43,6 +43,25 @@ json chat_token(const LoggedToken& t) {
   return {{"token", token_text(t)}, {"logprob", logprob_value(t.logprob)}, {"bytes", bytes}};
 }
 
+// OpenAI's tool_calls entries. Streamed, each carries its index, and a piece that continues a call
+// only its arguments.
+json tool_calls_json(const std::vector<ToolCall>& calls, bool streamed) {
+  json out = json::array();
+  for (const ToolCall& c : calls) {
+    json call = json::object();
+    if (streamed) call["index"] = c.index;
+    if (!streamed || !c.id.empty()) {
+      call["id"] = c.id;
+      call["type"] = "function";
+      call["function"] = {{"name", c.name}, {"arguments", c.arguments}};
+    } else {
+      call["function"] = {{"arguments", c.arguments}};
+    }
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
 json choice_logprobs(const ResponseHead& h, const Piece& p) {
   return h.logprobs ? logprobs_json(h.endpoint, p.logprobs) : json(nullptr);
 }
@@ -94,10 +113,15 @@ json full_response(const ResponseHead& h, const std::vector<Piece>& choices, con
     const Piece& all = choices[i];
     json choice = {
         {"index", i}, {"logprobs", choice_logprobs(h, all)}, {"finish_reason", finish(all)}};
-    if (h.endpoint == Endpoint::kChat)
+    if (h.endpoint == Endpoint::kChat) {
       choice["message"] = {{"role", "assistant"}, {"content", all.text}};
-    else
+      if (!all.tool_calls.empty()) {
+        choice["message"]["content"] = nullptr;
+        choice["message"]["tool_calls"] = tool_calls_json(all.tool_calls, false);
+      }
+    } else {
       choice["text"] = all.text;
+    }
     choice["token_ids"] = all.token_ids;
     r["choices"].push_back(choice);
   }
@@ -113,6 +137,7 @@ json chunk(const ResponseHead& h, const Piece& piece, size_t index, bool first, 
     json delta = json::object();
     if (first) delta["role"] = "assistant";
     if (!piece.text.empty() || first) delta["content"] = piece.text;
+    if (!piece.tool_calls.empty()) delta["tool_calls"] = tool_calls_json(piece.tool_calls, true);
     choice["delta"] = delta;
   } else {
     choice["text"] = piece.text;

@@ -46,12 +46,31 @@ struct Usage {
   int64_t cached_tokens = 0;
 };
 
+// One tool call of a chat completion (server/tool_calls.h), or a piece of one: its index in the
+// choice's calls, its id ("call_...") and the function's name (in a call's first piece only) and
+// its arguments as JSON text (a piece continues the arguments of the call of its index).
+struct ToolCall {
+  size_t index = 0;
+  std::string id;
+  std::string name;
+  std::string arguments;
+};
+
 // One choice's piece: its text, the ids it came from (an extension, with vLLM's field name
 // token_ids: the only output when the model has no tokenizer) and, at the end, the finish reason.
 struct Piece {
   std::string text;
   std::vector<int32_t> token_ids;
-  std::optional<std::string> finish_reason;  // "stop" or "length"; none while running
+  std::optional<std::string> finish_reason;  // "stop", "length" or "tool_calls"; none running
+  // Chat with tools: the calls the output was read as (its content is then null), in pieces.
+  std::vector<ToolCall> tool_calls;
+  // Appends a piece of a call: a new index starts a call, a known one continues its arguments.
+  void add_tool_call(const ToolCall& c) {
+    if (c.index < tool_calls.size())
+      tool_calls[c.index].arguments += c.arguments;
+    else
+      tool_calls.push_back(c);
+  }
   // When the request asked: one per token of the text (output_assembler.h: the eos/stop token and
   // the tokens inside a stop string have none).
   std::vector<TokenLogprobs> logprobs;

@@ -27,6 +27,7 @@
 #include "server/openai_response.h"
 #include "server/output_assembler.h"
 #include "server/prometheus.h"
+#include "server/tool_calls.h"
 #include "tokenizer/utf8.h"
 
 namespace flashserve::server {
@@ -179,6 +180,7 @@ struct Generation {
   std::optional<ApiError> failure;
 
   std::string echo;  // the prompt's text, sent before the first token's (echo)
+  std::unique_ptr<ToolCallReader> tool_calls;  // chat with tools (not "none"): the output as calls
 
   Generation(std::unique_ptr<TextStream> text, std::vector<std::string> stop, bool include_stop)
       : output(std::move(text), std::move(stop), include_stop) {}
@@ -213,6 +215,7 @@ struct Generation {
     metrics->generation_tokens += static_cast<int64_t>(got.size());
     output.take(got, std::move(entries), fr, p);
     if (!echo.empty()) p.text.insert(0, std::exchange(echo, {}));
+    if (tool_calls) tool_calls->take(p);
     const char* reason = output.finish_reason();
     if (!reason) return true;
     if (output.stopped_by_string()) stream->close();  // the engine's request still runs
@@ -368,8 +371,9 @@ struct Server::State {
   Backend backend;  // written once by the loader before *ready is set, then only read
   std::atomic<int64_t> in_flight{0};
   std::atomic<int64_t> next_id{0};
-  // response_format json_object: the tokenizer's vocabulary as a trie, built at the first such
-  // request (a few hundred ms for a 128k vocabulary) and shared by all.
+  // Structured output (response_format json_object / json_schema, tool calls): the tokenizer's
+  // vocabulary as a trie, built at the first such request (a few hundred ms for a 128k
+  // vocabulary) and shared by all.
   std::once_flag json_trie_once;
   std::shared_ptr<const VocabTrie> json_trie;
   Metrics metrics;
@@ -629,7 +633,7 @@ struct Server::State {
             "so chat messages cannot be turned into a prompt; use /v1/completions "
             "with a prompt of token ids");
       try {
-        const std::string rendered = codec->render_chat(g.messages);
+        const std::string rendered = codec->render_chat(g.messages, g.tools.json);
         const ByteBudget::Hold hold = tokenize_budget->acquire(rendered.size());
         return codec->encode_rendered(rendered, max_ids);
       } catch (const Error& e) {
@@ -720,11 +724,12 @@ struct Server::State {
                                    : std::string();
       runs.push_back(std::move(run));
     }
-    if (g.json_object) {
+    if (g.grammar) {
       if (!backend.codec || backend.codec->vocab_size() <= 0)
-        throw bad_request("response_format",
-                          "response_format: json_object needs the model's tokenizer "
-                          "(tokenizer.json), which this model directory lacks");
+        throw bad_request(g.tools.grammar ? "tool_choice" : "response_format",
+                          std::string(g.tools.grammar ? "tool_choice" : "response_format") +
+                              ": structured output needs the model's tokenizer "
+                              "(tokenizer.json), which this model directory lacks");
       std::call_once(json_trie_once, [&] {
         json_trie = VocabTrie::build(*backend.codec, backend.codec->vocab_size());
       });
@@ -778,8 +783,10 @@ struct Server::State {
       nr.prompt = run.ids;
       nr.max_tokens = run.max_tokens;
       nr.sampling.seed = g.seed_given ? g.sampling.seed + index : fresh_seed();
-      // Each choice its own grammar state.
-      nr.constraint = g.json_object ? std::make_shared<JsonObjectConstraint>(json_trie) : nullptr;
+      // Each choice its own grammar state, and (tools) its own reading of the output as calls.
+      nr.constraint = g.grammar ? std::make_shared<JsonConstraint>(json_trie, g.grammar) : nullptr;
+      if (g.tools.choice != ToolChoice::kNone)
+        c->tool_calls = std::make_unique<ToolCallReader>(g.tools, fresh_seed());
       try {
         c->stream = backend.loop->submit(nr);
         c->stream->raise_on_push(resp->signal);
@@ -826,6 +833,7 @@ struct Server::State {
         a.text += p.text;
         a.token_ids.insert(a.token_ids.end(), p.token_ids.begin(), p.token_ids.end());
         a.logprobs.insert(a.logprobs.end(), p.logprobs.begin(), p.logprobs.end());
+        for (const ToolCall& t : p.tool_calls) a.add_tool_call(t);
         if (p.finish_reason) a.finish_reason = p.finish_reason;
       }
       return send_json(res, full_response(resp->head, all, resp->usage()));
@@ -842,7 +850,7 @@ struct Server::State {
       Generation& c = *resp->choices[which];
       std::string out;
       if (!failure && (c.first_chunk || !p.text.empty() || !p.token_ids.empty() ||
-                       !p.logprobs.empty() || p.finish_reason))
+                       !p.logprobs.empty() || !p.tool_calls.empty() || p.finish_reason))
         out += sse_event(chunk(resp->head, p, which, c.first_chunk, resp->include_usage));
       if (!failure) c.first_chunk = false;
       if (!more) {

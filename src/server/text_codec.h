@@ -16,8 +16,10 @@
 namespace flashserve::server {
 
 struct ChatMessage {
-  std::string role;  // system, developer, user, assistant
+  std::string role;  // system, developer, user, assistant, tool
   std::string content;
+  std::string tool_calls_json;  // an assistant's tool_calls, arguments as objects; "": none
+  std::string tool_call_id;     // a tool's message: the call it answers
 };
 
 // The text of one request's generated tokens, in order. One per request, one thread.
@@ -43,9 +45,11 @@ class TextCodec {
                                              bool skip_special_tokens = true) const = 0;
   // The text of `ids` (/detokenize, echo of a token-id prompt).
   virtual std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const = 0;
-  // The chat template applied to `messages` with the generation prompt; throws Error naming
+  // The chat template applied to `messages` with the generation prompt and the request's tools
+  // (`tools_json`: a JSON array, the template's `tools`; "": none); throws Error naming
   // "messages" for what the template rejects, or kUnsupported when there is no template.
-  virtual std::string render_chat(const std::vector<ChatMessage>& messages) const = 0;
+  virtual std::string render_chat(const std::vector<ChatMessage>& messages,
+                                  const std::string& tools_json) const = 0;
   // A rendered chat prompt's ids: the template writes BOS itself, so none is added (as Hugging
   // Face's apply_chat_template(tokenize=True) does).
   virtual std::optional<std::vector<int32_t>> encode_rendered(std::string_view rendered,

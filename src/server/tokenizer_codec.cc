@@ -48,14 +48,16 @@ class TokenizerCodec final : public TextCodec {
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const override {
     return tokenizer_.decode(ids, skip_special_tokens);
   }
-  std::string render_chat(const std::vector<ChatMessage>& messages) const override {
+  std::string render_chat(const std::vector<ChatMessage>& messages,
+                          const std::string& tools_json) const override {
     if (!chat_)
       throw Error(ErrorKind::kUnsupported, "messages",
                   "this model has no usable chat template (" + chat_error_ +
                       "); start the server with --chat-template FILE");
     std::vector<tk::ChatMessage> m;
-    for (const ChatMessage& x : messages) m.push_back({x.role, x.content});
-    return chat_->render(m, /*add_generation_prompt=*/true);
+    for (const ChatMessage& x : messages)
+      m.push_back({x.role, x.content, x.tool_calls_json, x.tool_call_id});
+    return chat_->render(m, /*add_generation_prompt=*/true, tools_json);
   }
   std::optional<std::vector<int32_t>> encode_rendered(std::string_view rendered,
                                                       size_t max_ids) const override {

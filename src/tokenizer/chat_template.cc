@@ -1,6 +1,6 @@
 // ChatTemplate: tokenizer_config.json's chat_template rendered by our Jinja subset with the
 // variables transformers' apply_chat_template passes (messages, add_generation_prompt,
-// bos_token, eos_token).
+// bos_token, eos_token, and tools when a request has them).
 #include <filesystem>
 
 #include "flashserve/error.h"
@@ -24,6 +24,27 @@ std::string token_text(const nlohmann::json& config, const char* key) {
   if (it->is_object() && it->contains("content") && (*it)["content"].is_string())
     return (*it)["content"].get<std::string>();
   return {};
+}
+
+// JSON as the template sees it (Python's dicts and lists; a dict's keys in sorted order).
+jinja::Value from_json(const nlohmann::json& v) {
+  if (v.is_null()) return jinja::Value(jinja::None{});
+  if (v.is_boolean()) return jinja::Value(v.get<bool>());
+  if (v.is_number_integer()) return jinja::Value(v.get<int64_t>());
+  if (v.is_number()) return jinja::Value(v.get<double>());
+  if (v.is_string()) return jinja::Value(v.get<std::string>());
+  if (v.is_array()) {
+    jinja::List list;
+    for (const auto& x : v) list.push_back(from_json(x));
+    return jinja::Value(std::move(list));
+  }
+  jinja::Dict dict;
+  for (const auto& [key, x] : v.items()) dict.emplace(key, from_json(x));
+  return jinja::Value(std::move(dict));
+}
+
+jinja::Value parsed(const std::string& json_text) {
+  return from_json(parse_json(json_text, "messages"));
 }
 
 }  // namespace
@@ -82,15 +103,19 @@ ChatTemplate ChatTemplate::load(const std::string& model_dir) {
 }
 
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
-                                 bool add_generation_prompt) const {
+                                 bool add_generation_prompt, const std::string& tools_json) const {
   jinja::List list;
-  for (const ChatMessage& m : messages)
-    list.emplace_back(
-        jinja::Dict{{"role", jinja::Value(m.role)}, {"content", jinja::Value(m.content)}});
-  const jinja::Dict globals{{"messages", jinja::Value(std::move(list))},
-                            {"add_generation_prompt", jinja::Value(add_generation_prompt)},
-                            {"bos_token", jinja::Value(program_->bos)},
-                            {"eos_token", jinja::Value(program_->eos)}};
+  for (const ChatMessage& m : messages) {
+    jinja::Dict d{{"role", jinja::Value(m.role)}, {"content", jinja::Value(m.content)}};
+    if (!m.tool_calls_json.empty()) d.emplace("tool_calls", parsed(m.tool_calls_json));
+    if (!m.tool_call_id.empty()) d.emplace("tool_call_id", jinja::Value(m.tool_call_id));
+    list.emplace_back(std::move(d));
+  }
+  jinja::Dict globals{{"messages", jinja::Value(std::move(list))},
+                      {"add_generation_prompt", jinja::Value(add_generation_prompt)},
+                      {"bos_token", jinja::Value(program_->bos)},
+                      {"eos_token", jinja::Value(program_->eos)}};
+  if (!tools_json.empty()) globals.emplace("tools", parsed(tools_json));
   return program_->tmpl.render(globals);
 }
 

@@ -20,6 +20,22 @@ bool ends_incomplete(const std::string& s) {
 // How many context tokens we keep: enough for decoders that look back one token.
 constexpr size_t kContext = 4;
 
+// Where `text` goes on past `prefix`, in bytes: after as many characters as `prefix` has (as vLLM
+// slices its strings). A decoder may rewrite the join of the two: byte fallback turns a run of
+// byte tokens that is not UTF-8 into one U+FFFD per byte, so "D" (<0x44>, emitted) followed by a
+// lone <0x83> decodes as two U+FFFD. What was emitted stays; what follows must still come out
+// (waiting for `text` to start with `prefix` again waited forever: the rest of the completion
+// was lost).
+size_t past(const std::string& prefix, const std::string& text) {
+  if (text.compare(0, prefix.size(), prefix) == 0) return prefix.size();
+  size_t chars = 0;
+  for (const char c : prefix) chars += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  size_t seen = 0;
+  for (size_t at = 0; at < text.size(); ++at)
+    if ((static_cast<unsigned char>(text[at]) & 0xC0) != 0x80 && seen++ == chars) return at;
+  return text.size();
+}
+
 }  // namespace
 
 IncrementalDecoder::IncrementalDecoder(const Tokenizer& tokenizer, std::span<const int32_t> context,
@@ -40,12 +56,10 @@ std::string IncrementalDecoder::push(int32_t token) {
   const std::string prefix =
       tokenizer_->decode(all.subspan(prefix_offset_, read_offset_ - prefix_offset_), skip_special_);
   const std::string text = tokenizer_->decode(all.subspan(prefix_offset_), skip_special_);
-  // Wait while the text is incomplete, or does not yet extend the window's start (a decoder
-  // may rewrite the join of the two, e.g. a byte run that is only valid once complete).
-  if (ends_incomplete(text) || text.size() <= prefix.size() ||
-      text.compare(0, prefix.size(), prefix) != 0)
-    return {};
-  std::string out = text.substr(prefix.size());
+  // Wait while the text is incomplete, or does not yet go past the window's start.
+  const size_t from = past(prefix, text);
+  if (ends_incomplete(text) || from >= text.size()) return {};
+  std::string out = text.substr(from);
   prefix_offset_ = read_offset_;
   read_offset_ = ids_.size();
   // Keep the buffer short: tokens before the window are never decoded again.
@@ -63,8 +77,7 @@ std::string IncrementalDecoder::flush() {
       tokenizer_->decode(all.subspan(prefix_offset_, read_offset_ - prefix_offset_), skip_special_);
   const std::string text = tokenizer_->decode(all.subspan(prefix_offset_), skip_special_);
   prefix_offset_ = read_offset_ = ids_.size();
-  if (text.size() <= prefix.size() || text.compare(0, prefix.size(), prefix) != 0) return {};
-  return text.substr(prefix.size());
+  return text.substr(std::min(past(prefix, text), text.size()));
 }
 
 }  // namespace flashserve::tokenizer

@@ -98,6 +98,8 @@ class IncrementalDecoder {
 struct ChatMessage {
   std::string role;
   std::string content;
+  std::string tool_calls_json;  // the message's tool_calls as a JSON array; "": none
+  std::string tool_call_id;     // a tool's message: the call it answers; "": none
 };
 
 // A chat template in the Jinja subset documented in chat_template.h (for/if/elif/else, set,
@@ -118,7 +120,10 @@ class ChatTemplate {
                                   std::string eos_token = {});
 
   // Throws Error(kInvalidArgument, "messages") for what the template rejects (raise_exception).
-  std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
+  // `tools_json`: the request's tools, a JSON array passed as the template's `tools` (as
+  // transformers' apply_chat_template(tools=...) does); "": none (`tools` is then undefined).
+  std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                     const std::string& tools_json = {}) const;
 
   ~ChatTemplate();
   ChatTemplate(ChatTemplate&&) noexcept;

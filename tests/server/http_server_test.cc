@@ -36,7 +36,7 @@ namespace {
 
 // Logprobs, scripted too, for the entries whose request asked: the sampled token's is
 // -0.25 * (kv_len % 4), and its alternatives are 'A', 'B', ... at -1, -2, ...
-class ScriptedExecutor final : public fe::Executor {
+class ScriptedExecutor : public fe::Executor {
  public:
   std::vector<int32_t> execute(const fs::Batch& batch) override {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));  // a step takes time
@@ -87,7 +87,8 @@ class ByteCodec final : public fsv::TextCodec {
   std::string decode(std::span<const int32_t> ids, bool) const override {
     return std::string(ids.begin(), ids.end());
   }
-  std::string render_chat(const std::vector<fsv::ChatMessage>& messages) const override {
+  std::string render_chat(const std::vector<fsv::ChatMessage>& messages,
+                          const std::string&) const override {
     std::string out;
     for (const auto& m : messages) out += m.role + ": " + m.content + "\n";
     return out + "assistant:";
@@ -105,12 +106,13 @@ constexpr int64_t kMaxModelLen = 64;
 
 fsv::Backend scripted_backend(std::unique_ptr<fsv::TextCodec> codec = std::make_unique<ByteCodec>(),
                               int64_t vocab = 256, int64_t max_running = 8,
-                              std::unique_ptr<fe::Executor> executor = nullptr) {
+                              std::unique_ptr<fe::Executor> executor = nullptr,
+                              int64_t max_model_len = kMaxModelLen) {
   fe::EngineConfig ec;
   ec.num_blocks = 64;
   ec.block_size = 16;
   ec.vocab_size = vocab;
-  ec.scheduler.max_model_len = kMaxModelLen;
+  ec.scheduler.max_model_len = max_model_len;
   ec.scheduler.max_tokens_per_step = 32;
   ec.scheduler.chunk_tile = 1;
   ec.scheduler.max_running = max_running;
@@ -118,7 +120,7 @@ fsv::Backend scripted_backend(std::unique_ptr<fsv::TextCodec> codec = std::make_
   b.loop = std::make_unique<fe::EngineLoop>(std::make_unique<fe::Engine>(
       ec, executor ? std::move(executor) : std::make_unique<ScriptedExecutor>()));
   b.codec = std::move(codec);
-  b.max_model_len = kMaxModelLen;
+  b.max_model_len = max_model_len;
   return b;
 }
 
@@ -1010,7 +1012,9 @@ class FailingCodec final : public fsv::TextCodec {
   std::string decode(std::span<const int32_t> ids, bool) const override {
     return std::string(ids.begin(), ids.end());
   }
-  std::string render_chat(const std::vector<fsv::ChatMessage>&) const override { return "x"; }
+  std::string render_chat(const std::vector<fsv::ChatMessage>&, const std::string&) const override {
+    return "x";
+  }
   std::optional<std::vector<int32_t>> encode_rendered(std::string_view text,
                                                       size_t max_ids) const override {
     return encode(text, max_ids);
@@ -1256,6 +1260,256 @@ TEST(HttpServer, RealTokenizerAndChatTemplate) {
     pos = end;
   }
   EXPECT_EQ(joined, content);  // greedy: the same tokens, streamed
+}
+
+// Structured output on the scripted engine: a model that follows a request's constraint, taking
+// of the tokens the mask allows the one first in kPreferred (so that outputs close soon: an empty
+// string, 0, no optional property, the first name in the alphabet), and its stop token once the
+// output is complete; unconstrained rows get 'a' + kv_len % 26 as before.
+class ConstrainedExecutor final : public ScriptedExecutor {
+ public:
+  std::vector<int32_t> execute(const fs::Batch& batch) override {
+    std::vector<int32_t> out = ScriptedExecutor::execute(batch);
+    for (size_t i = 0; i < batch.entries.size(); ++i) {
+      const fs::BatchEntry& e = batch.entries[i];
+      if (!e.samples || !e.seq->constraint) continue;
+      std::vector<uint32_t> allowed(8, 0u);
+      const bool complete = e.seq->constraint->allowed_next(allowed);
+      out[i] = complete ? stop_token(*e.seq) : preferred(allowed);
+      e.seq->constraint->accept(out[i]);
+    }
+    return out;
+  }
+
+ private:
+  static int32_t stop_token(const fs::Sequence& seq) {
+    return !seq.stop_tokens.empty() ? seq.stop_tokens.front() : seq.eos_tokens.front();
+  }
+  static int32_t preferred(const std::vector<uint32_t>& allowed) {
+    static const std::string kPreferred =
+        "\"}]0,:tfn[{abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ123456789-.eE ";
+    for (char c : kPreferred)
+      if (allowed[static_cast<uint8_t>(c) >> 5] >> (c & 31) & 1u) return static_cast<uint8_t>(c);
+    for (int32_t t = 0; t < 256; ++t)
+      if (allowed[t >> 5] >> (t & 31) & 1u) return t;
+    return 0;
+  }
+};
+
+// ByteCodec with a vocabulary (structured output needs one) and an end-of-turn token (byte 0).
+class ByteCodecWithVocab final : public fsv::TextCodec {
+ public:
+  std::optional<std::vector<int32_t>> encode(std::string_view t, size_t n) const override {
+    return bytes_.encode(t, n);
+  }
+  std::unique_ptr<fsv::TextStream> stream(std::span<const int32_t> p, bool s) const override {
+    return bytes_.stream(p, s);
+  }
+  std::string decode(std::span<const int32_t> ids, bool s) const override {
+    return bytes_.decode(ids, s);
+  }
+  std::string render_chat(const std::vector<fsv::ChatMessage>& messages,
+                          const std::string& tools) const override {
+    std::string out = tools.empty() ? "" : "tools\n";
+    for (const auto& m : messages) out += m.role + ":" + m.content + "\n";
+    return out + "a:";
+  }
+  std::optional<std::vector<int32_t>> encode_rendered(std::string_view t, size_t n) const override {
+    return bytes_.encode(t, n);
+  }
+  std::string token_bytes(int32_t id) const override { return bytes_.token_bytes(id); }
+  std::vector<int32_t> eos_token_ids() const override { return {0}; }
+  int32_t vocab_size() const override { return 256; }
+
+ private:
+  ByteCodec bytes_;
+};
+
+fsv::Backend constrained_backend() {
+  return scripted_backend(std::make_unique<ByteCodecWithVocab>(), 256, 8,
+                          std::make_unique<ConstrainedExecutor>(), 256);
+}
+
+json chat_body(json extra) {
+  json body = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 120}};
+  for (const auto& [k, v] : extra.items()) body[k] = v;
+  return body;
+}
+
+const json kWeatherTools = json::parse(R"([
+  {"type": "function", "function": {"name": "get_weather",
+   "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                  "unit": {"enum": ["C", "F"]}}, "required": ["city"]}}},
+  {"type": "function", "function": {"name": "now"}}])");
+
+TEST(HttpServer, ResponseFormatJsonSchemaFollowsTheSchemaAndRefusesByName) {
+  Running s({}, [] { return constrained_backend(); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const json schema = json::parse(R"({"type": "object", "properties": {
+      "kind": {"enum": ["dog", "cat"]}, "n": {"type": "integer"},
+      "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["kind", "n"]})");
+  const json format = {{"type", "json_schema"},
+                       {"json_schema", {{"name", "pet"}, {"schema", schema}, {"strict", false}}}};
+  auto r = s.post("/v1/chat/completions", chat_body({{"response_format", format}}));
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  // The schema's order (kind before n), the enum's first in the alphabet, no optional tags.
+  EXPECT_EQ(j["choices"][0]["message"]["content"], R"({"kind":"cat","n":0})");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  // strict: every property written.
+  json strict = format;
+  strict["json_schema"]["strict"] = true;
+  r = s.post("/v1/chat/completions", chat_body({{"response_format", strict}, {"stream", true}}));
+  std::string streamed;
+  for (const json& c : sse_chunks(r->body))
+    streamed += c["choices"][0]["delta"].value("content", "");
+  EXPECT_EQ(streamed, R"({"kind":"cat","n":0,"tags":[""]})");
+  // Outside the subset: 400 naming the keyword's path.
+  json bad = format;
+  bad["json_schema"]["schema"]["properties"]["n"]["minimum"] = 0;
+  r = s.post("/v1/chat/completions", chat_body({{"response_format", bad}}));
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(error_of(r)["param"], "response_format.json_schema.schema.properties.n.minimum");
+  EXPECT_NE(error_of(r)["message"].get<std::string>().find("'minimum' is not supported"),
+            std::string::npos);
+  bad = format;
+  bad["json_schema"].erase("name");
+  r = s.post("/v1/chat/completions", chat_body({{"response_format", bad}}));
+  EXPECT_EQ(error_of(r)["param"], "response_format.json_schema.name");
+}
+
+TEST(HttpServer, ToolChoiceRequiredNamedAutoAndNone) {
+  Running s({}, [] { return constrained_backend(); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // required: a call of one of the tools (the executor prefers 'n' to 'g': now), its arguments
+  // that tool's; read into tool_calls.
+  auto r = s.post("/v1/chat/completions",
+                  chat_body({{"tools", kWeatherTools}, {"tool_choice", "required"}}));
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  const json& message = j["choices"][0]["message"];
+  EXPECT_TRUE(message["content"].is_null()) << r->body;
+  ASSERT_EQ(message["tool_calls"].size(), 1u) << r->body;
+  const json& call = message["tool_calls"][0];
+  EXPECT_EQ(call["id"].get<std::string>().rfind("call_", 0), 0u);
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["function"]["name"], "now");
+  EXPECT_EQ(call["function"]["arguments"], "{}");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls");
+
+  // Named, streamed: delta.tool_calls pieces, the first with index, id, type and name, the
+  // others continuing its arguments (one byte a token here).
+  const json named = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  r = s.post("/v1/chat/completions",
+             chat_body({{"tools", kWeatherTools}, {"tool_choice", named}, {"stream", true}}));
+  ASSERT_EQ(r->status, 200) << r->body;
+  json calls = json::array();
+  std::string content, finish;
+  int pieces = 0;
+  for (const json& c : sse_chunks(r->body)) {
+    const json& d = c["choices"][0]["delta"];
+    content += d.value("content", "");
+    for (const json& t : d.value("tool_calls", json::array())) {
+      ++pieces;
+      ASSERT_EQ(t["index"], 0);
+      if (calls.empty()) {
+        EXPECT_EQ(t["type"], "function");
+        calls.push_back(t);
+      } else {
+        EXPECT_FALSE(t.contains("id"));
+        EXPECT_FALSE(t["function"].contains("name"));
+        calls[0]["function"]["arguments"] = calls[0]["function"]["arguments"].get<std::string>() +
+                                            t["function"]["arguments"].get<std::string>();
+      }
+    }
+    if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(content, "");
+  ASSERT_EQ(calls.size(), 1u) << r->body;
+  EXPECT_GT(pieces, 3);
+  EXPECT_EQ(calls[0]["id"].get<std::string>().rfind("call_", 0), 0u);
+  EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(calls[0]["function"]["arguments"], R"({"city":""})");  // unit is optional
+  EXPECT_EQ(finish, "tool_calls");
+
+  // auto and none: the scripted letters are no call: content.
+  for (const char* choice : {"auto", "none"}) {
+    r = s.post("/v1/chat/completions",
+               chat_body({{"tools", kWeatherTools}, {"tool_choice", choice}, {"max_tokens", 4}}));
+    ASSERT_EQ(r->status, 200) << r->body;
+    j = json::parse(r->body);
+    EXPECT_EQ(j["choices"][0]["message"]["content"].get<std::string>().size(), 4u) << choice;
+    EXPECT_FALSE(j["choices"][0]["message"].contains("tool_calls")) << choice;
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  }
+
+  // A history with the assistant's call and the tool's answer is taken.
+  const json history = {
+      {{"role", "user"}, {"content", "weather?"}},
+      {{"role", "assistant"},
+       {"content", nullptr},
+       {"tool_calls",
+        {{{"id", "call_1"},
+          {"type", "function"},
+          {"function", {{"name", "get_weather"}, {"arguments", R"({"city": "Oslo"})"}}}}}}},
+      {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "-3 C"}}};
+  r = s.post("/v1/chat/completions",
+             {{"messages", history}, {"tools", kWeatherTools}, {"max_tokens", 2}});
+  EXPECT_EQ(r->status, 200) << r->body;
+
+  // Refusals, by name.
+  const std::vector<std::tuple<json, std::string, std::string>> refused = {
+      {chat_body({{"tools", kWeatherTools},
+                  {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}}),
+       "tool_choice", "no tool is named 'nope'"},
+      {chat_body({{"tools", {{{"type", "function"}, {"function", {{"name", "x y"}}}}}}}),
+       "tools[0].function.name", "is not a function name"},
+      {chat_body({{"tool_choice", "required"}}), "tool_choice", "only allowed when tools"},
+      {chat_body({{"tools", kWeatherTools},
+                  {"tool_choice", "required"},
+                  {"response_format", {{"type", "json_object"}}}}),
+       "response_format", "not supported beside tools"},
+      {{{"messages", {{{"role", "tool"}, {"content", "x"}}}}},
+       "messages[0].tool_call_id",
+       "missing"},
+      {{{"messages",
+         {{{"role", "assistant"},
+           {"tool_calls",
+            {{{"id", "c"},
+              {"type", "function"},
+              {"function", {{"name", "f"}, {"arguments", "{not json"}}}}}}}}}},
+       "messages[0].tool_calls[0].function.arguments",
+       "not JSON text"},
+  };
+  for (const auto& [body, param, says] : refused) {
+    r = s.post("/v1/chat/completions", body);
+    EXPECT_EQ(r->status, 400) << body.dump();
+    EXPECT_EQ(error_of(r)["param"], param) << r->body;
+    EXPECT_NE(error_of(r)["message"].get<std::string>().find(says), std::string::npos) << r->body;
+  }
+}
+
+// The real chat template sees the tools and the history's tool calls as transformers passes
+// them: `tools` the request's list, an assistant's tool_calls with arguments as an object, a
+// tool message's tool_call_id.
+TEST(HttpServer, TheChatTemplateRendersToolsAndToolMessages) {
+  const std::string dir = std::string(FLASHSERVE_TOKENIZER_FIXTURES) + "/byte_level";
+  const std::string tmpl =
+      "{% if tools is defined %}{% for t in tools %}[{{ t.function.name }}]{% endfor %}{% endif %}"
+      "{% for m in messages %}{{ m.role }}:{{ m.content }}{% if m.tool_calls is defined %}{% for c "
+      "in m.tool_calls %}{{ c.function.name }}"
+      "{{ c.function.arguments | tojson }}{% endfor %}{% endif %}"
+      "{% if m.tool_call_id is defined %}@{{ m.tool_call_id }}{% endif %};{% endfor %}";
+  const auto codec = fsv::load_text_codec(dir, tmpl);
+  std::vector<fsv::ChatMessage> messages(3);
+  messages[0] = {"user", "w?", "", ""};
+  messages[1] = {"assistant", "",
+                 R"([{"id":"c1","type":"function","function":{"name":"f","arguments":{"a":1}}}])",
+                 ""};
+  messages[2] = {"tool", "3", "", "c1"};
+  EXPECT_EQ(codec->render_chat(messages, R"([{"type":"function","function":{"name":"f"}}])"),
+            R"([f]user:w?;assistant:f{"a": 1};tool:3@c1;)");
+  EXPECT_EQ(codec->render_chat({messages[0]}, ""), "user:w?;");  // no tools: undefined
 }
 
 }  // namespace

@@ -378,27 +378,57 @@ TEST(RequestSchema, NestedFieldsAmbiguousLimitsAndMessagesThatSayWhatIsWrong) {
   EXPECT_NE(err.message.find("rounds to 0 in float32"), std::string::npos) << err.message;
 }
 
-// Chat's response_format: text and json_object taken, json_schema and anything else refused
-// naming response_format (and saying what is not supported).
-TEST(RequestSchema, ResponseFormatJsonObjectAndItsRefusals) {
+// Chat's response_format: text, json_object and json_schema taken, anything else refused naming
+// response_format (or, in a json_schema, the field's path) and saying what is not supported.
+TEST(RequestSchema, ResponseFormatAndItsRefusals) {
   json body = base(fsv::Endpoint::kChat);
   body["response_format"] = {{"type", "json_object"}};
-  EXPECT_TRUE(fsv::parse_request(body.dump(), fsv::Endpoint::kChat).json_object);
+  EXPECT_TRUE(fsv::parse_request(body.dump(), fsv::Endpoint::kChat).grammar);
   body["response_format"] = {{"type", "text"}};
-  EXPECT_FALSE(fsv::parse_request(body.dump(), fsv::Endpoint::kChat).json_object);
-  const std::vector<std::pair<json, std::string>> refused = {
+  EXPECT_FALSE(fsv::parse_request(body.dump(), fsv::Endpoint::kChat).grammar);
+  body["response_format"] = {{"type", "json_schema"},
+                             {"json_schema",
+                              {{"name", "x"},
+                               {"strict", true},
+                               {"schema", {{"type", "object"}, {"properties", json::object()}}}}}};
+  EXPECT_TRUE(fsv::parse_request(body.dump(), fsv::Endpoint::kChat).grammar);
+  const std::vector<std::tuple<json, std::string, std::string>> refused = {
       {{{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", json::object()}}}},
-       "json_schema is not supported"},
-      {{{"type", "json_object"}, {"strict", true}}, "\"strict\" is not supported"},
-      {{{"type", "xml"}}, "unknown type \"xml\""},
-      {"json_object", "expected an object"},
-      {json::object(), "expected an object"},
+       "response_format.json_schema.schema",
+       "the top level must be an object schema"},
+      {{{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "object"}}}}}},
+       "response_format.json_schema.name",
+       "missing"},
+      {{{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}},
+       "response_format.json_schema.schema",
+       "missing"},
+      {{{"type", "json_schema"},
+        {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"}}}, {"extra", 1}}}},
+       "response_format.json_schema.extra",
+       "Unrecognized argument"},
+      {{{"type", "json_schema"}}, "response_format.json_schema", "expected an object"},
+      {{{"type", "json_object"}, {"strict", true}},
+       "response_format",
+       "\"strict\" is not supported"},
+      {{{"type", "xml"}}, "response_format", "unknown type \"xml\""},
+      {"json_object", "response_format", "expected an object"},
+      {json::object(), "response_format", "expected an object"},
   };
-  for (const auto& [format, says] : refused) {
+  for (const auto& [format, param, says] : refused) {
     body["response_format"] = format;
     const fsv::ApiError e = refusal(body, fsv::Endpoint::kChat);
-    EXPECT_EQ(e.param, "response_format") << format.dump();
+    EXPECT_EQ(e.param, param) << format.dump();
     EXPECT_NE(e.message.find(says), std::string::npos) << e.message;
+  }
+  // The grammar decides where the output ends: nothing may keep it going.
+  body["response_format"] = {{"type", "json_object"}};
+  for (const auto& [field, value] : {std::pair<std::string, json>{"min_tokens", 2},
+                                     std::pair<std::string, json>{"ignore_eos", true}}) {
+    json b = body;
+    b[field] = value;
+    const fsv::ApiError e = refusal(b, fsv::Endpoint::kChat);
+    EXPECT_EQ(e.param, field);
+    EXPECT_NE(e.message.find("its grammar decides where the output ends"), std::string::npos);
   }
 }
 

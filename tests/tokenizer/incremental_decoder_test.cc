@@ -73,6 +73,26 @@ TEST(StreamingByteFallback, ACharacterOfFourByteTokensComesOutWhole) {
   EXPECT_EQ(d.flush(), "");
 }
 
+// A lone continuation byte after an emitted byte token makes byte fallback rewrite the two as two
+// U+FFFD: the emitted "D" stays, and the text after the pair still comes, as vLLM's streaming
+// gives it (it stopped there: the rest of a completion was lost).
+TEST(StreamingByteFallback, AByteThatBreaksAnEmittedCharacterDoesNotStopTheStream) {
+  const Tokenizer t = Tokenizer::load(fixture_dir("byte_fallback"));
+  const std::optional<int32_t> d = t.token_id("<0x44>"), bad = t.token_id("<0x83>");
+  ASSERT_TRUE(d && bad);
+  const std::vector<int32_t> tail = t.encode("ative words", false);
+  IncrementalDecoder dec(t, t.encode("x", true));
+  std::string all = dec.push(*d);
+  EXPECT_EQ(all, "D");
+  all += dec.push(*bad);
+  for (int32_t id : tail) all += dec.push(id);
+  all += dec.flush();
+  EXPECT_TRUE(utf8::is_valid(all));
+  EXPECT_EQ(all,
+            "D\xEF\xBF\xBD"
+            " ative words");  // (encode gives "▁ative")
+}
+
 TEST(StreamingByteFallback, LeadingSpaceAfterThePrompt) {
   const Tokenizer t = Tokenizer::load(fixture_dir("byte_fallback"));
   const auto word = t.encode("the", false);  // "▁the": decoded alone, Strip drops the space
