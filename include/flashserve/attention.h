@@ -38,7 +38,8 @@
 // hk (q_descale: of that KV head's group of query heads), as FA3 takes them. The scores are
 // scale * (q_descale q).(k_descale k) and the output is softmax V with V = v_descale v. The CPU
 // path computes on the dequantised values in float32; the CUDA kernels refuse e4m3 (kUnsupported)
-// until the sm90 fp8 kernel exists, and there is no backward for it.
+// until the sm90 fp8 kernel exists, and there is no backward for it. Likewise on the CPU path
+// only, a float32 q may read a bfloat16 or float16 k and v (a 16-bit KV cache).
 #pragma once
 
 #include <cstddef>

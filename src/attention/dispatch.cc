@@ -52,11 +52,17 @@ namespace {
 
 // float8_e4m3fn runs on the CPU path only: the CUDA kernels read bf16/fp16, and an e4m3 tensor
 // must not reach them (issue 23's sm90 fp8 kernel and fp8 paged-KV decode are not built yet).
+// Nor do K and V of another dtype than q's (a float32 q over a bf16 cache).
 void refuse_fp8_on_cuda(const Problem& pr) {
-  if (pr.device.type == DeviceType::kCPU || !pr.fp8()) return;
-  throw Error(ErrorKind::kUnsupported, pr.dtype == DType::kFloat8E4M3 ? "q" : "k",
-              "float8_e4m3fn attention runs on the CPU path only: the CUDA fp8 kernels are not "
-              "built yet");
+  if (pr.device.type == DeviceType::kCPU) return;
+  if (pr.fp8())
+    throw Error(ErrorKind::kUnsupported, pr.dtype == DType::kFloat8E4M3 ? "q" : "k",
+                "float8_e4m3fn attention runs on the CPU path only: the CUDA fp8 kernels are not "
+                "built yet");
+  if (pr.kv_dtype != pr.dtype)
+    throw Error(ErrorKind::kUnsupported, "k",
+                str_cat("a ", dtype_name(pr.kv_dtype), " k and v beside a ", dtype_name(pr.dtype),
+                        " q run on the CPU path only"));
 }
 
 }  // namespace

@@ -244,8 +244,12 @@ Problem describe(const AttentionParams& p) {
     fail("q", str_cat("dtype ", dtype_name(pr.dtype),
                       " is not supported (float32, float16, bfloat16, float8_e4m3fn)"));
   // e4m3 q needs e4m3 k and v and gives bfloat16 (FA3's fp8 path); a float q may read an e4m3
-  // k and v (an fp8 KV cache).
-  pr.kv_dtype = pr.dtype == kE4m3 || p.k.dtype == kE4m3 ? kE4m3 : pr.dtype;
+  // k and v (an fp8 KV cache), and a float32 q a 16-bit one (the CPU runner's bf16 cache).
+  const bool narrower_kv = pr.dtype == DType::kFloat32 &&
+                           (p.k.dtype == DType::kBFloat16 || p.k.dtype == DType::kFloat16);
+  pr.kv_dtype = pr.dtype == kE4m3 || p.k.dtype == kE4m3 ? kE4m3
+                : narrower_kv                           ? p.k.dtype
+                                                        : pr.dtype;
   pr.out_dtype = pr.dtype == kE4m3 ? DType::kBFloat16 : pr.dtype;
   const TensorView* same[] = {&p.k, &p.v, &p.out};
   const char* same_name[] = {"k", "v", "out"};
