@@ -255,15 +255,14 @@ Problem describe(const AttentionParams& p) {
   const char* same_name[] = {"k", "v", "out"};
   const DType want[] = {pr.kv_dtype, pr.kv_dtype, pr.out_dtype};
   for (int i = 0; i < 3; ++i) {
-    if (same[i]->dtype != want[i])
-      fail(same_name[i],
-           pr.dtype == kE4m3 && i == 2
-               ? str_cat("dtype ", dtype_name(same[i]->dtype),
-                         " is not bfloat16 (a float8_e4m3fn q gives a bfloat16 out)")
-           : i == 1 && pr.kv_dtype == kE4m3
-               ? str_cat("dtype ", dtype_name(same[i]->dtype), " differs from k's float8_e4m3fn")
-               : str_cat("dtype ", dtype_name(same[i]->dtype), " differs from q's ",
-                         dtype_name(pr.dtype)));
+    if (same[i]->dtype != want[i]) {
+      const std::string got = str_cat("dtype ", dtype_name(same[i]->dtype));
+      if (i == 2 && pr.dtype == kE4m3)
+        fail("out", got + " is not bfloat16 (a float8_e4m3fn q gives a bfloat16 out)");
+      if (i == 1 && pr.kv_dtype != pr.dtype)  // v follows k where k may differ from q
+        fail("v", got + " differs from k's " + dtype_name(pr.kv_dtype));
+      fail(same_name[i], got + " differs from q's " + dtype_name(pr.dtype));
+    }
     if (!(same[i]->device == pr.device)) fail(same_name[i], "must be on the same device as q");
   }
   const int qr = p.q.rank, kr = p.k.rank;

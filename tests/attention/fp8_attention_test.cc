@@ -36,12 +36,6 @@ CaseSpec base(std::vector<int64_t> q, std::vector<int64_t> k, Fp8 fp8) {
   return s;
 }
 
-template <typename F>
-CaseSpec with(CaseSpec s, F f) {
-  f(s);
-  return s;
-}
-
 std::vector<CaseSpec> cases() {
   std::vector<CaseSpec> v;
   for (Fp8 fp8 : {Fp8::kKV, Fp8::kQKV}) {

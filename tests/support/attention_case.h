@@ -107,6 +107,13 @@ struct CaseSpec {
   }
 };
 
+// `s` changed by f: a case written as a variation of a base one.
+template <typename F>
+CaseSpec with(CaseSpec s, F f) {
+  f(s);
+  return s;
+}
+
 // GoogleTest prints a failing parameter with this (instead of its bytes).
 inline void PrintTo(const CaseSpec& spec, std::ostream* os) {
   *os << spec.name();
