@@ -188,6 +188,8 @@ class CpuRunner final : public ModelRunner {
     kv_dtype_ = pool_dtype(kv.dtype);
     k_scale_ = kv.k_scales.empty() ? std::vector<float>(n, 1.0f) : kv.k_scales;
     v_scale_ = kv.v_scales.empty() ? std::vector<float>(n, 1.0f) : kv.v_scales;
+    kv_.clear();  // a pool of the old element size must not be written as the new one
+    num_blocks_ = 0;
   }
 
   void allocate_kv(int64_t num_blocks, int32_t block_size) override {

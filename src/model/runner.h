@@ -23,7 +23,8 @@ class ModelRunner {
   virtual ~ModelRunner() = default;
 
   virtual const ModelConfig& config() const = 0;
-  // What the next allocate_kv's pool stores (model/kv_cache_dtype.h); before it. A runner without
+  // What the next allocate_kv's pool stores (model/kv_cache_dtype.h); before it (the CPU runner
+  // drops its pool here: allocate_kv again before the next forward). A runner without
   // an fp8 cache refuses one by name (Error(kUnsupported, "kv_cache_dtype")), never storing bf16
   // in its place: the CUDA runner until its fp8 kernels exist.
   virtual void set_kv_cache(const KvCacheConfig& kv) {

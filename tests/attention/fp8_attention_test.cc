@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -258,6 +259,49 @@ TEST_F(Fp8Validation, RefusedOnCuda) {
     expect_refused([&] { attention_forward(p); }, "attention_forward");
     expect_refused([&] { plan_attention(p); }, "plan_attention");
     expect_refused([&] { (void)attention_workspace_size(p); }, "attention_workspace_size");
+  }
+}
+
+// A float32 q over a 16-bit k and v (the CPU runner's bf16 cache): the CPU path runs it against
+// the reference; CUDA refuses it by name, and v must be k's dtype.
+TEST(NarrowerKv, Bf16KvBesideFloat32QOnTheCpuPathOnly) {
+  for (DType kv : {DType::kBFloat16, DType::kFloat16}) {
+    const int64_t n_q = 9, n_k = 40, h = 2, d = 64;
+    std::mt19937_64 rng(seed_for(dtype_name(kv), 5));
+    std::normal_distribution<float> normal;
+    std::vector<float> q(n_q * h * d), out(n_q * h * d);
+    std::vector<uint16_t> k(n_k * h * d), v(n_k * h * d);
+    for (float& x : q) x = normal(rng);
+    for (auto* t : {&k, &v})
+      for (size_t i = 0; i < t->size(); ++i) store_float(t->data(), i, kv, normal(rng));
+    AttentionParams p;
+    p.q = make_view(q.data(), DType::kFloat32, {1, n_q, h, d});
+    p.k = make_view(k.data(), kv, {1, n_k, h, d});
+    p.v = make_view(v.data(), kv, {1, n_k, h, d});
+    p.out = make_view(out.data(), DType::kFloat32, {1, n_q, h, d});
+    p.causal = true;
+    const auto exact = naive_forward(p, Emulate::kExact);
+    const auto lowp = naive_forward(p, Emulate::kLowPrecision);
+    attention_forward(p);
+    EXPECT_TRUE(attention_close(read_output(p), exact, lowp, DType::kFloat32));
+
+    AttentionParams bad = p;
+    bad.v.dtype = DType::kFloat32;
+    try {
+      validate(bad);
+      ADD_FAILURE() << "v of another dtype than k accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "v") << e.what();
+    }
+    AttentionParams cuda = p;
+    for (TensorView* t : {&cuda.q, &cuda.k, &cuda.v, &cuda.out}) t->device = {DeviceType::kCUDA, 0};
+    try {
+      attention_forward(cuda);
+      ADD_FAILURE() << "a 16-bit k beside a float32 q accepted on CUDA";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUnsupported) << e.what();
+      EXPECT_NE(std::string(e.what()).find("CPU path only"), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <memory>
 #include <numeric>
 #include <random>
 
@@ -199,24 +200,31 @@ class KvCacheDtypes : public ::testing::Test {
     o.seed = seed_;
     o.dtype = DType::kFloat32;
     write_random_checkpoint(preset_config("tiny"), dir_, o);
+    rng_.seed(seed_);
+  }
+  // The float64 reference and the CPU runner of the checkpoint.
+  void load() {
+    ref_ = ref_load(dir_);
+    runner_ = make_cpu_runner(dir_);
   }
   uint64_t seed_ = 0;
   std::string dir_;
+  std::mt19937_64 rng_;
+  RefModel ref_;
+  std::unique_ptr<ModelRunner> runner_;
 };
 
 TEST_F(KvCacheDtypes, EachCacheMatchesTheReferenceThatRoundsWhereItStores) {
   SCOPED_TRACE("FLASHSERVE_TEST_SEED=" + std::to_string(seed_));
-  std::mt19937_64 rng(seed_);
-  const RefModel ref = ref_load(dir_);
-  const ModelConfig& c = ref.c;
-  auto runner = make_cpu_runner(dir_);
-  const Schedule s = make_schedule(rng, c.vocab_size, 6);
-  const KvCacheConfig fp8{KvCacheDtype::kFp8E4M3, random_scales(rng, c), random_scales(rng, c)};
+  load();
+  const ModelConfig& c = ref_.c;
+  const Schedule s = make_schedule(rng_, c.vocab_size, 6);
+  const KvCacheConfig fp8{KvCacheDtype::kFp8E4M3, random_scales(rng_, c), random_scales(rng_, c)};
   const KvCacheConfig bf16{KvCacheDtype::kBf16, {}, {}};
-  const References refs(ref, s, fp8);
-  const auto run_f32 = run_schedule(*runner, s, {});
-  const auto run_fp8 = run_schedule(*runner, s, fp8);
-  const auto run_bf16 = run_schedule(*runner, s, bf16);
+  const References refs(ref_, s, fp8);
+  const auto run_f32 = run_schedule(*runner_, s, {});
+  const auto run_fp8 = run_schedule(*runner_, s, fp8);
+  const auto run_bf16 = run_schedule(*runner_, s, bf16);
 
   double worst_fp8 = 0, worst_bf16 = 0, effect_fp8 = 0, effect_bf16 = 0;
   for (int64_t step = 0; step <= s.decodes; ++step)
@@ -246,16 +254,14 @@ TEST_F(KvCacheDtypes, EachCacheMatchesTheReferenceThatRoundsWhereItStores) {
 
 TEST_F(KvCacheDtypes, Fp8AgainstBf16WithinTheStatedBound) {
   SCOPED_TRACE("FLASHSERVE_TEST_SEED=" + std::to_string(seed_));
-  std::mt19937_64 rng(seed_);
-  const RefModel ref = ref_load(dir_);
-  const ModelConfig& c = ref.c;
-  auto runner = make_cpu_runner(dir_);
-  const Schedule s = make_schedule(rng, c.vocab_size, 24);
+  load();
+  const ModelConfig& c = ref_.c;
+  const Schedule s = make_schedule(rng_, c.vocab_size, 24);
   // Serving's scales: 1.0 for every head (vLLM's default without calibrated scales).
   const KvCacheConfig fp8{KvCacheDtype::kFp8E4M3, {}, {}};
-  const References refs(ref, s, fp8);
-  const auto run_fp8 = run_schedule(*runner, s, fp8);
-  const auto run_bf16 = run_schedule(*runner, s, {KvCacheDtype::kBf16, {}, {}});
+  const References refs(ref_, s, fp8);
+  const auto run_fp8 = run_schedule(*runner_, s, fp8);
+  const auto run_bf16 = run_schedule(*runner_, s, {KvCacheDtype::kBf16, {}, {}});
   const int64_t V = c.vocab_size;
   double worst = 0, largest = 0;
   int64_t decided = 0, agree = 0, rows = 0;
@@ -360,6 +366,14 @@ TEST_F(KvCacheDtypes, ScalesAreChecked) {
   EXPECT_THROW(runner->set_kv_cache({KvCacheDtype::kFp8E4M3, std::vector<float>(n, 0.0f), {}}),
                Error);
   EXPECT_THROW(runner->set_kv_cache({KvCacheDtype::kBf16, {}, std::vector<float>(n, 1.0f)}), Error);
+  // A new element type drops the pool: no forward writes the old pool as the new type.
+  runner->set_kv_cache({KvCacheDtype::kFp8E4M3, {}, {}});
+  runner->allocate_kv(4, 16);
+  runner->set_kv_cache({});
+  ForwardBatchBuilder bb(16);
+  const std::vector<int32_t> tokens = {5, 6, 7}, blocks = {0};
+  bb.add(tokens.data(), 0, 3, blocks, true);
+  EXPECT_THROW(runner->forward(std::move(bb).build()), Error);
 }
 
 }  // namespace
