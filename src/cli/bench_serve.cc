@@ -159,8 +159,11 @@ int bench_serve(int argc, char** argv) {
   if (!o.shape.empty()) check_option("--shape", [&] { return model::preset_config(o.shape); });
   // Load the table before anything runs, so a bad file fails at once.
   std::unique_ptr<fs::CostModel> calibrated;
-  if (!o.profile.empty())
-    calibrated = std::make_unique<fs::ProfileCostModel>(fs::ProfileCostModel::load(o.profile));
+  if (!o.profile.empty()) {
+    auto table = std::make_unique<fs::ProfileCostModel>(fs::ProfileCostModel::load(o.profile));
+    check_profile_kv_cache(table->profile(), kv_dtype);
+    calibrated = std::move(table);
+  }
   (void)profile_opt;
 
   const std::vector<fs::Policy> policies = o.sched.selected(

@@ -21,4 +21,14 @@ model::KvCacheDtype KvCacheDtypeFlag::resolve(const std::string& device) const {
   return d;
 }
 
+void check_profile_kv_cache(const serve::StepProfile& profile, model::KvCacheDtype dtype) {
+  const auto it = profile.meta.find("kv_cache_dtype");
+  const std::string measured = it == profile.meta.end() ? "auto" : it->second;
+  if (measured != model::kv_cache_dtype_name(dtype))
+    throw UsageError("--kv-cache-dtype", std::string(model::kv_cache_dtype_name(dtype)) +
+                                             ", but the --profile table was measured with the " +
+                                             measured +
+                                             " cache (profile again with this --kv-cache-dtype)");
+}
+
 }  // namespace flashserve::cli

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "model/kv_cache_dtype.h"
+#include "serve/step_profile.h"
 
 namespace flashserve::cli {
 
@@ -18,5 +19,10 @@ struct KvCacheDtypeFlag {
   // runner (simulate models a GPU whose cache is fp8).
   model::KvCacheDtype resolve(const std::string& device) const;
 };
+
+// A step profile (`flashserve profile`) measured with another cache than `dtype` would predict
+// another engine's steps: UsageError naming --kv-cache-dtype (a table without the key was
+// measured before the flag existed, with the runner's own cache: auto).
+void check_profile_kv_cache(const serve::StepProfile& profile, model::KvCacheDtype dtype);
 
 }  // namespace flashserve::cli

@@ -202,10 +202,13 @@ Study prepare(Options& o) {
   fs::GpuSpec gpu = fs::gpu_preset(o.gpu);
   // Given means used (a profile refuses it above), 0 included.
   if (o.overhead_given) gpu.step_overhead_s = o.step_overhead_ms * 1e-3;
-  if (!o.profile.empty())
-    st.cost = std::make_unique<fs::ProfileCostModel>(fs::ProfileCostModel::load(o.profile));
-  else
+  if (!o.profile.empty()) {
+    auto table = std::make_unique<fs::ProfileCostModel>(fs::ProfileCostModel::load(o.profile));
+    check_profile_kv_cache(table->profile(), o.kv_dtype.resolve(""));
+    st.cost = std::move(table);
+  } else {
     st.cost = std::make_unique<fs::RooflineCostModel>(model, gpu);
+  }
 
   // Limits and the KV cache.
   if (o.sched.max_model_len == 0)
