@@ -6,13 +6,14 @@
 //   to_e4m3 rounds to nearest, ties to even. Out of range it either saturates to +-448
 //         (Fp8Saturation::kFinite: CUDA's __NV_SATFINITE; infinities too) or gives NaN
 //         (kNone: CUDA's __NV_NOSAT and PyTorch's plain `x.to(torch.float8_e4m3fn)`, where every
-//         |x| past 464, the midpoint between 448 and the NaN code, turns NaN). NaN becomes 0x7f
-//         whatever its sign, as in CUDA's conversion.
+//         |x| past 464, the midpoint between 448 and the NaN code, turns NaN). Every NaN is 0x7f,
+//         whatever the sign, as CUDA's conversion gives it (PyTorch's keeps the sign: 0xff for a
+//         negative input; the same value, NaN).
 //
 // flashserve quantises with kFinite: FA3 and vLLM scale a tensor by its descale factor so that
 // its values fit (amax / 448), and an outlier past the calibrated range then costs accuracy on
-// that element instead of turning a whole attention row NaN. kNone exists for bit-equality tests
-// against PyTorch's cast.
+// that element instead of turning a whole attention row NaN. kNone is the plain cast's rule, for
+// comparisons with PyTorch and CUDA.
 #pragma once
 
 #include <array>
