@@ -29,6 +29,17 @@
 // -inf scores weigh 0 like masked keys. A NaN or inf in v reaches the rows that weigh it; whether a
 // row that gives it weight 0 (a masked key in the same tile) turns NaN is unspecified (0 * NaN).
 // Every element pointer must be aligned to its dtype's size.
+//
+// FP8 (float8_e4m3fn, DType::kFloat8E4M3), FlashAttention-3's inputs: either q, k and v all e4m3
+// with out bfloat16 (FA3's flash_attn_func), or k and v alone e4m3 beside a float32, float16 or
+// bfloat16 q and out of q's dtype (an fp8 KV cache read by a higher-precision query). The value
+// an e4m3 element stands for is its code times its tensor's descale factor: q_descale, k_descale,
+// v_descale, each optional float32 [batch, h_kv] (absent: 1), the factor of sequence b's KV head
+// hk (q_descale: of that KV head's group of query heads), as FA3 takes them. The scores are
+// scale * (q_descale q).(k_descale k) and the output is softmax V with V = v_descale v. The CPU
+// path computes on the dequantised values in float32; the CUDA kernels refuse e4m3 (kUnsupported)
+// until the sm90 fp8 kernel exists, and there is no backward for it. Likewise on the CPU path
+// only, a float32 q may read a bfloat16 or float16 k and v (a 16-bit KV cache).
 #pragma once
 
 #include <cstddef>
@@ -53,6 +64,8 @@ struct AttentionParams {
   float softmax_scale = 0.0f;  // 0: 1/sqrt(head_dim); subnormal values are refused
   float softcap = 0.0f;        // > 0: tanh capping (above); 0: off; negative, subnormal refused
   TensorView alibi_slopes;     // optional float32 [h_q] or [batch, h_q]: the ALiBi slope per head
+  // Optional float32 [batch, h_kv], only beside e4m3 q / k / v (above); absent means 1.
+  TensorView q_descale, k_descale, v_descale;
   bool causal = false;
   int32_t window_left = -1;   // -1: unbounded
   int32_t window_right = -1;  // -1: unbounded (0 when causal)

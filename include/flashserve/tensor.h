@@ -11,7 +11,16 @@
 
 namespace flashserve {
 
-enum class DType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kInt32 = 3, kFloat64 = 4 };
+// kFloat8E4M3 is float8_e4m3fn (src/common/float8.h): attention inputs with descale factors
+// (attention.h), on the CPU path until the GPU kernels exist.
+enum class DType : int32_t {
+  kFloat32 = 0,
+  kFloat16 = 1,
+  kBFloat16 = 2,
+  kInt32 = 3,
+  kFloat64 = 4,
+  kFloat8E4M3 = 5
+};
 
 enum class DeviceType : int32_t { kCPU = 0, kCUDA = 1 };
 

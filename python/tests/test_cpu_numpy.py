@@ -310,8 +310,8 @@ def test_error_bad_dtypes(seed):
         flash_attn_func(q.astype(np.float64), k, v)
     with pytest.raises(ValueError, match=r"^q: dtype int64 is not supported"):
         flash_attn_func(q.astype(np.int64), k, v)
-    with pytest.raises(ValueError, match=r"^k: dtype float16 differs from q's float32"):
-        flash_attn_func(q, k.astype(np.float16), v)
+    with pytest.raises(ValueError, match=r"^k: dtype float32 differs from q's float16"):
+        flash_attn_func(q.astype(np.float16), k, v)
     with pytest.raises(TypeError, match=r"^q: expected a tensor"):
         flash_attn_func(q.tolist(), k, v)
     cu64 = np.array([0, 5, 10], dtype=np.int64)

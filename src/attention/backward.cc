@@ -44,6 +44,11 @@ Problem describe_backward(const AttentionBackwardParams& p) {
   if (pr.paged)
     throw Error(ErrorKind::kUnsupported, "block_table",
                 "the backward takes dense or varlen K/V, not a paged KV cache");
+  if (pr.fp8())  // as FlashAttention-3's fp8 path: forward (inference) only
+    throw Error(ErrorKind::kUnsupported, pr.dtype == DType::kFloat8E4M3 ? "q" : "k",
+                "float8_e4m3fn inputs have no backward (the fp8 path is forward only)");
+  if (pr.kv_dtype != pr.dtype)  // a KV cache's narrower k and v: inference only too
+    throw Error(ErrorKind::kUnsupported, "k", "the backward takes k and v of q's dtype");
   check_like(p.dout, "dout", a.out, "out", pr.dtype, pr.device);
   if (p.dlse.defined()) check_like(p.dlse, "dlse", a.lse, "lse", DType::kFloat32, pr.device);
   check_like(p.dq, "dq", a.q, "q", pr.dtype, pr.device);

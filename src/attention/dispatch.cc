@@ -50,6 +50,21 @@ namespace {
   return lens;
 }
 
+// float8_e4m3fn runs on the CPU path only: the CUDA kernels read bf16/fp16, and an e4m3 tensor
+// must not reach them (issue 23's sm90 fp8 kernel and fp8 paged-KV decode are not built yet).
+// Nor do K and V of another dtype than q's (a float32 q over a bf16 cache).
+void refuse_fp8_on_cuda(const Problem& pr) {
+  if (pr.device.type == DeviceType::kCPU) return;
+  if (pr.fp8())
+    throw Error(ErrorKind::kUnsupported, pr.dtype == DType::kFloat8E4M3 ? "q" : "k",
+                "float8_e4m3fn attention runs on the CPU path only: the CUDA fp8 kernels are not "
+                "built yet");
+  if (pr.kv_dtype != pr.dtype)
+    throw Error(ErrorKind::kUnsupported, "k",
+                str_cat("a ", dtype_name(pr.kv_dtype), " k and v beside a ", dtype_name(pr.dtype),
+                        " q run on the CPU path only"));
+}
+
 }  // namespace
 }  // namespace attention
 
@@ -60,6 +75,7 @@ void validate(const AttentionParams& params) {
 void attention_forward(const AttentionParams& params) {
   const attention::Problem problem = attention::describe(params);
   if (problem.device.type == DeviceType::kCPU) return attention::cpu_forward(params, problem);
+  attention::refuse_fp8_on_cuda(problem);
 #if defined(FLASHSERVE_WITH_CUDA)
   return attention::cuda_forward(params, problem);
 #else
@@ -70,6 +86,7 @@ void attention_forward(const AttentionParams& params) {
 size_t attention_workspace_size(const AttentionParams& params) {
   const attention::Problem problem = attention::describe(params);
   if (problem.device.type == DeviceType::kCPU) return 0;
+  attention::refuse_fp8_on_cuda(problem);
 #if defined(FLASHSERVE_WITH_CUDA)
   return attention::cuda_workspace_size(params, problem);
 #else
@@ -94,6 +111,7 @@ AttentionPlan plan_attention(const AttentionParams& params, const AttentionLengt
   state->problem = attention::describe(params);
   state->q_shape0 = params.q.shape[0];
   const attention::Problem& pr = state->problem;
+  attention::refuse_fp8_on_cuda(pr);
   if (pr.device.type != DeviceType::kCPU) {
 #if defined(FLASHSERVE_WITH_CUDA)
     state->plan =
@@ -115,7 +133,7 @@ void run_attention(const AttentionPlan& plan, const AttentionParams& params) {
   using attention::plan_mismatch;
   if (pr.device.type != planned.device.type || pr.device.index != planned.device.index)
     plan_mismatch("device");
-  if (pr.dtype != planned.dtype) plan_mismatch("dtype");
+  if (pr.dtype != planned.dtype || pr.kv_dtype != planned.kv_dtype) plan_mismatch("dtype");
   if (pr.batch != planned.batch || params.q.shape[0] != plan.state_->q_shape0)
     plan_mismatch("batch or rows of q");
   if (pr.h_q != planned.h_q || pr.h_kv != planned.h_kv || pr.head_dim != planned.head_dim ||

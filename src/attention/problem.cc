@@ -102,7 +102,10 @@ void check_disjoint(const TensorView& output, const char* name, const AttentionP
                                                               {&p.cu_seqlens_q, "cu_seqlens_q"},
                                                               {&p.cu_seqlens_k, "cu_seqlens_k"},
                                                               {&p.seqused_k, "seqused_k"},
-                                                              {&p.block_table, "block_table"}};
+                                                              {&p.block_table, "block_table"},
+                                                              {&p.q_descale, "q_descale"},
+                                                              {&p.k_descale, "k_descale"},
+                                                              {&p.v_descale, "v_descale"}};
   for (const auto& [input, input_name] : inputs)
     if (input->defined() && overlaps(output, *input))
       fail(name, str_cat("overlaps ", input_name, " in memory"));
@@ -236,15 +239,30 @@ Problem describe(const AttentionParams& p) {
   check_view(p.v, "v", (pr.varlen_k ? 3 : 4));
   pr.device = p.q.device;
   pr.dtype = p.q.dtype;
-  if (!is_float(pr.dtype))
-    fail("q",
-         str_cat("dtype ", dtype_name(pr.dtype), " is not supported (float32, float16, bfloat16)"));
+  constexpr DType kE4m3 = DType::kFloat8E4M3;
+  if (!is_float(pr.dtype) && pr.dtype != kE4m3)
+    fail("q", str_cat("dtype ", dtype_name(pr.dtype),
+                      " is not supported (float32, float16, bfloat16, float8_e4m3fn)"));
+  // e4m3 q needs e4m3 k and v and gives bfloat16 (FA3's fp8 path); a float q may read an e4m3
+  // k and v (an fp8 KV cache), and a float32 q a 16-bit one (the CPU runner's bf16 cache).
+  const bool narrower_kv = pr.dtype == DType::kFloat32 &&
+                           (p.k.dtype == DType::kBFloat16 || p.k.dtype == DType::kFloat16);
+  pr.kv_dtype = pr.dtype == kE4m3 || p.k.dtype == kE4m3 ? kE4m3
+                : narrower_kv                           ? p.k.dtype
+                                                        : pr.dtype;
+  pr.out_dtype = pr.dtype == kE4m3 ? DType::kBFloat16 : pr.dtype;
   const TensorView* same[] = {&p.k, &p.v, &p.out};
   const char* same_name[] = {"k", "v", "out"};
+  const DType want[] = {pr.kv_dtype, pr.kv_dtype, pr.out_dtype};
   for (int i = 0; i < 3; ++i) {
-    if (same[i]->dtype != pr.dtype)
-      fail(same_name[i], str_cat("dtype ", dtype_name(same[i]->dtype), " differs from q's ",
-                                 dtype_name(pr.dtype)));
+    if (same[i]->dtype != want[i]) {
+      const std::string got = str_cat("dtype ", dtype_name(same[i]->dtype));
+      if (i == 2 && pr.dtype == kE4m3)
+        fail("out", got + " is not bfloat16 (a float8_e4m3fn q gives a bfloat16 out)");
+      if (i == 1 && pr.kv_dtype != pr.dtype)  // v follows k where k may differ from q
+        fail("v", got + " differs from k's " + dtype_name(pr.kv_dtype));
+      fail(same_name[i], got + " differs from q's " + dtype_name(pr.dtype));
+    }
     if (!(same[i]->device == pr.device)) fail(same_name[i], "must be on the same device as q");
   }
   const int qr = p.q.rank, kr = p.k.rank;
@@ -298,6 +316,24 @@ Problem describe(const AttentionParams& p) {
   if (pr.seqused) {
     check_aux(p.seqused_k, "seqused_k", 1, DType::kInt32, pr.device);
     check_entries(p.seqused_k, "seqused_k", pr.batch);
+  }
+
+  // Descale factors: float32 [batch, h_kv], each only beside the e4m3 tensor it scales.
+  const std::pair<const TensorView*, const char*> descales[] = {
+      {&p.q_descale, "q_descale"}, {&p.k_descale, "k_descale"}, {&p.v_descale, "v_descale"}};
+  for (int i = 0; i < 3; ++i) {
+    const auto& [d, name] = descales[i];
+    if (!d->defined()) continue;
+    if ((i == 0 ? pr.dtype : pr.kv_dtype) != kE4m3)
+      fail(name, str_cat("applies to a float8_e4m3fn ",
+                         i == 0   ? "q"
+                         : i == 1 ? "k"
+                                  : "v",
+                         ", not a ", dtype_name(i == 0 ? pr.dtype : pr.kv_dtype), " one"));
+    check_aux(*d, name, 2, DType::kFloat32, pr.device);
+    if (d->shape[0] != pr.batch || d->shape[1] != pr.h_kv)
+      fail(name, str_cat("shape ", shape_string(*d), " is not [batch, h_kv] = [", pr.batch, ", ",
+                         pr.h_kv, "]"));
   }
 
   if (p.lse.defined()) {

@@ -23,7 +23,10 @@ struct Problem {
   ScoreMod score_mod;  // softcap and ALiBi (the slopes' host pointer only on the CPU)
   int32_t num_splits = 1;
   Device device;
-  DType dtype = DType::kFloat32;  // of q, k, v and out
+  DType dtype = DType::kFloat32;      // of q (and of k, v and out unless fp8 says otherwise)
+  DType kv_dtype = DType::kFloat32;   // of k and v: q's, or float8_e4m3fn (attention.h)
+  DType out_dtype = DType::kFloat32;  // q's, or bfloat16 when q is float8_e4m3fn
+  bool fp8() const { return dtype == DType::kFloat8E4M3 || kv_dtype == DType::kFloat8E4M3; }
 };
 
 // What every tensor argument must satisfy: the rank, sizes and strides >= 0, a contiguous last
@@ -60,6 +63,12 @@ class HostLayout {
   int64_t k_offset(int64_t b, int64_t j, int64_t h) const;
   int64_t v_offset(int64_t b, int64_t j, int64_t h) const;
   int64_t lse_offset(int64_t b, int64_t t, int64_t h) const;  // requires params.lse
+  // The descale factor of sequence b, KV head hk in `descale` (params.q/k/v_descale): 1 when
+  // absent.
+  static float descale(const TensorView& descale, int64_t b, int64_t hk) {
+    if (!descale.defined()) return 1.0f;
+    return descale.ptr<const float>()[b * descale.stride[0] + hk * descale.stride[1]];
+  }
 
  private:
   int64_t kv_row(const TensorView& t, int64_t b, int64_t j, int64_t h) const;

@@ -21,6 +21,7 @@
 
 #include "cli/capacity_flags.h"
 #include "cli/command.h"
+#include "cli/kv_cache_flag.h"
 #include "cli/options.h"
 #include "cli/scheduler_flags.h"
 #include "cli/scratch_dir.h"
@@ -55,6 +56,7 @@ struct Options {
   std::string plot, predict_gpu, profile;
   CapacityFlags cap;
   double confirm_margin = 0.1;
+  KvCacheDtypeFlag kv_dtype;
 };
 
 void print_capacity_header() {
@@ -87,6 +89,7 @@ int bench_serve(int argc, char** argv) {
                             "cuda: fraction of the GPU's memory for weights + KV");
   auto* kv_mem_opt = add_real(app, "--kv-memory-mb", o.kv_memory_mb, {1, 1 << 24, Open::kNone},
                               "cpu: MiB of KV pool");
+  o.kv_dtype.add(app);
   auto* plot_opt = app.add_option("--plot", o.plot,
                                   "write PREFIX-tbt-cdf.svg and PREFIX-tbt-over-time-<policy>.svg");
   auto* predict_gpu_opt = app.add_option(
@@ -110,6 +113,7 @@ int bench_serve(int argc, char** argv) {
     throw UsageError("--device", "'" + o.device + "' is not one of cpu, cuda");
   o.sched.refuse_inapplicable();
   o.wl.refuse_inapplicable(false);
+  const model::KvCacheDtype kv_dtype = o.kv_dtype.resolve(o.device);
   refuse_unless(util_opt, o.device == "cuda" && num_blocks_opt->count() == 0,
                 "sizes the GPU's KV pool (--device cuda, no --num-blocks)");
   refuse_unless(kv_mem_opt, o.device == "cpu" && num_blocks_opt->count() == 0,
@@ -155,8 +159,11 @@ int bench_serve(int argc, char** argv) {
   if (!o.shape.empty()) check_option("--shape", [&] { return model::preset_config(o.shape); });
   // Load the table before anything runs, so a bad file fails at once.
   std::unique_ptr<fs::CostModel> calibrated;
-  if (!o.profile.empty())
-    calibrated = std::make_unique<fs::ProfileCostModel>(fs::ProfileCostModel::load(o.profile));
+  if (!o.profile.empty()) {
+    auto table = std::make_unique<fs::ProfileCostModel>(fs::ProfileCostModel::load(o.profile));
+    check_profile_kv_cache(table->profile(), kv_dtype);
+    calibrated = std::move(table);
+  }
   (void)profile_opt;
 
   const std::vector<fs::Policy> policies = o.sched.selected(
@@ -182,6 +189,7 @@ int bench_serve(int argc, char** argv) {
   mo.gpu_memory_utilization = o.gpu_mem_util;
   mo.cpu_kv_bytes = o.kv_memory_mb * (1 << 20);
   mo.num_blocks = o.num_blocks;
+  mo.kv_cache_dtype = kv_dtype;
   const fe::LoadedModel model = fe::load_model(mo);
   const model::ModelConfig& mc = model.runner->config();
   if (o.sched.max_model_len > mc.max_position_embeddings)
@@ -208,11 +216,12 @@ int bench_serve(int argc, char** argv) {
     ptok += static_cast<double>(r.prompt_tokens), otok += static_cast<double>(r.output_tokens);
   std::printf(
       "model: %s (%lld layers, hidden %lld, vocab %lld) on %s; KV pool %lld blocks x %d tokens "
-      "(%.1f MiB), max model len %lld\n",
+      "(%.1f MiB, %s), max model len %lld\n",
       model_name.c_str(), static_cast<long long>(mc.num_hidden_layers),
       static_cast<long long>(mc.hidden_size), static_cast<long long>(mc.vocab_size),
       model.device.c_str(), static_cast<long long>(model.num_blocks), model.block_size,
-      model.kv_bytes / (1 << 20), static_cast<long long>(max_model_len));
+      model.kv_bytes / (1 << 20), flashserve::model::kv_cache_dtype_name(model.kv_cache_dtype),
+      static_cast<long long>(max_model_len));
   std::printf(
       "workload: %s, %zu requests at %.3f req/s, mean prompt %.0f, mean output %.0f tokens, seed "
       "%llu\n",
@@ -222,9 +231,12 @@ int bench_serve(int argc, char** argv) {
   // The SLOs (named ones scaled from the calibrated, else the roofline, simulator's decode step);
   // the first is --budget auto's outside --capacity.
   std::unique_ptr<fs::RooflineCostModel> roofline;
-  if (!o.predict_gpu.empty())
-    roofline =
-        std::make_unique<fs::RooflineCostModel>(mc.shape("model"), fs::gpu_preset(o.predict_gpu));
+  if (!o.predict_gpu.empty()) {
+    // The GPU's cache: bf16 unless fp8 is asked for (its K/V bytes read per token halve).
+    flashserve::model::ModelShape shape = mc.shape("model");
+    shape.kv_bytes_per_elem = flashserve::model::kv_cache_element_bytes(kv_dtype, 2);
+    roofline = std::make_unique<fs::RooflineCostModel>(shape, fs::gpu_preset(o.predict_gpu));
+  }
   const fs::CostModel* slo_cost = calibrated ? calibrated.get() : roofline.get();
   const bool named_slo =
       std::any_of(o.cap.slo_specs.begin(), o.cap.slo_specs.end(),

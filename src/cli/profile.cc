@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/kv_cache_flag.h"
 #include "cli/options.h"
 #include "cli/scratch_dir.h"
 #include "engine/model_engine.h"
@@ -51,6 +52,8 @@ int profile(int argc, char** argv) {
                             "cuda: fraction of the GPU's memory for weights + KV");
   auto* kv_mem_opt = add_real(app, "--kv-memory-mb", kv_memory_mb, {1, 1 << 24, Open::kNone},
                               "cpu: MiB of KV pool");
+  KvCacheDtypeFlag kv_dtype_flag;
+  kv_dtype_flag.add(app);
   if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
   if ((model_opt->count() > 0) == (shape_opt->count() > 0))
     throw UsageError("--model", "give exactly one of --model DIR and --shape NAME");
@@ -59,6 +62,7 @@ int profile(int argc, char** argv) {
   refuse_unless(max_len_opt, !quick && !smoke, "sets the full grid; --quick has its own");
   refuse_unless(reps_opt, !smoke, "--smoke times one step a point");
   if (!shape.empty()) check_option("--shape", [&] { return model::preset_config(shape); });
+  const model::KvCacheDtype kv_dtype = kv_dtype_flag.resolve(device);
   // The table is written after minutes of measuring: a path that cannot be written fails now.
   std::ofstream f(out);
   if (!f) throw UsageError("--out", "cannot write '" + out + "'");
@@ -83,6 +87,7 @@ int profile(int argc, char** argv) {
   mo.block_size = block_size;
   mo.gpu_memory_utilization = gpu_mem_util;
   mo.cpu_kv_bytes = kv_memory_mb * (1 << 20);
+  mo.kv_cache_dtype = kv_dtype;
   const auto t0 = std::chrono::steady_clock::now();
   const fe::LoadedModel model = fe::load_model(mo);
   fe::ProfileGrid grid = smoke ? fe::ProfileGrid::smoke()
@@ -91,8 +96,9 @@ int profile(int argc, char** argv) {
                              : fe::ProfileGrid::full(std::min<int64_t>(
                                    max_len, model.runner->config().max_position_embeddings / 2));
   if (!smoke) grid.reps = static_cast<int>(reps);
-  std::printf("profiling %s on %s: KV pool %lld blocks x %d tokens\n", model_name.c_str(),
-              model.device.c_str(), static_cast<long long>(model.num_blocks), model.block_size);
+  std::printf("profiling %s on %s: KV pool %lld blocks x %d tokens (%s)\n", model_name.c_str(),
+              model.device.c_str(), static_cast<long long>(model.num_blocks), model.block_size,
+              flashserve::model::kv_cache_dtype_name(kv_dtype));
   fe::ProfileProgress progress;
   progress.on_point = [](const std::string& what, int64_t done, int64_t total) {
     std::fprintf(stderr, "\r%lld/%lld %-40s", static_cast<long long>(done),
@@ -103,6 +109,7 @@ int profile(int argc, char** argv) {
   serve::StepProfile p = fe::profile_model(model, grid, progress);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   if (!shape.empty()) p.meta["checkpoint"] = "random " + shape;
+  p.meta["kv_cache_dtype"] = flashserve::model::kv_cache_dtype_name(kv_dtype);
   p.meta["grid"] = smoke   ? "smoke"
                    : quick ? "quick"
                            : "full, max len " + std::to_string(grid.tokens.back());

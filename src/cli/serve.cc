@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/kv_cache_flag.h"
 #include "cli/options.h"
 #include "cli/vllm_flags.h"
 #include "engine/model_engine.h"
@@ -95,6 +96,8 @@ int serve(int argc, char** argv) {
                             "share of GPU memory for weights and KV (--device cuda)");
   auto* kv_opt = add_real(app, "--kv-memory-mb", kv_memory_mb, {1, 1 << 24},
                           "KV pool size on the CPU (--device cpu)");
+  KvCacheDtypeFlag kv_dtype_flag;
+  kv_dtype_flag.add(app);
   app.add_option("--served-model-name", so.served_model_names,
                  "the model names clients may send; the first is the default and the one "
                  "/v1/models lists first (default: the model as given)");
@@ -178,6 +181,7 @@ int serve(int argc, char** argv) {
     budget = fs::policy_defaults(pol).max_tokens_per_step;
   if (max_num_seqs_opt->count() == 0) max_num_seqs = fs::policy_defaults(pol).max_running;
   if (dtype_opt->count() > 0) check_dtype(dtype, device);
+  const model::KvCacheDtype kv_dtype = kv_dtype_flag.resolve(device);
   so.api_keys = api_keys(api_keys_given, std::getenv("VLLM_API_KEY"));
   so.allowed_origins = allowed_origins(origins_given);
   // Read now, so that a template that cannot be read stops the server before it binds.
@@ -207,6 +211,7 @@ int serve(int argc, char** argv) {
     mo.device = device;
     mo.gpu_memory_utilization = gpu_mem_util;
     mo.cpu_kv_bytes = kv_memory_mb * (1 << 20);
+    mo.kv_cache_dtype = kv_dtype;
     const fe::LoadedModel m = fe::load_model(mo);
     fs::SchedulerConfig sc;
     sc.policy = pol;
@@ -221,10 +226,10 @@ int serve(int argc, char** argv) {
     b.codec = server::load_text_codec(model_dir, chat_template_text, engine->config().vocab_size);
     b.loop = std::make_unique<fe::EngineLoop>(std::move(engine));
     std::printf(
-        "flashserve serve: ready: %s on %s, %lld KV blocks of %d tokens, max model len "
+        "flashserve serve: ready: %s on %s, %lld KV blocks of %d tokens (%s), max model len "
         "%lld, %s\n",
         model_dir.c_str(), m.device.c_str(), static_cast<long long>(m.num_blocks), m.block_size,
-        static_cast<long long>(b.max_model_len),
+        model::kv_cache_dtype_name(m.kv_cache_dtype), static_cast<long long>(b.max_model_len),
         b.codec ? "tokenizer loaded" : "no tokenizer.json: token-id prompts only");
     std::fflush(stdout);
     return b;

@@ -14,6 +14,7 @@
 
 #include "cli/capacity_flags.h"
 #include "cli/command.h"
+#include "cli/kv_cache_flag.h"
 #include "cli/options.h"
 #include "cli/scheduler_flags.h"
 #include "cli/serving_report.h"
@@ -52,6 +53,7 @@ struct Options {
   CapacityFlags cap;
   std::string plot;
   bool verbose = false;
+  KvCacheDtypeFlag kv_dtype;
   // Which options were given (a default and a given value of the same number differ here).
   bool rate_given = false, overhead_given = false, num_blocks_given = false;
 };
@@ -143,6 +145,7 @@ int parse_options(int argc, char** argv, Options& o) {
   add_int(app, "--block-size", o.block_size, {1, 1 << 16}, "KV block size in tokens");
   auto* num_blocks_opt = add_int(app, "--num-blocks", o.num_blocks, {1, int64_t{1} << 31},
                                  "KV blocks (default: what fits in memory)");
+  o.kv_dtype.add(app);
   add_real(app, "--watermark", o.watermark, {0, 1, Open::kHigh},
            "fraction of blocks kept free at admission (sarathi, vllm-v0, static; vllm-v1 and orca "
            "admit without one)");
@@ -180,6 +183,7 @@ int parse_options(int argc, char** argv, Options& o) {
   o.rate_given = rate_opt->count() > 0;
   o.overhead_given = overhead_opt->count() > 0;
   o.num_blocks_given = num_blocks_opt->count() > 0;
+  o.kv_dtype.resolve("");  // a bad value is a usage error before anything runs
   return -1;
 }
 
@@ -191,14 +195,20 @@ Study prepare(Options& o) {
   const bool rate_given = o.rate_given;
   // The cost model.
   st.model = fs::model_preset(o.model);
+  // The GPU's cache: bf16 (auto) or fp8, whose blocks hold twice the tokens and whose decode
+  // reads half the bytes.
+  st.model.kv_bytes_per_elem = flashserve::model::kv_cache_element_bytes(o.kv_dtype.resolve(""), 2);
   const fs::ModelShape& model = st.model;
   fs::GpuSpec gpu = fs::gpu_preset(o.gpu);
   // Given means used (a profile refuses it above), 0 included.
   if (o.overhead_given) gpu.step_overhead_s = o.step_overhead_ms * 1e-3;
-  if (!o.profile.empty())
-    st.cost = std::make_unique<fs::ProfileCostModel>(fs::ProfileCostModel::load(o.profile));
-  else
+  if (!o.profile.empty()) {
+    auto table = std::make_unique<fs::ProfileCostModel>(fs::ProfileCostModel::load(o.profile));
+    check_profile_kv_cache(table->profile(), o.kv_dtype.resolve(""));
+    st.cost = std::move(table);
+  } else {
     st.cost = std::make_unique<fs::RooflineCostModel>(model, gpu);
+  }
 
   // Limits and the KV cache.
   if (o.sched.max_model_len == 0)
@@ -275,9 +285,9 @@ void print_setup(const Study& st, const Options& o, const std::vector<fs::Reques
       workload.label.c_str(), base.size(), static_cast<double>(ptok) / base.size(),
       static_cast<double>(otok) / base.size(), o.trace.empty() ? o.wl.arrival.c_str() : "trace",
       o.trace.empty() ? (", seed " + std::to_string(o.seed)).c_str() : "");
-  std::printf("limits: max model len %lld, KV cache %lld blocks x %d tokens\n",
+  std::printf("limits: max model len %lld, KV cache %lld blocks x %d tokens (%s)\n",
               static_cast<long long>(o.sched.max_model_len), static_cast<long long>(st.num_blocks),
-              o.block_size);
+              o.block_size, flashserve::model::kv_cache_dtype_name(o.kv_dtype.resolve("")));
   for (size_t i = 0; i < st.configs.size(); ++i) {
     std::printf("  %s\n", describe_limits(st.configs[i].scheduler, st.auto_budget[i]).c_str());
     if (!st.auto_budget[i]) continue;

@@ -32,8 +32,9 @@ const std::map<std::string, std::string, std::less<>>& refused() {
        "request defaults are OpenAI's, not generation_config.json's (send them per request)"},
       {"--seed", "each request seeds its own sampling (its `seed` field; else a fresh seed)"},
       {"--quantization", "weights run in the checkpoint's precision (no quantization)"},
-      {"--kv-cache-dtype", "the KV cache is in the runner's dtype (bf16 on CUDA, fp32 on CPU)"},
-      {"--calculate-kv-scales", "the KV cache is in the runner's dtype (no fp8 KV)"},
+      {"--calculate-kv-scales",
+       "the fp8 KV cache's scales are static, 1.0 per head (vLLM's default without calibrated "
+       "scales)"},
       {"--block-size", "the paged-KV block size is fixed (16 tokens)"},
       {"--swap-space", "preempted requests recompute; nothing is swapped to the CPU"},
       {"--cpu-offload-gb", "weights stay on the device"},

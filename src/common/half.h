@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/float8.h"
 #include "flashserve/tensor.h"
 
 namespace flashserve {
@@ -69,9 +70,12 @@ inline fp16_t to_fp16(float f) {
   return {static_cast<uint16_t>(sign | (((r >> 23) - 112) << 10) | ((r >> 13) & 0x3ffu))};
 }
 
-// Reads element i of a float tensor (float32, float16, bfloat16, float64) as float.
+// Reads element i of a float tensor (float32, float16, bfloat16, float64, float8_e4m3fn: the
+// code's value, without any descale) as float.
 inline float load_float(const void* base, int64_t i, DType dtype) {
   switch (dtype) {
+    case DType::kFloat8E4M3:
+      return to_float(static_cast<const fp8_e4m3_t*>(base)[i]);
     case DType::kFloat16:
       return to_float(static_cast<const fp16_t*>(base)[i]);
     case DType::kBFloat16:
@@ -83,9 +87,12 @@ inline float load_float(const void* base, int64_t i, DType dtype) {
   }
 }
 
-// Writes a float into element i of a float tensor, rounding to its dtype.
+// Writes a float into element i of a float tensor, rounding to its dtype (e4m3: saturating).
 inline void store_float(void* base, int64_t i, DType dtype, float x) {
   switch (dtype) {
+    case DType::kFloat8E4M3:
+      static_cast<fp8_e4m3_t*>(base)[i] = to_e4m3(x);
+      break;
     case DType::kFloat16:
       static_cast<fp16_t*>(base)[i] = to_fp16(x);
       break;

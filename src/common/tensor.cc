@@ -34,6 +34,8 @@ size_t dtype_size(DType dtype) {
       return 4;
     case DType::kFloat64:
       return 8;
+    case DType::kFloat8E4M3:
+      return 1;
   }
   return 1;
 }
@@ -50,6 +52,8 @@ const char* dtype_name(DType dtype) {
       return "int32";
     case DType::kFloat64:
       return "float64";
+    case DType::kFloat8E4M3:
+      return "float8_e4m3fn";
   }
   return "unknown";
 }

@@ -48,7 +48,13 @@ LoadedModel load_model(const ModelEngineOptions& o) {
   LoadedModel m;
   m.device = o.device;
   m.block_size = o.block_size;
+  m.kv_cache_dtype = o.kv_cache_dtype;
   const bool gpu = o.device == "cuda";
+  // Refused before minutes of loading, by name; the runner's set_kv_cache refuses it too.
+  if (gpu && o.kv_cache_dtype == model::KvCacheDtype::kFp8E4M3)
+    throw Error(ErrorKind::kUnsupported, "kv_cache_dtype",
+                "fp8: the cuda runner has no fp8 KV cache yet (its fp8 attention kernels are not "
+                "built); use auto or bf16, or --device cpu");
   if (!o.random_shape.empty() && !gpu)
     throw Error(ErrorKind::kInvalidArgument, "random_shape",
                 "weights generated on the device need --device cuda");
@@ -59,8 +65,11 @@ LoadedModel load_model(const ModelEngineOptions& o) {
     m.runner = model::make_cuda_runner(o.model_dir, o.cuda_device);
   else
     m.runner = model::make_cpu_runner(o.model_dir);
-  // bf16 K/V on the GPU, float32 on the CPU (model/runner.h).
-  const int64_t block_bytes = kv_bytes_per_block(m.runner->config(), o.block_size, gpu ? 2 : 4);
+  // auto: bf16 K/V on the GPU, float32 on the CPU (model/runner.h); bf16 or e4m3 when asked.
+  m.runner->set_kv_cache(model::KvCacheConfig{o.kv_cache_dtype, {}, {}});
+  const int64_t block_bytes =
+      kv_bytes_per_block(m.runner->config(), o.block_size,
+                         model::kv_cache_element_bytes(o.kv_cache_dtype, gpu ? 2 : 4));
   if (o.num_blocks > 0) {
     m.num_blocks = o.num_blocks;
   } else {

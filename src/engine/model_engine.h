@@ -3,7 +3,9 @@
 // runner and its pool.
 //   KV budget on the GPU: (total memory x gpu_memory_utilization) - what is in use once the weights
 //   are loaded (vLLM's rule; 0.9 by default, as vLLM users expect).
-//   KV budget on the CPU: cpu_kv_bytes (a flag; float32 K and V).
+//   KV budget on the CPU: cpu_kv_bytes (a flag; float32 K and V, or bf16 / e4m3 by kv_cache_dtype).
+// The blocks are as many as the budget holds at kv_cache_dtype's element size: an fp8 cache holds
+// twice bf16's tokens in the same memory.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +28,7 @@ struct ModelEngineOptions {
   double gpu_memory_utilization = 0.9;
   double cpu_kv_bytes = 256.0 * (1 << 20);
   int64_t num_blocks = 0;  // > 0: exactly this many blocks, whatever the budget
+  model::KvCacheDtype kv_cache_dtype = model::KvCacheDtype::kAuto;
 };
 
 struct LoadedModel {
@@ -34,6 +37,7 @@ struct LoadedModel {
   int32_t block_size = 16;
   int64_t num_blocks = 0;
   double kv_bytes = 0;  // of the pool
+  model::KvCacheDtype kv_cache_dtype = model::KvCacheDtype::kAuto;
 };
 
 // Bytes of K and V one block holds for every layer (`dtype_bytes` per element).
@@ -41,7 +45,9 @@ int64_t kv_bytes_per_block(const model::ModelConfig& config, int32_t block_size,
                            int64_t dtype_bytes);
 
 // Loads the model and allocates its KV pool. Throws Error(kUnsupported) for --device cuda in a
-// build without the CUDA runner, Error(kInvalidArgument) when the budget holds no block.
+// build without the CUDA runner, and for an fp8 cache on cuda ("kv_cache_dtype", before the
+// weights load: the CUDA fp8 kernels are not built yet); Error(kInvalidArgument) when the budget
+// holds no block.
 LoadedModel load_model(const ModelEngineOptions& options);
 
 // An engine on the loaded model. `scheduler.max_model_len` 0 means the model's positions, cut to

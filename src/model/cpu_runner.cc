@@ -1,9 +1,13 @@
 // The CPU runner: the decoder in float32 with the GEMMs of cpu_ops.h and attention through
 // flashserve's CPU path (varlen queries over the paged pool, bottom-right causal), so that CI and
-// machines without a GPU run the same model, batch for batch, as the GPU does.
+// machines without a GPU run the same model, batch for batch, as the GPU does. The KV pool is
+// float32 (auto), bf16 or e4m3 with per-(layer, KV head) scales (model/kv_cache_dtype.h): K and V
+// are rounded to it where they are written, and the attention reads them back dequantised.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -59,6 +63,41 @@ void rms_norm_heads(float* x, const float* weight, int64_t heads, int64_t d, dou
 
 TensorView view(const void* data, DType dtype, std::initializer_list<int64_t> shape) {
   return make_view(const_cast<void*>(data), dtype, shape);
+}
+
+// The pool's element type for a --kv-cache-dtype.
+DType pool_dtype(KvCacheDtype d) {
+  switch (d) {
+    case KvCacheDtype::kBf16:
+      return DType::kBFloat16;
+    case KvCacheDtype::kFp8E4M3:
+      return DType::kFloat8E4M3;
+    default:
+      return DType::kFloat32;
+  }
+}
+
+// Writes one token's K (or V) row, `heads` heads of d floats, into slot `slot` of a pool of
+// `dtype`; an e4m3 pool stores x / scale[h] (saturating at +-448).
+void write_kv_row(const float* src, int64_t heads, int64_t d, DType dtype, std::byte* pool,
+                  int64_t slot, const float* scale) {
+  const int64_t n = heads * d;
+  switch (dtype) {
+    case DType::kBFloat16: {
+      bf16_t* dst = reinterpret_cast<bf16_t*>(pool) + slot * n;
+      for (int64_t i = 0; i < n; ++i) dst[i] = to_bf16(src[i]);
+      break;
+    }
+    case DType::kFloat8E4M3: {
+      fp8_e4m3_t* dst = reinterpret_cast<fp8_e4m3_t*>(pool) + slot * n;
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < d; ++i) dst[h * d + i] = to_e4m3(src[h * d + i] / scale[h]);
+      break;
+    }
+    default:
+      std::copy_n(src, n, reinterpret_cast<float*>(pool) + slot * n);
+      break;
+  }
 }
 
 class CpuRunner final : public ModelRunner {
@@ -125,9 +164,33 @@ class CpuRunner final : public ModelRunner {
     ckpt.check_unchanged();  // no file was rewritten while its weights were copied
     inv_freq_ = rope_inv_freq(c);
     rope_scale_ = rope_attention_scaling(c);
+    CpuRunner::set_kv_cache(KvCacheConfig{});  // float32 until told otherwise
   }
 
   const ModelConfig& config() const override { return config_; }
+
+  void set_kv_cache(const KvCacheConfig& kv) override {
+    const size_t n = static_cast<size_t>(config_.num_hidden_layers * config_.num_key_value_heads);
+    for (const auto* s : {&kv.k_scales, &kv.v_scales}) {
+      if (!s->empty() && kv.dtype != KvCacheDtype::kFp8E4M3)
+        throw Error(ErrorKind::kInvalidArgument, "kv_cache",
+                    "scales apply to an fp8 cache, not a " +
+                        std::string(kv_cache_dtype_name(kv.dtype)) + " one");
+      if (!s->empty() && s->size() != n)
+        throw Error(ErrorKind::kInvalidArgument, "kv_cache",
+                    std::to_string(s->size()) + " scales given for " + std::to_string(n) +
+                        " (layer, KV head) pairs");
+      for (float x : *s)
+        if (!(std::isfinite(x) && x >= std::numeric_limits<float>::min()))
+          throw Error(ErrorKind::kInvalidArgument, "kv_cache",
+                      "a scale must be a positive normal float, got " + std::to_string(x));
+    }
+    kv_dtype_ = pool_dtype(kv.dtype);
+    k_scale_ = kv.k_scales.empty() ? std::vector<float>(n, 1.0f) : kv.k_scales;
+    v_scale_ = kv.v_scales.empty() ? std::vector<float>(n, 1.0f) : kv.v_scales;
+    kv_.clear();  // a pool of the old element size must not be written as the new one
+    num_blocks_ = 0;
+  }
 
   void allocate_kv(int64_t num_blocks, int32_t block_size) override {
     if (num_blocks < 1 || block_size < 1)
@@ -136,9 +199,10 @@ class CpuRunner final : public ModelRunner {
     num_blocks_ = num_blocks;
     block_size_ = block_size;
     const size_t per_pool = static_cast<size_t>(num_blocks * block_size *
-                                                config_.num_key_value_heads * config_.head_dim);
+                                                config_.num_key_value_heads * config_.head_dim) *
+                            dtype_size(kv_dtype_);
     kv_.assign(static_cast<size_t>(config_.num_hidden_layers) * 2, {});
-    for (auto& pool : kv_) pool.assign(per_pool, 0.0f);
+    for (auto& pool : kv_) pool.assign(per_pool, std::byte{0});
   }
 
   void forward(const ForwardBatch& b) override;
@@ -201,7 +265,9 @@ class CpuRunner final : public ModelRunner {
   double rope_scale_ = 1.0;  // yarn's factor on cos and sin
   int64_t num_blocks_ = 0;
   int32_t block_size_ = 0;
-  std::vector<std::vector<float>> kv_;  // [layer * 2 + (0: K, 1: V)]
+  std::vector<std::vector<std::byte>> kv_;  // [layer * 2 + (0: K, 1: V)], of kv_dtype_
+  DType kv_dtype_ = DType::kFloat32;
+  std::vector<float> k_scale_, v_scale_;  // [layer * kv_heads + h]: e4m3 pools' scales
   std::vector<float> logits_;
   int64_t logits_rows_ = 0;
 };
@@ -251,7 +317,7 @@ void CpuRunner::forward(const ForwardBatch& b) {
   at.q = view(qkv.data(), DType::kFloat32, {T, hq, d});
   at.q.stride[0] = qkvw;  // q is the first qw columns of the fused qkv rows
   at.out = view(attn.data(), DType::kFloat32, {T, hq, d});
-  at.kv_pool = view(kv_[0].data(), DType::kFloat32, {num_blocks_, block_size_, hkv, d});
+  at.kv_pool = view(kv_[0].data(), kv_dtype_, {num_blocks_, block_size_, hkv, d});
   at.cu_seqlens_q = b.cu_seqlens_q.data();
   at.seqused_k = b.seqused_k.data();
   at.block_table = b.block_table.data();
@@ -261,8 +327,10 @@ void CpuRunner::forward(const ForwardBatch& b) {
 
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const CpuLayer& L = layers_[l];
-    float* kcache = kv_[2 * l].data();
-    float* vcache = kv_[2 * l + 1].data();
+    std::byte* kcache = kv_[2 * l].data();
+    std::byte* vcache = kv_[2 * l + 1].data();
+    const float* k_scale = k_scale_.data() + l * hkv;
+    const float* v_scale = v_scale_.data() + l * hkv;
     cpu::rms_norm(x.data(), L.input_norm.data(), hbuf.data(), T, H, c.rms_norm_eps);
     cpu::linear(hbuf.data(), L.qkv.weight(), qkv.data(), T, qkvw, H);
     cpu::for_rows(T, qkvw * 4, [&](int64_t begin, int64_t end) {
@@ -277,11 +345,14 @@ void CpuRunner::forward(const ForwardBatch& b) {
         apply_rope(row, hq, d, d, b.positions[t], inv_freq_, rope_scale_);
         apply_rope(row + qw, hkv, d, d, b.positions[t], inv_freq_, rope_scale_);
         const int64_t slot = b.slot_mapping[t];
-        std::copy_n(row + qw, kvw, kcache + slot * kvw);
-        std::copy_n(row + qw + kvw, kvw, vcache + slot * kvw);
+        write_kv_row(row + qw, hkv, d, kv_dtype_, kcache, slot, k_scale);
+        write_kv_row(row + qw + kvw, hkv, d, kv_dtype_, vcache, slot, v_scale);
       }
     });
-    attention.run(kcache, vcache);
+    if (kv_dtype_ == DType::kFloat8E4M3)
+      attention.run(kcache, vcache, k_scale, v_scale);
+    else
+      attention.run(kcache, vcache);
 
     cpu::linear(attn.data(), L.o.weight(), x.data(), T, H, qw, true);  // x += attn W_o^T
     cpu::rms_norm(x.data(), L.post_norm.data(), hbuf.data(), T, H, c.rms_norm_eps);

@@ -9,8 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "flashserve/error.h"
 #include "model/config.h"
 #include "model/forward_batch.h"
+#include "model/kv_cache_dtype.h"
 #include "model/logits_adjust.h"
 #include "model/sampling.h"
 
@@ -21,9 +23,19 @@ class ModelRunner {
   virtual ~ModelRunner() = default;
 
   virtual const ModelConfig& config() const = 0;
+  // What the next allocate_kv's pool stores (model/kv_cache_dtype.h); before it (the CPU runner
+  // drops its pool here: allocate_kv again before the next forward). A runner without
+  // an fp8 cache refuses one by name (Error(kUnsupported, "kv_cache_dtype")), never storing bf16
+  // in its place: the CUDA runner until its fp8 kernels exist.
+  virtual void set_kv_cache(const KvCacheConfig& kv) {
+    if (kv.dtype == KvCacheDtype::kFp8E4M3)
+      throw Error(ErrorKind::kUnsupported, "kv_cache_dtype",
+                  "fp8: this runner has no fp8 KV cache yet (the CUDA fp8 attention kernels are "
+                  "not built); use auto or bf16");
+  }
   // (Re)allocates the KV pool: per layer, K and V of [num_blocks, block_size, kv_heads, head_dim]
-  // (bf16 on the GPU, float32 on the CPU); token slot s = block * block_size + offset. Its previous
-  // contents are dropped.
+  // (set_kv_cache's dtype; auto: bf16 on the GPU, float32 on the CPU); token slot
+  // s = block * block_size + offset. Its previous contents are dropped.
   virtual void allocate_kv(int64_t num_blocks, int32_t block_size) = 0;
   // Runs the decoder over the batch's new tokens, writing their K and V into the pool at
   // slot_mapping, and keeps the logits of batch.sample_rows. Throws Error(kInvalidArgument) for a

@@ -72,6 +72,8 @@ const char* safetensors_dtype(DType dtype) {
       return "F64";
     case DType::kInt32:
       return "I32";
+    case DType::kFloat8E4M3:
+      return "F8_E4M3";
   }
   return "?";
 }

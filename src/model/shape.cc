@@ -15,7 +15,7 @@ int64_t ModelShape::weight_bytes() const {
 
 void ModelShape::validate() const {
   if (layers < 1 || hidden < 1 || heads < 1 || kv_heads < 1 || head_dim < 1 || ffn < 1 ||
-      vocab < 1 || max_context < 2 || bytes_per_param < 1)
+      vocab < 1 || max_context < 2 || bytes_per_param < 1 || kv_bytes_per_elem < 1)
     throw Error(ErrorKind::kInvalidArgument, "model", name + ": every dimension must be positive");
   if (heads % kv_heads)
     throw Error(ErrorKind::kInvalidArgument, "model",

@@ -54,11 +54,21 @@ void StepAttention::set_workspace(void* workspace, size_t bytes) {
   params_.workspace_bytes = bytes;
 }
 
-void StepAttention::run(void* k_pool, void* v_pool) const {
+void StepAttention::run(void* k_pool, void* v_pool, const float* k_descale,
+                        const float* v_descale) const {
   if (empty_) return;
   AttentionParams p = params_;
   p.k.data = k_pool;
   p.v.data = v_pool;
+  // [batch, h_kv] with a zero batch stride: one scale per KV head for every sequence.
+  auto per_head = [&](const float* scales) {
+    TensorView t = make_view(const_cast<float*>(scales), DType::kFloat32,
+                             {params_.seqused_k.shape[0], params_.k.shape[2]}, params_.k.device);
+    t.stride[0] = 0;
+    return t;
+  };
+  if (k_descale) p.k_descale = per_head(k_descale);
+  if (v_descale) p.v_descale = per_head(v_descale);
   run_attention(plan_, p);
 }
 

@@ -50,8 +50,10 @@ class StepAttention {
   const AttentionParams& params() const { return params_; }
   const AttentionPlan& plan() const { return plan_; }
   // One layer: run_attention with its K and V pools (each shaped as kv_pool). Launches nothing
-  // when the step has no query.
-  void run(void* k_pool, void* v_pool) const;
+  // when the step has no query. An e4m3 pool's per-KV-head scales ([h_kv], where the pool is)
+  // are the attention's k_descale / v_descale, the same for every sequence.
+  void run(void* k_pool, void* v_pool, const float* k_descale = nullptr,
+           const float* v_descale = nullptr) const;
 
  private:
   AttentionParams params_;

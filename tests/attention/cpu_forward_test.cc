@@ -26,12 +26,6 @@ CaseSpec base(std::vector<int64_t> q, std::vector<int64_t> k) {
   return s;
 }
 
-template <typename F>
-CaseSpec with(CaseSpec s, F f) {
-  f(s);
-  return s;
-}
-
 std::vector<CaseSpec> cases() {
   std::vector<CaseSpec> v;
   // Odd lengths, square.

@@ -128,8 +128,11 @@ std::vector<Check> checks() {
        "dtype int32 is not supported"},
       {"QDtypeFloat64", Base::kDense, [](P p) { p.q.dtype = DType::kFloat64; }, "q",
        "dtype float64 is not supported"},
-      {"KDtypeDiffers", Base::kDense, [](P p) { p.k.dtype = DType::kFloat16; }, "k",
-       "dtype float16 differs from q's float32"},
+      {"KDtypeDiffers", Base::kDense, [](P p) { p.k.dtype = DType::kInt32; }, "k",
+       "dtype int32 differs from q's float32"},
+      // A float32 q may read a 16-bit k and v (a KV cache), but v must then be k's.
+      {"VDtypeDiffersFromNarrowerK", Base::kDense, [](P p) { p.k.dtype = DType::kFloat16; }, "v",
+       "dtype float32 differs from k's float16"},
       {"OutDtypeDiffers", Base::kDense, [](P p) { p.out.dtype = DType::kBFloat16; }, "out",
        "dtype bfloat16 differs"},
       {"VDevice", Base::kDense, [](P p) { p.v.device = kCuda; }, "v",

@@ -18,7 +18,7 @@ namespace {
 
 TEST(VllmFlags, RefusedFlagsNameThemselvesWithWhy) {
   for (const char* name : {"--quantization", "--seed", "--enable-lora", "--pipeline-parallel-size",
-                           "--tokenizer", "--kv-cache-dtype", "--ssl-keyfile"}) {
+                           "--tokenizer", "--swap-space", "--ssl-keyfile"}) {
     ASSERT_TRUE(refused_vllm_flag(name).has_value()) << name;
     std::vector<std::string> args = {"serve", "/m", std::string(name) + "=x"};
     std::vector<char*> argv;
@@ -30,7 +30,8 @@ TEST(VllmFlags, RefusedFlagsNameThemselvesWithWhy) {
     EXPECT_GT(e.size(), std::string(name).size() + 50) << "no reason given: " << e;
   }
   // Flags serve implements, and after "--" nothing is a flag.
-  for (const char* name : {"--dtype", "--max-num-batched-tokens", "--api-key", "--model"})
+  for (const char* name :
+       {"--dtype", "--max-num-batched-tokens", "--api-key", "--model", "--kv-cache-dtype"})
     EXPECT_FALSE(refused_vllm_flag(name).has_value()) << name;
   std::vector<std::string> args = {"serve", "--", "--quantization"};
   std::vector<char*> argv;

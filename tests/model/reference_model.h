@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <numbers>
 #include <string>
 #include <vector>
@@ -121,8 +122,14 @@ struct RefTrace {
   double max_abs_activation = 0;  // over every intermediate value
 };
 
+// What the KV cache does to a head's d values of K (is_v false) or V as it stores them, in place
+// (an fp8 or bf16 cache rounds them); none: the cache keeps them exactly.
+using RefKvStore =
+    std::function<void(int64_t layer, int64_t kv_head, bool is_v, double* x, int64_t d)>;
+
 // The whole sequence `tokens` from position 0: logits at every position.
-inline RefTrace ref_forward(const RefModel& m, const std::vector<int32_t>& tokens) {
+inline RefTrace ref_forward(const RefModel& m, const std::vector<int32_t>& tokens,
+                            const RefKvStore& store = nullptr) {
   const ModelConfig& c = m.c;
   const int64_t n = static_cast<int64_t>(tokens.size()), H = c.hidden_size, d = c.head_dim;
   const int64_t hq = c.num_attention_heads, hkv = c.num_key_value_heads, F = c.intermediate_size;
@@ -143,7 +150,8 @@ inline RefTrace ref_forward(const RefModel& m, const std::vector<int32_t>& token
   std::vector<std::vector<double>> x(static_cast<size_t>(n));
   for (int64_t t = 0; t < n; ++t)
     x[t].assign(m.embed.begin() + tokens[t] * H, m.embed.begin() + (tokens[t] + 1) * H);
-  for (const RefLayer& L : m.layers) {
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const RefLayer& L = m.layers[l];
     std::vector<std::vector<double>> q(n), k(n), v(n);
     for (int64_t t = 0; t < n; ++t) {
       const auto h = ref_rmsnorm(x[t], L.in_norm, c.rms_norm_eps);
@@ -159,6 +167,11 @@ inline RefTrace ref_forward(const RefModel& m, const std::vector<int32_t>& token
       track(q[t]);
       track(k[t]);
       track(v[t]);
+      if (store)
+        for (int64_t h = 0; h < hkv; ++h) {
+          store(l, h, false, k[t].data() + h * d, d);
+          store(l, h, true, v[t].data() + h * d, d);
+        }
     }
     for (int64_t t = 0; t < n; ++t) {
       std::vector<double> attn(static_cast<size_t>(hq * d), 0.0);

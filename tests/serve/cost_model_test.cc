@@ -256,3 +256,26 @@ TEST(ProfileCostModel, CsvRoundTripsAndRejectsMalformedTables) {
 }
 
 }  // namespace
+
+// An fp8 (e4m3) KV cache: one byte per element, so a token's K and V take half of bf16's bytes,
+// the same GPU memory holds at least twice the blocks, and a decode reads half the KV bytes.
+namespace {
+TEST(CostModel, Fp8KvCacheHalvesTheKvBytes) {
+  fs::ModelShape bf16 = fs::model_preset("mistral-7b"), fp8 = bf16;
+  fp8.kv_bytes_per_elem = 1;
+  EXPECT_EQ(fp8.kv_bytes_per_token() * 2, bf16.kv_bytes_per_token());
+  EXPECT_EQ(fp8.weight_bytes(), bf16.weight_bytes());  // the weights stay bf16
+  const fs::GpuSpec g = fs::gpu_preset("h200");
+  const int64_t n16 = fs::kv_blocks_for(bf16, g.memory_bytes, 0.9, 16);
+  const int64_t n8 = fs::kv_blocks_for(fp8, g.memory_bytes, 0.9, 16);
+  EXPECT_GE(n8, 2 * n16);
+  EXPECT_LE(n8, 2 * n16 + 1);  // floor(2x) of the same budget
+  const fs::Batch decode = make_batch({{4000, 1, false}, {2000, 1, false}});
+  const fs::StepTime t16 = fs::RooflineCostModel(bf16, g).breakdown(decode);
+  const fs::StepTime t8 = fs::RooflineCostModel(fp8, g).breakdown(decode);
+  EXPECT_NEAR(t8.attn_decode_s * 2, t16.attn_decode_s, 1e-12);  // bandwidth-bound decode
+  EXPECT_EQ(t8.linear_s, t16.linear_s);
+  fp8.kv_bytes_per_elem = 0;
+  EXPECT_THROW(fp8.validate(), Error);
+}
+}  // namespace

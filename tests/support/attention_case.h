@@ -30,6 +30,10 @@
 namespace flashserve::testing {
 
 enum class QLayout { kDense, kVarlen };
+// float8_e4m3fn inputs (attention.h): none, k and v (an fp8 KV cache beside q of `dtype`), or q, k
+// and v (FA3's fp8 path; out bfloat16). Values are N(0, 1) / descale rounded to e4m3, so the
+// dequantised inputs are N(0, 1) quantised.
+enum class Fp8 { kNone, kKV, kQKV };
 enum class KVLayout { kDense, kVarlen, kPaged };
 
 struct CaseSpec {
@@ -42,6 +46,8 @@ struct CaseSpec {
   int64_t head_dim = 64;
   int64_t head_dim_v = 0;  // 0: head_dim
   DType dtype = DType::kFloat32;
+  Fp8 fp8 = Fp8::kNone;
+  bool descales = true;  // with fp8: random descale factors in [1/4, 1) per (sequence, KV head)
   QLayout q_layout = QLayout::kDense;
   KVLayout kv_layout = KVLayout::kDense;
   int64_t page_size = 16;   // paged KV
@@ -66,6 +72,9 @@ struct CaseSpec {
   int64_t kv_len(int64_t b) const { return kv_lens.size() == 1 ? kv_lens[0] : kv_lens.at(b); }
   int64_t dv() const { return head_dim_v ? head_dim_v : head_dim; }
   bool seqused() const { return use_seqused_k || kv_layout == KVLayout::kPaged; }
+  DType q_dtype() const { return fp8 == Fp8::kQKV ? DType::kFloat8E4M3 : dtype; }
+  DType kv_dtype() const { return fp8 == Fp8::kNone ? dtype : DType::kFloat8E4M3; }
+  DType out_dtype() const { return fp8 == Fp8::kQKV ? DType::kBFloat16 : dtype; }
 
   // A readable identifier (letters, digits, '_') for parametrised test names.
   std::string name() const {
@@ -79,7 +88,9 @@ struct CaseSpec {
     lens(kv_lens);
     os << "_h" << h_q << "_" << h_kv << "_d" << head_dim;
     if (dv() != head_dim) os << "v" << dv();
-    os << "_" << (dtype == DType::kFloat32 ? "f32" : dtype == DType::kFloat16 ? "f16" : "bf16");
+    if (fp8 != Fp8::kQKV)
+      os << "_" << (dtype == DType::kFloat32 ? "f32" : dtype == DType::kFloat16 ? "f16" : "bf16");
+    if (fp8 != Fp8::kNone) os << (fp8 == Fp8::kKV ? "_fp8kv" : "_fp8") << (descales ? "_ds" : "");
     if (q_layout == QLayout::kVarlen) os << "_qvar";
     if (kv_layout == KVLayout::kVarlen) os << "_kvvar";
     if (kv_layout == KVLayout::kPaged) os << "_page" << page_size;
@@ -95,6 +106,13 @@ struct CaseSpec {
     return os.str();
   }
 };
+
+// `s` changed by f: a case written as a variation of a base one.
+template <typename F>
+CaseSpec with(CaseSpec s, F f) {
+  f(s);
+  return s;
+}
 
 // GoogleTest prints a failing parameter with this (instead of its bytes).
 inline void PrintTo(const CaseSpec& spec, std::ostream* os) {
@@ -126,6 +144,9 @@ class AttentionCase {
     kSequsedK,
     kBlockTable,
     kAlibi,
+    kQDescale,
+    kKDescale,
+    kVDescale,
     kNum
   };
   struct BufferInfo {
@@ -144,7 +165,9 @@ class AttentionCase {
         throw std::invalid_argument("CaseSpec: dense kv needs equal kv_lens (or use_seqused_k)");
     }
     const int64_t D = s_.head_dim, Dv = s_.dv(), P = s_.pad;
-    const int64_t esz = static_cast<int64_t>(dtype_size(s_.dtype));
+    const int64_t q_esz = static_cast<int64_t>(dtype_size(s_.q_dtype()));
+    const int64_t kv_esz = static_cast<int64_t>(dtype_size(s_.kv_dtype()));
+    const int64_t out_esz = static_cast<int64_t>(dtype_size(s_.out_dtype()));
 
     // Query side.
     cu_q_.assign(B + 1, 0);
@@ -152,8 +175,8 @@ class AttentionCase {
     max_q_ = 0;
     for (int64_t b = 0; b < B; ++b) max_q_ = std::max(max_q_, s_.q_len(b));
     q_rows_ = s_.q_layout == QLayout::kDense ? B * (B ? s_.q_len(0) : 0) : cu_q_[B];
-    alloc(kQ, q_rows_ * s_.h_q * (D + P) * esz);
-    alloc(kOut, q_rows_ * s_.h_q * (Dv + P) * esz);
+    alloc(kQ, q_rows_ * s_.h_q * (D + P) * q_esz);
+    alloc(kOut, q_rows_ * s_.h_q * (Dv + P) * out_esz);
     if (s_.with_lse) alloc(kLse, q_rows_ * s_.h_q * 4);
     if (s_.q_layout == QLayout::kVarlen) {
       alloc(kCuSeqlensQ, (B + 1) * 4);
@@ -208,31 +231,62 @@ class AttentionCase {
       auto* u = reinterpret_cast<int32_t*>(buf_[kSequsedK].data());
       for (int64_t b = 0; b < B; ++b) u[b] = static_cast<int32_t>(s_.kv_len(b));
     }
-    alloc(kK, kv_slots_ * s_.h_kv * (D + P) * esz);
-    alloc(kV, kv_slots_ * s_.h_kv * (Dv + P) * esz);
+    alloc(kK, kv_slots_ * s_.h_kv * (D + P) * kv_esz);
+    alloc(kV, kv_slots_ * s_.h_kv * (Dv + P) * kv_esz);
 
     // Values: NaN everywhere, then normal random numbers where the contract lets a kernel read.
     std::mt19937_64 rng(s_.seed);
     std::normal_distribution<double> normal(0.0, 1.0);
-    auto fill = [&](Buffer which, int64_t rows, int64_t heads, int64_t dim,
-                    const std::vector<bool>* live) {
+    // The descale factors, drawn first from their own stream (the cases without fp8 keep their
+    // values): one per (sequence, KV head) of each e4m3 tensor.
+    std::vector<float> descale[3];  // q, k, v
+    if (s_.fp8 != Fp8::kNone && s_.descales) {
+      std::mt19937_64 ds_rng(s_.seed ^ 0x5851f42d4c957f2dull);
+      std::uniform_real_distribution<float> factor(0.25f, 1.0f);
+      const Buffer bufs[3] = {kQDescale, kKDescale, kVDescale};
+      for (int i = s_.fp8 == Fp8::kQKV ? 0 : 1; i < 3; ++i) {
+        descale[i].resize(static_cast<size_t>(B * s_.h_kv));
+        for (float& f : descale[i]) f = factor(ds_rng);
+        alloc(bufs[i], B * s_.h_kv * 4);
+        std::memcpy(buf_[bufs[i]].data(), descale[i].data(), descale[i].size() * 4);
+      }
+    }
+    // The sequence of each KV slot (the descale factor of a key is its sequence's).
+    std::vector<int64_t> slot_seq(kv_slots_, 0);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < s_.kv_len(b); ++j) slot_seq[kv_slot(b, j, first_slot[b])] = b;
+    // `which` of dtype dt; row r's descale factors for KV head hk are ds[seq(r) * h_kv + hk].
+    auto fill = [&](Buffer which, DType dt, int64_t rows, int64_t heads, int64_t dim,
+                    const std::vector<bool>* live, const std::vector<float>& ds,
+                    auto&& seq_of_row) {
       void* base = buf_[which].data();
       const int64_t row = heads * (dim + P);
-      for (int64_t i = 0; i < rows * row; ++i) store_nan(base, i, s_.dtype);
+      const int64_t group = heads / s_.h_kv;  // q's heads per KV head (1 for k and v)
+      for (int64_t i = 0; i < rows * row; ++i) store_nan(base, i, dt);
       for (int64_t r = 0; r < rows; ++r) {
         if (live && !(*live)[r]) continue;
-        for (int64_t h = 0; h < heads; ++h)
+        for (int64_t h = 0; h < heads; ++h) {
+          const float inv = ds.empty() ? 1.0f : 1.0f / ds[seq_of_row(r) * s_.h_kv + h / group];
           for (int64_t d = 0; d < dim; ++d)
-            store_float(base, r * row + h * (dim + P) + d, s_.dtype,
-                        static_cast<float>(normal(rng)));
+            store_float(base, r * row + h * (dim + P) + d, dt,
+                        static_cast<float>(normal(rng)) * inv);
+        }
       }
     };
     std::vector<bool> live(kv_slots_, !s_.poison_unused_kv);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t j = 0; j < s_.kv_len(b); ++j) live[kv_slot(b, j, first_slot[b])] = true;
-    fill(kQ, q_rows_, s_.h_q, D, nullptr);
-    fill(kK, kv_slots_, s_.h_kv, D, &live);
-    fill(kV, kv_slots_, s_.h_kv, Dv, &live);
+    // The sequence of each row of q (dense b * seqlen + t, varlen by cu_seqlens_q; rows past the
+    // last sequence take the last one's factors: nothing reads them).
+    auto q_seq = [&](int64_t r) {
+      if (s_.q_layout == QLayout::kDense) return B ? r / std::max<int64_t>(1, s_.q_len(0)) : 0;
+      const int64_t b = std::upper_bound(cu_q_.begin(), cu_q_.end(), r) - cu_q_.begin() - 1;
+      return std::clamp<int64_t>(b, 0, std::max<int64_t>(0, B - 1));
+    };
+    auto kv_seq = [&](int64_t r) { return slot_seq[r]; };
+    fill(kQ, s_.q_dtype(), q_rows_, s_.h_q, D, nullptr, descale[0], q_seq);
+    fill(kK, s_.kv_dtype(), kv_slots_, s_.h_kv, D, &live, descale[1], kv_seq);
+    fill(kV, s_.kv_dtype(), kv_slots_, s_.h_kv, Dv, &live, descale[2], kv_seq);
     if (s_.alibi) {  // drawn after q, k, v: the cases without ALiBi keep their values
       const int64_t n = (s_.alibi == 2 ? B : 1) * s_.h_q;
       alloc(kAlibi, n * 4);
@@ -246,9 +300,19 @@ class AttentionCase {
   const CaseSpec& spec() const { return s_; }
 
   std::vector<BufferInfo> buffers() {
-    static const char* const names[kNum] = {
-        "q",         "k",           "v",           "out", "lse", "cu_seqlens_q", "cu_seqlens_k",
-        "seqused_k", "block_table", "alibi_slopes"};
+    static const char* const names[kNum] = {"q",
+                                            "k",
+                                            "v",
+                                            "out",
+                                            "lse",
+                                            "cu_seqlens_q",
+                                            "cu_seqlens_k",
+                                            "seqused_k",
+                                            "block_table",
+                                            "alibi_slopes",
+                                            "q_descale",
+                                            "k_descale",
+                                            "v_descale"};
     std::vector<BufferInfo> r;
     for (int i = 0; i < kNum; ++i) r.push_back({names[i], buf_[i].data(), buf_[i].size()});
     return r;
@@ -256,8 +320,8 @@ class AttentionCase {
 
   // NaN in every element of out (padding included) and lse.
   void poison_outputs() {
-    const int64_t n = static_cast<int64_t>(buf_[kOut].size() / dtype_size(s_.dtype));
-    for (int64_t i = 0; i < n; ++i) store_nan(buf_[kOut].data(), i, s_.dtype);
+    const int64_t n = static_cast<int64_t>(buf_[kOut].size() / dtype_size(s_.out_dtype()));
+    for (int64_t i = 0; i < n; ++i) store_nan(buf_[kOut].data(), i, s_.out_dtype());
     for (size_t i = 0; i < buf_[kLse].size() / 4; ++i)
       store_nan(buf_[kLse].data(), static_cast<int64_t>(i), DType::kFloat32);
   }
@@ -270,30 +334,30 @@ class AttentionCase {
     };
     const int64_t D = s_.head_dim, Dv = s_.dv(), P = s_.pad, B = s_.batch;
     AttentionParams p;
-    auto qlike = [&](Buffer i, int64_t dim) {
+    auto qlike = [&](Buffer i, int64_t dim, DType dt) {
       const int64_t hs = dim + P;  // stride between heads
       if (s_.q_layout == QLayout::kDense) {
         const int64_t S = B ? s_.q_len(0) : 0;
-        return view(ptr(i), s_.dtype, dev, {B, S, s_.h_q, dim},
-                    {S * s_.h_q * hs, s_.h_q * hs, hs, 1});
+        return view(ptr(i), dt, dev, {B, S, s_.h_q, dim}, {S * s_.h_q * hs, s_.h_q * hs, hs, 1});
       }
-      return view(ptr(i), s_.dtype, dev, {q_rows_, s_.h_q, dim}, {s_.h_q * hs, hs, 1});
+      return view(ptr(i), dt, dev, {q_rows_, s_.h_q, dim}, {s_.h_q * hs, hs, 1});
     };
     auto kvlike = [&](Buffer i, int64_t dim) {
       const int64_t hs = dim + P;
+      const DType dt = s_.kv_dtype();
       switch (s_.kv_layout) {
         case KVLayout::kDense:
-          return view(ptr(i), s_.dtype, dev, {B, kv_seq_, s_.h_kv, dim},
+          return view(ptr(i), dt, dev, {B, kv_seq_, s_.h_kv, dim},
                       {kv_seq_ * s_.h_kv * hs, s_.h_kv * hs, hs, 1});
         case KVLayout::kVarlen:
-          return view(ptr(i), s_.dtype, dev, {kv_slots_, s_.h_kv, dim}, {s_.h_kv * hs, hs, 1});
+          return view(ptr(i), dt, dev, {kv_slots_, s_.h_kv, dim}, {s_.h_kv * hs, hs, 1});
         default:
-          return view(ptr(i), s_.dtype, dev, {num_pages_, s_.page_size, s_.h_kv, dim},
+          return view(ptr(i), dt, dev, {num_pages_, s_.page_size, s_.h_kv, dim},
                       {s_.page_size * s_.h_kv * hs, s_.h_kv * hs, hs, 1});
       }
     };
-    p.q = qlike(kQ, D);
-    p.out = qlike(kOut, Dv);
+    p.q = qlike(kQ, D, s_.q_dtype());
+    p.out = qlike(kOut, Dv, s_.out_dtype());
     p.k = kvlike(kK, D);
     p.v = kvlike(kV, Dv);
     if (s_.with_lse) {
@@ -330,6 +394,11 @@ class AttentionCase {
     if (s_.alibi == 1) p.alibi_slopes = view(ptr(kAlibi), DType::kFloat32, dev, {s_.h_q}, {1});
     if (s_.alibi == 2)
       p.alibi_slopes = view(ptr(kAlibi), DType::kFloat32, dev, {B, s_.h_q}, {s_.h_q, 1});
+    TensorView* descales[3] = {&p.q_descale, &p.k_descale, &p.v_descale};
+    for (int i = 0; i < 3; ++i)
+      if (!buf_[kQDescale + i].empty())
+        *descales[i] = view(ptr(static_cast<Buffer>(kQDescale + i)), DType::kFloat32, dev,
+                            {B, s_.h_kv}, {s_.h_kv, 1});
     return p;
   }
 

@@ -40,8 +40,9 @@ void modify_scores(float* s, int64_t ld, int64_t nb, int64_t rows, int64_t j0, f
 // masked keys and -inf scores weigh 0; m stays -inf while a row has seen nothing.
 void block_softmax(const ScoreBlock& b, float* m, float* l, float* corr, float* scratch);
 
-// Converts n elements of a float32 / float16 / bfloat16 row to float times mul (vectorised: F16C
-// and shifts on AVX-512; the scalar conversion of common/half.h elsewhere).
+// Converts n elements of a float32 / float16 / bfloat16 / float8_e4m3fn row to float times mul
+// (vectorised: F16C, shifts and table gathers on AVX-512; the scalar conversions of common/half.h
+// and common/float8.h elsewhere). For e4m3, mul carries the descale factor.
 void convert_row(const void* src, DType dtype, int64_t n, float mul, float* dst);
 
 }  // namespace flashserve::attention

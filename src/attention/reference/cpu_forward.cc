@@ -36,9 +36,9 @@ std::atomic<bool> g_amx{[] {
 // bf16 inputs on AMX tiles (block_gemm_amx) where available (and not turned off, nor the ISA
 // forced below the top level); head dims multiples of 32 (a tile's depth).
 bool use_amx(const Problem& pr) {
-  return pr.dtype == DType::kBFloat16 && pr.head_dim % 32 == 0 && pr.head_dim_v % 32 == 0 &&
-         g_amx.load(std::memory_order_relaxed) && cpu_isa() == CpuIsa::kAvx512Bf16 &&
-         amx_available();
+  return pr.dtype == DType::kBFloat16 && pr.kv_dtype == pr.dtype && pr.head_dim % 32 == 0 &&
+         pr.head_dim_v % 32 == 0 && g_amx.load(std::memory_order_relaxed) &&
+         cpu_isa() == CpuIsa::kAvx512Bf16 && amx_available();
 }
 
 int64_t round_up(int64_t x, int64_t m) {
@@ -49,7 +49,8 @@ int64_t round_up(int64_t x, int64_t m) {
 // AVX512-BF16 and the head dim is even (q.k is summed in pairs of d); else they are converted
 // to float32 blocks like fp16.
 bool use_bf16_pairs(const Problem& pr) {
-  return pr.dtype == DType::kBFloat16 && cpu_isa() == CpuIsa::kAvx512Bf16 && pr.head_dim % 2 == 0 &&
+  return pr.dtype == DType::kBFloat16 && pr.kv_dtype == pr.dtype &&
+         cpu_isa() == CpuIsa::kAvx512Bf16 && pr.head_dim % 2 == 0 &&
          g_bf16_pairs.load(std::memory_order_relaxed);
 }
 
@@ -158,7 +159,8 @@ class Forward {
     const int64_t rows = (tl.t1 - tl.t0) * G;  // row r: query t0 + r / G, head hk * G + r % G
     const Mask& mask = pr_.mask;
     const ScoreMod& mods = pr_.score_mod;
-    const float qmul = pr_.scale * kLog2e;  // exp(scale * x) = exp2(x * scale * log2(e))
+    // exp(scale * x) = exp2(x * scale * log2(e)); an e4m3 q's descale rides along.
+    const float qmul = pr_.scale * kLog2e * HostLayout::descale(p_.q_descale, tl.b, tl.hk);
 
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = tl.t0 + r / G, h = tl.hk * G + r % G;
@@ -326,9 +328,12 @@ class Forward {
   // 120 GFLOP/s, docs/cpu-path.md).
   const float* keys(const TensorView& t, const Tile& tl, int64_t j0, int64_t nb, int64_t n,
                     float* buf, int64_t* ld) const {
+    const bool is_k = &t == &p_.k;
     auto offset = [&](int64_t j) {
-      return &t == &p_.k ? L_.k_offset(tl.b, j, tl.hk) : L_.v_offset(tl.b, j, tl.hk);
+      return is_k ? L_.k_offset(tl.b, j, tl.hk) : L_.v_offset(tl.b, j, tl.hk);
     };
+    // An e4m3 K or V is dequantised as it is converted (1 otherwise).
+    const float mul = HostLayout::descale(is_k ? p_.k_descale : p_.v_descale, tl.b, tl.hk);
     const int64_t off0 = offset(j0);
     *ld = n;
     if (t.dtype == DType::kFloat32 && !pr_.paged && (nb == 1 || offset(j0 + 1) - off0 == n))
@@ -344,7 +349,7 @@ class Forward {
     for (int64_t j = 0; j < std::min(kAhead, nb); ++j) prefetch(j);
     for (int64_t j = 0; j < nb; ++j) {
       if (j + kAhead < nb) prefetch(j + kAhead);
-      convert_row(element(t, offset(j0 + j)), t.dtype, n, 1.0f, buf + j * n);
+      convert_row(element(t, offset(j0 + j)), t.dtype, n, mul, buf + j * n);
     }
     return buf;
   }

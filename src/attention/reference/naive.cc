@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "attention/problem.h"
 #include "attention/reference/online_softmax.h"
@@ -19,7 +20,16 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 double load_double(const void* base, int64_t i, DType dtype) {
   if (dtype == DType::kFloat64) return static_cast<const double*>(base)[i];
-  return load_float(base, i, dtype);  // exact for float32, float16, bfloat16
+  return load_float(base, i, dtype);  // exact for float32, float16, bfloat16, e4m3
+}
+
+// Element i of x dequantised: times x's descale factor for (b, hk) (1 unless x is e4m3).
+template <typename T>
+T load_dequantised(const TensorView& x, int64_t i, const TensorView& descale, int64_t b,
+                   int64_t hk) {
+  const T v = static_cast<T>(load_double(x.data, i, x.dtype));
+  if (!descale.defined()) return v;
+  return v * static_cast<T>(HostLayout::descale(descale, b, hk));
 }
 
 // What storing x in the input dtype and reading it back gives.
@@ -41,16 +51,19 @@ Problem describe_on_host(const AttentionParams& params, const char* who) {
   return pr;
 }
 
-// Reads the keys (or values) of sequence b, KV head hk, as a contiguous [kv_len, dim] array.
+// Reads the keys (or values) of sequence b, KV head hk, dequantised, as a contiguous
+// [kv_len, dim] array.
 template <typename T>
-std::vector<T> gather_kv(const TensorView& x, const HostLayout& L, bool is_k, int64_t b, int64_t hk,
-                         int64_t dim) {
+std::vector<T> gather_kv(const AttentionParams& p, const HostLayout& L, bool is_k, int64_t b,
+                         int64_t hk, int64_t dim) {
+  const TensorView& x = is_k ? p.k : p.v;
+  const TensorView& descale = is_k ? p.k_descale : p.v_descale;
   const int64_t n = L.kv_len(b);
   std::vector<T> r(n * dim);
   for (int64_t j = 0; j < n; ++j) {
     const int64_t off = is_k ? L.k_offset(b, j, hk) : L.v_offset(b, j, hk);
     for (int64_t d = 0; d < dim; ++d)
-      r[j * dim + d] = static_cast<T>(load_double(x.data, off + d, x.dtype));
+      r[j * dim + d] = load_dequantised<T>(x, off + d, descale, b, hk);
   }
   return r;
 }
@@ -61,14 +74,16 @@ void head_forward(const AttentionParams& p, const Problem& pr, const HostLayout&
                   int64_t h, const std::vector<T>& K, const std::vector<T>& V, bool low,
                   NaiveOutput& o) {
   const int64_t n_q = L.q_len(b), n_k = L.kv_len(b), D = pr.head_dim, Dv = pr.head_dim_v;
+  const int64_t hk = h / (pr.h_q / pr.h_kv);
+  // kLowPrecision rounds P to q's dtype (an e4m3 k and v do not make P e4m3) and out to out's.
+  const DType p_dtype = pr.dtype, o_dtype = pr.out_dtype;
   const T scale = static_cast<T>(pr.scale);
   const T neg_inf = -std::numeric_limits<T>::infinity();
   std::vector<T> q(D);
   std::vector<T> S(n_q * n_k);  // the whole score matrix, then P in place
   for (int64_t t = 0; t < n_q; ++t) {
     const int64_t q_off = L.q_offset(b, t, h);
-    for (int64_t d = 0; d < D; ++d)
-      q[d] = static_cast<T>(load_double(p.q.data, q_off + d, p.q.dtype));
+    for (int64_t d = 0; d < D; ++d) q[d] = load_dequantised<T>(p.q, q_off + d, p.q_descale, b, hk);
     T* s = S.data() + t * n_k;
     for (int64_t j = 0; j < n_k; ++j) {
       if (!pr.mask.visible(t, j, n_q, n_k)) {
@@ -102,7 +117,7 @@ void head_forward(const AttentionParams& p, const Problem& pr, const HostLayout&
     lse = static_cast<double>(m + std::log(sum));
     for (int64_t j = 0; j < n_k; ++j) {
       s[j] /= sum;
-      if (low) s[j] = static_cast<T>(round_to(static_cast<float>(s[j]), pr.dtype));
+      if (low) s[j] = static_cast<T>(round_to(static_cast<float>(s[j]), p_dtype));
     }
     // Only the keys the row sees: a NaN or inf value at a masked key (weight 0) says nothing about
     // this row, as in FlashAttention. (0 x NaN would be NaN: a matmul over the whole score matrix,
@@ -111,21 +126,81 @@ void head_forward(const AttentionParams& p, const Problem& pr, const HostLayout&
       T acc = 0;
       for (int64_t j = 0; j < n_k; ++j)
         if (pr.mask.visible(t, j, n_q, n_k)) acc += s[j] * V[j * Dv + d];
-      out[d] = low ? round_to(static_cast<float>(acc), pr.dtype) : static_cast<double>(acc);
+      out[d] = low ? round_to(static_cast<float>(acc), o_dtype) : static_cast<double>(acc);
     }
   }
 }
 
+// Emulate::kFp8Kernel for one (sequence, query head), K and V dequantised in float32.
+void head_forward_fp8(const AttentionParams& p, const Problem& pr, const HostLayout& L, int64_t b,
+                      int64_t h, const std::vector<float>& K, const std::vector<float>& V,
+                      NaiveOutput& o) {
+  const int64_t n_q = L.q_len(b), n_k = L.kv_len(b), D = pr.head_dim, Dv = pr.head_dim_v;
+  const int64_t hk = h / (pr.h_q / pr.h_kv);
+  constexpr float kPScale = 256.0f;  // 2^8: P in (0, 256], inside e4m3's range
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  std::vector<float> q(D), s(kFp8BlockK), acc(Dv);
+  const int64_t row0 = L.q_row(b, 0);
+  for (int64_t t = 0; t < n_q; ++t) {
+    const int64_t q_off = L.q_offset(b, t, h);
+    for (int64_t d = 0; d < D; ++d)
+      q[d] = load_dequantised<float>(p.q, q_off + d, p.q_descale, b, hk);
+    float m = neg_inf, l = 0.0f;
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t j0 = 0; j0 < n_k; j0 += kFp8BlockK) {
+      const int64_t nb = std::min(kFp8BlockK, n_k - j0);
+      float block_max = neg_inf;
+      for (int64_t j = 0; j < nb; ++j) {
+        s[j] = neg_inf;
+        if (!pr.mask.visible(t, j0 + j, n_q, n_k)) continue;
+        float dot = 0.0f;
+        for (int64_t d = 0; d < D; ++d) dot += q[d] * K[(j0 + j) * D + d];
+        s[j] = pr.score_mod.apply(pr.scale * dot, b, h, n_k - n_q + t, j0 + j);
+        block_max = nan_max(block_max, s[j]);
+      }
+      const float m_new = nan_max(m, block_max);
+      if (m_new == neg_inf) continue;  // nothing visible yet
+      const float corr = m == neg_inf ? 0.0f : std::exp(m - m_new);
+      l *= corr;
+      for (float& a : acc) a *= corr;
+      m = m_new;
+      for (int64_t j = 0; j < nb; ++j) {
+        if (s[j] == neg_inf) continue;
+        const float pj = std::exp(s[j] - m) * kPScale;
+        l += pj;
+        const float pq = round_to_e4m3(pj);
+        for (int64_t d = 0; d < Dv; ++d) acc[d] += pq * V[(j0 + j) * Dv + d];
+      }
+    }
+    double* out = o.out.data() + ((row0 + t) * pr.h_q + h) * Dv;
+    double& lse = o.lse[(row0 + t) * pr.h_q + h];
+    if (m == neg_inf) {  // the row sees no key
+      for (int64_t d = 0; d < Dv; ++d) out[d] = 0.0;
+      lse = -kInf;
+      continue;
+    }
+    lse = static_cast<double>(m + std::log(l) - std::log(kPScale));
+    for (int64_t d = 0; d < Dv; ++d) out[d] = to_float(to_bf16(acc[d] / l));
+  }
+}
+
 template <typename T>
-void forward_all(const AttentionParams& p, const Problem& pr, const HostLayout& L, bool low,
+void forward_all(const AttentionParams& p, const Problem& pr, const HostLayout& L, Emulate mode,
                  NaiveOutput& o) {
   const int64_t group = pr.h_q / pr.h_kv;
   for (int64_t b = 0; b < pr.batch; ++b) {
     for (int64_t hk = 0; hk < pr.h_kv; ++hk) {
-      const std::vector<T> K = gather_kv<T>(p.k, L, true, b, hk, pr.head_dim);
-      const std::vector<T> V = gather_kv<T>(p.v, L, false, b, hk, pr.head_dim_v);
-      for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
-        head_forward<T>(p, pr, L, b, h, K, V, low, o);
+      const std::vector<T> K = gather_kv<T>(p, L, true, b, hk, pr.head_dim);
+      const std::vector<T> V = gather_kv<T>(p, L, false, b, hk, pr.head_dim_v);
+      for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+        if constexpr (std::is_same_v<T, float>) {
+          if (mode == Emulate::kFp8Kernel) {
+            head_forward_fp8(p, pr, L, b, h, K, V, o);
+            continue;
+          }
+        }
+        head_forward<T>(p, pr, L, b, h, K, V, mode != Emulate::kExact, o);
+      }
     }
   }
 }
@@ -141,10 +216,12 @@ NaiveOutput naive_forward(const AttentionParams& params, Emulate mode) {
   o.head_dim_v = pr.head_dim_v;
   o.out.assign(o.rows * pr.h_q * pr.head_dim_v, kNaN);
   o.lse.assign(o.rows * pr.h_q, kNaN);
+  // A kernel on e4m3 q is FA3's fp8 kernel: its low-precision emulation is kFp8Kernel.
+  if (mode == Emulate::kLowPrecision && pr.dtype == DType::kFloat8E4M3) mode = Emulate::kFp8Kernel;
   if (mode == Emulate::kExact)
-    forward_all<double>(params, pr, L, false, o);
+    forward_all<double>(params, pr, L, mode, o);
   else
-    forward_all<float>(params, pr, L, true, o);
+    forward_all<float>(params, pr, L, mode, o);
   return o;
 }
 
@@ -170,8 +247,8 @@ NaiveGrads backward_all(const AttentionParams& params, const Problem& pr, const 
     const int64_t krow0 =
         pr.varlen_k ? params.cu_seqlens_k.ptr<const int32_t>()[b] : b * params.k.shape[1];
     for (int64_t hk = 0; hk < pr.h_kv; ++hk) {
-      const std::vector<T> K = gather_kv<T>(params.k, L, true, b, hk, D);
-      const std::vector<T> V = gather_kv<T>(params.v, L, false, b, hk, Dv);
+      const std::vector<T> K = gather_kv<T>(params, L, true, b, hk, D);
+      const std::vector<T> V = gather_kv<T>(params, L, false, b, hk, Dv);
       for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
         std::vector<T> Q(nq * D), dO(nq * Dv), P(nq * nk, T(0));
         std::vector<T> raw(nq * nk, T(0));  // the scaled scores before softcap (its derivative)
@@ -250,6 +327,8 @@ NaiveGrads naive_backward(const AttentionParams& params, const TensorView& dout,
   const Problem pr = describe_on_host(params, "naive_backward");
   if (pr.paged)
     throw Error(ErrorKind::kUnsupported, "block_table", "naive_backward takes dense or varlen KV");
+  if (pr.fp8())
+    throw Error(ErrorKind::kUnsupported, "q", "naive_backward has no float8_e4m3fn path");
   const TensorView& out = params.out;
   check_view(dout, "dout", out.rank);
   for (int i = 0; i < out.rank; ++i)

@@ -19,11 +19,25 @@ struct NaiveOutput {
   int64_t rows = 0, h_q = 0, head_dim_v = 0;
 };
 
+// e4m3 inputs (attention.h) are read dequantised: each code's value times its descale factor,
+// in float64 for kExact (the oracle of every fp8 test), in float32 for the emulations.
 enum class Emulate {
   kExact,         // float64 throughout, on the inputs as stored
   kLowPrecision,  // what a naive kernel in the input dtype computes: S and softmax in float32,
                   // P rounded to the input dtype before P V, out rounded to the input dtype
+                  // (an e4m3 q: as kFp8Kernel; e4m3 k and v beside a float q: P and out in q's)
+  kFp8Kernel,     // what FlashAttention-3's fp8 kernel computes, from any inputs (e4m3 ones, or
+                  // values already quantised and dequantised elsewhere): over blocks of
+                  // kFp8BlockK keys with a running max m, S = scale q.k in float32, P = 2^8
+                  // exp(S - m) (FA3 scales P into e4m3's range by a fixed 2^8) rounded to e4m3
+                  // before P V, the row sum from the unrounded P, the float32 accumulator rescaled
+                  // when m grows, out = accumulator / sum rounded to bfloat16 (FA3's fp8 output)
 };
+
+// The key block of kFp8Kernel's online softmax: which P are rounded against which running max.
+// FA3's fp8 tiles take 128 to 224 keys per block; the error does not depend on the choice beyond
+// the rare P whose rounding the max changes.
+inline constexpr int64_t kFp8BlockK = 128;
 
 // Computes attention for params (CPU tensors; params.out and params.lse are not touched; every
 // feature of the contract: varlen, paged KV, GQA, causal, window, seqused_k). Validates params.
