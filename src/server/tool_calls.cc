@@ -29,9 +29,12 @@ bool valid_name(const std::string& name) {
 }
 
 void only_keys(const ojson& v, const std::string& at, std::initializer_list<const char*> keys) {
-  for (const auto& [key, value] : v.items())
+  for (const auto& item : v.items()) {
+    // Not a structured binding: clang 14 (the fuzz build) refuses one captured by a lambda.
+    const std::string& key = item.key();
     if (std::none_of(keys.begin(), keys.end(), [&](const char* k) { return key == k; }))
       throw bad_request(at + "." + key, "Unrecognized argument supplied in " + at + ": " + key);
+  }
 }
 
 const ojson* field(const ojson& v, const char* key) {
