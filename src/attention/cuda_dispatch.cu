@@ -231,16 +231,14 @@ bool cuda_sm90_built() {
 namespace {
 
 // The sm90 kernel over one launch's sequences (the plan has accepted the call; a run's tensors
-// may still differ from the plan's in their strides).
-void run_sm90(const LaunchPlan& l, const AttentionParams& params, const Problem& pr,
-              const DeviceProps& dev, void* workspace, cudaStream_t stream) {
+// may still differ from the plan's in their strides). `f`: the call's shared parameters
+// (fwd_params: strides, varlen batch stride 0, the lengths' sources, the clamped window).
+void run_sm90(const LaunchPlan& l, const sm80::FwdParams& f, const AttentionParams& params,
+              const Problem& pr, const DeviceProps& dev, void* workspace, cudaStream_t stream) {
 #if defined(FLASHSERVE_WITH_SM90)
   const std::string unavailable = sm90_unavailable(params, dev);
   if (!unavailable.empty())
     throw Error(ErrorKind::kUnsupported, "FLASHSERVE_KERNEL", "sm90: " + unavailable);
-  // The sm80 kernels' parameters hold the strides (varlen: batch stride 0), the lengths' sources
-  // and the clamped window, derived once (fwd_params).
-  const sm80::FwdParams f = fwd_params(params, pr);
   sm90::FwdArgs a{};
   a.q = params.q.data;
   a.k = params.k.data;
@@ -289,7 +287,7 @@ void run_sm90(const LaunchPlan& l, const AttentionParams& params, const Problem&
   a.stream = stream;
   sm90::run_fwd(a);
 #else
-  (void)l, (void)params, (void)pr, (void)dev, (void)workspace, (void)stream;
+  (void)l, (void)f, (void)params, (void)pr, (void)dev, (void)workspace, (void)stream;
   throw Error(ErrorKind::kUnsupported, "FLASHSERVE_KERNEL", "sm90: this build has no sm90 kernels");
 #endif
 }
@@ -323,7 +321,7 @@ void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr
 
   for (const LaunchPlan& l : plan.launches) {
     if (l.kernel.family == KernelFamily::kSm90) {
-      run_sm90(l, params, pr, dev, workspace, stream);
+      run_sm90(l, base, params, pr, dev, workspace, stream);
       continue;
     }
     const int64_t sequences = l.seq_end - l.seq_begin;
