@@ -51,6 +51,12 @@ Problem describe_on_host(const AttentionParams& params, const char* who) {
   return pr;
 }
 
+// A row that sees no key: O = 0, LSE = -inf.
+void write_unseen_row(double* out, double& lse, int64_t dv) {
+  std::fill(out, out + dv, 0.0);
+  lse = -kInf;
+}
+
 // Reads the keys (or values) of sequence b, KV head hk, dequantised, as a contiguous
 // [kv_len, dim] array.
 template <typename T>
@@ -104,9 +110,8 @@ void head_forward(const AttentionParams& p, const Problem& pr, const HostLayout&
     for (int64_t j = 0; j < n_k; ++j) m = nan_max(m, s[j]);
     double* out = o.out.data() + ((row0 + t) * pr.h_q + h) * Dv;
     double& lse = o.lse[(row0 + t) * pr.h_q + h];
-    if (m == neg_inf) {  // the row sees no key
-      for (int64_t d = 0; d < Dv; ++d) out[d] = 0.0;
-      lse = -kInf;
+    if (m == neg_inf) {
+      write_unseen_row(out, lse, Dv);
       continue;
     }
     T sum = 0;
@@ -174,9 +179,8 @@ void head_forward_fp8(const AttentionParams& p, const Problem& pr, const HostLay
     }
     double* out = o.out.data() + ((row0 + t) * pr.h_q + h) * Dv;
     double& lse = o.lse[(row0 + t) * pr.h_q + h];
-    if (m == neg_inf) {  // the row sees no key
-      for (int64_t d = 0; d < Dv; ++d) out[d] = 0.0;
-      lse = -kInf;
+    if (m == neg_inf) {
+      write_unseen_row(out, lse, Dv);
       continue;
     }
     lse = static_cast<double>(m + std::log(l) - std::log(kPScale));
