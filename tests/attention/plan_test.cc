@@ -264,9 +264,10 @@ attention::KernelFamily family_of(const StepShape& s) {
   return p.launches.empty() ? attention::KernelFamily::kSm80 : p.launches[0].kernel.family;
 }
 
-// The default family: sm90 for dense prefill-sized calls (a full 128-row tile, >= 512 keys) that
-// the sm80 plan would neither split nor pack as decodes; sm80 elsewhere, and everywhere the sm90
-// kernel cannot run or has not been measured (varlen, windows).
+// The default family: sm90 for prefill-sized calls (a full 128-row tile, >= 512 keys), dense,
+// varlen, paged or windowed, unless the sm80 plan packs them as decodes or splits keys that
+// sm90's unsplit tiles would leave most SMs without; sm80 elsewhere, and wherever the sm90 kernel
+// cannot run.
 TEST(PlanFamily, AutoTakesSm90WhereMeasuredFaster) {
   using attention::KernelFamily;
   EXPECT_EQ(family_of(dense(4, 512, 16, 128, true)), KernelFamily::kSm90);
@@ -274,26 +275,36 @@ TEST(PlanFamily, AutoTakesSm90WhereMeasuredFaster) {
   EXPECT_EQ(family_of(dense(2, 2048, 8, 256, true)), KernelFamily::kSm90);
   EXPECT_EQ(family_of(dense(4, 256, 16, 128, true)), KernelFamily::kSm80);  // short keys
   EXPECT_EQ(family_of(dense(4, 64, 16, 128, false)), KernelFamily::kSm80);  // no full tile
-  StepShape split = dense(1, 32768, 8, 128, false);                         // 8 tiles: splits
+  StepShape split = dense(1, 32768, 8, 128, false);  // 8 tiles: sm80 splits, sm90 would idle
   split.pr.max_q_len = 128;
   split.ctx.q_rows = 128;
   EXPECT_EQ(family_of(split), KernelFamily::kSm80);
+  StepShape chunk = dense(1, 4096, 32, 128, true);  // 128 tiles: sm80 splits, sm90 fills the SMs
+  chunk.pr.max_q_len = 512;
+  chunk.ctx.q_rows = 512;
+  EXPECT_GT(attention::choose_kernel(chunk.pr, kH200, false, 1, 512, 4096, true).splits, 1);
+  EXPECT_EQ(family_of(chunk), KernelFamily::kSm90);
   StepShape window = dense(1, 1024, 8, 128, true);
   window.pr.mask.left = 256;
-  EXPECT_EQ(family_of(window), KernelFamily::kSm80);
-  StepShape varlen = dense(4, 512, 16, 128, true);
-  varlen.pr.varlen_q = varlen.pr.varlen_k = true;
-  EXPECT_EQ(family_of(varlen), KernelFamily::kSm80);
+  EXPECT_EQ(family_of(window), KernelFamily::kSm90);
   StepShape paged = dense(4, 512, 16, 128, true);
   paged.pr.paged = true;
   paged.pr.page_size = 256;
-  EXPECT_EQ(family_of(paged), KernelFamily::kSm80);
+  EXPECT_EQ(family_of(paged), KernelFamily::kSm90);
   StepShape unavailable = dense(4, 512, 16, 128, true);
   unavailable.ctx.sm90_unavailable = "needs a compute capability 9.0 device, this one is 8.0";
   EXPECT_EQ(family_of(unavailable), KernelFamily::kSm80);
   StepShape forced80 = dense(4, 512, 16, 128, true);
   forced80.ctx.family = attention::FamilyRequest::kSm80;
   EXPECT_EQ(family_of(forced80), KernelFamily::kSm80);
+  // A varlen batch of unknown lengths gets a decode launch (sm80) and a prefill launch (sm90).
+  StepShape varlen = dense(4, 512, 16, 128, true);
+  varlen.pr.varlen_q = varlen.pr.varlen_k = true;
+  const Plan p = make_plan(varlen.pr, varlen.ctx, HostLengths{});
+  ASSERT_EQ(p.launches.size(), 2u);
+  EXPECT_TRUE(p.launches[0].kernel.decode);
+  EXPECT_EQ(p.launches[0].kernel.family, KernelFamily::kSm80);
+  EXPECT_EQ(p.launches[1].kernel.family, KernelFamily::kSm90);
 }
 
 // FLASHSERVE_KERNEL=sm90 runs what the kernel can (varlen and windows too, short calls too) and
@@ -341,7 +352,8 @@ TEST(PlanFamily, ForcedSm90RunsWhatItCanAndRefusesTheRestByName) {
 
 // A mixed step (chunks over a paged cache beside decodes) forced to sm90: the plan's grouping
 // stays, each launch runs the sm90 kernel over its own range, unsplit, with its own tile counter
-// (causal); by default the same step stays on sm80 (paged varlen: not yet measured on sm90).
+// (causal); by default the decodes stay on sm80 and the chunk (512 rows x 32 heads: 128 tiles)
+// takes sm90.
 TEST(PlanFamily, MixedStepsKeepTheirGroupsOnEitherFamily) {
   using attention::KernelFamily;
   auto seqs = decodes(64, 2048);
@@ -350,7 +362,8 @@ TEST(PlanFamily, MixedStepsKeepTheirGroupsOnEitherFamily) {
   s.ctx.sm90_unavailable = "";
   const Plan by_default = plan_of(s);
   ASSERT_EQ(by_default.launches.size(), 2u);
-  for (const LaunchPlan& l : by_default.launches) EXPECT_EQ(l.kernel.family, KernelFamily::kSm80);
+  for (const LaunchPlan& l : by_default.launches)
+    EXPECT_EQ(l.kernel.family, l.kernel.decode ? KernelFamily::kSm80 : KernelFamily::kSm90);
   s.ctx.family = attention::FamilyRequest::kSm90;
   const Plan forced = plan_of(s);
   ASSERT_EQ(forced.launches.size(), 2u);

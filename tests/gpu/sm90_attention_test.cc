@@ -356,8 +356,8 @@ TEST(Sm90VsSm80, SameInputsAgree) {
   }
 }
 
-// The default dispatch takes sm90 for dense prefill-sized calls where it was measured faster
-// (cuda_dispatch.cu's sm90_preferred), keeps sm80 elsewhere, and what it took matches the
+// The default dispatch takes sm90 for prefill-sized calls where it was measured faster
+// (cuda/plan.cc's sm90_preferred), keeps sm80 elsewhere, and what it took matches the
 // reference; FLASHSERVE_KERNEL=sm80 keeps sm80.
 TEST(Sm90Dispatch, DefaultTakesSm90WhereMeasuredFaster) {
   SKIP_WITHOUT_SM90();
@@ -376,7 +376,8 @@ TEST(Sm90Dispatch, DefaultTakesSm90WhereMeasuredFaster) {
   EXPECT_STREQ(took(spec(bf16, 128, 4, 512, 512, 16, 4, true), ""), "sm90");  // empty is auto
   EXPECT_STREQ(took(spec(DType::kFloat16, 64, 1, 2048, 2048, 32, 32, false), "auto"), "sm90");
   EXPECT_STREQ(took(spec(bf16, 128, 4, 512, 512, 16, 4, true), "sm80"), "sm80");
-  EXPECT_STREQ(took(spec(bf16, 128, 2, 512, 512, 16, 4, true), "auto"), "sm80");  // 128 tiles
+  // 128 tiles: sm80 would split the keys, sm90 unsplit still fills 3/4 of the SMs
+  EXPECT_STREQ(took(spec(bf16, 128, 2, 512, 512, 16, 4, true), "auto"), "sm90");
   EXPECT_STREQ(took(spec(bf16, 128, 4, 256, 256, 16, 4, true), "auto"), "sm80");  // short keys
   EXPECT_STREQ(took(spec(bf16, 64, 2, 1024, 1024, 32, 8, false), "auto"), "sm90");
   EXPECT_STREQ(took(spec(bf16, 64, 4, 512, 512, 32, 8, false), "auto"), "sm90");
@@ -387,7 +388,9 @@ TEST(Sm90Dispatch, DefaultTakesSm90WhereMeasuredFaster) {
   EXPECT_STREQ(took(spec(bf16, 256, 2, 2048, 2048, 8, 8, true), "auto"), "sm90");   // d256
   CaseSpec window = spec(bf16, 128, 1, 1024, 1024, 8, 8, true);
   window.window_left = 256;
-  EXPECT_STREQ(took(window, "auto"), "sm80");
+  EXPECT_STREQ(took(window, "auto"), "sm80");  // 64 tiles: sm80 splits, sm90 would idle
+  window.batch = 2;                            // 128 tiles
+  EXPECT_STREQ(took(window, "auto"), "sm90");
 
   // What auto runs, against the float64 reference: 5 x 16 x 2 = 160 query tiles, sm90.
   CaseSpec s = spec(bf16, 128, 2, 600, 700, 16, 4, true);

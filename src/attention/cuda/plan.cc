@@ -24,7 +24,7 @@ KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decod
                            bool may_split) {
   KernelChoice k;
   // The sm80 plan; the default dispatch replaces it by one sm90 launch where sm90 is measured
-  // faster (cuda_dispatch.cu's sm90_preferred), FLASHSERVE_KERNEL forces either family.
+  // faster (sm90_preferred below), FLASHSERVE_KERNEL forces either family.
   k.family = KernelFamily::kSm80;
   k.decode = decode;
   const int64_t bound = pr.max_q_len + pr.max_kv_len;
@@ -76,18 +76,25 @@ bool sm90_masked(const Problem& pr) {
 // bench/results/sm90-h200-2026-12-01-run32-34.md: d128 and d256 at 256 keys 0.99-1.17x, at 512
 // 1.24-1.47x; d64 at 256 0.97x. d64 causal at 512 was 0.94x until its ShortTile: in session
 // 10's run 40 sm90 ran it at 224 TFLOP/s against sm80's 180 in run 41,
-// bench/results/sm90-h200-2026-12-01-session10.md); never where sm80 splits the keys or packs
-// decode rows (few query tiles over long keys: sm90 has no split-KV yet, so it would leave most
-// SMs idle). Varlen, seqused_k, paged K/V and windows other than causal run on sm90 only when
-// forced, until bench_sm90 --varlen / --window and the engine's shapes (bench_serve_attn) have
-// measured them beside sm80.
-bool sm90_preferred(const Problem& pr, const PlanContext& ctx, const KernelChoice& k,
+// bench/results/sm90-h200-2026-12-01-session10.md). Varlen, seqused_k, paged K/V and windows
+// take it too (session 13, bench/results/sm90-h200-2026-12-02-session13.md: varlen 1.73-2.21x,
+// a 4096-key window 1.86-2.16x, the engine's 512-token chunks over paged 1k-8k keys 1.1-2.6x).
+// Never for decode launches (sm80 packs a query's heads into one tile; sm90 would spend a
+// 128-row tile on one row), and where sm80 splits the keys only when sm90's unsplit tiles still
+// fill three quarters of the SMs: sm90 has no split-KV yet, so a few query tiles over long keys
+// would leave most SMs idle (a 512-token chunk over 4k keys, 128 tiles on 132 SMs: sm90
+// unsplit 52 us against sm80's 3 splits 136 us).
+bool sm90_preferred(const Problem& pr, const PlanContext& ctx, const KernelChoice& k, int64_t rows,
                     int64_t max_q_len, int64_t max_kv_len) {
-  if (!sm90_lacks(pr, ctx).empty() || k.decode || k.splits > 1) return false;
+  if (!sm90_lacks(pr, ctx).empty() || k.decode) return false;
   if (max_q_len < 128 || max_kv_len < 512) return false;
-  const int64_t bound = pr.max_q_len + pr.max_kv_len;
-  return !(pr.varlen_q || pr.varlen_k || pr.seqused || pr.paged ||
-           clamp_window(pr.mask.left, bound) >= 0 || clamp_window(pr.mask.right, bound) > 0);
+  if (k.splits > 1) {
+    const sm90::TileShape tile =
+        sm90::tile_shape(static_cast<int>(pr.head_dim), sm90_masked(pr), max_kv_len);
+    const int64_t tiles = rows / tile.block_m * pr.h_q;
+    if (tiles * 4 < int64_t{ctx.device.sms} * 3) return false;
+  }
+  return true;
 }
 
 // The sm90 kernel for a launch whose keys are at most max_kv_len: no splits; masked tiles differ
@@ -122,7 +129,8 @@ Plan grouped_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& 
     LaunchPlan l;
     l.kernel = choose_kernel(pr, ctx.device, decode, sequences, max_q, max_kv, may_split);
     if (ctx.family == FamilyRequest::kSm90 ||
-        (ctx.family == FamilyRequest::kAuto && sm90_preferred(pr, ctx, l.kernel, max_q, max_kv)))
+        (ctx.family == FamilyRequest::kAuto &&
+         sm90_preferred(pr, ctx, l.kernel, rows, max_q, max_kv)))
       l.kernel = sm90_kernel(pr, ctx, max_kv);
     l.group = group;
     l.seq_begin = seq_begin;
