@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
+#include "flashserve/error.h"
 #include "flashserve/tensor.h"
 
 namespace flashserve::model {
@@ -35,13 +37,22 @@ class CommunicatorGroup {
  public:
   virtual ~CommunicatorGroup() = default;
   virtual int size() const = 0;
-  virtual Communicator& rank(int r) = 0;
+  // Error(kInvalidArgument, "rank") outside [0, size()).
+  Communicator& rank(int r) {
+    if (r < 0 || r >= size())
+      throw Error(ErrorKind::kInvalidArgument, "rank",
+                  std::to_string(r) + " is outside [0, " + std::to_string(size()) + ")");
+    return at(r);
+  }
   // A rank failed mid-step: every rank blocked in a collective, and every later call, ends with
   // Error(kInternal, "communicator") instead of waiting forever for the failed one.
   virtual void abort() = 0;
   // Readies an aborted group for the next step. Only once no rank is inside a collective (the
   // tensor-parallel runner calls it after joining every rank).
   virtual void recover() = 0;
+
+ protected:
+  virtual Communicator& at(int r) = 0;  // r in [0, size())
 };
 
 }  // namespace flashserve::model

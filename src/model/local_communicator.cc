@@ -35,12 +35,6 @@ class LocalGroup final : public CommunicatorGroup {
     for (int r = 0; r < size; ++r) ranks_.push_back(std::make_unique<LocalCommunicator>(*this, r));
   }
   int size() const override { return static_cast<int>(ranks_.size()); }
-  Communicator& rank(int r) override {
-    if (r < 0 || r >= size())
-      throw Error(ErrorKind::kInvalidArgument, "rank",
-                  std::to_string(r) + " is outside [0, " + std::to_string(size()) + ")");
-    return *ranks_[static_cast<size_t>(r)];
-  }
   void abort() override {
     std::lock_guard<std::mutex> lock(mu_);
     aborted_ = true;
@@ -51,6 +45,8 @@ class LocalGroup final : public CommunicatorGroup {
     aborted_ = false;
     arrived_ = 0;
   }
+
+  Communicator& at(int r) override { return *ranks_[static_cast<size_t>(r)]; }
 
   // Posts rank's buffer, then waits until every rank has posted its own.
   void post_and_wait(int rank, const void* buffer) {

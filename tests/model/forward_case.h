@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/forward_batch.h"
 #include "support/worst.h"
 
 namespace flashserve::model::testing {
@@ -87,6 +88,23 @@ inline std::vector<Seq> make_seqs(std::mt19937_64& rng, const std::vector<int64_
   }
   *num_blocks = total;
   return seqs;
+}
+
+// Step `step` of the tests' schedule over `seqs` (every one sampled): step 0 every prompt whole,
+// then one token a step, drawn at random and appended to the sequence's tokens (not sampled: the
+// logits are what is checked).
+inline ForwardBatch prefill_then_decode_step(std::vector<Seq>& seqs, int64_t step,
+                                             int32_t block_size, int64_t vocab,
+                                             std::mt19937_64& rng) {
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(vocab - 1));
+  ForwardBatchBuilder bb(block_size);
+  for (Seq& s : seqs) {
+    if (step > 0) s.tokens.push_back(tok(rng));
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    const int64_t start = step == 0 ? 0 : n - 1;
+    bb.add(s.tokens.data() + start, start, n - start, s.blocks, true);
+  }
+  return std::move(bb).build();
 }
 
 // Largest |ours - reference| over a row, and the row's RMS.

@@ -60,18 +60,9 @@ TEST_P(CpuForward, MatchesFloat64ReferenceOverPrefillAndDecodeSteps) {
       std::vector<Seq> seqs =
           make_seqs(rng, lens, c.vocab_size, block_size, 33 + decode_steps, &num_blocks);
       runner->allocate_kv(num_blocks, block_size);
-      // Step 0: every prompt whole. Then decode steps, each token drawn at random (not sampled: the
-      // logits are what is checked).
-      std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
       for (int64_t step = 0; step <= decode_steps; ++step) {
-        ForwardBatchBuilder bb(block_size);
-        for (Seq& s : seqs) {
-          if (step > 0) s.tokens.push_back(tok(rng));
-          const int64_t n = static_cast<int64_t>(s.tokens.size());
-          const int64_t start = step == 0 ? 0 : n - 1;
-          bb.add(s.tokens.data() + start, start, n - start, s.blocks, true);
-        }
-        const ForwardBatch batch = std::move(bb).build();
+        const ForwardBatch batch =
+            testing::prefill_then_decode_step(seqs, step, block_size, c.vocab_size, rng);
         runner->forward(batch);
         const std::vector<float> logits = runner->logits();
         ASSERT_EQ(logits.size(), seqs.size() * static_cast<size_t>(c.vocab_size));

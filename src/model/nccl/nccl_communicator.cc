@@ -61,12 +61,6 @@ class NcclGroup final : public CommunicatorGroup {
   explicit NcclGroup(std::vector<int> devices) : devices_(std::move(devices)) { init(); }
   ~NcclGroup() override { release(aborted_); }
   int size() const override { return static_cast<int>(devices_.size()); }
-  Communicator& rank(int r) override {
-    if (r < 0 || r >= size())
-      throw Error(ErrorKind::kInvalidArgument, "rank",
-                  std::to_string(r) + " is outside [0, " + std::to_string(size()) + ")");
-    return *ranks_[static_cast<size_t>(r)];
-  }
   // ncclCommAbort ends the kernels of collectives a failed rank will never join, so the other
   // ranks' stream synchronisations return (with an error) instead of hanging.
   void abort() override {
@@ -82,6 +76,7 @@ class NcclGroup final : public CommunicatorGroup {
   }
 
  private:
+  Communicator& at(int r) override { return *ranks_[static_cast<size_t>(r)]; }
   void init() {
     std::vector<ncclComm_t> comms(devices_.size());
     check(ncclCommInitAll(comms.data(), size(), devices_.data()), "ncclCommInitAll");
