@@ -117,6 +117,7 @@ int bench_serve(int argc, char** argv) {
     throw UsageError("--device", "'" + o.device + "' is not one of cpu, cuda");
   o.sched.refuse_inapplicable();
   o.wl.refuse_inapplicable(false);
+  o.tp.check_device(o.device);
   const model::KvCacheDtype kv_dtype = o.kv_dtype.resolve(o.device);
   refuse_unless(util_opt, o.device == "cuda" && num_blocks_opt->count() == 0,
                 "sizes the GPU's KV pool (--device cuda, no --num-blocks)");
@@ -164,7 +165,7 @@ int bench_serve(int argc, char** argv) {
       o.shape.empty()
           ? check_option("--model", [&] { return model::Checkpoint::open(o.model_dir).config(); })
           : check_option("--shape", [&] { return model::preset_config(o.shape); });
-  o.tp.check(o.device, config);
+  o.tp.check_model(config);
   // Load the table before anything runs, so a bad file fails at once.
   std::unique_ptr<fs::CostModel> calibrated;
   if (!o.profile.empty()) {

@@ -72,13 +72,14 @@ int profile(int argc, char** argv) {
     throw UsageError("--model", "give exactly one of --model DIR and --shape NAME");
   if (device != "cpu" && device != "cuda")
     throw UsageError("--device", "'" + device + "' is not one of cpu, cuda");
+  tp.check_device(device, /*cuda_ranks=*/true);
   refuse_unless(max_len_opt, !quick && !smoke, "sets the full grid; --quick has its own");
   refuse_unless(reps_opt, !smoke, "--smoke times one step a point");
   const model::ModelConfig config =
       shape.empty()
           ? check_option("--model", [&] { return model::Checkpoint::open(model_dir).config(); })
           : check_option("--shape", [&] { return model::preset_config(shape); });
-  tp.check(device, config, /*cuda_ranks=*/true);
+  tp.check_model(config);
   const int ranks = static_cast<int>(tp.size);
   std::vector<int> gpus;  // the all-reduce's devices on cuda: 0 .. N-1
   if (ranks > 1 && device == "cuda") {

@@ -164,6 +164,7 @@ int serve(int argc, char** argv) {
   }
   if (device != "cpu" && device != "cuda")
     throw UsageError("--device", "'" + device + "' is not one of cpu, cuda");
+  tp.check_device(device);
   refuse_unless(util_opt, device == "cuda", "sizes the GPU's KV pool (--device cuda)");
   refuse_unless(kv_opt, device == "cpu", "sizes the CPU's KV pool (--device cpu)");
   const fs::Policy pol = check_option("--policy", [&] { return fs::parse_policy(policy); });
@@ -195,7 +196,7 @@ int serve(int argc, char** argv) {
   // once, with the flag named (the loader's errors come after "listening on").
   const model::ModelConfig config =
       check_option("--model", [&] { return model::Checkpoint::open(model_dir).config(); });
-  tp.check(device, config);
+  tp.check_model(config);
   if (max_model_len > config.max_position_embeddings)
     throw UsageError("--max-model-len", std::to_string(max_model_len) + " exceeds the model's " +
                                             std::to_string(config.max_position_embeddings) +

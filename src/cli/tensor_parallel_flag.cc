@@ -11,15 +11,16 @@ void TensorParallelFlag::add(CLI::App& app) {
                    "emulation; on cuda 1 (profile: N GPUs)");
 }
 
-void TensorParallelFlag::check(const std::string& device, const model::ModelConfig& config,
-                               bool cuda_ranks) const {
-  if (size == 1) return;
-  if (device == "cuda" && !cuda_ranks)
+void TensorParallelFlag::check_device(const std::string& device, bool cuda_ranks) const {
+  if (size > 1 && device == "cuda" && !cuda_ranks)
     throw UsageError("--tensor-parallel-size",
                      std::to_string(size) +
                          ": the CUDA runner serves a model on one GPU; its tensor-parallel "
                          "ranks (sharded weights, NCCL all-reduces in the forward) are not built "
                          "yet (--device cpu emulates them)");
+}
+
+void TensorParallelFlag::check_model(const model::ModelConfig& config) const {
   check_option("--tensor-parallel-size", [&] {
     model::check_tensor_parallel(config, size);
     return 0;

@@ -21,11 +21,13 @@ struct TensorParallelFlag {
   CLI::Option* option = nullptr;
 
   void add(CLI::App& app);
-  // UsageError naming --tensor-parallel-size: N > 1 on cuda unless `cuda_ranks` (profile: the
-  // ranks' compute needs no split runner there; NCCL and N devices are checked when it runs), and
-  // a size that does not split `config` (its heads, KV heads, MLP; model/tensor_parallel.h).
-  void check(const std::string& device, const model::ModelConfig& config,
-             bool cuda_ranks = false) const;
+  // UsageError naming --tensor-parallel-size for N > 1 on cuda unless `cuda_ranks` (profile: the
+  // ranks' compute needs no split runner there; NCCL and N devices are checked when it runs).
+  // Before the model is read: it needs none.
+  void check_device(const std::string& device, bool cuda_ranks = false) const;
+  // UsageError naming --tensor-parallel-size for a size that does not split `config` (its heads,
+  // KV heads, MLP; model/tensor_parallel.h), naming the field.
+  void check_model(const model::ModelConfig& config) const;
 };
 
 // A step profile measured for another tensor-parallel size would predict another engine's steps:

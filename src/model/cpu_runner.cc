@@ -116,10 +116,16 @@ void write_kv_row(const float* src, int64_t heads, int64_t d, DType dtype, std::
 }
 
 // A tensor of the checkpoint as this rank holds it: the file's mapping where the rank holds all
-// of it, else a copy of its slice.
+// of it, else a copy of its slice. Move-only: a move keeps the slice's buffer, so info.data stays
+// valid, where a copy would leave it pointing into the original.
 struct RankTensor {
   TensorInfo info;
   std::vector<std::byte> slice;  // info.data points here when the tensor is split
+  explicit RankTensor(TensorInfo t) : info(std::move(t)) {}
+  RankTensor(RankTensor&&) = default;
+  RankTensor& operator=(RankTensor&&) = default;
+  RankTensor(const RankTensor&) = delete;
+  RankTensor& operator=(const RankTensor&) = delete;
 };
 
 class CpuRunner final : public ModelRunner {
@@ -135,7 +141,7 @@ class CpuRunner final : public ModelRunner {
     std::map<std::string, WeightSpec> specs;
     for (WeightSpec& w : weight_specs(c)) specs.emplace(w.name, std::move(w));
     auto tensor = [&](const std::string& name) {
-      RankTensor t{ckpt.tensor(name), {}};
+      RankTensor t(ckpt.tensor(name));
       const WeightSpec& w = specs.at(name);
       if (tp == 1 || w.split == TpSplit::kReplicated) return t;
       t.slice = shard_tensor(w, c, tp, rank, t.info.data, dtype_size(t.info.dtype));
