@@ -26,10 +26,12 @@
 #include "cli/scheduler_flags.h"
 #include "cli/scratch_dir.h"
 #include "cli/serving_report.h"
+#include "cli/tensor_parallel_flag.h"
 #include "engine/model_engine.h"
 #include "engine/replay.h"
 #include "engine/simulator.h"
 #include "flashserve/error.h"
+#include "model/checkpoint.h"
 #include "model/presets.h"
 #include "model/random_checkpoint.h"
 #include "serve/auto_budget.h"
@@ -57,6 +59,7 @@ struct Options {
   CapacityFlags cap;
   double confirm_margin = 0.1;
   KvCacheDtypeFlag kv_dtype;
+  TensorParallelFlag tp;
 };
 
 void print_capacity_header() {
@@ -90,6 +93,7 @@ int bench_serve(int argc, char** argv) {
   auto* kv_mem_opt = add_real(app, "--kv-memory-mb", o.kv_memory_mb, {1, 1 << 24, Open::kNone},
                               "cpu: MiB of KV pool");
   o.kv_dtype.add(app);
+  o.tp.add(app);
   auto* plot_opt = app.add_option("--plot", o.plot,
                                   "write PREFIX-tbt-cdf.svg and PREFIX-tbt-over-time-<policy>.svg");
   auto* predict_gpu_opt = app.add_option(
@@ -113,6 +117,7 @@ int bench_serve(int argc, char** argv) {
     throw UsageError("--device", "'" + o.device + "' is not one of cpu, cuda");
   o.sched.refuse_inapplicable();
   o.wl.refuse_inapplicable(false);
+  o.tp.check_device(o.device);
   const model::KvCacheDtype kv_dtype = o.kv_dtype.resolve(o.device);
   refuse_unless(util_opt, o.device == "cuda" && num_blocks_opt->count() == 0,
                 "sizes the GPU's KV pool (--device cuda, no --num-blocks)");
@@ -156,12 +161,17 @@ int bench_serve(int argc, char** argv) {
   // Names checked before the model loads (minutes for a large one), naming the flag.
   if (!o.predict_gpu.empty())
     check_option("--predict-gpu", [&] { return fs::gpu_preset(o.predict_gpu); });
-  if (!o.shape.empty()) check_option("--shape", [&] { return model::preset_config(o.shape); });
+  const model::ModelConfig config =
+      o.shape.empty()
+          ? check_option("--model", [&] { return model::Checkpoint::open(o.model_dir).config(); })
+          : check_option("--shape", [&] { return model::preset_config(o.shape); });
+  o.tp.check_model(config);
   // Load the table before anything runs, so a bad file fails at once.
   std::unique_ptr<fs::CostModel> calibrated;
   if (!o.profile.empty()) {
     auto table = std::make_unique<fs::ProfileCostModel>(fs::ProfileCostModel::load(o.profile));
     check_profile_kv_cache(table->profile(), kv_dtype);
+    check_profile_tensor_parallel(table->profile(), o.tp.size);
     calibrated = std::move(table);
   }
   (void)profile_opt;
@@ -190,6 +200,7 @@ int bench_serve(int argc, char** argv) {
   mo.cpu_kv_bytes = o.kv_memory_mb * (1 << 20);
   mo.num_blocks = o.num_blocks;
   mo.kv_cache_dtype = kv_dtype;
+  mo.tensor_parallel_size = static_cast<int>(o.tp.size);
   const fe::LoadedModel model = fe::load_model(mo);
   const model::ModelConfig& mc = model.runner->config();
   if (o.sched.max_model_len > mc.max_position_embeddings)
@@ -215,12 +226,14 @@ int bench_serve(int argc, char** argv) {
   for (const auto& r : requests)
     ptok += static_cast<double>(r.prompt_tokens), otok += static_cast<double>(r.output_tokens);
   std::printf(
-      "model: %s (%lld layers, hidden %lld, vocab %lld) on %s; KV pool %lld blocks x %d tokens "
+      "model: %s (%lld layers, hidden %lld, vocab %lld) on %s%s; KV pool %lld blocks x %d tokens "
       "(%.1f MiB, %s), max model len %lld\n",
       model_name.c_str(), static_cast<long long>(mc.num_hidden_layers),
       static_cast<long long>(mc.hidden_size), static_cast<long long>(mc.vocab_size),
-      model.device.c_str(), static_cast<long long>(model.num_blocks), model.block_size,
-      model.kv_bytes / (1 << 20), flashserve::model::kv_cache_dtype_name(model.kv_cache_dtype),
+      model.device.c_str(),
+      o.tp.size > 1 ? (" x " + std::to_string(o.tp.size) + " tensor-parallel ranks").c_str() : "",
+      static_cast<long long>(model.num_blocks), model.block_size, model.kv_bytes / (1 << 20),
+      flashserve::model::kv_cache_dtype_name(model.kv_cache_dtype),
       static_cast<long long>(max_model_len));
   std::printf(
       "workload: %s, %zu requests at %.3f req/s, mean prompt %.0f, mean output %.0f tokens, seed "

@@ -3,6 +3,11 @@
 // interpolates (serve/step_profile.h; docs/serving.md, "Profile cost model").
 //   flashserve profile --shape tiny --quick --out /tmp/tiny-profile.csv
 //   flashserve profile --model /tmp/mistral-7b-random --device cuda --out m7b-h200.csv
+// With --tensor-parallel-size N (Vidur's method, docs/tensor-parallel.md): the step tables time
+// one rank's compute, a model of rank 0's heads, MLP columns and vocabulary with random weights
+// (model/tensor_parallel.h's rank_config), on one device; the all_reduce table times the
+// all-reduce alone over N ranks (NCCL over GPUs 0..N-1 on cuda, the in-process group on cpu).
+//   flashserve profile --shape yi-34b --device cuda --tensor-parallel-size 2 --out yi-tp2.csv
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -14,11 +19,17 @@
 #include "cli/kv_cache_flag.h"
 #include "cli/options.h"
 #include "cli/scratch_dir.h"
+#include "cli/tensor_parallel_flag.h"
+#include "engine/all_reduce_profiler.h"
 #include "engine/model_engine.h"
 #include "engine/step_profiler.h"
 #include "flashserve/error.h"
+#include "model/checkpoint.h"
+#include "model/local_communicator.h"
+#include "model/nccl_communicator.h"
 #include "model/presets.h"
 #include "model/random_checkpoint.h"
+#include "model/tensor_parallel.h"
 
 namespace flashserve::cli {
 namespace {
@@ -54,14 +65,31 @@ int profile(int argc, char** argv) {
                               "cpu: MiB of KV pool");
   KvCacheDtypeFlag kv_dtype_flag;
   kv_dtype_flag.add(app);
+  TensorParallelFlag tp;
+  tp.add(app);
   if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
   if ((model_opt->count() > 0) == (shape_opt->count() > 0))
     throw UsageError("--model", "give exactly one of --model DIR and --shape NAME");
   if (device != "cpu" && device != "cuda")
     throw UsageError("--device", "'" + device + "' is not one of cpu, cuda");
+  tp.check_device(device, /*cuda_ranks=*/true);
   refuse_unless(max_len_opt, !quick && !smoke, "sets the full grid; --quick has its own");
   refuse_unless(reps_opt, !smoke, "--smoke times one step a point");
-  if (!shape.empty()) check_option("--shape", [&] { return model::preset_config(shape); });
+  const model::ModelConfig config =
+      shape.empty()
+          ? check_option("--model", [&] { return model::Checkpoint::open(model_dir).config(); })
+          : check_option("--shape", [&] { return model::preset_config(shape); });
+  tp.check_model(config);
+  const int ranks = static_cast<int>(tp.size);
+  std::vector<int> gpus;  // the all-reduce's devices on cuda: 0 .. N-1
+  if (ranks > 1 && device == "cuda") {
+    if (!model::nccl_available())
+      throw UsageError("--tensor-parallel-size",
+                       std::to_string(ranks) +
+                           ": this flashserve is built without NCCL, which "
+                           "times the all-reduce over GPUs");
+    for (int g = 0; g < ranks; ++g) gpus.push_back(g);
+  }
   const model::KvCacheDtype kv_dtype = kv_dtype_flag.resolve(device);
   // The table is written after minutes of measuring: a path that cannot be written fails now.
   std::ofstream f(out);
@@ -70,19 +98,30 @@ int profile(int argc, char** argv) {
   refuse_unless(kv_mem_opt, device == "cpu", "sizes the CPU's KV pool (--device cpu)");
 
   // A --shape on the GPU gets weights generated on the device; on the CPU, a checkpoint written
-  // to a scratch directory.
-  const bool on_device = !shape.empty() && device == "cuda";
-  ScratchDir scratch(!shape.empty() && !on_device);
+  // to a scratch directory. So does a tensor-parallel rank's stand-in, whatever the source.
+  const bool stand_in = ranks > 1;
+  const bool on_device = (!shape.empty() || stand_in) && device == "cuda";
+  ScratchDir scratch((!shape.empty() || stand_in) && !on_device);
+  const model::ModelConfig rank_model = stand_in ? model::rank_config(config, ranks) : config;
+  const std::string source = shape.empty() ? model_dir : "random " + shape;
   if (!scratch.path.empty()) {
-    std::printf("writing a random %s checkpoint to %s...\n", shape.c_str(), scratch.path.c_str());
+    std::printf(
+        "writing a random %s checkpoint to %s...\n",
+        stand_in ? ("rank 0 of " + std::to_string(ranks) + " of " + source).c_str() : shape.c_str(),
+        scratch.path.c_str());
     std::fflush(stdout);
-    model::write_random_checkpoint(model::preset_config(shape), scratch.path);
+    model::write_random_checkpoint(rank_model, scratch.path);
   }
   fe::ModelEngineOptions mo;
-  mo.model_dir = shape.empty() ? model_dir : scratch.path;
-  if (on_device) mo.random_shape = shape;
+  mo.model_dir = scratch.path.empty() ? model_dir : scratch.path;
+  if (on_device && stand_in)
+    mo.random_config = rank_model;
+  else if (on_device)
+    mo.random_shape = shape;
   const std::string model_name =
-      on_device ? "random " + shape + " (weights made on the device)" : mo.model_dir;
+      stand_in    ? "rank 0 of " + std::to_string(ranks) + " of " + source + " (random weights)"
+      : on_device ? "random " + shape + " (weights made on the device)"
+                  : mo.model_dir;
   mo.device = device;
   mo.block_size = block_size;
   mo.gpu_memory_utilization = gpu_mem_util;
@@ -109,6 +148,25 @@ int profile(int argc, char** argv) {
   serve::StepProfile p = fe::profile_model(model, grid, progress);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   if (!shape.empty()) p.meta["checkpoint"] = "random " + shape;
+  if (stand_in) {
+    // The all-reduces of a step of T tokens: two a layer of T x hidden activations (bf16 on the
+    // GPU, float32 on the CPU), timed alone over the ranks at the linear table's token counts.
+    const int64_t elem = device == "cuda" ? 2 : 4;
+    std::printf("timing the all-reduce over %d ranks (%s)...\n", ranks,
+                device == "cuda" ? "NCCL" : "in-process");
+    std::fflush(stdout);
+    auto group = device == "cuda" ? model::make_nccl_group(gpus) : model::make_local_group(ranks);
+    fe::AllReduceGrid ag =
+        fe::AllReduceGrid::for_tokens(grid.tokens, config.hidden_size * elem,
+                                      device == "cuda" ? DType::kBFloat16 : DType::kFloat32);
+    if (smoke) ag.reps = 1, ag.warmup = 0;
+    p.all_reduce = fe::profile_all_reduce(*group, gpus, ag);
+    p.all_reduces_per_step = 2 * config.num_hidden_layers;
+    p.all_reduce_bytes_per_token = static_cast<double>(config.hidden_size * elem);
+    p.meta["tensor_parallel_size"] = std::to_string(ranks);
+    p.meta["checkpoint"] = "rank 0 of " + std::to_string(ranks) + " of " + source;
+    p.validate(out);
+  }
   p.meta["kv_cache_dtype"] = flashserve::model::kv_cache_dtype_name(kv_dtype);
   p.meta["grid"] = smoke   ? "smoke"
                    : quick ? "quick"

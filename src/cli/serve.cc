@@ -22,6 +22,7 @@
 #include "cli/command.h"
 #include "cli/kv_cache_flag.h"
 #include "cli/options.h"
+#include "cli/tensor_parallel_flag.h"
 #include "cli/vllm_flags.h"
 #include "engine/model_engine.h"
 #include "flashserve/error.h"
@@ -56,7 +57,6 @@ int serve(int argc, char** argv) {
   server::ServerOptions so;
   std::string model_dir, model_flag, policy = "sarathi", device = "cpu", dtype = "auto";
   int64_t port = so.port, budget = 512, max_model_len = 0, max_num_seqs = 256, chunk_tile = 64;
-  int64_t tensor_parallel = 1;
   double gpu_mem_util = 0.9, kv_memory_mb = 256;
   std::vector<std::string> api_keys_given, origins_given;
   CLI::App app{"The OpenAI-compatible HTTP server (vLLM's command line where it applies)"};
@@ -81,8 +81,8 @@ int serve(int argc, char** argv) {
       app.add_flag("--enable-chunked-prefill,!--no-enable-chunked-prefill", chunked_prefill,
                    "vLLM's switch: on chooses sarathi (stall-free chunked "
                    "prefill), off vllm-v0 (prefill-first)");
-  auto* tp_opt = add_int(app, "--tensor-parallel-size", tensor_parallel, {1, 1 << 10},
-                         "devices per model: 1 (one device per server)");
+  TensorParallelFlag tp;
+  tp.add(app);
   auto* dtype_opt = app.add_option("--dtype", dtype,
                                    "auto, or the runner's own type: bfloat16 on cuda, float32 on "
                                    "cpu");
@@ -151,11 +151,6 @@ int serve(int argc, char** argv) {
   if (model_flag_opt->count() > 0) model_dir = model_flag;
   if (model_dir.empty())
     throw UsageError("--model", "no model: give `flashserve serve MODEL` (or --model MODEL)");
-  if (tensor_parallel != 1)
-    throw UsageError("--tensor-parallel-size",
-                     std::to_string(tensor_parallel) +
-                         ": flashserve serves a model on one device (only 1); run one server per "
-                         "device");
   if (budget_opt->count() > 0 && batched_opt->count() > 0)
     throw UsageError("--max-num-batched-tokens", "is --budget's vLLM name: give one of them");
   if (chunked_opt->count() > 0) {
@@ -169,6 +164,7 @@ int serve(int argc, char** argv) {
   }
   if (device != "cpu" && device != "cuda")
     throw UsageError("--device", "'" + device + "' is not one of cpu, cuda");
+  tp.check_device(device);
   refuse_unless(util_opt, device == "cuda", "sizes the GPU's KV pool (--device cuda)");
   refuse_unless(kv_opt, device == "cpu", "sizes the CPU's KV pool (--device cpu)");
   const fs::Policy pol = check_option("--policy", [&] { return fs::parse_policy(policy); });
@@ -200,6 +196,7 @@ int serve(int argc, char** argv) {
   // once, with the flag named (the loader's errors come after "listening on").
   const model::ModelConfig config =
       check_option("--model", [&] { return model::Checkpoint::open(model_dir).config(); });
+  tp.check_model(config);
   if (max_model_len > config.max_position_embeddings)
     throw UsageError("--max-model-len", std::to_string(max_model_len) + " exceeds the model's " +
                                             std::to_string(config.max_position_embeddings) +
@@ -212,6 +209,7 @@ int serve(int argc, char** argv) {
     mo.gpu_memory_utilization = gpu_mem_util;
     mo.cpu_kv_bytes = kv_memory_mb * (1 << 20);
     mo.kv_cache_dtype = kv_dtype;
+    mo.tensor_parallel_size = static_cast<int>(tp.size);
     const fe::LoadedModel m = fe::load_model(mo);
     fs::SchedulerConfig sc;
     sc.policy = pol;
@@ -226,9 +224,14 @@ int serve(int argc, char** argv) {
     b.codec = server::load_text_codec(model_dir, chat_template_text, engine->config().vocab_size);
     b.loop = std::make_unique<fe::EngineLoop>(std::move(engine));
     std::printf(
-        "flashserve serve: ready: %s on %s, %lld KV blocks of %d tokens (%s), max model len "
+        "flashserve serve: ready: %s on %s%s, %lld KV blocks of %d tokens (%s), max model len "
         "%lld, %s\n",
-        model_dir.c_str(), m.device.c_str(), static_cast<long long>(m.num_blocks), m.block_size,
+        model_dir.c_str(), m.device.c_str(),
+        m.tensor_parallel_size > 1
+            ? (" (" + std::to_string(m.tensor_parallel_size) + " tensor-parallel ranks, emulated)")
+                  .c_str()
+            : "",
+        static_cast<long long>(m.num_blocks), m.block_size,
         model::kv_cache_dtype_name(m.kv_cache_dtype), static_cast<long long>(b.max_model_len),
         b.codec ? "tokenizer loaded" : "no tokenizer.json: token-id prompts only");
     std::fflush(stdout);

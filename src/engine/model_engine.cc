@@ -6,6 +6,7 @@
 #include "engine/model_executor.h"
 #include "flashserve/error.h"
 #include "model/presets.h"
+#include "model/tensor_parallel.h"
 
 #if defined(FLASHSERVE_WITH_CUDA)
 #include <cuda_runtime_api.h>
@@ -34,8 +35,13 @@ double gpu_kv_budget(int device, double utilization) {
 
 }  // namespace
 
-int64_t kv_bytes_per_block(const model::ModelConfig& c, int32_t block_size, int64_t dtype_bytes) {
-  return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * block_size * dtype_bytes;
+int64_t kv_bytes_per_block(const model::ModelConfig& c, int32_t block_size, int64_t dtype_bytes,
+                           int tensor_parallel_size) {
+  const int64_t heads =
+      tensor_parallel_size == 1
+          ? c.num_key_value_heads
+          : model::rank_shape(c, tensor_parallel_size, 0).kv_heads * tensor_parallel_size;
+  return 2 * c.num_hidden_layers * heads * c.head_dim * block_size * dtype_bytes;
 }
 
 LoadedModel load_model(const ModelEngineOptions& o) {
@@ -55,21 +61,34 @@ LoadedModel load_model(const ModelEngineOptions& o) {
     throw Error(ErrorKind::kUnsupported, "kv_cache_dtype",
                 "fp8: the cuda runner has no fp8 KV cache yet (its fp8 attention kernels are not "
                 "built); use auto or bf16, or --device cpu");
-  if (!o.random_shape.empty() && !gpu)
+  if ((!o.random_shape.empty() || o.random_config) && !gpu)
     throw Error(ErrorKind::kInvalidArgument, "random_shape",
                 "weights generated on the device need --device cuda");
+  const int tp = o.tensor_parallel_size;
+  if (tp < 1)
+    throw Error(ErrorKind::kInvalidArgument, "tensor_parallel_size",
+                std::to_string(tp) + ": at least 1");
+  if (gpu && tp > 1)
+    throw Error(ErrorKind::kUnsupported, "tensor_parallel_size",
+                std::to_string(tp) +
+                    ": the CUDA runner runs a model on one GPU; its tensor-parallel ranks "
+                    "(sharded weights, NCCL all-reduces in the forward) are not built yet "
+                    "(--device cpu emulates them)");
   if (!o.random_shape.empty())
     m.runner =
         model::make_random_cuda_runner(model::preset_config(o.random_shape), 1, o.cuda_device);
+  else if (o.random_config && gpu)
+    m.runner = model::make_random_cuda_runner(*o.random_config, 1, o.cuda_device);
   else if (gpu)
     m.runner = model::make_cuda_runner(o.model_dir, o.cuda_device);
   else
-    m.runner = model::make_cpu_runner(o.model_dir);
+    m.runner = model::make_cpu_runner(o.model_dir, tp);
+  m.tensor_parallel_size = tp;
   // auto: bf16 K/V on the GPU, float32 on the CPU (model/runner.h); bf16 or e4m3 when asked.
   m.runner->set_kv_cache(model::KvCacheConfig{o.kv_cache_dtype, {}, {}});
   const int64_t block_bytes =
       kv_bytes_per_block(m.runner->config(), o.block_size,
-                         model::kv_cache_element_bytes(o.kv_cache_dtype, gpu ? 2 : 4));
+                         model::kv_cache_element_bytes(o.kv_cache_dtype, gpu ? 2 : 4), tp);
   if (o.num_blocks > 0) {
     m.num_blocks = o.num_blocks;
   } else {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/engine.h"
@@ -22,6 +23,9 @@ struct ModelEngineOptions {
   // Instead of model_dir, on --device cuda: this preset's shape with random weights generated on
   // the device (model/presets.h; no checkpoint written or read).
   std::string random_shape;
+  // Instead of model_dir, on --device cuda: random weights of this config generated on the device
+  // (a tensor-parallel profile's stand-in for one rank: model/tensor_parallel.h's rank_config).
+  std::optional<model::ModelConfig> random_config;
   std::string device = "cpu";  // "cpu" or "cuda"
   int cuda_device = 0;
   int32_t block_size = 16;
@@ -29,6 +33,10 @@ struct ModelEngineOptions {
   double cpu_kv_bytes = 256.0 * (1 << 20);
   int64_t num_blocks = 0;  // > 0: exactly this many blocks, whatever the budget
   model::KvCacheDtype kv_cache_dtype = model::KvCacheDtype::kAuto;
+  // Ranks the model is split over (docs/tensor-parallel.md). On the CPU: the in-process emulation
+  // (every rank's pool in the cpu_kv_bytes budget); on CUDA only 1 until the CUDA runner's ranks
+  // exist (Error(kUnsupported, "tensor_parallel_size")).
+  int tensor_parallel_size = 1;
 };
 
 struct LoadedModel {
@@ -38,11 +46,13 @@ struct LoadedModel {
   int64_t num_blocks = 0;
   double kv_bytes = 0;  // of the pool
   model::KvCacheDtype kv_cache_dtype = model::KvCacheDtype::kAuto;
+  int tensor_parallel_size = 1;
 };
 
-// Bytes of K and V one block holds for every layer (`dtype_bytes` per element).
+// Bytes of K and V one block holds for every layer (`dtype_bytes` per element), summed over the
+// `tensor_parallel_size` ranks' pools (a KV head replicated over ranks counts on each).
 int64_t kv_bytes_per_block(const model::ModelConfig& config, int32_t block_size,
-                           int64_t dtype_bytes);
+                           int64_t dtype_bytes, int tensor_parallel_size = 1);
 
 // Loads the model and allocates its KV pool. Throws Error(kUnsupported) for --device cuda in a
 // build without the CUDA runner, and for an fp8 cache on cuda ("kv_cache_dtype", before the

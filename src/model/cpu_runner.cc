@@ -3,11 +3,16 @@
 // machines without a GPU run the same model, batch for batch, as the GPU does. The KV pool is
 // float32 (auto), bf16 or e4m3 with per-(layer, KV head) scales (model/kv_cache_dtype.h): K and V
 // are rounded to it where they are written, and the attention reads them back dequantised.
+// Under tensor parallelism (a Communicator given) the runner is one rank: it loads its slice of
+// every weight (model/weight_shard.h), computes its query heads, KV heads, MLP columns and
+// vocabulary block, and all-reduces the row-parallel projections' partial sums and all-gathers
+// the logits (docs/tensor-parallel.md); model/tensor_parallel_runner.h runs the ranks.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,11 +21,17 @@
 #include "flashserve/attention.h"
 #include "flashserve/error.h"
 #include "model/checkpoint.h"
+#include "model/communicator.h"
 #include "model/cpu_linear.h"
 #include "model/cpu_ops.h"
+#include "model/cpu_rank_runner.h"
+#include "model/local_communicator.h"
 #include "model/rope.h"
 #include "model/runner.h"
 #include "model/step_attention.h"
+#include "model/tensor_parallel.h"
+#include "model/tensor_parallel_runner.h"
+#include "model/weight_shard.h"
 #include "model/weights.h"
 
 namespace flashserve::model {
@@ -34,6 +45,10 @@ struct Matrix {
   std::vector<float> f32;
   std::vector<uint16_t> bf16;
   cpu::Weight weight() const { return bf16.empty() ? cpu::Weight(f32.data()) : bf16.data(); }
+  // The matrix from row `r` (of `width`) on: a tied LM head's vocabulary block of the embedding.
+  cpu::Weight weight_from_row(int64_t r, int64_t width) const {
+    return bf16.empty() ? cpu::Weight(f32.data() + r * width) : bf16.data() + r * width;
+  }
   // Row r (of `width`) as float32 at dst.
   void row(int64_t r, int64_t width, float* dst) const {
     if (bf16.empty()) return (void)std::copy_n(f32.data() + r * width, width, dst);
@@ -100,16 +115,44 @@ void write_kv_row(const float* src, int64_t heads, int64_t d, DType dtype, std::
   }
 }
 
+// A tensor of the checkpoint as this rank holds it: the file's mapping where the rank holds all
+// of it, else a copy of its slice. Move-only: a move keeps the slice's buffer, so info.data stays
+// valid, where a copy would leave it pointing into the original.
+struct RankTensor {
+  TensorInfo info;
+  std::vector<std::byte> slice;  // info.data points here when the tensor is split
+  explicit RankTensor(TensorInfo t) : info(std::move(t)) {}
+  RankTensor(RankTensor&&) = default;
+  RankTensor& operator=(RankTensor&&) = default;
+  RankTensor(const RankTensor&) = delete;
+  RankTensor& operator=(const RankTensor&) = delete;
+};
+
 class CpuRunner final : public ModelRunner {
  public:
-  explicit CpuRunner(const std::string& dir) {
+  CpuRunner(const std::string& dir, Communicator* comm) : comm_(comm) {
     const Checkpoint ckpt = Checkpoint::open(dir);
     check_weights(ckpt);
     config_ = ckpt.config();
     const ModelConfig& c = config_;
-    const int64_t q = c.q_size(), kv = c.kv_size();
+    const int64_t tp = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
+    part_ = rank_shape(c, tp, rank);  // refuses a size that does not split the model
+    const int64_t q = part_.q_heads * c.head_dim, kv = part_.kv_heads * c.head_dim;
+    std::map<std::string, WeightSpec> specs;
+    for (WeightSpec& w : weight_specs(c)) specs.emplace(w.name, std::move(w));
+    auto tensor = [&](const std::string& name) {
+      RankTensor t(ckpt.tensor(name));
+      const WeightSpec& w = specs.at(name);
+      if (tp == 1 || w.split == TpSplit::kReplicated) return t;
+      t.slice = shard_tensor(w, c, tp, rank, t.info.data, dtype_size(t.info.dtype));
+      t.info.data = t.slice.data();
+      t.info.bytes = t.slice.size();
+      t.info.shape = shard_slice(w, c, tp, rank).shape;
+      return t;
+    };
     auto load = [&](const std::string& name, std::vector<float>& dst, size_t at = 0) {
-      const TensorInfo t = ckpt.tensor(name);
+      const RankTensor rt = tensor(name);
+      const TensorInfo& t = rt.info;
       if (dst.size() < at + static_cast<size_t>(t.numel())) dst.resize(at + t.numel());
       copy_as_float(t, dst.data() + at);
     };
@@ -117,13 +160,14 @@ class CpuRunner final : public ModelRunner {
     // The tensors `names` stacked, in that order, into one matrix (q/k/v, gate/up): bf16 when all
     // of them are and our kernel runs here.
     auto load_matrix = [&](std::initializer_list<std::string> names, Matrix& dst) {
-      std::vector<TensorInfo> parts;
-      for (const std::string& n : names) parts.push_back(ckpt.tensor(n));
+      std::vector<RankTensor> parts;
+      for (const std::string& n : names) parts.push_back(tensor(n));
       const bool bf16 = keep_bf16 && std::all_of(parts.begin(), parts.end(), [](const auto& t) {
-                          return t.dtype == DType::kBFloat16;
+                          return t.info.dtype == DType::kBFloat16;
                         });
       size_t at = 0;
-      for (const TensorInfo& t : parts) {
+      for (const RankTensor& rt : parts) {
+        const TensorInfo& t = rt.info;
         const size_t n = static_cast<size_t>(t.numel());
         if (bf16) {
           dst.bf16.resize(at + n);
@@ -170,7 +214,7 @@ class CpuRunner final : public ModelRunner {
   const ModelConfig& config() const override { return config_; }
 
   void set_kv_cache(const KvCacheConfig& kv) override {
-    const size_t n = static_cast<size_t>(config_.num_hidden_layers * config_.num_key_value_heads);
+    const size_t n = static_cast<size_t>(config_.num_hidden_layers * part_.kv_heads);
     for (const auto* s : {&kv.k_scales, &kv.v_scales}) {
       if (!s->empty() && kv.dtype != KvCacheDtype::kFp8E4M3)
         throw Error(ErrorKind::kInvalidArgument, "kv_cache",
@@ -198,9 +242,9 @@ class CpuRunner final : public ModelRunner {
                   "num_blocks and block_size must be positive");
     num_blocks_ = num_blocks;
     block_size_ = block_size;
-    const size_t per_pool = static_cast<size_t>(num_blocks * block_size *
-                                                config_.num_key_value_heads * config_.head_dim) *
-                            dtype_size(kv_dtype_);
+    const size_t per_pool =
+        static_cast<size_t>(num_blocks * block_size * part_.kv_heads * config_.head_dim) *
+        dtype_size(kv_dtype_);
     kv_.assign(static_cast<size_t>(config_.num_hidden_layers) * 2, {});
     for (auto& pool : kv_) pool.assign(per_pool, std::byte{0});
   }
@@ -256,8 +300,17 @@ class CpuRunner final : public ModelRunner {
 
  private:
   void check_fits(const ForwardBatch& b) const;
+  // x += y W^T for a row-parallel projection (o_proj, down_proj): alone, accumulated into x by the
+  // GEMM; under tensor parallelism, this rank's partial sum over its columns, all-reduced, then
+  // added (partial: a [rows, width] scratch).
+  void add_projection(const float* y, const Matrix& w, float* x, std::vector<float>& partial,
+                      int64_t rows, int64_t width, int64_t k) const;
+  // logits_ = rows of `last` times the LM head: this rank's vocabulary block, all-gathered.
+  void lm_head(const float* last, int64_t rows);
 
   ModelConfig config_;
+  Communicator* comm_ = nullptr;  // null: the whole model on this runner
+  RankShape part_;                // this rank's heads, MLP columns and vocabulary
   Matrix embed_, lm_head_;
   std::vector<float> final_norm_;
   std::vector<CpuLayer> layers_;
@@ -302,14 +355,15 @@ void CpuRunner::check_fits(const ForwardBatch& b) const {
 void CpuRunner::forward(const ForwardBatch& b) {
   check_fits(b);
   const ModelConfig& c = config_;
-  const int64_t T = b.total_q, H = c.hidden_size, F = c.intermediate_size;
-  const int64_t hq = c.num_attention_heads, hkv = c.num_key_value_heads, d = c.head_dim;
+  const int64_t T = b.total_q, H = c.hidden_size, F = part_.ffn;
+  const int64_t hq = part_.q_heads, hkv = part_.kv_heads, d = c.head_dim;
   const int64_t qw = hq * d, kvw = hkv * d, qkvw = qw + 2 * kvw;
   const int64_t S = static_cast<int64_t>(b.sample_rows.size());
 
   std::vector<float> x(static_cast<size_t>(T * H)), hbuf(x.size());
   std::vector<float> qkv(static_cast<size_t>(T * qkvw)), attn(static_cast<size_t>(T * qw));
   std::vector<float> gu(static_cast<size_t>(T * 2 * F)), act(static_cast<size_t>(T * F));
+  std::vector<float> partial(comm_ ? x.size() : 0);
   for (int64_t t = 0; t < T; ++t) embed_.row(b.input_ids[t], H, x.data() + t * H);
 
   // The step's attention, planned once from the batch's lengths and run per layer.
@@ -354,11 +408,11 @@ void CpuRunner::forward(const ForwardBatch& b) {
     else
       attention.run(kcache, vcache);
 
-    cpu::linear(attn.data(), L.o.weight(), x.data(), T, H, qw, true);  // x += attn W_o^T
+    add_projection(attn.data(), L.o, x.data(), partial, T, H, qw);  // x += attn W_o^T
     cpu::rms_norm(x.data(), L.post_norm.data(), hbuf.data(), T, H, c.rms_norm_eps);
     cpu::linear(hbuf.data(), L.gate_up.weight(), gu.data(), T, 2 * F, H);
     cpu::silu_mul(gu.data(), act.data(), T, F);
-    cpu::linear(act.data(), L.down.weight(), x.data(), T, H, F, true);  // x += act W_down^T
+    add_projection(act.data(), L.down, x.data(), partial, T, H, F);  // x += act W_down^T
   }
 
   // Only the sampled rows go through the final norm and the LM head.
@@ -366,20 +420,69 @@ void CpuRunner::forward(const ForwardBatch& b) {
   for (int64_t i = 0; i < S; ++i)
     std::copy_n(x.data() + static_cast<int64_t>(b.sample_rows[i]) * H, H, last.data() + i * H);
   cpu::rms_norm(last.data(), final_norm_.data(), last.data(), S, H, c.rms_norm_eps);
-  logits_.assign(static_cast<size_t>(S * c.vocab_size), 0.0f);
-  const Matrix& head = c.tie_word_embeddings ? embed_ : lm_head_;
-  cpu::linear(last.data(), head.weight(), logits_.data(), S, c.vocab_size, H);
+  lm_head(last.data(), S);
+}
+
+void CpuRunner::add_projection(const float* y, const Matrix& w, float* x,
+                               std::vector<float>& partial, int64_t rows, int64_t width,
+                               int64_t k) const {
+  if (!comm_) return cpu::linear(y, w.weight(), x, rows, width, k, true);
+  cpu::linear(y, w.weight(), partial.data(), rows, width, k);
+  comm_->all_reduce_sum(partial.data(), rows * width, DType::kFloat32);
+  cpu::for_rows(rows, width, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin * width; i < end * width; ++i) x[i] += partial[static_cast<size_t>(i)];
+  });
+}
+
+void CpuRunner::lm_head(const float* last, int64_t S) {
+  const int64_t H = config_.hidden_size, V = config_.vocab_size;
+  // A tied head is the embedding's rows of this rank's vocabulary (the embedding is replicated).
+  const cpu::Weight head = config_.tie_word_embeddings
+                               ? embed_.weight_from_row(part_.vocab_begin, H)
+                               : lm_head_.weight();
   logits_rows_ = S;
+  if (!comm_) {
+    logits_.assign(static_cast<size_t>(S * V), 0.0f);
+    return cpu::linear(last, head, logits_.data(), S, V, H);
+  }
+  // Every rank sends a block of vocab_block columns per row (the last rank's padded), the
+  // gather's equal blocks, and keeps what each rank's vocabulary covers.
+  const int64_t block = part_.vocab_block, n = comm_->size();
+  std::vector<float> mine(static_cast<size_t>(S * part_.vocab)),
+      sent(static_cast<size_t>(S * block));
+  cpu::linear(last, head, mine.data(), S, part_.vocab, H);
+  for (int64_t i = 0; i < S; ++i)
+    std::copy_n(mine.data() + i * part_.vocab, part_.vocab, sent.data() + i * block);
+  std::vector<float> all(static_cast<size_t>(n * S * block));
+  comm_->all_gather(sent.data(), all.data(), S * block, DType::kFloat32);
+  // NaN first, so that a column no rank wrote shows.
+  logits_.assign(static_cast<size_t>(S * V), std::numeric_limits<float>::quiet_NaN());
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t begin = std::min(V, r * block), count = std::min(V, begin + block) - begin;
+    for (int64_t i = 0; i < S; ++i)
+      std::copy_n(all.data() + (r * S + i) * block, count, logits_.data() + i * V + begin);
+  }
 }
 
 }  // namespace
 
-std::unique_ptr<ModelRunner> make_cpu_runner(const std::string& dir) {
+std::unique_ptr<ModelRunner> make_cpu_rank_runner(const std::string& dir, Communicator* comm) {
 #if !FLASHSERVE_WITH_BLAS
   throw Error(ErrorKind::kUnsupported, "device",
               "cpu: this flashserve is built without OpenBLAS (apt-get install libopenblas-dev)");
 #endif
-  return std::make_unique<CpuRunner>(dir);
+  return std::make_unique<CpuRunner>(dir, comm);
+}
+
+std::unique_ptr<ModelRunner> make_cpu_runner(const std::string& dir, int tensor_parallel_size) {
+  if (tensor_parallel_size == 1) return make_cpu_rank_runner(dir, nullptr);
+  // Refused by name before any rank loads (and before a group of a nonsense size is made).
+  check_tensor_parallel(Checkpoint::open(dir).config(), tensor_parallel_size);
+  auto group = make_local_group(tensor_parallel_size);
+  std::vector<std::unique_ptr<ModelRunner>> ranks;
+  for (int r = 0; r < tensor_parallel_size; ++r)
+    ranks.push_back(make_cpu_rank_runner(dir, &group->rank(r)));
+  return make_tensor_parallel_runner(std::move(group), std::move(ranks));
 }
 
 }  // namespace flashserve::model

@@ -65,7 +65,11 @@ class ModelRunner {
 };
 
 // A runner on the CPU for the checkpoint directory `dir` (weights converted to float32 on load).
-std::unique_ptr<ModelRunner> make_cpu_runner(const std::string& dir);
+// tensor_parallel_size > 1: the model split over that many ranks, threads of this process
+// exchanging partial sums through host memory (model/tensor_parallel_runner.h): the emulation of
+// tensor parallelism on which CI checks the split against the whole model, not a way to speed up
+// the CPU. Error(kInvalidArgument, "tensor_parallel_size") for a size that does not split it.
+std::unique_ptr<ModelRunner> make_cpu_runner(const std::string& dir, int tensor_parallel_size = 1);
 
 // A runner on CUDA device `device`. Without CUDA in the build: Error(kUnsupported).
 std::unique_ptr<ModelRunner> make_cuda_runner(const std::string& dir, int device = 0);

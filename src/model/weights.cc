@@ -17,34 +17,38 @@ std::string layer_weight(int64_t layer, const std::string& suffix) {
 std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
   const int64_t h = c.hidden_size, q = c.q_size(), kv = c.kv_size(), f = c.intermediate_size;
   std::vector<WeightSpec> s;
-  s.push_back({"model.embed_tokens.weight", {c.vocab_size, h}, WeightRole::kEmbedding, 0, false});
+  s.push_back({"model.embed_tokens.weight", {c.vocab_size, h}, WeightRole::kEmbedding});
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     auto add = [&](const std::string& suffix, std::vector<int64_t> shape, WeightRole role,
-                   int64_t fan_in = 0, bool residual = false) {
-      s.push_back({layer_weight(l, suffix), std::move(shape), role, fan_in, residual});
+                   TpSplit split = TpSplit::kReplicated, int split_dim = 0) {
+      const int64_t fan_in = role == WeightRole::kLinear ? shape[1] : 0;
+      const bool residual = split_dim == 1;  // the row-parallel ones add to the residual stream
+      s.push_back(
+          {layer_weight(l, suffix), std::move(shape), role, fan_in, residual, split, split_dim});
     };
     add("input_layernorm.weight", {h}, WeightRole::kNorm);
-    add("self_attn.q_proj.weight", {q, h}, WeightRole::kLinear, h);
-    add("self_attn.k_proj.weight", {kv, h}, WeightRole::kLinear, h);
-    add("self_attn.v_proj.weight", {kv, h}, WeightRole::kLinear, h);
+    add("self_attn.q_proj.weight", {q, h}, WeightRole::kLinear, TpSplit::kQHeads);
+    add("self_attn.k_proj.weight", {kv, h}, WeightRole::kLinear, TpSplit::kKvHeads);
+    add("self_attn.v_proj.weight", {kv, h}, WeightRole::kLinear, TpSplit::kKvHeads);
     if (c.attention_bias) {
-      add("self_attn.q_proj.bias", {q}, WeightRole::kBias);
-      add("self_attn.k_proj.bias", {kv}, WeightRole::kBias);
-      add("self_attn.v_proj.bias", {kv}, WeightRole::kBias);
+      add("self_attn.q_proj.bias", {q}, WeightRole::kBias, TpSplit::kQHeads);
+      add("self_attn.k_proj.bias", {kv}, WeightRole::kBias, TpSplit::kKvHeads);
+      add("self_attn.v_proj.bias", {kv}, WeightRole::kBias, TpSplit::kKvHeads);
     }
     if (c.qk_norm) {  // Qwen3: one RMSNorm scale per head dimension, shared by the heads
       add("self_attn.q_norm.weight", {c.head_dim}, WeightRole::kNorm);
       add("self_attn.k_norm.weight", {c.head_dim}, WeightRole::kNorm);
     }
-    add("self_attn.o_proj.weight", {h, q}, WeightRole::kLinear, q, true);
+    add("self_attn.o_proj.weight", {h, q}, WeightRole::kLinear, TpSplit::kQHeads, 1);
     add("post_attention_layernorm.weight", {h}, WeightRole::kNorm);
-    add("mlp.gate_proj.weight", {f, h}, WeightRole::kLinear, h);
-    add("mlp.up_proj.weight", {f, h}, WeightRole::kLinear, h);
-    add("mlp.down_proj.weight", {h, f}, WeightRole::kLinear, f, true);
+    add("mlp.gate_proj.weight", {f, h}, WeightRole::kLinear, TpSplit::kFfn);
+    add("mlp.up_proj.weight", {f, h}, WeightRole::kLinear, TpSplit::kFfn);
+    add("mlp.down_proj.weight", {h, f}, WeightRole::kLinear, TpSplit::kFfn, 1);
   }
-  s.push_back({"model.norm.weight", {h}, WeightRole::kNorm, 0, false});
+  s.push_back({"model.norm.weight", {h}, WeightRole::kNorm});
   if (!c.tie_word_embeddings)
-    s.push_back({"lm_head.weight", {c.vocab_size, h}, WeightRole::kLmHead, h, false});
+    s.push_back(
+        {"lm_head.weight", {c.vocab_size, h}, WeightRole::kLmHead, h, false, TpSplit::kVocab});
   return s;
 }
 

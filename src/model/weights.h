@@ -20,12 +20,26 @@ enum class WeightRole {
   kLmHead,     // lm_head.weight [vocab, hidden], absent when tied
 };
 
+// Which part of the tensor a rank holds under tensor parallelism (model/tensor_parallel.h's
+// RankShape; model/weight_shard.h cuts it).
+enum class TpSplit {
+  kReplicated,  // all of it on every rank: the embedding, the RMSNorm scales
+  kQHeads,      // the rank's query heads: q_proj rows and bias, o_proj columns
+  kKvHeads,     // the rank's KV heads: k_proj, v_proj rows and biases
+  kFfn,         // the rank's MLP columns: gate_proj, up_proj rows, down_proj columns
+  kVocab,       // the rank's vocabulary: lm_head rows
+};
+
 struct WeightSpec {
   std::string name;
   std::vector<int64_t> shape;
   WeightRole role = WeightRole::kLinear;
   int64_t fan_in = 0;            // kLinear / kLmHead: the input width
   bool residual_branch = false;  // o_proj and down_proj: their output is added to the residual
+  TpSplit split = TpSplit::kReplicated;
+  // The dimension `split` cuts: 0 (rows: column-parallel layers, whose outputs split) or 1
+  // (columns: the row-parallel o_proj and down_proj, whose inputs split and outputs are summed).
+  int split_dim = 0;
 };
 
 // Every tensor, in the order a checkpoint writes them (embedding, layers in order, norm, head).

@@ -196,6 +196,7 @@ StepTime ProfileCostModel::breakdown(const Batch& batch) const {
   }
   if (decodes > 0) t.attn_decode_s = p.decode_attn.at(decodes, decode_kv / decodes);
   t.overhead_s = p.overhead_s;
+  t.all_reduce_s = p.all_reduce_seconds(static_cast<double>(batch.num_tokens()));
   return t;
 }
 
@@ -213,7 +214,12 @@ std::string ProfileCostModel::describe() const {
                 p.decode_base.x.size(), p.prefill_attn.x.size(), p.prefill_attn.y.size(),
                 p.decode_attn.x.size(), p.decode_attn.y.size(), p.sample_row_s * 1e6,
                 p.overhead_s * 1e3);
-  return buf;
+  std::string out = buf;
+  if (!p.all_reduce.x.empty())
+    out += "; tensor parallel: " + std::to_string(p.all_reduces_per_step) +
+           " all-reduces a step of " +
+           std::to_string(static_cast<int64_t>(p.all_reduce_bytes_per_token)) + " bytes a token";
+  return out;
 }
 
 }  // namespace flashserve::serve

@@ -48,7 +48,10 @@ int64_t kv_blocks_for(const ModelShape& model, double gpu_memory_bytes,
 // Breakdown of one step's time.
 struct StepTime {
   double linear_s = 0, attn_prefill_s = 0, attn_decode_s = 0, overhead_s = 0;
-  double total() const { return linear_s + attn_prefill_s + attn_decode_s + overhead_s; }
+  double all_reduce_s = 0;  // tensor parallelism's all-reduces (a profile's all_reduce table)
+  double total() const {
+    return linear_s + attn_prefill_s + attn_decode_s + overhead_s + all_reduce_s;
+  }
 };
 
 class CostModel {
@@ -77,8 +80,10 @@ class RooflineCostModel final : public CostModel {
 //   otherwise:    linear(T) + sample_row x (S - 1) + sum over chunks prefill_attn(q, cached)
 //                 + decode_attn(B, mean KV of the decodes) (when B > 0)
 // plus the engine's per-step overhead, with T the step's tokens, S its sampled rows and B its
-// decodes. Decode attention is costed at the decodes' mean KV length: it is linear in the KV
-// length, so B decodes of mean L read what B decodes of L each read.
+// decodes; under tensor parallelism (the profile's all_reduce table) plus the step's all-reduces,
+// all_reduces x all_reduce(T x bytes a token), two a layer, whatever the mix of the step. Decode
+// attention is costed at the decodes' mean KV length: it is linear in the KV length, so B decodes
+// of mean L read what B decodes of L each read.
 class ProfileCostModel final : public CostModel {
  public:
   ProfileCostModel(StepProfile profile, std::string name);

@@ -74,6 +74,12 @@ void make_monotone(ProfileTable2& t) {
     for (size_t i = 1; i < t.x.size(); ++i) t.cell(i, j) = std::max(t.cell(i, j), t.cell(i - 1, j));
 }
 
+double StepProfile::all_reduce_seconds(double tokens) const {
+  if (all_reduce.x.empty()) return 0;
+  return static_cast<double>(all_reduces_per_step) *
+         all_reduce.at(tokens * all_reduce_bytes_per_token);
+}
+
 void StepProfile::validate(const std::string& name) const {
   auto one = [&](const ProfileTable1& t, const char* table) {
     const std::string what = name + ": table " + table;
@@ -101,6 +107,15 @@ void StepProfile::validate(const std::string& name) const {
   two(decode_attn, "decode_attn");
   for (auto [v, what] : {std::pair{sample_row_s, "sample_row"}, std::pair{overhead_s, "overhead"}})
     if (!(v >= 0) || !std::isfinite(v)) bad(name + ": " + what + " must be finite and >= 0");
+  // The all-reduce table and the step's count of them come together, or neither does.
+  const bool counts = all_reduces_per_step > 0 && all_reduce_bytes_per_token > 0 &&
+                      std::isfinite(all_reduce_bytes_per_token);
+  if (all_reduce.x.empty() != !counts ||
+      (!counts && (all_reduces_per_step != 0 || all_reduce_bytes_per_token != 0)))
+    bad(name +
+        ": tensor parallelism needs both the all_reduce table and one all_reduces row "
+        "(positive all-reduces a step and bytes a token)");
+  if (!all_reduce.x.empty()) one(all_reduce, "all_reduce");
 }
 
 void StepProfile::write_csv(std::ostream& out) const {
@@ -121,17 +136,21 @@ void StepProfile::write_csv(std::ostream& out) const {
       for (size_t j = 0; j < tab->y.size(); ++j) row(t, tab->x[i], tab->y[j], tab->cell(i, j));
   row("sample_row", 0, 0, sample_row_s);
   row("overhead", 0, 0, overhead_s);
+  for (size_t i = 0; i < all_reduce.x.size(); ++i)
+    row("all_reduce", all_reduce.x[i], 0, all_reduce.seconds[i]);
+  if (!all_reduce.x.empty())
+    row("all_reduces", static_cast<double>(all_reduces_per_step), all_reduce_bytes_per_token, 0);
 }
 
 StepProfile StepProfile::read_csv(std::istream& in, const std::string& name) {
   StepProfile p;
   std::string line;
   int64_t lineno = 0;
-  bool header = false, have_sample = false, have_overhead = false;
+  bool header = false, have_sample = false, have_overhead = false, have_counts = false;
   auto fail = [&](const std::string& what) {
     bad(name + ":" + std::to_string(lineno) + ": " + what);
   };
-  std::map<double, double> lin, dbase;
+  std::map<double, double> lin, dbase, ar;
   std::map<std::pair<double, double>, double> pa, da;
   while (std::getline(in, line)) {
     ++lineno;
@@ -176,9 +195,15 @@ StepProfile StepProfile::read_csv(std::istream& in, const std::string& name) {
     }
     const std::string& t = f[0];
     bool fresh = true;
-    if (t == "linear" || t == "decode_base") {
+    if (t == "linear" || t == "decode_base" || t == "all_reduce") {
       if (v[1] != 0) fail(t + " has one axis: y must be 0");
-      fresh = (t == "linear" ? lin : dbase).emplace(v[0], v[2]).second;
+      fresh = (t == "linear" ? lin : t == "decode_base" ? dbase : ar).emplace(v[0], v[2]).second;
+    } else if (t == "all_reduces") {
+      if (v[0] != std::floor(v[0])) fail("all_reduces: x counts all-reduces: a whole number");
+      fresh = !have_counts;
+      have_counts = true;
+      p.all_reduces_per_step = static_cast<int64_t>(v[0]);
+      p.all_reduce_bytes_per_token = v[1];
     } else if (t == "prefill_attn" || t == "decode_attn") {
       fresh = (t == "prefill_attn" ? pa : da).emplace(std::pair{v[0], v[1]}, v[2]).second;
     } else if (t == "sample_row" || t == "overhead") {
@@ -193,7 +218,8 @@ StepProfile StepProfile::read_csv(std::istream& in, const std::string& name) {
   }
   if (!header) bad(name + ": no 'table,x,y,seconds' header");
   if (!have_sample || !have_overhead) bad(name + ": lacks the sample_row or overhead row");
-  for (auto [m, tab] : {std::pair{&lin, &p.linear}, std::pair{&dbase, &p.decode_base}})
+  for (auto [m, tab] : {std::pair{&lin, &p.linear}, std::pair{&dbase, &p.decode_base},
+                        std::pair{&ar, &p.all_reduce}})
     for (const auto& [x, s] : *m) tab->x.push_back(x), tab->seconds.push_back(s);
   for (auto [m, tab, t] : {std::tuple{&pa, &p.prefill_attn, "prefill_attn"},
                            std::tuple{&da, &p.decode_attn, "decode_attn"}}) {

@@ -15,12 +15,19 @@
 //   prefill_attn(C,K)  a prefill chunk of C tokens after K cached ones, minus linear(C)
 //   decode_attn(B,L)   B decodes at KV length L, minus decode_base(B)
 //   overhead           the engine's host time per step outside the executor (schedule, complete)
+//   all_reduce(B)      tensor parallelism (a profile made with --tensor-parallel-size N > 1): one
+//                      all-reduce of B bytes over the N ranks, measured on its own; the tables
+//                      above are then one rank's compute (model/tensor_parallel.h's rank_config),
+//                      as Vidur profiles them, and a step adds all_reduces x all_reduce(T x
+//                      all_reduce_bytes_per_token) for its T tokens (two a layer: after o_proj and
+//                      down_proj)
 // Every table is non-decreasing along each axis (the profiler makes it so: a running maximum over
 // the measured differences, which noise can make dip), so its interpolation is monotone.
 //
 // File format (CSV, docs/serving.md): `# key: value` lines (model, device, grid, method), then a
 // header `table,x,y,seconds` and one row per grid point: `linear,T,0,s`, `decode_base,B,0,s`,
-// `prefill_attn,C,K,s`, `decode_attn,B,L,s`, `sample_row,0,0,s`, `overhead,0,0,s`.
+// `prefill_attn,C,K,s`, `decode_attn,B,L,s`, `sample_row,0,0,s`, `overhead,0,0,s`; with tensor
+// parallelism also `all_reduce,B,0,s` and one `all_reduces,n,b,0` (n a step, b bytes a token).
 #pragma once
 
 #include <cstdint>
@@ -52,6 +59,12 @@ struct StepProfile {
   ProfileTable1 linear, decode_base;
   ProfileTable2 prefill_attn, decode_attn;
   double sample_row_s = 0, overhead_s = 0;
+  // Tensor parallelism: empty all_reduce (and 0, 0) for one device.
+  ProfileTable1 all_reduce;
+  int64_t all_reduces_per_step = 0;       // 2 x layers
+  double all_reduce_bytes_per_token = 0;  // hidden x the activations' element size
+  // Seconds of a step's all-reduces for `tokens` tokens (0 without tensor parallelism).
+  double all_reduce_seconds(double tokens) const;
 
   // Throws Error(kInvalidArgument, "profile", ...) naming the table: axes strictly increasing and
   // non-negative, values finite and >= 0, non-decreasing along every axis, no table empty.

@@ -255,6 +255,54 @@ TEST(ProfileCostModel, CsvRoundTripsAndRejectsMalformedTables) {
   EXPECT_THROW(fs::ProfileCostModel::load("/nonexistent.csv"), Error);
 }
 
+// Tensor parallelism: the profile's tables are one rank's compute, and a step adds
+// all_reduces_per_step all-reduces of (its tokens x bytes a token), each read off the all_reduce
+// table by message size; nothing else changes.
+TEST(ProfileCostModel, TensorParallelStepAddsItsAllReducesBySize) {
+  const fs::StepProfile one = known_profile();
+  fs::StepProfile tp = one;
+  tp.all_reduce.x = {1024, 1 << 20, 1 << 24};
+  tp.all_reduce.seconds = {10e-6, 40e-6, 400e-6};
+  tp.all_reduces_per_step = 2 * 32;          // two a layer, 32 layers
+  tp.all_reduce_bytes_per_token = 4096 * 2;  // hidden 4096, bf16 activations
+  const fs::ProfileCostModel pm1(one, "tp1"), pm(tp, "tp2");
+  // By hand: piecewise linear between the table's points.
+  auto ar = [](double bytes) {
+    if (bytes <= (1 << 20)) return 10e-6 + (bytes - 1024) / ((1 << 20) - 1024) * 30e-6;
+    return 40e-6 + (bytes - (1 << 20)) / ((1 << 24) - (1 << 20)) * 360e-6;
+  };
+  const fs::Batch dec = make_batch({{99, 1, false}, {299, 1, false}});
+  fs::Batch mix = make_batch({{99, 1, false}, {299, 1, false}, {1000, 300, true}, {0, 60, true}});
+  for (const fs::Batch* b : std::vector<const fs::Batch*>{&dec, &mix}) {
+    const double tokens = static_cast<double>(b->num_tokens());
+    const double want = 64 * ar(tokens * 8192);
+    EXPECT_NEAR(pm.breakdown(*b).all_reduce_s, want, 1e-15);
+    EXPECT_NEAR(pm.step_seconds(*b), pm1.step_seconds(*b) + want, 1e-12);
+    EXPECT_EQ(pm1.breakdown(*b).all_reduce_s, 0);
+  }
+  EXPECT_NE(pm.describe().find("64 all-reduces a step"), std::string::npos) << pm.describe();
+
+  std::stringstream io;
+  tp.write_csv(io);
+  const fs::StepProfile q = fs::StepProfile::read_csv(io, "tp.csv");
+  EXPECT_EQ(q.all_reduce.x, tp.all_reduce.x);
+  EXPECT_EQ(q.all_reduce.seconds, tp.all_reduce.seconds);
+  EXPECT_EQ(q.all_reduces_per_step, 64);
+  EXPECT_EQ(q.all_reduce_bytes_per_token, 8192);
+
+  // The table without the step's count of all-reduces (or the reverse) is refused by name.
+  fs::StepProfile half = tp;
+  half.all_reduces_per_step = 0;
+  EXPECT_THROW(half.validate("half"), Error);
+  half = one;
+  half.all_reduces_per_step = 64;
+  half.all_reduce_bytes_per_token = 8192;
+  EXPECT_THROW(half.validate("half"), Error);
+  half = tp;
+  half.all_reduce.seconds = {10e-6, 5e-6, 400e-6};
+  EXPECT_THROW(half.validate("half"), Error);  // decreasing
+}
+
 }  // namespace
 
 // An fp8 (e4m3) KV cache: one byte per element, so a token's K and V take half of bf16's bytes,

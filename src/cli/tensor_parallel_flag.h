@@ -1,0 +1,37 @@
+// --tensor-parallel-size N, as serve, bench-serve and profile take it (vLLM's name; serve also
+// reads vLLM's -tp): the ranks a model is split over (docs/tensor-parallel.md).
+//   --device cpu   N > 1 runs the in-process emulation (ranks as threads over host memory): the
+//                  sharded path end to end, for tests and for checking a split, not for speed
+//   --device cuda  N > 1 is refused by serve and bench-serve until the CUDA runner's ranks exist;
+//                  profile takes it (one rank's compute on GPU 0, the all-reduce over N GPUs by
+//                  NCCL), so the simulator can predict a TP run from one GPU and one NCCL table
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+#include "model/config.h"
+#include "serve/step_profile.h"
+
+namespace flashserve::cli {
+
+struct TensorParallelFlag {
+  int64_t size = 1;
+  CLI::Option* option = nullptr;
+
+  void add(CLI::App& app);
+  // UsageError naming --tensor-parallel-size for N > 1 on cuda unless `cuda_ranks` (profile: the
+  // ranks' compute needs no split runner there; NCCL and N devices are checked when it runs).
+  // Before the model is read: it needs none.
+  void check_device(const std::string& device, bool cuda_ranks = false) const;
+  // UsageError naming --tensor-parallel-size for a size that does not split `config` (its heads,
+  // KV heads, MLP; model/tensor_parallel.h), naming the field.
+  void check_model(const model::ModelConfig& config) const;
+};
+
+// A step profile measured for another tensor-parallel size would predict another engine's steps:
+// UsageError naming --tensor-parallel-size (a profile without the key is of one device).
+void check_profile_tensor_parallel(const serve::StepProfile& profile, int64_t size);
+
+}  // namespace flashserve::cli
