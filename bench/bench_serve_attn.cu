@@ -3,7 +3,7 @@
 // contiguous (varlen) or in a paged cache (pages in shuffled order, as a block manager hands them
 // out), run the way the engine runs it: plan_attention once from the host-side lengths, then
 // run_attention per layer, --calls calls captured back to back in one CUDA graph. 32 query heads
-// over 8 KV heads, head dim 128, bf16, causal (bottom-right), automatic split-KV.
+// over 8 KV heads, head dim 128 (--head-dim 64/256), bf16, causal (bottom-right), automatic split-KV.
 //
 // Decodes report TB/s of K and V read (against the device-to-device copy bandwidth measured in the
 // same run), prefills TFLOP/s with 4 * h_q * d FLOPs per visible (query, key) pair (the exact
@@ -29,7 +29,8 @@
 
 namespace {
 
-constexpr int kHq = 32, kHkv = 8, kD = 128;
+constexpr int kHq = 32, kHkv = 8;
+int kD = 128;  // --head-dim
 constexpr int64_t kPoolTokens = 64 * 4096 + 4096;  // the largest step's keys, and some spare
 
 // dst = src, 16 bytes per thread and step: the copy bandwidth SM loads and stores reach.
@@ -215,11 +216,13 @@ int main(int argc, char** argv) {
       reps = std::atoi(argv[++i]);
     else if (a == "--md" && i + 1 < argc)
       out_path = argv[++i];
+    else if (a == "--head-dim" && i + 1 < argc)
+      kD = std::atoi(argv[++i]);
     else if (a == "--decode-splits" && i + 1 < argc) {
       for (int n : parse_int_list(argv[++i])) decode_splits.push_back(n);
     } else {
       std::fprintf(stderr,
-                   "usage: bench_serve_attn [--calls 20] [--reps 15] [--md FILE] "
+                   "usage: bench_serve_attn [--calls 20] [--reps 15] [--md FILE] [--head-dim 128] "
                    "[--decode-splits 2,4,8]\n");
       return a == "--help" ? 0 : 2;
     }

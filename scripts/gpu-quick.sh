@@ -23,7 +23,7 @@ if [ "${1:-}" = --pack ]; then  # --pack BUILD_DIR TARBALL
   for f in $BINARIES; do mkdir -p "$stage/$(dirname $f)" && cp "$b/$f" "$stage/$f"; done
   mkdir -p "$stage/lib"
   for f in $BINARIES; do ldd "$b/$f"; done | awk '/=> \// {print $3}' | sort -u |
-    grep -vE '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+|libcuda|libcudart|libcublas|libcublasLt)\.so' |
+    grep -vE '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+|libcuda|libcudart|libcublas|libcublasLt|libnccl)\.so' |
     xargs -r -I{} cp -L {} "$stage/lib/"
   mkdir -p "$(dirname "$3")"
   tar -C "$stage" -cf - . | xz -T2 -6 > "$3"
@@ -54,6 +54,10 @@ if [ -n "${BIN_TAR:-}" ]; then
   mkdir -p "$BIN" && xz -dc "$BIN_TAR" | tar -C "$BIN" -xf - || { echo "unpack failed"; exit 1; }
   # Only our binaries see the carried libraries (python3 keeps the image's own).
   LIBS="$BIN/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib"
+  # NCCL (218 MB) does not travel: the image has PyTorch's copy (same soname, libnccl.so.2).
+  nccl=$(find /usr/local/cuda/lib* /usr/lib /usr/local/lib -name 'libnccl.so.2*' 2>/dev/null | head -n 1)
+  [ -n "$nccl" ] || nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__path__[0] + "/lib/x"))' 2>/dev/null)/libnccl.so.2
+  [ -e "$nccl" ] && LIBS+=":$(dirname "$nccl")" || echo "no libnccl.so.2 on this machine"
 elif [ -z "${BIN:-}" ]; then
   step build
   BIN=build/gpu-quick

@@ -286,11 +286,22 @@ TEST(PlanFamily, AutoTakesSm90WhereMeasuredFaster) {
   EXPECT_EQ(family_of(chunk), KernelFamily::kSm90);
   StepShape window = dense(1, 1024, 8, 128, true);
   window.pr.mask.left = 256;
+  EXPECT_EQ(family_of(window), KernelFamily::kSm80);  // 64 tiles: sm80 splits, sm90 would idle
+  window = dense(2, 1024, 8, 128, true);              // 128 tiles
+  window.pr.mask.left = 256;
   EXPECT_EQ(family_of(window), KernelFamily::kSm90);
   StepShape paged = dense(4, 512, 16, 128, true);
   paged.pr.paged = true;
   paged.pr.page_size = 256;
   EXPECT_EQ(family_of(paged), KernelFamily::kSm90);
+  paged.pr.page_size = 16;  // one TMA box per page: still faster at d128
+  EXPECT_EQ(family_of(paged), KernelFamily::kSm90);
+  StepShape paged64 = dense(4, 2048, 32, 64, true);
+  paged64.pr.paged = true;
+  paged64.pr.page_size = 16;  // at d64 sm80 is faster on pages shorter than a key block
+  EXPECT_EQ(family_of(paged64), KernelFamily::kSm80);
+  paged64.pr.page_size = 256;
+  EXPECT_EQ(family_of(paged64), KernelFamily::kSm90);
   StepShape unavailable = dense(4, 512, 16, 128, true);
   unavailable.ctx.sm90_unavailable = "needs a compute capability 9.0 device, this one is 8.0";
   EXPECT_EQ(family_of(unavailable), KernelFamily::kSm80);
