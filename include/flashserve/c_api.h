@@ -26,8 +26,10 @@ extern "C" {
 
 /* Bumped whenever a struct below or a function signature changes; bindings check it.
  * 3: the score modifiers (softcap, ALiBi) in fs_attention_params_v3 and the *_v3 functions; every
- *    ABI-2 struct and function is unchanged (a program built against ABI 2 keeps working). */
-#define FS_ABI_VERSION 3
+ *    ABI-2 struct and function is unchanged (a program built against ABI 2 keeps working).
+ * 4: FS_FLOAT8_E4M3 and fs_attention_params_v4 (the e4m3 descale factors) with the *_v4 forward
+ *    functions; every ABI-2 and ABI-3 struct and function is unchanged. */
+#define FS_ABI_VERSION 4
 
 typedef enum fs_status {
   FS_OK = 0,
@@ -42,7 +44,8 @@ typedef enum fs_dtype {
   FS_FLOAT16 = 1,
   FS_BFLOAT16 = 2,
   FS_INT32 = 3,
-  FS_FLOAT64 = 4
+  FS_FLOAT64 = 4,
+  FS_FLOAT8_E4M3 = 5 /* float8_e4m3fn: q, k, v of an FP8 call (fs_attention_params_v4) */
 } fs_dtype;
 
 typedef enum fs_device_type { FS_CPU = 0, FS_CUDA = 1 } fs_device_type;
@@ -89,6 +92,17 @@ typedef struct fs_attention_params_v3 {
   float softcap;          /* > 0: tanh capping; 0: off; negative or subnormal: refused */
   fs_tensor alibi_slopes; /* optional float32 [h_q] or [batch, h_q] */
 } fs_attention_params_v3;
+
+/* ABI 4: fs_attention_params_v3 (unchanged, as `base`) and FlashAttention-3's descale factors of
+ * FP8 inputs (flashserve/attention.h): q, k and v all FS_FLOAT8_E4M3 with out bfloat16, or k and v
+ * alone e4m3 beside a float32/float16/bfloat16 q and out of q's dtype. Each factor is optional
+ * float32 [batch, h_kv] (absent: 1) and only allowed beside an e4m3 tensor of its name. The CPU
+ * path computes on the dequantised values; the CUDA kernels refuse e4m3 (FS_ERROR_UNSUPPORTED)
+ * until the sm90 FP8 kernel exists. The v3 functions take e4m3 tensors too, with every factor 1. */
+typedef struct fs_attention_params_v4 {
+  fs_attention_params_v3 base;
+  fs_tensor q_descale, k_descale, v_descale;
+} fs_attention_params_v4;
 
 /* Mirrors flashserve::AttentionBackwardParams (flashserve/attention_backward.h): the gradients
  * dq, dk, dv of the attention that `attn` describes (its forward call: out and lse as the forward
@@ -183,6 +197,14 @@ FS_API int fs_attention_backward_validate_v3(const fs_attention_backward_params_
 FS_API int fs_attention_backward_v3(const fs_attention_backward_params_v3* params);
 FS_API size_t
 fs_attention_backward_workspace_size_v3(const fs_attention_backward_params_v3* params);
+
+/* The ABI-4 forms of the forward's functions: the v3 behaviour with the descale factors. _init
+ * fills base as fs_attention_params_v3_init does, every factor absent. (No backward takes e4m3.) */
+FS_API void fs_attention_params_v4_init(fs_attention_params_v4* params);
+FS_API size_t fs_sizeof_attention_params_v4(void);
+FS_API int fs_attention_validate_v4(const fs_attention_params_v4* params);
+FS_API int fs_attention_forward_v4(const fs_attention_params_v4* params);
+FS_API size_t fs_attention_workspace_size_v4(const fs_attention_params_v4* params);
 
 /* Fills params with the defaults of flashserve::KvCacheAppendParams (every tensor absent,
  * rotary_interleaved 1, everything else 0). */

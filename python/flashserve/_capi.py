@@ -14,13 +14,13 @@ import os
 import threading
 
 LIBRARY_NAME = "libflashserve_c.so"
-ABI_VERSION = 3  # FS_ABI_VERSION of the header these structs mirror
+ABI_VERSION = 4  # FS_ABI_VERSION of the header these structs mirror
 MAX_RANK = 4
 
 # fs_dtype, fs_device_type and fs_status codes.
-FLOAT32, FLOAT16, BFLOAT16, INT32, FLOAT64 = 0, 1, 2, 3, 4
+FLOAT32, FLOAT16, BFLOAT16, INT32, FLOAT64, FLOAT8_E4M3 = 0, 1, 2, 3, 4, 5
 DTYPE_NAMES = {FLOAT32: "float32", FLOAT16: "float16", BFLOAT16: "bfloat16", INT32: "int32",
-               FLOAT64: "float64"}
+               FLOAT64: "float64", FLOAT8_E4M3: "float8_e4m3fn"}
 CPU, CUDA = 0, 1
 OK, INVALID_ARGUMENT, UNSUPPORTED, CUDA_ERROR, INTERNAL = 0, 1, 2, 3, 4
 
@@ -77,6 +77,16 @@ class AttentionParamsV3(ctypes.Structure):
     ]
 
 
+class AttentionParamsV4(ctypes.Structure):
+    """fs_attention_params_v4: fs_attention_params_v3 (its fields reachable directly) and the
+    descale factors of e4m3 inputs."""
+    _anonymous_ = ("base",)
+    _fields_ = [
+        ("base", AttentionParamsV3),
+        ("q_descale", Tensor), ("k_descale", Tensor), ("v_descale", Tensor),
+    ]
+
+
 class AttentionBackwardParamsV3(ctypes.Structure):
     """fs_attention_backward_params_v3."""
     _fields_ = [
@@ -123,6 +133,11 @@ _SIGNATURES = {
     "fs_attention_validate_v3": (ctypes.c_int, [ctypes.POINTER(AttentionParamsV3)]),
     "fs_attention_forward_v3": (ctypes.c_int, [ctypes.POINTER(AttentionParamsV3)]),
     "fs_attention_workspace_size_v3": (ctypes.c_size_t, [ctypes.POINTER(AttentionParamsV3)]),
+    "fs_attention_params_v4_init": (None, [ctypes.POINTER(AttentionParamsV4)]),
+    "fs_sizeof_attention_params_v4": (ctypes.c_size_t, []),
+    "fs_attention_validate_v4": (ctypes.c_int, [ctypes.POINTER(AttentionParamsV4)]),
+    "fs_attention_forward_v4": (ctypes.c_int, [ctypes.POINTER(AttentionParamsV4)]),
+    "fs_attention_workspace_size_v4": (ctypes.c_size_t, [ctypes.POINTER(AttentionParamsV4)]),
     "fs_attention_backward_params_v3_init": (None, [ctypes.POINTER(AttentionBackwardParamsV3)]),
     "fs_sizeof_attention_backward_params_v3": (ctypes.c_size_t, []),
     "fs_attention_backward_validate_v3": (ctypes.c_int,
@@ -214,6 +229,7 @@ def lib():
                     handle.fs_sizeof_kvcache_append_params() !=
                     ctypes.sizeof(KvCacheAppendParams) or
                     handle.fs_sizeof_attention_params_v3() != ctypes.sizeof(AttentionParamsV3) or
+                    handle.fs_sizeof_attention_params_v4() != ctypes.sizeof(AttentionParamsV4) or
                     handle.fs_sizeof_attention_backward_params_v3() !=
                     ctypes.sizeof(AttentionBackwardParamsV3)):
                 raise ImportError(f"flashserve: the struct layout of {path} differs from the "

@@ -97,10 +97,11 @@ def test_abi2_entry_points_still_run_the_abi2_struct(seed):
 
 def test_struct_layout_and_version():
     lib = _capi.lib()
-    assert lib.fs_abi_version() == _capi.ABI_VERSION == 3
+    assert lib.fs_abi_version() == _capi.ABI_VERSION == 4
     assert lib.fs_sizeof_tensor() == ctypes.sizeof(_capi.Tensor)
     assert lib.fs_sizeof_attention_params() == ctypes.sizeof(_capi.AttentionParams)
     assert lib.fs_sizeof_attention_params_v3() == ctypes.sizeof(_capi.AttentionParamsV3)
+    assert lib.fs_sizeof_attention_params_v4() == ctypes.sizeof(_capi.AttentionParamsV4)
     assert lib.fs_sizeof_attention_backward_params_v3() == ctypes.sizeof(
         _capi.AttentionBackwardParamsV3)
     with open(os.path.join(REPO, "CMakeLists.txt")) as f:
@@ -120,6 +121,104 @@ def test_forward_through_the_c_struct(seed):
     assert lib.fs_last_error() == b""
     expected, expected_lse = flashserve.flash_attn_func(q, k, v, causal=True, return_lse=True)
     assert np.array_equal(out, expected) and np.array_equal(lse, expected_lse)
+
+
+def e4m3_table():
+    """The value of each of the 256 float8_e4m3fn codes (NaN for 0x7f and 0xff; no infinities)."""
+    codes = np.arange(256)
+    e, m = (codes >> 3) & 0xF, codes & 7
+    mag = np.where(e == 0, m / 8.0 * 2.0**-6, (1 + m / 8.0) * 2.0**(e - 7.0))
+    val = np.where(codes & 0x80, -mag, mag)
+    val[[0x7F, 0xFF]] = np.nan
+    return val
+
+
+def to_e4m3(x):
+    """The codes nearest to x (uint8), and their values."""
+    table = e4m3_table()
+    finite = np.flatnonzero(~np.isnan(table))
+    idx = finite[np.argmin(np.abs(x[..., None] - table[finite]), axis=-1)]
+    return idx.astype(np.uint8), table[idx]
+
+
+def raw_tensor(a, code):
+    """An fs_tensor over a NumPy array whose element type NumPy has no name for (e4m3 codes in
+    uint8, bfloat16 bits in uint16)."""
+    t = _capi.Tensor()
+    t.data, t.dtype, t.device_type, t.device_index, t.rank = a.ctypes.data, code, _capi.CPU, 0, a.ndim
+    for i in range(a.ndim):
+        t.shape[i], t.strides[i] = a.shape[i], a.strides[i] // a.itemsize
+    return t
+
+
+def attention_f64(q, k, v, scale, causal):
+    """Float64 attention of dense [b, s, h, d] arrays, GQA, bottom-right causal."""
+    b, sq, hq, _ = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    out = np.zeros(q.shape[:3] + (v.shape[3],))
+    for bi in range(b):
+        for h in range(hq):
+            s = q[bi, :, h] @ k[bi, :, h // (hq // hk)].T * scale
+            if causal:
+                s[np.arange(sk)[None, :] > np.arange(sq)[:, None] + (sk - sq)] = -np.inf
+            p = np.exp(s - s.max(axis=1, keepdims=True))
+            out[bi, :, h] = (p / p.sum(axis=1, keepdims=True)) @ v[bi, :, h // (hq // hk)]
+    return out
+
+
+@pytest.mark.parametrize("all_e4m3", [False, True])
+def test_e4m3_through_the_v4_struct_matches_float64(seed, all_e4m3):
+    """ABI 4: k and v as e4m3 codes with per-(batch, KV head) descales beside a float32 q (an fp8
+    KV cache), or q, k and v all e4m3 with a bfloat16 out (FlashAttention-3's FP8 call), on the
+    CPU path, against float64 attention of the dequantised values."""
+    rng = np.random.default_rng(seed)
+    b, sq, sk, hq, hk, d = 2, 9, 13, 4, 2, 16
+    scale = 1.0 / np.sqrt(d)
+    kc, kval = to_e4m3(rng.standard_normal((b, sk, hk, d)) * 4)
+    vc, vval = to_e4m3(rng.standard_normal((b, sk, hk, d)) * 4)
+    k_ds, v_ds, q_ds = (rng.uniform(0.05, 0.5, (b, hk)).astype(np.float32) for _ in range(3))
+    group = np.repeat(np.arange(hk), hq // hk)  # the KV head of each query head
+    p = _capi.AttentionParamsV4()
+    _capi.lib().fs_attention_params_v4_init(ctypes.byref(p))
+    if all_e4m3:
+        qc, qval = to_e4m3(rng.standard_normal((b, sq, hq, d)) * 4)
+        q_deq = qval * q_ds[:, None, group, None]
+        out = np.full((b, sq, hq, d), 0x7FC0, dtype=np.uint16)  # bfloat16 NaN
+        p.q, p.out = raw_tensor(qc, _capi.FLOAT8_E4M3), raw_tensor(out, _capi.BFLOAT16)
+        p.q_descale = raw_tensor(q_ds, _capi.FLOAT32)
+    else:
+        q = rng.standard_normal((b, sq, hq, d)).astype(np.float32)
+        q_deq = q.astype(np.float64)
+        out = np.full((b, sq, hq, d), np.nan, dtype=np.float32)
+        p.q, p.out = raw_tensor(q, _capi.FLOAT32), raw_tensor(out, _capi.FLOAT32)
+    p.k, p.v = raw_tensor(kc, _capi.FLOAT8_E4M3), raw_tensor(vc, _capi.FLOAT8_E4M3)
+    p.k_descale, p.v_descale = raw_tensor(k_ds, _capi.FLOAT32), raw_tensor(v_ds, _capi.FLOAT32)
+    p.causal = 1
+    lib = _capi.lib()
+    assert call(lib.fs_attention_validate_v4, p) == 0, lib.fs_last_error()
+    assert call(lib.fs_attention_forward_v4, p) == 0, lib.fs_last_error()
+    v_deq = vval * v_ds[:, None, :, None]
+    expected = attention_f64(q_deq, kval * k_ds[:, None, :, None], v_deq, scale, causal=True)
+    got = ((out.astype(np.uint32) << 16).view(np.float32) if all_e4m3 else out).astype(np.float64)
+    # float32 arithmetic on the dequantised values; a bfloat16 out adds half an ulp (2^-9).
+    tol = (2.0**-8 if all_e4m3 else 1e-5) * np.abs(v_deq).max()
+    assert np.abs(got - expected).max() <= tol
+
+
+def test_descale_beside_a_tensor_that_is_not_e4m3_is_refused_by_name(seed):
+    q, k, v, out = dense(seed)
+    p = _capi.AttentionParamsV4()
+    _capi.lib().fs_attention_params_v4_init(ctypes.byref(p))
+    keep = []
+    for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):
+        keep.append(_tensor.describe(x, name))
+        setattr(p, name, keep[-1].struct)
+    ds = np.ones((2, 2), dtype=np.float32)
+    p.k_descale = raw_tensor(ds, _capi.FLOAT32)
+    lib = _capi.lib()
+    assert call(lib.fs_attention_forward_v4, p) == _capi.INVALID_ARGUMENT
+    assert b"k_descale" in lib.fs_last_error()
+    assert np.isnan(out).all()
 
 
 def test_null_and_malformed_structs_return_codes(seed):

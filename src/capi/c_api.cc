@@ -31,6 +31,7 @@ static_assert(FS_FLOAT16 == static_cast<int>(DType::kFloat16));
 static_assert(FS_BFLOAT16 == static_cast<int>(DType::kBFloat16));
 static_assert(FS_INT32 == static_cast<int>(DType::kInt32));
 static_assert(FS_FLOAT64 == static_cast<int>(DType::kFloat64));
+static_assert(FS_FLOAT8_E4M3 == static_cast<int>(DType::kFloat8E4M3));
 static_assert(FS_CPU == static_cast<int>(DeviceType::kCPU));
 static_assert(FS_CUDA == static_cast<int>(DeviceType::kCUDA));
 static_assert(FS_ERROR_INVALID_ARGUMENT == static_cast<int>(ErrorKind::kInvalidArgument));
@@ -113,7 +114,8 @@ TensorView to_view(const fs_tensor& t, const char* name) {
   if (t.rank == 0 && t.data == nullptr) return view;  // absent
   if (t.rank < 0 || t.rank > kMaxRank)
     invalid(name, "rank %d is not supported (0..%d)", t.rank, kMaxRank);
-  if (t.dtype < FS_FLOAT32 || t.dtype > FS_FLOAT64) invalid(name, "unknown dtype code %d", t.dtype);
+  if (t.dtype < FS_FLOAT32 || t.dtype > FS_FLOAT8_E4M3)
+    invalid(name, "unknown dtype code %d", t.dtype);
   if (t.device_type != FS_CPU && t.device_type != FS_CUDA)
     invalid(name, "unknown device type code %d", t.device_type);
   view.data = t.data;
@@ -164,6 +166,15 @@ AttentionParams to_params(const fs_attention_params_v3* p) {
   AttentionParams params = to_params(&p->base);
   params.softcap = p->softcap;
   params.alibi_slopes = to_view(p->alibi_slopes, "alibi_slopes");
+  return params;
+}
+
+AttentionParams to_params(const fs_attention_params_v4* p) {
+  if (p == nullptr) throw Error(ErrorKind::kInvalidArgument, "params", "null pointer");
+  AttentionParams params = to_params(&p->base);
+  params.q_descale = to_view(p->q_descale, "q_descale");
+  params.k_descale = to_view(p->k_descale, "k_descale");
+  params.v_descale = to_view(p->v_descale, "v_descale");
   return params;
 }
 
@@ -317,6 +328,24 @@ FS_API int fs_attention_forward_v3(const fs_attention_params_v3* params) {
   return flashserve::forward_call(params);
 }
 FS_API size_t fs_attention_workspace_size_v3(const fs_attention_params_v3* params) {
+  return flashserve::workspace_size_call(params);
+}
+
+FS_API void fs_attention_params_v4_init(fs_attention_params_v4* params) {
+  if (params == nullptr) return;
+  *params = fs_attention_params_v4{};
+  fs_attention_params_v3_init(&params->base);
+}
+FS_API size_t fs_sizeof_attention_params_v4(void) {
+  return sizeof(fs_attention_params_v4);
+}
+FS_API int fs_attention_validate_v4(const fs_attention_params_v4* params) {
+  return flashserve::validate_call(params);
+}
+FS_API int fs_attention_forward_v4(const fs_attention_params_v4* params) {
+  return flashserve::forward_call(params);
+}
+FS_API size_t fs_attention_workspace_size_v4(const fs_attention_params_v4* params) {
   return flashserve::workspace_size_call(params);
 }
 
