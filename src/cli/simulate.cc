@@ -18,9 +18,11 @@
 #include "cli/options.h"
 #include "cli/scheduler_flags.h"
 #include "cli/serving_report.h"
+#include "cli/tensor_parallel_flag.h"
 #include "common/checked_math.h"
 #include "engine/simulator.h"
 #include "flashserve/error.h"
+#include "model/tensor_parallel.h"
 #include "serve/capacity.h"
 #include "serve/cost_model.h"
 #include "serve/svg_plot.h"
@@ -54,6 +56,7 @@ struct Options {
   std::string plot;
   bool verbose = false;
   KvCacheDtypeFlag kv_dtype;
+  TensorParallelFlag tp;  // > 1: a profile measured at that size, the pool of one rank's GPU
   // Which options were given (a default and a given value of the same number differ here).
   bool rate_given = false, overhead_given = false, num_blocks_given = false;
 };
@@ -150,6 +153,9 @@ int parse_options(int argc, char** argv, Options& o) {
            "fraction of blocks kept free at admission (sarathi, vllm-v0, static; vllm-v1 and orca "
            "admit without one)");
   o.wl.add(app);
+  o.tp.add(app,
+           "GPUs the model is split over (Megatron-style): the --profile must be measured at "
+           "this size; the KV cache is what fits beside one rank's weights");
   app.add_option("--trace", o.trace, "CSV trace arrival_s,prompt_tokens,output_tokens");
   auto* rate_opt = add_real(app, "--rate", o.rate, {0, 1e6, Open::kLow}, "requests per second");
   auto* requests_opt = add_int(app, "--requests", o.requests, {1, fs::kMaxGeneratedRequests},
@@ -167,6 +173,11 @@ int parse_options(int argc, char** argv, Options& o) {
   o.sched.refuse_inapplicable();
   refuse_unless(overhead_opt, o.profile.empty(),
                 "applies to the roofline model, not to a measured --profile");
+  // The roofline model costs one GPU's step; a tensor-parallel step is a rank's compute and its
+  // all-reduces, which only a profile measured at that size has.
+  refuse_unless(o.tp.option, o.tp.size == 1 || !o.profile.empty(),
+                "needs a --profile measured with the same --tensor-parallel-size (the roofline "
+                "model is of one GPU)");
   refuse_unless(mem_util_opt, num_blocks_opt->count() == 0,
                 "sizes the KV cache, which --num-blocks sets");
   for (auto* opt : {o.wl.workload_opt, o.wl.arrival_opt, requests_opt, seed_opt})
@@ -205,6 +216,7 @@ Study prepare(Options& o) {
   if (!o.profile.empty()) {
     auto table = std::make_unique<fs::ProfileCostModel>(fs::ProfileCostModel::load(o.profile));
     check_profile_kv_cache(table->profile(), o.kv_dtype.resolve(""));
+    check_profile_tensor_parallel(table->profile(), o.tp.size);
     st.cost = std::move(table);
   } else {
     st.cost = std::make_unique<fs::RooflineCostModel>(model, gpu);
@@ -217,9 +229,16 @@ Study prepare(Options& o) {
     throw Error(ErrorKind::kInvalidArgument, "--max-model-len",
                 std::to_string(o.sched.max_model_len) + " exceeds " + model.name + "'s context " +
                     std::to_string(model.max_context));
-  st.num_blocks = o.num_blocks_given
-                      ? o.num_blocks  // checked by the BlockManager, naming num_blocks
-                      : fs::kv_blocks_for(model, gpu.memory_bytes, o.gpu_mem_util, o.block_size);
+  // Under tensor parallelism each GPU holds one rank's weights and its KV heads of every token:
+  // the blocks that fit beside a rank's weights are the pool's.
+  const fs::ModelShape pool_model =
+      o.tp.size == 1 ? model : check_option("--tensor-parallel-size", [&] {
+        return flashserve::model::rank_model_shape(model, o.tp.size);
+      });
+  st.num_blocks =
+      o.num_blocks_given
+          ? o.num_blocks  // checked by the BlockManager, naming num_blocks
+          : fs::kv_blocks_for(pool_model, gpu.memory_bytes, o.gpu_mem_util, o.block_size);
 
   // The workload, as a function of the rate (the same lengths and the same arrival pattern,
   // scaled).

@@ -5,10 +5,11 @@
 
 namespace flashserve::cli {
 
-void TensorParallelFlag::add(CLI::App& app) {
+void TensorParallelFlag::add(CLI::App& app, const std::string& help) {
   option = add_int(app, "--tensor-parallel-size", size, {1, 1 << 10},
-                   "ranks the model is split over (Megatron-style): on cpu an in-process "
-                   "emulation; on cuda 1 (profile: N GPUs)");
+                   !help.empty() ? help
+                                 : "ranks the model is split over (Megatron-style): on cpu an "
+                                   "in-process emulation; on cuda 1 (profile: N GPUs)");
 }
 
 void TensorParallelFlag::check_device(const std::string& device, bool cuda_ranks) const {

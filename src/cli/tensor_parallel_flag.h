@@ -20,7 +20,8 @@ struct TensorParallelFlag {
   int64_t size = 1;
   CLI::Option* option = nullptr;
 
-  void add(CLI::App& app);
+  // `help`: what the size means to this command (default: serve's and bench-serve's meaning).
+  void add(CLI::App& app, const std::string& help = "");
   // UsageError naming --tensor-parallel-size for N > 1 on cuda unless `cuda_ranks` (profile: the
   // ranks' compute needs no split runner there; NCCL and N devices are checked when it runs).
   // Before the model is read: it needs none.

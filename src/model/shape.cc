@@ -10,7 +10,8 @@ int64_t ModelShape::layer_linear_params() const {
 }
 
 int64_t ModelShape::weight_bytes() const {
-  return (linear_params() + hidden * vocab) * bytes_per_param;
+  return (linear_params() + hidden * (embedding_rows > 0 ? embedding_rows : vocab)) *
+         bytes_per_param;
 }
 
 void ModelShape::validate() const {

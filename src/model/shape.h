@@ -14,6 +14,9 @@ struct ModelShape {
   int64_t max_context = 0;        // the model's own context length
   int64_t bytes_per_param = 2;    // bf16 weights
   int64_t kv_bytes_per_elem = 2;  // bf16 KV cache; 1 with an fp8 (e4m3) cache
+  // The embedding table's rows where they differ from the LM head's `vocab` (a tensor-parallel
+  // rank keeps the whole table beside its block of the LM head, model/tensor_parallel.h); 0: vocab.
+  int64_t embedding_rows = 0;
 
   // Weights of the matmuls of one decoder layer: Q, K, V, O projections and the SwiGLU MLP.
   int64_t layer_linear_params() const;

@@ -14,15 +14,12 @@ namespace {
               std::to_string(size) + " does not split this model: " + why);
 }
 
-}  // namespace
-
-void check_tensor_parallel(const ModelConfig& c, int64_t size) {
+// The split's rules (tensor_parallel.h) on the sizes they involve, named as config.json names them.
+void check_split(int64_t heads, int64_t hkv, int64_t intermediate_size, int64_t size) {
   if (size < 1) refuse(size, "it must be at least 1");
   const auto n = std::to_string(size);
-  if (c.num_attention_heads % size != 0)
-    refuse(size, "num_attention_heads " + std::to_string(c.num_attention_heads) +
-                     " is not a multiple of " + n);
-  const int64_t hkv = c.num_key_value_heads;
+  if (heads % size != 0)
+    refuse(size, "num_attention_heads " + std::to_string(heads) + " is not a multiple of " + n);
   // Fewer KV heads than ranks: each is replicated over size / hkv ranks, which must be a whole
   // number for every rank's query heads to share one KV head.
   if (hkv >= size ? hkv % size != 0 : size % hkv != 0)
@@ -30,9 +27,15 @@ void check_tensor_parallel(const ModelConfig& c, int64_t size) {
                      (hkv >= size ? " is not a multiple of " + n
                                   : " does not divide it (a KV head would be replicated over a "
                                     "fractional number of ranks)"));
-  if (c.intermediate_size % size != 0)
-    refuse(size, "intermediate_size " + std::to_string(c.intermediate_size) +
-                     " is not a multiple of " + n);
+  if (intermediate_size % size != 0)
+    refuse(size,
+           "intermediate_size " + std::to_string(intermediate_size) + " is not a multiple of " + n);
+}
+
+}  // namespace
+
+void check_tensor_parallel(const ModelConfig& c, int64_t size) {
+  check_split(c.num_attention_heads, c.num_key_value_heads, c.intermediate_size, size);
 }
 
 RankShape rank_shape(const ModelConfig& c, int64_t size, int64_t rank) {
@@ -66,6 +69,17 @@ ModelConfig rank_config(const ModelConfig& c, int64_t size) {
   // Token ids of the original model must stay valid in the stand-in.
   r.bos_token_id = -1;
   r.eos_token_ids.clear();
+  return r;
+}
+
+ModelShape rank_model_shape(const ModelShape& m, int64_t size) {
+  check_split(m.heads, m.kv_heads, m.ffn, size);
+  ModelShape r = m;
+  r.heads = m.heads / size;
+  r.kv_heads = m.kv_heads >= size ? m.kv_heads / size : 1;
+  r.ffn = m.ffn / size;
+  r.vocab = (m.vocab + size - 1) / size;
+  r.embedding_rows = m.embedding_rows > 0 ? m.embedding_rows : m.vocab;
   return r;
 }
 

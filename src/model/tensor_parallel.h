@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "model/config.h"
+#include "model/shape.h"
 
 namespace flashserve::model {
 
@@ -40,5 +41,11 @@ RankShape rank_shape(const ModelConfig& config, int64_t size, int64_t rank);
 // --tensor-parallel-size N` times it on one device (Vidur's method: a rank's compute measured
 // alone, the all-reduces costed from their own table).
 ModelConfig rank_config(const ModelConfig& config, int64_t size);
+
+// The cost model's sizes of one rank (rank 0, whose blocks are the largest): its query heads, KV
+// heads, MLP columns and LM-head block, the whole embedding table; so weight_bytes() and
+// kv_bytes_per_token() are what each GPU holds. The same rules and refusals as
+// check_tensor_parallel.
+ModelShape rank_model_shape(const ModelShape& model, int64_t size);
 
 }  // namespace flashserve::model

@@ -25,6 +25,8 @@
 #include "model/forward_batch.h"
 #include "model/random_checkpoint.h"
 #include "model/runner.h"
+#include "model/shape.h"
+#include "model/tensor_parallel.h"
 #include "reference_model.h"
 #include "test_dirs.h"
 
@@ -154,6 +156,36 @@ TEST(TensorParallelErrors, SizesThatDoNotSplitTheModelAreRefusedByName) {
   for (int tp : {3, 8, 0}) {
     try {
       make_cpu_runner(dir, tp);
+      ADD_FAILURE() << "TP=" << tp << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "tensor_parallel_size") << e.what();
+    }
+  }
+}
+
+// The cost model's sizes of one rank: what each GPU holds. Mistral-7B's dimensions with a
+// vocabulary that 2 does not divide; every figure recomputed here from Megatron's split.
+TEST(TensorParallelShape, ARankHoldsItsSliceOfEveryMatmulAndTheWholeEmbedding) {
+  ModelShape m;
+  m.name = "m";
+  m.layers = 32, m.hidden = 4096, m.heads = 32, m.kv_heads = 8, m.head_dim = 128, m.ffn = 14336;
+  m.vocab = 32001, m.max_context = 8192;
+  const int64_t hd = m.head_dim;
+  for (int64_t tp : {1, 2, 4, 8, 16}) {
+    SCOPED_TRACE("TP=" + std::to_string(tp));
+    const ModelShape r = rank_model_shape(m, tp);
+    const int64_t heads = 32 / tp, kv = tp <= 8 ? 8 / tp : 1, ffn = 14336 / tp;
+    const int64_t lm_rows = (32001 + tp - 1) / tp;
+    const int64_t layer =
+        4096 * heads * hd + 2 * 4096 * kv * hd + heads * hd * 4096 + 3 * 4096 * ffn;
+    EXPECT_EQ(r.weight_bytes(), (32 * layer + 4096 * lm_rows + 4096 * 32001) * 2);
+    EXPECT_EQ(r.kv_bytes_per_token(), 2 * 32 * kv * hd * 2);
+    if (tp <= 8)  // KV heads split, not replicated: the ranks' matmuls add up to the model's
+      EXPECT_EQ(tp * r.layer_linear_params(), m.layer_linear_params());
+  }
+  for (int64_t tp : {3, 64, 0}) {
+    try {
+      rank_model_shape(m, tp);
       ADD_FAILURE() << "TP=" << tp << " accepted";
     } catch (const Error& e) {
       EXPECT_EQ(e.argument(), "tensor_parallel_size") << e.what();
