@@ -93,7 +93,9 @@ TEST(NcclCommunicator, BadDeviceListsAreRefusedByName) {
   EXPECT_THROW(make_nccl_group({}), Error);
   EXPECT_THROW(make_nccl_group({0, 0}), Error);
   try {
-    make_nccl_group({0, device_count()});
+    // Two distinct devices past the machine's last (on a machine without GPUs {0, 0} would be
+    // refused as a repeat, not as missing).
+    make_nccl_group({device_count(), device_count() + 1});
     FAIL() << "a device beyond the machine's was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "tensor_parallel_size") << e.what();
