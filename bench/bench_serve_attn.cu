@@ -3,7 +3,8 @@
 // contiguous (varlen) or in a paged cache (pages in shuffled order, as a block manager hands them
 // out), run the way the engine runs it: plan_attention once from the host-side lengths, then
 // run_attention per layer, --calls calls captured back to back in one CUDA graph. 32 query heads
-// over 8 KV heads, head dim 128 (--head-dim 64/256), bf16, causal (bottom-right), automatic split-KV.
+// over 8 KV heads, head dim 128 (--head-dim 64/256), bf16, causal (bottom-right), automatic
+// split-KV.
 //
 // Decodes report TB/s of K and V read (against the device-to-device copy bandwidth measured in the
 // same run), prefills TFLOP/s with 4 * h_q * d FLOPs per visible (query, key) pair (the exact
@@ -30,7 +31,7 @@
 namespace {
 
 constexpr int kHq = 32, kHkv = 8;
-int kD = 128;  // --head-dim
+int g_head_dim = 128;                              // --head-dim
 constexpr int64_t kPoolTokens = 64 * 4096 + 4096;  // the largest step's keys, and some spare
 
 // dst = src, 16 bytes per thread and step: the copy bandwidth SM loads and stores reach.
@@ -81,14 +82,14 @@ bool all_decode(const Row& r) {
 double kv_bytes(const Row& r) {
   double keys = 0;
   for (const Seq& s : r.seqs) keys += s.kv_len();
-  return 2.0 * keys * kHkv * kD * 2;  // K and V, bf16
+  return 2.0 * keys * kHkv * g_head_dim * 2;  // K and V, bf16
 }
 
 double flops(const Row& r) {  // visible (query, key) pairs under the bottom-right causal mask
   double pairs = 0;
   for (const Seq& s : r.seqs)
     pairs += double(s.q_len) * s.cached + double(s.q_len) * (s.q_len + 1) / 2;
-  return 4.0 * kHq * kD * pairs;
+  return 4.0 * kHq * g_head_dim * pairs;
 }
 
 struct Buffers {
@@ -127,8 +128,8 @@ Step make_step(const Row& row, int page, Buffers& b, std::mt19937& rng, bool in_
   }
   flashserve::AttentionParams& p = st.params;
   const int64_t total_q = st.cu_q.back();
-  p.q = dview(b.q, DType::kBFloat16, {total_q, kHq, kD});
-  p.out = dview(b.out, DType::kBFloat16, {total_q, kHq, kD});
+  p.q = dview(b.q, DType::kBFloat16, {total_q, kHq, g_head_dim});
+  p.out = dview(b.out, DType::kBFloat16, {total_q, kHq, g_head_dim});
   p.cu_seqlens_q = dview(b.cu_q, DType::kInt32, {n + 1});
   CUDA_OK(cudaMemcpy(b.cu_q, st.cu_q.data(), 4 * (n + 1), cudaMemcpyHostToDevice));
   p.max_seqlen_q = max_q;
@@ -136,8 +137,8 @@ Step make_step(const Row& row, int page, Buffers& b, std::mt19937& rng, bool in_
   p.causal = true;
   p.num_splits = num_splits;
   if (page == 0) {
-    p.k = dview(b.k, DType::kBFloat16, {cu_k.back(), kHkv, kD});
-    p.v = dview(b.v, DType::kBFloat16, {cu_k.back(), kHkv, kD});
+    p.k = dview(b.k, DType::kBFloat16, {cu_k.back(), kHkv, g_head_dim});
+    p.v = dview(b.v, DType::kBFloat16, {cu_k.back(), kHkv, g_head_dim});
     p.cu_seqlens_k = dview(b.cu_k, DType::kInt32, {n + 1});
     CUDA_OK(cudaMemcpy(b.cu_k, cu_k.data(), 4 * (n + 1), cudaMemcpyHostToDevice));
   } else {
@@ -151,8 +152,8 @@ Step make_step(const Row& row, int page, Buffers& b, std::mt19937& rng, bool in_
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < (row.seqs[i].kv_len() + page - 1) / page; ++j)
         table[size_t(i) * pages_per_seq + j] = free_pages.at(next++);
-    p.k = dview(b.k, DType::kBFloat16, {num_pages, page, kHkv, kD});
-    p.v = dview(b.v, DType::kBFloat16, {num_pages, page, kHkv, kD});
+    p.k = dview(b.k, DType::kBFloat16, {num_pages, page, kHkv, g_head_dim});
+    p.v = dview(b.v, DType::kBFloat16, {num_pages, page, kHkv, g_head_dim});
     p.block_table = dview(b.table, DType::kInt32, {n, pages_per_seq});
     CUDA_OK(cudaMemcpy(b.table, table.data(), 4 * table.size(), cudaMemcpyHostToDevice));
     p.seqused_k = dview(b.used, DType::kInt32, {n});
@@ -217,7 +218,7 @@ int main(int argc, char** argv) {
     else if (a == "--md" && i + 1 < argc)
       out_path = argv[++i];
     else if (a == "--head-dim" && i + 1 < argc)
-      kD = std::atoi(argv[++i]);
+      g_head_dim = std::atoi(argv[++i]);
     else if (a == "--decode-splits" && i + 1 < argc) {
       for (int n : parse_int_list(argv[++i])) decode_splits.push_back(n);
     } else {
@@ -231,7 +232,8 @@ int main(int argc, char** argv) {
   if (!cuda_device_or_skip("bench_serve_attn", &prop)) return 0;
 
   Buffers b;
-  const int64_t kv_elems = kPoolTokens * kHkv * kD, q_elems = int64_t{4096} * kHq * kD;
+  const int64_t kv_elems = kPoolTokens * kHkv * g_head_dim,
+                q_elems = int64_t{4096} * kHq * g_head_dim;
   CUDA_OK(cudaMalloc(&b.q, 2 * q_elems));
   CUDA_OK(cudaMalloc(&b.out, 2 * q_elems));
   CUDA_OK(cudaMalloc(&b.k, 2 * kv_elems));
@@ -268,7 +270,7 @@ int main(int argc, char** argv) {
                 "bench_serve_attn on %s (%d SMs): bf16, %d/%d heads, d%d, causal, automatic "
                 "splits; plan once, %d run_attention calls per CUDA graph, median of %d; device "
                 "copy %.2f TB/s (read + write)\n\n",
-                prop.name, prop.multiProcessorCount, kHq, kHkv, kD, calls, reps, copy_tbs);
+                prop.name, prop.multiProcessorCount, kHq, kHkv, g_head_dim, calls, reps, copy_tbs);
   emit(line);
   emit(
       "| batch | contiguous (varlen) | paged 16 | paged 256 | paged 16 / contiguous | "
