@@ -56,7 +56,8 @@ if [ -n "${BIN_TAR:-}" ]; then
   LIBS="$BIN/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib"
   # NCCL (218 MB) does not travel: the image has PyTorch's copy (same soname, libnccl.so.2).
   nccl=$(find /usr/local/cuda/lib* /usr/lib /usr/local/lib -name 'libnccl.so.2*' 2>/dev/null | head -n 1)
-  [ -n "$nccl" ] || nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__path__[0] + "/lib/x"))' 2>/dev/null)/libnccl.so.2
+  [ -n "$nccl" ] ||
+    nccl=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null)/lib/libnccl.so.2
   [ -e "$nccl" ] && LIBS+=":$(dirname "$nccl")" || echo "no libnccl.so.2 on this machine"
 elif [ -z "${BIN:-}" ]; then
   step build
