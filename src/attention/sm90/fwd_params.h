@@ -41,10 +41,9 @@ struct FwdParams {
   const int32_t* block_table;
   int64_t block_table_stride;
   int32_t page_size, page_rows;
-  // Pages shorter than a key block (page_rows < kBlockN): the producer warpgroup's 128 threads
-  // copy K and V with cp.async, 16 bytes of a row each, zero-filled past the sequence's keys,
-  // instead of one TMA box per page (16 boxes of 2 KB per block at d128 made 16-key pages
-  // 2.4-2.9x slower than dense K/V, docs/kernel-notes.md, session 13). The pools and their
+  // Pages shorter than a key block (page_rows < kBlockN) where TileConfig::kPagedCpAsync: the
+  // producer warpgroup's 128 threads copy K and V with cp.async, 16 bytes of a row each,
+  // zero-filled past the sequence's keys, instead of one TMA box per page. The pools and their
   // element strides; page_shift is log2(page_size) for a power of two, else -1.
   int32_t kv_cp_async, page_shift;
   const void* k_pool;

@@ -83,7 +83,7 @@ void launch(FwdParams& p, const FwdArgs& a) {
                        a.k_row_stride, a.k_head_stride, p.page_rows, "k");
     p.tma_v = make_map(a.v, a.dtype, a.num_pages, a.page_size, a.h_kv, kHeadDim, a.v_page_stride,
                        a.v_row_stride, a.v_head_stride, p.page_rows, "v");
-    p.kv_cp_async = p.page_rows < Cfg::kBlockN;
+    p.kv_cp_async = Cfg::kPagedCpAsync && p.page_rows < Cfg::kBlockN;
     if (p.kv_cp_async) {
       p.k_pool = a.k;
       p.v_pool = a.v;
