@@ -294,12 +294,12 @@ TEST(PlanFamily, AutoTakesSm90WhereMeasuredFaster) {
   paged.pr.paged = true;
   paged.pr.page_size = 256;
   EXPECT_EQ(family_of(paged), KernelFamily::kSm90);
-  paged.pr.page_size = 16;  // one TMA box per page: still faster at d128
+  paged.pr.page_size = 16;  // pages shorter than a key block: still faster
   EXPECT_EQ(family_of(paged), KernelFamily::kSm90);
   StepShape paged64 = dense(4, 2048, 32, 64, true);
   paged64.pr.paged = true;
-  paged64.pr.page_size = 16;  // at d64 sm80 is faster on pages shorter than a key block
-  EXPECT_EQ(family_of(paged64), KernelFamily::kSm80);
+  paged64.pr.page_size = 16;  // at d64 too, with cp.async (session 14)
+  EXPECT_EQ(family_of(paged64), KernelFamily::kSm90);
   paged64.pr.page_size = 256;
   EXPECT_EQ(family_of(paged64), KernelFamily::kSm90);
   StepShape unavailable = dense(4, 512, 16, 128, true);

@@ -83,10 +83,10 @@ bool sm90_masked(const Problem& pr) {
 // 128-row tile on one row), and where sm80 splits the keys only when sm90's unsplit tiles still
 // fill three quarters of the SMs: sm90 has no split-KV yet, so a few query tiles over long keys
 // would leave most SMs idle (a 512-token chunk over 4k keys, 128 tiles on 132 SMs: sm90
-// unsplit 52 us against sm80's 3 splits 136 us). Pages shorter than sm90's key block cost it
-// one TMA box per page (launch_template.h): with 16-key pages sm90 ran 5-17% slower than sm80 at
-// d64 (bench_serve_attn --head-dim 64, session 13), 3% slower to 27% faster at d128 and 11-30%
-// faster at d256, so d64 keeps sm80 there.
+// unsplit 52 us against sm80's 3 splits 136 us). On 16-key pages (copied by cp.async at d64 and
+// d128, one TMA box per page at d256: launch_template.h) sm90 ran the engine's chunks 8-31%
+// faster than sm80 at every head dim (bench_serve_attn --head-dim 64/128/256, session 14,
+// bench/results/sm90-h200-2026-12-02-session14.md).
 bool sm90_preferred(const Problem& pr, const PlanContext& ctx, const KernelChoice& k, int64_t rows,
                     int64_t max_q_len, int64_t max_kv_len) {
   if (!sm90_lacks(pr, ctx).empty() || k.decode) return false;
@@ -94,7 +94,6 @@ bool sm90_preferred(const Problem& pr, const PlanContext& ctx, const KernelChoic
   const sm90::TileShape tile =
       sm90::tile_shape(static_cast<int>(pr.head_dim), sm90_masked(pr), max_kv_len);
   if (k.splits > 1 && rows / tile.block_m * pr.h_q * 4 < int64_t{ctx.device.sms} * 3) return false;
-  if (pr.paged && pr.head_dim < 128 && pr.page_size % tile.block_n != 0) return false;
   return true;
 }
 

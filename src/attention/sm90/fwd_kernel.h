@@ -2,7 +2,8 @@
 // (FlashAttention-3's mainloop, written from the PTX ISA).
 // - Warpgroup 0, the producer, gives registers back (setmaxnreg.dec); one thread picks the tiles
 //   and issues the TMA copies: per tile Q once, then K and V blocks through a ring of kStages,
-//   K one block ahead of V (the order the consumers use them in).
+//   K one block ahead of V (the order the consumers use them in). K/V in pages shorter than a
+//   key block are copied by all 128 producer threads with cp.async instead (copy_kv, up to d128).
 // - Warpgroups 1.. (two or three), the consumers, own 64 query rows each. Per key block j they
 //   compute S = Q K^T (wgmma, both operands in shared memory), the online softmax on the
 //   accumulator fragment, and O += P V (wgmma, P from registers). Two overlaps keep the tensor
@@ -69,6 +70,10 @@ struct SharedStorage : OStaging<Cfg> {
   // before the producer's next write, which racecheck cannot see through a warp's __syncwarp).
   int32_t tile[2];
   Mbarrier tile_full[2], tile_empty[2];
+  int32_t producer_tile;  // copy_kv's producer threads: the next tile, from thread 0
+  // copy_kv's row offsets in the K (0) and V (1) pools (none without kPagedCpAsync: d256's
+  // tile has no shared memory to spare).
+  int64_t kv_rows[2][Cfg::kPagedCpAsync ? Cfg::kBlockN : 1];
   Mbarrier k_full[Cfg::kStages], v_full[Cfg::kStages];
   Mbarrier k_empty[Cfg::kStages], v_empty[Cfg::kStages];
 };
@@ -186,37 +191,136 @@ __device__ __forceinline__ void load_kv(const FwdParams& p, const CUtensorMap* m
   }
 }
 
+// 16 bytes from global to shared memory, asynchronously; zero-filled (nothing read) where not
+// `valid`. No memory clobber: the reads of the block table around it may move.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+
+// The producer warpgroup's 128 threads, with kv_cp_async (named barrier 12: 1..3 are the warp
+// scheduler's, 8..10 the consumers' epilogues).
+__device__ __forceinline__ void producers_sync() {
+  asm volatile("bar.sync 12, 128;\n" ::: "memory");
+}
+
+// The table entry of a key: its page's index in the sequence's row of the block table.
+__device__ __forceinline__ int page_slot(const FwdParams& p, int key) {
+  return p.page_shift >= 0 ? key >> p.page_shift : key / p.page_size;
+}
+
+// Paged K/V by cp.async (FwdParams::kv_cp_async): the pages of key block `block`, one table
+// entry per lane: lane l holds the block's l-th page (clamped to the sequence's last page). A
+// block spans at most kBlockN / 8 + 1 <= 32 pages (pages are multiples of 8 keys). Read one
+// block ahead of the copies, so their latency hides behind the previous block's.
+template <class Cfg>
+__device__ __forceinline__ int block_pages(const FwdParams& p, const int32_t* table, int kv_len,
+                                           int block, int lane) {
+  static_assert(Cfg::kBlockN / 8 + 1 <= 32, "a block's pages fit a warp");
+  const int first = page_slot(p, block * Cfg::kBlockN), last = page_slot(p, kv_len - 1);
+  return __ldg(table + min(first + lane, last));
+}
+
+// Key block `block` of KV head kv_head from `pool` ([num_pages, page_size, h_kv, d], element
+// strides) into `dst` in the layout TMA's 128-byte swizzle gives (wgmma.h): the 16-byte piece u
+// of row r of a 64-column chunk at chunk + 128 r + 16 (u ^ r % 8). In two steps, since one
+// producer warp per scheduler has no other warps to hide a long chain of address arithmetic per
+// copy (a loop that found each row's page and offset itself ran 3x slower than the tensor
+// cores; 64 threads 5x, 32 threads 9x: docs/kernel-notes.md, session 14):
+// 1. producer thread r computes row r's (and r + 128's) offset in the pool (its page from the lane
+//    holding it, `pages`, block_pages), -1 past the sequence's kv_len keys, into `rows`;
+// 2. thread tid copies piece tid % kPieces of rows tid / kPieces, + 128 / kPieces, ..., each a
+//    shared-memory read and one cp.async, zero-filling the rows past the keys (so no V row there
+//    needs zeroing: zero_v_tail is off in this mode).
+// Every producer thread runs it (the shuffles, the warpgroup's barriers); the caller arrives on
+// the stage's full barrier after it (arrive_on_cp_async).
+template <class Cfg>
+__device__ __forceinline__ void copy_kv(const FwdParams& p, const void* pool, int64_t page_stride,
+                                        int64_t row_stride, int64_t head_stride,
+                                        uint8_t (&dst)[Cfg::kChunks][Cfg::kKVChunkBytes],
+                                        int64_t* rows, int pages, int kv_len, int block,
+                                        int kv_head, int tid) {
+  constexpr int kPieces = Cfg::kHeadDim / 8, kRowStep = 128 / kPieces;
+  static_assert(128 % kPieces == 0 && Cfg::kBlockN % kRowStep == 0, "whole rows per thread");
+  const int key0 = block * Cfg::kBlockN, first = page_slot(p, key0);
+  producers_sync();  // every thread has read `rows` of the previous call
+#pragma unroll
+  for (int r = tid; r < (Cfg::kBlockN + 127) / 128 * 128; r += 128) {  // uniform: the shuffle
+    const int key = key0 + r, slot = page_slot(p, key);
+    const int64_t page = __shfl_sync(0xffffffffu, pages, (slot - first) & 31);
+    if (r < Cfg::kBlockN)
+      rows[r] = key < kv_len ? page * page_stride + (key - slot * p.page_size) * row_stride : -1;
+  }
+  producers_sync();
+  const int piece = tid % kPieces;
+  const auto* base = static_cast<const uint16_t*>(pool) + kv_head * head_stride + piece * 8;
+  const uint32_t chunk = static_cast<uint32_t>(__cvta_generic_to_shared(dst[piece / 8]));
+  const uint32_t u = piece % 8;
+#pragma unroll 4
+  for (int r = tid / kPieces; r < Cfg::kBlockN; r += kRowStep) {
+    const int64_t offset = rows[r];
+    cp_async_16(chunk + r * 128 + ((u ^ (r & 7)) << 4), base + max(offset, int64_t{0}),
+                offset >= 0);
+  }
+}
+
 // Per tile: Q (once both consumers are done with the previous tile's Q), K of the first block,
 // then per step K of the next block and V of the current one. `ring` counts the K/V blocks of
 // earlier tiles: block i of this tile (key block n_max - 1 - i) is ring slot ring + i, in stage
 // slot % kStages; the producer waits for that stage's buffer to be released (a stage's first
-// round passes on the fresh barrier). `q_round` counts the earlier tiles with keys.
+// round passes on the fresh barrier). `q_round` counts the earlier tiles with keys. With
+// kv_cp_async every producer thread runs it (`tid`; thread 0 loads Q), else thread 0 alone.
 template <class Cfg, bool kMasked>
 __device__ __forceinline__ void produce_tile(SharedStorage<Cfg>& s, const FwdParams& p,
                                              const kernel::TileCoords& tile,
                                              const TileWork<Cfg, kMasked>& w, int ring, int q_round,
-                                             Trace<Cfg::kTrace>& trace) {
+                                             int tid, Trace<Cfg::kTrace>& trace) {
   constexpr int kStages = Cfg::kStages;
   const int kv_head = tile.head / p.h_ratio, n_blocks = w.blocks.count(), n_max = w.blocks.n_max;
-  s.q_empty.wait((q_round & 1) ^ 1);
-  s.q_full.arrive_expect_tx(Cfg::kQBytes);
+  if (tid == 0) {
+    s.q_empty.wait((q_round & 1) ^ 1);
+    s.q_full.arrive_expect_tx(Cfg::kQBytes);
 #pragma unroll
-  for (int c = 0; c < Cfg::kChunks; ++c)
-    tma_load_4d(s.q[c], &p.tma_q, s.q_full, c * Cfg::kChunkCols, w.seq.q_start + w.m0, tile.head,
-                w.q_z(p));
+    for (int c = 0; c < Cfg::kChunks; ++c)
+      tma_load_4d(s.q[c], &p.tma_q, s.q_full, c * Cfg::kChunkCols, w.seq.q_start + w.m0, tile.head,
+                  w.q_z(p));
+  }
   trace(kProducerQ);
   const KvSource src = kv_source(p, w);
+  // kv_cp_async: this lane's page of the K block, of the V block (the K block one step earlier)
+  // and of the next K block, read ahead.
+  const int32_t* table = p.block_table + w.b * p.block_table_stride;
+  const bool cp = Cfg::kPagedCpAsync && p.kv_cp_async;
+  const int lane = tid % 32;
+  int pages_k = 0, pages_v = 0;
+  int pages_next = cp ? block_pages<Cfg>(p, table, w.seq.kv_len, n_max - 1, lane) : 0;
   for (int i = 0; i <= n_blocks; ++i) {
+    pages_v = pages_k;
+    pages_k = pages_next;
+    if (cp && i + 1 < n_blocks)
+      pages_next = block_pages<Cfg>(p, table, w.seq.kv_len, n_max - 2 - i, lane);
     if (i < n_blocks) {
-      const int slot = ring + i, st = slot % kStages;
+      const int slot = ring + i, st = slot % kStages, block = n_max - 1 - i;
       s.k_empty[st].wait(((slot / kStages) & 1) ^ 1);
-      load_kv<Cfg>(p, &p.tma_k, s.k[st], s.k_full[st], src, n_max - 1 - i, kv_head);
+      if (cp) {
+        copy_kv<Cfg>(p, p.k_pool, p.k_page_stride, p.k_row_stride, p.k_head_stride, s.k[st],
+                     s.kv_rows[0], pages_k, w.seq.kv_len, block, kv_head, tid);
+        s.k_full[st].arrive_on_cp_async();
+      } else {
+        load_kv<Cfg>(p, &p.tma_k, s.k[st], s.k_full[st], src, block, kv_head);
+      }
       trace(kProducerK);
     }
     if (i > 0) {
-      const int slot = ring + i - 1, st = slot % kStages;
+      const int slot = ring + i - 1, st = slot % kStages, block = n_max - i;
       s.v_empty[st].wait(((slot / kStages) & 1) ^ 1);
-      load_kv<Cfg>(p, &p.tma_v, s.v[st], s.v_full[st], src, n_max - i, kv_head);
+      if (cp) {
+        copy_kv<Cfg>(p, p.v_pool, p.v_page_stride, p.v_row_stride, p.v_head_stride, s.v[st],
+                     s.kv_rows[1], pages_v, w.seq.kv_len, block, kv_head, tid);
+        s.v_full[st].arrive_on_cp_async();
+      } else {
+        load_kv<Cfg>(p, &p.tma_v, s.v[st], s.v_full[st], src, block, kv_head);
+      }
       trace(kProducerV);
     }
   }
@@ -700,10 +804,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       s.tile_full[i].init(1);
       s.tile_empty[i].init(Cfg::kConsumerWarps * 32);
     }
+    // A full barrier completes on thread 0's TMA arrival and bytes, or with kv_cp_async on the
+    // 128 producer threads' cp.async arrivals.
+    const uint32_t fill_arrivals = Cfg::kPagedCpAsync && p.kv_cp_async ? 128 : 1;
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
-      s.k_full[st].init(1);
-      s.v_full[st].init(1);
+      s.k_full[st].init(fill_arrivals);
+      s.v_full[st].init(fill_arrivals);
       s.k_empty[st].init(Cfg::kConsumerWarps);
       s.v_empty[st].init(Cfg::kConsumerWarps);
     }
@@ -719,24 +826,41 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // its register allocation only in that shape.
   if (warpgroup == 0) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (tid == 0) {
-      Trace<Cfg::kTrace> trace(p.trace, 0, true);
+    // Thread 0 announces the tiles and loads Q (and K/V by TMA); with kv_cp_async all 128 walk
+    // the same tiles, copying K/V, and take the counter's next tile from thread 0 through shared
+    // memory between two producers_sync.
+    const bool cp = Cfg::kPagedCpAsync && p.kv_cp_async;
+    if (tid == 0 || cp) {
+      Trace<Cfg::kTrace> trace(p.trace, 0, tid == 0);
       int ring = 0, q_round = 0;
       for (int t = blockIdx.x, k = 0;; ++k) {
-        s.tile_empty[k % 2].wait(((k / 2) & 1) ^ 1);
-        s.tile[k % 2] = t;
-        s.tile_full[k % 2].arrive();
+        if (tid == 0) {
+          s.tile_empty[k % 2].wait(((k / 2) & 1) ^ 1);
+          s.tile[k % 2] = t;
+          s.tile_full[k % 2].arrive();
+        }
         trace(kProducerTile);
         if (t >= p.num_tiles) break;
         const kernel::TileCoords tile = kernel::tile_of(p.order, t);
         const TileWork<Cfg, kMasked> w(p, tile);
         if (w.valid() && w.blocks.count() > 0) {
-          produce_tile<Cfg, kMasked>(s, p, tile, w, ring, q_round, trace);
+          produce_tile<Cfg, kMasked>(s, p, tile, w, ring, q_round, tid, trace);
           ring += w.blocks.count();
           ++q_round;
         }
-        t = p.tile_counter != nullptr ? gridDim.x + atomicAdd(p.tile_counter, 1) : t + gridDim.x;
+        if (p.tile_counter == nullptr) {
+          t += gridDim.x;
+        } else if (!cp) {
+          t = gridDim.x + atomicAdd(p.tile_counter, 1);
+        } else {
+          if (tid == 0) s.producer_tile = gridDim.x + atomicAdd(p.tile_counter, 1);
+          producers_sync();
+          t = s.producer_tile;
+          producers_sync();  // every thread has read it before thread 0 writes the next
+        }
       }
+      // The copies still in flight land before the thread leaves.
+      if (cp) asm volatile("cp.async.wait_all;\n" ::: "memory");
     }
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();

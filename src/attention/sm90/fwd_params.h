@@ -41,6 +41,15 @@ struct FwdParams {
   const int32_t* block_table;
   int64_t block_table_stride;
   int32_t page_size, page_rows;
+  // Pages shorter than a key block (page_rows < kBlockN) where TileConfig::kPagedCpAsync: the
+  // producer warpgroup's 128 threads copy K and V with cp.async, 16 bytes of a row each,
+  // zero-filled past the sequence's keys, instead of one TMA box per page. The pools and their
+  // element strides; page_shift is log2(page_size) for a power of two, else -1.
+  int32_t kv_cp_async, page_shift;
+  const void* k_pool;
+  const void* v_pool;
+  int64_t k_page_stride, k_row_stride, k_head_stride;
+  int64_t v_page_stride, v_row_stride, v_head_stride;
   // Rows past a sequence's last key that a key block still covers are another sequence's keys
   // (varlen) or unused cache (seqused_k, paged), not TMA's zero fill: the consumers zero them in V,
   // since P = 0 there does not cancel a NaN or an infinity (0 x inf = NaN).

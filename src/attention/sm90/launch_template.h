@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -82,6 +83,19 @@ void launch(FwdParams& p, const FwdArgs& a) {
                        a.k_row_stride, a.k_head_stride, p.page_rows, "k");
     p.tma_v = make_map(a.v, a.dtype, a.num_pages, a.page_size, a.h_kv, kHeadDim, a.v_page_stride,
                        a.v_row_stride, a.v_head_stride, p.page_rows, "v");
+    p.kv_cp_async = Cfg::kPagedCpAsync && p.page_rows < Cfg::kBlockN;
+    if (p.kv_cp_async) {
+      p.k_pool = a.k;
+      p.v_pool = a.v;
+      p.k_page_stride = a.k_page_stride, p.k_row_stride = a.k_row_stride;
+      p.k_head_stride = a.k_head_stride;
+      p.v_page_stride = a.v_page_stride, p.v_row_stride = a.v_row_stride;
+      p.v_head_stride = a.v_head_stride;
+      p.page_shift = (a.page_size & (a.page_size - 1)) == 0
+                         ? std::countr_zero(static_cast<unsigned>(a.page_size))
+                         : -1;
+      p.zero_v_tail = 0;  // the copies zero-fill every row past a sequence's keys
+    }
   } else {
     p.tma_k = make_map(a.k, a.dtype, kv_seqs, kv_rows, a.h_kv, kHeadDim, a.k_batch_stride,
                        a.k_row_stride, a.k_head_stride, Cfg::kBlockN, "k");

@@ -40,6 +40,13 @@ struct Mbarrier {
 
   __device__ __forceinline__ void arrive() { arrive_if(true); }
 
+  // One arrival once this thread's earlier cp.async copies have landed (counted in the barrier's
+  // initial count: .noinc), so the copies' data is what a waiter of this phase sees.
+  __device__ __forceinline__ void arrive_on_cp_async() {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr())
+                 : "memory");
+  }
+
   // Spins until the phase of parity `phase` has completed. A fresh barrier is in phase 0, so
   // waiting for parity 1 returns at once: the producer's first pass over the empty barriers.
   // The loop is inside one asm statement: as a C++ loop it is a data-dependent branch between
