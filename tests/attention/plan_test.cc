@@ -284,6 +284,11 @@ TEST(PlanFamily, AutoTakesSm90WhereMeasuredFaster) {
   chunk.ctx.q_rows = 512;
   EXPECT_GT(attention::choose_kernel(chunk.pr, kH200, false, 1, 512, 4096, true).splits, 1);
   EXPECT_EQ(family_of(chunk), KernelFamily::kSm90);
+  StepShape chunk64 = dense(1, 4096, 32, 64, true);  // 96 tiles of 192 rows: 73% of the SMs
+  chunk64.pr.max_q_len = 512;
+  chunk64.ctx.q_rows = 512;
+  EXPECT_GT(attention::choose_kernel(chunk64.pr, kH200, false, 1, 512, 4096, true).splits, 1);
+  EXPECT_EQ(family_of(chunk64), KernelFamily::kSm90);
   StepShape window = dense(1, 1024, 8, 128, true);
   window.pr.mask.left = 256;
   EXPECT_EQ(family_of(window), KernelFamily::kSm80);  // 64 tiles: sm80 splits, sm90 would idle

@@ -81,9 +81,11 @@ bool sm90_masked(const Problem& pr) {
 // a 4096-key window 1.86-2.16x, the engine's 512-token chunks over paged 1k-8k keys 1.1-2.6x).
 // Never for decode launches (sm80 packs a query's heads into one tile; sm90 would spend a
 // 128-row tile on one row), and where sm80 splits the keys only when sm90's unsplit tiles still
-// fill three quarters of the SMs: sm90 has no split-KV yet, so a few query tiles over long keys
-// would leave most SMs idle (a 512-token chunk over 4k keys, 128 tiles on 132 SMs: sm90
-// unsplit 52 us against sm80's 3 splits 136 us). On 16-key pages (copied by cp.async at d64 and
+// fill two thirds of the SMs: sm90 has no split-KV yet, so a few query tiles over long keys
+// would leave most SMs idle. Measured at 128 tiles on 132 SMs (a 512-token chunk over 4k keys
+// at d128: sm90 unsplit 52 us against sm80's 3 splits 136 us) and at 96 (the same chunk at d64,
+// 192-row tiles: 51 us against 73, and 83 against 99 on 16-key pages; session 14); fewer
+// tiles are unmeasured and stay on sm80. On 16-key pages (copied by cp.async at d64 and
 // d128, one TMA box per page at d256: launch_template.h) sm90 ran the engine's chunks 8-31%
 // faster than sm80 at every head dim (bench_serve_attn --head-dim 64/128/256, session 14,
 // bench/results/sm90-h200-2026-12-02-session14.md).
@@ -93,7 +95,8 @@ bool sm90_preferred(const Problem& pr, const PlanContext& ctx, const KernelChoic
   if (max_q_len < 128 || max_kv_len < 512) return false;
   const sm90::TileShape tile =
       sm90::tile_shape(static_cast<int>(pr.head_dim), sm90_masked(pr), max_kv_len);
-  if (k.splits > 1 && rows / tile.block_m * pr.h_q * 4 < int64_t{ctx.device.sms} * 3) return false;
+  const int64_t tiles = (rows + tile.block_m - 1) / tile.block_m * pr.h_q;
+  if (k.splits > 1 && tiles * 3 < int64_t{ctx.device.sms} * 2) return false;
   return true;
 }
 
