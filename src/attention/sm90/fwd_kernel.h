@@ -268,9 +268,9 @@ __device__ __forceinline__ void copy_kv(const FwdParams& p, const void* pool, in
 // then per step K of the next block and V of the current one. `ring` counts the K/V blocks of
 // earlier tiles: block i of this tile (key block n_max - 1 - i) is ring slot ring + i, in stage
 // slot % kStages; the producer waits for that stage's buffer to be released (a stage's first
-// round passes on the fresh barrier). `q_round` counts the earlier tiles with keys. With
-// kv_cp_async every producer thread runs it (`tid`; thread 0 loads Q), else thread 0 alone.
-template <class Cfg, bool kMasked>
+// round passes on the fresh barrier). `q_round` counts the earlier tiles with keys. With kCp
+// (kv_cp_async) every producer thread runs it (`tid`; thread 0 loads Q), else thread 0 alone.
+template <class Cfg, bool kMasked, bool kCp>
 __device__ __forceinline__ void produce_tile(SharedStorage<Cfg>& s, const FwdParams& p,
                                              const kernel::TileCoords& tile,
                                              const TileWork<Cfg, kMasked>& w, int ring, int q_round,
@@ -290,19 +290,18 @@ __device__ __forceinline__ void produce_tile(SharedStorage<Cfg>& s, const FwdPar
   // kv_cp_async: this lane's page of the K block, of the V block (the K block one step earlier)
   // and of the next K block, read ahead.
   const int32_t* table = p.block_table + w.b * p.block_table_stride;
-  const bool cp = Cfg::kPagedCpAsync && p.kv_cp_async;
   const int lane = tid % 32;
   int pages_k = 0, pages_v = 0;
-  int pages_next = cp ? block_pages<Cfg>(p, table, w.seq.kv_len, n_max - 1, lane) : 0;
+  int pages_next = kCp ? block_pages<Cfg>(p, table, w.seq.kv_len, n_max - 1, lane) : 0;
   for (int i = 0; i <= n_blocks; ++i) {
     pages_v = pages_k;
     pages_k = pages_next;
-    if (cp && i + 1 < n_blocks)
+    if (kCp && i + 1 < n_blocks)
       pages_next = block_pages<Cfg>(p, table, w.seq.kv_len, n_max - 2 - i, lane);
     if (i < n_blocks) {
       const int slot = ring + i, st = slot % kStages, block = n_max - 1 - i;
       s.k_empty[st].wait(((slot / kStages) & 1) ^ 1);
-      if (cp) {
+      if constexpr (kCp) {
         copy_kv<Cfg>(p, p.k_pool, p.k_page_stride, p.k_row_stride, p.k_head_stride, s.k[st],
                      s.kv_rows[0], pages_k, w.seq.kv_len, block, kv_head, tid);
         s.k_full[st].arrive_on_cp_async();
@@ -314,7 +313,7 @@ __device__ __forceinline__ void produce_tile(SharedStorage<Cfg>& s, const FwdPar
     if (i > 0) {
       const int slot = ring + i - 1, st = slot % kStages, block = n_max - i;
       s.v_empty[st].wait(((slot / kStages) & 1) ^ 1);
-      if (cp) {
+      if constexpr (kCp) {
         copy_kv<Cfg>(p, p.v_pool, p.v_page_stride, p.v_row_stride, p.v_head_stride, s.v[st],
                      s.kv_rows[1], pages_v, w.seq.kv_len, block, kv_head, tid);
         s.v_full[st].arrive_on_cp_async();
@@ -324,6 +323,44 @@ __device__ __forceinline__ void produce_tile(SharedStorage<Cfg>& s, const FwdPar
       trace(kProducerV);
     }
   }
+}
+
+// The producer's walk over its CTA's tiles: thread 0 announces each (and, past the last one,
+// num_tiles) to the consumers and loads Q (and K/V by TMA); with kCp all 128 producer threads
+// walk the same tiles, copying K/V, and take the counter's next tile from thread 0 through
+// shared memory between two producers_sync.
+template <class Cfg, bool kMasked, bool kCp>
+__device__ __forceinline__ void produce_tiles(SharedStorage<Cfg>& s, const FwdParams& p, int tid) {
+  Trace<Cfg::kTrace> trace(p.trace, 0, tid == 0);
+  int ring = 0, q_round = 0;
+  for (int t = blockIdx.x, k = 0;; ++k) {
+    if (tid == 0) {
+      s.tile_empty[k % 2].wait(((k / 2) & 1) ^ 1);
+      s.tile[k % 2] = t;
+      s.tile_full[k % 2].arrive();
+    }
+    trace(kProducerTile);
+    if (t >= p.num_tiles) break;
+    const kernel::TileCoords tile = kernel::tile_of(p.order, t);
+    const TileWork<Cfg, kMasked> w(p, tile);
+    if (w.valid() && w.blocks.count() > 0) {
+      produce_tile<Cfg, kMasked, kCp>(s, p, tile, w, ring, q_round, tid, trace);
+      ring += w.blocks.count();
+      ++q_round;
+    }
+    if (p.tile_counter == nullptr) {
+      t += gridDim.x;
+    } else if constexpr (!kCp) {
+      t = gridDim.x + atomicAdd(p.tile_counter, 1);
+    } else {
+      if (tid == 0) s.producer_tile = gridDim.x + atomicAdd(p.tile_counter, 1);
+      producers_sync();
+      t = s.producer_tile;
+      producers_sync();  // every thread has read it before thread 0 writes the next
+    }
+  }
+  // The copies still in flight land before the thread leaves.
+  if constexpr (kCp) asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -826,41 +863,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // its register allocation only in that shape.
   if (warpgroup == 0) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
-    // Thread 0 announces the tiles and loads Q (and K/V by TMA); with kv_cp_async all 128 walk
-    // the same tiles, copying K/V, and take the counter's next tile from thread 0 through shared
-    // memory between two producers_sync.
-    const bool cp = Cfg::kPagedCpAsync && p.kv_cp_async;
-    if (tid == 0 || cp) {
-      Trace<Cfg::kTrace> trace(p.trace, 0, tid == 0);
-      int ring = 0, q_round = 0;
-      for (int t = blockIdx.x, k = 0;; ++k) {
-        if (tid == 0) {
-          s.tile_empty[k % 2].wait(((k / 2) & 1) ^ 1);
-          s.tile[k % 2] = t;
-          s.tile_full[k % 2].arrive();
-        }
-        trace(kProducerTile);
-        if (t >= p.num_tiles) break;
-        const kernel::TileCoords tile = kernel::tile_of(p.order, t);
-        const TileWork<Cfg, kMasked> w(p, tile);
-        if (w.valid() && w.blocks.count() > 0) {
-          produce_tile<Cfg, kMasked>(s, p, tile, w, ring, q_round, tid, trace);
-          ring += w.blocks.count();
-          ++q_round;
-        }
-        if (p.tile_counter == nullptr) {
-          t += gridDim.x;
-        } else if (!cp) {
-          t = gridDim.x + atomicAdd(p.tile_counter, 1);
-        } else {
-          if (tid == 0) s.producer_tile = gridDim.x + atomicAdd(p.tile_counter, 1);
-          producers_sync();
-          t = s.producer_tile;
-          producers_sync();  // every thread has read it before thread 0 writes the next
-        }
-      }
-      // The copies still in flight land before the thread leaves.
-      if (cp) asm volatile("cp.async.wait_all;\n" ::: "memory");
+    // Thread 0 alone with TMA; with kv_cp_async all 128 threads (a separate instantiation, so
+    // that the TMA producer's registers are not the copy loop's: sharing one loop cost dense
+    // d64/d128 tiles 2-4% at 512 keys, session 14).
+    if constexpr (Cfg::kPagedCpAsync) {
+      if (p.kv_cp_async)
+        produce_tiles<Cfg, kMasked, true>(s, p, tid);
+      else if (tid == 0)
+        produce_tiles<Cfg, kMasked, false>(s, p, tid);
+    } else if (tid == 0) {
+      produce_tiles<Cfg, kMasked, false>(s, p, tid);
     }
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
