@@ -192,7 +192,8 @@ __device__ __forceinline__ void load_kv(const FwdParams& p, const CUtensorMap* m
 }
 
 // 16 bytes from global to shared memory, asynchronously; zero-filled (nothing read) where not
-// `valid`. No memory clobber: the reads of the block table around it may move.
+// `valid`. No memory clobber: the row offsets' shared-memory reads may move around it (it
+// writes only the K/V buffers, which nothing here reads).
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0));
