@@ -86,8 +86,8 @@ bool sm90_masked(const Problem& pr) {
 // at d128: sm90 unsplit 52 us against sm80's 3 splits 136 us) and at 96 (the same chunk at d64,
 // 192-row tiles: 51 us against 73, and 83 against 99 on 16-key pages; session 14); fewer
 // tiles are unmeasured and stay on sm80. On 16-key pages (copied by cp.async at d64 and
-// d128, one TMA box per page at d256: launch_template.h) sm90 ran the engine's chunks 8-31%
-// faster than sm80 at every head dim (bench_serve_attn --head-dim 64/128/256, session 14,
+// d128, one TMA box per page at d256: tile_config.h) sm90 ran the engine's 512-token chunks
+// 16-32% faster than sm80 at every head dim (bench_serve_attn --head-dim 64/128/256, session 14,
 // bench/results/sm90-h200-2026-12-02-session14.md).
 bool sm90_preferred(const Problem& pr, const PlanContext& ctx, const KernelChoice& k, int64_t rows,
                     int64_t max_q_len, int64_t max_kv_len) {

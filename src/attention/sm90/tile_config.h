@@ -27,8 +27,8 @@ struct TileConfig {
   static constexpr bool kTmaStoreO = kTmaStoreO_;
   // Paged K/V in pages shorter than a key block: copied by the producer warpgroup's 128 threads
   // with cp.async (fwd_kernel.h's copy_kv) up to d128, one TMA box per page at d256. Measured on
-  // the engine's 16-key pages (bench_serve_attn, session 14): cp.async 1.54-1.80x the dense
-  // time at d64 and 2.03-2.24x at d128, against TMA boxes' ~2x and 2.4-2.6x; at d256 the boxes
+  // the engine's 16-key pages (bench_serve_attn, session 14): cp.async 1.46-1.80x the dense
+  // time at d64 and 1.95-2.24x at d128, against TMA boxes' ~2x and 2.4-2.6x; at d256 the boxes
   // (2.0x) beat cp.async (2.30-2.57x). Its row offsets take 16 bytes of shared memory per key.
   static constexpr bool kPagedCpAsync = kHeadDim <= 128;
   // Tuning builds only: the kernel records its timeline (trace.h).
