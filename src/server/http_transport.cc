@@ -149,6 +149,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // The handler let go of the request, every byte it sent written: the next request, or close.
   void request_done(bool close_after) {
     busy_ = false;
+    --t_.stats.responding;
     if (closed_) return;
     if (close_after || write_failed_ || !keep_alive_ || t_.stopping.load()) return linger_close();
     read_header();
@@ -556,6 +557,7 @@ class Responder final : public HttpResponder {
 void Connection::dispatch() {
   phase_ = Phase::kBusy;
   busy_ = true;
+  ++t_.stats.responding;  // until request_done(): its responder's last byte is written
   disarm();
   http::request<http::string_body> msg = parser_->release();
   parser_.reset();

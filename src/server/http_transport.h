@@ -55,6 +55,9 @@ struct HttpTransportStats {
   std::atomic<int64_t> idle_timeouts{0};    // keep-alive connections closed when idle
   std::atomic<int64_t> write_timeouts{0};   // a client that stopped reading its response
   std::atomic<int64_t> workers{0};          // worker threads running now
+  // Requests handed to a handler whose response is not yet all written (or failed): a handler
+  // that returned may have left its response queued on the event loop.
+  std::atomic<int64_t> responding{0};
 };
 
 struct HttpRequest {

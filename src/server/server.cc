@@ -872,7 +872,9 @@ struct Server::State {
     cv.notify_all();
     if (ready->load()) backend.loop->stop();
     const auto deadline = Clock::now() + std::chrono::seconds(2);
-    while (in_flight.load() > 0 && Clock::now() < deadline)
+    // Every response written, not only every handler returned: a request that failed has its
+    // error queued on the event loop after its slot is given back, and stop() would cut it off.
+    while (http->stats().responding.load() > 0 && Clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     http->stop();
   }

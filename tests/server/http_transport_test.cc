@@ -71,6 +71,8 @@ struct Transport {
               res->end_stream();
             });
           }
+          if (req.path == "/big")  // a whole response of ?n bytes, answered at once
+            return res->respond(200, "text/plain", std::string(std::stoull(req.body), 'y'));
           if (req.path == "/wait-gone")  // answers only once the client has hung up
             return t->spawn([res, seen_] {
               const auto t0 = Clock::now();
@@ -421,6 +423,37 @@ TEST(HttpTransport, AClientThatStopsReadingEndsItsStreamAtTheWriteDeadline) {
   EXPECT_TRUE(s.seen->write_failed.load());
   EXPECT_LT(s.seen->written.load(), 100000);
   EXPECT_EQ(s.stats().write_timeouts.load(), 1);
+  ::close(fd);
+}
+
+// A handler that responded and returned may leave its response queued on the event loop (a
+// client that reads slowly): the request counts as responding until its last byte is written,
+// so that a server stopping waits for it (Server's shutdown) rather than cut it off.
+TEST(HttpTransport, ARequestIsRespondingUntilItsLastByteIsWritten) {
+  Transport s(fsv::HttpLimits{});
+  const int fd = connect_to(s.port);
+  // A fixed receive buffer (no autotuning) and 16 MB: far more than the buffers of both ends
+  // hold (the sender's is 4 MB at most by default) while the client does not read.
+  int rcvbuf = 64 << 10;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+  const size_t size = 16u << 20;
+  const std::string n = std::to_string(size);
+  send_all(fd, "POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(n.size()) +
+                   "\r\n\r\n" + n);
+  // The handler answers on the loop's thread; once the first bytes arrive it has returned.
+  pollfd p{fd, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, static_cast<int>(kPatience / 1ms)), 1);
+  EXPECT_EQ(s.stats().responding.load(), 1);
+  const Read r = read_until(fd, [size](const std::string& b) {
+    const size_t head = b.find("\r\n\r\n");
+    return head != std::string::npos && b.size() >= head + 4 + size;
+  });
+  EXPECT_EQ(status_of(r.bytes), 200);
+  EXPECT_EQ(body_of(r.bytes).size(), size);
+  const auto t0 = Clock::now();
+  while (s.stats().responding.load() != 0 && Clock::now() - t0 < kPatience)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(s.stats().responding.load(), 0);
   ::close(fd);
 }
 
