@@ -5,8 +5,9 @@
 //   flashserve profile --model /tmp/mistral-7b-random --device cuda --out m7b-h200.csv
 // With --tensor-parallel-size N (Vidur's method, docs/tensor-parallel.md): the step tables time
 // one rank's compute, a model of rank 0's heads, MLP columns and vocabulary with random weights
-// (model/tensor_parallel.h's rank_config), on one device; the all_reduce table times the
-// all-reduce alone over N ranks (NCCL over GPUs 0..N-1 on cuda, the in-process group on cpu).
+// (model/tensor_parallel.h's rank_config), on one device; the all_reduce and all_gather tables
+// time the collectives alone over N ranks (NCCL over GPUs 0..N-1 on cuda, the in-process group on
+// cpu).
 //   flashserve profile --shape yi-34b --device cuda --tensor-parallel-size 2 --out yi-tp2.csv
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -20,7 +21,7 @@
 #include "cli/options.h"
 #include "cli/scratch_dir.h"
 #include "cli/tensor_parallel_flag.h"
-#include "engine/all_reduce_profiler.h"
+#include "engine/collective_profiler.h"
 #include "engine/model_engine.h"
 #include "engine/step_profiler.h"
 #include "flashserve/error.h"
@@ -151,18 +152,25 @@ int profile(int argc, char** argv) {
   if (stand_in) {
     // The all-reduces of a step of T tokens: two a layer of T x hidden activations (bf16 on the
     // GPU, float32 on the CPU), timed alone over the ranks at the linear table's token counts.
+    // The logits' all-gather of S sampled rows: each rank's vocabulary block of float32 logits,
+    // at the decode batch sizes (a step samples at most one row an entry).
     const int64_t elem = device == "cuda" ? 2 : 4;
-    std::printf("timing the all-reduce over %d ranks (%s)...\n", ranks,
+    std::printf("timing the all-reduce and the logits' all-gather over %d ranks (%s)...\n", ranks,
                 device == "cuda" ? "NCCL" : "in-process");
     std::fflush(stdout);
     auto group = device == "cuda" ? model::make_nccl_group(gpus) : model::make_local_group(ranks);
-    fe::AllReduceGrid ag =
-        fe::AllReduceGrid::for_tokens(grid.tokens, config.hidden_size * elem,
-                                      device == "cuda" ? DType::kBFloat16 : DType::kFloat32);
-    if (smoke) ag.reps = 1, ag.warmup = 0;
-    p.all_reduce = fe::profile_all_reduce(*group, gpus, ag);
+    fe::CollectiveGrid ar = fe::CollectiveGrid::for_counts(
+        fe::Collective::kAllReduce, grid.tokens, config.hidden_size * elem,
+        device == "cuda" ? DType::kBFloat16 : DType::kFloat32);
+    const int64_t gather_row = model::rank_shape(config, ranks, 0).vocab_block * 4;
+    fe::CollectiveGrid ag = fe::CollectiveGrid::for_counts(
+        fe::Collective::kAllGather, grid.decode_batch, gather_row, DType::kFloat32);
+    if (smoke) ar.reps = ag.reps = 1, ar.warmup = ag.warmup = 0;
+    p.all_reduce = fe::profile_collective(*group, gpus, ar);
     p.all_reduces_per_step = 2 * config.num_hidden_layers;
     p.all_reduce_bytes_per_token = static_cast<double>(config.hidden_size * elem);
+    p.all_gather = fe::profile_collective(*group, gpus, ag);
+    p.logits_gather_bytes_per_row = static_cast<double>(gather_row);
     p.meta["tensor_parallel_size"] = std::to_string(ranks);
     p.meta["checkpoint"] = "rank 0 of " + std::to_string(ranks) + " of " + source;
     p.validate(out);

@@ -197,6 +197,7 @@ StepTime ProfileCostModel::breakdown(const Batch& batch) const {
   if (decodes > 0) t.attn_decode_s = p.decode_attn.at(decodes, decode_kv / decodes);
   t.overhead_s = p.overhead_s;
   t.all_reduce_s = p.all_reduce_seconds(static_cast<double>(batch.num_tokens()));
+  t.all_gather_s = p.logits_gather_seconds(static_cast<double>(batch.num_sampled()));
   return t;
 }
 
@@ -218,7 +219,10 @@ std::string ProfileCostModel::describe() const {
   if (!p.all_reduce.x.empty())
     out += "; tensor parallel: " + std::to_string(p.all_reduces_per_step) +
            " all-reduces a step of " +
-           std::to_string(static_cast<int64_t>(p.all_reduce_bytes_per_token)) + " bytes a token";
+           std::to_string(static_cast<int64_t>(p.all_reduce_bytes_per_token)) +
+           " bytes a token, the logits' all-gather of " +
+           std::to_string(static_cast<int64_t>(p.logits_gather_bytes_per_row)) +
+           " bytes a sampled row from each rank";
   return out;
 }
 

@@ -49,8 +49,9 @@ int64_t kv_blocks_for(const ModelShape& model, double gpu_memory_bytes,
 struct StepTime {
   double linear_s = 0, attn_prefill_s = 0, attn_decode_s = 0, overhead_s = 0;
   double all_reduce_s = 0;  // tensor parallelism's all-reduces (a profile's all_reduce table)
+  double all_gather_s = 0;  // and its logits' all-gather (the all_gather table)
   double total() const {
-    return linear_s + attn_prefill_s + attn_decode_s + overhead_s + all_reduce_s;
+    return linear_s + attn_prefill_s + attn_decode_s + overhead_s + all_reduce_s + all_gather_s;
   }
 };
 
@@ -81,7 +82,8 @@ class RooflineCostModel final : public CostModel {
 //                 + decode_attn(B, mean KV of the decodes) (when B > 0)
 // plus the engine's per-step overhead, with T the step's tokens, S its sampled rows and B its
 // decodes; under tensor parallelism (the profile's all_reduce table) plus the step's all-reduces,
-// all_reduces x all_reduce(T x bytes a token), two a layer, whatever the mix of the step. Decode
+// all_reduces x all_reduce(T x bytes a token), two a layer, whatever the mix of the step, and the
+// gather of its S sampled rows' logits, all_gather(S x bytes a row from each rank). Decode
 // attention is costed at the decodes' mean KV length: it is linear in the KV length, so B decodes
 // of mean L read what B decodes of L each read.
 class ProfileCostModel final : public CostModel {

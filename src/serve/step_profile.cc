@@ -80,6 +80,11 @@ double StepProfile::all_reduce_seconds(double tokens) const {
          all_reduce.at(tokens * all_reduce_bytes_per_token);
 }
 
+double StepProfile::logits_gather_seconds(double sampled) const {
+  if (all_gather.x.empty() || sampled <= 0) return 0;
+  return all_gather.at(sampled * logits_gather_bytes_per_row);
+}
+
 void StepProfile::validate(const std::string& name) const {
   auto one = [&](const ProfileTable1& t, const char* table) {
     const std::string what = name + ": table " + table;
@@ -116,6 +121,17 @@ void StepProfile::validate(const std::string& name) const {
         ": tensor parallelism needs both the all_reduce table and one all_reduces row "
         "(positive all-reduces a step and bytes a token)");
   if (!all_reduce.x.empty()) one(all_reduce, "all_reduce");
+  // So do the all-gather table and its bytes a row; a tensor-parallel step has both collectives.
+  const bool gather = logits_gather_bytes_per_row > 0 && std::isfinite(logits_gather_bytes_per_row);
+  if (all_gather.x.empty() != !gather || (!gather && logits_gather_bytes_per_row != 0))
+    bad(name +
+        ": the logits' all-gather needs both the all_gather table and one logits_gather row "
+        "(positive bytes a sampled row)");
+  if (all_reduce.x.empty() != all_gather.x.empty())
+    bad(name +
+        ": tensor parallelism needs both collectives' tables, all_reduce and all_gather (a "
+        "profile without all_gather predates the logits' gather: measure it again)");
+  if (!all_gather.x.empty()) one(all_gather, "all_gather");
 }
 
 void StepProfile::write_csv(std::ostream& out) const {
@@ -140,17 +156,21 @@ void StepProfile::write_csv(std::ostream& out) const {
     row("all_reduce", all_reduce.x[i], 0, all_reduce.seconds[i]);
   if (!all_reduce.x.empty())
     row("all_reduces", static_cast<double>(all_reduces_per_step), all_reduce_bytes_per_token, 0);
+  for (size_t i = 0; i < all_gather.x.size(); ++i)
+    row("all_gather", all_gather.x[i], 0, all_gather.seconds[i]);
+  if (!all_gather.x.empty()) row("logits_gather", logits_gather_bytes_per_row, 0, 0);
 }
 
 StepProfile StepProfile::read_csv(std::istream& in, const std::string& name) {
   StepProfile p;
   std::string line;
   int64_t lineno = 0;
-  bool header = false, have_sample = false, have_overhead = false, have_counts = false;
+  bool header = false, have_sample = false, have_overhead = false, have_counts = false,
+       have_gather_bytes = false;
   auto fail = [&](const std::string& what) {
     bad(name + ":" + std::to_string(lineno) + ": " + what);
   };
-  std::map<double, double> lin, dbase, ar;
+  std::map<double, double> lin, dbase, ar, ag;
   std::map<std::pair<double, double>, double> pa, da;
   while (std::getline(in, line)) {
     ++lineno;
@@ -195,15 +215,25 @@ StepProfile StepProfile::read_csv(std::istream& in, const std::string& name) {
     }
     const std::string& t = f[0];
     bool fresh = true;
-    if (t == "linear" || t == "decode_base" || t == "all_reduce") {
+    if (t == "linear" || t == "decode_base" || t == "all_reduce" || t == "all_gather") {
       if (v[1] != 0) fail(t + " has one axis: y must be 0");
-      fresh = (t == "linear" ? lin : t == "decode_base" ? dbase : ar).emplace(v[0], v[2]).second;
+      fresh = (t == "linear"        ? lin
+               : t == "decode_base" ? dbase
+               : t == "all_reduce"  ? ar
+                                    : ag)
+                  .emplace(v[0], v[2])
+                  .second;
     } else if (t == "all_reduces") {
       if (v[0] != std::floor(v[0])) fail("all_reduces: x counts all-reduces: a whole number");
       fresh = !have_counts;
       have_counts = true;
       p.all_reduces_per_step = static_cast<int64_t>(v[0]);
       p.all_reduce_bytes_per_token = v[1];
+    } else if (t == "logits_gather") {
+      if (v[1] != 0 || v[2] != 0) fail("logits_gather: x is bytes a sampled row; y and seconds 0");
+      fresh = !have_gather_bytes;
+      have_gather_bytes = true;
+      p.logits_gather_bytes_per_row = v[0];
     } else if (t == "prefill_attn" || t == "decode_attn") {
       fresh = (t == "prefill_attn" ? pa : da).emplace(std::pair{v[0], v[1]}, v[2]).second;
     } else if (t == "sample_row" || t == "overhead") {
@@ -219,7 +249,7 @@ StepProfile StepProfile::read_csv(std::istream& in, const std::string& name) {
   if (!header) bad(name + ": no 'table,x,y,seconds' header");
   if (!have_sample || !have_overhead) bad(name + ": lacks the sample_row or overhead row");
   for (auto [m, tab] : {std::pair{&lin, &p.linear}, std::pair{&dbase, &p.decode_base},
-                        std::pair{&ar, &p.all_reduce}})
+                        std::pair{&ar, &p.all_reduce}, std::pair{&ag, &p.all_gather}})
     for (const auto& [x, s] : *m) tab->x.push_back(x), tab->seconds.push_back(s);
   for (auto [m, tab, t] : {std::tuple{&pa, &p.prefill_attn, "prefill_attn"},
                            std::tuple{&da, &p.decode_attn, "decode_attn"}}) {

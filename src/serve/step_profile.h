@@ -21,13 +21,18 @@
 //                      as Vidur profiles them, and a step adds all_reduces x all_reduce(T x
 //                      all_reduce_bytes_per_token) for its T tokens (two a layer: after o_proj and
 //                      down_proj)
+//   all_gather(B)      with tensor parallelism: one all-gather in which each rank sends B bytes,
+//                      measured on its own; a step adds all_gather(S x
+//                      logits_gather_bytes_per_row) for its S sampled rows (each rank's block of
+//                      the LM head's logits, float32, gathered before sampling)
 // Every table is non-decreasing along each axis (the profiler makes it so: a running maximum over
 // the measured differences, which noise can make dip), so its interpolation is monotone.
 //
 // File format (CSV, docs/serving.md): `# key: value` lines (model, device, grid, method), then a
 // header `table,x,y,seconds` and one row per grid point: `linear,T,0,s`, `decode_base,B,0,s`,
 // `prefill_attn,C,K,s`, `decode_attn,B,L,s`, `sample_row,0,0,s`, `overhead,0,0,s`; with tensor
-// parallelism also `all_reduce,B,0,s` and one `all_reduces,n,b,0` (n a step, b bytes a token).
+// parallelism also `all_reduce,B,0,s` and one `all_reduces,n,b,0` (n a step, b bytes a token),
+// `all_gather,B,0,s` and one `logits_gather,b,0,0` (b bytes a sampled row from each rank).
 #pragma once
 
 #include <cstdint>
@@ -59,12 +64,16 @@ struct StepProfile {
   ProfileTable1 linear, decode_base;
   ProfileTable2 prefill_attn, decode_attn;
   double sample_row_s = 0, overhead_s = 0;
-  // Tensor parallelism: empty all_reduce (and 0, 0) for one device.
+  // Tensor parallelism: empty all_reduce and all_gather (and zeros) for one device.
   ProfileTable1 all_reduce;
-  int64_t all_reduces_per_step = 0;       // 2 x layers
-  double all_reduce_bytes_per_token = 0;  // hidden x the activations' element size
+  int64_t all_reduces_per_step = 0;        // 2 x layers
+  double all_reduce_bytes_per_token = 0;   // hidden x the activations' element size
+  ProfileTable1 all_gather;                // x: bytes each rank sends
+  double logits_gather_bytes_per_row = 0;  // the LM head's vocabulary block x 4 (float32)
   // Seconds of a step's all-reduces for `tokens` tokens (0 without tensor parallelism).
   double all_reduce_seconds(double tokens) const;
+  // Seconds of a step's logits all-gather for `sampled` rows (0 without tensor parallelism).
+  double logits_gather_seconds(double sampled) const;
 
   // Throws Error(kInvalidArgument, "profile", ...) naming the table: axes strictly increasing and
   // non-negative, values finite and >= 0, non-decreasing along every axis, no table empty.

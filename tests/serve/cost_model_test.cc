@@ -257,30 +257,44 @@ TEST(ProfileCostModel, CsvRoundTripsAndRejectsMalformedTables) {
 
 // Tensor parallelism: the profile's tables are one rank's compute, and a step adds
 // all_reduces_per_step all-reduces of (its tokens x bytes a token), each read off the all_reduce
-// table by message size; nothing else changes.
-TEST(ProfileCostModel, TensorParallelStepAddsItsAllReducesBySize) {
+// table by message size, and one all-gather of (its sampled rows x bytes a row) off the
+// all_gather table; nothing else changes.
+TEST(ProfileCostModel, TensorParallelStepAddsItsCollectivesBySize) {
   const fs::StepProfile one = known_profile();
   fs::StepProfile tp = one;
   tp.all_reduce.x = {1024, 1 << 20, 1 << 24};
   tp.all_reduce.seconds = {10e-6, 40e-6, 400e-6};
   tp.all_reduces_per_step = 2 * 32;          // two a layer, 32 layers
   tp.all_reduce_bytes_per_token = 4096 * 2;  // hidden 4096, bf16 activations
+  tp.all_gather.x = {1 << 16, 1 << 22};
+  tp.all_gather.seconds = {20e-6, 300e-6};
+  tp.logits_gather_bytes_per_row = 64128 * 4;  // Llama-3's vocabulary over 2 ranks, float32
   const fs::ProfileCostModel pm1(one, "tp1"), pm(tp, "tp2");
   // By hand: piecewise linear between the table's points.
   auto ar = [](double bytes) {
     if (bytes <= (1 << 20)) return 10e-6 + (bytes - 1024) / ((1 << 20) - 1024) * 30e-6;
     return 40e-6 + (bytes - (1 << 20)) / ((1 << 24) - (1 << 20)) * 360e-6;
   };
+  auto ag = [](double bytes) {
+    return 20e-6 + (bytes - (1 << 16)) / ((1 << 22) - (1 << 16)) * 280e-6;
+  };
   const fs::Batch dec = make_batch({{99, 1, false}, {299, 1, false}});
+  // Two decodes, a chunk that ends its prompt (sampled) and one that does not.
   fs::Batch mix = make_batch({{99, 1, false}, {299, 1, false}, {1000, 300, true}, {0, 60, true}});
   for (const fs::Batch* b : std::vector<const fs::Batch*>{&dec, &mix}) {
     const double tokens = static_cast<double>(b->num_tokens());
-    const double want = 64 * ar(tokens * 8192);
-    EXPECT_NEAR(pm.breakdown(*b).all_reduce_s, want, 1e-15);
-    EXPECT_NEAR(pm.step_seconds(*b), pm1.step_seconds(*b) + want, 1e-12);
+    const double sampled = static_cast<double>(b->num_sampled());
+    ASSERT_GE(sampled, 2);
+    const double want_ar = 64 * ar(tokens * 8192), want_ag = ag(sampled * 64128 * 4);
+    EXPECT_NEAR(pm.breakdown(*b).all_reduce_s, want_ar, 1e-15);
+    EXPECT_NEAR(pm.breakdown(*b).all_gather_s, want_ag, 1e-15);
+    EXPECT_NEAR(pm.step_seconds(*b), pm1.step_seconds(*b) + want_ar + want_ag, 1e-12);
     EXPECT_EQ(pm1.breakdown(*b).all_reduce_s, 0);
+    EXPECT_EQ(pm1.breakdown(*b).all_gather_s, 0);
   }
   EXPECT_NE(pm.describe().find("64 all-reduces a step"), std::string::npos) << pm.describe();
+  EXPECT_NE(pm.describe().find("all-gather of 256512 bytes a sampled row"), std::string::npos)
+      << pm.describe();
 
   std::stringstream io;
   tp.write_csv(io);
@@ -289,6 +303,9 @@ TEST(ProfileCostModel, TensorParallelStepAddsItsAllReducesBySize) {
   EXPECT_EQ(q.all_reduce.seconds, tp.all_reduce.seconds);
   EXPECT_EQ(q.all_reduces_per_step, 64);
   EXPECT_EQ(q.all_reduce_bytes_per_token, 8192);
+  EXPECT_EQ(q.all_gather.x, tp.all_gather.x);
+  EXPECT_EQ(q.all_gather.seconds, tp.all_gather.seconds);
+  EXPECT_EQ(q.logits_gather_bytes_per_row, 64128 * 4);
 
   // The table without the step's count of all-reduces (or the reverse) is refused by name.
   fs::StepProfile half = tp;
@@ -301,6 +318,38 @@ TEST(ProfileCostModel, TensorParallelStepAddsItsAllReducesBySize) {
   half = tp;
   half.all_reduce.seconds = {10e-6, 5e-6, 400e-6};
   EXPECT_THROW(half.validate("half"), Error);  // decreasing
+  // Likewise the gather's table and its bytes a row; and a profile with one collective's table
+  // but not the other's (one measured before the gather was) is refused, not costed without it.
+  const auto refused = [](const fs::StepProfile& p, const std::string& what) {
+    try {
+      p.validate("half");
+    } catch (const Error& e) {
+      return std::string(e.what()).find(what) != std::string::npos;
+    }
+    return false;
+  };
+  half = tp;
+  half.logits_gather_bytes_per_row = 0;
+  EXPECT_TRUE(refused(half, "logits_gather row"));
+  half = tp;
+  half.all_gather = {};
+  half.logits_gather_bytes_per_row = 0;
+  EXPECT_TRUE(refused(half, "measure it again"));
+  half = tp;
+  half.all_gather.seconds = {20e-6, 10e-6};
+  EXPECT_TRUE(refused(half, "all_gather decreases"));
+  std::stringstream before_the_gather;
+  half = tp;
+  half.all_gather = {};
+  half.logits_gather_bytes_per_row = 0;
+  half.write_csv(before_the_gather);
+  try {
+    fs::StepProfile::read_csv(before_the_gather, "old-tp.csv");
+    ADD_FAILURE() << "a profile without the all_gather table was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("old-tp.csv"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("measure it again"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

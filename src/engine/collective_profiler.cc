@@ -1,4 +1,4 @@
-#include "engine/all_reduce_profiler.h"
+#include "engine/collective_profiler.h"
 
 #include <algorithm>
 #include <barrier>
@@ -51,7 +51,7 @@ class RankBuffer {
   void finish() const {
 #if defined(FLASHSERVE_WITH_CUDA)
     if (device_ >= 0 && cudaStreamSynchronize(nullptr) != cudaSuccess)
-      throw Error(ErrorKind::kCuda, "device", "an all-reduce failed on its stream");
+      throw Error(ErrorKind::kCuda, "device", "a collective failed on its stream");
 #endif
   }
 
@@ -63,17 +63,18 @@ class RankBuffer {
 
 }  // namespace
 
-AllReduceGrid AllReduceGrid::for_tokens(const std::vector<int64_t>& tokens, int64_t bytes_per_token,
-                                        DType dtype) {
-  AllReduceGrid g;
+CollectiveGrid CollectiveGrid::for_counts(Collective collective, const std::vector<int64_t>& counts,
+                                          int64_t bytes_per_unit, DType dtype) {
+  CollectiveGrid g;
+  g.collective = collective;
   g.dtype = dtype;
-  for (int64_t t : tokens) g.bytes.push_back(t * bytes_per_token);
+  for (int64_t c : counts) g.bytes.push_back(c * bytes_per_unit);
   return g;
 }
 
-serve::ProfileTable1 profile_all_reduce(model::CommunicatorGroup& group,
+serve::ProfileTable1 profile_collective(model::CommunicatorGroup& group,
                                         const std::vector<int>& devices,
-                                        const AllReduceGrid& grid) {
+                                        const CollectiveGrid& grid) {
   const int n = group.size();
   const int64_t elem = static_cast<int64_t>(dtype_size(grid.dtype));
   if (grid.bytes.empty() || grid.reps < 1 || grid.warmup < 0)
@@ -95,15 +96,23 @@ serve::ProfileTable1 profile_all_reduce(model::CommunicatorGroup& group,
   std::exception_ptr failed;
   auto rank = [&](int r) {
     try {
+      // An all-gather's send buffer is followed by its receive buffer of n messages.
+      const bool gather = grid.collective == Collective::kAllGather;
+      const size_t largest = static_cast<size_t>(grid.bytes.back());
       RankBuffer buf(devices.empty() ? -1 : devices[static_cast<size_t>(r)],
-                     static_cast<size_t>(grid.bytes.back()));
+                     gather ? largest * static_cast<size_t>(n + 1) : largest);
       model::Communicator& comm = group.rank(r);
       for (size_t i = 0; i < grid.bytes.size(); ++i) {
         std::vector<double> times;
+        const int64_t count = grid.bytes[i] / elem;
         for (int k = 0; k < grid.warmup + grid.reps; ++k) {
           start.arrive_and_wait();
           const auto t0 = std::chrono::steady_clock::now();
-          comm.all_reduce_sum(buf.data(), grid.bytes[i] / elem, grid.dtype);
+          if (gather)
+            comm.all_gather(buf.data(), static_cast<char*>(buf.data()) + largest, count,
+                            grid.dtype);
+          else
+            comm.all_reduce_sum(buf.data(), count, grid.dtype);
           buf.finish();
           const double s =
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
