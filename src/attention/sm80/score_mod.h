@@ -1,0 +1,109 @@
+// The score modifiers of the contract (attention/score_mod.h: tanh soft-capping, the ALiBi bias)
+// in the sm80 forward kernel. They are a compile-time choice: the kernels without them are
+// instantiated with NoScoreMod and compile to the code they had before modifiers existed (the
+// no-modifier prefill is the hot path; a run-time test in the key loop cost it 2.5-5% on an H200,
+// docs/kernel-notes.md). The modifier kernels take FwdModParams and run ScoreModRows on each block
+// of scores, before the mask.
+//
+// Units: the key loop keeps raw scores q.k and folds the softmax scale into the exponent
+// (softmax.h: exp2(s * scale_log2 - max * scale_log2), LSE = max * scale + log l). The modifier
+// kernels keep the modified score divided by a unit u instead, and the host passes u as the scale
+// (fwd_params_of.h score_mod_params): u = softcap when capped, so a block holds
+//   tanh(scale * q.k / softcap) - slope / softcap * |p - j|,
+// and u = scale otherwise, so it holds q.k - slope / scale * |p - j|. Either way u > 0 (the row max
+// needs a positive scale) and the running max, the probabilities and the LSE need no change; the
+// split-KV combine merges LSEs, which are in natural units, unchanged.
+#pragma once
+
+#include <cstdint>
+
+#include "fwd_params.h"
+#include "ptx.h"
+
+namespace flashserve::attention::sm80 {
+
+// What the modifier kernels add to FwdParams. Filled on the host from the validated call.
+struct ScoreModParams {
+  // Capped: 2 log2(e) scale / softcap, so that exp2(cap_exp2 * q.k) = exp(2 x) with x the tanh
+  // argument; 0: not capped.
+  float cap_exp2;
+  float unit_inv;  // 1 / u: ALiBi slopes are applied in the block's units
+  // ALiBi slopes, float32 [h_q] (batch stride 0) or [batch, h_q]; null: no bias.
+  const float* alibi;
+  int64_t alibi_batch_stride, alibi_head_stride;
+};
+
+struct FwdModParams : FwdParams {
+  ScoreModParams mod;
+};
+
+// The kernels without modifiers: every use is under `if constexpr (Mod::kActive)`.
+struct NoScoreMod {
+  static constexpr bool kActive = false;
+};
+
+// tanh(x) given e = exp(2x): 1 - 2 / (e + 1). ex2.approx is within 2^-22 relative, rcp.approx
+// within 1 ulp, so the result is within about 4e-7 absolute of tanh(x) (the error of e weighs
+// 2e / (e + 1)^2 <= 1/2 there; the argument's rounding, |2x| log2(e) 2^-24 relative in e, weighs
+// 2 / e at large |x|, which keeps it below 1e-7). Relative to the capped score softcap * tanh
+// that is 4e-7 * softcap absolute: below bf16/fp16 input rounding for any softcap up to ~1e3.
+// tanh.approx.f32 (2^-11 relative, FlashAttention's choice) would move a score capped at 50 by
+// 0.02. e = inf (x > ~44) gives 1, e = 0 gives -1, NaN stays NaN.
+__device__ __forceinline__ float tanh_of_exp2x(float e) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(e + 1.0f));
+  return fmaf(-2.0f, r, 1.0f);
+}
+
+// The modifiers for one thread's rows of a tile: the slopes of its rows (one per fragment row,
+// already in the block's units) and the query position every column's distance is taken from.
+template <int kMTiles>
+struct ScoreModRows {
+  static constexpr bool kActive = true;
+  float cap_exp2;
+  bool alibi;
+  float slope[kMTiles][2];
+
+  // `head_of_row(mi, r)`: the query head of fragment row (mi, r), or -1 for a row past the tile's
+  // last (packed GQA tiles: rows are heads, and those past the group read no slope).
+  template <class HeadOf>
+  __device__ __forceinline__ ScoreModRows(const ScoreModParams& m, int b, HeadOf head_of_row)
+      : cap_exp2(m.cap_exp2), alibi(m.alibi != nullptr) {
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int h = head_of_row(mi, r);
+        slope[mi][r] = alibi && h >= 0 ? m.alibi[b * m.alibi_batch_stride + h * m.alibi_head_stride] *
+                                             m.unit_inv
+                                       : 0.0f;
+      }
+  }
+
+  // Modifies one warp's raw scores s (the mask's layout: block_mask.h). `pos0`: the query
+  // position of the thread's first row (slice 0, fragment row g); kSharedRow: every row is at pos0
+  // (packed GQA tiles). `col0`: the key index of the thread's first column.
+  template <bool kSharedRow, int kNTiles>
+  __device__ __forceinline__ void apply(float (&s)[kMTiles][kNTiles][4], int pos0,
+                                        int col0) const {
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int pos = kSharedRow ? pos0 : pos0 + mi * 16 + r * 8;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[mi][nt][2 * r + e];
+            if (cap_exp2 != 0.0f) x = tanh_of_exp2x(fast_exp2(x * cap_exp2));
+            if (alibi) {
+              const int d = pos - (col0 + nt * 8 + e);
+              x = fmaf(-slope[mi][r], static_cast<float>(d < 0 ? -d : d), x);
+            }
+          }
+      }
+  }
+};
+
+}  // namespace flashserve::attention::sm80
