@@ -123,7 +123,6 @@ void check_device_indices(const AttentionParams& params, cudaStream_t stream) {
 // so the message names what is missing rather than a derived symptom. Returns the device's
 // properties.
 const DeviceProps& check_supported(const AttentionParams& params, const Problem& pr) {
-  refuse_score_mods(pr.score_mod, "the CUDA kernels");
   if (pr.dtype == DType::kFloat32)
     unsupported("q", "float32 is not supported by the CUDA kernels (use bfloat16 or float16)");
   if (pr.head_dim != 64 && pr.head_dim != 128 && pr.head_dim != 256)
@@ -341,6 +340,10 @@ void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr
       p.lse_partial = p.o_partial + static_cast<int64_t>(splits) * l.rows * pr.h_q * pr.head_dim;
     }
     sm80::FwdLaunch launch{};
+    if (pr.score_mod.any()) {  // the modifier kernels, in their units (changes p's scale)
+      launch.has_score_mod = true;
+      launch.score_mod = score_mod_params(pr, p);
+    }
     launch.dtype = pr.dtype;
     launch.decode = l.kernel.decode;
     launch.has_mask = l.kernel.masked;

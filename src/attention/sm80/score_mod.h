@@ -24,10 +24,9 @@ namespace flashserve::attention::sm80 {
 
 // What the modifier kernels add to FwdParams. Filled on the host from the validated call.
 struct ScoreModParams {
-  // Capped: 2 log2(e) scale / softcap, so that exp2(cap_exp2 * q.k) = exp(2 x) with x the tanh
-  // argument; 0: not capped.
-  float cap_exp2;
-  float unit_inv;  // 1 / u: ALiBi slopes are applied in the block's units
+  int32_t capped;   // softcap > 0
+  float cap_scale;  // capped: scale / softcap, the tanh argument per unit of q.k
+  float unit_inv;   // 1 / u: ALiBi slopes are applied in the block's units
   // ALiBi slopes, float32 [h_q] (batch stride 0) or [batch, h_q]; null: no bias.
   const float* alibi;
   int64_t alibi_batch_stride, alibi_head_stride;
@@ -42,17 +41,28 @@ struct NoScoreMod {
   static constexpr bool kActive = false;
 };
 
-// tanh(x) given e = exp(2x): 1 - 2 / (e + 1). ex2.approx is within 2^-22 relative, rcp.approx
-// within 1 ulp, so the result is within about 4e-7 absolute of tanh(x) (the error of e weighs
-// 2e / (e + 1)^2 <= 1/2 there; the argument's rounding, |2x| log2(e) 2^-24 relative in e, weighs
-// 2 / e at large |x|, which keeps it below 1e-7). Relative to the capped score softcap * tanh
-// that is 4e-7 * softcap absolute: below bf16/fp16 input rounding for any softcap up to ~1e3.
-// tanh.approx.f32 (2^-11 relative, FlashAttention's choice) would move a score capped at 50 by
-// 0.02. e = inf (x > ~44) gives 1, e = 0 gives -1, NaN stays NaN.
-__device__ __forceinline__ float tanh_of_exp2x(float e) {
+// tanh(x) in float, to about 1e-6 relative, which keeps the capped score softcap * tanh(x) within
+// 1e-6 of itself relative: far below the bf16/fp16 rounding of q and k (2^-9, 2^-12), so the
+// test bounds of the unmodified kernels hold. Below |x| = 0.3 the odd Taylor polynomial to x^11
+// (truncation < 1e-8 relative); above, 1 - 2 / (exp(2x) + 1), whose ex2.approx (~2^-22 relative),
+// rcp.approx (1 ulp) and argument rounding add up to < 3e-7 absolute where tanh >= 0.29. A large
+// softcap makes x small, so the polynomial is what keeps it relative there (1 - 2 / (e + 1)
+// alone cancels to 0 for tiny x). tanh.approx.f32 (FlashAttention's) is 2^-11 relative: a score
+// capped at 50 would move by 0.02. Branch-free (both sides computed, one selected); +-inf give
+// +-1 and NaN stays NaN (the comparison fails and the exponential side propagates it).
+__device__ __forceinline__ float tanh_device(float x) {
+  const float x2 = x * x;
+  float poly = -1382.0f / 155925;
+  poly = fmaf(poly, x2, 62.0f / 2835);
+  poly = fmaf(poly, x2, -17.0f / 315);
+  poly = fmaf(poly, x2, 2.0f / 15);
+  poly = fmaf(poly, x2, -1.0f / 3);
+  poly = fmaf(poly * x2, x, x);
+  const float e = fast_exp2(x * 2.88539008177792681472f);  // exp(2x): 2 log2(e) x
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(e + 1.0f));
-  return fmaf(-2.0f, r, 1.0f);
+  const float far = fmaf(-2.0f, r, 1.0f);
+  return fabsf(x) < 0.3f ? poly : far;
 }
 
 // The modifiers for one thread's rows of a tile: the slopes of its rows (one per fragment row,
@@ -60,7 +70,8 @@ __device__ __forceinline__ float tanh_of_exp2x(float e) {
 template <int kMTiles>
 struct ScoreModRows {
   static constexpr bool kActive = true;
-  float cap_exp2;
+  bool capped;
+  float cap_scale;
   bool alibi;
   float slope[kMTiles][2];
 
@@ -68,7 +79,7 @@ struct ScoreModRows {
   // last (packed GQA tiles: rows are heads, and those past the group read no slope).
   template <class HeadOf>
   __device__ __forceinline__ ScoreModRows(const ScoreModParams& m, int b, HeadOf head_of_row)
-      : cap_exp2(m.cap_exp2), alibi(m.alibi != nullptr) {
+      : capped(m.capped != 0), cap_scale(m.cap_scale), alibi(m.alibi != nullptr) {
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
@@ -96,7 +107,7 @@ struct ScoreModRows {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& x = s[mi][nt][2 * r + e];
-            if (cap_exp2 != 0.0f) x = tanh_of_exp2x(fast_exp2(x * cap_exp2));
+            if (capped) x = tanh_device(x * cap_scale);
             if (alibi) {
               const int d = pos - (col0 + nt * 8 + e);
               x = fmaf(-slope[mi][r], static_cast<float>(d < 0 ? -d : d), x);
