@@ -117,9 +117,9 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
     // whatever the modifier would make of it.
     if constexpr (Mod::kActive) {
       if constexpr (Tile::kPack)  // packed rows: the sequence's one query, at kv_len - 1
-        mod.template apply<true>(s, t.seq.kv_len - 1, n * kBN + 2 * (lane & 3));
+        mod.apply(s, t.seq.kv_len - 1, n * kBN + 2 * (lane & 3));
       else
-        mod.template apply<false>(s, row0 + offset, n * kBN + 2 * (lane & 3));
+        mod.apply(s, row0 + offset, n * kBN + 2 * (lane & 3));
     }
     if constexpr (decltype(masked)::value) {
       if constexpr (Tile::kPack)  // every row is the sequence's query, at key position kv_len - 1
@@ -292,7 +292,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const ModParams& mo
     } else {
       // The slopes of (sequence, query head), read once. Packed tiles' rows are the group's
       // heads; those past the group (rows >= q_len) read none.
-      const ScoreModRows<Cfg::kMTiles> mod(mod_params, t.seq.b, [&](int mi, int r) {
+      const ScoreModRows<Cfg::kMTiles, Tile::kPack> mod(mod_params, t.seq.b, [&](int mi, int r) {
         if constexpr (!Tile::kPack) return t.head;
         const int row = row0 + mi * 16 + r * 8;
         return row < t.seq.q_len ? t.head * p.h_ratio + row : -1;

@@ -65,15 +65,16 @@ __device__ __forceinline__ float tanh_device(float x) {
   return fabsf(x) < 0.3f ? poly : far;
 }
 
-// The modifiers for one thread's rows of a tile: the slopes of its rows (one per fragment row,
-// already in the block's units) and the query position every column's distance is taken from.
-template <int kMTiles>
+// The modifiers for one thread's rows of a tile: the slopes of its rows, already in the block's
+// units: one per fragment row where rows are heads (kPerRowHead: packed GQA tiles), else the one
+// of the tile's head (a register, not four: the masked tiles run at the register limit).
+template <int kMTiles, bool kPerRowHead>
 struct ScoreModRows {
   static constexpr bool kActive = true;
   bool capped;
   float cap_scale;
   bool alibi;
-  float slope[kMTiles][2];
+  float slope[kPerRowHead ? kMTiles : 1][kPerRowHead ? 2 : 1];
 
   // `head_of_row(mi, r)`: the query head of fragment row (mi, r), or -1 for a row past the tile's
   // last (packed GQA tiles: rows are heads, and those past the group read no slope).
@@ -81,9 +82,9 @@ struct ScoreModRows {
   __device__ __forceinline__ ScoreModRows(const ScoreModParams& m, int b, HeadOf head_of_row)
       : capped(m.capped != 0), cap_scale(m.cap_scale), alibi(m.alibi != nullptr) {
 #pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi)
+    for (int mi = 0; mi < (kPerRowHead ? kMTiles : 1); ++mi)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
+      for (int r = 0; r < (kPerRowHead ? 2 : 1); ++r) {
         const int h = head_of_row(mi, r);
         slope[mi][r] = alibi && h >= 0 ? m.alibi[b * m.alibi_batch_stride + h * m.alibi_head_stride] *
                                              m.unit_inv
@@ -92,28 +93,38 @@ struct ScoreModRows {
   }
 
   // Modifies one warp's raw scores s (the mask's layout: block_mask.h). `pos0`: the query
-  // position of the thread's first row (slice 0, fragment row g); kSharedRow: every row is at pos0
+  // position of the thread's first row (slice 0, fragment row g); kPerRowHead: every row is at pos0
   // (packed GQA tiles). `col0`: the key index of the thread's first column.
-  template <bool kSharedRow, int kNTiles>
+  template <int kNTiles>
   __device__ __forceinline__ void apply(float (&s)[kMTiles][kNTiles][4], int pos0,
                                         int col0) const {
+    // One pass per modifier, each under its own (CTA-uniform) branch: fewer values live at once
+    // than one pass that does both.
+    if (capped) {
 #pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int pos = kSharedRow ? pos0 : pos0 + mi * 16 + r * 8;
+      for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s[mi][nt][2 * r + e];
-            if (capped) x = tanh_device(x * cap_scale);
-            if (alibi) {
+          for (int e = 0; e < 4; ++e) s[mi][nt][e] = tanh_device(s[mi][nt][e] * cap_scale);
+    }
+    if (alibi) {
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int pos = kPerRowHead ? pos0 : pos0 + mi * 16 + r * 8;
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
               const int d = pos - (col0 + nt * 8 + e);
-              x = fmaf(-slope[mi][r], static_cast<float>(d < 0 ? -d : d), x);
+              float& x = s[mi][nt][2 * r + e];
+              const float m = slope[kPerRowHead ? mi : 0][kPerRowHead ? r : 0];
+              x = fmaf(-m, static_cast<float>(d < 0 ? -d : d), x);
             }
-          }
-      }
+        }
+    }
   }
 };
 
