@@ -112,7 +112,9 @@ void check_device_indices(const AttentionParams& params, cudaStream_t stream) {
   copy_indices_to_host({&host.cu_seqlens_q, &host.cu_seqlens_k, &host.seqused_k, &host.block_table},
                        copies, stream);
   // Every view claims the host, so that validation reads the index entries; it reads no other
-  // tensor's data.
+  // tensor's data. The ALiBi slopes stay out: the host check of their entries would read device
+  // memory (the call's own validation has checked their shape and device).
+  host.alibi_slopes = TensorView{};
   for (TensorView* t : {&host.q, &host.k, &host.v, &host.out, &host.lse, &host.cu_seqlens_q,
                         &host.cu_seqlens_k, &host.seqused_k, &host.block_table})
     if (t->defined()) t->device = Device{DeviceType::kCPU, 0};

@@ -455,6 +455,18 @@ TEST(GpuScoreModPlan, ModifiersRunOnSm80AndForcedSm90RefusesThem) {
     ScopedEnv env("FLASHSERVE_KERNEL", "sm80");
     check_case(with(capped, [](CaseSpec& c) { c.seed = 31; }));
   }
+  {
+    // FLASHSERVE_CHECK_INDICES copies the index tensors back and validates a host copy of the
+    // call; the device slopes stay out of it (their entries are not read on the host).
+    ScopedEnv check("FLASHSERVE_CHECK_INDICES", "1");
+    CaseSpec paged = spec(DType::kBFloat16, 64, 2, {5, 40}, {200, 90}, 4, 2, true);
+    paged.q_layout = QLayout::kVarlen;
+    paged.kv_layout = KVLayout::kPaged;
+    paged.alibi = 2;
+    paged.softcap = 5.0f;
+    paged.seed = 37;
+    check_case(paged);
+  }
   ScopedEnv env("FLASHSERVE_KERNEL", "sm90");
   expect_refused(capped, "softcap");
   expect_refused(alibi, "alibi_slopes");
