@@ -388,8 +388,8 @@ std::vector<CaseSpec> score_mod_cases() {
     // More queries than keys, causal: the first rows see no key (zero output, lse -inf).
     add_score_mods(v, spec(dt, d, 2, {300}, {77}, 2, 2, true));
     // Varlen with an empty sequence and a decode row (a decode launch and a prefill launch).
-    add_score_mods(v, varlen(spec(dt, d, 5, {33, 0, 1, 200, 64}, {33, 0, 513, 200, 129}, 8, 2,
-                                  true)));
+    add_score_mods(v,
+                   varlen(spec(dt, d, 5, {33, 0, 1, 200, 64}, {33, 0, 513, 200, 129}, 8, 2, true)));
     CaseSpec two_sided = varlen(spec(dt, d, 3, {90, 17, 40}, {300, 17, 41}, 4, 4));
     two_sided.window_left = 40;
     two_sided.window_right = 7;

@@ -233,7 +233,8 @@ Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& len
   if (pr.batch == 0 || pr.max_q_len == 0 || ctx.q_rows == 0) return Plan{};
   if (ctx.family == FamilyRequest::kSm90) {
     // The modifiers are refused by their own names: the argument to drop, or to run on sm80.
-    refuse_score_mods(pr.score_mod, "the sm90 kernel (FLASHSERVE_KERNEL=sm90; the sm80 kernels have it)");
+    refuse_score_mods(pr.score_mod,
+                      "the sm90 kernel (FLASHSERVE_KERNEL=sm90; the sm80 kernels have it)");
     const std::string lacks = sm90_lacks(pr, ctx);
     if (!lacks.empty()) throw Error(ErrorKind::kUnsupported, "FLASHSERVE_KERNEL", "sm90: " + lacks);
   }

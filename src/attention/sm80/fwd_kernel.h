@@ -255,7 +255,8 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const ModParams& mo
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_row = warp * Cfg::kWarpRows;
   // Masked (causal / window) tiles differ in cost: their grid is 1-D, heaviest first by sections
-  // of heads (attention/kernel/tile_order.h), unless too large for that (then heaviest first per head).
+  // of heads (attention/kernel/tile_order.h), unless too large for that (then heaviest first per
+  // head).
   TileCoords c{int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
   if constexpr (kHasMask) {
     if (p.order.sections > 0)

@@ -26,7 +26,8 @@ struct FwdLaunch {
   // tiles only; score_mod's units are those of params.scale (fwd_params_of.h score_mod_params).
   bool has_score_mod = false;
   ScoreModParams score_mod{};
-  bool heaviest_first = true;  // masked grids: attention/kernel/tile_order.h (off only to measure it)
+  // Masked grids: attention/kernel/tile_order.h (off only to measure it).
+  bool heaviest_first = true;
   cudaStream_t stream;
 };
 

@@ -88,8 +88,8 @@ void launch_mask(const FwdParams& params, const FwdLaunch& launch) {
 template <int kHeadDim, bool kPaged>
 void launch_score_mod(const FwdParams& params, const FwdLaunch& launch) {
   if (launch.decode)
-    return launch_checked<FwdConfig<kHeadDim, decode_tiles(kHeadDim)>, false, kPaged, true>(
-        params, launch);
+    return launch_checked<FwdConfig<kHeadDim, decode_tiles(kHeadDim)>, false, kPaged, true>(params,
+                                                                                            launch);
   if (!launch.has_mask)
     throw Error(ErrorKind::kInternal, "softcap",
                 "score modifiers reached the sm80 forward on unmasked prefill tiles");

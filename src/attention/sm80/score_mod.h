@@ -86,9 +86,10 @@ struct ScoreModRows {
 #pragma unroll
       for (int r = 0; r < (kPerRowHead ? 2 : 1); ++r) {
         const int h = head_of_row(mi, r);
-        slope[mi][r] = alibi && h >= 0 ? m.alibi[b * m.alibi_batch_stride + h * m.alibi_head_stride] *
-                                             m.unit_inv
-                                       : 0.0f;
+        slope[mi][r] =
+            alibi && h >= 0
+                ? m.alibi[b * m.alibi_batch_stride + h * m.alibi_head_stride] * m.unit_inv
+                : 0.0f;
       }
   }
 
@@ -96,8 +97,7 @@ struct ScoreModRows {
   // position of the thread's first row (slice 0, fragment row g); kPerRowHead: every row is at pos0
   // (packed GQA tiles). `col0`: the key index of the thread's first column.
   template <int kNTiles>
-  __device__ __forceinline__ void apply(float (&s)[kMTiles][kNTiles][4], int pos0,
-                                        int col0) const {
+  __device__ __forceinline__ void apply(float (&s)[kMTiles][kNTiles][4], int pos0, int col0) const {
     // One pass per modifier, each under its own (CTA-uniform) branch: fewer values live at once
     // than one pass that does both.
     if (capped) {
