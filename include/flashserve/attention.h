@@ -21,8 +21,10 @@
 //   then  s -= slope * |p - j|  when alibi_slopes gives the head's slope (ALiBi, p as above),
 // then the mask and the softmax; lse is the log-sum-exp of these scores. With softcap a score of
 // +-inf is capped to +-softcap (tanh's limit) and so makes no row NaN. The CPU path implements
-// both, forward and backward (no gradient flows to the slopes); the CUDA kernels refuse them by
-// name (kUnsupported).
+// both, forward and backward (no gradient flows to the slopes). On CUDA the sm80 forward kernels
+// have them (prefill, varlen, paged, decode, split-KV; the plan never picks the sm90 kernel for
+// them, and a forced sm90 refuses them by name, kUnsupported); the CUDA backward refuses them by
+// name.
 //
 // NaN and infinity, as in PyTorch and FlashAttention: a NaN in q or in a key a row sees, or a score
 // that overflows to +inf, makes that row's output and lse NaN (never the zero row of "saw no key");

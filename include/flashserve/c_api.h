@@ -84,8 +84,9 @@ typedef struct fs_attention_params {
 
 /* ABI 3: fs_attention_params (unchanged, as `base`) and the score modifiers of
  * flashserve::AttentionParams (flashserve/attention.h): the scaled score s becomes
- * softcap * tanh(s / softcap), then s - slope * |p - j| (ALiBi), before the mask. Refused by the
- * CUDA kernels (FS_ERROR_UNSUPPORTED naming softcap or alibi_slopes). The ABI-2 functions taking
+ * softcap * tanh(s / softcap), then s - slope * |p - j| (ALiBi), before the mask. On CUDA the
+ * forward runs them (sm80 kernels); the CUDA backward and a forced sm90 refuse them
+ * (FS_ERROR_UNSUPPORTED naming softcap or alibi_slopes). The ABI-2 functions taking
  * fs_attention_params are these with softcap 0 and no slopes. */
 typedef struct fs_attention_params_v3 {
   fs_attention_params base;

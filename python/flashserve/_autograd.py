@@ -34,6 +34,22 @@ def require_ops(ops, q):
             "pass detached tensors")
 
 
+def refuse_cuda_modifier_grad(q, softcap, alibi_slopes):
+    """The CUDA forward has softcap and ALiBi, the CUDA backward not yet: a CUDA call that will
+    want gradients is refused before the forward runs (the backward would refuse it too, after
+    the forward's work), naming the modifier. The CPU path differentiates both."""
+    if not (isinstance(q, Tensor) and q.is_cuda):
+        return
+    if softcap != 0.0:
+        raise NotImplementedError(
+            "softcap: logit soft-capping has no CUDA backward yet (the CUDA forward and the CPU "
+            "path have it); run the forward under torch.no_grad() or on CPU tensors")
+    if alibi_slopes is not None:
+        raise NotImplementedError(
+            "alibi_slopes: ALiBi has no CUDA backward yet (the CUDA forward and the CPU path "
+            "have it); run the forward under torch.no_grad() or on CPU tensors")
+
+
 def refuse_slope_grad(alibi_slopes):
     """No gradient flows to ALiBi slopes (as in FlashAttention): slopes that require one are
     refused, not given a silent zero."""

@@ -78,7 +78,9 @@ _calls = None
 
 class _State(threading.local):
     """One fs_attention_params_v3 per thread, over a bytearray that pack_into writes (its score
-    modifiers stay off: calls with softcap or alibi_slopes take the generic path)."""
+    modifiers stay off: calls with softcap or alibi_slopes take the generic path, which runs
+    them on the same CUDA kernels; its few microseconds of host time are no concern beside
+    the modifier kernels' own cost)."""
 
     def __init__(self):
         self.buffer = bytearray(ctypes.sizeof(_capi.AttentionParamsV3))
@@ -126,8 +128,8 @@ def _dense(q, k, v, softmax_scale, causal, window_size, num_splits, return_lse, 
            alibi_slopes=None):
     """flash_attn_func's implementation: (out, lse or None)."""
     if not (_fast_ok(q, k, v) and softcap == 0.0 and alibi_slopes is None):
-        # The generic path: DLPack, and every check with its message (the score modifiers
-        # included, which the CUDA kernels refuse by name).
+        # The generic path: DLPack, and every check with its message; the score modifiers
+        # take it too (the fast path's parameter block keeps them off), on to the same kernels.
         return _attention._forward(q, k, v, varlen=False, softmax_scale=softmax_scale,
                                    causal=causal, window_size=window_size, return_lse=return_lse,
                                    num_splits=num_splits, softcap=softcap,
@@ -481,6 +483,7 @@ def flash_attn_func(q, k, v, softmax_scale, causal, window_size, return_lse, num
     if _autograd.needs_grad(q, k, v):
         # Through the operator, whose autograd formula (_autograd.py) needs the LSE.
         _autograd.require_ops(_ops, q)
+        _autograd.refuse_cuda_modifier_grad(q, softcap, alibi_slopes)
         left, right = _window_pair(window_size)
         out, lse = _ops[0](q, k, v, _opt_float(softmax_scale), bool(causal), left, right,
                            _int32(num_splits, "num_splits"), True, deterministic, softcap,
@@ -517,6 +520,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     grad = _autograd.needs_grad(q, k, v)
     if grad:
         _autograd.require_ops(_ops, q)
+        _autograd.refuse_cuda_modifier_grad(q, softcap, alibi_slopes)
         if block_table is not None:
             raise NotImplementedError("block_table: the backward takes dense or varlen K/V, not "
                                       "a paged KV cache; detach q, k and v to run the forward")

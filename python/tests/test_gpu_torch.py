@@ -293,24 +293,159 @@ def test_errors(gen):
 
 
 
-def test_score_modifiers_are_refused_by_name_on_cuda(gen):
-    """The CUDA kernels lack softcap and ALiBi: refused naming the argument, before anything
-    runs (forward, autograd and the KV-cache call alike), never computed without them."""
+# Score modifiers (softcap, ALiBi) on the CUDA forward, against a float64 reference of the
+# contract's definition (flashserve/attention.h): s = scale q.k; s = softcap tanh(s / softcap);
+# s -= slope(b, h) |p - j| with p = sk - sq + t; then the mask. The kernel's tanh is within 1e-6
+# relative (src/attention/sm80/score_mod.h), far below the inputs' bf16/fp16 rounding, so the
+# bound is the one of every test here: 2 x the error of the same computation in the low precision
+# (scores in float32 from the rounded inputs, probabilities rounded to the dtype as the kernel
+# does) + one ulp of 0.3.
+
+MODIFIERS = {  # name: (softcap, alibi slopes: None, "head" [h] or "batch" [b, h])
+    "softcap": (5.0, None),
+    "alibi": (0.0, "head"),
+    "alibi_batch": (0.0, "batch"),
+    "both": (30.0, "batch"),
+}
+
+
+def slopes_for(gen, kind, b, h):
+    if kind is None:
+        return None
+    shape = (h,) if kind == "head" else (b, h)
+    return 0.05 + 0.75 * torch.rand(shape, generator=gen, device="cuda", dtype=torch.float32)
+
+
+def modified_reference(q, k, v, scale, causal, window, softcap, slopes):
+    """One sequence, q [sq, h, d], k/v [sk, hk, d], slopes [h] or None: (float64 out, low-precision
+    out, float64 lse [h, sq])."""
+    sq, sk, h = q.shape[0], k.shape[0], q.shape[1]
+    group = h // k.shape[1]
+    mask = visible(sq, sk, causal, window)
+
+    def run(qq, kk, vv, ftype, out_dtype):
+        kk = kk.repeat_interleave(group, dim=1).to(ftype)
+        vv = vv.repeat_interleave(group, dim=1)
+        s = torch.einsum("qhd,khd->hqk", qq.to(ftype), kk) * scale
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
+        if slopes is not None:
+            p = (sk - sq + torch.arange(sq, device=q.device))[:, None]
+            dist = (p - torch.arange(sk, device=q.device)[None, :]).abs().to(ftype)
+            s = s - slopes.to(ftype)[:, None, None] * dist[None]
+        s = s.masked_fill(~mask[None], float("-inf"))
+        lse = torch.logsumexp(s, dim=-1)
+        prob = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # rows that see nothing: 0
+        out = torch.einsum("hqk,khd->qhd", prob.to(out_dtype), vv.to(out_dtype))
+        return out, lse
+
+    exact, lse = run(q, k, v, torch.float64, torch.float64)
+    low, _ = run(q, k, v, torch.float32, q.dtype)
+    return exact, low, lse
+
+
+DENSE_MODIFIED = [  # batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, window, splits
+    (2, 128, 128, 8, 8, 64, False, (-1, -1), 1),  # no mask: the masked tiles all the same
+    (2, 113, 203, 8, 2, 128, True, (-1, -1), 1),  # causal, seqlen_q < seqlen_k, GQA 4
+    (1, 239, 113, 4, 1, 256, True, (-1, -1), 1),  # rows with no key; MQA
+    (3, 1, 1000, 16, 2, 128, False, (-1, -1), 3),  # decode, GQA 8, split-KV
+    (2, 256, 512, 8, 4, 64, True, (100, -1), 1),  # causal sliding window
+    (2, 64, 1500, 8, 2, 256, True, (-1, -1), 3),  # a chunk split over its keys
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", DENSE_MODIFIED)
+@pytest.mark.parametrize("modifier", sorted(MODIFIERS))
+def test_score_modifier_dense(gen, dtype, shape, modifier):
+    b, sq, sk, h, hk, d, causal, window, splits = shape
+    softcap, kind = MODIFIERS[modifier]
+    q, k, v = randn(gen, (b, sq, h, d), dtype), randn(gen, (b, sk, hk, d), dtype), \
+        randn(gen, (b, sk, hk, d), dtype)
+    slopes = slopes_for(gen, kind, b, h)
+    with torch.no_grad():
+        out, lse = flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
+                                   alibi_slopes=slopes, num_splits=splits, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (b, h, sq)
+    scale = 1 / math.sqrt(d)
+    for i in range(b):
+        s_i = None if slopes is None else (slopes if slopes.dim() == 1 else slopes[i])
+        exact, low, lse_i = modified_reference(q[i], k[i], v[i], scale, causal, window, softcap,
+                                               s_i)
+        check(out[i], exact, low, dtype)
+        check_lse(lse[i], lse_i)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("modifier", sorted(MODIFIERS))
+def test_score_modifier_varlen_and_paged_cache(gen, dtype, modifier):
+    """Varlen (with an empty sequence and a decode row: a decode launch beside a prefill launch),
+    then a paged KV cache of 16-key pages through flash_attn_with_kvcache."""
+    softcap, kind = MODIFIERS[modifier]
+    lens_q, lens_k, h, hk, d = [33, 0, 1, 200], [33, 0, 513, 260], 8, 2, 128
+    q, cu_q = pack(gen, lens_q, h, d, dtype)
+    k, cu_k = pack(gen, lens_k, hk, d, dtype)
+    v = randn(gen, k.shape, dtype)
+    slopes = slopes_for(gen, kind, len(lens_q), h)
+    with torch.no_grad():
+        out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                          causal=True, softcap=softcap, alibi_slopes=slopes,
+                                          return_lse=True)
+    scale = 1 / math.sqrt(d)
+    for i in range(len(lens_q)):
+        qs, ks = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
+        s_i = None if slopes is None else (slopes if slopes.dim() == 1 else slopes[i])
+        exact, low, lse_i = modified_reference(q[qs], k[ks], v[ks], scale, True, (-1, -1),
+                                               softcap, s_i)
+        check(out[qs], exact, low, dtype)
+        check_lse(lse[:, qs], lse_i)
+
+    # Paged cache: 3 sequences of cached keys, 16-key pages in shuffled order, 4 queries each.
+    b, page, cached = 3, 16, [70, 5, 300]
+    pages_per = [(n + page - 1) // page for n in cached]
+    order = torch.randperm(sum(pages_per), generator=gen, device="cuda").int()
+    table = torch.zeros(b, max(pages_per), dtype=torch.int32, device="cuda")
+    at = 0
+    for i, n in enumerate(pages_per):
+        table[i, :n] = order[at:at + n]
+        at += n
+    k_cache = randn(gen, (sum(pages_per), page, hk, d), dtype)
+    v_cache = randn(gen, (sum(pages_per), page, hk, d), dtype)
+    qc = randn(gen, (b, 4, h, d), dtype)
+    lengths = torch.tensor(cached, dtype=torch.int32, device="cuda")
+    slopes = slopes_for(gen, kind, b, h)
+    with torch.no_grad():
+        out, lse = flashserve.flash_attn_with_kvcache(
+            qc, k_cache, v_cache, cache_seqlens=lengths, block_table=table, causal=True,
+            softcap=softcap, alibi_slopes=slopes, return_softmax_lse=True)
+    for i in range(b):
+        rows = table[i, :pages_per[i]].long()
+        ks = k_cache[rows].reshape(-1, hk, d)[:cached[i]]
+        vs = v_cache[rows].reshape(-1, hk, d)[:cached[i]]
+        s_i = None if slopes is None else (slopes if slopes.dim() == 1 else slopes[i])
+        exact, low, lse_i = modified_reference(qc[i], ks, vs, scale, True, (-1, -1), softcap,
+                                               s_i)
+        check(out[i], exact, low, dtype)
+        check_lse(lse[i], lse_i)
+
+
+def test_score_modifier_autograd_is_refused_on_cuda(gen):
+    """The CUDA backward lacks softcap and ALiBi: a CUDA call that wants gradients is refused by
+    the modifier's name before the forward runs, never differentiated without it."""
     q, k, v = (randn(gen, (1, 16, 2, 64), torch.bfloat16) for _ in range(3))
     slopes = torch.full((2,), 0.5, device="cuda")
-    message = r"is not supported by the CUDA kernels yet \(the CPU path has it\)"
-    with pytest.raises(NotImplementedError, match=r"^softcap: logit soft-capping " + message):
-        flash_attn_func(q, k, v, softcap=30.0)
-    with pytest.raises(NotImplementedError, match=r"^alibi_slopes: ALiBi " + message):
-        flash_attn_func(q, k, v, alibi_slopes=slopes)
-    with pytest.raises(NotImplementedError, match=r"^softcap: "):
-        flash_attn_func(q.requires_grad_(), k, v, softcap=30.0)
-    cache = torch.zeros(1, 32, 2, 64, dtype=torch.bfloat16, device="cuda")
-    before = cache.clone()
-    with pytest.raises(NotImplementedError, match=r"^softcap: "):
-        flashserve.flash_attn_with_kvcache(q.detach(), cache, cache.clone(), k, v,
-                                           cache_seqlens=3, softcap=30.0)
-    assert torch.equal(cache, before), "the cache was written before the refusal"
+    with pytest.raises(NotImplementedError, match=r"^softcap: .*no CUDA backward"):
+        flash_attn_func(q.clone().requires_grad_(), k, v, softcap=30.0)
+    with pytest.raises(NotImplementedError, match=r"^alibi_slopes: .*no CUDA backward"):
+        flash_attn_func(q.clone().requires_grad_(), k, v, alibi_slopes=slopes)
+    cu = torch.tensor([0, 16], dtype=torch.int32, device="cuda")
+    with pytest.raises(NotImplementedError, match=r"^softcap: .*no CUDA backward"):
+        flash_attn_varlen_func(q[0].clone().requires_grad_(), k[0], v[0], cu, cu, 16, 16,
+                               softcap=30.0)
+    # Without gradients the same calls run.
+    with torch.no_grad():
+        out = flash_attn_func(q.clone().requires_grad_(), k, v, softcap=30.0)
+    assert not torch.isnan(out).any()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -47,7 +47,7 @@ int smem_per_block(int device) {
 }
 
 void check_supported(const AttentionBackwardParams& bp, const Problem& pr) {
-  refuse_score_mods(pr.score_mod, "the CUDA backward");
+  refuse_score_mods(pr.score_mod, "the CUDA backward yet (the CPU path has it)");
   int major = 0;
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, pr.device.index),
              "cudaDeviceGetAttribute (compute capability)");

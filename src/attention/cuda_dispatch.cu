@@ -112,7 +112,9 @@ void check_device_indices(const AttentionParams& params, cudaStream_t stream) {
   copy_indices_to_host({&host.cu_seqlens_q, &host.cu_seqlens_k, &host.seqused_k, &host.block_table},
                        copies, stream);
   // Every view claims the host, so that validation reads the index entries; it reads no other
-  // tensor's data.
+  // tensor's data. The ALiBi slopes stay out: the host check of their entries would read device
+  // memory (the call's own validation has checked their shape and device).
+  host.alibi_slopes = TensorView{};
   for (TensorView* t : {&host.q, &host.k, &host.v, &host.out, &host.lse, &host.cu_seqlens_q,
                         &host.cu_seqlens_k, &host.seqused_k, &host.block_table})
     if (t->defined()) t->device = Device{DeviceType::kCPU, 0};
@@ -123,7 +125,6 @@ void check_device_indices(const AttentionParams& params, cudaStream_t stream) {
 // so the message names what is missing rather than a derived symptom. Returns the device's
 // properties.
 const DeviceProps& check_supported(const AttentionParams& params, const Problem& pr) {
-  refuse_score_mods(pr.score_mod, "the CUDA kernels");
   if (pr.dtype == DType::kFloat32)
     unsupported("q", "float32 is not supported by the CUDA kernels (use bfloat16 or float16)");
   if (pr.head_dim != 64 && pr.head_dim != 128 && pr.head_dim != 256)
@@ -341,6 +342,10 @@ void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr
       p.lse_partial = p.o_partial + static_cast<int64_t>(splits) * l.rows * pr.h_q * pr.head_dim;
     }
     sm80::FwdLaunch launch{};
+    if (pr.score_mod.any()) {  // the modifier kernels, in their units (changes p's scale)
+      launch.has_score_mod = true;
+      launch.score_mod = score_mod_params(pr, p);
+    }
     launch.dtype = pr.dtype;
     launch.decode = l.kernel.decode;
     launch.has_mask = l.kernel.masked;

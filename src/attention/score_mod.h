@@ -45,9 +45,10 @@ struct ScoreMod {
   }
 };
 
-// What the CUDA kernels (forward and backward: `who`) lack, refused alike by the argument's name.
+// What a kernel lacks (`who`: the CUDA backward, the sm90 forward), refused alike by the
+// argument's name.
 inline void refuse_score_mods(const ScoreMod& m, const char* who) {
-  const std::string why = std::string(" is not supported by ") + who + " yet (the CPU path has it)";
+  const std::string why = std::string(" is not supported by ") + who;
   if (m.capped()) throw Error(ErrorKind::kUnsupported, "softcap", "logit soft-capping" + why);
   if (m.has_alibi()) throw Error(ErrorKind::kUnsupported, "alibi_slopes", "ALiBi" + why);
 }

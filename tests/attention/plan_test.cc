@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "attention/sm80/tile_config.h"
 #include "flashserve/error.h"
 
 #include <random>
@@ -364,6 +365,75 @@ TEST(PlanFamily, ForcedSm90RunsWhatItCanAndRefusesTheRestByName) {
   StepShape empty = forced(dense(0, 64, 4, 128, false));
   empty.pr.paged = true;
   EXPECT_TRUE(make_plan(empty.pr, empty.ctx, HostLengths{}).launches.empty());
+}
+
+// Score modifiers (softcap, ALiBi) run on the sm80 kernels only: the default plan keeps such a
+// call on sm80 where it would take sm90 without them, on the masked prefill tiles (the only
+// prefill tiles with modifier kernels) even without a mask, or on the decode tiles; a forced
+// sm90 refuses them by the argument's name, before anything else it lacks.
+TEST(PlanFamily, ScoreModifiersPlanSm80AndForcedSm90RefusesThemByName) {
+  using attention::KernelFamily;
+  static const float slopes[16] = {};  // only the pointer's presence matters to the plan
+  auto capped = [](StepShape s) {
+    s.pr.score_mod.softcap = 30.0f;
+    return s;
+  };
+  auto alibi = [](StepShape s) {
+    s.pr.score_mod.alibi = slopes;
+    s.pr.score_mod.alibi_head_stride = 1;
+    return s;
+  };
+  for (const StepShape& plain : {dense(4, 512, 16, 128, true), dense(1, 2048, 32, 64, false),
+                                 dense(2, 2048, 8, 256, true)}) {
+    ASSERT_EQ(family_of(plain), KernelFamily::kSm90);
+    for (const StepShape& s : {capped(plain), alibi(plain)}) {
+      const Plan p = make_plan(s.pr, s.ctx, HostLengths{});
+      ASSERT_EQ(p.launches.size(), 1u);
+      EXPECT_EQ(p.launches[0].kernel.family, KernelFamily::kSm80) << p.summary();
+      EXPECT_TRUE(p.launches[0].kernel.masked) << p.summary();
+      // The tile is the masked one (what the launcher instantiates for modifiers).
+      const attention::sm80::Tiles t = attention::sm80::fwd_tiles(int(s.pr.head_dim), true);
+      EXPECT_EQ(p.launches[0].kernel.block_m, t.block_m);
+      EXPECT_EQ(p.launches[0].kernel.block_n, t.block_n);
+    }
+  }
+  // Decodes keep their packed decode tiles; a mixed step keeps its groups, both on sm80.
+  auto seqs = decodes(64, 2048);
+  seqs.insert(seqs.begin(), {512, 4096 + 512});
+  StepShape mixed = capped(step(seqs));
+  mixed.ctx.sm90_unavailable = "";
+  const Plan p = plan_of(mixed);
+  ASSERT_EQ(p.launches.size(), 2u);
+  EXPECT_TRUE(p.launches[0].kernel.decode);
+  EXPECT_FALSE(p.launches[0].kernel.masked);
+  EXPECT_FALSE(p.launches[1].kernel.decode);
+  EXPECT_TRUE(p.launches[1].kernel.masked);
+  for (const LaunchPlan& l : p.launches) EXPECT_EQ(l.kernel.family, KernelFamily::kSm80);
+
+  auto forced = [](StepShape s) {
+    s.ctx.family = attention::FamilyRequest::kSm90;
+    return s;
+  };
+  auto refused_by = [](const StepShape& s) {
+    try {
+      make_plan(s.pr, s.ctx, HostLengths{});
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+      return e.argument();
+    }
+    ADD_FAILURE() << "no refusal";
+    return std::string();
+  };
+  EXPECT_EQ(refused_by(forced(capped(dense(4, 512, 16, 128, true)))), "softcap");
+  EXPECT_EQ(refused_by(forced(alibi(dense(4, 512, 16, 128, true)))), "alibi_slopes");
+  EXPECT_EQ(refused_by(forced(capped(step(decodes(8, 300))))), "softcap");
+  StepShape unavailable = forced(alibi(dense(1, 1000, 2, 128, false)));
+  unavailable.ctx.sm90_unavailable = "this build has no sm90 kernels";
+  EXPECT_EQ(refused_by(unavailable), "alibi_slopes");
+  // A forced sm80 runs them.
+  StepShape sm80 = capped(dense(4, 512, 16, 128, true));
+  sm80.ctx.family = attention::FamilyRequest::kSm80;
+  EXPECT_EQ(family_of(sm80), KernelFamily::kSm80);
 }
 
 // A mixed step (chunks over a paged cache beside decodes) forced to sm90: the plan's grouping

@@ -345,18 +345,136 @@ TEST(GpuErrors, RefusesWhatItCannotRun) {
   CaseSpec odd = base;
   odd.head_dim = 72;
   expect_refused(odd, "q");  // head dim without a kernel
-  CaseSpec capped = base;    // the score modifiers: the CPU path's only, so far
-  capped.softcap = 30.0f;
-  expect_refused(capped, "softcap");
-  CaseSpec alibi = base;
-  alibi.alibi = 1;
-  expect_refused(alibi, "alibi_slopes");
   base.with_lse = false;
   expect_refused(base, "q", [](AttentionParams& p) {  // a base pointer off 16-byte alignment
     p.q.data = static_cast<char*>(p.q.data) + 2;
     p.q.shape[1] -= 1;  // stay inside the allocation; out follows so only q is at fault
     p.out.shape[1] -= 1;
   });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Score modifiers (softcap, ALiBi): the sm80 modifier kernels (sm80/score_mod.h) on every path the
+// plan gives them: masked prefill tiles (also for calls without a mask), dense, varlen, paged,
+// GQA, causal, windows, rows that see no key; decode tiles with packed GQA rows (a slope per row)
+// and split-KV with its combine. Against the float64 reference under the same bound as every
+// forward case: the kernel's tanh is within 1e-6 relative (sm80/score_mod.h), so a capped score
+// moves by at most 1e-6 of itself: 1/4000 of bf16's and 1/500 of fp16's rounding of q and k that
+// the naive low-precision error (the bound's main term) already holds, and below lse_floor's
+// 2e-5 relative for the LSE. softcap 5 bends typical scores (|scale q.k| up to ~4) hard; 30 is
+// Gemma-2's. ALiBi slopes are drawn in [0.05, 0.8), per head ([h_q]) or per sequence and head.
+
+// The modifier variants of a case: softcap, ALiBi [h_q], ALiBi [batch, h_q], both.
+void add_score_mods(std::vector<CaseSpec>& v, const CaseSpec& s) {
+  v.push_back(with(s, [](CaseSpec& c) { c.softcap = 5.0f; }));
+  v.push_back(with(s, [](CaseSpec& c) { c.alibi = 1; }));
+  v.push_back(with(s, [](CaseSpec& c) { c.alibi = 2; }));
+  v.push_back(with(s, [](CaseSpec& c) {
+    c.softcap = 30.0f;
+    c.alibi = 2;
+  }));
+}
+
+std::vector<CaseSpec> score_mod_cases() {
+  constexpr DType bf16 = DType::kBFloat16, fp16 = DType::kFloat16;
+  std::vector<CaseSpec> v;
+  for (DType dt : {bf16, fp16})
+    for (int64_t d : {64, 128, 256}) {
+      add_score_mods(v, spec(dt, d, 2, {127}, {127}, 4, 1));  // no mask: masked tiles all the same
+      add_score_mods(v, spec(dt, d, 1, {77}, {300}, 8, 1, true));  // a chunk over a prefix, GQA 8
+    }
+  for (int64_t d : {64, 128, 256}) {
+    const DType dt = d == 128 ? fp16 : bf16;
+    // More queries than keys, causal: the first rows see no key (zero output, lse -inf).
+    add_score_mods(v, spec(dt, d, 2, {300}, {77}, 2, 2, true));
+    // Varlen with an empty sequence and a decode row (a decode launch and a prefill launch).
+    add_score_mods(v,
+                   varlen(spec(dt, d, 5, {33, 0, 1, 200, 64}, {33, 0, 513, 200, 129}, 8, 2, true)));
+    CaseSpec two_sided = varlen(spec(dt, d, 3, {90, 17, 40}, {300, 17, 41}, 4, 4));
+    two_sided.window_left = 40;
+    two_sided.window_right = 7;
+    add_score_mods(v, two_sided);
+    CaseSpec sliding = spec(dt, d, 2, {500}, {500}, 4, 4, true);  // causal sliding window
+    sliding.window_left = 100;
+    add_score_mods(v, sliding);
+    // Paged (16-key pages), GQA, causal chunks over cached keys.
+    CaseSpec paged = spec(dt, d, 2, {5, 40}, {200, 90}, 4, 2, true);
+    paged.q_layout = QLayout::kVarlen;
+    paged.kv_layout = KVLayout::kPaged;
+    paged.page_size = 16;
+    add_score_mods(v, paged);
+    // A prefill chunk split over its keys (forced), then the combine.
+    CaseSpec split = spec(dt, d, 2, {64}, {1500}, 8, 2, true);
+    split.num_splits = 3;
+    add_score_mods(v, split);
+    // Decode: one query per sequence, GQA 4 packed into a tile's rows, split-KV forced.
+    CaseSpec decode = spec(dt, d, 3, {1}, {1500}, 8, 2);
+    decode.num_splits = 3;
+    add_score_mods(v, decode);
+    // Decode of 24 heads per KV head (two packed tiles: rows past the group read no slope) on
+    // 16-key pages, varlen with an empty query, split 4 ways.
+    CaseSpec paged_decode = spec(dt, d, 3, {1, 0, 1}, {300, 20, 1100}, 48, 2);
+    paged_decode.q_layout = QLayout::kVarlen;
+    paged_decode.kv_layout = KVLayout::kPaged;
+    paged_decode.page_size = 16;
+    paged_decode.num_splits = 4;
+    add_score_mods(v, paged_decode);
+    // A shape the default plan runs on sm90 without modifiers (a full 128-row tile over 512+
+    // keys): with them it must stay on sm80 (GpuScoreModPlan checks the plan).
+    add_score_mods(v, spec(dt, d, 1, {512}, {1024}, 4, 4, true));
+  }
+  return v;
+}
+
+class GpuScoreMod : public ::testing::TestWithParam<CaseSpec> {};
+
+TEST_P(GpuScoreMod, MatchesFloat64Reference) {
+  SKIP_WITHOUT_CUDA();
+  CaseSpec s = GetParam();
+  s.seed = seed_for(s.name(), 29);
+  check_case(s);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuScoreMod, ::testing::ValuesIn(score_mod_cases()),
+                         [](const auto& info) { return info.param.name(); });
+
+// The default plan keeps calls with modifiers on sm80 where it would take sm90 without them, a
+// forced sm80 runs them, and a forced sm90 refuses them by the argument's name.
+TEST(GpuScoreModPlan, ModifiersRunOnSm80AndForcedSm90RefusesThem) {
+  SKIP_WITHOUT_CUDA();
+  const CaseSpec base = spec(DType::kBFloat16, 128, 1, {512}, {1024}, 4, 4, true);
+  const CaseSpec capped = with(base, [](CaseSpec& c) { c.softcap = 30.0f; });
+  const CaseSpec alibi = with(base, [](CaseSpec& c) { c.alibi = 1; });
+  for (const CaseSpec& s : {capped, alibi}) {
+    AttentionCase c(s);
+    DeviceCopy dev(c);
+    const std::string summary = plan_attention(dev.params()).summary();
+    EXPECT_EQ(summary.rfind("prefill masked", 0), 0u) << summary;  // not "sm90 prefill ..."
+  }
+  {
+    ScopedEnv env("FLASHSERVE_KERNEL", "sm80");
+    check_case(with(capped, [](CaseSpec& c) { c.seed = 31; }));
+  }
+  {
+    // FLASHSERVE_CHECK_INDICES copies the index tensors back and validates a host copy of the
+    // call; the device slopes stay out of it (their entries are not read on the host).
+    ScopedEnv check("FLASHSERVE_CHECK_INDICES", "1");
+    CaseSpec paged = spec(DType::kBFloat16, 64, 2, {5, 40}, {200, 90}, 4, 2, true);
+    paged.q_layout = QLayout::kVarlen;
+    paged.kv_layout = KVLayout::kPaged;
+    paged.alibi = 2;
+    paged.softcap = 5.0f;
+    paged.seed = 37;
+    check_case(paged);
+  }
+  ScopedEnv env("FLASHSERVE_KERNEL", "sm90");
+  expect_refused(capped, "softcap");
+  expect_refused(alibi, "alibi_slopes");
+  const CaseSpec decode = with(base, [](CaseSpec& c) {
+    c.q_lens = {1};
+    c.softcap = 5.0f;
+  });
+  expect_refused(decode, "softcap");  // decode shapes too
 }
 
 // ---------------------------------------------------------------------------------------------

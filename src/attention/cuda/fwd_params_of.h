@@ -10,6 +10,7 @@
 #include "attention/cuda/plan.h"
 #include "attention/problem.h"
 #include "attention/sm80/fwd_params.h"
+#include "attention/sm80/score_mod.h"
 #include "flashserve/attention.h"
 
 namespace flashserve::attention {
@@ -66,6 +67,24 @@ inline sm80::FwdParams fwd_params(const AttentionParams& params, const Problem& 
   p.scale_log2 = static_cast<float>(pr.scale * M_LOG2E);
   p.num_splits = 1;
   return p;
+}
+
+// The modifier kernels' parameters (sm80/score_mod.h), and their units in p: the block holds the
+// modified score divided by u (softcap when capped, else the softmax scale), so u becomes the
+// scale that the running max, the exponent and the LSE apply.
+inline sm80::ScoreModParams score_mod_params(const Problem& pr, sm80::FwdParams& p) {
+  const ScoreMod& m = pr.score_mod;
+  const double unit = m.capped() ? double{m.softcap} : double{pr.scale};
+  sm80::ScoreModParams s{};
+  s.capped = m.capped();
+  s.cap_scale = m.capped() ? static_cast<float>(double{pr.scale} / m.softcap) : 0.0f;
+  s.unit_inv = static_cast<float>(1.0 / unit);
+  s.alibi = m.alibi;
+  s.alibi_batch_stride = m.alibi_batch_stride;
+  s.alibi_head_stride = m.alibi_head_stride;
+  p.scale = static_cast<float>(unit);
+  p.scale_log2 = static_cast<float>(unit * M_LOG2E);
+  return s;
 }
 
 }  // namespace flashserve::attention

@@ -28,8 +28,11 @@ KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decod
   k.family = KernelFamily::kSm80;
   k.decode = decode;
   const int64_t bound = pr.max_q_len + pr.max_kv_len;
-  k.masked = !decode &&
-             (clamp_window(pr.mask.left, bound) >= 0 || clamp_window(pr.mask.right, bound) >= 0);
+  // Score modifiers run on the masked prefill tiles whatever the mask: only those (and the decode
+  // tiles) have modifier kernels (sm80/launch_template.h launch_score_mod), and an unbounded
+  // window there masks only the keys past kv_len.
+  k.masked = !decode && (pr.score_mod.any() || clamp_window(pr.mask.left, bound) >= 0 ||
+                         clamp_window(pr.mask.right, bound) >= 0);
   k.paged = pr.paged;
   // Splits follow the group's own shape: its sequences and their longest lengths.
   Problem group = pr;
@@ -52,6 +55,8 @@ std::string sm90_lacks(const Problem& pr, const PlanContext& ctx) {
   if (pr.paged && pr.page_size % 8 != 0)
     return str_cat("page size ", pr.page_size, " (paged K/V needs a multiple of 8)");
   if (pr.num_splits > 1) return "split-KV is not supported yet";
+  if (pr.score_mod.capped()) return "logit soft-capping (softcap) is not supported";
+  if (pr.score_mod.has_alibi()) return "ALiBi (alibi_slopes) is not supported";
   return "";
 }
 
@@ -227,6 +232,9 @@ Plan grouped_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& 
 Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& lens) {
   if (pr.batch == 0 || pr.max_q_len == 0 || ctx.q_rows == 0) return Plan{};
   if (ctx.family == FamilyRequest::kSm90) {
+    // The modifiers are refused by their own names: the argument to drop, or to run on sm80.
+    refuse_score_mods(pr.score_mod,
+                      "the sm90 kernel (FLASHSERVE_KERNEL=sm90; the sm80 kernels have it)");
     const std::string lacks = sm90_lacks(pr, ctx);
     if (!lacks.empty()) throw Error(ErrorKind::kUnsupported, "FLASHSERVE_KERNEL", "sm90: " + lacks);
   }

@@ -105,13 +105,14 @@ KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decod
                            bool may_split);
 
 // What the sm90 kernel cannot run of this call, or "" if it can: ctx.sm90_unavailable, else the
-// problem's shape (head dims 64, 128 and 256; pages of a multiple of 8 keys; no split-KV yet).
+// problem's shape (head dims 64, 128 and 256; pages of a multiple of 8 keys; no split-KV yet; no
+// score modifiers: calls with softcap or alibi_slopes run on sm80).
 std::string sm90_lacks(const Problem& pr, const PlanContext& ctx);
 
 // The plan of one call: the family (FLASHSERVE_KERNEL's request, else the sm90 kernel where it
 // measured faster than the sm80 plan), then the launches. `lens` may be unknown (see
 // HostLengths). A forced family that cannot run the call throws kUnsupported naming
-// FLASHSERVE_KERNEL.
+// FLASHSERVE_KERNEL, or the modifier (softcap, alibi_slopes) that forced sm90 lacks.
 Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& lens);
 
 // Bytes of fp32 partial O and LSE that `splits` ways over `rows` rows of q take.

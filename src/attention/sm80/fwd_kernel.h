@@ -13,6 +13,7 @@
 #include "fwd_params.h"
 #include "fwd_tile.h"
 #include "ptx.h"
+#include "score_mod.h"
 #include "smem_tile.h"
 #include "softmax.h"
 #include "tile_config.h"
@@ -81,11 +82,11 @@ struct WarpState {
 // then the fast path, then the left edge of a sliding window. On entry the first kS - 1 blocks
 // (kS >= 2) or K of the first block (kS == 1) have been issued and committed, and Q is in flight
 // or in place. kS >= 2: each step's barrier retires the previous block's ring slot, which then
-// receives the block kS - 1 ahead.
-template <class Cfg, class Elem, class Tile>
+// receives the block kS - 1 ahead. `mod`: the score modifiers (score_mod.h), or NoScoreMod.
+template <class Cfg, class Elem, class Tile, class Mod>
 __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
                                        const FwdSmem<Cfg, Elem>& sm, const Elem* sq_warp,
-                                       WarpState<Cfg>& ws, int row0, int tid) {
+                                       WarpState<Cfg>& ws, int row0, int tid, const Mod& mod) {
   constexpr int D = Cfg::kHeadDim, kBN = Cfg::kBlockN, kS = Cfg::kStages;
   constexpr int kMT = Cfg::kMTiles, kNT = Cfg::kNTiles, kODT = Cfg::kODTiles;
   constexpr int kThreads = Cfg::kThreads, kPvSteps = Cfg::kPvSteps;
@@ -111,6 +112,14 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
       }
       cp_async_commit();
       gemm_qk<D, kMT, kNT, Cfg::kPipelineFrags>(s, sq_warp, sm.k_slot(buf), lane);
+    }
+    // Modifiers before the mask, on every block (the fast path's too): a masked score stays -inf
+    // whatever the modifier would make of it.
+    if constexpr (Mod::kActive) {
+      if constexpr (Tile::kPack)  // packed rows: the sequence's one query, at kv_len - 1
+        mod.apply(s, t.seq.kv_len - 1, n * kBN + 2 * (lane & 3));
+      else
+        mod.apply(s, row0 + offset, n * kBN + 2 * (lane & 3));
     }
     if constexpr (decltype(masked)::value) {
       if constexpr (Tile::kPack)  // every row is the sequence's query, at key position kv_len - 1
@@ -232,9 +241,10 @@ __device__ __forceinline__ void write_rows(const FwdParams& p, const Tile& t, Wa
   }
 }
 
-template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
-    fwd_kernel(const __grid_constant__ FwdParams p) {
+// The kernel body, with or without score modifiers (`ModParams`: NoScoreMod, or the modifier
+// kernels' ScoreModParams).
+template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit, class ModParams>
+__device__ __forceinline__ void fwd_body(const FwdParams& p, const ModParams& mod_params) {
   extern __shared__ __align__(128) unsigned char smem[];
   using Tile = FwdTile<Cfg, Elem, kHasMask, kPaged, kSplit>;
   constexpr int kS = Cfg::kStages, kThreads = Cfg::kThreads;
@@ -245,7 +255,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_row = warp * Cfg::kWarpRows;
   // Masked (causal / window) tiles differ in cost: their grid is 1-D, heaviest first by sections
-  // of heads (attention/kernel/tile_order.h), unless too large for that (then heaviest first per head).
+  // of heads (attention/kernel/tile_order.h), unless too large for that (then heaviest first per
+  // head).
   TileCoords c{int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
   if constexpr (kHasMask) {
     if (p.order.sections > 0)
@@ -276,9 +287,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
         cp_async_commit();
       }
     }
-    attend(p, t, sm, sq_warp, ws, t.m0 + warp_row + (lane >> 2), tid);
+    const int row0 = t.m0 + warp_row + (lane >> 2);
+    if constexpr (std::is_same_v<ModParams, NoScoreMod>) {
+      attend(p, t, sm, sq_warp, ws, row0, tid, NoScoreMod{});
+    } else {
+      // The slopes of (sequence, query head), read once. Packed tiles' rows are the group's
+      // heads; those past the group (rows >= q_len) read none.
+      const ScoreModRows<Cfg::kMTiles, Tile::kPack> mod(mod_params, t.seq.b, [&](int mi, int r) {
+        if constexpr (!Tile::kPack) return t.head;
+        const int row = row0 + mi * 16 + r * 8;
+        return row < t.seq.q_len ? t.head * p.h_ratio + row : -1;
+      });
+      attend(p, t, sm, sq_warp, ws, row0, tid, mod);
+    }
   }
   write_rows(p, t, ws, sm, sq_warp, warp, lane);
+}
+
+template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
+    fwd_kernel(const __grid_constant__ FwdParams p) {
+  fwd_body<Cfg, Elem, kHasMask, kPaged, kSplit>(p, NoScoreMod{});
+}
+
+// With score modifiers: a kernel of its own (not a template flag of fwd_kernel), so that the
+// kernels without them keep their names, parameters and code.
+template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
+    fwd_kernel_score_mod(const __grid_constant__ FwdModParams p) {
+  fwd_body<Cfg, Elem, kHasMask, kPaged, kSplit>(p, p.mod);
 }
 
 }  // namespace flashserve::attention::sm80

@@ -6,6 +6,7 @@
 
 #include "flashserve/tensor.h"
 #include "fwd_params.h"
+#include "score_mod.h"
 
 namespace flashserve::attention::sm80 {
 
@@ -21,7 +22,12 @@ struct FwdLaunch {
   int smem_per_sm;
   int sms;
   int64_t l2_bytes;
-  bool heaviest_first = true;  // masked grids: attention/kernel/tile_order.h (off only to measure it)
+  // Score modifiers (score_mod.h): the modifier kernels, which the plan runs on decode or masked
+  // tiles only; score_mod's units are those of params.scale (fwd_params_of.h score_mod_params).
+  bool has_score_mod = false;
+  ScoreModParams score_mod{};
+  // Masked grids: attention/kernel/tile_order.h (off only to measure it).
+  bool heaviest_first = true;
   cudaStream_t stream;
 };
 

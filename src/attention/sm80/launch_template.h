@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "attention/cuda_check.h"
 #include "flashserve/error.h"
@@ -16,10 +17,17 @@
 
 namespace flashserve::attention::sm80 {
 
-template <class Cfg, class Elem, bool kHasMask, bool kPaged>
+// kMod: the score-modifier kernel (fwd_kernel_score_mod), which reads launch.score_mod.
+template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kMod>
 void launch_config(const FwdParams& params, const FwdLaunch& launch) {
-  auto* kernel = params.num_splits > 1 ? &fwd_kernel<Cfg, Elem, kHasMask, kPaged, true>
-                                       : &fwd_kernel<Cfg, Elem, kHasMask, kPaged, false>;
+  using Params = std::conditional_t<kMod, FwdModParams, FwdParams>;
+  void (*kernel)(Params);
+  if constexpr (kMod)
+    kernel = params.num_splits > 1 ? &fwd_kernel_score_mod<Cfg, Elem, kHasMask, kPaged, true>
+                                   : &fwd_kernel_score_mod<Cfg, Elem, kHasMask, kPaged, false>;
+  else
+    kernel = params.num_splits > 1 ? &fwd_kernel<Cfg, Elem, kHasMask, kPaged, true>
+                                   : &fwd_kernel<Cfg, Elem, kHasMask, kPaged, false>;
   constexpr int kSmem = kFwdSmemBytes<Cfg, kPaged>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
              "cudaFuncSetAttribute (sm80 forward shared memory)");
@@ -30,7 +38,8 @@ void launch_config(const FwdParams& params, const FwdLaunch& launch) {
   const int heads = Cfg::kPackGqa ? params.h_q / params.h_ratio : params.h_q;
   const int z = launch.batch * params.num_splits;
   dim3 grid(m_blocks, heads, z);
-  FwdParams p = params;
+  Params p{params};
+  if constexpr (kMod) p.mod = launch.score_mod;
   p.order = GridOrder{};
   if (kHasMask && launch.heaviest_first) {
     const int64_t per_sm =
@@ -47,7 +56,7 @@ void launch_config(const FwdParams& params, const FwdLaunch& launch) {
 }
 
 // The configuration of tile_config.h for the call, if the device's shared memory holds it.
-template <class Cfg, bool kHasMask, bool kPaged>
+template <class Cfg, bool kHasMask, bool kPaged, bool kMod = false>
 void launch_checked(const FwdParams& params, const FwdLaunch& launch) {
   constexpr int kSmem = kFwdSmemBytes<Cfg, kPaged>;
   if (launch.smem_per_block < kSmem)
@@ -57,23 +66,42 @@ void launch_checked(const FwdParams& params, const FwdLaunch& launch) {
                     " KB of shared memory per block; this device allows " +
                     std::to_string(launch.smem_per_block / 1024) + " KB");
   if (launch.dtype == DType::kBFloat16)
-    return launch_config<Cfg, __nv_bfloat16, kHasMask, kPaged>(params, launch);
-  return launch_config<Cfg, __half, kHasMask, kPaged>(params, launch);
+    return launch_config<Cfg, __nv_bfloat16, kHasMask, kPaged, kMod>(params, launch);
+  return launch_config<Cfg, __half, kHasMask, kPaged, kMod>(params, launch);
 }
 
-template <int kHeadDim, bool kHasMask, bool kPaged>
+template <int kHeadDim, bool kHasMask, bool kPaged, bool kMod = false>
 void launch_mask(const FwdParams& params, const FwdLaunch& launch) {
   using Cfg = FwdConfig<kHeadDim, fwd_tiles(kHeadDim, kHasMask)>;
   using Small = FwdConfig<kHeadDim, fwd_tiles_small_smem(kHeadDim, kHasMask)>;
   if constexpr (Small::kSmemBytes < Cfg::kSmemBytes) {
     if (launch.smem_per_block < kFwdSmemBytes<Cfg, kPaged>)
-      return launch_checked<Small, kHasMask, kPaged>(params, launch);
+      return launch_checked<Small, kHasMask, kPaged, kMod>(params, launch);
   }
-  launch_checked<Cfg, kHasMask, kPaged>(params, launch);
+  launch_checked<Cfg, kHasMask, kPaged, kMod>(params, launch);
+}
+
+// Score modifiers have kernels of their own for the decode tiles and the masked prefill tiles
+// only (each instantiation costs compile time): the plan runs a call with modifiers on masked
+// tiles whatever its mask (attention/cuda/plan.cc choose_kernel), where an unbounded window
+// masks only the keys past kv_len.
+template <int kHeadDim, bool kPaged>
+void launch_score_mod(const FwdParams& params, const FwdLaunch& launch) {
+  if (launch.decode)
+    return launch_checked<FwdConfig<kHeadDim, decode_tiles(kHeadDim)>, false, kPaged, true>(params,
+                                                                                            launch);
+  if (!launch.has_mask)
+    throw Error(ErrorKind::kInternal, "softcap",
+                "score modifiers reached the sm80 forward on unmasked prefill tiles");
+  launch_mask<kHeadDim, true, kPaged, true>(params, launch);
 }
 
 template <int kHeadDim>
 void run_fwd_impl(const FwdParams& params, const FwdLaunch& launch) {
+  if (launch.has_score_mod) {
+    if (launch.paged) return launch_score_mod<kHeadDim, true>(params, launch);
+    return launch_score_mod<kHeadDim, false>(params, launch);
+  }
   if (launch.decode) {  // the dispatch checked: at most one query per sequence
     using Decode = FwdConfig<kHeadDim, decode_tiles(kHeadDim)>;
     if (launch.paged) return launch_checked<Decode, false, true>(params, launch);
