@@ -1,15 +1,20 @@
-// The CUDA backend of attention_backward: what the sm80 backward kernels can run (checked here and
-// reported as an Error naming the argument), the workspace they need (fp32 dQ accumulator and D),
-// and their launch. deterministic = true replaces dq's atomics by a dq kernel that sums in a
-// fixed order (sm80/bwd_kernel.h's bwd_dq_kernel).
+// The CUDA backend of attention_backward: what the backward kernels can run (checked here and
+// reported as an Error naming the argument), the workspace they need (fp32 dQ accumulator and D,
+// the same for both families), the family (choose_backward_family, attention/cuda/plan.h: the
+// sm90 kernel of sm90/bwd_kernel.h on a compute capability 9.0 device of a build with 90a where
+// it can run the call, else the sm80 kernels; FLASHSERVE_BWD_KERNEL=auto|sm80|sm90 forces one)
+// and the launch. deterministic = true runs on sm80, whose dq kernel sums in a fixed order
+// (sm80/bwd_kernel.h's bwd_dq_kernel) instead of dq's atomics.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <string>
 #include <utility>
 
+#include "attention/backends.h"
 #include "attention/backward.h"
 #include "attention/cuda/check_aligned.h"
 #include "attention/cuda/fwd_params_of.h"
@@ -17,6 +22,9 @@
 #include "attention/cuda_check.h"
 #include "attention/sm80/bwd_launch.h"
 #include "common/str_cat.h"
+#if defined(FLASHSERVE_WITH_SM90)
+#include "attention/sm90/bwd_launch.h"
+#endif
 
 namespace flashserve::attention {
 namespace {
@@ -72,6 +80,36 @@ void check_supported(const AttentionBackwardParams& bp, const Problem& pr) {
     unsupported("q", "batch and heads must each be at most 65535 for the CUDA backward");
 }
 
+// Why the sm90 backward cannot run on this device with these tensors, whatever the call's shape
+// ("" when it can): a build without sm_90a, a device other than compute capability 9.0, strides
+// TMA cannot describe (q, k, v, dout: its tensor maps). The shape's limits are
+// sm90_backward_lacks's.
+std::string sm90_unavailable(const AttentionBackwardParams& bp, const Problem& pr) {
+  if (!cuda_sm90_built())
+    return "this build has no sm90 kernels (90a not in FLASHSERVE_CUDA_ARCHS)";
+  int major = 0, minor = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, pr.device.index),
+             "cudaDeviceGetAttribute (compute capability)");
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, pr.device.index),
+             "cudaDeviceGetAttribute (compute capability)");
+  if (major != 9 || minor != 0)
+    return str_cat("needs a compute capability 9.0 device, this one is ", major, ".", minor);
+  const AttentionParams& a = bp.attn;
+  for (const auto& [t, name] : {std::pair{&a.q, "q"}, std::pair{&a.k, "k"}, std::pair{&a.v, "v"},
+                                std::pair{&bp.dout, "dout"}})
+    if (std::string why = tma_stride_problem(*t, name); !why.empty()) return why;
+  return "";
+}
+
+// The family that runs the call (FLASHSERVE_BWD_KERNEL read per call, so a test or benchmark can
+// set it around one call).
+KernelFamily backward_family(const AttentionBackwardParams& bp, const Problem& pr) {
+  const FamilyRequest request =
+      parse_family_request(std::getenv("FLASHSERVE_BWD_KERNEL"), "FLASHSERVE_BWD_KERNEL");
+  return choose_backward_family(pr, bp.deterministic, request,
+                                request == FamilyRequest::kSm80 ? "" : sm90_unavailable(bp, pr));
+}
+
 sm80::BwdParams bwd_params(const AttentionBackwardParams& bp, const Problem& pr, void* workspace) {
   const AttentionParams& a = bp.attn;
   sm80::BwdParams p{};
@@ -108,6 +146,8 @@ size_t cuda_backward_workspace_size(const AttentionBackwardParams& bp, const Pro
 void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
   DeviceGuard guard(pr.device.index);
   check_supported(bp, pr);
+  // Decided before anything is enqueued: a forced family that cannot run the call throws here.
+  const KernelFamily family = backward_family(bp, pr);
   const cudaStream_t stream = static_cast<cudaStream_t>(bp.attn.stream);
   const size_t bytes = workspace_bytes(bp, pr);
   void* workspace = bp.attn.workspace;
@@ -139,6 +179,22 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
     check_cuda(
         cudaMemsetAsync(p.dq_accum, 0, p.q_rows * pr.h_q * pr.head_dim * sizeof(float), stream),
         "cudaMemsetAsync (backward dq accumulator)");
+  if (family == KernelFamily::kSm90) {
+#if defined(FLASHSERVE_WITH_SM90)
+    sm90::BwdArgs args{};
+    args.dtype = pr.dtype;
+    args.masked = p.fwd.window_left >= 0 || p.fwd.window_right >= 0;
+    args.batch = static_cast<int>(pr.batch);
+    args.h_kv = static_cast<int>(pr.h_kv);
+    args.q_rows = static_cast<int>(bp.attn.q.shape[pr.varlen_q ? 0 : 1]);
+    args.kv_rows = static_cast<int>(bp.attn.k.shape[pr.varlen_k ? 0 : 1]);
+    args.max_q_len = static_cast<int>(pr.max_q_len);
+    args.max_kv_len = static_cast<int>(pr.max_kv_len);
+    args.stream = stream;
+    sm90::run_bwd(p, args, static_cast<int>(pr.head_dim));
+    return;
+#endif
+  }
   sm80::BwdLaunch launch{};
   launch.dtype = pr.dtype;
   launch.has_mask = p.fwd.window_left >= 0 || p.fwd.window_right >= 0;

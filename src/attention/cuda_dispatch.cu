@@ -177,12 +177,7 @@ const DeviceProps& check_supported(const AttentionParams& params, const Problem&
 // every call runs the FlashAttention-2-style kernels (the comparison, and a way back should sm90
 // misbehave).
 FamilyRequest family_request() {
-  const char* v = std::getenv("FLASHSERVE_KERNEL");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return FamilyRequest::kAuto;
-  if (std::strcmp(v, "sm80") == 0) return FamilyRequest::kSm80;
-  if (std::strcmp(v, "sm90") == 0) return FamilyRequest::kSm90;
-  throw Error(ErrorKind::kInvalidArgument, "FLASHSERVE_KERNEL",
-              std::string("must be auto, sm80 or sm90, got \"") + v + "\"");
+  return parse_family_request(std::getenv("FLASHSERVE_KERNEL"), "FLASHSERVE_KERNEL");
 }
 
 // Why the sm90 kernel cannot run on this device with these tensors, whatever the problem's shape
@@ -197,10 +192,7 @@ std::string sm90_unavailable(const AttentionParams& params, const DeviceProps& d
                    dev.minor);
   for (const auto& [t, name] :
        {std::pair{&params.q, "q"}, std::pair{&params.k, "k"}, std::pair{&params.v, "v"}})
-    for (int i = 0; i + 1 < t->rank; ++i)
-      if (t->shape[i] > 1 && (t->stride[i] <= 0 || t->stride[i] >= (int64_t{1} << 39)))
-        return str_cat(name, "'s stride ", t->stride[i], " of dimension ", i,
-                       " (TMA needs positive strides below 2^40 bytes)");
+    if (std::string why = tma_stride_problem(*t, name); !why.empty()) return why;
   return "";
 }
 

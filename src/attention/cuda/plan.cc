@@ -60,6 +60,35 @@ std::string sm90_lacks(const Problem& pr, const PlanContext& ctx) {
   return "";
 }
 
+FamilyRequest parse_family_request(const char* value, const char* variable) {
+  if (value == nullptr || *value == '\0' || std::string(value) == "auto")
+    return FamilyRequest::kAuto;
+  if (std::string(value) == "sm80") return FamilyRequest::kSm80;
+  if (std::string(value) == "sm90") return FamilyRequest::kSm90;
+  throw Error(ErrorKind::kInvalidArgument, variable,
+              str_cat("must be auto, sm80 or sm90, got \"", value, "\""));
+}
+
+std::string sm90_backward_lacks(const Problem& pr, bool deterministic,
+                                const std::string& sm90_unavailable) {
+  if (!sm90_unavailable.empty()) return sm90_unavailable;
+  if (pr.head_dim != 64 && pr.head_dim != 128)
+    return str_cat("head_dim ", pr.head_dim, " (the sm90 backward has 64 and 128)");
+  if (pr.score_mod.any()) return "score modifiers (softcap, alibi_slopes)";
+  if (deterministic)
+    return "deterministic mode (bit-identical dq runs on sm80's fixed-order dq kernel)";
+  return "";
+}
+
+KernelFamily choose_backward_family(const Problem& pr, bool deterministic, FamilyRequest request,
+                                    const std::string& sm90_unavailable) {
+  if (request == FamilyRequest::kSm80) return KernelFamily::kSm80;
+  const std::string lacks = sm90_backward_lacks(pr, deterministic, sm90_unavailable);
+  if (request == FamilyRequest::kSm90 && !lacks.empty())
+    throw Error(ErrorKind::kUnsupported, "FLASHSERVE_BWD_KERNEL", "sm90: " + lacks);
+  return lacks.empty() ? KernelFamily::kSm90 : KernelFamily::kSm80;
+}
+
 namespace {
 
 constexpr size_t kAlign = 256;  // each launch's partials start on their own 256-byte boundary

@@ -115,6 +115,24 @@ std::string sm90_lacks(const Problem& pr, const PlanContext& ctx);
 // FLASHSERVE_KERNEL, or the modifier (softcap, alibi_slopes) that forced sm90 lacks.
 Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& lens);
 
+// The family FLASHSERVE_KERNEL (or, for the backward, FLASHSERVE_BWD_KERNEL) asks for: unset
+// (null), empty or "auto", "sm80", "sm90"; anything else throws kInvalidArgument naming
+// `variable`.
+FamilyRequest parse_family_request(const char* value, const char* variable);
+
+// What the sm90 backward kernel (sm90/bwd_kernel.h) cannot run of this call, or "" if it can:
+// `sm90_unavailable` (the build, the device, TMA's strides: backward_cuda.cu), else the call's
+// shape: head dims 64 and 128, no score modifiers, not deterministic (bit-identical dq is sm80's
+// fixed-order dq kernel, bwd_dq_kernel).
+std::string sm90_backward_lacks(const Problem& pr, bool deterministic,
+                                const std::string& sm90_unavailable);
+
+// The backward's one decision: with `request` kAuto, sm90 wherever sm90_backward_lacks is ""
+// (the compute capability 9.0 device of a build with 90a), else sm80; kSm80 forces sm80; kSm90
+// forces sm90, and a call it cannot run throws kUnsupported naming FLASHSERVE_BWD_KERNEL.
+KernelFamily choose_backward_family(const Problem& pr, bool deterministic, FamilyRequest request,
+                                    const std::string& sm90_unavailable);
+
 // Bytes of fp32 partial O and LSE that `splits` ways over `rows` rows of q take.
 size_t partial_bytes(int64_t splits, int64_t rows, int64_t h_q, int64_t head_dim);
 

@@ -53,4 +53,33 @@ struct KeyBlocks {
   static FS_HOST_DEVICE int max_(int a, int b) { return a > b ? a : b; }
 };
 
+// The backward's walk, the other way round: the query blocks of kBlockM rows whose rows see some
+// key of key block n_block (its keys before kv_len), [m_min, m_max) (empty: m_min == m_max).
+// Key j is seen by the queries t with j - offset - right <= t <= j - offset + left (mask.h), so
+// block n is seen by query blocks [m_min, m_max) exactly when KeyBlocks of each of those blocks
+// visits n (tests/attention/block_mask_test.cc checks the two against each other).
+template <int kBlockM, int kBlockN, bool kHasMask>
+struct QueryBlocks {
+  int m_min, m_max;
+
+  FS_HOST_DEVICE QueryBlocks(int n_block, int q_len, int kv_len, int left, int right) {
+    const int k_lo = n_block * kBlockN;
+    const int k_hi = (k_lo + kBlockN < kv_len ? k_lo + kBlockN : kv_len) - 1;  // last key
+    const int offset = kv_len - q_len;
+    int t_lo = 0, t_hi = q_len - 1;  // queries that see some key of the block
+    if constexpr (kHasMask) {
+      if (right >= 0) t_lo = k_lo - offset - right > 0 ? k_lo - offset - right : 0;
+      if (left >= 0 && k_hi - offset + left < t_hi) t_hi = k_hi - offset + left;
+    }
+    if (k_hi < k_lo || t_hi < t_lo) {
+      m_min = m_max = 0;
+    } else {
+      m_min = t_lo / kBlockM;
+      m_max = t_hi / kBlockM + 1;
+    }
+  }
+
+  FS_HOST_DEVICE int count() const { return m_max - m_min; }
+};
+
 }  // namespace flashserve::attention::kernel

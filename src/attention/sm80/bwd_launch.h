@@ -28,6 +28,14 @@ struct BwdLaunch {
 template <int kHeadDim>
 void run_bwd(const BwdParams& params, const BwdLaunch& launch);
 
+// D = rowsum(dout o out) - dlse into p.delta (before the main kernel), and dq = scale x
+// p.dq_accum rounded to the dtype (after it): the steps around every family's main kernel (the
+// sm90 backward's too). Nothing is launched when max_q_len is 0.
+void run_bwd_preprocess(const BwdParams& p, DType dtype, int head_dim, int max_q_len,
+                        cudaStream_t stream);
+void run_bwd_postprocess(const BwdParams& p, DType dtype, int head_dim, int max_q_len,
+                         cudaStream_t stream);
+
 // Zeros a gradient view of rank 3 or 4 (contiguous last dimension) on `stream`.
 void zero_grad(void* data, DType dtype, int rank, const int64_t* shape, const int64_t* stride,
                cudaStream_t stream);

@@ -21,11 +21,7 @@ void launch_bwd(const BwdParams& params, const BwdLaunch& launch) {
   check_cuda(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
       "cudaFuncSetAttribute (sm80 backward shared memory)");
-  const dim3 rows((launch.max_q_len + 127) / 128, params.fwd.h_q, params.batch);
-  if (launch.max_q_len > 0) {
-    bwd_preprocess<Elem><<<rows, 128, 0, launch.stream>>>(params, kHeadDim);
-    check_cuda(cudaGetLastError(), "sm80 backward preprocess launch");
-  }
+  run_bwd_preprocess(params, launch.dtype, kHeadDim, launch.max_q_len, launch.stream);
   const dim3 grid((launch.max_kv_len + Cfg::kBlockN - 1) / Cfg::kBlockN, launch.h_kv, params.batch);
   if (launch.max_kv_len > 0) {
     kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, launch.stream>>>(params);
@@ -42,8 +38,7 @@ void launch_bwd(const BwdParams& params, const BwdLaunch& launch) {
     dq_kernel<<<q_grid, Cfg::kThreads, Cfg::kSmemBytes, launch.stream>>>(params);
     check_cuda(cudaGetLastError(), "sm80 backward dq kernel launch");
   } else {
-    bwd_postprocess<Elem><<<rows, 128, 0, launch.stream>>>(params, kHeadDim);
-    check_cuda(cudaGetLastError(), "sm80 backward postprocess launch");
+    run_bwd_postprocess(params, launch.dtype, kHeadDim, launch.max_q_len, launch.stream);
   }
 }
 

@@ -1,5 +1,7 @@
 #include "launch.h"
 
+#include "bwd_launch.h"
+
 #include "common/str_cat.h"
 #include "flashserve/error.h"
 
@@ -16,6 +18,18 @@ void run_fwd(const FwdArgs& args) {
     default:
       throw Error(ErrorKind::kUnsupported, "q",
                   str_cat("head_dim ", args.head_dim, " has no sm90 kernel yet (64, 128, 256)"));
+  }
+}
+
+void run_bwd(const sm80::BwdParams& params, const BwdArgs& args, int head_dim) {
+  switch (head_dim) {
+    case 64:
+      return run_bwd_hdim<64>(params, args);
+    case 128:
+      return run_bwd_hdim<128>(params, args);
+    default:
+      throw Error(ErrorKind::kUnsupported, "q",
+                  str_cat("head_dim ", head_dim, " has no sm90 backward kernel yet (64, 128)"));
   }
 }
 

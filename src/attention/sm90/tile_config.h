@@ -43,7 +43,7 @@ struct TileConfig {
   // setmaxnreg budgets (64K registers per SM, one CTA): the producer issues TMA copies and picks
   // the tiles (at 24 registers its tile loop spilled 8-24 bytes); 128 x 32 + 256 x 232 = 63488
   // with two consumers, 128 x 32 + 384 x 160 = 65536 with three.
-  static constexpr int kProducerRegs = 32;
+  static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 160;
   static_assert(kBlockM % 64 == 0 && (kConsumers == 2 || kConsumers == 3),
                 "two or three consumer warpgroups of 64 rows");
@@ -140,5 +140,61 @@ constexpr TileShape tile_shape(int head_dim, bool masked, int64_t max_kv_len) {
       return {0, 0};
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The backward (bwd_kernel.h): one CTA per block of kBlockN keys of one KV head of one sequence,
+// walking blocks of kBlockM queries. Two consumer warpgroups of 64 keys each compute S^T = K Q^T
+// and dP^T = V dO^T (64 keys x kBlockM queries), dV += P^T dO and dK += dS^T Q (64 keys x d, in
+// registers for the whole CTA), and between them dQ = dS K (kBlockM x d): a 64 x 64 product per
+// warpgroup, by rows of dQ when kBlockM = 128, by columns when kBlockM = 64 and d = 128.
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_ = 2>
+struct BwdTileConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;  // queries per step (N of S^T and dP^T)
+  static constexpr int kBlockN = kBlockN_;  // keys per CTA (M: 64 per consumer warpgroup)
+  static constexpr int kStages = kStages_;  // Q, dO, LSE and D buffers
+  static constexpr int kConsumers = kBlockN / 64;
+  static constexpr int kWarpgroups = 1 + kConsumers;
+  static constexpr int kThreads = kWarpgroups * 128;
+  static constexpr int kChunkCols = 64;
+  static constexpr int kChunks = kHeadDim / kChunkCols;
+  static constexpr int kQChunkBytes = kBlockM * kChunkCols * 2;  // Q and dO
+  static constexpr int kKVChunkBytes = kBlockN * kChunkCols * 2;
+  static constexpr int kQBytes = kQChunkBytes * kChunks;
+  static constexpr int kKVBytes = kKVChunkBytes * kChunks;
+  // dS^T in shared memory as [key][query], 64 queries (128 bytes) per row and chunk.
+  static constexpr int kDsChunks = kBlockM / 64;
+  static constexpr int kDsChunkBytes = kBlockN * 128;
+  // dQ = dS K per warpgroup: 64 rows x kDqCols columns, rows 64 w (kBlockM = 128) or columns
+  // 64 w (kBlockM = 64) for consumer w.
+  static constexpr bool kDqByRows = kBlockM == 128;
+  static constexpr int kDqCols = kDqByRows ? kHeadDim : kHeadDim / 2;
+  // setmaxnreg (FlashAttention-3's for two consumers): 128 x 24 + 256 x 240 = 64512, what the
+  // launch gives 384 threads at one CTA per SM (168 each).
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static_assert(kConsumers == 2, "two consumer warpgroups of 64 keys");
+  static_assert(kHeadDim % kChunkCols == 0 && kBlockM % 64 == 0, "whole 64-column chunks");
+  static_assert(kDqCols == 64 && (kDqByRows ? kBlockM == 128 : kBlockM == 64),
+                "dQ = dS K is one m64n64 product per warpgroup (wgmma_ops.h mma_ss_tt)");
+};
+
+// The backward's tiles (FlashAttention-3's choices for two MMA warpgroups, hopper/
+// flash_bwd_launch_template.h, as the start; not yet measured here):
+// - d64: 128 queries x 128 keys. Registers per consumer thread: S^T and dP^T 64 each, dV and
+//   dK 32 each (192 at the peak). Shared memory: K, V 16 KB each, Q and dO 2 x 16 KB each,
+//   dS^T 2 x 32 KB: 160 KB.
+// - d128: 64 queries x 128 keys. S^T and dP^T 32 each, dV and dK 64 each (192). K, V 32 KB
+//   each, Q and dO 2 x 16 KB each, dS^T 2 x 16 KB: 160 KB.
+template <int kHeadDim>
+struct DefaultBwdTile;
+template <>
+struct DefaultBwdTile<64> {
+  using type = BwdTileConfig<64, 128, 128>;
+};
+template <>
+struct DefaultBwdTile<128> {
+  using type = BwdTileConfig<128, 64, 128>;
+};
 
 }  // namespace flashserve::attention::sm90

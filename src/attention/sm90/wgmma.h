@@ -77,6 +77,10 @@ __device__ __forceinline__ void fence_regs(uint32_t (&a)[kN][4]) {
 // D (+)= A B, A and B from shared memory, both K-major. scale_d 0: D = A B.
 template <int kN, bool kBf16>
 __device__ void mma_ss(float (&d)[kN / 2], uint64_t a, uint64_t b, int scale_d);
+// D (+)= A B, A and B from shared memory, both MN-major (read transposed; the backward's
+// dQ = dS K, sm90/bwd_kernel.h).
+template <int kN, bool kBf16>
+__device__ void mma_ss_tt(float (&d)[kN / 2], uint64_t a, uint64_t b, int scale_d);
 // D (+)= A B, A from registers (the fragment above), B from shared memory MN-major (transposed).
 template <int kN, bool kBf16>
 __device__ void mma_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b, int scale_d);

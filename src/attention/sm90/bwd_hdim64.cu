@@ -1,0 +1,6 @@
+// The sm90 backward kernels for head dim 64 (bf16/fp16, masked or not).
+#include "bwd_launch_template.h"
+
+namespace flashserve::attention::sm90 {
+template void run_bwd_hdim<64>(const sm80::BwdParams&, const BwdArgs&);
+}  // namespace flashserve::attention::sm90

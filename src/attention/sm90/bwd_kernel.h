@@ -1,0 +1,451 @@
+// The sm90 (Hopper, sm_90a) backward kernel: FlashAttention-3's partitioning (hopper/
+// mainloop_bwd_sm90_tma_gmma_ws.hpp, read, not copied), written from the PTX ISA with the
+// forward's pieces (mbarrier.h, tma.h, wgmma.h, device_util.h).
+//
+// One CTA per (block of kBlockN = 128 keys, KV head, sequence); the GQA group's query heads loop
+// inside it, so dK and dV are sums in registers (no atomics, no postprocess sum). Per step (one
+// query head, one block of kBlockM queries that sees some of the block's keys:
+// kernel::QueryBlocks), with Q, dO, LSE and D of the step in a 2-stage ring:
+//   S^T  = K Q^T                     (SS wgmma, 64 keys x kBlockM queries per consumer)
+//   P^T  = exp2(S^T scale log2(e) - LSE log2(e))   (0 where the mask hides the pair)
+//   dP^T = V dO^T                    (SS)
+//   dS^T = P^T o (dP^T - D)          (D = rowsum(dO o O) - dLSE: the shared preprocess)
+//   dV  += P^T dO,  dK += dS^T Q     (RS: P^T and dS^T straight from the accumulators)
+//   dQ   = dS K                      (SS, both operands transposed: dS^T through shared memory,
+//                                     64 x 64 per consumer) added to the fp32 accumulator
+//                                     in the workspace by float2 atomics; the shared
+//                                     postprocess scales and rounds it into dq.
+// - Warpgroup 0, the producer, gives registers back; its warp 0 loads K and V once (TMA) and
+//   per step Q and dO (TMA) and LSE and D (its 32 lanes, from global memory) into stage
+//   i % kStages, after every consumer thread released that stage. LSE is stored as LSE log2(e),
+//   +inf for rows past the sequence or without keys (lse -inf), so that P is exactly 0 there
+//   without a mask.
+// - Warpgroups 1 and 2, the consumers, own keys 64 w .. 64 w + 63 of the block (the M of S^T,
+//   dP^T, dV, dK). dQ needs every key: both write their dS^T into a shared [key][query] tile
+//   (double-buffered, so one named barrier per step suffices: a warpgroup reaches step i + 1's
+//   barrier only after its dQ of step i has read the other buffer), sync, and each computes its
+//   64 x 64 share of dQ (rows 64 w at d64 with kBlockM = 128, columns 64 w at d128).
+// - dQ's atomics are the simple choice (FlashAttention-3 also has them): a TMA bulk reduce-add
+//   of a shared-memory tile would need the accumulator laid out per (head, row block).
+// - deterministic = true is not here: backward_cuda.cu runs sm80's fixed-order dq kernel
+//   (sm80/bwd_kernel.h, bwd_dq_kernel) for it.
+//
+// Correctness first (docs/kernel-notes.md, "sm90 backward"): each step's GEMMs wait for each
+// other (no overlap of one step's softmax with the next step's GEMMs), every step masks
+// element-wise in the masked instantiation, one CTA per key block (no persistent scheduler).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <climits>
+#include <cstdint>
+#include <type_traits>
+
+#include "attention/kernel/block_mask.h"
+#include "attention/kernel/seqlen.h"
+#include "bwd_params.h"
+#include "device_util.h"
+#include "mbarrier.h"
+#include "tile_config.h"
+#include "tma.h"
+#include "wgmma.h"
+
+namespace flashserve::attention::sm90 {
+
+// A descriptor the compiler must compute where it is used: the K and V descriptors of a step
+// are the same in every step, and hoisted out of the query loop their k-step copies held ~40
+// registers for the whole loop (d128 spilled 70-90 bytes, d64 170-240).
+__device__ __forceinline__ uint64_t opaque(uint64_t desc) {
+  asm volatile("" : "+l"(desc));
+  return desc;
+}
+
+template <class Cfg>
+struct BwdSharedStorage {
+  // Every chunk is a 1024-byte aligned run of 8-row 128-byte swizzle atoms (wgmma.h).
+  alignas(1024) uint8_t k[Cfg::kChunks][Cfg::kKVChunkBytes];
+  alignas(1024) uint8_t v[Cfg::kChunks][Cfg::kKVChunkBytes];
+  alignas(1024) uint8_t q[Cfg::kStages][Cfg::kChunks][Cfg::kQChunkBytes];
+  alignas(1024) uint8_t dout[Cfg::kStages][Cfg::kChunks][Cfg::kQChunkBytes];
+  // dS^T of a step as [key][query], written by the consumers, read by both for dQ.
+  alignas(1024) uint8_t ds[2][Cfg::kDsChunks][Cfg::kDsChunkBytes];
+  float lse2[Cfg::kStages][Cfg::kBlockM];   // LSE log2(e) of the step's queries (+inf: P = 0)
+  float delta[Cfg::kStages][Cfg::kBlockM];  // D of the step's queries
+  Mbarrier kv_full;                         // K and V landed (TMA bytes)
+  // A stage's Q, dO (TMA bytes), LSE and D (the producer warp's 32 arrivals) landed / every
+  // consumer thread is done with it.
+  Mbarrier full[Cfg::kStages], empty[Cfg::kStages];
+};
+
+template <class Cfg>
+constexpr int bwd_smem_bytes() {
+  return static_cast<int>(sizeof(BwdSharedStorage<Cfg>)) + 1024;  // + the base's realignment
+}
+
+// The CTA's sequence and where its tensors' rows start: dense tensors by sequence (the maps'
+// coordinate 3), varlen ones by row (one sequence of all rows).
+struct BwdSeq {
+  kernel::SeqLens lens;
+  int b;
+  __device__ __forceinline__ BwdSeq(const sm80::FwdParams& f, int batch)
+      : lens(kernel::seq_lens(f.cu_seqlens_q, f.cu_seqlens_k, f.seqused_k, f.seqlen_q, f.seqlen_k,
+                              batch)),
+        b(batch) {}
+  // Row of the sequence's query 0 among all rows of q (the workspace's row index, as
+  // sm80::SeqInfo::q_row0).
+  __device__ __forceinline__ int64_t q_row0(const sm80::FwdParams& f) const {
+    return f.cu_seqlens_q ? int64_t{lens.q_start} : int64_t{b} * f.seqlen_q;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Producer (warp 0 of warpgroup 0; `lane` 0..31)
+
+template <class Cfg, bool kMasked>
+__device__ __forceinline__ void bwd_produce(
+    BwdSharedStorage<Cfg>& s, const BwdParams& bp, const BwdSeq& seq,
+    const kernel::QueryBlocks<Cfg::kBlockM, Cfg::kBlockN, kMasked>& steps, int n_block, int kv_head,
+    int lane) {
+  constexpr int kBM = Cfg::kBlockM, kStages = Cfg::kStages;
+  const sm80::BwdParams& p = bp.p;
+  const sm80::FwdParams& f = p.fwd;
+  const bool varlen_q = f.cu_seqlens_q != nullptr, varlen_k = f.cu_seqlens_k != nullptr;
+  const int q_row = varlen_q ? seq.lens.q_start : 0, q_z = varlen_q ? 0 : seq.b;
+  const int k_row = varlen_k ? seq.lens.k_start : 0, kv_z = varlen_k ? 0 : seq.b;
+  if (lane == 0) {
+    s.kv_full.arrive_expect_tx(2 * Cfg::kKVBytes);
+#pragma unroll
+    for (int c = 0; c < Cfg::kChunks; ++c) {
+      tma_load_4d(s.k[c], &bp.tma_k, s.kv_full, c * Cfg::kChunkCols, k_row + n_block * Cfg::kBlockN,
+                  kv_head, kv_z);
+      tma_load_4d(s.v[c], &bp.tma_v, s.kv_full, c * Cfg::kChunkCols, k_row + n_block * Cfg::kBlockN,
+                  kv_head, kv_z);
+    }
+  }
+  const float log2e = 1.4426950408889634f;
+  const int q_len = seq.lens.q_len;
+  const int64_t lse_base =
+      varlen_q ? int64_t{seq.lens.q_start} * f.lse_row_stride : int64_t{seq.b} * f.lse_batch_stride;
+  const int64_t row0 = seq.q_row0(f);
+  int i = 0;  // the step: stage i % kStages, round i / kStages
+  for (int h = kv_head * f.h_ratio; h < (kv_head + 1) * f.h_ratio; ++h) {
+    const float* lse = f.lse + lse_base + h * f.lse_head_stride;
+    for (int m = steps.m_min; m < steps.m_max; ++m, ++i) {
+      const int st = i % kStages, m0 = m * kBM;
+      s.empty[st].wait(((i / kStages) & 1) ^ 1);
+#pragma unroll
+      for (int r = lane; r < kBM; r += 32) {
+        const int t = m0 + r;
+        float l2 = INFINITY, d = 0.0f;
+        if (t < q_len) {
+          const float l = lse[t * f.lse_row_stride];
+          l2 = l == -INFINITY ? INFINITY : l * log2e;
+          d = p.delta[(row0 + t) * f.h_q + h];
+        }
+        s.lse2[st][r] = l2;
+        s.delta[st][r] = d;
+      }
+      // Lane 0's arrival also announces the TMA bytes; the other lanes' release their stores.
+      if (lane == 0) {
+        s.full[st].arrive_expect_tx(2 * Cfg::kQBytes);
+#pragma unroll
+        for (int c = 0; c < Cfg::kChunks; ++c) {
+          tma_load_4d(s.q[st][c], &bp.tma_q, s.full[st], c * Cfg::kChunkCols, q_row + m0, h, q_z);
+          tma_load_4d(s.dout[st][c], &bp.tma_do, s.full[st], c * Cfg::kChunkCols, q_row + m0, h,
+                      q_z);
+        }
+      } else {
+        s.full[st].arrive();
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Consumers (warpgroups 1 and 2; `cw` 0 or 1, `tid` 0..127)
+
+// acc (64 rows x kBlockM) = A B^T over the head dim, both K-major: A = 64 rows of K or V (the
+// warpgroup's keys), B = the step's Q or dO. k-step k reads column chunk k / 4 at byte 32 (k % 4)
+// of each row (as the forward's issue_qk).
+template <class Cfg, bool kBf16>
+__device__ __forceinline__ void issue_over_d(float (&acc)[Cfg::kBlockM / 2], const uint8_t* a_tile,
+                                             const uint8_t* b_tile) {
+  const uint64_t a_desc = opaque(smem_desc_sw128(a_tile, 16, 1024));
+  const uint64_t b_desc = smem_desc_sw128(b_tile, 16, 1024);
+#pragma unroll
+  for (int k = 0; k < Cfg::kHeadDim / 16; ++k) {
+    const uint32_t off = (k % 4) * 32;
+    mma_ss<Cfg::kBlockM, kBf16>(acc, desc_advance(a_desc, (k / 4) * Cfg::kKVChunkBytes + off),
+                                desc_advance(b_desc, (k / 4) * Cfg::kQChunkBytes + off), k > 0);
+  }
+  wgmma_commit();
+}
+
+// acc (64 keys x d) += A B over the step's queries: A = P^T or dS^T from registers (the S^T /
+// dP^T accumulators packed, device_util.h to_operand), B = dO or Q, [query, d] row-major: MN-major
+// for this B (as V in the forward's P V), 16 queries (2048 bytes) per k-step, LBO one 64-column
+// chunk to the next.
+template <class Cfg, bool kBf16>
+__device__ __forceinline__ void issue_over_queries(float (&acc)[Cfg::kHeadDim / 2],
+                                                   const uint32_t (&a)[Cfg::kBlockM / 16][4],
+                                                   const uint8_t* b_tile) {
+  const uint64_t b_desc = smem_desc_sw128(b_tile, Cfg::kQChunkBytes, 1024);
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kBlockM / 16; ++kk)
+    mma_rs<Cfg::kHeadDim, kBf16>(acc, a[kk], desc_advance(b_desc, kk * 16 * 128), 1);
+}
+
+// dq (64 queries x 64 columns) = dS K over the block's keys: A = dS, stored as dS^T [key][query]
+// (MN-major for A: the queries contiguous), starting at the warpgroup's 64 queries; B = K,
+// [key, d] (MN-major), starting at its 64 columns. 16 keys (2048 bytes) per k-step in both.
+template <class Cfg, bool kBf16>
+__device__ __forceinline__ void issue_dq(float (&dq)[Cfg::kDqCols / 2], const uint8_t* ds_tile,
+                                         const uint8_t* k_tile) {
+  const uint64_t a_desc = smem_desc_sw128(ds_tile, Cfg::kDsChunkBytes, 1024);
+  const uint64_t b_desc = opaque(smem_desc_sw128(k_tile, Cfg::kKVChunkBytes, 1024));
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk)
+    mma_ss_tt<Cfg::kDqCols, kBf16>(dq, desc_advance(a_desc, kk * 16 * 128),
+                                   desc_advance(b_desc, kk * 16 * 128), kk > 0);
+  wgmma_commit();
+}
+
+// The consumer warpgroups' 256 threads (named barrier 1; 0 is __syncthreads).
+__device__ __forceinline__ void consumers_sync() {
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+}
+
+// The 64 keys of one consumer warpgroup (rows of S^T, dV, dK): this thread's two, and the queries
+// each is seen by, [t_min, t_max] (bottom-right window, mask.h): [0, kNone) without a mask,
+// empty (t_min = kNone) for a row past kv_len. Lengths are below 2^30 (backward_cuda.cu), so
+// t - m0 stays inside int32 for kNone too.
+template <bool kMasked>
+struct KeyRows {
+  static constexpr int kNone = 1 << 30;
+  int key[2];  // within the sequence
+  int t_min[2], t_max[2];
+  __device__ __forceinline__ KeyRows(int key0, int q_len, int kv_len, int left, int right) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      key[h] = key0 + 8 * h;
+      const int pos = key[h] - (kv_len - q_len);  // the query at the key's position
+      t_min[h] = kMasked && right >= 0 ? pos - right : 0;
+      t_max[h] = kMasked && left >= 0 ? pos + left : kNone;
+      if (key[h] >= kv_len) t_min[h] = kNone;  // not a key: no query sees it
+    }
+  }
+};
+
+// dS^T (this thread's packed pairs, to_operand's layout: a[kk][r] = row r % 2 (key key_row0 +
+// 8 (r % 2)), queries 16 kk + 8 (r / 2) + 2 (lane % 4) + {0, 1}) into the [key][query] tile:
+// chunk query / 64, row `key` of 128 bytes, 16-byte unit (query % 64) / 8 swizzled by key % 8
+// (TMA's 128-byte swizzle, which issue_dq's descriptor expects). The row's address with the
+// swizzle folded in is computed once per call (opaque: hoisted out of the query loop, the eight
+// swizzled unit offsets held registers for the whole loop and made d128 spill); each store then
+// XORs its compile-time unit in.
+template <class Cfg>
+__device__ __forceinline__ void store_ds(uint8_t (&ds)[Cfg::kDsChunks][Cfg::kDsChunkBytes],
+                                         const uint32_t (&a)[Cfg::kBlockM / 16][4], int key_row0,
+                                         int lane) {
+  const uint32_t row =
+      static_cast<uint32_t>(__cvta_generic_to_shared(ds[0])) + key_row0 * 128 + 4 * (lane % 4);
+  const uint32_t base = static_cast<uint32_t>(opaque(row ^ ((key_row0 % 8) << 4)));
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kBlockM / 16; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int query = 16 * kk + 8 * (r / 2);  // of the thread's pair: + 2 (lane % 4)
+      const uint32_t addr = ((base ^ (((query % 64) / 8) << 4)) +
+                             (query / 64) * Cfg::kDsChunkBytes + (r % 2) * 8 * 128);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(a[kk][r]) : "memory");
+    }
+}
+
+// One row of dK or dV (this thread's share: fragment row h) into global memory, 16 bytes at a
+// time (store_row_vec16), scaled by `scale`.
+template <int kD, bool kBf16>
+__device__ __forceinline__ void store_grad_row(const float (&acc)[kD / 2], int h, float scale,
+                                               uint8_t* row, bool valid, int lane) {
+  uint32_t packed[kD / 8];
+#pragma unroll
+  for (int i = 0; i < kD / 8; ++i)
+    packed[i] = pack2<kBf16>(acc[4 * i + 2 * h] * scale, acc[4 * i + 2 * h + 1] * scale);
+  store_row_vec16<kD>(packed, lane % 4, [&](int g, uint4 v) {
+    if (valid) *reinterpret_cast<uint4*>(row + 16 * g) = v;
+  });
+}
+
+template <class Cfg, bool kBf16, bool kMasked>
+__device__ __forceinline__ void bwd_consume(
+    BwdSharedStorage<Cfg>& s, const BwdParams& bp, const BwdSeq& seq,
+    const kernel::QueryBlocks<Cfg::kBlockM, Cfg::kBlockN, kMasked>& steps, int n_block, int kv_head,
+    int cw, int tid) {
+  constexpr int kD = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
+  constexpr int kStages = Cfg::kStages;
+  const sm80::BwdParams& p = bp.p;
+  const sm80::FwdParams& f = p.fwd;
+  const int warp = tid / 32, lane = tid % 32;
+  const int q_len = seq.lens.q_len, kv_len = seq.lens.kv_len;
+  // This thread's rows of S^T, dV, dK: keys key_row0 and key_row0 + 8 of the block.
+  const int key_row0 = cw * 64 + warp * 16 + lane / 4;
+  const KeyRows<kMasked> rows(n_block * kBN + key_row0, q_len, kv_len, f.window_left,
+                              f.window_right);
+  // This warpgroup's share of dQ: 64 queries from dq_row0, 64 columns from dq_col0.
+  const int dq_row0 = Cfg::kDqByRows ? 64 * cw : 0, dq_col0 = Cfg::kDqByRows ? 0 : 64 * cw;
+
+  float dk[kD / 2], dv[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.0f;
+  fence_regs(dk);
+  fence_regs(dv);
+
+  s.kv_full.wait(0);
+  const uint8_t* k_rows = s.k[0] + cw * 64 * 128;  // the warpgroup's 64 keys (8 atoms)
+  const uint8_t* v_rows = s.v[0] + cw * 64 * 128;
+  const int64_t row0 = seq.q_row0(f);
+  int i = 0;
+  for (int h = kv_head * f.h_ratio; h < (kv_head + 1) * f.h_ratio; ++h) {
+    float* dq_accum = p.dq_accum + int64_t{h} * kD;
+    for (int m = steps.m_min; m < steps.m_max; ++m, ++i) {
+      const int st = i % kStages, buf = i % 2, m0 = m * kBM;
+      s.full[st].wait((i / kStages) & 1);
+      float sc[kBM / 2], dp[kBM / 2];
+      wgmma_fence();
+      issue_over_d<Cfg, kBf16>(sc, k_rows, s.q[st][0]);     // S^T = K Q^T
+      issue_over_d<Cfg, kBf16>(dp, v_rows, s.dout[st][0]);  // dP^T = V dO^T
+      wgmma_wait<1>();
+      fence_regs(sc);
+      // P^T = exp2(S^T scale log2(e) - LSE log2(e)); accumulator column 8 j + 2 (lane % 4) + e
+      // is query m0 + that column. Then 0 where the mask hides the pair: row r sees columns
+      // c = 8 j + e in [lo, hi] (the thread's offset folded into the bounds, so each element
+      // compares a constant). Two loops, not a select in one: the 64 predicates of d64's select
+      // spilled 72 bytes.
+#pragma unroll
+      for (int j = 0; j < kBM / 8; ++j) {
+        const float2 l2 = *reinterpret_cast<const float2*>(&s.lse2[st][8 * j + 2 * (lane % 4)]);
+#pragma unroll
+        for (int x = 0; x < 4; ++x)
+          sc[4 * j + x] = exp2_approx(fmaf(sc[4 * j + x], f.scale_log2, x % 2 ? -l2.y : -l2.x));
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int lo = rows.t_min[r] - (m0 + 2 * (lane % 4));
+        const int hi = rows.t_max[r] - (m0 + 2 * (lane % 4));
+#pragma unroll
+        for (int c = 0; c < kBM; c = c % 2 ? c + 7 : c + 1)
+          if (c < lo || (kMasked && c > hi)) sc[4 * (c / 8) + 2 * r + c % 2] = 0.0f;
+      }
+      wgmma_wait<0>();
+      fence_regs(dp);
+      // dS^T = P^T o (dP^T - D).
+#pragma unroll
+      for (int j = 0; j < kBM / 8; ++j) {
+        const int col = 8 * j + 2 * (lane % 4);
+        const float2 d2 = *reinterpret_cast<const float2*>(&s.delta[st][col]);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          dp[4 * j + 2 * r] = sc[4 * j + 2 * r] * (dp[4 * j + 2 * r] - d2.x);
+          dp[4 * j + 2 * r + 1] = sc[4 * j + 2 * r + 1] * (dp[4 * j + 2 * r + 1] - d2.y);
+        }
+      }
+      uint32_t pa[kBM / 16][4], dsa[kBM / 16][4];
+      to_operand<kBf16>(sc, pa);
+      to_operand<kBf16>(dp, dsa);
+      store_ds<Cfg>(s.ds[buf], dsa, key_row0, lane);
+      fence_shared_to_async();  // dS^T is read by the wgmma (the async proxy) below
+      wgmma_fence();
+      issue_over_queries<Cfg, kBf16>(dv, pa, s.dout[st][0]);  // dV += P^T dO
+      issue_over_queries<Cfg, kBf16>(dk, dsa, s.q[st][0]);    // dK += dS^T Q
+      wgmma_commit();
+      consumers_sync();  // both warpgroups' dS^T are in s.ds[buf]
+      // dV and dK ran under the barrier; waiting for them here frees P^T and dS^T's registers
+      // before dQ's accumulator is live (with all three live, d128 spilled ~90 bytes).
+      wgmma_wait<0>();
+      fence_regs(dv);
+      fence_regs(dk);
+      fence_regs(pa);
+      fence_regs(dsa);
+      float dq[Cfg::kDqCols / 2];
+      wgmma_fence();
+      issue_dq<Cfg, kBf16>(dq, s.ds[buf][dq_row0 / 64], s.k[dq_col0 / 64]);
+      wgmma_wait<0>();
+      fence_regs(dq);
+      s.empty[st].arrive();  // this thread is done with the stage's Q, dO, LSE, D
+      // dQ's share into the accumulator [q_rows][h_q][d]: rows past the sequence are skipped.
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int t = m0 + dq_row0 + warp * 16 + lane / 4 + 8 * r;
+        if (t >= q_len) continue;
+        float* acc = dq_accum + (row0 + t) * f.h_q * kD + dq_col0 + 2 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < Cfg::kDqCols / 8; ++j)
+          atomicAdd(reinterpret_cast<float2*>(acc + 8 * j),
+                    make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]));
+      }
+    }
+  }
+
+  // dK (times the softmax scale: S = scale Q K^T) and dV of the block's keys.
+  const bool varlen_k = f.cu_seqlens_k != nullptr;
+  using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
+  auto* dkg = static_cast<Elem*>(p.dk) +
+              (varlen_k ? int64_t{seq.lens.k_start} * p.dk_row_stride : seq.b * p.dk_batch_stride) +
+              kv_head * p.dk_head_stride;
+  auto* dvg = static_cast<Elem*>(p.dv) +
+              (varlen_k ? int64_t{seq.lens.k_start} * p.dv_row_stride : seq.b * p.dv_batch_stride) +
+              kv_head * p.dv_head_stride;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = rows.key[r];
+    const bool valid = key < kv_len;
+    store_grad_row<kD, kBf16>(dk, r, f.scale,
+                              reinterpret_cast<uint8_t*>(dkg + int64_t{key} * p.dk_row_stride),
+                              valid, lane);
+    store_grad_row<kD, kBf16>(
+        dv, r, 1.0f, reinterpret_cast<uint8_t*>(dvg + int64_t{key} * p.dv_row_stride), valid, lane);
+  }
+}
+
+template <class Cfg, bool kBf16, bool kMasked>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    bwd_kernel(const __grid_constant__ BwdParams bp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  auto& s = *reinterpret_cast<BwdSharedStorage<Cfg>*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  const sm80::FwdParams& f = bp.p.fwd;
+  const int n_block = blockIdx.x, kv_head = blockIdx.y;
+  const BwdSeq seq(f, blockIdx.z);
+  // Key blocks past the sequence's keys have nothing to compute (their dK, dV rows were zeroed
+  // by the caller); the whole CTA leaves before any barrier.
+  if (n_block * Cfg::kBlockN >= seq.lens.kv_len) return;
+  const kernel::QueryBlocks<Cfg::kBlockM, Cfg::kBlockN, kMasked> steps(
+      n_block, seq.lens.q_len, seq.lens.kv_len, f.window_left, f.window_right);
+
+  // Broadcast from lane 0 so that ptxas knows the role is warp-uniform (a branch it cannot prove
+  // uniform between a wgmma's issue and its wait serializes the wgmmas: C7520).
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  const int tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    s.kv_full.init(1);
+#pragma unroll
+    for (int st = 0; st < Cfg::kStages; ++st) {
+      s.full[st].init(32);                      // the producer warp's lanes
+      s.empty[st].init(Cfg::kConsumers * 128);  // every consumer thread
+    }
+    Mbarrier::fence_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (tid < 32) bwd_produce<Cfg, kMasked>(s, bp, seq, steps, n_block, kv_head, tid);
+  } else {
+    setmaxnreg_inc<Cfg::kConsumerRegs>();
+    bwd_consume<Cfg, kBf16, kMasked>(s, bp, seq, steps, n_block, kv_head, warpgroup - 1, tid);
+  }
+#endif
+}
+
+}  // namespace flashserve::attention::sm90

@@ -1,0 +1,35 @@
+// Host entry point of the sm90 backward kernel (bwd_kernel.h): dense or varlen batches
+// (seqused_k too), head dims 64 and 128, bf16/fp16, no mask, bottom-right causal or a sliding
+// window, GQA/MQA; dq through the fp32 accumulator (atomics), not deterministic.
+// attention/backward_cuda.cu decides when it runs (choose_backward_family in
+// attention/cuda/plan.h; FLASHSERVE_BWD_KERNEL forces either family).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "attention/sm80/bwd_params.h"
+#include "flashserve/tensor.h"
+
+namespace flashserve::attention::sm90 {
+
+struct BwdArgs {
+  DType dtype;  // kBFloat16 or kFloat16
+  bool masked;  // causal or a window side: the masked instantiation
+  int batch, h_kv;
+  // Rows of q/dout and of k/v per sequence (dense) or in all (varlen: those rows form one
+  // sequence of the tensor maps).
+  int q_rows, kv_rows;
+  int max_q_len, max_kv_len;  // of any sequence: the grid is ceil(max_kv_len / kBlockN) key blocks
+  cudaStream_t stream;
+};
+
+// Runs the shared preprocess (D), the sm90 main kernel and the shared postprocess (dq) on
+// args.stream; the caller has zeroed dq, dk, dv and the dq accumulator (params.dq_accum).
+// Throws flashserve::Error (kUnsupported for a head dim without an instantiation or a tensor TMA
+// cannot describe, kCuda when a launch fails).
+void run_bwd(const sm80::BwdParams& params, const BwdArgs& args, int head_dim);
+
+template <int kHeadDim>
+void run_bwd_hdim(const sm80::BwdParams& params, const BwdArgs& args);
+
+}  // namespace flashserve::attention::sm90

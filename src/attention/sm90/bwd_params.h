@@ -1,0 +1,19 @@
+// What the host passes to the sm90 backward kernel (bwd_kernel.h): four TMA tensor maps (q and
+// dout with boxes of 64 columns x kBlockM rows, k and v with 64 x kBlockN; varlen tensors as one
+// sequence of all their rows, as the forward's maps) and the parameters the sm80 backward takes
+// (sm80/bwd_params.h: pointers, strides, the lengths' sources, the mask, the scale, the fp32 dQ
+// accumulator and D in the workspace), which the shared preprocess and postprocess read too.
+#pragma once
+
+#include <cuda.h>
+
+#include "attention/sm80/bwd_params.h"
+
+namespace flashserve::attention::sm90 {
+
+struct BwdParams {
+  CUtensorMap tma_q, tma_k, tma_v, tma_do;
+  sm80::BwdParams p;
+};
+
+}  // namespace flashserve::attention::sm90

@@ -1,0 +1,58 @@
+// Host side of the sm90 kernels' TMA: the 4-D tensor map of a [batch, seqlen, heads, d] tensor
+// (the forward's q, k, v, out and the backward's q, k, v, dout), refused by name where TMA
+// cannot describe it.
+#pragma once
+
+#include <cstdint>
+
+#include "common/str_cat.h"
+#include "flashserve/error.h"
+#include "flashserve/tensor.h"
+#include "tma.h"
+
+namespace flashserve::attention::sm90 {
+
+// A 4-D map of a [batch, seqlen, heads, d] tensor (d innermost) with boxes of 64 columns x `rows`
+// rows of one head of one sequence, 128-byte swizzled.
+inline CUtensorMap make_map(const void* base, DType dtype, int batch, int seqlen, int heads, int d,
+                            int64_t batch_stride, int64_t row_stride, int64_t head_stride, int rows,
+                            const char* name) {
+  TensorMapSpec spec{};
+  spec.base = base;
+  spec.dtype = dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                         : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  spec.rank = 4;
+  spec.dims[0] = static_cast<uint64_t>(d);
+  spec.dims[1] = static_cast<uint64_t>(seqlen);
+  spec.dims[2] = static_cast<uint64_t>(heads);
+  spec.dims[3] = static_cast<uint64_t>(batch);
+  // A dimension of size 1 is never stepped along: its stride may be anything the caller's view
+  // holds (0 included), while TMA wants a positive multiple of 16 bytes.
+  const int64_t sizes[3] = {seqlen, heads, batch};
+  const int64_t strides[3] = {row_stride, head_stride, batch_stride};
+  for (int i = 0; i < 3; ++i) {
+    const int64_t bytes = strides[i] * 2;
+    spec.strides[i] =
+        static_cast<uint64_t>(sizes[i] <= 1 && (bytes <= 0 || bytes % 16) ? 16 : bytes);
+  }
+  spec.box[0] = 64;
+  spec.box[1] = static_cast<uint32_t>(rows);
+  spec.box[2] = 1;
+  spec.box[3] = 1;
+  spec.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+  CUtensorMap map;
+  cudaError_t entry = cudaSuccess;
+  const CUresult r = encode_tensor_map(spec, &map, &entry);
+  if (entry != cudaSuccess)
+    throw Error(ErrorKind::kCuda, "",
+                str_cat("cuTensorMapEncodeTiled not found through the driver entry point: ",
+                        cudaGetErrorString(entry)));
+  if (r != CUDA_SUCCESS)
+    throw Error(ErrorKind::kUnsupported, name,
+                str_cat("the sm90 kernel's TMA cannot describe this tensor (cuTensorMapEncodeTiled "
+                        "error ",
+                        static_cast<int>(r), ")"));
+  return map;
+}
+
+}  // namespace flashserve::attention::sm90
