@@ -507,5 +507,63 @@ TEST(PlanFamily, LaunchesCarryTheTileTheKernelRuns) {
   EXPECT_EQ(tile(sm90(dense(4, 2048, 16, 256, false))), P(128, 80));
 }
 
+// FLASHSERVE_KERNEL / FLASHSERVE_BWD_KERNEL's values.
+TEST(PlanFamily, ParsesTheFamilyVariables) {
+  using attention::FamilyRequest;
+  using attention::parse_family_request;
+  EXPECT_EQ(parse_family_request(nullptr, "FLASHSERVE_BWD_KERNEL"), FamilyRequest::kAuto);
+  EXPECT_EQ(parse_family_request("", "FLASHSERVE_BWD_KERNEL"), FamilyRequest::kAuto);
+  EXPECT_EQ(parse_family_request("auto", "FLASHSERVE_BWD_KERNEL"), FamilyRequest::kAuto);
+  EXPECT_EQ(parse_family_request("sm80", "FLASHSERVE_BWD_KERNEL"), FamilyRequest::kSm80);
+  EXPECT_EQ(parse_family_request("sm90", "FLASHSERVE_KERNEL"), FamilyRequest::kSm90);
+  try {
+    parse_family_request("hopper", "FLASHSERVE_BWD_KERNEL");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_EQ(e.argument(), "FLASHSERVE_BWD_KERNEL");
+  }
+}
+
+// The backward's one decision (backward_cuda.cu): auto takes the sm90 kernel wherever it can run
+// the call (head dims 64 and 128, no modifiers, not deterministic, a 9.0 device of a 90a build),
+// else sm80; sm80 forced is sm80 whatever sm90 lacks; sm90 forced refuses what it lacks by the
+// variable's name.
+TEST(PlanFamily, BackwardTakesSm90WhereItCanAndDeterministicStaysOnSm80) {
+  using attention::choose_backward_family;
+  using attention::FamilyRequest;
+  using attention::KernelFamily;
+  using attention::sm90_backward_lacks;
+  Problem pr = dense(2, 2048, 16, 128, true).pr;
+  const std::string here = "";  // a 9.0 device, a build with 90a, strides TMA takes
+  const std::string a100 = "needs a compute capability 9.0 device, this one is 8.0";
+  EXPECT_EQ(sm90_backward_lacks(pr, false, here), "");
+  EXPECT_EQ(choose_backward_family(pr, false, FamilyRequest::kAuto, here), KernelFamily::kSm90);
+  EXPECT_EQ(choose_backward_family(pr, false, FamilyRequest::kSm80, here), KernelFamily::kSm80);
+  EXPECT_EQ(choose_backward_family(pr, false, FamilyRequest::kAuto, a100), KernelFamily::kSm80);
+  // deterministic: sm80's fixed-order dq kernel.
+  EXPECT_NE(sm90_backward_lacks(pr, true, here).find("deterministic"), std::string::npos);
+  EXPECT_EQ(choose_backward_family(pr, true, FamilyRequest::kAuto, here), KernelFamily::kSm80);
+  EXPECT_EQ(choose_backward_family(pr, true, FamilyRequest::kSm80, here), KernelFamily::kSm80);
+  Problem d64 = dense(2, 2048, 16, 64, false).pr;
+  EXPECT_EQ(choose_backward_family(d64, false, FamilyRequest::kAuto, here), KernelFamily::kSm90);
+  Problem d256 = dense(2, 2048, 16, 256, false).pr;
+  EXPECT_NE(sm90_backward_lacks(d256, false, here).find("head_dim 256"), std::string::npos);
+  EXPECT_EQ(choose_backward_family(d256, false, FamilyRequest::kAuto, here), KernelFamily::kSm80);
+  auto forced_refusal = [&](const Problem& p, bool deterministic, const std::string& unavailable) {
+    try {
+      choose_backward_family(p, deterministic, FamilyRequest::kSm90, unavailable);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUnsupported) << e.what();
+      EXPECT_EQ(e.argument(), "FLASHSERVE_BWD_KERNEL") << e.what();
+    }
+  };
+  forced_refusal(pr, true, here);
+  forced_refusal(d256, false, here);
+  forced_refusal(pr, false, a100);
+  EXPECT_EQ(choose_backward_family(pr, false, FamilyRequest::kSm90, here), KernelFamily::kSm90);
+}
+
 }  // namespace
 }  // namespace flashserve::testing

@@ -1,19 +1,25 @@
-// The CUDA backward (the sm80 kernels of src/attention/sm80/bwd_kernel.h) through the public API,
-// against the float64 reference backward. Each case runs our CPU forward on the host (out and lse
-// as a training step saves them), copies every buffer to the device (gradients poisoned with
-// NaN), runs attention_backward there and compares dq, dk, dv by support/compare.h's rule. The
-// instantiation named Sanitize is the small subset for compute-sanitizer (with atomics and in
-// deterministic mode). Without a CUDA device
-// every test skips with "skipped: no CUDA device".
+// The CUDA backward through the public API, against the float64 reference backward, with each
+// kernel family forced by FLASHSERVE_BWD_KERNEL: sm80 (src/attention/sm80/bwd_kernel.h) and sm90
+// (src/attention/sm90/bwd_kernel.h). Each case runs our CPU forward on the host (out and lse as a
+// training step saves them), copies every buffer to the device (gradients poisoned with NaN),
+// runs attention_backward there and compares dq, dk, dv by support/compare.h's rule. The
+// instantiations named Sanitize are the small subset for compute-sanitizer (with atomics and in
+// deterministic mode). Without a CUDA device every test skips with "skipped: no CUDA device";
+// the sm90 runs also skip (saying why) on devices other than compute capability 9.0 and in
+// builds without 90a.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <string>
+#include <tuple>
 #include <vector>
 
+#include "attention/backends.h"
 #include "flashserve/attention_backward.h"
 #include "support/backward_case.h"
 #include "support/compare.h"
 #include "support/device_copy.h"
+#include "support/scoped_env.h"
 
 namespace flashserve::testing {
 namespace {
@@ -54,8 +60,30 @@ class BackwardDevice {
   std::vector<void*> attn_, grads_;
 };
 
-// Runs the backward on the device; returns the gradients read back.
-attention::reference::NaiveGrads run_on_gpu(BackwardCase& bc, bool deterministic = false) {
+// The kernel family a run forces (FLASHSERVE_BWD_KERNEL).
+enum class Family { kSm80, kSm90 };
+const char* family_name(Family f) {
+  return f == Family::kSm80 ? "sm80" : "sm90";
+}
+
+// The sm90 kernel runs on compute capability 9.0 devices of builds with 90a only.
+#define SKIP_WITHOUT_FAMILY(family)                                                         \
+  do {                                                                                      \
+    SKIP_WITHOUT_CUDA();                                                                    \
+    if ((family) == Family::kSm90) {                                                        \
+      int major = 0, minor = 0;                                                             \
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);                 \
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);                 \
+      if (major != 9 || minor != 0)                                                         \
+        GTEST_SKIP() << "skipped: the sm90 backward needs a compute capability 9.0 device"; \
+      if (!attention::cuda_sm90_built()) GTEST_SKIP() << "skipped: built without 90a";      \
+    }                                                                                       \
+  } while (0)
+
+// Runs the backward on the device with `family` forced; returns the gradients read back.
+attention::reference::NaiveGrads run_on_gpu(BackwardCase& bc, Family family,
+                                            bool deterministic = false) {
+  ScopedEnv env("FLASHSERVE_BWD_KERNEL", family_name(family));
   BackwardDevice dev(bc);
   AttentionBackwardParams p = dev.params();
   p.deterministic = deterministic;
@@ -65,16 +93,17 @@ attention::reference::NaiveGrads run_on_gpu(BackwardCase& bc, bool deterministic
   return bc.read();
 }
 
-void check_case(CaseSpec s, bool with_dlse = false, bool deterministic = false) {
+void check_case(CaseSpec s, Family family, bool with_dlse = false, bool deterministic = false) {
   s.seed = seed_for(s.name() + (with_dlse ? "dlse" : ""), 2290);
   BackwardCase bc(s, with_dlse);
   bc.run_forward();  // on the host buffers, before they are copied
-  const auto got = run_on_gpu(bc, deterministic);
+  const auto got = run_on_gpu(bc, family, deterministic);
   const auto exact = bc.reference(Emulate::kExact);
   const auto lowp = bc.reference(Emulate::kLowPrecision);
-  EXPECT_TRUE(grad_close(got.dq, exact.dq, lowp.dq, s.dtype, "dq")) << s.name();
-  EXPECT_TRUE(grad_close(got.dk, exact.dk, lowp.dk, s.dtype, "dk")) << s.name();
-  EXPECT_TRUE(grad_close(got.dv, exact.dv, lowp.dv, s.dtype, "dv")) << s.name();
+  const std::string name = s.name() + " " + family_name(family);
+  EXPECT_TRUE(grad_close(got.dq, exact.dq, lowp.dq, s.dtype, "dq")) << name;
+  EXPECT_TRUE(grad_close(got.dk, exact.dk, lowp.dk, s.dtype, "dk")) << name;
+  EXPECT_TRUE(grad_close(got.dv, exact.dv, lowp.dv, s.dtype, "dv")) << name;
 }
 
 CaseSpec spec(DType dt, int64_t d, int64_t batch, int64_t q, int64_t k, int64_t h_q, int64_t h_kv,
@@ -102,49 +131,142 @@ std::vector<CaseSpec> cases() {
         var.q_layout = QLayout::kVarlen, var.kv_layout = KVLayout::kVarlen;
         v.push_back(var);
       }
+  // Several key blocks and query blocks per CTA (sm90: 128 keys, 64 or 128 queries; the Q/dO
+  // ring wraps many times over the GQA group's heads), and seqused_k with the unused keys
+  // poisoned with NaN (the last key block reads them; they must not reach dq).
+  for (int64_t d : {64, 128}) {
+    v.push_back(spec(DType::kBFloat16, d, 1, 520, 520, 4, 1, true));
+    v.push_back(spec(DType::kFloat16, d, 1, 513, 700, 2, 2, false));
+    CaseSpec used = spec(DType::kBFloat16, d, 2, 40, 70, 4, 2, true);
+    used.use_seqused_k = true, used.kv_extra = 30;
+    v.push_back(used);
+    CaseSpec var = spec(DType::kBFloat16, d, 3, 1, 1, 4, 1, false);
+    var.q_lens = {300, 5, 130}, var.kv_lens = {260, 400, 129};
+    var.q_layout = QLayout::kVarlen, var.kv_layout = KVLayout::kVarlen;
+    var.window_left = 50, var.window_right = 20;
+    v.push_back(var);
+  }
   return v;
 }
 
-class GpuBackward : public ::testing::TestWithParam<CaseSpec> {};
-
-TEST_P(GpuBackward, MatchesFloat64Reference) {
-  SKIP_WITHOUT_CUDA();
-  check_case(GetParam());
+// Every case through both families.
+using FamilyCase = std::tuple<CaseSpec, Family>;
+std::vector<FamilyCase> with_families(const std::vector<CaseSpec>& specs) {
+  std::vector<FamilyCase> v;
+  for (Family f : {Family::kSm80, Family::kSm90})
+    for (const CaseSpec& s : specs) v.emplace_back(s, f);
+  return v;
+}
+std::string case_name(const ::testing::TestParamInfo<FamilyCase>& info) {
+  return std::get<0>(info.param).name() + "_" + family_name(std::get<1>(info.param));
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, GpuBackward, ::testing::ValuesIn(cases()),
-                         [](const auto& info) { return info.param.name(); });
+class GpuBackward : public ::testing::TestWithParam<FamilyCase> {};
 
-// The compute-sanitizer subset: a masked and an unmasked case, one per head dim.
+TEST_P(GpuBackward, MatchesFloat64Reference) {
+  const auto& [s, family] = GetParam();
+  SKIP_WITHOUT_FAMILY(family);
+  check_case(s, family);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuBackward, ::testing::ValuesIn(with_families(cases())),
+                         case_name);
+
+// The compute-sanitizer subset: a masked and an unmasked case per head dim, and for sm90 a CTA
+// with several query blocks over two stages and two GQA heads (the ring's phases and the dS
+// buffers' reuse) and varlen keys that end inside a key block (the K rows zeroed past them).
+std::vector<CaseSpec> sanitize_cases() {
+  CaseSpec var = spec(DType::kBFloat16, 128, 2, 1, 1, 4, 2, true);
+  var.q_lens = {150, 40}, var.kv_lens = {90, 200};
+  var.q_layout = QLayout::kVarlen, var.kv_layout = KVLayout::kVarlen;
+  return {spec(DType::kBFloat16, 64, 1, 70, 90, 4, 2, true),
+          spec(DType::kFloat16, 128, 1, 65, 33, 2, 1, false),
+          spec(DType::kBFloat16, 128, 1, 200, 150, 4, 2, false),
+          spec(DType::kFloat16, 64, 1, 300, 260, 2, 1, true), var};
+}
 INSTANTIATE_TEST_SUITE_P(Sanitize, GpuBackward,
-                         ::testing::Values(spec(DType::kBFloat16, 64, 1, 70, 90, 4, 2, true),
-                                           spec(DType::kFloat16, 128, 1, 65, 33, 2, 1, false)),
-                         [](const auto& info) { return info.param.name(); });
+                         ::testing::ValuesIn(with_families(sanitize_cases())), case_name);
 
 TEST(GpuBackwardSanitize, DeterministicSmallCase) {
   SKIP_WITHOUT_CUDA();
-  check_case(spec(DType::kBFloat16, 64, 1, 70, 90, 4, 2, true), false, /*deterministic=*/true);
+  check_case(spec(DType::kBFloat16, 64, 1, 70, 90, 4, 2, true), Family::kSm80, false,
+             /*deterministic=*/true);
 }
 
 TEST(GpuBackwardLse, GradientOfTheLse) {
-  SKIP_WITHOUT_CUDA();
-  check_case(spec(DType::kBFloat16, 64, 2, 45, 61, 4, 2, true), /*with_dlse=*/true);
+  for (Family family : {Family::kSm80, Family::kSm90}) {
+    SKIP_WITHOUT_FAMILY(family);
+    check_case(spec(DType::kBFloat16, 64, 2, 45, 61, 4, 2, true), family, /*with_dlse=*/true);
+    check_case(spec(DType::kFloat16, 128, 1, 130, 200, 2, 1, false), family, /*with_dlse=*/true);
+  }
 }
 
-// deterministic = true: dq from the fixed-order dq kernel, as accurate, and the same bits on a
-// second run (the atomics' order may differ between runs; this must not).
+// deterministic = true: dq from the fixed-order dq kernel (sm80's bwd_dq_kernel, which the
+// default dispatch runs it on, sm90 or not), as accurate, and the same bits on a second run (the
+// atomics' order may differ between runs; this must not).
 TEST(GpuBackwardDeterministic, MatchesTheReferenceAndRepeatsBitForBit) {
   SKIP_WITHOUT_CUDA();
+  ScopedEnv automatic("FLASHSERVE_BWD_KERNEL", "auto");
   for (bool causal : {false, true}) {
     CaseSpec s = spec(DType::kBFloat16, 128, 2, 150, 222, 8, 2, causal);
-    check_case(s, false, /*deterministic=*/true);
+    s.seed = seed_for(s.name(), 2290);
+    BackwardCase bc0(s);
+    bc0.run_forward();
+    BackwardDevice dev(bc0);
+    AttentionBackwardParams p = dev.params();
+    p.deterministic = true;
+    attention_backward(p);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    dev.download_grads();
+    const auto got = bc0.read();
+    const auto exact = bc0.reference(Emulate::kExact);
+    const auto lowp = bc0.reference(Emulate::kLowPrecision);
+    EXPECT_TRUE(grad_close(got.dq, exact.dq, lowp.dq, s.dtype, "dq")) << s.name();
+    EXPECT_TRUE(grad_close(got.dk, exact.dk, lowp.dk, s.dtype, "dk")) << s.name();
+    EXPECT_TRUE(grad_close(got.dv, exact.dv, lowp.dv, s.dtype, "dv")) << s.name();
     s.seed = 2291;
     BackwardCase bc(s);
     bc.run_forward();
-    const auto first = run_on_gpu(bc, true);
-    const auto second = run_on_gpu(bc, true);
+    const auto first = run_on_gpu(bc, Family::kSm80, true);
+    const auto second = run_on_gpu(bc, Family::kSm80, true);
     EXPECT_TRUE(first.dq == second.dq && first.dk == second.dk && first.dv == second.dv)
         << s.name();
+  }
+}
+
+// The sm90 kernel's dK and dV are sums in registers in a fixed order (no atomics): a second run
+// on the same inputs gives the same bits, where a race (a stage or dS buffer overwritten while
+// read) would move them. dq goes through atomics and may differ in its last bits.
+TEST(GpuBackwardSm90, DkDvRepeatBitForBit) {
+  SKIP_WITHOUT_FAMILY(Family::kSm90);
+  for (int64_t d : {64, 128}) {
+    CaseSpec s = spec(DType::kBFloat16, d, 1, 400, 600, 4, 2, true);
+    s.seed = 2292;
+    BackwardCase bc(s);
+    bc.run_forward();
+    const auto first = run_on_gpu(bc, Family::kSm90);
+    const auto second = run_on_gpu(bc, Family::kSm90);
+    EXPECT_TRUE(first.dk == second.dk && first.dv == second.dv) << s.name();
+  }
+}
+
+// FLASHSERVE_BWD_KERNEL=sm90 refuses what the sm90 kernel lacks by the variable's name:
+// deterministic mode (auto runs it on sm80) and head dims other than 64 and 128.
+TEST(GpuBackwardSm90, ForcedRefusesWhatItLacks) {
+  SKIP_WITHOUT_FAMILY(Family::kSm90);
+  ScopedEnv env("FLASHSERVE_BWD_KERNEL", "sm90");
+  CaseSpec s = spec(DType::kBFloat16, 64, 1, 9, 9, 2, 2, false);
+  BackwardCase bc(s);
+  bc.run_forward();
+  BackwardDevice dev(bc);
+  AttentionBackwardParams p = dev.params();
+  p.deterministic = true;
+  try {
+    attention_backward(p);
+    ADD_FAILURE() << "no error; expected FLASHSERVE_BWD_KERNEL";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported) << e.what();
+    EXPECT_EQ(e.argument(), "FLASHSERVE_BWD_KERNEL") << e.what();
   }
 }
 

@@ -211,15 +211,20 @@ __device__ __forceinline__ void issue_dq(float (&dq)[Cfg::kDqCols / 2], const ui
   wgmma_commit();
 }
 
+// One element of dS = P (dP - D); exactly 0 where P is.
+__device__ __forceinline__ float ds_of(float p, float dp, float d) {
+  return p != 0.0f ? p * (dp - d) : 0.0f;
+}
+
 // The consumer warpgroups' 256 threads (named barrier 1; 0 is __syncthreads).
 __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
 }
 
 // The 64 keys of one consumer warpgroup (rows of S^T, dV, dK): this thread's two, and the queries
-// each is seen by, [t_min, t_max] (bottom-right window, mask.h): [0, kNone) without a mask,
-// empty (t_min = kNone) for a row past kv_len. Lengths are below 2^30 (backward_cuda.cu), so
-// t - m0 stays inside int32 for kNone too.
+// each is seen by, [t_min, t_max]: the sequence's queries, within the bottom-right window
+// (mask.h) when masked; empty (t_min = kNone) for a row past kv_len. Lengths are below 2^30
+// (backward_cuda.cu), so t - m0 stays inside int32 for kNone too.
 template <bool kMasked>
 struct KeyRows {
   static constexpr int kNone = 1 << 30;
@@ -230,8 +235,8 @@ struct KeyRows {
     for (int h = 0; h < 2; ++h) {
       key[h] = key0 + 8 * h;
       const int pos = key[h] - (kv_len - q_len);  // the query at the key's position
-      t_min[h] = kMasked && right >= 0 ? pos - right : 0;
-      t_max[h] = kMasked && left >= 0 ? pos + left : kNone;
+      t_min[h] = kMasked && right >= 0 ? max(pos - right, 0) : 0;
+      t_max[h] = kMasked && left >= 0 ? min(pos + left, q_len - 1) : q_len - 1;
       if (key[h] >= kv_len) t_min[h] = kNone;  // not a key: no query sees it
     }
   }
@@ -301,6 +306,20 @@ __device__ __forceinline__ void bwd_consume(
   fence_regs(dv);
 
   s.kv_full.wait(0);
+  // K rows past the sequence's keys that are not TMA's zero fill (varlen keys: the next
+  // sequence's rows; seqused_k: unused rows, NaN included) become zeros: dQ = dS K reads every
+  // row, and dS = 0 there does not cancel a NaN (0 x NaN). Whole 128-byte rows, so the swizzle
+  // needs no care; S^T of those rows is masked anyway. Uniform per CTA; no wgmma in flight.
+  const int tail_from = kv_len - n_block * kBN;
+  if ((f.cu_seqlens_k != nullptr || f.seqused_k != nullptr) && tail_from < kBN) {
+    const int units = (kBN - tail_from) * 8;  // 16-byte units per chunk
+#pragma unroll
+    for (int c = 0; c < Cfg::kChunks; ++c)
+      for (int u = cw * 128 + tid; u < units; u += 256)
+        *reinterpret_cast<uint4*>(s.k[c] + tail_from * 128 + u * 16) = make_uint4(0, 0, 0, 0);
+    fence_shared_to_async();
+    consumers_sync();
+  }
   const uint8_t* k_rows = s.k[0] + cw * 64 * 128;  // the warpgroup's 64 keys (8 atoms)
   const uint8_t* v_rows = s.v[0] + cw * 64 * 128;
   const int64_t row0 = seq.q_row0(f);
@@ -317,10 +336,7 @@ __device__ __forceinline__ void bwd_consume(
       wgmma_wait<1>();
       fence_regs(sc);
       // P^T = exp2(S^T scale log2(e) - LSE log2(e)); accumulator column 8 j + 2 (lane % 4) + e
-      // is query m0 + that column. Then 0 where the mask hides the pair: row r sees columns
-      // c = 8 j + e in [lo, hi] (the thread's offset folded into the bounds, so each element
-      // compares a constant). Two loops, not a select in one: the 64 predicates of d64's select
-      // spilled 72 bytes.
+      // is query m0 + that column.
 #pragma unroll
       for (int j = 0; j < kBM / 8; ++j) {
         const float2 l2 = *reinterpret_cast<const float2*>(&s.lse2[st][8 * j + 2 * (lane % 4)]);
@@ -328,25 +344,30 @@ __device__ __forceinline__ void bwd_consume(
         for (int x = 0; x < 4; ++x)
           sc[4 * j + x] = exp2_approx(fmaf(sc[4 * j + x], f.scale_log2, x % 2 ? -l2.y : -l2.x));
       }
+      // P^T is 0 where the mask hides the pair, whatever the scores there were: row r sees
+      // columns c = 8 j + e in [lo, hi] (the thread's offset folded into the bounds, so each
+      // element compares a constant). A loop of its own, not a select in the exponent's: d64's
+      // 64 predicates there spilled 72 bytes.
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int lo = rows.t_min[r] - (m0 + 2 * (lane % 4));
         const int hi = rows.t_max[r] - (m0 + 2 * (lane % 4));
 #pragma unroll
         for (int c = 0; c < kBM; c = c % 2 ? c + 7 : c + 1)
-          if (c < lo || (kMasked && c > hi)) sc[4 * (c / 8) + 2 * r + c % 2] = 0.0f;
+          if (c < lo || c > hi) sc[4 * (c / 8) + 2 * r + c % 2] = 0.0f;
       }
       wgmma_wait<0>();
       fence_regs(dp);
-      // dS^T = P^T o (dP^T - D).
+      // dS^T = P^T o (dP^T - D), 0 where P is (hidden pairs: dP^T of keys past kv_len may be
+      // NaN, from another sequence's or unused V rows, and 0 x NaN is not 0).
 #pragma unroll
       for (int j = 0; j < kBM / 8; ++j) {
         const int col = 8 * j + 2 * (lane % 4);
         const float2 d2 = *reinterpret_cast<const float2*>(&s.delta[st][col]);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          dp[4 * j + 2 * r] = sc[4 * j + 2 * r] * (dp[4 * j + 2 * r] - d2.x);
-          dp[4 * j + 2 * r + 1] = sc[4 * j + 2 * r + 1] * (dp[4 * j + 2 * r + 1] - d2.y);
+          dp[4 * j + 2 * r] = ds_of(sc[4 * j + 2 * r], dp[4 * j + 2 * r], d2.x);
+          dp[4 * j + 2 * r + 1] = ds_of(sc[4 * j + 2 * r + 1], dp[4 * j + 2 * r + 1], d2.y);
         }
       }
       uint32_t pa[kBM / 16][4], dsa[kBM / 16][4];
