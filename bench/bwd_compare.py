@@ -7,8 +7,13 @@ is the median of --reps timed calls (CUDA events) of `out.backward(grad)` after 
 outside the timing (so it times the backward alone), and of forward + backward together;
 TFLOP/s by docs/architecture.md's count: backward 2.5 x the forward's FLOPs (halved when causal).
 
+Our backward's kernel family is the library's default (FLASHSERVE_BWD_KERNEL unset: sm90 on an
+H100/H200 build with 90a, sm80 elsewhere); --families sm80,sm90 times each forced family (the
+variable is set around its calls, the forward left alone), one row per family and shape.
+
 Usage (repo root, libflashserve_c built with CUDA):
-    PYTHONPATH=python FLASHSERVE_LIBRARY=.../libflashserve_c.so python3 bench/bwd_compare.py
+    PYTHONPATH=python FLASHSERVE_LIBRARY=.../libflashserve_c.so python3 bench/bwd_compare.py \
+        [--families auto|sm80,sm90]
 """
 import argparse
 import os
@@ -45,10 +50,21 @@ def timed(fn, reps, before=None):
     return sorted(times)[reps // 2]
 
 
-def run(which, q, k, v, causal, reps):
-    """(backward ms, forward + backward ms) through autograd; q, k, v are [b, L, h, d]."""
-    g = torch.randn_like(q)
+def run(which, q, k, v, causal, reps, family="auto"):
+    """(backward ms, forward + backward ms) through autograd; q, k, v are [b, L, h, d]. `family`
+    is our backward's FLASHSERVE_BWD_KERNEL (auto, sm80, sm90) for which = "flashserve"."""
     if which == "flashserve":
+        old = os.environ.get("FLASHSERVE_BWD_KERNEL")
+        os.environ["FLASHSERVE_BWD_KERNEL"] = family
+        try:
+            return run(which + "-forced", q, k, v, causal, reps)
+        finally:
+            if old is None:
+                del os.environ["FLASHSERVE_BWD_KERNEL"]
+            else:
+                os.environ["FLASHSERVE_BWD_KERNEL"] = old
+    g = torch.randn_like(q)
+    if which == "flashserve-forced":
         fwd = lambda: flash_attn_func(q, k, v, causal=causal)  # noqa: E731
     else:
         qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
@@ -73,6 +89,28 @@ def run(which, q, k, v, causal, reps):
     return timed(backward, reps, before=forward), timed(forward_backward, reps)
 
 
+def grad_diff(q, k, v, causal, family):
+    """max |ours - FA2's| / max |FA2's| over dq, dk, dv (bf16, same inputs and dout): a check that
+    the timed kernel computes the gradient, beside the tests against float64."""
+    g = torch.randn_like(q)
+    old = os.environ.get("FLASHSERVE_BWD_KERNEL")
+    os.environ["FLASHSERVE_BWD_KERNEL"] = family
+    try:
+        xs = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        flash_attn_func(*xs, causal=causal).backward(g)
+        ours = [x.grad for x in xs]
+    finally:
+        if old is None:
+            del os.environ["FLASHSERVE_BWD_KERNEL"]
+        else:
+            os.environ["FLASHSERVE_BWD_KERNEL"] = old
+    ts = [x.detach().transpose(1, 2).clone().requires_grad_() for x in (q, k, v)]
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        F.scaled_dot_product_attention(*ts, is_causal=causal).backward(g.transpose(1, 2))
+    return max(((a - b.grad.transpose(1, 2)).abs().max() / b.grad.abs().max()).item()
+               for a, b in zip(ours, ts))
+
+
 def main():
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     ap = argparse.ArgumentParser()
@@ -82,13 +120,17 @@ def main():
     ap.add_argument("--total-tokens", type=int, default=16384)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--families", default="auto",
+                    help="our backward's kernel families, comma-separated: auto, sm80, sm90")
     args = ap.parse_args()
+    families = [f for f in args.families.split(",") if f]
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN "
           f"{torch.backends.cudnn.version()}, bf16; TFLOP/s of the backward (2.5 x forward FLOPs) "
           "and of forward + backward (3.5 x)\n")
-    print("| d | causal | L | batch | heads | flashserve bwd | cuDNN bwd | FA2 bwd | vs cuDNN | "
-          "vs FA2 | flashserve fwd+bwd | cuDNN fwd+bwd | FA2 fwd+bwd |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| d | causal | L | batch | heads | kernel | flashserve bwd | cuDNN bwd | FA2 bwd | "
+          "vs cuDNN | vs FA2 | flashserve fwd+bwd | cuDNN fwd+bwd | FA2 fwd+bwd | "
+          "grad diff vs FA2 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for d in args.head_dims:
         for causal in args.causal:
             for L in args.seqlens:
@@ -97,21 +139,29 @@ def main():
                                        requires_grad=True) for _ in range(3))
                 fwd_flops = 4.0 * b * h * L * L * d / (2 if causal else 1)
                 res = {}
-                for which in ("flashserve", "cudnn", "flash"):
+                for which in ["cudnn", "flash"] + families:
                     try:
-                        res[which] = run(which, q, k, v, bool(causal), args.reps)
+                        if which in ("cudnn", "flash"):
+                            res[which] = run(which, q, k, v, bool(causal), args.reps)
+                        else:
+                            res[which] = run("flashserve", q, k, v, bool(causal), args.reps,
+                                             family=which)
                     except Exception as e:  # a backend that cannot take the shape
                         print(f"<!-- {which} d{d} L{L} causal {causal}: {type(e).__name__}: "
                               f"{str(e)[:120]} -->")
                         res[which] = (float("nan"), float("nan"))
                 tf = {w: (2.5 * fwd_flops / (r[0] * 1e-3) / 1e12,
                           3.5 * fwd_flops / (r[1] * 1e-3) / 1e12) for w, r in res.items()}
-                print(f"| {d} | {'yes' if causal else 'no'} | {L} | {b} | {h} | "
-                      f"{tf['flashserve'][0]:.1f} | {tf['cudnn'][0]:.1f} | {tf['flash'][0]:.1f} | "
-                      f"{tf['flashserve'][0] / tf['cudnn'][0]:.2f} | "
-                      f"{tf['flashserve'][0] / tf['flash'][0]:.2f} | {tf['flashserve'][1]:.1f} | "
-                      f"{tf['cudnn'][1]:.1f} | {tf['flash'][1]:.1f} |", flush=True)
-
+                for fam in families:
+                    try:
+                        diff = f"{grad_diff(q, k, v, bool(causal), fam):.2e}"
+                    except Exception as e:
+                        diff = type(e).__name__
+                    print(f"| {d} | {'yes' if causal else 'no'} | {L} | {b} | {h} | {fam} | "
+                          f"{tf[fam][0]:.1f} | {tf['cudnn'][0]:.1f} | {tf['flash'][0]:.1f} | "
+                          f"{tf[fam][0] / tf['cudnn'][0]:.2f} | "
+                          f"{tf[fam][0] / tf['flash'][0]:.2f} | {tf[fam][1]:.1f} | "
+                          f"{tf['cudnn'][1]:.1f} | {tf['flash'][1]:.1f} | {diff} |", flush=True)
 
 if __name__ == "__main__":
     main()

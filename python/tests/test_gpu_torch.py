@@ -257,10 +257,11 @@ def test_tensors_on_another_device(gen):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_autograd_matches_float64_on_cuda(gen, causal):
-    """The sm80 backward kernel through autograd: flash_attn_func's gradients on CUDA (GQA 4/2,
-    odd lengths) against PyTorch's autograd of a naive attention in float64, with the tolerance
-    of the same naive attention's autograd in bf16 (test_cpu_torch_autograd's reference); and
-    under torch.no_grad() the forward alone."""
+    """The CUDA backward through autograd (the default family: sm90 on an H100/H200 build with
+    90a, else sm80; FLASHSERVE_BWD_KERNEL forces one): flash_attn_func's gradients on CUDA
+    (GQA 4/2, odd lengths) against PyTorch's autograd of a naive attention in float64, with the
+    tolerance of the same naive attention's autograd in bf16 (test_cpu_torch_autograd's
+    reference); and under torch.no_grad() the forward alone."""
     from test_cpu_torch_autograd import check_grads, reference_grads  # skips without the API
 
     b, sq, sk, h, hk, d = 2, 77, 130, 4, 2, 64
