@@ -43,7 +43,7 @@ struct TileConfig {
   // setmaxnreg budgets (64K registers per SM, one CTA): the producer issues TMA copies and picks
   // the tiles (at 24 registers its tile loop spilled 8-24 bytes); 128 x 32 + 256 x 232 = 63488
   // with two consumers, 128 x 32 + 384 x 160 = 65536 with three.
-  static constexpr int kProducerRegs = 24;
+  static constexpr int kProducerRegs = 32;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 160;
   static_assert(kBlockM % 64 == 0 && (kConsumers == 2 || kConsumers == 3),
                 "two or three consumer warpgroups of 64 rows");
