@@ -180,7 +180,8 @@ struct BwdTileConfig {
 };
 
 // The backward's tiles (FlashAttention-3's choices for two MMA warpgroups, hopper/
-// flash_bwd_launch_template.h, as the start; not yet measured here):
+// flash_bwd_launch_template.h, as the start, except d128 non-causal, where FA3 takes 80 x 128;
+// not yet measured here):
 // - d64: 128 queries x 128 keys. Registers per consumer thread: S^T and dP^T 64 each, dV and
 //   dK 32 each (192 at the peak). Shared memory: K, V 16 KB each, Q and dO 2 x 16 KB each,
 //   dS^T 2 x 32 KB: 160 KB.
