@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # One call on the H200 for the CUDA backward (issue 22): every backward GPU test through both
-# kernel families (FLASHSERVE_BWD_KERNEL=sm80 and sm90, in 8 shards), the sm90 forward's small
-# tests (its helpers moved to shared headers), compute-sanitizer memcheck and racecheck on the
-# backward's small cases, the PyTorch autograd tests on CUDA, and bench/bwd_compare.py (our
-# backward per forced family beside PyTorch SDPA's cuDNN and flash backends in the same run, with
-# a gradient check against FA2's). Logs under $OUT.
+# kernel families (FLASHSERVE_BWD_KERNEL=sm80 and sm90) with the sm90 forward's tests (its helpers
+# moved to shared headers) in 8 shards, compute-sanitizer memcheck and racecheck on the
+# backward's small cases, bench/bwd_compare.py (our backward per forced family beside PyTorch
+# SDPA's cuDNN and flash backends in the same run, with a gradient check against FA2's), and the
+# PyTorch autograd tests on CUDA. Logs under $OUT.
+#
+# Steps run most valuable first (a call cut short still returns what ran): ~7-9 minutes on one
+# H200 with everything; SKIP="torch" or a shorter SEQLENS for a second call.
 #
 # The binaries are built on the build machine for 90a and carried (the GPU image lacks headers
 # the full configure needs):
@@ -14,8 +17,8 @@
 #     bash scripts/gpu-quick.sh --pack build/bwd90 .xfer/bwd90.tar.xz
 # then, on the GPU machine (carry .xfer):
 #   BIN_TAR=.xfer/bwd90.tar.xz OUT=$OUT bash scripts/bwd-gpu-check.sh
-# Environment: SKIP="tests fwd sanitize torch bench" leaves steps out; FILTER (the tests step's
-# gtest filter, default '*Backward*'); HEAD_DIMS (64,128), SEQLENS (512,2048,8192), FAMILIES
+# Environment: SKIP="tests sanitize bench torch" leaves steps out; FILTER (the tests step's
+# gtest filter, default '*Backward*:*Sm90*'); HEAD_DIMS (64,128), SEQLENS (512,2048,8192), FAMILIES
 # (sm80,sm90: bwd_compare.py's --families), COMMIT (printed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,11 +37,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,
 echo "commit ${COMMIT:-unknown}"
 
 if want tests; then
-  step "backward tests, both families, 8 shards (every test passes; sm90 ones not skipped here)"
+  step "backward tests (both families) and the sm90 forward's (its helpers moved to shared headers), 8 shards: every test passes, no sm90 test skipped here"
   pids=()
   for i in 0 1 2 3 4 5 6 7; do
-    GTEST_TOTAL_SHARDS=8 GTEST_SHARD_INDEX=$i timeout 300 "$BIN/tests/test_gpu" \
-      --gtest_filter="${FILTER:-*Backward*}" --gtest_brief=1 > "$OUT/bwd-shard$i.log" 2>&1 &
+    GTEST_TOTAL_SHARDS=8 GTEST_SHARD_INDEX=$i timeout 240 "$BIN/tests/test_gpu" \
+      --gtest_filter="${FILTER:-*Backward*:*Sm90*}" --gtest_brief=1 > "$OUT/bwd-shard$i.log" 2>&1 &
     pids+=($!)
   done
   # By pid: a bare `wait` also waits for the log's tee, which never ends (kernel-notes, run 37).
@@ -47,38 +50,32 @@ if want tests; then
   grep -E "^\[  (PASSED|FAILED|SKIPPED)|tests? ran" "$OUT/bwd-tests.log" | sort | uniq -c
   grep -E "^\[  FAILED  \]|Failure|Skipped" -A3 "$OUT/bwd-tests.log" | head -n 80
 fi
-if want fwd; then
-  step "sm90 forward's small tests (device_util.h / tensor_map.h moved out of its files)"
-  timeout 120 "$BIN/tests/test_gpu" --gtest_filter='Sm90Sanitize*:Sm90VsSm80*:Sm90Determinism*' \
-    --gtest_brief=1 2>&1 | tail -n 4
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
-fi
 if want sanitize; then
   for tool in memcheck racecheck; do
     step "compute-sanitizer $tool on the backward's Sanitize cases, both families (0 errors / hazards)"
-    timeout 200 compute-sanitizer --tool $tool --error-exitcode 99 "$BIN/tests/test_gpu" \
+    timeout 150 compute-sanitizer --tool $tool --error-exitcode 99 "$BIN/tests/test_gpu" \
       --gtest_filter='Sanitize/GpuBackward.*:GpuBackwardSanitize.*' --gtest_brief=1 2>&1 |
       tail -n 6
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  done
-fi
-if want torch && [ -f "$BIN/src/libflashserve_c.so" ]; then
-  step "PyTorch autograd on CUDA (default family), then with FLASHSERVE_BWD_KERNEL=sm80"
-  for fam in auto sm80; do
-    env -u LD_LIBRARY_PATH FLASHSERVE_BWD_KERNEL=$fam PYTHONPATH=python \
-      FLASHSERVE_LIBRARY="$BIN/src/libflashserve_c.so" timeout 150 python3 -m pytest -q -x \
-      -k "autograd or backward or grad" python/tests/test_gpu_torch.py \
-      python/tests/test_backward_capi.py 2>&1 | tail -n 3
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
   done
 fi
 if want bench && [ -f "$BIN/src/libflashserve_c.so" ]; then
   step "bwd_compare.py: TFLOP/s per forced family beside cuDNN and FA2 (bf16, 16k tokens)"
   env -u LD_LIBRARY_PATH PYTHONPATH=python FLASHSERVE_LIBRARY="$BIN/src/libflashserve_c.so" \
-    timeout 240 python3 bench/bwd_compare.py --families "${FAMILIES:-sm80,sm90}" \
+    timeout 200 python3 bench/bwd_compare.py --families "${FAMILIES:-sm80,sm90}" \
     --head-dims "${HEAD_DIMS:-64,128}" --seqlens "${SEQLENS:-512,2048,8192}" --reps 10 2>&1 |
     tee "$OUT/bwd-compare.md"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+if want torch && [ -f "$BIN/src/libflashserve_c.so" ]; then
+  step "PyTorch autograd on CUDA (default family), then with FLASHSERVE_BWD_KERNEL=sm80"
+  for fam in auto sm80; do
+    env -u LD_LIBRARY_PATH FLASHSERVE_BWD_KERNEL=$fam PYTHONPATH=python \
+      FLASHSERVE_LIBRARY="$BIN/src/libflashserve_c.so" timeout 90 python3 -m pytest -q -x \
+      -k "autograd or backward or grad" python/tests/test_gpu_torch.py \
+      python/tests/test_backward_capi.py 2>&1 | tail -n 3
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
 fi
 echo
 echo "== done (${SECONDS}s), status $status"
