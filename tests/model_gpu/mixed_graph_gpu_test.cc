@@ -67,10 +67,11 @@ ForwardBatch build(const std::vector<Entry>& entries) {
 
 // A Sarathi-like schedule fixed in advance (teacher-forced tokens, so both passes run the same
 // batches): up to `running` requests at once, each step the decodes of every request past its
-// prompt, then chunks of the prompts in arrival order up to `budget` tokens. Steps run only while
-// some prompt is left, so every step has a chunk (decode-only steps take the decode graphs, which
-// are not bit-identical to eager: their plan is the width's). A quarter of the steps put a chunk
-// first (the attention plan's interleaved groups).
+// prompt, then chunks of the prompts in arrival order up to `budget` tokens. Every step has a chunk
+// (a request is admitted beyond `running` when no prompt is left; the schedule ends with the last
+// prompt), since decode-only steps take the decode graphs, which are not bit-identical to eager:
+// their plan is the width's. A quarter of the steps put a chunk first (the attention plan's
+// interleaved groups).
 struct Schedule {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<ForwardBatch> steps;
@@ -110,6 +111,10 @@ Schedule sarathi_schedule(unsigned seed, int64_t budget, int64_t requests, int64
       active.push_back(next++);
     bool prompt_left = false;
     for (int64_t i : active) prompt_left |= reqs[i].len < reqs[i].prompt;
+    if (!prompt_left && next < requests) {  // one more than `running`: every step has a chunk
+      active.push_back(next++);
+      prompt_left = true;
+    }
     if (!prompt_left) break;
     std::vector<Entry> decodes, chunks;
     int64_t used = 0;
@@ -153,6 +158,46 @@ Schedule sarathi_schedule(unsigned seed, int64_t budget, int64_t requests, int64
   return s;
 }
 
+// The batches of RepeatedShapeReplaysBitForBit: the prompts (one eager step when above the
+// largest bucket), then `steps` steps of five decodes from decode_len + 3 i keys and a chunk of
+// 151-181 tokens after chunk_start keys, re-run over the same positions.
+struct RepeatedShape {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<ForwardBatch> steps;
+  int64_t pool_blocks = 0;
+};
+
+RepeatedShape repeated_shape(int64_t decode_len, int64_t chunk_start, int64_t steps,
+                             int64_t vocab) {
+  const int64_t n = 5, chunk_blocks = (chunk_start + 181 + kBlock - 1) / kBlock;
+  const int64_t decode_blocks = (decode_len + 3 * n + steps + kBlock - 1) / kBlock;
+  const int64_t per_seq = std::max(chunk_blocks, decode_blocks);
+  RepeatedShape rs;
+  rs.pool_blocks = 1 + (n + 1) * per_seq;
+  std::mt19937 rng(static_cast<unsigned>(11 + decode_len));
+  rs.tokens.assign(n + 1, std::vector<int32_t>(per_seq * kBlock));
+  for (auto& t : rs.tokens)
+    for (auto& x : t) x = static_cast<int32_t>(rng() % vocab);
+  auto blocks = [&](int64_t seq, int64_t count) { return block_range(1 + seq * per_seq, count); };
+  std::vector<Entry> e;
+  for (int64_t i = 0; i < n; ++i)
+    e.push_back({rs.tokens[i].data(), 0, decode_len + 3 * i, blocks(i, decode_blocks), true});
+  e.push_back({rs.tokens[n].data(), 0, chunk_start, blocks(n, chunk_blocks), false});
+  rs.steps.push_back(build(e));
+  for (int64_t s = 0; s < steps; ++s) {
+    e.clear();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t len = decode_len + 3 * i + s;
+      e.push_back({rs.tokens[i].data() + len, len, 1, blocks(i, decode_blocks), true});
+    }
+    const int64_t q = 151 + 2 * static_cast<int64_t>(rng() % 16);  // odd, 151..181
+    e.push_back(
+        {rs.tokens[n].data() + chunk_start, chunk_start, q, blocks(n, chunk_blocks), false});
+    rs.steps.push_back(build(e));
+  }
+  return rs;
+}
+
 // Runs the steps on a fresh pool, eagerly or with graphs; returns each step's logits.
 std::vector<std::vector<float>> run_steps(CudaRunner& r, const std::vector<ForwardBatch>& steps,
                                           int64_t pool_blocks, bool graphs) {
@@ -189,8 +234,8 @@ TEST(GpuMixedGraphs, RandomMixedStepsMatchEagerBitForBit) {
   int64_t replays_total = 0;
   for (const auto& [seed, budget] :
        {std::pair{1u, int64_t{256}}, std::pair{2u, int64_t{512}}, std::pair{3u, int64_t{100}}}) {
-    const Schedule s = sarathi_schedule(seed, budget, 10, 6, vocab);
-    ASSERT_GT(s.steps.size(), 4u);
+    const Schedule s = sarathi_schedule(seed, budget, 24, 6, vocab);
+    ASSERT_GT(s.steps.size(), 20u);
     const auto eager = run_steps(*r, s.steps, s.pool_blocks, false);
     const auto before = r->mixed_graph_counts();
     const auto graph = run_steps(*r, s.steps, s.pool_blocks, true);
@@ -212,43 +257,28 @@ TEST(GpuMixedGraphs, RandomMixedStepsMatchEagerBitForBit) {
   EXPECT_GE(replays_total, 1);
 }
 
-// Five decodes (46 to 60 keys, growing) and a chunk of odd length re-run over the same positions
-// of a prompt: one step shape (token bucket 192, the same splits), so every step after the first
-// replays the graph, each bit for bit the eager step.
+// Five decodes (growing) and a chunk of odd length (151 to 181 tokens) re-run over the same
+// positions of a prompt: one step shape (token bucket 192, the same splits), so every step after
+// the first replays the graph, each bit for bit the eager step. Short: the decodes at 46-75 keys
+// and the chunk after 300, nothing split. Long: decodes at 1030-1057 keys (8 splits on an H200)
+// and the chunk after 1500 (3 splits), so the replays run the split-KV partials and combine.
 TEST(GpuMixedGraphs, RepeatedShapeReplaysBitForBit) {
   SKIP_WITHOUT_CUDA();
   auto r = CudaRunner::load(tiny_dir(), 0);
-  const int64_t vocab = r->config().vocab_size, steps = 16, n = 5, per_seq = 32;
-  std::mt19937 rng(11);
-  std::vector<std::vector<int32_t>> tok(n + 1, std::vector<int32_t>(per_seq * kBlock));
-  for (auto& t : tok)
-    for (auto& x : t) x = static_cast<int32_t>(rng() % vocab);
-  std::vector<ForwardBatch> batches;
-  {  // the decodes' prompts and the chunk's first 300 tokens
-    std::vector<Entry> e;
-    for (int64_t i = 0; i < n; ++i)
-      e.push_back({tok[i].data(), 0, 46 + 3 * i, block_range(1 + i * per_seq, 4), true});
-    e.push_back({tok[n].data(), 0, 300, block_range(1 + n * per_seq, 31), false});
-    batches.push_back(build(e));
+  const int64_t vocab = r->config().vocab_size, steps = 16;
+  for (const auto& [decode_len, chunk_start] : {std::pair{46, 300}, std::pair{1030, 1500}}) {
+    const RepeatedShape rs = repeated_shape(decode_len, chunk_start, steps, vocab);
+    const auto eager = run_steps(*r, rs.steps, rs.pool_blocks, false);
+    const auto before = r->mixed_graph_counts();
+    const auto graph = run_steps(*r, rs.steps, rs.pool_blocks, true);
+    const auto after = r->mixed_graph_counts();
+    double diff = 0;
+    const int64_t first = first_difference(eager, graph, diff);
+    EXPECT_EQ(first, -1) << "decodes from " << decode_len << ", chunk after " << chunk_start
+                         << ": step " << first << " differs (max |diff| " << diff << ")";
+    EXPECT_GE(after.second - before.second, steps - 1)
+        << "decodes from " << decode_len << ": captures " << after.first - before.first;
   }
-  for (int64_t s = 0; s < steps; ++s) {
-    std::vector<Entry> e;
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t len = 46 + 3 * i + s;
-      e.push_back({tok[i].data() + len, len, 1, block_range(1 + i * per_seq, 5), true});
-    }
-    const int64_t q = 151 + 2 * static_cast<int64_t>(rng() % 16);  // odd, 151..181
-    e.push_back({tok[n].data() + 300, 300, q, block_range(1 + n * per_seq, 31), false});
-    batches.push_back(build(e));
-  }
-  const auto eager = run_steps(*r, batches, 1 + (n + 1) * per_seq, false);
-  const auto before = r->mixed_graph_counts();
-  const auto graph = run_steps(*r, batches, 1 + (n + 1) * per_seq, true);
-  const auto after = r->mixed_graph_counts();
-  double diff = 0;
-  const int64_t first = first_difference(eager, graph, diff);
-  EXPECT_EQ(first, -1) << "step " << first << " differs (max |diff| " << diff << ")";
-  EXPECT_GE(after.second - before.second, steps - 1) << "captures " << after.first - before.first;
 }
 
 // The padding rows of a step padded to its bucket (51 tokens run as 64) write no cache slot:
