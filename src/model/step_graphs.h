@@ -16,9 +16,10 @@
 //     the attention plan's replay key: the kernels, tiles, splits and sequence ranges its own
 //     lengths choose, which fixes the decode count where the batch keeps decodes together);
 //   - anything else (graphs off, profiling, a step above mixed_max_tokens): eager.
-// A step of kMixedGraphMaxTokens is 24 token buckets; the runner keeps at most kMaxMixedGraphs
-// mixed graphs (the least recently replayed goes first), each a few hundred kernel nodes that point
-// into the runner's own buffers (a graph holds no activation memory of its own).
+// A step of kMixedGraphMaxTokens is 24 token buckets; the runner captures a mixed key the
+// kMixedCaptureAfter-th time it sees it and keeps at most kMaxMixedGraphs mixed graphs (the least
+// recently replayed goes first), each a few hundred kernel nodes that point into the runner's own
+// buffers (a graph holds no activation memory of its own).
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,10 @@ int64_t width_bucket(int64_t pages_per_seq);
 
 inline constexpr int64_t kMixedGraphMaxTokens = 2048;
 inline constexpr int kMaxMixedGraphs = 64;
+// A mixed step's graph is captured the second time its key is seen (the first runs eagerly, padded
+// as the graph would): under a changing load many keys come once (a request joins, another ends),
+// and a capture costs about a second eager step of host time plus the instantiation.
+inline constexpr int kMixedCaptureAfter = 2;
 
 enum class StepGraphKind { kEager, kDecode, kMixed };
 

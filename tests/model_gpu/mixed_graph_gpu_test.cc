@@ -231,7 +231,7 @@ TEST(GpuMixedGraphs, RandomMixedStepsMatchEagerBitForBit) {
   SKIP_WITHOUT_CUDA();
   auto r = CudaRunner::load(tiny_dir(), 0);
   const int64_t vocab = r->config().vocab_size;
-  int64_t replays_total = 0;
+  int64_t captures_total = 0, replays_total = 0;
   for (const auto& [seed, budget] :
        {std::pair{1u, int64_t{256}}, std::pair{2u, int64_t{512}}, std::pair{3u, int64_t{100}}}) {
     const Schedule s = sarathi_schedule(seed, budget, 24, 6, vocab);
@@ -249,17 +249,21 @@ TEST(GpuMixedGraphs, RandomMixedStepsMatchEagerBitForBit) {
     std::printf("seed %u budget %lld: %zu steps, %lld mixed captures, %lld replays\n", seed,
                 static_cast<long long>(budget), s.steps.size(), static_cast<long long>(captures),
                 static_cast<long long>(replays));
-    EXPECT_GE(captures, 1);
-    EXPECT_EQ(captures + replays, static_cast<int64_t>(s.steps.size()))
-        << "every step of these schedules fits a mixed graph";
+    // A key is captured the second time it comes (model/step_graphs.h kMixedCaptureAfter).
+    EXPECT_LE(captures + replays, static_cast<int64_t>(s.steps.size()));
+    captures_total += captures;
     replays_total += replays;
   }
+  // On an H200 (132 SMs) the three schedules capture 2, 0 and 16 graphs and replay 1, 0 and 19
+  // times (their keys computed on the host with the attention plan).
+  EXPECT_GE(captures_total, 1);
   EXPECT_GE(replays_total, 1);
 }
 
 // Five decodes (growing) and a chunk of odd length (151 to 181 tokens) re-run over the same
 // positions of a prompt: one step shape (token bucket 192, the same splits), so every step after
-// the first replays the graph, each bit for bit the eager step. Short: the decodes at 46-75 keys
+// the second (the first runs eagerly, the second captures) replays the graph, each bit for bit the
+// eager step. Short: the decodes at 46-75 keys
 // and the chunk after 300, nothing split. Long: decodes at 1030-1057 keys (8 splits on an H200)
 // and the chunk after 1500 (3 splits), so the replays run the split-KV partials and combine.
 TEST(GpuMixedGraphs, RepeatedShapeReplaysBitForBit) {
@@ -276,14 +280,15 @@ TEST(GpuMixedGraphs, RepeatedShapeReplaysBitForBit) {
     const int64_t first = first_difference(eager, graph, diff);
     EXPECT_EQ(first, -1) << "decodes from " << decode_len << ", chunk after " << chunk_start
                          << ": step " << first << " differs (max |diff| " << diff << ")";
-    EXPECT_GE(after.second - before.second, steps - 1)
+    EXPECT_GE(after.second - before.second, steps - 2)
         << "decodes from " << decode_len << ": captures " << after.first - before.first;
   }
 }
 
 // The padding rows of a step padded to its bucket (51 tokens run as 64) write no cache slot:
 // the pool, filled with a pattern, changes only at the slots of the step's real tokens, for the
-// step that captures the graph and for one that replays it.
+// first step of the shape (eager, padded), the second (eager, then captured) and the third (a
+// replay).
 TEST(GpuMixedGraphs, PaddingRowsWriteNoCacheSlot) {
   SKIP_WITHOUT_CUDA();
   auto r = CudaRunner::load(tiny_dir(), 0);
@@ -297,7 +302,7 @@ TEST(GpuMixedGraphs, PaddingRowsWriteNoCacheSlot) {
   std::vector<int32_t> a(64), b(128);
   for (auto& x : a) x = static_cast<int32_t>(rng() % vocab);
   for (auto& x : b) x = static_cast<int32_t>(rng() % vocab);
-  const std::vector<int32_t> a_blocks = block_range(1, 3), b_blocks = block_range(10, 7);
+  const std::vector<int32_t> a_blocks = block_range(1, 3), b_blocks = block_range(10, 10);
   {  // a's prompt (its own step, a graph of its own shape)
     r->forward(build({{a.data(), 0, 37, a_blocks, true}}));
     r->synchronize();
@@ -310,8 +315,8 @@ TEST(GpuMixedGraphs, PaddingRowsWriteNoCacheSlot) {
     EXPECT_EQ(cudaMemcpy(h.data(), pool, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
     return h;
   };
-  // Steps: a decodes at 37 then 38; b's chunks [0, 50) then [50, 100): 51 tokens each.
-  for (int64_t s = 0; s < 2; ++s) {
+  // Steps: a decodes at 37, 38, 39; b's chunks [0, 50), [50, 100), [100, 150): 51 tokens each.
+  for (int64_t s = 0; s < 3; ++s) {
     const auto before = snapshot();
     const auto counts = r->mixed_graph_counts();
     const int64_t a_pos = 37 + s, b_start = 50 * s;
@@ -320,8 +325,8 @@ TEST(GpuMixedGraphs, PaddingRowsWriteNoCacheSlot) {
     r->synchronize();
     const auto after = snapshot();
     const auto now = r->mixed_graph_counts();
-    if (s == 0) EXPECT_EQ(now.first, counts.first + 1) << "the first step captures";
-    if (s == 1) EXPECT_EQ(now.second, counts.second + 1) << "the second step replays";
+    EXPECT_EQ(now.first, counts.first + (s == 1 ? 1 : 0)) << "the second step captures";
+    EXPECT_EQ(now.second, counts.second + (s == 2 ? 1 : 0)) << "the third step replays";
     std::vector<bool> written(size_t(32) * kBlock, false);
     written[a_blocks[a_pos / kBlock] * kBlock + a_pos % kBlock] = true;
     for (int64_t p = b_start; p < b_start + 50; ++p)
@@ -337,7 +342,7 @@ TEST(GpuMixedGraphs, PaddingRowsWriteNoCacheSlot) {
           changed_elsewhere += !same;
       }
     EXPECT_EQ(changed_elsewhere, 0) << "step " << s << ": slots outside the step's tokens written";
-    // Step 0 writes every real slot over the pattern; step 1's a-slot too (b's were the pattern).
+    // Every step writes its 51 slots, each over the pattern, in every layer's K and V.
     EXPECT_EQ(real_changed, 2 * c.num_hidden_layers * 51) << "step " << s;
   }
 }

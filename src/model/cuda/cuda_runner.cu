@@ -400,8 +400,9 @@ struct CudaRunner::Impl {
   //     the sample rows, the width bucket and the plan's replay key. A replay then computes every
   //     real row as the eager step does, bit for bit: the same kernels, splits and tiles on the
   //     same rows, and GEMMs whose algorithm is that of the unpadded row count (the token buckets
-  //     are the GEMM's tuning buckets). At most kMaxMixedGraphs are kept, the least recently
-  //     replayed dropped first.
+  //     are the GEMM's tuning buckets). A key is captured the kMixedCaptureAfter-th time it comes
+  //     (until then its steps run eagerly, padded); at most kMaxMixedGraphs are kept, the least
+  //     recently replayed dropped first.
   struct GraphKey {
     StepGraphKind kind = StepGraphKind::kDecode;
     int64_t rows = 0, batch = 0, samples = 0, width = 0;
@@ -416,6 +417,7 @@ struct CudaRunner::Impl {
     int64_t last_used = 0;  // the step count of its last replay (mixed graphs' eviction)
   };
   std::map<GraphKey, Graph> graphs;
+  std::map<GraphKey, int> sightings;  // mixed keys without a graph: times seen
   bool use_graphs = true;
   int64_t mixed_max_tokens = kMixedGraphMaxTokens;
   int64_t graph_replays = 0, graph_captures = 0, mixed_replays = 0, mixed_captures = 0;
@@ -536,8 +538,14 @@ struct CudaRunner::Impl {
       if (shape.kind == StepGraphKind::kMixed) ++mixed_replays;
       return;
     }
-    // First step of this shape: run it eagerly (GEMM plans and kernel modules get loaded outside
-    // any capture), then capture the same launches for the next steps.
+    // A mixed key's first sightings run eagerly, padded (the same results as its graph's).
+    if (shape.kind == StepGraphKind::kMixed) {
+      if (sightings.size() > 4096) sightings.clear();
+      if (++sightings[key] < kMixedCaptureAfter) return layers(st);
+      sightings.erase(key);
+    }
+    // Run it eagerly (GEMM plans and kernel modules get loaded outside any capture), then capture
+    // the same launches for the next steps.
     layers(st);
     capture(key, st);
   }
