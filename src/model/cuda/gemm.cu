@@ -140,8 +140,11 @@ struct Gemm::Impl {
         cudaEventDestroy(e0);
         cudaEventDestroy(e1);
         cudaGetLastError();
-        timed.emplace(bucket, p.algo);
       }
+      // The bucket's algorithm, timed or (one candidate) the only one: every later row count of
+      // the bucket takes it, so a mixed step padded to its bucket (model/step_graphs.h) runs the
+      // algorithm of its unpadded rows. Not from inside a capture (nothing was timed there).
+      if (capturing == cudaStreamCaptureStatusNone) timed.emplace(bucket, p.algo);
     }
     return plans.emplace(key, p).first->second;
   }
