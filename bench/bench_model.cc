@@ -9,8 +9,12 @@
 //   * prefill of one 4096-token prompt (forward + sample), TFLOP/s counting 2 * parameters *
 //     tokens + causal attention (the count shared/anchors/h200-transformers.md uses);
 //   * the per-stage breakdown of each (CUDA events around every stage of every layer).
+// With --mixed, only mixed steps (issue 21): at a token budget, D decodes over `context` keys
+// each plus one chunk of budget - D tokens after `context` cached keys, wall clock per step
+// (forward + sample) replayed from the mixed-step CUDA graphs and run eagerly, D from 0 to 256.
 //
 //   bench_model [--shape mistral-7b] [--context 1024] [--prefill 4096] [--steps 30] [--quick]
+//   bench_model --mixed [--budget 512] [--decodes 0,1,16,64,128,256] [--context 1024]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -206,6 +210,71 @@ void attention_diag(const fm::ModelConfig& cfg, int64_t context, bool quick) {
       }
 }
 
+// Mixed steps at a token budget: D decodes (each over `context` cached keys and growing) and one
+// chunk of budget - D tokens after `context` cached keys, the chunk re-run over the same positions
+// every step so that every step has one shape (the Sarathi step under load, minus the prompt's
+// progress). The cache is zeros (no prefill: its values do not change the time). Wall clock per
+// step, forward + greedy sample, graphs (mixed-step graphs) against eager, in one run.
+void time_mixed(const fm::ModelConfig& cfg, int64_t budget, int64_t context,
+                const std::vector<int64_t>& decode_counts, int steps) {
+  const int64_t most = *std::max_element(decode_counts.begin(), decode_counts.end());
+  auto runner = fm::cuda::CudaRunner::random(cfg, 1, 0);
+  block = kBlock;
+  const int64_t decode_blocks = (context + 3 * (steps + 3) + 16 + block - 1) / block;
+  const int64_t chunk_blocks = (context + budget + block - 1) / block;
+  const int64_t pool = (most + 1) * std::max(decode_blocks, chunk_blocks);
+  runner->allocate_kv(pool, block);
+  const auto [kv, kv_bytes] = runner->kv_pool();
+  check(cudaMemset(const_cast<void*>(kv), 0, kv_bytes), "zero the cache");
+  runner->prepare(budget, std::max<int64_t>(most, 1));
+  std::printf(
+      "\nmixed steps at budget %lld: D decodes over %lld keys + one chunk of %lld - D tokens "
+      "after %lld keys; ms per step (forward + sample), page %d\n",
+      static_cast<long long>(budget), static_cast<long long>(context),
+      static_cast<long long>(budget), static_cast<long long>(context), block);
+  std::printf(
+      "| decodes | tokens | graph ms | eager ms | eager / graph | graphs captured / replayed "
+      "|\n|---|---|---|---|---|---|\n");
+  std::vector<int32_t> tokens(std::max(decode_blocks, chunk_blocks) * block);
+  for (size_t t = 0; t < tokens.size(); ++t)
+    tokens[t] = static_cast<int32_t>((t * 104729) % cfg.vocab_size);
+  const int64_t per_seq = std::max(decode_blocks, chunk_blocks);
+  auto blocks = [&](int64_t seq, int64_t n) {
+    std::vector<int32_t> b;
+    for (int64_t j = 0; j < n; ++j) b.push_back(static_cast<int32_t>(seq * per_seq + j));
+    return b;
+  };
+  for (int64_t d : decode_counts) {
+    if (d >= budget) continue;
+    std::vector<int64_t> len(d, context);
+    auto step = [&] {
+      fm::ForwardBatchBuilder bb(block);
+      for (int64_t j = 0; j < d; ++j)
+        bb.add(tokens.data() + len[j], len[j], 1, blocks(j, (len[j] + block) / block), true);
+      bb.add(tokens.data() + context, context, budget - d, blocks(d, chunk_blocks), false);
+      const fm::ForwardBatch b = std::move(bb).build();
+      runner->forward(b);
+      runner->sample(b, std::vector<fm::SamplingParams>(b.sample_rows.size()));
+      for (auto& l : len) ++l;
+    };
+    double ms[2];
+    const auto before = runner->mixed_graph_counts();
+    for (int graphs = 1; graphs >= 0; --graphs) {
+      runner->set_cuda_graphs(graphs == 1);
+      for (int i = 0; i < 3; ++i) step();
+      const auto t0 = Clock::now();
+      for (int i = 0; i < steps; ++i) step();
+      ms[graphs] = std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / steps;
+    }
+    const auto after = runner->mixed_graph_counts();
+    std::printf("| %lld | %lld | %.3f | %.3f | %.2f | %lld / %lld |\n", static_cast<long long>(d),
+                static_cast<long long>(budget), ms[1], ms[0], ms[0] / ms[1],
+                static_cast<long long>(after.first - before.first),
+                static_cast<long long>(after.second - before.second));
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -231,6 +300,21 @@ int main(int argc, char** argv) {
       cfg.hidden_size;
   std::printf("# bench_model: %s (random bf16 weights on the device), %s, commit %s\n",
               shape.c_str(), prop.name, commit ? commit : "unknown");
+
+  bool mixed = false;
+  for (int i = 1; i < argc; ++i) mixed |= std::strcmp(argv[i], "--mixed") == 0;
+  if (mixed) {
+    const int64_t budget = std::atoll(arg(argc, argv, "--budget", "512").c_str());
+    std::vector<int64_t> counts;
+    std::string list = arg(argc, argv, "--decodes", "0,1,16,64,128,256");
+    for (size_t p = 0; p < list.size();) {
+      const size_t comma = std::min(list.find(',', p), list.size());
+      counts.push_back(std::atoll(list.substr(p, comma - p).c_str()));
+      p = comma + 1;
+    }
+    time_mixed(cfg, budget, context, counts, steps);
+    return 0;
+  }
 
   const double bw = copy_bandwidth();
   auto t_load = Clock::now();
@@ -289,8 +373,11 @@ int main(int argc, char** argv) {
   }
   runner->set_cuda_graphs(true);
   const auto [captures, replays] = runner->graph_counts();
-  std::printf("(decode graphs: %lld captured, %lld replays)\n", static_cast<long long>(captures),
-              static_cast<long long>(replays));
+  const auto [mixed_captures, mixed_replays] = runner->mixed_graph_counts();
+  std::printf(
+      "(graphs: %lld captured, %lld replays; of them mixed steps (the prefills): %lld, %lld)\n",
+      static_cast<long long>(captures), static_cast<long long>(replays),
+      static_cast<long long>(mixed_captures), static_cast<long long>(mixed_replays));
   block = kBlock;
   s.blocks_per_seq = (max_len + block - 1) / block;
   runner->allocate_kv(max_batch * s.blocks_per_seq, block);

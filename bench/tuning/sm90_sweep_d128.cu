@@ -4,16 +4,14 @@
 namespace flashserve::bench {
 
 std::vector<Sm90Variant> sm90_variants_d128() {
+  using attention::sm90::Multicast;
   using attention::sm90::TileConfig;
   std::vector<Sm90Variant> v;
   add_variant<TileConfig<128, 128, 176>, false>(v, "d128 128x176 s2");
-  add_variant<TileConfig<128, 128, 176, 2, true>, false>(v, "d128 128x176 s2 lazy");
+  add_variant<Multicast<TileConfig<128, 128, 176>>, false>(v, "d128 128x176 s2 multicast");
   add_variant<TileConfig<128, 128, 128>, false>(v, "d128 128x128 s2");
-  add_variant<TileConfig<128, 128, 128, 2, true>, false>(v, "d128 128x128 s2 lazy");
-  add_variant<TileConfig<128, 128, 128, 2, false, true>, false>(v, "d128 128x128 s2 tma-o");
+  add_variant<Multicast<TileConfig<128, 128, 128>>, false>(v, "d128 128x128 s2 multicast");
   add_variant<TileConfig<128, 128, 128>, true>(v, "d128 128x128 s2");
-  add_variant<TileConfig<128, 128, 128, 2, true>, true>(v, "d128 128x128 s2 lazy");
-  add_variant<TileConfig<128, 128, 128, 2, false, true>, true>(v, "d128 128x128 s2 tma-o");
   add_variant<TileConfig<128, 128, 176>, true>(v, "d128 128x176 s2");
   return v;
 }

@@ -114,6 +114,14 @@ size_t attention_workspace_size(const AttentionParams& params);
 struct AttentionLengths {
   const int32_t* cu_seqlens_q = nullptr;  // host [batch + 1], as params.cu_seqlens_q (varlen q)
   const int32_t* kv_lens = nullptr;       // host [batch]: keys of each sequence (seqused_k)
+  // A plan that a CUDA graph replays for later steps of other lengths (needs both lengths above):
+  // the kernels, their tiles, splits and sequence ranges are chosen from these lengths as
+  // without it, but every launch's grid and split-KV partials cover any lengths up to
+  // params.max_seqlen_q / max_seqlen_k and every row of q. A later step (same params, its own
+  // lengths in the device tensors) whose own plan has the same AttentionPlan::replay_key() gets
+  // from this plan bit for bit what its own plan computes: a sequence's rows depend on its
+  // lengths, its kernel and its splits, never on the grid around it.
+  bool for_replay = false;
 };
 
 namespace attention {
@@ -127,6 +135,10 @@ class AttentionPlan {
   size_t workspace_bytes() const;
   // One line per launch: kernel, sequences, splits (for logs and benchmarks).
   std::string summary() const;
+  // What two plans of the same params must share for one's launches to compute the other's
+  // results bit for bit (AttentionLengths::for_replay): each launch's kernel, tile, splits,
+  // group and sequence range. Empty on the CPU.
+  std::string replay_key() const;
 
  private:
   friend AttentionPlan plan_attention(const AttentionParams&, const AttentionLengths&);

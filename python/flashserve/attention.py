@@ -319,8 +319,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     (a negative side is unbounded; causal sets right = 0). A query that sees no key gets a zero row.
     softcap > 0: scores s = softcap * tanh(s / softcap) (Gemma-2), before the mask. alibi_slopes:
     float32 (nheads,) or (batch, nheads), a bias -slope * |i + seqlen_k - seqlen_q - j| added to
-    the scores after the cap. Both run on the CPU path, forward and backward; the CUDA kernels
-    refuse them (NotImplementedError naming the argument). dropout_p must be 0.0.
+    the scores after the cap. Both run on the CPU path, forward and backward, and in the CUDA
+    forward (the sm80 kernels, also on Hopper); CUDA autograd through them is refused
+    (NotImplementedError naming the argument). dropout_p must be 0.0.
     Returns out (batch, seqlen_q, nheads, headdim_v) in q's framework, dtype and device; with
     return_attn_probs, (out, softmax_lse, S_dmask) as flash_attn returns them without dropout:
     softmax_lse float32 (batch, nheads, seqlen_q), natural log, -inf for a row that sees no key,

@@ -29,6 +29,10 @@ namespace {
 [[maybe_unused]] HostLengths host_lengths(const AttentionParams& params, const Problem& pr,
                                           const AttentionLengths& given) {
   HostLengths lens;
+  if (given.for_replay && ((pr.varlen_q && given.cu_seqlens_q == nullptr) || !given.kv_lens))
+    throw Error(ErrorKind::kInvalidArgument, "lengths",
+                "a plan for replay (for_replay) needs the host cu_seqlens_q and kv_lens");
+  lens.widen = given.for_replay;
   if (pr.varlen_q && given.cu_seqlens_q == nullptr) return lens;
   lens.q_start.resize(pr.batch + 1);
   for (int64_t b = 0; b <= pr.batch; ++b)
@@ -104,6 +108,11 @@ std::string AttentionPlan::summary() const {
   if (!state_) return "no plan";
   if (state_->problem.device.type == DeviceType::kCPU) return "CPU tiled path";
   return state_->plan.summary();
+}
+
+std::string AttentionPlan::replay_key() const {
+  if (!state_ || state_->problem.device.type == DeviceType::kCPU) return "";
+  return attention::replay_key(state_->plan);
 }
 
 AttentionPlan plan_attention(const AttentionParams& params, const AttentionLengths& lengths) {

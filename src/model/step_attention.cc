@@ -16,6 +16,10 @@ AttentionParams step_attention_params(const ModelConfig& c, const ForwardBatch& 
     throw Error(ErrorKind::kInvalidArgument, "kv_bound",
                 std::to_string(t.kv_bound) + " is below the batch's longest " +
                     std::to_string(b.max_seqlen_k) + " keys");
+  if (t.for_replay && (t.kv_bound <= 0 || t.q_bound < b.max_seqlen_q))
+    throw Error(ErrorKind::kInvalidArgument, "q_bound",
+                "a plan for replay needs kv_bound and a q_bound of at least the batch's longest " +
+                    std::to_string(b.max_seqlen_q) + " queries");
   const Device dev = t.kv_pool.device;
   AttentionParams p;
   p.q = t.q;
@@ -27,7 +31,7 @@ AttentionParams step_attention_params(const ModelConfig& c, const ForwardBatch& 
   p.seqused_k = make_view(const_cast<int32_t*>(t.seqused_k), DType::kInt32, {b.batch}, dev);
   p.block_table =
       make_view(const_cast<int32_t*>(t.block_table), DType::kInt32, {b.batch, t.table_width}, dev);
-  p.max_seqlen_q = b.max_seqlen_q;
+  p.max_seqlen_q = t.for_replay ? t.q_bound : b.max_seqlen_q;
   p.max_seqlen_k = t.kv_bound > 0 ? t.kv_bound : b.max_seqlen_k;
   p.causal = true;
   // Mistral's sliding window: a token sees itself and the sliding_window - 1 keys before it.
@@ -41,11 +45,13 @@ StepAttention::StepAttention(const ModelConfig& c, const ForwardBatch& b,
                              const StepAttentionTensors& t)
     : params_(step_attention_params(c, b, t)), empty_(b.total_q == 0) {
   if (empty_) return;
-  // The host lengths the scheduler laid out; under a bound, the query offsets only (every
-  // sequence then plans as if it had kv_bound keys).
+  // The host lengths the scheduler laid out; under a bound (a decode graph), the query offsets
+  // only (every sequence then plans as if it had kv_bound keys); for replay, both, the launches
+  // widened to the bounds.
   AttentionLengths lens;
   lens.cu_seqlens_q = b.cu_seqlens_q.data();
-  if (t.kv_bound == 0) lens.kv_lens = b.seqused_k.data();
+  if (t.kv_bound == 0 || t.for_replay) lens.kv_lens = b.seqused_k.data();
+  lens.for_replay = t.for_replay;
   plan_ = plan_attention(params_, lens);
 }
 

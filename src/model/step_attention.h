@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "flashserve/attention.h"
 #include "model/config.h"
@@ -26,6 +27,12 @@ struct StepAttentionTensors {
   // max_seqlen_k the kernels get (a CUDA graph replays the plan it captured with later steps'
   // lengths). 0: the batch's lengths.
   int64_t kv_bound = 0;
+  // A plan a CUDA graph replays for later steps of other lengths, bit for bit as their own plans
+  // (AttentionLengths::for_replay; the CUDA runner's mixed-step graphs): chosen from the batch's
+  // own lengths, its launches widened to q_bound queries per sequence (the max_seqlen_q the
+  // kernels get; > 0 and at least the batch's longest), kv_bound keys (> 0) and every row of q.
+  bool for_replay = false;
+  int64_t q_bound = 0;
   // Split-KV: 0 the attention layer's split policy (the CUDA runner); 1 none (the CPU runner, whose
   // rows must not depend on the batch beside them: greedy in a batch equals greedy alone).
   int32_t num_splits = 0;
@@ -49,6 +56,8 @@ class StepAttention {
   void set_workspace(void* workspace, size_t bytes);
   const AttentionParams& params() const { return params_; }
   const AttentionPlan& plan() const { return plan_; }
+  // The plan's AttentionPlan::replay_key() ("" for a step without queries).
+  std::string replay_key() const { return empty_ ? std::string() : plan_.replay_key(); }
   // One layer: run_attention with its K and V pools (each shaped as kv_pool). Launches nothing
   // when the step has no query. An e4m3 pool's per-KV-head scales ([h_kv], where the pool is)
   // are the attention's k_descale / v_descale, the same for every sequence.

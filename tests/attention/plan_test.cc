@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "attention/sm80/tile_config.h"
+#include "attention/sm90/tile_config.h"
 #include "flashserve/error.h"
 
 #include <random>
@@ -237,6 +238,95 @@ TEST(Plan, RandomBatchesCoverEverySequenceOnceWithinLimits) {
     for (int b = 0; b < n; ++b)
       EXPECT_EQ(taken[b], seqs[b].first > 0 ? 1 : 0) << "sequence " << b << " of trial " << trial;
   }
+}
+
+// A plan for replay (AttentionLengths::for_replay, the CUDA runner's mixed-step graphs): the
+// kernels, tiles, splits and ranges of the step's own plan (the same replay key), each launch's
+// grid and partials widened to the bounds; and for other steps of the same key, every sequence
+// inside a widened launch's grid and partial rows.
+TEST(Plan, WidenedPlanKeepsItsLaunchesAndCoversEveryStepOfItsKey) {
+  std::mt19937 rng(9);
+  int pairs = 0, sm90_launches = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int n = 1 + int(rng() % 12);
+    std::vector<std::pair<int64_t, int64_t>> seqs;
+    for (int i = 0; i < n; ++i) {
+      const bool decode = rng() % 2;
+      const int64_t q = decode ? 1 : 2 + int64_t(rng() % 300);
+      seqs.push_back({q, q + int64_t(rng() % 3000)});
+    }
+    int64_t rows = 0;
+    for (auto [q, kv] : seqs) rows += q;
+    const int64_t q_bound = rows + int64_t(rng() % 64), kv_bound = 3400;
+    auto widened = [&](const std::vector<std::pair<int64_t, int64_t>>& v, bool widen) {
+      StepShape s = step(v);
+      s.pr.max_q_len = q_bound;
+      s.pr.max_kv_len = kv_bound;
+      s.ctx.q_rows = q_bound;
+      s.ctx.sm90_unavailable = trial % 2 ? "" : "no sm90";
+      s.lens.widen = widen;
+      return std::pair{s, plan_of(s)};
+    };
+    const auto [ws, w] = widened(seqs, true);
+    const auto [os, own] = widened(seqs, false);
+    ASSERT_EQ(w.launches.size(), own.launches.size());
+    EXPECT_EQ(attention::replay_key(w), attention::replay_key(own));
+    size_t end = 0;
+    for (size_t i = 0; i < w.launches.size(); ++i) {
+      const LaunchPlan &l = w.launches[i], &o = own.launches[i];
+      EXPECT_EQ(l.kernel.splits, o.kernel.splits);
+      EXPECT_EQ(l.kernel.family, o.kernel.family);
+      EXPECT_EQ(l.kernel.block_n, o.kernel.block_n);
+      EXPECT_EQ(l.seq_begin, o.seq_begin);
+      EXPECT_EQ(l.seq_end, o.seq_end);
+      EXPECT_EQ(l.group, o.group);
+      const bool sm90 = l.kernel.family == attention::KernelFamily::kSm90;
+      sm90_launches += sm90;
+      if (sm90 && attention::sm90::short_keys(o.max_kv_len))
+        EXPECT_EQ(l.max_kv_len, attention::sm90::kShortKeys);  // stays on the short-key tile
+      else
+        EXPECT_EQ(l.max_kv_len, kv_bound);
+      if (l.kernel.decode) {
+        EXPECT_EQ(l.rows, l.seq_end - l.seq_begin);
+      } else {
+        EXPECT_EQ(l.max_q_len, q_bound);
+        EXPECT_EQ(l.row_begin, 0);
+        EXPECT_EQ(l.rows, q_bound);
+      }
+      EXPECT_GE(l.workspace_offset, end);
+      end = l.workspace_offset + (l.kernel.tile_counter
+                                      ? sizeof(int32_t)
+                                      : attention::partial_bytes(l.kernel.splits, l.rows, 32, 128));
+    }
+    EXPECT_LE(end, w.workspace_bytes);
+    // Another step of the same kinds in the same order, other lengths within the bounds.
+    std::vector<std::pair<int64_t, int64_t>> other;
+    int64_t other_rows = 0;
+    for (auto [q, kv] : seqs) {
+      const int64_t q2 = q == 1 ? 1 : 2 + int64_t(rng() % 300);
+      other.push_back({q2, q2 + int64_t(rng() % 3000)});
+      other_rows += q2;
+    }
+    if (other_rows > q_bound) continue;
+    const auto [os2, own2] = widened(other, false);
+    if (attention::replay_key(own2) != attention::replay_key(w)) continue;
+    ++pairs;
+    for (const LaunchPlan& l : w.launches)
+      for (int64_t b = l.seq_begin; b < l.seq_end; ++b) {
+        const auto [q, kv] = other[b];
+        const bool takes = l.group == SeqGroup::kAll || (l.group == SeqGroup::kDecodes) == (q <= 1);
+        if (!takes) continue;
+        EXPECT_LE(q, l.max_q_len);
+        EXPECT_LE(kv, l.max_kv_len) << attention::replay_key(w);
+        const int64_t row0 = os2.lens.q_start[b];
+        if (!l.kernel.decode) {
+          EXPECT_GE(row0, l.row_begin);
+          EXPECT_LE(row0 + q, l.row_begin + l.rows);
+        }
+      }
+  }
+  EXPECT_GT(pairs, 20);
+  EXPECT_GT(sm90_launches, 0);
 }
 
 // A dense call on a device where the sm90 kernel can run (the dispatch's sm90_unavailable ""):

@@ -5,8 +5,8 @@
 // rows that see no key) and not, sliding windows (left, right, both), varlen q and k (empty
 // sequences too), seqused_k and paged K/V (pages of 16 to 256 keys) over NaN-poisoned unused keys,
 // GQA and MQA, outputs poisoned with NaN. Plus the same inputs through the sm80 kernel, a
-// determinism check, the refusals of what the kernel lacks, and a small case for compute-sanitizer
-// (Sm90Sanitize*). Skips without a CUDA device, on devices other than compute capability 9.0, and
+// determinism check, K/V multicast against the same calls without it, the refusals of what the
+// kernel lacks, and a small case for compute-sanitizer (Sm90Sanitize*). Skips without a CUDA device, on devices other than compute capability 9.0, and
 // in builds without 90a.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -438,6 +438,51 @@ TEST(Sm90Determinism, SameInputsSameBits) {
         << "run " << run << " differs from run 0 (out)";
     EXPECT_EQ(std::memcmp(again.lse.data(), first.lse.data(), first.lse.size() * sizeof(double)), 0)
         << "run " << run << " differs from run 0 (lse)";
+  }
+}
+
+// K/V multicast over clusters of two CTAs (tile_config.h's Multicast) changes where K/V come from,
+// not the arithmetic: the same calls with FLASHSERVE_SM90_MULTICAST=0 give the same bits. The
+// shapes take it (unmasked, dense, an even number of query tiles): one pair, pairs whose second
+// tile is ragged, more pairs than resident clusters (each cluster walks several; fp16 and GQA),
+// a prefill chunk over a longer cache, and d256's four column chunks (two per CTA).
+TEST(Sm90Multicast, SameBitsAsWithout) {
+  SKIP_WITHOUT_SM90();
+  const CaseSpec shapes[] = {
+      spec(DType::kBFloat16, 128, 2, 256, 256, 4, 2, false),
+      spec(DType::kBFloat16, 128, 1, 200, 1000, 4, 1, false),
+      spec(DType::kFloat16, 128, 3, 130, 130, 40, 8, false),
+      spec(DType::kBFloat16, 128, 2, 1000, 2050, 8, 8, false),
+      spec(DType::kFloat16, 256, 2, 250, 300, 36, 4, false),
+  };
+  for (CaseSpec s : shapes) {
+    s.seed = seed_for(s.name(), 94);
+    AttentionCase c(s);
+    const NaiveOutput with = run_on_gpu(c, "sm90");
+    EXPECT_TRUE(attention_close(with, c.exact(), c.lowp(), s.dtype)) << s.name();
+    ScopedEnv off("FLASHSERVE_SM90_MULTICAST", "0");
+    const NaiveOutput without = run_on_gpu(c, "sm90");
+    ASSERT_EQ(with.out.size(), without.out.size());
+    EXPECT_EQ(std::memcmp(with.out.data(), without.out.data(), with.out.size() * sizeof(double)), 0)
+        << s.name() << ": out differs with multicast";
+    EXPECT_EQ(std::memcmp(with.lse.data(), without.lse.data(), with.lse.size() * sizeof(double)), 0)
+        << s.name() << ": lse differs with multicast";
+  }
+}
+
+TEST(Sm90Multicast, AnUnknownSwitchValueIsRefusedByName) {
+  SKIP_WITHOUT_SM90();
+  CaseSpec s = spec(DType::kBFloat16, 128, 1, 256, 256, 2, 2, false);
+  AttentionCase c(s);
+  DeviceCopy dev(c);
+  ScopedEnv kernel("FLASHSERVE_KERNEL", "sm90");
+  ScopedEnv bad("FLASHSERVE_SM90_MULTICAST", "yes");
+  try {
+    attention_forward(dev.params());
+    ADD_FAILURE() << "no error for FLASHSERVE_SM90_MULTICAST=yes";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "FLASHSERVE_SM90_MULTICAST") << e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.what();
   }
 }
 

@@ -67,7 +67,7 @@ TEST(GpuModelRunnerPrepare, PreparedRunnerGivesTheSameLogits) {
   auto plain = CudaRunner::load(dir.string(), 0);
   auto prepared = CudaRunner::load(dir.string(), 0);
   prepared->prepare(1024, 64);
-  // Token counts in different buckets (gemm.cu's tuning_bucket): 2, 33, 300, 1000.
+  // Token counts in different buckets (model/step_graphs.h's token_bucket): 2, 33, 300, 1000.
   for (const auto& [a, b] :
        {std::pair{1, 1}, std::pair{20, 13}, std::pair{250, 50}, std::pair{700, 300}}) {
     const auto x = steps(*plain, a, b, 7), y = steps(*prepared, a, b, 7);

@@ -267,7 +267,43 @@ Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& len
     const std::string lacks = sm90_lacks(pr, ctx);
     if (!lacks.empty()) throw Error(ErrorKind::kUnsupported, "FLASHSERVE_KERNEL", "sm90: " + lacks);
   }
-  return grouped_plan(pr, ctx, lens);
+  Plan plan = grouped_plan(pr, ctx, lens);
+  if (lens.widen && lens.known()) widen_launches(plan, pr, ctx);
+  return plan;
+}
+
+void widen_launches(Plan& plan, const Problem& pr, const PlanContext& ctx) {
+  plan.workspace_bytes = 0;
+  for (LaunchPlan& l : plan.launches) {
+    const bool sm90_short =
+        l.kernel.family == KernelFamily::kSm90 && sm90::short_keys(l.max_kv_len);
+    l.max_kv_len = sm90_short ? std::min<int64_t>(pr.max_kv_len, sm90::kShortKeys)
+                              : std::max(l.max_kv_len, pr.max_kv_len);
+    if (!l.kernel.decode) {
+      l.max_q_len = std::max(l.max_q_len, pr.max_q_len);
+      l.row_begin = 0;
+      l.rows = ctx.q_rows;
+    }
+    l.workspace_offset = plan.workspace_bytes;
+    plan.workspace_bytes += aligned(
+        l.kernel.tile_counter ? sizeof(int32_t)
+                              : partial_bytes(l.kernel.splits, l.rows, pr.h_q, pr.head_dim));
+  }
+}
+
+std::string replay_key(const Plan& plan) {
+  std::ostringstream os;
+  os << "smem " << plan.smem_per_block;
+  for (const LaunchPlan& l : plan.launches) {
+    const KernelChoice& k = l.kernel;
+    const bool sm90 = k.family == KernelFamily::kSm90;
+    os << "; " << (sm90 ? (sm90::short_keys(l.max_kv_len) ? "sm90 short" : "sm90") : "sm80")
+       << (k.decode ? " decode" : "") << (k.masked ? " masked" : "") << (k.paged ? " paged" : "")
+       << (k.tile_counter ? " counter" : "") << " " << k.block_m << "x" << k.block_n << " splits "
+       << k.splits << " group " << static_cast<int>(l.group) << " seqs " << l.seq_begin << "-"
+       << l.seq_end;
+  }
+  return os.str();
 }
 
 std::string Plan::summary() const {

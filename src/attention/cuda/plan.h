@@ -77,6 +77,8 @@ struct Plan {
 struct HostLengths {
   std::vector<int64_t> q_start;  // [batch + 1] row of q where each sequence starts (cu_seqlens_q)
   std::vector<int64_t> kv_len;   // [batch] keys of each sequence
+  // AttentionLengths::for_replay: the launches chosen from these lengths, widened (widen_launches).
+  bool widen = false;
   bool known() const { return !q_start.empty(); }
 };
 
@@ -114,6 +116,21 @@ std::string sm90_lacks(const Problem& pr, const PlanContext& ctx);
 // HostLengths). A forced family that cannot run the call throws kUnsupported naming
 // FLASHSERVE_KERNEL, or the modifier (softcap, alibi_slopes) that forced sm90 lacks.
 Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& lens);
+
+// A plan for a CUDA graph that later steps replay (AttentionLengths::for_replay): each launch keeps
+// its kernel, tile, splits, group and sequences, and its grid and partials grow to the problem's
+// bounds: prefill launches to pr.max_q_len queries and partial rows for every row of q (row 0 on;
+// the combine skips rows that are not the launch's), every launch to pr.max_kv_len keys, except
+// that an sm90 launch on its short-key tile (sm90/tile_config.h short_keys, which the launch picks
+// from max_kv_len) stays within the short keys. The workspace is laid out again.
+void widen_launches(Plan& plan, const Problem& pr, const PlanContext& ctx);
+
+// What a step's own plan must share with a widened plan for the widened launches to compute its
+// results bit for bit: per launch the kernel (family, decode, masked, paged, tile, tile counter,
+// and for sm90 whether the short-key tile runs), the splits, the group and the sequence range;
+// and the shared memory the sm80 tiles were chosen under. A sequence's rows depend on these and
+// its own lengths (which the kernels read from the device), not on the grid's size or order.
+std::string replay_key(const Plan& plan);
 
 // The family FLASHSERVE_KERNEL (or, for the backward, FLASHSERVE_BWD_KERNEL) asks for: unset
 // (null), empty or "auto", "sm80", "sm90"; anything else throws kInvalidArgument naming

@@ -23,6 +23,9 @@
 //   L2-sized sections of heads; a fixed stride, or causal the next free tile from a counter); the
 //   producer runs ahead into the next tile (Q is released after a tile's last QK^T, K and V block
 //   by block), so its loads overlap this tile's last GEMMs and epilogue.
+// - Multicast (TileConfig::kCluster 2, tile_config.h's Multicast): clusters of two CTAs take pairs
+//   of adjacent query tiles of one head; each producer loads half of every K/V block into both
+//   CTAs (load_kv), and every consumer warp releases a stage on both CTAs' barriers (release_kv).
 //
 // Not yet here (docs/kernel-notes.md, "sm90 next steps"): TMA stores of O in the library's tiles
 // (an option, kTmaStoreO, not yet measured), split-KV.
@@ -84,6 +87,23 @@ constexpr int smem_bytes() {
   return static_cast<int>(sizeof(SharedStorage<Cfg>)) + 1024;  // + the base's realignment
 }
 
+// The CTA's rank in its cluster: 0 without multicast (TileConfig::kCluster 1).
+template <class Cfg>
+__device__ __forceinline__ uint32_t cta_rank() {
+  if constexpr (Cfg::kCluster == 1)
+    return 0;
+  else
+    return cuda::ptx::get_sreg_cluster_ctarank();
+}
+
+// Every thread of every CTA of the cluster: what each did before happens before what any does
+// after (the barriers' initialisation before the other CTA's first multicast or arrival; the
+// other CTA's last arrivals on this one's barriers before this one exits).
+__device__ __forceinline__ void cluster_sync() {
+  cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_release);
+  cuda::ptx::barrier_cluster_wait();
+}
+
 // The sequence a tile's grid coordinate z stands for: the launch's range starts at seq_begin.
 __device__ __forceinline__ int seq_of(const FwdParams& p, const kernel::TileCoords& tile) {
   return p.seq_begin + tile.z;
@@ -91,6 +111,16 @@ __device__ __forceinline__ int seq_of(const FwdParams& p, const kernel::TileCoor
 
 __device__ __forceinline__ kernel::SeqLens seq_lens_of(const FwdParams& p, int b) {
   return kernel::seq_lens(p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.seqlen_q, p.seqlen_k, b);
+}
+
+// The tile this CTA computes for entry t of the grid's order: with multicast, entries are pairs of
+// adjacent query tiles (the order's m_blocks counts pairs) and the CTA of rank r takes tile
+// 2 m + r of pair m, so the two CTAs of a cluster share the head, the sequence and the key blocks.
+template <class Cfg>
+__device__ __forceinline__ kernel::TileCoords cta_tile(const FwdParams& p, int t) {
+  kernel::TileCoords tile = kernel::tile_of(p.order, t);
+  if constexpr (Cfg::kCluster > 1) tile.m_block = tile.m_block * Cfg::kCluster + cta_rank<Cfg>();
+  return tile;
 }
 
 // A tile's sequence and the key blocks its rows visit; producer and consumers derive both from
@@ -141,17 +171,25 @@ __device__ __forceinline__ KvSource kv_source(const FwdParams& p, const TileWork
 }
 
 // Key block `block`: one box per column chunk, or, paged, kBlockN / page_rows boxes per chunk,
-// each within its page (fwd_params.h).
+// each within its page (fwd_params.h). With multicast (dense only: launch_template.h's
+// multicast_ok) the CTA of rank `rank` loads the chunks c with c % 2 == rank into both CTAs; each
+// CTA's barrier expects the whole block, half of it from the other CTA's copies.
 template <class Cfg>
 __device__ __forceinline__ void load_kv(const FwdParams& p, const CUtensorMap* map,
                                         uint8_t (&dst)[Cfg::kChunks][Cfg::kKVChunkBytes],
-                                        Mbarrier& full, KvSource src, int block, int kv_head) {
+                                        Mbarrier& full, KvSource src, int block, int kv_head,
+                                        uint32_t rank) {
   full.arrive_expect_tx(Cfg::kKVBytes);
   const int key0 = block * Cfg::kBlockN;
-  if (p.block_table == nullptr) {
+  if (Cfg::kCluster > 1 || p.block_table == nullptr) {
 #pragma unroll
-    for (int c = 0; c < Cfg::kChunks; ++c)
-      tma_load_4d(dst[c], map, full, c * Cfg::kChunkCols, src.row0 + key0, kv_head, src.z);
+    for (int c = 0; c < Cfg::kChunks; ++c) {
+      if constexpr (Cfg::kCluster == 1)
+        tma_load_4d(dst[c], map, full, c * Cfg::kChunkCols, src.row0 + key0, kv_head, src.z);
+      else if (c % 2 == static_cast<int>(rank))
+        tma_load_4d_multicast(dst[c], map, full, 0b11, c * Cfg::kChunkCols, src.row0 + key0,
+                              kv_head, src.z);
+    }
     return;
   }
   const int32_t* table = p.block_table + src.z * p.block_table_stride;
@@ -249,7 +287,7 @@ template <class Cfg, bool kMasked, bool kCp>
 __device__ __forceinline__ void produce_tile(SharedStorage<Cfg>& s, const FwdParams& p,
                                              const kernel::TileCoords& tile,
                                              const TileWork<Cfg, kMasked>& w, int ring, int q_round,
-                                             int tid, Trace<Cfg::kTrace>& trace) {
+                                             int tid, uint32_t rank, Trace<Cfg::kTrace>& trace) {
   constexpr int kStages = Cfg::kStages;
   const int kv_head = tile.head / p.h_ratio, n_blocks = w.blocks.count(), n_max = w.blocks.n_max;
   if (tid == 0) {
@@ -281,7 +319,7 @@ __device__ __forceinline__ void produce_tile(SharedStorage<Cfg>& s, const FwdPar
                      s.kv_rows[0], pages_k, w.seq.kv_len, block, kv_head, tid);
         s.k_full[st].arrive_on_cp_async();
       } else {
-        load_kv<Cfg>(p, &p.tma_k, s.k[st], s.k_full[st], src, block, kv_head);
+        load_kv<Cfg>(p, &p.tma_k, s.k[st], s.k_full[st], src, block, kv_head, rank);
       }
       trace(kProducerK);
     }
@@ -293,7 +331,7 @@ __device__ __forceinline__ void produce_tile(SharedStorage<Cfg>& s, const FwdPar
                      s.kv_rows[1], pages_v, w.seq.kv_len, block, kv_head, tid);
         s.v_full[st].arrive_on_cp_async();
       } else {
-        load_kv<Cfg>(p, &p.tma_v, s.v[st], s.v_full[st], src, block, kv_head);
+        load_kv<Cfg>(p, &p.tma_v, s.v[st], s.v_full[st], src, block, kv_head, rank);
       }
       trace(kProducerV);
     }
@@ -303,12 +341,15 @@ __device__ __forceinline__ void produce_tile(SharedStorage<Cfg>& s, const FwdPar
 // The producer's walk over its CTA's tiles: thread 0 announces each (and, past the last one,
 // num_tiles) to the consumers and loads Q (and K/V by TMA); with kCp all 128 producer threads
 // walk the same tiles, copying K/V, and take the counter's next tile from thread 0 through
-// shared memory between two producers_sync.
+// shared memory between two producers_sync. With multicast the grid's entries are the clusters'
+// (cta_tile), walked by both CTAs of a cluster in the same order (no counter: unmasked grids).
 template <class Cfg, bool kMasked, bool kCp>
 __device__ __forceinline__ void produce_tiles(SharedStorage<Cfg>& s, const FwdParams& p, int tid) {
   Trace<Cfg::kTrace> trace(p.trace, 0, tid == 0);
+  const uint32_t rank = cta_rank<Cfg>();
+  const int stride = gridDim.x / Cfg::kCluster;
   int ring = 0, q_round = 0;
-  for (int t = blockIdx.x, k = 0;; ++k) {
+  for (int t = blockIdx.x / Cfg::kCluster, k = 0;; ++k) {
     if (tid == 0) {
       s.tile_empty[k % 2].wait(((k / 2) & 1) ^ 1);
       s.tile[k % 2] = t;
@@ -316,15 +357,15 @@ __device__ __forceinline__ void produce_tiles(SharedStorage<Cfg>& s, const FwdPa
     }
     trace(kProducerTile);
     if (t >= p.num_tiles) break;
-    const kernel::TileCoords tile = kernel::tile_of(p.order, t);
+    const kernel::TileCoords tile = cta_tile<Cfg>(p, t);
     const TileWork<Cfg, kMasked> w(p, tile);
     if (w.valid() && w.blocks.count() > 0) {
-      produce_tile<Cfg, kMasked, kCp>(s, p, tile, w, ring, q_round, tid, trace);
+      produce_tile<Cfg, kMasked, kCp>(s, p, tile, w, ring, q_round, tid, rank, trace);
       ring += w.blocks.count();
       ++q_round;
     }
     if (p.tile_counter == nullptr) {
-      t += gridDim.x;
+      t += stride;
     } else if constexpr (!kCp) {
       t = gridDim.x + atomicAdd(p.tile_counter, 1);
     } else {
@@ -510,6 +551,19 @@ __device__ __forceinline__ void release(Mbarrier& empty, bool when = true) {
   empty.arrive_if(when && threadIdx.x % 32 == 0);
 }
 
+// The release of a K or V stage: with multicast, on both CTAs' twins of the barrier (either CTA's
+// producer writes both copies of the stage).
+template <class Cfg>
+__device__ __forceinline__ void release_kv(Mbarrier& empty) {
+  if constexpr (Cfg::kCluster == 1) {
+    release(empty);
+  } else {
+    __syncwarp();
+#pragma unroll
+    for (uint32_t r = 0; r < Cfg::kCluster; ++r) empty.arrive_cluster_if(threadIdx.x % 32 == 0, r);
+  }
+}
+
 // The 128 threads of consumer warpgroup cw (named barriers 1 .. kConsumers are the warp
 // scheduler's; these are 8 + cw).
 __device__ __forceinline__ void epilogue_sync(int cw) {
@@ -615,7 +669,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
     s.tile_empty[k % 2].arrive();
     trace(kTileRead);
     if (t >= p.num_tiles) break;
-    const kernel::TileCoords tile = kernel::tile_of(p.order, t);
+    const kernel::TileCoords tile = cta_tile<Cfg>(p, t);
     const TileWork<Cfg, kMasked> w(p, tile);
     if (!w.valid()) continue;  // no rows: nothing to load or store
     const int q_len = w.seq.q_len, kv_len = w.seq.kv_len;
@@ -660,7 +714,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       wgmma_wait<0>();
       fence_regs(sc);
       trace(kSReady);
-      release(s.k_empty[st]);
+      release_kv<Cfg>(s.k_empty[st]);
       release(s.q_empty, n_blocks == 1);  // the tile's last QK^T is done
       if (n_max - 1 >= hi || n_max - 1 < lo) mask(n_max - 1);
       rows = RowState<Cfg::kLazyRescale>{};
@@ -702,7 +756,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       wgmma_wait<1>();  // S is ready; P V still runs
       fence_regs(sc);
       trace(kSReady);
-      release(s.k_empty[st]);
+      release_kv<Cfg>(s.k_empty[st]);
       release(s.q_empty, i == n_blocks - 1);  // the tile's last QK^T is done
       if constexpr (decltype(masked)::value) mask(n_max - 1 - i);
       const bool rescale_warp = rows.update(sc, p.scale_log2, rescale);
@@ -716,7 +770,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       fence_regs(o);
       fence_regs(pa);
       trace(kPvDone);
-      release(s.v_empty[prev]);
+      release_kv<Cfg>(s.v_empty[prev]);
       if (rescale_warp) rescale_o<kD>(o, rescale);  // after the wait: no wgmma in flight
       to_operand<kBf16>(sc, pa);
       trace(kStepEnd);
@@ -735,7 +789,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       wgmma_wait<0>();
       fence_regs(o);
       trace(kEpilogueStart);
-      release(s.v_empty[last]);
+      release_kv<Cfg>(s.v_empty[last]);
       store_tile<Cfg, kBf16>(s, p, tile, seq_again(), cw, tid, o, rows);
       trace(kEpilogueEnd);
     }
@@ -775,12 +829,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int st = 0; st < kStages; ++st) {
       s.k_full[st].init(fill_arrivals);
       s.v_full[st].init(fill_arrivals);
-      s.k_empty[st].init(Cfg::kConsumerWarps);
-      s.v_empty[st].init(Cfg::kConsumerWarps);
+      // With multicast the consumer warps of both CTAs release each stage.
+      s.k_empty[st].init(Cfg::kConsumerWarps * Cfg::kCluster);
+      s.v_empty[st].init(Cfg::kConsumerWarps * Cfg::kCluster);
     }
     Mbarrier::fence_init();
   }
-  __syncthreads();
+  if constexpr (Cfg::kCluster == 1)
+    __syncthreads();
+  else
+    cluster_sync();  // the other CTA's barriers are ready before this one multicasts or arrives
 
   // The producer picks the tiles (the next one once it has issued a tile's loads) and announces
   // each, and past the last one num_tiles, to the consumers; both count the same ring slots and
@@ -793,7 +851,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // Thread 0 alone with TMA; with kv_cp_async all 128 threads (a separate instantiation, so
     // that the TMA producer's registers are not the copy loop's: sharing one loop cost dense
     // d64/d128 tiles 2-4% at 512 keys, session 14).
-    if constexpr (Cfg::kPagedCpAsync) {
+    if constexpr (Cfg::kPagedCpAsync && Cfg::kCluster == 1) {
       if (p.kv_cp_async)
         produce_tiles<Cfg, kMasked, true>(s, p, tid);
       else if (tid == 0)
@@ -805,6 +863,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     setmaxnreg_inc<Cfg::kConsumerRegs>();
     consume_tiles<Cfg, kBf16, kMasked>(s, p, warpgroup - 1, tid);
   }
+  // The other CTA's last arrivals on this one's barriers land before its shared memory goes.
+  if constexpr (Cfg::kCluster > 1) cluster_sync();
 #endif
 }
 

@@ -2,9 +2,11 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <numeric>
 #include <string>
 
@@ -15,6 +17,64 @@
 #include "tensor_map.h"
 
 namespace flashserve::attention::sm90 {
+
+// Whether the call has a mask (causal or a window) and so runs the masked instantiation.
+inline bool masked(const FwdArgs& a) {
+  return a.window_left >= 0 || a.window_right >= 0;
+}
+
+// FLASHSERVE_SM90_MULTICAST: unset, empty or "1", calls that can take it run with multicast; "0",
+// none does (the A/B switch that measures it through the public API in one run,
+// bench/sustained_clock.py, and lets the tests compare both). Read per call, as FLASHSERVE_KERNEL.
+inline bool multicast_enabled() {
+  const char* v = std::getenv("FLASHSERVE_SM90_MULTICAST");
+  if (v == nullptr || *v == '\0' || std::string(v) == "1") return true;
+  if (std::string(v) == "0") return false;
+  throw Error(ErrorKind::kInvalidArgument, "FLASHSERVE_SM90_MULTICAST",
+              str_cat("must be 0 or 1, got \"", v, "\""));
+}
+
+// Whether tile Cfg's call `a` may run as Multicast<Cfg> (tile_config.h): the two CTAs of every
+// cluster must visit the same key blocks in the same order and both have rows, so dense q and k
+// (every sequence the same lengths), no mask, no paging, no seqused_k, every sequence taken, and
+// an even number of query tiles (so no pair has a tile past the rows).
+template <class Cfg>
+bool multicast_ok(const FwdArgs& a) {
+  const int m_blocks = (a.max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  return kMulticastKV<Cfg::kHeadDim> && !masked(a) && a.cu_seqlens_q == nullptr &&
+         a.cu_seqlens_k == nullptr && a.seqused_k == nullptr && a.block_table == nullptr &&
+         a.only == 0 && m_blocks % 2 == 0;
+}
+
+// How many clusters of `kernel` (one CTA per multiprocessor, two per cluster) the device holds at
+// once: a cluster's CTAs share a GPC, so a GPC with an odd number of free multiprocessors leaves
+// one idle. The persistent grid launches no more (a cluster beyond them would wait for a whole
+// wave). Asked once per kernel and device.
+template <class Kernel>
+int resident_clusters(Kernel kernel, int threads, int smem, int device) {
+  static std::atomic<int> cached[64] = {};
+  std::atomic<int>* slot = device >= 0 && device < 64 ? &cached[device] : nullptr;
+  if (slot != nullptr && slot->load() > 0) return slot->load();
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(2);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 2;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg),
+             "cudaOccupancyMaxActiveClusters (sm90 forward)");
+  if (clusters < 1)
+    throw Error(ErrorKind::kCuda, "",
+                "the sm90 forward's clusters of two CTAs do not fit the device");
+  if (slot != nullptr) slot->store(clusters);
+  return clusters;
+}
 
 // Launches the kernel of tile Cfg on `a` with `p`'s outputs and scalars (fwd_params): the maps,
 // the tile order and the grid are set here.
@@ -60,6 +120,11 @@ void launch(FwdParams& p, const FwdArgs& a) {
     p.tma_v = make_map(a.v, a.dtype, kv_seqs, kv_rows, a.h_kv, kHeadDim, a.v_batch_stride,
                        a.v_row_stride, a.v_head_stride, Cfg::kBlockN, "v");
   }
+  auto kernel = fwd_kernel<Cfg, kBf16, kMasked>;
+  constexpr int smem = smem_bytes<Cfg>();
+  static_assert(smem <= 227 * 1024, "the tile's shared memory exceeds what one block may have");
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+             "cudaFuncSetAttribute (sm90 forward shared memory)");
   if constexpr (Cfg::kTmaStoreO) {  // one consumer warpgroup's 64 rows per box
     // A box clips at the map's last row only: a varlen sequence's would overwrite the next one's.
     if (varlen_q)
@@ -68,19 +133,22 @@ void launch(FwdParams& p, const FwdArgs& a) {
     p.tma_o = make_map(a.out, a.dtype, a.batch, a.seqlen_q, a.h_q, kHeadDim, a.o_batch_stride,
                        a.o_row_stride, a.o_head_stride, 64, "out");
   }
-  auto kernel = fwd_kernel<Cfg, kBf16, kMasked>;
-  constexpr int smem = smem_bytes<Cfg>();
-  static_assert(smem <= 227 * 1024, "the tile's shared memory exceeds what one block may have");
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-             "cudaFuncSetAttribute (sm90 forward shared memory)");
   // The tiles in the heaviest-first order of tile_order.h (L2-sized sections of heads).
   // Varlen: as many query tiles per sequence as the longest has; a shorter one's extra tiles
-  // end at once.
-  const int m_blocks = (a.max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  // end at once. Multicast: the order's entries are pairs of query tiles, one per cluster.
+  constexpr int kCluster = Cfg::kCluster;
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice (sm90 forward)");
+  const int clusters =
+      kCluster == 1 ? std::max(a.sms, 1) : resident_clusters(kernel, Cfg::kThreads, smem, device);
+  if (kCluster > 1 && !multicast_ok<Cfg>(a))
+    throw Error(ErrorKind::kInternal, "q",
+                "the sm90 multicast tile was launched on a call it cannot take");
+  const int m_blocks = (a.max_seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM / kCluster;
   const int64_t units = int64_t{a.h_q} * a.seqs;
   // Heads of a GQA group are adjacent units and share their K/V.
   const int64_t kv_bytes = int64_t{a.max_seqlen_k} * kHeadDim * 4 / (a.h_q / a.h_kv);
-  p.order = kernel::heaviest_first(m_blocks, a.h_q, units, a.sms, kv_bytes, a.l2_bytes);
+  p.order = kernel::heaviest_first(m_blocks, a.h_q, units, clusters, kv_bytes, a.l2_bytes);
   if (p.order.sections == 0)
     throw Error(ErrorKind::kUnsupported, "q",
                 str_cat("the sm90 kernel's grid of ", units * m_blocks,
@@ -96,12 +164,29 @@ void launch(FwdParams& p, const FwdArgs& a) {
   const bool one_tile_each = kMasked && p.tile_counter == nullptr;
   const int grid = one_tile_each
                        ? p.num_tiles
-                       : static_cast<int>(std::min<int64_t>(p.num_tiles, std::max(a.sms, 1)));
+                       : static_cast<int>(std::min<int64_t>(p.num_tiles, clusters)) * kCluster;
   if (p.tile_counter != nullptr)
     check_cuda(cudaMemsetAsync(p.tile_counter, 0, sizeof(int), a.stream),
                "cudaMemsetAsync (sm90 tile counter)");
-  kernel<<<grid, Cfg::kThreads, smem, a.stream>>>(p);
-  check_cuda(cudaGetLastError(), "sm90 forward kernel launch");
+  if constexpr (kCluster == 1) {
+    kernel<<<grid, Cfg::kThreads, smem, a.stream>>>(p);
+    check_cuda(cudaGetLastError(), "sm90 forward kernel launch");
+  } else {
+    static_assert(!kMasked, "multicast tiles are unmasked (multicast_ok)");
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(Cfg::kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = a.stream;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = kCluster;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    check_cuda(cudaLaunchKernelEx(&cfg, kernel, p), "sm90 forward kernel launch (clusters of 2)");
+  }
 }
 
 // The kernel parameters that do not depend on the tile: outputs, lengths, scales.
@@ -137,11 +222,6 @@ inline FwdParams fwd_params(const FwdArgs& a) {
   return p;
 }
 
-// Whether the call has a mask (causal or a window) and so runs the masked instantiation.
-inline bool masked(const FwdArgs& a) {
-  return a.window_left >= 0 || a.window_right >= 0;
-}
-
 // The forward with tile CfgDense for unmasked calls and CfgMasked for causal or windowed ones.
 template <class CfgDense, class CfgMasked>
 void run_fwd_tiles(const FwdArgs& a) {
@@ -149,6 +229,15 @@ void run_fwd_tiles(const FwdArgs& a) {
   if (a.seqs == 0 || a.max_seqlen_q == 0 || a.h_q == 0) return;
   FwdParams p = fwd_params(a);
   const bool bf16 = a.dtype == DType::kBFloat16, mask = masked(a);
+  if constexpr (kMulticastKV<CfgDense::kHeadDim>) {
+    if (multicast_enabled() && multicast_ok<CfgDense>(a)) {
+      if (bf16)
+        launch<Multicast<CfgDense>, true, false>(p, a);
+      else
+        launch<Multicast<CfgDense>, false, false>(p, a);
+      return;
+    }
+  }
   if (bf16 && mask) launch<CfgMasked, true, true>(p, a);
   if (bf16 && !mask) launch<CfgDense, true, false>(p, a);
   if (!bf16 && mask) launch<CfgMasked, false, true>(p, a);

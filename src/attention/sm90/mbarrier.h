@@ -40,6 +40,22 @@ struct Mbarrier {
 
   __device__ __forceinline__ void arrive() { arrive_if(true); }
 
+  // An arrival on this barrier's twin in CTA `rank` of the cluster (the same shared-memory
+  // offset there; the own rank included), predicated as arrive_if. The default semantics (release
+  // at CTA scope), as CUTLASS's ClusterBarrier has them: .release.cluster compiles to a
+  // MEMBAR.ALL.GPU before every arrival (and .acquire.cluster waits to an L1 invalidation), which
+  // made the multicast kernel 0.6-0.75x the one without (docs/kernel-notes.md, session 16). What
+  // the arrival announces needs no fence: the consumers arrive once wgmma_wait has completed their
+  // reads of the stage, so none is outstanding when the other CTA's TMA overwrites it.
+  __device__ __forceinline__ void arrive_cluster_if(bool pred, uint32_t rank) {
+    asm volatile(
+        "{\n.reg .pred p;\n.reg .b32 remote;\nsetp.ne.b32 p, %1, 0;\n"
+        "mapa.shared::cluster.u32 remote, %0, %2;\n"
+        "@p mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_addr()),
+        "r"(static_cast<int>(pred)), "r"(rank)
+        : "memory");
+  }
+
   // One arrival once this thread's earlier cp.async copies have landed (counted in the barrier's
   // initial count: .noinc), so the copies' data is what a waiter of this phase sees.
   __device__ __forceinline__ void arrive_on_cp_async() {

@@ -33,6 +33,8 @@ struct TileConfig {
   static constexpr bool kPagedCpAsync = kHeadDim <= 128;
   // Tuning builds only: the kernel records its timeline (trace.h).
   static constexpr bool kTrace = kTrace_;
+  // CTAs per cluster sharing K/V by TMA multicast: 1 here, 2 in Multicast<> below.
+  static constexpr int kCluster = 1;
   // TMA's 128-byte swizzle moves boxes of at most 128 bytes per row: 64 16-bit columns. A tile of
   // d columns is d/64 boxes, stored one after the other ("column chunks").
   static constexpr int kChunkCols = 64;
@@ -88,6 +90,22 @@ template <bool kCausal>
 struct DefaultTile<256, kCausal> {
   using type = TileConfig<256, 128, 80, 2, /*kLazyRescale=*/true>;
 };
+
+// K/V multicast over a cluster of two CTAs (FlashAttention-3 runs its non-causal 16-bit tiles
+// from d128 up this way, ClusterM = 2): the two CTAs take adjacent query tiles of one head, so
+// they read the same K/V blocks, and each loads half of every block (alternate 64-column chunks)
+// into both CTAs' shared memory. K/V's L2-to-SM traffic halves: at d128 and 4k+ keys it is ~5 TB/s
+// at our rate, and under the 700 W limit what the data movement burns the clock pays for
+// (sustained_clock.py, session 11). Only where both CTAs of every cluster provably visit the same
+// key blocks: unmasked dense calls with an even number of query tiles (launch_template.h's
+// multicast_ok); the rest runs the tile alone.
+template <class Cfg>
+struct Multicast : Cfg {
+  static constexpr int kCluster = 2;
+  static_assert(Cfg::kChunks % 2 == 0, "each CTA loads half of the column chunks");
+};
+template <int kHeadDim>
+inline constexpr bool kMulticastKV = kHeadDim >= 128;
 
 // Up to kShortKeys keys a tile runs few key blocks, and the fixed cost of its start and end
 // (first QK^T and softmax, last PV, epilogue) weighs more than the blocks' rate: ShortTile is the

@@ -50,6 +50,16 @@ __device__ __forceinline__ void tma_load_4d(void* smem, const CUtensorMap* map, 
                                   coords, &bar.word);
 }
 
+// tma_load_4d, multicast: the box lands at `smem`'s offset in every CTA of the cluster whose bit
+// is set in `cta_mask`, each completing its bytes on the barrier at `bar`'s offset there.
+__device__ __forceinline__ void tma_load_4d_multicast(void* smem, const CUtensorMap* map,
+                                                      Mbarrier& bar, uint16_t cta_mask, int32_t c0,
+                                                      int32_t c1, int32_t c2, int32_t c3) {
+  const int32_t coords[4] = {c0, c1, c2, c3};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem, map,
+                                  coords, &bar.word, cta_mask);
+}
+
 // One 4-D box from `smem` (written by this CTA's threads: each fences its writes to the async
 // proxy and they synchronize before one thread issues this) into global memory; the elements of
 // the box outside the tensor are not written. The copy joins this thread's bulk group: commit it

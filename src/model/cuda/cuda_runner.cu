@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "common/cuda_device_count.h"
@@ -26,6 +27,7 @@
 #include "model/cuda/silu_mul.h"
 #include "model/rope.h"
 #include "model/step_attention.h"
+#include "model/step_graphs.h"
 #include "model/weights.h"
 
 namespace flashserve::model::cuda {
@@ -140,6 +142,9 @@ struct CudaRunner::Impl {
     device = dev;
     const char* g = std::getenv("FLASHSERVE_CUDA_GRAPHS");
     use_graphs = !(g && std::string(g) == "0");
+    // The largest mixed step that takes a graph (model/step_graphs.h); 0: mixed steps eager.
+    const char* mt = std::getenv("FLASHSERVE_MIXED_GRAPH_TOKENS");
+    if (mt && *mt) mixed_max_tokens = std::max<int64_t>(0, std::atoll(mt));
     const int count = cuda_device_count();
     if (dev < 0 || dev >= count)
       throw Error(ErrorKind::kInvalidArgument, "device",
@@ -378,30 +383,54 @@ struct CudaRunner::Impl {
             "block " + std::to_string(blk) + " outside the pool of " + std::to_string(num_blocks));
   }
 
-  // Decode-only steps replay a CUDA graph of the whole forward (every layer's launches, the
-  // attention's included), keyed by the batch size and the block table's width rounded up to a
-  // power of two: between steps only the index arrays change, and they are copied into the same
-  // device buffer before the replay. The table is padded to that width and max_seqlen_k set to
-  // its capacity (an upper bound, as the attention contract allows; the kernels stop at
-  // seqused_k). Any reallocation of a buffer a graph points into drops every graph.
+  // CUDA graphs of the whole forward (every layer's launches, the attention's included), one per
+  // shape of step; model/step_graphs.h decides which steps take one and at how many rows. Between
+  // steps of one graph only the index arrays change, and they are copied into the same device
+  // buffer before the replay. Any reallocation of a buffer a graph points into drops every graph.
+  //   - Decode-only steps: keyed by the batch and the block table's width rounded up to a power of
+  //     two; the table is padded to that width and the attention planned for the width's keys
+  //     (max_seqlen_k its capacity, an upper bound the contract allows; the kernels stop at
+  //     seqused_k), so a replay may split the keys otherwise than the step's own plan would.
+  //   - Mixed steps (prefill chunks, with or without decodes) of up to mixed_max_tokens tokens:
+  //     the rows padded to the token bucket (padding rows: token 0 at position 0, KV slot -1, which
+  //     rope_kv_write skips, in no sequence of cu_seqlens_q, and never a sample row; every kernel
+  //     but attention works row by row and attention never reads them, so they touch no real row
+  //     and no cache slot), the attention planned from the step's own lengths and widened to the
+  //     bounds (StepAttentionTensors::for_replay), and keyed by the padded rows, the sequences,
+  //     the sample rows, the width bucket and the plan's replay key. A replay then computes every
+  //     real row as the eager step does, bit for bit: the same kernels, splits and tiles on the
+  //     same rows, and GEMMs whose algorithm is that of the unpadded row count (the token buckets
+  //     are the GEMM's tuning buckets). A key is captured the kMixedCaptureAfter-th time it comes
+  //     (until then its steps run eagerly, padded); at most kMaxMixedGraphs are kept, the least
+  //     recently replayed dropped first.
   struct GraphKey {
-    int64_t batch, width;
+    StepGraphKind kind = StepGraphKind::kDecode;
+    int64_t rows = 0, batch = 0, samples = 0, width = 0;
+    std::string attention;  // mixed: the step's attention plan's replay_key()
     bool operator<(const GraphKey& o) const {
-      return batch != o.batch ? batch < o.batch : width < o.width;
+      return std::tie(kind, rows, batch, samples, width, attention) <
+             std::tie(o.kind, o.rows, o.batch, o.samples, o.width, o.attention);
     }
   };
-  std::map<GraphKey, cudaGraphExec_t> graphs;
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    int64_t last_used = 0;  // the step count of its last replay (mixed graphs' eviction)
+  };
+  std::map<GraphKey, Graph> graphs;
+  std::map<GraphKey, int> sightings;  // mixed keys without a graph: times seen
   bool use_graphs = true;
-  int64_t graph_replays = 0, graph_captures = 0;
+  int64_t mixed_max_tokens = kMixedGraphMaxTokens;
+  int64_t graph_replays = 0, graph_captures = 0, mixed_replays = 0, mixed_captures = 0;
+  int64_t steps = 0;
 
   void drop_graphs() {
-    for (auto& [k, g] : graphs) cudaGraphExecDestroy(g);
+    for (auto& [k, g] : graphs) cudaGraphExecDestroy(g.exec);
     graphs.clear();
   }
 
   // What a step's layers read: device index arrays and the step's attention, planned once.
   struct Step {
-    int64_t T = 0, S = 0;
+    int64_t T = 0, S = 0;  // rows (padded for a mixed graph) and sample rows
     const int32_t *ids = nullptr, *pos = nullptr, *slots = nullptr, *rows = nullptr;
     StepAttention attention;
   };
@@ -410,25 +439,26 @@ struct CudaRunner::Impl {
     check_batch(b);
     collect();
     check_cuda(cudaSetDevice(device), "cudaSetDevice");
-    const int64_t T = b.total_q, B = b.batch, S = static_cast<int64_t>(b.sample_rows.size());
-    const bool decode_only = use_graphs && !profiling && T == B && S == B && b.max_seqlen_q == 1;
-    int64_t width = b.pages_per_seq;
-    if (decode_only) {
-      width = 1;
-      while (width < b.pages_per_seq) width *= 2;
-    }
+    ++steps;
+    const int64_t B = b.batch, S = static_cast<int64_t>(b.sample_rows.size());
+    StepGraphOptions go;
+    go.graphs = use_graphs && !profiling;
+    go.mixed_max_tokens = mixed_max_tokens;
+    const StepGraphShape shape = step_graph_shape(b, go);
+    const int64_t T = shape.rows, width = shape.width;  // T >= total_q: padded rows after them
     bool moved = ensure_tokens(T);
     moved |= ensure_samples(S);
     last_samples = S;
 
-    // One staging copy of every index array, each at a 16-byte aligned offset; the block table
-    // is written `width` entries per row (padding repeats the row's first block).
+    // One staging copy of every index array, each at a 16-byte aligned offset. The token arrays
+    // take T entries (padding rows: token 0, position 0, slot -1); the block table is written
+    // `width` entries per row (padding repeats the row's first block).
     const std::vector<int32_t>* arrays[] = {&b.input_ids,    &b.positions, &b.slot_mapping,
                                             &b.cu_seqlens_q, &b.seqused_k, &b.block_table,
                                             &b.sample_rows};
-    const size_t sizes[] = {b.input_ids.size(),    b.positions.size(), b.slot_mapping.size(),
-                            b.cu_seqlens_q.size(), b.seqused_k.size(), size_t(B * width),
-                            b.sample_rows.size()};
+    const size_t sizes[] = {
+        size_t(T),          size_t(T),         size_t(T),           b.cu_seqlens_q.size(),
+        b.seqused_k.size(), size_t(B * width), b.sample_rows.size()};
     size_t offsets[7], total = 0;
     for (int i = 0; i < 7; ++i) {
       offsets[i] = total;
@@ -440,6 +470,8 @@ struct CudaRunner::Impl {
     for (int i = 0; i < 7; ++i)
       if (i != 5 && !arrays[i]->empty())
         std::memcpy(host + offsets[i], arrays[i]->data(), arrays[i]->size() * 4);
+    for (int i = 0; i < 3; ++i)
+      std::fill(host + offsets[i] + b.total_q, host + offsets[i] + T, i == 2 ? -1 : 0);
     for (int64_t r = 0; r < B && b.pages_per_seq > 0; ++r) {
       int32_t* row = host + offsets[5] + r * width;
       const int32_t* src = b.block_table.data() + r * b.pages_per_seq;
@@ -470,10 +502,12 @@ struct CudaRunner::Impl {
     at.seqused_k = dev + offsets[4];
     at.block_table = dev + offsets[5];
     at.table_width = width;
-    // A decode-only step is replayed as a graph at any lengths its key's width holds: its plan
-    // (the launches' grids and splits) is the plan for that bound, the same for every step of the
-    // key. Other steps plan from their own lengths.
-    at.kv_bound = decode_only ? width * block_size : 0;
+    // A graph replays its plan at any lengths its key's width holds: a decode graph's plan is the
+    // plan for that bound, the same for every step of the key; a mixed graph's is the step's own,
+    // widened to the bounds. Eager steps plan from their own lengths.
+    at.kv_bound = shape.kind == StepGraphKind::kEager ? 0 : width * block_size;
+    at.for_replay = shape.kind == StepGraphKind::kMixed;
+    at.q_bound = at.for_replay ? T : 0;
     at.num_splits = 0;  // the attention layer's split policy (attention/split_policy.h)
     at.stream = stream;
     st.attention = StepAttention(cfg, b, at);
@@ -488,21 +522,36 @@ struct CudaRunner::Impl {
     st.attention.set_workspace(attn_ws.get(), attn_ws.bytes());
     if (moved) drop_graphs();
 
-    if (!decode_only) return layers(st);
-    const GraphKey key{B, width};
+    if (shape.kind == StepGraphKind::kEager) return layers(st);
+    GraphKey key;
+    key.kind = shape.kind;
+    key.rows = T;
+    key.batch = B;
+    key.samples = S;
+    key.width = width;
+    if (shape.kind == StepGraphKind::kMixed) key.attention = st.attention.replay_key();
     auto it = graphs.find(key);
     if (it != graphs.end()) {
-      check_cuda(cudaGraphLaunch(it->second, stream), "graph launch");
+      check_cuda(cudaGraphLaunch(it->second.exec, stream), "graph launch");
+      it->second.last_used = steps;
       ++graph_replays;
+      if (shape.kind == StepGraphKind::kMixed) ++mixed_replays;
       return;
     }
-    // First step of this shape: run it eagerly (GEMM plans and kernel modules get loaded outside
-    // any capture), then capture the same launches for the next steps.
+    // A mixed key's first sightings run eagerly, padded (the same results as its graph's).
+    if (shape.kind == StepGraphKind::kMixed) {
+      if (sightings.size() > 4096) sightings.clear();
+      if (++sightings[key] < kMixedCaptureAfter) return layers(st);
+      sightings.erase(key);
+    }
+    // Run it eagerly (GEMM plans and kernel modules get loaded outside any capture), then capture
+    // the same launches for the next steps.
     layers(st);
     capture(key, st);
   }
 
   void capture(const GraphKey& key, const Step& st) {
+    const bool mixed = key.kind == StepGraphKind::kMixed;
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
@@ -517,13 +566,32 @@ struct CudaRunner::Impl {
     if (e == cudaSuccess && graph) e = cudaGraphInstantiate(&exec, graph, 0);
     if (graph) cudaGraphDestroy(graph);
     if (e != cudaSuccess || !exec) {
-      // Something in the step cannot be captured: run every step eagerly from now on.
-      std::fprintf(stderr, "cuda runner: decode graphs off (%s)\n", cudaGetErrorString(e));
+      // Something in the step cannot be captured: run every step of its kind eagerly from now on.
+      std::fprintf(stderr, "cuda runner: %s graphs off (%s)\n", mixed ? "mixed-step" : "decode",
+                   cudaGetErrorString(e));
       cudaGetLastError();
-      use_graphs = false;
+      if (mixed)
+        mixed_max_tokens = 0;
+      else
+        use_graphs = false;
       return;
     }
-    graphs.emplace(key, exec);
+    if (mixed) {
+      // The bound on mixed graphs: the least recently replayed goes.
+      int held = 0;
+      auto oldest = graphs.end();
+      for (auto g = graphs.begin(); g != graphs.end(); ++g) {
+        if (g->first.kind != StepGraphKind::kMixed) continue;
+        ++held;
+        if (oldest == graphs.end() || g->second.last_used < oldest->second.last_used) oldest = g;
+      }
+      if (held >= kMaxMixedGraphs) {
+        cudaGraphExecDestroy(oldest->second.exec);
+        graphs.erase(oldest);
+      }
+      ++mixed_captures;
+    }
+    graphs.emplace(key, Graph{exec, steps});
     ++graph_captures;
   }
 
@@ -639,7 +707,9 @@ void CudaRunner::prepare(int64_t max_tokens, int64_t max_rows) {
   Impl& m = *impl_;
   if (max_tokens <= 0 || max_rows <= 0) return;
   check_cuda(cudaSetDevice(m.device), "cudaSetDevice");
-  bool moved = m.ensure_tokens(max_tokens);
+  // A mixed step of max_tokens runs its graph at its token bucket's rows (model/step_graphs.h).
+  const int64_t rows = max_tokens <= m.mixed_max_tokens ? token_bucket(max_tokens) : max_tokens;
+  bool moved = m.ensure_tokens(rows);
   moved |= m.ensure_samples(max_rows);
   if (moved) m.drop_graphs();  // as forward() does: graphs hold the old buffers' addresses
   // Every layer has the same shapes: layer 0's weights stand for all (zeros in, results dropped).
@@ -792,6 +862,18 @@ void CudaRunner::set_cuda_graphs(bool on) {
 
 std::pair<int64_t, int64_t> CudaRunner::graph_counts() const {
   return {impl_->graph_captures, impl_->graph_replays};
+}
+
+void CudaRunner::set_mixed_graph_tokens(int64_t max_tokens) {
+  impl_->mixed_max_tokens = std::max<int64_t>(0, max_tokens);
+}
+
+std::pair<int64_t, int64_t> CudaRunner::mixed_graph_counts() const {
+  return {impl_->mixed_captures, impl_->mixed_replays};
+}
+
+std::pair<const void*, size_t> CudaRunner::kv_pool() const {
+  return {impl_->kv_mem.get(), impl_->kv_mem.bytes()};
 }
 
 void CudaRunner::set_profiling(bool on) {

@@ -6,10 +6,15 @@
 // batch (varlen queries, paged K/V, causal, automatic split-KV), the O GEMM, add+RMSNorm, the
 // gate/up GEMM, SiLU*up, the down GEMM; finally the last norm on the sample rows only and the LM
 // head for them (float32 logits). No host synchronization and no allocation inside a step once the
-// buffers have grown to the step's size (they grow, rarely, between steps). Decode-only steps
-// (one new token per sequence, every sequence sampled) replay a CUDA graph of the whole forward
-// per (batch size, block-table width rounded up to a power of two); FLASHSERVE_CUDA_GRAPHS=0 or
-// set_cuda_graphs(false) runs them eagerly.
+// buffers have grown to the step's size (they grow, rarely, between steps). Steps replay CUDA
+// graphs of the whole forward (model/step_graphs.h decides which, and the buckets): decode-only
+// steps (one new token per sequence, every sequence sampled) per (batch size, block-table width
+// rounded up to a power of two); mixed steps (prefill chunks, with or without decodes) of up to
+// 2048 tokens padded to their token bucket, per (bucket, sequences, sample rows, width bucket,
+// the attention plan's launches), with the eager step's logits bit for bit.
+// FLASHSERVE_CUDA_GRAPHS=0 or set_cuda_graphs(false) runs every step eagerly;
+// FLASHSERVE_MIXED_GRAPH_TOKENS=<n> or set_mixed_graph_tokens(n) sets the largest mixed step that
+// takes a graph (0: none).
 #pragma once
 
 #include <cstdint>
@@ -49,7 +54,12 @@ class CudaRunner : public ModelRunner {
 
   void set_cuda_graphs(bool on);
   void set_gemv(bool on);  // the small-batch GEMM kernel (gemv.h) instead of cuBLASLt
-  std::pair<int64_t, int64_t> graph_counts() const;  // (captures, replays) so far
+  std::pair<int64_t, int64_t> graph_counts() const;  // (captures, replays) so far, every kind
+  void set_mixed_graph_tokens(int64_t max_tokens);   // the largest mixed step with a graph; 0: none
+  std::pair<int64_t, int64_t> mixed_graph_counts() const;  // (captures, replays) of mixed steps
+  // The KV pool's device memory (per layer K then V), for tests that check which slots a step
+  // wrote.
+  std::pair<const void*, size_t> kv_pool() const;
 
   // Per-stage timing (CUDA events around each stage of every layer; adds a little host cost, so
   // off by default). profile() sums milliseconds per stage over the forwards since the last reset.

@@ -10,6 +10,7 @@
 #include "model/cuda/check.h"
 #include "model/cuda/gemm.h"
 #include "model/cuda/gemv.h"
+#include "model/step_graphs.h"
 
 namespace flashserve::model::cuda {
 namespace {
@@ -36,17 +37,11 @@ struct Plan {
 // a serving engine's steps carry every token count up to its budget (a chunk plus the decodes of
 // the moment), and timing 8 candidates x 6 runs for each new count stalled steps by tens of
 // milliseconds through the first minutes of serving (H200, mistral-7b shape: TBT p99 27 ms
-// measured against 15 predicted from a profile whose counts were all tuned). Powers of two up to
-// 64 rows (decode batches, where the weights' read is the cost), then multiples of 64 up to 1024,
-// then of 512: algorithms differ little within a bucket.
+// measured against 15 predicted from a profile whose counts were all tuned). The buckets are
+// model/step_graphs.h's token_bucket, shared with the runner's mixed-step graphs: a step padded to
+// its bucket gets the algorithm of its own row count, so its graph computes its rows bit for bit.
 int64_t tuning_bucket(int64_t m) {
-  if (m <= 64) {
-    int64_t b = 1;
-    while (b < m) b *= 2;
-    return b;
-  }
-  const int64_t step = m <= 1024 ? 64 : 512;
-  return (m + step - 1) / step * step;
+  return token_bucket(m);
 }
 
 }  // namespace
@@ -145,8 +140,11 @@ struct Gemm::Impl {
         cudaEventDestroy(e0);
         cudaEventDestroy(e1);
         cudaGetLastError();
-        timed.emplace(bucket, p.algo);
       }
+      // The bucket's algorithm, timed or (one candidate) the only one: every later row count of
+      // the bucket takes it, so a mixed step padded to its bucket (model/step_graphs.h) runs the
+      // algorithm of its unpadded rows. Not from inside a capture (nothing was timed there).
+      if (capturing == cudaStreamCaptureStatusNone) timed.emplace(bucket, p.algo);
     }
     return plans.emplace(key, p).first->second;
   }

@@ -1,9 +1,10 @@
 // The model's one matrix product, through cuBLASLt: y[m, n] = x[m, k] · w[n, k]^T, x and w bf16
 // row-major (w in Hugging Face's [out, in] layout, as stored in the checkpoint), y bf16 or float32,
 // float32 accumulation. The algorithm is chosen once per shape and kept: cuBLASLt's candidates
-// for the shape are timed on the call's own operands once per bucket of row counts (gemm.cu's
-// tuning_bucket), and later row counts of the bucket take that pick (a host-only check), so a
-// serving engine's varying token counts do not each pay for a timing.
+// for the shape are timed on the call's own operands once per bucket of row counts
+// (model/step_graphs.h's token_bucket), and later row counts of the bucket take that pick (a
+// host-only check), so a serving engine's varying token counts do not each pay for a timing, and a
+// mixed step padded to its bucket in a CUDA graph runs the algorithm of its unpadded rows.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,0 +1,44 @@
+#include "model/step_graphs.h"
+
+#include <algorithm>
+
+namespace flashserve::model {
+
+// Powers of two up to 64 rows (decode batches, where the weights' read is the cost), then
+// multiples of 64 up to 1024, then of 512: cuBLASLt's algorithms differ little within a bucket
+// (gemm.cu), and a mixed step pads at most one bucket step.
+int64_t token_bucket(int64_t m) {
+  if (m <= 64) {
+    int64_t b = 1;
+    while (b < m) b *= 2;
+    return b;
+  }
+  const int64_t step = m <= 1024 ? 64 : 512;
+  return (m + step - 1) / step * step;
+}
+
+int64_t width_bucket(int64_t pages_per_seq) {
+  int64_t w = 1;
+  while (w < pages_per_seq) w *= 2;
+  return w;
+}
+
+StepGraphShape step_graph_shape(const ForwardBatch& b, const StepGraphOptions& o) {
+  StepGraphShape s;
+  s.rows = b.total_q;
+  s.width = b.pages_per_seq;
+  if (!o.graphs || b.total_q == 0) return s;
+  const int64_t samples = static_cast<int64_t>(b.sample_rows.size());
+  if (b.total_q == b.batch && samples == b.batch && b.max_seqlen_q == 1) {
+    s.kind = StepGraphKind::kDecode;
+    s.width = width_bucket(b.pages_per_seq);
+    return s;
+  }
+  if (b.total_q > o.mixed_max_tokens) return s;
+  s.kind = StepGraphKind::kMixed;
+  s.rows = token_bucket(b.total_q);
+  s.width = width_bucket(b.pages_per_seq);
+  return s;
+}
+
+}  // namespace flashserve::model

@@ -1,0 +1,60 @@
+// Which CUDA graph, if any, a step of the CUDA runner replays, and the row counts it runs at: the
+// one place that holds the bucket decisions (plain C++, so CI tests them without a GPU).
+//
+// Token buckets (token_bucket): powers of two up to 64 rows, multiples of 64 up to 1024, then of
+// 512. They are the GEMM's tuning buckets too (gemm.cu times cuBLASLt's candidates once per bucket
+// and every row count of the bucket takes that algorithm): a mixed step padded to its bucket runs
+// every GEMM with the algorithm its unpadded rows would get, which is what lets its graph give the
+// eager step's logits bit for bit. Padding costs at most 63 rows up to 1024 tokens (6% of a
+// 1024-token step) and 511 above.
+//
+// Three kinds of step:
+//   - decode-only (one new token per sequence, every sequence sampled): a graph per (batch, block
+//     table width rounded up to a power of two), its attention planned for the width's keys;
+//   - mixed (prefill chunks, with or without decodes) of at most mixed_max_tokens tokens: the rows
+//     padded to token_bucket(T), a graph per (padded rows, sequences, sample rows, width bucket,
+//     the attention plan's replay key: the kernels, tiles, splits and sequence ranges its own
+//     lengths choose, which fixes the decode count where the batch keeps decodes together);
+//   - anything else (graphs off, profiling, a step above mixed_max_tokens): eager.
+// A step of kMixedGraphMaxTokens is 24 token buckets; the runner captures a mixed key the
+// kMixedCaptureAfter-th time it sees it and keeps at most kMaxMixedGraphs mixed graphs (the least
+// recently replayed goes first), each a few hundred kernel nodes that point into the runner's own
+// buffers (a graph holds no activation memory of its own).
+#pragma once
+
+#include <cstdint>
+
+#include "model/forward_batch.h"
+
+namespace flashserve::model {
+
+// The bucket of a step's (or a GEMM's) row count: the smallest bucket value >= m (m >= 1).
+int64_t token_bucket(int64_t m);
+
+// A block table width rounded up to a power of two (a graph replays for any width up to it).
+int64_t width_bucket(int64_t pages_per_seq);
+
+inline constexpr int64_t kMixedGraphMaxTokens = 2048;
+inline constexpr int kMaxMixedGraphs = 64;
+// A mixed step's graph is captured the second time its key is seen (the first runs eagerly, padded
+// as the graph would): under a changing load many keys come once (a request joins, another ends),
+// and a capture costs about a second eager step of host time plus the instantiation.
+inline constexpr int kMixedCaptureAfter = 2;
+
+enum class StepGraphKind { kEager, kDecode, kMixed };
+
+struct StepGraphOptions {
+  bool graphs = true;                               // off: every step eager
+  int64_t mixed_max_tokens = kMixedGraphMaxTokens;  // 0: mixed steps eager
+};
+
+struct StepGraphShape {
+  StepGraphKind kind = StepGraphKind::kEager;
+  int64_t rows = 0;   // rows of the step's token buffers it runs: total_q, or its bucket (mixed)
+  int64_t width = 0;  // block table entries per sequence it stages
+};
+
+// The kind of the batch's step and the rows and width it runs at.
+StepGraphShape step_graph_shape(const ForwardBatch& batch, const StepGraphOptions& options);
+
+}  // namespace flashserve::model

@@ -1,0 +1,116 @@
+// Which CUDA graph a step of the CUDA runner takes and at how many rows (model/step_graphs.h), on
+// the host: the token buckets (shared with the GEMM's tuning), the width buckets, and the kind of
+// each step.
+#include "model/step_graphs.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <tuple>
+#include <vector>
+
+namespace flashserve::model {
+namespace {
+
+TEST(StepGraphs, TokenBucketsArePowersOfTwoThenMultiplesOf64ThenOf512) {
+  EXPECT_EQ(token_bucket(1), 1);
+  EXPECT_EQ(token_bucket(2), 2);
+  EXPECT_EQ(token_bucket(3), 4);
+  EXPECT_EQ(token_bucket(33), 64);
+  EXPECT_EQ(token_bucket(64), 64);
+  EXPECT_EQ(token_bucket(65), 128);
+  EXPECT_EQ(token_bucket(129), 192);
+  EXPECT_EQ(token_bucket(300), 320);
+  EXPECT_EQ(token_bucket(511), 512);
+  EXPECT_EQ(token_bucket(512), 512);
+  EXPECT_EQ(token_bucket(1000), 1024);
+  EXPECT_EQ(token_bucket(1025), 1536);
+  EXPECT_EQ(token_bucket(2048), 2048);
+  EXPECT_EQ(token_bucket(8191), 8192);
+}
+
+TEST(StepGraphs, EveryCountUpToTheLargestMixedStepHasABucketThatKeepsIt) {
+  std::set<int64_t> buckets;
+  int64_t prev = 0;
+  for (int64_t t = 1; t <= kMixedGraphMaxTokens; ++t) {
+    const int64_t b = token_bucket(t);
+    EXPECT_GE(b, t);
+    EXPECT_GE(b, prev) << "monotone";
+    EXPECT_EQ(token_bucket(b), b) << "a bucket is its own bucket (the GEMM's tuning agrees)";
+    // The padding: below the bucket step (64 up to 1024, 512 above; under 64 less than t).
+    EXPECT_LT(b - t, t <= 64 ? t : t <= 1024 ? 64 : 512) << t;
+    buckets.insert(b);
+    prev = b;
+  }
+  // 1, 2, 4, ..., 64; 128 ... 1024 by 64; 1536, 2048.
+  EXPECT_EQ(buckets.size(), 7u + 15u + 2u);
+  EXPECT_EQ(*buckets.rbegin(), kMixedGraphMaxTokens);
+}
+
+TEST(StepGraphs, WidthBucketIsThePowerOfTwoAbove) {
+  EXPECT_EQ(width_bucket(0), 1);
+  EXPECT_EQ(width_bucket(1), 1);
+  EXPECT_EQ(width_bucket(5), 8);
+  EXPECT_EQ(width_bucket(64), 64);
+  EXPECT_EQ(width_bucket(65), 128);
+}
+
+// q_len, kv_len and whether it samples, per entry (blocks of 16 tokens, ids 1.. in order).
+ForwardBatch batch(const std::vector<std::tuple<int64_t, int64_t, bool>>& entries) {
+  ForwardBatchBuilder bb(16);
+  std::vector<int32_t> ids(4096, 3);
+  int32_t next = 0;
+  for (const auto& [q, kv, samples] : entries) {
+    std::vector<int32_t> blocks;
+    for (int64_t i = 0; i < (kv + 15) / 16; ++i) blocks.push_back(next++);
+    bb.add(ids.data(), kv - q, q, blocks, samples);
+  }
+  return std::move(bb).build();
+}
+
+TEST(StepGraphs, DecodeOnlyStepsTakeDecodeGraphsAtTheirBatch) {
+  const ForwardBatch b = batch({{1, 40, true}, {1, 100, true}, {1, 7, true}});
+  const StepGraphShape s = step_graph_shape(b, {});
+  EXPECT_EQ(s.kind, StepGraphKind::kDecode);
+  EXPECT_EQ(s.rows, 3);
+  EXPECT_EQ(s.width, 8);  // 7 pages
+}
+
+TEST(StepGraphs, MixedStepsArePaddedToTheirBucket) {
+  // Two decodes and two odd chunks: 1 + 1 + 97 + 201 = 300 tokens, run as 320.
+  const ForwardBatch b = batch({{1, 40, true}, {1, 33, true}, {97, 300, false}, {201, 201, true}});
+  const StepGraphShape s = step_graph_shape(b, {});
+  EXPECT_EQ(s.kind, StepGraphKind::kMixed);
+  EXPECT_EQ(s.rows, 320);
+  EXPECT_EQ(s.width, 32);  // 19 pages
+  // Chunks alone are mixed steps too; so is a batch of single tokens that does not sample all.
+  EXPECT_EQ(step_graph_shape(batch({{77, 77, true}}), {}).kind, StepGraphKind::kMixed);
+  EXPECT_EQ(step_graph_shape(batch({{77, 77, true}}), {}).rows, 128);
+  EXPECT_EQ(step_graph_shape(batch({{1, 5, true}, {1, 9, false}}), {}).kind, StepGraphKind::kMixed);
+}
+
+TEST(StepGraphs, StepsAboveTheLargestBucketAndGraphsOffRunEager) {
+  const ForwardBatch big =
+      batch({{1, 40, true}, {kMixedGraphMaxTokens, kMixedGraphMaxTokens, true}});
+  StepGraphShape s = step_graph_shape(big, {});
+  EXPECT_EQ(s.kind, StepGraphKind::kEager);
+  EXPECT_EQ(s.rows, kMixedGraphMaxTokens + 1);
+  EXPECT_EQ(s.width, big.pages_per_seq);  // unpadded
+  const ForwardBatch b = batch({{1, 40, true}, {100, 100, true}});
+  StepGraphOptions o;
+  o.mixed_max_tokens = 100;
+  EXPECT_EQ(step_graph_shape(b, o).kind, StepGraphKind::kEager);  // 101 tokens
+  o.mixed_max_tokens = 101;
+  EXPECT_EQ(step_graph_shape(b, o).kind, StepGraphKind::kMixed);
+  o.mixed_max_tokens = 0;
+  EXPECT_EQ(step_graph_shape(b, o).kind, StepGraphKind::kEager);
+  o.graphs = false;
+  EXPECT_EQ(step_graph_shape(batch({{1, 5, true}}), o).kind, StepGraphKind::kEager);
+  s = step_graph_shape(b, o);
+  EXPECT_EQ(s.kind, StepGraphKind::kEager);
+  EXPECT_EQ(s.rows, 101);
+  EXPECT_EQ(step_graph_shape(ForwardBatch{}, {}).kind, StepGraphKind::kEager);
+}
+
+}  // namespace
+}  // namespace flashserve::model
