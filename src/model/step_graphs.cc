@@ -1,6 +1,10 @@
 #include "model/step_graphs.h"
 
 #include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "flashserve/error.h"
 
 namespace flashserve::model {
 
@@ -21,6 +25,28 @@ int64_t width_bucket(int64_t pages_per_seq) {
   int64_t w = 1;
   while (w < pages_per_seq) w *= 2;
   return w;
+}
+
+StepGraphOptions step_graph_options_from_env(const char* cuda_graphs, const char* mixed_tokens) {
+  StepGraphOptions o;
+  if (cuda_graphs != nullptr && *cuda_graphs != '\0' && std::strcmp(cuda_graphs, "1") != 0) {
+    if (std::strcmp(cuda_graphs, "0") != 0)
+      throw Error(ErrorKind::kInvalidArgument, "FLASHSERVE_CUDA_GRAPHS",
+                  std::string("must be 0 or 1, got \"") + cuda_graphs + "\"");
+    o.graphs = false;
+  }
+  if (mixed_tokens != nullptr && *mixed_tokens != '\0') {
+    int64_t n = 0;
+    for (const char* c = mixed_tokens; *c != '\0'; ++c) {
+      if (*c < '0' || *c > '9' || n > (int64_t{1} << 40))
+        throw Error(
+            ErrorKind::kInvalidArgument, "FLASHSERVE_MIXED_GRAPH_TOKENS",
+            std::string("must be a non-negative token count, got \"") + mixed_tokens + "\"");
+      n = n * 10 + (*c - '0');
+    }
+    o.mixed_max_tokens = n;
+  }
+  return o;
 }
 
 StepGraphShape step_graph_shape(const ForwardBatch& b, const StepGraphOptions& o) {

@@ -54,6 +54,12 @@ struct StepGraphShape {
   int64_t width = 0;  // block table entries per sequence it stages
 };
 
+// The runner's options from its environment, refused by name where a value is not understood:
+// FLASHSERVE_CUDA_GRAPHS ("0" off; unset, empty or "1" on) and FLASHSERVE_MIXED_GRAPH_TOKENS (a
+// non-negative decimal count, the largest mixed step that takes a graph; 0: mixed steps eager;
+// unset or empty: kMixedGraphMaxTokens). The arguments are the variables' values (null: unset).
+StepGraphOptions step_graph_options_from_env(const char* cuda_graphs, const char* mixed_tokens);
+
 // The kind of the batch's step and the rows and width it runs at.
 StepGraphShape step_graph_shape(const ForwardBatch& batch, const StepGraphOptions& options);
 

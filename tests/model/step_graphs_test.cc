@@ -3,6 +3,8 @@
 // each step.
 #include "model/step_graphs.h"
 
+#include "flashserve/error.h"
+
 #include <gtest/gtest.h>
 
 #include <set>
@@ -110,6 +112,33 @@ TEST(StepGraphs, StepsAboveTheLargestBucketAndGraphsOffRunEager) {
   EXPECT_EQ(s.kind, StepGraphKind::kEager);
   EXPECT_EQ(s.rows, 101);
   EXPECT_EQ(step_graph_shape(ForwardBatch{}, {}).kind, StepGraphKind::kEager);
+}
+
+TEST(StepGraphs, TheEnvironmentIsReadStrictly) {
+  const StepGraphOptions unset = step_graph_options_from_env(nullptr, nullptr);
+  EXPECT_TRUE(unset.graphs);
+  EXPECT_EQ(unset.mixed_max_tokens, kMixedGraphMaxTokens);
+  EXPECT_TRUE(step_graph_options_from_env("", "").graphs);
+  EXPECT_TRUE(step_graph_options_from_env("1", nullptr).graphs);
+  EXPECT_FALSE(step_graph_options_from_env("0", nullptr).graphs);
+  EXPECT_EQ(step_graph_options_from_env(nullptr, "0").mixed_max_tokens, 0);
+  EXPECT_EQ(step_graph_options_from_env(nullptr, "512").mixed_max_tokens, 512);
+  for (const char* bad : {"yes", "off", "2", " 1"}) {
+    try {
+      step_graph_options_from_env(bad, nullptr);
+      ADD_FAILURE() << "FLASHSERVE_CUDA_GRAPHS=" << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "FLASHSERVE_CUDA_GRAPHS") << e.what();
+    }
+  }
+  for (const char* bad : {"-1", "5k", "1.5", "99999999999999999999", " 8"}) {
+    try {
+      step_graph_options_from_env(nullptr, bad);
+      ADD_FAILURE() << "FLASHSERVE_MIXED_GRAPH_TOKENS=" << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "FLASHSERVE_MIXED_GRAPH_TOKENS") << e.what();
+    }
+  }
 }
 
 }  // namespace

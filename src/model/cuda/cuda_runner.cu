@@ -140,11 +140,11 @@ struct CudaRunner::Impl {
 
   void init(int dev) {
     device = dev;
-    const char* g = std::getenv("FLASHSERVE_CUDA_GRAPHS");
-    use_graphs = !(g && std::string(g) == "0");
-    // The largest mixed step that takes a graph (model/step_graphs.h); 0: mixed steps eager.
-    const char* mt = std::getenv("FLASHSERVE_MIXED_GRAPH_TOKENS");
-    if (mt && *mt) mixed_max_tokens = std::max<int64_t>(0, std::atoll(mt));
+    // Graphs on or off, and the largest mixed step that takes one (model/step_graphs.h).
+    const StepGraphOptions env = step_graph_options_from_env(
+        std::getenv("FLASHSERVE_CUDA_GRAPHS"), std::getenv("FLASHSERVE_MIXED_GRAPH_TOKENS"));
+    use_graphs = env.graphs;
+    mixed_max_tokens = env.mixed_max_tokens;
     const int count = cuda_device_count();
     if (dev < 0 || dev >= count)
       throw Error(ErrorKind::kInvalidArgument, "device",
