@@ -30,6 +30,7 @@
 #include "model/cuda/cuda_runner.h"
 #include "model/forward_batch.h"
 #include "model/presets.h"
+#include "model/step_graphs.h"
 
 namespace fm = flashserve::model;
 using Clock = std::chrono::steady_clock;
@@ -261,6 +262,7 @@ void time_mixed(const fm::ModelConfig& cfg, int64_t budget, int64_t context,
     const auto before = runner->mixed_graph_counts();
     for (int graphs = 1; graphs >= 0; --graphs) {
       runner->set_cuda_graphs(graphs == 1);
+      runner->set_mixed_graph_tokens(graphs == 1 ? fm::kMixedGraphMaxTokens : 0);
       for (int i = 0; i < 3; ++i) step();
       const auto t0 = Clock::now();
       for (int i = 0; i < steps; ++i) step();

@@ -35,6 +35,11 @@ int64_t token_bucket(int64_t m);
 int64_t width_bucket(int64_t pages_per_seq);
 
 inline constexpr int64_t kMixedGraphMaxTokens = 2048;
+// Mixed-step graphs are off unless asked for (FLASHSERVE_MIXED_GRAPH_TOKENS,
+// set_mixed_graph_tokens) until a device run has shown their logits bit-identical to the eager
+// step's (tests/model_gpu/mixed_graph_gpu_test.cc; docs/model-gpu.md): a wrong replay would be a
+// silent wrong answer in every Sarathi step.
+inline constexpr bool kMixedGraphsByDefault = false;
 inline constexpr int kMaxMixedGraphs = 64;
 // A mixed step's graph is captured the second time its key is seen (the first runs eagerly, padded
 // as the graph would): under a changing load many keys come once (a request joins, another ends),
@@ -44,8 +49,8 @@ inline constexpr int kMixedCaptureAfter = 2;
 enum class StepGraphKind { kEager, kDecode, kMixed };
 
 struct StepGraphOptions {
-  bool graphs = true;                               // off: every step eager
-  int64_t mixed_max_tokens = kMixedGraphMaxTokens;  // 0: mixed steps eager
+  bool graphs = true;  // off: every step eager
+  int64_t mixed_max_tokens = kMixedGraphsByDefault ? kMixedGraphMaxTokens : 0;  // 0: eager
 };
 
 struct StepGraphShape {
@@ -57,7 +62,8 @@ struct StepGraphShape {
 // The runner's options from its environment, refused by name where a value is not understood:
 // FLASHSERVE_CUDA_GRAPHS ("0" off; unset, empty or "1" on) and FLASHSERVE_MIXED_GRAPH_TOKENS (a
 // non-negative decimal count, the largest mixed step that takes a graph; 0: mixed steps eager;
-// unset or empty: kMixedGraphMaxTokens). The arguments are the variables' values (null: unset).
+// unset or empty: StepGraphOptions' default). The arguments are the variables' values (null:
+// unset).
 StepGraphOptions step_graph_options_from_env(const char* cuda_graphs, const char* mixed_tokens);
 
 // The kind of the batch's step and the rows and width it runs at.

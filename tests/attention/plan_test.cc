@@ -615,10 +615,10 @@ TEST(PlanFamily, ParsesTheFamilyVariables) {
   }
 }
 
-// The backward's one decision (backward_cuda.cu): auto takes the sm90 kernel wherever it can run
-// the call (head dims 64 and 128, no modifiers, not deterministic, a 9.0 device of a 90a build),
-// else sm80; sm80 forced is sm80 whatever sm90 lacks; sm90 forced refuses what it lacks by the
-// variable's name.
+// The backward's one decision (backward_cuda.cu): auto takes the sm90 kernel (once
+// kSm90BackwardByDefault) wherever it can run the call (head dims 64 and 128, no modifiers, not
+// deterministic, a 9.0 device of a 90a build), else sm80; sm80 forced is sm80 whatever sm90 lacks;
+// sm90 forced refuses what it lacks by the variable's name.
 TEST(PlanFamily, BackwardTakesSm90WhereItCanAndDeterministicStaysOnSm80) {
   using attention::choose_backward_family;
   using attention::FamilyRequest;
@@ -628,7 +628,9 @@ TEST(PlanFamily, BackwardTakesSm90WhereItCanAndDeterministicStaysOnSm80) {
   const std::string here = "";  // a 9.0 device, a build with 90a, strides TMA takes
   const std::string a100 = "needs a compute capability 9.0 device, this one is 8.0";
   EXPECT_EQ(sm90_backward_lacks(pr, false, here), "");
-  EXPECT_EQ(choose_backward_family(pr, false, FamilyRequest::kAuto, here), KernelFamily::kSm90);
+  const KernelFamily by_default =
+      attention::kSm90BackwardByDefault ? KernelFamily::kSm90 : KernelFamily::kSm80;
+  EXPECT_EQ(choose_backward_family(pr, false, FamilyRequest::kAuto, here), by_default);
   EXPECT_EQ(choose_backward_family(pr, false, FamilyRequest::kSm80, here), KernelFamily::kSm80);
   EXPECT_EQ(choose_backward_family(pr, false, FamilyRequest::kAuto, a100), KernelFamily::kSm80);
   // deterministic: sm80's fixed-order dq kernel.
@@ -636,7 +638,7 @@ TEST(PlanFamily, BackwardTakesSm90WhereItCanAndDeterministicStaysOnSm80) {
   EXPECT_EQ(choose_backward_family(pr, true, FamilyRequest::kAuto, here), KernelFamily::kSm80);
   EXPECT_EQ(choose_backward_family(pr, true, FamilyRequest::kSm80, here), KernelFamily::kSm80);
   Problem d64 = dense(2, 2048, 16, 64, false).pr;
-  EXPECT_EQ(choose_backward_family(d64, false, FamilyRequest::kAuto, here), KernelFamily::kSm90);
+  EXPECT_EQ(choose_backward_family(d64, false, FamilyRequest::kAuto, here), by_default);
   Problem d256 = dense(2, 2048, 16, 256, false).pr;
   EXPECT_NE(sm90_backward_lacks(d256, false, here).find("head_dim 256"), std::string::npos);
   EXPECT_EQ(choose_backward_family(d256, false, FamilyRequest::kAuto, here), KernelFamily::kSm80);

@@ -14,6 +14,14 @@
 namespace flashserve::model {
 namespace {
 
+// Mixed-step graphs as the runner takes them when asked for (the default keeps them off until
+// their first device run: kMixedGraphsByDefault).
+StepGraphOptions on() {
+  StepGraphOptions o;
+  o.mixed_max_tokens = kMixedGraphMaxTokens;
+  return o;
+}
+
 TEST(StepGraphs, TokenBucketsArePowersOfTwoThenMultiplesOf64ThenOf512) {
   EXPECT_EQ(token_bucket(1), 1);
   EXPECT_EQ(token_bucket(2), 2);
@@ -72,7 +80,7 @@ ForwardBatch batch(const std::vector<std::tuple<int64_t, int64_t, bool>>& entrie
 
 TEST(StepGraphs, DecodeOnlyStepsTakeDecodeGraphsAtTheirBatch) {
   const ForwardBatch b = batch({{1, 40, true}, {1, 100, true}, {1, 7, true}});
-  const StepGraphShape s = step_graph_shape(b, {});
+  const StepGraphShape s = step_graph_shape(b, on());
   EXPECT_EQ(s.kind, StepGraphKind::kDecode);
   EXPECT_EQ(s.rows, 3);
   EXPECT_EQ(s.width, 8);  // 7 pages
@@ -81,20 +89,20 @@ TEST(StepGraphs, DecodeOnlyStepsTakeDecodeGraphsAtTheirBatch) {
 TEST(StepGraphs, MixedStepsArePaddedToTheirBucket) {
   // Two decodes and two odd chunks: 1 + 1 + 97 + 201 = 300 tokens, run as 320.
   const ForwardBatch b = batch({{1, 40, true}, {1, 33, true}, {97, 300, false}, {201, 201, true}});
-  const StepGraphShape s = step_graph_shape(b, {});
+  const StepGraphShape s = step_graph_shape(b, on());
   EXPECT_EQ(s.kind, StepGraphKind::kMixed);
   EXPECT_EQ(s.rows, 320);
   EXPECT_EQ(s.width, 32);  // 19 pages
   // Chunks alone are mixed steps too; so is a batch of single tokens that does not sample all.
-  EXPECT_EQ(step_graph_shape(batch({{77, 77, true}}), {}).kind, StepGraphKind::kMixed);
-  EXPECT_EQ(step_graph_shape(batch({{77, 77, true}}), {}).rows, 128);
-  EXPECT_EQ(step_graph_shape(batch({{1, 5, true}, {1, 9, false}}), {}).kind, StepGraphKind::kMixed);
+  EXPECT_EQ(step_graph_shape(batch({{77, 77, true}}), on()).kind, StepGraphKind::kMixed);
+  EXPECT_EQ(step_graph_shape(batch({{77, 77, true}}), on()).rows, 128);
+  EXPECT_EQ(step_graph_shape(batch({{1, 5, true}, {1, 9, false}}), on()).kind, StepGraphKind::kMixed);
 }
 
 TEST(StepGraphs, StepsAboveTheLargestBucketAndGraphsOffRunEager) {
   const ForwardBatch big =
       batch({{1, 40, true}, {kMixedGraphMaxTokens, kMixedGraphMaxTokens, true}});
-  StepGraphShape s = step_graph_shape(big, {});
+  StepGraphShape s = step_graph_shape(big, on());
   EXPECT_EQ(s.kind, StepGraphKind::kEager);
   EXPECT_EQ(s.rows, kMixedGraphMaxTokens + 1);
   EXPECT_EQ(s.width, big.pages_per_seq);  // unpadded
@@ -111,13 +119,13 @@ TEST(StepGraphs, StepsAboveTheLargestBucketAndGraphsOffRunEager) {
   s = step_graph_shape(b, o);
   EXPECT_EQ(s.kind, StepGraphKind::kEager);
   EXPECT_EQ(s.rows, 101);
-  EXPECT_EQ(step_graph_shape(ForwardBatch{}, {}).kind, StepGraphKind::kEager);
+  EXPECT_EQ(step_graph_shape(ForwardBatch{}, on()).kind, StepGraphKind::kEager);
 }
 
 TEST(StepGraphs, TheEnvironmentIsReadStrictly) {
   const StepGraphOptions unset = step_graph_options_from_env(nullptr, nullptr);
   EXPECT_TRUE(unset.graphs);
-  EXPECT_EQ(unset.mixed_max_tokens, kMixedGraphMaxTokens);
+  EXPECT_EQ(unset.mixed_max_tokens, StepGraphOptions{}.mixed_max_tokens);
   EXPECT_TRUE(step_graph_options_from_env("", "").graphs);
   EXPECT_TRUE(step_graph_options_from_env("1", nullptr).graphs);
   EXPECT_FALSE(step_graph_options_from_env("0", nullptr).graphs);

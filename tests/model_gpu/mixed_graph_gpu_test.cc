@@ -203,6 +203,7 @@ RepeatedShape repeated_shape(int64_t decode_len, int64_t chunk_start, int64_t st
 std::vector<std::vector<float>> run_steps(CudaRunner& r, const std::vector<ForwardBatch>& steps,
                                           int64_t pool_blocks, bool graphs) {
   r.set_cuda_graphs(graphs);
+  r.set_mixed_graph_tokens(graphs ? model::kMixedGraphMaxTokens : 0);
   r.allocate_kv(pool_blocks, kBlock);
   std::vector<std::vector<float>> out;
   for (const ForwardBatch& b : steps) {
@@ -333,6 +334,7 @@ TEST(GpuMixedGraphs, PaddingRowsWriteNoCacheSlot) {
   const int64_t vocab = r->config().vocab_size;
   ASSERT_EQ(model::token_bucket(51), 64);
   r->set_cuda_graphs(true);
+  r->set_mixed_graph_tokens(model::kMixedGraphMaxTokens);
   r->allocate_kv(32, kBlock);
   const auto [pool, bytes] = r->kv_pool();
   ASSERT_EQ(cudaMemset(const_cast<void*>(pool), 0x5a, bytes), cudaSuccess);

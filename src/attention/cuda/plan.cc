@@ -86,7 +86,8 @@ KernelFamily choose_backward_family(const Problem& pr, bool deterministic, Famil
   const std::string lacks = sm90_backward_lacks(pr, deterministic, sm90_unavailable);
   if (request == FamilyRequest::kSm90 && !lacks.empty())
     throw Error(ErrorKind::kUnsupported, "FLASHSERVE_BWD_KERNEL", "sm90: " + lacks);
-  return lacks.empty() ? KernelFamily::kSm90 : KernelFamily::kSm80;
+  const bool sm90 = request == FamilyRequest::kSm90 || kSm90BackwardByDefault;
+  return sm90 && lacks.empty() ? KernelFamily::kSm90 : KernelFamily::kSm80;
 }
 
 namespace {

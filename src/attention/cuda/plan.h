@@ -144,9 +144,16 @@ FamilyRequest parse_family_request(const char* value, const char* variable);
 std::string sm90_backward_lacks(const Problem& pr, bool deterministic,
                                 const std::string& sm90_unavailable);
 
-// The backward's one decision: with `request` kAuto, sm90 wherever sm90_backward_lacks is ""
-// (the compute capability 9.0 device of a build with 90a), else sm80; kSm80 forces sm80; kSm90
-// forces sm90, and a call it cannot run throws kUnsupported naming FLASHSERVE_BWD_KERNEL.
+// Whether the default dispatch takes the sm90 backward where it can run the call. Off until a
+// device run has shown it matching the float64 reference (written offline in session 16; its
+// first-run risks are in docs/kernel-notes.md, "sm90 backward"): a wrong gradient would be a
+// silent wrong answer in every training step. FLASHSERVE_BWD_KERNEL=sm90 opts in meanwhile.
+inline constexpr bool kSm90BackwardByDefault = false;
+
+// The backward's one decision: with `request` kAuto and kSm90BackwardByDefault, sm90 wherever
+// sm90_backward_lacks is "" (the compute capability 9.0 device of a build with 90a), else sm80;
+// kSm80 forces sm80; kSm90 forces sm90, and a call it cannot run throws kUnsupported naming
+// FLASHSERVE_BWD_KERNEL.
 KernelFamily choose_backward_family(const Problem& pr, bool deterministic, FamilyRequest request,
                                     const std::string& sm90_unavailable);
 

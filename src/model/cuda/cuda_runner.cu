@@ -419,7 +419,7 @@ struct CudaRunner::Impl {
   std::map<GraphKey, Graph> graphs;
   std::map<GraphKey, int> sightings;  // mixed keys without a graph: times seen
   bool use_graphs = true;
-  int64_t mixed_max_tokens = kMixedGraphMaxTokens;
+  int64_t mixed_max_tokens = StepGraphOptions{}.mixed_max_tokens;
   int64_t graph_replays = 0, graph_captures = 0, mixed_replays = 0, mixed_captures = 0;
   int64_t steps = 0;
 
