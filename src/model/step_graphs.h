@@ -36,9 +36,10 @@ int64_t width_bucket(int64_t pages_per_seq);
 
 inline constexpr int64_t kMixedGraphMaxTokens = 2048;
 // Mixed-step graphs are off unless asked for (FLASHSERVE_MIXED_GRAPH_TOKENS,
-// set_mixed_graph_tokens) until a device run has shown their logits bit-identical to the eager
-// step's (tests/model_gpu/mixed_graph_gpu_test.cc; docs/model-gpu.md): a wrong replay would be a
-// silent wrong answer in every Sarathi step.
+// set_mixed_graph_tokens) until measured: their logits are bit-identical to the eager step's on
+// the H200 (tests/model_gpu/mixed_graph_gpu_test.cc, session 16), but graph against eager step
+// time, the captures' host cost under a changing load and the LRU's churn are not measured yet
+// (bench_model --mixed, scripts/mixed-graph-check.sh).
 inline constexpr bool kMixedGraphsByDefault = false;
 inline constexpr int kMaxMixedGraphs = 64;
 // A mixed step's graph is captured the second time its key is seen (the first runs eagerly, padded

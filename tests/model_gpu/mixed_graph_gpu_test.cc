@@ -339,7 +339,7 @@ TEST(GpuMixedGraphs, PaddingRowsWriteNoCacheSlot) {
   const auto [pool, bytes] = r->kv_pool();
   ASSERT_EQ(cudaMemset(const_cast<void*>(pool), 0x5a, bytes), cudaSuccess);
   std::mt19937 rng(5);
-  std::vector<int32_t> a(64), b(128);
+  std::vector<int32_t> a(64), b(160);  // b: three chunks of 50 from 0
   for (auto& x : a) x = static_cast<int32_t>(rng() % vocab);
   for (auto& x : b) x = static_cast<int32_t>(rng() % vocab);
   const std::vector<int32_t> a_blocks = block_range(1, 3), b_blocks = block_range(10, 10);

@@ -144,11 +144,12 @@ FamilyRequest parse_family_request(const char* value, const char* variable);
 std::string sm90_backward_lacks(const Problem& pr, bool deterministic,
                                 const std::string& sm90_unavailable);
 
-// Whether the default dispatch takes the sm90 backward where it can run the call. Off until a
-// device run has shown it matching the float64 reference (written offline in session 16; its
-// first-run risks are in docs/kernel-notes.md, "sm90 backward"): a wrong gradient would be a
-// silent wrong answer in every training step. FLASHSERVE_BWD_KERNEL=sm90 opts in meanwhile.
-inline constexpr bool kSm90BackwardByDefault = false;
+// Whether the default dispatch takes the sm90 backward where it can run the call: on since its
+// first device run (H200, session 16: every backward GPU test against the float64 reference
+// through both families, sanitizers clean, 1.4-2.3x the sm80 backward at d64/d128 and 2k-8k
+// keys; bench/results/bwd-h200-2026-12-02-session16.md). The switch stays so that a kernel not
+// yet run on a device can be merged off.
+inline constexpr bool kSm90BackwardByDefault = true;
 
 // The backward's one decision: with `request` kAuto and kSm90BackwardByDefault, sm90 wherever
 // sm90_backward_lacks is "" (the compute capability 9.0 device of a build with 90a), else sm80;
