@@ -6,8 +6,8 @@
 // sequences too), seqused_k and paged K/V (pages of 16 to 256 keys) over NaN-poisoned unused keys,
 // GQA and MQA, outputs poisoned with NaN. Plus the same inputs through the sm80 kernel, a
 // determinism check, K/V multicast against the same calls without it, the refusals of what the
-// kernel lacks, and a small case for compute-sanitizer (Sm90Sanitize*). Skips without a CUDA device, on devices other than compute capability 9.0, and
-// in builds without 90a.
+// kernel lacks, and a small case for compute-sanitizer (Sm90Sanitize*). Skips without a CUDA
+// device, on devices other than compute capability 9.0, and in builds without 90a.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 

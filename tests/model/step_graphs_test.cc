@@ -96,7 +96,8 @@ TEST(StepGraphs, MixedStepsArePaddedToTheirBucket) {
   // Chunks alone are mixed steps too; so is a batch of single tokens that does not sample all.
   EXPECT_EQ(step_graph_shape(batch({{77, 77, true}}), on()).kind, StepGraphKind::kMixed);
   EXPECT_EQ(step_graph_shape(batch({{77, 77, true}}), on()).rows, 128);
-  EXPECT_EQ(step_graph_shape(batch({{1, 5, true}, {1, 9, false}}), on()).kind, StepGraphKind::kMixed);
+  EXPECT_EQ(step_graph_shape(batch({{1, 5, true}, {1, 9, false}}), on()).kind,
+            StepGraphKind::kMixed);
 }
 
 TEST(StepGraphs, StepsAboveTheLargestBucketAndGraphsOffRunEager) {
