@@ -46,26 +46,38 @@ bool multicast_ok(const FwdArgs& a) {
          a.only == 0 && m_blocks % 2 == 0;
 }
 
-// How many clusters of `kernel` (one CTA per multiprocessor, two per cluster) the device holds at
-// once: a cluster's CTAs share a GPC, so a GPC with an odd number of free multiprocessors leaves
-// one idle. The persistent grid launches no more (a cluster beyond them would wait for a whole
-// wave). Asked once per kernel and device.
-template <class Kernel>
-int resident_clusters(Kernel kernel, int threads, int smem, int device) {
-  static std::atomic<int> cached[64] = {};
-  std::atomic<int>* slot = device >= 0 && device < 64 ? &cached[device] : nullptr;
-  if (slot != nullptr && slot->load() > 0) return slot->load();
+// A launch of `grid` CTAs of `threads` in clusters of two along x; `attr` holds the cluster
+// attribute the config points to.
+inline cudaLaunchConfig_t pair_cluster_config(int grid, int threads, int smem, cudaStream_t stream,
+                                              cudaLaunchAttribute& attr) {
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(2);
+  cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr{};
+  cfg.stream = stream;
+  attr = cudaLaunchAttribute{};
   attr.id = cudaLaunchAttributeClusterDimension;
   attr.val.clusterDim.x = 2;
   attr.val.clusterDim.y = 1;
   attr.val.clusterDim.z = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
+  return cfg;
+}
+
+// How many clusters of `kernel` (one CTA per multiprocessor, two per cluster) the device holds at
+// once: a cluster's CTAs share a GPC, so a GPC with an odd number of free multiprocessors leaves
+// one idle. The persistent grid launches no more (a cluster beyond them would wait for a whole
+// wave). Asked once per kernel and device.
+template <class Kernel>
+int resident_clusters(Kernel kernel, int threads, int smem) {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice (sm90 forward)");
+  static std::atomic<int> cached[64] = {};
+  std::atomic<int>* slot = device >= 0 && device < 64 ? &cached[device] : nullptr;
+  if (slot != nullptr && slot->load() > 0) return slot->load();
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = pair_cluster_config(2, threads, smem, nullptr, attr);
   int clusters = 0;
   check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg),
              "cudaOccupancyMaxActiveClusters (sm90 forward)");
@@ -137,10 +149,9 @@ void launch(FwdParams& p, const FwdArgs& a) {
   // Varlen: as many query tiles per sequence as the longest has; a shorter one's extra tiles
   // end at once. Multicast: the order's entries are pairs of query tiles, one per cluster.
   constexpr int kCluster = Cfg::kCluster;
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice (sm90 forward)");
+  static_assert(kCluster == 1 || kCluster == 2, "one CTA, or pairs (pair_cluster_config)");
   const int clusters =
-      kCluster == 1 ? std::max(a.sms, 1) : resident_clusters(kernel, Cfg::kThreads, smem, device);
+      kCluster == 1 ? std::max(a.sms, 1) : resident_clusters(kernel, Cfg::kThreads, smem);
   if (kCluster > 1 && !multicast_ok<Cfg>(a))
     throw Error(ErrorKind::kInternal, "q",
                 "the sm90 multicast tile was launched on a call it cannot take");
@@ -173,18 +184,8 @@ void launch(FwdParams& p, const FwdArgs& a) {
     check_cuda(cudaGetLastError(), "sm90 forward kernel launch");
   } else {
     static_assert(!kMasked, "multicast tiles are unmasked (multicast_ok)");
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(Cfg::kThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = a.stream;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = kCluster;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = pair_cluster_config(grid, Cfg::kThreads, smem, a.stream, attr);
     check_cuda(cudaLaunchKernelEx(&cfg, kernel, p), "sm90 forward kernel launch (clusters of 2)");
   }
 }
