@@ -35,12 +35,12 @@ int64_t token_bucket(int64_t m);
 int64_t width_bucket(int64_t pages_per_seq);
 
 inline constexpr int64_t kMixedGraphMaxTokens = 2048;
-// Mixed-step graphs are off unless asked for (FLASHSERVE_MIXED_GRAPH_TOKENS,
-// set_mixed_graph_tokens) until measured: their logits are bit-identical to the eager step's on
-// the H200 (tests/model_gpu/mixed_graph_gpu_test.cc, session 16), but graph against eager step
-// time, the captures' host cost under a changing load and the LRU's churn are not measured yet
-// (bench_model --mixed, scripts/mixed-graph-check.sh).
-inline constexpr bool kMixedGraphsByDefault = false;
+// Mixed-step graphs are on: their logits are bit-identical to the eager step's on the H200
+// (tests/model_gpu/mixed_graph_gpu_test.cc, session 16) and a replayed mixed step of 512 tokens is
+// 2-5% faster than the eager one at 0-256 decodes (bench_model --mixed, session 17,
+// bench/results/mixed-graphs-h200-2026-12-03.md). FLASHSERVE_MIXED_GRAPH_TOKENS=0 turns them off.
+// The captures' host cost under a changing load and the LRU's churn are not measured yet.
+inline constexpr bool kMixedGraphsByDefault = true;
 inline constexpr int kMaxMixedGraphs = 64;
 // A mixed step's graph is captured the second time its key is seen (the first runs eagerly, padded
 // as the graph would): under a changing load many keys come once (a request joins, another ends),
