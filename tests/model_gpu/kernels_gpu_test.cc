@@ -6,12 +6,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "model/cuda/embedding.h"
 #include "model/cuda/gemm.h"
+#include "model/cuda/gemv.h"
 #include "model/cuda/rmsnorm.h"
 #include "model/cuda/rope_kv_write.h"
 #include "model/cuda/silu_mul.h"
@@ -202,15 +206,17 @@ TEST(GpuModelKernels, SiluMulMatchesReference) {
 
 // y = x W^T with fp32 accumulation: the error is the output rounding (one bf16 unit, or none for
 // float32 output) plus the accumulation's, bounded by k * 2^-24 * sum |x_i w_i|.
-void check_gemm(Gemm& gemm, int64_t m, int64_t n, int64_t k, bool y_float) {
+using Product = std::function<void(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y,
+                                   bool y_float, int64_t m, int64_t n, int64_t k)>;
+
+void check_product(const Product& run, int64_t m, int64_t n, int64_t k, bool y_float) {
   std::mt19937 rng(static_cast<unsigned>(m * 31 + n * 7 + k));
   const auto x = random_bf16(m * k, rng), w = random_bf16(n * k, rng, 0.05f);
   DeviceBuffer<bf16_t> d_x(x), d_w(w);
   DeviceBuffer<float> d_yf(m * n, NAN);
   DeviceBuffer<bf16_t> d_yb(m * n, kPoison);
-  gemm.run(d_x.as<__nv_bfloat16>(), d_w.as<__nv_bfloat16>(),
-           y_float ? static_cast<void*>(d_yf.get()) : static_cast<void*>(d_yb.get()), y_float, m, n,
-           k, nullptr);
+  run(d_x.as<__nv_bfloat16>(), d_w.as<__nv_bfloat16>(),
+      y_float ? static_cast<void*>(d_yf.get()) : static_cast<void*>(d_yb.get()), y_float, m, n, k);
   const auto yf = d_yf.download();
   const auto yb = d_yb.download();
   int bad = 0;
@@ -228,6 +234,73 @@ void check_gemm(Gemm& gemm, int64_t m, int64_t n, int64_t k, bool y_float) {
       if (!(std::abs(got - want) <= tol)) ++bad;
     }
   EXPECT_EQ(bad, 0) << "m " << m << " n " << n << " k " << k << " float " << y_float;
+}
+
+void check_gemm(Gemm& gemm, int64_t m, int64_t n, int64_t k, bool y_float) {
+  check_product([&](const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool yf, int64_t m_,
+                    int64_t n_, int64_t k_) { gemm.run(x, w, y, yf, m_, n_, k_, nullptr); },
+                m, n, k, y_float);
+}
+
+bool hopper() {
+  int device = 0, major = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  return major >= 9;
+}
+
+// Both GEMV kernels, launched plainly and (on Hopper) with programmatic dependent launch, on odd
+// shapes: n not a multiple of the block's 8 rows, k not a multiple of a warp pass (256) or of a
+// streaming group, k longer than the loads the streaming kernel issues before it waits.
+TEST(GpuModelKernels, GemvKernelsMatchReference) {
+  SKIP_WITHOUT_CUDA();
+  for (auto kernel : {model::cuda::GemvKernel::kWarpPerRow, model::cuda::GemvKernel::kStreaming})
+    for (bool pdl : {false, true}) {
+      if (pdl && !hopper()) continue;
+      SCOPED_TRACE(::testing::Message() << "kernel " << static_cast<int>(kernel) << " pdl " << pdl);
+      const model::cuda::GemvConfig config{kernel, pdl};
+      const Product run = [&](const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool yf,
+                              int64_t m, int64_t n, int64_t k) {
+        model::cuda::gemv(x, w, nullptr, y, yf, m, n, k, nullptr, config);
+      };
+      for (int64_t m : {1, 2, 3, 4})
+        for (bool y_float : {false, true}) {
+          check_product(run, m, 1000, 256, y_float);
+          check_product(run, m, 384, 1032, y_float);
+          check_product(run, m, 77, 8200, y_float);
+        }
+      check_product(run, 1, 13, 8, false);  // one chunk per row: 31 lanes of each warp idle
+    }
+}
+
+// gemv_silu gives the bits of the streaming gemv into a [m, 2 * inter] buffer and silu_mul after
+// it: the same per-lane accumulation order, and silu_mul's arithmetic on the bf16 values.
+TEST(GpuModelKernels, GemvSiluIsGemvThenSiluMulBitForBit) {
+  SKIP_WITHOUT_CUDA();
+  for (int64_t m : {1, 2, 3, 4})
+    for (auto [inter, k] : {std::pair<int64_t, int64_t>{2816, 1032}, {1000, 4096}, {24, 8}})
+      for (bool pdl : {false, true}) {
+        if (pdl && !hopper()) continue;
+        std::mt19937 rng(static_cast<unsigned>(m * 131 + inter + k));
+        const auto x = random_bf16(m * k, rng, 2.0f), w = random_bf16(2 * inter * k, rng, 0.05f);
+        DeviceBuffer<bf16_t> d_x(x), d_w(w), d_gu(m * 2 * inter, kPoison),
+            d_want(m * inter, kPoison), d_got(m * inter, kPoison);
+        model::cuda::gemv(d_x.as<__nv_bfloat16>(), d_w.as<__nv_bfloat16>(), nullptr, d_gu.get(),
+                          false, m, 2 * inter, k, nullptr,
+                          {model::cuda::GemvKernel::kStreaming, pdl});
+        model::cuda::silu_mul(d_gu.as<__nv_bfloat16>(), d_want.as<__nv_bfloat16>(), m, inter,
+                              nullptr);
+        model::cuda::gemv_silu(d_x.as<__nv_bfloat16>(), d_w.as<__nv_bfloat16>(),
+                               d_got.as<__nv_bfloat16>(), m, inter, k, nullptr, pdl);
+        const auto want = d_want.download(), got = d_got.download();
+        int differ = 0;
+        for (size_t i = 0; i < want.size(); ++i)
+          differ += std::memcmp(&want[i], &got[i], sizeof(bf16_t)) != 0;
+        EXPECT_EQ(differ, 0) << "m " << m << " inter " << inter << " k " << k << " pdl " << pdl;
+        int poison = 0;  // and every output was written
+        for (const bf16_t v : got) poison += std::isnan(f(v));
+        EXPECT_EQ(poison, 0);
+      }
 }
 
 TEST(GpuModelKernels, GemmMatchesReference) {

@@ -1,6 +1,9 @@
+#include <string>
+
 #include "flashserve/error.h"
 #include "model/cuda/check.h"
 #include "model/cuda/gemv.h"
+#include "model/cuda/pdl.cuh"
 #include "model/cuda/reduce.cuh"
 #include "model/cuda/vec.cuh"
 
@@ -8,13 +11,27 @@ namespace flashserve::model::cuda {
 namespace {
 
 constexpr int kWarps = 8;   // output rows per block
-constexpr int kUnroll = 4;  // 16-byte loads of w in flight per lane
+constexpr int kUnroll = 4;  // kWarpPerRow: 16-byte loads of w in flight per lane
+
+template <int M, bool kFloatOut>
+__device__ __forceinline__ void store_row(void* y, int64_t n, int64_t row, const float (&acc)[M],
+                                          const __nv_bfloat16* bias) {
+  const float b = bias ? __bfloat162float(bias[row]) : 0.0f;
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    if constexpr (kFloatOut)
+      static_cast<float*>(y)[i * n + row] = acc[i] + b;
+    else
+      static_cast<__nv_bfloat16*>(y)[i * n + row] = __float2bfloat16_rn(acc[i] + b);
+  }
+}
 
 template <int M, bool kFloatOut>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                 const __nv_bfloat16* __restrict__ bias, void* __restrict__ y, int64_t n,
                 int64_t k) {
+  wait_for_producer();
   const int lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t{kWarps} + (threadIdx.x >> 5);
   if (row >= n) return;
@@ -52,50 +69,190 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 #pragma unroll
   for (int i = 0; i < M; ++i) acc[i] = warp_sum(acc[i]);
-  if (lane == 0) {
-    const float b = bias ? __bfloat162float(bias[row]) : 0.0f;
+  if (lane == 0) store_row<M, kFloatOut>(y, n, row, acc, bias);
+}
+
+// ---- kStreaming: w read once, 16 loads of 16 bytes in flight per lane ----------------------
+
+// A weight chunk read once: no L1 allocation (x, read by every warp, keeps L1 to itself).
+__device__ __forceinline__ uint4 load_weights(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// R rows of w per warp (2: the gate and up rows of one output of gemv_silu), each lane holding
+// G 16-byte chunks of each per group, two groups in flight: 16 chunks per lane.
+template <int R>
+struct Stream {
+  static constexpr int G = 8 / R;
+  static constexpr int64_t kGroup = G * 32;  // chunks of a row one group covers
+  const uint4* rows[R];
+  int64_t chunks;  // 16-byte chunks in a row (k / 8)
+  int lane;
+
+  __device__ __forceinline__ void fetch(uint4 (&buf)[R][G], int64_t group) const {
 #pragma unroll
-    for (int i = 0; i < M; ++i) {
-      if constexpr (kFloatOut)
-        static_cast<float*>(y)[i * n + row] = acc[i] + b;
-      else
-        static_cast<__nv_bfloat16*>(y)[i * n + row] = __float2bfloat16_rn(acc[i] + b);
+    for (int u = 0; u < G; ++u) {
+      const int64_t j = group * kGroup + u * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < R; ++r) buf[r][u] = j < chunks ? load_weights(rows[r] + j) : uint4{};
     }
+  }
+
+  template <int M>
+  __device__ __forceinline__ void consume(const uint4 (&buf)[R][G], int64_t group,
+                                          const __nv_bfloat16* x, int64_t k,
+                                          float (&acc)[R][M]) const {
+#pragma unroll
+    for (int u = 0; u < G; ++u) {
+      const int64_t j = group * kGroup + u * 32 + lane;
+      if (j >= chunks) break;
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        float xv[kVec];
+        load8(x + i * k + j * kVec, xv);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const Bf16x8 wv = reinterpret_cast<const Bf16x8&>(buf[r][u]);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float2 w2 = __bfloat1622float2(wv.h[e]);
+            acc[r][i] = fmaf(w2.x, xv[2 * e], acc[r][i]);
+            acc[r][i] = fmaf(w2.y, xv[2 * e + 1], acc[r][i]);
+          }
+        }
+      }
+    }
+  }
+
+  // acc[r][i] = row r of this warp's rows · x[i], summed over the warp (every lane gets it).
+  template <int M>
+  __device__ __forceinline__ void run(const __nv_bfloat16* x, int64_t k, float (&acc)[R][M]) const {
+    uint4 a[R][G], b[R][G];
+    fetch(a, 0);
+    fetch(b, 1);
+    wait_for_producer();  // x is the kernel before's output; w is not
+    release_dependents();
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
+    const int64_t groups = (chunks + kGroup - 1) / kGroup;
+#pragma unroll 1
+    for (int64_t g = 0; g < groups; g += 2) {
+      consume<M>(a, g, x, k, acc);
+      if (g + 2 < groups) fetch(a, g + 2);
+      if (g + 1 >= groups) break;
+      consume<M>(b, g + 1, x, k, acc);
+      if (g + 3 < groups) fetch(b, g + 3);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int i = 0; i < M; ++i) acc[r][i] = warp_sum(acc[r][i]);
+  }
+};
+
+template <int M, bool kFloatOut>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_stream_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                       const __nv_bfloat16* __restrict__ bias, void* __restrict__ y, int64_t n,
+                       int64_t k) {
+  const int64_t row = blockIdx.x * int64_t{kWarps} + (threadIdx.x >> 5);
+  const int64_t r0 = row < n ? row : n - 1;  // a warp past the end streams a real row, unused
+  Stream<1> s{
+      {reinterpret_cast<const uint4*>(w + r0 * k)}, k / kVec, static_cast<int>(threadIdx.x & 31)};
+  float acc[1][M];
+  s.run<M>(x, k, acc);
+  if (row < n && s.lane == 0) store_row<M, kFloatOut>(y, n, row, acc[0], bias);
+}
+
+template <int M>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_silu_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                     __nv_bfloat16* __restrict__ act, int64_t inter, int64_t k) {
+  const int64_t row = blockIdx.x * int64_t{kWarps} + (threadIdx.x >> 5);
+  const int64_t r0 = row < inter ? row : inter - 1;
+  Stream<2> s{{reinterpret_cast<const uint4*>(w + r0 * k),
+               reinterpret_cast<const uint4*>(w + (inter + r0) * k)},
+              k / kVec,
+              static_cast<int>(threadIdx.x & 31)};
+  float acc[2][M];
+  s.run<M>(x, k, acc);
+  if (row >= inter || s.lane != 0) return;
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    // silu_mul's arithmetic on the bf16 values gemv would have written.
+    const float g = __bfloat162float(__float2bfloat16_rn(acc[0][i]));
+    const float u = __bfloat162float(__float2bfloat16_rn(acc[1][i]));
+    act[i * inter + row] = __float2bfloat16_rn(g / (1.0f + __expf(-g)) * u);
   }
 }
 
 template <int M>
 void launch(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, void* y,
-            bool y_float32, int64_t n, int64_t k, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>((n + kWarps - 1) / kWarps);
-  if (y_float32)
-    gemv_kernel<M, true><<<blocks, kWarps * 32, 0, stream>>>(x, w, bias, y, n, k);
-  else
-    gemv_kernel<M, false><<<blocks, kWarps * 32, 0, stream>>>(x, w, bias, y, n, k);
+            bool y_float32, int64_t n, int64_t k, cudaStream_t stream, GemvConfig c) {
+  if (n == 0) return;
+  const dim3 blocks(static_cast<unsigned>((n + kWarps - 1) / kWarps));
+  const bool stream_kernel = c.kernel == GemvKernel::kStreaming;
+  auto* kernel = y_float32 ? (stream_kernel ? gemv_stream_kernel<M, true> : gemv_kernel<M, true>)
+                           : (stream_kernel ? gemv_stream_kernel<M, false> : gemv_kernel<M, false>);
+  check_cuda(cuda::launch(c.pdl, kernel, blocks, dim3(kWarps * 32), 0, stream, x, w, bias, y, n, k),
+             "gemv");
+}
+
+template <int M>
+void launch_silu(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* act, int64_t inter,
+                 int64_t k, cudaStream_t stream, bool pdl) {
+  if (inter == 0) return;
+  const dim3 blocks(static_cast<unsigned>((inter + kWarps - 1) / kWarps));
+  check_cuda(cuda::launch(pdl, gemv_silu_kernel<M>, blocks, dim3(kWarps * 32), 0, stream, x, w, act,
+                          inter, k),
+             "gemv_silu");
+}
+
+void check_rows(int64_t m, const char* what) {
+  if (m > kGemvMaxRows)
+    throw Error(ErrorKind::kInternal, "m", std::string(what) + " takes at most 4 rows");
 }
 
 }  // namespace
 
 void gemv(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, void* y,
-          bool y_float32, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
-  if (m > kGemvMaxRows) throw Error(ErrorKind::kInternal, "m", "gemv takes at most 4 rows");
+          bool y_float32, int64_t m, int64_t n, int64_t k, cudaStream_t stream, GemvConfig config) {
+  check_rows(m, "gemv");
   switch (m) {
     case 0:
       return;
     case 1:
-      launch<1>(x, w, bias, y, y_float32, n, k, stream);
-      break;
+      return launch<1>(x, w, bias, y, y_float32, n, k, stream, config);
     case 2:
-      launch<2>(x, w, bias, y, y_float32, n, k, stream);
-      break;
+      return launch<2>(x, w, bias, y, y_float32, n, k, stream, config);
     case 3:
-      launch<3>(x, w, bias, y, y_float32, n, k, stream);
-      break;
+      return launch<3>(x, w, bias, y, y_float32, n, k, stream, config);
     default:
-      launch<4>(x, w, bias, y, y_float32, n, k, stream);
-      break;
+      return launch<4>(x, w, bias, y, y_float32, n, k, stream, config);
   }
-  check_launch("gemv");
+}
+
+void gemv_silu(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up, __nv_bfloat16* act,
+               int64_t m, int64_t inter, int64_t k, cudaStream_t stream, bool pdl) {
+  check_rows(m, "gemv_silu");
+  switch (m) {
+    case 0:
+      return;
+    case 1:
+      return launch_silu<1>(x, w_gate_up, act, inter, k, stream, pdl);
+    case 2:
+      return launch_silu<2>(x, w_gate_up, act, inter, k, stream, pdl);
+    case 3:
+      return launch_silu<3>(x, w_gate_up, act, inter, k, stream, pdl);
+    default:
+      return launch_silu<4>(x, w_gate_up, act, inter, k, stream, pdl);
+  }
 }
 
 }  // namespace flashserve::model::cuda
