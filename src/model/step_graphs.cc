@@ -1,10 +1,10 @@
 #include "model/step_graphs.h"
 
 #include <algorithm>
-#include <cstring>
 #include <string>
 
 #include "flashserve/error.h"
+#include "model/decode_kernels.h"
 
 namespace flashserve::model {
 
@@ -29,12 +29,7 @@ int64_t width_bucket(int64_t pages_per_seq) {
 
 StepGraphOptions step_graph_options_from_env(const char* cuda_graphs, const char* mixed_tokens) {
   StepGraphOptions o;
-  if (cuda_graphs != nullptr && *cuda_graphs != '\0' && std::strcmp(cuda_graphs, "1") != 0) {
-    if (std::strcmp(cuda_graphs, "0") != 0)
-      throw Error(ErrorKind::kInvalidArgument, "FLASHSERVE_CUDA_GRAPHS",
-                  std::string("must be 0 or 1, got \"") + cuda_graphs + "\"");
-    o.graphs = false;
-  }
+  o.graphs = env_switch(cuda_graphs, "FLASHSERVE_CUDA_GRAPHS", o.graphs);
   if (mixed_tokens != nullptr && *mixed_tokens != '\0') {
     int64_t n = 0;
     for (const char* c = mixed_tokens; *c != '\0'; ++c) {

@@ -20,11 +20,13 @@
 #include "model/cuda/convert.h"
 #include "model/cuda/embedding.h"
 #include "model/cuda/gemm.h"
+#include "model/cuda/gemv.h"
 #include "model/cuda/logits_adjust.h"
 #include "model/cuda/rmsnorm.h"
 #include "model/cuda/rope_kv_write.h"
 #include "model/cuda/sample.h"
 #include "model/cuda/silu_mul.h"
+#include "model/decode_kernels.h"
 #include "model/rope.h"
 #include "model/step_attention.h"
 #include "model/step_graphs.h"
@@ -156,6 +158,15 @@ struct CudaRunner::Impl {
     check_cuda(cudaEventCreateWithFlags(&staged, cudaEventDisableTiming), "event");
     gemm_owner = std::make_unique<Gemm>();
     gemm = gemm_owner.get();
+    // The small steps' products and programmatic dependent launch (model/decode_kernels.h).
+    const DecodeKernelOptions kernels = decode_kernel_options_from_env(
+        std::getenv("FLASHSERVE_GEMV"), std::getenv("FLASHSERVE_PDL"));
+    int major = 0;
+    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "CC");
+    gemv = kernels.gemv;
+    pdl = kernels.pdl && major >= 9;
+    gemm->set_gemv(gemv);
+    gemm->set_pdl(pdl);
   }
 
   // --- weights -----------------------------------------------------------------------------
@@ -419,6 +430,8 @@ struct CudaRunner::Impl {
   std::map<GraphKey, Graph> graphs;
   std::map<GraphKey, int> sightings;  // mixed keys without a graph: times seen
   bool use_graphs = true;
+  bool gemv = false;  // products of at most kGemvMaxRows rows through gemv.h, silu fused
+  bool pdl = false;   // the runner's kernels with programmatic dependent launch
   int64_t mixed_max_tokens = StepGraphOptions{}.mixed_max_tokens;
   int64_t graph_replays = 0, graph_captures = 0, mixed_replays = 0, mixed_captures = 0;
   int64_t steps = 0;
@@ -608,7 +621,7 @@ struct CudaRunner::Impl {
       const LayerWeights& l = layers_w[li];
       bf16* k_cache = static_cast<bf16*>(kv_mem.get()) + 2 * li * layer_kv;
       bf16* v_cache = k_cache + layer_kv;
-      add_rmsnorm(li == 0 ? nullptr : delta, x, l.ln1, h, nullptr, T, H, eps, stream);
+      add_rmsnorm(li == 0 ? nullptr : delta, x, l.ln1, h, nullptr, T, H, eps, stream, pdl);
       mark("rmsnorm");
       // Qwen2's q/k/v bias goes in the GEMM's epilogue (one bf16 rounding of x W^T + b, as
       // Hugging Face's bf16 Linear); the RoPE kernel adds it only where cuBLASLt cannot.
@@ -630,23 +643,28 @@ struct CudaRunner::Impl {
       ra.heads = static_cast<int32_t>(cfg.num_attention_heads);
       ra.kv_heads = hkv;
       ra.head_dim = d;
-      rope_kv_write(ra, stream);
+      rope_kv_write(ra, stream, pdl);
       mark("rope_kv_write");
       st.attention.run(k_cache, v_cache);
       mark("attention");
       gemm->run(attn, l.o, delta, false, T, H, cfg.q_size(), stream);
       mark("gemm_o");
-      add_rmsnorm(delta, x, l.ln2, h, nullptr, T, H, eps, stream);
+      add_rmsnorm(delta, x, l.ln2, h, nullptr, T, H, eps, stream, pdl);
       mark("rmsnorm");
-      gemm->run(h, l.gate_up, gu, false, T, 2 * I, H, stream);
-      mark("gemm_gate_up");
-      silu_mul(gu, act, T, I, stream);
-      mark("silu_mul");
+      if (gemv && T <= kGemvMaxRows) {
+        gemv_silu(h, l.gate_up, act, T, I, H, stream, pdl);
+        mark("gemm_gate_up");
+      } else {
+        gemm->run(h, l.gate_up, gu, false, T, 2 * I, H, stream);
+        mark("gemm_gate_up");
+        silu_mul(gu, act, T, I, stream);
+        mark("silu_mul");
+      }
       gemm->run(act, l.down, delta, false, T, H, I, stream);
       mark("gemm_down");
     }
     // The last residual add and norm for the sample rows only, gathered; then their logits.
-    add_rmsnorm(delta, x, final_norm, hs, st.rows, st.S, H, eps, stream);
+    add_rmsnorm(delta, x, final_norm, hs, st.rows, st.S, H, eps, stream, pdl);
     mark("rmsnorm");
     gemm->run(hs, lm_head, logits, true, st.S, cfg.vocab_size, H, stream);
     mark("lm_head");
@@ -851,6 +869,7 @@ int64_t CudaRunner::weight_bytes() const {
 }
 
 void CudaRunner::set_gemv(bool on) {
+  impl_->gemv = on;
   impl_->gemm->set_gemv(on);
   impl_->drop_graphs();  // graphs hold the launches of the other path
 }

@@ -165,10 +165,6 @@ Gemm::Gemm(size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
   check_blas(cublasLtCreate(&impl_->handle), "cublasLtCreate");
   check_cuda(cudaMalloc(&impl_->workspace, workspace_bytes), "gemm workspace");
   impl_->workspace_bytes = workspace_bytes;
-  // Off by default: on the H200 it measured no faster than cuBLASLt's pick for the decode step
-  // (bench_model, 2026-11-30: 6.27 vs 6.21 ms at batch 1); FLASHSERVE_GEMV=1 turns it on.
-  const char* g = std::getenv("FLASHSERVE_GEMV");
-  gemv_ = g && std::string(g) == "1";
 }
 
 Gemm::~Gemm() = default;
@@ -176,7 +172,8 @@ Gemm::~Gemm() = default;
 void Gemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool y_float32, int64_t m,
                int64_t n, int64_t k, cudaStream_t stream) {
   if (m == 0) return;
-  if (gemv_ && m <= kGemvMaxRows) return gemv(x, w, nullptr, y, y_float32, m, n, k, stream);
+  if (gemv_ && m <= kGemvMaxRows)
+    return gemv(x, w, nullptr, y, y_float32, m, n, k, stream, {GemvKernel::kStreaming, pdl_});
   impl_->tune = {x, w, nullptr, y, stream};
   const Plan& p = impl_->plan(m, n, k, y_float32);
   if (!p.found)
@@ -193,7 +190,7 @@ bool Gemm::run_bias(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_b
                     __nv_bfloat16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
   if (m == 0) return true;
   if (gemv_ && m <= kGemvMaxRows) {
-    gemv(x, w, bias, y, false, m, n, k, stream);
+    gemv(x, w, bias, y, false, m, n, k, stream, {GemvKernel::kStreaming, pdl_});
     return true;
   }
   impl_->tune = {x, w, bias, y, stream};

@@ -23,9 +23,11 @@ class Gemm {
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
 
-  // Products of at most kGemvMaxRows rows of x (decode at small batch) go to gemv.h's kernel when
-  // turned on here or by FLASHSERVE_GEMV=1 (off by default: measured no faster, see gemm.cu).
+  // Products of at most kGemvMaxRows rows of x (decode at small batch) go to gemv.h's streaming
+  // kernel when on (the runner decides: model/decode_kernels.h), launched with programmatic
+  // dependent launch when set_pdl (sm_90 and later only).
   void set_gemv(bool on) { gemv_ = on; }
+  void set_pdl(bool on) { pdl_ = on; }
 
   // y_float32: y is float32 (the LM head's logits), else bf16. All pointers 16-byte aligned,
   // k and n multiples of 8.
@@ -49,6 +51,7 @@ class Gemm {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   bool gemv_ = false;
+  bool pdl_ = false;
 };
 
 }  // namespace flashserve::model::cuda

@@ -1,5 +1,6 @@
 #include "flashserve/error.h"
 #include "model/cuda/check.h"
+#include "model/cuda/pdl.cuh"
 #include "model/cuda/reduce.cuh"
 #include "model/cuda/rmsnorm.h"
 #include "model/cuda/vec.cuh"
@@ -18,16 +19,22 @@ __global__ void add_rmsnorm_kernel(const __nv_bfloat16* __restrict__ delta,
                                    const int32_t* __restrict__ rows, int64_t hidden, float eps) {
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
+  float x[kMaxVecs][kVec], w[kMaxVecs][kVec];
+#pragma unroll
+  for (int j = 0; j < kMaxVecs; ++j) {
+    const int64_t c = (static_cast<int64_t>(j) * blockDim.x + threadIdx.x) * kVec;
+    if (c < hidden) load8(weight + c, w[j]);  // no kernel writes the weight: read before the wait
+  }
+  wait_for_producer();
+  release_dependents();
   const int64_t src = rows ? rows[r] : r;
   __nv_bfloat16* res = residual + src * hidden;
   const __nv_bfloat16* del = delta ? delta + src * hidden : nullptr;
-  float x[kMaxVecs][kVec], w[kMaxVecs][kVec];
   float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < kMaxVecs; ++j) {
     const int64_t c = (static_cast<int64_t>(j) * blockDim.x + threadIdx.x) * kVec;
     if (c < hidden) {
-      load8(weight + c, w[j]);  // issued with the row's loads: no second round trip after the sum
       load8(res + c, x[j]);
       if (del) {
         float d[kVec];
@@ -60,7 +67,7 @@ __global__ void add_rmsnorm_kernel(const __nv_bfloat16* __restrict__ delta,
 
 void add_rmsnorm(const __nv_bfloat16* delta, __nv_bfloat16* residual, const __nv_bfloat16* weight,
                  __nv_bfloat16* out, const int32_t* rows, int64_t n_rows, int64_t hidden, float eps,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, bool pdl) {
   if (hidden % kVec != 0 || hidden > int64_t{kMaxVecs} * 1024 * kVec)
     throw Error(ErrorKind::kUnsupported, "hidden",
                 "must be a multiple of 8 and at most 32768, got " + std::to_string(hidden));
@@ -68,9 +75,10 @@ void add_rmsnorm(const __nv_bfloat16* delta, __nv_bfloat16* residual, const __nv
   const int64_t vecs = hidden / kVec;
   int64_t threads = (vecs + kMaxVecs - 1) / kMaxVecs;
   threads = ((threads + 31) / 32) * 32;
-  add_rmsnorm_kernel<<<static_cast<unsigned>(n_rows), static_cast<unsigned>(threads), 0, stream>>>(
-      delta, residual, weight, out, rows, hidden, eps);
-  check_launch("add_rmsnorm");
+  check_cuda(launch(pdl, add_rmsnorm_kernel, dim3(static_cast<unsigned>(n_rows)),
+                    dim3(static_cast<unsigned>(threads)), 0, stream, delta, residual, weight, out,
+                    rows, hidden, eps),
+             "add_rmsnorm");
 }
 
 }  // namespace flashserve::model::cuda

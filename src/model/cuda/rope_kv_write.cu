@@ -2,6 +2,7 @@
 
 #include "flashserve/error.h"
 #include "model/cuda/check.h"
+#include "model/cuda/pdl.cuh"
 #include "model/cuda/rope_kv_write.h"
 #include "model/cuda/vec.cuh"
 
@@ -12,6 +13,8 @@ namespace {
 // x[i+d/2..i+d/2+8)) or 8 values of one v head; the angle pos * inv_freq[i] is formed in float32
 // and its sine and cosine taken at full precision (positions reach 10^5 radians).
 __global__ void rope_kv_kernel(RopeKvArgs a) {
+  wait_for_producer();
+  release_dependents();
   const int64_t t = blockIdx.x;
   const int d = a.head_dim, half = d / 2;
   const int pair_vecs = half / kVec, v_vecs = d / kVec;
@@ -78,7 +81,7 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
 
 }  // namespace
 
-void rope_kv_write(const RopeKvArgs& args, cudaStream_t stream) {
+void rope_kv_write(const RopeKvArgs& args, cudaStream_t stream, bool pdl) {
   if (args.head_dim % (2 * kVec) != 0)
     throw Error(ErrorKind::kUnsupported, "head_dim",
                 "must be a multiple of 16, got " + std::to_string(args.head_dim));
@@ -87,8 +90,9 @@ void rope_kv_write(const RopeKvArgs& args, cudaStream_t stream) {
                     args.kv_heads * (args.head_dim / kVec);
   int threads = ((items + 31) / 32) * 32;
   if (threads > 512) threads = 512;
-  rope_kv_kernel<<<static_cast<unsigned>(args.n_tokens), threads, 0, stream>>>(args);
-  check_launch("rope_kv_write");
+  check_cuda(launch(pdl, rope_kv_kernel, dim3(static_cast<unsigned>(args.n_tokens)),
+                    dim3(static_cast<unsigned>(threads)), 0, stream, args),
+             "rope_kv_write");
 }
 
 }  // namespace flashserve::model::cuda
