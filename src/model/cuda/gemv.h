@@ -5,8 +5,9 @@
 // 50-90% of the copy bandwidth on the model's matrices (the smaller ones worst).
 //
 // Two kernels are here while session 17 measures them (bench/bench_decode_gemv.cu): the first
-// one (kWarpPerRow: four loads in flight per lane, measured no faster in the whole decode step on
-// 2026-11-30) and kStreaming (16 loads in flight per lane, double-buffered, the first ones issued
+// one (kWarpPerRow: a block per 8 rows, four loads in flight per lane; measured no faster in the
+// whole decode step on 2026-11-30) and kStreaming (one wave of blocks, each warp streaming its
+// share of the rows with 16 loads in flight per lane across row ends, the first ones issued
 // before the kernel waits for x under programmatic dependent launch, pdl.cuh). One stays.
 #pragma once
 
