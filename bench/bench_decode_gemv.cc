@@ -2,9 +2,8 @@
 // layers as the model runs them (qkv -> o -> gate/up -> silu -> down, each reading the one
 // before's output, every layer its own weights so nothing stays in L2), captured in one CUDA
 // graph and replayed: ms per chain against the weight-read floor (the weights' bytes at the
-// device-to-device copy rate, read + written, measured in the same run). Variants: cuBLASLt;
-// the GEMV kernels of model/cuda/gemv.h with silu_mul after the gate/up product or fused into it
-// (gemv_silu), with and without programmatic dependent launch.
+// device-to-device copy rate, read + written, measured in the same run). Variants: cuBLASLt and
+// model/cuda/gemv.h's kernel, with and without programmatic dependent launch.
 //
 //   bench_decode_gemv [--shape mistral-7b] [--rows 1,2,4] [--reps 20]
 #include <cuda_bf16.h>
@@ -129,23 +128,10 @@ int main(int argc, char** argv) {
 
   struct Variant {
     const char* name;
-    bool cublas;
-    mc::GemvConfig gemv;
-    bool fused_silu;
+    bool cublas, pdl;
   };
-  const bool hopper = prop.major >= 9;
-  std::vector<Variant> variants = {
-      {"cuBLASLt + silu_mul", true, {}, false},
-      {"GEMV warp-per-row + silu_mul", false, {mc::GemvKernel::kWarpPerRow, false}, false},
-      {"GEMV streaming + silu_mul", false, {mc::GemvKernel::kStreaming, false}, false},
-      {"GEMV streaming, silu fused", false, {mc::GemvKernel::kStreaming, false}, true},
-  };
-  if (hopper) {
-    variants.push_back(
-        {"GEMV warp-per-row + silu_mul, PDL", false, {mc::GemvKernel::kWarpPerRow, true}, false});
-    variants.push_back(
-        {"GEMV streaming, silu fused, PDL", false, {mc::GemvKernel::kStreaming, true}, true});
-  }
+  std::vector<Variant> variants = {{"cuBLASLt", true, false}, {"GEMV", false, false}};
+  if (prop.major >= 9) variants.push_back({"GEMV, PDL", false, true});
 
   std::printf("| rows | variant | ms per chain | floor ms | ratio | weight TB/s |\n");
   std::printf("|---|---|---|---|---|---|\n");
@@ -155,18 +141,14 @@ int main(int argc, char** argv) {
         if (v.cublas)
           gemm.run(x, w, y, false, m, n, k, stream);
         else
-          mc::gemv(x, w, nullptr, y, false, m, n, k, stream, v.gemv);
+          mc::gemv(x, w, nullptr, y, false, m, n, k, stream, v.pdl);
       };
       auto chain = [&] {
         for (const Layer& l : layers) {
           product(h, l.qkv, qkv, QKV, H);
           product(qkv, l.o, delta, H, Q);
-          if (v.fused_silu) {
-            mc::gemv_silu(delta, l.gate_up, act, m, I, H, stream, v.gemv.pdl);
-          } else {
-            product(delta, l.gate_up, gu, 2 * I, H);
-            mc::silu_mul(gu, act, m, I, stream);
-          }
+          product(delta, l.gate_up, gu, 2 * I, H);
+          mc::silu_mul(gu, act, m, I, stream);
           product(act, l.down, h, H, I);
         }
       };

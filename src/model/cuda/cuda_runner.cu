@@ -20,7 +20,6 @@
 #include "model/cuda/convert.h"
 #include "model/cuda/embedding.h"
 #include "model/cuda/gemm.h"
-#include "model/cuda/gemv.h"
 #include "model/cuda/logits_adjust.h"
 #include "model/cuda/rmsnorm.h"
 #include "model/cuda/rope_kv_write.h"
@@ -163,9 +162,8 @@ struct CudaRunner::Impl {
         std::getenv("FLASHSERVE_GEMV"), std::getenv("FLASHSERVE_PDL"));
     int major = 0;
     check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "CC");
-    gemv = kernels.gemv;
     pdl = kernels.pdl && major >= 9;
-    gemm->set_gemv(gemv);
+    gemm->set_gemv(kernels.gemv);
     gemm->set_pdl(pdl);
   }
 
@@ -430,8 +428,7 @@ struct CudaRunner::Impl {
   std::map<GraphKey, Graph> graphs;
   std::map<GraphKey, int> sightings;  // mixed keys without a graph: times seen
   bool use_graphs = true;
-  bool gemv = false;  // products of at most kGemvMaxRows rows through gemv.h, silu fused
-  bool pdl = false;   // the runner's kernels with programmatic dependent launch
+  bool pdl = false;  // the runner's kernels with programmatic dependent launch
   int64_t mixed_max_tokens = StepGraphOptions{}.mixed_max_tokens;
   int64_t graph_replays = 0, graph_captures = 0, mixed_replays = 0, mixed_captures = 0;
   int64_t steps = 0;
@@ -651,15 +648,10 @@ struct CudaRunner::Impl {
       mark("gemm_o");
       add_rmsnorm(delta, x, l.ln2, h, nullptr, T, H, eps, stream, pdl);
       mark("rmsnorm");
-      if (gemv && T <= kGemvMaxRows) {
-        gemv_silu(h, l.gate_up, act, T, I, H, stream, pdl);
-        mark("gemm_gate_up");
-      } else {
-        gemm->run(h, l.gate_up, gu, false, T, 2 * I, H, stream);
-        mark("gemm_gate_up");
-        silu_mul(gu, act, T, I, stream);
-        mark("silu_mul");
-      }
+      gemm->run(h, l.gate_up, gu, false, T, 2 * I, H, stream);
+      mark("gemm_gate_up");
+      silu_mul(gu, act, T, I, stream);
+      mark("silu_mul");
       gemm->run(act, l.down, delta, false, T, H, I, stream);
       mark("gemm_down");
     }
@@ -869,7 +861,6 @@ int64_t CudaRunner::weight_bytes() const {
 }
 
 void CudaRunner::set_gemv(bool on) {
-  impl_->gemv = on;
   impl_->gemm->set_gemv(on);
   impl_->drop_graphs();  // graphs hold the launches of the other path
 }

@@ -172,8 +172,7 @@ Gemm::~Gemm() = default;
 void Gemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool y_float32, int64_t m,
                int64_t n, int64_t k, cudaStream_t stream) {
   if (m == 0) return;
-  if (gemv_ && m <= kGemvMaxRows)
-    return gemv(x, w, nullptr, y, y_float32, m, n, k, stream, {GemvKernel::kStreaming, pdl_});
+  if (gemv_ && m <= kGemvMaxRows) return gemv(x, w, nullptr, y, y_float32, m, n, k, stream, pdl_);
   impl_->tune = {x, w, nullptr, y, stream};
   const Plan& p = impl_->plan(m, n, k, y_float32);
   if (!p.found)
@@ -190,7 +189,7 @@ bool Gemm::run_bias(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_b
                     __nv_bfloat16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
   if (m == 0) return true;
   if (gemv_ && m <= kGemvMaxRows) {
-    gemv(x, w, bias, y, false, m, n, k, stream, {GemvKernel::kStreaming, pdl_});
+    gemv(x, w, bias, y, false, m, n, k, stream, pdl_);
     return true;
   }
   impl_->tune = {x, w, bias, y, stream};

@@ -23,8 +23,8 @@ class Gemm {
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
 
-  // Products of at most kGemvMaxRows rows of x (decode at small batch) go to gemv.h's streaming
-  // kernel when on (the runner decides: model/decode_kernels.h), launched with programmatic
+  // Products of at most kGemvMaxRows rows of x (decode at small batch) go to gemv.h's kernel
+  // when on (the runner decides: model/decode_kernels.h), launched with programmatic
   // dependent launch when set_pdl (sm_90 and later only).
   void set_gemv(bool on) { gemv_ = on; }
   void set_pdl(bool on) { pdl_ = on; }
