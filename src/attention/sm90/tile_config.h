@@ -58,6 +58,41 @@ struct TileConfig {
   static_assert(kBlockN % 16 == 0, "P V takes 16 keys per k-step");
   // Each chunk starts a run of 8-row swizzle atoms on a 1024-byte boundary.
   static_assert(kKVChunkBytes % 1024 == 0, "kBlockN is a multiple of 8");
+  // The element type: 16-bit here, float8_e4m3fn in Fp8TileConfig below. V's buffer has the
+  // same chunks as K's ([keys, d] as TMA reads it); the wgmma k-steps of QK^T (16 columns, 32
+  // bytes of a row) and of P V (16 keys).
+  static constexpr bool kFp8 = false;
+  static constexpr int kVChunks = kChunks;
+  static constexpr int kVChunkBytes = kKVChunkBytes;
+  static constexpr int kQkSteps = kHeadDim / 16;
+  static constexpr int kPSteps = kBlockN / 16;
+};
+
+// The float8_e4m3fn forward (docs/fp8.md, "The sm90 fp8 forward"): q, k, v one byte per element,
+// so a 128-byte swizzled row holds 128 columns (a chunk is 128 columns of Q or K) and a wgmma
+// k-step (k32) 32 columns, still 32 bytes. V reaches the kernel transposed (fp8_vt.h: V^T
+// [batch, h_kv, d, keys], keys contiguous, as the K-major B operand of P V needs) in chunks of
+// 128 keys: d rows of 128 bytes each. P is one byte per key: four registers per 32 keys.
+// Eager rescaling only: P is scaled by 2^8 into e4m3's range (RowState's offset), and a lazy
+// max that lags by up to 2^8 more would take P past 448.
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_ = 2>
+struct Fp8TileConfig : TileConfig<kHeadDim_, kBlockM_, kBlockN_, kStages_> {
+  using Base = TileConfig<kHeadDim_, kBlockM_, kBlockN_, kStages_>;
+  static constexpr bool kFp8 = true;
+  static constexpr bool kPagedCpAsync = false;  // paged K/V is refused (plan.cc sm90_fp8_lacks)
+  static constexpr int kChunkCols = 128;
+  static constexpr int kChunks = Base::kHeadDim / kChunkCols;
+  static constexpr int kQChunkBytes = Base::kBlockM * 128;
+  static constexpr int kKVChunkBytes = Base::kBlockN * 128;
+  static constexpr int kQBytes = kQChunkBytes * kChunks;
+  static constexpr int kKVBytes = kKVChunkBytes * kChunks;
+  static constexpr int kVChunks = Base::kBlockN / 128;
+  static constexpr int kVChunkBytes = Base::kHeadDim * 128;
+  static constexpr int kQkSteps = Base::kHeadDim / 32;
+  static constexpr int kPSteps = Base::kBlockN / 32;
+  static_assert(Base::kHeadDim % 128 == 0, "fp8 head dims are whole 128-byte rows (128, 256)");
+  static_assert(Base::kBlockN % 128 == 0, "V^T arrives in boxes of 128 keys (128-byte rows)");
+  static_assert(kVChunks * kVChunkBytes == kKVBytes, "V^T's block is K's bytes");
 };
 
 // The tile each head dim runs (FlashAttention-3's choices, hopper/tile_size.h, as a start):
@@ -157,6 +192,28 @@ constexpr TileShape tile_shape(int head_dim, bool masked, int64_t max_kv_len) {
     default:
       return {0, 0};
   }
+}
+
+// The fp8 tiles (FlashAttention-3's, hopper/tile_size.h: d128 128 x 224, d256 128 x 128, as the
+// start; here every key block is 128 keys, a whole box of V^T): 128 x 128 at d128 and d256,
+// causal or not. Registers per consumer thread: S 64 + P 32 + O 64 (d128) or 128 (d256).
+// Shared memory: Q 16 KB + 2 x (K 16 KB + V^T 16 KB) = 80 KB at d128, 160 KB at d256.
+// Longer key blocks (FA3's 224 at d128) need V^T boxes of 64 or 32 keys (a 64-byte swizzle)
+// and are not written yet (docs/fp8.md).
+template <int kHeadDim, bool kCausal>
+struct Fp8Tile {
+  using type = Fp8TileConfig<kHeadDim, 128, 128>;
+};
+constexpr bool fp8_head_dim(int head_dim) {
+  return head_dim == 128 || head_dim == 256;
+}
+constexpr TileShape fp8_tile_shape(int head_dim) {
+  return fp8_head_dim(head_dim) ? TileShape{128, 128} : TileShape{0, 0};
+}
+// V^T's keys per sequence: max_kv_len rounded up to whole boxes (fp8_vt.h).
+inline constexpr int kFp8VtKeys = 128;
+constexpr int64_t fp8_vt_keys(int64_t max_kv_len) {
+  return (max_kv_len + kFp8VtKeys - 1) / kFp8VtKeys * kFp8VtKeys;
 }
 
 // ---------------------------------------------------------------------------------------------
