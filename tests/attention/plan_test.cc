@@ -10,6 +10,7 @@
 #include "attention/sm90/tile_config.h"
 #include "flashserve/error.h"
 
+#include <climits>
 #include <random>
 #include <vector>
 
@@ -853,6 +854,63 @@ TEST(PlanFp8, RefusesWhatItLacksByName) {
                             }))
                 .kind,
             kPlanned);
+}
+
+// The fp8 P V product without a GPU: a warpgroup's 64 x 32 block of P laid out as the S
+// accumulator (wgmma.h: thread lane of warp w holds rows 16 w + lane / 4 (+ 8), columns
+// 8 g + 2 (lane % 4) + {0, 1}), packed into the A registers by fp8_p_element, read back through
+// the 8-bit A fragment (CUTLASS's ALayout_64x32: row 16 w + lane / 4 + 8 v1, column
+// 4 (lane % 4) + v0 + 16 v2 for register v1 + 2 v2, byte v0), against V^T whose column a holds
+// key fp8_vt_key(a): every A element is a P element of its own row, and sum_a A B = P V exactly.
+TEST(PlanFp8, PFragmentAndVtKeyOrderGiveTheSameSumOverTheKeys) {
+  using attention::sm90::fp8_p_element;
+  using attention::sm90::fp8_vt_key;
+  std::vector<bool> seen(32, false);
+  for (int a = 0; a < 32; ++a) {
+    ASSERT_GE(fp8_vt_key(a), 0);
+    ASSERT_LT(fp8_vt_key(a), 32);
+    EXPECT_FALSE(seen[fp8_vt_key(a)]) << "fp8_vt_key is not a permutation at " << a;
+    seen[fp8_vt_key(a)] = true;
+  }
+  std::mt19937 rng(23);
+  std::uniform_int_distribution<int> small(-8, 8);
+  constexpr int kN = 16;  // columns of V (any N: the permutation is over the keys)
+  int P[64][32], V[32][kN], A[64][32];
+  for (auto& row : P)
+    for (int& x : row) x = small(rng);
+  for (auto& row : V)
+    for (int& x : row) x = small(rng);
+  for (auto& row : A)
+    for (int& x : row) x = INT32_MIN;
+  for (int w = 0; w < 4; ++w)
+    for (int lane = 0; lane < 32; ++lane) {
+      const int q = lane % 4, r0 = 16 * w + lane / 4;
+      int sc[16];  // the thread's accumulator elements of the 32-key step
+      for (int g = 0; g < 4; ++g)
+        for (int h = 0; h < 2; ++h)
+          for (int e = 0; e < 2; ++e) sc[4 * g + 2 * h + e] = P[r0 + 8 * h][8 * g + 2 * q + e];
+      for (int reg = 0; reg < 4; ++reg)
+        for (int byte = 0; byte < 4; ++byte) {
+          const int v1 = reg % 2, v2 = reg / 2;
+          const int row = r0 + 8 * v1, col = 4 * q + byte + 16 * v2;
+          const int element = fp8_p_element(4 * reg + byte);
+          ASSERT_EQ((element / 2) % 2, v1) << "register " << reg << " takes the other row half";
+          A[row][col] = sc[element];
+          // The accumulator column it came from is the key V^T holds at this column.
+          EXPECT_EQ(8 * (element / 4) + 2 * q + element % 2, fp8_vt_key(col))
+              << "thread " << lane << " register " << reg << " byte " << byte;
+        }
+    }
+  for (int r = 0; r < 64; ++r)
+    for (int n = 0; n < kN; ++n) {
+      long got = 0, want = 0;
+      for (int a = 0; a < 32; ++a) {
+        ASSERT_NE(A[r][a], INT32_MIN) << "A element " << r << ", " << a << " not written";
+        got += long{A[r][a]} * V[fp8_vt_key(a)][n];
+        want += long{P[r][a]} * V[a][n];
+      }
+      EXPECT_EQ(got, want) << "row " << r << " column " << n;
+    }
 }
 
 }  // namespace

@@ -24,15 +24,9 @@
 #include <cstdint>
 
 #include "attention/kernel/seqlen.h"
+#include "tile_config.h"  // fp8_vt_key
 
 namespace flashserve::attention::sm90 {
-
-// The key (0..31, within its group of 32) that V^T holds at column a of the group: A-fragment
-// column a = 16 v2 + 4 q + v0 (register v1 + 2 v2, byte v0 of thread q) carries the accumulator's
-// column 16 v2 + 8 (v0 / 2) + 2 q + v0 % 2 (to_e4m3_operand packs the accumulator in order).
-__host__ __device__ constexpr int fp8_vt_key(int a) {
-  return 16 * (a / 16) + 8 * ((a % 4) / 2) + 2 * ((a % 16) / 4) + a % 2;
-}
 
 struct VtArgs {
   const uint8_t* v;  // [batch, seqlen_k, h_kv, d] dense or [total_k, h_kv, d] varlen (bytes)

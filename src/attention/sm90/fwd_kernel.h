@@ -610,19 +610,19 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, fl
 // P as the A operand of the fp8 RS wgmma, straight from the accumulator: k-step j (32 keys) is
 // accumulator columns 32 j .. 32 j + 31, of which this thread holds, per row, columns
 // 8 g + 2 q + {0, 1} of the groups g = 4 j .. 4 j + 3 (sc[4 g + 2 h + e], h the row half).
-// Register v1 + 2 v2 takes row half v1's pairs of groups 4 j + 2 v2 and 4 j + 2 v2 + 1, in order;
-// the A fragment reads them as columns 16 v2 + 4 q .. 16 v2 + 4 q + 3, and V^T's keys are
-// permuted to match (fp8_vt.h fp8_vt_key).
+// Register v1 + 2 v2 takes row half v1's pairs of groups 4 j + 2 v2 and 4 j + 2 v2 + 1, in order
+// (tile_config.h fp8_p_element); the A fragment reads them as columns 16 v2 + 4 q ..
+// 16 v2 + 4 q + 3, and V^T's keys are permuted to match (fp8_vt_key).
 template <int kN>
 __device__ __forceinline__ void to_e4m3_operand(const float (&sc)[kN], uint32_t (&pa)[kN / 16][4]) {
 #pragma unroll
-  for (int j = 0; j < kN / 16; ++j) {
-    const float* c = sc + 16 * j;
-    pa[j][0] = pack_e4m3x4(c[0], c[1], c[4], c[5]);
-    pa[j][1] = pack_e4m3x4(c[2], c[3], c[6], c[7]);
-    pa[j][2] = pack_e4m3x4(c[8], c[9], c[12], c[13]);
-    pa[j][3] = pack_e4m3x4(c[10], c[11], c[14], c[15]);
-  }
+  for (int j = 0; j < kN / 16; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float* c = sc + 16 * j;
+      pa[j][r] = pack_e4m3x4(c[fp8_p_element(4 * r)], c[fp8_p_element(4 * r + 1)],
+                             c[fp8_p_element(4 * r + 2)], c[fp8_p_element(4 * r + 3)]);
+    }
 }
 
 // P from the softmax's scores to the A operand of P V: 16-bit pairs, or e4m3 with kFp8.

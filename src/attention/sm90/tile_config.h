@@ -80,6 +80,10 @@ struct Fp8TileConfig : TileConfig<kHeadDim_, kBlockM_, kBlockN_, kStages_> {
   using Base = TileConfig<kHeadDim_, kBlockM_, kBlockN_, kStages_>;
   static constexpr bool kFp8 = true;
   static constexpr bool kPagedCpAsync = false;  // paged K/V is refused (plan.cc sm90_fp8_lacks)
+  // Two consumer warpgroups take 240 registers (128 x 32 + 256 x 240 = 65536, the whole file):
+  // at d256 they hold O 128 + S 64 + P 32, and at 232 ptxas serialized the wgmmas (C7512); with
+  // FlashAttention-3's 24 for the producer, its tile loop spilled (48 bytes).
+  static constexpr int kConsumerRegs = Base::kConsumers == 2 ? 240 : Base::kConsumerRegs;
   static constexpr int kChunkCols = 128;
   static constexpr int kChunks = Base::kHeadDim / kChunkCols;
   static constexpr int kQChunkBytes = Base::kBlockM * 128;
@@ -210,6 +214,23 @@ constexpr bool fp8_head_dim(int head_dim) {
 constexpr TileShape fp8_tile_shape(int head_dim) {
   return fp8_head_dim(head_dim) ? TileShape{128, 128} : TileShape{0, 0};
 }
+// The fp8 P operand (fwd_kernel.h to_e4m3_operand): byte i = 4 r + e of a 32-key k-step's four
+// A registers (register r, byte e) is element fp8_p_element(i) of the step's 16 accumulator
+// elements (sc[16 j + ...]: the thread's pairs of columns of groups 4 j .. 4 j + 3, row half
+// (element / 2) % 2): register r takes row half r % 2 of groups 4 j + 2 (r / 2) and the next.
+constexpr int fp8_p_element(int i) {
+  const int r = i / 4, e = i % 4;
+  return 8 * (r / 2) + 2 * (r % 2) + 4 * (e / 2) + e % 2;
+}
+// The key (0..31, within its group of 32) that V^T holds at column a of the group (fp8_vt.h):
+// the 8-bit A fragment's column a = 16 v2 + 4 q + v0 (register v1 + 2 v2, byte v0 of thread q of
+// a quad; PTX ISA / CUTLASS ALayout_64x32) carries, packed by fp8_p_element, the accumulator's
+// column 16 v2 + 8 (v0 / 2) + 2 q + v0 % 2. tests/attention/plan_test.cc (PlanFp8.PFragment...)
+// checks the two against each other.
+constexpr int fp8_vt_key(int a) {
+  return 16 * (a / 16) + 8 * ((a % 4) / 2) + 2 * ((a % 16) / 4) + a % 2;
+}
+
 // V^T's keys per sequence: max_kv_len rounded up to whole boxes (fp8_vt.h).
 inline constexpr int kFp8VtKeys = 128;
 constexpr int64_t fp8_vt_keys(int64_t max_kv_len) {
