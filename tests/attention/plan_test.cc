@@ -746,7 +746,7 @@ TEST(PlanFp8, OffByDefaultUntilItsDeviceRunAndTheRefusalSaysHowToTurnItOn) {
 }
 
 TEST(PlanFp8, OneSm90Fp8LaunchOverTheBatchWithVtInTheWorkspace) {
-  for (int64_t d : {128, 256})
+  for (int64_t d : {64, 128, 256})
     for (bool causal : {false, true})
       for (bool workspace : {true, false}) {
         StepShape s = fp8_call(3, 129, 1000, 32, 8, d, causal);
@@ -760,7 +760,7 @@ TEST(PlanFp8, OneSm90Fp8LaunchOverTheBatchWithVtInTheWorkspace) {
         EXPECT_FALSE(l.kernel.decode);
         EXPECT_EQ(l.kernel.splits, 1);
         EXPECT_EQ(l.kernel.tile_counter, causal && workspace);
-        EXPECT_EQ(l.kernel.block_m, 128);
+        EXPECT_EQ(l.kernel.block_m, d == 64 ? 192 : 128);
         EXPECT_EQ(l.kernel.block_n, 128);
         EXPECT_EQ(l.group, SeqGroup::kAll);
         EXPECT_EQ(l.seq_begin, 0);
@@ -820,8 +820,8 @@ TEST(PlanFp8, RefusesWhatItLacksByName) {
   };
   const StepShape base = fp8_call(2, 256, 256, 8, 8, 128, true);
   ASSERT_EQ(refusal_of(base).kind, kPlanned);
-  expect(with(base, [](StepShape& s) { s.pr.head_dim = s.pr.head_dim_v = 64; }), "q",
-         "head_dim 64 (128 and 256 only)");
+  expect(with(base, [](StepShape& s) { s.pr.head_dim = s.pr.head_dim_v = 96; }), "q",
+         "head_dim 96 (64, 128 and 256 only)");
   expect(with(base,
               [](StepShape& s) {
                 s.pr.paged = true;

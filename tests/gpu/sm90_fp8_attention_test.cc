@@ -10,12 +10,13 @@
 // (tests/attention/fp8_attention_test.cc, Fp8Emulation.WithinTheBoundE4m3RoundingImplies), with
 // the scores' error widened for the tensor cores: P = 2^8 exp(s - m) rounded to e4m3 errs by at
 // most 2^-4 P (normal) or 2^-10 (subnormal) and the row sum is at least 2^8, so
-//   |out - exact| <= (2^-4 + 2^-18 n_k + expm1(2 (gamma_d + 2^-11) D)) max|v|
+//   |out - exact| <= (2^-4 + 2^-18 n_k + expm1(2 (gamma_d + 2^-9) D)) max|v|
 //                    + 2^-8 |exact| + (2 n_k 2^-24 + 1e-6) max|v|
 // with D = max_j sum_d |scale q_d k_jd| (dequantised) and gamma_d = d 2^-24 / (1 - d 2^-24): the
-// fp8 wgmma's products are exact and its accumulation keeps at least ~13 bits (2^-11 leaves
-// margin), ex2.approx errs by ~2^-22; then bfloat16's rounding of out (2^-9, doubled). The LSE:
-// |lse - exact| <= 2^-10 (D + 1) + 1e-5 |exact|.
+// fp8 wgmma's products are exact, but its accumulation is not float32's (DeepSeek-V3 measured
+// about 14 bits kept on the H800; 2^-9 of D leaves room for d = 256 additions at that precision),
+// ex2.approx errs by ~2^-22; then bfloat16's rounding of out (2^-9, doubled). The LSE:
+// |lse - exact| <= 2^-9 (D + 1) + 1e-5 |exact|.
 // That bound is loose (every rounding error at its worst, in the same direction), so the output's
 // RMS error over the case must also be within twice the RMS error of the CPU emulation of FA3's
 // kernel (Emulate::kFp8Kernel: the same rounding of P, block by block) plus 2^-8 of the exact
@@ -23,10 +24,12 @@
 // about the output's own size and fails here even where the per-element bound would pass it.
 // Rows that see no key: O = 0 and LSE = -inf exactly.
 //
-// Plus: the same inputs twice give the same bits; the refusals by name of what the fp8 forward
+// Plus: the check itself on the CPU emulation and on a key mix-up (Sm90Fp8Oracle, no GPU needed);
+// the same inputs twice give the same bits; the refusals by name of what the fp8 forward
 // lacks; a small case for compute-sanitizer (Sm90Fp8Sanitize). Skips without a CUDA device, on
 // devices other than compute capability 9.0, and in builds without 90a.
 #include <cuda_runtime.h>
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -164,7 +167,7 @@ void expect_within_fp8_bound(AttentionCase& c, const NaiveOutput& got) {
   const NaiveOutput emul =
       attention::reference::naive_forward(p, attention::reference::Emulate::kFp8Kernel);
   const double d = static_cast<double>(pr.head_dim);
-  const double gamma = d * 0x1p-24 / (1 - d * 0x1p-24) + 0x1p-11;
+  const double gamma = d * 0x1p-24 / (1 - d * 0x1p-24) + 0x1p-9;
   const int64_t group = pr.h_q / pr.h_kv;
   double worst = 0, worst_lse = 0, err2 = 0, emul2 = 0, exact2 = 0;
   int64_t failures = 0, count = 0;
@@ -179,14 +182,19 @@ void expect_within_fp8_bound(AttentionCase& c, const NaiveOutput& got) {
         for (int64_t e = 0; e < pr.head_dim_v; ++e)
           vmax = std::max(vmax,
                           std::abs(vd * load_float(p.v.data, L.v_offset(b, j, hk) + e, p.v.dtype)));
+      std::vector<double> k_abs(n_k * pr.head_dim), q_abs(pr.head_dim);  // |codes|
+      for (int64_t j = 0; j < n_k; ++j)
+        for (int64_t e = 0; e < pr.head_dim; ++e)
+          k_abs[j * pr.head_dim + e] =
+              std::abs(load_float(p.k.data, L.k_offset(b, j, hk) + e, p.k.dtype));
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
         for (int64_t t = 0; t < L.q_len(b); ++t) {
+          for (int64_t e = 0; e < pr.head_dim; ++e)
+            q_abs[e] = std::abs(load_float(p.q.data, L.q_offset(b, t, h) + e, p.q.dtype));
           double dot_abs = 0;
           for (int64_t j = 0; j < n_k; ++j) {
             double a = 0;
-            for (int64_t e = 0; e < pr.head_dim; ++e)
-              a += std::abs(load_float(p.q.data, L.q_offset(b, t, h) + e, p.q.dtype) *
-                            load_float(p.k.data, L.k_offset(b, j, hk) + e, p.k.dtype));
+            for (int64_t e = 0; e < pr.head_dim; ++e) a += q_abs[e] * k_abs[j * pr.head_dim + e];
             dot_abs = std::max(dot_abs, a * pr.scale * qd * kd);
           }
           const int64_t row = L.q_row(b, t) * pr.h_q + h;
@@ -195,7 +203,7 @@ void expect_within_fp8_bound(AttentionCase& c, const NaiveOutput& got) {
             if (std::isinf(e)) {
               EXPECT_TRUE(std::isinf(g) && g < 0) << c.spec().name() << " row " << row;
             } else {
-              const double bound = 0x1p-10 * (dot_abs + 1) + 1e-5 * std::abs(e);
+              const double bound = 0x1p-9 * (dot_abs + 1) + 1e-5 * std::abs(e);
               worst_lse = std::max(worst_lse, std::abs(g - e) / bound);
               if (!(std::abs(g - e) <= bound) && failures++ < 10)
                 ADD_FAILURE() << c.spec().name() << " lse b " << b << " t " << t << " h " << h
@@ -241,7 +249,7 @@ void expect_within_fp8_bound(AttentionCase& c, const NaiveOutput& got) {
 
 std::vector<CaseSpec> fp8_cases() {
   std::vector<CaseSpec> v;
-  for (int64_t d : {128, 256}) {
+  for (int64_t d : {64, 128, 256}) {
     for (bool causal : {false, true}) {
       // Odd lengths (a ragged last key block and query tile), one key, q != kv both ways
       // (causal with more queries than keys: the first rows see no key), GQA 1, 4 and 8,
@@ -299,6 +307,43 @@ TEST_P(Sm90Fp8Forward, MatchesFloat64ReferenceWithinTheFp8Bound) {
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Fp8Forward, ::testing::ValuesIn(fp8_cases()),
                          [](const auto& info) { return info.param.name(); });
 
+// The check itself, without a GPU (it runs wherever test_gpu does): the CPU emulation of FA3's
+// kernel passes it, and the emulation on V with its keys swapped in pairs (what a wrong byte
+// order of P or of V^T's keys would compute) fails it, by the RMS criterion at least.
+TEST(Sm90Fp8Oracle, PassesTheEmulationAndCatchesKeysSwappedInPairs) {
+  using attention::reference::Emulate;
+  using attention::reference::naive_forward;
+  CaseSpec s = fp8_spec(128, 2, 129, 300, 4, 2, true, true);
+  s.seed = 11;
+  AttentionCase c(s);
+  requantise(c, 12);
+  expect_within_fp8_bound(c, naive_forward(c.params(), Emulate::kFp8Kernel));
+  AttentionCase swapped = c;
+  {
+    const AttentionParams p = swapped.params();
+    const Problem pr = attention::describe(p);
+    const HostLayout L(p, pr);
+    auto* v = static_cast<uint8_t*>(p.v.data);
+    for (int64_t b = 0; b < pr.batch; ++b)
+      for (int64_t hk = 0; hk < pr.h_kv; ++hk)
+        for (int64_t j = 0; j + 1 < L.kv_len(b); j += 2)
+          for (int64_t e = 0; e < pr.head_dim_v; ++e)
+            std::swap(v[L.v_offset(b, j, hk) + e], v[L.v_offset(b, j + 1, hk) + e]);
+  }
+  const NaiveOutput wrong = naive_forward(swapped.params(), Emulate::kFp8Kernel);
+  ::testing::TestPartResultArray failures;
+  {
+    ::testing::ScopedFakeTestPartResultReporter intercept(
+        ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD, &failures);
+    expect_within_fp8_bound(c, wrong);
+  }
+  bool rms = false;
+  for (int i = 0; i < failures.size(); ++i)
+    rms |=
+        std::string(failures.GetTestPartResult(i).message()).find("RMS error") != std::string::npos;
+  EXPECT_TRUE(rms) << failures.size() << " failures, none of them the RMS check's";
+}
+
 // The same inputs twice: the same bits (a moving result is a race).
 TEST(Sm90Fp8Determinism, SameBitsTwice) {
   SKIP_WITHOUT_SM90();
@@ -314,10 +359,10 @@ TEST(Sm90Fp8Determinism, SameBitsTwice) {
 }
 
 // A small case for compute-sanitizer (memcheck, racecheck): two query tiles, causal, GQA 4,
-// a ragged last key block, d128 and d256.
+// a ragged last key block, each head dim.
 TEST(Sm90Fp8Sanitize, SmallCausalGqa) {
   SKIP_WITHOUT_SM90();
-  for (int64_t d : {128, 256}) {
+  for (int64_t d : {64, 128, 256}) {
     CaseSpec s = fp8_spec(d, 2, 200, 300, 8, 2, true, true);
     s.seed = 5;
     AttentionCase c(s);
@@ -327,8 +372,8 @@ TEST(Sm90Fp8Sanitize, SmallCausalGqa) {
   }
 }
 
-// What the fp8 forward lacks, refused by name on the device; and the switch off refuses naming q
-// with how to turn it on.
+// What the fp8 forward lacks, refused by name on the device (paged K/V; an e4m3 k/v beside a
+// bf16 q); and the switch off refuses naming q with how to turn it on.
 TEST(Sm90Fp8Refusals, ByName) {
   SKIP_WITHOUT_SM90();
   const auto refusal = [](AttentionCase& c, const char* fp8_switch) -> std::string {
@@ -347,9 +392,6 @@ TEST(Sm90Fp8Refusals, ByName) {
   EXPECT_NE(refusal(plain, nullptr).find("FLASHSERVE_FP8_ATTENTION=1"), std::string::npos)
       << "on by default before its device run?";
   EXPECT_EQ(refusal(plain, "1"), "accepted");
-  AttentionCase d64(fp8_spec(64, 1, 64, 64, 2, 2, false, true));
-  EXPECT_EQ(refusal(d64, "1").rfind("q: ", 0), 0u) << refusal(d64, "1");
-  EXPECT_NE(refusal(d64, "1").find("head_dim 64"), std::string::npos) << refusal(d64, "1");
   CaseSpec paged_spec = fp8_spec(128, 2, 0, 0, 4, 2, true, true);
   paged_spec.q_lens = {30, 1};
   paged_spec.kv_lens = {100, 40};

@@ -79,7 +79,7 @@ void refuse_fp8_if_off(const Problem& pr, bool fp8_attention) {
 Fp8Lack sm90_fp8_lacks(const Problem& pr, const PlanContext& ctx) {
   if (!ctx.sm90_unavailable.empty()) return {"q", "needs the sm90 kernel: " + ctx.sm90_unavailable};
   if (!sm90::fp8_head_dim(static_cast<int>(pr.head_dim)))
-    return {"q", str_cat("head_dim ", pr.head_dim, " (128 and 256 only)")};
+    return {"q", str_cat("head_dim ", pr.head_dim, " (64, 128 and 256 only)")};
   if (pr.paged) return {"block_table", "paged K/V is not supported yet"};
   if (pr.num_splits > 1) return {"num_splits", "split-KV is not supported yet"};
   if (pr.score_mod.capped()) return {"softcap", "logit soft-capping is not supported"};

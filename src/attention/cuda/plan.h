@@ -119,7 +119,7 @@ void refuse_fp8_if_off(const Problem& pr, bool fp8_attention);
 
 // What the sm90 fp8 forward cannot run of an all-e4m3 call, as the argument to name and the
 // reason; both empty if it can: the sm90 kernel itself (ctx.sm90_unavailable: the build, the
-// device, TMA's strides), head dims other than 128 and 256, paged K/V (block_table), split-KV
+// device, TMA's strides), head dims other than 64, 128 and 256, paged K/V (block_table), split-KV
 // (num_splits > 1), softcap and alibi_slopes.
 struct Fp8Lack {
   std::string argument, what;

@@ -557,17 +557,29 @@ __device__ __forceinline__ void rescale_o(float (&o)[kD / 2], const float (&resc
   }
 }
 
+// The K-major descriptor of a Q or K tile: 128-byte swizzled rows, or 64-byte ones (kRowBytes;
+// the fp8 tiles at d64).
+template <class Cfg>
+__device__ __forceinline__ uint64_t qk_desc(const void* tile) {
+  if constexpr (Cfg::kRowBytes == 128)
+    return smem_desc_sw128(tile, 16, 1024);
+  else
+    return smem_desc_sw64(tile, 16, 512);
+}
+
 // S = Q K^T over kQkSteps k-steps (d/16 16-bit, d/32 fp8 columns: 32 bytes of a row either
-// way); step k reads column chunk k/4 at byte 32 (k%4) of each row.
+// way); step k reads column chunk k / kRow at byte 32 (k % kRow) of each row, kRow the k-steps
+// per row (4; 2 for 64-byte rows).
 template <class Cfg, bool kBf16>
 __device__ __forceinline__ void issue_qk(float (&sc)[Cfg::kBlockN / 2], uint64_t q_desc,
                                          const uint8_t* k_tile) {
-  const uint64_t k_desc = smem_desc_sw128(k_tile, 16, 1024);
+  constexpr int kRow = Cfg::kRowBytes / 32;
+  const uint64_t k_desc = qk_desc<Cfg>(k_tile);
 #pragma unroll
   for (int k = 0; k < Cfg::kQkSteps; ++k) {
-    const uint32_t off = (k % 4) * 32;
-    const uint64_t a = desc_advance(q_desc, (k / 4) * Cfg::kQChunkBytes + off);
-    const uint64_t b = desc_advance(k_desc, (k / 4) * Cfg::kKVChunkBytes + off);
+    const uint32_t off = (k % kRow) * 32;
+    const uint64_t a = desc_advance(q_desc, (k / kRow) * Cfg::kQChunkBytes + off);
+    const uint64_t b = desc_advance(k_desc, (k / kRow) * Cfg::kKVChunkBytes + off);
     if constexpr (Cfg::kFp8)
       mma_ss_e4m3<Cfg::kBlockN>(sc, a, b, k > 0);
     else
@@ -799,7 +811,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
     const RowKeys<kMasked> row_keys(row0, q_len, kv_len, p.window_left, p.window_right);
     const auto mask = [&](int j) { mask_scores<kMasked>(sc, j * kBlockN, row_keys); };
     // Q's descriptor for this warpgroup's 64 rows (8 atoms of 8 rows, 1024 bytes apart).
-    const uint64_t q_desc = smem_desc_sw128(s.q[0] + cw * 64 * 128, 16, 1024);
+    const uint64_t q_desc = qk_desc<Cfg>(s.q[0] + cw * 64 * Cfg::kRowBytes);
     // The scores' scale in exp2's units; kFp8 with the tile's q and k descale factors. The 16-bit
     // tiles read p.scale_log2 where they use it, as before the fp8 tiles (a copy held through
     // the key loop changed d256's register allocation; scripts/kernel-identity.py --family sm90).

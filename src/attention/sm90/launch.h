@@ -68,7 +68,7 @@ struct FwdArgs {
 
 // Throws flashserve::Error (kUnsupported for a head dim without an instantiation or a tensor TMA
 // cannot describe, kCuda when the launch fails). dtype kFloat8E4M3 runs the fp8 tiles
-// (run_fwd_fp8_hdim: head dims 128 and 256, no paged K/V), V^T's pre-pass first.
+// (run_fwd_fp8_hdim: head dims 64, 128 and 256, no paged K/V), V^T's pre-pass first.
 void run_fwd(const FwdArgs& args);
 
 template <int kHeadDim>

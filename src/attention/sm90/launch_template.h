@@ -101,14 +101,14 @@ void launch(FwdParams& p, const FwdArgs& a) {
   const int q_seqs = varlen_q ? 1 : a.batch, kv_seqs = varlen_k ? 1 : a.batch;
   const int q_rows = std::max(a.seqlen_q, 1), kv_rows = std::max(a.seqlen_k, 1);
   p.tma_q = make_map(a.q, a.dtype, q_seqs, q_rows, a.h_q, kHeadDim, a.q_batch_stride,
-                     a.q_row_stride, a.q_head_stride, Cfg::kBlockM, "q");
+                     a.q_row_stride, a.q_head_stride, Cfg::kBlockM, "q", Cfg::kRowBytes);
   if constexpr (Cfg::kFp8) {
     // K as the 16-bit tiles read it; V from its transpose (fp8_vt.h, run_fwd_fp8_tiles).
     if (a.block_table != nullptr)
       throw Error(ErrorKind::kInternal, "block_table",
                   "the sm90 fp8 tiles were launched on paged K/V (the plan refuses it)");
     p.tma_k = make_map(a.k, a.dtype, kv_seqs, kv_rows, a.h_kv, kHeadDim, a.k_batch_stride,
-                       a.k_row_stride, a.k_head_stride, Cfg::kBlockN, "k");
+                       a.k_row_stride, a.k_head_stride, Cfg::kBlockN, "k", Cfg::kRowBytes);
     p.tma_v = make_vt_map(a.vt, a.batch, a.h_kv, kHeadDim, a.vt_keys);
     p.zero_v_tail = 0;  // V^T holds zeros past each sequence's keys
   } else if (a.block_table != nullptr) {

@@ -12,12 +12,12 @@
 
 namespace flashserve::attention::sm90 {
 
-// A 4-D map of a [batch, seqlen, heads, d] tensor (d innermost) with boxes of 128 bytes of
-// columns (64 16-bit, 128 float8_e4m3fn) x `rows` rows of one head of one sequence, 128-byte
-// swizzled.
+// A 4-D map of a [batch, seqlen, heads, d] tensor (d innermost) with boxes of `row_bytes` bytes
+// of columns (128: 64 16-bit or 128 float8_e4m3fn columns, 128-byte swizzled; 64: the fp8 tiles'
+// d64 rows, 64-byte swizzled) x `rows` rows of one head of one sequence.
 inline CUtensorMap make_map(const void* base, DType dtype, int batch, int seqlen, int heads, int d,
                             int64_t batch_stride, int64_t row_stride, int64_t head_stride, int rows,
-                            const char* name) {
+                            const char* name, int row_bytes = 128) {
   TensorMapSpec spec{};
   spec.base = base;
   const int64_t elem = dtype == DType::kFloat8E4M3 ? 1 : 2;
@@ -38,11 +38,11 @@ inline CUtensorMap make_map(const void* base, DType dtype, int batch, int seqlen
     spec.strides[i] =
         static_cast<uint64_t>(sizes[i] <= 1 && (bytes <= 0 || bytes % 16) ? 16 : bytes);
   }
-  spec.box[0] = static_cast<uint32_t>(128 / elem);
+  spec.box[0] = static_cast<uint32_t>(row_bytes / elem);
   spec.box[1] = static_cast<uint32_t>(rows);
   spec.box[2] = 1;
   spec.box[3] = 1;
-  spec.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+  spec.swizzle = row_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
   CUtensorMap map;
   cudaError_t entry = cudaSuccess;
   const CUresult r = encode_tensor_map(spec, &map, &entry);

@@ -62,6 +62,7 @@ struct TileConfig {
   // same chunks as K's ([keys, d] as TMA reads it); the wgmma k-steps of QK^T (16 columns, 32
   // bytes of a row) and of P V (16 keys).
   static constexpr bool kFp8 = false;
+  static constexpr int kRowBytes = 128;  // a swizzled row of Q and K (128-byte swizzle)
   static constexpr int kVChunks = kChunks;
   static constexpr int kVChunkBytes = kKVChunkBytes;
   static constexpr int kQkSteps = kHeadDim / 16;
@@ -70,11 +71,12 @@ struct TileConfig {
 
 // The float8_e4m3fn forward (docs/fp8.md, "The sm90 fp8 forward"): q, k, v one byte per element,
 // so a 128-byte swizzled row holds 128 columns (a chunk is 128 columns of Q or K) and a wgmma
-// k-step (k32) 32 columns, still 32 bytes. V reaches the kernel transposed (fp8_vt.h: V^T
-// [batch, h_kv, d, keys], keys contiguous, as the K-major B operand of P V needs) in chunks of
-// 128 keys: d rows of 128 bytes each. P is one byte per key: four registers per 32 keys.
-// Eager rescaling only: P is scaled by 2^8 into e4m3's range (RowState's offset), and a lazy
-// max that lags by up to 2^8 more would take P past 448.
+// k-step (k32) 32 columns, still 32 bytes. At d64 a row of Q or K is 64 bytes: TMA and wgmma
+// use the 64-byte swizzle there (8-row atoms of 512 bytes, two k-steps per row). V reaches the
+// kernel transposed (fp8_vt.h: V^T [batch, h_kv, d, keys], keys contiguous, as the K-major B
+// operand of P V needs) in chunks of 128 keys: d rows of 128 bytes each. P is one byte per key:
+// four registers per 32 keys. Eager rescaling only: P is scaled by 2^8 into e4m3's range
+// (RowState's offset), and a lazy max that lags by up to 2^8 more would take P past 448.
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_ = 2>
 struct Fp8TileConfig : TileConfig<kHeadDim_, kBlockM_, kBlockN_, kStages_> {
   using Base = TileConfig<kHeadDim_, kBlockM_, kBlockN_, kStages_>;
@@ -84,17 +86,19 @@ struct Fp8TileConfig : TileConfig<kHeadDim_, kBlockM_, kBlockN_, kStages_> {
   // at d256 they hold O 128 + S 64 + P 32, and at 232 ptxas serialized the wgmmas (C7512); with
   // FlashAttention-3's 24 for the producer, its tile loop spilled (48 bytes).
   static constexpr int kConsumerRegs = Base::kConsumers == 2 ? 240 : Base::kConsumerRegs;
-  static constexpr int kChunkCols = 128;
+  static constexpr int kRowBytes = Base::kHeadDim >= 128 ? 128 : 64;
+  static constexpr int kChunkCols = kRowBytes;
   static constexpr int kChunks = Base::kHeadDim / kChunkCols;
-  static constexpr int kQChunkBytes = Base::kBlockM * 128;
-  static constexpr int kKVChunkBytes = Base::kBlockN * 128;
+  static constexpr int kQChunkBytes = Base::kBlockM * kRowBytes;
+  static constexpr int kKVChunkBytes = Base::kBlockN * kRowBytes;
   static constexpr int kQBytes = kQChunkBytes * kChunks;
   static constexpr int kKVBytes = kKVChunkBytes * kChunks;
   static constexpr int kVChunks = Base::kBlockN / 128;
   static constexpr int kVChunkBytes = Base::kHeadDim * 128;
   static constexpr int kQkSteps = Base::kHeadDim / 32;
   static constexpr int kPSteps = Base::kBlockN / 32;
-  static_assert(Base::kHeadDim % 128 == 0, "fp8 head dims are whole 128-byte rows (128, 256)");
+  static_assert(Base::kHeadDim % 128 == 0 || Base::kHeadDim == 64,
+                "fp8 head dims: 64 (one 64-byte row) or whole 128-byte rows (128, 256)");
   static_assert(Base::kBlockN % 128 == 0, "V^T arrives in boxes of 128 keys (128-byte rows)");
   static_assert(kVChunks * kVChunkBytes == kKVBytes, "V^T's block is K's bytes");
 };
@@ -204,15 +208,24 @@ constexpr TileShape tile_shape(int head_dim, bool masked, int64_t max_kv_len) {
 // Shared memory: Q 16 KB + 2 x (K 16 KB + V^T 16 KB) = 80 KB at d128, 160 KB at d256.
 // Longer key blocks (FA3's 224 at d128) need V^T boxes of 64 or 32 keys (a 64-byte swizzle)
 // and are not written yet (docs/fp8.md).
+// d64: 192 x 128, three consumer warpgroups at 160 registers (S 64 + P 32 + O 32), as the bf16
+// d64 tile and for its reason (a 64-row d64 GEMM is too short to hide two warpgroups' softmax;
+// FA3's fp8 d64 is 192 x 160). Q 12 KB + 2 x (K 8 KB + V^T 8 KB) = 44 KB.
 template <int kHeadDim, bool kCausal>
 struct Fp8Tile {
   using type = Fp8TileConfig<kHeadDim, 128, 128>;
 };
+template <bool kCausal>
+struct Fp8Tile<64, kCausal> {
+  using type = Fp8TileConfig<64, 192, 128>;
+};
 constexpr bool fp8_head_dim(int head_dim) {
-  return head_dim == 128 || head_dim == 256;
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
 }
 constexpr TileShape fp8_tile_shape(int head_dim) {
-  return fp8_head_dim(head_dim) ? TileShape{128, 128} : TileShape{0, 0};
+  return head_dim == 64           ? TileShape{192, 128}
+         : fp8_head_dim(head_dim) ? TileShape{128, 128}
+                                  : TileShape{0, 0};
 }
 // The fp8 P operand (fwd_kernel.h to_e4m3_operand): byte i = 4 r + e of a 32-key k-step's four
 // A registers (register r, byte e) is element fp8_p_element(i) of the step's 16 accumulator

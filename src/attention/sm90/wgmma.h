@@ -40,6 +40,20 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(const void* smem, uint32_t l
   return desc;
 }
 
+// 64-byte swizzle (layout type 2): rows of 64 bytes in 8-row atoms of 512 bytes, as TMA's 64-byte
+// swizzle writes them (the fp8 forward's Q and K at d64, 64 one-byte columns a row); K-major,
+// SBO = 512 between 8-row groups, LBO unused. The tile base is 512-byte aligned.
+__device__ __forceinline__ uint64_t smem_desc_sw64(const void* smem, uint32_t lbo_bytes,
+                                                   uint32_t sbo_bytes) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  uint64_t desc = 0;
+  desc |= static_cast<uint64_t>((addr & 0x3FFFF) >> 4);
+  desc |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16;
+  desc |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32;
+  desc |= uint64_t{2} << 62;  // layout type 2: 64-byte swizzle
+  return desc;
+}
+
 // The descriptor of the same layout `bytes` further on (a k-step inside the tile). Adds to the
 // encoded start address, which is what a descriptor built from smem + bytes would hold.
 __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
