@@ -157,8 +157,8 @@ Fp8Run run_fp8(AttentionCase& c) {
 }
 
 // The comparison of the header, element by element and by RMS; prints the largest error / bound
-// and the RMS ratio (the device run's record).
-void expect_within_fp8_bound(AttentionCase& c, const NaiveOutput& got) {
+// and the RMS ratio (the device run's record), after `label` when given.
+void expect_within_fp8_bound(AttentionCase& c, const NaiveOutput& got, const char* label = "") {
   const AttentionParams p = c.params();
   const Problem pr = attention::describe(p);
   const HostLayout L(p, pr);
@@ -240,7 +240,7 @@ void expect_within_fp8_bound(AttentionCase& c, const NaiveOutput& got) {
     const double allowed = 2 * rms_emul + 0x1p-8 * rms_exact;
     EXPECT_LE(rms, allowed) << c.spec().name() << ": RMS error " << rms << " against the "
                             << "emulation's " << rms_emul << " (exact RMS " << rms_exact << ")";
-    std::cout << c.spec().name() << ": error / bound " << worst << ", lse " << worst_lse
+    std::cout << label << c.spec().name() << ": error / bound " << worst << ", lse " << worst_lse
               << "; RMS error " << rms << ", emulation's " << rms_emul << " (ratio "
               << (rms_emul > 0 ? rms / rms_emul : 0) << "), exact RMS " << rms_exact << "\n";
   }
@@ -317,7 +317,7 @@ TEST(Sm90Fp8Oracle, PassesTheEmulationAndCatchesKeysSwappedInPairs) {
   s.seed = 11;
   AttentionCase c(s);
   requantise(c, 12);
-  expect_within_fp8_bound(c, naive_forward(c.params(), Emulate::kFp8Kernel));
+  expect_within_fp8_bound(c, naive_forward(c.params(), Emulate::kFp8Kernel), "oracle, emulated: ");
   AttentionCase swapped = c;
   {
     const AttentionParams p = swapped.params();
@@ -335,7 +335,7 @@ TEST(Sm90Fp8Oracle, PassesTheEmulationAndCatchesKeysSwappedInPairs) {
   {
     ::testing::ScopedFakeTestPartResultReporter intercept(
         ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD, &failures);
-    expect_within_fp8_bound(c, wrong);
+    expect_within_fp8_bound(c, wrong, "oracle, keys swapped (must fail): ");
   }
   bool rms = false;
   for (int i = 0; i < failures.size(); ++i)
