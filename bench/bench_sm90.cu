@@ -11,8 +11,8 @@
 // --fp8: the float8_e4m3fn forward (issue 23, FLASHSERVE_FP8_ATTENTION=1) beside the bf16 sm90
 // kernel on the same values (bf16 inputs, and their e4m3 codes at 256 x the value with descale
 // 1/256 per (sequence, KV head)): TFLOP/s of each, fp8/bf16, and the max |difference| of the
-// outputs (e4m3's rounding of q, k, v and P: about 1e-2 of the output's scale). Head dims the
-// fp8 forward lacks (d64) print its refusal.
+// outputs (e4m3's rounding of q, k, v and P: about 1e-2 of the output's scale), and the fp8 tile
+// the plan chose (FLASHSERVE_FP8_BLOCK_N=192 asks for 128 x 192 at d128).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -86,8 +86,8 @@ int fp8_table(const cudaDeviceProp& prop, const std::vector<int>& seqlens, int h
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<uint16_t> h16(elems), h8(elems);
-  std::printf("\n%-6s %-7s %-6s %-6s %10s %10s %10s %12s\n", "causal", "seqlen", "batch", "heads",
-              "bf16 sm90", "fp8", "fp8/bf16", "max|diff|");
+  std::printf("\n%-6s %-7s %-6s %-6s %10s %10s %10s %-8s %12s\n", "causal", "seqlen", "batch",
+              "heads", "bf16 sm90", "fp8", "fp8/bf16", "fp8 tile", "max|diff|");
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   for (int causal : {0, 1})
@@ -109,7 +109,7 @@ int fp8_table(const cudaDeviceProp& prop, const std::vector<int>& seqlens, int h
       };
       const double flops = 4.0 * b * h * double(s) * s * (causal ? 0.5 : 1.0) * d;
       float tflops[2] = {0, 0};
-      std::string err;
+      std::string err, tile = "-";
       for (int which = 0; which < 2; ++which) {
         setenv("FLASHSERVE_KERNEL", which == 0 ? "sm90" : "auto", 1);
         setenv("FLASHSERVE_FP8_ATTENTION", "1", 1);
@@ -130,6 +130,12 @@ int fp8_table(const cudaDeviceProp& prop, const std::vector<int>& seqlens, int h
         }
         const float ms = median_ms([&] { flashserve::attention_forward(p); }, warmup, iters, 200);
         tflops[which] = static_cast<float>(flops / (ms * 1e-3) / 1e12);
+        if (which == 1) {  // the fp8 tile the plan chose (FLASHSERVE_FP8_BLOCK_N at d128)
+          const std::string summary = flashserve::plan_attention(p).summary();
+          const size_t at = summary.find(" tile ");
+          if (at != std::string::npos)
+            tile = summary.substr(at + 6, summary.find(' ', at + 6) - at - 6);
+        }
       }
       unsetenv("FLASHSERVE_KERNEL");
       unsetenv("FLASHSERVE_FP8_ATTENTION");
@@ -143,9 +149,9 @@ int fp8_table(const cudaDeviceProp& prop, const std::vector<int>& seqlens, int h
           max_diff =
               std::max<double>(max_diff, std::fabs(to_float(h16[i], true) - to_float(h8[i], true)));
       }
-      std::printf("%-6d %-7d %-6d %-6d %10.1f %10.1f %10.2f %12.3g%s%s\n", causal, s, b, h,
-                  tflops[0], tflops[1], tflops[0] > 0 ? tflops[1] / tflops[0] : 0.0, max_diff,
-                  err.empty() ? "" : "  error: ", err.c_str());
+      std::printf("%-6d %-7d %-6d %-6d %10.1f %10.1f %10.2f %-8s %12.3g%s%s\n", causal, s, b, h,
+                  tflops[0], tflops[1], tflops[0] > 0 ? tflops[1] / tflops[0] : 0.0, tile.c_str(),
+                  max_diff, err.empty() ? "" : "  error: ", err.c_str());
     }
   for (uint16_t* p : {q, k, v, out16, out8}) CUDA_OK(cudaFree(p));
   for (uint8_t* p : {q8, k8, v8}) CUDA_OK(cudaFree(p));

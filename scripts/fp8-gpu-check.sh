@@ -5,7 +5,8 @@
 # bf16 tests beside them (nothing regressed), compute-sanitizer memcheck and racecheck on the
 # small fp8 case, the SASS of the fp8 kernels (HGMMA ... E4M3 count, registers, local memory),
 # then bench_sm90 --fp8 (fp8 beside the bf16 sm90 kernel, FA3 grid: 16k tokens, L 512..16k,
-# d64/128/256, causal and not). Logs under $OUT. About 3-4 minutes with binaries built elsewhere.
+# d64/128/256, causal and not; d128 again with FLASHSERVE_FP8_BLOCK_N=192). Logs under $OUT.
+# About 4-5 minutes with binaries built elsewhere.
 #
 # The binaries travel compressed; on the build machine:
 #   cmake -S . -B build/fp8 -DCMAKE_BUILD_TYPE=Release -DFLASHSERVE_CUDA_ARCHS=90a
@@ -91,6 +92,10 @@ if want bench; then
     timeout 150 "$BIN/bench/bench_sm90" --fp8 --head-dim "$d" --seqlens "$SEQLENS" --iters 20 |
       tee -a "$OUT/bench_fp8.txt" || status=1
   done
+  # d128's 192-key blocks beside the default 128 (the A/B switch; the tile column says which ran).
+  step "bench_sm90 --fp8, d128, FLASHSERVE_FP8_BLOCK_N=192 (128 x 192 beside the rows above)"
+  FLASHSERVE_FP8_BLOCK_N=192 timeout 150 "$BIN/bench/bench_sm90" --fp8 --head-dim 128 \
+    --seqlens "$SEQLENS" --iters 20 | tee -a "$OUT/bench_fp8.txt" || status=1
 fi
 echo; echo "fp8-gpu-check: $([ $status = 0 ] && echo OK || echo FAILED) (${SECONDS}s)"
 exit $status

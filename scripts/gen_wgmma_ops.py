@@ -16,7 +16,7 @@ TYPES = [("true", "bf16"), ("false", "f16")]
 # float8_e4m3fn (the fp8 forward, sm90/fwd_kernel.h with TileConfig::kFp8): m64nNk32, both operands
 # K-major (8-bit wgmma has no transpose: V arrives transposed, sm90/fp8_vt.h). SS: S = Q K^T, N =
 # the key block; RS: O += P V^T, N = the head dim.
-E4M3_SS_N = [128]
+E4M3_SS_N = [128, 192]
 E4M3_RS_N = [64, 128, 256]
 
 

@@ -207,6 +207,7 @@ Plan cuda_plan(const AttentionParams& params, const Problem& pr, const HostLengt
   if (pr.dtype == DType::kFloat8E4M3) {
     ctx.fp8_attention = parse_fp8_attention(std::getenv("FLASHSERVE_FP8_ATTENTION"));
     refuse_fp8_if_off(pr, ctx.fp8_attention);
+    ctx.fp8_block_n = parse_fp8_block_n(std::getenv("FLASHSERVE_FP8_BLOCK_N"));
   }
   const DeviceProps& dev = check_supported(params, pr);
   ctx.device = split_device(dev);
@@ -297,6 +298,7 @@ void run_sm90(const LaunchPlan& l, const sm80::FwdParams& f, const AttentionPara
     descale(params.v_descale, a.v_descale, a.v_descale_batch_stride, a.v_descale_head_stride);
     a.vt = static_cast<char*>(workspace) + l.vt_offset;
     a.vt_keys = sm90::fp8_vt_keys(pr.max_kv_len);
+    a.fp8_block_n = l.kernel.block_n;
   }
   sm90::run_fwd(a);
 #else

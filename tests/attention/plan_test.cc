@@ -722,6 +722,33 @@ TEST(PlanFp8, ParsesTheSwitchStrictly) {
   }
 }
 
+TEST(PlanFp8, KeyBlockSwitchTakes128Or192AndOnlyD128Takes192) {
+  using attention::parse_fp8_block_n;
+  EXPECT_EQ(parse_fp8_block_n(nullptr), 128);
+  EXPECT_EQ(parse_fp8_block_n(""), 128);
+  EXPECT_EQ(parse_fp8_block_n("128"), 128);
+  EXPECT_EQ(parse_fp8_block_n("192"), 192);
+  for (const char* bad : {"224", "64", "auto", "192 "}) {
+    try {
+      parse_fp8_block_n(bad);
+      ADD_FAILURE() << "\"" << bad << "\" accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << bad;
+      EXPECT_EQ(e.argument(), "FLASHSERVE_FP8_BLOCK_N") << bad;
+    }
+  }
+  for (int64_t d : {64, 128, 256}) {
+    StepShape s = fp8_call(2, 300, 1000, 8, 2, d, true);
+    s.ctx.fp8_block_n = 192;
+    const Plan p = plan_of(s);
+    ASSERT_EQ(p.launches.size(), 1u);
+    EXPECT_EQ(p.launches[0].kernel.block_n, d == 128 ? 192 : 128) << d;
+    EXPECT_EQ(p.launches[0].kernel.block_m, d == 64 ? 192 : 128) << d;
+    // V^T's workspace does not depend on the block: keys round up to 128 whatever it is.
+    EXPECT_EQ(p.workspace_bytes, p.launches[0].vt_offset + attention::fp8_vt_bytes(s.pr));
+  }
+}
+
 TEST(PlanFp8, OffByDefaultUntilItsDeviceRunAndTheRefusalSaysHowToTurnItOn) {
   EXPECT_FALSE(attention::kFp8AttentionByDefault);
   StepShape s = fp8_call(2, 1000, 1000, 8, 2, 128, false);

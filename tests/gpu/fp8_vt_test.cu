@@ -23,7 +23,8 @@ using attention::sm90::fp8_vt_keys;
 using attention::sm90::VtArgs;
 
 template <int kD>
-void check_vt(int batch, int h_kv, const std::vector<int>& kv_len, bool varlen, bool used) {
+void check_vt(int batch, int h_kv, const std::vector<int>& kv_len, bool varlen, bool used,
+              int block_keys = 128) {
   // Rows per sequence (dense: the longest + 5 spare rows, read by nobody when seqused_k is given)
   // or in all (varlen).
   int max_kv = 0;
@@ -63,6 +64,7 @@ void check_vt(int batch, int h_kv, const std::vector<int>& kv_len, bool varlen, 
   a.vt = dvt;
   a.h_kv = h_kv;
   a.keys = keys;
+  a.block_keys = block_keys;
   const dim3 grid(static_cast<unsigned>(keys / 128), static_cast<unsigned>(h_kv),
                   static_cast<unsigned>(batch));
   fp8_transpose_v<kD><<<grid, 256>>>(a);
@@ -76,7 +78,8 @@ void check_vt(int batch, int h_kv, const std::vector<int>& kv_len, bool varlen, 
       for (int n = 0; n < kD; ++n)
         for (int64_t key = 0; key < keys; ++key) {
           const int kv = varlen && !used ? cu[b + 1] - cu[b] : kv_len[b];
-          const int64_t block_end = (kv + 127) / 128 * 128;  // blocks past it: not written
+          // The kernel's blocks reach round_up(kv, block_keys): written below `keys`.
+          const int64_t block_end = (kv + block_keys - 1) / block_keys * block_keys;
           const uint8_t got = vt[((int64_t{b} * h_kv + hk) * kD + n) * keys + key];
           uint8_t want = 0xAB;
           if (key < block_end) {
@@ -101,6 +104,10 @@ TEST(Fp8VtPrepass, DenseVarlenAndSequsedKeys) {
   check_vt<128>(3, 2, {1, 129, 256}, false, true);
   check_vt<256>(3, 1, {200, 0, 33}, true, false);
   check_vt<128>(2, 4, {7, 400}, true, true);
+  // 192-key blocks (FLASHSERVE_FP8_BLOCK_N=192): a sequence of 100 keys in a batch whose longest
+  // has 1000 reads keys up to 192, past its own 128-key box.
+  check_vt<128>(2, 2, {100, 1000}, true, false, 192);
+  check_vt<128>(3, 1, {200, 385, 1}, false, true, 192);
 }
 
 }  // namespace

@@ -307,6 +307,29 @@ TEST_P(Sm90Fp8Forward, MatchesFloat64ReferenceWithinTheFp8Bound) {
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Fp8Forward, ::testing::ValuesIn(fp8_cases()),
                          [](const auto& info) { return info.param.name(); });
 
+// d128 with 192-key blocks (FLASHSERVE_FP8_BLOCK_N=192: V^T in boxes of 64 keys under the
+// 64-byte swizzle; a short sequence's blocks reach past its own 128-key boxes of V^T).
+class Sm90Fp8Forward192 : public ::testing::TestWithParam<CaseSpec> {};
+
+TEST_P(Sm90Fp8Forward192, MatchesFloat64ReferenceWithinTheFp8Bound) {
+  SKIP_WITHOUT_SM90();
+  ScopedEnv block_n("FLASHSERVE_FP8_BLOCK_N", "192");
+  AttentionCase c(GetParam());
+  requantise(c, GetParam().seed ^ 0x192);
+  const Fp8Run r = run_fp8(c);
+  expect_within_fp8_bound(c, r.out, "block_n 192: ");
+}
+
+std::vector<CaseSpec> fp8_cases_d128() {
+  std::vector<CaseSpec> v;
+  for (const CaseSpec& s : fp8_cases())
+    if (s.head_dim == 128) v.push_back(s);
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Fp8Forward192, ::testing::ValuesIn(fp8_cases_d128()),
+                         [](const auto& info) { return info.param.name(); });
+
 // The check itself, without a GPU (it runs wherever test_gpu does): the CPU emulation of FA3's
 // kernel passes it, and the emulation on V with its keys swapped in pairs (what a wrong byte
 // order of P or of V^T's keys would compute) fails it, by the RMS criterion at least.

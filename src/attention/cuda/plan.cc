@@ -68,6 +68,13 @@ bool parse_fp8_attention(const char* value) {
               str_cat("must be 0 or 1, got \"", value, "\""));
 }
 
+int parse_fp8_block_n(const char* value) {
+  if (value == nullptr || *value == '\0' || std::string(value) == "128") return 128;
+  if (std::string(value) == "192") return 192;
+  throw Error(ErrorKind::kInvalidArgument, "FLASHSERVE_FP8_BLOCK_N",
+              str_cat("must be 128 or 192, got \"", value, "\""));
+}
+
 void refuse_fp8_if_off(const Problem& pr, bool fp8_attention) {
   if (pr.dtype != DType::kFloat8E4M3 || fp8_attention) return;
   throw Error(ErrorKind::kUnsupported, "q",
@@ -314,7 +321,7 @@ Plan fp8_plan(const Problem& pr, const PlanContext& ctx) {
   l.kernel.fp8 = true;
   l.kernel.masked = sm90_masked(pr);
   l.kernel.tile_counter = l.kernel.masked && ctx.workspace_available;
-  const sm90::TileShape tile = sm90::fp8_tile_shape(static_cast<int>(pr.head_dim));
+  const sm90::TileShape tile = sm90::fp8_tile_shape(static_cast<int>(pr.head_dim), ctx.fp8_block_n);
   l.kernel.block_m = tile.block_m;
   l.kernel.block_n = tile.block_n;
   l.group = SeqGroup::kAll;

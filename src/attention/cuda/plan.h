@@ -101,6 +101,9 @@ struct PlanContext {
   // Whether a float8_e4m3fn call may run the sm90 fp8 forward: FLASHSERVE_FP8_ATTENTION
   // (parse_fp8_attention), read by the dispatch once per plan of an e4m3 call.
   bool fp8_attention = false;
+  // The fp8 forward's key block at d128: FLASHSERVE_FP8_BLOCK_N (parse_fp8_block_n), 128 or 192
+  // (sm90/tile_config.h Fp8Tile; the other head dims run 128 whatever it says).
+  int fp8_block_n = 128;
 };
 
 // Whether the sm90 float8_e4m3fn forward runs by default (FLASHSERVE_FP8_ATTENTION unset): off
@@ -111,6 +114,11 @@ inline constexpr bool kFp8AttentionByDefault = false;
 // FLASHSERVE_FP8_ATTENTION: unset (null) or empty, kFp8AttentionByDefault; "1" on; "0" off;
 // anything else throws kInvalidArgument naming the variable.
 bool parse_fp8_attention(const char* value);
+
+// FLASHSERVE_FP8_BLOCK_N: unset (null) or empty, 128; "128" or "192"; anything else throws
+// kInvalidArgument naming the variable. The A/B switch of the fp8 tiles' key block at d128
+// (192 opt-in until measured), as FLASHSERVE_SM90_MULTICAST is for multicast.
+int parse_fp8_block_n(const char* value);
 
 // An all-e4m3 call (q, k, v float8_e4m3fn) with the fp8 forward off: throws kUnsupported naming
 // q, saying how to turn it on. Nothing for any other call. The dispatch calls it before it looks

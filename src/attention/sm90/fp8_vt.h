@@ -6,7 +6,8 @@
 // (dense, varlen, or with seqused_k): the kernel's TMA box of V^T for key block j of sequence b
 // is keys 128 j .. 128 j + 127 of slab b. Keys past a sequence's kv_len in its last block are
 // zeros, so the masked keys' P = 0 never meets a NaN or an infinity there (what zero_v_tail does
-// for the 16-bit kernels). Blocks wholly past kv_len are never read and not written.
+// for the 16-bit kernels). Blocks of 128 keys past the kernel's last key block (VtArgs::block_keys)
+// are never read and not written.
 //
 // Within every 32 keys the pre-pass stores the keys in the order the P fragment of the fp8
 // wgmma takes them (fp8_vt_key): the A operand of m64nNk32 wants thread q of a quad to hold
@@ -36,7 +37,8 @@ struct VtArgs {
   int seqlen_k;                                   // dense: rows per sequence
   uint8_t* vt;                                    // [batch, h_kv, d, keys]
   int h_kv;
-  int64_t keys;  // a multiple of 128
+  int64_t keys;    // a multiple of 128
+  int block_keys;  // the kernel's key block: every key it reads below `keys` is written
 };
 
 // One CTA per (block of 128 keys, KV head, sequence): the block's rows of V into shared memory
@@ -48,8 +50,11 @@ __global__ void __launch_bounds__(256) fp8_transpose_v(const VtArgs a) {
   const int hk = blockIdx.y, b = blockIdx.z;
   const kernel::SeqLens s =
       kernel::seq_lens(nullptr, a.cu_seqlens_k, a.seqused_k, 0, a.seqlen_k, b);
+  // The kernel reads whole key blocks of block_keys up to the sequence's last key: their keys
+  // below `keys` are written (zeros past kv_len), the rest of the slab never read; keys past
+  // `keys` are TMA's zero fill.
   const int key0 = blockIdx.x * 128;
-  if (key0 >= s.kv_len) return;
+  if (key0 >= (s.kv_len + a.block_keys - 1) / a.block_keys * a.block_keys) return;
   constexpr int kPieces = kD / 16;
   const uint8_t* v = a.v + b * a.batch_stride + hk * a.head_stride;
   for (int i = threadIdx.x; i < 128 * kPieces; i += 256) {

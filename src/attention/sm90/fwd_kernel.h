@@ -205,7 +205,7 @@ __device__ __forceinline__ void load_kv(const FwdParams& p, const CUtensorMap* m
 }
 
 // kFp8: block `block` of V^T (fp8_vt.h: sequence b's slab, keys innermost), kVChunks boxes of
-// 128 keys x d rows; the bytes are K's block's (kKVBytes).
+// kVtBoxKeys keys x d rows; the bytes are K's block's (kKVBytes).
 template <class Cfg>
 __device__ __forceinline__ void load_vt(const FwdParams& p,
                                         uint8_t (&dst)[Cfg::kVChunks][Cfg::kVChunkBytes],
@@ -213,7 +213,7 @@ __device__ __forceinline__ void load_vt(const FwdParams& p,
   full.arrive_expect_tx(Cfg::kKVBytes);
 #pragma unroll
   for (int c = 0; c < Cfg::kVChunks; ++c)
-    tma_load_4d(dst[c], &p.tma_v, full, block * Cfg::kBlockN + 128 * c, 0, kv_head, b);
+    tma_load_4d(dst[c], &p.tma_v, full, block * Cfg::kBlockN + Cfg::kVtBoxKeys * c, 0, kv_head, b);
 }
 
 // 16 bytes from global to shared memory, asynchronously; zero-filled (nothing read) where not
@@ -591,17 +591,20 @@ __device__ __forceinline__ void issue_qk(float (&sc)[Cfg::kBlockN / 2], uint64_t
 // O += P V: V is [keys, d] row-major, MN-major for this B; 16 keys (2 atoms, 2048 bytes) per
 // k-step; LBO steps from one 64-column chunk of V to the next.
 // kFp8: V^T [d, keys] is K-major; 32 keys (32 bytes of each row) per k-step, 4 steps per box of
-// 128 keys; SBO steps 8 rows (head-dim indices) of 128 bytes.
+// 128 keys (SBO: 8 rows, head-dim indices, of 128 bytes) or 2 per box of 64 (8 rows of 64 bytes,
+// 64-byte swizzle).
 template <class Cfg, bool kBf16>
 __device__ __forceinline__ void issue_pv(float (&o)[Cfg::kHeadDim / 2],
                                          const uint32_t (&pa)[Cfg::kPSteps][4],
                                          const uint8_t* v_tile) {
   if constexpr (Cfg::kFp8) {
-    const uint64_t v_desc = smem_desc_sw128(v_tile, 16, 1024);
+    constexpr int kBox = Cfg::kVtBoxKeys / 32;  // k-steps per box
+    const uint64_t v_desc = Cfg::kVtBoxKeys == 128 ? smem_desc_sw128(v_tile, 16, 1024)
+                                                   : smem_desc_sw64(v_tile, 16, 512);
 #pragma unroll
     for (int kk = 0; kk < Cfg::kPSteps; ++kk)
       mma_rs_e4m3<Cfg::kHeadDim>(
-          o, pa[kk], desc_advance(v_desc, (kk / 4) * Cfg::kVChunkBytes + (kk % 4) * 32), 1);
+          o, pa[kk], desc_advance(v_desc, (kk / kBox) * Cfg::kVChunkBytes + (kk % kBox) * 32), 1);
   } else {
     const uint64_t v_desc = smem_desc_sw128(v_tile, Cfg::kKVChunkBytes, 1024);
 #pragma unroll

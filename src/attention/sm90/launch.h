@@ -64,6 +64,7 @@ struct FwdArgs {
   int64_t v_descale_batch_stride, v_descale_head_stride;
   void* vt;
   int64_t vt_keys;
+  int fp8_block_n;  // the plan's key block (tile_config.h fp8_block_n: 192 at d128 on request)
 };
 
 // Throws flashserve::Error (kUnsupported for a head dim without an instantiation or a tensor TMA

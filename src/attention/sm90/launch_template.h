@@ -109,7 +109,7 @@ void launch(FwdParams& p, const FwdArgs& a) {
                   "the sm90 fp8 tiles were launched on paged K/V (the plan refuses it)");
     p.tma_k = make_map(a.k, a.dtype, kv_seqs, kv_rows, a.h_kv, kHeadDim, a.k_batch_stride,
                        a.k_row_stride, a.k_head_stride, Cfg::kBlockN, "k", Cfg::kRowBytes);
-    p.tma_v = make_vt_map(a.vt, a.batch, a.h_kv, kHeadDim, a.vt_keys);
+    p.tma_v = make_vt_map(a.vt, a.batch, a.h_kv, kHeadDim, a.vt_keys, Cfg::kVtBoxKeys);
     p.zero_v_tail = 0;  // V^T holds zeros past each sequence's keys
   } else if (a.block_table != nullptr) {
     // Paged: boxes of page_rows rows, each within one page (fwd_params.h).
@@ -266,7 +266,7 @@ void run_fwd_tiles(const FwdArgs& a) {
 
 // V^T of the whole call (every sequence, fp8_vt.h) into a.vt, on a.stream before the kernel.
 template <int kHeadDim>
-void transpose_v(const FwdArgs& a) {
+void transpose_v(const FwdArgs& a, int block_keys) {
   if (a.vt_keys == 0 || a.batch == 0) return;
   VtArgs t{};
   t.v = static_cast<const uint8_t*>(a.v);
@@ -279,6 +279,7 @@ void transpose_v(const FwdArgs& a) {
   t.vt = static_cast<uint8_t*>(a.vt);
   t.h_kv = a.h_kv;
   t.keys = a.vt_keys;
+  t.block_keys = block_keys;
   const dim3 grid(static_cast<unsigned>(a.vt_keys / 128), static_cast<unsigned>(a.h_kv),
                   static_cast<unsigned>(a.batch));
   fp8_transpose_v<kHeadDim><<<grid, 256, 0, a.stream>>>(t);
@@ -293,12 +294,19 @@ void run_fwd_fp8_hdim(const FwdArgs& a) {
   if (a.vt == nullptr || a.vt_keys < fp8_vt_keys(a.max_seqlen_k))
     throw Error(ErrorKind::kInternal, "workspace",
                 "the sm90 fp8 forward ran without V^T's workspace (the plan sizes it)");
-  transpose_v<kHeadDim>(a);
   FwdParams p = fwd_params(a);
-  if (masked(a))
-    launch<typename Fp8Tile<kHeadDim, true>::type, true, true>(p, a);
-  else
-    launch<typename Fp8Tile<kHeadDim, false>::type, true, false>(p, a);
+  const auto run = [&](auto tile) {
+    using Cfg = typename decltype(tile)::type;
+    transpose_v<kHeadDim>(a, Cfg::kBlockN);
+    if (masked(a))
+      launch<Cfg, true, true>(p, a);
+    else
+      launch<Cfg, true, false>(p, a);
+  };
+  if constexpr (kHeadDim == 128) {
+    if (fp8_block_n(kHeadDim, a.fp8_block_n) == 192) return run(Fp8Tile<kHeadDim, 192>{});
+  }
+  run(Fp8Tile<kHeadDim, 128>{});
 }
 
 // The tiles of tile_config.h: ShortTile's up to kShortKeys keys, DefaultTile's beyond.

@@ -59,8 +59,10 @@ inline CUtensorMap make_map(const void* base, DType dtype, int batch, int seqlen
 }
 
 // The fp8 forward's V^T (fp8_vt.h): [batch, h_kv, d, keys] bytes, keys innermost (a multiple of
-// 128), boxes of 128 keys x d rows of one head of one sequence, 128-byte swizzled.
-inline CUtensorMap make_vt_map(const void* vt, int batch, int h_kv, int d, int64_t keys) {
+// 128), boxes of `box_keys` keys (128: 128-byte swizzle; 64: 64-byte) x d rows of one head of one
+// sequence.
+inline CUtensorMap make_vt_map(const void* vt, int batch, int h_kv, int d, int64_t keys,
+                               int box_keys) {
   TensorMapSpec spec{};
   spec.base = vt;
   spec.dtype = CU_TENSOR_MAP_DATA_TYPE_UINT8;
@@ -72,11 +74,11 @@ inline CUtensorMap make_vt_map(const void* vt, int batch, int h_kv, int d, int64
   spec.strides[0] = static_cast<uint64_t>(keys);
   spec.strides[1] = static_cast<uint64_t>(keys * d);
   spec.strides[2] = static_cast<uint64_t>(keys * d * h_kv);
-  spec.box[0] = 128;
+  spec.box[0] = static_cast<uint32_t>(box_keys);
   spec.box[1] = static_cast<uint32_t>(d);
   spec.box[2] = 1;
   spec.box[3] = 1;
-  spec.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+  spec.swizzle = box_keys == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
   CUtensorMap map;
   cudaError_t entry = cudaSuccess;
   const CUresult r = encode_tensor_map(spec, &map, &entry);

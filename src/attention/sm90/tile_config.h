@@ -74,10 +74,12 @@ struct TileConfig {
 // k-step (k32) 32 columns, still 32 bytes. At d64 a row of Q or K is 64 bytes: TMA and wgmma
 // use the 64-byte swizzle there (8-row atoms of 512 bytes, two k-steps per row). V reaches the
 // kernel transposed (fp8_vt.h: V^T [batch, h_kv, d, keys], keys contiguous, as the K-major B
-// operand of P V needs) in chunks of 128 keys: d rows of 128 bytes each. P is one byte per key:
-// four registers per 32 keys. Eager rescaling only: P is scaled by 2^8 into e4m3's range
-// (RowState's offset), and a lazy max that lags by up to 2^8 more would take P past 448.
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_ = 2>
+// operand of P V needs) in boxes of kVtBoxKeys keys: d rows of 128 bytes (128-byte swizzle), or
+// of 64 for key blocks that are not a multiple of 128 (64-byte rows and swizzle, as Q and K at
+// d64). P is one byte per key: four registers per 32 keys. Eager rescaling only: P is scaled by
+// 2^8 into e4m3's range (RowState's offset), and a lazy max that lags by up to 2^8 more would
+// take P past 448.
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_ = 2, int kVtBoxKeys_ = 128>
 struct Fp8TileConfig : TileConfig<kHeadDim_, kBlockM_, kBlockN_, kStages_> {
   using Base = TileConfig<kHeadDim_, kBlockM_, kBlockN_, kStages_>;
   static constexpr bool kFp8 = true;
@@ -93,13 +95,15 @@ struct Fp8TileConfig : TileConfig<kHeadDim_, kBlockM_, kBlockN_, kStages_> {
   static constexpr int kKVChunkBytes = Base::kBlockN * kRowBytes;
   static constexpr int kQBytes = kQChunkBytes * kChunks;
   static constexpr int kKVBytes = kKVChunkBytes * kChunks;
-  static constexpr int kVChunks = Base::kBlockN / 128;
-  static constexpr int kVChunkBytes = Base::kHeadDim * 128;
+  static constexpr int kVtBoxKeys = kVtBoxKeys_;
+  static constexpr int kVChunks = Base::kBlockN / kVtBoxKeys;
+  static constexpr int kVChunkBytes = Base::kHeadDim * kVtBoxKeys;
   static constexpr int kQkSteps = Base::kHeadDim / 32;
   static constexpr int kPSteps = Base::kBlockN / 32;
   static_assert(Base::kHeadDim % 128 == 0 || Base::kHeadDim == 64,
                 "fp8 head dims: 64 (one 64-byte row) or whole 128-byte rows (128, 256)");
-  static_assert(Base::kBlockN % 128 == 0, "V^T arrives in boxes of 128 keys (128-byte rows)");
+  static_assert((kVtBoxKeys == 128 || kVtBoxKeys == 64) && Base::kBlockN % kVtBoxKeys == 0,
+                "V^T arrives in whole boxes of 128 or 64 keys (128- or 64-byte rows)");
   static_assert(kVChunks * kVChunkBytes == kKVBytes, "V^T's block is K's bytes");
 };
 
@@ -202,29 +206,43 @@ constexpr TileShape tile_shape(int head_dim, bool masked, int64_t max_kv_len) {
   }
 }
 
-// The fp8 tiles (FlashAttention-3's, hopper/tile_size.h: d128 128 x 224, d256 128 x 128, as the
-// start; here every key block is 128 keys, a whole box of V^T): 128 x 128 at d128 and d256,
-// causal or not. Registers per consumer thread: S 64 + P 32 + O 64 (d128) or 128 (d256).
-// Shared memory: Q 16 KB + 2 x (K 16 KB + V^T 16 KB) = 80 KB at d128, 160 KB at d256.
-// Longer key blocks (FA3's 224 at d128) need V^T boxes of 64 or 32 keys (a 64-byte swizzle)
-// and are not written yet (docs/fp8.md).
-// d64: 192 x 128, three consumer warpgroups at 160 registers (S 64 + P 32 + O 32), as the bf16
-// d64 tile and for its reason (a 64-row d64 GEMM is too short to hide two warpgroups' softmax;
-// FA3's fp8 d64 is 192 x 160). Q 12 KB + 2 x (K 8 KB + V^T 8 KB) = 44 KB.
-template <int kHeadDim, bool kCausal>
+// The fp8 tiles (FlashAttention-3's, hopper/tile_size.h: d64 192 x 160, d128 128 x 224, d256
+// 128 x 128, as the start), causal or not, until measured:
+// - d128 and d256: 128 x 128, one V^T box of 128 keys per block. Registers per consumer thread:
+//   S 64 + P 32 + O 64 (d128) or 128 (d256). Shared memory: Q 16 KB + 2 x (K 16 KB + V^T 16 KB)
+//   = 80 KB at d128, 160 KB at d256.
+// - d128 with FLASHSERVE_FP8_BLOCK_N=192 (the plan's choice, cuda/plan.h): 128 x 192, V^T in
+//   three boxes of 64 keys; S 96 + P 48 + O 64 registers; Q 16 KB + 2 x (K 24 KB + V^T 24 KB) =
+//   112 KB. Fewer, longer blocks amortise the per-block softmax bookkeeping (FA3's reason for
+//   224); opt-in until the device has measured it against 128.
+// - d64: 192 x 128, three consumer warpgroups at 160 registers (S 64 + P 32 + O 32), as the bf16
+//   d64 tile and for its reason (a 64-row d64 GEMM is too short to hide two warpgroups' softmax).
+//   Q 12 KB + 2 x (K 8 KB + V^T 8 KB) = 44 KB.
+template <int kHeadDim, int kBlockN>
 struct Fp8Tile {
+  static_assert(kBlockN == 128, "the other head dims have 128-key blocks only");
   using type = Fp8TileConfig<kHeadDim, 128, 128>;
 };
-template <bool kCausal>
-struct Fp8Tile<64, kCausal> {
+template <>
+struct Fp8Tile<128, 192> {
+  using type = Fp8TileConfig<128, 128, 192, 2, 64>;
+};
+template <int kBlockN>
+struct Fp8Tile<64, kBlockN> {
+  static_assert(kBlockN == 128, "d64 has 128-key blocks only");
   using type = Fp8TileConfig<64, 192, 128>;
 };
 constexpr bool fp8_head_dim(int head_dim) {
   return head_dim == 64 || head_dim == 128 || head_dim == 256;
 }
-constexpr TileShape fp8_tile_shape(int head_dim) {
+// The key block a call at head_dim runs for a requested block_n (FLASHSERVE_FP8_BLOCK_N: 128 or
+// 192): 192 at d128 only.
+constexpr int fp8_block_n(int head_dim, int requested) {
+  return head_dim == 128 && requested == 192 ? 192 : 128;
+}
+constexpr TileShape fp8_tile_shape(int head_dim, int requested_block_n = 128) {
   return head_dim == 64           ? TileShape{192, 128}
-         : fp8_head_dim(head_dim) ? TileShape{128, 128}
+         : fp8_head_dim(head_dim) ? TileShape{128, fp8_block_n(head_dim, requested_block_n)}
                                   : TileShape{0, 0};
 }
 // The fp8 P operand (fwd_kernel.h to_e4m3_operand): byte i = 4 r + e of a 32-key k-step's four

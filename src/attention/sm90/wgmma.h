@@ -41,7 +41,8 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(const void* smem, uint32_t l
 }
 
 // 64-byte swizzle (layout type 2): rows of 64 bytes in 8-row atoms of 512 bytes, as TMA's 64-byte
-// swizzle writes them (the fp8 forward's Q and K at d64, 64 one-byte columns a row); K-major,
+// swizzle writes them (the fp8 forward's Q and K at d64, 64 one-byte columns a row, and its V^T
+// boxes of 64 keys); K-major,
 // SBO = 512 between 8-row groups, LBO unused. The tile base is 512-byte aligned.
 __device__ __forceinline__ uint64_t smem_desc_sw64(const void* smem, uint32_t lbo_bytes,
                                                    uint32_t sbo_bytes) {
