@@ -8,8 +8,14 @@
 // --window N: causal with a sliding window of N keys to the left (Mistral's), the FLOPs counted
 // over the keys each row sees; --varlen: the same batch as varlen tensors ([total, heads, d] with
 // cu_seqlens), the shape of packed training batches and of the engine's prefill.
+// --fp8: the float8_e4m3fn forward (issue 23, FLASHSERVE_FP8_ATTENTION=1) beside the bf16 sm90
+// kernel on the same values (bf16 inputs, and their e4m3 codes at 256 x the value with descale
+// 1/256 per (sequence, KV head)): TFLOP/s of each, fp8/bf16, and the max |difference| of the
+// outputs (e4m3's rounding of q, k, v and P: about 1e-2 of the output's scale), and the fp8 tile
+// the plan chose (FLASHSERVE_FP8_BLOCK_N=192 asks for 128 x 192 at d128).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -40,12 +46,126 @@ float to_float(uint16_t bits, bool bf16) {
   return __half2float(__half(r));
 }
 
+// x (bf16 bits) as e4m3 codes of x * scale (saturating).
+__global__ void to_e4m3(const uint16_t* x, uint8_t* y, int64_t n, float scale) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float f = __bfloat162float(__ushort_as_bfloat16(x[i])) * scale;
+    y[i] = __nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+__global__ void fill_value(float* x, int64_t n, float value) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    x[i] = value;
+}
+
+// --fp8: bf16 sm90 (forced) beside the fp8 forward, per causal and seqlen.
+int fp8_table(const cudaDeviceProp& prop, const std::vector<int>& seqlens, int head_dim, int total,
+              int hidden, int warmup, int iters) {
+  using flashserve::DType;
+  std::printf("bench_sm90 --fp8 on %s (%d SMs), head dim %d, median of %d\n", prop.name,
+              prop.multiProcessorCount, head_dim, iters);
+  const size_t elems = size_t(total) * hidden;
+  constexpr float kScale = 256.0f;  // codes = e4m3(256 x), descale 1/256
+  uint16_t *q, *k, *v, *out16, *out8;
+  uint8_t *q8, *k8, *v8;
+  float* descale = nullptr;
+  for (uint16_t** p : {&q, &k, &v, &out16, &out8}) CUDA_OK(cudaMalloc(p, elems * 2));
+  for (uint8_t** p : {&q8, &k8, &v8}) CUDA_OK(cudaMalloc(p, elems));
+  const int64_t max_descales = int64_t{total} * (hidden / head_dim);
+  CUDA_OK(cudaMalloc(&descale, max_descales * sizeof(float)));
+  fill_value<<<256, 256>>>(descale, max_descales, 1.0f / kScale);
+  fill_random<<<1024, 256>>>(q, elems, 1u, true);
+  fill_random<<<1024, 256>>>(k, elems, 2u, true);
+  fill_random<<<1024, 256>>>(v, elems, 3u, true);
+  to_e4m3<<<1024, 256>>>(q, q8, elems, kScale);
+  to_e4m3<<<1024, 256>>>(k, k8, elems, kScale);
+  to_e4m3<<<1024, 256>>>(v, v8, elems, kScale);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<uint16_t> h16(elems), h8(elems);
+  std::printf("\n%-6s %-7s %-6s %-6s %10s %10s %10s %-8s %12s\n", "causal", "seqlen", "batch",
+              "heads", "bf16 sm90", "fp8", "fp8/bf16", "fp8 tile", "max|diff|");
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  for (int causal : {0, 1})
+    for (int s : seqlens) {
+      const int b = std::max(1, total / s), h = hidden / head_dim, d = head_dim;
+      const flashserve::Device dev{flashserve::DeviceType::kCUDA, 0};
+      auto params = [&](bool fp8) {
+        flashserve::AttentionParams p;
+        const DType dt = fp8 ? DType::kFloat8E4M3 : DType::kBFloat16;
+        p.q = flashserve::make_view(fp8 ? static_cast<void*>(q8) : q, dt, {b, s, h, d}, dev);
+        p.k = flashserve::make_view(fp8 ? static_cast<void*>(k8) : k, dt, {b, s, h, d}, dev);
+        p.v = flashserve::make_view(fp8 ? static_cast<void*>(v8) : v, dt, {b, s, h, d}, dev);
+        p.out = flashserve::make_view(fp8 ? out8 : out16, DType::kBFloat16, {b, s, h, d}, dev);
+        if (fp8)
+          p.q_descale = p.k_descale = p.v_descale =
+              flashserve::make_view(descale, DType::kFloat32, {b, h}, dev);
+        p.causal = causal != 0;
+        return p;
+      };
+      const double flops = 4.0 * b * h * double(s) * s * (causal ? 0.5 : 1.0) * d;
+      float tflops[2] = {0, 0};
+      std::string err, tile = "-";
+      for (int which = 0; which < 2; ++which) {
+        setenv("FLASHSERVE_KERNEL", which == 0 ? "sm90" : "auto", 1);
+        setenv("FLASHSERVE_FP8_ATTENTION", "1", 1);
+        flashserve::AttentionParams p = params(which == 1);
+        try {
+          p.workspace_bytes = flashserve::attention_workspace_size(p);
+          if (p.workspace_bytes > workspace_bytes) {
+            CUDA_OK(cudaFree(workspace));
+            CUDA_OK(cudaMalloc(&workspace, p.workspace_bytes));
+            workspace_bytes = p.workspace_bytes;
+          }
+          p.workspace = workspace;
+          flashserve::attention_forward(p);
+          CUDA_OK(cudaDeviceSynchronize());
+        } catch (const std::exception& e) {
+          err = e.what();
+          continue;
+        }
+        const float ms = median_ms([&] { flashserve::attention_forward(p); }, warmup, iters, 200);
+        tflops[which] = static_cast<float>(flops / (ms * 1e-3) / 1e12);
+        if (which == 1) {  // the fp8 tile the plan chose (FLASHSERVE_FP8_BLOCK_N at d128)
+          const std::string summary = flashserve::plan_attention(p).summary();
+          const size_t at = summary.find(" tile ");
+          if (at != std::string::npos)
+            tile = summary.substr(at + 6, summary.find(' ', at + 6) - at - 6);
+        }
+      }
+      unsetenv("FLASHSERVE_KERNEL");
+      unsetenv("FLASHSERVE_FP8_ATTENTION");
+      double max_diff = NAN;
+      if (tflops[0] > 0 && tflops[1] > 0) {
+        CUDA_OK(cudaMemcpy(h16.data(), out16, elems * 2, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(h8.data(), out8, elems * 2, cudaMemcpyDeviceToHost));
+        max_diff = 0;
+        const size_t n = size_t(b) * s * h * d;
+        for (size_t i = 0; i < n; ++i)
+          max_diff =
+              std::max<double>(max_diff, std::fabs(to_float(h16[i], true) - to_float(h8[i], true)));
+      }
+      std::printf("%-6d %-7d %-6d %-6d %10.1f %10.1f %10.2f %-8s %12.3g%s%s\n", causal, s, b, h,
+                  tflops[0], tflops[1], tflops[0] > 0 ? tflops[1] / tflops[0] : 0.0, tile.c_str(),
+                  max_diff, err.empty() ? "" : "  error: ", err.c_str());
+    }
+  for (uint16_t* p : {q, k, v, out16, out8}) CUDA_OK(cudaFree(p));
+  for (uint8_t* p : {q8, k8, v8}) CUDA_OK(cudaFree(p));
+  CUDA_OK(cudaFree(descale));
+  CUDA_OK(cudaFree(workspace));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<int> seqlens{4096, 8192};
   int head_dim = 128, total = 16384, hidden = 2048, iters = 20, warmup = 3, window = -1;
-  bool fp16 = false, varlen = false;
+  bool fp16 = false, varlen = false, fp8 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has = i + 1 < argc;
@@ -63,15 +183,19 @@ int main(int argc, char** argv) {
       window = std::atoi(argv[++i]);
     } else if (a == "--varlen") {
       varlen = true;
+    } else if (a == "--fp8") {
+      fp8 = true;
     } else {
       std::fprintf(stderr,
                    "usage: bench_sm90 [--seqlens 4096,8192] [--head-dim 128] "
-                   "[--total-tokens 16384] [--iters 20] [--fp16] [--window N] [--varlen]\n");
+                   "[--total-tokens 16384] [--iters 20] [--fp16] [--window N] [--varlen] "
+                   "[--fp8]\n");
       return a == "--help" ? 0 : 2;
     }
   }
   cudaDeviceProp prop{};
   if (!cuda_device_or_skip("bench_sm90", &prop)) return 0;
+  if (fp8) return fp8_table(prop, seqlens, head_dim, total, hidden, warmup, iters);
   std::printf("bench_sm90 on %s (%d SMs), %s, head dim %d, median of %d%s%s\n", prop.name,
               prop.multiProcessorCount, fp16 ? "fp16" : "bf16", head_dim, iters,
               varlen ? ", varlen" : "",

@@ -7,6 +7,7 @@ then, separately, virtual-register numbering) and its machine code byte for byte
 .text.<kernel> section; no cuobjdump needed). Kernels only the second tree has are counted.
 
   scripts/kernel-identity.py OLD_TREE NEW_TREE [--work DIR] [--tu fwd_hdim64 ...]
+  scripts/kernel-identity.py OLD_TREE NEW_TREE --family sm90   # the sm90 forward TUs, sm_90a
 
 e.g. `git worktree add /tmp/base main` and run it with /tmp/base and the working tree. No GPU is
 needed; each TU takes 1-3 minutes per tree (ptxas dominates). Exit status 1 if any kernel of the
@@ -20,19 +21,23 @@ import subprocess
 import sys
 import time
 
-TUS = ["fwd_hdim64", "fwd_hdim128", "fwd_hdim256", "combine"]
-FLAGS = ["-gencode=arch=compute_80,code=sm_80", "--expt-relaxed-constexpr", "-std=c++20", "-O3",
-         "-DNDEBUG", "-DFLASHSERVE_WITH_CUDA=1"]
+TUS = {"sm80": ["fwd_hdim64", "fwd_hdim128", "fwd_hdim256", "combine"],
+       "sm90": ["fwd_hdim64", "fwd_hdim128", "fwd_hdim256"]}
+ARCH = {"sm80": "-gencode=arch=compute_80,code=sm_80",
+        "sm90": "-gencode=arch=compute_90a,code=sm_90a"}
+FLAGS = ["--expt-relaxed-constexpr", "-std=c++20", "-O3", "-DNDEBUG", "-DFLASHSERVE_WITH_CUDA=1"]
+FAMILY = "sm80"
 
 
 def compile_tu(root, tu, out_dir):
-    src = os.path.join(root, "src/attention/sm80", tu + ".cu")
+    src = os.path.join(root, "src/attention", FAMILY, tu + ".cu")
     inc = ["-I", os.path.join(root, "include"), "-I", os.path.join(root, "src")]
     times = {}
     for kind in ("ptx", "cubin"):
         out = os.path.join(out_dir, f"{tu}.{kind}")
         start = time.time()
-        subprocess.run(["nvcc", "-" + kind, *FLAGS, *inc, src, "-o", out], check=True)
+        subprocess.run(["nvcc", "-" + kind, ARCH[FAMILY], *FLAGS, *inc, src, "-o", out],
+                       check=True)
         times[kind] = time.time() - start
     return times
 
@@ -86,8 +91,12 @@ def main():
     ap.add_argument("old")
     ap.add_argument("new")
     ap.add_argument("--work", default="/tmp/kernel-identity")
-    ap.add_argument("--tu", nargs="*", default=TUS)
+    ap.add_argument("--family", choices=sorted(TUS), default="sm80")
+    ap.add_argument("--tu", nargs="*")
     args = ap.parse_args()
+    global FAMILY
+    FAMILY = args.family
+    args.tu = args.tu or TUS[FAMILY]
     bad = 0
     totals = [0, 0, 0]  # kernels, identical machine code, identical PTX (up to renumbering)
     for tu in args.tu:

@@ -39,8 +39,10 @@
 // v_descale, each optional float32 [batch, h_kv] (absent: 1), the factor of sequence b's KV head
 // hk (q_descale: of that KV head's group of query heads), as FA3 takes them. The scores are
 // scale * (q_descale q).(k_descale k) and the output is softmax V with V = v_descale v. The CPU
-// path computes on the dequantised values in float32; the CUDA kernels refuse e4m3 (kUnsupported)
-// until the sm90 fp8 kernel exists, and there is no backward for it. Likewise on the CPU path
+// path computes on the dequantised values in float32. On CUDA, q, k and v all e4m3 run on the
+// sm90 fp8 forward when FLASHSERVE_FP8_ATTENTION=1 (off by default until its first device run;
+// docs/fp8.md), an e4m3 k and v beside a 16-bit q are refused (kUnsupported), and there is no
+// backward for e4m3. Likewise on the CPU path
 // only, a float32 q may read a bfloat16 or float16 k and v (a 16-bit KV cache).
 #pragma once
 

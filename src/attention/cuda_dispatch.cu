@@ -26,6 +26,7 @@
 #include "split_policy.h"
 #if defined(FLASHSERVE_WITH_SM90)
 #include "sm90/launch.h"
+#include "sm90/tile_config.h"
 #endif
 
 namespace flashserve::attention {
@@ -200,8 +201,15 @@ std::string sm90_unavailable(const AttentionParams& params, const DeviceProps& d
 
 Plan cuda_plan(const AttentionParams& params, const Problem& pr, const HostLengths& lens,
                bool workspace_available) {
-  const DeviceProps& dev = check_supported(params, pr);
   PlanContext ctx;
+  // FLASHSERVE_FP8_ATTENTION, read once per plan of an all-e4m3 call (other calls never read
+  // it); off, the call is refused before anything looks at the device.
+  if (pr.dtype == DType::kFloat8E4M3) {
+    ctx.fp8_attention = parse_fp8_attention(std::getenv("FLASHSERVE_FP8_ATTENTION"));
+    refuse_fp8_if_off(pr, ctx.fp8_attention);
+    ctx.fp8_block_n = parse_fp8_block_n(std::getenv("FLASHSERVE_FP8_BLOCK_N"));
+  }
+  const DeviceProps& dev = check_supported(params, pr);
   ctx.device = split_device(dev);
   ctx.q_rows = q_rows(params, pr);
   ctx.workspace_available = workspace_available;
@@ -278,6 +286,20 @@ void run_sm90(const LaunchPlan& l, const sm80::FwdParams& f, const AttentionPara
                        ? reinterpret_cast<int*>(static_cast<char*>(workspace) + l.workspace_offset)
                        : nullptr;
   a.stream = stream;
+  if (l.kernel.fp8) {
+    const auto descale = [](const TensorView& d, const float*& ptr, int64_t& batch_stride,
+                            int64_t& head_stride) {
+      ptr = d.defined() ? d.ptr<const float>() : nullptr;
+      batch_stride = d.defined() ? d.stride[0] : 0;
+      head_stride = d.defined() ? d.stride[1] : 0;
+    };
+    descale(params.q_descale, a.q_descale, a.q_descale_batch_stride, a.q_descale_head_stride);
+    descale(params.k_descale, a.k_descale, a.k_descale_batch_stride, a.k_descale_head_stride);
+    descale(params.v_descale, a.v_descale, a.v_descale_batch_stride, a.v_descale_head_stride);
+    a.vt = static_cast<char*>(workspace) + l.vt_offset;
+    a.vt_keys = sm90::fp8_vt_keys(pr.max_kv_len);
+    a.fp8_block_n = l.kernel.block_n;
+  }
   sm90::run_fwd(a);
 #else
   (void)l, (void)f, (void)params, (void)pr, (void)dev, (void)workspace, (void)stream;

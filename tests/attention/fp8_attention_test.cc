@@ -18,6 +18,7 @@
 #include "flashserve/attention_backward.h"
 #include "support/attention_case.h"
 #include "support/compare.h"
+#include "support/scoped_env.h"
 
 namespace flashserve::testing {
 namespace {
@@ -238,29 +239,46 @@ TEST_F(Fp8Validation, Descales) {
   EXPECT_NE(refusal(q).find("applies to a float8_e4m3fn q, not a float32 one"), std::string::npos);
 }
 
-// No e4m3 tensor reaches a CUDA kernel: every entry point refuses it by name on a CUDA device,
-// before anything reads device memory (the pointers here are never dereferenced).
+// What reaches CUDA of e4m3: an e4m3 k and v beside a 16-bit q (an fp8 KV cache) is refused by
+// every entry point naming k ("CPU path only"); all-e4m3 q, k, v go to the sm90 fp8 forward,
+// which is off until FLASHSERVE_FP8_ATTENTION=1, and its refusal says so, naming q; a value of
+// the switch other than 0 or 1 is refused naming the variable. All before anything reads
+// device memory (the pointers here are never dereferenced). In a build without CUDA every CUDA
+// tensor is refused naming q or k alike.
 TEST_F(Fp8Validation, RefusedOnCuda) {
-  for (Fp8 fp8 : {Fp8::kKV, Fp8::kQKV}) {
-    AttentionCase kv(base({4}, {8}, fp8));
-    std::vector<void*> fake;
-    for (const auto& b : kv.buffers()) fake.push_back(b.bytes ? b.host : nullptr);
-    const AttentionParams p = kv.params(Device{DeviceType::kCUDA, 0}, fake.data());
-    const char* arg = fp8 == Fp8::kQKV ? "q" : "k";
-    auto expect_refused = [&](auto&& call, const char* what) {
-      try {
-        call();
-        ADD_FAILURE() << what << " accepted an e4m3 CUDA tensor";
-      } catch (const Error& e) {
-        EXPECT_EQ(e.kind(), ErrorKind::kUnsupported) << what << ": " << e.what();
-        EXPECT_EQ(e.argument(), arg) << what;
-        EXPECT_NE(std::string(e.what()).find("CPU path only"), std::string::npos) << e.what();
+  for (Fp8 fp8 : {Fp8::kKV, Fp8::kQKV})
+    for (const char* fp8_switch : {static_cast<const char*>(nullptr), "0", "yes"}) {
+      ScopedEnv env("FLASHSERVE_FP8_ATTENTION", fp8_switch);
+      AttentionCase kv(base({4}, {8}, fp8));
+      std::vector<void*> fake;
+      for (const auto& b : kv.buffers()) fake.push_back(b.bytes ? b.host : nullptr);
+      const AttentionParams p = kv.params(Device{DeviceType::kCUDA, 0}, fake.data());
+      std::string arg = fp8 == Fp8::kQKV ? "q" : "k", what = "CPU path only";
+      ErrorKind kind = ErrorKind::kUnsupported;
+#if defined(FLASHSERVE_WITH_CUDA)
+      if (fp8 == Fp8::kQKV) what = "set FLASHSERVE_FP8_ATTENTION=1 to turn it on";
+      if (fp8 == Fp8::kQKV && fp8_switch != nullptr && std::string(fp8_switch) == "yes") {
+        arg = "FLASHSERVE_FP8_ATTENTION";
+        what = "must be 0 or 1, got \"yes\"";
+        kind = ErrorKind::kInvalidArgument;
       }
-    };
-    expect_refused([&] { attention_forward(p); }, "attention_forward");
-    expect_refused([&] { plan_attention(p); }, "plan_attention");
-    expect_refused([&] { (void)attention_workspace_size(p); }, "attention_workspace_size");
-  }
+#else
+      if (fp8 == Fp8::kQKV) what = "built without CUDA";
+#endif
+      auto expect_refused = [&](auto&& call, const char* entry) {
+        try {
+          call();
+          ADD_FAILURE() << entry << " accepted an e4m3 CUDA tensor";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.kind(), kind) << entry << ": " << e.what();
+          EXPECT_EQ(e.argument(), arg) << entry;
+          EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+        }
+      };
+      expect_refused([&] { attention_forward(p); }, "attention_forward");
+      expect_refused([&] { plan_attention(p); }, "plan_attention");
+      expect_refused([&] { (void)attention_workspace_size(p); }, "attention_workspace_size");
+    }
 }
 
 // A float32 q over a 16-bit k and v (the CPU runner's bf16 cache): the CPU path runs it against

@@ -10,6 +10,7 @@
 #include "attention/sm90/tile_config.h"
 #include "flashserve/error.h"
 
+#include <climits>
 #include <random>
 #include <vector>
 
@@ -655,6 +656,288 @@ TEST(PlanFamily, BackwardTakesSm90WhereItCanAndDeterministicStaysOnSm80) {
   forced_refusal(d256, false, here);
   forced_refusal(pr, false, a100);
   EXPECT_EQ(choose_backward_family(pr, false, FamilyRequest::kSm90, here), KernelFamily::kSm90);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sm90 float8_e4m3fn forward (issue 23): FLASHSERVE_FP8_ATTENTION's values, the refusal while
+// it is off (saying how to turn it on), the one launch it plans and its workspace (V^T after the
+// tile counter), and the refusals by name of what it lacks.
+
+// A dense all-e4m3 call on a device where the sm90 kernel runs.
+StepShape fp8_call(int64_t batch, int64_t q_len, int64_t kv_len, int64_t h_q, int64_t h_kv,
+                   int64_t d, bool causal) {
+  StepShape s;
+  s.pr.batch = batch;
+  s.pr.h_q = h_q;
+  s.pr.h_kv = h_kv;
+  s.pr.head_dim = s.pr.head_dim_v = d;
+  s.pr.max_q_len = q_len;
+  s.pr.max_kv_len = kv_len;
+  if (causal) s.pr.mask.right = 0;
+  s.pr.dtype = s.pr.kv_dtype = DType::kFloat8E4M3;
+  s.pr.out_dtype = DType::kBFloat16;
+  s.ctx.device = kH200;
+  s.ctx.q_rows = batch * q_len;
+  s.ctx.sm90_unavailable = "";
+  s.ctx.fp8_attention = true;
+  return s;
+}
+
+// make_plan's error for s: {kind, argument, message}; kind kPlanned when it plans.
+constexpr ErrorKind kPlanned = static_cast<ErrorKind>(0);
+struct Refusal {
+  ErrorKind kind = kPlanned;
+  std::string argument, what;
+};
+Refusal refusal_of(const StepShape& s) {
+  try {
+    plan_of(s);
+  } catch (const Error& e) {
+    return {e.kind(), e.argument(), e.what()};
+  }
+  return {};
+}
+
+template <typename F>
+StepShape with(StepShape s, F f) {
+  f(s);
+  return s;
+}
+
+TEST(PlanFp8, ParsesTheSwitchStrictly) {
+  using attention::parse_fp8_attention;
+  EXPECT_EQ(parse_fp8_attention(nullptr), attention::kFp8AttentionByDefault);
+  EXPECT_EQ(parse_fp8_attention(""), attention::kFp8AttentionByDefault);
+  EXPECT_TRUE(parse_fp8_attention("1"));
+  EXPECT_FALSE(parse_fp8_attention("0"));
+  for (const char* bad : {"true", "yes", "on", "2", " 1", "1 ", "01", "auto"}) {
+    try {
+      parse_fp8_attention(bad);
+      ADD_FAILURE() << "\"" << bad << "\" accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << bad;
+      EXPECT_EQ(e.argument(), "FLASHSERVE_FP8_ATTENTION") << bad;
+      EXPECT_NE(std::string(e.what()).find("must be 0 or 1"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(PlanFp8, KeyBlockSwitchTakes128Or192AndOnlyD128Takes192) {
+  using attention::parse_fp8_block_n;
+  EXPECT_EQ(parse_fp8_block_n(nullptr), 128);
+  EXPECT_EQ(parse_fp8_block_n(""), 128);
+  EXPECT_EQ(parse_fp8_block_n("128"), 128);
+  EXPECT_EQ(parse_fp8_block_n("192"), 192);
+  for (const char* bad : {"224", "64", "auto", "192 "}) {
+    try {
+      parse_fp8_block_n(bad);
+      ADD_FAILURE() << "\"" << bad << "\" accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << bad;
+      EXPECT_EQ(e.argument(), "FLASHSERVE_FP8_BLOCK_N") << bad;
+    }
+  }
+  for (int64_t d : {64, 128, 256}) {
+    StepShape s = fp8_call(2, 300, 1000, 8, 2, d, true);
+    s.ctx.fp8_block_n = 192;
+    const Plan p = plan_of(s);
+    ASSERT_EQ(p.launches.size(), 1u);
+    EXPECT_EQ(p.launches[0].kernel.block_n, d == 128 ? 192 : 128) << d;
+    EXPECT_EQ(p.launches[0].kernel.block_m, d == 64 ? 192 : 128) << d;
+    // V^T's workspace does not depend on the block: keys round up to 128 whatever it is.
+    EXPECT_EQ(p.workspace_bytes, p.launches[0].vt_offset + attention::fp8_vt_bytes(s.pr));
+  }
+}
+
+TEST(PlanFp8, OffByDefaultUntilItsDeviceRunAndTheRefusalSaysHowToTurnItOn) {
+  EXPECT_FALSE(attention::kFp8AttentionByDefault);
+  StepShape s = fp8_call(2, 1000, 1000, 8, 2, 128, false);
+  s.ctx.fp8_attention = false;
+  const Refusal r = refusal_of(s);
+  EXPECT_EQ(r.kind, ErrorKind::kUnsupported);
+  EXPECT_EQ(r.argument, "q");
+  EXPECT_NE(r.what.find("FLASHSERVE_FP8_ATTENTION=1"), std::string::npos) << r.what;
+  // refuse_fp8_if_off (what the dispatch calls before it looks at the device) says the same,
+  // and leaves every other call alone.
+  try {
+    attention::refuse_fp8_if_off(s.pr, false);
+    ADD_FAILURE() << "no refusal";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), r.what);
+  }
+  attention::refuse_fp8_if_off(s.pr, true);
+  StepShape bf16 = s;
+  bf16.pr.dtype = bf16.pr.kv_dtype = bf16.pr.out_dtype = DType::kBFloat16;
+  attention::refuse_fp8_if_off(bf16.pr, false);
+  EXPECT_EQ(refusal_of(bf16).kind, kPlanned);  // a bf16 call never reads the switch
+}
+
+TEST(PlanFp8, OneSm90Fp8LaunchOverTheBatchWithVtInTheWorkspace) {
+  for (int64_t d : {64, 128, 256})
+    for (bool causal : {false, true})
+      for (bool workspace : {true, false}) {
+        StepShape s = fp8_call(3, 129, 1000, 32, 8, d, causal);
+        s.ctx.workspace_available = workspace;
+        const Plan p = plan_of(s);
+        ASSERT_EQ(p.launches.size(), 1u);
+        const LaunchPlan& l = p.launches[0];
+        EXPECT_EQ(l.kernel.family, attention::KernelFamily::kSm90);
+        EXPECT_TRUE(l.kernel.fp8);
+        EXPECT_EQ(l.kernel.masked, causal);
+        EXPECT_FALSE(l.kernel.decode);
+        EXPECT_EQ(l.kernel.splits, 1);
+        EXPECT_EQ(l.kernel.tile_counter, causal && workspace);
+        EXPECT_EQ(l.kernel.block_m, d == 64 ? 192 : 128);
+        EXPECT_EQ(l.kernel.block_n, 128);
+        EXPECT_EQ(l.group, SeqGroup::kAll);
+        EXPECT_EQ(l.seq_begin, 0);
+        EXPECT_EQ(l.seq_end, 3);
+        EXPECT_EQ(l.max_q_len, 129);
+        EXPECT_EQ(l.max_kv_len, 1000);
+        // V^T: 3 sequences x 8 KV heads x d rows x 1024 keys (1000 rounded up to 128), after the
+        // tile counter's 256 bytes when there is one; 256-byte aligned.
+        const size_t vt = size_t{3} * 8 * d * 1024;
+        EXPECT_EQ(attention::fp8_vt_bytes(s.pr), vt);
+        EXPECT_EQ(l.vt_offset, l.kernel.tile_counter ? 256u : 0u);
+        EXPECT_EQ(l.vt_offset % 256, 0u);
+        EXPECT_EQ(p.workspace_bytes, l.vt_offset + vt);
+        EXPECT_NE(p.summary().find("sm90 fp8"), std::string::npos) << p.summary();
+      }
+}
+
+TEST(PlanFp8, VtSizesRoundEachSequenceUpToWholeBoxes) {
+  StepShape s = fp8_call(1, 1, 1, 1, 1, 128, false);
+  EXPECT_EQ(attention::fp8_vt_bytes(s.pr), 128u * 128u);  // one key still takes a box
+  s.pr.max_kv_len = 128;
+  EXPECT_EQ(attention::fp8_vt_bytes(s.pr), 128u * 128u);
+  s.pr.max_kv_len = 129;
+  EXPECT_EQ(attention::fp8_vt_bytes(s.pr), 2u * 128u * 128u);
+  s.pr.max_kv_len = 0;
+  EXPECT_EQ(attention::fp8_vt_bytes(s.pr), 0u);
+  // Varlen: every sequence gets the longest one's slab (the kernel addresses V^T by sequence).
+  StepShape v = fp8_call(4, 300, 5000, 16, 16, 256, true);
+  v.pr.varlen_q = v.pr.varlen_k = true;
+  EXPECT_EQ(attention::fp8_vt_bytes(v.pr), size_t{4} * 16 * 256 * 5120);
+}
+
+TEST(PlanFp8, DecodesAndMixedStepsStayInTheOneLaunch) {
+  // Known lengths with decodes among the chunks: no decode launch (the fp8 path has no decode
+  // tiles); the sm90 tile takes every sequence.
+  StepShape s = step({{1, 300}, {200, 700}, {1, 50}});
+  s.pr.paged = false;
+  s.pr.dtype = s.pr.kv_dtype = DType::kFloat8E4M3;
+  s.pr.out_dtype = DType::kBFloat16;
+  s.ctx.sm90_unavailable = "";
+  s.ctx.fp8_attention = true;
+  const Plan p = plan_of(s);
+  ASSERT_EQ(p.launches.size(), 1u);
+  EXPECT_TRUE(p.launches[0].kernel.fp8);
+  EXPECT_EQ(p.launches[0].group, SeqGroup::kAll);
+  EXPECT_EQ(p.launches[0].seq_end, 3);
+  EXPECT_EQ(p.launches[0].rows, s.ctx.q_rows);
+  EXPECT_NE(attention::replay_key(p).find("sm90 fp8"), std::string::npos);
+}
+
+TEST(PlanFp8, RefusesWhatItLacksByName) {
+  const auto expect = [](StepShape s, const char* argument, const char* what) {
+    const Refusal r = refusal_of(s);
+    EXPECT_EQ(r.kind, ErrorKind::kUnsupported) << argument;
+    EXPECT_EQ(r.argument, argument) << r.what;
+    EXPECT_NE(r.what.find(what), std::string::npos) << r.what;
+  };
+  const StepShape base = fp8_call(2, 256, 256, 8, 8, 128, true);
+  ASSERT_EQ(refusal_of(base).kind, kPlanned);
+  expect(with(base, [](StepShape& s) { s.pr.head_dim = s.pr.head_dim_v = 96; }), "q",
+         "head_dim 96 (64, 128 and 256 only)");
+  expect(with(base,
+              [](StepShape& s) {
+                s.pr.paged = true;
+                s.pr.page_size = 16;
+              }),
+         "block_table", "paged K/V");
+  expect(with(base, [](StepShape& s) { s.pr.num_splits = 2; }), "num_splits", "split-KV");
+  expect(with(base, [](StepShape& s) { s.pr.score_mod.softcap = 30.0f; }), "softcap",
+         "soft-capping");
+  static const float slope = 0.5f;
+  expect(with(base, [](StepShape& s) { s.pr.score_mod.alibi = &slope; }), "alibi_slopes", "ALiBi");
+  // An sm80 device or a build without 90a: what sm90 lacks, named on q.
+  expect(with(base,
+              [](StepShape& s) {
+                s.ctx.sm90_unavailable = "needs a compute capability 9.0 device, this one is 8.0";
+              }),
+         "q", "compute capability 9.0");
+  // FLASHSERVE_KERNEL=sm80 has no fp8 kernel; sm90 and auto both plan it.
+  expect(with(base, [](StepShape& s) { s.ctx.family = attention::FamilyRequest::kSm80; }),
+         "FLASHSERVE_KERNEL", "no float8_e4m3fn forward");
+  EXPECT_EQ(
+      refusal_of(with(base, [](StepShape& s) { s.ctx.family = attention::FamilyRequest::kSm90; }))
+          .kind,
+      kPlanned);
+  // Windows and varlen run (the sm90 machinery has them).
+  EXPECT_EQ(refusal_of(with(base,
+                            [](StepShape& s) {
+                              s.pr.mask.left = 100;
+                              s.pr.varlen_q = s.pr.varlen_k = true;
+                            }))
+                .kind,
+            kPlanned);
+}
+
+// The fp8 P V product without a GPU: a warpgroup's 64 x 32 block of P laid out as the S
+// accumulator (wgmma.h: thread lane of warp w holds rows 16 w + lane / 4 (+ 8), columns
+// 8 g + 2 (lane % 4) + {0, 1}), packed into the A registers by fp8_p_element, read back through
+// the 8-bit A fragment (CUTLASS's ALayout_64x32: row 16 w + lane / 4 + 8 v1, column
+// 4 (lane % 4) + v0 + 16 v2 for register v1 + 2 v2, byte v0), against V^T whose column a holds
+// key fp8_vt_key(a): every A element is a P element of its own row, and sum_a A B = P V exactly.
+TEST(PlanFp8, PFragmentAndVtKeyOrderGiveTheSameSumOverTheKeys) {
+  using attention::sm90::fp8_p_element;
+  using attention::sm90::fp8_vt_key;
+  std::vector<bool> seen(32, false);
+  for (int a = 0; a < 32; ++a) {
+    ASSERT_GE(fp8_vt_key(a), 0);
+    ASSERT_LT(fp8_vt_key(a), 32);
+    EXPECT_FALSE(seen[fp8_vt_key(a)]) << "fp8_vt_key is not a permutation at " << a;
+    seen[fp8_vt_key(a)] = true;
+  }
+  std::mt19937 rng(23);
+  std::uniform_int_distribution<int> small(-8, 8);
+  constexpr int kN = 16;  // columns of V (any N: the permutation is over the keys)
+  int P[64][32], V[32][kN], A[64][32];
+  for (auto& row : P)
+    for (int& x : row) x = small(rng);
+  for (auto& row : V)
+    for (int& x : row) x = small(rng);
+  for (auto& row : A)
+    for (int& x : row) x = INT32_MIN;
+  for (int w = 0; w < 4; ++w)
+    for (int lane = 0; lane < 32; ++lane) {
+      const int q = lane % 4, r0 = 16 * w + lane / 4;
+      int sc[16];  // the thread's accumulator elements of the 32-key step
+      for (int g = 0; g < 4; ++g)
+        for (int h = 0; h < 2; ++h)
+          for (int e = 0; e < 2; ++e) sc[4 * g + 2 * h + e] = P[r0 + 8 * h][8 * g + 2 * q + e];
+      for (int reg = 0; reg < 4; ++reg)
+        for (int byte = 0; byte < 4; ++byte) {
+          const int v1 = reg % 2, v2 = reg / 2;
+          const int row = r0 + 8 * v1, col = 4 * q + byte + 16 * v2;
+          const int element = fp8_p_element(4 * reg + byte);
+          ASSERT_EQ((element / 2) % 2, v1) << "register " << reg << " takes the other row half";
+          A[row][col] = sc[element];
+          // The accumulator column it came from is the key V^T holds at this column.
+          EXPECT_EQ(8 * (element / 4) + 2 * q + element % 2, fp8_vt_key(col))
+              << "thread " << lane << " register " << reg << " byte " << byte;
+        }
+    }
+  for (int r = 0; r < 64; ++r)
+    for (int n = 0; n < kN; ++n) {
+      long got = 0, want = 0;
+      for (int a = 0; a < 32; ++a) {
+        ASSERT_NE(A[r][a], INT32_MIN) << "A element " << r << ", " << a << " not written";
+        got += long{A[r][a]} * V[fp8_vt_key(a)][n];
+        want += long{P[r][a]} * V[a][n];
+      }
+      EXPECT_EQ(got, want) << "row " << r << " column " << n;
+    }
 }
 
 }  // namespace

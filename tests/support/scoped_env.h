@@ -1,5 +1,5 @@
-// Sets an environment variable for a scope and puts back what was there (the library reads its
-// FLASHSERVE_* switches per call, so a test can set one around a few calls).
+// Sets (or, given null, unsets) an environment variable for a scope and puts back what was there
+// (the library reads its FLASHSERVE_* switches per call, so a test can set one around a few calls).
 #pragma once
 
 #include <cstdlib>
@@ -13,7 +13,10 @@ class ScopedEnv {
     const char* old = std::getenv(name);
     had_ = old != nullptr;
     if (had_) old_ = old;
-    setenv(name, value, 1);
+    if (value == nullptr)  // unset for the scope
+      unsetenv(name);
+    else
+      setenv(name, value, 1);
   }
   ~ScopedEnv() {
     if (had_)

@@ -60,6 +60,44 @@ std::string sm90_lacks(const Problem& pr, const PlanContext& ctx) {
   return "";
 }
 
+bool parse_fp8_attention(const char* value) {
+  if (value == nullptr || *value == '\0') return kFp8AttentionByDefault;
+  if (std::string(value) == "1") return true;
+  if (std::string(value) == "0") return false;
+  throw Error(ErrorKind::kInvalidArgument, "FLASHSERVE_FP8_ATTENTION",
+              str_cat("must be 0 or 1, got \"", value, "\""));
+}
+
+int parse_fp8_block_n(const char* value) {
+  if (value == nullptr || *value == '\0' || std::string(value) == "128") return 128;
+  if (std::string(value) == "192") return 192;
+  throw Error(ErrorKind::kInvalidArgument, "FLASHSERVE_FP8_BLOCK_N",
+              str_cat("must be 128 or 192, got \"", value, "\""));
+}
+
+void refuse_fp8_if_off(const Problem& pr, bool fp8_attention) {
+  if (pr.dtype != DType::kFloat8E4M3 || fp8_attention) return;
+  throw Error(ErrorKind::kUnsupported, "q",
+              "float8_e4m3fn attention on CUDA runs on the sm90 fp8 forward, which is off by "
+              "default until its first device run: set FLASHSERVE_FP8_ATTENTION=1 to turn it on "
+              "(or run the call on the CPU)");
+}
+
+Fp8Lack sm90_fp8_lacks(const Problem& pr, const PlanContext& ctx) {
+  if (!ctx.sm90_unavailable.empty()) return {"q", "needs the sm90 kernel: " + ctx.sm90_unavailable};
+  if (!sm90::fp8_head_dim(static_cast<int>(pr.head_dim)))
+    return {"q", str_cat("head_dim ", pr.head_dim, " (64, 128 and 256 only)")};
+  if (pr.paged) return {"block_table", "paged K/V is not supported yet"};
+  if (pr.num_splits > 1) return {"num_splits", "split-KV is not supported yet"};
+  if (pr.score_mod.capped()) return {"softcap", "logit soft-capping is not supported"};
+  if (pr.score_mod.has_alibi()) return {"alibi_slopes", "ALiBi is not supported"};
+  return {};
+}
+
+size_t fp8_vt_bytes(const Problem& pr) {
+  return static_cast<size_t>(pr.batch) * pr.h_kv * pr.head_dim * sm90::fp8_vt_keys(pr.max_kv_len);
+}
+
 FamilyRequest parse_family_request(const char* value, const char* variable) {
   if (value == nullptr || *value == '\0' || std::string(value) == "auto")
     return FamilyRequest::kAuto;
@@ -96,6 +134,17 @@ constexpr size_t kAlign = 256;  // each launch's partials start on their own 256
 
 size_t aligned(size_t bytes) {
   return (bytes + kAlign - 1) / kAlign * kAlign;
+}
+
+// Lays launch l's workspace out at the plan's end: the tile counter (sm90 masked) or the split
+// partials, then (fp8) V^T.
+void place_workspace(Plan& plan, LaunchPlan& l, const Problem& pr) {
+  l.workspace_offset = plan.workspace_bytes;
+  plan.workspace_bytes +=
+      aligned(l.kernel.tile_counter ? sizeof(int32_t)
+                                    : partial_bytes(l.kernel.splits, l.rows, pr.h_q, pr.head_dim));
+  l.vt_offset = plan.workspace_bytes;
+  if (l.kernel.fp8) plan.workspace_bytes += aligned(fp8_vt_bytes(pr));
 }
 
 // Whether the sm90 kernel runs its masked instantiation: causal or a window narrower than the
@@ -178,10 +227,7 @@ Plan grouped_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& 
     // Decode launches keep their partials by sequence (one query each), prefill launches by row.
     l.row_begin = decode ? 0 : row_begin;
     l.rows = decode ? seq_end - seq_begin : rows;
-    l.workspace_offset = plan.workspace_bytes;
-    plan.workspace_bytes += aligned(
-        l.kernel.tile_counter ? sizeof(int32_t)
-                              : partial_bytes(l.kernel.splits, l.rows, pr.h_q, pr.head_dim));
+    place_workspace(plan, l, pr);
     plan.launches.push_back(l);
   };
 
@@ -257,10 +303,44 @@ Plan grouped_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& 
   return plan;
 }
 
+// An all-e4m3 call: the sm90 fp8 forward or a refusal by name. One launch over the whole batch
+// (decodes included: the fp8 path has no decode tiles yet, and its V^T covers every sequence).
+Plan fp8_plan(const Problem& pr, const PlanContext& ctx) {
+  refuse_fp8_if_off(pr, ctx.fp8_attention);
+  if (ctx.family == FamilyRequest::kSm80)
+    throw Error(ErrorKind::kUnsupported, "FLASHSERVE_KERNEL",
+                "sm80: the sm80 kernels have no float8_e4m3fn forward (it runs on sm90: unset "
+                "FLASHSERVE_KERNEL)");
+  const Fp8Lack lack = sm90_fp8_lacks(pr, ctx);
+  if (!lack.empty())
+    throw Error(ErrorKind::kUnsupported, lack.argument,
+                "float8_e4m3fn attention on CUDA (the sm90 fp8 forward): " + lack.what);
+  Plan plan;
+  LaunchPlan l;
+  l.kernel.family = KernelFamily::kSm90;
+  l.kernel.fp8 = true;
+  l.kernel.masked = sm90_masked(pr);
+  l.kernel.tile_counter = l.kernel.masked && ctx.workspace_available;
+  const sm90::TileShape tile = sm90::fp8_tile_shape(static_cast<int>(pr.head_dim), ctx.fp8_block_n);
+  l.kernel.block_m = tile.block_m;
+  l.kernel.block_n = tile.block_n;
+  l.group = SeqGroup::kAll;
+  l.seq_begin = 0;
+  l.seq_end = pr.batch;
+  l.max_q_len = pr.max_q_len;
+  l.max_kv_len = pr.max_kv_len;
+  l.row_begin = 0;
+  l.rows = ctx.q_rows;
+  place_workspace(plan, l, pr);
+  plan.launches.push_back(l);
+  return plan;
+}
+
 }  // namespace
 
 Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& lens) {
   if (pr.batch == 0 || pr.max_q_len == 0 || ctx.q_rows == 0) return Plan{};
+  if (pr.dtype == DType::kFloat8E4M3) return fp8_plan(pr, ctx);
   if (ctx.family == FamilyRequest::kSm90) {
     // The modifiers are refused by their own names: the argument to drop, or to run on sm80.
     refuse_score_mods(pr.score_mod,
@@ -285,10 +365,7 @@ void widen_launches(Plan& plan, const Problem& pr, const PlanContext& ctx) {
       l.row_begin = 0;
       l.rows = ctx.q_rows;
     }
-    l.workspace_offset = plan.workspace_bytes;
-    plan.workspace_bytes += aligned(
-        l.kernel.tile_counter ? sizeof(int32_t)
-                              : partial_bytes(l.kernel.splits, l.rows, pr.h_q, pr.head_dim));
+    place_workspace(plan, l, pr);
   }
 }
 
@@ -298,7 +375,10 @@ std::string replay_key(const Plan& plan) {
   for (const LaunchPlan& l : plan.launches) {
     const KernelChoice& k = l.kernel;
     const bool sm90 = k.family == KernelFamily::kSm90;
-    os << "; " << (sm90 ? (sm90::short_keys(l.max_kv_len) ? "sm90 short" : "sm90") : "sm80")
+    os << "; "
+       << (k.fp8  ? "sm90 fp8"
+           : sm90 ? (sm90::short_keys(l.max_kv_len) ? "sm90 short" : "sm90")
+                  : "sm80")
        << (k.decode ? " decode" : "") << (k.masked ? " masked" : "") << (k.paged ? " paged" : "")
        << (k.tile_counter ? " counter" : "") << " " << k.block_m << "x" << k.block_n << " splits "
        << k.splits << " group " << static_cast<int>(l.group) << " seqs " << l.seq_begin << "-"
@@ -313,7 +393,9 @@ std::string Plan::summary() const {
   for (size_t i = 0; i < launches.size(); ++i) {
     const LaunchPlan& l = launches[i];
     if (i) os << "; ";
-    os << (l.kernel.family == KernelFamily::kSm90 ? "sm90 " : "")
+    os << (l.kernel.fp8                             ? "sm90 fp8 "
+           : l.kernel.family == KernelFamily::kSm90 ? "sm90 "
+                                                    : "")
        << (l.kernel.decode ? "decode" : "prefill") << (l.kernel.masked ? " masked" : "")
        << (l.kernel.paged ? " paged" : "") << " seqs [" << l.seq_begin << "," << l.seq_end << ")"
        << (l.group == SeqGroup::kAll       ? ""
@@ -322,6 +404,7 @@ std::string Plan::summary() const {
        << " max_q " << l.max_q_len << " max_kv " << l.max_kv_len << " tile " << l.kernel.block_m
        << "x" << l.kernel.block_n << " splits " << l.kernel.splits
        << (l.kernel.tile_counter ? " tile counter" : "");
+    if (l.kernel.fp8) os << " V^T at " << l.vt_offset;
   }
   os << "; workspace " << workspace_bytes << " B";
   return os.str();

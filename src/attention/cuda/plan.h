@@ -43,6 +43,9 @@ struct KernelChoice {
   // sm90 masked: a persistent grid whose CTAs take their next tile from a counter in the
   // workspace (at workspace_offset), zeroed before the launch.
   bool tile_counter = false;
+  // The sm90 float8_e4m3fn forward (q, k, v e4m3, out bf16; sm90/tile_config.h Fp8Tile): its V^T
+  // pre-pass writes into the workspace at LaunchPlan::vt_offset (fp8_vt_bytes).
+  bool fp8 = false;
   // The tile the launch runs: query rows and keys per block, read from the family's tile
   // configuration (sm80/tile_config.h, sm90/tile_config.h), which the launch instantiates.
   int block_m = 0, block_n = 0;
@@ -59,6 +62,7 @@ struct LaunchPlan {
   int64_t max_q_len = 0, max_kv_len = 0;
   int64_t row_begin = 0, rows = 0;
   size_t workspace_offset = 0;
+  size_t vt_offset = 0;  // kernel.fp8: where V^T lives in the workspace
 };
 
 struct Plan {
@@ -94,7 +98,46 @@ struct PlanContext {
   // without 90a, a device other than compute capability 9.0, tensors whose strides TMA cannot
   // describe. The dispatch fills it from the device and the tensors.
   std::string sm90_unavailable = "this build has no sm90 kernels";
+  // Whether a float8_e4m3fn call may run the sm90 fp8 forward: FLASHSERVE_FP8_ATTENTION
+  // (parse_fp8_attention), read by the dispatch once per plan of an e4m3 call.
+  bool fp8_attention = false;
+  // The fp8 forward's key block at d128: FLASHSERVE_FP8_BLOCK_N (parse_fp8_block_n), 128 or 192
+  // (sm90/tile_config.h Fp8Tile; the other head dims run 128 whatever it says).
+  int fp8_block_n = 128;
 };
+
+// Whether the sm90 float8_e4m3fn forward runs by default (FLASHSERVE_FP8_ATTENTION unset): off
+// until its first device run has passed (a wrong kernel would be a silent wrong answer); the
+// lead turns it on after the run, as kSm90BackwardByDefault was.
+inline constexpr bool kFp8AttentionByDefault = false;
+
+// FLASHSERVE_FP8_ATTENTION: unset (null) or empty, kFp8AttentionByDefault; "1" on; "0" off;
+// anything else throws kInvalidArgument naming the variable.
+bool parse_fp8_attention(const char* value);
+
+// FLASHSERVE_FP8_BLOCK_N: unset (null) or empty, 128; "128" or "192"; anything else throws
+// kInvalidArgument naming the variable. The A/B switch of the fp8 tiles' key block at d128
+// (192 opt-in until measured), as FLASHSERVE_SM90_MULTICAST is for multicast.
+int parse_fp8_block_n(const char* value);
+
+// An all-e4m3 call (q, k, v float8_e4m3fn) with the fp8 forward off: throws kUnsupported naming
+// q, saying how to turn it on. Nothing for any other call. The dispatch calls it before it looks
+// at the device, so the refusal is the same on every machine.
+void refuse_fp8_if_off(const Problem& pr, bool fp8_attention);
+
+// What the sm90 fp8 forward cannot run of an all-e4m3 call, as the argument to name and the
+// reason; both empty if it can: the sm90 kernel itself (ctx.sm90_unavailable: the build, the
+// device, TMA's strides), head dims other than 64, 128 and 256, paged K/V (block_table), split-KV
+// (num_splits > 1), softcap and alibi_slopes.
+struct Fp8Lack {
+  std::string argument, what;
+  bool empty() const { return what.empty(); }
+};
+Fp8Lack sm90_fp8_lacks(const Problem& pr, const PlanContext& ctx);
+
+// Bytes of the fp8 forward's V^T workspace (sm90/fp8_vt.h): batch x h_kv x head_dim x the longest
+// kv rounded up to 128 keys.
+size_t fp8_vt_bytes(const Problem& pr);
 
 // A window side wider than any sequence is the same as unbounded; clamping keeps the kernels'
 // row + offset + window arithmetic inside int32.

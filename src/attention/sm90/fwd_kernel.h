@@ -66,7 +66,8 @@ struct SharedStorage : OStaging<Cfg> {
   // Each chunk is a 1024-byte aligned run of 8-row swizzle atoms (wgmma.h).
   alignas(1024) uint8_t q[Cfg::kChunks][Cfg::kQChunkBytes];
   alignas(1024) uint8_t k[Cfg::kStages][Cfg::kChunks][Cfg::kKVChunkBytes];
-  alignas(1024) uint8_t v[Cfg::kStages][Cfg::kChunks][Cfg::kKVChunkBytes];
+  // V's blocks as TMA reads them ([keys, d]), or with kFp8 V^T's ([d, keys], fp8_vt.h).
+  alignas(1024) uint8_t v[Cfg::kStages][Cfg::kVChunks][Cfg::kVChunkBytes];
   Mbarrier q_full, q_empty;
   // The producer announces each tile it starts (FwdParams::tile_counter) to the consumers
   // through a ring of two slots: tile_full (the producer's arrival) and tile_empty (one arrival
@@ -203,6 +204,18 @@ __device__ __forceinline__ void load_kv(const FwdParams& p, const CUtensorMap* m
   }
 }
 
+// kFp8: block `block` of V^T (fp8_vt.h: sequence b's slab, keys innermost), kVChunks boxes of
+// kVtBoxKeys keys x d rows; the bytes are K's block's (kKVBytes).
+template <class Cfg>
+__device__ __forceinline__ void load_vt(const FwdParams& p,
+                                        uint8_t (&dst)[Cfg::kVChunks][Cfg::kVChunkBytes],
+                                        Mbarrier& full, int b, int block, int kv_head) {
+  full.arrive_expect_tx(Cfg::kKVBytes);
+#pragma unroll
+  for (int c = 0; c < Cfg::kVChunks; ++c)
+    tma_load_4d(dst[c], &p.tma_v, full, block * Cfg::kBlockN + Cfg::kVtBoxKeys * c, 0, kv_head, b);
+}
+
 // 16 bytes from global to shared memory, asynchronously; zero-filled (nothing read) where not
 // `valid`. No memory clobber: the row offsets' shared-memory reads may move around it (it
 // writes only the K/V buffers, which nothing here reads).
@@ -326,7 +339,9 @@ __device__ __forceinline__ void produce_tile(SharedStorage<Cfg>& s, const FwdPar
     if (i > 0) {
       const int slot = ring + i - 1, st = slot % kStages, block = n_max - i;
       s.v_empty[st].wait(((slot / kStages) & 1) ^ 1);
-      if constexpr (kCp) {
+      if constexpr (Cfg::kFp8) {
+        load_vt<Cfg>(p, s.v[st], s.v_full[st], w.b, block, kv_head);
+      } else if constexpr (kCp) {
         copy_kv<Cfg>(p, p.v_pool, p.v_page_stride, p.v_row_stride, p.v_head_stride, s.v[st],
                      s.kv_rows[1], pages_v, w.seq.kv_len, block, kv_head, tid);
         s.v_full[st].arrive_on_cp_async();
@@ -412,7 +427,11 @@ __device__ __forceinline__ float reduce_row(const float (&sc)[kN], Op op) {
 // blocks a row's max rarely grows that much, so most steps leave O alone. P is then at most 2^8,
 // as exact in bf16/fp16 as any other value and far from their ranges; the sum and O accumulate in
 // fp32, and the LSE uses the max the row kept.
-template <bool kLazy>
+//
+// kPOffset (the fp8 tiles: 8): P = 2^kPOffset exp2(scale_log2 (s - max)), FlashAttention-3's
+// fixed scale of P into e4m3's range (the row's largest P is 256, e4m3's largest value 448); the
+// sum carries the same factor, and the epilogue takes kPOffset ln 2 off the LSE.
+template <bool kLazy, int kPOffset = 0>
 struct RowState {
   static constexpr float kRescaleLog2 = 8.0f;
   float max[2] = {-INFINITY, -INFINITY};
@@ -439,6 +458,7 @@ struct RowState {
       // A row that has seen no key yet keeps max -inf: subtract 0 so exp2 gives 0, not NaN.
       mx_scaled[h] = m == -INFINITY ? 0.0f : m * scale_log2;
       rescale[h] = grow ? exp2_approx(max[h] * scale_log2 - mx_scaled[h]) : 1.0f;
+      if constexpr (kPOffset != 0) mx_scaled[h] -= static_cast<float>(kPOffset);
       max[h] = m;
       grew |= grow;
     }
@@ -453,6 +473,27 @@ struct RowState {
       return true;
   }
 };
+
+// The row state of tile Cfg: P scaled by 2^8 with kFp8.
+template <class Cfg>
+using RowsOf = RowState<Cfg::kLazyRescale, Cfg::kFp8 ? 8 : 0>;
+
+// The descale factor of sequence b, KV head hk in `d` (null: 1).
+__device__ __forceinline__ float descale_of(const float* d, int64_t batch_stride,
+                                            int64_t head_stride, int b, int hk) {
+  return d == nullptr ? 1.0f : d[b * batch_stride + hk * head_stride];
+}
+
+// The factor of a tile's scores beyond the softmax scale: q_descale k_descale of its sequence
+// and KV head with kFp8 (the kernel multiplies the codes), else 1.
+template <class Cfg>
+__device__ __forceinline__ float score_descale(const FwdParams& p, int b, int hk) {
+  if constexpr (Cfg::kFp8)
+    return descale_of(p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride, b, hk) *
+           descale_of(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride, b, hk);
+  else
+    return 1.0f;
+}
 
 // The keys this thread's two rows see (h = 0: the fragment's row row0, h = 1: row0 + 8), [lo[h],
 // hi[h]]: before kv_len and, masked, inside the window (mask.h). Computed once per tile, so that
@@ -516,31 +557,97 @@ __device__ __forceinline__ void rescale_o(float (&o)[kD / 2], const float (&resc
   }
 }
 
-// S = Q K^T over d/16 k-steps; step k reads column chunk k/4 at byte 32 (k%4) of each row.
+// The K-major descriptor of a Q or K tile: 128-byte swizzled rows, or 64-byte ones (kRowBytes;
+// the fp8 tiles at d64).
+template <class Cfg>
+__device__ __forceinline__ uint64_t qk_desc(const void* tile) {
+  if constexpr (Cfg::kRowBytes == 128)
+    return smem_desc_sw128(tile, 16, 1024);
+  else
+    return smem_desc_sw64(tile, 16, 512);
+}
+
+// S = Q K^T over kQkSteps k-steps (d/16 16-bit, d/32 fp8 columns: 32 bytes of a row either
+// way); step k reads column chunk k / kRow at byte 32 (k % kRow) of each row, kRow the k-steps
+// per row (4; 2 for 64-byte rows).
 template <class Cfg, bool kBf16>
 __device__ __forceinline__ void issue_qk(float (&sc)[Cfg::kBlockN / 2], uint64_t q_desc,
                                          const uint8_t* k_tile) {
-  const uint64_t k_desc = smem_desc_sw128(k_tile, 16, 1024);
+  constexpr int kRow = Cfg::kRowBytes / 32;
+  const uint64_t k_desc = qk_desc<Cfg>(k_tile);
 #pragma unroll
-  for (int k = 0; k < Cfg::kHeadDim / 16; ++k) {
-    const uint32_t off = (k % 4) * 32;
-    mma_ss<Cfg::kBlockN, kBf16>(sc, desc_advance(q_desc, (k / 4) * Cfg::kQChunkBytes + off),
-                                desc_advance(k_desc, (k / 4) * Cfg::kKVChunkBytes + off), k > 0);
+  for (int k = 0; k < Cfg::kQkSteps; ++k) {
+    const uint32_t off = (k % kRow) * 32;
+    const uint64_t a = desc_advance(q_desc, (k / kRow) * Cfg::kQChunkBytes + off);
+    const uint64_t b = desc_advance(k_desc, (k / kRow) * Cfg::kKVChunkBytes + off);
+    if constexpr (Cfg::kFp8)
+      mma_ss_e4m3<Cfg::kBlockN>(sc, a, b, k > 0);
+    else
+      mma_ss<Cfg::kBlockN, kBf16>(sc, a, b, k > 0);
   }
   wgmma_commit();
 }
 
 // O += P V: V is [keys, d] row-major, MN-major for this B; 16 keys (2 atoms, 2048 bytes) per
 // k-step; LBO steps from one 64-column chunk of V to the next.
+// kFp8: V^T [d, keys] is K-major; 32 keys (32 bytes of each row) per k-step, 4 steps per box of
+// 128 keys (SBO: 8 rows, head-dim indices, of 128 bytes) or 2 per box of 64 (8 rows of 64 bytes,
+// 64-byte swizzle).
 template <class Cfg, bool kBf16>
 __device__ __forceinline__ void issue_pv(float (&o)[Cfg::kHeadDim / 2],
-                                         const uint32_t (&pa)[Cfg::kBlockN / 16][4],
+                                         const uint32_t (&pa)[Cfg::kPSteps][4],
                                          const uint8_t* v_tile) {
-  const uint64_t v_desc = smem_desc_sw128(v_tile, Cfg::kKVChunkBytes, 1024);
+  if constexpr (Cfg::kFp8) {
+    constexpr int kBox = Cfg::kVtBoxKeys / 32;  // k-steps per box
+    const uint64_t v_desc = Cfg::kVtBoxKeys == 128 ? smem_desc_sw128(v_tile, 16, 1024)
+                                                   : smem_desc_sw64(v_tile, 16, 512);
 #pragma unroll
-  for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk)
-    mma_rs<Cfg::kHeadDim, kBf16>(o, pa[kk], desc_advance(v_desc, kk * 16 * 128), 1);
+    for (int kk = 0; kk < Cfg::kPSteps; ++kk)
+      mma_rs_e4m3<Cfg::kHeadDim>(
+          o, pa[kk], desc_advance(v_desc, (kk / kBox) * Cfg::kVChunkBytes + (kk % kBox) * 32), 1);
+  } else {
+    const uint64_t v_desc = smem_desc_sw128(v_tile, Cfg::kKVChunkBytes, 1024);
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk)
+      mma_rs<Cfg::kHeadDim, kBf16>(o, pa[kk], desc_advance(v_desc, kk * 16 * 128), 1);
+  }
   wgmma_commit();
+}
+
+// Four floats as e4m3 bytes (round to nearest even, saturating at 448), x0 in the lowest.
+__device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, float x3) {
+  uint16_t lo, hi;  // cvt puts its first source in the upper byte
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(x1), "f"(x0));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(x3), "f"(x2));
+  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+}
+
+// P as the A operand of the fp8 RS wgmma, straight from the accumulator: k-step j (32 keys) is
+// accumulator columns 32 j .. 32 j + 31, of which this thread holds, per row, columns
+// 8 g + 2 q + {0, 1} of the groups g = 4 j .. 4 j + 3 (sc[4 g + 2 h + e], h the row half).
+// Register v1 + 2 v2 takes row half v1's pairs of groups 4 j + 2 v2 and 4 j + 2 v2 + 1, in order
+// (tile_config.h fp8_p_element); the A fragment reads them as columns 16 v2 + 4 q ..
+// 16 v2 + 4 q + 3, and V^T's keys are permuted to match (fp8_vt_key).
+template <int kN>
+__device__ __forceinline__ void to_e4m3_operand(const float (&sc)[kN], uint32_t (&pa)[kN / 16][4]) {
+#pragma unroll
+  for (int j = 0; j < kN / 16; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float* c = sc + 16 * j;
+      pa[j][r] = pack_e4m3x4(c[fp8_p_element(4 * r)], c[fp8_p_element(4 * r + 1)],
+                             c[fp8_p_element(4 * r + 2)], c[fp8_p_element(4 * r + 3)]);
+    }
+}
+
+// P from the softmax's scores to the A operand of P V: 16-bit pairs, or e4m3 with kFp8.
+template <class Cfg, bool kBf16>
+__device__ __forceinline__ void p_operand(const float (&sc)[Cfg::kBlockN / 2],
+                                          uint32_t (&pa)[Cfg::kPSteps][4]) {
+  if constexpr (Cfg::kFp8)
+    to_e4m3_operand(sc, pa);
+  else
+    to_operand<kBf16>(sc, pa);
 }
 
 // One arrival per consumer warp: its warpgroup's GEMM that read the buffer has completed.
@@ -580,10 +687,17 @@ __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParam
                                            const kernel::TileCoords& tile,
                                            const kernel::SeqLens& seq, int cw, int tid,
                                            const float (&o)[Cfg::kHeadDim / 2],
-                                           const RowState<Cfg::kLazyRescale>& rows) {
+                                           const RowsOf<Cfg>& rows) {
   constexpr int kD = Cfg::kHeadDim;
   using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   const int lane = tid % 32, b = seq_of(p, tile);
+  // kFp8: O times v_descale; the LSE in the descaled scores' units, less P's 2^8.
+  [[maybe_unused]] float o_scale = 1.0f, lse_scale = p.scale;
+  if constexpr (Cfg::kFp8) {
+    const int hk = tile.head / p.h_ratio;
+    o_scale = descale_of(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride, b, hk);
+    lse_scale = p.scale * score_descale<Cfg>(p, b, hk);
+  }
   const int wg_row0 = tile.m_block * Cfg::kBlockM + cw * 64;
   const int row0 = wg_row0 + (tid / 32) * 16 + lane / 4;
   if constexpr (Cfg::kTmaStoreO) {
@@ -600,7 +714,8 @@ __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParam
     // fmaxf skips it in the max but its exp2 is NaN) or a +inf one (inf - inf) leaves sum NaN,
     // so the row's O and LSE come out NaN, as in PyTorch and the sm80 kernels.
     const bool seen = sum != 0.0f;
-    const float inv = seen ? 1.0f / sum : 0.0f;
+    float inv = seen ? 1.0f / sum : 0.0f;
+    if constexpr (Cfg::kFp8) inv *= o_scale;
     uint32_t packed[kD / 8];
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i)
@@ -620,10 +735,13 @@ __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParam
         if (t < seq.q_len) *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(out) + 16 * g) = v;
       });
     }
-    if (t < seq.q_len && p.lse != nullptr && lane % 4 == 0)
+    if (t < seq.q_len && p.lse != nullptr && lane % 4 == 0) {
+      float lse = seen ? rows.max[h] * p.scale + logf(sum) : -INFINITY;
+      if constexpr (Cfg::kFp8)
+        lse = seen ? rows.max[h] * lse_scale + logf(sum) - 8.0f * 0.693147180559945f : -INFINITY;
       p.lse[b * p.lse_batch_stride + tile.head * p.lse_head_stride +
-            int64_t{seq.q_start + t} * p.lse_row_stride] =
-          seen ? rows.max[h] * p.scale + logf(sum) : -INFINITY;
+            int64_t{seq.q_start + t} * p.lse_row_stride] = lse;
+    }
   }
   if constexpr (Cfg::kTmaStoreO) {
     fence_shared_to_async();
@@ -655,9 +773,9 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
   Trace<Cfg::kTrace> trace(p.trace, 1 + cw, tid == 0);
 
   float o[kD / 2];
-  RowState<Cfg::kLazyRescale> rows;
+  RowsOf<Cfg> rows;
   float sc[kBlockN / 2];
-  uint32_t pa[kBlockN / 16][4];
+  uint32_t pa[Cfg::kPSteps][4];
   float rescale[2];
   int ring = 0, q_round = 0;
   for (int k = 0;; ++k) {
@@ -680,7 +798,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
     if (n_blocks == 0) {  // no row sees a key: O = 0, LSE = -inf
 #pragma unroll
       for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
-      rows = RowState<Cfg::kLazyRescale>{};
+      rows = RowsOf<Cfg>{};
       store_tile<Cfg, kBf16>(s, p, tile, w.seq, cw, tid, o, rows);
       continue;
     }
@@ -696,7 +814,18 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
     const RowKeys<kMasked> row_keys(row0, q_len, kv_len, p.window_left, p.window_right);
     const auto mask = [&](int j) { mask_scores<kMasked>(sc, j * kBlockN, row_keys); };
     // Q's descriptor for this warpgroup's 64 rows (8 atoms of 8 rows, 1024 bytes apart).
-    const uint64_t q_desc = smem_desc_sw128(s.q[0] + cw * 64 * 128, 16, 1024);
+    const uint64_t q_desc = qk_desc<Cfg>(s.q[0] + cw * 64 * Cfg::kRowBytes);
+    // The scores' scale in exp2's units; kFp8 with the tile's q and k descale factors. The 16-bit
+    // tiles read p.scale_log2 where they use it, as before the fp8 tiles (a copy held through
+    // the key loop changed d256's register allocation; scripts/kernel-identity.py --family sm90).
+    [[maybe_unused]] const float fp8_scale_log2 =
+        Cfg::kFp8 ? p.scale_log2 * score_descale<Cfg>(p, w.b, tile.head / p.h_ratio) : 0.0f;
+    const auto scale_log2 = [&] {
+      if constexpr (Cfg::kFp8)
+        return fp8_scale_log2;
+      else
+        return p.scale_log2;
+    };
 
     {
       // The first block (the last keys): S only; O is still zero.
@@ -717,21 +846,24 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       release_kv<Cfg>(s.k_empty[st]);
       release(s.q_empty, n_blocks == 1);  // the tile's last QK^T is done
       if (n_max - 1 >= hi || n_max - 1 < lo) mask(n_max - 1);
-      rows = RowState<Cfg::kLazyRescale>{};
-      rows.update(sc, p.scale_log2, rescale);
+      rows = RowsOf<Cfg>{};
+      rows.update(sc, scale_log2(), rescale);
       trace(kSoftmaxDone);
 #pragma unroll
       for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
       fence_regs(o);  // the zeros stay here, before the next step's wgmma fence
-      to_operand<kBf16>(sc, pa);
+      p_operand<Cfg, kBf16>(sc, pa);
       // The first block's V rows past the last key, where they are not TMA's zero fill
       // (FwdParams::zero_v_tail), are zeroed before any P V reads them. No wgmma is in flight.
-      const int tail_from = kv_len - (n_max - 1) * kBlockN;
-      if (p.zero_v_tail && tail_from < kBlockN) {
-        s.v_full[st].wait((ring / kStages) & 1);
-        zero_v_rows<Cfg>(s.v[st], tail_from, tid);
-        fence_shared_to_async();
-        epilogue_sync(cw);
+      // (kFp8: V^T's pre-pass wrote zeros there, fp8_vt.h.)
+      if constexpr (!Cfg::kFp8) {
+        const int tail_from = kv_len - (n_max - 1) * kBlockN;
+        if (p.zero_v_tail && tail_from < kBlockN) {
+          s.v_full[st].wait((ring / kStages) & 1);
+          zero_v_rows<Cfg>(s.v[st], tail_from, tid);
+          fence_shared_to_async();
+          epilogue_sync(cw);
+        }
       }
       trace(kStepEnd);
     }
@@ -759,7 +891,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       release_kv<Cfg>(s.k_empty[st]);
       release(s.q_empty, i == n_blocks - 1);  // the tile's last QK^T is done
       if constexpr (decltype(masked)::value) mask(n_max - 1 - i);
-      const bool rescale_warp = rows.update(sc, p.scale_log2, rescale);
+      const bool rescale_warp = rows.update(sc, scale_log2(), rescale);
       // The fences keep the exponentials above the wait for P V in the PTX. ptxas still schedules
       // the wait after only some of them (run 45: 7-37 of 40-88); an arrival that depends on all
       // of them keeps it below, but measured slower (run 46: K released later).
@@ -772,7 +904,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       trace(kPvDone);
       release_kv<Cfg>(s.v_empty[prev]);
       if (rescale_warp) rescale_o<kD>(o, rescale);  // after the wait: no wgmma in flight
-      to_operand<kBf16>(sc, pa);
+      p_operand<Cfg, kBf16>(sc, pa);
       trace(kStepEnd);
     };
     int i = 1;

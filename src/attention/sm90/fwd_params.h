@@ -70,6 +70,18 @@ struct FwdParams {
   int* tile_counter;
   // Tuning builds' timeline (trace.h): read only by tiles with kTrace; null otherwise.
   uint64_t* trace;
+
+  // The fp8 tiles (TileConfig::kFp8) only, after everything the 16-bit kernels read (their
+  // parameter offsets stay as they were). tma_v is then V^T's map (fp8_vt.h: keys innermost, boxes
+  // of 128 keys x d rows of sequence z = b). The descale factors of sequence b and KV head hk
+  // (attention.h; null: 1): q_descale[b * batch_stride + hk * head_stride], the same for k and v.
+  // S = scale q_descale k_descale (q . k) on the codes; O is multiplied by v_descale.
+  const float* q_descale;
+  const float* k_descale;
+  const float* v_descale;
+  int64_t q_descale_batch_stride, q_descale_head_stride;
+  int64_t k_descale_batch_stride, k_descale_head_stride;
+  int64_t v_descale_batch_stride, v_descale_head_stride;
 };
 
 }  // namespace flashserve::attention::sm90

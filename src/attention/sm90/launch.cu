@@ -8,6 +8,20 @@
 namespace flashserve::attention::sm90 {
 
 void run_fwd(const FwdArgs& args) {
+  if (args.dtype == DType::kFloat8E4M3) {
+    switch (args.head_dim) {
+      case 64:
+        return run_fwd_fp8_hdim<64>(args);
+      case 128:
+        return run_fwd_fp8_hdim<128>(args);
+      case 256:
+        return run_fwd_fp8_hdim<256>(args);
+      default:
+        throw Error(ErrorKind::kUnsupported, "q",
+                    str_cat("head_dim ", args.head_dim,
+                            " has no sm90 float8_e4m3fn kernel yet (64, 128, 256)"));
+    }
+  }
   switch (args.head_dim) {
     case 64:
       return run_fwd_hdim<64>(args);

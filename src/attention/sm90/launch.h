@@ -53,13 +53,28 @@ struct FwdArgs {
   // null: masked grids run one CTA per tile.
   int* tile_counter;
   cudaStream_t stream;
+  // dtype kFloat8E4M3 (q, k, v; out bfloat16): the descale factors (null: 1; strides in floats)
+  // and the workspace for V^T (fp8_vt.h: batch x h_kv x head_dim x vt_keys bytes, 256-byte
+  // aligned; vt_keys = fp8_vt_keys(the call's longest kv), tile_config.h).
+  const float* q_descale;
+  const float* k_descale;
+  const float* v_descale;
+  int64_t q_descale_batch_stride, q_descale_head_stride;
+  int64_t k_descale_batch_stride, k_descale_head_stride;
+  int64_t v_descale_batch_stride, v_descale_head_stride;
+  void* vt;
+  int64_t vt_keys;
+  int fp8_block_n;  // the plan's key block (tile_config.h fp8_block_n: 192 at d128 on request)
 };
 
 // Throws flashserve::Error (kUnsupported for a head dim without an instantiation or a tensor TMA
-// cannot describe, kCuda when the launch fails).
+// cannot describe, kCuda when the launch fails). dtype kFloat8E4M3 runs the fp8 tiles
+// (run_fwd_fp8_hdim: head dims 64, 128 and 256, no paged K/V), V^T's pre-pass first.
 void run_fwd(const FwdArgs& args);
 
 template <int kHeadDim>
 void run_fwd_hdim(const FwdArgs& args);
+template <int kHeadDim>
+void run_fwd_fp8_hdim(const FwdArgs& args);
 
 }  // namespace flashserve::attention::sm90

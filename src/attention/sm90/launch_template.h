@@ -12,6 +12,7 @@
 
 #include "attention/cuda_check.h"
 #include "common/str_cat.h"
+#include "fp8_vt.h"
 #include "fwd_kernel.h"
 #include "launch.h"
 #include "tensor_map.h"
@@ -100,8 +101,17 @@ void launch(FwdParams& p, const FwdArgs& a) {
   const int q_seqs = varlen_q ? 1 : a.batch, kv_seqs = varlen_k ? 1 : a.batch;
   const int q_rows = std::max(a.seqlen_q, 1), kv_rows = std::max(a.seqlen_k, 1);
   p.tma_q = make_map(a.q, a.dtype, q_seqs, q_rows, a.h_q, kHeadDim, a.q_batch_stride,
-                     a.q_row_stride, a.q_head_stride, Cfg::kBlockM, "q");
-  if (a.block_table != nullptr) {
+                     a.q_row_stride, a.q_head_stride, Cfg::kBlockM, "q", Cfg::kRowBytes);
+  if constexpr (Cfg::kFp8) {
+    // K as the 16-bit tiles read it; V from its transpose (fp8_vt.h, run_fwd_fp8_tiles).
+    if (a.block_table != nullptr)
+      throw Error(ErrorKind::kInternal, "block_table",
+                  "the sm90 fp8 tiles were launched on paged K/V (the plan refuses it)");
+    p.tma_k = make_map(a.k, a.dtype, kv_seqs, kv_rows, a.h_kv, kHeadDim, a.k_batch_stride,
+                       a.k_row_stride, a.k_head_stride, Cfg::kBlockN, "k", Cfg::kRowBytes);
+    p.tma_v = make_vt_map(a.vt, a.batch, a.h_kv, kHeadDim, a.vt_keys, Cfg::kVtBoxKeys);
+    p.zero_v_tail = 0;  // V^T holds zeros past each sequence's keys
+  } else if (a.block_table != nullptr) {
     // Paged: boxes of page_rows rows, each within one page (fwd_params.h).
     p.page_rows = std::gcd(Cfg::kBlockN, a.page_size);
     if (p.page_rows % 8 != 0)
@@ -220,6 +230,15 @@ inline FwdParams fwd_params(const FwdArgs& a) {
   p.h_ratio = a.h_q / a.h_kv;
   p.scale = a.scale;
   p.scale_log2 = static_cast<float>(a.scale * M_LOG2E);
+  p.q_descale = a.q_descale;
+  p.k_descale = a.k_descale;
+  p.v_descale = a.v_descale;
+  p.q_descale_batch_stride = a.q_descale_batch_stride;
+  p.q_descale_head_stride = a.q_descale_head_stride;
+  p.k_descale_batch_stride = a.k_descale_batch_stride;
+  p.k_descale_head_stride = a.k_descale_head_stride;
+  p.v_descale_batch_stride = a.v_descale_batch_stride;
+  p.v_descale_head_stride = a.v_descale_head_stride;
   return p;
 }
 
@@ -243,6 +262,51 @@ void run_fwd_tiles(const FwdArgs& a) {
   if (bf16 && !mask) launch<CfgDense, true, false>(p, a);
   if (!bf16 && mask) launch<CfgMasked, false, true>(p, a);
   if (!bf16 && !mask) launch<CfgDense, false, false>(p, a);
+}
+
+// V^T of the whole call (every sequence, fp8_vt.h) into a.vt, on a.stream before the kernel.
+template <int kHeadDim>
+void transpose_v(const FwdArgs& a, int block_keys) {
+  if (a.vt_keys == 0 || a.batch == 0) return;
+  VtArgs t{};
+  t.v = static_cast<const uint8_t*>(a.v);
+  t.batch_stride = a.v_batch_stride;  // 0 for varlen keys (their rows count from cu_seqlens_k)
+  t.row_stride = a.v_row_stride;
+  t.head_stride = a.v_head_stride;
+  t.cu_seqlens_k = a.cu_seqlens_k;
+  t.seqused_k = a.seqused_k;
+  t.seqlen_k = a.seqlen_k;
+  t.vt = static_cast<uint8_t*>(a.vt);
+  t.h_kv = a.h_kv;
+  t.keys = a.vt_keys;
+  t.block_keys = block_keys;
+  const dim3 grid(static_cast<unsigned>(a.vt_keys / 128), static_cast<unsigned>(a.h_kv),
+                  static_cast<unsigned>(a.batch));
+  fp8_transpose_v<kHeadDim><<<grid, 256, 0, a.stream>>>(t);
+  check_cuda(cudaGetLastError(), "sm90 fp8 V^T pre-pass launch");
+}
+
+// The float8_e4m3fn forward (tile_config.h Fp8Tile): V^T's pre-pass, then the kernel, masked or
+// not. No multicast and no paged K/V (the plan refuses paging; multicast is not measured yet).
+template <int kHeadDim>
+void run_fwd_fp8_hdim(const FwdArgs& a) {
+  if (a.seqs == 0 || a.max_seqlen_q == 0 || a.h_q == 0) return;
+  if (a.vt == nullptr || a.vt_keys < fp8_vt_keys(a.max_seqlen_k))
+    throw Error(ErrorKind::kInternal, "workspace",
+                "the sm90 fp8 forward ran without V^T's workspace (the plan sizes it)");
+  FwdParams p = fwd_params(a);
+  const auto run = [&](auto tile) {
+    using Cfg = typename decltype(tile)::type;
+    transpose_v<kHeadDim>(a, Cfg::kBlockN);
+    if (masked(a))
+      launch<Cfg, true, true>(p, a);
+    else
+      launch<Cfg, true, false>(p, a);
+  };
+  if constexpr (kHeadDim == 128) {
+    if (fp8_block_n(kHeadDim, a.fp8_block_n) == 192) return run(Fp8Tile<kHeadDim, 192>{});
+  }
+  run(Fp8Tile<kHeadDim, 128>{});
 }
 
 // The tiles of tile_config.h: ShortTile's up to kShortKeys keys, DefaultTile's beyond.

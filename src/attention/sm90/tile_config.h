@@ -58,6 +58,53 @@ struct TileConfig {
   static_assert(kBlockN % 16 == 0, "P V takes 16 keys per k-step");
   // Each chunk starts a run of 8-row swizzle atoms on a 1024-byte boundary.
   static_assert(kKVChunkBytes % 1024 == 0, "kBlockN is a multiple of 8");
+  // The element type: 16-bit here, float8_e4m3fn in Fp8TileConfig below. V's buffer has the
+  // same chunks as K's ([keys, d] as TMA reads it); the wgmma k-steps of QK^T (16 columns, 32
+  // bytes of a row) and of P V (16 keys).
+  static constexpr bool kFp8 = false;
+  static constexpr int kRowBytes = 128;  // a swizzled row of Q and K (128-byte swizzle)
+  static constexpr int kVChunks = kChunks;
+  static constexpr int kVChunkBytes = kKVChunkBytes;
+  static constexpr int kQkSteps = kHeadDim / 16;
+  static constexpr int kPSteps = kBlockN / 16;
+};
+
+// The float8_e4m3fn forward (docs/fp8.md, "The sm90 fp8 forward"): q, k, v one byte per element,
+// so a 128-byte swizzled row holds 128 columns (a chunk is 128 columns of Q or K) and a wgmma
+// k-step (k32) 32 columns, still 32 bytes. At d64 a row of Q or K is 64 bytes: TMA and wgmma
+// use the 64-byte swizzle there (8-row atoms of 512 bytes, two k-steps per row). V reaches the
+// kernel transposed (fp8_vt.h: V^T [batch, h_kv, d, keys], keys contiguous, as the K-major B
+// operand of P V needs) in boxes of kVtBoxKeys keys: d rows of 128 bytes (128-byte swizzle), or
+// of 64 for key blocks that are not a multiple of 128 (64-byte rows and swizzle, as Q and K at
+// d64). P is one byte per key: four registers per 32 keys. Eager rescaling only: P is scaled by
+// 2^8 into e4m3's range (RowState's offset), and a lazy max that lags by up to 2^8 more would
+// take P past 448.
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_ = 2, int kVtBoxKeys_ = 128>
+struct Fp8TileConfig : TileConfig<kHeadDim_, kBlockM_, kBlockN_, kStages_> {
+  using Base = TileConfig<kHeadDim_, kBlockM_, kBlockN_, kStages_>;
+  static constexpr bool kFp8 = true;
+  static constexpr bool kPagedCpAsync = false;  // paged K/V is refused (plan.cc sm90_fp8_lacks)
+  // Two consumer warpgroups take 240 registers (128 x 32 + 256 x 240 = 65536, the whole file):
+  // at d256 they hold O 128 + S 64 + P 32, and at 232 ptxas serialized the wgmmas (C7512); with
+  // FlashAttention-3's 24 for the producer, its tile loop spilled (48 bytes).
+  static constexpr int kConsumerRegs = Base::kConsumers == 2 ? 240 : Base::kConsumerRegs;
+  static constexpr int kRowBytes = Base::kHeadDim >= 128 ? 128 : 64;
+  static constexpr int kChunkCols = kRowBytes;
+  static constexpr int kChunks = Base::kHeadDim / kChunkCols;
+  static constexpr int kQChunkBytes = Base::kBlockM * kRowBytes;
+  static constexpr int kKVChunkBytes = Base::kBlockN * kRowBytes;
+  static constexpr int kQBytes = kQChunkBytes * kChunks;
+  static constexpr int kKVBytes = kKVChunkBytes * kChunks;
+  static constexpr int kVtBoxKeys = kVtBoxKeys_;
+  static constexpr int kVChunks = Base::kBlockN / kVtBoxKeys;
+  static constexpr int kVChunkBytes = Base::kHeadDim * kVtBoxKeys;
+  static constexpr int kQkSteps = Base::kHeadDim / 32;
+  static constexpr int kPSteps = Base::kBlockN / 32;
+  static_assert(Base::kHeadDim % 128 == 0 || Base::kHeadDim == 64,
+                "fp8 head dims: 64 (one 64-byte row) or whole 128-byte rows (128, 256)");
+  static_assert((kVtBoxKeys == 128 || kVtBoxKeys == 64) && Base::kBlockN % kVtBoxKeys == 0,
+                "V^T arrives in whole boxes of 128 or 64 keys (128- or 64-byte rows)");
+  static_assert(kVChunks * kVChunkBytes == kKVBytes, "V^T's block is K's bytes");
 };
 
 // The tile each head dim runs (FlashAttention-3's choices, hopper/tile_size.h, as a start):
@@ -157,6 +204,68 @@ constexpr TileShape tile_shape(int head_dim, bool masked, int64_t max_kv_len) {
     default:
       return {0, 0};
   }
+}
+
+// The fp8 tiles (FlashAttention-3's, hopper/tile_size.h: d64 192 x 160, d128 128 x 224, d256
+// 128 x 128, as the start), causal or not, until measured:
+// - d128 and d256: 128 x 128, one V^T box of 128 keys per block. Registers per consumer thread:
+//   S 64 + P 32 + O 64 (d128) or 128 (d256). Shared memory: Q 16 KB + 2 x (K 16 KB + V^T 16 KB)
+//   = 80 KB at d128, 160 KB at d256.
+// - d128 with FLASHSERVE_FP8_BLOCK_N=192 (the plan's choice, cuda/plan.h): 128 x 192, V^T in
+//   three boxes of 64 keys; S 96 + P 48 + O 64 registers; Q 16 KB + 2 x (K 24 KB + V^T 24 KB) =
+//   112 KB. Fewer, longer blocks amortise the per-block softmax bookkeeping (FA3's reason for
+//   224); opt-in until the device has measured it against 128.
+// - d64: 192 x 128, three consumer warpgroups at 160 registers (S 64 + P 32 + O 32), as the bf16
+//   d64 tile and for its reason (a 64-row d64 GEMM is too short to hide two warpgroups' softmax).
+//   Q 12 KB + 2 x (K 8 KB + V^T 8 KB) = 44 KB.
+template <int kHeadDim, int kBlockN>
+struct Fp8Tile {
+  static_assert(kBlockN == 128, "the other head dims have 128-key blocks only");
+  using type = Fp8TileConfig<kHeadDim, 128, 128>;
+};
+template <>
+struct Fp8Tile<128, 192> {
+  using type = Fp8TileConfig<128, 128, 192, 2, 64>;
+};
+template <int kBlockN>
+struct Fp8Tile<64, kBlockN> {
+  static_assert(kBlockN == 128, "d64 has 128-key blocks only");
+  using type = Fp8TileConfig<64, 192, 128>;
+};
+constexpr bool fp8_head_dim(int head_dim) {
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+// The key block a call at head_dim runs for a requested block_n (FLASHSERVE_FP8_BLOCK_N: 128 or
+// 192): 192 at d128 only.
+constexpr int fp8_block_n(int head_dim, int requested) {
+  return head_dim == 128 && requested == 192 ? 192 : 128;
+}
+constexpr TileShape fp8_tile_shape(int head_dim, int requested_block_n = 128) {
+  return head_dim == 64           ? TileShape{192, 128}
+         : fp8_head_dim(head_dim) ? TileShape{128, fp8_block_n(head_dim, requested_block_n)}
+                                  : TileShape{0, 0};
+}
+// The fp8 P operand (fwd_kernel.h to_e4m3_operand): byte i = 4 r + e of a 32-key k-step's four
+// A registers (register r, byte e) is element fp8_p_element(i) of the step's 16 accumulator
+// elements (sc[16 j + ...]: the thread's pairs of columns of groups 4 j .. 4 j + 3, row half
+// (element / 2) % 2): register r takes row half r % 2 of groups 4 j + 2 (r / 2) and the next.
+constexpr int fp8_p_element(int i) {
+  const int r = i / 4, e = i % 4;
+  return 8 * (r / 2) + 2 * (r % 2) + 4 * (e / 2) + e % 2;
+}
+// The key (0..31, within its group of 32) that V^T holds at column a of the group (fp8_vt.h):
+// the 8-bit A fragment's column a = 16 v2 + 4 q + v0 (register v1 + 2 v2, byte v0 of thread q of
+// a quad; PTX ISA / CUTLASS ALayout_64x32) carries, packed by fp8_p_element, the accumulator's
+// column 16 v2 + 8 (v0 / 2) + 2 q + v0 % 2. tests/attention/plan_test.cc (PlanFp8.PFragment...)
+// checks the two against each other.
+constexpr int fp8_vt_key(int a) {
+  return 16 * (a / 16) + 8 * ((a % 4) / 2) + 2 * ((a % 16) / 4) + a % 2;
+}
+
+// V^T's keys per sequence: max_kv_len rounded up to whole boxes (fp8_vt.h).
+inline constexpr int kFp8VtKeys = 128;
+constexpr int64_t fp8_vt_keys(int64_t max_kv_len) {
+  return (max_kv_len + kFp8VtKeys - 1) / kFp8VtKeys * kFp8VtKeys;
 }
 
 // ---------------------------------------------------------------------------------------------

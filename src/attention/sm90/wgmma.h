@@ -40,6 +40,21 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(const void* smem, uint32_t l
   return desc;
 }
 
+// 64-byte swizzle (layout type 2): rows of 64 bytes in 8-row atoms of 512 bytes, as TMA's 64-byte
+// swizzle writes them (the fp8 forward's Q and K at d64, 64 one-byte columns a row, and its V^T
+// boxes of 64 keys); K-major,
+// SBO = 512 between 8-row groups, LBO unused. The tile base is 512-byte aligned.
+__device__ __forceinline__ uint64_t smem_desc_sw64(const void* smem, uint32_t lbo_bytes,
+                                                   uint32_t sbo_bytes) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  uint64_t desc = 0;
+  desc |= static_cast<uint64_t>((addr & 0x3FFFF) >> 4);
+  desc |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16;
+  desc |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32;
+  desc |= uint64_t{2} << 62;  // layout type 2: 64-byte swizzle
+  return desc;
+}
+
 // The descriptor of the same layout `bytes` further on (a k-step inside the tile). Adds to the
 // encoded start address, which is what a descriptor built from smem + bytes would hold.
 __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
@@ -84,6 +99,16 @@ __device__ void mma_ss_tt(float (&d)[kN / 2], uint64_t a, uint64_t b, int scale_
 // D (+)= A B, A from registers (the fragment above), B from shared memory MN-major (transposed).
 template <int kN, bool kBf16>
 __device__ void mma_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b, int scale_d);
+
+// float8_e4m3fn, m64nNk32 (32 one-byte elements = 32 bytes per k-step, as the 16-bit k16 forms):
+// both operands K-major (8-bit wgmma has no transpose). SS: A and B from shared memory; RS: A from
+// registers, in the 8-bit A fragment (PTX ISA: thread q of a quad holds, in register v1 + 2 v2,
+// byte v0, row lane/4 + 8 v1, column 4q + v0 + 16 v2), which is not the accumulator's column
+// order (fwd_kernel.h's to_e4m3_operand and fp8_vt.h's key permutation).
+template <int kN>
+__device__ void mma_ss_e4m3(float (&d)[kN / 2], uint64_t a, uint64_t b, int scale_d);
+template <int kN>
+__device__ void mma_rs_e4m3(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b, int scale_d);
 
 }  // namespace flashserve::attention::sm90
 

@@ -1,0 +1,6 @@
+// The sm90 float8_e4m3fn forward kernels for head dim 256 (causal or not), and V^T's pre-pass.
+#include "launch_template.h"
+
+namespace flashserve::attention::sm90 {
+template void run_fwd_fp8_hdim<256>(const FwdArgs&);
+}  // namespace flashserve::attention::sm90
