@@ -23,12 +23,17 @@ namespace flashserve::attention::sm80 {
 
 inline constexpr int kCombineThreads = 256;
 
-template <class Elem, int kHeadDim, int kWarpsPerItem>
-__global__ void __launch_bounds__(kCombineThreads)
-    combine_kernel(const __grid_constant__ FwdParams p) {
+template <int kHeadDim>
+using CombineShare = float2[kCombineThreads / 32][kHeadDim / 64][32];
+
+// One block of the combine. `cols`: the column chunks of out that are real (smem_tile.h): all of
+// kHeadDim, or (a padded kernel's partials) those of the call's head_dim_v; no other is read or
+// written.
+template <class Elem, int kHeadDim, int kWarpsPerItem, class Chunks>
+__device__ __forceinline__ void combine_body(const FwdParams& p, CombineShare<kHeadDim>& share,
+                                             Chunks cols) {
   constexpr int kWarps = kCombineThreads / 32, kItemsPerBlock = kWarps / kWarpsPerItem;
   constexpr int kPairs = kHeadDim / 64;  // float2 columns per lane: c = 2 * lane + 64 * j
-  __shared__ float2 share[kWarps][kPairs][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % kWarpsPerItem;
   const int64_t item = int64_t{blockIdx.x} * kItemsPerBlock + warp / kWarpsPerItem;
   const int64_t slot_row = item / p.h_q;  // the launch's partial rows
@@ -96,6 +101,7 @@ __global__ void __launch_bounds__(kCombineThreads)
       const float w = expf(lse_s[s * split_stride] - lse);
 #pragma unroll
       for (int j = 0; j < kPairs; ++j) {
+        if (!cols.has((2 * lane + 64 * j) >> 3)) continue;
         const float2 v =
             *reinterpret_cast<const float2*>(o_s + s * split_stride * kHeadDim + 64 * j);
         acc[j].x += w * v.x;
@@ -127,6 +133,7 @@ __global__ void __launch_bounds__(kCombineThreads)
               head * p.o_head_stride + 2 * lane;
 #pragma unroll
   for (int j = 0; j < kPairs; ++j) {
+    if (!cols.has((2 * lane + 64 * j) >> 3)) continue;
     if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
       *reinterpret_cast<__nv_bfloat162*>(out + 64 * j) = __floats2bfloat162_rn(acc[j].x, acc[j].y);
     } else {
@@ -135,6 +142,22 @@ __global__ void __launch_bounds__(kCombineThreads)
   }
   if (p.lse != nullptr && lane == 0)
     p.lse[b * p.lse_batch_stride + head * p.lse_head_stride + t * p.lse_row_stride] = lse;
+}
+
+template <class Elem, int kHeadDim, int kWarpsPerItem>
+__global__ void __launch_bounds__(kCombineThreads)
+    combine_kernel(const __grid_constant__ FwdParams p) {
+  __shared__ CombineShare<kHeadDim> share;
+  combine_body<Elem, kHeadDim, kWarpsPerItem>(p, share, AllChunks{});
+}
+
+// The partials of a padded kernel (fwd_kernel.h fwd_kernel_padded) whose value head dim is below
+// kHeadDim: out's columns from p.head_dim_v on are not the call's.
+template <class Elem, int kHeadDim, int kWarpsPerItem>
+__global__ void __launch_bounds__(kCombineThreads)
+    combine_kernel_padded(const __grid_constant__ FwdPaddedParams p) {
+  __shared__ CombineShare<kHeadDim> share;
+  combine_body<Elem, kHeadDim, kWarpsPerItem>(p, share, ChunkBound{p.head_dim_v / 8});
 }
 
 }  // namespace flashserve::attention::sm80
