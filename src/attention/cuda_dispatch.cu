@@ -349,11 +349,10 @@ void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr
     launch.stream = stream;
     launch.head_dim = static_cast<int>(pr.head_dim);
     launch.head_dim_v = static_cast<int>(pr.head_dim_v);
-    const auto run = l.kernel.padded ? std::array{&sm80::run_fwd_padded<64>,
-                                                  &sm80::run_fwd_padded<128>,
-                                                  &sm80::run_fwd_padded<256>}
-                                     : std::array{&sm80::run_fwd<64>, &sm80::run_fwd<128>,
-                                                  &sm80::run_fwd<256>};
+    const auto run = l.kernel.padded
+                         ? std::array{&sm80::run_fwd_padded<64>, &sm80::run_fwd_padded<128>,
+                                      &sm80::run_fwd_padded<256>}
+                         : std::array{&sm80::run_fwd<64>, &sm80::run_fwd<128>, &sm80::run_fwd<256>};
     switch (l.kernel.head_dim) {
       case 64:
         run[0](p, launch);

@@ -86,8 +86,8 @@ void check_case(const CaseSpec& spec) {
 // The head dims FlashAttention-2 compiles besides ours, and ones between them.
 const int64_t kDims[] = {32, 40, 72, 96, 136, 160, 192, 224, 248};
 // q/k head dim != v head dim: DeepSeek's 192/128 first; v's smaller, and larger.
-const std::pair<int64_t, int64_t> kUnequal[] = {{192, 128}, {128, 64}, {96, 64}, {256, 128},
-                                                {64, 128},  {40, 96}};
+const std::pair<int64_t, int64_t> kUnequal[] = {{192, 128}, {128, 64}, {96, 64},
+                                                {256, 128}, {64, 128}, {40, 96}};
 
 std::vector<CaseSpec> head_dim_cases() {
   std::vector<CaseSpec> v;
@@ -112,8 +112,8 @@ std::vector<CaseSpec> head_dim_cases() {
   for (auto [d, dv] : std::vector<std::pair<int64_t, int64_t>>{
            {40, 40}, {96, 96}, {160, 160}, {192, 128}, {64, 128}}) {
     // Varlen with an empty sequence and a decode row (a decode launch and a prefill launch).
-    CaseSpec s = varlen(spec(bf16, d, dv, 5, {33, 0, 1, 200, 64}, {33, 0, 513, 200, 129}, 8, 2,
-                             true));
+    CaseSpec s =
+        varlen(spec(bf16, d, dv, 5, {33, 0, 1, 200, 64}, {33, 0, 513, 200, 129}, 8, 2, true));
     v.push_back(padded_rows(s));
     s.causal = false;
     s.window_left = 40;
@@ -123,8 +123,8 @@ std::vector<CaseSpec> head_dim_cases() {
     sliding.window_left = 100;
     v.push_back(sliding);
     // Paged: 16-key pages causal; 7-key pages unmasked, without lse.
-    v.push_back(padded_rows(paged(spec(bf16, d, dv, 3, {1, 17, 64}, {700, 17, 300}, 8, 2, true),
-                                  16)));
+    v.push_back(
+        padded_rows(paged(spec(bf16, d, dv, 3, {1, 17, 64}, {700, 17, 300}, 8, 2, true), 16)));
     CaseSpec odd_pages = paged(spec(bf16, d, dv, 3, {1, 17, 64}, {700, 17, 300}, 8, 2), 7);
     odd_pages.with_lse = false;
     v.push_back(odd_pages);

@@ -22,9 +22,10 @@ size_t partial_bytes(int64_t splits, int64_t rows, int64_t h_q, int64_t head_dim
 void check_cuda_head_dims(const Problem& pr) {
   for (const auto& [d, arg] : {std::pair{pr.head_dim, "q"}, std::pair{pr.head_dim_v, "v"}})
     if (d < 32 || d > 256 || d % 8 != 0)
-      throw Error(ErrorKind::kUnsupported, arg,
-                  str_cat("head_dim ", d,
-                          " is not supported by the CUDA kernels (a multiple of 8 from 32 to 256)"));
+      throw Error(
+          ErrorKind::kUnsupported, arg,
+          str_cat("head_dim ", d,
+                  " is not supported by the CUDA kernels (a multiple of 8 from 32 to 256)"));
 }
 
 namespace {
@@ -44,7 +45,8 @@ KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decod
   k.family = KernelFamily::kSm80;
   k.decode = decode;
   const int64_t bound = pr.max_q_len + pr.max_kv_len;
-  k.head_dim = sm80::kernel_head_dim(static_cast<int>(pr.head_dim), static_cast<int>(pr.head_dim_v));
+  k.head_dim =
+      sm80::kernel_head_dim(static_cast<int>(pr.head_dim), static_cast<int>(pr.head_dim_v));
   k.padded = padded(pr);
   // Score modifiers and padded head dims run on the masked prefill tiles whatever the mask: only
   // those (and the decode tiles) have modifier and padded kernels (sm80/launch_template.h
@@ -331,9 +333,8 @@ std::string replay_key(const Plan& plan) {
     os << "; " << (sm90 ? (sm90::short_keys(l.max_kv_len) ? "sm90 short" : "sm90") : "sm80")
        << (k.decode ? " decode" : "") << (k.masked ? " masked" : "") << (k.paged ? " paged" : "")
        << (k.tile_counter ? " counter" : "") << (k.padded ? str_cat(" padded d", k.head_dim) : "")
-       << " " << k.block_m << "x" << k.block_n << " splits "
-       << k.splits << " group " << static_cast<int>(l.group) << " seqs " << l.seq_begin << "-"
-       << l.seq_end;
+       << " " << k.block_m << "x" << k.block_n << " splits " << k.splits << " group "
+       << static_cast<int>(l.group) << " seqs " << l.seq_begin << "-" << l.seq_end;
   }
   return os.str();
 }
@@ -347,7 +348,8 @@ std::string Plan::summary() const {
     os << (l.kernel.family == KernelFamily::kSm90 ? "sm90 " : "")
        << (l.kernel.decode ? "decode" : "prefill") << (l.kernel.masked ? " masked" : "")
        << (l.kernel.paged ? " paged" : "")
-       << (l.kernel.padded ? str_cat(" padded d", l.kernel.head_dim) : "") << " seqs [" << l.seq_begin << "," << l.seq_end << ")"
+       << (l.kernel.padded ? str_cat(" padded d", l.kernel.head_dim) : "") << " seqs ["
+       << l.seq_begin << "," << l.seq_end << ")"
        << (l.group == SeqGroup::kAll       ? ""
            : l.group == SeqGroup::kDecodes ? " decodes only"
                                            : " prefills only")

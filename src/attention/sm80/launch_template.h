@@ -132,7 +132,8 @@ void run_fwd_padded_impl(const FwdParams& params, const FwdLaunch& launch) {
     throw Error(ErrorKind::kInternal, "q",
                 "padded head dims reached the sm80 forward on unmasked prefill tiles");
   using Masked = PaddedConfig<FwdConfig<kHeadDim, fwd_tiles(kHeadDim, true)>>;
-  static_assert(fwd_tiles_small_smem(kHeadDim, true).pv_pairs == fwd_tiles(kHeadDim, true).pv_pairs);
+  static_assert(fwd_tiles_small_smem(kHeadDim, true).pv_pairs ==
+                fwd_tiles(kHeadDim, true).pv_pairs);
   if (launch.paged) return launch_checked<Masked, true, true>(params, launch);
   return launch_checked<Masked, true, false>(params, launch);
 }
