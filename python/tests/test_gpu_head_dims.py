@@ -20,6 +20,13 @@ pytestmark = [
                        reason="skipped: libflashserve_c was built without CUDA"),
 ]
 
+@pytest.fixture
+def seed():
+    """A fixed seed (conftest.py's is fresh per run): these cases are deterministic, their inputs
+    still random normal values."""
+    return 2024
+
+
 DTYPES = [torch.bfloat16, torch.float16]
 DIMS = [(32, 32), (40, 40), (72, 72), (96, 96), (136, 136), (160, 160), (192, 192), (224, 224),
         (248, 248), (192, 128), (128, 64), (64, 128)]
