@@ -1,7 +1,7 @@
 """Head dims on the CPU path (NumPy arrays), issue 24: the multiples of 8 that CUDA now takes and
 q/k head dims unlike v's (DeepSeek's 192/128) through flash_attn_func, flash_attn_varlen_func and
 flash_attn_with_kvcache, against the float64 reference; and the argument checks that name what is
-wrong (they are the library's, the same on CUDA tensors). The CUDA runs are test_gpu_head_dims.py."""
+wrong (they are the library's, the same on CUDA tensors). The CUDA runs: test_gpu_head_dims.py."""
 
 import math
 

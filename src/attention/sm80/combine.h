@@ -101,7 +101,8 @@ __device__ __forceinline__ void combine_body(const FwdParams& p, CombineShare<kH
       const float w = expf(lse_s[s * split_stride] - lse);
 #pragma unroll
       for (int j = 0; j < kPairs; ++j) {
-        if (!cols.has((2 * lane + 64 * j) >> 3)) continue;
+        if constexpr (!Chunks::kAll)
+          if (!cols.has((2 * lane + 64 * j) >> 3)) continue;
         const float2 v =
             *reinterpret_cast<const float2*>(o_s + s * split_stride * kHeadDim + 64 * j);
         acc[j].x += w * v.x;
@@ -133,7 +134,8 @@ __device__ __forceinline__ void combine_body(const FwdParams& p, CombineShare<kH
               head * p.o_head_stride + 2 * lane;
 #pragma unroll
   for (int j = 0; j < kPairs; ++j) {
-    if (!cols.has((2 * lane + 64 * j) >> 3)) continue;
+    if constexpr (!Chunks::kAll)
+      if (!cols.has((2 * lane + 64 * j) >> 3)) continue;
     if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
       *reinterpret_cast<__nv_bfloat162*>(out + 64 * j) = __floats2bfloat162_rn(acc[j].x, acc[j].y);
     } else {

@@ -42,7 +42,9 @@ __device__ __forceinline__ void store_slice(const float (&o)[kDTiles][4], const 
     for (int i = 0; i < 8 * kDTiles / 32; ++i) {
       const int id = lane + i * 32;
       const int row = id / kDTiles, chunk = id % kDTiles;
-      if (row0 + row < rows_valid && chunks.has(chunk0 + chunk)) {
+      bool store = row0 + row < rows_valid;
+      if constexpr (!Chunks::kAll) store = store && chunks.has(chunk0 + chunk);
+      if (store) {
         const uint4 v =
             *reinterpret_cast<const uint4*>(stage + swizzled<kHeadDim>(row, chunk0 + chunk));
         *reinterpret_cast<uint4*>(out + (row0 + row) * out_row_stride + chunk * 8) = v;

@@ -20,10 +20,14 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
 // not change for it). ChunkBound: the first n, a run-time count (padded kernels, fwd_kernel.h:
 // a head dim that is a multiple of 8 below the kernel's; the chunks past it are zero-filled on
 // load and never stored, so their global memory is never touched).
+// Users test kAll with `if constexpr` rather than calling has() on AllChunks: even a constant
+// `&& true` changed the machine code of the unpadded kernels (block order; kernel-identity.py).
 struct AllChunks {
+  static constexpr bool kAll = true;
   __device__ __forceinline__ bool has(int) const { return true; }
 };
 struct ChunkBound {
+  static constexpr bool kAll = false;
   int n;
   __device__ __forceinline__ bool has(int chunk) const { return chunk < n; }
 };
@@ -47,7 +51,8 @@ __device__ __forceinline__ void load_tile_async(Elem* smem, const Elem* gmem, in
 #pragma unroll
   for (int i = 0; i < kRows / kRowStep; ++i) {
     const int row = row0 + i * kRowStep;
-    const bool ok = row < valid_rows && chunks.has(chunk);
+    bool ok = row < valid_rows;
+    if constexpr (!Chunks::kAll) ok = ok && chunks.has(chunk);
     // With kRowStep % 8 == 0 the swizzle is the same for every i and this folds to a constant
     // offset from the first address.
     cp_async_16(base + 2 * swizzled<kHeadDim>(row, chunk), ok ? src : gmem, ok);
@@ -154,7 +159,8 @@ __device__ __forceinline__ void load_tile_paged_async(Elem* smem, const Elem* he
 #pragma unroll
   for (int i = 0; i < S::kIters; ++i) {
     const int row = row0 + i * S::kRowStep;
-    const bool ok = row < valid_rows && chunks.has(chunk);
+    bool ok = row < valid_rows;
+    if constexpr (!Chunks::kAll) ok = ok && chunks.has(chunk);
     // Warp row k = i * kWarpStep + sub: owned by lane k % 32, slot k / 32 (a constant, since
     // kWarpStep divides 32 and sub < kWarpStep).
     const int k0 = i * kWarpStep;
