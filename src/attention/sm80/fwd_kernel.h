@@ -100,7 +100,7 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
       __syncthreads();     // ... for every thread; and every warp is done with V(n + 1)
       t.template load_v<kThreads>(p, n, sm.v_slot(0), sm.v_pages, tid);
       cp_async_commit();
-      gemm_qk<D, kMT, kNT, Cfg::kPipelineFrags>(s, sq_warp, sm.k_slot(0), lane);
+      gemm_qk<D, kMT, kNT, Cfg::kPipelineFrags>(s, sq_warp, sm.k_slot(0), lane, t.qk_steps());
     } else {
       cp_async_wait<kS - 2>();
       __syncthreads();
@@ -111,7 +111,7 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
         t.template load_v<kThreads>(p, ahead, sm.v_slot(slot), sm.v_pages, tid);
       }
       cp_async_commit();
-      gemm_qk<D, kMT, kNT, Cfg::kPipelineFrags>(s, sq_warp, sm.k_slot(buf), lane);
+      gemm_qk<D, kMT, kNT, Cfg::kPipelineFrags>(s, sq_warp, sm.k_slot(buf), lane, t.qk_steps());
     }
     // Modifiers before the mask, on every block (the fast path's too): a masked score stays -inf
     // whatever the modifier would make of it.
@@ -138,6 +138,7 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
       cp_async_commit();
     };
     if constexpr (Cfg::kPvPairs) {
+      static_assert(!Cfg::kPadded, "PV pairs split the head dim: no padded bound here");
       // The warp's own slice: probabilities, packed, and offered to the partner together with
       // the step's corrections before the barrier; after it, the partner's are there.
       float correction[1][2];
@@ -177,7 +178,8 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi) pack_p<Elem>(s[mi], ks, a[mi]);
       };
-      gemm_pv<D, kMT, kPvSteps, kODT, Cfg::kPipelineFrags>(ws.o, a_frags, sm.v_slot(buf), lane);
+      gemm_pv<D, kMT, kPvSteps, kODT, Cfg::kPipelineFrags>(ws.o, a_frags, sm.v_slot(buf), lane,
+                                                           t.v_pairs());
     }
     buf = buf == kS - 1 ? 0 : buf + 1;
   };

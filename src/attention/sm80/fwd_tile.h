@@ -25,6 +25,8 @@ struct TileChunks {
   __device__ __forceinline__ explicit TileChunks(const FwdParams&) {}
   __device__ __forceinline__ AllChunks qk_chunks() const { return {}; }
   __device__ __forceinline__ AllChunks v_chunks() const { return {}; }
+  __device__ __forceinline__ AllChunks qk_steps() const { return {}; }
+  __device__ __forceinline__ AllChunks v_pairs() const { return {}; }
 };
 template <>
 struct TileChunks<true> {
@@ -34,6 +36,10 @@ struct TileChunks<true> {
         v{static_cast<const FwdPaddedParams&>(p).head_dim_v / 8} {}
   __device__ __forceinline__ ChunkBound qk_chunks() const { return qk; }
   __device__ __forceinline__ ChunkBound v_chunks() const { return v; }
+  // The GEMMs' live parts (warp_gemm.h): k16 steps of QK^T and pairs of n8 d-tiles of PV (16
+  // columns each) that hold a real column.
+  __device__ __forceinline__ ChunkBound qk_steps() const { return {(qk.n + 1) / 2}; }
+  __device__ __forceinline__ ChunkBound v_pairs() const { return {(v.n + 1) / 2}; }
 };
 
 template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit>
