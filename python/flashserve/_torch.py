@@ -484,6 +484,7 @@ def flash_attn_func(q, k, v, softmax_scale, causal, window_size, return_lse, num
         # Through the operator, whose autograd formula (_autograd.py) needs the LSE.
         _autograd.require_ops(_ops, q)
         _autograd.refuse_cuda_modifier_grad(q, softcap, alibi_slopes)
+        _autograd.refuse_cuda_head_dim_grad(q, k, v)
         left, right = _window_pair(window_size)
         out, lse = _ops[0](q, k, v, _opt_float(softmax_scale), bool(causal), left, right,
                            _int32(num_splits, "num_splits"), True, deterministic, softcap,
@@ -521,6 +522,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if grad:
         _autograd.require_ops(_ops, q)
         _autograd.refuse_cuda_modifier_grad(q, softcap, alibi_slopes)
+        _autograd.refuse_cuda_head_dim_grad(q, k, v)
         if block_table is not None:
             raise NotImplementedError("block_table: the backward takes dense or varlen K/V, not "
                                       "a paged KV cache; detach q, k and v to run the forward")

@@ -349,9 +349,10 @@ def test_fast_path_errors_name_the_argument(gen):
         flash_attn_func(q, k, v, softmax_scale=0.0)
     with pytest.raises(ValueError, match=r"^q: expected rank 4"):
         flash_attn_func(q[0], k, v)
-    with pytest.raises(NotImplementedError, match=r"^q: head_dim 32 is not supported"):
-        flash_attn_func(q[..., :32].contiguous(), k[..., :32].contiguous(),
-                        v[..., :32].contiguous())
+    with pytest.raises(NotImplementedError, match=r"^q: head_dim 36 is not supported by the "
+                                                  r"CUDA kernels \(a multiple of 8 from 32 to 256\)"):
+        flash_attn_func(q[..., :36].contiguous(), k[..., :36].contiguous(),
+                        v[..., :36].contiguous())
 
 
 def test_default_num_splits_splits_a_long_decode(gen, monkeypatch):

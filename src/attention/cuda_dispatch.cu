@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -128,12 +129,8 @@ void check_device_indices(const AttentionParams& params, cudaStream_t stream) {
 const DeviceProps& check_supported(const AttentionParams& params, const Problem& pr) {
   if (pr.dtype == DType::kFloat32)
     unsupported("q", "float32 is not supported by the CUDA kernels (use bfloat16 or float16)");
-  if (pr.head_dim != 64 && pr.head_dim != 128 && pr.head_dim != 256)
-    unsupported("q", str_cat("head_dim ", pr.head_dim,
-                             " is not supported by the CUDA kernels (64, 128, 256)"));
-  if (pr.head_dim_v != pr.head_dim)
-    unsupported("v", str_cat("head_dim ", pr.head_dim_v, " differs from q's ", pr.head_dim,
-                             "; the CUDA kernels need equal head dims"));
+  check_cuda_head_dims(pr);
+  refuse_padded_if_off(pr, std::getenv("FLASHSERVE_PADDED_HEAD_DIMS"));
   if (!(pr.scale > 0.0f))
     unsupported("softmax_scale", "must be positive for the CUDA kernels (the row max assumes it)");
   if (pr.batch > 65535)
@@ -353,7 +350,8 @@ void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr
     p.partials_by_seq = l.kernel.decode;
     if (splits > 1) {
       p.o_partial = reinterpret_cast<float*>(static_cast<char*>(workspace) + l.workspace_offset);
-      p.lse_partial = p.o_partial + static_cast<int64_t>(splits) * l.rows * pr.h_q * pr.head_dim;
+      p.lse_partial =
+          p.o_partial + static_cast<int64_t>(splits) * l.rows * pr.h_q * l.kernel.head_dim;
     }
     sm80::FwdLaunch launch{};
     if (pr.score_mod.any()) {  // the modifier kernels, in their units (changes p's scale)
@@ -372,18 +370,29 @@ void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr
     launch.sms = dev.sms;
     launch.l2_bytes = dev.l2_bytes;
     launch.stream = stream;
-    switch (pr.head_dim) {
+    launch.head_dim = static_cast<int>(pr.head_dim);
+    launch.head_dim_v = static_cast<int>(pr.head_dim_v);
+    const auto run = l.kernel.padded
+                         ? std::array{&sm80::run_fwd_padded<64>, &sm80::run_fwd_padded<128>,
+                                      &sm80::run_fwd_padded<256>}
+                         : std::array{&sm80::run_fwd<64>, &sm80::run_fwd<128>, &sm80::run_fwd<256>};
+    switch (l.kernel.head_dim) {
       case 64:
-        sm80::run_fwd<64>(p, launch);
+        run[0](p, launch);
         break;
       case 128:
-        sm80::run_fwd<128>(p, launch);
+        run[1](p, launch);
+        break;
+      case 256:
+        run[2](p, launch);
         break;
       default:
-        sm80::run_fwd<256>(p, launch);
-        break;
+        throw Error(ErrorKind::kInternal, "q",
+                    str_cat("the plan chose an sm80 kernel of head dim ", l.kernel.head_dim));
     }
-    if (splits > 1) sm80::run_combine(p, pr.dtype, static_cast<int>(pr.head_dim), stream);
+    if (splits > 1)
+      sm80::run_combine(p, pr.dtype, l.kernel.head_dim, stream,
+                        l.kernel.padded ? static_cast<int>(pr.head_dim_v) : 0);
   }
 }
 

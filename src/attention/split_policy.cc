@@ -34,8 +34,10 @@ int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode) {
   const int64_t most = std::min<int64_t>(128, 65535 / std::max<int64_t>(pr.batch, 1));
   int64_t tiles, key_blocks, target, enough, min_blocks;  // enough: tiles that need no split
   int64_t slots = 0;  // decode: blocks the GPU runs at once (one round)
+  // The tiles of the kernel the call runs: its head dims', or the next compiled head dim's.
+  const int head_dim =
+      sm80::kernel_head_dim(static_cast<int>(pr.head_dim), static_cast<int>(pr.head_dim_v));
   if (decode) {
-    const int head_dim = static_cast<int>(pr.head_dim);
     const sm80::Tiles t = sm80::decode_tiles(head_dim);
     const int64_t per_sm =  // block slots per SM, by shared memory (1 KB reserved per block)
         std::max<int64_t>(1, dev.smem_per_sm / (sm80::fwd_smem_bytes(head_dim, t) + 1024));
@@ -51,8 +53,7 @@ int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode) {
       return splits < 2 ? 1 : static_cast<int>(splits);
     }
   } else {
-    const sm80::Tiles t =
-        sm80::fwd_tiles(static_cast<int>(pr.head_dim), pr.mask.has_left() || pr.mask.has_right());
+    const sm80::Tiles t = sm80::fwd_tiles(head_dim, pr.mask.has_left() || pr.mask.has_right());
     tiles = (pr.max_q_len + t.block_m - 1) / t.block_m * pr.h_q * pr.batch;
     key_blocks = (pr.max_kv_len + t.block_n - 1) / t.block_n;
     target = 2 * dev.sms;

@@ -940,5 +940,214 @@ TEST(PlanFp8, PFragmentAndVtKeyOrderGiveTheSameSumOverTheKeys) {
     }
 }
 
+// Head dims (issue 24): multiples of 8 from 32 to 256, q/k's and v's equal or not. 64, 128 and 256
+// with equal dims keep their kernels (sm80 or sm90); every other pair runs on sm80's padded kernel
+// of the next compiled head dim, on its masked prefill tiles (mask or not) or its decode tiles,
+// with split-KV partials of the kernel's head dim. A forced sm90 refuses them naming
+// FLASHSERVE_KERNEL; score modifiers with them are refused by the modifier's name.
+
+StepShape dims(StepShape s, int64_t d, int64_t dv) {
+  s.pr.head_dim = d;
+  s.pr.head_dim_v = dv;
+  return s;
+}
+
+TEST(PlanHeadDims, CudaTakesMultiplesOf8From32To256AndRefusesOthersByName) {
+  for (int64_t d = 32; d <= 256; d += 8)
+    for (int64_t dv : {int64_t{32}, d, int64_t{256}}) {
+      Problem pr = dense(1, 64, 2, d, false).pr;
+      pr.head_dim_v = dv;
+      EXPECT_NO_THROW(attention::check_cuda_head_dims(pr)) << d << "/" << dv;
+    }
+  auto refused = [](int64_t d, int64_t dv) {
+    Problem pr = dense(1, 64, 2, d, false).pr;
+    pr.head_dim_v = dv;
+    try {
+      attention::check_cuda_head_dims(pr);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "no refusal of " << d << "/" << dv;
+    return std::string();
+  };
+  for (int64_t d : {1, 8, 16, 24, 36, 100, 255, 264, 512}) {
+    EXPECT_NE(refused(d, 128).find("head_dim " + std::to_string(d) +
+                                   " is not supported by the CUDA kernels (a multiple of 8 from "
+                                   "32 to 256)"),
+              std::string::npos)
+        << refused(d, 128);
+    EXPECT_EQ(refused(d, 128).rfind("q: ", 0), 0u) << refused(d, 128);
+    EXPECT_EQ(refused(128, d).rfind("v: ", 0), 0u) << refused(128, d);
+  }
+}
+
+// The padded kernels are off by default until their first device run: refused naming q, saying
+// how to turn them on; the variable read strictly; the compiled head dims never look at it.
+TEST(PlanHeadDims, PaddedHeadDimsAreOffUnlessTurnedOn) {
+  Problem padded = dense(1, 64, 2, 192, false).pr;
+  padded.head_dim_v = 128;
+  for (const char* value : {static_cast<const char*>(nullptr), "", "0"}) {
+    try {
+      attention::refuse_padded_if_off(padded, value);
+      EXPECT_TRUE(attention::kPaddedHeadDimsByDefault && (value == nullptr || *value == '\0'))
+          << "ran with " << (value ? value : "(unset)");
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+      EXPECT_EQ(e.argument(), "q");
+      EXPECT_NE(std::string(e.what()).find("FLASHSERVE_PADDED_HEAD_DIMS=1"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_NO_THROW(attention::refuse_padded_if_off(padded, "1"));
+  for (const char* bad : {"yes", "2", " 1", "on"}) {
+    try {
+      attention::refuse_padded_if_off(padded, bad);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "FLASHSERVE_PADDED_HEAD_DIMS") << e.what();
+    }
+  }
+  for (int64_t d : {64, 128, 256})
+    EXPECT_NO_THROW(attention::refuse_padded_if_off(dense(1, 64, 2, d, false).pr, "bad"));
+}
+
+TEST(PlanHeadDims, KernelHeadDimIsTheNextCompiledOne) {
+  using attention::sm80::kernel_head_dim;
+  using attention::sm80::padded_head_dims;
+  EXPECT_EQ(kernel_head_dim(32, 32), 64);
+  EXPECT_EQ(kernel_head_dim(64, 64), 64);
+  EXPECT_EQ(kernel_head_dim(72, 72), 128);
+  EXPECT_EQ(kernel_head_dim(128, 128), 128);
+  EXPECT_EQ(kernel_head_dim(136, 136), 256);
+  EXPECT_EQ(kernel_head_dim(192, 128), 256);
+  EXPECT_EQ(kernel_head_dim(64, 128), 128);  // the larger of the two
+  EXPECT_EQ(kernel_head_dim(248, 248), 256);
+  for (int d : {64, 128, 256}) EXPECT_FALSE(padded_head_dims(d, d)) << d;
+  EXPECT_TRUE(padded_head_dims(96, 96));
+  EXPECT_TRUE(padded_head_dims(128, 64));
+  EXPECT_TRUE(padded_head_dims(64, 128));
+  EXPECT_TRUE(padded_head_dims(192, 128));
+}
+
+TEST(PlanHeadDims, OtherDimsRunPaddedOnSm80) {
+  using attention::KernelFamily;
+  struct Want {
+    int64_t d, dv;
+    int kernel;
+  };
+  const Want wants[] = {{32, 32, 64},    {40, 40, 64},    {72, 72, 128},   {96, 96, 128},
+                        {136, 136, 256}, {160, 160, 256}, {192, 192, 256}, {224, 224, 256},
+                        {248, 248, 256}, {192, 128, 256}, {128, 64, 128},  {64, 128, 128},
+                        {256, 128, 256}};
+  for (const Want& w : wants)
+    for (bool causal : {false, true}) {
+      // A prefill the default plan would run on sm90 at a compiled head dim.
+      const StepShape s = dims(dense(4, 2048, 16, 128, causal), w.d, w.dv);
+      const Plan p = make_plan(s.pr, s.ctx, HostLengths{});
+      ASSERT_EQ(p.launches.size(), 1u);
+      const auto& k = p.launches[0].kernel;
+      EXPECT_EQ(k.family, KernelFamily::kSm80) << p.summary();
+      EXPECT_TRUE(k.padded) << p.summary();
+      EXPECT_EQ(k.head_dim, w.kernel) << p.summary();
+      EXPECT_TRUE(k.masked) << p.summary();  // the padded prefill kernels are the masked ones
+      const attention::sm80::Tiles t = attention::sm80::fwd_tiles(w.kernel, true);
+      EXPECT_EQ(k.block_m, t.block_m);
+      EXPECT_EQ(k.block_n, t.block_n);
+      EXPECT_NE(p.summary().find("padded d" + std::to_string(w.kernel)), std::string::npos)
+          << p.summary();
+      // Decodes: the padded kernel's decode tiles, split over its head dim's partials.
+      StepShape decode = dims(step(decodes(4, 8192)), w.d, w.dv);
+      const Plan dp = plan_of(decode);
+      ASSERT_EQ(dp.launches.size(), 1u);
+      const auto& dk = dp.launches[0].kernel;
+      EXPECT_TRUE(dk.decode && dk.padded && !dk.masked) << dp.summary();
+      EXPECT_EQ(dk.head_dim, w.kernel);
+      EXPECT_EQ(dk.block_n, attention::sm80::decode_tiles(w.kernel).block_n);
+      ASSERT_GT(dk.splits, 1) << dp.summary();
+      EXPECT_EQ(dp.workspace_bytes, attention::partial_bytes(dk.splits, 4, 32, w.kernel));
+    }
+  // The compiled head dims with equal q and v dims are not padded, and keep their families.
+  for (int64_t d : {64, 128, 256}) {
+    const StepShape s = dense(4, 2048, 16, d, false);
+    const Plan p = make_plan(s.pr, s.ctx, HostLengths{});
+    ASSERT_EQ(p.launches.size(), 1u);
+    EXPECT_EQ(p.launches[0].kernel.family, KernelFamily::kSm90);
+    EXPECT_FALSE(p.launches[0].kernel.padded);
+    EXPECT_EQ(p.launches[0].kernel.head_dim, d);
+    EXPECT_EQ(p.summary().find("padded"), std::string::npos);
+    StepShape sm80 = s;
+    sm80.ctx.family = attention::FamilyRequest::kSm80;
+    const Plan p80 = make_plan(sm80.pr, sm80.ctx, HostLengths{});
+    EXPECT_FALSE(p80.launches[0].kernel.padded);
+    EXPECT_FALSE(p80.launches[0].kernel.masked);  // unmasked tiles as before
+  }
+  // A mixed step keeps its two groups, both padded on sm80; the widened plan too.
+  auto seqs = decodes(64, 2048);
+  seqs.insert(seqs.begin(), {512, 4096 + 512});
+  StepShape mixed = dims(step(seqs), 192, 128);
+  mixed.ctx.sm90_unavailable = "";
+  mixed.lens.widen = true;
+  const Plan mp = plan_of(mixed);
+  ASSERT_EQ(mp.launches.size(), 2u);
+  size_t workspace = 0;
+  for (const LaunchPlan& l : mp.launches) {
+    EXPECT_EQ(l.kernel.family, KernelFamily::kSm80);
+    EXPECT_TRUE(l.kernel.padded);
+    EXPECT_EQ(l.kernel.head_dim, 256);
+    workspace = std::max(
+        workspace, l.workspace_offset + attention::partial_bytes(l.kernel.splits, l.rows, 32, 256));
+  }
+  EXPECT_GE(mp.workspace_bytes, workspace);
+  EXPECT_NE(attention::replay_key(mp).find("padded d256"), std::string::npos);
+}
+
+TEST(PlanHeadDims, ForcedSm90AndScoreModifiersRefuseThemByName) {
+  auto refusal = [](const StepShape& s) {
+    try {
+      make_plan(s.pr, s.ctx, HostLengths{});
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "no refusal";
+    return std::string();
+  };
+  StepShape forced = dims(dense(4, 2048, 16, 128, true), 96, 96);
+  forced.ctx.family = attention::FamilyRequest::kSm90;
+  EXPECT_EQ(refusal(forced).rfind("FLASHSERVE_KERNEL: ", 0), 0u) << refusal(forced);
+  EXPECT_NE(refusal(forced).find("sm90: head_dim 96 (64, 128 and 256 only"), std::string::npos)
+      << refusal(forced);
+  forced = dims(forced, 128, 64);
+  EXPECT_NE(refusal(forced).find("sm90: head_dim_v 64 differs from head_dim 128"),
+            std::string::npos)
+      << refusal(forced);
+  // A forced sm80 runs them.
+  forced.ctx.family = attention::FamilyRequest::kSm80;
+  EXPECT_TRUE(make_plan(forced.pr, forced.ctx, HostLengths{}).launches[0].kernel.padded);
+
+  static const float slopes[16] = {};
+  for (auto family : {attention::FamilyRequest::kAuto, attention::FamilyRequest::kSm80,
+                      attention::FamilyRequest::kSm90}) {
+    StepShape capped = dims(dense(2, 300, 4, 128, true), 192, 128);
+    capped.ctx.family = family;
+    capped.pr.score_mod.softcap = 30.0f;
+    EXPECT_EQ(refusal(capped).rfind("softcap: logit soft-capping is not supported by the CUDA "
+                                    "kernels with head dims 192/128",
+                                    0),
+              0u)
+        << refusal(capped);
+    StepShape alibi = dims(step(decodes(8, 300)), 72, 72);
+    alibi.ctx.family = family;
+    alibi.pr.score_mod.alibi = slopes;
+    alibi.pr.score_mod.alibi_head_stride = 1;
+    EXPECT_EQ(refusal(alibi).rfind("alibi_slopes: ", 0), 0u) << refusal(alibi);
+  }
+  // The compiled head dims keep their modifiers.
+  StepShape capped = dense(2, 300, 4, 128, true);
+  capped.pr.score_mod.softcap = 30.0f;
+  EXPECT_FALSE(make_plan(capped.pr, capped.ctx, HostLengths{}).launches.empty());
+}
+
 }  // namespace
 }  // namespace flashserve::testing

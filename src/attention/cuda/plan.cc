@@ -19,6 +19,40 @@ size_t partial_bytes(int64_t splits, int64_t rows, int64_t h_q, int64_t head_dim
   return static_cast<size_t>(splits) * rows * h_q * (head_dim + 1) * sizeof(float);
 }
 
+void check_cuda_head_dims(const Problem& pr) {
+  for (const auto& [d, arg] : {std::pair{pr.head_dim, "q"}, std::pair{pr.head_dim_v, "v"}})
+    if (d < 32 || d > 256 || d % 8 != 0)
+      throw Error(
+          ErrorKind::kUnsupported, arg,
+          str_cat("head_dim ", d,
+                  " is not supported by the CUDA kernels (a multiple of 8 from 32 to 256)"));
+}
+
+namespace {
+
+bool padded(const Problem& pr) {
+  return sm80::padded_head_dims(static_cast<int>(pr.head_dim), static_cast<int>(pr.head_dim_v));
+}
+
+}  // namespace
+
+void refuse_padded_if_off(const Problem& pr, const char* value) {
+  if (!padded(pr)) return;
+  bool on = kPaddedHeadDimsByDefault;
+  if (value != nullptr && *value != '\0') {
+    if (std::string(value) != "0" && std::string(value) != "1")
+      throw Error(ErrorKind::kInvalidArgument, "FLASHSERVE_PADDED_HEAD_DIMS",
+                  str_cat("must be 0 or 1, got \"", value, "\""));
+    on = std::string(value) == "1";
+  }
+  if (!on)
+    throw Error(ErrorKind::kUnsupported, "q",
+                str_cat("head dims ", pr.head_dim, "/", pr.head_dim_v,
+                        " run on the padded sm80 kernels, which are off by default until their "
+                        "first device run: set FLASHSERVE_PADDED_HEAD_DIMS=1 to turn them on (64, "
+                        "128 and 256 with equal q and v head dims run without it)"));
+}
+
 KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decode,
                            int64_t sequences, int64_t max_q_len, int64_t max_kv_len,
                            bool may_split) {
@@ -28,10 +62,14 @@ KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decod
   k.family = KernelFamily::kSm80;
   k.decode = decode;
   const int64_t bound = pr.max_q_len + pr.max_kv_len;
-  // Score modifiers run on the masked prefill tiles whatever the mask: only those (and the decode
-  // tiles) have modifier kernels (sm80/launch_template.h launch_score_mod), and an unbounded
-  // window there masks only the keys past kv_len.
-  k.masked = !decode && (pr.score_mod.any() || clamp_window(pr.mask.left, bound) >= 0 ||
+  k.head_dim =
+      sm80::kernel_head_dim(static_cast<int>(pr.head_dim), static_cast<int>(pr.head_dim_v));
+  k.padded = padded(pr);
+  // Score modifiers and padded head dims run on the masked prefill tiles whatever the mask: only
+  // those (and the decode tiles) have modifier and padded kernels (sm80/launch_template.h
+  // launch_score_mod, run_fwd_padded_impl), and an unbounded window there masks only the keys
+  // past kv_len.
+  k.masked = !decode && (pr.score_mod.any() || k.padded || clamp_window(pr.mask.left, bound) >= 0 ||
                          clamp_window(pr.mask.right, bound) >= 0);
   k.paged = pr.paged;
   // Splits follow the group's own shape: its sequences and their longest lengths.
@@ -41,8 +79,8 @@ KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decod
   group.max_kv_len = max_kv_len;
   if (group.num_splits == 0 && !may_split) group.num_splits = 1;
   k.splits = choose_splits(group, dev, decode);
-  const int head_dim = static_cast<int>(pr.head_dim);
-  const sm80::Tiles t = decode ? sm80::decode_tiles(head_dim) : sm80::fwd_tiles(head_dim, k.masked);
+  const sm80::Tiles t =
+      decode ? sm80::decode_tiles(k.head_dim) : sm80::fwd_tiles(k.head_dim, k.masked);
   k.block_m = t.block_m;
   k.block_n = t.block_n;
   return k;
@@ -51,7 +89,10 @@ KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decod
 std::string sm90_lacks(const Problem& pr, const PlanContext& ctx) {
   if (!ctx.sm90_unavailable.empty()) return ctx.sm90_unavailable;
   if (pr.head_dim != 64 && pr.head_dim != 128 && pr.head_dim != 256)
-    return str_cat("head_dim ", pr.head_dim, " (64, 128 and 256 only)");
+    return str_cat("head_dim ", pr.head_dim, " (64, 128 and 256 only; sm80 runs the others)");
+  if (pr.head_dim_v != pr.head_dim)
+    return str_cat("head_dim_v ", pr.head_dim_v, " differs from head_dim ", pr.head_dim,
+                   " (sm80 runs unequal head dims)");
   if (pr.paged && pr.page_size % 8 != 0)
     return str_cat("page size ", pr.page_size, " (paged K/V needs a multiple of 8)");
   if (pr.num_splits > 1) return "split-KV is not supported yet";
@@ -87,6 +128,9 @@ Fp8Lack sm90_fp8_lacks(const Problem& pr, const PlanContext& ctx) {
   if (!ctx.sm90_unavailable.empty()) return {"q", "needs the sm90 kernel: " + ctx.sm90_unavailable};
   if (!sm90::fp8_head_dim(static_cast<int>(pr.head_dim)))
     return {"q", str_cat("head_dim ", pr.head_dim, " (64, 128 and 256 only)")};
+  if (pr.head_dim_v != pr.head_dim)
+    return {"v", str_cat("head_dim_v ", pr.head_dim_v, " differs from head_dim ", pr.head_dim,
+                         " (equal head dims only)")};
   if (pr.paged) return {"block_table", "paged K/V is not supported yet"};
   if (pr.num_splits > 1) return {"num_splits", "split-KV is not supported yet"};
   if (pr.score_mod.capped()) return {"softcap", "logit soft-capping is not supported"};
@@ -140,9 +184,9 @@ size_t aligned(size_t bytes) {
 // partials, then (fp8) V^T.
 void place_workspace(Plan& plan, LaunchPlan& l, const Problem& pr) {
   l.workspace_offset = plan.workspace_bytes;
-  plan.workspace_bytes +=
-      aligned(l.kernel.tile_counter ? sizeof(int32_t)
-                                    : partial_bytes(l.kernel.splits, l.rows, pr.h_q, pr.head_dim));
+  plan.workspace_bytes += aligned(
+      l.kernel.tile_counter ? sizeof(int32_t)
+                            : partial_bytes(l.kernel.splits, l.rows, pr.h_q, l.kernel.head_dim));
   l.vt_offset = plan.workspace_bytes;
   if (l.kernel.fp8) plan.workspace_bytes += aligned(fp8_vt_bytes(pr));
 }
@@ -194,6 +238,7 @@ KernelChoice sm90_kernel(const Problem& pr, const PlanContext& ctx, int64_t max_
   k.masked = sm90_masked(pr);
   k.paged = pr.paged;
   k.tile_counter = k.masked && ctx.workspace_available;
+  k.head_dim = static_cast<int>(pr.head_dim);
   const sm90::TileShape tile =
       sm90::tile_shape(static_cast<int>(pr.head_dim), k.masked, max_kv_len);
   k.block_m = tile.block_m;
@@ -319,6 +364,7 @@ Plan fp8_plan(const Problem& pr, const PlanContext& ctx) {
   LaunchPlan l;
   l.kernel.family = KernelFamily::kSm90;
   l.kernel.fp8 = true;
+  l.kernel.head_dim = static_cast<int>(pr.head_dim);
   l.kernel.masked = sm90_masked(pr);
   l.kernel.tile_counter = l.kernel.masked && ctx.workspace_available;
   const sm90::TileShape tile = sm90::fp8_tile_shape(static_cast<int>(pr.head_dim), ctx.fp8_block_n);
@@ -341,6 +387,13 @@ Plan fp8_plan(const Problem& pr, const PlanContext& ctx) {
 Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& lens) {
   if (pr.batch == 0 || pr.max_q_len == 0 || ctx.q_rows == 0) return Plan{};
   if (pr.dtype == DType::kFloat8E4M3) return fp8_plan(pr, ctx);
+  // Padded head dims have no modifier kernels (each would be another 16 instantiations per head
+  // dim): refused by the modifier's name, whichever family was asked for.
+  if (padded(pr))
+    refuse_score_mods(pr.score_mod,
+                      str_cat("the CUDA kernels with head dims ", pr.head_dim, "/", pr.head_dim_v,
+                              " (64, 128 and 256 with equal q and v head dims have it)")
+                          .c_str());
   if (ctx.family == FamilyRequest::kSm90) {
     // The modifiers are refused by their own names: the argument to drop, or to run on sm80.
     refuse_score_mods(pr.score_mod,
@@ -380,9 +433,9 @@ std::string replay_key(const Plan& plan) {
            : sm90 ? (sm90::short_keys(l.max_kv_len) ? "sm90 short" : "sm90")
                   : "sm80")
        << (k.decode ? " decode" : "") << (k.masked ? " masked" : "") << (k.paged ? " paged" : "")
-       << (k.tile_counter ? " counter" : "") << " " << k.block_m << "x" << k.block_n << " splits "
-       << k.splits << " group " << static_cast<int>(l.group) << " seqs " << l.seq_begin << "-"
-       << l.seq_end;
+       << (k.tile_counter ? " counter" : "") << (k.padded ? str_cat(" padded d", k.head_dim) : "")
+       << " " << k.block_m << "x" << k.block_n << " splits " << k.splits << " group "
+       << static_cast<int>(l.group) << " seqs " << l.seq_begin << "-" << l.seq_end;
   }
   return os.str();
 }
@@ -397,7 +450,9 @@ std::string Plan::summary() const {
            : l.kernel.family == KernelFamily::kSm90 ? "sm90 "
                                                     : "")
        << (l.kernel.decode ? "decode" : "prefill") << (l.kernel.masked ? " masked" : "")
-       << (l.kernel.paged ? " paged" : "") << " seqs [" << l.seq_begin << "," << l.seq_end << ")"
+       << (l.kernel.paged ? " paged" : "")
+       << (l.kernel.padded ? str_cat(" padded d", l.kernel.head_dim) : "") << " seqs ["
+       << l.seq_begin << "," << l.seq_end << ")"
        << (l.group == SeqGroup::kAll       ? ""
            : l.group == SeqGroup::kDecodes ? " decodes only"
                                            : " prefills only")

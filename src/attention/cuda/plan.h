@@ -49,6 +49,12 @@ struct KernelChoice {
   // The tile the launch runs: query rows and keys per block, read from the family's tile
   // configuration (sm80/tile_config.h, sm90/tile_config.h), which the launch instantiates.
   int block_m = 0, block_n = 0;
+  // The head dim the kernel is compiled for (64, 128, 256): the call's, or for sm80 the smallest
+  // at or above both of the call's head dims (sm80/tile_config.h kernel_head_dim); then `padded`:
+  // the padded instantiation, which reads q, k and v only up to the call's head dims and stores
+  // out only up to head_dim_v. Split-KV partials hold `head_dim` columns per row.
+  int head_dim = 0;
+  bool padded = false;
 };
 
 // One launch: the kernel, its sequences [seq_begin, seq_end) (of which it takes `group`), the
@@ -143,6 +149,25 @@ size_t fp8_vt_bytes(const Problem& pr);
 // row + offset + window arithmetic inside int32.
 int32_t clamp_window(int64_t side, int64_t bound);
 
+// The head dims the CUDA forward runs: q/k's and v's each a multiple of 8 from 32 to 256, equal or
+// not (FlashAttention-2 takes multiples of 8 up to 256 with equal dims; DeepSeek's 192/128 differ).
+// 64, 128 and 256 with equal dims run on their own kernels (sm80 or sm90); the others on the sm80
+// kernel of the next compiled head dim, padded (KernelChoice::padded). Throws kUnsupported naming
+// q (or v) otherwise.
+void check_cuda_head_dims(const Problem& pr);
+
+// Whether calls at the padded head dims (every pair but 64, 128 and 256 with equal dims) run by
+// default: off until the padded kernels' first device run has passed (a wrong kernel would be a
+// silent wrong answer where the call used to be refused); FLASHSERVE_PADDED_HEAD_DIMS=1 turns them
+// on.
+inline constexpr bool kPaddedHeadDimsByDefault = false;
+
+// For a call at padded head dims: `value` (FLASHSERVE_PADDED_HEAD_DIMS) unset or empty,
+// kPaddedHeadDimsByDefault; "1" runs; "0" or the default off throws kUnsupported naming q, saying
+// how to turn them on; anything else throws kInvalidArgument naming the variable. Any other call:
+// nothing (the variable is not read).
+void refuse_padded_if_off(const Problem& pr, const char* value);
+
 // The sm80 kernel for a group of sequences with these longest lengths (readable on purpose:
 // every rule of the choice is here).
 KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decode,
@@ -150,14 +175,17 @@ KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decod
                            bool may_split);
 
 // What the sm90 kernel cannot run of this call, or "" if it can: ctx.sm90_unavailable, else the
-// problem's shape (head dims 64, 128 and 256; pages of a multiple of 8 keys; no split-KV yet; no
-// score modifiers: calls with softcap or alibi_slopes run on sm80).
+// problem's shape (head dims 64, 128 and 256, v's equal to q's: other head dims run padded on
+// sm80; pages of a multiple of 8 keys; no split-KV yet; no score modifiers: calls with softcap or
+// alibi_slopes run on sm80).
 std::string sm90_lacks(const Problem& pr, const PlanContext& ctx);
 
 // The plan of one call: the family (FLASHSERVE_KERNEL's request, else the sm90 kernel where it
 // measured faster than the sm80 plan), then the launches. `lens` may be unknown (see
 // HostLengths). A forced family that cannot run the call throws kUnsupported naming
-// FLASHSERVE_KERNEL, or the modifier (softcap, alibi_slopes) that forced sm90 lacks.
+// FLASHSERVE_KERNEL, or the modifier (softcap, alibi_slopes) that forced sm90 lacks. Padded head
+// dims (check_cuda_head_dims) run on sm80 only, and without score modifiers: those are refused
+// by the modifier's name.
 Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& lens);
 
 // A plan for a CUDA graph that later steps replay (AttentionLengths::for_replay): each launch keeps

@@ -2,6 +2,8 @@
 // eight for many.
 #include <cuda_runtime.h>
 
+#include <string>
+
 #include "attention/cuda_check.h"
 #include "combine.h"
 #include "flashserve/error.h"
@@ -11,42 +13,56 @@
 namespace flashserve::attention::sm80 {
 namespace {
 
+// head_dim_v: 0 for every column of kHeadDim, else the padded kernel's value head dim.
 template <class Elem, int kHeadDim, int kWarpsPerItem>
-void launch(const FwdParams& params, cudaStream_t stream) {
+void launch(const FwdParams& params, int head_dim_v, cudaStream_t stream) {
   constexpr int kItemsPerBlock = kCombineThreads / 32 / kWarpsPerItem;
   const int64_t items = params.q_rows * params.h_q;
   const int64_t blocks = (items + kItemsPerBlock - 1) / kItemsPerBlock;
   if (blocks == 0) return;
-  combine_kernel<Elem, kHeadDim, kWarpsPerItem><<<blocks, kCombineThreads, 0, stream>>>(params);
+  if (head_dim_v == 0) {
+    combine_kernel<Elem, kHeadDim, kWarpsPerItem><<<blocks, kCombineThreads, 0, stream>>>(params);
+    return;
+  }
+  FwdPaddedParams padded{params};
+  padded.head_dim_v = head_dim_v;
+  combine_kernel_padded<Elem, kHeadDim, kWarpsPerItem>
+      <<<blocks, kCombineThreads, 0, stream>>>(padded);
 }
 
 template <class Elem, int kHeadDim>
-void launch_for_splits(const FwdParams& params, cudaStream_t stream) {
+void launch_for_splits(const FwdParams& params, int head_dim_v, cudaStream_t stream) {
   // About eight splits per warp, at most eight warps.
-  if (params.num_splits > 32) return launch<Elem, kHeadDim, 8>(params, stream);
-  if (params.num_splits > 8) return launch<Elem, kHeadDim, 4>(params, stream);
-  return launch<Elem, kHeadDim, 1>(params, stream);
+  if (params.num_splits > 32) return launch<Elem, kHeadDim, 8>(params, head_dim_v, stream);
+  if (params.num_splits > 8) return launch<Elem, kHeadDim, 4>(params, head_dim_v, stream);
+  return launch<Elem, kHeadDim, 1>(params, head_dim_v, stream);
 }
 
 template <class Elem>
-void launch_for_dim(const FwdParams& params, int head_dim, cudaStream_t stream) {
+void launch_for_dim(const FwdParams& params, int head_dim, int head_dim_v, cudaStream_t stream) {
   switch (head_dim) {
     case 64:
-      return launch_for_splits<Elem, 64>(params, stream);
+      return launch_for_splits<Elem, 64>(params, head_dim_v, stream);
     case 128:
-      return launch_for_splits<Elem, 128>(params, stream);
+      return launch_for_splits<Elem, 128>(params, head_dim_v, stream);
     default:
-      return launch_for_splits<Elem, 256>(params, stream);
+      return launch_for_splits<Elem, 256>(params, head_dim_v, stream);
   }
 }
 
 }  // namespace
 
-void run_combine(const FwdParams& params, DType dtype, int head_dim, cudaStream_t stream) {
+void run_combine(const FwdParams& params, DType dtype, int head_dim, cudaStream_t stream,
+                 int head_dim_v) {
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256)
+    throw Error(ErrorKind::kInternal, "q",
+                "split-KV combine for head dim " + std::to_string(head_dim));
+  // Every column of the kernel's head dim is the call's: the combine without a column bound.
+  if (head_dim_v >= head_dim) head_dim_v = 0;
   if (dtype == DType::kBFloat16)
-    launch_for_dim<__nv_bfloat16>(params, head_dim, stream);
+    launch_for_dim<__nv_bfloat16>(params, head_dim, head_dim_v, stream);
   else
-    launch_for_dim<__half>(params, head_dim, stream);
+    launch_for_dim<__half>(params, head_dim, head_dim_v, stream);
   check_cuda(cudaGetLastError(), "split-KV combine kernel launch");
 }
 

@@ -16,12 +16,14 @@ namespace flashserve::attention::sm80 {
 // fragment row r (g or g + 8). stage: eight rows of shared staging, kHeadDim wide; out: global
 // address of the slice's first row at its first column; chunk0: that column / 8; rows_valid: how
 // many of the slice's rows exist (the rest are padding past q_len); lse_out: the slice's first
-// row's LSE, or null when this warp does not write it.
-template <int kHeadDim, int kDTiles, class Elem>
+// row's LSE, or null when this warp does not write it; chunks: the column chunks of the head dim
+// that are real (smem_tile.h; padded kernels store none past the value head dim).
+template <int kHeadDim, int kDTiles, class Elem, class Chunks = AllChunks>
 __device__ __forceinline__ void store_slice(const float (&o)[kDTiles][4], const float (&lse)[2],
                                             Elem* stage, Elem* out, int chunk0,
                                             int64_t out_row_stride, float* lse_out,
-                                            int64_t lse_row_stride, int rows_valid, int lane) {
+                                            int64_t lse_row_stride, int rows_valid, int lane,
+                                            Chunks chunks = {}) {
   const int g = lane >> 2, t = lane & 3;
   static_assert(8 * kDTiles % 32 == 0);
 #pragma unroll
@@ -40,7 +42,9 @@ __device__ __forceinline__ void store_slice(const float (&o)[kDTiles][4], const 
     for (int i = 0; i < 8 * kDTiles / 32; ++i) {
       const int id = lane + i * 32;
       const int row = id / kDTiles, chunk = id % kDTiles;
-      if (row0 + row < rows_valid) {
+      bool store = row0 + row < rows_valid;
+      if constexpr (!Chunks::kAll) store = store && chunks.has(chunk0 + chunk);
+      if (store) {
         const uint4 v =
             *reinterpret_cast<const uint4*>(stage + swizzled<kHeadDim>(row, chunk0 + chunk));
         *reinterpret_cast<uint4*>(out + (row0 + row) * out_row_stride + chunk * 8) = v;

@@ -100,7 +100,7 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
       __syncthreads();     // ... for every thread; and every warp is done with V(n + 1)
       t.template load_v<kThreads>(p, n, sm.v_slot(0), sm.v_pages, tid);
       cp_async_commit();
-      gemm_qk<D, kMT, kNT, Cfg::kPipelineFrags>(s, sq_warp, sm.k_slot(0), lane);
+      gemm_qk<D, kMT, kNT, Cfg::kPipelineFrags>(s, sq_warp, sm.k_slot(0), lane, t.qk_steps());
     } else {
       cp_async_wait<kS - 2>();
       __syncthreads();
@@ -111,7 +111,7 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
         t.template load_v<kThreads>(p, ahead, sm.v_slot(slot), sm.v_pages, tid);
       }
       cp_async_commit();
-      gemm_qk<D, kMT, kNT, Cfg::kPipelineFrags>(s, sq_warp, sm.k_slot(buf), lane);
+      gemm_qk<D, kMT, kNT, Cfg::kPipelineFrags>(s, sq_warp, sm.k_slot(buf), lane, t.qk_steps());
     }
     // Modifiers before the mask, on every block (the fast path's too): a masked score stays -inf
     // whatever the modifier would make of it.
@@ -138,6 +138,7 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
       cp_async_commit();
     };
     if constexpr (Cfg::kPvPairs) {
+      static_assert(!Cfg::kPadded, "PV pairs split the head dim: no padded bound here");
       // The warp's own slice: probabilities, packed, and offered to the partner together with
       // the step's corrections before the barrier; after it, the partner's are there.
       float correction[1][2];
@@ -177,7 +178,8 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi) pack_p<Elem>(s[mi], ks, a[mi]);
       };
-      gemm_pv<D, kMT, kPvSteps, kODT, Cfg::kPipelineFrags>(ws.o, a_frags, sm.v_slot(buf), lane);
+      gemm_pv<D, kMT, kPvSteps, kODT, Cfg::kPipelineFrags>(ws.o, a_frags, sm.v_slot(buf), lane,
+                                                           t.v_pairs());
     }
     buf = buf == kS - 1 ? 0 : buf + 1;
   };
@@ -207,7 +209,7 @@ __device__ __forceinline__ void write_slice(const FwdParams& p, const Tile& t,
   } else {
     store_slice<D, Cfg::kODTiles>(o, lse, stage, t.out_row(p, row) + col0, col0 / 8, t.out_step(p),
                                   write_lse ? t.lse_row(p, row) : nullptr, t.lse_step(p),
-                                  rows_valid, lane);
+                                  rows_valid, lane, t.v_chunks());
   }
 }
 
@@ -273,7 +275,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const ModParams& mo
     // Prologue: Q, then K of the first block (kS == 1: FlashAttention-2's schedule, V loads
     // during QK^T) or the first kS - 1 blocks, one commit group each.
     load_tile_async<Cfg::kBlockM, Cfg::kHeadDim, kThreads>(sm.q, t.q_row(p, 0), t.q_step(p),
-                                                           t.seq.q_len - t.m0, tid);
+                                                           t.seq.q_len - t.m0, tid, t.qk_chunks());
     if constexpr (kS == 1) {
       t.template load_k<kThreads>(p, t.blocks.n_max - 1, sm.k_slot(0), sm.k_pages, tid);
       cp_async_commit();
@@ -307,6 +309,18 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const ModParams& mo
 template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     fwd_kernel(const __grid_constant__ FwdParams p) {
+  fwd_body<Cfg, Elem, kHasMask, kPaged, kSplit>(p, NoScoreMod{});
+}
+
+// Head dims below Cfg::kHeadDim (Cfg a PaddedConfig; FwdPaddedParams holds the call's): q, k and
+// v are read only up to their head dims (the rest of each tile zero-filled, so the padded columns
+// add 0 to every score and give 0 in O) and out is stored only up to head_dim_v. Split-KV
+// partials keep the kernel's head dim (their padded columns 0). A kernel of its own, as the
+// modifier kernels below, for the same reason.
+template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
+    fwd_kernel_padded(const __grid_constant__ FwdPaddedParams p) {
+  static_assert(Cfg::kPadded);
   fwd_body<Cfg, Elem, kHasMask, kPaged, kSplit>(p, NoScoreMod{});
 }
 

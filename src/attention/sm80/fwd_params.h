@@ -79,6 +79,14 @@ struct FwdParams {
   GridOrder order;
 };
 
+// The padded kernels' parameters (fwd_kernel_padded, tile_config.h PaddedConfig): the call's real
+// head dims, each a multiple of 8 no larger than the kernel's. A struct of its own (not fields of
+// FwdParams) so that the kernels of the compiled head dims keep their parameters and code.
+struct FwdPaddedParams : FwdParams {
+  int32_t head_dim;    // of q and k
+  int32_t head_dim_v;  // of v and out
+};
+
 // One sequence's lengths and where it starts (kernel/seqlen.h). Offsets are computed where they
 // are used (not held across the key loop: every register counts there).
 struct SeqInfo : kernel::SeqLens {

@@ -17,8 +17,33 @@
 
 namespace flashserve::attention::sm80 {
 
+// The real column chunks of a row of q and k (qk_chunks) and of v and out (v_chunks), smem_tile.h:
+// all of the kernel's head dim, or (padded kernels, kPadded) the call's head dims, read from the
+// FwdPaddedParams that the kernel's FwdParams then is.
+template <bool kPadded>
+struct TileChunks {
+  __device__ __forceinline__ explicit TileChunks(const FwdParams&) {}
+  __device__ __forceinline__ AllChunks qk_chunks() const { return {}; }
+  __device__ __forceinline__ AllChunks v_chunks() const { return {}; }
+  __device__ __forceinline__ AllChunks qk_steps() const { return {}; }
+  __device__ __forceinline__ AllChunks v_pairs() const { return {}; }
+};
+template <>
+struct TileChunks<true> {
+  ChunkBound qk, v;
+  __device__ __forceinline__ explicit TileChunks(const FwdParams& p)
+      : qk{static_cast<const FwdPaddedParams&>(p).head_dim / 8},
+        v{static_cast<const FwdPaddedParams&>(p).head_dim_v / 8} {}
+  __device__ __forceinline__ ChunkBound qk_chunks() const { return qk; }
+  __device__ __forceinline__ ChunkBound v_chunks() const { return v; }
+  // The GEMMs' live parts (warp_gemm.h): k16 steps of QK^T and pairs of n8 d-tiles of PV (16
+  // columns each) that hold a real column.
+  __device__ __forceinline__ ChunkBound qk_steps() const { return {(qk.n + 1) / 2}; }
+  __device__ __forceinline__ ChunkBound v_pairs() const { return {(v.n + 1) / 2}; }
+};
+
 template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit>
-struct FwdTile {
+struct FwdTile : TileChunks<Cfg::kPadded> {
   static constexpr int D = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
   static constexpr bool kPack = Cfg::kPackGqa;
   static constexpr bool kMasked = kHasMask;        // for users of the tile type
@@ -34,7 +59,8 @@ struct FwdTile {
   KeyBlocks<kBM, kBN, kHasMask || kPack> blocks;
 
   __device__ __forceinline__ FwdTile(const FwdParams& p, int m_block, int head_, int z)
-      : head(head_),
+      : TileChunks<Cfg::kPadded>(p),
+        head(head_),
         split(kSplit ? z % p.num_splits : 0),
         m0(m_block * kBM),
         seq(p, p.seq_begin + (kSplit ? z / p.num_splits : z)),
@@ -89,35 +115,37 @@ struct FwdTile {
     return kPack ? 1 : p.h_q;
   }
 
-  // Key/value block n into shared tile `dst` ([kBN, D]); rows past kv_len are zero-filled.
-  // Paged: `entries` holds this stream's read-ahead block-table entries (smem_tile.h); the loop's
-  // first block reads the table itself, and every block but the last fetches the next one's.
-  template <int kThreads>
+  // Key/value block n into shared tile `dst` ([kBN, D]); rows past kv_len and chunks `chunks`
+  // does not have are zero-filled. Paged: `entries` holds this stream's read-ahead block-table
+  // entries (smem_tile.h); the loop's first block reads the table itself, and every block but
+  // the last fetches the next one's.
+  template <int kThreads, class Chunks>
   __device__ __forceinline__ void load_kv(const FwdParams& p, const void* base, int64_t head_stride,
                                           int64_t row_stride, int64_t page_stride, int64_t seq_off,
-                                          int n, Elem* dst, int32_t* entries, int tid) const {
+                                          int n, Elem* dst, int32_t* entries, int tid,
+                                          Chunks chunks) const {
     const Elem* src = static_cast<const Elem*>(base) + seq_off + kv_head(p) * head_stride;
     if constexpr (kPaged) {
       load_tile_paged_async<kBN, D, kThreads>(
           dst, src, p.block_table + seq.b * p.block_table_stride, p.page, page_stride, row_stride,
           n * kBN, seq.kv_len - n * kBN, entries, n, n < blocks.n_max - 1, n - 1 >= blocks.n_min,
-          tid);
+          tid, chunks);
     } else {
       load_tile_async<kBN, D, kThreads>(dst, src + n * kBN * row_stride, row_stride,
-                                        seq.kv_len - n * kBN, tid);
+                                        seq.kv_len - n * kBN, tid, chunks);
     }
   }
   template <int kThreads>
   __device__ __forceinline__ void load_k(const FwdParams& p, int n, Elem* dst, int32_t* entries,
                                          int tid) const {
     load_kv<kThreads>(p, p.k, p.k_head_stride, p.k_row_stride, p.k_page_stride, seq.k_off(p), n,
-                      dst, entries, tid);
+                      dst, entries, tid, this->qk_chunks());
   }
   template <int kThreads>
   __device__ __forceinline__ void load_v(const FwdParams& p, int n, Elem* dst, int32_t* entries,
                                          int tid) const {
     load_kv<kThreads>(p, p.v, p.v_head_stride, p.v_row_stride, p.v_page_stride, seq.v_off(p), n,
-                      dst, entries, tid);
+                      dst, entries, tid, this->v_chunks());
   }
 
  private:

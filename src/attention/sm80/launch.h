@@ -26,18 +26,30 @@ struct FwdLaunch {
   // tiles only; score_mod's units are those of params.scale (fwd_params_of.h score_mod_params).
   bool has_score_mod = false;
   ScoreModParams score_mod{};
+  // Padded kernels (run_fwd_padded): the call's head dims, multiples of 8 up to the kernel's.
+  int head_dim = 0, head_dim_v = 0;
   // Masked grids: attention/kernel/tile_order.h (off only to measure it).
   bool heaviest_first = true;
   cudaStream_t stream;
 };
 
-// Merges the num_splits partial results of params (fp32 O and LSE per split) into out and lse, for
-// the rows of params' sequences seq_begin .. seq_end - 1 that it takes.
-void run_combine(const FwdParams& params, DType dtype, int head_dim, cudaStream_t stream);
+// Merges the num_splits partial results of params (fp32 O and LSE per split, `head_dim` columns
+// each: the kernel's) into out and lse, for the rows of params' sequences seq_begin .. seq_end - 1
+// that it takes. head_dim_v < head_dim (a padded kernel's partials): out's columns from
+// head_dim_v on are neither read nor written.
+void run_combine(const FwdParams& params, DType dtype, int head_dim, cudaStream_t stream,
+                 int head_dim_v = 0);
 
 // Throws flashserve::Error (kUnsupported when the device's shared memory is too small, kCuda when
 // the launch fails).
 template <int kHeadDim>
 void run_fwd(const FwdParams& params, const FwdLaunch& launch);
+
+// The padded kernels of kHeadDim (fwd_kernel_padded) for a call whose head dims launch.head_dim
+// and launch.head_dim_v are not both kHeadDim: decode tiles, or masked prefill tiles whatever the
+// mask (as the modifier kernels; no modifiers). In their own translation units
+// (fwd_hdim*_padded.cu).
+template <int kHeadDim>
+void run_fwd_padded(const FwdParams& params, const FwdLaunch& launch);
 
 }  // namespace flashserve::attention::sm80

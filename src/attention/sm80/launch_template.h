@@ -18,11 +18,18 @@
 namespace flashserve::attention::sm80 {
 
 // kMod: the score-modifier kernel (fwd_kernel_score_mod), which reads launch.score_mod.
+// A PaddedConfig (Cfg::kPadded): the padded kernel (fwd_kernel_padded), which reads the call's
+// head dims from launch.
 template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kMod>
 void launch_config(const FwdParams& params, const FwdLaunch& launch) {
-  using Params = std::conditional_t<kMod, FwdModParams, FwdParams>;
+  static_assert(!(kMod && Cfg::kPadded), "no modifier kernels for padded head dims");
+  using Params = std::conditional_t<kMod, FwdModParams,
+                                    std::conditional_t<Cfg::kPadded, FwdPaddedParams, FwdParams>>;
   void (*kernel)(Params);
-  if constexpr (kMod)
+  if constexpr (Cfg::kPadded)
+    kernel = params.num_splits > 1 ? &fwd_kernel_padded<Cfg, Elem, kHasMask, kPaged, true>
+                                   : &fwd_kernel_padded<Cfg, Elem, kHasMask, kPaged, false>;
+  else if constexpr (kMod)
     kernel = params.num_splits > 1 ? &fwd_kernel_score_mod<Cfg, Elem, kHasMask, kPaged, true>
                                    : &fwd_kernel_score_mod<Cfg, Elem, kHasMask, kPaged, false>;
   else
@@ -40,6 +47,10 @@ void launch_config(const FwdParams& params, const FwdLaunch& launch) {
   dim3 grid(m_blocks, heads, z);
   Params p{params};
   if constexpr (kMod) p.mod = launch.score_mod;
+  if constexpr (Cfg::kPadded) {
+    p.head_dim = launch.head_dim;
+    p.head_dim_v = launch.head_dim_v;
+  }
   p.order = GridOrder{};
   if (kHasMask && launch.heaviest_first) {
     const int64_t per_sm =
@@ -94,6 +105,37 @@ void launch_score_mod(const FwdParams& params, const FwdLaunch& launch) {
     throw Error(ErrorKind::kInternal, "softcap",
                 "score modifiers reached the sm80 forward on unmasked prefill tiles");
   launch_mask<kHeadDim, true, kPaged, true>(params, launch);
+}
+
+// Padded head dims (launch.h run_fwd_padded): instantiated for the decode tiles and the masked
+// prefill tiles only, as the modifier kernels (each instantiation costs compile time); the plan
+// runs an unmasked call on the masked tiles, where an unbounded window masks only the keys past
+// kv_len. The masked tiles need no small-shared-memory variant (fwd_tiles_small_smem differs
+// only where PV pairs are on, which masked tiles are not).
+template <int kHeadDim>
+void run_fwd_padded_impl(const FwdParams& params, const FwdLaunch& launch) {
+  if (launch.has_score_mod)
+    throw Error(ErrorKind::kInternal, "softcap",
+                "score modifiers reached the sm80 forward with padded head dims");
+  if (launch.head_dim <= 0 || launch.head_dim > kHeadDim || launch.head_dim % 8 != 0 ||
+      launch.head_dim_v <= 0 || launch.head_dim_v > kHeadDim || launch.head_dim_v % 8 != 0)
+    throw Error(ErrorKind::kInternal, "q",
+                "head dims " + std::to_string(launch.head_dim) + "/" +
+                    std::to_string(launch.head_dim_v) + " reached the padded d" +
+                    std::to_string(kHeadDim) + " kernels");
+  if (launch.decode) {
+    using Decode = PaddedConfig<FwdConfig<kHeadDim, decode_tiles(kHeadDim)>>;
+    if (launch.paged) return launch_checked<Decode, false, true>(params, launch);
+    return launch_checked<Decode, false, false>(params, launch);
+  }
+  if (!launch.has_mask)
+    throw Error(ErrorKind::kInternal, "q",
+                "padded head dims reached the sm80 forward on unmasked prefill tiles");
+  using Masked = PaddedConfig<FwdConfig<kHeadDim, fwd_tiles(kHeadDim, true)>>;
+  static_assert(fwd_tiles_small_smem(kHeadDim, true).pv_pairs ==
+                fwd_tiles(kHeadDim, true).pv_pairs);
+  if (launch.paged) return launch_checked<Masked, true, true>(params, launch);
+  return launch_checked<Masked, true, false>(params, launch);
 }
 
 template <int kHeadDim>

@@ -15,12 +15,29 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
   return row * kHeadDim + ((chunk ^ (row & 7)) << 3);  // in elements
 }
 
+// Which 16-byte chunks (8 columns) of a row hold real columns. AllChunks: every chunk of the
+// kernel's head dim, a compile-time fact (the kernels of the compiled head dims, whose code does
+// not change for it). ChunkBound: the first n, a run-time count (padded kernels, fwd_kernel.h:
+// a head dim that is a multiple of 8 below the kernel's; the chunks past it are zero-filled on
+// load and never stored, so their global memory is never touched).
+// Users test kAll with `if constexpr` rather than calling has() on AllChunks: even a constant
+// `&& true` changed the machine code of the unpadded kernels (block order; kernel-identity.py).
+struct AllChunks {
+  static constexpr bool kAll = true;
+  __device__ __forceinline__ bool has(int) const { return true; }
+};
+struct ChunkBound {
+  static constexpr bool kAll = false;
+  int n;
+  __device__ __forceinline__ bool has(int chunk) const { return chunk < n; }
+};
+
 // Global [rows, kHeadDim] (rows `row_stride` elements apart) -> shared, by cp.async in 16-byte
-// chunks spread over the block's threads. Rows at or past `valid_rows` are zero-filled and their
-// global memory is never touched.
-template <int kRows, int kHeadDim, int kThreads, class Elem>
+// chunks spread over the block's threads. Rows at or past `valid_rows`, and chunks `chunks` does
+// not have, are zero-filled and their global memory is never touched.
+template <int kRows, int kHeadDim, int kThreads, class Elem, class Chunks = AllChunks>
 __device__ __forceinline__ void load_tile_async(Elem* smem, const Elem* gmem, int64_t row_stride,
-                                                int valid_rows, int tid) {
+                                                int valid_rows, int tid, Chunks chunks = {}) {
   constexpr int kChunksPerRow = kHeadDim / 8;
   // Each thread copies one fixed chunk column of rows row0, row0 + kRowStep, ...: one 64-bit
   // pointer bump per row and, since kRowStep is a multiple of 8, one swizzle for all of them
@@ -34,7 +51,8 @@ __device__ __forceinline__ void load_tile_async(Elem* smem, const Elem* gmem, in
 #pragma unroll
   for (int i = 0; i < kRows / kRowStep; ++i) {
     const int row = row0 + i * kRowStep;
-    const bool ok = row < valid_rows;
+    bool ok = row < valid_rows;
+    if constexpr (!Chunks::kAll) ok = ok && chunks.has(chunk);
     // With kRowStep % 8 == 0 the swizzle is the same for every i and this folds to a constant
     // offset from the first address.
     cp_async_16(base + 2 * swizzled<kHeadDim>(row, chunk), ok ? src : gmem, ok);
@@ -86,7 +104,8 @@ struct PagedTileShape {
 };
 
 // Paged K or V: key `key0 + row` of the sequence lives in page table[(key0 + row) / page_size] at
-// row (key0 + row) % page_size; `head_base` already points at the kv head. Any page size.
+// row (key0 + row) % page_size; `head_base` already points at the kv head. Any page size. Chunks
+// `chunks` does not have are zero-filled, as load_tile_async's.
 //
 // Addresses are resolved once per tile row, by the warp that copies the row: lane l finds the
 // page of the l-th row of the warp's share (one table entry, one division per row), and each
@@ -98,13 +117,13 @@ struct PagedTileShape {
 // Looking the page up in every thread of every row, with a dependent table read and a division
 // before each cp.async, ran paged decode at a fifth of contiguous, and a direct table read per
 // tile still left it 23% behind (docs/kernel-notes.md, runs 23-24).
-template <int kRows, int kHeadDim, int kThreads, class Elem>
+template <int kRows, int kHeadDim, int kThreads, class Elem, class Chunks = AllChunks>
 __device__ __forceinline__ void load_tile_paged_async(Elem* smem, const Elem* head_base,
                                                       const int32_t* table, const PageDiv& div,
                                                       int64_t page_stride, int64_t row_stride,
                                                       int key0, int valid_rows, int32_t* entries,
                                                       int block, bool have_entries, bool fetch_next,
-                                                      int tid) {
+                                                      int tid, Chunks chunks = {}) {
   using S = PagedTileShape<kRows, kHeadDim, kThreads>;
   constexpr int kSlots = S::kSlots, kWarpStep = S::kWarpStep, kWarpRows = S::kWarpRows;
   const int lane = tid & 31, warp = tid >> 5;
@@ -140,7 +159,8 @@ __device__ __forceinline__ void load_tile_paged_async(Elem* smem, const Elem* he
 #pragma unroll
   for (int i = 0; i < S::kIters; ++i) {
     const int row = row0 + i * S::kRowStep;
-    const bool ok = row < valid_rows;
+    bool ok = row < valid_rows;
+    if constexpr (!Chunks::kAll) ok = ok && chunks.has(chunk);
     // Warp row k = i * kWarpStep + sub: owned by lane k % 32, slot k / 32 (a constant, since
     // kWarpStep divides 32 and sub < kWarpStep).
     const int k0 = i * kWarpStep;

@@ -103,6 +103,23 @@ constexpr Tiles decode_tiles(int head_dim) {
   return {16, block_n, 1, 2, false, 8, true};
 }
 
+// The head dims compiled (fwd_hdim*.cu): a call with other head dims (multiples of 8 from 32 to
+// 256, possibly q/k's differing from v's) runs on the smallest of them at or above both, its
+// padded instantiation (PaddedConfig below). FlashAttention-2 compiles 32, 64, 96, 128, 160, 192,
+// 224 and 256; here a further compiled dim is added only where a measurement asks for it
+// (docs/kernel-notes.md, "Issue 24: head dims").
+constexpr bool compiled_head_dim(int d) {
+  return d == 64 || d == 128 || d == 256;
+}
+constexpr int kernel_head_dim(int head_dim, int head_dim_v) {
+  const int d = head_dim > head_dim_v ? head_dim : head_dim_v;
+  return d <= 64 ? 64 : d <= 128 ? 128 : d <= 256 ? 256 : 0;
+}
+// Whether a call runs on a padded instantiation: its head dims are not both the kernel's.
+constexpr bool padded_head_dims(int head_dim, int head_dim_v) {
+  return head_dim != head_dim_v || !compiled_head_dim(head_dim);
+}
+
 // Compile-time view of one configuration: the derived sizes every part of the kernel uses.
 template <int kHeadDim_, Tiles kTiles>
 struct FwdConfig {
@@ -127,11 +144,21 @@ struct FwdConfig {
   static constexpr int kODTiles = kPvPairs ? kDTiles / 2 : kDTiles;
   static constexpr int kPvSteps = kBlockN / 16;  // k16 steps of P . V
   static constexpr int kSmemBytes = fwd_smem_bytes(kHeadDim, kTiles);
+  // Every column of kHeadDim is real (PaddedConfig: the call's head dims are run-time bounds).
+  static constexpr bool kPadded = false;
   static_assert(kHeadDim % 64 == 0, "rows are whole 128-byte swizzle groups");
   static_assert(kBlockM % (16 * kWarps) == 0 && kBlockN % 16 == 0);
   static_assert(kStages >= 1);
   static_assert(!kPvPairs || (kMTiles == 1 && kWarps % 2 == 0 && kStages == 1 && !kPackGqa),
                 "PV pairs: one m16 slice per warp, whole pairs, single K/V buffers");
+};
+
+// A configuration run for head dims below its kHeadDim (fwd_kernel_padded): the same tiles, the
+// columns of q, k and v past the call's head dims zero-filled on load, out's past head_dim_v never
+// stored (FwdPaddedParams). A type of its own, so the kernels of FwdConfig keep their names.
+template <class Cfg>
+struct PaddedConfig : Cfg {
+  static constexpr bool kPadded = true;
 };
 
 }  // namespace flashserve::attention::sm80

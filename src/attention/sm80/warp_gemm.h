@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "ptx.h"
+#include "smem_tile.h"
 
 namespace flashserve::attention::sm80 {
 
@@ -27,16 +28,23 @@ __device__ __forceinline__ void mma_pair(float (&acc)[kMTiles][kN][4], int j,
 
 // acc += A(ks) . B(ks, j) over kKSteps k16 steps and kPairs pairs of n8 tiles, each fragment
 // fetched right before its MMAs (the GEMMs' form without copy-ahead): a_frags(ks, a) sets every
-// slice's A fragment, b_frag(ks, j, b) loads one ldmatrix x4 of B.
-template <class Elem, int kKSteps, int kPairs, int kSlices, int kN, class AFrags, class BFrag>
+// slice's A fragment, b_frag(ks, j, b) loads one ldmatrix x4 of B. Padded head dims (smem_tile.h's
+// ChunkBound, counting k16 steps or pairs here): the steps past `steps` and the pairs past `pairs`
+// hold only zero-filled columns; they are skipped (a warp-uniform branch), not multiplied.
+template <class Elem, int kKSteps, int kPairs, int kSlices, int kN, class AFrags, class BFrag,
+          class Steps = AllChunks, class Pairs = AllChunks>
 __device__ __forceinline__ void mma_steps(float (&acc)[kSlices][kN][4], const AFrags& a_frags,
-                                          const BFrag& b_frag) {
+                                          const BFrag& b_frag, Steps steps = {}, Pairs pairs = {}) {
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks) {
+    if constexpr (!Steps::kAll)
+      if (!steps.has(ks)) break;
     uint32_t a[kSlices][4];
     a_frags(ks, a);
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) {
+      if constexpr (!Pairs::kAll)
+        if (!pairs.has(j)) break;
       uint32_t b[4];
       b_frag(ks, j, b);
       mma_pair<Elem>(acc, j, a, b);
@@ -44,13 +52,15 @@ __device__ __forceinline__ void mma_steps(float (&acc)[kSlices][kN][4], const AF
   }
 }
 
-// acc[mi][nt] = Q[warp rows of slice mi] . K[n-tile nt]^T over the whole head dim.
+// acc[mi][nt] = Q[warp rows of slice mi] . K[n-tile nt]^T over the whole head dim (padded head
+// dims: over its first `steps` k16 steps, the rest being zero-filled columns).
 // sq: the warp's first Q row in shared memory; sk: the K tile. kPipelined: each fragment is loaded
 // one MMA pair ahead of its use (FlashAttention-2's copy-ahead), so that ldmatrix latency overlaps
 // the tensor-core work instead of preceding it; costs a second set of fragment registers.
-template <int kHeadDim, int kMTiles, int kNTiles, bool kPipelined, class Elem>
+template <int kHeadDim, int kMTiles, int kNTiles, bool kPipelined, class Elem,
+          class Steps = AllChunks>
 __device__ __forceinline__ void gemm_qk(float (&acc)[kMTiles][kNTiles][4], const Elem* sq,
-                                        const Elem* sk, int lane) {
+                                        const Elem* sk, int lane, Steps steps = {}) {
   constexpr int kRowBytes = kHeadDim * 2;
   constexpr int kKSteps = kHeadDim / 16, kNPairs = kNTiles / 2;
   const int l7 = lane & 7;
@@ -84,6 +94,9 @@ __device__ __forceinline__ void gemm_qk(float (&acc)[kMTiles][kNTiles][4], const
     load_b(0, 0, b);
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
+      // Padded: the fragments of the first dead step were loaded ahead, unused (zero columns).
+      if constexpr (!Steps::kAll)
+        if (!steps.has(ks)) break;
 #pragma unroll
       for (int np = 0; np < kNPairs; ++np) {
         const bool last_pair = np == kNPairs - 1;
@@ -104,7 +117,7 @@ __device__ __forceinline__ void gemm_qk(float (&acc)[kMTiles][kNTiles][4], const
       }
     }
   } else {
-    mma_steps<Elem, kKSteps, kNPairs>(acc, load_a, load_b);
+    mma_steps<Elem, kKSteps, kNPairs>(acc, load_a, load_b, steps);
   }
 }
 
@@ -122,11 +135,12 @@ __device__ __forceinline__ void pack_p(const float (&p)[kNTiles][4], int ks, uin
 // a[mi] to slice mi's A fragment of step ks (pack_p of the warp's own scores, or a PV partner's
 // from shared memory). sv: the V tile's column of d-tile 0 (a whole number of 64-column swizzle
 // groups into the row, so the swizzle is unchanged); rows are kHeadDim elements apart.
-// kPipelined as in gemm_qk (one V fragment ahead).
+// kPipelined as in gemm_qk (one V fragment ahead). Padded head dims: only the first `pairs` pairs
+// of d-tiles are computed (the rest of V is zero-filled columns, their O stays 0).
 template <int kHeadDim, int kSlices, int kKSteps, int kDTiles, bool kPipelined, class Elem,
-          class AFrags>
+          class AFrags, class Pairs = AllChunks>
 __device__ __forceinline__ void gemm_pv(float (&acc)[kSlices][kDTiles][4], const AFrags& a_frags,
-                                        const Elem* sv, int lane) {
+                                        const Elem* sv, int lane, Pairs pairs = {}) {
   constexpr int kRowBytes = kHeadDim * 2;
   constexpr int kDPairs = kDTiles / 2;
   const int l7 = lane & 7;
@@ -137,7 +151,7 @@ __device__ __forceinline__ void gemm_pv(float (&acc)[kSlices][kDTiles][4], const
   auto load_b = [&](int ks, int dp, uint32_t(&b)[4]) {
     ldmatrix_x4_trans(b, b_base + ks * 16 * kRowBytes + (((2 * dp + b_chunk) ^ l7) << 4));
   };
-  if constexpr (kPipelined) {
+  if constexpr (kPipelined && Pairs::kAll) {
     uint32_t b[4], b_next[4];
     load_b(0, 0, b);
 #pragma unroll
@@ -155,8 +169,28 @@ __device__ __forceinline__ void gemm_pv(float (&acc)[kSlices][kDTiles][4], const
         for (int e = 0; e < 4; ++e) b[e] = b_next[e];
       }
     }
+  } else if constexpr (kPipelined) {
+    // Padded: the step's last live pair loads the next step's first fragment ahead.
+    uint32_t b[4], b_next[4];
+    load_b(0, 0, b);
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      uint32_t a[kSlices][4];
+      a_frags(ks, a);
+#pragma unroll
+      for (int dp = 0; dp < kDPairs; ++dp) {
+        if (!pairs.has(dp)) break;
+        if (dp + 1 < kDPairs && pairs.has(dp + 1))
+          load_b(ks, dp + 1, b_next);
+        else if (ks + 1 < kKSteps)
+          load_b(ks + 1, 0, b_next);
+        mma_pair<Elem>(acc, dp, a, b);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) b[e] = b_next[e];
+      }
+    }
   } else {
-    mma_steps<Elem, kKSteps, kDPairs>(acc, a_frags, load_b);
+    mma_steps<Elem, kKSteps, kDPairs>(acc, a_frags, load_b, AllChunks{}, pairs);
   }
 }
 
