@@ -1,14 +1,14 @@
 // Programmatic dependent launch (Hopper): a kernel launched with it may start while the kernel
 // before it on the stream is still finishing, and waits for that kernel's results only where it
 // reads them. A decode step is ~300 short kernels whose boundaries (the previous kernel's last
-// wave draining, the next one's loads ramping up) cost a few microseconds each; the decode GEMV
-// issues its weight loads, which depend on nothing, before it waits.
+// wave draining, the next one's launch and ramp) cost a few microseconds each; a kernel may load
+// what no kernel writes (the norm's weights) before it waits.
 //
 // The rule that keeps it correct: a kernel launched with `pdl` calls wait_for_producer() in every
-// thread before it reads anything an earlier kernel wrote (and before it exits, so that its own
-// completion implies its producer's: a kernel after it may rely on that). Kernels that are not
-// launched with it need nothing. On devices before sm_90 both calls compile to nothing and the
-// host launches without the attribute.
+// thread before it reads anything an earlier kernel wrote or writes anything an earlier kernel may
+// still read, and before it exits (so that its own completion implies its producer's: a kernel
+// after it may rely on that). Kernels that are not launched with it need nothing. On devices
+// before sm_90 both calls compile to nothing and the host launches without the attribute.
 #pragma once
 
 #include <cuda_runtime.h>
