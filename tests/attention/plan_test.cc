@@ -940,7 +940,6 @@ TEST(PlanFp8, PFragmentAndVtKeyOrderGiveTheSameSumOverTheKeys) {
     }
 }
 
-
 // What the first device run of the fp8 forward could not say (it hung at d128 and d256), checked
 // from the tiles' own constexprs for every fp8 tile: the bytes each stage's barrier expects
 // (arrive_expect_tx) are the bytes of the boxes the producer issues into it (fwd_kernel.h:
@@ -951,7 +950,7 @@ TEST(PlanFp8, PFragmentAndVtKeyOrderGiveTheSameSumOverTheKeys) {
 template <class Cfg>
 void check_fp8_tile_bytes() {
   SCOPED_TRACE(::testing::Message() << "d" << Cfg::kHeadDim << " " << Cfg::kBlockM << "x"
-                                  << Cfg::kBlockN << " V^T box " << Cfg::kVtBoxKeys);
+                                    << Cfg::kBlockN << " V^T box " << Cfg::kVtBoxKeys);
   EXPECT_TRUE(Cfg::kFp8);
   // Q: one box per column chunk of kRowBytes (1-byte elements) x kBlockM rows.
   EXPECT_EQ(Cfg::kChunks * Cfg::kRowBytes, Cfg::kHeadDim);

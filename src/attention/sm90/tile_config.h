@@ -9,7 +9,9 @@ namespace flashserve::attention::sm90 {
 // The registers a CTA of `threads` threads holds with __launch_bounds__(threads, 1): ptxas's cap
 // of 65536 / threads per thread, rounded down to its allocation unit of 8, times the threads.
 // setmaxnreg moves registers within that pool only; an .inc past it waits forever.
-constexpr int cta_registers(int threads) { return 65536 / threads / 8 * 8 * threads; }
+constexpr int cta_registers(int threads) {
+  return 65536 / threads / 8 * 8 * threads;
+}
 // A producer warpgroup at `producer` registers per thread and `consumers` warpgroups at
 // `consumer` fit the pool of a CTA of 1 + consumers warpgroups.
 constexpr bool setmaxnreg_fits(int producer, int consumer, int consumers) {
