@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One call on the H200 for issue 23's sm90 float8_e4m3fn forward (docs/fp8.md, "The sm90 fp8
-# forward"): its GPU tests against float64 (FLASHSERVE_FP8_ATTENTION=1 inside the tests) and of
-# the V^T pre-pass alone (Fp8VtPrepass: tells a wrong V^T from a wrong kernel), the sm90
-# bf16 tests beside them (nothing regressed), compute-sanitizer memcheck and racecheck on the
-# small fp8 case, the SASS of the fp8 kernels (GMMA ... E4M3 count, registers, local memory),
-# then bench_sm90 --fp8 (fp8 beside the bf16 sm90 kernel, FA3 grid: 16k tokens, L 512..16k,
-# d64/128/256, causal and not; d128 again with FLASHSERVE_FP8_BLOCK_N=192). Logs under $OUT.
-# About 4-5 minutes with binaries built elsewhere.
+# forward"), in this order: the V^T pre-pass alone (Fp8VtPrepass: tells a wrong V^T from a wrong
+# kernel), the fp8 GPU tests against float64 one head dim at a time (FLASHSERVE_FP8_ATTENTION=1
+# inside the tests; each filter under its own timeout, so a hang costs one head dim), the sm90
+# bf16 tests beside them (nothing regressed), the SASS of the fp8 kernels (GMMA ... E4M3 count,
+# registers, local memory), bench_sm90 --fp8 (fp8 beside the bf16 sm90 kernel, FA3 grid: 16k
+# tokens, L 512..16k, d64/128/256, causal and not; d128 again with FLASHSERVE_FP8_BLOCK_N=192),
+# and last compute-sanitizer memcheck and racecheck on one small d128 case each. Logs under
+# $OUT. Under 5 minutes (BUDGET=290 s: a step that would pass it is cut short or skipped).
 #
 # The binaries travel compressed; on the build machine:
 #   cmake -S . -B build/fp8 -DCMAKE_BUILD_TYPE=Release -DFLASHSERVE_CUDA_ARCHS=90a
@@ -15,8 +16,9 @@
 #     bash scripts/gpu-quick.sh --pack build/fp8 .xfer/fp8.tar.xz
 # then, on the GPU machine (carry .xfer):
 #   BIN_TAR=.xfer/fp8.tar.xz OUT=$OUT bash scripts/fp8-gpu-check.sh
-# Environment: HEAD_DIMS (64,128,256), SEQLENS (512,...,16384), SKIP="fp8_tests sm90_tests
-# sanitize sass bench" leaves steps out.
+# Environment: HEAD_DIMS (64,128,256), SEQLENS (512,...,16384), BUDGET (290 s), SANITIZE_FILTER
+# (Sm90Fp8Sanitize.SmallCausalGqaD128), SKIP="fp8_tests sm90_tests sanitize sass bench" leaves
+# steps out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -35,18 +37,41 @@ export LD_LIBRARY_PATH=$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 echo "commit ${COMMIT:-unknown}"
 
+# The whole script stays under BUDGET seconds (default 290): each step's timeout is its own
+# limit or what is left, whichever is less, and a step with under 10 s left is skipped (said so).
+BUDGET=${BUDGET:-290}
+left() {  # left LIMIT: the seconds this step may take
+  local rest=$((BUDGET - SECONDS))
+  ((rest < $1)) && echo "$rest" || echo "$1"
+}
+have_time() {
+  (($(left 10) >= 10)) || { echo "SKIPPED: $1 (${SECONDS}s of the ${BUDGET}s budget spent)"; status=1; return 1; }
+}
+
 # Runs test_gpu with gtest filter $2 in $1 shards side by side (the float64 references are
-# CPU-bound), logs as $OUT/$3-shard*.log; waits by pid (a bare `wait` also waits for the log's
-# tee, which never ends).
+# CPU-bound), each shard under `timeout $4` (a hang or fault costs one filter, not the run: gtest
+# has no per-test timeout), logs as $OUT/$3-shard*.log then $OUT/$3.log; waits by pid (a bare
+# `wait` also waits for the log's tee, which never ends). A shard that timed out (124) or died
+# (signal) is named with the test it was running.
 sharded() {
-  local shards=$1 filter=$2 name=$3 pids=() i
+  local shards=$1 filter=$2 name=$3 limit pids=() i rc=0 code
+  have_time "$name" || return 1
+  limit=$(left "$4")
   for ((i = 0; i < shards; ++i)); do
-    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout 240 "$BIN/tests/test_gpu" \
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout -k 5 "$limit" "$BIN/tests/test_gpu" \
       --gtest_filter="$filter" > "$OUT/$name-shard$i.log" 2>&1 &
     pids+=($!)
   done
-  local rc=0
-  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  for ((i = 0; i < shards; ++i)); do
+    wait "${pids[$i]}"
+    code=$?
+    if ((code != 0)); then
+      rc=1
+      if ((code == 124 || code > 128)); then
+        echo "$name shard $i: exit $code ($( ((code == 124)) && echo "timed out after ${limit}s" || echo "signal $((code - 128))")) in: $(grep '^\[ RUN      \]' "$OUT/$name-shard$i.log" | tail -1 | cut -c14-)"
+      fi
+    fi
+  done
   cat "$OUT/$name"-shard*.log > "$OUT/$name.log" && rm -f "$OUT/$name"-shard*.log
   echo "$name: $(grep -c '^\[       OK \]' "$OUT/$name.log") passed, $(grep -c '^\[  FAILED  \] .*(' "$OUT/$name.log") failed, $(grep -c '^\[  SKIPPED \] .*(' "$OUT/$name.log") skipped"
   grep -E "^\[  FAILED  \] .*\(" "$OUT/$name.log" | head -40
@@ -55,25 +80,31 @@ sharded() {
 }
 
 if want fp8_tests; then
-  step "fp8 tests: every Sm90Fp8* test passes against float64 (none skipped on the H200)"
-  sharded 8 '*Sm90Fp8*:Fp8VtPrepass.*' fp8-tests || status=1
+  # The V^T pre-pass alone first (plain CUDA: tells a wrong V^T from a wrong kernel), then each
+  # head dim as its own filter (the first run hung at d128 and lost every later test with it),
+  # then the fp8 tests that are not per shape (oracle, determinism, sanitizer cases, refusals).
+  step "fp8 tests: the V^T pre-pass, then each head dim, every test passing against float64"
+  sharded 1 'Fp8VtPrepass.*' fp8-vt 30 || status=1
+  for d in ${HEAD_DIMS//,/ }; do
+    step "fp8 tests, d$d"
+    sharded 4 "Shapes/Sm90Fp8Forward.*_d${d}_*" "fp8-d$d" 60 || status=1
+  done
+  if [[ ",$HEAD_DIMS," == *",128,"* ]]; then
+    step "fp8 tests, d128 with FLASHSERVE_FP8_BLOCK_N=192 (128 x 192)"
+    sharded 4 'Shapes/Sm90Fp8Forward192.*' fp8-d128-bn192 60 || status=1
+  fi
+  step "fp8 tests: oracle, determinism, the sanitizer cases, refusals"
+  sharded 2 '*Sm90Fp8*:-Shapes/*' fp8-other 60 || status=1
+  cat "$OUT"/fp8-vt.log "$OUT"/fp8-d*.log "$OUT"/fp8-other.log > "$OUT/fp8-tests.log" 2>/dev/null
   # The measured error / bound and RMS ratios, one line per case (the record of this run).
-  grep -E "error / bound" "$OUT/fp8-tests.log" | grep -v "^oracle" | sort |
+  grep -hE "error / bound" "$OUT"/fp8-d*.log | grep -v "^oracle" | sort |
     tee "$OUT/fp8-errors.txt" | head -80
 fi
 if want sm90_tests; then
   step "sm90 bf16/fp16 tests beside them: nothing regressed"
-  sharded 8 '*Sm90*:-*Fp8*' sm90-tests || status=1
+  sharded 8 '*Sm90*:-*Fp8*' sm90-tests 90 || status=1
 fi
-if want sanitize; then
-  for tool in memcheck racecheck; do
-    step "compute-sanitizer $tool on Sm90Fp8Sanitize and the V^T pre-pass (expect 0 errors / 0 hazards)"
-    timeout 150 compute-sanitizer --tool $tool --error-exitcode 99 "$BIN/tests/test_gpu" \
-      --gtest_filter='Sm90Fp8Sanitize.*:Fp8VtPrepass.*' --gtest_brief=1 2>&1 | tail -n 4
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  done
-fi
-if want sass; then
+if want sass && have_time sass; then
   # The warpgroup MMAs: HGMMA for 16-bit types; the 8-bit ones may print as QGMMA, so any
   # *GMMA counts, and those naming E4M3 are the fp8 ones.
   step "SASS of the fp8 kernels: GMMA with E4M3 (expect > 0), local memory (expect 4 bytes masked), resources"
@@ -95,13 +126,28 @@ fi
 if want bench; then
   for d in ${HEAD_DIMS//,/ }; do
     step "bench_sm90 --fp8, d$d (TFLOP/s, 16k tokens: bf16 sm90 beside fp8, same values)"
-    timeout 150 "$BIN/bench/bench_sm90" --fp8 --head-dim "$d" --seqlens "$SEQLENS" --iters 20 |
+    have_time "bench d$d" || continue
+    timeout -k 5 "$(left 45)" "$BIN/bench/bench_sm90" --fp8 --head-dim "$d" --seqlens "$SEQLENS" --iters 20 |
       tee -a "$OUT/bench_fp8.txt" || status=1
   done
   # d128's 192-key blocks beside the default 128 (the A/B switch; the tile column says which ran).
   step "bench_sm90 --fp8, d128, FLASHSERVE_FP8_BLOCK_N=192 (128 x 192 beside the rows above)"
-  FLASHSERVE_FP8_BLOCK_N=192 timeout 150 "$BIN/bench/bench_sm90" --fp8 --head-dim 128 \
+  have_time "bench d128 192" &&
+  FLASHSERVE_FP8_BLOCK_N=192 timeout -k 5 "$(left 45)" "$BIN/bench/bench_sm90" --fp8 --head-dim 128 \
     --seqlens "$SEQLENS" --iters 20 | tee -a "$OUT/bench_fp8.txt" || status=1
+fi
+if want sanitize; then
+  # One small case each (the d128 fp8 kernel and its pre-pass), after the benchmark: the
+  # sanitizers are slow, and a timeout here costs nothing else.
+  for tool in memcheck racecheck; do
+    step "compute-sanitizer $tool on Sm90Fp8Sanitize.SmallCausalGqaD128 (expect 0 errors / 0 hazards)"
+    have_time "$tool" || continue
+    timeout -k 5 "$(left 90)" compute-sanitizer --tool $tool --error-exitcode 99 \
+      "$BIN/tests/test_gpu" --gtest_filter="${SANITIZE_FILTER:-Sm90Fp8Sanitize.SmallCausalGqaD128}" \
+      --gtest_brief=1 2>&1 | tail -n 4
+    code=${PIPESTATUS[0]}
+    [ "$code" = 0 ] || { echo "$tool: exit $code"; status=1; }
+  done
 fi
 echo; echo "fp8-gpu-check: $([ $status = 0 ] && echo OK || echo FAILED) (${SECONDS}s)"
 exit $status

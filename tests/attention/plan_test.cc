@@ -1149,5 +1149,92 @@ TEST(PlanHeadDims, ForcedSm90AndScoreModifiersRefuseThemByName) {
   EXPECT_FALSE(make_plan(capped.pr, capped.ctx, HostLengths{}).launches.empty());
 }
 
+// What the first device run of the fp8 forward could not say (it hung at d128 and d256), checked
+// from the tiles' own constexprs for every fp8 tile: the bytes each stage's barrier expects
+// (arrive_expect_tx) are the bytes of the boxes the producer issues into it (fwd_kernel.h:
+// kChunks boxes of kRowBytes x rows for Q and K, load_vt's kVChunks boxes of kVtBoxKeys x d for
+// V^T, which tile the block's keys exactly); every box is one TMA accepts (at most 256 per
+// dimension, inner bytes the swizzle's width); and the setmaxnreg budgets fit the registers of
+// the CTA (128 x 32 + 256 x 240 = 65536 > 64512 was the hang: setmaxnreg.inc waits forever).
+template <class Cfg>
+void check_fp8_tile_bytes() {
+  SCOPED_TRACE(::testing::Message() << "d" << Cfg::kHeadDim << " " << Cfg::kBlockM << "x"
+                                    << Cfg::kBlockN << " V^T box " << Cfg::kVtBoxKeys);
+  EXPECT_TRUE(Cfg::kFp8);
+  // Q: one box per column chunk of kRowBytes (1-byte elements) x kBlockM rows.
+  EXPECT_EQ(Cfg::kChunks * Cfg::kRowBytes, Cfg::kHeadDim);
+  EXPECT_EQ(Cfg::kChunks * Cfg::kRowBytes * Cfg::kBlockM, Cfg::kQBytes);
+  // K: the same boxes of kBlockN rows.
+  EXPECT_EQ(Cfg::kChunks * Cfg::kRowBytes * Cfg::kBlockN, Cfg::kKVBytes);
+  // V^T: load_vt's boxes, key coordinates block * kBlockN + kVtBoxKeys * c, c < kVChunks.
+  int64_t vt_bytes = 0;
+  std::vector<bool> covered(Cfg::kBlockN, false);
+  for (int c = 0; c < Cfg::kVChunks; ++c) {
+    vt_bytes += int64_t{Cfg::kVtBoxKeys} * Cfg::kHeadDim;
+    for (int k = 0; k < Cfg::kVtBoxKeys; ++k) {
+      const int key = Cfg::kVtBoxKeys * c + k;
+      ASSERT_LT(key, Cfg::kBlockN);
+      EXPECT_FALSE(covered[key]) << "key " << key << " in two boxes";
+      covered[key] = true;
+    }
+  }
+  for (int key = 0; key < Cfg::kBlockN; ++key) EXPECT_TRUE(covered[key]) << "key " << key;
+  EXPECT_EQ(vt_bytes, Cfg::kKVBytes) << "V^T's barrier expects K's block's bytes";
+  EXPECT_EQ(int64_t{Cfg::kVChunks} * Cfg::kVChunkBytes, vt_bytes);
+  // The boxes TMA takes: at most 256 per dimension; the inner extent the swizzle's width (128
+  // bytes, or 64 with the 64-byte swizzle), as make_map / make_vt_map encode them.
+  for (int rows : {Cfg::kBlockM, Cfg::kBlockN, Cfg::kHeadDim}) EXPECT_LE(rows, 256);
+  EXPECT_TRUE(Cfg::kRowBytes == 128 || Cfg::kRowBytes == 64);
+  EXPECT_TRUE(Cfg::kVtBoxKeys == 128 || Cfg::kVtBoxKeys == 64);
+  // The shared-memory descriptors' atoms: 8 rows of the swizzle's width, 1024-byte aligned chunks.
+  EXPECT_EQ(Cfg::kVChunkBytes % 1024, 0);
+  EXPECT_EQ(Cfg::kKVChunkBytes % 1024, 0);
+  EXPECT_EQ(Cfg::kQChunkBytes % 1024, 0);
+  // P V's k-steps (32 keys) within whole boxes; S Q K^T's (32 columns) within whole rows.
+  EXPECT_EQ(Cfg::kPSteps * 32, Cfg::kBlockN);
+  EXPECT_EQ(Cfg::kVtBoxKeys % 32, 0);
+  EXPECT_EQ(Cfg::kQkSteps * 32, Cfg::kHeadDim);
+  // Registers.
+  EXPECT_EQ(Cfg::kThreads, 128 * (1 + Cfg::kConsumers));
+  EXPECT_LE(128 * Cfg::kProducerRegs + 128 * Cfg::kConsumers * Cfg::kConsumerRegs,
+            attention::sm90::cta_registers(Cfg::kThreads));
+}
+
+TEST(PlanFp8, StageBytesEqualTheBoxesAndRegisterBudgetsFitForEveryFp8Tile) {
+  using attention::sm90::Fp8Tile;
+  check_fp8_tile_bytes<Fp8Tile<64, 128>::type>();
+  check_fp8_tile_bytes<Fp8Tile<128, 128>::type>();
+  check_fp8_tile_bytes<Fp8Tile<128, 192>::type>();
+  check_fp8_tile_bytes<Fp8Tile<256, 128>::type>();
+  EXPECT_EQ(attention::sm90::cta_registers(384), 64512);
+  EXPECT_EQ(attention::sm90::cta_registers(512), 65536);
+  EXPECT_FALSE(attention::sm90::setmaxnreg_fits(32, 240, 2)) << "the budget that hung";
+  EXPECT_TRUE(attention::sm90::setmaxnreg_fits(24, 240, 2));
+  EXPECT_TRUE(attention::sm90::setmaxnreg_fits(32, 232, 2));
+  EXPECT_TRUE(attention::sm90::setmaxnreg_fits(32, 160, 3));
+}
+
+// The V^T pre-pass's extent (fp8_vt.h, fp8_vt_writes) for both key blocks: every key a kernel
+// block reads below the slab's end is written; nothing past the last 128-key piece the kernel
+// reaches is.
+TEST(PlanFp8, VtPrepassWritesEveryKeyTheKernelReads) {
+  using attention::sm90::fp8_vt_keys;
+  using attention::sm90::fp8_vt_writes;
+  for (int block_n : {128, 192})
+    for (int max_kv : {1, 100, 127, 128, 129, 191, 192, 193, 256, 300, 384, 385, 1000})
+      for (int kv : {0, 1, 33, 100, 128, 129, 192, 200, 256, 385, 1000}) {
+        if (kv > max_kv) continue;
+        const int64_t keys = fp8_vt_keys(max_kv);
+        ASSERT_EQ(keys % 128, 0);
+        ASSERT_GE(keys, max_kv);
+        const int64_t read_end = (kv + block_n - 1) / block_n * block_n;  // the kernel's blocks
+        for (int64_t key = 0; key < keys; ++key) {
+          const bool written = fp8_vt_writes(key / 128 * 128, kv, block_n);
+          if (key < read_end) EXPECT_TRUE(written) << block_n << " " << kv << " " << key;
+          if (key >= (read_end + 127) / 128 * 128)
+            EXPECT_FALSE(written) << block_n << " " << kv << " " << key;
+        }
+      }
+}
 }  // namespace
 }  // namespace flashserve::testing

@@ -25,7 +25,7 @@
 #include <cstdint>
 
 #include "attention/kernel/seqlen.h"
-#include "tile_config.h"  // fp8_vt_key
+#include "tile_config.h"  // fp8_vt_key, fp8_vt_writes
 
 namespace flashserve::attention::sm90 {
 
@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(256) fp8_transpose_v(const VtArgs a) {
   // below `keys` are written (zeros past kv_len), the rest of the slab never read; keys past
   // `keys` are TMA's zero fill.
   const int key0 = blockIdx.x * 128;
-  if (key0 >= (s.kv_len + a.block_keys - 1) / a.block_keys * a.block_keys) return;
+  if (!fp8_vt_writes(key0, s.kv_len, a.block_keys)) return;
   constexpr int kPieces = kD / 16;
   const uint8_t* v = a.v + b * a.batch_stride + hk * a.head_stride;
   for (int i = threadIdx.x; i < 128 * kPieces; i += 256) {

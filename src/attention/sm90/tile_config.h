@@ -6,6 +6,19 @@
 
 namespace flashserve::attention::sm90 {
 
+// The registers a CTA of `threads` threads holds with __launch_bounds__(threads, 1): ptxas's cap
+// of 65536 / threads per thread, rounded down to its allocation unit of 8, times the threads.
+// setmaxnreg moves registers within that pool only; an .inc past it waits forever.
+constexpr int cta_registers(int threads) {
+  return 65536 / threads / 8 * 8 * threads;
+}
+// A producer warpgroup at `producer` registers per thread and `consumers` warpgroups at
+// `consumer` fit the pool of a CTA of 1 + consumers warpgroups.
+constexpr bool setmaxnreg_fits(int producer, int consumer, int consumers) {
+  return 128 * producer + 128 * consumers * consumer <= cta_registers(128 * (1 + consumers)) &&
+         producer % 8 == 0 && consumer % 8 == 0 && producer >= 24 && consumer <= 256;
+}
+
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_ = 2, bool kLazyRescale_ = false,
           bool kTmaStoreO_ = false, bool kTrace_ = false>
 struct TileConfig {
@@ -49,6 +62,8 @@ struct TileConfig {
   static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 160;
   static_assert(kBlockM % 64 == 0 && (kConsumers == 2 || kConsumers == 3),
                 "two or three consumer warpgroups of 64 rows");
+  static_assert(setmaxnreg_fits(kProducerRegs, kConsumerRegs, kConsumers),
+                "the setmaxnreg budgets exceed the CTA's registers: setmaxnreg.inc would hang");
 
   static constexpr int kQChunkBytes = kBlockM * kChunkCols * 2;
   static constexpr int kKVChunkBytes = kBlockN * kChunkCols * 2;
@@ -87,6 +102,14 @@ struct Fp8TileConfig : TileConfig<kHeadDim_, kBlockM_, kBlockN_, kStages_> {
   // Two consumer warpgroups take 240 registers (128 x 32 + 256 x 240 = 65536, the whole file):
   // at d256 they hold O 128 + S 64 + P 32, and at 232 ptxas serialized the wgmmas (C7512); with
   // FlashAttention-3's 24 for the producer, its tile loop spilled (48 bytes).
+  //
+  // The budgets must fit the registers the CTA is launched with: __launch_bounds__(kThreads, 1)
+  // caps ptxas at 65536 / kThreads rounded down to 8 per thread (168 at 384 threads: 64512), and
+  // setmaxnreg.inc waits for registers the CTA's pool does not hold forever. 128 x 32 + 256 x 240
+  // = 65536 > 64512 hung every two-consumer fp8 tile (d128, d256) on the H200 (docs/fp8.md):
+  // the producer takes FlashAttention-3's 24 (128 x 24 + 256 x 240 = 64512), its 48-byte spill
+  // in the tile loop accepted.
+  static constexpr int kProducerRegs = Base::kConsumers == 2 ? 24 : Base::kProducerRegs;
   static constexpr int kConsumerRegs = Base::kConsumers == 2 ? 240 : Base::kConsumerRegs;
   static constexpr int kRowBytes = Base::kHeadDim >= 128 ? 128 : 64;
   static constexpr int kChunkCols = kRowBytes;
@@ -105,6 +128,8 @@ struct Fp8TileConfig : TileConfig<kHeadDim_, kBlockM_, kBlockN_, kStages_> {
   static_assert((kVtBoxKeys == 128 || kVtBoxKeys == 64) && Base::kBlockN % kVtBoxKeys == 0,
                 "V^T arrives in whole boxes of 128 or 64 keys (128- or 64-byte rows)");
   static_assert(kVChunks * kVChunkBytes == kKVBytes, "V^T's block is K's bytes");
+  static_assert(setmaxnreg_fits(kProducerRegs, kConsumerRegs, Base::kConsumers),
+                "the setmaxnreg budgets exceed the CTA's registers: setmaxnreg.inc would hang");
 };
 
 // The tile each head dim runs (FlashAttention-3's choices, hopper/tile_size.h, as a start):
@@ -267,6 +292,13 @@ inline constexpr int kFp8VtKeys = 128;
 constexpr int64_t fp8_vt_keys(int64_t max_kv_len) {
   return (max_kv_len + kFp8VtKeys - 1) / kFp8VtKeys * kFp8VtKeys;
 }
+// Whether the pre-pass's CTA for the 128 keys from key0 (a multiple of 128) writes them, for a
+// sequence of kv_len keys read by a kernel of block_keys-key blocks: every key block the kernel
+// reads (up to kv_len rounded up to block_keys) is written, as whole 128-key pieces (so up to
+// that rounded up to 128 again: zeros past kv_len), the rest of the slab left alone.
+constexpr bool fp8_vt_writes(int64_t key0, int64_t kv_len, int block_keys) {
+  return key0 < (kv_len + block_keys - 1) / block_keys * block_keys;
+}
 
 // ---------------------------------------------------------------------------------------------
 // The backward (bwd_kernel.h): one CTA per block of kBlockN keys of one KV head of one sequence,
@@ -301,6 +333,8 @@ struct BwdTileConfig {
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   static_assert(kConsumers == 2, "two consumer warpgroups of 64 keys");
+  static_assert(setmaxnreg_fits(kProducerRegs, kConsumerRegs, kConsumers),
+                "the setmaxnreg budgets exceed the CTA's registers: setmaxnreg.inc would hang");
   static_assert(kHeadDim % kChunkCols == 0 && kBlockM % 64 == 0, "whole 64-column chunks");
   static_assert(kDqCols == 64 && (kDqByRows ? kBlockM == 128 : kBlockM == 64),
                 "dQ = dS K is one m64n64 product per warpgroup (wgmma_ops.h mma_ss_tt)");
