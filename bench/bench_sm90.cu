@@ -46,6 +46,41 @@ float to_float(uint16_t bits, bool bf16) {
   return __half2float(__half(r));
 }
 
+// Runs p once with the workspace it asks for (grown as needed, as flash_attn_func and the engine
+// pass one: sm90 causal takes its tiles from a counter there), then times it: TFLOP/s, or 0 with
+// `err` set when the call is refused.
+float tflops_of(flashserve::AttentionParams& p, double flops, void*& workspace,
+                size_t& workspace_bytes, int warmup, int iters, std::string& err) {
+  try {
+    p.workspace_bytes = flashserve::attention_workspace_size(p);
+    if (p.workspace_bytes > workspace_bytes) {
+      CUDA_OK(cudaFree(workspace));
+      CUDA_OK(cudaMalloc(&workspace, p.workspace_bytes));
+      workspace_bytes = p.workspace_bytes;
+    }
+    p.workspace = workspace;
+    flashserve::attention_forward(p);
+    CUDA_OK(cudaDeviceSynchronize());
+  } catch (const std::exception& e) {
+    err = e.what();
+    return 0;
+  }
+  const float ms = median_ms([&] { flashserve::attention_forward(p); }, warmup, iters, 200);
+  return static_cast<float>(flops / (ms * 1e-3) / 1e12);
+}
+
+// The largest |a - b| over the first n elements of two device outputs (16-bit bits), through
+// the host buffers ha and hb.
+double max_abs_diff(const uint16_t* a, const uint16_t* b, std::vector<uint16_t>& ha,
+                    std::vector<uint16_t>& hb, size_t n, bool bf16) {
+  CUDA_OK(cudaMemcpy(ha.data(), a, n * 2, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(hb.data(), b, n * 2, cudaMemcpyDeviceToHost));
+  double m = 0;
+  for (size_t i = 0; i < n; ++i)
+    m = std::max<double>(m, std::fabs(to_float(ha[i], bf16) - to_float(hb[i], bf16)));
+  return m;
+}
+
 // x (bf16 bits) as e4m3 codes of x * scale (saturating).
 __global__ void to_e4m3(const uint16_t* x, uint8_t* y, int64_t n, float scale) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -114,23 +149,9 @@ int fp8_table(const cudaDeviceProp& prop, const std::vector<int>& seqlens, int h
         setenv("FLASHSERVE_KERNEL", which == 0 ? "sm90" : "auto", 1);
         setenv("FLASHSERVE_FP8_ATTENTION", "1", 1);
         flashserve::AttentionParams p = params(which == 1);
-        try {
-          p.workspace_bytes = flashserve::attention_workspace_size(p);
-          if (p.workspace_bytes > workspace_bytes) {
-            CUDA_OK(cudaFree(workspace));
-            CUDA_OK(cudaMalloc(&workspace, p.workspace_bytes));
-            workspace_bytes = p.workspace_bytes;
-          }
-          p.workspace = workspace;
-          flashserve::attention_forward(p);
-          CUDA_OK(cudaDeviceSynchronize());
-        } catch (const std::exception& e) {
-          err = e.what();
-          continue;
-        }
-        const float ms = median_ms([&] { flashserve::attention_forward(p); }, warmup, iters, 200);
-        tflops[which] = static_cast<float>(flops / (ms * 1e-3) / 1e12);
-        if (which == 1) {  // the fp8 tile the plan chose (FLASHSERVE_FP8_BLOCK_N at d128)
+        tflops[which] = tflops_of(p, flops, workspace, workspace_bytes, warmup, iters, err);
+        if (tflops[which] > 0 &&
+            which == 1) {  // the fp8 tile the plan chose (FLASHSERVE_FP8_BLOCK_N at d128)
           const std::string summary = flashserve::plan_attention(p).summary();
           const size_t at = summary.find(" tile ");
           if (at != std::string::npos)
@@ -139,16 +160,9 @@ int fp8_table(const cudaDeviceProp& prop, const std::vector<int>& seqlens, int h
       }
       unsetenv("FLASHSERVE_KERNEL");
       unsetenv("FLASHSERVE_FP8_ATTENTION");
-      double max_diff = NAN;
-      if (tflops[0] > 0 && tflops[1] > 0) {
-        CUDA_OK(cudaMemcpy(h16.data(), out16, elems * 2, cudaMemcpyDeviceToHost));
-        CUDA_OK(cudaMemcpy(h8.data(), out8, elems * 2, cudaMemcpyDeviceToHost));
-        max_diff = 0;
-        const size_t n = size_t(b) * s * h * d;
-        for (size_t i = 0; i < n; ++i)
-          max_diff =
-              std::max<double>(max_diff, std::fabs(to_float(h16[i], true) - to_float(h8[i], true)));
-      }
+      const double max_diff = tflops[0] > 0 && tflops[1] > 0
+                                  ? max_abs_diff(out16, out8, h16, h8, size_t(b) * s * h * d, true)
+                                  : NAN;
       std::printf("%-6d %-7d %-6d %-6d %10.1f %10.1f %10.2f %-8s %12.3g%s%s\n", causal, s, b, h,
                   tflops[0], tflops[1], tflops[0] > 0 ? tflops[1] / tflops[0] : 0.0, tile.c_str(),
                   max_diff, err.empty() ? "" : "  error: ", err.c_str());
@@ -259,38 +273,15 @@ int main(int argc, char** argv) {
       for (int which = 0; which < 3; ++which) {
         setenv("FLASHSERVE_KERNEL", which == 0 ? "sm80" : which == 1 ? "sm90" : "auto", 1);
         flashserve::AttentionParams p = params(which == 0 ? out80 : which == 1 ? out90 : out_auto);
-        // The workspace the call asks for, as flash_attn_func and the engine pass one (sm90
-        // causal takes its tiles from a counter there; without one it runs a CTA per tile).
-        try {
-          p.workspace_bytes = flashserve::attention_workspace_size(p);
-          if (p.workspace_bytes > workspace_bytes) {
-            CUDA_OK(cudaFree(workspace));
-            CUDA_OK(cudaMalloc(&workspace, p.workspace_bytes));
-            workspace_bytes = p.workspace_bytes;
-          }
-          p.workspace = workspace;
-          flashserve::attention_forward(p);
-          CUDA_OK(cudaDeviceSynchronize());
-        } catch (const std::exception& e) {
-          err = e.what();
-          continue;
-        }
-        const float ms = median_ms([&] { flashserve::attention_forward(p); }, warmup, iters, 200);
-        tflops[which] = static_cast<float>(flops / (ms * 1e-3) / 1e12);
-        if (which == 2)
+        tflops[which] = tflops_of(p, flops, workspace, workspace_bytes, warmup, iters, err);
+        if (tflops[which] > 0 && which == 2)
           took = flashserve::plan_attention(p).summary().rfind("sm90", 0) == 0 ? "sm90" : "sm80";
       }
       unsetenv("FLASHSERVE_KERNEL");
-      double max_diff = NAN;
-      if (tflops[0] > 0 && tflops[1] > 0) {
-        CUDA_OK(cudaMemcpy(h80.data(), out80, elems * 2, cudaMemcpyDeviceToHost));
-        CUDA_OK(cudaMemcpy(h90.data(), out90, elems * 2, cudaMemcpyDeviceToHost));
-        max_diff = 0;
-        const size_t n = size_t(b) * s * h * d;
-        for (size_t i = 0; i < n; ++i)
-          max_diff = std::max<double>(max_diff,
-                                      std::fabs(to_float(h80[i], !fp16) - to_float(h90[i], !fp16)));
-      }
+      const double max_diff =
+          tflops[0] > 0 && tflops[1] > 0
+              ? max_abs_diff(out80, out90, h80, h90, size_t(b) * s * h * d, !fp16)
+              : NAN;
       std::printf("%-6d %-7d %-6d %-6d %10.1f %10.1f %10.2f %10.1f %-5s %12.3g%s%s\n", causal, s, b,
                   h, tflops[0], tflops[1], tflops[0] > 0 ? tflops[1] / tflops[0] : 0.0, tflops[2],
                   took.c_str(), max_diff, err.empty() ? "" : "  error: ", err.c_str());

@@ -1,19 +1,8 @@
 #include "model/decode_kernels.h"
 
-#include <cstring>
-#include <string>
-
-#include "flashserve/error.h"
+#include "common/env_switch.h"
 
 namespace flashserve::model {
-
-bool env_switch(const char* value, const char* name, bool fallback) {
-  if (value == nullptr || *value == '\0') return fallback;
-  if (std::strcmp(value, "0") == 0) return false;
-  if (std::strcmp(value, "1") == 0) return true;
-  throw Error(ErrorKind::kInvalidArgument, name,
-              std::string("must be 0 or 1, got \"") + value + "\"");
-}
 
 DecodeKernelOptions decode_kernel_options_from_env(const char* gemv, const char* pdl) {
   DecodeKernelOptions o;

@@ -18,9 +18,6 @@ struct DecodeKernelOptions {
   bool pdl = kPdlByDefault;  // where the device has it (sm_90 and later)
 };
 
-// value unset or empty: fallback; "0" false, "1" true; else kInvalidArgument naming `name`.
-bool env_switch(const char* value, const char* name, bool fallback);
-
 DecodeKernelOptions decode_kernel_options_from_env(const char* gemv, const char* pdl);
 
 }  // namespace flashserve::model

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <string>
 
+#include "common/env_switch.h"
 #include "flashserve/error.h"
-#include "model/decode_kernels.h"
 
 namespace flashserve::model {
 

@@ -5,6 +5,7 @@
 
 #include "attention/sm80/tile_config.h"
 #include "attention/sm90/tile_config.h"
+#include "common/env_switch.h"
 #include "common/str_cat.h"
 #include "flashserve/error.h"
 
@@ -37,20 +38,13 @@ bool padded(const Problem& pr) {
 }  // namespace
 
 void refuse_padded_if_off(const Problem& pr, const char* value) {
-  if (!padded(pr)) return;
-  bool on = kPaddedHeadDimsByDefault;
-  if (value != nullptr && *value != '\0') {
-    if (std::string(value) != "0" && std::string(value) != "1")
-      throw Error(ErrorKind::kInvalidArgument, "FLASHSERVE_PADDED_HEAD_DIMS",
-                  str_cat("must be 0 or 1, got \"", value, "\""));
-    on = std::string(value) == "1";
-  }
-  if (!on)
-    throw Error(ErrorKind::kUnsupported, "q",
-                str_cat("head dims ", pr.head_dim, "/", pr.head_dim_v,
-                        " run on the padded sm80 kernels, which are off by default until their "
-                        "first device run: set FLASHSERVE_PADDED_HEAD_DIMS=1 to turn them on (64, "
-                        "128 and 256 with equal q and v head dims run without it)"));
+  if (!padded(pr) || env_switch(value, "FLASHSERVE_PADDED_HEAD_DIMS", kPaddedHeadDimsByDefault))
+    return;
+  throw Error(ErrorKind::kUnsupported, "q",
+              str_cat("head dims ", pr.head_dim, "/", pr.head_dim_v,
+                      " run on the padded sm80 kernels, which are off by default until their "
+                      "first device run: set FLASHSERVE_PADDED_HEAD_DIMS=1 to turn them on (64, "
+                      "128 and 256 with equal q and v head dims run without it)"));
 }
 
 KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decode,
@@ -102,11 +96,7 @@ std::string sm90_lacks(const Problem& pr, const PlanContext& ctx) {
 }
 
 bool parse_fp8_attention(const char* value) {
-  if (value == nullptr || *value == '\0') return kFp8AttentionByDefault;
-  if (std::string(value) == "1") return true;
-  if (std::string(value) == "0") return false;
-  throw Error(ErrorKind::kInvalidArgument, "FLASHSERVE_FP8_ATTENTION",
-              str_cat("must be 0 or 1, got \"", value, "\""));
+  return env_switch(value, "FLASHSERVE_FP8_ATTENTION", kFp8AttentionByDefault);
 }
 
 int parse_fp8_block_n(const char* value) {
