@@ -749,8 +749,8 @@ TEST(PlanFp8, KeyBlockSwitchTakes128Or192AndOnlyD128Takes192) {
   }
 }
 
-TEST(PlanFp8, OffByDefaultUntilItsDeviceRunAndTheRefusalSaysHowToTurnItOn) {
-  EXPECT_FALSE(attention::kFp8AttentionByDefault);
+TEST(PlanFp8, OnByDefaultSinceItsDeviceRunAndTheRefusalWhenOffSaysHowToTurnItOn) {
+  EXPECT_TRUE(attention::kFp8AttentionByDefault);
   StepShape s = fp8_call(2, 1000, 1000, 8, 2, 128, false);
   s.ctx.fp8_attention = false;
   const Refusal r = refusal_of(s);

@@ -109,9 +109,9 @@ int parse_fp8_block_n(const char* value) {
 void refuse_fp8_if_off(const Problem& pr, bool fp8_attention) {
   if (pr.dtype != DType::kFloat8E4M3 || fp8_attention) return;
   throw Error(ErrorKind::kUnsupported, "q",
-              "float8_e4m3fn attention on CUDA runs on the sm90 fp8 forward, which is off by "
-              "default until its first device run: set FLASHSERVE_FP8_ATTENTION=1 to turn it on "
-              "(or run the call on the CPU)");
+              "float8_e4m3fn attention on CUDA runs on the sm90 fp8 forward, which "
+              "FLASHSERVE_FP8_ATTENTION=0 turned off: unset it or set FLASHSERVE_FP8_ATTENTION=1 "
+              "to turn it on (or run the call on the CPU)");
 }
 
 Fp8Lack sm90_fp8_lacks(const Problem& pr, const PlanContext& ctx) {
