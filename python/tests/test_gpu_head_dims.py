@@ -17,8 +17,8 @@ from test_gpu_torch import check, check_lse, gen, pack, randn, reference  # noqa
 
 @pytest.fixture(autouse=True)
 def _padded_head_dims_on(monkeypatch):
-    """The padded kernels are off by default until their first device run
-    (kPaddedHeadDimsByDefault in cuda/plan.h); these tests are that run."""
+    """The padded kernels are on by default (kPaddedHeadDimsByDefault in cuda/plan.h); the
+    tests say so explicitly so that they run whatever the default."""
     monkeypatch.setenv("FLASHSERVE_PADDED_HEAD_DIMS", "1")
 
 pytestmark = [

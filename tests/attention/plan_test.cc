@@ -982,9 +982,11 @@ TEST(PlanHeadDims, CudaTakesMultiplesOf8From32To256AndRefusesOthersByName) {
   }
 }
 
-// The padded kernels are off by default until their first device run: refused naming q, saying
-// how to turn them on; the variable read strictly; the compiled head dims never look at it.
-TEST(PlanHeadDims, PaddedHeadDimsAreOffUnlessTurnedOn) {
+// The padded kernels run unless FLASHSERVE_PADDED_HEAD_DIMS=0 (kPaddedHeadDimsByDefault): off,
+// refused naming q, saying how to turn them on; the variable read strictly; the compiled head
+// dims never look at it.
+TEST(PlanHeadDims, PaddedHeadDimsRunUnlessTurnedOff) {
+  EXPECT_TRUE(attention::kPaddedHeadDimsByDefault);
   Problem padded = dense(1, 64, 2, 192, false).pr;
   padded.head_dim_v = 128;
   for (const char* value : {static_cast<const char*>(nullptr), "", "0"}) {

@@ -173,9 +173,10 @@ TEST_P(GpuHeadDim, MatchesFloat64Reference) {
   check_case(s);
 }
 
-// Off by default until their first device run (kPaddedHeadDimsByDefault): refused naming q with
-// how to turn them on, and the variable read strictly; the compiled head dims never read it.
-TEST(GpuHeadDimPlan, PaddedHeadDimsAreOffUnlessTurnedOn) {
+// On by default since their device run (kPaddedHeadDimsByDefault); FLASHSERVE_PADDED_HEAD_DIMS=0
+// refuses them naming q with how to turn them on, and the variable is read strictly; the compiled
+// head dims never read it.
+TEST(GpuHeadDimPlan, PaddedHeadDimsRunUnlessTurnedOff) {
   SKIP_WITHOUT_CUDA();
   const CaseSpec s = spec(bf16, 192, 128, 1, {64}, {64}, 2, 2, true);
   for (const char* value : {static_cast<const char*>(nullptr), "0"}) {

@@ -42,9 +42,9 @@ void refuse_padded_if_off(const Problem& pr, const char* value) {
     return;
   throw Error(ErrorKind::kUnsupported, "q",
               str_cat("head dims ", pr.head_dim, "/", pr.head_dim_v,
-                      " run on the padded sm80 kernels, which are off by default until their "
-                      "first device run: set FLASHSERVE_PADDED_HEAD_DIMS=1 to turn them on (64, "
-                      "128 and 256 with equal q and v head dims run without it)"));
+                      " run on the padded sm80 kernels, which FLASHSERVE_PADDED_HEAD_DIMS=0 "
+                      "turned off: unset it or set FLASHSERVE_PADDED_HEAD_DIMS=1 to turn them on "
+                      "(64, 128 and 256 with equal q and v head dims run without it)"));
 }
 
 KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decode,
