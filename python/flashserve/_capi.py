@@ -289,3 +289,10 @@ def default_params():
     params = AttentionParamsV3()
     lib().fs_attention_params_v3_init(ctypes.byref(params))
     return params
+
+
+def default_params_v4():
+    """fs_attention_params_v4 as fs_attention_params_v4_init leaves it (descale factors absent)."""
+    params = AttentionParamsV4()
+    lib().fs_attention_params_v4_init(ctypes.byref(params))
+    return params

@@ -13,9 +13,11 @@ DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 7: "vulkan", 8
                 9: "vpi", 10: "rocm", 11: "rocm_host", 13: "cuda_managed", 14: "oneapi",
                 15: "webgpu", 16: "hexagon"}
 # DLDataTypeCode.
-kDLInt, kDLUInt, kDLFloat, kDLBfloat = 0, 1, 2, 4
+kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLFloat8_e4m3fn = 0, 1, 2, 4, 10
 TYPE_CODE_NAMES = {0: "int", 1: "uint", 2: "float", 3: "opaque", 4: "bfloat", 5: "complex",
-                   6: "bool", 7: "float8_e3m4", 8: "float8_e4m3"}
+                   6: "bool", 7: "float8_e3m4", 8: "float8_e4m3", 9: "float8_e4m3b11fnuz",
+                   10: "float8_e4m3fn", 11: "float8_e4m3fnuz", 12: "float8_e5m2",
+                   13: "float8_e5m2fnuz", 14: "float8_e8m0fnu"}
 
 
 class DLDevice(ctypes.Structure):
@@ -76,7 +78,9 @@ class Borrowed:
 
 def dtype_name(dtype):
     code, bits, lanes = dtype
-    name = f"{TYPE_CODE_NAMES.get(code, f'code{code}')}{bits}"
+    name = TYPE_CODE_NAMES.get(code, f"code{code}")
+    if not name.startswith("float8"):  # the float8 names carry their width
+        name = f"{name}{bits}"
     return name if lanes == 1 else f"{name}x{lanes}"
 
 

@@ -50,8 +50,13 @@ _DLPACK_DTYPES = {(_dlpack.kDLFloat, 32, 1): _capi.FLOAT32,
                   (_dlpack.kDLFloat, 16, 1): _capi.FLOAT16,
                   (_dlpack.kDLBfloat, 16, 1): _capi.BFLOAT16,
                   (_dlpack.kDLFloat, 64, 1): _capi.FLOAT64,
-                  (_dlpack.kDLInt, 32, 1): _capi.INT32}
-_SUPPORTED = "float32, float16, bfloat16 for q/k/v; int32 for cu_seqlens, seqused_k, block_table"
+                  (_dlpack.kDLInt, 32, 1): _capi.INT32,
+                  (_dlpack.kDLFloat8_e4m3fn, 8, 1): _capi.FLOAT8_E4M3}
+# NumPy's extension dtypes (ml_dtypes: what JAX and NumPy users hold bfloat16 and float8 in) have
+# no type string of their own in the array interface ("|V1", "|V2"): recognised by their name.
+_NAMED_DTYPES = {("float8_e4m3fn", 1): _capi.FLOAT8_E4M3, ("bfloat16", 2): _capi.BFLOAT16}
+_SUPPORTED = ("float32, float16, bfloat16, float8_e4m3fn for q/k/v; int32 for cu_seqlens, "
+              "seqused_k, block_table")
 
 
 def _unsupported_dtype(name, desc):
@@ -92,6 +97,10 @@ def _from_interface(obj, name, interface, device, raw):
     if not isinstance(data, tuple):
         raise TypeError(f"{name}: array interface without a (pointer, read_only) data tuple")
     code = _INTERFACE_DTYPES.get((kind, size))
+    if kind == "V":
+        named = getattr(getattr(obj, "dtype", None), "name", None)
+        code = _NAMED_DTYPES.get((named, size))
+        desc = named if code is not None else desc
     if code is None:
         if not raw:
             raise _unsupported_dtype(name, desc)
@@ -122,10 +131,19 @@ def describe(obj, name, stream=None, raw=False):
         return _from_interface(obj, name, obj.__array_interface__, ("cpu", 0), raw)
     if hasattr(obj, "__dlpack__"):
         torch = sys.modules.get("torch")
-        if torch is not None and isinstance(obj, torch.Tensor) and obj.requires_grad:
-            # PyTorch refuses to export such a tensor even under no_grad; check_autograd has
-            # already refused the case where a gradient would be expected.
-            obj = obj.detach()
+        fp8 = False
+        if torch is not None and isinstance(obj, torch.Tensor):
+            if obj.requires_grad:
+                # PyTorch refuses to export such a tensor even under no_grad; check_autograd has
+                # already refused the case where a gradient would be expected.
+                obj = obj.detach()
+            if obj.dtype.itemsize == 1 and obj.dtype.is_floating_point:
+                # PyTorch exports float8 through DLPack only in recent versions: its bytes travel
+                # as uint8, and the dtype is set here. The other float8 formats are refused.
+                desc = str(obj.dtype).replace("torch.", "")
+                if desc != "float8_e4m3fn":
+                    raise _unsupported_dtype(name, desc)
+                obj, fp8 = obj.view(torch.uint8), True
         borrowed = _dlpack.borrow(obj, stream if _is_cuda_dlpack(obj) else None)
         if borrowed.device_type in (_dlpack.kDLCPU, _dlpack.kDLCUDAHost):
             device = ("cpu", 0)
@@ -135,8 +153,8 @@ def describe(obj, name, stream=None, raw=False):
             label = _dlpack.DEVICE_NAMES.get(borrowed.device_type, "unknown")
             raise NotImplementedError(f"{name}: device type {borrowed.device_type} ({label}) is "
                                       "not supported (CPU and CUDA)")
-        desc = _dlpack.dtype_name(borrowed.dtype)
-        code = _DLPACK_DTYPES.get(borrowed.dtype)
+        desc = "float8_e4m3fn" if fp8 else _dlpack.dtype_name(borrowed.dtype)
+        code = _capi.FLOAT8_E4M3 if fp8 else _DLPACK_DTYPES.get(borrowed.dtype)
         if code is None:
             if not raw:
                 raise _unsupported_dtype(name, desc)
@@ -224,8 +242,11 @@ def needs_sync(framework, device):
 
 def empty(like, framework, device, shape, dtype=None):
     """A new tensor of the framework of `like`, on its device; dtype None: like's dtype, else one
-    of 'float32', 'uint8'. Tests replace this function to poison outputs."""
+    of 'float32', 'uint8', 'bfloat16' (the output of a float8_e4m3fn q). Tests replace this
+    function to poison outputs."""
     shape = tuple(int(n) for n in shape)
+    if dtype == "bfloat16" and framework not in ("torch", "jax"):
+        return _empty_bfloat16(framework, device, shape)
     if framework == "torch":
         torch = sys.modules["torch"]
         dt = like.dtype if dtype is None else getattr(torch, dtype)
@@ -240,7 +261,7 @@ def empty(like, framework, device, shape, dtype=None):
         # that JAX's own fill cannot land after our kernel.
         jax = sys.modules["jax"]
         jnp = jax.numpy
-        array = jnp.zeros(shape, dtype=like.dtype if dtype is None else dtype)
+        array = jnp.zeros(shape, dtype=like.dtype if dtype is None else getattr(jnp, dtype))
         devices = like.devices() if hasattr(like, "devices") else None
         if devices:
             array = jax.device_put(array, next(iter(devices)))
@@ -253,6 +274,21 @@ def empty(like, framework, device, shape, dtype=None):
     raise TypeError(f"cannot allocate the output for a {type(like).__module__}."
                     f"{type(like).__qualname__} on {device[0]}: flashserve allocates outputs with "
                     "PyTorch, CuPy, JAX or NumPy")
+
+
+def _empty_bfloat16(framework, device, shape):
+    """A bfloat16 array on the host for NumPy-like arrays: ml_dtypes' (NumPy has no bfloat16)."""
+    if device[0] == "cpu":
+        try:
+            import ml_dtypes
+        except ImportError:
+            ml_dtypes = None
+        if ml_dtypes is not None:
+            import numpy
+            return numpy.empty(shape, dtype=ml_dtypes.bfloat16)
+    raise TypeError(f"q: a float8_e4m3fn q gives a bfloat16 out, which flashserve cannot allocate "
+                    f"for a {framework} array on {device[0]} (NumPy needs ml_dtypes' bfloat16); "
+                    "pass PyTorch or JAX tensors")
 
 
 def _numpy_dtype(like):

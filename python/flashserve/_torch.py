@@ -125,15 +125,18 @@ def _fast_ok(q, k, v):
 
 
 def _dense(q, k, v, softmax_scale, causal, window_size, num_splits, return_lse, softcap=0.0,
-           alibi_slopes=None):
+           alibi_slopes=None, q_descale=None, k_descale=None, v_descale=None):
     """flash_attn_func's implementation: (out, lse or None)."""
-    if not (_fast_ok(q, k, v) and softcap == 0.0 and alibi_slopes is None):
-        # The generic path: DLPack, and every check with its message; the score modifiers
-        # take it too (the fast path's parameter block keeps them off), on to the same kernels.
+    if not (_fast_ok(q, k, v) and softcap == 0.0 and alibi_slopes is None and
+            q_descale is None and k_descale is None and v_descale is None):
+        # The generic path: DLPack, and every check with its message; the score modifiers and
+        # float8_e4m3fn (whose descale factors the v4 parameter block carries) take it too (the
+        # fast path's v3 block keeps them off), on to the same kernels.
         return _attention._forward(q, k, v, varlen=False, softmax_scale=softmax_scale,
                                    causal=causal, window_size=window_size, return_lse=return_lse,
                                    num_splits=num_splits, softcap=softcap,
-                                   alibi_slopes=alibi_slopes)
+                                   alibi_slopes=alibi_slopes, q_descale=q_descale,
+                                   k_descale=k_descale, v_descale=v_descale)
     global _state
     state = _state
     if state is None:
@@ -353,6 +356,19 @@ def _kvcache_fast(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
 # ---------------------------------------------------------------- custom operators
 
 _NO_LSE = (0,)
+_FP8 = getattr(torch, "float8_e4m3fn", None)
+
+
+def _out_dtype(q):
+    """out's dtype: q's, or bfloat16 for a float8_e4m3fn q (FlashAttention-3's rule)."""
+    return torch.bfloat16 if q.dtype == _FP8 else q.dtype
+
+
+def _fp8_call(q, k, v, descales):
+    """Whether this is a float8_e4m3fn call (or one with descale factors): forward only, and its
+    arguments that require grad are refused by name."""
+    return _FP8 is not None and (q.dtype == _FP8 or k.dtype == _FP8 or v.dtype == _FP8) \
+        or any(x is not None for x in descales)
 
 
 def _lse_or_empty(q, lse):
@@ -366,16 +382,19 @@ def _define_ops():
     def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float], causal: bool,
             window_left: int, window_right: int, num_splits: int, return_lse: bool,
             deterministic: bool = False, softcap: float = 0.0,
-            alibi_slopes: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+            alibi_slopes: Optional[Tensor] = None, q_descale: Optional[Tensor] = None,
+            k_descale: Optional[Tensor] = None,
+            v_descale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         out, lse = _dense(q.detach(), k.detach(), v.detach(), softmax_scale, causal,
                           (window_left, window_right), num_splits, return_lse, softcap,
-                          alibi_slopes)
+                          alibi_slopes, q_descale, k_descale, v_descale)
         return out, _lse_or_empty(q, lse)
 
     @fwd.register_fake
     def _(q, k, v, softmax_scale, causal, window_left, window_right, num_splits, return_lse,
-          deterministic=False, softcap=0.0, alibi_slopes=None):
-        out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
+          deterministic=False, softcap=0.0, alibi_slopes=None, q_descale=None, k_descale=None,
+          v_descale=None):
+        out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],), dtype=_out_dtype(q))
         lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if return_lse else _NO_LSE
         return out, q.new_empty(lse_shape, dtype=torch.float32)
 
@@ -385,19 +404,21 @@ def _define_ops():
                    softmax_scale: Optional[float], causal: bool, window_left: int,
                    window_right: int, return_lse: bool, block_table: Optional[Tensor],
                    seqused_k: Optional[Tensor], num_splits: int, deterministic: bool = False,
-                   softcap: float = 0.0,
-                   alibi_slopes: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                   softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+                   q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+                   v_descale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         out, lse = _varlen(q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k,
                            max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                            (window_left, window_right), return_lse, block_table, seqused_k,
-                           num_splits, softcap, alibi_slopes)
+                           num_splits, softcap, alibi_slopes, q_descale, k_descale, v_descale)
         return out, _lse_or_empty(q, lse)
 
     @varlen_fwd.register_fake
     def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
           window_left, window_right, return_lse, block_table, seqused_k, num_splits,
-          deterministic=False, softcap=0.0, alibi_slopes=None):
-        out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
+          deterministic=False, softcap=0.0, alibi_slopes=None, q_descale=None, k_descale=None,
+          v_descale=None):
+        out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],), dtype=_out_dtype(q))
         lse_shape = (q.shape[1], q.shape[0]) if return_lse else _NO_LSE
         return out, q.new_empty(lse_shape, dtype=torch.float32)
 
@@ -446,6 +467,12 @@ def _use_ops(q):
     return _ops is not None and (_is_compiling() or type(q) is not Tensor)
 
 
+def _check_fp8_grad(q, k, v, descales):
+    if torch.is_grad_enabled():
+        _attention.check_fp8_grad((("q", q), ("k", k), ("v", v), ("q_descale", descales[0]),
+                                   ("k_descale", descales[1]), ("v_descale", descales[2])))
+
+
 def _check_grad(*named):
     if torch.is_grad_enabled():
         for name, x in named:
@@ -475,11 +502,24 @@ def _opt_float(x):
 # ---------------------------------------------------------------- the public functions' bodies
 
 def flash_attn_func(q, k, v, softmax_scale, causal, window_size, return_lse, num_splits,
-                    deterministic=False, softcap=0.0, alibi_slopes=None):
+                    deterministic=False, softcap=0.0, alibi_slopes=None, q_descale=None,
+                    k_descale=None, v_descale=None):
     """(out, lse), lse None unless return_lse."""
     softcap = _attention._softcap(softcap)
     deterministic = _attention._flag(deterministic, "deterministic")
     _autograd.refuse_slope_grad(alibi_slopes)
+    descales = (q_descale, k_descale, v_descale)
+    if _fp8_call(q, k, v, descales):
+        _check_fp8_grad(q, k, v, descales)
+        if _use_ops(q):
+            left, right = _window_pair(window_size)
+            out, lse = _ops[0](q, k, v, _opt_float(softmax_scale), bool(causal), left, right,
+                               _int32(num_splits, "num_splits"), bool(return_lse), deterministic,
+                               softcap, alibi_slopes, *descales)
+        else:
+            out, lse = _dense(q, k, v, softmax_scale, causal, window_size, num_splits, return_lse,
+                              softcap, alibi_slopes, *descales)
+        return out, (lse if return_lse else None)
     if _autograd.needs_grad(q, k, v):
         # Through the operator, whose autograd formula (_autograd.py) needs the LSE.
         _autograd.require_ops(_ops, q)
@@ -502,22 +542,40 @@ def flash_attn_func(q, k, v, softmax_scale, causal, window_size, return_lse, num
 
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
             causal, window_size, return_lse, block_table, seqused_k, num_splits, softcap=0.0,
-            alibi_slopes=None):
+            alibi_slopes=None, q_descale=None, k_descale=None, v_descale=None):
     return _attention._forward(q, k, v, varlen=True, cu_seqlens_q=cu_seqlens_q,
                                cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
                                causal=causal, window_size=window_size, return_lse=return_lse,
                                block_table=block_table, seqused_k=seqused_k,
-                               num_splits=num_splits, softcap=softcap, alibi_slopes=alibi_slopes)
+                               num_splits=num_splits, softcap=softcap, alibi_slopes=alibi_slopes,
+                               q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            softmax_scale, causal, window_size, return_lse, block_table, seqused_k,
-                           num_splits, deterministic=False, softcap=0.0, alibi_slopes=None):
+                           num_splits, deterministic=False, softcap=0.0, alibi_slopes=None,
+                           q_descale=None, k_descale=None, v_descale=None):
     """(out, lse), lse None unless return_lse."""
     softcap = _attention._softcap(softcap)
     deterministic = _attention._flag(deterministic, "deterministic")
     _autograd.refuse_slope_grad(alibi_slopes)
+    descales = (q_descale, k_descale, v_descale)
+    if _fp8_call(q, k, v, descales):
+        _check_fp8_grad(q, k, v, descales)
+        if _use_ops(q):
+            left, right = _window_pair(window_size)
+            out, lse = _ops[1](q, k, v, cu_seqlens_q, cu_seqlens_k,
+                               _int64(max_seqlen_q, "max_seqlen_q"),
+                               _int64(max_seqlen_k, "max_seqlen_k"), _opt_float(softmax_scale),
+                               bool(causal), left, right, bool(return_lse), block_table,
+                               seqused_k, _int32(num_splits, "num_splits"), deterministic,
+                               softcap, alibi_slopes, *descales)
+        else:
+            out, lse = _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               softmax_scale, causal, window_size, return_lse, block_table,
+                               seqused_k, num_splits, softcap, alibi_slopes, *descales)
+        return out, (lse if return_lse else None)
     grad = _autograd.needs_grad(q, k, v)
     if grad:
         _autograd.require_ops(_ops, q)

@@ -198,8 +198,12 @@ def _check_rank(x, name, rank, layout):
 
 def _workspace_size(params):
     """The workspace the call needs (0 on the CPU). The query validates params and, on CUDA, runs
-    the dispatch's own checks (dtype, head dim, device): what the call would refuse, it refuses."""
-    size = _capi.lib().fs_attention_workspace_size_v3(ctypes.byref(params))
+    the dispatch's own checks (dtype, head dim, device): what the call would refuse, it refuses.
+    params: fs_attention_params_v3, or _v4 (the descale factors)."""
+    lib = _capi.lib()
+    query = (lib.fs_attention_workspace_size_v4 if isinstance(params, _capi.AttentionParamsV4)
+             else lib.fs_attention_workspace_size_v3)
+    size = query(ctypes.byref(params))
     if size == ctypes.c_size_t(-1).value:
         _capi.raise_last()  # the size query returns no status; fs_last_status has it
     return size
@@ -220,22 +224,48 @@ def _run(params, q, framework, device, describe, described, size=None):
             described.append(dw)
             params.workspace = dw.struct.data
             params.workspace_bytes = size
-    _capi.raise_for(lib.fs_attention_forward_v3(ctypes.byref(params)))
+    forward = (lib.fs_attention_forward_v4 if isinstance(params, _capi.AttentionParamsV4)
+               else lib.fs_attention_forward_v3)
+    _capi.raise_for(forward(ctypes.byref(params)))
     return workspace
+
+
+def _descaled(q_descale, k_descale, v_descale):
+    """The descale arguments given, by name (None where absent)."""
+    return tuple((name, x) for name, x in (("q_descale", q_descale), ("k_descale", k_descale),
+                                           ("v_descale", v_descale)) if x is not None)
+
+
+def check_fp8_grad(named):
+    """A float8_e4m3fn call (or one with descale factors) has no backward, as in
+    FlashAttention-3: an argument PyTorch tracks a gradient for is refused by name."""
+    for name, x in named:
+        if x is not None:
+            _tensor.check_autograd(x, name, "the float8_e4m3fn forward has no backward "
+                                   "(FlashAttention-3's fp8 path is forward only)")
 
 
 def _forward(q, k, v, *, varlen, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
              max_seqlen_k=0, softmax_scale=None, causal=False, window_size=(-1, -1),
              return_lse=False, block_table=None, seqused_k=None, num_splits=0, softcap=0.0,
-             alibi_slopes=None):
+             alibi_slopes=None, q_descale=None, k_descale=None, v_descale=None):
     """(out, lse or None)."""
     framework = _tensor.framework_of(q)
+    descales = _descaled(q_descale, k_descale, v_descale)
+    if descales:
+        check_fp8_grad(descales)
     for name, x in (("q", q), ("k", k), ("v", v)):
         # PyTorch tensors that require grad take _torch.py's operators; here only when those could
-        # not be registered.
+        # not be registered (or, for float8_e4m3fn, never: check_fp8_grad's message).
+        if descales or _is_fp8(x):
+            check_fp8_grad(((name, x),))
         _tensor.check_autograd(x, name, "flashserve's autograd needs PyTorch's custom operators "
                                "(torch.library.custom_op, PyTorch >= 2.4), not registered here")
     q, k, v = (_tensor.last_dim_contiguous(x, _tensor.framework_of(x)) for x in (q, k, v))
+    # Descale factors of any strides but a contiguous last dimension (the library's rule for every
+    # tensor): vLLM's per-tensor scale expanded to (batch, nheads_k) has stride 0 there.
+    descales = tuple((name, _tensor.last_dim_contiguous(x, _tensor.framework_of(x)))
+                     for name, x in descales)
     device = _tensor.device_of(q)
     stream = _tensor.current_stream(q, framework, device)
 
@@ -250,7 +280,9 @@ def _forward(q, k, v, *, varlen, cu_seqlens_q=None, cu_seqlens_k=None, max_seqle
         _check_rank(dk, "k", 4, "(batch, seqlen_k, nheads_k, headdim)")
         _check_rank(dv, "v", 4, "(batch, seqlen_k, nheads_k, headdim)")
     head_dim_v = dv.shape[-1] if dv.rank else dq.shape[-1]
-    out = _tensor.empty(q, framework, device, dq.shape[:-1] + (head_dim_v,))
+    # A float8_e4m3fn q gives a bfloat16 out (FlashAttention-3's rule).
+    out_dtype = "bfloat16" if dq.dtype == _capi.FLOAT8_E4M3 else None
+    out = _tensor.empty(q, framework, device, dq.shape[:-1] + (head_dim_v,), out_dtype)
     lse = None
     if return_lse:
         lse_shape = (dq.shape[1], dq.shape[0]) if varlen else (dq.shape[0], dq.shape[2],
@@ -280,7 +312,11 @@ def _forward(q, k, v, *, varlen, cu_seqlens_q=None, cu_seqlens_k=None, max_seqle
                  describe(cu_seqlens_q, "cu_seqlens_q"), describe(cu_seqlens_k, "cu_seqlens_k"),
                  describe(seqused_k, "seqused_k"), describe(block_table, "block_table"),
                  describe(alibi_slopes, "alibi_slopes")]
-    params = _capi.default_params()
+    described += [describe(x, name) for name, x in descales]
+    # The v4 struct (descale factors) only where there are any, so that a library call of the
+    # 16-bit path is the one it was.
+    fp8 = bool(descales) or any(d.dtype == _capi.FLOAT8_E4M3 for d in (dq, dk, dv))
+    params = _capi.default_params_v4() if fp8 else _capi.default_params()
     for d in described:
         setattr(params, d.name, d.struct)
     params.max_seqlen_q = _int(max_seqlen_q, "max_seqlen_q", _INT64)
@@ -307,9 +343,16 @@ def _forward(q, k, v, *, varlen, cu_seqlens_q=None, cu_seqlens_k=None, max_seqle
     return out, lse
 
 
+def _is_fp8(x):
+    """Whether x is a float8_e4m3fn tensor, by its dtype's name (PyTorch, ml_dtypes, JAX)."""
+    dtype = getattr(x, "dtype", None)
+    return str(dtype).replace("torch.", "") == "float8_e4m3fn" if dtype is not None else False
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                    return_attn_probs=False, *, return_lse=False, num_splits=0):
+                    return_attn_probs=False, *, return_lse=False, num_splits=0, q_descale=None,
+                    k_descale=None, v_descale=None):
     """Exact attention over dense batches (flash_attn 2.8's flash_attn_func: its parameters in
     its order; return_lse and num_splits are flashserve's, keyword-only).
 
@@ -331,6 +374,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     run to run (the CPU backward always gives them; the forward is deterministic).
     num_splits: split-KV ways; 0 (the default, as in FlashAttention's forward) lets the library
     choose, 1 never splits, n > 1 splits exactly n ways.
+    FP8 (FlashAttention-3's, keyword-only here; flashserve.hopper takes them in FA3's order): q, k
+    and v float8_e4m3fn give a bfloat16 out; q_descale, k_descale, v_descale: optional float32
+    (batch, nheads_k) on q's device, the factor each tensor's codes are multiplied by (None: 1;
+    q_descale of KV head j applies to its group of query heads). Forward only: an fp8 call with
+    an argument that requires grad is refused (NotImplementedError naming it). See docs/python.md.
     """
     _check_dropout(dropout_p)
     causal = _flag(causal, "causal")
@@ -339,12 +387,15 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     path = _torch_route(q)
     if path is not None:
         out, lse = path.flash_attn_func(q, k, v, softmax_scale, causal, window_size, want_lse,
-                                        num_splits, deterministic, softcap, alibi_slopes)
+                                        num_splits, deterministic, softcap, alibi_slopes,
+                                        q_descale=q_descale, k_descale=k_descale,
+                                        v_descale=v_descale)
         return _results(q, path, out, lse, return_lse, return_attn_probs)
     _flag(deterministic, "deterministic")
     out, lse = _forward(q, k, v, varlen=False, softmax_scale=softmax_scale, causal=causal,
                         window_size=window_size, return_lse=want_lse, num_splits=num_splits,
-                        softcap=softcap, alibi_slopes=alibi_slopes)
+                        softcap=softcap, alibi_slopes=alibi_slopes, q_descale=q_descale,
+                        k_descale=k_descale, v_descale=v_descale)
     return _results(q, None, out, lse, return_lse, return_attn_probs)
 
 
@@ -352,7 +403,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False,
                            return_attn_probs=False, block_table=None, *, seqused_k=None,
-                           return_lse=False, num_splits=0):
+                           return_lse=False, num_splits=0, q_descale=None, k_descale=None,
+                           v_descale=None):
     """Exact attention over packed variable-length sequences (flash_attn 2.8's
     flash_attn_varlen_func, parameters in its order; seqused_k, return_lse and num_splits are
     flashserve's, keyword-only).
@@ -366,6 +418,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     sequence. Returns out (total_q, nheads, headdim_v); with return_attn_probs (out, softmax_lse,
     S_dmask), softmax_lse float32 (nheads, total_q), S_dmask empty as in flash_attn_func; with
     return_lse (out, softmax_lse). num_splits as in flash_attn_func (default 0: automatic).
+    q_descale, k_descale, v_descale: FP8 as in flash_attn_func, (batch, nheads_k) with batch =
+    len(cu_seqlens_q) - 1.
     """
     _check_dropout(dropout_p)
     causal = _flag(causal, "causal")
@@ -376,7 +430,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         out, lse = path.flash_attn_varlen_func(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
             causal, window_size, want_lse, block_table, seqused_k, num_splits, deterministic,
-            softcap, alibi_slopes)
+            softcap, alibi_slopes, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
         return _results(q, path, out, lse, return_lse, return_attn_probs)
     _flag(deterministic, "deterministic")
     out, lse = _forward(q, k, v, varlen=True, cu_seqlens_q=cu_seqlens_q,
@@ -384,7 +438,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                         max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
                         window_size=window_size, return_lse=want_lse, block_table=block_table,
                         seqused_k=seqused_k, num_splits=num_splits, softcap=softcap,
-                        alibi_slopes=alibi_slopes)
+                        alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
+                        v_descale=v_descale)
     return _results(q, None, out, lse, return_lse, return_attn_probs)
 
 

@@ -6,8 +6,12 @@ with its defaults, so that
 
 replaces `from flash_attn_interface import ...`. The parameters that mean something here are
 passed on to flashserve's FlashAttention-2 functions (flashserve/attention.py); FA3's
-page_table is FA2's block_table. The others are refused by name (NotImplementedError) unless left
-at their defaults: qv (MLA's extra q.v product), q_descale/k_descale/v_descale (fp8), seqused_q,
+page_table is FA2's block_table. FP8 as FA3 has it: q, k, v float8_e4m3fn with q_descale,
+k_descale, v_descale float32 (batch, nheads_k) or None (1), a bfloat16 out, forward only, in
+flash_attn_func, flash_attn_qkvpacked_func and flash_attn_varlen_func (on CUDA the sm90 kernel,
+behind FLASHSERVE_FP8_ATTENTION=1 until its default flips). The others are refused by name
+(NotImplementedError) unless left at their defaults: qv (MLA's extra q.v product),
+flash_attn_with_kvcache's q_descale/k_descale/v_descale (an fp8 KV cache), seqused_q,
 attention_chunk (chunked local attention), sm_margin (SMs kept free: the kernels cannot honour
 it), scheduler_metadata, and flash_attn_with_kvcache's varlen q (cu_seqlens_q, cu_seqlens_k_new,
 max_seqlen_q) and rotary_seqlens. pack_gqa (None, True, False) is accepted: it chooses how FA3
@@ -39,7 +43,8 @@ def _check_pack_gqa(pack_gqa):
         raise TypeError(f"pack_gqa: expected None or a bool, got {type(pack_gqa).__name__}")
 
 
-_DESCALE = "fp8 descaling (pass bfloat16 or float16 tensors instead)"
+_DESCALE = "an fp8 KV cache in flash_attn_with_kvcache (fp8 runs in flash_attn_func and " \
+    "flash_attn_varlen_func)"
 _CHUNK = "chunked local attention"
 _MARGIN = "keeping SMs free for other kernels"
 _QV = "the extra q.v product of MLA decoding"
@@ -51,16 +56,15 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
                     return_attn_probs=False):
     """FlashAttention-3's flash_attn_func: flashserve.flash_attn_func with softmax_scale 4th,
     num_splits 1 by default, and (out, softmax_lse) with return_attn_probs (FA3 returns no
-    S_dmask). Layouts, masks and softcap as there."""
-    _refuse_unless_default(qv=(qv, None, _QV), q_descale=(q_descale, None, _DESCALE),
-                           k_descale=(k_descale, None, _DESCALE),
-                           v_descale=(v_descale, None, _DESCALE),
-                           attention_chunk=(attention_chunk, 0, _CHUNK),
+    S_dmask). Layouts, masks and softcap as there. FP8: q, k, v float8_e4m3fn, q_descale,
+    k_descale, v_descale float32 (batch, nheads_k) or None (1); out bfloat16; forward only."""
+    _refuse_unless_default(qv=(qv, None, _QV), attention_chunk=(attention_chunk, 0, _CHUNK),
                            sm_margin=(sm_margin, 0, _MARGIN))
     _check_pack_gqa(pack_gqa)
     return _fa2.flash_attn_func(q, k, v, 0.0, softmax_scale, causal, window_size, softcap, None,
                                 deterministic, return_lse=return_attn_probs,
-                                num_splits=num_splits)
+                                num_splits=num_splits, q_descale=q_descale, k_descale=k_descale,
+                                v_descale=v_descale)
 
 
 def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=None,
@@ -69,11 +73,8 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
                               num_heads_q=None, sm_margin=0, return_attn_probs=False):
     """FlashAttention-3's flash_attn_qkvpacked_func: qkv (batch, seqlen, 3, nheads, headdim), or
     (batch, seqlen, num_heads_q + 2 * nheads_k, headdim) with num_heads_q (GQA: q's heads, then
-    k's, then v's). Views, no copy."""
-    _refuse_unless_default(q_descale=(q_descale, None, _DESCALE),
-                           k_descale=(k_descale, None, _DESCALE),
-                           v_descale=(v_descale, None, _DESCALE),
-                           attention_chunk=(attention_chunk, 0, _CHUNK),
+    k's, then v's). Views, no copy. FP8 as in flash_attn_func."""
+    _refuse_unless_default(attention_chunk=(attention_chunk, 0, _CHUNK),
                            sm_margin=(sm_margin, 0, _MARGIN))
     rank = len(qkv.shape)
     if rank == 5:
@@ -94,7 +95,8 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
     else:
         raise ValueError(f"qkv: expected rank 5 or 4, got shape {tuple(qkv.shape)}")
     return _fa2.flash_attn_func(q, k, v, 0.0, softmax_scale, causal, window_size, softcap, None,
-                                deterministic, return_lse=return_attn_probs, num_splits=1)
+                                deterministic, return_lse=return_attn_probs, num_splits=1,
+                                q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -105,19 +107,18 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            return_attn_probs=False):
     """FlashAttention-3's flash_attn_varlen_func: flashserve.flash_attn_varlen_func with
     seqused_k (sequence b uses its first seqused_k[b] keys) in FA3's place; (out, softmax_lse)
-    with return_attn_probs."""
+    with return_attn_probs. FP8 as in flash_attn_func, batch = len(cu_seqlens_q) - 1."""
     _refuse_unless_default(seqused_q=(seqused_q, None, "seqused_q (a query count per sequence "
                                       "below cu_seqlens_q's)"),
-                           qv=(qv, None, _QV), q_descale=(q_descale, None, _DESCALE),
-                           k_descale=(k_descale, None, _DESCALE),
-                           v_descale=(v_descale, None, _DESCALE),
-                           attention_chunk=(attention_chunk, 0, _CHUNK),
+                           qv=(qv, None, _QV), attention_chunk=(attention_chunk, 0, _CHUNK),
                            sm_margin=(sm_margin, 0, _MARGIN))
     _check_pack_gqa(pack_gqa)
     return _fa2.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                        max_seqlen_k, 0.0, softmax_scale, causal, window_size,
                                        softcap, None, deterministic, seqused_k=seqused_k,
-                                       return_lse=return_attn_probs, num_splits=num_splits)
+                                       return_lse=return_attn_probs, num_splits=num_splits,
+                                       q_descale=q_descale, k_descale=k_descale,
+                                       v_descale=v_descale)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None,

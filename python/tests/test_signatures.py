@@ -41,7 +41,10 @@ FA2 = {
 }
 # flashserve's own keyword-only additions (documented in docs/python.md).
 FA2_EXTRAS = {"return_lse": False, "num_splits": 0}
-FA2_EXTRAS_OF = {"flash_attn_varlen_func": dict(FA2_EXTRAS, seqused_k=None),
+# FlashAttention-3's fp8 descale factors, keyword-only in flashserve's FA2 functions.
+_FP8_EXTRAS = {"q_descale": None, "k_descale": None, "v_descale": None}
+FA2_EXTRAS_OF = {"flash_attn_func": dict(FA2_EXTRAS, **_FP8_EXTRAS),
+                 "flash_attn_varlen_func": dict(FA2_EXTRAS, seqused_k=None, **_FP8_EXTRAS),
                  "flash_attn_with_kvcache": {}}
 
 _DESCALES = [("q_descale", None), ("k_descale", None), ("v_descale", None)]
@@ -218,9 +221,6 @@ def test_fa3_kvcache_page_table_is_the_block_table(seed):
 
 FA3_REFUSED = [  # function, keyword, value, message
     ("flash_attn_func", "qv", "tensor", r"^qv: the extra q\.v product"),
-    ("flash_attn_func", "q_descale", "tensor", r"^q_descale: fp8 descaling"),
-    ("flash_attn_func", "k_descale", "tensor", r"^k_descale: fp8 descaling"),
-    ("flash_attn_func", "v_descale", "tensor", r"^v_descale: fp8 descaling"),
     ("flash_attn_func", "attention_chunk", 128, r"^attention_chunk: chunked local attention"),
     ("flash_attn_func", "sm_margin", 4, r"^sm_margin: keeping SMs free"),
     ("flash_attn_qkvpacked_func", "attention_chunk", 64, r"^attention_chunk: "),
@@ -234,6 +234,9 @@ FA3_REFUSED = [  # function, keyword, value, message
     ("flash_attn_with_kvcache", "rotary_seqlens", "tensor", r"^rotary_seqlens: "),
     ("flash_attn_with_kvcache", "scheduler_metadata", "tensor", r"^scheduler_metadata: "),
     ("flash_attn_with_kvcache", "attention_chunk", 8, r"^attention_chunk: "),
+    ("flash_attn_with_kvcache", "q_descale", "tensor", r"^q_descale: an fp8 KV cache"),
+    ("flash_attn_with_kvcache", "k_descale", "tensor", r"^k_descale: an fp8 KV cache"),
+    ("flash_attn_with_kvcache", "v_descale", "tensor", r"^v_descale: an fp8 KV cache"),
     ("flash_attn_with_kvcache", "cache_leftpad", "tensor", r"^cache_leftpad: "),
 ]
 
