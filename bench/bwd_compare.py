@@ -10,12 +10,15 @@ TFLOP/s by docs/architecture.md's count: backward 2.5 x the forward's FLOPs (hal
 Our backward's kernel family is the library's default (FLASHSERVE_BWD_KERNEL unset: sm90 on an
 H100/H200 build with 90a, sm80 elsewhere); --families sm80,sm90 times each forced family (the
 variable is set around its calls, the forward left alone), one row per family and shape.
+sm90-atomic and sm90-dq-bulk are sm90 with its dQ path forced too (FLASHSERVE_SM90_BWD_DQ_BULK=0
+or 1: per-element atomics or the shared-memory tile's bulk reduce-add), for the A/B of one run.
 
 Usage (repo root, libflashserve_c built with CUDA):
     PYTHONPATH=python FLASHSERVE_LIBRARY=.../libflashserve_c.so python3 bench/bwd_compare.py \
-        [--families auto|sm80,sm90]
+        [--families auto|sm80,sm90|sm90-atomic,sm90-dq-bulk]
 """
 import argparse
+import contextlib
 import os
 import sys
 
@@ -27,6 +30,30 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from flashserve import flash_attn_func  # noqa: E402
 
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+
+# The environment each --families name sets around our calls (None: the variable left as it is).
+FAMILY_ENV = {
+    "auto": {"FLASHSERVE_BWD_KERNEL": "auto"},
+    "sm80": {"FLASHSERVE_BWD_KERNEL": "sm80"},
+    "sm90": {"FLASHSERVE_BWD_KERNEL": "sm90"},
+    "sm90-atomic": {"FLASHSERVE_BWD_KERNEL": "sm90", "FLASHSERVE_SM90_BWD_DQ_BULK": "0"},
+    "sm90-dq-bulk": {"FLASHSERVE_BWD_KERNEL": "sm90", "FLASHSERVE_SM90_BWD_DQ_BULK": "1"},
+}
+
+
+@contextlib.contextmanager
+def family_env(family):
+    """Sets `family`'s variables (FAMILY_ENV) for the block and puts back what was there."""
+    old = {k: os.environ.get(k) for k in FAMILY_ENV[family]}
+    os.environ.update(FAMILY_ENV[family])
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
 
 
 def timed(fn, reps, before=None):
@@ -52,17 +79,10 @@ def timed(fn, reps, before=None):
 
 def run(which, q, k, v, causal, reps, family="auto"):
     """(backward ms, forward + backward ms) through autograd; q, k, v are [b, L, h, d]. `family`
-    is our backward's FLASHSERVE_BWD_KERNEL (auto, sm80, sm90) for which = "flashserve"."""
+    is our backward's FAMILY_ENV name for which = "flashserve"."""
     if which == "flashserve":
-        old = os.environ.get("FLASHSERVE_BWD_KERNEL")
-        os.environ["FLASHSERVE_BWD_KERNEL"] = family
-        try:
+        with family_env(family):
             return run(which + "-forced", q, k, v, causal, reps)
-        finally:
-            if old is None:
-                del os.environ["FLASHSERVE_BWD_KERNEL"]
-            else:
-                os.environ["FLASHSERVE_BWD_KERNEL"] = old
     g = torch.randn_like(q)
     if which == "flashserve-forced":
         fwd = lambda: flash_attn_func(q, k, v, causal=causal)  # noqa: E731
@@ -93,17 +113,10 @@ def grad_diff(q, k, v, causal, family):
     """max |ours - FA2's| / max |FA2's| over dq, dk, dv (bf16, same inputs and dout): a check that
     the timed kernel computes the gradient, beside the tests against float64."""
     g = torch.randn_like(q)
-    old = os.environ.get("FLASHSERVE_BWD_KERNEL")
-    os.environ["FLASHSERVE_BWD_KERNEL"] = family
-    try:
+    with family_env(family):
         xs = [x.detach().clone().requires_grad_() for x in (q, k, v)]
         flash_attn_func(*xs, causal=causal).backward(g)
         ours = [x.grad for x in xs]
-    finally:
-        if old is None:
-            del os.environ["FLASHSERVE_BWD_KERNEL"]
-        else:
-            os.environ["FLASHSERVE_BWD_KERNEL"] = old
     ts = [x.detach().transpose(1, 2).clone().requires_grad_() for x in (q, k, v)]
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
         F.scaled_dot_product_attention(*ts, is_causal=causal).backward(g.transpose(1, 2))
@@ -121,9 +134,13 @@ def main():
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--families", default="auto",
-                    help="our backward's kernel families, comma-separated: auto, sm80, sm90")
+                    help="our backward's kernel families, comma-separated: "
+                    + ", ".join(FAMILY_ENV))
     args = ap.parse_args()
     families = [f for f in args.families.split(",") if f]
+    for f in families:
+        if f not in FAMILY_ENV:
+            ap.error(f"unknown family {f!r} (one of {', '.join(FAMILY_ENV)})")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN "
           f"{torch.backends.cudnn.version()}, bf16; TFLOP/s of the backward (2.5 x forward FLOPs) "
           "and of forward + backward (3.5 x)\n")

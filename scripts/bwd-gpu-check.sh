@@ -17,9 +17,10 @@
 #     bash scripts/gpu-quick.sh --pack build/bwd90 .xfer/bwd90.tar.xz
 # then, on the GPU machine (carry .xfer):
 #   BIN_TAR=.xfer/bwd90.tar.xz OUT=$OUT bash scripts/bwd-gpu-check.sh
-# Environment: SKIP="tests sanitize bench torch" leaves steps out; FILTER (the tests step's
+# Environment: SKIP="sass tests sanitize bench torch" leaves steps out; FILTER (the tests step's
 # gtest filter, default '*Backward*:*Sm90*'); HEAD_DIMS (64,128), SEQLENS (512,2048,8192), FAMILIES
-# (sm80,sm90: bwd_compare.py's --families), COMMIT (printed).
+# (sm80,sm90: bwd_compare.py's --families; sm90-atomic,sm90-dq-bulk compares the sm90 kernel's two
+# dQ paths, FLASHSERVE_SM90_BWD_DQ_BULK=0/1), COMMIT (printed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -36,6 +37,24 @@ export LD_LIBRARY_PATH=$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 echo "commit ${COMMIT:-unknown}"
 
+if want sass; then
+  # Per sm90 backward kernel (mangled: ...Lb<bf16>ELb<masked>ELb<dq bulk>E): registers, local
+  # memory, and the SASS that says which dQ path it runs: UTMAREDG (the bulk reduce-add) or
+  # RED/ATOM (per-element atomics), beside HGMMA (wgmma) in the loop.
+  step "sm90 backward kernels: registers, LOCAL, HGMMA / UTMAREDG / RED counts"
+  cuobjdump -res-usage "$BIN/tests/test_gpu" 2>/dev/null | grep -A1 'sm9010bwd_kernel' |
+    grep -oE 'BwdTileConfigILi[0-9]+ELi[0-9]+[^ ]*|REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+' |
+    paste - - - - | sed -E 's/EEEvNS1_9BwdParamsE//'
+  cuobjdump -sass "$BIN/tests/test_gpu" 2>/dev/null | awk '
+    /Function :/ { name = ($3 ~ /sm9010bwd_kernel/) ? $3 : ""; next }
+    name != "" && /HGMMA/ { hg[name]++ }
+    name != "" && /UTMAREDG|UBLKRED/ { tr[name]++ }
+    name != "" && /RED\.E\.ADD|ATOM\.E\.ADD|REDG|ATOMG/ { at[name]++ }
+    name != "" { seen[name] = 1 }
+    END { for (n in seen) { k = n; sub(/.*BwdTileConfigILi/, "d", k); sub(/EEEvNS1_9BwdParamsE/, "", k)
+          printf "%s HGMMA %d UTMAREDG/UBLKRED %d RED/ATOM %d\n", k, hg[n], tr[n], at[n] } }' |
+    sort
+fi
 if want tests; then
   step "backward tests (both families) and the sm90 forward's (its helpers moved to shared headers), 8 shards: every test passes, no sm90 test skipped here"
   pids=()

@@ -722,6 +722,23 @@ TEST(PlanFp8, ParsesTheSwitchStrictly) {
   }
 }
 
+TEST(PlanBackward, ParsesTheSm90DqBulkSwitchStrictly) {
+  using attention::parse_sm90_bwd_dq_bulk;
+  EXPECT_EQ(parse_sm90_bwd_dq_bulk(nullptr), attention::kSm90BwdDqBulkByDefault);
+  EXPECT_EQ(parse_sm90_bwd_dq_bulk(""), attention::kSm90BwdDqBulkByDefault);
+  EXPECT_TRUE(parse_sm90_bwd_dq_bulk("1"));
+  EXPECT_FALSE(parse_sm90_bwd_dq_bulk("0"));
+  for (const char* bad : {"true", "on", "2", " 1", "auto"}) {
+    try {
+      parse_sm90_bwd_dq_bulk(bad);
+      ADD_FAILURE() << "\"" << bad << "\" accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << bad;
+      EXPECT_EQ(e.argument(), "FLASHSERVE_SM90_BWD_DQ_BULK") << bad;
+    }
+  }
+}
+
 TEST(PlanFp8, KeyBlockSwitchTakes128Or192AndOnlyD128Takes192) {
   using attention::parse_fp8_block_n;
   EXPECT_EQ(parse_fp8_block_n(nullptr), 128);

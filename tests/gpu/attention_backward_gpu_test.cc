@@ -1,6 +1,9 @@
 // The CUDA backward through the public API, against the float64 reference backward, with each
 // kernel family forced by FLASHSERVE_BWD_KERNEL: sm80 (src/attention/sm80/bwd_kernel.h) and sm90
-// (src/attention/sm90/bwd_kernel.h). Each case runs our CPU forward on the host (out and lse as a
+// (src/attention/sm90/bwd_kernel.h), the latter with each of its dQ paths
+// (FLASHSERVE_SM90_BWD_DQ_BULK: per-element atomics, or a shared-memory tile added by a TMA bulk
+// reduce-add; either sums dq in no fixed order, so both are held to the reference, not to each
+// other's bits). Each case runs our CPU forward on the host (out and lse as a
 // training step saves them), copies every buffer to the device (gradients poisoned with NaN),
 // runs attention_backward there and compares dq, dk, dv by support/compare.h's rule. The
 // instantiations named Sanitize are the small subset for compute-sanitizer (with atomics and in
@@ -60,17 +63,18 @@ class BackwardDevice {
   std::vector<void*> attn_, grads_;
 };
 
-// The kernel family a run forces (FLASHSERVE_BWD_KERNEL).
-enum class Family { kSm80, kSm90 };
+// The kernel family a run forces (FLASHSERVE_BWD_KERNEL) and, for sm90, its dQ path
+// (FLASHSERVE_SM90_BWD_DQ_BULK): kSm90 the atomics, kSm90DqBulk the bulk reduce-add.
+enum class Family { kSm80, kSm90, kSm90DqBulk };
 const char* family_name(Family f) {
-  return f == Family::kSm80 ? "sm80" : "sm90";
+  return f == Family::kSm80 ? "sm80" : f == Family::kSm90 ? "sm90" : "sm90_dq_bulk";
 }
 
 // The sm90 kernel runs on compute capability 9.0 devices of builds with 90a only.
 #define SKIP_WITHOUT_FAMILY(family)                                                         \
   do {                                                                                      \
     SKIP_WITHOUT_CUDA();                                                                    \
-    if ((family) == Family::kSm90) {                                                        \
+    if ((family) != Family::kSm80) {                                                        \
       int major = 0, minor = 0;                                                             \
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);                 \
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);                 \
@@ -83,7 +87,8 @@ const char* family_name(Family f) {
 // Runs the backward on the device with `family` forced; returns the gradients read back.
 attention::reference::NaiveGrads run_on_gpu(BackwardCase& bc, Family family,
                                             bool deterministic = false) {
-  ScopedEnv env("FLASHSERVE_BWD_KERNEL", family_name(family));
+  ScopedEnv env("FLASHSERVE_BWD_KERNEL", family == Family::kSm80 ? "sm80" : "sm90");
+  ScopedEnv dq_path("FLASHSERVE_SM90_BWD_DQ_BULK", family == Family::kSm90DqBulk ? "1" : "0");
   BackwardDevice dev(bc);
   AttentionBackwardParams p = dev.params();
   p.deterministic = deterministic;
@@ -145,15 +150,22 @@ std::vector<CaseSpec> cases() {
     var.q_layout = QLayout::kVarlen, var.kv_layout = KVLayout::kVarlen;
     var.window_left = 50, var.window_right = 20;
     v.push_back(var);
+    // Short varlen sequences, so that one 64-row dQ box spans several sequences (the bulk path
+    // adds its exact zeros past a sequence's queries into the next ones' rows while those add
+    // their own), a query block reaching past the last row, GQA 4.
+    CaseSpec tiny = spec(DType::kBFloat16, d, 5, 1, 1, 8, 2, true);
+    tiny.q_lens = {1, 2, 3, 64, 65}, tiny.kv_lens = {5, 1, 130, 64, 200};
+    tiny.q_layout = QLayout::kVarlen, tiny.kv_layout = KVLayout::kVarlen;
+    v.push_back(tiny);
   }
   return v;
 }
 
-// Every case through both families.
+// Every case through both families, sm90 with each dQ path.
 using FamilyCase = std::tuple<CaseSpec, Family>;
 std::vector<FamilyCase> with_families(const std::vector<CaseSpec>& specs) {
   std::vector<FamilyCase> v;
-  for (Family f : {Family::kSm80, Family::kSm90})
+  for (Family f : {Family::kSm80, Family::kSm90, Family::kSm90DqBulk})
     for (const CaseSpec& s : specs) v.emplace_back(s, f);
   return v;
 }
@@ -194,7 +206,7 @@ TEST(GpuBackwardSanitize, DeterministicSmallCase) {
 }
 
 TEST(GpuBackwardLse, GradientOfTheLse) {
-  for (Family family : {Family::kSm80, Family::kSm90}) {
+  for (Family family : {Family::kSm80, Family::kSm90, Family::kSm90DqBulk}) {
     SKIP_WITHOUT_FAMILY(family);
     check_case(spec(DType::kBFloat16, 64, 2, 45, 61, 4, 2, true), family, /*with_dlse=*/true);
     check_case(spec(DType::kFloat16, 128, 1, 130, 200, 2, 1, false), family, /*with_dlse=*/true);
@@ -236,18 +248,21 @@ TEST(GpuBackwardDeterministic, MatchesTheReferenceAndRepeatsBitForBit) {
 
 // The sm90 kernel's dK and dV are sums in registers in a fixed order (no atomics): a second run
 // on the same inputs gives the same bits, where a race (a stage or dS buffer overwritten while
-// read) would move them. dq goes through atomics and may differ in its last bits.
+// read) would move them; with either dQ path (the bulk path's producer order differs). dq goes
+// through atomics or reduce-adds in no fixed order and may differ in its last bits.
 TEST(GpuBackwardSm90, DkDvRepeatBitForBit) {
   SKIP_WITHOUT_FAMILY(Family::kSm90);
-  for (int64_t d : {64, 128}) {
-    CaseSpec s = spec(DType::kBFloat16, d, 1, 400, 600, 4, 2, true);
-    s.seed = 2292;
-    BackwardCase bc(s);
-    bc.run_forward();
-    const auto first = run_on_gpu(bc, Family::kSm90);
-    const auto second = run_on_gpu(bc, Family::kSm90);
-    EXPECT_TRUE(first.dk == second.dk && first.dv == second.dv) << s.name();
-  }
+  for (Family family : {Family::kSm90, Family::kSm90DqBulk})
+    for (int64_t d : {64, 128}) {
+      CaseSpec s = spec(DType::kBFloat16, d, 1, 400, 600, 4, 2, true);
+      s.seed = 2292;
+      BackwardCase bc(s);
+      bc.run_forward();
+      const auto first = run_on_gpu(bc, family);
+      const auto second = run_on_gpu(bc, family);
+      EXPECT_TRUE(first.dk == second.dk && first.dv == second.dv)
+          << s.name() << " " << family_name(family);
+    }
 }
 
 // FLASHSERVE_BWD_KERNEL=sm90 refuses what the sm90 kernel lacks by the variable's name:

@@ -99,6 +99,10 @@ bool parse_fp8_attention(const char* value) {
   return env_switch(value, "FLASHSERVE_FP8_ATTENTION", kFp8AttentionByDefault);
 }
 
+bool parse_sm90_bwd_dq_bulk(const char* value) {
+  return env_switch(value, "FLASHSERVE_SM90_BWD_DQ_BULK", kSm90BwdDqBulkByDefault);
+}
+
 int parse_fp8_block_n(const char* value) {
   if (value == nullptr || *value == '\0' || std::string(value) == "128") return 128;
   if (std::string(value) == "192") return 192;

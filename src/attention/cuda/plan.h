@@ -223,6 +223,18 @@ std::string sm90_backward_lacks(const Problem& pr, bool deterministic,
 // yet run on a device can be merged off.
 inline constexpr bool kSm90BackwardByDefault = true;
 
+// Whether the sm90 backward adds dQ by a TMA bulk reduce-add of a shared-memory tile per step
+// (sm90/bwd_kernel.h, kDqBulk) instead of per-element fp32 atomics: off until its first device run
+// has passed the backward's GPU tests against the float64 reference (a wrong dq would be a silent
+// wrong answer) and measured faster; the lead turns it on after the run, as
+// kSm90BackwardByDefault was.
+inline constexpr bool kSm90BwdDqBulkByDefault = false;
+
+// FLASHSERVE_SM90_BWD_DQ_BULK: unset (null) or empty, kSm90BwdDqBulkByDefault; "1" on; "0" off
+// (the atomics); anything else throws kInvalidArgument naming the variable. Read by the CUDA
+// backward once per call (backward_cuda.cu), the A/B switch between the two dQ paths.
+bool parse_sm90_bwd_dq_bulk(const char* value);
+
 // The backward's one decision: with `request` kAuto and kSm90BackwardByDefault, sm90 wherever
 // sm90_backward_lacks is "" (the compute capability 9.0 device of a build with 90a), else sm80;
 // kSm80 forces sm80; kSm90 forces sm90, and a call it cannot run throws kUnsupported naming

@@ -57,19 +57,29 @@ struct KeyBlocks {
 // key of key block n_block (its keys before kv_len), [m_min, m_max) (empty: m_min == m_max).
 // Key j is seen by the queries t with j - offset - right <= t <= j - offset + left (mask.h), so
 // block n is seen by query blocks [m_min, m_max) exactly when KeyBlocks of each of those blocks
-// visits n (tests/attention/block_mask_test.cc checks the two against each other).
+// visits n (tests/attention/block_mask_test.cc checks the two against each other). Query blocks
+// in [full_lo, full_hi) need no per-element masking: each of their queries before q_len sees
+// every key of the block, and the block's keys all lie before kv_len (a block that ends past
+// kv_len has the range empty: its last keys are masked in every query block).
 template <int kBlockM, int kBlockN, bool kHasMask>
 struct QueryBlocks {
-  int m_min, m_max;
+  int m_min, m_max, full_lo, full_hi;
 
   FS_HOST_DEVICE QueryBlocks(int n_block, int q_len, int kv_len, int left, int right) {
     const int k_lo = n_block * kBlockN;
     const int k_hi = (k_lo + kBlockN < kv_len ? k_lo + kBlockN : kv_len) - 1;  // last key
     const int offset = kv_len - q_len;
-    int t_lo = 0, t_hi = q_len - 1;  // queries that see some key of the block
+    int t_lo = 0, t_hi = q_len - 1;      // queries that see some key of the block
+    int all_lo = 0, all_hi = q_len - 1;  // queries that see every key of the block
     if constexpr (kHasMask) {
-      if (right >= 0) t_lo = k_lo - offset - right > 0 ? k_lo - offset - right : 0;
-      if (left >= 0 && k_hi - offset + left < t_hi) t_hi = k_hi - offset + left;
+      if (right >= 0) {
+        t_lo = k_lo - offset - right > 0 ? k_lo - offset - right : 0;
+        all_lo = k_hi - offset - right > 0 ? k_hi - offset - right : 0;
+      }
+      if (left >= 0) {
+        if (k_hi - offset + left < t_hi) t_hi = k_hi - offset + left;
+        if (k_lo - offset + left < all_hi) all_hi = k_lo - offset + left;
+      }
     }
     if (k_hi < k_lo || t_hi < t_lo) {
       m_min = m_max = 0;
@@ -77,9 +87,18 @@ struct QueryBlocks {
       m_min = t_lo / kBlockM;
       m_max = t_hi / kBlockM + 1;
     }
+    if (k_lo + kBlockN > kv_len || all_hi < all_lo) {
+      full_lo = full_hi = 0;
+    } else {
+      full_lo = (all_lo + kBlockM - 1) / kBlockM;
+      // Block m's queries before q_len end at min((m + 1) kBlockM, q_len) - 1: every block passes
+      // when all_hi is the last query, else those with (m + 1) kBlockM - 1 <= all_hi.
+      full_hi = all_hi == q_len - 1 ? (q_len + kBlockM - 1) / kBlockM : (all_hi + 1) / kBlockM;
+    }
   }
 
   FS_HOST_DEVICE int count() const { return m_max - m_min; }
+  FS_HOST_DEVICE bool needs_mask(int m) const { return m < full_lo || m >= full_hi; }
 };
 
 }  // namespace flashserve::attention::kernel

@@ -13,7 +13,8 @@
 //   dV  += P^T dO,  dK += dS^T Q     (RS: P^T and dS^T straight from the accumulators)
 //   dQ   = dS K                      (SS, both operands transposed: dS^T through shared memory,
 //                                     64 x 64 per consumer) added to the fp32 accumulator
-//                                     in the workspace by float2 atomics; the shared
+//                                     in the workspace (kDqBulk: a shared-memory tile and a
+//                                     TMA bulk reduce-add; else float2 atomics); the shared
 //                                     postprocess scales and rounds it into dq.
 // - Warpgroup 0, the producer, gives registers back; its warp 0 loads K and V once (TMA) and
 //   per step Q and dO (TMA) and LSE and D (its 32 lanes, from global memory) into stage
@@ -25,14 +26,22 @@
 //   (double-buffered, so one named barrier per step suffices: a warpgroup reaches step i + 1's
 //   barrier only after its dQ of step i has read the other buffer), sync, and each computes its
 //   64 x 64 share of dQ (rows 64 w at d64 with kBlockM = 128, columns 64 w at d128).
-// - dQ's atomics are the simple choice (FlashAttention-3 also has them): a TMA bulk reduce-add
-//   of a shared-memory tile would need the accumulator laid out per (head, row block).
+// - dQ, two paths (FLASHSERVE_SM90_BWD_DQ_BULK, the template's kDqBulk). Atomics: each thread
+//   adds its 32 values with float2 atomics, and the warps wait on the L1TEX round trips before
+//   they reuse the registers (session 17's profile: 32% of the stall cycles). Bulk: each
+//   warpgroup stores its 64 x 64 share into a 16 KB shared tile (TMA's 128-byte swizzle, as
+//   boxes of 32 fp32 columns), one thread issues two cp.reduce.async.bulk.tensor adds into the
+//   accumulator through a 4-D fp32 map of it (the same [q_rows][h_q][d] layout, so the shared
+//   postprocess and the sm80 family are untouched), and the warpgroup goes on; the tile is
+//   written again one step later, after that thread's wait for the adds' reads. kDqBulk also
+//   masks only the steps that need it (QueryBlocks::needs_mask); the atomics' kernel is the
+//   session 16 kernel unchanged.
 // - deterministic = true is not here: backward_cuda.cu runs sm80's fixed-order dq kernel
 //   (sm80/bwd_kernel.h, bwd_dq_kernel) for it.
 //
 // Correctness first (docs/kernel-notes.md, "sm90 backward"): each step's GEMMs wait for each
-// other (no overlap of one step's softmax with the next step's GEMMs), every step masks
-// element-wise in the masked instantiation, one CTA per key block (no persistent scheduler).
+// other (no overlap of one step's softmax with the next step's GEMMs), one CTA per key block (no
+// persistent scheduler).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -61,8 +70,22 @@ __device__ __forceinline__ uint64_t opaque(uint64_t desc) {
   return desc;
 }
 
+// What only the kDqBulk kernel keeps in shared memory (an empty base in the atomics' kernel):
+// the consumers' dQ shares staged for the bulk reduce-add, per warpgroup kDqBoxes boxes of 64
+// rows x 32 fp32 columns, each 1024-byte aligned for TMA's 128-byte swizzle; and the CTA's query
+// blocks that need no mask, [mask_free[0], mask_free[1]) (QueryBlocks::needs_mask), read at the
+// consumers' loop boundaries: held in registers through the steps, the extra bound made the
+// masked kernels spill (ptxas, d128: 4 bytes).
+template <class Cfg, bool kDqBulk>
+struct BwdDqStage {
+  alignas(1024) uint8_t dq[Cfg::kConsumers][Cfg::kDqBoxes][Cfg::kDqBoxBytes];
+  int mask_free[2];
+};
 template <class Cfg>
-struct BwdSharedStorage {
+struct BwdDqStage<Cfg, false> {};
+
+template <class Cfg, bool kDqBulk>
+struct BwdSharedStorage : BwdDqStage<Cfg, kDqBulk> {
   // Every chunk is a 1024-byte aligned run of 8-row 128-byte swizzle atoms (wgmma.h).
   alignas(1024) uint8_t k[Cfg::kChunks][Cfg::kKVChunkBytes];
   alignas(1024) uint8_t v[Cfg::kChunks][Cfg::kKVChunkBytes];
@@ -78,9 +101,9 @@ struct BwdSharedStorage {
   Mbarrier full[Cfg::kStages], empty[Cfg::kStages];
 };
 
-template <class Cfg>
+template <class Cfg, bool kDqBulk>
 constexpr int bwd_smem_bytes() {
-  return static_cast<int>(sizeof(BwdSharedStorage<Cfg>)) + 1024;  // + the base's realignment
+  return static_cast<int>(sizeof(BwdSharedStorage<Cfg, kDqBulk>)) + 1024;  // + the realignment
 }
 
 // The CTA's sequence and where its tensors' rows start: dense tensors by sequence (the maps'
@@ -102,9 +125,9 @@ struct BwdSeq {
 // ---------------------------------------------------------------------------------------------
 // Producer (warp 0 of warpgroup 0; `lane` 0..31)
 
-template <class Cfg, bool kMasked>
+template <class Cfg, bool kMasked, bool kDqBulk>
 __device__ __forceinline__ void bwd_produce(
-    BwdSharedStorage<Cfg>& s, const BwdParams& bp, const BwdSeq& seq,
+    BwdSharedStorage<Cfg, kDqBulk>& s, const BwdParams& bp, const BwdSeq& seq,
     const kernel::QueryBlocks<Cfg::kBlockM, Cfg::kBlockN, kMasked>& steps, int n_block, int kv_head,
     int lane) {
   constexpr int kBM = Cfg::kBlockM, kStages = Cfg::kStages;
@@ -221,6 +244,45 @@ __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
 }
 
+// Consumer warpgroup cw's 128 threads (named barriers 2 and 3, as immediates: a barrier id in a
+// register makes ptxas reserve all 16): its dQ tile is written. All four warps sync, not only the
+// issuing one: warps 1-3 only arriving would let them go on a few cycles earlier (they meet warp
+// 0 at the next wgmma anyway), and that version spilled 8 bytes at d64 (ptxas).
+__device__ __forceinline__ void dq_tile_sync(int cw) {
+  if (cw == 0)
+    asm volatile("bar.sync 2, 128;\n" ::: "memory");
+  else
+    asm volatile("bar.sync 3, 128;\n" ::: "memory");
+}
+
+// A warpgroup's dQ share (64 queries x kDqCols columns in the accumulator's layout: rows
+// 16 warp + lane / 4 + 8 r, columns 8 j + 2 (lane % 4) + {0, 1} at dq[4 j + 2 r + {0, 1}]) into
+// its staging tile for the reduce-add: box j / 4 (32 columns each), row of 128 bytes, 16-byte
+// unit (column % 32) / 4 swizzled by row % 8 (TMA's 128-byte pattern, which the dq_accum map's
+// boxes expect). The swizzle keeps a warp's float2 stores of one (r, j), 8 rows x 32 bytes, on
+// distinct banks: 2 wavefronts, the minimum for 256 bytes (unswizzled 256-byte rows: 8). As in
+// store_ds, the row address with the thread's swizzle folded in is computed once (opaque) and
+// each store XORs its compile-time unit in.
+template <class Cfg>
+__device__ __forceinline__ void store_dq_tile(uint8_t (&tile)[Cfg::kDqBoxes][Cfg::kDqBoxBytes],
+                                              const float (&dq)[Cfg::kDqCols / 2], int warp,
+                                              int lane) {
+  const int row = warp * 16 + lane / 4;  // row % 8 = lane / 4
+  const uint32_t base = static_cast<uint32_t>(
+      opaque(static_cast<uint32_t>(__cvta_generic_to_shared(tile[0])) + row * 128 +
+             ((((lane % 4) / 2) ^ (lane / 4)) << 4) + 8 * (lane % 2)));
+#pragma unroll
+  for (int j = 0; j < Cfg::kDqCols / 8; ++j)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t addr =
+          (base ^ ((2 * (j % 4)) << 4)) + (j / 4) * Cfg::kDqBoxBytes + r * 8 * 128;
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq[4 * j + 2 * r]),
+                   "f"(dq[4 * j + 2 * r + 1])
+                   : "memory");
+    }
+}
+
 // The 64 keys of one consumer warpgroup (rows of S^T, dV, dK): this thread's two, and the queries
 // each is seen by, [t_min, t_max]: the sequence's queries, within the bottom-right window
 // (mask.h) when masked; empty (t_min = kNone) for a row past kv_len. Lengths are below 2^30
@@ -281,9 +343,9 @@ __device__ __forceinline__ void store_grad_row(const float (&acc)[kD / 2], int h
   });
 }
 
-template <class Cfg, bool kBf16, bool kMasked>
+template <class Cfg, bool kBf16, bool kMasked, bool kDqBulk>
 __device__ __forceinline__ void bwd_consume(
-    BwdSharedStorage<Cfg>& s, const BwdParams& bp, const BwdSeq& seq,
+    BwdSharedStorage<Cfg, kDqBulk>& s, const BwdParams& bp, const BwdSeq& seq,
     const kernel::QueryBlocks<Cfg::kBlockM, Cfg::kBlockN, kMasked>& steps, int n_block, int kv_head,
     int cw, int tid) {
   constexpr int kD = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
@@ -323,77 +385,121 @@ __device__ __forceinline__ void bwd_consume(
   const uint8_t* k_rows = s.k[0] + cw * 64 * 128;  // the warpgroup's 64 keys (8 atoms)
   const uint8_t* v_rows = s.v[0] + cw * 64 * 128;
   const int64_t row0 = seq.q_row0(f);
-  int i = 0;
-  for (int h = kv_head * f.h_ratio; h < (kv_head + 1) * f.h_ratio; ++h) {
-    float* dq_accum = p.dq_accum + int64_t{h} * kD;
-    for (int m = steps.m_min; m < steps.m_max; ++m, ++i) {
-      const int st = i % kStages, buf = i % 2, m0 = m * kBM;
-      s.full[st].wait((i / kStages) & 1);
-      float sc[kBM / 2], dp[kBM / 2];
-      wgmma_fence();
-      issue_over_d<Cfg, kBf16>(sc, k_rows, s.q[st][0]);     // S^T = K Q^T
-      issue_over_d<Cfg, kBf16>(dp, v_rows, s.dout[st][0]);  // dP^T = V dO^T
-      wgmma_wait<1>();
-      fence_regs(sc);
-      // P^T = exp2(S^T scale log2(e) - LSE log2(e)); accumulator column 8 j + 2 (lane % 4) + e
-      // is query m0 + that column.
+  // The dq_accum map's row of the sequence's query 0: the map is one sequence of all q_rows rows,
+  // dense batches included (one coordinate fewer held through the loop than q's map takes; d64
+  // spilled with two).
+  const int q_row = static_cast<int>(row0);
+  // One step: query block m of head h, the i-th of the CTA (stage i % kStages, dS buffer i % 2).
+  // kMaskStep: whether the step masks element-wise (QueryBlocks::needs_mask); a compile-time
+  // constant so that the mask-free steps run as loops of their own, without the mask's
+  // compares.
+  const auto step = [&](int h, int m, int i, auto mask_step) {
+    constexpr bool kMaskStep = decltype(mask_step)::value;
+    const int st = i % kStages, buf = i % 2, m0 = m * kBM;
+    s.full[st].wait((i / kStages) & 1);
+    float sc[kBM / 2], dp[kBM / 2];
+    wgmma_fence();
+    issue_over_d<Cfg, kBf16>(sc, k_rows, s.q[st][0]);     // S^T = K Q^T
+    issue_over_d<Cfg, kBf16>(dp, v_rows, s.dout[st][0]);  // dP^T = V dO^T
+    wgmma_wait<1>();
+    fence_regs(sc);
+    // P^T = exp2(S^T scale log2(e) - LSE log2(e)); accumulator column 8 j + 2 (lane % 4) + e
+    // is query m0 + that column.
 #pragma unroll
-      for (int j = 0; j < kBM / 8; ++j) {
-        const float2 l2 = *reinterpret_cast<const float2*>(&s.lse2[st][8 * j + 2 * (lane % 4)]);
+    for (int j = 0; j < kBM / 8; ++j) {
+      const float2 l2 = *reinterpret_cast<const float2*>(&s.lse2[st][8 * j + 2 * (lane % 4)]);
 #pragma unroll
-        for (int x = 0; x < 4; ++x)
-          sc[4 * j + x] = exp2_approx(fmaf(sc[4 * j + x], f.scale_log2, x % 2 ? -l2.y : -l2.x));
-      }
-      // P^T is 0 where the mask hides the pair, whatever the scores there were: row r sees
-      // columns c = 8 j + e in [lo, hi] (the thread's offset folded into the bounds, so each
-      // element compares a constant). A loop of its own, not a select in the exponent's: d64's
-      // 64 predicates there spilled 72 bytes.
+      for (int x = 0; x < 4; ++x)
+        sc[4 * j + x] = exp2_approx(fmaf(sc[4 * j + x], f.scale_log2, x % 2 ? -l2.y : -l2.x));
+    }
+    // The rows' query bounds: kDqBulk recomputes them per step (opaque: not hoisted), so that
+    // they are not held through the step's register peak (held, d64's masked kernels spilled
+    // 8-12 bytes beside the dQ tile's code); a few integer operations a step.
+    const KeyRows<kMasked> mask_rows = [&] {
+      if constexpr (kDqBulk)
+        return KeyRows<kMasked>(n_block * kBN + static_cast<int>(opaque(key_row0)), q_len, kv_len,
+                                f.window_left, f.window_right);
+      else
+        return rows;
+    }();
+    // P^T is 0 where the mask hides the pair, whatever the scores there were: row r sees
+    // columns c = 8 j + e in [lo, hi] (the thread's offset folded into the bounds, so each
+    // element compares a constant). A loop of its own, not a select in the exponent's: d64's
+    // 64 predicates there spilled 72 bytes. Steps without kMaskStep skip it: every query before
+    // q_len sees every key of the block (those past q_len have P = 0 from their LSE of +inf).
+#pragma unroll
+    for (int r = 0; r < 2 && kMaskStep; ++r) {
+      const int lo = mask_rows.t_min[r] - (m0 + 2 * (lane % 4));
+      const int hi = mask_rows.t_max[r] - (m0 + 2 * (lane % 4));
+#pragma unroll
+      for (int c = 0; c < kBM; c = c % 2 ? c + 7 : c + 1)
+        if (c < lo || c > hi) sc[4 * (c / 8) + 2 * r + c % 2] = 0.0f;
+    }
+    wgmma_wait<0>();
+    fence_regs(dp);
+    // dS^T = P^T o (dP^T - D), 0 where P is (hidden pairs: dP^T of keys past kv_len may be
+    // NaN, from another sequence's or unused V rows, and 0 x NaN is not 0).
+#pragma unroll
+    for (int j = 0; j < kBM / 8; ++j) {
+      const int col = 8 * j + 2 * (lane % 4);
+      const float2 d2 = *reinterpret_cast<const float2*>(&s.delta[st][col]);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int lo = rows.t_min[r] - (m0 + 2 * (lane % 4));
-        const int hi = rows.t_max[r] - (m0 + 2 * (lane % 4));
-#pragma unroll
-        for (int c = 0; c < kBM; c = c % 2 ? c + 7 : c + 1)
-          if (c < lo || c > hi) sc[4 * (c / 8) + 2 * r + c % 2] = 0.0f;
+        dp[4 * j + 2 * r] = ds_of(sc[4 * j + 2 * r], dp[4 * j + 2 * r], d2.x);
+        dp[4 * j + 2 * r + 1] = ds_of(sc[4 * j + 2 * r + 1], dp[4 * j + 2 * r + 1], d2.y);
       }
-      wgmma_wait<0>();
-      fence_regs(dp);
-      // dS^T = P^T o (dP^T - D), 0 where P is (hidden pairs: dP^T of keys past kv_len may be
-      // NaN, from another sequence's or unused V rows, and 0 x NaN is not 0).
+    }
+    uint32_t pa[kBM / 16][4], dsa[kBM / 16][4];
+    to_operand<kBf16>(sc, pa);
+    to_operand<kBf16>(dp, dsa);
+    store_ds<Cfg>(s.ds[buf], dsa, key_row0, lane);
+    fence_shared_to_async();  // dS^T is read by the wgmma (the async proxy) below
+    wgmma_fence();
+    issue_over_queries<Cfg, kBf16>(dv, pa, s.dout[st][0]);  // dV += P^T dO
+    issue_over_queries<Cfg, kBf16>(dk, dsa, s.q[st][0]);    // dK += dS^T Q
+    wgmma_commit();
+    // kDqBulk: the previous step's reduce-add has read this warpgroup's dQ tile (it left most of
+    // a step ago, so this rarely waits); consumers_sync tells the other threads before they write
+    // the tile again. Every thread waits, not only the issuing one (the others have no bulk
+    // group, so theirs returns at once): no branch while dV and dK are in flight (C7520), and
+    // here rather than in the softmax, where the registers peak (there, behind a branch, d64
+    // spilled).
+    if constexpr (kDqBulk) tma_store_wait_read();
+    consumers_sync();  // both warpgroups' dS^T are in s.ds[buf]
+    // dV and dK ran under the barrier; waiting for them here frees P^T and dS^T's registers
+    // before dQ's accumulator is live (with all three live, d128 spilled ~90 bytes).
+    wgmma_wait<0>();
+    fence_regs(dv);
+    fence_regs(dk);
+    fence_regs(pa);
+    fence_regs(dsa);
+    float dq[Cfg::kDqCols / 2];
+    wgmma_fence();
+    issue_dq<Cfg, kBf16>(dq, s.ds[buf][dq_row0 / 64], s.k[dq_col0 / 64]);
+    wgmma_wait<0>();
+    fence_regs(dq);
+    s.empty[st].arrive();  // this thread is done with the stage's Q, dO, LSE, D
+    if constexpr (kDqBulk) {
+      // dQ's share through shared memory: one thread adds the warpgroup's tile into the
+      // accumulator with kDqBoxes bulk reduce-adds and the warpgroup goes on to the next step
+      // without waiting for them. Rows past the sequence's queries are the next sequence's rows
+      // (dense or varlen; past the last row, the map's bound drops them), and the tile holds
+      // exact zeros there (P = 0 for those queries: LSE +inf and their Q rows finite, TMA's
+      // zeros or another sequence's; dS = 0; K's rows finite, those past the keys zeroed above),
+      // so adding them changes no bit.
+      store_dq_tile<Cfg>(s.dq[cw], dq, warp, lane);
+      fence_shared_to_async();  // this thread's tile stores, to the reduce-add (async proxy)
+      dq_tile_sync(cw);
+      if (tid == 0) {
 #pragma unroll
-      for (int j = 0; j < kBM / 8; ++j) {
-        const int col = 8 * j + 2 * (lane % 4);
-        const float2 d2 = *reinterpret_cast<const float2*>(&s.delta[st][col]);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          dp[4 * j + 2 * r] = ds_of(sc[4 * j + 2 * r], dp[4 * j + 2 * r], d2.x);
-          dp[4 * j + 2 * r + 1] = ds_of(sc[4 * j + 2 * r + 1], dp[4 * j + 2 * r + 1], d2.y);
-        }
+        for (int c = 0; c < Cfg::kDqBoxes; ++c)
+          tma_reduce_add_4d(&bp.tma_dq_accum, s.dq[cw][c], dq_col0 + c * Cfg::kDqBoxCols,
+                            q_row + m0 + dq_row0, h, 0);
+        tma_store_commit();
       }
-      uint32_t pa[kBM / 16][4], dsa[kBM / 16][4];
-      to_operand<kBf16>(sc, pa);
-      to_operand<kBf16>(dp, dsa);
-      store_ds<Cfg>(s.ds[buf], dsa, key_row0, lane);
-      fence_shared_to_async();  // dS^T is read by the wgmma (the async proxy) below
-      wgmma_fence();
-      issue_over_queries<Cfg, kBf16>(dv, pa, s.dout[st][0]);  // dV += P^T dO
-      issue_over_queries<Cfg, kBf16>(dk, dsa, s.q[st][0]);    // dK += dS^T Q
-      wgmma_commit();
-      consumers_sync();  // both warpgroups' dS^T are in s.ds[buf]
-      // dV and dK ran under the barrier; waiting for them here frees P^T and dS^T's registers
-      // before dQ's accumulator is live (with all three live, d128 spilled ~90 bytes).
-      wgmma_wait<0>();
-      fence_regs(dv);
-      fence_regs(dk);
-      fence_regs(pa);
-      fence_regs(dsa);
-      float dq[Cfg::kDqCols / 2];
-      wgmma_fence();
-      issue_dq<Cfg, kBf16>(dq, s.ds[buf][dq_row0 / 64], s.k[dq_col0 / 64]);
-      wgmma_wait<0>();
-      fence_regs(dq);
-      s.empty[st].arrive();  // this thread is done with the stage's Q, dO, LSE, D
+    } else {
       // dQ's share into the accumulator [q_rows][h_q][d]: rows past the sequence are skipped.
+      float* dq_accum = p.dq_accum + int64_t{h} * kD;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int t = m0 + dq_row0 + warp * 16 + lane / 4 + 8 * r;
@@ -404,6 +510,23 @@ __device__ __forceinline__ void bwd_consume(
           atomicAdd(reinterpret_cast<float2*>(acc + 8 * j),
                     make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]));
       }
+    }
+  };
+  int i = 0;
+  for (int h = kv_head * f.h_ratio; h < (kv_head + 1) * f.h_ratio; ++h) {
+    if constexpr (kDqBulk) {
+      // Masks only on the steps that need them (the causal diagonal, a window's edges, a key
+      // block that ends past kv_len), as the forward's key loop. The bounds come from shared
+      // memory at each test (the step's asm clobbers memory, so they are not held in registers).
+      // Unmasked, only a block that ends past kv_len needs its mask, and on every step: the
+      // first loop is empty there (mask_free[0] = m_min), and not compiled.
+      int m = steps.m_min;
+      if constexpr (kMasked)
+        for (; m < s.mask_free[0]; ++m, ++i) step(h, m, i, std::true_type{});
+      for (; m < s.mask_free[1]; ++m, ++i) step(h, m, i, std::false_type{});
+      for (; m < steps.m_max; ++m, ++i) step(h, m, i, std::true_type{});
+    } else {
+      for (int m = steps.m_min; m < steps.m_max; ++m, ++i) step(h, m, i, std::true_type{});
     }
   }
 
@@ -426,14 +549,17 @@ __device__ __forceinline__ void bwd_consume(
     store_grad_row<kD, kBf16>(
         dv, r, 1.0f, reinterpret_cast<uint8_t*>(dvg + int64_t{key} * p.dv_row_stride), valid, lane);
   }
+  // The last reduce-add completes before the CTA (and its shared memory) goes; after dK and dV's
+  // stores, so that it runs under them.
+  if constexpr (kDqBulk) tma_store_wait_all();  // at once but in the issuing threads
 }
 
-template <class Cfg, bool kBf16, bool kMasked>
+template <class Cfg, bool kBf16, bool kMasked, bool kDqBulk>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     bwd_kernel(const __grid_constant__ BwdParams bp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
-  auto& s = *reinterpret_cast<BwdSharedStorage<Cfg>*>(
+  auto& s = *reinterpret_cast<BwdSharedStorage<Cfg, kDqBulk>*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const sm80::FwdParams& f = bp.p.fwd;
   const int n_block = blockIdx.x, kv_head = blockIdx.y;
@@ -455,16 +581,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       s.full[st].init(32);                      // the producer warp's lanes
       s.empty[st].init(Cfg::kConsumers * 128);  // every consumer thread
     }
+    if constexpr (kDqBulk) {
+      s.mask_free[0] = min(max(steps.full_lo, steps.m_min), steps.m_max);
+      s.mask_free[1] = min(max(steps.full_hi, s.mask_free[0]), steps.m_max);
+    }
     Mbarrier::fence_init();
   }
   __syncthreads();
 
   if (warpgroup == 0) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (tid < 32) bwd_produce<Cfg, kMasked>(s, bp, seq, steps, n_block, kv_head, tid);
+    if (tid < 32) bwd_produce<Cfg, kMasked, kDqBulk>(s, bp, seq, steps, n_block, kv_head, tid);
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
-    bwd_consume<Cfg, kBf16, kMasked>(s, bp, seq, steps, n_block, kv_head, warpgroup - 1, tid);
+    bwd_consume<Cfg, kBf16, kMasked, kDqBulk>(s, bp, seq, steps, n_block, kv_head, warpgroup - 1,
+                                              tid);
   }
 #endif
 }

@@ -1,6 +1,7 @@
 // Host entry point of the sm90 backward kernel (bwd_kernel.h): dense or varlen batches
 // (seqused_k too), head dims 64 and 128, bf16/fp16, no mask, bottom-right causal or a sliding
-// window, GQA/MQA; dq through the fp32 accumulator (atomics), not deterministic.
+// window, GQA/MQA; dq through the fp32 accumulator (atomics or bulk reduce-adds: BwdArgs::dq_bulk),
+// not deterministic.
 // attention/backward_cuda.cu decides when it runs (choose_backward_family in
 // attention/cuda/plan.h; FLASHSERVE_BWD_KERNEL forces either family).
 #pragma once
@@ -15,6 +16,10 @@ namespace flashserve::attention::sm90 {
 struct BwdArgs {
   DType dtype;  // kBFloat16 or kFloat16
   bool masked;  // causal or a window side: the masked instantiation
+  // dQ through shared memory and a TMA bulk reduce-add per step instead of per-element atomics
+  // (FLASHSERVE_SM90_BWD_DQ_BULK, read by the dispatch once per call: parse_sm90_bwd_dq_bulk in
+  // attention/cuda/plan.h). Either way dq is summed in no fixed order.
+  bool dq_bulk;
   int batch, h_kv;
   // Rows of q/dout and of k/v per sequence (dense) or in all (varlen: those rows form one
   // sequence of the tensor maps).

@@ -14,7 +14,7 @@
 
 namespace flashserve::attention::sm90 {
 
-template <class Cfg, bool kBf16, bool kMasked>
+template <class Cfg, bool kBf16, bool kMasked, bool kDqBulk>
 void launch_bwd(BwdParams& bp, const BwdArgs& a) {
   constexpr int kD = Cfg::kHeadDim;
   const sm80::BwdParams& p = bp.p;
@@ -32,8 +32,17 @@ void launch_bwd(BwdParams& bp, const BwdArgs& a) {
                       f.k_head_stride, Cfg::kBlockN, "k");
   bp.tma_v = make_map(f.v, a.dtype, kv_seqs, kv_rows, a.h_kv, kD, f.v_batch_stride, f.v_row_stride,
                       f.v_head_stride, Cfg::kBlockN, "v");
-  auto kernel = bwd_kernel<Cfg, kBf16, kMasked>;
-  constexpr int smem = bwd_smem_bytes<Cfg>();
+  if constexpr (kDqBulk) {
+    // The dq accumulator [q_rows][h_q][d] fp32 as one sequence of all its rows (dense batches
+    // too: the kernel adds at the sequence's first row, row0), 32-column x 64-row boxes. Its
+    // bytes bound q_rows far below 2^31 (h_q d 4 >= 256 bytes a row).
+    if (p.q_rows > INT32_MAX) throw Error(ErrorKind::kUnsupported, "q", "more than 2^31 rows of q");
+    const int64_t row = int64_t{f.h_q} * kD;
+    bp.tma_dq_accum = make_map(p.dq_accum, DType::kFloat32, 1, static_cast<int>(p.q_rows), f.h_q,
+                               kD, 0, row, kD, 64, "dq accumulator");
+  }
+  auto kernel = bwd_kernel<Cfg, kBf16, kMasked, kDqBulk>;
+  constexpr int smem = bwd_smem_bytes<Cfg, kDqBulk>();
   static_assert(smem <= 227 * 1024, "the tile's shared memory exceeds what one block may have");
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
              "cudaFuncSetAttribute (sm90 backward shared memory)");
@@ -51,10 +60,16 @@ void run_bwd_hdim(const sm80::BwdParams& params, const BwdArgs& a) {
     BwdParams bp{};
     bp.p = params;
     const bool bf16 = a.dtype == DType::kBFloat16;
-    if (bf16 && a.masked) launch_bwd<Cfg, true, true>(bp, a);
-    if (bf16 && !a.masked) launch_bwd<Cfg, true, false>(bp, a);
-    if (!bf16 && a.masked) launch_bwd<Cfg, false, true>(bp, a);
-    if (!bf16 && !a.masked) launch_bwd<Cfg, false, false>(bp, a);
+    auto launch = [&]<bool kDqBulk>() {
+      if (bf16 && a.masked) launch_bwd<Cfg, true, true, kDqBulk>(bp, a);
+      if (bf16 && !a.masked) launch_bwd<Cfg, true, false, kDqBulk>(bp, a);
+      if (!bf16 && a.masked) launch_bwd<Cfg, false, true, kDqBulk>(bp, a);
+      if (!bf16 && !a.masked) launch_bwd<Cfg, false, false, kDqBulk>(bp, a);
+    };
+    if (a.dq_bulk)
+      launch.template operator()<true>();
+    else
+      launch.template operator()<false>();
   }
   sm80::run_bwd_postprocess(params, a.dtype, kHeadDim, a.max_q_len, a.stream);
 }

@@ -13,15 +13,17 @@
 namespace flashserve::attention::sm90 {
 
 // A 4-D map of a [batch, seqlen, heads, d] tensor (d innermost) with boxes of `row_bytes` bytes
-// of columns (128: 64 16-bit or 128 float8_e4m3fn columns, 128-byte swizzled; 64: the fp8 tiles'
-// d64 rows, 64-byte swizzled) x `rows` rows of one head of one sequence.
+// of columns (128: 64 16-bit, 128 float8_e4m3fn or 32 fp32 columns, 128-byte swizzled; 64: the fp8
+// tiles' d64 rows, 64-byte swizzled) x `rows` rows of one head of one sequence. Strides are in
+// elements.
 inline CUtensorMap make_map(const void* base, DType dtype, int batch, int seqlen, int heads, int d,
                             int64_t batch_stride, int64_t row_stride, int64_t head_stride, int rows,
                             const char* name, int row_bytes = 128) {
   TensorMapSpec spec{};
   spec.base = base;
-  const int64_t elem = dtype == DType::kFloat8E4M3 ? 1 : 2;
+  const int64_t elem = dtype == DType::kFloat8E4M3 ? 1 : dtype == DType::kFloat32 ? 4 : 2;
   spec.dtype = dtype == DType::kFloat8E4M3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+               : dtype == DType::kFloat32  ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                : dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   spec.rank = 4;

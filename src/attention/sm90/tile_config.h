@@ -328,6 +328,12 @@ struct BwdTileConfig {
   // 64 w (kBlockM = 64) for consumer w.
   static constexpr bool kDqByRows = kBlockM == 128;
   static constexpr int kDqCols = kDqByRows ? kHeadDim : kHeadDim / 2;
+  // The dQ path by bulk reduce-add (bwd_kernel.h, FLASHSERVE_SM90_BWD_DQ_BULK): each warpgroup's
+  // 64 x kDqCols fp32 share staged in shared memory as boxes of 32 columns (128 bytes, TMA's
+  // 128-byte swizzle span for 4-byte elements) x 64 rows, one reduce-add per box.
+  static constexpr int kDqBoxCols = 32;
+  static constexpr int kDqBoxes = kDqCols / kDqBoxCols;
+  static constexpr int kDqBoxBytes = 64 * kDqBoxCols * 4;
   // setmaxnreg (FlashAttention-3's for two consumers): 128 x 24 + 256 x 240 = 64512, what the
   // launch gives 384 threads at one CTA per SM (168 each).
   static constexpr int kProducerRegs = 24;

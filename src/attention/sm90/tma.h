@@ -70,6 +70,16 @@ __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void*
   cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, map, coords,
                                   smem);
 }
+// One 4-D box of `smem` added element-wise into global memory (cp.reduce.async.bulk.tensor .add;
+// the element type is the map's, fp32 for the backward's dQ accumulator), each element's add
+// atomic with respect to other CTAs' adds; the elements of the box outside the tensor are not
+// touched. Issued, committed and waited for as tma_store_4d.
+__device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap* map, const void* smem,
+                                                  int32_t c0, int32_t c1, int32_t c2, int32_t c3) {
+  const int32_t coords[4] = {c0, c1, c2, c3};
+  cuda::ptx::cp_reduce_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared,
+                                         cuda::ptx::op_add, map, coords, smem);
+}
 __device__ __forceinline__ void tma_store_commit() {
   cuda::ptx::cp_async_bulk_commit_group();
 }
