@@ -272,6 +272,25 @@ TEST(Sm90Sanitize, SmallCausalGqa) {
   EXPECT_TRUE(attention_close(got, c.exact(), c.lowp(), s.dtype)) << s.name();
 }
 
+// Session 18's epilogue under the sanitizers: O's staging buffer and its TMA stores (d128), O
+// staged in Q's buffer and Q released after the stores (d256), varlen boxes that end inside their
+// sequence, on the sequence's last row, past it (register stores) and at the tensor's end.
+TEST(Sm90Sanitize, VarlenEpilogueBoxes) {
+  SKIP_WITHOUT_SM90();
+  for (int64_t d : {128, 256}) {
+    CaseSpec s = spec(DType::kBFloat16, d, 4, 0, 0, 4, 2, true);
+    s.q_lens = {100, 64, 0, 129};
+    s.kv_lens = {100, 300, 5, 129};
+    s.q_layout = QLayout::kVarlen;
+    s.kv_layout = KVLayout::kVarlen;
+    s.seed = 902;
+    AttentionCase c(s);
+    ScopedEnv on("FLASHSERVE_SM90_EPILOGUE", "1");
+    const NaiveOutput got = run_on_gpu(c, "sm90");
+    EXPECT_TRUE(attention_close(got, c.exact(), c.lowp(), s.dtype)) << s.name();
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // NaN and infinity (issue 9's rule, tests/support/nan_inputs.h): a NaN in q or in a key a row
 // sees, or a +inf score, makes that row's output and LSE NaN; a row that sees no key stays zero

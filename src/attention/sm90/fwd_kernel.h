@@ -364,12 +364,12 @@ __device__ __forceinline__ void produce_tile(SharedStorage<Cfg>& s, const FwdPar
     }
     trace(kProducerQ);
   };
-  // kAnnounceWork: the first K block goes first, since its stage frees one QK^T before Q does
+  // kFirstKBeforeQ: the first K block goes first, since its stage frees one QK^T before Q does
   // (after the previous tile's second-to-last QK^T; Q after its last, or with kOInQ after its
   // O stores), and the consumers need both for the first QK^T. Not with kCp: there the copies
   // bound the time, and Q's coordinates live into the copy loop spilled 8-16 more bytes of the
   // 32-register producer (ptxas).
-  constexpr bool kFirstKBeforeQ = Cfg::kAnnounceWork && !kCp;
+  constexpr bool kFirstKBeforeQ = Cfg::kFirstKBeforeQ && !kCp;
   if constexpr (!kFirstKBeforeQ) load_q();
   const KvSource src = kv_source(p, w);
   // kv_cp_async: this lane's page of the K block, of the V block (the K block one step earlier)

@@ -43,9 +43,11 @@ struct TileConfig {
   // once this tile's stores have read it.
   static constexpr bool kOInQ = false;
   // The producer announces each tile with its coordinates and lengths (fwd_kernel.h TileSlot),
-  // so that the consumers start it without the order's divisions and the lengths' loads; and
-  // loads a tile's first K block before its Q (the K stage frees one QK^T earlier than Q).
+  // so that the consumers start it without the order's divisions and the lengths' loads.
   static constexpr bool kAnnounceWork = false;
+  // The TMA producer loads a tile's first K block before its Q (the K stage frees one QK^T
+  // earlier than Q; with kOInQ, Q frees only after the previous tile's O stores).
+  static constexpr bool kFirstKBeforeQ = false;
   // Paged K/V in pages shorter than a key block: copied by the producer warpgroup's 128 threads
   // with cp.async (fwd_kernel.h's copy_kv) up to d128, one TMA box per page at d256. Measured on
   // the engine's 16-key pages (bench_serve_attn, session 14): cp.async 1.46-1.80x the dense
@@ -204,13 +206,16 @@ inline constexpr bool kMulticastKV = kHeadDim >= 128;
 // The producer holds a tile's announced work and, for the first K block before Q, Q's
 // coordinates into its key loop: at 32 registers its paged loops spilled 4-16 more bytes
 // (ptxas). Two-consumer tiles give it 40 (128 x 40 + 256 x 232 = 64512, the whole pool of 384
-// threads at 168; a 40-register producer measured 2-8% faster on paged d128 once, session 14);
-// three-consumer tiles (d64) have none to spare (128 x 32 + 384 x 160 = 65536).
+// threads at 168; a 40-register producer measured 2-8% faster on paged d128 once, session 14).
+// Three-consumer tiles (d64 192 x 128) have none to spare (128 x 32 + 384 x 160 = 65536): they
+// keep Q first, which compiles without spills with the announced work (ptxas; K first spilled
+// 12-20 bytes there).
 template <class Cfg, bool kOwnBuffer>
 struct OverlappedEpilogue : Cfg {
   static constexpr bool kTmaStoreO = true;
   static constexpr bool kOInQ = !kOwnBuffer;
   static constexpr bool kAnnounceWork = true;
+  static constexpr bool kFirstKBeforeQ = Cfg::kConsumers == 2;
   static constexpr int kProducerRegs = Cfg::kConsumers == 2 ? 40 : Cfg::kProducerRegs;
   static_assert(setmaxnreg_fits(kProducerRegs, Cfg::kConsumerRegs, Cfg::kConsumers),
                 "the setmaxnreg budgets exceed the CTA's registers: setmaxnreg.inc would hang");
