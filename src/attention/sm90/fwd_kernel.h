@@ -426,34 +426,40 @@ __device__ __forceinline__ void produce_tiles(SharedStorage<Cfg>& s, const FwdPa
   const int stride = gridDim.x / Cfg::kCluster;
   int ring = 0, q_round = 0;
   for (int t = blockIdx.x / Cfg::kCluster, k = 0;; ++k) {
-    const auto announce = [&](const auto& slot) {
-      if (tid == 0) {
-        s.tile_empty[k % 2].wait(((k / 2) & 1) ^ 1);
-        s.tile[k % 2] = slot;
-        s.tile_full[k % 2].arrive();
-      }
-      trace(kProducerTile);
-    };
-    const auto produce = [&](const kernel::TileCoords& tile, const TileWork<Cfg, kMasked>& w) {
-      if (w.valid() && w.blocks.count() > 0) {
-        produce_tile<Cfg, kMasked, kCp>(s, p, tile, w, ring, q_round, tid, rank, trace);
-        ring += w.blocks.count();
-        ++q_round;
-      }
-    };
+    // (Two copies of the same steps rather than one with lambdas: captured by a lambda, ring and
+    // q_round changed the register-store kernels' machine code, scripts/kernel-identity.py.)
     if constexpr (Cfg::kAnnounceWork) {
       // The work first, since the announcement carries it (past the last tile, the last tile's:
       // the consumers stop at num_tiles without reading it).
       const kernel::TileCoords tile = cta_tile<Cfg>(p, min(t, p.num_tiles - 1));
       const TileWork<Cfg, kMasked> w(p, tile);
-      announce(TileSlot{t, tile, w.seq});
+      if (tid == 0) {
+        s.tile_empty[k % 2].wait(((k / 2) & 1) ^ 1);
+        s.tile[k % 2] = TileSlot{t, tile, w.seq};
+        s.tile_full[k % 2].arrive();
+      }
+      trace(kProducerTile);
       if (t >= p.num_tiles) break;
-      produce(tile, w);
+      if (w.valid() && w.blocks.count() > 0) {
+        produce_tile<Cfg, kMasked, kCp>(s, p, tile, w, ring, q_round, tid, rank, trace);
+        ring += w.blocks.count();
+        ++q_round;
+      }
     } else {
-      announce(t);
+      if (tid == 0) {
+        s.tile_empty[k % 2].wait(((k / 2) & 1) ^ 1);
+        s.tile[k % 2] = t;
+        s.tile_full[k % 2].arrive();
+      }
+      trace(kProducerTile);
       if (t >= p.num_tiles) break;
       const kernel::TileCoords tile = cta_tile<Cfg>(p, t);
-      produce(tile, TileWork<Cfg, kMasked>(p, tile));
+      const TileWork<Cfg, kMasked> w(p, tile);
+      if (w.valid() && w.blocks.count() > 0) {
+        produce_tile<Cfg, kMasked, kCp>(s, p, tile, w, ring, q_round, tid, rank, trace);
+        ring += w.blocks.count();
+        ++q_round;
+      }
     }
     if (p.tile_counter == nullptr) {
       t += stride;
