@@ -13,6 +13,10 @@
 // 1/256 per (sequence, KV head)): TFLOP/s of each, fp8/bf16, and the max |difference| of the
 // outputs (e4m3's rounding of q, k, v and P: about 1e-2 of the output's scale), and the fp8 tile
 // the plan chose (FLASHSERVE_FP8_BLOCK_N=192 asks for 128 x 192 at d128).
+// --epilogue-ab: the sm90 kernel (forced) with FLASHSERVE_SM90_EPILOGUE=0 (register stores of O)
+// and =1 (session 18's tile boundary: O by TMA store, the tile's work announced), alternated
+// twice each (old, new, old, new; the better of each pair, so that a clock drift during the run
+// does not pass for either), new/old, and whether the two outputs are bit-identical (they must be).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -179,7 +183,7 @@ int fp8_table(const cudaDeviceProp& prop, const std::vector<int>& seqlens, int h
 int main(int argc, char** argv) {
   std::vector<int> seqlens{4096, 8192};
   int head_dim = 128, total = 16384, hidden = 2048, iters = 20, warmup = 3, window = -1;
-  bool fp16 = false, varlen = false, fp8 = false;
+  bool fp16 = false, varlen = false, fp8 = false, epilogue_ab = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has = i + 1 < argc;
@@ -197,13 +201,15 @@ int main(int argc, char** argv) {
       window = std::atoi(argv[++i]);
     } else if (a == "--varlen") {
       varlen = true;
+    } else if (a == "--epilogue-ab") {
+      epilogue_ab = true;
     } else if (a == "--fp8") {
       fp8 = true;
     } else {
       std::fprintf(stderr,
                    "usage: bench_sm90 [--seqlens 4096,8192] [--head-dim 128] "
                    "[--total-tokens 16384] [--iters 20] [--fp16] [--window N] [--varlen] "
-                   "[--fp8]\n");
+                   "[--fp8] [--epilogue-ab]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -227,8 +233,12 @@ int main(int argc, char** argv) {
   int32_t* cu_seqlens = nullptr;  // --varlen: 0, s, 2s, ... (filled per seqlen)
   CUDA_OK(cudaMalloc(&cu_seqlens, (total + 1) * sizeof(int32_t)));
 
-  std::printf("\n%-6s %-7s %-6s %-6s %10s %10s %10s %10s %-5s %12s\n", "causal", "seqlen", "batch",
-              "heads", "sm80", "sm90", "sm90/sm80", "auto", "took", "max|diff|");
+  if (epilogue_ab)
+    std::printf("\n%-6s %-7s %-6s %-6s %10s %10s %10s %10s\n", "causal", "seqlen", "batch", "heads",
+                "epi=0", "epi=1", "new/old", "same bits");
+  else
+    std::printf("\n%-6s %-7s %-6s %-6s %10s %10s %10s %10s %-5s %12s\n", "causal", "seqlen",
+                "batch", "heads", "sm80", "sm90", "sm90/sm80", "auto", "took", "max|diff|");
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   for (int causal : {0, 1})
@@ -268,6 +278,29 @@ int main(int argc, char** argv) {
         for (int t = 0; t < s; ++t) pairs += std::min(t, window) + 1;
       }
       const double flops = 4.0 * b * h * pairs * d;
+      if (epilogue_ab) {
+        float best[2] = {0, 0};
+        std::string err;
+        setenv("FLASHSERVE_KERNEL", "sm90", 1);
+        for (int round = 0; round < 4; ++round) {
+          const int epi = round % 2;
+          setenv("FLASHSERVE_SM90_EPILOGUE", epi ? "1" : "0", 1);
+          flashserve::AttentionParams p = params(epi ? out90 : out80);
+          best[epi] = std::max(best[epi],
+                               tflops_of(p, flops, workspace, workspace_bytes, warmup, iters, err));
+        }
+        unsetenv("FLASHSERVE_SM90_EPILOGUE");
+        unsetenv("FLASHSERVE_KERNEL");
+        const size_t n = size_t(b) * s * h * d;
+        CUDA_OK(cudaMemcpy(h80.data(), out80, n * 2, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(h90.data(), out90, n * 2, cudaMemcpyDeviceToHost));
+        const bool same = std::memcmp(h80.data(), h90.data(), n * 2) == 0;
+        std::printf("%-6d %-7d %-6d %-6d %10.1f %10.1f %10.3f %10s%s%s\n", causal, s, b, h, best[0],
+                    best[1], best[0] > 0 ? best[1] / best[0] : 0.0,
+                    best[0] > 0 && best[1] > 0 ? (same ? "yes" : "NO") : "-",
+                    err.empty() ? "" : "  error: ", err.c_str());
+        continue;
+      }
       float tflops[3] = {0, 0, 0};
       std::string err, took;
       for (int which = 0; which < 3; ++which) {

@@ -8,6 +8,10 @@ is --calls calls captured in one CUDA graph (the kernels alone, host cost out), 
 replays, uniform random inputs; TFLOP/s by docs/architecture.md's count (halved when causal). Default
 arguments for flashserve (what a user gets).
 
+--ab-env NAME times flashserve with the environment switch NAME=0 and NAME=1 (alternated, the better
+of two graphs each, in the same process: the plan reads its switches per call), e.g.
+FLASHSERVE_SM90_EPILOGUE; "flashserve" is then the =1 figure, and the table adds =0 and 1/0.
+
 Usage (repo root, libflashserve_c built with CUDA):
     PYTHONPATH=python FLASHSERVE_LIBRARY=.../libflashserve_c.so python3 bench/fa3_grid.py [--csv F]
 """
@@ -65,12 +69,14 @@ def main():
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--csv", default="")
+    ap.add_argument("--ab-env", default="", help="an on/off switch to time flashserve with both ways")
     args = ap.parse_args()
     torch.manual_seed(0)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"cuDNN {torch.backends.cudnn.version()}, bf16, {args.calls} calls per graph\n")
-    print("| kind | d | causal | L | batch | heads q/kv | flashserve | cuDNN | FA2 | vs cuDNN | vs FA2 |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    ab = f" | {args.ab_env}=0 | 1/0" if args.ab_env else ""
+    print(f"| kind | d | causal | L | batch | heads q/kv | flashserve | cuDNN | FA2 | vs cuDNN | vs FA2{ab} |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.ab_env else ""))
     rows = []
     for kind, d, causal, L, b, hq, hkv in shapes(args):
         q = torch.rand(b, L, hq, d, device="cuda", dtype=torch.bfloat16) - 0.5
@@ -80,8 +86,16 @@ def main():
         tf = {}
         # Long calls (over 10 TFLOP: 64k and 128k context) are timed one per graph, 3 replays.
         calls, reps = (args.calls, args.reps) if flops < 1e13 else (1, 3)
-        ms = graph_ms(lambda: flash_attn_func(q, k, v, causal=bool(causal)), calls, reps)
-        tf["flashserve"] = flops / ms / 1e9
+        call = lambda: flash_attn_func(q, k, v, causal=bool(causal))  # noqa: E731
+        if args.ab_env:
+            best = {"0": 0.0, "1": 0.0}
+            for value in ("0", "1", "0", "1"):
+                os.environ[args.ab_env] = value
+                best[value] = max(best[value], flops / graph_ms(call, calls, reps) / 1e9)
+            del os.environ[args.ab_env]
+            tf["flashserve"], tf["flashserve_off"] = best["1"], best["0"]
+        else:
+            tf["flashserve"] = flops / graph_ms(call, calls, reps) / 1e9
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
         for name, backend in BACKENDS.items():
             try:
@@ -95,7 +109,9 @@ def main():
         r = lambda x, y: f"{x / y:.2f}" if y == y and y > 0 else "—"  # noqa: E731
         print(f"| {kind} | {d} | {'yes' if causal else 'no'} | {L} | {b} | {hq}/{hkv} | "
               f"{tf['flashserve']:.1f} | {tf['cudnn']:.1f} | {tf['flash']:.1f} | "
-              f"{r(tf['flashserve'], tf['cudnn'])} | {r(tf['flashserve'], tf['flash'])} |", flush=True)
+              f"{r(tf['flashserve'], tf['cudnn'])} | {r(tf['flashserve'], tf['flash'])} |"
+              + (f" {tf['flashserve_off']:.1f} | {r(tf['flashserve'], tf['flashserve_off'])} |"
+                 if args.ab_env else ""), flush=True)
         rows.append(dict(kind=kind, head_dim=d, causal=causal, seqlen=L, batch=b, heads_q=hq,
                          heads_kv=hkv, **{f"{n}_tflops": f"{x:.2f}" for n, x in tf.items()}))
         del q, k, v, qt, kt, vt

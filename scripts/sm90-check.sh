@@ -15,7 +15,8 @@
 # then, on the GPU machine (carry .xfer):
 #   BIN_TAR=.xfer/sm90.tar.xz OUT=$OUT bash scripts/sm90-check.sh
 # Environment: HEAD_DIMS (64,128,256), SEQLENS (512,...,16384), SKIP="tests all_gpu_tests
-# sanitize sass sm90 sweep api fa3 ncu" leaves steps out, FA3_ARGS (more fa3_grid.py arguments), FILTER (the gtest filter of the tests step, default '*Sm90*'),
+# sanitize sass sm90 epilogue sweep api fa3 ncu" leaves steps out, EPI_SEQLENS (the epilogue
+# step's, default 512,1024,2048), FA3_ARGS (more fa3_grid.py arguments), FILTER (the gtest filter of the tests step, default '*Sm90*'),
 # SM90_SEQLENS (bench_sm90's, default SEQLENS), NCU_SHAPES ("d:seqlen:causal ...", default
 # "128:512:0 128:8192:0").
 set -uo pipefail
@@ -66,7 +67,8 @@ if want sanitize; then
   # Sm90Sanitize plus two grids larger than one persistent wave (240 and 288 tiles, causal: the
   # tile counter, the tile ring and the turns carried from tile to tile), and one each of varlen
   # q over seqused_k (the V rows zeroed past the keys), paged K/V in 16-key boxes, and a window
-  # masked on both sides.
+  # masked on both sides; Sm90Sanitize.VarlenEpilogueBoxes has session 18's TMA stores of O (own
+  # staging at d128, staged in Q at d256) with varlen boxes on both sides of a sequence's end.
   c='Shapes/Sm90Forward.MatchesFloat64Reference'
   multi="$c/b3_q130_k130_h40_8_d128_f16_causal:$c/b2_q300_k77_h48_8_d64_bf16_causal"
   multi+=":$c/b3_q77x200x5_k100x250x1_h4_1_d128_bf16_qvar_used90_causal"
@@ -94,6 +96,20 @@ if want sm90; then
     timeout 150 "$BIN/bench/bench_sm90" --head-dim "$d" --seqlens "${SM90_SEQLENS:-$SEQLENS}" --iters 20 |
       tee -a "$OUT/bench_sm90.txt" || status=1
   done
+fi
+if want epilogue; then
+  # Session 18's tile boundary (FLASHSERVE_SM90_EPILOGUE, docs/kernel-notes.md): the sm90 kernel
+  # with the register stores (0) and with O by TMA store and the announced work (1), alternated in
+  # one process, and whether the outputs are bit-identical (they must be: "same bits" yes).
+  for d in ${HEAD_DIMS//,/ }; do
+    step "bench_sm90 --epilogue-ab, d$d (TFLOP/s, FLASHSERVE_SM90_EPILOGUE 0 against 1)"
+    timeout 150 "$BIN/bench/bench_sm90" --head-dim "$d" --seqlens "${EPI_SEQLENS:-512,1024,2048}" \
+      --iters 20 --epilogue-ab | tee -a "$OUT/bench_epilogue.txt" || status=1
+  done
+  step "bench_sm90 --epilogue-ab --varlen, d128 (the TMA boxes kept inside their sequences)"
+  timeout 100 "$BIN/bench/bench_sm90" --head-dim 128 --seqlens "${EPI_SEQLENS:-512,1024,2048}" \
+    --iters 20 --epilogue-ab --varlen | tee -a "$OUT/bench_epilogue.txt" || status=1
+  grep -q " NO" "$OUT/bench_epilogue.txt" && { echo "epilogue: outputs differ"; status=1; }
 fi
 if want sweep && [ -x "$BIN/bench/sm90_sweep" ]; then
   # Alternative tiles and epilogues side by side (bench/tuning/sm90_sweep.cu; a -DFLASHSERVE_TUNING=ON

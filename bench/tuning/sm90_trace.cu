@@ -7,7 +7,9 @@
 // every consumer warpgroup of every CTA, and its share of the consumers' time. "ideal" is one
 // warpgroup's QK^T + PV alone on the tensor cores (4096 dense FLOP per clock per SM).
 // Usage: sm90_trace [variant:L:causal ...], variants d64-192x128, d64-128x128, d128-128x128,
-// d128-128x176, d256-128x80 (default: d128-128x128:512:0 d128-128x176:8192:0).
+// d128-128x176, d256-128x80, and with session 18's tile boundary (fwd_kernel.h EpilogueTile: O by
+// TMA store, the work announced) d64-192x128-epi, d128-128x128-epi, d256-128x80-epi (default:
+// d128-128x128:512:0 d128-128x176:8192:0).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../bench_common.h"
@@ -40,10 +43,11 @@ struct Variant {
   Runner run[2];  // non-causal, causal
 };
 
-template <int kD, int kM, int kN, bool kLazy = false>
+template <int kD, int kM, int kN, bool kLazy = false, bool kEpilogue = false>
 Variant variant() {
-  using Cfg = sm90::TileConfig<kD, kM, kN, 2, /*kLazyRescale=*/kLazy, /*kTmaStoreO=*/false,
-                               /*kTrace=*/true>;
+  using Base = sm90::TileConfig<kD, kM, kN, 2, /*kLazyRescale=*/kLazy, /*kTmaStoreO=*/false,
+                                /*kTrace=*/true>;
+  using Cfg = std::conditional_t<kEpilogue, sm90::EpilogueTile<Base>, Base>;
   return {kD, kM, kN, {run_traced<Cfg, false>, run_traced<Cfg, true>}};
 }
 
@@ -154,6 +158,9 @@ int main(int argc, char** argv) {
       {"d64-192x128", variant<64, 192, 128>()},       {"d64-128x128", variant<64, 128, 128>()},
       {"d128-128x128", variant<128, 128, 128>()},     {"d128-128x176", variant<128, 128, 176>()},
       {"d256-128x80", variant<256, 128, 80, true>()},
+      {"d64-192x128-epi", variant<64, 192, 128, false, true>()},
+      {"d128-128x128-epi", variant<128, 128, 128, false, true>()},
+      {"d256-128x80-epi", variant<256, 128, 80, true, true>()},
   };
   std::vector<std::string> specs;
   for (int i = 1; i < argc; ++i) specs.push_back(argv[i]);

@@ -206,6 +206,7 @@ Plan cuda_plan(const AttentionParams& params, const Problem& pr, const HostLengt
     refuse_fp8_if_off(pr, ctx.fp8_attention);
     ctx.fp8_block_n = parse_fp8_block_n(std::getenv("FLASHSERVE_FP8_BLOCK_N"));
   }
+  ctx.sm90_epilogue = parse_sm90_epilogue(std::getenv("FLASHSERVE_SM90_EPILOGUE"));
   const DeviceProps& dev = check_supported(params, pr);
   ctx.device = split_device(dev);
   ctx.q_rows = q_rows(params, pr);
@@ -283,6 +284,9 @@ void run_sm90(const LaunchPlan& l, const sm80::FwdParams& f, const AttentionPara
                        ? reinterpret_cast<int*>(static_cast<char*>(workspace) + l.workspace_offset)
                        : nullptr;
   a.stream = stream;
+  // O leaves by TMA only through a map of out, which needs strides TMA can describe (q's are
+  // checked by sm90_unavailable; the run's out may differ from the plan's).
+  a.epilogue = l.kernel.epilogue && tma_stride_problem(params.out, "out").empty();
   if (l.kernel.fp8) {
     const auto descale = [](const TensorView& d, const float*& ptr, int64_t& batch_stride,
                             int64_t& head_stride) {

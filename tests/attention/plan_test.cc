@@ -598,6 +598,51 @@ TEST(PlanFamily, LaunchesCarryTheTileTheKernelRuns) {
   EXPECT_EQ(tile(sm90(dense(4, 2048, 16, 256, false))), P(128, 80));
 }
 
+// FLASHSERVE_SM90_EPILOGUE (session 18's tile boundary, sm90/tile_config.h OverlappedEpilogue):
+// read strictly, on by default; its value reaches every sm90 launch of the plan and its replay key
+// (so that CUDA graphs of the two never stand in for each other), and no sm80 launch.
+TEST(PlanFamily, Sm90EpilogueSwitchReachesTheSm90LaunchesOnly) {
+  using attention::parse_sm90_epilogue;
+  EXPECT_EQ(parse_sm90_epilogue(nullptr), attention::kSm90EpilogueByDefault);
+  EXPECT_EQ(parse_sm90_epilogue(""), attention::kSm90EpilogueByDefault);
+  EXPECT_TRUE(parse_sm90_epilogue("1"));
+  EXPECT_FALSE(parse_sm90_epilogue("0"));
+  for (const char* bad : {"yes", "on", "2", " 1"}) {
+    try {
+      parse_sm90_epilogue(bad);
+      ADD_FAILURE() << "\"" << bad << "\" accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << bad;
+      EXPECT_EQ(e.argument(), "FLASHSERVE_SM90_EPILOGUE") << bad;
+    }
+  }
+  EXPECT_TRUE(PlanContext{}.sm90_epilogue == attention::kSm90EpilogueByDefault);
+  for (bool causal : {false, true}) {
+    StepShape s = dense(4, 512, 16, 128, causal);
+    s.ctx.family = attention::FamilyRequest::kSm90;
+    s.ctx.sm90_epilogue = true;
+    const Plan on = make_plan(s.pr, s.ctx, HostLengths{});
+    s.ctx.sm90_epilogue = false;
+    const Plan off = make_plan(s.pr, s.ctx, HostLengths{});
+    ASSERT_EQ(on.launches.size(), 1u);
+    ASSERT_EQ(off.launches.size(), 1u);
+    EXPECT_TRUE(on.launches[0].kernel.epilogue) << on.summary();
+    EXPECT_FALSE(off.launches[0].kernel.epilogue) << off.summary();
+    EXPECT_NE(attention::replay_key(on), attention::replay_key(off));
+    s.ctx.family = attention::FamilyRequest::kSm80;
+    s.ctx.sm90_epilogue = true;
+    const Plan sm80 = make_plan(s.pr, s.ctx, HostLengths{});
+    for (const LaunchPlan& l : sm80.launches) EXPECT_FALSE(l.kernel.epilogue) << sm80.summary();
+  }
+  // A mixed step: the decodes stay on sm80 without it, the chunk on sm90 with it.
+  StepShape m = step({{1, 4096}, {512, 4096}, {1, 2048}});
+  m.ctx.sm90_unavailable = "";
+  const Plan mixed = plan_of(m);
+  for (const LaunchPlan& l : mixed.launches)
+    EXPECT_EQ(l.kernel.epilogue, l.kernel.family == attention::KernelFamily::kSm90)
+        << mixed.summary();
+}
+
 // FLASHSERVE_KERNEL / FLASHSERVE_BWD_KERNEL's values.
 TEST(PlanFamily, ParsesTheFamilyVariables) {
   using attention::FamilyRequest;

@@ -272,6 +272,25 @@ TEST(Sm90Sanitize, SmallCausalGqa) {
   EXPECT_TRUE(attention_close(got, c.exact(), c.lowp(), s.dtype)) << s.name();
 }
 
+// Session 18's epilogue under the sanitizers: O's staging buffer and its TMA stores (d128), O
+// staged in Q's buffer and Q released after the stores (d256), varlen boxes that end inside their
+// sequence, on the sequence's last row, past it (register stores) and at the tensor's end.
+TEST(Sm90Sanitize, VarlenEpilogueBoxes) {
+  SKIP_WITHOUT_SM90();
+  for (int64_t d : {128, 256}) {
+    CaseSpec s = spec(DType::kBFloat16, d, 4, 0, 0, 4, 2, true);
+    s.q_lens = {100, 64, 0, 129};
+    s.kv_lens = {100, 300, 5, 129};
+    s.q_layout = QLayout::kVarlen;
+    s.kv_layout = KVLayout::kVarlen;
+    s.seed = 902;
+    AttentionCase c(s);
+    ScopedEnv on("FLASHSERVE_SM90_EPILOGUE", "1");
+    const NaiveOutput got = run_on_gpu(c, "sm90");
+    EXPECT_TRUE(attention_close(got, c.exact(), c.lowp(), s.dtype)) << s.name();
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // NaN and infinity (issue 9's rule, tests/support/nan_inputs.h): a NaN in q or in a key a row
 // sees, or a +inf score, makes that row's output and LSE NaN; a row that sees no key stays zero
@@ -482,6 +501,133 @@ TEST(Sm90Multicast, AnUnknownSwitchValueIsRefusedByName) {
     ADD_FAILURE() << "no error for FLASHSERVE_SM90_MULTICAST=yes";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "FLASHSERVE_SM90_MULTICAST") << e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.what();
+  }
+}
+
+// Session 18's tile boundary (tile_config.h OverlappedEpilogue: O through shared memory and TMA
+// stores where the staging fits, the tile's work announced by the producer) changes how O
+// leaves and where the consumers learn a tile's lengths, not the arithmetic: the same calls with
+// FLASHSERVE_SM90_EPILOGUE=0 (the register stores) give the same bits, and both match the float64
+// reference. The shapes cover every tile the switch reaches (d64 192 x 128 and 128 x 128, d128
+// 128 x 128 with and without multicast and causal, each with a staging buffer of its own; d128
+// 128 x 176 and d256, which stage O in Q's buffer and release Q after the store: tiles without
+// keys between tiles with keys test that protocol), grids larger than a wave (the counter, the
+// fixed stride), GQA and fp16, and the hazard of the TMA store: varlen sequences
+// ending inside a warpgroup's 64 rows (their boxes would reach into the next sequence's rows;
+// tma_box_in_sequence sends them to the register stores), sequences of exactly 64 and 128 rows
+// (boxes that end on the sequence's last row), an empty and a single-row sequence, the tensor's
+// last sequence ending mid-box (the box clips at the map's end), paged K/V under varlen chunks.
+std::vector<CaseSpec> sm90_epilogue_cases() {
+  constexpr DType bf16 = DType::kBFloat16, fp16 = DType::kFloat16;
+  std::vector<CaseSpec> v;
+  for (bool causal : {false, true}) {
+    v.push_back(spec(bf16, 64, 2, 500, 500, 4, 1, causal));    // d64 192x128 / 128x128
+    v.push_back(spec(fp16, 64, 2, 300, 1500, 4, 1, causal));   // d64 past kShortKeys
+    v.push_back(spec(bf16, 128, 2, 512, 512, 8, 2, causal));   // d128 128x128 (multicast)
+    v.push_back(spec(bf16, 128, 1, 384, 384, 4, 4, causal));   // d128 128x128, odd tiles
+    v.push_back(spec(fp16, 128, 3, 130, 130, 40, 8, causal));  // 240 tiles, GQA 5
+    v.push_back(spec(bf16, 128, 1, 500, 1500, 4, 2, causal));  // d128 128x176 (O in Q)
+    v.push_back(spec(fp16, 256, 2, 200, 200, 36, 4, causal));  // d256 (O in Q), 144 tiles
+    v.push_back(spec(bf16, 128, 1, 300, 77, 2, 2, causal));    // causal rows without keys
+  }
+  for (int64_t d : {64, 128, 256})
+    for (bool causal : {false, true}) {
+      CaseSpec s = spec(d == 128 ? bf16 : fp16, d, 8, 0, 0, 8, 2, causal);
+      s.q_lens = {100, 64, 0, 70, 1, 128, 193, 129};
+      s.kv_lens = {100, 640, 5, 70, 300, 128, 193, 260};
+      s.q_layout = QLayout::kVarlen;
+      s.kv_layout = KVLayout::kVarlen;
+      v.push_back(s);
+    }
+  {
+    // Varlen chunks over a paged cache (the engine's prefill), the last chunk ending mid-box.
+    CaseSpec s = spec(bf16, 128, 3, 0, 0, 8, 2, true);
+    s.q_lens = {130, 1, 257};
+    s.kv_lens = {300, 77, 1100};
+    s.q_layout = QLayout::kVarlen;
+    s.kv_layout = KVLayout::kPaged;
+    s.page_size = 16;
+    v.push_back(s);
+    s.head_dim = 64;
+    s.page_size = 256;
+    v.push_back(s);
+  }
+  {
+    // Many varlen sequences of 1-200 rows: more tiles than a wave, most of them ragged.
+    CaseSpec s = spec(fp16, 128, 40, 0, 0, 16, 4, false);
+    s.q_lens.clear();
+    s.kv_lens.clear();
+    for (int i = 0; i < 40; ++i) {
+      s.q_lens.push_back(1 + (i * 37) % 200);
+      s.kv_lens.push_back(1 + (i * 53) % 700);
+    }
+    s.q_layout = QLayout::kVarlen;
+    s.kv_layout = KVLayout::kVarlen;
+    v.push_back(s);
+    s.causal = true;
+    v.push_back(s);
+  }
+  return v;
+}
+
+TEST(Sm90Epilogue, SameBitsAsTheRegisterStores) {
+  SKIP_WITHOUT_SM90();
+  for (CaseSpec s : sm90_epilogue_cases()) {
+    s.seed = seed_for(s.name(), 18);
+    AttentionCase c(s);
+    NaiveOutput with, without;
+    {
+      ScopedEnv on("FLASHSERVE_SM90_EPILOGUE", "1");
+      with = run_on_gpu(c, "sm90");
+    }
+    {
+      ScopedEnv off("FLASHSERVE_SM90_EPILOGUE", "0");
+      without = run_on_gpu(c, "sm90");
+    }
+    EXPECT_TRUE(attention_close(with, c.exact(), c.lowp(), s.dtype)) << s.name();
+    EXPECT_TRUE(attention_close(without, c.exact(), c.lowp(), s.dtype)) << s.name();
+    ASSERT_EQ(with.out.size(), without.out.size());
+    EXPECT_EQ(std::memcmp(with.out.data(), without.out.data(), with.out.size() * sizeof(double)), 0)
+        << s.name() << ": out differs between the two epilogues";
+    EXPECT_EQ(std::memcmp(with.lse.data(), without.lse.data(), with.lse.size() * sizeof(double)), 0)
+        << s.name() << ": lse differs between the two epilogues";
+  }
+}
+
+// The TMA stores are asynchronous: a race between a tile's box and a neighbour's rows would show
+// as bits that move between runs of the same inputs.
+TEST(Sm90Epilogue, SameInputsSameBits) {
+  SKIP_WITHOUT_SM90();
+  CaseSpec s = spec(DType::kBFloat16, 128, 8, 0, 0, 8, 2, true);
+  s.q_lens = {100, 64, 0, 70, 1, 128, 193, 129};
+  s.kv_lens = {100, 640, 5, 70, 300, 128, 193, 260};
+  s.q_layout = QLayout::kVarlen;
+  s.kv_layout = KVLayout::kVarlen;
+  s.seed = 1818;
+  AttentionCase c(s);
+  ScopedEnv on("FLASHSERVE_SM90_EPILOGUE", "1");
+  const NaiveOutput first = run_on_gpu(c, "sm90");
+  for (int run = 1; run < 4; ++run) {
+    const NaiveOutput again = run_on_gpu(c, "sm90");
+    ASSERT_EQ(again.out.size(), first.out.size());
+    EXPECT_EQ(std::memcmp(again.out.data(), first.out.data(), first.out.size() * sizeof(double)), 0)
+        << "run " << run;
+  }
+}
+
+TEST(Sm90Epilogue, AnUnknownSwitchValueIsRefusedByName) {
+  SKIP_WITHOUT_SM90();
+  CaseSpec s = spec(DType::kBFloat16, 128, 1, 256, 256, 2, 2, false);
+  AttentionCase c(s);
+  DeviceCopy dev(c);
+  ScopedEnv kernel("FLASHSERVE_KERNEL", "sm90");
+  ScopedEnv bad("FLASHSERVE_SM90_EPILOGUE", "yes");
+  try {
+    attention_forward(dev.params());
+    ADD_FAILURE() << "no error for FLASHSERVE_SM90_EPILOGUE=yes";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "FLASHSERVE_SM90_EPILOGUE") << e.what();
     EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.what();
   }
 }

@@ -103,6 +103,10 @@ bool parse_sm90_bwd_dq_bulk(const char* value) {
   return env_switch(value, "FLASHSERVE_SM90_BWD_DQ_BULK", kSm90BwdDqBulkByDefault);
 }
 
+bool parse_sm90_epilogue(const char* value) {
+  return env_switch(value, "FLASHSERVE_SM90_EPILOGUE", kSm90EpilogueByDefault);
+}
+
 int parse_fp8_block_n(const char* value) {
   if (value == nullptr || *value == '\0' || std::string(value) == "128") return 128;
   if (std::string(value) == "192") return 192;
@@ -232,6 +236,7 @@ KernelChoice sm90_kernel(const Problem& pr, const PlanContext& ctx, int64_t max_
   k.masked = sm90_masked(pr);
   k.paged = pr.paged;
   k.tile_counter = k.masked && ctx.workspace_available;
+  k.epilogue = ctx.sm90_epilogue;
   k.head_dim = static_cast<int>(pr.head_dim);
   const sm90::TileShape tile =
       sm90::tile_shape(static_cast<int>(pr.head_dim), k.masked, max_kv_len);
@@ -427,9 +432,10 @@ std::string replay_key(const Plan& plan) {
            : sm90 ? (sm90::short_keys(l.max_kv_len) ? "sm90 short" : "sm90")
                   : "sm80")
        << (k.decode ? " decode" : "") << (k.masked ? " masked" : "") << (k.paged ? " paged" : "")
-       << (k.tile_counter ? " counter" : "") << (k.padded ? str_cat(" padded d", k.head_dim) : "")
-       << " " << k.block_m << "x" << k.block_n << " splits " << k.splits << " group "
-       << static_cast<int>(l.group) << " seqs " << l.seq_begin << "-" << l.seq_end;
+       << (k.tile_counter ? " counter" : "") << (k.epilogue ? " epilogue" : "")
+       << (k.padded ? str_cat(" padded d", k.head_dim) : "") << " " << k.block_m << "x" << k.block_n
+       << " splits " << k.splits << " group " << static_cast<int>(l.group) << " seqs "
+       << l.seq_begin << "-" << l.seq_end;
   }
   return os.str();
 }
@@ -452,7 +458,8 @@ std::string Plan::summary() const {
                                            : " prefills only")
        << " max_q " << l.max_q_len << " max_kv " << l.max_kv_len << " tile " << l.kernel.block_m
        << "x" << l.kernel.block_n << " splits " << l.kernel.splits
-       << (l.kernel.tile_counter ? " tile counter" : "");
+       << (l.kernel.tile_counter ? " tile counter" : "")
+       << (l.kernel.epilogue ? " overlapped epilogue" : "");
     if (l.kernel.fp8) os << " V^T at " << l.vt_offset;
   }
   os << "; workspace " << workspace_bytes << " B";

@@ -49,6 +49,10 @@ struct KernelChoice {
   // The tile the launch runs: query rows and keys per block, read from the family's tile
   // configuration (sm80/tile_config.h, sm90/tile_config.h), which the launch instantiates.
   int block_m = 0, block_n = 0;
+  // sm90 16-bit tiles: session 18's tile boundary (sm90/tile_config.h OverlappedEpilogue: O by
+  // TMA store where its staging fits, the tile's work announced to the consumers), from
+  // PlanContext::sm90_epilogue. Same arithmetic, same bits.
+  bool epilogue = false;
   // The head dim the kernel is compiled for (64, 128, 256): the call's, or for sm80 the smallest
   // at or above both of the call's head dims (sm80/tile_config.h kernel_head_dim); then `padded`:
   // the padded instantiation, which reads q, k and v only up to the call's head dims and stores
@@ -92,6 +96,12 @@ struct HostLengths {
   bool known() const { return !q_start.empty(); }
 };
 
+// Whether the sm90 forward's 16-bit tiles take session 18's tile boundary by default
+// (FLASHSERVE_SM90_EPILOGUE unset): on, since it computes the same bits (Sm90Epilogue.SameBits*)
+// and moves the per-tile O stores off the consumers' path; "0" keeps the register stores, so one
+// device run measures both (docs/kernel-notes.md, session 18).
+inline constexpr bool kSm90EpilogueByDefault = true;
+
 // What the plan needs of the device and of the call beside the problem.
 struct PlanContext {
   SplitDevice device;
@@ -110,7 +120,14 @@ struct PlanContext {
   // The fp8 forward's key block at d128: FLASHSERVE_FP8_BLOCK_N (parse_fp8_block_n), 128 or 192
   // (sm90/tile_config.h Fp8Tile; the other head dims run 128 whatever it says).
   int fp8_block_n = 128;
+  // Whether sm90 16-bit launches take session 18's tile boundary: FLASHSERVE_SM90_EPILOGUE
+  // (parse_sm90_epilogue), read by the dispatch once per plan.
+  bool sm90_epilogue = kSm90EpilogueByDefault;
 };
+
+// FLASHSERVE_SM90_EPILOGUE: unset (null) or empty, kSm90EpilogueByDefault; "1" on; "0" off;
+// anything else throws kInvalidArgument naming the variable.
+bool parse_sm90_epilogue(const char* value);
 
 // Whether the sm90 float8_e4m3fn forward runs by default (FLASHSERVE_FP8_ATTENTION unset): on
 // since its device run passed (session 18, H200: every fp8 GPU test at d64/d128/d256 within its

@@ -27,8 +27,11 @@
 //   of adjacent query tiles of one head; each producer loads half of every K/V block into both
 //   CTAs (load_kv), and every consumer warp releases a stage on both CTAs' barriers (release_kv).
 //
-// Not yet here (docs/kernel-notes.md, "sm90 next steps"): TMA stores of O in the library's tiles
-// (an option, kTmaStoreO, not yet measured), split-KV.
+// - Session 18's tile boundary (tile_config.h OverlappedEpilogue, FLASHSERVE_SM90_EPILOGUE): O
+//   leaves through shared memory by TMA stores (store_tile), the producer announces each tile's
+//   work with its index (TileSlot) and loads a tile's first K block before its Q.
+//
+// Not yet here (docs/kernel-notes.md, "sm90 next steps"): split-KV.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -53,12 +56,22 @@ namespace flashserve::attention::sm90 {
 
 // Tiles with kTmaStoreO: each consumer warpgroup's 64 rows of O, in 64-column chunks of 8-row
 // 128-byte swizzle atoms (the layout the O tensor map's boxes have), for its TMA stores.
-template <class Cfg, bool = Cfg::kTmaStoreO>
+template <class Cfg, bool = Cfg::kTmaStoreO && !Cfg::kOInQ>
 struct OStaging {};
 template <class Cfg>
 struct OStaging<Cfg, true> {
   static constexpr int kChunkBytes = 64 * 128;
   alignas(1024) uint8_t o[Cfg::kConsumers][Cfg::kChunks][kChunkBytes];
+};
+
+// A tile as the producer announces it with kAnnounceWork: its index in the grid's order (past
+// the last, num_tiles), its coordinates and its sequence's lengths (q_len 0 where the launch
+// does not take the sequence, TileWork), which the consumers would otherwise derive again at the
+// tile's start (the order's divisions; with varlen or seqused_k, loads of the lengths).
+struct TileSlot {
+  int32_t t;
+  kernel::TileCoords coords;
+  kernel::SeqLens seq;
 };
 
 template <class Cfg>
@@ -73,7 +86,7 @@ struct SharedStorage : OStaging<Cfg> {
   // through a ring of two slots: tile_full (the producer's arrival) and tile_empty (one arrival
   // per consumer thread once it has read the slot: each thread's own release orders its read
   // before the producer's next write, which racecheck cannot see through a warp's __syncwarp).
-  int32_t tile[2];
+  std::conditional_t<Cfg::kAnnounceWork, TileSlot, int32_t> tile[2];
   Mbarrier tile_full[2], tile_empty[2];
   int32_t producer_tile;  // copy_kv's producer threads: the next tile, from thread 0
   // copy_kv's row offsets in the K (0) and V (1) pools (none without kPagedCpAsync: d256's
@@ -86,6 +99,35 @@ struct SharedStorage : OStaging<Cfg> {
 template <class Cfg>
 constexpr int smem_bytes() {
   return static_cast<int>(sizeof(SharedStorage<Cfg>)) + 1024;  // + the base's realignment
+}
+
+// Tile Cfg with session 18's boundary (tile_config.h OverlappedEpilogue): O staged in a buffer
+// of its own where that fits the shared memory, else in Q's.
+template <class Cfg>
+using EpilogueTile =
+    std::conditional_t<smem_bytes<OverlappedEpilogue<Cfg, true>>() <= kMaxSmemPerBlock,
+                       OverlappedEpilogue<Cfg, true>, OverlappedEpilogue<Cfg, false>>;
+static_assert(!EpilogueTile<TileConfig<64, 192, 128>>::kOInQ &&
+                  !EpilogueTile<TileConfig<64, 128, 128>>::kOInQ &&
+                  !EpilogueTile<TileConfig<128, 128, 128>>::kOInQ,
+              "d64 and d128 x 128 have room for O's own staging (24 / 16 / 32 KB)");
+static_assert(EpilogueTile<TileConfig<128, 128, 176>>::kOInQ &&
+                  EpilogueTile<TileConfig<256, 128, 80, 2, true>>::kOInQ,
+              "d128 x 176 (208 KB) and d256 (224 KB) stage O in Q's buffer");
+
+// Where warpgroup cw stages column chunk c of its 64 rows of O: 64 rows of 128-byte swizzled
+// rows, 8 KB on a 1024-byte boundary (the layout of the O map's boxes), in the staging buffer or
+// in the warpgroup's own rows of Q (kOInQ; Q's chunks have that layout, and only this
+// warpgroup's QK^T reads those rows).
+template <class Cfg>
+__device__ __forceinline__ uint8_t* o_chunk(SharedStorage<Cfg>& s, int cw, int c) {
+  if constexpr (Cfg::kOInQ) {
+    static_assert(Cfg::kRowBytes == 128 && Cfg::kQChunkBytes == Cfg::kBlockM * 128,
+                  "Q's chunks are 128-byte rows");
+    return s.q[c] + cw * 64 * 128;
+  } else {
+    return s.o[cw][c];
+  }
 }
 
 // The CTA's rank in its cluster: 0 without multicast (TileConfig::kCluster 1).
@@ -142,6 +184,14 @@ struct TileWork {
         blocks(m0, seq.q_len, seq.kv_len, p.window_left, p.window_right) {
     if (!kernel::takes_seq(p.only, seq.q_len)) seq.q_len = 0;
   }
+  // From the lengths the producer announced (TileSlot: q_len already 0 where the sequence is not
+  // taken, and then the blocks are never used).
+  __device__ __forceinline__ TileWork(const FwdParams& p, const kernel::TileCoords& tile,
+                                      const kernel::SeqLens& announced)
+      : b(seq_of(p, tile)),
+        seq(announced),
+        m0(tile.m_block * Cfg::kBlockM),
+        blocks(m0, seq.q_len, seq.kv_len, p.window_left, p.window_right) {}
 
   __device__ __forceinline__ bool valid() const { return m0 < seq.q_len; }
   // The TMA coordinates of row 0 of the sequence: dense tensors by sequence, varlen ones by row.
@@ -303,15 +353,24 @@ __device__ __forceinline__ void produce_tile(SharedStorage<Cfg>& s, const FwdPar
                                              int tid, uint32_t rank, Trace<Cfg::kTrace>& trace) {
   constexpr int kStages = Cfg::kStages;
   const int kv_head = tile.head / p.h_ratio, n_blocks = w.blocks.count(), n_max = w.blocks.n_max;
-  if (tid == 0) {
-    s.q_empty.wait((q_round & 1) ^ 1);
-    s.q_full.arrive_expect_tx(Cfg::kQBytes);
+  const auto load_q = [&] {
+    if (tid == 0) {
+      s.q_empty.wait((q_round & 1) ^ 1);
+      s.q_full.arrive_expect_tx(Cfg::kQBytes);
 #pragma unroll
-    for (int c = 0; c < Cfg::kChunks; ++c)
-      tma_load_4d(s.q[c], &p.tma_q, s.q_full, c * Cfg::kChunkCols, w.seq.q_start + w.m0, tile.head,
-                  w.q_z(p));
-  }
-  trace(kProducerQ);
+      for (int c = 0; c < Cfg::kChunks; ++c)
+        tma_load_4d(s.q[c], &p.tma_q, s.q_full, c * Cfg::kChunkCols, w.seq.q_start + w.m0,
+                    tile.head, w.q_z(p));
+    }
+    trace(kProducerQ);
+  };
+  // kFirstKBeforeQ: the first K block goes first, since its stage frees one QK^T before Q does
+  // (after the previous tile's second-to-last QK^T; Q after its last, or with kOInQ after its
+  // O stores), and the consumers need both for the first QK^T. Not with kCp: there the copies
+  // bound the time, and Q's coordinates live into the copy loop spilled 8-16 more bytes of the
+  // 32-register producer (ptxas).
+  constexpr bool kFirstKBeforeQ = Cfg::kFirstKBeforeQ && !kCp;
+  if constexpr (!kFirstKBeforeQ) load_q();
   const KvSource src = kv_source(p, w);
   // kv_cp_async: this lane's page of the K block, of the V block (the K block one step earlier)
   // and of the next K block, read ahead.
@@ -336,6 +395,8 @@ __device__ __forceinline__ void produce_tile(SharedStorage<Cfg>& s, const FwdPar
       }
       trace(kProducerK);
     }
+    if constexpr (kFirstKBeforeQ)
+      if (i == 0) load_q();
     if (i > 0) {
       const int slot = ring + i - 1, st = slot % kStages, block = n_max - i;
       s.v_empty[st].wait(((slot / kStages) & 1) ^ 1);
@@ -365,19 +426,40 @@ __device__ __forceinline__ void produce_tiles(SharedStorage<Cfg>& s, const FwdPa
   const int stride = gridDim.x / Cfg::kCluster;
   int ring = 0, q_round = 0;
   for (int t = blockIdx.x / Cfg::kCluster, k = 0;; ++k) {
-    if (tid == 0) {
-      s.tile_empty[k % 2].wait(((k / 2) & 1) ^ 1);
-      s.tile[k % 2] = t;
-      s.tile_full[k % 2].arrive();
-    }
-    trace(kProducerTile);
-    if (t >= p.num_tiles) break;
-    const kernel::TileCoords tile = cta_tile<Cfg>(p, t);
-    const TileWork<Cfg, kMasked> w(p, tile);
-    if (w.valid() && w.blocks.count() > 0) {
-      produce_tile<Cfg, kMasked, kCp>(s, p, tile, w, ring, q_round, tid, rank, trace);
-      ring += w.blocks.count();
-      ++q_round;
+    // (Two copies of the same steps rather than one with lambdas: captured by a lambda, ring and
+    // q_round changed the register-store kernels' machine code, scripts/kernel-identity.py.)
+    if constexpr (Cfg::kAnnounceWork) {
+      // The work first, since the announcement carries it (past the last tile, the last tile's:
+      // the consumers stop at num_tiles without reading it).
+      const kernel::TileCoords tile = cta_tile<Cfg>(p, min(t, p.num_tiles - 1));
+      const TileWork<Cfg, kMasked> w(p, tile);
+      if (tid == 0) {
+        s.tile_empty[k % 2].wait(((k / 2) & 1) ^ 1);
+        s.tile[k % 2] = TileSlot{t, tile, w.seq};
+        s.tile_full[k % 2].arrive();
+      }
+      trace(kProducerTile);
+      if (t >= p.num_tiles) break;
+      if (w.valid() && w.blocks.count() > 0) {
+        produce_tile<Cfg, kMasked, kCp>(s, p, tile, w, ring, q_round, tid, rank, trace);
+        ring += w.blocks.count();
+        ++q_round;
+      }
+    } else {
+      if (tid == 0) {
+        s.tile_empty[k % 2].wait(((k / 2) & 1) ^ 1);
+        s.tile[k % 2] = t;
+        s.tile_full[k % 2].arrive();
+      }
+      trace(kProducerTile);
+      if (t >= p.num_tiles) break;
+      const kernel::TileCoords tile = cta_tile<Cfg>(p, t);
+      const TileWork<Cfg, kMasked> w(p, tile);
+      if (w.valid() && w.blocks.count() > 0) {
+        produce_tile<Cfg, kMasked, kCp>(s, p, tile, w, ring, q_round, tid, rank, trace);
+        ring += w.blocks.count();
+        ++q_round;
+      }
     }
     if (p.tile_counter == nullptr) {
       t += stride;
@@ -677,17 +759,37 @@ __device__ __forceinline__ void epilogue_sync(int cw) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(8 + cw) : "memory");
 }
 
+// Whether the 64 rows of a warpgroup from row wg_row0 of its sequence can leave as TMA boxes
+// (kTmaStoreO). A box clips only at the map's end: a dense map's sequences are a dimension of
+// their own, so their boxes clip at each sequence's last row, but a varlen map is all sequences'
+// rows in one, and a box that reaches past its sequence's last row writes the next sequence's
+// first rows (racing with that tile's own stores). So a varlen warpgroup whose rows end past its
+// sequence's last row takes the register stores, unless its sequence is the last of the tensor
+// (the box then clips at the map's end). Chosen per tile rather than by a map per sequence: the
+// register stores are the same values, one tile per sequence at most takes them, and a map per
+// sequence would be a host-side array of 128-byte maps per call (not CUDA-graph friendly).
+// A warpgroup whose rows all lie past q_len stores nothing either way.
+__device__ __forceinline__ bool tma_box_in_sequence(const FwdParams& p, const kernel::SeqLens& seq,
+                                                    int wg_row0) {
+  return wg_row0 < seq.q_len &&
+         (wg_row0 + 64 <= seq.q_len || seq.q_start + seq.q_len >= p.seqlen_q);
+}
+
 // The epilogue of one consumer warpgroup's 64 rows of `tile` (cw c: tile rows 64c .. 64c + 63,
 // tid its thread 0..127): O / sum and LSE; rows past q_len are not stored. With kTmaStoreO, O
-// goes to the warpgroup's staging buffer and thread 0 stores it with TMA (the rows past q_len
-// fall outside the tensor map and are not written); the buffer is reused only once the previous
-// tile's stores have read it.
+// goes to the warpgroup's staging (o_chunk) and thread 0 stores it with TMA (tma_box_in_sequence;
+// the rows past q_len fall outside the tensor map and are not written), so the warpgroup moves
+// on to its next tile while the store drains. A staging buffer of its own is written again only
+// once the previous tile's stores have read it. Staged in Q (kOInQ), `keyed` says whether the
+// tile had key blocks and so a Q load of its own: only then may O go there (the producer loads
+// no Q for a tile without keys, and may already have loaded the next tile's), and only then does
+// the warpgroup release Q (q_empty, 4 arrivals: its warps'), once its O has left it.
 template <class Cfg, bool kBf16>
 __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParams& p,
                                            const kernel::TileCoords& tile,
                                            const kernel::SeqLens& seq, int cw, int tid,
                                            const float (&o)[Cfg::kHeadDim / 2],
-                                           const RowsOf<Cfg>& rows) {
+                                           const RowsOf<Cfg>& rows, bool keyed) {
   constexpr int kD = Cfg::kHeadDim;
   using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   const int lane = tid % 32, b = seq_of(p, tile);
@@ -700,7 +802,10 @@ __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParam
   }
   const int wg_row0 = tile.m_block * Cfg::kBlockM + cw * 64;
   const int row0 = wg_row0 + (tid / 32) * 16 + lane / 4;
-  if constexpr (Cfg::kTmaStoreO) {
+  // The same for the warpgroup's 128 threads (tile and lengths are), so its barriers are too.
+  const bool by_tma =
+      Cfg::kTmaStoreO && (!Cfg::kOInQ || keyed) && tma_box_in_sequence(p, seq, wg_row0);
+  if (!Cfg::kOInQ && by_tma) {
     if (tid == 0) tma_store_wait_read();
     epilogue_sync(cw);  // the staging buffer is free for every thread of the warpgroup
   }
@@ -720,13 +825,16 @@ __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParam
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i)
       packed[i] = pack2<kBf16>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
-    if constexpr (Cfg::kTmaStoreO) {
+    if (by_tma) {
       // Row r of the warpgroup's 64, 8-column group g: chunk g / 8, 16-byte unit g % 8 of the
-      // row's 128 bytes, swizzled by r % 8 (TMA's 128-byte swizzle).
+      // row's 128 bytes, swizzled by r % 8 (TMA's 128-byte swizzle). A warp's 32 stores hit 8
+      // rows at 8 distinct swizzled units each: no bank conflicts beyond the 4 wavefronts of
+      // 512 bytes.
       const int r = t - wg_row0;
-      store_row_vec16<kD>(packed, lane % 4, [&](int g, uint4 v) {
-        *reinterpret_cast<uint4*>(s.o[cw][g / 8] + r * 128 + ((g % 8) ^ (r % 8)) * 16) = v;
-      });
+      if constexpr (Cfg::kTmaStoreO)
+        store_row_vec16<kD>(packed, lane % 4, [&](int g, uint4 v) {
+          *reinterpret_cast<uint4*>(o_chunk(s, cw, g / 8) + r * 128 + ((g % 8) ^ (r % 8)) * 16) = v;
+        });
     } else {
       Elem* out = static_cast<Elem*>(p.out) + b * p.o_batch_stride +
                   int64_t{seq.q_start + t} * p.o_row_stride + tile.head * p.o_head_stride;
@@ -744,13 +852,25 @@ __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParam
     }
   }
   if constexpr (Cfg::kTmaStoreO) {
-    fence_shared_to_async();
-    epilogue_sync(cw);
-    if (tid == 0) {
+    if (by_tma) {
+      fence_shared_to_async();  // each thread's staging writes, before the TMA store reads them
+      epilogue_sync(cw);
+      if (tid == 0) {
+        // Varlen maps are one sequence of all rows (the launch's tma_o, as tma_q).
+        const int z = p.cu_seqlens_q != nullptr ? 0 : b;
 #pragma unroll
-      for (int c = 0; c < Cfg::kChunks; ++c)
-        tma_store_4d(&p.tma_o, s.o[cw][c], c * Cfg::kChunkCols, wg_row0, tile.head, b);
-      tma_store_commit();
+        for (int c = 0; c < Cfg::kChunks; ++c)
+          tma_store_4d(&p.tma_o, o_chunk(s, cw, c), c * Cfg::kChunkCols, seq.q_start + wg_row0,
+                       tile.head, z);
+        tma_store_commit();
+        if constexpr (Cfg::kOInQ) {
+          // Q's rows are free once the stores have read them: the next tile's Q may load.
+          tma_store_wait_read();
+          for (int w = 0; w < 4; ++w) s.q_empty.arrive();
+        }
+      }
+    } else if (Cfg::kOInQ && keyed) {
+      release(s.q_empty);  // each warp: its warpgroup's QK^T have finished reading its Q rows
     }
   }
 }
@@ -783,12 +903,29 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
     // Every thread reads the slot before its own arrival; lane 0's value, broadcast, lets ptxas
     // see that what follows from it is warp-uniform (a branch it cannot prove uniform between a
     // wgmma's issue and its wait serializes the wgmmas: C7520).
-    const int t = __shfl_sync(0xffffffffu, s.tile[k % 2], 0);
+    const auto uniform = [](int v) { return __shfl_sync(0xffffffffu, v, 0); };
+    int t;
+    kernel::TileCoords tile{};
+    kernel::SeqLens announced{};
+    if constexpr (Cfg::kAnnounceWork) {
+      const TileSlot& slot = s.tile[k % 2];
+      t = uniform(slot.t);
+      tile = {uniform(slot.coords.m_block), uniform(slot.coords.head), uniform(slot.coords.z)};
+      announced = {uniform(slot.seq.q_start), uniform(slot.seq.q_len), uniform(slot.seq.k_start),
+                   uniform(slot.seq.kv_len)};
+    } else {
+      t = uniform(s.tile[k % 2]);
+    }
     s.tile_empty[k % 2].arrive();
     trace(kTileRead);
     if (t >= p.num_tiles) break;
-    const kernel::TileCoords tile = cta_tile<Cfg>(p, t);
-    const TileWork<Cfg, kMasked> w(p, tile);
+    if constexpr (!Cfg::kAnnounceWork) tile = cta_tile<Cfg>(p, t);
+    const TileWork<Cfg, kMasked> w = [&] {
+      if constexpr (Cfg::kAnnounceWork)
+        return TileWork<Cfg, kMasked>(p, tile, announced);
+      else
+        return TileWork<Cfg, kMasked>(p, tile);
+    }();
     if (!w.valid()) continue;  // no rows: nothing to load or store
     const int q_len = w.seq.q_len, kv_len = w.seq.kv_len;
     const int n_min = w.blocks.n_min, n_max = w.blocks.n_max, n_blocks = w.blocks.count();
@@ -799,7 +936,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
 #pragma unroll
       for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
       rows = RowsOf<Cfg>{};
-      store_tile<Cfg, kBf16>(s, p, tile, w.seq, cw, tid, o, rows);
+      store_tile<Cfg, kBf16>(s, p, tile, w.seq, cw, tid, o, rows, /*keyed=*/false);
       continue;
     }
     // The two rows of this thread in the accumulator fragment (wgmma.h), as query indices.
@@ -844,7 +981,8 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       fence_regs(sc);
       trace(kSReady);
       release_kv<Cfg>(s.k_empty[st]);
-      release(s.q_empty, n_blocks == 1);  // the tile's last QK^T is done
+      // The tile's last QK^T is done (kOInQ: Q is released after O has left it, store_tile).
+      release(s.q_empty, !Cfg::kOInQ && n_blocks == 1);
       if (n_max - 1 >= hi || n_max - 1 < lo) mask(n_max - 1);
       rows = RowsOf<Cfg>{};
       rows.update(sc, scale_log2(), rescale);
@@ -889,7 +1027,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       fence_regs(sc);
       trace(kSReady);
       release_kv<Cfg>(s.k_empty[st]);
-      release(s.q_empty, i == n_blocks - 1);  // the tile's last QK^T is done
+      release(s.q_empty, !Cfg::kOInQ && i == n_blocks - 1);  // the tile's last QK^T is done
       if constexpr (decltype(masked)::value) mask(n_max - 1 - i);
       const bool rescale_warp = rows.update(sc, scale_log2(), rescale);
       // The fences keep the exponentials above the wait for P V in the PTX. ptxas still schedules
@@ -922,7 +1060,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       fence_regs(o);
       trace(kEpilogueStart);
       release_kv<Cfg>(s.v_empty[last]);
-      store_tile<Cfg, kBf16>(s, p, tile, seq_again(), cw, tid, o, rows);
+      store_tile<Cfg, kBf16>(s, p, tile, seq_again(), cw, tid, o, rows, /*keyed=*/true);
       trace(kEpilogueEnd);
     }
     ring += n_blocks;

@@ -65,6 +65,9 @@ struct FwdArgs {
   void* vt;
   int64_t vt_keys;
   int fp8_block_n;  // the plan's key block (tile_config.h fp8_block_n: 192 at d128 on request)
+  // The 16-bit tiles with session 18's tile boundary (tile_config.h OverlappedEpilogue: O by TMA
+  // store, the tile's work announced): the plan's FLASHSERVE_SM90_EPILOGUE (cuda/plan.h).
+  bool epilogue;
 };
 
 // Throws flashserve::Error (kUnsupported for a head dim without an instantiation or a tensor TMA

@@ -144,15 +144,14 @@ void launch(FwdParams& p, const FwdArgs& a) {
   }
   auto kernel = fwd_kernel<Cfg, kBf16, kMasked>;
   constexpr int smem = smem_bytes<Cfg>();
-  static_assert(smem <= 227 * 1024, "the tile's shared memory exceeds what one block may have");
+  static_assert(smem <= kMaxSmemPerBlock,
+                "the tile's shared memory exceeds what one block may have");
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
              "cudaFuncSetAttribute (sm90 forward shared memory)");
-  if constexpr (Cfg::kTmaStoreO) {  // one consumer warpgroup's 64 rows per box
-    // A box clips at the map's last row only: a varlen sequence's would overwrite the next one's.
-    if (varlen_q)
-      throw Error(ErrorKind::kUnsupported, "cu_seqlens_q",
-                  "the sm90 tiles with TMA stores of O take dense queries only");
-    p.tma_o = make_map(a.out, a.dtype, a.batch, a.seqlen_q, a.h_q, kHeadDim, a.o_batch_stride,
+  if constexpr (Cfg::kTmaStoreO) {
+    // One consumer warpgroup's 64 rows per box, out described as q is (varlen: one sequence of
+    // all rows, whose boxes the kernel keeps inside their sequence: tma_box_in_sequence).
+    p.tma_o = make_map(a.out, a.dtype, q_seqs, q_rows, a.h_q, kHeadDim, a.o_batch_stride,
                        a.o_row_stride, a.o_head_stride, 64, "out");
   }
   // The tiles in the heaviest-first order of tile_order.h (L2-sized sections of heads).
@@ -242,7 +241,8 @@ inline FwdParams fwd_params(const FwdArgs& a) {
   return p;
 }
 
-// The forward with tile CfgDense for unmasked calls and CfgMasked for causal or windowed ones.
+// The forward with tile CfgDense for unmasked calls and CfgMasked for causal or windowed ones
+// (with a.epilogue, as their EpilogueTile: session 18's tile boundary).
 template <class CfgDense, class CfgMasked>
 void run_fwd_tiles(const FwdArgs& a) {
   static_assert(CfgDense::kHeadDim == CfgMasked::kHeadDim, "one head dim");
@@ -309,15 +309,25 @@ void run_fwd_fp8_hdim(const FwdArgs& a) {
   run(Fp8Tile<kHeadDim, 128>{});
 }
 
-// The tiles of tile_config.h: ShortTile's up to kShortKeys keys, DefaultTile's beyond.
+// The tiles of tile_config.h: ShortTile's up to kShortKeys keys, DefaultTile's beyond; with
+// a.epilogue (the plan's FLASHSERVE_SM90_EPILOGUE) each as its EpilogueTile.
 template <int kHeadDim>
 void run_fwd_hdim(const FwdArgs& a) {
-  if (short_keys(a.max_seqlen_k))
-    run_fwd_tiles<typename ShortTile<kHeadDim, false>::type,
-                  typename ShortTile<kHeadDim, true>::type>(a);
-  else
-    run_fwd_tiles<typename DefaultTile<kHeadDim, false>::type,
-                  typename DefaultTile<kHeadDim, true>::type>(a);
+  using ShortDense = typename ShortTile<kHeadDim, false>::type;
+  using ShortMasked = typename ShortTile<kHeadDim, true>::type;
+  using Dense = typename DefaultTile<kHeadDim, false>::type;
+  using Masked = typename DefaultTile<kHeadDim, true>::type;
+  if (short_keys(a.max_seqlen_k)) {
+    if (a.epilogue)
+      run_fwd_tiles<EpilogueTile<ShortDense>, EpilogueTile<ShortMasked>>(a);
+    else
+      run_fwd_tiles<ShortDense, ShortMasked>(a);
+  } else {
+    if (a.epilogue)
+      run_fwd_tiles<EpilogueTile<Dense>, EpilogueTile<Masked>>(a);
+    else
+      run_fwd_tiles<Dense, Masked>(a);
+  }
 }
 
 }  // namespace flashserve::attention::sm90

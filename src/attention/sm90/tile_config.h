@@ -35,9 +35,19 @@ struct TileConfig {
   // The softmax rescales O only when a row's max grew by more than 2^8 (fwd_kernel.h's RowState).
   static constexpr bool kLazyRescale = kLazyRescale_;
   // O leaves through shared memory and TMA stores, one per warpgroup and 64 columns, instead of
-  // register stores (fwd_kernel.h's store_tile): 16 KB of staging per warpgroup at d128. Not in
-  // the library's tiles until measured (bench/tuning/sm90_sweep).
+  // register stores (fwd_kernel.h's store_tile): 16 KB of staging per warpgroup at d128. The
+  // library's tiles take it through OverlappedEpilogue below.
   static constexpr bool kTmaStoreO = kTmaStoreO_;
+  // With kTmaStoreO: O is staged in Q's buffer (each warpgroup's rows in its own 64 rows of Q,
+  // once its last QK^T is done) instead of a buffer of its own; the next tile's Q then loads
+  // once this tile's stores have read it.
+  static constexpr bool kOInQ = false;
+  // The producer announces each tile with its coordinates and lengths (fwd_kernel.h TileSlot),
+  // so that the consumers start it without the order's divisions and the lengths' loads.
+  static constexpr bool kAnnounceWork = false;
+  // The TMA producer loads a tile's first K block before its Q (the K stage frees one QK^T
+  // earlier than Q; with kOInQ, Q frees only after the previous tile's O stores).
+  static constexpr bool kFirstKBeforeQ = false;
   // Paged K/V in pages shorter than a key block: copied by the producer warpgroup's 128 threads
   // with cp.async (fwd_kernel.h's copy_kv) up to d128, one TMA box per page at d256. Measured on
   // the engine's 16-key pages (bench_serve_attn, session 14): cp.async 1.46-1.80x the dense
@@ -178,6 +188,40 @@ struct Multicast : Cfg {
 };
 template <int kHeadDim>
 inline constexpr bool kMulticastKV = kHeadDim >= 128;
+
+// The tile boundary of session 18 (docs/kernel-notes.md, "Session 18 (issue 19): the short
+// rows"; FLASHSERVE_SM90_EPILOGUE, read once per plan): at 512-1k keys a tile runs 3-8 key
+// blocks, and what it costs once (the epilogue's 16-32 KB of O stores per warpgroup, 16% of a
+// tile at d128 512 in sm90_trace; the consumers' decoding of the next tile) weighs against them.
+// - O goes to a staging buffer and one thread per warpgroup stores it by TMA, so the warpgroup
+//   starts the next tile while the store drains (the register stores held it until the LSU took
+//   them). The staging is a buffer of its own where it fits beside Q and the K/V ring
+//   (fwd_kernel.h's EpilogueTile decides): d64 and the 128 x 128 d128 tiles. d128 x 176 (208 KB)
+//   and d256 (224 KB) have no room: kOInQ stages O in Q's buffer, so the next tile's Q loads only
+//   once this tile's O has left it (one Q load latency at the tile's start, in place of the
+//   register stores' 2500-4700 cycles in sm90_trace; the first K block no longer waits behind Q).
+// - kAnnounceWork: the producer, which computes each tile's coordinates and lengths anyway, passes
+//   them to the consumers with the tile index, and loads a tile's first K block before its Q.
+// The arithmetic is the same: outputs are bit-identical with and without (Sm90Epilogue.SameBits*).
+// The producer holds a tile's announced work and, for the first K block before Q, Q's
+// coordinates into its key loop: at 32 registers its paged loops spilled 4-16 more bytes
+// (ptxas). Two-consumer tiles give it 40 (128 x 40 + 256 x 232 = 64512, the whole pool of 384
+// threads at 168; a 40-register producer measured 2-8% faster on paged d128 once, session 14).
+// Three-consumer tiles (d64 192 x 128) have none to spare (128 x 32 + 384 x 160 = 65536): they
+// keep Q first, which compiles without spills with the announced work (ptxas; K first spilled
+// 12-20 bytes there).
+template <class Cfg, bool kOwnBuffer>
+struct OverlappedEpilogue : Cfg {
+  static constexpr bool kTmaStoreO = true;
+  static constexpr bool kOInQ = !kOwnBuffer;
+  static constexpr bool kAnnounceWork = true;
+  static constexpr bool kFirstKBeforeQ = Cfg::kConsumers == 2;
+  static constexpr int kProducerRegs = Cfg::kConsumers == 2 ? 40 : Cfg::kProducerRegs;
+  static_assert(setmaxnreg_fits(kProducerRegs, Cfg::kConsumerRegs, Cfg::kConsumers),
+                "the setmaxnreg budgets exceed the CTA's registers: setmaxnreg.inc would hang");
+};
+// The largest dynamic shared memory a block may have on sm_90.
+inline constexpr int kMaxSmemPerBlock = 227 * 1024;
 
 // Up to kShortKeys keys a tile runs few key blocks, and the fixed cost of its start and end
 // (first QK^T and softmax, last PV, epilogue) weighs more than the blocks' rate: ShortTile is the
