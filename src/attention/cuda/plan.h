@@ -97,10 +97,12 @@ struct HostLengths {
 };
 
 // Whether the sm90 forward's 16-bit tiles take session 18's tile boundary by default
-// (FLASHSERVE_SM90_EPILOGUE unset): on, since it computes the same bits (Sm90Epilogue.SameBits*)
-// and moves the per-tile O stores off the consumers' path; "0" keeps the register stores, so one
-// device run measures both (docs/kernel-notes.md, session 18).
-inline constexpr bool kSm90EpilogueByDefault = true;
+// (FLASHSERVE_SM90_EPILOGUE unset): off until its first device run has passed (written without a
+// GPU; the session's one device call ran out of time inside the tests, which printed no failure
+// but did not finish: a hang is not ruled out). "1" turns it on; it computes the same bits as the
+// register stores (Sm90Epilogue.SameBits*), so that run measures both (docs/kernel-notes.md,
+// session 18).
+inline constexpr bool kSm90EpilogueByDefault = false;
 
 // What the plan needs of the device and of the call beside the problem.
 struct PlanContext {
