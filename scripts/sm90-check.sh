@@ -16,7 +16,7 @@
 #   BIN_TAR=.xfer/sm90.tar.xz OUT=$OUT bash scripts/sm90-check.sh
 # Environment: HEAD_DIMS (64,128,256), SEQLENS (512,...,16384), SKIP="tests all_gpu_tests
 # sanitize sass sm90 epilogue sweep api fa3 ncu" leaves steps out, EPI_SEQLENS (the epilogue
-# step's, default 512,1024,2048), FA3_ARGS (more fa3_grid.py arguments), FILTER (the gtest filter of the tests step, default '*Sm90*'),
+# step's, default 512,1024,2048), FA3_ARGS (more fa3_grid.py arguments), FILTER (the gtest filter of the tests step, default '*Sm90*'; 8 shards, TEST_TIMEOUT seconds each, default 150),
 # SM90_SEQLENS (bench_sm90's, default SEQLENS), NCU_SHAPES ("d:seqlen:causal ...", default
 # "128:512:0 128:8192:0").
 set -uo pipefail
@@ -38,8 +38,25 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,
 echo "commit ${COMMIT:-unknown}"
 
 if want tests; then
-  step "tests (every Sm90* test passes; none skipped on the H200)"
-  timeout 180 "$BIN/tests/test_gpu" --gtest_filter="${FILTER:-*Sm90*}" --gtest_brief=1 || status=1
+  # 8 shards side by side (the float64 references are CPU-bound: one process takes minutes),
+  # each under its own timeout; a shard that timed out or died is named with the test it was in.
+  step "tests (every Sm90* test passes; none skipped on the H200), 8 shards"
+  pids=()
+  for i in 0 1 2 3 4 5 6 7; do
+    GTEST_TOTAL_SHARDS=8 GTEST_SHARD_INDEX=$i timeout -k 5 "${TEST_TIMEOUT:-150}" \
+      "$BIN/tests/test_gpu" --gtest_filter="${FILTER:-*Sm90*}" > "$OUT/tests-shard$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in 0 1 2 3 4 5 6 7; do
+    wait "${pids[$i]}"
+    code=$?
+    ((code == 0)) && continue
+    status=1
+    echo "shard $i: exit $code, in: $(grep '^\[ RUN      \]' "$OUT/tests-shard$i.log" | tail -1 | cut -c14-)"
+  done
+  cat "$OUT"/tests-shard*.log > "$OUT/tests.log" && rm -f "$OUT"/tests-shard*.log
+  echo "tests: $(grep -c '^\[       OK \]' "$OUT/tests.log") passed, $(grep -c '^\[  FAILED  \] .*(' "$OUT/tests.log") failed, $(grep -c '^\[  SKIPPED \] .*(' "$OUT/tests.log") skipped"
+  grep -E "^\[  FAILED  \] .*\(" "$OUT/tests.log" | head -40
 fi
 if want all_gpu_tests; then
   # Every GPU test (attention sm80 and sm90, serving attention, KV append), in 8 shards side by
