@@ -88,7 +88,8 @@ if want resources && have_time resources; then
   cuobjdump -res-usage "$BIN/tests/test_gpu" 2>/dev/null |
     grep -A1 -E 'fwd_kernel_kv_fp8|fwd_kernelINS1_9FwdConfig.*13__nv_bfloat16Lb[01]ELb1E' |
     grep -oE 'Function [^ ]*|REG:[0-9]* STACK:[0-9]* SHARED:[0-9]* LOCAL:[0-9]*' | paste - - |
-    sed -E 's/Function _ZN10flashserve9attention4sm80//' | cut -c1-150 | tee "$LOGS/resources.txt"
+    awk -F'\t' '{n=$1; sub(/Function _ZN10flashserve9attention4sm80[0-9]*/, "", n); print $2 "  " substr(n, 1, 110)}' |
+    tee "$LOGS/resources.txt"
 fi
 if want model; then
   step "the model: e4m3 write vs host, pool vs bf16 pool, logits vs bf16 cache, greedy (KvFp8*)"
@@ -109,7 +110,7 @@ if want run; then
 fi
 if want regression; then
   step "beside them, nothing regressed: bf16 serving steps, the CUDA runner, sm90 fp8 refusals"
-  sharded test_gpu 8 'GpuServing*:*Sm90Fp8Refusals*' regression-attention 80 || status=1
+  sharded test_gpu 8 '*GpuServing*:*Sm90Fp8Refusals*' regression-attention 80 || status=1
   sharded test_model_gpu 1 'GpuModelRunner.*' regression-model 60 || status=1
 fi
 if want bench; then

@@ -66,9 +66,9 @@ bool cuda_fp8_kv_cache_enabled(const char* value) {
 void refuse_cuda_fp8_kv_cache_if_off(KvCacheDtype dtype, const char* value) {
   if (dtype != KvCacheDtype::kFp8E4M3 || cuda_fp8_kv_cache_enabled(value)) return;
   throw Error(ErrorKind::kUnsupported, "kv_cache_dtype",
-              "fp8 on cuda: the CUDA fp8 KV cache is off by default until its kernels' first "
-              "device run; set FLASHSERVE_CUDA_FP8_KV=1 to turn it on (or use auto or bf16, or "
-              "--device cpu)");
+              "fp8 on cuda: the CUDA fp8 KV cache is off by default (twice the tokens, but its "
+              "attention is slower than bf16's for now: docs/fp8.md); set "
+              "FLASHSERVE_CUDA_FP8_KV=1 to turn it on (or use auto or bf16, or --device cpu)");
 }
 
 }  // namespace flashserve::model

@@ -40,10 +40,12 @@ struct KvCacheConfig {
 // "kv_cache") naming what is wrong. Both runners' set_kv_cache call it.
 void check_kv_cache_config(const KvCacheConfig& kv, size_t pairs);
 
-// Whether the CUDA runner takes an fp8 cache by default (FLASHSERVE_CUDA_FP8_KV unset): off until
-// the CUDA fp8 KV kernels' first device run has passed (a wrong kernel would be a silent wrong
-// answer). Must agree with the attention layer's kFp8KvCacheByDefault (attention/cuda/plan.h),
-// which gates the kernels themselves; KvCacheDtype.CudaSwitchAgreesWithTheKernels checks it.
+// Whether the CUDA runner takes an fp8 cache by default (FLASHSERVE_CUDA_FP8_KV unset): off. On
+// the H200 it is correct but its decode attention takes 2.2x bf16's time (docs/fp8.md): twice the
+// tokens for slower steps is a trade the user opts into, until the kernels stage the codes
+// asynchronously. Must agree with the attention layer's kFp8KvCacheByDefault
+// (attention/cuda/plan.h), which gates the kernels themselves;
+// KvCacheDtype.CudaSwitchAgreesWithTheKernels checks it.
 inline constexpr bool kCudaFp8KvCacheByDefault = false;
 
 // FLASHSERVE_CUDA_FP8_KV (`value`; null: unset), strictly: unset or empty

@@ -26,8 +26,8 @@ class ModelRunner {
   // What the next allocate_kv's pool stores (model/kv_cache_dtype.h); before it (the runners
   // drop their pool here: allocate_kv again before the next forward). A runner without
   // an fp8 cache refuses one by name (Error(kUnsupported, "kv_cache_dtype")), never storing bf16
-  // in its place; the CUDA runner takes one while FLASHSERVE_CUDA_FP8_KV=1 (off by default until
-  // its kernels' first device run: model/kv_cache_dtype.h refuse_cuda_fp8_kv_cache_if_off).
+  // in its place; the CUDA runner takes one while FLASHSERVE_CUDA_FP8_KV=1 (off by default:
+  // correct, but slower than bf16 for now; model/kv_cache_dtype.h refuse_cuda_fp8_kv_cache_if_off).
   virtual void set_kv_cache(const KvCacheConfig& kv) {
     if (kv.dtype == KvCacheDtype::kFp8E4M3)
       throw Error(ErrorKind::kUnsupported, "kv_cache_dtype",

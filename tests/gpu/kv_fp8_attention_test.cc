@@ -12,14 +12,17 @@
 // pages (e4m3's NaN code: a loader that reads past kv_len shows).
 //
 // Beside the reference: without descales the codes widened to bf16 are the same values, so the
-// bf16 kernels on the widened pool must give the same bits (same plan, tiles and splits): a
-// test of the loader and of the scale plumbing that no tolerance can blur.
+// bf16 kernels on the widened pool must give the same output bits (same plan, tiles and splits),
+// and the LSE within a few float32 ulps: a test of the loader and of the scale plumbing that no
+// bf16 tolerance can blur.
 //
-// The kernels are behind FLASHSERVE_CUDA_FP8_KV (off by default until this file has passed on a
-// device): each test turns it on for its scope.
+// The kernels are behind FLASHSERVE_CUDA_FP8_KV (off by default: docs/fp8.md): each test turns it
+// on for its scope.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -168,8 +171,8 @@ INSTANTIATE_TEST_SUITE_P(KvFp8Sanitize, KvFp8, ::testing::ValuesIn(sanitize_case
 
 // Without descales the e4m3 codes widened to bf16 are the same values: the bf16 kernels (same
 // plan: decode and masked prefill tiles, the same splits) on a bf16 pool holding them must give
-// the fp8 kernels' output bit for bit. Causal, so that the bf16 prefill launches run masked tiles
-// too.
+// the fp8 kernels' output bit for bit (the LSE within 4 float32 ulps: below). Causal, so that the
+// bf16 prefill launches run masked tiles too.
 TEST(KvFp8Widened, BitIdenticalToTheBf16KernelsOnTheWidenedCodes) {
   SKIP_WITHOUT_CUDA();
   ScopedEnv on("FLASHSERVE_CUDA_FP8_KV", "1");
@@ -201,8 +204,24 @@ TEST(KvFp8Widened, BitIdenticalToTheBf16KernelsOnTheWidenedCodes) {
       EXPECT_EQ(differ, 0u) << s.name() << ": first at " << first << " (" << x.out[first] << " vs "
                             << y.out[first] << ")\nfp8 plan: " << fp8_plan
                             << "\nbf16 plan: " << bf16_plan;
-      for (size_t i = 0; i < x.lse.size(); ++i)
-        ASSERT_EQ(std::memcmp(&x.lse[i], &y.lse[i], sizeof(double)), 0) << s.name() << " lse " << i;
+      // The LSE: within 4 float32 ulps, not bit for bit. The two kernels are compiled apart,
+      // and the fp8 one's softmax scale is a register (scale x k descale) where the bf16 one
+      // reads the parameter, so the row max's multiply-add into the LSE may round once more or
+      // less: the first device run (H200) found entries that differ in the last bits while
+      // every output element was identical.
+      ASSERT_EQ(x.lse.size(), y.lse.size());
+      double worst = 0;
+      for (size_t i = 0; i < x.lse.size(); ++i) {
+        if (std::isinf(y.lse[i])) {
+          EXPECT_EQ(x.lse[i], y.lse[i]) << s.name() << " lse " << i;
+          continue;
+        }
+        const double ulps = std::abs(x.lse[i] - y.lse[i]) /
+                            (std::ldexp(1.0, -23) * std::max(1.0, std::abs(y.lse[i])));
+        worst = std::max(worst, ulps);
+      }
+      EXPECT_LE(worst, 4.0) << s.name() << ": LSE differs by up to " << worst << " ulps";
+      std::printf("%s: out bit for bit, LSE within %.1f float32 ulps\n", s.name().c_str(), worst);
     }
 }
 

@@ -20,8 +20,8 @@
 // - Greedy decode: reported, not asserted (after a near-tie the continuations legitimately
 //   differ; the CPU runner's KvCacheDtypes.GreedyAgreementOverARunIsReported says the same).
 //
-// The fp8 cache is behind FLASHSERVE_CUDA_FP8_KV (off by default until these tests pass on a
-// device): each test turns it on for its scope.
+// The fp8 cache is behind FLASHSERVE_CUDA_FP8_KV (off by default: docs/fp8.md): each test turns
+// it on for its scope.
 #include <gtest/gtest.h>
 #include <unistd.h>
 

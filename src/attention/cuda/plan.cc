@@ -140,8 +140,9 @@ Fp8Lack fp8_kv_lacks(const Problem& pr, const PlanContext& ctx) {
   if (!ctx.fp8_kv_cache)
     return {"k",
             "float8_e4m3fn K/V beside a 16-bit q (an fp8 KV cache) run on the CUDA fp8 KV "
-            "kernels, which are off by default until their first device run: set "
-            "FLASHSERVE_CUDA_FP8_KV=1 to turn them on (or run the call on the CPU)"};
+            "kernels, which are off by default (correct, but slower than bf16's until their "
+            "staging is asynchronous: docs/fp8.md): set FLASHSERVE_CUDA_FP8_KV=1 to turn them on "
+            "(or run the call on the CPU)"};
   if (pr.dtype != DType::kBFloat16)
     return {"q", str_cat("dtype ", dtype_name(pr.dtype),
                          ": the fp8 KV kernels take a bfloat16 q (float16 is not built)")};
