@@ -23,6 +23,11 @@
 #   BINARIES="tests/test_gpu tests/test_model_gpu src/flashserve [bench/bench_serve_attn]" \
 #     bash scripts/gpu-quick.sh --pack build/90a .xfer/kv8.tar.xz
 # then (carry .xfer): BIN_TAR=.xfer/kv8.tar.xz OUT=$OUT bash scripts/fp8-kv-gpu-check.sh
+# The device tool carries at most 64 MiB of tree, and gpu-quick.sh's pack of these binaries is
+# ~47 MB. One xz stream with a large dictionary compresses the binaries' copies of the kernels
+# once: the same staging (tests/, src/, bench/, lib/) as
+#   (cd STAGE && tar -cf - tests src bench lib | xz -9 -T1 --lzma2=dict=256MiB) > .xfer/kv8.tar.xz
+# is ~24 MB (~10 MB without lib/, which then has to come from another pack into BIN).
 # SKIP="attention resources model run regression bench sanitize" leaves steps out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
