@@ -11,6 +11,10 @@
 // count under the causal mask). A mixed row is set beside the sum of its parts (the same rows
 // launched alone). The column "fwd" times attention_forward (no host lengths: the plan only knows
 // max_seqlen_q/k) in the same graph form. Each figure is the median over --reps graph launches.
+// --kv-fp8 adds a table of every row on paged 16 and 256 with the bf16 pool beside the same row
+// on an e4m3 pool (the fp8 KV cache, issue 23: sm80's fp8 KV kernels, one descale per KV head),
+// decode rows in TB/s of the bytes each pool holds (fp8 reads half).
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -92,8 +96,23 @@ double flops(const Row& r) {  // visible (query, key) pairs under the bottom-rig
   return 4.0 * kHq * g_head_dim * pairs;
 }
 
+// x[i] = e4m3 of a normal-ish value (|x| < 4: no saturation, no NaN codes).
+__global__ void fill_e4m3(uint8_t* x, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed * 2246822519u;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    const float v = (static_cast<float>(h & 0xffffu) / 65536.0f - 0.5f) * 4.0f;
+    x[i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+  }
+}
+
 struct Buffers {
   uint16_t *q, *out, *k, *v;
+  uint8_t *k8 = nullptr, *v8 = nullptr;  // --kv-fp8: e4m3 pools
+  float* descale = nullptr;              // [h_kv]: one per KV head, zero batch stride
   int32_t *cu_q, *cu_k, *used, *table;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
@@ -209,6 +228,7 @@ int main(int argc, char** argv) {
   int calls = 20, reps = 15;
   std::string out_path;
   std::vector<int> decode_splits;
+  bool kv_fp8 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--calls" && i + 1 < argc)
@@ -219,12 +239,14 @@ int main(int argc, char** argv) {
       out_path = argv[++i];
     else if (a == "--head-dim" && i + 1 < argc)
       g_head_dim = std::atoi(argv[++i]);
+    else if (a == "--kv-fp8")
+      kv_fp8 = true;
     else if (a == "--decode-splits" && i + 1 < argc) {
       for (int n : parse_int_list(argv[++i])) decode_splits.push_back(n);
     } else {
       std::fprintf(stderr,
                    "usage: bench_serve_attn [--calls 20] [--reps 15] [--md FILE] [--head-dim 128] "
-                   "[--decode-splits 2,4,8]\n");
+                   "[--decode-splits 2,4,8] [--kv-fp8]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -372,6 +394,61 @@ int main(int argc, char** argv) {
                       cells[0].c_str(), cells[1].c_str(), cells[2].c_str());
         emit(line);
       }
+    }
+  }
+  // The fp8 KV cache beside bf16: the same rows on e4m3 pools (FLASHSERVE_CUDA_FP8_KV turned on
+  // here: the benchmark asks for the kernels by flag).
+  if (kv_fp8) {
+    setenv("FLASHSERVE_CUDA_FP8_KV", "1", 1);
+    CUDA_OK(cudaMalloc(&b.k8, kv_elems));
+    CUDA_OK(cudaMalloc(&b.v8, kv_elems));
+    CUDA_OK(cudaMalloc(&b.descale, 4 * kHkv));
+    fill_e4m3<<<1024, 256>>>(b.k8, kv_elems, 4u);
+    fill_e4m3<<<1024, 256>>>(b.v8, kv_elems, 5u);
+    const std::vector<float> ds(kHkv, 0.5f);
+    CUDA_OK(cudaMemcpy(b.descale, ds.data(), 4 * kHkv, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaDeviceSynchronize());
+    emit(
+        "\n| fp8 KV cache: batch | bf16 paged 16 | e4m3 paged 16 | e4m3 / bf16 | bf16 paged 256 | "
+        "e4m3 paged 256 | e4m3 / bf16 | plan (e4m3, paged 16) |\n"
+        "|---|---|---|---|---|---|---|---|\n");
+    for (const Row& row : rows()) {
+      const bool decode = all_decode(row);
+      auto figure = [&](double t, double bytes_per_elem) {
+        char f[64];
+        if (decode)
+          std::snprintf(f, sizeof f, "%.1f us (%.2f TB/s)", t,
+                        kv_bytes(row) / 2 * bytes_per_elem / (t * 1e-6) / 1e12);
+        else
+          std::snprintf(f, sizeof f, "%.1f us (%.0f TFLOP/s)", t, flops(row) / (t * 1e-6) / 1e12);
+        return std::string(f);
+      };
+      std::string cells[4], plan_summary;
+      double t[4] = {};
+      int column = 0;
+      for (int page : {16, 256})
+        for (bool e4m3 : {false, true}) {
+          Step st = make_step(row, page, b, rng);
+          if (e4m3) {
+            using flashserve::DType;
+            st.params.k.data = b.k8;
+            st.params.v.data = b.v8;
+            st.params.k.dtype = st.params.v.dtype = DType::kFloat8E4M3;
+            const int64_t n = st.params.seqused_k.shape[0];
+            for (flashserve::TensorView* d : {&st.params.k_descale, &st.params.v_descale}) {
+              *d = dview(b.descale, DType::kFloat32, {n, kHkv});
+              d->stride[0] = 0;
+            }
+          }
+          const auto [us_, summary] = time_step(st);
+          t[column] = us_;
+          cells[column++] = figure(us_, e4m3 ? 1 : 2);
+          if (e4m3 && page == 16) plan_summary = summary;
+        }
+      std::snprintf(line, sizeof line, "| %s | %s | %s | %.2f | %s | %s | %.2f | %s |\n",
+                    row.name.c_str(), cells[0].c_str(), cells[1].c_str(), t[1] / t[0],
+                    cells[2].c_str(), cells[3].c_str(), t[3] / t[2], plan_summary.c_str());
+      emit(line);
     }
   }
   if (!out_path.empty()) {

@@ -156,14 +156,14 @@ const DeviceProps& check_supported(const AttentionParams& params, const Problem&
   check_aligned(params.k, "k", "the CUDA kernels");
   check_aligned(params.v, "v", "the CUDA kernels");
   check_aligned(params.out, "out", "the CUDA kernels");
-  if (pr.paged) {  // the paged loader's offsets are 32-bit counts of 16-byte chunks
+  if (pr.paged) {  // the paged loader's offsets are 32-bit counts of 8-element chunks
     for (const auto& [t, name] : {std::pair{&params.k, "k"}, std::pair{&params.v, "v"}}) {
       int64_t extent = 1;
       for (int i = 0; i < t->rank; ++i) extent += (t->shape[i] - 1) * t->stride[i];
-      if (extent * static_cast<int64_t>(dtype_size(t->dtype)) >= (int64_t{1} << 36))
+      if (extent >= (int64_t{1} << 35))
         unsupported(name,
-                    "a paged K/V pool of 64 GB or more per tensor (the CUDA kernels address "
-                    "pages with 32-bit offsets)");
+                    "a paged K/V pool of 2^35 elements or more per tensor (64 GB of bf16, 32 GB "
+                    "of e4m3: the CUDA kernels address pages with 32-bit offsets)");
     }
   }
   return dev;
@@ -207,6 +207,15 @@ Plan cuda_plan(const AttentionParams& params, const Problem& pr, const HostLengt
     ctx.fp8_block_n = parse_fp8_block_n(std::getenv("FLASHSERVE_FP8_BLOCK_N"));
   }
   ctx.sm90_epilogue = parse_sm90_epilogue(std::getenv("FLASHSERVE_SM90_EPILOGUE"));
+  // FLASHSERVE_CUDA_FP8_KV, read once per plan of an fp8 KV cache's call (e4m3 K/V beside a
+  // 16-bit q). What the fp8 KV kernels lack is refused here, before anything looks at the device,
+  // so the refusal is the same on every machine (make_plan checks it again).
+  if (kv_fp8(pr)) {
+    ctx.fp8_kv_cache = parse_fp8_kv_cache(std::getenv("FLASHSERVE_CUDA_FP8_KV"));
+    ctx.family = family_request();
+    const Fp8Lack lack = fp8_kv_lacks(pr, ctx);
+    if (!lack.empty()) unsupported(lack.argument, lack.what);
+  }
   const DeviceProps& dev = check_supported(params, pr);
   ctx.device = split_device(dev);
   ctx.q_rows = q_rows(params, pr);
@@ -376,7 +385,22 @@ void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr
     launch.stream = stream;
     launch.head_dim = static_cast<int>(pr.head_dim);
     launch.head_dim_v = static_cast<int>(pr.head_dim_v);
-    const auto run = l.kernel.padded
+    if (l.kernel.kv_fp8) {
+      if (params.k_descale.defined()) {
+        launch.k_descale = params.k_descale.ptr<const float>();
+        launch.k_descale_batch_stride = params.k_descale.stride[0];
+        launch.k_descale_head_stride = params.k_descale.stride[1];
+      }
+      if (params.v_descale.defined()) {
+        launch.v_descale = params.v_descale.ptr<const float>();
+        launch.v_descale_batch_stride = params.v_descale.stride[0];
+        launch.v_descale_head_stride = params.v_descale.stride[1];
+      }
+    }
+    const auto run = l.kernel.kv_fp8
+                         ? std::array{&sm80::run_fwd_kv_fp8<64>, &sm80::run_fwd_kv_fp8<128>,
+                                      &sm80::run_fwd_kv_fp8<256>}
+                     : l.kernel.padded
                          ? std::array{&sm80::run_fwd_padded<64>, &sm80::run_fwd_padded<128>,
                                       &sm80::run_fwd_padded<256>}
                          : std::array{&sm80::run_fwd<64>, &sm80::run_fwd<128>, &sm80::run_fwd<256>};

@@ -55,16 +55,13 @@ namespace {
 }
 
 // On CUDA, float8_e4m3fn q, k and v go to the plan (the sm90 fp8 forward, behind
-// FLASHSERVE_FP8_ATTENTION: cuda/plan.h fp8_plan, which refuses what it lacks by name). An e4m3
-// k and v beside a 16-bit q (an fp8 KV cache) run on the CPU path only: the fp8 paged-KV decode
-// kernels are not built yet (issue 23). Nor do K and V of another dtype than q's (a float32 q
-// over a bf16 cache).
+// FLASHSERVE_FP8_ATTENTION: cuda/plan.h fp8_plan, which refuses what it lacks by name), and so do
+// an e4m3 k and v beside a 16-bit q (an fp8 KV cache: sm80's fp8 KV kernels, behind
+// FLASHSERVE_CUDA_FP8_KV: cuda/plan.h fp8_kv_lacks). K and V of another dtype than q's
+// otherwise (a float32 q over a bf16 cache) run on the CPU path only.
 void refuse_fp8_on_cuda(const Problem& pr) {
   if (pr.device.type == DeviceType::kCPU) return;
-  if (pr.kv_dtype == DType::kFloat8E4M3 && pr.dtype != DType::kFloat8E4M3)
-    throw Error(ErrorKind::kUnsupported, "k",
-                "a float8_e4m3fn k and v beside a 16-bit q run on the CPU path only: the CUDA "
-                "fp8 KV-cache kernels are not built yet");
+  if (pr.kv_dtype == DType::kFloat8E4M3) return;
   if (pr.kv_dtype != pr.dtype)
     throw Error(ErrorKind::kUnsupported, "k",
                 str_cat("a ", dtype_name(pr.kv_dtype), " k and v beside a ", dtype_name(pr.dtype),

@@ -15,8 +15,8 @@ struct KvCacheDtypeFlag {
 
   void add(CLI::App& app);
   // The parsed value, or a UsageError naming --kv-cache-dtype (an unknown value; fp8_e5m2; fp8 on
-  // --device cuda, whose runner has no fp8 cache until its kernels exist). `device` empty: no
-  // runner (simulate models a GPU whose cache is fp8).
+  // --device cuda while FLASHSERVE_CUDA_FP8_KV is off). `device` empty: no runner (simulate
+  // models a GPU whose cache is fp8).
   model::KvCacheDtype resolve(const std::string& device) const;
 };
 

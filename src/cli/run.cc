@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/kv_cache_flag.h"
 #include "cli/options.h"
 #include "cli/serving_report.h"
 #include "engine/model_engine.h"
@@ -68,9 +69,14 @@ int run_main_job(int argc, char** argv) {
   app.add_option("--device", device, "auto (the GPU if there is one), cpu or cuda");
   add_int(app, "--budget", budget, {16, 4096}, "sarathi's token budget per step");
   add_int(app, "--long-prompt", long_prompt, {64, 4000}, "tokens of each long prompt");
+  KvCacheDtypeFlag kv_dtype_flag;
+  kv_dtype_flag.add(app);
   if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
   if (device != "auto" && device != "cpu" && device != "cuda")
     throw UsageError("--device", "'" + device + "' is not one of auto, cpu, cuda");
+  // auto: a refusal on cuda (fp8 while FLASHSERVE_CUDA_FP8_KV is off) falls back to the CPU below,
+  // which has the fp8 cache.
+  const model::KvCacheDtype kv_dtype = kv_dtype_flag.resolve(device == "auto" ? "" : device);
 
   TempDir dir;
   model::RandomCheckpointOptions ck;
@@ -79,6 +85,7 @@ int run_main_job(int argc, char** argv) {
   fe::ModelEngineOptions mo;
   mo.model_dir = dir.path;
   mo.num_blocks = 4096;  // 64k tokens of KV: plenty for this workload, on any device
+  mo.kv_cache_dtype = kv_dtype;
   fe::LoadedModel model;
   std::string fallback;
   if (device == "auto") {
@@ -95,8 +102,10 @@ int run_main_job(int argc, char** argv) {
     model = fe::load_model(mo);
   }
   const auto requests = builtin_workload(long_prompt);
-  std::printf("flashserve run: the engine on a tiny random model (4 layers, hidden 256) on %s%s\n",
-              model.device.c_str(), fallback.c_str());
+  std::printf(
+      "flashserve run: the engine on a tiny random model (4 layers, hidden 256) on %s, KV cache "
+      "%s%s\n",
+      model.device.c_str(), model::kv_cache_dtype_name(model.kv_cache_dtype), fallback.c_str());
   std::printf(
       "workload: 8 short requests (prompts 48-160 tokens, 160 output tokens each) from t = 0, "
       "and 3 prompts of %lld tokens at t = 0.3, 0.8, 1.3 s while they decode\n\n",

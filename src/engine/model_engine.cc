@@ -1,6 +1,7 @@
 #include "engine/model_engine.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "engine/model_executor.h"
@@ -56,11 +57,10 @@ LoadedModel load_model(const ModelEngineOptions& o) {
   m.block_size = o.block_size;
   m.kv_cache_dtype = o.kv_cache_dtype;
   const bool gpu = o.device == "cuda";
-  // Refused before minutes of loading, by name; the runner's set_kv_cache refuses it too.
-  if (gpu && o.kv_cache_dtype == model::KvCacheDtype::kFp8E4M3)
-    throw Error(ErrorKind::kUnsupported, "kv_cache_dtype",
-                "fp8: the cuda runner has no fp8 KV cache yet (its fp8 attention kernels are not "
-                "built); use auto or bf16, or --device cpu");
+  // fp8 on cuda while FLASHSERVE_CUDA_FP8_KV is off: refused before minutes of loading, by
+  // name; the runner's set_kv_cache refuses it too.
+  if (gpu)
+    model::refuse_cuda_fp8_kv_cache_if_off(o.kv_cache_dtype, std::getenv("FLASHSERVE_CUDA_FP8_KV"));
   if ((!o.random_shape.empty() || o.random_config) && !gpu)
     throw Error(ErrorKind::kInvalidArgument, "random_shape",
                 "weights generated on the device need --device cuda");

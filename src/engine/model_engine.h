@@ -55,9 +55,9 @@ int64_t kv_bytes_per_block(const model::ModelConfig& config, int32_t block_size,
                            int64_t dtype_bytes, int tensor_parallel_size = 1);
 
 // Loads the model and allocates its KV pool. Throws Error(kUnsupported) for --device cuda in a
-// build without the CUDA runner, and for an fp8 cache on cuda ("kv_cache_dtype", before the
-// weights load: the CUDA fp8 kernels are not built yet); Error(kInvalidArgument) when the budget
-// holds no block.
+// build without the CUDA runner, and for an fp8 cache on cuda while FLASHSERVE_CUDA_FP8_KV is off
+// ("kv_cache_dtype", before the weights load: model/kv_cache_dtype.h); Error(kInvalidArgument)
+// when the budget holds no block.
 LoadedModel load_model(const ModelEngineOptions& options);
 
 // An engine on the loaded model. `scheduler.max_model_len` 0 means the model's positions, cut to

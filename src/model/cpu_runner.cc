@@ -215,20 +215,7 @@ class CpuRunner final : public ModelRunner {
 
   void set_kv_cache(const KvCacheConfig& kv) override {
     const size_t n = static_cast<size_t>(config_.num_hidden_layers * part_.kv_heads);
-    for (const auto* s : {&kv.k_scales, &kv.v_scales}) {
-      if (!s->empty() && kv.dtype != KvCacheDtype::kFp8E4M3)
-        throw Error(ErrorKind::kInvalidArgument, "kv_cache",
-                    "scales apply to an fp8 cache, not a " +
-                        std::string(kv_cache_dtype_name(kv.dtype)) + " one");
-      if (!s->empty() && s->size() != n)
-        throw Error(ErrorKind::kInvalidArgument, "kv_cache",
-                    std::to_string(s->size()) + " scales given for " + std::to_string(n) +
-                        " (layer, KV head) pairs");
-      for (float x : *s)
-        if (!(std::isfinite(x) && x >= std::numeric_limits<float>::min()))
-          throw Error(ErrorKind::kInvalidArgument, "kv_cache",
-                      "a scale must be a positive normal float, got " + std::to_string(x));
-    }
+    check_kv_cache_config(kv, n);
     kv_dtype_ = pool_dtype(kv.dtype);
     k_scale_ = kv.k_scales.empty() ? std::vector<float>(n, 1.0f) : kv.k_scales;
     v_scale_ = kv.v_scales.empty() ? std::vector<float>(n, 1.0f) : kv.v_scales;

@@ -35,4 +35,27 @@ struct KvCacheConfig {
   std::vector<float> k_scales, v_scales;  // [layers * kv_heads], or empty
 };
 
+// Checks a runner's KvCacheConfig for `pairs` (layer, KV head) pairs: scales only beside an fp8
+// cache, either none or one per pair, each a positive normal float. Error(kInvalidArgument,
+// "kv_cache") naming what is wrong. Both runners' set_kv_cache call it.
+void check_kv_cache_config(const KvCacheConfig& kv, size_t pairs);
+
+// Whether the CUDA runner takes an fp8 cache by default (FLASHSERVE_CUDA_FP8_KV unset): off. On
+// the H200 it is correct but its decode attention takes 2.2x bf16's time (docs/fp8.md): twice the
+// tokens for slower steps is a trade the user opts into, until the kernels stage the codes
+// asynchronously. Must agree with the attention layer's kFp8KvCacheByDefault
+// (attention/cuda/plan.h), which gates the kernels themselves;
+// KvCacheDtype.CudaSwitchAgreesWithTheKernels checks it.
+inline constexpr bool kCudaFp8KvCacheByDefault = false;
+
+// FLASHSERVE_CUDA_FP8_KV (`value`; null: unset), strictly: unset or empty
+// kCudaFp8KvCacheByDefault, "1" on, "0" off, anything else Error(kInvalidArgument) naming the
+// variable.
+bool cuda_fp8_kv_cache_enabled(const char* value);
+
+// For --device cuda with an fp8 cache while the switch is off: Error(kUnsupported,
+// "kv_cache_dtype") saying how to turn it on. Nothing otherwise. The CLI, load_model and the
+// CUDA runner's set_kv_cache call it, so the refusal is the same wherever it is met.
+void refuse_cuda_fp8_kv_cache_if_off(KvCacheDtype dtype, const char* value);
+
 }  // namespace flashserve::model

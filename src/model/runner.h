@@ -23,15 +23,15 @@ class ModelRunner {
   virtual ~ModelRunner() = default;
 
   virtual const ModelConfig& config() const = 0;
-  // What the next allocate_kv's pool stores (model/kv_cache_dtype.h); before it (the CPU runner
-  // drops its pool here: allocate_kv again before the next forward). A runner without
+  // What the next allocate_kv's pool stores (model/kv_cache_dtype.h); before it (the runners
+  // drop their pool here: allocate_kv again before the next forward). A runner without
   // an fp8 cache refuses one by name (Error(kUnsupported, "kv_cache_dtype")), never storing bf16
-  // in its place: the CUDA runner until its fp8 kernels exist.
+  // in its place; the CUDA runner takes one while FLASHSERVE_CUDA_FP8_KV=1 (off by default:
+  // correct, but slower than bf16 for now; model/kv_cache_dtype.h refuse_cuda_fp8_kv_cache_if_off).
   virtual void set_kv_cache(const KvCacheConfig& kv) {
     if (kv.dtype == KvCacheDtype::kFp8E4M3)
       throw Error(ErrorKind::kUnsupported, "kv_cache_dtype",
-                  "fp8: this runner has no fp8 KV cache yet (the CUDA fp8 attention kernels are "
-                  "not built); use auto or bf16");
+                  "fp8: this runner has no fp8 KV cache; use auto or bf16");
   }
   // (Re)allocates the KV pool: per layer, K and V of [num_blocks, block_size, kv_heads, head_dim]
   // (set_kv_cache's dtype; auto: bf16 on the GPU, float32 on the CPU); token slot

@@ -239,35 +239,40 @@ TEST_F(Fp8Validation, Descales) {
   EXPECT_NE(refusal(q).find("applies to a float8_e4m3fn q, not a float32 one"), std::string::npos);
 }
 
-// What reaches CUDA of e4m3: an e4m3 k and v beside a 16-bit q (an fp8 KV cache) is refused by
-// every entry point naming k ("CPU path only"); all-e4m3 q, k, v go to the sm90 fp8 forward,
-// which FLASHSERVE_FP8_ATTENTION=0 turns off, and its refusal then says how to turn it on,
-// naming q; a value of the switch other than 0 or 1 is refused naming the variable. All before
-// anything reads device memory (the pointers here are never dereferenced: with the switch unset
-// an all-e4m3 call would run, so that case is the kKV one only). In a build without CUDA every
-// CUDA tensor is refused naming q or k alike.
+// What reaches CUDA of e4m3: an e4m3 k and v beside a 16-bit q (an fp8 KV cache) goes to sm80's
+// fp8 KV kernels, which are off until FLASHSERVE_CUDA_FP8_KV=1: refused by every entry point
+// naming k and saying so (this case's float32 q would be refused next, by the kernels' dtype
+// check); all-e4m3 q, k, v go to the sm90 fp8 forward, which FLASHSERVE_FP8_ATTENTION=0 turns
+// off, and its refusal then says how to turn it on, naming q; a value of either switch other
+// than 0 or 1 is refused naming the variable. All before anything reads device memory (the
+// pointers here are never dereferenced: with FLASHSERVE_FP8_ATTENTION unset an all-e4m3 call
+// would run, so that case is left out). In a build without CUDA every CUDA tensor is refused
+// naming q.
 TEST_F(Fp8Validation, RefusedOnCuda) {
   for (Fp8 fp8 : {Fp8::kKV, Fp8::kQKV})
     for (const char* fp8_switch : {static_cast<const char*>(nullptr), "0", "yes"}) {
 #if defined(FLASHSERVE_WITH_CUDA)
       if (fp8 == Fp8::kQKV && fp8_switch == nullptr) continue;  // on by default: it would run
 #endif
-      ScopedEnv env("FLASHSERVE_FP8_ATTENTION", fp8_switch);
+      ScopedEnv env(fp8 == Fp8::kKV ? "FLASHSERVE_CUDA_FP8_KV" : "FLASHSERVE_FP8_ATTENTION",
+                    fp8_switch);
       AttentionCase kv(base({4}, {8}, fp8));
       std::vector<void*> fake;
       for (const auto& b : kv.buffers()) fake.push_back(b.bytes ? b.host : nullptr);
       const AttentionParams p = kv.params(Device{DeviceType::kCUDA, 0}, fake.data());
-      std::string arg = fp8 == Fp8::kQKV ? "q" : "k", what = "CPU path only";
+      std::string arg = fp8 == Fp8::kQKV ? "q" : "k";
+      std::string what = fp8 == Fp8::kQKV ? "set FLASHSERVE_FP8_ATTENTION=1 to turn it on"
+                                          : "set FLASHSERVE_CUDA_FP8_KV=1 to turn them on";
       ErrorKind kind = ErrorKind::kUnsupported;
 #if defined(FLASHSERVE_WITH_CUDA)
-      if (fp8 == Fp8::kQKV) what = "set FLASHSERVE_FP8_ATTENTION=1 to turn it on";
-      if (fp8 == Fp8::kQKV && fp8_switch != nullptr && std::string(fp8_switch) == "yes") {
-        arg = "FLASHSERVE_FP8_ATTENTION";
+      if (fp8_switch != nullptr && std::string(fp8_switch) == "yes") {
+        arg = fp8 == Fp8::kQKV ? "FLASHSERVE_FP8_ATTENTION" : "FLASHSERVE_CUDA_FP8_KV";
         what = "must be 0 or 1, got \"yes\"";
         kind = ErrorKind::kInvalidArgument;
       }
 #else
-      if (fp8 == Fp8::kQKV) what = "built without CUDA";
+      arg = "q";
+      what = "built without CUDA";
 #endif
       auto expect_refused = [&](auto&& call, const char* entry) {
         try {

@@ -433,10 +433,17 @@ TEST(Sm90Fp8Refusals, ByName) {
   AttentionCase paged(paged_spec);
   EXPECT_EQ(refusal(paged, "1").rfind("block_table: ", 0), 0u) << refusal(paged, "1");
   CaseSpec kv_spec = fp8_spec(128, 1, 64, 64, 2, 2, false, true);
-  kv_spec.fp8 = Fp8::kKV;  // e4m3 k/v beside a bf16 q: no CUDA kernel yet
+  kv_spec.fp8 = Fp8::kKV;  // e4m3 k/v beside a bf16 q: the fp8 KV cache's kernels, not sm90's
   AttentionCase kv_only(kv_spec);
-  EXPECT_EQ(refusal(kv_only, "1").rfind("k: ", 0), 0u) << refusal(kv_only, "1");
-  EXPECT_NE(refusal(kv_only, "1").find("CPU path only"), std::string::npos);
+  {
+    ScopedEnv off("FLASHSERVE_CUDA_FP8_KV", "0");
+    EXPECT_EQ(refusal(kv_only, "1").rfind("k: ", 0), 0u) << refusal(kv_only, "1");
+    EXPECT_NE(refusal(kv_only, "1").find("FLASHSERVE_CUDA_FP8_KV=1"), std::string::npos);
+  }
+  {
+    ScopedEnv on("FLASHSERVE_CUDA_FP8_KV", "1");  // dense K/V: the fp8 KV kernels are paged
+    EXPECT_EQ(refusal(kv_only, "1").rfind("block_table: ", 0), 0u) << refusal(kv_only, "1");
+  }
 }
 
 }  // namespace

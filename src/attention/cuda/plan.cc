@@ -63,8 +63,11 @@ KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decod
   // those (and the decode tiles) have modifier and padded kernels (sm80/launch_template.h
   // launch_score_mod, run_fwd_padded_impl), and an unbounded window there masks only the keys
   // past kv_len.
-  k.masked = !decode && (pr.score_mod.any() || k.padded || clamp_window(pr.mask.left, bound) >= 0 ||
-                         clamp_window(pr.mask.right, bound) >= 0);
+  // The fp8 KV kernels exist for decode and masked prefill tiles only, as the padded ones.
+  k.kv_fp8 = kv_fp8(pr);
+  k.masked = !decode &&
+             (pr.score_mod.any() || k.padded || k.kv_fp8 ||
+              clamp_window(pr.mask.left, bound) >= 0 || clamp_window(pr.mask.right, bound) >= 0);
   k.paged = pr.paged;
   // Splits follow the group's own shape: its sequences and their longest lengths.
   Problem group = pr;
@@ -82,6 +85,7 @@ KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decod
 
 std::string sm90_lacks(const Problem& pr, const PlanContext& ctx) {
   if (!ctx.sm90_unavailable.empty()) return ctx.sm90_unavailable;
+  if (kv_fp8(pr)) return "float8_e4m3fn K/V beside a 16-bit q (the fp8 KV cache runs on sm80)";
   if (pr.head_dim != 64 && pr.head_dim != 128 && pr.head_dim != 256)
     return str_cat("head_dim ", pr.head_dim, " (64, 128 and 256 only; sm80 runs the others)");
   if (pr.head_dim_v != pr.head_dim)
@@ -133,6 +137,36 @@ Fp8Lack sm90_fp8_lacks(const Problem& pr, const PlanContext& ctx) {
   if (pr.num_splits > 1) return {"num_splits", "split-KV is not supported yet"};
   if (pr.score_mod.capped()) return {"softcap", "logit soft-capping is not supported"};
   if (pr.score_mod.has_alibi()) return {"alibi_slopes", "ALiBi is not supported"};
+  return {};
+}
+
+bool parse_fp8_kv_cache(const char* value) {
+  return env_switch(value, "FLASHSERVE_CUDA_FP8_KV", kFp8KvCacheByDefault);
+}
+
+Fp8Lack fp8_kv_lacks(const Problem& pr, const PlanContext& ctx) {
+  if (!ctx.fp8_kv_cache)
+    return {"k",
+            "float8_e4m3fn K/V beside a 16-bit q (an fp8 KV cache) run on the CUDA fp8 KV "
+            "kernels, which are off by default (correct, but slower than bf16's until their "
+            "staging is asynchronous: docs/fp8.md): set FLASHSERVE_CUDA_FP8_KV=1 to turn them on "
+            "(or run the call on the CPU)"};
+  if (pr.dtype != DType::kBFloat16)
+    return {"q", str_cat("dtype ", dtype_name(pr.dtype),
+                         ": the fp8 KV kernels take a bfloat16 q (float16 is not built)")};
+  if (!pr.paged)
+    return {"block_table", "the fp8 KV kernels read paged K/V only (the fp8 KV cache's layout)"};
+  if (pr.head_dim != 64 && pr.head_dim != 128 && pr.head_dim != 256)
+    return {"q", str_cat("head_dim ", pr.head_dim, " (the fp8 KV kernels have 64, 128 and 256)")};
+  if (pr.head_dim_v != pr.head_dim)
+    return {"v", str_cat("head_dim_v ", pr.head_dim_v, " differs from head_dim ", pr.head_dim,
+                         " (the fp8 KV kernels need equal head dims)")};
+  if (pr.score_mod.capped()) return {"softcap", "the fp8 KV kernels have no soft-capping"};
+  if (pr.score_mod.has_alibi()) return {"alibi_slopes", "the fp8 KV kernels have no ALiBi"};
+  if (ctx.family == FamilyRequest::kSm90)
+    return {"FLASHSERVE_KERNEL",
+            "sm90: no sm90 kernel reads an fp8 KV cache (the sm80 kernels do: unset "
+            "FLASHSERVE_KERNEL)"};
   return {};
 }
 
@@ -386,6 +420,12 @@ Plan fp8_plan(const Problem& pr, const PlanContext& ctx) {
 Plan make_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& lens) {
   if (pr.batch == 0 || pr.max_q_len == 0 || ctx.q_rows == 0) return Plan{};
   if (pr.dtype == DType::kFloat8E4M3) return fp8_plan(pr, ctx);
+  if (kv_fp8(pr)) {
+    // An fp8 KV cache: sm80's fp8 KV kernels or a refusal by name (never the 16-bit kernels on
+    // the codes).
+    const Fp8Lack lack = fp8_kv_lacks(pr, ctx);
+    if (!lack.empty()) throw Error(ErrorKind::kUnsupported, lack.argument, lack.what);
+  }
   // Padded head dims have no modifier kernels (each would be another 16 instantiations per head
   // dim): refused by the modifier's name, whichever family was asked for.
   if (padded(pr))
@@ -433,9 +473,9 @@ std::string replay_key(const Plan& plan) {
                   : "sm80")
        << (k.decode ? " decode" : "") << (k.masked ? " masked" : "") << (k.paged ? " paged" : "")
        << (k.tile_counter ? " counter" : "") << (k.epilogue ? " epilogue" : "")
-       << (k.padded ? str_cat(" padded d", k.head_dim) : "") << " " << k.block_m << "x" << k.block_n
-       << " splits " << k.splits << " group " << static_cast<int>(l.group) << " seqs "
-       << l.seq_begin << "-" << l.seq_end;
+       << (k.padded ? str_cat(" padded d", k.head_dim) : "") << (k.kv_fp8 ? " kv-e4m3" : "") << " "
+       << k.block_m << "x" << k.block_n << " splits " << k.splits << " group "
+       << static_cast<int>(l.group) << " seqs " << l.seq_begin << "-" << l.seq_end;
   }
   return os.str();
 }
@@ -451,8 +491,8 @@ std::string Plan::summary() const {
                                                     : "")
        << (l.kernel.decode ? "decode" : "prefill") << (l.kernel.masked ? " masked" : "")
        << (l.kernel.paged ? " paged" : "")
-       << (l.kernel.padded ? str_cat(" padded d", l.kernel.head_dim) : "") << " seqs ["
-       << l.seq_begin << "," << l.seq_end << ")"
+       << (l.kernel.padded ? str_cat(" padded d", l.kernel.head_dim) : "")
+       << (l.kernel.kv_fp8 ? " kv-e4m3" : "") << " seqs [" << l.seq_begin << "," << l.seq_end << ")"
        << (l.group == SeqGroup::kAll       ? ""
            : l.group == SeqGroup::kDecodes ? " decodes only"
                                            : " prefills only")

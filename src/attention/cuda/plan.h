@@ -46,6 +46,9 @@ struct KernelChoice {
   // The sm90 float8_e4m3fn forward (q, k, v e4m3, out bf16; sm90/tile_config.h Fp8Tile): its V^T
   // pre-pass writes into the workspace at LaunchPlan::vt_offset (fp8_vt_bytes).
   bool fp8 = false;
+  // An fp8 KV cache: K and V float8_e4m3fn beside a bfloat16 q (sm80's fwd_kernel_kv_fp8: decode
+  // or masked prefill tiles, paged; the descales per (sequence, KV head)).
+  bool kv_fp8 = false;
   // The tile the launch runs: query rows and keys per block, read from the family's tile
   // configuration (sm80/tile_config.h, sm90/tile_config.h), which the launch instantiates.
   int block_m = 0, block_n = 0;
@@ -125,11 +128,33 @@ struct PlanContext {
   // Whether sm90 16-bit launches take session 18's tile boundary: FLASHSERVE_SM90_EPILOGUE
   // (parse_sm90_epilogue), read by the dispatch once per plan.
   bool sm90_epilogue = kSm90EpilogueByDefault;
+
+  // Whether an e4m3 K/V beside a bfloat16 q (the fp8 KV cache) may run on sm80's fp8 KV kernels:
+  // FLASHSERVE_CUDA_FP8_KV (parse_fp8_kv_cache), read by the dispatch once per plan of such a
+  // call.
+  bool fp8_kv_cache = false;
 };
 
 // FLASHSERVE_SM90_EPILOGUE: unset (null) or empty, kSm90EpilogueByDefault; "1" on; "0" off;
 // anything else throws kInvalidArgument naming the variable.
 bool parse_sm90_epilogue(const char* value);
+
+// Whether the fp8 KV cache's CUDA kernels (e4m3 K/V beside a bfloat16 q: sm80/fwd_kernel.h
+// fwd_kernel_kv_fp8) run by default (FLASHSERVE_CUDA_FP8_KV unset): off. Their first device run
+// (H200) passed every test but measured decode attention at 2.2x bf16's time (synchronous
+// staging of the codes; docs/fp8.md), so they stay opt-in until the staging is asynchronous. The
+// model layer's switch of the same variable (model/kv_cache_dtype.h kCudaFp8KvCacheByDefault)
+// must agree; a CPU test checks it.
+inline constexpr bool kFp8KvCacheByDefault = false;
+
+// FLASHSERVE_CUDA_FP8_KV: unset (null) or empty, kFp8KvCacheByDefault; "1" on; "0" off; anything
+// else throws kInvalidArgument naming the variable.
+bool parse_fp8_kv_cache(const char* value);
+
+// Whether the call is an fp8 KV cache's: e4m3 K/V beside a 16-bit q.
+inline bool kv_fp8(const Problem& pr) {
+  return pr.kv_dtype == DType::kFloat8E4M3 && pr.dtype != DType::kFloat8E4M3;
+}
 
 // Whether the sm90 float8_e4m3fn forward runs by default (FLASHSERVE_FP8_ATTENTION unset): on
 // since its device run passed (session 18, H200: every fp8 GPU test at d64/d128/d256 within its
@@ -160,6 +185,12 @@ struct Fp8Lack {
   bool empty() const { return what.empty(); }
 };
 Fp8Lack sm90_fp8_lacks(const Problem& pr, const PlanContext& ctx);
+
+// What the fp8 KV kernels cannot run of such a call, as the argument to name and the reason; both
+// empty if they can: the switch off (k, saying how to turn it on), a q other than bfloat16 (q),
+// K/V that are not paged (block_table), head dims other than 64, 128 and 256 with equal q and v
+// dims (q or v), softcap and alibi_slopes, FLASHSERVE_KERNEL=sm90 (no sm90 fp8 KV kernel).
+Fp8Lack fp8_kv_lacks(const Problem& pr, const PlanContext& ctx);
 
 // Bytes of the fp8 forward's V^T workspace (sm90/fp8_vt.h): batch x h_kv x head_dim x the longest
 // kv rounded up to 128 keys.

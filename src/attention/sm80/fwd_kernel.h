@@ -78,15 +78,31 @@ struct WarpState {
   }
 };
 
+// The softmax scale of a tile, as the key loop (log2 units) and the LSE (natural units) use it:
+// the call's own, read from the parameters where it is used (ParamScales; the 16-bit kernels'
+// code depends on that: docs/fp8.md), or (fp8 KV cache, KvScales) the call's times the tile's
+// KV head's k descale, which turns scale x q.code(k) into scale x q.k.
+struct ParamScales {
+  __device__ __forceinline__ float log2(const FwdParams& p) const { return p.scale_log2; }
+  __device__ __forceinline__ float natural(const FwdParams& p) const { return p.scale; }
+};
+struct KvScales {
+  float scale_log2, scale;
+  float v;  // the v descale, which multiplies O
+  __device__ __forceinline__ float log2(const FwdParams&) const { return scale_log2; }
+  __device__ __forceinline__ float natural(const FwdParams&) const { return scale; }
+};
+
 // The key loop of tile `t`, right to left: the boundary blocks of the diagonal / kv_len first,
 // then the fast path, then the left edge of a sliding window. On entry the first kS - 1 blocks
 // (kS >= 2) or K of the first block (kS == 1) have been issued and committed, and Q is in flight
 // or in place. kS >= 2: each step's barrier retires the previous block's ring slot, which then
 // receives the block kS - 1 ahead. `mod`: the score modifiers (score_mod.h), or NoScoreMod.
-template <class Cfg, class Elem, class Tile, class Mod>
+template <class Cfg, class Elem, class Tile, class Mod, class Scales>
 __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
                                        const FwdSmem<Cfg, Elem>& sm, const Elem* sq_warp,
-                                       WarpState<Cfg>& ws, int row0, int tid, const Mod& mod) {
+                                       WarpState<Cfg>& ws, int row0, int tid, const Mod& mod,
+                                       const Scales& sc) {
   constexpr int D = Cfg::kHeadDim, kBN = Cfg::kBlockN, kS = Cfg::kStages;
   constexpr int kMT = Cfg::kMTiles, kNT = Cfg::kNTiles, kODT = Cfg::kODTiles;
   constexpr int kThreads = Cfg::kThreads, kPvSteps = Cfg::kPvSteps;
@@ -143,7 +159,7 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
       // the step's corrections before the barrier; after it, the partner's are there.
       float correction[1][2];
       const bool rescale_own =
-          ws.softmax.must_rescale(ws.softmax.probabilities(s, p.scale_log2, correction));
+          ws.softmax.must_rescale(ws.softmax.probabilities(s, sc.log2(p), correction));
       uint32_t own[kPvSteps][4];
       uint4* mine = sm.exchange_word(warp, 0) + lane;
 #pragma unroll
@@ -173,7 +189,7 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
                                                          sm.v_slot(0) + (warp & 1) * (D / 2), lane);
     } else {
       if constexpr (kS == 1) retire_k();
-      ws.softmax.update(s, ws.o, p.scale_log2);
+      ws.softmax.update(s, ws.o, sc.log2(p));
       auto a_frags = [&](int ks, uint32_t(&a)[kMT][4]) {
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi) pack_p<Elem>(s[mi], ks, a[mi]);
@@ -216,16 +232,16 @@ __device__ __forceinline__ void write_slice(const FwdParams& p, const Tile& t,
 // Normalises the warp's rows and writes them. `stage` is the warp's own rows of the Q tile (dead
 // once its last QK^T has run; 8 are used). PV pairs: the partner's normalisers come through the
 // exchange, and each warp writes both slices over its half of the head dim (the LSE of its own).
-template <class Cfg, class Elem, class Tile>
+template <class Cfg, class Elem, class Tile, class Scales>
 __device__ __forceinline__ void write_rows(const FwdParams& p, const Tile& t, WarpState<Cfg>& ws,
                                            const FwdSmem<Cfg, Elem>& sm, Elem* stage, int warp,
-                                           int lane) {
+                                           int lane, const Scales& sc) {
   constexpr int kMT = Cfg::kMTiles;
   const int warp_row = warp * Cfg::kWarpRows;
   float lse[kMT][2];
   if constexpr (Cfg::kPvPairs) {
     float inv[1][2];
-    ws.softmax.finish_rows(p.scale, inv, lse);
+    ws.softmax.finish_rows(sc.natural(p), inv, lse);
     uint4* mine = sm.exchange_word(warp, Cfg::kPvSteps + 1) + lane;
     *mine = make_uint4(__float_as_uint(inv[0][0]), __float_as_uint(inv[0][1]), 0, 0);
     __syncthreads();
@@ -236,7 +252,7 @@ __device__ __forceinline__ void write_rows(const FwdParams& p, const Tile& t, Wa
     write_slice<Cfg>(p, t, ws.o[0], lse[0], true, stage, warp_row, col0, lane);
     write_slice<Cfg>(p, t, ws.o[1], lse[0], false, stage, (warp ^ 1) * Cfg::kWarpRows, col0, lane);
   } else {
-    ws.softmax.finish(ws.o, p.scale, lse);
+    ws.softmax.finish(ws.o, sc.natural(p), lse);
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi)
       write_slice<Cfg>(p, t, ws.o[mi], lse[mi], true, stage, warp_row + 16 * mi, 0, lane);
@@ -244,11 +260,15 @@ __device__ __forceinline__ void write_rows(const FwdParams& p, const Tile& t, Wa
 }
 
 // The kernel body, with or without score modifiers (`ModParams`: NoScoreMod, or the modifier
-// kernels' ScoreModParams).
-template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit, class ModParams>
+// kernels' ScoreModParams); kKvFp8: K and V are e4m3 codes (p is then FwdKvFp8Params), widened
+// to Elem as they are staged, the k descale folded into the softmax scale and the v descale
+// into O (one KV head per tile, so each is one number per tile).
+template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit, class ModParams,
+          bool kKvFp8 = false>
 __device__ __forceinline__ void fwd_body(const FwdParams& p, const ModParams& mod_params) {
   extern __shared__ __align__(128) unsigned char smem[];
-  using Tile = FwdTile<Cfg, Elem, kHasMask, kPaged, kSplit>;
+  using KvElem = std::conditional_t<kKvFp8, __nv_fp8_e4m3, Elem>;
+  using Tile = FwdTile<Cfg, Elem, kHasMask, kPaged, kSplit, KvElem>;
   constexpr int kS = Cfg::kStages, kThreads = Cfg::kThreads;
   // The table entries a paged load reads were copied in the previous load's commit group, which
   // the step's wait retires only when at most one group runs ahead (kStages <= 2).
@@ -271,6 +291,19 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const ModParams& mo
 
   WarpState<Cfg> ws;
   Elem* sq_warp = sm.q + warp_row * Cfg::kHeadDim;
+  using Scales = std::conditional_t<kKvFp8, KvScales, ParamScales>;
+  Scales sc{};
+  if constexpr (kKvFp8) {
+    const auto& f = static_cast<const FwdKvFp8Params&>(p);
+    const int hk = t.kv_head(p);
+    const float k_descale =
+        f.k_descale ? f.k_descale[t.seq.b * f.k_descale_batch_stride + hk * f.k_descale_head_stride]
+                    : 1.0f;
+    const float v_descale =
+        f.v_descale ? f.v_descale[t.seq.b * f.v_descale_batch_stride + hk * f.v_descale_head_stride]
+                    : 1.0f;
+    sc = KvScales{p.scale_log2 * k_descale, p.scale * k_descale, v_descale};
+  }
   if (t.has_keys()) {
     // Prologue: Q, then K of the first block (kS == 1: FlashAttention-2's schedule, V loads
     // during QK^T) or the first kS - 1 blocks, one commit group each.
@@ -291,7 +324,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const ModParams& mo
     }
     const int row0 = t.m0 + warp_row + (lane >> 2);
     if constexpr (std::is_same_v<ModParams, NoScoreMod>) {
-      attend(p, t, sm, sq_warp, ws, row0, tid, NoScoreMod{});
+      attend(p, t, sm, sq_warp, ws, row0, tid, NoScoreMod{}, sc);
     } else {
       // The slopes of (sequence, query head), read once. Packed tiles' rows are the group's
       // heads; those past the group (rows >= q_len) read none.
@@ -300,10 +333,20 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const ModParams& mo
         const int row = row0 + mi * 16 + r * 8;
         return row < t.seq.q_len ? t.head * p.h_ratio + row : -1;
       });
-      attend(p, t, sm, sq_warp, ws, row0, tid, mod);
+      attend(p, t, sm, sq_warp, ws, row0, tid, mod, sc);
     }
   }
-  write_rows(p, t, ws, sm, sq_warp, warp, lane);
+  if constexpr (kKvFp8) {
+    // O = sum_j P_j code(v_j) x v_descale: the descale is linear, so it is applied once here
+    // (split-KV partials too: the combine's weights do not depend on it).
+#pragma unroll
+    for (int mi = 0; mi < Cfg::kOSlices; ++mi)
+#pragma unroll
+      for (int dt = 0; dt < Cfg::kODTiles; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ws.o[mi][dt][e] *= sc.v;
+  }
+  write_rows(p, t, ws, sm, sq_warp, warp, lane, sc);
 }
 
 template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit>
@@ -322,6 +365,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     fwd_kernel_padded(const __grid_constant__ FwdPaddedParams p) {
   static_assert(Cfg::kPadded);
   fwd_body<Cfg, Elem, kHasMask, kPaged, kSplit>(p, NoScoreMod{});
+}
+
+// K and V of an fp8 KV cache (e4m3 codes with per-(sequence, KV head) descales; paged): a kernel
+// of its own with its own parameters (FwdKvFp8Params), as the padded and modifier kernels.
+template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
+    fwd_kernel_kv_fp8(const __grid_constant__ FwdKvFp8Params p) {
+  static_assert(kPaged && !Cfg::kPadded, "the fp8 KV kernels are paged, at the compiled head dims");
+  fwd_body<Cfg, Elem, kHasMask, kPaged, kSplit, NoScoreMod, true>(p, NoScoreMod{});
 }
 
 // With score modifiers: a kernel of its own (not a template flag of fwd_kernel), so that the

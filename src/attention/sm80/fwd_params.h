@@ -87,6 +87,17 @@ struct FwdPaddedParams : FwdParams {
   int32_t head_dim_v;  // of v and out
 };
 
+// The fp8 KV cache's kernels' parameters (fwd_kernel_kv_fp8): K and V are float8_e4m3fn codes,
+// element (b, j, h, c) worth code x k_descale[b * k_descale_batch_stride + h *
+// k_descale_head_stride] (V alike); a null descale is 1. A struct of its own, as
+// FwdPaddedParams, so that the 16-bit kernels keep their parameters and code.
+struct FwdKvFp8Params : FwdParams {
+  const float* k_descale;
+  const float* v_descale;
+  int64_t k_descale_batch_stride, k_descale_head_stride;
+  int64_t v_descale_batch_stride, v_descale_head_stride;
+};
+
 // One sequence's lengths and where it starts (kernel/seqlen.h). Offsets are computed where they
 // are used (not held across the key loop: every register counts there).
 struct SeqInfo : kernel::SeqLens {

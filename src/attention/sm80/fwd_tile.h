@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "block_mask.h"
 #include "fwd_params.h"
@@ -42,7 +43,9 @@ struct TileChunks<true> {
   __device__ __forceinline__ ChunkBound v_pairs() const { return {(v.n + 1) / 2}; }
 };
 
-template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit>
+// KvElem: the element type of K and V in global memory: Elem, or __nv_fp8_e4m3 (an fp8 KV cache,
+// paged only), widened to Elem as the tiles are staged (smem_tile.h load_tile_paged_async).
+template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit, class KvElem = Elem>
 struct FwdTile : TileChunks<Cfg::kPadded> {
   static constexpr int D = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
   static constexpr bool kPack = Cfg::kPackGqa;
@@ -124,7 +127,8 @@ struct FwdTile : TileChunks<Cfg::kPadded> {
                                           int64_t row_stride, int64_t page_stride, int64_t seq_off,
                                           int n, Elem* dst, int32_t* entries, int tid,
                                           Chunks chunks) const {
-    const Elem* src = static_cast<const Elem*>(base) + seq_off + kv_head(p) * head_stride;
+    const KvElem* src = static_cast<const KvElem*>(base) + seq_off + kv_head(p) * head_stride;
+    static_assert(kPaged || std::is_same_v<KvElem, Elem>, "e4m3 K/V are paged only");
     if constexpr (kPaged) {
       load_tile_paged_async<kBN, D, kThreads>(
           dst, src, p.block_table + seq.b * p.block_table_stride, p.page, page_stride, row_stride,

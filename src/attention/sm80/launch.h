@@ -28,6 +28,12 @@ struct FwdLaunch {
   ScoreModParams score_mod{};
   // Padded kernels (run_fwd_padded): the call's head dims, multiples of 8 up to the kernel's.
   int head_dim = 0, head_dim_v = 0;
+  // The fp8 KV cache's kernels (run_fwd_kv_fp8): the descales of K and V per (sequence, KV
+  // head), null for 1.
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+  int64_t k_descale_batch_stride = 0, k_descale_head_stride = 0;
+  int64_t v_descale_batch_stride = 0, v_descale_head_stride = 0;
   // Masked grids: attention/kernel/tile_order.h (off only to measure it).
   bool heaviest_first = true;
   cudaStream_t stream;
@@ -51,5 +57,11 @@ void run_fwd(const FwdParams& params, const FwdLaunch& launch);
 // (fwd_hdim*_padded.cu).
 template <int kHeadDim>
 void run_fwd_padded(const FwdParams& params, const FwdLaunch& launch);
+
+// K and V float8_e4m3fn codes of a paged fp8 KV cache, q and out bfloat16
+// (fwd_kernel_kv_fp8): decode tiles, or masked prefill tiles whatever the mask; the descales in
+// launch. In their own translation units (fwd_hdim*_kv_fp8.cu).
+template <int kHeadDim>
+void run_fwd_kv_fp8(const FwdParams& params, const FwdLaunch& launch);
 
 }  // namespace flashserve::attention::sm80

@@ -20,13 +20,20 @@ namespace flashserve::attention::sm80 {
 // kMod: the score-modifier kernel (fwd_kernel_score_mod), which reads launch.score_mod.
 // A PaddedConfig (Cfg::kPadded): the padded kernel (fwd_kernel_padded), which reads the call's
 // head dims from launch.
-template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kMod>
+// kKvFp8: the fp8 KV cache's kernel (fwd_kernel_kv_fp8), which reads launch's descales.
+template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kMod, bool kKvFp8 = false>
 void launch_config(const FwdParams& params, const FwdLaunch& launch) {
   static_assert(!(kMod && Cfg::kPadded), "no modifier kernels for padded head dims");
-  using Params = std::conditional_t<kMod, FwdModParams,
-                                    std::conditional_t<Cfg::kPadded, FwdPaddedParams, FwdParams>>;
+  static_assert(!(kKvFp8 && (kMod || Cfg::kPadded)), "the fp8 KV kernels have neither");
+  using Params = std::conditional_t<
+      kKvFp8, FwdKvFp8Params,
+      std::conditional_t<kMod, FwdModParams,
+                         std::conditional_t<Cfg::kPadded, FwdPaddedParams, FwdParams>>>;
   void (*kernel)(Params);
-  if constexpr (Cfg::kPadded)
+  if constexpr (kKvFp8)
+    kernel = params.num_splits > 1 ? &fwd_kernel_kv_fp8<Cfg, Elem, kHasMask, kPaged, true>
+                                   : &fwd_kernel_kv_fp8<Cfg, Elem, kHasMask, kPaged, false>;
+  else if constexpr (Cfg::kPadded)
     kernel = params.num_splits > 1 ? &fwd_kernel_padded<Cfg, Elem, kHasMask, kPaged, true>
                                    : &fwd_kernel_padded<Cfg, Elem, kHasMask, kPaged, false>;
   else if constexpr (kMod)
@@ -47,6 +54,14 @@ void launch_config(const FwdParams& params, const FwdLaunch& launch) {
   dim3 grid(m_blocks, heads, z);
   Params p{params};
   if constexpr (kMod) p.mod = launch.score_mod;
+  if constexpr (kKvFp8) {
+    p.k_descale = launch.k_descale;
+    p.v_descale = launch.v_descale;
+    p.k_descale_batch_stride = launch.k_descale_batch_stride;
+    p.k_descale_head_stride = launch.k_descale_head_stride;
+    p.v_descale_batch_stride = launch.v_descale_batch_stride;
+    p.v_descale_head_stride = launch.v_descale_head_stride;
+  }
   if constexpr (Cfg::kPadded) {
     p.head_dim = launch.head_dim;
     p.head_dim_v = launch.head_dim_v;
@@ -67,7 +82,7 @@ void launch_config(const FwdParams& params, const FwdLaunch& launch) {
 }
 
 // The configuration of tile_config.h for the call, if the device's shared memory holds it.
-template <class Cfg, bool kHasMask, bool kPaged, bool kMod = false>
+template <class Cfg, bool kHasMask, bool kPaged, bool kMod = false, bool kKvFp8 = false>
 void launch_checked(const FwdParams& params, const FwdLaunch& launch) {
   constexpr int kSmem = kFwdSmemBytes<Cfg, kPaged>;
   if (launch.smem_per_block < kSmem)
@@ -76,20 +91,27 @@ void launch_checked(const FwdParams& params, const FwdLaunch& launch) {
                     std::to_string(kSmem / 1024) +
                     " KB of shared memory per block; this device allows " +
                     std::to_string(launch.smem_per_block / 1024) + " KB");
-  if (launch.dtype == DType::kBFloat16)
-    return launch_config<Cfg, __nv_bfloat16, kHasMask, kPaged, kMod>(params, launch);
-  return launch_config<Cfg, __half, kHasMask, kPaged, kMod>(params, launch);
+  if constexpr (kKvFp8) {  // bfloat16 q and out only (the plan refuses the others by name)
+    if (launch.dtype != DType::kBFloat16)
+      throw Error(ErrorKind::kInternal, "q",
+                  "a 16-bit q other than bfloat16 reached the fp8 KV kernels");
+    return launch_config<Cfg, __nv_bfloat16, kHasMask, kPaged, kMod, true>(params, launch);
+  } else {
+    if (launch.dtype == DType::kBFloat16)
+      return launch_config<Cfg, __nv_bfloat16, kHasMask, kPaged, kMod>(params, launch);
+    return launch_config<Cfg, __half, kHasMask, kPaged, kMod>(params, launch);
+  }
 }
 
-template <int kHeadDim, bool kHasMask, bool kPaged, bool kMod = false>
+template <int kHeadDim, bool kHasMask, bool kPaged, bool kMod = false, bool kKvFp8 = false>
 void launch_mask(const FwdParams& params, const FwdLaunch& launch) {
   using Cfg = FwdConfig<kHeadDim, fwd_tiles(kHeadDim, kHasMask)>;
   using Small = FwdConfig<kHeadDim, fwd_tiles_small_smem(kHeadDim, kHasMask)>;
   if constexpr (Small::kSmemBytes < Cfg::kSmemBytes) {
     if (launch.smem_per_block < kFwdSmemBytes<Cfg, kPaged>)
-      return launch_checked<Small, kHasMask, kPaged, kMod>(params, launch);
+      return launch_checked<Small, kHasMask, kPaged, kMod, kKvFp8>(params, launch);
   }
-  launch_checked<Cfg, kHasMask, kPaged, kMod>(params, launch);
+  launch_checked<Cfg, kHasMask, kPaged, kMod, kKvFp8>(params, launch);
 }
 
 // Score modifiers have kernels of their own for the decode tiles and the masked prefill tiles
@@ -155,6 +177,24 @@ void run_fwd_impl(const FwdParams& params, const FwdLaunch& launch) {
   }
   if (launch.has_mask) return launch_mask<kHeadDim, true, false>(params, launch);
   return launch_mask<kHeadDim, false, false>(params, launch);
+}
+
+}  // namespace flashserve::attention::sm80
+
+namespace flashserve::attention::sm80 {
+
+// The fp8 KV cache (launch.h run_fwd_kv_fp8): paged K/V only, decode tiles or masked prefill
+// tiles (the plan runs every prefill launch masked, as the padded kernels: an unbounded window
+// masks only the keys past kv_len), bfloat16 q; no modifiers, no padded head dims.
+template <int kHeadDim>
+void run_fwd_kv_fp8_impl(const FwdParams& params, const FwdLaunch& launch) {
+  if (launch.has_score_mod || !launch.paged || (!launch.decode && !launch.has_mask))
+    throw Error(ErrorKind::kInternal, "k",
+                "the fp8 KV kernels were asked for modifiers, unpaged K/V or unmasked tiles");
+  if (launch.decode)
+    return launch_checked<FwdConfig<kHeadDim, decode_tiles(kHeadDim)>, false, true, false, true>(
+        params, launch);
+  launch_mask<kHeadDim, true, true, false, true>(params, launch);
 }
 
 }  // namespace flashserve::attention::sm80

@@ -4,8 +4,12 @@
 // ldmatrix.trans, the cp.async fills and the epilogue's fragment stores are bank-conflict free.
 #pragma once
 
-#include <cstdint>
+#include <cuda_fp8.h>
 
+#include <cstdint>
+#include <type_traits>
+
+#include "common/float8_cuda.cuh"
 #include "ptx.h"
 
 namespace flashserve::attention::sm80 {
@@ -117,8 +121,16 @@ struct PagedTileShape {
 // Looking the page up in every thread of every row, with a dependent table read and a division
 // before each cp.async, ran paged decode at a fifth of contiguous, and a direct table read per
 // tile still left it 23% behind (docs/kernel-notes.md, runs 23-24).
-template <int kRows, int kHeadDim, int kThreads, class Elem, class Chunks = AllChunks>
-__device__ __forceinline__ void load_tile_paged_async(Elem* smem, const Elem* head_base,
+//
+// Src = __nv_fp8_e4m3 (an fp8 KV cache; the shared tile stays Elem = bfloat16): the same rows and
+// offsets (in elements, which are bytes), but each thread loads its 8-byte chunks of up to 16 rows
+// into registers first (all in flight at once), then widens them to bfloat16 and stores them
+// (e4m3x8_to_bf16x8: exact). Plain loads and stores, not cp.async: they are visible at the same
+// barrier that publishes a cp.async group, so the key loop's schedule is unchanged; the cost is
+// that the thread waits for its loads here rather than at the next barrier.
+template <int kRows, int kHeadDim, int kThreads, class Elem, class Chunks = AllChunks,
+          class Src = Elem>
+__device__ __forceinline__ void load_tile_paged_async(Elem* smem, const Src* head_base,
                                                       const int32_t* table, const PageDiv& div,
                                                       int64_t page_stride, int64_t row_stride,
                                                       int key0, int valid_rows, int32_t* entries,
@@ -155,18 +167,47 @@ __device__ __forceinline__ void load_tile_paged_async(Elem* smem, const Elem* he
   const int row0 = tid / S::kChunksPerRow, chunk = tid % S::kChunksPerRow;
   const int sub = lane / S::kChunksPerRow;  // this thread's row among the warp's kWarpStep
   const uint32_t base = smem_addr(smem);
-  const Elem* chunk_base = head_base + chunk * 8;
+  const Src* chunk_base = head_base + chunk * 8;
+  if constexpr (std::is_same_v<Src, Elem>) {
 #pragma unroll
-  for (int i = 0; i < S::kIters; ++i) {
-    const int row = row0 + i * S::kRowStep;
-    bool ok = row < valid_rows;
-    if constexpr (!Chunks::kAll) ok = ok && chunks.has(chunk);
-    // Warp row k = i * kWarpStep + sub: owned by lane k % 32, slot k / 32 (a constant, since
-    // kWarpStep divides 32 and sub < kWarpStep).
-    const int k0 = i * kWarpStep;
-    const uint32_t off = __shfl_sync(0xffffffffu, offset[k0 / 32], k0 % 32 + sub);
-    cp_async_16(base + 2 * swizzled<kHeadDim>(row, chunk),
-                ok ? chunk_base + uint64_t{off} * 8 : head_base, ok);
+    for (int i = 0; i < S::kIters; ++i) {
+      const int row = row0 + i * S::kRowStep;
+      bool ok = row < valid_rows;
+      if constexpr (!Chunks::kAll) ok = ok && chunks.has(chunk);
+      // Warp row k = i * kWarpStep + sub: owned by lane k % 32, slot k / 32 (a constant, since
+      // kWarpStep divides 32 and sub < kWarpStep).
+      const int k0 = i * kWarpStep;
+      const uint32_t off = __shfl_sync(0xffffffffu, offset[k0 / 32], k0 % 32 + sub);
+      cp_async_16(base + 2 * swizzled<kHeadDim>(row, chunk),
+                  ok ? chunk_base + uint64_t{off} * 8 : head_base, ok);
+    }
+  } else {
+    static_assert(std::is_same_v<Src, __nv_fp8_e4m3> && std::is_same_v<Elem, __nv_bfloat16>,
+                  "an e4m3 source is widened to bfloat16 tiles only");
+    // In batches of up to 16 rows: 16 loads in flight per thread, and 32 registers of codes (the
+    // decode tiles' 32 rows per thread at once would hold 64 beside S and O).
+    constexpr int kBatch = S::kIters < 16 ? S::kIters : 16;
+    static_assert(S::kIters % kBatch == 0);
+#pragma unroll
+    for (int i0 = 0; i0 < S::kIters; i0 += kBatch) {
+      uint2 codes[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int i = i0 + j, row = row0 + i * S::kRowStep;
+        bool ok = row < valid_rows;
+        if constexpr (!Chunks::kAll) ok = ok && chunks.has(chunk);
+        const int k0 = i * kWarpStep;
+        const uint32_t off = __shfl_sync(0xffffffffu, offset[k0 / 32], k0 % 32 + sub);
+        // Rows past kv_len (and absent chunks) become zeros, as cp.async's zero-fill: a page's
+        // unwritten slots may hold any code, NaN's 0x7f included.
+        codes[j] = ok ? __ldg(reinterpret_cast<const uint2*>(chunk_base + uint64_t{off} * 8))
+                      : make_uint2(0u, 0u);
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        st_shared_16(base + 2 * swizzled<kHeadDim>(row0 + (i0 + j) * S::kRowStep, chunk),
+                     e4m3x8_to_bf16x8(codes[j]));
+    }
   }
 }
 

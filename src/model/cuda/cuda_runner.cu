@@ -100,10 +100,15 @@ struct CudaRunner::Impl {
   float* inv_freq = nullptr;  // [head_dim / 2], in the weight allocation
   float rope_scale = 1.0f;    // yarn's factor on cos and sin
 
-  // KV pool: per layer K then V, each [num_blocks, block_size, kv_heads, head_dim].
-  DeviceMemory kv_mem;
+  // KV pool: per layer K then V, each [num_blocks, block_size, kv_heads, head_dim] of bf16, or
+  // (kv_fp8) of e4m3 codes with per-(layer, KV head) scales: K's [layers * kv_heads] then V's
+  // in kv_scale_mem (set_kv_cache's, 1.0 when none were given).
+  DeviceMemory kv_mem, kv_scale_mem;
   int64_t num_blocks = 0;
   int32_t block_size = 0;
+  bool kv_fp8 = false;
+  std::vector<float> k_scales, v_scales;
+  int64_t kv_elem_bytes() const { return kv_fp8 ? 1 : 2; }
 
   // Step buffers, grown to the largest step seen.
   DeviceMemory act_mem, idx_mem, attn_ws, sample_mem;
@@ -507,7 +512,8 @@ struct CudaRunner::Impl {
     StepAttentionTensors at;
     at.q = make_view(q, DType::kBFloat16, {T, hq, d}, gpu);
     at.out = make_view(attn, DType::kBFloat16, {T, hq, d}, gpu);
-    at.kv_pool = make_view(kv_mem.get(), DType::kBFloat16, {num_blocks, block_size, hkv, d}, gpu);
+    at.kv_pool = make_view(kv_mem.get(), kv_fp8 ? DType::kFloat8E4M3 : DType::kBFloat16,
+                           {num_blocks, block_size, hkv, d}, gpu);
     at.cu_seqlens_q = dev + offsets[3];
     at.seqused_k = dev + offsets[4];
     at.block_table = dev + offsets[5];
@@ -610,14 +616,18 @@ struct CudaRunner::Impl {
     const float eps = static_cast<float>(cfg.rms_norm_eps);
     const int32_t hkv = static_cast<int32_t>(cfg.num_key_value_heads);
     const int32_t d = static_cast<int32_t>(cfg.head_dim);
-    const int64_t layer_kv = num_blocks * block_size * hkv * d;
+    const int64_t layer_kv_bytes = num_blocks * block_size * hkv * d * kv_elem_bytes();
+    const float* k_scale_all = static_cast<const float*>(kv_scale_mem.get());
 
     embed_tokens(embed, st.ids, x, T, H, cfg.vocab_size, stream);
     mark("embedding");
     for (int64_t li = 0; li < cfg.num_hidden_layers; ++li) {
       const LayerWeights& l = layers_w[li];
-      bf16* k_cache = static_cast<bf16*>(kv_mem.get()) + 2 * li * layer_kv;
-      bf16* v_cache = k_cache + layer_kv;
+      char* k_cache = static_cast<char*>(kv_mem.get()) + 2 * li * layer_kv_bytes;
+      char* v_cache = k_cache + layer_kv_bytes;
+      // fp8: this layer's scales, K's then V's (allocate_kv uploaded them).
+      const float* k_scale = kv_fp8 ? k_scale_all + li * hkv : nullptr;
+      const float* v_scale = kv_fp8 ? k_scale_all + (cfg.num_hidden_layers + li) * hkv : nullptr;
       add_rmsnorm(li == 0 ? nullptr : delta, x, l.ln1, h, nullptr, T, H, eps, stream, pdl);
       mark("rmsnorm");
       // Qwen2's q/k/v bias goes in the GEMM's epilogue (one bf16 rounding of x W^T + b, as
@@ -634,15 +644,22 @@ struct CudaRunner::Impl {
       ra.inv_freq = inv_freq;
       ra.rope_scale = rope_scale;
       ra.q_out = q;
-      ra.k_cache = k_cache;
-      ra.v_cache = v_cache;
+      if (kv_fp8) {
+        ra.k_cache8 = reinterpret_cast<uint8_t*>(k_cache);
+        ra.v_cache8 = reinterpret_cast<uint8_t*>(v_cache);
+        ra.k_scale = k_scale;
+        ra.v_scale = v_scale;
+      } else {
+        ra.k_cache = reinterpret_cast<bf16*>(k_cache);
+        ra.v_cache = reinterpret_cast<bf16*>(v_cache);
+      }
       ra.n_tokens = T;
       ra.heads = static_cast<int32_t>(cfg.num_attention_heads);
       ra.kv_heads = hkv;
       ra.head_dim = d;
       rope_kv_write(ra, stream, pdl);
       mark("rope_kv_write");
-      st.attention.run(k_cache, v_cache);
+      st.attention.run(k_cache, v_cache, k_scale, v_scale);
       mark("attention");
       gemm->run(attn, l.o, delta, false, T, H, cfg.q_size(), stream);
       mark("gemm_o");
@@ -703,10 +720,35 @@ void CudaRunner::allocate_kv(int64_t num_blocks, int32_t block_size) {
   m.drop_graphs();
   m.kv_mem.release();
   m.kv_mem.grow(size_t(2) * m.cfg.num_hidden_layers * num_blocks * block_size *
-                    m.cfg.num_key_value_heads * m.cfg.head_dim * 2,
+                    m.cfg.num_key_value_heads * m.cfg.head_dim * m.kv_elem_bytes(),
                 "KV pool");
+  if (m.kv_fp8) {
+    std::vector<float> scales(m.k_scales);
+    scales.insert(scales.end(), m.v_scales.begin(), m.v_scales.end());
+    m.kv_scale_mem.grow(scales.size() * sizeof(float), "KV cache scales");
+    check_cuda(cudaMemcpy(m.kv_scale_mem.get(), scales.data(), scales.size() * sizeof(float),
+                          cudaMemcpyHostToDevice),
+               "KV cache scales");
+  }
   m.num_blocks = num_blocks;
   m.block_size = block_size;
+}
+
+void CudaRunner::set_kv_cache(const KvCacheConfig& kv) {
+  Impl& m = *impl_;
+  const size_t pairs = static_cast<size_t>(m.cfg.num_hidden_layers * m.cfg.num_key_value_heads);
+  check_kv_cache_config(kv, pairs);
+  refuse_cuda_fp8_kv_cache_if_off(kv.dtype, std::getenv("FLASHSERVE_CUDA_FP8_KV"));
+  check_cuda(cudaSetDevice(m.device), "cudaSetDevice");
+  check_cuda(cudaStreamSynchronize(m.stream), "set_kv_cache");
+  // A pool of the old element size must not be read as the new one: dropped, with the graphs
+  // that captured its pointers (allocate_kv again before the next forward).
+  m.drop_graphs();
+  m.kv_mem.release();
+  m.num_blocks = 0;
+  m.kv_fp8 = kv.dtype == KvCacheDtype::kFp8E4M3;
+  m.k_scales = kv.k_scales.empty() ? std::vector<float>(pairs, 1.0f) : kv.k_scales;
+  m.v_scales = kv.v_scales.empty() ? std::vector<float>(pairs, 1.0f) : kv.v_scales;
 }
 
 void CudaRunner::forward(const ForwardBatch& batch) {

@@ -1,5 +1,6 @@
 // The CUDA model runner: bf16 weights on one device (QKV and gate/up fused into one matrix each at
-// upload), a bf16 paged KV pool, and the forward of one step's mixed batch on one stream.
+// upload), a bf16 (or e4m3, --kv-cache-dtype fp8) paged KV pool, and the forward of one step's
+// mixed batch on one stream.
 //
 // A step: the index arrays are packed into one pinned host buffer and copied once; then per layer
 // add+RMSNorm, the QKV GEMM, RoPE fused with the K/V page write, one attention launch for the whole
@@ -38,6 +39,9 @@ class CudaRunner : public ModelRunner {
   ~CudaRunner() override;
 
   const ModelConfig& config() const override;
+  // bf16 (auto, bf16) or, while FLASHSERVE_CUDA_FP8_KV=1, e4m3 with per-(layer, KV head)
+  // scales (1 byte per element: twice bf16's blocks in the same memory); drops the pool.
+  void set_kv_cache(const KvCacheConfig& kv) override;
   void allocate_kv(int64_t num_blocks, int32_t block_size) override;
   void forward(const ForwardBatch& batch) override;
   void prepare(int64_t max_tokens, int64_t max_rows) override;

@@ -1,5 +1,6 @@
 #include <string>
 
+#include "common/float8_cuda.cuh"
 #include "flashserve/error.h"
 #include "model/cuda/check.h"
 #include "model/cuda/pdl.cuh"
@@ -8,6 +9,17 @@
 
 namespace flashserve::model::cuda {
 namespace {
+
+// Eight values of KV head `head` into an fp8 cache row: e4m3(x / scale), a correctly rounded
+// float32 division (nvcc's default -prec-div=true, as the CPU's), then the saturating
+// round-to-nearest-even conversion.
+__device__ __forceinline__ void store8_e4m3(uint8_t* p, const float (&f)[kVec], float scale) {
+  uint32_t w[2] = {0u, 0u};
+#pragma unroll
+  for (int i = 0; i < kVec; ++i)
+    w[i / 4] |= static_cast<uint32_t>(e4m3_from_float(f[i] / scale)) << (8 * (i % 4));
+  *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+}
 
 // One block per token. A work item is 8 rotation pairs of one q or k head (x[i..i+8) with
 // x[i+d/2..i+d/2+8)) or 8 values of one v head; the angle pos * inv_freq[i] is formed in float32
@@ -56,7 +68,14 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
         dst = a.q_out + (t * a.heads + head) * d + i0;
       } else {
         if (slot < 0) continue;
-        dst = a.k_cache + (slot * a.kv_heads + (head - a.heads)) * d + i0;
+        const int64_t at = (slot * a.kv_heads + (head - a.heads)) * d + i0;
+        if (a.k_cache8) {
+          const float scale = a.k_scale[head - a.heads];
+          store8_e4m3(a.k_cache8 + at, y1, scale);
+          store8_e4m3(a.k_cache8 + at + half, y2, scale);
+          continue;
+        }
+        dst = a.k_cache + at;
       }
       store8(dst, y1);
       store8(dst + half, y2);
@@ -74,7 +93,11 @@ __global__ void rope_kv_kernel(RopeKvArgs a) {
 #pragma unroll
         for (int i = 0; i < kVec; ++i) x[i] += b[i];
       }
-      store8(a.v_cache + (slot * a.kv_heads + head) * d + i0, x);
+      const int64_t at = (slot * a.kv_heads + head) * d + i0;
+      if (a.v_cache8)
+        store8_e4m3(a.v_cache8 + at, x, a.v_scale[head]);
+      else
+        store8(a.v_cache + at, x);
     }
   }
 }
@@ -85,6 +108,10 @@ void rope_kv_write(const RopeKvArgs& args, cudaStream_t stream, bool pdl) {
   if (args.head_dim % (2 * kVec) != 0)
     throw Error(ErrorKind::kUnsupported, "head_dim",
                 "must be a multiple of 16, got " + std::to_string(args.head_dim));
+  if ((args.k_cache8 != nullptr) != (args.v_cache8 != nullptr) ||
+      (args.k_cache8 && (!args.k_scale || !args.v_scale)))
+    throw Error(ErrorKind::kInternal, "kv_cache",
+                "an fp8 K/V write needs both e4m3 caches and both scales");
   if (args.n_tokens == 0) return;
   const int items = (args.heads + args.kv_heads) * (args.head_dim / 2 / kVec) +
                     args.kv_heads * (args.head_dim / kVec);
