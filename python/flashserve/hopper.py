@@ -9,7 +9,7 @@ passed on to flashserve's FlashAttention-2 functions (flashserve/attention.py); 
 page_table is FA2's block_table. FP8 as FA3 has it: q, k, v float8_e4m3fn with q_descale,
 k_descale, v_descale float32 (batch, nheads_k) or None (1), a bfloat16 out, forward only, in
 flash_attn_func, flash_attn_qkvpacked_func and flash_attn_varlen_func (on CUDA the sm90 kernel,
-behind FLASHSERVE_FP8_ATTENTION=1 until its default flips). The others are refused by name
+on by default; FLASHSERVE_FP8_ATTENTION=0 turns it off). The others are refused by name
 (NotImplementedError) unless left at their defaults: qv (MLA's extra q.v product),
 flash_attn_with_kvcache's q_descale/k_descale/v_descale (an fp8 KV cache), seqused_q,
 attention_chunk (chunked local attention), sm_margin (SMs kept free: the kernels cannot honour
