@@ -637,6 +637,7 @@ TEST(PlanFamily, Sm90EpilogueSwitchReachesTheSm90LaunchesOnly) {
   // A mixed step: the decodes stay on sm80 without it, the chunk on sm90 with it.
   StepShape m = step({{1, 4096}, {512, 4096}, {1, 2048}});
   m.ctx.sm90_unavailable = "";
+  m.ctx.sm90_epilogue = true;  // whatever the default (kSm90EpilogueByDefault)
   const Plan mixed = plan_of(m);
   for (const LaunchPlan& l : mixed.launches)
     EXPECT_EQ(l.kernel.epilogue, l.kernel.family == attention::KernelFamily::kSm90)
