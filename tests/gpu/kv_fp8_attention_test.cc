@@ -33,41 +33,17 @@
 #include "support/compare.h"
 #include "support/device_copy.h"
 #include "support/scoped_env.h"
+#include "support/serving_step.h"
 
 namespace flashserve::testing {
 namespace {
 
-struct HostLens {
-  std::vector<int32_t> cu_q, kv;
-  explicit HostLens(const CaseSpec& s) {
-    cu_q.push_back(0);
-    for (int64_t b = 0; b < s.batch; ++b) {
-      cu_q.push_back(static_cast<int32_t>(cu_q.back() + s.q_len(b)));
-      kv.push_back(static_cast<int32_t>(s.kv_len(b)));
-    }
-  }
-  AttentionLengths view(const CaseSpec& s) const {
-    return {s.q_layout == QLayout::kVarlen ? cu_q.data() : nullptr, kv.data()};
-  }
-};
-
+// A serving step over an e4m3 paged cache beside a bfloat16 q, with descales by default.
 CaseSpec fp8kv(int64_t d, int64_t page, int64_t h_q, int64_t h_kv, std::vector<int64_t> q_lens,
                std::vector<int64_t> kv_lens, bool descales = true) {
-  CaseSpec s;
-  s.dtype = DType::kBFloat16;
+  CaseSpec s = serving_step(d, page, h_q, h_kv, std::move(q_lens), std::move(kv_lens));
   s.fp8 = Fp8::kKV;
   s.descales = descales;
-  s.head_dim = d;
-  s.batch = static_cast<int64_t>(q_lens.size());
-  s.q_lens = std::move(q_lens);
-  s.kv_lens = std::move(kv_lens);
-  s.h_q = h_q;
-  s.h_kv = h_kv;
-  s.causal = true;
-  s.q_layout = QLayout::kVarlen;
-  s.kv_layout = KVLayout::kPaged;
-  s.page_size = page;
-  s.num_splits = 0;
   return s;
 }
 

@@ -20,24 +20,10 @@
 #include "support/compare.h"
 #include "support/device_copy.h"
 #include "support/scoped_env.h"
+#include "support/serving_step.h"
 
 namespace flashserve::testing {
 namespace {
-
-// The host-side lengths of a case, as the scheduler would pass them.
-struct HostLens {
-  std::vector<int32_t> cu_q, kv;
-  explicit HostLens(const CaseSpec& s) {
-    cu_q.push_back(0);
-    for (int64_t b = 0; b < s.batch; ++b) {
-      cu_q.push_back(static_cast<int32_t>(cu_q.back() + s.q_len(b)));
-      kv.push_back(static_cast<int32_t>(s.kv_len(b)));
-    }
-  }
-  AttentionLengths view(const CaseSpec& s) const {
-    return {s.q_layout == QLayout::kVarlen ? cu_q.data() : nullptr, kv.data()};
-  }
-};
 
 // Plans the case from its host lengths, runs the plan on the device copies, compares.
 void check_planned(const CaseSpec& spec) {
@@ -63,24 +49,6 @@ void check_forward(const CaseSpec& spec) {
       << spec.name() << " through attention_forward";
 }
 
-CaseSpec mixed(int64_t d, int64_t page, int64_t h_q, int64_t h_kv, std::vector<int64_t> q_lens,
-               std::vector<int64_t> kv_lens, bool causal = true) {
-  CaseSpec s;
-  s.dtype = DType::kBFloat16;
-  s.head_dim = d;
-  s.batch = static_cast<int64_t>(q_lens.size());
-  s.q_lens = std::move(q_lens);
-  s.kv_lens = std::move(kv_lens);
-  s.h_q = h_q;
-  s.h_kv = h_kv;
-  s.causal = causal;
-  s.q_layout = QLayout::kVarlen;
-  s.kv_layout = KVLayout::kPaged;
-  s.page_size = page;
-  s.num_splits = 0;
-  return s;
-}
-
 std::vector<CaseSpec> serving_cases() {
   std::vector<CaseSpec> v;
   for (int64_t page : {16, 64, 256})
@@ -88,20 +56,20 @@ std::vector<CaseSpec> serving_cases() {
       // A chunk of 77 over 45 cached keys (not a page multiple) first, then decodes: the
       // engine's order. Then the kinds interleaved with an empty sequence, and a long decode
       // that splits.
-      v.push_back(mixed(128, page, h_q, h_kv, {77, 1, 1, 1}, {122, 700, 33, 1}));
-      v.push_back(
-          mixed(128, page, h_q, h_kv, {1, 130, 1, 0, 17, 1}, {2049, 130 + 333, 1, 9, 17, 300}));
+      v.push_back(serving_step(128, page, h_q, h_kv, {77, 1, 1, 1}, {122, 700, 33, 1}));
+      v.push_back(serving_step(128, page, h_q, h_kv, {1, 130, 1, 0, 17, 1},
+                               {2049, 130 + 333, 1, 9, 17, 300}));
     }
   // Head dims 64 and 256, fp16, non-causal, no lse, and explicit splits in both launches.
-  CaseSpec d64 = mixed(64, 16, 16, 4, {1, 200, 1}, {3000, 200 + 19, 65});
+  CaseSpec d64 = serving_step(64, 16, 16, 4, {1, 200, 1}, {3000, 200 + 19, 65});
   v.push_back(d64);
-  CaseSpec d256 = mixed(256, 64, 8, 2, {33, 1, 1, 129}, {33 + 100, 1500, 2, 129 + 7}, false);
+  CaseSpec d256 = serving_step(256, 64, 8, 2, {33, 1, 1, 129}, {33 + 100, 1500, 2, 129 + 7}, false);
   d256.dtype = DType::kFloat16;
   v.push_back(d256);
-  CaseSpec nolse = mixed(128, 16, 32, 8, {1, 1, 512}, {4097, 2048, 512 + 1000});
+  CaseSpec nolse = serving_step(128, 16, 32, 8, {1, 1, 512}, {4097, 2048, 512 + 1000});
   nolse.with_lse = false;
   v.push_back(nolse);
-  CaseSpec forced = mixed(128, 7, 8, 2, {1, 60, 1}, {900, 60 + 31, 1200});
+  CaseSpec forced = serving_step(128, 7, 8, 2, {1, 60, 1}, {900, 60 + 31, 1200});
   forced.num_splits = 3;
   v.push_back(forced);
   return v;
@@ -111,8 +79,8 @@ std::vector<CaseSpec> serving_cases() {
 // (the skips and the combine's row search), splits in both, page 16.
 std::vector<CaseSpec> serving_sanitize_cases() {
   std::vector<CaseSpec> v;
-  v.push_back(mixed(128, 16, 16, 4, {1, 70, 1, 0, 17}, {1500, 70 + 21, 40, 3, 17}));
-  CaseSpec forced = mixed(128, 64, 8, 2, {33, 1, 1}, {33 + 50, 700, 2000});
+  v.push_back(serving_step(128, 16, 16, 4, {1, 70, 1, 0, 17}, {1500, 70 + 21, 40, 3, 17}));
+  CaseSpec forced = serving_step(128, 64, 8, 2, {33, 1, 1}, {33 + 50, 700, 2000});
   forced.num_splits = 3;
   v.push_back(forced);
   return v;
@@ -161,7 +129,7 @@ INSTANTIATE_TEST_SUITE_P(ServeSanitize, GpuServing, ::testing::ValuesIn(serving_
 // then the first again. Each run must match its own reference: the plan holds no pointer.
 TEST(GpuServingPlan, ReusedAcrossRunsWithOtherTensors) {
   SKIP_WITHOUT_CUDA();
-  const CaseSpec base = mixed(128, 16, 32, 8, {1, 300, 1, 1}, {2000, 300 + 77, 129, 5});
+  const CaseSpec base = serving_step(128, 16, 32, 8, {1, 300, 1, 1}, {2000, 300 + 77, 129, 5});
   std::vector<AttentionCase> cases;
   for (uint64_t seed : {41, 42, 43}) {
     CaseSpec s = base;
@@ -188,7 +156,7 @@ TEST(GpuServingPlan, ReusedAcrossRunsWithOtherTensors) {
 // in run_attention with the plan's workspace).
 TEST(GpuServingPlan, RunCapturedInACudaGraph) {
   SKIP_WITHOUT_CUDA();
-  CaseSpec s = mixed(128, 16, 32, 8, {200, 1, 1}, {200 + 300, 3000, 70});
+  CaseSpec s = serving_step(128, 16, 32, 8, {200, 1, 1}, {200 + 300, 3000, 70});
   s.seed = 51;
   AttentionCase c(s);
   const HostLens lens(s);
@@ -218,7 +186,7 @@ TEST(GpuServingPlan, RunCapturedInACudaGraph) {
 // Params that do not match the plan are refused, naming "plan".
 TEST(GpuServingPlan, RefusesParamsOfAnotherShape) {
   SKIP_WITHOUT_CUDA();
-  const CaseSpec s = mixed(128, 16, 8, 2, {5, 1}, {40, 90});
+  const CaseSpec s = serving_step(128, 16, 8, 2, {5, 1}, {40, 90});
   AttentionCase c(s);
   const HostLens lens(s);
   DeviceCopy dev(c);

@@ -23,12 +23,10 @@
 // The fp8 cache is behind FLASHSERVE_CUDA_FP8_KV (off by default: docs/fp8.md): each test turns
 // it on for its scope.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <functional>
 #include <iterator>
 #include <limits>
@@ -40,16 +38,14 @@
 #include "model/cuda/cuda_runner.h"
 #include "model/cuda/rope_kv_write.h"
 #include "model/forward_batch.h"
-#include "model/presets.h"
-#include "model/random_checkpoint.h"
 #include "model/runner.h"
 #include "model_gpu/device_buffer.h"
+#include "model_gpu/tiny_model.h"
 #include "support/scoped_env.h"
 
 namespace flashserve::testing {
 namespace {
 
-namespace fs = std::filesystem;
 using model::ForwardBatch;
 using model::ForwardBatchBuilder;
 using model::KvCacheConfig;
@@ -154,23 +150,6 @@ TEST(KvFp8Write, RopeKvWriteQuantisesAsTheHostBitForBit) {
   EXPECT_EQ(bad, 0);
 }
 
-const std::string& tiny_dir() {
-  static const std::string dir = [] {
-    const fs::path p =
-        fs::temp_directory_path() / ("flashserve-gpu-kv8-tiny-" + std::to_string(::getpid()));
-    model::write_random_checkpoint(model::preset_config("tiny"), p.string());
-    return p.string();
-  }();
-  return dir;
-}
-
-std::vector<int32_t> blocks_of(int64_t seq, int64_t kv_len, int64_t per_seq) {
-  std::vector<int32_t> b;
-  for (int64_t i = 0; i < (kv_len + kBlock - 1) / kBlock; ++i)
-    b.push_back(static_cast<int32_t>(seq * per_seq + i));
-  return b;
-}
-
 std::vector<int32_t> random_tokens(size_t n, int64_t vocab, unsigned seed) {
   std::mt19937 rng(seed);
   std::vector<int32_t> t(n);
@@ -196,7 +175,7 @@ std::vector<std::vector<float>> teacher_forced(ModelRunner& r, const KvCacheConf
   const int64_t b_prompt = 37;
   {
     ForwardBatchBuilder bb(kBlock);
-    bb.add(b.data(), 0, b_prompt, blocks_of(1, b_prompt, per_seq), true);
+    bb.add(b.data(), 0, b_prompt, sequence_blocks(1, b_prompt, per_seq, kBlock), true);
     r.forward(std::move(bb).build());
     keep();
   }
@@ -205,8 +184,9 @@ std::vector<std::vector<float>> teacher_forced(ModelRunner& r, const KvCacheConf
   while (done < a_prompt) {
     const int64_t q = std::min<int64_t>(64, a_prompt - done);
     ForwardBatchBuilder bb(kBlock);
-    bb.add(a.data() + done, done, q, blocks_of(0, done + q, per_seq), done + q == a_prompt);
-    bb.add(b.data() + b_done, b_done, 1, blocks_of(1, b_done + 1, per_seq), true);
+    bb.add(a.data() + done, done, q, sequence_blocks(0, done + q, per_seq, kBlock),
+           done + q == a_prompt);
+    bb.add(b.data() + b_done, b_done, 1, sequence_blocks(1, b_done + 1, per_seq, kBlock), true);
     r.forward(std::move(bb).build());
     keep();
     done += q;
@@ -214,8 +194,8 @@ std::vector<std::vector<float>> teacher_forced(ModelRunner& r, const KvCacheConf
   }
   for (int s = 0; s < 30; ++s) {
     ForwardBatchBuilder bb(kBlock);
-    bb.add(a.data() + done, done, 1, blocks_of(0, done + 1, per_seq), true);
-    bb.add(b.data() + b_done, b_done, 1, blocks_of(1, b_done + 1, per_seq), true);
+    bb.add(a.data() + done, done, 1, sequence_blocks(0, done + 1, per_seq, kBlock), true);
+    bb.add(b.data() + b_done, b_done, 1, sequence_blocks(1, b_done + 1, per_seq, kBlock), true);
     r.forward(std::move(bb).build());
     keep();
     ++done;
@@ -257,7 +237,7 @@ KvCacheConfig fp8_config(const model::ModelConfig& c, std::mt19937* rng) {
 TEST(KvFp8Runner, Layer0PoolHoldsTheBf16PoolQuantisedWithItsHeadsScale) {
   SKIP_WITHOUT_CUDA();
   ScopedEnv on("FLASHSERVE_CUDA_FP8_KV", "1");
-  auto r = model::cuda::CudaRunner::load(tiny_dir(), 0);
+  auto r = model::cuda::CudaRunner::load(tiny_checkpoint_dir(), 0);
   const model::ModelConfig& c = r->config();
   const int64_t blocks = 16, hkv = c.num_key_value_heads, d = c.head_dim;
   std::mt19937 rng(2302);
@@ -315,12 +295,12 @@ TEST(KvFp8Runner, LogitsStayCloseToTheBf16Cache) {
   ScopedEnv on("FLASHSERVE_CUDA_FP8_KV", "1");
   std::unique_ptr<ModelRunner> cpu;
   try {
-    cpu = model::make_cpu_runner(tiny_dir());
+    cpu = model::make_cpu_runner(tiny_checkpoint_dir());
   } catch (const Error& e) {  // a build without OpenBLAS has no CPU runner
     if (e.kind() == ErrorKind::kUnsupported) GTEST_SKIP() << e.what();
     throw;
   }
-  auto gpu = model::make_cuda_runner(tiny_dir(), 0);
+  auto gpu = model::make_cuda_runner(tiny_checkpoint_dir(), 0);
   const KvCacheConfig fp8 = fp8_config(gpu->config(), nullptr), bf16{KvCacheDtype::kBf16, {}, {}};
   const auto g16 = teacher_forced(*gpu, bf16), g8 = teacher_forced(*gpu, fp8);
   const auto c16 = teacher_forced(*cpu, bf16), c8 = teacher_forced(*cpu, fp8);
@@ -353,7 +333,7 @@ TEST(KvFp8Runner, LogitsStayCloseToTheBf16Cache) {
 TEST(KvFp8Runner, GreedyAgreementIsReported) {
   SKIP_WITHOUT_CUDA();
   ScopedEnv on("FLASHSERVE_CUDA_FP8_KV", "1");
-  auto r = model::make_cuda_runner(tiny_dir(), 0);
+  auto r = model::make_cuda_runner(tiny_checkpoint_dir(), 0);
   const int64_t vocab = r->config().vocab_size, per_seq = 8, n = 4, steps = 48;
   std::vector<std::vector<int32_t>> runs[2];
   for (int cache = 0; cache < 2; ++cache) {
@@ -366,7 +346,7 @@ TEST(KvFp8Runner, GreedyAgreementIsReported) {
     ForwardBatchBuilder first(kBlock);
     for (int64_t i = 0; i < n; ++i) {
       len[i] = static_cast<int64_t>(seqs[i].size());
-      first.add(seqs[i].data(), 0, len[i], blocks_of(i, len[i], per_seq), true);
+      first.add(seqs[i].data(), 0, len[i], sequence_blocks(i, len[i], per_seq, kBlock), true);
     }
     ForwardBatch b = std::move(first).build();
     for (int64_t s = 0; s <= steps; ++s) {
@@ -376,7 +356,8 @@ TEST(KvFp8Runner, GreedyAgreementIsReported) {
       for (int64_t i = 0; i < n; ++i) seqs[i].push_back(tok[i]);
       ForwardBatchBuilder bb(kBlock);
       for (int64_t i = 0; i < n; ++i) {
-        bb.add(seqs[i].data() + len[i], len[i], 1, blocks_of(i, len[i] + 1, per_seq), true);
+        bb.add(seqs[i].data() + len[i], len[i], 1, sequence_blocks(i, len[i] + 1, per_seq, kBlock),
+               true);
         ++len[i];
       }
       b = std::move(bb).build();
@@ -399,7 +380,7 @@ TEST(KvFp8Runner, GreedyAgreementIsReported) {
 TEST(KvFp8Runner, RefusedWhileTheSwitchIsOff) {
   SKIP_WITHOUT_CUDA();
   ScopedEnv off("FLASHSERVE_CUDA_FP8_KV", "0");
-  auto r = model::make_cuda_runner(tiny_dir(), 0);
+  auto r = model::make_cuda_runner(tiny_checkpoint_dir(), 0);
   try {
     r->set_kv_cache(fp8_config(r->config(), nullptr));
     ADD_FAILURE() << "fp8 accepted with the switch off";

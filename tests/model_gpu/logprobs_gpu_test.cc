@@ -5,36 +5,22 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <numeric>
 #include <random>
 #include <vector>
-
-#include <unistd.h>
 
 #include "flashserve/error.h"
 #include "model/cuda/cuda_runner.h"
 #include "model/forward_batch.h"
 #include "model/logprobs.h"
-#include "model/presets.h"
-#include "model/random_checkpoint.h"
 #include "model/runner.h"
 #include "model_gpu/device_buffer.h"
+#include "model_gpu/tiny_model.h"
 
 namespace flashserve::testing {
 namespace {
 
 constexpr int32_t kBlock = 16;
-
-const std::string& logprobs_tiny_dir() {
-  static const std::string dir = [] {
-    const auto d = std::filesystem::temp_directory_path() /
-                   ("flashserve-gpu-logprobs-tiny-" + std::to_string(::getpid()));
-    model::write_random_checkpoint(model::preset_config("tiny"), d.string());
-    return d.string();
-  }();
-  return dir;
-}
 
 std::vector<double> log_softmax64(const float* row, int64_t vocab) {
   double max = row[0];
@@ -91,7 +77,7 @@ std::vector<Step> run(model::ModelRunner& r, const std::vector<int32_t>& ask, in
 
 TEST(GpuLogprobs, RowsAreTheLogitsAndLogprobsTheirFloat64LogSoftmax) {
   SKIP_WITHOUT_CUDA();
-  auto gpu = model::make_cuda_runner(logprobs_tiny_dir(), 0);
+  auto gpu = model::make_cuda_runner(tiny_checkpoint_dir(), 0);
   const int64_t V = gpu->config().vocab_size;
   const std::vector<int32_t> ask = {2, 0};
   const std::vector<Step> g = run(*gpu, ask, 12);
@@ -115,7 +101,7 @@ TEST(GpuLogprobs, RowsAreTheLogitsAndLogprobsTheirFloat64LogSoftmax) {
   // Against the CPU runner (float32), where it is built: within bf16's error of the logits.
   std::unique_ptr<model::ModelRunner> cpu;
   try {
-    cpu = model::make_cpu_runner(logprobs_tiny_dir());
+    cpu = model::make_cpu_runner(tiny_checkpoint_dir());
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kUnsupported) GTEST_SKIP() << e.what();
     throw;

@@ -10,40 +10,25 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
 #include "model/cuda/cuda_runner.h"
 #include "model/cuda/gemm.h"
 #include "model/forward_batch.h"
-#include "model/presets.h"
-#include "model/random_checkpoint.h"
 #include "model/step_graphs.h"
 #include "model_gpu/device_buffer.h"
+#include "model_gpu/tiny_model.h"
 
 namespace flashserve::testing {
 namespace {
 
-namespace fs = std::filesystem;
 using model::ForwardBatch;
 using model::ForwardBatchBuilder;
 using model::cuda::CudaRunner;
 
 constexpr int32_t kBlock = 16;
-
-const std::string& tiny_dir() {
-  static const std::string dir = [] {
-    const fs::path d =
-        fs::temp_directory_path() / ("flashserve-gpu-mixed-" + std::to_string(::getpid()));
-    model::write_random_checkpoint(model::preset_config("tiny"), d.string());
-    return d.string();
-  }();
-  return dir;
-}
 
 // Blocks [first, first + n): block 0 of the pool is never a sequence's.
 std::vector<int32_t> block_range(int64_t first, int64_t n) {
@@ -268,7 +253,7 @@ TEST(GpuMixedGraphs, GemmRowsDoNotDependOnThePaddingRows) {
 
 TEST(GpuMixedGraphs, RandomMixedStepsMatchEagerBitForBit) {
   SKIP_WITHOUT_CUDA();
-  auto r = CudaRunner::load(tiny_dir(), 0);
+  auto r = CudaRunner::load(tiny_checkpoint_dir(), 0);
   const int64_t vocab = r->config().vocab_size;
   int64_t captures_total = 0, replays_total = 0;
   for (const auto& [seed, budget] :
@@ -307,7 +292,7 @@ TEST(GpuMixedGraphs, RandomMixedStepsMatchEagerBitForBit) {
 // and the chunk after 1500 (3 splits), so the replays run the split-KV partials and combine.
 TEST(GpuMixedGraphs, RepeatedShapeReplaysBitForBit) {
   SKIP_WITHOUT_CUDA();
-  auto r = CudaRunner::load(tiny_dir(), 0);
+  auto r = CudaRunner::load(tiny_checkpoint_dir(), 0);
   const int64_t vocab = r->config().vocab_size, steps = 16;
   for (const auto& [decode_len, chunk_start] : {std::pair{46, 300}, std::pair{1030, 1500}}) {
     const RepeatedShape rs = repeated_shape(decode_len, chunk_start, steps, vocab);
@@ -330,7 +315,7 @@ TEST(GpuMixedGraphs, RepeatedShapeReplaysBitForBit) {
 // replay).
 TEST(GpuMixedGraphs, PaddingRowsWriteNoCacheSlot) {
   SKIP_WITHOUT_CUDA();
-  auto r = CudaRunner::load(tiny_dir(), 0);
+  auto r = CudaRunner::load(tiny_checkpoint_dir(), 0);
   const int64_t vocab = r->config().vocab_size;
   ASSERT_EQ(model::token_bucket(51), 64);
   r->set_cuda_graphs(true);

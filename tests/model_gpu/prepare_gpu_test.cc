@@ -18,6 +18,7 @@
 #include "model/presets.h"
 #include "model/random_checkpoint.h"
 #include "model_gpu/device_buffer.h"
+#include "model_gpu/tiny_model.h"
 
 namespace flashserve::testing {
 namespace {
@@ -29,13 +30,6 @@ using model::cuda::CudaRunner;
 constexpr int32_t kBlock = 16;
 constexpr int64_t kPerSeq = 64;  // blocks per sequence
 
-std::vector<int32_t> blocks_of(int64_t seq, int64_t kv_len) {
-  std::vector<int32_t> b;
-  for (int64_t i = 0; i < (kv_len + kBlock - 1) / kBlock; ++i)
-    b.push_back(static_cast<int32_t>(seq * kPerSeq + i));
-  return b;
-}
-
 // Prefills two prompts (the token counts of a step: a + b), then decodes both for a few steps;
 // returns every step's logits.
 std::vector<std::vector<float>> steps(CudaRunner& r, int64_t a, int64_t b, unsigned seed) {
@@ -45,14 +39,15 @@ std::vector<std::vector<float>> steps(CudaRunner& r, int64_t a, int64_t b, unsig
   r.allocate_kv(2 * kPerSeq, kBlock);
   std::vector<std::vector<float>> out;
   ForwardBatchBuilder bb(kBlock);
-  bb.add(tok.data(), 0, a, blocks_of(0, a), true);
-  bb.add(tok.data() + a, 0, b, blocks_of(1, b), true);
+  bb.add(tok.data(), 0, a, sequence_blocks(0, a, kPerSeq, kBlock), true);
+  bb.add(tok.data() + a, 0, b, sequence_blocks(1, b, kPerSeq, kBlock), true);
   r.forward(std::move(bb).build());
   out.push_back(r.logits());
   for (int64_t s = 0; s < 6; ++s) {
     ForwardBatchBuilder d(kBlock);
-    d.add(tok.data() + a + b + s, a + s, 1, blocks_of(0, a + s + 1), true);
-    d.add(tok.data() + a + b + 8 + s, b + s, 1, blocks_of(1, b + s + 1), true);
+    d.add(tok.data() + a + b + s, a + s, 1, sequence_blocks(0, a + s + 1, kPerSeq, kBlock), true);
+    d.add(tok.data() + a + b + 8 + s, b + s, 1, sequence_blocks(1, b + s + 1, kPerSeq, kBlock),
+          true);
     r.forward(std::move(d).build());
     out.push_back(r.logits());
   }

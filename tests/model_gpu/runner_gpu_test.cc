@@ -20,6 +20,7 @@
 #include "model/random_checkpoint.h"
 #include "model/runner.h"
 #include "model_gpu/device_buffer.h"
+#include "model_gpu/tiny_model.h"
 
 namespace flashserve::testing {
 namespace {
@@ -30,23 +31,6 @@ using model::ForwardBatchBuilder;
 using model::ModelRunner;
 
 constexpr int32_t kBlock = 16;
-
-const std::string& tiny_dir() {
-  static const std::string dir = [] {
-    const fs::path d =
-        fs::temp_directory_path() / ("flashserve-gpu-tiny-" + std::to_string(::getpid()));
-    model::write_random_checkpoint(model::preset_config("tiny"), d.string());
-    return d.string();
-  }();
-  return dir;
-}
-
-std::vector<int32_t> blocks_of(int64_t seq, int64_t kv_len, int64_t per_seq) {
-  std::vector<int32_t> b;
-  for (int64_t i = 0; i < (kv_len + kBlock - 1) / kBlock; ++i)
-    b.push_back(static_cast<int32_t>(seq * per_seq + i));
-  return b;
-}
 
 // Prefills prompt a (whole or in chunks) while b, already prefilled, decodes in the same steps;
 // returns the logits of a's prompt end and of b's every decode.
@@ -59,7 +43,7 @@ std::vector<std::vector<float>> run_schedule(ModelRunner& r, const std::vector<i
   const int64_t b_prompt = 20;
   {
     ForwardBatchBuilder bb(kBlock);
-    bb.add(b.data(), 0, b_prompt, blocks_of(1, b_prompt, per_seq), true);
+    bb.add(b.data(), 0, b_prompt, sequence_blocks(1, b_prompt, per_seq, kBlock), true);
     r.forward(std::move(bb).build());
     out.push_back(r.logits());
   }
@@ -68,8 +52,8 @@ std::vector<std::vector<float>> run_schedule(ModelRunner& r, const std::vector<i
     const int64_t q = chunk ? std::min<int64_t>(chunk, a.size() - done) : a.size();
     ForwardBatchBuilder bb(kBlock);
     const bool last = done + q == static_cast<int64_t>(a.size());
-    bb.add(a.data() + done, done, q, blocks_of(0, done + q, per_seq), last);
-    bb.add(b.data() + b_done, b_done, 1, blocks_of(1, b_done + 1, per_seq), true);
+    bb.add(a.data() + done, done, q, sequence_blocks(0, done + q, per_seq, kBlock), last);
+    bb.add(b.data() + b_done, b_done, 1, sequence_blocks(1, b_done + 1, per_seq, kBlock), true);
     r.forward(std::move(bb).build());
     const std::vector<float> l = r.logits();
     const size_t rows = l.size() / vocab;
@@ -117,10 +101,10 @@ TEST(GpuModelRunner, RefusesACheckpointWithTensorsTheConfigDoesNotHave) {
 
 TEST(GpuModelRunner, MatchesCpuRunnerOnTiny) {
   SKIP_WITHOUT_CUDA();
-  auto gpu = model::make_cuda_runner(tiny_dir(), 0);
+  auto gpu = model::make_cuda_runner(tiny_checkpoint_dir(), 0);
   std::unique_ptr<ModelRunner> cpu;
   try {
-    cpu = model::make_cpu_runner(tiny_dir());
+    cpu = model::make_cpu_runner(tiny_checkpoint_dir());
   } catch (const Error& e) {  // a build without OpenBLAS has no CPU runner
     if (e.kind() == ErrorKind::kUnsupported) GTEST_SKIP() << e.what();
     throw;
@@ -139,7 +123,7 @@ TEST(GpuModelRunner, MatchesCpuRunnerOnTiny) {
 
 TEST(GpuModelRunner, ChunkedPrefillMatchesWhole) {
   SKIP_WITHOUT_CUDA();
-  auto gpu = model::make_cuda_runner(tiny_dir(), 0);
+  auto gpu = model::make_cuda_runner(tiny_checkpoint_dir(), 0);
   const int64_t vocab = gpu->config().vocab_size;
   const auto a = random_tokens(300, vocab, 3), b = random_tokens(40, vocab, 4);
   const auto whole = run_schedule(*gpu, a, b, 0);
@@ -158,7 +142,7 @@ TEST(GpuModelRunner, ChunkedPrefillMatchesWhole) {
 // and its max_seqlen_k may change the attention's split, so within bf16 rounding, not bitwise).
 TEST(GpuModelRunner, DecodeGraphsMatchEagerSteps) {
   SKIP_WITHOUT_CUDA();
-  auto r = model::cuda::CudaRunner::load(tiny_dir(), 0);
+  auto r = model::cuda::CudaRunner::load(tiny_checkpoint_dir(), 0);
   const int64_t vocab = r->config().vocab_size, per_seq = 16, n = 3, steps = 40;
   std::vector<std::vector<int32_t>> seqs;
   for (int64_t i = 0; i < n; ++i) seqs.push_back(random_tokens(30 + 7 * i + steps, vocab, 10 + i));
@@ -171,14 +155,15 @@ TEST(GpuModelRunner, DecodeGraphsMatchEagerSteps) {
       ForwardBatchBuilder bb(kBlock);
       for (int64_t i = 0; i < n; ++i) {
         len[i] = 30 + 7 * i;
-        bb.add(seqs[i].data(), 0, len[i], blocks_of(i, len[i], per_seq), true);
+        bb.add(seqs[i].data(), 0, len[i], sequence_blocks(i, len[i], per_seq, kBlock), true);
       }
       r->forward(std::move(bb).build());
     }
     for (int64_t s = 0; s < steps; ++s) {
       ForwardBatchBuilder bb(kBlock);
       for (int64_t i = 0; i < n; ++i)
-        bb.add(seqs[i].data() + len[i], len[i], 1, blocks_of(i, len[i] + 1, per_seq), true);
+        bb.add(seqs[i].data() + len[i], len[i], 1, sequence_blocks(i, len[i] + 1, per_seq, kBlock),
+               true);
       const ForwardBatch b = std::move(bb).build();
       r->forward(b);
       out[graphs].push_back(r->logits());
@@ -196,7 +181,7 @@ TEST(GpuModelRunner, DecodeGraphsMatchEagerSteps) {
 
 TEST(GpuModelRunner, RejectsBadBatches) {
   SKIP_WITHOUT_CUDA();
-  auto gpu = model::make_cuda_runner(tiny_dir(), 0);
+  auto gpu = model::make_cuda_runner(tiny_checkpoint_dir(), 0);
   gpu->allocate_kv(4, kBlock);
   const std::vector<int32_t> bad_id = {1, 2, static_cast<int32_t>(gpu->config().vocab_size)};
   ForwardBatchBuilder bb(kBlock);
