@@ -128,9 +128,12 @@ def define_backward_ops():
         return dout, grad_lse
 
     # flashserve::fwd(q, k, v, softmax_scale, causal, window_left, window_right, num_splits,
-    #                 return_lse, deterministic, softcap, alibi_slopes)
+    #                 return_lse, deterministic, softcap, alibi_slopes, q_descale, k_descale,
+    #                 v_descale); the descale factors belong to float8 calls, which are forward
+    # only (refused before the forward when a gradient is needed, _torch.py _fp8_call).
     def fwd_setup(ctx, inputs, output):
-        q, k, v, scale, causal, left, right, _, _, deterministic, softcap, alibi = inputs
+        q, k, v, scale, causal, left, right, _, _, deterministic, softcap, alibi = inputs[:12]
+        ctx.n_inputs = len(inputs)
         out, lse = output
         ctx.save_for_backward(q, k, v, out, lse, alibi)
         ctx.args = (scale, causal, left, right, deterministic, softcap)
@@ -139,17 +142,18 @@ def define_backward_ops():
         q, k, v, out, lse, alibi = ctx.saved_tensors
         dout, dlse = grads_in(out, lse, grad_out, grad_lse)
         dq, dk, dv = torch.ops.flashserve.bwd(dout, q, k, v, out, lse, dlse, *ctx.args, alibi)
-        return (dq, dk, dv) + (None,) * 9
+        return (dq, dk, dv) + (None,) * (ctx.n_inputs - 3)
 
     torch.library.register_autograd("flashserve::fwd", fwd_backward, setup_context=fwd_setup)
 
     # flashserve::varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     #                        softmax_scale, causal, window_left, window_right, return_lse,
     #                        block_table, seqused_k, num_splits, deterministic, softcap,
-    #                        alibi_slopes)
+    #                        alibi_slopes, q_descale, k_descale, v_descale)
     def varlen_setup(ctx, inputs, output):
         (q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, left, right, _, _, seqused_k, _,
-         deterministic, softcap, alibi) = inputs
+         deterministic, softcap, alibi) = inputs[:18]
+        ctx.n_inputs = len(inputs)
         out, lse = output
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k, alibi)
         ctx.args = (max_q, max_k, scale, causal, left, right, deterministic, softcap)
@@ -161,7 +165,7 @@ def define_backward_ops():
         dq, dk, dv = torch.ops.flashserve.varlen_bwd(dout, q, k, v, out, lse, dlse, cu_q, cu_k,
                                                      max_q, max_k, seqused_k, scale, causal,
                                                      left, right, deterministic, softcap, alibi)
-        return (dq, dk, dv) + (None,) * 15
+        return (dq, dk, dv) + (None,) * (ctx.n_inputs - 3)
 
     torch.library.register_autograd("flashserve::varlen_fwd", varlen_backward,
                                     setup_context=varlen_setup)

@@ -101,19 +101,28 @@ constexpr int smem_bytes() {
   return static_cast<int>(sizeof(SharedStorage<Cfg>)) + 1024;  // + the base's realignment
 }
 
-// Tile Cfg with session 18's boundary (tile_config.h OverlappedEpilogue): O staged in a buffer
-// of its own where that fits the shared memory, else in Q's.
+// Whether tile Cfg with session 18's boundary has room for a staging buffer of O's own beside Q
+// and the K/V ring: d64 and the 128 x 128 d128 tiles (24 / 16 / 32 KB); d128 x 176 (208 KB) and
+// d256 (224 KB) do not.
+template <class Cfg>
+inline constexpr bool kOwnEpilogueBuffer =
+    smem_bytes<OverlappedEpilogue<Cfg, true>>() <= kMaxSmemPerBlock;
+static_assert(kOwnEpilogueBuffer<TileConfig<64, 192, 128>> &&
+                  kOwnEpilogueBuffer<TileConfig<64, 128, 128>> &&
+                  kOwnEpilogueBuffer<TileConfig<128, 128, 128>>,
+              "d64 and d128 x 128 have room for O's own staging");
+static_assert(!kOwnEpilogueBuffer<TileConfig<128, 128, 176>> &&
+                  !kOwnEpilogueBuffer<TileConfig<256, 128, 80, 2, true>>,
+              "d128 x 176 and d256 have no room for O's own staging");
+
+// Tile Cfg with session 18's boundary (tile_config.h OverlappedEpilogue) where O has a staging
+// buffer of its own; elsewhere Cfg as it is. O staged in Q's buffer instead (kOInQ) measured
+// slower than the register stores on the H200 (session 19, bench_sm90 --epilogue-ab, 512-2k
+// keys: d256 -2..-6%, d128 x 176 -4% at 2k; the next tile's Q waits for this tile's O to leave),
+// so those tiles keep the register stores; sm90_trace keeps the staged-in-Q variant to study.
 template <class Cfg>
 using EpilogueTile =
-    std::conditional_t<smem_bytes<OverlappedEpilogue<Cfg, true>>() <= kMaxSmemPerBlock,
-                       OverlappedEpilogue<Cfg, true>, OverlappedEpilogue<Cfg, false>>;
-static_assert(!EpilogueTile<TileConfig<64, 192, 128>>::kOInQ &&
-                  !EpilogueTile<TileConfig<64, 128, 128>>::kOInQ &&
-                  !EpilogueTile<TileConfig<128, 128, 128>>::kOInQ,
-              "d64 and d128 x 128 have room for O's own staging (24 / 16 / 32 KB)");
-static_assert(EpilogueTile<TileConfig<128, 128, 176>>::kOInQ &&
-                  EpilogueTile<TileConfig<256, 128, 80, 2, true>>::kOInQ,
-              "d128 x 176 (208 KB) and d256 (224 KB) stage O in Q's buffer");
+    std::conditional_t<kOwnEpilogueBuffer<Cfg>, OverlappedEpilogue<Cfg, true>, Cfg>;
 
 // Where warpgroup cw stages column chunk c of its 64 rows of O: 64 rows of 128-byte swizzled
 // rows, 8 KB on a 1024-byte boundary (the layout of the O map's boxes), in the staging buffer or

@@ -196,10 +196,11 @@ inline constexpr bool kMulticastKV = kHeadDim >= 128;
 // - O goes to a staging buffer and one thread per warpgroup stores it by TMA, so the warpgroup
 //   starts the next tile while the store drains (the register stores held it until the LSU took
 //   them). The staging is a buffer of its own where it fits beside Q and the K/V ring
-//   (fwd_kernel.h's EpilogueTile decides): d64 and the 128 x 128 d128 tiles. d128 x 176 (208 KB)
+//   (fwd_kernel.h's kOwnEpilogueBuffer): d64 and the 128 x 128 d128 tiles. d128 x 176 (208 KB)
 //   and d256 (224 KB) have no room: kOInQ stages O in Q's buffer, so the next tile's Q loads only
-//   once this tile's O has left it (one Q load latency at the tile's start, in place of the
-//   register stores' 2500-4700 cycles in sm90_trace; the first K block no longer waits behind Q).
+//   once this tile's O has left it. That measured slower than the register stores (session 19),
+//   so the dispatch (fwd_kernel.h EpilogueTile) leaves those two tiles on the register stores;
+//   kOInQ is kept for sm90_trace.
 // - kAnnounceWork: the producer, which computes each tile's coordinates and lengths anyway, passes
 //   them to the consumers with the tile index, and loads a tile's first K block before its Q.
 // The arithmetic is the same: outputs are bit-identical with and without (Sm90Epilogue.SameBits*).
