@@ -100,12 +100,11 @@ struct HostLengths {
 };
 
 // Whether the sm90 forward's 16-bit tiles take session 18's tile boundary by default
-// (FLASHSERVE_SM90_EPILOGUE unset): off until its first device run has passed (written without a
-// GPU; the session's one device call ran out of time inside the tests, which printed no failure
-// but did not finish: a hang is not ruled out). "1" turns it on; it computes the same bits as the
-// register stores (Sm90Epilogue.SameBits*), so that run measures both (docs/kernel-notes.md,
-// session 18).
-inline constexpr bool kSm90EpilogueByDefault = false;
+// (FLASHSERVE_SM90_EPILOGUE unset): on since its device run (session 19, H200: every *Sm90* test
+// with it on, memcheck and racecheck clean; bench_sm90 --epilogue-ab +0-6% at 512-2k keys, within
+// -1..+2% beyond). It computes the same bits as the register stores (Sm90Epilogue.SameBits*);
+// "0" turns it off (docs/kernel-notes.md, sessions 18 and 19).
+inline constexpr bool kSm90EpilogueByDefault = true;
 
 // What the plan needs of the device and of the call beside the problem.
 struct PlanContext {
@@ -274,11 +273,10 @@ std::string sm90_backward_lacks(const Problem& pr, bool deterministic,
 inline constexpr bool kSm90BackwardByDefault = true;
 
 // Whether the sm90 backward adds dQ by a TMA bulk reduce-add of a shared-memory tile per step
-// (sm90/bwd_kernel.h, kDqBulk) instead of per-element fp32 atomics: off until its first device run
-// has passed the backward's GPU tests against the float64 reference (a wrong dq would be a silent
-// wrong answer) and measured faster; the lead turns it on after the run, as
-// kSm90BackwardByDefault was.
-inline constexpr bool kSm90BwdDqBulkByDefault = false;
+// (sm90/bwd_kernel.h, kDqBulk) instead of per-element fp32 atomics: on since its device run
+// (session 19, H200: the 195 backward GPU tests with it on against the float64 reference,
+// memcheck and racecheck clean; bench/bwd_compare.py +1-12%, +9-12% at 8k keys). "0" turns it off.
+inline constexpr bool kSm90BwdDqBulkByDefault = true;
 
 // FLASHSERVE_SM90_BWD_DQ_BULK: unset (null) or empty, kSm90BwdDqBulkByDefault; "1" on; "0" off
 // (the atomics); anything else throws kInvalidArgument naming the variable. Read by the CUDA

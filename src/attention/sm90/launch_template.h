@@ -11,6 +11,7 @@
 #include <string>
 
 #include "attention/cuda_check.h"
+#include "common/env_switch.h"
 #include "common/str_cat.h"
 #include "fp8_vt.h"
 #include "fwd_kernel.h"
@@ -28,11 +29,7 @@ inline bool masked(const FwdArgs& a) {
 // none does (the A/B switch that measures it through the public API in one run,
 // bench/sustained_clock.py, and lets the tests compare both). Read per call, as FLASHSERVE_KERNEL.
 inline bool multicast_enabled() {
-  const char* v = std::getenv("FLASHSERVE_SM90_MULTICAST");
-  if (v == nullptr || *v == '\0' || std::string(v) == "1") return true;
-  if (std::string(v) == "0") return false;
-  throw Error(ErrorKind::kInvalidArgument, "FLASHSERVE_SM90_MULTICAST",
-              str_cat("must be 0 or 1, got \"", v, "\""));
+  return env_switch(std::getenv("FLASHSERVE_SM90_MULTICAST"), "FLASHSERVE_SM90_MULTICAST", true);
 }
 
 // Whether tile Cfg's call `a` may run as Multicast<Cfg> (tile_config.h): the two CTAs of every
