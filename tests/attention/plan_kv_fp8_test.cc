@@ -11,6 +11,7 @@
 #include "attention/cuda/plan.h"
 #include "flashserve/error.h"
 #include "model/kv_cache_dtype.h"
+#include "support/plan_step.h"
 
 namespace flashserve::testing {
 namespace {
@@ -22,39 +23,15 @@ using attention::Plan;
 using attention::PlanContext;
 using attention::Problem;
 
-constexpr attention::SplitDevice kH200{132, 228 * 1024};
-
-struct Step {
-  Problem pr;
-  HostLengths lens;
-  PlanContext ctx;
-};
+using Step = PlanStep;
 
 // A varlen, causal, 32/8-head d128 step over a paged e4m3 cache, the switch on, a device where
 // sm90 could run (so that the tests see the routing, not sm90's absence).
 Step step(const std::vector<std::pair<int64_t, int64_t>>& seqs, int64_t d = 128) {
-  Step s;
-  s.pr.batch = static_cast<int64_t>(seqs.size());
-  s.pr.h_q = 32;
-  s.pr.h_kv = 8;
-  s.pr.head_dim = s.pr.head_dim_v = d;
-  s.pr.varlen_q = true;
-  s.pr.paged = true;
-  s.pr.page_size = 16;
-  s.pr.mask.right = 0;
-  s.pr.num_splits = 0;
+  Step s = plan_step(seqs, d);
   s.pr.dtype = DType::kBFloat16;
   s.pr.kv_dtype = DType::kFloat8E4M3;
   s.pr.out_dtype = DType::kBFloat16;
-  s.lens.q_start.push_back(0);
-  for (auto [q, kv] : seqs) {
-    s.lens.q_start.push_back(s.lens.q_start.back() + q);
-    s.lens.kv_len.push_back(kv);
-    s.pr.max_q_len = std::max(s.pr.max_q_len, q);
-    s.pr.max_kv_len = std::max(s.pr.max_kv_len, kv);
-  }
-  s.ctx.device = kH200;
-  s.ctx.q_rows = s.lens.q_start.back();
   s.ctx.sm90_unavailable = "";
   s.ctx.fp8_kv_cache = true;
   return s;

@@ -9,6 +9,7 @@
 #include "attention/sm80/tile_config.h"
 #include "attention/sm90/tile_config.h"
 #include "flashserve/error.h"
+#include "support/plan_step.h"
 
 #include <climits>
 #include <random>
@@ -25,36 +26,12 @@ using attention::PlanContext;
 using attention::Problem;
 using attention::SeqGroup;
 
-constexpr attention::SplitDevice kH200{132, 228 * 1024};
+constexpr attention::SplitDevice kH200 = kPlanH200;
 
 // A varlen, causal, 32/8-head d128 step with these (q_len, kv_len) sequences.
-struct StepShape {
-  Problem pr;
-  HostLengths lens;
-  PlanContext ctx;
-};
-
+using StepShape = PlanStep;
 StepShape step(const std::vector<std::pair<int64_t, int64_t>>& seqs, int32_t num_splits = 0) {
-  StepShape s;
-  s.pr.batch = static_cast<int64_t>(seqs.size());
-  s.pr.h_q = 32;
-  s.pr.h_kv = 8;
-  s.pr.head_dim = s.pr.head_dim_v = 128;
-  s.pr.varlen_q = true;
-  s.pr.paged = true;
-  s.pr.page_size = 16;
-  s.pr.mask.right = 0;
-  s.pr.num_splits = num_splits;
-  s.lens.q_start.push_back(0);
-  for (auto [q, kv] : seqs) {
-    s.lens.q_start.push_back(s.lens.q_start.back() + q);
-    s.lens.kv_len.push_back(kv);
-    s.pr.max_q_len = std::max(s.pr.max_q_len, q);
-    s.pr.max_kv_len = std::max(s.pr.max_kv_len, kv);
-  }
-  s.ctx.device = kH200;
-  s.ctx.q_rows = s.lens.q_start.back();
-  return s;
+  return plan_step(seqs, 128, num_splits);
 }
 
 Plan plan_of(const StepShape& s) {
