@@ -1,8 +1,7 @@
 // The cost of structured output's token mask (server/json_constraint.h) per step, on this
-// machine's CPU: a synthetic 128k-token vocabulary of 1-8 random bytes each (letters, spaces,
-// digits and JSON punctuation; about 8% of the tokens hold a '"', more than a real tokenizer's),
-// masks computed from grammar states of response_format json_object (after '{', inside a string,
-// after ':', inside an array of numbers) and of a json_schema (server/json_schema.h: an object of
+// machine's CPU: a synthetic 128k-token vocabulary (synthetic_vocab.h), masks computed from
+// grammar states of response_format json_object (after '{', inside a string, after ':', inside
+// an array of numbers) and of a json_schema (server/json_schema.h: an object of
 // a string, an integer, an enum and an array of strings: where a key is expected, inside a key,
 // inside a string value, inside the enum, after ':' of the integer).
 // Usage: json_mask_cost [vocab size, default 128000]
@@ -10,13 +9,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "model/json_recognizer.h"
 #include "server/json_constraint.h"
 #include "server/json_schema.h"
+#include "synthetic_vocab.h"
 
 namespace {
 
@@ -45,12 +44,7 @@ void time_mask(const flashserve::server::VocabTrie& trie, const flashserve::mode
 
 int main(int argc, char** argv) {
   const int vocab = argc > 1 ? std::atoi(argv[1]) : 128000;
-  std::mt19937 rng(1);
-  const std::string chars = "abcdefghijklmnopqrstuvwxyz      ETAOIN,.:;\"{}[]0123456789-_'!?\n";
-  std::vector<std::string> bytes(static_cast<size_t>(std::max(vocab, 1)));
-  for (auto& t : bytes)
-    for (int i = 0, n = 1 + static_cast<int>(rng() % 8); i < n; ++i)
-      t += chars[rng() % chars.size()];
+  const std::vector<std::string> bytes = flashserve::bench::synthetic_vocab(vocab);
   const auto t0 = std::chrono::steady_clock::now();
   flashserve::server::VocabTrie trie(bytes);
   std::printf(
