@@ -25,16 +25,19 @@
 #
 # Why RATE 15: twice sarathi's measured capacity on this workload at the strict SLO, ~7 req/s
 # (6.75 met it, 8.25 did not; 7.5 predicted: bench/results/capacity-h200-2026-12-03.md).
-# Why MAX_CONCURRENT 64 (Little's law, L = lambda x W): at capacity the engine holds lambda x (mean
-# end-to-end time) requests. The calibrated simulator on the same trace, pool and profile
-# (`flashserve simulate --profile bench/results/profile-mistral7b-h200-2026-12-03.csv --model
-# mistral-7b --workload sharegpt --policy sarathi --budget 512 --max-model-len 8192 --requests
-# 1000 --seed 0 --rate R`) gives a mean E2E of 8.9-9.2 s at R = 6.75-7.5 (446 output tokens x a
-# mean TBT near 20 ms, plus a TTFT near 0.2 s): L = 60-69. A bound at L keeps the engine at its
-# capacity with no backlog of its own, so the accepted requests see the latency of a server at
-# capacity (TBT within the SLO, TTFT short) and the excess, about half the arrivals at 15 req/s,
-# is refused at the door. A higher bound admits a queue that sarathi's budget cannot drain
-# (scheduling delay, hence TTFT, grows); a lower one refuses work the engine could do.
+# Why MAX_CONCURRENT 64 (Little's law, L = lambda x W): at capacity the engine holds lambda x (the
+# time a request spends in it) requests. The calibrated simulator on the same trace, pool and
+# profile (`flashserve simulate --profile bench/results/profile-mistral7b-h200-2026-12-03.csv
+# --model mistral-7b --workload sharegpt --policy sarathi --budget 512 --max-model-len 8192
+# --requests 1000 --seed 0 --rate R`): at R 6.75 mean E2E 7.49 s, of which 0.32 s waiting
+# (scheduling delay); at R 7.5, the edge, 10.35 s, of which 1.65 s waiting; TBT p50 18-21 ms, p99
+# 23.4-23.6 ms. Served time (E2E less the wait) 7.2-8.7 s, so L = 6.75 x 7.2 = 48 to 7.5 x 8.7 =
+# 65 requests in the engine at capacity. The bound at the top of that range keeps the token budget
+# full (the engine at its capacity) with almost no queue of its own, so the accepted requests see
+# a server at capacity (TBT as above, TTFT short) and the excess, about half the arrivals at
+# 15 req/s, is refused at the door. A higher bound only adds a queue in the engine (each extra
+# request waits ~1/7 s more for its first token: TTFT grows, throughput does not); a lower one
+# refuses work the engine could do (throughput below capacity).
 #
 # Expected time on one H200 (the call's limit is 600 s): unpack ~10 s, the random checkpoint
 # (14.5 GB, skipped when /tmp already has it) ~1-2 min, load ~30 s, DURATION 300 s, the drain

@@ -252,8 +252,10 @@ struct StepFaultOutcome {
 // codec is a HoldingCodec of `hold` and whose model's vocabulary has ids 1-3: a streamed and a
 // whole request run in the held step, a third waits behind them; the fault is armed; each client's
 // answer is kept. Meanwhile a /tokenize of "hold" keeps a response in flight, so that the server,
-// which stops once the engine failed, drains (2 s at most) instead of closing at once: /health is
-// probed then, and the hold released. Every wait is bounded (20 s, 120 s for the server's stop).
+// which stops once the engine failed, drains (its 2 s at most) instead of closing at once, and
+// /health, probed every millisecond from the arming on, is seen answering something other than
+// 200 (its first such answer is kept); then the hold is released. Every wait is bounded (20 s,
+// 120 s for the server's stop).
 inline StepFaultOutcome drive_step_fault(const Running& s, HeldFaultExecutor::Control& control,
                                          HoldingCodec::Hold& hold) {
   using Reply = StepFaultOutcome::Reply;
@@ -278,14 +280,24 @@ inline StepFaultOutcome drive_step_fault(const Running& s, HeldFaultExecutor::Co
   // All three submitted: 1 + 2 + 1 prompt tokens.
   o.queued = wait_until([&] { return s.metric("flashserve_prompt_tokens_total") == 4; },
                         std::chrono::seconds(20));
+  std::thread probe([&] {
+    if (!holding) return;  // no drain to probe in
+    const auto t0 = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
+      auto r = s.client().Get("/health");
+      if (!r) return;  // the server is gone: the 503 was not seen
+      if (r->status != 200) {
+        o.health = {r->status, r->body, r->get_header_value("Retry-After")};
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
   control.armed = true;  // unconditionally: a held step must never wait forever
   a.join();
   b.join();
   c.join();
-  if (holding) {
-    auto r = s.client().Get("/health");
-    if (r) o.health = {r->status, r->body, r->get_header_value("Retry-After")};
-  }
+  probe.join();
   hold.release();
   t.join();
   o.stopped = wait_until([&] { return s.returned.load(); }, std::chrono::seconds(120));

@@ -29,14 +29,17 @@ export async function* sseEvents(body) {
   if (buf.length) yield buf;  // an unterminated tail: the caller sees it is not an event
 }
 
-// The server's gauges (NaN where absent): memory, requests, KV blocks.
+// The server's gauges (NaN where absent): memory, requests, KV blocks, connections, workers, and
+// the connections closed at their header deadline.
 export async function metrics(base) {
   const text = await (await fetch(`${base}/metrics`)).text();
   const get = (name) => Number(text.match(new RegExp(`^${name} (\\S+)$`, 'm'))?.[1] ?? NaN);
   return {
-    rss: get('process_resident_memory_bytes'), heap: get('flashserve_heap_in_use_bytes'),
-    running: get('flashserve_requests_running'), waiting: get('flashserve_requests_waiting'),
-    inFlight: get('flashserve_http_requests_in_flight'), blocks: get('flashserve_kv_blocks_used'),
+    blocks: get('flashserve_kv_blocks_used'), running: get('flashserve_requests_running'),
+    waiting: get('flashserve_requests_waiting'), inFlight: get('flashserve_http_requests_in_flight'),
+    workers: get('flashserve_http_workers'), open: get('flashserve_http_connections_open'),
+    heap: get('flashserve_heap_in_use_bytes'), rss: get('process_resident_memory_bytes'),
+    headerTimeouts: get('flashserve_http_timeouts_total\\{deadline="header"\\}'),
   };
 }
 
