@@ -106,7 +106,8 @@ LoadedModel load_model(const ModelEngineOptions& o) {
 }
 
 std::unique_ptr<Engine> make_model_engine(const LoadedModel& m, serve::SchedulerConfig scheduler,
-                                          double watermark, bool prefix_caching) {
+                                          double watermark, bool prefix_caching,
+                                          std::unique_ptr<Executor> executor) {
   const model::ModelConfig& c = m.runner->config();
   EngineConfig ec;
   ec.num_blocks = m.num_blocks;
@@ -135,8 +136,8 @@ std::unique_ptr<Engine> make_model_engine(const LoadedModel& m, serve::Scheduler
   // Buffers and GEMM algorithms for the largest step the scheduler can make, before the first.
   m.runner->prepare(scheduler.max_tokens_per_step,
                     std::min(scheduler.max_tokens_per_step, scheduler.max_running));
-  return std::make_unique<Engine>(
-      ec, std::make_unique<ModelExecutor>(m.runner, m.block_size, m.device));
+  if (!executor) executor = std::make_unique<ModelExecutor>(m.runner, m.block_size, m.device);
+  return std::make_unique<Engine>(ec, std::move(executor));
 }
 
 }  // namespace flashserve::engine

@@ -62,9 +62,12 @@ LoadedModel load_model(const ModelEngineOptions& options);
 
 // An engine on the loaded model. `scheduler.max_model_len` 0 means the model's positions, cut to
 // what the pool can hold with the watermark; vllm and static get a token cap of at least
-// max_model_len (they never chunk). `prefix_caching`: EngineConfig's.
+// max_model_len (they never chunk). `prefix_caching`: EngineConfig's. `executor` runs the steps;
+// null: a ModelExecutor on the model's runner (a test passes one that wraps it, to inject a fault
+// on the device between steps: tests/server_gpu/).
 std::unique_ptr<Engine> make_model_engine(const LoadedModel& model,
                                           serve::SchedulerConfig scheduler, double watermark = 0.01,
-                                          bool prefix_caching = false);
+                                          bool prefix_caching = false,
+                                          std::unique_ptr<Executor> executor = nullptr);
 
 }  // namespace flashserve::engine

@@ -25,6 +25,7 @@
 #include "flashserve/error.h"
 #include "server/server.h"
 #include "server/tokenizer_codec.h"
+#include "support/server_harness.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fe = flashserve::engine;
@@ -33,6 +34,15 @@ namespace fsv = flashserve::server;
 using json = nlohmann::json;
 
 namespace {
+
+using flashserve::testing::ByteCodec;
+using flashserve::testing::drive_step_fault;
+using flashserve::testing::expect_step_fault_outcome;
+using flashserve::testing::HeldFaultExecutor;
+using flashserve::testing::HoldingCodec;
+using flashserve::testing::Running;
+using flashserve::testing::sse_chunks;
+using flashserve::testing::StepFaultOutcome;
 
 // Logprobs, scripted too, for the entries whose request asked: the sampled token's is
 // -0.25 * (kv_len % 4), and its alternatives are 'A', 'B', ... at -1, -2, ...
@@ -69,39 +79,6 @@ class ScriptedExecutor : public fe::Executor {
   std::vector<flashserve::model::SampledLogprobs> logprobs_;
 };
 
-class ByteStream final : public fsv::TextStream {
- public:
-  std::string push(int32_t t) override { return std::string(1, static_cast<char>(t)); }
-  std::string flush() override { return {}; }
-};
-
-class ByteCodec final : public fsv::TextCodec {
- public:
-  std::optional<std::vector<int32_t>> encode(std::string_view text, size_t max_ids) const override {
-    if (text.size() > max_ids) return std::nullopt;
-    return std::vector<int32_t>(text.begin(), text.end());
-  }
-  std::unique_ptr<fsv::TextStream> stream(std::span<const int32_t>, bool) const override {
-    return std::make_unique<ByteStream>();
-  }
-  std::string decode(std::span<const int32_t> ids, bool) const override {
-    return std::string(ids.begin(), ids.end());
-  }
-  std::string render_chat(const std::vector<fsv::ChatMessage>& messages,
-                          const std::string&) const override {
-    std::string out;
-    for (const auto& m : messages) out += m.role + ": " + m.content + "\n";
-    return out + "assistant:";
-  }
-  std::optional<std::vector<int32_t>> encode_rendered(std::string_view text,
-                                                      size_t max_ids) const override {
-    return encode(text, max_ids);
-  }
-  std::string token_bytes(int32_t id) const override {
-    return std::string(1, static_cast<char>(id));
-  }
-};
-
 constexpr int64_t kMaxModelLen = 64;
 
 fsv::Backend scripted_backend(std::unique_ptr<fsv::TextCodec> codec = std::make_unique<ByteCodec>(),
@@ -123,90 +100,6 @@ fsv::Backend scripted_backend(std::unique_ptr<fsv::TextCodec> codec = std::make_
   b.max_model_len = max_model_len;
   return b;
 }
-
-struct Running {
-  std::unique_ptr<fsv::Server> server;
-  std::thread thread;
-  int port = 0;
-  bool expect_failure = false;        // run() is to throw (an engine that fails)
-  std::atomic<bool> returned{false};  // run() has returned
-  std::string run_error;              // what it threw, once returned
-  Running(fsv::ServerOptions o, fsv::Server::Loader load, bool expect_failure = false)
-      : expect_failure(expect_failure) {
-    ::signal(SIGPIPE, SIG_IGN);
-    o.port = 0;
-    if (o.served_model_names.empty()) o.served_model_names = {"m"};
-    server = std::make_unique<fsv::Server>(o, std::move(load));
-    port = server->bind();
-    thread = std::thread([this] {
-      try {
-        server->run();
-      } catch (const std::exception& e) {
-        run_error = e.what();
-        if (!this->expect_failure) ADD_FAILURE() << e.what();
-      }
-      returned = true;
-    });
-  }
-  ~Running() {
-    server->stop();
-    thread.join();
-  }
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", port);
-    c.set_read_timeout(10);
-    return c;
-  }
-  httplib::Result post(const std::string& path, const json& body,
-                       const httplib::Headers& headers = {}) const {
-    return client().Post(path.c_str(), headers, body.dump(), "application/json");
-  }
-  // POSTs `body` and hands each piece of the response body to `receive` (false: hang up).
-  void post_streaming(const json& body, std::function<bool()> receive) const {
-    httplib::Client c = client();
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/completions";
-    req.body = body.dump();
-    req.set_header("Content-Type", "application/json");
-    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return receive(); };
-    httplib::Response res;
-    httplib::Error err;
-    c.send(req, res, err);
-  }
-  // POSTs `body` to /v1/completions on a socket of its own, which the caller closes (to hang up).
-  int post_raw(const json& body) const {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const std::string text = body.dump();
-    const std::string request =
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-        "Content-Type: application/json\r\nContent-Length: " +
-        std::to_string(text.size()) + "\r\n\r\n" + text;
-    if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-        ::send(fd, request.data(), request.size(), 0) != static_cast<ssize_t>(request.size()))
-      ADD_FAILURE() << "could not send the request";
-    return fd;
-  }
-  // Waits (5 s at most) until no KV block is used and no request is in flight.
-  void wait_idle() const {
-    const auto t0 = std::chrono::steady_clock::now();
-    while ((metric("flashserve_kv_blocks_used") != 0 ||
-            metric("flashserve_http_requests_in_flight") != 0) &&
-           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  double metric(const std::string& name) const {
-    auto r = client().Get("/metrics");
-    const std::regex line("\n" + name + " ([0-9.e+-]+)\n");
-    std::smatch m;
-    if (!r || !std::regex_search(r->body, m, line)) return -1;
-    return std::stod(m[1]);
-  }
-};
 
 json error_of(const httplib::Result& r) {
   return json::parse(r->body)["error"];
@@ -251,17 +144,6 @@ TEST(HttpServer, CompletionTextUsageAndStopStrings) {
   EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(j["choices"][0]["message"]["content"].get<std::string>().size(), 3u);
   EXPECT_EQ(j["usage"]["prompt_tokens"], std::string("user: x\nassistant:").size());
-}
-
-// The events' JSON objects of an SSE body (without [DONE]).
-std::vector<json> sse_chunks(const std::string& body) {
-  std::vector<json> out;
-  size_t pos = 0;
-  for (size_t end; (end = body.find("\n\n", pos)) != std::string::npos; pos = end + 2) {
-    const std::string event = body.substr(pos, end - pos);
-    if (event != "data: [DONE]") out.push_back(json::parse(event.substr(6)));
-  }
-  return out;
 }
 
 // Issue 24: what vLLM clients send, on the scripted engine (the token at kv_len k is 'a' + k % 26).
@@ -1107,93 +989,26 @@ TEST(HttpServer, BurstsPastTheConcurrencyBoundAreServedOrRefusedWith503) {
 
 // A step that fails (an executor that throws, as a CUDA error would): every request of the engine
 // ends with an error at once (streamed: an error event, then [DONE]; whole: 500), those in the
-// failing step and one that waits behind them, and the server stops with the failure as run()'s
-// error (the process exits with it). The executor holds the first step that has both running
-// requests until the test has queued the third and armed the fault; until then a step of one
-// request takes 7 ms, so that the first (60 tokens) cannot finish before the second arrives.
-class FaultyExecutor final : public fe::Executor {
- public:
-  struct Control {
-    std::atomic<bool> armed{false};
-    std::atomic<bool> holding{false};  // a step with two requests waits for `armed`
-  };
-  explicit FaultyExecutor(std::shared_ptr<Control> c) : c_(std::move(c)) {}
-  std::vector<int32_t> execute(const fs::Batch& batch) override {
-    if (batch.entries.size() >= 2) {
-      c_->holding = true;
-      while (!c_->armed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    if (c_->armed) throw flashserve::Error(flashserve::ErrorKind::kCuda, "step", "injected fault");
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    return inner_.execute(batch);
-  }
-  std::vector<flashserve::model::SampledLogprobs> take_logprobs() override {
-    return inner_.take_logprobs();
-  }
-  double now() const override { return inner_.now(); }
-  void wait_until(double t) override { inner_.wait_until(t); }
-  std::string describe() const override { return "faulty"; }
-
- private:
-  std::shared_ptr<Control> c_;
-  ScriptedExecutor inner_;
-};
-
+// failing step and one that waits behind them; /health answers 503 while the server drains, and the
+// server stops with the failure as run()'s error (the process exits with it). The scenario and its
+// checks are the GPU test's too (tests/server_gpu/, a real device fault): support/server_harness.h.
 TEST(HttpServer, AStepThatFailsEndsEveryRequestWithAnErrorAndStopsTheServer) {
-  auto control = std::make_shared<FaultyExecutor::Control>();
+  auto control = std::make_shared<HeldFaultExecutor::Control>();
+  auto hold = std::make_shared<HoldingCodec::Hold>();
+  const auto fault = [] {
+    throw flashserve::Error(flashserve::ErrorKind::kCuda, "step", "injected fault");
+  };
   Running s(
       {},
-      [control] {
-        return scripted_backend(std::make_unique<ByteCodec>(), 256, 2,
-                                std::make_unique<FaultyExecutor>(control));
+      [&] {
+        return scripted_backend(std::make_unique<HoldingCodec>(hold), 256, 2,
+                                std::make_unique<HeldFaultExecutor>(
+                                    control, std::make_unique<ScriptedExecutor>(), fault));
       },
       /*expect_failure=*/true);
   while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  struct Got {
-    int status = -1;
-    std::string body;
-  } streamed, whole, waiting;
-  const auto post = [&](Got& got, const json& body) {
-    auto r = s.post("/v1/completions", body);
-    if (r) got = {r->status, r->body};
-  };
-  // Waits (20 s at most: a hang fails the test, not the suite) for what the test needs next.
-  const auto wait_for = [](const std::function<bool()>& done) {
-    const auto t0 = std::chrono::steady_clock::now();
-    while (!done() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20))
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    return done();
-  };
-  std::thread a([&] {
-    post(streamed, {{"model", "m"}, {"prompt", {1}}, {"max_tokens", 60}, {"stream", true}});
-  });
-  std::thread b([&] { post(whole, {{"model", "m"}, {"prompt", {1, 2}}, {"max_tokens", 60}}); });
-  const bool held = wait_for([&] { return control->holding.load(); });
-  std::thread c([&] { post(waiting, {{"model", "m"}, {"prompt", {3}}, {"max_tokens", 60}}); });
-  // All three submitted: 1 + 2 + 1 prompt tokens.
-  const bool queued = wait_for([&] { return s.metric("flashserve_prompt_tokens_total") == 4; });
-  control->armed = true;
-  a.join();
-  b.join();
-  c.join();
-  ASSERT_TRUE(held) << "no step ran both requests";
-  ASSERT_TRUE(queued) << "the third request was not submitted";
-  ASSERT_EQ(streamed.status, 200);
-  ASSERT_GE(streamed.body.size(), 14u);
-  EXPECT_EQ(streamed.body.substr(streamed.body.size() - 14), "data: [DONE]\n\n");
-  const std::vector<json> chunks = sse_chunks(streamed.body);
-  ASSERT_FALSE(chunks.empty());
-  EXPECT_EQ(chunks.back()["error"]["code"], "engine_failed") << streamed.body;
-  EXPECT_EQ(chunks.back()["error"]["type"], "server_error");
-  EXPECT_NE(chunks.back()["error"]["message"].get<std::string>().find("injected fault"),
-            std::string::npos);
-  for (const Got* r : {&whole, &waiting}) {
-    EXPECT_EQ(r->status, 500) << r->body;
-    if (r->status == 500) EXPECT_EQ(json::parse(r->body)["error"]["code"], "engine_failed");
-  }
-  // The server stops on its own, and says why.
-  ASSERT_TRUE(wait_for([&] { return s.returned.load(); }));
-  EXPECT_NE(s.run_error.find("a step failed: "), std::string::npos) << s.run_error;
+  const StepFaultOutcome o = drive_step_fault(s, *control, *hold);
+  expect_step_fault_outcome(o, s);
   EXPECT_NE(s.run_error.find("injected fault"), std::string::npos) << s.run_error;
 }
 

@@ -4,20 +4,13 @@
 // in and OUTPUT_LEN tokens out (ignore_eos). Prints TTFT and TBT (the gaps between tokens as the
 // client receives them; tokens of one chunk after the first have gap 0) p50 / p99, throughput, and
 // the server's resident memory sampled every 10 s (flat memory = no growth after warm-up).
+import { lcg, metrics, pct, sseEvents } from './stats.mjs';
+
 const [base, model, rate, seconds, promptLen, outputLen] = process.argv.slice(2);
 const R = Number(rate), T = Number(seconds), P = Number(promptLen), O = Number(outputLen);
 
-let seed = 1;
-const rand = () => ((seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648);
-const pct = (xs, q) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length ? s[Math.min(s.length - 1, Math.floor((q / 100) * s.length))] : NaN;
-};
-
-async function rss() {
-  const t = await (await fetch(`${base}/metrics`)).text();
-  return Number(t.match(/^process_resident_memory_bytes (\S+)$/m)[1]) / 2 ** 20;
-}
+const rand = lcg(1);
+const rss = async () => (await metrics(base)).rss / 2 ** 20;
 
 const ttft = [], tbt = [], memory = [];
 let done = 0, failed = 0, tokens = 0;
@@ -30,24 +23,17 @@ async function one() {
       body: JSON.stringify({ model, prompt, max_tokens: O, ignore_eos: true, stream: true }),
     });
     if (res.status !== 200) throw new Error(`status ${res.status}: ${await res.text()}`);
-    const decoder = new TextDecoder();
-    let buf = '', last = null;
-    for await (const bytes of res.body) {
-      buf += decoder.decode(bytes, { stream: true });
-      let end;
-      while ((end = buf.indexOf('\n\n')) >= 0) {
-        const ev = buf.slice(0, end);
-        buf = buf.slice(end + 2);
-        if (!ev.startsWith('data: {')) continue;
-        const n = JSON.parse(ev.slice(6)).choices[0]?.token_ids.length ?? 0;
-        const now = performance.now();
-        for (let i = 0; i < n; i++) {
-          if (last === null) ttft.push((now - t0) / 1e3);
-          else tbt.push(i === 0 ? (now - last) / 1e3 : 0);
-          last = now;
-        }
-        tokens += n;
+    let last = null;
+    for await (const ev of sseEvents(res.body)) {
+      if (!ev.startsWith('data: {')) continue;
+      const n = JSON.parse(ev.slice(6)).choices[0]?.token_ids.length ?? 0;
+      const now = performance.now();
+      for (let i = 0; i < n; i++) {
+        if (last === null) ttft.push((now - t0) / 1e3);
+        else tbt.push(i === 0 ? (now - last) / 1e3 : 0);
+        last = now;
       }
+      tokens += n;
     }
     done++;
   } catch (e) {

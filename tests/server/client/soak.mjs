@@ -17,19 +17,16 @@
 import net from 'node:net';
 import { Worker } from 'node:worker_threads';
 
+import { lcg, metrics as serverMetrics, pct } from './stats.mjs';
+
 const [base, model, secondsArg, maxConcArg, healthArg, heapArg] = process.argv.slice(2);
 const SECONDS = Number(secondsArg), MAX_CONC = Number(maxConcArg);
 const HEALTH_P99_MS = Number(healthArg), HEAP_GROWTH_KIB = Number(heapArg);
 const url = new URL(base);
 
-let seed = 2026;
-const rand = () => ((seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648);
+const rand = lcg(2026);
 const exp = (rate) => -Math.log(1 - rand()) / rate;  // Poisson gaps
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-const pct = (xs, q) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length ? s[Math.min(s.length - 1, Math.floor((q / 100) * s.length))] : NaN;
-};
 
 const counts = {};
 const count = (k) => { counts[k] = (counts[k] ?? 0) + 1; };
@@ -40,17 +37,7 @@ const fail = (what) => {
   console.log(`bad: ${what}`);  // as it happens, to be seen beside the server's log
 };
 
-async function metrics() {
-  const text = await (await fetch(`${base}/metrics`)).text();
-  const get = (name) => Number(text.match(new RegExp(`^${name} (\\S+)$`, 'm'))?.[1] ?? NaN);
-  return {
-    blocks: get('flashserve_kv_blocks_used'), running: get('flashserve_requests_running'),
-    waiting: get('flashserve_requests_waiting'), inFlight: get('flashserve_http_requests_in_flight'),
-    workers: get('flashserve_http_workers'), open: get('flashserve_http_connections_open'),
-    heap: get('flashserve_heap_in_use_bytes'), rss: get('process_resident_memory_bytes'),
-    headerTimeouts: Number(text.match(/^flashserve_http_timeouts_total\{deadline="header"\} (\S+)$/m)?.[1]),
-  };
-}
+const metrics = () => serverMetrics(base);
 
 function isErrorBody(text) {
   try {
