@@ -2,40 +2,45 @@
 # One call on the H200 for issue 23's fp8 (e4m3) KV cache on the CUDA runner (docs/fp8.md, "FP8
 # KV cache on CUDA"), most valuable first so that a call cut short still returns what ran:
 #   1. the paged fp8 attention against float64 on the dequantised cache (test_gpu *KvFp8*: mixed
-#      steps, pages 16/64/256, GQA 1/4/8, d64/128/256, split-KV, bit-identity with the bf16
+#      steps, pages 16/64/256 at d64/128/256, GQA 1/4/8, split-KV, bit-identity with the bf16
 #      kernels on the widened codes, determinism, refusals), in shards under timeouts;
-#   2. the model (test_model_gpu KvFp8*: the e4m3 write bit for bit against the host, the pool
+#   2. the fp8 KV kernels' registers and local memory beside the paged bf16 ones (cuobjdump
+#      -res-usage), and their SASS: LDGSTS (the codes' cp.async), LDL/STL (spills);
+#   3. bench_serve_attn --kv-fp8 (decode and chunk attention on bf16 and e4m3 pools), if packed;
+#   4. compute-sanitizer memcheck and racecheck on the KvFp8Sanitize cases (d128, d64 split, d256);
+#   5. the model (test_model_gpu KvFp8*: the e4m3 write bit for bit against the host, the pool
 #      against the bf16 pool, logits against the bf16 cache, greedy agreement reported);
-#   3. `flashserve run --device cuda --kv-cache-dtype fp8` end to end, and the same with bf16;
-#   4. nothing regressed beside them: the bf16 serving-step tests, the CUDA runner's tests, the
-#      sm90 fp8 refusals (GpuServing*, GpuModelRunner*, *Sm90Fp8Refusals*);
-#   5. bench_serve_attn --kv-fp8 (decode attention bf16 vs e4m3 pools), if it was packed;
-#   6. compute-sanitizer memcheck and racecheck on the KvFp8Sanitize cases;
-# and, after step 1, the registers and local memory of the fp8 KV kernels (cuobjdump).
-# FLASHSERVE_CUDA_FP8_KV=1 is set by the tests themselves and exported here for step 3. Under 5
-# minutes (BUDGET=280 s: a step that would pass it is cut short or skipped). Every log goes
-# into one file, $OUT/fp8-kv-gpu-check.tar.xz (the device tool returns a few files only); the
-# summary is on stdout.
+#   6. `flashserve run --device cuda --kv-cache-dtype fp8` end to end, and the same with bf16;
+#   7. nothing regressed beside them: the bf16 serving-step tests, the CUDA runner's tests, the
+#      sm90 fp8 refusals (GpuServing*, GpuModelRunner*, *Sm90Fp8Refusals*).
+# Steps 5-7 need test_model_gpu and flashserve in the pack; without them, SKIP="model run
+# regression". FLASHSERVE_CUDA_FP8_KV=1 is set by the tests themselves and exported here for
+# step 6. Within one 600 s device call (BUDGET=540 s: a step that would pass it is cut short or
+# skipped; steps 1-4 take ~5-6 minutes). Every log goes into one file,
+# $OUT/fp8-kv-gpu-check.tar.xz (the device tool returns a few files only); the summary is on
+# stdout.
 #
-# Binaries built here for 90a and carried:
-#   cmake -S . -B build/90a -DCMAKE_BUILD_TYPE=Release -DFLASHSERVE_CUDA_ARCHS=90a
-#   cmake --build build/90a -j2 --target test_gpu test_model_gpu flashserve [bench_serve_attn]
-#   BINARIES="tests/test_gpu tests/test_model_gpu src/flashserve [bench/bench_serve_attn]" \
-#     bash scripts/gpu-quick.sh --pack build/90a .xfer/kv8.tar.xz
-# then (carry .xfer): BIN_TAR=.xfer/kv8.tar.xz OUT=$OUT bash scripts/fp8-kv-gpu-check.sh
-# The device tool carries at most 64 MiB of tree, and gpu-quick.sh's pack of these binaries is
-# ~47 MB. One xz stream with a large dictionary compresses the binaries' copies of the kernels
-# once: the same staging (tests/, src/, bench/, lib/) as
+# Binaries built here for 90a and carried (from the repository root):
+#   cmake -S . -B build/h90 -DCMAKE_BUILD_TYPE=Release -DFLASHSERVE_CUDA_ARCHS=90a
+#   cmake --build build/h90 -j1 --target test_gpu bench_serve_attn [test_model_gpu flashserve]
+#   BINARIES="tests/test_gpu bench/bench_serve_attn [tests/test_model_gpu src/flashserve]" \
+#     bash scripts/gpu-quick.sh --pack build/h90 .xfer/kv8.tar.xz
+# then one device call, carrying .xfer:
+#   BIN_TAR=.xfer/kv8.tar.xz OUT=$OUT [SKIP="model run regression"] bash scripts/fp8-kv-gpu-check.sh
+# The device tool carries at most 64 MiB of tree; gpu-quick.sh's pack of all four binaries is
+# ~47 MB (test_gpu and bench_serve_attn alone are less). One xz stream with a large dictionary
+# compresses the binaries' copies of the kernels once: the same staging (tests/, src/, bench/,
+# lib/) as
 #   (cd STAGE && tar -cf - tests src bench lib | xz -9 -T1 --lzma2=dict=256MiB) > .xfer/kv8.tar.xz
 # is ~24 MB (~10 MB without lib/, which then has to come from another pack into BIN).
-# SKIP="attention resources model run regression bench sanitize" leaves steps out.
+# SKIP="attention resources bench sanitize model run regression" leaves steps out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 LOGS=$(mktemp -d /tmp/fp8kv-logs.XXXXXX)
 exec > >(tee "$LOGS/fp8-kv-gpu-check.log") 2>&1
-BUDGET=${BUDGET:-280}
+BUDGET=${BUDGET:-540}
 status=0
 step() { echo; echo "== $* ($(date -u +%T), ${SECONDS}s)"; }
 want() { [[ " ${SKIP:-} " != *" $1 "* ]]; }
@@ -88,13 +93,46 @@ if want attention; then
 fi
 if want resources && have_time resources; then
   # Registers and local memory (spills) of the fp8 KV kernels, beside the bf16 kernels of the
-  # same tiles: the e4m3 staging holds up to 16 chunks of codes in registers.
+  # same tiles (the e4m3 widening holds up to 8 chunks of codes in registers).
   step "resources of the fp8 KV kernels (REG, LOCAL) beside the paged bf16 ones"
   cuobjdump -res-usage "$BIN/tests/test_gpu" 2>/dev/null |
     grep -A1 -E 'fwd_kernel_kv_fp8|fwd_kernelINS1_9FwdConfig.*13__nv_bfloat16Lb[01]ELb1E' |
     grep -oE 'Function [^ ]*|REG:[0-9]* STACK:[0-9]* SHARED:[0-9]* LOCAL:[0-9]*' | paste - - |
     awk -F'\t' '{n=$1; sub(/Function _ZN10flashserve9attention4sm80[0-9]*/, "", n); print $2 "  " substr(n, 1, 110)}' |
     tee "$LOGS/resources.txt"
+  # The e4m3 codes arrive by cp.async (LDGSTS; the loader before it had none, only LDG), and
+  # spills show as LDL/STL.
+  timeout -k 5 "$(left 90)" cuobjdump -sass "$BIN/tests/test_gpu" 2>/dev/null | awk '
+    /Function :/ { name = ($3 ~ /fwd_kernel_kv_fp8/) ? $3 : ""; next }
+    name != "" && /LDGSTS/ { cp[name]++ }
+    name != "" && /LDG\.E/ { ld[name]++ }
+    name != "" && /LDL|STL/ { sp[name]++ }
+    name != "" { seen[name] = 1 }
+    END { for (n in seen) { k = n; sub(/.*FwdConfigILi/, "d", k); sub(/EEEvNS1_14FwdKvFp8ParamsE/, "", k)
+          printf "LDGSTS %3d LDG %3d LDL/STL %3d  %s\n", cp[n], ld[n], sp[n], k } }' |
+    sort -k7 | tee -a "$LOGS/resources.txt"
+fi
+if want bench; then
+  step "bench_serve_attn --kv-fp8: decode and chunk attention on bf16 and e4m3 pools"
+  if [ -x "$BIN/bench/bench_serve_attn" ] && have_time bench; then
+    timeout -k 5 "$(left 60)" "$BIN/bench/bench_serve_attn" --kv-fp8 --calls 10 --reps 7 \
+      --md "$LOGS/bench_kv_fp8.md" > "$LOGS/bench.log" 2>&1 || { echo "bench: failed"; status=1; }
+    sed -n '/fp8 KV cache: batch/,$p' "$LOGS/bench.log"
+  else
+    echo "bench_serve_attn was not packed (add bench/bench_serve_attn to BINARIES)"
+  fi
+fi
+if want sanitize; then
+  for tool in memcheck racecheck; do
+    step "compute-sanitizer $tool on KvFp8Sanitize (expect 0 errors / 0 hazards)"
+    have_time "$tool" || continue
+    timeout -k 5 "$(left 90)" compute-sanitizer --tool $tool --error-exitcode 99 \
+      "$BIN/tests/test_gpu" --gtest_filter='*KvFp8Sanitize*PlannedMatches*' --gtest_brief=1 \
+      > "$LOGS/sanitize-$tool.log" 2>&1
+    code=$?
+    tail -n 4 "$LOGS/sanitize-$tool.log"
+    [ "$code" = 0 ] || { echo "$tool: exit $code"; status=1; }
+  done
 fi
 if want model; then
   step "the model: e4m3 write vs host, pool vs bf16 pool, logits vs bf16 cache, greedy (KvFp8*)"
@@ -117,28 +155,6 @@ if want regression; then
   step "beside them, nothing regressed: bf16 serving steps, the CUDA runner, sm90 fp8 refusals"
   sharded test_gpu 8 '*GpuServing*:*Sm90Fp8Refusals*' regression-attention 80 || status=1
   sharded test_model_gpu 1 'GpuModelRunner.*' regression-model 60 || status=1
-fi
-if want bench; then
-  step "bench_serve_attn --kv-fp8: decode attention on bf16 and e4m3 pools"
-  if [ -x "$BIN/bench/bench_serve_attn" ] && have_time bench; then
-    timeout -k 5 "$(left 60)" "$BIN/bench/bench_serve_attn" --kv-fp8 --calls 10 --reps 7 \
-      --md "$LOGS/bench_kv_fp8.md" > "$LOGS/bench.log" 2>&1 || { echo "bench: failed"; status=1; }
-    sed -n '/fp8 KV cache: batch/,$p' "$LOGS/bench.log"
-  else
-    echo "bench_serve_attn was not packed (add bench/bench_serve_attn to BINARIES)"
-  fi
-fi
-if want sanitize; then
-  for tool in memcheck racecheck; do
-    step "compute-sanitizer $tool on KvFp8Sanitize (expect 0 errors / 0 hazards)"
-    have_time "$tool" || continue
-    timeout -k 5 "$(left 60)" compute-sanitizer --tool $tool --error-exitcode 99 \
-      "$BIN/tests/test_gpu" --gtest_filter='*KvFp8Sanitize*PlannedMatches*' --gtest_brief=1 \
-      > "$LOGS/sanitize-$tool.log" 2>&1
-    code=$?
-    tail -n 4 "$LOGS/sanitize-$tool.log"
-    [ "$code" = 0 ] || { echo "$tool: exit $code"; status=1; }
-  done
 fi
 echo; echo "fp8-kv-gpu-check: $([ $status = 0 ] && echo OK || echo FAILED) (${SECONDS}s)"
 sleep 1  # the tee's last lines

@@ -69,6 +69,13 @@ std::vector<CaseSpec> cases() {
       v.push_back(
           fp8kv(128, page, h_q, h_kv, {1, 130, 1, 0, 17, 1}, {2049, 130 + 333, 1, 9, 17, 300}));
     }
+  // d64 and d256 at every page size: the e4m3 loader's 16-byte copies split a row into 4 (d64)
+  // or 16 (d256) code chunks, staged in place and widened after the wait (smem_tile.h). Keys end
+  // inside a key block and a page: a chunk over 70 cached keys, decodes of 1003 keys, 2 keys and
+  // one key past d64's 128-key decode block.
+  for (int64_t d : {64, 256})
+    for (int64_t page : {16, 64, 256})
+      v.push_back(fp8kv(d, page, 16, 4, {1, 45, 1, 1}, {1003, 45 + 70, 2, 129}));
   // d64 and d256, no descales, no lse, explicit splits in both launches, GQA 8.
   v.push_back(fp8kv(64, 16, 16, 4, {1, 200, 1}, {3000, 200 + 19, 65}));
   v.push_back(fp8kv(256, 64, 8, 2, {33, 1, 1, 129}, {33 + 100, 1500, 2, 129 + 7}));
@@ -92,6 +99,8 @@ std::vector<CaseSpec> sanitize_cases() {
   CaseSpec forced = fp8kv(64, 64, 8, 2, {33, 1, 1}, {33 + 50, 700, 2000});
   forced.num_splits = 3;
   v.push_back(forced);
+  // d256: sixteen code chunks a row, the decode tile's 32-key blocks.
+  v.push_back(fp8kv(256, 256, 8, 2, {1, 40, 1}, {300, 40 + 30, 65}));
   return v;
 }
 

@@ -21,9 +21,10 @@
 
 namespace flashserve::attention::sm80 {
 
-// The read-ahead block-table entries of paged K and V (smem_tile.h), after Cfg::kSmemBytes.
+// The read-ahead block-table entries of paged K and V (smem_tile.h), after Cfg::kSmemBytes: the
+// 16-bit tiles' count, which e4m3 tiles share (the loader asserts it).
 template <class Cfg>
-using PagedShape = PagedTileShape<Cfg::kBlockN, Cfg::kHeadDim, Cfg::kThreads>;
+using PagedShape = PagedTileShape<Cfg::kBlockN, Cfg::kHeadDim / 8, Cfg::kThreads>;
 template <class Cfg, bool kPaged>
 inline constexpr int kFwdSmemBytes = Cfg::kSmemBytes +
                                      (kPaged ? 2 * PagedShape<Cfg>::kEntries * int(sizeof(int32_t))
@@ -113,12 +114,15 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
     float s[kMT][kNT][4];
     if constexpr (kS == 1) {
       cp_async_wait<0>();  // K(n)
-      __syncthreads();     // ... for every thread; and every warp is done with V(n + 1)
+      t.template widen_kv<kThreads>(sm.k_slot(0));
+      __syncthreads();  // ... for every thread; and every warp is done with V(n + 1)
       t.template load_v<kThreads>(p, n, sm.v_slot(0), sm.v_pages, tid);
       cp_async_commit();
       gemm_qk<D, kMT, kNT, Cfg::kPipelineFrags>(s, sq_warp, sm.k_slot(0), lane, t.qk_steps());
     } else {
-      cp_async_wait<kS - 2>();
+      cp_async_wait<kS - 2>();  // block n
+      t.template widen_kv<kThreads>(sm.k_slot(buf));
+      t.template widen_kv<kThreads>(sm.v_slot(buf));
       __syncthreads();
       const int ahead = n - (kS - 1);
       const int slot = buf == 0 ? kS - 1 : buf - 1;
@@ -148,6 +152,7 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
     // kS == 1: wait for V(n); the barrier also retires K(n), whose buffer takes K(n - 1).
     auto retire_k = [&] {
       cp_async_wait<0>();
+      t.template widen_kv<kThreads>(sm.v_slot(0));
       __syncthreads();
       if (n - 1 >= t.blocks.n_min)
         t.template load_k<kThreads>(p, n - 1, sm.k_slot(0), sm.k_pages, tid);
@@ -260,9 +265,10 @@ __device__ __forceinline__ void write_rows(const FwdParams& p, const Tile& t, Wa
 }
 
 // The kernel body, with or without score modifiers (`ModParams`: NoScoreMod, or the modifier
-// kernels' ScoreModParams); kKvFp8: K and V are e4m3 codes (p is then FwdKvFp8Params), widened
-// to Elem as they are staged, the k descale folded into the softmax scale and the v descale
-// into O (one KV head per tile, so each is one number per tile).
+// kernels' ScoreModParams); kKvFp8: K and V are e4m3 codes (p is then FwdKvFp8Params), staged
+// by cp.async and widened to Elem in place after each block's wait (attend), the k descale
+// folded into the softmax scale and the v descale into O (one KV head per tile, so each is one
+// number per tile).
 template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit, class ModParams,
           bool kKvFp8 = false>
 __device__ __forceinline__ void fwd_body(const FwdParams& p, const ModParams& mod_params) {

@@ -44,7 +44,8 @@ struct TileChunks<true> {
 };
 
 // KvElem: the element type of K and V in global memory: Elem, or __nv_fp8_e4m3 (an fp8 KV cache,
-// paged only), widened to Elem as the tiles are staged (smem_tile.h load_tile_paged_async).
+// paged only), staged as codes and widened to Elem in shared memory (smem_tile.h
+// load_tile_paged_async, widen_e4m3_tile).
 template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit, class KvElem = Elem>
 struct FwdTile : TileChunks<Cfg::kPadded> {
   static constexpr int D = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
@@ -144,6 +145,12 @@ struct FwdTile : TileChunks<Cfg::kPadded> {
                                          int tid) const {
     load_kv<kThreads>(p, p.k, p.k_head_stride, p.k_row_stride, p.k_page_stride, seq.k_off(p), n,
                       dst, entries, tid, this->qk_chunks());
+  }
+  // An e4m3 block that load_kv staged in `dst`, widened in place once this thread's wait has
+  // retired its group; the step's barrier after it publishes the tile. Nothing for 16-bit K/V.
+  template <int kThreads>
+  __device__ __forceinline__ void widen_kv(Elem* dst) const {
+    if constexpr (!std::is_same_v<KvElem, Elem>) widen_e4m3_tile<kBN, D, kThreads>(dst);
   }
   template <int kThreads>
   __device__ __forceinline__ void load_v(const FwdParams& p, int n, Elem* dst, int32_t* entries,

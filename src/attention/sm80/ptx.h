@@ -15,6 +15,14 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// threadIdx.x read by a volatile instruction: what is computed from it is not loop-invariant, so
+// the compiler recomputes it where used instead of holding it in registers across a loop.
+__device__ __forceinline__ int thread_index_x() {
+  int tid;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
+  return tid;
+}
+
 // Copies 16 bytes; when `pred` is false nothing is read and the destination is zero-filled (the
 // zeros matter: V rows past kv_len meet P = 0, and 0 * NaN garbage would be NaN).
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool pred) {
@@ -23,8 +31,17 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
                "r"(src_bytes));
 }
 
-// A plain 16-byte shared store (the fp8 KV loaders' dequantised chunks; "memory": the compiler
-// must not move shared loads across it).
+// Plain 16-byte shared loads and stores (the fp8 KV tiles' widening in place, smem_tile.h;
+// "memory": the compiler must not move shared accesses across them, nor the load above the
+// cp.async wait that makes its codes visible).
+__device__ __forceinline__ uint4 ld_shared_16(uint32_t src) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(src)
+               : "memory");
+  return v;
+}
 __device__ __forceinline__ void st_shared_16(uint32_t dst, uint4 v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y),
                "r"(v.z), "r"(v.w)

@@ -87,14 +87,16 @@ struct PageDiv {
   }
 };
 
-// How the threads of a block split a [kRows, kHeadDim] tile for the paged loader below: each
-// thread copies one 16-byte chunk column of rows row0, row0 + kRowStep, ...; a warp copies
-// kWarpStep consecutive rows per step, kWarpRows rows of the tile in all, its k-th being row
-// warp * kWarpStep + k % kWarpStep + (k / kWarpStep) * kRowStep; lane l resolves the page of its
-// warp's rows l, l + 32, ... (kSlots of them).
-template <int kRows, int kHeadDim, int kThreads>
+// How the threads of a block split a tile of kRows rows of kChunksPerRow 16-byte chunks for the
+// paged loader below: each thread copies one chunk column of rows row0, row0 + kRowStep, ...; a
+// warp copies kWarpStep consecutive rows per step, kWarpRows rows of the tile in all, its k-th
+// being row warp * kWarpStep + k % kWarpStep + (k / kWarpStep) * kRowStep; lane l resolves the
+// page of its warp's rows l, l + 32, ... (kSlots of them). A 16-bit row of d elements has d / 8
+// chunks, an e4m3 row d / 16; kWarpRows (32 kRows / kThreads) and so the table entries do not
+// depend on it.
+template <int kRows, int kChunksPerRow_, int kThreads>
 struct PagedTileShape {
-  static constexpr int kChunksPerRow = kHeadDim / 8;
+  static constexpr int kChunksPerRow = kChunksPerRow_;
   static_assert(kThreads % kChunksPerRow == 0 && 32 % kChunksPerRow == 0);
   static constexpr int kRowStep = kThreads / kChunksPerRow;
   static_assert(kRows % kRowStep == 0);
@@ -106,6 +108,24 @@ struct PagedTileShape {
   // slot) for two blocks, by the parity of the block.
   static constexpr int kEntries = 2 * kThreads * kSlots;
 };
+
+// Elements of Src in a 16-byte chunk, and the shape of a [kRows, kHeadDim] tile of Src elements.
+template <class Src>
+inline constexpr int kChunkElems = 16 / static_cast<int>(sizeof(Src));
+template <int kRows, int kHeadDim, int kThreads, class Src>
+using PagedSrcShape = PagedTileShape<kRows, kHeadDim / kChunkElems<Src>, kThreads>;
+
+// An fp8 KV cache's tiles are staged in place: the 16 e4m3 codes of bfloat16 chunks 2 cc and
+// 2 cc + 1 of a row (one 16-byte copy) wait in one of those two chunks of the bfloat16 tile until
+// widened (widen_e4m3_tile), so the codes need no shared memory of their own. Which of the two:
+// under the row swizzle (chunk ^ row % 8), 2 cc alone would put a quarter warp's eight 16-byte
+// accesses (one row's eight code chunks; at d64 an even row's four and the next row's four) in
+// four bank groups, two ways each; taking 2 cc + 1 for cc % 8 >= 4 spreads them over all eight.
+// The widening's two stores are conflict-free too when the first goes to the other chunk of the
+// pair and the second to the staging chunk.
+__device__ __forceinline__ int e4m3_stage_chunk(int cc) {
+  return 2 * cc + ((cc >> 2) & 1);
+}
 
 // Paged K or V: key `key0 + row` of the sequence lives in page table[(key0 + row) / page_size] at
 // row (key0 + row) % page_size; `head_base` already points at the kv head. Any page size. Chunks
@@ -122,12 +142,13 @@ struct PagedTileShape {
 // before each cp.async, ran paged decode at a fifth of contiguous, and a direct table read per
 // tile still left it 23% behind (docs/kernel-notes.md, runs 23-24).
 //
-// Src = __nv_fp8_e4m3 (an fp8 KV cache; the shared tile stays Elem = bfloat16): the same rows and
-// offsets (in elements, which are bytes), but each thread loads its 8-byte chunks of up to 16 rows
-// into registers first (all in flight at once), then widens them to bfloat16 and stores them
-// (e4m3x8_to_bf16x8: exact). Plain loads and stores, not cp.async: they are visible at the same
-// barrier that publishes a cp.async group, so the key loop's schedule is unchanged; the cost is
-// that the thread waits for its loads here rather than at the next barrier.
+// Src = __nv_fp8_e4m3 (an fp8 KV cache; the shared tile stays Elem = bfloat16): the same copies,
+// 16 codes each, into the bfloat16 tile's staging chunks (e4m3_stage_chunk); rows past kv_len
+// are zero-filled as 16-bit ones are (a page's unwritten slots may hold any code, NaN's 0x7f
+// included; the zeros widen to +0). The caller widens them after its wait for this group
+// (widen_e4m3_tile), so the codes of block n - 1 are in flight during block n's MMAs, as 16-bit
+// tiles are (plain loads widened on arrival, before: docs/kernel-notes.md, "Issue 23: the fp8 KV
+// cache's loader").
 template <int kRows, int kHeadDim, int kThreads, class Elem, class Chunks = AllChunks,
           class Src = Elem>
 __device__ __forceinline__ void load_tile_paged_async(Elem* smem, const Src* head_base,
@@ -136,15 +157,21 @@ __device__ __forceinline__ void load_tile_paged_async(Elem* smem, const Src* hea
                                                       int key0, int valid_rows, int32_t* entries,
                                                       int block, bool have_entries, bool fetch_next,
                                                       int tid, Chunks chunks = {}) {
-  using S = PagedTileShape<kRows, kHeadDim, kThreads>;
+  constexpr bool kE4m3 = !std::is_same_v<Src, Elem>;
+  static_assert(!kE4m3 || (std::is_same_v<Src, __nv_fp8_e4m3> &&
+                           std::is_same_v<Elem, __nv_bfloat16> && Chunks::kAll),
+                "an e4m3 source is widened to bfloat16 tiles of the compiled head dims only");
+  using S = PagedSrcShape<kRows, kHeadDim, kThreads, Src>;
+  // The entries the kernel's shared memory reserves are the 16-bit tile's (fwd_kernel.h).
+  static_assert(S::kEntries == PagedSrcShape<kRows, kHeadDim, kThreads, Elem>::kEntries);
   constexpr int kSlots = S::kSlots, kWarpStep = S::kWarpStep, kWarpRows = S::kWarpRows;
   const int lane = tid & 31, warp = tid >> 5;
   // This thread's entry of slot s for a block of parity `parity`.
   const auto entry = [&](int parity, int s) {
     return parity * (kThreads * kSlots) + (warp * kSlots + s) * 32 + lane;
   };
-  // Offsets from head_base in 16-byte chunks: 32 bits (the dispatch refuses pools of 64 GB), so
-  // one shuffle per row moves them.
+  // Offsets from head_base in units of 8 elements: 32 bits (the dispatch refuses pools of 2^35
+  // elements), so one shuffle per row moves them.
   uint32_t offset[kSlots];
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
@@ -167,46 +194,59 @@ __device__ __forceinline__ void load_tile_paged_async(Elem* smem, const Src* hea
   const int row0 = tid / S::kChunksPerRow, chunk = tid % S::kChunksPerRow;
   const int sub = lane / S::kChunksPerRow;  // this thread's row among the warp's kWarpStep
   const uint32_t base = smem_addr(smem);
-  const Src* chunk_base = head_base + chunk * 8;
-  if constexpr (std::is_same_v<Src, Elem>) {
+  const Src* chunk_base = head_base + chunk * kChunkElems<Src>;
+  const int dst_chunk = kE4m3 ? e4m3_stage_chunk(chunk) : chunk;
 #pragma unroll
-    for (int i = 0; i < S::kIters; ++i) {
-      const int row = row0 + i * S::kRowStep;
-      bool ok = row < valid_rows;
-      if constexpr (!Chunks::kAll) ok = ok && chunks.has(chunk);
-      // Warp row k = i * kWarpStep + sub: owned by lane k % 32, slot k / 32 (a constant, since
-      // kWarpStep divides 32 and sub < kWarpStep).
-      const int k0 = i * kWarpStep;
-      const uint32_t off = __shfl_sync(0xffffffffu, offset[k0 / 32], k0 % 32 + sub);
-      cp_async_16(base + 2 * swizzled<kHeadDim>(row, chunk),
-                  ok ? chunk_base + uint64_t{off} * 8 : head_base, ok);
-    }
-  } else {
-    static_assert(std::is_same_v<Src, __nv_fp8_e4m3> && std::is_same_v<Elem, __nv_bfloat16>,
-                  "an e4m3 source is widened to bfloat16 tiles only");
-    // In batches of up to 16 rows: 16 loads in flight per thread, and 32 registers of codes (the
-    // decode tiles' 32 rows per thread at once would hold 64 beside S and O).
-    constexpr int kBatch = S::kIters < 16 ? S::kIters : 16;
-    static_assert(S::kIters % kBatch == 0);
+  for (int i = 0; i < S::kIters; ++i) {
+    const int row = row0 + i * S::kRowStep;
+    bool ok = row < valid_rows;
+    if constexpr (!Chunks::kAll) ok = ok && chunks.has(chunk);
+    // Warp row k = i * kWarpStep + sub: owned by lane k % 32, slot k / 32 (a constant, since
+    // kWarpStep divides 32 and sub < kWarpStep).
+    const int k0 = i * kWarpStep;
+    const uint32_t off = __shfl_sync(0xffffffffu, offset[k0 / 32], k0 % 32 + sub);
+    cp_async_16(base + 2 * swizzled<kHeadDim>(row, dst_chunk),
+                ok ? chunk_base + uint64_t{off} * 8 : head_base, ok);
+  }
+}
+
+// Widens in place the e4m3 codes of a [kRows, kHeadDim] tile that load_tile_paged_async staged
+// in the bfloat16 tile `smem`, once this thread has waited for their group: each thread widens
+// the chunks it copied (the same shape), reading its codes before writing the two chunks they
+// become, so it overwrites no other thread's codes; the barrier after it publishes the tile, as
+// it publishes a 16-bit tile's cp.async (no barrier of its own). e4m3x8_to_bf16x8 is exact.
+template <int kRows, int kHeadDim, int kThreads>
+__device__ __forceinline__ void widen_e4m3_tile(__nv_bfloat16* smem) {
+  using S = PagedSrcShape<kRows, kHeadDim, kThreads, __nv_fp8_e4m3>;
+  // Loads in batches of up to 8 chunks (32 registers), then the conversions and stores: the
+  // stores' "memory" clobber keeps every later load behind them, so one load per chunk would
+  // wait out its latency each time.
+  constexpr int kBatch = S::kIters < 8 ? S::kIters : 8;
+  static_assert(S::kIters % kBatch == 0);
+  // The thread index read afresh: its chunks' addresses are then computed here, not hoisted out
+  // of the key loop and held in registers through it (ptxas 13.0, sm_90a: 8-16 bytes less spill
+  // in the masked tiles, 20-36 less in d256's split decode tile).
+  const int tid = thread_index_x();
+  const int row0 = tid / S::kChunksPerRow, cc = tid % S::kChunksPerRow;
+  const int stage = e4m3_stage_chunk(cc);
+  // Codes 0-7 become chunk 2 cc, 8-15 chunk 2 cc + 1; the first store goes to chunk stage ^ 1,
+  // so a staging chunk of 2 cc swaps the halves first.
+  const bool swap = (stage & 1) == 0;
+  const uint32_t base = smem_addr(smem);
 #pragma unroll
-    for (int i0 = 0; i0 < S::kIters; i0 += kBatch) {
-      uint2 codes[kBatch];
+  for (int i0 = 0; i0 < S::kIters; i0 += kBatch) {
+    uint4 codes[kBatch];
 #pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int i = i0 + j, row = row0 + i * S::kRowStep;
-        bool ok = row < valid_rows;
-        if constexpr (!Chunks::kAll) ok = ok && chunks.has(chunk);
-        const int k0 = i * kWarpStep;
-        const uint32_t off = __shfl_sync(0xffffffffu, offset[k0 / 32], k0 % 32 + sub);
-        // Rows past kv_len (and absent chunks) become zeros, as cp.async's zero-fill: a page's
-        // unwritten slots may hold any code, NaN's 0x7f included.
-        codes[j] = ok ? __ldg(reinterpret_cast<const uint2*>(chunk_base + uint64_t{off} * 8))
-                      : make_uint2(0u, 0u);
-      }
+    for (int j = 0; j < kBatch; ++j)
+      codes[j] = ld_shared_16(base + 2 * swizzled<kHeadDim>(row0 + (i0 + j) * S::kRowStep, stage));
 #pragma unroll
-      for (int j = 0; j < kBatch; ++j)
-        st_shared_16(base + 2 * swizzled<kHeadDim>(row0 + (i0 + j) * S::kRowStep, chunk),
-                     e4m3x8_to_bf16x8(codes[j]));
+    for (int j = 0; j < kBatch; ++j) {
+      const int row = row0 + (i0 + j) * S::kRowStep;
+      const uint4 c = codes[j];
+      st_shared_16(base + 2 * swizzled<kHeadDim>(row, stage ^ 1),
+                   e4m3x8_to_bf16x8(swap ? make_uint2(c.z, c.w) : make_uint2(c.x, c.y)));
+      st_shared_16(base + 2 * swizzled<kHeadDim>(row, stage),
+                   e4m3x8_to_bf16x8(swap ? make_uint2(c.x, c.y) : make_uint2(c.z, c.w)));
     }
   }
 }
