@@ -146,9 +146,9 @@ def profile_call(q, k, v, causal, family, timed_ms):
                 torch.cuda.synchronize()
     rows = []
     for e in prof.key_averages():
-        us = getattr(e, "device_time_total", None)
-        if us is None:
-            us = e.cuda_time_total
+        # The attribute's name moved between torch versions (cuda_* became device_*).
+        us = max(getattr(e, a, 0) or 0 for a in ("device_time_total", "self_device_time_total",
+                                                 "cuda_time_total", "self_cuda_time_total"))
         if us > 0:
             rows.append((us, e.count, e.key))
     rows.sort(reverse=True)
