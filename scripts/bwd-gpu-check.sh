@@ -22,16 +22,22 @@
 # (sm80,sm90: bwd_compare.py's --families; sm90-atomic,sm90-dq-bulk compares the sm90 kernel's two
 # dQ paths, FLASHSERVE_SM90_BWD_DQ_BULK=0/1; sm90,sm90-overlap the step's two orders,
 # FLASHSERVE_SM90_BWD_OVERLAP=0/1), PROFILE=1 (bwd_compare.py --profile: each row's kernels by
-# device time, the main kernel beside the zeroing, preprocess and postprocess), COMMIT (printed).
+# device time, the main kernel beside the zeroing, preprocess and postprocess), BENCH_TIMEOUT
+# (seconds, 200), COMMIT (printed).
 #
-# The overlapped step (FLASHSERVE_SM90_BWD_OVERLAP, session 19's helper, unrun): its tests (the
-# GpuBackwardOverlap on/off shapes and the overlap family's Sanitize cases, DkDvRepeatBitForBit,
-# the Lse test), the sanitizers with it, and the A/B beside the default, about 5 minutes:
-#   BIN_TAR=.xfer/bwd90.tar.xz OUT=$OUT SKIP=torch FILTER='*Backward*' \
+# The overlapped step (FLASHSERVE_SM90_BWD_OVERLAP) and the coalesced preprocess/postprocess
+# (session 19's helper, unrun), two calls so that neither meets the 10-minute limit. First the
+# SASS, every backward test (the GpuBackwardOverlap on/off shapes, the overlap family's Sanitize
+# cases, DkDvRepeatBitForBit, the Lse test, and all the others through the new passes) and the
+# sanitizers, about 5 minutes:
+#   BIN_TAR=.xfer/bwd90.tar.xz OUT=$OUT SKIP="bench torch" FILTER='*Backward*' \
+#     bash scripts/bwd-gpu-check.sh
+# then the A/B beside the default with each row's kernels by device time (PROFILE=1: the main
+# kernel beside the call's other passes, the per-call cost kernel-notes' session 19 section
+# estimates at ~3 ms at 16k tokens), about 4 minutes:
+#   BIN_TAR=.xfer/bwd90.tar.xz OUT=$OUT SKIP="sass tests sanitize torch" BENCH_TIMEOUT=400 \
 #     FAMILIES=sm90,sm90-overlap HEAD_DIMS=64,128 SEQLENS=512,2048,8192 PROFILE=1 \
 #     bash scripts/bwd-gpu-check.sh
-# (PROFILE=1 splits each row's time into the main kernel and the call's other kernels: the
-# per-call cost that kernel-notes' session 19 section estimates at 3-4 ms at 16k tokens.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -95,7 +101,7 @@ fi
 if want bench && [ -f "$BIN/src/libflashserve_c.so" ]; then
   step "bwd_compare.py: TFLOP/s per forced family beside cuDNN and FA2 (bf16, 16k tokens)"
   env -u LD_LIBRARY_PATH PYTHONPATH=python FLASHSERVE_LIBRARY="$BIN/src/libflashserve_c.so" \
-    timeout 200 python3 bench/bwd_compare.py --families "${FAMILIES:-sm80,sm90}" \
+    timeout "${BENCH_TIMEOUT:-200}" python3 bench/bwd_compare.py --families "${FAMILIES:-sm80,sm90}" \
     --head-dims "${HEAD_DIMS:-64,128}" --seqlens "${SEQLENS:-512,2048,8192}" --reps 10 \
     ${PROFILE:+--profile} 2>&1 |
     tee "$OUT/bwd-compare.md"
