@@ -25,10 +25,10 @@
 # device time, the main kernel beside the zeroing, preprocess and postprocess), BENCH_TIMEOUT
 # (seconds, 200), COMMIT (printed).
 #
-# The overlapped step (FLASHSERVE_SM90_BWD_OVERLAP) and the coalesced preprocess/postprocess
-# (session 19's helper, unrun), two calls so that neither meets the 10-minute limit. First the
-# SASS, every backward test (the GpuBackwardOverlap on/off shapes, the overlap family's Sanitize
-# cases, DkDvRepeatBitForBit, the Lse test, and all the others through the new passes) and the
+# The overlapped step (FLASHSERVE_SM90_BWD_OVERLAP, session 19's helper, unrun; the coalesced
+# preprocess/postprocess waits on branch bwd-passes), two calls so that neither meets the
+# 10-minute limit. First the SASS, every backward test (the GpuBackwardOverlap on/off shapes, the
+# overlap family's Sanitize cases, DkDvRepeatBitForBit, the Lse test, and all the others) and the
 # sanitizers, about 5 minutes:
 #   BIN_TAR=.xfer/bwd90.tar.xz OUT=$OUT SKIP="bench torch" FILTER='*Backward*' \
 #     bash scripts/bwd-gpu-check.sh
