@@ -11,11 +11,15 @@ Our backward's kernel family is the library's default (FLASHSERVE_BWD_KERNEL uns
 H100/H200 build with 90a, sm80 elsewhere); --families sm80,sm90 times each forced family (the
 variable is set around its calls, the forward left alone), one row per family and shape.
 sm90-atomic and sm90-dq-bulk are sm90 with its dQ path forced too (FLASHSERVE_SM90_BWD_DQ_BULK=0
-or 1: per-element atomics or the shared-memory tile's bulk reduce-add), for the A/B of one run.
+or 1: per-element atomics or the shared-memory tile's bulk reduce-add), for the A/B of one run;
+sm90-overlap is sm90 with FLASHSERVE_SM90_BWD_OVERLAP=1 (the bulk path's step in FlashAttention-3's
+order; the dQ path at its default), to set beside sm90 (the same with the switch at its default).
+--profile adds, per shape and family, one call's device time per kernel (torch.profiler): the main
+kernel's share of a row beside the zeroing, preprocess and postprocess around it.
 
 Usage (repo root, libflashserve_c built with CUDA):
     PYTHONPATH=python FLASHSERVE_LIBRARY=.../libflashserve_c.so python3 bench/bwd_compare.py \
-        [--families auto|sm80,sm90|sm90-atomic,sm90-dq-bulk]
+        [--families auto|sm80,sm90|sm90-atomic,sm90-dq-bulk|sm90,sm90-overlap]
 """
 import argparse
 import contextlib
@@ -38,6 +42,7 @@ FAMILY_ENV = {
     "sm90": {"FLASHSERVE_BWD_KERNEL": "sm90"},
     "sm90-atomic": {"FLASHSERVE_BWD_KERNEL": "sm90", "FLASHSERVE_SM90_BWD_DQ_BULK": "0"},
     "sm90-dq-bulk": {"FLASHSERVE_BWD_KERNEL": "sm90", "FLASHSERVE_SM90_BWD_DQ_BULK": "1"},
+    "sm90-overlap": {"FLASHSERVE_BWD_KERNEL": "sm90", "FLASHSERVE_SM90_BWD_OVERLAP": "1"},
 }
 
 
@@ -124,6 +129,36 @@ def grad_diff(q, k, v, causal, family):
                for a, b in zip(ours, ts))
 
 
+def profile_call(q, k, v, causal, family, timed_ms):
+    """The device time of one backward call (`out.backward(grad)` after a warm-up) per kernel, by
+    torch.profiler: the main kernel beside what the call runs around it (zeroing, preprocess,
+    postprocess, copies), so that a figure of the table can be split into the kernel's share and
+    the call's fixed cost; `timed_ms` (the table's median) less the kernels' sum is the time the
+    device waited on the host. Prints one line per kernel name, longest first."""
+    from torch.profiler import ProfilerActivity, profile
+    g = torch.randn_like(q)
+    with family_env(family):
+        for _ in range(2):  # the first call warms the allocator and the module loads
+            out = flash_attn_func(q, k, v, causal=causal)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                out.backward(g)
+                torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        # The attribute's name moved between torch versions (cuda_* became device_*).
+        us = max(getattr(e, a, 0) or 0 for a in ("device_time_total", "self_device_time_total",
+                                                 "cuda_time_total", "self_cuda_time_total"))
+        if us > 0:
+            rows.append((us, e.count, e.key))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    print(f"<!-- profile {family} d{q.shape[-1]} L{q.shape[1]} causal {int(causal)}: "
+          f"{total / 1e3:.3f} ms of device time in {len(rows)} kernels, {timed_ms:.3f} ms timed -->")
+    for us, count, key in rows[:8]:
+        print(f"<!--   {us / 1e3:8.3f} ms  x{count}  {key[:110]} -->")
+
+
 def main():
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     ap = argparse.ArgumentParser()
@@ -133,6 +168,9 @@ def main():
     ap.add_argument("--total-tokens", type=int, default=16384)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--profile", action="store_true",
+                    help="per shape and family, one backward call's device time per kernel "
+                    "(torch.profiler), as HTML comments under the table's rows")
     ap.add_argument("--families", default="auto",
                     help="our backward's kernel families, comma-separated: "
                     + ", ".join(FAMILY_ENV))
@@ -179,6 +217,9 @@ def main():
                           f"{tf[fam][0] / tf['cudnn'][0]:.2f} | "
                           f"{tf[fam][0] / tf['flash'][0]:.2f} | {tf[fam][1]:.1f} | "
                           f"{tf['cudnn'][1]:.1f} | {tf['flash'][1]:.1f} | {diff} |", flush=True)
+                if args.profile:
+                    for fam in families:
+                        profile_call(q, k, v, bool(causal), fam, res[fam][0])
 
 if __name__ == "__main__":
     main()

@@ -20,7 +20,24 @@
 # Environment: SKIP="sass tests sanitize bench torch" leaves steps out; FILTER (the tests step's
 # gtest filter, default '*Backward*:*Sm90*'); HEAD_DIMS (64,128), SEQLENS (512,2048,8192), FAMILIES
 # (sm80,sm90: bwd_compare.py's --families; sm90-atomic,sm90-dq-bulk compares the sm90 kernel's two
-# dQ paths, FLASHSERVE_SM90_BWD_DQ_BULK=0/1), COMMIT (printed).
+# dQ paths, FLASHSERVE_SM90_BWD_DQ_BULK=0/1; sm90,sm90-overlap the step's two orders,
+# FLASHSERVE_SM90_BWD_OVERLAP=0/1), PROFILE=1 (bwd_compare.py --profile: each row's kernels by
+# device time, the main kernel beside the zeroing, preprocess and postprocess), BENCH_TIMEOUT
+# (seconds, 200), COMMIT (printed).
+#
+# The overlapped step (FLASHSERVE_SM90_BWD_OVERLAP, session 19's helper, unrun; the coalesced
+# preprocess/postprocess waits on branch bwd-passes), two calls so that neither meets the
+# 10-minute limit. First the SASS, every backward test (the GpuBackwardOverlap on/off shapes, the
+# overlap family's Sanitize cases, DkDvRepeatBitForBit, the Lse test, and all the others) and the
+# sanitizers, about 5 minutes:
+#   BIN_TAR=.xfer/bwd90.tar.xz OUT=$OUT SKIP="bench torch" FILTER='*Backward*' \
+#     bash scripts/bwd-gpu-check.sh
+# then the A/B beside the default with each row's kernels by device time (PROFILE=1: the main
+# kernel beside the call's other passes, the per-call cost kernel-notes' session 19 section
+# estimates at ~3 ms at 16k tokens), about 4 minutes:
+#   BIN_TAR=.xfer/bwd90.tar.xz OUT=$OUT SKIP="sass tests sanitize torch" BENCH_TIMEOUT=400 \
+#     FAMILIES=sm90,sm90-overlap HEAD_DIMS=64,128 SEQLENS=512,2048,8192 PROFILE=1 \
+#     bash scripts/bwd-gpu-check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -38,20 +55,23 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,
 echo "commit ${COMMIT:-unknown}"
 
 if want sass; then
-  # Per sm90 backward kernel (mangled: ...Lb<bf16>ELb<masked>ELb<dq bulk>E): registers, local
-  # memory, and the SASS that says which dQ path it runs: UTMAREDG (the bulk reduce-add) or
-  # RED/ATOM (per-element atomics), beside HGMMA (wgmma) in the loop.
+  # Per sm90 backward kernel (mangled: ...Lb<bf16>ELb<masked>ELb<dq bulk>E, "overlap" where the
+  # tile is BwdOverlapTile): registers, local memory, and the SASS that says which dQ path it runs:
+  # UTMAREDG (the bulk reduce-add) or RED/ATOM (per-element atomics), beside HGMMA (wgmma).
   step "sm90 backward kernels: registers, LOCAL, HGMMA / UTMAREDG / RED counts"
   cuobjdump -res-usage "$BIN/tests/test_gpu" 2>/dev/null | grep -A1 'sm9010bwd_kernel' |
-    grep -oE 'BwdTileConfigILi[0-9]+ELi[0-9]+[^ ]*|REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+' |
+    grep -oE '(BwdOverlapTileINS1_13)?BwdTileConfigILi[0-9]+ELi[0-9]+[^ ]*|REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+' |
     paste - - - - | sed -E 's/EEEvNS1_9BwdParamsE//'
   cuobjdump -sass "$BIN/tests/test_gpu" 2>/dev/null | awk '
     /Function :/ { name = ($3 ~ /sm9010bwd_kernel/) ? $3 : ""; next }
     name != "" && /HGMMA/ { hg[name]++ }
     name != "" && /UTMAREDG|UBLKRED/ { tr[name]++ }
-    name != "" && /RED\.E\.ADD|ATOM\.E\.ADD|REDG|ATOMG/ { at[name]++ }
+    # Not the lines of the bulk reduce: /REDG/ matched UTMAREDG, and the table of session 19 counted
+    # the reduce-adds of each bulk kernel as RED too.
+    name != "" && !/UTMAREDG|UBLKRED/ && /RED\.E\.ADD|ATOM\.E\.ADD|REDG|ATOMG/ { at[name]++ }
     name != "" { seen[name] = 1 }
     END { for (n in seen) { k = n; sub(/.*BwdTileConfigILi/, "d", k); sub(/EEEvNS1_9BwdParamsE/, "", k)
+          if (n ~ /BwdOverlapTile/) k = k " overlap"
           printf "%s HGMMA %d UTMAREDG/UBLKRED %d RED/ATOM %d\n", k, hg[n], tr[n], at[n] } }' |
     sort
 fi
@@ -81,8 +101,9 @@ fi
 if want bench && [ -f "$BIN/src/libflashserve_c.so" ]; then
   step "bwd_compare.py: TFLOP/s per forced family beside cuDNN and FA2 (bf16, 16k tokens)"
   env -u LD_LIBRARY_PATH PYTHONPATH=python FLASHSERVE_LIBRARY="$BIN/src/libflashserve_c.so" \
-    timeout 200 python3 bench/bwd_compare.py --families "${FAMILIES:-sm80,sm90}" \
-    --head-dims "${HEAD_DIMS:-64,128}" --seqlens "${SEQLENS:-512,2048,8192}" --reps 10 2>&1 |
+    timeout "${BENCH_TIMEOUT:-200}" python3 bench/bwd_compare.py --families "${FAMILIES:-sm80,sm90}" \
+    --head-dims "${HEAD_DIMS:-64,128}" --seqlens "${SEQLENS:-512,2048,8192}" --reps 10 \
+    ${PROFILE:+--profile} 2>&1 |
     tee "$OUT/bwd-compare.md"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi

@@ -147,11 +147,14 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
   DeviceGuard guard(pr.device.index);
   check_supported(bp, pr);
   // Decided before anything is enqueued: a forced family that cannot run the call throws here,
-  // as does a malformed FLASHSERVE_SM90_BWD_DQ_BULK (read per call, so that a test or benchmark
-  // can set it around one call; only the sm90 kernel has the two dQ paths, sm80 ignores it).
+  // as does a malformed FLASHSERVE_SM90_BWD_DQ_BULK or FLASHSERVE_SM90_BWD_OVERLAP (read per call,
+  // so that a test or benchmark can set them around one call; only the sm90 kernel has the two dQ
+  // paths and the overlapped step, sm80 ignores both).
   const KernelFamily family = backward_family(bp, pr);
   [[maybe_unused]] const bool dq_bulk =
       parse_sm90_bwd_dq_bulk(std::getenv("FLASHSERVE_SM90_BWD_DQ_BULK"));
+  [[maybe_unused]] const bool overlap =
+      parse_sm90_bwd_overlap(std::getenv("FLASHSERVE_SM90_BWD_OVERLAP"));
   const cudaStream_t stream = static_cast<cudaStream_t>(bp.attn.stream);
   const size_t bytes = workspace_bytes(bp, pr);
   void* workspace = bp.attn.workspace;
@@ -189,6 +192,7 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
     args.dtype = pr.dtype;
     args.masked = p.fwd.window_left >= 0 || p.fwd.window_right >= 0;
     args.dq_bulk = dq_bulk;
+    args.overlap = overlap;
     args.batch = static_cast<int>(pr.batch);
     args.h_kv = static_cast<int>(pr.h_kv);
     args.q_rows = static_cast<int>(bp.attn.q.shape[pr.varlen_q ? 0 : 1]);

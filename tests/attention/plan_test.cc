@@ -30,6 +30,25 @@ constexpr attention::SplitDevice kH200 = kPlanH200;
 
 // A varlen, causal, 32/8-head d128 step with these (q_len, kv_len) sequences.
 using StepShape = PlanStep;
+
+// A 0/1 environment switch's parser (common/env_switch.h through plan.h): unset or empty gives the
+// default, "1" and "0" on and off, and anything else throws kInvalidArgument naming `variable`.
+void expect_strict_switch(bool (*parse)(const char*), bool by_default, const char* variable) {
+  EXPECT_EQ(parse(nullptr), by_default) << variable;
+  EXPECT_EQ(parse(""), by_default) << variable;
+  EXPECT_TRUE(parse("1")) << variable;
+  EXPECT_FALSE(parse("0")) << variable;
+  for (const char* bad : {"true", "yes", "on", "2", " 1", "1 ", "01", "auto"}) {
+    try {
+      parse(bad);
+      ADD_FAILURE() << variable << "=\"" << bad << "\" accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << bad;
+      EXPECT_EQ(e.argument(), variable) << bad;
+      EXPECT_NE(std::string(e.what()).find("must be 0 or 1"), std::string::npos) << e.what();
+    }
+  }
+}
 StepShape step(const std::vector<std::pair<int64_t, int64_t>>& seqs, int32_t num_splits = 0) {
   return plan_step(seqs, 128, num_splits);
 }
@@ -579,20 +598,8 @@ TEST(PlanFamily, LaunchesCarryTheTileTheKernelRuns) {
 // read strictly, on by default; its value reaches every sm90 launch of the plan and its replay key
 // (so that CUDA graphs of the two never stand in for each other), and no sm80 launch.
 TEST(PlanFamily, Sm90EpilogueSwitchReachesTheSm90LaunchesOnly) {
-  using attention::parse_sm90_epilogue;
-  EXPECT_EQ(parse_sm90_epilogue(nullptr), attention::kSm90EpilogueByDefault);
-  EXPECT_EQ(parse_sm90_epilogue(""), attention::kSm90EpilogueByDefault);
-  EXPECT_TRUE(parse_sm90_epilogue("1"));
-  EXPECT_FALSE(parse_sm90_epilogue("0"));
-  for (const char* bad : {"yes", "on", "2", " 1"}) {
-    try {
-      parse_sm90_epilogue(bad);
-      ADD_FAILURE() << "\"" << bad << "\" accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << bad;
-      EXPECT_EQ(e.argument(), "FLASHSERVE_SM90_EPILOGUE") << bad;
-    }
-  }
+  expect_strict_switch(attention::parse_sm90_epilogue, attention::kSm90EpilogueByDefault,
+                       "FLASHSERVE_SM90_EPILOGUE");
   EXPECT_TRUE(PlanContext{}.sm90_epilogue == attention::kSm90EpilogueByDefault);
   for (bool causal : {false, true}) {
     StepShape s = dense(4, 512, 16, 128, causal);
@@ -728,38 +735,19 @@ StepShape with(StepShape s, F f) {
 }
 
 TEST(PlanFp8, ParsesTheSwitchStrictly) {
-  using attention::parse_fp8_attention;
-  EXPECT_EQ(parse_fp8_attention(nullptr), attention::kFp8AttentionByDefault);
-  EXPECT_EQ(parse_fp8_attention(""), attention::kFp8AttentionByDefault);
-  EXPECT_TRUE(parse_fp8_attention("1"));
-  EXPECT_FALSE(parse_fp8_attention("0"));
-  for (const char* bad : {"true", "yes", "on", "2", " 1", "1 ", "01", "auto"}) {
-    try {
-      parse_fp8_attention(bad);
-      ADD_FAILURE() << "\"" << bad << "\" accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << bad;
-      EXPECT_EQ(e.argument(), "FLASHSERVE_FP8_ATTENTION") << bad;
-      EXPECT_NE(std::string(e.what()).find("must be 0 or 1"), std::string::npos) << e.what();
-    }
-  }
+  expect_strict_switch(attention::parse_fp8_attention, attention::kFp8AttentionByDefault,
+                       "FLASHSERVE_FP8_ATTENTION");
 }
 
 TEST(PlanBackward, ParsesTheSm90DqBulkSwitchStrictly) {
-  using attention::parse_sm90_bwd_dq_bulk;
-  EXPECT_EQ(parse_sm90_bwd_dq_bulk(nullptr), attention::kSm90BwdDqBulkByDefault);
-  EXPECT_EQ(parse_sm90_bwd_dq_bulk(""), attention::kSm90BwdDqBulkByDefault);
-  EXPECT_TRUE(parse_sm90_bwd_dq_bulk("1"));
-  EXPECT_FALSE(parse_sm90_bwd_dq_bulk("0"));
-  for (const char* bad : {"true", "on", "2", " 1", "auto"}) {
-    try {
-      parse_sm90_bwd_dq_bulk(bad);
-      ADD_FAILURE() << "\"" << bad << "\" accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << bad;
-      EXPECT_EQ(e.argument(), "FLASHSERVE_SM90_BWD_DQ_BULK") << bad;
-    }
-  }
+  expect_strict_switch(attention::parse_sm90_bwd_dq_bulk, attention::kSm90BwdDqBulkByDefault,
+                       "FLASHSERVE_SM90_BWD_DQ_BULK");
+}
+
+// FLASHSERVE_SM90_BWD_OVERLAP: the bulk-dQ kernel's step in FlashAttention-3's order.
+TEST(PlanBackward, ParsesTheSm90OverlapSwitchStrictly) {
+  expect_strict_switch(attention::parse_sm90_bwd_overlap, attention::kSm90BwdOverlapByDefault,
+                       "FLASHSERVE_SM90_BWD_OVERLAP");
 }
 
 TEST(PlanFp8, KeyBlockSwitchTakes128Or192AndOnlyD128Takes192) {

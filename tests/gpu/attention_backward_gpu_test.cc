@@ -3,16 +3,19 @@
 // (src/attention/sm90/bwd_kernel.h), the latter with each of its dQ paths
 // (FLASHSERVE_SM90_BWD_DQ_BULK: per-element atomics, or a shared-memory tile added by a TMA bulk
 // reduce-add; either sums dq in no fixed order, so both are held to the reference, not to each
-// other's bits). Each case runs our CPU forward on the host (out and lse as a
-// training step saves them), copies every buffer to the device (gradients poisoned with NaN),
-// runs attention_backward there and compares dq, dk, dv by support/compare.h's rule. The
-// instantiations named Sanitize are the small subset for compute-sanitizer (with atomics and in
-// deterministic mode). Without a CUDA device every test skips with "skipped: no CUDA device";
-// the sm90 runs also skip (saying why) on devices other than compute capability 9.0 and in
-// builds without 90a.
+// other's bits) and the bulk path's step in FlashAttention-3's order (FLASHSERVE_SM90_BWD_OVERLAP:
+// the same products in the same order, so dk and dv keep their bits). Each case runs our CPU
+// forward on the host (out and lse as a training step saves them), copies every buffer to the
+// device (gradients poisoned with NaN), runs attention_backward there and compares dq, dk, dv by
+// support/compare.h's rule. The instantiations named Sanitize are the small subset for
+// compute-sanitizer (with atomics and in deterministic mode). Without a CUDA device every test
+// skips with "skipped: no CUDA device"; the sm90 runs also skip (saying why) on devices other than
+// compute capability 9.0 and in builds without 90a.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <initializer_list>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -64,10 +67,12 @@ class BackwardDevice {
 };
 
 // The kernel family a run forces (FLASHSERVE_BWD_KERNEL) and, for sm90, its dQ path
-// (FLASHSERVE_SM90_BWD_DQ_BULK): kSm90 the atomics, kSm90DqBulk the bulk reduce-add.
-enum class Family { kSm80, kSm90, kSm90DqBulk };
+// (FLASHSERVE_SM90_BWD_DQ_BULK): kSm90 the atomics, kSm90DqBulk the bulk reduce-add, kSm90Overlap
+// the bulk reduce-add with the overlapped step (FLASHSERVE_SM90_BWD_OVERLAP).
+enum class Family { kSm80, kSm90, kSm90DqBulk, kSm90Overlap };
 const char* family_name(Family f) {
-  return f == Family::kSm80 ? "sm80" : f == Family::kSm90 ? "sm90" : "sm90_dq_bulk";
+  static constexpr const char* kNames[] = {"sm80", "sm90", "sm90_dq_bulk", "sm90_overlap"};
+  return kNames[static_cast<int>(f)];
 }
 
 // The sm90 kernel runs on compute capability 9.0 devices of builds with 90a only.
@@ -88,7 +93,8 @@ const char* family_name(Family f) {
 attention::reference::NaiveGrads run_on_gpu(BackwardCase& bc, Family family,
                                             bool deterministic = false) {
   ScopedEnv env("FLASHSERVE_BWD_KERNEL", family == Family::kSm80 ? "sm80" : "sm90");
-  ScopedEnv dq_path("FLASHSERVE_SM90_BWD_DQ_BULK", family == Family::kSm90DqBulk ? "1" : "0");
+  ScopedEnv dq_path("FLASHSERVE_SM90_BWD_DQ_BULK", family == Family::kSm90 ? "0" : "1");
+  ScopedEnv overlap("FLASHSERVE_SM90_BWD_OVERLAP", family == Family::kSm90Overlap ? "1" : "0");
   BackwardDevice dev(bc);
   AttentionBackwardParams p = dev.params();
   p.deterministic = deterministic;
@@ -98,17 +104,26 @@ attention::reference::NaiveGrads run_on_gpu(BackwardCase& bc, Family family,
   return bc.read();
 }
 
+// Each of `runs` (the gradients of one family's run) against the case's float64 references.
+void expect_matches_reference(BackwardCase& bc,
+                              std::initializer_list<const attention::reference::NaiveGrads*> runs,
+                              const std::string& name) {
+  const auto exact = bc.reference(Emulate::kExact);
+  const auto lowp = bc.reference(Emulate::kLowPrecision);
+  const DType dt = bc.attention().spec().dtype;
+  for (const auto* got : runs) {
+    EXPECT_TRUE(grad_close(got->dq, exact.dq, lowp.dq, dt, "dq")) << name;
+    EXPECT_TRUE(grad_close(got->dk, exact.dk, lowp.dk, dt, "dk")) << name;
+    EXPECT_TRUE(grad_close(got->dv, exact.dv, lowp.dv, dt, "dv")) << name;
+  }
+}
+
 void check_case(CaseSpec s, Family family, bool with_dlse = false, bool deterministic = false) {
   s.seed = seed_for(s.name() + (with_dlse ? "dlse" : ""), 2290);
   BackwardCase bc(s, with_dlse);
   bc.run_forward();  // on the host buffers, before they are copied
   const auto got = run_on_gpu(bc, family, deterministic);
-  const auto exact = bc.reference(Emulate::kExact);
-  const auto lowp = bc.reference(Emulate::kLowPrecision);
-  const std::string name = s.name() + " " + family_name(family);
-  EXPECT_TRUE(grad_close(got.dq, exact.dq, lowp.dq, s.dtype, "dq")) << name;
-  EXPECT_TRUE(grad_close(got.dk, exact.dk, lowp.dk, s.dtype, "dk")) << name;
-  EXPECT_TRUE(grad_close(got.dv, exact.dv, lowp.dv, s.dtype, "dv")) << name;
+  expect_matches_reference(bc, {&got}, s.name() + " " + family_name(family));
 }
 
 CaseSpec spec(DType dt, int64_t d, int64_t batch, int64_t q, int64_t k, int64_t h_q, int64_t h_kv,
@@ -161,12 +176,14 @@ std::vector<CaseSpec> cases() {
   return v;
 }
 
-// Every case through both families, sm90 with each dQ path.
+// Every case through both families, sm90 with each dQ path (and, given `overlap`, the overlapped
+// step: GpuBackwardOverlap runs the main shapes through it beside the bulk path).
 using FamilyCase = std::tuple<CaseSpec, Family>;
-std::vector<FamilyCase> with_families(const std::vector<CaseSpec>& specs) {
+std::vector<FamilyCase> with_families(const std::vector<CaseSpec>& specs, bool overlap = false) {
   std::vector<FamilyCase> v;
-  for (Family f : {Family::kSm80, Family::kSm90, Family::kSm90DqBulk})
-    for (const CaseSpec& s : specs) v.emplace_back(s, f);
+  for (Family f : {Family::kSm80, Family::kSm90, Family::kSm90DqBulk, Family::kSm90Overlap})
+    if (overlap || f != Family::kSm90Overlap)
+      for (const CaseSpec& s : specs) v.emplace_back(s, f);
   return v;
 }
 std::string case_name(const ::testing::TestParamInfo<FamilyCase>& info) {
@@ -197,7 +214,48 @@ std::vector<CaseSpec> sanitize_cases() {
           spec(DType::kFloat16, 64, 1, 300, 260, 2, 1, true), var};
 }
 INSTANTIATE_TEST_SUITE_P(Sanitize, GpuBackward,
-                         ::testing::ValuesIn(with_families(sanitize_cases())), case_name);
+                         ::testing::ValuesIn(with_families(sanitize_cases(), /*overlap=*/true)),
+                         case_name);
+
+// FLASHSERVE_SM90_BWD_OVERLAP on and off (the bulk dQ path both times) on the main shapes and on
+// grids of more CTAs than the H200 has SMs (132: CTAs start while others end), each run
+// against the float64 reference. The overlapped step issues the same products on the same
+// operands with the same accumulation order, only earlier: dk and dv (sums in registers) keep
+// every bit. dq keeps them where one key block per sequence (one CTA per row of the accumulator)
+// adds it; with several, the reduce-adds' order between CTAs is free, on or off.
+std::vector<CaseSpec> overlap_cases() {
+  std::vector<CaseSpec> v = cases();
+  // Many key blocks and heads over few queries, so that the float64 reference stays cheap.
+  v.push_back(spec(DType::kBFloat16, 64, 4, 64, 520, 8, 8, false));   // 5 x 8 x 4 = 160 CTAs
+  v.push_back(spec(DType::kBFloat16, 128, 4, 130, 400, 9, 9, true));  // 4 x 9 x 4 = 144
+  // GQA 4 (four heads' steps per CTA) and a window: 3 x 4 x 4 = 48 CTAs.
+  v.push_back(spec(DType::kFloat16, 128, 4, 100, 260, 16, 4, false));
+  v.back().window_left = 70, v.back().window_right = 30;
+  return v;
+}
+
+class GpuBackwardOverlap : public ::testing::TestWithParam<CaseSpec> {};
+
+TEST_P(GpuBackwardOverlap, MatchesTheReferenceAndTheBulkPathsBits) {
+  CaseSpec s = GetParam();
+  SKIP_WITHOUT_FAMILY(Family::kSm90Overlap);
+  s.seed = seed_for(s.name(), 2293);
+  BackwardCase bc(s);
+  bc.run_forward();
+  const auto off = run_on_gpu(bc, Family::kSm90DqBulk);
+  const auto on = run_on_gpu(bc, Family::kSm90Overlap);
+  expect_matches_reference(bc, {&off, &on}, s.name());
+  EXPECT_TRUE(on.dk == off.dk) << s.name();
+  EXPECT_TRUE(on.dv == off.dv) << s.name();
+  int64_t max_kv_len = 0;
+  for (int64_t b = 0; b < s.batch; ++b) max_kv_len = std::max(max_kv_len, s.kv_len(b));
+  if (max_kv_len <= 128) EXPECT_TRUE(on.dq == off.dq) << s.name();
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuBackwardOverlap, ::testing::ValuesIn(overlap_cases()),
+                         [](const ::testing::TestParamInfo<CaseSpec>& info) {
+                           return info.param.name();
+                         });
 
 TEST(GpuBackwardSanitize, DeterministicSmallCase) {
   SKIP_WITHOUT_CUDA();
@@ -206,7 +264,7 @@ TEST(GpuBackwardSanitize, DeterministicSmallCase) {
 }
 
 TEST(GpuBackwardLse, GradientOfTheLse) {
-  for (Family family : {Family::kSm80, Family::kSm90, Family::kSm90DqBulk}) {
+  for (Family family : {Family::kSm80, Family::kSm90, Family::kSm90DqBulk, Family::kSm90Overlap}) {
     SKIP_WITHOUT_FAMILY(family);
     check_case(spec(DType::kBFloat16, 64, 2, 45, 61, 4, 2, true), family, /*with_dlse=*/true);
     check_case(spec(DType::kFloat16, 128, 1, 130, 200, 2, 1, false), family, /*with_dlse=*/true);
@@ -252,7 +310,7 @@ TEST(GpuBackwardDeterministic, MatchesTheReferenceAndRepeatsBitForBit) {
 // through atomics or reduce-adds in no fixed order and may differ in its last bits.
 TEST(GpuBackwardSm90, DkDvRepeatBitForBit) {
   SKIP_WITHOUT_FAMILY(Family::kSm90);
-  for (Family family : {Family::kSm90, Family::kSm90DqBulk})
+  for (Family family : {Family::kSm90, Family::kSm90DqBulk, Family::kSm90Overlap})
     for (int64_t d : {64, 128}) {
       CaseSpec s = spec(DType::kBFloat16, d, 1, 400, 600, 4, 2, true);
       s.seed = 2292;

@@ -107,6 +107,10 @@ bool parse_sm90_bwd_dq_bulk(const char* value) {
   return env_switch(value, "FLASHSERVE_SM90_BWD_DQ_BULK", kSm90BwdDqBulkByDefault);
 }
 
+bool parse_sm90_bwd_overlap(const char* value) {
+  return env_switch(value, "FLASHSERVE_SM90_BWD_OVERLAP", kSm90BwdOverlapByDefault);
+}
+
 bool parse_sm90_epilogue(const char* value) {
   return env_switch(value, "FLASHSERVE_SM90_EPILOGUE", kSm90EpilogueByDefault);
 }

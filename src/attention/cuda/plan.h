@@ -283,6 +283,19 @@ inline constexpr bool kSm90BwdDqBulkByDefault = true;
 // backward once per call (backward_cuda.cu), the A/B switch between the two dQ paths.
 bool parse_sm90_bwd_dq_bulk(const char* value);
 
+// Whether the sm90 backward's bulk-dQ kernel runs its step in FlashAttention-3's order
+// (sm90/bwd_kernel.h, Cfg::kOverlap): dV issued before dS is packed and stored, dK after dQ and
+// running under the dQ tile's stores, so that the tensor core has queued work through those
+// stores. Off until a device run has passed the backward tests with it and measured it (written
+// without a GPU, session 19). The atomics' kernel (FLASHSERVE_SM90_BWD_DQ_BULK=0) has no such
+// schedule and ignores it.
+inline constexpr bool kSm90BwdOverlapByDefault = false;
+
+// FLASHSERVE_SM90_BWD_OVERLAP: unset (null) or empty, kSm90BwdOverlapByDefault; "1" on; "0" off;
+// anything else throws kInvalidArgument naming the variable. Read by the CUDA backward once per
+// call (backward_cuda.cu), as FLASHSERVE_SM90_BWD_DQ_BULK.
+bool parse_sm90_bwd_overlap(const char* value);
+
 // The backward's one decision: with `request` kAuto and kSm90BackwardByDefault, sm90 wherever
 // sm90_backward_lacks is "" (the compute capability 9.0 device of a build with 90a), else sm80;
 // kSm80 forces sm80; kSm90 forces sm90, and a call it cannot run throws kUnsupported naming

@@ -39,9 +39,14 @@
 // - deterministic = true is not here: backward_cuda.cu runs sm80's fixed-order dq kernel
 //   (sm80/bwd_kernel.h, bwd_dq_kernel) for it.
 //
-// Correctness first (docs/kernel-notes.md, "sm90 backward"): each step's GEMMs wait for each
-// other (no overlap of one step's softmax with the next step's GEMMs), one CTA per key block (no
-// persistent scheduler).
+// - The step's order: each GEMM waited for before the next is issued (dV and dK together after
+//   dS^T is stored, dQ after both), or, with Cfg::kOverlap (BwdOverlapTile,
+//   FLASHSERVE_SM90_BWD_OVERLAP; the bulk kernel only), FlashAttention-3's: dV issued as soon as
+//   P^T is packed (it runs under dS^T's packing, stores and the consumers' barrier), dK issued
+//   right behind dQ (it runs under the dQ tile's stores), the stage released after dK. The same
+//   products on the same operands in the same accumulation order: dK and dV keep their bits.
+// Still without (docs/kernel-notes.md, "sm90 backward", session 19): the next step's S^T and dP^T
+// under this step's dQ (their accumulators do not fit beside dK, dV and dQ's), a persistent grid.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -350,6 +355,8 @@ __device__ __forceinline__ void bwd_consume(
     int cw, int tid) {
   constexpr int kD = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
   constexpr int kStages = Cfg::kStages;
+  constexpr bool kOverlap = Cfg::kOverlap;
+  static_assert(kDqBulk || !kOverlap, "the overlapped step is the bulk-dQ kernel's");
   const sm80::BwdParams& p = bp.p;
   const sm80::FwdParams& f = p.fwd;
   const int warp = tid / 32, lane = tid % 32;
@@ -451,13 +458,21 @@ __device__ __forceinline__ void bwd_consume(
     }
     uint32_t pa[kBM / 16][4], dsa[kBM / 16][4];
     to_operand<kBf16>(sc, pa);
+    if constexpr (kOverlap) {
+      // dV += P^T dO now: it runs under dS^T's packing and stores and the consumers' barrier.
+      wgmma_fence();
+      issue_over_queries<Cfg, kBf16>(dv, pa, s.dout[st][0]);
+      wgmma_commit();
+    }
     to_operand<kBf16>(dp, dsa);
     store_ds<Cfg>(s.ds[buf], dsa, key_row0, lane);
     fence_shared_to_async();  // dS^T is read by the wgmma (the async proxy) below
-    wgmma_fence();
-    issue_over_queries<Cfg, kBf16>(dv, pa, s.dout[st][0]);  // dV += P^T dO
-    issue_over_queries<Cfg, kBf16>(dk, dsa, s.q[st][0]);    // dK += dS^T Q
-    wgmma_commit();
+    if constexpr (!kOverlap) {
+      wgmma_fence();
+      issue_over_queries<Cfg, kBf16>(dv, pa, s.dout[st][0]);  // dV += P^T dO
+      issue_over_queries<Cfg, kBf16>(dk, dsa, s.q[st][0]);    // dK += dS^T Q
+      wgmma_commit();
+    }
     // kDqBulk: the previous step's reduce-add has read this warpgroup's dQ tile (it left most of
     // a step ago, so this rarely waits); consumers_sync tells the other threads before they write
     // the tile again. Every thread waits, not only the issuing one (the others have no bulk
@@ -466,19 +481,30 @@ __device__ __forceinline__ void bwd_consume(
     // spilled).
     if constexpr (kDqBulk) tma_store_wait_read();
     consumers_sync();  // both warpgroups' dS^T are in s.ds[buf]
-    // dV and dK ran under the barrier; waiting for them here frees P^T and dS^T's registers
-    // before dQ's accumulator is live (with all three live, d128 spilled ~90 bytes).
+    // dV and dK (kOverlap: dV alone) ran under the barrier; waiting for them here frees P^T's
+    // (and dS^T's) registers before dQ's accumulator is live (with all three live, d128 spilled
+    // ~90 bytes).
     wgmma_wait<0>();
     fence_regs(dv);
-    fence_regs(dk);
     fence_regs(pa);
-    fence_regs(dsa);
+    if constexpr (!kOverlap) {
+      fence_regs(dk);
+      fence_regs(dsa);
+    }
     float dq[Cfg::kDqCols / 2];
     wgmma_fence();
     issue_dq<Cfg, kBf16>(dq, s.ds[buf][dq_row0 / 64], s.k[dq_col0 / 64]);
-    wgmma_wait<0>();
+    if constexpr (kOverlap) {
+      // dK += dS^T Q behind dQ: the wait below lets dQ's accumulator out and leaves dK running
+      // under the dQ tile's stores and the reduce-add's issue.
+      issue_over_queries<Cfg, kBf16>(dk, dsa, s.q[st][0]);
+      wgmma_commit();
+      wgmma_wait<1>();
+    } else {
+      wgmma_wait<0>();
+      s.empty[st].arrive();  // this thread is done with the stage's Q, dO, LSE, D
+    }
     fence_regs(dq);
-    s.empty[st].arrive();  // this thread is done with the stage's Q, dO, LSE, D
     if constexpr (kDqBulk) {
       // dQ's share through shared memory: one thread adds the warpgroup's tile into the
       // accumulator with kDqBoxes bulk reduce-adds and the warpgroup goes on to the next step
@@ -510,6 +536,12 @@ __device__ __forceinline__ void bwd_consume(
           atomicAdd(reinterpret_cast<float2*>(acc + 8 * j),
                     make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]));
       }
+    }
+    if constexpr (kOverlap) {
+      wgmma_wait<0>();  // dK has read Q and dS^T's registers
+      fence_regs(dk);
+      fence_regs(dsa);
+      s.empty[st].arrive();  // this thread is done with the stage's Q, dO, LSE, D
     }
   };
   int i = 0;

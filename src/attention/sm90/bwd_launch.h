@@ -20,6 +20,9 @@ struct BwdArgs {
   // (FLASHSERVE_SM90_BWD_DQ_BULK, read by the dispatch once per call: parse_sm90_bwd_dq_bulk in
   // attention/cuda/plan.h). Either way dq is summed in no fixed order.
   bool dq_bulk;
+  // With dq_bulk: each step in FlashAttention-3's order (BwdOverlapTile in tile_config.h,
+  // FLASHSERVE_SM90_BWD_OVERLAP: parse_sm90_bwd_overlap). The atomics' kernel ignores it.
+  bool overlap;
   int batch, h_kv;
   // Rows of q/dout and of k/v per sequence (dense) or in all (varlen: those rows form one
   // sequence of the tensor maps).

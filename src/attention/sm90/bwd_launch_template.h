@@ -51,6 +51,16 @@ void launch_bwd(BwdParams& bp, const BwdArgs& a) {
   check_cuda(cudaGetLastError(), "sm90 backward kernel launch");
 }
 
+// The dtype and mask instantiations of one tile and dQ path.
+template <class Cfg, bool kDqBulk>
+void launch_dtypes(BwdParams& bp, const BwdArgs& a) {
+  const bool bf16 = a.dtype == DType::kBFloat16;
+  if (bf16 && a.masked) launch_bwd<Cfg, true, true, kDqBulk>(bp, a);
+  if (bf16 && !a.masked) launch_bwd<Cfg, true, false, kDqBulk>(bp, a);
+  if (!bf16 && a.masked) launch_bwd<Cfg, false, true, kDqBulk>(bp, a);
+  if (!bf16 && !a.masked) launch_bwd<Cfg, false, false, kDqBulk>(bp, a);
+}
+
 template <int kHeadDim>
 void run_bwd_hdim(const sm80::BwdParams& params, const BwdArgs& a) {
   using Cfg = typename DefaultBwdTile<kHeadDim>::type;
@@ -59,17 +69,12 @@ void run_bwd_hdim(const sm80::BwdParams& params, const BwdArgs& a) {
   if (a.max_kv_len > 0 && a.h_kv > 0) {
     BwdParams bp{};
     bp.p = params;
-    const bool bf16 = a.dtype == DType::kBFloat16;
-    auto launch = [&]<bool kDqBulk>() {
-      if (bf16 && a.masked) launch_bwd<Cfg, true, true, kDqBulk>(bp, a);
-      if (bf16 && !a.masked) launch_bwd<Cfg, true, false, kDqBulk>(bp, a);
-      if (!bf16 && a.masked) launch_bwd<Cfg, false, true, kDqBulk>(bp, a);
-      if (!bf16 && !a.masked) launch_bwd<Cfg, false, false, kDqBulk>(bp, a);
-    };
-    if (a.dq_bulk)
-      launch.template operator()<true>();
+    if (a.dq_bulk && a.overlap)
+      launch_dtypes<BwdOverlapTile<Cfg>, true>(bp, a);
+    else if (a.dq_bulk)
+      launch_dtypes<Cfg, true>(bp, a);
     else
-      launch.template operator()<false>();
+      launch_dtypes<Cfg, false>(bp, a);
   }
   sm80::run_bwd_postprocess(params, a.dtype, kHeadDim, a.max_q_len, a.stream);
 }

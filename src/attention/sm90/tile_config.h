@@ -383,12 +383,25 @@ struct BwdTileConfig {
   // launch gives 384 threads at one CTA per SM (168 each).
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
+  // The step's order (bwd_kernel.h): each GEMM waited for before the next is issued, or
+  // FlashAttention-3's (BwdOverlapTile below).
+  static constexpr bool kOverlap = false;
   static_assert(kConsumers == 2, "two consumer warpgroups of 64 keys");
   static_assert(setmaxnreg_fits(kProducerRegs, kConsumerRegs, kConsumers),
                 "the setmaxnreg budgets exceed the CTA's registers: setmaxnreg.inc would hang");
   static_assert(kHeadDim % kChunkCols == 0 && kBlockM % 64 == 0, "whole 64-column chunks");
   static_assert(kDqCols == 64 && (kDqByRows ? kBlockM == 128 : kBlockM == 64),
                 "dQ = dS K is one m64n64 product per warpgroup (wgmma_ops.h mma_ss_tt)");
+};
+
+// A backward tile whose step runs in FlashAttention-3's order (FLASHSERVE_SM90_BWD_OVERLAP, the
+// bulk-dQ kernel only): dV issued as soon as P^T is packed, under dS^T's packing, stores and the
+// consumers' barrier; dK issued after dQ, under the dQ tile's stores. A type of its own rather
+// than a template argument, so that the kernels without it keep their names and code
+// (scripts/kernel-identity.py compares kernels by name).
+template <class Cfg>
+struct BwdOverlapTile : Cfg {
+  static constexpr bool kOverlap = true;
 };
 
 // The backward's tiles (FlashAttention-3's choices for two MMA warpgroups, hopper/
