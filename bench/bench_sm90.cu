@@ -17,6 +17,10 @@
 // and =1 (session 18's tile boundary: O by TMA store, the tile's work announced), alternated
 // twice each (old, new, old, new; the better of each pair, so that a clock drift during the run
 // does not pass for either), new/old, and whether the two outputs are bit-identical (they must be).
+// --exp2-fma-ab: the same with FLASHSERVE_SM90_EXP2_FMA=0 (every softmax exponential on the MUFU)
+// and =1 (one 8-column chunk in 8 by exp2_poly.h on the FMA pipe; d64 only, other head dims run
+// the same kernel both ways), new/old, and the max |difference| of the two outputs (not the same
+// bits: the polynomial and ex2.approx round differently; a bf16 ulp or two of the output).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -37,6 +41,15 @@
 #include "flashserve/attention.h"
 
 namespace {
+
+// An A/B of one of the sm90 kernel's switches (--epilogue-ab, --exp2-fma-ab): the variable, the
+// column label of its two values, and whether the two outputs must be the same bits (else the
+// table shows their max |difference|).
+struct SwitchAb {
+  const char* variable;
+  const char* label;
+  bool same_bits;
+};
 
 float to_float(uint16_t bits, bool bf16) {
   if (bf16) {
@@ -183,7 +196,10 @@ int fp8_table(const cudaDeviceProp& prop, const std::vector<int>& seqlens, int h
 int main(int argc, char** argv) {
   std::vector<int> seqlens{4096, 8192};
   int head_dim = 128, total = 16384, hidden = 2048, iters = 20, warmup = 3, window = -1;
-  bool fp16 = false, varlen = false, fp8 = false, epilogue_ab = false;
+  bool fp16 = false, varlen = false, fp8 = false;
+  const SwitchAb* ab = nullptr;
+  static constexpr SwitchAb kEpilogueAb{"FLASHSERVE_SM90_EPILOGUE", "epi", true};
+  static constexpr SwitchAb kExp2FmaAb{"FLASHSERVE_SM90_EXP2_FMA", "fma", false};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has = i + 1 < argc;
@@ -202,14 +218,16 @@ int main(int argc, char** argv) {
     } else if (a == "--varlen") {
       varlen = true;
     } else if (a == "--epilogue-ab") {
-      epilogue_ab = true;
+      ab = &kEpilogueAb;
+    } else if (a == "--exp2-fma-ab") {
+      ab = &kExp2FmaAb;
     } else if (a == "--fp8") {
       fp8 = true;
     } else {
       std::fprintf(stderr,
                    "usage: bench_sm90 [--seqlens 4096,8192] [--head-dim 128] "
                    "[--total-tokens 16384] [--iters 20] [--fp16] [--window N] [--varlen] "
-                   "[--fp8] [--epilogue-ab]\n");
+                   "[--fp8] [--epilogue-ab | --exp2-fma-ab]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -233,9 +251,10 @@ int main(int argc, char** argv) {
   int32_t* cu_seqlens = nullptr;  // --varlen: 0, s, 2s, ... (filled per seqlen)
   CUDA_OK(cudaMalloc(&cu_seqlens, (total + 1) * sizeof(int32_t)));
 
-  if (epilogue_ab)
+  if (ab)
     std::printf("\n%-6s %-7s %-6s %-6s %10s %10s %10s %10s\n", "causal", "seqlen", "batch", "heads",
-                "epi=0", "epi=1", "new/old", "same bits");
+                (std::string(ab->label) + "=0").c_str(), (std::string(ab->label) + "=1").c_str(),
+                "new/old", ab->same_bits ? "same bits" : "max|diff|");
   else
     std::printf("\n%-6s %-7s %-6s %-6s %10s %10s %10s %10s %-5s %12s\n", "causal", "seqlen",
                 "batch", "heads", "sm80", "sm90", "sm90/sm80", "auto", "took", "max|diff|");
@@ -278,26 +297,30 @@ int main(int argc, char** argv) {
         for (int t = 0; t < s; ++t) pairs += std::min(t, window) + 1;
       }
       const double flops = 4.0 * b * h * pairs * d;
-      if (epilogue_ab) {
+      if (ab) {
         float best[2] = {0, 0};
         std::string err;
         setenv("FLASHSERVE_KERNEL", "sm90", 1);
         for (int round = 0; round < 4; ++round) {
-          const int epi = round % 2;
-          setenv("FLASHSERVE_SM90_EPILOGUE", epi ? "1" : "0", 1);
-          flashserve::AttentionParams p = params(epi ? out90 : out80);
-          best[epi] = std::max(best[epi],
-                               tflops_of(p, flops, workspace, workspace_bytes, warmup, iters, err));
+          const int on = round % 2;
+          setenv(ab->variable, on ? "1" : "0", 1);
+          flashserve::AttentionParams p = params(on ? out90 : out80);
+          best[on] = std::max(best[on],
+                              tflops_of(p, flops, workspace, workspace_bytes, warmup, iters, err));
         }
-        unsetenv("FLASHSERVE_SM90_EPILOGUE");
+        unsetenv(ab->variable);
         unsetenv("FLASHSERVE_KERNEL");
+        const bool ran = best[0] > 0 && best[1] > 0;
         const size_t n = size_t(b) * s * h * d;
-        CUDA_OK(cudaMemcpy(h80.data(), out80, n * 2, cudaMemcpyDeviceToHost));
-        CUDA_OK(cudaMemcpy(h90.data(), out90, n * 2, cudaMemcpyDeviceToHost));
-        const bool same = std::memcmp(h80.data(), h90.data(), n * 2) == 0;
+        const double max_diff = ran ? max_abs_diff(out80, out90, h80, h90, n, !fp16) : NAN;
+        const bool same = ran && std::memcmp(h80.data(), h90.data(), n * 2) == 0;
+        char last[32];
+        if (ab->same_bits)
+          std::snprintf(last, sizeof last, "%s", ran ? (same ? "yes" : "NO") : "-");
+        else
+          std::snprintf(last, sizeof last, "%.3g", max_diff);
         std::printf("%-6d %-7d %-6d %-6d %10.1f %10.1f %10.3f %10s%s%s\n", causal, s, b, h, best[0],
-                    best[1], best[0] > 0 ? best[1] / best[0] : 0.0,
-                    best[0] > 0 && best[1] > 0 ? (same ? "yes" : "NO") : "-",
+                    best[1], best[0] > 0 ? best[1] / best[0] : 0.0, last,
                     err.empty() ? "" : "  error: ", err.c_str());
         continue;
       }

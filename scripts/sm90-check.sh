@@ -14,9 +14,19 @@
 #     bash scripts/gpu-quick.sh --pack build/dev90 .xfer/sm90.tar.xz
 # then, on the GPU machine (carry .xfer):
 #   BIN_TAR=.xfer/sm90.tar.xz OUT=$OUT bash scripts/sm90-check.sh
+# The d64 exponentials on the FMA pipe alone (FLASHSERVE_SM90_EXP2_FMA, docs/kernel-notes.md
+# "exp2 on the FMA pipe"): their tests and the exp2fma A/B in one call, on the build machine
+#   cmake -S . -B build/h90 -DCMAKE_BUILD_TYPE=Release -DFLASHSERVE_CUDA_ARCHS=90a
+#   cmake --build build/h90 -j1 --target test_gpu bench_sm90
+#   BINARIES="tests/test_gpu bench/bench_sm90" bash scripts/gpu-quick.sh --pack build/h90 \
+#     .xfer/exp2.tar.xz
+# then on the GPU machine (carry .xfer):
+#   BIN_TAR=.xfer/exp2.tar.xz OUT=$OUT FILTER='Sm90Exp2Fma.*:*Sm90Nan*:*Sm90Forward*d64*' \
+#     SKIP="all_gpu_tests sanitize sass sm90 epilogue sweep api fa3 ncu" bash scripts/sm90-check.sh
 # Environment: HEAD_DIMS (64,128,256), SEQLENS (512,...,16384), SKIP="tests all_gpu_tests
-# sanitize sass sm90 epilogue sweep api fa3 ncu" leaves steps out, EPI_SEQLENS (the epilogue
-# step's, default 512,1024,2048), FA3_ARGS (more fa3_grid.py arguments), FILTER (the gtest filter of the tests step, default '*Sm90*'; 8 shards, TEST_TIMEOUT seconds each, default 150),
+# sanitize sass sm90 epilogue exp2fma sweep api fa3 ncu" leaves steps out, EPI_SEQLENS (the
+# epilogue step's, default 512,1024,2048), FMA_SEQLENS (the exp2fma step's, default SEQLENS),
+# FA3_ARGS (more fa3_grid.py arguments), FILTER (the gtest filter of the tests step, default '*Sm90*'; 8 shards, TEST_TIMEOUT seconds each, default 150),
 # SM90_SEQLENS (bench_sm90's, default SEQLENS), NCU_SHAPES ("d:seqlen:causal ...", default
 # "128:512:0 128:8192:0").
 set -uo pipefail
@@ -127,6 +137,18 @@ if want epilogue; then
   timeout 100 "$BIN/bench/bench_sm90" --head-dim 128 --seqlens "${EPI_SEQLENS:-512,1024,2048}" \
     --iters 20 --epilogue-ab --varlen | tee -a "$OUT/bench_epilogue.txt" || status=1
   grep -q " NO" "$OUT/bench_epilogue.txt" && { echo "epilogue: outputs differ"; status=1; }
+fi
+if want exp2fma; then
+  # Part of the d64 softmax's exponentials on the FMA pipe (FLASHSERVE_SM90_EXP2_FMA, tile_config.h
+  # Exp2Fma): the sm90 kernel with every exponential on the MUFU (0) and one 8-column chunk in 8
+  # by the polynomial (1), alternated in one process; the outputs differ by rounding only
+  # ("max|diff|": a bf16 ulp or two of the output, Sm90Exp2Fma.* bounds it against the float64
+  # reference). The prediction (kernel-notes): fma=1/fma=0 1.03-1.07 at 2k-16k keys, 1.01-1.04 at 512-1k.
+  for dt in "" --fp16; do
+    step "bench_sm90 --exp2-fma-ab, d64 ${dt:-bf16} (TFLOP/s, FLASHSERVE_SM90_EXP2_FMA 0 against 1)"
+    timeout 150 "$BIN/bench/bench_sm90" --head-dim 64 --seqlens "${FMA_SEQLENS:-$SEQLENS}" \
+      --iters 20 --exp2-fma-ab $dt | tee -a "$OUT/bench_exp2_fma.txt" || status=1
+  done
 fi
 if want sweep && [ -x "$BIN/bench/sm90_sweep" ]; then
   # Alternative tiles and epilogues side by side (bench/tuning/sm90_sweep.cu; a -DFLASHSERVE_TUNING=ON

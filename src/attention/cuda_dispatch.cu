@@ -207,6 +207,7 @@ Plan cuda_plan(const AttentionParams& params, const Problem& pr, const HostLengt
     ctx.fp8_block_n = parse_fp8_block_n(std::getenv("FLASHSERVE_FP8_BLOCK_N"));
   }
   ctx.sm90_epilogue = parse_sm90_epilogue(std::getenv("FLASHSERVE_SM90_EPILOGUE"));
+  ctx.sm90_exp2_fma = parse_sm90_exp2_fma(std::getenv("FLASHSERVE_SM90_EXP2_FMA"));
   // FLASHSERVE_CUDA_FP8_KV, read once per plan of an fp8 KV cache's call (e4m3 K/V beside a
   // 16-bit q). What the fp8 KV kernels lack is refused here, before anything looks at the device,
   // so the refusal is the same on every machine (make_plan checks it again).
@@ -296,6 +297,7 @@ void run_sm90(const LaunchPlan& l, const sm80::FwdParams& f, const AttentionPara
   // O leaves by TMA only through a map of out, which needs strides TMA can describe (q's are
   // checked by sm90_unavailable; the run's out may differ from the plan's).
   a.epilogue = l.kernel.epilogue && tma_stride_problem(params.out, "out").empty();
+  a.exp2_fma = l.kernel.exp2_fma;
   if (l.kernel.fp8) {
     const auto descale = [](const TensorView& d, const float*& ptr, int64_t& batch_stride,
                             int64_t& head_stride) {

@@ -13,6 +13,7 @@
 
 #include <climits>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace flashserve::testing {
@@ -49,6 +50,7 @@ void expect_strict_switch(bool (*parse)(const char*), bool by_default, const cha
     }
   }
 }
+
 StepShape step(const std::vector<std::pair<int64_t, int64_t>>& seqs, int32_t num_splits = 0) {
   return plan_step(seqs, 128, num_splits);
 }
@@ -628,6 +630,53 @@ TEST(PlanFamily, Sm90EpilogueSwitchReachesTheSm90LaunchesOnly) {
         << mixed.summary();
 }
 
+// FLASHSERVE_SM90_EXP2_FMA (part of the softmax's exponentials on the FMA pipe, sm90/tile_config.h
+// Exp2Fma): read strictly, off by default; it reaches the sm90 launches at d64 and their replay
+// key, and no other: d128 and d256 (GEMM-bound, no Exp2Fma tiles) and sm80 plan as without it,
+// replay key included (their CUDA graphs stay valid across the switch).
+TEST(PlanFamily, Sm90Exp2FmaSwitchReachesTheD64Sm90LaunchesOnly) {
+  expect_strict_switch(attention::parse_sm90_exp2_fma, attention::kSm90Exp2FmaByDefault,
+                       "FLASHSERVE_SM90_EXP2_FMA");
+  EXPECT_TRUE(PlanContext{}.sm90_exp2_fma == attention::kSm90Exp2FmaByDefault);
+  const auto on_and_off = [](StepShape s) {
+    s.ctx.sm90_exp2_fma = true;
+    Plan on = plan_of(s);
+    s.ctx.sm90_exp2_fma = false;
+    return std::pair{on, plan_of(s)};
+  };
+  for (int64_t d : {64, 128, 256})
+    for (bool causal : {false, true})
+      for (int64_t len : {512, 4096}) {  // ShortTile and DefaultTile
+        StepShape s = dense(2, len, 16, d, causal);
+        s.ctx.family = attention::FamilyRequest::kSm90;
+        const auto [on, off] = on_and_off(s);
+        ASSERT_EQ(on.launches.size(), 1u);
+        ASSERT_EQ(off.launches.size(), 1u);
+        EXPECT_EQ(on.launches[0].kernel.exp2_fma, d == 64) << on.summary();
+        EXPECT_FALSE(off.launches[0].kernel.exp2_fma) << off.summary();
+        EXPECT_EQ(attention::replay_key(on) != attention::replay_key(off), d == 64)
+            << attention::replay_key(on);
+        s.ctx.family = attention::FamilyRequest::kSm80;
+        const auto [sm80_on, sm80_off] = on_and_off(s);
+        for (const LaunchPlan& l : sm80_on.launches)
+          EXPECT_FALSE(l.kernel.exp2_fma) << sm80_on.summary();
+        EXPECT_EQ(attention::replay_key(sm80_on), attention::replay_key(sm80_off));
+      }
+  // A mixed d64 step: the decodes stay on sm80 without it, the chunk on sm90 with it.
+  StepShape m = step({{1, 4096}, {512, 4096}, {1, 2048}});
+  m.pr.head_dim = m.pr.head_dim_v = 64;
+  m.ctx.sm90_unavailable = "";
+  m.ctx.sm90_exp2_fma = true;  // whatever the default (kSm90Exp2FmaByDefault)
+  const Plan mixed = plan_of(m);
+  int sm90_launches = 0;
+  for (const LaunchPlan& l : mixed.launches) {
+    const bool sm90 = l.kernel.family == attention::KernelFamily::kSm90;
+    sm90_launches += sm90;
+    EXPECT_EQ(l.kernel.exp2_fma, sm90) << mixed.summary();
+  }
+  EXPECT_GT(sm90_launches, 0) << mixed.summary();
+}
+
 // FLASHSERVE_KERNEL / FLASHSERVE_BWD_KERNEL's values.
 TEST(PlanFamily, ParsesTheFamilyVariables) {
   using attention::FamilyRequest;
@@ -732,6 +781,21 @@ template <typename F>
 StepShape with(StepShape s, F f) {
   f(s);
   return s;
+}
+
+// The fp8 tiles have no Exp2Fma variant: FLASHSERVE_SM90_EXP2_FMA leaves an e4m3 call's launch
+// as it was, at d64 too.
+TEST(PlanFp8, Exp2FmaSwitchLeavesTheFp8TilesAlone) {
+  for (bool causal : {false, true}) {
+    StepShape s = fp8_call(2, 512, 512, 8, 8, 64, causal);
+    const Plan off = plan_of(s);
+    s.ctx.sm90_exp2_fma = true;
+    const Plan on = plan_of(s);
+    ASSERT_EQ(on.launches.size(), 1u);
+    EXPECT_TRUE(on.launches[0].kernel.fp8) << on.summary();
+    EXPECT_FALSE(on.launches[0].kernel.exp2_fma) << on.summary();
+    EXPECT_EQ(attention::replay_key(on), attention::replay_key(off));
+  }
 }
 
 TEST(PlanFp8, ParsesTheSwitchStrictly) {

@@ -6,14 +6,17 @@
 // sequences too), seqused_k and paged K/V (pages of 16 to 256 keys) over NaN-poisoned unused keys,
 // GQA and MQA, outputs poisoned with NaN. Plus the same inputs through the sm80 kernel, a
 // determinism check, K/V multicast against the same calls without it, the refusals of what the
-// kernel lacks, and a small case for compute-sanitizer (Sm90Sanitize*). Skips without a CUDA
-// device, on devices other than compute capability 9.0, and in builds without 90a.
+// kernel lacks, a small case for compute-sanitizer (Sm90Sanitize*), and the d64 exponentials on
+// the FMA pipe against the MUFU path (Sm90Exp2Fma*). Skips without a CUDA device, on devices
+// other than compute capability 9.0, and in builds without 90a.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -51,6 +54,34 @@ NaiveOutput run_on_gpu(AttentionCase& c, const char* kernel) {
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   dev.download();
   return read_output(c.params());
+}
+
+// The case on the sm90 kernel with a switch (FLASHSERVE_SM90_*) at "1", then at "0".
+struct SwitchRuns {
+  NaiveOutput on, off;
+};
+SwitchRuns run_switched(AttentionCase& c, const char* variable) {
+  SwitchRuns r;
+  {
+    ScopedEnv on(variable, "1");
+    r.on = run_on_gpu(c, "sm90");
+  }
+  {
+    ScopedEnv off(variable, "0");
+    r.off = run_on_gpu(c, "sm90");
+  }
+  return r;
+}
+
+// Whether two runs' outputs and LSEs are the same bits.
+::testing::AssertionResult same_bits(const NaiveOutput& a, const NaiveOutput& b) {
+  if (a.out.size() != b.out.size() || a.lse.size() != b.lse.size())
+    return ::testing::AssertionFailure() << "sizes differ";
+  if (std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(double)) != 0)
+    return ::testing::AssertionFailure() << "out differs";
+  if (std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * sizeof(double)) != 0)
+    return ::testing::AssertionFailure() << "lse differs";
+  return ::testing::AssertionSuccess();
 }
 
 CaseSpec spec(DType dt, int64_t d, int64_t batch, int64_t q_len, int64_t kv_len, int64_t h_q,
@@ -304,13 +335,9 @@ TEST_P(Sm90Nan, RowsThatSeeAPoisonedInputAreNan) {
       GetParam(), [](AttentionCase& c) { return run_on_gpu(c, "sm90"); }, "sm90");
 }
 
-// What v1 runs: dense, causal or not, d64/d128. Rows that see no key (causal, more queries than
-// keys), GQA, and a poison that may fall in a later key block than the first.
-std::vector<NanCase> sm90_nan_cases() {
+// Every poison of nan_inputs.h on each shape, bf16 and fp16.
+std::vector<NanCase> sm90_nan_cases(const std::vector<CaseSpec>& shapes) {
   std::vector<NanCase> v;
-  const CaseSpec shapes[] = {spec(DType::kBFloat16, 64, 2, 40, 30, 4, 4, true),
-                             spec(DType::kBFloat16, 128, 1, 130, 300, 8, 2, false),
-                             spec(DType::kBFloat16, 128, 1, 200, 400, 4, 1, true)};
   for (const CaseSpec& shape : shapes)
     for (DType dt : {DType::kBFloat16, DType::kFloat16})
       for (Poison poison : {Poison::kNanQ, Poison::kNanK, Poison::kOverflow}) {
@@ -323,8 +350,14 @@ std::vector<NanCase> sm90_nan_cases() {
   return v;
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, Sm90Nan, ::testing::ValuesIn(sm90_nan_cases()),
-                         [](const auto& info) { return info.param.name(); });
+// What v1 runs: dense, causal or not, d64/d128. Rows that see no key (causal, more queries than
+// keys), GQA, and a poison that may fall in a later key block than the first.
+INSTANTIATE_TEST_SUITE_P(
+    Cases, Sm90Nan,
+    ::testing::ValuesIn(sm90_nan_cases({spec(DType::kBFloat16, 64, 2, 40, 30, 4, 4, true),
+                                        spec(DType::kBFloat16, 128, 1, 130, 300, 8, 2, false),
+                                        spec(DType::kBFloat16, 128, 1, 200, 400, 4, 1, true)})),
+    [](const auto& info) { return info.param.name(); });
 
 // ---------------------------------------------------------------------------------------------
 // Longer sequences: the reference is the CPU tiled path in float32 (itself tested against
@@ -481,28 +514,30 @@ TEST(Sm90Multicast, SameBitsAsWithout) {
     EXPECT_TRUE(attention_close(with, c.exact(), c.lowp(), s.dtype)) << s.name();
     ScopedEnv off("FLASHSERVE_SM90_MULTICAST", "0");
     const NaiveOutput without = run_on_gpu(c, "sm90");
-    ASSERT_EQ(with.out.size(), without.out.size());
-    EXPECT_EQ(std::memcmp(with.out.data(), without.out.data(), with.out.size() * sizeof(double)), 0)
-        << s.name() << ": out differs with multicast";
-    EXPECT_EQ(std::memcmp(with.lse.data(), without.lse.data(), with.lse.size() * sizeof(double)), 0)
-        << s.name() << ": lse differs with multicast";
+    EXPECT_TRUE(same_bits(with, without)) << s.name() << " with multicast";
+  }
+}
+
+// A call at head dim d with the sm90 kernel forced and `variable` set to a value it does not take
+// is refused naming the variable.
+void expect_switch_refused(const char* variable, int64_t d = 128) {
+  CaseSpec s = spec(DType::kBFloat16, d, 1, 256, 256, 2, 2, false);
+  AttentionCase c(s);
+  DeviceCopy dev(c);
+  ScopedEnv kernel("FLASHSERVE_KERNEL", "sm90");
+  ScopedEnv bad(variable, "yes");
+  try {
+    attention_forward(dev.params());
+    ADD_FAILURE() << "no error for " << variable << "=yes";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), variable) << e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.what();
   }
 }
 
 TEST(Sm90Multicast, AnUnknownSwitchValueIsRefusedByName) {
   SKIP_WITHOUT_SM90();
-  CaseSpec s = spec(DType::kBFloat16, 128, 1, 256, 256, 2, 2, false);
-  AttentionCase c(s);
-  DeviceCopy dev(c);
-  ScopedEnv kernel("FLASHSERVE_KERNEL", "sm90");
-  ScopedEnv bad("FLASHSERVE_SM90_MULTICAST", "yes");
-  try {
-    attention_forward(dev.params());
-    ADD_FAILURE() << "no error for FLASHSERVE_SM90_MULTICAST=yes";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "FLASHSERVE_SM90_MULTICAST") << e.what();
-    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.what();
-  }
+  expect_switch_refused("FLASHSERVE_SM90_MULTICAST");
 }
 
 // Session 18's tile boundary (tile_config.h OverlappedEpilogue: O through shared memory and TMA
@@ -576,22 +611,10 @@ TEST(Sm90Epilogue, SameBitsAsTheRegisterStores) {
   for (CaseSpec s : sm90_epilogue_cases()) {
     s.seed = seed_for(s.name(), 18);
     AttentionCase c(s);
-    NaiveOutput with, without;
-    {
-      ScopedEnv on("FLASHSERVE_SM90_EPILOGUE", "1");
-      with = run_on_gpu(c, "sm90");
-    }
-    {
-      ScopedEnv off("FLASHSERVE_SM90_EPILOGUE", "0");
-      without = run_on_gpu(c, "sm90");
-    }
-    EXPECT_TRUE(attention_close(with, c.exact(), c.lowp(), s.dtype)) << s.name();
-    EXPECT_TRUE(attention_close(without, c.exact(), c.lowp(), s.dtype)) << s.name();
-    ASSERT_EQ(with.out.size(), without.out.size());
-    EXPECT_EQ(std::memcmp(with.out.data(), without.out.data(), with.out.size() * sizeof(double)), 0)
-        << s.name() << ": out differs between the two epilogues";
-    EXPECT_EQ(std::memcmp(with.lse.data(), without.lse.data(), with.lse.size() * sizeof(double)), 0)
-        << s.name() << ": lse differs between the two epilogues";
+    const SwitchRuns r = run_switched(c, "FLASHSERVE_SM90_EPILOGUE");
+    EXPECT_TRUE(attention_close(r.on, c.exact(), c.lowp(), s.dtype)) << s.name();
+    EXPECT_TRUE(attention_close(r.off, c.exact(), c.lowp(), s.dtype)) << s.name();
+    EXPECT_TRUE(same_bits(r.on, r.off)) << s.name() << " between the two epilogues";
   }
 }
 
@@ -618,18 +641,136 @@ TEST(Sm90Epilogue, SameInputsSameBits) {
 
 TEST(Sm90Epilogue, AnUnknownSwitchValueIsRefusedByName) {
   SKIP_WITHOUT_SM90();
-  CaseSpec s = spec(DType::kBFloat16, 128, 1, 256, 256, 2, 2, false);
-  AttentionCase c(s);
-  DeviceCopy dev(c);
-  ScopedEnv kernel("FLASHSERVE_KERNEL", "sm90");
-  ScopedEnv bad("FLASHSERVE_SM90_EPILOGUE", "yes");
-  try {
-    attention_forward(dev.params());
-    ADD_FAILURE() << "no error for FLASHSERVE_SM90_EPILOGUE=yes";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "FLASHSERVE_SM90_EPILOGUE") << e.what();
-    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.what();
+  expect_switch_refused("FLASHSERVE_SM90_EPILOGUE");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Part of the d64 softmax's exponentials on the FMA pipe (FLASHSERVE_SM90_EXP2_FMA, tile_config.h
+// Exp2Fma, exp2_poly.h). Not the same bits as the MUFU path: exp2_poly and ex2.approx.f32 differ
+// by up to ~3.3e-7 of P (2^-23.5 the polynomial's relative error, tests/attention/
+// exp2_poly_test.cc, plus ex2.approx's ~2^-22). In fp32 that moves O and the row sums by ~1e-6
+// relative, far below a 16-bit output's unit in the last place (ulp); what can show is rounding:
+// a P within that distance of a 16-bit rounding boundary rounds the other way for P V (O moves
+// by that P's ulp x |V| / sum: rare, and small but for a row's largest keys), and an output
+// value near a boundary rounds to the neighbouring 16-bit value. Both paths must pass the float64
+// reference by the usual rule, and differ from each other by at most two ulps of the output's
+// largest magnitude (one for the output's rounding, one for P's); the LSE (fp32, log of the sum)
+// by at most 1e-6 + 2^-22 |lse|.
+
+// The difference allowed between the two paths' outputs (above): 2 ulps of the 16-bit format
+// (8 significant bits bf16, 11 fp16) at the largest |out| of the reference.
+double exp2_fma_out_bound(const NaiveOutput& exact, DType dt) {
+  const double largest = std::max(detail::max_abs(exact.out), 1e-30);
+  const int significant_bits = dt == DType::kBFloat16 ? 8 : 11;
+  return 2.0 * std::ldexp(1.0, std::ilogb(largest) - (significant_bits - 1));
+}
+
+::testing::AssertionResult within_exp2_rounding(const NaiveOutput& on, const NaiveOutput& off,
+                                                const NaiveOutput& exact, DType dt) {
+  if (on.out.size() != off.out.size() || on.lse.size() != off.lse.size())
+    return ::testing::AssertionFailure() << "sizes differ";
+  const double bound = exp2_fma_out_bound(exact, dt);
+  double worst = 0.0;
+  int64_t at = -1, differ = 0, compared = 0;
+  for (size_t i = 0; i < on.out.size(); ++i) {
+    if (std::isnan(exact.out[i])) continue;  // rows of no sequence (varlen padding)
+    const double d = std::abs(on.out[i] - off.out[i]);
+    ++compared;
+    differ += on.out[i] != off.out[i];
+    if (!(d <= worst)) worst = d, at = static_cast<int64_t>(i);  // NaN is the worst
   }
+  int64_t lse_beyond = -1;  // a row whose LSEs differ by more than their bound
+  for (size_t r = 0; r < on.lse.size() && lse_beyond < 0; ++r) {
+    if (!std::isfinite(exact.lse[r])) continue;  // no key: -inf in both (attention_close)
+    if (!(std::abs(on.lse[r] - off.lse[r]) <= 1e-6 + std::ldexp(std::abs(exact.lse[r]), -22)))
+      lse_beyond = static_cast<int64_t>(r);
+  }
+  std::ostringstream note;
+  note << "on/off: max |out diff| " << worst << " (bound " << bound << ") at element " << at << ", "
+       << differ << " of " << compared << " elements differ";
+  if (lse_beyond >= 0)
+    note << "; lse of row " << lse_beyond << ": " << on.lse[lse_beyond] << " on, "
+         << off.lse[lse_beyond] << " off";
+  if (!(worst <= bound) || lse_beyond >= 0) return ::testing::AssertionFailure() << note.str();
+  return ::testing::AssertionSuccess() << note.str();
+}
+
+// Every d64 tile the switch reaches (ShortTile 192 x 128 and causal 128 x 128, DefaultTile past
+// kShortKeys), each with and without session 18's epilogue: dense causal and not, grids larger
+// than a wave (GQA 6), a sliding window (masked blocks on both sides of unmasked ones), varlen
+// sequences (empty, single-row, ragged tiles) and varlen chunks over 16-key pages (cp.async).
+std::vector<CaseSpec> sm90_exp2_fma_cases() {
+  constexpr DType bf16 = DType::kBFloat16, fp16 = DType::kFloat16;
+  std::vector<CaseSpec> v;
+  for (bool causal : {false, true}) {
+    v.push_back(spec(bf16, 64, 2, 500, 500, 4, 1, causal));   // ShortTile, 4 key blocks
+    v.push_back(spec(fp16, 64, 1, 300, 1500, 4, 1, causal));  // DefaultTile, 12 key blocks
+    v.push_back(spec(bf16, 64, 2, 300, 300, 48, 8, causal));  // 192 / 288 tiles
+    CaseSpec s = spec(fp16, 64, 6, 0, 0, 8, 2, causal);
+    s.q_lens = {100, 64, 0, 1, 193, 129};
+    s.kv_lens = {100, 640, 5, 300, 193, 260};
+    s.q_layout = QLayout::kVarlen;
+    s.kv_layout = KVLayout::kVarlen;
+    v.push_back(s);
+  }
+  CaseSpec window = spec(fp16, 64, 1, 300, 700, 4, 2, false);
+  window.window_left = 200;
+  window.window_right = 0;
+  v.push_back(window);
+  CaseSpec paged = spec(bf16, 64, 3, 0, 0, 8, 2, true);
+  paged.q_lens = {130, 1, 257};
+  paged.kv_lens = {300, 77, 1100};
+  paged.q_layout = QLayout::kVarlen;
+  paged.kv_layout = KVLayout::kPaged;
+  paged.page_size = 16;
+  v.push_back(paged);
+  return v;
+}
+
+TEST(Sm90Exp2Fma, MatchesFloat64ReferenceAndTheMufuPathWithinRounding) {
+  SKIP_WITHOUT_SM90();
+  for (CaseSpec s : sm90_exp2_fma_cases()) {
+    s.seed = seed_for(s.name(), 20);
+    AttentionCase c(s);
+    for (const char* epilogue : {"0", "1"}) {
+      ScopedEnv boundary("FLASHSERVE_SM90_EPILOGUE", epilogue);
+      const SwitchRuns r = run_switched(c, "FLASHSERVE_SM90_EXP2_FMA");
+      const std::string name = s.name() + (*epilogue == '1' ? " epilogue" : "");
+      EXPECT_TRUE(attention_close(r.on, c.exact(), c.lowp(), s.dtype)) << name;
+      EXPECT_TRUE(attention_close(r.off, c.exact(), c.lowp(), s.dtype)) << name;
+      EXPECT_TRUE(within_exp2_rounding(r.on, r.off, c.exact(), s.dtype)) << name;
+    }
+  }
+}
+
+// d128 and d256 have no Exp2Fma tiles (GEMM-bound): the switch leaves their bits alone.
+TEST(Sm90Exp2Fma, OtherHeadDimsKeepTheirBits) {
+  SKIP_WITHOUT_SM90();
+  for (bool causal : {false, true})
+    for (CaseSpec s : {spec(DType::kBFloat16, 128, 2, 300, 300, 8, 2, causal),
+                       spec(DType::kFloat16, 256, 1, 200, 200, 4, 2, causal)}) {
+      s.seed = seed_for(s.name(), 20);
+      AttentionCase c(s);
+      const SwitchRuns r = run_switched(c, "FLASHSERVE_SM90_EXP2_FMA");
+      EXPECT_TRUE(same_bits(r.on, r.off)) << s.name();
+    }
+}
+
+// The NaN rule with the polynomial: a NaN score stays NaN through exp2_poly (its max keeps NaN),
+// a masked one (-inf) weighs 0. Key blocks longer than 64 keys, so that the polynomial's chunks
+// (columns 56-63 and 120-127 of each block) hold real scores.
+TEST(Sm90Exp2Fma, RowsThatSeeAPoisonedInputAreNan) {
+  SKIP_WITHOUT_SM90();
+  ScopedEnv fma("FLASHSERVE_SM90_EXP2_FMA", "1");
+  for (const NanCase& nc : sm90_nan_cases({spec(DType::kBFloat16, 64, 1, 130, 300, 8, 2, false),
+                                           spec(DType::kBFloat16, 64, 1, 200, 400, 4, 1, true)}))
+    expect_nan_rule(
+        nc, [](AttentionCase& c) { return run_on_gpu(c, "sm90"); }, "sm90 exp2 fma");
+}
+
+TEST(Sm90Exp2Fma, AnUnknownSwitchValueIsRefusedByName) {
+  SKIP_WITHOUT_SM90();
+  expect_switch_refused("FLASHSERVE_SM90_EXP2_FMA", 64);
 }
 
 // What the kernel lacks (pages of other than a multiple of 8 keys, split-KV) is refused naming

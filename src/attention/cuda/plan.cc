@@ -115,6 +115,10 @@ bool parse_sm90_epilogue(const char* value) {
   return env_switch(value, "FLASHSERVE_SM90_EPILOGUE", kSm90EpilogueByDefault);
 }
 
+bool parse_sm90_exp2_fma(const char* value) {
+  return env_switch(value, "FLASHSERVE_SM90_EXP2_FMA", kSm90Exp2FmaByDefault);
+}
+
 int parse_fp8_block_n(const char* value) {
   if (value == nullptr || *value == '\0' || std::string(value) == "128") return 128;
   if (std::string(value) == "192") return 192;
@@ -276,6 +280,7 @@ KernelChoice sm90_kernel(const Problem& pr, const PlanContext& ctx, int64_t max_
   k.tile_counter = k.masked && ctx.workspace_available;
   k.epilogue = ctx.sm90_epilogue;
   k.head_dim = static_cast<int>(pr.head_dim);
+  k.exp2_fma = ctx.sm90_exp2_fma && sm90::exp2_fma_head_dim(k.head_dim);
   const sm90::TileShape tile =
       sm90::tile_shape(static_cast<int>(pr.head_dim), k.masked, max_kv_len);
   k.block_m = tile.block_m;
@@ -477,9 +482,10 @@ std::string replay_key(const Plan& plan) {
                   : "sm80")
        << (k.decode ? " decode" : "") << (k.masked ? " masked" : "") << (k.paged ? " paged" : "")
        << (k.tile_counter ? " counter" : "") << (k.epilogue ? " epilogue" : "")
-       << (k.padded ? str_cat(" padded d", k.head_dim) : "") << (k.kv_fp8 ? " kv-e4m3" : "") << " "
-       << k.block_m << "x" << k.block_n << " splits " << k.splits << " group "
-       << static_cast<int>(l.group) << " seqs " << l.seq_begin << "-" << l.seq_end;
+       << (k.exp2_fma ? " exp2-fma" : "") << (k.padded ? str_cat(" padded d", k.head_dim) : "")
+       << (k.kv_fp8 ? " kv-e4m3" : "") << " " << k.block_m << "x" << k.block_n << " splits "
+       << k.splits << " group " << static_cast<int>(l.group) << " seqs " << l.seq_begin << "-"
+       << l.seq_end;
   }
   return os.str();
 }
@@ -503,7 +509,8 @@ std::string Plan::summary() const {
        << " max_q " << l.max_q_len << " max_kv " << l.max_kv_len << " tile " << l.kernel.block_m
        << "x" << l.kernel.block_n << " splits " << l.kernel.splits
        << (l.kernel.tile_counter ? " tile counter" : "")
-       << (l.kernel.epilogue ? " overlapped epilogue" : "");
+       << (l.kernel.epilogue ? " overlapped epilogue" : "")
+       << (l.kernel.exp2_fma ? " exp2 on fma" : "");
     if (l.kernel.fp8) os << " V^T at " << l.vt_offset;
   }
   os << "; workspace " << workspace_bytes << " B";

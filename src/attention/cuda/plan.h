@@ -56,6 +56,10 @@ struct KernelChoice {
   // TMA store where its staging fits, the tile's work announced to the consumers), from
   // PlanContext::sm90_epilogue. Same arithmetic, same bits.
   bool epilogue = false;
+  // sm90 16-bit d64 tiles: part of the softmax's exponentials on the FMA pipe (sm90/tile_config.h
+  // Exp2Fma), from PlanContext::sm90_exp2_fma; false at other head dims and on fp8, which it
+  // does not reach. Not the same bits: exp2_poly.h and ex2.approx round differently.
+  bool exp2_fma = false;
   // The head dim the kernel is compiled for (64, 128, 256): the call's, or for sm80 the smallest
   // at or above both of the call's head dims (sm80/tile_config.h kernel_head_dim); then `padded`:
   // the padded instantiation, which reads q, k and v only up to the call's head dims and stores
@@ -106,6 +110,13 @@ struct HostLengths {
 // "0" turns it off (docs/kernel-notes.md, sessions 18 and 19).
 inline constexpr bool kSm90EpilogueByDefault = true;
 
+// Whether the sm90 forward's d64 16-bit tiles compute part of the softmax's exponentials on the
+// FMA pipe by default (FLASHSERVE_SM90_EXP2_FMA unset): off until its first device run has
+// measured it (written without a GPU; docs/kernel-notes.md, "exp2 on the FMA pipe"). "1" turns
+// it on; the outputs differ from the MUFU's in rounding only (Sm90Exp2Fma.* bound the
+// difference).
+inline constexpr bool kSm90Exp2FmaByDefault = false;
+
 // What the plan needs of the device and of the call beside the problem.
 struct PlanContext {
   SplitDevice device;
@@ -127,6 +138,9 @@ struct PlanContext {
   // Whether sm90 16-bit launches take session 18's tile boundary: FLASHSERVE_SM90_EPILOGUE
   // (parse_sm90_epilogue), read by the dispatch once per plan.
   bool sm90_epilogue = kSm90EpilogueByDefault;
+  // Whether sm90 16-bit d64 launches compute part of the softmax's exponentials on the FMA pipe:
+  // FLASHSERVE_SM90_EXP2_FMA (parse_sm90_exp2_fma), read by the dispatch once per plan.
+  bool sm90_exp2_fma = kSm90Exp2FmaByDefault;
 
   // Whether an e4m3 K/V beside a bfloat16 q (the fp8 KV cache) may run on sm80's fp8 KV kernels:
   // FLASHSERVE_CUDA_FP8_KV (parse_fp8_kv_cache), read by the dispatch once per plan of such a
@@ -137,6 +151,10 @@ struct PlanContext {
 // FLASHSERVE_SM90_EPILOGUE: unset (null) or empty, kSm90EpilogueByDefault; "1" on; "0" off;
 // anything else throws kInvalidArgument naming the variable.
 bool parse_sm90_epilogue(const char* value);
+
+// FLASHSERVE_SM90_EXP2_FMA: unset (null) or empty, kSm90Exp2FmaByDefault; "1" on; "0" off;
+// anything else throws kInvalidArgument naming the variable.
+bool parse_sm90_exp2_fma(const char* value);
 
 // Whether the fp8 KV cache's CUDA kernels (e4m3 K/V beside a bfloat16 q: sm80/fwd_kernel.h
 // fwd_kernel_kv_fp8) run by default (FLASHSERVE_CUDA_FP8_KV unset): off. Their first device run

@@ -30,6 +30,8 @@
 // - Session 18's tile boundary (tile_config.h OverlappedEpilogue, FLASHSERVE_SM90_EPILOGUE): O
 //   leaves through shared memory by TMA stores (store_tile), the producer announces each tile's
 //   work with its index (TileSlot) and loads a tile's first K block before its Q.
+// - Part of d64's exponentials on the FMA pipe (tile_config.h Exp2Fma, FLASHSERVE_SM90_EXP2_FMA):
+//   RowState computes one 8-column chunk in kExp2FmaEvery with exp2_poly.h.
 //
 // Not yet here (docs/kernel-notes.md, "sm90 next steps"): split-KV.
 #pragma once
@@ -44,6 +46,7 @@
 #include "attention/kernel/seqlen.h"
 #include "attention/kernel/tile_order.h"
 #include "device_util.h"
+#include "exp2_poly.h"
 #include "fwd_params.h"
 #include "mbarrier.h"
 #include "tile_config.h"
@@ -522,7 +525,11 @@ __device__ __forceinline__ float reduce_row(const float (&sc)[kN], Op op) {
 // kPOffset (the fp8 tiles: 8): P = 2^kPOffset exp2(scale_log2 (s - max)), FlashAttention-3's
 // fixed scale of P into e4m3's range (the row's largest P is 256, e4m3's largest value 448); the
 // sum carries the same factor, and the epilogue takes kPOffset ln 2 off the LSE.
-template <bool kLazy, int kPOffset = 0>
+//
+// kExp2FmaEvery (TileConfig's; 0: none): the exponentials of every kExp2FmaEvery-th 8-column
+// chunk of the block (elements 4c .. 4c + 3 of sc: both rows' two columns of chunk c) are
+// computed by exp2_poly on the FMA pipe, the others by MUFU.EX2 (tile_config.h Exp2Fma).
+template <bool kLazy, int kPOffset = 0, int kExp2FmaEvery = 0>
 struct RowState {
   static constexpr float kRescaleLog2 = 8.0f;
   float max[2] = {-INFINITY, -INFINITY};
@@ -554,8 +561,13 @@ struct RowState {
       grew |= grow;
     }
 #pragma unroll
-    for (int i = 0; i < kN; ++i)
-      sc[i] = exp2_approx(fmaf(sc[i], scale_log2, -mx_scaled[(i / 2) % 2]));
+    for (int i = 0; i < kN; ++i) {
+      const float x = fmaf(sc[i], scale_log2, -mx_scaled[(i / 2) % 2]);
+      if constexpr (kExp2FmaEvery > 0)
+        sc[i] = i / 4 % kExp2FmaEvery == kExp2FmaEvery - 1 ? exp2_poly(x) : exp2_approx(x);
+      else
+        sc[i] = exp2_approx(x);
+    }
     sum[0] = sum[0] * rescale[0] + reduce_row<0, 0, kN / 2>(sc, AddOp{});
     sum[1] = sum[1] * rescale[1] + reduce_row<1, 0, kN / 2>(sc, AddOp{});
     if constexpr (kLazy)
@@ -565,9 +577,10 @@ struct RowState {
   }
 };
 
-// The row state of tile Cfg: P scaled by 2^8 with kFp8.
+// The row state of tile Cfg: P scaled by 2^8 with kFp8; part of the exponentials on the FMA pipe
+// with Exp2Fma.
 template <class Cfg>
-using RowsOf = RowState<Cfg::kLazyRescale, Cfg::kFp8 ? 8 : 0>;
+using RowsOf = RowState<Cfg::kLazyRescale, Cfg::kFp8 ? 8 : 0, Cfg::kExp2FmaEvery>;
 
 // The descale factor of sequence b, KV head hk in `d` (null: 1).
 __device__ __forceinline__ float descale_of(const float* d, int64_t batch_stride,

@@ -306,14 +306,19 @@ void run_fwd_fp8_hdim(const FwdArgs& a) {
   run(Fp8Tile<kHeadDim, 128>{});
 }
 
-// The tiles of tile_config.h: ShortTile's up to kShortKeys keys, DefaultTile's beyond; with
-// a.epilogue (the plan's FLASHSERVE_SM90_EPILOGUE) each as its EpilogueTile.
-template <int kHeadDim>
-void run_fwd_hdim(const FwdArgs& a) {
-  using ShortDense = typename ShortTile<kHeadDim, false>::type;
-  using ShortMasked = typename ShortTile<kHeadDim, true>::type;
-  using Dense = typename DefaultTile<kHeadDim, false>::type;
-  using Masked = typename DefaultTile<kHeadDim, true>::type;
+// The tile as it is (the softmax of a tile without Exp2Fma).
+template <class Cfg>
+using AsIs = Cfg;
+
+// The tiles of tile_config.h, each as Softmax<tile> (AsIs, or Exp2Fma: run_fwd_exp2_fma_hdim):
+// ShortTile's up to kShortKeys keys, DefaultTile's beyond; with a.epilogue (the plan's
+// FLASHSERVE_SM90_EPILOGUE) each as its EpilogueTile.
+template <int kHeadDim, template <class> class Softmax>
+void run_fwd_tile_set(const FwdArgs& a) {
+  using ShortDense = Softmax<typename ShortTile<kHeadDim, false>::type>;
+  using ShortMasked = Softmax<typename ShortTile<kHeadDim, true>::type>;
+  using Dense = Softmax<typename DefaultTile<kHeadDim, false>::type>;
+  using Masked = Softmax<typename DefaultTile<kHeadDim, true>::type>;
   if (short_keys(a.max_seqlen_k)) {
     if (a.epilogue)
       run_fwd_tiles<EpilogueTile<ShortDense>, EpilogueTile<ShortMasked>>(a);
@@ -325,6 +330,18 @@ void run_fwd_hdim(const FwdArgs& a) {
     else
       run_fwd_tiles<Dense, Masked>(a);
   }
+}
+
+// The 16-bit forward at one head dim; with a.exp2_fma (the plan's FLASHSERVE_SM90_EXP2_FMA, d64
+// only) the Exp2Fma tiles, defined and instantiated in a translation unit of their own
+// (fwd_hdim64_exp2_fma.cu), so that fwd_hdim64.cu's kernels stay as they were and the two
+// compile side by side.
+template <int kHeadDim>
+void run_fwd_hdim(const FwdArgs& a) {
+  if constexpr (exp2_fma_head_dim(kHeadDim)) {
+    if (a.exp2_fma) return run_fwd_exp2_fma_hdim<kHeadDim>(a);
+  }
+  run_fwd_tile_set<kHeadDim, AsIs>(a);
 }
 
 }  // namespace flashserve::attention::sm90

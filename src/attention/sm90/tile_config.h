@@ -56,6 +56,9 @@ struct TileConfig {
   static constexpr bool kPagedCpAsync = kHeadDim <= 128;
   // Tuning builds only: the kernel records its timeline (trace.h).
   static constexpr bool kTrace = kTrace_;
+  // The softmax's exponentials of one 8-column chunk of a row in kExp2FmaEvery go to the FMA pipe
+  // (exp2_poly.h) instead of the MUFU unit; 0: all on the MUFU. Exp2Fma below.
+  static constexpr int kExp2FmaEvery = 0;
   // CTAs per cluster sharing K/V by TMA multicast: 1 here, 2 in Multicast<> below.
   static constexpr int kCluster = 1;
   // TMA's 128-byte swizzle moves boxes of at most 128 bytes per row: 64 16-bit columns. A tile of
@@ -221,6 +224,35 @@ struct OverlappedEpilogue : Cfg {
   static_assert(setmaxnreg_fits(kProducerRegs, Cfg::kConsumerRegs, Cfg::kConsumers),
                 "the setmaxnreg budgets exceed the CTA's registers: setmaxnreg.inc would hang");
 };
+
+// Part of the softmax's exponentials on the FMA pipe (FLASHSERVE_SM90_EXP2_FMA, read once per
+// plan; docs/kernel-notes.md, "exp2 on the FMA pipe"), FlashAttention-4's way around the MUFU
+// unit. Per key block a consumer thread computes kBlockN / 2 exponentials; a warp's MUFU.EX2
+// holds its sub-partition's MUFU (4 lanes of the SM's 16) for 8 cycles. At d64 a block's GEMMs
+// are short (64 x 128 x 64 per warpgroup, twice), and the three warpgroups' exponentials take as
+// long as the tensor work (sm90_trace, run 43: softmax 1538 cycles, the MUFU's 3 x 64 ex2 x 8,
+// against 1536 for the GEMMs): the MUFU bounds the tile.
+// exp2_poly is 12 instructions (10 on the FP32 pipes, a max and a shift on the integer pipe)
+// where the MUFU path issues one, and a sub-partition issues one instruction per cycle: the
+// polynomial pays in issue slots what it takes off the MUFU. With ~4.5 other instructions per
+// element (the score's FFMA, max, sum, half a conversion, the ex2 itself), a fraction phi on the
+// FMA pipe takes 4.5 + 11 phi issue cycles per element and warp against the MUFU's 8 (1 - phi),
+// balanced near phi = 0.18. kExp2FmaEvery = 8 (phi = 1/8): 7 cycles instead of 8, with issue
+// (5.9) to spare for the mask's selects and the other warps' instructions; 1/4 would be
+// issue-bound at 7.25, 1/2 slower than none (9.5).
+// Only d64: at d128 and d256 the GEMMs per exponential are 2-4x longer (78% tensor at d128 in
+// run 43), the MUFU has room, and the issue slots would be a loss. Not the fp8 tiles
+// (unmeasured; Fp8TileConfig keeps kExp2FmaEvery 0).
+template <class Cfg>
+struct Exp2Fma : Cfg {
+  static constexpr int kExp2FmaEvery = 8;
+  static_assert(Cfg::kHeadDim == 64 && !Cfg::kFp8, "the 16-bit d64 tiles only");
+  static_assert(Cfg::kBlockN / 8 % kExp2FmaEvery == 0, "whole groups of chunks per block");
+};
+constexpr bool exp2_fma_head_dim(int head_dim) {
+  return head_dim == 64;
+}
+
 // The largest dynamic shared memory a block may have on sm_90.
 inline constexpr int kMaxSmemPerBlock = 227 * 1024;
 
