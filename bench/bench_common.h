@@ -1,6 +1,5 @@
 // What the CUDA benchmarks share besides CUDA_OK: random 16-bit inputs, the device check, the
-// median kernel time of repeated calls and the comma-separated integer lists of their command
-// lines.
+// median kernel time of repeated calls; and (cli_args.h) their command lines.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli_args.h"
 #include "cuda_ok.h"
 
 // Uniform values in [-1, 1) from a counter hash, as 16-bit floats (bf16 or fp16 bits).
@@ -67,15 +67,4 @@ float median_ms(Fn&& fn, int warmup, int iters, int pause_ms) {
   for (auto& e : ev) CUDA_OK(cudaEventDestroy(e));
   std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
   return ms[iters / 2];
-}
-
-// "4096,8192" -> {4096, 8192}.
-inline std::vector<int> parse_int_list(const char* s) {
-  std::vector<int> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::atoi(p));
-    while (*p && *p != ',') ++p;
-    if (*p == ',') ++p;
-  }
-  return v;
 }

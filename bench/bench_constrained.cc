@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_args.h"
 #include "engine/model_engine.h"
 #include "server/json_constraint.h"
 #include "server/json_schema.h"
@@ -34,22 +35,6 @@ namespace fs = flashserve::server;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-std::string arg(int argc, char** argv, const char* name, const char* fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
-  return fallback;
-}
-
-std::vector<int> int_list(const std::string& s) {
-  std::vector<int> v;
-  for (size_t i = 0; i < s.size();) {
-    const size_t j = s.find(',', i);
-    v.push_back(std::atoi(s.substr(i, j - i).c_str()));
-    i = j == std::string::npos ? s.size() : j + 1;
-  }
-  return v;
-}
 
 // The request's schema: an object of a string, an integer, an enum and an array of strings
 // (json_mask_cost's), a shape agents ask for.
@@ -148,7 +133,7 @@ int main(int argc, char** argv) {
   const int batch = std::atoi(arg(argc, argv, "--batch", "64").c_str());
   const int64_t context = std::atoll(arg(argc, argv, "--context", "512").c_str());
   const int steps = std::atoi(arg(argc, argv, "--steps", "64").c_str());
-  const std::vector<int> ks = int_list(arg(argc, argv, "--constrained", "0,1,8,64"));
+  const std::vector<int> ks = parse_int_list(arg(argc, argv, "--constrained", "0,1,8,64").c_str());
   const fe::LoadedModel model = fe::load_model(o);
   const fm::ModelConfig& c = model.runner->config();
   const int32_t vocab = static_cast<int32_t>(c.vocab_size);

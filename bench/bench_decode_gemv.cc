@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_args.h"
 #include "model/cuda/gemm.h"
 #include "model/cuda/gemv.h"
 #include "model/cuda/silu_mul.h"
@@ -33,12 +34,6 @@ void check(cudaError_t e, const char* what) {
     std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
     std::exit(1);
   }
-}
-
-std::string arg(int argc, char** argv, const char* name, const char* fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
-  return fallback;
 }
 
 // Bytes read + written per second by a device-to-device copy of 4 GB (median of 5).

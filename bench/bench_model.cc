@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_args.h"
 #include "flashserve/attention.h"
 #include "model/cuda/cuda_runner.h"
 #include "model/forward_batch.h"
@@ -39,12 +40,6 @@ namespace {
 
 constexpr int32_t kBlock = 16;
 int32_t block = kBlock;  // the KV page size of the current runs
-
-std::string arg(int argc, char** argv, const char* name, const char* fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
-  return fallback;
-}
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
