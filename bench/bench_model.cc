@@ -15,6 +15,12 @@
 //
 //   bench_model [--shape mistral-7b] [--context 1024] [--prefill 4096] [--steps 30] [--quick]
 //   bench_model --mixed [--budget 512] [--decodes 0,1,16,64,128,256] [--context 1024]
+// With --fuse-ab, only small decode steps (issue 21) with and without the fused decode kernels
+// (model/decode_kernels.h DecodeFusion: FLASHSERVE_FUSE_NORM, FLASHSERVE_FUSE_SILU), in one
+// process: cuBLASLt unfused (the default), the GEMV unfused (the same sums as the fused
+// kernels), silu fused, norm fused, both; the modes alternate within each round (the order
+// rotated), every timing from the same `context` keys, graphs on; medians over the rounds.
+//   bench_model --fuse-ab [--batches 1,4] [--rounds 7] [--steps 30] [--context 1024]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -272,6 +278,69 @@ void time_mixed(const fm::ModelConfig& cfg, int64_t budget, int64_t context,
   }
 }
 
+// The --fuse-ab mode (see the header).
+void fuse_ab(const fm::ModelConfig& cfg, int64_t context, const std::vector<int>& batches,
+             int rounds, int steps) {
+  const double bw = copy_bandwidth();
+  auto runner = fm::cuda::CudaRunner::random(cfg, 1, 0);
+  const double wbytes = static_cast<double>(runner->weight_bytes());
+  const double kv_per_token = 2.0 * cfg.num_hidden_layers * cfg.kv_size() * 2;
+  std::printf("device copy bandwidth %.2f TB/s; weight-read floor %.3f ms\n", bw / 1e12,
+              wbytes / bw * 1e3);
+  struct Mode {
+    bool gemv, norm, silu;
+    const char* name;
+  };
+  const std::vector<Mode> modes = {{false, false, false, "cuBLASLt, unfused (default)"},
+                                   {true, false, false, "GEMV, unfused"},
+                                   {false, false, true, "fused silu"},
+                                   {false, true, false, "fused norm"},
+                                   {false, true, true, "fused norm + silu"}};
+  const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
+  const int64_t max_len = context + 3 + steps + 16;
+  Seqs s;
+  s.blocks_per_seq = (max_len + block - 1) / block;
+  runner->allocate_kv(max_batch * s.blocks_per_seq, block);
+  runner->set_cuda_graphs(true);
+  std::printf(
+      "\n| decode step, %lld keys, page %d, CUDA graph | batch | median ms | min ms | floor ms "
+      "| median / floor | vs default |\n|---|---|---|---|---|---|---|\n",
+      static_cast<long long>(context), block);
+  for (int64_t batch : batches) {
+    s.tokens.assign(batch, std::vector<int32_t>(max_len));
+    s.len.assign(batch, 0);
+    for (int64_t j = 0; j < batch; ++j)
+      for (int64_t t = 0; t < max_len; ++t)
+        s.tokens[j][t] = static_cast<int32_t>((j * 7919 + t * 104729) % cfg.vocab_size);
+    prefill_all(*runner, s, context, 4);
+    std::vector<std::vector<double>> ms(modes.size());
+    for (int r = 0; r < rounds; ++r)
+      for (size_t i = 0; i < modes.size(); ++i) {
+        const size_t at = (i + r) % modes.size();
+        const Mode& m = modes[at];
+        runner->set_gemv(m.gemv);
+        runner->set_decode_fusion(m.norm, m.silu);
+        s.len.assign(batch, context);  // the same keys every timing: the steps rewrite them
+        ms[at].push_back(time_decode(*runner, s, steps));
+      }
+    const double floor_ms =
+        (wbytes + (batch > 1 ? batch * context * kv_per_token : 0.0)) / bw * 1e3;
+    double base = 0;
+    for (size_t i = 0; i < modes.size(); ++i) {
+      std::vector<double>& v = ms[i];
+      std::sort(v.begin(), v.end());
+      const double med = v[v.size() / 2];
+      if (i == 0) base = med;
+      std::printf("| %s | %lld | %.3f | %.3f | %.3f | %.3f | %+.1f%% |\n", modes[i].name,
+                  static_cast<long long>(batch), med, v.front(), floor_ms, med / floor_ms,
+                  100.0 * (med / base - 1.0));
+      std::fflush(stdout);
+    }
+  }
+  runner->set_gemv(false);
+  runner->set_decode_fusion(false, false);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -310,6 +379,15 @@ int main(int argc, char** argv) {
       p = comma + 1;
     }
     time_mixed(cfg, budget, context, counts, steps);
+    return 0;
+  }
+
+  bool ab = false;
+  for (int i = 1; i < argc; ++i) ab |= std::strcmp(argv[i], "--fuse-ab") == 0;
+  if (ab) {
+    const std::vector<int> batches = parse_int_list(arg(argc, argv, "--batches", "1,4").c_str());
+    const int rounds = std::atoi(arg(argc, argv, "--rounds", "7").c_str());
+    fuse_ab(cfg, context, batches, rounds, steps);
     return 0;
   }
 

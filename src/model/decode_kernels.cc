@@ -11,4 +11,11 @@ DecodeKernelOptions decode_kernel_options_from_env(const char* gemv, const char*
   return o;
 }
 
+DecodeFusion decode_fusion_from_env(const char* norm, const char* silu) {
+  DecodeFusion f;
+  f.norm = env_switch(norm, "FLASHSERVE_FUSE_NORM", f.norm);
+  f.silu = env_switch(silu, "FLASHSERVE_FUSE_SILU", f.silu);
+  return f;
+}
+
 }  // namespace flashserve::model

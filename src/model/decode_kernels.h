@@ -4,6 +4,8 @@
 // from FLASHSERVE_GEMV and FLASHSERVE_PDL (0 or 1; anything else is refused by name).
 #pragma once
 
+#include <cstdint>
+
 namespace flashserve::model {
 
 // The GEMV (cuda/gemv.h) instead of cuBLASLt for products of at most 4 rows: off, it does not win
@@ -19,5 +21,37 @@ struct DecodeKernelOptions {
 };
 
 DecodeKernelOptions decode_kernel_options_from_env(const char* gemv, const char* pdl);
+
+// Kernel boundaries removed from steps of at most cuda::kGemvMaxRows tokens by the fused GEMV
+// (cuda/fused_gemv.h), which then computes those steps' products instead of cuBLASLt: issue 21,
+// a batch-1 decode at 1.45x its weight-read floor, ~0.9 ms of it outside the products.
+// Read once per runner from FLASHSERVE_FUSE_NORM and FLASHSERVE_FUSE_SILU (0 or 1). Off: written
+// without a GPU and not measured yet (docs/model-gpu.md has the predictions).
+inline constexpr bool kFuseNormByDefault = false;
+inline constexpr bool kFuseSiluByDefault = false;
+
+// The steps the fused GEMV takes: at most this many tokens (cuda::kGemvMaxRows), and the norm
+// prologue a hidden size of at most kFusedNormMaxColumns (cuda::kFusedNormMaxHidden).
+inline constexpr int64_t kFusedMaxTokens = 4;
+inline constexpr int64_t kFusedNormMaxColumns = 8192;
+
+struct DecodeFusion {
+  // The RMSNorms in the prologue of the QKV and gate/up products and the residual adds in the
+  // epilogue of the o and down products: no norm kernel inside a layer (hidden <= 8192).
+  bool norm = kFuseNormByDefault;
+  // silu(gate) * up in the epilogue of the gate/up product: no silu kernel.
+  bool silu = kFuseSiluByDefault;
+  bool any() const { return norm || silu; }
+  // What applies to a step of `tokens` tokens at `hidden`: nothing above kFusedMaxTokens, and
+  // no norm fusion above kFusedNormMaxColumns (the runner's unfused kernels take those).
+  DecodeFusion for_step(int64_t tokens, int64_t hidden) const {
+    DecodeFusion f;
+    f.norm = norm && tokens <= kFusedMaxTokens && hidden <= kFusedNormMaxColumns;
+    f.silu = silu && tokens <= kFusedMaxTokens;
+    return f;
+  }
+};
+
+DecodeFusion decode_fusion_from_env(const char* norm, const char* silu);
 
 }  // namespace flashserve::model

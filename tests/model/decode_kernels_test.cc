@@ -47,5 +47,51 @@ TEST(DecodeKernels, AnyOtherValueIsRefusedByName) {
   }
 }
 
+TEST(DecodeFusion, OffByDefaultAndSetStrictlyByName) {
+  for (const char* unset : {static_cast<const char*>(nullptr), ""}) {
+    const DecodeFusion f = decode_fusion_from_env(unset, unset);
+    EXPECT_EQ(f.norm, kFuseNormByDefault);
+    EXPECT_EQ(f.silu, kFuseSiluByDefault);
+  }
+  EXPECT_FALSE(kFuseNormByDefault);  // unmeasured on a GPU: the default kernels stay
+  EXPECT_FALSE(kFuseSiluByDefault);
+  EXPECT_TRUE(decode_fusion_from_env("1", nullptr).norm);
+  EXPECT_FALSE(decode_fusion_from_env("1", nullptr).silu);
+  EXPECT_TRUE(decode_fusion_from_env(nullptr, "1").silu);
+  EXPECT_FALSE(decode_fusion_from_env("0", "0").any());
+  for (const char* bad : {"yes", "2", " 1", "true"}) {
+    try {
+      decode_fusion_from_env(bad, nullptr);
+      ADD_FAILURE() << "FLASHSERVE_FUSE_NORM=" << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "FLASHSERVE_FUSE_NORM") << e.what();
+    }
+    try {
+      decode_fusion_from_env(nullptr, bad);
+      ADD_FAILURE() << "FLASHSERVE_FUSE_SILU=" << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "FLASHSERVE_FUSE_SILU") << e.what();
+    }
+  }
+}
+
+// The fused GEMV takes steps of at most kFusedMaxTokens tokens, and the norm prologue hidden sizes
+// of at most kFusedNormMaxColumns; everything else keeps the unfused kernels.
+TEST(DecodeFusion, AppliesOnlyToSmallStepsAndHiddenSizesItTakes) {
+  DecodeFusion both;
+  both.norm = both.silu = true;
+  for (int64_t tokens : {int64_t{1}, int64_t{2}, kFusedMaxTokens}) {
+    EXPECT_TRUE(both.for_step(tokens, 4096).norm) << tokens;
+    EXPECT_TRUE(both.for_step(tokens, 4096).silu) << tokens;
+    EXPECT_TRUE(both.for_step(tokens, kFusedNormMaxColumns).norm) << tokens;
+  }
+  EXPECT_FALSE(both.for_step(kFusedMaxTokens + 1, 4096).any());
+  EXPECT_FALSE(both.for_step(512, 4096).any());
+  const DecodeFusion wide = both.for_step(1, kFusedNormMaxColumns + 8);
+  EXPECT_FALSE(wide.norm);
+  EXPECT_TRUE(wide.silu);
+  EXPECT_FALSE(DecodeFusion{}.for_step(1, 4096).any());
+}
+
 }  // namespace
 }  // namespace flashserve::model

@@ -19,6 +19,7 @@
 #include "model/cuda/check.h"
 #include "model/cuda/convert.h"
 #include "model/cuda/embedding.h"
+#include "model/cuda/fused_gemv.h"
 #include "model/cuda/gemm.h"
 #include "model/cuda/logits_adjust.h"
 #include "model/cuda/rmsnorm.h"
@@ -170,6 +171,8 @@ struct CudaRunner::Impl {
     pdl = kernels.pdl && major >= 9;
     gemm->set_gemv(kernels.gemv);
     gemm->set_pdl(pdl);
+    fusion = decode_fusion_from_env(std::getenv("FLASHSERVE_FUSE_NORM"),
+                                    std::getenv("FLASHSERVE_FUSE_SILU"));
   }
 
   // --- weights -----------------------------------------------------------------------------
@@ -433,7 +436,8 @@ struct CudaRunner::Impl {
   std::map<GraphKey, Graph> graphs;
   std::map<GraphKey, int> sightings;  // mixed keys without a graph: times seen
   bool use_graphs = true;
-  bool pdl = false;  // the runner's kernels with programmatic dependent launch
+  bool pdl = false;     // the runner's kernels with programmatic dependent launch
+  DecodeFusion fusion;  // small steps' fused kernels (model/decode_kernels.h)
   int64_t mixed_max_tokens = StepGraphOptions{}.mixed_max_tokens;
   int64_t graph_replays = 0, graph_captures = 0, mixed_replays = 0, mixed_captures = 0;
   int64_t steps = 0;
@@ -619,6 +623,20 @@ struct CudaRunner::Impl {
     const int64_t layer_kv_bytes = num_blocks * block_size * hkv * d * kv_elem_bytes();
     const float* k_scale_all = static_cast<const float*>(kv_scale_mem.get());
 
+    // Steps of a few tokens may take the fused GEMV (model/decode_kernels.h); with the norm fused,
+    // the o and down products add into x themselves and delta is unused.
+    const DecodeFusion fuse = fusion.for_step(T, H);
+    auto residual_product = [&](const bf16* in, const bf16* w, int64_t rows, int64_t k) {
+      FusedGemvArgs g;
+      g.x = in;
+      g.w = w;
+      g.y = x;
+      g.add_to_y = true;
+      g.m = rows;
+      g.n = H;
+      g.k = k;
+      fused_gemv(g, stream, pdl);
+    };
     embed_tokens(embed, st.ids, x, T, H, cfg.vocab_size, stream);
     mark("embedding");
     for (int64_t li = 0; li < cfg.num_hidden_layers; ++li) {
@@ -628,14 +646,31 @@ struct CudaRunner::Impl {
       // fp8: this layer's scales, K's then V's (allocate_kv uploaded them).
       const float* k_scale = kv_fp8 ? k_scale_all + li * hkv : nullptr;
       const float* v_scale = kv_fp8 ? k_scale_all + (cfg.num_hidden_layers + li) * hkv : nullptr;
-      add_rmsnorm(li == 0 ? nullptr : delta, x, l.ln1, h, nullptr, T, H, eps, stream, pdl);
-      mark("rmsnorm");
+      if (fuse.norm) {
+        // x already holds the residual stream (the down product before added its output): the
+        // norm is the product's prologue.
+        FusedGemvArgs g;
+        g.x = x;
+        g.norm_weight = l.ln1;
+        g.eps = eps;
+        g.w = l.qkv;
+        g.bias = l.qkv_bias;  // added before the one rounding, as cuBLASLt's epilogue does
+        g.y = qkv;
+        g.m = T;
+        g.n = qkv_rows();
+        g.k = H;
+        fused_gemv(g, stream, pdl);
+        mark("gemm_qkv");
+      } else {
+        add_rmsnorm(li == 0 ? nullptr : delta, x, l.ln1, h, nullptr, T, H, eps, stream, pdl);
+        mark("rmsnorm");
+      }
       // Qwen2's q/k/v bias goes in the GEMM's epilogue (one bf16 rounding of x W^T + b, as
       // Hugging Face's bf16 Linear); the RoPE kernel adds it only where cuBLASLt cannot.
-      const bool bias_done =
-          l.qkv_bias && gemm->run_bias(h, l.qkv, l.qkv_bias, qkv, T, qkv_rows(), H, stream);
+      const bool bias_done = fuse.norm || (l.qkv_bias && gemm->run_bias(h, l.qkv, l.qkv_bias, qkv,
+                                                                        T, qkv_rows(), H, stream));
       if (!bias_done) gemm->run(h, l.qkv, qkv, false, T, qkv_rows(), H, stream);
-      mark("gemm_qkv");
+      if (!fuse.norm) mark("gemm_qkv");
       RopeKvArgs ra;
       ra.qkv = qkv;
       ra.bias = bias_done ? nullptr : l.qkv_bias;
@@ -661,19 +696,46 @@ struct CudaRunner::Impl {
       mark("rope_kv_write");
       st.attention.run(k_cache, v_cache, k_scale, v_scale);
       mark("attention");
-      gemm->run(attn, l.o, delta, false, T, H, cfg.q_size(), stream);
-      mark("gemm_o");
-      add_rmsnorm(delta, x, l.ln2, h, nullptr, T, H, eps, stream, pdl);
-      mark("rmsnorm");
-      gemm->run(h, l.gate_up, gu, false, T, 2 * I, H, stream);
+      if (fuse.norm) {
+        residual_product(attn, l.o, T, cfg.q_size());  // x += attn o^T
+        mark("gemm_o");
+      } else {
+        gemm->run(attn, l.o, delta, false, T, H, cfg.q_size(), stream);
+        mark("gemm_o");
+        add_rmsnorm(delta, x, l.ln2, h, nullptr, T, H, eps, stream, pdl);
+        mark("rmsnorm");
+      }
+      if (fuse.any()) {
+        // The gate/up product through the fused GEMV: normalized in its prologue (fuse.norm,
+        // else from h), and with silu in its epilogue (fuse.silu, else into gu for silu_mul).
+        FusedGemvArgs g;
+        g.x = fuse.norm ? x : h;
+        g.norm_weight = fuse.norm ? l.ln2 : nullptr;
+        g.eps = eps;
+        g.w = l.gate_up;
+        g.silu = fuse.silu;
+        g.y = fuse.silu ? act : gu;
+        g.m = T;
+        g.n = fuse.silu ? I : 2 * I;
+        g.k = H;
+        fused_gemv(g, stream, pdl);
+      } else {
+        gemm->run(h, l.gate_up, gu, false, T, 2 * I, H, stream);
+      }
       mark("gemm_gate_up");
-      silu_mul(gu, act, T, I, stream);
-      mark("silu_mul");
-      gemm->run(act, l.down, delta, false, T, H, I, stream);
+      if (!fuse.silu) {
+        silu_mul(gu, act, T, I, stream);
+        mark("silu_mul");
+      }
+      if (fuse.norm) {
+        residual_product(act, l.down, T, I);  // x += act down^T
+      } else {
+        gemm->run(act, l.down, delta, false, T, H, I, stream);
+      }
       mark("gemm_down");
     }
     // The last residual add and norm for the sample rows only, gathered; then their logits.
-    add_rmsnorm(delta, x, final_norm, hs, st.rows, st.S, H, eps, stream, pdl);
+    add_rmsnorm(fuse.norm ? nullptr : delta, x, final_norm, hs, st.rows, st.S, H, eps, stream, pdl);
     mark("rmsnorm");
     gemm->run(hs, lm_head, logits, true, st.S, cfg.vocab_size, H, stream);
     mark("lm_head");
@@ -904,6 +966,12 @@ int64_t CudaRunner::weight_bytes() const {
 
 void CudaRunner::set_gemv(bool on) {
   impl_->gemm->set_gemv(on);
+  impl_->drop_graphs();  // graphs hold the launches of the other path
+}
+
+void CudaRunner::set_decode_fusion(bool norm, bool silu) {
+  impl_->fusion.norm = norm;
+  impl_->fusion.silu = silu;
   impl_->drop_graphs();  // graphs hold the launches of the other path
 }
 
