@@ -6,8 +6,10 @@
 # runner's logits against the CPU runner's, graphs against eager, through the fused path), then
 # bench_model --fuse-ab: batch-1 and batch-4 decode steps at the mistral-7b shape, 1k keys, the
 # default, the unfused GEMV and the three fused modes alternated in one process, medians, ms per
-# step and x of the weight-read floor. Logs under $OUT. About 3 minutes on one H200 with binaries
-# built elsewhere (the tests ~1-2, the A/B ~1).
+# step and x of the weight-read floor. Logs under $OUT. About 2-3 minutes on one H200 with
+# binaries built elsewhere (the steps' timeouts add to 260 s). Failures of the second step that
+# compare a sequence's bits across batch sizes would be the fusion's expected difference from
+# cuBLASLt (as FLASHSERVE_GEMV=1's), not a bug: the log names the test.
 #
 #   OUT=... bash scripts/decode-fuse-check.sh              # builds the two targets for 90a
 #   BIN_TAR=.xfer/decode-fuse-bin.tar.xz OUT=... bash scripts/decode-fuse-check.sh
@@ -39,19 +41,19 @@ echo "commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
 rc=0
 
 echo; echo "== fused GEMV: reference, bit for bit against the unfused path, runner ($(date -u +%T))"
-timeout 90 "${RUN[@]}" "$BIN/tests/test_model_gpu" --gtest_filter='GpuFusedGemv.*' \
+timeout 60 "${RUN[@]}" "$BIN/tests/test_model_gpu" --gtest_filter='GpuFusedGemv.*' \
   >"$OUT/test_fused_gemv.log" 2>&1 || rc=1
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |OK \]|Failure|Expected|Which is|bad|differs" \
   "$OUT/test_fused_gemv.log" | head -40
 
 echo; echo "== the rest of the model's GPU tests, both fusions on ($(date -u +%T))"
-FLASHSERVE_FUSE_NORM=1 FLASHSERVE_FUSE_SILU=1 timeout 150 "${RUN[@]}" \
+FLASHSERVE_FUSE_NORM=1 FLASHSERVE_FUSE_SILU=1 timeout 110 "${RUN[@]}" \
   "$BIN/tests/test_model_gpu" --gtest_filter='-GpuFusedGemv.*' --gtest_brief=1 \
   >"$OUT/test_model_gpu_fused.log" 2>&1 || rc=1
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure" "$OUT/test_model_gpu_fused.log" | head -30
 
 echo; echo "== decode step A/B: default, GEMV, fused silu / norm / both ($(date -u +%T))"
-COMMIT=${COMMIT:-unknown} timeout 150 "${RUN[@]}" "$BIN/bench/bench_model" --fuse-ab \
+COMMIT=${COMMIT:-unknown} timeout 90 "${RUN[@]}" "$BIN/bench/bench_model" --fuse-ab \
   --shape "${SHAPE:-mistral-7b}" --batches "${BATCHES:-1,4}" --rounds "${ROUNDS:-7}" \
   --steps "${STEPS:-30}" --context "${CONTEXT:-1024}" 2>&1 | tee "$OUT/bench_fuse_ab.log" || rc=1
 echo; echo "== done rc=$rc ($(date -u +%T))"
