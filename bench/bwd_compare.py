@@ -13,13 +13,15 @@ variable is set around its calls, the forward left alone), one row per family an
 sm90-atomic and sm90-dq-bulk are sm90 with its dQ path forced too (FLASHSERVE_SM90_BWD_DQ_BULK=0
 or 1: per-element atomics or the shared-memory tile's bulk reduce-add), for the A/B of one run;
 sm90-overlap is sm90 with FLASHSERVE_SM90_BWD_OVERLAP=1 (the bulk path's step in FlashAttention-3's
-order; the dQ path at its default), to set beside sm90 (the same with the switch at its default).
+order; the dQ path at its default), to set beside sm90 (the same with the switch at its default);
+sm90-heavy-first is sm90 with FLASHSERVE_SM90_BWD_HEAVY_FIRST=1 (a masked call's CTAs launched
+heaviest key blocks first; unmasked rows run as sm90: --causal 1 for its A/B).
 --profile adds, per shape and family, one call's device time per kernel (torch.profiler): the main
 kernel's share of a row beside the zeroing, preprocess and postprocess around it.
 
 Usage (repo root, libflashserve_c built with CUDA):
     PYTHONPATH=python FLASHSERVE_LIBRARY=.../libflashserve_c.so python3 bench/bwd_compare.py \
-        [--families auto|sm80,sm90|sm90-atomic,sm90-dq-bulk|sm90,sm90-overlap]
+        [--families auto|sm80,sm90|sm90-atomic,sm90-dq-bulk|sm90,sm90-overlap|sm90,sm90-heavy-first]
 """
 import argparse
 import contextlib
@@ -43,6 +45,7 @@ FAMILY_ENV = {
     "sm90-atomic": {"FLASHSERVE_BWD_KERNEL": "sm90", "FLASHSERVE_SM90_BWD_DQ_BULK": "0"},
     "sm90-dq-bulk": {"FLASHSERVE_BWD_KERNEL": "sm90", "FLASHSERVE_SM90_BWD_DQ_BULK": "1"},
     "sm90-overlap": {"FLASHSERVE_BWD_KERNEL": "sm90", "FLASHSERVE_SM90_BWD_OVERLAP": "1"},
+    "sm90-heavy-first": {"FLASHSERVE_BWD_KERNEL": "sm90", "FLASHSERVE_SM90_BWD_HEAVY_FIRST": "1"},
 }
 
 

@@ -21,9 +21,10 @@
 # gtest filter, default '*Backward*:*Sm90*'); HEAD_DIMS (64,128), SEQLENS (512,2048,8192), FAMILIES
 # (sm80,sm90: bwd_compare.py's --families; sm90-atomic,sm90-dq-bulk compares the sm90 kernel's two
 # dQ paths, FLASHSERVE_SM90_BWD_DQ_BULK=0/1; sm90,sm90-overlap the step's two orders,
-# FLASHSERVE_SM90_BWD_OVERLAP=0/1), PROFILE=1 (bwd_compare.py --profile: each row's kernels by
-# device time, the main kernel beside the zeroing, preprocess and postprocess), BENCH_TIMEOUT
-# (seconds, 200), COMMIT (printed).
+# FLASHSERVE_SM90_BWD_OVERLAP=0/1; sm90,sm90-heavy-first a masked grid's two launch orders,
+# FLASHSERVE_SM90_BWD_HEAVY_FIRST=0/1), CAUSAL (0,1: bwd_compare.py's --causal), PROFILE=1
+# (bwd_compare.py --profile: each row's kernels by device time, the main kernel beside the zeroing,
+# preprocess and postprocess), BENCH_TIMEOUT (seconds, 200), COMMIT (printed).
 #
 # The overlapped step (FLASHSERVE_SM90_BWD_OVERLAP, session 19's helper, unrun; the coalesced
 # preprocess/postprocess waits on branch bwd-passes), two calls so that neither meets the
@@ -37,6 +38,23 @@
 # estimates at ~3 ms at 16k tokens), about 4 minutes:
 #   BIN_TAR=.xfer/bwd90.tar.xz OUT=$OUT SKIP="sass tests sanitize torch" BENCH_TIMEOUT=400 \
 #     FAMILIES=sm90,sm90-overlap HEAD_DIMS=64,128 SEQLENS=512,2048,8192 PROFILE=1 \
+#     bash scripts/bwd-gpu-check.sh
+#
+# The heaviest-first launch order of masked grids (FLASHSERVE_SM90_BWD_HEAVY_FIRST, session 20's
+# helper, branch bwd-causal, unrun; kernel-notes "Session 20"). Build and pack on the build machine:
+#   cmake --build build/d90 -j1 --target test_gpu flashserve_c
+#   BINARIES="tests/test_gpu src/libflashserve_c.so" \
+#     bash scripts/gpu-quick.sh --pack build/d90 .xfer/bwd-causal.tar.xz
+# One call, about 7-8 minutes: the SASS (the 4 + 4 heavy-first kernels: 168 registers, LOCAL 0),
+# every backward test (GpuBackwardHeavyFirst on/off with dk/dv bit-identical, the heavy-first
+# family's Sanitize cases, DkDvRepeatBitForBit, the Lse test and all the others), memcheck and
+# racecheck, then the causal A/B beside the default with each row's kernels by device time:
+#   BIN_TAR=.xfer/bwd-causal.tar.xz OUT=$OUT SKIP="torch" FILTER='*Backward*' BENCH_TIMEOUT=240 \
+#     FAMILIES=sm90,sm90-heavy-first CAUSAL=1 HEAD_DIMS=64,128 SEQLENS=2048,8192 PROFILE=1 \
+#     bash scripts/bwd-gpu-check.sh
+# If the first steps run long, the bench alone as a second call (about 2-3 minutes):
+#   BIN_TAR=.xfer/bwd-causal.tar.xz OUT=$OUT SKIP="sass tests sanitize torch" CAUSAL=1 \
+#     FAMILIES=sm90,sm90-heavy-first HEAD_DIMS=64,128 SEQLENS=512,2048,8192 PROFILE=1 \
 #     bash scripts/bwd-gpu-check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -56,11 +74,11 @@ echo "commit ${COMMIT:-unknown}"
 
 if want sass; then
   # Per sm90 backward kernel (mangled: ...Lb<bf16>ELb<masked>ELb<dq bulk>E, "overlap" where the
-  # tile is BwdOverlapTile): registers, local memory, and the SASS that says which dQ path it runs:
+  # tile is BwdOverlapTile, "heavy-first" where it is BwdHeavyFirstTile): registers, local memory, and the SASS that says which dQ path it runs:
   # UTMAREDG (the bulk reduce-add) or RED/ATOM (per-element atomics), beside HGMMA (wgmma).
   step "sm90 backward kernels: registers, LOCAL, HGMMA / UTMAREDG / RED counts"
   cuobjdump -res-usage "$BIN/tests/test_gpu" 2>/dev/null | grep -A1 'sm9010bwd_kernel' |
-    grep -oE '(BwdOverlapTileINS1_13)?BwdTileConfigILi[0-9]+ELi[0-9]+[^ ]*|REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+' |
+    grep -oE '(BwdOverlapTileINS1_[0-9]+)?(BwdHeavyFirstTileINS1_13)?BwdTileConfigILi[0-9]+ELi[0-9]+[^ ]*|REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+' |
     paste - - - - | sed -E 's/EEEvNS1_9BwdParamsE//'
   cuobjdump -sass "$BIN/tests/test_gpu" 2>/dev/null | awk '
     /Function :/ { name = ($3 ~ /sm9010bwd_kernel/) ? $3 : ""; next }
@@ -72,6 +90,7 @@ if want sass; then
     name != "" { seen[name] = 1 }
     END { for (n in seen) { k = n; sub(/.*BwdTileConfigILi/, "d", k); sub(/EEEvNS1_9BwdParamsE/, "", k)
           if (n ~ /BwdOverlapTile/) k = k " overlap"
+          if (n ~ /BwdHeavyFirstTile/) k = k " heavy-first"
           printf "%s HGMMA %d UTMAREDG/UBLKRED %d RED/ATOM %d\n", k, hg[n], tr[n], at[n] } }' |
     sort
 fi
@@ -102,7 +121,8 @@ if want bench && [ -f "$BIN/src/libflashserve_c.so" ]; then
   step "bwd_compare.py: TFLOP/s per forced family beside cuDNN and FA2 (bf16, 16k tokens)"
   env -u LD_LIBRARY_PATH PYTHONPATH=python FLASHSERVE_LIBRARY="$BIN/src/libflashserve_c.so" \
     timeout "${BENCH_TIMEOUT:-200}" python3 bench/bwd_compare.py --families "${FAMILIES:-sm80,sm90}" \
-    --head-dims "${HEAD_DIMS:-64,128}" --seqlens "${SEQLENS:-512,2048,8192}" --reps 10 \
+    --head-dims "${HEAD_DIMS:-64,128}" --seqlens "${SEQLENS:-512,2048,8192}" \
+    --causal "${CAUSAL:-0,1}" --reps 10 \
     ${PROFILE:+--profile} 2>&1 |
     tee "$OUT/bwd-compare.md"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1

@@ -147,14 +147,17 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
   DeviceGuard guard(pr.device.index);
   check_supported(bp, pr);
   // Decided before anything is enqueued: a forced family that cannot run the call throws here,
-  // as does a malformed FLASHSERVE_SM90_BWD_DQ_BULK or FLASHSERVE_SM90_BWD_OVERLAP (read per call,
-  // so that a test or benchmark can set them around one call; only the sm90 kernel has the two dQ
-  // paths and the overlapped step, sm80 ignores both).
+  // as does a malformed FLASHSERVE_SM90_BWD_DQ_BULK, FLASHSERVE_SM90_BWD_OVERLAP or
+  // FLASHSERVE_SM90_BWD_HEAVY_FIRST (read per call, so that a test or benchmark can set them
+  // around one call; only the sm90 kernel has the two dQ paths, the overlapped step and the
+  // heaviest-first order, sm80 ignores them).
   const KernelFamily family = backward_family(bp, pr);
   [[maybe_unused]] const bool dq_bulk =
       parse_sm90_bwd_dq_bulk(std::getenv("FLASHSERVE_SM90_BWD_DQ_BULK"));
   [[maybe_unused]] const bool overlap =
       parse_sm90_bwd_overlap(std::getenv("FLASHSERVE_SM90_BWD_OVERLAP"));
+  [[maybe_unused]] const bool heavy_first =
+      parse_sm90_bwd_heavy_first(std::getenv("FLASHSERVE_SM90_BWD_HEAVY_FIRST"));
   const cudaStream_t stream = static_cast<cudaStream_t>(bp.attn.stream);
   const size_t bytes = workspace_bytes(bp, pr);
   void* workspace = bp.attn.workspace;
@@ -193,6 +196,15 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
     args.masked = p.fwd.window_left >= 0 || p.fwd.window_right >= 0;
     args.dq_bulk = dq_bulk;
     args.overlap = overlap;
+    args.heavy_first = heavy_first;
+    if (heavy_first) {  // the order's sections: two waves of CTAs, half of L2
+      check_cuda(cudaDeviceGetAttribute(&args.sms, cudaDevAttrMultiProcessorCount, pr.device.index),
+                 "cudaDeviceGetAttribute (multiprocessors)");
+      int l2 = 0;
+      check_cuda(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, pr.device.index),
+                 "cudaDeviceGetAttribute (L2 size)");
+      args.l2_bytes = l2;
+    }
     args.batch = static_cast<int>(pr.batch);
     args.h_kv = static_cast<int>(pr.h_kv);
     args.q_rows = static_cast<int>(bp.attn.q.shape[pr.varlen_q ? 0 : 1]);

@@ -814,6 +814,12 @@ TEST(PlanBackward, ParsesTheSm90OverlapSwitchStrictly) {
                        "FLASHSERVE_SM90_BWD_OVERLAP");
 }
 
+// FLASHSERVE_SM90_BWD_HEAVY_FIRST: a masked call's key blocks heaviest first.
+TEST(PlanBackward, ParsesTheSm90HeavyFirstSwitchStrictly) {
+  expect_strict_switch(attention::parse_sm90_bwd_heavy_first,
+                       attention::kSm90BwdHeavyFirstByDefault, "FLASHSERVE_SM90_BWD_HEAVY_FIRST");
+}
+
 TEST(PlanFp8, KeyBlockSwitchTakes128Or192AndOnlyD128Takes192) {
   using attention::parse_fp8_block_n;
   EXPECT_EQ(parse_fp8_block_n(nullptr), 128);

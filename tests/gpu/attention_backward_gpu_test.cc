@@ -3,8 +3,10 @@
 // (src/attention/sm90/bwd_kernel.h), the latter with each of its dQ paths
 // (FLASHSERVE_SM90_BWD_DQ_BULK: per-element atomics, or a shared-memory tile added by a TMA bulk
 // reduce-add; either sums dq in no fixed order, so both are held to the reference, not to each
-// other's bits) and the bulk path's step in FlashAttention-3's order (FLASHSERVE_SM90_BWD_OVERLAP:
-// the same products in the same order, so dk and dv keep their bits). Each case runs our CPU
+// other's bits), the bulk path's step in FlashAttention-3's order (FLASHSERVE_SM90_BWD_OVERLAP:
+// the same products in the same order, so dk and dv keep their bits) and its masked grids'
+// CTAs launched heaviest first (FLASHSERVE_SM90_BWD_HEAVY_FIRST: the same CTAs in another order,
+// so dk and dv keep their bits too). Each case runs our CPU
 // forward on the host (out and lse as a training step saves them), copies every buffer to the
 // device (gradients poisoned with NaN), runs attention_backward there and compares dq, dk, dv by
 // support/compare.h's rule. The instantiations named Sanitize are the small subset for
@@ -68,10 +70,13 @@ class BackwardDevice {
 
 // The kernel family a run forces (FLASHSERVE_BWD_KERNEL) and, for sm90, its dQ path
 // (FLASHSERVE_SM90_BWD_DQ_BULK): kSm90 the atomics, kSm90DqBulk the bulk reduce-add, kSm90Overlap
-// the bulk reduce-add with the overlapped step (FLASHSERVE_SM90_BWD_OVERLAP).
-enum class Family { kSm80, kSm90, kSm90DqBulk, kSm90Overlap };
+// the bulk reduce-add with the overlapped step (FLASHSERVE_SM90_BWD_OVERLAP), kSm90HeavyFirst the
+// bulk reduce-add with a masked grid's key blocks heaviest first (FLASHSERVE_SM90_BWD_HEAVY_FIRST;
+// unmasked calls run as kSm90DqBulk).
+enum class Family { kSm80, kSm90, kSm90DqBulk, kSm90Overlap, kSm90HeavyFirst };
 const char* family_name(Family f) {
-  static constexpr const char* kNames[] = {"sm80", "sm90", "sm90_dq_bulk", "sm90_overlap"};
+  static constexpr const char* kNames[] = {"sm80", "sm90", "sm90_dq_bulk", "sm90_overlap",
+                                           "sm90_heavy_first"};
   return kNames[static_cast<int>(f)];
 }
 
@@ -95,6 +100,8 @@ attention::reference::NaiveGrads run_on_gpu(BackwardCase& bc, Family family,
   ScopedEnv env("FLASHSERVE_BWD_KERNEL", family == Family::kSm80 ? "sm80" : "sm90");
   ScopedEnv dq_path("FLASHSERVE_SM90_BWD_DQ_BULK", family == Family::kSm90 ? "0" : "1");
   ScopedEnv overlap("FLASHSERVE_SM90_BWD_OVERLAP", family == Family::kSm90Overlap ? "1" : "0");
+  ScopedEnv heavy_first("FLASHSERVE_SM90_BWD_HEAVY_FIRST",
+                        family == Family::kSm90HeavyFirst ? "1" : "0");
   BackwardDevice dev(bc);
   AttentionBackwardParams p = dev.params();
   p.deterministic = deterministic;
@@ -176,13 +183,15 @@ std::vector<CaseSpec> cases() {
   return v;
 }
 
-// Every case through both families, sm90 with each dQ path (and, given `overlap`, the overlapped
-// step: GpuBackwardOverlap runs the main shapes through it beside the bulk path).
+// Every case through both families, sm90 with each dQ path (and, given `switches`, the bulk
+// path's off-by-default switches too: GpuBackwardOverlap and GpuBackwardHeavyFirst run the main
+// shapes through them beside the bulk path).
 using FamilyCase = std::tuple<CaseSpec, Family>;
-std::vector<FamilyCase> with_families(const std::vector<CaseSpec>& specs, bool overlap = false) {
+std::vector<FamilyCase> with_families(const std::vector<CaseSpec>& specs, bool switches = false) {
   std::vector<FamilyCase> v;
-  for (Family f : {Family::kSm80, Family::kSm90, Family::kSm90DqBulk, Family::kSm90Overlap})
-    if (overlap || f != Family::kSm90Overlap)
+  for (Family f : {Family::kSm80, Family::kSm90, Family::kSm90DqBulk, Family::kSm90Overlap,
+                   Family::kSm90HeavyFirst})
+    if (switches || (f != Family::kSm90Overlap && f != Family::kSm90HeavyFirst))
       for (const CaseSpec& s : specs) v.emplace_back(s, f);
   return v;
 }
@@ -214,7 +223,7 @@ std::vector<CaseSpec> sanitize_cases() {
           spec(DType::kFloat16, 64, 1, 300, 260, 2, 1, true), var};
 }
 INSTANTIATE_TEST_SUITE_P(Sanitize, GpuBackward,
-                         ::testing::ValuesIn(with_families(sanitize_cases(), /*overlap=*/true)),
+                         ::testing::ValuesIn(with_families(sanitize_cases(), /*switches=*/true)),
                          case_name);
 
 // FLASHSERVE_SM90_BWD_OVERLAP on and off (the bulk dQ path both times) on the main shapes and on
@@ -257,6 +266,59 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuBackwardOverlap, ::testing::ValuesIn(overlap
                            return info.param.name();
                          });
 
+// FLASHSERVE_SM90_BWD_HEAVY_FIRST on and off (the bulk dQ path both times) on the main shapes'
+// masked cases (causal, windows with a right side, a window with only a left side, whose
+// heaviest key blocks are the last: the order's other direction; varlen with empty sequences, GQA,
+// odd lengths) and on grids the order splits into sections on the H200 (132 multiprocessors:
+// sections of about two waves of CTAs, ceil(264 / key blocks) (KV head, sequence) units), of equal
+// and unequal sizes, each run against the float64 reference. The same CTAs compute the same
+// products in the same order, only started in another order: dk and dv keep every bit; dq too
+// where one key block per sequence adds each row of the accumulator.
+std::vector<CaseSpec> heavy_first_cases() {
+  std::vector<CaseSpec> v;
+  for (const CaseSpec& s : cases())
+    if (s.causal || s.window_left >= 0 || s.window_right >= 0) v.push_back(s);
+  CaseSpec left = spec(DType::kBFloat16, 64, 1, 300, 520, 4, 2, false);
+  left.window_left = 90;  // no right side: the last key blocks are the heaviest
+  v.push_back(left);
+  // 5 key blocks: sections of 53 units; 9 KV heads x 7 sequences = 63 units, two sections (32 and
+  // 31 units, 315 CTAs).
+  v.push_back(spec(DType::kBFloat16, 64, 7, 64, 520, 9, 9, true));
+  // 16 key blocks: sections of 17 units; GQA 2, 8 KV heads x 3 sequences = 24 units, two sections
+  // of 12 (384 CTAs); q_len < kv_len (the last key block alone is masked).
+  v.push_back(spec(DType::kFloat16, 128, 3, 40, 2000, 16, 8, true));
+  // Varlen, several key blocks per sequence and sequences shorter than the longest (their extra
+  // key blocks end at once): 4 key blocks, sections of 66 units, 2 KV heads x 3 = 6 units.
+  CaseSpec var = spec(DType::kBFloat16, 128, 3, 1, 1, 4, 2, true);
+  var.q_lens = {450, 3, 200}, var.kv_lens = {500, 130, 77};
+  var.q_layout = QLayout::kVarlen, var.kv_layout = KVLayout::kVarlen;
+  v.push_back(var);
+  return v;
+}
+
+class GpuBackwardHeavyFirst : public ::testing::TestWithParam<CaseSpec> {};
+
+TEST_P(GpuBackwardHeavyFirst, MatchesTheReferenceAndTheBulkPathsBits) {
+  CaseSpec s = GetParam();
+  SKIP_WITHOUT_FAMILY(Family::kSm90HeavyFirst);
+  s.seed = seed_for(s.name(), 2294);
+  BackwardCase bc(s);
+  bc.run_forward();
+  const auto off = run_on_gpu(bc, Family::kSm90DqBulk);
+  const auto on = run_on_gpu(bc, Family::kSm90HeavyFirst);
+  expect_matches_reference(bc, {&off, &on}, s.name());
+  EXPECT_TRUE(on.dk == off.dk) << s.name();
+  EXPECT_TRUE(on.dv == off.dv) << s.name();
+  int64_t max_kv_len = 0;
+  for (int64_t b = 0; b < s.batch; ++b) max_kv_len = std::max(max_kv_len, s.kv_len(b));
+  if (max_kv_len <= 128) EXPECT_TRUE(on.dq == off.dq) << s.name();
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuBackwardHeavyFirst, ::testing::ValuesIn(heavy_first_cases()),
+                         [](const ::testing::TestParamInfo<CaseSpec>& info) {
+                           return info.param.name();
+                         });
+
 TEST(GpuBackwardSanitize, DeterministicSmallCase) {
   SKIP_WITHOUT_CUDA();
   check_case(spec(DType::kBFloat16, 64, 1, 70, 90, 4, 2, true), Family::kSm80, false,
@@ -264,7 +326,8 @@ TEST(GpuBackwardSanitize, DeterministicSmallCase) {
 }
 
 TEST(GpuBackwardLse, GradientOfTheLse) {
-  for (Family family : {Family::kSm80, Family::kSm90, Family::kSm90DqBulk, Family::kSm90Overlap}) {
+  for (Family family : {Family::kSm80, Family::kSm90, Family::kSm90DqBulk, Family::kSm90Overlap,
+                        Family::kSm90HeavyFirst}) {
     SKIP_WITHOUT_FAMILY(family);
     check_case(spec(DType::kBFloat16, 64, 2, 45, 61, 4, 2, true), family, /*with_dlse=*/true);
     check_case(spec(DType::kFloat16, 128, 1, 130, 200, 2, 1, false), family, /*with_dlse=*/true);
@@ -310,7 +373,8 @@ TEST(GpuBackwardDeterministic, MatchesTheReferenceAndRepeatsBitForBit) {
 // through atomics or reduce-adds in no fixed order and may differ in its last bits.
 TEST(GpuBackwardSm90, DkDvRepeatBitForBit) {
   SKIP_WITHOUT_FAMILY(Family::kSm90);
-  for (Family family : {Family::kSm90, Family::kSm90DqBulk, Family::kSm90Overlap})
+  for (Family family :
+       {Family::kSm90, Family::kSm90DqBulk, Family::kSm90Overlap, Family::kSm90HeavyFirst})
     for (int64_t d : {64, 128}) {
       CaseSpec s = spec(DType::kBFloat16, d, 1, 400, 600, 4, 2, true);
       s.seed = 2292;

@@ -314,6 +314,21 @@ inline constexpr bool kSm90BwdOverlapByDefault = false;
 // call (backward_cuda.cu), as FLASHSERVE_SM90_BWD_DQ_BULK.
 bool parse_sm90_bwd_overlap(const char* value);
 
+// Whether the sm90 backward's bulk-dQ kernel takes a masked call's key blocks heaviest first
+// (sm90/bwd_kernel.h, Cfg::kHeavyFirst): a 1-D grid in attention/kernel/tile_order.h's order
+// (sections of (KV head, sequence) units about two waves of CTAs large, each starting with every
+// unit's heaviest key block: the first under a causal mask) instead of all key blocks of one unit
+// after another, whose last unit's heaviest CTA starts in the last wave. The same CTAs, in another
+// order (dk and dv keep their bits; dq is summed in no fixed order either way). Off until a
+// device run has passed the backward tests with it and measured it (written without a GPU). The
+// atomics' kernel (FLASHSERVE_SM90_BWD_DQ_BULK=0) and unmasked calls ignore it.
+inline constexpr bool kSm90BwdHeavyFirstByDefault = false;
+
+// FLASHSERVE_SM90_BWD_HEAVY_FIRST: unset (null) or empty, kSm90BwdHeavyFirstByDefault; "1" on;
+// "0" off; anything else throws kInvalidArgument naming the variable. Read by the CUDA backward
+// once per call (backward_cuda.cu), as FLASHSERVE_SM90_BWD_DQ_BULK.
+bool parse_sm90_bwd_heavy_first(const char* value);
+
 // The backward's one decision: with `request` kAuto and kSm90BackwardByDefault, sm90 wherever
 // sm90_backward_lacks is "" (the compute capability 9.0 device of a build with 90a), else sm80;
 // kSm80 forces sm80; kSm90 forces sm90, and a call it cannot run throws kUnsupported naming

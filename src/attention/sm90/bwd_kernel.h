@@ -45,8 +45,14 @@
 //   P^T is packed (it runs under dS^T's packing, stores and the consumers' barrier), dK issued
 //   right behind dQ (it runs under the dQ tile's stores), the stage released after dK. The same
 //   products on the same operands in the same accumulation order: dK and dV keep their bits.
-// Still without (docs/kernel-notes.md, "sm90 backward", session 19): the next step's S^T and dP^T
-// under this step's dQ (their accumulators do not fit beside dK, dV and dQ's), a persistent grid.
+// - Launch order: the grid (key block, KV head, sequence) starts the key blocks of one (KV head,
+//   sequence) after another; with Cfg::kHeavyFirst (BwdHeavyFirstTile,
+//   FLASHSERVE_SM90_BWD_HEAVY_FIRST; masked calls of the bulk kernel) a 1-D grid in
+//   tile_order.h's heaviest-first order, so that under a causal mask the long CTAs (key block 0
+//   sees every query) do not start in the last wave.
+// Still without (docs/kernel-notes.md, "sm90 backward", sessions 19-20): the next step's S^T and
+// dP^T under this step's dQ (their accumulators do not fit beside dK, dV and dQ's), a persistent
+// grid.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -58,6 +64,7 @@
 
 #include "attention/kernel/block_mask.h"
 #include "attention/kernel/seqlen.h"
+#include "attention/kernel/tile_order.h"
 #include "bwd_params.h"
 #include "device_util.h"
 #include "mbarrier.h"
@@ -590,12 +597,28 @@ template <class Cfg, bool kBf16, bool kMasked, bool kDqBulk>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     bwd_kernel(const __grid_constant__ BwdParams bp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(!Cfg::kHeavyFirst || (kMasked && kDqBulk),
+                "the heaviest-first order is the masked bulk-dQ kernel's");
   extern __shared__ uint8_t smem_raw[];
   auto& s = *reinterpret_cast<BwdSharedStorage<Cfg, kDqBulk>*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const sm80::FwdParams& f = bp.p.fwd;
-  const int n_block = blockIdx.x, kv_head = blockIdx.y;
-  const BwdSeq seq(f, blockIdx.z);
+  // The CTA's key block, KV head and sequence: the 3-D grid's coordinates, or (kHeavyFirst) entry
+  // blockIdx.x of the heaviest-first order the host put in f.order (tile_order.h: sections of
+  // (KV head, sequence) units, in each the units' heaviest key blocks first, units fastest, so
+  // that the longest CTAs start first and the last wave holds the shortest ones; the grid is the
+  // hardware's queue, no counter). tile_of counts its m_block down from the heaviest, the
+  // forward's last query tile; the backward's heaviest key block is the first where the mask has
+  // a right side (bottom-right causal: key block 0 is seen by every query) and the last where it
+  // has only a left one.
+  int n_block = blockIdx.x, kv_head = blockIdx.y, z = blockIdx.z;
+  if constexpr (Cfg::kHeavyFirst) {
+    const kernel::TileCoords c = kernel::tile_of(f.order, blockIdx.x);
+    n_block = f.window_right >= 0 ? f.order.m_blocks - 1 - c.m_block : c.m_block;
+    kv_head = c.head;
+    z = c.z;
+  }
+  const BwdSeq seq(f, z);
   // Key blocks past the sequence's keys have nothing to compute (their dK, dV rows were zeroed
   // by the caller); the whole CTA leaves before any barrier.
   if (n_block * Cfg::kBlockN >= seq.lens.kv_len) return;

@@ -8,6 +8,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "attention/sm80/bwd_params.h"
 #include "flashserve/tensor.h"
 
@@ -23,6 +25,12 @@ struct BwdArgs {
   // With dq_bulk: each step in FlashAttention-3's order (BwdOverlapTile in tile_config.h,
   // FLASHSERVE_SM90_BWD_OVERLAP: parse_sm90_bwd_overlap). The atomics' kernel ignores it.
   bool overlap;
+  // With dq_bulk, on a masked call: the key blocks heaviest first (BwdHeavyFirstTile in
+  // tile_config.h, FLASHSERVE_SM90_BWD_HEAVY_FIRST: parse_sm90_bwd_heavy_first), sections sized
+  // by the device's multiprocessors and L2 (sms, l2_bytes: read only then). Ignored elsewhere.
+  bool heavy_first;
+  int sms;
+  int64_t l2_bytes;
   int batch, h_kv;
   // Rows of q/dout and of k/v per sequence (dense) or in all (varlen: those rows form one
   // sequence of the tensor maps).

@@ -46,7 +46,8 @@ void launch_bwd(BwdParams& bp, const BwdArgs& a) {
   static_assert(smem <= 227 * 1024, "the tile's shared memory exceeds what one block may have");
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
              "cudaFuncSetAttribute (sm90 backward shared memory)");
-  const dim3 grid((a.max_kv_len + Cfg::kBlockN - 1) / Cfg::kBlockN, a.h_kv, a.batch);
+  dim3 grid((a.max_kv_len + Cfg::kBlockN - 1) / Cfg::kBlockN, a.h_kv, a.batch);
+  if constexpr (Cfg::kHeavyFirst) grid = dim3(f.order.units * f.order.m_blocks);  // tile_of's
   kernel<<<grid, Cfg::kThreads, smem, a.stream>>>(bp);
   check_cuda(cudaGetLastError(), "sm90 backward kernel launch");
 }
@@ -61,6 +62,30 @@ void launch_dtypes(BwdParams& bp, const BwdArgs& a) {
   if (!bf16 && !a.masked) launch_bwd<Cfg, false, false, kDqBulk>(bp, a);
 }
 
+// The masked instantiations alone (the heaviest-first tile: an unmasked grid's CTAs cost the
+// same).
+template <class Cfg>
+void launch_masked_dtypes(BwdParams& bp, const BwdArgs& a) {
+  if (a.dtype == DType::kBFloat16)
+    launch_bwd<Cfg, true, true, true>(bp, a);
+  else
+    launch_bwd<Cfg, false, true, true>(bp, a);
+}
+
+// The heaviest-first order of this call's CTAs (tile_order.h), or one with sections = 0 where the
+// call keeps the 3-D grid: the switch off, the atomics' kernel, no mask (equal CTAs), or a grid
+// too large for 32-bit tile indices. Units are (KV head, sequence) pairs; the bytes that bound a
+// section by L2 are what a unit's CTAs all stream and re-read from L2 when they run close
+// together: its query heads' Q and dO. One CTA per multiprocessor.
+template <class Cfg>
+kernel::GridOrder heavy_first_order(const sm80::BwdParams& p, const BwdArgs& a) {
+  if (!a.heavy_first || !a.dq_bulk || !a.masked) return kernel::GridOrder{};
+  const int n_blocks = (a.max_kv_len + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  const int64_t q_bytes = int64_t{p.fwd.h_ratio} * a.max_q_len * Cfg::kHeadDim * 2 * 2;
+  return kernel::heaviest_first(n_blocks, a.h_kv, int64_t{a.h_kv} * a.batch, a.sms, q_bytes,
+                                a.l2_bytes);
+}
+
 template <int kHeadDim>
 void run_bwd_hdim(const sm80::BwdParams& params, const BwdArgs& a) {
   using Cfg = typename DefaultBwdTile<kHeadDim>::type;
@@ -69,7 +94,12 @@ void run_bwd_hdim(const sm80::BwdParams& params, const BwdArgs& a) {
   if (a.max_kv_len > 0 && a.h_kv > 0) {
     BwdParams bp{};
     bp.p = params;
-    if (a.dq_bulk && a.overlap)
+    bp.p.fwd.order = heavy_first_order<Cfg>(params, a);
+    if (bp.p.fwd.order.sections > 0 && a.overlap)
+      launch_masked_dtypes<BwdOverlapTile<BwdHeavyFirstTile<Cfg>>>(bp, a);
+    else if (bp.p.fwd.order.sections > 0)
+      launch_masked_dtypes<BwdHeavyFirstTile<Cfg>>(bp, a);
+    else if (a.dq_bulk && a.overlap)
       launch_dtypes<BwdOverlapTile<Cfg>, true>(bp, a);
     else if (a.dq_bulk)
       launch_dtypes<Cfg, true>(bp, a);

@@ -418,6 +418,10 @@ struct BwdTileConfig {
   // The step's order (bwd_kernel.h): each GEMM waited for before the next is issued, or
   // FlashAttention-3's (BwdOverlapTile below).
   static constexpr bool kOverlap = false;
+  // Whether the CTAs take their key blocks from a 1-D grid in the heaviest-first order of
+  // attention/kernel/tile_order.h instead of the (key block, KV head, sequence) grid
+  // (BwdHeavyFirstTile below).
+  static constexpr bool kHeavyFirst = false;
   static_assert(kConsumers == 2, "two consumer warpgroups of 64 keys");
   static_assert(setmaxnreg_fits(kProducerRegs, kConsumerRegs, kConsumers),
                 "the setmaxnreg budgets exceed the CTA's registers: setmaxnreg.inc would hang");
@@ -434,6 +438,16 @@ struct BwdTileConfig {
 template <class Cfg>
 struct BwdOverlapTile : Cfg {
   static constexpr bool kOverlap = true;
+};
+
+// A backward tile launched heaviest key blocks first (FLASHSERVE_SM90_BWD_HEAVY_FIRST, masked
+// calls of the bulk-dQ kernel only): CTA b computes entry b of kernel::tile_of's order (sections of
+// (KV head, sequence) units, each unit's heaviest key block first). The same CTAs in another
+// launch order; a type of its own for the same reason as BwdOverlapTile, and composable with it
+// (BwdOverlapTile<BwdHeavyFirstTile<Cfg>>).
+template <class Cfg>
+struct BwdHeavyFirstTile : Cfg {
+  static constexpr bool kHeavyFirst = true;
 };
 
 // The backward's tiles (FlashAttention-3's choices for two MMA warpgroups, hopper/
