@@ -12,6 +12,9 @@
 # The binaries travel compressed: on the build machine
 #   bash scripts/gpu-quick.sh --pack build/dev90 .xfer/bin.tar.xz   (EXTRA_BINARIES="bench/..." adds more)
 # and the call unpacks them with BIN_TAR=.xfer/bin.tar.xz.
+# PACK_XZ sets xz's options (default -T2 -6). One stream with a dictionary larger than the
+# binaries (PACK_XZ="-T1 --lzma2=preset=6,dict=400MiB") stores the kernels that every binary
+# embeds once: ten binaries in 27.5 MB against ~12 MB each apart (session 20); slower (~5 min).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,7 +32,7 @@ if [ "${1:-}" = --pack ]; then  # --pack BUILD_DIR TARBALL
     grep -vE '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+|libcuda|libcudart|libcublas|libcublasLt|libnccl)\.so' |
     xargs -r -I{} cp -L {} "$stage/lib/"
   mkdir -p "$(dirname "$3")"
-  tar -C "$stage" -cf - . | xz -T2 -6 > "$3"
+  tar -C "$stage" -cf - . | xz ${PACK_XZ:--T2 -6} > "$3"
   rm -rf "$stage"
   ls -la "$3"
   exit 0
