@@ -8,7 +8,7 @@
 # (its TTFT and TBTs kept) or refused (503 with Retry-After, and how fast); the server's RSS and
 # heap every 10 s. Checked (the client's PASS/FAIL lines, exit 1 on any FAIL): every request
 # answered or refused, accepted TBT p99 <= the strict SLO (46.2 ms), refusal p99 <= 250 ms, RSS
-# growth after the warm-up <= 64 MiB; then SIGTERM must exit 0.
+# growth under the load (after the warm-up, until the arrivals end) <= 64 MiB; then SIGTERM must exit 0.
 #
 #   BIN_TAR=.xfer/overload.tar.xz OUT=$OUT bash scripts/overload-gpu-check.sh
 # The binary travels compressed, built here for 90a (the device cannot run our full configure):

@@ -17,9 +17,10 @@
 //     lengths choose, which fixes the decode count where the batch keeps decodes together);
 //   - anything else (graphs off, profiling, a step above mixed_max_tokens): eager.
 // A step of kMixedGraphMaxTokens is 24 token buckets; the runner captures a mixed key the
-// kMixedCaptureAfter-th time it sees it and keeps at most kMaxMixedGraphs mixed graphs (the least
-// recently replayed goes first), each a few hundred kernel nodes that point into the runner's own
-// buffers (a graph holds no activation memory of its own).
+// kMixedCaptureAfter-th time it sees it and keeps at most kMaxMixedGraphs mixed and
+// kMaxDecodeGraphs decode graphs (the least recently replayed of the kind goes first), each a few
+// hundred kernel nodes that point into the runner's own buffers (a graph holds no activation
+// memory of its own, but its instantiation holds host memory).
 #pragma once
 
 #include <cstdint>
@@ -42,6 +43,13 @@ inline constexpr int64_t kMixedGraphMaxTokens = 2048;
 // The captures' host cost under a changing load and the LRU's churn are not measured yet.
 inline constexpr bool kMixedGraphsByDefault = true;
 inline constexpr int kMaxMixedGraphs = 64;
+// Decode graphs are keyed by (batch, width bucket), so a server sees up to max_num_seqs x ~10 keys,
+// and each instantiated graph holds host memory of its own (~1-3 MB for 32 layers): session 20's
+// overload run on the H200 (mistral-7b shape, 64 concurrent) grew the heap by 134 MiB in the
+// drain alone, each new (batch, width) of the shrinking batch captured once. The least recently
+// replayed goes past this bound; a steady load replays a few dozen keys (batches near the
+// concurrency bound, two or three width buckets).
+inline constexpr int kMaxDecodeGraphs = 128;
 // A mixed step's graph is captured the second time its key is seen (the first runs eagerly, padded
 // as the graph would): under a changing load many keys come once (a request joins, another ends),
 // and a capture costs about a second eager step of host time plus the instantiation.

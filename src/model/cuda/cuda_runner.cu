@@ -418,8 +418,9 @@ struct CudaRunner::Impl {
   //     real row as the eager step does, bit for bit: the same kernels, splits and tiles on the
   //     same rows, and GEMMs whose algorithm is that of the unpadded row count (the token buckets
   //     are the GEMM's tuning buckets). A key is captured the kMixedCaptureAfter-th time it comes
-  //     (until then its steps run eagerly, padded); at most kMaxMixedGraphs are kept, the least
-  //     recently replayed dropped first.
+  //     (until then its steps run eagerly, padded).
+  // At most kMaxDecodeGraphs decode and kMaxMixedGraphs mixed graphs are kept, the least recently
+  // replayed of the kind dropped first (step_graphs.h says why).
   struct GraphKey {
     StepGraphKind kind = StepGraphKind::kDecode;
     int64_t rows = 0, batch = 0, samples = 0, width = 0;
@@ -596,21 +597,19 @@ struct CudaRunner::Impl {
         use_graphs = false;
       return;
     }
-    if (mixed) {
-      // The bound on mixed graphs: the least recently replayed goes.
-      int held = 0;
-      auto oldest = graphs.end();
-      for (auto g = graphs.begin(); g != graphs.end(); ++g) {
-        if (g->first.kind != StepGraphKind::kMixed) continue;
-        ++held;
-        if (oldest == graphs.end() || g->second.last_used < oldest->second.last_used) oldest = g;
-      }
-      if (held >= kMaxMixedGraphs) {
-        cudaGraphExecDestroy(oldest->second.exec);
-        graphs.erase(oldest);
-      }
-      ++mixed_captures;
+    // The bound on each kind's graphs: the least recently replayed of the kind goes.
+    int held = 0;
+    auto oldest = graphs.end();
+    for (auto g = graphs.begin(); g != graphs.end(); ++g) {
+      if (g->first.kind != key.kind) continue;
+      ++held;
+      if (oldest == graphs.end() || g->second.last_used < oldest->second.last_used) oldest = g;
     }
+    if (held >= (mixed ? kMaxMixedGraphs : kMaxDecodeGraphs)) {
+      cudaGraphExecDestroy(oldest->second.exec);
+      graphs.erase(oldest);
+    }
+    if (mixed) ++mixed_captures;
     graphs.emplace(key, Graph{exec, steps});
     ++graph_captures;
   }

@@ -26,6 +26,19 @@ test('lcg replays with its seed and stays in [0, 1)', () => {
   assert.ok(Math.abs(mean - 0.5) < 0.05, `mean ${mean}`);
 });
 
+test('lcg does not cycle within a run: prompts of random ids share no 16-token block', () => {
+  // The load clients' prompts: ids 3 + floor(997 r). A repeated block of the prefix cache's size
+  // would let the cache serve prompts that are meant to be fresh.
+  const r = lcg(1), seen = new Set();
+  for (let i = 0; i < 200000; ++i) {
+    const block = Array.from({ length: 16 }, () => 3 + Math.floor(r() * 997)).join(',');
+    assert.ok(!seen.has(block), `block ${i} repeats`);
+    seen.add(block);
+  }
+  const draws = new Set(Array.from({ length: 1000000 }, r));
+  assert.ok(draws.size > 999000, `${draws.size} distinct of 1000000 draws`);
+});
+
 test('sseEvents splits events wherever the chunks break, and hands back a tail', async () => {
   const text = 'data: {"a":1}\n\ndata: {"b":"\u00e9"}\n\ndata: [DONE]\n\npartial';
   const bytes = new TextEncoder().encode(text);
