@@ -182,8 +182,17 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
   } free_scratch{scratch, stream};
 
   const sm80::BwdParams p = bwd_params(bp, pr, workspace);
-  for (const TensorView* g : {&bp.dq, &bp.dk, &bp.dv})
-    sm80::zero_grad(g->data, g->dtype, g->rank, g->shape, g->stride, stream);
+  // The launches below write every element of dq (the postprocess, or the deterministic dq kernel:
+  // each row of each sequence) and of dk and dv (the main kernels: each key of each sequence) when
+  // the batch is dense, without seqused_k, and both lengths are positive; zeroing them first
+  // is then a pass over 3 gradients for nothing (bwd_zero's 64-bit index arithmetic per element:
+  // a fixed cost per call, kernel-notes session 19). Varlen rows of no sequence, keys past
+  // seqused_k and the empty cases are written by nothing else.
+  const bool every_element_written = workspace != nullptr && !pr.varlen_q && !pr.varlen_k &&
+                                     !pr.seqused && pr.max_q_len > 0 && pr.max_kv_len > 0;
+  if (!every_element_written)
+    for (const TensorView* g : {&bp.dq, &bp.dk, &bp.dv})
+      sm80::zero_grad(g->data, g->dtype, g->rank, g->shape, g->stride, stream);
   if (workspace == nullptr) return;
   if (!bp.deterministic)  // deterministic: bwd_dq_kernel writes dq, no accumulator
     check_cuda(

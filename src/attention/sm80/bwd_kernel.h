@@ -54,14 +54,29 @@ __device__ __forceinline__ Elem from_f(float x) {
     return __float2half_rn(x);
 }
 
-// Query rows of a sequence, one thread per (row, head) in grid (rows / 128, h_q, batch):
-// D = rowsum(dout o out) - dlse.
+// The preprocess and postprocess take one warp per (query row, head), kRowWarps rows per block
+// in grid (rows / kRowWarps, h_q, batch): lane l takes the row's elements l, l + 32, ..., so
+// that each load and store instruction covers one contiguous run of 32 elements. One thread per
+// row made each instruction touch 32 rows' lines for 2 or 4 bytes of each (kernel-notes,
+// session 19: the benchmark's rows carry ~3 ms per call outside the main kernel).
+inline constexpr int kRowWarps = 8;
+
+// The warp's (query row, head) of a preprocess or postprocess block, and its lane.
+struct RowWarp {
+  int t, h, lane;
+  __device__ __forceinline__ RowWarp()
+      : t(static_cast<int>(blockIdx.x) * kRowWarps + static_cast<int>(threadIdx.x) / 32),
+        h(blockIdx.y),
+        lane(threadIdx.x % 32) {}
+};
+
+// D = rowsum(dout o out) - dlse for the sequence's query rows.
 template <class Elem>
 __global__ void bwd_preprocess(const BwdParams p, int head_dim) {
   const FwdParams& f = p.fwd;
   const SeqInfo seq(f, blockIdx.z);
-  const int t = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y;
-  if (t >= seq.q_len) return;
+  const auto [t, h, lane] = RowWarp();
+  if (t >= seq.q_len) return;  // the whole warp
   const int64_t row = seq.q_row0(f) + t;
   const int64_t do_off =
       (f.cu_seqlens_q ? seq.q_start * p.do_row_stride : seq.b * p.do_batch_stride) +
@@ -70,7 +85,10 @@ __global__ void bwd_preprocess(const BwdParams p, int head_dim) {
       static_cast<const Elem*>(f.out) + seq.o_off(f) + t * f.o_row_stride + h * f.o_head_stride;
   const Elem* g = static_cast<const Elem*>(p.dout) + do_off;
   float d = 0.0f;
-  for (int i = 0; i < head_dim; ++i) d += to_f(o[i]) * to_f(g[i]);
+  for (int i = lane; i < head_dim; i += 32) d += to_f(o[i]) * to_f(g[i]);
+#pragma unroll
+  for (int lanes = 16; lanes > 0; lanes /= 2) d += __shfl_xor_sync(0xffffffffu, d, lanes);
+  if (lane != 0) return;
   if (p.dlse != nullptr) {
     const int64_t base =
         f.cu_seqlens_q ? seq.q_start * p.dlse_row_stride : seq.b * p.dlse_batch_stride;
@@ -84,14 +102,14 @@ template <class Elem>
 __global__ void bwd_postprocess(const BwdParams p, int head_dim) {
   const FwdParams& f = p.fwd;
   const SeqInfo seq(f, blockIdx.z);
-  const int t = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y;
+  const auto [t, h, lane] = RowWarp();
   if (t >= seq.q_len) return;
   const int64_t row = seq.q_row0(f) + t;
   const float* acc = p.dq_accum + (row * f.h_q + h) * head_dim;
   Elem* dq = static_cast<Elem*>(p.dq) +
              (f.cu_seqlens_q ? seq.q_start * p.dq_row_stride : seq.b * p.dq_batch_stride) +
              t * p.dq_row_stride + h * p.dq_head_stride;
-  for (int i = 0; i < head_dim; ++i) dq[i] = from_f<Elem>(f.scale * acc[i]);
+  for (int i = lane; i < head_dim; i += 32) dq[i] = from_f<Elem>(f.scale * acc[i]);
 }
 
 // Zeros every element of a [d0, d1, d2, d3] view (rank 3: d0 = 1) with the given strides; the
