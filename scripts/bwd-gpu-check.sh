@@ -27,7 +27,7 @@
 # preprocess and postprocess), BENCH_TIMEOUT (seconds, 200), COMMIT (printed).
 #
 # The overlapped step (FLASHSERVE_SM90_BWD_OVERLAP, session 19's helper, unrun; the coalesced
-# preprocess/postprocess waits on branch bwd-passes), two calls so that neither meets the
+# preprocess/postprocess ran in session 20 and is merged), two calls so that neither meets the
 # 10-minute limit. First the SASS, every backward test (the GpuBackwardOverlap on/off shapes, the
 # overlap family's Sanitize cases, DkDvRepeatBitForBit, the Lse test, and all the others) and the
 # sanitizers, about 5 minutes:

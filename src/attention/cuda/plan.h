@@ -111,10 +111,11 @@ struct HostLengths {
 inline constexpr bool kSm90EpilogueByDefault = true;
 
 // Whether the sm90 forward's d64 16-bit tiles compute part of the softmax's exponentials on the
-// FMA pipe by default (FLASHSERVE_SM90_EXP2_FMA unset): off until its first device run has
-// measured it (written without a GPU; docs/kernel-notes.md, "exp2 on the FMA pipe"). "1" turns
-// it on; the outputs differ from the MUFU's in rounding only (Sm90Exp2Fma.* bound the
-// difference).
+// FMA pipe by default (FLASHSERVE_SM90_EXP2_FMA unset): off. Its first device run (session 20,
+// bench/results/exp2-fma-h200-2026-12-03.md) measured it 5-11% slower at every d64 shape, 512 to
+// 16k keys, causal or not: the d64 tile is not bound by the MUFU (docs/kernel-notes.md, "exp2 on
+// the FMA pipe"). "1" turns it on; the outputs differ from the MUFU's in rounding only
+// (Sm90Exp2Fma.* bound the difference).
 inline constexpr bool kSm90Exp2FmaByDefault = false;
 
 // What the plan needs of the device and of the call beside the problem.

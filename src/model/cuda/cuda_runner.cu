@@ -157,7 +157,15 @@ struct CudaRunner::Impl {
       throw Error(ErrorKind::kInvalidArgument, "device",
                   "CUDA device " + std::to_string(dev) + " does not exist (" +
                       std::to_string(count) + " found)");
-    check_cuda(cudaSetDevice(dev), "cudaSetDevice");
+    // The context is made here: on a device another process has filled, this is where it fails
+    // (the H200 with all but 192 MiB held by another process: "cudaSetDevice: out of memory").
+    const cudaError_t set = cudaSetDevice(dev);
+    if (set == cudaErrorMemoryAllocation)
+      throw Error(ErrorKind::kCuda, "device",
+                  "CUDA device " + std::to_string(dev) +
+                      " has no memory left to start on (cudaSetDevice: out of memory): other "
+                      "processes hold it (nvidia-smi lists them)");
+    check_cuda(set, "cudaSetDevice");
     check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
     check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
     check_cuda(cudaEventCreateWithFlags(&staged, cudaEventDisableTiming), "event");
