@@ -80,6 +80,14 @@ struct Seqs {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<int64_t> len;  // tokens in the cache
   int64_t blocks_per_seq = 0;
+  // `batch` sequences of max_len fixed pseudo-random tokens, none in the cache yet.
+  void reset(int64_t batch, int64_t max_len, int64_t vocab) {
+    tokens.assign(batch, std::vector<int32_t>(max_len));
+    len.assign(batch, 0);
+    for (int64_t j = 0; j < batch; ++j)
+      for (int64_t t = 0; t < max_len; ++t)
+        tokens[j][t] = static_cast<int32_t>((j * 7919 + t * 104729) % vocab);
+  }
   std::vector<int32_t> blocks(int64_t i, int64_t kv) const {
     std::vector<int32_t> b;
     for (int64_t j = 0; j < (kv + block - 1) / block; ++j)
@@ -307,11 +315,7 @@ void fuse_ab(const fm::ModelConfig& cfg, int64_t context, const std::vector<int>
       "| median / floor | vs default |\n|---|---|---|---|---|---|---|\n",
       static_cast<long long>(context), block);
   for (int64_t batch : batches) {
-    s.tokens.assign(batch, std::vector<int32_t>(max_len));
-    s.len.assign(batch, 0);
-    for (int64_t j = 0; j < batch; ++j)
-      for (int64_t t = 0; t < max_len; ++t)
-        s.tokens[j][t] = static_cast<int32_t>((j * 7919 + t * 104729) % cfg.vocab_size);
+    s.reset(batch, max_len, cfg.vocab_size);
     prefill_all(*runner, s, context, 4);
     std::vector<std::vector<double>> ms(modes.size());
     for (int r = 0; r < rounds; ++r)
@@ -416,11 +420,7 @@ int main(int argc, char** argv) {
     s.blocks_per_seq = (max_len + block - 1) / block;
     runner->allocate_kv(max_batch * s.blocks_per_seq, block);
     for (int64_t batch : {int64_t{1}, max_batch}) {
-      s.tokens.assign(batch, std::vector<int32_t>(max_len));
-      s.len.assign(batch, 0);
-      for (int64_t j = 0; j < batch; ++j)
-        for (int64_t t = 0; t < max_len; ++t)
-          s.tokens[j][t] = static_cast<int32_t>((j * 7919 + t * 104729) % cfg.vocab_size);
+      s.reset(batch, max_len, cfg.vocab_size);
       prefill_all(*runner, s, context, 4);
       std::vector<Mode> modes = {{true, false, "CUDA graph"}, {false, false, "eager"}};
       if (batch <= 4) modes.push_back({true, true, "CUDA graph, GEMV kernel"});
