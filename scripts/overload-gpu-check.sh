@@ -8,12 +8,16 @@
 # (its TTFT and TBTs kept) or refused (503 with Retry-After, and how fast); the server's RSS and
 # heap every 10 s. Checked (the client's PASS/FAIL lines, exit 1 on any FAIL): every request
 # answered or refused, accepted TBT p99 <= the strict SLO (46.2 ms), refusal p99 <= 250 ms, RSS
-# growth under the load (after the warm-up, until the arrivals end) <= 64 MiB; then SIGTERM must exit 0.
+# growth under the load (after the warm-up, until the arrivals end) <= 64 MiB; then SIGTERM must
+# exit 0. Session 20's run on the H200 passed every check
+# (bench/results/server-overload-h200-2026-12-03.md).
 #
-#   BIN_TAR=.xfer/overload.tar.xz OUT=$OUT bash scripts/overload-gpu-check.sh
+#   BIN_TAR=.xfer/overload.tar.xz NODE_TAR=.xfer/node.tar.xz OUT=$OUT bash scripts/overload-gpu-check.sh
 # The binary travels compressed, built here for 90a (the device cannot run our full configure):
 #   cmake --build build/h90 -j2 --target flashserve
 #   BINARIES="src/flashserve" bash scripts/gpu-quick.sh --pack build/h90 .xfer/overload.tar.xz
+# and so does node, which the device image lacks (a self-contained binary; ~24 MB packed):
+#   d=$(mktemp -d); mkdir $d/bin; cp "$(command -v node)" $d/bin/; tar -C $d -cf - . | xz -9 > .xfer/node.tar.xz
 # On this machine, to check the plumbing (tiny checkpoint, a low rate, a short run):
 #   DEVICE=cpu RATE=2 DURATION=20 FLASHSERVE=build/cpu/src/flashserve bash scripts/overload-gpu-check.sh
 #
@@ -21,7 +25,7 @@
 # MAX_CONCURRENT (64 on cuda, 4 on cpu), MODEL (a checkpoint directory; else SHAPE's random one,
 # made once under /tmp), SHAPE (mistral-7b on cuda, tiny on cpu), MAX_MODEL_LEN (8192 on cuda,
 # 2048 on cpu), BUDGET (512), WARMUP (60 s; cpu DURATION/4), TBT_SLO_MS (46.2), REFUSAL_P99_MS
-# (250), RSS_GROWTH_MIB (64), TRACE, SEED (1), FLASHSERVE (without BIN_TAR), OUT.
+# (250), RSS_GROWTH_MIB (64), TRACE, SEED (1), FLASHSERVE (without BIN_TAR), NODE_TAR, OUT.
 #
 # Why RATE 15: twice sarathi's measured capacity on this workload at the strict SLO, ~7 req/s
 # (6.75 met it, 8.25 did not; 7.5 predicted: bench/results/capacity-h200-2026-12-03.md).
@@ -57,7 +61,11 @@ else
   FS=${FLASHSERVE:-build/release/src/flashserve}
 fi
 [ -x "$FS" ] || { echo "no flashserve at $FS (BIN_TAR or FLASHSERVE)"; exit 1; }
-command -v node >/dev/null || { echo "needs node (>= 18)"; exit 1; }
+if [ -n "${NODE_TAR:-}" ]; then
+  mkdir -p /tmp/fs-node && xz -dc "$NODE_TAR" | tar -C /tmp/fs-node -xf - || { echo "node unpack failed"; exit 1; }
+  export PATH=/tmp/fs-node/bin:$PATH
+fi
+command -v node >/dev/null || { echo "needs node (>= 18; NODE_TAR carries one)"; exit 1; }
 if [ "$DEVICE" = cuda ]; then
   SHAPE=${SHAPE:-mistral-7b} MAX_CONCURRENT=${MAX_CONCURRENT:-64} MAX_MODEL_LEN=${MAX_MODEL_LEN:-8192}
   WARMUP=${WARMUP:-60} pool=(--gpu-memory-utilization "${GPU_MEMORY_UTILIZATION:-0.9}")
