@@ -245,20 +245,28 @@ std::vector<CaseSpec> overlap_cases() {
 
 class GpuBackwardOverlap : public ::testing::TestWithParam<CaseSpec> {};
 
-TEST_P(GpuBackwardOverlap, MatchesTheReferenceAndTheBulkPathsBits) {
-  CaseSpec s = GetParam();
-  SKIP_WITHOUT_FAMILY(Family::kSm90Overlap);
-  s.seed = seed_for(s.name(), 2293);
+// A variant of the bulk-dQ kernel that runs the same products in the same order (only issued or
+// launched otherwise) against the float64 reference beside the bulk path itself, on the same
+// inputs: dk and dv keep every bit, and dq too where one key block per sequence adds each row of
+// the accumulator (with several, the reduce-adds' order between CTAs is free either way).
+void expect_bulk_paths_bits(const CaseSpec& s, Family variant) {
   BackwardCase bc(s);
   bc.run_forward();
   const auto off = run_on_gpu(bc, Family::kSm90DqBulk);
-  const auto on = run_on_gpu(bc, Family::kSm90Overlap);
+  const auto on = run_on_gpu(bc, variant);
   expect_matches_reference(bc, {&off, &on}, s.name());
   EXPECT_TRUE(on.dk == off.dk) << s.name();
   EXPECT_TRUE(on.dv == off.dv) << s.name();
   int64_t max_kv_len = 0;
   for (int64_t b = 0; b < s.batch; ++b) max_kv_len = std::max(max_kv_len, s.kv_len(b));
   if (max_kv_len <= 128) EXPECT_TRUE(on.dq == off.dq) << s.name();
+}
+
+TEST_P(GpuBackwardOverlap, MatchesTheReferenceAndTheBulkPathsBits) {
+  CaseSpec s = GetParam();
+  SKIP_WITHOUT_FAMILY(Family::kSm90Overlap);
+  s.seed = seed_for(s.name(), 2293);
+  expect_bulk_paths_bits(s, Family::kSm90Overlap);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuBackwardOverlap, ::testing::ValuesIn(overlap_cases()),
@@ -302,16 +310,7 @@ TEST_P(GpuBackwardHeavyFirst, MatchesTheReferenceAndTheBulkPathsBits) {
   CaseSpec s = GetParam();
   SKIP_WITHOUT_FAMILY(Family::kSm90HeavyFirst);
   s.seed = seed_for(s.name(), 2294);
-  BackwardCase bc(s);
-  bc.run_forward();
-  const auto off = run_on_gpu(bc, Family::kSm90DqBulk);
-  const auto on = run_on_gpu(bc, Family::kSm90HeavyFirst);
-  expect_matches_reference(bc, {&off, &on}, s.name());
-  EXPECT_TRUE(on.dk == off.dk) << s.name();
-  EXPECT_TRUE(on.dv == off.dv) << s.name();
-  int64_t max_kv_len = 0;
-  for (int64_t b = 0; b < s.batch; ++b) max_kv_len = std::max(max_kv_len, s.kv_len(b));
-  if (max_kv_len <= 128) EXPECT_TRUE(on.dq == off.dq) << s.name();
+  expect_bulk_paths_bits(s, Family::kSm90HeavyFirst);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuBackwardHeavyFirst, ::testing::ValuesIn(heavy_first_cases()),
