@@ -1,12 +1,13 @@
 """Autograd for flashserve's PyTorch custom operators: flashserve::bwd and ::varlen_bwd (the
 backward as operators of their own, so that torch.compile traces them and activation
 checkpointing re-runs the forward through the dispatcher) and torch.library.register_autograd on
-flashserve::fwd and ::varlen_fwd.
+flashserve::fwd and ::varlen_fwd; beside them, DenseFunction, the same autograd for eager dense
+CUDA calls without the dispatcher's host cost.
 
-Imported by _torch.py only (PyTorch is imported then). A call that needs a gradient always goes
-through the forward operator with return_lse=True: the backward recomputes the probabilities from
-the LSE (FlashAttention-2's algorithm, flashserve/attention_backward.h), and the forward's saved
-tensors are q, k, v, out and lse. Gradients come back in q's, k's and v's shapes and dtypes.
+Imported by _torch.py only (PyTorch is imported then). A call that needs a gradient always runs
+the forward with return_lse=True: the backward recomputes the probabilities from the LSE
+(FlashAttention-2's algorithm, flashserve/attention_backward.h), and the forward's saved tensors
+are q, k, v, out and lse. Gradients come back in q's, k's and v's shapes and dtypes.
 """
 
 from typing import Optional, Tuple
@@ -14,6 +15,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _backward
+from . import attention as _attention
 
 Tensor = torch.Tensor
 
@@ -75,6 +77,21 @@ def refuse_slope_grad(alibi_slopes):
                                   "gradient of the ALiBi slopes; detach them")
 
 
+def grads_in(out, lse, grad_out, grad_lse):
+    """dout (zeros when only the LSE was used) and dlse (None when it was not)."""
+    if lse.numel() == 0 and out.numel() != 0:
+        raise RuntimeError("flashserve: the forward operator ran with return_lse=False, so "
+                           "it saved no LSE to differentiate with; call flash_attn_func / "
+                           "flash_attn_varlen_func, which pass return_lse=True when a "
+                           "gradient is needed")
+    dout = grad_out if grad_out is not None else torch.zeros_like(out)
+    return dout, grad_lse
+
+
+# The eager training path of dense CUDA calls (set by define_backward_ops): see there.
+DenseFunction = None
+
+
 def define_backward_ops():
     """Defines flashserve::bwd and ::varlen_bwd and registers the forward operators' autograd
     (called once, after flashserve::fwd and ::varlen_fwd are defined)."""
@@ -116,16 +133,6 @@ def define_backward_ops():
           seqused_k, softmax_scale, causal, window_left, window_right, deterministic, softcap=0.0,
           alibi_slopes=None):
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-
-    def grads_in(out, lse, grad_out, grad_lse):
-        """dout (zeros when only the LSE was used) and dlse (None when it was not)."""
-        if lse.numel() == 0 and out.numel() != 0:
-            raise RuntimeError("flashserve: the forward operator ran with return_lse=False, so "
-                               "it saved no LSE to differentiate with; call flash_attn_func / "
-                               "flash_attn_varlen_func, which pass return_lse=True when a "
-                               "gradient is needed")
-        dout = grad_out if grad_out is not None else torch.zeros_like(out)
-        return dout, grad_lse
 
     # flashserve::fwd(q, k, v, softmax_scale, causal, window_left, window_right, num_splits,
     #                 return_lse, deterministic, softcap, alibi_slopes, q_descale, k_descale,
@@ -169,3 +176,51 @@ def define_backward_ops():
 
     torch.library.register_autograd("flashserve::varlen_fwd", varlen_backward,
                                     setup_context=varlen_setup)
+
+    global DenseFunction
+    DenseFunction = _dense_function()
+
+
+def _dense_function():
+    """flash_attn_func's eager training path for plain CUDA tensors: the same forward and backward
+    as flashserve::fwd's autograd above, as a torch.autograd.Function over the host fast paths
+    (_torch._dense, _torch.dense_backward). Through the dispatcher, a custom operator's call with
+    autograd costs far more host time than its kernels at training shapes (the forward ~0.4 ms,
+    the backward ~1.4 ms a call on the H200's host, session 21); torch.compile and tensor
+    subclasses still go through the operators."""
+    from . import _torch
+
+    class DenseFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(q, k, v, softmax_scale, causal, left, right, num_splits, deterministic):
+            # Detached: the fast path refuses tensors that require grad (autograd is this
+            # Function's business, not the library call's).
+            return _torch._dense(q.detach(), k.detach(), v.detach(), softmax_scale, causal,
+                                 (left, right), num_splits, True)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            q, k, v, softmax_scale, causal, left, right, _, deterministic = inputs
+            out, lse = output
+            ctx.save_for_backward(q, k, v, out, lse)
+            left, right = _attention._window((left, right), causal)
+            ctx.args = (_attention._scale(softmax_scale), causal, left, right, deterministic)
+            ctx.set_materialize_grads(False)  # an unused lse's gradient stays None
+
+        @staticmethod
+        def backward(ctx, grad_out, grad_lse):
+            q, k, v, out, lse = ctx.saved_tensors
+            dout, dlse = grads_in(out, lse, grad_out, grad_lse)
+            if dout.stride(-1) != 1:  # an expanded gradient (of a sum, say) has stride 0
+                dout = dout.contiguous()
+            grads = _torch.dense_backward(dout, q.detach(), k.detach(), v.detach(), out, lse,
+                                          dlse, *ctx.args)
+            if grads is None:  # a gradient tensor the fast path does not pack
+                scale, causal, left, right, deterministic = ctx.args
+                grads = _backward.backward(dout, q, k, v, out, lse, dlse, varlen=False,
+                                           softmax_scale=None if scale == 0.0 else scale,
+                                           causal=causal, window_size=(left, right),
+                                           deterministic=deterministic)
+            return grads + (None,) * 6
+
+    return DenseFunction

@@ -113,14 +113,17 @@ def _get_calls():
     return _calls
 
 
+def _fast_tensors(*tensors):
+    """Whether the fast paths can pack these tensors as they are: plain CUDA tensors of rank 4,
+    a float dtype the library knows, last dimension contiguous (the generic path names what is
+    wrong with any other)."""
+    return all(type(t) is Tensor and t.dtype in _DTYPES and t.is_cuda and t.dim() == 4 and
+               t.stride(-1) == 1 for t in tensors)
+
+
 def _fast_ok(q, k, v):
-    """Whether the dense fast path takes these tensors: CUDA, rank 4, a float dtype the library
-    knows, last dimension contiguous, no grad to refuse (the generic path names what is wrong)."""
-    return (q.dtype in _DTYPES and k.dtype in _DTYPES and v.dtype in _DTYPES and
-            type(q) is Tensor and type(k) is Tensor and type(v) is Tensor and
-            q.is_cuda and k.is_cuda and v.is_cuda and
-            q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and
-            q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and
+    """Whether the dense fast path takes these tensors: _fast_tensors, and no grad to refuse."""
+    return (_fast_tensors(q, k, v) and
             not (q.requires_grad or k.requires_grad or v.requires_grad) and _get_calls().ok)
 
 
@@ -174,6 +177,90 @@ def _dense(q, k, v, softmax_scale, causal, window_size, num_splits, return_lse, 
         _capi.raise_for(status)
     del workspace  # stream-ordered: PyTorch's allocator reuses it only behind this stream's work
     return out, lse
+
+
+# ---------------------------------------------------------------- the backward's fast path
+
+class _BackwardCalls:
+    """fs_attention_backward_v3 and its workspace query, looked up once, and the offsets in
+    fs_attention_backward_params_v3 that the backward's fast path packs at."""
+
+    def __init__(self):
+        lib = _capi.lib()
+        self.backward = lib.fs_attention_backward_v3
+        self.workspace_size = lib.fs_attention_backward_workspace_size_v3
+        B, P = _capi.AttentionBackwardParamsV3, _capi.AttentionParams
+        base = B.attn.offset + _capi.AttentionParamsV3.base.offset
+        self.offsets = {name: base + getattr(P, name).offset
+                        for name in ("q", "k", "v", "out", "lse", "max_seqlen_q")}
+        self.offsets.update({name: getattr(B, name).offset
+                             for name in ("dout", "dlse", "dq", "dk", "dv", "deterministic")})
+
+
+_backward_calls = None
+
+
+class _BackwardState(threading.local):
+    """One fs_attention_backward_params_v3 per thread (autograd runs a CUDA backward on a thread
+    of its own), over a bytearray that pack_into writes; its score modifiers stay off."""
+
+    def __init__(self):
+        self.buffer = bytearray(ctypes.sizeof(_capi.AttentionBackwardParamsV3))
+        self.params = _capi.AttentionBackwardParamsV3.from_buffer(self.buffer)
+        _capi.lib().fs_attention_backward_params_v3_init(ctypes.byref(self.params))
+        self.ref = ctypes.byref(self.params)
+
+
+_backward_state = None
+_INT32 = struct.Struct("@i")
+
+
+def dense_backward(dout, q, k, v, out, lse, dlse, scale, causal, left, right, deterministic):
+    """(dq, dk, dv) of a dense CUDA forward (flash_attn_func's) through fs_attention_backward_v3,
+    packed like _dense's call: no DLPack capsule per tensor, no ctypes field assignments (the
+    generic _backward.backward spent ~1.4 ms of host time a call on them, more than the kernels
+    take at 2k tokens). scale, left and right are the C API's (0.0: the default scale; the
+    window after causal). None when the tensors need the generic path."""
+    if not (_fast_tensors(dout, q, k, v, out) and type(lse) is Tensor and lse.is_cuda and
+            lse.dtype == torch.float32 and lse.dim() == 3 and
+            (dlse is None or (type(dlse) is Tensor and dlse.is_cuda and
+                              dlse.dtype == torch.float32 and dlse.dim() == 3)) and
+            _get_calls().ok):
+        return None
+    global _backward_calls, _backward_state
+    if _backward_calls is None:
+        _backward_calls = _BackwardCalls()
+    if _backward_state is None:
+        _backward_state = _BackwardState()
+    calls, state = _backward_calls, _backward_state
+    buf, off = state.buffer, calls.offsets
+    grads = (empty(q, q.shape), empty(k, k.shape), empty(v, v.shape))
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout),
+                    ("dq", grads[0]), ("dk", grads[1]), ("dv", grads[2])):
+        _pack(buf, off[name], t, _DTYPES[t.dtype])
+    _pack(buf, off["lse"], lse, _capi.FLOAT32)
+    if dlse is not None:
+        _pack(buf, off["dlse"], dlse, _capi.FLOAT32)
+    else:
+        buf[off["dlse"]:off["dlse"] + _FS_TENSOR.size] = _ABSENT
+    _INT32.pack_into(buf, off["deterministic"], 1 if deterministic else 0)
+    stream = _current_stream(q.device.index)
+    causal = 1 if causal else 0
+    _SCALARS.pack_into(buf, off["max_seqlen_q"], 0, 0, scale, causal, left, right, 0, stream, 0,
+                       0)
+    size = calls.workspace_size(state.ref)
+    if size == _SIZE_MAX:
+        _capi.raise_last()
+    workspace = None
+    if size:
+        workspace = empty(q, (size,), torch.uint8)
+        _SCALARS.pack_into(buf, off["max_seqlen_q"], 0, 0, scale, causal, left, right, 0, stream,
+                           workspace.data_ptr(), size)
+    status = calls.backward(state.ref)
+    if status:
+        _capi.raise_for(status)
+    del workspace  # stream-ordered, as in _dense
+    return grads
 
 
 # ---------------------------------------------------------------- the KV-cache fast path
@@ -526,9 +613,15 @@ def flash_attn_func(q, k, v, softmax_scale, causal, window_size, return_lse, num
         _autograd.refuse_cuda_modifier_grad(q, softcap, alibi_slopes)
         _autograd.refuse_cuda_head_dim_grad(q, k, v)
         left, right = _window_pair(window_size)
-        out, lse = _ops[0](q, k, v, _opt_float(softmax_scale), bool(causal), left, right,
-                           _int32(num_splits, "num_splits"), True, deterministic, softcap,
-                           alibi_slopes)
+        if (softcap == 0.0 and alibi_slopes is None and not _use_ops(q) and
+                _fast_tensors(q, k, v) and _get_calls().ok):
+            out, lse = _autograd.DenseFunction.apply(
+                q, k, v, _opt_float(softmax_scale), bool(causal), left, right,
+                _int32(num_splits, "num_splits"), deterministic)
+        else:
+            out, lse = _ops[0](q, k, v, _opt_float(softmax_scale), bool(causal), left, right,
+                               _int32(num_splits, "num_splits"), True, deterministic, softcap,
+                               alibi_slopes)
     elif _use_ops(q):
         left, right = _window_pair(window_size)
         out, lse = _ops[0](q, k, v, _opt_float(softmax_scale), bool(causal), left, right,

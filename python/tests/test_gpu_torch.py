@@ -280,6 +280,41 @@ def test_autograd_matches_float64_on_cuda(gen, causal):
     assert again.grad_fn is None and torch.equal(again, out.detach())
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_eager_training_path_matches_the_operators(gen, causal):
+    """flash_attn_func's eager gradient path (_autograd.DenseFunction: an autograd Function over
+    the host fast paths, _torch._dense and _torch.dense_backward) against the same call through
+    the custom operators and their registered autograd (what torch.compile traces): the same out
+    and lse, and, deterministic, bit-identical dq, dk, dv. The losses: a weighted sum of out, one
+    of out and the LSE (dlse), and out.sum() (a gradient of stride 0, which the fast path makes
+    contiguous); a window beside the full rows. The float64 test above checks the values."""
+    b, sq, sk, h, hk, d = 2, 77, 130, 4, 2, 128
+    shapes = ((b, sq, h, d), (b, sk, hk, d), (b, sk, hk, d))
+    inputs = [randn(gen, shape, torch.bfloat16) for shape in shapes]
+    w_out = randn(gen, (b, sq, h, d), torch.bfloat16)
+    w_lse = torch.randn((b, h, sq), generator=gen, device="cuda")
+    losses = {"out": lambda out, lse: (out * w_out).float().sum(),
+              "out+lse": lambda out, lse: (out * w_out).float().sum() + (lse * w_lse).sum(),
+              "sum": lambda out, lse: out.sum()}
+    for window, loss in (((-1, -1), "out"), ((40, 7), "out+lse"), ((-1, -1), "sum")):
+        runs = []
+        for path in ("eager", "operators"):
+            q, k, v = (x.clone().requires_grad_() for x in inputs)
+            if path == "eager":
+                out, lse = flash_attn_func(q, k, v, causal=causal, window_size=window,
+                                           deterministic=True, return_lse=True)
+                assert type(out.grad_fn).__name__ == "DenseFunctionBackward", out.grad_fn
+            else:
+                left, right = fs_torch._window_pair(window)
+                out, lse = torch.ops.flashserve.fwd(q, k, v, None, causal, left, right, 0, True,
+                                                    True)
+            losses[loss](out, lse).backward()
+            runs.append((out.detach(), lse.detach(), q.grad, k.grad, v.grad))
+        for name, eager, ops in zip(("out", "lse", "dq", "dk", "dv"), *runs):
+            assert torch.equal(eager, ops), (window, loss, name)
+        assert all(torch.isfinite(g).all() and g.abs().max() > 0 for g in runs[0][2:])
+
+
 def test_errors(gen):
     q, k, v = (randn(gen, (1, 16, 2, 64), torch.bfloat16) for _ in range(3))
     with pytest.raises(ValueError, match=r"^k: dtype float16 differs from q's bfloat16"):

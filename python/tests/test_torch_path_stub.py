@@ -404,3 +404,78 @@ def test_ops_path_integers_are_checked_not_truncated(fake):
         _torch._int32(2.5, "num_splits")
     with pytest.raises(ValueError, match=r"^max_seqlen_q: .* is outside"):
         _torch._int64(2**63, "max_seqlen_q")
+
+
+# ---------------------------------------------------------------- the backward's fast path
+
+def backward_inputs(fake, rng):
+    """dout, q, k, v, out, lse of a dense GQA call (q 8 heads, k/v 2)."""
+    q, out, dout = (tensor(fake, rng, (2, 5, 8, 64), fake.bfloat16) for _ in range(3))
+    k, v = (tensor(fake, rng, (2, 7, 2, 64), fake.bfloat16) for _ in range(2))
+    return dout, q, k, v, out, tensor(fake, rng, (2, 8, 5), fake.float32)
+
+
+@pytest.mark.parametrize("with_dlse", [False, True])
+def test_backward_fast_path_packs_every_field(fake, seed, with_dlse):
+    """dense_backward's packed fs_attention_backward_params_v3 passes the library's validation
+    (the call then stops at the device), and each tensor and scalar sits in its own field."""
+    import flashserve._torch as fs_torch
+    rng = np.random.default_rng(seed)
+    dout, q, k, v, out, lse = backward_inputs(fake, rng)
+    dlse = tensor(fake, rng, (2, 8, 5), fake.float32) if with_dlse else None
+    scale = float(rng.uniform(0.1, 1.0))
+    with pytest.raises((NotImplementedError, RuntimeError, ValueError), match=UNREACHABLE_DEVICE):
+        fs_torch.dense_backward(dout, q, k, v, out, lse, dlse, scale, False, 3, 2, True)
+    p = fs_torch._backward_state.params
+    for field, t in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse)):
+        packed = getattr(p.attn, field)
+        assert packed.data == t.data_ptr() and tuple(packed.shape[:t.dim()]) == t.shape, field
+        assert tuple(packed.strides[:t.dim()]) == t.stride(), field
+    assert p.dout.data == dout.data_ptr() and tuple(p.dout.shape) == dout.shape
+    assert (p.dlse.data or 0) == (dlse.data_ptr() if with_dlse else 0)  # c_void_p: None is 0
+    assert tuple(p.dq.shape) == q.shape and tuple(p.dk.shape) == k.shape
+    assert tuple(p.dv.shape) == v.shape and p.dq.data not in (None, q.data_ptr())
+    assert p.attn.softmax_scale == pytest.approx(scale, rel=1e-7)
+    assert (p.attn.causal, p.attn.window_left, p.attn.window_right) == (0, 3, 2)
+    assert p.deterministic == 1 and p.attn.max_seqlen_q == 0 and p.attn.softcap == 0.0
+
+
+@pytest.mark.parametrize("bad,match", [
+    ("lse", r"^lse: shape \[2, 5, 8\] does not match"),
+    ("dout_shape", r"^dout: shape \[2, 5, 8, 32\] differs from out's \[2, 5, 8, 64\]"),
+    ("dout_dtype", r"^dout: dtype float16 differs from out's bfloat16"),
+    ("dlse", r"^dlse: shape \[2, 8, 4\] differs from lse's \[2, 8, 5\]"),
+    ("window", r"^window_right: must be 0 or -1 with causal"),
+])
+def test_backward_fast_path_malformed_calls_are_refused_by_field(fake, seed, bad, match):
+    import flashserve._torch as fs_torch
+    rng = np.random.default_rng(seed)
+    dout, q, k, v, out, lse = backward_inputs(fake, rng)
+    dlse, causal = None, False
+    if bad == "lse":
+        lse = tensor(fake, rng, (2, 5, 8), fake.float32)
+    elif bad == "dout_shape":
+        dout = tensor(fake, rng, (2, 5, 8, 32), fake.bfloat16)
+    elif bad == "dout_dtype":
+        dout = tensor(fake, rng, (2, 5, 8, 64), fake.float16)
+    elif bad == "dlse":
+        dlse = tensor(fake, rng, (2, 8, 4), fake.float32)
+    elif bad == "window":
+        causal = True  # with window_right 2: not from the public API (causal sets it to 0)
+    with pytest.raises(ValueError, match=match):
+        fs_torch.dense_backward(dout, q, k, v, out, lse, dlse, 0.0, causal, -1, 2, False)
+
+
+def test_backward_fast_path_leaves_other_tensors_to_the_generic_path(fake, seed):
+    """A gradient the fast path does not pack as it is (a last stride other than 1, an lse
+    gradient not float32) gives None: the caller takes the generic path."""
+    import flashserve._torch as fs_torch
+    rng = np.random.default_rng(seed)
+    dout, q, k, v, out, lse = backward_inputs(fake, rng)
+    strided = tensor(fake, rng, (2, 5, 8, 128), fake.bfloat16)[:, :, :, ::2]
+    assert strided.stride(-1) == 2
+    assert fs_torch.dense_backward(strided, q, k, v, out, lse, None, 0.0, False, -1, -1,
+                                   False) is None
+    half = tensor(fake, rng, (2, 8, 5), fake.float16)
+    assert fs_torch.dense_backward(dout, q, k, v, out, lse, half, 0.0, False, -1, -1,
+                                   False) is None
