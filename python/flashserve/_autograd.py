@@ -1,8 +1,8 @@
 """Autograd for flashserve's PyTorch custom operators: flashserve::bwd and ::varlen_bwd (the
 backward as operators of their own, so that torch.compile traces them and activation
 checkpointing re-runs the forward through the dispatcher) and torch.library.register_autograd on
-flashserve::fwd and ::varlen_fwd; beside them, DenseFunction, the same autograd for eager dense
-CUDA calls without the dispatcher's host cost.
+flashserve::fwd and ::varlen_fwd; beside them, DenseFunction and VarlenFunction, the same
+autograd for eager CUDA calls without the dispatcher's host cost.
 
 Imported by _torch.py only (PyTorch is imported then). A call that needs a gradient always runs
 the forward with return_lse=True: the backward recomputes the probabilities from the LSE
@@ -88,8 +88,8 @@ def grads_in(out, lse, grad_out, grad_lse):
     return dout, grad_lse
 
 
-# The eager training path of dense CUDA calls (set by define_backward_ops): see there.
-DenseFunction = None
+# The eager training path of dense and varlen CUDA calls (set by define_backward_ops): _functions.
+DenseFunction = VarlenFunction = None
 
 
 def define_backward_ops():
@@ -177,18 +177,44 @@ def define_backward_ops():
     torch.library.register_autograd("flashserve::varlen_fwd", varlen_backward,
                                     setup_context=varlen_setup)
 
-    global DenseFunction
-    DenseFunction = _dense_function()
+    global DenseFunction, VarlenFunction
+    DenseFunction, VarlenFunction = _functions()
 
 
-def _dense_function():
-    """flash_attn_func's eager training path for plain CUDA tensors: the same forward and backward
-    as flashserve::fwd's autograd above, as a torch.autograd.Function over the host fast paths
-    (_torch._dense, _torch.dense_backward). Through the dispatcher, a custom operator's call with
-    autograd costs far more host time than its kernels at training shapes (the forward ~0.4 ms,
-    the backward ~1.4 ms a call on the H200's host, session 21); torch.compile and tensor
-    subclasses still go through the operators."""
+def _functions():
+    """flash_attn_func's and flash_attn_varlen_func's eager training path for plain CUDA tensors
+    (dense K/V, no score modifiers): the same forward and backward as the operators' autograd
+    above, as torch.autograd.Functions over the host fast paths (_torch._dense / _varlen_fast and
+    _torch.fast_backward). Through the dispatcher, a training step's attention took ~1.8 ms of
+    host time on the H200's host (the forward ~0.4, the backward ~1.4; SDPA 0.24 in all, session
+    21), more than its kernels at 2k tokens. torch.compile and tensor subclasses still go through
+    the operators."""
     from . import _torch
+
+    def backward(ctx, grad_out, grad_lse, lengths):
+        q, k, v, out, lse = ctx.saved_tensors[:5]
+        dout, dlse = grads_in(out, lse, grad_out, grad_lse)
+        if dout.stride(-1) != 1:  # an expanded gradient (of a sum, say) has stride 0
+            dout = dout.contiguous()
+        q, k, v = q.detach(), k.detach(), v.detach()
+        grads = _torch.fast_backward(dout, q, k, v, out, lse, dlse, *ctx.args, *lengths)
+        if grads is None:  # a gradient tensor the fast path does not pack as it is
+            scale, causal, left, right, deterministic = ctx.args
+            cu_q, cu_k, max_q, max_k, seqused_k = lengths or (None, None, 0, 0, None)
+            grads = _backward.backward(dout, q, k, v, out, lse, dlse, varlen=bool(lengths),
+                                       cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                       max_seqlen_q=max_q, max_seqlen_k=max_k,
+                                       seqused_k=seqused_k,
+                                       softmax_scale=None if scale == 0.0 else scale,
+                                       causal=causal, window_size=(left, right),
+                                       deterministic=deterministic)
+        return grads
+
+    def remember(ctx, tensors, softmax_scale, causal, left, right, deterministic):
+        ctx.save_for_backward(*tensors)
+        left, right = _attention._window((left, right), causal)
+        ctx.args = (_attention._scale(softmax_scale), causal, left, right, deterministic)
+        ctx.set_materialize_grads(False)  # an unused lse's gradient stays None
 
     class DenseFunction(torch.autograd.Function):
         @staticmethod
@@ -201,26 +227,33 @@ def _dense_function():
         @staticmethod
         def setup_context(ctx, inputs, output):
             q, k, v, softmax_scale, causal, left, right, _, deterministic = inputs
-            out, lse = output
-            ctx.save_for_backward(q, k, v, out, lse)
-            left, right = _attention._window((left, right), causal)
-            ctx.args = (_attention._scale(softmax_scale), causal, left, right, deterministic)
-            ctx.set_materialize_grads(False)  # an unused lse's gradient stays None
+            remember(ctx, (q, k, v) + tuple(output), softmax_scale, causal, left, right,
+                     deterministic)
 
         @staticmethod
         def backward(ctx, grad_out, grad_lse):
-            q, k, v, out, lse = ctx.saved_tensors
-            dout, dlse = grads_in(out, lse, grad_out, grad_lse)
-            if dout.stride(-1) != 1:  # an expanded gradient (of a sum, say) has stride 0
-                dout = dout.contiguous()
-            grads = _torch.dense_backward(dout, q.detach(), k.detach(), v.detach(), out, lse,
-                                          dlse, *ctx.args)
-            if grads is None:  # a gradient tensor the fast path does not pack
-                scale, causal, left, right, deterministic = ctx.args
-                grads = _backward.backward(dout, q, k, v, out, lse, dlse, varlen=False,
-                                           softmax_scale=None if scale == 0.0 else scale,
-                                           causal=causal, window_size=(left, right),
-                                           deterministic=deterministic)
-            return grads + (None,) * 6
+            return backward(ctx, grad_out, grad_lse, ()) + (None,) * 6
 
-    return DenseFunction
+    class VarlenFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                    softmax_scale, causal, left, right, seqused_k, num_splits, deterministic):
+            return _torch._varlen_fast(q.detach(), k.detach(), v.detach(), cu_seqlens_q,
+                                       cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                       causal, (left, right), num_splits, True, seqused_k)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            (q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, left, right, seqused_k,
+             _, deterministic) = inputs
+            remember(ctx, (q, k, v) + tuple(output) + (cu_q, cu_k, seqused_k), softmax_scale,
+                     causal, left, right, deterministic)
+            ctx.max_seqlens = (max_q, max_k)
+
+        @staticmethod
+        def backward(ctx, grad_out, grad_lse):
+            cu_q, cu_k, seqused_k = ctx.saved_tensors[5:]
+            lengths = (cu_q, cu_k) + ctx.max_seqlens + (seqused_k,)
+            return backward(ctx, grad_out, grad_lse, lengths) + (None,) * 11
+
+    return DenseFunction, VarlenFunction

@@ -8,11 +8,13 @@ Imported only by flashserve.attention.register_torch(), i.e. only once PyTorch i
   mutates k_cache and v_cache). torch.compile(fullgraph=True) traces through them, and they run
   inside CUDA-graph capture (no host synchronisation, no allocation outside PyTorch's allocator).
 - Eager calls with plain torch.Tensor arguments skip the dispatcher and call the implementation
-  directly. For CUDA tensors, flash_attn_func fills one preallocated fs_attention_params per thread
-  with struct.pack_into from data_ptr()/shape/stride() (no DLPack capsule, no ctypes field
-  assignments), takes the stream from torch's raw current stream, and calls the cached ctypes
-  functions. Anything else (CPU tensors, odd strides or dtypes, other calls) takes the generic path
-  of attention.py, with the same checks and messages.
+  directly. For CUDA tensors, flash_attn_func (and flash_attn_varlen_func over dense K/V) fills
+  one preallocated fs_attention_params per thread with struct.pack_into from
+  data_ptr()/shape/stride() (no DLPack capsule, no ctypes field assignments), takes the stream
+  from torch's raw current stream, and calls the cached ctypes functions; with gradients, an
+  autograd Function (_autograd.py) runs that forward and fast_backward, packed the same way.
+  Anything else (CPU tensors, odd strides or dtypes, other calls) takes the generic path of
+  attention.py, with the same checks and messages.
 """
 
 import ctypes
@@ -67,7 +69,8 @@ class _Calls:
         self.workspace_size = lib.fs_attention_workspace_size_v3
         P = _capi.AttentionParams  # fs_attention_params_v3's base, at offset 0
         self.offsets = {name: getattr(P, name).offset
-                        for name in ("q", "k", "v", "out", "lse", "max_seqlen_q")}
+                        for name in ("q", "k", "v", "out", "lse", "cu_seqlens_q",
+                                     "cu_seqlens_k", "seqused_k", "max_seqlen_q")}
         self.ok = (_FS_TENSOR.size == ctypes.sizeof(_capi.Tensor) and
                    _SCALARS.size == ctypes.sizeof(P) - P.max_seqlen_q.offset and
                    P.stream.offset - P.max_seqlen_q.offset == _SCALARS.size - 24)
@@ -113,18 +116,39 @@ def _get_calls():
     return _calls
 
 
-def _fast_tensors(*tensors):
-    """Whether the fast paths can pack these tensors as they are: plain CUDA tensors of rank 4,
+def _fast_tensors(rank, *tensors):
+    """Whether the fast paths can pack these tensors as they are: plain CUDA tensors of `rank`,
     a float dtype the library knows, last dimension contiguous (the generic path names what is
     wrong with any other)."""
-    return all(type(t) is Tensor and t.dtype in _DTYPES and t.is_cuda and t.dim() == 4 and
+    return all(type(t) is Tensor and t.dtype in _DTYPES and t.is_cuda and t.dim() == rank and
                t.stride(-1) == 1 for t in tensors)
+
+
+def _fast_lengths(*tensors):
+    """Whether these optional length tensors (cu_seqlens, seqused_k) can be packed as they are:
+    None, or plain int32 CUDA vectors."""
+    return all(t is None or (type(t) is Tensor and t.dtype == torch.int32 and t.is_cuda and
+                             t.dim() == 1) for t in tensors)
 
 
 def _fast_ok(q, k, v):
     """Whether the dense fast path takes these tensors: _fast_tensors, and no grad to refuse."""
-    return (_fast_tensors(q, k, v) and
+    return (_fast_tensors(4, q, k, v) and
             not (q.requires_grad or k.requires_grad or v.requires_grad) and _get_calls().ok)
+
+
+def _varlen_fast_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k):
+    """Whether the varlen fast path can pack these tensors (K/V not paged: the caller checks
+    block_table): rank 3, both cu_seqlens, int32 lengths."""
+    return (_fast_tensors(3, q, k, v) and cu_seqlens_q is not None and
+            cu_seqlens_k is not None and _fast_lengths(cu_seqlens_q, cu_seqlens_k, seqused_k) and
+            _get_calls().ok)
+
+
+def _varlen_fast_ok(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k):
+    """_varlen_fast_tensors, and no grad to refuse."""
+    return (_varlen_fast_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k) and
+            not (q.requires_grad or k.requires_grad or v.requires_grad))
 
 
 def _dense(q, k, v, softmax_scale, causal, window_size, num_splits, return_lse, softcap=0.0,
@@ -144,14 +168,52 @@ def _dense(q, k, v, softmax_scale, causal, window_size, num_splits, return_lse, 
     state = _state
     if state is None:
         state = _state = _State()
+    b, sq, h, _ = q.shape
+    out = empty(q, (b, sq, h, v.shape[3]))
+    lse = empty(q, (b, h, sq), torch.float32) if return_lse else None
+    _run_forward(state, q, k, v, out, lse, 0, 0, softmax_scale, causal, window_size, num_splits)
+    return out, lse
+
+
+class _VarlenState(_State):
+    """flash_attn_varlen_func's own fs_attention_params_v3 per thread: it sets cu_seqlens_q/k
+    (and seqused_k), which _dense's block never holds."""
+
+
+_varlen_state = None
+
+
+def _varlen_fast(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                 causal, window_size, num_splits, return_lse, seqused_k=None):
+    """flash_attn_varlen_func's host fast path (dense K/V; _varlen_fast_ok holds): (out, lse or
+    None), packed as _dense's call with the length tensors beside."""
+    global _varlen_state
+    state = _varlen_state
+    if state is None:
+        state = _varlen_state = _VarlenState()
+    buf, off = state.buffer, _get_calls().offsets
+    total_q, h, _ = q.shape
+    out = empty(q, (total_q, h, v.shape[2]))
+    lse = empty(q, (h, total_q), torch.float32) if return_lse else None
+    _pack(buf, off["cu_seqlens_q"], cu_seqlens_q, _capi.INT32)
+    _pack(buf, off["cu_seqlens_k"], cu_seqlens_k, _capi.INT32)
+    _pack_or_absent(buf, off["seqused_k"], seqused_k)
+    _run_forward(state, q, k, v, out, lse,
+                 _attention._int(max_seqlen_q, "max_seqlen_q", _attention._INT64),
+                 _attention._int(max_seqlen_k, "max_seqlen_k", _attention._INT64),
+                 softmax_scale, causal, window_size, num_splits)
+    return out, lse
+
+
+def _run_forward(state, q, k, v, out, lse, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                 window_size, num_splits):
+    """Packs q, k, v, out, lse and the scalars into state's fs_attention_params_v3 (its other
+    fields as the caller left them) and runs the forward, with a workspace when it needs one."""
     calls = _get_calls()
     buf, off = state.buffer, calls.offsets
     left, right = _attention._window(window_size, causal)
     scale = _attention._scale(softmax_scale)
     splits = _attention._int(num_splits, "num_splits", _attention._INT32)
-    b, sq, h, _ = q.shape
-    out = empty(q, (b, sq, h, v.shape[3]))
-    lse = empty(q, (b, h, sq), torch.float32) if return_lse else None
     code = _DTYPES[q.dtype]
     _pack(buf, off["q"], q, code)
     _pack(buf, off["k"], k, _DTYPES[k.dtype])
@@ -162,28 +224,28 @@ def _dense(q, k, v, softmax_scale, causal, window_size, num_splits, return_lse, 
     else:
         buf[off["lse"]:off["lse"] + _FS_TENSOR.size] = _ABSENT
     stream = _current_stream(q.device.index)
-    _SCALARS.pack_into(buf, off["max_seqlen_q"], 0, 0, scale, 1 if causal else 0, left, right,
-                       splits, stream, 0, 0)
+    causal = 1 if causal else 0
+    _SCALARS.pack_into(buf, off["max_seqlen_q"], max_seqlen_q, max_seqlen_k, scale, causal, left,
+                       right, splits, stream, 0, 0)
     size = calls.workspace_size(state.ref)
     workspace = None
     if size == _SIZE_MAX:
         _capi.raise_last()
     if size:
         workspace = empty(q, (size,), torch.uint8)
-        _SCALARS.pack_into(buf, off["max_seqlen_q"], 0, 0, scale, 1 if causal else 0, left,
-                           right, splits, stream, workspace.data_ptr(), size)
+        _SCALARS.pack_into(buf, off["max_seqlen_q"], max_seqlen_q, max_seqlen_k, scale, causal,
+                           left, right, splits, stream, workspace.data_ptr(), size)
     status = calls.forward(state.ref)
     if status:
         _capi.raise_for(status)
     del workspace  # stream-ordered: PyTorch's allocator reuses it only behind this stream's work
-    return out, lse
 
 
 # ---------------------------------------------------------------- the backward's fast path
 
 class _BackwardCalls:
     """fs_attention_backward_v3 and its workspace query, looked up once, and the offsets in
-    fs_attention_backward_params_v3 that the backward's fast path packs at."""
+    fs_attention_backward_params_v3 that fast_backward packs at."""
 
     def __init__(self):
         lib = _capi.lib()
@@ -192,7 +254,8 @@ class _BackwardCalls:
         B, P = _capi.AttentionBackwardParamsV3, _capi.AttentionParams
         base = B.attn.offset + _capi.AttentionParamsV3.base.offset
         self.offsets = {name: base + getattr(P, name).offset
-                        for name in ("q", "k", "v", "out", "lse", "max_seqlen_q")}
+                        for name in ("q", "k", "v", "out", "lse", "cu_seqlens_q",
+                                     "cu_seqlens_k", "seqused_k", "max_seqlen_q")}
         self.offsets.update({name: getattr(B, name).offset
                              for name in ("dout", "dlse", "dq", "dk", "dv", "deterministic")})
 
@@ -215,17 +278,21 @@ _backward_state = None
 _INT32 = struct.Struct("@i")
 
 
-def dense_backward(dout, q, k, v, out, lse, dlse, scale, causal, left, right, deterministic):
-    """(dq, dk, dv) of a dense CUDA forward (flash_attn_func's) through fs_attention_backward_v3,
-    packed like _dense's call: no DLPack capsule per tensor, no ctypes field assignments (the
-    generic _backward.backward spent ~1.4 ms of host time a call on them, more than the kernels
-    take at 2k tokens). scale, left and right are the C API's (0.0: the default scale; the
-    window after causal). None when the tensors need the generic path."""
-    if not (_fast_tensors(dout, q, k, v, out) and type(lse) is Tensor and lse.is_cuda and
-            lse.dtype == torch.float32 and lse.dim() == 3 and
+def fast_backward(dout, q, k, v, out, lse, dlse, scale, causal, left, right, deterministic,
+                  cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
+                  seqused_k=None):
+    """(dq, dk, dv) of a forward of the fast paths (_dense's, or _varlen_fast's when cu_seqlens_q
+    is given) through fs_attention_backward_v3, packed as the forward: no DLPack capsule per
+    tensor, no ctypes field assignments (the generic _backward.backward spent ~1.4 ms of host
+    time a call on them, more than the kernels take at 2k tokens). scale, left and right are the
+    C API's (0.0: the default scale; the window after causal), max_seqlen_* checked integers.
+    None when the tensors need the generic path."""
+    varlen = cu_seqlens_q is not None
+    if not (_fast_tensors(3 if varlen else 4, dout, q, k, v, out) and type(lse) is Tensor and
+            lse.is_cuda and lse.dtype == torch.float32 and lse.dim() == (2 if varlen else 3) and
             (dlse is None or (type(dlse) is Tensor and dlse.is_cuda and
-                              dlse.dtype == torch.float32 and dlse.dim() == 3)) and
-            _get_calls().ok):
+                              dlse.dtype == torch.float32 and dlse.dim() == lse.dim())) and
+            _fast_lengths(cu_seqlens_q, cu_seqlens_k, seqused_k) and _get_calls().ok):
         return None
     global _backward_calls, _backward_state
     if _backward_calls is None:
@@ -239,27 +306,26 @@ def dense_backward(dout, q, k, v, out, lse, dlse, scale, causal, left, right, de
                     ("dq", grads[0]), ("dk", grads[1]), ("dv", grads[2])):
         _pack(buf, off[name], t, _DTYPES[t.dtype])
     _pack(buf, off["lse"], lse, _capi.FLOAT32)
-    if dlse is not None:
-        _pack(buf, off["dlse"], dlse, _capi.FLOAT32)
-    else:
-        buf[off["dlse"]:off["dlse"] + _FS_TENSOR.size] = _ABSENT
+    for name, t in (("dlse", dlse), ("cu_seqlens_q", cu_seqlens_q),
+                    ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k)):
+        _pack_or_absent(buf, off[name], t)
     _INT32.pack_into(buf, off["deterministic"], 1 if deterministic else 0)
     stream = _current_stream(q.device.index)
     causal = 1 if causal else 0
-    _SCALARS.pack_into(buf, off["max_seqlen_q"], 0, 0, scale, causal, left, right, 0, stream, 0,
-                       0)
+    _SCALARS.pack_into(buf, off["max_seqlen_q"], max_seqlen_q, max_seqlen_k, scale, causal, left,
+                       right, 0, stream, 0, 0)
     size = calls.workspace_size(state.ref)
     if size == _SIZE_MAX:
         _capi.raise_last()
     workspace = None
     if size:
         workspace = empty(q, (size,), torch.uint8)
-        _SCALARS.pack_into(buf, off["max_seqlen_q"], 0, 0, scale, causal, left, right, 0, stream,
-                           workspace.data_ptr(), size)
+        _SCALARS.pack_into(buf, off["max_seqlen_q"], max_seqlen_q, max_seqlen_k, scale, causal,
+                           left, right, 0, stream, workspace.data_ptr(), size)
     status = calls.backward(state.ref)
     if status:
         _capi.raise_for(status)
-    del workspace  # stream-ordered, as in _dense
+    del workspace  # stream-ordered, as in _run_forward
     return grads
 
 
@@ -614,7 +680,7 @@ def flash_attn_func(q, k, v, softmax_scale, causal, window_size, return_lse, num
         _autograd.refuse_cuda_head_dim_grad(q, k, v)
         left, right = _window_pair(window_size)
         if (softcap == 0.0 and alibi_slopes is None and not _use_ops(q) and
-                _fast_tensors(q, k, v) and _get_calls().ok):
+                _fast_tensors(4, q, k, v) and _get_calls().ok):
             out, lse = _autograd.DenseFunction.apply(
                 q, k, v, _opt_float(softmax_scale), bool(causal), left, right,
                 _int32(num_splits, "num_splits"), deterministic)
@@ -677,7 +743,15 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         if block_table is not None:
             raise NotImplementedError("block_table: the backward takes dense or varlen K/V, not "
                                       "a paged KV cache; detach q, k and v to run the forward")
-    if grad or _use_ops(q):
+    if (grad and softcap == 0.0 and alibi_slopes is None and not _use_ops(q) and
+            _varlen_fast_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)):
+        # (block_table is None: refused above with a gradient)
+        left, right = _window_pair(window_size)
+        out, lse = _autograd.VarlenFunction.apply(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, _int64(max_seqlen_q, "max_seqlen_q"),
+            _int64(max_seqlen_k, "max_seqlen_k"), _opt_float(softmax_scale), bool(causal), left,
+            right, seqused_k, _int32(num_splits, "num_splits"), deterministic)
+    elif grad or _use_ops(q):
         left, right = _window_pair(window_size)
         out, lse = _ops[1](q, k, v, cu_seqlens_q, cu_seqlens_k,
                            _int64(max_seqlen_q, "max_seqlen_q"),
@@ -686,6 +760,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            bool(causal), left, right, bool(return_lse) or grad, block_table,
                            seqused_k, _int32(num_splits, "num_splits"), deterministic, softcap,
                            alibi_slopes)
+    elif (block_table is None and softcap == 0.0 and alibi_slopes is None and
+          _varlen_fast_ok(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)):
+        out, lse = _varlen_fast(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                softmax_scale, causal, window_size, num_splits, return_lse,
+                                seqused_k)
     else:
         out, lse = _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            softmax_scale, causal, window_size, return_lse, block_table, seqused_k,

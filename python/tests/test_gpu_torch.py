@@ -283,7 +283,7 @@ def test_autograd_matches_float64_on_cuda(gen, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_eager_training_path_matches_the_operators(gen, causal):
     """flash_attn_func's eager gradient path (_autograd.DenseFunction: an autograd Function over
-    the host fast paths, _torch._dense and _torch.dense_backward) against the same call through
+    the host fast paths, _torch._dense and _torch.fast_backward) against the same call through
     the custom operators and their registered autograd (what torch.compile traces): the same out
     and lse, and, deterministic, bit-identical dq, dk, dv. The losses: a weighted sum of out, one
     of out and the LSE (dlse), and out.sum() (a gradient of stride 0, which the fast path makes
@@ -312,6 +312,43 @@ def test_eager_training_path_matches_the_operators(gen, causal):
             runs.append((out.detach(), lse.detach(), q.grad, k.grad, v.grad))
         for name, eager, ops in zip(("out", "lse", "dq", "dk", "dv"), *runs):
             assert torch.equal(eager, ops), (window, loss, name)
+        assert all(torch.isfinite(g).all() and g.abs().max() > 0 for g in runs[0][2:])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_eager_varlen_training_path_matches_the_operators(gen, causal):
+    """flash_attn_varlen_func's eager gradient path (_autograd.VarlenFunction) against the
+    operators' (flashserve::varlen_fwd and its autograd), deterministic: the same out and lse and
+    bit-identical gradients, with sequences of odd and empty lengths, a loss on the LSE and a
+    seqused_k (keys past it get a zero gradient on both paths)."""
+    q_lens, kv_lens = [1, 17, 0, 127, 40], [300, 17, 5, 127, 33]
+    h, hk, d = 8, 4, 128
+    q0, cu_q = pack(gen, q_lens, h, d, torch.bfloat16)
+    k0, cu_k = pack(gen, kv_lens, hk, d, torch.bfloat16)
+    v0 = randn(gen, tuple(k0.shape), torch.bfloat16)
+    w_out = randn(gen, tuple(q0.shape), torch.bfloat16)
+    w_lse = torch.randn((h, q0.shape[0]), generator=gen, device="cuda")
+    used = torch.tensor([250, 17, 5, 100, 33], dtype=torch.int32, device="cuda")
+    for seqused_k, with_lse in ((None, False), (used, True)):
+        runs = []
+        for path in ("eager", "operators"):
+            q, k, v = (x.clone().requires_grad_() for x in (q0, k0, v0))
+            if path == "eager":
+                out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(q_lens), max(kv_lens),
+                                                  causal=causal, deterministic=True,
+                                                  return_lse=True, seqused_k=seqused_k)
+                assert type(out.grad_fn).__name__ == "VarlenFunctionBackward", out.grad_fn
+            else:
+                out, lse = torch.ops.flashserve.varlen_fwd(
+                    q, k, v, cu_q, cu_k, max(q_lens), max(kv_lens), None, causal, -1,
+                    0 if causal else -1, True, None, seqused_k, 0, True)
+            loss = (out * w_out).float().sum()
+            if with_lse:
+                loss = loss + (torch.where(torch.isfinite(lse), lse, 0) * w_lse).sum()
+            loss.backward()
+            runs.append((out.detach(), lse.detach(), q.grad, k.grad, v.grad))
+        for name, eager, ops in zip(("out", "lse", "dq", "dk", "dv"), *runs):
+            assert torch.equal(eager, ops), (seqused_k is not None, name)
         assert all(torch.isfinite(g).all() and g.abs().max() > 0 for g in runs[0][2:])
 
 

@@ -417,7 +417,7 @@ def backward_inputs(fake, rng):
 
 @pytest.mark.parametrize("with_dlse", [False, True])
 def test_backward_fast_path_packs_every_field(fake, seed, with_dlse):
-    """dense_backward's packed fs_attention_backward_params_v3 passes the library's validation
+    """fast_backward's packed fs_attention_backward_params_v3 passes the library's validation
     (the call then stops at the device), and each tensor and scalar sits in its own field."""
     import flashserve._torch as fs_torch
     rng = np.random.default_rng(seed)
@@ -425,7 +425,7 @@ def test_backward_fast_path_packs_every_field(fake, seed, with_dlse):
     dlse = tensor(fake, rng, (2, 8, 5), fake.float32) if with_dlse else None
     scale = float(rng.uniform(0.1, 1.0))
     with pytest.raises((NotImplementedError, RuntimeError, ValueError), match=UNREACHABLE_DEVICE):
-        fs_torch.dense_backward(dout, q, k, v, out, lse, dlse, scale, False, 3, 2, True)
+        fs_torch.fast_backward(dout, q, k, v, out, lse, dlse, scale, False, 3, 2, True)
     p = fs_torch._backward_state.params
     for field, t in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse)):
         packed = getattr(p.attn, field)
@@ -463,7 +463,7 @@ def test_backward_fast_path_malformed_calls_are_refused_by_field(fake, seed, bad
     elif bad == "window":
         causal = True  # with window_right 2: not from the public API (causal sets it to 0)
     with pytest.raises(ValueError, match=match):
-        fs_torch.dense_backward(dout, q, k, v, out, lse, dlse, 0.0, causal, -1, 2, False)
+        fs_torch.fast_backward(dout, q, k, v, out, lse, dlse, 0.0, causal, -1, 2, False)
 
 
 def test_backward_fast_path_leaves_other_tensors_to_the_generic_path(fake, seed):
@@ -474,8 +474,80 @@ def test_backward_fast_path_leaves_other_tensors_to_the_generic_path(fake, seed)
     dout, q, k, v, out, lse = backward_inputs(fake, rng)
     strided = tensor(fake, rng, (2, 5, 8, 128), fake.bfloat16)[:, :, :, ::2]
     assert strided.stride(-1) == 2
-    assert fs_torch.dense_backward(strided, q, k, v, out, lse, None, 0.0, False, -1, -1,
+    assert fs_torch.fast_backward(strided, q, k, v, out, lse, None, 0.0, False, -1, -1,
                                    False) is None
     half = tensor(fake, rng, (2, 8, 5), fake.float16)
-    assert fs_torch.dense_backward(dout, q, k, v, out, lse, half, 0.0, False, -1, -1,
+    assert fs_torch.fast_backward(dout, q, k, v, out, lse, half, 0.0, False, -1, -1,
                                    False) is None
+
+
+# ---------------------------------------------------------------- the varlen fast paths
+
+def varlen_inputs(fake, rng):
+    """q (9 rows: sequences of 4 and 5), k/v (11 rows: 6 and 5), GQA 8/2, d 64."""
+    q = tensor(fake, rng, (9, 8, 64), fake.bfloat16)
+    k, v = (tensor(fake, rng, (11, 2, 64), fake.bfloat16) for _ in range(2))
+    return q, k, v, ints(fake, [0, 4, 9]), ints(fake, [0, 6, 11])
+
+
+def test_varlen_fast_path_packs_the_lengths(fake, seed):
+    """flash_attn_varlen_func's fast path: a valid call passes validation (it stops at the
+    device), with cu_seqlens_q/k, seqused_k and the max lengths in their fields; a dense call
+    after it packs none of them (each path has its own parameter block)."""
+    import flashserve._torch as fs_torch
+    rng = np.random.default_rng(seed)
+    q, k, v, cu_q, cu_k = varlen_inputs(fake, rng)
+    used = ints(fake, [5, 3])
+    with pytest.raises((NotImplementedError, RuntimeError, ValueError), match=UNREACHABLE_DEVICE):
+        flashserve.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 6, causal=True,
+                                          seqused_k=used, return_lse=True)
+    p = fs_torch._varlen_state.params
+    for packed, t in ((p.cu_seqlens_q, cu_q), (p.cu_seqlens_k, cu_k), (p.seqused_k, used)):
+        assert packed.data == t.data_ptr() and packed.rank == 1 and packed.shape[0] == 3 - (
+            t is used)
+    assert (p.max_seqlen_q, p.max_seqlen_k, p.causal, p.window_right) == (5, 6, 1, 0)
+    assert tuple(p.lse.shape[:2]) == (8, 9) and tuple(p.out.shape[:3]) == (9, 8, 64)
+    dense = [tensor(fake, rng, (2, 5, 8, 64), fake.bfloat16) for _ in range(3)]
+    with pytest.raises((NotImplementedError, RuntimeError, ValueError), match=UNREACHABLE_DEVICE):
+        flashserve.flash_attn_func(*dense)
+    d = fs_torch._state.params
+    assert not (d.cu_seqlens_q.data or d.cu_seqlens_k.data or d.seqused_k.data)
+
+
+@pytest.mark.parametrize("bad,match", [
+    ("cu_len", r"^cu_seqlens_k: expected 3 entries, got 4"),
+    ("rows", r"^k: h_q \(8\) must be a multiple of h_kv \(3\)"),
+])
+def test_varlen_fast_path_malformed_calls_are_refused_by_field(fake, seed, bad, match):
+    rng = np.random.default_rng(seed)
+    q, k, v, cu_q, cu_k = varlen_inputs(fake, rng)
+    if bad == "cu_len":
+        cu_k = ints(fake, [0, 6, 11, 11])  # 3 sequences against q's 2
+    else:
+        k = tensor(fake, rng, (11, 3, 64), fake.bfloat16)  # 8 heads not a multiple of 3
+    with pytest.raises(ValueError, match=match):
+        flashserve.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 6)
+
+
+def test_varlen_backward_fast_path_packs_the_lengths(fake, seed):
+    """fast_backward with cu_seqlens: passes validation (stops at the device) with the lengths,
+    the max lengths and the (heads, rows) lse in their fields; a dense backward after it leaves
+    the length fields absent again (the two share one parameter block)."""
+    import flashserve._torch as fs_torch
+    rng = np.random.default_rng(seed)
+    q, k, v, cu_q, cu_k = varlen_inputs(fake, rng)
+    out, dout = (tensor(fake, rng, (9, 8, 64), fake.bfloat16) for _ in range(2))
+    lse = tensor(fake, rng, (8, 9), fake.float32)
+    with pytest.raises((NotImplementedError, RuntimeError, ValueError), match=UNREACHABLE_DEVICE):
+        fs_torch.fast_backward(dout, q, k, v, out, lse, None, 0.0, True, -1, 0, False, cu_q,
+                               cu_k, 5, 6, None)
+    p = fs_torch._backward_state.params
+    assert p.attn.cu_seqlens_q.data == cu_q.data_ptr()
+    assert p.attn.cu_seqlens_k.data == cu_k.data_ptr() and not p.attn.seqused_k.data
+    assert (p.attn.max_seqlen_q, p.attn.max_seqlen_k, p.attn.causal) == (5, 6, 1)
+    assert tuple(p.dq.shape[:3]) == (9, 8, 64) and tuple(p.dk.shape[:3]) == (11, 2, 64)
+    dout, q, k, v, out, lse = backward_inputs(fake, rng)
+    with pytest.raises((NotImplementedError, RuntimeError, ValueError), match=UNREACHABLE_DEVICE):
+        fs_torch.fast_backward(dout, q, k, v, out, lse, None, 0.0, False, -1, -1, False)
+    assert not (p.attn.cu_seqlens_q.data or p.attn.cu_seqlens_k.data)
+    assert (p.attn.max_seqlen_q, p.attn.max_seqlen_k) == (0, 0)
