@@ -155,7 +155,7 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
   [[maybe_unused]] const bool dq_bulk =
       parse_sm90_bwd_dq_bulk(std::getenv("FLASHSERVE_SM90_BWD_DQ_BULK"));
   [[maybe_unused]] const bool overlap =
-      parse_sm90_bwd_overlap(std::getenv("FLASHSERVE_SM90_BWD_OVERLAP"));
+      parse_sm90_bwd_overlap(std::getenv("FLASHSERVE_SM90_BWD_OVERLAP"), pr.head_dim);
   [[maybe_unused]] const bool heavy_first =
       parse_sm90_bwd_heavy_first(std::getenv("FLASHSERVE_SM90_BWD_HEAVY_FIRST"));
   const cudaStream_t stream = static_cast<cudaStream_t>(bp.attn.stream);

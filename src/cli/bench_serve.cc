@@ -403,10 +403,8 @@ int bench_serve(int argc, char** argv) {
     for (size_t i = 0; i < policies.size(); ++i) {
       print_metrics_row(fs::to_string(policies[i]), res[i].metrics, res[i].steps);
       if (o.sched.auto_budget(policies[i]))
-        std::printf("  (%s budget auto for %s: %lld at the start, %lld at the end)\n",
-                    fs::to_string(policies[i]), slos[0].label.c_str(),
-                    static_cast<long long>(res[i].budget_first),
-                    static_cast<long long>(res[i].budget_last));
+        std::printf("  (%s budget auto for %s: %s)\n", fs::to_string(policies[i]),
+                    slos[0].label.c_str(), fe::budget_trace(res[i]).c_str());
       measured[i].push_back(res[i].metrics);
       steps[i] += res[i].steps / static_cast<int64_t>(seeds.size());
     }

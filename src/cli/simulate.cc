@@ -410,9 +410,8 @@ std::vector<fe::SimResult> report_at_rate(const Study& st, const Options& o,
     all.push_back(m);
     print_metrics_row(fs::to_string(policies[i]), m, r.steps);
     if (st.auto_budget[i])
-      std::printf("  (%s budget auto: %lld at the start, %lld at the end)\n",
-                  fs::to_string(policies[i]), static_cast<long long>(r.budget_first),
-                  static_cast<long long>(r.budget_last));
+      std::printf("  (%s budget auto: %s)\n", fs::to_string(policies[i]),
+                  fe::budget_trace(r).c_str());
     if (!o.plot.empty() && !m.tbt_samples.empty())
       cdf.series.push_back(tbt_cdf_series(fs::to_string(policies[i]), m));
   }

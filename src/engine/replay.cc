@@ -19,13 +19,19 @@ std::vector<int32_t> synthetic_prompt(const serve::Request& r, int64_t vocab_siz
   return ids;
 }
 
+std::string budget_trace(const ReplayResult& r) {
+  return str_cat(r.budget_first, " at the start, ", r.budget_last, " at the end; ", r.budget_min,
+                 " to ", r.budget_max, " over ", r.budget_changes, " changes");
+}
+
 ReplayResult replay(Engine& engine, const std::vector<serve::Request>& requests,
                     const ReplayOptions& options) {
   for (size_t i = 1; i < requests.size(); ++i)
     if (requests[i].arrival_s < requests[i - 1].arrival_s)
       throw Error(ErrorKind::kInvalidArgument, "requests", "arrivals must not decrease");
   ReplayResult result;
-  result.budget_first = engine.scheduler().config().max_tokens_per_step;
+  result.budget_first = result.budget_min = result.budget_max = result.budget_last =
+      engine.scheduler().config().max_tokens_per_step;
   // The requests' times are relative to the replay's start on the engine's clock.
   if (!requests.empty()) engine.executor().wait_until(requests.front().arrival_s);
   const double t0 = engine.now() - (requests.empty() ? 0 : requests.front().arrival_s);
@@ -63,12 +69,18 @@ ReplayResult replay(Engine& engine, const std::vector<serve::Request>& requests,
     }
     ++result.steps;
     result.max_step_tokens = std::max(result.max_step_tokens, step.num_tokens);
+    if (const int64_t budget = engine.scheduler().config().max_tokens_per_step;
+        budget != result.budget_last) {
+      ++result.budget_changes;
+      result.budget_last = budget;
+      result.budget_min = std::min(result.budget_min, budget);
+      result.budget_max = std::max(result.budget_max, budget);
+    }
     for (auto& s : step.finished) result.finished.push_back(std::move(s));
     if (options.progress)
       options.progress(static_cast<int64_t>(result.finished.size()), total, engine.now());
   }
   result.end_time = engine.now();
-  result.budget_last = engine.scheduler().config().max_tokens_per_step;
   std::vector<const serve::Sequence*> done;
   for (const auto& s : result.finished) done.push_back(s.get());
   result.metrics = serve::compute_metrics(done);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/engine.h"
@@ -28,12 +29,17 @@ struct ReplayResult {
   serve::ServingMetrics metrics;
   int64_t steps = 0;
   int64_t max_step_tokens = 0;
-  // The scheduler's token budget when the run started and when it ended (they differ only under
-  // --budget auto, which adjusts it from the step times).
-  int64_t budget_first = 0, budget_last = 0;
+  // The scheduler's token budget when the run started and when it ended, the least and most it
+  // was after any step, and how often it changed (they differ only under --budget auto, which
+  // adjusts it from the step times).
+  int64_t budget_first = 0, budget_last = 0, budget_min = 0, budget_max = 0, budget_changes = 0;
   double start_time = 0, end_time = 0;                     // on the executor's clock
   std::vector<std::unique_ptr<serve::Sequence>> finished;  // in finishing order
 };
+
+// "576 at the start, 1024 at the end; 256 to 2048 over 37 changes": a --budget auto run's budget,
+// as the CLIs print it.
+std::string budget_trace(const ReplayResult& r);
 
 // Requests are run with max_tokens = output_tokens and no stop (benchmarks measure fixed
 // lengths), greedy. Throws Error naming a request the engine refuses.

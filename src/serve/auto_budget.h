@@ -14,9 +14,11 @@
 //
 // Online: every `window` steps that ran a prefill chunk, the budget becomes the largest
 // tile-aligned one at which each of those steps, re-costed at that budget (its decodes as they
-// were, its chunk tokens grown or cut to fill it) and scaled by its own measured / predicted time,
-// meets the SLO. The ratio corrects the model's error on this deployment (CUDA graphs, eager
-// launches, a busy host); re-costing at the budget follows the load the pool really holds.
+// were, its chunk tokens grown or cut to fill it) and scaled by the window's median measured /
+// predicted time, meets the SLO. The ratio corrects the model's error on this deployment (CUDA
+// graphs, eager launches, a busy host); its median leaves out the steps no budget would have made
+// faster (a graph capture, a host stall); re-costing at the budget follows the load the pool
+// really holds.
 #pragma once
 
 #include <cstdint>
@@ -76,7 +78,9 @@ class AutoBudget {
     int64_t chunk_cached = 0;
     double ratio = 1;
   };
-  double recost(const Seen& s, int64_t budget) const;
+  // s's time at `budget` tokens: its decodes as they were, its chunk grown or cut to fill it,
+  // times `ratio` (measured / predicted).
+  double recost(const Seen& s, int64_t budget, double ratio) const;
   void adjust();
 
   const CostModel& cost_;

@@ -808,10 +808,17 @@ TEST(PlanBackward, ParsesTheSm90DqBulkSwitchStrictly) {
                        "FLASHSERVE_SM90_BWD_DQ_BULK");
 }
 
-// FLASHSERVE_SM90_BWD_OVERLAP: the bulk-dQ kernel's step in FlashAttention-3's order.
+// FLASHSERVE_SM90_BWD_OVERLAP: the bulk-dQ kernel's step in FlashAttention-3's order, on by
+// default at d128 only (measured there; d64 was not faster).
 TEST(PlanBackward, ParsesTheSm90OverlapSwitchStrictly) {
-  expect_strict_switch(attention::parse_sm90_bwd_overlap, attention::kSm90BwdOverlapByDefault,
-                       "FLASHSERVE_SM90_BWD_OVERLAP");
+  EXPECT_TRUE(attention::sm90_bwd_overlap_by_default(128));
+  EXPECT_FALSE(attention::sm90_bwd_overlap_by_default(64));
+  expect_strict_switch(
+      +[](const char* v) { return attention::parse_sm90_bwd_overlap(v, 128); }, true,
+      "FLASHSERVE_SM90_BWD_OVERLAP");
+  expect_strict_switch(
+      +[](const char* v) { return attention::parse_sm90_bwd_overlap(v, 64); }, false,
+      "FLASHSERVE_SM90_BWD_OVERLAP");
 }
 
 // FLASHSERVE_SM90_BWD_HEAVY_FIRST: a masked call's key blocks heaviest first.

@@ -5,10 +5,13 @@
 // k x (2 ms + 10 us x B) <= SLO, and stay there.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/replay.h"
 #include "engine/simulated_executor.h"
 #include "flashserve/error.h"
 #include "serve/auto_budget.h"
@@ -30,6 +33,27 @@ class ScaledCost final : public fs::CostModel {
   double k_;
 };
 
+// `base`'s costs, but every `every`-th step that runs a prefill chunk takes `factor` times as long
+// (a CUDA graph captured for a new shape, a host stall: nothing the budget decides).
+class OutlierCost final : public fs::CostModel {
+ public:
+  OutlierCost(const fs::CostModel& base, int every, double factor)
+      : base_(base), every_(every), factor_(factor) {}
+  double step_seconds(const fs::Batch& b) const override {
+    const bool chunk = std::any_of(b.entries.begin(), b.entries.end(),
+                                   [](const fs::BatchEntry& e) { return e.is_prefill; });
+    const double t = base_.step_seconds(b);
+    return chunk && ++mixed_ % every_ == 0 ? factor_ * t : t;
+  }
+  std::string describe() const override { return "outliers"; }
+
+ private:
+  const fs::CostModel& base_;
+  int every_;
+  double factor_;
+  mutable int64_t mixed_ = 0;
+};
+
 fe::EngineConfig sarathi_config() {
   fe::EngineConfig c;
   c.scheduler.policy = fs::Policy::kSarathi;
@@ -46,10 +70,9 @@ struct BudgetTrace {
   int64_t max_tokens_after_change = 0;  // the largest step once the budget last changed
 };
 
-// 40 prompts of 2000 tokens at once, 50 tokens each: ~180 mixed steps at the first budget.
-BudgetTrace run_with_clock_factor(double k, double slo) {
-  const fs::ProfileCostModel profile(flashserve::testing::linear_profile(2e-3, 1e-5, 0), "lin");
-  const ScaledCost clock(profile, k);
+// 40 prompts of 2000 tokens at once, 50 tokens each: ~180 mixed steps at the first budget, on the
+// engine's clock `clock` (the profile's costs, scaled or not).
+BudgetTrace run_on_clock(const fs::CostModel& profile, const fs::CostModel& clock, double slo) {
   const fe::EngineConfig ec = sarathi_config();
   fe::Engine engine(ec, std::make_unique<fe::SimulatedExecutor>(clock));
   engine.set_auto_budget(std::make_unique<fs::AutoBudget>(
@@ -75,6 +98,12 @@ BudgetTrace run_with_clock_factor(double k, double slo) {
     }
   }
   return run;
+}
+
+BudgetTrace run_with_clock_factor(double k, double slo) {
+  const fs::ProfileCostModel profile(flashserve::testing::linear_profile(2e-3, 1e-5, 0), "lin");
+  const ScaledCost clock(profile, k);
+  return run_on_clock(profile, clock, slo);
 }
 
 // Offline, 2 ms + 10 us x B <= 7 ms gives 448. Steps twice as slow as predicted: 2 x (2 ms +
@@ -104,6 +133,46 @@ TEST(AutoBudgetEngine, AnAccurateProfileKeepsTheOfflineBudget) {
   EXPECT_EQ(r.first, 448);
   EXPECT_EQ(r.last, 448);
   EXPECT_EQ(r.changes, 0);
+}
+
+// One mixed step in 8 takes 20x its prediction (the profile is otherwise exact): the window's
+// median ratio is 1, so the offline budget stands. Each step at its own ratio sent it to the
+// floor (64: 20 x 2.64 ms misses 7 ms at any budget) at every window.
+TEST(AutoBudgetEngine, RareSlowStepsDoNotMoveTheBudget) {
+  const fs::ProfileCostModel profile(flashserve::testing::linear_profile(2e-3, 1e-5, 0), "lin");
+  const OutlierCost clock(profile, 8, 20.0);
+  const BudgetTrace r = run_on_clock(profile, clock, 7e-3);
+  EXPECT_EQ(r.first, 448);
+  EXPECT_EQ(r.last, 448);
+  EXPECT_EQ(r.changes, 0);
+}
+
+// Most steps slow (7 in 8 at 2x): the median is 2x, a systematic error, and the budget follows it
+// as with SlowerStepsThanTheProfileShrinkTheBudget.
+TEST(AutoBudgetEngine, ASlowMajorityStillShrinksTheBudget) {
+  const fs::ProfileCostModel profile(flashserve::testing::linear_profile(2e-3, 1e-5, 0), "lin");
+  const ScaledCost slow(profile, 2.0);
+  const OutlierCost clock(slow, 8, 0.5);  // every 8th step back at the profile's time
+  const BudgetTrace r = run_on_clock(profile, clock, 7e-3);
+  EXPECT_EQ(r.first, 448);
+  EXPECT_EQ(r.last, 128);
+}
+
+// replay reports the budget's path: where it started and ended, its least and most, how often it
+// changed (what bench-serve and simulate print, budget_trace).
+TEST(AutoBudgetEngine, ReplayReportsTheBudgetsPath) {
+  const fs::ProfileCostModel profile(flashserve::testing::linear_profile(2e-3, 1e-5, 0), "lin");
+  const ScaledCost fast(profile, 0.5);
+  const fe::EngineConfig ec = sarathi_config();
+  fe::Engine engine(ec, std::make_unique<fe::SimulatedExecutor>(fast));
+  engine.set_auto_budget(std::make_unique<fs::AutoBudget>(
+      profile,
+      fs::AutoBudgetConfig::for_scheduler(ec.scheduler, ec.num_blocks, ec.block_size, 7e-3)));
+  std::vector<fs::Request> requests;
+  for (int64_t i = 0; i < 40; ++i) requests.push_back({i, 0.0, 2000, 50});
+  const fe::ReplayResult r = fe::replay(engine, requests);
+  EXPECT_EQ(r.finished.size(), 40u);
+  EXPECT_EQ(fe::budget_trace(r), "448 at the start, 1152 at the end; 448 to 1152 over 1 changes");
 }
 
 TEST(AutoBudgetEngine, OnlySarathiTakesAnAutoBudget) {

@@ -173,15 +173,19 @@ void check_silu(int64_t m, int64_t inter, int64_t k, bool norm, bool pdl) {
   a.k = k;
   model::cuda::fused_gemv(a, nullptr, pdl);
   const auto y = d_y.download();
-  // The unfused path: (add_rmsnorm,) the GEMV into gate | up, silu_mul.
-  DeviceBuffer<bf16_t> d_res(x), d_h(m * k, kPoison), d_gu(m * 2 * inter, kPoison);
-  DeviceBuffer<bf16_t> d_act(m * inter, kPoison);
-  if (norm)
-    model::cuda::add_rmsnorm(nullptr, bf(d_res), bf(d_nw), bf(d_h), nullptr, m, k, eps, nullptr);
-  model::cuda::gemv(norm ? bf(d_h) : bf(d_x), bf(d_w), nullptr, d_gu.get(), false, m, 2 * inter, k,
-                    nullptr);
-  model::cuda::silu_mul(bf(d_gu), bf(d_act), m, inter, nullptr);
-  EXPECT_TRUE(same_bits(y, d_act.download())) << "m " << m << " inter " << inter << " k " << k;
+  // The unfused path: (add_rmsnorm,) the GEMV into gate | up, silu_mul. silu_mul takes
+  // intermediate sizes in multiples of 8 only (its refusal failed this test on the H200, session
+  // 21): a ragged size is held to the float64 reference below alone.
+  if (inter % 8 == 0) {
+    DeviceBuffer<bf16_t> d_res(x), d_h(m * k, kPoison), d_gu(m * 2 * inter, kPoison);
+    DeviceBuffer<bf16_t> d_act(m * inter, kPoison);
+    if (norm)
+      model::cuda::add_rmsnorm(nullptr, bf(d_res), bf(d_nw), bf(d_h), nullptr, m, k, eps, nullptr);
+    model::cuda::gemv(norm ? bf(d_h) : bf(d_x), bf(d_w), nullptr, d_gu.get(), false, m, 2 * inter,
+                      k, nullptr);
+    model::cuda::silu_mul(bf(d_gu), bf(d_act), m, inter, nullptr);
+    EXPECT_TRUE(same_bits(y, d_act.download())) << "m " << m << " inter " << inter << " k " << k;
+  }
   int bad = 0;
   for (int64_t i = 0; i < m; ++i) {
     const std::vector<double> xi = norm ? normalized(x, nw, i, k, eps) : row_of(x, i, k);

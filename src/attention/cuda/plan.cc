@@ -107,8 +107,8 @@ bool parse_sm90_bwd_dq_bulk(const char* value) {
   return env_switch(value, "FLASHSERVE_SM90_BWD_DQ_BULK", kSm90BwdDqBulkByDefault);
 }
 
-bool parse_sm90_bwd_overlap(const char* value) {
-  return env_switch(value, "FLASHSERVE_SM90_BWD_OVERLAP", kSm90BwdOverlapByDefault);
+bool parse_sm90_bwd_overlap(const char* value, int64_t head_dim) {
+  return env_switch(value, "FLASHSERVE_SM90_BWD_OVERLAP", sm90_bwd_overlap_by_default(head_dim));
 }
 
 bool parse_sm90_bwd_heavy_first(const char* value) {

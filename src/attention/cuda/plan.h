@@ -303,17 +303,21 @@ inline constexpr bool kSm90BwdDqBulkByDefault = true;
 bool parse_sm90_bwd_dq_bulk(const char* value);
 
 // Whether the sm90 backward's bulk-dQ kernel runs its step in FlashAttention-3's order
-// (sm90/bwd_kernel.h, Cfg::kOverlap): dV issued before dS is packed and stored, dK after dQ and
-// running under the dQ tile's stores, so that the tensor core has queued work through those
-// stores. Off until a device run has passed the backward tests with it and measured it (written
-// without a GPU, session 19). The atomics' kernel (FLASHSERVE_SM90_BWD_DQ_BULK=0) has no such
-// schedule and ignores it.
-inline constexpr bool kSm90BwdOverlapByDefault = false;
+// (sm90/bwd_kernel.h, Cfg::kOverlap) by default at this head dim: dV issued before dS is packed
+// and stored, dK after dQ and running under the dQ tile's stores, so that the tensor core has
+// queued work through those stores. Written without a GPU (session 19); its on/off tests passed
+// on the H200 (session 20). Measured in session 21 (bench/bwd_compare.py, 16k tokens, 2k/8k keys,
+// causal or not; bench/results/bwd-host-h200-2026-12-03.md): d128 +4..+14% at every shape, so on;
+// d64 -5..+4% (8k non-causal the slower one), so off. The atomics' kernel
+// (FLASHSERVE_SM90_BWD_DQ_BULK=0) has no such schedule and ignores it.
+constexpr bool sm90_bwd_overlap_by_default(int64_t head_dim) {
+  return head_dim == 128;
+}
 
-// FLASHSERVE_SM90_BWD_OVERLAP: unset (null) or empty, kSm90BwdOverlapByDefault; "1" on; "0" off;
-// anything else throws kInvalidArgument naming the variable. Read by the CUDA backward once per
-// call (backward_cuda.cu), as FLASHSERVE_SM90_BWD_DQ_BULK.
-bool parse_sm90_bwd_overlap(const char* value);
+// FLASHSERVE_SM90_BWD_OVERLAP: unset (null) or empty, sm90_bwd_overlap_by_default(head_dim); "1"
+// on; "0" off; anything else throws kInvalidArgument naming the variable. Read by the CUDA
+// backward once per call (backward_cuda.cu), as FLASHSERVE_SM90_BWD_DQ_BULK.
+bool parse_sm90_bwd_overlap(const char* value, int64_t head_dim);
 
 // Whether the sm90 backward's bulk-dQ kernel takes a masked call's key blocks heaviest first
 // (sm90/bwd_kernel.h, Cfg::kHeavyFirst): a 1-D grid in attention/kernel/tile_order.h's order
