@@ -12,13 +12,15 @@
 // full H200 pool take ~45 ms of attention alone): the contexts the load really has are the online
 // adjustment's to see. When no budget meets the SLO offline, the first is the smallest.
 //
-// Online: every `window` steps that ran a prefill chunk, the budget becomes the largest
-// tile-aligned one at which each of those steps, re-costed at that budget (its decodes as they
-// were, its chunk tokens grown or cut to fill it) and scaled by the window's median measured /
-// predicted time, meets the SLO. The ratio corrects the model's error on this deployment (CUDA
-// graphs, eager launches, a busy host); its median leaves out the steps no budget would have made
-// faster (a graph capture, a host stall); re-costing at the budget follows the load the pool
-// really holds.
+// Online: every `window` steps that ran a prefill chunk, the budget moves by what those steps
+// measured: down (a tile at least) when the slowest of them passed the SLO, held when it came
+// within 10% of it, else up by an eighth (a tile at least); and never above the model's ceiling,
+// the largest tile-aligned budget at which each of those steps, re-costed there (its decodes as
+// they were, its chunk tokens grown or cut to fill it) and scaled by the window's median measured
+// / predicted time, takes at most 90% of the SLO (the next window's steps are not these). The
+// ratio corrects the model's error on this deployment (CUDA graphs, eager launches, a busy host);
+// steps far slower than the median (a graph capture, a host stall) are left out of both: no
+// budget would have made them faster.
 #pragma once
 
 #include <cstdint>
@@ -71,11 +73,18 @@ class AutoBudget {
   int64_t observe(const Batch& batch, double seconds);
 
  private:
+  // Online (adjust): a step more than kOutlierRatio times the window's median measured /
+  // predicted is not the budget's doing; the budget is sized for the window's steps to take at
+  // most kMargin of the SLO, and grows while its slowest typical step stays under that.
+  static constexpr double kOutlierRatio = 2.0;
+  static constexpr double kMargin = 0.9;
+
   // A mixed step as re-costing needs it: its decodes' KV lengths, the longest cached prefix of
-  // its chunks, and measured / predicted.
+  // its chunks, its measured time and measured / predicted.
   struct Seen {
     std::vector<int64_t> decode_kv;
     int64_t chunk_cached = 0;
+    double seconds = 0;
     double ratio = 1;
   };
   // s's time at `budget` tokens: its decodes as they were, its chunk grown or cut to fill it,
