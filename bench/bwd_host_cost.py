@@ -32,6 +32,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from flashserve import flash_attn_func  # noqa: E402
+from python_host_cost import host_us  # noqa: E402  (bench/ is the script's own folder)
 
 DT = torch.bfloat16
 
@@ -66,23 +67,11 @@ def calls(b, L, h, d):
             rows.items()}
 
 
-def host_us(fn, n=500):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
-
-
 def host_table():
     print("## Host us per call, tiny shape (b 1, L 128, h 4, d 64, bf16; 500 calls)")
     print(f"{'call':<12} {'fwd':>8} {'fwd+bwd':>8} {'bwd':>8}")
     for name, (fwd, step) in calls(1, 128, 4, 64).items():
-        f, s = host_us(fwd), host_us(step)
+        f, s = host_us(fwd, 500), host_us(step, 500)
         print(f"{name:<12} {f:8.1f} {s:8.1f} {s - f:8.1f}")
     print()
 

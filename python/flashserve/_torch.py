@@ -79,17 +79,25 @@ class _Calls:
 _calls = None
 
 
-class _State(threading.local):
-    """One fs_attention_params_v3 per thread, over a bytearray that pack_into writes (its score
-    modifiers stay off: calls with softcap or alibi_slopes take the generic path, which runs
-    them on the same CUDA kernels; its few microseconds of host time are no concern beside
-    the modifier kernels' own cost)."""
+class _Block(threading.local):
+    """One parameter block of C struct `struct_type` per thread (autograd runs a CUDA backward on
+    a thread of its own), over a bytearray that pack_into writes, as the library's `init`
+    function leaves it."""
+
+    def __init__(self, struct_type, init):
+        self.buffer = bytearray(ctypes.sizeof(struct_type))
+        self.params = struct_type.from_buffer(self.buffer)
+        getattr(_capi.lib(), init)(ctypes.byref(self.params))
+        self.ref = ctypes.byref(self.params)
+
+
+class _State(_Block):
+    """fs_attention_params_v3 per thread (its score modifiers stay off: calls with softcap or
+    alibi_slopes take the generic path, which runs them on the same CUDA kernels; its few
+    microseconds of host time are no concern beside the modifier kernels' own cost)."""
 
     def __init__(self):
-        self.buffer = bytearray(ctypes.sizeof(_capi.AttentionParamsV3))
-        self.params = _capi.AttentionParamsV3.from_buffer(self.buffer)
-        _capi.lib().fs_attention_params_v3_init(ctypes.byref(self.params))
-        self.ref = ctypes.byref(self.params)
+        super().__init__(_capi.AttentionParamsV3, "fs_attention_params_v3_init")
 
 
 _state = None
@@ -263,15 +271,11 @@ class _BackwardCalls:
 _backward_calls = None
 
 
-class _BackwardState(threading.local):
-    """One fs_attention_backward_params_v3 per thread (autograd runs a CUDA backward on a thread
-    of its own), over a bytearray that pack_into writes; its score modifiers stay off."""
+class _BackwardState(_Block):
+    """fs_attention_backward_params_v3 per thread; its score modifiers stay off."""
 
     def __init__(self):
-        self.buffer = bytearray(ctypes.sizeof(_capi.AttentionBackwardParamsV3))
-        self.params = _capi.AttentionBackwardParamsV3.from_buffer(self.buffer)
-        _capi.lib().fs_attention_backward_params_v3_init(ctypes.byref(self.params))
-        self.ref = ctypes.byref(self.params)
+        super().__init__(_capi.AttentionBackwardParamsV3, "fs_attention_backward_params_v3_init")
 
 
 _backward_state = None
