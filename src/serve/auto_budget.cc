@@ -168,7 +168,7 @@ void AutoBudget::adjust() {
   const int64_t lo_budget = config_.min_budget(), hi_budget = config_.max_budget / tile * tile;
   int64_t ceiling = lo_budget;
   if (meets(lo_budget)) {
-    int64_t lo = lo_budget / tile, hi = hi_budget / tile;  // in tiles; lo meets the SLO
+    int64_t lo = lo_budget / tile, hi = hi_budget / tile;  // in tiles; lo meets the target
     while (lo < hi) {
       const int64_t m = lo + (hi - lo + 1) / 2;
       if (meets(m * tile))
