@@ -183,11 +183,8 @@ def _dense(q, k, v, softmax_scale, causal, window_size, num_splits, return_lse, 
     return out, lse
 
 
-class _VarlenState(_State):
-    """flash_attn_varlen_func's own fs_attention_params_v3 per thread: it sets cu_seqlens_q/k
-    (and seqused_k), which _dense's block never holds."""
-
-
+# flash_attn_varlen_func's own fs_attention_params_v3 per thread: it sets cu_seqlens_q/k (and
+# seqused_k), which _dense's block never holds.
 _varlen_state = None
 
 
@@ -198,7 +195,7 @@ def _varlen_fast(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     global _varlen_state
     state = _varlen_state
     if state is None:
-        state = _varlen_state = _VarlenState()
+        state = _varlen_state = _State()
     buf, off = state.buffer, _get_calls().offsets
     total_q, h, _ = q.shape
     out = empty(q, (total_q, h, v.shape[2]))
@@ -211,6 +208,23 @@ def _varlen_fast(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
                  _attention._int(max_seqlen_k, "max_seqlen_k", _attention._INT64),
                  softmax_scale, causal, window_size, num_splits)
     return out, lse
+
+
+def _pack_scalars(buf, offset, ref, workspace_size, like, *scalars):
+    """Packs the scalars max_seqlen_q .. stream (`_SCALARS` less the workspace) at `offset` of a
+    parameter block, asks the library's `workspace_size` query about the block `ref` (which
+    validates it: an error is raised here), and when it asks for a workspace, allocates one on
+    like's device and packs it too. The workspace, or None: the caller keeps it alive until its
+    call is enqueued (stream-ordered: PyTorch's allocator reuses it only behind that work)."""
+    _SCALARS.pack_into(buf, offset, *scalars, 0, 0)
+    size = workspace_size(ref)
+    if size == _SIZE_MAX:
+        _capi.raise_last()
+    if not size:
+        return None
+    workspace = empty(like, (size,), torch.uint8)
+    _SCALARS.pack_into(buf, offset, *scalars, workspace.data_ptr(), size)
+    return workspace
 
 
 def _run_forward(state, q, k, v, out, lse, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
@@ -231,22 +245,13 @@ def _run_forward(state, q, k, v, out, lse, max_seqlen_q, max_seqlen_k, softmax_s
         _pack(buf, off["lse"], lse, _capi.FLOAT32)
     else:
         buf[off["lse"]:off["lse"] + _FS_TENSOR.size] = _ABSENT
-    stream = _current_stream(q.device.index)
-    causal = 1 if causal else 0
-    _SCALARS.pack_into(buf, off["max_seqlen_q"], max_seqlen_q, max_seqlen_k, scale, causal, left,
-                       right, splits, stream, 0, 0)
-    size = calls.workspace_size(state.ref)
-    workspace = None
-    if size == _SIZE_MAX:
-        _capi.raise_last()
-    if size:
-        workspace = empty(q, (size,), torch.uint8)
-        _SCALARS.pack_into(buf, off["max_seqlen_q"], max_seqlen_q, max_seqlen_k, scale, causal,
-                           left, right, splits, stream, workspace.data_ptr(), size)
+    workspace = _pack_scalars(buf, off["max_seqlen_q"], state.ref, calls.workspace_size, q,
+                              max_seqlen_q, max_seqlen_k, scale, 1 if causal else 0, left, right,
+                              splits, _current_stream(q.device.index))
     status = calls.forward(state.ref)
     if status:
         _capi.raise_for(status)
-    del workspace  # stream-ordered: PyTorch's allocator reuses it only behind this stream's work
+    del workspace  # kept alive until the call is enqueued (_pack_scalars)
 
 
 # ---------------------------------------------------------------- the backward's fast path
@@ -314,22 +319,13 @@ def fast_backward(dout, q, k, v, out, lse, dlse, scale, causal, left, right, det
                     ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k)):
         _pack_or_absent(buf, off[name], t)
     _INT32.pack_into(buf, off["deterministic"], 1 if deterministic else 0)
-    stream = _current_stream(q.device.index)
-    causal = 1 if causal else 0
-    _SCALARS.pack_into(buf, off["max_seqlen_q"], max_seqlen_q, max_seqlen_k, scale, causal, left,
-                       right, 0, stream, 0, 0)
-    size = calls.workspace_size(state.ref)
-    if size == _SIZE_MAX:
-        _capi.raise_last()
-    workspace = None
-    if size:
-        workspace = empty(q, (size,), torch.uint8)
-        _SCALARS.pack_into(buf, off["max_seqlen_q"], max_seqlen_q, max_seqlen_k, scale, causal,
-                           left, right, 0, stream, workspace.data_ptr(), size)
+    workspace = _pack_scalars(buf, off["max_seqlen_q"], state.ref, calls.workspace_size, q,
+                              max_seqlen_q, max_seqlen_k, scale, 1 if causal else 0, left, right,
+                              0, _current_stream(q.device.index))
     status = calls.backward(state.ref)
     if status:
         _capi.raise_for(status)
-    del workspace  # stream-ordered, as in _run_forward
+    del workspace  # kept alive until the call is enqueued (_pack_scalars)
     return grads
 
 
@@ -479,8 +475,6 @@ def _kvcache_fast(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     else:
         buf[P.block_table.offset:P.block_table.offset + _FS_TENSOR.size] = _ABSENT
         max_k = 0
-    _SCALARS.pack_into(buf, off["max_seqlen_q"], 0, max_k, scale, 1 if causal else 0, left,
-                       right, splits, stream, 0, 0)
 
     # Both calls validated before the cache is written, then the append, then the attention.
     names = _attention._kvcache_names(cache_batch_idx is not None and not paged)
@@ -491,18 +485,13 @@ def _kvcache_fast(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     with names:
         # The size query validates and runs the CUDA dispatch's own checks (dtype, head dim,
         # device): a call the kernels refuse is refused here, before the append writes the cache.
-        size = calls.workspace_size(state.attn_ref)
-        if size == _SIZE_MAX:
-            _capi.raise_last()
+        workspace = _pack_scalars(buf, off["max_seqlen_q"], state.attn_ref, calls.workspace_size,
+                                  q, 0, max_k, scale, 1 if causal else 0, left, right, splits,
+                                  stream)
     status = kv_calls.append(state.append_ref)
     if status:
         _capi.raise_for(status)
     with names:
-        workspace = None
-        if size:
-            workspace = empty(q, (size,), torch.uint8)
-            _SCALARS.pack_into(buf, off["max_seqlen_q"], 0, max_k, scale, 1 if causal else 0,
-                               left, right, splits, stream, workspace.data_ptr(), size)
         status = calls.forward(state.attn_ref)
         if status:
             _capi.raise_for(status)
