@@ -28,20 +28,22 @@ void zero_grad(void* data, DType dtype, int rank, const int64_t* shape, const in
 }
 
 namespace {
-// One warp per (query row, head), kRowWarps per block: grid (rows / kRowWarps, h_q, batch).
-dim3 row_grid(const BwdParams& p, int max_q_len) {
-  return dim3((max_q_len + kRowWarps - 1) / kRowWarps, p.fwd.h_q, p.batch);
+// row_lanes(head_dim) lanes per (query row, head): grid (rows / rows per block, h_q, batch).
+dim3 row_grid(const BwdParams& p, int head_dim, int max_q_len) {
+  const int rows = kRowThreads / row_lanes(head_dim);
+  return dim3((max_q_len + rows - 1) / rows, p.fwd.h_q, p.batch);
 }
-constexpr int kRowThreads = 32 * kRowWarps;
 }  // namespace
 
 void run_bwd_preprocess(const BwdParams& p, DType dtype, int head_dim, int max_q_len,
                         cudaStream_t stream) {
   if (max_q_len == 0) return;
   if (dtype == DType::kBFloat16)
-    bwd_preprocess<__nv_bfloat16><<<row_grid(p, max_q_len), kRowThreads, 0, stream>>>(p, head_dim);
+    bwd_preprocess<__nv_bfloat16>
+        <<<row_grid(p, head_dim, max_q_len), kRowThreads, 0, stream>>>(p, head_dim);
   else
-    bwd_preprocess<__half><<<row_grid(p, max_q_len), kRowThreads, 0, stream>>>(p, head_dim);
+    bwd_preprocess<__half>
+        <<<row_grid(p, head_dim, max_q_len), kRowThreads, 0, stream>>>(p, head_dim);
   check_cuda(cudaGetLastError(), "backward preprocess launch");
 }
 
@@ -49,9 +51,11 @@ void run_bwd_postprocess(const BwdParams& p, DType dtype, int head_dim, int max_
                          cudaStream_t stream) {
   if (max_q_len == 0) return;
   if (dtype == DType::kBFloat16)
-    bwd_postprocess<__nv_bfloat16><<<row_grid(p, max_q_len), kRowThreads, 0, stream>>>(p, head_dim);
+    bwd_postprocess<__nv_bfloat16>
+        <<<row_grid(p, head_dim, max_q_len), kRowThreads, 0, stream>>>(p, head_dim);
   else
-    bwd_postprocess<__half><<<row_grid(p, max_q_len), kRowThreads, 0, stream>>>(p, head_dim);
+    bwd_postprocess<__half>
+        <<<row_grid(p, head_dim, max_q_len), kRowThreads, 0, stream>>>(p, head_dim);
   check_cuda(cudaGetLastError(), "backward postprocess launch");
 }
 

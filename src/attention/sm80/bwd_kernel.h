@@ -54,29 +54,74 @@ __device__ __forceinline__ Elem from_f(float x) {
     return __float2half_rn(x);
 }
 
-// The preprocess and postprocess take one warp per (query row, head), kRowWarps rows per block
-// in grid (rows / kRowWarps, h_q, batch): lane l takes the row's elements l, l + 32, ..., so
-// that each load and store instruction covers one contiguous run of 32 elements. One thread per
-// row made each instruction touch 32 rows' lines for 2 or 4 bytes of each (kernel-notes,
-// session 19: the benchmark's rows carry ~3 ms per call outside the main kernel).
-inline constexpr int kRowWarps = 8;
+// The preprocess and postprocess give each (query row, head) a group of row_lanes(head_dim)
+// consecutive lanes, each lane 8 consecutive elements at a time: one 16-byte load of out and of
+// dout, two of the fp32 accumulator, one 16-byte store of dq. Grid (rows / rows per block, h_q,
+// batch). One warp per row with 2-byte accesses (session 19's version) issued 4-8x the
+// instructions for the same bytes and ran at half the copy bandwidth, d64 at half d128's rate
+// (kernel-notes, "Session 21 on the device"). Every tensor here is 16-byte aligned with row and
+// head strides in multiples of 8 elements (check_aligned), and the accumulator's rows are
+// head_dim floats.
+inline constexpr int kRowThreads = 256;
 
-// The warp's (query row, head) of a preprocess or postprocess block, and its lane.
-struct RowWarp {
-  int t, h, lane;
-  __device__ __forceinline__ RowWarp()
-      : t(static_cast<int>(blockIdx.x) * kRowWarps + static_cast<int>(threadIdx.x) / 32),
-        h(blockIdx.y),
-        lane(threadIdx.x % 32) {}
+// Lanes per row: head_dim / 8 rounded up to a power of two (a group never straddles a warp), at
+// most 32; a lane takes the 8-element chunks lane, lane + lanes, ... of its row.
+__host__ __device__ constexpr int row_lanes(int head_dim) {
+  int lanes = 1;
+  while (lanes < 32 && lanes * 8 < head_dim) lanes *= 2;
+  return lanes;
+}
+
+// The (query row, head) of a lane of a preprocess or postprocess block, its lane within the row's
+// group, and the group's lane mask in its warp.
+struct RowLane {
+  int t, h, lane, lanes;
+  unsigned group_mask;
+  __device__ __forceinline__ explicit RowLane(int head_dim)
+      : t(0), h(blockIdx.y), lane(0), lanes(row_lanes(head_dim)), group_mask(0) {
+    const int x = static_cast<int>(threadIdx.x);
+    t = static_cast<int>(blockIdx.x) * (kRowThreads / lanes) + x / lanes;
+    lane = x % lanes;
+    const unsigned ones = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u;
+    group_mask = ones << (x % 32 - lane);
+  }
 };
+
+// A 16-bit element from its bits and back.
+template <class Elem>
+__device__ __forceinline__ Elem elem_of_bits(unsigned short b) {
+  if constexpr (std::is_same_v<Elem, __nv_bfloat16>)
+    return __ushort_as_bfloat16(b);
+  else
+    return __ushort_as_half(b);
+}
+template <class Elem>
+__device__ __forceinline__ uint32_t bits_of(Elem x) {
+  if constexpr (std::is_same_v<Elem, __nv_bfloat16>)
+    return __bfloat16_as_ushort(x);
+  else
+    return __half_as_ushort(x);
+}
+
+// Eight 16-bit elements of one 16-byte load, as floats.
+template <class Elem>
+__device__ __forceinline__ void unpack8(const uint4& v, float (&x)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    x[2 * i] = to_f(elem_of_bits<Elem>(static_cast<unsigned short>(w[i] & 0xffffu)));
+    x[2 * i + 1] = to_f(elem_of_bits<Elem>(static_cast<unsigned short>(w[i] >> 16)));
+  }
+}
 
 // D = rowsum(dout o out) - dlse for the sequence's query rows.
 template <class Elem>
 __global__ void bwd_preprocess(const BwdParams p, int head_dim) {
   const FwdParams& f = p.fwd;
   const SeqInfo seq(f, blockIdx.z);
-  const auto [t, h, lane] = RowWarp();
-  if (t >= seq.q_len) return;  // the whole warp
+  const RowLane r(head_dim);
+  if (r.t >= seq.q_len) return;  // the row's whole group
+  const int t = r.t, h = r.h;
   const int64_t row = seq.q_row0(f) + t;
   const int64_t do_off =
       (f.cu_seqlens_q ? seq.q_start * p.do_row_stride : seq.b * p.do_batch_stride) +
@@ -85,10 +130,15 @@ __global__ void bwd_preprocess(const BwdParams p, int head_dim) {
       static_cast<const Elem*>(f.out) + seq.o_off(f) + t * f.o_row_stride + h * f.o_head_stride;
   const Elem* g = static_cast<const Elem*>(p.dout) + do_off;
   float d = 0.0f;
-  for (int i = lane; i < head_dim; i += 32) d += to_f(o[i]) * to_f(g[i]);
+  for (int c = r.lane; c * 8 < head_dim; c += r.lanes) {
+    float x[8], y[8];
+    unpack8<Elem>(*reinterpret_cast<const uint4*>(o + 8 * c), x);
+    unpack8<Elem>(*reinterpret_cast<const uint4*>(g + 8 * c), y);
 #pragma unroll
-  for (int lanes = 16; lanes > 0; lanes /= 2) d += __shfl_xor_sync(0xffffffffu, d, lanes);
-  if (lane != 0) return;
+    for (int i = 0; i < 8; ++i) d += x[i] * y[i];
+  }
+  for (int lanes = r.lanes / 2; lanes > 0; lanes /= 2) d += __shfl_xor_sync(r.group_mask, d, lanes);
+  if (r.lane != 0) return;
   if (p.dlse != nullptr) {
     const int64_t base =
         f.cu_seqlens_q ? seq.q_start * p.dlse_row_stride : seq.b * p.dlse_batch_stride;
@@ -102,14 +152,25 @@ template <class Elem>
 __global__ void bwd_postprocess(const BwdParams p, int head_dim) {
   const FwdParams& f = p.fwd;
   const SeqInfo seq(f, blockIdx.z);
-  const auto [t, h, lane] = RowWarp();
-  if (t >= seq.q_len) return;
+  const RowLane r(head_dim);
+  if (r.t >= seq.q_len) return;
+  const int t = r.t, h = r.h;
   const int64_t row = seq.q_row0(f) + t;
   const float* acc = p.dq_accum + (row * f.h_q + h) * head_dim;
   Elem* dq = static_cast<Elem*>(p.dq) +
              (f.cu_seqlens_q ? seq.q_start * p.dq_row_stride : seq.b * p.dq_batch_stride) +
              t * p.dq_row_stride + h * p.dq_head_stride;
-  for (int i = lane; i < head_dim; i += 32) dq[i] = from_f<Elem>(f.scale * acc[i]);
+  for (int c = r.lane; c * 8 < head_dim; c += r.lanes) {
+    const float4 a = *reinterpret_cast<const float4*>(acc + 8 * c);
+    const float4 b = *reinterpret_cast<const float4*>(acc + 8 * c + 4);
+    const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      w[i] = bits_of(from_f<Elem>(f.scale * x[2 * i])) |
+             (bits_of(from_f<Elem>(f.scale * x[2 * i + 1])) << 16);
+    *reinterpret_cast<uint4*>(dq + 8 * c) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
 }
 
 // Zeros every element of a [d0, d1, d2, d3] view (rank 3: d0 = 1) with the given strides; the

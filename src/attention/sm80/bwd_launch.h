@@ -12,7 +12,7 @@ namespace flashserve::attention::sm80 {
 struct BwdLaunch {
   DType dtype;     // kBFloat16 or kFloat16
   bool has_mask;   // causal or a window side: the masked instantiation
-  int max_q_len;   // grid of the pre/postprocess: ceil(max_q_len / 128)
+  int max_q_len;   // rows of the pre/postprocess grid
   int max_kv_len;  // grid x of the main kernel: ceil(max_kv_len / block_n)
   int h_kv;
   bool deterministic;  // dq by bwd_dq_kernel (fixed order) instead of atomics
@@ -30,7 +30,8 @@ void run_bwd(const BwdParams& params, const BwdLaunch& launch);
 
 // D = rowsum(dout o out) - dlse into p.delta (before the main kernel), and dq = scale x
 // p.dq_accum rounded to the dtype (after it): the steps around every family's main kernel (the
-// sm90 backward's too). Nothing is launched when max_q_len is 0.
+// sm90 backward's too). Nothing is launched when max_q_len is 0. head_dim: a multiple of 8 (the
+// kernels move 8 elements a lane).
 void run_bwd_preprocess(const BwdParams& p, DType dtype, int head_dim, int max_q_len,
                         cudaStream_t stream);
 void run_bwd_postprocess(const BwdParams& p, DType dtype, int head_dim, int max_q_len,
