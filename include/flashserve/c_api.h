@@ -45,7 +45,8 @@ typedef enum fs_dtype {
   FS_BFLOAT16 = 2,
   FS_INT32 = 3,
   FS_FLOAT64 = 4,
-  FS_FLOAT8_E4M3 = 5 /* float8_e4m3fn: q, k, v of an FP8 call (fs_attention_params_v4) */
+  FS_FLOAT8_E4M3 = 5 /* float8_e4m3fn: q, k, v of an FP8 call (fs_attention_params_v4); the
+                        caches and new k, v of fs_kvcache_append (codes copied, no rotary) */
 } fs_dtype;
 
 typedef enum fs_device_type { FS_CPU = 0, FS_CUDA = 1 } fs_device_type;
@@ -128,7 +129,12 @@ typedef struct fs_attention_backward_params_v3 {
 } fs_attention_backward_params_v3;
 
 /* Mirrors flashserve::KvCacheAppendParams (flashserve/kv_cache.h): appends new keys and values to
- * a KV cache in place at cache_seqlens, with optional rotary embedding of the new keys and of q. */
+ * a KV cache in place at cache_seqlens, with optional rotary embedding of the new keys and of q.
+ * Caches FS_FLOAT32, FS_FLOAT16, FS_BFLOAT16, or FS_FLOAT8_E4M3 (an fp8 KV cache: k_new and v_new
+ * e4m3 codes too, copied byte for byte; rotary refused, FS_ERROR_UNSUPPORTED naming rotary_cos).
+ * The struct is unchanged since ABI 2 and FS_ABI_VERSION with it (the dtype travels in each
+ * fs_tensor); a library from before e4m3 caches refuses them naming k_cache, which
+ * fs_kvcache_append_validate tells a binding without writing anything. */
 typedef struct fs_kvcache_append_params {
   fs_tensor k_cache, v_cache; /* [b_cache, s_cache, h_kv, d] or paged [pages, page_size, h_kv, d] */
   fs_tensor k_new, v_new;     /* optional [batch, s_new, h_kv, d] */

@@ -21,6 +21,13 @@
 //   seqlens_out  optional int32 [batch]: cache_seqlens[b] + s_new, the key lengths the attention
 //           that follows reads (its seqused_k).
 //
+// Dtypes: float32, float16 or bfloat16 caches, with k_new, v_new, q and q_out of the cache's dtype
+// (rotary tables float32 or the cache's dtype); or float8_e4m3fn caches (an fp8 KV cache, as FA3
+// and vLLM hold it), whose new k and v must be e4m3 codes already: their bytes are copied as they
+// are (no conversion: the descale factors the attention reads cover the whole cache, the new
+// tokens included), and rotary is refused (kUnsupported naming rotary_cos: rotating codes would
+// need a dequantise and a requantise with a scale the append does not have).
+//
 // Lengths: cache_seqlens int32 [batch], or absent with cache_seqlen the length of every sequence.
 // On the host every entry is checked: 0 <= cache_seqlens[b], cache_seqlens[b] + s_new <= capacity,
 // the rotary positions below s_rot, cache_batch_idx and the block_table pages written inside their

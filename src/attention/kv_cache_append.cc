@@ -3,6 +3,7 @@
 #include "kv_cache_append.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -27,6 +28,8 @@ bool is_float(DType t) {
   return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16;
 }
 
+constexpr DType kE4m3 = DType::kFloat8E4M3;
+
 void check_index(const TensorView& t, const char* name, int rank, const Device& dev) {
   check_view(t, name, rank);
   if (t.dtype != DType::kInt32) fail(name, str_cat("expected int32, got ", dtype_name(t.dtype)));
@@ -36,7 +39,12 @@ void check_index(const TensorView& t, const char* name, int rank, const Device& 
 void check_same(const TensorView& t, const char* name, const KvAppendProblem& pr) {
   if (t.dtype != pr.dtype)
     fail(name,
-         str_cat("dtype ", dtype_name(t.dtype), " differs from k_cache's ", dtype_name(pr.dtype)));
+         str_cat("dtype ", dtype_name(t.dtype), " differs from k_cache's ", dtype_name(pr.dtype),
+                 pr.dtype == kE4m3 ? " (what is written into a float8_e4m3fn cache must be "
+                                     "e4m3 codes already, quantised with the scale its "
+                                     "descales undo: the append copies codes, it does not "
+                                     "quantise)"
+                                   : ""));
   if (!(t.device == pr.device)) fail(name, "must be on the same device as k_cache");
 }
 
@@ -133,9 +141,9 @@ KvAppendProblem describe(const KvCacheAppendParams& p) {
   check_view(p.v_cache, "v_cache", 4);
   pr.dtype = p.k_cache.dtype;
   pr.device = p.k_cache.device;
-  if (!is_float(pr.dtype))
-    fail("k_cache",
-         str_cat("dtype ", dtype_name(pr.dtype), " is not supported (float32, float16, bfloat16)"));
+  if (!is_float(pr.dtype) && pr.dtype != kE4m3)
+    fail("k_cache", str_cat("dtype ", dtype_name(pr.dtype),
+                            " is not supported (float32, float16, bfloat16, float8_e4m3fn)"));
   check_same(p.v_cache, "v_cache", pr);
   for (int i = 0; i < 3; ++i)
     if (p.v_cache.shape[i] != p.k_cache.shape[i])
@@ -216,6 +224,12 @@ KvAppendProblem describe(const KvCacheAppendParams& p) {
   if (p.rotary_cos.defined() != p.rotary_sin.defined())
     fail(p.rotary_cos.defined() ? "rotary_sin" : "rotary_cos",
          "rotary_cos and rotary_sin must be given together (or neither)");
+  if (p.rotary_cos.defined() && pr.dtype == kE4m3)
+    throw Error(ErrorKind::kUnsupported, "rotary_cos",
+                "rotary embedding into a float8_e4m3fn cache is not supported: the new k are "
+                "e4m3 codes, and rotating them would need a dequantise and a requantise with a "
+                "scale the append does not have (rotate k before quantising it, and pass q "
+                "rotated)");
   if (p.rotary_cos.defined()) {
     check_view(p.rotary_cos, "rotary_cos", 2);
     check_view(p.rotary_sin, "rotary_sin", 2);
@@ -330,6 +344,11 @@ namespace {
 // dst, both in elements of their tensors.
 void rotate_row(const KvCacheAppendParams& p, const KvAppendProblem& pr, const void* src,
                 int64_t src_off, void* dst, int64_t dst_off, int64_t n, int64_t pos) {
+  if (pr.dtype == kE4m3) {  // codes copied as they are (rotary is refused for e4m3 caches)
+    std::memcpy(static_cast<uint8_t*>(dst) + dst_off, static_cast<const uint8_t*>(src) + src_off,
+                static_cast<size_t>(n));
+    return;
+  }
   const int64_t rd = pos >= 0 ? pr.rotary_dim : 0;
   for (int64_t c = 0; c < n; ++c) {
     const float x = load_float(src, src_off + c, pr.dtype);

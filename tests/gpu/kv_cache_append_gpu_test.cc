@@ -2,7 +2,8 @@
 // same call (itself checked against an independent NumPy reference in
 // python/tests/test_kvcache_cpu.py): contiguous, cache_batch_idx and paged caches (page 16 and 7),
 // rotary in both layouts with float32 and same-dtype tables, q rotated per token or at the length,
-// every float dtype. Every buffer is a cudaMalloc of exactly its tensor's size, so that
+// every float dtype, and float8_e4m3fn caches (no rotary: the codes are copied, so bit for bit,
+// every byte value included). Every buffer is a cudaMalloc of exactly its tensor's size, so that
 // compute-sanitizer's memcheck sees any write past a cache; the caches start random and every slot
 // the append does not own must come back bit for bit. Device-resident lengths are trusted: a case
 // with lengths that overflow the cache, a page outside the pool and rotary positions past the
@@ -75,6 +76,11 @@ struct Pair {
 };
 
 void fill_random(Pair& p, std::mt19937_64& rng) {
+  if (p.h.dtype == DType::kFloat8E4M3) {  // every code, the NaNs 0x7f and 0xff too
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (auto& c : p.host) c = static_cast<unsigned char>(byte(rng));
+    return;
+  }
   std::normal_distribution<float> normal;
   for (int64_t i = 0; i < p.h.numel(); ++i) store_float(p.host.data(), i, p.h.dtype, normal(rng));
 }
@@ -191,7 +197,11 @@ void check_against_cpu(const Spec& spec) {
   kv_cache_append(c.dev);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   kv_cache_append(c.host);  // the CPU path on the host copies: the expected result
-  expect_close(c.kc.download(), c.kc.host, spec.dtype, "k_cache");
+  if (spec.dtype == DType::kFloat8E4M3) {
+    EXPECT_TRUE(c.kc.download() == c.kc.host) << "k_cache: e4m3 codes are copied bit for bit";
+  } else {
+    expect_close(c.kc.download(), c.kc.host, spec.dtype, "k_cache");
+  }
   EXPECT_EQ(c.vc.download(), c.vc.host) << "v_cache";
   if (spec.rotary) expect_close(c.q_out.download(), c.q_out.host, spec.dtype, "q_out");
   EXPECT_EQ(c.out.download(), c.out.host) << "seqlens_out";
@@ -224,6 +234,14 @@ std::vector<Spec> specs() {
   plain.layout = "paged16";
   plain.rotary = false;
   all.push_back(plain);
+  for (const char* layout : {"contiguous", "batch_idx", "paged16", "paged7"}) {
+    Spec e4m3;  // an fp8 cache: e4m3 codes copied as they are (rotary is refused for it)
+    e4m3.layout = layout;
+    e4m3.dtype = DType::kFloat8E4M3;
+    e4m3.rotary = false;
+    e4m3.s_new = 5;
+    all.push_back(e4m3);
+  }
   Spec decode;  // one token, long cache
   decode.layout = "contiguous", decode.s_new = decode.s_q = 1, decode.capacity = 4000;
   decode.batch = 2, decode.h_kv = 8, decode.h_q = 32, decode.d = 128, decode.rot_cols = 64;

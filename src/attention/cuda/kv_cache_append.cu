@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "attention/cuda_check.h"
@@ -47,6 +48,9 @@ __device__ inline float to_f(__half x) {
 __device__ inline float to_f(__nv_bfloat16 x) {
   return __bfloat162float(x);
 }
+// float8_e4m3fn caches hold codes: T = E4m3Code, copied as they are (never converted; rotary is
+// refused for them in validation, and the append has no scale to requantise with).
+using E4m3Code = uint8_t;
 template <typename T>
 __device__ inline T from_f(float x);
 template <>
@@ -72,22 +76,29 @@ __device__ inline int64_t length_of(const AppendArgs& a, int64_t b) {
 template <typename T, typename R>
 __device__ void write_rows(const AppendArgs& a, const T* src, const Rows& s, T* dst, const Rows& t,
                            int64_t heads, int64_t dim, bool rotate, int64_t pos) {
-  const bool in_table = pos >= 0 && pos < a.s_rot;
-  for (int64_t e = threadIdx.x; e < heads * dim; e += blockDim.x) {
-    const int64_t h = e / dim, c = e % dim;
-    const T* x = src + h * s.s2;
-    float y = to_f(x[c]);
-    if (rotate && c < a.rotary_dim) {
-      if (in_table) {
-        const RotaryTerm r = rotary_term(c, a.rotary_dim, a.interleaved);
-        const float cs = to_f(static_cast<const R*>(a.cos.data)[pos * a.cos.s0 + r.column]);
-        const float sn = to_f(static_cast<const R*>(a.sin.data)[pos * a.sin.s0 + r.column]);
-        y = y * cs + r.sign * to_f(x[r.partner]) * sn;
-      } else {
-        y = __int_as_float(0x7fc00000);  // quiet NaN
-      }
+  if constexpr (std::is_same_v<T, E4m3Code>) {
+    for (int64_t e = threadIdx.x; e < heads * dim; e += blockDim.x) {
+      const int64_t h = e / dim, c = e % dim;
+      dst[h * t.s2 + c] = src[h * s.s2 + c];
     }
-    dst[h * t.s2 + c] = from_f<T>(y);
+  } else {
+    const bool in_table = pos >= 0 && pos < a.s_rot;
+    for (int64_t e = threadIdx.x; e < heads * dim; e += blockDim.x) {
+      const int64_t h = e / dim, c = e % dim;
+      const T* x = src + h * s.s2;
+      float y = to_f(x[c]);
+      if (rotate && c < a.rotary_dim) {
+        if (in_table) {
+          const RotaryTerm r = rotary_term(c, a.rotary_dim, a.interleaved);
+          const float cs = to_f(static_cast<const R*>(a.cos.data)[pos * a.cos.s0 + r.column]);
+          const float sn = to_f(static_cast<const R*>(a.sin.data)[pos * a.sin.s0 + r.column]);
+          y = y * cs + r.sign * to_f(x[r.partner]) * sn;
+        } else {
+          y = __int_as_float(0x7fc00000);  // quiet NaN
+        }
+      }
+      dst[h * t.s2 + c] = from_f<T>(y);
+    }
   }
 }
 
@@ -223,6 +234,9 @@ void cuda_kv_cache_append(const KvCacheAppendParams& p, const KvAppendProblem& p
     case DType::kFloat16:
       rot_f32 ? launch<__half, float>(a, blocks, kThreads, stream)
               : launch<__half, __half>(a, blocks, kThreads, stream);
+      break;
+    case DType::kFloat8E4M3:  // byte copies (validation refused rotary)
+      launch<E4m3Code, float>(a, blocks, kThreads, stream);
       break;
     default:
       rot_f32 ? launch<__nv_bfloat16, float>(a, blocks, kThreads, stream)
