@@ -576,18 +576,21 @@ def _define_ops():
                      block_table: Optional[Tensor], softmax_scale: Optional[float], causal: bool,
                      window_left: int, window_right: int, rotary_interleaved: bool,
                      num_splits: int, return_lse: bool, softcap: float = 0.0,
-                     alibi_slopes: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                     alibi_slopes: Optional[Tensor] = None, q_descale: Optional[Tensor] = None,
+                     k_descale: Optional[Tensor] = None,
+                     v_descale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         out, lse = _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                             cache_seqlen, cache_batch_idx, block_table, softmax_scale, causal,
                             (window_left, window_right), rotary_interleaved, num_splits,
-                            return_lse, softcap, alibi_slopes)
+                            return_lse, softcap, alibi_slopes, q_descale, k_descale, v_descale)
         return out, _lse_or_empty(q, lse)
 
     @with_kvcache.register_fake
     def _(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen,
           cache_batch_idx, block_table, softmax_scale, causal, window_left, window_right,
-          rotary_interleaved, num_splits, return_lse, softcap=0.0, alibi_slopes=None):
-        out = q.new_empty(tuple(q.shape[:-1]) + (v_cache.shape[-1],))
+          rotary_interleaved, num_splits, return_lse, softcap=0.0, alibi_slopes=None,
+          q_descale=None, k_descale=None, v_descale=None):
+        out = q.new_empty(tuple(q.shape[:-1]) + (v_cache.shape[-1],), dtype=_out_dtype(q))
         lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if return_lse else _NO_LSE
         return out, q.new_empty(lse_shape, dtype=torch.float32)
 
@@ -767,11 +770,16 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
 def _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen,
              cache_batch_idx, block_table, softmax_scale, causal, window_size, rotary_interleaved,
-             num_splits, return_lse, softcap=0.0, alibi_slopes=None):
-    """cache_seqlens: a tensor, or None with cache_seqlen an int (-1: the whole cache)."""
-    if softcap == 0.0 and alibi_slopes is None and _kvcache_fast_ok(
-            q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-            block_table):
+             num_splits, return_lse, softcap=0.0, alibi_slopes=None, q_descale=None,
+             k_descale=None, v_descale=None):
+    """cache_seqlens: a tensor, or None with cache_seqlen an int (-1: the whole cache). Calls with
+    descales (or float8_e4m3fn tensors, which _kvcache_fast_ok never takes) take the generic
+    path: its v4 parameter block carries the descales."""
+    descales = (q_descale, k_descale, v_descale)
+    plain = (softcap == 0.0 and alibi_slopes is None and q_descale is None and
+             k_descale is None and v_descale is None)
+    if plain and _kvcache_fast_ok(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                  cache_seqlens, cache_batch_idx, block_table):
         return _kvcache_fast(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                              cache_seqlen, cache_batch_idx, block_table, softmax_scale, causal,
                              window_size, rotary_interleaved, num_splits, return_lse)
@@ -780,13 +788,17 @@ def _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
     return _attention._with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lengths,
                                     cache_batch_idx, block_table, softmax_scale, causal,
                                     window_size, rotary_interleaved, num_splits, return_lse,
-                                    softcap, alibi_slopes)
+                                    softcap, alibi_slopes, *descales)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                             cache_batch_idx, block_table, softmax_scale, causal, window_size,
                             rotary_interleaved, num_splits, return_lse, softcap=0.0,
-                            alibi_slopes=None):
+                            alibi_slopes=None, q_descale=None, k_descale=None, v_descale=None):
+    descales = (q_descale, k_descale, v_descale)
+    if torch.is_grad_enabled():
+        _attention.check_fp8_grad((("q_descale", q_descale), ("k_descale", k_descale),
+                                   ("v_descale", v_descale)))
     _check_grad(("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
                 ("alibi_slopes", alibi_slopes))
     softcap = _attention._softcap(softcap)
@@ -805,9 +817,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, c
                            cache_batch_idx, block_table, _opt_float(softmax_scale), bool(causal),
                            left, right, bool(rotary_interleaved),
                            _int32(num_splits, "num_splits"), bool(return_lse), softcap,
-                           alibi_slopes)
+                           alibi_slopes, *descales)
     else:
         out, lse = _kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, lengths, length,
                             cache_batch_idx, block_table, softmax_scale, causal, window_size,
-                            rotary_interleaved, num_splits, return_lse, softcap, alibi_slopes)
+                            rotary_interleaved, num_splits, return_lse, softcap, alibi_slopes,
+                            *descales)
     return (out, lse) if return_lse else out

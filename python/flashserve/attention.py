@@ -495,9 +495,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
                             cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
                             window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
-                            alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+                            alibi_slopes=None, num_splits=0, return_softmax_lse=False, *,
+                            q_descale=None, k_descale=None, v_descale=None):
     """Attention of q over a KV cache, after appending new keys and values to it in place
-    (FlashAttention's flash_attn_with_kvcache; arguments in its order).
+    (FlashAttention's flash_attn_with_kvcache; arguments in its order; the descales are
+    FlashAttention-3's, keyword-only here).
 
     q: (batch, seqlen_q, nheads, headdim). k_cache, v_cache: (batch_cache, seqlen_cache, nheads_k,
     headdim), or paged (num_blocks, page_block_size, nheads_k, headdim) with block_table int32
@@ -517,6 +519,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     float32 (batch, nheads, seqlen_q). softcap and alibi_slopes as in flash_attn_func (the
     positions of ALiBi are those of the updated cache: query i of sequence b sits at
     cache_seqlens[b] + seqlen_new - seqlen_q + i). cache_leftpad is refused unless None.
+    FP8: k_cache and v_cache float8_e4m3fn, with q float8_e4m3fn too (FlashAttention-3's fp8
+    call: a bfloat16 out) or 16-bit/float32 (an fp8 KV cache: out of q's dtype); the new k and v
+    must then be e4m3 codes already (their bytes are copied into the cache), and rotary is refused.
+    q_descale (e4m3 q only), k_descale, v_descale: optional float32 (batch, nheads_k) on q's
+    device, the factor each (sequence, KV head)'s codes are multiplied by (None: 1); row b is
+    sequence b (not cache row cache_batch_idx[b]); the descales cover the whole cache, the
+    appended tokens included. Forward only. See docs/python.md.
     """
     if cache_leftpad is not None:
         raise NotImplementedError("cache_leftpad: left-padded caches are not supported")
@@ -528,11 +537,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         return path.flash_attn_with_kvcache(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             block_table, softmax_scale, causal, window_size, rotary_interleaved, num_splits,
-            return_softmax_lse, softcap, alibi_slopes)
+            return_softmax_lse, softcap, alibi_slopes, q_descale=q_descale,
+            k_descale=k_descale, v_descale=v_descale)
     out, lse = _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                              cache_batch_idx, block_table, softmax_scale, causal, window_size,
                              rotary_interleaved, num_splits, return_softmax_lse, softcap,
-                             alibi_slopes)
+                             alibi_slopes, q_descale, k_descale, v_descale)
     return (out, lse) if return_softmax_lse else out
 
 
@@ -551,12 +561,15 @@ def _index_view(d, rows, cols, name):
 
 def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                   cache_batch_idx, block_table, softmax_scale, causal, window_size,
-                  rotary_interleaved, num_splits, return_lse, softcap=0.0, alibi_slopes=None):
+                  rotary_interleaved, num_splits, return_lse, softcap=0.0, alibi_slopes=None,
+                  q_descale=None, k_descale=None, v_descale=None):
     """(out, lse or None)."""
     framework = _tensor.framework_of(q)
     if framework == "jax" and k is not None:
         raise TypeError("k_cache: JAX arrays are immutable; flash_attn_with_kvcache appends to "
                         "the cache in place (pass k=None, v=None, or use another framework)")
+    descales = _descaled(q_descale, k_descale, v_descale)
+    check_fp8_grad(descales)
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
         if x is not None:
             _tensor.check_autograd(x, name, "flash_attn_with_kvcache is not differentiable (it "
@@ -565,6 +578,9 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     q, k, v, rotary_cos, rotary_sin = (
         None if x is None else _tensor.last_dim_contiguous(x, _tensor.framework_of(x))
         for x in (q, k, v, rotary_cos, rotary_sin))
+    # Descale factors of any strides but a contiguous last dimension (as in _forward).
+    descales = tuple((name, _tensor.last_dim_contiguous(x, _tensor.framework_of(x)))
+                     for name, x in descales)
     device = _tensor.device_of(q)
     stream = _tensor.current_stream(q, framework, device)
 
@@ -582,6 +598,18 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         raise ValueError("k: k and v must be given together (or neither)")
     batch = dq.shape[0]
     window_left, window_right = _window(window_size, causal)
+    rotary = rotary_cos is not None or rotary_sin is not None
+    if rotary and dkc.dtype == _capi.FLOAT8_E4M3:
+        # Also refused by the library's append (naming rotary_cos); here before q_out is made.
+        raise NotImplementedError(
+            "rotary_cos: rotary embedding into a float8_e4m3fn cache is not supported: the new k "
+            "are e4m3 codes, and rotating them would need a dequantise and a requantise with a "
+            "scale the append does not have (rotate k before quantising it, and pass q rotated)")
+    if rotary and dq.dtype == _capi.FLOAT8_E4M3:
+        raise NotImplementedError(
+            "rotary_cos: rotary embedding of a float8_e4m3fn q is not supported: its codes would "
+            "need a dequantise and a requantise with a scale the append does not have (pass q "
+            "rotated)")
 
     if k is not None:
         # The append writes the caches in place: memory the array marks read-only (a read-only
@@ -615,7 +643,6 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     dtable = describe(block_table, "block_table")
     described += [dbatch, dtable]
     append.cache_batch_idx, append.block_table = dbatch.struct, dtable.struct
-    rotary = rotary_cos is not None or rotary_sin is not None
     q_attn = q
     if rotary:
         dcos, dsin = describe(rotary_cos, "rotary_cos"), describe(rotary_sin, "rotary_sin")
@@ -636,10 +663,19 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     # (seqused_k). A contiguous cache with cache_batch_idx is a paged one whose pages are whole
     # sequences.
     dqa = describe(q_attn, "q") if rotary else dq
-    out = _tensor.empty(q, framework, device, dq.shape[:-1] + (dvc.shape[-1],))
+    # A float8_e4m3fn q gives a bfloat16 out (FlashAttention-3's rule), as in _forward.
+    out_dtype = "bfloat16" if dq.dtype == _capi.FLOAT8_E4M3 else None
+    out = _tensor.empty(q, framework, device, dq.shape[:-1] + (dvc.shape[-1],), out_dtype)
     dout = describe(out, "out")
     described += [dqa, dout]
-    params = _capi.default_params()
+    # The v4 struct (descale factors) only for an fp8 call, so that a 16-bit call is the one it
+    # was.
+    fp8 = bool(descales) or any(d.dtype == _capi.FLOAT8_E4M3 for d in (dq, dkc, dvc))
+    params = _capi.default_params_v4() if fp8 else _capi.default_params()
+    for name, x in descales:
+        d = describe(x, name)
+        described.append(d)
+        setattr(params, name, d.struct)
     params.q, params.k, params.v, params.out = dqa.struct, dkc.struct, dvc.struct, dout.struct
     params.seqused_k = dseq.struct
     lse = None
@@ -679,12 +715,14 @@ def _with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         # a bad page the append does not write is refused before the cache is written.
         host_lengths, params.seqused_k = _lengths_after_append(
             append, dq.struct, batch, dk.shape[1] if k is not None else 0)
-    with _kvcache_names(cache_batch_idx is not None and not paged):
+    names = _kvcache_names(cache_batch_idx is not None and not paged,
+                           dense_cache=not paged and cache_batch_idx is None)
+    with names:
         size = _workspace_size(params)  # validates, and what the CUDA kernels refuse, refuses
     params.seqused_k = dseq.struct
     del host_lengths
     _capi.raise_for(lib.fs_kvcache_append(ctypes.byref(append)))
-    with _kvcache_names(cache_batch_idx is not None and not paged):
+    with names:
         workspace = _run(params, q, framework, device, describe, described, size)
     if _tensor.needs_sync(framework, device):
         _capi.raise_for(_capi.lib().fs_cuda_stream_synchronize(params.stream))
@@ -713,14 +751,17 @@ def _lengths_after_append(append, like, batch, s_new):
 class _kvcache_names:
     """Context: an error of the attention inside flash_attn_with_kvcache names the arguments the
     caller passed (k_cache for the attention's k, cache_batch_idx for the block table it is seen
-    as), not the attention's."""
+    as), not the attention's. dense_cache: a contiguous cache without cache_batch_idx, which a
+    refusal naming the block table (the CUDA fp8 KV kernels read paged K/V only) is about."""
 
     _NAMES = {"k": "k_cache", "v": "v_cache", "seqused_k": "cache_seqlens"}
 
-    def __init__(self, batch_idx_as_table):
+    def __init__(self, batch_idx_as_table, dense_cache=False):
         self.names = dict(self._NAMES)
         if batch_idx_as_table:
             self.names["block_table"] = "cache_batch_idx"
+        elif dense_cache:
+            self.names["block_table"] = "k_cache"
 
     def __enter__(self):
         return self

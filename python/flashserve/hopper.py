@@ -9,9 +9,10 @@ passed on to flashserve's FlashAttention-2 functions (flashserve/attention.py); 
 page_table is FA2's block_table. FP8 as FA3 has it: q, k, v float8_e4m3fn with q_descale,
 k_descale, v_descale float32 (batch, nheads_k) or None (1), a bfloat16 out, forward only, in
 flash_attn_func, flash_attn_qkvpacked_func and flash_attn_varlen_func (on CUDA the sm90 kernel,
-on by default; FLASHSERVE_FP8_ATTENTION=0 turns it off). The others are refused by name
-(NotImplementedError) unless left at their defaults: qv (MLA's extra q.v product),
-flash_attn_with_kvcache's q_descale/k_descale/v_descale (an fp8 KV cache), seqused_q,
+on by default; FLASHSERVE_FP8_ATTENTION=0 turns it off), and in flash_attn_with_kvcache over
+float8_e4m3fn caches (q e4m3 or 16-bit; new k and v as e4m3 codes; no rotary). The others are
+refused by name (NotImplementedError) unless left at their defaults: qv (MLA's extra q.v product),
+seqused_q,
 attention_chunk (chunked local attention), sm_margin (SMs kept free: the kernels cannot honour
 it), scheduler_metadata, and flash_attn_with_kvcache's varlen q (cu_seqlens_q, cu_seqlens_k_new,
 max_seqlen_q) and rotary_seqlens. pack_gqa (None, True, False) is accepted: it chooses how FA3
@@ -43,8 +44,6 @@ def _check_pack_gqa(pack_gqa):
         raise TypeError(f"pack_gqa: expected None or a bool, got {type(pack_gqa).__name__}")
 
 
-_DESCALE = "an fp8 KV cache in flash_attn_with_kvcache (fp8 runs in flash_attn_func and " \
-    "flash_attn_varlen_func)"
 _CHUNK = "chunked local attention"
 _MARGIN = "keeping SMs free for other kernels"
 _QV = "the extra q.v product of MLA decoding"
@@ -130,16 +129,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                             rotary_interleaved=True, scheduler_metadata=None, num_splits=0,
                             pack_gqa=None, sm_margin=0, return_softmax_lse=False):
     """FlashAttention-3's flash_attn_with_kvcache: flashserve.flash_attn_with_kvcache with
-    page_table as the block table; (out, softmax_lse) with return_softmax_lse."""
+    page_table as the block table; (out, softmax_lse) with return_softmax_lse. FP8: k_cache and
+    v_cache float8_e4m3fn beside a float8_e4m3fn q (out bfloat16) or a 16-bit one (an fp8 KV
+    cache), new k and v as e4m3 codes (copied into the cache as they are), q_descale, k_descale,
+    v_descale float32 (batch, nheads_k) or None (1); no rotary into an e4m3 cache."""
     _refuse_unless_default(qv=(qv, None, _QV),
                            cu_seqlens_q=(cu_seqlens_q, None, "a varlen q in the KV-cache call"),
                            cu_seqlens_k_new=(cu_seqlens_k_new, None, "varlen new keys"),
                            max_seqlen_q=(max_seqlen_q, None, "a varlen q in the KV-cache call"),
                            rotary_seqlens=(rotary_seqlens, None, "rotary positions apart from "
                                            "cache_seqlens"),
-                           q_descale=(q_descale, None, _DESCALE),
-                           k_descale=(k_descale, None, _DESCALE),
-                           v_descale=(v_descale, None, _DESCALE),
                            attention_chunk=(attention_chunk, 0, _CHUNK),
                            scheduler_metadata=(scheduler_metadata, None,
                                                "get_scheduler_metadata's precomputed schedule"),
@@ -148,7 +147,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     return _fa2.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                         cache_seqlens, cache_batch_idx, cache_leftpad,
                                         page_table, softmax_scale, causal, window_size, softcap,
-                                        rotary_interleaved, None, num_splits, return_softmax_lse)
+                                        rotary_interleaved, None, num_splits, return_softmax_lse,
+                                        q_descale=q_descale, k_descale=k_descale,
+                                        v_descale=v_descale)
 
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",

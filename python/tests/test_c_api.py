@@ -193,6 +193,51 @@ def test_e4m3_through_the_v4_struct_matches_float64(seed, all_e4m3):
     assert np.abs(got - expected).max() <= tol
 
 
+def test_kvcache_append_copies_e4m3_codes_through_the_c_struct(seed):
+    """FS_FLOAT8_E4M3 caches in the unchanged fs_kvcache_append_params: the new codes (every
+    byte value, NaN codes of both signs included) land at cache_seqlens[b] + i of a paged cache,
+    byte for byte; every other byte stays; rotary and new tokens of another dtype are refused by
+    name (the struct is ABI 2's: its tensors carry their dtype codes)."""
+    rng = np.random.default_rng(seed)
+    pages, page, hk, d, b, s_new = 6, 4, 2, 16, 2, 3
+    kc = rng.integers(0, 256, (pages, page, hk, d), dtype=np.uint8)
+    vc = rng.integers(0, 256, (pages, page, hk, d), dtype=np.uint8)
+    kn = rng.integers(0, 256, (b, s_new, hk, d), dtype=np.uint8)
+    vn = rng.integers(0, 256, (b, s_new, hk, d), dtype=np.uint8)
+    table = rng.permutation(pages)[:4].astype(np.int32).reshape(b, 2)
+    lens = np.array([int(rng.integers(0, 6)), 5], np.int32)
+    out = np.full(b, -1, np.int32)
+    before_k, before_v = kc.copy(), vc.copy()
+    p = _capi.default_append_params()
+    e4m3 = _capi.FLOAT8_E4M3
+    p.k_cache, p.v_cache = raw_tensor(kc, e4m3), raw_tensor(vc, e4m3)
+    p.k_new, p.v_new = raw_tensor(kn, e4m3), raw_tensor(vn, e4m3)
+    p.cache_seqlens = raw_tensor(lens, _capi.INT32)
+    p.block_table = raw_tensor(table, _capi.INT32)
+    p.seqlens_out = raw_tensor(out, _capi.INT32)
+    lib = _capi.lib()
+    assert call(lib.fs_kvcache_append_validate, p) == 0, lib.fs_last_error()
+    assert call(lib.fs_kvcache_append, p) == 0, lib.fs_last_error()
+    want_k, want_v = before_k.copy(), before_v.copy()
+    for i in range(b):
+        pos = lens[i] + np.arange(s_new)
+        slot = table[i, pos // page], pos % page
+        want_k[slot], want_v[slot] = kn[i], vn[i]
+    assert np.array_equal(kc, want_k) and np.array_equal(vc, want_v)
+    assert np.array_equal(out, lens + s_new)
+    cos = np.ones((16, d // 2), np.float32)
+    p.rotary_cos, p.rotary_sin = raw_tensor(cos, _capi.FLOAT32), raw_tensor(cos, _capi.FLOAT32)
+    assert call(lib.fs_kvcache_append, p) == _capi.UNSUPPORTED
+    assert lib.fs_last_error().startswith(b"rotary_cos: rotary embedding into a float8_e4m3fn")
+    p.rotary_cos, p.rotary_sin = _capi.Tensor(), _capi.Tensor()
+    wide = kn.astype(np.uint16)
+    p.k_new = raw_tensor(wide, _capi.BFLOAT16)
+    assert call(lib.fs_kvcache_append, p) == _capi.INVALID_ARGUMENT
+    assert lib.fs_last_error().startswith(b"k: dtype bfloat16 differs from k_cache's "
+                                          b"float8_e4m3fn")
+    assert np.array_equal(kc, want_k) and np.array_equal(vc, want_v), "a refused call wrote"
+
+
 def test_descale_beside_a_tensor_that_is_not_e4m3_is_refused_by_name(seed):
     q, k, v, out = dense(seed)
     p = _capi.AttentionParamsV4()

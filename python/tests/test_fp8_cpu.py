@@ -3,7 +3,8 @@ CPU path, with NumPy alone: the arrays are stand-ins for ml_dtypes' float8_e4m3f
 (what NumPy and JAX hold those types in), which the package recognises by their dtype's name, so
 the whole path (dtype, descales, the v4 parameter block, the bfloat16 out) runs in CI without
 PyTorch. The argument checks are here too; those that need PyTorch tensors (gradients, PyTorch's
-other float8 formats) skip without it. The GPU kernel's tests: test_gpu_fp8.py."""
+other float8 formats) skip without it. The GPU kernel's tests: test_gpu_fp8.py; the KV-cache call
+on e4m3 caches: test_kvcache_fp8_cpu.py (which reuses the helpers here)."""
 
 import sys
 
@@ -242,13 +243,6 @@ def test_a_k_or_v_of_another_dtype_is_refused_by_name(seed):
         hopper.flash_attn_func(q, k32, v)
     with pytest.raises(ValueError, match=r"^v: "):
         hopper.flash_attn_func(q, k, v.values().astype(np.float32))
-
-
-def test_a_descale_beside_the_kv_cache_call_is_refused_by_name(seed):
-    rng = np.random.default_rng(seed)
-    q, k, v = small(rng)
-    with pytest.raises(NotImplementedError, match=r"^k_descale: an fp8 KV cache"):
-        hopper.flash_attn_with_kvcache(q, k, v, k_descale=np.ones((2, 2), np.float32))
 
 
 def test_without_a_bfloat16_type_the_out_is_refused_naming_q(seed, monkeypatch):

@@ -4,7 +4,11 @@ bfloat16 out, against float64 attention of the dequantised inputs, per element w
 of tests/gpu/sm90_fp8_attention_test.cc (the rounding of P to e4m3, the tensor cores' scores,
 bfloat16's out; docs/fp8.md) and by RMS. Skipped, with the reason shown, without CUDA or an
 sm_90 device. FLASHSERVE_FP8_ATTENTION=1 is set for every test until the kernel's default flips.
-The argument checks that need no GPU: test_fp8_cpu.py."""
+Also flash_attn_with_kvcache over float8_e4m3fn caches: FA3's all-e4m3 call on a dense cache
+(the sm90 fp8 forward), a bfloat16 q over a paged e4m3 cache (sm80's fp8 KV kernels, with
+FLASHSERVE_CUDA_FP8_KV=1), the appended codes checked byte for byte, the refusals by name, and
+torch.compile / CUDA graphs. The argument checks that need no GPU: test_fp8_cpu.py and
+test_kvcache_fp8_cpu.py."""
 
 import math
 
@@ -241,3 +245,199 @@ def test_fp8_under_torch_compile_and_cuda_graphs(seed):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, eager)
+
+
+# ---------------------------------------------------------------- flash_attn_with_kvcache
+
+def e4m3_codes(g, shape):
+    """e4m3 codes of N(0, 1.5^2) values (the descales scale them)."""
+    return (1.5 * torch.randn(shape, generator=g, device="cuda")).to(FP8)
+
+
+def paged_cache(g, b, page, pages_per_seq, hk, d):
+    """Pages in random order (two spare), as in the serving path's pool."""
+    pages = b * pages_per_seq + 2
+    kc, vc = e4m3_codes(g, (pages, page, hk, d)), e4m3_codes(g, (pages, page, hk, d))
+    order = torch.randperm(pages, generator=g, device="cuda").int()
+    return kc, vc, order[:b * pages_per_seq].reshape(b, pages_per_seq).contiguous()
+
+
+def slots_of(table, page, b, positions):
+    """(page, row) index tensors of positions of sequence b (table None: a dense cache row b)."""
+    if table is None:
+        return torch.full_like(positions, b), positions
+    return table[b, positions // page].long(), positions % page
+
+
+def check_append(before, after, new, table, page, lens):
+    """The new codes at cache_seqlens[b] + i, bit for bit; every other byte unchanged."""
+    before, after, new = before.view(torch.uint8), after.view(torch.uint8), new.view(torch.uint8)
+    written = torch.zeros(after.shape[:2], dtype=torch.bool, device=after.device)
+    for b in range(new.shape[0]):
+        pos = int(lens[b]) + torch.arange(new.shape[1], device=after.device)
+        slot = slots_of(table, page, b, pos)
+        assert torch.equal(after[slot], new[b]), f"the new codes of sequence {b}"
+        written[slot] = True
+    assert torch.equal(after[~written], before[~written]), "the append wrote elsewhere"
+
+
+def check_bf16_kernel(out, q, kc, vc, kd, vd, scale, causal, label):
+    """One sequence of a bfloat16 q over dequantised e4m3 K/V [sk, hk, d] with descales [hk]:
+    FlashAttention's criterion against float64, max|out - exact| <= 2 max|naive - exact| + 1e-3,
+    naive being the computation in bfloat16 (P and out rounded to it): after the exact widening
+    of the codes, the fp8 KV kernels' arithmetic is the bf16 kernels' (docs/fp8.md)."""
+    sq, h, d = q.shape
+    sk, hk = kc.shape[0], kc.shape[1]
+    group = h // hk
+    kf = (kc.double() * kd.double()[None, :, None]).repeat_interleave(group, dim=1)
+    vf = (vc.double() * vd.double()[None, :, None]).repeat_interleave(group, dim=1)
+    s = torch.einsum("qhd,khd->hqk", q.double(), kf) * scale
+    if causal:
+        t = torch.arange(sq, device=q.device)[:, None] + sk - sq
+        s = s.masked_fill(torch.arange(sk, device=q.device)[None, :] > t, -math.inf)
+    p = torch.softmax(s, dim=-1)
+    exact = torch.einsum("hqk,khd->qhd", p, vf)
+    naive = torch.einsum("hqk,khd->qhd", p.bfloat16().double(), vf).bfloat16().double()
+    got = out.double()
+    assert not torch.isnan(got).any(), f"{label}: NaN (unwritten?) out"
+    err = (got - exact).abs().max().item()
+    base = (naive - exact).abs().max().item()
+    assert err <= 2 * base + 1e-3, f"{label}: error {err:.3g} > 2 * {base:.3g} + 1e-3"
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_kvcache_fa3_fp8_dense_cache_within_the_bound(seed, d, causal):
+    """FA3's fp8 KV-cache call: q, k_cache, v_cache, k, v float8_e4m3fn with descales, a dense
+    cache with per-sequence lengths, new tokens appended; the sm90 fp8 forward reads the cache
+    (dense K/V with seqused_k)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    b, sq, h, hk, cap = 3, 4, 8, 2, 300
+    kc, vc = e4m3_codes(g, (b, cap, hk, d)), e4m3_codes(g, (b, cap, hk, d))
+    q = e4m3_codes(g, (b, sq, h, d))
+    kn, vn = e4m3_codes(g, (b, sq, hk, d)), e4m3_codes(g, (b, sq, hk, d))
+    lens = torch.tensor([cap - sq, 0, 131], dtype=torch.int32, device="cuda")
+    ds = [torch.rand(b, hk, generator=g, device="cuda") + 0.5 for _ in range(3)]
+    k_before, v_before = kc.clone(), vc.clone()
+    out, lse = hopper.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens,
+                                              causal=causal, q_descale=ds[0], k_descale=ds[1],
+                                              v_descale=ds[2], return_softmax_lse=True)
+    assert out.dtype == torch.bfloat16 and out.shape == (b, sq, h, d)
+    check_append(k_before, kc, kn, None, 0, lens)
+    check_append(v_before, vc, vn, None, 0, lens)
+    for i in range(b):
+        n = int(lens[i]) + sq
+        check_bound(out[i], lse[i], q[i], kc[i, :n], vc[i, :n], ds[0][i], ds[1][i], ds[2][i],
+                    d**-0.5, causal, (-1, -1), f"kvcache d{d} causal={causal} seq {i}")
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("page", [16, 256])
+def test_kvcache_bf16_q_over_an_e4m3_paged_cache(seed, d, page, monkeypatch):
+    """An fp8 KV cache beside a bfloat16 q (the serving engine's): sm80's fp8 KV kernels, behind
+    FLASHSERVE_CUDA_FP8_KV=1; a decode and a chunk, GQA 4, e4m3 tokens appended."""
+    monkeypatch.setenv("FLASHSERVE_CUDA_FP8_KV", "1")
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    b, h, hk, pps = 3, 8, 2, -(-600 // page)
+    for sq in (1, 7):
+        kc, vc, table = paged_cache(g, b, page, pps, hk, d)
+        q = torch.randn(b, sq, h, d, generator=g, device="cuda").bfloat16()
+        kn, vn = e4m3_codes(g, (b, sq, hk, d)), e4m3_codes(g, (b, sq, hk, d))
+        lens = torch.tensor([pps * page - sq, 0, 37], dtype=torch.int32, device="cuda")
+        kd, vd = (torch.rand(b, hk, generator=g, device="cuda") + 0.5 for _ in range(2))
+        k_before, v_before = kc.clone(), vc.clone()
+        out, lse = flashserve_kvcache(q, kc, vc, kn, vn, lens, table, kd, vd)
+        assert out.dtype == torch.bfloat16
+        check_append(k_before, kc, kn, table, page, lens)
+        check_append(v_before, vc, vn, table, page, lens)
+        for i in range(b):
+            n = int(lens[i]) + sq
+            slot = slots_of(table, page, i, torch.arange(n, device="cuda"))
+            k8 = kc.view(torch.uint8)[slot].view(FP8)
+            v8 = vc.view(torch.uint8)[slot].view(FP8)
+            check_bf16_kernel(out[i], q[i], k8, v8, kd[i], vd[i], d**-0.5, True,
+                              f"fp8 KV d{d} page {page} sq {sq} seq {i}")
+
+
+def flashserve_kvcache(q, kc, vc, kn, vn, lens, table, kd, vd):
+    """flashserve's (FA2's) name, with the descales as keywords."""
+    import flashserve
+    return flashserve.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens,
+                                              block_table=table, causal=True,
+                                              return_softmax_lse=True, k_descale=kd,
+                                              v_descale=vd)
+
+
+def test_kvcache_fp8_refusals_by_name_leave_the_cache_unwritten(seed, monkeypatch):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    b, hk, d, page = 2, 2, 128, 16
+    kc, vc, table = paged_cache(g, b, page, 4, hk, d)
+    q16 = torch.randn(b, 1, 4, d, generator=g, device="cuda").bfloat16()
+    q8 = e4m3_codes(g, (b, 1, 4, d))
+    kn, vn = e4m3_codes(g, (b, 1, hk, d)), e4m3_codes(g, (b, 1, hk, d))
+    lens = torch.tensor([3, 17], dtype=torch.int32, device="cuda")
+    ones = torch.ones(b, hk, device="cuda")
+    before = kc.clone(), vc.clone()
+
+    def refused(exception, match, q, k=kn, v=vn, **kwargs):
+        with pytest.raises(exception, match=match):
+            hopper.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, causal=True,
+                                           **kwargs)
+        torch.cuda.synchronize()
+        assert torch.equal(kc.view(torch.uint8), before[0].view(torch.uint8))
+        assert torch.equal(vc.view(torch.uint8), before[1].view(torch.uint8))
+
+    monkeypatch.setenv("FLASHSERVE_CUDA_FP8_KV", "0")  # the switch off: named, with its name
+    refused(NotImplementedError, r"^k_cache: .*FLASHSERVE_CUDA_FP8_KV=1", q16, page_table=table)
+    monkeypatch.setenv("FLASHSERVE_CUDA_FP8_KV", "1")
+    dense_k, dense_v = e4m3_codes(g, (b, 64, hk, d)), e4m3_codes(g, (b, 64, hk, d))
+    with pytest.raises(NotImplementedError, match=r"^k_cache: the fp8 KV kernels read paged"):
+        hopper.flash_attn_with_kvcache(q16, dense_k, dense_v, cache_seqlens=lens, causal=True)
+    # FA3's all-e4m3 call: the sm90 fp8 forward reads dense K/V only.
+    refused(NotImplementedError, r"^block_table: paged K/V is not supported yet", q8,
+            page_table=table)
+    refused(ValueError, r"^k_descale: must be on the same device as q", q16, page_table=table,
+            k_descale=torch.ones(b, hk))
+    refused(ValueError, r"^q_descale: applies to a float8_e4m3fn q, not a bfloat16 one", q16,
+            page_table=table, q_descale=ones)
+    refused(ValueError, r"^k: dtype bfloat16 differs from k_cache's float8_e4m3fn", q16,
+            page_table=table, k=kn.bfloat16())
+    cos = torch.ones(64, d // 2, device="cuda")
+    refused(NotImplementedError, r"^rotary_cos: rotary embedding into a float8_e4m3fn cache",
+            q16, page_table=table, rotary_cos=cos, rotary_sin=cos)
+
+
+def test_kvcache_fp8_under_torch_compile_and_cuda_graphs(seed, monkeypatch):
+    """The custom operator carries the descales: torch.compile(fullgraph=True) and a CUDA graph
+    give the eager call's bits and append the same codes."""
+    monkeypatch.setenv("FLASHSERVE_CUDA_FP8_KV", "1")
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    b, hk, d, page = 2, 2, 128, 16
+    kc, vc, table = paged_cache(g, b, page, 8, hk, d)
+    q = torch.randn(b, 1, 8, d, generator=g, device="cuda").bfloat16()
+    kn, vn = e4m3_codes(g, (b, 1, hk, d)), e4m3_codes(g, (b, 1, hk, d))
+    lens = torch.tensor([40, 77], dtype=torch.int32, device="cuda")
+    kd, vd = (torch.rand(b, hk, generator=g, device="cuda") + 0.5 for _ in range(2))
+
+    def step(q, kc, vc, kn, vn, lens, table, kd, vd):
+        return hopper.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens,
+                                              page_table=table, causal=True, k_descale=kd,
+                                              v_descale=vd)
+
+    caches = [(kc.clone(), vc.clone()) for _ in range(3)]
+    eager = step(q, *caches[0], kn, vn, lens, table, kd, vd)
+    compiled = torch.compile(step, fullgraph=True)(q, *caches[1], kn, vn, lens, table, kd, vd)
+    assert torch.equal(compiled, eager)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    spare = (kc.clone(), vc.clone())
+    with torch.cuda.stream(stream):
+        step(q, *spare, kn, vn, lens, table, kd, vd)  # warm-up outside the capture
+        with torch.cuda.graph(graph, stream=stream):
+            captured = step(q, *caches[2], kn, vn, lens, table, kd, vd)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+    for kc2, vc2 in caches[1:]:
+        assert torch.equal(kc2.view(torch.uint8), caches[0][0].view(torch.uint8))
+        assert torch.equal(vc2.view(torch.uint8), caches[0][1].view(torch.uint8))

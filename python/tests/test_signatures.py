@@ -45,7 +45,7 @@ FA2_EXTRAS = {"return_lse": False, "num_splits": 0}
 _FP8_EXTRAS = {"q_descale": None, "k_descale": None, "v_descale": None}
 FA2_EXTRAS_OF = {"flash_attn_func": dict(FA2_EXTRAS, **_FP8_EXTRAS),
                  "flash_attn_varlen_func": dict(FA2_EXTRAS, seqused_k=None, **_FP8_EXTRAS),
-                 "flash_attn_with_kvcache": {}}
+                 "flash_attn_with_kvcache": dict(_FP8_EXTRAS)}
 
 _DESCALES = [("q_descale", None), ("k_descale", None), ("v_descale", None)]
 FA3 = {
@@ -234,9 +234,6 @@ FA3_REFUSED = [  # function, keyword, value, message
     ("flash_attn_with_kvcache", "rotary_seqlens", "tensor", r"^rotary_seqlens: "),
     ("flash_attn_with_kvcache", "scheduler_metadata", "tensor", r"^scheduler_metadata: "),
     ("flash_attn_with_kvcache", "attention_chunk", 8, r"^attention_chunk: "),
-    ("flash_attn_with_kvcache", "q_descale", "tensor", r"^q_descale: an fp8 KV cache"),
-    ("flash_attn_with_kvcache", "k_descale", "tensor", r"^k_descale: an fp8 KV cache"),
-    ("flash_attn_with_kvcache", "v_descale", "tensor", r"^v_descale: an fp8 KV cache"),
     ("flash_attn_with_kvcache", "cache_leftpad", "tensor", r"^cache_leftpad: "),
 ]
 
