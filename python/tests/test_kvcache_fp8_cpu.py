@@ -112,12 +112,18 @@ def test_append_and_attend_on_an_e4m3_cache(seed, q_kind, case, causal, with_des
         kd = E4M3[cache.k[slots]] * (1.0 if ds[1] is None else ds[1][i][None, :, None])
         vd = E4M3[cache.v[slots]] * (1.0 if ds[2] is None else ds[2][i][None, :, None])
         exact, exact_lse = attention(qf[i], kd, vd, scale, causal)
-        if fp8_q:
+        if len(slots[0]) == 0:  # an empty sequence: zero rows, lse -inf
+            assert np.array_equal(np.asarray(out[i], np.float64), np.zeros_like(exact))
+            assert np.isneginf(lse[i]).all()
+        elif fp8_q:
             check_fp8(out[i], exact, np.abs(vd).max())
             check_lse(lse[i], exact_lse)
         else:
+            # test_kvcache_cpu's floors are for values of magnitude ~1; these reach ~100
+            # (outliers, 1 / 0.8, descales up to 2), and float32's sums err in proportion.
             naive, _ = attention(q[i], kd, vd, scale, causal, low_precision=q_kind)
-            check_close(out[i], exact, naive, FLOOR[q_kind], f"out of sequence {i}")
+            check_close(out[i], exact, naive, FLOOR[q_kind] * np.abs(vd).max(),
+                        f"out of sequence {i}")
             check_lse(lse[i], exact_lse, *LSE_TOL[q_kind])
 
 
