@@ -159,6 +159,34 @@ struct FwdTile : TileChunks<Cfg::kPadded> {
                       dst, entries, tid, this->v_chunks());
   }
 
+  // e4m3 block n into the code tile `dst` (smem_tile.h code_offset; bytes), as load_kv copies
+  // it (same pages, read-ahead entries and zero fill), for the decode tiles that convert the codes
+  // at operand load (kv_fp8_reg.h).
+  template <int kThreads>
+  __device__ __forceinline__ void load_codes(const FwdParams& p, const void* base,
+                                             int64_t head_stride, int64_t row_stride,
+                                             int64_t page_stride, int64_t seq_off, int n,
+                                             unsigned char* dst, int32_t* entries, int tid) const {
+    static_assert(kPaged && std::is_same_v<KvElem, __nv_fp8_e4m3> && !Cfg::kPadded);
+    const KvElem* src = static_cast<const KvElem*>(base) + seq_off + kv_head(p) * head_stride;
+    load_tile_paged_async<kBN, D, kThreads, Elem, AllChunks, KvElem, true>(
+        reinterpret_cast<Elem*>(dst), src, p.block_table + seq.b * p.block_table_stride, p.page,
+        page_stride, row_stride, n * kBN, seq.kv_len - n * kBN, entries, n, n < blocks.n_max - 1,
+        n - 1 >= blocks.n_min, tid);
+  }
+  template <int kThreads>
+  __device__ __forceinline__ void load_k_codes(const FwdParams& p, int n, unsigned char* dst,
+                                               int32_t* entries, int tid) const {
+    load_codes<kThreads>(p, p.k, p.k_head_stride, p.k_row_stride, p.k_page_stride, seq.k_off(p), n,
+                         dst, entries, tid);
+  }
+  template <int kThreads>
+  __device__ __forceinline__ void load_v_codes(const FwdParams& p, int n, unsigned char* dst,
+                                               int32_t* entries, int tid) const {
+    load_codes<kThreads>(p, p.v, p.v_head_stride, p.v_row_stride, p.v_page_stride, seq.v_off(p), n,
+                         dst, entries, tid);
+  }
+
  private:
   __device__ __forceinline__ int64_t offset_of(const FwdParams& p, int64_t row_stride,
                                                int64_t head_stride, int row) const {

@@ -34,6 +34,9 @@ struct FwdLaunch {
   const float* v_descale = nullptr;
   int64_t k_descale_batch_stride = 0, k_descale_head_stride = 0;
   int64_t v_descale_batch_stride = 0, v_descale_head_stride = 0;
+  // The fp8 KV cache's decode tiles convert the codes at operand load (kv_fp8_reg.h) instead of
+  // widening them in shared memory (FLASHSERVE_KV_FP8_REGISTER; the plan's kv_fp8_register).
+  bool kv_fp8_register = false;
   // Masked grids: attention/kernel/tile_order.h (off only to measure it).
   bool heaviest_first = true;
   cudaStream_t stream;

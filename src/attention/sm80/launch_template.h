@@ -181,7 +181,47 @@ void run_fwd_impl(const FwdParams& params, const FwdLaunch& launch) {
 
 }  // namespace flashserve::attention::sm80
 
+#include "kv_fp8_reg.h"
+
 namespace flashserve::attention::sm80 {
+
+// The fp8 KV cache's decode tiles with the codes converted at operand load (kv_fp8_reg.h;
+// launch.kv_fp8_register): the decode grid of launch_config, the code tiles' shared memory, and
+// the carveout asked at its maximum so that the smaller blocks (36-40 KB) fit five or six an SM.
+template <class Cfg>
+void launch_kv_fp8_register(const FwdParams& params, const FwdLaunch& launch) {
+  static_assert(Cfg::kPackGqa);
+  constexpr int kSmem = kKvFp8RegSmemBytes<Cfg>;
+  if (launch.smem_per_block < kSmem)
+    throw Error(ErrorKind::kUnsupported, "q",
+                "head_dim " + std::to_string(Cfg::kHeadDim) + " needs " +
+                    std::to_string(kSmem / 1024) +
+                    " KB of shared memory per block; this device allows " +
+                    std::to_string(launch.smem_per_block / 1024) + " KB");
+  if (launch.dtype != DType::kBFloat16)
+    throw Error(ErrorKind::kInternal, "q",
+                "a 16-bit q other than bfloat16 reached the fp8 KV kernels");
+  void (*kernel)(FwdKvFp8Params) = params.num_splits > 1 ? &fwd_kernel_kv_fp8_reg<Cfg, true>
+                                                         : &fwd_kernel_kv_fp8_reg<Cfg, false>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+             "cudaFuncSetAttribute (sm80 fp8 KV register shared memory)");
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  int{cudaSharedmemCarveoutMaxShared}),
+             "cudaFuncSetAttribute (sm80 fp8 KV register carveout)");
+  const int rows = launch.max_q_len * params.h_ratio;
+  const dim3 grid((rows + Cfg::kBlockM - 1) / Cfg::kBlockM, params.h_q / params.h_ratio,
+                  launch.batch * params.num_splits);
+  FwdKvFp8Params p{params};
+  p.k_descale = launch.k_descale;
+  p.v_descale = launch.v_descale;
+  p.k_descale_batch_stride = launch.k_descale_batch_stride;
+  p.k_descale_head_stride = launch.k_descale_head_stride;
+  p.v_descale_batch_stride = launch.v_descale_batch_stride;
+  p.v_descale_head_stride = launch.v_descale_head_stride;
+  p.order = GridOrder{};
+  kernel<<<grid, Cfg::kThreads, kSmem, launch.stream>>>(p);
+  check_cuda(cudaGetLastError(), "sm80 fp8 KV register kernel launch");
+}
 
 // The fp8 KV cache (launch.h run_fwd_kv_fp8): paged K/V only, decode tiles or masked prefill
 // tiles (the plan runs every prefill launch masked, as the padded kernels: an unbounded window
@@ -191,9 +231,11 @@ void run_fwd_kv_fp8_impl(const FwdParams& params, const FwdLaunch& launch) {
   if (launch.has_score_mod || !launch.paged || (!launch.decode && !launch.has_mask))
     throw Error(ErrorKind::kInternal, "k",
                 "the fp8 KV kernels were asked for modifiers, unpaged K/V or unmasked tiles");
-  if (launch.decode)
-    return launch_checked<FwdConfig<kHeadDim, decode_tiles(kHeadDim)>, false, true, false, true>(
-        params, launch);
+  if (launch.decode) {
+    using Decode = FwdConfig<kHeadDim, decode_tiles(kHeadDim)>;
+    if (launch.kv_fp8_register) return launch_kv_fp8_register<Decode>(params, launch);
+    return launch_checked<Decode, false, true, false, true>(params, launch);
+  }
   launch_mask<kHeadDim, true, true, false, true>(params, launch);
 }
 

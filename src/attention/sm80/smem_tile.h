@@ -127,6 +127,30 @@ __device__ __forceinline__ int e4m3_stage_chunk(int cc) {
   return 2 * cc + ((cc >> 2) & 1);
 }
 
+// An fp8 KV cache's code tile (the decode tiles that convert at operand load, kv_fp8_reg.h): the
+// [rows, kHeadDim] e4m3 codes as copied, one byte each, half the bytes of a 16-bit tile. Its
+// 16-byte chunk `chunk` of row `row` lives at the byte offset code_offset returns: a 128-byte line
+// holds one row at d128 (d256: two lines a row) or two rows at d64, and the 16-byte slot within
+// the line is XORed with code_swizzle of the line's row (d64: of the line). The readers' accesses
+// (kv_fp8_reg.h) then fall in distinct bank groups: K's 16-byte loads take rows r, r + 1 (an even
+// r) and four consecutive chunks per quarter warp, which needs slot bit 2 to differ between the
+// two rows (code_swizzle(2m) ^ code_swizzle(2m + 1) == 4); V's loads take rows 2q (or 2q + 1, 2q +
+// 8, 2q + 9) for q = 0..3 and two chunks (d64: eight-byte halves of two chunks, per half warp),
+// which needs the swizzles of rows {0, 2, 4, 6} (and {1, 3, 5, 7}) to be four distinct even
+// values; the loader's copies write whole rows (d64: two rows, one line) per quarter warp.
+__device__ __forceinline__ int code_swizzle(int r) {
+  return (r & 6) ^ ((r & 1) << 2);
+}
+template <int kHeadDim>
+__device__ __forceinline__ int code_offset(int row, int chunk) {  // in bytes
+  if constexpr (kHeadDim == 64) {
+    const int line = row >> 1;
+    return line * 128 + (((((row & 1) << 2) | chunk) ^ code_swizzle(line)) << 4);
+  } else {
+    return row * kHeadDim + ((chunk ^ code_swizzle(row)) << 4);
+  }
+}
+
 // Paged K or V: key `key0 + row` of the sequence lives in page table[(key0 + row) / page_size] at
 // row (key0 + row) % page_size; `head_base` already points at the kv head. Any page size. Chunks
 // `chunks` does not have are zero-filled, as load_tile_async's.
@@ -149,8 +173,10 @@ __device__ __forceinline__ int e4m3_stage_chunk(int cc) {
 // (widen_e4m3_tile), so the codes of block n - 1 are in flight during block n's MMAs, as 16-bit
 // tiles are (plain loads widened on arrival, before: docs/kernel-notes.md, "Issue 23: the fp8 KV
 // cache's loader").
+// kCodeTile (e4m3 only): the codes go to a code tile (code_offset) instead, `smem` being its
+// first byte, and stay codes (kv_fp8_reg.h converts them at operand load).
 template <int kRows, int kHeadDim, int kThreads, class Elem, class Chunks = AllChunks,
-          class Src = Elem>
+          class Src = Elem, bool kCodeTile = false>
 __device__ __forceinline__ void load_tile_paged_async(Elem* smem, const Src* head_base,
                                                       const int32_t* table, const PageDiv& div,
                                                       int64_t page_stride, int64_t row_stride,
@@ -158,6 +184,7 @@ __device__ __forceinline__ void load_tile_paged_async(Elem* smem, const Src* hea
                                                       int block, bool have_entries, bool fetch_next,
                                                       int tid, Chunks chunks = {}) {
   constexpr bool kE4m3 = !std::is_same_v<Src, Elem>;
+  static_assert(!kCodeTile || kE4m3, "a code tile holds e4m3 codes");
   static_assert(!kE4m3 || (std::is_same_v<Src, __nv_fp8_e4m3> &&
                            std::is_same_v<Elem, __nv_bfloat16> && Chunks::kAll),
                 "an e4m3 source is widened to bfloat16 tiles of the compiled head dims only");
@@ -205,8 +232,13 @@ __device__ __forceinline__ void load_tile_paged_async(Elem* smem, const Src* hea
     // kWarpStep divides 32 and sub < kWarpStep).
     const int k0 = i * kWarpStep;
     const uint32_t off = __shfl_sync(0xffffffffu, offset[k0 / 32], k0 % 32 + sub);
-    cp_async_16(base + 2 * swizzled<kHeadDim>(row, dst_chunk),
-                ok ? chunk_base + uint64_t{off} * 8 : head_base, ok);
+    if constexpr (kCodeTile) {
+      cp_async_16(base + code_offset<kHeadDim>(row, chunk),
+                  ok ? chunk_base + uint64_t{off} * 8 : head_base, ok);
+    } else {
+      cp_async_16(base + 2 * swizzled<kHeadDim>(row, dst_chunk),
+                  ok ? chunk_base + uint64_t{off} * 8 : head_base, ok);
+    }
   }
 }
 
