@@ -213,6 +213,7 @@ Plan cuda_plan(const AttentionParams& params, const Problem& pr, const HostLengt
   // so the refusal is the same on every machine (make_plan checks it again).
   if (kv_fp8(pr)) {
     ctx.fp8_kv_cache = parse_fp8_kv_cache(std::getenv("FLASHSERVE_CUDA_FP8_KV"));
+    ctx.kv_fp8_register = parse_kv_fp8_register(std::getenv("FLASHSERVE_KV_FP8_REGISTER"));
     ctx.family = family_request();
     const Fp8Lack lack = fp8_kv_lacks(pr, ctx);
     if (!lack.empty()) unsupported(lack.argument, lack.what);
@@ -388,6 +389,7 @@ void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr
     launch.head_dim = static_cast<int>(pr.head_dim);
     launch.head_dim_v = static_cast<int>(pr.head_dim_v);
     if (l.kernel.kv_fp8) {
+      launch.kv_fp8_register = l.kernel.kv_fp8_register;
       if (params.k_descale.defined()) {
         launch.k_descale = params.k_descale.ptr<const float>();
         launch.k_descale_batch_stride = params.k_descale.stride[0];

@@ -67,6 +67,65 @@ TEST(PlanKvFp8, SwitchIsStrictAndOffByDefault) {
   EXPECT_EQ(model::kCudaFp8KvCacheByDefault, attention::kFp8KvCacheByDefault);
 }
 
+// FLASHSERVE_KV_FP8_REGISTER (the decode tiles converting the codes at operand load): strict,
+// off by default (until a device run measures it), and carried into the decode launches only
+// (the masked prefill tiles keep the widening), their summary and their replay key; nothing else
+// of the plan moves with it.
+TEST(PlanKvFp8, RegisterSwitchIsStrictOffByDefaultAndCarriedToDecodesOnly) {
+  EXPECT_FALSE(attention::kKvFp8RegisterByDefault) << "on before a device run measured it?";
+  EXPECT_EQ(attention::parse_kv_fp8_register(nullptr), attention::kKvFp8RegisterByDefault);
+  EXPECT_EQ(attention::parse_kv_fp8_register(""), attention::kKvFp8RegisterByDefault);
+  EXPECT_TRUE(attention::parse_kv_fp8_register("1"));
+  EXPECT_FALSE(attention::parse_kv_fp8_register("0"));
+  for (const char* bad : {"on", "true", "2", " 1", "1 ", "01"}) {
+    try {
+      attention::parse_kv_fp8_register(bad);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+      EXPECT_EQ(e.argument(), "FLASHSERVE_KV_FP8_REGISTER");
+    }
+  }
+  EXPECT_EQ(PlanContext{}.kv_fp8_register, attention::kKvFp8RegisterByDefault);
+  for (int64_t d : {64, 128, 256}) {
+    // Decodes of several lengths and a chunk: a decode launch and a prefill launch.
+    Step s = step({{1, 500}, {1, 4096}, {64, 64 + 100}, {1, 37}}, d);
+    s.ctx.kv_fp8_register = false;
+    const Plan off = make_plan(s.pr, s.ctx, s.lens);
+    s.ctx.kv_fp8_register = true;
+    const Plan on = make_plan(s.pr, s.ctx, s.lens);
+    ASSERT_EQ(on.launches.size(), off.launches.size());
+    ASSERT_EQ(on.launches.size(), 2u) << on.summary();
+    bool saw_decode = false;
+    for (size_t i = 0; i < on.launches.size(); ++i) {
+      const auto &a = on.launches[i].kernel, &b = off.launches[i].kernel;
+      saw_decode = saw_decode || a.decode;
+      EXPECT_EQ(a.kv_fp8_register, a.decode) << on.summary();
+      EXPECT_FALSE(b.kv_fp8_register) << off.summary();
+      EXPECT_TRUE(a.kv_fp8);
+      EXPECT_EQ(a.decode, b.decode);
+      EXPECT_EQ(a.masked, b.masked);
+      EXPECT_EQ(a.splits, b.splits);
+      EXPECT_EQ(a.block_m, b.block_m);
+      EXPECT_EQ(a.block_n, b.block_n);
+    }
+    EXPECT_TRUE(saw_decode);
+    EXPECT_EQ(on.workspace_bytes, off.workspace_bytes);
+    EXPECT_NE(on.summary().find("kv-e4m3 register"), std::string::npos) << on.summary();
+    EXPECT_EQ(off.summary().find("register"), std::string::npos) << off.summary();
+    // A CUDA graph captured with one conversion is never replayed for the other.
+    EXPECT_NE(attention::replay_key(on), attention::replay_key(off));
+    EXPECT_NE(attention::replay_key(on).find("kv-e4m3 register"), std::string::npos);
+  }
+  // A bf16 cache never takes it, whatever the switch says.
+  Step b = step({{1, 500}, {64, 64 + 100}});
+  b.pr.kv_dtype = DType::kBFloat16;
+  b.ctx.family = FamilyRequest::kSm80;
+  b.ctx.kv_fp8_register = true;
+  for (const auto& l : make_plan(b.pr, b.ctx, b.lens).launches)
+    EXPECT_FALSE(l.kernel.kv_fp8_register);
+}
+
 TEST(PlanKvFp8, OffIsRefusedNamingKAndSayingHow) {
   Step s = step({{1, 500}, {64, 64 + 100}});
   s.ctx.fp8_kv_cache = false;

@@ -17,10 +17,14 @@
 // bf16 tolerance can blur.
 //
 // The kernels are behind FLASHSERVE_CUDA_FP8_KV (off by default: docs/fp8.md): each test turns it
-// on for its scope.
+// on for its scope. The KvFp8.* tests run the decode launches on whichever conversion
+// FLASHSERVE_KV_FP8_REGISTER picks outside them (scripts/fp8-kv-gpu-check.sh runs them both
+// ways); KvFp8Widened.* pins the widening in shared memory, KvFp8Register.* the conversion at
+// operand load (sm80/kv_fp8_reg.h) and compares it with the widening.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -158,9 +162,12 @@ INSTANTIATE_TEST_SUITE_P(KvFp8Sanitize, KvFp8, ::testing::ValuesIn(sanitize_case
 // plan: decode and masked prefill tiles, the same splits) on a bf16 pool holding them must give
 // the fp8 kernels' output bit for bit (the LSE within 4 float32 ulps: below). Causal, so that the
 // bf16 prefill launches run masked tiles too.
+// The widening path only (FLASHSERVE_KV_FP8_REGISTER=0): the conversion at operand load runs its
+// GEMMs in f16 and permutes the head dim's summation order, so its bits differ (KvFp8Register).
 TEST(KvFp8Widened, BitIdenticalToTheBf16KernelsOnTheWidenedCodes) {
   SKIP_WITHOUT_CUDA();
   ScopedEnv on("FLASHSERVE_CUDA_FP8_KV", "1");
+  ScopedEnv widen("FLASHSERVE_KV_FP8_REGISTER", "0");
   for (int64_t d : {64, 128, 256})
     for (int64_t page : {16, 256}) {
       CaseSpec s = fp8kv(d, page, 16, 4, {1, 90, 1, 1}, {2500, 90 + 40, 300, 1}, false);
@@ -208,6 +215,118 @@ TEST(KvFp8Widened, BitIdenticalToTheBf16KernelsOnTheWidenedCodes) {
       EXPECT_LE(worst, 4.0) << s.name() << ": LSE differs by up to " << worst << " ulps";
       std::printf("%s: out bit for bit, LSE within %.1f float32 ulps\n", s.name().c_str(), worst);
     }
+}
+
+// The decode tiles converting the codes at operand load (FLASHSERVE_KV_FP8_REGISTER=1;
+// sm80/kv_fp8_reg.h, docs/kernel-notes.md "Issue 23: fp8 KV decode, converted at operand load")
+// against float64 on the dequantised cache (the same tolerance as every KvFp8 case) and against
+// the widening path on the same inputs (FLASHSERVE_KV_FP8_REGISTER=0), within the rounding of P:
+// the two compute the same scores up to the order of the head dim's fp32 sums, and O from P
+// rounded to f16 (unit roundoff 2^-11; absolutely 2^-25 below 2^-14) against bf16 (2^-8), so
+// per element |x - y| <= (2^-8 + 2^-11 + n 2^-25) max|v| plus the two outputs' bf16 roundings
+// (2^-8 |y| each); for n <= 4096 keys within 2^-7 (max|v| + |y|), max|v| bounded by the largest
+// finite code (the descales are below 1). The LSE (the same fp32 row sums; the scores differ in
+// the order of their sums only) within 1e-3 max(1, |lse|). Prefill rows run the same kernel
+// both ways (the masked tiles keep the widening): identical bits there.
+class KvFp8Register : public ::testing::TestWithParam<CaseSpec> {};
+
+TEST_P(KvFp8Register, MatchesFloat64AndTheWideningWithinTheRoundingOfP) {
+  SKIP_WITHOUT_CUDA();
+  ScopedEnv on("FLASHSERVE_CUDA_FP8_KV", "1");
+  CaseSpec s = GetParam();
+  s.seed = seed_for(s.name(), 79);
+  AttentionCase c(s);
+  std::string reg_plan, wide_plan;
+  {
+    ScopedEnv reg("FLASHSERVE_KV_FP8_REGISTER", "1");
+    reg_plan = run_planned(c);
+  }
+  const NaiveOutput x = read_output(c.params());
+  bool decodes = false;
+  for (int64_t q : s.q_lens) decodes = decodes || q == 1;
+  EXPECT_EQ(reg_plan.find("kv-e4m3 register") != std::string::npos, decodes) << reg_plan;
+  EXPECT_TRUE(attention_close(x, c.exact(), c.lowp(), s.dtype)) << s.name() << ": " << reg_plan;
+  c.poison_outputs();
+  {
+    ScopedEnv widen("FLASHSERVE_KV_FP8_REGISTER", "0");
+    wide_plan = run_planned(c);
+  }
+  EXPECT_EQ(wide_plan.find("register"), std::string::npos) << wide_plan;
+  const NaiveOutput y = read_output(c.params());
+  auto bufs = c.buffers();
+  double vmax = 0;
+  for (size_t i = 0; i < bufs[AttentionCase::kV].bytes; ++i) {
+    const double v =
+        load_float(bufs[AttentionCase::kV].host, static_cast<int64_t>(i), DType::kFloat8E4M3);
+    if (std::isfinite(v)) vmax = std::max(vmax, std::abs(v));
+  }
+  ASSERT_EQ(x.out.size(), y.out.size());
+  double worst = 0;  // in units of the bound
+  for (size_t i = 0; i < x.out.size(); ++i) {
+    const double bound = std::ldexp(vmax + std::abs(y.out[i]), -7);
+    ASSERT_TRUE(std::isfinite(x.out[i]) && std::isfinite(y.out[i])) << s.name() << " element " << i;
+    worst = std::max(worst, std::abs(x.out[i] - y.out[i]) / bound);
+  }
+  EXPECT_LE(worst, 1.0) << s.name() << "\nregister: " << reg_plan << "\nwidening: " << wide_plan;
+  ASSERT_EQ(x.lse.size(), y.lse.size());
+  double worst_lse = 0;
+  for (size_t i = 0; i < x.lse.size(); ++i) {
+    if (std::isinf(y.lse[i])) {
+      EXPECT_EQ(x.lse[i], y.lse[i]) << s.name() << " lse " << i;
+      continue;
+    }
+    worst_lse =
+        std::max(worst_lse, std::abs(x.lse[i] - y.lse[i]) / std::max(1.0, std::abs(y.lse[i])));
+  }
+  EXPECT_LE(worst_lse, 1e-3) << s.name();
+  std::printf("%s: register vs widening: out within %.3f of the bound, LSE within %.2e\n",
+              s.name().c_str(), worst, worst_lse);
+}
+
+INSTANTIATE_TEST_SUITE_P(Mixed, KvFp8Register, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return info.param.name(); });
+INSTANTIATE_TEST_SUITE_P(KvFp8Sanitize, KvFp8Register, ::testing::ValuesIn(sanitize_cases()),
+                         [](const auto& info) { return info.param.name(); });
+
+// Q's range: the register path scales Q by the power of two that puts the tile's largest |q| in
+// [2^14, 2^15) before converting it to f16 (kv_fp8_reg.h prepare_q) and divides the softmax
+// scale by it. So q x 2^k with softmax_scale x 2^-k (k = -60, 40, 100: far outside f16's range
+// either way) must give the unscaled call's bits, out and LSE; and match float64.
+TEST(KvFp8Register, PowerOfTwoScaledQGivesTheSameBits) {
+  SKIP_WITHOUT_CUDA();
+  ScopedEnv on("FLASHSERVE_CUDA_FP8_KV", "1");
+  ScopedEnv reg("FLASHSERVE_KV_FP8_REGISTER", "1");
+  for (int64_t d : {64, 128, 256}) {
+    CaseSpec s = fp8kv(d, 16, 16, 4, {1, 1, 1, 1}, {2500, 300, 77, 1});
+    s.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
+    s.seed = seed_for(s.name(), 83);
+    AttentionCase base(s);
+    const std::string plan = run_planned(base);
+    EXPECT_NE(plan.find("kv-e4m3 register"), std::string::npos) << plan;
+    const NaiveOutput x = read_output(base.params());
+    for (int k : {-60, 40, 100}) {
+      CaseSpec t = s;
+      t.softmax_scale = std::ldexp(s.softmax_scale, -k);
+      AttentionCase c(t);
+      auto qb = c.buffers()[AttentionCase::kQ];
+      for (int64_t i = 0; i < static_cast<int64_t>(qb.bytes / 2); ++i) {
+        const double q = load_float(qb.host, i, DType::kBFloat16);
+        store_float(qb.host, i, DType::kBFloat16, std::ldexp(q, k));
+        ASSERT_EQ(load_float(qb.host, i, DType::kBFloat16), std::ldexp(q, k)) << "inexact scaling";
+      }
+      run_planned(c);
+      const NaiveOutput y = read_output(c.params());
+      ASSERT_EQ(x.out.size(), y.out.size());
+      for (size_t i = 0; i < x.out.size(); ++i)
+        ASSERT_EQ(std::memcmp(&x.out[i], &y.out[i], sizeof(double)), 0)
+            << "d" << d << " k " << k << " element " << i << ": " << x.out[i] << " vs " << y.out[i];
+      ASSERT_EQ(x.lse.size(), y.lse.size());
+      for (size_t i = 0; i < x.lse.size(); ++i)
+        ASSERT_EQ(std::memcmp(&x.lse[i], &y.lse[i], sizeof(double)), 0)
+            << "d" << d << " k " << k << " lse " << i;
+      EXPECT_TRUE(attention_close(y, c.exact(), c.lowp(), t.dtype)) << t.name() << " k " << k;
+    }
+  }
 }
 
 // What the fp8 KV path refuses on a device, by name: the switch off (k), a float16 q (q), dense

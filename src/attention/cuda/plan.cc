@@ -156,6 +156,10 @@ bool parse_fp8_kv_cache(const char* value) {
   return env_switch(value, "FLASHSERVE_CUDA_FP8_KV", kFp8KvCacheByDefault);
 }
 
+bool parse_kv_fp8_register(const char* value) {
+  return env_switch(value, "FLASHSERVE_KV_FP8_REGISTER", kKvFp8RegisterByDefault);
+}
+
 Fp8Lack fp8_kv_lacks(const Problem& pr, const PlanContext& ctx) {
   if (!ctx.fp8_kv_cache)
     return {"k",
@@ -306,6 +310,7 @@ Plan grouped_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& 
                  int64_t max_q, int64_t max_kv, int64_t row_begin, int64_t rows, bool may_split) {
     LaunchPlan l;
     l.kernel = choose_kernel(pr, ctx.device, decode, sequences, max_q, max_kv, may_split);
+    l.kernel.kv_fp8_register = l.kernel.kv_fp8 && decode && ctx.kv_fp8_register;
     if (ctx.family == FamilyRequest::kSm90 ||
         (ctx.family == FamilyRequest::kAuto &&
          sm90_preferred(pr, ctx, l.kernel, rows, max_q, max_kv)))
@@ -487,9 +492,9 @@ std::string replay_key(const Plan& plan) {
        << (k.decode ? " decode" : "") << (k.masked ? " masked" : "") << (k.paged ? " paged" : "")
        << (k.tile_counter ? " counter" : "") << (k.epilogue ? " epilogue" : "")
        << (k.exp2_fma ? " exp2-fma" : "") << (k.padded ? str_cat(" padded d", k.head_dim) : "")
-       << (k.kv_fp8 ? " kv-e4m3" : "") << " " << k.block_m << "x" << k.block_n << " splits "
-       << k.splits << " group " << static_cast<int>(l.group) << " seqs " << l.seq_begin << "-"
-       << l.seq_end;
+       << (k.kv_fp8 ? " kv-e4m3" : "") << (k.kv_fp8_register ? " register" : "") << " " << k.block_m
+       << "x" << k.block_n << " splits " << k.splits << " group " << static_cast<int>(l.group)
+       << " seqs " << l.seq_begin << "-" << l.seq_end;
   }
   return os.str();
 }
@@ -506,7 +511,8 @@ std::string Plan::summary() const {
        << (l.kernel.decode ? "decode" : "prefill") << (l.kernel.masked ? " masked" : "")
        << (l.kernel.paged ? " paged" : "")
        << (l.kernel.padded ? str_cat(" padded d", l.kernel.head_dim) : "")
-       << (l.kernel.kv_fp8 ? " kv-e4m3" : "") << " seqs [" << l.seq_begin << "," << l.seq_end << ")"
+       << (l.kernel.kv_fp8 ? " kv-e4m3" : "") << (l.kernel.kv_fp8_register ? " register" : "")
+       << " seqs [" << l.seq_begin << "," << l.seq_end << ")"
        << (l.group == SeqGroup::kAll       ? ""
            : l.group == SeqGroup::kDecodes ? " decodes only"
                                            : " prefills only")

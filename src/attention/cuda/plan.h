@@ -49,6 +49,10 @@ struct KernelChoice {
   // An fp8 KV cache: K and V float8_e4m3fn beside a bfloat16 q (sm80's fwd_kernel_kv_fp8: decode
   // or masked prefill tiles, paged; the descales per (sequence, KV head)).
   bool kv_fp8 = false;
+  // kv_fp8 decode tiles only: the codes converted at operand load, in registers (sm80/
+  // kv_fp8_reg.h), instead of widened to a bf16 tile in shared memory; from
+  // PlanContext::kv_fp8_register. Not the same bits (f16 GEMMs: P rounded to f16, not bf16).
+  bool kv_fp8_register = false;
   // The tile the launch runs: query rows and keys per block, read from the family's tile
   // configuration (sm80/tile_config.h, sm90/tile_config.h), which the launch instantiates.
   int block_m = 0, block_n = 0;
@@ -118,6 +122,14 @@ inline constexpr bool kSm90EpilogueByDefault = true;
 // (Sm90Exp2Fma.* bound the difference).
 inline constexpr bool kSm90Exp2FmaByDefault = false;
 
+// Whether the fp8 KV cache's decode tiles convert the e4m3 codes at operand load, in registers
+// (sm80/kv_fp8_reg.h), by default (FLASHSERVE_KV_FP8_REGISTER unset): off until a device run
+// measures it against the widening in shared memory (docs/kernel-notes.md, "Issue 23: fp8 KV
+// decode, converted at operand load"). "1" turns it on for the decode launches (the masked
+// prefill tiles keep the widening); the outputs differ from the widening's in rounding only
+// (KvFp8Register.* bound the difference).
+inline constexpr bool kKvFp8RegisterByDefault = false;
+
 // What the plan needs of the device and of the call beside the problem.
 struct PlanContext {
   SplitDevice device;
@@ -147,6 +159,10 @@ struct PlanContext {
   // FLASHSERVE_CUDA_FP8_KV (parse_fp8_kv_cache), read by the dispatch once per plan of such a
   // call.
   bool fp8_kv_cache = false;
+  // Whether the fp8 KV cache's decode launches convert the codes at operand load:
+  // FLASHSERVE_KV_FP8_REGISTER (parse_kv_fp8_register), read by the dispatch once per plan of
+  // such a call.
+  bool kv_fp8_register = kKvFp8RegisterByDefault;
 };
 
 // FLASHSERVE_SM90_EPILOGUE: unset (null) or empty, kSm90EpilogueByDefault; "1" on; "0" off;
@@ -168,6 +184,10 @@ inline constexpr bool kFp8KvCacheByDefault = false;
 // FLASHSERVE_CUDA_FP8_KV: unset (null) or empty, kFp8KvCacheByDefault; "1" on; "0" off; anything
 // else throws kInvalidArgument naming the variable.
 bool parse_fp8_kv_cache(const char* value);
+
+// FLASHSERVE_KV_FP8_REGISTER: unset (null) or empty, kKvFp8RegisterByDefault; "1" on; "0" off;
+// anything else throws kInvalidArgument naming the variable.
+bool parse_kv_fp8_register(const char* value);
 
 // Whether the call is an fp8 KV cache's: e4m3 K/V beside a 16-bit q.
 inline bool kv_fp8(const Problem& pr) {
