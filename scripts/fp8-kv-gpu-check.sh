@@ -3,11 +3,17 @@
 # KV cache on CUDA"), most valuable first so that a call cut short still returns what ran:
 #   1. the paged fp8 attention against float64 on the dequantised cache (test_gpu *KvFp8*: mixed
 #      steps, pages 16/64/256 at d64/128/256, GQA 1/4/8, split-KV, bit-identity with the bf16
-#      kernels on the widened codes, determinism, refusals), in shards under timeouts;
+#      kernels on the widened codes, determinism, refusals), in shards under timeouts, twice:
+#      FLASHSERVE_KV_FP8_REGISTER=0 (decodes widen the codes in shared memory) and =1 (decodes
+#      convert them at operand load, sm80/kv_fp8_reg.h; with KvFp8Register.*: against float64
+#      and the widening within the rounding of P, and q x 2^k bit invariance);
 #   2. the fp8 KV kernels' registers and local memory beside the paged bf16 ones (cuobjdump
 #      -res-usage), and their SASS: LDGSTS (the codes' cp.async), LDL/STL (spills);
-#   3. bench_serve_attn --kv-fp8 (decode and chunk attention on bf16 and e4m3 pools), if packed;
-#   4. compute-sanitizer memcheck and racecheck on the KvFp8Sanitize cases (d128, d64 split, d256);
+#   3. bench_serve_attn --kv-fp8 (decode and chunk attention on bf16 and e4m3 pools), if packed,
+#      with FLASHSERVE_KV_FP8_REGISTER=0 and =1 (the plan column says "register" where it is on);
+#   4. compute-sanitizer memcheck and racecheck on the KvFp8Sanitize cases (d128, d64 split, d256),
+#      the decodes converting at operand load (FLASHSERVE_KV_FP8_REGISTER=1; REGISTER_SANITIZE=0
+#      sanitizes the widening instead);
 #   5. the model (test_model_gpu KvFp8*: the e4m3 write bit for bit against the host, the pool
 #      against the bf16 pool, logits against the bf16 cache, greedy agreement reported);
 #   6. `flashserve run --device cuda --kv-cache-dtype fp8` end to end, and the same with bf16;
@@ -33,7 +39,8 @@
 # lib/) as
 #   (cd STAGE && tar -cf - tests src bench lib | xz -9 -T1 --lzma2=dict=256MiB) > .xfer/kv8.tar.xz
 # is ~24 MB (~10 MB without lib/, which then has to come from another pack into BIN).
-# SKIP="attention resources bench sanitize model run regression" leaves steps out.
+# SKIP="attention resources bench sanitize model run regression" leaves steps out. Issue 23's
+# register A/B (~5 minutes): SKIP="model run regression".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -89,7 +96,14 @@ sharded() {
 
 if want attention; then
   step "paged fp8 attention against float64 on the dequantised cache (test_gpu *KvFp8*)"
-  sharded test_gpu 8 '*KvFp8*:-*KvFp8Sanitize*' kvfp8-attention 100 || status=1
+  # The widening (its kernels' code is unchanged since session 21's full run: the bit identity
+  # with bf16 and the planned cases), then the conversion at operand load on the decodes, every
+  # case (KvFp8Register.* runs both ways itself; KvFp8Widened.* pins the widening: run first).
+  FLASHSERVE_KV_FP8_REGISTER=0 sharded test_gpu 8 '*KvFp8Widened*:Mixed/KvFp8.Planned*' \
+    kvfp8-attention-widen 80 || status=1
+  FLASHSERVE_KV_FP8_REGISTER=1 sharded test_gpu 8 '*KvFp8*:-*KvFp8Sanitize/KvFp8.*:*KvFp8Widened*' \
+    kvfp8-attention-register 120 || status=1
+  grep -h "register vs widening" "$LOGS/kvfp8-attention-register.log" | sort -t: -k2 | tail -5
 fi
 if want resources && have_time resources; then
   # Registers and local memory (spills) of the fp8 KV kernels, beside the bf16 kernels of the
@@ -106,18 +120,27 @@ if want resources && have_time resources; then
     /Function :/ { name = ($3 ~ /fwd_kernel_kv_fp8/) ? $3 : ""; next }
     name != "" && /LDGSTS/ { cp[name]++ }
     name != "" && /LDG\.E/ { ld[name]++ }
-    name != "" && /LDL|STL/ { sp[name]++ }
+    name != "" && /LDL/ { ldl[name]++ }
+    name != "" && /STL/ { stl[name]++ }
+    name != "" && /F2FP.*E4M3|F2FP.*UNPACK/ { cvt[name]++ }
+    name != "" && /STS/ { sts[name]++ }
     name != "" { seen[name] = 1 }
     END { for (n in seen) { k = n; sub(/.*FwdConfigILi/, "d", k); sub(/EEEvNS1_14FwdKvFp8ParamsE/, "", k)
-          printf "LDGSTS %3d LDG %3d LDL/STL %3d  %s\n", cp[n], ld[n], sp[n], k } }' |
-    sort -k7 | tee -a "$LOGS/resources.txt"
+          path = (n ~ /kv_fp8_reg/) ? "register" : "widen   "
+          printf "%s LDGSTS %3d LDG %3d LDL %3d STL %3d STS %3d F2FP(e4m3) %4d  %s\n", path, cp[n], ld[n], ldl[n], stl[n], sts[n], cvt[n], k } }' |
+    sort -k15 | tee -a "$LOGS/resources.txt"
 fi
 if want bench; then
   step "bench_serve_attn --kv-fp8: decode and chunk attention on bf16 and e4m3 pools"
   if [ -x "$BIN/bench/bench_serve_attn" ] && have_time bench; then
-    timeout -k 5 "$(left 60)" "$BIN/bench/bench_serve_attn" --kv-fp8 --calls 10 --reps 7 \
-      --md "$LOGS/bench_kv_fp8.md" > "$LOGS/bench.log" 2>&1 || { echo "bench: failed"; status=1; }
-    sed -n '/fp8 KV cache: batch/,$p' "$LOGS/bench.log"
+    for reg in 0 1; do
+      have_time "bench register=$reg" || continue
+      echo "-- FLASHSERVE_KV_FP8_REGISTER=$reg"
+      FLASHSERVE_KV_FP8_REGISTER=$reg timeout -k 5 "$(left 60)" "$BIN/bench/bench_serve_attn" \
+        --kv-fp8 --calls 10 --reps 7 --md "$LOGS/bench_kv_fp8_reg$reg.md" > "$LOGS/bench-reg$reg.log" 2>&1 ||
+        { echo "bench register=$reg: failed"; status=1; }
+      sed -n '/fp8 KV cache: batch/,$p' "$LOGS/bench-reg$reg.log"
+    done
   else
     echo "bench_serve_attn was not packed (add bench/bench_serve_attn to BINARIES)"
   fi
@@ -126,7 +149,8 @@ if want sanitize; then
   for tool in memcheck racecheck; do
     step "compute-sanitizer $tool on KvFp8Sanitize (expect 0 errors / 0 hazards)"
     have_time "$tool" || continue
-    timeout -k 5 "$(left 90)" compute-sanitizer --tool $tool --error-exitcode 99 \
+    FLASHSERVE_KV_FP8_REGISTER=${REGISTER_SANITIZE:-1} \
+      timeout -k 5 "$(left 90)" compute-sanitizer --tool $tool --error-exitcode 99 \
       "$BIN/tests/test_gpu" --gtest_filter='*KvFp8Sanitize*PlannedMatches*' --gtest_brief=1 \
       > "$LOGS/sanitize-$tool.log" 2>&1
     code=$?
