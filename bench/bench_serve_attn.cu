@@ -13,7 +13,8 @@
 // max_seqlen_q/k) in the same graph form. Each figure is the median over --reps graph launches.
 // --kv-fp8 adds a table of every row on paged 16 and 256 with the bf16 pool beside the same row
 // on an e4m3 pool (the fp8 KV cache, issue 23: sm80's fp8 KV kernels, one descale per KV head),
-// decode rows in TB/s of the bytes each pool holds (fp8 reads half).
+// decode rows in TB/s of the bytes each pool holds (fp8 reads half); with --decode-splits also
+// the decode rows at those split counts, bf16 beside e4m3.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -449,6 +450,40 @@ int main(int argc, char** argv) {
                     row.name.c_str(), cells[0].c_str(), cells[1].c_str(), t[1] / t[0],
                     cells[2].c_str(), cells[3].c_str(), t[3] / t[2], plan_summary.c_str());
       emit(line);
+    }
+    // With --decode-splits: the decode rows at forced split counts, bf16 beside e4m3 (paged 16),
+    // for the fp8 decode tiles' split choice (the plan gives them bf16's splits; the register
+    // path's blocks fit six an SM where bf16's fit three: docs/kernel-notes.md).
+    if (!decode_splits.empty()) {
+      emit(
+          "\n| fp8 KV decode batch | splits | bf16 paged 16 | e4m3 paged 16 | e4m3 / bf16 |\n"
+          "|---|---|---|---|---|\n");
+      for (const Row& row : rows()) {
+        if (!all_decode(row)) continue;
+        for (int splits : decode_splits) {
+          double t[2] = {};
+          for (bool e4m3 : {false, true}) {
+            Step st = make_step(row, 16, b, rng, false, splits);
+            if (e4m3) {
+              using flashserve::DType;
+              st.params.k.data = b.k8;
+              st.params.v.data = b.v8;
+              st.params.k.dtype = st.params.v.dtype = DType::kFloat8E4M3;
+              const int64_t n = st.params.seqused_k.shape[0];
+              for (flashserve::TensorView* d : {&st.params.k_descale, &st.params.v_descale}) {
+                *d = dview(b.descale, DType::kFloat32, {n, kHkv});
+                d->stride[0] = 0;
+              }
+            }
+            t[e4m3] = time_step(st).first;
+          }
+          std::snprintf(line, sizeof line,
+                        "| %s | %d | %.1f us (%.2f TB/s) | %.1f us (%.2f TB/s) | %.2f |\n",
+                        row.name.c_str(), splits, t[0], kv_bytes(row) / (t[0] * 1e-6) / 1e12, t[1],
+                        kv_bytes(row) / 2 / (t[1] * 1e-6) / 1e12, t[1] / t[0]);
+          emit(line);
+        }
+      }
     }
   }
   if (!out_path.empty()) {
