@@ -182,6 +182,20 @@ Step make_step(const Row& row, int page, Buffers& b, std::mt19937& rng, bool in_
   return st;
 }
 
+// A paged step read from the e4m3 pools instead (--kv-fp8): the same pages and lengths, K and V
+// codes, one descale per KV head for every sequence (zero batch stride).
+void use_e4m3_pools(Step& st, const Buffers& b) {
+  using flashserve::DType;
+  st.params.k.data = b.k8;
+  st.params.v.data = b.v8;
+  st.params.k.dtype = st.params.v.dtype = DType::kFloat8E4M3;
+  const int64_t n = st.params.seqused_k.shape[0];
+  for (flashserve::TensorView* d : {&st.params.k_descale, &st.params.v_descale}) {
+    *d = dview(b.descale, DType::kFloat32, {n, kHkv});
+    d->stride[0] = 0;
+  }
+}
+
 // Median microseconds per call of `calls` calls of fn captured in one graph.
 template <class Fn>
 double graph_us(Fn&& fn, int calls, int reps) {
@@ -430,17 +444,7 @@ int main(int argc, char** argv) {
       for (int page : {16, 256})
         for (bool e4m3 : {false, true}) {
           Step st = make_step(row, page, b, rng);
-          if (e4m3) {
-            using flashserve::DType;
-            st.params.k.data = b.k8;
-            st.params.v.data = b.v8;
-            st.params.k.dtype = st.params.v.dtype = DType::kFloat8E4M3;
-            const int64_t n = st.params.seqused_k.shape[0];
-            for (flashserve::TensorView* d : {&st.params.k_descale, &st.params.v_descale}) {
-              *d = dview(b.descale, DType::kFloat32, {n, kHkv});
-              d->stride[0] = 0;
-            }
-          }
+          if (e4m3) use_e4m3_pools(st, b);
           const auto [us_, summary] = time_step(st);
           t[column] = us_;
           cells[column++] = figure(us_, e4m3 ? 1 : 2);
@@ -464,17 +468,7 @@ int main(int argc, char** argv) {
           double t[2] = {};
           for (bool e4m3 : {false, true}) {
             Step st = make_step(row, 16, b, rng, false, splits);
-            if (e4m3) {
-              using flashserve::DType;
-              st.params.k.data = b.k8;
-              st.params.v.data = b.v8;
-              st.params.k.dtype = st.params.v.dtype = DType::kFloat8E4M3;
-              const int64_t n = st.params.seqused_k.shape[0];
-              for (flashserve::TensorView* d : {&st.params.k_descale, &st.params.v_descale}) {
-                *d = dview(b.descale, DType::kFloat32, {n, kHkv});
-                d->stride[0] = 0;
-              }
-            }
+            if (e4m3) use_e4m3_pools(st, b);
             t[e4m3] = time_step(st).first;
           }
           std::snprintf(line, sizeof line,

@@ -81,16 +81,20 @@ void launch_config(const FwdParams& params, const FwdLaunch& launch) {
   check_cuda(cudaGetLastError(), "sm80 forward kernel launch");
 }
 
+// Refuses a tile whose shared memory (smem bytes a block) the device does not allow.
+inline void check_smem(int head_dim, int smem, const FwdLaunch& launch) {
+  if (launch.smem_per_block < smem)
+    throw Error(ErrorKind::kUnsupported, "q",
+                "head_dim " + std::to_string(head_dim) + " needs " + std::to_string(smem / 1024) +
+                    " KB of shared memory per block; this device allows " +
+                    std::to_string(launch.smem_per_block / 1024) + " KB");
+}
+
 // The configuration of tile_config.h for the call, if the device's shared memory holds it.
 template <class Cfg, bool kHasMask, bool kPaged, bool kMod = false, bool kKvFp8 = false>
 void launch_checked(const FwdParams& params, const FwdLaunch& launch) {
   constexpr int kSmem = kFwdSmemBytes<Cfg, kPaged>;
-  if (launch.smem_per_block < kSmem)
-    throw Error(ErrorKind::kUnsupported, "q",
-                "head_dim " + std::to_string(Cfg::kHeadDim) + " needs " +
-                    std::to_string(kSmem / 1024) +
-                    " KB of shared memory per block; this device allows " +
-                    std::to_string(launch.smem_per_block / 1024) + " KB");
+  check_smem(Cfg::kHeadDim, kSmem, launch);
   if constexpr (kKvFp8) {  // bfloat16 q and out only (the plan refuses the others by name)
     if (launch.dtype != DType::kBFloat16)
       throw Error(ErrorKind::kInternal, "q",
@@ -192,12 +196,7 @@ template <class Cfg>
 void launch_kv_fp8_register(const FwdParams& params, const FwdLaunch& launch) {
   static_assert(Cfg::kPackGqa);
   constexpr int kSmem = kKvFp8RegSmemBytes<Cfg>;
-  if (launch.smem_per_block < kSmem)
-    throw Error(ErrorKind::kUnsupported, "q",
-                "head_dim " + std::to_string(Cfg::kHeadDim) + " needs " +
-                    std::to_string(kSmem / 1024) +
-                    " KB of shared memory per block; this device allows " +
-                    std::to_string(launch.smem_per_block / 1024) + " KB");
+  check_smem(Cfg::kHeadDim, kSmem, launch);
   if (launch.dtype != DType::kBFloat16)
     throw Error(ErrorKind::kInternal, "q",
                 "a 16-bit q other than bfloat16 reached the fp8 KV kernels");
