@@ -54,14 +54,7 @@ void launch_config(const FwdParams& params, const FwdLaunch& launch) {
   dim3 grid(m_blocks, heads, z);
   Params p{params};
   if constexpr (kMod) p.mod = launch.score_mod;
-  if constexpr (kKvFp8) {
-    p.k_descale = launch.k_descale;
-    p.v_descale = launch.v_descale;
-    p.k_descale_batch_stride = launch.k_descale_batch_stride;
-    p.k_descale_head_stride = launch.k_descale_head_stride;
-    p.v_descale_batch_stride = launch.v_descale_batch_stride;
-    p.v_descale_head_stride = launch.v_descale_head_stride;
-  }
+  if constexpr (kKvFp8) set_kv_descales(p, launch);
   if constexpr (Cfg::kPadded) {
     p.head_dim = launch.head_dim;
     p.head_dim_v = launch.head_dim_v;
@@ -79,6 +72,16 @@ void launch_config(const FwdParams& params, const FwdLaunch& launch) {
   }
   kernel<<<grid, Cfg::kThreads, kSmem, launch.stream>>>(p);
   check_cuda(cudaGetLastError(), "sm80 forward kernel launch");
+}
+
+// The fp8 KV kernels' descale pointers and strides, from the launch.
+inline void set_kv_descales(FwdKvFp8Params& p, const FwdLaunch& launch) {
+  p.k_descale = launch.k_descale;
+  p.v_descale = launch.v_descale;
+  p.k_descale_batch_stride = launch.k_descale_batch_stride;
+  p.k_descale_head_stride = launch.k_descale_head_stride;
+  p.v_descale_batch_stride = launch.v_descale_batch_stride;
+  p.v_descale_head_stride = launch.v_descale_head_stride;
 }
 
 // Refuses a tile whose shared memory (smem bytes a block) the device does not allow.
@@ -211,12 +214,7 @@ void launch_kv_fp8_register(const FwdParams& params, const FwdLaunch& launch) {
   const dim3 grid((rows + Cfg::kBlockM - 1) / Cfg::kBlockM, params.h_q / params.h_ratio,
                   launch.batch * params.num_splits);
   FwdKvFp8Params p{params};
-  p.k_descale = launch.k_descale;
-  p.v_descale = launch.v_descale;
-  p.k_descale_batch_stride = launch.k_descale_batch_stride;
-  p.k_descale_head_stride = launch.k_descale_head_stride;
-  p.v_descale_batch_stride = launch.v_descale_batch_stride;
-  p.v_descale_head_stride = launch.v_descale_head_stride;
+  set_kv_descales(p, launch);
   p.order = GridOrder{};
   kernel<<<grid, Cfg::kThreads, kSmem, launch.stream>>>(p);
   check_cuda(cudaGetLastError(), "sm80 fp8 KV register kernel launch");
