@@ -4,7 +4,8 @@ cuDNN and flash (FA2) backends, one run, one GPU (issue 22's measurement).
 
 bf16, the FA3 grid (batch x L = 16k tokens, heads x head dim = 2048), causal and not. Each figure
 is the median of --reps timed calls (CUDA events) of `out.backward(grad)` after the forward ran
-outside the timing (so it times the backward alone), and of forward + backward together;
+outside the timing (so it times the backward alone), and of forward + backward together; the
+inputs' .grad is None before each call (as after optimizer.zero_grad()), so no accumulation;
 TFLOP/s by docs/architecture.md's count: backward 2.5 x the forward's FLOPs (halved when causal).
 
 Our backward's kernel family is the library's default (FLASHSERVE_BWD_KERNEL unset: sm90 on an
@@ -94,8 +95,10 @@ def run(which, q, k, v, causal, reps, family="auto"):
     g = torch.randn_like(q)
     if which == "flashserve-forced":
         fwd = lambda: flash_attn_func(q, k, v, causal=causal)  # noqa: E731
+        leaves = (q, k, v)
     else:
         qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
+        leaves = (qt, kt, vt)
         gt = g.transpose(1, 2)
 
         def fwd():
@@ -105,6 +108,11 @@ def run(which, q, k, v, causal, reps, family="auto"):
     holder = {}
 
     def forward():
+        # Gradients start from None, as after optimizer.zero_grad() (set_to_none, its default):
+        # otherwise autograd adds each call's dq, dk, dv into .grad, three elementwise kernels
+        # (0.14 ms at 2k, d128; session 23's profile) timed in both columns.
+        for x in leaves:
+            x.grad = None
         holder["out"] = fwd()
 
     def backward():
@@ -142,6 +150,7 @@ def profile_call(q, k, v, causal, family, timed_ms):
     g = torch.randn_like(q)
     with family_env(family):
         for _ in range(2):  # the first call warms the allocator and the module loads
+            q.grad = k.grad = v.grad = None  # as run()'s forward
             out = flash_attn_func(q, k, v, causal=causal)
             torch.cuda.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
