@@ -21,6 +21,10 @@
 // and =1 (one 8-column chunk in 8 by exp2_poly.h on the FMA pipe; d64 only, other head dims run
 // the same kernel both ways), new/old, and the max |difference| of the two outputs (not the same
 // bits: the polynomial and ex2.approx round differently; a bf16 ulp or two of the output).
+// --fp8 --exp2-fma-ab: the same A/B on the fp8 forward (its Exp2Fma tiles at d64, d128, d256;
+// the fp8 inputs of --fp8, the tile the plan chose): fma=0 / fma=1 alternated twice each,
+// new/old, the max |difference| of the two outputs (P's e4m3 rounding can flip: up to ~2^-4 of
+// a P, rarely), and the fp8 tile.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -113,11 +117,20 @@ __global__ void fill_value(float* x, int64_t n, float value) {
     x[i] = value;
 }
 
-// --fp8: bf16 sm90 (forced) beside the fp8 forward, per causal and seqlen.
+// The tile of the plan's first launch (its summary's "tile MxN"), or "-".
+std::string planned_tile(const flashserve::AttentionParams& p) {
+  const std::string summary = flashserve::plan_attention(p).summary();
+  const size_t at = summary.find(" tile ");
+  return at == std::string::npos ? "-" : summary.substr(at + 6, summary.find(' ', at + 6) - at - 6);
+}
+
+// --fp8: bf16 sm90 (forced) beside the fp8 forward, per causal and seqlen; with `ab` (--fp8
+// --exp2-fma-ab) the fp8 forward with the switch off and on instead.
 int fp8_table(const cudaDeviceProp& prop, const std::vector<int>& seqlens, int head_dim, int total,
-              int hidden, int warmup, int iters) {
+              int hidden, int warmup, int iters, const SwitchAb* ab) {
   using flashserve::DType;
-  std::printf("bench_sm90 --fp8 on %s (%d SMs), head dim %d, median of %d\n", prop.name,
+  std::printf("bench_sm90 --fp8%s on %s (%d SMs), head dim %d, median of %d\n",
+              ab ? (std::string(" A/B of ") + ab->variable).c_str() : "", prop.name,
               prop.multiProcessorCount, head_dim, iters);
   const size_t elems = size_t(total) * hidden;
   constexpr float kScale = 256.0f;  // codes = e4m3(256 x), descale 1/256
@@ -138,8 +151,13 @@ int fp8_table(const cudaDeviceProp& prop, const std::vector<int>& seqlens, int h
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<uint16_t> h16(elems), h8(elems);
-  std::printf("\n%-6s %-7s %-6s %-6s %10s %10s %10s %-8s %12s\n", "causal", "seqlen", "batch",
-              "heads", "bf16 sm90", "fp8", "fp8/bf16", "fp8 tile", "max|diff|");
+  if (ab)
+    std::printf("\n%-6s %-7s %-6s %-6s %10s %10s %10s %-8s %12s\n", "causal", "seqlen", "batch",
+                "heads", (std::string(ab->label) + "=0").c_str(),
+                (std::string(ab->label) + "=1").c_str(), "new/old", "fp8 tile", "max|diff|");
+  else
+    std::printf("\n%-6s %-7s %-6s %-6s %10s %10s %10s %-8s %12s\n", "causal", "seqlen", "batch",
+                "heads", "bf16 sm90", "fp8", "fp8/bf16", "fp8 tile", "max|diff|");
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   for (int causal : {0, 1})
@@ -160,6 +178,29 @@ int fp8_table(const cudaDeviceProp& prop, const std::vector<int>& seqlens, int h
         return p;
       };
       const double flops = 4.0 * b * h * double(s) * s * (causal ? 0.5 : 1.0) * d;
+      const size_t n = size_t(b) * s * h * d;
+      if (ab) {  // the fp8 forward with the switch at 0 (into out16) and 1 (into out8), twice
+        float best[2] = {0, 0};
+        std::string err, tile = "-";
+        setenv("FLASHSERVE_FP8_ATTENTION", "1", 1);
+        for (int round = 0; round < 4; ++round) {
+          const int on = round % 2;
+          setenv(ab->variable, on ? "1" : "0", 1);
+          flashserve::AttentionParams p = params(true);
+          p.out = flashserve::make_view(on ? out8 : out16, DType::kBFloat16, {b, s, h, d}, dev);
+          best[on] = std::max(best[on],
+                              tflops_of(p, flops, workspace, workspace_bytes, warmup, iters, err));
+          if (round == 0 && best[0] > 0) tile = planned_tile(p);
+        }
+        unsetenv(ab->variable);
+        unsetenv("FLASHSERVE_FP8_ATTENTION");
+        const bool ran = best[0] > 0 && best[1] > 0;
+        const double max_diff = ran ? max_abs_diff(out16, out8, h16, h8, n, true) : NAN;
+        std::printf("%-6d %-7d %-6d %-6d %10.1f %10.1f %10.3f %-8s %12.3g%s%s\n", causal, s, b, h,
+                    best[0], best[1], best[0] > 0 ? best[1] / best[0] : 0.0, tile.c_str(), max_diff,
+                    err.empty() ? "" : "  error: ", err.c_str());
+        continue;
+      }
       float tflops[2] = {0, 0};
       std::string err, tile = "-";
       for (int which = 0; which < 2; ++which) {
@@ -168,18 +209,13 @@ int fp8_table(const cudaDeviceProp& prop, const std::vector<int>& seqlens, int h
         flashserve::AttentionParams p = params(which == 1);
         tflops[which] = tflops_of(p, flops, workspace, workspace_bytes, warmup, iters, err);
         if (tflops[which] > 0 &&
-            which == 1) {  // the fp8 tile the plan chose (FLASHSERVE_FP8_BLOCK_N at d128)
-          const std::string summary = flashserve::plan_attention(p).summary();
-          const size_t at = summary.find(" tile ");
-          if (at != std::string::npos)
-            tile = summary.substr(at + 6, summary.find(' ', at + 6) - at - 6);
-        }
+            which == 1)  // the fp8 tile the plan chose (FLASHSERVE_FP8_BLOCK_N)
+          tile = planned_tile(p);
       }
       unsetenv("FLASHSERVE_KERNEL");
       unsetenv("FLASHSERVE_FP8_ATTENTION");
-      const double max_diff = tflops[0] > 0 && tflops[1] > 0
-                                  ? max_abs_diff(out16, out8, h16, h8, size_t(b) * s * h * d, true)
-                                  : NAN;
+      const double max_diff =
+          tflops[0] > 0 && tflops[1] > 0 ? max_abs_diff(out16, out8, h16, h8, n, true) : NAN;
       std::printf("%-6d %-7d %-6d %-6d %10.1f %10.1f %10.2f %-8s %12.3g%s%s\n", causal, s, b, h,
                   tflops[0], tflops[1], tflops[0] > 0 ? tflops[1] / tflops[0] : 0.0, tile.c_str(),
                   max_diff, err.empty() ? "" : "  error: ", err.c_str());
@@ -233,7 +269,13 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   if (!cuda_device_or_skip("bench_sm90", &prop)) return 0;
-  if (fp8) return fp8_table(prop, seqlens, head_dim, total, hidden, warmup, iters);
+  if (fp8 && ab != nullptr && ab != &kExp2FmaAb) {
+    std::fprintf(stderr,
+                 "bench_sm90: --fp8 takes --exp2-fma-ab only (the epilogue switch is the "
+                 "16-bit tiles')\n");
+    return 2;
+  }
+  if (fp8) return fp8_table(prop, seqlens, head_dim, total, hidden, warmup, iters, ab);
   std::printf("bench_sm90 on %s (%d SMs), %s, head dim %d, median of %d%s%s\n", prop.name,
               prop.multiProcessorCount, fp16 ? "fp16" : "bf16", head_dim, iters,
               varlen ? ", varlen" : "",

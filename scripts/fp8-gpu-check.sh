@@ -6,9 +6,12 @@
 # bf16 tests beside them (nothing regressed), the SASS of the fp8 kernels (GMMA ... E4M3 count,
 # registers, local memory), bench_sm90 --fp8 (fp8 beside the bf16 sm90 kernel, FA3 grid: 16k
 # tokens, L 512..16k, d64/128/256, causal and not; d128 again with FLASHSERVE_FP8_BLOCK_N=192),
-# Nsight Compute on the fp8 and bf16 kernels at d128 4k (pipe utilisation), and last
-# compute-sanitizer memcheck and racecheck on one small d128 case each. Logs under $OUT. Under 5
-# minutes (BUDGET=290 s: a step that would pass it is cut short or skipped).
+# the exp2fma step (FLASHSERVE_SM90_EXP2_FMA on the fp8 tiles: their Sm90Fp8Exp2Fma tests against
+# float64 and the MUFU path, then bench_sm90 --fp8 --exp2-fma-ab at d128 (128 x 128 and 128 x 192)
+# and d256, 4k-16k), Nsight Compute on the fp8 and bf16 kernels at d128 4k (pipe utilisation), and
+# last compute-sanitizer memcheck and racecheck on one small d128 case each. Logs under $OUT.
+# Under 5 minutes (BUDGET=290 s: a step that would pass it is cut short or skipped). The exp2fma
+# step alone (~1-1.5 min): SKIP="fp8_tests sm90_tests sass bench ncu sanitize".
 #
 # The binaries travel compressed; on the build machine:
 #   cmake -S . -B build/fp8 -DCMAKE_BUILD_TYPE=Release -DFLASHSERVE_CUDA_ARCHS=90a
@@ -18,8 +21,9 @@
 # then, on the GPU machine (carry .xfer):
 #   BIN_TAR=.xfer/fp8.tar.xz OUT=$OUT bash scripts/fp8-gpu-check.sh
 # Environment: HEAD_DIMS (64,128,256), SEQLENS (512,...,16384), BUDGET (290 s), SANITIZE_FILTER
-# (Sm90Fp8Sanitize.SmallCausalGqaD128), NCU_HEAD_DIM (128), SKIP="fp8_tests sm90_tests sanitize
-# sass bench ncu" leaves steps out.
+# (Sm90Fp8Sanitize.SmallCausalGqaD128), NCU_HEAD_DIM (128), EXP2FMA_HEAD_DIMS (128,256),
+# EXP2FMA_SEQLENS (4096,8192,16384), SKIP="fp8_tests sm90_tests sanitize sass bench exp2fma ncu"
+# leaves steps out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -136,6 +140,27 @@ if want bench; then
   have_time "bench d128 192" &&
   FLASHSERVE_FP8_BLOCK_N=192 timeout -k 5 "$(left 45)" "$BIN/bench/bench_sm90" --fp8 --head-dim 128 \
     --seqlens "$SEQLENS" --iters 20 | tee -a "$OUT/bench_fp8.txt" || status=1
+fi
+if want exp2fma; then
+  # FLASHSERVE_SM90_EXP2_FMA=1 on the fp8 tiles (tile_config.h Exp2Fma: one 8-column chunk in 8
+  # of the softmax's exponentials by exp2_poly.h on the FMA pipe; docs/kernel-notes.md "exp2 on
+  # the FMA pipe for the fp8 forward"): the tests first (every fp8 tile, d64/d128/d256, against
+  # float64 with the fp8 bound and against the MUFU path), then the A/B in one process per head
+  # dim (the same inputs, fma=0 and fma=1 alternated twice, new/old, max |diff|).
+  step "exp2fma: Sm90Fp8Exp2Fma tests (each case within the fp8 bound, RMS of on - off under 2^-8)"
+  sharded 4 'Shapes/Sm90Fp8Exp2Fma.*' fp8-exp2fma 90 || status=1
+  grep -hE "error / bound|on/off" "$OUT/fp8-exp2fma.log" | sort | head -60
+  dims=${EXP2FMA_HEAD_DIMS:-128,256}
+  for d in ${dims//,/ }; do
+    for bn in 128 192; do
+      [[ $bn == 192 && $d != 128 ]] && continue
+      step "exp2fma: bench_sm90 --fp8 --exp2-fma-ab, d$d, FLASHSERVE_FP8_BLOCK_N=$bn"
+      have_time "exp2fma bench d$d $bn" || continue
+      FLASHSERVE_FP8_BLOCK_N=$bn timeout -k 5 "$(left 60)" "$BIN/bench/bench_sm90" --fp8 \
+        --exp2-fma-ab --head-dim "$d" --seqlens "${EXP2FMA_SEQLENS:-4096,8192,16384}" --iters 20 |
+        tee -a "$OUT/bench_fp8_exp2fma.txt" || status=1
+    done
+  done
 fi
 if want ncu && have_time ncu; then
   # What bounds the fp8 kernel (issue 23: d128 at 1.04-1.25x bf16 from 2k keys, where the FLOPs

@@ -783,19 +783,35 @@ StepShape with(StepShape s, F f) {
   return s;
 }
 
-// The fp8 tiles have no Exp2Fma variant: FLASHSERVE_SM90_EXP2_FMA leaves an e4m3 call's launch
-// as it was, at d64 too.
-TEST(PlanFp8, Exp2FmaSwitchLeavesTheFp8TilesAlone) {
-  for (bool causal : {false, true}) {
-    StepShape s = fp8_call(2, 512, 512, 8, 8, 64, causal);
-    const Plan off = plan_of(s);
-    s.ctx.sm90_exp2_fma = true;
-    const Plan on = plan_of(s);
-    ASSERT_EQ(on.launches.size(), 1u);
-    EXPECT_TRUE(on.launches[0].kernel.fp8) << on.summary();
-    EXPECT_FALSE(on.launches[0].kernel.exp2_fma) << on.summary();
-    EXPECT_EQ(attention::replay_key(on), attention::replay_key(off));
-  }
+// FLASHSERVE_SM90_EXP2_FMA reaches the fp8 tiles (their Exp2Fma variant, fwd_fp8_exp2_fma.cu) at
+// every fp8 head dim, causal or not, both d128 key blocks, and their replay key; the rest of the
+// launch (tile, workspace, V^T) is the same with it and without.
+TEST(PlanFp8, Exp2FmaSwitchReachesTheFp8Tiles) {
+  for (int64_t d : {64, 128, 256})
+    for (int block_n : {128, 192})
+      for (bool causal : {false, true}) {
+        StepShape s = fp8_call(2, 512, 4096, 8, 2, d, causal);
+        s.ctx.fp8_block_n = block_n;
+        const Plan off = plan_of(s);
+        s.ctx.sm90_exp2_fma = true;
+        const Plan on = plan_of(s);
+        ASSERT_EQ(on.launches.size(), 1u);
+        ASSERT_EQ(off.launches.size(), 1u);
+        const LaunchPlan &a = on.launches[0], &b = off.launches[0];
+        EXPECT_TRUE(a.kernel.fp8) << on.summary();
+        EXPECT_TRUE(a.kernel.exp2_fma) << on.summary();
+        EXPECT_FALSE(b.kernel.exp2_fma) << off.summary();
+        EXPECT_NE(on.summary().find("exp2 on fma"), std::string::npos) << on.summary();
+        EXPECT_NE(attention::replay_key(on), attention::replay_key(off));
+        EXPECT_NE(attention::replay_key(on).find("sm90 fp8"), std::string::npos);
+        EXPECT_NE(attention::replay_key(on).find("exp2-fma"), std::string::npos);
+        EXPECT_EQ(a.kernel.block_m, b.kernel.block_m);
+        EXPECT_EQ(a.kernel.block_n, b.kernel.block_n);
+        EXPECT_EQ(a.kernel.block_n, d == 128 ? block_n : 128) << on.summary();
+        EXPECT_EQ(a.kernel.masked, causal);
+        EXPECT_EQ(a.vt_offset, b.vt_offset);
+        EXPECT_EQ(on.workspace_bytes, off.workspace_bytes);
+      }
 }
 
 TEST(PlanFp8, ParsesTheSwitchStrictly) {

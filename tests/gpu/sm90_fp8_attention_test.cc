@@ -331,6 +331,91 @@ std::vector<CaseSpec> fp8_cases_d128() {
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Fp8Forward192, ::testing::ValuesIn(fp8_cases_d128()),
                          [](const auto& info) { return info.param.name(); });
 
+// Part of the softmax's exponentials on the FMA pipe (FLASHSERVE_SM90_EXP2_FMA=1: tile_config.h
+// Exp2Fma on the fp8 tiles, one 8-column chunk in 8 by exp2_poly.h). The polynomial errs by
+// ~1 ulp of float where ex2.approx errs by ~2 (tests/attention/exp2_poly_test.cc), far inside
+// the bound above (2^-4 of P for its e4m3 rounding), so the same bound and RMS rule hold. Against
+// the MUFU path (switch off) the outputs are not the same bits: a P within ~3e-7 of an e4m3
+// rounding boundary rounds the other way (rare: ~3e-7 / 2^-4 of the elements), and a bf16 output
+// near a boundary to its neighbour; the RMS of the difference must stay under 2^-8 of the
+// output's RMS (a chunk computed wrongly, or in the wrong columns, errs by the output's size).
+// Cases with several key blocks (the polynomial's chunks, columns 56-63 and 120-127 of a block,
+// hold real scores), every fp8 tile the switch reaches (d64 192 x 128, d128 128 x 128 and
+// 128 x 192, d256 128 x 128), causal or not, ragged tiles, GQA, varlen with a window.
+std::vector<CaseSpec> fp8_exp2_fma_cases() {
+  std::vector<CaseSpec> v;
+  for (int64_t d : {64, 128, 256}) {
+    for (bool causal : {false, true}) {
+      v.push_back(fp8_spec(d, 1, 1000, 1000, 4, 1, causal, true));
+      v.push_back(fp8_spec(d, 2, 129, 1000, 8, 1, causal, false));
+    }
+    v.push_back(fp8_spec(d, 2, 256, 256, 80, 8, true, true));  // beyond one wave: the counter
+    CaseSpec s = fp8_spec(d, 4, 0, 0, 8, 2, false, true);
+    s.q_lens = {130, 0, 1, 300};
+    s.kv_lens = {200, 17, 333, 300};
+    s.q_layout = QLayout::kVarlen;
+    s.kv_layout = KVLayout::kVarlen;
+    s.window_left = 100, s.window_right = 0;
+    v.push_back(s);
+  }
+  for (CaseSpec& s : v) s.seed = seed_for(s.name(), 25);
+  return v;
+}
+
+// The RMS of on - off against 2^-8 of the exact output's RMS (above), printed for the record
+// with the largest |on - off| and how many elements differ.
+void expect_close_to_the_mufu_path(AttentionCase& c, const NaiveOutput& on, const NaiveOutput& off,
+                                   const char* label) {
+  const NaiveOutput exact =
+      attention::reference::naive_forward(c.params(), attention::reference::Emulate::kExact);
+  ASSERT_EQ(on.out.size(), off.out.size());
+  double diff2 = 0, exact2 = 0, worst = 0;
+  int64_t count = 0, differ = 0;
+  for (size_t i = 0; i < on.out.size(); ++i) {
+    if (std::isnan(exact.out[i])) continue;  // rows of no sequence (varlen padding)
+    const double d = on.out[i] - off.out[i];
+    diff2 += d * d;
+    exact2 += exact.out[i] * exact.out[i];
+    if (!(std::abs(d) <= worst)) worst = std::abs(d);  // NaN is the worst
+    differ += on.out[i] != off.out[i];
+    ++count;
+  }
+  if (count == 0) return;
+  const double rms = std::sqrt(diff2 / count), rms_exact = std::sqrt(exact2 / count);
+  EXPECT_LE(rms, 0x1p-8 * rms_exact)
+      << label << c.spec().name() << ": RMS of on - off " << rms << ", exact RMS " << rms_exact;
+  std::cout << label << c.spec().name() << ": on/off max |diff| " << worst << ", RMS " << rms
+            << " (exact RMS " << rms_exact << "), " << differ << " of " << count
+            << " elements differ\n";
+}
+
+class Sm90Fp8Exp2Fma : public ::testing::TestWithParam<CaseSpec> {};
+
+TEST_P(Sm90Fp8Exp2Fma, MatchesFloat64ReferenceWithinTheFp8BoundAndTheMufuPath) {
+  SKIP_WITHOUT_SM90();
+  for (const char* block_n : {"128", "192"}) {
+    if (GetParam().head_dim != 128 && std::string(block_n) == "192") continue;
+    ScopedEnv keys("FLASHSERVE_FP8_BLOCK_N", block_n);
+    AttentionCase c(GetParam());
+    requantise(c, GetParam().seed ^ 0xf3a);
+    Fp8Run off, on;
+    {
+      ScopedEnv fma("FLASHSERVE_SM90_EXP2_FMA", "0");
+      off = run_fp8(c);
+    }
+    {
+      ScopedEnv fma("FLASHSERVE_SM90_EXP2_FMA", "1");
+      on = run_fp8(c);
+    }
+    const std::string label = std::string("exp2 fma, block_n ") + block_n + ": ";
+    expect_within_fp8_bound(c, on.out, label.c_str());
+    expect_close_to_the_mufu_path(c, on.out, off.out, label.c_str());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Fp8Exp2Fma, ::testing::ValuesIn(fp8_exp2_fma_cases()),
+                         [](const auto& info) { return info.param.name(); });
+
 // The check itself, without a GPU (it runs wherever test_gpu does): the CPU emulation of FA3's
 // kernel passes it, and the emulation on V with its keys swapped in pairs (what a wrong byte
 // order of P or of V^T's keys would compute) fails it, by the RMS criterion at least.

@@ -418,6 +418,9 @@ Plan fp8_plan(const Problem& pr, const PlanContext& ctx) {
   l.kernel.head_dim = static_cast<int>(pr.head_dim);
   l.kernel.masked = sm90_masked(pr);
   l.kernel.tile_counter = l.kernel.masked && ctx.workspace_available;
+  // FLASHSERVE_SM90_EXP2_FMA: the fp8 tiles' Exp2Fma variant (sm90/tile_config.h), every fp8
+  // head dim.
+  l.kernel.exp2_fma = ctx.sm90_exp2_fma && sm90::fp8_exp2_fma_head_dim(l.kernel.head_dim);
   const sm90::TileShape tile = sm90::fp8_tile_shape(static_cast<int>(pr.head_dim), ctx.fp8_block_n);
   l.kernel.block_m = tile.block_m;
   l.kernel.block_n = tile.block_n;

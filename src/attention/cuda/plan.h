@@ -60,9 +60,10 @@ struct KernelChoice {
   // TMA store where its staging fits, the tile's work announced to the consumers), from
   // PlanContext::sm90_epilogue. Same arithmetic, same bits.
   bool epilogue = false;
-  // sm90 16-bit d64 tiles: part of the softmax's exponentials on the FMA pipe (sm90/tile_config.h
-  // Exp2Fma), from PlanContext::sm90_exp2_fma; false at other head dims and on fp8, which it
-  // does not reach. Not the same bits: exp2_poly.h and ex2.approx round differently.
+  // sm90 16-bit d64 tiles and fp8 tiles (d64, d128, d256): part of the softmax's exponentials on
+  // the FMA pipe (sm90/tile_config.h Exp2Fma), from PlanContext::sm90_exp2_fma; false at the
+  // other 16-bit head dims, which it does not reach. Not the same bits: exp2_poly.h and
+  // ex2.approx round differently.
   bool exp2_fma = false;
   // The head dim the kernel is compiled for (64, 128, 256): the call's, or for sm80 the smallest
   // at or above both of the call's head dims (sm80/tile_config.h kernel_head_dim); then `padded`:
@@ -118,8 +119,9 @@ inline constexpr bool kSm90EpilogueByDefault = true;
 // FMA pipe by default (FLASHSERVE_SM90_EXP2_FMA unset): off. Its first device run (session 20,
 // bench/results/exp2-fma-h200-2026-12-03.md) measured it 5-11% slower at every d64 shape, 512 to
 // 16k keys, causal or not: the d64 tile is not bound by the MUFU (docs/kernel-notes.md, "exp2 on
-// the FMA pipe"). "1" turns it on; the outputs differ from the MUFU's in rounding only
-// (Sm90Exp2Fma.* bound the difference).
+// the FMA pipe"). "1" turns it on, for the fp8 tiles too (issue 23: d64, d128, d256; not yet
+// measured); the outputs differ from the MUFU's in rounding only (Sm90Exp2Fma.* and
+// Sm90Fp8Exp2Fma.* bound the difference).
 inline constexpr bool kSm90Exp2FmaByDefault = false;
 
 // Whether the fp8 KV cache's decode tiles convert the e4m3 codes at operand load, in registers

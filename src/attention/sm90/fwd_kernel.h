@@ -30,8 +30,8 @@
 // - Session 18's tile boundary (tile_config.h OverlappedEpilogue, FLASHSERVE_SM90_EPILOGUE): O
 //   leaves through shared memory by TMA stores (store_tile), the producer announces each tile's
 //   work with its index (TileSlot) and loads a tile's first K block before its Q.
-// - Part of d64's exponentials on the FMA pipe (tile_config.h Exp2Fma, FLASHSERVE_SM90_EXP2_FMA):
-//   RowState computes one 8-column chunk in kExp2FmaEvery with exp2_poly.h.
+// - Part of the exponentials on the FMA pipe (tile_config.h Exp2Fma, FLASHSERVE_SM90_EXP2_FMA; d64
+//   16-bit and fp8 tiles): RowState computes one 8-column chunk in kExp2FmaEvery by exp2_poly.h.
 //
 // Not yet here (docs/kernel-notes.md, "sm90 next steps"): split-KV.
 #pragma once

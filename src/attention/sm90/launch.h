@@ -68,8 +68,9 @@ struct FwdArgs {
   // The 16-bit tiles with session 18's tile boundary (tile_config.h OverlappedEpilogue: O by TMA
   // store, the tile's work announced): the plan's FLASHSERVE_SM90_EPILOGUE (cuda/plan.h).
   bool epilogue;
-  // The d64 16-bit tiles with part of the softmax's exponentials on the FMA pipe (tile_config.h
-  // Exp2Fma): the plan's FLASHSERVE_SM90_EXP2_FMA (cuda/plan.h), false at other head dims.
+  // The d64 16-bit tiles and the fp8 tiles with part of the softmax's exponentials on the FMA
+  // pipe (tile_config.h Exp2Fma): the plan's FLASHSERVE_SM90_EXP2_FMA (cuda/plan.h), false at
+  // the other 16-bit head dims.
   bool exp2_fma;
 };
 
@@ -85,5 +86,8 @@ void run_fwd_fp8_hdim(const FwdArgs& args);
 // run_fwd_hdim's a.exp2_fma path (d64).
 template <int kHeadDim>
 void run_fwd_exp2_fma_hdim(const FwdArgs& args);
+// run_fwd_fp8_hdim's a.exp2_fma path (d64, d128, d256: fwd_fp8_exp2_fma.cu).
+template <int kHeadDim>
+void run_fwd_fp8_exp2_fma_hdim(const FwdArgs& args);
 
 }  // namespace flashserve::attention::sm90

@@ -283,17 +283,22 @@ void transpose_v(const FwdArgs& a, int block_keys) {
   check_cuda(cudaGetLastError(), "sm90 fp8 V^T pre-pass launch");
 }
 
-// The float8_e4m3fn forward (tile_config.h Fp8Tile): V^T's pre-pass, then the kernel, masked or
-// not. No multicast and no paged K/V (the plan refuses paging; multicast is not measured yet).
-template <int kHeadDim>
-void run_fwd_fp8_hdim(const FwdArgs& a) {
+// The tile as it is (the softmax of a tile without Exp2Fma).
+template <class Cfg>
+using AsIs = Cfg;
+
+// The float8_e4m3fn forward (tile_config.h Fp8Tile), each tile as Softmax<tile> (AsIs, or Exp2Fma:
+// run_fwd_fp8_exp2_fma_hdim): V^T's pre-pass, then the kernel, masked or not. No multicast and
+// no paged K/V (the plan refuses paging; multicast is not measured yet).
+template <int kHeadDim, template <class> class Softmax>
+void run_fwd_fp8_tile_set(const FwdArgs& a) {
   if (a.seqs == 0 || a.max_seqlen_q == 0 || a.h_q == 0) return;
   if (a.vt == nullptr || a.vt_keys < fp8_vt_keys(a.max_seqlen_k))
     throw Error(ErrorKind::kInternal, "workspace",
                 "the sm90 fp8 forward ran without V^T's workspace (the plan sizes it)");
   FwdParams p = fwd_params(a);
   const auto run = [&](auto tile) {
-    using Cfg = typename decltype(tile)::type;
+    using Cfg = Softmax<typename decltype(tile)::type>;
     transpose_v<kHeadDim>(a, Cfg::kBlockN);
     if (masked(a))
       launch<Cfg, true, true>(p, a);
@@ -306,9 +311,16 @@ void run_fwd_fp8_hdim(const FwdArgs& a) {
   run(Fp8Tile<kHeadDim, 128>{});
 }
 
-// The tile as it is (the softmax of a tile without Exp2Fma).
-template <class Cfg>
-using AsIs = Cfg;
+// The fp8 forward at one head dim; with a.exp2_fma (the plan's FLASHSERVE_SM90_EXP2_FMA) the
+// Exp2Fma tiles, defined and instantiated in fwd_fp8_exp2_fma.cu, so that
+// fwd_fp8_hdim{64,128,256}.cu's kernels stay as they were.
+template <int kHeadDim>
+void run_fwd_fp8_hdim(const FwdArgs& a) {
+  if constexpr (fp8_exp2_fma_head_dim(kHeadDim)) {
+    if (a.exp2_fma) return run_fwd_fp8_exp2_fma_hdim<kHeadDim>(a);
+  }
+  run_fwd_fp8_tile_set<kHeadDim, AsIs>(a);
+}
 
 // The tiles of tile_config.h, each as Softmax<tile> (AsIs, or Exp2Fma: run_fwd_exp2_fma_hdim):
 // ShortTile's up to kShortKeys keys, DefaultTile's beyond; with a.epilogue (the plan's

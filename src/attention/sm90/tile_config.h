@@ -240,13 +240,40 @@ struct OverlappedEpilogue : Cfg {
 // balanced near phi = 0.18. kExp2FmaEvery = 8 (phi = 1/8): 7 cycles instead of 8, with issue
 // (5.9) to spare for the mask's selects and the other warps' instructions; 1/4 would be
 // issue-bound at 7.25, 1/2 slower than none (9.5).
-// Only d64: at d128 and d256 the GEMMs per exponential are 2-4x longer (78% tensor at d128 in
-// run 43), the MUFU has room, and the issue slots would be a loss. Not the fp8 tiles
-// (unmeasured; Fp8TileConfig keeps kExp2FmaEvery 0).
+// 16-bit: only d64. At d128 and d256 the GEMMs per exponential are 2-4x longer (78% tensor at
+// d128 in run 43), the MUFU has room, and the issue slots would be a loss. (The d64 A/B, session
+// 20: 5-11% slower everywhere; off by default.)
+//
+// The fp8 tiles (issue 23; an A/B prepared without a GPU, docs/kernel-notes.md "exp2 on the FMA
+// pipe for the fp8 forward"): the e4m3 wgmmas run at twice bf16's rate, so per key block the
+// tensor time halves while the exponentials do not. Per SM sub-partition and 128-key block of a
+// 128 x 128 tile (two consumer warps there, one per warpgroup; 8192 dense fp8 FLOP per clock per
+// SM): tensor 128 x 128 x 2d x 2 / 8192 / 1 = 1024 cycles at d128, 2048 at d256; MUFU 2 warps x
+// 64 ex2 x 8 = 1024 cycles: d128 sits on the MUFU as d64 16-bit does, d256 at half of it. Issue
+// per element and warp beside the ex2: score FFMA, max, sum (3), P to e4m3 (a
+// `cvt.rn.satfinite.e4m3x2.f32` per two elements and a byte merge per four: 0.75) and the eager
+// rescale of O (d/2 FMULs per 64 elements: 1 at d128, 2 at d256): a = 5.75 at d128 with the
+// ex2. Assumed: the e4m3x2 conversion (F2FP) issues on the ALU pipe, as Nsight Compute's guide
+// says the fast FP32-to-FP16 conversions do since Ampere, not on the XU with the MUFU (the docs
+// here do not say; unverified). Then, at d128, for a fraction phi of the elements on the FMA pipe:
+// MUFU 1024 (1 - phi) against issue 128 (5.75 + 11 phi), balanced at phi = 0.12:
+//   phi = 1/8: MUFU 896, issue 912 (both under the tensor's 1024: the tile is GEMM-bound);
+//   phi = 1/4: issue 1088, above the MUFU-bound 1024 of none (a loss).
+// If the conversion is on the XU (16 per clock per SM, "all other conversions" in the CUDA
+// guide's table) the XU holds 1.5 per element: 1536 (1 - phi/1.5) cycles, balanced near
+// phi = 1/3; there 1/8 gives 1408 (-8%) and 1/4 1280 (-17%). 1/8 is the share that gains under
+// both assumptions (1/4 loses under the first), so kExp2FmaEvery = 8 here too: chunks 7 and 15
+// of a 128-key block (16 chunks), 7, 15 and 23 of a 192-key one (24 chunks). d64 fp8 (192 x 128,
+// three consumers, 160 registers): MUFU 3 x 64 x 8 = 1536 against tensor 768, issue
+// 192 (5.25 + 11 phi): 1/8 gives MUFU 1344, issue 1272. d256: MUFU-bound under neither
+// assumption (tensor 2048): the A/B's control, expected ~1.00. The share is one line below.
 template <class Cfg>
 struct Exp2Fma : Cfg {
   static constexpr int kExp2FmaEvery = 8;
-  static_assert(Cfg::kHeadDim == 64 && !Cfg::kFp8, "the 16-bit d64 tiles only");
+  static_assert(Cfg::kFp8 || Cfg::kHeadDim == 64, "the 16-bit d64 tiles and the fp8 tiles only");
+  static_assert(!Cfg::kFp8 || !Cfg::kLazyRescale,
+                "fp8 P is 2^8 exp2(x - max) with x <= 8: eager rescaling keeps exp2_poly's "
+                "argument at most 8 (and P within e4m3's 448)");
   static_assert(Cfg::kBlockN / 8 % kExp2FmaEvery == 0, "whole groups of chunks per block");
 };
 constexpr bool exp2_fma_head_dim(int head_dim) {
@@ -336,6 +363,10 @@ struct Fp8Tile<64, kBlockN> {
 };
 constexpr bool fp8_head_dim(int head_dim) {
   return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+// The fp8 head dims with Exp2Fma tiles (FLASHSERVE_SM90_EXP2_FMA; fwd_fp8_exp2_fma.cu): all.
+constexpr bool fp8_exp2_fma_head_dim(int head_dim) {
+  return fp8_head_dim(head_dim);
 }
 // The key block a call at head_dim runs for a requested block_n (FLASHSERVE_FP8_BLOCK_N: 128 or
 // 192): 192 at d128 only.
