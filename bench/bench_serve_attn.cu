@@ -14,7 +14,8 @@
 // --kv-fp8 adds a table of every row on paged 16 and 256 with the bf16 pool beside the same row
 // on an e4m3 pool (the fp8 KV cache, issue 23: sm80's fp8 KV kernels, one descale per KV head),
 // decode rows in TB/s of the bytes each pool holds (fp8 reads half); with --decode-splits also
-// the decode rows at those split counts, bf16 beside e4m3.
+// the decode rows at those split counts, bf16 beside e4m3. --decode-rows NxKEYS,... replaces the
+// decode rows of the forced-split tables (a split policy's regimes between the fixed rows).
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -77,6 +78,27 @@ std::vector<Row> rows() {
   for (const Seq& s : repeat(64, {1, 2047})) mixed.seqs.push_back(s);
   r.push_back(mixed);
   r.push_back({"2 fresh prefills of 2048", repeat(2, {2048, 0}), {}});
+  return r;
+}
+
+// --decode-rows "32x4096,128x2048": decode rows (sequences x keys) for the forced-split tables in
+// place of rows()'s, for a split policy's regimes between them; every row fits the pool.
+std::vector<Row> parse_decode_rows(const char* s) {
+  std::vector<Row> r;
+  for (const char* p = s; *p;) {
+    char* end = nullptr;
+    const long n = std::strtol(p, &end, 10);
+    const long keys = *end == 'x' ? std::strtol(end + 1, &end, 10) : 0;
+    if (n < 1 || keys < 2 || (*end && *end != ',') || n * keys > kPoolTokens - 4096) {
+      std::fprintf(stderr, "--decode-rows: \"%s\": want NxKEYS[,NxKEYS...] within %lld keys\n", s,
+                   static_cast<long long>(kPoolTokens - 4096));
+      std::exit(2);
+    }
+    r.push_back({std::to_string(n) + " decodes x " + std::to_string(keys),
+                 repeat(static_cast<int>(n), {1, static_cast<int>(keys - 1)}),
+                 {}});
+    p = *end ? end + 1 : end;
+  }
   return r;
 }
 
@@ -243,6 +265,7 @@ int main(int argc, char** argv) {
   int calls = 20, reps = 15;
   std::string out_path;
   std::vector<int> decode_splits;
+  std::vector<Row> split_rows;
   bool kv_fp8 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -258,13 +281,18 @@ int main(int argc, char** argv) {
       kv_fp8 = true;
     else if (a == "--decode-splits" && i + 1 < argc) {
       for (int n : parse_int_list(argv[++i])) decode_splits.push_back(n);
+    } else if (a == "--decode-rows" && i + 1 < argc) {
+      split_rows = parse_decode_rows(argv[++i]);
     } else {
       std::fprintf(stderr,
                    "usage: bench_serve_attn [--calls 20] [--reps 15] [--md FILE] [--head-dim 128] "
-                   "[--decode-splits 2,4,8] [--kv-fp8]\n");
+                   "[--decode-splits 2,4,8] [--decode-rows 32x4096,...] [--kv-fp8]\n");
       return a == "--help" ? 0 : 2;
     }
   }
+  if (split_rows.empty())
+    for (const Row& row : rows())
+      if (all_decode(row)) split_rows.push_back(row);
   cudaDeviceProp prop{};
   if (!cuda_device_or_skip("bench_serve_attn", &prop)) return 0;
 
@@ -393,8 +421,7 @@ int main(int argc, char** argv) {
     emit(
         "\n| decode batch | splits | contiguous | paged 16 | paged 16, pages in order |\n"
         "|---|---|---|---|---|\n");
-    for (const Row& row : rows()) {
-      if (!all_decode(row)) continue;
+    for (const Row& row : split_rows) {
       for (int splits : decode_splits) {
         std::string cells[3];
         int column = 0;
@@ -462,8 +489,7 @@ int main(int argc, char** argv) {
       emit(
           "\n| fp8 KV decode batch | splits | bf16 paged 16 | e4m3 paged 16 | e4m3 / bf16 |\n"
           "|---|---|---|---|---|\n");
-      for (const Row& row : rows()) {
-        if (!all_decode(row)) continue;
+      for (const Row& row : split_rows) {
         for (int splits : decode_splits) {
           double t[2] = {};
           for (bool e4m3 : {false, true}) {

@@ -35,9 +35,14 @@ status=0
 step() { echo; echo "== $* ($(date -u +%T), ${SECONDS}s)"; }
 want() { [[ " ${SKIP:-} " != *" $1 "* ]]; }
 
-BIN=/tmp/fsbin-fp8
-mkdir -p "$BIN" && xz -dc "${BIN_TAR:?BIN_TAR names the packed binaries}" | tar -C "$BIN" -xf - ||
-  { echo "unpack failed"; exit 1; }
+# BIN_TAR: the packed binaries, unpacked into /tmp/fsbin-fp8; without it, BIN names a build
+# directory made on this machine (its tests/test_gpu and bench/bench_sm90).
+if [ -n "${BIN_TAR:-}" ]; then
+  BIN=/tmp/fsbin-fp8
+  mkdir -p "$BIN" && xz -dc "$BIN_TAR" | tar -C "$BIN" -xf - || { echo "unpack failed"; exit 1; }
+else
+  BIN=$(realpath "${BIN:?BIN_TAR names the packed binaries, or BIN a build directory}")
+fi
 export LD_LIBRARY_PATH=$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 echo "commit ${COMMIT:-unknown}"

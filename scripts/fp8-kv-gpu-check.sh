@@ -61,9 +61,14 @@ have_time() {
   (($(left 10) >= 10)) || { echo "SKIPPED: $1 (${SECONDS}s of ${BUDGET}s spent)"; status=1; return 1; }
 }
 
-BIN=${BIN:-/tmp/fsbin-kv8}
-mkdir -p "$BIN" && xz -dc "${BIN_TAR:?BIN_TAR names the packed binaries}" | tar -C "$BIN" -xf - ||
-  { echo "unpack failed"; exit 1; }
+# BIN_TAR: the packed binaries, unpacked into BIN (/tmp/fsbin-kv8); without it, BIN names a build
+# directory made on this machine.
+if [ -n "${BIN_TAR:-}" ]; then
+  BIN=${BIN:-/tmp/fsbin-kv8}
+  mkdir -p "$BIN" && xz -dc "$BIN_TAR" | tar -C "$BIN" -xf - || { echo "unpack failed"; exit 1; }
+else
+  BIN=$(realpath "${BIN:?BIN_TAR names the packed binaries, or BIN a build directory}")
+fi
 export LD_LIBRARY_PATH=$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 echo "commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"

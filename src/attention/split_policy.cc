@@ -27,8 +27,16 @@ bool is_decode(const Problem& pr) {
 //     bench_model's attention rows (H200, page 16, 1k keys, 32/8 heads, 2026-12-02, run 47):
 //     batch 1 took 43.3/19.3/14.6 us with 1/4/16 splits, batch 32 46.3/55.3/76.4 us. So aim at
 //     one block per SM (batch 32's 256 tiles: unsplit), each split keeping one key block.
+// The fp8 KV cache's register-conversion tiles (fp8_codes) hold half the bytes, so twice the
+// blocks fit an SM (decode_code_smem_bytes: six at d128), and they have one more regime:
+//   - one round of their slots holds every tile and at least half of it is busy: unsplit. H200,
+//     64 decodes x 2k and x 4k, 32/8 heads, d128 (512 tiles in 792 slots; session 23,
+//     bench/results/fp8-kv-h200-2026-12-03.md): 72/86/81/87 us and 136/157/144/148 us at 1/2/3/4
+//     splits; the splits only add the combine's traffic once the blocks keep HBM busy. The
+//     16-bit tiles are not measured in that regime (their 396 slots: 25-49 such sequences) and
+//     keep the rules above.
 // Never more than 128 splits or a grid z (batch x splits) past 65535.
-int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode) {
+int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode, bool fp8_codes) {
   if (pr.num_splits == 1) return 1;
   if (pr.num_splits > 1) return pr.num_splits;
   const int64_t most = std::min<int64_t>(128, 65535 / std::max<int64_t>(pr.batch, 1));
@@ -39,8 +47,10 @@ int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode) {
       sm80::kernel_head_dim(static_cast<int>(pr.head_dim), static_cast<int>(pr.head_dim_v));
   if (decode) {
     const sm80::Tiles t = sm80::decode_tiles(head_dim);
+    const int block_smem =
+        fp8_codes ? sm80::decode_code_smem_bytes(head_dim, t) : sm80::fwd_smem_bytes(head_dim, t);
     const int64_t per_sm =  // block slots per SM, by shared memory (1 KB reserved per block)
-        std::max<int64_t>(1, dev.smem_per_sm / (sm80::fwd_smem_bytes(head_dim, t) + 1024));
+        std::max<int64_t>(1, dev.smem_per_sm / (block_smem + 1024));
     tiles = (pr.h_q / pr.h_kv + t.block_m - 1) / t.block_m * pr.h_kv * pr.batch;
     key_blocks = (pr.max_kv_len + t.block_n - 1) / t.block_n;
     slots = per_sm * dev.sms;
@@ -52,6 +62,7 @@ int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode) {
           std::min<int64_t>({(int64_t{dev.sms} + tiles - 1) / tiles, whole_blocks, most});
       return splits < 2 ? 1 : static_cast<int>(splits);
     }
+    if (fp8_codes && tiles <= slots && 2 * tiles >= slots) return 1;  // one round, half busy
   } else {
     const sm80::Tiles t = sm80::fwd_tiles(head_dim, pr.mask.has_left() || pr.mask.has_right());
     tiles = (pr.max_q_len + t.block_m - 1) / t.block_m * pr.h_q * pr.batch;

@@ -19,7 +19,8 @@ struct SplitDevice {
 // all of a sequence's heads alike (the GQA-packed decode tiles take it).
 bool is_decode(const Problem& pr);
 
-// num_splits 1: 1; n > 1: n; 0: the choice below (1 when splitting would not pay).
-int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode);
+// num_splits 1: 1; n > 1: n; 0: the choice below (1 when splitting would not pay). fp8_codes: the
+// decode launch runs the fp8 KV cache's register-conversion tiles (smaller blocks, more per SM).
+int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode, bool fp8_codes = false);
 
 }  // namespace flashserve::attention

@@ -68,11 +68,11 @@ TEST(PlanKvFp8, SwitchIsStrictAndOffByDefault) {
 }
 
 // FLASHSERVE_KV_FP8_REGISTER (the decode tiles converting the codes at operand load): strict,
-// off by default (until a device run measures it), and carried into the decode launches only
-// (the masked prefill tiles keep the widening), their summary and their replay key; nothing else
-// of the plan moves with it.
-TEST(PlanKvFp8, RegisterSwitchIsStrictOffByDefaultAndCarriedToDecodesOnly) {
-  EXPECT_FALSE(attention::kKvFp8RegisterByDefault) << "on before a device run measured it?";
+// on by default (session 23's device run: 0.58-0.61x bf16's decode time), and carried into the
+// decode launches only (the masked prefill tiles keep the widening), their summary, their replay
+// key and their splits (choose_splits' fp8_codes); nothing else of the plan moves with it.
+TEST(PlanKvFp8, RegisterSwitchIsStrictOnByDefaultAndCarriedToDecodesOnly) {
+  EXPECT_TRUE(attention::kKvFp8RegisterByDefault);
   EXPECT_EQ(attention::parse_kv_fp8_register(nullptr), attention::kKvFp8RegisterByDefault);
   EXPECT_EQ(attention::parse_kv_fp8_register(""), attention::kKvFp8RegisterByDefault);
   EXPECT_TRUE(attention::parse_kv_fp8_register("1"));
@@ -105,12 +105,17 @@ TEST(PlanKvFp8, RegisterSwitchIsStrictOffByDefaultAndCarriedToDecodesOnly) {
       EXPECT_TRUE(a.kv_fp8);
       EXPECT_EQ(a.decode, b.decode);
       EXPECT_EQ(a.masked, b.masked);
-      EXPECT_EQ(a.splits, b.splits);
+      // Decodes split by the register tiles' own slots (SplitPolicy.Fp8CodeTiles*).
+      if (a.decode)
+        EXPECT_EQ(a.splits, attention::choose_kernel(s.pr, s.ctx.device, true, 3, 1,
+                                                     on.launches[i].max_kv_len, true, true)
+                                .splits);
+      else
+        EXPECT_EQ(a.splits, b.splits);
       EXPECT_EQ(a.block_m, b.block_m);
       EXPECT_EQ(a.block_n, b.block_n);
     }
     EXPECT_TRUE(saw_decode);
-    EXPECT_EQ(on.workspace_bytes, off.workspace_bytes);
     EXPECT_NE(on.summary().find("kv-e4m3 register"), std::string::npos) << on.summary();
     EXPECT_EQ(off.summary().find("register"), std::string::npos) << off.summary();
     // A CUDA graph captured with one conversion is never replayed for the other.

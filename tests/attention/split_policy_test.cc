@@ -70,6 +70,26 @@ TEST(SplitPolicy, SmallDecodeGridsSplitUpTo32Ways) {
   EXPECT_EQ(choose_splits(shape(4, 1, 4096, 32, 8), kH200, true), 25);
 }
 
+// The fp8 KV cache's register-conversion tiles: six blocks an SM (792 slots) where the 16-bit
+// tiles fit three, so their counts follow their own slots, and a grid that one round of them holds
+// at least half busy runs unsplit (measured, session 23: 64 x 2k and 64 x 4k fastest unsplit).
+TEST(SplitPolicy, Fp8CodeTilesSplitByTheirOwnSlots) {
+  const auto both = [](int64_t batch, int64_t kv) {
+    const Problem pr = shape(batch, 1, kv, 32, 8);
+    return std::pair{choose_splits(pr, kH200, true), choose_splits(pr, kH200, true, true)};
+  };
+  EXPECT_EQ(both(64, 2048), std::pair(2, 1));  // 512 tiles: 1.3 rounds of 396, 0.65 of 792
+  EXPECT_EQ(both(64, 4096), std::pair(2, 1));
+  EXPECT_EQ(both(96, 2048), std::pair(2, 1));    // 768 tiles, one round of 792
+  EXPECT_EQ(both(128, 2048), std::pair(1, 2));   // 1024: two rounds of 396, 1.3 of 792
+  EXPECT_EQ(both(32, 4096), std::pair(4, 3));    // 256 tiles, under half a round: 768 blocks
+  EXPECT_EQ(both(8, 32768), std::pair(13, 25));  // two rounds of their slots each
+  EXPECT_EQ(both(8, 8192), std::pair(6, 8));
+  // Prefill launches and explicit counts do not look at it.
+  EXPECT_EQ(choose_splits(shape(1, 128, 8192, 8, 8), kH200, false, true), 32);
+  EXPECT_EQ(choose_splits(shape(64, 1, 4096, 32, 8, 128, 5), kH200, true, true), 5);
+}
+
 TEST(SplitPolicy, PrefillSplitsOnlyBelowOneWave) {
   // A 128-query chunk of 8 heads over 8192 cached keys: 8 tiles, two waves' worth of splits, but
   // no fewer than 4 key blocks each.
@@ -94,13 +114,13 @@ TEST(SplitPolicy, InvariantsOverRandomShapes) {
   int split_calls = 0;
   for (int i = 0; i < 20000; ++i) {
     const int64_t h_kv = pick(1, 16), group = pick(1, 32), d = 64 << pick(0, 2);
-    const bool decode = pick(0, 1) == 1;
+    const bool decode = pick(0, 1) == 1, fp8_codes = pick(0, 1) == 1;
     // Log-uniform sizes, so that small grids (the ones that split) are common.
     auto log_pick = [&](int bits) { return pick(1, int64_t{1} << pick(0, bits)); };
     const Problem pr = shape(std::min<int64_t>(log_pick(16), 65535), decode ? 1 : log_pick(14),
                              log_pick(20) - 1, h_kv * group, h_kv, d);
     const SplitDevice dev{static_cast<int>(pick(1, 200)), static_cast<int>(pick(96, 228)) * 1024};
-    const int splits = choose_splits(pr, dev, decode);
+    const int splits = choose_splits(pr, dev, decode, fp8_codes);
     ASSERT_GE(splits, 1);
     ASSERT_LE(splits, 128);
     ASSERT_LE(pr.batch * splits, 65535) << "batch " << pr.batch;

@@ -48,8 +48,8 @@ void refuse_padded_if_off(const Problem& pr, const char* value) {
 }
 
 KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decode,
-                           int64_t sequences, int64_t max_q_len, int64_t max_kv_len,
-                           bool may_split) {
+                           int64_t sequences, int64_t max_q_len, int64_t max_kv_len, bool may_split,
+                           bool kv_fp8_register) {
   KernelChoice k;
   // The sm80 plan; the default dispatch replaces it by one sm90 launch where sm90 is measured
   // faster (sm90_preferred below), FLASHSERVE_KERNEL forces either family.
@@ -65,6 +65,7 @@ KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decod
   // past kv_len.
   // The fp8 KV kernels exist for decode and masked prefill tiles only, as the padded ones.
   k.kv_fp8 = kv_fp8(pr);
+  k.kv_fp8_register = k.kv_fp8 && decode && kv_fp8_register;
   k.masked = !decode &&
              (pr.score_mod.any() || k.padded || k.kv_fp8 ||
               clamp_window(pr.mask.left, bound) >= 0 || clamp_window(pr.mask.right, bound) >= 0);
@@ -75,7 +76,7 @@ KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decod
   group.max_q_len = max_q_len;
   group.max_kv_len = max_kv_len;
   if (group.num_splits == 0 && !may_split) group.num_splits = 1;
-  k.splits = choose_splits(group, dev, decode);
+  k.splits = choose_splits(group, dev, decode, k.kv_fp8_register);
   const sm80::Tiles t =
       decode ? sm80::decode_tiles(k.head_dim) : sm80::fwd_tiles(k.head_dim, k.masked);
   k.block_m = t.block_m;
@@ -309,8 +310,8 @@ Plan grouped_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& 
   auto add = [&](bool decode, SeqGroup group, int64_t seq_begin, int64_t seq_end, int64_t sequences,
                  int64_t max_q, int64_t max_kv, int64_t row_begin, int64_t rows, bool may_split) {
     LaunchPlan l;
-    l.kernel = choose_kernel(pr, ctx.device, decode, sequences, max_q, max_kv, may_split);
-    l.kernel.kv_fp8_register = l.kernel.kv_fp8 && decode && ctx.kv_fp8_register;
+    l.kernel = choose_kernel(pr, ctx.device, decode, sequences, max_q, max_kv, may_split,
+                             ctx.kv_fp8_register);
     if (ctx.family == FamilyRequest::kSm90 ||
         (ctx.family == FamilyRequest::kAuto &&
          sm90_preferred(pr, ctx, l.kernel, rows, max_q, max_kv)))

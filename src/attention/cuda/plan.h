@@ -125,12 +125,13 @@ inline constexpr bool kSm90EpilogueByDefault = true;
 inline constexpr bool kSm90Exp2FmaByDefault = false;
 
 // Whether the fp8 KV cache's decode tiles convert the e4m3 codes at operand load, in registers
-// (sm80/kv_fp8_reg.h), by default (FLASHSERVE_KV_FP8_REGISTER unset): off until a device run
-// measures it against the widening in shared memory (docs/kernel-notes.md, "Issue 23: fp8 KV
-// decode, converted at operand load"). "1" turns it on for the decode launches (the masked
-// prefill tiles keep the widening); the outputs differ from the widening's in rounding only
+// (sm80/kv_fp8_reg.h), by default (FLASHSERVE_KV_FP8_REGISTER unset): on. Session 23's device
+// run (H200, bench_serve_attn --kv-fp8, bench/results/fp8-kv-h200-2026-12-03.md) measured the
+// decode rows at 0.58-0.61x bf16's time (the widening in shared memory: 1.82-1.91x), and every
+// KvFp8* test passed both ways. "0" goes back to the widening for the decode launches (the masked
+// prefill tiles widen either way); the outputs differ from the widening's in rounding only
 // (KvFp8Register.* bound the difference).
-inline constexpr bool kKvFp8RegisterByDefault = false;
+inline constexpr bool kKvFp8RegisterByDefault = true;
 
 // What the plan needs of the device and of the call beside the problem.
 struct PlanContext {
@@ -260,10 +261,11 @@ inline constexpr bool kPaddedHeadDimsByDefault = true;
 void refuse_padded_if_off(const Problem& pr, const char* value);
 
 // The sm80 kernel for a group of sequences with these longest lengths (readable on purpose:
-// every rule of the choice is here).
+// every rule of the choice is here). kv_fp8_register: PlanContext's switch (the fp8 KV cache's
+// decode tiles convert at operand load, and split as their smaller blocks ask).
 KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decode,
-                           int64_t sequences, int64_t max_q_len, int64_t max_kv_len,
-                           bool may_split);
+                           int64_t sequences, int64_t max_q_len, int64_t max_kv_len, bool may_split,
+                           bool kv_fp8_register = kKvFp8RegisterByDefault);
 
 // What the sm90 kernel cannot run of this call, or "" if it can: ctx.sm90_unavailable, else the
 // problem's shape (head dims 64, 128 and 256, v's equal to q's: other head dims run padded on

@@ -51,6 +51,8 @@ struct CodeSmem {
   static constexpr int kTileBytes = Cfg::kBlockN * Cfg::kHeadDim;
   static constexpr int kTilesEnd = kQBytes + 2 * Cfg::kStages * kTileBytes;
   static constexpr int kBytes = kTilesEnd + 2 * PagedShape<Cfg>::kEntries * int(sizeof(int32_t));
+  static_assert(kTilesEnd == decode_code_smem_bytes(Cfg::kHeadDim, decode_tiles(Cfg::kHeadDim)),
+                "the split policy counts this block's slots per SM by decode_code_smem_bytes");
   unsigned char* base;
   int32_t* k_pages;
   int32_t* v_pages;

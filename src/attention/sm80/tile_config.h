@@ -103,6 +103,14 @@ constexpr Tiles decode_tiles(int head_dim) {
   return {16, block_n, 1, 2, false, 8, true};
 }
 
+// The shared memory of a decode block of the fp8 KV cache's register-conversion kernel
+// (kv_fp8_reg.h CodeSmem): Q in 16 bits, K and V tiles as one-byte codes, half the bytes of
+// fwd_smem_bytes' (its page-table entries, a few hundred bytes, aside): 35-41 KB, five or six an
+// SM where the 16-bit decode tiles fit three.
+constexpr int decode_code_smem_bytes(int head_dim, Tiles t) {
+  return t.block_m * head_dim * 2 + 2 * t.stages * t.block_n * head_dim;
+}
+
 // The head dims compiled (fwd_hdim*.cu): a call with other head dims (multiples of 8 from 32 to
 // 256, possibly q/k's differing from v's) runs on the smallest of them at or above both, its
 // padded instantiation (PaddedConfig below). FlashAttention-2 compiles 32, 64, 96, 128, 160, 192,
