@@ -31,7 +31,7 @@ bool is_decode(const Problem& pr) {
 // blocks fit an SM (decode_code_smem_bytes: six at d128), and they have one more regime:
 //   - one round of their slots holds every tile and at least half of it is busy: unsplit. H200,
 //     64 decodes x 2k and x 4k, 32/8 heads, d128 (512 tiles in 792 slots; session 23,
-//     bench/results/fp8-kv-h200-2026-12-03.md): 72/86/81/87 us and 136/157/144/148 us at 1/2/3/4
+//     bench/results/kv-fp8-h200-2026-12-03.md): 72/86/81/87 us and 136/157/144/148 us at 1/2/3/4
 //     splits; the splits only add the combine's traffic once the blocks keep HBM busy. The
 //     16-bit tiles are not measured in that regime (their 396 slots: 25-49 such sequences) and
 //     keep the rules above.

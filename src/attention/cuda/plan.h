@@ -126,7 +126,7 @@ inline constexpr bool kSm90Exp2FmaByDefault = false;
 
 // Whether the fp8 KV cache's decode tiles convert the e4m3 codes at operand load, in registers
 // (sm80/kv_fp8_reg.h), by default (FLASHSERVE_KV_FP8_REGISTER unset): on. Session 23's device
-// run (H200, bench_serve_attn --kv-fp8, bench/results/fp8-kv-h200-2026-12-03.md) measured the
+// run (H200, bench_serve_attn --kv-fp8, bench/results/kv-fp8-h200-2026-12-03.md) measured the
 // decode rows at 0.58-0.61x bf16's time (the widening in shared memory: 1.82-1.91x), and every
 // KvFp8* test passed both ways. "0" goes back to the widening for the decode launches (the masked
 // prefill tiles widen either way); the outputs differ from the widening's in rounding only
