@@ -141,7 +141,9 @@ TEST(PlanKvFp8, OffIsRefusedNamingKAndSayingHow) {
 
 // Decodes and chunks in one step: two sm80 launches, both on the fp8 KV kernels; the chunk's
 // launch masked; the splits those of the same bf16 step (the split policy does not look at
-// the element type); never sm90, even where the bf16 step takes it for its chunk.
+// the element type), but for the register tiles' decode launch, which splits by its own slots
+// (FLASHSERVE_KV_FP8_REGISTER, on by default); never sm90, even where the bf16 step takes it
+// for its chunk.
 TEST(PlanKvFp8, MixedStepRunsOnSm80FpKvKernelsWithBf16Splits) {
   std::mt19937 rng(23);
   for (int round = 0; round < 50; ++round) {
@@ -151,33 +153,44 @@ TEST(PlanKvFp8, MixedStepRunsOnSm80FpKvKernelsWithBf16Splits) {
       const int64_t q = rng() % 3 == 0 ? 1 + rng() % 600 : 1;
       seqs.push_back({q, q + static_cast<int64_t>(rng() % 9000)});
     }
-    for (int64_t d : {64, 128, 256}) {
-      const Step s = step(seqs, d);
-      const Plan p = make_plan(s.pr, s.ctx, s.lens);
-      Step b = s;  // the same step over a bf16 cache, on sm80 only
-      b.pr.kv_dtype = DType::kBFloat16;
-      b.ctx.family = FamilyRequest::kSm80;
-      const Plan q = make_plan(b.pr, b.ctx, b.lens);
-      ASSERT_EQ(p.launches.size(), q.launches.size());
-      for (size_t i = 0; i < p.launches.size(); ++i) {
-        const auto &l = p.launches[i], &m = q.launches[i];
-        EXPECT_EQ(l.kernel.family, attention::KernelFamily::kSm80);
-        EXPECT_TRUE(l.kernel.kv_fp8);
-        EXPECT_FALSE(m.kernel.kv_fp8);
-        EXPECT_TRUE(l.kernel.paged);
-        EXPECT_EQ(l.kernel.masked, !l.kernel.decode);
-        EXPECT_EQ(l.kernel.decode, m.kernel.decode);
-        EXPECT_EQ(l.kernel.splits, m.kernel.splits) << "round " << round << " d" << d;
-        EXPECT_EQ(l.kernel.block_m, m.kernel.block_m);
-        EXPECT_EQ(l.kernel.block_n, m.kernel.block_n);
-        EXPECT_EQ(l.seq_begin, m.seq_begin);
-        EXPECT_EQ(l.seq_end, m.seq_end);
+    int64_t decodes = 0, decode_kv = 0;
+    for (const auto& [q, kv] : seqs)
+      if (q == 1) ++decodes, decode_kv = std::max(decode_kv, kv);
+    for (int64_t d : {64, 128, 256})
+      for (bool reg : {false, true}) {
+        Step s = step(seqs, d);
+        s.ctx.kv_fp8_register = reg;
+        const Plan p = make_plan(s.pr, s.ctx, s.lens);
+        Step b = s;  // the same step over a bf16 cache, on sm80 only
+        b.pr.kv_dtype = DType::kBFloat16;
+        b.ctx.family = FamilyRequest::kSm80;
+        const Plan q = make_plan(b.pr, b.ctx, b.lens);
+        ASSERT_EQ(p.launches.size(), q.launches.size());
+        for (size_t i = 0; i < p.launches.size(); ++i) {
+          const auto &l = p.launches[i], &m = q.launches[i];
+          EXPECT_EQ(l.kernel.family, attention::KernelFamily::kSm80);
+          EXPECT_TRUE(l.kernel.kv_fp8);
+          EXPECT_FALSE(m.kernel.kv_fp8);
+          EXPECT_TRUE(l.kernel.paged);
+          EXPECT_EQ(l.kernel.masked, !l.kernel.decode);
+          EXPECT_EQ(l.kernel.decode, m.kernel.decode);
+          if (reg && l.kernel.decode)
+            EXPECT_EQ(l.kernel.splits, attention::choose_kernel(s.pr, s.ctx.device, true, decodes,
+                                                                1, decode_kv, true, true)
+                                           .splits)
+                << "round " << round << " d" << d;
+          else
+            EXPECT_EQ(l.kernel.splits, m.kernel.splits) << "round " << round << " d" << d;
+          EXPECT_EQ(l.kernel.block_m, m.kernel.block_m);
+          EXPECT_EQ(l.kernel.block_n, m.kernel.block_n);
+          EXPECT_EQ(l.seq_begin, m.seq_begin);
+          EXPECT_EQ(l.seq_end, m.seq_end);
+        }
+        if (!reg) EXPECT_EQ(p.workspace_bytes, q.workspace_bytes);
+        EXPECT_NE(attention::replay_key(p).find("kv-e4m3"), std::string::npos);
+        EXPECT_EQ(attention::replay_key(p).find("sm90"), std::string::npos);
+        EXPECT_NE(p.summary().find("kv-e4m3"), std::string::npos);
       }
-      EXPECT_EQ(p.workspace_bytes, q.workspace_bytes);
-      EXPECT_NE(attention::replay_key(p).find("kv-e4m3"), std::string::npos);
-      EXPECT_EQ(attention::replay_key(p).find("sm90"), std::string::npos);
-      EXPECT_NE(p.summary().find("kv-e4m3"), std::string::npos);
-    }
   }
   // The case the bf16 plan sends to sm90 (a 512-query chunk over 4k keys): sm80 here.
   const Step s = step({{512, 4096}});
