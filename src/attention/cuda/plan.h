@@ -120,8 +120,8 @@ inline constexpr bool kSm90EpilogueByDefault = true;
 // bench/results/exp2-fma-h200-2026-12-03.md) measured it 5-11% slower at every d64 shape, 512 to
 // 16k keys, causal or not: the d64 tile is not bound by the MUFU (docs/kernel-notes.md, "exp2 on
 // the FMA pipe"). "1" turns it on, for the fp8 tiles too (issue 23: d64, d128, d256; session 23
-// measured 0.96-1.00x at d128 x 128 and d256, 1.005-1.016x at d128 x 192); the outputs differ from the MUFU's in rounding only (Sm90Exp2Fma.* and
-// Sm90Fp8Exp2Fma.* bound the difference).
+// measured 0.96-1.00x at d128 x 128 and d256, 1.005-1.016x at d128 x 192); the outputs differ from
+// the MUFU's in rounding only (Sm90Exp2Fma.* and Sm90Fp8Exp2Fma.* bound the difference).
 inline constexpr bool kSm90Exp2FmaByDefault = false;
 
 // Whether the fp8 KV cache's decode tiles convert the e4m3 codes at operand load, in registers
