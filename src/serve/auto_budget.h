@@ -13,14 +13,16 @@
 // adjustment's to see. When no budget meets the SLO offline, the first is the smallest.
 //
 // Online: every `window` steps that ran a prefill chunk, the budget moves by what those steps
-// measured: down (a tile at least) when the slowest of them passed the SLO, held when it came
-// within 10% of it, else up by an eighth (a tile at least); and never above the model's ceiling,
-// the largest tile-aligned budget at which each of those steps, re-costed there (its decodes as
-// they were, its chunk tokens grown or cut to fill it) and scaled by the window's median measured
-// / predicted time, takes at most 90% of the SLO (the next window's steps are not these). The
-// ratio corrects the model's error on this deployment (CUDA graphs, eager launches, a busy host);
-// steps far slower than the median (a graph capture, a host stall) are left out of both: no
-// budget would have made them faster.
+// measured: down by an eighth (a tile at least) when the slowest of them passed the SLO, and the
+// budget it came down from is not tried again until kCapWindows windows in a row stayed within
+// the margin (then one tile more is allowed); held when the slowest came within 10% of the SLO;
+// else up by a tile. Never above the model's ceiling, the largest tile-aligned budget at which
+// each of those steps, re-costed there (its decodes as they were, its chunk tokens grown or cut
+// to fill it) and scaled by the window's high measured / predicted ratio (its 90th percentile),
+// takes at most 90% of the SLO (the next window's steps are not these). The ratio corrects the
+// model's error on this deployment (CUDA graphs, eager launches, a busy host); steps far slower
+// than the median (a graph capture, a host stall) are left out of both: no budget would have
+// made them faster.
 #pragma once
 
 #include <cstdint>
@@ -75,9 +77,13 @@ class AutoBudget {
  private:
   // Online (adjust): a step more than kOutlierRatio times the window's median measured /
   // predicted is not the budget's doing; the budget is sized for the window's steps to take at
-  // most kMargin of the SLO, and grows while its slowest typical step stays under that.
+  // most kMargin of the SLO at the window's kRatioQuantile ratio, and grows while its slowest
+  // typical step stays under that; a budget whose window passed the SLO is capped below for
+  // kCapWindows clean windows.
   static constexpr double kOutlierRatio = 2.0;
   static constexpr double kMargin = 0.9;
+  static constexpr double kRatioQuantile = 0.9;
+  static constexpr int kCapWindows = 8;
 
   // A mixed step as re-costing needs it: its decodes' KV lengths, the longest cached prefix of
   // its chunks, its measured time and measured / predicted.
@@ -96,6 +102,10 @@ class AutoBudget {
   AutoBudgetConfig config_;
   BudgetChoice initial_;
   int64_t budget_ = 0;
+  // The highest budget allowed now (set below a budget whose window passed the SLO) and the
+  // windows in a row within the margin since it was last set or raised.
+  int64_t cap_ = 0;
+  int clean_windows_ = 0;
   std::vector<Seen> window_;
 };
 

@@ -54,6 +54,24 @@ class OutlierCost final : public fs::CostModel {
   mutable int64_t mixed_ = 0;
 };
 
+// `base`'s costs, counting the steps that took longer than `slo` (what the P99 TBT sees).
+class CountingCost final : public fs::CostModel {
+ public:
+  CountingCost(const fs::CostModel& base, double slo) : base_(base), slo_(slo) {}
+  double step_seconds(const fs::Batch& b) const override {
+    const double t = base_.step_seconds(b);
+    if (t > slo_) ++over_;
+    return t;
+  }
+  std::string describe() const override { return "counting"; }
+  int64_t over() const { return over_; }
+
+ private:
+  const fs::CostModel& base_;
+  double slo_;
+  mutable int64_t over_ = 0;
+};
+
 fe::EngineConfig sarathi_config() {
   fe::EngineConfig c;
   c.scheduler.policy = fs::Policy::kSarathi;
@@ -123,10 +141,10 @@ TEST(AutoBudgetEngine, SlowerStepsThanTheProfileShrinkTheBudget) {
 }
 
 // Steps at half the predicted time: the model's ceiling is 0.5 x (2 ms + 10 us x B) <= 6.3 ms,
-// B <= 1060 -> 1024, and the budget climbs to it an eighth (a tile at least) a window, each step
+// B <= 1060 -> 1024, and the budget climbs to it a tile a window, each step
 // up seen before the next: 448, 512, ..., 1024 (at 1024 the steps take 6.12 ms; the ceiling
 // holds). 200 prompts: enough windows to get there.
-TEST(AutoBudgetEngine, FasterStepsThanTheProfileGrowTheBudgetAnEighthAWindow) {
+TEST(AutoBudgetEngine, FasterStepsThanTheProfileGrowTheBudgetATileAWindow) {
   const BudgetTrace r = run_with_clock_factor(0.5, 7e-3, 200);
   EXPECT_EQ(r.first, 448);
   EXPECT_EQ(r.last, 1024);
@@ -170,6 +188,41 @@ TEST(AutoBudgetEngine, ASlowMajorityStillShrinksTheBudget) {
   const BudgetTrace r = run_on_clock(profile, clock, 7e-3);
   EXPECT_EQ(r.first, 448);
   EXPECT_EQ(r.last, 64);
+}
+
+// One mixed step in 4 at 1.3x its prediction, the rest exact: the median ratio (1) would size the
+// budget for the fast steps and let the slow ones pass the margin; the window's 90th-percentile
+// ratio (1.3) holds them: 1.3 x (2 ms + 10 us x B) <= 6.3 ms, B <= 284 -> 256. (At the median
+// the budget settled at 320, its slow steps at 6.76 ms, between the margin and the SLO.)
+TEST(AutoBudgetEngine, TheCeilingHoldsTheWindowsSlowerSteps) {
+  const fs::ProfileCostModel profile(flashserve::testing::linear_profile(2e-3, 1e-5, 0), "lin");
+  const OutlierCost clock(profile, 4, 1.3);
+  const BudgetTrace r = run_on_clock(profile, clock, 7e-3);
+  EXPECT_EQ(r.first, 448);
+  EXPECT_EQ(r.last, 256);
+  EXPECT_EQ(r.largest_rise, 0);
+}
+
+// One mixed step in 16 at 1.8x (under twice the median: typical; above the 90th percentile:
+// not in the ratio), so the ceiling allows budgets whose slowest steps pass the SLO: 1.8 x (2 ms
+// + 10 us x B) <= 7 ms needs B <= 188. The budget comes down to 128 (5.9 ms), where a window
+// stays within the margin; one tile up, 192 passes the SLO again (7.06 ms). Without a cap it went
+// back up after every clean window (every other window past the SLO); capped below 192, it tries
+// 192 once per kCapWindows clean windows.
+TEST(AutoBudgetEngine, ABudgetThatPassedTheSloIsCappedBelowIt) {
+  const fs::ProfileCostModel profile(flashserve::testing::linear_profile(2e-3, 1e-5, 0), "lin");
+  const OutlierCost slow(profile, 16, 1.8);
+  const CountingCost clock(slow, 7e-3);
+  const BudgetTrace r = run_on_clock(profile, clock, 7e-3, 100);
+  EXPECT_EQ(r.first, 448);
+  EXPECT_LE(r.last, 192);
+  EXPECT_GE(r.last, 128);
+  EXPECT_EQ(r.largest_rise, 64);
+  // 40 windows: five come down from 448 (each past the SLO with its 2 slow steps), then one
+  // window at 192 in every nine: 16 steps past the SLO in all (uncapped, every other window:
+  // ~44), 12 changes.
+  EXPECT_LE(clock.over(), 18) << "changes " << r.changes;
+  EXPECT_LE(r.changes, 14);
 }
 
 // replay reports the budget's path: where it started and ended, its least and most, how often it
