@@ -143,8 +143,9 @@ int64_t AutoBudget::observe(const Batch& batch, double seconds) {
 //   by an eighth (a tile at least); past the margin, it holds; below, it grows by a tile, so that
 //   a ratio measured on this window's chunks is never carried far: a larger chunk's error is seen
 //   before the next step up.
-// - The cap: a budget whose window passed the SLO is not tried again until kCapWindows windows in
-//   a row stayed within the margin; then the cap rises a tile (and counts again).
+// - The cap: a budget whose window passed the SLO is not tried again until kCapWindows windows
+//   have stayed within the margin, none past the SLO since; then the cap rises a tile (and
+//   counts again).
 //
 // Why (H200, mistral-7b shape, ShareGPT, strict SLO 46.2 ms, bench/results/capacity-h200-
 // 2026-12-03.md): the fixed budget 1024 met the SLO at 7.76 and 8.25 req/s (TBT p99 43.7, 44.0

@@ -14,15 +14,15 @@
 //
 // Online: every `window` steps that ran a prefill chunk, the budget moves by what those steps
 // measured: down by an eighth (a tile at least) when the slowest of them passed the SLO, and the
-// budget it came down from is not tried again until kCapWindows windows in a row stayed within
-// the margin (then one tile more is allowed); held when the slowest came within 10% of the SLO;
-// else up by a tile. Never above the model's ceiling, the largest tile-aligned budget at which
-// each of those steps, re-costed there (its decodes as they were, its chunk tokens grown or cut
-// to fill it) and scaled by the window's high measured / predicted ratio (its 90th percentile),
-// takes at most 90% of the SLO (the next window's steps are not these). The ratio corrects the
-// model's error on this deployment (CUDA graphs, eager launches, a busy host); steps far slower
-// than the median (a graph capture, a host stall) are left out of both: no budget would have
-// made them faster.
+// budget it came down from is not tried again until kCapWindows windows have stayed within the
+// margin, none past the SLO since (then one tile more is allowed); held when the slowest came
+// within 10% of the SLO; else up by a tile. Never above the model's ceiling, the largest
+// tile-aligned budget at which each of those steps, re-costed there (its decodes as they were, its
+// chunk tokens grown or cut to fill it) and scaled by the window's high measured / predicted ratio
+// (its 90th percentile), takes at most 90% of the SLO (the next window's steps are not these). The
+// ratio corrects the model's error on this deployment (CUDA graphs, eager launches, a busy host);
+// steps far slower than the median (a graph capture, a host stall) are left out of both: no budget
+// would have made them faster.
 #pragma once
 
 #include <cstdint>
@@ -103,7 +103,7 @@ class AutoBudget {
   BudgetChoice initial_;
   int64_t budget_ = 0;
   // The highest budget allowed now (set below a budget whose window passed the SLO) and the
-  // windows in a row within the margin since it was last set or raised.
+  // windows within the margin since it was last set or raised (a window past the SLO sets it).
   int64_t cap_ = 0;
   int clean_windows_ = 0;
   std::vector<Seen> window_;
