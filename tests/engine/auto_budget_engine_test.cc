@@ -219,8 +219,8 @@ TEST(AutoBudgetEngine, ABudgetThatPassedTheSloIsCappedBelowIt) {
   EXPECT_GE(r.last, 128);
   EXPECT_EQ(r.largest_rise, 64);
   // 40 windows: five come down from 448 (each past the SLO with its 2 slow steps), then one
-  // window at 192 in every nine: 16 steps past the SLO in all (uncapped, every other window:
-  // ~44), 12 changes.
+  // window at 192 in every nine: 16 steps past the SLO in all, 12 changes (with the cap rising
+  // after every clean window, kCapWindows 1: 39 and 35).
   EXPECT_LE(clock.over(), 18) << "changes " << r.changes;
   EXPECT_LE(r.changes, 14);
 }
