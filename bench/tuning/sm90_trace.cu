@@ -9,7 +9,11 @@
 // Usage: sm90_trace [variant:L:causal ...], variants d64-192x128, d64-128x128, d128-128x128,
 // d128-128x176, d256-128x80, and with session 18's tile boundary (tile_config.h OverlappedEpilogue:
 // O by TMA store, the work announced; d256 staged in Q) d64-192x128-epi, d128-128x128-epi,
-// d256-128x80-epi (default: d128-128x128:512:0 d128-128x176:8192:0).
+// d256-128x80-epi, and the float8_e4m3fn tiles (tile_config.h Fp8Tile: q, k, v in e4m3, V^T's
+// pre-pass before the traced launch, descales 1) d64-fp8, d128-fp8, d128-fp8-192, d256-fp8
+// (default: d128-128x128:512:0 d128-128x176:8192:0). "ideal" counts 8192 dense FLOP per clock
+// for the fp8 tiles.
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -41,6 +45,7 @@ void run_traced(const sm90::FwdArgs& a, uint64_t* trace) {
 struct Variant {
   int d, block_m, block_n;
   Runner run[2];  // non-causal, causal
+  bool fp8 = false;
 };
 
 template <int kD, int kM, int kN, bool kLazy = false, bool kEpilogue = false>
@@ -53,6 +58,41 @@ Variant variant() {
       std::conditional_t<kEpilogue, sm90::OverlappedEpilogue<Base, sm90::kOwnEpilogueBuffer<Base>>,
                          Base>;
   return {kD, kM, kN, {run_traced<Cfg, false>, run_traced<Cfg, true>}};
+}
+
+// An fp8 tile with the timeline on (the kernel reads Cfg::kTrace).
+template <class Cfg>
+struct Traced : Cfg {
+  static constexpr bool kTrace = true;
+};
+
+// V^T's pre-pass (untraced), then the traced fp8 kernel; `a` carries the e4m3 buffers and V^T's
+// workspace (main).
+template <class Cfg, bool kCausal>
+void run_traced_fp8(const sm90::FwdArgs& a, uint64_t* trace) {
+  sm90::transpose_v<Cfg::kHeadDim>(a, Cfg::kBlockN);
+  sm90::FwdParams p = sm90::fwd_params(a);
+  p.trace = trace;
+  sm90::launch<Traced<Cfg>, true, kCausal>(p, a);
+}
+
+template <int kD, int kN>
+Variant fp8_variant() {
+  using Cfg = typename sm90::Fp8Tile<kD, kN>::type;
+  return {kD,
+          Cfg::kBlockM,
+          Cfg::kBlockN,
+          {run_traced_fp8<Cfg, false>, run_traced_fp8<Cfg, true>},
+          true};
+}
+
+// bf16 values (fill_random's, in [-1, 1)) times `scale` as e4m3 codes.
+__global__ void to_e4m3(const uint16_t* x, uint8_t* y, int64_t n, float scale) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float f = __bfloat162float(__ushort_as_bfloat16(x[i])) * scale;
+    y[i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3));
+  }
 }
 
 // Mean cycles of named phases.
@@ -167,6 +207,10 @@ int main(int argc, char** argv) {
       {"d64-192x128-epi", variant<64, 192, 128, false, true>()},
       {"d128-128x128-epi", variant<128, 128, 128, false, true>()},
       {"d256-128x80-epi", variant<256, 128, 80, true, true>()},
+      {"d64-fp8", fp8_variant<64, 128>()},
+      {"d128-fp8", fp8_variant<128, 128>()},
+      {"d128-fp8-192", fp8_variant<128, 192>()},
+      {"d256-fp8", fp8_variant<256, 128>()},
   };
   std::vector<std::string> specs;
   for (int i = 1; i < argc; ++i) specs.push_back(argv[i]);
@@ -185,6 +229,14 @@ int main(int argc, char** argv) {
   fill_random<<<1024, 256>>>(q, elems, 1);
   fill_random<<<1024, 256>>>(k, elems, 2);
   fill_random<<<1024, 256>>>(v, elems, 3);
+  // The fp8 variants' q, k, v (the same values times 4, as e4m3); V^T's workspace per shape.
+  uint8_t *q8, *k8, *v8, *vt = nullptr;
+  int64_t vt_bytes = 0;
+  for (auto** b : {&q8, &k8, &v8}) CUDA_OK(cudaMalloc(b, elems));
+  to_e4m3<<<1024, 256>>>(q, q8, elems, 4.0f);
+  to_e4m3<<<1024, 256>>>(k, k8, elems, 4.0f);
+  to_e4m3<<<1024, 256>>>(v, v8, elems, 4.0f);
+  CUDA_OK(cudaGetLastError());
   const size_t trace_words = size_t(sms) * sm90::kTraceRoles * sm90::kTraceCap;
   uint64_t* trace = nullptr;
   CUDA_OK(cudaMalloc(&trace, trace_words * 8));
@@ -203,8 +255,23 @@ int main(int argc, char** argv) {
       return 2;
     }
     const Variant& var = variants.at(name);
-    const sm90::FwdArgs a = fb::grid_args(q, k, v, out, lse, counter, var.d, L, causal != 0,
-                                          kTokens, kHidden, sms, l2, stream);
+    sm90::FwdArgs a = fb::grid_args(q, k, v, out, lse, counter, var.d, L, causal != 0, kTokens,
+                                    kHidden, sms, l2, stream);
+    if (var.fp8) {
+      a.q = q8;
+      a.k = k8;
+      a.v = v8;
+      a.dtype = flashserve::DType::kFloat8E4M3;
+      a.vt_keys = sm90::fp8_vt_keys(L);
+      const int64_t need = int64_t{kHidden} * (kTokens / L) * a.vt_keys;  // batch x h x d x keys
+      if (need > vt_bytes) {
+        CUDA_OK(cudaFree(vt));
+        CUDA_OK(cudaMalloc(&vt, need));
+        vt_bytes = need;
+      }
+      a.vt = vt;
+      a.fp8_block_n = var.block_n;
+    }
     const Runner run = var.run[causal != 0];
     for (int i = 0; i < 3; ++i) run(a, nullptr);
     CUDA_OK(cudaMemsetAsync(trace, 0, trace_words * 8, stream));
@@ -218,7 +285,7 @@ int main(int argc, char** argv) {
     const double flops = 4.0 * kTokens * double(L) * kHidden / (causal ? 2 : 1);
     std::printf("## %s, L %d, %s: %.1f TFLOP/s in the traced launch\n\n", name, L,
                 causal ? "causal" : "non-causal", flops / (ms * 1e-3) / 1e12);
-    const double ideal_step = 2.0 * 2 * 64 * var.block_n * var.d / 4096.0;
+    const double ideal_step = 2.0 * 2 * 64 * var.block_n * var.d / (var.fp8 ? 8192.0 : 4096.0);
     analyse(host, sms, var.block_m / 64, ideal_step, ms);
   }
   return 0;
