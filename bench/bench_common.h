@@ -1,9 +1,10 @@
-// What the CUDA benchmarks share besides CUDA_OK: random 16-bit inputs, the device check, the
-// median kernel time of repeated calls; and (cli_args.h) their command lines.
+// What the CUDA benchmarks share besides CUDA_OK: random 16-bit inputs (and as e4m3), the device
+// check, the median kernel time of repeated calls; and (cli_args.h) their command lines.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -31,6 +32,15 @@ static __global__ void fill_random(uint16_t* x, int64_t n, uint32_t seed, bool b
     const float f = (h >> 8) * (2.0f / 16777216.0f) - 1.0f;
     x[i] =
         bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(f)) : __half_as_ushort(__float2half_rn(f));
+  }
+}
+
+// x (bf16 bits) as e4m3 codes of x * scale (saturating): fill_random's values as fp8 inputs.
+static __global__ void to_e4m3(const uint16_t* x, uint8_t* y, int64_t n, float scale) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float f = __bfloat162float(__ushort_as_bfloat16(x[i])) * scale;
+    y[i] = __nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
   }
 }
 

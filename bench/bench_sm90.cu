@@ -102,15 +102,6 @@ double max_abs_diff(const uint16_t* a, const uint16_t* b, std::vector<uint16_t>&
   return m;
 }
 
-// x (bf16 bits) as e4m3 codes of x * scale (saturating).
-__global__ void to_e4m3(const uint16_t* x, uint8_t* y, int64_t n, float scale) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const float f = __bfloat162float(__ushort_as_bfloat16(x[i])) * scale;
-    y[i] = __nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
-  }
-}
-
 __global__ void fill_value(float* x, int64_t n, float value) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x)

@@ -13,7 +13,6 @@
 // pre-pass before the traced launch, descales 1) d64-fp8, d128-fp8, d128-fp8-192, d256-fp8
 // (default: d128-128x128:512:0 d128-128x176:8192:0). "ideal" counts 8192 dense FLOP per clock
 // for the fp8 tiles.
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -84,15 +83,6 @@ Variant fp8_variant() {
           Cfg::kBlockN,
           {run_traced_fp8<Cfg, false>, run_traced_fp8<Cfg, true>},
           true};
-}
-
-// bf16 values (fill_random's, in [-1, 1)) times `scale` as e4m3 codes.
-__global__ void to_e4m3(const uint16_t* x, uint8_t* y, int64_t n, float scale) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const float f = __bfloat162float(__ushort_as_bfloat16(x[i])) * scale;
-    y[i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3));
-  }
 }
 
 // Mean cycles of named phases.
