@@ -244,8 +244,10 @@ struct OverlappedEpilogue : Cfg {
 // d128 in run 43), the MUFU has room, and the issue slots would be a loss. (The d64 A/B, session
 // 20: 5-11% slower everywhere; off by default.)
 //
-// The fp8 tiles (issue 23; an A/B prepared without a GPU, docs/kernel-notes.md "exp2 on the FMA
-// pipe for the fp8 forward"): the e4m3 wgmmas run at twice bf16's rate, so per key block the
+// The fp8 tiles (issue 23; docs/kernel-notes.md "exp2 on the FMA pipe for the fp8 forward"; the
+// reasoning below was written before the device run, which measured 0.96-1.00x at d128 x 128 and
+// d256 and 1.005-1.016x at d128 x 192: ncu put the fp8 tile's XU at 45%, not MUFU-bound, so the
+// switch stays off): the e4m3 wgmmas run at twice bf16's rate, so per key block the
 // tensor time halves while the exponentials do not. Per SM sub-partition and 128-key block of a
 // 128 x 128 tile (two consumer warps there, one per warpgroup; 8192 dense fp8 FLOP per clock per
 // SM): tensor 128 x 128 x 2d x 2 / 8192 / 1 = 1024 cycles at d128, 2048 at d256; MUFU 2 warps x
