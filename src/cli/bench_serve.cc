@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -55,7 +56,7 @@ struct Options {
   int32_t block_size = 16;
   int64_t num_blocks = 0;
   double gpu_mem_util = 0.9, kv_memory_mb = 256;
-  std::string plot, predict_gpu, profile;
+  std::string plot, predict_gpu, profile, step_log;
   CapacityFlags cap;
   double confirm_margin = 0.1;
   KvCacheDtypeFlag kv_dtype;
@@ -96,6 +97,10 @@ int bench_serve(int argc, char** argv) {
   o.tp.add(app);
   auto* plot_opt = app.add_option("--plot", o.plot,
                                   "write PREFIX-tbt-cdf.svg and PREFIX-tbt-over-time-<policy>.svg");
+  auto* step_log_opt = app.add_option(
+      "--step-log", o.step_log,
+      "write every measured step to this CSV (policy, seed, step, end_s, seconds, tokens, decodes, "
+      "budget, graph_captures: the runner's CUDA graph captures so far)");
   auto* predict_gpu_opt = app.add_option(
       "--predict-gpu", o.predict_gpu,
       "also print the roofline simulator's prediction for this GPU preset (h200, a100) "
@@ -140,6 +145,14 @@ int bench_serve(int argc, char** argv) {
     throw UsageError("--capacity",
                      "needs a simulator to bisect with: --profile FILE or --predict-gpu");
   refuse_unless(plot_opt, !o.cap.capacity, "plots a run at --rate; --capacity draws none");
+  refuse_unless(step_log_opt, !o.cap.capacity, "logs the runs at --rate, not --capacity's probes");
+  // The log is written after minutes of serving: a path that cannot be written fails now.
+  std::ofstream step_log;
+  if (!o.step_log.empty()) {
+    step_log.open(o.step_log);
+    if (!step_log) throw UsageError("--step-log", "cannot write '" + o.step_log + "'");
+    step_log << "policy,seed,step,end_s,seconds,tokens,decodes,budget,graph_captures\n";
+  }
   refuse_unless(predict_gpu_opt, !o.cap.capacity || o.profile.empty(),
                 "--capacity bisects with one simulator, here --profile; give one of them");
   // An arrival trace (--workload FILE.csv with arrival times) gives the requests and their times:
@@ -279,6 +292,13 @@ int bench_serve(int argc, char** argv) {
     ro.vocab_size = mc.vocab_size;
     ro.seed = seed;
     const char* name = fs::to_string(p);
+    if (step_log.is_open())
+      ro.on_step = [&, name, n = int64_t{0}](const fe::StepResult& s, double end_s,
+                                             int64_t budget) mutable {
+        step_log << name << ',' << seed << ',' << n++ << ',' << end_s << ',' << s.seconds << ','
+                 << s.num_tokens << ',' << s.decodes << ',' << budget << ','
+                 << model.runner->graph_counts().first << '\n';
+      };
     ro.progress = [&, name, last = -1.0](int64_t done, int64_t total, double now) mutable {
       if (done < total && now - last < 0.5) return;
       last = now;

@@ -95,12 +95,14 @@ StepResult Engine::step() {
   if (observer_) observer_(*scheduler_, batch);
   const double started = executor_->now();
   const std::vector<int32_t> sampled = executor_->execute(batch);
+  result.seconds = executor_->now() - started;
   if (auto_budget_) {
-    const int64_t next = auto_budget_->observe(batch, executor_->now() - started);
+    const int64_t next = auto_budget_->observe(batch, result.seconds);
     if (next != scheduler_->config().max_tokens_per_step) scheduler_->set_token_budget(next);
   }
   std::vector<model::SampledLogprobs> logprobs = executor_->take_logprobs();
   result.num_tokens = batch.num_tokens();
+  for (const serve::BatchEntry& e : batch.entries) result.decodes += e.is_prefill ? 0 : 1;
   for (size_t i = 0; i < batch.entries.size(); ++i) {
     if (!batch.entries[i].samples) continue;
     RequestOutput out{batch.entries[i].seq->id,

@@ -62,6 +62,8 @@ struct StepResult {
   // Requests that finished in this step (not aborted ones), with their token times for metrics.
   std::vector<std::unique_ptr<serve::Sequence>> finished;
   int64_t num_tokens = 0;  // tokens in the step's forward (0: nothing ran)
+  int64_t decodes = 0;     // of its entries, the decodes (one token each, not prefill)
+  double seconds = 0;      // the forward's time on the executor's clock (what --budget auto sees)
   int64_t preempted = 0;
 };
 

@@ -68,6 +68,7 @@ ReplayResult replay(Engine& engine, const std::vector<serve::Request>& requests,
       continue;
     }
     ++result.steps;
+    if (options.on_step) options.on_step(step, engine.now() - t0, result.budget_last);
     result.max_step_tokens = std::max(result.max_step_tokens, step.num_tokens);
     if (const int64_t budget = engine.scheduler().config().max_tokens_per_step;
         budget != result.budget_last) {

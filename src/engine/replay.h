@@ -23,6 +23,9 @@ struct ReplayOptions {
   uint64_t seed = 0;
   // Called after every step with the requests finished so far and the total (a progress line).
   std::function<void(int64_t finished, int64_t total, double now)> progress;
+  // Called after every step that ran a forward, with the step, the time it ended (relative to the
+  // replay's start) and the token budget it ran with (bench-serve --step-log).
+  std::function<void(const StepResult& step, double end_s, int64_t budget)> on_step;
 };
 
 struct ReplayResult {

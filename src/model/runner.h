@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flashserve/error.h"
@@ -62,6 +63,9 @@ class ModelRunner {
   // the first one (the CUDA runner grows its step buffers and chooses its GEMM algorithms for
   // every row count now, so that no served step pays for it). Optional: steps work without it.
   virtual void prepare(int64_t max_tokens, int64_t max_rows) { (void)max_tokens, (void)max_rows; }
+  // The CUDA graphs captured and replayed so far, every kind: (captures, replays); (0, 0) for a
+  // runner without graphs. A capture costs its step host time (bench-serve --step-log marks them).
+  virtual std::pair<int64_t, int64_t> graph_counts() const { return {0, 0}; }
 };
 
 // A runner on the CPU for the checkpoint directory `dir` (weights converted to float32 on load).

@@ -243,6 +243,58 @@ TEST(AutoBudgetEngine, ReplayReportsTheBudgetsPath) {
   EXPECT_EQ(fe::budget_trace(r), "448 at the start, 704 at the end; 448 to 704 over 4 changes");
 }
 
+// replay's on_step sees every step that ran (bench-serve --step-log): its forward's time on the
+// executor's clock, its tokens and decodes, when it ended, and the budget it ran with (the
+// budget's path above, step by step).
+TEST(AutoBudgetEngine, ReplayShowsEveryStepWithTheBudgetItRanWith) {
+  const fs::ProfileCostModel profile(flashserve::testing::linear_profile(2e-3, 1e-5, 0), "lin");
+  const ScaledCost fast(profile, 0.5);
+  const fe::EngineConfig ec = sarathi_config();
+  fe::Engine engine(ec, std::make_unique<fe::SimulatedExecutor>(fast));
+  engine.set_auto_budget(std::make_unique<fs::AutoBudget>(
+      profile,
+      fs::AutoBudgetConfig::for_scheduler(ec.scheduler, ec.num_blocks, ec.block_size, 7e-3)));
+  std::vector<fs::Request> requests;
+  for (int64_t i = 0; i < 40; ++i) requests.push_back({i, 0.0, 2000, 50});
+  struct Seen {
+    int64_t tokens, decodes, budget;
+    double seconds, end_s;
+  };
+  std::vector<Seen> seen;
+  fe::ReplayOptions ro;
+  ro.on_step = [&](const fe::StepResult& s, double end_s, int64_t budget) {
+    seen.push_back({s.num_tokens, s.decodes, budget, s.seconds, end_s});
+  };
+  const fe::ReplayResult r = fe::replay(engine, requests, ro);
+  ASSERT_EQ(static_cast<int64_t>(seen.size()), r.steps);
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.front().budget, r.budget_first);
+  int64_t changes = 0, tokens = 0;
+  double busy = 0;
+  for (size_t i = 0; i < seen.size(); ++i) {
+    const Seen& s = seen[i];
+    EXPECT_GT(s.seconds, 0) << i;
+    EXPECT_LE(s.decodes, s.tokens) << i;
+    // sarathi: every decode beside at most the budget's tokens.
+    EXPECT_LE(s.tokens, std::max(s.budget, s.decodes)) << i;
+    tokens += s.tokens;
+    busy += s.seconds;
+    if (i > 0) {
+      EXPECT_GE(s.end_s, seen[i - 1].end_s + s.seconds - 1e-12) << i;
+      changes += s.budget != seen[i - 1].budget;
+    }
+  }
+  // Every prompt token and every output token but each request's first (sampled by its last
+  // chunk) went through a forward.
+  EXPECT_EQ(tokens, 40 * 2000 + 40 * 49);
+  EXPECT_LE(busy, seen.back().end_s + 1e-9);
+  EXPECT_NEAR(seen.back().end_s, r.end_time - r.start_time, 1e-9);
+  // The last change may come after the last step: the steps show all but at most that one.
+  EXPECT_GE(changes, r.budget_changes - 1);
+  EXPECT_LE(changes, r.budget_changes);
+  EXPECT_GT(changes, 0);
+}
+
 TEST(AutoBudgetEngine, OnlySarathiTakesAnAutoBudget) {
   const fs::ProfileCostModel profile(flashserve::testing::linear_profile(2e-3, 1e-5, 0), "lin");
   fe::EngineConfig ec = sarathi_config();
