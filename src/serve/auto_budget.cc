@@ -155,7 +155,11 @@ int64_t AutoBudget::observe(const Batch& batch, double seconds) {
 // missed at 7.76 and at 7.40 (p99 47.8 and 50.0 ms, where the fixed 512 met at 23.8): its budget
 // went up to 1152 and back 57-73 times, a window of steps past the SLO at each return, and down
 // a tile only. The simulator, whose steps are the model's, kept both at 41.4 ms: the engine's
-// steps vary more than the profile's. This rule is not yet run on a device.
+// steps vary more than the profile's. This rule on the H200 (session 24, same file): TBT
+// p99 41.6-41.9 ms in four runs of five (44.5 in the fifth), the strict SLO met at 7.40
+// and 7.76 req/s and missed on the scheduling delay from 8.0: under load it holds 896-960, where
+// 1024's windows have a slowest step of 43-46 ms, above the margin; kMargin 0.95 measured no better
+// (one run).
 void AutoBudget::adjust() {
   std::vector<double> ratios;
   ratios.reserve(window_.size());
