@@ -225,10 +225,9 @@ TEST(AutoBudgetEngine, ABudgetThatPassedTheSloIsCappedBelowIt) {
   EXPECT_LE(r.changes, 14);
 }
 
-// replay reports the budget's path: where it started and ended, its least and most, how often it
-// changed (what bench-serve and simulate print, budget_trace). On a clock at half the profile's
-// time the budget grows a tile a window (FasterSteps... above) until the 40 prompts run out.
-TEST(AutoBudgetEngine, ReplayReportsTheBudgetsPath) {
+// 40 prompts of 2000 tokens (50 out) replayed under --budget auto (7 ms SLO) on a clock at half
+// the profile's time: the budget grows a tile a window (FasterSteps... above) until they run out.
+fe::ReplayResult replay_on_a_fast_clock(const fe::ReplayOptions& options = {}) {
   const fs::ProfileCostModel profile(flashserve::testing::linear_profile(2e-3, 1e-5, 0), "lin");
   const ScaledCost fast(profile, 0.5);
   const fe::EngineConfig ec = sarathi_config();
@@ -238,7 +237,13 @@ TEST(AutoBudgetEngine, ReplayReportsTheBudgetsPath) {
       fs::AutoBudgetConfig::for_scheduler(ec.scheduler, ec.num_blocks, ec.block_size, 7e-3)));
   std::vector<fs::Request> requests;
   for (int64_t i = 0; i < 40; ++i) requests.push_back({i, 0.0, 2000, 50});
-  const fe::ReplayResult r = fe::replay(engine, requests);
+  return fe::replay(engine, requests, options);
+}
+
+// replay reports the budget's path: where it started and ended, its least and most, how often it
+// changed (what bench-serve and simulate print, budget_trace).
+TEST(AutoBudgetEngine, ReplayReportsTheBudgetsPath) {
+  const fe::ReplayResult r = replay_on_a_fast_clock();
   EXPECT_EQ(r.finished.size(), 40u);
   EXPECT_EQ(fe::budget_trace(r), "448 at the start, 704 at the end; 448 to 704 over 4 changes");
 }
@@ -247,15 +252,6 @@ TEST(AutoBudgetEngine, ReplayReportsTheBudgetsPath) {
 // executor's clock, its tokens and decodes, when it ended, and the budget it ran with (the
 // budget's path above, step by step).
 TEST(AutoBudgetEngine, ReplayShowsEveryStepWithTheBudgetItRanWith) {
-  const fs::ProfileCostModel profile(flashserve::testing::linear_profile(2e-3, 1e-5, 0), "lin");
-  const ScaledCost fast(profile, 0.5);
-  const fe::EngineConfig ec = sarathi_config();
-  fe::Engine engine(ec, std::make_unique<fe::SimulatedExecutor>(fast));
-  engine.set_auto_budget(std::make_unique<fs::AutoBudget>(
-      profile,
-      fs::AutoBudgetConfig::for_scheduler(ec.scheduler, ec.num_blocks, ec.block_size, 7e-3)));
-  std::vector<fs::Request> requests;
-  for (int64_t i = 0; i < 40; ++i) requests.push_back({i, 0.0, 2000, 50});
   struct Seen {
     int64_t tokens, decodes, budget;
     double seconds, end_s;
@@ -265,7 +261,7 @@ TEST(AutoBudgetEngine, ReplayShowsEveryStepWithTheBudgetItRanWith) {
   ro.on_step = [&](const fe::StepResult& s, double end_s, int64_t budget) {
     seen.push_back({s.num_tokens, s.decodes, budget, s.seconds, end_s});
   };
-  const fe::ReplayResult r = fe::replay(engine, requests, ro);
+  const fe::ReplayResult r = replay_on_a_fast_clock(ro);
   ASSERT_EQ(static_cast<int64_t>(seen.size()), r.steps);
   ASSERT_FALSE(seen.empty());
   EXPECT_EQ(seen.front().budget, r.budget_first);
