@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Summarise `flashserve bench-serve --step-log` files: where a run's GPU time went, step by step.
+
+Per log (one policy and seed each, or every (policy, seed) in a log that holds several): steps,
+GPU-busy seconds against the run's span, tokens, the share of busy time at each token budget, the
+mean microseconds a token of the steps that filled their budget (a deployment's speed at that
+budget: compare runs of one call, as calls may land on GPUs a few percent apart), the mixed steps'
+median / p90 / p99 / max milliseconds per budget, the decode-weighted p99 step (what the P99 TBT
+sees when every running request decodes each step), the steps past an SLO, and the CUDA graph
+captures and their steps' times.
+
+    python3 bench/step_log_summary.py steps-auto.csv steps-1024.csv [--slo-ms 46.2]
+
+Only the Python standard library; the logs' columns: policy, seed, step, end_s, seconds, tokens,
+decodes, budget, graph_captures (src/cli/bench_serve.cc).
+"""
+import argparse
+import csv
+import statistics
+import sys
+from collections import defaultdict
+
+
+def quantile(sorted_xs, q):
+    return sorted_xs[min(len(sorted_xs) - 1, int(q * len(sorted_xs)))]
+
+
+def summarise(name, rows, slo_s):
+    sec = [float(r["seconds"]) for r in rows]
+    tok = [int(r["tokens"]) for r in rows]
+    dec = [int(r["decodes"]) for r in rows]
+    bud = [int(r["budget"]) for r in rows]
+    cap = [int(r["graph_captures"]) for r in rows]
+    busy, span = sum(sec), float(rows[-1]["end_s"])
+    print(f"## {name}: {len(rows)} steps, GPU busy {busy:.1f} s of {span:.1f}, {sum(tok)} tokens")
+    share = defaultdict(float)
+    for s, b in zip(sec, bud):
+        share[b] += s
+    print("budget share of busy time: " +
+          ", ".join(f"{b} {v / busy:.0%}" for b, v in sorted(share.items())))
+    print("| budget | mixed steps | full | us a token (full) | median ms | p90 | p99 | max |")
+    print("|---|---|---|---|---|---|---|---|")
+    mixed = defaultdict(list)
+    for s, t, d, b in zip(sec, tok, dec, bud):
+        if t > d:
+            mixed[b].append((s, t))
+    for b in sorted(mixed):
+        xs = sorted(s for s, _ in mixed[b])
+        full = [s / t for s, t in mixed[b] if t >= b]
+        us = f"{statistics.mean(full) * 1e6:.1f}" if full else "-"
+        print(f"| {b} | {len(xs)} | {len(full)} | {us} | {statistics.median(xs) * 1e3:.1f} | "
+              f"{quantile(xs, 0.9) * 1e3:.1f} | {quantile(xs, 0.99) * 1e3:.1f} | {xs[-1] * 1e3:.1f} |")
+    weighted = sorted(s for s, d in zip(sec, dec) for _ in range(d))
+    if weighted:
+        print(f"decode-weighted p99 step: {quantile(weighted, 0.99) * 1e3:.1f} ms")
+    captured = [i for i in range(len(rows)) if cap[i] > (cap[i - 1] if i else 0)]
+    over = [i for i in range(len(rows)) if sec[i] > slo_s]
+    print(f"steps past {slo_s * 1e3:.1f} ms: {len(over)} ({sum(dec[i] for i in over)} decode "
+          f"tokens), {len(set(over) & set(captured))} of them captures")
+    if captured:
+        cs = sorted(sec[i] for i in captured)
+        print(f"CUDA graph captures: {cap[-1]}; their steps median {statistics.median(cs) * 1e3:.1f} "
+              f"ms, max {cs[-1] * 1e3:.1f}")
+    print()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("logs", nargs="+")
+    ap.add_argument("--slo-ms", type=float, default=46.2, help="the P99 TBT SLO (strict: 46.2)")
+    args = ap.parse_args()
+    for path in args.logs:
+        runs = defaultdict(list)
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                runs[(r["policy"], r["seed"])].append(r)
+        if not runs:
+            sys.exit(f"{path}: no steps")
+        for (policy, seed), rows in runs.items():
+            summarise(f"{path} ({policy}, seed {seed})", rows, args.slo_ms / 1e3)
+
+
+if __name__ == "__main__":
+    main()
