@@ -102,7 +102,7 @@ StepResult Engine::step() {
   }
   std::vector<model::SampledLogprobs> logprobs = executor_->take_logprobs();
   result.num_tokens = batch.num_tokens();
-  for (const serve::BatchEntry& e : batch.entries) result.decodes += e.is_prefill ? 0 : 1;
+  result.decodes = batch.num_decode_tokens();
   for (size_t i = 0; i < batch.entries.size(); ++i) {
     if (!batch.entries[i].samples) continue;
     RequestOutput out{batch.entries[i].seq->id,
