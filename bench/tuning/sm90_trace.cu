@@ -12,10 +12,13 @@
 // d256-128x80-epi, and the float8_e4m3fn tiles (tile_config.h Fp8Tile: q, k, v in e4m3, V^T's
 // pre-pass before the traced launch, descales 1) d64-fp8, d128-fp8, d128-fp8-192, d256-fp8
 // (default: d128-128x128:512:0 d128-128x176:8192:0). "ideal" counts 8192 dense FLOP per clock
-// for the fp8 tiles.
+// for the fp8 tiles. Each output is hashed (equal hashes: equal bits) and compared with the first
+// variant of the same L, causality and head dim run before it (largest and RMS difference beside
+// O's RMS).
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -83,6 +86,13 @@ Variant fp8_variant() {
           Cfg::kBlockN,
           {run_traced_fp8<Cfg, false>, run_traced_fp8<Cfg, true>},
           true};
+}
+
+double bf16_to_double(uint16_t x) {
+  uint32_t bits = uint32_t{x} << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
 }
 
 // Mean cycles of named phases.
@@ -236,6 +246,7 @@ int main(int argc, char** argv) {
   cudaEvent_t t0, t1;
   CUDA_OK(cudaEventCreate(&t0));
   CUDA_OK(cudaEventCreate(&t1));
+  std::map<std::string, std::pair<std::string, std::vector<uint16_t>>> first_output;
   for (const auto& spec : specs) {
     char name[64];
     int L = 0, causal = 0;
@@ -288,8 +299,28 @@ int main(int argc, char** argv) {
       hash = (hash ^ x) * 1099511628211ull;
       nan += (x & 0x7f80) == 0x7f80 && (x & 0x7f) != 0;
     }
-    std::printf("output: hash %016llx, %lld NaN of %lld\n\n", static_cast<unsigned long long>(hash),
+    std::printf("output: hash %016llx, %lld NaN of %lld\n", static_cast<unsigned long long>(hash),
                 static_cast<long long>(nan), static_cast<long long>(elems));
+    // Against the first variant of this L, causality and head dim: the largest difference and the
+    // RMS of the differences, beside O's RMS (a variant that computes other bits, -h2, must stay
+    // within its rounding; one that permutes P wrongly is off by O's size).
+    const std::string key = std::to_string(L) + ":" + std::to_string(causal) + ":" +
+                            std::to_string(var.d) + (var.fp8 ? ":fp8" : "");
+    if (!first_output.count(key)) {
+      first_output[key] = {name, o};
+    } else {
+      const auto& [ref_name, ref] = first_output[key];
+      double max_diff = 0, sq = 0, ref_sq = 0;
+      for (size_t i = 0; i < o.size(); ++i) {
+        const double a = bf16_to_double(o[i]), b = bf16_to_double(ref[i]);
+        max_diff = std::max(max_diff, std::abs(a - b));
+        sq += (a - b) * (a - b);
+        ref_sq += b * b;
+      }
+      std::printf("against %s: max |diff| %.3g, RMS diff %.3g, RMS of O %.3g\n", ref_name.c_str(),
+                  max_diff, std::sqrt(sq / double(o.size())), std::sqrt(ref_sq / double(o.size())));
+    }
+    std::printf("\n");
   }
   return 0;
 }
