@@ -6,13 +6,16 @@ GPU-busy seconds against the run's span, tokens, the share of busy time at each 
 mean microseconds a token of the steps that filled their budget (a deployment's speed at that
 budget: compare runs of one call, as calls may land on GPUs a few percent apart), the mixed steps'
 median / p90 / p99 / max milliseconds per budget, the decode-weighted p99 step (what the P99 TBT
-sees when every running request decodes each step), the steps past an SLO, and the CUDA graph
-captures and their steps' times.
+sees when every running request decodes each step), the steps past an SLO, the CUDA graph
+captures and their steps' times, and (logs of runs with --profile) the profile's cost of the
+run's own batches against what they took, by kind of step: where the calibrated simulator is
+off.
 
     python3 bench/step_log_summary.py steps-auto.csv steps-1024.csv [--slo-ms 46.2]
 
 Only the Python standard library; the logs' columns: policy, seed, step, end_s, seconds, tokens,
-decodes, budget, graph_captures (src/cli/bench_serve.cc).
+decodes, budget, graph_captures, predicted_s (src/cli/bench_serve.cc; logs written before
+predicted_s existed lack it).
 """
 import argparse
 import csv
@@ -61,7 +64,30 @@ def summarise(name, rows, slo_s):
         cs = sorted(sec[i] for i in captured)
         print(f"CUDA graph captures: {cap[-1]}; their steps median {statistics.median(cs) * 1e3:.1f} "
               f"ms, max {cs[-1] * 1e3:.1f}")
+    if all(r.get("predicted_s") for r in rows):
+        compare_with_profile(rows, sec, tok, dec, bud)
     print()
+
+
+def compare_with_profile(rows, sec, tok, dec, bud):
+    """The profile's cost of each batch (predicted_s) against its measured time, by kind."""
+    pred = [float(r["predicted_s"]) for r in rows]
+    kinds = defaultdict(list)
+    for i in range(len(rows)):
+        kind = ("decode-only" if tok[i] == dec[i] else
+                "mixed, full budget" if tok[i] >= bud[i] else "mixed, under budget")
+        kinds[kind].append(i)
+    print(f"profile's cost of these batches: {sum(pred):.2f} s against {sum(sec):.2f} s measured "
+          f"({sum(pred) / sum(sec) - 1:+.1%})")
+    print("| steps | count | measured s | predicted s | predicted / measured | median step ratio |")
+    print("|---|---|---|---|---|---|")
+    for kind in ("decode-only", "mixed, under budget", "mixed, full budget"):
+        ix = kinds.get(kind)
+        if not ix:
+            continue
+        m, p = sum(sec[i] for i in ix), sum(pred[i] for i in ix)
+        med = statistics.median(pred[i] / sec[i] for i in ix if sec[i] > 0)
+        print(f"| {kind} | {len(ix)} | {m:.2f} | {p:.2f} | {p / m - 1:+.1%} | {med:.3f} |")
 
 
 def main():

@@ -100,7 +100,8 @@ int bench_serve(int argc, char** argv) {
   auto* step_log_opt = app.add_option(
       "--step-log", o.step_log,
       "write every measured step to this CSV (policy, seed, step, end_s, seconds, tokens, decodes, "
-      "budget, graph_captures: the runner's CUDA graph captures so far)");
+      "budget, graph_captures: the runner's CUDA graph captures so far, predicted_s: the "
+      "--profile cost model's time for the step's batch, empty without --profile)");
   auto* predict_gpu_opt = app.add_option(
       "--predict-gpu", o.predict_gpu,
       "also print the roofline simulator's prediction for this GPU preset (h200, a100) "
@@ -151,7 +152,7 @@ int bench_serve(int argc, char** argv) {
   if (!o.step_log.empty()) {
     step_log.open(o.step_log);
     if (!step_log) throw UsageError("--step-log", "cannot write '" + o.step_log + "'");
-    step_log << "policy,seed,step,end_s,seconds,tokens,decodes,budget,graph_captures\n";
+    step_log << "policy,seed,step,end_s,seconds,tokens,decodes,budget,graph_captures,predicted_s\n";
   }
   refuse_unless(predict_gpu_opt, !o.cap.capacity || o.profile.empty(),
                 "--capacity bisects with one simulator, here --profile; give one of them");
@@ -292,12 +293,21 @@ int bench_serve(int argc, char** argv) {
     ro.vocab_size = mc.vocab_size;
     ro.seed = seed;
     const char* name = fs::to_string(p);
+    // The calibrated model's time for each batch as it ran (the simulator's error step by step,
+    // on the measured run's own batches): costed before the step runs, written after it.
+    auto predicted = std::make_shared<double>(0.0);
+    if (step_log.is_open() && calibrated)
+      engine->set_observer([&, predicted](const fs::Scheduler&, const fs::Batch& batch) {
+        *predicted = calibrated->step_seconds(batch);
+      });
     if (step_log.is_open())
-      ro.on_step = [&, name, n = int64_t{0}](const fe::StepResult& s, double end_s,
-                                             int64_t budget) mutable {
+      ro.on_step = [&, name, predicted, n = int64_t{0}](const fe::StepResult& s, double end_s,
+                                                        int64_t budget) mutable {
         step_log << name << ',' << seed << ',' << n++ << ',' << end_s << ',' << s.seconds << ','
                  << s.num_tokens << ',' << s.decodes << ',' << budget << ','
-                 << model.runner->graph_counts().first << '\n';
+                 << model.runner->graph_counts().first << ',';
+        if (calibrated) step_log << *predicted;
+        step_log << '\n';
       };
     ro.progress = [&, name, last = -1.0](int64_t done, int64_t total, double now) mutable {
       if (done < total && now - last < 0.5) return;
