@@ -54,18 +54,17 @@ def refuse_cuda_modifier_grad(q, softcap, alibi_slopes):
 
 def refuse_cuda_head_dim_grad(q, k, v):
     """The CUDA forward runs head dims that are multiples of 8 from 32 to 256, q/k's and v's equal
-    or not; the CUDA backward has 64 and 128 with equal dims (256 is refused by the backward
-    itself, as before). A CUDA call with the new dims that will want gradients is refused before
-    the forward runs."""
+    or not; the CUDA backward runs the same head dims with q/k's and v's equal. A CUDA call with
+    unequal dims that will want gradients is refused before the forward runs."""
     if not (isinstance(q, Tensor) and q.is_cuda):
         return
     d, dv = q.shape[-1], v.shape[-1]
-    if d == dv and d in (64, 128, 256):
+    if d == dv:
         return
     raise NotImplementedError(
-        f"q: head_dim {d} (v's {dv}) has no CUDA backward (64 and 128 with equal head dims; the "
-        "CUDA forward and the CPU path have it); run the forward under torch.no_grad() or on CPU "
-        "tensors")
+        f"q: head_dim {d} (v's {dv}) has no CUDA backward (q's and v's head dims must be equal; "
+        "the CUDA forward and the CPU path have it); run the forward under torch.no_grad() or on "
+        "CPU tensors")
 
 
 def refuse_slope_grad(alibi_slopes):

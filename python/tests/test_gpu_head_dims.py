@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch")
 import flashserve  # noqa: E402
 from flashserve import (flash_attn_func, flash_attn_varlen_func,  # noqa: E402
                         flash_attn_with_kvcache)
-from test_gpu_torch import check, check_lse, gen, pack, randn, reference  # noqa: E402,F401
+from test_gpu_torch import (check, check_autograd_against_float64, check_lse, gen,  # noqa: E402,F401
+                            pack, randn, reference)
 
 
 @pytest.fixture(autouse=True)
@@ -141,8 +142,18 @@ def test_refusals_name_the_argument(gen):
     with pytest.raises(NotImplementedError, match=r"^softcap: logit soft-capping is not supported "
                                                   r"by the CUDA kernels with head dims 40/40"):
         flash_attn_func(q, k, v, softcap=30.0)
-    # Gradients: the CUDA backward has 64 and 128 with equal head dims; refused before the
-    # forward runs.
-    with pytest.raises(NotImplementedError, match=r"^q: head_dim 40 \(v's 40\) has no CUDA "
-                                                  r"backward"):
-        flash_attn_func(q.requires_grad_(), k, v)
+    # Gradients: the CUDA backward needs q's and v's head dims equal; refused before the forward
+    # runs.
+    with pytest.raises(NotImplementedError, match=r"^q: head_dim 40 \(v's 32\) has no CUDA "
+                                                  r"backward \(q's and v's head dims must be equal"):
+        flash_attn_func(q.requires_grad_(), k, v[..., :32].contiguous())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [32, 40, 96, 136, 192, 256])
+def test_autograd_padded_head_dims(gen, dtype, causal, d):
+    """The CUDA backward at head dims other than 64 and 128 (the sm80 kernels of 64, 128 or 256,
+    padded; past 128 in two launches of half the columns), through autograd, against float64
+    autograd (test_gpu_torch.py's check_autograd_against_float64)."""
+    check_autograd_against_float64(gen, d, causal, dtype)

@@ -255,29 +255,34 @@ def test_tensors_on_another_device(gen):
     check(out[0], exact, low, dtype)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_autograd_matches_float64_on_cuda(gen, causal):
-    """The CUDA backward through autograd (the default family: sm90 on an H100/H200 build with
-    90a, else sm80; FLASHSERVE_BWD_KERNEL forces one): flash_attn_func's gradients on CUDA
-    (GQA 4/2, odd lengths) against PyTorch's autograd of a naive attention in float64, with the
-    tolerance of the same naive attention's autograd in bf16 (test_cpu_torch_autograd's
-    reference); and under torch.no_grad() the forward alone."""
+def check_autograd_against_float64(gen, d, causal, dtype=torch.bfloat16):
+    """flash_attn_func's gradients on CUDA at head dim d (GQA 4/2, odd lengths, q_len < kv_len)
+    against PyTorch's autograd of a naive attention in float64, with the tolerance of the same
+    naive attention's autograd in dtype (test_cpu_torch_autograd's reference); and under
+    torch.no_grad() the forward alone, the same out."""
     from test_cpu_torch_autograd import check_grads, reference_grads  # skips without the API
 
-    b, sq, sk, h, hk, d = 2, 77, 130, 4, 2, 64
-    q = randn(gen, (b, sq, h, d), torch.bfloat16).requires_grad_()
-    k, v = (randn(gen, (b, sk, hk, d), torch.bfloat16).requires_grad_() for _ in range(2))
+    b, sq, sk, h, hk = 2, 77, 130, 4, 2
+    q = randn(gen, (b, sq, h, d), dtype).requires_grad_()
+    k, v = (randn(gen, (b, sk, hk, d), dtype).requires_grad_() for _ in range(2))
     out = flash_attn_func(q, k, v, causal=causal)
-    dout = randn(gen, tuple(out.shape), torch.bfloat16)
+    dout = randn(gen, tuple(out.shape), dtype)
     out.backward(dout)
     for i in range(b):
         args = [x[i].detach().cpu() for x in (q, k, v, dout)] + [d**-0.5, causal, (-1, -1)]
         exact = reference_grads(*args, torch.float64)
-        low = reference_grads(*args, torch.bfloat16)
-        check_grads([x.grad[i].cpu() for x in (q, k, v)], exact, low, torch.bfloat16)
+        low = reference_grads(*args, dtype)
+        check_grads([x.grad[i].cpu() for x in (q, k, v)], exact, low, dtype)
     with torch.no_grad():
         again = flash_attn_func(q, k, v, causal=causal)
     assert again.grad_fn is None and torch.equal(again, out.detach())
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_autograd_matches_float64_on_cuda(gen, causal):
+    """The CUDA backward through autograd (the default family: sm90 on an H100/H200 build with
+    90a, else sm80; FLASHSERVE_BWD_KERNEL forces one) at head dim 64: check_autograd_against_float64."""
+    check_autograd_against_float64(gen, 64, causal)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -63,9 +63,7 @@ void check_supported(const AttentionBackwardParams& bp, const Problem& pr) {
   if (pr.dtype != DType::kBFloat16 && pr.dtype != DType::kFloat16)
     unsupported("q", str_cat("dtype ", dtype_name(pr.dtype),
                              " is not supported by the CUDA backward (bfloat16, float16)"));
-  if (pr.head_dim != 64 && pr.head_dim != 128)
-    unsupported("q", str_cat("head_dim ", pr.head_dim,
-                             " is not supported by the CUDA backward yet (64, 128)"));
+  check_cuda_head_dims(pr);  // the forward's: multiples of 8 from 32 to 256
   if (pr.head_dim_v != pr.head_dim)
     unsupported("v", str_cat("head_dim ", pr.head_dim_v, " differs from q's ", pr.head_dim,
                              "; the CUDA backward needs them equal"));
@@ -128,6 +126,7 @@ sm80::BwdParams bwd_params(const AttentionBackwardParams& bp, const Problem& pr,
   row_strides(bp.dv, pr.varlen_k, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
   p.q_rows = q_rows(a, pr);
   p.batch = static_cast<int32_t>(pr.batch);
+  p.head_dim = static_cast<int32_t>(pr.head_dim);
   const size_t rows = static_cast<size_t>(p.q_rows * pr.h_q);
   p.dq_accum = static_cast<float*>(workspace);
   p.delta = reinterpret_cast<float*>(static_cast<char*>(workspace) +
@@ -234,10 +233,18 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
   launch.deterministic = bp.deterministic;
   launch.smem_per_block = smem_per_block(pr.device.index);
   launch.stream = stream;
+  // 64 and 128 have kernels of their own; any other head dim runs on the padded kernels of the
+  // next of 64, 128 and 256 (past 128 in two launches of half the columns each).
   if (pr.head_dim == 64)
     sm80::run_bwd<64>(p, launch);
-  else
+  else if (pr.head_dim == 128)
     sm80::run_bwd<128>(p, launch);
+  else if (pr.head_dim < 64)
+    sm80::run_bwd_padded<64>(p, launch);
+  else if (pr.head_dim < 128)
+    sm80::run_bwd_padded<128>(p, launch);
+  else
+    sm80::run_bwd_padded<256>(p, launch);
 }
 
 }  // namespace flashserve::attention

@@ -20,6 +20,7 @@
 #include <initializer_list>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "attention/backends.h"
@@ -226,6 +227,62 @@ INSTANTIATE_TEST_SUITE_P(Sanitize, GpuBackward,
                          ::testing::ValuesIn(with_families(sanitize_cases(), /*switches=*/true)),
                          case_name);
 
+// Head dims other than 64 and 128 (sm80's padded kernels, bwd_kernel.h BwdPaddedConfig: 64's below
+// 64, 128's below 128, 256's past it in two launches of half the columns; the sm90 backward
+// lacks them): a multiple of 16 and an odd multiple of 8 in each range (an odd one ends inside a
+// k16 step and a pair of d-tiles), with causal and plain, GQA, q_len != kv_len, windows, varlen
+// with empty sequences and seqused_k (NaN-poisoned unused keys); run with atomics and, for some,
+// in deterministic mode (bwd_dq_kernel, per column half past 128).
+std::vector<CaseSpec> padded_cases() {
+  std::vector<CaseSpec> v;
+  for (int64_t d : {32, 40, 72, 96, 136, 192, 248, 256}) {
+    const DType dt = d % 16 == 0 ? DType::kBFloat16 : DType::kFloat16;
+    v.push_back(spec(dt, d, 2, 127, 127, 4, 1, true));   // GQA 4, odd length, causal
+    v.push_back(spec(dt, d, 1, 77, 300, 8, 2, false));   // q_len < kv_len, GQA 4, several blocks
+    v.push_back(spec(dt, d, 1, 300, 77, 2, 2, true));    // q_len > kv_len: rows with no keys
+    CaseSpec w = spec(dt, d, 1, 200, 257, 2, 1, false);  // a sliding window
+    w.window_left = 37, w.window_right = 11;
+    v.push_back(w);
+    CaseSpec var = spec(DType::kBFloat16, d, 4, 1, 1, 4, 2, true);
+    var.q_lens = {33, 0, 129, 7}, var.kv_lens = {65, 9, 129, 0};  // empty sequences
+    var.q_layout = QLayout::kVarlen, var.kv_layout = KVLayout::kVarlen;
+    v.push_back(var);
+    CaseSpec used = spec(DType::kBFloat16, d, 2, 40, 70, 4, 2, true);
+    used.use_seqused_k = true, used.kv_extra = 30;
+    v.push_back(used);
+  }
+  return v;
+}
+
+class GpuBackwardPadded : public ::testing::TestWithParam<CaseSpec> {};
+
+TEST_P(GpuBackwardPadded, MatchesFloat64Reference) {
+  const CaseSpec& s = GetParam();
+  SKIP_WITHOUT_CUDA();
+  check_case(s, Family::kSm80);
+  // Deterministic mode on the dense GQA cases (its dq kernel walks the key blocks per query block).
+  if (s.q_layout == QLayout::kDense && !s.use_seqused_k && s.window_left < 0)
+    check_case(s, Family::kSm80, false, /*deterministic=*/true);
+}
+
+INSTANTIATE_TEST_SUITE_P(PaddedHeadDims, GpuBackwardPadded, ::testing::ValuesIn(padded_cases()),
+                         [](const ::testing::TestParamInfo<CaseSpec>& info) {
+                           return info.param.name();
+                         });
+
+// The compute-sanitizer subset of the padded kernels: one head dim in each (64's, 128's, 256's in
+// two launches), with atomics and in deterministic mode; the dLSE path at one.
+TEST(GpuBackwardSanitize, PaddedHeadDims) {
+  SKIP_WITHOUT_CUDA();
+  for (int64_t d : {40, 96, 200}) {
+    check_case(spec(DType::kBFloat16, d, 1, 70, 90, 4, 2, true), Family::kSm80);
+    check_case(spec(DType::kFloat16, d, 1, 65, 33, 2, 1, false), Family::kSm80, false,
+               /*deterministic=*/true);
+  }
+  check_case(spec(DType::kBFloat16, 160, 2, 45, 61, 4, 2, true), Family::kSm80,
+             /*with_dlse=*/true);
+}
+
 // FLASHSERVE_SM90_BWD_OVERLAP on and off (the bulk dQ path both times) on the main shapes and on
 // grids of more CTAs than the H200 has SMs (132: CTAs start while others end), each run
 // against the float64 reference. The overlapped step issues the same products on the same
@@ -366,6 +423,24 @@ TEST(GpuBackwardDeterministic, MatchesTheReferenceAndRepeatsBitForBit) {
   }
 }
 
+// Deterministic mode at padded head dims (past 128: the dq kernel once per half of the columns)
+// repeats bit for bit, through the default dispatch.
+TEST(GpuBackwardDeterministic, PaddedHeadDimRepeatsBitForBit) {
+  SKIP_WITHOUT_CUDA();
+  ScopedEnv automatic("FLASHSERVE_BWD_KERNEL", "auto");
+  for (int64_t d : {96, 232}) {
+    CaseSpec s = spec(DType::kBFloat16, d, 2, 150, 222, 8, 2, true);
+    s.seed = 2295;
+    BackwardCase bc(s);
+    bc.run_forward();
+    const auto first = run_on_gpu(bc, Family::kSm80, true);
+    const auto second = run_on_gpu(bc, Family::kSm80, true);
+    expect_matches_reference(bc, {&first}, s.name());
+    EXPECT_TRUE(first.dq == second.dq && first.dk == second.dk && first.dv == second.dv)
+        << s.name();
+  }
+}
+
 // The sm90 kernel's dK and dV are sums in registers in a fixed order (no atomics): a second run
 // on the same inputs gives the same bits, where a race (a stage or dS buffer overwritten while
 // read) would move them; with either dQ path (the bulk path's producer order differs). dq goes
@@ -391,18 +466,20 @@ TEST(GpuBackwardSm90, DkDvRepeatBitForBit) {
 TEST(GpuBackwardSm90, ForcedRefusesWhatItLacks) {
   SKIP_WITHOUT_FAMILY(Family::kSm90);
   ScopedEnv env("FLASHSERVE_BWD_KERNEL", "sm90");
-  CaseSpec s = spec(DType::kBFloat16, 64, 1, 9, 9, 2, 2, false);
-  BackwardCase bc(s);
-  bc.run_forward();
-  BackwardDevice dev(bc);
-  AttentionBackwardParams p = dev.params();
-  p.deterministic = true;
-  try {
-    attention_backward(p);
-    ADD_FAILURE() << "no error; expected FLASHSERVE_BWD_KERNEL";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported) << e.what();
-    EXPECT_EQ(e.argument(), "FLASHSERVE_BWD_KERNEL") << e.what();
+  for (auto [d, deterministic] : {std::pair{int64_t{64}, true}, std::pair{int64_t{96}, false}}) {
+    CaseSpec s = spec(DType::kBFloat16, d, 1, 9, 9, 2, 2, false);
+    BackwardCase bc(s);
+    bc.run_forward();
+    BackwardDevice dev(bc);
+    AttentionBackwardParams p = dev.params();
+    p.deterministic = deterministic;
+    try {
+      attention_backward(p);
+      ADD_FAILURE() << "no error; expected FLASHSERVE_BWD_KERNEL at d" << d;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUnsupported) << e.what();
+      EXPECT_EQ(e.argument(), "FLASHSERVE_BWD_KERNEL") << e.what();
+    }
   }
 }
 
@@ -421,7 +498,8 @@ TEST(GpuBackwardRefusals, NamesWhatTheKernelsLack) {
       EXPECT_EQ(e.argument(), arg) << e.what();
     }
   };
-  refused(spec(DType::kBFloat16, 256, 1, 9, 9, 2, 2, false), "q");  // head dim
+  refused(spec(DType::kBFloat16, 264, 1, 9, 9, 2, 2, false), "q");  // head dims past 256
+  refused(spec(DType::kBFloat16, 100, 1, 9, 9, 2, 2, false), "q");  // and not multiples of 8
   refused(spec(DType::kFloat32, 64, 1, 9, 9, 2, 2, false), "q");    // dtype
   CaseSpec dv = spec(DType::kBFloat16, 64, 1, 9, 9, 2, 2, false);
   dv.head_dim_v = 32;

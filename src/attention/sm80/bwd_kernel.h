@@ -37,6 +37,55 @@ struct BwdConfig {
   static constexpr int kTileElems = kBlockN * kHeadDim;
   static constexpr int kSmemBytes =
       2 * (4 * kTileElems + kBlockM * kBlockN) + 2 * kBlockM * int(sizeof(float));
+  // Every column of kHeadDim is real and one launch computes all of dQ's, dK's and dV's.
+  static constexpr bool kPadded = false;
+  static constexpr int kOutDim = kHeadDim;
+};
+
+// The kernels of BwdConfig<kHeadDim> for a call whose head dim (BwdParams::head_dim, a multiple of
+// 8) is at most kHeadDim (issue 22; the forward's PaddedConfig, tile_config.h): q, k, v and dout
+// rows are zero-filled past it on load, so S and dP are exact, and the products skip the k16 steps
+// and 16-column groups that hold only zeros; dq, dk, dv and the accumulator are never touched past
+// it. Past 128 columns a launch computes kOutDim = kHeadDim / 2 columns of dQ, dK and dV
+// (BwdParams::col0) and the host launches the kernel twice: the whole width's dK and dV in
+// registers (128 accumulators a thread each at d256) spilled; halving them costs S and dP once
+// more per launch (7 products where one launch does 5: 1.4x the FLOPs).
+template <int kHeadDim_>
+struct BwdPaddedConfig : BwdConfig<kHeadDim_> {
+  static constexpr bool kPadded = true;
+  static constexpr int kOutDim = kHeadDim_ <= 128 ? kHeadDim_ : kHeadDim_ / 2;
+};
+
+// The columns a backward kernel reads and writes: for BwdConfig every one of kHeadDim (AllChunks,
+// compile-time facts), for BwdPaddedConfig the call's (ChunkBound, run-time counts).
+template <class Cfg>
+struct BwdColumns {
+  using Bound = std::conditional_t<Cfg::kPadded, ChunkBound, AllChunks>;
+  Bound chunks;  // 16-byte chunks of a q, k, v or dout row that hold real columns (the loads)
+  Bound steps;   // k16 steps of S = Q K^T and dP = dO V^T over real columns
+  Bound pairs;   // pairs of d-tiles (16 columns) of the launch's dQ, dK, dV with a real column
+  int col0;      // the launch's first column of dQ, dK and dV
+  int live;      // of its kOutDim columns, those before the call's head dim
+  int pitch;     // floats per (row, head) of the dq accumulator: the call's head dim
+  __device__ __forceinline__ explicit BwdColumns(const BwdParams& p) {
+    if constexpr (Cfg::kPadded) {
+      chunks.n = p.head_dim / 8;
+      steps.n = (p.head_dim + 15) / 16;
+      col0 = p.col0;
+      live = min(Cfg::kOutDim, p.head_dim - p.col0);
+      pairs.n = (live + 15) / 16;
+      pitch = p.head_dim;
+    } else {
+      col0 = 0, live = Cfg::kOutDim, pitch = Cfg::kHeadDim;
+    }
+  }
+  // Whether column `col` of the launch's kOutDim is one of the call's (a constant for BwdConfig).
+  __device__ __forceinline__ bool has(int col) const {
+    if constexpr (Cfg::kPadded)
+      return col < live;
+    else
+      return true;
+  }
 };
 
 template <class Elem>
@@ -203,13 +252,13 @@ __device__ __forceinline__ void store_ds(const float (&ds)[Cfg::kBlockM / 8][4],
     }
 }
 
-// The step's dQ rows 16 warp .. 16 warp + 15 (A = dS rows from shared memory, B = the block's
-// K), added into the fp32 accumulator of the workspace.
+// The step's dQ rows 16 warp .. 16 warp + 15 over the launch's columns (A = dS rows from shared
+// memory, B = the block's K), added into the fp32 accumulator of the workspace.
 template <class Cfg, class Elem>
-__device__ __forceinline__ void atomic_add_dq(const BwdParams& p, const Elem* sds, const Elem* sk,
-                                              int m0, int q_len, int64_t q_row0, int h, int warp,
-                                              int lane) {
-  constexpr int D = Cfg::kHeadDim, kBN = Cfg::kBlockN, kDT = D / 8;
+__device__ __forceinline__ void atomic_add_dq(const BwdParams& p, const BwdColumns<Cfg>& cols,
+                                              const Elem* sds, const Elem* sk, int m0, int q_len,
+                                              int64_t q_row0, int h, int warp, int lane) {
+  constexpr int D = Cfg::kHeadDim, kBN = Cfg::kBlockN, kDT = Cfg::kOutDim / 8;
   float dq[1][kDT][4];
 #pragma unroll
   for (int dt = 0; dt < kDT; ++dt)
@@ -224,22 +273,25 @@ __device__ __forceinline__ void atomic_add_dq(const BwdParams& p, const Elem* sd
       [&](int ks, uint32_t(&a)[1][4]) {
         ldmatrix_x4(a[0], a_base + (((2 * ks + a_chunk) ^ l7) << 4));
       },
-      sk, lane);
+      sk + cols.col0, lane, cols.pairs);
+  float* acc = p.dq_accum + cols.col0;
 #pragma unroll
   for (int dt = 0; dt < kDT; ++dt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int t = m0 + warp * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
       const int col = dt * 8 + 2 * (lane & 3) + (e & 1);
-      if (t < q_len) atomicAdd(p.dq_accum + ((q_row0 + t) * p.fwd.h_q + h) * D + col, dq[0][dt][e]);
+      if (t < q_len && cols.has(col))
+        atomicAdd(acc + ((q_row0 + t) * p.fwd.h_q + h) * cols.pitch + col, dq[0][dt][e]);
     }
 }
 
 // kDq: dQ by atomics here (else bwd_dq_kernel computes it, in a fixed order: deterministic mode).
+// Padded (BwdPaddedConfig): dK, dV and dQ of the launch's columns only.
 template <class Cfg, class Elem, bool kHasMask, bool kDq>
 __global__ void __launch_bounds__(Cfg::kThreads) bwd_kernel(const BwdParams p) {
   constexpr int D = Cfg::kHeadDim, kBN = Cfg::kBlockN, kBM = Cfg::kBlockM;
-  constexpr int kThreads = Cfg::kThreads, kDT = D / 8, kQT = kBM / 8;
+  constexpr int kThreads = Cfg::kThreads, kDT = Cfg::kOutDim / 8, kQT = kBM / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Elem* sk = reinterpret_cast<Elem*>(smem_raw);
   Elem* sv = sk + Cfg::kTileElems;
@@ -256,13 +308,16 @@ __global__ void __launch_bounds__(Cfg::kThreads) bwd_kernel(const BwdParams p) {
   if (n0 >= seq.kv_len) return;  // keys past the sequence: zeroed beforehand
   const int q_len = seq.q_len, kv_len = seq.kv_len, offset = kv_len - q_len;
   const int left = kHasMask ? f.window_left : -1, right = kHasMask ? f.window_right : -1;
+  const BwdColumns<Cfg> cols(p);
 
   // K and V of the block, once.
   const Elem* kg = static_cast<const Elem*>(f.k) + seq.k_off(f) + hk * f.k_head_stride;
   const Elem* vg = static_cast<const Elem*>(f.v) + seq.v_off(f) + hk * f.v_head_stride;
   const int valid_keys = min(kBN, kv_len - n0);
-  load_tile_async<kBN, D, kThreads>(sk, kg + n0 * f.k_row_stride, f.k_row_stride, valid_keys, tid);
-  load_tile_async<kBN, D, kThreads>(sv, vg + n0 * f.v_row_stride, f.v_row_stride, valid_keys, tid);
+  load_tile_async<kBN, D, kThreads>(sk, kg + n0 * f.k_row_stride, f.k_row_stride, valid_keys, tid,
+                                    cols.chunks);
+  load_tile_async<kBN, D, kThreads>(sv, vg + n0 * f.v_row_stride, f.v_row_stride, valid_keys, tid,
+                                    cols.chunks);
   cp_async_commit();
 
   // The queries that see some key of [n0, n0 + kBN): query t sees key j iff
@@ -291,9 +346,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) bwd_kernel(const BwdParams p) {
     for (int m0 = m_begin; m0 <= t_hi; m0 += kBM) {
       __syncthreads();  // the previous step is done with Q, dO, dS, lse, D
       const int valid_q = min(kBM, q_len - m0);
-      load_tile_async<kBM, D, kThreads>(sq, qg + m0 * f.q_row_stride, f.q_row_stride, valid_q, tid);
+      load_tile_async<kBM, D, kThreads>(sq, qg + m0 * f.q_row_stride, f.q_row_stride, valid_q, tid,
+                                        cols.chunks);
       load_tile_async<kBM, D, kThreads>(sdo, dog + m0 * p.do_row_stride, p.do_row_stride, valid_q,
-                                        tid);
+                                        tid, cols.chunks);
       cp_async_commit();
       if (tid < kBM) {
         const int t = m0 + tid;
@@ -307,8 +363,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) bwd_kernel(const BwdParams p) {
       __syncthreads();
 
       float s[1][kQT][4], dp[1][kQT][4];
-      gemm_qk<D, 1, kQT, false>(s, sk + warp * 16 * D, sq, lane);
-      gemm_qk<D, 1, kQT, false>(dp, sv + warp * 16 * D, sdo, lane);
+      gemm_qk<D, 1, kQT, false>(s, sk + warp * 16 * D, sq, lane, cols.steps);
+      gemm_qk<D, 1, kQT, false>(dp, sv + warp * 16 * D, sdo, lane, cols.steps);
 #pragma unroll
       for (int nt = 0; nt < kQT; ++nt)
 #pragma unroll
@@ -326,14 +382,16 @@ __global__ void __launch_bounds__(Cfg::kThreads) bwd_kernel(const BwdParams p) {
         }
       // dV += P^T dO and dK += dS^T Q (the step's queries are the k dimension).
       gemm_pv<D, 1, kBM / 16, kDT, false>(
-          dv, [&](int ks, uint32_t(&a)[1][4]) { pack_p<Elem, kQT>(s[0], ks, a[0]); }, sdo, lane);
+          dv, [&](int ks, uint32_t(&a)[1][4]) { pack_p<Elem, kQT>(s[0], ks, a[0]); },
+          sdo + cols.col0, lane, cols.pairs);
       gemm_pv<D, 1, kBM / 16, kDT, false>(
-          dk, [&](int ks, uint32_t(&a)[1][4]) { pack_p<Elem, kQT>(dp[0], ks, a[0]); }, sq, lane);
+          dk, [&](int ks, uint32_t(&a)[1][4]) { pack_p<Elem, kQT>(dp[0], ks, a[0]); },
+          sq + cols.col0, lane, cols.pairs);
       if constexpr (kDq) {
         // dQ += dS K across the block's warps: dS through shared memory as [query][key].
         store_ds<Cfg, Elem>(dp[0], sds, warp, lane);
         __syncthreads();
-        atomic_add_dq<Cfg, Elem>(p, sds, sk, m0, q_len, q_row0, h, warp, lane);
+        atomic_add_dq<Cfg, Elem>(p, cols, sds, sk, m0, q_len, q_row0, h, warp, lane);
       }
     }
   }
@@ -343,10 +401,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) bwd_kernel(const BwdParams p) {
   // dK (times the softmax scale: S = scale Q K^T) and dV of the block's keys.
   Elem* dkg = static_cast<Elem*>(p.dk) +
               (f.cu_seqlens_k ? seq.k_start * p.dk_row_stride : seq.b * p.dk_batch_stride) +
-              hk * p.dk_head_stride;
+              hk * p.dk_head_stride + cols.col0;
   Elem* dvg = static_cast<Elem*>(p.dv) +
               (f.cu_seqlens_k ? seq.k_start * p.dv_row_stride : seq.b * p.dv_batch_stride) +
-              hk * p.dv_head_stride;
+              hk * p.dv_head_stride + cols.col0;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + 8 * r;
@@ -356,6 +414,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) bwd_kernel(const BwdParams p) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int col = dt * 8 + 2 * (lane & 3) + e;
+        if (!cols.has(col)) continue;
         dkg[key * p.dk_row_stride + col] = from_f<Elem>(f.scale * dk[0][dt][2 * r + e]);
         dvg[key * p.dv_row_stride + col] = from_f<Elem>(dv[0][dt][2 * r + e]);
       }
@@ -370,7 +429,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) bwd_kernel(const BwdParams p) {
 template <class Cfg, class Elem, bool kHasMask>
 __global__ void __launch_bounds__(Cfg::kThreads) bwd_dq_kernel(const BwdParams p) {
   constexpr int D = Cfg::kHeadDim, kBN = Cfg::kBlockN, kBM = Cfg::kBlockM;
-  constexpr int kThreads = Cfg::kThreads, kDT = D / 8, kKT = kBN / 8;
+  constexpr int kThreads = Cfg::kThreads, kDT = Cfg::kOutDim / 8, kKT = kBN / 8;
   static_assert(kBM == 16 * Cfg::kWarps, "one m16 slice of queries per warp");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Elem* sk = reinterpret_cast<Elem*>(smem_raw);
@@ -385,14 +444,17 @@ __global__ void __launch_bounds__(Cfg::kThreads) bwd_dq_kernel(const BwdParams p
   if (m0 >= seq.q_len) return;
   const int q_len = seq.q_len, kv_len = seq.kv_len, offset = kv_len - q_len;
   const int left = kHasMask ? f.window_left : -1, right = kHasMask ? f.window_right : -1;
+  const BwdColumns<Cfg> cols(p);
 
   const Elem* qg = static_cast<const Elem*>(f.q) + seq.q_off(f) + h * f.q_head_stride;
   const Elem* dog = static_cast<const Elem*>(p.dout) +
                     (f.cu_seqlens_q ? seq.q_start * p.do_row_stride : seq.b * p.do_batch_stride) +
                     h * p.do_head_stride;
   const int valid_q = min(kBM, q_len - m0);
-  load_tile_async<kBM, D, kThreads>(sq, qg + m0 * f.q_row_stride, f.q_row_stride, valid_q, tid);
-  load_tile_async<kBM, D, kThreads>(sdo, dog + m0 * p.do_row_stride, p.do_row_stride, valid_q, tid);
+  load_tile_async<kBM, D, kThreads>(sq, qg + m0 * f.q_row_stride, f.q_row_stride, valid_q, tid,
+                                    cols.chunks);
+  load_tile_async<kBM, D, kThreads>(sdo, dog + m0 * p.do_row_stride, p.do_row_stride, valid_q, tid,
+                                    cols.chunks);
   cp_async_commit();
 
   // This thread's two query rows (fragment rows g and g + 8 of the warp's slice).
@@ -425,14 +487,16 @@ __global__ void __launch_bounds__(Cfg::kThreads) bwd_dq_kernel(const BwdParams p
   for (int n0 = k_lo / kBN * kBN; n0 < k_hi; n0 += kBN) {
     __syncthreads();  // the previous block is done with K and V
     const int valid_k = min(kBN, kv_len - n0);
-    load_tile_async<kBN, D, kThreads>(sk, kg + n0 * f.k_row_stride, f.k_row_stride, valid_k, tid);
-    load_tile_async<kBN, D, kThreads>(sv, vg + n0 * f.v_row_stride, f.v_row_stride, valid_k, tid);
+    load_tile_async<kBN, D, kThreads>(sk, kg + n0 * f.k_row_stride, f.k_row_stride, valid_k, tid,
+                                      cols.chunks);
+    load_tile_async<kBN, D, kThreads>(sv, vg + n0 * f.v_row_stride, f.v_row_stride, valid_k, tid,
+                                      cols.chunks);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
     float s[1][kKT][4], dp[1][kKT][4];
-    gemm_qk<D, 1, kKT, false>(s, sq + warp * 16 * D, sk, lane);
-    gemm_qk<D, 1, kKT, false>(dp, sdo + warp * 16 * D, sv, lane);
+    gemm_qk<D, 1, kKT, false>(s, sq + warp * 16 * D, sk, lane, cols.steps);
+    gemm_qk<D, 1, kKT, false>(dp, sdo + warp * 16 * D, sv, lane, cols.steps);
 #pragma unroll
     for (int nt = 0; nt < kKT; ++nt)
 #pragma unroll
@@ -448,22 +512,25 @@ __global__ void __launch_bounds__(Cfg::kThreads) bwd_dq_kernel(const BwdParams p
         dp[0][nt][e] = pr * (dp[0][nt][e] - delta[r]);
       }
     gemm_pv<D, 1, kBN / 16, kDT, false>(
-        dq, [&](int ks, uint32_t(&a)[1][4]) { pack_p<Elem, kKT>(dp[0], ks, a[0]); }, sk, lane);
+        dq, [&](int ks, uint32_t(&a)[1][4]) { pack_p<Elem, kKT>(dp[0], ks, a[0]); }, sk + cols.col0,
+        lane, cols.pairs);
   }
   cp_async_wait<0>();  // Q and dO, where no key block was visited
 
   Elem* dqg = static_cast<Elem*>(p.dq) +
               (f.cu_seqlens_q ? seq.q_start * p.dq_row_stride : seq.b * p.dq_batch_stride) +
-              h * p.dq_head_stride;
+              h * p.dq_head_stride + cols.col0;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (rows[r] >= q_len) continue;
 #pragma unroll
     for (int dt = 0; dt < kDT; ++dt)
 #pragma unroll
-      for (int e = 0; e < 2; ++e)
-        dqg[rows[r] * p.dq_row_stride + dt * 8 + 2 * (lane & 3) + e] =
-            from_f<Elem>(f.scale * dq[0][dt][2 * r + e]);
+      for (int e = 0; e < 2; ++e) {
+        const int col = dt * 8 + 2 * (lane & 3) + e;
+        if (cols.has(col))
+          dqg[rows[r] * p.dq_row_stride + col] = from_f<Elem>(f.scale * dq[0][dt][2 * r + e]);
+      }
   }
 }
 

@@ -1,5 +1,5 @@
-// Host entry points of the sm80 backward kernels (bwd_kernel.h), one per head dim (each in its own
-// .cu file so the instantiations compile in parallel).
+// Host entry points of the sm80 backward kernels (bwd_kernel.h), one per head dim and padding (each
+// in its own .cu file so the instantiations compile in parallel).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,6 +27,12 @@ struct BwdLaunch {
 // a launch fails).
 template <int kHeadDim>
 void run_bwd(const BwdParams& params, const BwdLaunch& launch);
+
+// The same for a call whose head dim (params.head_dim: a multiple of 8, at most kHeadDim; q's, k's
+// and v's alike) is not a compiled one (bwd_kernel.h BwdPaddedConfig): kHeadDim 64, 128 or 256,
+// the last in two launches of half the columns of dQ, dK and dV each.
+template <int kHeadDim>
+void run_bwd_padded(const BwdParams& params, const BwdLaunch& launch);
 
 // D = rowsum(dout o out) - dlse into p.delta (before the main kernel), and dq = scale x
 // p.dq_accum rounded to the dtype (after it): the steps around every family's main kernel (the

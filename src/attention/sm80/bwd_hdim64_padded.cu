@@ -1,0 +1,9 @@
+// The sm80 backward kernels of head dim 64 for calls with smaller head dims (padded: bwd_kernel.h
+// BwdPaddedConfig).
+#include "bwd_launch_template.h"
+
+namespace flashserve::attention::sm80 {
+
+template void run_bwd_padded<64>(const BwdParams& params, const BwdLaunch& launch);
+
+}  // namespace flashserve::attention::sm80
