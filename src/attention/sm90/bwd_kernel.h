@@ -30,12 +30,12 @@
 //   adds its 32 values with float2 atomics, and the warps wait on the L1TEX round trips before
 //   they reuse the registers (session 17's profile: 32% of the stall cycles). Bulk: each
 //   warpgroup stores its 64 x 64 share into a 16 KB shared tile (TMA's 128-byte swizzle, as
-//   boxes of 32 fp32 columns), one thread issues two cp.reduce.async.bulk.tensor adds into the
+//   boxes of 32 fp32 columns), arrives at a named barrier and goes on; the dQ writer, warp 1 of
+//   warpgroup 0 (bwd_write_dq), issues two cp.reduce.async.bulk.tensor adds per tile into the
 //   accumulator through a 4-D fp32 map of it (the same [q_rows][h_q][d] layout, so the shared
-//   postprocess and the sm80 family are untouched), and the warpgroup goes on; the tile is
-//   written again one step later, after that thread's wait for the adds' reads. kDqBulk also
-//   masks only the steps that need it (QueryBlocks::needs_mask); the atomics' kernel is the
-//   session 16 kernel unchanged.
+//   postprocess and the sm80 family are untouched) and frees the tile once they have read it;
+//   the warpgroup writes it again a step later. kDqBulk also masks only the steps that need it
+//   (QueryBlocks::needs_mask); the atomics' kernel is the session 16 kernel unchanged.
 // - deterministic = true is not here: backward_cuda.cu runs sm80's fixed-order dq kernel
 //   (sm80/bwd_kernel.h, bwd_dq_kernel) for it.
 //
@@ -256,15 +256,36 @@ __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
 }
 
-// Consumer warpgroup cw's 128 threads (named barriers 2 and 3, as immediates: a barrier id in a
-// register makes ptxas reserve all 16): its dQ tile is written. All four warps sync, not only the
-// issuing one: warps 1-3 only arriving would let them go on a few cycles earlier (they meet warp
-// 0 at the next wgmma anyway), and that version spilled 8 bytes at d64 (ptxas).
-__device__ __forceinline__ void dq_tile_sync(int cw) {
+// The dQ tile's hand-off between consumer warpgroup cw (128 threads) and the dQ writer warp (32;
+// bwd_write_dq), named barriers of 160 threads as immediates (an id in a register makes ptxas
+// reserve all 16): dq_full (2 + cw) when the warpgroup's tile is written, dq_empty (4 + cw) when
+// the writer's reduce-adds have read it. The consumers arrive at dq_full and go on (session 26's
+// profile: with a 128-thread barrier there and one consumer thread issuing the reduce-adds, the
+// barrier took 3.7% of the step's stall samples; cuDNN's backward hands its tile to another warp
+// the same way) and sync on dq_empty only before writing the tile again, a step later.
+__device__ __forceinline__ void dq_full_arrive(int cw) {
   if (cw == 0)
-    asm volatile("bar.sync 2, 128;\n" ::: "memory");
+    asm volatile("bar.arrive 2, 160;\n" ::: "memory");
   else
-    asm volatile("bar.sync 3, 128;\n" ::: "memory");
+    asm volatile("bar.arrive 3, 160;\n" ::: "memory");
+}
+__device__ __forceinline__ void dq_full_sync(int cw) {
+  if (cw == 0)
+    asm volatile("bar.sync 2, 160;\n" ::: "memory");
+  else
+    asm volatile("bar.sync 3, 160;\n" ::: "memory");
+}
+__device__ __forceinline__ void dq_empty_arrive(int cw) {
+  if (cw == 0)
+    asm volatile("bar.arrive 4, 160;\n" ::: "memory");
+  else
+    asm volatile("bar.arrive 5, 160;\n" ::: "memory");
+}
+__device__ __forceinline__ void dq_empty_sync(int cw) {
+  if (cw == 0)
+    asm volatile("bar.sync 4, 160;\n" ::: "memory");
+  else
+    asm volatile("bar.sync 5, 160;\n" ::: "memory");
 }
 
 // A warpgroup's dQ share (64 queries x kDqCols columns in the accumulator's layout: rows
@@ -319,26 +340,31 @@ struct KeyRows {
 // dS^T (this thread's packed pairs, to_operand's layout: a[kk][r] = row r % 2 (key key_row0 +
 // 8 (r % 2)), queries 16 kk + 8 (r / 2) + 2 (lane % 4) + {0, 1}) into the [key][query] tile:
 // chunk query / 64, row `key` of 128 bytes, 16-byte unit (query % 64) / 8 swizzled by key % 8
-// (TMA's 128-byte swizzle, which issue_dq's descriptor expects). The row's address with the
-// swizzle folded in is computed once per call (opaque: hoisted out of the query loop, the eight
-// swizzled unit offsets held registers for the whole loop and made d128 spill); each store then
-// XORs its compile-time unit in.
+// (TMA's 128-byte swizzle, which issue_dq's descriptor expects). One stmatrix x4 per 16 queries
+// (cuDNN's backward stores its dS so; session 26's profile: our 16 st.shared.b32 a step at d128,
+// beside the dQ tile's 16, kept the MIO queue full, 1.49 stall cycles an instruction against
+// cuDNN's 0.07): matrix i of the four is a[kk][i], 8 keys (8 (i % 2) of the warp's 16) x 8
+// queries (16 kk + 8 (i / 2)), exactly the registers' layout (row lane / 4, columns 2 (lane % 4)
+// and + 1), and lane L gives the address of row L % 8 of matrix L / 8. Each matrix's 8 rows are 8
+// keys in 8 distinct swizzled units: no bank conflict. The address with the lane's swizzle folded
+// in is computed once per call (opaque: hoisted out of the query loop, swizzled offsets held
+// registers for the whole loop and made d128 spill); each store XORs its compile-time unit in
+// (2 kk % 8 is even and the lane's L / 16 is 0 or 1, so their sum is their XOR).
 template <class Cfg>
 __device__ __forceinline__ void store_ds(uint8_t (&ds)[Cfg::kDsChunks][Cfg::kDsChunkBytes],
                                          const uint32_t (&a)[Cfg::kBlockM / 16][4], int key_row0,
                                          int lane) {
-  const uint32_t row =
-      static_cast<uint32_t>(__cvta_generic_to_shared(ds[0])) + key_row0 * 128 + 4 * (lane % 4);
-  const uint32_t base = static_cast<uint32_t>(opaque(row ^ ((key_row0 % 8) << 4)));
+  const int key = key_row0 - lane / 4 + lane % 8 + 8 * ((lane / 8) % 2);  // key % 8 = lane % 8
+  const uint32_t base =
+      static_cast<uint32_t>(opaque(static_cast<uint32_t>(__cvta_generic_to_shared(ds[0])) +
+                                   key * 128 + (((lane / 16) ^ (lane % 8)) << 4)));
 #pragma unroll
-  for (int kk = 0; kk < Cfg::kBlockM / 16; ++kk)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int query = 16 * kk + 8 * (r / 2);  // of the thread's pair: + 2 (lane % 4)
-      const uint32_t addr = ((base ^ (((query % 64) / 8) << 4)) +
-                             (query / 64) * Cfg::kDsChunkBytes + (r % 2) * 8 * 128);
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(a[kk][r]) : "memory");
-    }
+  for (int kk = 0; kk < Cfg::kBlockM / 16; ++kk) {
+    const uint32_t addr = (base ^ (((2 * kk) % 8) << 4)) + (kk / 4) * Cfg::kDsChunkBytes;
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(a[kk][0]), "r"(a[kk][1]), "r"(a[kk][2]), "r"(a[kk][3])
+                 : "memory");
+  }
 }
 
 // One row of dK or dV (this thread's share: fragment row h) into global memory, 16 bytes at a
@@ -399,10 +425,6 @@ __device__ __forceinline__ void bwd_consume(
   const uint8_t* k_rows = s.k[0] + cw * 64 * 128;  // the warpgroup's 64 keys (8 atoms)
   const uint8_t* v_rows = s.v[0] + cw * 64 * 128;
   const int64_t row0 = seq.q_row0(f);
-  // The dq_accum map's row of the sequence's query 0: the map is one sequence of all q_rows rows,
-  // dense batches included (one coordinate fewer held through the loop than q's map takes; d64
-  // spilled with two).
-  const int q_row = static_cast<int>(row0);
   // One step: query block m of head h, the i-th of the CTA (stage i % kStages, dS buffer i % 2).
   // kMaskStep: whether the step masks element-wise (QueryBlocks::needs_mask); a compile-time
   // constant so that the mask-free steps run as loops of their own, without the mask's
@@ -480,13 +502,11 @@ __device__ __forceinline__ void bwd_consume(
       issue_over_queries<Cfg, kBf16>(dk, dsa, s.q[st][0]);    // dK += dS^T Q
       wgmma_commit();
     }
-    // kDqBulk: the previous step's reduce-add has read this warpgroup's dQ tile (it left most of
-    // a step ago, so this rarely waits); consumers_sync tells the other threads before they write
-    // the tile again. Every thread waits, not only the issuing one (the others have no bulk
-    // group, so theirs returns at once): no branch while dV and dK are in flight (C7520), and
-    // here rather than in the softmax, where the registers peak (there, behind a branch, d64
-    // spilled).
-    if constexpr (kDqBulk) tma_store_wait_read();
+    // kDqBulk: the writer's previous reduce-adds have read this warpgroup's dQ tile (issued most
+    // of a step ago, so this rarely waits; the writer frees it once ahead for the first step);
+    // the tile is written again below. Here rather than beside the tile's stores, where dQ's
+    // accumulator is live and dK in flight: there the consumers spilled 36-140 bytes (ptxas).
+    if constexpr (kDqBulk) dq_empty_sync(cw);
     consumers_sync();  // both warpgroups' dS^T are in s.ds[buf]
     // dV and dK (kOverlap: dV alone) ran under the barrier; waiting for them here frees P^T's
     // (and dS^T's) registers before dQ's accumulator is live (with all three live, d128 spilled
@@ -520,16 +540,11 @@ __device__ __forceinline__ void bwd_consume(
       // exact zeros there (P = 0 for those queries: LSE +inf and their Q rows finite, TMA's
       // zeros or another sequence's; dS = 0; K's rows finite, those past the keys zeroed above),
       // so adding them changes no bit.
+      // The writer warp issues them (bwd_write_dq; the tile is free: dq_empty above), handed
+      // over by dq_full.
       store_dq_tile<Cfg>(s.dq[cw], dq, warp, lane);
       fence_shared_to_async();  // this thread's tile stores, to the reduce-add (async proxy)
-      dq_tile_sync(cw);
-      if (tid == 0) {
-#pragma unroll
-        for (int c = 0; c < Cfg::kDqBoxes; ++c)
-          tma_reduce_add_4d(&bp.tma_dq_accum, s.dq[cw][c], dq_col0 + c * Cfg::kDqBoxCols,
-                            q_row + m0 + dq_row0, h, 0);
-        tma_store_commit();
-      }
+      dq_full_arrive(cw);
     } else {
       // dQ's share into the accumulator [q_rows][h_q][d]: rows past the sequence are skipped.
       float* dq_accum = p.dq_accum + int64_t{h} * kD;
@@ -588,9 +603,52 @@ __device__ __forceinline__ void bwd_consume(
     store_grad_row<kD, kBf16>(
         dv, r, 1.0f, reinterpret_cast<uint8_t*>(dvg + int64_t{key} * p.dv_row_stride), valid, lane);
   }
-  // The last reduce-add completes before the CTA (and its shared memory) goes; after dK and dV's
-  // stores, so that it runs under them.
-  if constexpr (kDqBulk) tma_store_wait_all();  // at once but in the issuing threads
+}
+
+// ---------------------------------------------------------------------------------------------
+// The dQ writer (warp 1 of warpgroup 0, kDqBulk; `lane` 0..31): per step, in the consumers' order
+// (every query head of the GQA group, every query block that sees the key block), waits for each
+// consumer warpgroup's dQ tile (dq_full), adds it into the fp32 accumulator with kDqBoxes bulk
+// reduce-adds through the dq_accum map (one lane issues), waits until they have read the tiles
+// and frees them (dq_empty). It frees them once ahead, before the first step, and not after the
+// last, so that arrivals and syncs pair up. Rows past the sequence's queries are the next
+// sequence's rows (dense or varlen; past the last row the map's bound drops them), where the
+// tiles hold exact zeros (bwd_consume), so adding them changes no bit.
+template <class Cfg, bool kMasked>
+__device__ __forceinline__ void bwd_write_dq(
+    BwdSharedStorage<Cfg, true>& s, const BwdParams& bp, const BwdSeq& seq,
+    const kernel::QueryBlocks<Cfg::kBlockM, Cfg::kBlockN, kMasked>& steps, int kv_head, int lane) {
+  const sm80::FwdParams& f = bp.p.fwd;
+  // The dq_accum map's row of the sequence's query 0: the map is one sequence of all q_rows rows,
+  // dense batches included.
+  const int q_row = static_cast<int>(seq.q_row0(f));
+  const int n = f.h_ratio * (steps.m_max - steps.m_min);
+  if (n == 0) return;  // no step: no consumer syncs on dq_empty, so no arrival either
+#pragma unroll
+  for (int cw = 0; cw < Cfg::kConsumers; ++cw) dq_empty_arrive(cw);
+  for (int i = 0; i < n; ++i) {
+    const int h = kv_head * f.h_ratio + i / (steps.m_max - steps.m_min);
+    const int m0 = (steps.m_min + i % (steps.m_max - steps.m_min)) * Cfg::kBlockM;
+#pragma unroll
+    for (int cw = 0; cw < Cfg::kConsumers; ++cw) {
+      dq_full_sync(cw);
+      const int dq_row0 = Cfg::kDqByRows ? 64 * cw : 0, dq_col0 = Cfg::kDqByRows ? 0 : 64 * cw;
+      if (lane == 0) {
+#pragma unroll
+        for (int c = 0; c < Cfg::kDqBoxes; ++c)
+          tma_reduce_add_4d(&bp.tma_dq_accum, s.dq[cw][c], dq_col0 + c * Cfg::kDqBoxCols,
+                            q_row + m0 + dq_row0, h, 0);
+        tma_store_commit();
+      }
+    }
+    if (i + 1 == n) break;
+    if (lane == 0) tma_store_wait_read();
+    __syncwarp();
+#pragma unroll
+    for (int cw = 0; cw < Cfg::kConsumers; ++cw) dq_empty_arrive(cw);
+  }
+  // The last reduce-adds complete before the CTA (and its shared memory) goes.
+  if (lane == 0) tma_store_wait_all();
 }
 
 template <class Cfg, bool kBf16, bool kMasked, bool kDqBulk>
@@ -600,8 +658,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   static_assert(!Cfg::kHeavyFirst || (kMasked && kDqBulk),
                 "the heaviest-first order is the masked bulk-dQ kernel's");
   extern __shared__ uint8_t smem_raw[];
-  auto& s = *reinterpret_cast<BwdSharedStorage<Cfg, kDqBulk>*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  // Realigned by pointer arithmetic on the __shared__ array rather than through an integer, so
+  // that the compiler still knows every access through `s` is to shared memory: through the
+  // integer it emitted generic loads and stores (session 26's SASS: 17 generic LD of LSE and D
+  // per step in the consumers, ST.E in the producer).
+  const uint32_t misalign = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) % 1024;
+  auto& s = *reinterpret_cast<BwdSharedStorage<Cfg, kDqBulk>*>(smem_raw + (1024 - misalign) % 1024);
   const sm80::FwdParams& f = bp.p.fwd;
   // The CTA's key block, KV head and sequence: the 3-D grid's coordinates, or (kHeavyFirst) entry
   // blockIdx.x of the heaviest-first order the host put in f.order (tile_order.h: sections of
@@ -646,7 +708,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (warpgroup == 0) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (tid < 32) bwd_produce<Cfg, kMasked, kDqBulk>(s, bp, seq, steps, n_block, kv_head, tid);
+    // The warp's role from a broadcast too, so that ptxas sees each branch taken by whole warps.
+    const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);
+    if (warp == 0) {
+      bwd_produce<Cfg, kMasked, kDqBulk>(s, bp, seq, steps, n_block, kv_head, tid);
+    } else if (warp == 1) {
+      if constexpr (kDqBulk) bwd_write_dq<Cfg, kMasked>(s, bp, seq, steps, kv_head, tid - 32);
+    }
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
     bwd_consume<Cfg, kBf16, kMasked, kDqBulk>(s, bp, seq, steps, n_block, kv_head, warpgroup - 1,
