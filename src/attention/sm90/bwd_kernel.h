@@ -257,35 +257,29 @@ __device__ __forceinline__ void consumers_sync() {
 }
 
 // The dQ tile's hand-off between consumer warpgroup cw (128 threads) and the dQ writer warp (32;
-// bwd_write_dq), named barriers of 160 threads as immediates (an id in a register makes ptxas
-// reserve all 16): dq_full (2 + cw) when the warpgroup's tile is written, dq_empty (4 + cw) when
-// the writer's reduce-adds have read it. The consumers arrive at dq_full and go on (session 26's
-// profile: with a 128-thread barrier there and one consumer thread issuing the reduce-adds, the
-// barrier took 3.7% of the step's stall samples; cuDNN's backward hands its tile to another warp
-// the same way) and sync on dq_empty only before writing the tile again, a step later.
-__device__ __forceinline__ void dq_full_arrive(int cw) {
-  if (cw == 0)
-    asm volatile("bar.arrive 2, 160;\n" ::: "memory");
+// bwd_write_dq): named barriers of 160 threads, kDqFull + cw when the warpgroup's tile is
+// written, kDqEmpty + cw when the writer's reduce-adds have read it. The consumers arrive at
+// dq_full and go on (session 26's profile: with a 128-thread barrier there and one consumer
+// thread issuing the reduce-adds, the barrier took 3.7% of the step's stall samples; cuDNN's
+// backward hands its tile to another warp the same way) and sync on dq_empty before writing the
+// tile again, a step later.
+inline constexpr int kDqFull = 2, kDqEmpty = 4;  // 0: __syncthreads, 1: consumers_sync
+
+// Barrier kId (an immediate: an id in a register makes ptxas reserve all 16), 160 threads.
+template <int kId, bool kSync>
+__device__ __forceinline__ void dq_barrier_id() {
+  if constexpr (kSync)
+    asm volatile("bar.sync %0, 160;\n" ::"n"(kId) : "memory");
   else
-    asm volatile("bar.arrive 3, 160;\n" ::: "memory");
+    asm volatile("bar.arrive %0, 160;\n" ::"n"(kId) : "memory");
 }
-__device__ __forceinline__ void dq_full_sync(int cw) {
+// Barrier kFirst + cw: wait for the other side (kSync) or only arrive.
+template <int kFirst, bool kSync>
+__device__ __forceinline__ void dq_barrier(int cw) {
   if (cw == 0)
-    asm volatile("bar.sync 2, 160;\n" ::: "memory");
+    dq_barrier_id<kFirst, kSync>();
   else
-    asm volatile("bar.sync 3, 160;\n" ::: "memory");
-}
-__device__ __forceinline__ void dq_empty_arrive(int cw) {
-  if (cw == 0)
-    asm volatile("bar.arrive 4, 160;\n" ::: "memory");
-  else
-    asm volatile("bar.arrive 5, 160;\n" ::: "memory");
-}
-__device__ __forceinline__ void dq_empty_sync(int cw) {
-  if (cw == 0)
-    asm volatile("bar.sync 4, 160;\n" ::: "memory");
-  else
-    asm volatile("bar.sync 5, 160;\n" ::: "memory");
+    dq_barrier_id<kFirst + 1, kSync>();
 }
 
 // A warpgroup's dQ share (64 queries x kDqCols columns in the accumulator's layout: rows
@@ -506,7 +500,7 @@ __device__ __forceinline__ void bwd_consume(
     // of a step ago, so this rarely waits; the writer frees it once ahead for the first step);
     // the tile is written again below. Here rather than beside the tile's stores, where dQ's
     // accumulator is live and dK in flight: there the consumers spilled 36-140 bytes (ptxas).
-    if constexpr (kDqBulk) dq_empty_sync(cw);
+    if constexpr (kDqBulk) dq_barrier<kDqEmpty, true>(cw);
     consumers_sync();  // both warpgroups' dS^T are in s.ds[buf]
     // dV and dK (kOverlap: dV alone) ran under the barrier; waiting for them here frees P^T's
     // (and dS^T's) registers before dQ's accumulator is live (with all three live, d128 spilled
@@ -544,7 +538,7 @@ __device__ __forceinline__ void bwd_consume(
       // over by dq_full.
       store_dq_tile<Cfg>(s.dq[cw], dq, warp, lane);
       fence_shared_to_async();  // this thread's tile stores, to the reduce-add (async proxy)
-      dq_full_arrive(cw);
+      dq_barrier<kDqFull, false>(cw);
     } else {
       // dQ's share into the accumulator [q_rows][h_q][d]: rows past the sequence are skipped.
       float* dq_accum = p.dq_accum + int64_t{h} * kD;
@@ -625,13 +619,13 @@ __device__ __forceinline__ void bwd_write_dq(
   const int n = f.h_ratio * (steps.m_max - steps.m_min);
   if (n == 0) return;  // no step: no consumer syncs on dq_empty, so no arrival either
 #pragma unroll
-  for (int cw = 0; cw < Cfg::kConsumers; ++cw) dq_empty_arrive(cw);
+  for (int cw = 0; cw < Cfg::kConsumers; ++cw) dq_barrier<kDqEmpty, false>(cw);
   for (int i = 0; i < n; ++i) {
     const int h = kv_head * f.h_ratio + i / (steps.m_max - steps.m_min);
     const int m0 = (steps.m_min + i % (steps.m_max - steps.m_min)) * Cfg::kBlockM;
 #pragma unroll
     for (int cw = 0; cw < Cfg::kConsumers; ++cw) {
-      dq_full_sync(cw);
+      dq_barrier<kDqFull, true>(cw);
       const int dq_row0 = Cfg::kDqByRows ? 64 * cw : 0, dq_col0 = Cfg::kDqByRows ? 0 : 64 * cw;
       if (lane == 0) {
 #pragma unroll
@@ -645,7 +639,7 @@ __device__ __forceinline__ void bwd_write_dq(
     if (lane == 0) tma_store_wait_read();
     __syncwarp();
 #pragma unroll
-    for (int cw = 0; cw < Cfg::kConsumers; ++cw) dq_empty_arrive(cw);
+    for (int cw = 0; cw < Cfg::kConsumers; ++cw) dq_barrier<kDqEmpty, false>(cw);
   }
   // The last reduce-adds complete before the CTA (and its shared memory) goes.
   if (lane == 0) tma_store_wait_all();
