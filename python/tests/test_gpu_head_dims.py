@@ -1,7 +1,8 @@
 """Head dims beyond 64/128/256 on CUDA (issue 24): multiples of 8 from 32 to 256 (FlashAttention-2
 takes these), q/k's and v's equal or not (DeepSeek's 192/128, which FlashAttention-3 takes), run on
-the padded sm80 kernels. Against the float64 SDPA reference of test_gpu_torch.py with its tolerance.
-Skipped without torch or without a CUDA device."""
+the padded sm80 kernels; their gradients with equal dims (issue 22) on the padded sm80 backward.
+Against the float64 SDPA reference of test_gpu_torch.py with its tolerance. Skipped without torch
+or without a CUDA device."""
 
 import math
 
@@ -12,8 +13,8 @@ torch = pytest.importorskip("torch")
 import flashserve  # noqa: E402
 from flashserve import (flash_attn_func, flash_attn_varlen_func,  # noqa: E402
                         flash_attn_with_kvcache)
-from test_gpu_torch import (check, check_autograd_against_float64, check_lse, gen,  # noqa: E402,F401
-                            pack, randn, reference)
+from test_gpu_torch import (check, check_autograd_against_float64,  # noqa: E402,F401
+                            check_lse, gen, pack, randn, reference)
 
 
 @pytest.fixture(autouse=True)
@@ -144,8 +145,9 @@ def test_refusals_name_the_argument(gen):
         flash_attn_func(q, k, v, softcap=30.0)
     # Gradients: the CUDA backward needs q's and v's head dims equal; refused before the forward
     # runs.
-    with pytest.raises(NotImplementedError, match=r"^q: head_dim 40 \(v's 32\) has no CUDA "
-                                                  r"backward \(q's and v's head dims must be equal"):
+    with pytest.raises(NotImplementedError,
+                       match=r"^q: head_dim 40 \(v's 32\) has no CUDA backward \(q's and v's "
+                             r"head dims must be equal"):
         flash_attn_func(q.requires_grad_(), k, v[..., :32].contiguous())
 
 

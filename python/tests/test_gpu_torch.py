@@ -281,7 +281,8 @@ def check_autograd_against_float64(gen, d, causal, dtype=torch.bfloat16):
 @pytest.mark.parametrize("causal", [False, True])
 def test_autograd_matches_float64_on_cuda(gen, causal):
     """The CUDA backward through autograd (the default family: sm90 on an H100/H200 build with
-    90a, else sm80; FLASHSERVE_BWD_KERNEL forces one) at head dim 64: check_autograd_against_float64."""
+    90a, else sm80; FLASHSERVE_BWD_KERNEL forces one) at head dim 64:
+    check_autograd_against_float64."""
     check_autograd_against_float64(gen, 64, causal)
 
 
