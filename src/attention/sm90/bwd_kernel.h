@@ -527,15 +527,14 @@ __device__ __forceinline__ void bwd_consume(
     }
     fence_regs(dq);
     if constexpr (kDqBulk) {
-      // dQ's share through shared memory: one thread adds the warpgroup's tile into the
-      // accumulator with kDqBoxes bulk reduce-adds and the warpgroup goes on to the next step
-      // without waiting for them. Rows past the sequence's queries are the next sequence's rows
-      // (dense or varlen; past the last row, the map's bound drops them), and the tile holds
-      // exact zeros there (P = 0 for those queries: LSE +inf and their Q rows finite, TMA's
-      // zeros or another sequence's; dS = 0; K's rows finite, those past the keys zeroed above),
-      // so adding them changes no bit.
-      // The writer warp issues them (bwd_write_dq; the tile is free: dq_empty above), handed
-      // over by dq_full.
+      // dQ's share through shared memory: the warpgroup writes its tile (free: dq_empty above)
+      // and hands it to the writer warp (dq_full), which adds it into the accumulator with
+      // kDqBoxes bulk reduce-adds (bwd_write_dq); the warpgroup goes on to the next step without
+      // waiting for them. Rows past the sequence's queries are the next sequence's rows (dense or
+      // varlen; past the last row, the map's bound drops them), and the tile holds exact zeros
+      // there (P = 0 for those queries: LSE +inf and their Q rows finite, TMA's zeros or another
+      // sequence's; dS = 0; K's rows finite, those past the keys zeroed above), so adding them
+      // changes no bit.
       store_dq_tile<Cfg>(s.dq[cw], dq, warp, lane);
       fence_shared_to_async();  // this thread's tile stores, to the reduce-add (async proxy)
       dq_barrier<kDqFull, false>(cw);
