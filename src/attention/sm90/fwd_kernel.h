@@ -1099,8 +1099,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kStages = Cfg::kStages;
   extern __shared__ uint8_t smem_raw[];
-  auto& s = *reinterpret_cast<SharedStorage<Cfg>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                                   ~uintptr_t{1023});
+  // Realigned by pointer arithmetic on the __shared__ array, not through an integer, so that the
+  // compiler still knows every access through `s` is to shared memory (32-bit ld/st.shared, not
+  // generic ones with 64-bit addresses; the backward's kernel, session 26).
+  const uint32_t misalign = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) % 1024;
+  auto& s = *reinterpret_cast<SharedStorage<Cfg>*>(smem_raw + (1024 - misalign) % 1024);
 
   // Broadcast from lane 0, so that ptxas knows the role is warp-uniform: a branch on a value it
   // cannot prove uniform between a wgmma's issue and its wait serializes the wgmmas (C7520).

@@ -69,9 +69,13 @@ struct TileConfig {
   static constexpr int kThreads = kWarpgroups * 128;
   static constexpr int kConsumerWarps = 4 * kConsumers;
   // setmaxnreg budgets (64K registers per SM, one CTA): the producer issues TMA copies and picks
-  // the tiles (at 24 registers its tile loop spilled 8-24 bytes); 128 x 32 + 256 x 232 = 63488
-  // with two consumers, 128 x 32 + 384 x 160 = 65536 with three.
-  static constexpr int kProducerRegs = 32;
+  // the tiles (at 24 registers its tile loop spilled 8-24 bytes), or with paged K/V all 128 of
+  // its threads copy (kPagedCpAsync). Two consumers: 128 x 40 + 256 x 232 = 64512, the whole
+  // pool of 384 threads at 168 (at 32 the copy loop spilled 64-100 bytes at d128, 28-68 at d64;
+  // at 40, with the storage in the shared address space, 8-48 and 0-8: ptxas, session 26; a
+  // 40-register producer measured 2-8% faster on paged d128 once, session 14). Three: 128 x 32
+  // + 384 x 160 = 65536, nothing to spare.
+  static constexpr int kProducerRegs = kConsumers == 2 ? 40 : 32;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 160;
   static_assert(kBlockM % 64 == 0 && (kConsumers == 2 || kConsumers == 3),
                 "two or three consumer warpgroups of 64 rows");
@@ -209,20 +213,15 @@ inline constexpr bool kMulticastKV = kHeadDim >= 128;
 // The arithmetic is the same: outputs are bit-identical with and without (Sm90Epilogue.SameBits*).
 // The producer holds a tile's announced work and, for the first K block before Q, Q's
 // coordinates into its key loop: at 32 registers its paged loops spilled 4-16 more bytes
-// (ptxas). Two-consumer tiles give it 40 (128 x 40 + 256 x 232 = 64512, the whole pool of 384
-// threads at 168; a 40-register producer measured 2-8% faster on paged d128 once, session 14).
-// Three-consumer tiles (d64 192 x 128) have none to spare (128 x 32 + 384 x 160 = 65536): they
-// keep Q first, which compiles without spills with the announced work (ptxas; K first spilled
-// 12-20 bytes there).
+// (ptxas); two-consumer tiles give it 40 (TileConfig::kProducerRegs). Three-consumer tiles (d64
+// 192 x 128) have none to spare (128 x 32 + 384 x 160 = 65536): they keep Q first, which
+// compiles without spills with the announced work (ptxas; K first spilled 12-20 bytes there).
 template <class Cfg, bool kOwnBuffer>
 struct OverlappedEpilogue : Cfg {
   static constexpr bool kTmaStoreO = true;
   static constexpr bool kOInQ = !kOwnBuffer;
   static constexpr bool kAnnounceWork = true;
   static constexpr bool kFirstKBeforeQ = Cfg::kConsumers == 2;
-  static constexpr int kProducerRegs = Cfg::kConsumers == 2 ? 40 : Cfg::kProducerRegs;
-  static_assert(setmaxnreg_fits(kProducerRegs, Cfg::kConsumerRegs, Cfg::kConsumers),
-                "the setmaxnreg budgets exceed the CTA's registers: setmaxnreg.inc would hang");
 };
 
 // Part of the softmax's exponentials on the FMA pipe (FLASHSERVE_SM90_EXP2_FMA, read once per
