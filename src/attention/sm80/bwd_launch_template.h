@@ -27,7 +27,7 @@ void launch_bwd(BwdParams params, const BwdLaunch& launch) {
     check_cuda(cudaFuncSetAttribute(dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     Cfg::kSmemBytes),
                "cudaFuncSetAttribute (sm80 backward dq shared memory)");
-  const int head_dim = Cfg::kPadded ? params.head_dim : Cfg::kHeadDim;
+  const int head_dim = params.head_dim;
   run_bwd_preprocess(params, launch.dtype, head_dim, launch.max_q_len, launch.stream);
   const dim3 grid((launch.max_kv_len + Cfg::kBlockN - 1) / Cfg::kBlockN, launch.h_kv, params.batch);
   const dim3 q_grid((launch.max_q_len + Cfg::kBlockM - 1) / Cfg::kBlockM, params.fwd.h_q,
@@ -51,8 +51,7 @@ template <class Cfg>
 void run_bwd_config(const BwdParams& params, const BwdLaunch& launch) {
   if (launch.smem_per_block < Cfg::kSmemBytes)
     throw Error(ErrorKind::kUnsupported, "q",
-                "the backward at head_dim " +
-                    std::to_string(Cfg::kPadded ? params.head_dim : Cfg::kHeadDim) + " needs " +
+                "the backward at head_dim " + std::to_string(params.head_dim) + " needs " +
                     std::to_string(Cfg::kSmemBytes / 1024) +
                     " KB of shared memory per block; this device allows " +
                     std::to_string(launch.smem_per_block / 1024) + " KB");

@@ -32,9 +32,10 @@ struct BwdParams {
   int64_t q_rows;
   int32_t batch;
 
-  // The padded kernels only (bwd_kernel.h BwdPaddedConfig): the call's head dim (of q, k, v and
-  // out; a multiple of 8 up to the kernel's, and the dq accumulator's row length), and the first
-  // of the columns of dQ, dK and dV this launch computes (past 128 a launch computes half of them).
+  // The call's head dim (of q, k, v and out; the dq accumulator's row length; the kernels of
+  // BwdConfig have it as kHeadDim, the padded ones, bwd_kernel.h BwdPaddedConfig, read it here),
+  // and the first of the columns of dQ, dK and dV this launch computes (padded kernels past 128
+  // columns: a launch computes half of them).
   int32_t head_dim;
   int32_t col0;
 };

@@ -393,7 +393,7 @@ __device__ __forceinline__ void bwd_consume(
   const KeyRows<kMasked> rows(n_block * kBN + key_row0, q_len, kv_len, f.window_left,
                               f.window_right);
   // This warpgroup's share of dQ: 64 queries from dq_row0, 64 columns from dq_col0.
-  const int dq_row0 = Cfg::kDqByRows ? 64 * cw : 0, dq_col0 = Cfg::kDqByRows ? 0 : 64 * cw;
+  const int dq_row0 = Cfg::dq_row0(cw), dq_col0 = Cfg::dq_col0(cw);
 
   float dk[kD / 2], dv[kD / 2];
 #pragma unroll
@@ -604,9 +604,8 @@ __device__ __forceinline__ void bwd_consume(
 // consumer warpgroup's dQ tile (dq_full), adds it into the fp32 accumulator with kDqBoxes bulk
 // reduce-adds through the dq_accum map (one lane issues), waits until they have read the tiles
 // and frees them (dq_empty). It frees them once ahead, before the first step, and not after the
-// last, so that arrivals and syncs pair up. Rows past the sequence's queries are the next
-// sequence's rows (dense or varlen; past the last row the map's bound drops them), where the
-// tiles hold exact zeros (bwd_consume), so adding them changes no bit.
+// last, so that arrivals and syncs pair up. The boxes cover rows past the sequence's queries,
+// where the tiles hold exact zeros (bwd_consume says why).
 template <class Cfg, bool kMasked>
 __device__ __forceinline__ void bwd_write_dq(
     BwdSharedStorage<Cfg, true>& s, const BwdParams& bp, const BwdSeq& seq,
@@ -625,7 +624,7 @@ __device__ __forceinline__ void bwd_write_dq(
 #pragma unroll
     for (int cw = 0; cw < Cfg::kConsumers; ++cw) {
       dq_barrier<kDqFull, true>(cw);
-      const int dq_row0 = Cfg::kDqByRows ? 64 * cw : 0, dq_col0 = Cfg::kDqByRows ? 0 : 64 * cw;
+      const int dq_row0 = Cfg::dq_row0(cw), dq_col0 = Cfg::dq_col0(cw);
       if (lane == 0) {
 #pragma unroll
         for (int c = 0; c < Cfg::kDqBoxes; ++c)

@@ -437,6 +437,9 @@ struct BwdTileConfig {
   // 64 w (kBlockM = 64) for consumer w.
   static constexpr bool kDqByRows = kBlockM == 128;
   static constexpr int kDqCols = kDqByRows ? kHeadDim : kHeadDim / 2;
+  // Consumer w's share starts at query dq_row0(w) of the step and column dq_col0(w).
+  static constexpr int dq_row0(int w) { return kDqByRows ? 64 * w : 0; }
+  static constexpr int dq_col0(int w) { return kDqByRows ? 0 : 64 * w; }
   // The dQ path by bulk reduce-add (bwd_kernel.h, FLASHSERVE_SM90_BWD_DQ_BULK): each warpgroup's
   // 64 x kDqCols fp32 share staged in shared memory as boxes of 32 columns (128 bytes, TMA's
   // 128-byte swizzle span for 4-byte elements) x 64 rows, one reduce-add per box.
