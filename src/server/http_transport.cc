@@ -164,8 +164,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   enum class Deadline { kIdle, kHeader, kBody, kWrite, kLinger };
 
   void arm(std::chrono::milliseconds d, Deadline what) {
+    arm_until(std::chrono::steady_clock::now() + d, what);
+  }
+  void arm_until(std::chrono::steady_clock::time_point at, Deadline what) {
     const uint64_t gen = ++timer_gen_;
-    timer_.expires_after(d);
+    timer_.expires_at(at);
     timer_.async_wait([self = shared_from_this(), gen, what](error_code ec) {
       if (ec || gen != self->timer_gen_) return;
       self->on_deadline(what);
@@ -181,7 +184,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
     error_code ec;
     switch (what) {
       case Deadline::kIdle:
-        ++t_.stats.idle_timeouts;
+        // No byte of a request: closed quietly, there is nothing to answer. A 408 written into
+        // a connection that a client's pool holds unused (an HTTP client may open one and not
+        // send on it, as node's fetch does when a request is aborted while it connects) would be
+        // read as the answer to whatever request the client sends on it next.
+        ++(requests_ == 0 ? t_.stats.header_timeouts : t_.stats.idle_timeouts);
         return close();
       case Deadline::kHeader:
         ++t_.stats.header_timeouts;
@@ -212,32 +219,34 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // The next request: its headers within header_timeout of its first byte. A keep-alive
   // connection waits for that byte at most idle_timeout; a new one has header_timeout from the
-  // accept (a client that connects and says nothing is a stalled one).
+  // accept for the whole of its headers (a client that connects and says nothing is a stalled
+  // one). Either closes quietly if no byte came (see Deadline::kIdle), with a 408 if part of the
+  // headers did.
   void read_header() {
+    using Clock = std::chrono::steady_clock;
     parser_.emplace();
     parser_->header_limit(static_cast<uint32_t>(t_.limits.max_header_bytes));
     parser_->body_limit(t_.limits.max_body_bytes);
-    if (requests_ > 0 && buffer_.size() == 0) {
-      // A read, not a wait for readability: Asio tries a read at once, so bytes that came
-      // before it was started are not missed (a wait on the edge-triggered epoll would miss them
-      // and the client's next request would sit there until the idle deadline).
-      phase_ = Phase::kIdle;
-      arm(t_.limits.idle_timeout, Deadline::kIdle);
-      socket_.async_read_some(buffer_.prepare(16 << 10),
-                              [self = shared_from_this()](error_code ec, size_t n) {
-                                if (self->phase_ != Phase::kIdle) return;
-                                if (ec) return self->close();
-                                self->buffer_.commit(n);
-                                self->start_header();
-                              });
-      return;
-    }
-    start_header();
+    if (buffer_.size() > 0) return start_header(Clock::now() + t_.limits.header_timeout);
+    const bool fresh = requests_ == 0;
+    const Clock::time_point header_deadline = Clock::now() + t_.limits.header_timeout;
+    // A read, not a wait for readability: Asio tries a read at once, so bytes that came before it
+    // was started are not missed (a wait on the edge-triggered epoll would miss them and the
+    // client's next request would sit there until the idle deadline).
+    phase_ = Phase::kIdle;
+    arm_until(fresh ? header_deadline : Clock::now() + t_.limits.idle_timeout, Deadline::kIdle);
+    socket_.async_read_some(buffer_.prepare(16 << 10), [self = shared_from_this(), fresh,
+                                                        header_deadline](error_code ec, size_t n) {
+      if (self->phase_ != Phase::kIdle) return;
+      if (ec) return self->close();
+      self->buffer_.commit(n);
+      self->start_header(fresh ? header_deadline : Clock::now() + self->t_.limits.header_timeout);
+    });
   }
 
-  void start_header() {
+  void start_header(std::chrono::steady_clock::time_point deadline) {
     phase_ = Phase::kHeader;
-    arm(t_.limits.header_timeout, Deadline::kHeader);
+    arm_until(deadline, Deadline::kHeader);
     http::async_read_header(socket_, buffer_, *parser_,
                             [self = shared_from_this()](error_code ec, size_t) {
                               if (self->phase_ != Phase::kHeader) return;

@@ -215,11 +215,38 @@ TEST(HttpTransport, HeadersPastTheirDeadlineGet408AndTheConnectionCloses) {
             std::string::npos);
   EXPECT_EQ(s.stats().header_timeouts.load(), 1);
   ::close(fd);
-  // A connection that never says a thing is stalled too.
+  // A connection that never says a thing is stalled too, and closed quietly at the same
+  // deadline: there is no request to answer.
+  const auto t1 = Clock::now();
   const int silent = connect_to(s.port);
-  EXPECT_TRUE(read_until(silent).eof);
+  const Read quiet = read_until(silent);
+  EXPECT_GE(seconds_since(t1), 0.3);
+  EXPECT_TRUE(quiet.eof);
+  EXPECT_TRUE(quiet.bytes.empty()) << quiet.bytes;
   EXPECT_EQ(s.stats().header_timeouts.load(), 2);
   ::close(silent);
+}
+
+// A new connection's headers have header_timeout from the accept in all, not from their first
+// byte: a client that dribbles its headers does not keep the connection open. The headers begin
+// at 0.8 s and end at 1.4 s, past the accept's deadline (1 s) and before a first byte's (1.8 s):
+// 408, never the answer.
+TEST(HttpTransport, ANewConnectionsHeadersHaveTheirDeadlineFromTheAccept) {
+  fsv::HttpLimits limits;
+  limits.header_timeout = 1000ms;
+  Transport s(limits);
+  const auto t0 = Clock::now();
+  const int fd = connect_to(s.port);
+  std::this_thread::sleep_for(800ms);
+  send_all(fd, "GET /echo HTTP/1.1\r\nHo");
+  std::this_thread::sleep_for(600ms);
+  send_all(fd, "st: x\r\n\r\n");
+  const Read r = read_until(fd);
+  EXPECT_GE(seconds_since(t0), 1.0);
+  EXPECT_TRUE(r.eof);
+  EXPECT_EQ(status_of(r.bytes), 408) << r.bytes;
+  EXPECT_EQ(s.stats().header_timeouts.load(), 1);
+  ::close(fd);
 }
 
 TEST(HttpTransport, ABodyPastItsDeadlineGets408AndTheConnectionCloses) {

@@ -2,7 +2,7 @@
 //   node soak.mjs BASE_URL MODEL SECONDS MAX_CONCURRENT HEALTH_P99_MS HEAP_GROWTH_KIB
 // For SECONDS, all at once:
 //   - Poisson streams (4/s; random prompts of 1-96 ids, 1-48 tokens out, ignore_eos), a fifth of
-//     them aborted by the client at a random moment;
+//     them aborted by the client at a random moment (those on a connection of their own);
 //   - malformed and oversized requests (bad JSON, wrong types, unknown model, a 9 MiB body, bytes
 //     that are no HTTP) at 1/s, each with the status it deserves and an OpenAI error body;
 //   - stalled sockets (half a request, then nothing), 20 every 5 s, which the server must close at
@@ -14,6 +14,7 @@
 // stopped, the server must be idle (KV blocks, running, waiting, in flight, workers all 0) with its
 // heap within HEAP_GROWTH_KIB of what it held when idle after the warm-up, and /health p99 under
 // HEALTH_P99_MS. Deterministic randomness (a fixed seed), so a failure can be replayed.
+import http from 'node:http';
 import net from 'node:net';
 import { Worker } from 'node:worker_threads';
 
@@ -46,21 +47,50 @@ function isErrorBody(text) {
   } catch { return false; }
 }
 
+// A POST on a connection of its own (node:http, no agent), for a request we may abort. Not fetch:
+// undici's pool keeps the socket of a request aborted before it was written, unused, and later
+// sends another request on it; if that is as the server closes the socket for saying nothing
+// (its header deadline), the request fails, a client-side race and no fault of the server's.
+function postOwnConnection(path, body, signal) {
+  return new Promise((resolve, reject) => {
+    const req = http.request({
+      host: url.hostname, port: url.port, path, method: 'POST', agent: false, signal,
+      headers: { 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(body) },
+    }, (res) => {
+      let text = '';
+      res.setEncoding('utf8');
+      res.on('data', (d) => { text += d; });
+      res.on('close', () => {
+        if (res.complete) resolve({ status: res.statusCode, retryAfter: res.headers['retry-after'] ?? null, text });
+        else reject(signal.aborted ? signal.reason : new Error('the connection closed mid-response'));
+      });
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
+}
+
 // One stream: answered whole, refused with 503, or aborted by us after `abortAfterMs`.
 async function stream(abortAfterMs, tag) {
   const promptLen = 1 + Math.floor(rand() * 96), maxTokens = 1 + Math.floor(rand() * 48);
   const prompt = Array.from({ length: promptLen }, () => 3 + Math.floor(rand() * 900));
+  const body = JSON.stringify({ model, prompt, max_tokens: maxTokens, ignore_eos: true, stream: true });
   const controller = new AbortController();
   let timer = null;
-  if (abortAfterMs !== null) timer = setTimeout(() => controller.abort(), abortAfterMs);
   try {
-    const res = await fetch(`${base}/v1/completions`, {
-      method: 'POST', headers: { 'Content-Type': 'application/json' }, signal: controller.signal,
-      body: JSON.stringify({ model, prompt, max_tokens: maxTokens, ignore_eos: true, stream: true }),
-    });
-    const text = await res.text();
+    let res;
+    if (abortAfterMs === null) {
+      const r = await fetch(`${base}/v1/completions`, {
+        method: 'POST', headers: { 'Content-Type': 'application/json' }, body,
+      });
+      res = { status: r.status, retryAfter: r.headers.get('retry-after'), text: await r.text() };
+    } else {
+      timer = setTimeout(() => controller.abort(), abortAfterMs);
+      res = await postOwnConnection('/v1/completions', body, controller.signal);
+    }
+    const text = res.text;
     if (res.status === 503) {
-      if (!isErrorBody(text) || JSON.parse(text).error.code !== 'overloaded' || res.headers.get('retry-after') !== '1')
+      if (!isErrorBody(text) || JSON.parse(text).error.code !== 'overloaded' || res.retryAfter !== '1')
         return fail(`${tag}: a 503 without the overloaded body or Retry-After: ${text.slice(0, 200)}`);
       return count(`${tag}_refused`);
     }
@@ -75,7 +105,7 @@ async function stream(abortAfterMs, tag) {
     if (tokens !== maxTokens) return fail(`${tag}: ${tokens} tokens, asked ${maxTokens}`);
     count(`${tag}_answered`);
   } catch (e) {
-    if (e.name === 'AbortError') return count(`${tag}_aborted`);
+    if (controller.signal.aborted) return count(`${tag}_aborted`);
     fail(`${tag}: ${e}${e.cause ? ` (${e.cause})` : ''}`);
   } finally {
     if (timer) clearTimeout(timer);
