@@ -9,15 +9,19 @@
 namespace flashserve::model {
 
 // Powers of two up to 64 rows (decode batches, where the weights' read is the cost), then
-// multiples of 64 up to 1024, then of 512: cuBLASLt's algorithms differ little within a bucket
-// (gemm.cu), and a mixed step pads at most one bucket step.
+// multiples of 64 up to the largest mixed step that takes a graph by default, then of 512:
+// cuBLASLt's algorithms differ little within a bucket (gemm.cu), and a mixed step pads at most
+// one bucket step. Steps of 512 from 1024 on made every mixed step of 1025-1536 tokens run at
+// 1536 rows: on the H200 (mistral-7b shape, arXiv, --budget auto; session 26's step logs) the
+// budget's 1088-token steps took 1.27-1.30x the profile's cost (44 ms where 1024-token steps took
+// 33.5: the GEMMs at 1.41x their rows), past a 46.2 ms SLO where 1024's steps met it.
 int64_t token_bucket(int64_t m) {
   if (m <= 64) {
     int64_t b = 1;
     while (b < m) b *= 2;
     return b;
   }
-  const int64_t step = m <= 1024 ? 64 : 512;
+  const int64_t step = m <= kMixedGraphMaxTokens ? 64 : 512;
   return (m + step - 1) / step * step;
 }
 

@@ -1,12 +1,13 @@
 // Which CUDA graph, if any, a step of the CUDA runner replays, and the row counts it runs at: the
 // one place that holds the bucket decisions (plain C++, so CI tests them without a GPU).
 //
-// Token buckets (token_bucket): powers of two up to 64 rows, multiples of 64 up to 1024, then of
-// 512. They are the GEMM's tuning buckets too (gemm.cu times cuBLASLt's candidates once per bucket
-// and every row count of the bucket takes that algorithm): a mixed step padded to its bucket runs
-// every GEMM with the algorithm its unpadded rows would get, which is what lets its graph give the
-// eager step's logits bit for bit. Padding costs at most 63 rows up to 1024 tokens (6% of a
-// 1024-token step) and 511 above.
+// Token buckets (token_bucket): powers of two up to 64 rows, multiples of 64 up to
+// kMixedGraphMaxTokens, then of 512. They are the GEMM's tuning buckets too (gemm.cu times
+// cuBLASLt's candidates once per bucket and every row count of the bucket takes that algorithm): a
+// mixed step padded to its bucket runs every GEMM with the algorithm its unpadded rows would get,
+// which is what lets its graph give the eager step's logits bit for bit. Padding costs at most 63
+// rows from 64 to kMixedGraphMaxTokens tokens (6% of a 1088-token step); above, steps run eager
+// at their own rows (a larger FLASHSERVE_MIXED_GRAPH_TOKENS pads them up to 511).
 //
 // Three kinds of step:
 //   - decode-only (one new token per sequence, every sequence sampled): a graph per (batch, block
@@ -16,7 +17,7 @@
 //     the attention plan's replay key: the kernels, tiles, splits and sequence ranges its own
 //     lengths choose, which fixes the decode count where the batch keeps decodes together);
 //   - anything else (graphs off, profiling, a step above mixed_max_tokens): eager.
-// A step of kMixedGraphMaxTokens is 24 token buckets; the runner captures a mixed key the
+// Steps up to kMixedGraphMaxTokens fall in 38 token buckets; the runner captures a mixed key the
 // kMixedCaptureAfter-th time it sees it and keeps at most kMaxMixedGraphs mixed and
 // kMaxDecodeGraphs decode graphs (the least recently replayed of the kind goes first), each a few
 // hundred kernel nodes that point into the runner's own buffers (a graph holds no activation
