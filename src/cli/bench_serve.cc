@@ -35,6 +35,7 @@
 #include "model/checkpoint.h"
 #include "model/presets.h"
 #include "model/random_checkpoint.h"
+#include "model/step_graphs.h"
 #include "serve/auto_budget.h"
 #include "serve/capacity.h"
 #include "serve/cost_model.h"
@@ -186,6 +187,8 @@ int bench_serve(int argc, char** argv) {
     auto table = std::make_unique<fs::ProfileCostModel>(fs::ProfileCostModel::load(o.profile));
     check_profile_kv_cache(table->profile(), kv_dtype);
     check_profile_tensor_parallel(table->profile(), o.tp.size);
+    // The CUDA runner of this process pads its mixed steps to their graphs' rows.
+    if (o.device == "cuda") table->set_step_graphs(model::step_graph_options_from_env());
     calibrated = std::move(table);
   }
   (void)profile_opt;

@@ -22,6 +22,7 @@
 #include "common/checked_math.h"
 #include "engine/simulator.h"
 #include "flashserve/error.h"
+#include "model/step_graphs.h"
 #include "model/tensor_parallel.h"
 #include "serve/capacity.h"
 #include "serve/cost_model.h"
@@ -217,6 +218,10 @@ Study prepare(Options& o) {
     auto table = std::make_unique<fs::ProfileCostModel>(fs::ProfileCostModel::load(o.profile));
     check_profile_kv_cache(table->profile(), o.kv_dtype.resolve(""));
     check_profile_tensor_parallel(table->profile(), o.tp.size);
+    // A profile of the CUDA runner: its deployment pads mixed steps to their graphs' rows, as
+    // this process's environment would set that runner up.
+    if (table->profile().meta.count("device") && table->profile().meta.at("device") == "cuda")
+      table->set_step_graphs(flashserve::model::step_graph_options_from_env());
     st.cost = std::move(table);
   } else {
     st.cost = std::make_unique<fs::RooflineCostModel>(model, gpu);

@@ -1,6 +1,7 @@
 #include "model/step_graphs.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "common/env_switch.h"
@@ -61,9 +62,18 @@ StepGraphShape step_graph_shape(const ForwardBatch& b, const StepGraphOptions& o
   }
   if (b.total_q > o.mixed_max_tokens) return s;
   s.kind = StepGraphKind::kMixed;
-  s.rows = token_bucket(b.total_q);
+  s.rows = mixed_step_rows(b.total_q, o);
   s.width = width_bucket(b.pages_per_seq);
   return s;
+}
+
+StepGraphOptions step_graph_options_from_env() {
+  return step_graph_options_from_env(std::getenv("FLASHSERVE_CUDA_GRAPHS"),
+                                     std::getenv("FLASHSERVE_MIXED_GRAPH_TOKENS"));
+}
+
+int64_t mixed_step_rows(int64_t tokens, const StepGraphOptions& o) {
+  return o.graphs && tokens > 0 && tokens <= o.mixed_max_tokens ? token_bucket(tokens) : tokens;
 }
 
 }  // namespace flashserve::model

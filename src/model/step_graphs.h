@@ -75,8 +75,16 @@ struct StepGraphShape {
 // unset or empty: StepGraphOptions' default). The arguments are the variables' values (null:
 // unset).
 StepGraphOptions step_graph_options_from_env(const char* cuda_graphs, const char* mixed_tokens);
+// The same from this process's environment: what the CUDA runner runs with (and the cost model of
+// a CUDA deployment assumes).
+StepGraphOptions step_graph_options_from_env();
 
 // The kind of the batch's step and the rows and width it runs at.
 StepGraphShape step_graph_shape(const ForwardBatch& batch, const StepGraphOptions& options);
+
+// The rows a step of `tokens` that is not decode-only runs at: its token bucket where it takes a
+// mixed graph (graphs on, at most mixed_max_tokens tokens), else its own. step_graph_shape's
+// rule, for the cost model (serve/cost_model.h), which costs a step at the rows it runs.
+int64_t mixed_step_rows(int64_t tokens, const StepGraphOptions& options);
 
 }  // namespace flashserve::model

@@ -189,8 +189,9 @@ StepTime ProfileCostModel::breakdown(const Batch& batch) const {
   }
   if (any_prefill) {
     const double sampled = static_cast<double>(batch.num_sampled());
-    t.linear_s = p.linear.at(static_cast<double>(batch.num_tokens())) +
-                 p.sample_row_s * std::max(sampled - 1, 0.0);
+    t.linear_s =
+        p.linear.at(static_cast<double>(model::mixed_step_rows(batch.num_tokens(), graphs_))) +
+        p.sample_row_s * std::max(sampled - 1, 0.0);
   } else {
     t.linear_s = p.decode_base.at(decodes);
   }
@@ -223,6 +224,9 @@ std::string ProfileCostModel::describe() const {
            " bytes a token, the logits' all-gather of " +
            std::to_string(static_cast<int64_t>(p.logits_gather_bytes_per_row)) +
            " bytes a sampled row from each rank";
+  if (graphs_.graphs && graphs_.mixed_max_tokens > 0)
+    out += "; mixed steps of up to " + std::to_string(graphs_.mixed_max_tokens) +
+           " tokens costed at their CUDA graph's padded rows";
   return out;
 }
 

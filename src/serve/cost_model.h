@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/shape.h"
+#include "model/step_graphs.h"
 #include "serve/batch.h"
 #include "serve/step_profile.h"
 
@@ -85,7 +86,9 @@ class RooflineCostModel final : public CostModel {
 // all_reduces x all_reduce(T x bytes a token), two a layer, whatever the mix of the step, and the
 // gather of its S sampled rows' logits, all_gather(S x bytes a row from each rank). Decode
 // attention is costed at the decodes' mean KV length: it is linear in the KV length, so B decodes
-// of mean L read what B decodes of L each read.
+// of mean L read what B decodes of L each read. Under the CUDA runner's graphs (set_step_graphs)
+// T is the rows the step runs at, its token bucket (model::mixed_step_rows): the H200's mixed steps
+// padded 10-15% took 1.06-1.14x the unpadded cost (session 26's step logs).
 class ProfileCostModel final : public CostModel {
  public:
   ProfileCostModel(StepProfile profile, std::string name);
@@ -94,10 +97,14 @@ class ProfileCostModel final : public CostModel {
   double step_seconds(const Batch& batch) const override { return breakdown(batch).total(); }
   std::string describe() const override;
   const StepProfile& profile() const { return profile_; }
+  // The graphs of the deployment costed (the CUDA runner's, model/step_graphs.h); none by
+  // default (the CPU runner's steps run at their own rows).
+  void set_step_graphs(const model::StepGraphOptions& graphs) { graphs_ = graphs; }
 
  private:
   StepProfile profile_;
   std::string name_;
+  model::StepGraphOptions graphs_{.graphs = false};
 };
 
 }  // namespace flashserve::serve

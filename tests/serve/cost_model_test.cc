@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "flashserve/error.h"
+#include "model/step_graphs.h"
 #include "serve/cost_model.h"
 
 namespace fs = flashserve::serve;
@@ -216,6 +217,38 @@ TEST(ProfileCostModel, StepTimeAddsTheParts) {
   const double want = lin_f(362) + 7e-6 * 2 + pa_f(300, 1000) + pa_f(60, 0) + da_f(2, 200) + 4e-4;
   EXPECT_NEAR(pm.step_seconds(mix), want, 1e-12);
   EXPECT_EQ(pm.step_seconds(fs::Batch{}), 0);
+}
+
+// Under the CUDA runner's graphs a mixed step runs (and is costed) at its token bucket's rows, up
+// to the largest step that takes a graph; decode-only steps and larger steps at their own.
+TEST(ProfileCostModel, MixedStepsUnderGraphsCostTheirPaddedRows) {
+  fs::ProfileCostModel pm(known_profile(), "known");
+  fs::Batch mix = make_batch({{99, 1, false}, {299, 1, false}, {1000, 575, true}});
+  const double parts = 7e-6 * 2 + pa_f(575, 1000) + da_f(2, 200) + 4e-4;
+  EXPECT_NEAR(pm.step_seconds(mix), lin_f(577) + parts, 1e-12);  // no graphs: its own rows
+  flashserve::model::StepGraphOptions graphs;
+  graphs.graphs = true;
+  graphs.mixed_max_tokens = 2048;
+  pm.set_step_graphs(graphs);
+  ASSERT_EQ(flashserve::model::token_bucket(577), 640);
+  EXPECT_NEAR(pm.step_seconds(mix), lin_f(640) + parts, 1e-12);
+  EXPECT_NE(pm.describe().find("padded rows"), std::string::npos) << pm.describe();
+  // A budget's full step (a multiple of 64) pads nothing.
+  const fs::Batch full = make_batch({{99, 1, false}, {1000, 1023, true}});
+  EXPECT_NEAR(pm.step_seconds(full), lin_f(1024) + 7e-6 + pa_f(1023, 1000) + da_f(1, 100) + 4e-4,
+              1e-12);
+  // Past mixed_max_tokens the step runs eager, at its own rows.
+  graphs.mixed_max_tokens = 512;
+  pm.set_step_graphs(graphs);
+  EXPECT_NEAR(pm.step_seconds(mix), lin_f(577) + parts, 1e-12);
+  // Decode-only steps are the decode tables' whatever the graphs.
+  const fs::Batch dec = make_batch({{99, 1, false}, {299, 1, false}});
+  EXPECT_NEAR(pm.step_seconds(dec), dbase_f(2) + da_f(2, 200) + 4e-4, 1e-12);
+  // Graphs off: no padding.
+  graphs.graphs = false;
+  graphs.mixed_max_tokens = 2048;
+  pm.set_step_graphs(graphs);
+  EXPECT_NEAR(pm.step_seconds(mix), lin_f(577) + parts, 1e-12);
 }
 
 TEST(ProfileCostModel, CsvRoundTripsAndRejectsMalformedTables) {

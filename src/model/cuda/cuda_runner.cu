@@ -148,8 +148,7 @@ struct CudaRunner::Impl {
   void init(int dev) {
     device = dev;
     // Graphs on or off, and the largest mixed step that takes one (model/step_graphs.h).
-    const StepGraphOptions env = step_graph_options_from_env(
-        std::getenv("FLASHSERVE_CUDA_GRAPHS"), std::getenv("FLASHSERVE_MIXED_GRAPH_TOKENS"));
+    const StepGraphOptions env = step_graph_options_from_env();
     use_graphs = env.graphs;
     mixed_max_tokens = env.mixed_max_tokens;
     const int count = cuda_device_count();
