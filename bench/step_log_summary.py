@@ -8,14 +8,16 @@ budget: compare runs of one call, as calls may land on GPUs a few percent apart)
 median / p90 / p99 / max milliseconds per budget, the decode-weighted p99 step (what the P99 TBT
 sees when every running request decodes each step), the steps past an SLO, the CUDA graph
 captures and their steps' times, and (logs of runs with --profile) the profile's cost of the
-run's own batches against what they took, by kind of step and by size (64-token bins): where the
-calibrated simulator is off.
+run's own batches against what they took, by kind of step, decode-only steps by batch size (with
+the spread of their keys, max / mean, in logs that have the batch columns) and mixed steps by size
+(64-token bins): where the calibrated simulator is off.
 
     python3 bench/step_log_summary.py steps-auto.csv steps-1024.csv [--slo-ms 46.2]
 
 Only the Python standard library; the logs' columns: policy, seed, step, end_s, seconds, tokens,
-decodes, budget, graph_captures, predicted_s (src/cli/bench_serve.cc; logs written before
-predicted_s existed lack it).
+decodes, budget, graph_captures, predicted_s, decode_kv_mean, decode_kv_max, chunks,
+chunk_cached_max (src/cli/bench_serve.cc; logs written before predicted_s existed lack it, and
+before session 27 the last four).
 """
 import argparse
 import csv
@@ -95,6 +97,26 @@ def compare_with_profile(rows, sec, tok, dec, bud):
     for i in range(len(rows)):
         if tok[i] > dec[i] and sec[i] > 0:
             bins[tok[i] // 64 * 64].append(i)
+    # Decode-only steps by batch size; with the batch columns (logs since session 27) also how
+    # uneven the decodes' keys were (max / mean): the profile's decode tables were measured with
+    # every decode at one length and cost a batch at its mean.
+    uneven = "decode_kv_max" in rows[0]
+    by_batch = defaultdict(list)
+    for i in kinds.get("decode-only", []):
+        if sec[i] > 0:
+            by_batch[1 << max(0, dec[i] - 1).bit_length()].append(i)
+    print("| decode-only steps of decodes | count | median measured ms | "
+          "median predicted / measured |" + (" median max / mean keys |" if uneven else ""))
+    print("|---|---|---|---|" + ("---|" if uneven else ""))
+    for b in sorted(by_batch):
+        ix = by_batch[b]
+        line = (f"| {b // 2 + 1 if b > 1 else 1}-{b} | {len(ix)} | "
+                f"{statistics.median(sec[i] for i in ix) * 1e3:.1f} | "
+                f"{statistics.median(pred[i] / sec[i] for i in ix):.3f} |")
+        if uneven:
+            spread = [float(rows[i]["decode_kv_max"]) / float(rows[i]["decode_kv_mean"]) for i in ix]
+            line += f" {statistics.median(spread):.2f} |"
+        print(line)
     print("| mixed steps of tokens | count | median measured ms | median predicted ms | "
           "median predicted / measured |")
     print("|---|---|---|---|---|")

@@ -102,7 +102,9 @@ int bench_serve(int argc, char** argv) {
       "--step-log", o.step_log,
       "write every measured step to this CSV (policy, seed, step, end_s, seconds, tokens, decodes, "
       "budget, graph_captures: the runner's CUDA graph captures so far, predicted_s: the "
-      "--profile cost model's time for the step's batch, empty without --profile)");
+      "--profile cost model's time for the step's batch, empty without --profile, then the "
+      "batch: decode_kv_mean, decode_kv_max (the decodes' keys, 0 without decodes), chunks, "
+      "chunk_cached_max (prompt chunks and the most cached tokens one of them follows))");
   auto* predict_gpu_opt = app.add_option(
       "--predict-gpu", o.predict_gpu,
       "also print the roofline simulator's prediction for this GPU preset (h200, a100) "
@@ -153,7 +155,8 @@ int bench_serve(int argc, char** argv) {
   if (!o.step_log.empty()) {
     step_log.open(o.step_log);
     if (!step_log) throw UsageError("--step-log", "cannot write '" + o.step_log + "'");
-    step_log << "policy,seed,step,end_s,seconds,tokens,decodes,budget,graph_captures,predicted_s\n";
+    step_log << "policy,seed,step,end_s,seconds,tokens,decodes,budget,graph_captures,predicted_s,"
+                "decode_kv_mean,decode_kv_max,chunks,chunk_cached_max\n";
   }
   refuse_unless(predict_gpu_opt, !o.cap.capacity || o.profile.empty(),
                 "--capacity bisects with one simulator, here --profile; give one of them");
@@ -297,20 +300,40 @@ int bench_serve(int argc, char** argv) {
     ro.seed = seed;
     const char* name = fs::to_string(p);
     // The calibrated model's time for each batch as it ran (the simulator's error step by step,
-    // on the measured run's own batches): costed before the step runs, written after it.
-    auto predicted = std::make_shared<double>(0.0);
-    if (step_log.is_open() && calibrated)
-      engine->set_observer([&, predicted](const fs::Scheduler&, const fs::Batch& batch) {
-        *predicted = calibrated->step_seconds(batch);
+    // on the measured run's own batches) and what the batch held, where the model may be off:
+    // taken before the step runs, written after it.
+    struct Seen {
+      double predicted = 0, decode_kv_mean = 0;
+      int64_t decode_kv_max = 0, chunks = 0, chunk_cached_max = 0;
+    };
+    auto seen = std::make_shared<Seen>();
+    if (step_log.is_open())
+      engine->set_observer([&, seen](const fs::Scheduler&, const fs::Batch& batch) {
+        Seen b;
+        if (calibrated) b.predicted = calibrated->step_seconds(batch);
+        int64_t decodes = 0, decode_kv = 0;
+        for (const fs::BatchEntry& e : batch.entries) {
+          if (e.is_prefill) {
+            ++b.chunks;
+            b.chunk_cached_max = std::max(b.chunk_cached_max, e.q_start);
+          } else {
+            ++decodes;
+            decode_kv += e.kv_len;
+            b.decode_kv_max = std::max(b.decode_kv_max, e.kv_len);
+          }
+        }
+        if (decodes > 0) b.decode_kv_mean = static_cast<double>(decode_kv) / decodes;
+        *seen = b;
       });
     if (step_log.is_open())
-      ro.on_step = [&, name, predicted, n = int64_t{0}](const fe::StepResult& s, double end_s,
-                                                        int64_t budget) mutable {
+      ro.on_step = [&, name, seen, n = int64_t{0}](const fe::StepResult& s, double end_s,
+                                                   int64_t budget) mutable {
         step_log << name << ',' << seed << ',' << n++ << ',' << end_s << ',' << s.seconds << ','
                  << s.num_tokens << ',' << s.decodes << ',' << budget << ','
                  << model.runner->graph_counts().first << ',';
-        if (calibrated) step_log << *predicted;
-        step_log << '\n';
+        if (calibrated) step_log << seen->predicted;
+        step_log << ',' << seen->decode_kv_mean << ',' << seen->decode_kv_max << ',' << seen->chunks
+                 << ',' << seen->chunk_cached_max << '\n';
       };
     ro.progress = [&, name, last = -1.0](int64_t done, int64_t total, double now) mutable {
       if (done < total && now - last < 0.5) return;
