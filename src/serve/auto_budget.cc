@@ -159,7 +159,10 @@ int64_t AutoBudget::observe(const Batch& batch, double seconds) {
 // p99 41.6-41.9 ms in four runs of five (44.5 in the fifth), the strict SLO met at 7.40
 // and 7.76 req/s and missed on the scheduling delay from 8.0: under load it holds 896-960, where
 // 1024's windows have a slowest step of 43-46 ms, above the margin; kMargin 0.95 measured no better
-// (one run).
+// (one run). Every run above had the CUDA runner pad each mixed step of 1025-1536 tokens to 1536
+// rows (model/step_graphs.h's buckets until session 27): a budget past 1024 met steps ~1.3x what
+// the model and the windows below it said, which is what the climbs and cuts were; this rule is
+// yet to be measured without that.
 void AutoBudget::adjust() {
   std::vector<double> ratios;
   ratios.reserve(window_.size());
