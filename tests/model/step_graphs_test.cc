@@ -127,6 +127,25 @@ TEST(StepGraphs, StepsAboveTheLargestBucketAndGraphsOffRunEager) {
   EXPECT_EQ(step_graph_shape(ForwardBatch{}, on()).kind, StepGraphKind::kEager);
 }
 
+// The cost model's rows (mixed_step_rows) are step_graph_shape's for every step that is not
+// decode-only: padded where a mixed graph runs it, its own rows where the step runs eager.
+TEST(StepGraphs, MixedStepRowsAreTheRowsTheStepRunsAt) {
+  StepGraphOptions o = on();
+  for (int64_t chunk : {2, 63, 64, 65, 577, 1023, 1024, 1025, 1088, 2047, 2048, 2049, 4000}) {
+    const ForwardBatch b = batch({{1, 40, true}, {chunk, chunk, true}});
+    for (int64_t max_tokens : {int64_t{0}, int64_t{1024}, kMixedGraphMaxTokens}) {
+      o.mixed_max_tokens = max_tokens;
+      for (bool graphs : {true, false}) {
+        o.graphs = graphs;
+        EXPECT_EQ(mixed_step_rows(b.total_q, o), step_graph_shape(b, o).rows)
+            << chunk << " tokens, graphs " << graphs << " up to " << max_tokens;
+      }
+    }
+  }
+  EXPECT_EQ(mixed_step_rows(1089, on()), 1152);
+  EXPECT_EQ(mixed_step_rows(0, on()), 0);
+}
+
 TEST(StepGraphs, TheEnvironmentIsReadStrictly) {
   const StepGraphOptions unset = step_graph_options_from_env(nullptr, nullptr);
   EXPECT_TRUE(unset.graphs);
