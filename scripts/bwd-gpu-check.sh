@@ -74,11 +74,12 @@ echo "commit ${COMMIT:-unknown}"
 
 if want sass; then
   # Per sm90 backward kernel (mangled: ...Lb<bf16>ELb<masked>ELb<dq bulk>E, "overlap" where the
-  # tile is BwdOverlapTile, "heavy-first" where it is BwdHeavyFirstTile): registers, local memory, and the SASS that says which dQ path it runs:
+  # tile is BwdOverlapTile, "heavy-first" where it is BwdHeavyFirstTile, "persistent" where it is
+  # BwdPersistentTile): registers, local memory, and the SASS that says which dQ path it runs:
   # UTMAREDG (the bulk reduce-add) or RED/ATOM (per-element atomics), beside HGMMA (wgmma).
   step "sm90 backward kernels: registers, LOCAL, HGMMA / UTMAREDG / RED counts"
   cuobjdump -res-usage "$BIN/tests/test_gpu" 2>/dev/null | grep -A1 'sm9010bwd_kernel' |
-    grep -oE '(BwdOverlapTileINS1_[0-9]+)?(BwdHeavyFirstTileINS1_13)?BwdTileConfigILi[0-9]+ELi[0-9]+[^ ]*|REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+' |
+    grep -oE '(BwdPersistentTileINS1_[0-9]+)?(BwdOverlapTileINS1_[0-9]+)?(BwdHeavyFirstTileINS1_[0-9]+)?BwdTileConfigILi[0-9]+ELi[0-9]+[^ ]*|REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+' |
     paste - - - - | sed -E 's/EEEvNS1_9BwdParamsE//'
   cuobjdump -sass "$BIN/tests/test_gpu" 2>/dev/null | awk '
     /Function :/ { name = ($3 ~ /sm9010bwd_kernel/) ? $3 : ""; next }
@@ -91,6 +92,7 @@ if want sass; then
     END { for (n in seen) { k = n; sub(/.*BwdTileConfigILi/, "d", k); sub(/EEEvNS1_9BwdParamsE/, "", k)
           if (n ~ /BwdOverlapTile/) k = k " overlap"
           if (n ~ /BwdHeavyFirstTile/) k = k " heavy-first"
+          if (n ~ /BwdPersistentTile/) k = k " persistent"
           printf "%s HGMMA %d UTMAREDG/UBLKRED %d RED/ATOM %d\n", k, hg[n], tr[n], at[n] } }' |
     sort
 fi

@@ -146,10 +146,10 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
   DeviceGuard guard(pr.device.index);
   check_supported(bp, pr);
   // Decided before anything is enqueued: a forced family that cannot run the call throws here,
-  // as does a malformed FLASHSERVE_SM90_BWD_DQ_BULK, FLASHSERVE_SM90_BWD_OVERLAP or
-  // FLASHSERVE_SM90_BWD_HEAVY_FIRST (read per call, so that a test or benchmark can set them
-  // around one call; only the sm90 kernel has the two dQ paths, the overlapped step and the
-  // heaviest-first order, sm80 ignores them).
+  // as does a malformed FLASHSERVE_SM90_BWD_DQ_BULK, FLASHSERVE_SM90_BWD_OVERLAP,
+  // FLASHSERVE_SM90_BWD_HEAVY_FIRST or FLASHSERVE_SM90_BWD_PERSISTENT (read per call, so that a
+  // test or benchmark can set them around one call; only the sm90 kernel has the two dQ paths, the
+  // overlapped step, the heaviest-first order and the persistent grid, sm80 ignores them).
   const KernelFamily family = backward_family(bp, pr);
   [[maybe_unused]] const bool dq_bulk =
       parse_sm90_bwd_dq_bulk(std::getenv("FLASHSERVE_SM90_BWD_DQ_BULK"));
@@ -157,6 +157,8 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
       parse_sm90_bwd_overlap(std::getenv("FLASHSERVE_SM90_BWD_OVERLAP"), pr.head_dim);
   [[maybe_unused]] const bool heavy_first =
       parse_sm90_bwd_heavy_first(std::getenv("FLASHSERVE_SM90_BWD_HEAVY_FIRST"));
+  [[maybe_unused]] const bool persistent =
+      parse_sm90_bwd_persistent(std::getenv("FLASHSERVE_SM90_BWD_PERSISTENT"));
   const cudaStream_t stream = static_cast<cudaStream_t>(bp.attn.stream);
   const size_t bytes = workspace_bytes(bp, pr);
   void* workspace = bp.attn.workspace;
@@ -205,7 +207,9 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
     args.dq_bulk = dq_bulk;
     args.overlap = overlap;
     args.heavy_first = heavy_first;
-    if (heavy_first) {  // the order's sections: two waves of CTAs, half of L2
+    args.persistent = persistent;
+    // The order's sections (two waves of CTAs, half of L2) and the persistent grid's CTAs.
+    if (heavy_first || persistent) {
       check_cuda(cudaDeviceGetAttribute(&args.sms, cudaDevAttrMultiProcessorCount, pr.device.index),
                  "cudaDeviceGetAttribute (multiprocessors)");
       int l2 = 0;

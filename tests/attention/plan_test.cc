@@ -843,6 +843,13 @@ TEST(PlanBackward, ParsesTheSm90HeavyFirstSwitchStrictly) {
                        attention::kSm90BwdHeavyFirstByDefault, "FLASHSERVE_SM90_BWD_HEAVY_FIRST");
 }
 
+// FLASHSERVE_SM90_BWD_PERSISTENT: the bulk-dQ kernel on a persistent grid, off until measured.
+TEST(PlanBackward, ParsesTheSm90PersistentSwitchStrictly) {
+  EXPECT_FALSE(attention::kSm90BwdPersistentByDefault);
+  expect_strict_switch(attention::parse_sm90_bwd_persistent, attention::kSm90BwdPersistentByDefault,
+                       "FLASHSERVE_SM90_BWD_PERSISTENT");
+}
+
 TEST(PlanFp8, KeyBlockSwitchTakes128Or192AndOnlyD128Takes192) {
   using attention::parse_fp8_block_n;
   EXPECT_EQ(parse_fp8_block_n(nullptr), 128);

@@ -6,7 +6,9 @@
 // other's bits), the bulk path's step in FlashAttention-3's order (FLASHSERVE_SM90_BWD_OVERLAP:
 // the same products in the same order, so dk and dv keep their bits) and its masked grids'
 // CTAs launched heaviest first (FLASHSERVE_SM90_BWD_HEAVY_FIRST: the same CTAs in another order,
-// so dk and dv keep their bits too). Each case runs our CPU
+// so dk and dv keep their bits too) and its persistent grid (FLASHSERVE_SM90_BWD_PERSISTENT, with
+// the overlapped step off and on: the same tiles looped over by fewer CTAs, dk and dv keep their
+// bits). Each case runs our CPU
 // forward on the host (out and lse as a training step saves them), copies every buffer to the
 // device (gradients poisoned with NaN), runs attention_backward there and compares dq, dk, dv by
 // support/compare.h's rule. The instantiations named Sanitize are the small subset for
@@ -73,11 +75,25 @@ class BackwardDevice {
 // (FLASHSERVE_SM90_BWD_DQ_BULK): kSm90 the atomics, kSm90DqBulk the bulk reduce-add, kSm90Overlap
 // the bulk reduce-add with the overlapped step (FLASHSERVE_SM90_BWD_OVERLAP), kSm90HeavyFirst the
 // bulk reduce-add with a masked grid's key blocks heaviest first (FLASHSERVE_SM90_BWD_HEAVY_FIRST;
-// unmasked calls run as kSm90DqBulk).
-enum class Family { kSm80, kSm90, kSm90DqBulk, kSm90Overlap, kSm90HeavyFirst };
+// unmasked calls run as kSm90DqBulk), kSm90Persistent and kSm90PersistentOverlap the bulk
+// reduce-add on the persistent grid (FLASHSERVE_SM90_BWD_PERSISTENT), with each step order.
+enum class Family {
+  kSm80,
+  kSm90,
+  kSm90DqBulk,
+  kSm90Overlap,
+  kSm90HeavyFirst,
+  kSm90Persistent,
+  kSm90PersistentOverlap
+};
 const char* family_name(Family f) {
-  static constexpr const char* kNames[] = {"sm80", "sm90", "sm90_dq_bulk", "sm90_overlap",
-                                           "sm90_heavy_first"};
+  static constexpr const char* kNames[] = {"sm80",
+                                           "sm90",
+                                           "sm90_dq_bulk",
+                                           "sm90_overlap",
+                                           "sm90_heavy_first",
+                                           "sm90_persistent",
+                                           "sm90_persistent_overlap"};
   return kNames[static_cast<int>(f)];
 }
 
@@ -100,9 +116,14 @@ attention::reference::NaiveGrads run_on_gpu(BackwardCase& bc, Family family,
                                             bool deterministic = false) {
   ScopedEnv env("FLASHSERVE_BWD_KERNEL", family == Family::kSm80 ? "sm80" : "sm90");
   ScopedEnv dq_path("FLASHSERVE_SM90_BWD_DQ_BULK", family == Family::kSm90 ? "0" : "1");
-  ScopedEnv overlap("FLASHSERVE_SM90_BWD_OVERLAP", family == Family::kSm90Overlap ? "1" : "0");
+  const bool persistent =
+      family == Family::kSm90Persistent || family == Family::kSm90PersistentOverlap;
+  ScopedEnv overlap(
+      "FLASHSERVE_SM90_BWD_OVERLAP",
+      family == Family::kSm90Overlap || family == Family::kSm90PersistentOverlap ? "1" : "0");
   ScopedEnv heavy_first("FLASHSERVE_SM90_BWD_HEAVY_FIRST",
                         family == Family::kSm90HeavyFirst ? "1" : "0");
+  ScopedEnv persistent_grid("FLASHSERVE_SM90_BWD_PERSISTENT", persistent ? "1" : "0");
   BackwardDevice dev(bc);
   AttentionBackwardParams p = dev.params();
   p.deterministic = deterministic;
@@ -190,14 +211,15 @@ std::vector<CaseSpec> cases() {
 }
 
 // Every case through both families, sm90 with each dQ path (and, given `switches`, the bulk
-// path's off-by-default switches too: GpuBackwardOverlap and GpuBackwardHeavyFirst run the main
-// shapes through them beside the bulk path).
+// path's other switches too: GpuBackwardOverlap, GpuBackwardHeavyFirst and GpuBackwardPersistent
+// run the main shapes through them beside the bulk path).
 using FamilyCase = std::tuple<CaseSpec, Family>;
 std::vector<FamilyCase> with_families(const std::vector<CaseSpec>& specs, bool switches = false) {
   std::vector<FamilyCase> v;
-  for (Family f : {Family::kSm80, Family::kSm90, Family::kSm90DqBulk, Family::kSm90Overlap,
-                   Family::kSm90HeavyFirst})
-    if (switches || (f != Family::kSm90Overlap && f != Family::kSm90HeavyFirst))
+  for (Family f :
+       {Family::kSm80, Family::kSm90, Family::kSm90DqBulk, Family::kSm90Overlap,
+        Family::kSm90HeavyFirst, Family::kSm90Persistent, Family::kSm90PersistentOverlap})
+    if (switches || f == Family::kSm80 || f == Family::kSm90 || f == Family::kSm90DqBulk)
       for (const CaseSpec& s : specs) v.emplace_back(s, f);
   return v;
 }
@@ -380,6 +402,65 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuBackwardHeavyFirst, ::testing::ValuesIn(heav
                            return info.param.name();
                          });
 
+// FLASHSERVE_SM90_BWD_PERSISTENT on (the overlapped step off and on) against the bulk path's
+// one-CTA-per-tile grid, on every main shape (one tile per CTA on the H200: the barriers' first
+// phases, tiles without steps) and on grids of more tiles than the H200 has multiprocessors (132),
+// so that each CTA loops over several: the Q/dO ring, the dS^T buffers and the dQ writer's
+// hand-off going on across tiles, K and V released by kv_empty and reloaded under the dK/dV
+// stores, tiles without keys skipped (varlen sequences shorter than the longest) and tiles
+// without steps between tiles with steps (a window no query of most key blocks sees). Each run
+// against the float64 reference; the same tiles compute the same products in the same order, so
+// dk and dv keep every bit, and dq where one key block per sequence adds each row.
+std::vector<CaseSpec> persistent_cases() {
+  std::vector<CaseSpec> v = cases();
+  // Unmasked, the natural order: 9 key blocks x 16 x 4 = 576 tiles; 20 x 4 x 3 = 240, GQA 2.
+  v.push_back(spec(DType::kBFloat16, 128, 4, 130, 1100, 16, 16, false));
+  v.push_back(spec(DType::kFloat16, 64, 3, 64, 2500, 8, 4, false));
+  // Causal, the heaviest-first order in sections, each CTA's rounds in alternating directions:
+  // 16 key blocks x 8 x 3 = 384 tiles (as GpuBackwardHeavyFirst's), 5 x 9 x 7 = 315.
+  v.push_back(spec(DType::kFloat16, 128, 3, 40, 2000, 16, 8, true));
+  v.push_back(spec(DType::kBFloat16, 64, 7, 64, 520, 9, 9, true));
+  // Only the last of 16 key blocks is seen by the 10 queries (window 20 / 0): 512 tiles, most
+  // without steps, between the ones with.
+  CaseSpec unseen = spec(DType::kBFloat16, 64, 8, 10, 2000, 4, 4, false);
+  unseen.window_left = 20, unseen.window_right = 0;
+  v.push_back(unseen);
+  // Varlen, causal, GQA 2: 17 key blocks x 8 x 6 = 816 tiles, most of the shorter sequences'
+  // without keys.
+  CaseSpec var = spec(DType::kBFloat16, 128, 6, 1, 1, 16, 8, true);
+  var.q_lens = {64, 3, 130, 1, 200, 17}, var.kv_lens = {2100, 5, 700, 129, 1000, 300};
+  var.q_layout = QLayout::kVarlen, var.kv_layout = KVLayout::kVarlen;
+  v.push_back(var);
+  // Unmasked, with seqused_k's poisoned keys past each sequence's used ones (the key blocks past
+  // a shorter sequence's without keys): 8 key blocks x 4 x 5 = 160 tiles.
+  CaseSpec used = spec(DType::kBFloat16, 64, 5, 50, 900, 8, 4, false);
+  used.kv_lens = {900, 300, 128, 40, 600};
+  used.use_seqused_k = true, used.kv_extra = 100;
+  v.push_back(used);
+  return v;
+}
+
+using PersistentCase = std::tuple<CaseSpec, Family>;
+class GpuBackwardPersistent : public ::testing::TestWithParam<PersistentCase> {};
+
+TEST_P(GpuBackwardPersistent, MatchesTheReferenceAndTheBulkPathsBits) {
+  CaseSpec s = std::get<0>(GetParam());
+  const Family family = std::get<1>(GetParam());
+  SKIP_WITHOUT_FAMILY(family);
+  s.seed = seed_for(s.name(), 2295);
+  expect_bulk_paths_bits(s, family);
+}
+
+std::vector<PersistentCase> persistent_params() {
+  std::vector<PersistentCase> v;
+  for (Family f : {Family::kSm90Persistent, Family::kSm90PersistentOverlap})
+    for (const CaseSpec& s : persistent_cases()) v.emplace_back(s, f);
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuBackwardPersistent, ::testing::ValuesIn(persistent_params()),
+                         case_name);
+
 TEST(GpuBackwardSanitize, DeterministicSmallCase) {
   SKIP_WITHOUT_CUDA();
   check_case(spec(DType::kBFloat16, 64, 1, 70, 90, 4, 2, true), Family::kSm80, false,
@@ -387,8 +468,9 @@ TEST(GpuBackwardSanitize, DeterministicSmallCase) {
 }
 
 TEST(GpuBackwardLse, GradientOfTheLse) {
-  for (Family family : {Family::kSm80, Family::kSm90, Family::kSm90DqBulk, Family::kSm90Overlap,
-                        Family::kSm90HeavyFirst}) {
+  for (Family family :
+       {Family::kSm80, Family::kSm90, Family::kSm90DqBulk, Family::kSm90Overlap,
+        Family::kSm90HeavyFirst, Family::kSm90Persistent, Family::kSm90PersistentOverlap}) {
     SKIP_WITHOUT_FAMILY(family);
     check_case(spec(DType::kBFloat16, 64, 2, 45, 61, 4, 2, true), family, /*with_dlse=*/true);
     check_case(spec(DType::kFloat16, 128, 1, 130, 200, 2, 1, false), family, /*with_dlse=*/true);

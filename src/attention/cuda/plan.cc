@@ -116,6 +116,10 @@ bool parse_sm90_bwd_heavy_first(const char* value) {
   return env_switch(value, "FLASHSERVE_SM90_BWD_HEAVY_FIRST", kSm90BwdHeavyFirstByDefault);
 }
 
+bool parse_sm90_bwd_persistent(const char* value) {
+  return env_switch(value, "FLASHSERVE_SM90_BWD_PERSISTENT", kSm90BwdPersistentByDefault);
+}
+
 bool parse_sm90_epilogue(const char* value) {
   return env_switch(value, "FLASHSERVE_SM90_EPILOGUE", kSm90EpilogueByDefault);
 }

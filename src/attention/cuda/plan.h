@@ -358,6 +358,21 @@ inline constexpr bool kSm90BwdHeavyFirstByDefault = false;
 // once per call (backward_cuda.cu), as FLASHSERVE_SM90_BWD_DQ_BULK.
 bool parse_sm90_bwd_heavy_first(const char* value);
 
+// Whether the sm90 backward's bulk-dQ kernel runs on a persistent grid (sm90/bwd_kernel.h,
+// Cfg::kPersistent): one CTA per multiprocessor, each looping over tiles (masked calls in the
+// heaviest-first order, whatever FLASHSERVE_SM90_BWD_HEAVY_FIRST says), loading a tile's K and V
+// while the consumers store the previous tile's dK and dV, instead of one CTA per tile (2048 CTAs,
+// 15.5 waves at d128 2k, each paying its first loads and its stores alone; cuDNN's backward runs
+// 132 persistent CTAs). The same products in the same order per tile: dk and dv keep their bits.
+// Off until a device run has passed the backward tests with it and measured it (written without a
+// GPU, session 28). The atomics' kernel (FLASHSERVE_SM90_BWD_DQ_BULK=0) ignores it.
+inline constexpr bool kSm90BwdPersistentByDefault = false;
+
+// FLASHSERVE_SM90_BWD_PERSISTENT: unset (null) or empty, kSm90BwdPersistentByDefault; "1" on; "0"
+// off; anything else throws kInvalidArgument naming the variable. Read by the CUDA backward once
+// per call (backward_cuda.cu), as FLASHSERVE_SM90_BWD_DQ_BULK.
+bool parse_sm90_bwd_persistent(const char* value);
+
 // The backward's one decision: with `request` kAuto and kSm90BackwardByDefault, sm90 wherever
 // sm90_backward_lacks is "" (the compute capability 9.0 device of a build with 90a), else sm80;
 // kSm80 forces sm80; kSm90 forces sm90, and a call it cannot run throws kUnsupported naming

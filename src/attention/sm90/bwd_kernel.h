@@ -111,6 +111,10 @@ struct BwdSharedStorage : BwdDqStage<Cfg, kDqBulk> {
   // A stage's Q, dO (TMA bytes), LSE and D (the producer warp's 32 arrivals) landed / every
   // consumer thread is done with it.
   Mbarrier full[Cfg::kStages], empty[Cfg::kStages];
+  // Cfg::kPersistent: every consumer thread is done with the tile's K and V (its last dQ, the last
+  // GEMM that reads K, waited for), so the producer may load the next tile's while the consumers
+  // store dK and dV. Last, so that the other members keep their offsets in every kernel.
+  Mbarrier kv_empty;
 };
 
 template <class Cfg, bool kDqBulk>
@@ -137,33 +141,52 @@ struct BwdSeq {
 // ---------------------------------------------------------------------------------------------
 // Producer (warp 0 of warpgroup 0; `lane` 0..31)
 
+// The ring's step counter `i` (stage i % kStages, round i / kStages) continues from one tile of a
+// persistent CTA to the next; kv_phase is the parity of the CTA's tile (with keys) for kv_full and
+// kv_empty (0 without Cfg::kPersistent: one tile).
 template <class Cfg, bool kMasked, bool kDqBulk>
 __device__ __forceinline__ void bwd_produce(
     BwdSharedStorage<Cfg, kDqBulk>& s, const BwdParams& bp, const BwdSeq& seq,
     const kernel::QueryBlocks<Cfg::kBlockM, Cfg::kBlockN, kMasked>& steps, int n_block, int kv_head,
-    int lane) {
+    int lane, int& i, int kv_phase) {
   constexpr int kBM = Cfg::kBlockM, kStages = Cfg::kStages;
   const sm80::BwdParams& p = bp.p;
   const sm80::FwdParams& f = p.fwd;
   const bool varlen_q = f.cu_seqlens_q != nullptr, varlen_k = f.cu_seqlens_k != nullptr;
   const int q_row = varlen_q ? seq.lens.q_start : 0, q_z = varlen_q ? 0 : seq.b;
   const int k_row = varlen_k ? seq.lens.k_start : 0, kv_z = varlen_k ? 0 : seq.b;
-  if (lane == 0) {
-    s.kv_full.arrive_expect_tx(2 * Cfg::kKVBytes);
-#pragma unroll
-    for (int c = 0; c < Cfg::kChunks; ++c) {
-      tma_load_4d(s.k[c], &bp.tma_k, s.kv_full, c * Cfg::kChunkCols, k_row + n_block * Cfg::kBlockN,
-                  kv_head, kv_z);
-      tma_load_4d(s.v[c], &bp.tma_v, s.kv_full, c * Cfg::kChunkCols, k_row + n_block * Cfg::kBlockN,
-                  kv_head, kv_z);
+  // K and V of the tile (lane 0). Persistent: once the consumers are done with the previous
+  // tile's (kv_empty), and with the tile's mask-free query blocks, which the consumers read at
+  // their loop boundaries until then; kv_full's arrival releases them with the bytes.
+  const auto load_kv = [&] {
+    if constexpr (Cfg::kPersistent) {
+      s.kv_empty.wait(kv_phase ^ 1);
+      if (lane == 0) {
+        s.mask_free[0] = min(max(steps.full_lo, steps.m_min), steps.m_max);
+        s.mask_free[1] = min(max(steps.full_hi, s.mask_free[0]), steps.m_max);
+      }
     }
-  }
+    if (lane == 0) {
+      s.kv_full.arrive_expect_tx(2 * Cfg::kKVBytes);
+#pragma unroll
+      for (int c = 0; c < Cfg::kChunks; ++c) {
+        tma_load_4d(s.k[c], &bp.tma_k, s.kv_full, c * Cfg::kChunkCols,
+                    k_row + n_block * Cfg::kBlockN, kv_head, kv_z);
+        tma_load_4d(s.v[c], &bp.tma_v, s.kv_full, c * Cfg::kChunkCols,
+                    k_row + n_block * Cfg::kBlockN, kv_head, kv_z);
+      }
+    }
+  };
+  // Persistent: after the tile's first step is issued (its stage frees while the consumers are
+  // still on the previous tile's second-to-last step; kv_empty only after its last), or, for a
+  // tile without steps, after the (empty) loop.
+  if constexpr (!Cfg::kPersistent) load_kv();
+  [[maybe_unused]] const int first = i;
   const float log2e = 1.4426950408889634f;
   const int q_len = seq.lens.q_len;
   const int64_t lse_base =
       varlen_q ? int64_t{seq.lens.q_start} * f.lse_row_stride : int64_t{seq.b} * f.lse_batch_stride;
   const int64_t row0 = seq.q_row0(f);
-  int i = 0;  // the step: stage i % kStages, round i / kStages
   for (int h = kv_head * f.h_ratio; h < (kv_head + 1) * f.h_ratio; ++h) {
     const float* lse = f.lse + lse_base + h * f.lse_head_stride;
     for (int m = steps.m_min; m < steps.m_max; ++m, ++i) {
@@ -193,8 +216,12 @@ __device__ __forceinline__ void bwd_produce(
       } else {
         s.full[st].arrive();
       }
+      if constexpr (Cfg::kPersistent)
+        if (i == first) load_kv();
     }
   }
+  if constexpr (Cfg::kPersistent)
+    if (i == first) load_kv();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -375,11 +402,12 @@ __device__ __forceinline__ void store_grad_row(const float (&acc)[kD / 2], int h
   });
 }
 
+// One tile; `i` and kv_phase as bwd_produce's.
 template <class Cfg, bool kBf16, bool kMasked, bool kDqBulk>
 __device__ __forceinline__ void bwd_consume(
     BwdSharedStorage<Cfg, kDqBulk>& s, const BwdParams& bp, const BwdSeq& seq,
     const kernel::QueryBlocks<Cfg::kBlockM, Cfg::kBlockN, kMasked>& steps, int n_block, int kv_head,
-    int cw, int tid) {
+    int cw, int tid, int& i, int kv_phase) {
   constexpr int kD = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
   constexpr int kStages = Cfg::kStages;
   constexpr bool kOverlap = Cfg::kOverlap;
@@ -401,11 +429,14 @@ __device__ __forceinline__ void bwd_consume(
   fence_regs(dk);
   fence_regs(dv);
 
-  s.kv_full.wait(0);
+  s.kv_full.wait(kv_phase);
   // K rows past the sequence's keys that are not TMA's zero fill (varlen keys: the next
   // sequence's rows; seqused_k: unused rows, NaN included) become zeros: dQ = dS K reads every
   // row, and dS = 0 there does not cancel a NaN (0 x NaN). Whole 128-byte rows, so the swizzle
-  // needs no care; S^T of those rows is masked anyway. Uniform per CTA; no wgmma in flight.
+  // needs no care; S^T of those rows is masked anyway. Uniform per tile; no wgmma in flight (a
+  // persistent CTA's previous tile waited for all of its own, and both warpgroups were done with
+  // its K, kv_empty, before this tile's K landed); the fence orders these stores before the next
+  // tile's TMA writes too.
   const int tail_from = kv_len - n_block * kBN;
   if ((f.cu_seqlens_k != nullptr || f.seqused_k != nullptr) && tail_from < kBN) {
     const int units = (kBN - tail_from) * 8;  // 16-byte units per chunk
@@ -559,7 +590,6 @@ __device__ __forceinline__ void bwd_consume(
       s.empty[st].arrive();  // this thread is done with the stage's Q, dO, LSE, D
     }
   };
-  int i = 0;
   for (int h = kv_head * f.h_ratio; h < (kv_head + 1) * f.h_ratio; ++h) {
     if constexpr (kDqBulk) {
       // Masks only on the steps that need them (the causal diagonal, a window's edges, a key
@@ -576,6 +606,10 @@ __device__ __forceinline__ void bwd_consume(
       for (int m = steps.m_min; m < steps.m_max; ++m, ++i) step(h, m, i, std::true_type{});
     }
   }
+  // Persistent: this thread is done with K and V (every step's dQ, the last GEMM that reads K, and
+  // dP^T, V's, waited for) and with mask_free: the producer loads the next tile's while dK and dV
+  // are stored below.
+  if constexpr (Cfg::kPersistent) s.kv_empty.arrive();
 
   // dK (times the softmax scale: S = scale Q K^T) and dV of the block's keys.
   const bool varlen_k = f.cu_seqlens_k != nullptr;
@@ -643,35 +677,161 @@ __device__ __forceinline__ void bwd_write_dq(
   if (lane == 0) tma_store_wait_all();
 }
 
-template <class Cfg, bool kBf16, bool kMasked, bool kDqBulk>
-__global__ void __launch_bounds__(Cfg::kThreads, 1)
-    bwd_kernel(const __grid_constant__ BwdParams bp) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(!Cfg::kHeavyFirst || (kMasked && kDqBulk),
-                "the heaviest-first order is the masked bulk-dQ kernel's");
-  extern __shared__ uint8_t smem_raw[];
-  // Realigned by pointer arithmetic on the __shared__ array rather than through an integer, so
-  // that the compiler still knows every access through `s` is to shared memory: through the
-  // integer it emitted generic loads and stores (session 26's SASS: 17 generic LD of LSE and D
-  // per step in the consumers, ST.E in the producer).
-  const uint32_t misalign = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) % 1024;
-  auto& s = *reinterpret_cast<BwdSharedStorage<Cfg, kDqBulk>*>(smem_raw + (1024 - misalign) % 1024);
+// The dQ writer of a persistent CTA (Cfg::kPersistent), one tile: as bwd_write_dq, with `g`
+// counting the steps of the CTA's whole tile loop. The consumers sync on dq_empty once before each
+// of their steps, so the writer arrives there once before each step it takes (the first: at once;
+// the others: once the previous step's reduce-adds have read the tiles), and not after the CTA's
+// last, which it cannot know when a later tile has no step (a window no query of its keys sees):
+// arrivals and syncs pair up over the CTA, steps of tiles without steps being none. The caller
+// waits for the last reduce-adds before the CTA ends.
+template <class Cfg, bool kMasked>
+__device__ __forceinline__ void bwd_write_dq_tile(
+    BwdSharedStorage<Cfg, true>& s, const BwdParams& bp, const BwdSeq& seq,
+    const kernel::QueryBlocks<Cfg::kBlockM, Cfg::kBlockN, kMasked>& steps, int kv_head, int lane,
+    int& g) {
   const sm80::FwdParams& f = bp.p.fwd;
-  // The CTA's key block, KV head and sequence: the 3-D grid's coordinates, or (kHeavyFirst) entry
-  // blockIdx.x of the heaviest-first order the host put in f.order (tile_order.h: sections of
-  // (KV head, sequence) units, in each the units' heaviest key blocks first, units fastest, so
-  // that the longest CTAs start first and the last wave holds the shortest ones; the grid is the
-  // hardware's queue, no counter). tile_of counts its m_block down from the heaviest, the
-  // forward's last query tile; the backward's heaviest key block is the first where the mask has
-  // a right side (bottom-right causal: key block 0 is seen by every query) and the last where it
-  // has only a left one.
-  int n_block = blockIdx.x, kv_head = blockIdx.y, z = blockIdx.z;
+  const int q_row = static_cast<int>(seq.q_row0(f));
+  const int per_head = steps.m_max - steps.m_min;
+  const int n = f.h_ratio * per_head;
+  for (int i = 0; i < n; ++i, ++g) {
+    if (g > 0) {
+      if (lane == 0) tma_store_wait_read();
+      __syncwarp();
+    }
+#pragma unroll
+    for (int cw = 0; cw < Cfg::kConsumers; ++cw) dq_barrier<kDqEmpty, false>(cw);
+    const int h = kv_head * f.h_ratio + i / per_head;
+    const int m0 = (steps.m_min + i % per_head) * Cfg::kBlockM;
+#pragma unroll
+    for (int cw = 0; cw < Cfg::kConsumers; ++cw) {
+      dq_barrier<kDqFull, true>(cw);
+      const int dq_row0 = Cfg::dq_row0(cw), dq_col0 = Cfg::dq_col0(cw);
+      if (lane == 0) {
+#pragma unroll
+        for (int c = 0; c < Cfg::kDqBoxes; ++c)
+          tma_reduce_add_4d(&bp.tma_dq_accum, s.dq[cw][c], dq_col0 + c * Cfg::kDqBoxCols,
+                            q_row + m0 + dq_row0, h, 0);
+        tma_store_commit();
+      }
+    }
+  }
+}
+
+// The CTA's tile (key block, KV head, sequence) at entry t of the 1-D order in f.order: with
+// Cfg::kHeavyFirst tile_order.h's heaviest-first order (sections of (KV head, sequence) units, in
+// each the units' heaviest key blocks first, units fastest); tile_of counts its m_block down from
+// the heaviest, the forward's last query tile; the backward's heaviest key block is the first
+// where the mask has a right side (bottom-right causal: key block 0 is seen by every query) and
+// the last where it has only a left one. Otherwise (the persistent grid's unmasked order) the 3-D
+// grid's: key block fastest, then KV head, then sequence.
+template <class Cfg>
+__device__ __forceinline__ void bwd_tile_coords(const sm80::FwdParams& f, int t, int& n_block,
+                                                int& kv_head, int& z) {
   if constexpr (Cfg::kHeavyFirst) {
-    const kernel::TileCoords c = kernel::tile_of(f.order, blockIdx.x);
+    const kernel::TileCoords c = kernel::tile_of(f.order, t);
     n_block = f.window_right >= 0 ? f.order.m_blocks - 1 - c.m_block : c.m_block;
     kv_head = c.head;
     z = c.z;
+  } else {
+    n_block = t % f.order.m_blocks;
+    const int unit = t / f.order.m_blocks;
+    kv_head = unit % f.order.heads;
+    z = unit / f.order.heads;
   }
+}
+
+// A persistent CTA's tiles (Cfg::kPersistent), the same in each role: round r takes entry
+// r gridDim.x + blockIdx.x of the order (f.order: units x m_blocks entries); in the heaviest-first
+// order every odd round counts backwards (r gridDim.x + gridDim.x - 1 - blockIdx.x): that order
+// is sorted heaviest first, and striding it one way gives CTA 0 the heaviest entry of every round
+// and the last CTA the lightest (a causal 2k grid: about 1.7x the work on the first CTAs);
+// alternating pairs a round's heavy entries with the next round's light ones (FlashAttention-3
+// takes causal tiles from a counter instead). Tiles without keys (key blocks past a shorter
+// sequence's keys) are skipped by every role alike. fn(n_block, kv_head, seq, steps, j) runs per
+// tile with keys, j counting them (the parity of kv_full and kv_empty).
+template <class Cfg, bool kMasked, class Fn>
+__device__ __forceinline__ void bwd_for_each_tile(const sm80::FwdParams& f, Fn&& fn) {
+  const int tiles = f.order.units * f.order.m_blocks;
+  const int ctas = static_cast<int>(gridDim.x), cta = static_cast<int>(blockIdx.x);
+  int j = 0;
+  for (int base = 0; base < tiles; base += ctas) {
+    const int t = base + (Cfg::kHeavyFirst && (base / ctas) % 2 ? ctas - 1 - cta : cta);
+    if (t >= tiles) continue;
+    int n_block, kv_head, z;
+    bwd_tile_coords<Cfg>(f, t, n_block, kv_head, z);
+    const BwdSeq seq(f, z);
+    if (n_block * Cfg::kBlockN >= seq.lens.kv_len) continue;
+    const kernel::QueryBlocks<Cfg::kBlockM, Cfg::kBlockN, kMasked> steps(
+        n_block, seq.lens.q_len, seq.lens.kv_len, f.window_left, f.window_right);
+    fn(n_block, kv_head, seq, steps, j);
+    ++j;
+  }
+}
+
+// The persistent CTA (Cfg::kPersistent): the barriers once, then each role loops over the CTA's
+// tiles (bwd_for_each_tile) with its ring step and its kv_full / kv_empty parity carried over.
+// Per tile the producer loads K and V once the consumers have released the previous tile's
+// (kv_empty: their last dQ waited for, before their dK/dV stores), so the next tile's K, V and
+// first Q/dO stage land while those stores run; the consumers' ring of Q, dO, LSE and D and the
+// dS^T buffers go on from step to step across tiles as within one, and the dQ writer's hand-off
+// counts the CTA's steps (bwd_write_dq_tile).
+template <class Cfg, bool kBf16, bool kMasked>
+__device__ __forceinline__ void bwd_persistent(BwdSharedStorage<Cfg, true>& s,
+                                               const BwdParams& bp) {
+  const sm80::FwdParams& f = bp.p.fwd;
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  const int tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    s.kv_full.init(1);
+    s.kv_empty.init(Cfg::kConsumers * 128);  // every consumer thread
+#pragma unroll
+    for (int st = 0; st < Cfg::kStages; ++st) {
+      s.full[st].init(32);
+      s.empty[st].init(Cfg::kConsumers * 128);
+    }
+    Mbarrier::fence_init();
+  }
+  __syncthreads();
+  using Steps = kernel::QueryBlocks<Cfg::kBlockM, Cfg::kBlockN, kMasked>;
+  int i = 0;  // the ring's step, over the CTA's tiles
+  if (warpgroup == 0) {
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);
+    if (warp == 0) {
+      bwd_for_each_tile<Cfg, kMasked>(
+          f, [&](int n_block, int kv_head, const BwdSeq& seq, const Steps& steps, int j) {
+            bwd_produce<Cfg, kMasked, true>(s, bp, seq, steps, n_block, kv_head, tid, i, j & 1);
+          });
+    } else if (warp == 1) {
+      int g = 0;  // the dQ writer's steps, over the CTA's tiles
+      bwd_for_each_tile<Cfg, kMasked>(
+          f, [&](int, int kv_head, const BwdSeq& seq, const Steps& steps, int) {
+            bwd_write_dq_tile<Cfg, kMasked>(s, bp, seq, steps, kv_head, tid - 32, g);
+          });
+      // The last reduce-adds complete before the CTA (and its shared memory) goes.
+      if (tid == 32) tma_store_wait_all();
+    }
+  } else {
+    setmaxnreg_inc<Cfg::kConsumerRegs>();
+    bwd_for_each_tile<Cfg, kMasked>(
+        f, [&](int n_block, int kv_head, const BwdSeq& seq, const Steps& steps, int j) {
+          bwd_consume<Cfg, kBf16, kMasked, true>(s, bp, seq, steps, n_block, kv_head, warpgroup - 1,
+                                                 tid, i, j & 1);
+        });
+  }
+}
+
+// A CTA of the one-tile grid (3-D, or 1-D heaviest first).
+template <class Cfg, bool kBf16, bool kMasked, bool kDqBulk>
+__device__ __forceinline__ void bwd_one_tile(BwdSharedStorage<Cfg, kDqBulk>& s,
+                                             const BwdParams& bp) {
+  const sm80::FwdParams& f = bp.p.fwd;
+  // The CTA's key block, KV head and sequence: the 3-D grid's coordinates, or (kHeavyFirst) entry
+  // blockIdx.x of the heaviest-first order the host put in f.order (bwd_tile_coords), so that the
+  // longest CTAs start first and the last wave holds the shortest ones; the grid is the hardware's
+  // queue, no counter.
+  int n_block = blockIdx.x, kv_head = blockIdx.y, z = blockIdx.z;
+  if constexpr (Cfg::kHeavyFirst) bwd_tile_coords<Cfg>(f, blockIdx.x, n_block, kv_head, z);
   const BwdSeq seq(f, z);
   // Key blocks past the sequence's keys have nothing to compute (their dK, dV rows were zeroed
   // by the caller); the whole CTA leaves before any barrier.
@@ -698,20 +858,42 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   __syncthreads();
 
+  int i = 0;  // the step (one tile: from 0)
   if (warpgroup == 0) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
     // The warp's role from a broadcast too, so that ptxas sees each branch taken by whole warps.
     const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);
     if (warp == 0) {
-      bwd_produce<Cfg, kMasked, kDqBulk>(s, bp, seq, steps, n_block, kv_head, tid);
+      bwd_produce<Cfg, kMasked, kDqBulk>(s, bp, seq, steps, n_block, kv_head, tid, i, 0);
     } else if (warp == 1) {
       if constexpr (kDqBulk) bwd_write_dq<Cfg, kMasked>(s, bp, seq, steps, kv_head, tid - 32);
     }
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
     bwd_consume<Cfg, kBf16, kMasked, kDqBulk>(s, bp, seq, steps, n_block, kv_head, warpgroup - 1,
-                                              tid);
+                                              tid, i, 0);
   }
+}
+
+template <class Cfg, bool kBf16, bool kMasked, bool kDqBulk>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    bwd_kernel(const __grid_constant__ BwdParams bp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(!Cfg::kHeavyFirst || (kMasked && kDqBulk),
+                "the heaviest-first order is the masked bulk-dQ kernel's");
+  static_assert(!Cfg::kPersistent || (kDqBulk && Cfg::kHeavyFirst == kMasked),
+                "the persistent grid is the bulk-dQ kernel's, masked in the heaviest-first order");
+  extern __shared__ uint8_t smem_raw[];
+  // Realigned by pointer arithmetic on the __shared__ array rather than through an integer, so
+  // that the compiler still knows every access through `s` is to shared memory: through the
+  // integer it emitted generic loads and stores (session 26's SASS: 17 generic LD of LSE and D
+  // per step in the consumers, ST.E in the producer).
+  const uint32_t misalign = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) % 1024;
+  auto& s = *reinterpret_cast<BwdSharedStorage<Cfg, kDqBulk>*>(smem_raw + (1024 - misalign) % 1024);
+  if constexpr (Cfg::kPersistent)
+    bwd_persistent<Cfg, kBf16, kMasked>(s, bp);
+  else
+    bwd_one_tile<Cfg, kBf16, kMasked, kDqBulk>(s, bp);
 #endif
 }
 

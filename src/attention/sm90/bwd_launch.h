@@ -29,6 +29,12 @@ struct BwdArgs {
   // tile_config.h, FLASHSERVE_SM90_BWD_HEAVY_FIRST: parse_sm90_bwd_heavy_first), sections sized
   // by the device's multiprocessors and L2 (sms, l2_bytes: read only then). Ignored elsewhere.
   bool heavy_first;
+  // With dq_bulk: a persistent grid, min(tiles, sms) CTAs each looping over tiles
+  // (BwdPersistentTile in tile_config.h, FLASHSERVE_SM90_BWD_PERSISTENT:
+  // parse_sm90_bwd_persistent); masked calls then take the heaviest-first order whatever
+  // heavy_first says (bwd_launch_template.h persistent_order). The atomics' kernel ignores it.
+  bool persistent;
+  // The device's multiprocessors and L2 bytes: read only for heavy_first or persistent.
   int sms;
   int64_t l2_bytes;
   int batch, h_kv;

@@ -47,7 +47,11 @@ void launch_bwd(BwdParams& bp, const BwdArgs& a) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
              "cudaFuncSetAttribute (sm90 backward shared memory)");
   dim3 grid((a.max_kv_len + Cfg::kBlockN - 1) / Cfg::kBlockN, a.h_kv, a.batch);
-  if constexpr (Cfg::kHeavyFirst) grid = dim3(f.order.units * f.order.m_blocks);  // tile_of's
+  if constexpr (Cfg::kPersistent)  // one CTA per multiprocessor, each looping over the order's
+                                   // tiles
+    grid = dim3(std::min(f.order.units * f.order.m_blocks, a.sms));
+  else if constexpr (Cfg::kHeavyFirst)
+    grid = dim3(f.order.units * f.order.m_blocks);  // tile_of's
   kernel<<<grid, Cfg::kThreads, smem, a.stream>>>(bp);
   check_cuda(cudaGetLastError(), "sm90 backward kernel launch");
 }
@@ -72,6 +76,15 @@ void launch_masked_dtypes(BwdParams& bp, const BwdArgs& a) {
     launch_bwd<Cfg, false, true, true>(bp, a);
 }
 
+// The unmasked instantiations alone (the persistent grid's natural order).
+template <class Cfg>
+void launch_unmasked_dtypes(BwdParams& bp, const BwdArgs& a) {
+  if (a.dtype == DType::kBFloat16)
+    launch_bwd<Cfg, true, false, true>(bp, a);
+  else
+    launch_bwd<Cfg, false, false, true>(bp, a);
+}
+
 // The heaviest-first order of this call's CTAs (tile_order.h), or one with sections = 0 where the
 // call keeps the 3-D grid: the switch off, the atomics' kernel, no mask (equal CTAs), or a grid
 // too large for 32-bit tile indices. Units are (KV head, sequence) pairs; the bytes that bound a
@@ -86,6 +99,25 @@ kernel::GridOrder heavy_first_order(const sm80::BwdParams& p, const BwdArgs& a) 
                                 a.l2_bytes);
 }
 
+// The persistent grid's order (FLASHSERVE_SM90_BWD_PERSISTENT, the bulk-dQ kernel), or one with
+// units = 0 where the call keeps a grid of one CTA per tile: the switch off, the atomics' kernel,
+// or more tiles than 32-bit tile indices (with a round's stride) hold. Masked calls take the
+// heaviest-first order whatever FLASHSERVE_SM90_BWD_HEAVY_FIRST says: each CTA strides the order
+// statically (bwd_for_each_tile), and over the natural order a causal grid's strides land on key
+// blocks of unequal weight (at 16 key blocks and 132 CTAs, one CTA's {0, 4, 8, 12} against
+// another's {3, 7, 11, 15}: 1.4x the work); unmasked calls (tiles of equal cost, but for the
+// sequences' lengths) take the natural order, key block fastest, as the 3-D grid starts them.
+template <class Cfg>
+kernel::GridOrder persistent_order(const sm80::BwdParams& p, const BwdArgs& a) {
+  if (!a.persistent || !a.dq_bulk || a.sms <= 0) return kernel::GridOrder{};
+  const int n_blocks = (a.max_kv_len + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  const int64_t units = int64_t{a.h_kv} * a.batch;
+  if (units * n_blocks > INT32_MAX - a.sms) return kernel::GridOrder{};
+  if (!a.masked) return kernel::GridOrder{n_blocks, a.h_kv, static_cast<int32_t>(units), 0};
+  const int64_t q_bytes = int64_t{p.fwd.h_ratio} * a.max_q_len * Cfg::kHeadDim * 2 * 2;
+  return kernel::heaviest_first(n_blocks, a.h_kv, units, a.sms, q_bytes, a.l2_bytes);
+}
+
 template <int kHeadDim>
 void run_bwd_hdim(const sm80::BwdParams& params, const BwdArgs& a) {
   using Cfg = typename DefaultBwdTile<kHeadDim>::type;
@@ -94,8 +126,18 @@ void run_bwd_hdim(const sm80::BwdParams& params, const BwdArgs& a) {
   if (a.max_kv_len > 0 && a.h_kv > 0) {
     BwdParams bp{};
     bp.p = params;
-    bp.p.fwd.order = heavy_first_order<Cfg>(params, a);
-    if (bp.p.fwd.order.sections > 0 && a.overlap)
+    bp.p.fwd.order = persistent_order<Cfg>(params, a);
+    const bool persistent = bp.p.fwd.order.units > 0;
+    if (!persistent) bp.p.fwd.order = heavy_first_order<Cfg>(params, a);
+    if (persistent && a.masked && a.overlap)
+      launch_masked_dtypes<BwdPersistentTile<BwdOverlapTile<BwdHeavyFirstTile<Cfg>>>>(bp, a);
+    else if (persistent && a.masked)
+      launch_masked_dtypes<BwdPersistentTile<BwdHeavyFirstTile<Cfg>>>(bp, a);
+    else if (persistent && a.overlap)
+      launch_unmasked_dtypes<BwdPersistentTile<BwdOverlapTile<Cfg>>>(bp, a);
+    else if (persistent)
+      launch_unmasked_dtypes<BwdPersistentTile<Cfg>>(bp, a);
+    else if (bp.p.fwd.order.sections > 0 && a.overlap)
       launch_masked_dtypes<BwdOverlapTile<BwdHeavyFirstTile<Cfg>>>(bp, a);
     else if (bp.p.fwd.order.sections > 0)
       launch_masked_dtypes<BwdHeavyFirstTile<Cfg>>(bp, a);

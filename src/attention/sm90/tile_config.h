@@ -457,6 +457,9 @@ struct BwdTileConfig {
   // attention/kernel/tile_order.h instead of the (key block, KV head, sequence) grid
   // (BwdHeavyFirstTile below).
   static constexpr bool kHeavyFirst = false;
+  // Whether the grid is persistent: one CTA per multiprocessor, each looping over the tiles
+  // (BwdPersistentTile below).
+  static constexpr bool kPersistent = false;
   static_assert(kConsumers == 2, "two consumer warpgroups of 64 keys");
   static_assert(setmaxnreg_fits(kProducerRegs, kConsumerRegs, kConsumers),
                 "the setmaxnreg budgets exceed the CTA's registers: setmaxnreg.inc would hang");
@@ -483,6 +486,19 @@ struct BwdOverlapTile : Cfg {
 template <class Cfg>
 struct BwdHeavyFirstTile : Cfg {
   static constexpr bool kHeavyFirst = true;
+};
+
+// A backward tile on a persistent grid (FLASHSERVE_SM90_BWD_PERSISTENT, the bulk-dQ kernel only):
+// min(tiles, multiprocessors) CTAs, CTA b computing tiles b, b + gridDim.x, ... of one 1-D order
+// (unmasked: the 3-D grid's, key block fastest; masked: BwdPersistentTile<BwdHeavyFirstTile<Cfg>>,
+// tile_order.h's heaviest first, every other round backwards), so that a tile's first K/V wait and
+// its dK/dV stores run under the neighbouring tiles' loads and steps instead of each CTA paying
+// them alone. The Q/dO ring, its phases and the dQ hand-off continue from tile to tile; K and V
+// get a kv_empty barrier (bwd_kernel.h). A type of its own for the same reason as BwdOverlapTile,
+// composable with both.
+template <class Cfg>
+struct BwdPersistentTile : Cfg {
+  static constexpr bool kPersistent = true;
 };
 
 // The backward's tiles (FlashAttention-3's choices for two MMA warpgroups, hopper/
