@@ -41,10 +41,15 @@ size_t align16(size_t n) {
   return (n + 15) / 16 * 16;
 }
 
-// Workspace: the fp32 dQ accumulator [q_rows][h_q][D], then D [q_rows][h_q].
+// Workspace: the fp32 dQ accumulator [q_rows][h_q][D], then D [q_rows][h_q], then 16 bytes for
+// the sm90 persistent grid's tile counter (tile_counter_offset; none when there are no rows).
+size_t tile_counter_offset(size_t rows, int64_t head_dim) {
+  return align16(rows * head_dim * sizeof(float)) + align16(rows * sizeof(float));
+}
 size_t workspace_bytes(const AttentionBackwardParams& bp, const Problem& pr) {
   const size_t rows = static_cast<size_t>(q_rows(bp.attn, pr) * pr.h_q);
-  return align16(rows * pr.head_dim * sizeof(float)) + align16(rows * sizeof(float));
+  const size_t bytes = tile_counter_offset(rows, pr.head_dim);
+  return bytes == 0 ? 0 : bytes + 16;
 }
 
 int smem_per_block(int device) {
@@ -217,6 +222,10 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
                  "cudaDeviceGetAttribute (L2 size)");
       args.l2_bytes = l2;
     }
+    // The persistent grid's tile counter, after D (workspace_bytes); the launch zeroes it.
+    args.tile_counter = reinterpret_cast<int*>(
+        static_cast<char*>(workspace) +
+        tile_counter_offset(static_cast<size_t>(p.q_rows * pr.h_q), pr.head_dim));
     args.batch = static_cast<int>(pr.batch);
     args.h_kv = static_cast<int>(pr.h_kv);
     args.q_rows = static_cast<int>(bp.attn.q.shape[pr.varlen_q ? 0 : 1]);

@@ -416,8 +416,8 @@ std::vector<CaseSpec> persistent_cases() {
   // Unmasked, the natural order: 9 key blocks x 16 x 4 = 576 tiles; 20 x 4 x 3 = 240, GQA 2.
   v.push_back(spec(DType::kBFloat16, 128, 4, 130, 1100, 16, 16, false));
   v.push_back(spec(DType::kFloat16, 64, 3, 64, 2500, 8, 4, false));
-  // Causal, the heaviest-first order in sections, each CTA's rounds in alternating directions:
-  // 16 key blocks x 8 x 3 = 384 tiles (as GpuBackwardHeavyFirst's), 5 x 9 x 7 = 315.
+  // Causal, the heaviest-first order in sections, taken from the counter: 16 key blocks x 8 x 3 =
+  // 384 tiles (as GpuBackwardHeavyFirst's), 5 x 9 x 7 = 315.
   v.push_back(spec(DType::kFloat16, 128, 3, 40, 2000, 16, 8, true));
   v.push_back(spec(DType::kBFloat16, 64, 7, 64, 520, 9, 9, true));
   // Only the last of 16 key blocks is seen by the 10 queries (window 20 / 0): 512 tiles, most

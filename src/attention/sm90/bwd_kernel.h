@@ -2,10 +2,11 @@
 // mainloop_bwd_sm90_tma_gmma_ws.hpp, read, not copied), written from the PTX ISA with the
 // forward's pieces (mbarrier.h, tma.h, wgmma.h, device_util.h).
 //
-// One CTA per (block of kBlockN = 128 keys, KV head, sequence); the GQA group's query heads loop
-// inside it, so dK and dV are sums in registers (no atomics, no postprocess sum). Per step (one
-// query head, one block of kBlockM queries that sees some of the block's keys:
-// kernel::QueryBlocks), with Q, dO, LSE and D of the step in a 2-stage ring:
+// One CTA per (block of kBlockN = 128 keys, KV head, sequence) (a tile; persistent: tiles one after
+// another); the GQA group's query heads loop inside it, so dK and dV are sums in registers (no
+// atomics, no postprocess sum). Per step (one query head, one block of kBlockM queries that sees
+// some of the block's keys: kernel::QueryBlocks), with Q, dO, LSE and D of the step in a 2-stage
+// ring:
 //   S^T  = K Q^T                     (SS wgmma, 64 keys x kBlockM queries per consumer)
 //   P^T  = exp2(S^T scale log2(e) - LSE log2(e))   (0 where the mask hides the pair)
 //   dP^T = V dO^T                    (SS)
@@ -50,9 +51,13 @@
 //   FLASHSERVE_SM90_BWD_HEAVY_FIRST; masked calls of the bulk kernel) a 1-D grid in
 //   tile_order.h's heaviest-first order, so that under a causal mask the long CTAs (key block 0
 //   sees every query) do not start in the last wave.
+// - Persistent grid (Cfg::kPersistent, BwdPersistentTile, FLASHSERVE_SM90_BWD_PERSISTENT; the bulk
+//   kernel, off by default, written without a GPU: kernel-notes "Session 28"): one CTA per
+//   multiprocessor taking tiles of one 1-D order (heaviest first when masked, else the 3-D grid's)
+//   from a counter (bwd_persistent). The ring and the dQ hand-off continue across tiles; a
+//   kv_empty barrier lets the next tile's K and V load under this tile's dK/dV stores.
 // Still without (docs/kernel-notes.md, "sm90 backward", sessions 19-20): the next step's S^T and
-// dP^T under this step's dQ (their accumulators do not fit beside dK, dV and dQ's), a persistent
-// grid.
+// dP^T under this step's dQ (their accumulators do not fit beside dK, dV and dQ's).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -111,10 +116,16 @@ struct BwdSharedStorage : BwdDqStage<Cfg, kDqBulk> {
   // A stage's Q, dO (TMA bytes), LSE and D (the producer warp's 32 arrivals) landed / every
   // consumer thread is done with it.
   Mbarrier full[Cfg::kStages], empty[Cfg::kStages];
-  // Cfg::kPersistent: every consumer thread is done with the tile's K and V (its last dQ, the last
-  // GEMM that reads K, waited for), so the producer may load the next tile's while the consumers
-  // store dK and dV. Last, so that the other members keep their offsets in every kernel.
+  // Cfg::kPersistent (last, so that the other members keep their offsets in every kernel):
+  // kv_empty: every consumer thread is done with the tile's K and V (its last dQ, the last GEMM
+  // that reads K, waited for), so the producer may load the next tile's while the consumers store
+  // dK and dV. tile: the order's entry whose K and V kv_full's phase announces (-1: none left),
+  // written by the producer before that arrival. dq_coord: the row of the dq_accum map and the
+  // query head of each consumer warpgroup's dQ tile, written beside the tile (bwd_consume) for
+  // the dQ writer, which knows no tile (bwd_write_dq_persistent; row -1: the CTA's last).
   Mbarrier kv_empty;
+  int tile;
+  alignas(8) int dq_coord[Cfg::kConsumers][2];
 };
 
 template <class Cfg, bool kDqBulk>
@@ -143,12 +154,12 @@ struct BwdSeq {
 
 // The ring's step counter `i` (stage i % kStages, round i / kStages) continues from one tile of a
 // persistent CTA to the next; kv_phase is the parity of the CTA's tile (with keys) for kv_full and
-// kv_empty (0 without Cfg::kPersistent: one tile).
+// kv_empty, `tile` its entry in the order (0 and unused without Cfg::kPersistent: one tile).
 template <class Cfg, bool kMasked, bool kDqBulk>
 __device__ __forceinline__ void bwd_produce(
     BwdSharedStorage<Cfg, kDqBulk>& s, const BwdParams& bp, const BwdSeq& seq,
     const kernel::QueryBlocks<Cfg::kBlockM, Cfg::kBlockN, kMasked>& steps, int n_block, int kv_head,
-    int lane, int& i, int kv_phase) {
+    int lane, int& i, int kv_phase, int tile) {
   constexpr int kBM = Cfg::kBlockM, kStages = Cfg::kStages;
   const sm80::BwdParams& p = bp.p;
   const sm80::FwdParams& f = p.fwd;
@@ -156,12 +167,13 @@ __device__ __forceinline__ void bwd_produce(
   const int q_row = varlen_q ? seq.lens.q_start : 0, q_z = varlen_q ? 0 : seq.b;
   const int k_row = varlen_k ? seq.lens.k_start : 0, kv_z = varlen_k ? 0 : seq.b;
   // K and V of the tile (lane 0). Persistent: once the consumers are done with the previous
-  // tile's (kv_empty), and with the tile's mask-free query blocks, which the consumers read at
-  // their loop boundaries until then; kv_full's arrival releases them with the bytes.
+  // tile's (kv_empty), and with its entry and mask-free query blocks, which the consumers read
+  // until then (at their loop boundaries); kv_full's arrival releases this tile's with the bytes.
   const auto load_kv = [&] {
     if constexpr (Cfg::kPersistent) {
       s.kv_empty.wait(kv_phase ^ 1);
       if (lane == 0) {
+        s.tile = tile;
         s.mask_free[0] = min(max(steps.full_lo, steps.m_min), steps.m_max);
         s.mask_free[1] = min(max(steps.full_hi, s.mask_free[0]), steps.m_max);
       }
@@ -335,6 +347,17 @@ __device__ __forceinline__ void store_dq_tile(uint8_t (&tile)[Cfg::kDqBoxes][Cfg
                    "f"(dq[4 * j + 2 * r + 1])
                    : "memory");
     }
+}
+
+// The dQ tile's coordinates for the writer (persistent: the dq_accum map's row and the query
+// head), stored by one thread: predicated, not branched, since wgmmas are in flight here (a
+// branch ptxas cannot prove uniform between a wgmma's issue and its wait serializes them).
+__device__ __forceinline__ void store_dq_coord(int (&coord)[2], int row, int h, bool pred) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n@p st.shared.v2.s32 [%0], {%1, %2};\n}\n" ::"r"(
+          static_cast<uint32_t>(__cvta_generic_to_shared(coord))),
+      "r"(row), "r"(h), "r"(static_cast<int>(pred))
+      : "memory");
 }
 
 // The 64 keys of one consumer warpgroup (rows of S^T, dV, dK): this thread's two, and the queries
@@ -567,6 +590,10 @@ __device__ __forceinline__ void bwd_consume(
       // sequence's; dS = 0; K's rows finite, those past the keys zeroed above), so adding them
       // changes no bit.
       store_dq_tile<Cfg>(s.dq[cw], dq, warp, lane);
+      // Persistent: where the tile goes, for the writer (it reads it after dq_full, and read the
+      // previous one before its dq_empty arrival above).
+      if constexpr (Cfg::kPersistent)
+        store_dq_coord(s.dq_coord[cw], static_cast<int>(seq.q_row0(f)) + m0 + dq_row0, h, tid == 0);
       fence_shared_to_async();  // this thread's tile stores, to the reduce-add (async proxy)
       dq_barrier<kDqFull, false>(cw);
     } else {
@@ -677,44 +704,41 @@ __device__ __forceinline__ void bwd_write_dq(
   if (lane == 0) tma_store_wait_all();
 }
 
-// The dQ writer of a persistent CTA (Cfg::kPersistent), one tile: as bwd_write_dq, with `g`
-// counting the steps of the CTA's whole tile loop. The consumers sync on dq_empty once before each
-// of their steps, so the writer arrives there once before each step it takes (the first: at once;
-// the others: once the previous step's reduce-adds have read the tiles), and not after the CTA's
-// last, which it cannot know when a later tile has no step (a window no query of its keys sees):
-// arrivals and syncs pair up over the CTA, steps of tiles without steps being none. The caller
-// waits for the last reduce-adds before the CTA ends.
-template <class Cfg, bool kMasked>
-__device__ __forceinline__ void bwd_write_dq_tile(
-    BwdSharedStorage<Cfg, true>& s, const BwdParams& bp, const BwdSeq& seq,
-    const kernel::QueryBlocks<Cfg::kBlockM, Cfg::kBlockN, kMasked>& steps, int kv_head, int lane,
-    int& g) {
-  const sm80::FwdParams& f = bp.p.fwd;
-  const int q_row = static_cast<int>(seq.q_row0(f));
-  const int per_head = steps.m_max - steps.m_min;
-  const int n = f.h_ratio * per_head;
-  for (int i = 0; i < n; ++i, ++g) {
+// The dQ writer of a persistent CTA (Cfg::kPersistent): as bwd_write_dq, but it knows no tile
+// (the producer takes them from the counter): each consumer warpgroup stores its tile's row and
+// query head beside it (dq_coord), and after the CTA's last tile hands over one more with row -1,
+// which ends the loop. So every consumer sync on dq_empty (one before each dQ tile it writes, the
+// row -1 one included) pairs with one arrival of the writer (one before each, the first at once,
+// the others once the previous reduce-adds have read the tiles), whatever tiles (with steps or
+// none) the CTA took.
+template <class Cfg>
+__device__ __forceinline__ void bwd_write_dq_persistent(BwdSharedStorage<Cfg, true>& s,
+                                                        const BwdParams& bp, int lane) {
+  for (int g = 0;; ++g) {
     if (g > 0) {
       if (lane == 0) tma_store_wait_read();
       __syncwarp();
     }
 #pragma unroll
     for (int cw = 0; cw < Cfg::kConsumers; ++cw) dq_barrier<kDqEmpty, false>(cw);
-    const int h = kv_head * f.h_ratio + i / per_head;
-    const int m0 = (steps.m_min + i % per_head) * Cfg::kBlockM;
+    bool done = false;
 #pragma unroll
     for (int cw = 0; cw < Cfg::kConsumers; ++cw) {
       dq_barrier<kDqFull, true>(cw);
-      const int dq_row0 = Cfg::dq_row0(cw), dq_col0 = Cfg::dq_col0(cw);
-      if (lane == 0) {
+      const int row = s.dq_coord[cw][0], h = s.dq_coord[cw][1];
+      done = row < 0;  // both warpgroups end at the same hand-off
+      if (!done && lane == 0) {
 #pragma unroll
         for (int c = 0; c < Cfg::kDqBoxes; ++c)
-          tma_reduce_add_4d(&bp.tma_dq_accum, s.dq[cw][c], dq_col0 + c * Cfg::kDqBoxCols,
-                            q_row + m0 + dq_row0, h, 0);
+          tma_reduce_add_4d(&bp.tma_dq_accum, s.dq[cw][c], Cfg::dq_col0(cw) + c * Cfg::kDqBoxCols,
+                            row, h, 0);
         tma_store_commit();
       }
     }
+    if (done) break;
   }
+  // The last reduce-adds complete before the CTA (and its shared memory) goes.
+  if (lane == 0) tma_store_wait_all();
 }
 
 // The CTA's tile (key block, KV head, sequence) at entry t of the 1-D order in f.order: with
@@ -740,41 +764,18 @@ __device__ __forceinline__ void bwd_tile_coords(const sm80::FwdParams& f, int t,
   }
 }
 
-// A persistent CTA's tiles (Cfg::kPersistent), the same in each role: round r takes entry
-// r gridDim.x + blockIdx.x of the order (f.order: units x m_blocks entries); in the heaviest-first
-// order every odd round counts backwards (r gridDim.x + gridDim.x - 1 - blockIdx.x): that order
-// is sorted heaviest first, and striding it one way gives CTA 0 the heaviest entry of every round
-// and the last CTA the lightest (a causal 2k grid: about 1.7x the work on the first CTAs);
-// alternating pairs a round's heavy entries with the next round's light ones (FlashAttention-3
-// takes causal tiles from a counter instead). Tiles without keys (key blocks past a shorter
-// sequence's keys) are skipped by every role alike. fn(n_block, kv_head, seq, steps, j) runs per
-// tile with keys, j counting them (the parity of kv_full and kv_empty).
-template <class Cfg, bool kMasked, class Fn>
-__device__ __forceinline__ void bwd_for_each_tile(const sm80::FwdParams& f, Fn&& fn) {
-  const int tiles = f.order.units * f.order.m_blocks;
-  const int ctas = static_cast<int>(gridDim.x), cta = static_cast<int>(blockIdx.x);
-  int j = 0;
-  for (int base = 0; base < tiles; base += ctas) {
-    const int t = base + (Cfg::kHeavyFirst && (base / ctas) % 2 ? ctas - 1 - cta : cta);
-    if (t >= tiles) continue;
-    int n_block, kv_head, z;
-    bwd_tile_coords<Cfg>(f, t, n_block, kv_head, z);
-    const BwdSeq seq(f, z);
-    if (n_block * Cfg::kBlockN >= seq.lens.kv_len) continue;
-    const kernel::QueryBlocks<Cfg::kBlockM, Cfg::kBlockN, kMasked> steps(
-        n_block, seq.lens.q_len, seq.lens.kv_len, f.window_left, f.window_right);
-    fn(n_block, kv_head, seq, steps, j);
-    ++j;
-  }
-}
-
-// The persistent CTA (Cfg::kPersistent): the barriers once, then each role loops over the CTA's
-// tiles (bwd_for_each_tile) with its ring step and its kv_full / kv_empty parity carried over.
-// Per tile the producer loads K and V once the consumers have released the previous tile's
-// (kv_empty: their last dQ waited for, before their dK/dV stores), so the next tile's K, V and
-// first Q/dO stage land while those stores run; the consumers' ring of Q, dO, LSE and D and the
-// dS^T buffers go on from step to step across tiles as within one, and the dQ writer's hand-off
-// counts the CTA's steps (bwd_write_dq_tile).
+// The persistent CTA (Cfg::kPersistent): the barriers once, then tiles until the counter has none
+// left. The producer takes entry t = atomicAdd(counter, 1) of the order (f.order; tiles without
+// keys, key blocks past a shorter sequence's keys, it skips), issues the tile's first Q/dO stage,
+// then, once the consumers have released the previous tile's K and V (kv_empty: their last dQ
+// waited for, before their dK/dV stores), the tile's K and V with t in s.tile, so that those land
+// while the stores run; with no tile left, a kv_full phase without bytes and s.tile = -1. The
+// consumers take each tile from s.tile after kv_full; the Q/dO/LSE/D ring, its phases and the
+// dS^T buffers go on from step to step across tiles as within one, and the dQ writer follows the
+// coordinates the consumers hand it (bwd_write_dq_persistent). A counter rather than a fixed
+// stride: the tiles of a masked grid differ in cost by up to the number of query blocks, and a
+// stride over the heaviest-first list gives some CTAs only heavy ones (a list-scheduling model at
+// causal 2k: 1.2-1.7x the ideal per-CTA work; the forward's run 32 measured the same).
 template <class Cfg, bool kBf16, bool kMasked>
 __device__ __forceinline__ void bwd_persistent(BwdSharedStorage<Cfg, true>& s,
                                                const BwdParams& bp) {
@@ -798,26 +799,50 @@ __device__ __forceinline__ void bwd_persistent(BwdSharedStorage<Cfg, true>& s,
     setmaxnreg_dec<Cfg::kProducerRegs>();
     const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);
     if (warp == 0) {
-      bwd_for_each_tile<Cfg, kMasked>(
-          f, [&](int n_block, int kv_head, const BwdSeq& seq, const Steps& steps, int j) {
-            bwd_produce<Cfg, kMasked, true>(s, bp, seq, steps, n_block, kv_head, tid, i, j & 1);
-          });
+      const int tiles = f.order.units * f.order.m_blocks;
+      int j = 0;  // the CTA's tiles with keys so far
+      for (;;) {
+        int t = 0;
+        if (tid == 0) t = atomicAdd(bp.tile_counter, 1);
+        t = __shfl_sync(0xffffffffu, t, 0);
+        if (t >= tiles) break;
+        int n_block, kv_head, z;
+        bwd_tile_coords<Cfg>(f, t, n_block, kv_head, z);
+        const BwdSeq seq(f, z);
+        if (n_block * Cfg::kBlockN >= seq.lens.kv_len) continue;
+        const Steps steps(n_block, seq.lens.q_len, seq.lens.kv_len, f.window_left, f.window_right);
+        bwd_produce<Cfg, kMasked, true>(s, bp, seq, steps, n_block, kv_head, tid, i, j & 1, t);
+        ++j;
+      }
+      // None left: once the consumers are done with the last tile's entry, a phase of kv_full
+      // without bytes announces -1.
+      s.kv_empty.wait((j & 1) ^ 1);
+      if (tid == 0) {
+        s.tile = -1;
+        s.kv_full.arrive();
+      }
     } else if (warp == 1) {
-      int g = 0;  // the dQ writer's steps, over the CTA's tiles
-      bwd_for_each_tile<Cfg, kMasked>(
-          f, [&](int, int kv_head, const BwdSeq& seq, const Steps& steps, int) {
-            bwd_write_dq_tile<Cfg, kMasked>(s, bp, seq, steps, kv_head, tid - 32, g);
-          });
-      // The last reduce-adds complete before the CTA (and its shared memory) goes.
-      if (tid == 32) tma_store_wait_all();
+      bwd_write_dq_persistent<Cfg>(s, bp, tid - 32);
     }
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
-    bwd_for_each_tile<Cfg, kMasked>(
-        f, [&](int n_block, int kv_head, const BwdSeq& seq, const Steps& steps, int j) {
-          bwd_consume<Cfg, kBf16, kMasked, true>(s, bp, seq, steps, n_block, kv_head, warpgroup - 1,
-                                                 tid, i, j & 1);
-        });
+    const int cw = warpgroup - 1;
+    for (int j = 0;; ++j) {
+      s.kv_full.wait(j & 1);
+      // Broadcast, so that ptxas knows the loop's exit is warp-uniform.
+      const int t = __shfl_sync(0xffffffffu, s.tile, 0);
+      if (t < 0) break;
+      int n_block, kv_head, z;
+      bwd_tile_coords<Cfg>(f, t, n_block, kv_head, z);
+      const BwdSeq seq(f, z);
+      const Steps steps(n_block, seq.lens.q_len, seq.lens.kv_len, f.window_left, f.window_right);
+      bwd_consume<Cfg, kBf16, kMasked, true>(s, bp, seq, steps, n_block, kv_head, cw, tid, i,
+                                             j & 1);
+    }
+    // The writer's last hand-off: no tile (row -1) once it has read the last one.
+    dq_barrier<kDqEmpty, true>(cw);
+    store_dq_coord(s.dq_coord[cw], -1, 0, tid == 0);
+    dq_barrier<kDqFull, false>(cw);
   }
 }
 
@@ -864,7 +889,7 @@ __device__ __forceinline__ void bwd_one_tile(BwdSharedStorage<Cfg, kDqBulk>& s,
     // The warp's role from a broadcast too, so that ptxas sees each branch taken by whole warps.
     const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);
     if (warp == 0) {
-      bwd_produce<Cfg, kMasked, kDqBulk>(s, bp, seq, steps, n_block, kv_head, tid, i, 0);
+      bwd_produce<Cfg, kMasked, kDqBulk>(s, bp, seq, steps, n_block, kv_head, tid, i, 0, 0);
     } else if (warp == 1) {
       if constexpr (kDqBulk) bwd_write_dq<Cfg, kMasked>(s, bp, seq, steps, kv_head, tid - 32);
     }

@@ -31,12 +31,16 @@ struct BwdArgs {
   bool heavy_first;
   // With dq_bulk: a persistent grid, min(tiles, sms) CTAs each looping over tiles
   // (BwdPersistentTile in tile_config.h, FLASHSERVE_SM90_BWD_PERSISTENT:
-  // parse_sm90_bwd_persistent); masked calls then take the heaviest-first order whatever
-  // heavy_first says (bwd_launch_template.h persistent_order). The atomics' kernel ignores it.
+  // parse_sm90_bwd_persistent), taking tiles from tile_counter; masked calls in the
+  // heaviest-first order whatever heavy_first says (bwd_launch_template.h persistent_order). The
+  // atomics' kernel ignores it.
   bool persistent;
   // The device's multiprocessors and L2 bytes: read only for heavy_first or persistent.
   int sms;
   int64_t l2_bytes;
+  // A device int in the workspace the persistent CTAs take their next tile from (zeroed by the
+  // launch); null: no persistent grid.
+  int* tile_counter;
   int batch, h_kv;
   // Rows of q/dout and of k/v per sequence (dense) or in all (varlen: those rows form one
   // sequence of the tensor maps).

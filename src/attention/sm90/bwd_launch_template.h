@@ -47,11 +47,16 @@ void launch_bwd(BwdParams& bp, const BwdArgs& a) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
              "cudaFuncSetAttribute (sm90 backward shared memory)");
   dim3 grid((a.max_kv_len + Cfg::kBlockN - 1) / Cfg::kBlockN, a.h_kv, a.batch);
-  if constexpr (Cfg::kPersistent)  // one CTA per multiprocessor, each looping over the order's
-                                   // tiles
+  if constexpr (Cfg::kPersistent) {
+    // One CTA per multiprocessor, each taking tiles of the order from the counter until none is
+    // left.
     grid = dim3(std::min(f.order.units * f.order.m_blocks, a.sms));
-  else if constexpr (Cfg::kHeavyFirst)
+    bp.tile_counter = a.tile_counter;
+    check_cuda(cudaMemsetAsync(a.tile_counter, 0, sizeof(int), a.stream),
+               "cudaMemsetAsync (sm90 backward tile counter)");
+  } else if constexpr (Cfg::kHeavyFirst) {
     grid = dim3(f.order.units * f.order.m_blocks);  // tile_of's
+  }
   kernel<<<grid, Cfg::kThreads, smem, a.stream>>>(bp);
   check_cuda(cudaGetLastError(), "sm90 backward kernel launch");
 }
@@ -101,15 +106,17 @@ kernel::GridOrder heavy_first_order(const sm80::BwdParams& p, const BwdArgs& a) 
 
 // The persistent grid's order (FLASHSERVE_SM90_BWD_PERSISTENT, the bulk-dQ kernel), or one with
 // units = 0 where the call keeps a grid of one CTA per tile: the switch off, the atomics' kernel,
-// or more tiles than 32-bit tile indices (with a round's stride) hold. Masked calls take the
-// heaviest-first order whatever FLASHSERVE_SM90_BWD_HEAVY_FIRST says: each CTA strides the order
-// statically (bwd_for_each_tile), and over the natural order a causal grid's strides land on key
-// blocks of unequal weight (at 16 key blocks and 132 CTAs, one CTA's {0, 4, 8, 12} against
-// another's {3, 7, 11, 15}: 1.4x the work); unmasked calls (tiles of equal cost, but for the
-// sequences' lengths) take the natural order, key block fastest, as the 3-D grid starts them.
+// no tile counter, or more tiles than 32-bit tile indices hold (with the CTAs' overshoot: each
+// takes one index past the last). The CTAs take the order's tiles from a counter, so the order is
+// the one a list scheduler sees: masked calls take the heaviest-first order whatever
+// FLASHSERVE_SM90_BWD_HEAVY_FIRST says (the longest tiles first, the shortest filling the end);
+// unmasked calls (tiles of equal cost, but for the sequences' lengths) the natural order, key block
+// fastest, as the 3-D grid starts them, so that CTAs running together share the unit's Q and dO
+// in L2.
 template <class Cfg>
 kernel::GridOrder persistent_order(const sm80::BwdParams& p, const BwdArgs& a) {
-  if (!a.persistent || !a.dq_bulk || a.sms <= 0) return kernel::GridOrder{};
+  if (!a.persistent || !a.dq_bulk || a.sms <= 0 || a.tile_counter == nullptr)
+    return kernel::GridOrder{};
   const int n_blocks = (a.max_kv_len + Cfg::kBlockN - 1) / Cfg::kBlockN;
   const int64_t units = int64_t{a.h_kv} * a.batch;
   if (units * n_blocks > INT32_MAX - a.sms) return kernel::GridOrder{};

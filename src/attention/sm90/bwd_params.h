@@ -18,6 +18,9 @@ struct BwdParams {
   // rows: the bulk reduce-add's target (FLASHSERVE_SM90_BWD_DQ_BULK=1; unset otherwise).
   CUtensorMap tma_dq_accum;
   sm80::BwdParams p;
+  // The persistent grid (Cfg::kPersistent): a device int, zeroed by the launch, each CTA's
+  // producer takes its next tile from (entry t of p.fwd.order); null otherwise.
+  int* tile_counter;
 };
 
 }  // namespace flashserve::attention::sm90

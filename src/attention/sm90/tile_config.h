@@ -489,13 +489,12 @@ struct BwdHeavyFirstTile : Cfg {
 };
 
 // A backward tile on a persistent grid (FLASHSERVE_SM90_BWD_PERSISTENT, the bulk-dQ kernel only):
-// min(tiles, multiprocessors) CTAs, CTA b computing tiles b, b + gridDim.x, ... of one 1-D order
+// min(tiles, multiprocessors) CTAs, each taking the next tile of one 1-D order from a counter
 // (unmasked: the 3-D grid's, key block fastest; masked: BwdPersistentTile<BwdHeavyFirstTile<Cfg>>,
-// tile_order.h's heaviest first, every other round backwards), so that a tile's first K/V wait and
-// its dK/dV stores run under the neighbouring tiles' loads and steps instead of each CTA paying
-// them alone. The Q/dO ring, its phases and the dQ hand-off continue from tile to tile; K and V
-// get a kv_empty barrier (bwd_kernel.h). A type of its own for the same reason as BwdOverlapTile,
-// composable with both.
+// tile_order.h's heaviest first), so that a tile's first K/V wait and its dK/dV stores run under
+// the neighbouring tiles' loads and steps instead of each CTA paying them alone. The Q/dO ring, its
+// phases and the dQ hand-off continue from tile to tile; K and V get a kv_empty barrier
+// (bwd_kernel.h). A type of its own for the same reason as BwdOverlapTile, composable with both.
 template <class Cfg>
 struct BwdPersistentTile : Cfg {
   static constexpr bool kPersistent = true;
