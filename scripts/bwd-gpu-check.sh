@@ -56,6 +56,17 @@
 #   BIN_TAR=.xfer/bwd-causal.tar.xz OUT=$OUT SKIP="sass tests sanitize torch" CAUSAL=1 \
 #     FAMILIES=sm90,sm90-heavy-first HEAD_DIMS=64,128 SEQLENS=512,2048,8192 PROFILE=1 \
 #     bash scripts/bwd-gpu-check.sh
+#
+# The persistent grid (FLASHSERVE_SM90_BWD_PERSISTENT, session 28, unrun; kernel-notes "Session
+# 28"): the SASS (48 kernels: 168 registers, LOCAL 0), the backward tests (GpuBackwardPersistent
+# with dk/dv bit-identical to the one-tile-per-CTA bulk path, the persistent families' Sanitize
+# cases, the Lse test) and the sanitizers, then the bench twice, the switch set around each run
+# (bwd_compare.py leaves variables it does not set alone; one OUT each, the log is overwritten):
+#   BIN_TAR=.xfer/bwd90.tar.xz OUT=$OUT SKIP="bench torch" FILTER='*Backward*' \
+#     bash scripts/bwd-gpu-check.sh
+#   for v in 0 1; do FLASHSERVE_SM90_BWD_PERSISTENT=$v BIN_TAR=.xfer/bwd90.tar.xz OUT=$OUT/p$v \
+#     SKIP="sass tests sanitize torch" FAMILIES=sm90 HEAD_DIMS=64,128 SEQLENS=2048,8192 PROFILE=1 \
+#     bash scripts/bwd-gpu-check.sh; done
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
