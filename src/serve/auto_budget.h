@@ -16,10 +16,10 @@
 // measured: down by an eighth (a tile at least) when the slowest of them passed the SLO, and the
 // budget it came down from is not tried again until kCapWindows windows have stayed within the
 // margin, none past the SLO since (then one tile more is allowed); held when the slowest came
-// within 10% of the SLO; else up by a tile. Never above the model's ceiling, the largest
+// within 5% of the SLO; else up by a tile. Never above the model's ceiling, the largest
 // tile-aligned budget at which each of those steps, re-costed there (its decodes as they were, its
 // chunk tokens grown or cut to fill it) and scaled by the window's high measured / predicted ratio
-// (its 90th percentile), takes at most 90% of the SLO (the next window's steps are not these). The
+// (its 90th percentile), takes at most 95% of the SLO (the next window's steps are not these). The
 // ratio corrects the model's error on this deployment (CUDA graphs, eager launches, a busy host);
 // steps far slower than the median (a graph capture, a host stall) are left out of both: no budget
 // would have made them faster.
@@ -81,7 +81,7 @@ class AutoBudget {
   // typical step stays under that; a budget whose window passed the SLO is capped below for
   // kCapWindows clean windows.
   static constexpr double kOutlierRatio = 2.0;
-  static constexpr double kMargin = 0.9;
+  static constexpr double kMargin = 0.95;
   static constexpr double kRatioQuantile = 0.9;
   static constexpr int kCapWindows = 8;
 
