@@ -1,4 +1,5 @@
-// The tiny random checkpoint every engine test runs on (written once per test binary), and the
+// The tiny random checkpoint every engine test runs on (written once per test binary, removed when
+// it exits), and the
 // independent reference for greedy generation: one request alone through its own runner, whole
 // prefill then one token per step, with the gap between the two largest logits at every position
 // (a divergence after a near-tie is rounding, not a scheduling bug).
@@ -17,19 +18,19 @@
 #include "model/presets.h"
 #include "model/random_checkpoint.h"
 #include "model/runner.h"
+#include "support/temp_dirs.h"
 
 namespace flashserve::engine::testing {
 
 inline const std::string& tiny_dir() {
   static const std::string dir = [] {
-    const std::filesystem::path p = std::filesystem::path(::testing::TempDir()) /
-                                    ("fs_engine_tiny_" + std::to_string(::getpid()));
-    std::filesystem::remove_all(p);
+    const std::string p =
+        flashserve::testing::temp_dir("fs_engine_tiny_" + std::to_string(::getpid()));
     model::RandomCheckpointOptions o;
     o.seed = 11;
     o.dtype = DType::kFloat32;
-    model::write_random_checkpoint(model::preset_config("tiny"), p.string(), o);
-    return p.string();
+    model::write_random_checkpoint(model::preset_config("tiny"), p, o);
+    return p;
   }();
   return dir;
 }

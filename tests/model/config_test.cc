@@ -19,6 +19,7 @@
 #include "model/rope.h"
 #include "model/weights.h"
 #include "reference_model.h"
+#include "test_dirs.h"
 
 namespace flashserve::model {
 namespace {
@@ -193,8 +194,7 @@ TEST(Config, ValuesThatWouldWrapOrBeTruncatedAreRefused) {
 }
 
 TEST(Config, PathsThatAreNotFilesAreRefusedNamingThem) {
-  const std::string dir = ::testing::TempDir() + "/fs_config_dir_" + std::to_string(::getpid());
-  std::filesystem::remove_all(dir);
+  const std::string dir = testing::fresh_dir("dir");
   std::filesystem::create_directories(dir + "/config.json");
   try {
     ModelConfig::load(dir);
@@ -211,9 +211,7 @@ TEST(Config, PathsThatAreNotFilesAreRefusedNamingThem) {
 // <|eot_id|>, generation_config.json adds <|end_of_text|>); a bad one is refused naming it.
 TEST(Config, GenerationConfigAddsItsEosTokens) {
   namespace fsys = std::filesystem;
-  const std::string dir = ::testing::TempDir() + "/fs_gen_config_" + std::to_string(::getpid());
-  fsys::remove_all(dir);
-  fsys::create_directories(dir);
+  const std::string dir = testing::fresh_dir("gen_config");
   auto write = [&](const std::string& name, const std::string& text) {
     std::ofstream(dir + "/" + name) << text;
   };

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "flashserve/error.h"
+#include "support/temp_dirs.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer_fixtures.h"
 
@@ -27,11 +28,7 @@ namespace {
 namespace fsys = std::filesystem;
 
 std::string fresh_dir(const std::string& tag) {
-  const fsys::path p =
-      fsys::path(::testing::TempDir()) / ("fs_tok_" + tag + "_" + std::to_string(::getpid()));
-  fsys::remove_all(p);
-  fsys::create_directories(p);
-  return p.string();
+  return flashserve::testing::temp_dir("fs_tok_" + tag + "_" + std::to_string(::getpid()));
 }
 
 void expect_error(const std::function<void()>& load, const std::string& mention) {

@@ -1,6 +1,8 @@
 // The tokenizer on the checked-in fixtures, against expectations written by hand from the
 // definitions (GPT-2's byte map, UTF-8 of known characters, the fixtures' own special tokens),
 // and its errors. The comparison with Hugging Face's implementation is hf_reference_test.cc.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -12,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "flashserve/error.h"
+#include "support/temp_dirs.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/checkpoint_tokenizer.h"
 #include "tokenizer/tokenizer.h"
@@ -308,8 +311,8 @@ TEST(UnicodeNormalizers, TokenizersApplyThem) {
 }
 
 TEST(CheckpointTokenizer, TinyGetsTheFixtureLargerShapesAPaddedVocabulary) {
-  const std::string dir = ::testing::TempDir() + "/ckpt_tokenizer";
-  std::filesystem::create_directories(dir);
+  const std::string dir =
+      flashserve::testing::temp_dir("ckpt_tokenizer_" + std::to_string(::getpid()));
   write_checkpoint_tokenizer(dir, 1024);
   const auto read = [](const std::string& path) {
     std::ifstream in(path);
