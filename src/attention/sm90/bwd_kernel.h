@@ -120,12 +120,13 @@ struct BwdSharedStorage : BwdDqStage<Cfg, kDqBulk> {
   // kv_empty: every consumer thread is done with the tile's K and V (its last dQ, the last GEMM
   // that reads K, waited for), so the producer may load the next tile's while the consumers store
   // dK and dV. tile: the order's entry whose K and V kv_full's phase announces (-1: none left),
-  // written by the producer before that arrival. dq_coord: the row of the dq_accum map and the
-  // query head of each consumer warpgroup's dQ tile, written beside the tile (bwd_consume) for
-  // the dQ writer, which knows no tile (bwd_write_dq_persistent; row -1: the CTA's last).
+  // written by the producer before that arrival. writer_tile: the same entries for the dQ writer,
+  // which may lag the consumers by a step: a ring of two (writer_full: written, the producer's
+  // arrival; writer_empty: read, the writer warp's 32).
   Mbarrier kv_empty;
+  Mbarrier writer_full[2], writer_empty[2];
   int tile;
-  alignas(8) int dq_coord[Cfg::kConsumers][2];
+  int writer_tile[2];
 };
 
 template <class Cfg, bool kDqBulk>
@@ -347,17 +348,6 @@ __device__ __forceinline__ void store_dq_tile(uint8_t (&tile)[Cfg::kDqBoxes][Cfg
                    "f"(dq[4 * j + 2 * r + 1])
                    : "memory");
     }
-}
-
-// The dQ tile's coordinates for the writer (persistent: the dq_accum map's row and the query
-// head), stored by one thread: predicated, not branched, since wgmmas are in flight here (a
-// branch ptxas cannot prove uniform between a wgmma's issue and its wait serializes them).
-__device__ __forceinline__ void store_dq_coord(int (&coord)[2], int row, int h, bool pred) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n@p st.shared.v2.s32 [%0], {%1, %2};\n}\n" ::"r"(
-          static_cast<uint32_t>(__cvta_generic_to_shared(coord))),
-      "r"(row), "r"(h), "r"(static_cast<int>(pred))
-      : "memory");
 }
 
 // The 64 keys of one consumer warpgroup (rows of S^T, dV, dK): this thread's two, and the queries
@@ -590,10 +580,6 @@ __device__ __forceinline__ void bwd_consume(
       // sequence's; dS = 0; K's rows finite, those past the keys zeroed above), so adding them
       // changes no bit.
       store_dq_tile<Cfg>(s.dq[cw], dq, warp, lane);
-      // Persistent: where the tile goes, for the writer (it reads it after dq_full, and read the
-      // previous one before its dq_empty arrival above).
-      if constexpr (Cfg::kPersistent)
-        store_dq_coord(s.dq_coord[cw], static_cast<int>(seq.q_row0(f)) + m0 + dq_row0, h, tid == 0);
       fence_shared_to_async();  // this thread's tile stores, to the reduce-add (async proxy)
       dq_barrier<kDqFull, false>(cw);
     } else {
@@ -704,41 +690,44 @@ __device__ __forceinline__ void bwd_write_dq(
   if (lane == 0) tma_store_wait_all();
 }
 
-// The dQ writer of a persistent CTA (Cfg::kPersistent): as bwd_write_dq, but it knows no tile
-// (the producer takes them from the counter): each consumer warpgroup stores its tile's row and
-// query head beside it (dq_coord), and after the CTA's last tile hands over one more with row -1,
-// which ends the loop. So every consumer sync on dq_empty (one before each dQ tile it writes, the
-// row -1 one included) pairs with one arrival of the writer (one before each, the first at once,
-// the others once the previous reduce-adds have read the tiles), whatever tiles (with steps or
-// none) the CTA took.
-template <class Cfg>
-__device__ __forceinline__ void bwd_write_dq_persistent(BwdSharedStorage<Cfg, true>& s,
-                                                        const BwdParams& bp, int lane) {
-  for (int g = 0;; ++g) {
+// The dQ writer of a persistent CTA (Cfg::kPersistent), one tile: as bwd_write_dq, with `g`
+// counting the steps of the CTA's whole tile loop. The consumers sync on dq_empty once before each
+// of their steps, so the writer arrives there once before each step it takes (the first: at once;
+// the others: once the previous step's reduce-adds have read the tiles), and not after the CTA's
+// last, which it cannot know when a later tile has no step (a window no query of its keys sees):
+// arrivals and syncs pair up over the CTA, steps of tiles without steps being none. The caller
+// waits for the last reduce-adds before the CTA ends.
+template <class Cfg, bool kMasked>
+__device__ __forceinline__ void bwd_write_dq_tile(
+    BwdSharedStorage<Cfg, true>& s, const BwdParams& bp, const BwdSeq& seq,
+    const kernel::QueryBlocks<Cfg::kBlockM, Cfg::kBlockN, kMasked>& steps, int kv_head, int lane,
+    int& g) {
+  const sm80::FwdParams& f = bp.p.fwd;
+  const int q_row = static_cast<int>(seq.q_row0(f));
+  const int per_head = steps.m_max - steps.m_min;
+  const int n = f.h_ratio * per_head;
+  for (int i = 0; i < n; ++i, ++g) {
     if (g > 0) {
       if (lane == 0) tma_store_wait_read();
       __syncwarp();
     }
 #pragma unroll
     for (int cw = 0; cw < Cfg::kConsumers; ++cw) dq_barrier<kDqEmpty, false>(cw);
-    bool done = false;
+    const int h = kv_head * f.h_ratio + i / per_head;
+    const int m0 = (steps.m_min + i % per_head) * Cfg::kBlockM;
 #pragma unroll
     for (int cw = 0; cw < Cfg::kConsumers; ++cw) {
       dq_barrier<kDqFull, true>(cw);
-      const int row = s.dq_coord[cw][0], h = s.dq_coord[cw][1];
-      done = row < 0;  // both warpgroups end at the same hand-off
-      if (!done && lane == 0) {
+      const int dq_row0 = Cfg::dq_row0(cw), dq_col0 = Cfg::dq_col0(cw);
+      if (lane == 0) {
 #pragma unroll
         for (int c = 0; c < Cfg::kDqBoxes; ++c)
-          tma_reduce_add_4d(&bp.tma_dq_accum, s.dq[cw][c], Cfg::dq_col0(cw) + c * Cfg::kDqBoxCols,
-                            row, h, 0);
+          tma_reduce_add_4d(&bp.tma_dq_accum, s.dq[cw][c], dq_col0 + c * Cfg::kDqBoxCols,
+                            q_row + m0 + dq_row0, h, 0);
         tma_store_commit();
       }
     }
-    if (done) break;
   }
-  // The last reduce-adds complete before the CTA (and its shared memory) goes.
-  if (lane == 0) tma_store_wait_all();
 }
 
 // The CTA's tile (key block, KV head, sequence) at entry t of the 1-D order in f.order: with
@@ -766,16 +755,18 @@ __device__ __forceinline__ void bwd_tile_coords(const sm80::FwdParams& f, int t,
 
 // The persistent CTA (Cfg::kPersistent): the barriers once, then tiles until the counter has none
 // left. The producer takes entry t = atomicAdd(counter, 1) of the order (f.order; tiles without
-// keys, key blocks past a shorter sequence's keys, it skips), issues the tile's first Q/dO stage,
-// then, once the consumers have released the previous tile's K and V (kv_empty: their last dQ
-// waited for, before their dK/dV stores), the tile's K and V with t in s.tile, so that those land
-// while the stores run; with no tile left, a kv_full phase without bytes and s.tile = -1. The
-// consumers take each tile from s.tile after kv_full; the Q/dO/LSE/D ring, its phases and the
-// dS^T buffers go on from step to step across tiles as within one, and the dQ writer follows the
-// coordinates the consumers hand it (bwd_write_dq_persistent). A counter rather than a fixed
-// stride: the tiles of a masked grid differ in cost by up to the number of query blocks, and a
-// stride over the heaviest-first list gives some CTAs only heavy ones (a list-scheduling model at
-// causal 2k: 1.2-1.7x the ideal per-CTA work; the forward's run 32 measured the same).
+// keys, key blocks past a shorter sequence's keys, it skips), passes it to the dQ writer
+// (writer_tile, a ring of two: the writer may lag the consumers by a step), issues the tile's
+// first Q/dO stage, then, once the consumers have released the previous tile's K and V
+// (kv_empty: their last dQ waited for, before their dK/dV stores), the tile's K and V with t in
+// s.tile, so that those land while the stores run; with no tile left, -1 to both (kv_full: a
+// phase without bytes). The consumers take each tile from s.tile after kv_full; the
+// Q/dO/LSE/D ring, its phases and the dS^T buffers go on from step to step across tiles as
+// within one, and the writer counts its hand-offs over the CTA (bwd_write_dq_tile). A counter
+// rather than a fixed stride: the tiles of a masked grid differ in cost by up to the number of
+// query blocks, and a stride over the heaviest-first list gives some CTAs only heavy ones (a
+// list-scheduling model at causal 2k: 1.2-1.7x the ideal per-CTA work; the forward's run 32
+// measured the same).
 template <class Cfg, bool kBf16, bool kMasked>
 __device__ __forceinline__ void bwd_persistent(BwdSharedStorage<Cfg, true>& s,
                                                const BwdParams& bp) {
@@ -790,16 +781,29 @@ __device__ __forceinline__ void bwd_persistent(BwdSharedStorage<Cfg, true>& s,
       s.full[st].init(32);
       s.empty[st].init(Cfg::kConsumers * 128);
     }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      s.writer_full[k].init(1);    // the producer's lane 0
+      s.writer_empty[k].init(32);  // the writer warp's lanes
+    }
     Mbarrier::fence_init();
   }
   __syncthreads();
   using Steps = kernel::QueryBlocks<Cfg::kBlockM, Cfg::kBlockN, kMasked>;
-  int i = 0;  // the ring's step, over the CTA's tiles
   if (warpgroup == 0) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
     const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);
     if (warp == 0) {
       const int tiles = f.order.units * f.order.m_blocks;
+      // Entry t (-1: none left) of the CTA's j-th tile with keys to the writer's ring.
+      const auto to_writer = [&](int j, int t) {
+        s.writer_empty[j % 2].wait(((j / 2) & 1) ^ 1);
+        if (tid == 0) {
+          s.writer_tile[j % 2] = t;
+          s.writer_full[j % 2].arrive();
+        }
+      };
+      int i = 0;  // the ring's step, over the CTA's tiles
       int j = 0;  // the CTA's tiles with keys so far
       for (;;) {
         int t = 0;
@@ -811,22 +815,38 @@ __device__ __forceinline__ void bwd_persistent(BwdSharedStorage<Cfg, true>& s,
         const BwdSeq seq(f, z);
         if (n_block * Cfg::kBlockN >= seq.lens.kv_len) continue;
         const Steps steps(n_block, seq.lens.q_len, seq.lens.kv_len, f.window_left, f.window_right);
+        to_writer(j, t);
         bwd_produce<Cfg, kMasked, true>(s, bp, seq, steps, n_block, kv_head, tid, i, j & 1, t);
         ++j;
       }
-      // None left: once the consumers are done with the last tile's entry, a phase of kv_full
-      // without bytes announces -1.
+      // None left: -1 to the writer and, once the consumers are done with the last tile's entry,
+      // to the consumers by a phase of kv_full without bytes.
+      to_writer(j, -1);
       s.kv_empty.wait((j & 1) ^ 1);
       if (tid == 0) {
         s.tile = -1;
         s.kv_full.arrive();
       }
     } else if (warp == 1) {
-      bwd_write_dq_persistent<Cfg>(s, bp, tid - 32);
+      const int lane = tid - 32;
+      int g = 0;  // the writer's hand-offs, over the CTA's tiles
+      for (int j = 0;; ++j) {
+        s.writer_full[j % 2].wait((j / 2) & 1);
+        const int t = s.writer_tile[j % 2];
+        s.writer_empty[j % 2].arrive();  // this lane has read the entry
+        if (t < 0) break;
+        int n_block, kv_head, z;
+        bwd_tile_coords<Cfg>(f, t, n_block, kv_head, z);
+        const BwdSeq seq(f, z);
+        const Steps steps(n_block, seq.lens.q_len, seq.lens.kv_len, f.window_left, f.window_right);
+        bwd_write_dq_tile<Cfg, kMasked>(s, bp, seq, steps, kv_head, lane, g);
+      }
+      // The last reduce-adds complete before the CTA (and its shared memory) goes.
+      if (lane == 0) tma_store_wait_all();
     }
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
-    const int cw = warpgroup - 1;
+    int i = 0;  // the ring's step, over the CTA's tiles
     for (int j = 0;; ++j) {
       s.kv_full.wait(j & 1);
       // Broadcast, so that ptxas knows the loop's exit is warp-uniform.
@@ -836,13 +856,9 @@ __device__ __forceinline__ void bwd_persistent(BwdSharedStorage<Cfg, true>& s,
       bwd_tile_coords<Cfg>(f, t, n_block, kv_head, z);
       const BwdSeq seq(f, z);
       const Steps steps(n_block, seq.lens.q_len, seq.lens.kv_len, f.window_left, f.window_right);
-      bwd_consume<Cfg, kBf16, kMasked, true>(s, bp, seq, steps, n_block, kv_head, cw, tid, i,
-                                             j & 1);
+      bwd_consume<Cfg, kBf16, kMasked, true>(s, bp, seq, steps, n_block, kv_head, warpgroup - 1,
+                                             tid, i, j & 1);
     }
-    // The writer's last hand-off: no tile (row -1) once it has read the last one.
-    dq_barrier<kDqEmpty, true>(cw);
-    store_dq_coord(s.dq_coord[cw], -1, 0, tid == 0);
-    dq_barrier<kDqFull, false>(cw);
   }
 }
 
