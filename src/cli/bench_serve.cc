@@ -33,6 +33,7 @@
 #include "engine/simulator.h"
 #include "flashserve/error.h"
 #include "model/checkpoint.h"
+#include "model/config.h"
 #include "model/presets.h"
 #include "model/random_checkpoint.h"
 #include "model/step_graphs.h"
@@ -221,6 +222,20 @@ int bench_serve(int argc, char** argv) {
   mo.num_blocks = o.num_blocks;
   mo.kv_cache_dtype = kv_dtype;
   mo.tensor_parallel_size = static_cast<int>(o.tp.size);
+  // On the GPU the pool is sized after the buffers of the largest step any compared policy runs
+  // (--budget auto: the largest budget it may move to).
+  if (o.device == "cuda") {
+    const int64_t positions =
+        (on_device ? model::preset_config(o.shape) : model::ModelConfig::load(mo.model_dir))
+            .max_position_embeddings;
+    for (const fs::Policy p : policies) {
+      const fs::SchedulerConfig sc = o.sched.config_for(p);
+      const int64_t tokens = o.sched.auto_budget(p) ? fs::AutoBudgetConfig{}.max_budget
+                                                    : fe::largest_step_tokens(sc, positions);
+      mo.largest_step_tokens = std::max(mo.largest_step_tokens, tokens);
+      mo.largest_step_rows = std::max(mo.largest_step_rows, std::min(tokens, sc.max_running));
+    }
+  }
   const fe::LoadedModel model = fe::load_model(mo);
   const model::ModelConfig& mc = model.runner->config();
   if (o.sched.max_model_len > mc.max_position_embeddings)

@@ -128,14 +128,17 @@ int profile(int argc, char** argv) {
   mo.gpu_memory_utilization = gpu_mem_util;
   mo.cpu_kv_bytes = kv_memory_mb * (1 << 20);
   mo.kv_cache_dtype = kv_dtype;
+  fe::ProfileGrid grid = smoke   ? fe::ProfileGrid::smoke()
+                         : quick ? fe::ProfileGrid::quick()
+                                 : fe::ProfileGrid::full(std::min<int64_t>(
+                                       max_len, rank_model.max_position_embeddings / 2));
+  if (!smoke) grid.reps = static_cast<int>(reps);
+  // The pool is sized after the buffers of the grid's largest step, as serving sizes it.
+  for (const std::vector<int64_t>* axis : {&grid.tokens, &grid.chunk, &grid.decode_batch})
+    mo.largest_step_tokens = std::max(mo.largest_step_tokens, axis->back());
+  mo.largest_step_rows = grid.decode_batch.back();
   const auto t0 = std::chrono::steady_clock::now();
   const fe::LoadedModel model = fe::load_model(mo);
-  fe::ProfileGrid grid = smoke ? fe::ProfileGrid::smoke()
-                         : quick
-                             ? fe::ProfileGrid::quick()
-                             : fe::ProfileGrid::full(std::min<int64_t>(
-                                   max_len, model.runner->config().max_position_embeddings / 2));
-  if (!smoke) grid.reps = static_cast<int>(reps);
   std::printf("profiling %s on %s: KV pool %lld blocks x %d tokens (%s)\n", model_name.c_str(),
               model.device.c_str(), static_cast<long long>(model.num_blocks), model.block_size,
               flashserve::model::kv_cache_dtype_name(kv_dtype));

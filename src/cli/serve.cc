@@ -210,13 +210,16 @@ int serve(int argc, char** argv) {
     mo.cpu_kv_bytes = kv_memory_mb * (1 << 20);
     mo.kv_cache_dtype = kv_dtype;
     mo.tensor_parallel_size = static_cast<int>(tp.size);
-    const fe::LoadedModel m = fe::load_model(mo);
     fs::SchedulerConfig sc;
     sc.policy = pol;
     sc.max_tokens_per_step = budget;
     sc.max_running = max_num_seqs;
     sc.max_model_len = max_model_len;
     sc.chunk_tile = chunk_tile;
+    // The pool is sized after the largest step's buffers (model_engine.h).
+    mo.largest_step_tokens = fe::largest_step_tokens(sc, config.max_position_embeddings);
+    mo.largest_step_rows = std::min(mo.largest_step_tokens, sc.max_running);
+    const fe::LoadedModel m = fe::load_model(mo);
     auto engine = fe::make_model_engine(m, sc, fe::EngineConfig{}.watermark, prefix_caching);
     server::Backend b;
     b.max_model_len = engine->config().scheduler.max_model_len;

@@ -17,7 +17,8 @@ namespace flashserve::engine {
 
 namespace {
 
-// What the KV pool may take on the GPU once the weights are in: total x utilization - used.
+// What the KV pool may take on the GPU once the weights (and the largest step's buffers) are in:
+// total x utilization - used.
 double gpu_kv_budget(int device, double utilization) {
 #if defined(FLASHSERVE_WITH_CUDA)
   size_t free_bytes = 0, total_bytes = 0;
@@ -34,6 +35,14 @@ double gpu_kv_budget(int device, double utilization) {
 #endif
 }
 
+// vllm-v0 and static never chunk: one step must take a whole prompt (as vLLM v0's default
+// max_num_batched_tokens does).
+int64_t step_token_cap(const serve::SchedulerConfig& s, int64_t max_model_len) {
+  const bool whole_prompts =
+      s.policy == serve::Policy::kVllmV0 || s.policy == serve::Policy::kStatic;
+  return whole_prompts ? std::max(s.max_tokens_per_step, max_model_len) : s.max_tokens_per_step;
+}
+
 }  // namespace
 
 int64_t kv_bytes_per_block(const model::ModelConfig& c, int32_t block_size, int64_t dtype_bytes,
@@ -43,6 +52,13 @@ int64_t kv_bytes_per_block(const model::ModelConfig& c, int32_t block_size, int6
           ? c.num_key_value_heads
           : model::rank_shape(c, tensor_parallel_size, 0).kv_heads * tensor_parallel_size;
   return 2 * c.num_hidden_layers * heads * c.head_dim * block_size * dtype_bytes;
+}
+
+int64_t largest_step_tokens(const serve::SchedulerConfig& scheduler, int64_t max_positions) {
+  // A max_model_len past the positions is refused (make_model_engine): the positions bound it.
+  const int64_t len = scheduler.max_model_len > 0 ? std::min(scheduler.max_model_len, max_positions)
+                                                  : max_positions;
+  return step_token_cap(scheduler, len);
 }
 
 LoadedModel load_model(const ModelEngineOptions& o) {
@@ -86,6 +102,10 @@ LoadedModel load_model(const ModelEngineOptions& o) {
   m.tensor_parallel_size = tp;
   // auto: bf16 K/V on the GPU, float32 on the CPU (model/runner.h); bf16 or e4m3 when asked.
   m.runner->set_kv_cache(model::KvCacheConfig{o.kv_cache_dtype, {}, {}});
+  // The largest step's buffers first, so that the budget below is what they leave.
+  if (gpu && o.largest_step_tokens > 0)
+    m.runner->prepare(o.largest_step_tokens,
+                      std::max<int64_t>(1, std::min(o.largest_step_rows, o.largest_step_tokens)));
   const int64_t block_bytes =
       kv_bytes_per_block(m.runner->config(), o.block_size,
                          model::kv_cache_element_bytes(o.kv_cache_dtype, gpu ? 2 : 4), tp);
@@ -127,11 +147,7 @@ std::unique_ptr<Engine> make_model_engine(const LoadedModel& m, serve::Scheduler
     const int64_t fits = (probe.num_blocks() - probe.watermark_blocks()) * m.block_size;
     scheduler.max_model_len = std::min<int64_t>(c.max_position_embeddings, fits);
   }
-  // vllm-v0 never chunks: one step must take a whole prompt (as vLLM v0's default
-  // max_num_batched_tokens does).
-  if (scheduler.policy == serve::Policy::kVllmV0 || scheduler.policy == serve::Policy::kStatic)
-    scheduler.max_tokens_per_step =
-        std::max(scheduler.max_tokens_per_step, scheduler.max_model_len);
+  scheduler.max_tokens_per_step = step_token_cap(scheduler, scheduler.max_model_len);
   ec.scheduler = scheduler;
   // Buffers and GEMM algorithms for the largest step the scheduler can make, before the first.
   m.runner->prepare(scheduler.max_tokens_per_step,
