@@ -92,7 +92,8 @@ int bench_serve(int argc, char** argv) {
   auto* num_blocks_opt = add_int(app, "--num-blocks", o.num_blocks, {1, int64_t{1} << 31},
                                  "KV blocks (default: from the memory budget)");
   auto* util_opt = add_real(app, "--gpu-memory-utilization", o.gpu_mem_util, {0, 1, Open::kLow},
-                            "cuda: fraction of the GPU's memory for weights + KV");
+                            "cuda: fraction of the GPU's memory for the weights, the largest "
+                            "step's buffers and the KV pool");
   auto* kv_mem_opt = add_real(app, "--kv-memory-mb", o.kv_memory_mb, {1, 1 << 24, Open::kNone},
                               "cpu: MiB of KV pool");
   o.kv_dtype.add(app);

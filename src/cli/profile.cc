@@ -61,7 +61,8 @@ int profile(int argc, char** argv) {
       add_int(app, "--reps", reps, {1, 1000}, "timed steps per point (the median is kept)");
   add_int(app, "--block-size", block_size, {1, 1 << 12}, "KV block size in tokens");
   auto* util_opt = add_real(app, "--gpu-memory-utilization", gpu_mem_util, {0, 1, Open::kLow},
-                            "cuda: fraction of the GPU's memory for weights + KV");
+                            "cuda: fraction of the GPU's memory for the weights, the largest "
+                            "step's buffers and the KV pool");
   auto* kv_mem_opt = add_real(app, "--kv-memory-mb", kv_memory_mb, {1, 1 << 24, Open::kNone},
                               "cpu: MiB of KV pool");
   KvCacheDtypeFlag kv_dtype_flag;

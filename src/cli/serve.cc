@@ -93,7 +93,8 @@ int serve(int argc, char** argv) {
   add_int(app, "--max-model-len", max_model_len, {0, 1 << 24},
           "prompt + output tokens of one request (0: the model's, cut to the KV pool)");
   auto* util_opt = add_real(app, "--gpu-memory-utilization", gpu_mem_util, {0, 1, Open::kLow},
-                            "share of GPU memory for weights and KV (--device cuda)");
+                            "share of GPU memory for the weights, the largest step's buffers and "
+                            "the KV pool (--device cuda)");
   auto* kv_opt = add_real(app, "--kv-memory-mb", kv_memory_mb, {1, 1 << 24},
                           "KV pool size on the CPU (--device cpu)");
   KvCacheDtypeFlag kv_dtype_flag;
