@@ -646,6 +646,27 @@ __device__ __forceinline__ void bwd_consume(
 }
 
 // ---------------------------------------------------------------------------------------------
+// One step's dQ into the accumulator (the dQ writer's lanes): each consumer warpgroup's tile once
+// it has stored it (dq_full), as kDqBoxes bulk reduce-adds at query row `row` of head `h` of the
+// dq_accum map, one lane issuing, one commit group per warpgroup.
+template <class Cfg>
+__device__ __forceinline__ void reduce_add_dq_step(BwdSharedStorage<Cfg, true>& s,
+                                                   const BwdParams& bp, int row, int h, int lane) {
+#pragma unroll
+  for (int cw = 0; cw < Cfg::kConsumers; ++cw) {
+    dq_barrier<kDqFull, true>(cw);
+    const int dq_row0 = Cfg::dq_row0(cw), dq_col0 = Cfg::dq_col0(cw);
+    if (lane == 0) {
+#pragma unroll
+      for (int c = 0; c < Cfg::kDqBoxes; ++c)
+        tma_reduce_add_4d(&bp.tma_dq_accum, s.dq[cw][c], dq_col0 + c * Cfg::kDqBoxCols,
+                          row + dq_row0, h, 0);
+      tma_store_commit();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // The dQ writer (warp 1 of warpgroup 0, kDqBulk; `lane` 0..31): per step, in the consumers' order
 // (every query head of the GQA group, every query block that sees the key block), waits for each
 // consumer warpgroup's dQ tile (dq_full), adds it into the fp32 accumulator with kDqBoxes bulk
@@ -668,18 +689,7 @@ __device__ __forceinline__ void bwd_write_dq(
   for (int i = 0; i < n; ++i) {
     const int h = kv_head * f.h_ratio + i / (steps.m_max - steps.m_min);
     const int m0 = (steps.m_min + i % (steps.m_max - steps.m_min)) * Cfg::kBlockM;
-#pragma unroll
-    for (int cw = 0; cw < Cfg::kConsumers; ++cw) {
-      dq_barrier<kDqFull, true>(cw);
-      const int dq_row0 = Cfg::dq_row0(cw), dq_col0 = Cfg::dq_col0(cw);
-      if (lane == 0) {
-#pragma unroll
-        for (int c = 0; c < Cfg::kDqBoxes; ++c)
-          tma_reduce_add_4d(&bp.tma_dq_accum, s.dq[cw][c], dq_col0 + c * Cfg::kDqBoxCols,
-                            q_row + m0 + dq_row0, h, 0);
-        tma_store_commit();
-      }
-    }
+    reduce_add_dq_step<Cfg>(s, bp, q_row + m0, h, lane);
     if (i + 1 == n) break;
     if (lane == 0) tma_store_wait_read();
     __syncwarp();
@@ -715,18 +725,7 @@ __device__ __forceinline__ void bwd_write_dq_tile(
     for (int cw = 0; cw < Cfg::kConsumers; ++cw) dq_barrier<kDqEmpty, false>(cw);
     const int h = kv_head * f.h_ratio + i / per_head;
     const int m0 = (steps.m_min + i % per_head) * Cfg::kBlockM;
-#pragma unroll
-    for (int cw = 0; cw < Cfg::kConsumers; ++cw) {
-      dq_barrier<kDqFull, true>(cw);
-      const int dq_row0 = Cfg::dq_row0(cw), dq_col0 = Cfg::dq_col0(cw);
-      if (lane == 0) {
-#pragma unroll
-        for (int c = 0; c < Cfg::kDqBoxes; ++c)
-          tma_reduce_add_4d(&bp.tma_dq_accum, s.dq[cw][c], dq_col0 + c * Cfg::kDqBoxCols,
-                            q_row + m0 + dq_row0, h, 0);
-        tma_store_commit();
-      }
-    }
+    reduce_add_dq_step<Cfg>(s, bp, q_row + m0, h, lane);
   }
 }
 
