@@ -169,7 +169,9 @@ int64_t AutoBudget::observe(const Batch& batch, double seconds) {
 // 8.5: windows' slowest 43.4 ms median, run P99 44.4), so holding the windows to 90% of the SLO
 // (41.6 ms) kept auto ~1 tile under 1024 even in the simulator (8.375 req/s against 8.5). At
 // kMargin 0.95 (43.9 ms) the simulator has auto at 8.5 on ShareGPT and 10.375 on arXiv (1024:
-// 8.5 and 10.0); on the H200, to be measured beside 1024 in one call.
+// 8.5 and 10.0). On the H200, ShareGPT at 8.25 beside 1024 in one call: 896-1024 most of the
+// run, 0.5% more GPU time than 1024 for the same tokens (at 0.9: 1.7%), TBT p99 43.7 ms against
+// 45.3; both missed on that GPU's delay (2.7 and 2.2 s).
 void AutoBudget::adjust() {
   std::vector<double> ratios;
   ratios.reserve(window_.size());
