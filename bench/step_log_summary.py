@@ -6,7 +6,8 @@ GPU-busy seconds against the run's span, tokens, the share of busy time at each 
 mean microseconds a token of the steps that filled their budget (a deployment's speed at that
 budget: compare runs of one call, as calls may land on GPUs a few percent apart), the mixed steps'
 median / p90 / p99 / max milliseconds per budget, the decode-weighted p99 step (what the P99 TBT
-sees when every running request decodes each step), the steps past an SLO, the CUDA graph
+sees when every running request decodes each step), the windows of 32 mixed steps that --budget
+auto adjusts by (each one's slowest step), the steps past an SLO, the CUDA graph
 captures and their steps' times, and (logs of runs with --profile) the profile's cost of the
 run's own batches against what they took, by kind of step, decode-only steps by batch size (with
 the spread of their keys, max / mean, in logs that have the batch columns) and mixed steps by size
@@ -58,6 +59,16 @@ def summarise(name, rows, slo_s):
     weighted = sorted(s for s, d in zip(sec, dec) for _ in range(d))
     if weighted:
         print(f"decode-weighted p99 step: {quantile(weighted, 0.99) * 1e3:.1f} ms")
+    # --budget auto's view: windows of 32 mixed steps in run order, each window's slowest step
+    # (graph captures and stalls included). A run's P99 step sits ~1 ms above its median window's
+    # slowest (session 28), which is what the auto budget's margin is measured against.
+    order = [s for s, t, d in zip(sec, tok, dec) if t > d]
+    slowest = sorted(max(order[i:i + 32]) for i in range(0, len(order) - 31, 32))
+    if slowest:
+        print(f"windows of 32 mixed steps: {len(slowest)}, slowest step median "
+              f"{statistics.median(slowest) * 1e3:.1f} ms, p90 {quantile(slowest, 0.9) * 1e3:.1f}; "
+              f"past 95% of the SLO {sum(x > 0.95 * slo_s for x in slowest) / len(slowest):.0%}, "
+              f"past the SLO {sum(x > slo_s for x in slowest) / len(slowest):.0%}")
     captured = [i for i in range(len(rows)) if cap[i] > (cap[i - 1] if i else 0)]
     over = [i for i in range(len(rows)) if sec[i] > slo_s]
     print(f"steps past {slo_s * 1e3:.1f} ms: {len(over)} ({sum(dec[i] for i in over)} decode "
