@@ -71,23 +71,15 @@ void launch_dtypes(BwdParams& bp, const BwdArgs& a) {
   if (!bf16 && !a.masked) launch_bwd<Cfg, false, false, kDqBulk>(bp, a);
 }
 
-// The masked instantiations alone (the heaviest-first tile: an unmasked grid's CTAs cost the
-// same).
-template <class Cfg>
-void launch_masked_dtypes(BwdParams& bp, const BwdArgs& a) {
+// The bulk-dQ kernel's dtype instantiations of one mask alone: masked for the heaviest-first tile
+// (an unmasked grid's CTAs cost the same), either for the persistent grid (masked: heaviest
+// first; unmasked: the natural order).
+template <class Cfg, bool kMasked>
+void launch_bulk_dtypes(BwdParams& bp, const BwdArgs& a) {
   if (a.dtype == DType::kBFloat16)
-    launch_bwd<Cfg, true, true, true>(bp, a);
+    launch_bwd<Cfg, true, kMasked, true>(bp, a);
   else
-    launch_bwd<Cfg, false, true, true>(bp, a);
-}
-
-// The unmasked instantiations alone (the persistent grid's natural order).
-template <class Cfg>
-void launch_unmasked_dtypes(BwdParams& bp, const BwdArgs& a) {
-  if (a.dtype == DType::kBFloat16)
-    launch_bwd<Cfg, true, false, true>(bp, a);
-  else
-    launch_bwd<Cfg, false, false, true>(bp, a);
+    launch_bwd<Cfg, false, kMasked, true>(bp, a);
 }
 
 // The heaviest-first order of this call's CTAs (tile_order.h), or one with sections = 0 where the
@@ -137,17 +129,17 @@ void run_bwd_hdim(const sm80::BwdParams& params, const BwdArgs& a) {
     const bool persistent = bp.p.fwd.order.units > 0;
     if (!persistent) bp.p.fwd.order = heavy_first_order<Cfg>(params, a);
     if (persistent && a.masked && a.overlap)
-      launch_masked_dtypes<BwdPersistentTile<BwdOverlapTile<BwdHeavyFirstTile<Cfg>>>>(bp, a);
+      launch_bulk_dtypes<BwdPersistentTile<BwdOverlapTile<BwdHeavyFirstTile<Cfg>>>, true>(bp, a);
     else if (persistent && a.masked)
-      launch_masked_dtypes<BwdPersistentTile<BwdHeavyFirstTile<Cfg>>>(bp, a);
+      launch_bulk_dtypes<BwdPersistentTile<BwdHeavyFirstTile<Cfg>>, true>(bp, a);
     else if (persistent && a.overlap)
-      launch_unmasked_dtypes<BwdPersistentTile<BwdOverlapTile<Cfg>>>(bp, a);
+      launch_bulk_dtypes<BwdPersistentTile<BwdOverlapTile<Cfg>>, false>(bp, a);
     else if (persistent)
-      launch_unmasked_dtypes<BwdPersistentTile<Cfg>>(bp, a);
+      launch_bulk_dtypes<BwdPersistentTile<Cfg>, false>(bp, a);
     else if (bp.p.fwd.order.sections > 0 && a.overlap)
-      launch_masked_dtypes<BwdOverlapTile<BwdHeavyFirstTile<Cfg>>>(bp, a);
+      launch_bulk_dtypes<BwdOverlapTile<BwdHeavyFirstTile<Cfg>>, true>(bp, a);
     else if (bp.p.fwd.order.sections > 0)
-      launch_masked_dtypes<BwdHeavyFirstTile<Cfg>>(bp, a);
+      launch_bulk_dtypes<BwdHeavyFirstTile<Cfg>, true>(bp, a);
     else if (a.dq_bulk && a.overlap)
       launch_dtypes<BwdOverlapTile<Cfg>, true>(bp, a);
     else if (a.dq_bulk)
