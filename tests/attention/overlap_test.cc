@@ -129,7 +129,10 @@ TEST(Overlap, MatchesAByteOracleOnRandomViews) {
     }
   };
   int overlapping = 0, disjoint_in_range = 0;
-  for (int iter = 0; iter < 8000; ++iter) {
+  // 8000 pairs, then more until both answers have occurred often enough (below): 8000 alone left
+  // the interleaved disjoint pairs under 100 for about one seed in 1500 (725243044319282447: 96).
+  const auto covered = [&] { return overlapping > 200 && disjoint_in_range > 100; };
+  for (int iter = 0; iter < 8000 || (!covered() && iter < 80000); ++iter) {
     std::vector<int64_t> parent;
     const bool siblings = iter % 2 == 0;
     if (siblings) {  // a contiguous float32 parent's strides, in float32 elements
