@@ -74,7 +74,7 @@ int profile(int argc, char** argv) {
     throw UsageError("--model", "give exactly one of --model DIR and --shape NAME");
   if (device != "cpu" && device != "cuda")
     throw UsageError("--device", "'" + device + "' is not one of cpu, cuda");
-  tp.check_device(device, /*cuda_ranks=*/true);
+  tp.check_device(device);
   refuse_unless(max_len_opt, !quick && !smoke, "sets the full grid; --quick has its own");
   refuse_unless(reps_opt, !smoke, "--smoke times one step a point");
   const model::ModelConfig config =
@@ -84,14 +84,8 @@ int profile(int argc, char** argv) {
   tp.check_model(config);
   const int ranks = static_cast<int>(tp.size);
   std::vector<int> gpus;  // the all-reduce's devices on cuda: 0 .. N-1
-  if (ranks > 1 && device == "cuda") {
-    if (!model::nccl_available())
-      throw UsageError("--tensor-parallel-size",
-                       std::to_string(ranks) +
-                           ": this flashserve is built without NCCL, which "
-                           "times the all-reduce over GPUs");
+  if (ranks > 1 && device == "cuda")
     for (int g = 0; g < ranks; ++g) gpus.push_back(g);
-  }
   const model::KvCacheDtype kv_dtype = kv_dtype_flag.resolve(device);
   // The table is written after minutes of measuring: a path that cannot be written fails now.
   std::ofstream f(out);

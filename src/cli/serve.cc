@@ -232,7 +232,8 @@ int serve(int argc, char** argv) {
         "%lld, %s\n",
         model_dir.c_str(), m.device.c_str(),
         m.tensor_parallel_size > 1
-            ? (" (" + std::to_string(m.tensor_parallel_size) + " tensor-parallel ranks, emulated)")
+            ? (" (" + std::to_string(m.tensor_parallel_size) + " tensor-parallel ranks" +
+               (m.device == "cpu" ? ", emulated)" : ", a GPU each)"))
                   .c_str()
             : "",
         static_cast<long long>(m.num_blocks), m.block_size,

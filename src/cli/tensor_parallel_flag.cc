@@ -1,6 +1,7 @@
 #include "cli/tensor_parallel_flag.h"
 
 #include "cli/options.h"
+#include "model/nccl_communicator.h"
 #include "model/tensor_parallel.h"
 
 namespace flashserve::cli {
@@ -8,17 +9,21 @@ namespace flashserve::cli {
 void TensorParallelFlag::add(CLI::App& app, const std::string& help) {
   option = add_int(app, "--tensor-parallel-size", size, {1, 1 << 10},
                    !help.empty() ? help
-                                 : "ranks the model is split over (Megatron-style): on cpu an "
-                                   "in-process emulation; on cuda 1 (profile: N GPUs)");
+                                 : "ranks the model is split over (Megatron-style): on cuda GPUs "
+                                   "0..N-1 with NCCL; on cpu an in-process emulation");
 }
 
-void TensorParallelFlag::check_device(const std::string& device, bool cuda_ranks) const {
-  if (size > 1 && device == "cuda" && !cuda_ranks)
+void TensorParallelFlag::check_device(const std::string& device) const {
+  if (size == 1 || device != "cuda") return;
+  const std::string n = std::to_string(size);
+  if (!model::nccl_available())
     throw UsageError("--tensor-parallel-size",
-                     std::to_string(size) +
-                         ": the CUDA runner serves a model on one GPU; its tensor-parallel "
-                         "ranks (sharded weights, NCCL all-reduces in the forward) are not built "
-                         "yet (--device cpu emulates them)");
+                     n + ": this flashserve is built without NCCL, which joins the ranks on "
+                         "GPUs (--device cpu emulates them)");
+  if (const int gpus = model::nccl_device_count(); gpus < size)
+    throw UsageError("--tensor-parallel-size", n + ": a rank per GPU needs " + n +
+                                                   " CUDA devices, and this machine has " +
+                                                   std::to_string(gpus));
 }
 
 void TensorParallelFlag::check_model(const model::ModelConfig& config) const {

@@ -84,19 +84,13 @@ LoadedModel load_model(const ModelEngineOptions& o) {
   if (tp < 1)
     throw Error(ErrorKind::kInvalidArgument, "tensor_parallel_size",
                 std::to_string(tp) + ": at least 1");
-  if (gpu && tp > 1)
-    throw Error(ErrorKind::kUnsupported, "tensor_parallel_size",
-                std::to_string(tp) +
-                    ": the CUDA runner runs a model on one GPU; its tensor-parallel ranks "
-                    "(sharded weights, NCCL all-reduces in the forward) are not built yet "
-                    "(--device cpu emulates them)");
   if (!o.random_shape.empty())
     m.runner =
-        model::make_random_cuda_runner(model::preset_config(o.random_shape), 1, o.cuda_device);
+        model::make_random_cuda_runner(model::preset_config(o.random_shape), 1, o.cuda_device, tp);
   else if (o.random_config && gpu)
-    m.runner = model::make_random_cuda_runner(*o.random_config, 1, o.cuda_device);
+    m.runner = model::make_random_cuda_runner(*o.random_config, 1, o.cuda_device, tp);
   else if (gpu)
-    m.runner = model::make_cuda_runner(o.model_dir, o.cuda_device);
+    m.runner = model::make_cuda_runner(o.model_dir, o.cuda_device, tp);
   else
     m.runner = model::make_cpu_runner(o.model_dir, tp);
   m.tensor_parallel_size = tp;
@@ -112,13 +106,17 @@ LoadedModel load_model(const ModelEngineOptions& o) {
   if (o.num_blocks > 0) {
     m.num_blocks = o.num_blocks;
   } else {
-    const double budget =
-        gpu ? gpu_kv_budget(o.cuda_device, o.gpu_memory_utilization) : o.cpu_kv_bytes;
-    m.num_blocks = budget > 0 ? static_cast<int64_t>(budget / static_cast<double>(block_bytes)) : 0;
+    // On the GPUs each rank's pool (its KV heads: rank 0's are as many as any rank's) in what its
+    // own GPU has left; on the CPU every rank's pool in the one budget.
+    double budget = gpu ? gpu_kv_budget(o.cuda_device, o.gpu_memory_utilization) : o.cpu_kv_bytes;
+    for (int r = 1; gpu && r < tp; ++r)
+      budget = std::min(budget, gpu_kv_budget(o.cuda_device + r, o.gpu_memory_utilization));
+    const double per_budget = static_cast<double>(gpu ? block_bytes / tp : block_bytes);
+    m.num_blocks = budget > 0 ? static_cast<int64_t>(budget / per_budget) : 0;
     if (m.num_blocks < 1)
       throw Error(ErrorKind::kInvalidArgument, gpu ? "gpu_memory_utilization" : "kv_memory",
                   "the KV budget of " + std::to_string(budget / (1 << 20)) +
-                      " MiB holds no block of " + std::to_string(block_bytes) + " bytes");
+                      " MiB holds no block of " + std::to_string(per_budget) + " bytes");
   }
   m.kv_bytes = static_cast<double>(m.num_blocks) * static_cast<double>(block_bytes);
   m.runner->allocate_kv(m.num_blocks, o.block_size);

@@ -42,8 +42,9 @@ struct ModelEngineOptions {
   int64_t largest_step_rows = 0;
   model::KvCacheDtype kv_cache_dtype = model::KvCacheDtype::kAuto;
   // Ranks the model is split over (docs/tensor-parallel.md). On the CPU: the in-process emulation
-  // (every rank's pool in the cpu_kv_bytes budget); on CUDA only 1 until the CUDA runner's ranks
-  // exist (Error(kUnsupported, "tensor_parallel_size")).
+  // (every rank's pool in the cpu_kv_bytes budget); on CUDA a rank per GPU, devices cuda_device
+  // .. cuda_device + N - 1, NCCL between them, each GPU's pool in its own budget (the blocks: as
+  // many as the fullest GPU holds).
   int tensor_parallel_size = 1;
 };
 

@@ -1,9 +1,11 @@
 // The collectives tensor parallelism needs between the ranks of one model
 // (docs/tensor-parallel.md): an all-reduce (sum) after each row-parallel projection and an
-// all-gather of the LM head's vocabulary blocks. Two groups implement it: the in-process one over
-// host memory (model/local_communicator.h: the CPU emulation CI runs) and NCCL's over GPUs
-// (model/nccl_communicator.h). A rank's runner holds its Communicator; the tensor-parallel runner
-// holds the group, to abort and recover it when a rank fails mid-step.
+// all-gather of the LM head's vocabulary blocks. Three groups implement it: the in-process one
+// over host memory (model/local_communicator.h: the CPU emulation CI runs), NCCL's over GPUs
+// (model/nccl_communicator.h), and the in-process one's over device buffers staged through the
+// host (model/cuda/staged_communicator.h: CUDA ranks sharing one GPU, for tests). A rank's runner
+// holds its Communicator; the tensor-parallel runner holds the group, to abort and recover it when
+// a rank fails mid-step.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +32,10 @@ class Communicator {
   // The stream a device communicator enqueues on (a cudaStream_t; null: the default stream), so
   // that its collectives order with the runner's kernels. The in-process one has none.
   virtual void set_stream(void* stream) { (void)stream; }
+  // Whether its collectives may be captured in a CUDA graph with the runner's kernels (NCCL's:
+  // yes; one that waits on the host for the data: no, and the runner then runs every step
+  // eagerly).
+  virtual bool capturable() const { return false; }
 };
 
 // The communicators of one group, rank r's at rank(r).

@@ -12,7 +12,6 @@
 #include <cstddef>
 #include <cstring>
 #include <limits>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -115,19 +114,6 @@ void write_kv_row(const float* src, int64_t heads, int64_t d, DType dtype, std::
   }
 }
 
-// A tensor of the checkpoint as this rank holds it: the file's mapping where the rank holds all
-// of it, else a copy of its slice. Move-only: a move keeps the slice's buffer, so info.data stays
-// valid, where a copy would leave it pointing into the original.
-struct RankTensor {
-  TensorInfo info;
-  std::vector<std::byte> slice;  // info.data points here when the tensor is split
-  explicit RankTensor(TensorInfo t) : info(std::move(t)) {}
-  RankTensor(RankTensor&&) = default;
-  RankTensor& operator=(RankTensor&&) = default;
-  RankTensor(const RankTensor&) = delete;
-  RankTensor& operator=(const RankTensor&) = delete;
-};
-
 class CpuRunner final : public ModelRunner {
  public:
   CpuRunner(const std::string& dir, Communicator* comm) : comm_(comm) {
@@ -138,18 +124,8 @@ class CpuRunner final : public ModelRunner {
     const int64_t tp = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
     part_ = rank_shape(c, tp, rank);  // refuses a size that does not split the model
     const int64_t q = part_.q_heads * c.head_dim, kv = part_.kv_heads * c.head_dim;
-    std::map<std::string, WeightSpec> specs;
-    for (WeightSpec& w : weight_specs(c)) specs.emplace(w.name, std::move(w));
-    auto tensor = [&](const std::string& name) {
-      RankTensor t(ckpt.tensor(name));
-      const WeightSpec& w = specs.at(name);
-      if (tp == 1 || w.split == TpSplit::kReplicated) return t;
-      t.slice = shard_tensor(w, c, tp, rank, t.info.data, dtype_size(t.info.dtype));
-      t.info.data = t.slice.data();
-      t.info.bytes = t.slice.size();
-      t.info.shape = shard_slice(w, c, tp, rank).shape;
-      return t;
-    };
+    const RankWeights weights(ckpt, tp, rank);
+    auto tensor = [&](const std::string& name) { return weights.tensor(name); };
     auto load = [&](const std::string& name, std::vector<float>& dst, size_t at = 0) {
       const RankTensor rt = tensor(name);
       const TensorInfo& t = rt.info;

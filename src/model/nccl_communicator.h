@@ -21,4 +21,7 @@ std::unique_ptr<CommunicatorGroup> make_nccl_group(const std::vector<int>& devic
 // Whether this build has NCCL (the stub answers false).
 bool nccl_available();
 
+// The CUDA devices a group could take: 0 without a GPU, its driver, or NCCL.
+int nccl_device_count();
+
 }  // namespace flashserve::model

@@ -16,4 +16,8 @@ bool nccl_available() {
   return false;
 }
 
+int nccl_device_count() {
+  return 0;
+}
+
 }  // namespace flashserve::model

@@ -76,11 +76,18 @@ class ModelRunner {
 std::unique_ptr<ModelRunner> make_cpu_runner(const std::string& dir, int tensor_parallel_size = 1);
 
 // A runner on CUDA device `device`. Without CUDA in the build: Error(kUnsupported).
-std::unique_ptr<ModelRunner> make_cuda_runner(const std::string& dir, int device = 0);
+// tensor_parallel_size > 1: the model split over devices device .. device + N - 1, a rank per GPU
+// on threads of this process, NCCL between them (model/tensor_parallel_runner.h,
+// docs/tensor-parallel.md). Error(kInvalidArgument, "tensor_parallel_size") for a size that does
+// not split the model or more GPUs than there are; Error(kUnsupported, "tensor_parallel_size")
+// in a build without NCCL.
+std::unique_ptr<ModelRunner> make_cuda_runner(const std::string& dir, int device = 0,
+                                              int tensor_parallel_size = 1);
 // A runner on CUDA device `device` with random weights generated on the device (a 14.5 GB
 // checkpoint written and read back would cost more than a whole benchmark). Without CUDA in the
-// build: Error(kUnsupported).
+// build: Error(kUnsupported). tensor_parallel_size as make_cuda_runner's (each rank draws its own
+// slices: a model of the split's cost, not the split of the one-GPU model of the same seed).
 std::unique_ptr<ModelRunner> make_random_cuda_runner(const ModelConfig& config, uint64_t seed,
-                                                     int device = 0);
+                                                     int device = 0, int tensor_parallel_size = 1);
 
 }  // namespace flashserve::model

@@ -90,6 +90,7 @@ class TensorParallelRunner final : public ModelRunner {
   std::vector<float> logits_rows(const std::vector<int32_t>& rows) const override {
     return ranks_[0]->logits_rows(rows);
   }
+  std::pair<int64_t, int64_t> graph_counts() const override { return ranks_[0]->graph_counts(); }
   using ModelRunner::sample;
   std::vector<int32_t> sample(const ForwardBatch& batch, const std::vector<SamplingParams>& params,
                               const std::vector<LogitsAdjust>& adjust) override {

@@ -125,4 +125,25 @@ std::vector<std::byte> unshard_tensor(const WeightSpec& w, const ModelConfig& c,
   return out;
 }
 
+RankWeights::RankWeights(const Checkpoint& ckpt, int64_t size, int64_t rank)
+    : ckpt_(ckpt), size_(size), rank_(rank) {
+  rank_shape(ckpt.config(), size, rank);  // refuses a size that does not split the model
+  for (WeightSpec& w : weight_specs(ckpt.config())) specs_.emplace(w.name, std::move(w));
+}
+
+RankTensor RankWeights::tensor(const std::string& name) const {
+  const auto spec = specs_.find(name);
+  if (spec == specs_.end())
+    throw Error(ErrorKind::kInvalidArgument, name, "is not a tensor of this model");
+  RankTensor t(ckpt_.tensor(name));
+  const WeightSpec& w = spec->second;
+  if (size_ == 1 || w.split == TpSplit::kReplicated) return t;
+  const ModelConfig& c = ckpt_.config();
+  t.slice = shard_tensor(w, c, size_, rank_, t.info.data, dtype_size(t.info.dtype));
+  t.info.data = t.slice.data();
+  t.info.bytes = t.slice.size();
+  t.info.shape = shard_slice(w, c, size_, rank_).shape;
+  return t;
+}
+
 }  // namespace flashserve::model

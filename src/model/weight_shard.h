@@ -6,6 +6,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "model/config.h"
@@ -35,5 +37,34 @@ std::vector<std::byte> shard_tensor(const WeightSpec& w, const ModelConfig& conf
 std::vector<std::byte> unshard_tensor(const WeightSpec& w, const ModelConfig& config,
                                       const std::vector<std::vector<std::byte>>& slices,
                                       size_t elem_size);
+
+// A checkpoint tensor as one rank holds it: the file's mapping where the rank holds all of it,
+// else a copy of its slice (info's data, bytes and shape then describe the slice). Move-only: a
+// move keeps the slice's buffer, so info.data stays valid, where a copy would leave it pointing
+// into the original.
+struct RankTensor {
+  TensorInfo info;
+  std::vector<std::byte> slice;  // info.data points here when the tensor is split
+  explicit RankTensor(TensorInfo t) : info(std::move(t)) {}
+  RankTensor(RankTensor&&) = default;
+  RankTensor& operator=(RankTensor&&) = default;
+  RankTensor(const RankTensor&) = delete;
+  RankTensor& operator=(const RankTensor&) = delete;
+};
+
+// The tensors of a checkpoint as rank `rank` of `size` holds them: what both runners load
+// through. Refuses a size that does not split the model (rank_shape's error); `ckpt` must outlive
+// it and what it returns.
+class RankWeights {
+ public:
+  RankWeights(const Checkpoint& ckpt, int64_t size, int64_t rank);
+  // Error(kInvalidArgument) naming the tensor when the checkpoint or the model has no such one.
+  RankTensor tensor(const std::string& name) const;
+
+ private:
+  const Checkpoint& ckpt_;
+  int64_t size_, rank_;
+  std::map<std::string, WeightSpec> specs_;
+};
 
 }  // namespace flashserve::model

@@ -1,26 +1,25 @@
 // What the model GPU tests share: the tiny random checkpoint they load (preset "tiny", written
-// once per process into a temporary directory and only read), and a sequence's block table in a
-// pool laid out a fixed number of blocks per sequence.
+// once per process into a temporary directory, only read, and removed at exit), and a sequence's
+// block table in a pool laid out a fixed number of blocks per sequence.
 #pragma once
 
 #include <unistd.h>
 
 #include <cstdint>
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "model/presets.h"
 #include "model/random_checkpoint.h"
+#include "support/temp_dirs.h"
 
 namespace flashserve::testing {
 
 inline const std::string& tiny_checkpoint_dir() {
   static const std::string dir = [] {
-    const std::filesystem::path d = std::filesystem::temp_directory_path() /
-                                    ("flashserve-gpu-tiny-" + std::to_string(::getpid()));
-    model::write_random_checkpoint(model::preset_config("tiny"), d.string());
-    return d.string();
+    const std::string d = temp_dir("flashserve-gpu-tiny-" + std::to_string(::getpid()));
+    model::write_random_checkpoint(model::preset_config("tiny"), d);
+    return d;
   }();
   return dir;
 }

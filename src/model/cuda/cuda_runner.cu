@@ -16,6 +16,7 @@
 #include "flashserve/attention.h"
 #include "flashserve/error.h"
 #include "model/checkpoint.h"
+#include "model/communicator.h"
 #include "model/cuda/check.h"
 #include "model/cuda/convert.h"
 #include "model/cuda/embedding.h"
@@ -27,9 +28,13 @@
 #include "model/cuda/sample.h"
 #include "model/cuda/silu_mul.h"
 #include "model/decode_kernels.h"
+#include "model/nccl_communicator.h"
 #include "model/rope.h"
 #include "model/step_attention.h"
 #include "model/step_graphs.h"
+#include "model/tensor_parallel.h"
+#include "model/tensor_parallel_runner.h"
+#include "model/weight_shard.h"
 #include "model/weights.h"
 
 namespace flashserve::model::cuda {
@@ -86,7 +91,11 @@ size_t align256(size_t b) {
 }  // namespace
 
 struct CudaRunner::Impl {
-  ModelConfig cfg;
+  ModelConfig cfg;  // the whole model's
+  // Tensor parallelism (comm set): this rank's query heads, KV heads, MLP columns and vocabulary
+  // block (model/tensor_parallel.h); without it, the whole model (rank 0 of 1).
+  Communicator* comm = nullptr;
+  RankShape part;
   int device = 0;
   int sms = 132;
   cudaStream_t stream = nullptr;
@@ -119,7 +128,8 @@ struct CudaRunner::Impl {
   int64_t token_cap = 0, sample_cap = 0;
   bf16 *x = nullptr, *h = nullptr, *qkv = nullptr, *q = nullptr, *attn = nullptr, *delta = nullptr,
        *gu = nullptr, *act = nullptr, *hs = nullptr;
-  float* logits = nullptr;
+  float* logits = nullptr;  // [sample rows, vocab]: the whole vocabulary's on every rank
+  float *logits_sent = nullptr, *logits_gathered = nullptr;  // tensor parallelism's gather
   int32_t* tokens_dev = nullptr;
   RowSampling* params_dev = nullptr;
   // Pinned staging of the step's index arrays (one memcpy per step) and of sampling parameters.
@@ -136,6 +146,7 @@ struct CudaRunner::Impl {
   std::map<std::string, double> totals;
 
   ~Impl() {
+    cudaSetDevice(device);  // a tensor-parallel runner drops its ranks from one thread
     if (stream) cudaStreamSynchronize(stream);
     drop_graphs();
     for (cudaEvent_t e : events) cudaEventDestroy(e);
@@ -143,6 +154,14 @@ struct CudaRunner::Impl {
     if (pinned) cudaFreeHost(pinned);
     gemm_owner.reset();
     if (stream) cudaStreamDestroy(stream);
+  }
+
+  // The model and this runner's part of it (comm null: all of it). Before init.
+  void set_model(const ModelConfig& config, Communicator* c) {
+    cfg = config;
+    comm = c;
+    // Refuses a size that does not split the model, naming tensor_parallel_size.
+    part = rank_shape(cfg, tp_size(), comm ? comm->rank() : 0);
   }
 
   void init(int dev) {
@@ -180,19 +199,43 @@ struct CudaRunner::Impl {
     gemm->set_pdl(pdl);
     fusion = decode_fusion_from_env(std::getenv("FLASHSERVE_FUSE_NORM"),
                                     std::getenv("FLASHSERVE_FUSE_SILU"));
+    if (comm) {
+      refuse_fused_norm("FLASHSERVE_FUSE_NORM");
+      comm->set_stream(stream);  // its collectives order with this rank's kernels
+      if (!comm->capturable()) {
+        use_graphs = false;
+        mixed_max_tokens = 0;
+      }
+    }
+  }
+
+  // The fused norm adds the o and down products into the residual stream inside the product
+  // (model/decode_kernels.h), where a rank's partial sum would be added before the all-reduce.
+  void refuse_fused_norm(const char* what) const {
+    if (comm && fusion.norm)
+      throw Error(ErrorKind::kUnsupported, what,
+                  "the fused norm adds the o and down products into the residual stream before "
+                  "the tensor-parallel all-reduce could sum them: leave it off with ranks");
   }
 
   // --- weights -----------------------------------------------------------------------------
-  int64_t qkv_rows() const { return cfg.q_size() + 2 * cfg.kv_size(); }
+  // This rank's widths: its query heads' columns (q; o's inputs), its KV heads' (k, v), its MLP
+  // columns and its LM-head rows (the whole model's without tensor parallelism).
+  int64_t q_cols() const { return part.q_heads * cfg.head_dim; }
+  int64_t kv_cols() const { return part.kv_heads * cfg.head_dim; }
+  int64_t qkv_rows() const { return q_cols() + 2 * kv_cols(); }
+  int64_t ffn() const { return part.ffn; }
+  int32_t q_heads() const { return static_cast<int32_t>(part.q_heads); }
+  int32_t kv_heads() const { return static_cast<int32_t>(part.kv_heads); }
+  int64_t tp_size() const { return comm ? comm->size() : 1; }
 
   size_t weight_plan_bytes() const {
-    const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size;
+    const int64_t H = cfg.hidden_size, I = ffn(), V = cfg.vocab_size;
     size_t b = align256(V * H * 2) + align256(H * 2) + align256(cfg.head_dim / 2 * 4);
-    if (!cfg.tie_word_embeddings) b += align256(V * H * 2);
+    if (!cfg.tie_word_embeddings) b += align256(part.vocab * H * 2);
     const size_t layer = align256(H * 2) * 2 + align256(qkv_rows() * H * 2) +
                          (cfg.attention_bias ? align256(qkv_rows() * 2) : 0) +
-                         align256(cfg.q_size() * H * 2) + align256(2 * I * H * 2) +
-                         align256(I * H * 2);
+                         align256(q_cols() * H * 2) + align256(2 * I * H * 2) + align256(I * H * 2);
     return b + layer * cfg.num_hidden_layers;
   }
   template <typename T>
@@ -202,11 +245,12 @@ struct CudaRunner::Impl {
     return p;
   }
   void carve_all() {
-    const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size;
+    const int64_t H = cfg.hidden_size, I = ffn(), V = cfg.vocab_size;
     weight_mem.grow(weight_plan_bytes(), "weights");
-    embed = carve<bf16>(V * H);
+    embed = carve<bf16>(V * H);  // whole on every rank (docs/tensor-parallel.md says why)
     final_norm = carve<bf16>(H);
-    lm_head = cfg.tie_word_embeddings ? embed : carve<bf16>(V * H);
+    // A tied head is the embedding's rows of this rank's vocabulary.
+    lm_head = cfg.tie_word_embeddings ? embed + part.vocab_begin * H : carve<bf16>(part.vocab * H);
     inv_freq = carve<float>(cfg.head_dim / 2);
     layers_w.resize(cfg.num_hidden_layers);
     for (auto& l : layers_w) {
@@ -214,7 +258,7 @@ struct CudaRunner::Impl {
       l.ln2 = carve<bf16>(H);
       l.qkv = carve<bf16>(qkv_rows() * H);
       if (cfg.attention_bias) l.qkv_bias = carve<bf16>(qkv_rows());
-      l.o = carve<bf16>(cfg.q_size() * H);
+      l.o = carve<bf16>(q_cols() * H);
       l.gate_up = carve<bf16>(2 * I * H);
       l.down = carve<bf16>(I * H);
     }
@@ -247,60 +291,67 @@ struct CudaRunner::Impl {
     check_cuda(cudaDeviceSynchronize(), "convert");
   }
 
+  // This rank's slice of every tensor (model/weight_shard.h; all of each without tensor
+  // parallelism). check_weights has checked every shape against the config.
   void load(const Checkpoint& ck) {
-    cfg = ck.config();
     carve_all();
     DeviceMemory staging;
-    const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size;
-    const int64_t q = cfg.q_size(), kv = cfg.kv_size();
-    upload(ck.tensor("model.embed_tokens.weight", {V, H}), embed, staging);
-    upload(ck.tensor("model.norm.weight", {H}), final_norm, staging);
-    if (!cfg.tie_word_embeddings) upload(ck.tensor("lm_head.weight", {V, H}), lm_head, staging);
+    const RankWeights weights(ck, tp_size(), comm ? comm->rank() : 0);
+    auto put = [&](const std::string& name, bf16* dst) {
+      upload(weights.tensor(name).info, dst, staging);
+    };
+    const int64_t H = cfg.hidden_size, I = ffn(), q = q_cols(), kv = kv_cols();
+    put("model.embed_tokens.weight", embed);
+    put("model.norm.weight", final_norm);
+    if (!cfg.tie_word_embeddings) put("lm_head.weight", lm_head);
     for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
-      const std::string p = "model.layers." + std::to_string(i) + ".";
+      auto name = [&](const char* suffix) { return layer_weight(i, suffix); };
       LayerWeights& l = layers_w[i];
-      upload(ck.tensor(p + "input_layernorm.weight", {H}), l.ln1, staging);
-      upload(ck.tensor(p + "post_attention_layernorm.weight", {H}), l.ln2, staging);
+      put(name("input_layernorm.weight"), l.ln1);
+      put(name("post_attention_layernorm.weight"), l.ln2);
       // Fused QKV: rows q | k | v of one [q + 2 kv, hidden] matrix, so one GEMM makes all three.
-      upload(ck.tensor(p + "self_attn.q_proj.weight", {q, H}), l.qkv, staging);
-      upload(ck.tensor(p + "self_attn.k_proj.weight", {kv, H}), l.qkv + q * H, staging);
-      upload(ck.tensor(p + "self_attn.v_proj.weight", {kv, H}), l.qkv + (q + kv) * H, staging);
+      put(name("self_attn.q_proj.weight"), l.qkv);
+      put(name("self_attn.k_proj.weight"), l.qkv + q * H);
+      put(name("self_attn.v_proj.weight"), l.qkv + (q + kv) * H);
       if (cfg.attention_bias) {
-        upload(ck.tensor(p + "self_attn.q_proj.bias", {q}), l.qkv_bias, staging);
-        upload(ck.tensor(p + "self_attn.k_proj.bias", {kv}), l.qkv_bias + q, staging);
-        upload(ck.tensor(p + "self_attn.v_proj.bias", {kv}), l.qkv_bias + q + kv, staging);
+        put(name("self_attn.q_proj.bias"), l.qkv_bias);
+        put(name("self_attn.k_proj.bias"), l.qkv_bias + q);
+        put(name("self_attn.v_proj.bias"), l.qkv_bias + q + kv);
       }
-      upload(ck.tensor(p + "self_attn.o_proj.weight", {H, q}), l.o, staging);
+      put(name("self_attn.o_proj.weight"), l.o);
       // Fused gate/up: gate rows first (silu_mul reads them so).
-      upload(ck.tensor(p + "mlp.gate_proj.weight", {I, H}), l.gate_up, staging);
-      upload(ck.tensor(p + "mlp.up_proj.weight", {I, H}), l.gate_up + I * H, staging);
-      upload(ck.tensor(p + "mlp.down_proj.weight", {H, I}), l.down, staging);
+      put(name("mlp.gate_proj.weight"), l.gate_up);
+      put(name("mlp.up_proj.weight"), l.gate_up + I * H);
+      put(name("mlp.down_proj.weight"), l.down);
     }
     check_cuda(cudaDeviceSynchronize(), "load");
     ck.check_unchanged();  // no file was rewritten while its weights were uploaded
   }
 
+  // Under tensor parallelism each rank draws its own slices (a model of the same cost, not the
+  // split of the one rank 0 of 1 draws) and the same replicated tensors as every other rank.
   void randomize(uint64_t seed) {
     carve_all();
-    const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size;
-    const int64_t q = cfg.q_size();
+    const int64_t H = cfg.hidden_size, I = ffn(), q = q_cols();
+    const uint64_t rank_mix = comm ? uint64_t(comm->rank()) * 0x9E3779B97F4A7C15ull : 0;
     // Uniform [-a, a] has variance a^2 / 3: a = sqrt(3 / fan_in) keeps each product's output at
-    // the input's scale.
+    // the input's scale (fan_in: the whole model's, as the all-reduced sum has it).
     auto fill = [&](bf16* p, int64_t n, int64_t fan_in) {
-      fill_uniform_bf16(p, n, seed++, std::sqrt(3.0f / static_cast<float>(fan_in)), 0.0f, stream);
+      fill_uniform_bf16(p, n, (seed++) ^ rank_mix, std::sqrt(3.0f / static_cast<float>(fan_in)),
+                        0.0f, stream);
     };
     auto ones = [&](bf16* p, int64_t n) { fill_uniform_bf16(p, n, seed++, 0.0f, 1.0f, stream); };
-    fill_uniform_bf16(embed, V * H, seed++, 1.0f, 0.0f, stream);
+    fill_uniform_bf16(embed, cfg.vocab_size * H, seed++, 1.0f, 0.0f, stream);
     ones(final_norm, H);
-    if (!cfg.tie_word_embeddings) fill(lm_head, V * H, H);
+    if (!cfg.tie_word_embeddings) fill(lm_head, part.vocab * H, H);
     for (auto& l : layers_w) {
       ones(l.ln1, H);
       ones(l.ln2, H);
       fill(l.qkv, qkv_rows() * H, H);
       if (l.qkv_bias) fill(l.qkv_bias, qkv_rows(), 64);
-      fill(l.o, H * q, q);
+      fill(l.o, H * q, cfg.q_size());
       fill(l.gate_up, 2 * I * H, H);
-      fill(l.down, H * I, I);
+      fill(l.down, H * I, cfg.intermediate_size);
     }
     check_cuda(cudaStreamSynchronize(stream), "random weights");
   }
@@ -309,15 +360,10 @@ struct CudaRunner::Impl {
   bool ensure_tokens(int64_t tokens) {  // true when the buffers moved
     if (tokens <= token_cap) return false;
     const int64_t T = std::max<int64_t>(tokens, 256);
-    const int64_t H = cfg.hidden_size, I = cfg.intermediate_size;
-    const size_t sizes[] = {size_t(T * H),
-                            size_t(T * H),
-                            size_t(T * qkv_rows()),
-                            size_t(T * cfg.q_size()),
-                            size_t(T * cfg.q_size()),
-                            size_t(T * H),
-                            size_t(T * 2 * I),
-                            size_t(T * I)};
+    const int64_t H = cfg.hidden_size, I = ffn();
+    const size_t sizes[] = {size_t(T * H),        size_t(T * H),        size_t(T * qkv_rows()),
+                            size_t(T * q_cols()), size_t(T * q_cols()), size_t(T * H),
+                            size_t(T * 2 * I),    size_t(T * I)};
     size_t total = 0;
     for (size_t s : sizes) total += align256(s * 2);
     check_cuda(cudaStreamSynchronize(stream), "grow");
@@ -339,13 +385,20 @@ struct CudaRunner::Impl {
     check_cuda(cudaStreamSynchronize(stream), "grow");
     const size_t hs_b = align256(S * cfg.hidden_size * 2), lg_b = align256(S * cfg.vocab_size * 4);
     const size_t tok_b = align256(S * 4), par_b = align256(S * sizeof(RowSampling));
+    // Tensor parallelism: this rank's block of the logits, padded to the gather's block (sent),
+    // and every rank's blocks (gathered).
+    const size_t sent_b = comm ? align256(S * part.vocab_block * 4) : 0;
+    const size_t gathered_b = comm ? align256(tp_size() * S * part.vocab_block * 4) : 0;
     sample_mem.release();
-    sample_mem.grow(hs_b + lg_b + tok_b + par_b, "sample buffers");
+    sample_mem.grow(hs_b + lg_b + tok_b + par_b + sent_b + gathered_b, "sample buffers");
     char* p = static_cast<char*>(sample_mem.get());
     hs = reinterpret_cast<bf16*>(p);
     logits = reinterpret_cast<float*>(p + hs_b);
     tokens_dev = reinterpret_cast<int32_t*>(p + hs_b + lg_b);
     params_dev = reinterpret_cast<RowSampling*>(p + hs_b + lg_b + tok_b);
+    p += hs_b + lg_b + tok_b + par_b;
+    logits_sent = comm ? reinterpret_cast<float*>(p) : nullptr;
+    logits_gathered = comm ? reinterpret_cast<float*>(p + sent_b) : nullptr;
     sample_cap = S;
     return true;
   }
@@ -462,10 +515,14 @@ struct CudaRunner::Impl {
     StepAttention attention;
   };
 
+  // The calling thread's current device: a tensor-parallel runner calls its ranks from threads of
+  // its own, and from one thread in turn.
+  void use_device() const { check_cuda(cudaSetDevice(device), "cudaSetDevice"); }
+
   void forward(const ForwardBatch& b) {
+    use_device();
     check_batch(b);
     collect();
-    check_cuda(cudaSetDevice(device), "cudaSetDevice");
     ++steps;
     const int64_t B = b.batch, S = static_cast<int64_t>(b.sample_rows.size());
     StepGraphOptions go;
@@ -517,8 +574,7 @@ struct CudaRunner::Impl {
     st.pos = dev + offsets[1];
     st.slots = dev + offsets[2];
     st.rows = dev + offsets[6];
-    const int32_t hq = static_cast<int32_t>(cfg.num_attention_heads);
-    const int32_t hkv = static_cast<int32_t>(cfg.num_key_value_heads);
+    const int32_t hq = q_heads(), hkv = kv_heads();
     const int32_t d = static_cast<int32_t>(cfg.head_dim);
     const Device gpu{DeviceType::kCUDA, device};
     StepAttentionTensors at;
@@ -621,10 +677,51 @@ struct CudaRunner::Impl {
     ++graph_captures;
   }
 
+  // Tensor parallelism: the sum over ranks of a row-parallel product's partial sums (o, down),
+  // in place, before it is added to the residual stream.
+  void all_reduce(bf16* partial, int64_t rows) {
+    if (!comm) return;
+    comm->all_reduce_sum(partial, rows * cfg.hidden_size, DType::kBFloat16);
+    mark("all_reduce");
+  }
+
+  // logits = the sample rows' normalized states (hs) times the LM head: this rank's vocabulary
+  // block, all-gathered under tensor parallelism (every rank sends a block of vocab_block
+  // columns a row, the last rank's padded, and keeps the columns each rank's vocabulary covers).
+  void lm_head_logits(int64_t S) {
+    const int64_t H = cfg.hidden_size, V = cfg.vocab_size;
+    if (!comm) {
+      gemm->run(hs, lm_head, logits, true, S, V, H, stream);
+      return mark("lm_head");
+    }
+    if (S == 0) return;  // on every rank alike: the same batch
+    const int64_t block = part.vocab_block, n = tp_size();
+    // A block shorter than the gather's (the last rank's) is made apart and copied into the
+    // padded one (its padding is sent, never kept).
+    const bool padded = part.vocab < block;
+    if (part.vocab > 0)
+      gemm->run(hs, lm_head, padded ? logits_gathered : logits_sent, true, S, part.vocab, H,
+                stream);
+    mark("lm_head");
+    if (padded && part.vocab > 0)
+      check_cuda(cudaMemcpy2DAsync(logits_sent, block * 4, logits_gathered, part.vocab * 4,
+                                   part.vocab * 4, S, cudaMemcpyDeviceToDevice, stream),
+                 "logits block");
+    comm->all_gather(logits_sent, logits_gathered, S * block, DType::kFloat32);
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t begin = std::min(V, r * block), count = std::min(V, begin + block) - begin;
+      if (count > 0)
+        check_cuda(cudaMemcpy2DAsync(logits + begin, V * 4, logits_gathered + r * S * block,
+                                     block * 4, count * 4, S, cudaMemcpyDeviceToDevice, stream),
+                   "logits gather");
+    }
+    mark("logits_gather");
+  }
+
   void layers(const Step& st) {
-    const int64_t T = st.T, H = cfg.hidden_size, I = cfg.intermediate_size;
+    const int64_t T = st.T, H = cfg.hidden_size, I = ffn();
     const float eps = static_cast<float>(cfg.rms_norm_eps);
-    const int32_t hkv = static_cast<int32_t>(cfg.num_key_value_heads);
+    const int32_t hkv = kv_heads();
     const int32_t d = static_cast<int32_t>(cfg.head_dim);
     const int64_t layer_kv_bytes = num_blocks * block_size * hkv * d * kv_elem_bytes();
     const float* k_scale_all = static_cast<const float*>(kv_scale_mem.get());
@@ -695,7 +792,7 @@ struct CudaRunner::Impl {
         ra.v_cache = reinterpret_cast<bf16*>(v_cache);
       }
       ra.n_tokens = T;
-      ra.heads = static_cast<int32_t>(cfg.num_attention_heads);
+      ra.heads = q_heads();
       ra.kv_heads = hkv;
       ra.head_dim = d;
       rope_kv_write(ra, stream, pdl);
@@ -703,11 +800,12 @@ struct CudaRunner::Impl {
       st.attention.run(k_cache, v_cache, k_scale, v_scale);
       mark("attention");
       if (fuse.norm) {
-        residual_product(attn, l.o, T, cfg.q_size());  // x += attn o^T
+        residual_product(attn, l.o, T, q_cols());  // x += attn o^T
         mark("gemm_o");
       } else {
-        gemm->run(attn, l.o, delta, false, T, H, cfg.q_size(), stream);
+        gemm->run(attn, l.o, delta, false, T, H, q_cols(), stream);
         mark("gemm_o");
+        all_reduce(delta, T);
         add_rmsnorm(delta, x, l.ln2, h, nullptr, T, H, eps, stream, pdl);
         mark("rmsnorm");
       }
@@ -739,19 +837,20 @@ struct CudaRunner::Impl {
         gemm->run(act, l.down, delta, false, T, H, I, stream);
       }
       mark("gemm_down");
+      if (!fuse.norm) all_reduce(delta, T);  // added by the next layer's norm (or the last one)
     }
     // The last residual add and norm for the sample rows only, gathered; then their logits.
     add_rmsnorm(fuse.norm ? nullptr : delta, x, final_norm, hs, st.rows, st.S, H, eps, stream, pdl);
     mark("rmsnorm");
-    gemm->run(hs, lm_head, logits, true, st.S, cfg.vocab_size, H, stream);
-    mark("lm_head");
+    lm_head_logits(st.S);
   }
 };
 
 CudaRunner::CudaRunner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CudaRunner::~CudaRunner() = default;
 
-std::unique_ptr<CudaRunner> CudaRunner::load(const std::string& dir, int device) {
+std::unique_ptr<CudaRunner> CudaRunner::load(const std::string& dir, int device,
+                                             Communicator* comm) {
   const Checkpoint ck = Checkpoint::open(dir);
   check_cuda_supports(ck.config());
   // The whole directory against the config, as the CPU runner checks it: load() reads only the
@@ -759,17 +858,18 @@ std::unique_ptr<CudaRunner> CudaRunner::load(const std::string& dir, int device)
   // tensor the model would not use) was served silently as a smaller model.
   check_weights(ck);
   auto impl = std::make_unique<Impl>();
+  impl->set_model(ck.config(), comm);
   impl->init(device);
   impl->load(ck);
   return std::unique_ptr<CudaRunner>(new CudaRunner(std::move(impl)));
 }
 
-std::unique_ptr<CudaRunner> CudaRunner::random(const ModelConfig& config, uint64_t seed,
-                                               int device) {
+std::unique_ptr<CudaRunner> CudaRunner::random(const ModelConfig& config, uint64_t seed, int device,
+                                               Communicator* comm) {
   config.validate();
   check_cuda_supports(config);
   auto impl = std::make_unique<Impl>();
-  impl->cfg = config;
+  impl->set_model(config, comm);
   impl->init(device);
   impl->randomize(seed);
   return std::unique_ptr<CudaRunner>(new CudaRunner(std::move(impl)));
@@ -784,11 +884,12 @@ void CudaRunner::allocate_kv(int64_t num_blocks, int32_t block_size) {
     throw Error(ErrorKind::kInvalidArgument, "num_blocks",
                 "the KV pool needs a positive number of blocks and block size");
   Impl& m = *impl_;
+  m.use_device();
   check_cuda(cudaStreamSynchronize(m.stream), "allocate_kv");
   m.drop_graphs();
   m.kv_mem.release();
-  m.kv_mem.grow(size_t(2) * m.cfg.num_hidden_layers * num_blocks * block_size *
-                    m.cfg.num_key_value_heads * m.cfg.head_dim * m.kv_elem_bytes(),
+  m.kv_mem.grow(size_t(2) * m.cfg.num_hidden_layers * num_blocks * block_size * m.kv_heads() *
+                    m.cfg.head_dim * m.kv_elem_bytes(),
                 "KV pool");
   if (m.kv_fp8) {
     std::vector<float> scales(m.k_scales);
@@ -804,10 +905,11 @@ void CudaRunner::allocate_kv(int64_t num_blocks, int32_t block_size) {
 
 void CudaRunner::set_kv_cache(const KvCacheConfig& kv) {
   Impl& m = *impl_;
-  const size_t pairs = static_cast<size_t>(m.cfg.num_hidden_layers * m.cfg.num_key_value_heads);
+  // Its own KV heads' scales (the tensor-parallel runner hands each rank those).
+  const size_t pairs = static_cast<size_t>(m.cfg.num_hidden_layers * m.kv_heads());
   check_kv_cache_config(kv, pairs);
   refuse_cuda_fp8_kv_cache_if_off(kv.dtype, std::getenv("FLASHSERVE_CUDA_FP8_KV"));
-  check_cuda(cudaSetDevice(m.device), "cudaSetDevice");
+  m.use_device();
   check_cuda(cudaStreamSynchronize(m.stream), "set_kv_cache");
   // A pool of the old element size must not be read as the new one: dropped, with the graphs
   // that captured its pointers (allocate_kv again before the next forward).
@@ -826,27 +928,32 @@ void CudaRunner::forward(const ForwardBatch& batch) {
 void CudaRunner::prepare(int64_t max_tokens, int64_t max_rows) {
   Impl& m = *impl_;
   if (max_tokens <= 0 || max_rows <= 0) return;
-  check_cuda(cudaSetDevice(m.device), "cudaSetDevice");
+  m.use_device();
   // A mixed step of max_tokens runs its graph at its token bucket's rows (model/step_graphs.h).
   const int64_t rows = max_tokens <= m.mixed_max_tokens ? token_bucket(max_tokens) : max_tokens;
   bool moved = m.ensure_tokens(rows);
   moved |= m.ensure_samples(max_rows);
   if (moved) m.drop_graphs();  // as forward() does: graphs hold the old buffers' addresses
   // Every layer has the same shapes: layer 0's weights stand for all (zeros in, results dropped).
-  const int64_t H = m.cfg.hidden_size, I = m.cfg.intermediate_size;
+  const int64_t H = m.cfg.hidden_size, I = m.ffn();
   check_cuda(cudaMemsetAsync(m.act_mem.get(), 0, m.act_mem.bytes(), m.stream), "prepare");
   check_cuda(cudaMemsetAsync(m.hs, 0, size_t(max_rows) * H * 2, m.stream), "prepare");
   const LayerWeights& l = m.layers_w[0];
   m.gemm->warm(m.h, l.qkv, l.qkv_bias, m.qkv, false, max_tokens, m.qkv_rows(), H, m.stream);
-  m.gemm->warm(m.attn, l.o, nullptr, m.delta, false, max_tokens, H, m.cfg.q_size(), m.stream);
+  m.gemm->warm(m.attn, l.o, nullptr, m.delta, false, max_tokens, H, m.q_cols(), m.stream);
   m.gemm->warm(m.h, l.gate_up, nullptr, m.gu, false, max_tokens, 2 * I, H, m.stream);
   m.gemm->warm(m.act, l.down, nullptr, m.delta, false, max_tokens, H, I, m.stream);
-  m.gemm->warm(m.hs, m.lm_head, nullptr, m.logits, true, max_rows, m.cfg.vocab_size, H, m.stream);
+  if (!m.comm)
+    m.gemm->warm(m.hs, m.lm_head, nullptr, m.logits, true, max_rows, m.cfg.vocab_size, H, m.stream);
+  else if (m.part.vocab > 0)  // this rank's block (lm_head_logits)
+    m.gemm->warm(m.hs, m.lm_head, nullptr, m.logits_sent, true, max_rows, m.part.vocab, H,
+                 m.stream);
   check_cuda(cudaStreamSynchronize(m.stream), "prepare");
 }
 
 std::vector<float> CudaRunner::logits() const {
   Impl& m = *impl_;
+  m.use_device();
   std::vector<float> out(static_cast<size_t>(m.last_samples * m.cfg.vocab_size));
   if (!out.empty())
     check_cuda(
@@ -860,6 +967,7 @@ std::vector<float> CudaRunner::logits() const {
 // nothing crosses to the host for requests that did not ask for logprobs.
 std::vector<float> CudaRunner::logits_rows(const std::vector<int32_t>& rows) const {
   Impl& m = *impl_;
+  m.use_device();
   const int64_t V = m.cfg.vocab_size;
   std::vector<float> out(rows.size() * static_cast<size_t>(V));
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -879,6 +987,7 @@ std::vector<int32_t> CudaRunner::sample(const ForwardBatch& batch,
                                         const std::vector<SamplingParams>& params,
                                         const std::vector<LogitsAdjust>& adjust) {
   Impl& m = *impl_;
+  m.use_device();
   const int64_t S = static_cast<int64_t>(batch.sample_rows.size());
   if (S != m.last_samples || static_cast<int64_t>(params.size()) != S)
     throw Error(ErrorKind::kInvalidArgument, "params",
@@ -961,13 +1070,15 @@ void* CudaRunner::stream() const {
   return impl_->stream;
 }
 void CudaRunner::synchronize() const {
+  impl_->use_device();
   check_cuda(cudaStreamSynchronize(impl_->stream), "synchronize");
 }
 
 int64_t CudaRunner::weight_bytes() const {
-  const ModelConfig& c = impl_->cfg;
-  const int64_t layer = c.hidden_size * (impl_->qkv_rows() + c.q_size() + 3 * c.intermediate_size);
-  return 2 * (c.num_hidden_layers * layer + c.vocab_size * c.hidden_size);
+  const Impl& m = *impl_;
+  const ModelConfig& c = m.cfg;
+  const int64_t layer = c.hidden_size * (m.qkv_rows() + m.q_cols() + 3 * m.ffn());
+  return 2 * (c.num_hidden_layers * layer + m.part.vocab * c.hidden_size);
 }
 
 void CudaRunner::set_gemv(bool on) {
@@ -976,12 +1087,22 @@ void CudaRunner::set_gemv(bool on) {
 }
 
 void CudaRunner::set_decode_fusion(bool norm, bool silu) {
+  const DecodeFusion before = impl_->fusion;
   impl_->fusion.norm = norm;
   impl_->fusion.silu = silu;
+  try {
+    impl_->refuse_fused_norm("decode_fusion");
+  } catch (...) {
+    impl_->fusion = before;
+    throw;
+  }
   impl_->drop_graphs();  // graphs hold the launches of the other path
 }
 
 void CudaRunner::set_cuda_graphs(bool on) {
+  if (on && impl_->comm && !impl_->comm->capturable())
+    throw Error(ErrorKind::kUnsupported, "cuda_graphs",
+                "this rank's communicator waits on the host: its steps cannot be captured");
   impl_->use_graphs = on;
   if (!on) impl_->drop_graphs();
 }
@@ -991,6 +1112,9 @@ std::pair<int64_t, int64_t> CudaRunner::graph_counts() const {
 }
 
 void CudaRunner::set_mixed_graph_tokens(int64_t max_tokens) {
+  if (max_tokens > 0 && impl_->comm && !impl_->comm->capturable())
+    throw Error(ErrorKind::kUnsupported, "mixed_graph_tokens",
+                "this rank's communicator waits on the host: its steps cannot be captured");
   impl_->mixed_max_tokens = std::max<int64_t>(0, max_tokens);
 }
 
@@ -1018,13 +1142,38 @@ std::map<std::string, double> CudaRunner::profile() {
 
 namespace flashserve::model {
 
-std::unique_ptr<ModelRunner> make_cuda_runner(const std::string& dir, int device) {
-  return cuda::CudaRunner::load(dir, device);
+namespace {
+
+// Rank r on device first + r, NCCL between them, each rank made by make_rank(comm, device).
+template <class MakeRank>
+std::unique_ptr<ModelRunner> cuda_ranks(const ModelConfig& config, int first, int size,
+                                        MakeRank make_rank) {
+  // Refused by name before any rank loads (and before a group of a nonsense size is made).
+  check_tensor_parallel(config, size);
+  std::vector<int> devices;
+  for (int r = 0; r < size; ++r) devices.push_back(first + r);
+  auto group = make_nccl_group(devices);
+  std::vector<std::unique_ptr<ModelRunner>> ranks;
+  for (int r = 0; r < size; ++r) ranks.push_back(make_rank(&group->rank(r), devices[r]));
+  return make_tensor_parallel_runner(std::move(group), std::move(ranks));
+}
+
+}  // namespace
+
+std::unique_ptr<ModelRunner> make_cuda_runner(const std::string& dir, int device,
+                                              int tensor_parallel_size) {
+  if (tensor_parallel_size == 1) return cuda::CudaRunner::load(dir, device);
+  return cuda_ranks(
+      Checkpoint::open(dir).config(), device, tensor_parallel_size,
+      [&](Communicator* comm, int d) { return cuda::CudaRunner::load(dir, d, comm); });
 }
 
 std::unique_ptr<ModelRunner> make_random_cuda_runner(const ModelConfig& config, uint64_t seed,
-                                                     int device) {
-  return cuda::CudaRunner::random(config, seed, device);
+                                                     int device, int tensor_parallel_size) {
+  if (tensor_parallel_size == 1) return cuda::CudaRunner::random(config, seed, device);
+  return cuda_ranks(config, device, tensor_parallel_size, [&](Communicator* comm, int d) {
+    return cuda::CudaRunner::random(config, seed, d, comm);
+  });
 }
 
 }  // namespace flashserve::model

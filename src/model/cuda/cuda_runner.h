@@ -1,6 +1,6 @@
 // The CUDA model runner: bf16 weights on one device (QKV and gate/up fused into one matrix each at
 // upload), a bf16 (or e4m3, --kv-cache-dtype fp8) paged KV pool, and the forward of one step's
-// mixed batch on one stream.
+// mixed batch on one stream; or one tensor-parallel rank of such a model (load's comm).
 //
 // A step: the index arrays are packed into one pinned host buffer and copied once; then per layer
 // add+RMSNorm, the QKV GEMM, RoPE fused with the K/V page write, one attention launch for the whole
@@ -25,17 +25,26 @@
 #include <utility>
 #include <vector>
 
+#include "model/communicator.h"
 #include "model/runner.h"
 
 namespace flashserve::model::cuda {
 
 class CudaRunner : public ModelRunner {
  public:
-  // Loads the checkpoint directory onto `device` (bf16, fp16 or fp32 on disk).
-  static std::unique_ptr<CudaRunner> load(const std::string& dir, int device);
+  // Loads the checkpoint directory onto `device` (bf16, fp16 or fp32 on disk). With `comm`, as
+  // rank comm->rank() of a tensor-parallel model (model/tensor_parallel_runner.h joins the
+  // ranks): its slice of every weight, its heads' KV pool, the o and down products' partial sums
+  // all-reduced and the logits all-gathered through comm on this runner's stream (steps in CUDA
+  // graphs only when comm->capturable()). Error(kInvalidArgument, "tensor_parallel_size") for a
+  // size that does not split the model.
+  static std::unique_ptr<CudaRunner> load(const std::string& dir, int device,
+                                          Communicator* comm = nullptr);
   // Random weights generated on the device (for benchmarks of shapes too big to write to disk):
-  // uniform, scaled 1/sqrt(fan_in) so activations stay in range; norms 1.
-  static std::unique_ptr<CudaRunner> random(const ModelConfig& config, uint64_t seed, int device);
+  // uniform, scaled 1/sqrt(fan_in) so activations stay in range; norms 1. A rank (comm) draws
+  // its own slices and the replicated tensors every rank draws.
+  static std::unique_ptr<CudaRunner> random(const ModelConfig& config, uint64_t seed, int device,
+                                            Communicator* comm = nullptr);
   ~CudaRunner() override;
 
   const ModelConfig& config() const override;

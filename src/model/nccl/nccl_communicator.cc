@@ -48,6 +48,7 @@ class NcclCommunicator final : public Communicator {
           "ncclAllGather");
   }
   void set_stream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }
+  bool capturable() const override { return true; }  // NCCL's collectives are graph nodes
   ncclComm_t comm() const { return comm_; }
 
  private:
@@ -103,11 +104,7 @@ std::unique_ptr<CommunicatorGroup> make_nccl_group(const std::vector<int>& devic
   if (devices.empty() || std::set<int>(devices.begin(), devices.end()).size() != devices.size())
     throw Error(ErrorKind::kInvalidArgument, "devices",
                 "a group needs at least one device, each once");
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();
-    count = 0;
-  }
+  const int count = nccl_device_count();
   for (int d : devices)
     if (d < 0 || d >= count)
       throw Error(ErrorKind::kInvalidArgument, "tensor_parallel_size",
@@ -119,6 +116,15 @@ std::unique_ptr<CommunicatorGroup> make_nccl_group(const std::vector<int>& devic
 
 bool nccl_available() {
   return true;
+}
+
+int nccl_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the status the failed query left
+    count = 0;
+  }
+  return count;
 }
 
 }  // namespace flashserve::model
