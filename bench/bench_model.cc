@@ -21,6 +21,11 @@
 // kernels), silu fused, norm fused, both; the modes alternate within each round (the order
 // rotated), every timing from the same `context` keys, graphs on; medians over the rounds.
 //   bench_model --fuse-ab [--batches 1,4] [--rounds 7] [--steps 30] [--context 1024]
+// With --tensor-parallel-size N (issue 26; N GPUs), only the scaling: decode steps at batch 1 and
+// 32 and one prefill, wall clock per step, on GPU 0 alone and split over GPUs 0 .. N-1
+// (make_random_cuda_runner's ranks, NCCL between them), the speed-up and the scaling efficiency
+// (speed-up / N); a shape that does not fit one GPU gets the split's times alone.
+//   bench_model --shape llama-3-8b --tensor-parallel-size 2 [--context 1024] [--prefill 4096]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -29,14 +34,18 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cli_args.h"
 #include "flashserve/attention.h"
+#include "flashserve/error.h"
 #include "model/cuda/cuda_runner.h"
 #include "model/forward_batch.h"
 #include "model/presets.h"
+#include "model/runner.h"
 #include "model/step_graphs.h"
 
 namespace fm = flashserve::model;
@@ -97,7 +106,7 @@ struct Seqs {
 };
 
 // Prefills every sequence's first `context` tokens, `per_step` sequences per forward.
-void prefill_all(fm::cuda::CudaRunner& r, Seqs& s, int64_t context, int64_t per_step) {
+void prefill_all(fm::ModelRunner& r, Seqs& s, int64_t context, int64_t per_step) {
   for (size_t i = 0; i < s.tokens.size(); i += per_step) {
     fm::ForwardBatchBuilder bb(block);
     for (size_t j = i; j < std::min(s.tokens.size(), i + per_step); ++j) {
@@ -106,7 +115,7 @@ void prefill_all(fm::cuda::CudaRunner& r, Seqs& s, int64_t context, int64_t per_
     }
     r.forward(std::move(bb).build());
   }
-  r.synchronize();
+  (void)r.logits();  // waits for the last forward
 }
 
 fm::ForwardBatch decode_batch(Seqs& s) {
@@ -130,7 +139,7 @@ void print_profile(const char* what, const std::map<std::string, double>& p, int
 }
 
 // Times `steps` decode steps (after 3 warm-ups); returns ms per step (wall clock).
-double time_decode(fm::cuda::CudaRunner& r, Seqs& s, int steps) {
+double time_decode(fm::ModelRunner& r, Seqs& s, int steps) {
   auto step = [&] {
     const fm::ForwardBatch b = decode_batch(s);
     r.forward(b);
@@ -345,6 +354,76 @@ void fuse_ab(const fm::ModelConfig& cfg, int64_t context, const std::vector<int>
   runner->set_decode_fusion(false, false);
 }
 
+// Wall clock of one `prefill`-token prompt (forward + sample), ms, the mean of `reps` after
+// `warmups`.
+double time_prefill(fm::ModelRunner& r, const Seqs& s, int64_t prefill, int64_t vocab,
+                    int warmups = 3, int reps = 10) {
+  std::vector<int32_t> prompt(prefill);
+  for (int64_t t = 0; t < prefill; ++t) prompt[t] = static_cast<int32_t>((t * 31337) % vocab);
+  auto one = [&] {
+    fm::ForwardBatchBuilder bb(block);
+    bb.add(prompt.data(), 0, prefill, s.blocks(0, prefill), true);
+    const fm::ForwardBatch b = std::move(bb).build();
+    r.forward(b);
+    r.sample(b, {fm::SamplingParams{}});
+  };
+  for (int i = 0; i < warmups; ++i) one();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < reps; ++i) one();
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / reps;
+}
+
+// The --tensor-parallel-size mode (see the header).
+void tp_scaling(const fm::ModelConfig& cfg, int ranks, int64_t context, int64_t prefill,
+                int steps) {
+  const int64_t max_batch = 32, max_len = std::max(context + 3 + steps + 16, prefill);
+  Seqs s;
+  block = kBlock;
+  s.blocks_per_seq = (max_len + block - 1) / block;
+  struct Times {
+    double decode1 = 0, decode32 = 0, prefill = 0;
+  };
+  auto measure = [&](int size) -> std::optional<Times> {
+    std::unique_ptr<fm::ModelRunner> r;
+    try {
+      r = fm::make_random_cuda_runner(cfg, 1, 0, size);
+      r->allocate_kv(max_batch * s.blocks_per_seq, block);
+      r->prepare(std::max<int64_t>(prefill, 4 * context), max_batch);
+    } catch (const flashserve::Error& e) {
+      std::printf("| %d GPU%s | does not run: %s |\n", size, size > 1 ? "s" : "", e.what());
+      return std::nullopt;
+    }
+    Times t;
+    for (int64_t batch : {int64_t{1}, max_batch}) {
+      s.reset(batch, max_len, cfg.vocab_size);
+      prefill_all(*r, s, context, 4);
+      (batch == 1 ? t.decode1 : t.decode32) = time_decode(*r, s, steps);
+    }
+    t.prefill = time_prefill(*r, s, prefill, cfg.vocab_size);
+    return t;
+  };
+  std::printf(
+      "\n| GPUs | decode batch 1, %lld keys, ms | decode batch 32, ms | prefill %lld tokens, ms "
+      "|\n|---|---|---|---|\n",
+      static_cast<long long>(context), static_cast<long long>(prefill));
+  std::optional<Times> t[2];
+  for (int i = 0; i < 2; ++i) {
+    t[i] = measure(i == 0 ? 1 : ranks);
+    if (t[i])
+      std::printf("| %d | %.3f | %.3f | %.2f |\n", i == 0 ? 1 : ranks, t[i]->decode1,
+                  t[i]->decode32, t[i]->prefill);
+    std::fflush(stdout);
+  }
+  if (!t[0] || !t[1]) return;
+  auto row = [&](const char* what, double one, double split) {
+    std::printf("| %s | %.2fx | %.0f%% |\n", what, one / split, 100.0 * one / split / ranks);
+  };
+  std::printf("\n| work | speed-up at %d GPUs | scaling efficiency |\n|---|---|---|\n", ranks);
+  row("decode batch 1", t[0]->decode1, t[1]->decode1);
+  row("decode batch 32", t[0]->decode32, t[1]->decode32);
+  row("prefill", t[0]->prefill, t[1]->prefill);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -383,6 +462,12 @@ int main(int argc, char** argv) {
       p = comma + 1;
     }
     time_mixed(cfg, budget, context, counts, steps);
+    return 0;
+  }
+
+  if (const int ranks = std::atoi(arg(argc, argv, "--tensor-parallel-size", "1").c_str());
+      ranks > 1) {
+    tp_scaling(cfg, ranks, context, prefill, steps);
     return 0;
   }
 
@@ -457,21 +542,7 @@ int main(int argc, char** argv) {
   s.blocks_per_seq = (max_len + block - 1) / block;
   runner->allocate_kv(max_batch * s.blocks_per_seq, block);
   {
-    std::vector<int32_t> prompt(prefill);
-    for (int64_t t = 0; t < prefill; ++t)
-      prompt[t] = static_cast<int32_t>((t * 31337) % cfg.vocab_size);
-    auto one = [&] {
-      fm::ForwardBatchBuilder bb(block);
-      bb.add(prompt.data(), 0, prefill, s.blocks(0, prefill), true);
-      const fm::ForwardBatch b = std::move(bb).build();
-      runner->forward(b);
-      runner->sample(b, {fm::SamplingParams{}});
-    };
-    for (int i = 0; i < 3; ++i) one();
-    const int reps = 10;
-    const auto t0 = Clock::now();
-    for (int i = 0; i < reps; ++i) one();
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / reps;
+    const double ms = time_prefill(*runner, s, prefill, cfg.vocab_size);
     const double flops = 2.0 * params * prefill + 2.0 * cfg.num_hidden_layers *
                                                       cfg.num_attention_heads * double(prefill) *
                                                       prefill * cfg.head_dim;
@@ -479,8 +550,7 @@ int main(int argc, char** argv) {
         "| prefill %lld tokens | %.2f ms = %.0f TFLOP/s | transformers 120 ms (anchor) | |\n",
         static_cast<long long>(prefill), ms, flops / (ms * 1e-3) / 1e12);
     runner->set_profiling(true);
-    one();
-    one();
+    time_prefill(*runner, s, prefill, cfg.vocab_size, 0, 2);
     runner->set_profiling(false);
     profiles["prefill " + std::to_string(prefill)] = runner->profile();
   }
