@@ -135,7 +135,8 @@ int parse_options(int argc, char** argv, Options& o) {
   // Ranges: what the models can mean, and what keeps every product of them (tokens x blocks,
   // requests x lengths) far inside int64 and the simulated clock inside double's precision.
   add_scheduler_options(app, o.sched, fs::policy_names(), "min(model context, 16384)");
-  app.add_option("--model", o.model, "mistral-7b, llama-3-8b or llama-2-70b")->default_str(o.model);
+  app.add_option("--model", o.model, "mistral-7b, llama-3-8b, yi-34b or llama-2-70b")
+      ->default_str(o.model);
   app.add_option("--gpu", o.gpu, "GPU preset for the roofline cost model (h200, a100)")
       ->default_str(o.gpu);
   app.add_option(

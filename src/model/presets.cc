@@ -27,7 +27,7 @@ ModelConfig llama(int64_t layers, int64_t hidden, int64_t heads, int64_t kv_head
 }  // namespace
 
 std::vector<std::string> preset_names() {
-  return {"tiny", "qwen2-0.5b", "llama-3-8b", "mistral-7b", "llama-2-70b"};
+  return {"tiny", "qwen2-0.5b", "llama-3-8b", "mistral-7b", "yi-34b", "llama-2-70b"};
 }
 
 ModelConfig preset_config(const std::string& name) {
@@ -57,6 +57,13 @@ ModelConfig preset_config(const std::string& name) {
     c = llama(32, 4096, 32, 8, 14336, 32000, 32768);
     c.architecture = "MistralForCausalLM";
     c.sliding_window = 4096;
+    c.bos_token_id = 1;
+    c.eos_token_ids = {2};
+  } else if (name == "yi-34b") {
+    // The shape of 01-ai/Yi-34B, Sarathi-Serve's model for two GPUs (tensor parallel size 2: 28 of
+    // its 56 query heads and 4 of its 8 KV heads a rank); 68.8 GB of bf16 weights.
+    c = llama(60, 7168, 56, 8, 20480, 64000, 4096);
+    c.rope_theta = 5000000.0;
     c.bos_token_id = 1;
     c.eos_token_ids = {2};
   } else if (name == "llama-2-70b") {  // Llama-2-70b-hf

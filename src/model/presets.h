@@ -9,7 +9,8 @@
 
 namespace flashserve::model {
 
-// "tiny", "qwen2-0.5b", "llama-3-8b", "mistral-7b", "llama-2-70b"; Error(kInvalidArgument) else.
+// "tiny", "qwen2-0.5b", "llama-3-8b", "mistral-7b", "yi-34b", "llama-2-70b";
+// Error(kInvalidArgument) else.
 ModelConfig preset_config(const std::string& name);
 std::vector<std::string> preset_names();
 

@@ -20,13 +20,15 @@ namespace {
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
-  return {"mistral-7b", "llama-3-8b", "llama-2-70b"};
+  return {"mistral-7b", "llama-3-8b", "yi-34b", "llama-2-70b"};
 }
 
 ModelShape model_preset(const std::string& name) {
   for (const std::string& n : model_preset_names())
     if (n == name) return model::preset_config(name).shape(name);
-  bad("model", "'" + name + "' is not one of mistral-7b, llama-3-8b, llama-2-70b");
+  std::string list;
+  for (const std::string& n : model_preset_names()) list += (list.empty() ? "" : ", ") + n;
+  bad("model", "'" + name + "' is not one of " + list);
 }
 
 void GpuSpec::validate() const {

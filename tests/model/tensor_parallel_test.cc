@@ -23,6 +23,7 @@
 #include "flashserve/error.h"
 #include "forward_case.h"
 #include "model/forward_batch.h"
+#include "model/presets.h"
 #include "model/random_checkpoint.h"
 #include "model/runner.h"
 #include "model/shape.h"
@@ -190,6 +191,26 @@ TEST(TensorParallelShape, ARankHoldsItsSliceOfEveryMatmulAndTheWholeEmbedding) {
     } catch (const Error& e) {
       EXPECT_EQ(e.argument(), "tensor_parallel_size") << e.what();
     }
+  }
+}
+
+// Yi-34B, Sarathi-Serve's model for two GPUs, splits where its runs did (2 ranks) and further:
+// 56 query heads, 8 KV heads, 20480 MLP columns; 16 ranks would cut the heads unevenly.
+TEST(TensorParallelShape, YiSplitsOverTwoFourAndEightRanks) {
+  const ModelConfig c = preset_config("yi-34b");
+  for (int64_t tp : {2, 4, 8}) {
+    SCOPED_TRACE("TP=" + std::to_string(tp));
+    const RankShape r = rank_shape(c, tp, tp - 1);
+    EXPECT_EQ(r.q_heads * tp, 56);
+    EXPECT_EQ(r.kv_heads * tp, 8);
+    EXPECT_EQ(r.ffn * tp, 20480);
+    EXPECT_EQ(r.q_head_begin / (56 / 8), r.kv_head_begin);  // its query heads read its KV heads
+  }
+  try {
+    check_tensor_parallel(c, 16);
+    ADD_FAILURE() << "TP=16 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "tensor_parallel_size") << e.what();
   }
 }
 
