@@ -2,6 +2,7 @@
 // sampled row's logits, for comparisons outside C++ (tests/model_gpu/compare_transformers.py).
 //
 //   model_logits --model DIR --input FILE --out FILE [--device cuda|cpu] [--chunk N]
+//                [--tensor-parallel-size N]
 //   model_logits --write-checkpoint --config CONFIG_JSON --out DIR [--seed N] [--dtype bf16|fp32]
 //
 // Input: "N D" then N lines "P t_0 t_1 ... t_{P+D-1}": a prompt of P tokens and D forced tokens.
@@ -9,7 +10,9 @@
 // one decode step at a time: D + 1 sampled rows per sequence. With --chunk N, sequence 0's prompt
 // is prefilled N tokens per step while the other sequences decode in the same steps (the mixed
 // batches of chunked prefill); every sequence's rows are the same function of its tokens either
-// way, so the outputs of the two schedules must agree.
+// way, so the outputs of the two schedules must agree. --tensor-parallel-size N splits the model
+// over N ranks (cuda: GPUs 0 .. N-1; cpu: the in-process emulation), whose outputs must agree
+// with one rank's within the rounding of the reordered sums.
 // Output: float32 logits [D + 1, N, vocab], then int32 sampled (greedy, on the runner) [D + 1, N].
 #include <algorithm>
 #include <cstdio>
@@ -64,6 +67,7 @@ int run(int argc, char** argv) {
   }
   const std::string device = arg(argc, argv, "--device", "cuda");
   const int64_t chunk = std::stoll(arg(argc, argv, "--chunk", "0"));
+  const int tp = std::stoi(arg(argc, argv, "--tensor-parallel-size", "1"));
   const int32_t block_size = 16;
   std::ifstream in(arg(argc, argv, "--input", nullptr));
   int64_t n = 0, d = 0;
@@ -79,7 +83,7 @@ int run(int argc, char** argv) {
   if (!in) throw std::runtime_error("malformed input file");
   const std::string dir = arg(argc, argv, "--model", nullptr);
   std::unique_ptr<fm::ModelRunner> runner =
-      device == "cpu" ? fm::make_cpu_runner(dir) : fm::make_cuda_runner(dir, 0);
+      device == "cpu" ? fm::make_cpu_runner(dir, tp) : fm::make_cuda_runner(dir, 0, tp);
   const int64_t vocab = runner->config().vocab_size;
   const int64_t bps = (max_len + block_size - 1) / block_size;
   runner->allocate_kv(n * bps, block_size);
