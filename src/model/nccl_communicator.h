@@ -15,8 +15,13 @@ namespace flashserve::model {
 
 // Rank r on CUDA device devices[r]. Error(kUnsupported, "tensor_parallel_size") in a build without
 // NCCL (src/model/nccl_communicator_stub.cc), Error(kInvalidArgument, "devices") for fewer than one
-// or a repeated device, Error(kCuda, "nccl") for NCCL's failures.
+// or a repeated device, Error(kInvalidArgument, "tensor_parallel_size") for a device the machine
+// does not have, Error(kCuda, "nccl") for NCCL's failures.
 std::unique_ptr<CommunicatorGroup> make_nccl_group(const std::vector<int>& devices);
+
+// make_nccl_group's refusals without making the group: what a loader checks before it reads a
+// model it could not split over these devices.
+void check_nccl_devices(const std::vector<int>& devices);
 
 // Whether this build has NCCL (the stub answers false).
 bool nccl_available();

@@ -5,11 +5,16 @@
 
 namespace flashserve::model {
 
-std::unique_ptr<CommunicatorGroup> make_nccl_group(const std::vector<int>& devices) {
+void check_nccl_devices(const std::vector<int>& devices) {
   (void)devices;
   throw Error(ErrorKind::kUnsupported, "tensor_parallel_size",
               "this flashserve is built without NCCL (CUDA's collectives library): no tensor "
               "parallelism over GPUs");
+}
+
+std::unique_ptr<CommunicatorGroup> make_nccl_group(const std::vector<int>& devices) {
+  check_nccl_devices(devices);
+  return nullptr;  // not reached: the check refuses every group
 }
 
 bool nccl_available() {

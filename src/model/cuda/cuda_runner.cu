@@ -1144,14 +1144,21 @@ namespace flashserve::model {
 
 namespace {
 
-// Rank r on device first + r, NCCL between them, each rank made by make_rank(comm, device).
+// GPUs first .. first + size - 1.
+std::vector<int> rank_devices(int first, int size) {
+  std::vector<int> devices;
+  for (int r = 0; r < size; ++r) devices.push_back(first + r);
+  return devices;
+}
+
+// Rank r on device first + r, NCCL between them, each rank made by make_rank(comm, device). The
+// devices are checked before this reads a model (check_nccl_devices), the split here, both
+// refused by name before any rank loads.
 template <class MakeRank>
 std::unique_ptr<ModelRunner> cuda_ranks(const ModelConfig& config, int first, int size,
                                         MakeRank make_rank) {
-  // Refused by name before any rank loads (and before a group of a nonsense size is made).
   check_tensor_parallel(config, size);
-  std::vector<int> devices;
-  for (int r = 0; r < size; ++r) devices.push_back(first + r);
+  const std::vector<int> devices = rank_devices(first, size);
   auto group = make_nccl_group(devices);
   std::vector<std::unique_ptr<ModelRunner>> ranks;
   for (int r = 0; r < size; ++r) ranks.push_back(make_rank(&group->rank(r), devices[r]));
@@ -1163,6 +1170,7 @@ std::unique_ptr<ModelRunner> cuda_ranks(const ModelConfig& config, int first, in
 std::unique_ptr<ModelRunner> make_cuda_runner(const std::string& dir, int device,
                                               int tensor_parallel_size) {
   if (tensor_parallel_size == 1) return cuda::CudaRunner::load(dir, device);
+  check_nccl_devices(rank_devices(device, tensor_parallel_size));  // before the model is read
   return cuda_ranks(
       Checkpoint::open(dir).config(), device, tensor_parallel_size,
       [&](Communicator* comm, int d) { return cuda::CudaRunner::load(dir, d, comm); });
@@ -1171,6 +1179,7 @@ std::unique_ptr<ModelRunner> make_cuda_runner(const std::string& dir, int device
 std::unique_ptr<ModelRunner> make_random_cuda_runner(const ModelConfig& config, uint64_t seed,
                                                      int device, int tensor_parallel_size) {
   if (tensor_parallel_size == 1) return cuda::CudaRunner::random(config, seed, device);
+  check_nccl_devices(rank_devices(device, tensor_parallel_size));
   return cuda_ranks(config, device, tensor_parallel_size, [&](Communicator* comm, int d) {
     return cuda::CudaRunner::random(config, seed, d, comm);
   });

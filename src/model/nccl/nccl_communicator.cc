@@ -100,7 +100,7 @@ class NcclGroup final : public CommunicatorGroup {
 
 }  // namespace
 
-std::unique_ptr<CommunicatorGroup> make_nccl_group(const std::vector<int>& devices) {
+void check_nccl_devices(const std::vector<int>& devices) {
   if (devices.empty() || std::set<int>(devices.begin(), devices.end()).size() != devices.size())
     throw Error(ErrorKind::kInvalidArgument, "devices",
                 "a group needs at least one device, each once");
@@ -110,6 +110,10 @@ std::unique_ptr<CommunicatorGroup> make_nccl_group(const std::vector<int>& devic
       throw Error(ErrorKind::kInvalidArgument, "tensor_parallel_size",
                   "needs CUDA device " + std::to_string(d) + ", and this machine has " +
                       std::to_string(count));
+}
+
+std::unique_ptr<CommunicatorGroup> make_nccl_group(const std::vector<int>& devices) {
+  check_nccl_devices(devices);
   ::setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);  // the user's setting wins
   return std::make_unique<NcclGroup>(devices);
 }
