@@ -41,9 +41,11 @@ void run_bwd(const sm80::BwdParams& params, const BwdArgs& args, int head_dim) {
       return run_bwd_hdim<64>(params, args);
     case 128:
       return run_bwd_hdim<128>(params, args);
+    case 256:
+      return run_bwd_hdim<256>(params, args);
     default:
       throw Error(ErrorKind::kUnsupported, "q",
-                  str_cat("head_dim ", head_dim, " has no sm90 backward kernel yet (64, 128)"));
+                  str_cat("head_dim ", head_dim, " has no sm90 backward kernel (64, 128, 256)"));
   }
 }
 
