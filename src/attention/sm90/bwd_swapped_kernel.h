@@ -28,9 +28,9 @@
 //   step i, which follows the writer's sync on step i's barrier; with one barrier for every step,
 //   the arrivals of steps i and i + 1 could meet on it before the writer's sync of step i.
 // - deterministic = true is not here (backward_cuda.cu runs sm80's fixed-order dq kernel).
-// Not yet: the overlapped step, the heaviest-first order and the persistent grid of bwd_kernel.h;
-// dK and dV leave through 2-byte stores of the transposed accumulators (no shared-memory
-// transpose: K and V's shared memory could hold it after the last step).
+// - dK^T and dV^T leave transposed through K's and V's shared memory (stmatrix .trans), free
+//   after the last step, as 16-byte rows of dk and dv.
+// Not yet: the overlapped step, the heaviest-first order and the persistent grid of bwd_kernel.h.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -158,33 +158,54 @@ __device__ __forceinline__ void store_kq_half(uint8_t* tile,
   }
 }
 
-// dK^T or dV^T's tiles (head-dim row d0 + 64 t + 16 warp + lane / 4 + 8 r, key 8 j + 2 (lane % 4)
-// + e at acc[t][4 j + 2 r + e]) into the [key][d] gradient, scaled: one 16-bit store each, the
-// keys past kv_len skipped.
+// dK^T or dV^T's tiles (head-dim row kGradRows cw + 64 t + 16 warp + lane / 4 + 8 r, key 8 j +
+// 2 (lane % 4) + e at acc[t][4 j + 2 r + e]), scaled and rounded, into `tile` as the gradient's
+// rows: [key][d], 512 bytes a key, 16-byte unit d / 8 swizzled by key % 8 (so that the 8 keys of
+// one stmatrix matrix, a column of 8 head-dim rows each, land on distinct banks). One stmatrix
+// x4 .trans per 16 keys and tile: matrix m is (j = 2 jj + m / 2, r = m % 2), 8 head-dim rows x 8
+// keys in the registers' layout, stored transposed: memory row = key; lane L addresses key row
+// L % 8 of matrix L / 8.
 template <class Cfg, bool kBf16>
-__device__ __forceinline__ void store_grad_t(const float (&acc)[Cfg::kGradTiles][Cfg::kBlockN / 2],
-                                             void* grad, int64_t row_stride, int key0, int kv_len,
-                                             int d0, float scale, int warp, int lane) {
-  using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
-  Elem* g = static_cast<Elem*>(grad);
+__device__ __forceinline__ void stage_grad_t(uint8_t* tile,
+                                             const float (&acc)[Cfg::kGradTiles][Cfg::kBlockN / 2],
+                                             float scale, int cw, int warp, int lane) {
+  const int m = lane / 8, key_lo = lane % 8;
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
 #pragma unroll
-  for (int j = 0; j < Cfg::kBlockN / 8; ++j)
+  for (int t = 0; t < Cfg::kGradTiles; ++t)
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int key = key0 + 8 * j + 2 * (lane % 4) + e;
-      if (key >= kv_len) continue;
-      Elem* row = g + int64_t{key} * row_stride + d0 + warp * 16 + lane / 4;
+    for (int jj = 0; jj < Cfg::kBlockN / 16; ++jj) {
+      uint32_t x[4];
 #pragma unroll
-      for (int t = 0; t < Cfg::kGradTiles; ++t)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float x = acc[t][4 * j + 2 * r + e] * scale;
-          if constexpr (kBf16)
-            row[64 * t + 8 * r] = __float2bfloat16_rn(x);
-          else
-            row[64 * t + 8 * r] = __float2half_rn(x);
-        }
+      for (int q = 0; q < 4; ++q) {
+        const int j = 2 * jj + q / 2, r = q % 2;
+        x[q] = pack2<kBf16>(acc[t][4 * j + 2 * r] * scale, acc[t][4 * j + 2 * r + 1] * scale);
+      }
+      const int key = 16 * jj + 8 * (m / 2) + key_lo;
+      const int unit = (Cfg::kGradRows * cw + 64 * t + 16 * warp + 8 * (m % 2)) / 8;
+      const uint32_t addr = base + key * (Cfg::kHeadDim * 2) + ((unit ^ key_lo) << 4);
+      asm volatile(
+          "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+          "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3])
+          : "memory");
     }
+}
+
+// This warpgroup's head-dim half of the staged gradient rows (stage_grad_t) into global memory,
+// 16 bytes a thread and store, the keys past kv_len skipped.
+template <class Cfg>
+__device__ __forceinline__ void write_grad_rows(const uint8_t* tile, uint8_t* grad,
+                                                int64_t row_bytes, int key0, int kv_len, int cw,
+                                                int tid) {
+  constexpr int kUnits = Cfg::kGradRows / 8;  // 16-byte units of a row's half
+#pragma unroll
+  for (int n = 0; n < Cfg::kBlockN * kUnits / 128; ++n) {
+    const int idx = tid + 128 * n, key = idx / kUnits, unit = kUnits * cw + idx % kUnits;
+    if (key0 + key >= kv_len) continue;
+    const uint4 v = *reinterpret_cast<const uint4*>(tile + key * (Cfg::kHeadDim * 2) +
+                                                    ((unit ^ (key % 8)) << 4));
+    *reinterpret_cast<uint4*>(grad + (key0 + key) * row_bytes + unit * 16) = v;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -317,7 +338,13 @@ __device__ __forceinline__ void bwd_consume_swapped(
     for (; m < steps.m_max; ++m, ++i) step(m, i, std::true_type{});
   }
 
-  // dK^T (times the softmax scale: S = scale Q K^T) and dV^T: this warpgroup's head-dim rows.
+  // dK^T (times the softmax scale: S = scale Q K^T) and dV^T, transposed through K's and V's
+  // shared memory (every GEMM that reads them was waited for before the last step's second
+  // barrier; a CTA without steps read them with no wgmma, and its K tail's stores are before a
+  // barrier), then 16-byte rows into dk and dv.
+  stage_grad_t<Cfg, kBf16>(s.k[0], dkt, f.scale, cw, warp, lane);
+  stage_grad_t<Cfg, kBf16>(s.v[0], dvt, 1.0f, cw, warp, lane);
+  consumers_sync();
   const bool varlen_k = f.cu_seqlens_k != nullptr;
   const int64_t k_off = varlen_k ? int64_t{seq.lens.k_start} : 0;
   auto* dkg = static_cast<uint8_t*>(p.dk) +
@@ -327,10 +354,8 @@ __device__ __forceinline__ void bwd_consume_swapped(
               2 * ((varlen_k ? k_off * p.dv_row_stride : seq.b * p.dv_batch_stride) +
                    kv_head * p.dv_head_stride);
   const int key0 = n_block * kBN;
-  store_grad_t<Cfg, kBf16>(dkt, dkg, p.dk_row_stride, key0, kv_len, Cfg::kGradRows * cw, f.scale,
-                           warp, lane);
-  store_grad_t<Cfg, kBf16>(dvt, dvg, p.dv_row_stride, key0, kv_len, Cfg::kGradRows * cw, 1.0f, warp,
-                           lane);
+  write_grad_rows<Cfg>(s.k[0], dkg, 2 * p.dk_row_stride, key0, kv_len, cw, tid);
+  write_grad_rows<Cfg>(s.v[0], dvg, 2 * p.dv_row_stride, key0, kv_len, cw, tid);
 }
 
 // ---------------------------------------------------------------------------------------------
