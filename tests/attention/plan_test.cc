@@ -736,8 +736,8 @@ TEST(PlanFamily, BackwardTakesSm90WhereItCanAndDeterministicStaysOnSm80) {
       EXPECT_EQ(e.argument(), "FLASHSERVE_BWD_KERNEL") << e.what();
     }
   };
-  forced_refusal(pr, true, here, false);
-  forced_refusal(d256, false, here, false);
+  forced_refusal(pr, true, here);
+  forced_refusal(d256, false, here);
   forced_refusal(pr, false, a100);
   EXPECT_EQ(choose_backward_family(pr, false, FamilyRequest::kSm90, here, false),
             KernelFamily::kSm90);
