@@ -743,10 +743,10 @@ TEST(PlanFamily, BackwardTakesSm90WhereItCanAndDeterministicStaysOnSm80) {
             KernelFamily::kSm90);
 }
 
-// FLASHSERVE_SM90_BWD_D256 (sm90/bwd_swapped_kernel.h): with the switch on, head dim 256 takes
-// the sm90 backward as 64 and 128 do (auto and forced), deterministic still sm80; off, it stays on
-// sm80 and a forced sm90 refuses it naming the switch; the head dims between 128 and 256 stay on
-// sm80's padded kernels either way; 64 and 128 do not depend on it.
+// FLASHSERVE_SM90_BWD_D256 (sm90/bwd_swapped_kernel.h): with the switch on, head dim 256 (and
+// 136-248, padded) takes the sm90 backward as 64 and 128 do (auto and forced), deterministic
+// still sm80; off, they stay on sm80 and a forced sm90 refuses them naming the switch; the padded
+// head dims below 128 stay on sm80 either way; 64 and 128 do not depend on it.
 TEST(PlanFamily, BackwardD256TakesSm90OnlyWithItsSwitch) {
   using attention::choose_backward_family;
   using attention::FamilyRequest;
@@ -782,7 +782,19 @@ TEST(PlanFamily, BackwardD256TakesSm90OnlyWithItsSwitch) {
     EXPECT_EQ(choose_backward_family(d256, false, FamilyRequest::kAuto, "not 9.0", true),
               KernelFamily::kSm80);
   }
+  // 136-248 run the d256 kernel padded, with the switch; the padded dims below 128 stay sm80.
   for (int64_t d : {136, 192, 248}) {
+    Problem p = dense(2, 2048, 16, d, false).pr;
+    EXPECT_EQ(sm90_backward_lacks(p, false, here, true), "") << d;
+    EXPECT_EQ(choose_backward_family(p, false, FamilyRequest::kAuto, here, true), by_default) << d;
+    EXPECT_NE(sm90_backward_lacks(p, false, here, false).find("FLASHSERVE_SM90_BWD_D256"),
+              std::string::npos)
+        << d;
+    EXPECT_EQ(choose_backward_family(p, false, FamilyRequest::kAuto, here, false),
+              KernelFamily::kSm80)
+        << d;
+  }
+  for (int64_t d : {40, 96, 120}) {
     Problem p = dense(2, 2048, 16, d, false).pr;
     EXPECT_NE(sm90_backward_lacks(p, false, here, true).find("head_dim"), std::string::npos) << d;
     EXPECT_EQ(choose_backward_family(p, false, FamilyRequest::kAuto, here, true),

@@ -9,8 +9,8 @@
 // so dk and dv keep their bits too) and its persistent grid (FLASHSERVE_SM90_BWD_PERSISTENT, with
 // the overlapped step off and on: the same tiles looped over by fewer CTAs, dk and dv keep their
 // bits); and head dim 256 on sm90 (FLASHSERVE_SM90_BWD_D256=1, src/attention/sm90/
-// bwd_swapped_kernel.h: the main shapes at d256, the Sanitize subset, the dLSE path, dk and dv
-// repeating bit for bit). Each case runs our CPU
+// bwd_swapped_kernel.h: the main shapes at d256 and the padded ones at 136-248, the Sanitize
+// subset, the dLSE path, dk and dv repeating bit for bit). Each case runs our CPU
 // forward on the host (out and lse as a training step saves them), copies every buffer to the
 // device (gradients poisoned with NaN), runs attention_backward there and compares dq, dk, dv by
 // support/compare.h's rule. The instantiations named Sanitize are the small subset for
@@ -268,7 +268,7 @@ INSTANTIATE_TEST_SUITE_P(Sanitize, GpuBackward,
 // Head dim 256 on sm90 (FLASHSERVE_SM90_BWD_D256=1): the main shapes, and its compute-sanitizer
 // subset: masked with two GQA heads over several query blocks (the ring's two stages, which also
 // hold the dQ tiles, wrap; the dQ hand-off's barriers alternate), unmasked with q_len > kv_len,
-// and varlen keys that end inside a key block (K's rows zeroed past them).
+// varlen keys that end inside a key block (K's rows zeroed past them), and a padded head dim.
 std::vector<FamilyCase> d256_family(const std::vector<CaseSpec>& specs) {
   std::vector<FamilyCase> v;
   for (const CaseSpec& s : specs) v.emplace_back(s, Family::kSm90D256);
@@ -279,7 +279,8 @@ std::vector<CaseSpec> d256_sanitize_cases() {
   var.q_lens = {150, 40}, var.kv_lens = {90, 200};
   var.q_layout = QLayout::kVarlen, var.kv_layout = KVLayout::kVarlen;
   return {spec(DType::kBFloat16, 256, 1, 150, 130, 4, 2, true),
-          spec(DType::kFloat16, 256, 1, 200, 70, 2, 1, false), var};
+          spec(DType::kFloat16, 256, 1, 200, 70, 2, 1, false), var,
+          spec(DType::kFloat16, 200, 1, 70, 90, 4, 2, true)};  // padded: 200 of 256 columns
 }
 INSTANTIATE_TEST_SUITE_P(D256, GpuBackward, ::testing::ValuesIn(d256_family(cases_at({256}))),
                          case_name);
@@ -328,6 +329,17 @@ INSTANTIATE_TEST_SUITE_P(PaddedHeadDims, GpuBackwardPadded, ::testing::ValuesIn(
                          [](const ::testing::TestParamInfo<CaseSpec>& info) {
                            return info.param.name();
                          });
+
+// Head dims 136-248 on the d256 kernel, padded (TMA's zero fill past the head dim): padded_cases()
+// past 128.
+std::vector<CaseSpec> padded_wide_cases() {
+  std::vector<CaseSpec> v;
+  for (const CaseSpec& s : padded_cases())
+    if (s.head_dim > 128 && s.head_dim < 256) v.push_back(s);
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(PaddedD256, GpuBackward,
+                         ::testing::ValuesIn(d256_family(padded_wide_cases())), case_name);
 
 // The compute-sanitizer subset of the padded kernels: one head dim in each (64's, 128's, 256's in
 // two launches), with atomics and in deterministic mode; the dLSE path at one.

@@ -211,11 +211,15 @@ FamilyRequest parse_family_request(const char* value, const char* variable) {
 std::string sm90_backward_lacks(const Problem& pr, bool deterministic,
                                 const std::string& sm90_unavailable, bool d256) {
   if (!sm90_unavailable.empty()) return sm90_unavailable;
-  if (pr.head_dim == 256 && !d256)
-    return "head_dim 256 (the sm90 backward's d256 kernel is off: FLASHSERVE_SM90_BWD_D256=1)";
-  if (pr.head_dim != 64 && pr.head_dim != 128 && pr.head_dim != 256)
+  // Past 128 (multiples of 8, check_cuda_head_dims): the d256 kernel, padded below 256.
+  const bool wide = pr.head_dim > 128 && pr.head_dim <= 256;
+  if (wide && !d256)
     return str_cat("head_dim ", pr.head_dim,
-                   " (the sm90 backward has 64, 128 and, with FLASHSERVE_SM90_BWD_D256=1, 256)");
+                   " (the sm90 backward's d256 kernel is off: FLASHSERVE_SM90_BWD_D256=1)");
+  if (pr.head_dim != 64 && pr.head_dim != 128 && !wide)
+    return str_cat("head_dim ", pr.head_dim,
+                   " (the sm90 backward has 64, 128 and, with FLASHSERVE_SM90_BWD_D256=1, "
+                   "136-256)");
   if (pr.score_mod.any()) return "score modifiers (softcap, alibi_slopes)";
   if (deterministic)
     return "deterministic mode (bit-identical dq runs on sm80's fixed-order dq kernel)";

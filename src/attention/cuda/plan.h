@@ -303,10 +303,10 @@ FamilyRequest parse_family_request(const char* value, const char* variable);
 
 // What the sm90 backward kernel (sm90/bwd_kernel.h) cannot run of this call, or "" if it can:
 // `sm90_unavailable` (the build, the device, TMA's strides: backward_cuda.cu), else the call's
-// shape: head dims 64 and 128, and 256 when `d256` (FLASHSERVE_SM90_BWD_D256:
-// parse_sm90_bwd_d256; sm90/bwd_swapped_kernel.h), no score modifiers, not deterministic
-// (bit-identical dq is sm80's fixed-order dq kernel, bwd_dq_kernel). The head dims between 128
-// and 256 stay on sm80's padded kernels.
+// shape: head dims 64 and 128, and when `d256` (FLASHSERVE_SM90_BWD_D256: parse_sm90_bwd_d256;
+// sm90/bwd_swapped_kernel.h) 256 and the multiples of 8 from 136 to 248 (padded to 256), no
+// score modifiers, not deterministic (bit-identical dq is sm80's fixed-order dq kernel,
+// bwd_dq_kernel).
 std::string sm90_backward_lacks(const Problem& pr, bool deterministic,
                                 const std::string& sm90_unavailable, bool d256);
 
@@ -375,10 +375,10 @@ inline constexpr bool kSm90BwdPersistentByDefault = false;
 // per call (backward_cuda.cu), as FLASHSERVE_SM90_BWD_DQ_BULK.
 bool parse_sm90_bwd_persistent(const char* value);
 
-// Whether the sm90 backward runs head dim 256 (sm90/bwd_swapped_kernel.h: 64 x 64 tiles, dV^T and
-// dK^T over half the head dim per consumer warpgroup, docs/kernel-notes.md session 29) instead of
-// sm80's padded kernel in two launches of half the columns (0.27x FlashAttention-2 on the H200,
-// session 26). Off until a device run has passed the backward tests with it and measured it
+// Whether the sm90 backward runs head dims 136-256 (sm90/bwd_swapped_kernel.h, padded to 256
+// below it: 64 x 64 tiles, dV^T and dK^T over half the head dim per consumer warpgroup,
+// docs/kernel-notes.md session 29) instead of sm80's padded kernel in two launches of half the
+// columns (0.27x FlashAttention-2 at d256 on the H200, session 26). Off until a device run has passed the backward tests with it and measured it
 // (written without a GPU, session 29).
 inline constexpr bool kSm90BwdD256ByDefault = false;
 

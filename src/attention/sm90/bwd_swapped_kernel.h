@@ -27,6 +27,8 @@
 //   arrival for step i + 2 needs stage i % 2 loaded again, which needs the writer's release of
 //   step i, which follows the writer's sync on step i's barrier; with one barrier for every step,
 //   the arrivals of steps i and i + 1 could meet on it before the writer's sync of step i.
+// - Head dims 136-248 run padded to 256 (bwd_hdim256.cu: TMA's zero fill past the call's head
+//   dim makes the extra columns zeros; write_grad_rows stops at it).
 // - deterministic = true is not here (backward_cuda.cu runs sm80's fixed-order dq kernel).
 // - dK^T and dV^T leave transposed through K's and V's shared memory (stmatrix .trans), free
 //   after the last step, as 16-byte rows of dk and dv.
@@ -192,16 +194,17 @@ __device__ __forceinline__ void stage_grad_t(uint8_t* tile,
 }
 
 // This warpgroup's head-dim half of the staged gradient rows (stage_grad_t) into global memory,
-// 16 bytes a thread and store, the keys past kv_len skipped.
+// 16 bytes a thread and store, the keys past kv_len and the columns past the call's head dim
+// (`units`: its 16-byte units, head_dim / 8; padded head dims) skipped.
 template <class Cfg>
 __device__ __forceinline__ void write_grad_rows(const uint8_t* tile, uint8_t* grad,
-                                                int64_t row_bytes, int key0, int kv_len, int cw,
-                                                int tid) {
+                                                int64_t row_bytes, int key0, int kv_len, int units,
+                                                int cw, int tid) {
   constexpr int kUnits = Cfg::kGradRows / 8;  // 16-byte units of a row's half
 #pragma unroll
   for (int n = 0; n < Cfg::kBlockN * kUnits / 128; ++n) {
     const int idx = tid + 128 * n, key = idx / kUnits, unit = kUnits * cw + idx % kUnits;
-    if (key0 + key >= kv_len) continue;
+    if (key0 + key >= kv_len || unit >= units) continue;
     const uint4 v = *reinterpret_cast<const uint4*>(tile + key * (Cfg::kHeadDim * 2) +
                                                     ((unit ^ (key % 8)) << 4));
     *reinterpret_cast<uint4*>(grad + (key0 + key) * row_bytes + unit * 16) = v;
@@ -354,8 +357,8 @@ __device__ __forceinline__ void bwd_consume_swapped(
               2 * ((varlen_k ? k_off * p.dv_row_stride : seq.b * p.dv_batch_stride) +
                    kv_head * p.dv_head_stride);
   const int key0 = n_block * kBN;
-  write_grad_rows<Cfg>(s.k[0], dkg, 2 * p.dk_row_stride, key0, kv_len, cw, tid);
-  write_grad_rows<Cfg>(s.v[0], dvg, 2 * p.dv_row_stride, key0, kv_len, cw, tid);
+  write_grad_rows<Cfg>(s.k[0], dkg, 2 * p.dk_row_stride, key0, kv_len, p.head_dim / 8, cw, tid);
+  write_grad_rows<Cfg>(s.v[0], dvg, 2 * p.dv_row_stride, key0, kv_len, p.head_dim / 8, cw, tid);
 }
 
 // ---------------------------------------------------------------------------------------------
