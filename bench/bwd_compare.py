@@ -16,7 +16,9 @@ or 1: per-element atomics or the shared-memory tile's bulk reduce-add), for the 
 sm90-overlap is sm90 with FLASHSERVE_SM90_BWD_OVERLAP=1 (the bulk path's step in FlashAttention-3's
 order; the dQ path at its default), to set beside sm90 (the same with the switch at its default);
 sm90-heavy-first is sm90 with FLASHSERVE_SM90_BWD_HEAVY_FIRST=1 (a masked call's CTAs launched
-heaviest key blocks first; unmasked rows run as sm90: --causal 1 for its A/B).
+heaviest key blocks first; unmasked rows run as sm90: --causal 1 for its A/B). sm90-d256 is sm90
+with FLASHSERVE_SM90_BWD_D256=1 (head dim 256 on sm90/bwd_swapped_kernel.h; with the switch at its
+default, off, auto runs d256 on sm80's padded kernels: --head-dims 256 --families auto,sm90-d256).
 --profile adds, per shape and family, one call's device time per kernel (torch.profiler): the main
 kernel's share of a row beside the zeroing, preprocess and postprocess around it.
 
@@ -47,6 +49,7 @@ FAMILY_ENV = {
     "sm90-dq-bulk": {"FLASHSERVE_BWD_KERNEL": "sm90", "FLASHSERVE_SM90_BWD_DQ_BULK": "1"},
     "sm90-overlap": {"FLASHSERVE_BWD_KERNEL": "sm90", "FLASHSERVE_SM90_BWD_OVERLAP": "1"},
     "sm90-heavy-first": {"FLASHSERVE_BWD_KERNEL": "sm90", "FLASHSERVE_SM90_BWD_HEAVY_FIRST": "1"},
+    "sm90-d256": {"FLASHSERVE_BWD_KERNEL": "sm90", "FLASHSERVE_SM90_BWD_D256": "1"},
 }
 
 

@@ -104,13 +104,15 @@ std::string sm90_unavailable(const AttentionBackwardParams& bp, const Problem& p
   return "";
 }
 
-// The family that runs the call (FLASHSERVE_BWD_KERNEL read per call, so a test or benchmark can
-// set it around one call).
+// The family that runs the call (FLASHSERVE_BWD_KERNEL and FLASHSERVE_SM90_BWD_D256 read per
+// call, so a test or benchmark can set them around one call).
 KernelFamily backward_family(const AttentionBackwardParams& bp, const Problem& pr) {
   const FamilyRequest request =
       parse_family_request(std::getenv("FLASHSERVE_BWD_KERNEL"), "FLASHSERVE_BWD_KERNEL");
+  const bool d256 = parse_sm90_bwd_d256(std::getenv("FLASHSERVE_SM90_BWD_D256"));
   return choose_backward_family(pr, bp.deterministic, request,
-                                request == FamilyRequest::kSm80 ? "" : sm90_unavailable(bp, pr));
+                                request == FamilyRequest::kSm80 ? "" : sm90_unavailable(bp, pr),
+                                d256);
 }
 
 sm80::BwdParams bwd_params(const AttentionBackwardParams& bp, const Problem& pr, void* workspace) {
@@ -151,10 +153,11 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
   DeviceGuard guard(pr.device.index);
   check_supported(bp, pr);
   // Decided before anything is enqueued: a forced family that cannot run the call throws here,
-  // as does a malformed FLASHSERVE_SM90_BWD_DQ_BULK, FLASHSERVE_SM90_BWD_OVERLAP,
-  // FLASHSERVE_SM90_BWD_HEAVY_FIRST or FLASHSERVE_SM90_BWD_PERSISTENT (read per call, so that a
-  // test or benchmark can set them around one call; only the sm90 kernel has the two dQ paths, the
-  // overlapped step, the heaviest-first order and the persistent grid, sm80 ignores them).
+  // as does a malformed FLASHSERVE_SM90_BWD_D256, FLASHSERVE_SM90_BWD_DQ_BULK,
+  // FLASHSERVE_SM90_BWD_OVERLAP, FLASHSERVE_SM90_BWD_HEAVY_FIRST or FLASHSERVE_SM90_BWD_PERSISTENT
+  // (read per call, so that a test or benchmark can set them around one call; only the sm90 kernel
+  // has the two dQ paths, the overlapped step, the heaviest-first order and the persistent grid,
+  // sm80 ignores them).
   const KernelFamily family = backward_family(bp, pr);
   [[maybe_unused]] const bool dq_bulk =
       parse_sm90_bwd_dq_bulk(std::getenv("FLASHSERVE_SM90_BWD_DQ_BULK"));

@@ -707,24 +707,29 @@ TEST(PlanFamily, BackwardTakesSm90WhereItCanAndDeterministicStaysOnSm80) {
   Problem pr = dense(2, 2048, 16, 128, true).pr;
   const std::string here = "";  // a 9.0 device, a build with 90a, strides TMA takes
   const std::string a100 = "needs a compute capability 9.0 device, this one is 8.0";
-  EXPECT_EQ(sm90_backward_lacks(pr, false, here), "");
+  EXPECT_EQ(sm90_backward_lacks(pr, false, here, false), "");
   const KernelFamily by_default =
       attention::kSm90BackwardByDefault ? KernelFamily::kSm90 : KernelFamily::kSm80;
-  EXPECT_EQ(choose_backward_family(pr, false, FamilyRequest::kAuto, here), by_default);
-  EXPECT_EQ(choose_backward_family(pr, false, FamilyRequest::kSm80, here), KernelFamily::kSm80);
-  EXPECT_EQ(choose_backward_family(pr, false, FamilyRequest::kAuto, a100), KernelFamily::kSm80);
+  EXPECT_EQ(choose_backward_family(pr, false, FamilyRequest::kAuto, here, false), by_default);
+  EXPECT_EQ(choose_backward_family(pr, false, FamilyRequest::kSm80, here, false),
+            KernelFamily::kSm80);
+  EXPECT_EQ(choose_backward_family(pr, false, FamilyRequest::kAuto, a100, false),
+            KernelFamily::kSm80);
   // deterministic: sm80's fixed-order dq kernel.
-  EXPECT_NE(sm90_backward_lacks(pr, true, here).find("deterministic"), std::string::npos);
-  EXPECT_EQ(choose_backward_family(pr, true, FamilyRequest::kAuto, here), KernelFamily::kSm80);
-  EXPECT_EQ(choose_backward_family(pr, true, FamilyRequest::kSm80, here), KernelFamily::kSm80);
+  EXPECT_NE(sm90_backward_lacks(pr, true, here, false).find("deterministic"), std::string::npos);
+  EXPECT_EQ(choose_backward_family(pr, true, FamilyRequest::kAuto, here, false),
+            KernelFamily::kSm80);
+  EXPECT_EQ(choose_backward_family(pr, true, FamilyRequest::kSm80, here, false),
+            KernelFamily::kSm80);
   Problem d64 = dense(2, 2048, 16, 64, false).pr;
-  EXPECT_EQ(choose_backward_family(d64, false, FamilyRequest::kAuto, here), by_default);
+  EXPECT_EQ(choose_backward_family(d64, false, FamilyRequest::kAuto, here, false), by_default);
   Problem d256 = dense(2, 2048, 16, 256, false).pr;
-  EXPECT_NE(sm90_backward_lacks(d256, false, here).find("head_dim 256"), std::string::npos);
-  EXPECT_EQ(choose_backward_family(d256, false, FamilyRequest::kAuto, here), KernelFamily::kSm80);
+  EXPECT_NE(sm90_backward_lacks(d256, false, here, false).find("head_dim 256"), std::string::npos);
+  EXPECT_EQ(choose_backward_family(d256, false, FamilyRequest::kAuto, here, false),
+            KernelFamily::kSm80);
   auto forced_refusal = [&](const Problem& p, bool deterministic, const std::string& unavailable) {
     try {
-      choose_backward_family(p, deterministic, FamilyRequest::kSm90, unavailable);
+      choose_backward_family(p, deterministic, FamilyRequest::kSm90, unavailable, false);
       ADD_FAILURE() << "no error";
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::kUnsupported) << e.what();
@@ -734,7 +739,73 @@ TEST(PlanFamily, BackwardTakesSm90WhereItCanAndDeterministicStaysOnSm80) {
   forced_refusal(pr, true, here);
   forced_refusal(d256, false, here);
   forced_refusal(pr, false, a100);
-  EXPECT_EQ(choose_backward_family(pr, false, FamilyRequest::kSm90, here), KernelFamily::kSm90);
+  EXPECT_EQ(choose_backward_family(pr, false, FamilyRequest::kSm90, here, false),
+            KernelFamily::kSm90);
+}
+
+// FLASHSERVE_SM90_BWD_D256 (sm90/bwd_swapped_kernel.h): with the switch on, head dim 256 (and
+// 136-248, padded) takes the sm90 backward as 64 and 128 do (auto and forced), deterministic
+// still sm80; off, they stay on sm80 and a forced sm90 refuses them naming the switch; the padded
+// head dims below 128 stay on sm80 either way; 64 and 128 do not depend on it.
+TEST(PlanFamily, BackwardD256TakesSm90OnlyWithItsSwitch) {
+  using attention::choose_backward_family;
+  using attention::FamilyRequest;
+  using attention::KernelFamily;
+  using attention::sm90_backward_lacks;
+  const std::string here = "";
+  const KernelFamily by_default =
+      attention::kSm90BackwardByDefault ? KernelFamily::kSm90 : KernelFamily::kSm80;
+  for (bool causal : {false, true}) {
+    Problem d256 = dense(2, 2048, 16, 256, causal).pr;
+    EXPECT_EQ(sm90_backward_lacks(d256, false, here, true), "");
+    EXPECT_EQ(choose_backward_family(d256, false, FamilyRequest::kAuto, here, true), by_default);
+    EXPECT_EQ(choose_backward_family(d256, false, FamilyRequest::kSm90, here, true),
+              KernelFamily::kSm90);
+    EXPECT_EQ(choose_backward_family(d256, false, FamilyRequest::kSm80, here, true),
+              KernelFamily::kSm80);
+    EXPECT_NE(sm90_backward_lacks(d256, true, here, true).find("deterministic"), std::string::npos);
+    EXPECT_EQ(choose_backward_family(d256, true, FamilyRequest::kAuto, here, true),
+              KernelFamily::kSm80);
+    const std::string off = sm90_backward_lacks(d256, false, here, false);
+    EXPECT_NE(off.find("FLASHSERVE_SM90_BWD_D256"), std::string::npos) << off;
+    EXPECT_EQ(choose_backward_family(d256, false, FamilyRequest::kAuto, here, false),
+              KernelFamily::kSm80);
+    try {
+      choose_backward_family(d256, false, FamilyRequest::kSm90, here, false);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUnsupported) << e.what();
+      EXPECT_NE(std::string(e.what()).find("FLASHSERVE_SM90_BWD_D256"), std::string::npos)
+          << e.what();
+    }
+    // Not the device: the switch does not make sm90 run elsewhere.
+    EXPECT_EQ(choose_backward_family(d256, false, FamilyRequest::kAuto, "not 9.0", true),
+              KernelFamily::kSm80);
+  }
+  // 136-248 run the d256 kernel padded, with the switch; the padded dims below 128 stay sm80.
+  for (int64_t d : {136, 192, 248}) {
+    Problem p = dense(2, 2048, 16, d, false).pr;
+    EXPECT_EQ(sm90_backward_lacks(p, false, here, true), "") << d;
+    EXPECT_EQ(choose_backward_family(p, false, FamilyRequest::kAuto, here, true), by_default) << d;
+    EXPECT_NE(sm90_backward_lacks(p, false, here, false).find("FLASHSERVE_SM90_BWD_D256"),
+              std::string::npos)
+        << d;
+    EXPECT_EQ(choose_backward_family(p, false, FamilyRequest::kAuto, here, false),
+              KernelFamily::kSm80)
+        << d;
+  }
+  for (int64_t d : {40, 96, 120}) {
+    Problem p = dense(2, 2048, 16, d, false).pr;
+    EXPECT_NE(sm90_backward_lacks(p, false, here, true).find("head_dim"), std::string::npos) << d;
+    EXPECT_EQ(choose_backward_family(p, false, FamilyRequest::kAuto, here, true),
+              KernelFamily::kSm80)
+        << d;
+  }
+  for (int64_t d : {64, 128}) {
+    Problem p = dense(2, 2048, 16, d, true).pr;
+    for (bool on : {false, true})
+      EXPECT_EQ(choose_backward_family(p, false, FamilyRequest::kAuto, here, on), by_default) << d;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -848,6 +919,13 @@ TEST(PlanBackward, ParsesTheSm90PersistentSwitchStrictly) {
   EXPECT_FALSE(attention::kSm90BwdPersistentByDefault);
   expect_strict_switch(attention::parse_sm90_bwd_persistent, attention::kSm90BwdPersistentByDefault,
                        "FLASHSERVE_SM90_BWD_PERSISTENT");
+}
+
+// FLASHSERVE_SM90_BWD_D256: head dim 256 on the sm90 backward, off until measured.
+TEST(PlanBackward, ParsesTheSm90D256SwitchStrictly) {
+  EXPECT_FALSE(attention::kSm90BwdD256ByDefault);
+  expect_strict_switch(attention::parse_sm90_bwd_d256, attention::kSm90BwdD256ByDefault,
+                       "FLASHSERVE_SM90_BWD_D256");
 }
 
 TEST(PlanFp8, KeyBlockSwitchTakes128Or192AndOnlyD128Takes192) {

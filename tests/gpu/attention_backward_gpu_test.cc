@@ -8,7 +8,9 @@
 // CTAs launched heaviest first (FLASHSERVE_SM90_BWD_HEAVY_FIRST: the same CTAs in another order,
 // so dk and dv keep their bits too) and its persistent grid (FLASHSERVE_SM90_BWD_PERSISTENT, with
 // the overlapped step off and on: the same tiles looped over by fewer CTAs, dk and dv keep their
-// bits). Each case runs our CPU
+// bits); and head dim 256 on sm90 (FLASHSERVE_SM90_BWD_D256=1, src/attention/sm90/
+// bwd_swapped_kernel.h: the main shapes at d256 and the padded ones at 136-248, the Sanitize
+// subset, the dLSE path, dk and dv repeating bit for bit). Each case runs our CPU
 // forward on the host (out and lse as a training step saves them), copies every buffer to the
 // device (gradients poisoned with NaN), runs attention_backward there and compares dq, dk, dv by
 // support/compare.h's rule. The instantiations named Sanitize are the small subset for
@@ -76,7 +78,9 @@ class BackwardDevice {
 // the bulk reduce-add with the overlapped step (FLASHSERVE_SM90_BWD_OVERLAP), kSm90HeavyFirst the
 // bulk reduce-add with a masked grid's key blocks heaviest first (FLASHSERVE_SM90_BWD_HEAVY_FIRST;
 // unmasked calls run as kSm90DqBulk), kSm90Persistent and kSm90PersistentOverlap the bulk
-// reduce-add on the persistent grid (FLASHSERVE_SM90_BWD_PERSISTENT), with each step order.
+// reduce-add on the persistent grid (FLASHSERVE_SM90_BWD_PERSISTENT), with each step order;
+// kSm90D256 the d256 kernel (FLASHSERVE_SM90_BWD_D256=1; every other run sets it to 0, so that
+// forced sm90 at d256 refuses there).
 enum class Family {
   kSm80,
   kSm90,
@@ -84,7 +88,8 @@ enum class Family {
   kSm90Overlap,
   kSm90HeavyFirst,
   kSm90Persistent,
-  kSm90PersistentOverlap
+  kSm90PersistentOverlap,
+  kSm90D256
 };
 const char* family_name(Family f) {
   static constexpr const char* kNames[] = {"sm80",
@@ -93,7 +98,8 @@ const char* family_name(Family f) {
                                            "sm90_overlap",
                                            "sm90_heavy_first",
                                            "sm90_persistent",
-                                           "sm90_persistent_overlap"};
+                                           "sm90_persistent_overlap",
+                                           "sm90_d256"};
   return kNames[static_cast<int>(f)];
 }
 
@@ -124,6 +130,7 @@ attention::reference::NaiveGrads run_on_gpu(BackwardCase& bc, Family family,
   ScopedEnv heavy_first("FLASHSERVE_SM90_BWD_HEAVY_FIRST",
                         family == Family::kSm90HeavyFirst ? "1" : "0");
   ScopedEnv persistent_grid("FLASHSERVE_SM90_BWD_PERSISTENT", persistent ? "1" : "0");
+  ScopedEnv d256("FLASHSERVE_SM90_BWD_D256", family == Family::kSm90D256 ? "1" : "0");
   BackwardDevice dev(bc);
   AttentionBackwardParams p = dev.params();
   p.deterministic = deterministic;
@@ -163,10 +170,11 @@ CaseSpec spec(DType dt, int64_t d, int64_t batch, int64_t q, int64_t k, int64_t 
   return s;
 }
 
-std::vector<CaseSpec> cases() {
+// The main shapes at each of `dims`.
+std::vector<CaseSpec> cases_at(std::initializer_list<int64_t> dims) {
   std::vector<CaseSpec> v;
   for (DType dt : {DType::kBFloat16, DType::kFloat16})
-    for (int64_t d : {64, 128})
+    for (int64_t d : dims)
       for (bool causal : {false, true}) {
         v.push_back(spec(dt, d, 2, 1, 1, 2, 2, causal));
         v.push_back(spec(dt, d, 2, 127, 127, 4, 1, causal));  // GQA 4, odd length
@@ -180,10 +188,10 @@ std::vector<CaseSpec> cases() {
         var.q_layout = QLayout::kVarlen, var.kv_layout = KVLayout::kVarlen;
         v.push_back(var);
       }
-  // Several key blocks and query blocks per CTA (sm90: 128 keys, 64 or 128 queries; the Q/dO
-  // ring wraps many times over the GQA group's heads), and seqused_k with the unused keys
-  // poisoned with NaN (the last key block reads them; they must not reach dq).
-  for (int64_t d : {64, 128}) {
+  // Several key blocks and query blocks per CTA (sm90: 128 keys, 64 or 128 queries, d256 64 x 64;
+  // the Q/dO ring wraps many times over the GQA group's heads), and seqused_k with the unused
+  // keys poisoned with NaN (the last key block reads them; they must not reach dq).
+  for (int64_t d : dims) {
     v.push_back(spec(DType::kBFloat16, d, 1, 520, 520, 4, 1, true));
     v.push_back(spec(DType::kFloat16, d, 1, 513, 700, 2, 2, false));
     CaseSpec used = spec(DType::kBFloat16, d, 2, 40, 70, 4, 2, true);
@@ -208,6 +216,9 @@ std::vector<CaseSpec> cases() {
     v.push_back(unseen);
   }
   return v;
+}
+std::vector<CaseSpec> cases() {
+  return cases_at({64, 128});
 }
 
 // Every case through both families, sm90 with each dQ path (and, given `switches`, the bulk
@@ -254,6 +265,28 @@ INSTANTIATE_TEST_SUITE_P(Sanitize, GpuBackward,
                          ::testing::ValuesIn(with_families(sanitize_cases(), /*switches=*/true)),
                          case_name);
 
+// Head dim 256 on sm90 (FLASHSERVE_SM90_BWD_D256=1): the main shapes, and its compute-sanitizer
+// subset: masked with two GQA heads over several query blocks (the ring's two stages, which also
+// hold the dQ tiles, wrap; the dQ hand-off's barriers alternate), unmasked with q_len > kv_len,
+// varlen keys that end inside a key block (K's rows zeroed past them), and a padded head dim.
+std::vector<FamilyCase> d256_family(const std::vector<CaseSpec>& specs) {
+  std::vector<FamilyCase> v;
+  for (const CaseSpec& s : specs) v.emplace_back(s, Family::kSm90D256);
+  return v;
+}
+std::vector<CaseSpec> d256_sanitize_cases() {
+  CaseSpec var = spec(DType::kBFloat16, 256, 2, 1, 1, 4, 2, true);
+  var.q_lens = {150, 40}, var.kv_lens = {90, 200};
+  var.q_layout = QLayout::kVarlen, var.kv_layout = KVLayout::kVarlen;
+  return {spec(DType::kBFloat16, 256, 1, 150, 130, 4, 2, true),
+          spec(DType::kFloat16, 256, 1, 200, 70, 2, 1, false), var,
+          spec(DType::kFloat16, 200, 1, 70, 90, 4, 2, true)};  // padded: 200 of 256 columns
+}
+INSTANTIATE_TEST_SUITE_P(D256, GpuBackward, ::testing::ValuesIn(d256_family(cases_at({256}))),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(SanitizeD256, GpuBackward,
+                         ::testing::ValuesIn(d256_family(d256_sanitize_cases())), case_name);
+
 // Head dims other than 64 and 128 (sm80's padded kernels, bwd_kernel.h BwdPaddedConfig: 64's below
 // 64, 128's below 128, 256's past it in two launches of half the columns; the sm90 backward
 // lacks them): a multiple of 16 and an odd multiple of 8 in each range (an odd one ends inside a
@@ -296,6 +329,17 @@ INSTANTIATE_TEST_SUITE_P(PaddedHeadDims, GpuBackwardPadded, ::testing::ValuesIn(
                          [](const ::testing::TestParamInfo<CaseSpec>& info) {
                            return info.param.name();
                          });
+
+// Head dims 136-248 on the d256 kernel, padded (TMA's zero fill past the head dim): padded_cases()
+// past 128.
+std::vector<CaseSpec> padded_wide_cases() {
+  std::vector<CaseSpec> v;
+  for (const CaseSpec& s : padded_cases())
+    if (s.head_dim > 128 && s.head_dim < 256) v.push_back(s);
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(PaddedD256, GpuBackward,
+                         ::testing::ValuesIn(d256_family(padded_wide_cases())), case_name);
 
 // The compute-sanitizer subset of the padded kernels: one head dim in each (64's, 128's, 256's in
 // two launches), with atomics and in deterministic mode; the dLSE path at one.
@@ -548,12 +592,36 @@ TEST(GpuBackwardSm90, DkDvRepeatBitForBit) {
     }
 }
 
+// The d256 kernel: the dLSE path (D = rowsum(dO o O) - dLSE, the shared preprocess), and dk and
+// dv (sums in registers over the CTA's steps in a fixed order) bit for bit from run to run.
+TEST(GpuBackwardD256, GradientOfTheLse) {
+  SKIP_WITHOUT_FAMILY(Family::kSm90D256);
+  check_case(spec(DType::kBFloat16, 256, 2, 45, 61, 4, 2, true), Family::kSm90D256,
+             /*with_dlse=*/true);
+  check_case(spec(DType::kFloat16, 256, 1, 130, 200, 2, 1, false), Family::kSm90D256,
+             /*with_dlse=*/true);
+}
+
+TEST(GpuBackwardD256, DkDvRepeatBitForBit) {
+  SKIP_WITHOUT_FAMILY(Family::kSm90D256);
+  CaseSpec s = spec(DType::kBFloat16, 256, 1, 400, 600, 4, 2, true);
+  s.seed = 2292;
+  BackwardCase bc(s);
+  bc.run_forward();
+  const auto first = run_on_gpu(bc, Family::kSm90D256);
+  const auto second = run_on_gpu(bc, Family::kSm90D256);
+  EXPECT_TRUE(first.dk == second.dk && first.dv == second.dv) << s.name();
+}
+
 // FLASHSERVE_BWD_KERNEL=sm90 refuses what the sm90 kernel lacks by the variable's name:
-// deterministic mode (auto runs it on sm80) and head dims other than 64 and 128.
+// deterministic mode (auto runs it on sm80), head dims other than 64, 128 and 256, and 256 with
+// FLASHSERVE_SM90_BWD_D256=0.
 TEST(GpuBackwardSm90, ForcedRefusesWhatItLacks) {
   SKIP_WITHOUT_FAMILY(Family::kSm90);
   ScopedEnv env("FLASHSERVE_BWD_KERNEL", "sm90");
-  for (auto [d, deterministic] : {std::pair{int64_t{64}, true}, std::pair{int64_t{96}, false}}) {
+  ScopedEnv d256("FLASHSERVE_SM90_BWD_D256", "0");
+  for (auto [d, deterministic] : {std::pair{int64_t{64}, true}, std::pair{int64_t{96}, false},
+                                  std::pair{int64_t{256}, false}}) {
     CaseSpec s = spec(DType::kBFloat16, d, 1, 9, 9, 2, 2, false);
     BackwardCase bc(s);
     bc.run_forward();

@@ -120,6 +120,10 @@ bool parse_sm90_bwd_persistent(const char* value) {
   return env_switch(value, "FLASHSERVE_SM90_BWD_PERSISTENT", kSm90BwdPersistentByDefault);
 }
 
+bool parse_sm90_bwd_d256(const char* value) {
+  return env_switch(value, "FLASHSERVE_SM90_BWD_D256", kSm90BwdD256ByDefault);
+}
+
 bool parse_sm90_epilogue(const char* value) {
   return env_switch(value, "FLASHSERVE_SM90_EPILOGUE", kSm90EpilogueByDefault);
 }
@@ -205,10 +209,17 @@ FamilyRequest parse_family_request(const char* value, const char* variable) {
 }
 
 std::string sm90_backward_lacks(const Problem& pr, bool deterministic,
-                                const std::string& sm90_unavailable) {
+                                const std::string& sm90_unavailable, bool d256) {
   if (!sm90_unavailable.empty()) return sm90_unavailable;
-  if (pr.head_dim != 64 && pr.head_dim != 128)
-    return str_cat("head_dim ", pr.head_dim, " (the sm90 backward has 64 and 128)");
+  // Past 128 (multiples of 8, check_cuda_head_dims): the d256 kernel, padded below 256.
+  const bool wide = pr.head_dim > 128 && pr.head_dim <= 256;
+  if (wide && !d256)
+    return str_cat("head_dim ", pr.head_dim,
+                   " (the sm90 backward's d256 kernel is off: FLASHSERVE_SM90_BWD_D256=1)");
+  if (pr.head_dim != 64 && pr.head_dim != 128 && !wide)
+    return str_cat("head_dim ", pr.head_dim,
+                   " (the sm90 backward has 64, 128 and, with FLASHSERVE_SM90_BWD_D256=1, "
+                   "136-256)");
   if (pr.score_mod.any()) return "score modifiers (softcap, alibi_slopes)";
   if (deterministic)
     return "deterministic mode (bit-identical dq runs on sm80's fixed-order dq kernel)";
@@ -216,9 +227,9 @@ std::string sm90_backward_lacks(const Problem& pr, bool deterministic,
 }
 
 KernelFamily choose_backward_family(const Problem& pr, bool deterministic, FamilyRequest request,
-                                    const std::string& sm90_unavailable) {
+                                    const std::string& sm90_unavailable, bool d256) {
   if (request == FamilyRequest::kSm80) return KernelFamily::kSm80;
-  const std::string lacks = sm90_backward_lacks(pr, deterministic, sm90_unavailable);
+  const std::string lacks = sm90_backward_lacks(pr, deterministic, sm90_unavailable, d256);
   if (request == FamilyRequest::kSm90 && !lacks.empty())
     throw Error(ErrorKind::kUnsupported, "FLASHSERVE_BWD_KERNEL", "sm90: " + lacks);
   const bool sm90 = request == FamilyRequest::kSm90 || kSm90BackwardByDefault;

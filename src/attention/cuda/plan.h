@@ -303,10 +303,12 @@ FamilyRequest parse_family_request(const char* value, const char* variable);
 
 // What the sm90 backward kernel (sm90/bwd_kernel.h) cannot run of this call, or "" if it can:
 // `sm90_unavailable` (the build, the device, TMA's strides: backward_cuda.cu), else the call's
-// shape: head dims 64 and 128, no score modifiers, not deterministic (bit-identical dq is sm80's
-// fixed-order dq kernel, bwd_dq_kernel).
+// shape: head dims 64 and 128, and when `d256` (FLASHSERVE_SM90_BWD_D256: parse_sm90_bwd_d256;
+// sm90/bwd_swapped_kernel.h) 256 and the multiples of 8 from 136 to 248 (padded to 256), no
+// score modifiers, not deterministic (bit-identical dq is sm80's fixed-order dq kernel,
+// bwd_dq_kernel).
 std::string sm90_backward_lacks(const Problem& pr, bool deterministic,
-                                const std::string& sm90_unavailable);
+                                const std::string& sm90_unavailable, bool d256);
 
 // Whether the default dispatch takes the sm90 backward where it can run the call: on since its
 // first device run (H200, session 16: every backward GPU test against the float64 reference
@@ -373,12 +375,24 @@ inline constexpr bool kSm90BwdPersistentByDefault = false;
 // per call (backward_cuda.cu), as FLASHSERVE_SM90_BWD_DQ_BULK.
 bool parse_sm90_bwd_persistent(const char* value);
 
+// Whether the sm90 backward runs head dims 136-256 (sm90/bwd_swapped_kernel.h, padded to 256
+// below it: 64 x 64 tiles, dV^T and dK^T over half the head dim per consumer warpgroup,
+// docs/kernel-notes.md session 29) instead of sm80's padded kernel in two launches of half the
+// columns (0.27x FlashAttention-2 at d256 on the H200, session 26). Off until a device run has passed the backward tests with it and measured it
+// (written without a GPU, session 29).
+inline constexpr bool kSm90BwdD256ByDefault = false;
+
+// FLASHSERVE_SM90_BWD_D256: unset (null) or empty, kSm90BwdD256ByDefault; "1" on; "0" off;
+// anything else throws kInvalidArgument naming the variable. Read by the CUDA backward once per
+// call (backward_cuda.cu) before it chooses the family, as FLASHSERVE_SM90_BWD_DQ_BULK.
+bool parse_sm90_bwd_d256(const char* value);
+
 // The backward's one decision: with `request` kAuto and kSm90BackwardByDefault, sm90 wherever
-// sm90_backward_lacks is "" (the compute capability 9.0 device of a build with 90a), else sm80;
-// kSm80 forces sm80; kSm90 forces sm90, and a call it cannot run throws kUnsupported naming
-// FLASHSERVE_BWD_KERNEL.
+// sm90_backward_lacks is "" (the compute capability 9.0 device of a build with 90a; `d256` its
+// switch), else sm80; kSm80 forces sm80; kSm90 forces sm90, and a call it cannot run throws
+// kUnsupported naming FLASHSERVE_BWD_KERNEL.
 KernelFamily choose_backward_family(const Problem& pr, bool deterministic, FamilyRequest request,
-                                    const std::string& sm90_unavailable);
+                                    const std::string& sm90_unavailable, bool d256);
 
 // Bytes of fp32 partial O and LSE that `splits` ways over `rows` rows of q take.
 size_t partial_bytes(int64_t splits, int64_t rows, int64_t h_q, int64_t head_dim);

@@ -156,9 +156,10 @@ struct BwdSeq {
 // The ring's step counter `i` (stage i % kStages, round i / kStages) continues from one tile of a
 // persistent CTA to the next; kv_phase is the parity of the CTA's tile (with keys) for kv_full and
 // kv_empty, `tile` its entry in the order (0 and unused without Cfg::kPersistent: one tile).
-template <class Cfg, bool kMasked, bool kDqBulk>
+// `s` is a BwdSharedStorage or the d256 kernel's (bwd_swapped_kernel.h): the same ring members.
+template <class Cfg, bool kMasked, bool kDqBulk, class Smem>
 __device__ __forceinline__ void bwd_produce(
-    BwdSharedStorage<Cfg, kDqBulk>& s, const BwdParams& bp, const BwdSeq& seq,
+    Smem& s, const BwdParams& bp, const BwdSeq& seq,
     const kernel::QueryBlocks<Cfg::kBlockM, Cfg::kBlockN, kMasked>& steps, int n_block, int kv_head,
     int lane, int& i, int kv_phase, int tile) {
   constexpr int kBM = Cfg::kBlockM, kStages = Cfg::kStages;

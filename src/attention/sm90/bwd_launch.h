@@ -1,7 +1,7 @@
-// Host entry point of the sm90 backward kernel (bwd_kernel.h): dense or varlen batches
-// (seqused_k too), head dims 64 and 128, bf16/fp16, no mask, bottom-right causal or a sliding
-// window, GQA/MQA; dq through the fp32 accumulator (atomics or bulk reduce-adds: BwdArgs::dq_bulk),
-// not deterministic.
+// Host entry point of the sm90 backward kernels (bwd_kernel.h; bwd_swapped_kernel.h at d256):
+// dense or varlen batches (seqused_k too), head dims 64, 128 and 256, bf16/fp16, no mask,
+// bottom-right causal or a sliding window, GQA/MQA; dq through the fp32 accumulator (atomics or
+// bulk reduce-adds: BwdArgs::dq_bulk; d256 bulk only), not deterministic.
 // attention/backward_cuda.cu decides when it runs (choose_backward_family in
 // attention/cuda/plan.h; FLASHSERVE_BWD_KERNEL forces either family).
 #pragma once
@@ -57,5 +57,8 @@ void run_bwd(const sm80::BwdParams& params, const BwdArgs& args, int head_dim);
 
 template <int kHeadDim>
 void run_bwd_hdim(const sm80::BwdParams& params, const BwdArgs& args);
+// Head dim 256: bwd_swapped_kernel.h (bwd_hdim256.cu), the bulk-dQ path alone.
+template <>
+void run_bwd_hdim<256>(const sm80::BwdParams& params, const BwdArgs& args);
 
 }  // namespace flashserve::attention::sm90

@@ -42,8 +42,12 @@ void run_bwd(const sm80::BwdParams& params, const BwdArgs& args, int head_dim) {
     case 128:
       return run_bwd_hdim<128>(params, args);
     default:
+      // 136-248 padded to 256 (bwd_hdim256.cu).
+      if (head_dim > 128 && head_dim <= 256 && head_dim % 8 == 0)
+        return run_bwd_hdim<256>(params, args);
       throw Error(ErrorKind::kUnsupported, "q",
-                  str_cat("head_dim ", head_dim, " has no sm90 backward kernel yet (64, 128)"));
+                  str_cat("head_dim ", head_dim,
+                          " has no sm90 backward kernel (64, 128, multiples of 8 in 136-256)"));
   }
 }
 

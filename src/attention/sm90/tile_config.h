@@ -500,6 +500,59 @@ struct BwdPersistentTile : Cfg {
   static constexpr bool kPersistent = true;
 };
 
+// The d256 backward's tile (bwd_swapped_kernel.h; docs/kernel-notes.md, session 29): kBlockM
+// queries a step x kBlockN keys a CTA with dV, dK and dQ computed "swapped" (FlashAttention-3's
+// dKV_swapAB: dV^T = dO^T P and dK^T = Q^T dS with M = the head dim), because the unswapped
+// kernel's dK and dV of 64 keys a warpgroup would be 64 x 256 x 2 fp32 = 256 registers a thread.
+// Consumer warpgroup w owns head-dim rows 128 w .. 128 w + 127 of dV^T and dK^T (2 x 2 m64n64
+// accumulators: 128 registers), queries 32 w .. 32 w + 31 of S^T = K Q^T and dP^T (m64n32: 16
+// each), and columns 128 w .. 128 w + 127 of dQ = dS K (m64n128: 64); peak ~200 of 240. P^T and
+// dS^T go through shared memory ([key][query], one 64 x 64 chunk each), where both warpgroups
+// read them. Shared memory: K, V 32 KB each, Q and dO 2 stages x 32 KB each, P^T and dS^T 8 KB
+// each: 208 KB, + LSE, D and the barriers; the dQ tile (64 x 256 fp32, 64 KB) has no room of its
+// own and is staged in the step's own Q and dO stage once both warpgroups are done reading it
+// (warpgroup 0 in Q, 1 in dO), the stage freed by the dQ writer after its reduce-adds read it.
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_ = 2>
+struct BwdSwappedTileConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;  // queries per step
+  static constexpr int kBlockN = kBlockN_;  // keys per CTA
+  static constexpr int kStages = kStages_;  // Q, dO, LSE and D buffers
+  static constexpr int kConsumers = 2;
+  static constexpr int kWarpgroups = 1 + kConsumers;
+  static constexpr int kThreads = kWarpgroups * 128;
+  static constexpr int kChunkCols = 64;
+  static constexpr int kChunks = kHeadDim / kChunkCols;
+  static constexpr int kQChunkBytes = kBlockM * kChunkCols * 2;  // Q and dO
+  static constexpr int kKVChunkBytes = kBlockN * kChunkCols * 2;
+  static constexpr int kQBytes = kQChunkBytes * kChunks;
+  static constexpr int kKVBytes = kKVChunkBytes * kChunks;
+  // S^T and dP^T: each warpgroup's share of the step's queries (the N of m64nN).
+  static constexpr int kSQueries = kBlockM / kConsumers;
+  // dV^T and dK^T: each warpgroup's head-dim rows, as m64 tiles.
+  static constexpr int kGradRows = kHeadDim / kConsumers;
+  static constexpr int kGradTiles = kGradRows / 64;
+  // P^T and dS^T as [key][query]: kBlockN rows of 128 bytes (64 queries).
+  static constexpr int kKQBytes = kBlockN * 128;
+  // dQ = dS K per warpgroup: the step's kBlockM queries x kDqCols columns from dq_col0(w), staged
+  // for the bulk reduce-add as boxes of 32 fp32 columns x 64 rows (store_dq_tile's layout).
+  static constexpr int kDqCols = kHeadDim / kConsumers;
+  static constexpr int dq_col0(int w) { return kDqCols * w; }
+  static constexpr int kDqBoxCols = 32;
+  static constexpr int kDqBoxes = kDqCols / kDqBoxCols;
+  static constexpr int kDqBoxBytes = 64 * kDqBoxCols * 4;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  // What bwd_produce reads of a tile config: one tile per CTA.
+  static constexpr bool kPersistent = false;
+  static_assert(kHeadDim == 256 && kBlockM == 64 && kBlockN == 64,
+                "the d256 step as written: m64n32 S^T halves, one 64 x 64 P^T chunk, m64n128 dQ");
+  static_assert(kDqBoxes * kDqBoxBytes == kQBytes,
+                "a warpgroup's dQ tile fills one stage's Q (or dO) exactly");
+  static_assert(setmaxnreg_fits(kProducerRegs, kConsumerRegs, kConsumers),
+                "the setmaxnreg budgets exceed the CTA's registers: setmaxnreg.inc would hang");
+};
+
 // The backward's tiles (FlashAttention-3's choices for two MMA warpgroups, hopper/
 // flash_bwd_launch_template.h, as the start, except d128 non-causal, where FA3 takes 80 x 128;
 // not yet measured here):
@@ -517,6 +570,11 @@ struct DefaultBwdTile<64> {
 template <>
 struct DefaultBwdTile<128> {
   using type = BwdTileConfig<128, 64, 128>;
+};
+// - d256: 64 queries x 64 keys, the swapped products (BwdSwappedTileConfig above).
+template <>
+struct DefaultBwdTile<256> {
+  using type = BwdSwappedTileConfig<256, 64, 64>;
 };
 
 }  // namespace flashserve::attention::sm90

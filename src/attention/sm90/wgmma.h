@@ -96,6 +96,10 @@ __device__ void mma_ss(float (&d)[kN / 2], uint64_t a, uint64_t b, int scale_d);
 // dQ = dS K, sm90/bwd_kernel.h).
 template <int kN, bool kBf16>
 __device__ void mma_ss_tt(float (&d)[kN / 2], uint64_t a, uint64_t b, int scale_d);
+// D (+)= A B, A and B from shared memory, A MN-major (read transposed), B K-major (the d256
+// backward's dV^T = dO^T P and dK^T = Q^T dS, sm90/bwd_swapped_kernel.h).
+template <int kN, bool kBf16>
+__device__ void mma_ss_tn(float (&d)[kN / 2], uint64_t a, uint64_t b, int scale_d);
 // D (+)= A B, A from registers (the fragment above), B from shared memory MN-major (transposed).
 template <int kN, bool kBf16>
 __device__ void mma_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b, int scale_d);
