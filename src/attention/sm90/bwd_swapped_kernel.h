@@ -27,11 +27,11 @@
 //   arrival for step i + 2 needs stage i % 2 loaded again, which needs the writer's release of
 //   step i, which follows the writer's sync on step i's barrier; with one barrier for every step,
 //   the arrivals of steps i and i + 1 could meet on it before the writer's sync of step i.
+// - dK^T and dV^T leave transposed through K's and V's shared memory (stmatrix .trans), free
+//   after the last step, as 16-byte rows of dk and dv.
 // - Head dims 136-248 run padded to 256 (bwd_hdim256.cu: TMA's zero fill past the call's head
 //   dim makes the extra columns zeros; write_grad_rows stops at it).
 // - deterministic = true is not here (backward_cuda.cu runs sm80's fixed-order dq kernel).
-// - dK^T and dV^T leave transposed through K's and V's shared memory (stmatrix .trans), free
-//   after the last step, as 16-byte rows of dk and dv.
 // Not yet: the overlapped step, the heaviest-first order and the persistent grid of bwd_kernel.h.
 #pragma once
 

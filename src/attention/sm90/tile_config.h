@@ -501,7 +501,7 @@ struct BwdPersistentTile : Cfg {
 };
 
 // The d256 backward's tile (bwd_swapped_kernel.h; docs/kernel-notes.md, session 29): kBlockM
-// queries a step x kBlockN keys a CTA with dV, dK and dQ computed "swapped" (FlashAttention-3's
+// queries a step x kBlockN keys a CTA with dV and dK computed "swapped" (FlashAttention-3's
 // dKV_swapAB: dV^T = dO^T P and dK^T = Q^T dS with M = the head dim), because the unswapped
 // kernel's dK and dV of 64 keys a warpgroup would be 64 x 256 x 2 fp32 = 256 registers a thread.
 // Consumer warpgroup w owns head-dim rows 128 w .. 128 w + 127 of dV^T and dK^T (2 x 2 m64n64
