@@ -20,18 +20,9 @@
 namespace flashserve::model {
 namespace {
 
-int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
 TEST(NcclCommunicator, AllReduceAndAllGatherOverEveryGpu) {
   if (!nccl_available()) GTEST_SKIP() << "skipped: built without NCCL";
-  const int size = device_count();
+  const int size = nccl_device_count();
   // One GPU: a group of one rank, NCCL's own single-rank path (the sum and the gather are the
   // input), so a one-GPU machine runs the whole communicator (init, streams, both collectives).
   if (size < 1) GTEST_SKIP() << "skipped: no CUDA device";
@@ -95,7 +86,7 @@ TEST(NcclCommunicator, BadDeviceListsAreRefusedByName) {
   try {
     // Two distinct devices past the machine's last (on a machine without GPUs {0, 0} would be
     // refused as a repeat, not as missing).
-    make_nccl_group({device_count(), device_count() + 1});
+    make_nccl_group({nccl_device_count(), nccl_device_count() + 1});
     FAIL() << "a device beyond the machine's was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "tensor_parallel_size") << e.what();

@@ -9,7 +9,6 @@
 //   - two GPUs or more (nvidia-h200-x2): NCCL ranks on GPUs 0 and 1 through make_cuda_runner,
 //     graphs on; skipped below two.
 // The refusals by name need no GPU.
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -40,15 +39,6 @@ using model::ForwardBatchBuilder;
 using model::ModelRunner;
 
 constexpr int32_t kBlock = 16;
-
-int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
 
 std::vector<int32_t> random_tokens(size_t n, int64_t vocab, unsigned seed) {
   std::mt19937 rng(seed);
@@ -217,7 +207,7 @@ TEST(GpuTensorParallel, OneNcclRankIsTheWholeModelBitForBit) {
 TEST(GpuTensorParallel, NcclRanksOnTwoGpusMatchTheWholeModel) {
   SKIP_WITHOUT_CUDA();
   if (!model::nccl_available()) GTEST_SKIP() << "skipped: built without NCCL";
-  if (device_count() < 2) GTEST_SKIP() << "skipped: needs two GPUs (nvidia-h200-x2)";
+  if (model::nccl_device_count() < 2) GTEST_SKIP() << "skipped: needs two GPUs (nvidia-h200-x2)";
   for (const std::string& dir : {tiny_checkpoint_dir(), qwen_like_dir()}) {
     SCOPED_TRACE(dir);
     auto whole = model::make_cuda_runner(dir, 0);
@@ -263,10 +253,10 @@ TEST(TensorParallelCuda, RefusesSizesByName) {
       EXPECT_EQ(e.argument(), "tensor_parallel_size") << e.what();
     }
   }
-  if (device_count() >= 4) return;  // a machine with the GPUs would make the ranks
+  if (model::nccl_device_count() >= 4) return;  // a machine with the GPUs would make the ranks
   try {
     model::make_cuda_runner(tiny_checkpoint_dir(), 0, 4);
-    ADD_FAILURE() << "4 ranks accepted on " << device_count() << " GPUs";
+    ADD_FAILURE() << "4 ranks accepted on " << model::nccl_device_count() << " GPUs";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "tensor_parallel_size") << e.what();
   }
