@@ -21,8 +21,9 @@
 //   stores its 64 x 128 share there (w 0 over Q, w 1 over dO; bwd_kernel.h's store_dq_tile, boxes
 //   of 32 fp32 columns) and arrives at a named barrier. The writer adds the boxes into the fp32
 //   accumulator (cp.reduce.async.bulk.tensor), waits until they have read the stage and then
-//   releases the stage to the producer (empty[st]: its one arrival). So the stage ring, not a
-//   dq_empty hand-off, keeps the consumers from writing a tile the writer still reads.
+//   arrives on the stage's empty barrier, which every consumer thread has also arrived on after
+//   its last access to the stage: the producer reloads it once both are done. So the stage ring,
+//   not a dq_empty hand-off, keeps the consumers from writing a tile the writer still reads.
 // - The named barriers of the hand-off alternate with the stage (dq_full_barrier): a warpgroup's
 //   arrival for step i + 2 needs stage i % 2 loaded again, which needs the writer's release of
 //   step i, which follows the writer's sync on step i's barrier; with one barrier for every step,
@@ -59,8 +60,8 @@ struct BwdSwappedSharedStorage {
   float delta[Cfg::kStages][Cfg::kBlockM];   // D of the step's queries
   Mbarrier kv_full;                          // K and V landed (TMA bytes)
   // full: a stage's Q, dO (TMA bytes), LSE and D landed (the producer warp's 32 arrivals);
-  // empty: the dQ writer's reduce-adds have read the step's dQ tiles from it (its one arrival),
-  // which follows every consumer thread's last read of it.
+  // empty: every consumer thread is done with it (LSE, D, its dQ tile's stores; 256 arrivals) and
+  // the dQ writer's reduce-adds have read the dQ tiles from it (its lane 0's arrival).
   Mbarrier full[Cfg::kStages], empty[Cfg::kStages];
   int mask_free[2];  // as BwdDqStage's: the query blocks that need no mask
 };
@@ -329,6 +330,11 @@ __device__ __forceinline__ void bwd_consume_swapped(
                        warp, lane);
     fence_shared_to_async();  // this thread's tile stores, to the reduce-add (async proxy)
     dq_full_barrier<false>(i % 2, cw);
+    // This thread is done with the stage (its LSE and D reads above): an arrival of its own, so
+    // that the producer's next writes of them are ordered after these reads by the barrier
+    // itself, not only through the writer's bar.sync on the named barrier (which racecheck did
+    // not follow: session 29's WAR hazards on D). The stage frees once the writer arrives too.
+    s.empty[st].arrive();
   };
   int i = 0;
   for (int h = kv_head * f.h_ratio; h < (kv_head + 1) * f.h_ratio; ++h) {
@@ -423,8 +429,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     s.kv_full.init(1);
 #pragma unroll
     for (int st = 0; st < Cfg::kStages; ++st) {
-      s.full[st].init(32);  // the producer warp's lanes
-      s.empty[st].init(1);  // the dQ writer's lane 0
+      s.full[st].init(32);                          // the producer warp's lanes
+      s.empty[st].init(1 + Cfg::kConsumers * 128);  // the dQ writer's lane 0, every consumer
     }
     s.mask_free[0] = min(max(steps.full_lo, steps.m_min), steps.m_max);
     s.mask_free[1] = min(max(steps.full_hi, s.mask_free[0]), steps.m_max);
