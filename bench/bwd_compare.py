@@ -17,8 +17,9 @@ sm90-overlap is sm90 with FLASHSERVE_SM90_BWD_OVERLAP=1 (the bulk path's step in
 order; the dQ path at its default), to set beside sm90 (the same with the switch at its default);
 sm90-heavy-first is sm90 with FLASHSERVE_SM90_BWD_HEAVY_FIRST=1 (a masked call's CTAs launched
 heaviest key blocks first; unmasked rows run as sm90: --causal 1 for its A/B). sm90-d256 is sm90
-with FLASHSERVE_SM90_BWD_D256=1 (head dim 256 on sm90/bwd_swapped_kernel.h; with the switch at its
-default, off, auto runs d256 on sm80's padded kernels: --head-dims 256 --families auto,sm90-d256).
+with FLASHSERVE_SM90_BWD_D256=1 (head dim 256 on sm90/bwd_swapped_kernel.h; the switch's default
+since session 30, so auto runs it too; sm80 is sm80's padded kernels: --head-dims 256 --families
+sm80,auto).
 --profile adds, per shape and family, one call's device time per kernel (torch.profiler): the main
 kernel's share of a row beside the zeroing, preprocess and postprocess around it.
 

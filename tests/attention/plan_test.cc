@@ -921,9 +921,9 @@ TEST(PlanBackward, ParsesTheSm90PersistentSwitchStrictly) {
                        "FLASHSERVE_SM90_BWD_PERSISTENT");
 }
 
-// FLASHSERVE_SM90_BWD_D256: head dim 256 on the sm90 backward, off until measured.
+// FLASHSERVE_SM90_BWD_D256: head dim 256 on the sm90 backward, on since its device runs.
 TEST(PlanBackward, ParsesTheSm90D256SwitchStrictly) {
-  EXPECT_FALSE(attention::kSm90BwdD256ByDefault);
+  EXPECT_TRUE(attention::kSm90BwdD256ByDefault);
   expect_strict_switch(attention::parse_sm90_bwd_d256, attention::kSm90BwdD256ByDefault,
                        "FLASHSERVE_SM90_BWD_D256");
 }

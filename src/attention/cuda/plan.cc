@@ -215,7 +215,7 @@ std::string sm90_backward_lacks(const Problem& pr, bool deterministic,
   const bool wide = pr.head_dim > 128 && pr.head_dim <= 256;
   if (wide && !d256)
     return str_cat("head_dim ", pr.head_dim,
-                   " (the sm90 backward's d256 kernel is off: FLASHSERVE_SM90_BWD_D256=1)");
+                   " (the sm90 backward's d256 kernel is off: FLASHSERVE_SM90_BWD_D256=0)");
   if (pr.head_dim != 64 && pr.head_dim != 128 && !wide)
     return str_cat("head_dim ", pr.head_dim,
                    " (the sm90 backward has 64, 128 and, with FLASHSERVE_SM90_BWD_D256=1, "

@@ -378,9 +378,11 @@ bool parse_sm90_bwd_persistent(const char* value);
 // Whether the sm90 backward runs head dims 136-256 (sm90/bwd_swapped_kernel.h, padded to 256
 // below it: 64 x 64 tiles, dV^T and dK^T over half the head dim per consumer warpgroup,
 // docs/kernel-notes.md session 29) instead of sm80's padded kernel in two launches of half the
-// columns (0.27x FlashAttention-2 at d256 on the H200, session 26). Off until a device run has passed the backward tests with it and measured it
-// (written without a GPU, session 29).
-inline constexpr bool kSm90BwdD256ByDefault = false;
+// columns (0.27x FlashAttention-2 at d256 on the H200, session 26). On since session 30: its
+// device runs (sessions 29-30) passed the backward tests, compute-sanitizer's memcheck and
+// racecheck, and measured it at 4.4-5.3x sm80's padded kernel, 1.13-1.46x FlashAttention-2 from
+// 2k keys (bench/results/bwd-d256-h200-*).
+inline constexpr bool kSm90BwdD256ByDefault = true;
 
 // FLASHSERVE_SM90_BWD_D256: unset (null) or empty, kSm90BwdD256ByDefault; "1" on; "0" off;
 // anything else throws kInvalidArgument naming the variable. Read by the CUDA backward once per

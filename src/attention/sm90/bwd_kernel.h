@@ -241,19 +241,20 @@ __device__ __forceinline__ void bwd_produce(
 // ---------------------------------------------------------------------------------------------
 // Consumers (warpgroups 1 and 2; `cw` 0 or 1, `tid` 0..127)
 
-// acc (64 rows x kBlockM) = A B^T over the head dim, both K-major: A = 64 rows of K or V (the
-// warpgroup's keys), B = the step's Q or dO. k-step k reads column chunk k / 4 at byte 32 (k % 4)
-// of each row (as the forward's issue_qk).
-template <class Cfg, bool kBf16>
-__device__ __forceinline__ void issue_over_d(float (&acc)[Cfg::kBlockM / 2], const uint8_t* a_tile,
+// acc (64 rows x kN) = A B^T over the head dim, both K-major: A = 64 rows of K or V (the
+// warpgroup's keys), B = kN rows of the step's Q or dO (all kBlockM here; bwd_swapped_kernel.h's
+// warpgroup its half). k-step k reads column chunk k / 4 at byte 32 (k % 4) of each row (as the
+// forward's issue_qk).
+template <class Cfg, bool kBf16, int kN = Cfg::kBlockM>
+__device__ __forceinline__ void issue_over_d(float (&acc)[kN / 2], const uint8_t* a_tile,
                                              const uint8_t* b_tile) {
   const uint64_t a_desc = opaque(smem_desc_sw128(a_tile, 16, 1024));
   const uint64_t b_desc = smem_desc_sw128(b_tile, 16, 1024);
 #pragma unroll
   for (int k = 0; k < Cfg::kHeadDim / 16; ++k) {
     const uint32_t off = (k % 4) * 32;
-    mma_ss<Cfg::kBlockM, kBf16>(acc, desc_advance(a_desc, (k / 4) * Cfg::kKVChunkBytes + off),
-                                desc_advance(b_desc, (k / 4) * Cfg::kQChunkBytes + off), k > 0);
+    mma_ss<kN, kBf16>(acc, desc_advance(a_desc, (k / 4) * Cfg::kKVChunkBytes + off),
+                      desc_advance(b_desc, (k / 4) * Cfg::kQChunkBytes + off), k > 0);
   }
   wgmma_commit();
 }

@@ -14,33 +14,41 @@
 
 namespace flashserve::attention::sm90 {
 
-template <class Cfg, bool kBf16, bool kMasked, bool kDqBulk>
-void launch_bwd(BwdParams& bp, const BwdArgs& a) {
-  constexpr int kD = Cfg::kHeadDim;
+// The call's tensor maps: q and dout in boxes of `block_m` rows, k and v of `block_n`, and with
+// `dq_bulk` the dq accumulator in boxes of 32 columns x 64 rows (kDqBoxBytes), all `d` columns wide
+// (the call's head dim; a kernel padded past it gets TMA's zeros for the columns beyond). Varlen
+// tensors are one sequence of all their rows for TMA (the kernel offsets each block by its
+// sequence's first row); TMA refuses a dimension of 0, so no rows describe one.
+inline void make_bwd_maps(BwdParams& bp, const BwdArgs& a, int d, int block_m, int block_n,
+                          bool dq_bulk) {
   const sm80::BwdParams& p = bp.p;
   const sm80::FwdParams& f = p.fwd;
-  // Varlen tensors are one sequence of all their rows for TMA (the kernel offsets each block by
-  // its sequence's first row); TMA refuses a dimension of 0, so no rows describe one.
   const bool varlen_q = f.cu_seqlens_q != nullptr, varlen_k = f.cu_seqlens_k != nullptr;
   const int q_seqs = varlen_q ? 1 : a.batch, kv_seqs = varlen_k ? 1 : a.batch;
   const int q_rows = std::max(a.q_rows, 1), kv_rows = std::max(a.kv_rows, 1);
-  bp.tma_q = make_map(f.q, a.dtype, q_seqs, q_rows, f.h_q, kD, f.q_batch_stride, f.q_row_stride,
-                      f.q_head_stride, Cfg::kBlockM, "q");
-  bp.tma_do = make_map(p.dout, a.dtype, q_seqs, q_rows, f.h_q, kD, p.do_batch_stride,
-                       p.do_row_stride, p.do_head_stride, Cfg::kBlockM, "dout");
-  bp.tma_k = make_map(f.k, a.dtype, kv_seqs, kv_rows, a.h_kv, kD, f.k_batch_stride, f.k_row_stride,
-                      f.k_head_stride, Cfg::kBlockN, "k");
-  bp.tma_v = make_map(f.v, a.dtype, kv_seqs, kv_rows, a.h_kv, kD, f.v_batch_stride, f.v_row_stride,
-                      f.v_head_stride, Cfg::kBlockN, "v");
-  if constexpr (kDqBulk) {
+  bp.tma_q = make_map(f.q, a.dtype, q_seqs, q_rows, f.h_q, d, f.q_batch_stride, f.q_row_stride,
+                      f.q_head_stride, block_m, "q");
+  bp.tma_do = make_map(p.dout, a.dtype, q_seqs, q_rows, f.h_q, d, p.do_batch_stride,
+                       p.do_row_stride, p.do_head_stride, block_m, "dout");
+  bp.tma_k = make_map(f.k, a.dtype, kv_seqs, kv_rows, a.h_kv, d, f.k_batch_stride, f.k_row_stride,
+                      f.k_head_stride, block_n, "k");
+  bp.tma_v = make_map(f.v, a.dtype, kv_seqs, kv_rows, a.h_kv, d, f.v_batch_stride, f.v_row_stride,
+                      f.v_head_stride, block_n, "v");
+  if (dq_bulk) {
     // The dq accumulator [q_rows][h_q][d] fp32 as one sequence of all its rows (dense batches
-    // too: the kernel adds at the sequence's first row, row0), 32-column x 64-row boxes. Its
-    // bytes bound q_rows far below 2^31 (h_q d 4 >= 256 bytes a row).
+    // too: the kernel adds at the sequence's first row, row0). Its bytes bound q_rows far below
+    // 2^31 (h_q d 4 >= 256 bytes a row).
     if (p.q_rows > INT32_MAX) throw Error(ErrorKind::kUnsupported, "q", "more than 2^31 rows of q");
-    const int64_t row = int64_t{f.h_q} * kD;
-    bp.tma_dq_accum = make_map(p.dq_accum, DType::kFloat32, 1, static_cast<int>(p.q_rows), f.h_q,
-                               kD, 0, row, kD, 64, "dq accumulator");
+    const int64_t row = int64_t{f.h_q} * d;
+    bp.tma_dq_accum = make_map(p.dq_accum, DType::kFloat32, 1, static_cast<int>(p.q_rows), f.h_q, d,
+                               0, row, d, 64, "dq accumulator");
   }
+}
+
+template <class Cfg, bool kBf16, bool kMasked, bool kDqBulk>
+void launch_bwd(BwdParams& bp, const BwdArgs& a) {
+  make_bwd_maps(bp, a, Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, kDqBulk);
+  const kernel::GridOrder& order = bp.p.fwd.order;
   auto kernel = bwd_kernel<Cfg, kBf16, kMasked, kDqBulk>;
   constexpr int smem = bwd_smem_bytes<Cfg, kDqBulk>();
   static_assert(smem <= 227 * 1024, "the tile's shared memory exceeds what one block may have");
@@ -50,12 +58,12 @@ void launch_bwd(BwdParams& bp, const BwdArgs& a) {
   if constexpr (Cfg::kPersistent) {
     // One CTA per multiprocessor, each taking tiles of the order from the counter until none is
     // left.
-    grid = dim3(std::min(f.order.units * f.order.m_blocks, a.sms));
+    grid = dim3(std::min(order.units * order.m_blocks, a.sms));
     bp.tile_counter = a.tile_counter;
     check_cuda(cudaMemsetAsync(a.tile_counter, 0, sizeof(int), a.stream),
                "cudaMemsetAsync (sm90 backward tile counter)");
   } else if constexpr (Cfg::kHeavyFirst) {
-    grid = dim3(f.order.units * f.order.m_blocks);  // tile_of's
+    grid = dim3(order.units * order.m_blocks);  // tile_of's
   }
   kernel<<<grid, Cfg::kThreads, smem, a.stream>>>(bp);
   check_cuda(cudaGetLastError(), "sm90 backward kernel launch");

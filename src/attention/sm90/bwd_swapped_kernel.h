@@ -87,23 +87,6 @@ __device__ __forceinline__ void dq_full_barrier(int parity, int cw) {
     dq_barrier_id<5, kSync>();
 }
 
-// acc (64 keys x 32 queries) = A B^T over the head dim, both K-major: A = K or V (all 64 keys of
-// the block), B = the warpgroup's 32 queries of Q or dO (rows 32 w: 4 swizzle atoms in, so the
-// swizzle's phase is the tile's). k-step k reads chunk k / 4 at byte 32 (k % 4) of each row.
-template <class Cfg, bool kBf16>
-__device__ __forceinline__ void issue_s_half(float (&acc)[Cfg::kSQueries / 2],
-                                             const uint8_t* a_tile, const uint8_t* b_rows) {
-  const uint64_t a_desc = opaque(smem_desc_sw128(a_tile, 16, 1024));
-  const uint64_t b_desc = smem_desc_sw128(b_rows, 16, 1024);
-#pragma unroll
-  for (int k = 0; k < Cfg::kHeadDim / 16; ++k) {
-    const uint32_t off = (k % 4) * 32;
-    mma_ss<Cfg::kSQueries, kBf16>(acc, desc_advance(a_desc, (k / 4) * Cfg::kKVChunkBytes + off),
-                                  desc_advance(b_desc, (k / 4) * Cfg::kQChunkBytes + off), k > 0);
-  }
-  wgmma_commit();
-}
-
 // acc[t] (64 head-dim rows x 64 keys, tile t of the warpgroup's kGradTiles) += A B over the
 // step's queries: A = dO^T or Q^T, the stage's chunk (2 w + t) read transposed (MN-major: the
 // head dim contiguous; 16 queries, 2048 bytes, a k-step), B = P or dS from the [key][query] tile
@@ -260,8 +243,10 @@ __device__ __forceinline__ void bwd_consume_swapped(
     s.full[st].wait((i / kStages) & 1);
     float sc[kSQ / 2], dp[kSQ / 2];
     wgmma_fence();
-    issue_s_half<Cfg, kBf16>(sc, s.k[0], s.q[st][0] + cw * kSQ * 128);     // S^T = K Q^T
-    issue_s_half<Cfg, kBf16>(dp, s.v[0], s.dout[st][0] + cw * kSQ * 128);  // dP^T = V dO^T
+    // The warpgroup's 32 queries of Q or dO start 4 swizzle atoms in (rows 32 cw), so the
+    // swizzle's phase is the tile's.
+    issue_over_d<Cfg, kBf16, kSQ>(sc, s.k[0], s.q[st][0] + cw * kSQ * 128);     // S^T = K Q^T
+    issue_over_d<Cfg, kBf16, kSQ>(dp, s.v[0], s.dout[st][0] + cw * kSQ * 128);  // dP^T = V dO^T
     wgmma_wait<1>();
     fence_regs(sc);
     // P^T = exp2(S^T scale log2(e) - LSE log2(e)); accumulator column 8 j + 2 (lane % 4) + e is
