@@ -16,6 +16,11 @@
 // decode rows in TB/s of the bytes each pool holds (fp8 reads half); with --decode-splits also
 // the decode rows at those split counts, bf16 beside e4m3. --decode-rows NxKEYS,... replaces the
 // decode rows of the forced-split tables (a split policy's regimes between the fixed rows).
+// --decode-spread adds decode rows whose sequences differ in length (spread uniformly over 0.1-1.9x
+// the mean, or as an exponential distribution's quantiles: a server's mix of young and old
+// requests) beside the same decodes at equal lengths, same keys in all (issue 21: the cost model
+// prices decode attention at the batch's mean length, and a serving run's decode-only steps take
+// 4-11% more than it says).
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -29,6 +34,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "bench_common.h"
@@ -99,6 +105,26 @@ std::vector<Row> parse_decode_rows(const char* s) {
                  {}});
     p = *end ? end + 1 : end;
   }
+  return r;
+}
+
+// `n` decodes whose keys total n x mean: equal, "uniform" (0.1-1.9x the mean, evenly spaced) or
+// "exponential" (the distribution's quantiles (i + 0.5) / n, at least 16 keys), the remainder of
+// the rounding on the longest, in a shuffled order (a batch's order is its admission's).
+Row spread_row(int n, int mean, const std::string& kind) {
+  std::vector<int> keys(n, mean);
+  for (int i = 0; i < n && kind != "equal"; ++i) {
+    const double u = (i + 0.5) / n;
+    const double f = kind == "uniform" ? 0.1 + 1.8 * u : -std::log(1.0 - u);
+    keys[i] = std::max(16, static_cast<int>(std::lround(mean * f)));
+  }
+  const int64_t total = std::accumulate(keys.begin(), keys.end(), int64_t{0});
+  int& longest = *std::max_element(keys.begin(), keys.end());
+  longest = static_cast<int>(longest + int64_t{n} * mean - total);
+  std::mt19937 rng(11);
+  std::shuffle(keys.begin(), keys.end(), rng);
+  Row r{std::to_string(n) + " decodes, mean " + std::to_string(mean) + ", " + kind, {}, {}};
+  for (int k : keys) r.seqs.push_back({1, k - 1});
   return r;
 }
 
@@ -266,7 +292,7 @@ int main(int argc, char** argv) {
   std::string out_path;
   std::vector<int> decode_splits;
   std::vector<Row> split_rows;
-  bool kv_fp8 = false;
+  bool kv_fp8 = false, decode_spread = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--calls" && i + 1 < argc)
@@ -279,6 +305,8 @@ int main(int argc, char** argv) {
       g_head_dim = std::atoi(argv[++i]);
     else if (a == "--kv-fp8")
       kv_fp8 = true;
+    else if (a == "--decode-spread")
+      decode_spread = true;
     else if (a == "--decode-splits" && i + 1 < argc) {
       for (int n : parse_int_list(argv[++i])) decode_splits.push_back(n);
     } else if (a == "--decode-rows" && i + 1 < argc) {
@@ -286,7 +314,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_serve_attn [--calls 20] [--reps 15] [--md FILE] [--head-dim 128] "
-                   "[--decode-splits 2,4,8] [--decode-rows 32x4096,...] [--kv-fp8]\n");
+                   "[--decode-splits 2,4,8] [--decode-rows 32x4096,...] [--kv-fp8] "
+                   "[--decode-spread]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -413,6 +442,34 @@ int main(int argc, char** argv) {
                       sum, us[row.name][layout] / sum);
         emit(line);
       }
+    }
+  }
+
+  // Decodes of unequal lengths beside equal ones with the same keys, paged 16 with the pages
+  // shuffled (as the engine's pool), automatic splits.
+  if (decode_spread) {
+    emit(
+        "\n| decodes | mean keys | equal | uniform 0.1-1.9x | exponential | uniform / equal | "
+        "exponential / equal | plans (equal; exponential) |\n|---|---|---|---|---|---|---|---|\n");
+    for (const auto [n, mean] : {std::pair{16, 2048}, {64, 1024}, {64, 2048}, {112, 2048}}) {
+      std::map<std::string, double> t;
+      std::map<std::string, std::string> plans;
+      for (const char* kind : {"equal", "uniform", "exponential"}) {
+        Step st = make_step(spread_row(n, mean, kind), 16, b, rng);
+        std::tie(t[kind], plans[kind]) = time_step(st);
+      }
+      const double bytes = kv_bytes(spread_row(n, mean, "equal"));
+      auto cell = [&](double x) {
+        char f[64];
+        std::snprintf(f, sizeof f, "%.1f us (%.2f TB/s)", x, bytes / (x * 1e-6) / 1e12);
+        return std::string(f);
+      };
+      std::snprintf(line, sizeof line, "| %d | %d | %s | %s | %s | %.3f | %.3f | %s; %s |\n", n,
+                    mean, cell(t["equal"]).c_str(), cell(t["uniform"]).c_str(),
+                    cell(t["exponential"]).c_str(), t["uniform"] / t["equal"],
+                    t["exponential"] / t["equal"], plans["equal"].c_str(),
+                    plans["exponential"].c_str());
+      emit(line);
     }
   }
 
