@@ -43,8 +43,12 @@
 namespace {
 
 constexpr int kHq = 32, kHkv = 8;
-int g_head_dim = 128;                              // --head-dim
-constexpr int64_t kPoolTokens = 64 * 4096 + 4096;  // the largest step's keys, and some spare
+int g_head_dim = 128;  // --head-dim
+// Tokens of the K and V pools: the largest step's keys and some spare, or --pool-tokens (more: the
+// pages spread over a pool as large as a server's per-layer pool, e.g. 914304 tokens for
+// mistral-7b's 57144 blocks of 16 on the H200, where a fresh small pool keeps them close).
+constexpr int64_t kMinPoolTokens = 64 * 4096 + 4096;
+int64_t g_pool_tokens = kMinPoolTokens;
 
 // dst = src, 16 bytes per thread and step: the copy bandwidth SM loads and stores reach.
 __global__ void copy_kernel(uint4* dst, const uint4* src, int64_t n) {
@@ -95,9 +99,9 @@ std::vector<Row> parse_decode_rows(const char* s) {
     char* end = nullptr;
     const long n = std::strtol(p, &end, 10);
     const long keys = *end == 'x' ? std::strtol(end + 1, &end, 10) : 0;
-    if (n < 1 || keys < 2 || (*end && *end != ',') || n * keys > kPoolTokens - 4096) {
+    if (n < 1 || keys < 2 || (*end && *end != ',') || n * keys > kMinPoolTokens - 4096) {
       std::fprintf(stderr, "--decode-rows: \"%s\": want NxKEYS[,NxKEYS...] within %lld keys\n", s,
-                   static_cast<long long>(kPoolTokens - 4096));
+                   static_cast<long long>(kMinPoolTokens - 4096));
       std::exit(2);
     }
     r.push_back({std::to_string(n) + " decodes x " + std::to_string(keys),
@@ -210,7 +214,7 @@ Step make_step(const Row& row, int page, Buffers& b, std::mt19937& rng, bool in_
     p.cu_seqlens_k = dview(b.cu_k, DType::kInt32, {n + 1});
     CUDA_OK(cudaMemcpy(b.cu_k, cu_k.data(), 4 * (n + 1), cudaMemcpyHostToDevice));
   } else {
-    const int64_t num_pages = kPoolTokens / page;
+    const int64_t num_pages = g_pool_tokens / page;
     std::vector<int32_t> free_pages(num_pages);
     std::iota(free_pages.begin(), free_pages.end(), 0);
     if (!in_order) std::shuffle(free_pages.begin(), free_pages.end(), rng);
@@ -307,6 +311,8 @@ int main(int argc, char** argv) {
       kv_fp8 = true;
     else if (a == "--decode-spread")
       decode_spread = true;
+    else if (a == "--pool-tokens" && i + 1 < argc)
+      g_pool_tokens = std::max<int64_t>(kMinPoolTokens, std::atoll(argv[++i]));
     else if (a == "--decode-splits" && i + 1 < argc) {
       for (int n : parse_int_list(argv[++i])) decode_splits.push_back(n);
     } else if (a == "--decode-rows" && i + 1 < argc) {
@@ -315,7 +321,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: bench_serve_attn [--calls 20] [--reps 15] [--md FILE] [--head-dim 128] "
                    "[--decode-splits 2,4,8] [--decode-rows 32x4096,...] [--kv-fp8] "
-                   "[--decode-spread]\n");
+                   "[--decode-spread] [--pool-tokens N]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -326,7 +332,7 @@ int main(int argc, char** argv) {
   if (!cuda_device_or_skip("bench_serve_attn", &prop)) return 0;
 
   Buffers b;
-  const int64_t kv_elems = kPoolTokens * kHkv * g_head_dim,
+  const int64_t kv_elems = g_pool_tokens * kHkv * g_head_dim,
                 q_elems = int64_t{4096} * kHq * g_head_dim;
   CUDA_OK(cudaMalloc(&b.q, 2 * q_elems));
   CUDA_OK(cudaMalloc(&b.out, 2 * q_elems));
@@ -335,7 +341,7 @@ int main(int argc, char** argv) {
   CUDA_OK(cudaMalloc(&b.cu_q, 4 * 1024));
   CUDA_OK(cudaMalloc(&b.cu_k, 4 * 1024));
   CUDA_OK(cudaMalloc(&b.used, 4 * 1024));
-  CUDA_OK(cudaMalloc(&b.table, 4 * (kPoolTokens + 1024)));
+  CUDA_OK(cudaMalloc(&b.table, 4 * (g_pool_tokens + 1024)));
   fill_random<<<1024, 256>>>(b.q, q_elems, 1u);
   fill_random<<<1024, 256>>>(b.k, kv_elems, 2u);
   fill_random<<<1024, 256>>>(b.v, kv_elems, 3u);
@@ -362,9 +368,10 @@ int main(int argc, char** argv) {
   };
   std::snprintf(line, sizeof line,
                 "bench_serve_attn on %s (%d SMs): bf16, %d/%d heads, d%d, causal, automatic "
-                "splits; plan once, %d run_attention calls per CUDA graph, median of %d; device "
-                "copy %.2f TB/s (read + write)\n\n",
-                prop.name, prop.multiProcessorCount, kHq, kHkv, g_head_dim, calls, reps, copy_tbs);
+                "splits; plan once, %d run_attention calls per CUDA graph, median of %d; pools of "
+                "%lld tokens; device copy %.2f TB/s (read + write)\n\n",
+                prop.name, prop.multiProcessorCount, kHq, kHkv, g_head_dim, calls, reps,
+                static_cast<long long>(g_pool_tokens), copy_tbs);
   emit(line);
   emit(
       "| batch | contiguous (varlen) | paged 16 | paged 256 | paged 16 / contiguous | "
