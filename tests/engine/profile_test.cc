@@ -81,7 +81,6 @@ TEST(Profile, WritesAWellFormedTableOfTheGrid) {
 
 TEST(Profile, CalibratedSimulatorPredictsTheCpuRunner) {
   if (kInstrumented) GTEST_SKIP() << "timing under ASan / Debug measures the instrumentation";
-  const fs::ProfileCostModel cost(tiny_profile(), "tiny");
   fs::WorkloadSpec spec;
   spec.lengths = fs::LengthKind::kFixed;
   spec.fixed_prompt = 300;
@@ -97,35 +96,54 @@ TEST(Profile, CalibratedSimulatorPredictsTheCpuRunner) {
   sc.max_running = 16;
   sc.chunk_tile = 16;
   sc.max_model_len = 1024;
-  auto engine = fe::make_model_engine(tiny(), sc);
-  fe::ReplayOptions ro;
-  ro.vocab_size = tiny().runner->config().vocab_size;
-  const fs::ServingMetrics meas = fe::replay(*engine, reqs, ro).metrics;
-  fe::SimConfig sim;
-  sim.scheduler = engine->config().scheduler;
-  sim.num_blocks = tiny().num_blocks;
-  sim.block_size = tiny().block_size;
-  const fs::ServingMetrics pred = fe::simulate(reqs, sim, cost).metrics;
-  const double tbt_err = (pred.tbt.p99 - meas.tbt.p99) / meas.tbt.p99;
-  const double ttft_err = (pred.ttft.p50 - meas.ttft.p50) / meas.ttft.p50;
-  const double tbt50_err = (pred.tbt.p50 - meas.tbt.p50) / meas.tbt.p50;
-  std::printf(
-      "tiny on the CPU: TBT p99 measured %.2f ms, predicted %.2f ms (%+.1f%%); TBT p50 "
-      "%.2f / %.2f ms (%+.1f%%); TTFT p50 %.2f / %.2f ms (%+.1f%%)\n",
-      meas.tbt.p99 * 1e3, pred.tbt.p99 * 1e3, 100 * tbt_err, meas.tbt.p50 * 1e3, pred.tbt.p50 * 1e3,
-      100 * tbt50_err, meas.ttft.p50 * 1e3, pred.ttft.p50 * 1e3, 100 * ttft_err);
+  // The runner's serving of the workload, measured, and the simulator's prediction of it from a
+  // profile of the runner.
+  struct Outcome {
+    fs::ServingMetrics meas, pred;
+    bool within(double factor) const {
+      return pred.tbt.p99 > meas.tbt.p99 / factor && pred.tbt.p99 < meas.tbt.p99 * factor &&
+             pred.ttft.p50 > meas.ttft.p50 / factor && pred.ttft.p50 < meas.ttft.p50 * factor;
+    }
+  };
+  auto serve = [&](const fs::StepProfile& profile) {
+    const fs::ProfileCostModel cost(profile, "tiny");
+    auto engine = fe::make_model_engine(tiny(), sc);
+    fe::ReplayOptions ro;
+    ro.vocab_size = tiny().runner->config().vocab_size;
+    Outcome o;
+    o.meas = fe::replay(*engine, reqs, ro).metrics;
+    fe::SimConfig sim;
+    sim.scheduler = engine->config().scheduler;
+    sim.num_blocks = tiny().num_blocks;
+    sim.block_size = tiny().block_size;
+    o.pred = fe::simulate(reqs, sim, cost).metrics;
+    const fs::ServingMetrics &meas = o.meas, &pred = o.pred;
+    std::printf(
+        "tiny on the CPU: TBT p99 measured %.2f ms, predicted %.2f ms (%+.1f%%); TBT p50 "
+        "%.2f / %.2f ms (%+.1f%%); TTFT p50 %.2f / %.2f ms (%+.1f%%)\n",
+        meas.tbt.p99 * 1e3, pred.tbt.p99 * 1e3, 100 * (pred.tbt.p99 / meas.tbt.p99 - 1),
+        meas.tbt.p50 * 1e3, pred.tbt.p50 * 1e3, 100 * (pred.tbt.p50 / meas.tbt.p50 - 1),
+        meas.ttft.p50 * 1e3, pred.ttft.p50 * 1e3, 100 * (pred.ttft.p50 / meas.ttft.p50 - 1));
+    return o;
+  };
   // Two CPU cores shared with other jobs (load average 7 when this was written): the same test
   // run three times in a row saw errors of +5% .. +91% on P99 TBT and +12% .. +117% on median
   // TTFT, the profile and the replay each timing a few hundred milliseconds of a machine whose
-  // other tenants come and go; with another test running beside it (ctest -j2), -60% and -65%.
-  // It runs alone now (tests/CMakeLists.txt), and the bound is a factor of 3 either way: it
-  // catches a profile in the wrong unit, the linear layers or attention dropped or counted twice,
-  // a clock that does not advance; not a 15% error (which the GPU run,
-  // scripts/engine-profile-gpu-check.sh, measures).
-  EXPECT_GT(pred.tbt.p99, meas.tbt.p99 / 3);
-  EXPECT_LT(pred.tbt.p99, meas.tbt.p99 * 3);
-  EXPECT_GT(pred.ttft.p50, meas.ttft.p50 / 3);
-  EXPECT_LT(pred.ttft.p50, meas.ttft.p50 * 3);
+  // other tenants come and go; with another test running beside it (ctest -j2), -60% and -65%;
+  // with a compression job started between the profile and the replay (session 30), +1500%.
+  // It runs alone (tests/CMakeLists.txt), and the bound is a factor of 3 either way: it catches
+  // a profile in the wrong unit, the linear layers or attention dropped or counted twice, a clock
+  // that does not advance — errors every attempt shows; not a 15% error (which the GPU run,
+  // scripts/engine-profile-gpu-check.sh, measures). A load that changes between a profile and
+  // its replay is the machine's, not the simulator's: up to three attempts, each with a fresh
+  // profile taken just before its replay, and the bound holds for one of them.
+  Outcome o = serve(tiny_profile());
+  for (int attempt = 1; attempt < 3 && !o.within(3); ++attempt)
+    o = serve(fe::profile_model(tiny(), test_grid()));
+  EXPECT_GT(o.pred.tbt.p99, o.meas.tbt.p99 / 3);
+  EXPECT_LT(o.pred.tbt.p99, o.meas.tbt.p99 * 3);
+  EXPECT_GT(o.pred.ttft.p50, o.meas.ttft.p50 / 3);
+  EXPECT_LT(o.pred.ttft.p50, o.meas.ttft.p50 * 3);
 }
 
 }  // namespace
