@@ -16,9 +16,10 @@
 //   bench_model [--shape mistral-7b] [--context 1024] [--prefill 4096] [--steps 30] [--quick]
 //   bench_model --mixed [--budget 512] [--decodes 0,1,16,64,128,256] [--context 1024]
 // With --fuse-ab, only small decode steps (issue 21) with and without the fused decode kernels
-// (model/decode_kernels.h DecodeFusion: FLASHSERVE_FUSE_NORM, FLASHSERVE_FUSE_SILU), in one
-// process: cuBLASLt unfused (the default), the GEMV unfused (the same sums as the fused
-// kernels), silu fused, norm fused, both; the modes alternate within each round (the order
+// (model/decode_kernels.h DecodeFusion: FLASHSERVE_FUSE_NORM, FLASHSERVE_FUSE_SILU) and the
+// weights' L2 prefetch (FLASHSERVE_L2_PREFETCH), in one process: cuBLASLt unfused (the
+// default), the GEMV unfused (the same sums as the fused kernels), silu fused, norm fused,
+// both, cuBLASLt with the prefetch; the modes alternate within each round (the order
 // rotated), every timing from the same `context` keys, graphs on; medians over the rounds.
 //   bench_model --fuse-ab [--batches 1,4] [--rounds 7] [--steps 30] [--context 1024]
 // With --tensor-parallel-size N (issue 26; N GPUs), only the scaling: decode steps at batch 1 and
@@ -305,14 +306,15 @@ void fuse_ab(const fm::ModelConfig& cfg, int64_t context, const std::vector<int>
   std::printf("device copy bandwidth %.2f TB/s; weight-read floor %.3f ms\n", bw / 1e12,
               wbytes / bw * 1e3);
   struct Mode {
-    bool gemv, norm, silu;
+    bool gemv, norm, silu, prefetch;
     const char* name;
   };
-  const std::vector<Mode> modes = {{false, false, false, "cuBLASLt, unfused (default)"},
-                                   {true, false, false, "GEMV, unfused"},
-                                   {false, false, true, "fused silu"},
-                                   {false, true, false, "fused norm"},
-                                   {false, true, true, "fused norm + silu"}};
+  const std::vector<Mode> modes = {{false, false, false, false, "cuBLASLt, unfused (default)"},
+                                   {true, false, false, false, "GEMV, unfused"},
+                                   {false, false, true, false, "fused silu"},
+                                   {false, true, false, false, "fused norm"},
+                                   {false, true, true, false, "fused norm + silu"},
+                                   {false, false, false, true, "cuBLASLt + L2 prefetch"}};
   const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
   const int64_t max_len = context + 3 + steps + 16;
   Seqs s;
@@ -333,6 +335,7 @@ void fuse_ab(const fm::ModelConfig& cfg, int64_t context, const std::vector<int>
         const Mode& m = modes[at];
         runner->set_gemv(m.gemv);
         runner->set_decode_fusion(m.norm, m.silu);
+        runner->set_l2_prefetch(m.prefetch);
         s.len.assign(batch, context);  // the same keys every timing: the steps rewrite them
         ms[at].push_back(time_decode(*runner, s, steps));
       }
@@ -352,6 +355,7 @@ void fuse_ab(const fm::ModelConfig& cfg, int64_t context, const std::vector<int>
   }
   runner->set_gemv(false);
   runner->set_decode_fusion(false, false);
+  runner->set_l2_prefetch(false);
 }
 
 // Wall clock of one `prefill`-token prompt (forward + sample), ms, the mean of `reps` after

@@ -2,8 +2,10 @@
 // each variant against the float64 reference that mirrors the unfused kernels' bf16 roundings, and
 // bit for bit against the unfused GEMV path it replaces (gemv, add_rmsnorm, silu_mul) on the same
 // inputs; then the CUDA runner's decode steps with FLASHSERVE_FUSE_NORM / FLASHSERVE_FUSE_SILU's
-// paths against its unfused GEMV path (the same logits, bit for bit). Without a CUDA device every
-// test skips with "skipped: no CUDA device".
+// paths against its unfused GEMV path (the same logits, bit for bit), and with the weights' L2
+// prefetch against without it. Without a CUDA device every test skips with "skipped: no CUDA
+// device".
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -275,48 +277,53 @@ TEST(GpuFusedGemv, RefusesWhatItDoesNotTake) {
   EXPECT_THROW(model::cuda::fused_gemv(a, nullptr), Error);
 }
 
-// The runner's decode steps (batch 1 to 3, graphs on) with each fusion against its unfused GEMV
-// path (set_gemv: the same products' sums through gemv.h): the same logits, bit for bit, and
-// close to the cuBLASLt path's. The prompts' prefill (more tokens than a fused step takes) runs
-// unfused in every configuration.
-TEST(GpuFusedGemv, RunnerDecodeStepsEqualTheUnfusedGemvPath) {
-  SKIP_WITHOUT_CUDA();
+// Prefills three prompts of the tiny checkpoint, then decodes 6 steps of the first `batch`
+// sequences (graphs on); returns the decode steps' logits. The prompts' prefill (more tokens
+// than a fused step takes) runs unfused in every configuration.
+std::vector<float> decode_logits(model::cuda::CudaRunner& runner, int64_t batch) {
   constexpr int32_t kBlock = 16;
-  auto runner = model::cuda::CudaRunner::load(tiny_checkpoint_dir(), 0);
-  const int64_t vocab = runner->config().vocab_size, per_seq = 8;
+  const int64_t vocab = runner.config().vocab_size, per_seq = 8;
   std::mt19937 rng(21);
   std::vector<std::vector<int32_t>> tokens(3, std::vector<int32_t>(60));
   for (auto& t : tokens)
     for (auto& id : t) id = static_cast<int32_t>(rng() % vocab);
   const std::vector<int64_t> prompt = {37, 5, 20};
-  // Prefills the three prompts, then decodes 6 steps of the first `batch` sequences; returns the
-  // decode steps' logits.
-  auto run = [&](int64_t batch) {
-    runner->allocate_kv(3 * per_seq, kBlock);
-    ForwardBatchBuilder pre(kBlock);
-    for (int64_t s = 0; s < 3; ++s)
-      pre.add(tokens[s].data(), 0, prompt[s], sequence_blocks(s, prompt[s], per_seq, kBlock), true);
-    runner->forward(std::move(pre).build());
-    std::vector<float> all;
-    for (int64_t step = 0; step < 6; ++step) {
-      ForwardBatchBuilder bb(kBlock);
-      for (int64_t s = 0; s < batch; ++s) {
-        const int64_t pos = prompt[s] + step;
-        bb.add(tokens[s].data() + pos, pos, 1, sequence_blocks(s, pos + 1, per_seq, kBlock), true);
-      }
-      runner->forward(std::move(bb).build());
-      const std::vector<float> l = runner->logits();
-      all.insert(all.end(), l.begin(), l.end());
+  runner.allocate_kv(3 * per_seq, kBlock);
+  ForwardBatchBuilder pre(kBlock);
+  for (int64_t s = 0; s < 3; ++s)
+    pre.add(tokens[s].data(), 0, prompt[s], sequence_blocks(s, prompt[s], per_seq, kBlock), true);
+  runner.forward(std::move(pre).build());
+  std::vector<float> all;
+  for (int64_t step = 0; step < 6; ++step) {
+    ForwardBatchBuilder bb(kBlock);
+    for (int64_t s = 0; s < batch; ++s) {
+      const int64_t pos = prompt[s] + step;
+      bb.add(tokens[s].data() + pos, pos, 1, sequence_blocks(s, pos + 1, per_seq, kBlock), true);
     }
-    return all;
-  };
+    runner.forward(std::move(bb).build());
+    const std::vector<float> l = runner.logits();
+    all.insert(all.end(), l.begin(), l.end());
+  }
+  return all;
+}
+
+bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The runner's decode steps (batch 1 to 3) with each fusion against its unfused GEMV path
+// (set_gemv: the same products' sums through gemv.h): the same logits, bit for bit, and close to
+// the cuBLASLt path's.
+TEST(GpuFusedGemv, RunnerDecodeStepsEqualTheUnfusedGemvPath) {
+  SKIP_WITHOUT_CUDA();
+  auto runner = model::cuda::CudaRunner::load(tiny_checkpoint_dir(), 0);
   for (int64_t batch : {1, 2, 3}) {
     SCOPED_TRACE(::testing::Message() << "batch " << batch);
     runner->set_decode_fusion(false, false);
     runner->set_gemv(false);
-    const std::vector<float> cublas = run(batch);
+    const std::vector<float> cublas = decode_logits(*runner, batch);
     runner->set_gemv(true);
-    const std::vector<float> unfused = run(batch);
+    const std::vector<float> unfused = decode_logits(*runner, batch);
     double peak = 0, diff = 0;
     for (size_t i = 0; i < cublas.size(); ++i) {
       peak = std::max(peak, std::abs(double(cublas[i])));
@@ -326,13 +333,39 @@ TEST(GpuFusedGemv, RunnerDecodeStepsEqualTheUnfusedGemvPath) {
     EXPECT_LE(diff, 0.05 * peak) << "the GEMV path against cuBLASLt's";
     for (auto [norm, silu] : {std::pair{true, false}, {false, true}, {true, true}}) {
       runner->set_decode_fusion(norm, silu);
-      const std::vector<float> fused = run(batch);
-      ASSERT_EQ(fused.size(), unfused.size());
-      EXPECT_EQ(std::memcmp(fused.data(), unfused.data(), fused.size() * sizeof(float)), 0)
+      EXPECT_TRUE(same_floats(decode_logits(*runner, batch), unfused))
           << "norm " << norm << " silu " << silu;
     }
     runner->set_decode_fusion(false, false);
   }
+}
+
+// The weights' L2 prefetch (FLASHSERVE_L2_PREFETCH, model/decode_kernels.h) is a hint: the
+// decode steps' logits with it equal those without it, bit for bit, on the cuBLASLt path and on
+// the GEMV path. Devices before sm_90 refuse it by name.
+TEST(GpuL2Prefetch, RunnerDecodeStepsAreUnchanged) {
+  SKIP_WITHOUT_CUDA();
+  auto runner = model::cuda::CudaRunner::load(tiny_checkpoint_dir(), 0);
+  int major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  if (major < 9) {
+    EXPECT_THROW(runner->set_l2_prefetch(true), Error);
+    GTEST_SKIP() << "the L2 prefetch needs sm_90";
+  }
+  for (bool gemv : {false, true}) {
+    runner->set_gemv(gemv);
+    for (int64_t batch : {1, 3}) {
+      SCOPED_TRACE(::testing::Message() << "batch " << batch << " gemv " << gemv);
+      runner->set_l2_prefetch(false);
+      const std::vector<float> plain = decode_logits(*runner, batch);
+      runner->set_l2_prefetch(true);
+      const std::vector<float> prefetched = decode_logits(*runner, batch);
+      ASSERT_FALSE(plain.empty());
+      EXPECT_TRUE(same_floats(prefetched, plain));
+    }
+  }
+  runner->set_l2_prefetch(false);
+  runner->set_gemv(false);
 }
 
 }  // namespace

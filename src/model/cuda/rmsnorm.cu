@@ -16,9 +16,11 @@ __global__ void add_rmsnorm_kernel(const __nv_bfloat16* __restrict__ delta,
                                    __nv_bfloat16* __restrict__ residual,
                                    const __nv_bfloat16* __restrict__ weight,
                                    __nv_bfloat16* __restrict__ out,
-                                   const int32_t* __restrict__ rows, int64_t hidden, float eps) {
+                                   const int32_t* __restrict__ rows, int64_t hidden, float eps,
+                                   L2Span prefetch) {
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
+  prefetch_l2(prefetch);  // weights: no kernel writes them
   float x[kMaxVecs][kVec], w[kMaxVecs][kVec];
 #pragma unroll
   for (int j = 0; j < kMaxVecs; ++j) {
@@ -67,7 +69,7 @@ __global__ void add_rmsnorm_kernel(const __nv_bfloat16* __restrict__ delta,
 
 void add_rmsnorm(const __nv_bfloat16* delta, __nv_bfloat16* residual, const __nv_bfloat16* weight,
                  __nv_bfloat16* out, const int32_t* rows, int64_t n_rows, int64_t hidden, float eps,
-                 cudaStream_t stream, bool pdl) {
+                 cudaStream_t stream, bool pdl, L2Span prefetch) {
   if (hidden % kVec != 0 || hidden > int64_t{kMaxVecs} * 1024 * kVec)
     throw Error(ErrorKind::kUnsupported, "hidden",
                 "must be a multiple of 8 and at most 32768, got " + std::to_string(hidden));
@@ -77,7 +79,7 @@ void add_rmsnorm(const __nv_bfloat16* delta, __nv_bfloat16* residual, const __nv
   threads = ((threads + 31) / 32) * 32;
   check_cuda(launch(pdl, add_rmsnorm_kernel, dim3(static_cast<unsigned>(n_rows)),
                     dim3(static_cast<unsigned>(threads)), 0, stream, delta, residual, weight, out,
-                    rows, hidden, eps),
+                    rows, hidden, eps, prefetch),
              "add_rmsnorm");
 }
 

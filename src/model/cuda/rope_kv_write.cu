@@ -25,6 +25,7 @@ __device__ __forceinline__ void store8_e4m3(uint8_t* p, const float (&f)[kVec], 
 // x[i+d/2..i+d/2+8)) or 8 values of one v head; the angle pos * inv_freq[i] is formed in float32
 // and its sine and cosine taken at full precision (positions reach 10^5 radians).
 __global__ void rope_kv_kernel(RopeKvArgs a) {
+  prefetch_l2(a.prefetch);  // weights: no kernel writes them
   wait_for_producer();
   release_dependents();
   const int64_t t = blockIdx.x;
