@@ -19,7 +19,7 @@
 // (model/decode_kernels.h DecodeFusion: FLASHSERVE_FUSE_NORM, FLASHSERVE_FUSE_SILU) and the
 // weights' L2 prefetch (FLASHSERVE_L2_PREFETCH), in one process: cuBLASLt unfused (the
 // default), the GEMV unfused (the same sums as the fused kernels), silu fused, norm fused,
-// both, cuBLASLt with the prefetch; the modes alternate within each round (the order
+// both, cuBLASLt and the GEMV with the prefetch; the modes alternate within each round (the order
 // rotated), every timing from the same `context` keys, graphs on; medians over the rounds.
 //   bench_model --fuse-ab [--batches 1,4] [--rounds 7] [--steps 30] [--context 1024]
 // With --tensor-parallel-size N (issue 26; N GPUs), only the scaling: decode steps at batch 1 and
@@ -314,7 +314,8 @@ void fuse_ab(const fm::ModelConfig& cfg, int64_t context, const std::vector<int>
                                    {false, false, true, false, "fused silu"},
                                    {false, true, false, false, "fused norm"},
                                    {false, true, true, false, "fused norm + silu"},
-                                   {false, false, false, true, "cuBLASLt + L2 prefetch"}};
+                                   {false, false, false, true, "cuBLASLt + L2 prefetch"},
+                                   {true, false, false, true, "GEMV + L2 prefetch"}};
   const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
   const int64_t max_len = context + 3 + steps + 16;
   Seqs s;
