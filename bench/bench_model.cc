@@ -19,8 +19,10 @@
 // (model/decode_kernels.h DecodeFusion: FLASHSERVE_FUSE_NORM, FLASHSERVE_FUSE_SILU) and the
 // weights' L2 prefetch (FLASHSERVE_L2_PREFETCH), in one process: cuBLASLt unfused (the
 // default), the GEMV unfused (the same sums as the fused kernels), silu fused, norm fused,
-// both, cuBLASLt and the GEMV with the prefetch; the modes alternate within each round (the order
-// rotated), every timing from the same `context` keys, graphs on; medians over the rounds.
+// both, cuBLASLt and the GEMV with the prefetch, and the decode attention's splits merged in a
+// thread-block cluster (FLASHSERVE_DECODE_CLUSTER) with and without the prefetch; the modes
+// alternate within each round (the order rotated), every timing from the same `context` keys,
+// graphs on; medians over the rounds.
 //   bench_model --fuse-ab [--batches 1,4] [--rounds 7] [--steps 30] [--context 1024]
 // With --tensor-parallel-size N (issue 26; N GPUs), only the scaling: decode steps at batch 1 and
 // 32 and one prefill, wall clock per step, on GPU 0 alone and split over GPUs 0 .. N-1
@@ -306,16 +308,19 @@ void fuse_ab(const fm::ModelConfig& cfg, int64_t context, const std::vector<int>
   std::printf("device copy bandwidth %.2f TB/s; weight-read floor %.3f ms\n", bw / 1e12,
               wbytes / bw * 1e3);
   struct Mode {
-    bool gemv, norm, silu, prefetch;
+    bool gemv, norm, silu, prefetch, cluster;
     const char* name;
   };
-  const std::vector<Mode> modes = {{false, false, false, false, "cuBLASLt, unfused (default)"},
-                                   {true, false, false, false, "GEMV, unfused"},
-                                   {false, false, true, false, "fused silu"},
-                                   {false, true, false, false, "fused norm"},
-                                   {false, true, true, false, "fused norm + silu"},
-                                   {false, false, false, true, "cuBLASLt + L2 prefetch"},
-                                   {true, false, false, true, "GEMV + L2 prefetch"}};
+  const std::vector<Mode> modes = {
+      {false, false, false, false, false, "cuBLASLt, unfused (default)"},
+      {true, false, false, false, false, "GEMV, unfused"},
+      {false, false, true, false, false, "fused silu"},
+      {false, true, false, false, false, "fused norm"},
+      {false, true, true, false, false, "fused norm + silu"},
+      {false, false, false, true, false, "cuBLASLt + L2 prefetch"},
+      {true, false, false, true, false, "GEMV + L2 prefetch"},
+      {false, false, false, false, true, "cuBLASLt + cluster combine"},
+      {false, false, false, true, true, "cuBLASLt + L2 prefetch + cluster combine"}};
   const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
   const int64_t max_len = context + 3 + steps + 16;
   Seqs s;
@@ -334,6 +339,9 @@ void fuse_ab(const fm::ModelConfig& cfg, int64_t context, const std::vector<int>
       for (size_t i = 0; i < modes.size(); ++i) {
         const size_t at = (i + r) % modes.size();
         const Mode& m = modes[at];
+        // Read by each step's attention plan; the graphs captured under the other value are
+        // dropped by the setters below.
+        setenv("FLASHSERVE_DECODE_CLUSTER", m.cluster ? "1" : "0", 1);
         runner->set_gemv(m.gemv);
         runner->set_decode_fusion(m.norm, m.silu);
         runner->set_l2_prefetch(m.prefetch);
@@ -357,6 +365,7 @@ void fuse_ab(const fm::ModelConfig& cfg, int64_t context, const std::vector<int>
   runner->set_gemv(false);
   runner->set_decode_fusion(false, false);
   runner->set_l2_prefetch(false);
+  unsetenv("FLASHSERVE_DECODE_CLUSTER");
 }
 
 // Wall clock of one `prefill`-token prompt (forward + sample), ms, the mean of `reps` after

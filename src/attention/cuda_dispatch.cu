@@ -225,6 +225,10 @@ Plan cuda_plan(const AttentionParams& params, const Problem& pr, const HostLengt
   if (params.q.numel() == 0) return Plan{};  // nothing to compute (no rows, heads or columns)
   ctx.family = family_request();
   ctx.sm90_unavailable = sm90_unavailable(params, dev);
+  ctx.decode_cluster = parse_decode_cluster(std::getenv("FLASHSERVE_DECODE_CLUSTER"));
+  // Thread-block clusters in the sm80 kernels' sm_90a code (sm80/cluster_combine.h is compiled
+  // for sm_90 only; another device would run the sm_80 code, which has none).
+  ctx.clusters = dev.major == 9 && cuda_sm90_built();
   Plan plan = make_plan(pr, ctx, lens);
   plan.smem_per_block = smem_per_block_limit(dev.smem_per_block);
   return plan;
@@ -364,7 +368,7 @@ void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr
     p.q_rows = l.rows;
     p.partial_row0 = l.row_begin;
     p.partials_by_seq = l.kernel.decode;
-    if (splits > 1) {
+    if (splits > 1 && !l.kernel.cluster_combine) {
       p.o_partial = reinterpret_cast<float*>(static_cast<char*>(workspace) + l.workspace_offset);
       p.lse_partial =
           p.o_partial + static_cast<int64_t>(splits) * l.rows * pr.h_q * l.kernel.head_dim;
@@ -376,6 +380,7 @@ void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr
     }
     launch.dtype = pr.dtype;
     launch.decode = l.kernel.decode;
+    launch.cluster_combine = l.kernel.cluster_combine;
     launch.has_mask = l.kernel.masked;
     launch.paged = l.kernel.paged;
     launch.batch = static_cast<int>(sequences);
@@ -422,7 +427,7 @@ void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr
         throw Error(ErrorKind::kInternal, "q",
                     str_cat("the plan chose an sm80 kernel of head dim ", l.kernel.head_dim));
     }
-    if (splits > 1)
+    if (splits > 1 && !l.kernel.cluster_combine)
       sm80::run_combine(p, pr.dtype, l.kernel.head_dim, stream,
                         l.kernel.padded ? static_cast<int>(pr.head_dim_v) : 0);
   }

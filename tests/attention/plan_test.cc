@@ -630,6 +630,65 @@ TEST(PlanFamily, Sm90EpilogueSwitchReachesTheSm90LaunchesOnly) {
         << mixed.summary();
 }
 
+// FLASHSERVE_DECODE_CLUSTER (split decode tiles merged in a thread-block cluster, sm80/
+// cluster_combine.h): read strictly, off by default. With it on and a device with clusters, a
+// decode launch split 2-16 ways takes it, keeps no partials in the workspace and says so in its
+// summary and replay key; nothing else does (one split, more than 16, prefill launches, padded
+// head dims, score modifiers, no clusters, the switch off).
+TEST(PlanFamily, DecodeClusterSwitchReachesSplitDecodeLaunchesOnly) {
+  expect_strict_switch(attention::parse_decode_cluster, attention::kDecodeClusterByDefault,
+                       "FLASHSERVE_DECODE_CLUSTER");
+  EXPECT_FALSE(attention::kDecodeClusterByDefault);  // unmeasured on a GPU
+  EXPECT_FALSE(PlanContext{}.clusters);              // the dispatch says where there are
+  auto with = [](StepShape s, bool cluster, bool clusters) {
+    s.ctx.decode_cluster = cluster;
+    s.ctx.clusters = clusters;
+    return plan_of(s);
+  };
+  // Batch 1 over 1k keys: 16 splits, one key block each (the short-keys rule).
+  const StepShape one = step(decodes(1, 1024));
+  const Plan on = with(one, true, true);
+  ASSERT_EQ(on.launches.size(), 1u);
+  EXPECT_EQ(on.launches[0].kernel.splits, 16);
+  EXPECT_TRUE(on.launches[0].kernel.cluster_combine) << on.summary();
+  EXPECT_EQ(on.workspace_bytes, 0u);
+  EXPECT_NE(on.summary().find("cluster combine"), std::string::npos) << on.summary();
+  const Plan off = with(one, false, true);
+  EXPECT_FALSE(off.launches[0].kernel.cluster_combine);
+  EXPECT_EQ(off.workspace_bytes, attention::partial_bytes(16, 1, 32, 128));
+  EXPECT_NE(attention::replay_key(on), attention::replay_key(off));
+  EXPECT_FALSE(with(one, true, false).launches[0].kernel.cluster_combine);  // no clusters
+  // A decode graph's bound of 2k keys: 32 automatic splits, brought down to the cluster's 16.
+  const StepShape bound = step(decodes(1, 2048));
+  EXPECT_EQ(with(bound, false, true).launches[0].kernel.splits, 32);
+  const Plan clamped = with(bound, true, true);
+  EXPECT_EQ(clamped.launches[0].kernel.splits, 16);
+  EXPECT_TRUE(clamped.launches[0].kernel.cluster_combine) << clamped.summary();
+  // Forced splits: 2 and 16 take it, 17 (past the cluster's 16 CTAs) and 1 do not.
+  for (int32_t splits : {2, 16, 17, 1}) {
+    const Plan f = with(step(decodes(3, 4096), splits), true, true);
+    ASSERT_EQ(f.launches.size(), 1u);
+    EXPECT_EQ(f.launches[0].kernel.cluster_combine, splits >= 2 && splits <= 16) << f.summary();
+  }
+  // A mixed step: the decodes take it, the chunk does not (its partials stay in the workspace).
+  StepShape m = step({{1, 1024}, {512, 4096}}, 3);
+  const Plan mixed = with(m, true, true);
+  ASSERT_EQ(mixed.launches.size(), 2u);
+  size_t partials = 0;
+  for (const LaunchPlan& l : mixed.launches) {
+    EXPECT_EQ(l.kernel.cluster_combine, l.kernel.decode) << mixed.summary();
+    if (!l.kernel.decode) partials = attention::partial_bytes(3, l.rows, 32, 128);
+  }
+  EXPECT_GE(mixed.workspace_bytes, partials);
+  EXPECT_LT(mixed.workspace_bytes, partials + 1024);  // nothing for the decodes but alignment
+  // Padded head dims and score modifiers have no cluster kernel.
+  StepShape padded = plan_step(decodes(1, 1024), 96);
+  EXPECT_FALSE(with(padded, true, true).launches[0].kernel.cluster_combine);
+  StepShape capped = one;
+  capped.pr.score_mod.softcap = 30.0f;
+  EXPECT_FALSE(with(capped, true, true).launches[0].kernel.cluster_combine);
+}
+
 // FLASHSERVE_SM90_EXP2_FMA (part of the softmax's exponentials on the FMA pipe, sm90/tile_config.h
 // Exp2Fma): read strictly, off by default; it reaches the sm90 launches at d64 and their replay
 // key, and no other: d128 and d256 (GEMM-bound, no Exp2Fma tiles) and sm80 plan as without it,

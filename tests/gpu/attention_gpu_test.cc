@@ -246,6 +246,100 @@ INSTANTIATE_TEST_SUITE_P(Decode, GpuForward, ::testing::ValuesIn(decode_cases())
                          [](const auto& info) { return info.param.name(); });
 
 // ---------------------------------------------------------------------------------------------
+// Decode with the splits merged in a thread-block cluster (FLASHSERVE_DECODE_CLUSTER=1,
+// sm80/cluster_combine.h): every split count from 2 to 16 (dividing the column pairs or not),
+// splits past a short sequence's keys (empty partials), sequences with no query or no keys, a
+// group over two tiles, a left window, seqused_k, strided views, with and without lse. On a
+// device with clusters the plan must take the cluster path; elsewhere the same cases run the
+// combine kernel.
+
+std::vector<CaseSpec> cluster_decode_cases() {
+  constexpr DType bf16 = DType::kBFloat16, fp16 = DType::kFloat16;
+  std::vector<CaseSpec> v;
+  for (DType dt : {bf16, fp16})
+    for (int64_t d : {64, 128, 256}) {
+      v.push_back(spec(dt, d, 1, {1}, {1000}, 32, 8, true));  // batch 1: the automatic splits
+      CaseSpec two = spec(dt, d, 2, {1}, {3000}, 8, 1);       // group of 8, 2 splits
+      two.num_splits = 2;
+      v.push_back(two);
+    }
+  for (int64_t d : {64, 128, 256}) {
+    for (int32_t splits : {3, 5, 8, 13, 16}) {
+      // Paged; the one-key cache leaves all but one split without keys.
+      CaseSpec p = spec(bf16, d, 3, {1}, {2049, 1, 300}, 16, 2);
+      p.q_layout = QLayout::kVarlen;
+      p.kv_layout = KVLayout::kPaged;
+      p.page_size = splits == 13 ? 7 : 16;
+      p.num_splits = splits;
+      p.with_lse = splits != 5;
+      v.push_back(p);
+    }
+    CaseSpec gw = varlen(spec(bf16, d, 4, {1}, {0, 1, 300, 2049}, 48, 2, true));  // two tiles
+    gw.window_left = 129;
+    gw.num_splits = 7;
+    v.push_back(gw);
+    CaseSpec s = varlen(spec(fp16, d, 4, {1, 0, 1, 1}, {700, 5, 0, 64}, 16, 2, true));
+    s.use_seqused_k = true;
+    s.kv_extra = 9;
+    s.num_splits = 4;
+    v.push_back(s);
+    CaseSpec mha = spec(fp16, d, 4, {1}, {129}, 4, 4);  // one row a tile
+    mha.num_splits = 3;
+    v.push_back(mha);
+    CaseSpec r = spec(bf16, d, 2, {1}, {500}, 12, 4);  // strided views
+    r.pad = 8;
+    r.num_splits = 6;
+    v.push_back(r);
+  }
+  return v;
+}
+
+class GpuDecodeCluster : public ::testing::TestWithParam<CaseSpec> {};
+
+TEST_P(GpuDecodeCluster, MatchesFloat64Reference) {
+  SKIP_WITHOUT_CUDA();
+  const ScopedEnv on("FLASHSERVE_DECODE_CLUSTER", "1");
+  CaseSpec s = GetParam();
+  s.seed = seed_for(s.name(), 31);
+  AttentionCase c(s);
+  DeviceCopy dev(c);
+  int major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  // The launch's splits as its summary gives them: the cluster takes 2 to 16.
+  const std::string plan = plan_attention(dev.params()).summary();
+  const size_t at = plan.find(" splits ");
+  ASSERT_NE(at, std::string::npos) << plan;
+  const int splits = std::atoi(plan.c_str() + at + 8);
+  EXPECT_EQ(plan.find("cluster combine") != std::string::npos,
+            major == 9 && splits >= 2 && splits <= 16)
+      << plan;
+  attention_forward(dev.params());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  dev.download();
+  EXPECT_TRUE(attention_close(read_output(c.params()), c.exact(), c.lowp(), s.dtype)) << s.name();
+}
+
+INSTANTIATE_TEST_SUITE_P(ClusterDecode, GpuDecodeCluster,
+                         ::testing::ValuesIn(cluster_decode_cases()),
+                         [](const auto& info) { return info.param.name(); });
+
+// For compute-sanitizer (memcheck, racecheck over the cluster's shared memory): a paged batch with
+// an empty split and a sequence without a query, and 16 splits.
+std::vector<CaseSpec> cluster_sanitize_cases() {
+  CaseSpec p = varlen(spec(DType::kBFloat16, 128, 3, {1, 0, 1}, {300, 20, 1}, 16, 2));
+  p.kv_layout = KVLayout::kPaged;
+  p.page_size = 16;
+  p.num_splits = 5;
+  CaseSpec wide = spec(DType::kFloat16, 64, 1, {1}, {2000}, 8, 2);
+  wide.num_splits = 16;
+  return {p, wide};
+}
+
+INSTANTIATE_TEST_SUITE_P(SanitizeCluster, GpuDecodeCluster,
+                         ::testing::ValuesIn(cluster_sanitize_cases()),
+                         [](const auto& info) { return info.param.name(); });
+
+// ---------------------------------------------------------------------------------------------
 // Unmasked d256 with more tiles than the GPU holds at once (several waves), over sequences that are
 // empty, have no keys, are paged or split.
 

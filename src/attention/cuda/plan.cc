@@ -165,6 +165,10 @@ bool parse_fp8_kv_cache(const char* value) {
   return env_switch(value, "FLASHSERVE_CUDA_FP8_KV", kFp8KvCacheByDefault);
 }
 
+bool parse_decode_cluster(const char* value) {
+  return env_switch(value, "FLASHSERVE_DECODE_CLUSTER", kDecodeClusterByDefault);
+}
+
 bool parse_kv_fp8_register(const char* value) {
   return env_switch(value, "FLASHSERVE_KV_FP8_REGISTER", kKvFp8RegisterByDefault);
 }
@@ -248,9 +252,11 @@ size_t aligned(size_t bytes) {
 // partials, then (fp8) V^T.
 void place_workspace(Plan& plan, LaunchPlan& l, const Problem& pr) {
   l.workspace_offset = plan.workspace_bytes;
-  plan.workspace_bytes += aligned(
-      l.kernel.tile_counter ? sizeof(int32_t)
-                            : partial_bytes(l.kernel.splits, l.rows, pr.h_q, l.kernel.head_dim));
+  plan.workspace_bytes +=
+      aligned(l.kernel.tile_counter ? sizeof(int32_t)
+              : l.kernel.cluster_combine
+                  ? 0  // the partials stay in the cluster's shared memory
+                  : partial_bytes(l.kernel.splits, l.rows, pr.h_q, l.kernel.head_dim));
   l.vt_offset = plan.workspace_bytes;
   if (l.kernel.fp8) plan.workspace_bytes += aligned(fp8_vt_bytes(pr));
 }
@@ -312,6 +318,20 @@ KernelChoice sm90_kernel(const Problem& pr, const PlanContext& ctx, int64_t max_
   return k;
 }
 
+// Where the switch is on and the device has clusters, the sm80 decode launch `k` of the plain
+// kernel (fwd_kernel: no modifiers, no padded head dims, 16-bit K/V) merges its splits in a
+// cluster if it has 2 to sm80::kClusterCombineMaxSplits of them. Automatic splits above that are
+// brought down to it: a decode graph plans for a power-of-two bound of keys (a batch-1 decode
+// over 1k keys replays a plan for 2k: 32 splits of one key block, half of them past its keys),
+// and each split's share follows its own sequence's keys (kernel/block_mask.h keep_split).
+void take_cluster_combine(const Problem& pr, const PlanContext& ctx, KernelChoice& k) {
+  if (!ctx.decode_cluster || !ctx.clusters || k.family != KernelFamily::kSm80 || !k.decode ||
+      k.padded || k.kv_fp8 || pr.score_mod.any())
+    return;
+  if (pr.num_splits == 0) k.splits = std::min(k.splits, sm80::kClusterCombineMaxSplits);
+  k.cluster_combine = k.splits >= 2 && k.splits <= sm80::kClusterCombineMaxSplits;
+}
+
 // The launches: decodes and prefill chunks grouped by kind, each group's kernel chosen for its
 // own shape: the sm80 kernel with its splits (choose_kernel), or the sm90 kernel where the call
 // forces it or the default prefers it.
@@ -331,6 +351,7 @@ Plan grouped_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& 
         (ctx.family == FamilyRequest::kAuto &&
          sm90_preferred(pr, ctx, l.kernel, rows, max_q, max_kv)))
       l.kernel = sm90_kernel(pr, ctx, max_kv);
+    take_cluster_combine(pr, ctx, l.kernel);
     l.group = group;
     l.seq_begin = seq_begin;
     l.seq_end = seq_end;
@@ -511,9 +532,10 @@ std::string replay_key(const Plan& plan) {
        << (k.decode ? " decode" : "") << (k.masked ? " masked" : "") << (k.paged ? " paged" : "")
        << (k.tile_counter ? " counter" : "") << (k.epilogue ? " epilogue" : "")
        << (k.exp2_fma ? " exp2-fma" : "") << (k.padded ? str_cat(" padded d", k.head_dim) : "")
-       << (k.kv_fp8 ? " kv-e4m3" : "") << (k.kv_fp8_register ? " register" : "") << " " << k.block_m
-       << "x" << k.block_n << " splits " << k.splits << " group " << static_cast<int>(l.group)
-       << " seqs " << l.seq_begin << "-" << l.seq_end;
+       << (k.kv_fp8 ? " kv-e4m3" : "") << (k.kv_fp8_register ? " register" : "")
+       << (k.cluster_combine ? " cluster" : "") << " " << k.block_m << "x" << k.block_n
+       << " splits " << k.splits << " group " << static_cast<int>(l.group) << " seqs "
+       << l.seq_begin << "-" << l.seq_end;
   }
   return os.str();
 }
@@ -531,7 +553,8 @@ std::string Plan::summary() const {
        << (l.kernel.paged ? " paged" : "")
        << (l.kernel.padded ? str_cat(" padded d", l.kernel.head_dim) : "")
        << (l.kernel.kv_fp8 ? " kv-e4m3" : "") << (l.kernel.kv_fp8_register ? " register" : "")
-       << " seqs [" << l.seq_begin << "," << l.seq_end << ")"
+       << (l.kernel.cluster_combine ? " cluster combine" : "") << " seqs [" << l.seq_begin << ","
+       << l.seq_end << ")"
        << (l.group == SeqGroup::kAll       ? ""
            : l.group == SeqGroup::kDecodes ? " decodes only"
                                            : " prefills only")

@@ -71,6 +71,13 @@ struct KernelChoice {
   // out only up to head_dim_v. Split-KV partials hold `head_dim` columns per row.
   int head_dim = 0;
   bool padded = false;
+  // sm80 decode tiles split 2 to sm80::kClusterCombineMaxSplits ways on a device with thread-block
+  // clusters (sm_90): the splits of one (sequence, KV head) run as one cluster and merge their
+  // partials through distributed shared memory (sm80/cluster_combine.h), from
+  // PlanContext::decode_cluster (automatic splits then at most that many): no partials in the
+  // workspace, no combine launch. Not the same bits as the combine kernel (the LSE's sum in
+  // another order).
+  bool cluster_combine = false;
 };
 
 // One launch: the kernel, its sequences [seq_begin, seq_end) (of which it takes `group`), the
@@ -133,6 +140,12 @@ inline constexpr bool kSm90Exp2FmaByDefault = false;
 // (KvFp8Register.* bound the difference).
 inline constexpr bool kKvFp8RegisterByDefault = true;
 
+// Whether split decode launches merge their splits inside a thread-block cluster by default
+// (FLASHSERVE_DECODE_CLUSTER unset; KernelChoice::cluster_combine): off, written without a GPU
+// (session 31, issue 21: a batch-1 decode's attention is ~21 us a layer for 4 MB of K/V, two
+// launches of it the split kernel and the combine).
+inline constexpr bool kDecodeClusterByDefault = false;
+
 // What the plan needs of the device and of the call beside the problem.
 struct PlanContext {
   SplitDevice device;
@@ -166,7 +179,16 @@ struct PlanContext {
   // FLASHSERVE_KV_FP8_REGISTER (parse_kv_fp8_register), read by the dispatch once per plan of
   // such a call.
   bool kv_fp8_register = kKvFp8RegisterByDefault;
+  // Whether split decode launches merge their splits in a cluster (KernelChoice::cluster_combine):
+  // FLASHSERVE_DECODE_CLUSTER (parse_decode_cluster), read by the dispatch once per plan, and
+  // whether the device and the build have clusters (compute capability 9.0 or later, 90a built).
+  bool decode_cluster = kDecodeClusterByDefault;
+  bool clusters = false;
 };
+
+// FLASHSERVE_DECODE_CLUSTER: unset (null) or empty, kDecodeClusterByDefault; "1" on; "0" off;
+// anything else throws kInvalidArgument naming the variable.
+bool parse_decode_cluster(const char* value);
 
 // FLASHSERVE_SM90_EPILOGUE: unset (null) or empty, kSm90EpilogueByDefault; "1" on; "0" off;
 // anything else throws kInvalidArgument naming the variable.

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cluster_combine.h"
 #include "epilogue.h"
 #include "fwd_params.h"
 #include "fwd_tile.h"
@@ -268,10 +269,12 @@ __device__ __forceinline__ void write_rows(const FwdParams& p, const Tile& t, Wa
 // kernels' ScoreModParams); kKvFp8: K and V are e4m3 codes (p is then FwdKvFp8Params), staged
 // by cp.async and widened to Elem in place after each block's wait (attend), the k descale
 // folded into the softmax scale and the v descale into O (one KV head per tile, so each is one
-// number per tile).
+// number per tile). kClusterCombine: split decode tiles whose cluster merges the splits
+// (cluster_combine.h) instead of writing partials.
 template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit, class ModParams,
-          bool kKvFp8 = false>
+          bool kKvFp8 = false, bool kClusterCombine = false>
 __device__ __forceinline__ void fwd_body(const FwdParams& p, const ModParams& mod_params) {
+  static_assert(!kClusterCombine || (kSplit && Cfg::kPackGqa && !kKvFp8));
   extern __shared__ __align__(128) unsigned char smem[];
   using KvElem = std::conditional_t<kKvFp8, __nv_fp8_e4m3, Elem>;
   using Tile = FwdTile<Cfg, Elem, kHasMask, kPaged, kSplit, KvElem>;
@@ -352,7 +355,10 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const ModParams& mo
 #pragma unroll
         for (int e = 0; e < 4; ++e) ws.o[mi][dt][e] *= sc.v;
   }
-  write_rows(p, t, ws, sm, sq_warp, warp, lane, sc);
+  if constexpr (kClusterCombine)
+    combine_in_cluster<Cfg, Elem>(p, t, ws, sm.k, lane, sc);
+  else
+    write_rows(p, t, ws, sm, sq_warp, warp, lane, sc);
 }
 
 template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit>
@@ -380,6 +386,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     fwd_kernel_kv_fp8(const __grid_constant__ FwdKvFp8Params p) {
   static_assert(kPaged && !Cfg::kPadded, "the fp8 KV kernels are paged, at the compiled head dims");
   fwd_body<Cfg, Elem, kHasMask, kPaged, kSplit, NoScoreMod, true>(p, NoScoreMod{});
+}
+
+// Decode tiles split p.num_splits ways (2-16) whose splits merge in their thread-block cluster
+// (cluster_combine.h; launched with clusters of num_splits CTAs along z, launch_template.h): a
+// kernel of its own, so that the split kernel that writes partials keeps its code.
+template <class Cfg, class Elem, bool kPaged>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
+    fwd_kernel_cluster_combine(const __grid_constant__ FwdParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  fwd_body<Cfg, Elem, false, kPaged, true, NoScoreMod, false, true>(p, NoScoreMod{});
+#else
+  __trap();  // no clusters before sm_90: the plan never launches it there
+#endif
 }
 
 // With score modifiers: a kernel of its own (not a template flag of fwd_kernel), so that the

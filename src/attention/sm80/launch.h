@@ -37,6 +37,9 @@ struct FwdLaunch {
   // The fp8 KV cache's decode tiles convert the codes at operand load (kv_fp8_reg.h) instead of
   // widening them in shared memory (FLASHSERVE_KV_FP8_REGISTER; the plan's kv_fp8_register).
   bool kv_fp8_register = false;
+  // Decode tiles split params.num_splits (2-16) ways that merge the splits in a thread-block
+  // cluster (cluster_combine.h; the plan's cluster_combine): no partials, no run_combine.
+  bool cluster_combine = false;
   // Masked grids: attention/kernel/tile_order.h (off only to measure it).
   bool heaviest_first = true;
   cudaStream_t stream;

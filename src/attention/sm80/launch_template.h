@@ -93,6 +93,49 @@ inline void check_smem(int head_dim, int smem, const FwdLaunch& launch) {
                     std::to_string(launch.smem_per_block / 1024) + " KB");
 }
 
+// Decode tiles whose splits merge in a thread-block cluster (the plan's cluster_combine;
+// cluster_combine.h): launch_config's decode grid, with clusters of num_splits CTAs along z (a
+// sequence's splits are adjacent there), through cudaLaunchKernelEx. Above 8 CTAs a cluster is
+// of the non-portable size Hopper allows (16).
+template <class Cfg, bool kPaged>
+void launch_cluster_combine(const FwdParams& params, const FwdLaunch& launch) {
+  static_assert(Cfg::kPackGqa);
+  constexpr int kSmem = kFwdSmemBytes<Cfg, kPaged>;
+  check_smem(Cfg::kHeadDim, kSmem, launch);
+  const int splits = params.num_splits;
+  if (splits < 2 || splits > kClusterCombineMaxSplits)
+    throw Error(ErrorKind::kInternal, "num_splits",
+                "the cluster combine takes 2 to " + std::to_string(kClusterCombineMaxSplits) +
+                    " splits, got " + std::to_string(splits));
+  auto run = [&](auto elem) {
+    void (*kernel)(FwdParams) = &fwd_kernel_cluster_combine<Cfg, decltype(elem), kPaged>;
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+               "cudaFuncSetAttribute (sm80 decode cluster shared memory)");
+    if (splits > 8)
+      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+                 "cudaFuncSetAttribute (sm80 decode cluster of more than 8)");
+    const int rows = launch.max_q_len * params.h_ratio;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3((rows + Cfg::kBlockM - 1) / Cfg::kBlockM, params.h_q / params.h_ratio,
+                          launch.batch * splits);
+    config.blockDim = dim3(Cfg::kThreads);
+    config.dynamicSmemBytes = kSmem;
+    config.stream = launch.stream;
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = 1;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = static_cast<unsigned>(splits);
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    FwdParams p{params};
+    p.order = GridOrder{};
+    check_cuda(cudaLaunchKernelEx(&config, kernel, p), "sm80 decode cluster-combine launch");
+  };
+  if (launch.dtype == DType::kBFloat16) return run(__nv_bfloat16{});
+  run(__half{});
+}
+
 // The configuration of tile_config.h for the call, if the device's shared memory holds it.
 template <class Cfg, bool kHasMask, bool kPaged, bool kMod = false, bool kKvFp8 = false>
 void launch_checked(const FwdParams& params, const FwdLaunch& launch) {
@@ -175,6 +218,10 @@ void run_fwd_impl(const FwdParams& params, const FwdLaunch& launch) {
   }
   if (launch.decode) {  // the dispatch checked: at most one query per sequence
     using Decode = FwdConfig<kHeadDim, decode_tiles(kHeadDim)>;
+    if (launch.cluster_combine) {
+      if (launch.paged) return launch_cluster_combine<Decode, true>(params, launch);
+      return launch_cluster_combine<Decode, false>(params, launch);
+    }
     if (launch.paged) return launch_checked<Decode, false, true>(params, launch);
     return launch_checked<Decode, false, false>(params, launch);
   }

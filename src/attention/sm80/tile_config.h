@@ -103,6 +103,10 @@ constexpr Tiles decode_tiles(int head_dim) {
   return {16, block_n, 1, 2, false, 8, true};
 }
 
+// The most splits a decode launch merges in a thread-block cluster (cluster_combine.h): 16 CTAs,
+// the non-portable cluster size Hopper allows (8 is the portable one).
+inline constexpr int kClusterCombineMaxSplits = 16;
+
 // The shared memory of a decode block of the fp8 KV cache's register-conversion kernel
 // (kv_fp8_reg.h CodeSmem): Q in 16 bits, K and V tiles as one-byte codes, half the bytes of
 // fwd_smem_bytes' (its page-table entries, a few hundred bytes, aside): 35-41 KB, five or six an
