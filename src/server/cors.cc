@@ -55,10 +55,15 @@ void answer_cors_preflight(const std::vector<std::string>& allowed, const HttpRe
                            HttpResponder& res) {
   const std::optional<std::string> allow = cors_allow_origin(allowed, req);
   if (!allow) return res.respond(400, "text/plain", "Disallowed CORS origin");
+  // The headers the preflight asks for are allowed, as vLLM's default (--allowed-headers '*')
+  // does: a browser's openai SDK sends its own (x-stainless-*), and a preflight that leaves any of
+  // them out makes the browser block the call.
+  std::string asked = req.header("Access-Control-Request-Headers");
   std::vector<HttpHeader> headers = {
       {"Access-Control-Allow-Origin", *allow},
       {"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
-      {"Access-Control-Allow-Headers", "Authorization, Content-Type"},
+      {"Access-Control-Allow-Headers",
+       asked.empty() ? std::string("Authorization, Content-Type") : std::move(asked)},
       {"Access-Control-Max-Age", "600"}};
   if (*allow != "*") headers.push_back({"Vary", "Origin"});
   res.respond(204, "text/plain", "", std::move(headers));

@@ -7,7 +7,9 @@
 // answers `Access-Control-Allow-Origin: *`; otherwise a listed origin is echoed back with
 // `Vary: Origin`; any other origin gets no CORS header (the browser then blocks the page's read).
 // Preflights (OPTIONS with Origin and Access-Control-Request-Method) are 204 with the methods
-// GET, POST, OPTIONS and the headers Authorization, Content-Type; 400 for an origin not allowed.
+// GET, POST, OPTIONS and the headers they ask for (Access-Control-Request-Headers; without it,
+// Authorization, Content-Type), as under vLLM's default --allowed-headers '*'; 400 for an origin
+// not allowed.
 #pragma once
 
 #include <memory>

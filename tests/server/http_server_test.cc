@@ -275,6 +275,32 @@ TEST(HttpServer, CorsForAllowedOriginsOnly) {
   EXPECT_FALSE(r->has_header("Access-Control-Allow-Origin"));
 }
 
+// The openai SDK in a browser sends headers of its own (x-stainless-*) beside Authorization and
+// Content-Type: a preflight that asks for them must allow them, or the browser blocks the call.
+// vLLM (Starlette's CORSMiddleware under its default --allowed-headers '*') echoes them back.
+TEST(HttpServer, CorsPreflightAllowsTheHeadersItIsAskedFor) {
+  fsv::ServerOptions o;
+  o.allowed_origins = {"http://ui.example"};
+  Running s(o, [] { return scripted_backend(); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  httplib::Client c = s.client();
+  const std::string asked = "authorization,content-type,x-stainless-lang,x-stainless-retry-count";
+  auto r = c.Options("/v1/chat/completions", {{"Origin", "http://ui.example"},
+                                              {"Access-Control-Request-Method", "POST"},
+                                              {"Access-Control-Request-Headers", asked}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 204);
+  EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), "http://ui.example");
+  EXPECT_EQ(r->get_header_value("Access-Control-Allow-Headers"), asked);
+  // From an origin not allowed, nothing is allowed, whatever it asks for.
+  r = c.Options("/v1/chat/completions", {{"Origin", "http://evil.example"},
+                                         {"Access-Control-Request-Method", "POST"},
+                                         {"Access-Control-Request-Headers", asked}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_FALSE(r->has_header("Access-Control-Allow-Headers"));
+}
+
 TEST(HttpServer, LogprobsCompletionsAndChatStreamedAndNot) {
   Running s({}, [] { return scripted_backend(); });
   while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
