@@ -451,6 +451,9 @@ GenerationRequest parse_request(std::string_view body, Endpoint endpoint) {
 
   GenerationRequest r;
   r.endpoint = endpoint;
+  // Without a temperature a request samples at 1, OpenAI's documented default and vLLM's (the
+  // engine's own default, 0, is greedy: n choices would all be the same text).
+  r.sampling.temperature = 1.0f;
   const bool chat = endpoint == Endpoint::kChat;
   bool have_input = false;
   std::optional<json> stream_options;

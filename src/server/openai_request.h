@@ -9,6 +9,7 @@
 //   - logprobs: completions `logprobs` 0..5 (the sampled token and that many alternatives), chat
 //     `logprobs: true` with `top_logprobs` 0..20 (top_logprobs without logprobs is refused).
 //   - null means "not given" for every optional field, as in OpenAI's API.
+//   - temperature defaults to 1, as in OpenAI's API and vLLM (0 is greedy).
 //   - Numbers are typed: an integer field takes a JSON integer (not 16.0 or "16").
 //   - Extensions with vLLM's names (its extra_body fields): top_k, min_p, repetition_penalty,
 //     min_tokens, ignore_eos, stop_token_ids, skip_special_tokens, include_stop_str_in_output.

@@ -272,6 +272,19 @@ TEST(RequestSchema, NullIsNotGivenAndValidValuesAreKept) {
   EXPECT_TRUE(c.stream && c.include_usage);
 }
 
+// A request that gives no temperature samples at 1, OpenAI's documented default and vLLM's: n
+// choices of it differ, where greedy would return n copies of one text.
+TEST(RequestSchema, TemperatureDefaultsToOne) {
+  for (const fsv::Endpoint e : {fsv::Endpoint::kCompletions, fsv::Endpoint::kChat}) {
+    json body = base(e);
+    EXPECT_FLOAT_EQ(fsv::parse_request(body.dump(), e).sampling.temperature, 1.0f);
+    body["temperature"] = nullptr;
+    EXPECT_FLOAT_EQ(fsv::parse_request(body.dump(), e).sampling.temperature, 1.0f);
+    body["temperature"] = 0;
+    EXPECT_FLOAT_EQ(fsv::parse_request(body.dump(), e).sampling.temperature, 0.0f);
+  }
+}
+
 // vLLM's extra_body fields and OpenAI's penalties, biases and echo, kept as given (their effect
 // on sampling is the samplers' tests: tests/model/logits_adjust_test.cc).
 TEST(RequestSchema, VllmSamplingFieldsAreKept) {

@@ -119,7 +119,7 @@ grep -q '"text":' "$work/body" || fail "no text in the completion: $(cat "$work/
 expect 400 bogus "${json[@]}" -d '{"model": "tiny", "prompt": [1], "bogus": 1}'
 # Prefix caching (on by default): the same 200-token prompt again finds its 12 full blocks in the
 # cache, and gives the same greedy tokens as when they were computed.
-long=$(node -e 'console.log(JSON.stringify({model: "tiny", prompt: Array.from({length: 200}, (_, i) => 3 + (i * 37) % 1000), max_tokens: 12, ignore_eos: true}))')
+long=$(node -e 'console.log(JSON.stringify({model: "tiny", prompt: Array.from({length: 200}, (_, i) => 3 + (i * 37) % 1000), max_tokens: 12, temperature: 0, ignore_eos: true}))')
 hits_before=$(curl -s "$base/metrics" | sed -n 's/^flashserve_prefix_cache_hits_total //p')
 expect 200 - "${json[@]}" -d "$long"
 cp "$work/body" "$work/first"
@@ -181,7 +181,7 @@ node -e '
   if (b.usage.prompt_tokens !== 5 || b.usage.completion_tokens !== 12) throw new Error("usage");
 ' "$work/body" || fail "batched prompts: $(head -c 600 "$work/body")"
 # logit_bias +100 on one token makes greedy choose it every time; echo starts with the prompt.
-expect 200 - "${json[@]}" -d '{"model": "tiny", "prompt": "a text prompt", "max_tokens": 4, "ignore_eos": true, "logit_bias": {"77": 100}, "echo": true}'
+expect 200 - "${json[@]}" -d '{"model": "tiny", "prompt": "a text prompt", "max_tokens": 4, "temperature": 0, "ignore_eos": true, "logit_bias": {"77": 100}, "echo": true}'
 node -e '
   const c = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8")).choices[0];
   if (c.token_ids.join() !== "77,77,77,77") throw new Error("logit_bias: " + c.token_ids);

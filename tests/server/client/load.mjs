@@ -20,7 +20,7 @@ async function one() {
   try {
     const res = await fetch(`${base}/v1/completions`, {
       method: 'POST', headers: { 'Content-Type': 'application/json' },
-      body: JSON.stringify({ model, prompt, max_tokens: O, ignore_eos: true, stream: true }),
+      body: JSON.stringify({ model, prompt, max_tokens: O, temperature: 0, ignore_eos: true, stream: true }),
     });
     if (res.status !== 200) throw new Error(`status ${res.status}: ${await res.text()}`);
     let last = null;

@@ -56,7 +56,7 @@ async function one(i, { prompt: P, output: O }, signal) {
   try {
     const res = await fetch(`${base}/v1/completions`, {
       method: 'POST', headers: { 'Content-Type': 'application/json' }, signal,
-      body: JSON.stringify({ model, prompt, max_tokens: O, ignore_eos: true, stream: true }),
+      body: JSON.stringify({ model, prompt, max_tokens: O, temperature: 0, ignore_eos: true, stream: true }),
     });
     if (res.status === 503) {
       const after = (performance.now() - t0) / 1e3;
