@@ -916,6 +916,22 @@ struct Server::State {
         encode ? tokenize(req, *res) : detokenize(req, *res);
       });
     }
+    // A route asked with another method: 405 naming the one it takes (RFC 9110), as vLLM answers
+    // it; a 404 would tell a client that GETs /v1/completions that the path is wrong.
+    static const std::map<std::string_view, std::string_view> kRouteMethod = {
+        {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
+        {"/tokenize", "POST"},       {"/detokenize", "POST"},
+        {"/health", "GET"},          {"/metrics", "GET"},
+        {"/v1/models", "GET"},       {"/version", "GET"}};
+    if (const auto route = kRouteMethod.find(req.path); route != kRouteMethod.end()) {
+      const ApiError e{405,
+                       "Method " + req.method + " not allowed on " + req.path + " (only " +
+                           std::string(route->second) + ")",
+                       {},
+                       "method_not_allowed"};
+      return res->respond(405, "application/json", e.body(),
+                          {{"Allow", std::string(route->second)}});
+    }
     send_error(*res, ApiError{404, "No route " + req.method + " " + req.path, {}, {}});
   }
 

@@ -8,8 +8,9 @@
 //   s.run();    // serves until stop(); throws if the loader threw
 //
 // Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST /tokenize,
-// POST /detokenize, GET /version, GET /health, GET /metrics. The /v1 routes, /tokenize and
-// /detokenize need `Authorization: Bearer <key>` with one of the api keys when any is set.
+// POST /detokenize, GET /version, GET /health, GET /metrics. Another method on one of them is 405
+// with Allow; another path 404. The /v1 routes, /tokenize and /detokenize need
+// `Authorization: Bearer <key>` with one of the api keys when any is set.
 // With allowed origins, every response carries CORS headers for them and OPTIONS preflights are
 // answered (server/cors.h).
 #pragma once
@@ -34,7 +35,8 @@ struct ServerOptions {
   // The names clients may send as `model` (at least one); the first is the default, used when a
   // request leaves `model` out.
   std::vector<std::string> served_model_names;
-  // CORS: origins ("*": any) whose browsers may call; none: no CORS headers, preflights 404.
+  // CORS: origins ("*": any) whose browsers may call; none: no CORS headers, and a preflight
+  // is an OPTIONS like any other (405 on a route, 404 elsewhere).
   std::vector<std::string> allowed_origins;
   // Generation requests in flight at once (n choices count n); one more is refused at once with
   // 503 (overloaded) and Retry-After. Each holds a worker thread while it runs.

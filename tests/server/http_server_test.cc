@@ -628,6 +628,38 @@ TEST(HttpServer, StreamFramingAndUsage) {
   EXPECT_GE(events, 3u);
 }
 
+// A route asked with a method it does not take is 405 with Allow (RFC 9110), as vLLM (Starlette)
+// answers it, not 404: the path exists, and a client that GETs /v1/completions must learn that
+// the method is what is wrong. An unknown path stays 404.
+TEST(HttpServer, AKnownPathWithAnotherMethodIs405NamingTheAllowedOnes) {
+  Running s({}, [] { return scripted_backend(); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  httplib::Client c = s.client();
+  auto r = c.Get("/v1/completions");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "POST");
+  EXPECT_EQ(error_of(r)["type"], "invalid_request_error");
+  EXPECT_NE(error_of(r)["message"].get<std::string>().find("GET"), std::string::npos);
+  r = c.Get("/v1/chat/completions?x=1");
+  EXPECT_EQ(r->status, 405);
+  r = c.Delete("/v1/models");
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "GET");
+  r = c.Post("/health", "{}", "application/json");
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "GET");
+  r = c.Get("/tokenize");
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "POST");
+  r = c.Get("/v1/nothing");
+  EXPECT_EQ(r->status, 404);
+  r = c.Post("/v1/nothing", "{}", "application/json");
+  EXPECT_EQ(r->status, 404);
+  // The connection goes on after a 405.
+  EXPECT_EQ(c.Get("/health")->status, 200);
+}
+
 TEST(HttpServer, RefusalsHaveTheirStatus) {
   fsv::ServerOptions o;
   o.api_keys = {"sesame"};
