@@ -157,6 +157,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   bool keep_alive() const { return keep_alive_; }
   unsigned version() const { return version_; }
+  bool head() const { return head_; }
   HttpTransport::Impl& transport() { return t_; }
 
  private:
@@ -408,6 +409,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   int64_t requests_ = 0;
   bool keep_alive_ = true;
   unsigned version_ = 11;
+  bool head_ = false;  // the request is a HEAD: its answer has no body
   bool busy_ = false;  // a responder holds the request: the socket is not closed under it
   bool closed_ = false;
   bool writing_ = false;
@@ -442,7 +444,10 @@ struct WriteWait {
 class Responder final : public HttpResponder {
  public:
   explicit Responder(std::shared_ptr<Connection> c)
-      : c_(std::move(c)), keep_alive_(c_->keep_alive()), version_(c_->version()) {}
+      : c_(std::move(c)),
+        keep_alive_(c_->keep_alive()),
+        version_(c_->version()),
+        head_(c_->head()) {}
 
   ~Responder() override {
     if (!answered_) {
@@ -474,7 +479,12 @@ class Responder final : public HttpResponder {
     res.body() = std::move(body);
     res.prepare_payload();
     std::ostringstream os;
-    os << res;
+    // HEAD: the head a GET would get, Content-Length included, without the body (RFC 9110); the
+    // client reads no body, so its bytes would be taken for the next response's.
+    if (head_)
+      os << res.base();
+    else
+      os << res;
     count(status);
     send(os.str(), nullptr);
   }
@@ -502,7 +512,7 @@ class Responder final : public HttpResponder {
 
   bool write(std::string_view data) override {
     if (!streaming_ || ended_ || !ok_) return false;
-    if (data.empty()) return true;
+    if (data.empty() || head_) return true;  // HEAD: no body (see respond)
     std::string framed;
     if (chunked_) {
       char size[32];
@@ -520,7 +530,7 @@ class Responder final : public HttpResponder {
   void end_stream() override {
     if (!streaming_ || ended_) return;
     ended_ = true;
-    if (ok_ && chunked_) ok_ = send_and_wait("0\r\n\r\n");
+    if (ok_ && chunked_ && !head_) ok_ = send_and_wait("0\r\n\r\n");
     if (!ok_) close_after_ = true;
   }
 
@@ -557,6 +567,7 @@ class Responder final : public HttpResponder {
   std::shared_ptr<Connection> c_;
   const bool keep_alive_;
   const unsigned version_;
+  const bool head_;
   bool answered_ = false, streaming_ = false, ended_ = false, chunked_ = true, ok_ = true;
   bool close_after_ = false;
 };
@@ -572,6 +583,7 @@ void Connection::dispatch() {
   parser_.reset();
   keep_alive_ = msg.keep_alive();
   version_ = msg.version();
+  head_ = msg.method() == http::verb::head;
   HttpRequest req;
   req.method = std::string(to_std(msg.method_string()));
   const std::string_view target = to_std(msg.target());

@@ -75,7 +75,8 @@ struct HttpHeader {
 
 // The answer to one request, from any thread: either respond() once, or begin_stream(), write()
 // any number of times and end_stream(). Dropping it unanswered answers 500; dropping it lets the
-// connection go on to its next request (or close).
+// connection go on to its next request (or close). The answer to a HEAD request goes without its
+// body (the head a GET would get).
 class HttpResponder {
  public:
   virtual ~HttpResponder() = default;

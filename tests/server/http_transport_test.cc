@@ -388,6 +388,32 @@ TEST(HttpTransport, PipelinedRequestsAreAnsweredInOrder) {
   ::close(fd);
 }
 
+// The answer to HEAD has the headers a GET would get (Content-Length included) and no body
+// (RFC 9110): a client reads no body after it, so body bytes would be read as the start of the
+// next response on the connection.
+TEST(HttpTransport, AHeadAnswerHasNoBodyAndTheConnectionGoesOn) {
+  Transport s(fsv::HttpLimits{});
+  const int fd = connect_to(s.port);
+  send_all(fd,
+           "HEAD /big HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n10"
+           "HEAD /nowhere HTTP/1.1\r\nHost: x\r\n\r\n"
+           "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nConnection: close\r\n\r\nA");
+  const std::string r = read_until(fd).bytes;
+  const std::string first = "HTTP/1.1 200 OK\r\n";
+  ASSERT_EQ(r.rfind(first, 0), 0u) << r;
+  const size_t end1 = r.find("\r\n\r\n");
+  ASSERT_NE(end1, std::string::npos) << r;
+  EXPECT_NE(r.substr(0, end1).find("Content-Length: 10"), std::string::npos) << r;
+  // The next response begins right after the head: no body.
+  ASSERT_EQ(r.compare(end1 + 4, 12, "HTTP/1.1 404"), 0) << r;
+  const size_t end2 = r.find("\r\n\r\n", end1 + 4);
+  ASSERT_NE(end2, std::string::npos) << r;
+  ASSERT_EQ(r.compare(end2 + 4, 12, "HTTP/1.1 200"), 0) << r;
+  EXPECT_EQ(body_of(r.substr(end2 + 4)), "POST A");
+  EXPECT_EQ(r.find("yyyy"), std::string::npos) << r;
+  ::close(fd);
+}
+
 // A stream is chunked (a worker writes pieces, each waiting for the bytes to go out) and the
 // connection serves the next request after it.
 TEST(HttpTransport, StreamsAreChunkedAndTheConnectionGoesOn) {
