@@ -904,11 +904,13 @@ struct Server::State {
       });
       return;
     }
-    if (req.method == "GET" && req.path == "/health") return health(req, *res);
-    if (req.method == "GET" && req.path == "/metrics") return prometheus(req, *res);
-    if (req.method == "GET" && req.path == "/v1/models") return models(req, *res);
-    if (req.method == "GET" && req.path == "/version")
-      return send_json(*res, {{"version", FLASHSERVE_VERSION}});
+    // HEAD is GET whose answer goes without its body (the transport drops it): every
+    // general-purpose server supports it (RFC 9110), and probes and uptime checkers send it.
+    const bool get = req.method == "GET" || req.method == "HEAD";
+    if (get && req.path == "/health") return health(req, *res);
+    if (get && req.path == "/metrics") return prometheus(req, *res);
+    if (get && req.path == "/v1/models") return models(req, *res);
+    if (get && req.path == "/version") return send_json(*res, {{"version", FLASHSERVE_VERSION}});
     // Tokenizing a long prompt blocks: on a worker, as generation does.
     if (req.method == "POST" && (req.path == "/tokenize" || req.path == "/detokenize")) {
       const bool encode = req.path == "/tokenize";
@@ -916,13 +918,12 @@ struct Server::State {
         encode ? tokenize(req, *res) : detokenize(req, *res);
       });
     }
-    // A route asked with another method: 405 naming the one it takes (RFC 9110), as vLLM answers
+    // A route asked with another method: 405 naming the ones it takes (RFC 9110), as vLLM answers
     // it; a 404 would tell a client that GETs /v1/completions that the path is wrong.
     static const std::map<std::string_view, std::string_view> kRouteMethod = {
-        {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
-        {"/tokenize", "POST"},       {"/detokenize", "POST"},
-        {"/health", "GET"},          {"/metrics", "GET"},
-        {"/v1/models", "GET"},       {"/version", "GET"}};
+        {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/tokenize", "POST"},
+        {"/detokenize", "POST"},     {"/health", "GET, HEAD"},         {"/metrics", "GET, HEAD"},
+        {"/v1/models", "GET, HEAD"}, {"/version", "GET, HEAD"}};
     if (const auto route = kRouteMethod.find(req.path); route != kRouteMethod.end()) {
       const ApiError e{405,
                        "Method " + req.method + " not allowed on " + req.path + " (only " +

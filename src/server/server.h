@@ -8,9 +8,9 @@
 //   s.run();    // serves until stop(); throws if the loader threw
 //
 // Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST /tokenize,
-// POST /detokenize, GET /version, GET /health, GET /metrics. Another method on one of them is 405
-// with Allow; another path 404. The /v1 routes, /tokenize and /detokenize need
-// `Authorization: Bearer <key>` with one of the api keys when any is set.
+// POST /detokenize, GET /version, GET /health, GET /metrics (the GET routes take HEAD too).
+// Another method on one of them is 405 with Allow; another path 404. The /v1 routes, /tokenize
+// and /detokenize need `Authorization: Bearer <key>` with one of the api keys when any is set.
 // With allowed origins, every response carries CORS headers for them and OPTIONS preflights are
 // answered (server/cors.h).
 #pragma once

@@ -645,10 +645,10 @@ TEST(HttpServer, AKnownPathWithAnotherMethodIs405NamingTheAllowedOnes) {
   EXPECT_EQ(r->status, 405);
   r = c.Delete("/v1/models");
   EXPECT_EQ(r->status, 405);
-  EXPECT_EQ(r->get_header_value("Allow"), "GET");
+  EXPECT_EQ(r->get_header_value("Allow"), "GET, HEAD");
   r = c.Post("/health", "{}", "application/json");
   EXPECT_EQ(r->status, 405);
-  EXPECT_EQ(r->get_header_value("Allow"), "GET");
+  EXPECT_EQ(r->get_header_value("Allow"), "GET, HEAD");
   r = c.Get("/tokenize");
   EXPECT_EQ(r->status, 405);
   EXPECT_EQ(r->get_header_value("Allow"), "POST");
@@ -658,6 +658,27 @@ TEST(HttpServer, AKnownPathWithAnotherMethodIs405NamingTheAllowedOnes) {
   EXPECT_EQ(r->status, 404);
   // The connection goes on after a 405.
   EXPECT_EQ(c.Get("/health")->status, 200);
+}
+
+// HEAD, which every general-purpose server must support (RFC 9110), is answered on the GET
+// routes as GET is, without the body (probes and uptime checkers send it).
+TEST(HttpServer, HeadIsAnsweredOnTheGetRoutes) {
+  Running s({}, [] { return scripted_backend(); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  httplib::Client c = s.client();
+  for (const char* path : {"/health", "/v1/models", "/version", "/metrics"}) {
+    auto r = c.Head(path);
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 200) << path;
+    EXPECT_TRUE(r->body.empty()) << path;
+  }
+  auto r = c.Head("/v1/completions");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "POST");
+  r = c.Post("/health", "{}", "application/json");
+  EXPECT_EQ(r->get_header_value("Allow"), "GET, HEAD");
+  EXPECT_EQ(c.Get("/health")->body, "{\"status\":\"ok\"}");
 }
 
 TEST(HttpServer, RefusalsHaveTheirStatus) {
