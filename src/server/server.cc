@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
@@ -886,6 +887,19 @@ struct Server::State {
       if (is_cors_preflight(req)) return answer_cors_preflight(o.allowed_origins, req, *res);
       if (auto allow = cors_allow_origin(o.allowed_origins, req))
         res = with_cors(std::move(res), std::move(*allow));
+    }
+    // Bodies are read as they come: one in a content coding (gzip, ...) is refused naming it,
+    // where it would otherwise be parsed as JSON text as if it had none.
+    std::string coding = req.header("Content-Encoding");
+    std::transform(coding.begin(), coding.end(), coding.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (!coding.empty() && coding != "identity") {
+      const ApiError e{415,
+                       "Content-Encoding '" + req.header("Content-Encoding") +
+                           "' is not supported: send the body uncompressed",
+                       {},
+                       "unsupported_content_encoding"};
+      return res->respond(415, "application/json", e.body(), {{"Accept-Encoding", "identity"}});
     }
     const auto generation = [&]() -> std::optional<Endpoint> {
       if (req.path == "/v1/completions") return Endpoint::kCompletions;

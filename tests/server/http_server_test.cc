@@ -681,6 +681,23 @@ TEST(HttpServer, HeadIsAnsweredOnTheGetRoutes) {
   EXPECT_EQ(c.Get("/health")->body, "{\"status\":\"ok\"}");
 }
 
+// A body in a content coding (gzip, ...) is not read as JSON: it is refused naming the coding
+// (415 with Accept-Encoding, RFC 9110), not refused as "not valid JSON" (or, worse, parsed).
+TEST(HttpServer, AnEncodedBodyIsRefusedNamingItsCoding) {
+  Running s({}, [] { return scripted_backend(); });
+  while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const json ok = {{"prompt", "ab"}, {"max_tokens", 2}};
+  for (const char* path : {"/v1/completions", "/tokenize"}) {
+    auto r = s.post(path, ok, {{"Content-Encoding", "gzip"}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 415) << path;
+    EXPECT_EQ(r->get_header_value("Accept-Encoding"), "identity");
+    EXPECT_NE(error_of(r)["message"].get<std::string>().find("gzip"), std::string::npos) << r->body;
+  }
+  // identity is no coding at all.
+  EXPECT_EQ(s.post("/v1/completions", ok, {{"Content-Encoding", "Identity"}})->status, 200);
+}
+
 TEST(HttpServer, RefusalsHaveTheirStatus) {
   fsv::ServerOptions o;
   o.api_keys = {"sesame"};
