@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <fstream>
@@ -90,6 +91,15 @@ bool same_secret(std::string_view given, std::string_view secret) {
 uint64_t fresh_seed() {
   static std::atomic<uint64_t> counter{std::random_device{}()};
   return model::splitmix64(counter.fetch_add(1));
+}
+
+// A response's id after its prefix: 32 random hex digits (as vLLM's), unique across the server's
+// restarts too, which a count from 0 is not (clients and logs key completions by their id).
+std::string fresh_id() {
+  char hex[33];
+  std::snprintf(hex, sizeof hex, "%016llx%016llx", static_cast<unsigned long long>(fresh_seed()),
+                static_cast<unsigned long long>(fresh_seed()));
+  return hex;
 }
 
 }  // namespace
@@ -371,7 +381,6 @@ struct Server::State {
   std::atomic<bool> stopping{false};
   Backend backend;  // written once by the loader before *ready is set, then only read
   std::atomic<int64_t> in_flight{0};
-  std::atomic<int64_t> next_id{0};
   // Structured output (response_format json_object / json_schema, tool calls): the tokenizer's
   // vocabulary as a trie, built at the first such request (a few hundred ms for a 128k
   // vocabulary) and shared by all.
@@ -758,8 +767,7 @@ struct Server::State {
     auto resp = std::make_unique<Response>(&res, std::move(slots));
     resp->include_usage = g.include_usage;
     resp->head.endpoint = endpoint;
-    resp->head.id = (endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") +
-                    std::to_string(next_id.fetch_add(1));
+    resp->head.id = (endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + fresh_id();
     resp->head.created = std::chrono::duration_cast<std::chrono::seconds>(
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();

@@ -17,6 +17,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "engine/engine.h"
@@ -696,6 +697,29 @@ TEST(HttpServer, AnEncodedBodyIsRefusedNamingItsCoding) {
   }
   // identity is no coding at all.
   EXPECT_EQ(s.post("/v1/completions", ok, {{"Content-Encoding", "Identity"}})->status, 200);
+}
+
+// Response ids are unique beyond one server's life ("A unique identifier for the completion"):
+// a restarted server must not give its first request the id its predecessor gave (clients and
+// logs key completions by it). Two servers stand for the two lives.
+TEST(HttpServer, ResponseIdsAreUniqueAcrossServers) {
+  std::set<std::string> ids;
+  for (int life = 0; life < 2; ++life) {
+    Running s({}, [] { return scripted_backend(); });
+    while (!s.server->ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+      json body = {{"max_tokens", 1}};
+      if (std::string(path) == "/v1/completions")
+        body["prompt"] = "ab";
+      else
+        body["messages"] = {{{"role", "user"}, {"content", "x"}}};
+      const auto r = s.post(path, body);
+      ASSERT_EQ(r->status, 200) << r->body;
+      const std::string id = json::parse(r->body)["id"];
+      EXPECT_EQ(id.rfind(std::string(path) == "/v1/completions" ? "cmpl-" : "chatcmpl-", 0), 0u);
+      EXPECT_TRUE(ids.insert(id).second) << id << " given twice";
+    }
+  }
 }
 
 TEST(HttpServer, RefusalsHaveTheirStatus) {
