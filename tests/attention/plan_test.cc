@@ -632,9 +632,9 @@ TEST(PlanFamily, Sm90EpilogueSwitchReachesTheSm90LaunchesOnly) {
 
 // FLASHSERVE_DECODE_CLUSTER (split decode tiles merged in a thread-block cluster, sm80/
 // cluster_combine.h): read strictly, off by default. With it on and a device with clusters, a
-// decode launch split 2-16 ways takes it, keeps no partials in the workspace and says so in its
-// summary and replay key; nothing else does (one split, more than 16, prefill launches, padded
-// head dims, score modifiers, no clusters, the switch off).
+// decode launch split 2-16 ways takes it, keeps no partials in the workspace (so it splits
+// without one too) and says so in its summary and replay key; nothing else does (one split, more
+// than 16, prefill launches, padded head dims, score modifiers, no clusters, the switch off).
 TEST(PlanFamily, DecodeClusterSwitchReachesSplitDecodeLaunchesOnly) {
   expect_strict_switch(attention::parse_decode_cluster, attention::kDecodeClusterByDefault,
                        "FLASHSERVE_DECODE_CLUSTER");
@@ -658,6 +658,15 @@ TEST(PlanFamily, DecodeClusterSwitchReachesSplitDecodeLaunchesOnly) {
   EXPECT_EQ(off.workspace_bytes, attention::partial_bytes(16, 1, 32, 128));
   EXPECT_NE(attention::replay_key(on), attention::replay_key(off));
   EXPECT_FALSE(with(one, true, false).launches[0].kernel.cluster_combine);  // no clusters
+  // Without a workspace (attention_forward without one) the cluster still splits: it keeps no
+  // partials; the combine kernel's splits need one.
+  StepShape bare = one;
+  bare.ctx.workspace_available = false;
+  EXPECT_EQ(with(bare, false, true).launches[0].kernel.splits, 1);
+  const Plan bare_on = with(bare, true, true);
+  EXPECT_EQ(bare_on.launches[0].kernel.splits, 16);
+  EXPECT_TRUE(bare_on.launches[0].kernel.cluster_combine) << bare_on.summary();
+  EXPECT_EQ(bare_on.workspace_bytes, 0u);
   // A decode graph's bound of 2k keys: 32 automatic splits, brought down to the cluster's 16.
   const StepShape bound = step(decodes(1, 2048));
   EXPECT_EQ(with(bound, false, true).launches[0].kernel.splits, 32);

@@ -318,16 +318,21 @@ KernelChoice sm90_kernel(const Problem& pr, const PlanContext& ctx, int64_t max_
   return k;
 }
 
-// Where the switch is on and the device has clusters, the sm80 decode launch `k` of the plain
-// kernel (fwd_kernel: no modifiers, no padded head dims, 16-bit K/V) merges its splits in a
-// cluster if it has 2 to sm80::kClusterCombineMaxSplits of them. Automatic splits above that are
-// brought down to it: a decode graph plans for a power-of-two bound of keys (a batch-1 decode
-// over 1k keys replays a plan for 2k: 32 splits of one key block, half of them past its keys),
-// and each split's share follows its own sequence's keys (kernel/block_mask.h keep_split).
+// Whether this call's decode launches merge their splits in a cluster: the switch is on, the
+// device has clusters, and the launch runs the plain sm80 kernel (fwd_kernel: no modifiers, no
+// padded head dims, 16-bit K/V). Their partials then need no workspace, so they split
+// automatically without one too.
+bool cluster_decodes(const Problem& pr, const PlanContext& ctx) {
+  return ctx.decode_cluster && ctx.clusters && !padded(pr) && !kv_fp8(pr) && !pr.score_mod.any();
+}
+
+// The sm80 decode launch `k` of such a call merges its splits in a cluster if it has 2 to
+// sm80::kClusterCombineMaxSplits of them. Automatic splits above that are brought down to it: a
+// decode graph plans for a power-of-two bound of keys (a batch-1 decode over 1k keys replays a
+// plan for 2k: 32 splits of one key block, half of them past its keys), and each split's share
+// follows its own sequence's keys (kernel/block_mask.h keep_split).
 void take_cluster_combine(const Problem& pr, const PlanContext& ctx, KernelChoice& k) {
-  if (!ctx.decode_cluster || !ctx.clusters || k.family != KernelFamily::kSm80 || !k.decode ||
-      k.padded || k.kv_fp8 || pr.score_mod.any())
-    return;
+  if (!cluster_decodes(pr, ctx) || k.family != KernelFamily::kSm80 || !k.decode) return;
   if (pr.num_splits == 0) k.splits = std::min(k.splits, sm80::kClusterCombineMaxSplits);
   k.cluster_combine = k.splits >= 2 && k.splits <= sm80::kClusterCombineMaxSplits;
 }
@@ -345,7 +350,10 @@ Plan grouped_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& 
   auto add = [&](bool decode, SeqGroup group, int64_t seq_begin, int64_t seq_end, int64_t sequences,
                  int64_t max_q, int64_t max_kv, int64_t row_begin, int64_t rows, bool may_split) {
     LaunchPlan l;
-    l.kernel = choose_kernel(pr, ctx.device, decode, sequences, max_q, max_kv, may_split,
+    // Decodes merged in a cluster keep no partials: they split without a workspace too.
+    const bool splits_here =
+        may_split || (decode && pr.num_splits == 0 && cluster_decodes(pr, ctx));
+    l.kernel = choose_kernel(pr, ctx.device, decode, sequences, max_q, max_kv, splits_here,
                              ctx.kv_fp8_register);
     if (ctx.family == FamilyRequest::kSm90 ||
         (ctx.family == FamilyRequest::kAuto &&
