@@ -142,8 +142,8 @@ inline constexpr bool kKvFp8RegisterByDefault = true;
 
 // Whether split decode launches merge their splits inside a thread-block cluster by default
 // (FLASHSERVE_DECODE_CLUSTER unset; KernelChoice::cluster_combine): off, written without a GPU
-// (session 31, issue 21: a batch-1 decode's attention is ~21 us a layer for 4 MB of K/V, two
-// launches of it the split kernel and the combine).
+// (session 31, issue 21: a batch-1 decode's attention is ~21 us a layer for 4 MB of K/V, in two
+// dependent launches, the split kernel and the combine).
 inline constexpr bool kDecodeClusterByDefault = false;
 
 // What the plan needs of the device and of the call beside the problem.
@@ -181,7 +181,7 @@ struct PlanContext {
   bool kv_fp8_register = kKvFp8RegisterByDefault;
   // Whether split decode launches merge their splits in a cluster (KernelChoice::cluster_combine):
   // FLASHSERVE_DECODE_CLUSTER (parse_decode_cluster), read by the dispatch once per plan, and
-  // whether the device and the build have clusters (compute capability 9.0 or later, 90a built).
+  // whether the device and the build have clusters (compute capability 9.x, 90a built).
   bool decode_cluster = kDecodeClusterByDefault;
   bool clusters = false;
 };
