@@ -909,54 +909,79 @@ struct Server::State {
                        "unsupported_content_encoding"};
       return res->respond(415, "application/json", e.body(), {{"Accept-Encoding", "identity"}});
     }
-    const auto generation = [&]() -> std::optional<Endpoint> {
-      if (req.path == "/v1/completions") return Endpoint::kCompletions;
-      if (req.path == "/v1/chat/completions") return Endpoint::kChat;
-      return std::nullopt;
-    }();
-    if (generation && req.method == "POST") {
-      const Clock::time_point arrival = Clock::now();
-      Slots slot(&in_flight, 0);
-      if (!slot.grow(1, o.max_concurrent_requests))
-        return send_error(*res, overloaded(o.max_concurrent_requests));
-      const Endpoint endpoint = *generation;
-      http->spawn([this, req = std::move(req), res, endpoint, arrival,
-                   slot = std::make_shared<Slots>(std::move(slot))]() mutable {
-        generate(req, *res, endpoint, std::move(*slot), arrival);
-      });
-      return;
-    }
+    const auto route = std::find_if(std::begin(kRoutes), std::end(kRoutes),
+                                    [&](const Route& r) { return r.path == req.path; });
+    if (route == std::end(kRoutes))
+      return send_error(*res, ApiError{404, "No route " + req.method + " " + req.path, {}, {}});
     // HEAD is GET whose answer goes without its body (the transport drops it): every
     // general-purpose server supports it (RFC 9110), and probes and uptime checkers send it.
-    const bool get = req.method == "GET" || req.method == "HEAD";
-    if (get && req.path == "/health") return health(req, *res);
-    if (get && req.path == "/metrics") return prometheus(req, *res);
-    if (get && req.path == "/v1/models") return models(req, *res);
-    if (get && req.path == "/version") return send_json(*res, {{"version", FLASHSERVE_VERSION}});
-    // Tokenizing a long prompt blocks: on a worker, as generation does.
-    if (req.method == "POST" && (req.path == "/tokenize" || req.path == "/detokenize")) {
-      const bool encode = req.path == "/tokenize";
-      return http->spawn([this, req = std::move(req), res, encode] {
-        encode ? tokenize(req, *res) : detokenize(req, *res);
-      });
-    }
+    if (route->post ? req.method == "POST" : req.method == "GET" || req.method == "HEAD")
+      return route->handle(*this, std::move(req), std::move(res));
     // A route asked with another method: 405 naming the ones it takes (RFC 9110), as vLLM answers
     // it; a 404 would tell a client that GETs /v1/completions that the path is wrong.
-    static const std::map<std::string_view, std::string_view> kRouteMethod = {
-        {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/tokenize", "POST"},
-        {"/detokenize", "POST"},     {"/health", "GET, HEAD"},         {"/metrics", "GET, HEAD"},
-        {"/v1/models", "GET, HEAD"}, {"/version", "GET, HEAD"}};
-    if (const auto route = kRouteMethod.find(req.path); route != kRouteMethod.end()) {
-      const ApiError e{405,
-                       "Method " + req.method + " not allowed on " + req.path + " (only " +
-                           std::string(route->second) + ")",
-                       {},
-                       "method_not_allowed"};
-      return res->respond(405, "application/json", e.body(),
-                          {{"Allow", std::string(route->second)}});
-    }
-    send_error(*res, ApiError{404, "No route " + req.method + " " + req.path, {}, {}});
+    const std::string allow = route->post ? "POST" : "GET, HEAD";
+    const ApiError e{
+        405,
+        "Method " + req.method + " not allowed on " + req.path + " (only " + allow + ")",
+        {},
+        "method_not_allowed"};
+    res->respond(405, "application/json", e.body(), {{"Allow", allow}});
   }
+
+  // A generation request takes a slot (or is refused at once) and runs on a worker thread.
+  void start_generation(HttpRequest req, std::shared_ptr<HttpResponder> res, Endpoint endpoint) {
+    const Clock::time_point arrival = Clock::now();
+    Slots slot(&in_flight, 0);
+    if (!slot.grow(1, o.max_concurrent_requests))
+      return send_error(*res, overloaded(o.max_concurrent_requests));
+    http->spawn([this, req = std::move(req), res, endpoint, arrival,
+                 slot = std::make_shared<Slots>(std::move(slot))]() mutable {
+      generate(req, *res, endpoint, std::move(*slot), arrival);
+    });
+  }
+
+  // Every route, the one place that names its path and method: dispatch() answers a path it does
+  // not list with 404 and a listed one asked with another method with 405.
+  struct Route {
+    std::string_view path;
+    bool post;  // POST only; otherwise GET and HEAD
+    void (*handle)(State&, HttpRequest&&, std::shared_ptr<HttpResponder>);
+  };
+  static constexpr Route kRoutes[] = {
+      {"/v1/completions", true,
+       [](State& s, HttpRequest&& req, std::shared_ptr<HttpResponder> res) {
+         s.start_generation(std::move(req), std::move(res), Endpoint::kCompletions);
+       }},
+      {"/v1/chat/completions", true,
+       [](State& s, HttpRequest&& req, std::shared_ptr<HttpResponder> res) {
+         s.start_generation(std::move(req), std::move(res), Endpoint::kChat);
+       }},
+      // Tokenizing a long prompt blocks: on a worker, as generation does.
+      {"/tokenize", true,
+       [](State& s, HttpRequest&& req, std::shared_ptr<HttpResponder> res) {
+         s.http->spawn([&s, req = std::move(req), res] { s.tokenize(req, *res); });
+       }},
+      {"/detokenize", true,
+       [](State& s, HttpRequest&& req, std::shared_ptr<HttpResponder> res) {
+         s.http->spawn([&s, req = std::move(req), res] { s.detokenize(req, *res); });
+       }},
+      {"/health", false,
+       [](State& s, HttpRequest&& req, std::shared_ptr<HttpResponder> res) {
+         s.health(req, *res);
+       }},
+      {"/metrics", false,
+       [](State& s, HttpRequest&& req, std::shared_ptr<HttpResponder> res) {
+         s.prometheus(req, *res);
+       }},
+      {"/v1/models", false,
+       [](State& s, HttpRequest&& req, std::shared_ptr<HttpResponder> res) {
+         s.models(req, *res);
+       }},
+      {"/version", false,
+       [](State&, HttpRequest&&, std::shared_ptr<HttpResponder> res) {
+         send_json(*res, {{"version", FLASHSERVE_VERSION}});
+       }},
+  };
 
   // The body of an error the transport answers itself.
   static std::string transport_error(int status, const std::string& message) {
