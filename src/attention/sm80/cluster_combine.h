@@ -1,9 +1,11 @@
 // Split-KV decode without the combine launch: the splits of one (sequence, KV head) run as one
 // thread-block cluster (sm_90's clusters, up to 16 CTAs) and merge their partials through
 // distributed shared memory. Each split leaves its O (normalised by its own row sums) and its LSE
-// in its own shared memory, the cluster synchronises, and each CTA then merges a share of the
-// outputs (row, column pair) from every split's partial, as combine_body.inc does from global
-// memory: O = sum_s exp(LSE_s - LSE) O_s, LSE = log sum_s exp(LSE_s); a split that saw no key
+// in its own shared memory, the cluster synchronises, each CTA reads every split's LSE of the
+// tile's rows once and keeps the rows' LSE and per-split weights in its own shared memory, and
+// then merges a share of the outputs (row, column pair) from every split's partial, as
+// combine_body.inc does from global memory: O = sum_s exp(LSE_s - LSE) O_s, LSE = log sum_s
+// exp(LSE_s); a split that saw no key
 // (LSE_s = -inf) weighs 0, a row no split saw gets O = 0 and LSE = -inf, a NaN LSE_s makes the row
 // NaN. A second cluster barrier keeps every CTA's shared memory alive until the others have read
 // it.
@@ -26,6 +28,7 @@
 
 #include "fwd_params.h"
 #include "ptx.h"
+#include "tile_config.h"
 
 namespace flashserve::attention::sm80 {
 
@@ -73,14 +76,17 @@ __device__ __forceinline__ void combine_in_cluster(const FwdParams& p, const Til
                                                    void* ring, int lane, const Scales& sc) {
   static_assert(Cfg::kPackGqa && Cfg::kWarps == 1 && Cfg::kMTiles == 1 && !Cfg::kPvPairs,
                 "the decode tiles: one warp, one m16 slice");
-  constexpr int D = Cfg::kHeadDim, kRows = Cfg::kBlockM;
-  static_assert((kRows * D + kRows) * int(sizeof(float)) <=
+  constexpr int D = Cfg::kHeadDim, kRows = Cfg::kBlockM, kMaxSplits = kClusterCombineMaxSplits;
+  static_assert(kRows <= 32, "a lane works out one row's weights");
+  static_assert((kRows * D + kRows + kRows * (kMaxSplits + 1)) * int(sizeof(float)) <=
                     2 * Cfg::kStages * Cfg::kBlockN * D * int(sizeof(Elem)),
-                "a split's partial fits the K/V ring");
+                "a split's partial and the merge weights fit the K/V ring");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int kPairs = D / 2;
-  float* o_part = static_cast<float*>(ring);  // [kRows][D], this split's O
-  float* lse_part = o_part + kRows * D;       // [kRows]
+  float* o_part = static_cast<float*>(ring);     // [kRows][D], this split's O
+  float* lse_part = o_part + kRows * D;          // [kRows], this split's LSE (read by the cluster)
+  float* weight = lse_part + kRows;              // [kRows][kMaxSplits], exp(LSE_s - LSE) (own use)
+  float* row_lse = weight + kRows * kMaxSplits;  // [kRows], the merged LSE (own use)
   float lse[1][2];
   ws.softmax.finish(ws.o, sc.natural(p), lse);
   cp_async_wait<0>();
@@ -99,29 +105,43 @@ __device__ __forceinline__ void combine_in_cluster(const FwdParams& p, const Til
 
   const int splits = p.num_splits, rank = t.split;
   const int rows = min(t.seq.q_len - t.m0, kRows);  // the group's heads in this tile
-  for (int i = rank + splits * lane; i < rows * kPairs; i += splits * 32) {
-    const int row = i / kPairs, c = 2 * (i % kPairs);
+  if (lane < rows) {
+    // All splits' LSE of this row in flight at once (the loop unrolls over the cluster's bound).
+    float x[kMaxSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s)
+      x[s] = s < splits ? load_cluster(cluster_address(lse_part + lane, s)) : -INFINITY;
     float m = -INFINITY;
     bool nan = false;  // fmaxf skips NaN: hence the flag
-    for (int s = 0; s < splits; ++s) {
-      const float x = load_cluster(cluster_address(lse_part + row, s));
-      nan |= x != x;
-      m = fmaxf(m, x);
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      nan |= x[s] != x[s];
+      m = fmaxf(m, x[s]);
     }
     if (nan) m = NAN;
     float sum = 0.0f;
-    if (m != -INFINITY)
-      for (int s = 0; s < splits; ++s)
-        sum += expf(load_cluster(cluster_address(lse_part + row, s)) - m);
+    if (m != -INFINITY) {
+#pragma unroll
+      for (int s = 0; s < kMaxSplits; ++s) sum += expf(x[s] - m);  // the bound's -inf add 0
+    }
     const bool seen = m != -INFINITY && sum != 0.0f;  // NaN: seen, and lse, weights, O are NaN
-    const float row_lse = seen ? m + logf(sum) : -INFINITY;
+    const float l = seen ? m + logf(sum) : -INFINITY;
+    row_lse[lane] = l;
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s)
+      weight[lane * kMaxSplits + s] = seen ? expf(x[s] - l) : 0.0f;
+  }
+  __syncwarp();  // the weights are the warp's
+
+  for (int i = rank + splits * lane; i < rows * kPairs; i += splits * 32) {
+    const int row = i / kPairs, c = 2 * (i % kPairs);
+    const float* w = weight + row * kMaxSplits;
     float2 acc = make_float2(0.0f, 0.0f);
-    if (seen) {
+    if (row_lse[row] != -INFINITY) {
       for (int s = 0; s < splits; ++s) {
-        const float w = expf(load_cluster(cluster_address(lse_part + row, s)) - row_lse);
         const float2 v = load_cluster2(cluster_address(o_part + row * D + c, s));
-        acc.x += w * v.x;
-        acc.y += w * v.y;
+        acc.x += w[s] * v.x;
+        acc.y += w[s] * v.y;
       }
     }
     Elem* out = t.out_row(p, row) + c;
@@ -130,7 +150,7 @@ __device__ __forceinline__ void combine_in_cluster(const FwdParams& p, const Til
     else
       *reinterpret_cast<__half2*>(out) = __floats2half2_rn(acc.x, acc.y);
     if (c == 0) {
-      if (float* l = t.lse_row(p, row)) *l = row_lse;
+      if (float* l = t.lse_row(p, row)) *l = row_lse[row];
     }
   }
   cluster_barrier();  // the other CTAs have read this one's partial
