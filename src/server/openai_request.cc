@@ -109,6 +109,12 @@ void parse_prompt(const json& v, GenerationRequest& r) {
       const std::string name = "prompt[" + std::to_string(i) + "]";
       if (!v[i].is_string() && !v[i].is_array())
         wrong_type(name, "a string or an array of token ids", v[i]);
+      // A batch is all strings or all arrays of token ids (OpenAI's string[] | int[][]).
+      if (v[i].is_string() != v[0].is_string())
+        wrong_type(
+            name,
+            v[0].is_string() ? "a string, as prompt[0]" : "an array of token ids, as prompt[0]",
+            v[i]);
       r.prompts.push_back(one_prompt(v[i], name));
     }
     return;

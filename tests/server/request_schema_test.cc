@@ -136,6 +136,11 @@ TEST(RequestSchema, UnknownFieldsAndUnsupportedValuesAreRefused) {
   EXPECT_EQ(refusal(body).param, "prompt");
   body["prompt"] = {"one", ""};
   EXPECT_EQ(refusal(body).param, "prompt[1]");
+  // A batch mixing strings and token-id arrays is no form of OpenAI's: refused, not guessed.
+  body["prompt"] = json::array({"one", {1, 2}});
+  EXPECT_EQ(refusal(body).param, "prompt[1]");
+  body["prompt"] = json::array({{1, 2}, "one"});
+  EXPECT_EQ(refusal(body).param, "prompt[1]");
   body["prompt"] = std::vector<std::string>(fsv::kMaxPrompts + 1, "x");
   EXPECT_EQ(refusal(body).param, "prompt");
   // min_tokens past max_tokens; echo with logprobs (the prompt's are not computed).
