@@ -17,10 +17,10 @@ __global__ void add_rmsnorm_kernel(const __nv_bfloat16* __restrict__ delta,
                                    const __nv_bfloat16* __restrict__ weight,
                                    __nv_bfloat16* __restrict__ out,
                                    const int32_t* __restrict__ rows, int64_t hidden, float eps,
-                                   L2Span prefetch) {
+                                   L2Span prefetch, unsigned l2_blocks) {
   __shared__ float scratch[32];
+  if (issue_l2_prefetch(prefetch, gridDim.x - l2_blocks)) return;  // weights: no kernel writes them
   const int64_t r = blockIdx.x;
-  prefetch_l2(prefetch);  // weights: no kernel writes them
   float x[kMaxVecs][kVec], w[kMaxVecs][kVec];
 #pragma unroll
   for (int j = 0; j < kMaxVecs; ++j) {
@@ -77,9 +77,10 @@ void add_rmsnorm(const __nv_bfloat16* delta, __nv_bfloat16* residual, const __nv
   const int64_t vecs = hidden / kVec;
   int64_t threads = (vecs + kMaxVecs - 1) / kMaxVecs;
   threads = ((threads + 31) / 32) * 32;
-  check_cuda(launch(pdl, add_rmsnorm_kernel, dim3(static_cast<unsigned>(n_rows)),
+  const unsigned l2_blocks = l2_prefetch_blocks(prefetch);
+  check_cuda(launch(pdl, add_rmsnorm_kernel, dim3(static_cast<unsigned>(n_rows) + l2_blocks),
                     dim3(static_cast<unsigned>(threads)), 0, stream, delta, residual, weight, out,
-                    rows, hidden, eps, prefetch),
+                    rows, hidden, eps, prefetch, l2_blocks),
              "add_rmsnorm");
 }
 
