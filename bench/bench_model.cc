@@ -17,12 +17,12 @@
 //   bench_model --mixed [--budget 512] [--decodes 0,1,16,64,128,256] [--context 1024]
 // With --fuse-ab, only small decode steps (issue 21) with and without the fused decode kernels
 // (model/decode_kernels.h DecodeFusion: FLASHSERVE_FUSE_NORM, FLASHSERVE_FUSE_SILU) and the
-// weights' L2 prefetch (FLASHSERVE_L2_PREFETCH), in one process: cuBLASLt unfused (the
-// default), the GEMV unfused (the same sums as the fused kernels), silu fused, norm fused,
-// both, cuBLASLt and the GEMV with the prefetch, and the decode attention's splits merged in a
-// thread-block cluster (FLASHSERVE_DECODE_CLUSTER) with and without the prefetch; the modes
-// alternate within each round (the order rotated), every timing from the same `context` keys,
-// graphs on; medians over the rounds.
+// weights' L2 prefetch (FLASHSERVE_L2_PREFETCH), in one process: the default, cuBLASLt unfused,
+// the GEMV for one row and for up to 4 (the same sums as the fused kernels), silu fused, norm
+// fused, both, cuBLASLt and the GEMV with the prefetch, and the decode attention's splits merged
+// in a thread-block cluster (FLASHSERVE_DECODE_CLUSTER); the modes alternate within each round
+// (the order rotated), every timing from the same `context` keys, graphs on; medians over the
+// rounds.
 //   bench_model --fuse-ab [--batches 1,4] [--rounds 7] [--steps 30] [--context 1024]
 // With --tensor-parallel-size N (issue 26; N GPUs), only the scaling: decode steps at batch 1 and
 // 32 and one prefill, wall clock per step, on GPU 0 alone and split over GPUs 0 .. N-1
@@ -46,6 +46,7 @@
 #include "flashserve/attention.h"
 #include "flashserve/error.h"
 #include "model/cuda/cuda_runner.h"
+#include "model/decode_kernels.h"
 #include "model/forward_batch.h"
 #include "model/presets.h"
 #include "model/runner.h"
@@ -308,19 +309,22 @@ void fuse_ab(const fm::ModelConfig& cfg, int64_t context, const std::vector<int>
   std::printf("device copy bandwidth %.2f TB/s; weight-read floor %.3f ms\n", bw / 1e12,
               wbytes / bw * 1e3);
   struct Mode {
-    bool gemv, norm, silu, prefetch, cluster;
+    int64_t gemv_rows;  // products of at most this many rows through the GEMV
+    bool norm, silu, prefetch, cluster;
     const char* name;
   };
+  constexpr int64_t kAll = fm::kGemvMaxProductRows, kDefault = fm::kGemvRowsByDefault;
   const std::vector<Mode> modes = {
-      {false, false, false, false, false, "cuBLASLt, unfused (default)"},
-      {true, false, false, false, false, "GEMV, unfused"},
-      {false, false, true, false, false, "fused silu"},
-      {false, true, false, false, false, "fused norm"},
-      {false, true, true, false, false, "fused norm + silu"},
-      {false, false, false, true, false, "cuBLASLt + L2 prefetch"},
-      {true, false, false, true, false, "GEMV + L2 prefetch"},
-      {false, false, false, false, true, "cuBLASLt + cluster combine"},
-      {false, false, false, true, true, "cuBLASLt + L2 prefetch + cluster combine"}};
+      {kDefault, false, false, false, false, "default"},
+      {0, false, false, false, false, "cuBLASLt, unfused"},
+      {1, false, false, false, false, "GEMV for 1 row, unfused"},
+      {kAll, false, false, false, false, "GEMV for <= 4 rows, unfused"},
+      {kAll, false, true, false, false, "fused silu"},
+      {kAll, true, false, false, false, "fused norm"},
+      {kAll, true, true, false, false, "fused norm + silu"},
+      {0, false, false, true, false, "cuBLASLt + L2 prefetch"},
+      {kAll, false, false, true, false, "GEMV + L2 prefetch"},
+      {0, false, false, false, true, "cuBLASLt + cluster combine"}};
   const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
   const int64_t max_len = context + 3 + steps + 16;
   Seqs s;
@@ -342,7 +346,7 @@ void fuse_ab(const fm::ModelConfig& cfg, int64_t context, const std::vector<int>
         // Read by each step's attention plan; the graphs captured under the other value are
         // dropped by the setters below.
         setenv("FLASHSERVE_DECODE_CLUSTER", m.cluster ? "1" : "0", 1);
-        runner->set_gemv(m.gemv);
+        runner->set_gemv_rows(m.gemv_rows);
         runner->set_decode_fusion(m.norm, m.silu);
         runner->set_l2_prefetch(m.prefetch);
         s.len.assign(batch, context);  // the same keys every timing: the steps rewrite them
@@ -362,7 +366,7 @@ void fuse_ab(const fm::ModelConfig& cfg, int64_t context, const std::vector<int>
       std::fflush(stdout);
     }
   }
-  runner->set_gemv(false);
+  runner->set_gemv_rows(fm::kGemvRowsByDefault);
   runner->set_decode_fusion(false, false);
   runner->set_l2_prefetch(false);
   unsetenv("FLASHSERVE_DECODE_CLUSTER");
@@ -510,7 +514,8 @@ int main(int argc, char** argv) {
   std::printf("\n| work | ours | floor | ours / floor |\n|---|---|---|---|\n");
   std::map<std::string, std::map<std::string, double>> profiles;
   struct Mode {
-    bool graphs, gemv;
+    bool graphs;
+    int64_t gemv_rows;  // products of at most this many rows through the GEMV
     const char* name;
   };
   for (int32_t page : {kBlock, 256}) {
@@ -521,11 +526,15 @@ int main(int argc, char** argv) {
     for (int64_t batch : {int64_t{1}, max_batch}) {
       s.reset(batch, max_len, cfg.vocab_size);
       prefill_all(*runner, s, context, 4);
-      std::vector<Mode> modes = {{true, false, "CUDA graph"}, {false, false, "eager"}};
-      if (batch <= 4) modes.push_back({true, true, "CUDA graph, GEMV kernel"});
+      const int64_t kDefault = fm::kGemvRowsByDefault;
+      std::vector<Mode> modes = {{true, kDefault, "CUDA graph"}, {false, kDefault, "eager"}};
+      if (batch <= fm::kGemvMaxProductRows) {
+        modes.push_back({true, 0, "CUDA graph, cuBLASLt"});
+        modes.push_back({true, fm::kGemvMaxProductRows, "CUDA graph, GEMV kernel"});
+      }
       for (const Mode& m : modes) {
         runner->set_cuda_graphs(m.graphs);
-        runner->set_gemv(m.gemv);
+        runner->set_gemv_rows(m.gemv_rows);
         const double ms = time_decode(*runner, s, steps);
         const double kv_bytes = batch * (s.len[0] - steps / 2) * kv_per_token;
         const double floor_ms = (wbytes + kv_bytes) / bw * 1e3;
@@ -536,7 +545,7 @@ int main(int argc, char** argv) {
             floor_ms, batch > 1 ? " + K/V" : "", ms / floor_ms);
         std::fflush(stdout);
       }
-      runner->set_gemv(false);
+      runner->set_gemv_rows(fm::kGemvRowsByDefault);
       if (page == kBlock) {
         runner->set_profiling(true);
         time_decode(*runner, s, 5);

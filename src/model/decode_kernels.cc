@@ -9,7 +9,8 @@ namespace flashserve::model {
 DecodeKernelOptions decode_kernel_options_from_env(const char* gemv, const char* pdl,
                                                    const char* l2_prefetch) {
   DecodeKernelOptions o;
-  o.gemv = env_switch(gemv, "FLASHSERVE_GEMV", o.gemv);
+  if (gemv != nullptr && *gemv != '\0')
+    o.gemv_rows = env_switch(gemv, "FLASHSERVE_GEMV", true) ? kGemvMaxProductRows : 0;
   o.pdl = env_switch(pdl, "FLASHSERVE_PDL", o.pdl);
   o.l2_prefetch = env_switch(l2_prefetch, "FLASHSERVE_L2_PREFETCH", o.l2_prefetch);
   return o;

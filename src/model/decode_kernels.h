@@ -1,16 +1,19 @@
 // Which kernels the CUDA runner takes for the weight products of small steps (at most
 // cuda::kGemvMaxRows tokens: decode at small batch, where reading the weights once is the cost),
 // and whether its kernels use programmatic dependent launch (cuda/pdl.cuh). Read once per runner
-// from FLASHSERVE_GEMV and FLASHSERVE_PDL (0 or 1; anything else is refused by name).
+// from FLASHSERVE_GEMV, FLASHSERVE_PDL and FLASHSERVE_L2_PREFETCH (0 or 1; anything else is
+// refused by name).
 #pragma once
 
 #include <cstdint>
 
 namespace flashserve::model {
 
-// The GEMV (cuda/gemv.h) instead of cuBLASLt for products of at most 4 rows: off, it does not win
-// on the whole step (session 17: 5.05 against 4.83 ms at batch 1 with 1k keys).
-inline constexpr bool kGemvByDefault = false;
+// The most rows a product may have to go to the GEMV (cuda/gemv.h, whose kGemvMaxRows it is).
+inline constexpr int64_t kGemvMaxProductRows = 4;
+// Products of at most this many rows go to the GEMV instead of cuBLASLt (0: none).
+// FLASHSERVE_GEMV=0 sends none, =1 every product it takes (kGemvMaxProductRows).
+inline constexpr int64_t kGemvRowsByDefault = 0;
 // Programmatic dependent launch for the runner's own kernels on sm_90 and later (the norm, RoPE,
 // the GEMVs): each waits for its producer only where it reads its output.
 inline constexpr bool kPdlByDefault = true;
@@ -21,7 +24,7 @@ inline constexpr bool kPdlByDefault = true;
 inline constexpr bool kL2PrefetchByDefault = false;
 
 struct DecodeKernelOptions {
-  bool gemv = kGemvByDefault;
+  int64_t gemv_rows = kGemvRowsByDefault;
   bool pdl = kPdlByDefault;                 // where the device has it (sm_90 and later)
   bool l2_prefetch = kL2PrefetchByDefault;  // likewise
 };

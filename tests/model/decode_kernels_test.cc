@@ -15,18 +15,18 @@ namespace {
 TEST(DecodeKernels, UnsetOrEmptyKeepsTheDefaults) {
   for (const char* unset : {static_cast<const char*>(nullptr), ""}) {
     const DecodeKernelOptions o = decode_kernel_options_from_env(unset, unset);
-    EXPECT_EQ(o.gemv, kGemvByDefault);
+    EXPECT_EQ(o.gemv_rows, kGemvRowsByDefault);
     EXPECT_EQ(o.pdl, kPdlByDefault);
   }
 }
 
 TEST(DecodeKernels, ZeroAndOneSetEachSwitchAlone) {
-  EXPECT_TRUE(decode_kernel_options_from_env("1", nullptr).gemv);
-  EXPECT_FALSE(decode_kernel_options_from_env("0", nullptr).gemv);
+  EXPECT_EQ(decode_kernel_options_from_env("1", nullptr).gemv_rows, kGemvMaxProductRows);
+  EXPECT_EQ(decode_kernel_options_from_env("0", nullptr).gemv_rows, 0);
   EXPECT_EQ(decode_kernel_options_from_env("1", nullptr).pdl, kPdlByDefault);
   EXPECT_TRUE(decode_kernel_options_from_env(nullptr, "1").pdl);
   EXPECT_FALSE(decode_kernel_options_from_env(nullptr, "0").pdl);
-  EXPECT_EQ(decode_kernel_options_from_env(nullptr, "0").gemv, kGemvByDefault);
+  EXPECT_EQ(decode_kernel_options_from_env(nullptr, "0").gemv_rows, kGemvRowsByDefault);
 }
 
 TEST(DecodeKernels, AnyOtherValueIsRefusedByName) {
@@ -54,7 +54,7 @@ TEST(DecodeKernels, L2PrefetchIsOffByDefaultAndSetStrictlyByName) {
   EXPECT_FALSE(decode_kernel_options_from_env(nullptr, nullptr).l2_prefetch);
   const DecodeKernelOptions on = decode_kernel_options_from_env(nullptr, nullptr, "1");
   EXPECT_TRUE(on.l2_prefetch);
-  EXPECT_EQ(on.gemv, kGemvByDefault);
+  EXPECT_EQ(on.gemv_rows, kGemvRowsByDefault);
   EXPECT_EQ(on.pdl, kPdlByDefault);
   EXPECT_FALSE(decode_kernel_options_from_env("1", "1", "0").l2_prefetch);
   for (const char* bad : {"yes", "2", " 1", "true"}) {

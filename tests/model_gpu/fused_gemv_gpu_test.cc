@@ -21,6 +21,7 @@
 #include "model/cuda/gemv.h"
 #include "model/cuda/rmsnorm.h"
 #include "model/cuda/silu_mul.h"
+#include "model/decode_kernels.h"
 #include "model/forward_batch.h"
 #include "model_gpu/device_buffer.h"
 #include "model_gpu/tiny_model.h"
@@ -312,17 +313,17 @@ bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // The runner's decode steps (batch 1 to 3) with each fusion against its unfused GEMV path
-// (set_gemv: the same products' sums through gemv.h): the same logits, bit for bit, and close to
-// the cuBLASLt path's.
+// (set_gemv_rows: the same products' sums through gemv.h): the same logits, bit for bit, and close
+// to the cuBLASLt path's.
 TEST(GpuFusedGemv, RunnerDecodeStepsEqualTheUnfusedGemvPath) {
   SKIP_WITHOUT_CUDA();
   auto runner = model::cuda::CudaRunner::load(tiny_checkpoint_dir(), 0);
   for (int64_t batch : {1, 2, 3}) {
     SCOPED_TRACE(::testing::Message() << "batch " << batch);
     runner->set_decode_fusion(false, false);
-    runner->set_gemv(false);
+    runner->set_gemv_rows(0);
     const std::vector<float> cublas = decode_logits(*runner, batch);
-    runner->set_gemv(true);
+    runner->set_gemv_rows(model::kGemvMaxProductRows);
     const std::vector<float> unfused = decode_logits(*runner, batch);
     double peak = 0, diff = 0;
     for (size_t i = 0; i < cublas.size(); ++i) {
@@ -353,7 +354,7 @@ TEST(GpuL2Prefetch, RunnerDecodeStepsAreUnchanged) {
     GTEST_SKIP() << "the L2 prefetch needs sm_90";
   }
   for (bool gemv : {false, true}) {
-    runner->set_gemv(gemv);
+    runner->set_gemv_rows(gemv ? model::kGemvMaxProductRows : 0);
     for (int64_t batch : {1, 3}) {
       SCOPED_TRACE(::testing::Message() << "batch " << batch << " gemv " << gemv);
       runner->set_l2_prefetch(false);
@@ -365,7 +366,7 @@ TEST(GpuL2Prefetch, RunnerDecodeStepsAreUnchanged) {
     }
   }
   runner->set_l2_prefetch(false);
-  runner->set_gemv(false);
+  runner->set_gemv_rows(model::kGemvRowsByDefault);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "flashserve/error.h"
 #include "model/cuda/embedding.h"
 #include "model/cuda/gemm.h"
 #include "model/cuda/gemv.h"
@@ -271,7 +272,7 @@ TEST(GpuModelKernels, GemvMatchesReferenceWithAndWithoutPdl) {
 TEST(GpuModelKernels, GemmMatchesReference) {
   SKIP_WITHOUT_CUDA();
   Gemm gemm;
-  gemm.set_gemv(true);
+  gemm.set_gemv_rows(model::cuda::kGemvMaxRows);
   for (int64_t m : {1, 2, 3, 4, 7, 32, 129})  // m <= 4: the GEMV kernel
     for (bool y_float : {false, true}) {
       check_gemm(gemm, m, 384, 1024, y_float);
@@ -279,15 +280,20 @@ TEST(GpuModelKernels, GemmMatchesReference) {
       check_gemm(gemm, m, 256, 1032, y_float);  // k not a multiple of the GEMV's 256-wide pass
     }
   check_gemm(gemm, 1, 384, 1024, false);  // a cached plan reused
-  gemm.set_gemv(false);                   // and cuBLASLt for the same small m
+  gemm.set_gemv_rows(0);                  // and cuBLASLt for the same small m
   for (int64_t m : {1, 3})
     for (bool y_float : {false, true}) check_gemm(gemm, m, 384, 1024, y_float);
+  gemm.set_gemv_rows(1);  // one row through the GEMV, two through cuBLASLt
+  for (int64_t m : {1, 2}) check_gemm(gemm, m, 384, 1024, false);
+  EXPECT_THROW(gemm.set_gemv_rows(model::cuda::kGemvMaxRows + 1), Error);
+  EXPECT_THROW(gemm.set_gemv_rows(-1), Error);
 }
 
 TEST(GpuModelKernels, GemmBiasEpilogueRoundsOnce) {
   SKIP_WITHOUT_CUDA();
   Gemm gemm;
-  gemm.set_gemv(true);  // m <= 4 through the GEMV kernel's bias, the others cuBLASLt's epilogue
+  gemm.set_gemv_rows(model::cuda::kGemvMaxRows);  // m <= 4 through the GEMV kernel's bias, the
+                                                  // others cuBLASLt's epilogue
   for (int64_t m : {1, 2, 17, 300}) {
     const int64_t n = 1152, k = 896;
     std::mt19937 rng(static_cast<unsigned>(m));

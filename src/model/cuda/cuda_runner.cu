@@ -199,7 +199,7 @@ struct CudaRunner::Impl {
     sm90 = major >= 9;
     pdl = kernels.pdl && sm90;
     l2_prefetch = kernels.l2_prefetch && sm90;
-    gemm->set_gemv(kernels.gemv);
+    gemm->set_gemv_rows(kernels.gemv_rows);
     gemm->set_pdl(pdl);
     fusion = decode_fusion_from_env(std::getenv("FLASHSERVE_FUSE_NORM"),
                                     std::getenv("FLASHSERVE_FUSE_SILU"));
@@ -1099,8 +1099,8 @@ int64_t CudaRunner::weight_bytes() const {
   return 2 * (c.num_hidden_layers * layer + m.part.vocab * c.hidden_size);
 }
 
-void CudaRunner::set_gemv(bool on) {
-  impl_->gemm->set_gemv(on);
+void CudaRunner::set_gemv_rows(int64_t rows) {
+  impl_->gemm->set_gemv_rows(rows);
   impl_->drop_graphs();  // graphs hold the launches of the other path
 }
 

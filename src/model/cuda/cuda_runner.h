@@ -66,7 +66,9 @@ class CudaRunner : public ModelRunner {
   int64_t weight_bytes() const;  // bf16 bytes of every weight a step reads (embedding excluded)
 
   void set_cuda_graphs(bool on);
-  void set_gemv(bool on);  // the small-batch GEMM kernel (gemv.h) instead of cuBLASLt
+  // Products of at most `rows` rows (0 to 4) through the small-batch GEMM kernel (gemv.h)
+  // instead of cuBLASLt (FLASHSERVE_GEMV gives the start value; model/decode_kernels.h).
+  void set_gemv_rows(int64_t rows);
   // The fused decode kernels (model/decode_kernels.h DecodeFusion; FLASHSERVE_FUSE_NORM and
   // FLASHSERVE_FUSE_SILU give the runner's start values).
   void set_decode_fusion(bool norm, bool silu);

@@ -12,7 +12,8 @@
 namespace flashserve::model::cuda {
 
 // The runner's rule for which steps fuse (decode_kernels.h, plain C++) names these limits itself.
-static_assert(kGemvMaxRows == kFusedMaxTokens && kFusedNormMaxHidden == kFusedNormMaxColumns);
+static_assert(kGemvMaxRows == kFusedMaxTokens && kGemvMaxRows == kGemvMaxProductRows &&
+              kFusedNormMaxHidden == kFusedNormMaxColumns);
 
 namespace {
 

@@ -169,10 +169,17 @@ Gemm::Gemm(size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
 
 Gemm::~Gemm() = default;
 
+void Gemm::set_gemv_rows(int64_t rows) {
+  if (rows < 0 || rows > kGemvMaxRows)
+    throw Error(ErrorKind::kInvalidArgument, "gemv_rows",
+                "must be 0 to " + std::to_string(kGemvMaxRows) + ", got " + std::to_string(rows));
+  gemv_rows_ = rows;
+}
+
 void Gemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool y_float32, int64_t m,
                int64_t n, int64_t k, cudaStream_t stream) {
   if (m == 0) return;
-  if (gemv_ && m <= kGemvMaxRows) return gemv(x, w, nullptr, y, y_float32, m, n, k, stream, pdl_);
+  if (m <= gemv_rows_) return gemv(x, w, nullptr, y, y_float32, m, n, k, stream, pdl_);
   impl_->tune = {x, w, nullptr, y, stream};
   const Plan& p = impl_->plan(m, n, k, y_float32);
   if (!p.found)
@@ -188,7 +195,7 @@ void Gemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool y_f
 bool Gemm::run_bias(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
                     __nv_bfloat16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
   if (m == 0) return true;
-  if (gemv_ && m <= kGemvMaxRows) {
+  if (m <= gemv_rows_) {
     gemv(x, w, bias, y, false, m, n, k, stream, pdl_);
     return true;
   }

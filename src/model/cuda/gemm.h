@@ -23,10 +23,10 @@ class Gemm {
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
 
-  // Products of at most kGemvMaxRows rows of x (decode at small batch) go to gemv.h's kernel
-  // when on (the runner decides: model/decode_kernels.h), launched with programmatic
+  // Products of at most `rows` rows of x (decode at small batch; 0 to kGemvMaxRows) go to
+  // gemv.h's kernel (the runner decides: model/decode_kernels.h), launched with programmatic
   // dependent launch when set_pdl (sm_90 and later only).
-  void set_gemv(bool on) { gemv_ = on; }
+  void set_gemv_rows(int64_t rows);
   void set_pdl(bool on) { pdl_ = on; }
 
   // y_float32: y is float32 (the LM head's logits), else bf16. All pointers 16-byte aligned,
@@ -50,7 +50,7 @@ class Gemm {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  bool gemv_ = false;
+  int64_t gemv_rows_ = 0;
   bool pdl_ = false;
 };
 
