@@ -11,16 +11,21 @@ namespace flashserve::model {
 
 // The most rows a product may have to go to the GEMV (cuda/gemv.h, whose kGemvMaxRows it is).
 inline constexpr int64_t kGemvMaxProductRows = 4;
-// Products of at most this many rows go to the GEMV instead of cuBLASLt (0: none).
+// Products of at most this many rows go to the GEMV instead of cuBLASLt (0: none): one, a batch-1
+// decode's. bench_model --fuse-ab, mistral-7b shape, 1k keys, graphs: batch 1 -7.2% (H100,
+// session 32: 5.83 against 6.28 ms) and -3.8% (H200, session 21); at 2 rows and more the GEMV
+// is slower (2: +6.5%, 4: +57%, H100), as it reads the weights once per row.
 // FLASHSERVE_GEMV=0 sends none, =1 every product it takes (kGemvMaxProductRows).
-inline constexpr int64_t kGemvRowsByDefault = 0;
+inline constexpr int64_t kGemvRowsByDefault = 1;
 // Programmatic dependent launch for the runner's own kernels on sm_90 and later (the norm, RoPE,
 // the GEMVs): each waits for its producer only where it reads its output.
 inline constexpr bool kPdlByDefault = true;
 // Weights prefetched into L2 while a small step's short kernels leave HBM idle (issue 21: a
 // batch-1 decode reads its 14 GB of weights at 1.52x the copy-bandwidth floor, ~0.9 ms of the
-// step in kernels that read almost nothing). Off: written without a GPU, not measured yet
-// (docs/model-gpu.md has the prediction). sm_90 and later (cp.async.bulk.prefetch).
+// step in kernels that read almost nothing). Off: measured slower (session 32, H100, batch 1:
+// +15% with cuBLASLt, +1.4% beside the GEMV's -7%; the products after a prefetch gain ~0.13 ms
+// a step, the kernels issuing it lose ~1.2 ms, as a grid ends only once its bulk prefetches are
+// issued; docs/model-gpu.md). sm_90 and later (cp.async.bulk.prefetch).
 inline constexpr bool kL2PrefetchByDefault = false;
 
 struct DecodeKernelOptions {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -44,15 +46,45 @@ int64_t tuning_bucket(int64_t m) {
   return token_bucket(m);
 }
 
+// m's bucket, n, k, y_float32, bias.
+using ShapeKey = std::tuple<int64_t, int64_t, int64_t, bool, bool>;
+
+// The timed choices, one per (device, shape bucket) for the whole process: every Gemm of the
+// process takes the algorithm the first one timed. Each Gemm timing its own would let two runners
+// of one model keep different algorithms, whose sums differ in the last bits (session 32, H100: a
+// one-rank NCCL runner beside the plain runner differed at a different step each run).
+class TimedAlgorithms {
+ public:
+  std::optional<cublasLtMatmulAlgo_t> find(int device, const ShapeKey& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = algos_.find({device, key});
+    if (it == algos_.end()) return std::nullopt;
+    return it->second;
+  }
+  // The shape's algorithm: `algo` if none was kept for it yet, else the one kept first.
+  cublasLtMatmulAlgo_t keep(int device, const ShapeKey& key, const cublasLtMatmulAlgo_t& algo) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return algos_.emplace(std::pair{device, key}, algo).first->second;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::pair<int, ShapeKey>, cublasLtMatmulAlgo_t> algos_;
+};
+
+TimedAlgorithms& timed_algorithms() {
+  static TimedAlgorithms t;
+  return t;
+}
+
 }  // namespace
 
 struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool>;  // m (or its bucket), n, k, ...
-  std::map<Key, Plan> plans;                                      // by exact m
-  std::map<Key, cublasLtMatmulAlgo_t> timed;                      // by tuning_bucket(m)
+  int device = 0;
+  std::map<ShapeKey, Plan> plans;  // by exact m
   // The operands of the call that asks for a new plan, used to time the candidates.
   struct Operands {
     const void *x = nullptr, *w = nullptr, *bias = nullptr;
@@ -61,7 +93,7 @@ struct Gemm::Impl {
   } tune;
 
   const Plan& plan(int64_t m, int64_t n, int64_t k, bool y_float32, bool bias = false) {
-    const Key key{m, n, k, y_float32, bias};
+    const ShapeKey key{m, n, k, y_float32, bias};
     auto it = plans.find(key);
     if (it != plans.end()) return it->second;
     Plan p;
@@ -82,16 +114,17 @@ struct Gemm::Impl {
     check_blas(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, k, m, k), "layout x");
     check_blas(cublasLtMatrixLayoutCreate(&p.c, yt, n, m, n), "layout y");
     // The bucket's timed algorithm, where cuBLASLt accepts it for this m within the workspace.
-    const Key bucket{tuning_bucket(m), n, k, y_float32, bias};
-    if (auto t = timed.find(bucket); t != timed.end()) {
+    const ShapeKey bucket{tuning_bucket(m), n, k, y_float32, bias};
+    const auto accepts = [&](const cublasLtMatmulAlgo_t& algo) {
       cublasLtMatmulHeuristicResult_t check{};
-      if (cublasLtMatmulAlgoCheck(handle, p.op, p.a, p.b, p.c, p.c, &t->second, &check) ==
-              CUBLAS_STATUS_SUCCESS &&
-          check.workspaceSize <= workspace_bytes) {
-        p.algo = t->second;
-        p.found = true;
-        return plans.emplace(key, p).first->second;
-      }
+      return cublasLtMatmulAlgoCheck(handle, p.op, p.a, p.b, p.c, p.c, &algo, &check) ==
+                 CUBLAS_STATUS_SUCCESS &&
+             check.workspaceSize <= workspace_bytes;
+    };
+    if (auto t = timed_algorithms().find(device, bucket); t && accepts(*t)) {
+      p.algo = *t;
+      p.found = true;
+      return plans.emplace(key, p).first->second;
     }
     cublasLtMatmulPreference_t pref = nullptr;
     check_blas(cublasLtMatmulPreferenceCreate(&pref), "preference");
@@ -143,8 +176,13 @@ struct Gemm::Impl {
       }
       // The bucket's algorithm, timed or (one candidate) the only one: every later row count of
       // the bucket takes it, so a mixed step padded to its bucket (model/step_graphs.h) runs the
-      // algorithm of its unpadded rows. Not from inside a capture (nothing was timed there).
-      if (capturing == cudaStreamCaptureStatusNone) timed.emplace(bucket, p.algo);
+      // algorithm of its unpadded rows; and every Gemm of the process on this device takes it
+      // (another may have kept one first since the lookup above: then that one, where it takes
+      // this m). Not from inside a capture (nothing was timed there).
+      if (capturing == cudaStreamCaptureStatusNone) {
+        const cublasLtMatmulAlgo_t kept = timed_algorithms().keep(device, bucket, p.algo);
+        if (accepts(kept)) p.algo = kept;
+      }
     }
     return plans.emplace(key, p).first->second;
   }
@@ -162,6 +200,7 @@ struct Gemm::Impl {
 };
 
 Gemm::Gemm(size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
+  check_cuda(cudaGetDevice(&impl_->device), "gemm device");
   check_blas(cublasLtCreate(&impl_->handle), "cublasLtCreate");
   check_cuda(cudaMalloc(&impl_->workspace, workspace_bytes), "gemm workspace");
   impl_->workspace_bytes = workspace_bytes;
