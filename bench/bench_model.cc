@@ -16,11 +16,10 @@
 //   bench_model [--shape mistral-7b] [--context 1024] [--prefill 4096] [--steps 30] [--quick]
 //   bench_model --mixed [--budget 512] [--decodes 0,1,16,64,128,256] [--context 1024]
 // With --fuse-ab, only small decode steps (issue 21) with and without the fused decode kernels
-// (model/decode_kernels.h DecodeFusion: FLASHSERVE_FUSE_NORM, FLASHSERVE_FUSE_SILU) and the
-// weights' L2 prefetch (FLASHSERVE_L2_PREFETCH), in one process: the default, cuBLASLt unfused,
-// the GEMV for one row and for up to 4 (the same sums as the fused kernels), silu fused, norm
-// fused, both, cuBLASLt and the GEMV with the prefetch, and the decode attention's splits merged
-// in a thread-block cluster (FLASHSERVE_DECODE_CLUSTER); the modes alternate within each round
+// (model/decode_kernels.h DecodeFusion: FLASHSERVE_FUSE_NORM, FLASHSERVE_FUSE_SILU), in one
+// process: the default, cuBLASLt unfused, the GEMV for one row and for up to 4 (the same sums as
+// the fused kernels), silu fused, norm fused, both, and the decode attention's splits merged in
+// a thread-block cluster (FLASHSERVE_DECODE_CLUSTER); the modes alternate within each round
 // (the order rotated), every timing from the same `context` keys, graphs on; medians over the
 // rounds.
 //   bench_model --fuse-ab [--batches 1,4] [--rounds 7] [--steps 30] [--context 1024]
@@ -310,21 +309,18 @@ void fuse_ab(const fm::ModelConfig& cfg, int64_t context, const std::vector<int>
               wbytes / bw * 1e3);
   struct Mode {
     int64_t gemv_rows;  // products of at most this many rows through the GEMV
-    bool norm, silu, prefetch, cluster;
+    bool norm, silu, cluster;
     const char* name;
   };
   constexpr int64_t kAll = fm::kGemvMaxProductRows, kDefault = fm::kGemvRowsByDefault;
-  const std::vector<Mode> modes = {
-      {kDefault, false, false, false, false, "default"},
-      {0, false, false, false, false, "cuBLASLt, unfused"},
-      {1, false, false, false, false, "GEMV for 1 row, unfused"},
-      {kAll, false, false, false, false, "GEMV for <= 4 rows, unfused"},
-      {kAll, false, true, false, false, "fused silu"},
-      {kAll, true, false, false, false, "fused norm"},
-      {kAll, true, true, false, false, "fused norm + silu"},
-      {0, false, false, true, false, "cuBLASLt + L2 prefetch"},
-      {kAll, false, false, true, false, "GEMV + L2 prefetch"},
-      {0, false, false, false, true, "cuBLASLt + cluster combine"}};
+  const std::vector<Mode> modes = {{kDefault, false, false, false, "default"},
+                                   {0, false, false, false, "cuBLASLt, unfused"},
+                                   {1, false, false, false, "GEMV for 1 row, unfused"},
+                                   {kAll, false, false, false, "GEMV for <= 4 rows, unfused"},
+                                   {kAll, false, true, false, "fused silu"},
+                                   {kAll, true, false, false, "fused norm"},
+                                   {kAll, true, true, false, "fused norm + silu"},
+                                   {kDefault, false, false, true, "default + cluster combine"}};
   const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
   const int64_t max_len = context + 3 + steps + 16;
   Seqs s;
@@ -348,7 +344,6 @@ void fuse_ab(const fm::ModelConfig& cfg, int64_t context, const std::vector<int>
         setenv("FLASHSERVE_DECODE_CLUSTER", m.cluster ? "1" : "0", 1);
         runner->set_gemv_rows(m.gemv_rows);
         runner->set_decode_fusion(m.norm, m.silu);
-        runner->set_l2_prefetch(m.prefetch);
         s.len.assign(batch, context);  // the same keys every timing: the steps rewrite them
         ms[at].push_back(time_decode(*runner, s, steps));
       }
@@ -368,7 +363,6 @@ void fuse_ab(const fm::ModelConfig& cfg, int64_t context, const std::vector<int>
   }
   runner->set_gemv_rows(fm::kGemvRowsByDefault);
   runner->set_decode_fusion(false, false);
-  runner->set_l2_prefetch(false);
   unsetenv("FLASHSERVE_DECODE_CLUSTER");
 }
 

@@ -47,38 +47,6 @@ TEST(DecodeKernels, AnyOtherValueIsRefusedByName) {
   }
 }
 
-TEST(DecodeKernels, L2PrefetchIsOffByDefaultAndSetStrictlyByName) {
-  EXPECT_FALSE(kL2PrefetchByDefault);  // measured slower (session 32)
-  for (const char* unset : {static_cast<const char*>(nullptr), ""})
-    EXPECT_FALSE(decode_kernel_options_from_env(nullptr, nullptr, unset).l2_prefetch);
-  EXPECT_FALSE(decode_kernel_options_from_env(nullptr, nullptr).l2_prefetch);
-  const DecodeKernelOptions on = decode_kernel_options_from_env(nullptr, nullptr, "1");
-  EXPECT_TRUE(on.l2_prefetch);
-  EXPECT_EQ(on.gemv_rows, kGemvRowsByDefault);
-  EXPECT_EQ(on.pdl, kPdlByDefault);
-  EXPECT_FALSE(decode_kernel_options_from_env("1", "1", "0").l2_prefetch);
-  for (const char* bad : {"yes", "2", " 1", "true"}) {
-    try {
-      decode_kernel_options_from_env(nullptr, nullptr, bad);
-      ADD_FAILURE() << "FLASHSERVE_L2_PREFETCH=" << bad << " accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.argument(), "FLASHSERVE_L2_PREFETCH") << e.what();
-    }
-  }
-}
-
-// The o weights whole while they fit three quarters of the L2, else that much of them; the heads
-// of the other products a quarter of it; nothing without an L2.
-TEST(DecodeKernels, L2PrefetchBytesFollowTheCacheSize) {
-  const int64_t l2 = int64_t{50} << 20, o = int64_t{32} << 20;  // the H200, mistral-7b's o
-  EXPECT_EQ(l2_prefetch_bytes(l2, o).o, o);
-  EXPECT_EQ(l2_prefetch_bytes(l2, o).ahead, l2 / 4);
-  EXPECT_EQ(l2_prefetch_bytes(l2, 2 * o).o, l2 / 4 * 3);  // a larger model's o: its head
-  EXPECT_EQ(l2_prefetch_bytes(l2, 4096).o, 4096);
-  EXPECT_EQ(l2_prefetch_bytes(0, o).o, 0);
-  EXPECT_EQ(l2_prefetch_bytes(0, o).ahead, 0);
-}
-
 TEST(DecodeFusion, OffByDefaultAndSetStrictlyByName) {
   for (const char* unset : {static_cast<const char*>(nullptr), ""}) {
     const DecodeFusion f = decode_fusion_from_env(unset, unset);

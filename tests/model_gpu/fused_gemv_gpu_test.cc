@@ -2,9 +2,8 @@
 // each variant against the float64 reference that mirrors the unfused kernels' bf16 roundings, and
 // bit for bit against the unfused GEMV path it replaces (gemv, add_rmsnorm, silu_mul) on the same
 // inputs; then the CUDA runner's decode steps with FLASHSERVE_FUSE_NORM / FLASHSERVE_FUSE_SILU's
-// paths against its unfused GEMV path (the same logits, bit for bit), and with the weights' L2
-// prefetch against without it. Without a CUDA device every test skips with "skipped: no CUDA
-// device".
+// paths against its unfused GEMV path (the same logits, bit for bit). Without a CUDA device every
+// test skips with "skipped: no CUDA device".
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -339,34 +338,6 @@ TEST(GpuFusedGemv, RunnerDecodeStepsEqualTheUnfusedGemvPath) {
     }
     runner->set_decode_fusion(false, false);
   }
-}
-
-// The weights' L2 prefetch (FLASHSERVE_L2_PREFETCH, model/decode_kernels.h) is a hint: the
-// decode steps' logits with it equal those without it, bit for bit, on the cuBLASLt path and on
-// the GEMV path. Devices before sm_90 refuse it by name.
-TEST(GpuL2Prefetch, RunnerDecodeStepsAreUnchanged) {
-  SKIP_WITHOUT_CUDA();
-  auto runner = model::cuda::CudaRunner::load(tiny_checkpoint_dir(), 0);
-  int major = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  if (major < 9) {
-    EXPECT_THROW(runner->set_l2_prefetch(true), Error);
-    GTEST_SKIP() << "the L2 prefetch needs sm_90";
-  }
-  for (bool gemv : {false, true}) {
-    runner->set_gemv_rows(gemv ? model::kGemvMaxProductRows : 0);
-    for (int64_t batch : {1, 3}) {
-      SCOPED_TRACE(::testing::Message() << "batch " << batch << " gemv " << gemv);
-      runner->set_l2_prefetch(false);
-      const std::vector<float> plain = decode_logits(*runner, batch);
-      runner->set_l2_prefetch(true);
-      const std::vector<float> prefetched = decode_logits(*runner, batch);
-      ASSERT_FALSE(plain.empty());
-      EXPECT_TRUE(same_floats(prefetched, plain));
-    }
-  }
-  runner->set_l2_prefetch(false);
-  runner->set_gemv_rows(model::kGemvRowsByDefault);
 }
 
 }  // namespace

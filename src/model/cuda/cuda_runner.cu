@@ -191,14 +191,10 @@ struct CudaRunner::Impl {
     gemm = gemm_owner.get();
     // The small steps' products and programmatic dependent launch (model/decode_kernels.h).
     const DecodeKernelOptions kernels = decode_kernel_options_from_env(
-        std::getenv("FLASHSERVE_GEMV"), std::getenv("FLASHSERVE_PDL"),
-        std::getenv("FLASHSERVE_L2_PREFETCH"));
+        std::getenv("FLASHSERVE_GEMV"), std::getenv("FLASHSERVE_PDL"));
     int major = 0;
     check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "CC");
-    check_cuda(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, dev), "L2 size");
-    sm90 = major >= 9;
-    pdl = kernels.pdl && sm90;
-    l2_prefetch = kernels.l2_prefetch && sm90;
+    pdl = kernels.pdl && major >= 9;
     gemm->set_gemv_rows(kernels.gemv_rows);
     gemm->set_pdl(pdl);
     fusion = decode_fusion_from_env(std::getenv("FLASHSERVE_FUSE_NORM"),
@@ -501,10 +497,7 @@ struct CudaRunner::Impl {
   std::map<GraphKey, Graph> graphs;
   std::map<GraphKey, int> sightings;  // mixed keys without a graph: times seen
   bool use_graphs = true;
-  bool sm90 = false;         // the device has programmatic dependent launch and bulk prefetch
-  bool pdl = false;          // the runner's kernels with programmatic dependent launch
-  bool l2_prefetch = false;  // small steps' weights prefetched into L2 (model/decode_kernels.h)
-  int l2_bytes = 0;
+  bool pdl = false;     // the runner's kernels with programmatic dependent launch
   DecodeFusion fusion;  // small steps' fused kernels (model/decode_kernels.h)
   int64_t mixed_max_tokens = StepGraphOptions{}.mixed_max_tokens;
   int64_t graph_replays = 0, graph_captures = 0, mixed_replays = 0, mixed_captures = 0;
@@ -736,13 +729,6 @@ struct CudaRunner::Impl {
     // Steps of a few tokens may take the fused GEMV (model/decode_kernels.h); with the norm fused,
     // the o and down products add into x themselves and delta is unused.
     const DecodeFusion fuse = fusion.for_step(T, H);
-    // Small unfused steps: the o weights into L2 while attention runs, each product's head
-    // while the norm before it runs (model/decode_kernels.h).
-    const bool prefetch = l2_prefetch && !fuse.norm && T <= kL2PrefetchMaxTokens;
-    const L2PrefetchBytes pf = l2_prefetch_bytes(l2_bytes, 2 * q_cols() * H);
-    auto ahead = [&](const bf16* w, int64_t elems) {
-      return prefetch ? L2Span{w, std::min(pf.ahead, 2 * elems)} : L2Span{};
-    };
     auto residual_product = [&](const bf16* in, const bf16* w, int64_t rows, int64_t k) {
       FusedGemvArgs g;
       g.x = in;
@@ -779,8 +765,7 @@ struct CudaRunner::Impl {
         fused_gemv(g, stream, pdl);
         mark("gemm_qkv");
       } else {
-        add_rmsnorm(li == 0 ? nullptr : delta, x, l.ln1, h, nullptr, T, H, eps, stream, pdl,
-                    ahead(l.qkv, qkv_rows() * H));
+        add_rmsnorm(li == 0 ? nullptr : delta, x, l.ln1, h, nullptr, T, H, eps, stream, pdl);
         mark("rmsnorm");
       }
       // Qwen2's q/k/v bias goes in the GEMM's epilogue (one bf16 rounding of x W^T + b, as
@@ -810,7 +795,6 @@ struct CudaRunner::Impl {
       ra.heads = q_heads();
       ra.kv_heads = hkv;
       ra.head_dim = d;
-      if (prefetch) ra.prefetch = L2Span{l.o, pf.o};
       rope_kv_write(ra, stream, pdl);
       mark("rope_kv_write");
       st.attention.run(k_cache, v_cache, k_scale, v_scale);
@@ -822,8 +806,7 @@ struct CudaRunner::Impl {
         gemm->run(attn, l.o, delta, false, T, H, q_cols(), stream);
         mark("gemm_o");
         all_reduce(delta, T);
-        add_rmsnorm(delta, x, l.ln2, h, nullptr, T, H, eps, stream, pdl,
-                    ahead(l.gate_up, 2 * I * H));
+        add_rmsnorm(delta, x, l.ln2, h, nullptr, T, H, eps, stream, pdl);
         mark("rmsnorm");
       }
       if (fuse.any()) {
@@ -857,8 +840,7 @@ struct CudaRunner::Impl {
       if (!fuse.norm) all_reduce(delta, T);  // added by the next layer's norm (or the last one)
     }
     // The last residual add and norm for the sample rows only, gathered; then their logits.
-    add_rmsnorm(fuse.norm ? nullptr : delta, x, final_norm, hs, st.rows, st.S, H, eps, stream, pdl,
-                ahead(lm_head, part.vocab * H));
+    add_rmsnorm(fuse.norm ? nullptr : delta, x, final_norm, hs, st.rows, st.S, H, eps, stream, pdl);
     mark("rmsnorm");
     lm_head_logits(st.S);
   }
@@ -1114,14 +1096,6 @@ void CudaRunner::set_decode_fusion(bool norm, bool silu) {
     impl_->fusion = before;
     throw;
   }
-  impl_->drop_graphs();  // graphs hold the launches of the other path
-}
-
-void CudaRunner::set_l2_prefetch(bool on) {
-  if (on && !impl_->sm90)
-    throw Error(ErrorKind::kUnsupported, "l2_prefetch",
-                "the weights' L2 prefetch needs sm_90 or later (cp.async.bulk.prefetch)");
-  impl_->l2_prefetch = on;
   impl_->drop_graphs();  // graphs hold the launches of the other path
 }
 

@@ -72,9 +72,6 @@ class CudaRunner : public ModelRunner {
   // The fused decode kernels (model/decode_kernels.h DecodeFusion; FLASHSERVE_FUSE_NORM and
   // FLASHSERVE_FUSE_SILU give the runner's start values).
   void set_decode_fusion(bool norm, bool silu);
-  // Small steps' weights prefetched into L2 (model/decode_kernels.h; FLASHSERVE_L2_PREFETCH gives
-  // the start value). sm_90 and later; refused before.
-  void set_l2_prefetch(bool on);
   std::pair<int64_t, int64_t> graph_counts() const override;  // (captures, replays), every kind
   void set_mixed_graph_tokens(int64_t max_tokens);  // the largest mixed step with a graph; 0: none
   std::pair<int64_t, int64_t> mixed_graph_counts() const;  // (captures, replays) of mixed steps

@@ -16,10 +16,8 @@ __global__ void add_rmsnorm_kernel(const __nv_bfloat16* __restrict__ delta,
                                    __nv_bfloat16* __restrict__ residual,
                                    const __nv_bfloat16* __restrict__ weight,
                                    __nv_bfloat16* __restrict__ out,
-                                   const int32_t* __restrict__ rows, int64_t hidden, float eps,
-                                   L2Span prefetch, unsigned l2_blocks) {
+                                   const int32_t* __restrict__ rows, int64_t hidden, float eps) {
   __shared__ float scratch[32];
-  if (issue_l2_prefetch(prefetch, gridDim.x - l2_blocks)) return;  // weights: no kernel writes them
   const int64_t r = blockIdx.x;
   float x[kMaxVecs][kVec], w[kMaxVecs][kVec];
 #pragma unroll
@@ -69,7 +67,7 @@ __global__ void add_rmsnorm_kernel(const __nv_bfloat16* __restrict__ delta,
 
 void add_rmsnorm(const __nv_bfloat16* delta, __nv_bfloat16* residual, const __nv_bfloat16* weight,
                  __nv_bfloat16* out, const int32_t* rows, int64_t n_rows, int64_t hidden, float eps,
-                 cudaStream_t stream, bool pdl, L2Span prefetch) {
+                 cudaStream_t stream, bool pdl) {
   if (hidden % kVec != 0 || hidden > int64_t{kMaxVecs} * 1024 * kVec)
     throw Error(ErrorKind::kUnsupported, "hidden",
                 "must be a multiple of 8 and at most 32768, got " + std::to_string(hidden));
@@ -77,10 +75,9 @@ void add_rmsnorm(const __nv_bfloat16* delta, __nv_bfloat16* residual, const __nv
   const int64_t vecs = hidden / kVec;
   int64_t threads = (vecs + kMaxVecs - 1) / kMaxVecs;
   threads = ((threads + 31) / 32) * 32;
-  const unsigned l2_blocks = l2_prefetch_blocks(prefetch);
-  check_cuda(launch(pdl, add_rmsnorm_kernel, dim3(static_cast<unsigned>(n_rows) + l2_blocks),
+  check_cuda(launch(pdl, add_rmsnorm_kernel, dim3(static_cast<unsigned>(n_rows)),
                     dim3(static_cast<unsigned>(threads)), 0, stream, delta, residual, weight, out,
-                    rows, hidden, eps, prefetch, l2_blocks),
+                    rows, hidden, eps),
              "add_rmsnorm");
 }
 

@@ -25,7 +25,6 @@ __device__ __forceinline__ void store8_e4m3(uint8_t* p, const float (&f)[kVec], 
 // x[i+d/2..i+d/2+8)) or 8 values of one v head; the angle pos * inv_freq[i] is formed in float32
 // and its sine and cosine taken at full precision (positions reach 10^5 radians).
 __global__ void rope_kv_kernel(RopeKvArgs a) {
-  if (issue_l2_prefetch(a.prefetch, a.n_tokens)) return;  // weights: no kernel writes them
   wait_for_producer();
   release_dependents();
   const int64_t t = blockIdx.x;
@@ -118,8 +117,7 @@ void rope_kv_write(const RopeKvArgs& args, cudaStream_t stream, bool pdl) {
                     args.kv_heads * (args.head_dim / kVec);
   int threads = ((items + 31) / 32) * 32;
   if (threads > 512) threads = 512;
-  check_cuda(launch(pdl, rope_kv_kernel,
-                    dim3(static_cast<unsigned>(args.n_tokens) + l2_prefetch_blocks(args.prefetch)),
+  check_cuda(launch(pdl, rope_kv_kernel, dim3(static_cast<unsigned>(args.n_tokens)),
                     dim3(static_cast<unsigned>(threads)), 0, stream, args),
              "rope_kv_write");
 }

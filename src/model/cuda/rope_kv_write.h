@@ -13,8 +13,6 @@
 
 #include <cstdint>
 
-#include "model/cuda/l2_prefetch.cuh"
-
 namespace flashserve::model::cuda {
 
 struct RopeKvArgs {
@@ -35,8 +33,6 @@ struct RopeKvArgs {
   const float* v_scale = nullptr;
   int64_t n_tokens = 0;
   int32_t heads = 0, kv_heads = 0, head_dim = 0;  // head_dim a multiple of 16
-  // Weights the kernel asks into L2 from blocks it adds to its grid (cuda/l2_prefetch.cuh).
-  L2Span prefetch;
 };
 
 // pdl: launched with programmatic dependent launch (cuda/pdl.cuh; sm_90 and later).
