@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "flashserve/error.h"
 
@@ -75,6 +76,12 @@ struct HttpTransport::Impl {
   HttpTransportStats stats;
   // Every open connection, by address; only the event loop's thread touches it.
   std::unordered_map<Connection*, std::weak_ptr<Connection>> connections;
+  // Every connection not yet destroyed, open or not (a connection is destroyed on whichever thread
+  // lets go of it last: hence the lock). Once the loop has stopped, run() empties their write
+  // queues, whose callbacks hold their own connection: handlers the stopped loop never ran would
+  // otherwise leave each such connection owning itself.
+  std::mutex live_mu;
+  std::unordered_map<Connection*, std::weak_ptr<Connection>> live;
   net::io_context ioc{1};
   net::executor_work_guard<net::io_context::executor_type> work{ioc.get_executor()};
   tcp::acceptor acceptor{ioc};
@@ -105,15 +112,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
   ~Connection() {
     if (counted_) --t_.stats.open;
+    std::lock_guard<std::mutex> lock(t_.live_mu);
+    t_.live.erase(this);
   }
 
   void start() {
+    enlist();
     if (counted_) t_.connections.emplace(this, weak_from_this());
     read_header();
   }
 
   // Too many connections: a 503 and closed, without reading a request.
   void refuse() {
+    enlist();
     fail(503,
          "The server has too many open connections (" + std::to_string(t_.limits.max_connections) +
              "); retry later",
@@ -140,6 +151,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
     return r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
   }
 
+  // The loop has stopped: the queued writes and their callbacks are dropped unrun (see live).
+  void abandon() {
+    std::deque<Pending> dropped;
+    dropped.swap(queue_);
+  }
+
   // Queues bytes to write (in order); `done(ok)` runs once they are written or failed. Event loop.
   void enqueue(std::string bytes, std::function<void(bool)> done) {
     queue_.push_back({std::move(bytes), std::move(done)});
@@ -161,6 +178,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   HttpTransport::Impl& transport() { return t_; }
 
  private:
+  void enlist() {
+    std::lock_guard<std::mutex> lock(t_.live_mu);
+    t_.live.emplace(this, weak_from_this());
+  }
+
   enum class Phase { kIdle, kHeader, kBody, kBusy, kLinger, kClosed };
   enum class Deadline { kIdle, kHeader, kBody, kWrite, kLinger };
 
@@ -697,6 +719,14 @@ void HttpTransport::run() {
   Impl& t = *impl_;
   if (t.stopping.load()) return;
   t.ioc.run();
+  // Stopped (stop() joined the workers first, so no responder posts any more).
+  std::vector<std::shared_ptr<Connection>> left;
+  {
+    std::lock_guard<std::mutex> lock(t.live_mu);
+    for (auto& [p, weak] : t.live)
+      if (auto c = weak.lock()) left.push_back(std::move(c));
+  }
+  for (auto& c : left) c->abandon();
 }
 
 void HttpTransport::stop() {
