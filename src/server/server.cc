@@ -888,6 +888,13 @@ struct Server::State {
     http->stop();
   }
 
+  // A route of dispatch()'s table (kRoutes, the one place that names each path and its methods):
+  // a path the table does not list is answered 404, a listed one asked with another method 405.
+  struct Route {
+    std::string_view path;
+    bool post;  // POST only; otherwise GET and HEAD
+    void (*handle)(State&, HttpRequest&&, std::shared_ptr<HttpResponder>);
+  };
   // What the transport hands over, on the event loop's thread: the cheap routes are answered
   // here; a generation request takes a slot (or is refused at once) and gets a worker thread.
   void dispatch(HttpRequest req, std::shared_ptr<HttpResponder> res) {
@@ -909,6 +916,42 @@ struct Server::State {
                        "unsupported_content_encoding"};
       return res->respond(415, "application/json", e.body(), {{"Accept-Encoding", "identity"}});
     }
+    // In the function's body, where State is complete (the handlers call its members).
+    static constexpr Route kRoutes[] = {
+        {"/v1/completions", true,
+         [](State& s, HttpRequest&& req, std::shared_ptr<HttpResponder> res) {
+           s.start_generation(std::move(req), std::move(res), Endpoint::kCompletions);
+         }},
+        {"/v1/chat/completions", true,
+         [](State& s, HttpRequest&& req, std::shared_ptr<HttpResponder> res) {
+           s.start_generation(std::move(req), std::move(res), Endpoint::kChat);
+         }},
+        // Tokenizing a long prompt blocks: on a worker, as generation does.
+        {"/tokenize", true,
+         [](State& s, HttpRequest&& req, std::shared_ptr<HttpResponder> res) {
+           s.http->spawn([&s, req = std::move(req), res] { s.tokenize(req, *res); });
+         }},
+        {"/detokenize", true,
+         [](State& s, HttpRequest&& req, std::shared_ptr<HttpResponder> res) {
+           s.http->spawn([&s, req = std::move(req), res] { s.detokenize(req, *res); });
+         }},
+        {"/health", false,
+         [](State& s, HttpRequest&& req, std::shared_ptr<HttpResponder> res) {
+           s.health(req, *res);
+         }},
+        {"/metrics", false,
+         [](State& s, HttpRequest&& req, std::shared_ptr<HttpResponder> res) {
+           s.prometheus(req, *res);
+         }},
+        {"/v1/models", false,
+         [](State& s, HttpRequest&& req, std::shared_ptr<HttpResponder> res) {
+           s.models(req, *res);
+         }},
+        {"/version", false,
+         [](State&, HttpRequest&&, std::shared_ptr<HttpResponder> res) {
+           send_json(*res, {{"version", FLASHSERVE_VERSION}});
+         }},
+    };
     const auto route = std::find_if(std::begin(kRoutes), std::end(kRoutes),
                                     [&](const Route& r) { return r.path == req.path; });
     if (route == std::end(kRoutes))
@@ -939,49 +982,6 @@ struct Server::State {
       generate(req, *res, endpoint, std::move(*slot), arrival);
     });
   }
-
-  // Every route, the one place that names its path and method: dispatch() answers a path it does
-  // not list with 404 and a listed one asked with another method with 405.
-  struct Route {
-    std::string_view path;
-    bool post;  // POST only; otherwise GET and HEAD
-    void (*handle)(State&, HttpRequest&&, std::shared_ptr<HttpResponder>);
-  };
-  static constexpr Route kRoutes[] = {
-      {"/v1/completions", true,
-       [](State& s, HttpRequest&& req, std::shared_ptr<HttpResponder> res) {
-         s.start_generation(std::move(req), std::move(res), Endpoint::kCompletions);
-       }},
-      {"/v1/chat/completions", true,
-       [](State& s, HttpRequest&& req, std::shared_ptr<HttpResponder> res) {
-         s.start_generation(std::move(req), std::move(res), Endpoint::kChat);
-       }},
-      // Tokenizing a long prompt blocks: on a worker, as generation does.
-      {"/tokenize", true,
-       [](State& s, HttpRequest&& req, std::shared_ptr<HttpResponder> res) {
-         s.http->spawn([&s, req = std::move(req), res] { s.tokenize(req, *res); });
-       }},
-      {"/detokenize", true,
-       [](State& s, HttpRequest&& req, std::shared_ptr<HttpResponder> res) {
-         s.http->spawn([&s, req = std::move(req), res] { s.detokenize(req, *res); });
-       }},
-      {"/health", false,
-       [](State& s, HttpRequest&& req, std::shared_ptr<HttpResponder> res) {
-         s.health(req, *res);
-       }},
-      {"/metrics", false,
-       [](State& s, HttpRequest&& req, std::shared_ptr<HttpResponder> res) {
-         s.prometheus(req, *res);
-       }},
-      {"/v1/models", false,
-       [](State& s, HttpRequest&& req, std::shared_ptr<HttpResponder> res) {
-         s.models(req, *res);
-       }},
-      {"/version", false,
-       [](State&, HttpRequest&&, std::shared_ptr<HttpResponder> res) {
-         send_json(*res, {{"version", FLASHSERVE_VERSION}});
-       }},
-  };
 
   // The body of an error the transport answers itself.
   static std::string transport_error(int status, const std::string& message) {
