@@ -40,7 +40,7 @@ inline constexpr bool kFuseSiluByDefault = false;
 
 // The steps the fused GEMV takes: at most this many tokens (cuda::kGemvMaxRows), and the norm
 // prologue a hidden size of at most kFusedNormMaxColumns (cuda::kFusedNormMaxHidden).
-inline constexpr int64_t kFusedMaxTokens = 4;
+inline constexpr int64_t kFusedMaxTokens = kGemvMaxProductRows;
 inline constexpr int64_t kFusedNormMaxColumns = 8192;
 
 struct DecodeFusion {

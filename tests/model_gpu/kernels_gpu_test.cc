@@ -292,8 +292,8 @@ TEST(GpuModelKernels, GemmMatchesReference) {
 TEST(GpuModelKernels, GemmBiasEpilogueRoundsOnce) {
   SKIP_WITHOUT_CUDA();
   Gemm gemm;
-  gemm.set_gemv_rows(model::cuda::kGemvMaxRows);  // m <= 4 through the GEMV kernel's bias, the
-                                                  // others cuBLASLt's epilogue
+  // m <= 4 through the GEMV kernel's bias, the others cuBLASLt's epilogue.
+  gemm.set_gemv_rows(model::cuda::kGemvMaxRows);
   for (int64_t m : {1, 2, 17, 300}) {
     const int64_t n = 1152, k = 896;
     std::mt19937 rng(static_cast<unsigned>(m));

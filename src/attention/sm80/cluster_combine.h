@@ -5,10 +5,9 @@
 // tile's rows once and keeps the rows' LSE and per-split weights in its own shared memory, and
 // then merges a share of the outputs (row, column pair) from every split's partial, as
 // combine_body.inc does from global memory: O = sum_s exp(LSE_s - LSE) O_s, LSE = log sum_s
-// exp(LSE_s); a split that saw no key
-// (LSE_s = -inf) weighs 0, a row no split saw gets O = 0 and LSE = -inf, a NaN LSE_s makes the row
-// NaN. A second cluster barrier keeps every CTA's shared memory alive until the others have read
-// it.
+// exp(LSE_s); a split that saw no key (LSE_s = -inf) weighs 0, a row no split saw gets O = 0 and
+// LSE = -inf, a NaN LSE_s makes the row NaN. A second cluster barrier keeps every CTA's shared
+// memory alive until the others have read it.
 //
 // Why (issue 21): a batch-1 decode over 1k keys splits 16 ways (one key block a CTA) and its
 // combine is a second launch of ~3-5 us per layer, a dependent launch that the step waits for;

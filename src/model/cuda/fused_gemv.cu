@@ -12,8 +12,7 @@
 namespace flashserve::model::cuda {
 
 // The runner's rule for which steps fuse (decode_kernels.h, plain C++) names these limits itself.
-static_assert(kGemvMaxRows == kFusedMaxTokens && kGemvMaxRows == kGemvMaxProductRows &&
-              kFusedNormMaxHidden == kFusedNormMaxColumns);
+static_assert(kGemvMaxRows == kGemvMaxProductRows && kFusedNormMaxHidden == kFusedNormMaxColumns);
 
 namespace {
 
