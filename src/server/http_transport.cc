@@ -74,12 +74,10 @@ struct HttpTransport::Impl {
   ErrorBody error_body;
   // Before the loop: a connection that the loop's destructor lets go of still counts itself out.
   HttpTransportStats stats;
-  // Every open connection, by address; only the event loop's thread touches it.
-  std::unordered_map<Connection*, std::weak_ptr<Connection>> connections;
-  // Every connection not yet destroyed, open or not (a connection is destroyed on whichever thread
-  // lets go of it last: hence the lock). Once the loop has stopped, run() empties their write
-  // queues, whose callbacks hold their own connection: handlers the stopped loop never ran would
-  // otherwise leave each such connection owning itself.
+  // Every connection not yet destroyed, open or not, by address (a connection is destroyed on
+  // whichever thread lets go of it last: hence the lock). stop() shuts them; once the loop has
+  // stopped, run() empties their write queues, whose callbacks hold their own connection:
+  // handlers the stopped loop never ran would otherwise leave each such connection owning itself.
   std::mutex live_mu;
   std::unordered_map<Connection*, std::weak_ptr<Connection>> live;
   net::io_context ioc{1};
@@ -97,6 +95,7 @@ struct HttpTransport::Impl {
 
   void accept();
   void join_workers();
+  std::vector<std::shared_ptr<Connection>> live_connections();
 };
 
 // One client connection, from accept to close: reads a request (headers, then body, each under
@@ -118,7 +117,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void start() {
     enlist();
-    if (counted_) t_.connections.emplace(this, weak_from_this());
     read_header();
   }
 
@@ -411,7 +409,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
     } else {
       socket_.close(ec);
     }
-    if (counted_) t_.connections.erase(this);
   }
 
   struct Pending {
@@ -649,6 +646,16 @@ void HttpTransport::Impl::accept() {
   });
 }
 
+// Held while the caller works on them (shut or abandoned outside the lock: either may let the
+// last reference go, and a connection's destructor takes the lock).
+std::vector<std::shared_ptr<Connection>> HttpTransport::Impl::live_connections() {
+  std::vector<std::shared_ptr<Connection>> out;
+  std::lock_guard<std::mutex> lock(live_mu);
+  for (auto& [p, weak] : live)
+    if (auto c = weak.lock()) out.push_back(std::move(c));
+  return out;
+}
+
 void HttpTransport::Impl::join_workers() {
   std::unique_lock<std::mutex> lock(workers_mu);
   workers_cv.wait(lock, [&] { return workers == 0; });
@@ -720,13 +727,7 @@ void HttpTransport::run() {
   if (t.stopping.load()) return;
   t.ioc.run();
   // Stopped (stop() joined the workers first, so no responder posts any more).
-  std::vector<std::shared_ptr<Connection>> left;
-  {
-    std::lock_guard<std::mutex> lock(t.live_mu);
-    for (auto& [p, weak] : t.live)
-      if (auto c = weak.lock()) left.push_back(std::move(c));
-  }
-  for (auto& c : left) c->abandon();
+  for (auto& c : t.live_connections()) c->abandon();
 }
 
 void HttpTransport::stop() {
@@ -736,10 +737,7 @@ void HttpTransport::stop() {
     error_code ec;
     t.acceptor.close(ec);
     t.accept_retry.cancel();
-    std::vector<std::shared_ptr<Connection>> open;
-    for (auto& [p, weak] : t.connections)
-      if (auto c = weak.lock()) open.push_back(std::move(c));
-    for (auto& c : open) c->shut();
+    for (auto& c : t.live_connections()) c->shut();
   });
   // The workers first, while the loop still runs: their writes end (failed, if the shutdown
   // above came first), then their responders let go.
