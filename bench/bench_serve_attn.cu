@@ -20,7 +20,8 @@
 // the mean, or as an exponential distribution's quantiles: a server's mix of young and old
 // requests) beside the same decodes at equal lengths, same keys in all (issue 21: the cost model
 // prices decode attention at the batch's mean length, and a serving run's decode-only steps take
-// 4-11% more than it says).
+// 4-11% more than it says), each split evenly and by length (FLASHSERVE_DECODE_BALANCE), planned
+// from the lengths and as a decode graph plans it.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -453,31 +454,57 @@ int main(int argc, char** argv) {
   }
 
   // Decodes of unequal lengths beside equal ones with the same keys, paged 16 with the pages
-  // shuffled (as the engine's pool), automatic splits.
+  // shuffled (as the engine's pool), automatic splits: even (FLASHSERVE_DECODE_BALANCE=0) and by
+  // length (=1), each planned from the step's lengths and as a decode graph plans it (no lengths,
+  // the longest rounded up to a power of two: model/cuda_runner's kv_bound).
   if (decode_spread) {
     emit(
-        "\n| decodes | mean keys | equal | uniform 0.1-1.9x | exponential | uniform / equal | "
-        "exponential / equal | plans (equal; exponential) |\n|---|---|---|---|---|---|---|---|\n");
+        "\n| decodes | mean keys | lengths | even | by length | even, graph plan | by length, "
+        "graph plan | / equal even (even; by length; graph even; graph by length) | plans (even; "
+        "by length) |\n|---|---|---|---|---|---|---|---|---|\n");
+    auto time_bound = [&](Step& st) {
+      flashserve::AttentionParams p = st.params;
+      int bound = 1;
+      while (bound < p.max_seqlen_k) bound *= 2;
+      p.max_seqlen_k = bound;
+      const flashserve::AttentionPlan plan = flashserve::plan_attention(p);
+      ensure_workspace(b, plan.workspace_bytes());
+      p.workspace = b.workspace;
+      p.workspace_bytes = b.workspace_bytes;
+      return graph_us(
+          [&](cudaStream_t s) {
+            p.stream = s;
+            flashserve::run_attention(plan, p);
+          },
+          calls, reps);
+    };
     for (const auto [n, mean] : {std::pair{16, 2048}, {64, 1024}, {64, 2048}, {112, 2048}}) {
-      std::map<std::string, double> t;
-      std::map<std::string, std::string> plans;
-      for (const char* kind : {"equal", "uniform", "exponential"}) {
-        Step st = make_step(spread_row(n, mean, kind), 16, b, rng);
-        std::tie(t[kind], plans[kind]) = time_step(st);
-      }
       const double bytes = kv_bytes(spread_row(n, mean, "equal"));
       auto cell = [&](double x) {
         char f[64];
         std::snprintf(f, sizeof f, "%.1f us (%.2f TB/s)", x, bytes / (x * 1e-6) / 1e12);
         return std::string(f);
       };
-      std::snprintf(line, sizeof line, "| %d | %d | %s | %s | %s | %.3f | %.3f | %s; %s |\n", n,
-                    mean, cell(t["equal"]).c_str(), cell(t["uniform"]).c_str(),
-                    cell(t["exponential"]).c_str(), t["uniform"] / t["equal"],
-                    t["exponential"] / t["equal"], plans["equal"].c_str(),
-                    plans["exponential"].c_str());
-      emit(line);
+      double equal_even = 0;
+      for (const char* kind : {"equal", "uniform", "exponential"}) {
+        Step st = make_step(spread_row(n, mean, kind), 16, b, rng);
+        double t[4];
+        std::string plans[2];
+        for (int balanced = 0; balanced < 2; ++balanced) {
+          setenv("FLASHSERVE_DECODE_BALANCE", balanced ? "1" : "0", 1);
+          std::tie(t[balanced], plans[balanced]) = time_step(st);
+          t[2 + balanced] = time_bound(st);
+        }
+        if (std::string(kind) == "equal") equal_even = t[0];
+        std::snprintf(line, sizeof line,
+                      "| %d | %d | %s | %s | %s | %s | %s | %.3f; %.3f; %.3f; %.3f | %s; %s |\n", n,
+                      mean, kind, cell(t[0]).c_str(), cell(t[1]).c_str(), cell(t[2]).c_str(),
+                      cell(t[3]).c_str(), t[0] / equal_even, t[1] / equal_even, t[2] / equal_even,
+                      t[3] / equal_even, plans[0].c_str(), plans[1].c_str());
+        emit(line);
+      }
     }
+    unsetenv("FLASHSERVE_DECODE_BALANCE");
   }
 
   // Decode rows with forced split counts, beside the automatic ones above.

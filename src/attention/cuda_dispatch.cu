@@ -226,6 +226,7 @@ Plan cuda_plan(const AttentionParams& params, const Problem& pr, const HostLengt
   ctx.family = family_request();
   ctx.sm90_unavailable = sm90_unavailable(params, dev);
   ctx.decode_cluster = parse_decode_cluster(std::getenv("FLASHSERVE_DECODE_CLUSTER"));
+  ctx.decode_balance = parse_decode_balance(std::getenv("FLASHSERVE_DECODE_BALANCE"));
   // Thread-block clusters in the sm80 kernels' sm_90a code (sm80/cluster_combine.h is compiled
   // for sm_90 only; another device would run the sm_80 code, which has none).
   ctx.clusters = dev.major == 9 && cuda_sm90_built();
@@ -368,6 +369,8 @@ void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr
     p.q_rows = l.rows;
     p.partial_row0 = l.row_begin;
     p.partials_by_seq = l.kernel.decode;
+    p.split_min_blocks = l.kernel.split_min_blocks;
+    p.split_block_n = l.kernel.block_n;
     if (splits > 1 && !l.kernel.cluster_combine) {
       p.o_partial = reinterpret_cast<float*>(static_cast<char*>(workspace) + l.workspace_offset);
       p.lse_partial =
@@ -427,9 +430,19 @@ void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr
         throw Error(ErrorKind::kInternal, "q",
                     str_cat("the plan chose an sm80 kernel of head dim ", l.kernel.head_dim));
     }
-    if (splits > 1 && !l.kernel.cluster_combine)
+    if (splits > 1 && !l.kernel.cluster_combine) {
+      // A length-aware launch gives a long sequence's row more items than `splits`: up to its
+      // key blocks over the shares' floor.
+      const int row_splits =
+          l.kernel.split_min_blocks > 0
+              ? std::max<int>(splits, kernel::items_for(
+                                          kernel::decode_key_blocks(static_cast<int>(l.max_kv_len),
+                                                                    -1, l.kernel.block_n),
+                                          l.kernel.split_min_blocks))
+              : splits;
       sm80::run_combine(p, pr.dtype, l.kernel.head_dim, stream,
-                        l.kernel.padded ? static_cast<int>(pr.head_dim_v) : 0);
+                        l.kernel.padded ? static_cast<int>(pr.head_dim_v) : 0, row_splits);
+    }
   }
 }
 

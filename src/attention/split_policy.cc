@@ -38,9 +38,9 @@ bool is_decode(const Problem& pr) {
 //     tiles keep the rules above: in that table they were 5% off at two shapes (96 x 2k: 2
 //     splits 202 us, unsplit 191; 32 x 4k: 4 splits 145, 3 splits 138), not yet acted on.
 // Never more than 128 splits or a grid z (batch x splits) past 65535.
-int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode, bool fp8_codes) {
-  if (pr.num_splits == 1) return 1;
-  if (pr.num_splits > 1) return pr.num_splits;
+SplitChoice split_choice(const Problem& pr, const SplitDevice& dev, bool decode, bool fp8_codes) {
+  if (pr.num_splits == 1) return {1, 1};
+  if (pr.num_splits > 1) return {pr.num_splits, 1};
   const int64_t most = std::min<int64_t>(128, 65535 / std::max<int64_t>(pr.batch, 1));
   int64_t tiles, key_blocks, target, enough, min_blocks;  // enough: tiles that need no split
   int64_t slots = 0;  // decode: blocks the GPU runs at once (one round)
@@ -62,9 +62,9 @@ int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode, bool f
       const int64_t whole_blocks = pr.max_kv_len / t.block_n;
       const int64_t splits =
           std::min<int64_t>({(int64_t{dev.sms} + tiles - 1) / tiles, whole_blocks, most});
-      return splits < 2 ? 1 : static_cast<int>(splits);
+      return {splits < 2 ? 1 : static_cast<int>(splits), 1};
     }
-    if (fp8_codes && tiles <= slots && 2 * tiles >= slots) return 1;  // one round, half busy
+    if (fp8_codes && tiles <= slots && 2 * tiles >= slots) return {1, 16};  // one round, half busy
   } else {
     const sm80::Tiles t = sm80::fwd_tiles(head_dim, pr.mask.has_left() || pr.mask.has_right());
     tiles = (pr.max_q_len + t.block_m - 1) / t.block_m * pr.h_q * pr.batch;
@@ -73,11 +73,13 @@ int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode, bool f
     enough = dev.sms;
     min_blocks = 4;
   }
-  if (tiles >= enough || key_blocks < 2 * min_blocks) return 1;
+  if (tiles >= enough || key_blocks < 2 * min_blocks) return {1, static_cast<int>(min_blocks)};
   const int64_t want = (target + tiles - 1) / tiles;
   int64_t splits = std::min<int64_t>({want, key_blocks / min_blocks, most});
-  if (decode && 2 * tiles * splits < slots)  // under half a round busy: smaller splits
-    splits = std::min<int64_t>({want, key_blocks / std::max<int64_t>(1, key_blocks / 32), most});
+  if (decode && 2 * tiles * splits < slots) {  // under half a round busy: smaller splits
+    min_blocks = std::max<int64_t>(1, key_blocks / 32);
+    splits = std::min<int64_t>({want, key_blocks / min_blocks, most});
+  }
   // Decode is bandwidth-bound once one round of the GPU's block slots is busy: a second round
   // that is mostly empty costs nearly a whole round. When the blocks overflow one round by less
   // than half, fit them in one. Measured (H200, run 31, 8 x 8k, 32/8 heads, d128; TB/s by
@@ -86,7 +88,15 @@ int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode, bool f
     const int64_t blocks = tiles * splits;
     if (blocks > slots && 2 * blocks < 3 * slots) splits = std::min(splits, slots / tiles);
   }
-  return splits < 2 ? 1 : static_cast<int>(splits);
+  return {splits < 2 ? 1 : static_cast<int>(splits), static_cast<int>(min_blocks)};
+}
+
+BalancedSplit balanced_split(const Problem& pr, const SplitDevice& dev, bool fp8_codes) {
+  if (pr.num_splits != 0 || pr.batch < 2) return {};
+  const SplitChoice c = split_choice(pr, dev, true, fp8_codes);
+  const int64_t items = int64_t{c.splits} + 1;
+  if (items > 128 || pr.batch * items > 65535) return {};  // the grid's and the combine's bounds
+  return {static_cast<int>(items), c.min_blocks};
 }
 
 }  // namespace flashserve::attention

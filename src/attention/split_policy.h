@@ -19,8 +19,36 @@ struct SplitDevice {
 // all of a sequence's heads alike (the GQA-packed decode tiles take it).
 bool is_decode(const Problem& pr);
 
+// The split count and the fewest key blocks a split of the automatic choice keeps (its floor:
+// 16 for long decodes, fewer for small decode grids, 1 for short keys; 4 for prefill).
+struct SplitChoice {
+  int splits = 1;
+  int min_blocks = 1;
+};
+
 // num_splits 1: 1; n > 1: n; 0: the choice below (1 when splitting would not pay). fp8_codes: the
 // decode launch runs the fp8 KV cache's register-conversion tiles (smaller blocks, more per SM).
-int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode, bool fp8_codes = false);
+SplitChoice split_choice(const Problem& pr, const SplitDevice& dev, bool decode,
+                         bool fp8_codes = false);
+inline int choose_splits(const Problem& pr, const SplitDevice& dev, bool decode,
+                         bool fp8_codes = false) {
+  return split_choice(pr, dev, decode, fp8_codes).splits;
+}
+
+// Length-aware decode splits (kernel/split_items.h): the choice above gives every sequence of a
+// launch the same number of splits, so a sequence k times the launch's mean length runs k times
+// longer a CTA than the others and ends the launch alone (exponential lengths at the same mean:
+// 1.26-1.56x the time of equal ones, session 32). Balanced, the launch's grid holds `items`
+// (sequence, share) slots a sequence (`splits` + 1: one more than the choice, the rounding's
+// room) and each sequence takes shares of `chunk` key blocks, chunk = max(min_blocks, the
+// launch's key blocks / (sequences x splits)), worked out on the device from its lengths (a
+// decode graph replays with other lengths). Equal lengths give the choice's shares exactly.
+struct BalancedSplit {
+  int items = 0;       // grid slots per sequence; 0: not balanced
+  int min_blocks = 0;  // the chunk's floor
+};
+// For an automatic decode choice (num_splits 0) of a launch of `pr.batch` sequences: balanced
+// where there are two or more sequences; else {0, 0}.
+BalancedSplit balanced_split(const Problem& pr, const SplitDevice& dev, bool fp8_codes = false);
 
 }  // namespace flashserve::attention

@@ -698,6 +698,63 @@ TEST(PlanFamily, DecodeClusterSwitchReachesSplitDecodeLaunchesOnly) {
   EXPECT_FALSE(with(capped, true, true).launches[0].kernel.cluster_combine);
 }
 
+// FLASHSERVE_DECODE_BALANCE (decode splits by length, kernel/split_items.h): read strictly, off
+// by default. On, an sm80 decode launch of two or more sequences with automatic splits and a
+// workspace holds one more item a sequence than the even split's count, shares of at least the
+// split choice's floor, with the partials sized for the items; its summary and replay key say so.
+// Batch 1, forced splits, no workspace, the fp8 KV cache's register tiles, a cluster's merge and
+// prefill launches keep the even split.
+TEST(PlanFamily, DecodeBalanceSwitchReachesAutomaticDecodeSplitsOnly) {
+  expect_strict_switch(attention::parse_decode_balance, attention::kDecodeBalanceByDefault,
+                       "FLASHSERVE_DECODE_BALANCE");
+  EXPECT_FALSE(attention::kDecodeBalanceByDefault);  // until measured on the device
+  EXPECT_EQ(PlanContext{}.decode_balance, attention::kDecodeBalanceByDefault);
+  auto with = [](StepShape s, bool balance) {
+    s.ctx.decode_balance = balance;
+    return plan_of(s);
+  };
+  // 64 x 2k: the even split's 2, so 3 items a sequence in shares of >= 16 blocks (1024 keys).
+  const StepShape even = step(decodes(64, 2048));
+  const Plan on = with(even, true), off = with(even, false);
+  ASSERT_EQ(on.launches.size(), 1u);
+  EXPECT_EQ(off.launches[0].kernel.splits, 2);
+  EXPECT_EQ(off.launches[0].kernel.split_min_blocks, 0);
+  EXPECT_EQ(on.launches[0].kernel.splits, 3);
+  EXPECT_EQ(on.launches[0].kernel.split_min_blocks, 16);
+  EXPECT_EQ(on.workspace_bytes, attention::partial_bytes(3, 64, 32, 128));
+  EXPECT_NE(on.summary().find("by length (shares of >= 16 blocks)"), std::string::npos)
+      << on.summary();
+  EXPECT_NE(attention::replay_key(on), attention::replay_key(off));
+  // 128 x 2k runs unsplit evenly (enough tiles): by length it still gets 2 items a sequence, so
+  // that a long sequence's keys spread over the launch.
+  const Plan many = with(step(decodes(128, 2048)), true);
+  EXPECT_EQ(many.launches[0].kernel.splits, 2);
+  EXPECT_EQ(many.launches[0].kernel.split_min_blocks, 16);
+  // Short keys (1k, 64 decodes): unsplit evenly, shares of >= 1 block by length.
+  const Plan short_keys = with(step(decodes(64, 1024)), true);
+  EXPECT_EQ(short_keys.launches[0].kernel.splits, 2);
+  EXPECT_EQ(short_keys.launches[0].kernel.split_min_blocks, 1);
+  // Batch 1 has nothing to balance; forced splits and a missing workspace are the caller's.
+  EXPECT_EQ(with(step(decodes(1, 2048)), true).launches[0].kernel.split_min_blocks, 0);
+  EXPECT_EQ(with(step(decodes(64, 2048), 5), true).launches[0].kernel.splits, 5);
+  EXPECT_EQ(with(step(decodes(64, 2048), 5), true).launches[0].kernel.split_min_blocks, 0);
+  StepShape bare = even;
+  bare.ctx.workspace_available = false;
+  EXPECT_EQ(with(bare, true).launches[0].kernel.splits, 1);
+  EXPECT_EQ(with(bare, true).launches[0].kernel.split_min_blocks, 0);
+  // The cluster's merge keeps its sequence's splits adjacent: no balance with it.
+  StepShape cluster = even;
+  cluster.ctx.decode_cluster = cluster.ctx.clusters = true;
+  const Plan merged = with(cluster, true);
+  EXPECT_TRUE(merged.launches[0].kernel.cluster_combine);
+  EXPECT_EQ(merged.launches[0].kernel.split_min_blocks, 0);
+  // A mixed step: the decodes by length, the chunk as before.
+  const Plan mixed = with(step({{1, 1024}, {512, 4096}, {1, 3000}}), true);
+  ASSERT_EQ(mixed.launches.size(), 2u);
+  for (const LaunchPlan& l : mixed.launches)
+    EXPECT_EQ(l.kernel.split_min_blocks > 0, l.kernel.decode) << mixed.summary();
+}
+
 // FLASHSERVE_SM90_EXP2_FMA (part of the softmax's exponentials on the FMA pipe, sm90/tile_config.h
 // Exp2Fma): read strictly, off by default; it reaches the sm90 launches at d64 and their replay
 // key, and no other: d128 and d256 (GEMM-bound, no Exp2Fma tiles) and sm80 plan as without it,

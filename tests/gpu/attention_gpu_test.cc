@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -338,6 +339,103 @@ std::vector<CaseSpec> cluster_sanitize_cases() {
 INSTANTIATE_TEST_SUITE_P(SanitizeCluster, GpuDecodeCluster,
                          ::testing::ValuesIn(cluster_sanitize_cases()),
                          [](const auto& info) { return info.param.name(); });
+
+// ---------------------------------------------------------------------------------------------
+// Decode split by length (FLASHSERVE_DECODE_BALANCE=1, kernel/split_items.h): automatic splits
+// over sequences of very different lengths (5000 keys beside 0, 1 and 17), paged and contiguous,
+// a left window on a group over two tiles, seqused_k, sequences without a query, a decode launch
+// that skips the prefill chunks between its sequences, padded head dims, softcap, equal lengths,
+// and a batch of 70 (several sequences a lane in the kernel's walk). The plan must take it.
+
+std::vector<CaseSpec> balanced_decode_cases() {
+  constexpr DType bf16 = DType::kBFloat16, fp16 = DType::kFloat16;
+  std::vector<CaseSpec> v;
+  auto automatic = [](CaseSpec s) {
+    s.num_splits = 0;
+    return s;
+  };
+  for (DType dt : {bf16, fp16})
+    for (int64_t d : {64, 128, 256}) {
+      CaseSpec p = automatic(spec(dt, d, 6, {1}, {5000, 17, 0, 300, 2049, 1}, 32, 8));
+      p.q_layout = QLayout::kVarlen;
+      p.kv_layout = KVLayout::kPaged;
+      p.page_size = dt == bf16 ? 16 : 7;
+      p.with_lse = d != 128;
+      v.push_back(p);
+    }
+  for (int64_t d : {64, 128, 256}) {
+    CaseSpec gw = automatic(varlen(spec(bf16, d, 5, {1}, {0, 1, 300, 2049, 4000}, 48, 2, true)));
+    gw.window_left = 129;
+    v.push_back(gw);
+    CaseSpec used = automatic(spec(fp16, d, 5, {1}, {700, 5, 0, 64, 3000}, 16, 2));
+    used.use_seqused_k = true;
+    used.kv_extra = 9;
+    v.push_back(used);
+    v.push_back(automatic(varlen(spec(bf16, d, 4, {1, 0, 1, 1}, {3000, 20, 1, 900}, 32, 8))));
+    CaseSpec mixed = automatic(spec(bf16, d, 4, {1, 33, 1, 1}, {2000, 900, 3000, 10}, 32, 8, true));
+    mixed.q_layout = QLayout::kVarlen;
+    mixed.kv_layout = KVLayout::kPaged;
+    v.push_back(mixed);
+    v.push_back(automatic(spec(bf16, d, 3, {1}, {1000}, 32, 8)));  // equal lengths, dense
+  }
+  CaseSpec padded = automatic(varlen(spec(bf16, 96, 4, {1}, {4000, 3, 700, 1500}, 32, 8)));
+  v.push_back(padded);
+  CaseSpec capped = automatic(varlen(spec(fp16, 128, 4, {1}, {100, 3000, 0, 1500}, 32, 8)));
+  capped.softcap = 30.0f;
+  v.push_back(capped);
+  return v;
+}
+
+void check_balanced(CaseSpec s) {
+  const ScopedEnv on("FLASHSERVE_DECODE_BALANCE", "1");
+  AttentionCase c(s);
+  DeviceCopy dev(c);
+  const std::string plan = plan_attention(dev.params()).summary();
+  EXPECT_NE(plan.find("by length"), std::string::npos) << plan;
+  attention_forward(dev.params());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  dev.download();
+  EXPECT_TRUE(attention_close(read_output(c.params()), c.exact(), c.lowp(), s.dtype)) << s.name();
+}
+
+class GpuDecodeBalanced : public ::testing::TestWithParam<CaseSpec> {};
+
+TEST_P(GpuDecodeBalanced, MatchesFloat64Reference) {
+  SKIP_WITHOUT_CUDA();
+  CaseSpec s = GetParam();
+  s.seed = seed_for(s.name(), 33);
+  check_balanced(s);
+}
+
+INSTANTIATE_TEST_SUITE_P(BalancedDecode, GpuDecodeBalanced,
+                         ::testing::ValuesIn(balanced_decode_cases()),
+                         [](const auto& info) { return info.param.name(); });
+
+// For compute-sanitizer: a paged batch with an empty cache and a sequence without a query.
+INSTANTIATE_TEST_SUITE_P(
+    SanitizeBalanced, GpuDecodeBalanced, ::testing::Values([] {
+      CaseSpec p = varlen(spec(DType::kBFloat16, 128, 4, {1, 0, 1, 1}, {3000, 20, 0, 300}, 16, 2));
+      p.kv_layout = KVLayout::kPaged;
+      p.num_splits = 0;
+      return p;
+    }()),
+    [](const auto& info) { return info.param.name(); });
+
+// 70 decodes of exponential lengths (mean 600 keys; a few empty): three sequences a lane in the
+// walks, items past the last share.
+TEST(GpuDecodeBalancedBatch, SeventyExponentialLengths) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng(70);
+  std::exponential_distribution<double> len(1.0 / 600);
+  std::vector<int64_t> kv(70);
+  for (int64_t& k : kv) k = rng() % 9 == 0 ? 0 : static_cast<int64_t>(len(rng));
+  CaseSpec s = spec(DType::kBFloat16, 128, 70, {1}, kv, 8, 2);
+  s.q_layout = QLayout::kVarlen;
+  s.kv_layout = KVLayout::kPaged;
+  s.num_splits = 0;
+  s.seed = 70;
+  check_balanced(s);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Unmasked d256 with more tiles than the GPU holds at once (several waves), over sequences that are

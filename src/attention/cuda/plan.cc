@@ -165,6 +165,10 @@ bool parse_fp8_kv_cache(const char* value) {
   return env_switch(value, "FLASHSERVE_CUDA_FP8_KV", kFp8KvCacheByDefault);
 }
 
+bool parse_decode_balance(const char* value) {
+  return env_switch(value, "FLASHSERVE_DECODE_BALANCE", kDecodeBalanceByDefault);
+}
+
 bool parse_decode_cluster(const char* value) {
   return env_switch(value, "FLASHSERVE_DECODE_CLUSTER", kDecodeClusterByDefault);
 }
@@ -337,6 +341,25 @@ void take_cluster_combine(const Problem& pr, const PlanContext& ctx, KernelChoic
   k.cluster_combine = k.splits >= 2 && k.splits <= sm80::kClusterCombineMaxSplits;
 }
 
+// The sm80 decode launch `k` of `sequences` sequences (the longest max_kv_len keys) splits by
+// length where the switch is on, its splits are automatic and it writes partials to the
+// workspace: the plain, padded and modifier decode tiles, not the fp8 KV cache's register tiles
+// (their split rule was measured apart) nor a cluster's merge (its splits are a sequence's).
+void take_balanced_split(const Problem& pr, const PlanContext& ctx, int64_t sequences,
+                         int64_t max_kv_len, bool may_split, KernelChoice& k) {
+  if (!ctx.decode_balance || !may_split || pr.num_splits != 0 || k.family != KernelFamily::kSm80 ||
+      !k.decode || k.cluster_combine || k.kv_fp8_register)
+    return;
+  Problem group = pr;
+  group.batch = std::max<int64_t>(sequences, 1);
+  group.max_q_len = 1;
+  group.max_kv_len = max_kv_len;
+  const BalancedSplit b = balanced_split(group, ctx.device, false);
+  if (b.items == 0) return;
+  k.splits = b.items;
+  k.split_min_blocks = b.min_blocks;
+}
+
 // The launches: decodes and prefill chunks grouped by kind, each group's kernel chosen for its
 // own shape: the sm80 kernel with its splits (choose_kernel), or the sm90 kernel where the call
 // forces it or the default prefers it.
@@ -360,6 +383,7 @@ Plan grouped_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& 
          sm90_preferred(pr, ctx, l.kernel, rows, max_q, max_kv)))
       l.kernel = sm90_kernel(pr, ctx, max_kv);
     take_cluster_combine(pr, ctx, l.kernel);
+    take_balanced_split(pr, ctx, seq_end - seq_begin, max_kv, may_split, l.kernel);
     l.group = group;
     l.seq_begin = seq_begin;
     l.seq_end = seq_end;
@@ -542,8 +566,9 @@ std::string replay_key(const Plan& plan) {
        << (k.exp2_fma ? " exp2-fma" : "") << (k.padded ? str_cat(" padded d", k.head_dim) : "")
        << (k.kv_fp8 ? " kv-e4m3" : "") << (k.kv_fp8_register ? " register" : "")
        << (k.cluster_combine ? " cluster" : "") << " " << k.block_m << "x" << k.block_n
-       << " splits " << k.splits << " group " << static_cast<int>(l.group) << " seqs "
-       << l.seq_begin << "-" << l.seq_end;
+       << " splits " << k.splits
+       << (k.split_min_blocks > 0 ? str_cat(" by-length ", k.split_min_blocks) : "") << " group "
+       << static_cast<int>(l.group) << " seqs " << l.seq_begin << "-" << l.seq_end;
   }
   return os.str();
 }
@@ -568,6 +593,9 @@ std::string Plan::summary() const {
                                            : " prefills only")
        << " max_q " << l.max_q_len << " max_kv " << l.max_kv_len << " tile " << l.kernel.block_m
        << "x" << l.kernel.block_n << " splits " << l.kernel.splits
+       << (l.kernel.split_min_blocks > 0
+               ? str_cat(" by length (shares of >= ", l.kernel.split_min_blocks, " blocks)")
+               : "")
        << (l.kernel.tile_counter ? " tile counter" : "")
        << (l.kernel.epilogue ? " overlapped epilogue" : "")
        << (l.kernel.exp2_fma ? " exp2 on fma" : "");

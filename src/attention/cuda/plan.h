@@ -78,6 +78,11 @@ struct KernelChoice {
   // workspace, no combine launch. Not the same bits as the combine kernel (the LSE's sum in
   // another order).
   bool cluster_combine = false;
+  // sm80 decode tiles split by length (split_policy.h balanced_split, kernel/split_items.h):
+  // > 0, `splits` is the items a sequence of the grid holds and this the fewest key blocks of a
+  // share; from PlanContext::decode_balance. Not the same bits as the even split where lengths
+  // differ (other shares, so the partials sum in another grouping); the same where they are equal.
+  int split_min_blocks = 0;
 };
 
 // One launch: the kernel, its sequences [seq_begin, seq_end) (of which it takes `group`), the
@@ -147,6 +152,11 @@ inline constexpr bool kKvFp8RegisterByDefault = true;
 // step at batch 1-4.
 inline constexpr bool kDecodeClusterByDefault = false;
 
+// Whether automatic decode splits follow the sequences' lengths by default
+// (FLASHSERVE_DECODE_BALANCE unset; KernelChoice::split_min_blocks): off until measured on the
+// device (kernel-notes "Session 33 (issue 21)").
+inline constexpr bool kDecodeBalanceByDefault = false;
+
 // What the plan needs of the device and of the call beside the problem.
 struct PlanContext {
   SplitDevice device;
@@ -185,7 +195,14 @@ struct PlanContext {
   // whether the device and the build have clusters (compute capability 9.x, 90a built).
   bool decode_cluster = kDecodeClusterByDefault;
   bool clusters = false;
+  // Whether automatic sm80 decode splits follow the lengths (KernelChoice::split_min_blocks):
+  // FLASHSERVE_DECODE_BALANCE (parse_decode_balance), read by the dispatch once per plan.
+  bool decode_balance = kDecodeBalanceByDefault;
 };
+
+// FLASHSERVE_DECODE_BALANCE: unset (null) or empty, kDecodeBalanceByDefault; "1" on; "0" off;
+// anything else throws kInvalidArgument naming the variable.
+bool parse_decode_balance(const char* value);
 
 // FLASHSERVE_DECODE_CLUSTER: unset (null) or empty, kDecodeClusterByDefault; "1" on; "0" off;
 // anything else throws kInvalidArgument naming the variable.

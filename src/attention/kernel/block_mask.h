@@ -47,6 +47,12 @@ struct KeyBlocks {
     n_max = min_(n_max, lo + per);
     n_min = lo;
   }
+  // Length-aware split (split_items.h): keep share `share` of `chunk` blocks of [n_min, n_max).
+  FS_HOST_DEVICE void keep_share(int share, int chunk) {
+    const int lo = min_(n_max, n_min + share * chunk);
+    n_max = min_(n_max, lo + chunk);
+    n_min = lo;
+  }
 
  private:
   static FS_HOST_DEVICE int min_(int a, int b) { return a < b ? a : b; }

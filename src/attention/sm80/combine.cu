@@ -31,38 +31,41 @@ void launch(const FwdParams& params, int head_dim_v, cudaStream_t stream) {
 }
 
 template <class Elem, int kHeadDim>
-void launch_for_splits(const FwdParams& params, int head_dim_v, cudaStream_t stream) {
+void launch_for_splits(const FwdParams& params, int head_dim_v, int row_splits,
+                       cudaStream_t stream) {
   // About eight splits per warp, at most eight warps.
-  if (params.num_splits > 32) return launch<Elem, kHeadDim, 8>(params, head_dim_v, stream);
-  if (params.num_splits > 8) return launch<Elem, kHeadDim, 4>(params, head_dim_v, stream);
+  if (row_splits > 32) return launch<Elem, kHeadDim, 8>(params, head_dim_v, stream);
+  if (row_splits > 8) return launch<Elem, kHeadDim, 4>(params, head_dim_v, stream);
   return launch<Elem, kHeadDim, 1>(params, head_dim_v, stream);
 }
 
 template <class Elem>
-void launch_for_dim(const FwdParams& params, int head_dim, int head_dim_v, cudaStream_t stream) {
+void launch_for_dim(const FwdParams& params, int head_dim, int head_dim_v, int row_splits,
+                    cudaStream_t stream) {
   switch (head_dim) {
     case 64:
-      return launch_for_splits<Elem, 64>(params, head_dim_v, stream);
+      return launch_for_splits<Elem, 64>(params, head_dim_v, row_splits, stream);
     case 128:
-      return launch_for_splits<Elem, 128>(params, head_dim_v, stream);
+      return launch_for_splits<Elem, 128>(params, head_dim_v, row_splits, stream);
     default:
-      return launch_for_splits<Elem, 256>(params, head_dim_v, stream);
+      return launch_for_splits<Elem, 256>(params, head_dim_v, row_splits, stream);
   }
 }
 
 }  // namespace
 
 void run_combine(const FwdParams& params, DType dtype, int head_dim, cudaStream_t stream,
-                 int head_dim_v) {
+                 int head_dim_v, int row_splits) {
+  if (row_splits == 0) row_splits = params.num_splits;
   if (head_dim != 64 && head_dim != 128 && head_dim != 256)
     throw Error(ErrorKind::kInternal, "q",
                 "split-KV combine for head dim " + std::to_string(head_dim));
   // Every column of the kernel's head dim is the call's: the combine without a column bound.
   if (head_dim_v >= head_dim) head_dim_v = 0;
   if (dtype == DType::kBFloat16)
-    launch_for_dim<__nv_bfloat16>(params, head_dim, head_dim_v, stream);
+    launch_for_dim<__nv_bfloat16>(params, head_dim, head_dim_v, row_splits, stream);
   else
-    launch_for_dim<__half>(params, head_dim, head_dim_v, stream);
+    launch_for_dim<__half>(params, head_dim, head_dim_v, row_splits, stream);
   check_cuda(cudaGetLastError(), "split-KV combine kernel launch");
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "attention/kernel/seqlen.h"
+#include "attention/kernel/split_items.h"
 #include "attention/kernel/tile_order.h"
 #include "smem_tile.h"
 
@@ -77,6 +78,13 @@ struct FwdParams {
 
   // Masked grids: the 1-D tile order of attention/kernel/tile_order.h (set by the launcher).
   GridOrder order;
+
+  // Decode launches split by length (kernel/split_items.h, split_policy.h balanced_split): > 0,
+  // the grid's num_splits slots a sequence are the launch's items, each a share of at least
+  // split_min_blocks key blocks of split_block_n keys (the decode tile's), and the partials are
+  // by item; 0, every sequence splits num_splits ways.
+  int32_t split_min_blocks;
+  int32_t split_block_n;
 };
 
 // The padded kernels' parameters (fwd_kernel_padded, tile_config.h PaddedConfig): the call's real
@@ -97,6 +105,15 @@ struct FwdKvFp8Params : FwdParams {
   int64_t k_descale_batch_stride, k_descale_head_stride;
   int64_t v_descale_batch_stride, v_descale_head_stride;
 };
+
+// Key blocks of sequence b for a length-aware decode launch (kernel/split_items.h): those its
+// decode tile visits, or 0 where the launch has no row of it (no query, or the other launch's).
+__device__ __forceinline__ int split_key_blocks(const FwdParams& p, int b) {
+  const kernel::SeqLens s =
+      kernel::seq_lens(p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, p.seqlen_q, p.seqlen_k, b);
+  if (s.q_len != 1 || !takes_seq(p.only, s.q_len)) return 0;
+  return kernel::decode_key_blocks(s.kv_len, p.window_left, p.split_block_n);
+}
 
 // One sequence's lengths and where it starts (kernel/seqlen.h). Offsets are computed where they
 // are used (not held across the key loop: every register counts there).

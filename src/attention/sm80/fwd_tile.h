@@ -55,7 +55,7 @@ struct FwdTile : TileChunks<Cfg::kPadded> {
   static_assert(!(kPack && kHasMask), "packed rows share one position: no per-row mask");
 
   int head;   // grid head: the query head, or the KV head when packed
-  int split;  // split-KV: which share of the key blocks
+  int split;  // split-KV: which share of the key blocks (length-aware decode: the item, grid z)
   int m0;     // first tile row
   SeqInfo seq;
   // Packed tiles' rows share the sequence's one query, so a left window (Mistral's sliding
@@ -63,21 +63,57 @@ struct FwdTile : TileChunks<Cfg::kPadded> {
   KeyBlocks<kBM, kBN, kHasMask || kPack> blocks;
 
   __device__ __forceinline__ FwdTile(const FwdParams& p, int m_block, int head_, int z)
+      : FwdTile(p, m_block, head_, z, locate(p, z)) {}
+
+ private:
+  // Grid z's sequence and share: z / num_splits and z % num_splits, or (a length-aware decode
+  // launch, kernel/split_items.h) item z's; chunk > 0 then, and share < 0 for an item past the
+  // launch's last (b is then a valid index whose tile has no rows).
+  struct Where {
+    int b, share, chunk;
+  };
+  static __device__ __forceinline__ Where locate(const FwdParams& p, int z) {
+    if constexpr (!kSplit) {
+      return {p.seq_begin + z, 0, 0};
+    } else {
+      if constexpr (kPack) {
+        if (p.split_min_blocks > 0) {
+          const int lane = threadIdx.x & 31;
+          const auto blocks_of = [&p](int b) { return split_key_blocks(p, b); };
+          const int64_t busy = int64_t{p.seq_end - p.seq_begin} * (p.num_splits - 1);
+          const int chunk = kernel::launch_chunk(p.seq_begin, p.seq_end, busy, p.split_min_blocks,
+                                                 lane, blocks_of);
+          const kernel::ItemOf it =
+              kernel::item_of(z, p.seq_begin, p.seq_end, chunk, lane, blocks_of);
+          return it.b < 0 ? Where{p.seq_begin, -1, chunk} : Where{it.b, it.share, chunk};
+        }
+      }
+      return {p.seq_begin + z / p.num_splits, z % p.num_splits, 0};
+    }
+  }
+
+  __device__ __forceinline__ FwdTile(const FwdParams& p, int m_block, int head_, int z, Where w)
       : TileChunks<Cfg::kPadded>(p),
         head(head_),
-        split(kSplit ? z % p.num_splits : 0),
+        split(w.chunk > 0 ? z : w.share),
         m0(m_block * kBM),
-        seq(p, p.seq_begin + (kSplit ? z / p.num_splits : z)),
+        seq(p, w.b),
         blocks(kPack ? 0 : m0, kPack ? min(seq.q_len, 1) : seq.q_len, seq.kv_len, p.window_left,
                kPack ? -1 : p.window_right) {
-    // A sequence the other launch of a mixed batch takes: no rows here.
-    if (!takes_seq(p.only, seq.q_len)) seq.q_len = 0;
+    // A sequence the other launch of a mixed batch takes, or an item past the last: no rows here.
+    if (!takes_seq(p.only, seq.q_len) || w.share < 0) seq.q_len = 0;
     // Rows are (position 0, head of the group). `blocks` saw the one query of the sequence (its
     // window; the right side of a bottom-right single query masks nothing).
     if constexpr (kPack) seq.q_len *= p.h_ratio;
-    if constexpr (kSplit) blocks.keep_split(split, p.num_splits);
+    if constexpr (kSplit) {
+      if (w.chunk > 0)
+        blocks.keep_share(w.share, w.chunk);
+      else
+        blocks.keep_split(split, p.num_splits);
+    }
   }
 
+ public:
   // Rows past q_len (varlen sequences shorter than the grid's longest) have no work.
   __device__ __forceinline__ bool valid() const { return m0 < seq.q_len; }
   __device__ __forceinline__ bool has_keys() const { return blocks.n_max > blocks.n_min; }
@@ -109,10 +145,12 @@ struct FwdTile : TileChunks<Cfg::kPadded> {
   // Split-KV partial slot of tile row `row` ([num_splits, q_rows, h_q] slots, unpacked order, so
   // the combine needs no knowledge of packing) and the slot distance between tile rows.
   __device__ __forceinline__ int64_t partial_slot(const FwdParams& p, int row) const {
-    // Packed (decode) tiles: one row per sequence, by sequence (fwd_params.h partials_by_seq).
+    // Packed (decode) tiles: one row per sequence, by sequence (fwd_params.h partials_by_seq),
+    // or length-aware, one per item (`split` is the item).
     const int64_t q_row =
         kPack ? int64_t{seq.b - p.seq_begin} : seq.q_row0(p) - p.partial_row0 + m0 + row;
     const int64_t h = kPack ? int64_t{head} * p.h_ratio + m0 + row : head;
+    if (kPack && p.split_min_blocks > 0) return int64_t{split} * p.h_q + h;
     return (split * p.q_rows + q_row) * p.h_q + h;
   }
   __device__ __forceinline__ int64_t partial_step(const FwdParams& p) const {

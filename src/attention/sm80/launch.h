@@ -48,9 +48,10 @@ struct FwdLaunch {
 // Merges the num_splits partial results of params (fp32 O and LSE per split, `head_dim` columns
 // each: the kernel's) into out and lse, for the rows of params' sequences seq_begin .. seq_end - 1
 // that it takes. head_dim_v < head_dim (a padded kernel's partials): out's columns from
-// head_dim_v on are neither read nor written.
+// head_dim_v on are neither read nor written. row_splits: the most partials a row has (0:
+// num_splits; a length-aware decode launch's long rows have more), which sizes the warps a row.
 void run_combine(const FwdParams& params, DType dtype, int head_dim, cudaStream_t stream,
-                 int head_dim_v = 0);
+                 int head_dim_v = 0, int row_splits = 0);
 
 // Throws flashserve::Error (kUnsupported when the device's shared memory is too small, kCuda when
 // the launch fails).
