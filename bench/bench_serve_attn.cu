@@ -297,7 +297,8 @@ int main(int argc, char** argv) {
   std::string out_path;
   std::vector<int> decode_splits;
   std::vector<Row> split_rows;
-  bool kv_fp8 = false, decode_spread = false;
+  bool kv_fp8 = false, decode_spread = false, main_table = true;
+  std::vector<std::pair<int, int>> spread = {{16, 2048}, {64, 1024}, {64, 2048}, {112, 2048}};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--calls" && i + 1 < argc)
@@ -312,7 +313,22 @@ int main(int argc, char** argv) {
       kv_fp8 = true;
     else if (a == "--decode-spread")
       decode_spread = true;
-    else if (a == "--pool-tokens" && i + 1 < argc)
+    else if (a == "--no-main")
+      main_table = false;
+    else if (a == "--spread" && i + 1 < argc) {  // N:MEAN,...: the spread rows' shapes
+      spread.clear();
+      for (const char* q = argv[++i]; *q;) {
+        char* end = nullptr;
+        const long n = std::strtol(q, &end, 10),
+                   mean = *end == ':' ? std::strtol(end + 1, &end, 10) : 0;
+        if (n < 1 || mean < 16 || (*end && *end != ',')) {
+          std::fprintf(stderr, "--spread: want N:MEAN[,N:MEAN...], got \"%s\"\n", argv[i]);
+          return 2;
+        }
+        spread.emplace_back(static_cast<int>(n), static_cast<int>(mean));
+        q = *end ? end + 1 : end;
+      }
+    } else if (a == "--pool-tokens" && i + 1 < argc)
       g_pool_tokens = std::max<int64_t>(kMinPoolTokens, std::atoll(argv[++i]));
     else if (a == "--decode-splits" && i + 1 < argc) {
       for (int n : parse_int_list(argv[++i])) decode_splits.push_back(n);
@@ -322,7 +338,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: bench_serve_attn [--calls 20] [--reps 15] [--md FILE] [--head-dim 128] "
                    "[--decode-splits 2,4,8] [--decode-rows 32x4096,...] [--kv-fp8] "
-                   "[--decode-spread] [--pool-tokens N]\n");
+                   "[--decode-spread] [--spread N:MEAN,...] [--no-main] [--pool-tokens N]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -398,7 +414,7 @@ int main(int argc, char** argv) {
   };
   std::mt19937 rng(7);
   std::map<std::string, std::map<int, double>> us;  // row -> layout -> us
-  for (const Row& row : rows()) {
+  for (const Row& row : main_table ? rows() : std::vector<Row>{}) {
     const bool decode = all_decode(row);
     auto figure = [&](double t) {
       char f[64];
@@ -478,7 +494,7 @@ int main(int argc, char** argv) {
           },
           calls, reps);
     };
-    for (const auto [n, mean] : {std::pair{16, 2048}, {64, 1024}, {64, 2048}, {112, 2048}}) {
+    for (const auto [n, mean] : spread) {
       const double bytes = kv_bytes(spread_row(n, mean, "equal"));
       auto cell = [&](double x) {
         char f[64];
