@@ -43,78 +43,94 @@ FS_HOST_DEVICE int items_for(int blocks, int chunk) {
 // The walks below read each sequence's key blocks through `blocks_of(b)` (0 for a sequence the
 // launch does not take), for b in [begin, end): lane l takes the contiguous run
 // [begin + l * per, begin + (l + 1) * per), per = ceil((end - begin) / 32), so that a scan of the
-// lanes' sums orders the items by sequence.
-struct LaneRun {
+// lanes' sums orders the items by sequence. A run's first kCached counts are read once, all loads
+// in flight together, and kept in registers (launches of up to 256 sequences read each length
+// once: one round trip to L2 before a CTA's first K/V load); longer runs read the rest again.
+template <class BlocksOf>
+struct LaneBlocks {
+  static constexpr int kCached = 8;
+  const BlocksOf& blocks_of;
   int lo, hi;
-  __device__ __forceinline__ LaneRun(int begin, int end, int lane) {
+  int cached[kCached];
+
+  __device__ __forceinline__ LaneBlocks(int begin, int end, int lane, const BlocksOf& f)
+      : blocks_of(f) {
     const int per = (end - begin + 31) / 32;
     lo = min(end, begin + lane * per);
     hi = min(end, lo + per);
+#pragma unroll
+    for (int i = 0; i < kCached; ++i) cached[i] = lo + i < hi ? f(lo + i) : 0;
+  }
+  // Key blocks of the run's sequences before `b` (all of them for b >= hi).
+  __device__ __forceinline__ int64_t blocks_before(int b) const {
+    int64_t n = 0;
+#pragma unroll
+    for (int i = 0; i < kCached; ++i) n += lo + i < b ? cached[i] : 0;
+    for (int s = lo + kCached; s < hi && s < b; ++s) n += blocks_of(s);
+    return n;
+  }
+  // Items of the run's sequences before `b`, in shares of `chunk`.
+  __device__ __forceinline__ int items_before(int b, int chunk) const {
+    int n = 0;
+#pragma unroll
+    for (int i = 0; i < kCached; ++i) n += lo + i < b ? items_for(cached[i], chunk) : 0;
+    for (int s = lo + kCached; s < hi && s < b; ++s) n += items_for(blocks_of(s), chunk);
+    return n;
   }
 };
 
-__device__ __forceinline__ int64_t warp_sum(int64_t x) {
+template <class T>
+__device__ __forceinline__ T warp_sum(T x) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
 }
 
-// The launch's chunk (chunk_for over every sequence's blocks).
-template <class BlocksOf>
-__device__ __forceinline__ int launch_chunk(int begin, int end, int64_t busy, int floor, int lane,
-                                            BlocksOf blocks_of) {
-  const LaneRun run(begin, end, lane);
-  int64_t blocks = 0;
-#pragma unroll 4
-  for (int b = run.lo; b < run.hi; ++b) blocks += blocks_of(b);
-  return chunk_for(warp_sum(blocks), busy, floor);
-}
+struct ItemOf {
+  int b = -1;     // the sequence; -1: the item is past the launch's last share
+  int share = 0;  // which of its shares
+  int chunk = 0;  // the launch's chunk
+};
 
-// Items of the sequences before this lane's run (an exclusive scan over lanes) and in it.
+// Item w's sequence and share, and the launch's chunk (chunk_for over every sequence's blocks,
+// `busy` (sequence, share) pairs wanted, shares of at least `floor` blocks).
 template <class BlocksOf>
-__device__ __forceinline__ void lane_items(const LaneRun& run, int chunk, int lane,
-                                           BlocksOf blocks_of, int& before, int& mine) {
-  mine = 0;
-#pragma unroll 4
-  for (int b = run.lo; b < run.hi; ++b) mine += items_for(blocks_of(b), chunk);
-  int incl = mine;
+__device__ __forceinline__ ItemOf item_of(int w, int begin, int end, int64_t busy, int floor,
+                                          int lane, const BlocksOf& blocks_of) {
+  const LaneBlocks<BlocksOf> run(begin, end, lane, blocks_of);
+  ItemOf it;
+  it.chunk = chunk_for(warp_sum(run.blocks_before(end)), busy, floor);
+  const int mine = run.items_before(end, it.chunk);
+  int incl = mine;  // a scan of the lanes' item counts: items before this lane's run
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
     const int x = __shfl_up_sync(0xffffffffu, incl, o);
     if (lane >= o) incl += x;
   }
-  before = incl - mine;
-}
-
-struct ItemOf {
-  int b = -1;     // the sequence; -1: the item is past the launch's last share
-  int share = 0;  // which of its shares
-};
-
-// Item w's sequence and share.
-template <class BlocksOf>
-__device__ __forceinline__ ItemOf item_of(int w, int begin, int end, int chunk, int lane,
-                                          BlocksOf blocks_of) {
-  const LaneRun run(begin, end, lane);
-  int before, mine;
-  lane_items(run, chunk, lane, blocks_of, before, mine);
-  ItemOf it;
-  if (w >= before && w < before + mine) {  // one lane at most: walk its run
-    int first = before;
-    for (int b = run.lo; b < run.hi; ++b) {
-      const int n = items_for(blocks_of(b), chunk);
-      if (w < first + n) {
-        it.b = b;
+  int first = incl - mine;
+  if (w >= first && w < incl) {  // one lane at most: walk its run
+#pragma unroll
+    for (int i = 0; i < LaneBlocks<BlocksOf>::kCached; ++i) {
+      const int n = items_for(run.cached[i], it.chunk);
+      if (it.b < 0 && run.lo + i < run.hi && w < first + n) {
+        it.b = run.lo + i;
         it.share = w - first;
-        break;
+      }
+      first += n;
+    }
+    for (int s = run.lo + LaneBlocks<BlocksOf>::kCached; s < run.hi && it.b < 0; ++s) {
+      const int n = items_for(blocks_of(s), it.chunk);
+      if (w < first + n) {
+        it.b = s;
+        it.share = w - first;
       }
       first += n;
     }
   }
   const unsigned owner = __ballot_sync(0xffffffffu, it.b >= 0);
-  if (owner == 0) return ItemOf{};
+  if (owner == 0) return {-1, 0, it.chunk};
   const int src = __ffs(owner) - 1;
-  return {__shfl_sync(0xffffffffu, it.b, src), __shfl_sync(0xffffffffu, it.share, src)};
+  return {__shfl_sync(0xffffffffu, it.b, src), __shfl_sync(0xffffffffu, it.share, src), it.chunk};
 }
 
 // Sequence b's first item and how many it has (none for b past the launch's range).
@@ -122,13 +138,11 @@ struct RowItems {
   int first = 0, count = 0;
 };
 template <class BlocksOf>
-__device__ __forceinline__ RowItems row_items(int b, int begin, int end, int chunk, int lane,
-                                              BlocksOf blocks_of) {
-  const LaneRun run(begin, end, lane);
-  int before_in_run = 0;
-#pragma unroll 4
-  for (int s = run.lo; s < run.hi && s < b; ++s) before_in_run += items_for(blocks_of(s), chunk);
-  return {static_cast<int>(warp_sum(before_in_run)), b < end ? items_for(blocks_of(b), chunk) : 0};
+__device__ __forceinline__ RowItems row_items(int b, int begin, int end, int64_t busy, int floor,
+                                              int lane, const BlocksOf& blocks_of) {
+  const LaneBlocks<BlocksOf> run(begin, end, lane, blocks_of);
+  const int chunk = chunk_for(warp_sum(run.blocks_before(end)), busy, floor);
+  return {warp_sum(run.items_before(b, chunk)), b < end ? items_for(blocks_of(b), chunk) : 0};
 }
 #endif  // __CUDACC__
 

@@ -78,14 +78,11 @@ struct FwdTile : TileChunks<Cfg::kPadded> {
     } else {
       if constexpr (kPack) {
         if (p.split_min_blocks > 0) {
-          const int lane = threadIdx.x & 31;
           const auto blocks_of = [&p](int b) { return split_key_blocks(p, b); };
           const int64_t busy = int64_t{p.seq_end - p.seq_begin} * (p.num_splits - 1);
-          const int chunk = kernel::launch_chunk(p.seq_begin, p.seq_end, busy, p.split_min_blocks,
-                                                 lane, blocks_of);
-          const kernel::ItemOf it =
-              kernel::item_of(z, p.seq_begin, p.seq_end, chunk, lane, blocks_of);
-          return it.b < 0 ? Where{p.seq_begin, -1, chunk} : Where{it.b, it.share, chunk};
+          const kernel::ItemOf it = kernel::item_of(
+              z, p.seq_begin, p.seq_end, busy, p.split_min_blocks, threadIdx.x & 31, blocks_of);
+          return it.b < 0 ? Where{p.seq_begin, -1, it.chunk} : Where{it.b, it.share, it.chunk};
         }
       }
       return {p.seq_begin + z / p.num_splits, z % p.num_splits, 0};
