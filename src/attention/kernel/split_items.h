@@ -89,6 +89,7 @@ __device__ __forceinline__ T warp_sum(T x) {
 struct ItemOf {
   int b = -1;     // the sequence; -1: the item is past the launch's last share
   int share = 0;  // which of its shares
+  int count = 0;  // how many shares the sequence has
   int chunk = 0;  // the launch's chunk
 };
 
@@ -115,6 +116,7 @@ __device__ __forceinline__ ItemOf item_of(int w, int begin, int end, int64_t bus
       if (it.b < 0 && run.lo + i < run.hi && w < first + n) {
         it.b = run.lo + i;
         it.share = w - first;
+        it.count = n;
       }
       first += n;
     }
@@ -123,14 +125,16 @@ __device__ __forceinline__ ItemOf item_of(int w, int begin, int end, int64_t bus
       if (w < first + n) {
         it.b = s;
         it.share = w - first;
+        it.count = n;
       }
       first += n;
     }
   }
   const unsigned owner = __ballot_sync(0xffffffffu, it.b >= 0);
-  if (owner == 0) return {-1, 0, it.chunk};
+  if (owner == 0) return {-1, 0, 0, it.chunk};
   const int src = __ffs(owner) - 1;
-  return {__shfl_sync(0xffffffffu, it.b, src), __shfl_sync(0xffffffffu, it.share, src), it.chunk};
+  return {__shfl_sync(0xffffffffu, it.b, src), __shfl_sync(0xffffffffu, it.share, src),
+          __shfl_sync(0xffffffffu, it.count, src), it.chunk};
 }
 
 // Sequence b's first item and how many it has (none for b past the launch's range).

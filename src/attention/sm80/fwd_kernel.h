@@ -215,7 +215,8 @@ __device__ __forceinline__ void attend(const FwdParams& p, const Tile& t,
 }
 
 // Writes one normalised m16 slice of O, tile rows row .. row + 15, columns col0 onwards: to out
-// (and its LSE when write_lse), or (split-KV) to the partials.
+// (and its LSE when write_lse), or (split-KV, but for a length-aware sequence's only item) to the
+// partials.
 template <class Cfg, class Elem, class Tile>
 __device__ __forceinline__ void write_slice(const FwdParams& p, const Tile& t,
                                             const float (&o)[Cfg::kODTiles][4],
@@ -224,15 +225,17 @@ __device__ __forceinline__ void write_slice(const FwdParams& p, const Tile& t,
   constexpr int D = Cfg::kHeadDim;
   const int rows_valid = t.seq.q_len - t.m0 - row;
   if constexpr (Tile::kWritesPartials) {
-    const int64_t slot = t.partial_slot(p, row), step = t.partial_step(p);
-    store_partial<Cfg::kODTiles>(o, lse, p.o_partial + slot * D + col0, step * D,
-                                 write_lse ? p.lse_partial + slot : nullptr, step, rows_valid,
-                                 lane);
-  } else {
-    store_slice<D, Cfg::kODTiles>(o, lse, stage, t.out_row(p, row) + col0, col0 / 8, t.out_step(p),
-                                  write_lse ? t.lse_row(p, row) : nullptr, t.lse_step(p),
-                                  rows_valid, lane, t.v_chunks());
+    if (!t.writes_out()) {
+      const int64_t slot = t.partial_slot(p, row), step = t.partial_step(p);
+      store_partial<Cfg::kODTiles>(o, lse, p.o_partial + slot * D + col0, step * D,
+                                   write_lse ? p.lse_partial + slot : nullptr, step, rows_valid,
+                                   lane);
+      return;
+    }
   }
+  store_slice<D, Cfg::kODTiles>(o, lse, stage, t.out_row(p, row) + col0, col0 / 8, t.out_step(p),
+                                write_lse ? t.lse_row(p, row) : nullptr, t.lse_step(p), rows_valid,
+                                lane, t.v_chunks());
 }
 
 // Normalises the warp's rows and writes them. `stage` is the warp's own rows of the Q tile (dead

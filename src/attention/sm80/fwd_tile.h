@@ -54,9 +54,11 @@ struct FwdTile : TileChunks<Cfg::kPadded> {
   static constexpr bool kWritesPartials = kSplit;  // split-KV: fp32 partials, not out/lse
   static_assert(!(kPack && kHasMask), "packed rows share one position: no per-row mask");
 
-  int head;   // grid head: the query head, or the KV head when packed
-  int split;  // split-KV: which share of the key blocks (length-aware decode: the item, grid z)
-  int m0;     // first tile row
+  int head;  // grid head: the query head, or the KV head when packed
+  // split-KV: which share of the key blocks; length-aware decode: the item (grid z), or -1 for
+  // the only item of its sequence, which writes out and lse as an unsplit tile does.
+  int split;
+  int m0;  // first tile row
   SeqInfo seq;
   // Packed tiles' rows share the sequence's one query, so a left window (Mistral's sliding
   // window) bounds them all alike: their key blocks follow it too.
@@ -71,6 +73,7 @@ struct FwdTile : TileChunks<Cfg::kPadded> {
   // launch's last (b is then a valid index whose tile has no rows).
   struct Where {
     int b, share, chunk;
+    bool direct = false;  // the sequence's only item
   };
   static __device__ __forceinline__ Where locate(const FwdParams& p, int z) {
     if constexpr (!kSplit) {
@@ -82,7 +85,8 @@ struct FwdTile : TileChunks<Cfg::kPadded> {
           const int64_t busy = int64_t{p.seq_end - p.seq_begin} * (p.num_splits - 1);
           const kernel::ItemOf it = kernel::item_of(
               z, p.seq_begin, p.seq_end, busy, p.split_min_blocks, threadIdx.x & 31, blocks_of);
-          return it.b < 0 ? Where{p.seq_begin, -1, it.chunk} : Where{it.b, it.share, it.chunk};
+          if (it.b < 0) return {p.seq_begin, -1, it.chunk, false};
+          return {it.b, it.share, it.chunk, it.count == 1};
         }
       }
       return {p.seq_begin + z / p.num_splits, z % p.num_splits, 0};
@@ -92,7 +96,9 @@ struct FwdTile : TileChunks<Cfg::kPadded> {
   __device__ __forceinline__ FwdTile(const FwdParams& p, int m_block, int head_, int z, Where w)
       : TileChunks<Cfg::kPadded>(p),
         head(head_),
-        split(w.chunk > 0 ? z : w.share),
+        split(w.direct      ? -1
+              : w.chunk > 0 ? z
+                            : w.share),
         m0(m_block * kBM),
         seq(p, w.b),
         blocks(kPack ? 0 : m0, kPack ? min(seq.q_len, 1) : seq.q_len, seq.kv_len, p.window_left,
@@ -111,6 +117,12 @@ struct FwdTile : TileChunks<Cfg::kPadded> {
   }
 
  public:
+  // Whether this split tile writes out and lse itself (a length-aware item that is its
+  // sequence's only one) rather than partials.
+  __device__ __forceinline__ bool writes_out() const {
+    return !kWritesPartials || (kPack && split < 0);
+  }
+
   // Rows past q_len (varlen sequences shorter than the grid's longest) have no work.
   __device__ __forceinline__ bool valid() const { return m0 < seq.q_len; }
   __device__ __forceinline__ bool has_keys() const { return blocks.n_max > blocks.n_min; }
