@@ -58,8 +58,14 @@ struct LaneBlocks {
     const int per = (end - begin + 31) / 32;
     lo = min(end, begin + lane * per);
     hi = min(end, lo + per);
+    // Every lane reads kCached valid sequences whether its run has them or not (the last one of
+    // the range again), so that the loads carry no branch and are all in flight at once: under
+    // a predicate each was its own round trip to L2, eight in a row (session 33, SASS).
 #pragma unroll
-    for (int i = 0; i < kCached; ++i) cached[i] = lo + i < hi ? f(lo + i) : 0;
+    for (int i = 0; i < kCached; ++i) {
+      const int n = f(max(begin, min(lo + i, end - 1)));
+      cached[i] = lo + i < hi ? n : 0;
+    }
   }
   // Key blocks of the run's sequences before `b` (all of them for b >= hi).
   __device__ __forceinline__ int64_t blocks_before(int b) const {
