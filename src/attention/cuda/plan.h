@@ -153,8 +153,11 @@ inline constexpr bool kKvFp8RegisterByDefault = true;
 inline constexpr bool kDecodeClusterByDefault = false;
 
 // Whether automatic decode splits follow the sequences' lengths by default
-// (FLASHSERVE_DECODE_BALANCE unset; KernelChoice::split_min_blocks): off until measured on the
-// device (kernel-notes "Session 33 (issue 21)").
+// (FLASHSERVE_DECODE_BALANCE unset; KernelChoice::split_min_blocks): off. Session 33 (H200 and
+// H100, bench/results/decode-balance-h200-2026-12-05-session33.md, kernel-notes "Session 33
+// (issue 21)"): exponential lengths from 1.32-1.89x the equal ones' time to 1.06-1.35x, but equal
+// lengths 5-36% slower, the walk over the lengths in every CTA being a chain of round trips to
+// L2 (to be replaced by one read of a precomputed item map).
 inline constexpr bool kDecodeBalanceByDefault = false;
 
 // What the plan needs of the device and of the call beside the problem.
