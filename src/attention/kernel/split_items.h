@@ -43,9 +43,12 @@ FS_HOST_DEVICE int items_for(int blocks, int chunk) {
 // The walks below read each sequence's key blocks through `blocks_of(b)` (0 for a sequence the
 // launch does not take), for b in [begin, end): lane l takes the contiguous run
 // [begin + l * per, begin + (l + 1) * per), per = ceil((end - begin) / 32), so that a scan of the
-// lanes' sums orders the items by sequence. A run's first kCached counts are read once, all loads
-// in flight together, and kept in registers (launches of up to 256 sequences read each length
-// once: one round trip to L2 before a CTA's first K/V load); longer runs read the rest again.
+// lanes' sums orders the items by sequence. A run's first kCached counts are read once and kept
+// in registers (launches of up to 256 sequences read each length once); longer runs read the rest
+// again. Meant as one round trip to L2 before a CTA's first K/V load, it is still several: the
+// SASS (session 33) keeps branches between the reads (split_key_blocks' early return, the length
+// arrays' null checks), and every CTA pays them while the others saturate the memory system —
+// kernel-notes "Session 33 (issue 21)", where an item map made once a launch is the next step.
 template <class BlocksOf>
 struct LaneBlocks {
   static constexpr int kCached = 8;
@@ -59,8 +62,8 @@ struct LaneBlocks {
     lo = min(end, begin + lane * per);
     hi = min(end, lo + per);
     // Every lane reads kCached valid sequences whether its run has them or not (the last one of
-    // the range again), so that the loads carry no branch and are all in flight at once: under
-    // a predicate each was its own round trip to L2, eight in a row (session 33, SASS).
+    // the range again), so that no branch on the run's end separates the loads: under one, each
+    // read was its own round trip to L2, eight in a row (session 33, SASS).
 #pragma unroll
     for (int i = 0; i < kCached; ++i) {
       const int n = f(max(begin, min(lo + i, end - 1)));
