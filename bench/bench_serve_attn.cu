@@ -398,19 +398,22 @@ int main(int argc, char** argv) {
   // Layouts: page 0 is contiguous varlen K/V; a negative page size is that page size with the
   // pages in order.
   const int layouts[] = {0, 16, 256, -16};
+  // Microseconds a call of `plan` over `params` (given the shared workspace) takes.
+  auto time_plan = [&](const flashserve::AttentionPlan& plan, flashserve::AttentionParams& params) {
+    ensure_workspace(b, plan.workspace_bytes());
+    params.workspace = b.workspace;
+    params.workspace_bytes = b.workspace_bytes;
+    return graph_us(
+        [&](cudaStream_t s) {
+          params.stream = s;
+          flashserve::run_attention(plan, params);
+        },
+        calls, reps);
+  };
   auto time_step = [&](Step& st) {
     flashserve::AttentionLengths lens{st.cu_q.data(), st.kv_lens.data()};
     const flashserve::AttentionPlan plan = flashserve::plan_attention(st.params, lens);
-    ensure_workspace(b, plan.workspace_bytes());
-    st.params.workspace = b.workspace;
-    st.params.workspace_bytes = b.workspace_bytes;
-    const double t = graph_us(
-        [&](cudaStream_t s) {
-          st.params.stream = s;
-          flashserve::run_attention(plan, st.params);
-        },
-        calls, reps);
-    return std::pair{t, plan.summary()};
+    return std::pair{time_plan(plan, st.params), plan.summary()};
   };
   std::mt19937 rng(7);
   std::map<std::string, std::map<int, double>> us;  // row -> layout -> us
@@ -483,16 +486,7 @@ int main(int argc, char** argv) {
       int bound = 1;
       while (bound < p.max_seqlen_k) bound *= 2;
       p.max_seqlen_k = bound;
-      const flashserve::AttentionPlan plan = flashserve::plan_attention(p);
-      ensure_workspace(b, plan.workspace_bytes());
-      p.workspace = b.workspace;
-      p.workspace_bytes = b.workspace_bytes;
-      return graph_us(
-          [&](cudaStream_t s) {
-            p.stream = s;
-            flashserve::run_attention(plan, p);
-          },
-          calls, reps);
+      return time_plan(flashserve::plan_attention(p), p);
     };
     for (const auto [n, mean] : spread) {
       const double bytes = kv_bytes(spread_row(n, mean, "equal"));

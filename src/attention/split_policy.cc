@@ -6,6 +6,11 @@
 
 namespace flashserve::attention {
 
+namespace {
+// The most splits a launch takes, and the grid's z (sequences x splits) bound.
+constexpr int64_t kMostSplits = 128, kMaxGridZ = 65535;
+}  // namespace
+
 bool is_decode(const Problem& pr) {
   return pr.max_q_len == 1;
 }
@@ -41,7 +46,7 @@ bool is_decode(const Problem& pr) {
 SplitChoice split_choice(const Problem& pr, const SplitDevice& dev, bool decode, bool fp8_codes) {
   if (pr.num_splits == 1) return {1, 1};
   if (pr.num_splits > 1) return {pr.num_splits, 1};
-  const int64_t most = std::min<int64_t>(128, 65535 / std::max<int64_t>(pr.batch, 1));
+  const int64_t most = std::min(kMostSplits, kMaxGridZ / std::max<int64_t>(pr.batch, 1));
   int64_t tiles, key_blocks, target, enough, min_blocks;  // enough: tiles that need no split
   int64_t slots = 0;  // decode: blocks the GPU runs at once (one round)
   // The tiles of the kernel the call runs: its head dims', or the next compiled head dim's.
@@ -64,7 +69,8 @@ SplitChoice split_choice(const Problem& pr, const SplitDevice& dev, bool decode,
           std::min<int64_t>({(int64_t{dev.sms} + tiles - 1) / tiles, whole_blocks, most});
       return {splits < 2 ? 1 : static_cast<int>(splits), 1};
     }
-    if (fp8_codes && tiles <= slots && 2 * tiles >= slots) return {1, 16};  // one round, half busy
+    if (fp8_codes && tiles <= slots && 2 * tiles >= slots)  // one round, half busy
+      return {1, static_cast<int>(min_blocks)};
   } else {
     const sm80::Tiles t = sm80::fwd_tiles(head_dim, pr.mask.has_left() || pr.mask.has_right());
     tiles = (pr.max_q_len + t.block_m - 1) / t.block_m * pr.h_q * pr.batch;
@@ -91,11 +97,11 @@ SplitChoice split_choice(const Problem& pr, const SplitDevice& dev, bool decode,
   return {splits < 2 ? 1 : static_cast<int>(splits), static_cast<int>(min_blocks)};
 }
 
-BalancedSplit balanced_split(const Problem& pr, const SplitDevice& dev, bool fp8_codes) {
+BalancedSplit balanced_split(const Problem& pr, const SplitDevice& dev) {
   if (pr.num_splits != 0 || pr.batch < 2) return {};
-  const SplitChoice c = split_choice(pr, dev, true, fp8_codes);
+  const SplitChoice c = split_choice(pr, dev, true);
   const int64_t items = int64_t{c.splits} + 1;
-  if (items > 128 || pr.batch * items > 65535) return {};  // the grid's and the combine's bounds
+  if (items > kMostSplits || pr.batch * items > kMaxGridZ) return {};
   return {static_cast<int>(items), c.min_blocks};
 }
 

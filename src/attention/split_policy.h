@@ -47,8 +47,9 @@ struct BalancedSplit {
   int items = 0;       // grid slots per sequence; 0: not balanced
   int min_blocks = 0;  // the chunk's floor
 };
-// For an automatic decode choice (num_splits 0) of a launch of `pr.batch` sequences: balanced
-// where there are two or more sequences; else {0, 0}.
-BalancedSplit balanced_split(const Problem& pr, const SplitDevice& dev, bool fp8_codes = false);
+// For an automatic decode choice (num_splits 0) of a launch of `pr.batch` sequences of 16-bit K/V
+// (the plan keeps the fp8 KV cache's register tiles on their even split): balanced where there
+// are two or more sequences; else {0, 0}.
+BalancedSplit balanced_split(const Problem& pr, const SplitDevice& dev);
 
 }  // namespace flashserve::attention

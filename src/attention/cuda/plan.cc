@@ -47,6 +47,18 @@ void refuse_padded_if_off(const Problem& pr, const char* value) {
                       "(64, 128 and 256 with equal q and v head dims run without it)"));
 }
 
+namespace {
+// The call's problem as one launch's group of sequences sees it: its own count and longest
+// lengths (the split choices follow the group's shape).
+Problem group_problem(const Problem& pr, int64_t sequences, int64_t max_q_len, int64_t max_kv_len) {
+  Problem group = pr;
+  group.batch = std::max<int64_t>(sequences, 1);
+  group.max_q_len = max_q_len;
+  group.max_kv_len = max_kv_len;
+  return group;
+}
+}  // namespace
+
 KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decode,
                            int64_t sequences, int64_t max_q_len, int64_t max_kv_len, bool may_split,
                            bool kv_fp8_register) {
@@ -71,10 +83,7 @@ KernelChoice choose_kernel(const Problem& pr, const SplitDevice& dev, bool decod
               clamp_window(pr.mask.left, bound) >= 0 || clamp_window(pr.mask.right, bound) >= 0);
   k.paged = pr.paged;
   // Splits follow the group's own shape: its sequences and their longest lengths.
-  Problem group = pr;
-  group.batch = std::max<int64_t>(sequences, 1);
-  group.max_q_len = max_q_len;
-  group.max_kv_len = max_kv_len;
+  Problem group = group_problem(pr, sequences, max_q_len, max_kv_len);
   if (group.num_splits == 0 && !may_split) group.num_splits = 1;
   k.splits = choose_splits(group, dev, decode, k.kv_fp8_register);
   const sm80::Tiles t =
@@ -350,11 +359,7 @@ void take_balanced_split(const Problem& pr, const PlanContext& ctx, int64_t sequ
   if (!ctx.decode_balance || !may_split || pr.num_splits != 0 || k.family != KernelFamily::kSm80 ||
       !k.decode || k.cluster_combine || k.kv_fp8_register)
     return;
-  Problem group = pr;
-  group.batch = std::max<int64_t>(sequences, 1);
-  group.max_q_len = 1;
-  group.max_kv_len = max_kv_len;
-  const BalancedSplit b = balanced_split(group, ctx.device, false);
+  const BalancedSplit b = balanced_split(group_problem(pr, sequences, 1, max_kv_len), ctx.device);
   if (b.items == 0) return;
   k.splits = b.items;
   k.split_min_blocks = b.min_blocks;
