@@ -371,6 +371,10 @@ void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr
     p.partials_by_seq = l.kernel.decode;
     p.split_min_blocks = l.kernel.split_min_blocks;
     p.split_block_n = l.kernel.block_n;
+    if (l.kernel.split_min_blocks > 0) {  // the item map, made before the split kernel reads it
+      p.split_map = static_cast<char*>(workspace) + l.map_offset;
+      sm80::run_split_map(p, stream);
+    }
     if (splits > 1 && !l.kernel.cluster_combine) {
       p.o_partial = reinterpret_cast<float*>(static_cast<char*>(workspace) + l.workspace_offset);
       p.lse_partial =

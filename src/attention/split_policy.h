@@ -3,6 +3,7 @@
 // so that CI tests the policy without a GPU; the workspace size a caller allocates follows from it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "problem.h"
@@ -51,5 +52,13 @@ struct BalancedSplit {
 // (the plan keeps the fp8 KV cache's register tiles on their even split): balanced where there
 // are two or more sequences; else {0, 0}.
 BalancedSplit balanced_split(const Problem& pr, const SplitDevice& dev);
+
+// Bytes of a balanced launch's item map (sm80/fwd_params.h SplitMap) in the workspace: an entry
+// of kSplitMapItemBytes an item of the grid, then one of kSplitMapRowBytes a sequence.
+inline constexpr size_t kSplitMapItemBytes = 16, kSplitMapRowBytes = 8;
+inline size_t split_map_bytes(int64_t sequences, int64_t items) {
+  return static_cast<size_t>(sequences * items) * kSplitMapItemBytes +
+         static_cast<size_t>(sequences) * kSplitMapRowBytes;
+}
 
 }  // namespace flashserve::attention

@@ -721,7 +721,10 @@ TEST(PlanFamily, DecodeBalanceSwitchReachesAutomaticDecodeSplitsOnly) {
   EXPECT_EQ(off.launches[0].kernel.split_min_blocks, 0);
   EXPECT_EQ(on.launches[0].kernel.splits, 3);
   EXPECT_EQ(on.launches[0].kernel.split_min_blocks, 16);
-  EXPECT_EQ(on.workspace_bytes, attention::partial_bytes(3, 64, 32, 128));
+  // The partials of 3 items a sequence, then the item map (256-byte aligned each).
+  const auto aligned = [](size_t n) { return (n + 255) / 256 * 256; };
+  EXPECT_EQ(on.workspace_bytes, aligned(attention::partial_bytes(3, 64, 32, 128)) +
+                                    aligned(attention::split_map_bytes(64, 3)));
   EXPECT_NE(on.summary().find("by length (shares of >= 16 blocks)"), std::string::npos)
       << on.summary();
   EXPECT_NE(attention::replay_key(on), attention::replay_key(off));

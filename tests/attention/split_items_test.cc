@@ -2,8 +2,8 @@
 // the arithmetic the split kernel and the combine share, on the host. The block count agrees with
 // the decode tile's KeyBlocks; over random launches the items fit the grid and a sequence's shares
 // tile its key blocks exactly; equal lengths give the even split's shares; and the policy's
-// choices on the H200's figures. The device walks (item_of, row_items) run in the GPU tests
-// (tests/gpu/attention_gpu_test.cc, BalancedDecode).
+// choices on the H200's figures. The device side (sm80/split_map.cu, the kernels reading its map)
+// runs in the GPU tests (tests/gpu/attention_gpu_test.cc, BalancedDecode).
 #include "attention/kernel/split_items.h"
 
 #include <gtest/gtest.h>

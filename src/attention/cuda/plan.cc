@@ -262,7 +262,7 @@ size_t aligned(size_t bytes) {
 }
 
 // Lays launch l's workspace out at the plan's end: the tile counter (sm90 masked) or the split
-// partials, then (fp8) V^T.
+// partials, then (a length-aware decode launch) its item map, then (fp8) V^T.
 void place_workspace(Plan& plan, LaunchPlan& l, const Problem& pr) {
   l.workspace_offset = plan.workspace_bytes;
   plan.workspace_bytes +=
@@ -270,6 +270,9 @@ void place_workspace(Plan& plan, LaunchPlan& l, const Problem& pr) {
               : l.kernel.cluster_combine
                   ? 0  // the partials stay in the cluster's shared memory
                   : partial_bytes(l.kernel.splits, l.rows, pr.h_q, l.kernel.head_dim));
+  l.map_offset = plan.workspace_bytes;
+  if (l.kernel.split_min_blocks > 0)
+    plan.workspace_bytes += aligned(split_map_bytes(l.rows, l.kernel.splits));
   l.vt_offset = plan.workspace_bytes;
   if (l.kernel.fp8) plan.workspace_bytes += aligned(fp8_vt_bytes(pr));
 }

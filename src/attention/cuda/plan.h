@@ -97,6 +97,9 @@ struct LaunchPlan {
   int64_t row_begin = 0, rows = 0;
   size_t workspace_offset = 0;
   size_t vt_offset = 0;  // kernel.fp8: where V^T lives in the workspace
+  // kernel.split_min_blocks > 0: where the launch's item map lives (split_policy.h
+  // split_map_bytes), after its partials.
+  size_t map_offset = 0;
 };
 
 struct Plan {

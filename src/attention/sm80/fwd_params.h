@@ -8,6 +8,7 @@
 #include "attention/kernel/seqlen.h"
 #include "attention/kernel/split_items.h"
 #include "attention/kernel/tile_order.h"
+#include "attention/split_policy.h"  // kSplitMapItemBytes
 #include "smem_tile.h"
 
 namespace flashserve::attention::sm80 {
@@ -82,10 +83,25 @@ struct FwdParams {
   // Decode launches split by length (kernel/split_items.h, split_policy.h balanced_split): > 0,
   // the grid's num_splits slots a sequence are the launch's items, each a share of at least
   // split_min_blocks key blocks of split_block_n keys (the decode tile's), and the partials are
-  // by item; 0, every sequence splits num_splits ways.
+  // by item; 0, every sequence splits num_splits ways. split_map: the launch's item map in the
+  // workspace (SplitMap below), which split_map.cu writes before the split kernel reads it.
   int32_t split_min_blocks;
   int32_t split_block_n;
+  void* split_map;
 };
+
+// A length-aware launch's item map: for each of the grid's (seq_end - seq_begin) x num_splits
+// items its (sequence, share, the sequence's count of shares, the launch's chunk), sequence -1
+// past the last share; then for each sequence of the range its (first item, count).
+struct SplitMap {
+  int4* items;
+  int2* rows;
+};
+static_assert(sizeof(int4) == kSplitMapItemBytes && sizeof(int2) == kSplitMapRowBytes);
+__host__ __device__ inline SplitMap split_map_of(const FwdParams& p) {
+  int4* items = static_cast<int4*>(p.split_map);
+  return {items, reinterpret_cast<int2*>(items + int64_t{p.seq_end - p.seq_begin} * p.num_splits)};
+}
 
 // The padded kernels' parameters (fwd_kernel_padded, tile_config.h PaddedConfig): the call's real
 // head dims, each a multiple of 8 no larger than the kernel's. A struct of its own (not fields of

@@ -69,8 +69,9 @@ struct FwdTile : TileChunks<Cfg::kPadded> {
 
  private:
   // Grid z's sequence and share: z / num_splits and z % num_splits, or (a length-aware decode
-  // launch, kernel/split_items.h) item z's; chunk > 0 then, and share < 0 for an item past the
-  // launch's last (b is then a valid index whose tile has no rows).
+  // launch, kernel/split_items.h) item z's from the launch's item map; chunk > 0 then, and
+  // share < 0 for an item past the launch's last (b is then a valid index whose tile has no
+  // rows).
   struct Where {
     int b, share, chunk;
     bool direct = false;  // the sequence's only item
@@ -80,13 +81,10 @@ struct FwdTile : TileChunks<Cfg::kPadded> {
       return {p.seq_begin + z, 0, 0};
     } else {
       if constexpr (kPack) {
-        if (p.split_min_blocks > 0) {
-          const auto blocks_of = [&p](int b) { return split_key_blocks(p, b); };
-          const int64_t busy = int64_t{p.seq_end - p.seq_begin} * (p.num_splits - 1);
-          const kernel::ItemOf it = kernel::item_of(
-              z, p.seq_begin, p.seq_end, busy, p.split_min_blocks, threadIdx.x & 31, blocks_of);
-          if (it.b < 0) return {p.seq_begin, -1, it.chunk, false};
-          return {it.b, it.share, it.chunk, it.count == 1};
+        if (p.split_min_blocks > 0) {  // the launch's item map (split_map.cu): one load
+          const int4 it = split_map_of(p).items[z];  // (sequence, share, count, chunk)
+          if (it.x < 0) return {p.seq_begin, -1, it.w, false};
+          return {it.x, it.y, it.w, it.z == 1};
         }
       }
       return {p.seq_begin + z / p.num_splits, z % p.num_splits, 0};

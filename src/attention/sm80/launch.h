@@ -53,6 +53,10 @@ struct FwdLaunch {
 void run_combine(const FwdParams& params, DType dtype, int head_dim, cudaStream_t stream,
                  int head_dim_v = 0, int row_splits = 0);
 
+// The item map of a length-aware decode launch (params.split_map, split_map.cu), before its split
+// kernel: one CTA.
+void run_split_map(const FwdParams& params, cudaStream_t stream);
+
 // Throws flashserve::Error (kUnsupported when the device's shared memory is too small, kCuda when
 // the launch fails).
 template <int kHeadDim>
