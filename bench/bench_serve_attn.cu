@@ -475,12 +475,14 @@ int main(int argc, char** argv) {
   // Decodes of unequal lengths beside equal ones with the same keys, paged 16 with the pages
   // shuffled (as the engine's pool), automatic splits: even (FLASHSERVE_DECODE_BALANCE=0) and by
   // length (=1), each planned from the step's lengths and as a decode graph plans it (no lengths,
-  // the longest rounded up to a power of two: model/cuda_runner's kv_bound).
+  // the longest rounded up to a power of two: model/cuda_runner's kv_bound); and the default
+  // (unset: by length where the lengths are unequal, split_policy.h decodes_unequal) from the
+  // step's lengths.
   if (decode_spread) {
     emit(
         "\n| decodes | mean keys | lengths | even | by length | even, graph plan | by length, "
-        "graph plan | / equal even (even; by length; graph even; graph by length) | plans (even; "
-        "by length) |\n|---|---|---|---|---|---|---|---|---|\n");
+        "graph plan | / equal even (even; by length; graph even; graph by length) | default | "
+        "plans (even; by length) |\n|---|---|---|---|---|---|---|---|---|---|\n");
     auto time_bound = [&](Step& st) {
       flashserve::AttentionParams p = st.params;
       int bound = 1;
@@ -505,12 +507,17 @@ int main(int argc, char** argv) {
           std::tie(t[balanced], plans[balanced]) = time_step(st);
           t[2 + balanced] = time_bound(st);
         }
+        unsetenv("FLASHSERVE_DECODE_BALANCE");
+        const auto [t_default, plan_default] = time_step(st);
+        const bool default_by_length = plan_default.find("by length") != std::string::npos;
         if (std::string(kind) == "equal") equal_even = t[0];
         std::snprintf(line, sizeof line,
-                      "| %d | %d | %s | %s | %s | %s | %s | %.3f; %.3f; %.3f; %.3f | %s; %s |\n", n,
-                      mean, kind, cell(t[0]).c_str(), cell(t[1]).c_str(), cell(t[2]).c_str(),
+                      "| %d | %d | %s | %s | %s | %s | %s | %.3f; %.3f; %.3f; %.3f | %s, %s | %s; "
+                      "%s |\n",
+                      n, mean, kind, cell(t[0]).c_str(), cell(t[1]).c_str(), cell(t[2]).c_str(),
                       cell(t[3]).c_str(), t[0] / equal_even, t[1] / equal_even, t[2] / equal_even,
-                      t[3] / equal_even, plans[0].c_str(), plans[1].c_str());
+                      t[3] / equal_even, cell(t_default).c_str(),
+                      default_by_length ? "by length" : "even", plans[0].c_str(), plans[1].c_str());
         emit(line);
       }
     }

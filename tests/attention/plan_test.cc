@@ -698,19 +698,25 @@ TEST(PlanFamily, DecodeClusterSwitchReachesSplitDecodeLaunchesOnly) {
   EXPECT_FALSE(with(capped, true, true).launches[0].kernel.cluster_combine);
 }
 
-// FLASHSERVE_DECODE_BALANCE (decode splits by length, kernel/split_items.h): read strictly, off
-// by default. On, an sm80 decode launch of two or more sequences with automatic splits and a
+// FLASHSERVE_DECODE_BALANCE (decode splits by length, kernel/split_items.h): read strictly; unset,
+// where the host lengths are unequal (the next test); "1" always, "0" never. Always, an sm80
+// decode launch of two or more sequences with automatic splits and a
 // workspace holds one more item a sequence than the even split's count, shares of at least the
 // split choice's floor, with the partials sized for the items; its summary and replay key say so.
 // Batch 1, forced splits, no workspace, the fp8 KV cache's register tiles, a cluster's merge and
 // prefill launches keep the even split.
 TEST(PlanFamily, DecodeBalanceSwitchReachesAutomaticDecodeSplitsOnly) {
-  expect_strict_switch(attention::parse_decode_balance, attention::kDecodeBalanceByDefault,
-                       "FLASHSERVE_DECODE_BALANCE");
-  EXPECT_FALSE(attention::kDecodeBalanceByDefault);  // until measured on the device
+  using attention::DecodeBalance;
+  expect_strict_switch(
+      [](const char* v) { return attention::parse_decode_balance(v) == DecodeBalance::kAlways; },
+      false, "FLASHSERVE_DECODE_BALANCE");
+  EXPECT_EQ(attention::parse_decode_balance(nullptr), DecodeBalance::kUnequal);
+  EXPECT_EQ(attention::parse_decode_balance(""), DecodeBalance::kUnequal);
+  EXPECT_EQ(attention::parse_decode_balance("0"), DecodeBalance::kOff);
+  EXPECT_EQ(attention::kDecodeBalanceByDefault, DecodeBalance::kUnequal);
   EXPECT_EQ(PlanContext{}.decode_balance, attention::kDecodeBalanceByDefault);
   auto with = [](StepShape s, bool balance) {
-    s.ctx.decode_balance = balance;
+    s.ctx.decode_balance = balance ? DecodeBalance::kAlways : DecodeBalance::kOff;
     return plan_of(s);
   };
   // 64 x 2k: the even split's 2, so 3 items a sequence in shares of >= 16 blocks (1024 keys).
@@ -756,6 +762,43 @@ TEST(PlanFamily, DecodeBalanceSwitchReachesAutomaticDecodeSplitsOnly) {
   ASSERT_EQ(mixed.launches.size(), 2u);
   for (const LaunchPlan& l : mixed.launches)
     EXPECT_EQ(l.kernel.split_min_blocks > 0, l.kernel.decode) << mixed.summary();
+}
+
+// By default (DecodeBalance::kUnequal) a decode launch splits by length where its decodes' key
+// blocks (64-key blocks here) have a longest of at least twice their mean (split_policy.h
+// decodes_unequal), counted under the window and over the launch's decodes only; equal lengths
+// and plans without host lengths (a decode graph's, for its bound) split evenly.
+TEST(PlanFamily, DecodeBalanceByDefaultFollowsTheHostLengths) {
+  const auto by_length = [](const StepShape& s) {
+    const Plan p = plan_of(s);
+    for (const LaunchPlan& l : p.launches)
+      if (l.kernel.decode) return l.kernel.split_min_blocks > 0;
+    ADD_FAILURE() << "no decode launch: " << p.summary();
+    return false;
+  };
+  EXPECT_FALSE(by_length(step(decodes(64, 2048))));
+  // 4 decodes of 16, 16, 16 and 48 blocks: the longest is twice the mean (96 / 4); with 47 not.
+  EXPECT_TRUE(by_length(step({{1, 1024}, {1, 1024}, {1, 1024}, {1, 48 * 64}})));
+  EXPECT_FALSE(by_length(step({{1, 1024}, {1, 1024}, {1, 1024}, {1, 47 * 64}})));
+  // Two sequences never: the longest is at most twice their mean, and only with an empty one.
+  EXPECT_FALSE(by_length(step({{1, 64}, {1, 65536}})));
+  // Exponential-like: one long decode among short ones.
+  std::vector<std::pair<int64_t, int64_t>> skewed = decodes(15, 1024);
+  skewed.push_back({1, 16384});
+  EXPECT_TRUE(by_length(step(skewed)));
+  // The same lengths without the host lengths (a plan for the bound): even.
+  StepShape bound = step(skewed);
+  bound.lens = HostLengths{};
+  EXPECT_FALSE(by_length(bound));
+  // A 4096-key window: 3 x 2048 keys and one of 16384 are 32, 32, 32 and 64 blocks (64 x 4 < 2 x
+  // 160): even; without the window 256 blocks (256 x 4 >= 2 x 352): by length.
+  StepShape windowed = step({{1, 2048}, {1, 2048}, {1, 2048}, {1, 16384}});
+  EXPECT_TRUE(by_length(windowed));
+  windowed.pr.mask.left = 4095;
+  EXPECT_FALSE(by_length(windowed));
+  // A mixed step: the decodes' lengths alone decide (the chunk's 4096 keys are not a decode's).
+  EXPECT_TRUE(by_length(step({{1, 1024}, {512, 4096}, {1, 16384}, {1, 1024}})));
+  EXPECT_FALSE(by_length(step({{1, 1024}, {512, 65536}, {1, 1024}, {1, 1024}})));
 }
 
 // FLASHSERVE_SM90_EXP2_FMA (part of the softmax's exponentials on the FMA pipe, sm90/tile_config.h

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "attention/kernel/split_items.h"
 #include "attention/sm80/tile_config.h"
 #include "attention/sm90/tile_config.h"
 #include "common/env_switch.h"
@@ -174,8 +175,10 @@ bool parse_fp8_kv_cache(const char* value) {
   return env_switch(value, "FLASHSERVE_CUDA_FP8_KV", kFp8KvCacheByDefault);
 }
 
-bool parse_decode_balance(const char* value) {
-  return env_switch(value, "FLASHSERVE_DECODE_BALANCE", kDecodeBalanceByDefault);
+DecodeBalance parse_decode_balance(const char* value) {
+  if (value == nullptr || *value == '\0') return kDecodeBalanceByDefault;
+  return env_switch(value, "FLASHSERVE_DECODE_BALANCE", false) ? DecodeBalance::kAlways
+                                                               : DecodeBalance::kOff;
 }
 
 bool parse_decode_cluster(const char* value) {
@@ -353,14 +356,38 @@ void take_cluster_combine(const Problem& pr, const PlanContext& ctx, KernelChoic
   k.cluster_combine = k.splits >= 2 && k.splits <= sm80::kClusterCombineMaxSplits;
 }
 
-// The sm80 decode launch `k` of `sequences` sequences (the longest max_kv_len keys) splits by
-// length where the switch is on, its splits are automatic and it writes partials to the
-// workspace: the plain, padded and modifier decode tiles, not the fp8 KV cache's register tiles
-// (their split rule was measured apart) nor a cluster's merge (its splits are a sequence's).
-void take_balanced_split(const Problem& pr, const PlanContext& ctx, int64_t sequences,
-                         int64_t max_kv_len, bool may_split, KernelChoice& k) {
-  if (!ctx.decode_balance || !may_split || pr.num_splits != 0 || k.family != KernelFamily::kSm80 ||
-      !k.decode || k.cluster_combine || k.kv_fp8_register)
+// Whether the decodes among sequences [begin, end) have lengths unequal enough for the split by
+// length (split_policy.h decodes_unequal, on the key blocks of k's tile under the window); false
+// where the host lengths are unknown.
+bool host_decodes_unequal(const Problem& pr, const HostLengths& lens, int64_t begin, int64_t end,
+                          const KernelChoice& k) {
+  if (!lens.known()) return false;
+  const int left = clamp_window(pr.mask.left, pr.max_q_len + pr.max_kv_len);
+  int64_t longest = 0, total = 0, decodes = 0;
+  for (int64_t b = begin; b < end; ++b) {
+    if (lens.q_start[b + 1] - lens.q_start[b] != 1) continue;
+    const int64_t blocks =
+        kernel::decode_key_blocks(static_cast<int>(lens.kv_len[b]), left, k.block_n);
+    longest = std::max(longest, blocks);
+    total += blocks;
+    ++decodes;
+  }
+  return decodes_unequal(longest, total, decodes);
+}
+
+// The sm80 decode launch `k` of `sequences` sequences [seq_begin, seq_end) (the longest
+// max_kv_len keys) splits by length where ctx.decode_balance asks for it (always, or where the
+// host lengths are unequal), its splits are automatic and it writes partials to the workspace:
+// the plain, padded and modifier decode tiles, not the fp8 KV cache's register tiles (their split
+// rule was measured apart) nor a cluster's merge (its splits are a sequence's).
+void take_balanced_split(const Problem& pr, const PlanContext& ctx, const HostLengths& lens,
+                         int64_t seq_begin, int64_t seq_end, int64_t sequences, int64_t max_kv_len,
+                         bool may_split, KernelChoice& k) {
+  if (ctx.decode_balance == DecodeBalance::kOff || !may_split || pr.num_splits != 0 ||
+      k.family != KernelFamily::kSm80 || !k.decode || k.cluster_combine || k.kv_fp8_register)
+    return;
+  if (ctx.decode_balance == DecodeBalance::kUnequal &&
+      !host_decodes_unequal(pr, lens, seq_begin, seq_end, k))
     return;
   const BalancedSplit b = balanced_split(group_problem(pr, sequences, 1, max_kv_len), ctx.device);
   if (b.items == 0) return;
@@ -391,7 +418,8 @@ Plan grouped_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& 
          sm90_preferred(pr, ctx, l.kernel, rows, max_q, max_kv)))
       l.kernel = sm90_kernel(pr, ctx, max_kv);
     take_cluster_combine(pr, ctx, l.kernel);
-    take_balanced_split(pr, ctx, seq_end - seq_begin, max_kv, may_split, l.kernel);
+    take_balanced_split(pr, ctx, lens, seq_begin, seq_end, seq_end - seq_begin, max_kv, may_split,
+                        l.kernel);
     l.group = group;
     l.seq_begin = seq_begin;
     l.seq_end = seq_end;

@@ -155,13 +155,16 @@ inline constexpr bool kKvFp8RegisterByDefault = true;
 // step at batch 1-4.
 inline constexpr bool kDecodeClusterByDefault = false;
 
-// Whether automatic decode splits follow the sequences' lengths by default
-// (FLASHSERVE_DECODE_BALANCE unset; KernelChoice::split_min_blocks): off. Session 33 (H200 and
-// H100, bench/results/decode-balance-h200-2026-12-05-session33.md, kernel-notes "Session 33
-// (issue 21)"): exponential lengths from 1.32-1.89x the equal ones' time to 1.06-1.35x, but equal
-// lengths 5-36% slower, the walk over the lengths in every CTA being a chain of round trips to
-// L2 (to be replaced by one read of a precomputed item map).
-inline constexpr bool kDecodeBalanceByDefault = false;
+// When automatic sm80 decode splits follow the sequences' lengths (KernelChoice::split_min_blocks):
+// never, where the plan's host lengths are unequal (split_policy.h decodes_unequal; a plan
+// without lengths, such as a decode graph's for its bound, splits evenly), or always.
+enum class DecodeBalance { kOff, kUnequal, kAlways };
+// The default (FLASHSERVE_DECODE_BALANCE unset): where the lengths are unequal. Session 33 walked
+// the lengths in every CTA (equal lengths 5-38% slower); session 34's item map, made once a launch
+// (H100, bench/results/decode-balance-h100-2026-12-05-session34.md): exponential lengths from
+// 1.29-1.57x the equal ones' time to 1.06-1.15x, equal lengths 3-14% slower (the map's kernel and
+// a combine), hence only where decodes_unequal says so.
+inline constexpr DecodeBalance kDecodeBalanceByDefault = DecodeBalance::kUnequal;
 
 // What the plan needs of the device and of the call beside the problem.
 struct PlanContext {
@@ -201,14 +204,14 @@ struct PlanContext {
   // whether the device and the build have clusters (compute capability 9.x, 90a built).
   bool decode_cluster = kDecodeClusterByDefault;
   bool clusters = false;
-  // Whether automatic sm80 decode splits follow the lengths (KernelChoice::split_min_blocks):
+  // When automatic sm80 decode splits follow the lengths (KernelChoice::split_min_blocks):
   // FLASHSERVE_DECODE_BALANCE (parse_decode_balance), read by the dispatch once per plan.
-  bool decode_balance = kDecodeBalanceByDefault;
+  DecodeBalance decode_balance = kDecodeBalanceByDefault;
 };
 
-// FLASHSERVE_DECODE_BALANCE: unset (null) or empty, kDecodeBalanceByDefault; "1" on; "0" off;
-// anything else throws kInvalidArgument naming the variable.
-bool parse_decode_balance(const char* value);
+// FLASHSERVE_DECODE_BALANCE: unset (null) or empty, kDecodeBalanceByDefault; "1" always; "0"
+// never; anything else throws kInvalidArgument naming the variable.
+DecodeBalance parse_decode_balance(const char* value);
 
 // FLASHSERVE_DECODE_CLUSTER: unset (null) or empty, kDecodeClusterByDefault; "1" on; "0" off;
 // anything else throws kInvalidArgument naming the variable.
