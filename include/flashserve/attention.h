@@ -118,8 +118,10 @@ struct AttentionLengths {
   const int32_t* kv_lens = nullptr;       // host [batch]: keys of each sequence (seqused_k)
   // A plan that a CUDA graph replays for later steps of other lengths (needs both lengths above):
   // the kernels, their tiles, splits and sequence ranges are chosen from these lengths as
-  // without it, but every launch's grid and split-KV partials cover any lengths up to
-  // params.max_seqlen_q / max_seqlen_k and every row of q. A later step (same params, its own
+  // without it (but a call of single-query sequences only splits for params.max_seqlen_k, as a
+  // plan without lengths does: one graph then serves every such step under that bound), and
+  // every launch's grid and split-KV partials cover any lengths up to params.max_seqlen_q /
+  // max_seqlen_k and every row of q. A later step (same params, its own
   // lengths in the device tensors) whose own plan has the same AttentionPlan::replay_key() gets
   // from this plan bit for bit what its own plan computes: a sequence's rows depend on its
   // lengths, its kernel and its splits, never on the grid around it.

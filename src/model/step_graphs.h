@@ -11,7 +11,9 @@
 //
 // Three kinds of step:
 //   - decode-only (one new token per sequence, every sequence sampled): a graph per (batch, block
-//     table width rounded up to a power of two), its attention planned for the width's keys;
+//     table width rounded up to a power of two, the attention plan's replay key), its attention
+//     split for the width's keys (by length where the step's lengths are unequal: at most two
+//     keys a batch and width);
 //   - mixed (prefill chunks, with or without decodes) of at most mixed_max_tokens tokens: the rows
 //     padded to token_bucket(T), a graph per (padded rows, sequences, sample rows, width bucket,
 //     the attention plan's replay key: the kernels, tiles, splits and sequence ranges its own
@@ -44,7 +46,9 @@ inline constexpr int64_t kMixedGraphMaxTokens = 2048;
 // The captures' host cost under a changing load and the LRU's churn are not measured yet.
 inline constexpr bool kMixedGraphsByDefault = true;
 inline constexpr int kMaxMixedGraphs = 64;
-// Decode graphs are keyed by (batch, width bucket), so a server sees up to max_num_seqs x ~10 keys,
+// Decode graphs are keyed by (batch, width bucket) and whether the attention splits by length, so
+// a server sees up to max_num_seqs x ~10 x 2 keys (a serving load's lengths are nearly always
+// unequal: 97% of ShareGPT's steps at 7 req/s, session 34, so mostly one of the two),
 // and each instantiated graph holds host memory of its own (~1-3 MB for 32 layers): session 20's
 // overload run on the H200 (mistral-7b shape, 64 concurrent) grew the heap by 134 MiB in the
 // drain alone, each new (batch, width) of the shrinking batch captured once. The least recently

@@ -11,6 +11,7 @@
 #include "flashserve/error.h"
 #include "support/plan_step.h"
 
+#include <algorithm>
 #include <climits>
 #include <random>
 #include <utility>
@@ -254,6 +255,8 @@ TEST(Plan, WidenedPlanKeepsItsLaunchesAndCoversEveryStepOfItsKey) {
       const int64_t q = decode ? 1 : 2 + int64_t(rng() % 300);
       seqs.push_back({q, q + int64_t(rng() % 3000)});
     }
+    // Decodes alone split for the bound when widened (the next test).
+    if (std::all_of(seqs.begin(), seqs.end(), [](const auto& s) { return s.first == 1; })) continue;
     int64_t rows = 0;
     for (auto [q, kv] : seqs) rows += q;
     const int64_t q_bound = rows + int64_t(rng() % 64), kv_bound = 3400;
@@ -326,6 +329,42 @@ TEST(Plan, WidenedPlanKeepsItsLaunchesAndCoversEveryStepOfItsKey) {
   }
   EXPECT_GT(pairs, 20);
   EXPECT_GT(sm90_launches, 0);
+}
+
+// A widened plan of decodes alone (the CUDA runner's decode graphs) splits for the bound as a plan
+// without lengths does, whatever the step's own longest; by length where its lengths are unequal
+// (DecodeBalance::kUnequal, the default), and then with the same replay key for every unequal step
+// of the bound, which a step of equal lengths does not share.
+TEST(Plan, WidenedDecodesSplitForTheBoundAndByLengthWhereUnequal) {
+  constexpr int64_t kBound = 16384;
+  auto widened = [](const std::vector<std::pair<int64_t, int64_t>>& v, bool widen) {
+    StepShape s = step(v);
+    s.pr.max_kv_len = kBound;
+    s.lens.widen = widen;
+    return plan_of(s);
+  };
+  StepShape unknown = step(decodes(64, 1500));
+  unknown.pr.max_kv_len = kBound;
+  unknown.lens = HostLengths{};
+  const Plan bound = plan_of(unknown);
+  ASSERT_EQ(bound.launches.size(), 1u);
+  const Plan equal = widened(decodes(64, 1500), true);
+  ASSERT_EQ(equal.launches.size(), 1u);
+  EXPECT_EQ(equal.launches[0].kernel.splits, bound.launches[0].kernel.splits);
+  EXPECT_EQ(equal.launches[0].kernel.split_min_blocks, 0);
+  EXPECT_EQ(attention::replay_key(equal), attention::replay_key(bound));
+  // Not widened, the step's own 1500 keys choose fewer splits than the bound's 16384.
+  EXPECT_LT(widened(decodes(64, 1500), false).launches[0].kernel.splits,
+            bound.launches[0].kernel.splits);
+  std::vector<std::pair<int64_t, int64_t>> skewed = decodes(63, 1024), other = decodes(63, 700);
+  skewed.push_back({1, 16384});
+  other.push_back({1, 9000});
+  const Plan a = widened(skewed, true), b = widened(other, true);
+  EXPECT_GT(a.launches[0].kernel.split_min_blocks, 0);
+  EXPECT_EQ(attention::replay_key(a), attention::replay_key(b));
+  EXPECT_NE(attention::replay_key(a), attention::replay_key(equal));
+  // The items: one more than the bound's even split a sequence.
+  EXPECT_EQ(a.launches[0].kernel.splits, bound.launches[0].kernel.splits + 1);
 }
 
 // A dense call on a device where the sm90 kernel can run (the dispatch's sm90_unavailable ""):

@@ -476,8 +476,11 @@ Plan grouped_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& 
   if (decodes.count == 0 && prefills.count == 0) return plan;  // no queries at all
   const int64_t rows_all = lens.q_start[pr.batch] - lens.q_start[0];
   if (prefills.count == 0) {
-    add(true, SeqGroup::kAll, 0, pr.batch, decodes.count, 1, max_kv_all, lens.q_start[0], rows_all,
-        may_split);
+    // All decodes, for replay (a decode graph): split for the bound as a plan without lengths
+    // does, so that one graph serves every step under it; the lengths still decide whether the
+    // splits follow them (take_balanced_split).
+    add(true, SeqGroup::kAll, 0, pr.batch, decodes.count, 1,
+        lens.widen ? pr.max_kv_len : max_kv_all, lens.q_start[0], rows_all, may_split);
     return plan;
   }
   if (decodes.count == 0) {

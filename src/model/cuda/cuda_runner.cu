@@ -464,10 +464,13 @@ struct CudaRunner::Impl {
   // shape of step; model/step_graphs.h decides which steps take one and at how many rows. Between
   // steps of one graph only the index arrays change, and they are copied into the same device
   // buffer before the replay. Any reallocation of a buffer a graph points into drops every graph.
-  //   - Decode-only steps: keyed by the batch and the block table's width rounded up to a power of
-  //     two; the table is padded to that width and the attention planned for the width's keys
-  //     (max_seqlen_k its capacity, an upper bound the contract allows; the kernels stop at
-  //     seqused_k), so a replay may split the keys otherwise than the step's own plan would.
+  //   - Decode-only steps: keyed by the batch, the block table's width rounded up to a power of
+  //     two and the attention plan's replay key; the table is padded to that width and the
+  //     attention planned for replay at the width's keys (max_seqlen_k its capacity, an upper
+  //     bound the contract allows; the kernels stop at seqused_k): split for that bound, so a
+  //     replay may split the keys otherwise than an eager step would, and by length where the
+  //     step's lengths are unequal (attention/cuda/plan.h DecodeBalance), which the key tells
+  //     apart (at most two graphs a batch and width).
   //   - Mixed steps (prefill chunks, with or without decodes) of up to mixed_max_tokens tokens:
   //     the rows padded to the token bucket (padding rows: token 0 at position 0, KV slot -1, which
   //     rope_kv_write skips, in no sequence of cu_seqlens_q, and never a sample row; every kernel
@@ -484,7 +487,7 @@ struct CudaRunner::Impl {
   struct GraphKey {
     StepGraphKind kind = StepGraphKind::kDecode;
     int64_t rows = 0, batch = 0, samples = 0, width = 0;
-    std::string attention;  // mixed: the step's attention plan's replay_key()
+    std::string attention;  // the step's attention plan's replay_key()
     bool operator<(const GraphKey& o) const {
       return std::tie(kind, rows, batch, samples, width, attention) <
              std::tie(o.kind, o.rows, o.batch, o.samples, o.width, o.attention);
@@ -586,12 +589,12 @@ struct CudaRunner::Impl {
     at.seqused_k = dev + offsets[4];
     at.block_table = dev + offsets[5];
     at.table_width = width;
-    // A graph replays its plan at any lengths its key's width holds: a decode graph's plan is the
-    // plan for that bound, the same for every step of the key; a mixed graph's is the step's own,
-    // widened to the bounds. Eager steps plan from their own lengths.
+    // A graph replays its plan at any lengths its key's width holds: a decode graph's plan splits
+    // for that bound (by length or not as the step's lengths say, which its key holds); a mixed
+    // graph's is the step's own, widened to the bounds. Eager steps plan from their own lengths.
     at.kv_bound = shape.kind == StepGraphKind::kEager ? 0 : width * block_size;
-    at.for_replay = shape.kind == StepGraphKind::kMixed;
-    at.q_bound = at.for_replay ? T : 0;
+    at.for_replay = shape.kind != StepGraphKind::kEager;
+    at.q_bound = shape.kind == StepGraphKind::kMixed ? T : at.for_replay ? 1 : 0;
     at.num_splits = 0;  // the attention layer's split policy (attention/split_policy.h)
     at.stream = stream;
     st.attention = StepAttention(cfg, b, at);
@@ -613,7 +616,7 @@ struct CudaRunner::Impl {
     key.batch = B;
     key.samples = S;
     key.width = width;
-    if (shape.kind == StepGraphKind::kMixed) key.attention = st.attention.replay_key();
+    key.attention = st.attention.replay_key();
     auto it = graphs.find(key);
     if (it != graphs.end()) {
       check_cuda(cudaGraphLaunch(it->second.exec, stream), "graph launch");
