@@ -45,9 +45,9 @@ StepAttention::StepAttention(const ModelConfig& c, const ForwardBatch& b,
                              const StepAttentionTensors& t)
     : params_(step_attention_params(c, b, t)), empty_(b.total_q == 0) {
   if (empty_) return;
-  // The host lengths the scheduler laid out; under a bound (a decode graph), the query offsets
-  // only (every sequence then plans as if it had kv_bound keys); for replay, both, the launches
-  // widened to the bounds.
+  // The host lengths the scheduler laid out; under a bound without replay, the query offsets
+  // only (every sequence then plans as if it had kv_bound keys); for replay (the runner's step
+  // graphs), both, the launches widened to the bounds.
   AttentionLengths lens;
   lens.cu_seqlens_q = b.cu_seqlens_q.data();
   if (t.kv_bound == 0 || t.for_replay) lens.kv_lens = b.seqused_k.data();

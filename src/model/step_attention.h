@@ -28,9 +28,10 @@ struct StepAttentionTensors {
   // lengths). 0: the batch's lengths.
   int64_t kv_bound = 0;
   // A plan a CUDA graph replays for later steps of other lengths, bit for bit as their own plans
-  // (AttentionLengths::for_replay; the CUDA runner's mixed-step graphs): chosen from the batch's
-  // own lengths, its launches widened to q_bound queries per sequence (the max_seqlen_q the
-  // kernels get; > 0 and at least the batch's longest), kv_bound keys (> 0) and every row of q.
+  // (AttentionLengths::for_replay; the CUDA runner's step graphs): chosen from the batch's own
+  // lengths (decodes alone split for kv_bound), its launches widened to q_bound queries per
+  // sequence (the max_seqlen_q the kernels get; > 0 and at least the batch's longest), kv_bound
+  // keys (> 0) and every row of q.
   bool for_replay = false;
   int64_t q_bound = 0;
   // Split-KV: 0 the attention layer's split policy (the CUDA runner); 1 none (the CPU runner, whose
