@@ -521,7 +521,6 @@ int main(int argc, char** argv) {
         emit(line);
       }
     }
-    unsetenv("FLASHSERVE_DECODE_BALANCE");
   }
 
   // Decode rows with forced split counts, beside the automatic ones above.

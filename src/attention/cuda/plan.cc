@@ -375,21 +375,22 @@ bool host_decodes_unequal(const Problem& pr, const HostLengths& lens, int64_t be
   return decodes_unequal(longest, total, decodes);
 }
 
-// The sm80 decode launch `k` of `sequences` sequences [seq_begin, seq_end) (the longest
-// max_kv_len keys) splits by length where ctx.decode_balance asks for it (always, or where the
-// host lengths are unequal), its splits are automatic and it writes partials to the workspace:
-// the plain, padded and modifier decode tiles, not the fp8 KV cache's register tiles (their split
-// rule was measured apart) nor a cluster's merge (its splits are a sequence's).
+// The sm80 decode launch `k` of sequences [seq_begin, seq_end) (the longest max_kv_len keys) splits
+// by length where ctx.decode_balance asks for it (always, or where the host lengths are unequal),
+// its splits are automatic and it writes partials to the workspace: the plain, padded and modifier
+// decode tiles, not the fp8 KV cache's register tiles (their split rule was measured apart) nor a
+// cluster's merge (its splits are a sequence's).
 void take_balanced_split(const Problem& pr, const PlanContext& ctx, const HostLengths& lens,
-                         int64_t seq_begin, int64_t seq_end, int64_t sequences, int64_t max_kv_len,
-                         bool may_split, KernelChoice& k) {
+                         int64_t seq_begin, int64_t seq_end, int64_t max_kv_len, bool may_split,
+                         KernelChoice& k) {
   if (ctx.decode_balance == DecodeBalance::kOff || !may_split || pr.num_splits != 0 ||
       k.family != KernelFamily::kSm80 || !k.decode || k.cluster_combine || k.kv_fp8_register)
     return;
   if (ctx.decode_balance == DecodeBalance::kUnequal &&
       !host_decodes_unequal(pr, lens, seq_begin, seq_end, k))
     return;
-  const BalancedSplit b = balanced_split(group_problem(pr, sequences, 1, max_kv_len), ctx.device);
+  const BalancedSplit b =
+      balanced_split(group_problem(pr, seq_end - seq_begin, 1, max_kv_len), ctx.device);
   if (b.items == 0) return;
   k.splits = b.items;
   k.split_min_blocks = b.min_blocks;
@@ -418,8 +419,7 @@ Plan grouped_plan(const Problem& pr, const PlanContext& ctx, const HostLengths& 
          sm90_preferred(pr, ctx, l.kernel, rows, max_q, max_kv)))
       l.kernel = sm90_kernel(pr, ctx, max_kv);
     take_cluster_combine(pr, ctx, l.kernel);
-    take_balanced_split(pr, ctx, lens, seq_begin, seq_end, seq_end - seq_begin, max_kv, may_split,
-                        l.kernel);
+    take_balanced_split(pr, ctx, lens, seq_begin, seq_end, max_kv, may_split, l.kernel);
     l.group = group;
     l.seq_begin = seq_begin;
     l.seq_end = seq_end;
