@@ -19,7 +19,9 @@
 // (model/decode_kernels.h DecodeFusion: FLASHSERVE_FUSE_NORM, FLASHSERVE_FUSE_SILU), in one
 // process: the default, cuBLASLt unfused, the GEMV for one row and for up to 4 (the same sums as
 // the fused kernels), silu fused, norm fused, both, and the decode attention's splits merged in
-// a thread-block cluster (FLASHSERVE_DECODE_CLUSTER); the modes alternate within each round
+// a thread-block cluster (FLASHSERVE_DECODE_CLUSTER), and the attention's kernels launched
+// programmatically or not, the default's other way (FLASHSERVE_PDL_ATTENTION,
+// CudaRunner::set_attention_pdl); the modes alternate within each round
 // (the order rotated), every timing from the same `context` keys, graphs on; medians over the
 // rounds.
 //   bench_model --fuse-ab [--batches 1,4] [--rounds 7] [--steps 30] [--context 1024]
@@ -309,18 +311,22 @@ void fuse_ab(const fm::ModelConfig& cfg, int64_t context, const std::vector<int>
               wbytes / bw * 1e3);
   struct Mode {
     int64_t gemv_rows;  // products of at most this many rows through the GEMV
-    bool norm, silu, cluster;
+    bool norm, silu, cluster, pdl_attention;
     const char* name;
   };
   constexpr int64_t kAll = fm::kGemvMaxProductRows, kDefault = fm::kGemvRowsByDefault;
-  const std::vector<Mode> modes = {{kDefault, false, false, false, "default"},
-                                   {0, false, false, false, "cuBLASLt, unfused"},
-                                   {1, false, false, false, "GEMV for 1 row, unfused"},
-                                   {kAll, false, false, false, "GEMV for <= 4 rows, unfused"},
-                                   {kAll, false, true, false, "fused silu"},
-                                   {kAll, true, false, false, "fused norm"},
-                                   {kAll, true, true, false, "fused norm + silu"},
-                                   {kDefault, false, false, true, "default + cluster combine"}};
+  constexpr bool kPdlAttn = fm::kPdlAttentionByDefault;
+  const std::vector<Mode> modes = {
+      {kDefault, false, false, false, kPdlAttn, "default"},
+      {0, false, false, false, kPdlAttn, "cuBLASLt, unfused"},
+      {1, false, false, false, kPdlAttn, "GEMV for 1 row, unfused"},
+      {kAll, false, false, false, kPdlAttn, "GEMV for <= 4 rows, unfused"},
+      {kAll, false, true, false, kPdlAttn, "fused silu"},
+      {kAll, true, false, false, kPdlAttn, "fused norm"},
+      {kAll, true, true, false, kPdlAttn, "fused norm + silu"},
+      {kDefault, false, false, true, kPdlAttn, "default + cluster combine"},
+      {kDefault, false, false, false, !kPdlAttn,
+       kPdlAttn ? "default, attention PDL off" : "default + attention PDL"}};
   const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
   const int64_t max_len = context + 3 + steps + 16;
   Seqs s;
@@ -344,6 +350,7 @@ void fuse_ab(const fm::ModelConfig& cfg, int64_t context, const std::vector<int>
         setenv("FLASHSERVE_DECODE_CLUSTER", m.cluster ? "1" : "0", 1);
         runner->set_gemv_rows(m.gemv_rows);
         runner->set_decode_fusion(m.norm, m.silu);
+        runner->set_attention_pdl(m.pdl_attention);
         s.len.assign(batch, context);  // the same keys every timing: the steps rewrite them
         ms[at].push_back(time_decode(*runner, s, steps));
       }
@@ -363,6 +370,7 @@ void fuse_ab(const fm::ModelConfig& cfg, int64_t context, const std::vector<int>
   }
   runner->set_gemv_rows(fm::kGemvRowsByDefault);
   runner->set_decode_fusion(false, false);
+  runner->set_attention_pdl(fm::kPdlAttentionByDefault);
   unsetenv("FLASHSERVE_DECODE_CLUSTER");
 }
 

@@ -21,7 +21,10 @@
 // requests) beside the same decodes at equal lengths, same keys in all (issue 21: the cost model
 // prices decode attention at the batch's mean length, and a serving run's decode-only steps take
 // 4-11% more than it says), each split evenly and by length (FLASHSERVE_DECODE_BALANCE), planned
-// from the lengths and as a decode graph plans it.
+// from the lengths and as a decode graph plans it. The calls after a graph's first reuse its
+// step state (AttentionRunOptions::reuse_step_state: the by-length item map), as the engine's
+// layers after the first do; --rebuild-map makes every call rebuild it (the engine before
+// session 35).
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -44,7 +47,8 @@
 namespace {
 
 constexpr int kHq = 32, kHkv = 8;
-int g_head_dim = 128;  // --head-dim
+int g_head_dim = 128;        // --head-dim
+bool g_rebuild_map = false;  // --rebuild-map
 // Tokens of the K and V pools: the largest step's keys and some spare, or --pool-tokens (more: the
 // pages spread over a pool as large as a server's per-layer pool, e.g. 914304 tokens for
 // mistral-7b's 57144 blocks of 16 on the H200, where a fresh small pool keeps them close).
@@ -249,16 +253,17 @@ void use_e4m3_pools(Step& st, const Buffers& b) {
   }
 }
 
-// Median microseconds per call of `calls` calls of fn captured in one graph.
+// Median microseconds per call of `calls` calls of fn(stream, call) captured in one graph (call
+// 0 the graph's first; a call outside the graph first is call 0 too).
 template <class Fn>
 double graph_us(Fn&& fn, int calls, int reps) {
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  fn(stream);  // outside the capture: first-call attributes, errors
+  fn(stream, 0);  // outside the capture: first-call attributes, errors
   CUDA_OK(cudaStreamSynchronize(stream));
   cudaGraph_t graph;
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < calls; ++i) fn(stream);
+  for (int i = 0; i < calls; ++i) fn(stream, i);
   CUDA_OK(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec;
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
@@ -315,6 +320,8 @@ int main(int argc, char** argv) {
       decode_spread = true;
     else if (a == "--no-main")
       main_table = false;
+    else if (a == "--rebuild-map")
+      g_rebuild_map = true;
     else if (a == "--spread" && i + 1 < argc) {  // N:MEAN,...: the spread rows' shapes
       spread.clear();
       for (const char* q = argv[++i]; *q;) {
@@ -338,7 +345,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: bench_serve_attn [--calls 20] [--reps 15] [--md FILE] [--head-dim 128] "
                    "[--decode-splits 2,4,8] [--decode-rows 32x4096,...] [--kv-fp8] "
-                   "[--decode-spread] [--spread N:MEAN,...] [--no-main] [--pool-tokens N]\n");
+                   "[--decode-spread] [--spread N:MEAN,...] [--no-main] [--pool-tokens N] "
+                   "[--rebuild-map]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -368,7 +376,7 @@ int main(int argc, char** argv) {
   // Copy bandwidth in the same run: read + write bytes per second of one K-pool-sized copy by a
   // kernel (a graph's memcpy node runs on a copy engine, well below what SMs reach).
   const double copy_us = graph_us(
-      [&](cudaStream_t s) {
+      [&](cudaStream_t s, int) {
         copy_kernel<<<prop.multiProcessorCount * 8, 512, 0, s>>>(
             reinterpret_cast<uint4*>(b.v), reinterpret_cast<const uint4*>(b.k), 2 * kv_elems / 16);
       },
@@ -383,12 +391,14 @@ int main(int argc, char** argv) {
     std::printf("%s", s);
     md += s;
   };
-  std::snprintf(line, sizeof line,
-                "bench_serve_attn on %s (%d SMs): bf16, %d/%d heads, d%d, causal, automatic "
-                "splits; plan once, %d run_attention calls per CUDA graph, median of %d; pools of "
-                "%lld tokens; device copy %.2f TB/s (read + write)\n\n",
-                prop.name, prop.multiProcessorCount, kHq, kHkv, g_head_dim, calls, reps,
-                static_cast<long long>(g_pool_tokens), copy_tbs);
+  std::snprintf(
+      line, sizeof line,
+      "bench_serve_attn on %s (%d SMs): bf16, %d/%d heads, d%d, causal, automatic "
+      "splits; plan once, %d run_attention calls per CUDA graph (%s), median of %d; pools "
+      "of %lld tokens; device copy %.2f TB/s (read + write)\n\n",
+      prop.name, prop.multiProcessorCount, kHq, kHkv, g_head_dim, calls,
+      g_rebuild_map ? "each rebuilds its step state" : "the first's step state reused", reps,
+      static_cast<long long>(g_pool_tokens), copy_tbs);
   emit(line);
   emit(
       "| batch | contiguous (varlen) | paged 16 | paged 256 | paged 16 / contiguous | "
@@ -404,9 +414,11 @@ int main(int argc, char** argv) {
     params.workspace = b.workspace;
     params.workspace_bytes = b.workspace_bytes;
     return graph_us(
-        [&](cudaStream_t s) {
+        [&](cudaStream_t s, int call) {
           params.stream = s;
-          flashserve::run_attention(plan, params);
+          flashserve::AttentionRunOptions options;
+          options.reuse_step_state = call > 0 && !g_rebuild_map;
+          flashserve::run_attention(plan, params, options);
         },
         calls, reps);
   };
@@ -443,7 +455,7 @@ int main(int argc, char** argv) {
         ensure_workspace(b, fp.workspace_bytes);
         fp.workspace = b.workspace;
         fwd_us = graph_us(
-            [&](cudaStream_t s) {
+            [&](cudaStream_t s, int) {
               fp.stream = s;
               flashserve::attention_forward(fp);
             },

@@ -128,6 +128,26 @@ struct AttentionLengths {
   bool for_replay = false;
 };
 
+// What a run_attention call may take from the runs of its plan before it.
+struct AttentionRunOptions {
+  // The plan's per-step state (what its launches derive from the lengths on the device: the item
+  // map of a decode launch that splits by length) is already in params.workspace, written by an
+  // earlier run_attention of this plan on the same workspace and length tensors (cu_seqlens_q,
+  // seqused_k), which still hold the same lengths, ordered before this run (the same stream),
+  // with nothing but this plan's runs writing the workspace since. The layers of a step after its
+  // first (every layer sees the step's lengths) so skip a small kernel each; a CUDA graph of the
+  // step replays the first layer's rebuild with each step's lengths. Anything else is undefined:
+  // the launches would read another step's map. Refused, naming "workspace", without
+  // params.workspace where the plan needs one.
+  bool reuse_step_state = false;
+  // Programmatic dependent launch (sm_90 and later; elsewhere ignored): the run's sm80-family
+  // kernels (every decode's) may be scheduled while the stream's previous kernel is still
+  // finishing; each waits for it to complete before reading anything, and lets the kernel after
+  // it be scheduled early in turn. For a caller whose kernels before and after attention are
+  // launched so too (the CUDA runner's, model/decode_kernels.h): the launch gaps overlap.
+  bool programmatic_launch = false;
+};
+
 namespace attention {
 struct PlanState;
 }
@@ -146,7 +166,8 @@ class AttentionPlan {
 
  private:
   friend AttentionPlan plan_attention(const AttentionParams&, const AttentionLengths&);
-  friend void run_attention(const AttentionPlan&, const AttentionParams&);
+  friend void run_attention(const AttentionPlan&, const AttentionParams&,
+                            const AttentionRunOptions&);
   std::shared_ptr<const attention::PlanState> state_;
 };
 
@@ -158,6 +179,7 @@ AttentionPlan plan_attention(const AttentionParams& params, const AttentionLengt
 // Runs a plan with params of the same shapes (another layer's tensors, the same batch). Throws
 // kInvalidArgument naming "plan" when params do not match the plan, "workspace" when the
 // workspace is too small.
-void run_attention(const AttentionPlan& plan, const AttentionParams& params);
+void run_attention(const AttentionPlan& plan, const AttentionParams& params,
+                   const AttentionRunOptions& options = {});
 
 }  // namespace flashserve

@@ -29,7 +29,8 @@ size_t cuda_workspace_size(const AttentionParams& params, const Problem& problem
 // allocation when the workspace holds plan.workspace_bytes).
 Plan cuda_plan(const AttentionParams& params, const Problem& problem, const HostLengths& lens,
                bool workspace_available);
-void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& problem);
+void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& problem,
+              const AttentionRunOptions& options);
 // Whether this build holds the sm90 kernels (90a among FLASHSERVE_CUDA_ARCHS):
 // FLASHSERVE_KERNEL=sm90 can run only then.
 bool cuda_sm90_built();

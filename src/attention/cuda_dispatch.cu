@@ -327,13 +327,17 @@ void run_sm90(const LaunchPlan& l, const sm80::FwdParams& f, const AttentionPara
 
 }  // namespace
 
-void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr) {
+void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr,
+              const AttentionRunOptions& options) {
   const DeviceProps& dev = check_supported(params, pr);
   if (plan.launches.empty()) return;
   DeviceGuard guard(pr.device.index);
   const cudaStream_t stream = static_cast<cudaStream_t>(params.stream);
   if (check_indices_requested()) check_device_indices(params, stream);
   const sm80::FwdParams base = fwd_params(params, pr);
+  // The sm80 family's launches (every decode's) may start programmatically (their kernels wait
+  // for the stream's previous kernel first); the sm90 kernels launch as before.
+  const bool pdl = options.programmatic_launch && dev.major >= 9;
 
   // Split-KV partials live in the caller's workspace (the plan says how much; a serving loop
   // allocates it once, which keeps the call CUDA-graph safe). Without one (explicit splits, or a
@@ -373,7 +377,7 @@ void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr
     p.split_block_n = l.kernel.block_n;
     if (l.kernel.split_min_blocks > 0) {  // the item map, made before the split kernel reads it
       p.split_map = static_cast<char*>(workspace) + l.map_offset;
-      sm80::run_split_map(p, stream);
+      if (!options.reuse_step_state) sm80::run_split_map(p, stream, pdl);  // else a layer's before
     }
     if (splits > 1 && !l.kernel.cluster_combine) {
       p.o_partial = reinterpret_cast<float*>(static_cast<char*>(workspace) + l.workspace_offset);
@@ -398,6 +402,7 @@ void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr
     launch.sms = dev.sms;
     launch.l2_bytes = dev.l2_bytes;
     launch.stream = stream;
+    launch.pdl = pdl;
     launch.head_dim = static_cast<int>(pr.head_dim);
     launch.head_dim_v = static_cast<int>(pr.head_dim_v);
     if (l.kernel.kv_fp8) {
@@ -445,14 +450,14 @@ void cuda_run(const Plan& plan, const AttentionParams& params, const Problem& pr
                                           l.kernel.split_min_blocks))
               : splits;
       sm80::run_combine(p, pr.dtype, l.kernel.head_dim, stream,
-                        l.kernel.padded ? static_cast<int>(pr.head_dim_v) : 0, row_splits);
+                        l.kernel.padded ? static_cast<int>(pr.head_dim_v) : 0, row_splits, pdl);
     }
   }
 }
 
 // attention_forward's CUDA path: a plan from the call's own (device-side) lengths, then its run.
 void cuda_forward(const AttentionParams& params, const Problem& pr) {
-  cuda_run(cuda_plan(params, pr, HostLengths{}, params.workspace != nullptr), params, pr);
+  cuda_run(cuda_plan(params, pr, HostLengths{}, params.workspace != nullptr), params, pr, {});
 }
 
 // The workspace that attention_forward's plan takes when a workspace is given.

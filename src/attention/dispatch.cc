@@ -133,7 +133,8 @@ AttentionPlan plan_attention(const AttentionParams& params, const AttentionLengt
   return plan;
 }
 
-void run_attention(const AttentionPlan& plan, const AttentionParams& params) {
+void run_attention(const AttentionPlan& plan, const AttentionParams& params,
+                   const AttentionRunOptions& options) {
   if (!plan.state_)
     throw Error(ErrorKind::kInvalidArgument, "plan", "is empty: make it with plan_attention");
   const attention::Problem pr = attention::describe(params);
@@ -158,9 +159,13 @@ void run_attention(const AttentionPlan& plan, const AttentionParams& params) {
   if (pr.score_mod.softcap != planned.score_mod.softcap ||
       pr.score_mod.has_alibi() != planned.score_mod.has_alibi())
     plan_mismatch("softcap or alibi_slopes");
+  if (options.reuse_step_state && params.workspace == nullptr && plan.workspace_bytes() > 0)
+    throw Error(ErrorKind::kInvalidArgument, "workspace",
+                "is null, so there is no step state to reuse (reuse_step_state needs the "
+                "workspace an earlier run of this plan wrote it into)");
   if (pr.device.type == DeviceType::kCPU) return attention::cpu_forward(params, pr);
 #if defined(FLASHSERVE_WITH_CUDA)
-  attention::cuda_run(plan.state_->plan, params, pr);
+  attention::cuda_run(plan.state_->plan, params, pr, options);
 #endif
 }
 

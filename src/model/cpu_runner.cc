@@ -367,9 +367,9 @@ void CpuRunner::forward(const ForwardBatch& b) {
       }
     });
     if (kv_dtype_ == DType::kFloat8E4M3)
-      attention.run(kcache, vcache, k_scale, v_scale);
+      attention.run(l, kcache, vcache, k_scale, v_scale);
     else
-      attention.run(kcache, vcache);
+      attention.run(l, kcache, vcache);
 
     add_projection(attn.data(), L.o, x.data(), partial, T, H, qw);  // x += attn W_o^T
     cpu::rms_norm(x.data(), L.post_norm.data(), hbuf.data(), T, H, c.rms_norm_eps);

@@ -1,6 +1,6 @@
 // Which kernels the CUDA runner takes for the weight products of small steps (at most
 // cuda::kGemvMaxRows tokens: decode at small batch, where reading the weights once is the cost),
-// and whether its kernels use programmatic dependent launch (cuda/pdl.cuh). Read once per runner
+// and whether its kernels use programmatic dependent launch (common/pdl.cuh). Read once per runner
 // from FLASHSERVE_GEMV and FLASHSERVE_PDL (0 or 1; anything else is refused by name). Weights
 // prefetched into L2 by the short kernels (cp.async.bulk.prefetch.L2) were tried and removed:
 // slower (session 32, docs/model-gpu.md).
@@ -21,13 +21,20 @@ inline constexpr int64_t kGemvRowsByDefault = 1;
 // Programmatic dependent launch for the runner's own kernels on sm_90 and later (the norm, RoPE,
 // the GEMVs): each waits for its producer only where it reads its output.
 inline constexpr bool kPdlByDefault = true;
+// The attention's sm80 kernels (every decode's) launched so too where pdl is on
+// (AttentionRunOptions::programmatic_launch): between RoPE, which releases its dependents early,
+// and the o product. Off until a device run measures it (bench_model --fuse-ab, "attention PDL").
+inline constexpr bool kPdlAttentionByDefault = false;
 struct DecodeKernelOptions {
   int64_t gemv_rows = kGemvRowsByDefault;
   bool pdl = kPdlByDefault;  // where the device has it (sm_90 and later)
+  bool pdl_attention = kPdlAttentionByDefault;
 };
 
-// FLASHSERVE_GEMV and FLASHSERVE_PDL (0 or 1; anything else is refused).
-DecodeKernelOptions decode_kernel_options_from_env(const char* gemv, const char* pdl);
+// FLASHSERVE_GEMV, FLASHSERVE_PDL and FLASHSERVE_PDL_ATTENTION (0 or 1; anything else is
+// refused).
+DecodeKernelOptions decode_kernel_options_from_env(const char* gemv, const char* pdl,
+                                                   const char* pdl_attention);
 
 // Kernel boundaries removed from steps of at most cuda::kGemvMaxRows tokens by the fused GEMV
 // (cuda/fused_gemv.h), which then computes those steps' products instead of cuBLASLt: issue 21,

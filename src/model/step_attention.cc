@@ -43,7 +43,9 @@ AttentionParams step_attention_params(const ModelConfig& c, const ForwardBatch& 
 
 StepAttention::StepAttention(const ModelConfig& c, const ForwardBatch& b,
                              const StepAttentionTensors& t)
-    : params_(step_attention_params(c, b, t)), empty_(b.total_q == 0) {
+    : params_(step_attention_params(c, b, t)),
+      empty_(b.total_q == 0),
+      programmatic_launch_(t.programmatic_launch) {
   if (empty_) return;
   // The host lengths the scheduler laid out; under a bound without replay, the query offsets
   // only (every sequence then plans as if it had kv_bound keys); for replay (the runner's step
@@ -60,7 +62,7 @@ void StepAttention::set_workspace(void* workspace, size_t bytes) {
   params_.workspace_bytes = bytes;
 }
 
-void StepAttention::run(void* k_pool, void* v_pool, const float* k_descale,
+void StepAttention::run(int64_t layer, void* k_pool, void* v_pool, const float* k_descale,
                         const float* v_descale) const {
   if (empty_) return;
   AttentionParams p = params_;
@@ -75,7 +77,10 @@ void StepAttention::run(void* k_pool, void* v_pool, const float* k_descale,
   };
   if (k_descale) p.k_descale = per_head(k_descale);
   if (v_descale) p.v_descale = per_head(v_descale);
-  run_attention(plan_, p);
+  AttentionRunOptions options;
+  options.reuse_step_state = layer > 0;
+  options.programmatic_launch = programmatic_launch_;
+  run_attention(plan_, p, options);
 }
 
 }  // namespace flashserve::model

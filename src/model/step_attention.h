@@ -37,6 +37,9 @@ struct StepAttentionTensors {
   // Split-KV: 0 the attention layer's split policy (the CUDA runner); 1 none (the CPU runner, whose
   // rows must not depend on the batch beside them: greedy in a batch equals greedy alone).
   int32_t num_splits = 0;
+  // AttentionRunOptions::programmatic_launch for every layer's run (the CUDA runner's kernels
+  // around attention are launched so).
+  bool programmatic_launch = false;
   void* stream = nullptr;
 };
 
@@ -59,16 +62,20 @@ class StepAttention {
   const AttentionPlan& plan() const { return plan_; }
   // The plan's AttentionPlan::replay_key() ("" for a step without queries).
   std::string replay_key() const { return empty_ ? std::string() : plan_.replay_key(); }
-  // One layer: run_attention with its K and V pools (each shaped as kv_pool). Launches nothing
-  // when the step has no query. An e4m3 pool's per-KV-head scales ([h_kv], where the pool is)
+  // Layer `layer` of the step: run_attention with its K and V pools (each shaped as kv_pool).
+  // Launches nothing when the step has no query. Layer 0 writes the plan's step state into the
+  // workspace and the layers after it reuse it (AttentionRunOptions::reuse_step_state: the
+  // step's lengths are the same in every layer), so the layers run in order, 0 first, on the
+  // workspace set before layer 0. An e4m3 pool's per-KV-head scales ([h_kv], where the pool is)
   // are the attention's k_descale / v_descale, the same for every sequence.
-  void run(void* k_pool, void* v_pool, const float* k_descale = nullptr,
+  void run(int64_t layer, void* k_pool, void* v_pool, const float* k_descale = nullptr,
            const float* v_descale = nullptr) const;
 
  private:
   AttentionParams params_;
   AttentionPlan plan_;
   bool empty_ = true;
+  bool programmatic_launch_ = false;
 };
 
 }  // namespace flashserve::model

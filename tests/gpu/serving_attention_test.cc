@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -199,6 +200,89 @@ TEST(GpuServingPlan, RefusesParamsOfAnotherShape) {
     ADD_FAILURE() << "no error for params of another mask";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "plan") << e.what();
+  }
+}
+
+// The layers of a step: one plan, one workspace, the same length tensors, each layer its own
+// q, K/V pools and block table; layer 0 builds the by-length decode launch's item map and the
+// layers after it reuse it (AttentionRunOptions::reuse_step_state, as StepAttention runs them),
+// eagerly and captured in one CUDA graph. Each layer matches its own reference.
+TEST(GpuServingPlan, LayersAfterTheFirstReuseTheStepState) {
+  SKIP_WITHOUT_CUDA();
+  const ScopedEnv by_length("FLASHSERVE_DECODE_BALANCE", "1");
+  const CaseSpec base =
+      serving_step(128, 16, 32, 8, {1, 1, 1, 1, 1, 1}, {4000, 33, 900, 1, 2500, 130});
+  std::vector<AttentionCase> layers;
+  for (uint64_t seed : {61, 62, 63}) {
+    CaseSpec s = base;
+    s.seed = seed;
+    layers.emplace_back(s);
+  }
+  std::vector<std::unique_ptr<DeviceCopy>> devs;
+  for (AttentionCase& c : layers) devs.push_back(std::make_unique<DeviceCopy>(c));
+  const HostLens lens(base);
+  const AttentionPlan plan = plan_attention(devs[0]->params(), lens.view(base));
+  ASSERT_NE(plan.summary().find("by length"), std::string::npos) << plan.summary();
+  const AttentionParams first = devs[0]->params(plan.workspace_bytes());
+  auto layer_params = [&](size_t i) {
+    AttentionParams p = devs[i]->params();
+    p.cu_seqlens_q = first.cu_seqlens_q;
+    p.cu_seqlens_k = first.cu_seqlens_k;
+    p.seqused_k = first.seqused_k;
+    p.workspace = first.workspace;
+    p.workspace_bytes = first.workspace_bytes;
+    return p;
+  };
+  auto run_layers = [&](cudaStream_t stream) {
+    for (size_t i = 0; i < layers.size(); ++i) {
+      AttentionParams p = layer_params(i);
+      p.stream = stream;
+      AttentionRunOptions options;
+      options.reuse_step_state = i > 0;
+      run_attention(plan, p, options);
+    }
+  };
+  auto check = [&](const char* how) {
+    for (size_t i = 0; i < layers.size(); ++i) {
+      devs[i]->download();
+      EXPECT_TRUE(attention_close(read_output(layers[i].params()), layers[i].exact(),
+                                  layers[i].lowp(), base.dtype))
+          << how << ", layer " << i << ": " << plan.summary();
+    }
+  };
+  run_layers(nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  check("eager");
+
+  for (AttentionCase& c : layers) c.poison_outputs();
+  for (size_t i = 0; i < layers.size(); ++i) devs[i]->upload_outputs();
+  ASSERT_EQ(cudaMemset(first.workspace, 0xff, first.workspace_bytes), cudaSuccess);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  run_layers(stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  check("graph");
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+
+  // Without a workspace there is no state to reuse: refused, naming it.
+  AttentionParams none = layer_params(1);
+  none.workspace = nullptr;
+  none.workspace_bytes = 0;
+  AttentionRunOptions reuse;
+  reuse.reuse_step_state = true;
+  try {
+    run_attention(plan, none, reuse);
+    ADD_FAILURE() << "reuse_step_state without a workspace was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "workspace") << e.what();
   }
 }
 

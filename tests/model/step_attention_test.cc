@@ -122,7 +122,7 @@ TEST(StepAttention, RunsALayersOwnPoolsThroughThePlan) {
     Pools p(b);
     p.cfg.sliding_window = window;
     const StepAttention step(p.cfg, b, p.t);
-    step.run(p.k1.data(), p.v1.data());
+    step.run(1, p.k1.data(), p.v1.data());
     AttentionParams ref = step.params();
     ref.k.data = p.k1.data();
     ref.v.data = p.v1.data();
@@ -137,7 +137,7 @@ TEST(StepAttention, AStepWithoutQueriesRunsNothing) {
   const ForwardBatch b = ForwardBatchBuilder(kBlock).build();
   Pools p(b);
   const StepAttention step(p.cfg, b, p.t);
-  EXPECT_NO_THROW(step.run(p.k1.data(), p.v1.data()));
+  EXPECT_NO_THROW(step.run(0, p.k1.data(), p.v1.data()));
 }
 
 }  // namespace

@@ -53,15 +53,23 @@ class DeviceCopy {
     return p;
   }
   // Copies out and lse back into the case's host buffers.
-  void download() {
-    auto bufs = c_.buffers();
-    for (int i : {AttentionCase::kOut, AttentionCase::kLse})
-      if (bufs[i].bytes)
-        EXPECT_EQ(cudaMemcpy(bufs[i].host, ptrs_[i], bufs[i].bytes, cudaMemcpyDeviceToHost),
-                  cudaSuccess);
-  }
+  void download() { copy_outputs(cudaMemcpyDeviceToHost); }
+  // Copies the case's host out and lse (poisoned again: AttentionCase::poison_outputs) over the
+  // device's, for a second run on the same copies.
+  void upload_outputs() { copy_outputs(cudaMemcpyHostToDevice); }
 
  private:
+  void copy_outputs(cudaMemcpyKind kind) {
+    auto bufs = c_.buffers();
+    for (int i : {AttentionCase::kOut, AttentionCase::kLse}) {
+      if (!bufs[i].bytes) continue;
+      const bool down = kind == cudaMemcpyDeviceToHost;
+      EXPECT_EQ(cudaMemcpy(down ? bufs[i].host : ptrs_[i], down ? ptrs_[i] : bufs[i].host,
+                           bufs[i].bytes, kind),
+                cudaSuccess);
+    }
+  }
+
   AttentionCase& c_;
   std::vector<void*> ptrs_;
   void* workspace_ = nullptr;

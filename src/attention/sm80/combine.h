@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/pdl.cuh"
 #include "fwd_params.h"
 
 namespace flashserve::attention::sm80 {

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "cluster_combine.h"
+#include "common/pdl.cuh"
 #include "epilogue.h"
 #include "fwd_params.h"
 #include "fwd_tile.h"
@@ -278,6 +279,11 @@ template <class Cfg, class Elem, bool kHasMask, bool kPaged, bool kSplit, class 
           bool kKvFp8 = false, bool kClusterCombine = false>
 __device__ __forceinline__ void fwd_body(const FwdParams& p, const ModParams& mod_params) {
   static_assert(!kClusterCombine || (kSplit && Cfg::kPackGqa && !kKvFp8));
+  // Launched programmatically (AttentionRunOptions::programmatic_launch), the kernel may start
+  // while the one before it (q and the cache's new rows) still runs: nothing is read before the
+  // wait. The next kernel's CTAs may be scheduled from here on; they wait for this grid in turn.
+  pdl::wait_for_producer();
+  pdl::release_dependents();
   extern __shared__ __align__(128) unsigned char smem[];
   using KvElem = std::conditional_t<kKvFp8, __nv_fp8_e4m3, Elem>;
   using Tile = FwdTile<Cfg, Elem, kHasMask, kPaged, kSplit, KvElem>;

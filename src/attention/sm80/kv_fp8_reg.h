@@ -38,6 +38,7 @@
 
 #include <cstdint>
 
+#include "common/pdl.cuh"
 #include "fwd_kernel.h"
 
 namespace flashserve::attention::sm80 {
@@ -347,6 +348,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   using Elem = __nv_bfloat16;
   using Tile = FwdTile<Cfg, Elem, false, true, kSplit, __nv_fp8_e4m3>;
   constexpr int D = Cfg::kHeadDim, kThreads = Cfg::kThreads;
+  pdl::wait_for_producer();  // as fwd_body
+  pdl::release_dependents();
   extern __shared__ __align__(128) unsigned char smem[];
   const CodeSmem<Cfg> sm(smem);
   const int tid = threadIdx.x, lane = tid & 31;

@@ -42,6 +42,9 @@ struct FwdLaunch {
   bool cluster_combine = false;
   // Masked grids: attention/kernel/tile_order.h (off only to measure it).
   bool heaviest_first = true;
+  // Programmatic dependent launch (common/pdl.cuh; AttentionRunOptions::programmatic_launch, on
+  // sm_90 and later only): the kernel may start while the stream's previous kernel finishes.
+  bool pdl = false;
   cudaStream_t stream;
 };
 
@@ -50,12 +53,13 @@ struct FwdLaunch {
 // that it takes. head_dim_v < head_dim (a padded kernel's partials): out's columns from
 // head_dim_v on are neither read nor written. row_splits: the most partials a row has (0:
 // num_splits; a length-aware decode launch's long rows have more), which sizes the warps a row.
+// pdl: as FwdLaunch's.
 void run_combine(const FwdParams& params, DType dtype, int head_dim, cudaStream_t stream,
-                 int head_dim_v = 0, int row_splits = 0);
+                 int head_dim_v = 0, int row_splits = 0, bool pdl = false);
 
 // The item map of a length-aware decode launch (params.split_map, split_map.cu), before its split
-// kernel: one CTA.
-void run_split_map(const FwdParams& params, cudaStream_t stream);
+// kernel: one CTA. pdl: as FwdLaunch's.
+void run_split_map(const FwdParams& params, cudaStream_t stream, bool pdl = false);
 
 // Throws flashserve::Error (kUnsupported when the device's shared memory is too small, kCuda when
 // the launch fails).

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "attention/cuda_check.h"
+#include "common/pdl.cuh"
 #include "flashserve/error.h"
 #include "fwd_kernel.h"
 #include "launch.h"
@@ -70,8 +71,8 @@ void launch_config(const FwdParams& params, const FwdLaunch& launch) {
                              launch.l2_bytes);
     if (p.order.sections > 0) grid = dim3(m_blocks * p.order.units);
   }
-  kernel<<<grid, Cfg::kThreads, kSmem, launch.stream>>>(p);
-  check_cuda(cudaGetLastError(), "sm80 forward kernel launch");
+  check_cuda(pdl::launch(launch.pdl, kernel, grid, dim3(Cfg::kThreads), kSmem, launch.stream, p),
+             "sm80 forward kernel launch");
 }
 
 // The fp8 KV kernels' descale pointers and strides, from the launch.
@@ -121,13 +122,15 @@ void launch_cluster_combine(const FwdParams& params, const FwdLaunch& launch) {
     config.blockDim = dim3(Cfg::kThreads);
     config.dynamicSmemBytes = kSmem;
     config.stream = launch.stream;
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = 1;
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = static_cast<unsigned>(splits);
-    config.attrs = &cluster;
-    config.numAttrs = 1;
+    cudaLaunchAttribute attrs[2]{};
+    attrs[0].id = cudaLaunchAttributeClusterDimension;
+    attrs[0].val.clusterDim.x = 1;
+    attrs[0].val.clusterDim.y = 1;
+    attrs[0].val.clusterDim.z = static_cast<unsigned>(splits);
+    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[1].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attrs;
+    config.numAttrs = launch.pdl ? 2 : 1;
     FwdParams p{params};
     p.order = GridOrder{};
     check_cuda(cudaLaunchKernelEx(&config, kernel, p), "sm80 decode cluster-combine launch");
@@ -263,8 +266,8 @@ void launch_kv_fp8_register(const FwdParams& params, const FwdLaunch& launch) {
   FwdKvFp8Params p{params};
   set_kv_descales(p, launch);
   p.order = GridOrder{};
-  kernel<<<grid, Cfg::kThreads, kSmem, launch.stream>>>(p);
-  check_cuda(cudaGetLastError(), "sm80 fp8 KV register kernel launch");
+  check_cuda(pdl::launch(launch.pdl, kernel, grid, dim3(Cfg::kThreads), kSmem, launch.stream, p),
+             "sm80 fp8 KV register kernel launch");
 }
 
 // The fp8 KV cache (launch.h run_fwd_kv_fp8): paged K/V only, decode tiles or masked prefill

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "attention/cuda_check.h"
+#include "common/pdl.cuh"
 #include "launch.h"
 
 namespace flashserve::attention::sm80 {
@@ -53,16 +54,26 @@ __global__ void __launch_bounds__(kMapThreads)
     split_map_kernel(const __grid_constant__ FwdParams p) {
   __shared__ int64_t sums[kMapThreads / 32];
   __shared__ int scans[kMapThreads / 32];
+  // Launched programmatically, the lengths are read only after the kernel before is done (and
+  // the workspace written only after the previous layer's kernels have read it).
+  pdl::wait_for_producer();
+  pdl::release_dependents();
   const int begin = p.seq_begin, end = p.seq_end;
   int64_t blocks = 0;
-  for (int b = begin + threadIdx.x; b < end; b += kMapThreads) blocks += split_key_blocks(p, b);
+  int first_blocks = 0;  // this thread's sequence of the first pass, kept for the scan below
+  for (int b = begin + threadIdx.x; b < end; b += kMapThreads) {
+    const int k = split_key_blocks(p, b);
+    if (b < begin + kMapThreads) first_blocks = k;
+    blocks += k;
+  }
   const int64_t busy = int64_t{end - begin} * (p.num_splits - 1);
   const int chunk = kernel::chunk_for(block_sum(blocks, sums), busy, p.split_min_blocks);
   SplitMap map = split_map_of(p);
   int items = 0;  // of the sequences before this pass
   for (int base = begin; base < end; base += kMapThreads) {
     const int b = base + threadIdx.x;
-    const int count = b < end ? kernel::items_for(split_key_blocks(p, b), chunk) : 0;
+    const int key_blocks = base == begin ? first_blocks : b < end ? split_key_blocks(p, b) : 0;
+    const int count = b < end ? kernel::items_for(key_blocks, chunk) : 0;
     int pass_items;
     const int first = items + block_scan(count, scans, pass_items) - count;
     if (b < end) {
@@ -79,9 +90,9 @@ __global__ void __launch_bounds__(kMapThreads)
 
 }  // namespace
 
-void run_split_map(const FwdParams& params, cudaStream_t stream) {
-  split_map_kernel<<<1, kMapThreads, 0, stream>>>(params);
-  check_cuda(cudaGetLastError(), "split map kernel launch");
+void run_split_map(const FwdParams& params, cudaStream_t stream, bool pdl) {
+  check_cuda(pdl::launch(pdl, split_map_kernel, dim3(1), dim3(kMapThreads), 0, stream, params),
+             "split map kernel launch");
 }
 
 }  // namespace flashserve::attention::sm80

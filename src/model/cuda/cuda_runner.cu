@@ -191,10 +191,12 @@ struct CudaRunner::Impl {
     gemm = gemm_owner.get();
     // The small steps' products and programmatic dependent launch (model/decode_kernels.h).
     const DecodeKernelOptions kernels = decode_kernel_options_from_env(
-        std::getenv("FLASHSERVE_GEMV"), std::getenv("FLASHSERVE_PDL"));
+        std::getenv("FLASHSERVE_GEMV"), std::getenv("FLASHSERVE_PDL"),
+        std::getenv("FLASHSERVE_PDL_ATTENTION"));
     int major = 0;
     check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "CC");
     pdl = kernels.pdl && major >= 9;
+    pdl_attention = kernels.pdl_attention;
     gemm->set_gemv_rows(kernels.gemv_rows);
     gemm->set_pdl(pdl);
     fusion = decode_fusion_from_env(std::getenv("FLASHSERVE_FUSE_NORM"),
@@ -500,8 +502,9 @@ struct CudaRunner::Impl {
   std::map<GraphKey, Graph> graphs;
   std::map<GraphKey, int> sightings;  // mixed keys without a graph: times seen
   bool use_graphs = true;
-  bool pdl = false;     // the runner's kernels with programmatic dependent launch
-  DecodeFusion fusion;  // small steps' fused kernels (model/decode_kernels.h)
+  bool pdl = false;            // the runner's kernels with programmatic dependent launch
+  bool pdl_attention = false;  // and the attention's, where pdl (DecodeKernelOptions)
+  DecodeFusion fusion;         // small steps' fused kernels (model/decode_kernels.h)
   int64_t mixed_max_tokens = StepGraphOptions{}.mixed_max_tokens;
   int64_t graph_replays = 0, graph_captures = 0, mixed_replays = 0, mixed_captures = 0;
   int64_t steps = 0;
@@ -596,6 +599,7 @@ struct CudaRunner::Impl {
     at.for_replay = shape.kind != StepGraphKind::kEager;
     at.q_bound = shape.kind == StepGraphKind::kMixed ? T : at.for_replay ? 1 : 0;
     at.num_splits = 0;  // the attention layer's split policy (attention/split_policy.h)
+    at.programmatic_launch = pdl && pdl_attention;
     at.stream = stream;
     st.attention = StepAttention(cfg, b, at);
     // The plan depends only on the step's shapes, the same for every layer: one workspace a step.
@@ -800,7 +804,7 @@ struct CudaRunner::Impl {
       ra.head_dim = d;
       rope_kv_write(ra, stream, pdl);
       mark("rope_kv_write");
-      st.attention.run(k_cache, v_cache, k_scale, v_scale);
+      st.attention.run(li, k_cache, v_cache, k_scale, v_scale);
       mark("attention");
       if (fuse.norm) {
         residual_product(attn, l.o, T, q_cols());  // x += attn o^T
@@ -1086,6 +1090,11 @@ int64_t CudaRunner::weight_bytes() const {
 
 void CudaRunner::set_gemv_rows(int64_t rows) {
   impl_->gemm->set_gemv_rows(rows);
+  impl_->drop_graphs();  // graphs hold the launches of the other path
+}
+
+void CudaRunner::set_attention_pdl(bool on) {
+  impl_->pdl_attention = on;
   impl_->drop_graphs();  // graphs hold the launches of the other path
 }
 

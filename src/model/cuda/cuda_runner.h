@@ -72,6 +72,9 @@ class CudaRunner : public ModelRunner {
   // The fused decode kernels (model/decode_kernels.h DecodeFusion; FLASHSERVE_FUSE_NORM and
   // FLASHSERVE_FUSE_SILU give the runner's start values).
   void set_decode_fusion(bool norm, bool silu);
+  // The attention kernels launched programmatically where the runner's are
+  // (DecodeKernelOptions::pdl_attention; FLASHSERVE_PDL_ATTENTION gives the start value).
+  void set_attention_pdl(bool on);
   std::pair<int64_t, int64_t> graph_counts() const override;  // (captures, replays), every kind
   void set_mixed_graph_tokens(int64_t max_tokens);  // the largest mixed step with a graph; 0: none
   std::pair<int64_t, int64_t> mixed_graph_counts() const;  // (captures, replays) of mixed steps

@@ -1,10 +1,10 @@
 #include <string>
 
+#include "common/pdl.cuh"
 #include "flashserve/error.h"
 #include "model/cuda/check.h"
 #include "model/cuda/fused_gemv.h"
 #include "model/cuda/gemv.h"
-#include "model/cuda/pdl.cuh"
 #include "model/cuda/reduce.cuh"
 #include "model/cuda/vec.cuh"
 #include "model/decode_kernels.h"
@@ -138,8 +138,8 @@ __global__ void __launch_bounds__(kThreads) fused_gemv_kernel(const FusedGemvArg
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
         if (c + u * kStep < k) prefetch_l2(wr[r] + c + u * kStep);
-  wait_for_producer();
-  release_dependents();
+  pdl::wait_for_producer();
+  pdl::release_dependents();
   const __nv_bfloat16* x = a.x;
   if constexpr (kNorm) {
     auto* xs = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -203,7 +203,7 @@ void launch_one(const FusedGemvArgs& a, cudaStream_t stream, bool pdl) {
                                     static_cast<int>(smem)),
                "fused_gemv shared memory");
   const dim3 blocks(static_cast<unsigned>((a.n + kWarps - 1) / kWarps));
-  check_cuda(launch(pdl, kernel, blocks, dim3(kThreads), smem, stream, a), "fused_gemv");
+  check_cuda(pdl::launch(pdl, kernel, blocks, dim3(kThreads), smem, stream, a), "fused_gemv");
 }
 
 template <int M, bool kNorm>

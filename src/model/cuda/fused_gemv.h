@@ -40,7 +40,7 @@ struct FusedGemvArgs {
 
 // Throws Error(kUnsupported) for shapes it does not take (m > kGemvMaxRows, k not a multiple of
 // 8, a norm over more than kFusedNormMaxHidden, silu or add_to_y with a bias or each other).
-// pdl: launched with programmatic dependent launch (cuda/pdl.cuh; sm_90 and later).
+// pdl: launched with programmatic dependent launch (common/pdl.cuh; sm_90 and later).
 void fused_gemv(const FusedGemvArgs& args, cudaStream_t stream, bool pdl = false);
 
 }  // namespace flashserve::model::cuda

@@ -1,7 +1,7 @@
+#include "common/pdl.cuh"
 #include "flashserve/error.h"
 #include "model/cuda/check.h"
 #include "model/cuda/gemv.h"
-#include "model/cuda/pdl.cuh"
 #include "model/cuda/reduce.cuh"
 #include "model/cuda/vec.cuh"
 
@@ -16,8 +16,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                 const __nv_bfloat16* __restrict__ bias, void* __restrict__ y, int64_t n,
                 int64_t k) {
-  wait_for_producer();  // x is the kernel before's output
-  release_dependents();
+  pdl::wait_for_producer();  // x is the kernel before's output
+  pdl::release_dependents();
   const int lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t{kWarps} + (threadIdx.x >> 5);
   if (row >= n) return;
@@ -72,8 +72,8 @@ void launch(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16*
             bool y_float32, int64_t n, int64_t k, cudaStream_t stream, bool pdl) {
   if (n == 0) return;
   const dim3 blocks(static_cast<unsigned>((n + kWarps - 1) / kWarps));
-  check_cuda(cuda::launch(pdl, y_float32 ? gemv_kernel<M, true> : gemv_kernel<M, false>, blocks,
-                          dim3(kWarps * 32), 0, stream, x, w, bias, y, n, k),
+  check_cuda(pdl::launch(pdl, y_float32 ? gemv_kernel<M, true> : gemv_kernel<M, false>, blocks,
+                         dim3(kWarps * 32), 0, stream, x, w, bias, y, n, k),
              "gemv");
 }
 

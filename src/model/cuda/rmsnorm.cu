@@ -1,6 +1,6 @@
+#include "common/pdl.cuh"
 #include "flashserve/error.h"
 #include "model/cuda/check.h"
-#include "model/cuda/pdl.cuh"
 #include "model/cuda/reduce.cuh"
 #include "model/cuda/rmsnorm.h"
 #include "model/cuda/vec.cuh"
@@ -25,8 +25,8 @@ __global__ void add_rmsnorm_kernel(const __nv_bfloat16* __restrict__ delta,
     const int64_t c = (static_cast<int64_t>(j) * blockDim.x + threadIdx.x) * kVec;
     if (c < hidden) load8(weight + c, w[j]);  // no kernel writes the weight: read before the wait
   }
-  wait_for_producer();
-  release_dependents();
+  pdl::wait_for_producer();
+  pdl::release_dependents();
   const int64_t src = rows ? rows[r] : r;
   __nv_bfloat16* res = residual + src * hidden;
   const __nv_bfloat16* del = delta ? delta + src * hidden : nullptr;
@@ -75,9 +75,9 @@ void add_rmsnorm(const __nv_bfloat16* delta, __nv_bfloat16* residual, const __nv
   const int64_t vecs = hidden / kVec;
   int64_t threads = (vecs + kMaxVecs - 1) / kMaxVecs;
   threads = ((threads + 31) / 32) * 32;
-  check_cuda(launch(pdl, add_rmsnorm_kernel, dim3(static_cast<unsigned>(n_rows)),
-                    dim3(static_cast<unsigned>(threads)), 0, stream, delta, residual, weight, out,
-                    rows, hidden, eps),
+  check_cuda(pdl::launch(pdl, add_rmsnorm_kernel, dim3(static_cast<unsigned>(n_rows)),
+                         dim3(static_cast<unsigned>(threads)), 0, stream, delta, residual, weight,
+                         out, rows, hidden, eps),
              "add_rmsnorm");
 }
 

@@ -16,7 +16,7 @@ namespace flashserve::model::cuda {
 
 // delta may be null (the first layer: the residual is the embedding itself, nothing to add).
 // hidden a multiple of 8 and at most 32768. out must not alias residual or delta. pdl: launched
-// with programmatic dependent launch (cuda/pdl.cuh; sm_90 and later).
+// with programmatic dependent launch (common/pdl.cuh; sm_90 and later).
 void add_rmsnorm(const __nv_bfloat16* delta, __nv_bfloat16* residual, const __nv_bfloat16* weight,
                  __nv_bfloat16* out, const int32_t* rows, int64_t n_rows, int64_t hidden, float eps,
                  cudaStream_t stream, bool pdl = false);

@@ -1,9 +1,9 @@
 #include <string>
 
 #include "common/float8_cuda.cuh"
+#include "common/pdl.cuh"
 #include "flashserve/error.h"
 #include "model/cuda/check.h"
-#include "model/cuda/pdl.cuh"
 #include "model/cuda/rope_kv_write.h"
 #include "model/cuda/vec.cuh"
 
@@ -25,8 +25,8 @@ __device__ __forceinline__ void store8_e4m3(uint8_t* p, const float (&f)[kVec], 
 // x[i+d/2..i+d/2+8)) or 8 values of one v head; the angle pos * inv_freq[i] is formed in float32
 // and its sine and cosine taken at full precision (positions reach 10^5 radians).
 __global__ void rope_kv_kernel(RopeKvArgs a) {
-  wait_for_producer();
-  release_dependents();
+  pdl::wait_for_producer();
+  pdl::release_dependents();
   const int64_t t = blockIdx.x;
   const int d = a.head_dim, half = d / 2;
   const int pair_vecs = half / kVec, v_vecs = d / kVec;
@@ -117,8 +117,8 @@ void rope_kv_write(const RopeKvArgs& args, cudaStream_t stream, bool pdl) {
                     args.kv_heads * (args.head_dim / kVec);
   int threads = ((items + 31) / 32) * 32;
   if (threads > 512) threads = 512;
-  check_cuda(launch(pdl, rope_kv_kernel, dim3(static_cast<unsigned>(args.n_tokens)),
-                    dim3(static_cast<unsigned>(threads)), 0, stream, args),
+  check_cuda(pdl::launch(pdl, rope_kv_kernel, dim3(static_cast<unsigned>(args.n_tokens)),
+                         dim3(static_cast<unsigned>(threads)), 0, stream, args),
              "rope_kv_write");
 }
 

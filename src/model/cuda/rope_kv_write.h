@@ -35,7 +35,7 @@ struct RopeKvArgs {
   int32_t heads = 0, kv_heads = 0, head_dim = 0;  // head_dim a multiple of 16
 };
 
-// pdl: launched with programmatic dependent launch (cuda/pdl.cuh; sm_90 and later).
+// pdl: launched with programmatic dependent launch (common/pdl.cuh; sm_90 and later).
 void rope_kv_write(const RopeKvArgs& args, cudaStream_t stream, bool pdl = false);
 
 }  // namespace flashserve::model::cuda

@@ -2,7 +2,8 @@
 // before it on the stream is still finishing, and waits for that kernel's results only where it
 // reads them. A decode step is ~300 short kernels whose boundaries (the previous kernel's last
 // wave draining, the next one's launch and ramp) cost a few microseconds each; a kernel may load
-// what no kernel writes (the norm's weights) before it waits.
+// what no kernel writes (the norm's weights) before it waits. Used by the CUDA runner's kernels
+// (model/cuda) and the sm80 attention kernels (AttentionRunOptions::programmatic_launch).
 //
 // The rule that keeps it correct: a kernel launched with `pdl` calls wait_for_producer() in every
 // thread before it reads anything an earlier kernel wrote or writes anything an earlier kernel may
@@ -13,7 +14,7 @@
 
 #include <cuda_runtime.h>
 
-namespace flashserve::model::cuda {
+namespace flashserve::pdl {
 
 __device__ __forceinline__ void wait_for_producer() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -47,4 +48,4 @@ cudaError_t launch(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, s
   return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
 }
 
-}  // namespace flashserve::model::cuda
+}  // namespace flashserve::pdl
