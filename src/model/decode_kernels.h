@@ -23,7 +23,8 @@ inline constexpr int64_t kGemvRowsByDefault = 1;
 inline constexpr bool kPdlByDefault = true;
 // The attention's sm80 kernels (every decode's) launched so too where pdl is on
 // (AttentionRunOptions::programmatic_launch): between RoPE, which releases its dependents early,
-// and the o product. Off until a device run measures it (bench_model --fuse-ab, "attention PDL").
+// and the o product. Off: bench_model --fuse-ab measured +0.0% at batch 1 and -0.5% at batch 32
+// (H100, session 35: bench/results/decode-reuse-pdl-h100-2026-12-05-session35.md).
 inline constexpr bool kPdlAttentionByDefault = false;
 struct DecodeKernelOptions {
   int64_t gemv_rows = kGemvRowsByDefault;
