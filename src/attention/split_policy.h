@@ -54,15 +54,19 @@ struct BalancedSplit {
 BalancedSplit balanced_split(const Problem& pr, const SplitDevice& dev);
 
 // Whether a decode launch's lengths differ enough for the split by length to pay: the longest
-// sequence has at least kUnequalDecodes times the mean key blocks of the launch's `decodes`
-// sequences. The split by length costs an item-map kernel and (where the even split ran unsplit)
-// a combine: H100, session 34 (bench/results/decode-balance-h100-2026-12-05-session34.md,
-// bench_serve_attn --decode-spread, 16-112 decodes of 1k-2k mean keys, paged 16): equal lengths
-// 3-14% slower by length, uniform 0.1-1.9x the mean (longest / mean ~1.9) from -7% to +5%,
-// exponential (longest / mean 3.8-5.8) 11-32% faster.
-inline constexpr int64_t kUnequalDecodes = 2;
+// sequence has at least kUnequalDecodes (3/2) times the mean key blocks of the launch's `decodes`
+// sequences. The split by length costs an item-map kernel (once a step since session 35: the
+// layers after the first reuse it) and, where the even split ran unsplit, a combine. Measured
+// with bench_serve_attn --decode-spread (16-112 decodes of 1k-2k mean keys, paged 16):
+// exponential lengths (longest / mean 3.8-5.8) 15-34% faster by length; uniform 0.1-1.9x the
+// mean (longest / mean ~1.9) 9-10% faster at 16 x 2k and 64 x 2k and within 1.2% elsewhere;
+// equal lengths +0.1% to +6.3% slower (H100, sessions 34-35,
+// bench/results/decode-reuse-pdl-h100-2026-12-05-session35.md). At twice the mean (sessions
+// 34-35) the uniform rows went even; 1.5x takes them and leaves equal lengths even.
+inline constexpr int64_t kUnequalDecodesNum = 3, kUnequalDecodesDen = 2;
 inline bool decodes_unequal(int64_t longest_blocks, int64_t total_blocks, int64_t decodes) {
-  return decodes >= 2 && longest_blocks * decodes >= kUnequalDecodes * total_blocks;
+  return decodes >= 2 &&
+         longest_blocks * decodes * kUnequalDecodesDen >= kUnequalDecodesNum * total_blocks;
 }
 
 // Bytes of a balanced launch's item map (sm80/fwd_params.h SplitMap) in the workspace: an entry

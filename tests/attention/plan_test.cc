@@ -804,7 +804,7 @@ TEST(PlanFamily, DecodeBalanceSwitchReachesAutomaticDecodeSplitsOnly) {
 }
 
 // By default (DecodeBalance::kUnequal) a decode launch splits by length where its decodes' key
-// blocks (64-key blocks here) have a longest of at least twice their mean (split_policy.h
+// blocks (64-key blocks here) have a longest of at least 1.5x their mean (split_policy.h
 // decodes_unequal), counted under the window and over the launch's decodes only; equal lengths
 // and plans without host lengths (a decode graph's, for its bound) split evenly.
 TEST(PlanFamily, DecodeBalanceByDefaultFollowsTheHostLengths) {
@@ -816,11 +816,13 @@ TEST(PlanFamily, DecodeBalanceByDefaultFollowsTheHostLengths) {
     return false;
   };
   EXPECT_FALSE(by_length(step(decodes(64, 2048))));
-  // 4 decodes of 16, 16, 16 and 48 blocks: the longest is twice the mean (96 / 4); with 47 not.
-  EXPECT_TRUE(by_length(step({{1, 1024}, {1, 1024}, {1, 1024}, {1, 48 * 64}})));
-  EXPECT_FALSE(by_length(step({{1, 1024}, {1, 1024}, {1, 1024}, {1, 47 * 64}})));
-  // Two sequences never: the longest is at most twice their mean, and only with an empty one.
-  EXPECT_FALSE(by_length(step({{1, 64}, {1, 65536}})));
+  // 4 decodes of 16, 16, 16 and x blocks: by length from x = 29 (29 >= 1.5 x 77 / 4 = 28.9), not
+  // at 28 (28 < 1.5 x 76 / 4 = 28.5).
+  EXPECT_TRUE(by_length(step({{1, 1024}, {1, 1024}, {1, 1024}, {1, 29 * 64}})));
+  EXPECT_FALSE(by_length(step({{1, 1024}, {1, 1024}, {1, 1024}, {1, 28 * 64}})));
+  // Two sequences: by length once the longer has 3x the shorter's blocks (2 x 48 x 2 >= 3 x 64).
+  EXPECT_TRUE(by_length(step({{1, 1024}, {1, 48 * 64}})));
+  EXPECT_FALSE(by_length(step({{1, 1024}, {1, 47 * 64}})));
   // Exponential-like: one long decode among short ones.
   std::vector<std::pair<int64_t, int64_t>> skewed = decodes(15, 1024);
   skewed.push_back({1, 16384});
@@ -829,11 +831,11 @@ TEST(PlanFamily, DecodeBalanceByDefaultFollowsTheHostLengths) {
   StepShape bound = step(skewed);
   bound.lens = HostLengths{};
   EXPECT_FALSE(by_length(bound));
-  // A 4096-key window: 3 x 2048 keys and one of 16384 are 32, 32, 32 and 64 blocks (64 x 4 < 2 x
-  // 160): even; without the window 256 blocks (256 x 4 >= 2 x 352): by length.
+  // A 3072-key window: 3 x 2048 keys and one of 16384 are 32, 32, 32 and 48 blocks (48 < 1.5 x
+  // 144 / 4 = 54): even; without the window 256 blocks (256 >= 1.5 x 352 / 4 = 132): by length.
   StepShape windowed = step({{1, 2048}, {1, 2048}, {1, 2048}, {1, 16384}});
   EXPECT_TRUE(by_length(windowed));
-  windowed.pr.mask.left = 4095;
+  windowed.pr.mask.left = 3071;
   EXPECT_FALSE(by_length(windowed));
   // A mixed step: the decodes' lengths alone decide (the chunk's 4096 keys are not a decode's).
   EXPECT_TRUE(by_length(step({{1, 1024}, {512, 4096}, {1, 16384}, {1, 1024}})));
