@@ -21,7 +21,9 @@
 // the fused kernels), silu fused, norm fused, both, and the decode attention's splits merged in
 // a thread-block cluster (FLASHSERVE_DECODE_CLUSTER), and the attention's kernels launched
 // programmatically or not, the default's other way (FLASHSERVE_PDL_ATTENTION,
-// CudaRunner::set_attention_pdl); the modes alternate within each round
+// CudaRunner::set_attention_pdl), the GEMV's first weights before its wait and silu launched
+// programmatically (FLASHSERVE_EARLY_WEIGHTS, CudaRunner::set_early_weights), alone and with
+// the attention's PDL; the modes alternate within each round
 // (the order rotated), every timing from the same `context` keys, graphs on; medians over the
 // rounds.
 //   bench_model --fuse-ab [--batches 1,4] [--rounds 7] [--steps 30] [--context 1024]
@@ -311,22 +313,25 @@ void fuse_ab(const fm::ModelConfig& cfg, int64_t context, const std::vector<int>
               wbytes / bw * 1e3);
   struct Mode {
     int64_t gemv_rows;  // products of at most this many rows through the GEMV
-    bool norm, silu, cluster, pdl_attention;
+    bool norm, silu, cluster, pdl_attention, early;
     const char* name;
   };
   constexpr int64_t kAll = fm::kGemvMaxProductRows, kDefault = fm::kGemvRowsByDefault;
-  constexpr bool kPdlAttn = fm::kPdlAttentionByDefault;
+  constexpr bool kPdlAttn = fm::kPdlAttentionByDefault, kEarly = fm::kEarlyWeightsByDefault;
   const std::vector<Mode> modes = {
-      {kDefault, false, false, false, kPdlAttn, "default"},
-      {0, false, false, false, kPdlAttn, "cuBLASLt, unfused"},
-      {1, false, false, false, kPdlAttn, "GEMV for 1 row, unfused"},
-      {kAll, false, false, false, kPdlAttn, "GEMV for <= 4 rows, unfused"},
-      {kAll, false, true, false, kPdlAttn, "fused silu"},
-      {kAll, true, false, false, kPdlAttn, "fused norm"},
-      {kAll, true, true, false, kPdlAttn, "fused norm + silu"},
-      {kDefault, false, false, true, kPdlAttn, "default + cluster combine"},
-      {kDefault, false, false, false, !kPdlAttn,
-       kPdlAttn ? "default, attention PDL off" : "default + attention PDL"}};
+      {kDefault, false, false, false, kPdlAttn, kEarly, "default"},
+      {0, false, false, false, kPdlAttn, kEarly, "cuBLASLt, unfused"},
+      {1, false, false, false, kPdlAttn, kEarly, "GEMV for 1 row, unfused"},
+      {kAll, false, false, false, kPdlAttn, kEarly, "GEMV for <= 4 rows, unfused"},
+      {kAll, false, true, false, kPdlAttn, kEarly, "fused silu"},
+      {kAll, true, false, false, kPdlAttn, kEarly, "fused norm"},
+      {kAll, true, true, false, kPdlAttn, kEarly, "fused norm + silu"},
+      {kDefault, false, false, true, kPdlAttn, kEarly, "default + cluster combine"},
+      {kDefault, false, false, false, !kPdlAttn, kEarly,
+       kPdlAttn ? "default, attention PDL off" : "default + attention PDL"},
+      {kDefault, false, false, false, kPdlAttn, !kEarly,
+       kEarly ? "default, early weights off" : "default + early weights"},
+      {kDefault, false, false, false, true, true, "default + early weights + attention PDL"}};
   const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
   const int64_t max_len = context + 3 + steps + 16;
   Seqs s;
@@ -351,6 +356,7 @@ void fuse_ab(const fm::ModelConfig& cfg, int64_t context, const std::vector<int>
         runner->set_gemv_rows(m.gemv_rows);
         runner->set_decode_fusion(m.norm, m.silu);
         runner->set_attention_pdl(m.pdl_attention);
+        runner->set_early_weights(m.early);
         s.len.assign(batch, context);  // the same keys every timing: the steps rewrite them
         ms[at].push_back(time_decode(*runner, s, steps));
       }
@@ -371,6 +377,7 @@ void fuse_ab(const fm::ModelConfig& cfg, int64_t context, const std::vector<int>
   runner->set_gemv_rows(fm::kGemvRowsByDefault);
   runner->set_decode_fusion(false, false);
   runner->set_attention_pdl(fm::kPdlAttentionByDefault);
+  runner->set_early_weights(fm::kEarlyWeightsByDefault);
   unsetenv("FLASHSERVE_DECODE_CLUSTER");
 }
 

@@ -26,16 +26,25 @@ inline constexpr bool kPdlByDefault = true;
 // and the o product. Off: bench_model --fuse-ab measured +0.0% at batch 1 and -0.5% at batch 32
 // (H100, session 35: bench/results/decode-reuse-pdl-h100-2026-12-05-session35.md).
 inline constexpr bool kPdlAttentionByDefault = false;
+// Where pdl is on, the GEMV's lanes load their first pass of weights (kUnroll 16-byte loads, a
+// quarter of a 4096-wide row) before they wait for the kernel before, and silu is launched
+// programmatically too: the blocks of a product scheduled while the short kernel before it (a
+// norm, silu, RoPE or attention with pdl_attention) still runs have HBM busy instead of idle.
+// Session 36 (written without a GPU, off until measured): at batch 1 a layer's four products
+// follow short kernels whose ~3-10 us leave HBM idle; predicted -1 to -3% of a batch-1 step.
+inline constexpr bool kEarlyWeightsByDefault = false;
 struct DecodeKernelOptions {
   int64_t gemv_rows = kGemvRowsByDefault;
   bool pdl = kPdlByDefault;  // where the device has it (sm_90 and later)
   bool pdl_attention = kPdlAttentionByDefault;
+  bool early_weights = kEarlyWeightsByDefault;  // where pdl
 };
 
-// FLASHSERVE_GEMV, FLASHSERVE_PDL and FLASHSERVE_PDL_ATTENTION (0 or 1; anything else is
-// refused).
+// FLASHSERVE_GEMV, FLASHSERVE_PDL, FLASHSERVE_PDL_ATTENTION and FLASHSERVE_EARLY_WEIGHTS (0 or 1;
+// anything else is refused).
 DecodeKernelOptions decode_kernel_options_from_env(const char* gemv, const char* pdl,
-                                                   const char* pdl_attention);
+                                                   const char* pdl_attention,
+                                                   const char* early_weights);
 
 // Kernel boundaries removed from steps of at most cuda::kGemvMaxRows tokens by the fused GEMV
 // (cuda/fused_gemv.h), which then computes those steps' products instead of cuBLASLt: issue 21,

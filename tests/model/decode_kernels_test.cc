@@ -14,46 +14,60 @@ namespace {
 
 TEST(DecodeKernels, UnsetOrEmptyKeepsTheDefaults) {
   for (const char* unset : {static_cast<const char*>(nullptr), ""}) {
-    const DecodeKernelOptions o = decode_kernel_options_from_env(unset, unset, unset);
+    const DecodeKernelOptions o = decode_kernel_options_from_env(unset, unset, unset, unset);
     EXPECT_EQ(o.gemv_rows, kGemvRowsByDefault);
     EXPECT_EQ(o.pdl, kPdlByDefault);
     EXPECT_EQ(o.pdl_attention, kPdlAttentionByDefault);
+    EXPECT_EQ(o.early_weights, kEarlyWeightsByDefault);
   }
   EXPECT_FALSE(kPdlAttentionByDefault);  // measured no faster at batch 1 (session 35)
+  EXPECT_FALSE(kEarlyWeightsByDefault);  // not yet measured on a GPU
 }
 
 TEST(DecodeKernels, ZeroAndOneSetEachSwitchAlone) {
-  EXPECT_EQ(decode_kernel_options_from_env("1", nullptr, nullptr).gemv_rows, kGemvMaxProductRows);
-  EXPECT_EQ(decode_kernel_options_from_env("0", nullptr, nullptr).gemv_rows, 0);
-  EXPECT_EQ(decode_kernel_options_from_env("1", nullptr, nullptr).pdl, kPdlByDefault);
-  EXPECT_TRUE(decode_kernel_options_from_env(nullptr, "1", nullptr).pdl);
-  EXPECT_FALSE(decode_kernel_options_from_env(nullptr, "0", nullptr).pdl);
-  EXPECT_EQ(decode_kernel_options_from_env(nullptr, "0", nullptr).gemv_rows, kGemvRowsByDefault);
-  EXPECT_TRUE(decode_kernel_options_from_env(nullptr, nullptr, "1").pdl_attention);
-  EXPECT_FALSE(decode_kernel_options_from_env(nullptr, nullptr, "0").pdl_attention);
-  EXPECT_EQ(decode_kernel_options_from_env(nullptr, nullptr, "1").pdl, kPdlByDefault);
+  EXPECT_EQ(decode_kernel_options_from_env("1", nullptr, nullptr, nullptr).gemv_rows,
+            kGemvMaxProductRows);
+  EXPECT_EQ(decode_kernel_options_from_env("0", nullptr, nullptr, nullptr).gemv_rows, 0);
+  EXPECT_EQ(decode_kernel_options_from_env("1", nullptr, nullptr, nullptr).pdl, kPdlByDefault);
+  EXPECT_TRUE(decode_kernel_options_from_env(nullptr, "1", nullptr, nullptr).pdl);
+  EXPECT_FALSE(decode_kernel_options_from_env(nullptr, "0", nullptr, nullptr).pdl);
+  EXPECT_EQ(decode_kernel_options_from_env(nullptr, "0", nullptr, nullptr).gemv_rows,
+            kGemvRowsByDefault);
+  EXPECT_TRUE(decode_kernel_options_from_env(nullptr, nullptr, "1", nullptr).pdl_attention);
+  EXPECT_FALSE(decode_kernel_options_from_env(nullptr, nullptr, "0", nullptr).pdl_attention);
+  EXPECT_EQ(decode_kernel_options_from_env(nullptr, nullptr, "1", nullptr).pdl, kPdlByDefault);
+  EXPECT_TRUE(decode_kernel_options_from_env(nullptr, nullptr, nullptr, "1").early_weights);
+  EXPECT_FALSE(decode_kernel_options_from_env(nullptr, nullptr, nullptr, "0").early_weights);
+  EXPECT_EQ(decode_kernel_options_from_env(nullptr, nullptr, nullptr, "1").pdl_attention,
+            kPdlAttentionByDefault);
 }
 
 TEST(DecodeKernels, AnyOtherValueIsRefusedByName) {
   for (const char* bad : {"yes", "on", "2", " 1", "1 ", "true", "01"}) {
     try {
-      decode_kernel_options_from_env(bad, nullptr, nullptr);
+      decode_kernel_options_from_env(bad, nullptr, nullptr, nullptr);
       ADD_FAILURE() << "FLASHSERVE_GEMV=" << bad << " accepted";
     } catch (const Error& e) {
       EXPECT_EQ(e.argument(), "FLASHSERVE_GEMV") << e.what();
       EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
     }
     try {
-      decode_kernel_options_from_env(nullptr, bad, nullptr);
+      decode_kernel_options_from_env(nullptr, bad, nullptr, nullptr);
       ADD_FAILURE() << "FLASHSERVE_PDL=" << bad << " accepted";
     } catch (const Error& e) {
       EXPECT_EQ(e.argument(), "FLASHSERVE_PDL") << e.what();
     }
     try {
-      decode_kernel_options_from_env(nullptr, nullptr, bad);
+      decode_kernel_options_from_env(nullptr, nullptr, bad, nullptr);
       ADD_FAILURE() << "FLASHSERVE_PDL_ATTENTION=" << bad << " accepted";
     } catch (const Error& e) {
       EXPECT_EQ(e.argument(), "FLASHSERVE_PDL_ATTENTION") << e.what();
+    }
+    try {
+      decode_kernel_options_from_env(nullptr, nullptr, nullptr, bad);
+      ADD_FAILURE() << "FLASHSERVE_EARLY_WEIGHTS=" << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "FLASHSERVE_EARLY_WEIGHTS") << e.what();
     }
   }
 }

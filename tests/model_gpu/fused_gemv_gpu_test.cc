@@ -340,5 +340,31 @@ TEST(GpuFusedGemv, RunnerDecodeStepsEqualTheUnfusedGemvPath) {
   }
 }
 
+// The GEMV's first weights before its wait and silu launched programmatically
+// (set_early_weights), with and without the attention's programmatic launch: the decode steps'
+// logits bit for bit as without them, for one-row products through the GEMV and for every small
+// product through it.
+TEST(GpuFusedGemv, RunnerEarlyWeightsChangeNoBit) {
+  SKIP_WITHOUT_CUDA();
+  auto runner = model::cuda::CudaRunner::load(tiny_checkpoint_dir(), 0);
+  for (int64_t rows : {model::kGemvRowsByDefault, model::kGemvMaxProductRows})
+    for (int64_t batch : {1, 3}) {
+      SCOPED_TRACE(::testing::Message() << "GEMV rows " << rows << ", batch " << batch);
+      runner->set_gemv_rows(rows);
+      runner->set_early_weights(false);
+      runner->set_attention_pdl(false);
+      const std::vector<float> base = decode_logits(*runner, batch);
+      for (bool attention_pdl : {false, true}) {
+        runner->set_early_weights(true);
+        runner->set_attention_pdl(attention_pdl);
+        EXPECT_TRUE(same_floats(decode_logits(*runner, batch), base))
+            << "attention PDL " << attention_pdl;
+      }
+    }
+  runner->set_gemv_rows(model::kGemvRowsByDefault);
+  runner->set_early_weights(model::kEarlyWeightsByDefault);
+  runner->set_attention_pdl(model::kPdlAttentionByDefault);
+}
+
 }  // namespace
 }  // namespace flashserve::testing

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <numeric>
 #include <random>
@@ -248,25 +249,61 @@ bool hopper() {
   return major >= 9;
 }
 
-// The GEMV kernel launched plainly and (on Hopper) with programmatic dependent launch, on odd
-// shapes: n not a multiple of the block's 8 rows, k not a multiple of a warp pass (256).
+// The GEMV kernel launched plainly and (on Hopper) with programmatic dependent launch, its first
+// weights loaded after or before the wait (early), on odd shapes: n not a multiple of the block's
+// 8 rows, k not a multiple of a warp pass (256) or shorter than the first pass (1024).
 TEST(GpuModelKernels, GemvMatchesReferenceWithAndWithoutPdl) {
   SKIP_WITHOUT_CUDA();
-  for (bool pdl : {false, true}) {
-    if (pdl && !hopper()) continue;
-    SCOPED_TRACE(::testing::Message() << "pdl " << pdl);
-    const Product run = [&](const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool yf,
-                            int64_t m, int64_t n, int64_t k) {
-      model::cuda::gemv(x, w, nullptr, y, yf, m, n, k, nullptr, pdl);
-    };
-    for (int64_t m : {1, 2, 3, 4})
-      for (bool y_float : {false, true}) {
-        check_product(run, m, 1000, 256, y_float);
-        check_product(run, m, 384, 1032, y_float);
-        check_product(run, m, 77, 8200, y_float);
-      }
-    check_product(run, 1, 13, 8, false);  // one chunk per row: 31 lanes of each warp idle
-  }
+  for (bool pdl : {false, true})
+    for (bool early : {false, true}) {
+      if (pdl && !hopper()) continue;
+      SCOPED_TRACE(::testing::Message() << "pdl " << pdl << " early " << early);
+      const Product run = [&](const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool yf,
+                              int64_t m, int64_t n, int64_t k) {
+        model::cuda::gemv(x, w, nullptr, y, yf, m, n, k, nullptr, pdl, early);
+      };
+      for (int64_t m : {1, 2, 3, 4})
+        for (bool y_float : {false, true}) {
+          check_product(run, m, 1000, 256, y_float);
+          check_product(run, m, 384, 1032, y_float);
+          check_product(run, m, 77, 8200, y_float);
+        }
+      check_product(run, 1, 13, 8, false);  // one chunk per row: 31 lanes of each warp idle
+    }
+}
+
+bool same_bits(const std::vector<bf16_t>& a, const std::vector<bf16_t>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16_t)) == 0;
+}
+
+// The early first pass changes when the weights are read, not the sums: the same bits.
+TEST(GpuModelKernels, GemvEarlyWeightsGiveTheSameBits) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(17);
+  for (int64_t m : {1, 3})
+    for (int64_t k : {1032, 4096, 8200}) {
+      const int64_t n = 77;
+      const auto x = random_bf16(m * k, rng), w = random_bf16(n * k, rng, 0.05f);
+      DeviceBuffer<bf16_t> d_x(x), d_w(w), late(m * n, kPoison), early(m * n, kPoison);
+      for (bool e : {false, true})
+        model::cuda::gemv(d_x.as<__nv_bfloat16>(), d_w.as<__nv_bfloat16>(), nullptr,
+                          (e ? early : late).as<__nv_bfloat16>(), false, m, n, k, nullptr, hopper(),
+                          e);
+      EXPECT_TRUE(same_bits(late.download(), early.download())) << "m " << m << " k " << k;
+    }
+}
+
+// silu launched with programmatic dependent launch (Hopper) writes what the plain launch writes.
+TEST(GpuModelKernels, SiluMulWithPdlGivesTheSameBits) {
+  SKIP_WITHOUT_CUDA();
+  if (!hopper()) GTEST_SKIP() << "programmatic dependent launch needs sm_90";
+  std::mt19937 rng(6);
+  const int64_t n = 3, inter = 14336;
+  const auto gu = random_bf16(n * 2 * inter, rng, 3.0f);
+  DeviceBuffer<bf16_t> d_gu(gu), plain(n * inter, kPoison), pdl(n * inter, kPoison);
+  model::cuda::silu_mul(d_gu.as<__nv_bfloat16>(), plain.as<__nv_bfloat16>(), n, inter, nullptr);
+  model::cuda::silu_mul(d_gu.as<__nv_bfloat16>(), pdl.as<__nv_bfloat16>(), n, inter, nullptr, true);
+  EXPECT_TRUE(same_bits(plain.download(), pdl.download()));
 }
 
 TEST(GpuModelKernels, GemmMatchesReference) {

@@ -192,13 +192,15 @@ struct CudaRunner::Impl {
     // The small steps' products and programmatic dependent launch (model/decode_kernels.h).
     const DecodeKernelOptions kernels = decode_kernel_options_from_env(
         std::getenv("FLASHSERVE_GEMV"), std::getenv("FLASHSERVE_PDL"),
-        std::getenv("FLASHSERVE_PDL_ATTENTION"));
+        std::getenv("FLASHSERVE_PDL_ATTENTION"), std::getenv("FLASHSERVE_EARLY_WEIGHTS"));
     int major = 0;
     check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "CC");
     pdl = kernels.pdl && major >= 9;
     pdl_attention = kernels.pdl_attention;
+    early_weights = kernels.early_weights;
     gemm->set_gemv_rows(kernels.gemv_rows);
     gemm->set_pdl(pdl);
+    gemm->set_early_weights(pdl && early_weights);
     fusion = decode_fusion_from_env(std::getenv("FLASHSERVE_FUSE_NORM"),
                                     std::getenv("FLASHSERVE_FUSE_SILU"));
     if (comm) {
@@ -504,6 +506,7 @@ struct CudaRunner::Impl {
   bool use_graphs = true;
   bool pdl = false;            // the runner's kernels with programmatic dependent launch
   bool pdl_attention = false;  // and the attention's, where pdl (DecodeKernelOptions)
+  bool early_weights = false;  // the GEMV's first weights before its wait, silu with pdl, where pdl
   DecodeFusion fusion;         // small steps' fused kernels (model/decode_kernels.h)
   int64_t mixed_max_tokens = StepGraphOptions{}.mixed_max_tokens;
   int64_t graph_replays = 0, graph_captures = 0, mixed_replays = 0, mixed_captures = 0;
@@ -835,7 +838,7 @@ struct CudaRunner::Impl {
       }
       mark("gemm_gate_up");
       if (!fuse.silu) {
-        silu_mul(gu, act, T, I, stream);
+        silu_mul(gu, act, T, I, stream, pdl && early_weights);
         mark("silu_mul");
       }
       if (fuse.norm) {
@@ -1095,6 +1098,12 @@ void CudaRunner::set_gemv_rows(int64_t rows) {
 
 void CudaRunner::set_attention_pdl(bool on) {
   impl_->pdl_attention = on;
+  impl_->drop_graphs();  // graphs hold the launches of the other path
+}
+
+void CudaRunner::set_early_weights(bool on) {
+  impl_->early_weights = on;
+  impl_->gemm->set_early_weights(impl_->pdl && on);
   impl_->drop_graphs();  // graphs hold the launches of the other path
 }
 

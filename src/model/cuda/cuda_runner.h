@@ -75,6 +75,10 @@ class CudaRunner : public ModelRunner {
   // The attention kernels launched programmatically where the runner's are
   // (DecodeKernelOptions::pdl_attention; FLASHSERVE_PDL_ATTENTION gives the start value).
   void set_attention_pdl(bool on);
+  // The GEMV's first weights loaded before its wait, and silu launched programmatically, where the
+  // runner's kernels are (DecodeKernelOptions::early_weights; FLASHSERVE_EARLY_WEIGHTS gives the
+  // start value).
+  void set_early_weights(bool on);
   std::pair<int64_t, int64_t> graph_counts() const override;  // (captures, replays), every kind
   void set_mixed_graph_tokens(int64_t max_tokens);  // the largest mixed step with a graph; 0: none
   std::pair<int64_t, int64_t> mixed_graph_counts() const;  // (captures, replays) of mixed steps

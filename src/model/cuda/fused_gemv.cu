@@ -29,16 +29,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// vec.cuh's load8 conversion, of a vector already in registers.
-__device__ __forceinline__ void unpack8(const Bf16x8& v, float (&f)[kVec]) {
-#pragma unroll
-  for (int h = 0; h < 4; ++h) {
-    const float2 x = __bfloat1622float2(v.h[h]);
-    f[2 * h] = x.x;
-    f[2 * h + 1] = x.y;
-  }
-}
-
 // RMSNorm of x's M rows into shared memory (bf16 [M][k]) by the whole block, as add_rmsnorm
 // computes it with no delta: the threads below add_rmsnorm's count take its vectors (vector
 // j * threads + t) and the rest add zeros, so the block sum adds the same partials in the same

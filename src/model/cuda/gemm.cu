@@ -218,7 +218,8 @@ void Gemm::set_gemv_rows(int64_t rows) {
 void Gemm::run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, bool y_float32, int64_t m,
                int64_t n, int64_t k, cudaStream_t stream) {
   if (m == 0) return;
-  if (m <= gemv_rows_) return gemv(x, w, nullptr, y, y_float32, m, n, k, stream, pdl_);
+  if (m <= gemv_rows_)
+    return gemv(x, w, nullptr, y, y_float32, m, n, k, stream, pdl_, early_weights_);
   impl_->tune = {x, w, nullptr, y, stream};
   const Plan& p = impl_->plan(m, n, k, y_float32);
   if (!p.found)
@@ -235,7 +236,7 @@ bool Gemm::run_bias(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_b
                     __nv_bfloat16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
   if (m == 0) return true;
   if (m <= gemv_rows_) {
-    gemv(x, w, bias, y, false, m, n, k, stream, pdl_);
+    gemv(x, w, bias, y, false, m, n, k, stream, pdl_, early_weights_);
     return true;
   }
   impl_->tune = {x, w, bias, y, stream};

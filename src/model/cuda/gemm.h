@@ -25,9 +25,11 @@ class Gemm {
 
   // Products of at most `rows` rows of x (decode at small batch; 0 to kGemvMaxRows) go to
   // gemv.h's kernel (the runner decides: model/decode_kernels.h), launched with programmatic
-  // dependent launch when set_pdl (sm_90 and later only).
+  // dependent launch when set_pdl (sm_90 and later only), loading their first weights before the
+  // wait for the kernel before when set_early_weights (model/decode_kernels.h).
   void set_gemv_rows(int64_t rows);
   void set_pdl(bool on) { pdl_ = on; }
+  void set_early_weights(bool on) { early_weights_ = on; }
 
   // y_float32: y is float32 (the LM head's logits), else bf16. All pointers 16-byte aligned,
   // k and n multiples of 8.
@@ -52,6 +54,7 @@ class Gemm {
   std::unique_ptr<Impl> impl_;
   int64_t gemv_rows_ = 0;
   bool pdl_ = false;
+  bool early_weights_ = false;
 };
 
 }  // namespace flashserve::model::cuda

@@ -11,36 +11,64 @@ namespace {
 constexpr int kWarps = 8;   // output rows per block
 constexpr int kUnroll = 4;  // 16-byte loads of w in flight per lane
 
+// One pass of a lane over a row: kUnroll 16-byte loads of w, kept as loaded until used.
+template <int M>
+__device__ __forceinline__ void fma_pass(const Bf16x8 (&wraw)[kUnroll],
+                                         const __nv_bfloat16* __restrict__ x, int64_t k, int64_t c,
+                                         float (&acc)[M]) {
+  constexpr int64_t kStep = 32 * kVec;
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    float wv[kVec];
+    unpack8(wraw[u], wv);
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      float xv[kVec];
+      load8(x + i * k + c + u * kStep, xv);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) acc[i] = fmaf(wv[e], xv[e], acc[i]);
+    }
+  }
+}
+
+// early: the lane's first pass of w is loaded before the wait for the producer (no kernel writes
+// the weights), so that under programmatic dependent launch the blocks scheduled while the kernel
+// before still runs already have their first loads in flight; the sums are the same either way.
 template <int M, bool kFloatOut>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
-                const __nv_bfloat16* __restrict__ bias, void* __restrict__ y, int64_t n,
-                int64_t k) {
-  pdl::wait_for_producer();  // x is the kernel before's output
-  pdl::release_dependents();
+                const __nv_bfloat16* __restrict__ bias, void* __restrict__ y, int64_t n, int64_t k,
+                bool early) {
   const int lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t{kWarps} + (threadIdx.x >> 5);
-  if (row >= n) return;
-  const __nv_bfloat16* wr = w + row * k;
+  const bool active = row < n;
+  const __nv_bfloat16* wr = w + (active ? row : 0) * k;
+  constexpr int64_t kStep = 32 * kVec;  // elements of a row one warp pass covers
+  int64_t c = int64_t{lane} * kVec;
+  Bf16x8 first[kUnroll];
+  const bool full_first = active && c + (kUnroll - 1) * kStep < k;
+  if (early && full_first)
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) first[u] = load_raw8(wr + c + u * kStep);
+  pdl::wait_for_producer();  // x is the kernel before's output
+  pdl::release_dependents();
+  if (!active) return;
   float acc[M];
 #pragma unroll
   for (int i = 0; i < M; ++i) acc[i] = 0.0f;
-  constexpr int64_t kStep = 32 * kVec;  // elements of a row one warp pass covers
-  int64_t c = int64_t{lane} * kVec;
+  if (full_first) {
+    if (!early)
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) first[u] = load_raw8(wr + c + u * kStep);
+    fma_pass<M>(first, x, k, c, acc);
+    c += kUnroll * kStep;
+  }
   // Main loop: kUnroll independent 16-byte loads of w per lane before their first use.
   for (; c + (kUnroll - 1) * kStep < k; c += kUnroll * kStep) {
-    float wv[kUnroll][kVec];
+    Bf16x8 wraw[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) load8(wr + c + u * kStep, wv[u]);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-      for (int i = 0; i < M; ++i) {
-        float xv[kVec];
-        load8(x + i * k + c + u * kStep, xv);
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) acc[i] = fmaf(wv[u][e], xv[e], acc[i]);
-      }
+    for (int u = 0; u < kUnroll; ++u) wraw[u] = load_raw8(wr + c + u * kStep);
+    fma_pass<M>(wraw, x, k, c, acc);
   }
   for (; c < k; c += kStep) {
     float wv[kVec];
@@ -69,33 +97,34 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 template <int M>
 void launch(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, void* y,
-            bool y_float32, int64_t n, int64_t k, cudaStream_t stream, bool pdl) {
+            bool y_float32, int64_t n, int64_t k, cudaStream_t stream, bool pdl, bool early) {
   if (n == 0) return;
   const dim3 blocks(static_cast<unsigned>((n + kWarps - 1) / kWarps));
   check_cuda(pdl::launch(pdl, y_float32 ? gemv_kernel<M, true> : gemv_kernel<M, false>, blocks,
-                         dim3(kWarps * 32), 0, stream, x, w, bias, y, n, k),
+                         dim3(kWarps * 32), 0, stream, x, w, bias, y, n, k, early),
              "gemv");
 }
 
 }  // namespace
 
 void gemv(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, void* y,
-          bool y_float32, int64_t m, int64_t n, int64_t k, cudaStream_t stream, bool pdl) {
+          bool y_float32, int64_t m, int64_t n, int64_t k, cudaStream_t stream, bool pdl,
+          bool early) {
   if (m > kGemvMaxRows) throw Error(ErrorKind::kInternal, "m", "gemv takes at most 4 rows");
   switch (m) {
     case 0:
       return;
     case 1:
-      launch<1>(x, w, bias, y, y_float32, n, k, stream, pdl);
+      launch<1>(x, w, bias, y, y_float32, n, k, stream, pdl, early);
       break;
     case 2:
-      launch<2>(x, w, bias, y, y_float32, n, k, stream, pdl);
+      launch<2>(x, w, bias, y, y_float32, n, k, stream, pdl, early);
       break;
     case 3:
-      launch<3>(x, w, bias, y, y_float32, n, k, stream, pdl);
+      launch<3>(x, w, bias, y, y_float32, n, k, stream, pdl, early);
       break;
     default:
-      launch<4>(x, w, bias, y, y_float32, n, k, stream, pdl);
+      launch<4>(x, w, bias, y, y_float32, n, k, stream, pdl, early);
       break;
   }
 }

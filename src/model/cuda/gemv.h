@@ -22,8 +22,11 @@ namespace flashserve::model::cuda {
 constexpr int64_t kGemvMaxRows = 4;
 
 // k a multiple of 8, pointers 16-byte aligned; bias optional [n]; y bf16 or float32. pdl: launched
-// with programmatic dependent launch (common/pdl.cuh; sm_90 and later).
+// with programmatic dependent launch (common/pdl.cuh; sm_90 and later). early: each lane loads its
+// first weights before it waits for the kernel before (model/decode_kernels.h early_weights); the
+// result is the same bit for bit.
 void gemv(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, void* y,
-          bool y_float32, int64_t m, int64_t n, int64_t k, cudaStream_t stream, bool pdl = false);
+          bool y_float32, int64_t m, int64_t n, int64_t k, cudaStream_t stream, bool pdl = false,
+          bool early = false);
 
 }  // namespace flashserve::model::cuda

@@ -1,5 +1,6 @@
 #include <string>
 
+#include "common/pdl.cuh"
 #include "flashserve/error.h"
 #include "model/cuda/check.h"
 #include "model/cuda/silu_mul.h"
@@ -11,6 +12,8 @@ namespace {
 // A flat grid over 8-element vectors of the output: pure streaming, 16-byte accesses.
 __global__ void silu_mul_kernel(const __nv_bfloat16* __restrict__ gu,
                                 __nv_bfloat16* __restrict__ out, int64_t n_vecs, int64_t row_vecs) {
+  pdl::wait_for_producer();  // gu is the kernel before's output
+  pdl::release_dependents();
   for (int64_t v = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; v < n_vecs;
        v += int64_t{gridDim.x} * blockDim.x) {
     const int64_t t = v / row_vecs, c = (v % row_vecs) * kVec;
@@ -27,7 +30,7 @@ __global__ void silu_mul_kernel(const __nv_bfloat16* __restrict__ gu,
 }  // namespace
 
 void silu_mul(const __nv_bfloat16* gate_up, __nv_bfloat16* out, int64_t n_tokens,
-              int64_t intermediate, cudaStream_t stream) {
+              int64_t intermediate, cudaStream_t stream, bool pdl) {
   if (intermediate % kVec != 0)
     throw Error(ErrorKind::kUnsupported, "intermediate_size",
                 "must be a multiple of 8, got " + std::to_string(intermediate));
@@ -36,9 +39,9 @@ void silu_mul(const __nv_bfloat16* gate_up, __nv_bfloat16* out, int64_t n_tokens
   const int threads = 256;
   int64_t blocks = (n_vecs + threads - 1) / threads;
   if (blocks > 132 * 16) blocks = 132 * 16;
-  silu_mul_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(gate_up, out, n_vecs,
-                                                                         intermediate / kVec);
-  check_launch("silu_mul");
+  check_cuda(pdl::launch(pdl, silu_mul_kernel, dim3(static_cast<unsigned>(blocks)), dim3(threads),
+                         0, stream, gate_up, out, n_vecs, intermediate / kVec),
+             "silu_mul");
 }
 
 }  // namespace flashserve::model::cuda

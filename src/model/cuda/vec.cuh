@@ -15,14 +15,21 @@ struct alignas(16) Bf16x8 {
   __nv_bfloat162 h[4];
 };
 
-__device__ __forceinline__ void load8(const __nv_bfloat16* p, float (&f)[kVec]) {
-  const Bf16x8 v = *reinterpret_cast<const Bf16x8*>(p);
+__device__ __forceinline__ Bf16x8 load_raw8(const __nv_bfloat16* p) {
+  return *reinterpret_cast<const Bf16x8*>(p);
+}
+
+__device__ __forceinline__ void unpack8(const Bf16x8& v, float (&f)[kVec]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const float2 x = __bfloat1622float2(v.h[i]);
     f[2 * i] = x.x;
     f[2 * i + 1] = x.y;
   }
+}
+
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float (&f)[kVec]) {
+  unpack8(load_raw8(p), f);
 }
 
 __device__ __forceinline__ void store8(__nv_bfloat16* p, const float (&f)[kVec]) {
