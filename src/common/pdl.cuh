@@ -30,6 +30,15 @@ __device__ __forceinline__ void release_dependents() {
 #endif
 }
 
+// The launch attribute that makes a launch programmatic (for launches that set other attributes
+// too; launch() below is the plain case).
+inline cudaLaunchAttribute attribute() {
+  cudaLaunchAttribute a{};
+  a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  a.val.programmaticStreamSerializationAllowed = 1;
+  return a;
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialization attribute
 // when `pdl` (the caller checks the device is sm_90 or later).
 template <typename... Params, typename... Args>
@@ -40,9 +49,7 @@ cudaError_t launch(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, s
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attribute = pdl::attribute();
   config.attrs = &attribute;
   config.numAttrs = pdl ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);

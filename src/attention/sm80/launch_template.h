@@ -127,8 +127,7 @@ void launch_cluster_combine(const FwdParams& params, const FwdLaunch& launch) {
     attrs[0].val.clusterDim.x = 1;
     attrs[0].val.clusterDim.y = 1;
     attrs[0].val.clusterDim.z = static_cast<unsigned>(splits);
-    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[1].val.programmaticStreamSerializationAllowed = 1;
+    attrs[1] = pdl::attribute();
     config.attrs = attrs;
     config.numAttrs = launch.pdl ? 2 : 1;
     FwdParams p{params};
