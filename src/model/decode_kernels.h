@@ -30,8 +30,9 @@ inline constexpr bool kPdlAttentionByDefault = false;
 // quarter of a 4096-wide row) before they wait for the kernel before, and silu is launched
 // programmatically too: the blocks of a product scheduled while the short kernel before it (a
 // norm, silu, RoPE or attention with pdl_attention) still runs have HBM busy instead of idle.
-// Session 36 (written without a GPU, off until measured): at batch 1 a layer's four products
-// follow short kernels whose ~3-10 us leave HBM idle; predicted -1 to -3% of a batch-1 step.
+// Off: predicted -1 to -3% of a batch-1 step, bench_model --fuse-ab measured +0.3% at batch 1
+// (+0.2% with the attention's PDL) and +0.2% at batch 32 (H100, session 36:
+// bench/results/decode-early-weights-h100-2026-12-06-session36.md).
 inline constexpr bool kEarlyWeightsByDefault = false;
 struct DecodeKernelOptions {
   int64_t gemv_rows = kGemvRowsByDefault;
