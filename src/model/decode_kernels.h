@@ -29,7 +29,7 @@ inline constexpr bool kPdlAttentionByDefault = false;
 // Where pdl is on, the GEMV's lanes load their first pass of weights (kUnroll 16-byte loads, a
 // quarter of a 4096-wide row) before they wait for the kernel before, and silu is launched
 // programmatically too: the blocks of a product scheduled while the short kernel before it (a
-// norm, silu, RoPE or attention with pdl_attention) still runs have HBM busy instead of idle.
+// norm, silu, or attention with pdl_attention) still runs have HBM busy instead of idle.
 // Off: predicted -1 to -3% of a batch-1 step, bench_model --fuse-ab measured +0.3% at batch 1
 // (+0.2% with the attention's PDL) and +0.2% at batch 32 (H100, session 36:
 // bench/results/decode-early-weights-h100-2026-12-06-session36.md).
