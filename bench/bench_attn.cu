@@ -38,6 +38,10 @@ struct Options {
   bool fp16 = false;
   bool prefill = true;
   bool decode = true;
+  // Prefill calls pass the workspace attention_workspace_size asks for (as flash_attn_func
+  // does); --no-workspace leaves it out, as a bare C++ call does (the run then allocates what its
+  // plan needs, stream-ordered).
+  bool prefill_workspace = true;
   int pause_ms = 300;                 // idle time before each shape (median_ms)
   std::vector<int> decode_splits{0};  // num_splits per decode call; 0: automatic
   std::string csv;
@@ -74,6 +78,8 @@ Options parse(int argc, char** argv) {
       o.decode = false;
     else if (a == "--decode-only")
       o.prefill = false;
+    else if (a == "--no-workspace")
+      o.prefill_workspace = false;
     else if (a == "--pause-ms")
       o.pause_ms = std::atoi(next());
     else if (a == "--decode-splits")
@@ -85,6 +91,7 @@ Options parse(int argc, char** argv) {
                    "usage: bench_attn [--head-dims 64,128,256] [--seqlens 512,...] [--causal 0,1]\n"
                    "  [--total-tokens 16384] [--hidden 2048] [--iters 30] [--warmup 5] [--fp16]\n"
                    "  [--prefill-only | --decode-only] [--decode-splits 0,8,...] [--pause-ms 300]\n"
+                   "  [--no-workspace (prefill)]\n"
                    "  [--csv FILE]\n");
       std::exit(a == "--help" ? 0 : 2);
     }
@@ -155,7 +162,8 @@ int main(int argc, char** argv) {
   CUDA_OK(cudaDeviceSynchronize());
 
   if (o.prefill) {
-    std::printf("\n%-5s %-6s %-7s %-6s %-6s %10s %10s\n", "hdim", "causal", "seqlen", "batch",
+    std::printf("\nprefill %s a workspace\n", o.prefill_workspace ? "with" : "without");
+    std::printf("%-5s %-6s %-7s %-6s %-6s %10s %10s\n", "hdim", "causal", "seqlen", "batch",
                 "heads", "ms", "TFLOP/s");
     for (int d : o.head_dims)
       for (int c : o.causal)
@@ -168,12 +176,23 @@ int main(int argc, char** argv) {
           p.out = device_view(out, dt, {b, s, h, d});
           p.causal = c != 0;
           std::string err;
+          void* workspace = nullptr;
+          try {
+            if (o.prefill_workspace) p.workspace_bytes = flashserve::attention_workspace_size(p);
+          } catch (const std::exception& e) {
+            std::printf("%-5d %-6d %-7d %-6d %-6d   unsupported: %s\n", d, c, s, b, h, e.what());
+            continue;
+          }
+          if (p.workspace_bytes) CUDA_OK(cudaMalloc(&workspace, p.workspace_bytes));
+          p.workspace = workspace;
           if (!run_once(p, &err)) {
             std::printf("%-5d %-6d %-7d %-6d %-6d   unsupported: %s\n", d, c, s, b, h, err.c_str());
+            CUDA_OK(cudaFree(workspace));
             continue;
           }
           const float ms =
               median_ms([&] { flashserve::attention_forward(p); }, o.warmup, o.iters, o.pause_ms);
+          CUDA_OK(cudaFree(workspace));
           const double flops = 4.0 * b * h * double(s) * s * d * (c ? 0.5 : 1.0);
           const double tflops = flops / (ms * 1e-3) / 1e12;
           std::printf("%-5d %-6d %-7d %-6d %-6d %10.3f %10.1f\n", d, c, s, b, h, ms, tflops);

@@ -601,6 +601,25 @@ TEST(PlanFamily, MixedStepsKeepTheirGroupsOnEitherFamily) {
   EXPECT_EQ(forced.workspace_bytes, 512u);            // two 256-byte aligned counters
 }
 
+// attention_forward without a workspace: a causal sm90 prefill keeps its tile counter (the run
+// allocates the plan's bytes stream-ordered), so its CTAs stay persistent; a non-causal one needs
+// none, and the decodes still do not split.
+TEST(PlanFamily, CausalSm90TakesItsTileCounterWithoutAWorkspace) {
+  for (bool causal : {true, false}) {
+    StepShape s = dense(8, 512, 16, 64, causal);
+    s.ctx.sm90_unavailable = "";
+    s.ctx.workspace_available = false;
+    const Plan p = plan_of(s);
+    ASSERT_EQ(p.launches.size(), 1u);
+    EXPECT_EQ(p.launches[0].kernel.family, attention::KernelFamily::kSm90) << p.summary();
+    EXPECT_EQ(p.launches[0].kernel.tile_counter, causal) << p.summary();
+    EXPECT_EQ(p.workspace_bytes, causal ? 256u : 0u);
+  }
+  StepShape d = step(decodes(8, 32768));
+  d.ctx.workspace_available = false;
+  EXPECT_EQ(plan_of(d).launches[0].kernel.splits, 1);
+}
+
 // Each launch names the tile it runs, from the family's tile configuration: sm80's prefill and
 // decode tiles; sm90's per head dim and mask, the short-key tile up to 1024 keys.
 TEST(PlanFamily, LaunchesCarryTheTileTheKernelRuns) {
@@ -1204,7 +1223,7 @@ TEST(PlanFp8, OneSm90Fp8LaunchOverTheBatchWithVtInTheWorkspace) {
         EXPECT_EQ(l.kernel.masked, causal);
         EXPECT_FALSE(l.kernel.decode);
         EXPECT_EQ(l.kernel.splits, 1);
-        EXPECT_EQ(l.kernel.tile_counter, causal && workspace);
+        EXPECT_EQ(l.kernel.tile_counter, causal);  // with or without a workspace
         EXPECT_EQ(l.kernel.block_m, d == 64 ? 192 : 128);
         EXPECT_EQ(l.kernel.block_n, 128);
         EXPECT_EQ(l.group, SeqGroup::kAll);

@@ -171,7 +171,8 @@ struct PlanContext {
   SplitDevice device;
   int64_t q_rows = 0;  // rows of q (dense batch * seqlen_q, varlen total_q)
   // Automatic splitting (num_splits 0) only where a workspace will be there: plan_attention's
-  // caller allocates workspace_bytes; attention_forward without a workspace does not split.
+  // caller allocates workspace_bytes; attention_forward without a workspace does not split (its
+  // run allocates what the plan still needs, such as a masked sm90 launch's tile counter).
   bool workspace_available = true;
   FamilyRequest family = FamilyRequest::kAuto;
   // Why the sm90 kernel cannot run here whatever the problem's shape ("" when it can): a build
