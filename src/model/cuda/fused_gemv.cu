@@ -5,6 +5,7 @@
 #include "model/cuda/check.h"
 #include "model/cuda/fused_gemv.h"
 #include "model/cuda/gemv.h"
+#include "model/cuda/gemv_pass.cuh"
 #include "model/cuda/reduce.cuh"
 #include "model/cuda/vec.cuh"
 #include "model/decode_kernels.h"
@@ -19,7 +20,6 @@ namespace {
 constexpr int kWarps = 8;   // output columns per block, as gemv.cu
 constexpr int kUnroll = 4;  // 16-byte loads of each weight row in flight per lane, as gemv.cu
 constexpr int kThreads = kWarps * 32;
-constexpr int64_t kStep = 32 * kVec;  // elements of a row one warp pass covers
 // add_rmsnorm's layout: up to 4 vectors of 8 per thread, at most 1024 threads there; here 256.
 constexpr int kNormVecs = 4;
 
@@ -78,7 +78,7 @@ __device__ void normalize_rows(const FusedGemvArgs& a, __nv_bfloat16* xs, float*
 }
 
 // acc[r][i] += w[r] . x[i] over one pass of kUnroll vectors of each weight row: every row's loads
-// first (8 in flight per lane for silu's gate and up rows), then gemv.cu's order of the sums.
+// first (8 in flight per lane for silu's gate and up rows), then each row's fma_pass as gemv.cu's.
 template <int kRows, int M>
 __device__ __forceinline__ void accumulate_pass(const __nv_bfloat16* const (&wr)[kRows],
                                                 const __nv_bfloat16* x, int64_t k, int64_t c,
@@ -87,22 +87,9 @@ __device__ __forceinline__ void accumulate_pass(const __nv_bfloat16* const (&wr)
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      wraw[r][u] = *reinterpret_cast<const Bf16x8*>(wr[r] + c + u * kStep);
+    for (int u = 0; u < kUnroll; ++u) wraw[r][u] = load_raw8(wr[r] + c + u * kGemvStep);
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      float wv[kVec];
-      unpack8(wraw[r][u], wv);
-#pragma unroll
-      for (int i = 0; i < M; ++i) {
-        float xv[kVec];
-        load8(x + i * k + c + u * kStep, xv);
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) acc[r][i] = fmaf(wv[e], xv[e], acc[r][i]);
-      }
-    }
+  for (int r = 0; r < kRows; ++r) fma_pass<kUnroll, M>(wraw[r], x, k, c, acc[r]);
 }
 
 template <int M, bool kNorm, Epilogue kEpi>
@@ -127,7 +114,7 @@ __global__ void __launch_bounds__(kThreads) fused_gemv_kernel(const FusedGemvArg
     for (int r = 0; r < kRows; ++r)
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
-        if (c + u * kStep < k) prefetch_l2(wr[r] + c + u * kStep);
+        if (c + u * kGemvStep < k) prefetch_l2(wr[r] + c + u * kGemvStep);
   pdl::wait_for_producer();
   pdl::release_dependents();
   const __nv_bfloat16* x = a.x;
@@ -142,20 +129,14 @@ __global__ void __launch_bounds__(kThreads) fused_gemv_kernel(const FusedGemvArg
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
-  for (; c + (kUnroll - 1) * kStep < k; c += kUnroll * kStep)
+  for (; c + (kUnroll - 1) * kGemvStep < k; c += kUnroll * kGemvStep)
     accumulate_pass<kRows, M>(wr, x, k, c, acc);
-  for (; c < k; c += kStep) {
+  for (; c < k; c += kGemvStep) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       float wv[kVec];
       load8(wr[r] + c, wv);
-#pragma unroll
-      for (int i = 0; i < M; ++i) {
-        float xv[kVec];
-        load8(x + i * k + c, xv);
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) acc[r][i] = fmaf(wv[e], xv[e], acc[r][i]);
-      }
+      fma_vec<M>(wv, x, k, c, acc[r]);
     }
   }
 #pragma unroll

@@ -2,6 +2,7 @@
 #include "flashserve/error.h"
 #include "model/cuda/check.h"
 #include "model/cuda/gemv.h"
+#include "model/cuda/gemv_pass.cuh"
 #include "model/cuda/reduce.cuh"
 #include "model/cuda/vec.cuh"
 
@@ -10,26 +11,6 @@ namespace {
 
 constexpr int kWarps = 8;   // output rows per block
 constexpr int kUnroll = 4;  // 16-byte loads of w in flight per lane
-
-// One pass of a lane over a row: kUnroll 16-byte loads of w, kept as loaded until used.
-template <int M>
-__device__ __forceinline__ void fma_pass(const Bf16x8 (&wraw)[kUnroll],
-                                         const __nv_bfloat16* __restrict__ x, int64_t k, int64_t c,
-                                         float (&acc)[M]) {
-  constexpr int64_t kStep = 32 * kVec;
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    float wv[kVec];
-    unpack8(wraw[u], wv);
-#pragma unroll
-    for (int i = 0; i < M; ++i) {
-      float xv[kVec];
-      load8(x + i * k + c + u * kStep, xv);
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) acc[i] = fmaf(wv[e], xv[e], acc[i]);
-    }
-  }
-}
 
 // early: the lane's first pass of w is loaded before the wait for the producer (no kernel writes
 // the weights), so that under programmatic dependent launch the blocks scheduled while the kernel
@@ -43,13 +24,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t row = blockIdx.x * int64_t{kWarps} + (threadIdx.x >> 5);
   const bool active = row < n;
   const __nv_bfloat16* wr = w + (active ? row : 0) * k;
-  constexpr int64_t kStep = 32 * kVec;  // elements of a row one warp pass covers
   int64_t c = int64_t{lane} * kVec;
   Bf16x8 first[kUnroll];
-  const bool full_first = active && c + (kUnroll - 1) * kStep < k;
+  const bool full_first = active && c + (kUnroll - 1) * kGemvStep < k;
   if (early && full_first)
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) first[u] = load_raw8(wr + c + u * kStep);
+    for (int u = 0; u < kUnroll; ++u) first[u] = load_raw8(wr + c + u * kGemvStep);
   pdl::wait_for_producer();  // x is the kernel before's output
   pdl::release_dependents();
   if (!active) return;
@@ -59,27 +39,21 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (full_first) {
     if (!early)
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) first[u] = load_raw8(wr + c + u * kStep);
-    fma_pass<M>(first, x, k, c, acc);
-    c += kUnroll * kStep;
+      for (int u = 0; u < kUnroll; ++u) first[u] = load_raw8(wr + c + u * kGemvStep);
+    fma_pass<kUnroll, M>(first, x, k, c, acc);
+    c += kUnroll * kGemvStep;
   }
   // Main loop: kUnroll independent 16-byte loads of w per lane before their first use.
-  for (; c + (kUnroll - 1) * kStep < k; c += kUnroll * kStep) {
+  for (; c + (kUnroll - 1) * kGemvStep < k; c += kUnroll * kGemvStep) {
     Bf16x8 wraw[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) wraw[u] = load_raw8(wr + c + u * kStep);
-    fma_pass<M>(wraw, x, k, c, acc);
+    for (int u = 0; u < kUnroll; ++u) wraw[u] = load_raw8(wr + c + u * kGemvStep);
+    fma_pass<kUnroll, M>(wraw, x, k, c, acc);
   }
-  for (; c < k; c += kStep) {
+  for (; c < k; c += kGemvStep) {
     float wv[kVec];
     load8(wr + c, wv);
-#pragma unroll
-    for (int i = 0; i < M; ++i) {
-      float xv[kVec];
-      load8(x + i * k + c, xv);
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) acc[i] = fmaf(wv[e], xv[e], acc[i]);
-    }
+    fma_vec<M>(wv, x, k, c, acc);
   }
 #pragma unroll
   for (int i = 0; i < M; ++i) acc[i] = warp_sum(acc[i]);
