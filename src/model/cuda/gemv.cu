@@ -14,7 +14,8 @@ constexpr int kUnroll = 4;  // 16-byte loads of w in flight per lane
 
 // early: the lane's first pass of w is loaded before the wait for the producer (no kernel writes
 // the weights), so that under programmatic dependent launch the blocks scheduled while the kernel
-// before still runs already have their first loads in flight; the sums are the same either way.
+// before still runs already have their first loads in flight; the main loop then starts one pass
+// later, and the sums are the same either way. Off by default (measured no gain: decode_kernels.h).
 template <int M, bool kFloatOut>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
@@ -26,8 +27,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const __nv_bfloat16* wr = w + (active ? row : 0) * k;
   int64_t c = int64_t{lane} * kVec;
   Bf16x8 first[kUnroll];
-  const bool full_first = active && c + (kUnroll - 1) * kGemvStep < k;
-  if (early && full_first)
+  const bool peel = early && active && c + (kUnroll - 1) * kGemvStep < k;
+  if (peel)
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) first[u] = load_raw8(wr + c + u * kGemvStep);
   pdl::wait_for_producer();  // x is the kernel before's output
@@ -36,10 +37,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   float acc[M];
 #pragma unroll
   for (int i = 0; i < M; ++i) acc[i] = 0.0f;
-  if (full_first) {
-    if (!early)
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) first[u] = load_raw8(wr + c + u * kGemvStep);
+  if (peel) {
     fma_pass<kUnroll, M>(first, x, k, c, acc);
     c += kUnroll * kGemvStep;
   }
