@@ -28,10 +28,15 @@ bool is_decode(const Problem& pr) {
 //     sequences of 2k-16k keys): the blocks are too few to hide the kernel's latency, so a split
 //     keeps >= key_blocks / 32 blocks instead (up to 32 splits, batch 1 x 32k's best, down to the
 //     short regime's one block at 2k). Not measured on its own: it joins the two measured regimes.
-//   - short keys (< 2k at d128): a few sequences leave the GPU idle, many fill it unsplit.
+//   - short keys (< 2k at d128, and 2k over at most one tile per SM): a few sequences leave the
+//     GPU idle, many fill it unsplit. Aim at two blocks per SM, each split keeping one key block.
 //     bench_model's attention rows (H200, page 16, 1k keys, 32/8 heads, 2026-12-02, run 47):
-//     batch 1 took 43.3/19.3/14.6 us with 1/4/16 splits, batch 32 46.3/55.3/76.4 us. So aim at
-//     one block per SM (batch 32's 256 tiles: unsplit), each split keeping one key block.
+//     batch 1 took 43.3/19.3/14.6 us with 1/4/16 splits, batch 32 46.3/55.3/76.4 us. Batches
+//     2-16 (H100, paged 16, bench_serve_attn --decode-splits, session 37,
+//     bench/results/decode-splits-h100-2026-12-06-session37.md): the fastest forced count gave
+//     256 blocks at 512, 1k and 2k keys (2 x 1k: 16 splits, 4 x: 8, 8 x: 4, 16 x: 2), where one
+//     block per SM took 12-29% longer at batch 2-8 (4 x 1k 15.4 us against 12.0 at 8 splits;
+//     4 x 2k, then in the long regime below at 25 splits: 20.8 us against 16.1).
 // The fp8 KV cache's register-conversion tiles (fp8_codes) hold half the bytes, so twice the
 // blocks fit an SM (decode_code_smem_bytes: six at d128), and they have one more regime:
 //   - one round of their slots holds every tile and at least half of it is busy: unsplit. H200,
@@ -63,10 +68,9 @@ SplitChoice split_choice(const Problem& pr, const SplitDevice& dev, bool decode,
     slots = per_sm * dev.sms;
     target = enough = 2 * slots;
     min_blocks = 16;
-    if (key_blocks < 2 * min_blocks) {  // short keys
-      const int64_t whole_blocks = pr.max_kv_len / t.block_n;
-      const int64_t splits =
-          std::min<int64_t>({(int64_t{dev.sms} + tiles - 1) / tiles, whole_blocks, most});
+    if (key_blocks < 2 * min_blocks || (key_blocks == 2 * min_blocks && tiles <= dev.sms)) {
+      const int64_t whole_blocks = pr.max_kv_len / t.block_n;  // short keys: two blocks per SM
+      const int64_t splits = std::min<int64_t>({2 * int64_t{dev.sms} / tiles, whole_blocks, most});
       return {splits < 2 ? 1 : static_cast<int>(splits), 1};
     }
     if (fp8_codes && tiles <= slots && 2 * tiles >= slots)  // one round, half busy

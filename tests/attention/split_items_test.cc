@@ -133,14 +133,17 @@ TEST(SplitItems, BalancedSplitOfTheMeasuredShapes) {
   auto is = [](attention::BalancedSplit b, int items, int min_blocks) {
     return b.items == items && b.min_blocks == min_blocks;
   };
-  // 16 x 2k: the even split's 2 (16 blocks each) plus one.
-  EXPECT_TRUE(is(attention::balanced_split(shape(16, 2048), h200), 3, 16));
+  // 16 x 2k: the even split's 2 (16 blocks each) plus one; shares of one block at least (the
+  // short-key rule takes 2k keys over at most one tile per SM).
+  EXPECT_TRUE(is(attention::balanced_split(shape(16, 2048), h200), 3, 1));
+  // 24 x 2k (192 tiles): the long-key rule, shares of 16 blocks at least.
+  EXPECT_TRUE(is(attention::balanced_split(shape(24, 2048), h200), 3, 16));
   // 112 x 2k: 896 tiles, two rounds of 396 slots: unsplit evenly, 2 items by length.
   EXPECT_TRUE(is(attention::balanced_split(shape(112, 2048), h200), 2, 16));
   // 4 x 4k: 25 even splits (under half a round busy at 16 blocks a split: shares of 64 / 32).
   EXPECT_TRUE(is(attention::balanced_split(shape(4, 4096), h200), 26, 2));
-  // Short keys: one block a share at least.
-  EXPECT_TRUE(is(attention::balanced_split(shape(4, 1024), h200), 6, 1));
+  // Short keys: 8 even splits (two blocks per SM) plus one, one block a share at least.
+  EXPECT_TRUE(is(attention::balanced_split(shape(4, 1024), h200), 9, 1));
   // Nothing to balance, or the caller's count.
   EXPECT_TRUE(is(attention::balanced_split(shape(1, 32768), h200), 0, 0));
   EXPECT_TRUE(is(attention::balanced_split(shape(8, 8192, 3), h200), 0, 0));

@@ -48,17 +48,29 @@ TEST(SplitPolicy, DecodeCountsOfTheMeasuredShapes) {
   EXPECT_EQ(choose_splits(shape(128, 1, 2048, 32, 8), kH200, true), 1);  // enough tiles
 }
 
-// Under 2k keys (d128): one block per SM, one 64-key block per split at least. Measured (run 47,
-// 1k keys): batch 1 fastest at 16 splits (14.6 us, 43.3 unsplit), batch 32 unsplit (46.3 us,
-// 76.4 with 16 splits).
-TEST(SplitPolicy, ShortDecodesSplitToOneKeyBlockEach) {
+// Under 2k keys (d128), and at 2k over at most one tile per SM: two blocks per SM, one 64-key
+// block per split at least. Measured (run 47, 1k keys): batch 1 fastest at 16 splits (14.6 us,
+// 43.3 unsplit), batch 32 unsplit (46.3 us, 76.4 with 16 splits); session 37 (batches 2-16 at
+// 512, 1k and 2k keys): the fastest forced count gave 256 blocks.
+TEST(SplitPolicy, ShortDecodesSplitToTwoBlocksPerSm) {
   EXPECT_EQ(choose_splits(shape(1, 1, 1024, 32, 8), kH200, true), 16);
   EXPECT_EQ(choose_splits(shape(32, 1, 1024, 32, 8), kH200, true), 1);
   EXPECT_EQ(choose_splits(shape(1, 1, 1000, 32, 8), kH200, true), 15);  // 15 whole key blocks
-  // 4 sequences x 8 KV heads = 32 tiles: 132 / 32 -> 5 splits of 64-key blocks.
-  EXPECT_EQ(choose_splits(shape(4, 1, 1024, 32, 8), kH200, true), 5);
+  // b sequences x 8 KV heads = 8b tiles: 264 / 8b splits (the measured best at b = 2..16).
+  EXPECT_EQ(choose_splits(shape(2, 1, 1024, 32, 8), kH200, true), 16);
+  EXPECT_EQ(choose_splits(shape(4, 1, 1024, 32, 8), kH200, true), 8);
+  EXPECT_EQ(choose_splits(shape(8, 1, 1024, 32, 8), kH200, true), 4);
+  EXPECT_EQ(choose_splits(shape(16, 1, 1024, 32, 8), kH200, true), 2);
+  EXPECT_EQ(choose_splits(shape(4, 1, 512, 32, 8), kH200, true), 8);  // all 8 whole blocks
+  EXPECT_EQ(choose_splits(shape(8, 1, 512, 32, 8), kH200, true), 4);
   EXPECT_EQ(choose_splits(shape(64, 1, 1024, 32, 8), kH200, true), 1);
   EXPECT_EQ(choose_splits(shape(1, 1, 63, 32, 8), kH200, true), 1);  // not one whole block
+  // 2k keys (32 blocks): the same rule while the tiles fit one per SM (16 x 8 = 128 of 132).
+  EXPECT_EQ(choose_splits(shape(2, 1, 2048, 32, 8), kH200, true), 16);
+  EXPECT_EQ(choose_splits(shape(4, 1, 2048, 32, 8), kH200, true), 8);
+  EXPECT_EQ(choose_splits(shape(8, 1, 2048, 32, 8), kH200, true), 4);
+  EXPECT_EQ(choose_splits(shape(16, 1, 2048, 32, 8), kH200, true), 2);
+  EXPECT_EQ(choose_splits(shape(24, 1, 2048, 32, 8), kH200, true), 2);  // 192 tiles: long rule
 }
 
 // Past 2k keys, a few sequences whose 16-block splits would keep under half the GPU's 396 block
