@@ -35,7 +35,7 @@ bool is_decode(const Problem& pr) {
 //     2-16 (H100, paged 16, bench_serve_attn --decode-splits, session 37,
 //     bench/results/decode-splits-h100-2026-12-06-session37.md): the fastest forced count gave
 //     256 blocks at 512, 1k and 2k keys (2 x 1k: 16 splits, 4 x: 8, 8 x: 4, 16 x: 2), where one
-//     block per SM took 12-29% longer at batch 2-8 (4 x 1k 15.4 us against 12.0 at 8 splits;
+//     block per SM took 6-29% longer at batch 2-8 (4 x 1k 15.4 us against 12.0 at 8 splits;
 //     4 x 2k, then in the long regime below at 25 splits: 20.8 us against 16.1).
 // The fp8 KV cache's register-conversion tiles (fp8_codes) hold half the bytes, so twice the
 // blocks fit an SM (decode_code_smem_bytes: six at d128), and they have one more regime:
