@@ -176,7 +176,7 @@ void launch(FwdParams& p, const FwdArgs& a) {
   // mask) go by a fixed stride; causal tiles differ in cost by up to the number of query tiles,
   // and a fixed stride over the sorted list leaves some CTAs only heavy ones (run 32: d256
   // causal 16k 694 -> 458 TFLOP/s), so masked tiles take the next tile from a counter; without
-  // one (no workspace) each CTA runs one tile and the hardware hands out the next.
+  // one (a launch given none; the plan always gives masked launches one) each CTA runs one tile.
   p.tile_counter = kMasked ? a.tile_counter : nullptr;
   const bool one_tile_each = kMasked && p.tile_counter == nullptr;
   const int grid = one_tile_each
