@@ -175,13 +175,13 @@ void launch(FwdParams& p, const FwdArgs& a) {
   // a tile's first loads overlap the previous tile's last GEMMs and epilogue. Equal tiles (no
   // mask) go by a fixed stride; causal tiles differ in cost by up to the number of query tiles,
   // and a fixed stride over the sorted list leaves some CTAs only heavy ones (run 32: d256
-  // causal 16k 694 -> 458 TFLOP/s), so masked tiles take the next tile from a counter; without
-  // one (a launch given none; the plan always gives masked launches one) each CTA runs one tile.
+  // causal 16k 694 -> 458 TFLOP/s), so masked tiles take the next tile from a counter (the plan
+  // gives every masked launch one, from the workspace or the run's scratch).
+  if (kMasked && a.tile_counter == nullptr)
+    throw Error(ErrorKind::kInternal, "workspace",
+                "a masked sm90 launch was given no tile counter");
   p.tile_counter = kMasked ? a.tile_counter : nullptr;
-  const bool one_tile_each = kMasked && p.tile_counter == nullptr;
-  const int grid = one_tile_each
-                       ? p.num_tiles
-                       : static_cast<int>(std::min<int64_t>(p.num_tiles, clusters)) * kCluster;
+  const int grid = static_cast<int>(std::min<int64_t>(p.num_tiles, clusters)) * kCluster;
   if (p.tile_counter != nullptr)
     check_cuda(cudaMemsetAsync(p.tile_counter, 0, sizeof(int), a.stream),
                "cudaMemsetAsync (sm90 tile counter)");
