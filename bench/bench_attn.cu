@@ -130,6 +130,20 @@ bool run_once(const flashserve::AttentionParams& p, std::string* error) {
   }
 }
 
+// Allocates the device workspace attention_workspace_size asks for into p (none where it asks
+// none); false, with the library's message, where the call is refused. The caller frees
+// p.workspace.
+bool give_workspace(flashserve::AttentionParams& p, std::string* error) {
+  try {
+    p.workspace_bytes = flashserve::attention_workspace_size(p);
+  } catch (const std::exception& e) {
+    *error = e.what();
+    return false;
+  }
+  if (p.workspace_bytes) CUDA_OK(cudaMalloc(&p.workspace, p.workspace_bytes));
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -176,23 +190,14 @@ int main(int argc, char** argv) {
           p.out = device_view(out, dt, {b, s, h, d});
           p.causal = c != 0;
           std::string err;
-          void* workspace = nullptr;
-          try {
-            if (o.prefill_workspace) p.workspace_bytes = flashserve::attention_workspace_size(p);
-          } catch (const std::exception& e) {
-            std::printf("%-5d %-6d %-7d %-6d %-6d   unsupported: %s\n", d, c, s, b, h, e.what());
-            continue;
-          }
-          if (p.workspace_bytes) CUDA_OK(cudaMalloc(&workspace, p.workspace_bytes));
-          p.workspace = workspace;
-          if (!run_once(p, &err)) {
+          if ((o.prefill_workspace && !give_workspace(p, &err)) || !run_once(p, &err)) {
             std::printf("%-5d %-6d %-7d %-6d %-6d   unsupported: %s\n", d, c, s, b, h, err.c_str());
-            CUDA_OK(cudaFree(workspace));
+            CUDA_OK(cudaFree(p.workspace));
             continue;
           }
           const float ms =
               median_ms([&] { flashserve::attention_forward(p); }, o.warmup, o.iters, o.pause_ms);
-          CUDA_OK(cudaFree(workspace));
+          CUDA_OK(cudaFree(p.workspace));
           const double flops = 4.0 * b * h * double(s) * s * d * (c ? 0.5 : 1.0);
           const double tflops = flops / (ms * 1e-3) / 1e12;
           std::printf("%-5d %-6d %-7d %-6d %-6d %10.3f %10.1f\n", d, c, s, b, h, ms, tflops);
@@ -225,24 +230,19 @@ int main(int argc, char** argv) {
         // Automatic split-KV (or the forced count), with the workspace the call asks for (without
         // one the automatic choice would not split).
         p.num_splits = splits;
-        void* workspace = nullptr;
         std::string err;
-        try {
-          p.workspace_bytes = flashserve::attention_workspace_size(p);
-        } catch (const std::exception& e) {
-          std::printf("%-6d %-7d %-6d   unsupported: %s\n", b, kv, splits, e.what());
+        if (!give_workspace(p, &err)) {
+          std::printf("%-6d %-7d %-6d   unsupported: %s\n", b, kv, splits, err.c_str());
           continue;
         }
-        if (p.workspace_bytes) CUDA_OK(cudaMalloc(&workspace, p.workspace_bytes));
         // The workspace holds fp32 O and LSE per (split, row, head): it tells the automatic count.
         const size_t per_split = size_t(b) * hq * (d + 1) * 4;
         const std::string split_name =
             splits != 0 ? std::to_string(splits)
                         : "a" + std::to_string(std::max<size_t>(1, p.workspace_bytes / per_split));
-        p.workspace = workspace;
         if (!run_once(p, &err)) {
           std::printf("%-6d %-7d %-6s   unsupported: %s\n", b, kv, split_name.c_str(), err.c_str());
-          CUDA_OK(cudaFree(workspace));
+          CUDA_OK(cudaFree(p.workspace));
           continue;
         }
         const float ms =
@@ -253,7 +253,7 @@ int main(int argc, char** argv) {
                     100.0 * tbs / copy_tbs);
         if (csv && splits == 0)
           std::fprintf(csv, "decode,%d,0,%d,%d,%d,%.5f,%.3f\n", d, kv, b, hq, ms, tbs);
-        CUDA_OK(cudaFree(workspace));
+        CUDA_OK(cudaFree(p.workspace));
       }
   }
   if (csv) std::fclose(csv);
