@@ -8,13 +8,13 @@
 // warpgroup's QK^T + PV alone on the tensor cores (4096 dense FLOP per clock per SM).
 // Usage: sm90_trace [variant:L:causal ...], variants d64-192x128, d64-128x128, d128-128x128,
 // d128-128x176, d256-128x80, and with session 18's tile boundary (tile_config.h OverlappedEpilogue:
-// O by TMA store, the work announced; d256 staged in Q) d64-192x128-epi, d128-128x128-epi,
-// d256-128x80-epi, and the float8_e4m3fn tiles (tile_config.h Fp8Tile: q, k, v in e4m3, V^T's
-// pre-pass before the traced launch, descales 1) d64-fp8, d128-fp8, d128-fp8-192, d256-fp8
-// (default: d128-128x128:512:0 d128-128x176:8192:0). "ideal" counts 8192 dense FLOP per clock
-// for the fp8 tiles. Each output is hashed (equal hashes: equal bits) and compared with the first
-// variant of the same L, causality and head dim run before it (largest and RMS difference beside
-// O's RMS).
+// O by TMA store, the work announced; d256 staged in Q) d64-192x128-epi, d64-128x128-epi,
+// d128-128x128-epi, d256-128x80-epi, and the float8_e4m3fn tiles (tile_config.h Fp8Tile: q, k, v in
+// e4m3, V^T's pre-pass before the traced launch, descales 1) d64-fp8, d128-fp8, d128-fp8-192,
+// d256-fp8 (default: d128-128x128:512:0 d128-128x176:8192:0). "ideal" counts 8192 dense FLOP per
+// clock for the fp8 tiles. Each output is hashed (equal hashes: equal bits) and compared with the
+// first variant of the same L, causality and head dim run before it (largest and RMS difference
+// beside O's RMS).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -205,6 +205,7 @@ int main(int argc, char** argv) {
       {"d128-128x176", variant<128, 128, 176>()},
       {"d256-128x80", variant<256, 128, 80, true>()},
       {"d64-192x128-epi", variant<64, 192, 128, false, true>()},
+      {"d64-128x128-epi", variant<64, 128, 128, false, true>()},
       {"d128-128x128-epi", variant<128, 128, 128, false, true>()},
       {"d256-128x80-epi", variant<256, 128, 80, true, true>()},
       {"d64-fp8", fp8_variant<64, 128>()},
