@@ -171,7 +171,21 @@ void analyse(const std::vector<uint64_t>& buf, int ctas, int consumers, double i
           case sm90::kEpilogueStart:
             ph.add("tile: last PV", t - step_end);
             break;
+          case sm90::kEpilogueFree:
+            ph.add("epilogue: staging free", t - t_prev[sm90::kEpilogueStart]);
+            break;
+          case sm90::kEpilogueWritten:
+            ph.add("epilogue: O and LSE written",
+                   t - (t_prev[sm90::kEpilogueFree] > t_prev[sm90::kEpilogueStart]
+                            ? t_prev[sm90::kEpilogueFree]
+                            : t_prev[sm90::kEpilogueStart]));
+            break;
+          case sm90::kEpilogueSynced:
+            ph.add("epilogue: fenced and synced", t - t_prev[sm90::kEpilogueWritten]);
+            break;
           case sm90::kEpilogueEnd:
+            if (t_prev[sm90::kEpilogueSynced] > t_prev[sm90::kEpilogueStart])
+              ph.add("epilogue: TMA stores issued", t - t_prev[sm90::kEpilogueSynced]);
             ph.add("tile: epilogue", t - t_prev[sm90::kEpilogueStart]);
             ph.add("tile: total", t - tile_read);
             consumer_cycles += static_cast<double>(t - tile_read);

@@ -811,7 +811,8 @@ __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParam
                                            const kernel::TileCoords& tile,
                                            const kernel::SeqLens& seq, int cw, int tid,
                                            const float (&o)[Cfg::kHeadDim / 2],
-                                           const RowsOf<Cfg>& rows, bool keyed) {
+                                           const RowsOf<Cfg>& rows, bool keyed,
+                                           Trace<Cfg::kTrace>& trace) {
   constexpr int kD = Cfg::kHeadDim;
   using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   const int lane = tid % 32, b = seq_of(p, tile);
@@ -830,6 +831,7 @@ __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParam
   if (!Cfg::kOInQ && by_tma) {
     if (tid == 0) tma_store_wait_read();
     epilogue_sync(cw);  // the staging buffer is free for every thread of the warpgroup
+    trace(kEpilogueFree);
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -875,8 +877,10 @@ __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParam
   }
   if constexpr (Cfg::kTmaStoreO) {
     if (by_tma) {
+      trace(kEpilogueWritten);
       fence_shared_to_async();  // each thread's staging writes, before the TMA store reads them
       epilogue_sync(cw);
+      trace(kEpilogueSynced);
       if (tid == 0) {
         // Varlen maps are one sequence of all rows (the launch's tma_o, as tma_q).
         const int z = p.cu_seqlens_q != nullptr ? 0 : b;
@@ -958,7 +962,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
 #pragma unroll
       for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
       rows = RowsOf<Cfg>{};
-      store_tile<Cfg, kBf16>(s, p, tile, w.seq, cw, tid, o, rows, /*keyed=*/false);
+      store_tile<Cfg, kBf16>(s, p, tile, w.seq, cw, tid, o, rows, /*keyed=*/false, trace);
       continue;
     }
     // The two rows of this thread in the accumulator fragment (wgmma.h), as query indices.
@@ -1082,7 +1086,7 @@ __device__ __forceinline__ void consume_tiles(SharedStorage<Cfg>& s, const FwdPa
       fence_regs(o);
       trace(kEpilogueStart);
       release_kv<Cfg>(s.v_empty[last]);
-      store_tile<Cfg, kBf16>(s, p, tile, seq_again(), cw, tid, o, rows, /*keyed=*/true);
+      store_tile<Cfg, kBf16>(s, p, tile, seq_again(), cw, tid, o, rows, /*keyed=*/true, trace);
       trace(kEpilogueEnd);
     }
     ring += n_blocks;

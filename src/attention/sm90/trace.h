@@ -15,7 +15,9 @@ inline constexpr int kTraceCap = 16384;
 enum TraceEvent : uint32_t {
   // A consumer warpgroup, per tile: the producer's announcement read, Q landed; per key block:
   // its turn taken, K landed, the GEMMs issued (and the turn passed), S ready, the softmax done,
-  // P V of the block before done, the step's end; the epilogue's start and end.
+  // P V of the block before done, the step's end; the epilogue's start, its staging free (the
+  // previous tile's TMA store has read it), O and LSE written, the staging fenced and synced, and
+  // its end.
   kTileRead = 1,
   kQReady,
   kTurn,
@@ -27,6 +29,9 @@ enum TraceEvent : uint32_t {
   kStepEnd,
   kEpilogueStart,
   kEpilogueEnd,
+  kEpilogueFree,
+  kEpilogueWritten,
+  kEpilogueSynced,
   // The producer: a tile announced; after its wait for the stage, Q, K and V issued.
   kProducerTile = 16,
   kProducerQ,
