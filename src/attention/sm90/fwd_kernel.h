@@ -797,6 +797,34 @@ __device__ __forceinline__ bool tma_box_in_sequence(const FwdParams& p, const ke
          (wg_row0 + 64 <= seq.q_len || seq.q_start + seq.q_len >= p.seqlen_q);
 }
 
+// This thread's share of warpgroup cw's 64 rows of O (packed[h][g]: row 16 warp + lane / 4 +
+// 8 h, columns 8 g + 2 (lane % 4) + {0, 1}, the accumulator's layout) into its staging chunks
+// (o_chunk: 64 rows of 128 bytes each, 16-byte unit g % 8 of row r at unit (g % 8) ^ (r % 8):
+// TMA's 128-byte swizzle). One stmatrix x4 per 16 columns, as the
+// backward's store_ds: matrix m of the four is row half m % 2 of group 2 j + m / 2, exactly the
+// registers' layout (row lane / 4, columns 2 (lane % 4) and + 1), and lane L gives the address of
+// row L % 8 of matrix L / 8. It replaces 4 shuffles and a 16-byte store per 32 columns and row
+// half (store_row_vec16), whose traffic through the MIO queue beside the other warpgroup's
+// wgmma made the epilogue 1500-1900 cycles at 512 keys (session 38, sm90_trace). A matrix's 8
+// rows land in 8 distinct swizzled units: no bank conflict. Group 2 j + m / 2 has unit
+// (2 j % 8) + L / 16, a sum of disjoint bits, so each store XORs its compile-time part into an
+// address computed once.
+template <class Cfg>
+__device__ __forceinline__ void stage_o(SharedStorage<Cfg>& s, int cw,
+                                        const uint32_t (&packed)[2][Cfg::kHeadDim / 8], int tid) {
+  const int lane = tid % 32, r = (tid / 32) * 16 + 8 * ((lane / 8) % 2) + lane % 8;
+  const uint32_t offset = r * 128 + (((lane / 16) ^ (lane % 8)) << 4);
+#pragma unroll
+  for (int j = 0; j < Cfg::kHeadDim / 16; ++j) {
+    const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(o_chunk(s, cw, j / 4))) +
+                          (offset ^ (((2 * j) % 8) << 4));
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(packed[0][2 * j]), "r"(packed[1][2 * j]), "r"(packed[0][2 * j + 1]),
+                 "r"(packed[1][2 * j + 1])
+                 : "memory");
+  }
+}
+
 // The epilogue of one consumer warpgroup's 64 rows of `tile` (cw c: tile rows 64c .. 64c + 63,
 // tid its thread 0..127): O / sum and LSE; rows past q_len are not stored. With kTmaStoreO, O
 // goes to the warpgroup's staging (o_chunk) and thread 0 stores it with TMA (tma_box_in_sequence;
@@ -833,6 +861,7 @@ __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParam
     epilogue_sync(cw);  // the staging buffer is free for every thread of the warpgroup
     trace(kEpilogueFree);
   }
+  uint32_t packed[2][kD / 8];  // row half h's 8-column groups, as 16-bit pairs
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float sum = rows.sum[h];
@@ -845,25 +874,14 @@ __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParam
     const bool seen = sum != 0.0f;
     float inv = seen ? 1.0f / sum : 0.0f;
     if constexpr (Cfg::kFp8) inv *= o_scale;
-    uint32_t packed[kD / 8];
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i)
-      packed[i] = pack2<kBf16>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
-    if (by_tma) {
-      // Row r of the warpgroup's 64, 8-column group g: chunk g / 8, 16-byte unit g % 8 of the
-      // row's 128 bytes, swizzled by r % 8 (TMA's 128-byte swizzle). A warp's 32 stores hit 8
-      // rows at 8 distinct swizzled units each: no bank conflicts beyond the 4 wavefronts of
-      // 512 bytes.
-      const int r = t - wg_row0;
-      if constexpr (Cfg::kTmaStoreO)
-        store_row_vec16<kD>(packed, lane % 4, [&](int g, uint4 v) {
-          *reinterpret_cast<uint4*>(o_chunk(s, cw, g / 8) + r * 128 + ((g % 8) ^ (r % 8)) * 16) = v;
-        });
-    } else {
+      packed[h][i] = pack2<kBf16>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+    if (!by_tma) {
       Elem* out = static_cast<Elem*>(p.out) + b * p.o_batch_stride +
                   int64_t{seq.q_start + t} * p.o_row_stride + tile.head * p.o_head_stride;
       // The dispatch refuses outputs whose rows are not 16-byte aligned (check_aligned).
-      store_row_vec16<kD>(packed, lane % 4, [&](int g, uint4 v) {
+      store_row_vec16<kD>(packed[h], lane % 4, [&](int g, uint4 v) {
         if (t < seq.q_len) *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(out) + 16 * g) = v;
       });
     }
@@ -875,6 +893,8 @@ __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParam
             int64_t{seq.q_start + t} * p.lse_row_stride] = lse;
     }
   }
+  if constexpr (Cfg::kTmaStoreO)
+    if (by_tma) stage_o(s, cw, packed, tid);
   if constexpr (Cfg::kTmaStoreO) {
     if (by_tma) {
       trace(kEpilogueWritten);
