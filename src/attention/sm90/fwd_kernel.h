@@ -111,7 +111,7 @@ template <class Cfg>
 inline constexpr bool kOwnEpilogueBuffer =
     smem_bytes<OverlappedEpilogue<Cfg, true>>() <= kMaxSmemPerBlock;
 static_assert(kOwnEpilogueBuffer<TileConfig<64, 192, 128>> &&
-                  kOwnEpilogueBuffer<TileConfig<64, 128, 128>> &&
+                  kOwnEpilogueBuffer<TileConfig<64, 128, 128, 3>> &&
                   kOwnEpilogueBuffer<TileConfig<128, 128, 128>>,
               "d64 and d128 x 128 have room for O's own staging");
 static_assert(!kOwnEpilogueBuffer<TileConfig<128, 128, 176>> &&
