@@ -197,6 +197,38 @@ void analyse(const std::vector<uint64_t>& buf, int ctas, int consumers, double i
       }
     }
   }
+  // Q's round trip, tile by tile (the k-th Q the producer issues is the k-th tile with keys of
+  // every consumer): from the previous tile's last S ready (the last of the consumers': Q is
+  // released after it) to the producer's issue, and from the issue to each consumer's Q ready.
+  for (int b = 0; b < ctas; ++b) {
+    std::vector<uint64_t> q_issue;
+    const uint64_t* pr = buf.data() + int64_t{b} * sm90::kTraceRoles * sm90::kTraceCap;
+    for (int i = 0; i < sm90::kTraceCap && pr[i] != 0; ++i)
+      if ((pr[i] & 0xff) == sm90::kProducerQ) q_issue.push_back(pr[i] >> 8);
+    std::vector<uint64_t> released(q_issue.size() + 1, 0);  // tile k's Q free: max last S ready
+    std::vector<std::vector<uint64_t>> ready(consumers);
+    for (int c = 0; c < consumers; ++c) {
+      const uint64_t* r = buf.data() + (int64_t{b} * sm90::kTraceRoles + 1 + c) * sm90::kTraceCap;
+      uint64_t last_s = 0;
+      for (int i = 0; i < sm90::kTraceCap && r[i] != 0; ++i) {
+        const uint32_t e = r[i] & 0xff;
+        const uint64_t t = r[i] >> 8;
+        if (e == sm90::kQReady) {
+          const size_t k = ready[c].size();
+          if (k > 0 && k - 1 < released.size()) released[k - 1] = std::max(released[k - 1], last_s);
+          ready[c].push_back(t);
+        }
+        if (e == sm90::kSReady) last_s = t;
+      }
+    }
+    for (size_t k = 0; k < q_issue.size(); ++k) {
+      if (k > 0 && released[k - 1] != 0 && q_issue[k] > released[k - 1])
+        ph.add("Q: the tile before's last S ready to the issue", q_issue[k] - released[k - 1]);
+      for (int c = 0; c < consumers; ++c)
+        if (k < ready[c].size() && ready[c][k] > q_issue[k])
+          ph.add("Q: issue to ready", ready[c][k] - q_issue[k]);
+    }
+  }
   std::printf("kernel %.1f us; longest CTA %llu cycles (%.0f MHz); ideal step %.0f cycles\n\n",
               elapsed_ms * 1e3, static_cast<unsigned long long>(span), span / (elapsed_ms * 1e3),
               ideal_step);
