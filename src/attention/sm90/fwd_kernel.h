@@ -438,18 +438,8 @@ __device__ __forceinline__ void produce_tiles(SharedStorage<Cfg>& s, const FwdPa
   const int stride = gridDim.x / Cfg::kCluster;
   int ring = 0, q_round = 0;
   for (int t = blockIdx.x / Cfg::kCluster, k = 0;; ++k) {
-    // The next tile from the counter (masked grids; thread 0 takes it). The TMA producer claims
-    // it as soon as this tile is known and reads it only after this tile's loads are issued: the
-    // atomic's round trip (~1000+ cycles under load) then overlaps them instead of delaying the
-    // next tile's first loads, its Q among them (session 38, sm90_trace at d128 causal 512: the
-    // producer issued the next Q ~1600 cycles after the tile before's last QK^T, and the
-    // consumers waited ~1500 cycles for it). The cp.async producer claims after its copies, as
-    // before: the claimed tile held through them cost its 128 threads 8 bytes more spills.
-    constexpr bool kEarlyClaim = kMasked && !kCp;
-    const auto claim = [&] { return tid == 0 ? atomicAdd(p.tile_counter, 1) : 0; };
     // (Two copies of the same steps rather than one with lambdas: captured by a lambda, ring and
     // q_round changed the register-store kernels' machine code, scripts/kernel-identity.py.)
-    int claimed = 0;
     if constexpr (Cfg::kAnnounceWork) {
       // The work first, since the announcement carries it (past the last tile, the last tile's:
       // the consumers stop at num_tiles without reading it).
@@ -462,7 +452,6 @@ __device__ __forceinline__ void produce_tiles(SharedStorage<Cfg>& s, const FwdPa
       }
       trace(kProducerTile);
       if (t >= p.num_tiles) break;
-      if constexpr (kEarlyClaim) claimed = claim();
       if (w.valid() && w.blocks.count() > 0) {
         produce_tile<Cfg, kMasked, kCp>(s, p, tile, w, ring, q_round, tid, rank, trace);
         ring += w.blocks.count();
@@ -476,7 +465,6 @@ __device__ __forceinline__ void produce_tiles(SharedStorage<Cfg>& s, const FwdPa
       }
       trace(kProducerTile);
       if (t >= p.num_tiles) break;
-      if constexpr (kEarlyClaim) claimed = claim();
       const kernel::TileCoords tile = cta_tile<Cfg>(p, t);
       const TileWork<Cfg, kMasked> w(p, tile);
       if (w.valid() && w.blocks.count() > 0) {
@@ -488,9 +476,9 @@ __device__ __forceinline__ void produce_tiles(SharedStorage<Cfg>& s, const FwdPa
     if (p.tile_counter == nullptr) {
       t += stride;
     } else if constexpr (!kCp) {
-      t = gridDim.x + (kEarlyClaim ? claimed : claim());
+      t = gridDim.x + atomicAdd(p.tile_counter, 1);
     } else {
-      if (tid == 0) s.producer_tile = gridDim.x + claim();
+      if (tid == 0) s.producer_tile = gridDim.x + atomicAdd(p.tile_counter, 1);
       producers_sync();
       t = s.producer_tile;
       producers_sync();  // every thread has read it before thread 0 writes the next
