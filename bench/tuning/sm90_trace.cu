@@ -235,8 +235,12 @@ void analyse(const std::vector<uint64_t>& buf, int ctas, int consumers, double i
   std::printf("| phase | count | mean cycles | share of consumer time |\n|---|---|---|---|\n");
   for (const auto& name : ph.order) {
     const auto& [total, n] = ph.sum[name];
-    std::printf("| %s | %ld | %.0f | %.1f%% |\n", name.c_str(), n, total / n,
-                name == "tile: total" ? 100.0 : 100.0 * total / consumer_cycles);
+    // Q's round trip is the producer's and spans consumer phases: no share of theirs.
+    if (name.rfind("Q: ", 0) == 0)
+      std::printf("| %s | %ld | %.0f | - |\n", name.c_str(), n, total / n);
+    else
+      std::printf("| %s | %ld | %.0f | %.1f%% |\n", name.c_str(), n, total / n,
+                  name == "tile: total" ? 100.0 : 100.0 * total / consumer_cycles);
   }
   std::printf("\n");
 }
