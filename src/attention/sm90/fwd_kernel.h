@@ -800,13 +800,13 @@ __device__ __forceinline__ bool tma_box_in_sequence(const FwdParams& p, const ke
 // This thread's share of warpgroup cw's 64 rows of O (packed[h][g]: row 16 warp + lane / 4 +
 // 8 h, columns 8 g + 2 (lane % 4) + {0, 1}, the accumulator's layout) into its staging chunks
 // (o_chunk: 64 rows of 128 bytes each, 16-byte unit g % 8 of row r at unit (g % 8) ^ (r % 8):
-// TMA's 128-byte swizzle). One stmatrix x4 per 16 columns, as the
-// backward's store_ds: matrix m of the four is row half m % 2 of group 2 j + m / 2, exactly the
-// registers' layout (row lane / 4, columns 2 (lane % 4) and + 1), and lane L gives the address of
-// row L % 8 of matrix L / 8. It replaces 4 shuffles and a 16-byte store per 32 columns and row
-// half (store_row_vec16), traffic through the MIO queue beside the other warpgroup's wgmma:
+// TMA's 128-byte swizzle). One stmatrix x4 per 16 columns, as the backward's store_ds: matrix m
+// of the four is row half m % 2 of group 2 j + m / 2, exactly the registers' layout (row
+// lane / 4, columns 2 (lane % 4) and + 1), and lane L gives the address of row L % 8 of matrix
+// L / 8. It replaces 4 shuffles and a 16-byte store per 32 columns and row half
+// (store_row_vec16), traffic through the MIO queue beside the other warpgroup's wgmma:
 // sm90_trace (session 38, H100, 512 keys) put the epilogue's O-and-LSE part at 1490-1940 cycles
-// before and 1190-1470 after, and the whole forward at +0.4-1.8% at d64 / d128 up to 2k keys.
+// before and 1190-1560 after, and the whole forward at +0.4-1.8% at d64 / d128 with 512-1k keys.
 // A matrix's 8 rows land in 8 distinct swizzled units: no bank conflict. Group 2 j + m / 2 has
 // unit (2 j % 8) + L / 16, a sum of disjoint bits, so each store XORs its compile-time part into
 // the lane's offset, computed once.
@@ -894,10 +894,9 @@ __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParam
             int64_t{seq.q_start + t} * p.lse_row_stride] = lse;
     }
   }
-  if constexpr (Cfg::kTmaStoreO)
-    if (by_tma) stage_o(s, cw, packed, tid);
   if constexpr (Cfg::kTmaStoreO) {
     if (by_tma) {
+      stage_o(s, cw, packed, tid);
       trace(kEpilogueWritten);
       fence_shared_to_async();  // each thread's staging writes, before the TMA store reads them
       epilogue_sync(cw);

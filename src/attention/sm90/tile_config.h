@@ -290,8 +290,8 @@ inline constexpr int kMaxSmemPerBlock = 227 * 1024;
 // - d64 causal: 128 x 128 with two consumer warpgroups (runs 38 and 40: +7% and +4% at 512 keys,
 //   +9% and +6% at 1k; -4..-15% from 2k, where the three warpgroups' longer tiles win), with
 //   three K/V stages (session 38, H100, sm90_sweep in two calls: +1.9% and +4.1% at 512 keys,
-//   +1.7% and +2.8% at 1k against two stages; the third stage's 32 KB keeps a load more in
-//   flight across the short tiles' boundaries, 128 KB in all with O's staging).
+//   +1.7% and +2.8% at 1k against two stages; presumably the third stage's 32 KB keeps a load
+//   more in flight across the short tiles' boundaries; 128 KB in all with O's staging).
 // - d128 non-causal: 128 x 128 (+2% and +3% at 512, equal at 1k; 176-key blocks win from 4k).
 // Elsewhere the alternatives were within the sweep's spread (+-3%) of the default or slower.
 inline constexpr int kShortKeys = 1024;
