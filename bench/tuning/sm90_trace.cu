@@ -176,9 +176,7 @@ void analyse(const std::vector<uint64_t>& buf, int ctas, int consumers, double i
             break;
           case sm90::kEpilogueWritten:
             ph.add("epilogue: O and LSE written",
-                   t - (t_prev[sm90::kEpilogueFree] > t_prev[sm90::kEpilogueStart]
-                            ? t_prev[sm90::kEpilogueFree]
-                            : t_prev[sm90::kEpilogueStart]));
+                   t - std::max(t_prev[sm90::kEpilogueFree], t_prev[sm90::kEpilogueStart]));
             break;
           case sm90::kEpilogueSynced:
             ph.add("epilogue: fenced and synced", t - t_prev[sm90::kEpilogueWritten]);

@@ -397,9 +397,7 @@ __device__ __forceinline__ void store_ds(uint8_t (&ds)[Cfg::kDsChunks][Cfg::kDsC
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockM / 16; ++kk) {
     const uint32_t addr = (base ^ (((2 * kk) % 8) << 4)) + (kk / 4) * Cfg::kDsChunkBytes;
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-                 "r"(a[kk][0]), "r"(a[kk][1]), "r"(a[kk][2]), "r"(a[kk][3])
-                 : "memory");
+    stmatrix_x4(addr, a[kk][0], a[kk][1], a[kk][2], a[kk][3]);
   }
 }
 

@@ -138,9 +138,7 @@ __device__ __forceinline__ void store_kq_half(uint8_t* tile,
 #pragma unroll
   for (int kk = 0; kk < Cfg::kSQueries / 16; ++kk) {
     const uint32_t addr = base ^ ((2 * kk) << 4);
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-                 "r"(a[kk][0]), "r"(a[kk][1]), "r"(a[kk][2]), "r"(a[kk][3])
-                 : "memory");
+    stmatrix_x4(addr, a[kk][0], a[kk][1], a[kk][2], a[kk][3]);
   }
 }
 

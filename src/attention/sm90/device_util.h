@@ -1,6 +1,6 @@
 // Register-level helpers the sm90 kernels share (the forward, fwd_kernel.h, and the backward,
 // bwd_kernel.h): the setmaxnreg budgets, exp2 on the MUFU unit, packing fp32 pairs to 16 bits,
-// accumulator fragments as RS wgmma operands, and 16-byte row stores from a fragment.
+// accumulator fragments as RS wgmma operands, 16-byte row stores from a fragment, and stmatrix.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -24,6 +24,16 @@ __device__ __forceinline__ float exp2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// Four 8 x 8 matrices of 16-bit elements from registers into shared memory (stmatrix x4): r[i] is
+// matrix i's fragment (row lane / 4, columns 2 (lane % 4) and + 1, the accumulator's layout), and
+// lane L gives the shared-memory address of row L % 8 of matrix L / 8 (16 contiguous bytes).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                            uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
 }
 
 template <bool kBf16>

@@ -819,10 +819,8 @@ __device__ __forceinline__ void stage_o(SharedStorage<Cfg>& s, int cw,
   for (int j = 0; j < Cfg::kHeadDim / 16; ++j) {
     const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(o_chunk(s, cw, j / 4))) +
                           (offset ^ (((2 * j) % 8) << 4));
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-                 "r"(packed[0][2 * j]), "r"(packed[1][2 * j]), "r"(packed[0][2 * j + 1]),
-                 "r"(packed[1][2 * j + 1])
-                 : "memory");
+    stmatrix_x4(addr, packed[0][2 * j], packed[1][2 * j], packed[0][2 * j + 1],
+                packed[1][2 * j + 1]);
   }
 }
 
