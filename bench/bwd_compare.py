@@ -16,10 +16,15 @@ or 1: per-element atomics or the shared-memory tile's bulk reduce-add), for the 
 sm90-overlap is sm90 with FLASHSERVE_SM90_BWD_OVERLAP=1 (the bulk path's step in FlashAttention-3's
 order; the dQ path at its default), to set beside sm90 (the same with the switch at its default);
 sm90-heavy-first is sm90 with FLASHSERVE_SM90_BWD_HEAVY_FIRST=1 (a masked call's CTAs launched
-heaviest key blocks first; unmasked rows run as sm90: --causal 1 for its A/B). sm90-d256 is sm90
+heaviest key blocks first; unmasked rows run as sm90: --causal 1 for its A/B). sm90-persistent is
+sm90 with FLASHSERVE_SM90_BWD_PERSISTENT=1 (one CTA per multiprocessor taking tiles from a
+counter; masked calls heaviest first). sm90-d256 is sm90
 with FLASHSERVE_SM90_BWD_D256=1 (head dim 256 on sm90/bwd_swapped_kernel.h; the switch's default
 since session 30, so auto runs it too; sm80 is sm80's padded kernels: --head-dims 256 --families
 sm80,auto).
+--rounds N times every column N times per shape, the columns in a rotated order each round, and
+reports each column's median over the rounds: a clock that drifts during a shape's rounds then
+weighs on every column alike (session 30's single passes moved cuDNN's own column by up to 17%).
 --profile adds, per shape and family, one call's device time per kernel (torch.profiler): the main
 kernel's share of a row beside the zeroing, preprocess and postprocess around it.
 
@@ -51,6 +56,7 @@ FAMILY_ENV = {
     "sm90-overlap": {"FLASHSERVE_BWD_KERNEL": "sm90", "FLASHSERVE_SM90_BWD_OVERLAP": "1"},
     "sm90-heavy-first": {"FLASHSERVE_BWD_KERNEL": "sm90", "FLASHSERVE_SM90_BWD_HEAVY_FIRST": "1"},
     "sm90-d256": {"FLASHSERVE_BWD_KERNEL": "sm90", "FLASHSERVE_SM90_BWD_D256": "1"},
+    "sm90-persistent": {"FLASHSERVE_BWD_KERNEL": "sm90", "FLASHSERVE_SM90_BWD_PERSISTENT": "1"},
 }
 
 
@@ -184,6 +190,9 @@ def main():
     ap.add_argument("--total-tokens", type=int, default=16384)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time every column this many times per shape, in a rotated order, and "
+                    "report each column's median over the rounds")
     ap.add_argument("--profile", action="store_true",
                     help="per shape and family, one backward call's device time per kernel "
                     "(torch.profiler), as HTML comments under the table's rows")
@@ -209,18 +218,24 @@ def main():
                 q, k, v = (torch.randn(b, L, h, d, device="cuda", dtype=torch.bfloat16,
                                        requires_grad=True) for _ in range(3))
                 fwd_flops = 4.0 * b * h * L * L * d / (2 if causal else 1)
-                res = {}
-                for which in ["cudnn", "flash"] + families:
-                    try:
-                        if which in ("cudnn", "flash"):
-                            res[which] = run(which, q, k, v, bool(causal), args.reps)
-                        else:
-                            res[which] = run("flashserve", q, k, v, bool(causal), args.reps,
-                                             family=which)
-                    except Exception as e:  # a backend that cannot take the shape
-                        print(f"<!-- {which} d{d} L{L} causal {causal}: {type(e).__name__}: "
-                              f"{str(e)[:120]} -->")
-                        res[which] = (float("nan"), float("nan"))
+                columns = ["cudnn", "flash"] + families
+                rounds = {which: [] for which in columns}
+                for r in range(args.rounds):
+                    for which in columns[r % len(columns):] + columns[:r % len(columns)]:
+                        try:
+                            if which in ("cudnn", "flash"):
+                                t = run(which, q, k, v, bool(causal), args.reps)
+                            else:
+                                t = run("flashserve", q, k, v, bool(causal), args.reps,
+                                        family=which)
+                        except Exception as e:  # a backend that cannot take the shape
+                            if r == 0:
+                                print(f"<!-- {which} d{d} L{L} causal {causal}: "
+                                      f"{type(e).__name__}: {str(e)[:120]} -->")
+                            t = (float("nan"), float("nan"))
+                        rounds[which].append(t)
+                res = {w: tuple(sorted(x[i] for x in ts)[len(ts) // 2] for i in range(2))
+                       for w, ts in rounds.items()}
                 tf = {w: (2.5 * fwd_flops / (r[0] * 1e-3) / 1e12,
                           3.5 * fwd_flops / (r[1] * 1e-3) / 1e12) for w, r in res.items()}
                 for fam in families:

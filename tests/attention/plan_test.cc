@@ -1161,8 +1161,8 @@ TEST(PlanBackward, ParsesTheSm90D256SwitchStrictly) {
 
 TEST(PlanFp8, KeyBlockSwitchTakes128Or192AndOnlyD128Takes192) {
   using attention::parse_fp8_block_n;
-  EXPECT_EQ(parse_fp8_block_n(nullptr), 128);
-  EXPECT_EQ(parse_fp8_block_n(""), 128);
+  EXPECT_EQ(parse_fp8_block_n(nullptr), 0);  // the plan's choice (next test)
+  EXPECT_EQ(parse_fp8_block_n(""), 0);
   EXPECT_EQ(parse_fp8_block_n("128"), 128);
   EXPECT_EQ(parse_fp8_block_n("192"), 192);
   for (const char* bad : {"224", "64", "auto", "192 "}) {
@@ -1184,6 +1184,28 @@ TEST(PlanFp8, KeyBlockSwitchTakes128Or192AndOnlyD128Takes192) {
     // V^T's workspace does not depend on the block: keys round up to 128 whatever it is.
     EXPECT_EQ(p.workspace_bytes, p.launches[0].vt_offset + attention::fp8_vt_bytes(s.pr));
   }
+}
+
+// Left to the plan (FLASHSERVE_FP8_BLOCK_N unset), d128 takes 192-key blocks above
+// kFp8LongKeys keys in the call's longest sequence and 128 up to it, causal or
+// not; d64 and d256 keep their one tile; a forced value wins at any length.
+TEST(PlanFp8, D128TakesLongKeyBlocksAboveFp8LongKeys) {
+  const int64_t at = attention::sm90::kFp8LongKeys;
+  for (int64_t d : {64, 128, 256})
+    for (bool causal : {false, true})
+      for (int64_t kv : {int64_t{512}, at - 1, at, at + 1, 2 * at, 4 * at}) {
+        StepShape s = fp8_call(2, std::min<int64_t>(kv, 1000), kv, 8, 2, d, causal);
+        const Plan p = plan_of(s);
+        ASSERT_EQ(p.launches.size(), 1u);
+        EXPECT_EQ(p.launches[0].kernel.block_n, d == 128 && kv > at ? 192 : 128)
+            << "d " << d << " kv " << kv << " causal " << causal << "\n"
+            << p.summary();
+        for (int forced : {128, 192}) {
+          s.ctx.fp8_block_n = forced;
+          EXPECT_EQ(plan_of(s).launches[0].kernel.block_n, d == 128 ? forced : 128)
+              << "forced " << forced << " d " << d << " kv " << kv;
+        }
+      }
 }
 
 TEST(PlanFp8, OnByDefaultSinceItsDeviceRunAndTheRefusalWhenOffSaysHowToTurnItOn) {

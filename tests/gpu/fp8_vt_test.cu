@@ -17,7 +17,6 @@
 namespace flashserve::testing {
 namespace {
 
-using attention::sm90::fp8_transpose_v;
 using attention::sm90::fp8_vt_key;
 using attention::sm90::fp8_vt_keys;
 using attention::sm90::VtArgs;
@@ -65,9 +64,7 @@ void check_vt(int batch, int h_kv, const std::vector<int>& kv_len, bool varlen, 
   a.h_kv = h_kv;
   a.keys = keys;
   a.block_keys = block_keys;
-  const dim3 grid(static_cast<unsigned>(keys / 128), static_cast<unsigned>(h_kv),
-                  static_cast<unsigned>(batch));
-  fp8_transpose_v<kD><<<grid, 256>>>(a);
+  attention::sm90::launch_fp8_transpose_v<kD>(a, batch, nullptr);
   ASSERT_EQ(cudaGetLastError(), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<uint8_t> vt(vt_bytes);

@@ -143,7 +143,8 @@ bool parse_sm90_exp2_fma(const char* value) {
 }
 
 int parse_fp8_block_n(const char* value) {
-  if (value == nullptr || *value == '\0' || std::string(value) == "128") return 128;
+  if (value == nullptr || *value == '\0') return 0;
+  if (std::string(value) == "128") return 128;
   if (std::string(value) == "192") return 192;
   throw Error(ErrorKind::kInvalidArgument, "FLASHSERVE_FP8_BLOCK_N",
               str_cat("must be 128 or 192, got \"", value, "\""));
@@ -530,7 +531,8 @@ Plan fp8_plan(const Problem& pr, const PlanContext& ctx) {
   // FLASHSERVE_SM90_EXP2_FMA: the fp8 tiles' Exp2Fma variant (sm90/tile_config.h), every fp8
   // head dim.
   l.kernel.exp2_fma = ctx.sm90_exp2_fma && sm90::fp8_exp2_fma_head_dim(l.kernel.head_dim);
-  const sm90::TileShape tile = sm90::fp8_tile_shape(static_cast<int>(pr.head_dim), ctx.fp8_block_n);
+  const sm90::TileShape tile =
+      sm90::fp8_tile_shape(static_cast<int>(pr.head_dim), ctx.fp8_block_n, pr.max_kv_len);
   l.kernel.block_m = tile.block_m;
   l.kernel.block_n = tile.block_n;
   l.group = SeqGroup::kAll;

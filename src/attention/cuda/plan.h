@@ -182,9 +182,10 @@ struct PlanContext {
   // Whether a float8_e4m3fn call may run the sm90 fp8 forward: FLASHSERVE_FP8_ATTENTION
   // (parse_fp8_attention), read by the dispatch once per plan of an e4m3 call.
   bool fp8_attention = false;
-  // The fp8 forward's key block at d128: FLASHSERVE_FP8_BLOCK_N (parse_fp8_block_n), 128 or 192
-  // (sm90/tile_config.h Fp8Tile; the other head dims run 128 whatever it says).
-  int fp8_block_n = 128;
+  // The fp8 forward's key block at d128: FLASHSERVE_FP8_BLOCK_N (parse_fp8_block_n), 128 or 192,
+  // or 0: chosen by the call's longest key range (sm90/tile_config.h fp8_block_n; the other head
+  // dims run 128 whatever it says).
+  int fp8_block_n = 0;
   // Whether sm90 16-bit launches take session 18's tile boundary: FLASHSERVE_SM90_EPILOGUE
   // (parse_sm90_epilogue), read by the dispatch once per plan.
   bool sm90_epilogue = kSm90EpilogueByDefault;
@@ -257,9 +258,9 @@ inline constexpr bool kFp8AttentionByDefault = true;
 // anything else throws kInvalidArgument naming the variable.
 bool parse_fp8_attention(const char* value);
 
-// FLASHSERVE_FP8_BLOCK_N: unset (null) or empty, 128; "128" or "192"; anything else throws
-// kInvalidArgument naming the variable. The A/B switch of the fp8 tiles' key block at d128
-// (192 opt-in until measured), as FLASHSERVE_SM90_MULTICAST is for multicast.
+// FLASHSERVE_FP8_BLOCK_N: unset (null) or empty, 0 (the plan chooses by the keys:
+// sm90/tile_config.h fp8_block_n); "128" or "192" forces that key block at d128; anything else
+// throws kInvalidArgument naming the variable. The A/B switch of the fp8 tiles' key block.
 int parse_fp8_block_n(const char* value);
 
 // An all-e4m3 call (q, k, v float8_e4m3fn) with the fp8 forward off: throws kUnsupported naming

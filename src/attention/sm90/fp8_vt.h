@@ -19,8 +19,10 @@
 //
 // Cost: V is read once and V^T written once (2 x batch x kv x h_kv x d bytes beyond what the
 // kernel reads); for the FA3 grid's 16k tokens x 16 heads x d128 that is 64 MB, ~20 us at
-// ~3 TB/s, about 1-2% of the attention's time at d128.
+// ~3 TB/s: 3% of the attention's time at d128 and 4k keys, 12% at 512.
 #pragma once
+
+#include <cuda_runtime.h>
 
 #include <cstdint>
 
@@ -41,12 +43,17 @@ struct VtArgs {
   int block_keys;  // the kernel's key block: every key it reads below `keys` is written
 };
 
-// One CTA per (block of 128 keys, KV head, sequence): the block's rows of V into shared memory
-// (16 bytes a load), then each row of V^T's block written as 16-byte pieces.
+// One CTA per (block of 128 keys, KV head, sequence), kD threads, no shared memory: thread t
+// takes 4 columns of V (bytes 4 (t % (kD / 4)) .. + 3 of a row) and 32 keys (the block's group
+// t / (kD / 4)). It loads its columns' word of each of the 32 keys (a warp's load reads whole
+// rows: 128 bytes at d128), transposes each 4 x 4 bytes (4 keys of 4 columns) with byte permutes
+// into the 4 columns' words (keys in fp8_vt_key's order), and stores 32 keys of each of its 4
+// rows of V^T (one 32-byte sector each). The first version staged the block in shared memory and
+// read it back one byte at a time (64 byte loads a thread, 8-way bank conflicts from its 16-row
+// stride): 54 us for the FA3 grid's 16k tokens x 16 heads at d128 on an H100 (ncu, session 39),
+// 6% of the call at 4k keys and a third of it at 512.
 template <int kD>
-__global__ void __launch_bounds__(256) fp8_transpose_v(const VtArgs a) {
-  constexpr int kPad = 16;  // spreads the column reads of the second step over the banks
-  __shared__ alignas(16) uint8_t tile[128][kD + kPad];
+__global__ void __launch_bounds__(kD) fp8_transpose_v(const VtArgs a) {
   const int hk = blockIdx.y, b = blockIdx.z;
   const kernel::SeqLens s =
       kernel::seq_lens(nullptr, a.cu_seqlens_k, a.seqused_k, 0, a.seqlen_k, b);
@@ -55,33 +62,45 @@ __global__ void __launch_bounds__(256) fp8_transpose_v(const VtArgs a) {
   // `keys` are TMA's zero fill.
   const int key0 = blockIdx.x * 128;
   if (!fp8_vt_writes(key0, s.kv_len, a.block_keys)) return;
-  constexpr int kPieces = kD / 16;
-  const uint8_t* v = a.v + b * a.batch_stride + hk * a.head_stride;
-  for (int i = threadIdx.x; i < 128 * kPieces; i += 256) {
-    const int r = i / kPieces, piece = i % kPieces;
-    uint4 x = make_uint4(0, 0, 0, 0);
-    if (key0 + r < s.kv_len)
-      x = *reinterpret_cast<const uint4*>(v + int64_t{s.k_start + key0 + r} * a.row_stride +
-                                          piece * 16);
-    *reinterpret_cast<uint4*>(&tile[r][piece * 16]) = x;
-  }
-  __syncthreads();
-  uint8_t* out = a.vt + (int64_t{b} * a.h_kv + hk) * kD * a.keys + key0;
-  for (int i = threadIdx.x; i < kD * 8; i += 256) {
-    const int n = i / 8, piece = i % 8;  // row n of V^T, keys 16 piece .. 16 piece + 15
-    uint32_t w[4];
+  constexpr int kWords = kD / 4;  // 4-byte words of a row of V
+  const int word = threadIdx.x % kWords, first = key0 + 32 * (threadIdx.x / kWords);
+  const uint8_t* v = a.v + b * a.batch_stride + hk * a.head_stride + 4 * word;
+  uint32_t w[32];  // key first + k, columns 4 word .. 4 word + 3
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      uint32_t x = 0;
+  for (int k = 0; k < 32; ++k)
+    w[k] =
+        first + k < s.kv_len
+            ? *reinterpret_cast<const uint32_t*>(v + int64_t{s.k_start + first + k} * a.row_stride)
+            : 0u;
+  // Word i of column c's 32 keys holds positions 4 i .. 4 i + 3, keys fp8_vt_key(4 i + e).
+  uint32_t out[4][8];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = piece * 16 + 4 * j + e;
-        x |= uint32_t{tile[col / 32 * 32 + fp8_vt_key(col % 32)][n]} << (8 * e);
-      }
-      w[j] = x;
-    }
-    *reinterpret_cast<uint4*>(out + n * a.keys + piece * 16) = make_uint4(w[0], w[1], w[2], w[3]);
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t k0 = w[fp8_vt_key(4 * i)], k1 = w[fp8_vt_key(4 * i + 1)];
+    const uint32_t k2 = w[fp8_vt_key(4 * i + 2)], k3 = w[fp8_vt_key(4 * i + 3)];
+    // Byte c of each key's word is column c: interleave the keys' bytes pairwise, then the pairs.
+    const uint32_t lo01 = __byte_perm(k0, k1, 0x5140), hi01 = __byte_perm(k0, k1, 0x7362);
+    const uint32_t lo23 = __byte_perm(k2, k3, 0x5140), hi23 = __byte_perm(k2, k3, 0x7362);
+    out[0][i] = __byte_perm(lo01, lo23, 0x5410);
+    out[1][i] = __byte_perm(lo01, lo23, 0x7632);
+    out[2][i] = __byte_perm(hi01, hi23, 0x5410);
+    out[3][i] = __byte_perm(hi01, hi23, 0x7632);
   }
+  uint8_t* vt = a.vt + (int64_t{b} * a.h_kv + hk) * kD * a.keys + first;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    uint4* row = reinterpret_cast<uint4*>(vt + (4 * word + c) * a.keys);
+    row[0] = make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]);
+    row[1] = make_uint4(out[c][4], out[c][5], out[c][6], out[c][7]);
+  }
+}
+
+// The pre-pass over `batch` sequences (a.keys / 128 blocks of each), on `stream`.
+template <int kD>
+inline void launch_fp8_transpose_v(const VtArgs& a, int batch, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(a.keys / 128), static_cast<unsigned>(a.h_kv),
+                  static_cast<unsigned>(batch));
+  fp8_transpose_v<kD><<<grid, kD, 0, stream>>>(a);
 }
 
 }  // namespace flashserve::attention::sm90

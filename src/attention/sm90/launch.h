@@ -64,7 +64,7 @@ struct FwdArgs {
   int64_t v_descale_batch_stride, v_descale_head_stride;
   void* vt;
   int64_t vt_keys;
-  int fp8_block_n;  // the plan's key block (tile_config.h fp8_block_n: 192 at d128 on request)
+  int fp8_block_n;  // the plan's key block (tile_config.h fp8_block_n: 128 or 192 at d128)
   // The 16-bit tiles with session 18's tile boundary (tile_config.h OverlappedEpilogue: O by TMA
   // store, the tile's work announced): the plan's FLASHSERVE_SM90_EPILOGUE (cuda/plan.h).
   bool epilogue;

@@ -277,9 +277,7 @@ void transpose_v(const FwdArgs& a, int block_keys) {
   t.h_kv = a.h_kv;
   t.keys = a.vt_keys;
   t.block_keys = block_keys;
-  const dim3 grid(static_cast<unsigned>(a.vt_keys / 128), static_cast<unsigned>(a.h_kv),
-                  static_cast<unsigned>(a.batch));
-  fp8_transpose_v<kHeadDim><<<grid, 256, 0, a.stream>>>(t);
+  launch_fp8_transpose_v<kHeadDim>(t, a.batch, a.stream);
   check_cuda(cudaGetLastError(), "sm90 fp8 V^T pre-pass launch");
 }
 

@@ -344,10 +344,10 @@ constexpr TileShape tile_shape(int head_dim, bool masked, int64_t max_kv_len) {
 // - d128 and d256: 128 x 128, one V^T box of 128 keys per block. Registers per consumer thread:
 //   S 64 + P 32 + O 64 (d128) or 128 (d256). Shared memory: Q 16 KB + 2 x (K 16 KB + V^T 16 KB)
 //   = 80 KB at d128, 160 KB at d256.
-// - d128 with FLASHSERVE_FP8_BLOCK_N=192 (the plan's choice, cuda/plan.h): 128 x 192, V^T in
-//   three boxes of 64 keys; S 96 + P 48 + O 64 registers; Q 16 KB + 2 x (K 24 KB + V^T 24 KB) =
-//   112 KB. Fewer, longer blocks amortise the per-block softmax bookkeeping (FA3's reason for
-//   224); opt-in until the device has measured it against 128.
+// - d128 over more than kFp8LongKeys keys (fp8_block_n below; FLASHSERVE_FP8_BLOCK_N=128 or 192
+//   forces either): 128 x 192, V^T in three boxes of 64 keys; S 96 + P 48 + O 64 registers;
+//   Q 16 KB + 2 x (K 24 KB + V^T 24 KB) = 112 KB. Fewer, longer blocks amortise the per-block
+//   softmax bookkeeping (FA3's reason for 224).
 // - d64: 192 x 128, three consumer warpgroups at 160 registers (S 64 + P 32 + O 32), as the bf16
 //   d64 tile and for its reason (a 64-row d64 GEMM is too short to hide two warpgroups' softmax).
 //   Q 12 KB + 2 x (K 8 KB + V^T 8 KB) = 44 KB.
@@ -372,15 +372,22 @@ constexpr bool fp8_head_dim(int head_dim) {
 constexpr bool fp8_exp2_fma_head_dim(int head_dim) {
   return fp8_head_dim(head_dim);
 }
-// The key block a call at head_dim runs for a requested block_n (FLASHSERVE_FP8_BLOCK_N: 128 or
-// 192): 192 at d128 only.
-constexpr int fp8_block_n(int head_dim, int requested) {
-  return head_dim == 128 && requested == 192 ? 192 : 128;
+// The key block a call at head_dim runs: `requested` 128 or 192 (FLASHSERVE_FP8_BLOCK_N), or 0
+// for the plan's choice by the call's longest key range; 192 at d128 only. 192 from
+// kFp8LongKeys + 1 keys: on an H100 (session 39, bench_sm90 --fp8 at d128, 16k tokens, two rounds
+// of each alternated) 192 against 128 was +4..+5% at 8k keys and +6..+8% at 16k non-causal,
+// +2..+5% causal, equal at 4k (-0.3..+0.4%), and -3..-8% at 512-2k (the longer block's masked
+// and unused keys, and fewer blocks to pipeline, weigh more on short rows).
+inline constexpr int64_t kFp8LongKeys = 4096;
+constexpr int fp8_block_n(int head_dim, int requested, int64_t max_kv_len = 0) {
+  const int wanted = requested != 0 ? requested : max_kv_len > kFp8LongKeys ? 192 : 128;
+  return head_dim == 128 && wanted == 192 ? 192 : 128;
 }
-constexpr TileShape fp8_tile_shape(int head_dim, int requested_block_n = 128) {
-  return head_dim == 64           ? TileShape{192, 128}
-         : fp8_head_dim(head_dim) ? TileShape{128, fp8_block_n(head_dim, requested_block_n)}
-                                  : TileShape{0, 0};
+constexpr TileShape fp8_tile_shape(int head_dim, int requested_block_n, int64_t max_kv_len) {
+  return head_dim == 64 ? TileShape{192, 128}
+         : fp8_head_dim(head_dim)
+             ? TileShape{128, fp8_block_n(head_dim, requested_block_n, max_kv_len)}
+             : TileShape{0, 0};
 }
 // The fp8 P operand (fwd_kernel.h to_e4m3_operand): byte i = 4 r + e of a 32-key k-step's four
 // A registers (register r, byte e) is element fp8_p_element(i) of the step's 16 accumulator
