@@ -1208,6 +1208,31 @@ TEST(PlanFp8, D128TakesLongKeyBlocksAboveFp8LongKeys) {
       }
 }
 
+// FLASHSERVE_SM90_EPILOGUE reaches the fp8 tiles (O staged and stored by TMA) at every head dim
+// and key block, except with FLASHSERVE_SM90_EXP2_FMA, whose tiles keep the register stores.
+TEST(PlanFp8, EpilogueSwitchReachesTheFp8TilesButNotTheirExp2FmaVariant) {
+  for (int64_t d : {64, 128, 256})
+    for (int block_n : {128, 192})
+      for (bool causal : {false, true}) {
+        StepShape s = fp8_call(2, 512, 4096, 8, 2, d, causal);
+        s.ctx.fp8_block_n = block_n;
+        s.ctx.sm90_epilogue = true;
+        const Plan on = plan_of(s);
+        s.ctx.sm90_epilogue = false;
+        const Plan off = plan_of(s);
+        ASSERT_EQ(on.launches.size(), 1u);
+        ASSERT_EQ(off.launches.size(), 1u);
+        EXPECT_TRUE(on.launches[0].kernel.epilogue) << on.summary();
+        EXPECT_FALSE(off.launches[0].kernel.epilogue) << off.summary();
+        EXPECT_EQ(on.workspace_bytes, off.workspace_bytes);
+        s.ctx.sm90_epilogue = true;
+        s.ctx.sm90_exp2_fma = true;
+        const Plan fma = plan_of(s);
+        EXPECT_TRUE(fma.launches[0].kernel.exp2_fma) << fma.summary();
+        EXPECT_FALSE(fma.launches[0].kernel.epilogue) << fma.summary();
+      }
+}
+
 TEST(PlanFp8, OnByDefaultSinceItsDeviceRunAndTheRefusalWhenOffSaysHowToTurnItOn) {
   EXPECT_TRUE(attention::kFp8AttentionByDefault);
   StepShape s = fp8_call(2, 1000, 1000, 8, 2, 128, false);

@@ -331,6 +331,39 @@ std::vector<CaseSpec> fp8_cases_d128() {
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Fp8Forward192, ::testing::ValuesIn(fp8_cases_d128()),
                          [](const auto& info) { return info.param.name(); });
 
+// O staged in shared memory and stored by TMA (FLASHSERVE_SM90_EPILOGUE=1, tile_config.h
+// OverlappedEpilogue on the fp8 tiles) against the register stores (=0): the same arithmetic, so
+// the same bits of O and the LSE, at every head dim and both d128 key blocks; within the bound.
+// The cases include varlen rows past a sequence's end (boxes that would cross it fall back to
+// register stores) and strided outputs.
+class Sm90Fp8Epilogue : public ::testing::TestWithParam<CaseSpec> {};
+
+TEST_P(Sm90Fp8Epilogue, SameBitsAsTheRegisterStores) {
+  SKIP_WITHOUT_SM90();
+  for (const char* block_n : {"128", "192"}) {
+    if (GetParam().head_dim != 128 && std::string(block_n) == "192") continue;
+    ScopedEnv keys("FLASHSERVE_FP8_BLOCK_N", block_n);
+    AttentionCase c(GetParam());
+    requantise(c, GetParam().seed ^ 0xe91);
+    Fp8Run off, on;
+    {
+      ScopedEnv epilogue("FLASHSERVE_SM90_EPILOGUE", "0");
+      off = run_fp8(c);
+    }
+    {
+      ScopedEnv epilogue("FLASHSERVE_SM90_EPILOGUE", "1");
+      on = run_fp8(c);
+    }
+    const std::string label = std::string("epilogue, block_n ") + block_n + ": ";
+    expect_within_fp8_bound(c, on.out, label.c_str());
+    EXPECT_EQ(on.out_bits, off.out_bits) << label << GetParam().name();
+    EXPECT_EQ(on.lse_bits, off.lse_bits) << label << GetParam().name();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Fp8Epilogue, ::testing::ValuesIn(fp8_cases()),
+                         [](const auto& info) { return info.param.name(); });
+
 // Part of the softmax's exponentials on the FMA pipe (FLASHSERVE_SM90_EXP2_FMA=1: tile_config.h
 // Exp2Fma on the fp8 tiles, one 8-column chunk in 8 by exp2_poly.h). The polynomial errs by
 // ~1 ulp of float where ex2.approx errs by ~2 (tests/attention/exp2_poly_test.cc), far inside

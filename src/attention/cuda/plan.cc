@@ -531,6 +531,10 @@ Plan fp8_plan(const Problem& pr, const PlanContext& ctx) {
   // FLASHSERVE_SM90_EXP2_FMA: the fp8 tiles' Exp2Fma variant (sm90/tile_config.h), every fp8
   // head dim.
   l.kernel.exp2_fma = ctx.sm90_exp2_fma && sm90::fp8_exp2_fma_head_dim(l.kernel.head_dim);
+  // FLASHSERVE_SM90_EPILOGUE: O staged and stored by TMA, as the 16-bit tiles' (every fp8 tile
+  // has room for the staging); the Exp2Fma tiles keep the register stores (one variant of the
+  // switched-off experiment is enough).
+  l.kernel.epilogue = ctx.sm90_epilogue && !l.kernel.exp2_fma;
   const sm90::TileShape tile =
       sm90::fp8_tile_shape(static_cast<int>(pr.head_dim), ctx.fp8_block_n, pr.max_kv_len);
   l.kernel.block_m = tile.block_m;

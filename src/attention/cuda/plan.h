@@ -56,9 +56,10 @@ struct KernelChoice {
   // The tile the launch runs: query rows and keys per block, read from the family's tile
   // configuration (sm80/tile_config.h, sm90/tile_config.h), which the launch instantiates.
   int block_m = 0, block_n = 0;
-  // sm90 16-bit tiles: session 18's tile boundary (sm90/tile_config.h OverlappedEpilogue: O by
-  // TMA store where its staging fits, the tile's work announced to the consumers), from
-  // PlanContext::sm90_epilogue. Same arithmetic, same bits.
+  // sm90 16-bit and fp8 tiles: session 18's tile boundary (sm90/tile_config.h
+  // OverlappedEpilogue: O by TMA store where its staging fits, the tile's work announced to the
+  // consumers), from PlanContext::sm90_epilogue (fp8: not with exp2_fma). Same arithmetic, same
+  // bits.
   bool epilogue = false;
   // sm90 16-bit d64 tiles and fp8 tiles (d64, d128, d256): part of the softmax's exponentials on
   // the FMA pipe (sm90/tile_config.h Exp2Fma), from PlanContext::sm90_exp2_fma; false at the

@@ -8,7 +8,7 @@ namespace flashserve::attention::sm90 {
 
 template <int kHeadDim>
 void run_fwd_fp8_exp2_fma_hdim(const FwdArgs& a) {
-  run_fwd_fp8_tile_set<kHeadDim, Exp2Fma>(a);
+  run_fwd_fp8_tile_set<kHeadDim, Exp2Fma, false>(a);
 }
 template void run_fwd_fp8_exp2_fma_hdim<64>(const FwdArgs&);
 template void run_fwd_fp8_exp2_fma_hdim<128>(const FwdArgs&);

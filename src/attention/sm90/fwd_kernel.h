@@ -64,7 +64,7 @@ struct OStaging {};
 template <class Cfg>
 struct OStaging<Cfg, true> {
   static constexpr int kChunkBytes = 64 * 128;
-  alignas(1024) uint8_t o[Cfg::kConsumers][Cfg::kChunks][kChunkBytes];
+  alignas(1024) uint8_t o[Cfg::kConsumers][Cfg::kOChunks][kChunkBytes];
 };
 
 // A tile as the producer announces it with kAnnounceWork: its index in the grid's order (past
@@ -117,6 +117,13 @@ static_assert(kOwnEpilogueBuffer<TileConfig<64, 192, 128>> &&
 static_assert(!kOwnEpilogueBuffer<TileConfig<128, 128, 176>> &&
                   !kOwnEpilogueBuffer<TileConfig<256, 128, 80, 2, true>>,
               "d128 x 176 and d256 have no room for O's own staging");
+// The fp8 tiles' one-byte Q and K/V leave room for the 16-bit O's staging at every head dim
+// (d256: Q 32 KB + 2 x (K 32 KB + V^T 32 KB) + O 64 KB = 224 KB).
+static_assert(kOwnEpilogueBuffer<Fp8TileConfig<64, 192, 128>> &&
+                  kOwnEpilogueBuffer<Fp8TileConfig<128, 128, 128>> &&
+                  kOwnEpilogueBuffer<Fp8TileConfig<128, 128, 192, 2, 64>> &&
+                  kOwnEpilogueBuffer<Fp8TileConfig<256, 128, 128>>,
+              "the fp8 tiles have room for O's own staging");
 
 // Tile Cfg with session 18's boundary (tile_config.h OverlappedEpilogue) where O has a staging
 // buffer of its own; elsewhere Cfg as it is. O staged in Q's buffer instead (kOInQ) measured
@@ -134,8 +141,8 @@ using EpilogueTile =
 template <class Cfg>
 __device__ __forceinline__ uint8_t* o_chunk(SharedStorage<Cfg>& s, int cw, int c) {
   if constexpr (Cfg::kOInQ) {
-    static_assert(Cfg::kRowBytes == 128 && Cfg::kQChunkBytes == Cfg::kBlockM * 128,
-                  "Q's chunks are 128-byte rows");
+    static_assert(!Cfg::kFp8 && Cfg::kRowBytes == 128 && Cfg::kQChunkBytes == Cfg::kBlockM * 128,
+                  "Q's chunks are 128-byte rows of 16-bit values, as O's staging");
     return s.q[c] + cw * 64 * 128;
   } else {
     return s.o[cw][c];
@@ -903,9 +910,8 @@ __device__ __forceinline__ void store_tile(SharedStorage<Cfg>& s, const FwdParam
         // Varlen maps are one sequence of all rows (the launch's tma_o, as tma_q).
         const int z = p.cu_seqlens_q != nullptr ? 0 : b;
 #pragma unroll
-        for (int c = 0; c < Cfg::kChunks; ++c)
-          tma_store_4d(&p.tma_o, o_chunk(s, cw, c), c * Cfg::kChunkCols, seq.q_start + wg_row0,
-                       tile.head, z);
+        for (int c = 0; c < Cfg::kOChunks; ++c)
+          tma_store_4d(&p.tma_o, o_chunk(s, cw, c), c * 64, seq.q_start + wg_row0, tile.head, z);
         tma_store_commit();
         if constexpr (Cfg::kOInQ) {
           // Q's rows are free once the stores have read them: the next tile's Q may load.

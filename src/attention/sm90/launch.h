@@ -65,8 +65,8 @@ struct FwdArgs {
   void* vt;
   int64_t vt_keys;
   int fp8_block_n;  // the plan's key block (tile_config.h fp8_block_n: 128 or 192 at d128)
-  // The 16-bit tiles with session 18's tile boundary (tile_config.h OverlappedEpilogue: O by TMA
-  // store, the tile's work announced): the plan's FLASHSERVE_SM90_EPILOGUE (cuda/plan.h).
+  // The 16-bit and fp8 tiles with session 18's tile boundary (tile_config.h OverlappedEpilogue:
+  // O by TMA store, the tile's work announced): the plan's FLASHSERVE_SM90_EPILOGUE (cuda/plan.h).
   bool epilogue;
   // The d64 16-bit tiles and the fp8 tiles with part of the softmax's exponentials on the FMA
   // pipe (tile_config.h Exp2Fma): the plan's FLASHSERVE_SM90_EXP2_FMA (cuda/plan.h), false at

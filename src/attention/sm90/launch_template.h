@@ -285,23 +285,37 @@ void transpose_v(const FwdArgs& a, int block_keys) {
 template <class Cfg>
 using AsIs = Cfg;
 
+// The fp8 tile Cfg on the call: V^T's pre-pass, then the kernel, masked or not.
+template <class Cfg>
+void launch_fp8(FwdParams& p, const FwdArgs& a) {
+  transpose_v<Cfg::kHeadDim>(a, Cfg::kBlockN);
+  if (masked(a))
+    launch<Cfg, true, true>(p, a);
+  else
+    launch<Cfg, true, false>(p, a);
+}
+
 // The float8_e4m3fn forward (tile_config.h Fp8Tile), each tile as Softmax<tile> (AsIs, or Exp2Fma:
-// run_fwd_fp8_exp2_fma_hdim): V^T's pre-pass, then the kernel, masked or not. No multicast and
-// no paged K/V (the plan refuses paging; multicast is not measured yet).
-template <int kHeadDim, template <class> class Softmax>
+// run_fwd_fp8_exp2_fma_hdim), with a.epilogue as its EpilogueTile (kEpilogueTiles: the AsIs
+// tiles only; the plan leaves the Exp2Fma ones on the register stores): V^T's pre-pass, then
+// the kernel, masked or not. No multicast and no paged K/V (the plan refuses paging; multicast
+// is not measured yet).
+template <int kHeadDim, template <class> class Softmax, bool kEpilogueTiles>
 void run_fwd_fp8_tile_set(const FwdArgs& a) {
   if (a.seqs == 0 || a.max_seqlen_q == 0 || a.h_q == 0) return;
   if (a.vt == nullptr || a.vt_keys < fp8_vt_keys(a.max_seqlen_k))
     throw Error(ErrorKind::kInternal, "workspace",
                 "the sm90 fp8 forward ran without V^T's workspace (the plan sizes it)");
+  if (a.epilogue && !kEpilogueTiles)
+    throw Error(ErrorKind::kInternal, "FLASHSERVE_SM90_EPILOGUE",
+                "the sm90 fp8 Exp2Fma tiles have no overlapped epilogue (the plan says so)");
   FwdParams p = fwd_params(a);
   const auto run = [&](auto tile) {
-    using Cfg = Softmax<typename decltype(tile)::type>;
-    transpose_v<kHeadDim>(a, Cfg::kBlockN);
-    if (masked(a))
-      launch<Cfg, true, true>(p, a);
-    else
-      launch<Cfg, true, false>(p, a);
+    using Tile = Softmax<typename decltype(tile)::type>;
+    if constexpr (kEpilogueTiles) {
+      if (a.epilogue) return launch_fp8<EpilogueTile<Tile>>(p, a);
+    }
+    launch_fp8<Tile>(p, a);
   };
   if constexpr (kHeadDim == 128) {
     if (fp8_block_n(kHeadDim, a.fp8_block_n) == 192) return run(Fp8Tile<kHeadDim, 192>{});
@@ -317,7 +331,7 @@ void run_fwd_fp8_hdim(const FwdArgs& a) {
   if constexpr (fp8_exp2_fma_head_dim(kHeadDim)) {
     if (a.exp2_fma) return run_fwd_fp8_exp2_fma_hdim<kHeadDim>(a);
   }
-  run_fwd_fp8_tile_set<kHeadDim, AsIs>(a);
+  run_fwd_fp8_tile_set<kHeadDim, AsIs, true>(a);
 }
 
 // The tiles of tile_config.h, each as Softmax<tile> (AsIs, or Exp2Fma: run_fwd_exp2_fma_hdim):

@@ -65,6 +65,10 @@ struct TileConfig {
   // d columns is d/64 boxes, stored one after the other ("column chunks").
   static constexpr int kChunkCols = 64;
   static constexpr int kChunks = kHeadDim / kChunkCols;
+  // O leaves in 16 bits whatever the inputs: with kTmaStoreO its staging and TMA stores are
+  // boxes of 64 columns (128-byte rows), kHeadDim / 64 of them (kChunks at 16 bits; the fp8
+  // tiles' chunks are 128 one-byte columns).
+  static constexpr int kOChunks = kHeadDim / 64;
   static constexpr int kWarpgroups = 1 + kConsumers;  // the producer and the consumers
   static constexpr int kThreads = kWarpgroups * 128;
   static constexpr int kConsumerWarps = 4 * kConsumers;
