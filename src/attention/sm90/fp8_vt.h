@@ -44,14 +44,17 @@ struct VtArgs {
 };
 
 // One CTA per (block of 128 keys, KV head, sequence), kD threads, no shared memory: thread t
-// takes 4 columns of V (bytes 4 (t % (kD / 4)) .. + 3 of a row) and 32 keys (the block's group
-// t / (kD / 4)). It loads its columns' word of each of the 32 keys (a warp's load reads whole
-// rows: 128 bytes at d128), transposes each 4 x 4 bytes (4 keys of 4 columns) with byte permutes
-// into the 4 columns' words (keys in fp8_vt_key's order), and stores 32 keys of each of its 4
-// rows of V^T (one 32-byte sector each). The first version staged the block in shared memory and
-// read it back one byte at a time (64 byte loads a thread, 8-way bank conflicts from its 16-row
-// stride): 54 us for the FA3 grid's 16k tokens x 16 heads at d128 on an H100 (ncu, session 39),
-// 6% of the call at 4k keys and a third of it at 512.
+// takes 4 columns of V (bytes 4 (t / 4) .. + 3 of a row) and 32 keys (the block's group t % 4).
+// It loads its columns' word of each of the 32 keys, transposes each 4 x 4 bytes (4 keys of 4
+// columns) with byte permutes into the 4 columns' words (keys in fp8_vt_key's order), and stores
+// 32 keys of each of its 4 rows of V^T. The four threads of one word are neighbours in the warp,
+// so that each row's 128 keys leave as one whole line from four lanes (a warp's load reads 32
+// bytes of each of 4 rows). The first version staged the block in shared memory and read it back
+// one byte at a time (64 byte loads a thread, 8-way bank conflicts from its 16-row stride): at
+// the FA3 grid's 16k tokens x 16 heads, 44-50 us on an H100 at every head dim (ncu, session 39),
+// 6% of a d128 4k call and a quarter of a 512 one. With the word's threads 32 lanes apart (a
+// warp's load one whole 128-byte row, its stores 32 rows apart) d128 and d256 took 42 us, d64
+// (16 lanes a group: two groups' stores side by side) 31.
 template <int kD>
 __global__ void __launch_bounds__(kD) fp8_transpose_v(const VtArgs a) {
   const int hk = blockIdx.y, b = blockIdx.z;
@@ -62,8 +65,8 @@ __global__ void __launch_bounds__(kD) fp8_transpose_v(const VtArgs a) {
   // `keys` are TMA's zero fill.
   const int key0 = blockIdx.x * 128;
   if (!fp8_vt_writes(key0, s.kv_len, a.block_keys)) return;
-  constexpr int kWords = kD / 4;  // 4-byte words of a row of V
-  const int word = threadIdx.x % kWords, first = key0 + 32 * (threadIdx.x / kWords);
+  static_assert(kD % 32 == 0, "whole warps: 8 words of 4 key groups each");
+  const int word = threadIdx.x / 4, first = key0 + 32 * (threadIdx.x % 4);
   const uint8_t* v = a.v + b * a.batch_stride + hk * a.head_stride + 4 * word;
   uint32_t w[32];  // key first + k, columns 4 word .. 4 word + 3
 #pragma unroll

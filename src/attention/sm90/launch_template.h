@@ -147,8 +147,10 @@ void launch(FwdParams& p, const FwdArgs& a) {
              "cudaFuncSetAttribute (sm90 forward shared memory)");
   if constexpr (Cfg::kTmaStoreO) {
     // One consumer warpgroup's 64 rows per box, out described as q is (varlen: one sequence of
-    // all rows, whose boxes the kernel keeps inside their sequence: tma_box_in_sequence).
-    p.tma_o = make_map(a.out, a.dtype, q_seqs, q_rows, a.h_q, kHeadDim, a.o_batch_stride,
+    // all rows, whose boxes the kernel keeps inside their sequence: tma_box_in_sequence), in
+    // its own dtype: bfloat16 behind e4m3 inputs (the first fp8 run mapped it as q's bytes).
+    const DType out_dtype = Cfg::kFp8 ? DType::kBFloat16 : a.dtype;
+    p.tma_o = make_map(a.out, out_dtype, q_seqs, q_rows, a.h_q, kHeadDim, a.o_batch_stride,
                        a.o_row_stride, a.o_head_stride, 64, "out");
   }
   // The tiles in the heaviest-first order of tile_order.h (L2-sized sections of heads).
