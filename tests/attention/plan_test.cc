@@ -1186,9 +1186,9 @@ TEST(PlanFp8, KeyBlockSwitchTakes128Or192AndOnlyD128Takes192) {
   }
 }
 
-// Left to the plan (FLASHSERVE_FP8_BLOCK_N unset), d128 takes 192-key blocks above
-// kFp8LongKeys keys in the call's longest sequence and 128 up to it, causal or
-// not; d64 and d256 keep their one tile; a forced value wins at any length.
+// Left to the plan (FLASHSERVE_FP8_BLOCK_N unset), d128 takes 192-key blocks from kFp8LongKeys
+// keys in the call's longest sequence (causal: above them) and 128 below; d64 and d256 keep their
+// one tile; a forced value wins at any length.
 TEST(PlanFp8, D128TakesLongKeyBlocksAboveFp8LongKeys) {
   const int64_t at = attention::sm90::kFp8LongKeys;
   for (int64_t d : {64, 128, 256})
@@ -1197,7 +1197,8 @@ TEST(PlanFp8, D128TakesLongKeyBlocksAboveFp8LongKeys) {
         StepShape s = fp8_call(2, std::min<int64_t>(kv, 1000), kv, 8, 2, d, causal);
         const Plan p = plan_of(s);
         ASSERT_EQ(p.launches.size(), 1u);
-        EXPECT_EQ(p.launches[0].kernel.block_n, d == 128 && kv > at ? 192 : 128)
+        const bool long_keys = causal ? kv > at : kv >= at;
+        EXPECT_EQ(p.launches[0].kernel.block_n, d == 128 && long_keys ? 192 : 128)
             << "d " << d << " kv " << kv << " causal " << causal << "\n"
             << p.summary();
         for (int forced : {128, 192}) {

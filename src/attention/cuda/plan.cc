@@ -535,8 +535,8 @@ Plan fp8_plan(const Problem& pr, const PlanContext& ctx) {
   // has room for the staging); the Exp2Fma tiles keep the register stores (one variant of the
   // switched-off experiment is enough).
   l.kernel.epilogue = ctx.sm90_epilogue && !l.kernel.exp2_fma;
-  const sm90::TileShape tile =
-      sm90::fp8_tile_shape(static_cast<int>(pr.head_dim), ctx.fp8_block_n, pr.max_kv_len);
+  const sm90::TileShape tile = sm90::fp8_tile_shape(static_cast<int>(pr.head_dim), ctx.fp8_block_n,
+                                                    pr.max_kv_len, l.kernel.masked);
   l.kernel.block_m = tile.block_m;
   l.kernel.block_n = tile.block_n;
   l.group = SeqGroup::kAll;

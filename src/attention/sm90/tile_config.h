@@ -377,20 +377,25 @@ constexpr bool fp8_exp2_fma_head_dim(int head_dim) {
   return fp8_head_dim(head_dim);
 }
 // The key block a call at head_dim runs: `requested` 128 or 192 (FLASHSERVE_FP8_BLOCK_N), or 0
-// for the plan's choice by the call's longest key range; 192 at d128 only. 192 from
-// kFp8LongKeys + 1 keys: on an H100 (session 39, bench_sm90 --fp8 at d128, 16k tokens, two rounds
-// of each alternated) 192 against 128 was +4..+5% at 8k keys and +6..+8% at 16k non-causal,
-// +2..+5% causal, equal at 4k (-0.3..+0.4%), and -3..-8% at 512-2k (the longer block's masked
-// and unused keys, and fewer blocks to pipeline, weigh more on short rows).
+// for the plan's choice by the call's longest key range and its mask; 192 at d128 only: from
+// kFp8LongKeys keys unmasked, above them masked. On an H100 (session 39, bench_sm90 --fp8 at
+// d128, 16k tokens, two rounds of each alternated in one call): before the overlapped epilogue
+// 192 against 128 was +4..+8% from 8k keys, equal at 4k and -3..-8% at 512-2k; with it (call 7)
+// unmasked +0.5% at 2k, +1.4..+2.8% at 4k, +5.6..+5.8% at 8k, causal -2.4..-2.9% at 2k, +0..+0.7%
+// at 4k, +1.8..+3.1% at 8k (the longer block's masked and unused keys, and fewer blocks to
+// pipeline, weigh more on short rows).
 inline constexpr int64_t kFp8LongKeys = 4096;
-constexpr int fp8_block_n(int head_dim, int requested, int64_t max_kv_len = 0) {
-  const int wanted = requested != 0 ? requested : max_kv_len > kFp8LongKeys ? 192 : 128;
+constexpr int fp8_block_n(int head_dim, int requested, int64_t max_kv_len = 0,
+                          bool masked = false) {
+  const bool long_keys = masked ? max_kv_len > kFp8LongKeys : max_kv_len >= kFp8LongKeys;
+  const int wanted = requested != 0 ? requested : long_keys ? 192 : 128;
   return head_dim == 128 && wanted == 192 ? 192 : 128;
 }
-constexpr TileShape fp8_tile_shape(int head_dim, int requested_block_n, int64_t max_kv_len) {
+constexpr TileShape fp8_tile_shape(int head_dim, int requested_block_n, int64_t max_kv_len,
+                                   bool masked) {
   return head_dim == 64 ? TileShape{192, 128}
          : fp8_head_dim(head_dim)
-             ? TileShape{128, fp8_block_n(head_dim, requested_block_n, max_kv_len)}
+             ? TileShape{128, fp8_block_n(head_dim, requested_block_n, max_kv_len, masked)}
              : TileShape{0, 0};
 }
 // The fp8 P operand (fwd_kernel.h to_e4m3_operand): byte i = 4 r + e of a 32-key k-step's four
