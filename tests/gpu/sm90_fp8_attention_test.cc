@@ -156,6 +156,28 @@ Fp8Run run_fp8(AttentionCase& c) {
   return r;
 }
 
+// The case run with a switch at "0" and at "1" (each as run_fp8).
+struct Fp8SwitchRuns {
+  Fp8Run off, on;
+};
+Fp8SwitchRuns run_fp8_switched(AttentionCase& c, const char* variable) {
+  Fp8SwitchRuns r;
+  {
+    ScopedEnv off(variable, "0");
+    r.off = run_fp8(c);
+  }
+  {
+    ScopedEnv on(variable, "1");
+    r.on = run_fp8(c);
+  }
+  return r;
+}
+
+// The key blocks a switch test runs at head dim d (FLASHSERVE_FP8_BLOCK_N): both at d128.
+std::vector<const char*> key_blocks(int64_t d) {
+  return d == 128 ? std::vector<const char*>{"128", "192"} : std::vector<const char*>{"128"};
+}
+
 // The comparison of the header, element by element and by RMS; prints the largest error / bound
 // and the RMS ratio (the device run's record), after `label` when given.
 void expect_within_fp8_bound(AttentionCase& c, const NaiveOutput& got, const char* label = "") {
@@ -340,24 +362,15 @@ class Sm90Fp8Epilogue : public ::testing::TestWithParam<CaseSpec> {};
 
 TEST_P(Sm90Fp8Epilogue, SameBitsAsTheRegisterStores) {
   SKIP_WITHOUT_SM90();
-  for (const char* block_n : {"128", "192"}) {
-    if (GetParam().head_dim != 128 && std::string(block_n) == "192") continue;
+  for (const char* block_n : key_blocks(GetParam().head_dim)) {
     ScopedEnv keys("FLASHSERVE_FP8_BLOCK_N", block_n);
     AttentionCase c(GetParam());
     requantise(c, GetParam().seed ^ 0xe91);
-    Fp8Run off, on;
-    {
-      ScopedEnv epilogue("FLASHSERVE_SM90_EPILOGUE", "0");
-      off = run_fp8(c);
-    }
-    {
-      ScopedEnv epilogue("FLASHSERVE_SM90_EPILOGUE", "1");
-      on = run_fp8(c);
-    }
+    const Fp8SwitchRuns r = run_fp8_switched(c, "FLASHSERVE_SM90_EPILOGUE");
     const std::string label = std::string("epilogue, block_n ") + block_n + ": ";
-    expect_within_fp8_bound(c, on.out, label.c_str());
-    EXPECT_EQ(on.out_bits, off.out_bits) << label << GetParam().name();
-    EXPECT_EQ(on.lse_bits, off.lse_bits) << label << GetParam().name();
+    expect_within_fp8_bound(c, r.on.out, label.c_str());
+    EXPECT_EQ(r.on.out_bits, r.off.out_bits) << label << GetParam().name();
+    EXPECT_EQ(r.on.lse_bits, r.off.lse_bits) << label << GetParam().name();
   }
 }
 
@@ -426,23 +439,14 @@ class Sm90Fp8Exp2Fma : public ::testing::TestWithParam<CaseSpec> {};
 
 TEST_P(Sm90Fp8Exp2Fma, MatchesFloat64ReferenceWithinTheFp8BoundAndTheMufuPath) {
   SKIP_WITHOUT_SM90();
-  for (const char* block_n : {"128", "192"}) {
-    if (GetParam().head_dim != 128 && std::string(block_n) == "192") continue;
+  for (const char* block_n : key_blocks(GetParam().head_dim)) {
     ScopedEnv keys("FLASHSERVE_FP8_BLOCK_N", block_n);
     AttentionCase c(GetParam());
     requantise(c, GetParam().seed ^ 0xf3a);
-    Fp8Run off, on;
-    {
-      ScopedEnv fma("FLASHSERVE_SM90_EXP2_FMA", "0");
-      off = run_fp8(c);
-    }
-    {
-      ScopedEnv fma("FLASHSERVE_SM90_EXP2_FMA", "1");
-      on = run_fp8(c);
-    }
+    const Fp8SwitchRuns r = run_fp8_switched(c, "FLASHSERVE_SM90_EXP2_FMA");
     const std::string label = std::string("exp2 fma, block_n ") + block_n + ": ";
-    expect_within_fp8_bound(c, on.out, label.c_str());
-    expect_close_to_the_mufu_path(c, on.out, off.out, label.c_str());
+    expect_within_fp8_bound(c, r.on.out, label.c_str());
+    expect_close_to_the_mufu_path(c, r.on.out, r.off.out, label.c_str());
   }
 }
 
