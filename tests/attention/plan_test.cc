@@ -1189,7 +1189,7 @@ TEST(PlanFp8, KeyBlockSwitchTakes128Or192AndOnlyD128Takes192) {
 // Left to the plan (FLASHSERVE_FP8_BLOCK_N unset), d128 takes 192-key blocks from kFp8LongKeys
 // keys in the call's longest sequence (causal: above them) and 128 below; d64 and d256 keep their
 // one tile; a forced value wins at any length.
-TEST(PlanFp8, D128TakesLongKeyBlocksAboveFp8LongKeys) {
+TEST(PlanFp8, D128TakesLongKeyBlocksFromFp8LongKeys) {
   const int64_t at = attention::sm90::kFp8LongKeys;
   for (int64_t d : {64, 128, 256})
     for (bool causal : {false, true})

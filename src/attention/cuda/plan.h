@@ -184,8 +184,8 @@ struct PlanContext {
   // (parse_fp8_attention), read by the dispatch once per plan of an e4m3 call.
   bool fp8_attention = false;
   // The fp8 forward's key block at d128: FLASHSERVE_FP8_BLOCK_N (parse_fp8_block_n), 128 or 192,
-  // or 0: chosen by the call's longest key range (sm90/tile_config.h fp8_block_n; the other head
-  // dims run 128 whatever it says).
+  // or 0: chosen by the call's longest key range and its mask (sm90/tile_config.h fp8_block_n;
+  // the other head dims run 128 whatever it says).
   int fp8_block_n = 0;
   // Whether sm90 16-bit launches take session 18's tile boundary: FLASHSERVE_SM90_EPILOGUE
   // (parse_sm90_epilogue), read by the dispatch once per plan.

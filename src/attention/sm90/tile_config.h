@@ -348,8 +348,8 @@ constexpr TileShape tile_shape(int head_dim, bool masked, int64_t max_kv_len) {
 // - d128 and d256: 128 x 128, one V^T box of 128 keys per block. Registers per consumer thread:
 //   S 64 + P 32 + O 64 (d128) or 128 (d256). Shared memory: Q 16 KB + 2 x (K 16 KB + V^T 16 KB)
 //   = 80 KB at d128, 160 KB at d256.
-// - d128 over more than kFp8LongKeys keys (fp8_block_n below; FLASHSERVE_FP8_BLOCK_N=128 or 192
-//   forces either): 128 x 192, V^T in three boxes of 64 keys; S 96 + P 48 + O 64 registers;
+// - d128 from kFp8LongKeys keys (masked: above them; fp8_block_n below; FLASHSERVE_FP8_BLOCK_N=128
+//   or 192 forces either): 128 x 192, V^T in three boxes of 64 keys; S 96 + P 48 + O 64 registers;
 //   Q 16 KB + 2 x (K 24 KB + V^T 24 KB) = 112 KB. Fewer, longer blocks amortise the per-block
 //   softmax bookkeeping (FA3's reason for 224).
 // - d64: 192 x 128, three consumer warpgroups at 160 registers (S 64 + P 32 + O 32), as the bf16
