@@ -18,8 +18,8 @@
 // permutes in its in-kernel transpose otherwise).
 //
 // Cost: V is read once and V^T written once (2 x batch x kv x h_kv x d bytes beyond what the
-// kernel reads); for the FA3 grid's 16k tokens x 16 heads x d128 that is 64 MB, ~20 us at
-// ~3 TB/s: 3% of the attention's time at d128 and 4k keys, 12% at 512.
+// kernel reads); for the FA3 grid's 16k tokens x 16 heads x d128 that is 64 MB, 27-29 us on an
+// H100 (fp8_transpose_v below): ~4% of the call at d128 and 4k keys, ~19% at 512.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -54,8 +54,7 @@ struct VtArgs {
 // memory and read it back one byte at a time (64 byte loads a thread, 8-way bank conflicts from
 // its 16-row stride): 44-50 us, 6% of a d128 4k call and a quarter of a 512 one. With a word's
 // threads 32 lanes apart (a warp's load one whole 128-byte row, its stores 32 rows apart) d128
-// and d256 took 42 us, d64 (16 lanes a group: two groups' stores side by side) 31. (16-byte loads
-// of 16 keys a thread, branch s39-prepass-v3, are written but not yet run.)
+// and d256 took 42 us, d64 (16 lanes a group: two groups' stores side by side) 31.
 template <int kD>
 __global__ void __launch_bounds__(kD) fp8_transpose_v(const VtArgs a) {
   const int hk = blockIdx.y, b = blockIdx.z;
