@@ -18,8 +18,8 @@
 // permutes in its in-kernel transpose otherwise).
 //
 // Cost: V is read once and V^T written once (2 x batch x kv x h_kv x d bytes beyond what the
-// kernel reads); for the FA3 grid's 16k tokens x 16 heads x d128 that is 64 MB, 27-29 us on an
-// H100 (fp8_transpose_v below): ~4% of the call at d128 and 4k keys, ~19% at 512.
+// kernel reads); for the FA3 grid's 16k tokens x 16 heads x d128 that is 64 MB, 23-24 us on an
+// H100 (fp8_transpose_v below): ~4% of the call at d128 and 4k keys, ~16% at 512.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -43,20 +43,22 @@ struct VtArgs {
   int block_keys;  // the kernel's key block: every key it reads below `keys` is written
 };
 
-// One CTA per (block of 128 keys, KV head, sequence), kD threads, no shared memory: thread t
-// takes 4 columns of V (bytes 4 (t / 4) .. + 3 of a row) and 32 keys (the block's group t % 4).
-// It loads its columns' word of each of the 32 keys, transposes each 4 x 4 bytes (4 keys of 4
-// columns) with byte permutes into the 4 columns' words (keys in fp8_vt_key's order), and stores
-// 32 keys of each of its 4 rows of V^T. The four threads of one word are neighbours in the warp,
-// so that each row's 128 keys leave as one whole line from four lanes (a warp's load reads 32
-// bytes of each of 4 rows). Measured (ncu on an H100, the FA3 grid's 16k tokens x 16 heads, 64 MB
-// moved; session 39): 27-29 us at every head dim. The first version staged the block in shared
-// memory and read it back one byte at a time (64 byte loads a thread, 8-way bank conflicts from
-// its 16-row stride): 44-50 us, 6% of a d128 4k call and a quarter of a 512 one. With a word's
-// threads 32 lanes apart (a warp's load one whole 128-byte row, its stores 32 rows apart) d128
-// and d256 took 42 us, d64 (16 lanes a group: two groups' stores side by side) 31.
+// One CTA per (block of 128 keys, KV head, sequence), kD / 2 threads, no shared memory: thread
+// t takes 16 columns of V (bytes 16 (t / 8) .. + 15 of a row) and 16 keys (the block's group
+// t % 8; fp8_vt_key permutes keys within each 16, so a group's positions are its own keys). It
+// loads 16 bytes of each of its 16 keys, transposes each 4 x 4 bytes (4 keys of 4 columns) with
+// byte permutes into the columns' words (keys in fp8_vt_key's order), and stores its 16 keys of
+// each of its 16 rows of V^T. The eight groups of one piece of columns are neighbouring lanes,
+// so that a store instruction writes whole 128-byte lines of 4 rows, and a load 64 bytes of each
+// of 8 rows. Measured (ncu on an H100, the FA3 grid's 16k tokens x 16 heads, 64 MB moved):
+// 22.6-23.4 us at every head dim (session 40). Earlier versions (session 39): the first staged the
+// block in shared memory and read it back one byte at a time (64 byte loads a thread, 8-way bank
+// conflicts from its 16-row stride), 44-50 us at every head dim: a sixth of a d128 call at 512
+// keys, 4-6% at 4k. Words of 32 keys in lanes 32 apart (a warp's load one 128-byte row, its stores
+// 32 rows apart): d128 and d256 42 us, d64 31. The same with a word's four key groups in
+// neighbouring lanes (stores of whole lines, loads of 32 bytes of 4 rows, kD threads): 27-29 us.
 template <int kD>
-__global__ void __launch_bounds__(kD) fp8_transpose_v(const VtArgs a) {
+__global__ void __launch_bounds__(kD / 2) fp8_transpose_v(const VtArgs a) {
   const int hk = blockIdx.y, b = blockIdx.z;
   const kernel::SeqLens s =
       kernel::seq_lens(nullptr, a.cu_seqlens_k, a.seqused_k, 0, a.seqlen_k, b);
@@ -65,37 +67,39 @@ __global__ void __launch_bounds__(kD) fp8_transpose_v(const VtArgs a) {
   // `keys` are TMA's zero fill.
   const int key0 = blockIdx.x * 128;
   if (!fp8_vt_writes(key0, s.kv_len, a.block_keys)) return;
-  static_assert(kD % 32 == 0, "whole warps: 8 words of 4 key groups each");
-  const int word = threadIdx.x / 4, first = key0 + 32 * (threadIdx.x % 4);
-  const uint8_t* v = a.v + b * a.batch_stride + hk * a.head_stride + 4 * word;
-  uint32_t w[32];  // key first + k, columns 4 word .. 4 word + 3
+  static_assert(kD % 64 == 0, "whole warps: 4 pieces of 16 columns, 8 key groups each");
+  const int piece = threadIdx.x / 8, first = key0 + 16 * (threadIdx.x % 8);
+  const uint8_t* v = a.v + b * a.batch_stride + hk * a.head_stride + 16 * piece;
+  uint32_t w[16][4];  // key first + k, columns 16 piece + 4 j .. + 3 in w[k][j]
 #pragma unroll
-  for (int k = 0; k < 32; ++k)
-    w[k] =
-        first + k < s.kv_len
-            ? *reinterpret_cast<const uint32_t*>(v + int64_t{s.k_start + first + k} * a.row_stride)
-            : 0u;
-  // Word i of column c's 32 keys holds positions 4 i .. 4 i + 3, keys fp8_vt_key(4 i + e).
-  uint32_t out[4][8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t k0 = w[fp8_vt_key(4 * i)], k1 = w[fp8_vt_key(4 * i + 1)];
-    const uint32_t k2 = w[fp8_vt_key(4 * i + 2)], k3 = w[fp8_vt_key(4 * i + 3)];
-    // Byte c of each key's word is column c: interleave the keys' bytes pairwise, then the pairs.
-    const uint32_t lo01 = __byte_perm(k0, k1, 0x5140), hi01 = __byte_perm(k0, k1, 0x7362);
-    const uint32_t lo23 = __byte_perm(k2, k3, 0x5140), hi23 = __byte_perm(k2, k3, 0x7362);
-    out[0][i] = __byte_perm(lo01, lo23, 0x5410);
-    out[1][i] = __byte_perm(lo01, lo23, 0x7632);
-    out[2][i] = __byte_perm(hi01, hi23, 0x5410);
-    out[3][i] = __byte_perm(hi01, hi23, 0x7632);
+  for (int k = 0; k < 16; ++k) {
+    uint4 x = make_uint4(0, 0, 0, 0);
+    if (first + k < s.kv_len)
+      x = *reinterpret_cast<const uint4*>(v + int64_t{s.k_start + first + k} * a.row_stride);
+    w[k][0] = x.x, w[k][1] = x.y, w[k][2] = x.z, w[k][3] = x.w;
   }
+  // Word i of column 4 j + c's 16 keys holds positions 4 i .. 4 i + 3 of the group: keys
+  // fp8_vt_key(4 i + e) (which stay within 0..15).
+  uint32_t out[16][4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t k0 = w[fp8_vt_key(4 * i)][j], k1 = w[fp8_vt_key(4 * i + 1)][j];
+      const uint32_t k2 = w[fp8_vt_key(4 * i + 2)][j], k3 = w[fp8_vt_key(4 * i + 3)][j];
+      // Byte c of each key's word is column c: interleave the keys' bytes pairwise, then pairs.
+      const uint32_t lo01 = __byte_perm(k0, k1, 0x5140), hi01 = __byte_perm(k0, k1, 0x7362);
+      const uint32_t lo23 = __byte_perm(k2, k3, 0x5140), hi23 = __byte_perm(k2, k3, 0x7362);
+      out[4 * j][i] = __byte_perm(lo01, lo23, 0x5410);
+      out[4 * j + 1][i] = __byte_perm(lo01, lo23, 0x7632);
+      out[4 * j + 2][i] = __byte_perm(hi01, hi23, 0x5410);
+      out[4 * j + 3][i] = __byte_perm(hi01, hi23, 0x7632);
+    }
   uint8_t* vt = a.vt + (int64_t{b} * a.h_kv + hk) * kD * a.keys + first;
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    uint4* row = reinterpret_cast<uint4*>(vt + (4 * word + c) * a.keys);
-    row[0] = make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]);
-    row[1] = make_uint4(out[c][4], out[c][5], out[c][6], out[c][7]);
-  }
+  for (int c = 0; c < 16; ++c)
+    *reinterpret_cast<uint4*>(vt + (16 * piece + c) * a.keys) =
+        make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]);
 }
 
 // The pre-pass over `batch` sequences (a.keys / 128 blocks of each), on `stream`.
@@ -103,7 +107,7 @@ template <int kD>
 inline void launch_fp8_transpose_v(const VtArgs& a, int batch, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.keys / 128), static_cast<unsigned>(a.h_kv),
                   static_cast<unsigned>(batch));
-  fp8_transpose_v<kD><<<grid, kD, 0, stream>>>(a);
+  fp8_transpose_v<kD><<<grid, kD / 2, 0, stream>>>(a);
 }
 
 }  // namespace flashserve::attention::sm90
