@@ -27,10 +27,6 @@ reports each column's median over the rounds: a clock that drifts during a shape
 weighs on every column alike (session 30's single passes moved cuDNN's own column by up to 17%).
 --profile adds, per shape and family, one call's device time per kernel (torch.profiler): the main
 kernel's share of a row beside the zeroing, preprocess and postprocess around it.
---host adds, per shape, the host time of one backward call (`out.backward(grad)` from an idle
-device until it returns, median of --reps) for each family and for cuDNN, and cProfile's most
-expensive functions over our calls: where the device waits on the host when the forward before it
-is short (causal 2k, session 39: 0.13 ms of a 1.05 ms row).
 
 Usage (repo root, libflashserve_c built with CUDA):
     PYTHONPATH=python FLASHSERVE_LIBRARY=.../libflashserve_c.so python3 bench/bwd_compare.py \
@@ -185,111 +181,6 @@ def profile_call(q, k, v, causal, family, timed_ms):
         print(f"<!--   {us / 1e3:8.3f} ms  x{count}  {key[:110]} -->")
 
 
-def host_call(q, k, v, causal, which, family, reps, cprofile=False):
-    """Median host seconds of one forward call and of one `out.backward(g)` (each from an idle
-    device, so nothing queued delays the launches); with cprofile, also the cProfile statistics
-    of as many more backward calls run on this thread (autograd's device thread is invisible to
-    cProfile: torch.autograd.set_multithreading_enabled(False) for those), else None."""
-    import cProfile
-    import time
-    g = torch.randn_like(q)
-    if which == "flashserve":
-        leaves, fwd = (q, k, v), (lambda: flash_attn_func(q, k, v, causal=causal))
-    else:
-        leaves = tuple(x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
-        g = g.transpose(1, 2)
-
-        def fwd():
-            with sdpa_kernel([BACKENDS[which]]):
-                return F.scaled_dot_product_attention(*leaves, is_causal=causal)
-
-    def calls(n, prof=None):
-        fwd_times, bwd_times = [], []
-        for _ in range(n):
-            for x in leaves:
-                x.grad = None
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            out = fwd()
-            fwd_times.append(time.perf_counter() - t0)
-            torch.cuda.synchronize()
-            if prof:
-                prof.enable()
-            t0 = time.perf_counter()
-            out.backward(g)
-            bwd_times.append(time.perf_counter() - t0)
-            if prof:
-                prof.disable()
-        torch.cuda.synchronize()
-        return fwd_times, bwd_times
-
-    median = lambda ts: sorted(ts)[len(ts) // 2]  # noqa: E731
-    with family_env(family):
-        calls(3)
-        fwd_times, bwd_times = calls(reps)
-        prof = None
-        if cprofile:
-            prof = cProfile.Profile()
-            with torch.autograd.set_multithreading_enabled(False):
-                calls(reps, prof)
-    return median(fwd_times), median(bwd_times), prof
-
-
-def host_trace(q, k, v, causal, which, family, path):
-    """One forward + backward call under torch.profiler (CPU and CUDA activities), after two
-    warm-ups, exported as a Chrome trace to `path`: when each host step and each launch happens
-    beside the kernels."""
-    from torch.profiler import ProfilerActivity, profile
-    g = torch.randn_like(q)
-    if which == "flashserve":
-        leaves, fwd = (q, k, v), (lambda: flash_attn_func(q, k, v, causal=causal))
-    else:
-        leaves = tuple(x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
-        g = g.transpose(1, 2)
-
-        def fwd():
-            with sdpa_kernel([BACKENDS[which]]):
-                return F.scaled_dot_product_attention(*leaves, is_causal=causal)
-    with family_env(family):
-        for i in range(3):
-            for x in leaves:
-                x.grad = None
-            torch.cuda.synchronize()
-            if i < 2:
-                fwd().backward(g)
-                continue
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                fwd().backward(g)
-                torch.cuda.synchronize()
-    prof.export_chrome_trace(path)
-
-
-def host_report(q, k, v, causal, families, reps, trace_dir=""):
-    """Prints, as HTML comments, the host time of a forward and a backward call per column and
-    cProfile's top functions (own time) over our first family's backward calls."""
-    import io
-    import pstats
-    shape = f"d{q.shape[-1]} L{q.shape[1]} causal {int(causal)}"
-    cols = [("cudnn", "auto")] + [("flashserve", f) for f in families]
-    for which, fam in cols:
-        first = which == "flashserve" and fam == families[0]
-        tf, tb, prof = host_call(q, k, v, causal, which, fam, reps, cprofile=first)
-        name = which if which != "flashserve" else f"flashserve {fam}"
-        print(f"<!-- host {shape} {name}: {tf * 1e6:.1f} us a forward call, {tb * 1e6:.1f} us a "
-              "backward call -->")
-        if trace_dir:
-            host_trace(q, k, v, causal, which, fam, os.path.join(
-                trace_dir, f"{name.replace(' ', '-')}-d{q.shape[-1]}-L{q.shape[1]}-c{int(causal)}"
-                ".json"))
-        if prof:
-            buf = io.StringIO()
-            stats = pstats.Stats(prof, stream=buf)
-            stats.sort_stats("tottime").print_stats(25)
-            for line in buf.getvalue().splitlines():
-                if line.strip():
-                    print(f"<!-- {line.rstrip()} -->")
-
-
 def main():
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     ap = argparse.ArgumentParser()
@@ -305,12 +196,6 @@ def main():
     ap.add_argument("--profile", action="store_true",
                     help="per shape and family, one backward call's device time per kernel "
                     "(torch.profiler), as HTML comments under the table's rows")
-    ap.add_argument("--host", action="store_true",
-                    help="per shape, the host time of one backward call per column and "
-                    "cProfile's top functions over ours (HTML comments under the rows)")
-    ap.add_argument("--host-trace", default="",
-                    help="with --host: a folder for one forward + backward call's Chrome trace "
-                    "(torch.profiler, CPU and CUDA) per shape and column")
     ap.add_argument("--families", default="auto",
                     help="our backward's kernel families, comma-separated: "
                     + ", ".join(FAMILY_ENV))
@@ -366,8 +251,6 @@ def main():
                 if args.profile:
                     for fam in families:
                         profile_call(q, k, v, bool(causal), fam, res[fam][0])
-                if args.host:
-                    host_report(q, k, v, bool(causal), families, args.reps, args.host_trace)
 
 if __name__ == "__main__":
     main()
