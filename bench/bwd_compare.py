@@ -18,7 +18,8 @@ order; the dQ path at its default), to set beside sm90 (the same with the switch
 sm90-heavy-first is sm90 with FLASHSERVE_SM90_BWD_HEAVY_FIRST=1 (a masked call's CTAs launched
 heaviest key blocks first; unmasked rows run as sm90: --causal 1 for its A/B). sm90-persistent is
 sm90 with FLASHSERVE_SM90_BWD_PERSISTENT=1 (one CTA per multiprocessor taking tiles from a
-counter; masked calls heaviest first). sm90-d256 is sm90
+counter; masked calls heaviest first). sm90-fused-dq is sm90 with FLASHSERVE_SM90_BWD_FUSED_DQ=1
+(each unit's last CTA converts dq; no postprocess on dense calls at d64/d128). sm90-d256 is sm90
 with FLASHSERVE_SM90_BWD_D256=1 (head dim 256 on sm90/bwd_swapped_kernel.h; the switch's default
 since session 30, so auto runs it too; sm80 is sm80's padded kernels: --head-dims 256 --families
 sm80,auto).
@@ -57,6 +58,7 @@ FAMILY_ENV = {
     "sm90-heavy-first": {"FLASHSERVE_BWD_KERNEL": "sm90", "FLASHSERVE_SM90_BWD_HEAVY_FIRST": "1"},
     "sm90-d256": {"FLASHSERVE_BWD_KERNEL": "sm90", "FLASHSERVE_SM90_BWD_D256": "1"},
     "sm90-persistent": {"FLASHSERVE_BWD_KERNEL": "sm90", "FLASHSERVE_SM90_BWD_PERSISTENT": "1"},
+    "sm90-fused-dq": {"FLASHSERVE_BWD_KERNEL": "sm90", "FLASHSERVE_SM90_BWD_FUSED_DQ": "1"},
 }
 
 

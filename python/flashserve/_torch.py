@@ -43,6 +43,14 @@ def empty(like, shape, dtype=None):
     return torch.empty(shape, dtype=like.dtype if dtype is None else dtype, device=like.device)
 
 
+def empty_like(t):
+    """A new tensor with t's shape, dtype, device and, where t is dense, its strides: a gradient
+    laid out as its input, which autograd's AccumulateGrad then takes as the leaf's .grad without
+    a copy. A third of empty(t, t.shape)'s host time (~1.8 against ~4.3 us, session 40). Tests
+    replace it to poison outputs."""
+    return torch.empty_like(t)
+
+
 # True while torch.compile traces (torch.compiler.is_compiling is known to it and folds to a
 # constant there); PyTorch < 2.3 lacks it, and there the operators are always dispatched to.
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: True)
@@ -310,7 +318,7 @@ def fast_backward(dout, q, k, v, out, lse, dlse, scale, causal, left, right, det
         _backward_state = _BackwardState()
     calls, state = _backward_calls, _backward_state
     buf, off = state.buffer, calls.offsets
-    grads = (empty(q, q.shape), empty(k, k.shape), empty(v, v.shape))
+    grads = (empty_like(q), empty_like(k), empty_like(v))
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout),
                     ("dq", grads[0]), ("dk", grads[1]), ("dv", grads[2])):
         _pack(buf, off[name], t, _DTYPES[t.dtype])

@@ -43,5 +43,12 @@ def poisoned_outputs(monkeypatch):
                 x.fill_(-123456789)
             return x
 
+        def poisoned_torch_like(t):
+            x = torch_allocate_like(t)
+            x.fill_(float("nan"))
+            return x
+
         torch_allocate = fs_torch.empty
+        torch_allocate_like = fs_torch.empty_like
         monkeypatch.setattr(fs_torch, "empty", poisoned_torch)
+        monkeypatch.setattr(fs_torch, "empty_like", poisoned_torch_like)

@@ -41,15 +41,22 @@ size_t align16(size_t n) {
   return (n + 15) / 16 * 16;
 }
 
-// Workspace: the fp32 dQ accumulator [q_rows][h_q][D], then D [q_rows][h_q], then 16 bytes for
-// the sm90 persistent grid's tile counter (tile_counter_offset; none when there are no rows).
-size_t tile_counter_offset(size_t rows, int64_t head_dim) {
-  return align16(rows * head_dim * sizeof(float)) + align16(rows * sizeof(float));
-}
+// Workspace: the fp32 dQ accumulator [q_rows][h_q][D], the sm90 fused dQ conversion's counters
+// [batch][h_kv] (ints; right behind the accumulator, so that one memset zeroes both), D
+// [q_rows][h_q], then 16 bytes for the sm90 persistent grid's tile counter (none when there are
+// no rows).
+struct WorkspaceLayout {
+  size_t counters, delta, tile_counter, bytes;  // byte offsets, and the size
+  WorkspaceLayout(const AttentionBackwardParams& bp, const Problem& pr) {
+    const size_t rows = static_cast<size_t>(q_rows(bp.attn, pr) * pr.h_q);
+    counters = align16(rows * pr.head_dim * sizeof(float));
+    delta = counters + align16(static_cast<size_t>(pr.batch * pr.h_kv) * sizeof(int));
+    tile_counter = delta + align16(rows * sizeof(float));
+    bytes = rows == 0 ? 0 : tile_counter + 16;
+  }
+};
 size_t workspace_bytes(const AttentionBackwardParams& bp, const Problem& pr) {
-  const size_t rows = static_cast<size_t>(q_rows(bp.attn, pr) * pr.h_q);
-  const size_t bytes = tile_counter_offset(rows, pr.head_dim);
-  return bytes == 0 ? 0 : bytes + 16;
+  return WorkspaceLayout(bp, pr).bytes;
 }
 
 int smem_per_block(int device) {
@@ -134,10 +141,8 @@ sm80::BwdParams bwd_params(const AttentionBackwardParams& bp, const Problem& pr,
   p.q_rows = q_rows(a, pr);
   p.batch = static_cast<int32_t>(pr.batch);
   p.head_dim = static_cast<int32_t>(pr.head_dim);
-  const size_t rows = static_cast<size_t>(p.q_rows * pr.h_q);
   p.dq_accum = static_cast<float*>(workspace);
-  p.delta = reinterpret_cast<float*>(static_cast<char*>(workspace) +
-                                     align16(rows * pr.head_dim * sizeof(float)));
+  p.delta = reinterpret_cast<float*>(static_cast<char*>(workspace) + WorkspaceLayout(bp, pr).delta);
   return p;
 }
 
@@ -154,10 +159,10 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
   check_supported(bp, pr);
   // Decided before anything is enqueued: a forced family that cannot run the call throws here,
   // as does a malformed FLASHSERVE_SM90_BWD_D256, FLASHSERVE_SM90_BWD_DQ_BULK,
-  // FLASHSERVE_SM90_BWD_OVERLAP, FLASHSERVE_SM90_BWD_HEAVY_FIRST or FLASHSERVE_SM90_BWD_PERSISTENT
-  // (read per call, so that a test or benchmark can set them around one call; only the sm90 kernel
-  // has the two dQ paths, the overlapped step, the heaviest-first order and the persistent grid,
-  // sm80 ignores them).
+  // FLASHSERVE_SM90_BWD_OVERLAP, FLASHSERVE_SM90_BWD_HEAVY_FIRST, FLASHSERVE_SM90_BWD_PERSISTENT or
+  // FLASHSERVE_SM90_BWD_FUSED_DQ (read per call, so that a test or benchmark can set them around
+  // one call; only the sm90 kernel has the two dQ paths, the overlapped step, the heaviest-first
+  // order, the persistent grid and the fused dQ conversion, sm80 ignores them).
   const KernelFamily family = backward_family(bp, pr);
   [[maybe_unused]] const bool dq_bulk =
       parse_sm90_bwd_dq_bulk(std::getenv("FLASHSERVE_SM90_BWD_DQ_BULK"));
@@ -167,8 +172,11 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
       parse_sm90_bwd_heavy_first(std::getenv("FLASHSERVE_SM90_BWD_HEAVY_FIRST"));
   [[maybe_unused]] const bool persistent =
       parse_sm90_bwd_persistent(std::getenv("FLASHSERVE_SM90_BWD_PERSISTENT"));
+  [[maybe_unused]] const bool fused_dq =
+      parse_sm90_bwd_fused_dq(std::getenv("FLASHSERVE_SM90_BWD_FUSED_DQ"));
   const cudaStream_t stream = static_cast<cudaStream_t>(bp.attn.stream);
-  const size_t bytes = workspace_bytes(bp, pr);
+  const WorkspaceLayout layout(bp, pr);
+  const size_t bytes = layout.bytes;
   void* workspace = bp.attn.workspace;
   void* scratch = nullptr;
   if (pr.batch == 0 || bytes == 0) {
@@ -204,9 +212,8 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
       sm80::zero_grad(g->data, g->dtype, g->rank, g->shape, g->stride, stream);
   if (workspace == nullptr) return;
   if (!bp.deterministic)  // deterministic: bwd_dq_kernel writes dq, no accumulator
-    check_cuda(
-        cudaMemsetAsync(p.dq_accum, 0, p.q_rows * pr.h_q * pr.head_dim * sizeof(float), stream),
-        "cudaMemsetAsync (backward dq accumulator)");
+    check_cuda(cudaMemsetAsync(p.dq_accum, 0, layout.delta, stream),
+               "cudaMemsetAsync (backward dq accumulator and counters)");
   if (family == KernelFamily::kSm90) {
 #if defined(FLASHSERVE_WITH_SM90)
     sm90::BwdArgs args{};
@@ -225,10 +232,13 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
                  "cudaDeviceGetAttribute (L2 size)");
       args.l2_bytes = l2;
     }
-    // The persistent grid's tile counter, after D (workspace_bytes); the launch zeroes it.
-    args.tile_counter = reinterpret_cast<int*>(
-        static_cast<char*>(workspace) +
-        tile_counter_offset(static_cast<size_t>(p.q_rows * pr.h_q), pr.head_dim));
+    // The persistent grid's tile counter, after D (WorkspaceLayout); the launch zeroes it.
+    args.tile_counter = reinterpret_cast<int*>(static_cast<char*>(workspace) + layout.tile_counter);
+    // The fused dQ conversion's counters (zeroed with the accumulator above): dense batches only,
+    // where every key block of every sequence has keys (run_bwd_hdim decides whether the call's
+    // grid can take it).
+    if (fused_dq && !pr.varlen_q && !pr.varlen_k && !pr.seqused)
+      args.dq_counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + layout.counters);
     args.batch = static_cast<int>(pr.batch);
     args.h_kv = static_cast<int>(pr.h_kv);
     args.q_rows = static_cast<int>(bp.attn.q.shape[pr.varlen_q ? 0 : 1]);

@@ -1152,6 +1152,13 @@ TEST(PlanBackward, ParsesTheSm90PersistentSwitchStrictly) {
                        "FLASHSERVE_SM90_BWD_PERSISTENT");
 }
 
+// FLASHSERVE_SM90_BWD_FUSED_DQ: the last CTA of each unit converts dQ, off until measured.
+TEST(PlanBackward, ParsesTheSm90FusedDqSwitchStrictly) {
+  EXPECT_FALSE(attention::kSm90BwdFusedDqByDefault);
+  expect_strict_switch(attention::parse_sm90_bwd_fused_dq, attention::kSm90BwdFusedDqByDefault,
+                       "FLASHSERVE_SM90_BWD_FUSED_DQ");
+}
+
 // FLASHSERVE_SM90_BWD_D256: head dim 256 on the sm90 backward, on since its device runs.
 TEST(PlanBackward, ParsesTheSm90D256SwitchStrictly) {
   EXPECT_TRUE(attention::kSm90BwdD256ByDefault);

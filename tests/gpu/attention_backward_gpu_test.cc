@@ -80,7 +80,9 @@ class BackwardDevice {
 // unmasked calls run as kSm90DqBulk), kSm90Persistent and kSm90PersistentOverlap the bulk
 // reduce-add on the persistent grid (FLASHSERVE_SM90_BWD_PERSISTENT), with each step order;
 // kSm90D256 the d256 kernel (FLASHSERVE_SM90_BWD_D256=1; every other run sets it to 0, so that
-// forced sm90 at d256 refuses there).
+// forced sm90 at d256 refuses there); kSm90FusedDq the bulk reduce-add with each unit's last CTA
+// converting dq (FLASHSERVE_SM90_BWD_FUSED_DQ=1, the overlapped step at its default; varlen and
+// seqused_k calls keep the postprocess; every other run sets it to 0).
 enum class Family {
   kSm80,
   kSm90,
@@ -89,7 +91,8 @@ enum class Family {
   kSm90HeavyFirst,
   kSm90Persistent,
   kSm90PersistentOverlap,
-  kSm90D256
+  kSm90D256,
+  kSm90FusedDq
 };
 const char* family_name(Family f) {
   static constexpr const char* kNames[] = {"sm80",
@@ -99,7 +102,8 @@ const char* family_name(Family f) {
                                            "sm90_heavy_first",
                                            "sm90_persistent",
                                            "sm90_persistent_overlap",
-                                           "sm90_d256"};
+                                           "sm90_d256",
+                                           "sm90_fused_dq"};
   return kNames[static_cast<int>(f)];
 }
 
@@ -124,9 +128,12 @@ attention::reference::NaiveGrads run_on_gpu(BackwardCase& bc, Family family,
   ScopedEnv dq_path("FLASHSERVE_SM90_BWD_DQ_BULK", family == Family::kSm90 ? "0" : "1");
   const bool persistent =
       family == Family::kSm90Persistent || family == Family::kSm90PersistentOverlap;
-  ScopedEnv overlap(
-      "FLASHSERVE_SM90_BWD_OVERLAP",
-      family == Family::kSm90Overlap || family == Family::kSm90PersistentOverlap ? "1" : "0");
+  ScopedEnv overlap("FLASHSERVE_SM90_BWD_OVERLAP",
+                    family == Family::kSm90FusedDq ? ""
+                    : family == Family::kSm90Overlap || family == Family::kSm90PersistentOverlap
+                        ? "1"
+                        : "0");
+  ScopedEnv fused_dq("FLASHSERVE_SM90_BWD_FUSED_DQ", family == Family::kSm90FusedDq ? "1" : "0");
   ScopedEnv heavy_first("FLASHSERVE_SM90_BWD_HEAVY_FIRST",
                         family == Family::kSm90HeavyFirst ? "1" : "0");
   ScopedEnv persistent_grid("FLASHSERVE_SM90_BWD_PERSISTENT", persistent ? "1" : "0");
@@ -221,16 +228,17 @@ std::vector<CaseSpec> cases() {
   return cases_at({64, 128});
 }
 
-// Every case through both families, sm90 with each dQ path (and, given `switches`, the bulk
-// path's other switches too: GpuBackwardOverlap, GpuBackwardHeavyFirst and GpuBackwardPersistent
-// run the main shapes through them beside the bulk path).
+// Every case through both families, sm90 with each dQ path and with the fused dQ conversion (and,
+// given `switches`, the bulk path's other switches too: GpuBackwardOverlap, GpuBackwardHeavyFirst
+// and GpuBackwardPersistent run the main shapes through them beside the bulk path).
 using FamilyCase = std::tuple<CaseSpec, Family>;
 std::vector<FamilyCase> with_families(const std::vector<CaseSpec>& specs, bool switches = false) {
   std::vector<FamilyCase> v;
-  for (Family f :
-       {Family::kSm80, Family::kSm90, Family::kSm90DqBulk, Family::kSm90Overlap,
-        Family::kSm90HeavyFirst, Family::kSm90Persistent, Family::kSm90PersistentOverlap})
-    if (switches || f == Family::kSm80 || f == Family::kSm90 || f == Family::kSm90DqBulk)
+  for (Family f : {Family::kSm80, Family::kSm90, Family::kSm90DqBulk, Family::kSm90FusedDq,
+                   Family::kSm90Overlap, Family::kSm90HeavyFirst, Family::kSm90Persistent,
+                   Family::kSm90PersistentOverlap})
+    if (switches || f == Family::kSm80 || f == Family::kSm90 || f == Family::kSm90DqBulk ||
+        f == Family::kSm90FusedDq)
       for (const CaseSpec& s : specs) v.emplace_back(s, f);
   return v;
 }
@@ -512,9 +520,9 @@ TEST(GpuBackwardSanitize, DeterministicSmallCase) {
 }
 
 TEST(GpuBackwardLse, GradientOfTheLse) {
-  for (Family family :
-       {Family::kSm80, Family::kSm90, Family::kSm90DqBulk, Family::kSm90Overlap,
-        Family::kSm90HeavyFirst, Family::kSm90Persistent, Family::kSm90PersistentOverlap}) {
+  for (Family family : {Family::kSm80, Family::kSm90, Family::kSm90DqBulk, Family::kSm90FusedDq,
+                        Family::kSm90Overlap, Family::kSm90HeavyFirst, Family::kSm90Persistent,
+                        Family::kSm90PersistentOverlap}) {
     SKIP_WITHOUT_FAMILY(family);
     check_case(spec(DType::kBFloat16, 64, 2, 45, 61, 4, 2, true), family, /*with_dlse=*/true);
     check_case(spec(DType::kFloat16, 128, 1, 130, 200, 2, 1, false), family, /*with_dlse=*/true);

@@ -130,6 +130,10 @@ bool parse_sm90_bwd_persistent(const char* value) {
   return env_switch(value, "FLASHSERVE_SM90_BWD_PERSISTENT", kSm90BwdPersistentByDefault);
 }
 
+bool parse_sm90_bwd_fused_dq(const char* value) {
+  return env_switch(value, "FLASHSERVE_SM90_BWD_FUSED_DQ", kSm90BwdFusedDqByDefault);
+}
+
 bool parse_sm90_bwd_d256(const char* value) {
   return env_switch(value, "FLASHSERVE_SM90_BWD_D256", kSm90BwdD256ByDefault);
 }

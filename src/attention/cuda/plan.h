@@ -427,6 +427,22 @@ inline constexpr bool kSm90BwdPersistentByDefault = false;
 // per call (backward_cuda.cu), as FLASHSERVE_SM90_BWD_DQ_BULK.
 bool parse_sm90_bwd_persistent(const char* value);
 
+// Whether the sm90 backward's bulk-dQ kernel (d64 and d128, one CTA per tile) converts dQ itself:
+// each CTA counts itself done on its (sequence, KV head) once its reduce-adds are complete, and
+// the last of them scales that unit's fp32 accumulator into dq while it is still in L2, instead
+// of the postprocess kernel reading all of it back from memory after the main kernel (68 us of a
+// 0.58 ms d128 call at 512 keys on an H100, session 40; 5% at 2k). Dense batches without
+// seqused_k only (there every key block's CTA has keys, so each unit's count is the grid's key
+// blocks); varlen, seqused_k, d256, the persistent grid and the heaviest-first order keep the
+// postprocess. dq is scaled and rounded as the postprocess does it. Off until a device run has
+// passed the backward tests with it and measured it (written without a GPU).
+inline constexpr bool kSm90BwdFusedDqByDefault = false;
+
+// FLASHSERVE_SM90_BWD_FUSED_DQ: unset (null) or empty, kSm90BwdFusedDqByDefault; "1" on; "0" off;
+// anything else throws kInvalidArgument naming the variable. Read by the CUDA backward once per
+// call (backward_cuda.cu), as FLASHSERVE_SM90_BWD_DQ_BULK.
+bool parse_sm90_bwd_fused_dq(const char* value);
+
 // Whether the sm90 backward runs head dims 136-256 (sm90/bwd_swapped_kernel.h, padded to 256
 // below it: 64 x 64 tiles, dV^T and dK^T over half the head dim per consumer warpgroup,
 // docs/kernel-notes.md session 29) instead of sm80's padded kernel in two launches of half the

@@ -16,7 +16,9 @@
 //                                     64 x 64 per consumer) added to the fp32 accumulator
 //                                     in the workspace (kDqBulk: a shared-memory tile and a
 //                                     TMA bulk reduce-add; else float2 atomics); the shared
-//                                     postprocess scales and rounds it into dq.
+//                                     postprocess scales and rounds it into dq (or, with
+//                                     BwdParams::dq_counters, each unit's last CTA:
+//                                     convert_dq_if_last).
 // - Warpgroup 0, the producer, gives registers back; its warp 0 loads K and V once (TMA) and
 //   per step Q and dO (TMA) and LSE and D (its 32 lanes, from global memory) into stage
 //   i % kStages, after every consumer thread released that stage. LSE is stored as LSE log2(e),
@@ -97,6 +99,7 @@ template <class Cfg, bool kDqBulk>
 struct BwdDqStage {
   alignas(1024) uint8_t dq[Cfg::kConsumers][Cfg::kDqBoxes][Cfg::kDqBoxBytes];
   int mask_free[2];
+  int dq_last;  // the fused dQ conversion: this CTA counted its unit's last (count_dq_done)
 };
 template <class Cfg>
 struct BwdDqStage<Cfg, false> {};
@@ -861,6 +864,86 @@ __device__ __forceinline__ void bwd_persistent(BwdSharedStorage<Cfg, true>& s,
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The fused dQ conversion (BwdParams::dq_counters, FLASHSERVE_SM90_BWD_FUSED_DQ: dense batches on
+// the 3-D one-tile grid, the bulk-dQ kernel). Every CTA of a unit (sequence, KV head) adds its dQ
+// shares into the unit's rows of the fp32 accumulator; the dQ writer counts the CTA done once its
+// reduce-adds are complete, and the CTA that counts last (the count reaches gridDim.x: in a dense
+// batch every key block has keys) scales the unit's rows into dq as the postprocess would, while
+// they are still in L2, so that no postprocess reads the whole accumulator back from memory.
+inline constexpr int kDqDone = 6;  // the writer warp arrives, the consumer warpgroups sync
+
+template <class Cfg>
+inline constexpr int kDqDoneThreads = 32 + Cfg::kConsumers * 128;
+
+// The tiles that may convert dQ themselves: the 3-D grid's, whose gridDim.x counts a unit's CTAs
+// (not the heaviest-first order's 1-D grid; the persistent CTAs never get here).
+template <class Cfg>
+inline constexpr bool kFusedDqTile = !Cfg::kHeavyFirst && !Cfg::kPersistent;
+
+// The dQ writer warp (`lane` 0..31), after bwd_write_dq: lane 0 counts the CTA on its unit's
+// counter and leaves whether it was the last in shared memory, then the warp tells the consumers.
+template <class Cfg>
+__device__ __forceinline__ void count_dq_done(BwdSharedStorage<Cfg, true>& s, const BwdParams& bp,
+                                              int z, int kv_head, int lane) {
+  if (lane == 0) {
+    // bwd_write_dq waited for this thread's reduce-adds to complete. The proxy fence orders them
+    // (the async proxy) before the thread's generic accesses; the fence releases them at gpu
+    // scope before the count, which the last CTA acquires before it reads the accumulator.
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
+    __threadfence();
+    int* counter = bp.dq_counters + int64_t{z} * gridDim.y + kv_head;
+    s.dq_last = atomicAdd(counter, 1) == static_cast<int>(gridDim.x) - 1;
+  }
+  __syncwarp();
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(kDqDone), "n"(kDqDoneThreads<Cfg>) : "memory");
+}
+
+// The consumer warpgroups' threads (`ct` 0 .. 128 kConsumers - 1), after their steps: in the
+// unit's last CTA, dq = scale x the accumulator for every row of the unit's query heads, 8
+// columns a thread, rounded as the postprocess rounds (sm80/bwd_kernel.h bwd_postprocess). The
+// loads go through L2 (ld.global.cg): the reduce-adds went there, this SM's L1 never held them.
+template <class Cfg, bool kBf16>
+__device__ __forceinline__ void convert_dq_if_last(BwdSharedStorage<Cfg, true>& s,
+                                                   const BwdParams& bp, const BwdSeq& seq,
+                                                   int kv_head, int ct) {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kDqDone), "n"(kDqDoneThreads<Cfg>) : "memory");
+  if (!s.dq_last) return;
+  __threadfence();  // acquire: every CTA of the unit released its sums before its count
+  const sm80::BwdParams& p = bp.p;
+  const sm80::FwdParams& f = p.fwd;
+  constexpr int kD = Cfg::kHeadDim, kPieces = kD / 8, kRowStep = Cfg::kConsumers * 128 / kPieces;
+  static_assert(Cfg::kConsumers * 128 % kPieces == 0, "whole rows per pass");
+  using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
+  const int piece = ct % kPieces;
+  const int64_t row0 = seq.q_row0(f);
+  Elem* dq = static_cast<Elem*>(p.dq) + int64_t{seq.b} * p.dq_batch_stride + 8 * piece;
+  for (int i = 0; i < f.h_ratio; ++i) {
+    const int h = kv_head * f.h_ratio + i;
+#pragma unroll 4
+    for (int t = ct / kPieces; t < seq.lens.q_len; t += kRowStep) {
+      const float4* acc =
+          reinterpret_cast<const float4*>(p.dq_accum + ((row0 + t) * f.h_q + h) * kD + 8 * piece);
+      const float4 a = __ldcg(acc), b = __ldcg(acc + 1);
+      const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      uint32_t w[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (kBf16) {
+          const __nv_bfloat162 v =
+              __floats2bfloat162_rn(f.scale * x[2 * j], f.scale * x[2 * j + 1]);
+          w[j] = *reinterpret_cast<const uint32_t*>(&v);
+        } else {
+          const __half2 v = __floats2half2_rn(f.scale * x[2 * j], f.scale * x[2 * j + 1]);
+          w[j] = *reinterpret_cast<const uint32_t*>(&v);
+        }
+      }
+      *reinterpret_cast<uint4*>(dq + t * p.dq_row_stride + h * p.dq_head_stride) =
+          make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
 // A CTA of the one-tile grid (3-D, or 1-D heaviest first).
 template <class Cfg, bool kBf16, bool kMasked, bool kDqBulk>
 __device__ __forceinline__ void bwd_one_tile(BwdSharedStorage<Cfg, kDqBulk>& s,
@@ -906,12 +989,19 @@ __device__ __forceinline__ void bwd_one_tile(BwdSharedStorage<Cfg, kDqBulk>& s,
     if (warp == 0) {
       bwd_produce<Cfg, kMasked, kDqBulk>(s, bp, seq, steps, n_block, kv_head, tid, i, 0, 0);
     } else if (warp == 1) {
-      if constexpr (kDqBulk) bwd_write_dq<Cfg, kMasked>(s, bp, seq, steps, kv_head, tid - 32);
+      if constexpr (kDqBulk) {
+        bwd_write_dq<Cfg, kMasked>(s, bp, seq, steps, kv_head, tid - 32);
+        if constexpr (kFusedDqTile<Cfg>)
+          if (bp.dq_counters != nullptr) count_dq_done<Cfg>(s, bp, z, kv_head, tid - 32);
+      }
     }
   } else {
     setmaxnreg_inc<Cfg::kConsumerRegs>();
     bwd_consume<Cfg, kBf16, kMasked, kDqBulk>(s, bp, seq, steps, n_block, kv_head, warpgroup - 1,
                                               tid, i, 0);
+    if constexpr (kDqBulk && kFusedDqTile<Cfg>)
+      if (bp.dq_counters != nullptr)
+        convert_dq_if_last<Cfg, kBf16>(s, bp, seq, kv_head, (warpgroup - 1) * 128 + tid);
   }
 }
 

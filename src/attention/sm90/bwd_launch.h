@@ -41,6 +41,12 @@ struct BwdArgs {
   // A device int in the workspace the persistent CTAs take their next tile from (zeroed by the
   // launch); null: no persistent grid.
   int* tile_counter;
+  // With dq_bulk on a dense batch (no seqused_k): [batch][h_kv] device ints in the workspace,
+  // zeroed by the caller, for the main kernel's units to count their CTAs on, so that each
+  // unit's last CTA converts its dQ and no postprocess runs (FLASHSERVE_SM90_BWD_FUSED_DQ:
+  // parse_sm90_bwd_fused_dq); used where the call runs the one-tile 3-D grid at d64 or d128
+  // (run_bwd_hdim), else the postprocess converts. Null: the postprocess.
+  int* dq_counters;
   int batch, h_kv;
   // Rows of q/dout and of k/v per sequence (dense) or in all (varlen: those rows form one
   // sequence of the tensor maps).
@@ -49,8 +55,9 @@ struct BwdArgs {
   cudaStream_t stream;
 };
 
-// Runs the shared preprocess (D), the sm90 main kernel and the shared postprocess (dq) on
-// args.stream; the caller has zeroed dq, dk, dv and the dq accumulator (params.dq_accum).
+// Runs the shared preprocess (D), the sm90 main kernel and the shared postprocess (dq; none where
+// the main kernel converts dq itself: BwdArgs::dq_counters) on args.stream; the caller has
+// zeroed dq, dk, dv and the dq accumulator (params.dq_accum) and any dq_counters.
 // Throws flashserve::Error (kUnsupported for a head dim without an instantiation or a tensor TMA
 // cannot describe, kCuda when a launch fails).
 void run_bwd(const sm80::BwdParams& params, const BwdArgs& args, int head_dim);

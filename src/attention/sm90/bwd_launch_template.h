@@ -130,12 +130,17 @@ void run_bwd_hdim(const sm80::BwdParams& params, const BwdArgs& a) {
   using Cfg = typename DefaultBwdTile<kHeadDim>::type;
   if (a.batch == 0 || a.max_q_len == 0) return;
   sm80::run_bwd_preprocess(params, a.dtype, kHeadDim, a.max_q_len, a.stream);
+  bool fused_dq = false;
   if (a.max_kv_len > 0 && a.h_kv > 0) {
     BwdParams bp{};
     bp.p = params;
     bp.p.fwd.order = persistent_order<Cfg>(params, a);
     const bool persistent = bp.p.fwd.order.units > 0;
     if (!persistent) bp.p.fwd.order = heavy_first_order<Cfg>(params, a);
+    // The fused dQ conversion needs the one-tile 3-D grid (kFusedDqTile): not the persistent
+    // grid nor the heaviest-first order, and the bulk-dQ kernel.
+    fused_dq = a.dq_counters != nullptr && a.dq_bulk && !persistent && bp.p.fwd.order.sections == 0;
+    bp.dq_counters = fused_dq ? a.dq_counters : nullptr;
     if (persistent && a.masked && a.overlap)
       launch_bulk_dtypes<BwdPersistentTile<BwdOverlapTile<BwdHeavyFirstTile<Cfg>>>, true>(bp, a);
     else if (persistent && a.masked)
@@ -155,7 +160,7 @@ void run_bwd_hdim(const sm80::BwdParams& params, const BwdArgs& a) {
     else
       launch_dtypes<Cfg, false>(bp, a);
   }
-  sm80::run_bwd_postprocess(params, a.dtype, kHeadDim, a.max_q_len, a.stream);
+  if (!fused_dq) sm80::run_bwd_postprocess(params, a.dtype, kHeadDim, a.max_q_len, a.stream);
 }
 
 }  // namespace flashserve::attention::sm90

@@ -21,6 +21,9 @@ struct BwdParams {
   // The persistent grid (Cfg::kPersistent): a device int, zeroed by the launch, each CTA's
   // producer takes its next tile from (entry t of p.fwd.order); null otherwise.
   int* tile_counter;
+  // The fused dQ conversion (bwd_kernel.h convert_dq_if_last): [batch][h_kv] zeroed device ints,
+  // each unit's count of CTAs done; null: the postprocess converts dq.
+  int* dq_counters;
 };
 
 }  // namespace flashserve::attention::sm90
