@@ -893,7 +893,9 @@ __device__ __forceinline__ void count_dq_done(BwdSharedStorage<Cfg, true>& s, co
     cuda::ptx::fence_proxy_async(cuda::ptx::space_global);
     __threadfence();
     int* counter = bp.dq_counters + int64_t{z} * gridDim.y + kv_head;
-    s.dq_last = atomicAdd(counter, 1) == static_cast<int>(gridDim.x) - 1;
+    const bool last = atomicAdd(counter, 1) == static_cast<int>(gridDim.x) - 1;
+    if (last) __threadfence();  // acquire the other CTAs' sums, before the consumers hear of it
+    s.dq_last = last;
   }
   __syncwarp();
   asm volatile("bar.arrive %0, %1;\n" ::"n"(kDqDone), "n"(kDqDoneThreads<Cfg>) : "memory");
