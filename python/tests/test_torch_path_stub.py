@@ -82,8 +82,12 @@ def make_fake_torch():
     def empty(shape, dtype=None, device=None):
         return Tensor(np.full(shape, 0x55, dtype=dtype.np), dtype, device)
 
+    def empty_like(t):
+        return Tensor(np.full_like(t.array, 0x55), t.dtype, t.device)
+
     torch.Tensor = Tensor
     torch.empty = empty
+    torch.empty_like = empty_like
     torch.is_grad_enabled = lambda: True
     torch.library = types.SimpleNamespace()  # no custom_op: the operators are not defined
     torch.compiler = types.SimpleNamespace(is_compiling=lambda: False)
