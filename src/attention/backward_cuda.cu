@@ -122,7 +122,8 @@ KernelFamily backward_family(const AttentionBackwardParams& bp, const Problem& p
                                 d256);
 }
 
-sm80::BwdParams bwd_params(const AttentionBackwardParams& bp, const Problem& pr, void* workspace) {
+sm80::BwdParams bwd_params(const AttentionBackwardParams& bp, const Problem& pr, void* workspace,
+                           const WorkspaceLayout& layout) {
   const AttentionParams& a = bp.attn;
   sm80::BwdParams p{};
   p.fwd = fwd_params(a, pr);  // the forward's recomputation: the forward's parameters
@@ -142,7 +143,7 @@ sm80::BwdParams bwd_params(const AttentionBackwardParams& bp, const Problem& pr,
   p.batch = static_cast<int32_t>(pr.batch);
   p.head_dim = static_cast<int32_t>(pr.head_dim);
   p.dq_accum = static_cast<float*>(workspace);
-  p.delta = reinterpret_cast<float*>(static_cast<char*>(workspace) + WorkspaceLayout(bp, pr).delta);
+  p.delta = reinterpret_cast<float*>(static_cast<char*>(workspace) + layout.delta);
   return p;
 }
 
@@ -198,7 +199,7 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
     }
   } free_scratch{scratch, stream};
 
-  const sm80::BwdParams p = bwd_params(bp, pr, workspace);
+  const sm80::BwdParams p = bwd_params(bp, pr, workspace, layout);
   // The launches below write every element of dq (the postprocess, or the deterministic dq kernel:
   // each row of each sequence) and of dk and dv (the main kernels: each key of each sequence) when
   // the batch is dense, without seqused_k, and both lengths are positive; zeroing them first

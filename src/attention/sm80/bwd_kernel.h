@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "attention/kernel/dq_round.h"
 #include "bwd_params.h"
 #include "ptx.h"
 #include "smem_tile.h"
@@ -136,20 +137,13 @@ struct RowLane {
   }
 };
 
-// A 16-bit element from its bits and back.
+// A 16-bit element from its bits (the way back is kernel::scale_round8's).
 template <class Elem>
 __device__ __forceinline__ Elem elem_of_bits(unsigned short b) {
   if constexpr (std::is_same_v<Elem, __nv_bfloat16>)
     return __ushort_as_bfloat16(b);
   else
     return __ushort_as_half(b);
-}
-template <class Elem>
-__device__ __forceinline__ uint32_t bits_of(Elem x) {
-  if constexpr (std::is_same_v<Elem, __nv_bfloat16>)
-    return __bfloat16_as_ushort(x);
-  else
-    return __half_as_ushort(x);
 }
 
 // Eight 16-bit elements of one 16-byte load, as floats.
@@ -212,13 +206,7 @@ __global__ void bwd_postprocess(const BwdParams p, int head_dim) {
   for (int c = r.lane; c * 8 < head_dim; c += r.lanes) {
     const float4 a = *reinterpret_cast<const float4*>(acc + 8 * c);
     const float4 b = *reinterpret_cast<const float4*>(acc + 8 * c + 4);
-    const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    uint32_t w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      w[i] = bits_of(from_f<Elem>(f.scale * x[2 * i])) |
-             (bits_of(from_f<Elem>(f.scale * x[2 * i + 1])) << 16);
-    *reinterpret_cast<uint4*>(dq + 8 * c) = make_uint4(w[0], w[1], w[2], w[3]);
+    *reinterpret_cast<uint4*>(dq + 8 * c) = kernel::scale_round8<Elem>(a, b, f.scale);
   }
 }
 

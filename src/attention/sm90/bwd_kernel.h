@@ -70,6 +70,7 @@
 #include <type_traits>
 
 #include "attention/kernel/block_mask.h"
+#include "attention/kernel/dq_round.h"
 #include "attention/kernel/seqlen.h"
 #include "attention/kernel/tile_order.h"
 #include "bwd_params.h"
@@ -310,13 +311,19 @@ __device__ __forceinline__ void consumers_sync() {
 // tile again, a step later.
 inline constexpr int kDqFull = 2, kDqEmpty = 4;  // 0: __syncthreads, 1: consumers_sync
 
-// Barrier kId (an immediate: an id in a register makes ptxas reserve all 16), 160 threads.
+// Named barrier kId of kThreads threads (immediates: an id in a register makes ptxas reserve all
+// 16): wait for the others (kSync) or only arrive.
+template <int kId, int kThreads, bool kSync>
+__device__ __forceinline__ void named_barrier() {
+  if constexpr (kSync)
+    asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+  else
+    asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+}
+// Barrier kId of the dQ hand-off, 160 threads.
 template <int kId, bool kSync>
 __device__ __forceinline__ void dq_barrier_id() {
-  if constexpr (kSync)
-    asm volatile("bar.sync %0, 160;\n" ::"n"(kId) : "memory");
-  else
-    asm volatile("bar.arrive %0, 160;\n" ::"n"(kId) : "memory");
+  named_barrier<kId, 160, kSync>();
 }
 // Barrier kFirst + cw: wait for the other side (kSync) or only arrive.
 template <int kFirst, bool kSync>
@@ -898,18 +905,18 @@ __device__ __forceinline__ void count_dq_done(BwdSharedStorage<Cfg, true>& s, co
     s.dq_last = last;
   }
   __syncwarp();
-  asm volatile("bar.arrive %0, %1;\n" ::"n"(kDqDone), "n"(kDqDoneThreads<Cfg>) : "memory");
+  named_barrier<kDqDone, kDqDoneThreads<Cfg>, false>();
 }
 
 // The consumer warpgroups' threads (`ct` 0 .. 128 kConsumers - 1), after their steps: in the
 // unit's last CTA, dq = scale x the accumulator for every row of the unit's query heads, 8
-// columns a thread, rounded as the postprocess rounds (sm80/bwd_kernel.h bwd_postprocess). The
+// columns a thread, rounded as the postprocess rounds (kernel::scale_round8). The
 // loads go through L2 (ld.global.cg): the reduce-adds went there, this SM's L1 never held them.
 template <class Cfg, bool kBf16>
 __device__ __forceinline__ void convert_dq_if_last(BwdSharedStorage<Cfg, true>& s,
                                                    const BwdParams& bp, const BwdSeq& seq,
                                                    int kv_head, int ct) {
-  asm volatile("bar.sync %0, %1;\n" ::"n"(kDqDone), "n"(kDqDoneThreads<Cfg>) : "memory");
+  named_barrier<kDqDone, kDqDoneThreads<Cfg>, true>();
   if (!s.dq_last) return;
   __threadfence();  // acquire: every CTA of the unit released its sums before its count
   const sm80::BwdParams& p = bp.p;
@@ -943,22 +950,8 @@ __device__ __forceinline__ void convert_dq_if_last(BwdSharedStorage<Cfg, true>& 
       for (int j = 0; j < kBatch; ++j) {
         const int t = t0 + j * kRowStep;
         if (t >= q_len) break;
-        const float x[8] = {a[j][0].x, a[j][0].y, a[j][0].z, a[j][0].w,
-                            a[j][1].x, a[j][1].y, a[j][1].z, a[j][1].w};
-        uint32_t w[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if constexpr (kBf16) {
-            const __nv_bfloat162 v =
-                __floats2bfloat162_rn(f.scale * x[2 * e], f.scale * x[2 * e + 1]);
-            w[e] = *reinterpret_cast<const uint32_t*>(&v);
-          } else {
-            const __half2 v = __floats2half2_rn(f.scale * x[2 * e], f.scale * x[2 * e + 1]);
-            w[e] = *reinterpret_cast<const uint32_t*>(&v);
-          }
-        }
         *reinterpret_cast<uint4*>(dq + t * p.dq_row_stride + h * p.dq_head_stride) =
-            make_uint4(w[0], w[1], w[2], w[3]);
+            kernel::scale_round8<Elem>(a[j][0], a[j][1], f.scale);
       }
     }
   }
