@@ -26,6 +26,10 @@ sm80,auto).
 --rounds N times every column N times per shape, the columns in a rotated order each round, and
 reports each column's median over the rounds: a clock that drifts during a shape's rounds then
 weighs on every column alike (session 30's single passes moved cuDNN's own column by up to 17%).
+--graph times the kernels alone: --calls forward + backward pairs captured in one CUDA graph
+and the same number of forwards in another, each replayed --reps times (median); the backward is
+the difference, so no column pays its host time (the eager columns include the wait of the device
+on the host's autograd node, ~0.1 ms at 512 keys, which a training step with a full queue hides).
 --profile adds, per shape and family, one call's device time per kernel (torch.profiler): the main
 kernel's share of a row beside the zeroing, preprocess and postprocess around it.
 
@@ -44,6 +48,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from flashserve import flash_attn_func  # noqa: E402
+from python_host_cost import graphed  # noqa: E402  (the capture helper of the Python benchmarks)
 
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 
@@ -98,12 +103,19 @@ def timed(fn, reps, before=None):
     return sorted(times)[reps // 2]
 
 
-def run(which, q, k, v, causal, reps, family="auto"):
+def graph_ms(fn, calls, reps):
+    """Median ms of one of `calls` fn() calls captured in one CUDA graph, replayed `reps` times."""
+    replay = graphed(lambda: [fn() for _ in range(calls)])
+    return timed(replay, reps) / calls
+
+
+def run(which, q, k, v, causal, reps, family="auto", graph_calls=0):
     """(backward ms, forward + backward ms) through autograd; q, k, v are [b, L, h, d]. `family`
-    is our backward's FAMILY_ENV name for which = "flashserve"."""
+    is our backward's FAMILY_ENV name for which = "flashserve". graph_calls > 0: the kernels
+    alone (--graph), the backward as forward + backward less the forward."""
     if which == "flashserve":
         with family_env(family):
-            return run(which + "-forced", q, k, v, causal, reps)
+            return run(which + "-forced", q, k, v, causal, reps, graph_calls=graph_calls)
     g = torch.randn_like(q)
     if which == "flashserve-forced":
         fwd = lambda: flash_attn_func(q, k, v, causal=causal)  # noqa: E731
@@ -134,6 +146,9 @@ def run(which, q, k, v, causal, reps, family="auto"):
         forward()
         backward()
 
+    if graph_calls:
+        both = graph_ms(forward_backward, graph_calls, reps)
+        return both - graph_ms(forward, graph_calls, reps), both
     return timed(backward, reps, before=forward), timed(forward_backward, reps)
 
 
@@ -195,6 +210,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=1,
                     help="time every column this many times per shape, in a rotated order, and "
                     "report each column's median over the rounds")
+    ap.add_argument("--graph", action="store_true",
+                    help="the kernels alone: forward + backward and forward captured in CUDA "
+                    "graphs of --calls calls each, the backward their difference")
+    ap.add_argument("--calls", type=int, default=4, help="calls per graph with --graph")
     ap.add_argument("--profile", action="store_true",
                     help="per shape and family, one backward call's device time per kernel "
                     "(torch.profiler), as HTML comments under the table's rows")
@@ -203,12 +222,15 @@ def main():
                     + ", ".join(FAMILY_ENV))
     args = ap.parse_args()
     families = [f for f in args.families.split(",") if f]
+    graph_calls = args.calls if args.graph else 0
     for f in families:
         if f not in FAMILY_ENV:
             ap.error(f"unknown family {f!r} (one of {', '.join(FAMILY_ENV)})")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN "
           f"{torch.backends.cudnn.version()}, bf16; TFLOP/s of the backward (2.5 x forward FLOPs) "
-          "and of forward + backward (3.5 x)\n")
+          "and of forward + backward (3.5 x)"
+          + (f"; kernels alone: {args.calls} calls per CUDA graph, backward = forward + backward "
+             "less forward" if args.graph else "; eager, host time included") + "\n")
     print("| d | causal | L | batch | heads | kernel | flashserve bwd | cuDNN bwd | FA2 bwd | "
           "vs cuDNN | vs FA2 | flashserve fwd+bwd | cuDNN fwd+bwd | FA2 fwd+bwd | "
           "grad diff vs FA2 |")
@@ -226,10 +248,11 @@ def main():
                     for which in columns[r % len(columns):] + columns[:r % len(columns)]:
                         try:
                             if which in ("cudnn", "flash"):
-                                t = run(which, q, k, v, bool(causal), args.reps)
+                                t = run(which, q, k, v, bool(causal), args.reps,
+                                        graph_calls=graph_calls)
                             else:
                                 t = run("flashserve", q, k, v, bool(causal), args.reps,
-                                        family=which)
+                                        family=which, graph_calls=graph_calls)
                         except Exception as e:  # a backend that cannot take the shape
                             if r == 0:
                                 print(f"<!-- {which} d{d} L{L} causal {causal}: "

@@ -434,8 +434,12 @@ bool parse_sm90_bwd_persistent(const char* value);
 // 0.58 ms d128 call at 512 keys on an H100, session 40; 5% at 2k). Dense batches without
 // seqused_k only (there every key block's CTA has keys, so each unit's count is the grid's key
 // blocks); varlen, seqused_k, d256, the persistent grid and the heaviest-first order keep the
-// postprocess. dq is scaled and rounded as the postprocess does it. Off until a device run has
-// passed the backward tests with it and measured it (written without a GPU).
+// postprocess. dq is scaled and rounded as the postprocess does it. Off: correct (every backward
+// test, memcheck and racecheck, sessions 40-41) but no faster. The first version (a row loaded
+// and stored at a time) lost 4-10% at 2k-8k; the second (8 rows' loads before their stores) in
+// two H100 calls of bwd_compare (session 41): -5.1..+9.5% at 512, -3.2..+8.0% at 2k, -7.5..+1.3%
+// at 8k, mostly below the postprocess it replaces: the unit's last CTA converts serially what
+// the postprocess spreads over the whole GPU.
 inline constexpr bool kSm90BwdFusedDqByDefault = false;
 
 // FLASHSERVE_SM90_BWD_FUSED_DQ: unset (null) or empty, kSm90BwdFusedDqByDefault; "1" on; "0" off;
