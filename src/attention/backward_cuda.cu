@@ -171,8 +171,6 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
       parse_sm90_bwd_overlap(std::getenv("FLASHSERVE_SM90_BWD_OVERLAP"), pr.head_dim);
   [[maybe_unused]] const bool heavy_first =
       parse_sm90_bwd_heavy_first(std::getenv("FLASHSERVE_SM90_BWD_HEAVY_FIRST"));
-  [[maybe_unused]] const bool persistent =
-      parse_sm90_bwd_persistent(std::getenv("FLASHSERVE_SM90_BWD_PERSISTENT"));
   [[maybe_unused]] const bool fused_dq =
       parse_sm90_bwd_fused_dq(std::getenv("FLASHSERVE_SM90_BWD_FUSED_DQ"));
   const cudaStream_t stream = static_cast<cudaStream_t>(bp.attn.stream);
@@ -200,6 +198,10 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
   } free_scratch{scratch, stream};
 
   const sm80::BwdParams p = bwd_params(bp, pr, workspace, layout);
+  const bool masked = p.fwd.window_left >= 0 || p.fwd.window_right >= 0;
+  // Still before anything is enqueued (a malformed value throws here; Free returns the scratch).
+  [[maybe_unused]] const bool persistent = parse_sm90_bwd_persistent(
+      std::getenv("FLASHSERVE_SM90_BWD_PERSISTENT"), pr.head_dim, masked, pr.max_kv_len);
   // The launches below write every element of dq (the postprocess, or the deterministic dq kernel:
   // each row of each sequence) and of dk and dv (the main kernels: each key of each sequence) when
   // the batch is dense, without seqused_k, and both lengths are positive; zeroing them first
@@ -219,7 +221,7 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
 #if defined(FLASHSERVE_WITH_SM90)
     sm90::BwdArgs args{};
     args.dtype = pr.dtype;
-    args.masked = p.fwd.window_left >= 0 || p.fwd.window_right >= 0;
+    args.masked = masked;
     args.dq_bulk = dq_bulk;
     args.overlap = overlap;
     args.heavy_first = heavy_first;
@@ -253,7 +255,7 @@ void cuda_backward(const AttentionBackwardParams& bp, const Problem& pr) {
   }
   sm80::BwdLaunch launch{};
   launch.dtype = pr.dtype;
-  launch.has_mask = p.fwd.window_left >= 0 || p.fwd.window_right >= 0;
+  launch.has_mask = masked;
   launch.max_q_len = static_cast<int>(pr.max_q_len);
   launch.max_kv_len = static_cast<int>(pr.max_kv_len);
   launch.h_kv = static_cast<int>(pr.h_kv);

@@ -1145,11 +1145,29 @@ TEST(PlanBackward, ParsesTheSm90HeavyFirstSwitchStrictly) {
                        attention::kSm90BwdHeavyFirstByDefault, "FLASHSERVE_SM90_BWD_HEAVY_FIRST");
 }
 
-// FLASHSERVE_SM90_BWD_PERSISTENT: the bulk-dQ kernel on a persistent grid, off until measured.
+// FLASHSERVE_SM90_BWD_PERSISTENT: the bulk-dQ kernel on a persistent grid, by default where it
+// measured faster (session 41): every d64 call, d128 unmasked below 4096 keys and masked from 1024.
 TEST(PlanBackward, ParsesTheSm90PersistentSwitchStrictly) {
-  EXPECT_FALSE(attention::kSm90BwdPersistentByDefault);
-  expect_strict_switch(attention::parse_sm90_bwd_persistent, attention::kSm90BwdPersistentByDefault,
-                       "FLASHSERVE_SM90_BWD_PERSISTENT");
+  for (int64_t d : {32, 64}) {
+    for (bool masked : {false, true})
+      for (int64_t keys : {1, 512, 1024, 4096, 65536})
+        EXPECT_TRUE(attention::sm90_bwd_persistent_by_default(d, masked, keys)) << d << keys;
+  }
+  for (int64_t d : {72, 128}) {
+    EXPECT_TRUE(attention::sm90_bwd_persistent_by_default(d, false, 512));
+    EXPECT_TRUE(attention::sm90_bwd_persistent_by_default(d, false, 4095));
+    EXPECT_FALSE(attention::sm90_bwd_persistent_by_default(d, false, 4096));
+    EXPECT_FALSE(attention::sm90_bwd_persistent_by_default(d, true, 512));
+    EXPECT_FALSE(attention::sm90_bwd_persistent_by_default(d, true, 1023));
+    EXPECT_TRUE(attention::sm90_bwd_persistent_by_default(d, true, 1024));
+    EXPECT_TRUE(attention::sm90_bwd_persistent_by_default(d, true, 8192));
+  }
+  expect_strict_switch(
+      +[](const char* v) { return attention::parse_sm90_bwd_persistent(v, 64, false, 8192); },
+      true, "FLASHSERVE_SM90_BWD_PERSISTENT");
+  expect_strict_switch(
+      +[](const char* v) { return attention::parse_sm90_bwd_persistent(v, 128, true, 512); },
+      false, "FLASHSERVE_SM90_BWD_PERSISTENT");
 }
 
 // FLASHSERVE_SM90_BWD_FUSED_DQ: the last CTA of each unit converts dQ, off until measured.

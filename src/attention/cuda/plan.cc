@@ -126,8 +126,10 @@ bool parse_sm90_bwd_heavy_first(const char* value) {
   return env_switch(value, "FLASHSERVE_SM90_BWD_HEAVY_FIRST", kSm90BwdHeavyFirstByDefault);
 }
 
-bool parse_sm90_bwd_persistent(const char* value) {
-  return env_switch(value, "FLASHSERVE_SM90_BWD_PERSISTENT", kSm90BwdPersistentByDefault);
+bool parse_sm90_bwd_persistent(const char* value, int64_t head_dim, bool masked,
+                               int64_t max_kv_len) {
+  return env_switch(value, "FLASHSERVE_SM90_BWD_PERSISTENT",
+                    sm90_bwd_persistent_by_default(head_dim, masked, max_kv_len));
 }
 
 bool parse_sm90_bwd_fused_dq(const char* value) {

@@ -413,19 +413,30 @@ inline constexpr bool kSm90BwdHeavyFirstByDefault = false;
 bool parse_sm90_bwd_heavy_first(const char* value);
 
 // Whether the sm90 backward's bulk-dQ kernel runs on a persistent grid (sm90/bwd_kernel.h,
-// Cfg::kPersistent): one CTA per multiprocessor, each looping over tiles (masked calls in the
-// heaviest-first order, whatever FLASHSERVE_SM90_BWD_HEAVY_FIRST says), loading a tile's K and V
-// while the consumers store the previous tile's dK and dV, instead of one CTA per tile (2048 CTAs,
-// 15.5 waves at d128 2k, each paying its first loads and its stores alone; cuDNN's backward runs
-// 132 persistent CTAs). The same products in the same order per tile: dk and dv keep their bits.
-// Off until a device run has passed the backward tests with it and measured it (written without a
-// GPU, session 28). The atomics' kernel (FLASHSERVE_SM90_BWD_DQ_BULK=0) ignores it.
-inline constexpr bool kSm90BwdPersistentByDefault = false;
+// Cfg::kPersistent) by default for this head dim (64 or less: the d64 kernel; else d128's), mask
+// (causal or a window) and longest key length: one CTA per multiprocessor, each looping over tiles
+// (masked calls in the heaviest-first order, whatever FLASHSERVE_SM90_BWD_HEAVY_FIRST says),
+// loading a tile's K and V while the consumers store the previous tile's dK and dV, instead of one
+// CTA per tile (4096 CTAs, 31 waves at 512 keys, each paying its first loads and its stores alone;
+// cuDNN's backward runs 132 persistent CTAs). The same products in the same order per tile: dk and
+// dv keep their bits. Measured in session 41 (H100, bench/bwd_compare.py --graph: the kernels
+// alone, two calls; bench/results/bwd-fused-dq-v2-h100-2026-12-06-session41.md), persistent against
+// one CTA per tile: d64 +0.3..+10.1% at every length 512-8k, causal or not (most at 512-1k); d128
+// non-causal +3.6..+3.9% at 512, +0.3..+1.6% at 1k-2k, -0.6..-1.7% at 4k-8k; d128 causal -2.6..
+// -2.8% at 512, +0.9..+8.8% at 1k-8k. So on for d64, and for d128 where it did not lose: unmasked
+// below 4096 keys, masked from 1024. (Eager timings, session 39: +0.7..+2.0% at 2k, -0.1..-4.7%
+// at 8k, within their host noise.) Not yet measured on the H200. The atomics' kernel
+// (FLASHSERVE_SM90_BWD_DQ_BULK=0) and d256 (bwd_swapped_kernel.h) ignore it.
+constexpr bool sm90_bwd_persistent_by_default(int64_t head_dim, bool masked, int64_t max_kv_len) {
+  if (head_dim <= 64) return true;
+  return masked ? max_kv_len >= 1024 : max_kv_len < 4096;
+}
 
-// FLASHSERVE_SM90_BWD_PERSISTENT: unset (null) or empty, kSm90BwdPersistentByDefault; "1" on; "0"
-// off; anything else throws kInvalidArgument naming the variable. Read by the CUDA backward once
-// per call (backward_cuda.cu), as FLASHSERVE_SM90_BWD_DQ_BULK.
-bool parse_sm90_bwd_persistent(const char* value);
+// FLASHSERVE_SM90_BWD_PERSISTENT: unset (null) or empty, sm90_bwd_persistent_by_default(...); "1"
+// on; "0" off; anything else throws kInvalidArgument naming the variable. Read by the CUDA
+// backward once per call (backward_cuda.cu), as FLASHSERVE_SM90_BWD_DQ_BULK.
+bool parse_sm90_bwd_persistent(const char* value, int64_t head_dim, bool masked,
+                               int64_t max_kv_len);
 
 // Whether the sm90 backward's bulk-dQ kernel (d64 and d128, one CTA per tile) converts dQ itself:
 // each CTA counts itself done on its (sequence, KV head) once its reduce-adds are complete, and
