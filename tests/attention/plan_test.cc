@@ -1163,11 +1163,11 @@ TEST(PlanBackward, ParsesTheSm90PersistentSwitchStrictly) {
     EXPECT_TRUE(attention::sm90_bwd_persistent_by_default(d, true, 8192));
   }
   expect_strict_switch(
-      +[](const char* v) { return attention::parse_sm90_bwd_persistent(v, 64, false, 8192); },
-      true, "FLASHSERVE_SM90_BWD_PERSISTENT");
+      +[](const char* v) { return attention::parse_sm90_bwd_persistent(v, 64, false, 8192); }, true,
+      "FLASHSERVE_SM90_BWD_PERSISTENT");
   expect_strict_switch(
-      +[](const char* v) { return attention::parse_sm90_bwd_persistent(v, 128, true, 512); },
-      false, "FLASHSERVE_SM90_BWD_PERSISTENT");
+      +[](const char* v) { return attention::parse_sm90_bwd_persistent(v, 128, true, 512); }, false,
+      "FLASHSERVE_SM90_BWD_PERSISTENT");
 }
 
 // FLASHSERVE_SM90_BWD_FUSED_DQ: the last CTA of each unit converts dQ, off until measured.

@@ -413,15 +413,15 @@ inline constexpr bool kSm90BwdHeavyFirstByDefault = false;
 bool parse_sm90_bwd_heavy_first(const char* value);
 
 // Whether the sm90 backward's bulk-dQ kernel runs on a persistent grid (sm90/bwd_kernel.h,
-// Cfg::kPersistent) by default for this head dim (64 or less: the d64 kernel; else d128's), mask
-// (causal or a window) and longest key length: one CTA per multiprocessor, each looping over tiles
-// (masked calls in the heaviest-first order, whatever FLASHSERVE_SM90_BWD_HEAVY_FIRST says),
+// Cfg::kPersistent) by default for this head dim (the d64 kernel's rule up to 64, d128's above),
+// mask (causal or a window) and longest key length: one CTA per multiprocessor, each looping over
+// tiles (masked calls in the heaviest-first order, whatever FLASHSERVE_SM90_BWD_HEAVY_FIRST says),
 // loading a tile's K and V while the consumers store the previous tile's dK and dV, instead of one
 // CTA per tile (4096 CTAs, 31 waves at 512 keys, each paying its first loads and its stores alone;
 // cuDNN's backward runs 132 persistent CTAs). The same products in the same order per tile: dk and
 // dv keep their bits. Measured in session 41 (H100, bench/bwd_compare.py --graph: the kernels
 // alone, two calls; bench/results/bwd-fused-dq-v2-h100-2026-12-06-session41.md), persistent against
-// one CTA per tile: d64 +0.3..+10.1% at every length 512-8k, causal or not (most at 512-1k); d128
+// one CTA per tile: d64 -0.2..+10.5% at every length 512-8k, causal or not (most at 512-1k); d128
 // non-causal +3.6..+3.9% at 512, +0.3..+1.6% at 1k-2k, -0.6..-1.7% at 4k-8k; d128 causal -2.6..
 // -2.8% at 512, +0.9..+8.8% at 1k-8k. So on for d64, and for d128 where it did not lose: unmasked
 // below 4096 keys, masked from 1024. (Eager timings, session 39: +0.7..+2.0% at 2k, -0.1..-4.7%
@@ -449,8 +449,8 @@ bool parse_sm90_bwd_persistent(const char* value, int64_t head_dim, bool masked,
 // test, memcheck and racecheck, sessions 40-41) but no faster. The first version (a row loaded
 // and stored at a time) lost 4-10% at 2k-8k; the second (8 rows' loads before their stores) in
 // two H100 calls of bwd_compare (session 41): -5.1..+9.5% at 512, -3.2..+8.0% at 2k, -7.5..+1.3%
-// at 8k, mostly below the postprocess it replaces: the unit's last CTA converts serially what
-// the postprocess spreads over the whole GPU.
+// at 8k (kernels alone, --graph: -5.1..+3.0%), mostly below the postprocess it replaces: the
+// unit's last CTA converts serially what the postprocess spreads over the whole GPU.
 inline constexpr bool kSm90BwdFusedDqByDefault = false;
 
 // FLASHSERVE_SM90_BWD_FUSED_DQ: unset (null) or empty, kSm90BwdFusedDqByDefault; "1" on; "0" off;
