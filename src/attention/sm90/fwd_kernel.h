@@ -265,9 +265,7 @@ class FwdKernel {
 
     float o[Cfg::kHeadDim / 2];
     RowsOf<Cfg> rows;
-    float sc[Cfg::kBlockN / 2];
-    uint32_t pa[Cfg::kPSteps][4];
-    float rescale[2];
+    typename Mainloop::Scratch scratch;
     int ring = 0, q_round = 0;
     for (int k = 0;; ++k) {
       const TileSlot got = TileScheduler::receive(s, k);
@@ -284,7 +282,7 @@ class FwdKernel {
         Epilogue::store(s, p, tile, w.seq, cw, tid, o, rows, /*keyed=*/false, trace);
         continue;
       }
-      Mainloop::mma(s, p, tile, w, cw, tid, ring, q_round, sched, o, rows, sc, pa, rescale, trace);
+      Mainloop::mma(s, p, tile, w, cw, tid, ring, q_round, sched, o, rows, scratch, trace);
       // The epilogue reads the sequence's first row and length again rather than holding them
       // through the key loop (registers are what the consumers lack; the reads are a few loads).
       Epilogue::store(s, p, tile, seq_lens_of(p, seq_of(p, tile)), cw, tid, o, rows,

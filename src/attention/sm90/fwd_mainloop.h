@@ -406,19 +406,30 @@ class FwdMainloop {
     if constexpr (kCp) asm volatile("cp.async.wait_all;\n" ::: "memory");
   }
 
+  // The registers a consumer warpgroup's key loop works in besides O and the row state: the
+  // scores, P as the A operand of P V, the rows' rescale factors. Declared once for all of the
+  // warpgroup's tiles (FwdKernel::consume).
+  struct Scratch {
+    float sc[Cfg::kBlockN / 2];
+    uint32_t pa[Cfg::kPSteps][4];
+    float rescale[2];
+  };
+
   // One consumer warpgroup (cw c of the tile's 64-row slices, tid its thread 0..127) over tile
   // `tile` with key blocks (w): the first block's QK^T alone, then steps of QK^T(i) with
   // PV(i - 1), then the last PV; O (unnormalised) and the rows' softmax state are left in `o`
-  // and `rows` for the epilogue. `ring` and `q_round` count as in load; `sc`, `pa` and
-  // `rescale` are the warpgroup's scores, P operand and rescale factors, declared once for all of
-  // its tiles (FwdKernel::consume). (Carrying the last PV into the next tile's first step,
-  // beside its first QK^T, with Q double-buffered, measured no faster: docs/kernel-notes.md,
-  // run 40.)
-  static __device__ __forceinline__ void mma(
-      SharedStorage<Cfg>& s, const FwdParams& p, const kernel::TileCoords& tile, const Work& w,
-      int cw, int tid, int ring, int q_round, WarpScheduler<Cfg::kConsumers>& sched,
-      float (&o)[Cfg::kHeadDim / 2], RowsOf<Cfg>& rows, float (&sc)[Cfg::kBlockN / 2],
-      uint32_t (&pa)[Cfg::kPSteps][4], float (&rescale)[2], Trace<Cfg::kTrace>& trace) {
+  // and `rows` for the epilogue. `ring` and `q_round` count as in load. (Carrying the last PV
+  // into the next tile's first step, beside its first QK^T, with Q double-buffered, measured no
+  // faster: docs/kernel-notes.md, run 40.)
+  static __device__ __forceinline__ void mma(SharedStorage<Cfg>& s, const FwdParams& p,
+                                             const kernel::TileCoords& tile, const Work& w, int cw,
+                                             int tid, int ring, int q_round,
+                                             WarpScheduler<Cfg::kConsumers>& sched,
+                                             float (&o)[Cfg::kHeadDim / 2], RowsOf<Cfg>& rows,
+                                             Scratch& scratch, Trace<Cfg::kTrace>& trace) {
+    auto& sc = scratch.sc;
+    auto& pa = scratch.pa;
+    auto& rescale = scratch.rescale;
     constexpr int kBlockN = Cfg::kBlockN, kD = Cfg::kHeadDim;
     constexpr int kStages = Cfg::kStages;
     const int warp = tid / 32, lane = tid % 32;
