@@ -1,10 +1,10 @@
 // The epilogue of the sm90 forward kernel (fwd_kernel.h): a consumer warpgroup's 64 rows of O
 // (normalised by the softmax's sum, fwd_softmax.h) and their LSE out to global memory,
-// FwdEpilogue. O leaves either by direct register stores (16 bytes per row and 8 columns) or,
-// with kTmaStoreO (tile_config.h OverlappedEpilogue, session 18's tile boundary), through a
-// staging buffer in shared memory (OStaging, written by stmatrix: stage_o) by TMA stores that
-// drain while the warpgroup goes on to its next tile; tiles without room for a staging buffer
-// of their own keep the register stores (fwd_kernel.h EpilogueTile).
+// FwdEpilogue. O leaves either by register stores (16 bytes, 8 columns of a row, each:
+// store_row_vec16) or, with kTmaStoreO (tile_config.h OverlappedEpilogue, session 18's tile
+// boundary), through a staging buffer in shared memory (OStaging, written by stmatrix: stage_o) by
+// TMA stores that drain while the warpgroup goes on to its next tile; tiles without room for a
+// staging buffer of their own keep the register stores (fwd_kernel.h EpilogueTile).
 #pragma once
 
 #include <cuda_bf16.h>
