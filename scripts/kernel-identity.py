@@ -8,6 +8,7 @@ then, separately, virtual-register numbering) and its machine code byte for byte
 
   scripts/kernel-identity.py OLD_TREE NEW_TREE [--work DIR] [--tu fwd_hdim64 ...]
   scripts/kernel-identity.py OLD_TREE NEW_TREE --family sm90   # the sm90 forward TUs, sm_90a
+                                                               # (16-bit, fp8, exp2-fma)
 
 e.g. `git worktree add /tmp/base main` and run it with /tmp/base and the working tree. No GPU is
 needed; each TU takes 1-3 minutes per tree (ptxas dominates). Exit status 1 if any kernel of the
@@ -22,7 +23,9 @@ import sys
 import time
 
 TUS = {"sm80": ["fwd_hdim64", "fwd_hdim128", "fwd_hdim256", "combine"],
-       "sm90": ["fwd_hdim64", "fwd_hdim128", "fwd_hdim256"]}
+       # Every TU that includes sm90/fwd_kernel.h (through launch_template.h).
+       "sm90": ["fwd_hdim64", "fwd_hdim128", "fwd_hdim256", "fwd_fp8_hdim64", "fwd_fp8_hdim128",
+                "fwd_fp8_hdim256", "fwd_hdim64_exp2_fma", "fwd_fp8_exp2_fma"]}
 ARCH = {"sm80": "-gencode=arch=compute_80,code=sm_80",
         "sm90": "-gencode=arch=compute_90a,code=sm_90a"}
 FLAGS = ["--expt-relaxed-constexpr", "-std=c++20", "-O3", "-DNDEBUG", "-DFLASHSERVE_WITH_CUDA=1"]

@@ -1663,7 +1663,7 @@ TEST(PlanHeadDims, ForcedSm90AndScoreModifiersRefuseThemByName) {
 
 // What the first device run of the fp8 forward could not say (it hung at d128 and d256), checked
 // from the tiles' own constexprs for every fp8 tile: the bytes each stage's barrier expects
-// (arrive_expect_tx) are the bytes of the boxes the producer issues into it (fwd_kernel.h:
+// (arrive_expect_tx) are the bytes of the boxes the producer issues into it (fwd_mainloop.h:
 // kChunks boxes of kRowBytes x rows for Q and K, load_vt's kVChunks boxes of kVtBoxKeys x d for
 // V^T, which tile the block's keys exactly); every box is one TMA accepts (at most 256 per
 // dimension, inner bytes the swizzle's width); and the setmaxnreg budgets fit the registers of

@@ -1,4 +1,4 @@
-// Register-level helpers the sm90 kernels share (the forward, fwd_kernel.h, and the backward,
+// Register-level helpers the sm90 kernels share (the forward, fwd_*.h, and the backward,
 // bwd_kernel.h): the setmaxnreg budgets, exp2 on the MUFU unit, packing fp32 pairs to 16 bits,
 // accumulator fragments as RS wgmma operands, 16-byte row stores from a fragment, and stmatrix.
 #pragma once

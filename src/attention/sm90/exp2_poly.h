@@ -39,7 +39,7 @@ inline constexpr float kExp2PolyLowest = -127.0f;
 // The steps the device spells in PTX and the host emulates, one pair of definitions each:
 // - a float's bits and back (a shift on them is the integer part of 2^x);
 // - max(x, lo) that keeps a NaN (fmaxf would return lo): a NaN score must leave its row NaN
-//   (fwd_kernel.h store_tile, issue 9's rule), as ex2.approx's NaN does;
+//   (fwd_epilogue.h FwdEpilogue::store, issue 9's rule), as ex2.approx's NaN does;
 // - a b with a result below the normal range flushed to +0 (ex2.approx.ftz's subnormal results).
 #if defined(__CUDA_ARCH__)
 __device__ __forceinline__ uint32_t exp2_poly_bits(float v) {

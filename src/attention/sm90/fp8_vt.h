@@ -12,7 +12,7 @@
 // Within every 32 keys the pre-pass stores the keys in the order the P fragment of the fp8
 // wgmma takes them (fp8_vt_key): the A operand of m64nNk32 wants thread q of a quad to hold
 // keys 4q .. 4q + 3 and 16 + 4q .. 16 + 4q + 3, while the S accumulator gives it keys 2q, 2q + 1,
-// 8 + 2q, 9 + 2q (and + 16). Packing the accumulator as it lies (fwd_kernel.h's to_e4m3_operand)
+// 8 + 2q, 9 + 2q (and + 16). Packing the accumulator as it lies (fwd_mainloop.h's to_e4m3_operand)
 // and permuting V's keys the same way gives the same sum over the keys, with no shuffle in the
 // kernel's loop (FlashAttention-3 shuffles P when V comes column-major, permute_Aregs_fp8, and
 // permutes in its in-kernel transpose otherwise).

@@ -32,24 +32,24 @@ struct TileConfig {
   static constexpr int kBlockN = kBlockN_;
   // K/V stages: TMA fills the next blocks while the consumers work on this one.
   static constexpr int kStages = kStages_;
-  // The softmax rescales O only when a row's max grew by more than 2^8 (fwd_kernel.h's RowState).
+  // The softmax rescales O only when a row's max grew by more than 2^8 (fwd_softmax.h's RowState).
   static constexpr bool kLazyRescale = kLazyRescale_;
   // O leaves through shared memory and TMA stores, one per warpgroup and 64 columns, instead of
-  // register stores (fwd_kernel.h's store_tile): 16 KB of staging per warpgroup at d128. The
-  // library's tiles take it through OverlappedEpilogue below.
+  // register stores (fwd_epilogue.h's FwdEpilogue::store): 16 KB of staging per warpgroup at d128.
+  // The library's tiles take it through OverlappedEpilogue below.
   static constexpr bool kTmaStoreO = kTmaStoreO_;
   // With kTmaStoreO: O is staged in Q's buffer (each warpgroup's rows in its own 64 rows of Q,
   // once its last QK^T is done) instead of a buffer of its own; the next tile's Q then loads
   // once this tile's stores have read it.
   static constexpr bool kOInQ = false;
-  // The producer announces each tile with its coordinates and lengths (fwd_kernel.h TileSlot),
-  // so that the consumers start it without the order's divisions and the lengths' loads.
+  // The producer announces each tile with its coordinates and lengths (fwd_tile_scheduler.h
+  // TileSlot), so that the consumers start it without the order's divisions and the lengths' loads.
   static constexpr bool kAnnounceWork = false;
   // The TMA producer loads a tile's first K block before its Q (the K stage frees one QK^T
   // earlier than Q; with kOInQ, Q frees only after the previous tile's O stores).
   static constexpr bool kFirstKBeforeQ = false;
   // Paged K/V in pages shorter than a key block: copied by the producer warpgroup's 128 threads
-  // with cp.async (fwd_kernel.h's copy_kv) up to d128, one TMA box per page at d256. Measured on
+  // with cp.async (fwd_mainloop.h's copy_kv) up to d128, one TMA box per page at d256. Measured on
   // the engine's 16-key pages (bench_serve_attn, session 14): cp.async 1.46-1.80x the dense
   // time at d64 and 1.95-2.24x at d128, against TMA boxes' ~2x and 2.4-2.6x; at d256 the boxes
   // (2.0x) beat cp.async (2.30-2.57x). Its row offsets take 16 bytes of shared memory per key.
@@ -398,7 +398,7 @@ constexpr TileShape fp8_tile_shape(int head_dim, int requested_block_n, int64_t 
              ? TileShape{128, fp8_block_n(head_dim, requested_block_n, max_kv_len, masked)}
              : TileShape{0, 0};
 }
-// The fp8 P operand (fwd_kernel.h to_e4m3_operand): byte i = 4 r + e of a 32-key k-step's four
+// The fp8 P operand (fwd_mainloop.h to_e4m3_operand): byte i = 4 r + e of a 32-key k-step's four
 // A registers (register r, byte e) is element fp8_p_element(i) of the step's 16 accumulator
 // elements (sc[16 j + ...]: the thread's pairs of columns of groups 4 j .. 4 j + 3, row half
 // (element / 2) % 2): register r takes row half r % 2 of groups 4 j + 2 (r / 2) and the next.

@@ -108,7 +108,7 @@ __device__ void mma_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b, i
 // both operands K-major (8-bit wgmma has no transpose). SS: A and B from shared memory; RS: A from
 // registers, in the 8-bit A fragment (PTX ISA: thread q of a quad holds, in register v1 + 2 v2,
 // byte v0, row lane/4 + 8 v1, column 4q + v0 + 16 v2), which is not the accumulator's column
-// order (fwd_kernel.h's to_e4m3_operand and fp8_vt.h's key permutation).
+// order (fwd_mainloop.h's to_e4m3_operand and fp8_vt.h's key permutation).
 template <int kN>
 __device__ void mma_ss_e4m3(float (&d)[kN / 2], uint64_t a, uint64_t b, int scale_d);
 template <int kN>
